@@ -1,0 +1,1 @@
+"""Homefleet's server side: settings, journal, registry, storage, HTTP API and CLI."""

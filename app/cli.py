@@ -1,0 +1,140 @@
+"""``homefleet``: the server's and workers' command line (typer + rich)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.config import Settings, WorkerSettings
+from app.errors import HomefleetError
+
+cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
+models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
+cli.add_typer(models_cli, name="models")
+console = Console()
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+@cli.command()
+def serve() -> None:
+    """Run the HTTP API (public + internal routes) on HOMEFLEET_API_HOST:HOMEFLEET_API_PORT."""
+    import uvicorn
+
+    from app.server import create_app
+
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="warning")
+
+
+@cli.command()
+def worker(
+    machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
+    token: Annotated[str | None, typer.Option(help="this machine's token (HOMEFLEET_WORKER_TOKEN)")] = None,
+    server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
+    loglevel: str = "INFO",
+) -> None:
+    """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1."""
+    from tasks.worker import start_worker
+
+    overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token": token,
+                                   "server_url": server_url}.items() if v is not None}
+    settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
+    start_worker(settings, loglevel)
+
+
+@models_cli.command("make-tiny")
+def models_make_tiny(
+    directory: Annotated[Path, typer.Argument(help="where to build the tiny pipelines")],
+    kind: Annotated[list[str] | None, typer.Option(help="kinds to build (repeatable); default txt2img")] = None,
+    seed: int = 0,
+) -> None:
+    """Build tiny diffusers pipelines with random weights (never downloads anything)."""
+    from app.tiny_models import make_tiny
+
+    built = make_tiny(directory, kinds=tuple(kind or ["txt2img"]), seed=seed)
+    for name, folder in built.items():
+        console.print(f"{name}: {folder}")
+
+
+@models_cli.command("add")
+def models_add(
+    path: Annotated[Path, typer.Argument(help="a diffusers folder (with model_index.json)")],
+    model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
+) -> None:
+    """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        record = ctx.registry.add(path, model_id)
+        manifest = ctx.registry.manifest(record.id)
+    finally:
+        ctx.close()
+    console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
+                  f"files={len(manifest.files)} bytes={record.total_bytes}")
+
+
+@models_cli.command("list")
+def models_list() -> None:
+    """Registered models with their family, kinds and size."""
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        table = Table("id", "family", "kinds", "bytes", "pipeline")
+        for m in ctx.registry.list():
+            table.add_row(m.id, m.family, ",".join(m.kinds), str(m.total_bytes), m.pipeline_class)
+        console.print(table)
+    finally:
+        ctx.close()
+
+
+@cli.command()
+def status() -> None:
+    """Machines: online, verified models, backlog (LLEN of machine.<name> + running)."""
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        table = Table("machine", "online", "verified models", "backlog")
+        for name, view in ctx.machines.views().items():
+            table.add_row(name, "yes" if view.online else "no", ", ".join(sorted(view.verified_models)) or "-",
+                          str(view.backlog))
+        console.print(table)
+    finally:
+        ctx.close()
+
+
+@cli.command()
+def demo(
+    data_dir: Annotated[Path, typer.Option(help="where the demo keeps its journal, models and results")] = Path("var/demo"),
+) -> None:
+    """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
+    from app.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
+
+
+def main() -> None:
+    try:
+        cli()
+    except HomefleetError as error:
+        console.print(f"[red]error[/] ({error.reason}): {error.message}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""A small Python client for Homefleet's public API, for web backends and scripts.
+
+It never retries a POST on its own (R20): a submission is sent once; a failure is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from app.errors import HomefleetError
+
+ENDED_STATES = frozenset({"succeeded", "failed", "cancelled", "interrupted", "rejected"})
+
+
+class ApiError(HomefleetError):
+    """Raised when the server answers a request with an error; ``status_code`` is its HTTP code."""
+
+    def __init__(self, status_code: int, reason: str, message: str) -> None:
+        super().__init__(message, reason=reason)
+        self.status_code = status_code
+
+
+class HomefleetClient:
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> HomefleetClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.is_success:
+            return response.json()
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""))
+        raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])))
+
+    def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server") -> dict[str, Any]:
+        """``POST /v1/jobs`` once. Returns ``{id, state, machine, position, url}``; raises ApiError."""
+        body = {"model": model, "kind": kind, "params": params, "target": target}
+        return self._json(self.http.post("/v1/jobs", json=body))  # type: ignore[no-any-return]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}"))  # type: ignore[no-any-return]
+
+    def wait(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> dict[str, Any]:
+        """Poll until the job has ended; return it. Raises ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if job["state"] in ENDED_STATES:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def download(self, job_id: str) -> bytes:
+        """The result's bytes (``GET /v1/jobs/{id}/result``); raises ApiError if there is none."""
+        response = self.http.get(f"/v1/jobs/{job_id}/result")
+        if not response.is_success:
+            self._json(response)
+        return response.content
+
+    def machines(self) -> list[dict[str, Any]]:
+        return self._json(self.http.get("/v1/machines"))  # type: ignore[no-any-return]

@@ -1,0 +1,89 @@
+"""Settings, built once in an entry point (CLI, ``create_app``, worker start-up) and passed down.
+
+Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
+``HOMEFLEET_REDIS_URL=redis://10.0.0.2:6379/0``. Nothing here connects to anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BrokerSettings(BaseSettings):
+    """What every process of the fleet (server, API, workers) must agree on.
+
+    ``visibility_timeout_s`` must be the SAME everywhere: kombu restores unacked
+    messages after the shortest timeout among its clients (shared/notes/celery-redis.md).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="HOMEFLEET_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    visibility_timeout_s: int = Field(3600, ge=1)
+    key_prefix: str = "hf"
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_ttl_s: float = Field(6.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {value!r}")
+        return value
+
+
+class Settings(BrokerSettings):
+    """The server's settings (API, journal, registry, storage).
+
+    Paths are resolved against the working directory at start-up.
+    """
+
+    data_dir: Path = Path("var/homefleet")
+    database_url: str | None = None  # default: sqlite:///<data_dir>/journal.db
+    fleet_file: Path | None = None  # default: the fleet embedded in the package
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8787, ge=1, le=65535)
+    max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    fleet_lock_ttl_s: float = Field(10.0, gt=0)
+    fleet_lock_wait_s: float = Field(5.0, gt=0)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def journal_url(self) -> str:
+        """SQLAlchemy URL of the journal: ``database_url`` or a SQLite file in ``data_dir``."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'journal.db'}"
+
+    @property
+    def models_dir(self) -> Path:
+        """The server's own model folder: ``<models_dir>/<model_id>/<file>``."""
+        return self.data_dir / "models"
+
+    @property
+    def results_dir(self) -> Path:
+        """Content-addressed result storage (R2)."""
+        return self.data_dir / "results"
+
+
+class WorkerSettings(BrokerSettings):
+    """A worker's settings: its machine name, its own model folder, its token, the server's URL.
+
+    A worker knows no other machine and no address but the server's (R3).
+    """
+
+    machine: str
+    models_dir: Path
+    worker_token: str = Field(min_length=8)
+    server_url: str = "http://127.0.0.1:8787"
+    http_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("models_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()

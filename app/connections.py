@@ -1,0 +1,45 @@
+"""One factory per external connection. Nothing connects at import time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, create_engine as sqlmodel_create_engine
+
+from app.config import BrokerSettings, Settings
+
+
+def create_redis(settings: BrokerSettings) -> redis.Redis:
+    """A Redis client for Homefleet's own keys (decoded strings). Connects lazily."""
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+
+
+def create_engine(settings: Settings) -> Engine:
+    """The journal's SQLAlchemy engine; creates the tables if missing.
+
+    SQLite gets WAL mode and a 10 s busy timeout so the API and the CLI can share the file.
+    """
+    url = settings.journal_url
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
+    engine = sqlmodel_create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    # Importing the table modules registers them with SQLModel's metadata.
+    import app.journal  # noqa: F401
+    import app.registry  # noqa: F401
+
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()

@@ -1,0 +1,54 @@
+"""The server's parts, wired once from :class:`Settings` in an entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from sqlalchemy.engine import Engine
+
+from app.celery_app import create_celery
+from app.config import Settings
+from app.connections import create_engine, create_redis
+from app.dispatch import Dispatcher
+from app.fleet import Fleet, load_fleet
+from app.journal import Journal
+from app.keys import Keys
+from app.machines import MachineStates
+from app.registry import Registry
+from app.storage import ResultStore
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    fleet: Fleet
+    engine: Engine
+    redis: redis.Redis
+    celery: Celery
+    keys: Keys
+    journal: Journal
+    registry: Registry
+    store: ResultStore
+    machines: MachineStates
+    dispatcher: Dispatcher
+
+    def close(self) -> None:
+        self.redis.close()
+        self.engine.dispose()
+
+
+def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerContext:
+    """Wire the server's parts. ``fleet`` defaults to ``settings.fleet_file`` (or the embedded fleet)."""
+    fleet = fleet or load_fleet(settings.fleet_file)
+    engine = create_engine(settings)
+    client = create_redis(settings)
+    celery = create_celery(settings)
+    keyspace = Keys(settings.key_prefix)
+    journal = Journal(engine)
+    registry = Registry(engine, settings.models_dir)
+    store = ResultStore(settings.results_dir, settings.max_result_bytes)
+    machines = MachineStates(client, keyspace, fleet, journal)
+    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines)
+    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, dispatcher)

@@ -1,0 +1,141 @@
+"""``homefleet demo``: the fleet on this one host, real pipelines, real results.
+
+Uses the Redis at the configured URL if one answers, else an embedded one; starts the API,
+the ``server`` worker and two more machines (each its own worker process, model folder
+and token); builds and registers the tiny models and copies them to each machine; submits
+jobs to ``server``, to named machines and to ``auto``; shows progress; prints each
+result's path, digest, machine and seconds; stops everything it started.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from app.client import ENDED_STATES, HomefleetClient
+from app.config import Settings
+from app.context import build_context
+from app.errors import NotFound
+from app.fleet import SERVER, load_fleet, with_fresh_tokens
+from app.journal import Journal
+from app.localfleet import LocalFleet
+from app.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
+from app.tiny_models import make_tiny
+
+DEMO_MODEL = "tiny-sd"
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    target: str
+    prompt: str
+    steps: int
+
+
+DEMO_JOBS = (
+    DemoJob(SERVER, "a lighthouse at dusk", 8),
+    DemoJob(SERVER, "a red fox in snow", 8),
+    DemoJob("box1", "a bowl of ramen", 8),
+    DemoJob("box2", "a glass city", 8),
+    DemoJob("auto", "a paper boat", 8),
+)
+
+
+def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
+    """Run the demo; return 0 when every job succeeded, else 1."""
+    data_dir = data_dir.resolve()
+    embedded: RedisProcess | None = None
+    if redis_answers(redis_url):
+        console.print(f"Redis: using {redis_url}")
+    else:
+        embedded = start_redis_server(data_dir / "redis")
+        redis_url = embedded.url
+        console.print(f"Redis: nothing answered at the configured URL; started an embedded one at {redis_url}")
+
+    fleet = with_fresh_tokens(load_fleet(None))
+    fleet_file = data_dir / "fleet.toml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fleet_file.write_text(fleet.to_toml())
+    fleet_file.chmod(0o600)
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port())
+    ctx = build_context(settings, fleet)
+    local = LocalFleet(settings, fleet, fleet_file)
+    try:
+        with console.status("Building the tiny models and registering them…"):
+            built = make_tiny(data_dir / "tiny", kinds=("txt2img",))
+            try:
+                ctx.registry.get(DEMO_MODEL)
+            except NotFound:
+                ctx.registry.add(built["txt2img"], model_id=DEMO_MODEL)
+            for machine in fleet.machines:
+                local.copy_model(DEMO_MODEL, machine)
+        with console.status("Starting the API and one worker per machine…"):
+            local.start_api()
+            for machine in fleet.machines:
+                local.start_worker(machine)
+            local.wait_online(list(fleet.machines), model_id=DEMO_MODEL)
+        console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
+        with HomefleetClient(local.api_url) as client:
+            jobs = _run_jobs(client, console)
+        return _report(jobs, ctx.journal, console)
+    finally:
+        with console.status("Stopping everything the demo started…"):
+            local.stop()
+            ctx.close()
+            if embedded is not None:
+                embedded.stop()
+
+
+def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]:
+    submitted = []
+    for job in DEMO_JOBS:
+        accepted = client.submit(DEMO_MODEL, "txt2img", {"prompt": job.prompt, "steps": job.steps}, target=job.target)
+        submitted.append(accepted)
+        console.print(f"submitted {accepted['id'][:8]} target={job.target} -> machine={accepted['machine']} "
+                      f"position={accepted['position']}")
+    finished: dict[str, dict[str, Any]] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bars = {
+            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued") for s in submitted
+        }
+        deadline = time.monotonic() + 600
+        while len(finished) < len(submitted) and time.monotonic() < deadline:
+            for job_id, bar in bars.items():
+                if job_id in finished:
+                    continue
+                job = client.get(job_id)
+                step = job.get("progress") or {}
+                if job["state"] in ENDED_STATES:
+                    finished[job_id] = job
+                    progress.update(bar, completed=1, total=1, state=job["state"])
+                elif step:
+                    progress.update(bar, completed=step["step"], total=step["total"], state=job["state"])
+                else:
+                    progress.update(bar, state=job["state"])
+            time.sleep(0.2)
+    return [finished.get(s["id"]) or client.get(s["id"]) for s in submitted]
+
+
+def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console) -> int:
+    """Print one block per job; the path is read from the journal (the server's own storage)."""
+    failed = 0
+    console.print("\nResults (verified and stored by the server, content-addressed):")
+    for job in jobs:
+        result = job.get("result") or {}
+        if job["state"] != "succeeded":
+            failed += 1
+            console.print(f"[red]{job['id']}[/] {job['state']} on {job['machine']}: {job['reason']}: {job['message']}")
+            continue
+        console.print(
+            f"[green]{job['id']}[/] machine={job['machine']} load_s={job['load_s']:.2f} run_s={job['run_s']:.2f}\n"
+            f"  digest {result['digest']}\n  path   {journal.get(job['id']).result_path}",
+            soft_wrap=True,
+        )
+    console.print(f"{len(jobs) - failed} of {len(jobs)} jobs succeeded")
+    return 1 if failed else 0

@@ -1,0 +1,83 @@
+"""Homefleet's domain errors, mapped to HTTP status and body once, in ``create_app``.
+
+Cores and routes raise these, never ``HTTPException``. Every error carries a
+machine-readable ``reason`` and a message that names the field, the value and the limit.
+"""
+
+from __future__ import annotations
+
+
+class HomefleetError(Exception):
+    """Base of every domain error.
+
+    Attributes:
+        status_code: HTTP status the API answers with.
+        reason: short code kept in the journal and returned to clients.
+        message: human-readable text naming what was wrong and how to fix it.
+    """
+
+    status_code: int = 500
+    default_reason: str = "error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+
+
+class Rejected(HomefleetError):
+    """Raised when a submission is refused before it is queued (R10, R22): unknown model or
+    machine, model not verified on the target, family not supported, invalid parameters."""
+
+    status_code = 422
+    default_reason = "rejected"
+
+
+class MachineUnavailable(HomefleetError):
+    """Raised when an explicitly targeted machine is offline (R10): never rerouted."""
+
+    status_code = 503
+    default_reason = "machine_unavailable"
+
+
+class NotFound(HomefleetError):
+    """Raised when a job, model or result does not exist."""
+
+    status_code = 404
+    default_reason = "not_found"
+
+
+class Conflict(HomefleetError):
+    """Raised when the journal's state forbids the request, e.g. a second claim of a job (R19)."""
+
+    status_code = 409
+    default_reason = "conflict"
+
+
+class IntegrityFailure(HomefleetError):
+    """Raised when content does not match its digest, media type or size limit (R2, R5)."""
+
+    status_code = 422
+    default_reason = "integrity"
+
+
+class Unauthorized(HomefleetError):
+    """Raised when a request carries no valid token."""
+
+    status_code = 401
+    default_reason = "unauthorized"
+
+
+class Forbidden(HomefleetError):
+    """Raised when a worker's token acts on another machine's job."""
+
+    status_code = 403
+    default_reason = "forbidden"
+
+
+class PlacementLost(HomefleetError):
+    """Raised when the fleet lock expired before a placement was committed (C04): nothing
+    was published; the client may submit again."""
+
+    status_code = 503
+    default_reason = "placement_lock_lost"

@@ -1,0 +1,198 @@
+"""The job journal (R19): every job is written here before it is enqueued, and every state
+change is a conditional update, so only legal transitions happen and a job is claimed once.
+
+States and their legal ways::
+
+    rejected                          (refused at submission; never queued)
+    queued  -> running | cancelled | interrupted
+    running -> succeeded | failed | interrupted
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, func, select
+
+from app.errors import Conflict, NotFound
+
+
+class JobState(StrEnum):
+    queued = "queued"  # journaled and published to its machine's queue; not started
+    running = "running"  # claimed by its machine's worker (happens once per job)
+    succeeded = "succeeded"  # result verified and stored by the server (R2)
+    failed = "failed"  # ended with an error; ``reason`` says which
+    cancelled = "cancelled"  # removed from its queue before it started
+    interrupted = "interrupted"  # may have started, then its worker or the server died; never re-run
+    rejected = "rejected"  # refused at submission, kept with its reason; never queued
+
+
+ENDED = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.interrupted, JobState.rejected})
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Job(SQLModel, table=True):
+    """One job, as journaled. Times are UTC; durations in seconds; sizes in bytes."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
+    state: JobState = Field(index=True)
+    model_id: str
+    kind: str
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    target: str  # what the client asked for: a machine name or "auto"
+    machine: str | None = Field(default=None, index=True)  # where it was placed
+    reason: str | None = None  # why it was rejected, failed or interrupted
+    message: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result_digest: str | None = None
+    result_path: str | None = None
+    result_media_type: str | None = None
+    result_bytes: int | None = None
+    load_s: float | None = None
+    run_s: float | None = None
+    cold_load: bool | None = None
+
+
+class JobEvent(SQLModel, table=True):
+    """An append-only line of a job's history: created, claimed, claim_refused, succeeded…"""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = Field(default_factory=utcnow)
+    event: str
+    detail: str = ""
+
+
+class Journal:
+    """The only code that changes a job's state. Every method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, job: Job) -> Job:
+        """Insert a new job (state ``queued`` or ``rejected``) with its first event."""
+        with Session(self.engine) as session:
+            session.add(job)
+            session.add(JobEvent(job_id=job.id, event=str(job.state), detail=job.reason or ""))
+            session.commit()
+            session.refresh(job)
+            return job
+
+    def get(self, job_id: str) -> Job:
+        """The job, or raise :class:`NotFound`."""
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
+            return job
+
+    def list(self, states: Iterable[JobState] | None = None, machine: str | None = None) -> list[Job]:
+        """Jobs, oldest first, optionally filtered by state and machine."""
+        query = select(Job).order_by(Job.created_at)
+        if states is not None:
+            query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+        if machine is not None:
+            query = query.where(Job.machine == machine)
+        with Session(self.engine) as session:
+            return list(session.exec(query).all())
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        """A job's history, oldest first."""
+        with Session(self.engine) as session:
+            query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            return list(session.exec(query).all())
+
+    def count_active(self, machine: str) -> int:
+        """Jobs of ``machine`` that are queued or running (its backlog)."""
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(Job).where(
+                Job.machine == machine,
+                Job.state.in_([JobState.queued, JobState.running]),  # type: ignore[attr-defined]
+            )
+            return int(session.exec(query).one())
+
+    def log(self, job_id: str, event: str, detail: str = "") -> None:
+        """Append an event without changing state (e.g. a refused second delivery)."""
+        with Session(self.engine) as session:
+            session.add(JobEvent(job_id=job_id, event=event, detail=detail))
+            session.commit()
+
+    def transition(
+        self,
+        job_id: str,
+        from_states: Iterable[JobState],
+        to_state: JobState,
+        *,
+        machine: str | None = None,
+        event_detail: str = "",
+        **values: Any,
+    ) -> Job:
+        """Move a job to ``to_state`` only if it is in one of ``from_states`` (and, when given,
+        placed on ``machine``): one conditional UPDATE, so two callers can never both win.
+
+        Raises:
+            NotFound: no such job.
+            Conflict: the job is in another state (reason ``not_<states>``); the refusal is
+                journaled as an event and changes nothing else.
+        """
+        allowed = [JobState(s) for s in from_states]
+        now = utcnow()
+        if to_state == JobState.running:
+            values.setdefault("started_at", now)
+        if to_state in ENDED:
+            values.setdefault("finished_at", now)
+        conditions = [Job.id == job_id, Job.state.in_(allowed)]  # type: ignore[attr-defined]
+        if machine is not None:
+            conditions.append(Job.machine == machine)
+        with Session(self.engine) as session:
+            result = session.exec(update(Job).where(*conditions).values(state=to_state, **values))  # type: ignore[call-overload]
+            if result.rowcount != 1:
+                session.rollback()
+                current = session.get(Job, job_id)
+                if current is None:
+                    raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
+                expected = " or ".join(allowed)
+                refusal = (
+                    f"job {job_id} is {current.state}"
+                    + (f" on {current.machine}" if machine is not None and current.machine != machine else "")
+                    + f", not {expected}; cannot become {to_state}"
+                )
+                session.add(JobEvent(job_id=job_id, event=f"{to_state}_refused", detail=refusal))
+                session.commit()
+                raise Conflict(refusal, reason=f"not_{'_or_'.join(allowed)}")
+            session.add(JobEvent(job_id=job_id, event=str(to_state), detail=event_detail))
+            session.commit()
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def claim(self, job_id: str, machine: str) -> Job:
+        """Atomic ``queued -> running`` for the machine the job was placed on (R19).
+
+        A second delivery of the same job (broker redelivery, duplicate publish) finds it
+        no longer ``queued`` and is refused with :class:`Conflict`; nothing changes.
+        """
+        return self.transition(job_id, [JobState.queued], JobState.running, machine=machine, event_detail=machine)
+
+    def succeed(self, job_id: str, machine: str, **values: Any) -> Job:
+        """``running -> succeeded`` with the stored result's digest, path, media type and bytes."""
+        return self.transition(job_id, [JobState.running], JobState.succeeded, machine=machine, **values)
+
+    def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
+        """``running -> failed`` with a reason code and message."""
+        return self.transition(
+            job_id, [JobState.running], JobState.failed, machine=machine,
+            event_detail=f"{reason}: {message}", reason=reason, message=message, **values,
+        )

@@ -1,0 +1,37 @@
+"""Every Redis key Homefleet uses, built in one place so that a prefix changes once.
+
+Queue names are Celery's: with kombu's Redis transport the list key of a queue is the
+queue's name (priority 0; Homefleet never sets priorities, shared/notes/celery-redis.md).
+"""
+
+from __future__ import annotations
+
+QUEUE_PREFIX = "machine."
+
+
+def queue(machine: str) -> str:
+    """Celery queue (and Redis list key) of one machine: ``machine.<name>`` (R8)."""
+    return f"{QUEUE_PREFIX}{machine}"
+
+
+class Keys:
+    """Homefleet's own keys under one prefix (``hf`` by default)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def heartbeat(self, machine: str) -> str:
+        """JSON liveness record of a machine's worker, expiring after ``heartbeat_ttl_s``."""
+        return f"{self.prefix}:machine:{machine}:heartbeat"
+
+    def verified(self, machine: str) -> str:
+        """Set of model ids whose files that machine has verified against the manifest (R4)."""
+        return f"{self.prefix}:machine:{machine}:verified"
+
+    def fleet_lock(self) -> str:
+        """The one placement lock of the fleet (R14)."""
+        return f"{self.prefix}:lock:fleet"
+
+    def progress(self, job_id: str) -> str:
+        """Hash ``{step, total}`` of a running job's per-step progress."""
+        return f"{self.prefix}:job:{job_id}:progress"

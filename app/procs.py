@@ -1,0 +1,28 @@
+"""Stopping child processes we started, with their whole process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+def stop_process_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
+    """Send ``sig`` to the process group of ``process`` (started with ``start_new_session``),
+    wait up to ``timeout_s`` seconds, then SIGKILL the group. Returns the exit code."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+    # children left behind in the group (e.g. a prefork pool child) go too
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return process.returncode

@@ -1,0 +1,207 @@
+"""The model registry on the server (R1): model ids, their family and kinds, and the
+manifest (every file with its size and full-content digest).
+
+Registering copies the diffusers folder into the server's own model folder
+(``<data_dir>/models/<model_id>/``), the same layout every worker uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, select
+
+from app.digest import ALGORITHM, file_digest
+from app.errors import NotFound, Rejected
+from app.journal import utcnow
+
+# diffusers pipeline class (model_index.json ``_class_name``) -> (family, kinds it can run).
+PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "StableDiffusionPipeline": ("sd1", ("txt2img",)),
+    "StableDiffusionXLPipeline": ("sdxl", ("txt2img",)),
+    "FluxPipeline": ("flux", ("txt2img",)),
+    "StableDiffusionInstructPix2PixPipeline": ("sd1-pix2pix", ("edit",)),
+    "QwenImageEditPipeline": ("qwen-image", ("edit",)),
+    "StableDiffusionUpscalePipeline": ("sd-upscale", ("upscale",)),
+    "AnimateDiffPipeline": ("animatediff", ("video",)),
+    "WanPipeline": ("wan", ("video",)),
+}
+
+_MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class ModelRecord(SQLModel, table=True):
+    """A registered model. ``weights_bytes`` sums the model's ``.safetensors`` files."""
+
+    id: str = Field(primary_key=True)
+    family: str
+    kinds: list[str] = Field(sa_column=Column(JSON, nullable=False))
+    pipeline_class: str
+    total_bytes: int
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ModelFile(SQLModel, table=True):
+    """One file of a model, relative to the model folder. The server caches its digest keyed
+    by (size, mtime_ns, inode) because it owns the file (R5); any change forces a rehash."""
+
+    model_id: str = Field(primary_key=True)
+    path: str = Field(primary_key=True)
+    size: int
+    digest: str
+    mtime_ns: int
+    inode: int
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative, with '/' separators
+    size: int  # bytes
+    digest: str  # "blake3:<hex>"
+
+
+@dataclass(frozen=True)
+class ModelManifest:
+    model_id: str
+    family: str
+    kinds: tuple[str, ...]
+    files: tuple[ManifestFile, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "family": self.family,
+            "kinds": list(self.kinds),
+            "algorithm": ALGORITHM,
+            "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in self.files],
+        }
+
+
+def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
+    """(pipeline class, family, kinds) from ``folder/model_index.json``.
+
+    Raises:
+        Rejected: no ``model_index.json`` or an unknown pipeline class.
+    """
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise Rejected(f"{folder} is not a diffusers folder: it has no model_index.json", reason="not_a_model")
+    class_name = json.loads(index.read_text()).get("_class_name", "")
+    if class_name not in PIPELINE_FAMILIES:
+        known = ", ".join(sorted(PIPELINE_FAMILIES))
+        raise Rejected(f"pipeline class {class_name!r} is not supported; supported: {known}", reason="unknown_pipeline")
+    family, kinds = PIPELINE_FAMILIES[class_name]
+    return class_name, family, kinds
+
+
+class Registry:
+    """Registered models and their manifests, stored in the journal's database."""
+
+    def __init__(self, engine: Engine, models_dir: Path) -> None:
+        self.engine = engine
+        self.models_dir = models_dir
+
+    def folder(self, model_id: str) -> Path:
+        return self.models_dir / model_id
+
+    def add(self, source: Path, model_id: str | None = None) -> ModelRecord:
+        """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
+        folder into the server's model folder, and hash every file.
+
+        Raises:
+            Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id.
+        """
+        source = Path(source).resolve()
+        class_name, family, kinds = describe_pipeline(source)
+        with Session(self.engine) as session:
+            taken = set(session.exec(select(ModelRecord.id)).all())
+        if model_id is None:
+            model_id = _mint_id(source.name, taken)
+        elif not _MODEL_ID.match(model_id):
+            raise Rejected(
+                f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
+                reason="invalid_model_id",
+            )
+        elif model_id in taken:
+            raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
+
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
+        try:
+            shutil.copytree(source, staging, dirs_exist_ok=True)
+            final = self.folder(model_id)
+            if final.exists():
+                shutil.rmtree(final)  # left by an earlier registration that was never committed
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        files = [_hash_file(final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        record = ModelRecord(
+            id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
+            total_bytes=sum(f.size for f in files),
+        )
+        with Session(self.engine) as session:
+            session.add(record)
+            for f in files:
+                session.add(f.model_copy(update={"model_id": model_id}))
+            session.commit()
+            session.refresh(record)
+        return record
+
+    def get(self, model_id: str) -> ModelRecord:
+        """The model, or raise :class:`NotFound` naming the known ids."""
+        with Session(self.engine) as session:
+            record = session.get(ModelRecord, model_id)
+            if record is None:
+                known = ", ".join(session.exec(select(ModelRecord.id)).all()) or "none"
+                raise NotFound(f"model {model_id!r} is not registered; registered: {known}", reason="unknown_model")
+            return record
+
+    def list(self) -> list[ModelRecord]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(ModelRecord).order_by(ModelRecord.id)).all())
+
+    def manifest(self, model_id: str) -> ModelManifest:
+        """The model's manifest with CURRENT digests: a file whose (size, mtime_ns, inode)
+        changed since it was hashed is hashed again (R5). Raises NotFound."""
+        record = self.get(model_id)
+        folder = self.folder(model_id)
+        with Session(self.engine) as session:
+            rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
+            files = []
+            for row in rows:
+                stat = (folder / row.path).stat()
+                if (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (row.size, row.mtime_ns, row.inode):
+                    fresh = _hash_file(folder, folder / row.path)
+                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
+                    session.add(row)
+                files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
+            session.commit()
+        return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files))
+
+
+def _hash_file(folder: Path, path: Path) -> ModelFile:
+    stat = path.stat()
+    return ModelFile(
+        model_id="", path=path.relative_to(folder).as_posix(), size=stat.st_size,
+        digest=file_digest(path), mtime_ns=stat.st_mtime_ns, inode=stat.st_ino,
+    )
+
+
+def _mint_id(name: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:56] or "model"
+    candidate, n = base, 2
+    while candidate in taken:
+        candidate, n = f"{base}-{n}", n + 1
+    return candidate

@@ -1,0 +1,1 @@
+"""HTTP routes: ``public`` for clients, ``internal`` for workers (token per machine)."""

@@ -1,0 +1,50 @@
+"""Shared route dependencies: the server context and the worker's identity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from app.context import ServerContext
+from app.errors import Forbidden, Unauthorized
+from app.fleet import Machine
+from app.journal import Job
+
+
+def get_context(request: Request) -> ServerContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+Context = Annotated[ServerContext, Depends(get_context)]
+
+
+def get_worker_machine(ctx: Context, authorization: Annotated[str, Header()] = "") -> Machine:
+    """The machine whose token the request carries (``Authorization: Bearer <token>``).
+
+    Raises:
+        Unauthorized: no bearer token, or one that belongs to no machine.
+    """
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
+    machine = ctx.fleet.machine_for_token(token.strip())
+    if machine is None:
+        raise Unauthorized("the token belongs to no machine of this fleet")
+    return machine
+
+
+WorkerMachine = Annotated[Machine, Depends(get_worker_machine)]
+
+
+def job_of_machine(ctx: ServerContext, job_id: str, machine: Machine) -> Job:
+    """The job, if it was placed on ``machine``.
+
+    Raises:
+        NotFound: no such job.
+        Forbidden: the job belongs to another machine.
+    """
+    job = ctx.journal.get(job_id)
+    if job.machine != machine.name:
+        raise Forbidden(f"job {job_id} is placed on {job.machine!r}, not on {machine.name!r}")
+    return job

@@ -1,0 +1,83 @@
+"""Internal API for workers, each authenticated by its machine's token (R1, R2, R19).
+
+A worker never writes the journal or storage itself: it claims, reports progress,
+uploads its result and reports failures here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, UploadFile
+
+from app.errors import IntegrityFailure
+from app.routes.deps import Context, WorkerMachine, job_of_machine
+from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport
+
+router = APIRouter(prefix="/internal/v1")
+log = logging.getLogger(__name__)
+
+PROGRESS_TTL_S = 24 * 3600
+
+
+@router.get("/manifest")
+def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
+    """Every registered model's manifest (files, sizes, digests), for the worker's check (R4)."""
+    return {"models": {m.id: ctx.registry.manifest(m.id).as_json() for m in ctx.registry.list()}}
+
+
+@router.post("/jobs/{job_id}/claim", response_model=ClaimGranted)
+def claim(job_id: str, ctx: Context, machine: WorkerMachine) -> ClaimGranted:
+    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job."""
+    job_of_machine(ctx, job_id, machine)
+    job = ctx.journal.claim(job_id, machine.name)
+    log.info("job %s claimed by %s", job_id, machine.name)
+    manifest = ctx.registry.manifest(job.model_id).as_json()
+    return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest)
+
+
+@router.post("/jobs/{job_id}/progress", status_code=204)
+def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
+    job_of_machine(ctx, job_id, machine)
+    key = ctx.keys.progress(job_id)
+    ctx.redis.hset(key, mapping={"step": body.step, "total": body.total})
+    ctx.redis.expire(key, PROGRESS_TTL_S)
+
+
+@router.post("/jobs/{job_id}/result", response_model=JobPublic)
+async def upload_result(
+    job_id: str,
+    ctx: Context,
+    machine: WorkerMachine,
+    file: Annotated[UploadFile, File(description="the result's bytes")],
+    digest: Annotated[str, Form(description="'blake3:<hex>' of the bytes")],
+    load_s: Annotated[float, Form(ge=0)],
+    run_s: Annotated[float, Form(ge=0)],
+    cold_load: Annotated[bool, Form()],
+) -> JobPublic:
+    """Verify and store a result (R2); only then the job is ``succeeded``. A mismatch of
+    digest, media type or size stores nothing and fails the job with reason ``integrity``."""
+    job_of_machine(ctx, job_id, machine)
+    data = await file.read(ctx.settings.max_result_bytes + 1)
+    timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
+    try:
+        stored = ctx.store.store(data, digest)
+    except IntegrityFailure as error:
+        ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings)
+        raise
+    job = ctx.journal.succeed(
+        job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
+        result_media_type=stored.media_type, result_bytes=stored.size_bytes, **timings,
+    )
+    return JobPublic.from_job(job)
+
+
+@router.post("/jobs/{job_id}/failure", response_model=JobPublic)
+def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
+    job_of_machine(ctx, job_id, machine)
+    job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    return JobPublic.from_job(job)
+
+
+

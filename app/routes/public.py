@@ -1,0 +1,70 @@
+"""Public API for clients: submit jobs, read them, fetch results (R1, R3, R9, R10)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import FileResponse
+
+from app.errors import NotFound
+from app.journal import JobState
+from app.routes.deps import Context
+from app.schemas import JobAccepted, JobCreate, JobPublic
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/jobs", status_code=202, response_model=JobAccepted)
+def submit_job(body: JobCreate, ctx: Context, response: Response) -> JobAccepted:
+    """Validate, place and enqueue a job. 202 with its id, machine and position in that
+    machine's line; 422 (unknown model or machine, not verified, family) or 503 (target
+    offline) with ``{"error": {"reason", "message"}}``."""
+    submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target)
+    job = submission.job
+    url = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = url
+    assert job.machine is not None
+    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position, url=url)
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, ctx: Context) -> JobPublic:
+    job = ctx.journal.get(job_id)
+    progress = None
+    if job.state == JobState.running:
+        raw = ctx.redis.hgetall(ctx.keys.progress(job_id))
+        if raw:
+            progress = {k: int(v) for k, v in raw.items()}
+    return JobPublic.from_job(job, progress)
+
+
+@router.get("/jobs/{job_id}/result", response_class=FileResponse)
+def get_result(job_id: str, ctx: Context) -> FileResponse:
+    """The stored result file (R2). 404 naming the job's state while there is none."""
+    job = ctx.journal.get(job_id)
+    if job.state != JobState.succeeded or not job.result_path:
+        raise NotFound(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+    return FileResponse(job.result_path, media_type=job.result_media_type, headers={"X-Content-Digest": job.result_digest or ""})
+
+
+@router.get("/machines")
+def list_machines(ctx: Context) -> list[dict[str, Any]]:
+    """Every machine: online, verified models, backlog (LLEN of its queue + running)."""
+    rows = []
+    for name, view in ctx.machines.views().items():
+        config = ctx.fleet.machines[name]
+        rows.append({
+            "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
+            "memory_bytes": config.memory_bytes, "online": view.online,
+            "verified_models": sorted(view.verified_models), "backlog": view.backlog,
+        })
+    return rows
+
+
+@router.get("/models")
+def list_models(ctx: Context) -> list[dict[str, Any]]:
+    return [
+        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes}
+        for m in ctx.registry.list()
+    ]

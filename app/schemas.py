@@ -1,0 +1,98 @@
+"""Request and response bodies of the HTTP API (the API returns these, never table rows)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.fleet import SERVER
+from app.journal import Job, JobState
+
+
+class JobCreate(BaseModel):
+    """``POST /v1/jobs``. ``target``: a machine name (pinned, never rerouted), or ``"auto"``."""
+
+    model: str = Field(min_length=1, max_length=64, description="registered model id")
+    kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")
+    params: dict[str, Any] = Field(default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed")
+    target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
+
+
+class ResultPublic(BaseModel):
+    digest: str
+    media_type: str
+    size_bytes: int
+    url: str
+
+
+class JobPublic(BaseModel):
+    id: str
+    state: JobState
+    model: str
+    kind: str
+    params: dict[str, Any]
+    target: str
+    machine: str | None
+    reason: str | None
+    message: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    load_s: float | None
+    run_s: float | None
+    cold_load: bool | None
+    progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
+    result: ResultPublic | None = None
+
+    @classmethod
+    def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
+        result = None
+        if job.state == JobState.succeeded and job.result_digest:
+            result = ResultPublic(
+                digest=job.result_digest, media_type=job.result_media_type or "", size_bytes=job.result_bytes or 0,
+                url=f"/v1/jobs/{job.id}/result",
+            )
+        return cls(
+            id=job.id, state=job.state, model=job.model_id, kind=job.kind, params=job.params, target=job.target,
+            machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
+            started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
+            cold_load=job.cold_load, progress=progress, result=result,
+        )
+
+
+class JobAccepted(BaseModel):
+    """202 answer to a submission."""
+
+    id: str
+    state: JobState
+    machine: str
+    position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
+    url: str
+
+
+class ClaimGranted(BaseModel):
+    """Internal: what a worker needs to run a claimed job (R19)."""
+
+    job_id: str
+    model_id: str
+    kind: str
+    params: dict[str, Any]
+    manifest: dict[str, Any]  # ModelManifest.as_json(): files with size and digest (R5)
+
+
+class ProgressReport(BaseModel):
+    step: int = Field(ge=0)
+    total: int = Field(ge=1)
+
+
+class FailureReport(BaseModel):
+    reason: str = Field(min_length=1, max_length=64)
+    message: str = Field(max_length=4000)
+    load_s: float | None = None
+    run_s: float | None = None
+
+
+class VerifiedReport(BaseModel):
+    models: list[str]

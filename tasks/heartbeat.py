@@ -1,0 +1,89 @@
+"""The worker's heartbeat in Redis (a key with a TTL) and its verified model set (R4).
+
+At start the worker hashes its local model files against the server's manifest and
+advertises only the models that match in full; placement reads that set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import threading
+import time
+
+import httpx
+import psutil
+import redis
+
+from app.config import WorkerSettings
+from app.errors import HomefleetError
+from app.keys import Keys
+from tasks.server_client import ServerClient
+from tasks.verify import verified_models
+
+log = logging.getLogger("homefleet.worker")
+
+
+class Heartbeat:
+    """A daemon thread that verifies the model folder once, then writes the heartbeat every
+    ``heartbeat_interval_s`` with a TTL of ``heartbeat_ttl_s``."""
+
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str, device: str) -> None:
+        self.settings = settings
+        self.redis = client
+        self.keys = Keys(settings.key_prefix)
+        self.boot_id = boot_id
+        self.device = device
+        self.verified: set[str] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and take the machine offline at once (delete the heartbeat key)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.redis.delete(self.keys.heartbeat(self.settings.machine))
+
+    def verify(self) -> set[str]:
+        """Hash the local copies against the manifest; replace the advertised set (R4)."""
+        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s)
+        try:
+            manifests = server.manifest()
+        finally:
+            server.close()
+        verified = verified_models(self.settings.models_dir, manifests)
+        key = self.keys.verified(self.settings.machine)
+        with self.redis.pipeline() as pipe:
+            pipe.delete(key)
+            if verified:
+                pipe.sadd(key, *sorted(verified))
+            pipe.execute()
+        log.info("%s verified %d of %d models: %s", self.settings.machine, len(verified), len(manifests),
+                 ", ".join(sorted(verified)) or "none")
+        return verified
+
+    def beat(self) -> None:
+        memory = psutil.virtual_memory()
+        record = {
+            "machine": self.settings.machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
+            "device": self.device, "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
+            "verified_models": sorted(self.verified or ()), "at": time.time(),
+        }
+        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
+        self.redis.set(self.keys.heartbeat(self.settings.machine), json.dumps(record), px=ttl_ms)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.verified is None:
+                    self.verified = self.verify()
+                self.beat()
+            except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
+                log.warning("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
+                            self.settings.heartbeat_interval_s)
+            self._stop.wait(self.settings.heartbeat_interval_s)

@@ -1,0 +1,36 @@
+"""txt2img: text to one image with a StableDiffusion-style pipeline.
+
+Params (defaults): ``prompt`` (str, required), ``negative_prompt`` (None), ``width`` and
+``height`` (64 pixels, multiples of 8), ``steps`` (4), ``guidance_scale`` (7.5),
+``seed`` (int; the server draws one when absent). Output: one PNG, width x height pixels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.kinds import Output, ProgressFn
+from tasks.pipelines import png_bytes
+
+
+def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any]) -> Output:
+    import torch
+
+    steps = int(params.get("steps", 4))
+    generator = torch.Generator("cpu").manual_seed(int(params["seed"]))
+
+    def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        progress(step + 1, steps)
+        return callback_kwargs
+
+    result = pipeline(
+        prompt=str(params["prompt"]),
+        negative_prompt=params.get("negative_prompt"),
+        width=int(params.get("width", 64)),
+        height=int(params.get("height", 64)),
+        num_inference_steps=steps,
+        guidance_scale=float(params.get("guidance_scale", 7.5)),
+        generator=generator,
+        callback_on_step_end=on_step_end,
+    )
+    return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")

@@ -1,0 +1,79 @@
+"""What a worker process holds: its settings, its server client and its model cache.
+
+Clients and caches are created per process (lazily, keyed by pid), so the prefork pool's
+children never share a socket with the parent.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+from app.config import WorkerSettings
+from app.connections import create_redis
+from app.keys import Keys
+from residency.cache import ModelCache
+from tasks.pipelines import load_pipeline
+from tasks.server_client import ServerClient
+
+
+class WorkerRuntime:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self._pid = -1
+        self._server: ServerClient | None = None
+        self._redis: redis.Redis | None = None
+        self._cache: ModelCache | None = None
+
+    def _this_process(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s)
+            self._redis = create_redis(self.settings)
+            self._cache = ModelCache(load_pipeline, release=_empty_device_cache)
+
+    @property
+    def server(self) -> ServerClient:
+        self._this_process()
+        assert self._server is not None
+        return self._server
+
+    @property
+    def redis(self) -> redis.Redis:
+        self._this_process()
+        assert self._redis is not None
+        return self._redis
+
+    @property
+    def cache(self) -> ModelCache:
+        self._this_process()
+        assert self._cache is not None
+        return self._cache
+
+    def withdraw(self, model_id: str) -> None:
+        """Stop advertising ``model_id`` on this machine until it is verified again (R4, R5)."""
+        self.redis.srem(self.keys.verified(self.settings.machine), model_id)
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def install(runtime: WorkerRuntime) -> None:
+    """Set the process's runtime (done once, by the worker's entry point, before forking)."""
+    global _runtime
+    _runtime = runtime
+
+
+def current() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("no worker runtime installed: start workers with `homefleet worker --machine NAME`")
+    return _runtime

@@ -1,0 +1,65 @@
+"""The worker's client for the server's internal API (R1: the worker writes nothing itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from app.errors import Conflict, Forbidden, HomefleetError, NotFound
+
+
+class ServerClient:
+    """Talks to ``<server_url>/internal/v1`` with the machine's bearer token.
+
+    Never retries a request on its own (R20). Raises :class:`Conflict` when a claim is refused,
+    :class:`NotFound`/:class:`Forbidden` for another machine's or an unknown job, and
+    ``httpx.HTTPError`` on transport errors.
+    """
+
+    def __init__(self, server_url: str, token: str, timeout_s: float) -> None:
+        self.http = httpx.Client(
+            base_url=f"{server_url.rstrip('/')}/internal/v1",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.is_success:
+            return response
+        try:
+            error = response.json().get("error") or {}
+        except ValueError:
+            error = {}
+        message = error.get("message") or response.text[:500]
+        reason = error.get("reason")
+        for cls in (Conflict, NotFound, Forbidden):
+            if response.status_code == cls.status_code:
+                raise cls(message, reason=reason)
+        raise HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
+
+    def manifest(self) -> dict[str, Any]:
+        """``{"models": {model_id: manifest}}`` for every registered model."""
+        return self._check(self.http.get("/manifest")).json()["models"]  # type: ignore[no-any-return]
+
+    def claim(self, job_id: str) -> dict[str, Any]:
+        """Claim the job (``queued -> running``). Raises Conflict for a second delivery."""
+        return self._check(self.http.post(f"/jobs/{job_id}/claim")).json()  # type: ignore[no-any-return]
+
+    def progress(self, job_id: str, step: int, total: int) -> None:
+        self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))
+
+    def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
+               cold_load: bool) -> dict[str, Any]:
+        """Upload the result with its digest; the server verifies and stores it (R2)."""
+        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower()}
+        files = {"file": ("result", data, media_type)}
+        return self._check(self.http.post(f"/jobs/{job_id}/result", data=form, files=files)).json()  # type: ignore[no-any-return]
+
+    def fail(self, job_id: str, reason: str, message: str, *, load_s: float | None = None,
+             run_s: float | None = None) -> None:
+        body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
+        self._check(self.http.post(f"/jobs/{job_id}/failure", json=body))
