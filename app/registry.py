@@ -146,15 +146,14 @@ class Registry:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        files = [_hash_file(final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
             total_bytes=sum(f.size for f in files),
         )
         with Session(self.engine) as session:
             session.add(record)
-            for f in files:
-                session.add(f.model_copy(update={"model_id": model_id}))
+            session.add_all(files)
             session.commit()
             session.refresh(record)
         return record
@@ -183,7 +182,7 @@ class Registry:
             for row in rows:
                 stat = (folder / row.path).stat()
                 if (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (row.size, row.mtime_ns, row.inode):
-                    fresh = _hash_file(folder, folder / row.path)
+                    fresh = _hash_file(model_id, folder, folder / row.path)
                     row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
                     session.add(row)
                 files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
@@ -191,10 +190,10 @@ class Registry:
         return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files))
 
 
-def _hash_file(folder: Path, path: Path) -> ModelFile:
+def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
     stat = path.stat()
     return ModelFile(
-        model_id="", path=path.relative_to(folder).as_posix(), size=stat.st_size,
+        model_id=model_id, path=path.relative_to(folder).as_posix(), size=stat.st_size,
         digest=file_digest(path), mtime_ns=stat.st_mtime_ns, inode=stat.st_ino,
     )
 

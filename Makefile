@@ -1,0 +1,26 @@
+# Homefleet: `make demo` runs the fleet on this machine; `make test` runs the test suite.
+# Both create .venv on first use: torch==2.13.0 (CPU) FIRST, then the project
+# (shared/notes/diffusers-offline.md: an unpinned torch pulls a multi-GB CUDA build).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet torch==2.13.0
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/homefleet demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,86 @@
+"""Shared fixtures: a private real Redis, the tiny real models, settings and a server context.
+
+Nothing is mocked: Redis is a real redis-server on a free port (no persistence), the
+journal a real SQLite file, the models real diffusers folders built by the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.fleet import Fleet, Machine
+from app.redis_server import start_redis_server
+
+FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
+
+
+def make_fleet(*names: str) -> Fleet:
+    """A fleet of CPU machines with distinct 32-character tokens; ``server`` is always in it."""
+    machines = {}
+    for name in ("server", *names):
+        machines[name] = Machine(
+            name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000,
+            families=FAMILIES, token=f"token-{name}-".ljust(32, "x"),
+        )
+    return Fleet(machines=machines)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run ``homefleet ARGS`` as a user would; raise with its output if it fails."""
+    full_env = {**os.environ, **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode != 0:
+        raise AssertionError(f"homefleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+@pytest.fixture(scope="session")
+def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server for the whole test session; yields ``redis://127.0.0.1:PORT``."""
+    server = start_redis_server(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server.url.rsplit("/", 1)[0]
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny real pipelines, built once per session by ``homefleet models make-tiny``."""
+    out = tmp_path_factory.mktemp("tiny")
+    run_cli("models", "make-tiny", str(out), "--kind", "txt2img")
+    return out
+
+
+@pytest.fixture
+def redis_url(redis_base_url: str) -> str:
+    """Database 1 of the session's Redis, flushed for this test."""
+    url = f"{redis_base_url}/1"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, redis_url: str) -> Settings:
+    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_lock_ttl_s=5, fleet_lock_wait_s=5)
+
+
+@pytest.fixture
+def ctx(settings: Settings) -> Iterator[ServerContext]:
+    context = build_context(settings, make_fleet("m1", "m2"))
+    try:
+        yield context
+    finally:
+        context.close()

@@ -1,0 +1,63 @@
+"""A real local fleet for end-to-end tests: the API (``homefleet serve``) and real
+``celery worker`` processes (``homefleet worker``) for machines server, m1 and m2, each
+with its own model folder and token. Machine m3 is in the fleet config but has no worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.client import HomefleetClient
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.localfleet import LocalFleet
+from app.redis_server import free_port
+from tests.conftest import make_fleet, run_cli
+
+MODEL = "tiny-sd"
+WORKERS = ("server", "m1", "m2")
+
+
+@dataclass
+class RunningFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+    model: str
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[RunningFleet]:
+    data_dir = tmp_path_factory.mktemp("fleet")
+    redis_url = f"{redis_base_url}/0"
+    redis.Redis.from_url(redis_url).flushdb()
+    fleet_config = make_fleet("m1", "m2", "m3")
+    fleet_file = data_dir / "fleet.toml"
+    fleet_file.write_text(fleet_config.to_toml())
+    settings = Settings(
+        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+        heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
+    )
+    # Registered through the CLI, as an operator does.
+    run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
+            env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
+                 "HOMEFLEET_REDIS_URL": redis_url})
+    local = LocalFleet(settings, fleet_config, fleet_file)
+    ctx = build_context(settings, fleet_config)
+    client = HomefleetClient(local.api_url)
+    try:
+        for machine in WORKERS:
+            local.copy_model(MODEL, machine)
+        local.start_api()
+        for machine in WORKERS:
+            local.start_worker(machine)
+        local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=120)
+        yield RunningFleet(local, ctx, client, MODEL)
+    finally:
+        client.close()
+        local.stop()
+        ctx.close()

@@ -1,0 +1,137 @@
+"""A real job's whole way: submit, place, queue, claim, run, upload, verify, store (issue 2).
+
+Real Redis, real ``celery worker`` processes, real tiny diffusers pipelines.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from app import keys
+from app.celery_app import RUN_JOB_TASK
+from app.digest import bytes_digest
+from app.journal import JobState
+from tests.e2e.conftest import RunningFleet
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def files_under(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(fleet: RunningFleet) -> None:
+    m1_before = files_under(fleet.local.machine_dir("m1"))
+    on_server = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a lighthouse", "steps": 2})
+    on_m1 = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a fox", "steps": 2, "width": 72, "height": 40},
+                                target="m1")
+    assert (on_server["machine"], on_m1["machine"]) == ("server", "m1")
+    for accepted, size in ((on_server, (64, 64)), (on_m1, (72, 40))):
+        job = fleet.client.wait(accepted["id"], timeout_s=120)
+        assert job["state"] == "succeeded", job
+        data = fleet.client.download(accepted["id"])
+        image = Image.open(io.BytesIO(data))
+        assert (image.format, image.size) == ("PNG", size)
+        journaled = fleet.ctx.journal.get(accepted["id"])
+        assert bytes_digest(data) == journaled.result_digest == job["result"]["digest"]
+        stored = Path(journaled.result_path or "")
+        assert stored.read_bytes() == data
+        assert stored.is_relative_to(fleet.local.settings.results_dir)
+        assert journaled.load_s is not None and journaled.run_s is not None and journaled.run_s > 0
+        assert '"model_id": "tiny-sd"' in image.info["homefleet"]  # provenance travels in the PNG
+    # R2: the worker keeps no copy: its folders hold exactly what they held before.
+    assert files_under(fleet.local.machine_dir("m1")) == m1_before
+
+
+def test_r8_c02_jobs_start_in_submission_order_and_wait_in_redis_meanwhile(fleet: RunningFleet) -> None:
+    first = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m2")
+    second = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
+    third = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
+    assert [second["position"], third["position"]] == [1, 2]
+    wait_for(lambda: fleet.client.get(first["id"])["state"] == "running", what="the first job to start")
+    # While the first runs, the other two are still in m2's Redis list, in order, and queued.
+    assert fleet.ctx.redis.llen(keys.queue("m2")) == 2
+    assert [fleet.client.get(j["id"])["state"] for j in (second, third)] == ["queued", "queued"]
+    reserved = fleet.ctx.celery.control.inspect(timeout=3).reserved() or {}
+    m2_reserved = [tasks for name, tasks in reserved.items() if name.startswith("m2@")]
+    assert m2_reserved == [[]], reserved  # the busy worker holds no next job
+    jobs = [fleet.client.wait(j["id"], timeout_s=120) for j in (first, second, third)]
+    assert [j["state"] for j in jobs] == ["succeeded"] * 3
+    starts = [fleet.ctx.journal.get(j["id"]).started_at for j in jobs]
+    assert starts == sorted(starts)
+    assert fleet.ctx.journal.get(first["id"]).finished_at <= starts[1]  # type: ignore[operator]
+
+
+def test_c01_a_second_delivery_of_a_job_is_refused_and_it_runs_once(fleet: RunningFleet) -> None:
+    accepted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "once", "steps": 2}, target="m1")
+    done = fleet.client.wait(accepted["id"], timeout_s=120)
+    assert done["state"] == "succeeded"
+    # Deliver the very same message again, as a broker redelivery would.
+    fleet.ctx.celery.send_task(RUN_JOB_TASK, args=[accepted["id"]], task_id=accepted["id"], queue=keys.queue("m1"))
+
+    def refused() -> bool:
+        return any(e.event == "running_refused" for e in fleet.ctx.journal.events(accepted["id"]))
+
+    wait_for(refused, what="the second claim to be refused")
+    events = [e.event for e in fleet.ctx.journal.events(accepted["id"])]
+    assert events.count("running") == 1 and events.count("succeeded") == 1
+    after = fleet.ctx.journal.get(accepted["id"])
+    assert (after.state, after.result_digest) == (JobState.succeeded, done["result"]["digest"])
+
+
+def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: RunningFleet) -> None:
+    response = httpx.post(f"{fleet.local.api_url}/v1/jobs",
+                          json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "mars"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["reason"] == "unknown_machine" and "'mars'" in error["message"]
+    rejected = [j for j in fleet.ctx.journal.list([JobState.rejected]) if j.target == "mars"]
+    assert len(rejected) == 1 and rejected[0].reason == "unknown_machine"
+
+
+def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: RunningFleet) -> None:
+    response = httpx.post(f"{fleet.local.api_url}/v1/jobs",
+                          json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"})
+    assert response.status_code == 503
+    assert response.json()["error"]["reason"] == "machine_unavailable"
+    assert fleet.ctx.redis.llen(keys.queue("m3")) == 0
+
+
+def test_internal_routes_need_the_machine_token(fleet: RunningFleet) -> None:
+    accepted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "x", "steps": 2}, target="m1")
+    url = f"{fleet.local.api_url}/internal/v1/jobs/{accepted['id']}/claim"
+    assert httpx.post(url).status_code == 401
+    assert httpx.post(url, headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+    other = fleet.local.fleet.machines["m2"].token
+    assert httpx.post(url, headers={"Authorization": f"Bearer {other}"}).status_code == 403
+    assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
+
+
+def test_c02_a_queued_job_survives_its_worker_being_killed_and_runs_once_later(fleet: RunningFleet) -> None:
+    running = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60}, target="m2")
+    waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "next", "steps": 2}, target="m2")
+    wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the first job to start")
+    fleet.local.stop_worker("m2", signal.SIGKILL)
+    assert fleet.ctx.redis.llen(keys.queue("m2")) == 1
+    assert fleet.client.get(waiting["id"])["state"] == "queued"
+    fleet.local.start_worker("m2")
+    done = fleet.client.wait(waiting["id"], timeout_s=120)
+    assert done["state"] == "succeeded"
+    assert [e.event for e in fleet.ctx.journal.events(waiting["id"])].count("running") == 1
+    # The killed job is never re-run by itself (R19); reconciliation will mark it interrupted.
+    assert [e.event for e in fleet.ctx.journal.events(running["id"])].count("running") == 1

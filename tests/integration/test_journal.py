@@ -1,0 +1,64 @@
+"""The journal's state machine and the claim (R19), on a real SQLite journal."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from app.context import ServerContext
+from app.errors import Conflict
+from app.journal import Job, JobState
+
+
+def queued_job(ctx: ServerContext, machine: str = "m1") -> Job:
+    return ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x"},
+                               target=machine, machine=machine))
+
+
+def test_r19_a_job_is_claimed_once_and_a_second_claim_changes_nothing(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+    claimed = ctx.journal.claim(job.id, "m1")
+    assert claimed.state == JobState.running and claimed.started_at is not None
+    with pytest.raises(Conflict) as refused:
+        ctx.journal.claim(job.id, "m1")
+    assert "running" in refused.value.message
+    after = ctx.journal.get(job.id)
+    assert (after.state, after.started_at) == (JobState.running, claimed.started_at)
+    assert [e.event for e in ctx.journal.events(job.id)] == ["queued", "running", "running_refused"]
+
+
+def test_r19_concurrent_claims_have_exactly_one_winner(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+
+    def attempt(_: int) -> bool:
+        try:
+            ctx.journal.claim(job.id, "m1")
+        except Conflict:
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(attempt, range(16)))
+    assert outcomes.count(True) == 1
+    assert [e.event for e in ctx.journal.events(job.id)].count("running") == 1
+
+
+def test_r19_a_job_placed_elsewhere_cannot_be_claimed(ctx: ServerContext) -> None:
+    job = queued_job(ctx, "m1")
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m2")
+    assert ctx.journal.get(job.id).state == JobState.queued
+
+
+@pytest.mark.parametrize("ended", [JobState.succeeded, JobState.failed])
+def test_only_a_running_job_can_end(ctx: ServerContext, ended: JobState) -> None:
+    job = queued_job(ctx)
+    with pytest.raises(Conflict):
+        ctx.journal.transition(job.id, [JobState.running], ended, machine="m1")
+    ctx.journal.claim(job.id, "m1")
+    done = ctx.journal.transition(job.id, [JobState.running], ended, machine="m1")
+    assert done.state == ended and done.finished_at is not None
+    with pytest.raises(Conflict):
+        ctx.journal.transition(job.id, [JobState.running], JobState.succeeded, machine="m1")
+    assert ctx.journal.get(job.id).state == ended
