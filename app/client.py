@@ -6,6 +6,7 @@ It never retries a POST on its own (R20): a submission is sent once; a failure i
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ class ApiError(HomefleetError):
 
 class HomefleetClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        # httpx's default transport makes no retries; nothing here adds any (R20).
         self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
 
     def close(self) -> None:
@@ -48,10 +50,38 @@ class HomefleetClient:
             raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""))
         raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])))
 
-    def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server") -> dict[str, Any]:
-        """``POST /v1/jobs`` once. Returns ``{id, state, machine, position, url}``; raises ApiError."""
+    def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server",
+               idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs`` exactly once. Returns ``{id, state, machine, position, url}``.
+
+        To retry safely after a transport error, call again with the same ``idempotency_key``:
+        the server then returns the original job instead of creating a second one (R20).
+        Raises ApiError for an error answer, ``httpx.HTTPError`` for a transport error.
+        """
         body = {"model": model, "kind": kind, "params": params, "target": target}
-        return self._json(self.http.post("/v1/jobs", json=body))  # type: ignore[no-any-return]
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json(self.http.post("/v1/jobs", json=body, headers=headers))  # type: ignore[no-any-return]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued job; returns it (``cancelled``). ApiError 409 when it is running or ended."""
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
+
+    def progress(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
+        """Yield the job each time its state or step changes, ending with the ended job.
+        Raises ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        last: tuple[Any, ...] | None = None
+        while True:
+            job = self.get(job_id)
+            seen = (job["state"], (job.get("progress") or {}).get("step"))
+            if seen != last:
+                last = seen
+                yield job
+            if job["state"] in ENDED_STATES:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")
+            time.sleep(poll_s)
 
     def get(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/jobs/{job_id}"))  # type: ignore[no-any-return]

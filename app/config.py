@@ -49,6 +49,10 @@ class Settings(BrokerSettings):
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
+    reconcile_interval_s: float = Field(5.0, gt=0)
+    lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
+    hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
+    idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
 
     @field_validator("data_dir")
     @classmethod

@@ -16,6 +16,7 @@ from app.fleet import Fleet, load_fleet
 from app.journal import Journal
 from app.keys import Keys
 from app.machines import MachineStates
+from app.queues import MachineQueues
 from app.registry import Registry
 from app.storage import ResultStore
 
@@ -32,6 +33,7 @@ class ServerContext:
     registry: Registry
     store: ResultStore
     machines: MachineStates
+    queues: MachineQueues
     dispatcher: Dispatcher
 
     def close(self) -> None:
@@ -50,5 +52,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     registry = Registry(engine, settings.models_dir)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
     machines = MachineStates(client, keyspace, fleet, journal)
-    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines)
-    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, dispatcher)
+    queues = MachineQueues(client)
+    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues)
+    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
+                         dispatcher)

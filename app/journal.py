@@ -35,6 +35,12 @@ class JobState(StrEnum):
 
 ENDED = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.interrupted, JobState.rejected})
 
+# The only legal transitions (R19). ``rejected`` and every ended state have none.
+LEGAL: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.interrupted}),
+    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.interrupted}),
+}
+
 
 def utcnow() -> datetime:
     """Now, timezone-aware UTC."""
@@ -63,6 +69,9 @@ class Job(SQLModel, table=True):
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None
+    worker_boot_id: str | None = None  # boot id of the worker process that claimed it (reconciliation)
+    idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
+    request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
 
 
 class JobEvent(SQLModel, table=True):
@@ -148,6 +157,9 @@ class Journal:
                 journaled as an event and changes nothing else.
         """
         allowed = [JobState(s) for s in from_states]
+        illegal = [s for s in allowed if to_state not in LEGAL.get(s, frozenset())]
+        if illegal:
+            raise ValueError(f"illegal transition {', '.join(illegal)} -> {to_state} (see journal.LEGAL)")
         now = utcnow()
         if to_state == JobState.running:
             values.setdefault("started_at", now)
@@ -178,13 +190,41 @@ class Journal:
             assert job is not None
             return job
 
-    def claim(self, job_id: str, machine: str) -> Job:
+    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None) -> Job:
         """Atomic ``queued -> running`` for the machine the job was placed on (R19).
 
         A second delivery of the same job (broker redelivery, duplicate publish) finds it
         no longer ``queued`` and is refused with :class:`Conflict`; nothing changes.
+        ``worker_boot_id`` identifies the claiming worker process, so reconciliation can tell
+        a restarted worker from the one that runs the job.
         """
-        return self.transition(job_id, [JobState.queued], JobState.running, machine=machine, event_detail=machine)
+        return self.transition(job_id, [JobState.queued], JobState.running, machine=machine,
+                               event_detail=f"{machine} boot {worker_boot_id}", worker_boot_id=worker_boot_id)
+
+    def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str) -> Job:
+        """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19)."""
+        return self.transition(job_id, from_states, JobState.interrupted, event_detail=f"{reason}: {message}",
+                               reason=reason, message=message)
+
+    def cancel(self, job_id: str) -> Job:
+        """``queued -> cancelled``. Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        return self.transition(job_id, [JobState.queued], JobState.cancelled, reason="cancelled",
+                               message="cancelled by request before it started")
+
+    def by_idempotency_key(self, key: str) -> Job | None:
+        """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""
+        with Session(self.engine) as session:
+            return session.exec(select(Job).where(Job.idempotency_key == key)).first()
+
+    def forget_idempotency_keys(self, older_than: datetime) -> int:
+        """Drop idempotency keys of jobs created before ``older_than``; return how many."""
+        with Session(self.engine) as session:
+            result = session.exec(  # type: ignore[call-overload]
+                update(Job).where(Job.idempotency_key.is_not(None), Job.created_at < older_than)  # type: ignore[union-attr]
+                .values(idempotency_key=None)
+            )
+            session.commit()
+            return int(result.rowcount)
 
     def succeed(self, job_id: str, machine: str, **values: Any) -> Job:
         """``running -> succeeded`` with the stored result's digest, path, media type and bytes."""

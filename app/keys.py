@@ -33,5 +33,13 @@ class Keys:
         return f"{self.prefix}:lock:fleet"
 
     def progress(self, job_id: str) -> str:
-        """Hash ``{step, total}`` of a running job's per-step progress."""
+        """Hash ``{step, total, at}`` of a running job's per-step progress (``at``: unix seconds)."""
         return f"{self.prefix}:job:{job_id}:progress"
+
+    def restart(self, machine: str) -> str:
+        """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
+        return f"{self.prefix}:machine:{machine}:restart"
+
+    def missing(self) -> str:
+        """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""
+        return f"{self.prefix}:reconcile:missing"

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from app.config import Settings
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError
+from app.reconcile import ReconcileLoop, Reconciler
 from app.routes import internal, public
 
 
@@ -18,9 +19,13 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     """Build the API. The context (journal, Redis, Celery…) is created here unless given."""
     context = ctx or build_context(settings)
 
+    reconcile = ReconcileLoop(Reconciler(context), settings.reconcile_interval_s)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        reconcile.start()  # at server start, then periodically (R19)
         yield
+        reconcile.stop()
         context.close()
 
     api = FastAPI(title="Homefleet", version="0.1.0", lifespan=lifespan)

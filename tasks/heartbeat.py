@@ -77,12 +77,26 @@ class Heartbeat:
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
         self.redis.set(self.keys.heartbeat(self.settings.machine), json.dumps(record), px=ttl_ms)
 
+    def obey_restart(self) -> None:
+        """Watchdog (R19): when the server marked this machine's running job ``hung``, kill the
+        pool process that runs it; the prefork pool starts a fresh one. The job is not re-run:
+        its message was acked at start, and the journal already says ``interrupted``."""
+        job_id = self.redis.getdel(self.keys.restart(self.settings.machine))
+        if job_id is None:
+            return
+        children = psutil.Process().children()
+        log.warning("%s: job %s was declared hung; restarting the pool process (%s)", self.settings.machine, job_id,
+                    ", ".join(str(c.pid) for c in children) or "none")
+        for child in children:
+            child.kill()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 if self.verified is None:
                     self.verified = self.verify()
                 self.beat()
+                self.obey_restart()
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
                 log.warning("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
                             self.settings.heartbeat_interval_s)

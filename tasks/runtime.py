@@ -19,8 +19,9 @@ from tasks.server_client import ServerClient
 
 
 class WorkerRuntime:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, boot_id: str) -> None:
         self.settings = settings
+        self.boot_id = boot_id  # one per worker start; sent with every claim
         self.keys = Keys(settings.key_prefix)
         self._pid = -1
         self._server: ServerClient | None = None
@@ -30,7 +31,8 @@ class WorkerRuntime:
     def _this_process(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s)
+            self._server = ServerClient(self.settings.server_url, self.settings.worker_token,
+                                        self.settings.http_timeout_s, self.boot_id)
             self._redis = create_redis(self.settings)
             self._cache = ModelCache(load_pipeline, release=_empty_device_cache)
 

@@ -17,12 +17,11 @@ class ServerClient:
     ``httpx.HTTPError`` on transport errors.
     """
 
-    def __init__(self, server_url: str, token: str, timeout_s: float) -> None:
-        self.http = httpx.Client(
-            base_url=f"{server_url.rstrip('/')}/internal/v1",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+    def __init__(self, server_url: str, token: str, timeout_s: float, boot_id: str = "") -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        if boot_id:
+            headers["X-Homefleet-Boot-Id"] = boot_id  # which worker process claims (reconciliation)
+        self.http = httpx.Client(base_url=f"{server_url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)
 
     def close(self) -> None:
         self.http.close()

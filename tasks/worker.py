@@ -45,11 +45,12 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     from tasks.pipelines import quiet
 
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
-    rt = runtime.WorkerRuntime(settings)
+    boot_id = uuid.uuid4().hex
+    rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
     celery = create_celery(settings)
     celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
-    heartbeat = Heartbeat(settings, create_redis(settings), boot_id=uuid.uuid4().hex, device=detect_device())
+    heartbeat = Heartbeat(settings, create_redis(settings), boot_id=boot_id, device=detect_device())
 
     def on_ready(**_: Any) -> None:
         heartbeat.start()

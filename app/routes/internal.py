@@ -7,10 +7,12 @@ uploads its result and reports failures here.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Header, UploadFile
 
+from app.context import ServerContext
 from app.errors import IntegrityFailure
 from app.routes.deps import Context, WorkerMachine, job_of_machine
 from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport
@@ -28,11 +30,18 @@ def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
 
 
 @router.post("/jobs/{job_id}/claim", response_model=ClaimGranted)
-def claim(job_id: str, ctx: Context, machine: WorkerMachine) -> ClaimGranted:
-    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job."""
+def claim(
+    job_id: str,
+    ctx: Context,
+    machine: WorkerMachine,
+    x_homefleet_boot_id: Annotated[str | None, Header(max_length=64)] = None,
+) -> ClaimGranted:
+    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job.
+    ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation)."""
     job_of_machine(ctx, job_id, machine)
-    job = ctx.journal.claim(job_id, machine.name)
-    log.info("job %s claimed by %s", job_id, machine.name)
+    job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id)
+    _touch_progress(ctx, job_id, {})
+    log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     manifest = ctx.registry.manifest(job.model_id).as_json()
     return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest)
 
@@ -40,8 +49,13 @@ def claim(job_id: str, ctx: Context, machine: WorkerMachine) -> ClaimGranted:
 @router.post("/jobs/{job_id}/progress", status_code=204)
 def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
     job_of_machine(ctx, job_id, machine)
+    _touch_progress(ctx, job_id, {"step": body.step, "total": body.total})
+
+
+def _touch_progress(ctx: ServerContext, job_id: str, fields: dict[str, int]) -> None:
+    """Record progress and its time (``at``, unix seconds): the watchdog's signal of life."""
     key = ctx.keys.progress(job_id)
-    ctx.redis.hset(key, mapping={"step": body.step, "total": body.total})
+    ctx.redis.hset(key, mapping={**fields, "at": time.time()})
     ctx.redis.expire(key, PROGRESS_TTL_S)
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import FileResponse
 
 from app.errors import NotFound
@@ -16,14 +16,25 @@ router = APIRouter(prefix="/v1")
 
 
 @router.post("/jobs", status_code=202, response_model=JobAccepted)
-def submit_job(body: JobCreate, ctx: Context, response: Response) -> JobAccepted:
+def submit_job(
+    body: JobCreate,
+    ctx: Context,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
+) -> JobAccepted:
     """Validate, place and enqueue a job. 202 with its id, machine and position in that
     machine's line; 422 (unknown model or machine, not verified, family) or 503 (target
-    offline) with ``{"error": {"reason", "message"}}``."""
-    submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target)
+    offline) with ``{"error": {"reason", "message"}}``.
+
+    ``Idempotency-Key``: a retry with the same key and body returns the original job
+    (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
+    with another body is refused with 422 (R20)."""
+    submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
+    if submission.replayed:
+        response.headers["Idempotency-Replayed"] = "true"
     assert job.machine is not None
     return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position, url=url)
 
@@ -34,9 +45,16 @@ def get_job(job_id: str, ctx: Context) -> JobPublic:
     progress = None
     if job.state == JobState.running:
         raw = ctx.redis.hgetall(ctx.keys.progress(job_id))
-        if raw:
-            progress = {k: int(v) for k, v in raw.items()}
+        if "total" in raw:
+            progress = {"step": int(raw["step"]), "total": int(raw["total"])}
     return JobPublic.from_job(job, progress)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: str, ctx: Context) -> JobPublic:
+    """Cancel a queued job (C03): 200 with the job, now ``cancelled``; 409 when it is running
+    or has ended, with the reason; 404 for an unknown id."""
+    return JobPublic.from_job(ctx.dispatcher.cancel(job_id))
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)

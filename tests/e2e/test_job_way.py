@@ -16,6 +16,7 @@ from PIL import Image
 
 from app import keys
 from app.celery_app import RUN_JOB_TASK
+from app.client import ApiError
 from app.digest import bytes_digest
 from app.journal import JobState
 from tests.e2e.conftest import RunningFleet
@@ -133,5 +134,37 @@ def test_c02_a_queued_job_survives_its_worker_being_killed_and_runs_once_later(f
     done = fleet.client.wait(waiting["id"], timeout_s=120)
     assert done["state"] == "succeeded"
     assert [e.event for e in fleet.ctx.journal.events(waiting["id"])].count("running") == 1
-    # The killed job is never re-run by itself (R19); reconciliation will mark it interrupted.
+    # The killed job is never re-run by itself: reconciliation marks it interrupted (R19).
+    wait_for(lambda: fleet.client.get(running["id"])["state"] == "interrupted", what="reconciliation")
+    assert fleet.client.get(running["id"])["reason"] in {"worker_lost", "worker_restarted"}
     assert [e.event for e in fleet.ctx.journal.events(running["id"])].count("running") == 1
+
+
+def test_c03_cancel_while_the_worker_is_offline_and_the_job_never_runs(fleet: RunningFleet) -> None:
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60}, target="m1")
+    doomed = fleet.client.submit(fleet.model, "txt2img", {"prompt": "never", "steps": 2}, target="m1")
+    wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the first job to start")
+    fleet.local.stop_worker("m1", signal.SIGKILL)  # offline: it could not hear any broadcast
+    assert fleet.client.cancel(doomed["id"])["state"] == "cancelled"
+    assert fleet.ctx.queues.queued_ids("m1") == []
+    fleet.local.start_worker("m1")
+    fleet.local.wait_online(["m1"], model_id=fleet.model)
+    probe = fleet.client.submit(fleet.model, "txt2img", {"prompt": "after", "steps": 2}, target="m1")
+    assert fleet.client.wait(probe["id"], timeout_s=120)["state"] == "succeeded"  # m1 works again...
+    events = [e.event for e in fleet.ctx.journal.events(doomed["id"])]
+    assert events == ["queued", "cancelled"]  # ...and the cancelled job never ran
+    with pytest.raises(ApiError) as refused:
+        fleet.client.cancel(probe["id"])
+    assert refused.value.status_code == 409 and "succeeded" in refused.value.message
+
+
+def test_r20_an_idempotent_retry_over_http_returns_the_original(fleet: RunningFleet) -> None:
+    params = {"prompt": "retry me", "steps": 2}
+    first = fleet.client.submit(fleet.model, "txt2img", params, target="m2", idempotency_key="e2e-key-1")
+    again = fleet.client.submit(fleet.model, "txt2img", params, target="m2", idempotency_key="e2e-key-1")
+    assert again["id"] == first["id"]
+    with pytest.raises(ApiError) as reused:
+        fleet.client.submit(fleet.model, "txt2img", {"prompt": "other"}, target="m2", idempotency_key="e2e-key-1")
+    assert reused.value.status_code == 422 and reused.value.reason == "idempotency_key_reused"
+    assert fleet.client.wait(first["id"], timeout_s=120)["state"] == "succeeded"
+    assert len([j for j in fleet.ctx.journal.list() if j.idempotency_key == "e2e-key-1"]) == 1

@@ -64,3 +64,58 @@ def test_unknown_model_and_wrong_kind_are_refused(ctx: ServerContext, tiny_model
     with pytest.raises(Exception, match="'missing' is not registered"):
         ctx.dispatcher.submit("missing", "txt2img", {}, "server")
     assert [j.reason for j in ctx.journal.list()] == ["kind_not_supported", "unknown_model"]
+
+
+def test_r20_an_idempotency_key_returns_the_original_job(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    first = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="k1")
+    again = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="k1")
+    assert (again.job.id, again.replayed, first.replayed) == (first.job.id, True, False)
+    assert ctx.redis.llen(keys.queue("m1")) == 1
+    with pytest.raises(Rejected) as reused:
+        ctx.dispatcher.submit(model, "txt2img", {"prompt": "other"}, "m1", idempotency_key="k1")
+    assert reused.value.reason == "idempotency_key_reused" and "'k1'" in reused.value.message
+    assert ctx.redis.llen(keys.queue("m1")) == 1
+    assert len(ctx.journal.list()) == 1
+
+
+def test_r20_concurrent_retries_with_one_key_create_one_job(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(
+            lambda _: ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="same").job.id,
+            range(16),
+        ))
+    assert len(ids) == 1
+    assert ctx.redis.llen(keys.queue("m1")) == 1
+
+
+def test_c03_cancel_removes_the_queue_entry_and_the_claim_refuses_a_late_copy(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    first, second, third = (ctx.dispatcher.submit(model, "txt2img", {"prompt": p}, "m1").job.id for p in "abc")
+    cancelled = ctx.dispatcher.cancel(second)
+    assert cancelled.state == JobState.cancelled
+    assert ctx.queues.queued_ids("m1") == [first, third]  # only its entry is gone, order kept
+    with pytest.raises(Exception, match="cancelled"):
+        ctx.journal.claim(second, "m1")
+    assert ctx.journal.get(second).state == JobState.cancelled
+
+
+def test_c03_a_running_or_ended_job_cannot_be_cancelled(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    from app.errors import Conflict
+
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.id
+    ctx.journal.claim(job, "m1")
+    with pytest.raises(Conflict) as refused:
+        ctx.dispatcher.cancel(job)
+    assert refused.value.status_code == 409 and "is running on m1" in refused.value.message
+    assert ctx.journal.get(job).state == JobState.running

@@ -1,0 +1,138 @@
+"""Reconciliation (R19): find jobs whose way was cut and say so in the journal. Nothing is
+ever re-run automatically; nothing vanishes silently.
+
+One pass, under the fleet lock (so no submission sits between "journaled" and "published"):
+
+- a ``running`` job whose machine has no live heartbeat -> ``interrupted`` (``worker_lost``);
+- a ``running`` job whose machine's worker has another boot id than the one that claimed
+  it -> ``interrupted`` (``worker_restarted``);
+- a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
+  the machine's worker is asked to restart its pool process (watchdog);
+- a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
+  than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
+- idempotency keys older than ``idempotency_ttl_s`` are forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from app.errors import Conflict, PlacementLost
+from app.journal import JobState, utcnow
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
+    forgotten_idempotency_keys: int = 0
+
+    def __str__(self) -> str:
+        reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
+        return f"interrupted {len(self.interrupted)} ({reasons}); forgot {self.forgotten_idempotency_keys} idempotency keys"
+
+
+class Reconciler:
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def run_once(self) -> ReconcileReport:
+        """One reconciliation pass; see the module docstring. Raises PlacementLost if the
+        fleet lock cannot be had within ``fleet_lock_wait_s``."""
+        ctx, settings = self.ctx, self.ctx.settings
+        report = ReconcileReport()
+        lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
+                              blocking_timeout=settings.fleet_lock_wait_s)
+        if not lock.acquire():
+            raise PlacementLost("reconciliation could not take the fleet lock; it will try again")
+        try:
+            self._running(report)
+            self._queued(report)
+        finally:
+            if lock.owned():
+                lock.release()
+        cutoff = utcnow() - timedelta(seconds=settings.idempotency_ttl_s)
+        report.forgotten_idempotency_keys = ctx.journal.forget_idempotency_keys(cutoff)
+        if report.interrupted:
+            log.warning("reconciliation: %s", report)
+        return report
+
+    def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
+        try:
+            self.ctx.journal.interrupt(job_id, [state], reason, message)
+        except Conflict:
+            return  # it moved on meanwhile (e.g. finished): nothing to repair
+        report.interrupted[job_id] = reason
+
+    def _running(self, report: ReconcileReport) -> None:
+        ctx = self.ctx
+        now = time.time()
+        for job in ctx.journal.list([JobState.running]):
+            machine = job.machine or ""
+            heartbeat = ctx.machines.heartbeat(machine)
+            if heartbeat is None:
+                self._interrupt(report, job.id, JobState.running, "worker_lost",
+                                f"the worker of {machine} has no live heartbeat; the job may have started")
+            elif job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id:
+                self._interrupt(report, job.id, JobState.running, "worker_restarted",
+                                f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
+                                f"claimed by boot {job.worker_boot_id})")
+            else:
+                last = float(ctx.redis.hget(ctx.keys.progress(job.id), "at") or now)
+                if now - last > ctx.settings.hung_after_s:
+                    self._interrupt(report, job.id, JobState.running, "hung",
+                                    f"no progress for {now - last:.0f} s (bound hung_after_s={ctx.settings.hung_after_s})")
+                    ctx.redis.set(ctx.keys.restart(machine), job.id, ex=60)
+
+    def _queued(self, report: ReconcileReport) -> None:
+        ctx = self.ctx
+        now = time.time()
+        waiting = {name: set(ctx.queues.queued_ids(name)) for name in ctx.fleet.machines}
+        delivered = ctx.queues.unacked_ids()
+        missing_key = ctx.keys.missing()
+        for job in ctx.journal.list([JobState.queued]):
+            if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
+                ctx.redis.hdel(missing_key, job.id)
+                continue
+            first_missing = float(ctx.redis.hget(missing_key, job.id) or now)
+            ctx.redis.hset(missing_key, job.id, first_missing)
+            if now - first_missing >= ctx.settings.lost_grace_s:
+                self._interrupt(report, job.id, JobState.queued, "lost",
+                                f"its message is no longer in {job.machine}'s queue (e.g. Redis restarted)")
+                ctx.redis.hdel(missing_key, job.id)
+
+
+class ReconcileLoop:
+    """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
+    in a daemon thread, until :meth:`stop`."""
+
+    def __init__(self, reconciler: Reconciler, interval_s: float) -> None:
+        self.reconciler = reconciler
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="homefleet-reconcile", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconciler.run_once()
+            except Exception:  # logged with its traceback; the next pass tries again
+                log.exception("reconciliation pass failed")
+            self._stop.wait(self.interval_s)
+

@@ -1,0 +1,114 @@
+"""Reconciliation (R19, issue 5): cut ways are marked ``interrupted`` — never re-run — and
+nothing vanishes silently. Real Redis and journal; the worker side is what a worker writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from app import keys
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.journal import Job, JobState, utcnow
+from app.reconcile import Reconciler
+from tests.conftest import make_fleet
+from tests.integration.test_dispatch import bring_online
+
+
+@pytest.fixture
+def strict_ctx(settings: Settings) -> Iterator[ServerContext]:
+    """A context whose reconciliation has no grace and a 2 s hung bound."""
+    tight = settings.model_copy(update={"lost_grace_s": 0.0, "hung_after_s": 2.0})
+    context = build_context(tight, make_fleet("m1", "m2"))
+    yield context
+    context.close()
+
+
+def submit(ctx: ServerContext, model: str, target: str = "m1") -> str:
+    return ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, target).job.id
+
+
+def beat(ctx: ServerContext, machine: str, boot_id: str) -> None:
+    ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps({"machine": machine, "boot_id": boot_id}), ex=60)
+
+
+def test_r19_a_queued_job_whose_message_was_lost_is_interrupted(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    bring_online(ctx, "m2", {model})
+    lost, kept = submit(ctx, model, "m1"), submit(ctx, model, "m2")
+    ctx.redis.delete(keys.queue("m1"))  # as if Redis restarted without persistence
+    report = Reconciler(ctx).run_once()
+    assert report.interrupted == {lost: "lost"}
+    assert (ctx.journal.get(lost).state, ctx.journal.get(lost).reason) == (JobState.interrupted, "lost")
+    assert ctx.journal.get(kept).state == JobState.queued
+    assert Reconciler(ctx).run_once().interrupted == {}  # idempotent
+
+
+def test_r19_a_missing_message_gets_a_grace_period(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    ctx = build_context(settings.model_copy(update={"lost_grace_s": 30.0}), make_fleet("m1"))
+    request.addfinalizer(ctx.close)
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.delete(keys.queue("m1"))
+    assert Reconciler(ctx).run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.queued  # a worker may be between BRPOP and claim
+    ctx.redis.hset(ctx.keys.missing(), job, time.time() - 31)
+    assert Reconciler(ctx).run_once().interrupted == {job: "lost"}
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_boot", "progress_age_s", "reason"),
+    [(None, 0, "worker_lost"), ("boot-B", 0, "worker_restarted"), ("boot-A", 10, "hung")],
+)
+def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted(
+    strict_ctx: ServerContext, tiny_models_dir: Path, heartbeat_boot: str | None, progress_age_s: float, reason: str
+) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.rpop(keys.queue("m1"))  # the worker took the message...
+    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")  # ...and claimed it
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - progress_age_s)
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))
+    if heartbeat_boot is not None:
+        beat(ctx, "m1", heartbeat_boot)
+    assert Reconciler(ctx).run_once().interrupted == {job: reason}
+    assert ctx.journal.get(job).state == JobState.interrupted
+    assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
+    assert ctx.redis.llen(keys.queue("m1")) == 0  # never re-queued
+
+
+def test_r19_a_running_job_with_a_live_worker_is_left_alone(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.rpop(keys.queue("m1"))
+    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
+    beat(ctx, "m1", "boot-A")
+    assert Reconciler(ctx).run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.running
+
+
+def test_r20_idempotency_keys_are_kept_a_day_then_forgotten(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    old = ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
+                              idempotency_key="old", created_at=utcnow() - timedelta(hours=25)))
+    ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
+                        idempotency_key="recent", created_at=utcnow() - timedelta(hours=23)))
+    assert Reconciler(ctx).run_once().forgotten_idempotency_keys == 1
+    assert ctx.journal.by_idempotency_key("old") is None
+    assert ctx.journal.by_idempotency_key("recent") is not None
+    assert ctx.journal.get(old.id).state == JobState.rejected
