@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -115,6 +116,46 @@ def status() -> None:
         console.print(table)
     finally:
         ctx.close()
+
+
+@cli.command()
+def reconcile() -> None:
+    """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
+    from app.context import build_context
+    from app.reconcile import Reconciler
+
+    ctx = build_context(_settings())
+    try:
+        console.print(str(Reconciler(ctx).run_once()))
+    finally:
+        ctx.close()
+
+
+@cli.command()
+def drill(
+    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | visibility")],
+    count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
+    work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
+) -> None:
+    """Run a fault drill on a private local fleet; the last line gives its figures (issue 5)."""
+    import tempfile
+
+    from app.drills import DRILLS, VISIBILITY_TIMEOUT_S, DrillFleet
+    from app.tiny_models import make_tiny
+
+    if name not in DRILLS:
+        raise typer.BadParameter(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}", param_hint="NAME")
+    logging.basicConfig(level=logging.WARNING)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tiny = make_tiny(work_dir / "tiny", kinds=("txt2img",))["txt2img"]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
+    started = time.monotonic()
+    with DrillFleet(run_dir, tiny, visibility_timeout_s=VISIBILITY_TIMEOUT_S.get(name, 3600)) as fleet:
+        result = DRILLS[name](fleet, count)
+    console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
+    print(result.line())
+    if result.double_runs or result.lost:
+        raise typer.Exit(1)
 
 
 @cli.command()

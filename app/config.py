@@ -86,6 +86,7 @@ class WorkerSettings(BrokerSettings):
     worker_token: str = Field(min_length=8)
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
+    server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
 
     @field_validator("models_dir")
     @classmethod

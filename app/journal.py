@@ -70,6 +70,7 @@ class Job(SQLModel, table=True):
     run_s: float | None = None
     cold_load: bool | None = None
     worker_boot_id: str | None = None  # boot id of the worker process that claimed it (reconciliation)
+    claim_id: str | None = None  # the delivery that claimed it: lets that delivery repeat its claim safely
     idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
     request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
 
@@ -190,16 +191,26 @@ class Journal:
             assert job is not None
             return job
 
-    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None) -> Job:
+    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None, claim_id: str | None = None) -> Job:
         """Atomic ``queued -> running`` for the machine the job was placed on (R19).
 
         A second delivery of the same job (broker redelivery, duplicate publish) finds it
         no longer ``queued`` and is refused with :class:`Conflict`; nothing changes.
         ``worker_boot_id`` identifies the claiming worker process, so reconciliation can tell
-        a restarted worker from the one that runs the job.
+        a restarted worker from the one that runs the job. ``claim_id`` identifies one
+        delivery: the same delivery repeating its claim (its first answer was lost on the
+        network) gets the job again; any other delivery is refused.
         """
-        return self.transition(job_id, [JobState.queued], JobState.running, machine=machine,
-                               event_detail=f"{machine} boot {worker_boot_id}", worker_boot_id=worker_boot_id)
+        try:
+            return self.transition(job_id, [JobState.queued], JobState.running, machine=machine,
+                                   event_detail=f"{machine} boot {worker_boot_id} claim {claim_id}",
+                                   worker_boot_id=worker_boot_id, claim_id=claim_id)
+        except Conflict:
+            current = self.get(job_id)
+            if claim_id and current.state == JobState.running and current.claim_id == claim_id \
+                    and current.machine == machine:
+                return current
+            raise
 
     def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str) -> Job:
         """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19)."""

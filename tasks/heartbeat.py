@@ -37,6 +37,7 @@ class Heartbeat:
         self.boot_id = boot_id
         self.device = device
         self.verified: set[str] | None = None
+        self._redis_run_id: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
@@ -63,11 +64,28 @@ class Heartbeat:
             if verified:
                 pipe.sadd(key, *sorted(verified))
             pipe.execute()
+        self._redis_run_id = self.redis.info("server").get("run_id")
         log.info("%s verified %d of %d models: %s", self.settings.machine, len(verified), len(manifests),
                  ", ".join(sorted(verified)) or "none")
         return verified
 
+    def keep_verified_set(self) -> None:
+        """Follow withdrawals made by the pool process (R5), and write the set again when Redis
+        restarted without persistence (its run id changed), so the machine stays placeable."""
+        run_id = self.redis.info("server").get("run_id")
+        key = self.keys.verified(self.settings.machine)
+        if run_id != self._redis_run_id:
+            self._redis_run_id = run_id
+            with self.redis.pipeline() as pipe:
+                pipe.delete(key)
+                if self.verified:
+                    pipe.sadd(key, *sorted(self.verified))
+                pipe.execute()
+        elif self.verified:
+            self.verified &= set(self.redis.smembers(key))
+
     def beat(self) -> None:
+        self.keep_verified_set()
         memory = psutil.virtual_memory()
         record = {
             "machine": self.settings.machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),

@@ -11,7 +11,10 @@ import json
 import logging
 import platform
 import time
+import uuid
 from typing import Any
+
+import httpx
 
 from app.digest import bytes_digest
 from app.errors import HomefleetError, IntegrityFailure
@@ -41,11 +44,19 @@ def failure_reason(error: BaseException) -> str:
     return "error"
 
 
+def report_progress(job_id: str, step: int, total: int) -> None:
+    """Best effort: a progress report that cannot reach the server is logged, never fatal."""
+    try:
+        runtime.current().server.progress(job_id, step, total)
+    except (HomefleetError, httpx.HTTPError) as error:
+        log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
+
+
 def run_job(job_id: str) -> None:
     rt = runtime.current()
     settings = rt.settings
     try:
-        claim = rt.server.claim(job_id)
+        claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
     except HomefleetError as refusal:
         log.warning("job %s: delivery refused at claim (%s: %s); nothing run", job_id, refusal.reason, refusal.message)
         return
@@ -67,7 +78,7 @@ def run_job(job_id: str) -> None:
             "host": platform.node(), "files": {f["path"]: f["digest"] for f in manifest["files"]},
         }
         started = time.perf_counter()
-        output = runner(kind)(pipeline, params, lambda step, total: rt.server.progress(job_id, step, total), provenance)
+        output = runner(kind)(pipeline, params, lambda step, total: report_progress(job_id, step, total), provenance)
         run_s = time.perf_counter() - started
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = error.reason if isinstance(error, HomefleetError) else failure_reason(error)
@@ -78,7 +89,7 @@ def run_job(job_id: str) -> None:
     digest = bytes_digest(output.data)
     try:
         rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold)
-    except HomefleetError as refusal:
-        log.error("job %s: the server refused the result (%s: %s)", job_id, refusal.reason, refusal.message)
+    except (HomefleetError, httpx.HTTPError) as refusal:
+        log.error("job %s: the server did not take the result: %s", job_id, refusal)
         return
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data), load_s, run_s)

@@ -32,7 +32,7 @@ class WorkerRuntime:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._server = ServerClient(self.settings.server_url, self.settings.worker_token,
-                                        self.settings.http_timeout_s, self.boot_id)
+                                        self.settings.http_timeout_s, self.boot_id, self.settings.server_retry_s)
             self._redis = create_redis(self.settings)
             self._cache = ModelCache(load_pipeline, release=_empty_device_cache)
 

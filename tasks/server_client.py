@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import httpx
 
 from app.errors import Conflict, Forbidden, HomefleetError, NotFound
 
+log = logging.getLogger("homefleet.worker")
+
 
 class ServerClient:
     """Talks to ``<server_url>/internal/v1`` with the machine's bearer token.
 
-    Never retries a request on its own (R20). Raises :class:`Conflict` when a claim is refused,
+    Only idempotent calls are repeated, and only while the server is unreachable (see
+    :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a claim is refused,
     :class:`NotFound`/:class:`Forbidden` for another machine's or an unknown job, and
     ``httpx.HTTPError`` on transport errors.
     """
 
-    def __init__(self, server_url: str, token: str, timeout_s: float, boot_id: str = "") -> None:
+    def __init__(self, server_url: str, token: str, timeout_s: float, boot_id: str = "",
+                 retry_s: float = 0.0) -> None:
+        self.retry_s = retry_s
         headers = {"Authorization": f"Bearer {token}"}
         if boot_id:
             headers["X-Homefleet-Boot-Id"] = boot_id  # which worker process claims (reconciliation)
@@ -25,6 +32,22 @@ class ServerClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """Send; while the server is unreachable (transport error) try again for up to
+        ``retry_s`` seconds. Only idempotent calls go through here: a claim carries its claim
+        id, a result or failure for an ended job is refused with 409, progress overwrites."""
+        deadline = time.monotonic() + self.retry_s
+        pause_s = 0.2
+        while True:
+            try:
+                return self._check(self.http.request(method, url, **kwargs))
+            except httpx.TransportError as error:
+                if time.monotonic() + pause_s > deadline:
+                    raise
+                log.warning("server unreachable (%s); trying %s %s again in %.1f s", error, method, url, pause_s)
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 5.0)
 
     def _check(self, response: httpx.Response) -> httpx.Response:
         if response.is_success:
@@ -42,23 +65,24 @@ class ServerClient:
 
     def manifest(self) -> dict[str, Any]:
         """``{"models": {model_id: manifest}}`` for every registered model."""
-        return self._check(self.http.get("/manifest")).json()["models"]  # type: ignore[no-any-return]
+        return self._send("GET", "/manifest").json()["models"]  # type: ignore[no-any-return]
 
-    def claim(self, job_id: str) -> dict[str, Any]:
-        """Claim the job (``queued -> running``). Raises Conflict for a second delivery."""
-        return self._check(self.http.post(f"/jobs/{job_id}/claim")).json()  # type: ignore[no-any-return]
+    def claim(self, job_id: str, claim_id: str) -> dict[str, Any]:
+        """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises
+        Conflict for a second delivery."""
+        return self._send("POST", f"/jobs/{job_id}/claim", headers={"X-Homefleet-Claim-Id": claim_id}).json()  # type: ignore[no-any-return]
 
     def progress(self, job_id: str, step: int, total: int) -> None:
-        self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))
+        self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))  # no retry
 
     def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
                cold_load: bool) -> dict[str, Any]:
         """Upload the result with its digest; the server verifies and stores it (R2)."""
         form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower()}
         files = {"file": ("result", data, media_type)}
-        return self._check(self.http.post(f"/jobs/{job_id}/result", data=form, files=files)).json()  # type: ignore[no-any-return]
+        return self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json()  # type: ignore[no-any-return]
 
     def fail(self, job_id: str, reason: str, message: str, *, load_s: float | None = None,
              run_s: float | None = None) -> None:
         body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
-        self._check(self.http.post(f"/jobs/{job_id}/failure", json=body))
+        self._send("POST", f"/jobs/{job_id}/failure", json=body)

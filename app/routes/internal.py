@@ -35,11 +35,13 @@ def claim(
     ctx: Context,
     machine: WorkerMachine,
     x_homefleet_boot_id: Annotated[str | None, Header(max_length=64)] = None,
+    x_homefleet_claim_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> ClaimGranted:
     """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job.
-    ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation)."""
+    ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation);
+    ``X-Homefleet-Claim-Id`` names the delivery, so that delivery may safely repeat its claim."""
     job_of_machine(ctx, job_id, machine)
-    job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id)
+    job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     _touch_progress(ctx, job_id, {})
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     manifest = ctx.registry.manifest(job.model_id).as_json()

@@ -62,3 +62,15 @@ def test_only_a_running_job_can_end(ctx: ServerContext, ended: JobState) -> None
     with pytest.raises(Conflict):
         ctx.journal.transition(job.id, [JobState.running], JobState.succeeded, machine="m1")
     assert ctx.journal.get(job.id).state == ended
+
+
+def test_r19_the_same_delivery_may_repeat_its_claim_but_no_other_delivery_can(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+    first = ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-1")
+    again = ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-1")  # its answer was lost
+    assert again.started_at == first.started_at and again.state == JobState.running
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-2")
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m1", worker_boot_id="boot")
+    assert [e.event for e in ctx.journal.events(job.id)].count("running") == 1

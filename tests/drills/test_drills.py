@@ -1,0 +1,59 @@
+"""Fault drills at small counts (issue 5; R19, R20, C01, C02, C08). The same drills run at
+larger counts with ``homefleet drill NAME --count N``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.drills import DRILLS, DrillFleet, DrillResult
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -> Iterator[DrillFleet]:
+    with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd") as fleet:
+        yield fleet
+
+
+def check(result: DrillResult, jobs: int) -> None:
+    print(result.line())
+    assert result.double_runs == 0, result.line()
+    assert result.lost == 0, result.line()
+    assert result.jobs >= jobs, result.line()
+    # Every job either ran exactly once or was interrupted/cancelled before it could run.
+    assert result.runs <= result.jobs, result.line()
+
+
+def test_r19_duplicate_delivery_drill(drill_fleet: DrillFleet) -> None:
+    result = DRILLS["duplicate"](drill_fleet, 10)
+    check(result, 10)
+    assert (result.runs, result.interrupted) == (10, 0)
+
+
+def test_r19_c02_worker_kill_drill(drill_fleet: DrillFleet) -> None:
+    result = DRILLS["worker_kill"](drill_fleet, 8)
+    check(result, 8)
+    assert 1 <= result.interrupted <= 1  # the one job that was running when m1 died
+    assert result.runs == result.jobs  # the killed job ran once; every other ran once
+
+
+def test_r20_server_kill_drill(drill_fleet: DrillFleet) -> None:
+    result = DRILLS["server_kill"](drill_fleet, 12)
+    check(result, 12)
+
+
+def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
+    result = DRILLS["redis_restart"](drill_fleet, 6)
+    check(result, 6)
+    assert result.interrupted >= 1  # the queued jobs whose messages vanished are `lost`, not silent
+
+
+def test_c01_visibility_timeout_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", visibility_timeout_s=2) as fleet:
+        result = DRILLS["visibility"](fleet, 4)
+    check(result, 4)
+    assert (result.runs, result.interrupted) == (4, 0)
