@@ -133,14 +133,14 @@ def reconcile() -> None:
 
 @cli.command()
 def drill(
-    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | visibility")],
+    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | visibility | hang")],
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
     work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
 ) -> None:
     """Run a fault drill on a private local fleet; the last line gives its figures (issue 5)."""
     import tempfile
 
-    from app.drills import DRILLS, VISIBILITY_TIMEOUT_S, DrillFleet
+    from app.drills import DRILLS, FLEET_OPTIONS, DrillFleet
     from app.tiny_models import make_tiny
 
     if name not in DRILLS:
@@ -150,7 +150,7 @@ def drill(
     tiny = make_tiny(work_dir / "tiny", kinds=("txt2img",))["txt2img"]
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
     started = time.monotonic()
-    with DrillFleet(run_dir, tiny, visibility_timeout_s=VISIBILITY_TIMEOUT_S.get(name, 3600)) as fleet:
+    with DrillFleet(run_dir, tiny, **FLEET_OPTIONS.get(name, {})) as fleet:  # type: ignore[arg-type]
         result = DRILLS[name](fleet, count)
     console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
     print(result.line())

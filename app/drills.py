@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from app import keys
 from app.celery_app import RUN_JOB_TASK
@@ -71,10 +72,12 @@ class DrillFleet:
     """A private Redis (restartable on its port), the API and workers m1 and m2, with short
     heartbeat, reconciliation and grace periods so that faults are found within seconds."""
 
-    def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600) -> None:
+    def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
+                 hung_after_s: float = 120.0) -> None:
         self.work_dir = work_dir
         self.tiny_model = tiny_model
         self.visibility_timeout_s = visibility_timeout_s
+        self.hung_after_s = hung_after_s
         self.redis_port = free_port()
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
@@ -98,7 +101,7 @@ class DrillFleet:
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
-            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=120,
+            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s,
         )
         self.ctx = build_context(settings, fleet)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
@@ -132,6 +135,14 @@ class DrillFleet:
         assert self.local is not None
         self.local.stop_worker(machine, signal.SIGKILL)
         self.local.start_worker(machine)
+
+    def freeze_pool_process(self, machine: str) -> int:
+        """SIGSTOP the pool process of ``machine``'s worker (the one running its job): a hang."""
+        assert self.local is not None
+        children = psutil.Process(self.local.processes[f"worker-{machine}"].pid).children()
+        for child in children:
+            child.send_signal(signal.SIGSTOP)
+        return len(children)
 
     def kill_api(self) -> None:
         assert self.local is not None
@@ -267,12 +278,36 @@ def drill_visibility(fleet: DrillFleet, count: int) -> DrillResult:
     return fleet.result("visibility", acknowledged, timeout_s=120 + 6 * count)
 
 
+def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
+    """Watchdog: m1's pool process freezes (SIGSTOP) mid-job, ``max(1, count // 25)`` times.
+    The fleet must be started with a short ``hung_after_s`` (e.g. 20 s): the job becomes
+    ``interrupted`` (``hung``), the worker replaces its pool process, and the rest run."""
+    fleet.begin()
+    assert fleet.ctx is not None
+    acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
+    for _ in range(max(1, count // 25)):
+        deadline = time.monotonic() + 120
+        while not any(j.machine == "m1" for j in fleet.ctx.journal.list([JobState.running])):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        fleet.freeze_pool_process("m1")
+        deadline = time.monotonic() + fleet.hung_after_s + 60
+        while any(j.machine == "m1" for j in fleet.ctx.journal.list([JobState.running])):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return fleet.result("hang", acknowledged, timeout_s=120 + 3 * count)
+
+
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "duplicate": drill_duplicate,
     "worker_kill": drill_worker_kill,
     "server_kill": drill_server_kill,
     "redis_restart": drill_redis_restart,
     "visibility": drill_visibility,
+    "hang": drill_hang,
 }
 
-VISIBILITY_TIMEOUT_S = {"visibility": 2}  # drills that need a short broker visibility timeout
+# Drills that need a fleet with other settings than the defaults.
+FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from app.config import Settings
+from app.config import BrokerSettings, Settings
 from app.fleet import SERVER, Fleet
 from app.procs import stop_process_group
 
@@ -48,16 +48,13 @@ class LocalFleet:
         """Everything a non-server machine owns on this host (its model folder lives inside)."""
         return self.settings.data_dir / "machines" / machine
 
-    def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update({
-            "HOMEFLEET_REDIS_URL": self.settings.redis_url,
-            "HOMEFLEET_KEY_PREFIX": self.settings.key_prefix,
-            "HOMEFLEET_VISIBILITY_TIMEOUT_S": str(self.settings.visibility_timeout_s),
-            "HOMEFLEET_HEARTBEAT_INTERVAL_S": str(self.settings.heartbeat_interval_s),
-            "HOMEFLEET_HEARTBEAT_TTL_S": str(self.settings.heartbeat_ttl_s),
-            "PYTHONUNBUFFERED": "1",
-        })
+    def _env(self, settings: BrokerSettings, extra: dict[str, str]) -> dict[str, str]:
+        """The environment that gives a child process exactly ``settings`` (every field)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+        for name, value in settings.model_dump(mode="json").items():
+            if value is not None and name in type(settings).model_fields:
+                env[f"HOMEFLEET_{name.upper()}"] = str(value)
+        env["PYTHONUNBUFFERED"] = "1"
         env.update(extra)
         return env
 
@@ -75,13 +72,7 @@ class LocalFleet:
 
     def start_api(self, timeout_s: float = 60.0) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers 200."""
-        env = self._env({
-            "HOMEFLEET_DATA_DIR": str(self.settings.data_dir),
-            "HOMEFLEET_FLEET_FILE": str(self.fleet_file),
-            "HOMEFLEET_API_HOST": self.settings.api_host,
-            "HOMEFLEET_API_PORT": str(self.settings.api_port),
-            **({"HOMEFLEET_DATABASE_URL": self.settings.database_url} if self.settings.database_url else {}),
-        })
+        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file)})
         process = self._spawn("api", ["serve"], env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -97,7 +88,8 @@ class LocalFleet:
 
     def start_worker(self, machine: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``homefleet worker --machine <machine>`` with that machine's folder and token."""
-        env = self._env({
+        broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
+        env = self._env(broker, {
             "HOMEFLEET_MACHINE": machine,
             "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
             "HOMEFLEET_WORKER_TOKEN": self.fleet.machines[machine].token,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.drills import DRILLS, DrillFleet, DrillResult
+from app.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,16 @@ def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
 
 
 def test_c01_visibility_timeout_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
-    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", visibility_timeout_s=2) as fleet:
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", **FLEET_OPTIONS["visibility"]) as fleet:  # type: ignore[arg-type]
         result = DRILLS["visibility"](fleet, 4)
     check(result, 4)
     assert (result.runs, result.interrupted) == (4, 0)
+
+
+def test_r19_watchdog_hang_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", **FLEET_OPTIONS["hang"]) as fleet:  # type: ignore[arg-type]
+        result = DRILLS["hang"](fleet, 6)
+        hung = [j for j in fleet.ctx.journal.list() if j.reason == "hung"]  # type: ignore[union-attr]
+    check(result, 6)
+    assert result.interrupted == 1 and len(hung) == 1
+    assert result.runs == result.jobs  # the pool process was replaced and ran every later job
