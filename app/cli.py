@@ -119,6 +119,21 @@ def status() -> None:
 
 
 @cli.command()
+def flower(
+    port: int = 5555,
+    address: str = "127.0.0.1",
+    basic_auth: Annotated[str | None, typer.Option(help="user:password for the dashboard and API")] = None,
+) -> None:
+    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does)."""
+    import os
+
+    argv = [sys.executable, "-m", "celery", "-A", "app.celery", "flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    os.execv(sys.executable, argv)
+
+
+@cli.command()
 def reconcile() -> None:
     """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
     from app.context import build_context

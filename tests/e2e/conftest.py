@@ -1,6 +1,7 @@
-"""A real local fleet for end-to-end tests: the API (``homefleet serve``) and real
-``celery worker`` processes (``homefleet worker``) for machines server, m1 and m2, each
-with its own model folder and token. Machine m3 is in the fleet config but has no worker."""
+"""A real local fleet for end-to-end tests, shared by the whole session: the API
+(``homefleet serve``) and real ``celery worker`` processes (``homefleet worker``) for
+machines server, m1 and m2, each with its own model folder and token. Machine m3 is in the
+fleet config but has no worker. A test that stops a worker starts it again."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class RunningFleet:
     model: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[RunningFleet]:
     data_dir = tmp_path_factory.mktemp("fleet")
     redis_url = f"{redis_base_url}/0"

@@ -1,0 +1,97 @@
+"""At home in its ecosystem (issue 8): Flower and the celery CLI against the real fleet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app import keys
+from app.procs import stop_process_group
+from app.redis_server import free_port
+from tests.e2e.conftest import WORKERS, RunningFleet
+from tests.e2e.test_job_way import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def celery_cli(fleet: RunningFleet, *args: str) -> str:
+    env = {**os.environ, "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url}
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "app.celery", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def flower_url(fleet: RunningFleet) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url, "FLOWER_UNAUTHENTICATED_API": "true"}
+    log = open(fleet.local.logs_dir / "flower.log", "ab")  # noqa: SIM115 - closed below
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)], env=env,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process_group(process)
+        log.close()
+
+
+def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
+    fleet: RunningFleet, flower_url: str
+) -> None:
+    def workers() -> dict[str, object]:
+        try:
+            response = httpx.get(f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}
+
+    wait_for(lambda: {n.split("@")[0] for n in workers()} >= set(WORKERS), timeout_s=90, what="Flower to see the workers")
+    for name, info in workers().items():
+        machine = name.split("@")[0]
+        assert [q["name"] for q in info["active_queues"]] == [keys.queue(machine)]  # type: ignore[index]
+
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m2")
+    waiting = [fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m2") for _ in range(2)]
+    wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
+    lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10).json()["active_queues"]
+    flower_lengths = {q["name"]: q["messages"] for q in lengths}
+    for machine in WORKERS:
+        assert flower_lengths[keys.queue(machine)] == fleet.ctx.redis.llen(keys.queue(machine))
+    assert flower_lengths[keys.queue("m2")] == 2
+
+    for job in (busy, *waiting):
+        assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
+
+    def task_page_shows_job() -> bool:
+        response = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10)
+        return response.status_code == 200 and response.json().get("state") == "SUCCESS"
+
+    wait_for(task_page_shows_job, timeout_s=30, what="Flower's task page for the job")
+    info = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10).json()
+    assert info["name"] == "homefleet.run_job" and info["worker"].startswith("m2@")
+
+
+def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m1")
+    waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
+    wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
+    active = celery_cli(fleet, "inspect", "active", "--timeout", "5")
+    assert busy["id"] in active and waiting["id"] not in active
+    reserved = celery_cli(fleet, "inspect", "reserved", "--timeout", "5")
+    assert waiting["id"] not in reserved  # prefetch disabled: the next job stays in Redis
+    purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")
+    assert "Purged 1 message" in purged
+    assert fleet.ctx.redis.llen(keys.queue("m1")) == 0
+    assert fleet.client.wait(busy["id"], timeout_s=120)["state"] == "succeeded"
+    # The purged job never runs; reconciliation says so instead of letting it vanish (R19).
+    deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60
+    while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (fleet.client.get(waiting["id"])["state"], fleet.client.get(waiting["id"])["reason"]) == ("interrupted", "lost")

@@ -1,0 +1,43 @@
+"""compose.yaml only runs commands that exist (issue 8): every `homefleet` subcommand and
+option it names is one the CLI has, and Redis runs with AOF on and noeviction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typing import Any
+
+import typer
+import yaml
+
+from app.cli import cli
+
+COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
+
+
+def homefleet_command(path: list[str]) -> Any:
+    command: Any = typer.main.get_command(cli)
+    for name in path:
+        assert hasattr(command, "commands"), f"{' '.join(path)}: {command.name} has no subcommands"
+        assert name in command.commands, f"homefleet has no command {' '.join(path)!r}"
+        command = command.commands[name]
+    return command
+
+
+def test_every_compose_service_runs_an_existing_command() -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert {"redis", "api", "server-worker", "flower", "cuda-worker", "mac-worker"} <= set(services)
+    for name, service in services.items():
+        argv = service["command"]
+        if argv[0] == "redis-server":
+            assert argv[argv.index("--appendonly") + 1] == "yes"
+            assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
+            continue
+        assert argv[0] == "homefleet", f"service {name} runs {argv[0]!r}, not a homefleet command"
+        words = [a for a in argv[1:] if not a.startswith("-")]
+        command = homefleet_command(words[:1] if words[0] != "models" else words[:2])
+        options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        for arg in argv[1:]:
+            if arg.startswith("--"):
+                assert arg.split("=")[0] in options, f"service {name}: `{command.name}` has no option {arg}"
+    assert services["cuda-worker"]["profiles"] == ["cuda"] and services["mac-worker"]["profiles"] == ["mac"]
