@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, update
+from sqlalchemy import JSON, BigInteger, Column, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, func, select
 
@@ -65,7 +65,7 @@ class Job(SQLModel, table=True):
     result_digest: str | None = None
     result_path: str | None = None
     result_media_type: str | None = None
-    result_bytes: int | None = None
+    result_bytes: int | None = Field(default=None, sa_type=BigInteger)
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None

@@ -17,7 +17,7 @@ from pathlib import Path
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column
+from sqlalchemy import JSON, BigInteger, Column
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, select
 
@@ -47,7 +47,7 @@ class ModelRecord(SQLModel, table=True):
     family: str
     kinds: list[str] = Field(sa_column=Column(JSON, nullable=False))
     pipeline_class: str
-    total_bytes: int
+    total_bytes: int = Field(sa_type=BigInteger)
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -57,10 +57,10 @@ class ModelFile(SQLModel, table=True):
 
     model_id: str = Field(primary_key=True)
     path: str = Field(primary_key=True)
-    size: int
+    size: int = Field(sa_type=BigInteger)  # bytes
     digest: str
-    mtime_ns: int
-    inode: int
+    mtime_ns: int = Field(sa_type=BigInteger)
+    inode: int = Field(sa_type=BigInteger)
 
 
 @dataclass(frozen=True)

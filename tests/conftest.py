@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,9 +73,34 @@ def redis_url(redis_base_url: str) -> str:
     return url
 
 
+POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    """The journal's database: a SQLite file (None: the default), or a fresh PostgreSQL
+    database on the local server (``HOMEFLEET_TEST_POSTGRES`` names its admin URL)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    import psycopg
+
+    name = f"hf_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as error:
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL}: {error}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-def settings(tmp_path: Path, redis_url: str) -> Settings:
-    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_lock_ttl_s=5, fleet_lock_wait_s=5)
+def settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
+    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, database_url=database_url,
+                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5)
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
         machine = name.split("@")[0]
         assert [q["name"] for q in info["active_queues"]] == [keys.queue(machine)]  # type: ignore[index]
 
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m2")
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20}, target="m2")
     waiting = [fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m2") for _ in range(2)]
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
     lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10).json()["active_queues"]
@@ -67,7 +67,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
     assert flower_lengths[keys.queue("m2")] == 2
 
     for job in (busy, *waiting):
-        assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
+        assert fleet.client.wait(job["id"], timeout_s=300)["state"] == "succeeded"
 
     def task_page_shows_job() -> bool:
         response = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10)
@@ -79,7 +79,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 
 
 def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m1")
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
     active = celery_cli(fleet, "inspect", "active", "--timeout", "5")
@@ -89,7 +89,7 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")
     assert "Purged 1 message" in purged
     assert fleet.ctx.redis.llen(keys.queue("m1")) == 0
-    assert fleet.client.wait(busy["id"], timeout_s=120)["state"] == "succeeded"
+    assert fleet.client.wait(busy["id"], timeout_s=300)["state"] == "succeeded"
     # The purged job never runs; reconciliation says so instead of letting it vanish (R19).
     deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60
     while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:
