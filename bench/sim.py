@@ -20,7 +20,7 @@ from pathlib import Path
 from app.fleet import Machine
 from routing.estimate import Estimator, MachineProfile, ModelProfile
 from routing.finish import WorkItem, admit
-from routing.demand import Demand, pressure
+from routing.demand import Demand, able_with_pinned, pinned_class, pressure
 from routing.placement import AUTO, JobRequest, MachineView, able_machines, exclusion, place
 from routing.timings import LearnedTimings, job_size
 
@@ -202,11 +202,13 @@ class Simulation:
             catalogue = {m: (p.family, p.kind) for m, p in self.fleet.models.items()}
             self._able[online] = able_machines(views, self.estimator, catalogue)
         speed = {n: self.fleet.machines[n].speed for n in online}
-        return pressure(self.demand.rates(self.now_s), self._able[online], speed)
+        rates = self.demand.rates(self.now_s)
+        return pressure(rates, able_with_pinned(self._able[online], rates), speed)
 
     def decide(self, job: TraceJob) -> str | None:
         request = self.request(job)
-        self.demand.add(job.model_id, self.estimator.work_s(job.model_id, job.kind, job.steps, job.size), self.now_s)
+        demand_class = job.model_id if job.target == AUTO else pinned_class(job.model_id, job.target)
+        self.demand.add(demand_class, self.estimator.work_s(job.model_id, job.kind, job.steps, job.size), self.now_s)
         views = self.views()
         if job.target != AUTO:
             view = views.get(job.target)

@@ -16,7 +16,7 @@ may cache :func:`pressure` between decisions; it changes slowly.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 HALF_LIFE_S = 3600.0
@@ -52,7 +52,10 @@ class Demand:
         return math.exp(-math.log(2) * max(0.0, now_s - at_s) / self.half_life_s)
 
     def add(self, model_id: str, work_s: float, now_s: float) -> None:
-        """Record one submission of ``work_s`` seconds of work (run time on a speed-1.0 machine)."""
+        """Record one submission of ``work_s`` seconds of work (run time on a speed-1.0 machine).
+
+        ``model_id`` is the demand class: the model id for Auto jobs, :func:`pinned_class` for
+        jobs pinned to a machine (their work can go nowhere else)."""
         work, jobs, at_s = self.levels.get(model_id, (0.0, 0.0, now_s))
         factor = self._decay(at_s, now_s)
         self.levels[model_id] = (work * factor + work_s, jobs * factor + 1.0, now_s)
@@ -66,6 +69,21 @@ class Demand:
             factor = self._decay(at_s, now_s) / tau_s
             out[model_id] = (work * factor, jobs * factor)
         return out
+
+
+def pinned_class(model_id: str, machine: str) -> str:
+    """The demand class of jobs for ``model_id`` pinned to ``machine``: ``model@machine``."""
+    return f"{model_id}@{machine}"
+
+
+def able_with_pinned(able: Mapping[str, frozenset[str]], classes: Iterable[str]) -> dict[str, frozenset[str]]:
+    """``able`` (model -> machines) extended with the pinned classes among ``classes``."""
+    out = dict(able)
+    for name in classes:
+        if "@" in name and name not in out:
+            model_id, _, machine = name.partition("@")
+            out[name] = able.get(model_id, frozenset()) & {machine}
+    return out
 
 
 def pressure(
