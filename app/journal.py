@@ -63,6 +63,10 @@ class Job(SQLModel, table=True):
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None
+    # Placement's prediction at submission (R12, R13), shown beside the measured load_s/run_s.
+    predicted_start_s: float | None = None  # seconds after submission until it starts
+    predicted_load_s: float | None = None  # cold load expected (0 = warm)
+    predicted_run_s: float | None = None
 
 
 class JobEvent(SQLModel, table=True):
@@ -97,6 +101,12 @@ class Journal:
             if job is None:
                 raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
             return job
+
+    def state_of(self, job_id: str) -> JobState | None:
+        """The job's state, or None when there is no such job."""
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            return None if job is None else JobState(job.state)
 
     def list(self, states: Iterable[JobState] | None = None, machine: str | None = None) -> list[Job]:
         """Jobs, oldest first, optionally filtered by state and machine."""

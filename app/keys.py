@@ -35,3 +35,15 @@ class Keys:
     def progress(self, job_id: str) -> str:
         """Hash ``{step, total}`` of a running job's per-step progress."""
         return f"{self.prefix}:job:{job_id}:progress"
+
+    def reservations(self, machine: str) -> str:
+        """Hash job id -> JSON reservation of every job queued or running on that machine (R14)."""
+        return f"{self.prefix}:machine:{machine}:reservations"
+
+    def reservation_seq(self) -> str:
+        """Counter giving reservations their FIFO order across the fleet."""
+        return f"{self.prefix}:reservations:seq"
+
+    def demand(self) -> str:
+        """Hash demand class -> JSON decayed submissions (routing.demand), for Auto's scarcity charge."""
+        return f"{self.prefix}:demand"

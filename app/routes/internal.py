@@ -32,6 +32,7 @@ def claim(job_id: str, ctx: Context, machine: WorkerMachine) -> ClaimGranted:
     """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job."""
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.claim(job_id, machine.name)
+    ctx.machines.reservations.start(machine.name, job_id)
     log.info("job %s claimed by %s", job_id, machine.name)
     manifest = ctx.registry.manifest(job.model_id).as_json()
     return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest)
@@ -64,12 +65,13 @@ async def upload_result(
     try:
         stored = ctx.store.store(data, digest)
     except IntegrityFailure as error:
-        ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings)
+        ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
         raise
     job = ctx.journal.succeed(
         job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
         result_media_type=stored.media_type, result_bytes=stored.size_bytes, **timings,
     )
+    ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
 
@@ -77,6 +79,7 @@ async def upload_result(
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
 
