@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -34,6 +35,20 @@ class NoResidencyFacts:
 
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
         return {}
+
+
+@dataclass(frozen=True)
+class StaticResidencyFacts:
+    """Fixed commitments and remembered OOMs per machine (configuration, tests, the simulator)."""
+
+    committed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    ooms: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
+
+    def commitments(self, machine: str) -> frozenset[str]:
+        return frozenset(self.committed.get(machine, frozenset()))
+
+    def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
+        return dict(self.ooms.get(machine, {}))
 
 
 class MachineStates:
