@@ -91,6 +91,28 @@ def admit(
     return evicted
 
 
+def drain(
+    machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str], costs: CostModel,
+) -> tuple[float, list[str]]:
+    """Seconds until ``machine`` has run its whole queue (remaining of the running job, then
+    each queued job with a cold load where its model will not be warm), and the warm models
+    (LRU order) it will hold then."""
+    dedicated = costs.memory_kind(machine) == "dedicated"
+    usable = costs.usable_bytes(machine)
+    warm = list(warm_models)
+    ahead_s = 0.0
+    for item in queue:
+        cold = item.model_id not in warm
+        admit(warm, item.model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
+        total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
+        if cold and item.elapsed_s is None:
+            total += costs.load_s(machine, item.model_id, item.kind)
+        if item.elapsed_s is not None:
+            total = max(total - item.elapsed_s, 0.05 * total)
+        ahead_s += total
+    return ahead_s, warm
+
+
 def expected_finish(
     machine: str,
     model_id: str,
@@ -113,17 +135,7 @@ def expected_finish(
     """
     dedicated = costs.memory_kind(machine) == "dedicated"
     usable = costs.usable_bytes(machine)
-    warm = list(warm_models)
-    ahead_s = 0.0
-    for item in queue:
-        cold = item.model_id not in warm
-        admit(warm, item.model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
-        total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
-        if cold and item.elapsed_s is None:
-            total += costs.load_s(machine, item.model_id, item.kind)
-        if item.elapsed_s is not None:
-            total = max(total - item.elapsed_s, 0.05 * total)
-        ahead_s += total
+    ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
     run_s = costs.run_s(machine, model_id, kind, steps, size)
     ahead_s += extra_queued * run_s
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
@@ -135,4 +147,4 @@ def expected_finish(
     )
 
 
-__all__ = ["Breakdown", "WorkItem", "admit", "expected_finish", "job_size"]
+__all__ = ["Breakdown", "WorkItem", "admit", "drain", "expected_finish", "job_size"]

@@ -194,3 +194,28 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_
         with safe_open(str(file), framework="numpy") as handle:
             total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
     assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
+
+
+def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from app.fleetstatus import fleet_status
+    from tests.conftest import run_cli
+
+    client, ctx = api
+    online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
+                                         "target": "m2"}).json()["id"] for _ in range(3)]
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
+    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
+    rows = {row["name"]: row for row in fleet_status(ctx)}
+    assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
+    assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
+    assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    shown = run_cli("status", env={"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+                                   "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}).stdout
+    [line] = [line for line in shown.splitlines() if " m2 " in line]
+    assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
