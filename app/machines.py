@@ -74,20 +74,31 @@ class MachineStates:
         return int(self.redis.llen(keys.queue(machine)))
 
     def view(self, machine: str) -> MachineView:
-        config = self.fleet.machines[machine]
-        beat = self.heartbeat(machine)
-        queue = self.reservations.items(machine)
-        return MachineView(
-            name=machine,
-            online=beat is not None,
-            families=config.families,
-            verified_models=frozenset(self.redis.smembers(self.keys.verified(machine))),
-            backlog=len(queue),
-            queue=queue,
-            warm_models=tuple((beat or {}).get("warm_models", ())),
-            commitments=self.residency.commitments(machine),
-            oom_sizes=self.residency.oom_sizes(machine),
-        )
+        return self.views([machine])[machine]
 
-    def views(self) -> dict[str, MachineView]:
-        return {name: self.view(name) for name in self.fleet.machines}
+    def views(self, names: list[str] | None = None) -> dict[str, MachineView]:
+        """Every machine's view (or those named), read in one Redis round trip."""
+        names = list(self.fleet.machines) if names is None else names
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(self.keys.heartbeat(name))
+                pipe.smembers(self.keys.verified(name))
+                pipe.hgetall(self.keys.reservations(name))
+            replies = pipe.execute()
+        found = {}
+        for i, name in enumerate(names):
+            raw_beat, verified, reserved = replies[3 * i: 3 * i + 3]
+            beat = json.loads(raw_beat) if raw_beat else None
+            queue = self.reservations.items_from(reserved)
+            found[name] = MachineView(
+                name=name,
+                online=beat is not None,
+                families=self.fleet.machines[name].families,
+                verified_models=frozenset(verified),
+                backlog=len(queue),
+                queue=queue,
+                warm_models=tuple((beat or {}).get("warm_models", ())),
+                commitments=self.residency.commitments(name),
+                oom_sizes=self.residency.oom_sizes(name),
+            )
+        return found

@@ -52,17 +52,24 @@ class Reservations:
 
     def records(self, machine: str) -> list[tuple[str, dict]]:
         """(job id, record) in FIFO order: running ones first, then by ``seq``."""
-        raw = self.redis.hgetall(self.keys.reservations(machine))
+        return self._ordered(self.redis.hgetall(self.keys.reservations(machine)))
+
+    @staticmethod
+    def _ordered(raw: dict[str, str]) -> list[tuple[str, dict]]:
         rows = [(job_id, json.loads(value)) for job_id, value in raw.items()]
         return sorted(rows, key=lambda row: (row[1]["started_at"] is None, row[1]["seq"]))
 
     def items(self, machine: str, now_s: float | None = None) -> tuple[WorkItem, ...]:
         """The machine's reserved jobs as :class:`WorkItem` in FIFO order (running first)."""
+        return self.items_from(self.redis.hgetall(self.keys.reservations(machine)), now_s)
+
+    def items_from(self, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
+        """:meth:`items` from an already-read reservations hash (``HGETALL``)."""
         now_s = time.time() if now_s is None else now_s
         return tuple(
             WorkItem(r["model_id"], r["kind"], int(r["steps"]), int(r["size"]),
                      elapsed_s=None if r["started_at"] is None else max(0.0, now_s - float(r["started_at"])))
-            for _, r in self.records(machine)
+            for _, r in self._ordered(raw)
         )
 
     def reconcile(self, machines: Iterable[str], journal: Journal) -> list[str]:
