@@ -112,7 +112,7 @@ def pressure(
     return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m]) for m in speed}
 
 
-def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float) -> float:
+def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: float = 0.0) -> float:
     """Seconds charged for occupying a machine for ``occupancy_s`` seconds, for a job whose
     bounded-slowdown floor is ``bound_s``.
 
@@ -122,4 +122,4 @@ def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float) -> float:
     multiplying with ``bound_s``, so it adds to the job's own expected finish on one scale.
     """
     u = min(max(machine.utilisation, 0.0), MAX_UTILISATION)
-    return bound_s * occupancy_s * occupancy_s * machine.weight_per_s / (1.0 - u)
+    return bound_s * occupancy_s * (occupancy_s + ahead_s) * machine.weight_per_s / (1.0 - u)

@@ -93,6 +93,8 @@ class Estimator:
     machines: Mapping[str, MachineProfile] = field(default_factory=dict)
     models: Mapping[str, ModelProfile] = field(default_factory=dict)
     learned: LearnedTimings = field(default_factory=LearnedTimings)
+    _cache: dict[tuple[str, str, str], Timing] = field(default_factory=dict, repr=False, compare=False)
+    _cache_version: int = field(default=-1, repr=False, compare=False)
 
     def guess(self, machine: str, model_id: str, kind: str) -> Timing:
         """The fleet config's timing for (machine, model, kind), before any measurement."""
@@ -109,7 +111,16 @@ class Estimator:
         return run_seconds(self.guess("", model_id, kind), steps, size)
 
     def timing(self, machine: str, model_id: str, kind: str) -> Timing:
-        return self.learned.get(machine, model_id, kind) or self.guess(machine, model_id, kind)
+        """The learned timing, else the guess (memoised until the next observation)."""
+        if self._cache_version != self.learned.version:
+            self._cache.clear()
+            self._cache_version = self.learned.version
+        key = (machine, model_id, kind)
+        found = self._cache.get(key)
+        if found is None:
+            found = self.learned.get(machine, model_id, kind) or self.guess(machine, model_id, kind)
+            self._cache[key] = found
+        return found
 
     def load_s(self, machine: str, model_id: str, kind: str) -> float:
         return self.timing(machine, model_id, kind).load_s

@@ -16,6 +16,12 @@ from routing.estimate import CostModel
 from routing.timings import job_size
 
 
+EVICTION_WEIGHT = 3.0
+"""Seconds charged per second of reload of an evicted warm model. More than 1: the reload lands
+on the machine later (its own occupancy), and every job queued behind it waits for it too.
+Chosen on bench/placement.py's traces (cold loads fell by half for ~1-2 % slowdown)."""
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """A job already reserved on a machine (queued, or running when ``elapsed_s`` is set)."""
@@ -140,7 +146,7 @@ def expected_finish(
     ahead_s += extra_queued * run_s
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
     evicted = admit(warm, model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
-    eviction_s = sum(costs.load_s(machine, m, kind) for m in evicted)
+    eviction_s = EVICTION_WEIGHT * sum(costs.load_s(machine, m, kind) for m in evicted)
     return Breakdown(
         work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
         queued=len(queue) + extra_queued, evicts=tuple(evicted),

@@ -222,7 +222,7 @@ def survey(
         bound_s = max(min(part.run_s for part in candidates.values()), BOUND_FLOOR_S)
         for name, part in candidates.items():
             if name in pressure:
-                candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, pressure[name], bound_s))
+                candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, pressure[name], bound_s, part.work_ahead_s))
     return excluded, candidates
 
 

@@ -51,6 +51,7 @@ class LearnedTimings:
 
     def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
         self._entries: dict[TimingKey, Timing] = dict(entries or {})
+        self.version = 0  # bumped by every observation (lets estimators cache lookups)
 
     def get(self, machine: str, model_id: str, kind: str) -> Timing | None:
         return self._entries.get((machine, model_id, kind))
@@ -90,4 +91,5 @@ class LearnedTimings:
             new_load_s = base.load_s if load_s is None else (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
         timing = Timing(load_s=new_load_s, step_s=step_s, samples=(old.samples if old else 0) + 1)
         self._entries[key] = timing
+        self.version += 1
         return timing

@@ -7,7 +7,7 @@ import pytest
 from app.errors import MachineUnavailable, Rejected
 from routing.demand import Demand, Pressure, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
-from routing.finish import WorkItem
+from routing.finish import EVICTION_WEIGHT, WorkItem
 from routing.placement import JobRequest, MachineView, dry_run, place
 from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing
 
@@ -173,7 +173,7 @@ def test_r12_residency_is_simulated_along_the_queue() -> None:
     between = (WorkItem("other", "txt2img", 10, REF), WorkItem(MODEL, "txt2img", 10, REF))
     part = place(request("cuda1", model="other"), machines(view("cuda1", queue=between, warm=("other",))), costs()).breakdown
     assert part.cold_load_s == pytest.approx(10)
-    assert part.evicts == (MODEL,) and part.eviction_s == pytest.approx(2)
+    assert part.evicts == (MODEL,) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 2)
 
 
 def test_r12_running_job_counts_only_its_remaining_time() -> None:
@@ -190,7 +190,7 @@ def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
     fleet = machines(view("m1", warm=("other", MODEL), verified={"mid"}))
     part = place(request("m1", model="mid"), fleet, estimator).breakdown
     assert part.evicts == ("other",)  # least recently used first, until it fits
-    assert part.eviction_s == pytest.approx(10)
+    assert part.eviction_s == pytest.approx(EVICTION_WEIGHT * 10)  # its reload: 10 GB at 1 GB/s, weighted
     protected = machines(view("m1", warm=("other", MODEL), verified={"mid"}, commitments=frozenset({"other"})))
     with pytest.raises(Rejected) as refused:
         place(request("m1", model="mid"), protected, estimator)
