@@ -62,7 +62,10 @@ class DemandStore:
         raw = self.redis.hgetall(self.keys.demand())
         return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})  # type: ignore[misc]
 
-    def add(self, demand: Demand, demand_class: str, work_s: float, now_s: float | None = None) -> None:
+    def add(self, demand_class: str, work_s: float, now_s: float | None = None) -> None:
+        """Record one submission of ``work_s`` speed-1.0 seconds in ``demand_class``."""
         now_s = time.time() if now_s is None else now_s
+        raw = self.redis.hget(self.keys.demand(), demand_class)
+        demand = Demand(levels={demand_class: tuple(json.loads(raw))} if raw else {})  # type: ignore[dict-item]
         demand.add(demand_class, work_s, now_s)
         self.redis.hset(self.keys.demand(), demand_class, json.dumps(list(demand.levels[demand_class])))

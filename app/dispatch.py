@@ -146,8 +146,7 @@ class Dispatcher:
                     raise PlacementLost("the fleet lock expired before the job was published; submit again") from None
                 self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps, request.size)
                 demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
-                self.demand.add(self.demand.load(), demand_class,
-                                estimator.work_s(model_id, kind, request.steps, request.size), now_s)
+                self.demand.add(demand_class, estimator.work_s(model_id, kind, request.steps, request.size), now_s)
                 try:
                     self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
                 except Exception:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import MachineUnavailable, Rejected
-from routing.demand import Demand, Pressure, pressure, scarcity_s
+from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
 from routing.finish import EVICTION_WEIGHT, WorkItem
 from routing.placement import JobRequest, MachineView, dry_run, place
@@ -239,3 +239,16 @@ def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
     after = estimator.timing("m1", MODEL, "txt2img")
     assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0) and after.samples == 2
     assert estimator.run_s("m1", MODEL, "txt2img", 10, REF) == pytest.approx(10 * after.step_s)
+
+
+def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
+    demand = Demand()
+    demand.add(MODEL, 20.0, now_s=0.0)
+    demand.add(pinned_class(MODEL, "m1"), 20.0, now_s=0.0)
+    rates = demand.rates(0.0)
+    able = able_with_pinned({MODEL: frozenset({"m1", "m2"})}, rates)
+    assert able[pinned_class(MODEL, "m1")] == frozenset({"m1"})
+    weights = pressure(rates, able, {"m1": 1.0, "m2": 1.0})
+    # The flexible job is shared half and half; the pinned one lands on m1 alone.
+    assert weights["m1"].utilisation == pytest.approx(3 * weights["m2"].utilisation)
+    assert weights["m1"].weight_per_s == pytest.approx(3 * weights["m2"].weight_per_s)
