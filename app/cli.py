@@ -104,15 +104,17 @@ def models_list() -> None:
 
 @cli.command()
 def status() -> None:
-    """Machines: online, verified models, backlog (LLEN of machine.<name> + running)."""
+    """Machines: online, verified and warm models, backlog (LLEN of machine.<name> + running)
+    and expected drain time (seconds, from learned timings)."""
     from app.context import build_context
+    from app.fleetstatus import fleet_status
 
     ctx = build_context(_settings())
     try:
-        table = Table("machine", "online", "verified models", "backlog")
-        for name, view in ctx.machines.views().items():
-            table.add_row(name, "yes" if view.online else "no", ", ".join(sorted(view.verified_models)) or "-",
-                          str(view.backlog))
+        table = Table("machine", "online", "verified models", "warm models", "backlog", "drain_s")
+        for row in fleet_status(ctx):
+            table.add_row(row["name"], "yes" if row["online"] else "no", ", ".join(row["verified_models"]) or "-",
+                          ", ".join(row["warm_models"]) or "-", str(row["backlog"]), f"{row['drain_s']:.1f}")
         console.print(table)
     finally:
         ctx.close()

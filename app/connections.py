@@ -33,6 +33,7 @@ def create_engine(settings: Settings) -> Engine:
     # Importing the table modules registers them with SQLModel's metadata.
     import app.journal  # noqa: F401
     import app.registry  # noqa: F401
+    import app.timings  # noqa: F401
 
     SQLModel.metadata.create_all(engine)
     return engine

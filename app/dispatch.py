@@ -1,9 +1,11 @@
 """Submission: place, journal and enqueue a job atomically under the fleet lock (R14).
 
-Sequence under the lock (shared/notes/celery-redis.md, "Locks"): read the machines, place,
-journal the job as ``queued``, check that the lock is still ours (C04), publish to
-``machine.<name>`` with ``task_id = job id``. A refused submission is journaled as
-``rejected`` with its reason; nothing is published.
+Sequence under the lock (shared/notes/celery-redis.md, "Locks"): read the machines (with their
+reservations), place, journal the job as ``queued`` with its prediction, re-acquire the lock
+(an atomic check that it is still ours that also renews its TTL; C04), reserve the machine and
+publish to ``machine.<name>`` with ``task_id = job id``. A refused submission is journaled as
+``rejected`` with its reason; nothing is published. A job's reservation is released when it
+ends in any state (:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import time
+
 import redis
 from celery import Celery
+from redis.exceptions import LockError
 
 from app import keys
 from app.config import Settings
@@ -23,11 +28,15 @@ from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.errors import Conflict, HomefleetError, PlacementLost, Rejected
 from app.journal import Job, Journal, JobState
+from app.costs import DemandStore, FleetCosts
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
 from app.registry import Registry
-from routing.placement import JobRequest, place
+from app.timings import TimingStore
+from routing.demand import Pressure, able_with_pinned, pinned_class, pressure
+from routing.estimate import Estimator
+from routing.placement import AUTO, JobRequest, MachineView, able_machines, dry_run, place
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,49 @@ class Dispatcher:
         self.machines = machines
         self.queues = queues
         self.keys = Keys(settings.key_prefix)
+        self.timings = TimingStore(journal.engine)
+        self.costs = FleetCosts(machines.fleet, registry, self.timings)
+        self.demand = DemandStore(client, self.keys)
+
+    def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
+        """The placement request of a submission.
+
+        Raises:
+            NotFound: the model is not registered (reason ``unknown_model``).
+            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``).
+        """
+        record = self.registry.get(model_id)
+        if kind not in record.kinds:
+            raise Rejected(
+                f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
+                reason="kind_not_supported",
+            )
+        return JobRequest.from_params(model_id, record.family, kind, target, params)
+
+    def pressure(self, views: dict[str, MachineView], estimator: Estimator, now_s: float) -> dict[str, Pressure]:
+        """Auto's scarcity data: recent demand spread over the machines able to run it now."""
+        online = {n: v for n, v in views.items() if v.online}
+        catalogue = {m: (p.family, p.kind) for m, p in estimator.models.items()}
+        rates = self.demand.load().rates(now_s)
+        able = able_with_pinned(able_machines(online, estimator, catalogue), rates)
+        speed = {n: self.machines.fleet.machines[n].speed for n in online}
+        return pressure(rates, able, speed)
+
+    def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> dict[str, Any]:
+        """The decision a submission would get, enqueuing nothing: every machine with the filter
+        that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`."""
+        request = self.request(model_id, kind, params, target)
+        views = self.machines.views()
+        estimator = self.costs.estimator()
+        weights = self.pressure(views, estimator, time.time()) if request.target == AUTO else None
+        return dry_run(request, views, estimator, weights)
+
+    def finished(self, job: Job) -> None:
+        """A job ended (any state): release its reservation; fold measured times into the
+        learned timings (R13) when it ran."""
+        self.machines.reservations.release(job.machine, job.id)
+        if job.state in (JobState.succeeded, JobState.failed) and job.run_s is not None:
+            self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
                idempotency_key: str | None = None) -> Submission:
@@ -82,13 +134,7 @@ class Dispatcher:
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         try:
-            record = self.registry.get(model_id)
-            if kind not in record.kinds:
-                raise Rejected(
-                    f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
-                    reason="kind_not_supported",
-                )
-            request = JobRequest(model_id=model_id, family=record.family, kind=kind, target=target)
+            request = self.request(model_id, kind, params, target)
             lock = self.redis.lock(
                 self.keys.fleet_lock(),
                 timeout=self.settings.fleet_lock_ttl_s,
@@ -108,19 +154,35 @@ class Dispatcher:
                                 "use a new key for a new request", reason="idempotency_key_reused",
                             )
                         return Submission(job=original, position=0, replayed=True)
+                now_s = time.time()
                 views = self.machines.views()
-                placement = place(request, views)
+                estimator = self.costs.estimator()
+                weights = self.pressure(views, estimator, now_s) if request.target == AUTO else None
+                placement = place(request, views, estimator, weights)
+                part = placement.breakdown
                 job = self.journal.add(
                     Job(state=JobState.queued, model_id=model_id, kind=kind, params=params,
                         target=target, machine=placement.machine, idempotency_key=idempotency_key,
-                        request_fingerprint=fingerprint)
+                        request_fingerprint=fingerprint, predicted_start_s=part.work_ahead_s,
+                        predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s)
                 )
-                if not lock.owned():
+                try:
+                    lock.reacquire()  # atomic: still ours? then a full TTL to reserve + publish (C04)
+                except LockError:
                     self.journal.transition(job.id, [JobState.queued], JobState.interrupted,
                                             reason="placement_lock_lost",
                                             message="the fleet lock expired before publishing; nothing was published")
-                    raise PlacementLost("the fleet lock expired before the job was published; submit again")
-                self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
+                    raise PlacementLost("the fleet lock expired before the job was published; submit again") from None
+                self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps, request.size)
+                demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
+                self.demand.add(demand_class, estimator.work_s(model_id, kind, request.steps, request.size), now_s)
+                try:
+                    self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
+                except Exception:
+                    self.machines.reservations.release(placement.machine, job.id)
+                    self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",
+                                            message="publishing to the broker failed; nothing was queued")
+                    raise
                 return Submission(job=job, position=views[placement.machine].backlog)
             finally:
                 if lock.owned():
@@ -153,5 +215,6 @@ class Dispatcher:
                 + "; only a queued job can be cancelled", reason=f"not_cancellable_{current.state}",
             ) from error
         removed = self.queues.remove(job.machine or "", job_id)
+        self.finished(job)
         log.info("job %s cancelled; queue entry %s", job_id, "removed" if removed else "already gone")
         return job

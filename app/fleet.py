@@ -50,6 +50,10 @@ class Machine(BaseModel):
     memory_bytes: int = Field(gt=0)
     families: frozenset[str]
     token: str = Field(default="", repr=False)
+    # Initial timing guesses for placement (R13; shared/notes/seed-fleet.md): diffusion speed
+    # relative to the seed fleet's server (1.0), and the model load rate in bytes per second.
+    speed: float = Field(default=1.0, gt=0)
+    load_bytes_per_s: float = Field(default=2.5e9, gt=0)
 
     @field_validator("name")
     @classmethod
@@ -118,6 +122,8 @@ class Fleet(BaseModel):
                 f"memory_bytes = {m.memory_bytes}",
                 f"families = [{families}]",
                 f'token = "{m.token}"',
+                f"speed = {m.speed}",
+                f"load_bytes_per_s = {m.load_bytes_per_s}",
                 "",
             ]
         return "\n".join(lines)

@@ -73,6 +73,10 @@ class Job(SQLModel, table=True):
     claim_id: str | None = None  # the delivery that claimed it: lets that delivery repeat its claim safely
     idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
     request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
+    # Placement's prediction at submission (R12, R13), shown beside the measured load_s/run_s.
+    predicted_start_s: float | None = None  # seconds after submission until it starts
+    predicted_load_s: float | None = None  # cold load expected (0 = warm)
+    predicted_run_s: float | None = None
 
 
 class JobEvent(SQLModel, table=True):
@@ -107,6 +111,12 @@ class Journal:
             if job is None:
                 raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
             return job
+
+    def state_of(self, job_id: str) -> JobState | None:
+        """The job's state, or None when there is no such job."""
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            return None if job is None else JobState(job.state)
 
     def list(self, states: Iterable[JobState] | None = None, machine: str | None = None) -> list[Job]:
         """Jobs, oldest first, optionally filtered by state and machine."""

@@ -43,3 +43,15 @@ class Keys:
     def missing(self) -> str:
         """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""
         return f"{self.prefix}:reconcile:missing"
+
+    def reservations(self, machine: str) -> str:
+        """Hash job id -> JSON reservation of every job queued or running on that machine (R14)."""
+        return f"{self.prefix}:machine:{machine}:reservations"
+
+    def reservation_seq(self) -> str:
+        """Counter giving reservations their FIFO order across the fleet."""
+        return f"{self.prefix}:reservations:seq"
+
+    def demand(self) -> str:
+        """Hash demand class -> JSON decayed submissions (routing.demand), for Auto's scarcity charge."""
+        return f"{self.prefix}:demand"

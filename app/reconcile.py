@@ -10,6 +10,7 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   the machine's worker is asked to restart its pool process (watchdog);
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
   than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
+- reservations of jobs that have ended are released (R14);
 - idempotency keys older than ``idempotency_ttl_s`` are forgotten.
 """
 
@@ -35,10 +36,12 @@ log = logging.getLogger(__name__)
 class ReconcileReport:
     interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
     forgotten_idempotency_keys: int = 0
+    released_reservations: int = 0  # reservations of jobs that had ended (R14)
 
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
-        return f"interrupted {len(self.interrupted)} ({reasons}); forgot {self.forgotten_idempotency_keys} idempotency keys"
+        return (f"interrupted {len(self.interrupted)} ({reasons}); released {self.released_reservations} "
+                f"reservations; forgot {self.forgotten_idempotency_keys} idempotency keys")
 
 
 class Reconciler:
@@ -57,12 +60,13 @@ class Reconciler:
         try:
             self._running(report)
             self._queued(report)
+            report.released_reservations = len(ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal))
         finally:
             if lock.owned():
                 lock.release()
         cutoff = utcnow() - timedelta(seconds=settings.idempotency_ttl_s)
         report.forgotten_idempotency_keys = ctx.journal.forget_idempotency_keys(cutoff)
-        if report.interrupted:
+        if report.interrupted or report.released_reservations:
             log.warning("reconciliation: %s", report)
         return report
 

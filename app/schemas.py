@@ -43,6 +43,9 @@ class JobPublic(BaseModel):
     load_s: float | None
     run_s: float | None
     cold_load: bool | None
+    predicted_start_s: float | None = None  # placement's prediction at submission (R12, R13)
+    predicted_load_s: float | None = None
+    predicted_run_s: float | None = None
     progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
     result: ResultPublic | None = None
 
@@ -58,7 +61,8 @@ class JobPublic(BaseModel):
             id=job.id, state=job.state, model=job.model_id, kind=job.kind, params=job.params, target=job.target,
             machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
-            cold_load=job.cold_load, progress=progress, result=result,
+            cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
+            predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
         )
 
 

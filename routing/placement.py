@@ -1,31 +1,51 @@
-"""Placement rules R9–R11: the default target, explicit targets (there or nowhere), and
-Auto's filters with a simple rank (fewest jobs ahead, then name).
+"""Placement rules R9–R12: the default target, explicit targets (there or nowhere), and Auto's
+five filters with a rank by earliest expected finish.
 
-Everything here is pure: it takes :class:`MachineView` snapshots and a :class:`JobRequest`
-and returns a :class:`Placement` or raises a domain error. No machine is ever chosen that
-the request did not allow: an explicit target is never rerouted (R10).
+Everything here is pure: it takes :class:`MachineView` snapshots, a :class:`JobRequest` and a
+:class:`~routing.estimate.CostModel` and returns a :class:`Decision` or raises a domain error.
+No machine is ever chosen that the request did not allow: an explicit target is never
+rerouted (R10). The same code drives the API (``app/dispatch.py``) and the simulator
+(``bench/placement.py``).
+
+Reason codes (in filter order, R11): ``machine_unavailable``, ``model_not_verified``,
+``residency_conflict``, ``video_on_reserved_machine``, ``family_not_supported``,
+``too_large``, ``remembered_oom``; and ``unknown_machine`` (explicit only), ``no_machine``
+(Auto, nothing left).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.errors import MachineUnavailable, Rejected
 from app.fleet import SERVER
+from routing.demand import BOUND_FLOOR_S, Pressure, scarcity_s
+from routing.estimate import CostModel, Estimator
+from routing.finish import Breakdown, WorkItem, expected_finish
+from routing.timings import job_size
 
 AUTO = "auto"
+GB = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class MachineView:
-    """What placement knows of one machine at the moment of the decision."""
+    """What placement knows of one machine at the moment of the decision.
+
+    ``commitments`` (residency commitments, R16) and ``oom_sizes`` (remembered OOMs, R21) are
+    filled by the residency work; until then they are empty.
+    """
 
     name: str
     online: bool  # a live heartbeat
     families: frozenset[str]  # model families it supports (fleet config)
     verified_models: frozenset[str]  # models whose files it verified against the manifest (R4)
-    backlog: int = 0  # jobs queued on it + the one running
+    backlog: int = 0  # jobs reserved on it: queued + running
+    queue: tuple[WorkItem, ...] = ()  # the reserved jobs in FIFO order (running first), when known
+    warm_models: tuple[str, ...] = ()  # resident models, least recently used first
+    commitments: frozenset[str] = frozenset()  # models it must keep resident (protected set)
+    oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
 
 
 @dataclass(frozen=True)
@@ -34,69 +54,207 @@ class JobRequest:
     family: str
     kind: str
     target: str = SERVER  # a machine name, or "auto" (R11: opt-in)
+    steps: int = 30
+    size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
+
+    @classmethod
+    def from_params(cls, model_id: str, family: str, kind: str, target: str, params: Mapping[str, object]) -> JobRequest:
+        """Read steps and size from job params (``steps``, ``width``, ``height``, ``num_frames``,
+        ``batch``; the tiny kinds' defaults: 4 steps, 64x64 pixels, 1 frame, batch 1)."""
+
+        def number(name: str, default: int) -> int:
+            value = params.get(name, default)
+            return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
+
+        size = job_size(number("width", 64) * number("height", 64), number("num_frames", 1), number("batch", 1))
+        return cls(model_id, family, kind, target, steps=number("steps", 4), size=size)
 
 
 @dataclass(frozen=True)
-class Placement:
+class Decision:
+    """Where a job goes and why: ``excluded`` maps machine -> (reason, message); ``candidates``
+    maps each eligible machine to its expected-finish breakdown (Auto; the target alone when
+    explicit)."""
+
     machine: str
-    excluded: dict[str, str] = field(default_factory=dict)  # machine -> reason (Auto only)
+    excluded: dict[str, tuple[str, str]] = field(default_factory=dict)
+    candidates: dict[str, Breakdown] = field(default_factory=dict)
+
+    @property
+    def breakdown(self) -> Breakdown:
+        return self.candidates[self.machine]
+
+    def as_json(self) -> dict[str, object]:
+        rows: dict[str, object] = {}
+        for name, part in sorted(self.candidates.items()):
+            rows[name] = {"eligible": True, **part.as_json()}
+        for name, (reason, message) in sorted(self.excluded.items()):
+            rows[name] = {"eligible": False, "reason": reason, "message": message}
+        return {"machine": self.machine, "machines": rows}
 
 
-def exclusion(job: JobRequest, machine: MachineView) -> tuple[str, str] | None:
+Placement = Decision  # the name the walking skeleton used
+
+
+def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order: online, family supported, model verified there (R11).
+    Order (R11): online; holds the model (verified); fits its residency commitments (and no
+    video beside a reservation, R17); supports the family; has memory for the job (estimate <=
+    usable bytes, and no remembered OOM at this size or smaller, R21).
     """
+    name, model = machine.name, job.model_id
     if not machine.online:
-        return "machine_unavailable", f"machine {machine.name!r} is offline (no live heartbeat)"
+        return "machine_unavailable", f"machine {name!r} is offline (no live heartbeat)"
+    if model not in machine.verified_models:
+        return (
+            "model_not_verified",
+            f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
+        )
+    costs = costs or Estimator()
+    need = costs.job_bytes(model, job.kind, job.size)
+    usable = costs.usable_bytes(name)
+    if machine.commitments:
+        if job.kind == "video":
+            return (
+                "video_on_reserved_machine",
+                f"machine {name!r} holds residency commitments ({', '.join(sorted(machine.commitments))}); "
+                f"a video job needs the memory they hold (R17)",
+            )
+        if model not in machine.commitments:
+            if costs.memory_kind(name) == "dedicated":
+                return (
+                    "residency_conflict",
+                    f"machine {name!r} is committed to keep {', '.join(sorted(machine.commitments))} resident "
+                    f"and holds one checkpoint; {model!r} would evict it",
+                )
+            held = sum(costs.weights_bytes(m) for m in machine.commitments)
+            if usable > 0 and held + need > usable:
+                return (
+                    "residency_conflict",
+                    f"model {model!r} needs {need / GB:.1f} GB but machine {name!r} keeps "
+                    f"{held / GB:.1f} GB committed of {usable / GB:.1f} GB usable",
+                )
     if job.family not in machine.families:
         supported = ", ".join(sorted(machine.families)) or "none"
         return (
             "family_not_supported",
-            f"machine {machine.name!r} does not support family {job.family!r} of model {job.model_id!r}; "
-            f"it supports: {supported}",
+            f"machine {name!r} does not support family {job.family!r} of model {model!r}; it supports: {supported}",
         )
-    if job.model_id not in machine.verified_models:
+    if usable > 0 and need > usable:
         return (
-            "model_not_verified",
-            f"model {job.model_id!r} is not verified on machine {machine.name!r}; "
-            f"run `homefleet sync {machine.name} {job.model_id}` first",
+            "too_large",
+            f"job needs an estimated {need / GB:.1f} GB (model {model!r} with working memory) but machine "
+            f"{name!r} has {usable / GB:.1f} GB usable",
+        )
+    oom_size = machine.oom_sizes.get((model, job.kind))
+    if oom_size is not None and job.size >= oom_size:
+        return (
+            "remembered_oom",
+            f"{job.kind} with {model!r} ran out of memory on machine {name!r} at size {oom_size} "
+            f"(pixels x frames x batch); this job's size is {job.size}; clear the record to try again",
         )
     return None
 
 
-def place(job: JobRequest, machines: Mapping[str, MachineView]) -> Placement:
-    """Choose the machine for ``job``.
+def finish(job: JobRequest, machine: MachineView, costs: CostModel) -> Breakdown:
+    """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12)."""
+    return expected_finish(
+        machine.name, job.model_id, job.kind, job.steps, job.size,
+        warm_models=machine.warm_models, queue=machine.queue,
+        extra_queued=max(0, machine.backlog - len(machine.queue)),
+        protected=machine.commitments, costs=costs,
+    )
+
+
+def place(
+    job: JobRequest,
+    machines: Mapping[str, MachineView],
+    costs: CostModel | None = None,
+    pressure: Mapping[str, Pressure] | None = None,
+) -> Decision:
+    """Choose the machine for ``job``: the explicit target, or Auto's candidate with the least
+    expected finish + scarcity charge (``pressure``: machine -> :class:`~routing.demand.Pressure` from
+    :func:`routing.demand.pressure`; none = no charge); ties: fewer queued, then name.
 
     Raises:
         Rejected: unknown machine (reason ``unknown_machine``), or a filter excludes the
-            explicit target, or Auto finds no machine (reason ``no_machine``).
+            explicit target (its reason), or Auto finds no machine (reason ``no_machine``).
         MachineUnavailable: the explicit target is offline (R10: never rerouted).
     """
+    costs = costs or Estimator()
     target = job.target or SERVER
     if target != AUTO:
         machine = machines.get(target)
         if machine is None:
             known = ", ".join(sorted(machines))
             raise Rejected(f"target {target!r} is not a machine of this fleet; machines: {known}", reason="unknown_machine")
-        refusal = exclusion(job, machine)
+        refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
             if reason == "machine_unavailable":
                 raise MachineUnavailable(message)
             raise Rejected(message, reason=reason)
-        return Placement(machine=target)
+        return Decision(machine=target, candidates={target: finish(job, machine, costs)})
 
-    excluded: dict[str, str] = {}
-    candidates = []
-    for machine in machines.values():
-        refusal = exclusion(job, machine)
-        if refusal is None:
-            candidates.append(machine)
-        else:
-            excluded[machine.name] = refusal[0]
+    excluded, candidates = survey(job, machines, costs, pressure)
     if not candidates:
-        detail = ", ".join(f"{name}: {reason}" for name, reason in sorted(excluded.items()))
+        detail = ", ".join(f"{name}: {reason}" for name, (reason, _) in sorted(excluded.items()))
         raise Rejected(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
-    best = min(candidates, key=lambda m: (m.backlog, m.name))
-    return Placement(machine=best.name, excluded=excluded)
+    best = min(candidates, key=lambda name: (candidates[name].score_s, candidates[name].queued, name))
+    return Decision(machine=best, excluded=excluded, candidates=candidates)
+
+
+def survey(
+    job: JobRequest, machines: Mapping[str, MachineView], costs: CostModel, pressure: Mapping[str, Pressure] | None = None
+) -> tuple[dict[str, tuple[str, str]], dict[str, Breakdown]]:
+    """Every machine: excluded with (reason, message), or its expected-finish breakdown."""
+    pressure = pressure or {}
+    excluded: dict[str, tuple[str, str]] = {}
+    candidates: dict[str, Breakdown] = {}
+    for machine in machines.values():
+        refusal = exclusion(job, machine, costs)
+        if refusal is None:
+            candidates[machine.name] = finish(job, machine, costs)
+        else:
+            excluded[machine.name] = refusal
+    if pressure and candidates:
+        bound_s = max(min(part.run_s for part in candidates.values()), BOUND_FLOOR_S)
+        for name, part in candidates.items():
+            if name in pressure:
+                candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, pressure[name], bound_s, part.work_ahead_s))
+    return excluded, candidates
+
+
+def able_machines(machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]]) -> dict[str, frozenset[str]]:
+    """model -> machines whose filters pass a reference-size job of it (for routing.demand).
+
+    ``models``: model -> (family, kind).
+    """
+    able = {}
+    for model_id, (family, kind) in models.items():
+        probe = JobRequest(model_id, family, kind, AUTO)
+        able[model_id] = frozenset(n for n, v in machines.items() if exclusion(probe, v, costs) is None)
+    return able
+
+
+def dry_run(
+    job: JobRequest, machines: Mapping[str, MachineView], costs: CostModel | None = None,
+    pressure: Mapping[str, Pressure] | None = None,
+) -> dict[str, object]:
+    """The full decision without placing anything: every machine with the filter that excluded
+    it or its breakdown, and the machine that would be chosen (None when none would)."""
+    costs = costs or Estimator()
+    try:
+        decision = place(job, machines, costs, pressure)
+        chosen: str | None = decision.machine
+        error = None
+    except (Rejected, MachineUnavailable) as refusal:
+        chosen, error = None, {"reason": refusal.reason, "message": refusal.message}
+    excluded, candidates = survey(job, machines, costs, pressure)
+    body = Decision(machine=chosen or "", excluded=excluded, candidates=candidates).as_json()
+    body["machine"] = chosen
+    body["target"] = job.target
+    if error:
+        body["error"] = error
+    return body

@@ -42,6 +42,7 @@ def claim(
     ``X-Homefleet-Claim-Id`` names the delivery, so that delivery may safely repeat its claim."""
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
+    ctx.machines.reservations.start(machine.name, job_id)
     _touch_progress(ctx, job_id, {})
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     manifest = ctx.registry.manifest(job.model_id).as_json()
@@ -80,12 +81,13 @@ async def upload_result(
     try:
         stored = ctx.store.store(data, digest)
     except IntegrityFailure as error:
-        ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings)
+        ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
         raise
     job = ctx.journal.succeed(
         job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
         result_media_type=stored.media_type, result_bytes=stored.size_bytes, **timings,
     )
+    ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
 
@@ -93,6 +95,7 @@ async def upload_result(
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
 

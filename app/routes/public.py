@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from app.errors import NotFound
 from app.journal import JobState
@@ -15,20 +15,26 @@ from app.schemas import JobAccepted, JobCreate, JobPublic
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/jobs", status_code=202, response_model=JobAccepted)
+@router.post("/jobs", status_code=202, response_model=None)
 def submit_job(
     body: JobCreate,
     ctx: Context,
     response: Response,
+    dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
-) -> JobAccepted:
+) -> JobAccepted | JSONResponse:
     """Validate, place and enqueue a job. 202 with its id, machine and position in that
-    machine's line; 422 (unknown model or machine, not verified, family) or 503 (target
+    machine's line; 422 (a filter refused the target: its reason code) or 503 (target
     offline) with ``{"error": {"reason", "message"}}``.
+
+    ``?dry_run=true``: 200 with the full decision (every machine: the filter that excluded it,
+    or its expected-finish breakdown in seconds), enqueuing and journaling nothing (R12).
 
     ``Idempotency-Key``: a retry with the same key and body returns the original job
     (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
     with another body is refused with 422 (R20)."""
+    if dry_run:
+        return JSONResponse(ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target))
     submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
     job = submission.job
     url = f"/v1/jobs/{job.id}"

@@ -1,20 +1,27 @@
-"""Placement rules R9–R11 as pure unit tests (routing/ takes plain data)."""
+"""Placement rules R9–R13 as pure unit tests (routing/ takes plain data)."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.errors import MachineUnavailable, Rejected
-from routing.placement import JobRequest, MachineView, place
+from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
+from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
+from routing.finish import EVICTION_WEIGHT, WorkItem
+from routing.placement import JobRequest, MachineView, dry_run, place
+from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing
 
 MODEL = "tiny-sd"
+REF = REFERENCE_SIZE
 
 
 def view(name: str, *, online: bool = True, families: set[str] | None = None, verified: set[str] | None = None,
-         backlog: int = 0) -> MachineView:
+         backlog: int = 0, queue: tuple[WorkItem, ...] = (), warm: tuple[str, ...] = (),
+         commitments: frozenset[str] = frozenset(), oom: dict[tuple[str, str], int] | None = None) -> MachineView:
     return MachineView(
-        name=name, online=online, families=frozenset(families if families is not None else {"sd1"}),
-        verified_models=frozenset(verified if verified is not None else {MODEL}), backlog=backlog,
+        name=name, online=online, families=frozenset(families if families is not None else {"sd1", "wan"}),
+        verified_models=frozenset(verified if verified is not None else {MODEL, "big", "other", "video"}),
+        backlog=backlog or len(queue), queue=queue, warm_models=warm, commitments=commitments, oom_sizes=oom or {},
     )
 
 
@@ -22,8 +29,27 @@ def machines(*views: MachineView) -> dict[str, MachineView]:
     return {v.name: v for v in views}
 
 
-def request(target: str) -> JobRequest:
-    return JobRequest(model_id=MODEL, family="sd1", kind="txt2img", target=target)
+def request(target: str, model: str = MODEL, kind: str = "txt2img", size: int = REF, steps: int = 10) -> JobRequest:
+    family = "wan" if kind == "video" else "sd1"
+    return JobRequest(model_id=model, family=family, kind=kind, target=target, steps=steps, size=size)
+
+
+def costs(**usable: int) -> Estimator:
+    """Machines m1..m3 and server (unified unless named 'cuda*'), models of known weight."""
+    names = {"server", "m1", "m2", "m3", "cuda1", *usable}
+    profiles = {
+        n: MachineProfile(n, speed=1.0, load_bytes_per_s=1 * GB,
+                          memory_kind="dedicated" if n.startswith("cuda") else "unified",
+                          usable_bytes=usable.get(n, 100 * GB))
+        for n in names
+    }
+    models = {
+        MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
+        "other": ModelProfile("other", "sd1", 10 * GB, step_s=1.0),
+        "big": ModelProfile("big", "sd1", 60 * GB, step_s=1.0),
+        "video": ModelProfile("video", "wan", 5 * GB, step_s=1.0, kind="video"),
+    }
+    return Estimator(profiles, models)
 
 
 def test_r9_default_target_is_server() -> None:
@@ -33,7 +59,7 @@ def test_r9_default_target_is_server() -> None:
 
 def test_r10_explicit_target_is_kept_even_when_busy() -> None:
     fleet = machines(view("server"), view("m1", backlog=9), view("m2"))
-    assert place(request("m1"), fleet).machine == "m1"
+    assert place(request("m1"), fleet, costs()).machine == "m1"
 
 
 def test_r10_unknown_machine_is_refused_naming_it() -> None:
@@ -45,38 +71,73 @@ def test_r10_unknown_machine_is_refused_naming_it() -> None:
 
 def test_r10_pinned_offline_machine_is_an_error_even_when_others_are_idle() -> None:
     with pytest.raises(MachineUnavailable) as refused:
-        place(request("m1"), machines(view("server"), view("m1", online=False), view("m2")))
+        place(request("m1"), machines(view("server"), view("m1", online=False), view("m2")), costs())
     assert refused.value.status_code == 503
     assert refused.value.reason == "machine_unavailable"
     assert "m1" in refused.value.message
 
 
-@pytest.mark.parametrize(
-    ("target_view", "reason"),
-    [
-        (view("m1", families={"sdxl"}), "family_not_supported"),
-        (view("m1", verified=set()), "model_not_verified"),
-    ],
-)
-def test_r10_unsupported_explicit_target_is_refused_with_its_reason(target_view: MachineView, reason: str) -> None:
+# (target view, request, reason, words the message must hold)
+REFUSALS = [
+    (view("m1", families={"sdxl"}), request("m1"), "family_not_supported", ["m1", MODEL, "sdxl"]),
+    (view("m1", verified=set()), request("m1"), "model_not_verified", ["m1", MODEL, "homefleet sync m1"]),
+    (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GB usable"]),
+    (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict", ["m1", "committed"]),
+    (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict", ["cuda1", "one checkpoint"]),
+    (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"), "video_on_reserved_machine",
+     ["m1", "video", "R17"]),
+    (view("m1", oom={(MODEL, "txt2img"): REF}), request("m1"), "remembered_oom", ["m1", "out of memory", str(REF)]),
+]
+
+
+@pytest.mark.parametrize(("target_view", "job", "reason", "words"), REFUSALS, ids=[r[2] + "-" + r[0].name for r in REFUSALS])
+def test_r10_unsupported_explicit_target_is_refused_with_its_reason(
+    target_view: MachineView, job: JobRequest, reason: str, words: list[str]
+) -> None:
+    estimator = costs(m1=50 * GB)
     with pytest.raises(Rejected) as refused:
-        place(request("m1"), machines(view("server"), target_view))
+        place(job, machines(view("server"), target_view), estimator)
     assert refused.value.reason == reason
-    assert "m1" in refused.value.message and MODEL in refused.value.message
+    for word in words:
+        assert word in refused.value.message
+
+
+def test_r21_remembered_oom_refuses_only_that_size_or_larger() -> None:
+    fleet = machines(view("server"), view("m1", oom={(MODEL, "txt2img"): REF}))
+    assert place(request("m1", size=REF // 2), fleet, costs()).machine == "m1"
+    with pytest.raises(Rejected, match="out of memory"):
+        place(request("m1", size=REF * 2), fleet, costs())
+
+
+def test_r11_auto_excludes_each_machine_with_its_named_reason() -> None:
+    estimator = costs(m2=62 * GB, m3=50 * GB)
+    fleet = machines(
+        view("server", online=False), view("m1", verified=set()), view("m2", commitments=frozenset({"big"})),
+        view("m3", families={"sdxl"}), view("cuda1"),
+    )
+    decision = place(request("auto"), fleet, estimator)
+    assert decision.machine == "cuda1"
+    assert {n: r for n, (r, _) in decision.excluded.items()} == {
+        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "residency_conflict",
+        "m3": "family_not_supported",
+    }
+    big = place(request("auto", model="big"), machines(view("m3"), view("server")), estimator)
+    assert big.machine == "server" and big.excluded["m3"][0] == "too_large"
+    video = place(request("auto", model="video", kind="video"),
+                  machines(view("m1", commitments=frozenset({MODEL})), view("m2")), estimator)
+    assert video.machine == "m2" and video.excluded["m1"][0] == "video_on_reserved_machine"
+    oom = place(request("auto"), machines(view("m1", oom={(MODEL, "txt2img"): 1}), view("m2", backlog=3)), estimator)
+    assert oom.machine == "m2" and oom.excluded["m1"][0] == "remembered_oom"
 
 
 def test_r11_auto_never_picks_an_offline_or_unverified_machine() -> None:
     fleet = machines(
         view("server", online=False), view("m1", verified=set()), view("m2", families={"sdxl"}), view("m3", backlog=7),
     )
-    placement = place(request("auto"), fleet)
-    assert placement.machine == "m3"
-    assert placement.excluded == {"server": "machine_unavailable", "m1": "model_not_verified", "m2": "family_not_supported"}
-
-
-def test_r11_auto_ranks_by_backlog_then_name() -> None:
-    fleet = machines(view("server", backlog=2), view("m2", backlog=1), view("m1", backlog=1))
-    assert place(request("auto"), fleet).machine == "m1"
+    decision = place(request("auto"), fleet, costs())
+    assert decision.machine == "m3"
+    assert {n: r for n, (r, _) in decision.excluded.items()} == {
+        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "family_not_supported"}
 
 
 def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
@@ -85,3 +146,109 @@ def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
     assert refused.value.reason == "no_machine"
     assert "server: machine_unavailable" in refused.value.message
     assert "m1: model_not_verified" in refused.value.message
+
+
+def test_r12_ties_go_to_fewer_queued_then_name() -> None:
+    fleet = machines(view("server", backlog=2), view("m2", backlog=1), view("m1", backlog=1))
+    assert place(request("auto"), fleet).machine == "m1"
+
+
+def test_r12_a_warm_model_beats_a_shorter_queue_when_the_load_costs_more() -> None:
+    # m1: one 10 s job of the same model ahead, model warm. m2: idle but a 60 s cold load.
+    item = WorkItem("big", "txt2img", 10, REF)
+    fleet = machines(view("m1", queue=(item,), warm=("big",)), view("m2"))
+    decision = place(request("auto", model="big"), fleet, costs())
+    assert decision.machine == "m1"
+    assert decision.candidates["m1"].cold_load_s == 0 and decision.candidates["m2"].cold_load_s == pytest.approx(60)
+    assert decision.candidates["m1"].work_ahead_s == pytest.approx(10)
+
+
+def test_r12_residency_is_simulated_along_the_queue() -> None:
+    # The model is not warm now, but a queued job loads it first: only that job pays the load.
+    queued = (WorkItem("other", "txt2img", 10, REF),)
+    part = place(request("m1", model="other"), machines(view("m1", queue=queued)), costs()).breakdown
+    assert part.cold_load_s == 0
+    assert part.work_ahead_s == pytest.approx(10 + 10)  # its load (10 GB at 1 GB/s) + 10 steps x 1 s
+    # Dedicated memory: a job of another model in between evicts it again.
+    between = (WorkItem("other", "txt2img", 10, REF), WorkItem(MODEL, "txt2img", 10, REF))
+    part = place(request("cuda1", model="other"), machines(view("cuda1", queue=between, warm=("other",))), costs()).breakdown
+    assert part.cold_load_s == pytest.approx(10)
+    assert part.evicts == (MODEL,) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 2)
+
+
+def test_r12_running_job_counts_only_its_remaining_time() -> None:
+    running = (WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=4.0),)
+    part = place(request("m1"), machines(view("m1", queue=running, warm=(MODEL,))), costs()).breakdown
+    assert part.work_ahead_s == pytest.approx(6.0)
+    assert part.queued == 1
+
+
+def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
+    # 30 GB usable: 'other' (10 GB) and tiny-sd (2 GB) are warm; a 25 GB model fits only without 'other'.
+    estimator = costs(m1=30 * GB)
+    estimator.models = {**estimator.models, "mid": ModelProfile("mid", "sd1", 25 * GB, step_s=1.0)}
+    fleet = machines(view("m1", warm=("other", MODEL), verified={"mid"}))
+    part = place(request("m1", model="mid"), fleet, estimator).breakdown
+    assert part.evicts == ("other",)  # least recently used first, until it fits
+    assert part.eviction_s == pytest.approx(EVICTION_WEIGHT * 10)  # its reload: 10 GB at 1 GB/s, weighted
+    protected = machines(view("m1", warm=("other", MODEL), verified={"mid"}, commitments=frozenset({"other"})))
+    with pytest.raises(Rejected) as refused:
+        place(request("m1", model="mid"), protected, estimator)
+    assert refused.value.reason == "residency_conflict"
+
+
+def test_r12_auto_keeps_flexible_work_off_the_only_home_of_a_busy_model() -> None:
+    # 'big' fits only the server; recent demand for it keeps the server busy.
+    demand = Demand()
+    for i in range(50):
+        demand.add("big", 300.0, now_s=float(i))
+    rates = demand.rates(50.0)
+    weights = pressure(rates, {"big": frozenset({"server"})}, {"server": 1.0, "m1": 1.0})
+    assert weights["server"].utilisation > 0.5 and weights["m1"] == Pressure(0.0, 0.0)
+    fleet = machines(view("server", warm=(MODEL,)), view("m1"))
+    job = request("auto", steps=30)  # 30 s on either machine; m1 adds a 2 s cold load
+    assert place(job, fleet, costs()).machine == "server"  # warm, no charge: finishes first
+    decision = place(job, fleet, costs(), weights)
+    assert decision.machine == "m1"
+    assert decision.candidates["server"].scarcity_s > 0 == decision.candidates["m1"].scarcity_s
+    assert scarcity_s(30.0, weights["server"], 30.0) == pytest.approx(decision.candidates["server"].scarcity_s)
+
+
+def test_r12_dry_run_lists_every_machine_with_its_reason_or_breakdown() -> None:
+    fleet = machines(view("server", online=False), view("m1", verified=set()), view("m2"), view("m3", backlog=2))
+    body = dry_run(request("auto"), fleet, costs())
+    assert body["machine"] == "m2"
+    rows = body["machines"]
+    assert isinstance(rows, dict) and set(rows) == {"server", "m1", "m2", "m3"}
+    assert rows["server"]["reason"] == "machine_unavailable" and rows["m1"]["reason"] == "model_not_verified"
+    assert rows["m3"]["eligible"] and rows["m3"]["work_ahead_s"] > 0
+    assert set(rows["m2"]) >= {"finish_s", "work_ahead_s", "cold_load_s", "run_s", "eviction_s", "queued"}
+    refused = dry_run(request("m1"), fleet, costs())
+    assert refused["machine"] is None and refused["error"]["reason"] == "model_not_verified"  # type: ignore[index]
+
+
+def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
+    learned = LearnedTimings()
+    estimator = costs()
+    estimator.learned = learned
+    guess = estimator.guess("m1", MODEL, "txt2img")
+    assert guess == Timing(load_s=2.0, step_s=1.0)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=20.0, steps=10, size=REF, load_s=5.0)
+    assert estimator.timing("m1", MODEL, "txt2img") == Timing(load_s=5.0, step_s=2.0, samples=1)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2)  # warm: load unchanged
+    after = estimator.timing("m1", MODEL, "txt2img")
+    assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0) and after.samples == 2
+    assert estimator.run_s("m1", MODEL, "txt2img", 10, REF) == pytest.approx(10 * after.step_s)
+
+
+def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
+    demand = Demand()
+    demand.add(MODEL, 20.0, now_s=0.0)
+    demand.add(pinned_class(MODEL, "m1"), 20.0, now_s=0.0)
+    rates = demand.rates(0.0)
+    able = able_with_pinned({MODEL: frozenset({"m1", "m2"})}, rates)
+    assert able[pinned_class(MODEL, "m1")] == frozenset({"m1"})
+    weights = pressure(rates, able, {"m1": 1.0, "m2": 1.0})
+    # The flexible job is shared half and half; the pinned one lands on m1 alone.
+    assert weights["m1"].utilisation == pytest.approx(3 * weights["m2"].utilisation)
+    assert weights["m1"].weight_per_s == pytest.approx(3 * weights["m2"].weight_per_s)

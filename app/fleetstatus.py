@@ -1,0 +1,29 @@
+"""The fleet at a glance (``homefleet status``, ``GET /v1/machines``): per machine, online,
+verified and warm models, backlog = LLEN of its exact queue key + running jobs (R8), and the
+expected seconds until its queue drains (routing.finish.drain with the learned timings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.context import ServerContext
+from app.journal import JobState
+from routing.finish import drain
+
+
+def fleet_status(ctx: ServerContext) -> list[dict[str, Any]]:
+    """One row per machine of the fleet config, in its order. Releases the reservations of
+    ended jobs first (reconciliation), so the drain estimate counts only live work."""
+    ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal)
+    estimator = ctx.dispatcher.costs.estimator()
+    rows = []
+    for name, view in ctx.machines.views().items():
+        running = len(ctx.journal.list(states=[JobState.running], machine=name))
+        drain_s, _ = drain(name, warm_models=view.warm_models, queue=view.queue, protected=view.commitments,
+                           costs=estimator)
+        rows.append({
+            "name": name, "online": view.online, "verified_models": sorted(view.verified_models),
+            "warm_models": list(view.warm_models), "queued": ctx.machines.queued_in_redis(name), "running": running,
+            "backlog": ctx.machines.queued_in_redis(name) + running, "drain_s": round(drain_s, 3),
+        })
+    return rows

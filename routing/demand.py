@@ -1,0 +1,125 @@
+"""What each machine is scarce for: recent demand per model and the pressure it puts on the
+machines able to run it (used by Auto's rank, R12).
+
+A model that only a few machines can hold (a 57 GB edit model fits only the server) makes
+those machines precious: a small job that could run anywhere should not take their time.
+``pressure`` spreads each model's recent work over the machines able to run it, in proportion
+to their speed (a fluid allocation), and gives each machine its utilisation u and the
+slowdown-weighted rate of jobs sent there. Auto charges a job the slowdown its occupancy
+would add to those jobs (:func:`scarcity_s`): a long job on the only home of a busy model
+costs much more than the same job where the work has other places to go.
+
+Pure: the caller keeps the :class:`Demand` (the simulator in memory, the server in Redis) and
+may cache :func:`pressure` between decisions; it changes slowly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+HALF_LIFE_S = 3600.0
+"""Demand decays with this half-life (seconds): the last hour or so counts."""
+
+MAX_UTILISATION = 0.95
+BOUND_FLOOR_S = 10.0
+"""Bounded slowdown's floor: completion / max(fastest run, 10 s)."""
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One machine's share of recent demand when each model's work is spread over the machines
+    able to run it, in proportion to their speed.
+
+    utilisation: busy fraction under that spread (0 .. ``MAX_UTILISATION``).
+    weight_per_s: jobs per second sent there, each weighted by 1 / its bounded-slowdown floor
+        (1 / max(fastest run seconds, 10 s)): how much slowdown one second of delay costs.
+    """
+
+    utilisation: float = 0.0
+    weight_per_s: float = 0.0
+
+
+@dataclass
+class Demand:
+    """Exponentially decayed submissions per model: work (speed-1.0 seconds) and job count."""
+
+    half_life_s: float = HALF_LIFE_S
+    levels: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # model -> (work_s, jobs, at_s)
+
+    def _decay(self, at_s: float, now_s: float) -> float:
+        return math.exp(-math.log(2) * max(0.0, now_s - at_s) / self.half_life_s)
+
+    def add(self, model_id: str, work_s: float, now_s: float) -> None:
+        """Record one submission of ``work_s`` seconds of work (run time on a speed-1.0 machine).
+
+        ``model_id`` is the demand class: the model id for Auto jobs, :func:`pinned_class` for
+        jobs pinned to a machine (their work can go nowhere else)."""
+        work, jobs, at_s = self.levels.get(model_id, (0.0, 0.0, now_s))
+        factor = self._decay(at_s, now_s)
+        self.levels[model_id] = (work * factor + work_s, jobs * factor + 1.0, now_s)
+
+    def rates(self, now_s: float) -> dict[str, tuple[float, float]]:
+        """model -> (work seconds per second, jobs per second) over the mean lifetime
+        ``half_life_s / ln 2`` of the decayed sums."""
+        tau_s = self.half_life_s / math.log(2)
+        out = {}
+        for model_id, (work, jobs, at_s) in self.levels.items():
+            factor = self._decay(at_s, now_s) / tau_s
+            out[model_id] = (work * factor, jobs * factor)
+        return out
+
+
+def pinned_class(model_id: str, machine: str) -> str:
+    """The demand class of jobs for ``model_id`` pinned to ``machine``: ``model@machine``."""
+    return f"{model_id}@{machine}"
+
+
+def able_with_pinned(able: Mapping[str, frozenset[str]], classes: Iterable[str]) -> dict[str, frozenset[str]]:
+    """``able`` (model -> machines) extended with the pinned classes among ``classes``."""
+    out = dict(able)
+    for name in classes:
+        if "@" in name and name not in out:
+            model_id, _, machine = name.partition("@")
+            out[name] = able.get(model_id, frozenset()) & {machine}
+    return out
+
+
+def pressure(
+    rates: Mapping[str, tuple[float, float]], able: Mapping[str, frozenset[str]], speed: Mapping[str, float]
+) -> dict[str, Pressure]:
+    """:class:`Pressure` per machine of ``speed`` (machine -> relative speed).
+
+    Args:
+        rates: model -> (work rate in speed-1.0 seconds per second, jobs per second), from
+            :meth:`Demand.rates`.
+        able: model -> the machines able to run it now (online, verified, fits).
+    """
+    load = dict.fromkeys(speed, 0.0)
+    weight = dict.fromkeys(speed, 0.0)
+    for model_id, (work_rate, job_rate) in rates.items():
+        machines = [m for m in able.get(model_id, frozenset()) if m in speed]
+        total = sum(speed[m] for m in machines)
+        if total <= 0 or job_rate <= 0:
+            continue
+        fastest_s = work_rate / job_rate / max(speed[m] for m in machines)
+        per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
+        for m in machines:
+            share = speed[m] / total
+            load[m] += work_rate / total  # = work_rate x share / speed[m]
+            weight[m] += job_rate * share * per_job
+    return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m]) for m in speed}
+
+
+def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: float = 0.0) -> float:
+    """Seconds charged for occupying a machine for ``occupancy_s`` seconds, for a job whose
+    bounded-slowdown floor is ``bound_s``.
+
+    Adding ``d`` seconds of work extends the machine's busy period by about d / (1 - u); the
+    jobs arriving meanwhile (``weight_per_s`` of them, slowdown-weighted) each wait d longer.
+    Their summed slowdown, d^2 x weight / (1 - u), is turned into this job's seconds by
+    multiplying with ``bound_s``, so it adds to the job's own expected finish on one scale.
+    """
+    u = min(max(machine.utilisation, 0.0), MAX_UTILISATION)
+    return bound_s * occupancy_s * (occupancy_s + ahead_s) * machine.weight_per_s / (1.0 - u)

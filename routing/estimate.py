@@ -1,0 +1,151 @@
+"""Expected-finish estimates for placement (R12, R13): run and load seconds, memory bytes,
+and residency simulated along a machine's queue.
+
+Pure: plain data in, numbers out. The data comes from the fleet config (machine speed, load
+rate, usable memory), the model files (exact weight bytes from safetensors headers, read by
+``app/model_sizes.py``) and learned timings (:mod:`routing.timings`). Whatever the residency
+work (``residency/``) learns later is fed in through :class:`CostModel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing, job_size, run_seconds
+
+GB = 1_000_000_000
+
+# Seconds per step at the reference size on a speed-1.0 machine, by family (initial guesses,
+# shared/notes/seed-fleet.md; sd1 is quoted at 512x512 = a quarter of the reference size, the
+# upscaler at 512->2048 output, video per step at 480p x 33 frames). Tiny test families get
+# the sd1 figure. Overridden per model by ``ModelProfile.step_s``.
+FAMILY_STEP_S: dict[str, float] = {
+    "sd1": 0.25 * 4,
+    "sd1-pix2pix": 0.25 * 4,
+    "animatediff": 1.0,
+    "sdxl": 0.6,
+    "flux": 2.0,
+    "qwen-image": 3.0,
+    "sd-upscale": 1.5 * REFERENCE_SIZE / (2048 * 2048),
+    "wan": 8.0 * REFERENCE_SIZE / (848 * 480 * 33),
+}
+DEFAULT_STEP_S = 1.0
+REFERENCE_LOAD_BYTES_PER_S = 2.5 * GB  # the seed fleet's unified machines (seed-fleet.md)
+
+# Working memory per job beyond the weights: bytes per output pixel x frame x batch, by kind
+# (activations and latents at fp16; a rough calibration, refined by the residency work).
+WORKING_BYTES_PER_PIXEL: dict[str, float] = {"txt2img": 1500.0, "edit": 2500.0, "upscale": 600.0, "video": 250.0}
+WORKING_BASE_BYTES = 500_000_000
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """A machine's static costs (fleet config): relative speed (1.0 = the server of
+    seed-fleet.md), model load rate in bytes/s, memory kind and usable bytes (0 = unknown)."""
+
+    name: str
+    speed: float = 1.0
+    load_bytes_per_s: float = REFERENCE_LOAD_BYTES_PER_S
+    memory_kind: str = "unified"  # unified | dedicated
+    usable_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model's static costs: exact weight bytes (safetensors headers), family and, when
+    known, seconds per step at the reference size on a speed-1.0 machine."""
+
+    model_id: str
+    family: str
+    weights_bytes: int
+    step_s: float | None = None
+    kind: str = "txt2img"  # the kind it usually runs (for routing.demand's eligibility)
+    load_s: float | None = None  # cold load at REFERENCE_LOAD_BYTES_PER_S when more than reading the bytes
+
+
+class CostModel(Protocol):
+    """What placement needs to know about costs. :class:`Estimator` is the implementation;
+    the residency work may provide another (same methods)."""
+
+    def load_s(self, machine: str, model_id: str, kind: str) -> float: ...
+
+    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int) -> float: ...
+
+    def weights_bytes(self, model_id: str) -> int: ...
+
+    def job_bytes(self, model_id: str, kind: str, size: int) -> int: ...
+
+    def memory_kind(self, machine: str) -> str: ...
+
+    def usable_bytes(self, machine: str) -> int: ...
+
+
+@dataclass
+class Estimator:
+    """The :class:`CostModel` built from the fleet config, model profiles and learned timings.
+
+    Unknown machines or models get neutral guesses (speed 1.0, 0 weight bytes), so placement
+    still works before anything is known; their ranking then falls back to the queue length.
+    """
+
+    machines: Mapping[str, MachineProfile] = field(default_factory=dict)
+    models: Mapping[str, ModelProfile] = field(default_factory=dict)
+    learned: LearnedTimings = field(default_factory=LearnedTimings)
+    _cache: dict[tuple[str, str, str], Timing] = field(default_factory=dict, repr=False, compare=False)
+    _cache_version: int = field(default=-1, repr=False, compare=False)
+
+    def guess(self, machine: str, model_id: str, kind: str) -> Timing:
+        """The fleet config's timing for (machine, model, kind), before any measurement."""
+        profile = self.machines.get(machine) or MachineProfile(machine)
+        model = self.models.get(model_id)
+        if model is None:
+            return Timing(load_s=0.0, step_s=DEFAULT_STEP_S / profile.speed)
+        base = model.step_s if model.step_s is not None else FAMILY_STEP_S.get(model.family, DEFAULT_STEP_S)
+        load_bytes = model.weights_bytes if model.load_s is None else model.load_s * REFERENCE_LOAD_BYTES_PER_S
+        return Timing(load_s=load_bytes / profile.load_bytes_per_s, step_s=base / profile.speed)
+
+    def work_s(self, model_id: str, kind: str, steps: int, size: int) -> float:
+        """Run seconds of a job on a speed-1.0 machine by the fleet config (for routing.demand)."""
+        return run_seconds(self.guess("", model_id, kind), steps, size)
+
+    def timing(self, machine: str, model_id: str, kind: str) -> Timing:
+        """The learned timing, else the guess (memoised until the next observation)."""
+        if self._cache_version != self.learned.version:
+            self._cache.clear()
+            self._cache_version = self.learned.version
+        key = (machine, model_id, kind)
+        found = self._cache.get(key)
+        if found is None:
+            found = self.learned.get(machine, model_id, kind) or self.guess(machine, model_id, kind)
+            self._cache[key] = found
+        return found
+
+    def load_s(self, machine: str, model_id: str, kind: str) -> float:
+        return self.timing(machine, model_id, kind).load_s
+
+    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int) -> float:
+        return run_seconds(self.timing(machine, model_id, kind), steps, size)
+
+    def weights_bytes(self, model_id: str) -> int:
+        model = self.models.get(model_id)
+        return model.weights_bytes if model else 0
+
+    def job_bytes(self, model_id: str, kind: str, size: int) -> int:
+        """Weights + working memory (``WORKING_BASE_BYTES`` + bytes per pixel of ``kind``)."""
+        model = self.models.get(model_id)
+        if model is None:
+            return 0
+        return model.weights_bytes + WORKING_BASE_BYTES + int(WORKING_BYTES_PER_PIXEL.get(kind, 1500.0) * size)
+
+    def memory_kind(self, machine: str) -> str:
+        profile = self.machines.get(machine)
+        return profile.memory_kind if profile else "unified"
+
+    def usable_bytes(self, machine: str) -> int:
+        profile = self.machines.get(machine)
+        return profile.usable_bytes if profile else 0
+
+
+__all__ = ["CostModel", "Estimator", "MachineProfile", "ModelProfile", "job_size", "GB"]

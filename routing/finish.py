@@ -1,0 +1,156 @@
+"""Expected finish of a job on one machine (R12): the work ahead of it, a cold load if its
+model will not be warm when it starts, its run time, and the reload cost of the warm models
+its load would evict. Residency is simulated along the machine's queue in FIFO order.
+
+Residency model (R15): on unified memory warm models stay while they fit in the usable bytes
+and the least recently used unprotected one goes first; committed (protected) models are never
+evicted. On dedicated memory exactly one checkpoint is resident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from routing.estimate import CostModel
+from routing.timings import job_size
+
+
+EVICTION_WEIGHT = 3.0
+"""Seconds charged per second of reload of an evicted warm model. More than 1: the reload lands
+on the machine later (its own occupancy), and every job queued behind it waits for it too.
+Chosen on bench/placement.py's traces (cold loads fell by half for ~1-2 % slowdown)."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """A job already reserved on a machine (queued, or running when ``elapsed_s`` is set)."""
+
+    model_id: str
+    kind: str
+    steps: int = 30
+    size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
+    elapsed_s: float | None = None  # seconds since it started; None while queued
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds from now until the job would finish on that machine, in parts."""
+
+    work_ahead_s: float  # remaining of the running job + every queued job (with their loads)
+    cold_load_s: float  # 0 when the model will be warm when this job starts
+    run_s: float
+    eviction_s: float  # reload cost of the warm models this job's load would evict
+    queued: int  # jobs ahead of it (queued + running)
+    evicts: tuple[str, ...] = ()
+    scarcity_s: float = 0.0  # charge for taking time that scarcer work needs (routing.demand)
+
+    @property
+    def finish_s(self) -> float:
+        return self.work_ahead_s + self.cold_load_s + self.run_s + self.eviction_s
+
+    @property
+    def occupancy_s(self) -> float:
+        """Seconds this job itself keeps the machine busy: its cold load and its run."""
+        return self.cold_load_s + self.run_s
+
+    @property
+    def score_s(self) -> float:
+        """What Auto minimises: expected finish + scarcity charge."""
+        return self.finish_s + self.scarcity_s
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "finish_s": round(self.finish_s, 3), "work_ahead_s": round(self.work_ahead_s, 3),
+            "cold_load_s": round(self.cold_load_s, 3), "run_s": round(self.run_s, 3),
+            "eviction_s": round(self.eviction_s, 3), "scarcity_s": round(self.scarcity_s, 3),
+            "score_s": round(self.score_s, 3), "queued": self.queued, "evicts": list(self.evicts),
+        }
+
+
+def admit(
+    warm: list[str], model_id: str, *, dedicated: bool, usable_bytes: int, protected: frozenset[str],
+    costs: CostModel,
+) -> list[str]:
+    """Make ``model_id`` the most recently used warm model in ``warm`` (LRU order, most recent
+    last), evicting per the residency model; return the evicted models. Mutates ``warm``."""
+    if model_id in warm:
+        warm.remove(model_id)
+        warm.append(model_id)
+        return []
+    if dedicated:
+        evicted = list(warm)
+        warm[:] = [model_id]
+        return evicted
+    warm.append(model_id)
+    evicted = []
+    if usable_bytes > 0:
+        total = sum(costs.weights_bytes(m) for m in warm)
+        for m in list(warm[:-1]):
+            if total <= usable_bytes:
+                break
+            if m in protected:
+                continue
+            warm.remove(m)
+            evicted.append(m)
+            total -= costs.weights_bytes(m)
+    return evicted
+
+
+def drain(
+    machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str], costs: CostModel,
+) -> tuple[float, list[str]]:
+    """Seconds until ``machine`` has run its whole queue (remaining of the running job, then
+    each queued job with a cold load where its model will not be warm), and the warm models
+    (LRU order) it will hold then."""
+    dedicated = costs.memory_kind(machine) == "dedicated"
+    usable = costs.usable_bytes(machine)
+    warm = list(warm_models)
+    ahead_s = 0.0
+    for item in queue:
+        cold = item.model_id not in warm
+        admit(warm, item.model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
+        total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
+        if cold and item.elapsed_s is None:
+            total += costs.load_s(machine, item.model_id, item.kind)
+        if item.elapsed_s is not None:
+            total = max(total - item.elapsed_s, 0.05 * total)
+        ahead_s += total
+    return ahead_s, warm
+
+
+def expected_finish(
+    machine: str,
+    model_id: str,
+    kind: str,
+    steps: int,
+    size: int,
+    *,
+    warm_models: Sequence[str],
+    queue: Sequence[WorkItem],
+    extra_queued: int,
+    protected: frozenset[str],
+    costs: CostModel,
+) -> Breakdown:
+    """The :class:`Breakdown` of a job appended to ``machine``'s queue.
+
+    Args:
+        warm_models: resident models now, least recently used first.
+        queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
+        extra_queued: jobs known to be ahead but without details (counted at this job's run time).
+    """
+    dedicated = costs.memory_kind(machine) == "dedicated"
+    usable = costs.usable_bytes(machine)
+    ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
+    run_s = costs.run_s(machine, model_id, kind, steps, size)
+    ahead_s += extra_queued * run_s
+    cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
+    evicted = admit(warm, model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
+    eviction_s = EVICTION_WEIGHT * sum(costs.load_s(machine, m, kind) for m in evicted)
+    return Breakdown(
+        work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
+        queued=len(queue) + extra_queued, evicts=tuple(evicted),
+    )
+
+
+__all__ = ["Breakdown", "WorkItem", "admit", "drain", "expected_finish", "job_size"]

@@ -1,0 +1,95 @@
+"""Learned timings (R13): per (machine, model, kind) load seconds and seconds per step at a
+reference size, starting from the fleet config's guesses and replaced by measurements.
+
+Pure: no storage here. ``app/timings.py`` persists a :class:`LearnedTimings` in the journal
+database so a restart keeps it; the placement simulator (``bench/placement.py``) uses the same
+class in memory.
+
+Units: ``load_s`` seconds for a cold load; ``step_s`` seconds per diffusion step for a job of
+the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1) on that
+machine. A job's run seconds scale linearly with its size (pixels x frames x batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+REFERENCE_SIZE = 1024 * 1024
+"""Pixels x frames x batch of the reference job that ``step_s`` is measured for."""
+
+EMA_WEIGHT = 0.3
+"""Weight of a new measurement in the exponential moving average (R13)."""
+
+TimingKey = tuple[str, str, str]  # (machine, model_id, kind)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds for one (machine, model, kind): a cold load and one step at the reference size."""
+
+    load_s: float
+    step_s: float
+    samples: int = 0  # measurements folded in; 0 = still the fleet config's guess
+
+
+def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
+    """Pixels x frames x batch: the size that run time and working memory scale with."""
+    return max(1, pixels) * max(1, frames) * max(1, batch)
+
+
+def run_seconds(timing: Timing, steps: int, size: int) -> float:
+    """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`)."""
+    return timing.step_s * max(1, steps) * size / REFERENCE_SIZE
+
+
+class LearnedTimings:
+    """Measured timings by (machine, model, kind), folded in with an EMA (weight ``EMA_WEIGHT``).
+
+    The first measurement replaces the guess outright (a guess is not a measurement).
+    """
+
+    def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
+        self._entries: dict[TimingKey, Timing] = dict(entries or {})
+        self.version = 0  # bumped by every observation (lets estimators cache lookups)
+
+    def get(self, machine: str, model_id: str, kind: str) -> Timing | None:
+        return self._entries.get((machine, model_id, kind))
+
+    def items(self) -> Iterator[tuple[TimingKey, Timing]]:
+        return iter(list(self._entries.items()))
+
+    def observe(
+        self,
+        machine: str,
+        model_id: str,
+        kind: str,
+        *,
+        guess: Timing,
+        run_s: float,
+        steps: int,
+        size: int,
+        load_s: float | None = None,
+    ) -> Timing:
+        """Fold one finished job in and return the new timing.
+
+        Args:
+            guess: the timing used until now when nothing was measured (fleet config).
+            run_s: measured run seconds (no load), >= 0.
+            steps, size: the job's steps and size (:func:`job_size`).
+            load_s: measured seconds of a cold load, or None when the model was warm.
+        """
+        key = (machine, model_id, kind)
+        old = self._entries.get(key)
+        base = old or guess
+        measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(1, size)
+        if old is None:
+            step_s = measured_step_s
+            new_load_s = load_s if load_s is not None else base.load_s
+        else:
+            step_s = (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
+            new_load_s = base.load_s if load_s is None else (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
+        timing = Timing(load_s=new_load_s, step_s=step_s, samples=(old.samples if old else 0) + 1)
+        self._entries[key] = timing
+        self.version += 1
+        return timing

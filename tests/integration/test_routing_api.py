@@ -1,0 +1,224 @@
+"""Strict routing through the HTTP API on a real Redis and journal (R10–R14): every refusal
+reason, Auto and its dry run, predicted vs measured times and learned timings."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app import keys
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.fleet import Fleet, Machine
+from app.journal import JobState
+from app.machines import StaticResidencyFacts
+from app.model_sizes import model_weight_bytes, safetensors_weight_bytes
+from app.server import create_app
+from tests.conftest import FAMILIES
+
+MODEL = "tiny-sd"
+VIDEO = "tiny-video"
+PIXELS = 64 * 64
+
+
+def machine(name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset[str] = FAMILIES,
+            dedicated: bool = False) -> Machine:
+    return Machine(name=name, backend="cuda" if dedicated else "cpu", memory_kind="dedicated" if dedicated else "unified",
+                   memory_bytes=memory_bytes, families=families, token=f"token-{name}-".ljust(32, "x"))
+
+
+def write_safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A real safetensors file of uint8 tensors (name -> bytes), zero-filled."""
+    header, offset = {}, 0
+    for name, size in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+def online(ctx: ServerContext, name: str, verified: set[str], warm: tuple[str, ...] = ()) -> None:
+    """Write what a live worker advertises (heartbeat, verified set); no worker runs."""
+    beat = {"machine": name, "at": time.time(), "warm_models": list(warm)}
+    ctx.redis.set(ctx.keys.heartbeat(name), json.dumps(beat), ex=60)
+    ctx.redis.delete(ctx.keys.verified(name))
+    if verified:
+        ctx.redis.sadd(ctx.keys.verified(name), *verified)
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    fleet = Fleet(machines={m.name: m for m in [
+        machine("server"), machine("m1"), machine("m2"), machine("off"), machine("small", memory_bytes=200_000_000),
+        machine("nosd", families=frozenset({"sd-upscale"})), machine("gpu", dedicated=True), machine("resv"),
+        machine("oomy"),
+    ]})
+    ctx = build_context(settings, fleet)
+    ctx.machines.residency = StaticResidencyFacts(
+        committed={"gpu": frozenset({VIDEO}), "resv": frozenset({MODEL})},
+        ooms={"oomy": {(MODEL, "txt2img"): PIXELS}},
+    )
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    video = tmp_path / "video-src"
+    video.mkdir()
+    (video / "model_index.json").write_text(json.dumps({"_class_name": "AnimateDiffPipeline"}))
+    (video / "unet").mkdir()
+    write_safetensors(video / "unet" / "diffusion_pytorch_model.safetensors", {"a": 1000, "b": 234})
+    ctx.registry.add(video, VIDEO)
+    both = {MODEL, VIDEO}
+    for name in ("server", "m1", "m2", "small", "nosd", "gpu", "resv", "oomy"):
+        online(ctx, name, set() if name == "m1" else both)
+    with TestClient(create_app(settings, ctx)) as client:
+        yield client, ctx
+
+
+def nothing_enqueued(ctx: ServerContext) -> bool:
+    return all(ctx.redis.llen(keys.queue(m)) == 0 and ctx.machines.reservations.count(m) == 0 for m in ctx.fleet.machines)
+
+
+REFUSALS = [
+    ("nope", MODEL, 422, "unknown_machine"),
+    ("off", MODEL, 503, "machine_unavailable"),
+    ("m1", MODEL, 422, "model_not_verified"),
+    ("nosd", MODEL, 422, "family_not_supported"),
+    ("small", MODEL, 422, "too_large"),
+    ("gpu", MODEL, 422, "residency_conflict"),
+    ("resv", VIDEO, 422, "video_on_reserved_machine"),
+    ("oomy", MODEL, 422, "remembered_oom"),
+]
+
+
+@pytest.mark.parametrize(("target", "model", "status", "reason"), REFUSALS, ids=[r[3] for r in REFUSALS])
+def test_r10_explicit_target_refusals_through_the_api(
+    api: tuple[TestClient, ServerContext], target: str, model: str, status: int, reason: str
+) -> None:
+    client, ctx = api
+    kind = "video" if model == VIDEO else "txt2img"
+    answer = client.post("/v1/jobs", json={"model": model, "kind": kind, "params": {"prompt": "x"}, "target": target})
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["reason"] == reason and target in error["message"]
+    [journaled] = ctx.journal.list()
+    assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
+    assert nothing_enqueued(ctx)
+
+
+def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"})
+    assert answer.status_code == 503 and answer.json()["error"]["reason"] == "machine_unavailable"
+    assert nothing_enqueued(ctx)  # not rerouted to an idle machine
+
+
+def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}
+    answer = client.post("/v1/jobs?dry_run=true", json=body)
+    assert answer.status_code == 200, answer.text
+    decision = answer.json()
+    rows = decision["machines"]
+    assert set(rows) == set(ctx.fleet.machines)
+    reasons = {name: row.get("reason") for name, row in rows.items() if not row["eligible"]}
+    assert reasons == {"off": "machine_unavailable", "m1": "model_not_verified", "nosd": "family_not_supported",
+                       "small": "too_large", "gpu": "residency_conflict", "oomy": "remembered_oom"}
+    assert {name for name, row in rows.items() if row["eligible"]} == {"server", "m2", "resv"}
+    assert decision["machine"] in {"server", "m2", "resv"}
+    assert all(rows[n]["run_s"] > 0 and rows[n]["cold_load_s"] > 0 for n in ("server", "m2", "resv"))
+    assert ctx.journal.list() == [] and nothing_enqueued(ctx)
+
+
+def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    client, ctx = api
+    online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}
+    first = client.post("/v1/jobs", json=body)
+    assert first.status_code == 202, first.text
+    assert first.json()["machine"] == "m2" and first.json()["position"] == 0
+    job = client.get(first.json()["url"]).json()
+    assert job["predicted_load_s"] == 0 and job["predicted_run_s"] > 0 and job["predicted_start_s"] == 0
+    assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(keys.queue("m2"))
+    dry = client.post("/v1/jobs?dry_run=true", json=body).json()
+    assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
+
+
+def test_r13_measured_times_are_learned_and_survive_a_restart(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    client, ctx = api
+    accepted = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
+                                             "target": "m2"}).json()
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
+    assert json.loads(ctx.redis.hget(ctx.keys.reservations("m2"), accepted["id"]))["started_at"] is not None
+    failed = client.post(f"/internal/v1/jobs/{accepted['id']}/failure", headers=token,
+                         json={"reason": "error", "message": "boom", "load_s": 0.5, "run_s": 2.0})
+    assert failed.status_code == 200, failed.text
+    assert ctx.machines.reservations.count("m2") == 0  # released when the job ended
+    shown = client.get(accepted["url"]).json()
+    assert shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0  # predicted beside measured
+    restarted = build_context(settings, ctx.fleet)
+    try:
+        timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    finally:
+        restarted.close()
+    assert timing.samples == 1
+    assert timing.step_s == pytest.approx(2.0 / 4 * (1024 * 1024) / PIXELS)  # seconds per step at 1024x1024
+
+
+def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"},
+                                         "target": "server"}).json()["id"] for _ in range(2)]
+    ctx.journal.transition(ids[0], [JobState.queued], JobState.cancelled)  # ended without a release
+    assert ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal) == [ids[0]]
+    assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
+
+
+def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_dir: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, {"a": 1000, "b": 234})
+    assert safetensors_weight_bytes(path) == 1234
+    # The tiny real pipeline: headers agree with the tensors' bytes (no load needed).
+    from safetensors import safe_open
+
+    total = 0
+    for file in (tiny_models_dir / MODEL).rglob("*.safetensors"):
+        with safe_open(str(file), framework="numpy") as handle:
+            total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
+    assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
+
+
+def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from app.fleetstatus import fleet_status
+    from tests.conftest import run_cli
+
+    client, ctx = api
+    online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
+                                         "target": "m2"}).json()["id"] for _ in range(3)]
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
+    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
+    rows = {row["name"]: row for row in fleet_status(ctx)}
+    assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
+    assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
+    assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    shown = run_cli("status", env=env).stdout
+    [line] = [line for line in shown.splitlines() if " m2 " in line]
+    assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
