@@ -136,6 +136,44 @@ def flower(
 
 
 @cli.command()
+def drain(
+    machine: Annotated[str, typer.Argument(help="the machine to drain")],
+    undo: Annotated[bool, typer.Option("--undo", help="resume placing jobs on it")] = False,
+    wait: Annotated[bool, typer.Option(help="wait until its backlog is empty")] = True,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait, seconds")] = 3600.0,
+) -> None:
+    """Stop placing new jobs on MACHINE (pinned jobs get 503 machine_draining, Auto skips it),
+    then wait with a progress bar until its queued and running jobs are done."""
+    from rich.progress import Progress
+
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        if machine not in ctx.fleet.machines:
+            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        if undo:
+            ctx.redis.delete(ctx.keys.draining(machine))
+            console.print(f"{machine}: placing jobs again")
+            return
+        ctx.redis.set(ctx.keys.draining(machine), "1")
+        backlog = ctx.machines.view(machine).backlog
+        console.print(f"{machine}: draining; {backlog} jobs queued or running")
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout_s
+        with Progress(console=console) as progress:
+            bar = progress.add_task(f"draining {machine}", total=max(backlog, 1))
+            while (left := ctx.machines.view(machine).backlog) and time.monotonic() < deadline:
+                progress.update(bar, completed=max(backlog, 1) - min(left, backlog))
+                time.sleep(1)
+            progress.update(bar, completed=max(backlog, 1))
+        console.print(f"{machine}: drained" if not left else f"{machine}: {left} jobs still there after {timeout_s} s")
+    finally:
+        ctx.close()
+
+
+@cli.command()
 def reconcile() -> None:
     """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
     from app.context import build_context

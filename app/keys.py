@@ -40,6 +40,10 @@ class Keys:
         """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
         return f"{self.prefix}:machine:{machine}:restart"
 
+    def draining(self, machine: str) -> str:
+        """Set while an operator drains the machine: placement puts nothing new there."""
+        return f"{self.prefix}:machine:{machine}:draining"
+
     def missing(self) -> str:
         """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""
         return f"{self.prefix}:reconcile:missing"

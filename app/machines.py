@@ -84,10 +84,11 @@ class MachineStates:
                 pipe.get(self.keys.heartbeat(name))
                 pipe.smembers(self.keys.verified(name))
                 pipe.hgetall(self.keys.reservations(name))
+                pipe.exists(self.keys.draining(name))
             replies = pipe.execute()
         found = {}
         for i, name in enumerate(names):
-            raw_beat, verified, reserved = replies[3 * i: 3 * i + 3]
+            raw_beat, verified, reserved, draining = replies[4 * i: 4 * i + 4]
             beat = json.loads(raw_beat) if raw_beat else None
             queue = self.reservations.items_from(reserved)
             found[name] = MachineView(
@@ -100,5 +101,6 @@ class MachineStates:
                 warm_models=tuple((beat or {}).get("warm_models", ())),
                 commitments=self.residency.commitments(name),
                 oom_sizes=self.residency.oom_sizes(name),
+                draining=bool(draining),
             )
         return found

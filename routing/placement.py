@@ -46,6 +46,7 @@ class MachineView:
     warm_models: tuple[str, ...] = ()  # resident models, least recently used first
     commitments: frozenset[str] = frozenset()  # models it must keep resident (protected set)
     oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
+    draining: bool = False  # an operator drains it (`homefleet drain`): nothing new is placed there
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,15 @@ Placement = Decision  # the name the walking skeleton used
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order (R11): online; holds the model (verified); fits its residency commitments (and no
+    Order (R11): online (and not drained by an operator); holds the model (verified); fits its residency commitments (and no
     video beside a reservation, R17); supports the family; has memory for the job (estimate <=
     usable bytes, and no remembered OOM at this size or smaller, R21).
     """
     name, model = machine.name, job.model_id
     if not machine.online:
         return "machine_unavailable", f"machine {name!r} is offline (no live heartbeat)"
+    if machine.draining:
+        return "machine_draining", f"machine {name!r} is being drained; `homefleet drain {name} --undo` resumes it"
     if model not in machine.verified_models:
         return (
             "model_not_verified",
@@ -192,8 +195,8 @@ def place(
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
-            if reason == "machine_unavailable":
-                raise MachineUnavailable(message)
+            if reason in ("machine_unavailable", "machine_draining"):
+                raise MachineUnavailable(message, reason=reason)
             raise Rejected(message, reason=reason)
         return Decision(machine=target, candidates={target: finish(job, machine, costs)})
 
