@@ -13,6 +13,7 @@ from app.config import Settings
 from app.connections import create_engine, create_redis
 from app.dispatch import Dispatcher
 from app.fleet import Fleet, load_fleet
+from app.inputs import InputStore
 from app.journal import Journal
 from app.keys import Keys
 from app.machines import MachineStates
@@ -33,6 +34,7 @@ class ServerContext:
     store: ResultStore
     machines: MachineStates
     dispatcher: Dispatcher
+    inputs: InputStore
 
     def close(self) -> None:
         self.redis.close()
@@ -50,5 +52,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     registry = Registry(engine, settings.models_dir)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
     machines = MachineStates(client, keyspace, fleet, journal)
-    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines)
-    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, dispatcher)
+    inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
+    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, inputs)
+    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, dispatcher,
+                         inputs)

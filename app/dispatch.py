@@ -20,7 +20,9 @@ from app import keys
 from app.config import Settings
 from app.celery_app import RUN_JOB_TASK
 from app.errors import HomefleetError, PlacementLost, Rejected
+from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
+from app.kind_params import check_kind_params
 from app.machines import MachineStates
 from app.keys import Keys
 from app.registry import Registry
@@ -44,6 +46,7 @@ class Dispatcher:
         journal: Journal,
         registry: Registry,
         machines: MachineStates,
+        inputs: InputStore | None = None,
     ) -> None:
         self.settings = settings
         self.redis = client
@@ -51,6 +54,7 @@ class Dispatcher:
         self.journal = journal
         self.registry = registry
         self.machines = machines
+        self.inputs = inputs or InputStore(settings.inputs_dir, settings.max_input_bytes)
         self.keys = Keys(settings.key_prefix)
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> Submission:
@@ -69,6 +73,7 @@ class Dispatcher:
                     f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
                     reason="kind_not_supported",
                 )
+            check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames (R22)
             request = JobRequest(model_id=model_id, family=record.family, kind=kind, target=target)
             lock = self.redis.lock(
                 self.keys.fleet_lock(),

@@ -63,6 +63,10 @@ class Job(SQLModel, table=True):
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None
+    # Provenance of the result (issue 7): model files' digests, variant, kind, params, seed,
+    # inputs' digests, machine, device, load/run seconds; reported by the worker, kept here.
+    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    predicted_s: float | None = None  # placement's expected load+run seconds; filled by placement
 
 
 class JobEvent(SQLModel, table=True):

@@ -45,6 +45,9 @@ class JobPublic(BaseModel):
     cold_load: bool | None
     progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
     result: ResultPublic | None = None
+    seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
+    predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
+    provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
@@ -59,6 +62,7 @@ class JobPublic(BaseModel):
             machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
             cold_load=job.cold_load, progress=progress, result=result,
+            seed=job.params.get("seed"), predicted_s=job.predicted_s, provenance=job.provenance,
         )
 
 
@@ -70,6 +74,14 @@ class JobAccepted(BaseModel):
     machine: str
     position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
     url: str
+
+
+class FileStored(BaseModel):
+    """201 answer to ``POST /v1/files``: the id to name in a job's params (``"image": id``)."""
+
+    id: str = Field(description="the content digest, 'blake3:<hex>'")
+    media_type: str
+    size_bytes: int
 
 
 class ClaimGranted(BaseModel):
