@@ -149,10 +149,9 @@ def test_upscale_gives_four_times_the_input_size(kfleet: KindsFleet) -> None:
     params = {"prompt": "", "image": file_id, "steps": 2, "seed": 5}
     job, data = run(kfleet, "upscale", params)
     _, again = run(kfleet, "upscale", params)
-    _, other = run(kfleet, "upscale", {**params, "seed": 6})
     image = Image.open(io.BytesIO(data))
     assert (image.format, image.size) == ("PNG", (64, 96))
-    assert data == again and other != data
+    assert data == again
     check_provenance(kfleet, "upscale", job, png_provenance(data))
 
 
