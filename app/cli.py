@@ -125,8 +125,10 @@ def demo(
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
     from app.demo import run_demo
+    from tasks.pipelines import quiet_import_warnings
 
     logging.basicConfig(level=logging.WARNING)
+    quiet_import_warnings()
     raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
 
 

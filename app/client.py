@@ -53,6 +53,11 @@ class HomefleetClient:
         body = {"model": model, "kind": kind, "params": params, "target": target}
         return self._json(self.http.post("/v1/jobs", json=body))  # type: ignore[no-any-return]
 
+    def upload(self, data: bytes, filename: str = "input.png") -> dict[str, Any]:
+        """``POST /v1/files`` once: store an input image. Returns ``{id, media_type, size_bytes}``;
+        name ``id`` in a job's params (``"image": id``). Raises ApiError (422 over a limit)."""
+        return self._json(self.http.post("/v1/files", files={"file": (filename, data)}))  # type: ignore[no-any-return]
+
     def get(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/jobs/{job_id}"))  # type: ignore[no-any-return]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+def quiet_import_warnings() -> None:
+    """Lower the loggers that warn at import time on a CPU-only machine: torchao (its CUDA
+    kernels and triton are absent) and torch's pytree (enum registration by torchao)."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def quiet() -> None:
     """Silence diffusers/transformers progress bars and info logs (workers log per job instead)."""
+    quiet_import_warnings()
     import diffusers
     import transformers
 
