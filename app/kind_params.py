@@ -18,6 +18,7 @@ from app.inputs import InputStore
 INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("image",)}
 VIDEO_FORMATS: tuple[str, ...] = ("mp4", "webp", "gif")
 MAX_VIDEO_FRAMES = 32  # the tiny MotionAdapter's motion_max_seq_length (app/tiny_models.py)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact
 
 
 def input_fields(kind: str) -> tuple[str, ...]:
@@ -30,8 +31,12 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) 
 
     Raises:
         Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
-            a prompt missing where one is required, a bad video format or frame count.
+            a prompt missing where one is required, a bad video format or frame count, a seed
+            that is not an integer from 0 to 2**63-1.
     """
+    seed = params.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
+        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
     for field in input_fields(kind):
         value = params.get(field)
         if not isinstance(value, str) or not value:

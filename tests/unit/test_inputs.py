@@ -59,3 +59,5 @@ def test_r22_kind_params_name_the_field_and_the_limit(tmp_path: Path) -> None:
         check_kind_params("video", {"prompt": "x", "frames": 33}, store)
     with pytest.raises(Rejected, match=r"params.format must be one of mp4, webp, gif, got 'avi'"):
         check_kind_params("video", {"prompt": "x", "format": "avi"}, store)
+    with pytest.raises(Rejected, match=r"params.seed must be an integer from 0 to 9223372036854775807, got '7'"):
+        check_kind_params("txt2img", {"prompt": "x", "seed": "7"}, store)
