@@ -73,18 +73,20 @@ def models_make_tiny(
 def models_add(
     path: Annotated[Path, typer.Argument(help="a diffusers folder (with model_index.json)")],
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
+    quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
 ) -> None:
     """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
     from app.context import build_context
 
     ctx = build_context(_settings())
     try:
-        record = ctx.registry.add(path, model_id)
+        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes}")
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
 
 
 @models_cli.command("list")
@@ -219,8 +221,10 @@ def demo(
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
     from app.demo import run_demo
+    from tasks.pipelines import quiet_import_warnings
 
     logging.basicConfig(level=logging.WARNING)
+    quiet_import_warnings()
     raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
 
 

@@ -47,6 +47,7 @@ class Settings(BrokerSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8787, ge=1, le=65535)
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
@@ -73,6 +74,11 @@ class Settings(BrokerSettings):
     def results_dir(self) -> Path:
         """Content-addressed result storage (R2)."""
         return self.data_dir / "results"
+
+    @property
+    def inputs_dir(self) -> Path:
+        """Content-addressed uploaded inputs (images for edit and upscale)."""
+        return self.data_dir / "inputs"
 
 
 class WorkerSettings(BrokerSettings):

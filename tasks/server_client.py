@@ -6,9 +6,12 @@ import logging
 import time
 from typing import Any
 
+import json
+
 import httpx
 
-from app.errors import Conflict, Forbidden, HomefleetError, NotFound
+from app.digest import bytes_digest
+from app.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound
 
 log = logging.getLogger("homefleet.worker")
 
@@ -75,10 +78,24 @@ class ServerClient:
     def progress(self, job_id: str, step: int, total: int) -> None:
         self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))  # no retry
 
+    def input_file(self, file_id: str) -> bytes:
+        """The bytes of an uploaded input, checked against ``file_id`` (their digest).
+
+        Raises:
+            IntegrityFailure: the bytes received hash to another digest (nothing is used).
+            NotFound: the server has no such file.
+        """
+        data = self._check(self.http.get(f"/files/{file_id}")).content
+        actual = bytes_digest(data)
+        if actual != file_id:
+            raise IntegrityFailure(f"input {file_id} arrived as bytes that hash to {actual}", reason="integrity")
+        return data
+
     def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
-               cold_load: bool) -> dict[str, Any]:
-        """Upload the result with its digest; the server verifies and stores it (R2)."""
-        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower()}
+               cold_load: bool, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Upload the result with its digest and provenance; the server verifies and stores it (R2)."""
+        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
+                "provenance": json.dumps(provenance or {}, sort_keys=True)}
         files = {"file": ("result", data, media_type)}
         return self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json()  # type: ignore[no-any-return]
 

@@ -57,9 +57,10 @@ def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny real pipelines, built once per session by ``homefleet models make-tiny``."""
+    """The tiny real pipelines of every kind, built once per session by ``homefleet models make-tiny``."""
     out = tmp_path_factory.mktemp("tiny")
-    run_cli("models", "make-tiny", str(out), "--kind", "txt2img")
+    run_cli("models", "make-tiny", str(out), "--kind", "txt2img", "--kind", "edit", "--kind", "upscale",
+            "--kind", "video")
     return out
 
 
