@@ -49,6 +49,10 @@ class Settings(BrokerSettings):
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
+    # R6: a sync's reservation on its machine expires this long after the worker's last
+    # progress report (the worker reports at least every second), so a worker killed
+    # mid-copy frees its machine.
+    sync_reservation_ttl_s: float = Field(30.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -82,6 +86,9 @@ class WorkerSettings(BrokerSettings):
     worker_token: str = Field(min_length=8)
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
+    # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
+    # None = as fast as the link allows.
+    sync_max_bytes_per_s: int | None = Field(None, gt=0)
 
     @field_validator("models_dir")
     @classmethod

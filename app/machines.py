@@ -41,6 +41,7 @@ class MachineStates:
             families=config.families,
             verified_models=frozenset(self.redis.smembers(self.keys.verified(machine))),
             backlog=self.journal.count_active(machine),
+            syncing=bool(self.redis.exists(self.keys.syncing(machine))),
         )
 
     def views(self) -> dict[str, MachineView]:

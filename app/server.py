@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from app.config import Settings
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError
-from app.routes import internal, public
+from app.routes import internal, public, sync
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
@@ -38,4 +38,6 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     api.include_router(public.router)
     api.include_router(internal.router)
+    api.include_router(sync.public_router)
+    api.include_router(sync.internal_router)
     return api

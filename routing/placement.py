@@ -26,6 +26,7 @@ class MachineView:
     families: frozenset[str]  # model families it supports (fleet config)
     verified_models: frozenset[str]  # models whose files it verified against the manifest (R4)
     backlog: int = 0  # jobs queued on it + the one running
+    syncing: bool = False  # a sync holds its reservation: model files are being copied to it (R6)
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,16 @@ class Placement:
 def exclusion(job: JobRequest, machine: MachineView) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order: online, family supported, model verified there (R11).
+    Order: online, not syncing (R6), family supported, model verified there (R11).
     """
     if not machine.online:
         return "machine_unavailable", f"machine {machine.name!r} is offline (no live heartbeat)"
+    if machine.syncing:
+        return (
+            "machine_syncing",
+            f"machine {machine.name!r} is receiving model files (a sync holds it); nothing is placed there until "
+            f"the sync ends",
+        )
     if job.family not in machine.families:
         supported = ", ".join(sorted(machine.families)) or "none"
         return (
