@@ -73,7 +73,7 @@ class LocalFleet:
         self.processes[name] = process
         return process
 
-    def start_api(self, timeout_s: float = 60.0) -> None:
+    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers 200."""
         env = self._env({
             "HOMEFLEET_DATA_DIR": str(self.settings.data_dir),
@@ -81,6 +81,7 @@ class LocalFleet:
             "HOMEFLEET_API_HOST": self.settings.api_host,
             "HOMEFLEET_API_PORT": str(self.settings.api_port),
             **({"HOMEFLEET_DATABASE_URL": self.settings.database_url} if self.settings.database_url else {}),
+            **(extra_env or {}),
         })
         process = self._spawn("api", ["serve"], env)
         deadline = time.monotonic() + timeout_s

@@ -82,6 +82,8 @@ class Copier:
             partial.unlink()
             offset = 0
         self.on_bytes(offset)
+        if offset:
+            log.info("resuming %s/%s at byte %d of %d (HTTP Range)", model_id, path, offset, size)
         if offset < size:
             self._download(model_id, path, partial, offset)
         with open(partial, "rb") as handle:

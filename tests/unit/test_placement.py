@@ -85,3 +85,23 @@ def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
     assert refused.value.reason == "no_machine"
     assert "server: machine_unavailable" in refused.value.message
     assert "m1: model_not_verified" in refused.value.message
+
+
+def test_r6_a_syncing_machine_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    syncing = MachineView(name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
+                          syncing=True)
+    fleet = machines(view("server", backlog=3), syncing)
+    with pytest.raises(Rejected) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "machine_syncing" and "'m1'" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and placed.excluded == {"m1": "machine_syncing"}
+
+
+def test_r4_a_model_present_but_not_advertised_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    fleet = machines(view("server", backlog=3), view("m1", verified=set()))
+    with pytest.raises(Rejected) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "model_not_verified" and "homefleet sync m1 tiny-sd" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and placed.excluded == {"m1": "model_not_verified"}
