@@ -10,6 +10,7 @@ withdrawal, a load) shows in the next beat.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -35,14 +36,24 @@ log = logging.getLogger("homefleet.worker")
 def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path,
               manifests: dict[str, dict[str, Any]]) -> set[str]:
     """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
-    advertised set with the models that match in full. Returns that set."""
-    verified = verified_models(models_dir, manifests)
-    key = keyspace.verified(machine)
-    with client.pipeline() as pipe:
-        pipe.delete(key)
-        if verified:
-            pipe.sadd(key, *sorted(verified))
-        pipe.execute()
+    advertised set with the models that match in full. Returns that set.
+
+    The start-up check (heartbeat thread, parent process) and a sync's check (pool child)
+    may overlap; an exclusive ``flock`` on ``<models_dir>/.homefleet-verify.lock`` runs them one
+    after the other, so the later one hashes the files as they are once the earlier has
+    written its set (no stale set can overwrite a fresher one). The kernel releases the
+    lock when its process dies, so a killed worker never blocks the next one.
+    """
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with open(models_dir / ".homefleet-verify.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verified = verified_models(models_dir, manifests)
+        key = keyspace.verified(machine)
+        with client.pipeline() as pipe:
+            pipe.delete(key)
+            if verified:
+                pipe.sadd(key, *sorted(verified))
+            pipe.execute()
     log.info("%s verified %d of %d models: %s", machine, len(verified), len(manifests),
              ", ".join(sorted(verified)) or "none")
     return verified
