@@ -25,7 +25,7 @@ def write_with_last_byte_changed(original: Path, copy: Path) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
-@pytest.mark.parametrize("size_bytes", [1, 3 * 1024 * 1024 + 17])
+@pytest.mark.parametrize("size_bytes", [1, 3 * 1024 * 1024 + 17, 16 * 1024 * 1024, 17 * 1024 * 1024 + 5])
 def test_c07_a_digest_reads_the_last_byte(tmp_path: Path, algorithm: str, size_bytes: int) -> None:
     original = tmp_path / "a.bin"
     original.write_bytes(os.urandom(size_bytes))
