@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +129,26 @@ def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: Se
     after = {f.path: f.digest for f in ctx.registry.manifest(model).files}
     assert after["unet/diffusion_pytorch_model.safetensors"] == file_digest(path)
     assert all(c.status == "ok" for c in ctx.registry.verify([model]))
+
+
+def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx: ServerContext, model: str) -> None:
+    path = ctx.registry.folder(model) / "vae" / "diffusion_pytorch_model.safetensors"
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    env = {**os.environ, "HOMEFLEET_DATA_DIR": str(ctx.settings.data_dir), "HOMEFLEET_REDIS_URL": ctx.settings.redis_url,
+           "COLUMNS": "300"}
+    first = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "vae/diffusion_pytorch_model.safetensors" in first.stdout and "changed" in first.stdout
+    assert "1 changed or missing" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify", model], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0 and "0 changed or missing" in second.stdout, second.stdout
 
 
 @pytest.fixture
