@@ -15,7 +15,6 @@ manifest names) so a manifest made with either can be checked.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from pathlib import Path
 
@@ -38,7 +37,7 @@ def bytes_digest(data: bytes, algorithm: str = ALGORITHM) -> str:
 def file_digest(path: Path, algorithm: str = ALGORITHM) -> str:
     """Digest of every byte of the file at ``path``: ``"<algorithm>:<64 hex>"``.
 
-    BLAKE3 maps the file (with a sequential read-ahead hint) and hashes it on all cores;
+    BLAKE3 maps the file and hashes it on all cores (the package's ``update_mmap``);
     SHA-256 reads and hashes 1 MiB chunks on one core. A file truncated by someone else
     while it is being hashed ends the process with SIGBUS (as any mmap reader): Homefleet
     hashes only files it owns (the server's models, a worker's own copies).
@@ -58,12 +57,10 @@ def file_digest(path: Path, algorithm: str = ALGORITHM) -> str:
 
 def _blake3_file(path: Path) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:  # an empty file cannot be mapped
-            return str(hasher.hexdigest())
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)  # aggressive kernel read-ahead on a cold file
-            hasher.update(mapped)  # all cores, GIL released
+    if os.stat(path).st_size:  # an empty file cannot be mapped
+        # No MADV_SEQUENTIAL hint: the threads read different parts of the map at once, and
+        # the hint halved cold throughput here (bench/digest.py).
+        hasher.update_mmap(os.fspath(path))
     return str(hasher.hexdigest())
 
 
