@@ -104,6 +104,73 @@ def models_list() -> None:
         ctx.close()
 
 
+@models_cli.command("verify")
+def models_verify(
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every registered model")] = None,
+) -> None:
+    """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
+    cache; record changed digests. Exit 1 if any file changed or is missing (R5, C07)."""
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        checks = ctx.registry.verify(model or None)
+    finally:
+        ctx.close()
+    table = Table("model", "file", "status", "digest")
+    for check in checks:
+        colour = {"ok": "green", "changed": "yellow", "missing": "red"}[check.status]
+        detail = check.actual if check.status == "ok" else f"{check.recorded} -> {check.actual or 'missing'}"
+        table.add_row(check.model_id, check.path, f"[{colour}]{check.status}[/]", detail)
+    console.print(table)
+    bad = [c for c in checks if c.status != "ok"]
+    console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
+    raise typer.Exit(1 if bad else 0)
+
+
+@cli.command()
+def sync(
+    machine: Annotated[str, typer.Argument(help="the machine to copy to")],
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every model it supports")] = None,
+    wait: Annotated[bool, typer.Option(help="follow the copy with a progress bar until it ends")] = True,
+) -> None:
+    """Copy model files from the server to MACHINE (R6): the worker pulls, verifies, renames.
+    Refused (exit 2) while the machine has work queued or running. Exit 1 if the sync fails."""
+    import time
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from app.context import build_context
+    from app.sync import ENDED, Syncs
+
+    ctx = build_context(_settings())
+    try:
+        syncs = Syncs(ctx.settings, ctx.redis, ctx.celery, ctx.fleet, ctx.journal, ctx.registry, ctx.machines)
+        record = syncs.start(machine, model or [])
+        console.print(f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
+                      f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}")
+        if not wait:
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
+            while record["state"] not in ENDED:
+                time.sleep(0.2)
+                record = syncs.get(record["id"])
+                progress.update(bar, completed=record["bytes_done"],
+                                description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}")
+    finally:
+        ctx.close()
+    for result in record["results"]:
+        if result["status"] not in ("present", "copied"):
+            console.print(f"[red]{result['status']}[/] {result['model_id']}/{result['path']}: {result['message']}")
+    colour = "green" if record["state"] == "succeeded" else "red"
+    console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
+                  f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else ""))
+    raise typer.Exit(0 if record["state"] == "succeeded" else 1)
+
+
 @cli.command()
 def status() -> None:
     """Machines: online, verified and warm models, backlog (LLEN of machine.<name> + running)

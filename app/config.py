@@ -54,6 +54,10 @@ class Settings(BrokerSettings):
     lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
     hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
     idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
+    # R6: a sync's reservation on its machine expires this long after the worker's last
+    # progress report (the worker reports at least every second), so a worker killed
+    # mid-copy frees its machine.
+    sync_reservation_ttl_s: float = Field(30.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -93,6 +97,9 @@ class WorkerSettings(BrokerSettings):
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
     server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
+    # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
+    # None = as fast as the link allows.
+    sync_max_bytes_per_s: int | None = Field(None, gt=0)
 
     @field_validator("models_dir")
     @classmethod

@@ -71,9 +71,9 @@ class LocalFleet:
         self.processes[name] = process
         return process
 
-    def start_api(self, timeout_s: float = 60.0) -> None:
+    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers 200."""
-        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file)})
+        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
         process = self._spawn("api", ["serve"], env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

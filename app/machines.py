@@ -85,10 +85,11 @@ class MachineStates:
                 pipe.smembers(self.keys.verified(name))
                 pipe.hgetall(self.keys.reservations(name))
                 pipe.exists(self.keys.draining(name))
+                pipe.exists(self.keys.syncing(name))
             replies = pipe.execute()
         found = {}
         for i, name in enumerate(names):
-            raw_beat, verified, reserved, draining = replies[4 * i: 4 * i + 4]
+            raw_beat, verified, reserved, draining, syncing = replies[5 * i: 5 * i + 5]
             beat = json.loads(raw_beat) if raw_beat else None
             queue = self.reservations.items_from(reserved)
             found[name] = MachineView(
@@ -102,5 +103,6 @@ class MachineStates:
                 commitments=self.residency.commitments(name),
                 oom_sizes=self.residency.oom_sizes(name),
                 draining=bool(draining),
+                syncing=bool(syncing),
             )
         return found

@@ -214,6 +214,48 @@ class Registry:
         record = self.get(model_id)
         return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
 
+    def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
+        """Rehash every file of ``model_ids`` (default: every model), ignoring the
+        (size, mtime_ns, inode) cache, and record the digests found (``homefleet models verify``).
+
+        This is what catches a change the cache cannot see, e.g. bytes rewritten in place with
+        the size and mtime restored (C07). A changed file gets its new digest in the manifest,
+        so every worker copy of the old content stops matching (R5) until it is synced again.
+
+        Raises:
+            NotFound: an unknown model id.
+        """
+        ids = model_ids or [m.id for m in self.list()]
+        checks: list[FileCheck] = []
+        for model_id in ids:
+            self.get(model_id)
+            folder = self.folder(model_id)
+            with Session(self.engine) as session:
+                rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
+                for row in list(rows):
+                    path = folder / row.path
+                    if not path.is_file():
+                        checks.append(FileCheck(model_id, row.path, "missing", row.digest, None))
+                        continue
+                    fresh = _hash_file(model_id, folder, path)
+                    status = "ok" if fresh.digest == row.digest else "changed"
+                    checks.append(FileCheck(model_id, row.path, status, row.digest, fresh.digest))
+                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
+                    session.add(row)
+                session.commit()
+        return checks
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file's result of :meth:`Registry.verify`: ``status`` is ok, changed or missing."""
+
+    model_id: str
+    path: str
+    status: str
+    recorded: str  # the digest the manifest held before
+    actual: str | None  # the digest of the bytes now (None when missing)
+
 
 def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
     stat = path.stat()

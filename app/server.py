@@ -12,7 +12,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError
 from app.reconcile import ReconcileLoop, Reconciler
-from app.routes import internal, public
+from app.routes import internal, public, sync
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
@@ -43,4 +43,6 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     api.include_router(public.router)
     api.include_router(internal.router)
+    api.include_router(sync.public_router)
+    api.include_router(sync.internal_router)
     return api

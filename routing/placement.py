@@ -47,6 +47,7 @@ class MachineView:
     commitments: frozenset[str] = frozenset()  # models it must keep resident (protected set)
     oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
     draining: bool = False  # an operator drains it (`homefleet drain`): nothing new is placed there
+    syncing: bool = False  # a sync holds its reservation: model files are being copied to it (R6)
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,18 @@ Placement = Decision  # the name the walking skeleton used
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order (R11): online (and not drained by an operator); holds the model (verified); fits its residency commitments (and no
+    Order (R11): online (not drained by an operator, not receiving a sync, R6); holds the model (verified); fits its residency commitments (and no
     video beside a reservation, R17); supports the family; has memory for the job (estimate <=
     usable bytes, and no remembered OOM at this size or smaller, R21).
     """
     name, model = machine.name, job.model_id
     if not machine.online:
         return "machine_unavailable", f"machine {name!r} is offline (no live heartbeat)"
+    if machine.syncing:
+        return (
+            "machine_syncing",
+            f"machine {name!r} is receiving model files (a sync holds it); nothing is placed there until the sync ends",
+        )
     if machine.draining:
         return "machine_draining", f"machine {name!r} is being drained; `homefleet drain {name} --undo` resumes it"
     if model not in machine.verified_models:

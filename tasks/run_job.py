@@ -68,17 +68,23 @@ def run_job(job_id: str) -> None:
 
     load_s = run_s = 0.0
     try:
+        # R5: the claim carries the server's CURRENT digests. A resident model is reused only
+        # if it was verified against exactly these (its recorded key); otherwise every file
+        # is hashed here, before anything is loaded, and a mismatch withdraws the model.
         key = manifest_key(manifest)
         if settings.machine != SERVER and not rt.cache.is_warm(model_id, key):
             problems = model_problems(settings.models_dir, manifest)
             if problems:
                 rt.withdraw(model_id)
-                raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest: "
+                raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest "
+                                       f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): "
                                        + "; ".join(problems[:5]))
         # Inputs come from the server over HTTP, checked against their digest (never its folders).
         inputs = {field: rt.server.input_file(params[field]) for field in input_fields(kind)}
         variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
         pipeline, load_s, cold = rt.cache.get(model_id, key, settings.models_dir / model_id, variant)
+        if cold:
+            rt.record_warm()
         provenance = embedded_provenance(
             model_id=model_id, manifest=manifest, kind=kind, params=params,
             inputs={field: params[field] for field in inputs}, machine=settings.machine, device=_device(),

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
-
+from collections.abc import Iterator
+from contextlib import contextmanager
 import json
+from typing import Any
 
 import httpx
 
 from app.digest import bytes_digest
-from app.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound
+from app.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
 
 log = logging.getLogger("homefleet.worker")
 
@@ -61,7 +62,7 @@ class ServerClient:
             error = {}
         message = error.get("message") or response.text[:500]
         reason = error.get("reason")
-        for cls in (Conflict, NotFound, Forbidden):
+        for cls in (Conflict, NotFound, Forbidden, Unauthorized):
             if response.status_code == cls.status_code:
                 raise cls(message, reason=reason)
         raise HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
@@ -103,3 +104,30 @@ class ServerClient:
              run_s: float | None = None) -> None:
         body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
         self._send("POST", f"/jobs/{job_id}/failure", json=body)
+
+    # --- sync (R6): see app/sync.py ---
+
+    def sync_claim(self, sync_id: str) -> dict[str, Any]:
+        """Take the sync (once); ``{"sync_id", "models": {model_id: manifest}}``. Raises Conflict."""
+        return self._check(self.http.post(f"/syncs/{sync_id}/claim")).json()  # type: ignore[no-any-return]
+
+    def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str) -> None:
+        """Report progress (renews the machine's reservation). Raises Conflict when it expired."""
+        body = {"files_done": files_done, "bytes_done": bytes_done, "file": file}
+        self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body))
+
+    def sync_finish(self, sync_id: str, succeeded: bool, message: str, results: list[dict[str, Any]],
+                    verified: list[str]) -> dict[str, Any]:
+        body = {"succeeded": succeeded, "message": message[:4000], "results": results, "verified": verified}
+        return self._check(self.http.post(f"/syncs/{sync_id}/finish", json=body)).json()  # type: ignore[no-any-return]
+
+    @contextmanager
+    def model_file(self, model_id: str, path: str, offset_bytes: int = 0) -> Iterator[httpx.Response]:
+        """Stream one model file from the server, from ``offset_bytes`` on (HTTP Range). The
+        response is 206 when the server honoured the range, 200 when it sends the whole file."""
+        headers = {"Range": f"bytes={offset_bytes}-"} if offset_bytes else {}
+        with self.http.stream("GET", f"/models/{model_id}/files/{path}", headers=headers) as response:
+            if not response.is_success:
+                response.read()
+                self._check(response)
+            yield response

@@ -45,6 +45,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 18
     return done
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``HOMEFLEET_*`` variables that give a CLI subprocess the same server settings."""
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    if settings.fleet_file:
+        env["HOMEFLEET_FLEET_FILE"] = str(settings.fleet_file)
+    return env
+
+
 @pytest.fixture(scope="session")
 def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private redis-server for the whole test session; yields ``redis://127.0.0.1:PORT``."""
