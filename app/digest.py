@@ -55,8 +55,18 @@ def file_digest(path: Path, algorithm: str = ALGORITHM) -> str:
     return f"{algorithm}:{sha.hexdigest()}"
 
 
+_threads = {"max": blake3.blake3.AUTO}
+
+
+def single_threaded() -> None:
+    """Hash on one thread from now on in this process. Called in every forked pool process of
+    a worker: BLAKE3's thread pool (Rayon) is created once per process, and a child forked
+    after its parent used it inherits a pool without threads and would wait forever."""
+    _threads["max"] = 1
+
+
 def _blake3_file(path: Path) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    hasher = blake3.blake3(max_threads=_threads["max"])
     if os.stat(path).st_size:  # an empty file cannot be mapped
         # No MADV_SEQUENTIAL hint: the threads read different parts of the map at once, and
         # the hint halved cold throughput here (bench/digest.py).

@@ -10,9 +10,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
-from app import keys
+from app import digest, keys
 from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.config import WorkerSettings
 from app.connections import create_redis
@@ -61,6 +61,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
         heartbeat.stop()
 
     worker_ready.connect(on_ready, weak=False)
+    worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
     worker_shutdown.connect(on_shutdown, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))

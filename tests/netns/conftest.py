@@ -118,13 +118,14 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         local = LocalFleet(settings, fleet, fleet_file)
         ctx = build_context(settings, fleet)
         local.start_api()
+        local.copy_model(MODEL, "hosta")  # hostb gets it by `homefleet sync` over its link (first test)
         for machine, host in hosts.items():
-            local.copy_model(MODEL, machine)  # stands in for the sync, which has its own test
             local.start_worker(machine, prefix=host.netns, extra_env={
                 "HOMEFLEET_REDIS_URL": f"redis://{host.gateway}:{redis_port}/0",
                 "HOMEFLEET_SERVER_URL": f"http://{server_address}:{api_port}",
             })
-        local.wait_online(list(HOSTS), model_id=MODEL, timeout_s=180)
+        local.wait_online(["hosta"], model_id=MODEL, timeout_s=180)
+        local.wait_online(["hostb"], timeout_s=180)
         with HomefleetClient(local.api_url) as client:
             yield MultiHostFleet(local, ctx, client, hosts, redis_port)
     finally:

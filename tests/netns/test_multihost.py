@@ -11,6 +11,8 @@ import pytest
 
 from app import keys
 from app.client import ApiError
+from app.digest import file_digest
+from tests.conftest import run_cli, settings_env
 from tests.e2e.test_job_way import wait_for
 from tests.netns.conftest import MODEL, MultiHostFleet
 
@@ -22,6 +24,22 @@ def peers(fleet: MultiHostFleet, machine: str) -> set[str]:
     out = subprocess.run([*fleet.hosts[machine].netns, "ss", "-tnH", "state", "established"], capture_output=True,
                          text=True, check=True, timeout=10).stdout
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_r6_sync_copies_a_model_to_a_remote_host_over_its_link(multihost: MultiHostFleet) -> None:
+    folder = multihost.local.models_dir("hostb") / MODEL
+    assert not folder.exists()
+    with pytest.raises(ApiError) as refused:
+        multihost.client.submit(MODEL, "txt2img", {"prompt": "x", "steps": 2}, target="hostb")
+    assert refused.value.reason == "model_not_verified"
+    run_cli("sync", "hostb", MODEL, env=settings_env(multihost.local.settings), timeout_s=300)
+    wait_for(lambda: MODEL in multihost.ctx.machines.view("hostb").verified_models, timeout_s=60,
+             what="hostb to advertise the synced model")
+    manifest = {f.path: f.digest for f in multihost.ctx.registry.manifest(MODEL).files}
+    assert {p.relative_to(folder).as_posix(): file_digest(p) for p in folder.rglob("*") if p.is_file()
+            and not p.name.startswith(".")} == manifest
+    accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": "synced", "steps": 2}, target="hostb")
+    assert multihost.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
 
 
 def test_workers_reach_the_server_only_over_their_link(multihost: MultiHostFleet) -> None:
