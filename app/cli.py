@@ -18,6 +18,8 @@ from app.errors import HomefleetError
 cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
 cli.add_typer(models_cli, name="models")
+db_cli = typer.Typer(help="The journal's database schema (Alembic migrations).", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
 console = Console()
 
 
@@ -169,6 +171,20 @@ def sync(
     console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
                   f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else ""))
     raise typer.Exit(0 if record["state"] == "succeeded" else 1)
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Create or migrate the journal's schema to the newest revision (HOMEFLEET_DATABASE_URL)."""
+    from alembic.runtime.migration import MigrationContext
+
+    from app.connections import create_engine
+
+    engine = create_engine(_settings())  # applies every migration
+    with engine.connect() as connection:
+        console.print(f"{engine.url.render_as_string(hide_password=True)} at revision "
+                      f"{MigrationContext.configure(connection).get_current_revision()}")
+    engine.dispose()
 
 
 @cli.command()
