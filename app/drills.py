@@ -149,6 +149,16 @@ class DrillFleet:
         stop_process_group(self.local.processes.pop("api"), signal.SIGKILL)
         self.local.start_api()
 
+    def wait_running(self, machine: str, running: bool, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``machine`` runs a job (``running``) or runs none."""
+        assert self.ctx is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = any(j.machine == machine for j in self.ctx.journal.list([JobState.running]))
+            if busy == running:
+                return
+            time.sleep(0.05)
+
     # -- counting -------------------------------------------------------------------------
     def executions(self) -> Counter[str]:
         """How many times each job id was executed, from every worker log of this drill."""
@@ -211,11 +221,7 @@ def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
     assert fleet.ctx is not None
     acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
     for _ in range(max(1, count // 25)):
-        deadline = time.monotonic() + 120
-        while not any(j.machine == "m1" for j in fleet.ctx.journal.list([JobState.running])):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        fleet.wait_running("m1", True, timeout_s=120)
         fleet.kill_worker("m1")
         assert fleet.local is not None
         fleet.local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
@@ -286,17 +292,9 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
     assert fleet.ctx is not None
     acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
     for _ in range(max(1, count // 25)):
-        deadline = time.monotonic() + 120
-        while not any(j.machine == "m1" for j in fleet.ctx.journal.list([JobState.running])):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        fleet.wait_running("m1", True, timeout_s=120)
         fleet.freeze_pool_process("m1")
-        deadline = time.monotonic() + fleet.hung_after_s + 60
-        while any(j.machine == "m1" for j in fleet.ctx.journal.list([JobState.running])):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        fleet.wait_running("m1", False, timeout_s=fleet.hung_after_s + 60)
     return fleet.result("hang", acknowledged, timeout_s=120 + 3 * count)
 
 

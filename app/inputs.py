@@ -11,13 +11,12 @@ bytes, never from a header or a file name). Nothing is written when a check fail
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.digest import bytes_digest, hex_part
 from app.errors import NotFound, Rejected
+from app.storage import write_once
 
 # media type -> file extension, for the input types Homefleet accepts
 INPUT_MEDIA_TYPES: dict[str, str] = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
@@ -70,18 +69,7 @@ class InputStore:
             raise Rejected(f"file must be one of {accepted}; its first bytes are {data[:12]!r}", reason="input_type")
         file_id = bytes_digest(data)
         path = self._path(file_id, media_type)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_once(path, data)
         return StoredInput(id=file_id, path=path, media_type=media_type, size_bytes=len(data))
 
     def get(self, file_id: str) -> StoredInput:

@@ -35,6 +35,24 @@ def sniff_media_type(data: bytes) -> str | None:
     return None
 
 
+def write_once(path: Path, data: bytes) -> None:
+    """Content-addressed write: unless ``path`` exists, write ``data`` to a temporary name in
+    the same folder, fsync, and rename it into place atomically (no half-file is ever seen)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class StoredResult:
     digest: str  # "blake3:<hex>"
@@ -79,16 +97,5 @@ class ResultStore:
             )
         hexdigest = hex_part(actual)
         path = self.root / hexdigest[:2] / f"{hexdigest}.{MEDIA_TYPES[media_type]}"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_once(path, data)
         return StoredResult(digest=actual, path=path, media_type=media_type, size_bytes=len(data))
