@@ -100,7 +100,7 @@ class DrillFleet:
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
-            visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
+            visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s,
         )
         self.ctx = build_context(settings, fleet)

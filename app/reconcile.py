@@ -3,7 +3,8 @@ ever re-run automatically; nothing vanishes silently.
 
 One pass, under the fleet lock (so no submission sits between "journaled" and "published"):
 
-- a ``running`` job whose machine has no live heartbeat -> ``interrupted`` (``worker_lost``);
+- a ``running`` job whose machine has no live heartbeat (and no progress report within
+  ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
   it -> ``interrupted`` (``worker_restarted``);
 - a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
@@ -83,15 +84,19 @@ class Reconciler:
         for job in ctx.journal.list([JobState.running]):
             machine = job.machine or ""
             heartbeat = ctx.machines.heartbeat(machine)
-            if heartbeat is None:
+            last_progress = float(ctx.redis.hget(ctx.keys.progress(job.id), "at") or 0)
+            if heartbeat is None and now - last_progress > ctx.settings.heartbeat_ttl_s:
+                # (a starved heartbeat thread while steps still report is not a lost worker)
                 self._interrupt(report, job.id, JobState.running, "worker_lost",
                                 f"the worker of {machine} has no live heartbeat; the job may have started")
+            elif heartbeat is None:
+                continue
             elif job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id:
                 self._interrupt(report, job.id, JobState.running, "worker_restarted",
                                 f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
                                 f"claimed by boot {job.worker_boot_id})")
             else:
-                last = float(ctx.redis.hget(ctx.keys.progress(job.id), "at") or now)
+                last = last_progress or now
                 if now - last > ctx.settings.hung_after_s:
                     self._interrupt(report, job.id, JobState.running, "hung",
                                     f"no progress for {now - last:.0f} s (bound hung_after_s={ctx.settings.hung_after_s})")

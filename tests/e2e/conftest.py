@@ -41,7 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-        heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
+        heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
     )
     # Registered through the CLI, as an operator does.
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,

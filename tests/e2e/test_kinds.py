@@ -54,7 +54,7 @@ def kfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=3)
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8)
     ctx = build_context(settings, fleet_config)
     for model_id in MODELS.values():
         ctx.registry.add(tiny_models_dir / model_id, model_id=model_id)

@@ -77,7 +77,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text(config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=3, sync_reservation_ttl_s=SYNC_TTL_S)
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, sync_reservation_ttl_s=SYNC_TTL_S)
     env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
            "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):

@@ -68,7 +68,7 @@ def test_r19_a_missing_message_gets_a_grace_period(
 
 @pytest.mark.parametrize(
     ("heartbeat_boot", "progress_age_s", "reason"),
-    [(None, 0, "worker_lost"), ("boot-B", 0, "worker_restarted"), ("boot-A", 10, "hung")],
+    [(None, 10, "worker_lost"), ("boot-B", 0, "worker_restarted"), ("boot-A", 10, "hung")],
 )
 def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted(
     strict_ctx: ServerContext, tiny_models_dir: Path, heartbeat_boot: str | None, progress_age_s: float, reason: str
@@ -112,3 +112,19 @@ def test_r20_idempotency_keys_are_kept_a_day_then_forgotten(ctx: ServerContext, 
     assert ctx.journal.by_idempotency_key("old") is None
     assert ctx.journal.by_idempotency_key("recent") is not None
     assert ctx.journal.get(old.id).state == JobState.rejected
+
+
+def test_r19_a_worker_whose_heartbeat_lapses_while_steps_still_report_is_not_lost(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.rpop(keys.queue("m1"))
+    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))  # e.g. its heartbeat thread starved of CPU
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())  # but a step just reported
+    assert Reconciler(ctx).run_once().interrupted == {}
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - ctx.settings.heartbeat_ttl_s - 1)
+    assert Reconciler(ctx).run_once().interrupted == {job: "worker_lost"}

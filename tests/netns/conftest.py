@@ -110,7 +110,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         fleet_file = data_dir / "fleet.toml"
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
-                            api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
+                            api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
                             reconcile_interval_s=1, lost_grace_s=3)
         run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
                 env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_REDIS_URL": redis_server.url,
