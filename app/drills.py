@@ -212,7 +212,7 @@ def drill_duplicate(fleet: DrillFleet, count: int) -> DrillResult:
         machine = WORKERS[i % len(WORKERS)]
         fleet.ctx.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=keys.queue(machine))
         acknowledged.add(job_id)
-    return fleet.result("duplicate", acknowledged, timeout_s=60 + 3 * count)
+    return fleet.result("duplicate", acknowledged, timeout_s=60 + 10 * count)
 
 
 def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
@@ -225,7 +225,7 @@ def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
         fleet.kill_worker("m1")
         assert fleet.local is not None
         fleet.local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
-    return fleet.result("worker_kill", acknowledged, timeout_s=120 + 3 * count)
+    return fleet.result("worker_kill", acknowledged, timeout_s=120 + 10 * count)
 
 
 def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
@@ -263,7 +263,7 @@ def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
     fleet.kill_api()
     for thread in threads:
         thread.join()
-    return fleet.result("server_kill", acknowledged, timeout_s=60 + 3 * count)
+    return fleet.result("server_kill", acknowledged, timeout_s=60 + 10 * count)
 
 
 def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
@@ -273,7 +273,7 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
     acknowledged = {_submit(fleet, 0, steps=25, target="m1")}
     acknowledged |= {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
     fleet.restart_redis()
-    return fleet.result("redis_restart", acknowledged, timeout_s=90 + 3 * count)
+    return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
 
 
 def drill_visibility(fleet: DrillFleet, count: int) -> DrillResult:
@@ -281,7 +281,7 @@ def drill_visibility(fleet: DrillFleet, count: int) -> DrillResult:
     started with a short ``visibility_timeout_s``, e.g. 2 s)."""
     fleet.begin()
     acknowledged = {_submit(fleet, i, steps=30) for i in range(count)}
-    return fleet.result("visibility", acknowledged, timeout_s=120 + 6 * count)
+    return fleet.result("visibility", acknowledged, timeout_s=120 + 18 * count)
 
 
 def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
@@ -295,7 +295,7 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
         fleet.wait_running("m1", True, timeout_s=120)
         fleet.freeze_pool_process("m1")
         fleet.wait_running("m1", False, timeout_s=fleet.hung_after_s + 60)
-    return fleet.result("hang", acknowledged, timeout_s=120 + 3 * count)
+    return fleet.result("hang", acknowledged, timeout_s=120 + 10 * count)
 
 
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
