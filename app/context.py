@@ -16,6 +16,7 @@ from app.fleet import Fleet, load_fleet
 from app.journal import Journal
 from app.keys import Keys
 from app.machines import MachineStates
+from app.metrics import Metrics
 from app.queues import MachineQueues
 from app.registry import Registry
 from app.storage import ResultStore
@@ -35,6 +36,7 @@ class ServerContext:
     machines: MachineStates
     queues: MachineQueues
     dispatcher: Dispatcher
+    metrics: Metrics
 
     def close(self) -> None:
         self.redis.close()
@@ -54,5 +56,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     machines = MachineStates(client, keyspace, fleet, journal)
     queues = MachineQueues(client)
     dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues)
+    metrics = Metrics()
+    metrics.watch_fleet(machines, registry)
+    dispatcher.metrics = metrics
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher)
+                         dispatcher, metrics)
