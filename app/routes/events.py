@@ -43,16 +43,20 @@ async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, An
     last_step = None
     while True:
         job = await to_thread.run_sync(ctx.journal.get, job_id)
-        if job.state != last_state:
-            last_state = job.state
-            yield {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
-                                                         "reason": job.reason, "message": job.message})}
-        if job.state == "running":
+        ended = job.state in ENDED_STATES
+        changed = job.state != last_state
+        last_state = job.state
+        state = {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
+                                                       "reason": job.reason, "message": job.message})}
+        if changed and not ended:
+            yield state
+        if job.state != "queued":  # the last steps may land just before the job ends: read them first
             raw = await to_thread.run_sync(ctx.redis.hgetall, ctx.keys.progress(job_id))
             if "total" in raw and raw.get("step") != last_step:
                 last_step = raw.get("step")
                 yield {"event": "progress", "data": json.dumps({"step": int(raw["step"]), "total": int(raw["total"])})}
-        if job.state in ENDED_STATES:
+        if ended:
+            yield state
             body = JobPublic.from_job(job).model_dump(mode="json")
             body["result_url"] = body["result"]["url"] if body.get("result") else None
             yield {"event": "end", "data": json.dumps(body)}
