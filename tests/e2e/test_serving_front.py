@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from app.journal import JobState
-from tests.conftest import TEST_API_KEY
+from tests.conftest import TEST_API_KEY, run_cli
 from tests.e2e.conftest import RunningFleet
 
 pytestmark = pytest.mark.e2e
@@ -118,3 +118,24 @@ def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None
     client = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{fleet.model}", api_key=TEST_API_KEY)
     image = client.text_to_image("a lighthouse", num_inference_steps=2, width=64, height=64)
     assert image.size == (64, 64)
+
+
+def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet: RunningFleet) -> None:
+    from app.bench import sweep
+
+    [one, two] = sweep(fleet.client, fleet.model, [1, 2], jobs=2, params={"prompt": "bench", "steps": 1}, target="auto")
+    assert (one.concurrency, two.concurrency) == (1, 2)
+    for report in (one, two):
+        assert report.ended == {"succeeded": 2} and not report.rejections
+        rows = report.rows()
+        assert sum(row["jobs"] for row in rows) == 2
+        assert all(row["queue_p50_s"] >= 0 and row["run_p50_s"] > 0 for row in rows)
+    [refused] = sweep(fleet.client, fleet.model, [2], jobs=3, params={"prompt": "bench", "width": 12}, target="auto")
+    assert refused.rejections == {"invalid_width": 3} and refused.rows() == []
+
+
+def test_bench_command_prints_the_sweep(fleet: RunningFleet) -> None:
+    done = run_cli("bench", "--url", fleet.local.api_url, "--api-key", TEST_API_KEY, "--model", fleet.model,
+                   "--concurrency", "1", "--jobs", "1", "--steps", "1", "--target", "m2")
+    assert "concurrency=1 machine=m2 jobs=1 queue_p50_s=" in done.stdout
+    assert "concurrency=1 " in done.stdout and "succeeded=1" in done.stdout and "rejections: none" in done.stdout
