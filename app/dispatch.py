@@ -95,7 +95,7 @@ class Dispatcher:
                 f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
                 reason="kind_not_supported",
             )
-        check_submission(params, limits_for(self.settings.limits, record.family), self.tokenizers.counter(model_id))
+        check_submission(params, limits_for(self.settings.limits, record.family), self.tokenizers.counter(model_id), kind)
         return JobRequest.from_params(model_id, record.family, kind, target, params)
 
     def views(self) -> dict[str, MachineView]:

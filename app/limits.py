@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from app.errors import Rejected
 
 DEFAULT_FAMILY = "default"
+PROMPT_KINDS = frozenset({"txt2img"})  # kinds that cannot run without a prompt
 
 
 class FamilyLimits(BaseModel):
@@ -63,18 +64,21 @@ def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") 
 
 
 def check_submission(
-    params: Mapping[str, Any], limits: FamilyLimits, count_tokens: Callable[[str], int] | None = None
+    params: Mapping[str, Any], limits: FamilyLimits, count_tokens: Callable[[str], int] | None = None,
+    kind: str | None = None,
 ) -> None:
     """Refuse a submission whose params exceed ``limits`` (R22). Pure: no side effect.
 
     Checks ``width``/``height`` (pixels, multiples of ``multiple_of``, product <= ``max_pixels``),
     ``steps``, ``num_frames``, ``batch`` and ``n`` (images per request, OpenAI's name), ``prompt``/``negative_prompt`` (tokens, counted with
-    ``count_tokens``; strings required when present).
+    ``count_tokens``; strings required when present; ``prompt`` required for ``kind`` txt2img).
 
     Raises:
         Rejected: reason ``invalid_<field>``; the message names the field, value and limit.
     """
     prompt = params.get("prompt")
+    if kind in PROMPT_KINDS and not prompt:
+        raise Rejected(f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise Rejected(f"`prompt` must be a string, got {type(prompt).__name__}", reason="invalid_prompt")
     width, height = _integer(params, "width", None), _integer(params, "height", None)

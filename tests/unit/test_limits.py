@@ -38,6 +38,13 @@ def test_r22_check_submission_names_field_value_and_limit(params: dict[str, obje
     assert refused.value.reason.startswith("invalid_")
 
 
+def test_r22_txt2img_needs_a_prompt() -> None:
+    for params in ({}, {"prompt": ""}):
+        with pytest.raises(Rejected, match="`prompt` is required for kind txt2img"):
+            check_submission(params, FamilyLimits(), kind="txt2img")
+    check_submission({}, FamilyLimits(), kind="upscale")
+
+
 def test_r22_limits_at_the_bound_pass_and_tokens_use_the_given_counter() -> None:
     limits = FamilyLimits(max_prompt_tokens=5)
     check_submission({"prompt": "abc", "width": 1024, "height": 1024, "steps": 150, "n": 4}, limits, count_tokens=len)
