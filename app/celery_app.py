@@ -13,6 +13,7 @@ from celery import Celery
 from app.config import BrokerSettings
 
 RUN_JOB_TASK = "homefleet.run_job"
+SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its turn like a job (app/sync.py)
 UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a machine goes nowhere
 
 

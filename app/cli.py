@@ -18,6 +18,8 @@ from app.errors import HomefleetError
 cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
 cli.add_typer(models_cli, name="models")
+db_cli = typer.Typer(help="The journal's database schema (Alembic migrations).", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
 console = Console()
 
 
@@ -73,18 +75,20 @@ def models_make_tiny(
 def models_add(
     path: Annotated[Path, typer.Argument(help="a diffusers folder (with model_index.json)")],
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
+    quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
 ) -> None:
     """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
     from app.context import build_context
 
     ctx = build_context(_settings())
     try:
-        record = ctx.registry.add(path, model_id)
+        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes}")
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
 
 
 @models_cli.command("list")
@@ -100,6 +104,87 @@ def models_list() -> None:
         console.print(table)
     finally:
         ctx.close()
+
+
+@models_cli.command("verify")
+def models_verify(
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every registered model")] = None,
+) -> None:
+    """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
+    cache; record changed digests. Exit 1 if any file changed or is missing (R5, C07)."""
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        checks = ctx.registry.verify(model or None)
+    finally:
+        ctx.close()
+    table = Table("model", "file", "status", "digest")
+    for check in checks:
+        colour = {"ok": "green", "changed": "yellow", "missing": "red"}[check.status]
+        detail = check.actual if check.status == "ok" else f"{check.recorded} -> {check.actual or 'missing'}"
+        table.add_row(check.model_id, check.path, f"[{colour}]{check.status}[/]", detail)
+    console.print(table)
+    bad = [c for c in checks if c.status != "ok"]
+    console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
+    raise typer.Exit(1 if bad else 0)
+
+
+@cli.command()
+def sync(
+    machine: Annotated[str, typer.Argument(help="the machine to copy to")],
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every model it supports")] = None,
+    wait: Annotated[bool, typer.Option(help="follow the copy with a progress bar until it ends")] = True,
+) -> None:
+    """Copy model files from the server to MACHINE (R6): the worker pulls, verifies, renames.
+    Refused (exit 2) while the machine has work queued or running. Exit 1 if the sync fails."""
+    import time
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from app.context import build_context
+    from app.sync import ENDED, Syncs
+
+    ctx = build_context(_settings())
+    try:
+        syncs = Syncs(ctx.settings, ctx.redis, ctx.celery, ctx.fleet, ctx.journal, ctx.registry, ctx.machines)
+        record = syncs.start(machine, model or [])
+        console.print(f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
+                      f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}")
+        if not wait:
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
+            while record["state"] not in ENDED:
+                time.sleep(0.2)
+                record = syncs.get(record["id"])
+                progress.update(bar, completed=record["bytes_done"],
+                                description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}")
+    finally:
+        ctx.close()
+    for result in record["results"]:
+        if result["status"] not in ("present", "copied"):
+            console.print(f"[red]{result['status']}[/] {result['model_id']}/{result['path']}: {result['message']}")
+    colour = "green" if record["state"] == "succeeded" else "red"
+    console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
+                  f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else ""))
+    raise typer.Exit(0 if record["state"] == "succeeded" else 1)
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Create or migrate the journal's schema to the newest revision (HOMEFLEET_DATABASE_URL)."""
+    from alembic.runtime.migration import MigrationContext
+
+    from app.connections import create_engine
+
+    engine = create_engine(_settings())  # applies every migration
+    with engine.connect() as connection:
+        console.print(f"{engine.url.render_as_string(hide_password=True)} at revision "
+                      f"{MigrationContext.configure(connection).get_current_revision()}")
+    engine.dispose()
 
 
 @cli.command()
@@ -133,6 +218,44 @@ def flower(
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")
     os.execv(sys.executable, argv)
+
+
+@cli.command()
+def drain(
+    machine: Annotated[str, typer.Argument(help="the machine to drain")],
+    undo: Annotated[bool, typer.Option("--undo", help="resume placing jobs on it")] = False,
+    wait: Annotated[bool, typer.Option(help="wait until its backlog is empty")] = True,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait, seconds")] = 3600.0,
+) -> None:
+    """Stop placing new jobs on MACHINE (pinned jobs get 503 machine_draining, Auto skips it),
+    then wait with a progress bar until its queued and running jobs are done."""
+    from rich.progress import Progress
+
+    from app.context import build_context
+
+    ctx = build_context(_settings())
+    try:
+        if machine not in ctx.fleet.machines:
+            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        if undo:
+            ctx.redis.delete(ctx.keys.draining(machine))
+            console.print(f"{machine}: placing jobs again")
+            return
+        ctx.redis.set(ctx.keys.draining(machine), "1")
+        backlog = ctx.machines.view(machine).backlog
+        console.print(f"{machine}: draining; {backlog} jobs queued or running")
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout_s
+        with Progress(console=console) as progress:
+            bar = progress.add_task(f"draining {machine}", total=max(backlog, 1))
+            while (left := ctx.machines.view(machine).backlog) and time.monotonic() < deadline:
+                progress.update(bar, completed=max(backlog, 1) - min(left, backlog))
+                time.sleep(1)
+            progress.update(bar, completed=max(backlog, 1))
+        console.print(f"{machine}: drained" if not left else f"{machine}: {left} jobs still there after {timeout_s} s")
+    finally:
+        ctx.close()
 
 
 @cli.command()
@@ -234,8 +357,10 @@ def demo(
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
     from app.demo import run_demo
+    from tasks.pipelines import quiet_import_warnings
 
     logging.basicConfig(level=logging.WARNING)
+    quiet_import_warnings()
     raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
 
 

@@ -84,6 +84,11 @@ class HomefleetClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def upload(self, data: bytes, filename: str = "input.png") -> dict[str, Any]:
+        """``POST /v1/files`` once: store an input image. Returns ``{id, media_type, size_bytes}``;
+        name ``id`` in a job's params (``"image": id``). Raises ApiError (422 over a limit)."""
+        return self._json(self.http.post("/v1/files", files={"file": (filename, data)}))  # type: ignore[no-any-return]
+
     def get(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/jobs/{job_id}"))  # type: ignore[no-any-return]
 

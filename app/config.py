@@ -49,6 +49,7 @@ class Settings(BrokerSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8787, ge=1, le=65535)
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
@@ -65,6 +66,10 @@ class Settings(BrokerSettings):
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
     images_wait_s: float = Field(600.0, gt=0)  # how long the OpenAI/HF image routes wait for a job
+    # R6: a sync's reservation on its machine expires this long after the worker's last
+    # progress report (the worker reports at least every second), so a worker killed
+    # mid-copy frees its machine.
+    sync_reservation_ttl_s: float = Field(30.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -86,6 +91,11 @@ class Settings(BrokerSettings):
         """Content-addressed result storage (R2)."""
         return self.data_dir / "results"
 
+    @property
+    def inputs_dir(self) -> Path:
+        """Content-addressed uploaded inputs (images for edit and upscale)."""
+        return self.data_dir / "inputs"
+
 
 class WorkerSettings(BrokerSettings):
     """A worker's settings: its machine name, its own model folder, its token, the server's URL.
@@ -99,6 +109,9 @@ class WorkerSettings(BrokerSettings):
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
     server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
+    # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
+    # None = as fast as the link allows.
+    sync_max_bytes_per_s: int | None = Field(None, gt=0)
 
     @field_validator("models_dir")
     @classmethod

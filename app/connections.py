@@ -7,7 +7,7 @@ from typing import Any
 import redis
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel, create_engine as sqlmodel_create_engine
+from sqlmodel import create_engine as sqlmodel_create_engine
 
 from app.config import BrokerSettings, Settings
 
@@ -18,7 +18,7 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
 
 
 def create_engine(settings: Settings) -> Engine:
-    """The journal's SQLAlchemy engine; creates the tables if missing.
+    """The journal's SQLAlchemy engine; creates or migrates the schema (Alembic, app/migrations).
 
     SQLite gets WAL mode and a 10 s busy timeout so the API and the CLI can share the file.
     """
@@ -30,12 +30,9 @@ def create_engine(settings: Settings) -> Engine:
     engine = sqlmodel_create_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine, "connect", _sqlite_pragmas)
-    # Importing the table modules registers them with SQLModel's metadata.
-    import app.journal  # noqa: F401
-    import app.registry  # noqa: F401
-    import app.timings  # noqa: F401
+    from app.migrations import upgrade
 
-    SQLModel.metadata.create_all(engine)
+    upgrade(engine)  # Alembic: creates or migrates the schema to the newest revision
     return engine
 
 

@@ -13,6 +13,7 @@ from app.config import Settings
 from app.connections import create_engine, create_redis
 from app.dispatch import Dispatcher
 from app.fleet import Fleet, load_fleet
+from app.inputs import InputStore
 from app.journal import Journal
 from app.keys import Keys
 from app.machines import MachineStates
@@ -37,6 +38,7 @@ class ServerContext:
     queues: MachineQueues
     dispatcher: Dispatcher
     metrics: Metrics
+    inputs: InputStore
 
     def close(self) -> None:
         self.redis.close()
@@ -55,9 +57,10 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
     machines = MachineStates(client, keyspace, fleet, journal)
     queues = MachineQueues(client)
-    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues)
+    inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
+    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues, inputs)
     metrics = Metrics()
     metrics.watch_fleet(machines, registry)
     dispatcher.metrics = metrics
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher, metrics)
+                         dispatcher, metrics, inputs)

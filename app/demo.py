@@ -3,15 +3,17 @@
 Uses the Redis at the configured URL if one answers, else an embedded one; starts the API,
 the ``server`` worker and two more machines (each its own worker process, model folder
 and token); builds and registers the tiny models and copies them to each machine; submits
-jobs to ``server``, to named machines and to ``auto``; shows progress; prints each
-result's path, digest, machine and seconds; stops everything it started.
+jobs to ``server``, to named machines and to ``auto`` -- one of each kind (txt2img, edit,
+upscale, video; the edit and upscale inputs are uploaded first); shows progress; prints each
+result's path, media type, digest, machine, seed and seconds; stops everything it started.
 """
 
 from __future__ import annotations
 
+import io
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +30,37 @@ from app.localfleet import LocalFleet
 from app.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
 from app.tiny_models import make_tiny
 
-DEMO_MODEL = "tiny-sd"
+#: kind -> the demo's model id for it (the tiny pipelines of app/tiny_models.py)
+DEMO_MODELS = {"txt2img": "tiny-sd", "edit": "tiny-pix2pix", "upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 
 
 @dataclass(frozen=True)
 class DemoJob:
     target: str
-    prompt: str
-    steps: int
+    kind: str
+    params: dict[str, Any]
+    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded input image
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 DEMO_JOBS = (
-    DemoJob(SERVER, "a lighthouse at dusk", 8),
-    DemoJob(SERVER, "a red fox in snow", 8),
-    DemoJob("box1", "a bowl of ramen", 8),
-    DemoJob("box2", "a glass city", 8),
-    DemoJob("auto", "a paper boat", 8),
+    DemoJob(SERVER, "txt2img", {"prompt": "a lighthouse at dusk", "steps": 4}),
+    DemoJob("box2", "txt2img", {"prompt": "a glass city", "steps": 4}),
+    DemoJob("box1", "edit", {"prompt": "make it snowy", "steps": 4}, input_pixels=(64, 64)),
+    DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
+    DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
+
+
+def demo_input(width: int, height: int) -> bytes:
+    """A gradient PNG of width x height pixels to upload as an edit/upscale input."""
+    from PIL import Image
+
+    image = Image.new("RGB", (width, height))
+    image.putdata([(x * 255 // width, y * 255 // height, 140) for y in range(height) for x in range(width)])
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
@@ -70,18 +86,20 @@ def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         with console.status("Building the tiny models and registering them…"):
-            built = make_tiny(data_dir / "tiny", kinds=("txt2img",))
-            try:
-                ctx.registry.get(DEMO_MODEL)
-            except NotFound:
-                ctx.registry.add(built["txt2img"], model_id=DEMO_MODEL)
-            for machine in fleet.machines:
-                local.copy_model(DEMO_MODEL, machine)
+            built = make_tiny(data_dir / "tiny", kinds=tuple(DEMO_MODELS))
+            for kind, model_id in DEMO_MODELS.items():
+                try:
+                    ctx.registry.get(model_id)
+                except NotFound:
+                    ctx.registry.add(built[kind], model_id=model_id)
+                for machine in fleet.machines:
+                    local.copy_model(model_id, machine)
         with console.status("Starting the API and one worker per machine…"):
             local.start_api()
             for machine in fleet.machines:
                 local.start_worker(machine)
-            local.wait_online(list(fleet.machines), model_id=DEMO_MODEL)
+            for model_id in DEMO_MODELS.values():
+                local.wait_online(list(fleet.machines), model_id=model_id)
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
         console.print(f"API key of this demo: {api_key}  (send 'Authorization: Bearer {api_key}')")
         with HomefleetClient(local.api_url, api_key=api_key) as client:
@@ -98,9 +116,14 @@ def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
 def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]:
     submitted = []
     for job in DEMO_JOBS:
-        accepted = client.submit(DEMO_MODEL, "txt2img", {"prompt": job.prompt, "steps": job.steps}, target=job.target)
+        params = dict(job.params)
+        if job.input_pixels is not None:
+            uploaded = client.upload(demo_input(*job.input_pixels))
+            params["image"] = uploaded["id"]
+            console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
+        accepted = client.submit(DEMO_MODELS[job.kind], job.kind, params, target=job.target)
         submitted.append(accepted)
-        console.print(f"submitted {accepted['id'][:8]} target={job.target} -> machine={accepted['machine']} "
+        console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} target={job.target} -> machine={accepted['machine']} "
                       f"position={accepted['position']}")
     finished: dict[str, dict[str, Any]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
@@ -137,8 +160,10 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console) -> i
             console.print(f"[red]{job['id']}[/] {job['state']} on {job['machine']}: {job['reason']}: {job['message']}")
             continue
         console.print(
-            f"[green]{job['id']}[/] machine={job['machine']} load_s={job['load_s']:.2f} run_s={job['run_s']:.2f}\n"
-            f"  digest {result['digest']}\n  path   {journal.get(job['id']).result_path}",
+            f"[green]{job['id']}[/] {job['kind']} machine={job['machine']} seed={job['seed']} "
+            f"load_s={job['load_s']:.2f} run_s={job['run_s']:.2f}\n"
+            f"  {result['media_type']} {result['size_bytes']} bytes, digest {result['digest']}\n"
+            f"  path   {journal.get(job['id']).result_path}",
             soft_wrap=True,
         )
     console.print(f"{len(jobs) - failed} of {len(jobs)} jobs succeeded")

@@ -26,11 +26,13 @@ from app import keys
 from app.config import Settings
 from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
-from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
-from app.metrics import Metrics
-from app.limits import PromptTokenizers, check_submission, limits_for
-from app.journal import Job, Journal, JobState
 from app.costs import DemandStore, FleetCosts
+from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
+from app.limits import PromptTokenizers, check_submission, limits_for
+from app.metrics import Metrics
+from app.inputs import InputStore
+from app.journal import Job, Journal, JobState
+from app.kind_params import check_kind_params
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
@@ -66,6 +68,7 @@ class Dispatcher:
         registry: Registry,
         machines: MachineStates,
         queues: MachineQueues,
+        inputs: InputStore | None = None,
     ) -> None:
         self.settings = settings
         self.redis = client
@@ -74,6 +77,7 @@ class Dispatcher:
         self.registry = registry
         self.machines = machines
         self.queues = queues
+        self.inputs = inputs or InputStore(settings.inputs_dir, settings.max_input_bytes)
         self.keys = Keys(settings.key_prefix)
         self.timings = TimingStore(journal.engine)
         self.costs = FleetCosts(machines.fleet, registry, self.timings)
@@ -162,6 +166,7 @@ class Dispatcher:
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         try:
             request = self.request(model_id, kind, params, target)
+            check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames (R22)
             lock = self.redis.lock(
                 self.keys.fleet_lock(),
                 timeout=self.settings.fleet_lock_ttl_s,

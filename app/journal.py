@@ -77,6 +77,9 @@ class Job(SQLModel, table=True):
     predicted_start_s: float | None = None  # seconds after submission until it starts
     predicted_load_s: float | None = None  # cold load expected (0 = warm)
     predicted_run_s: float | None = None
+    # Provenance of the result (issue 7): model files' digests, variant, kind, params, seed,
+    # inputs' digests, machine, device, load/run seconds; reported by the worker, kept here.
+    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class JobEvent(SQLModel, table=True):

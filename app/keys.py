@@ -32,6 +32,20 @@ class Keys:
         """The one placement lock of the fleet (R14)."""
         return f"{self.prefix}:lock:fleet"
 
+    def syncing(self, machine: str) -> str:
+        """The sync reservation of a machine (R6): the id of the sync copying to it, with a TTL
+        (``sync_reservation_ttl_s``) renewed by its progress reports. Placement skips a machine
+        holding one."""
+        return f"{self.prefix}:machine:{machine}:syncing"
+
+    def sync(self, sync_id: str) -> str:
+        """Hash of one sync's state and progress (bytes done/total, current file), kept a day."""
+        return f"{self.prefix}:sync:{sync_id}"
+
+    def warm(self, machine: str) -> str:
+        """JSON list of the models resident in that machine's worker, for its heartbeat."""
+        return f"{self.prefix}:machine:{machine}:warm"
+
     def progress(self, job_id: str) -> str:
         """Hash ``{step, total, at}`` of a running job's per-step progress (``at``: unix seconds)."""
         return f"{self.prefix}:job:{job_id}:progress"
@@ -39,6 +53,10 @@ class Keys:
     def restart(self, machine: str) -> str:
         """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
         return f"{self.prefix}:machine:{machine}:restart"
+
+    def draining(self, machine: str) -> str:
+        """Set while an operator drains the machine: placement puts nothing new there."""
+        return f"{self.prefix}:machine:{machine}:draining"
 
     def missing(self) -> str:
         """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""

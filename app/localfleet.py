@@ -67,21 +67,22 @@ class LocalFleet:
         env.update(extra)
         return env
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None
+               ) -> subprocess.Popen[bytes]:
         if name in self.processes and self.processes[name].poll() is None:
             raise RuntimeError(f"{name} is already running (pid {self.processes[name].pid})")
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         with open(self.logs_dir / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                [*(prefix or []), sys.executable, "-m", "app.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         self.processes[name] = process
         return process
 
-    def start_api(self, timeout_s: float = 60.0) -> None:
+    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24)."""
-        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file)})
+        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
         process = self._spawn("api", ["serve"], env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -95,8 +96,12 @@ class LocalFleet:
             time.sleep(0.1)
         raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / 'api.log'}")
 
-    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``homefleet worker --machine <machine>`` with that machine's folder and token."""
+    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None
+                     ) -> subprocess.Popen[bytes]:
+        """Start ``homefleet worker --machine <machine>`` with that machine's folder and token.
+
+        ``extra_env`` overrides settings (e.g. the Redis and server URLs a remote host uses);
+        ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``)."""
         broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
         env = self._env(broker, {
             "HOMEFLEET_MACHINE": machine,
@@ -105,7 +110,7 @@ class LocalFleet:
             "HOMEFLEET_SERVER_URL": self.api_url,
             **(extra_env or {}),
         })
-        return self._spawn(f"worker-{machine}", ["worker"], env)
+        return self._spawn(f"worker-{machine}", ["worker"], env, prefix)
 
     def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:
         """Wait until every machine in ``machines`` is online (and has verified ``model_id``)."""

@@ -84,10 +84,12 @@ class MachineStates:
                 pipe.get(self.keys.heartbeat(name))
                 pipe.smembers(self.keys.verified(name))
                 pipe.hgetall(self.keys.reservations(name))
+                pipe.exists(self.keys.draining(name))
+                pipe.exists(self.keys.syncing(name))
             replies = pipe.execute()
         found = {}
         for i, name in enumerate(names):
-            raw_beat, verified, reserved = replies[3 * i: 3 * i + 3]
+            raw_beat, verified, reserved, draining, syncing = replies[5 * i: 5 * i + 5]
             beat = json.loads(raw_beat) if raw_beat else None
             queue = self.reservations.items_from(reserved)
             found[name] = MachineView(
@@ -100,5 +102,7 @@ class MachineStates:
                 warm_models=tuple((beat or {}).get("warm_models", ())),
                 commitments=self.residency.commitments(name),
                 oom_sizes=self.residency.oom_sizes(name),
+                draining=bool(draining),
+                syncing=bool(syncing),
             )
         return found

@@ -24,6 +24,7 @@ from sqlmodel import Field, Session, SQLModel, select
 from app.digest import ALGORITHM, file_digest
 from app.errors import NotFound, Rejected
 from app.journal import utcnow
+from app.variants import Variant, check_variant, parameter_counts, weights_bytes
 
 # diffusers pipeline class (model_index.json ``_class_name``) -> (family, kinds it can run).
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -49,6 +50,12 @@ class ModelRecord(SQLModel, table=True):
     pipeline_class: str
     total_bytes: int = Field(sa_type=BigInteger)
     created_at: datetime = Field(default_factory=utcnow)
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the dtype every component is loaded with (app/variants.py)
+    quantization: str | None = None  # e.g. torchao-int8wo: the denoiser quantized at load time
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.precision, self.quantization)
 
 
 class ModelFile(SQLModel, table=True):
@@ -76,12 +83,15 @@ class ModelManifest:
     family: str
     kinds: tuple[str, ...]
     files: tuple[ManifestFile, ...]
+    variant: Variant = Variant()
 
     def as_json(self) -> dict[str, Any]:
         return {
             "model_id": self.model_id,
             "family": self.family,
             "kinds": list(self.kinds),
+            "precision": self.variant.precision,
+            "quantization": self.variant.quantization,
             "algorithm": ALGORITHM,
             "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in self.files],
         }
@@ -114,14 +124,22 @@ class Registry:
     def folder(self, model_id: str) -> Path:
         return self.models_dir / model_id
 
-    def add(self, source: Path, model_id: str | None = None) -> ModelRecord:
+    def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
+            quantization: str | None = None) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
-        folder into the server's model folder, and hash every file.
+        folder into the server's model folder, and hash every file. ``precision`` and
+        ``quantization`` name the variant workers load (:mod:`app.variants`); register the
+        same folder under two ids to offer two variants.
 
         Raises:
-            Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id.
+            Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
+                unknown precision or quantization (reason ``invalid_variant``).
         """
         source = Path(source).resolve()
+        try:
+            check_variant(precision, quantization)
+        except ValueError as error:
+            raise Rejected(str(error), reason="invalid_variant") from error
         class_name, family, kinds = describe_pipeline(source)
         with Session(self.engine) as session:
             taken = set(session.exec(select(ModelRecord.id)).all())
@@ -149,7 +167,7 @@ class Registry:
         files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
-            total_bytes=sum(f.size for f in files),
+            total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
         )
         with Session(self.engine) as session:
             session.add(record)
@@ -187,7 +205,56 @@ class Registry:
                     session.add(row)
                 files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
             session.commit()
-        return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files))
+        return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files),
+                             variant=record.variant)
+
+    def weights_bytes(self, model_id: str) -> int:
+        """Memory the model's weights take once loaded as its variant, in bytes: parameters
+        counted from the safetensors headers, priced at its precision/quantization. Raises NotFound."""
+        record = self.get(model_id)
+        return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
+
+    def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
+        """Rehash every file of ``model_ids`` (default: every model), ignoring the
+        (size, mtime_ns, inode) cache, and record the digests found (``homefleet models verify``).
+
+        This is what catches a change the cache cannot see, e.g. bytes rewritten in place with
+        the size and mtime restored (C07). A changed file gets its new digest in the manifest,
+        so every worker copy of the old content stops matching (R5) until it is synced again.
+
+        Raises:
+            NotFound: an unknown model id.
+        """
+        ids = model_ids or [m.id for m in self.list()]
+        checks: list[FileCheck] = []
+        for model_id in ids:
+            self.get(model_id)
+            folder = self.folder(model_id)
+            with Session(self.engine) as session:
+                rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
+                for row in list(rows):
+                    path = folder / row.path
+                    if not path.is_file():
+                        checks.append(FileCheck(model_id, row.path, "missing", row.digest, None))
+                        continue
+                    fresh = _hash_file(model_id, folder, path)
+                    status = "ok" if fresh.digest == row.digest else "changed"
+                    checks.append(FileCheck(model_id, row.path, status, row.digest, fresh.digest))
+                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
+                    session.add(row)
+                session.commit()
+        return checks
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file's result of :meth:`Registry.verify`: ``status`` is ok, changed or missing."""
+
+    model_id: str
+    path: str
+    status: str
+    recorded: str  # the digest the manifest held before
+    actual: str | None  # the digest of the bytes now (None when missing)
 
 
 def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:

@@ -27,6 +27,13 @@ class ResultPublic(BaseModel):
     url: str
 
 
+def predicted_s(job: Job) -> float | None:
+    """Placement's expected load + run seconds (R12), when it made a prediction."""
+    if job.predicted_load_s is None and job.predicted_run_s is None:
+        return None
+    return (job.predicted_load_s or 0.0) + (job.predicted_run_s or 0.0)
+
+
 class JobPublic(BaseModel):
     id: str
     state: JobState
@@ -48,6 +55,9 @@ class JobPublic(BaseModel):
     predicted_run_s: float | None = None
     progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
     result: ResultPublic | None = None
+    seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
+    predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
+    provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
@@ -63,6 +73,7 @@ class JobPublic(BaseModel):
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
             predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
+            seed=job.params.get("seed"), predicted_s=predicted_s(job), provenance=job.provenance,
         )
 
 
@@ -74,6 +85,14 @@ class JobAccepted(BaseModel):
     machine: str
     position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
     url: str
+
+
+class FileStored(BaseModel):
+    """201 answer to ``POST /v1/files``: the id to name in a job's params (``"image": id``)."""
+
+    id: str = Field(description="the content digest, 'blake3:<hex>'")
+    media_type: str
+    size_bytes: int
 
 
 class ClaimGranted(BaseModel):

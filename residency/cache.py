@@ -26,7 +26,7 @@ class Resident:
 class ModelCache:
     """Loads pipelines with ``loader(folder)`` and keeps the last one warm."""
 
-    def __init__(self, loader: Callable[[Path], Any], release: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, loader: Callable[..., Any], release: Callable[[], None] = lambda: None) -> None:
         self.loader = loader
         self.release = release  # empties the device's allocator cache after an unload
         self.resident: Resident | None = None
@@ -35,14 +35,17 @@ class ModelCache:
     def is_warm(self, model_id: str, manifest_key: str) -> bool:
         return self.resident is not None and (self.resident.model_id, self.resident.manifest_key) == (model_id, manifest_key)
 
-    def get(self, model_id: str, manifest_key: str, folder: Path) -> tuple[Any, float, bool]:
+    def get(self, model_id: str, manifest_key: str, folder: Path,
+            load_kwargs: dict[str, Any] | None = None) -> tuple[Any, float, bool]:
         """The pipeline for ``model_id``: (pipeline, load seconds, cold). Drops the previous
-        one first (every reference, gc, allocator cache) when another model is needed."""
+        one first (every reference, gc, allocator cache) when another model is needed.
+        ``load_kwargs`` go to the loader (e.g. the variant's precision); they must be part of
+        ``manifest_key`` so that another variant is never taken for the resident one."""
         if self.resident is not None and self.is_warm(model_id, manifest_key):
             return self.resident.pipeline, 0.0, False
         self.unload()
         started = time.perf_counter()
-        pipeline = self.loader(folder)
+        pipeline = self.loader(folder, **(load_kwargs or {}))
         load_s = time.perf_counter() - started
         self.resident = Resident(model_id, manifest_key, pipeline)
         self.loads += 1

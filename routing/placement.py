@@ -46,6 +46,8 @@ class MachineView:
     warm_models: tuple[str, ...] = ()  # resident models, least recently used first
     commitments: frozenset[str] = frozenset()  # models it must keep resident (protected set)
     oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
+    draining: bool = False  # an operator drains it (`homefleet drain`): nothing new is placed there
+    syncing: bool = False  # a sync holds its reservation: model files are being copied to it (R6)
     max_queued: int | None = None  # R23: backlog at which it takes no more jobs (None: no limit)
 
 
@@ -100,13 +102,20 @@ Placement = Decision  # the name the walking skeleton used
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order (R11): online; holds the model (verified); fits its residency commitments (and no
+    Order (R11): online (not drained by an operator, not receiving a sync, R6); holds the model (verified); fits its residency commitments (and no
     video beside a reservation, R17); supports the family; has memory for the job (estimate <=
     usable bytes, and no remembered OOM at this size or smaller, R21).
     """
     name, model = machine.name, job.model_id
     if not machine.online:
         return "machine_unavailable", f"machine {name!r} is offline (no live heartbeat)"
+    if machine.syncing:
+        return (
+            "machine_syncing",
+            f"machine {name!r} is receiving model files (a sync holds it); nothing is placed there until the sync ends",
+        )
+    if machine.draining:
+        return "machine_draining", f"machine {name!r} is being drained; `homefleet drain {name} --undo` resumes it"
     if model not in machine.verified_models:
         return (
             "model_not_verified",
@@ -200,8 +209,8 @@ def place(
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
-            if reason == "machine_unavailable":
-                raise MachineUnavailable(message)
+            if reason in ("machine_unavailable", "machine_draining"):
+                raise MachineUnavailable(message, reason=reason)
             if reason == "queue_full":
                 raise Overloaded(message, reason=reason)
             raise Rejected(message, reason=reason)

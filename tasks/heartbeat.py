@@ -1,17 +1,24 @@
 """The worker's heartbeat in Redis (a key with a TTL) and its verified model set (R4).
 
-At start the worker hashes its local model files against the server's manifest and
-advertises only the models that match in full; placement reads that set.
+At start, and after every sync (``tasks/sync.py`` calls :func:`advertise`), the worker hashes
+its local model files against the server's manifest and advertises only the models that
+match in full; placement reads that set. A job-time mismatch withdraws a model from it
+(R5). The heartbeat record (machine, boot id, device, memory, warm models, verified
+models) is rebuilt from Redis at every beat, so what the pool child changes (a sync, a
+withdrawal, a load) shows in the next beat.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import platform
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -24,6 +31,32 @@ from tasks.server_client import ServerClient
 from tasks.verify import verified_models
 
 log = logging.getLogger("homefleet.worker")
+
+
+def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path,
+              manifests: dict[str, dict[str, Any]]) -> set[str]:
+    """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
+    advertised set with the models that match in full. Returns that set.
+
+    The start-up check (heartbeat thread, parent process) and a sync's check (pool child)
+    may overlap; an exclusive ``flock`` on ``<models_dir>/.homefleet-verify.lock`` runs them one
+    after the other, so the later one hashes the files as they are once the earlier has
+    written its set (no stale set can overwrite a fresher one). The kernel releases the
+    lock when its process dies, so a killed worker never blocks the next one.
+    """
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with open(models_dir / ".homefleet-verify.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verified = verified_models(models_dir, manifests)
+        key = keyspace.verified(machine)
+        with client.pipeline() as pipe:
+            pipe.delete(key)
+            if verified:
+                pipe.sadd(key, *sorted(verified))
+            pipe.execute()
+    log.info("%s verified %d of %d models: %s", machine, len(verified), len(manifests),
+             ", ".join(sorted(verified)) or "none")
+    return verified
 
 
 class Heartbeat:
@@ -42,6 +75,8 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
+        # A new boot: nothing is warm yet (a pool child records its loads, tasks/runtime.py).
+        self.redis.delete(self.keys.warm(self.settings.machine))
         self._thread.start()
 
     def stop(self) -> None:
@@ -57,40 +92,36 @@ class Heartbeat:
             manifests = server.manifest()
         finally:
             server.close()
-        verified = verified_models(self.settings.models_dir, manifests)
-        key = self.keys.verified(self.settings.machine)
-        with self.redis.pipeline() as pipe:
-            pipe.delete(key)
-            if verified:
-                pipe.sadd(key, *sorted(verified))
-            pipe.execute()
+        verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
         self._redis_run_id = self.redis.info("server").get("run_id")
-        log.info("%s verified %d of %d models: %s", self.settings.machine, len(verified), len(manifests),
-                 ", ".join(sorted(verified)) or "none")
         return verified
 
     def keep_verified_set(self) -> None:
-        """Follow withdrawals made by the pool process (R5), and write the set again when Redis
-        restarted without persistence (its run id changed), so the machine stays placeable."""
+        """Remember the advertised set as Redis holds it (syncs add to it, the job-time check
+        withdraws from it, R4/R5), and write it again when Redis restarted without persistence
+        (its run id changed), so the machine stays placeable."""
         run_id = self.redis.info("server").get("run_id")
         key = self.keys.verified(self.settings.machine)
-        if run_id != self._redis_run_id:
-            self._redis_run_id = run_id
-            with self.redis.pipeline() as pipe:
-                pipe.delete(key)
-                if self.verified:
-                    pipe.sadd(key, *sorted(self.verified))
-                pipe.execute()
-        elif self.verified:
-            self.verified &= set(self.redis.smembers(key))
+        if run_id == self._redis_run_id:
+            self.verified = set(self.redis.smembers(key))
+            return
+        self._redis_run_id = run_id
+        with self.redis.pipeline() as pipe:
+            pipe.delete(key)
+            if self.verified:
+                pipe.sadd(key, *sorted(self.verified))
+            pipe.execute()
 
     def beat(self) -> None:
         self.keep_verified_set()
+        machine = self.settings.machine
         memory = psutil.virtual_memory()
+        warm = self.redis.get(self.keys.warm(machine))
         record = {
-            "machine": self.settings.machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
+            "machine": machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
             "device": self.device, "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
-            "verified_models": sorted(self.verified or ()), "at": time.time(),
+            "warm_models": json.loads(warm) if warm else [],
+            "verified_models": sorted(self.redis.smembers(self.keys.verified(machine))), "at": time.time(),
         }
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
         self.redis.set(self.keys.heartbeat(self.settings.machine), json.dumps(record), px=ttl_ms)

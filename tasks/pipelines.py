@@ -1,20 +1,32 @@
-"""Loading diffusers pipelines from a worker's own model folder, never from a hub."""
+"""Loading diffusers pipelines from a worker's own model folder, never from a hub, at the
+precision and quantization the model variant names (see :mod:`app.variants`)."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from app.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+def quiet_import_warnings() -> None:
+    """Lower the loggers that warn at import time on a CPU-only machine: torchao (its CUDA
+    kernels and triton are absent) and torch's pytree (enum registration by torchao)."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def quiet() -> None:
     """Silence diffusers/transformers progress bars and info logs (workers log per job instead)."""
+    quiet_import_warnings()
     import diffusers
     import transformers
 
@@ -24,16 +36,53 @@ def quiet() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def load_pipeline(folder: Path) -> Any:
-    """``DiffusionPipeline.from_pretrained(folder, local_files_only=True)`` on the CPU.
+def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | None = None) -> Any:
+    """``DiffusionPipeline.from_pretrained(folder, local_files_only=True, dtype=…)`` on the CPU.
 
-    Raises ``OSError`` when a file is missing or unreadable.
+    ``precision`` is ``fp32`` | ``bf16`` | ``fp16`` (the dtype of every component);
+    ``quantization`` (e.g. ``torchao-int8wo``) quantizes the denoiser (``unet`` or
+    ``transformer``) at load time through diffusers' ``quantization_config``.
+
+    Raises ``OSError`` when a file is missing or unreadable, ``ValueError`` for an unknown
+    precision or quantization, ``ImportError`` when the quantization backend is not installed.
     """
+    import torch
     from diffusers import DiffusionPipeline
 
-    pipeline = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+    if precision not in TORCH_DTYPES:
+        raise ValueError(f"precision must be one of {', '.join(TORCH_DTYPES)}, got {precision!r}")
+    dtype = getattr(torch, TORCH_DTYPES[precision])
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype}
+    if quantization is not None:
+        kwargs["quantization_config"] = _quantization_config(folder, quantization)
+    pipeline = DiffusionPipeline.from_pretrained(str(folder), **kwargs)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def _quantization_config(folder: Path, quantization: str) -> Any:
+    """diffusers ``PipelineQuantizationConfig`` for ``quantization`` applied to the denoiser."""
+    import torchao.quantization
+    from diffusers import PipelineQuantizationConfig, TorchAoConfig
+
+    backend, config_class = quantization_spec(quantization)
+    if backend != "torchao":
+        raise ValueError(f"quantization backend {backend!r} is not supported here; supported: torchao")
+    index = json.loads((folder / "model_index.json").read_text())
+    config = getattr(torchao.quantization, config_class)
+    # torchao configs are objects (diffusers 0.42 TorchAoConfig wants an AOBaseConfig instance)
+    return PipelineQuantizationConfig(
+        quant_mapping={name: TorchAoConfig(config()) for name in DENOISERS if name in index},
+    )
+
+
+def decode_image(data: bytes) -> Any:
+    """Decode uploaded image bytes (PNG/JPEG/WebP) into an RGB PIL image. Raises
+    ``PIL.UnidentifiedImageError`` for bytes that are no image."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
 
 
 def png_bytes(image: Any, provenance: dict[str, Any]) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import time
 import uuid
 from typing import Any
@@ -19,16 +18,20 @@ import httpx
 from app.digest import bytes_digest
 from app.errors import HomefleetError, IntegrityFailure
 from app.fleet import SERVER
+from app.kind_params import input_fields
 from tasks import runtime
 from tasks.kinds import runner
+from tasks.provenance import embedded_provenance
 from tasks.verify import model_problems
 
 log = logging.getLogger("homefleet.worker")
 
 
 def manifest_key(manifest: dict[str, Any]) -> str:
-    """Digest of a manifest's file list: a resident model is reused only under the same key."""
-    return bytes_digest(json.dumps(manifest["files"], sort_keys=True).encode())
+    """Digest of a manifest's file list and variant (precision, quantization): a resident
+    model is reused only under the same key (R5; a bf16 copy is not the fp32 one)."""
+    variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
+    return bytes_digest(json.dumps({"files": manifest["files"], **variant}, sort_keys=True).encode())
 
 
 def failure_reason(error: BaseException) -> str:
@@ -65,20 +68,30 @@ def run_job(job_id: str) -> None:
 
     load_s = run_s = 0.0
     try:
+        # R5: the claim carries the server's CURRENT digests. A resident model is reused only
+        # if it was verified against exactly these (its recorded key); otherwise every file
+        # is hashed here, before anything is loaded, and a mismatch withdraws the model.
         key = manifest_key(manifest)
         if settings.machine != SERVER and not rt.cache.is_warm(model_id, key):
             problems = model_problems(settings.models_dir, manifest)
             if problems:
                 rt.withdraw(model_id)
-                raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest: "
+                raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest "
+                                       f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): "
                                        + "; ".join(problems[:5]))
-        pipeline, load_s, cold = rt.cache.get(model_id, key, settings.models_dir / model_id)
-        provenance = {
-            "job_id": job_id, "model_id": model_id, "kind": kind, "params": params, "machine": settings.machine,
-            "host": platform.node(), "files": {f["path"]: f["digest"] for f in manifest["files"]},
-        }
+        # Inputs come from the server over HTTP, checked against their digest (never its folders).
+        inputs = {field: rt.server.input_file(params[field]) for field in input_fields(kind)}
+        variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
+        pipeline, load_s, cold = rt.cache.get(model_id, key, settings.models_dir / model_id, variant)
+        if cold:
+            rt.record_warm()
+        provenance = embedded_provenance(
+            model_id=model_id, manifest=manifest, kind=kind, params=params,
+            inputs={field: params[field] for field in inputs}, machine=settings.machine, device=_device(),
+        )
         started = time.perf_counter()
-        output = runner(kind)(pipeline, params, lambda step, total: report_progress(job_id, step, total), provenance)
+        output = runner(kind)(pipeline, params, lambda step, total: report_progress(job_id, step, total), provenance,
+                              inputs)
         run_s = time.perf_counter() - started
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = error.reason if isinstance(error, HomefleetError) else failure_reason(error)
@@ -88,8 +101,16 @@ def run_job(job_id: str) -> None:
 
     digest = bytes_digest(output.data)
     try:
-        rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold)
+        rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
+                         provenance=provenance)
     except (HomefleetError, httpx.HTTPError) as refusal:
         log.error("job %s: the server did not take the result: %s", job_id, refusal)
         return
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data), load_s, run_s)
+
+
+def _device() -> str:
+    """This worker's device: ``cuda``, ``mps`` or ``cpu`` (as its heartbeat reports it)."""
+    from tasks.worker import detect_device
+
+    return detect_device()

@@ -6,6 +6,7 @@ children never share a socket with the parent.
 
 from __future__ import annotations
 
+import json
 import os
 
 import redis
@@ -57,6 +58,11 @@ class WorkerRuntime:
     def withdraw(self, model_id: str) -> None:
         """Stop advertising ``model_id`` on this machine until it is verified again (R4, R5)."""
         self.redis.srem(self.keys.verified(self.settings.machine), model_id)
+
+    def record_warm(self) -> None:
+        """Publish the models resident in this process, for the heartbeat's ``warm_models``."""
+        resident = self.cache.resident
+        self.redis.set(self.keys.warm(self.settings.machine), json.dumps([resident.model_id] if resident else []))
 
 
 def _empty_device_cache() -> None:

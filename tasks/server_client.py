@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+import json
 from typing import Any
 
 import httpx
 
-from app.errors import Conflict, Forbidden, HomefleetError, NotFound
+from app.digest import bytes_digest
+from app.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
 
 log = logging.getLogger("homefleet.worker")
 
@@ -58,7 +62,7 @@ class ServerClient:
             error = {}
         message = error.get("message") or response.text[:500]
         reason = error.get("reason")
-        for cls in (Conflict, NotFound, Forbidden):
+        for cls in (Conflict, NotFound, Forbidden, Unauthorized):
             if response.status_code == cls.status_code:
                 raise cls(message, reason=reason)
         raise HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
@@ -75,10 +79,24 @@ class ServerClient:
     def progress(self, job_id: str, step: int, total: int) -> None:
         self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))  # no retry
 
+    def input_file(self, file_id: str) -> bytes:
+        """The bytes of an uploaded input, checked against ``file_id`` (their digest).
+
+        Raises:
+            IntegrityFailure: the bytes received hash to another digest (nothing is used).
+            NotFound: the server has no such file.
+        """
+        data = self._check(self.http.get(f"/files/{file_id}")).content
+        actual = bytes_digest(data)
+        if actual != file_id:
+            raise IntegrityFailure(f"input {file_id} arrived as bytes that hash to {actual}", reason="integrity")
+        return data
+
     def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
-               cold_load: bool) -> dict[str, Any]:
-        """Upload the result with its digest; the server verifies and stores it (R2)."""
-        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower()}
+               cold_load: bool, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Upload the result with its digest and provenance; the server verifies and stores it (R2)."""
+        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
+                "provenance": json.dumps(provenance or {}, sort_keys=True)}
         files = {"file": ("result", data, media_type)}
         return self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json()  # type: ignore[no-any-return]
 
@@ -86,3 +104,30 @@ class ServerClient:
              run_s: float | None = None) -> None:
         body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
         self._send("POST", f"/jobs/{job_id}/failure", json=body)
+
+    # --- sync (R6): see app/sync.py ---
+
+    def sync_claim(self, sync_id: str) -> dict[str, Any]:
+        """Take the sync (once); ``{"sync_id", "models": {model_id: manifest}}``. Raises Conflict."""
+        return self._check(self.http.post(f"/syncs/{sync_id}/claim")).json()  # type: ignore[no-any-return]
+
+    def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str) -> None:
+        """Report progress (renews the machine's reservation). Raises Conflict when it expired."""
+        body = {"files_done": files_done, "bytes_done": bytes_done, "file": file}
+        self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body))
+
+    def sync_finish(self, sync_id: str, succeeded: bool, message: str, results: list[dict[str, Any]],
+                    verified: list[str]) -> dict[str, Any]:
+        body = {"succeeded": succeeded, "message": message[:4000], "results": results, "verified": verified}
+        return self._check(self.http.post(f"/syncs/{sync_id}/finish", json=body)).json()  # type: ignore[no-any-return]
+
+    @contextmanager
+    def model_file(self, model_id: str, path: str, offset_bytes: int = 0) -> Iterator[httpx.Response]:
+        """Stream one model file from the server, from ``offset_bytes`` on (HTTP Range). The
+        response is 206 when the server honoured the range, 200 when it sends the whole file."""
+        headers = {"Range": f"bytes={offset_bytes}-"} if offset_bytes else {}
+        with self.http.stream("GET", f"/models/{model_id}/files/{path}", headers=headers) as response:
+            if not response.is_success:
+                response.read()
+                self._check(response)
+            yield response

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.digest import file_digest
+from app.digest import algorithm_of, file_digest
 
 
 def model_problems(models_dir: Path, manifest: dict[str, Any]) -> list[str]:
     """What is wrong with the local copy of one model: missing files, other sizes, other
-    digests (every byte is read). Empty when the copy matches the manifest exactly."""
+    digests (every byte is read, with the algorithm the manifest names; no cache, so a
+    same-size same-mtime change is found too, C07). Empty when the copy matches exactly."""
     folder = models_dir / manifest["model_id"]
     problems = []
     for entry in manifest["files"]:
@@ -20,7 +21,7 @@ def model_problems(models_dir: Path, manifest: dict[str, Any]) -> list[str]:
             problems.append(f"{entry['path']}: missing")
         elif path.stat().st_size != entry["size"]:
             problems.append(f"{entry['path']}: {path.stat().st_size} bytes, manifest says {entry['size']}")
-        elif (actual := file_digest(path)) != entry["digest"]:
+        elif (actual := file_digest(path, algorithm_of(entry["digest"]))) != entry["digest"]:
             problems.append(f"{entry['path']}: digest {actual}, manifest says {entry['digest']}")
     return problems
 

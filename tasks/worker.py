@@ -10,15 +10,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
-from app import keys
-from app.celery_app import RUN_JOB_TASK, create_celery
+from app import digest, keys
+from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.config import WorkerSettings
 from app.connections import create_redis
 from tasks import runtime
 from tasks.heartbeat import Heartbeat
 from tasks.run_job import run_job
+from tasks.sync import sync
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
@@ -50,6 +51,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     runtime.install(rt)
     celery = create_celery(settings)
     celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
+    celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
     heartbeat = Heartbeat(settings, create_redis(settings), boot_id=boot_id, device=detect_device())
 
     def on_ready(**_: Any) -> None:
@@ -59,6 +61,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
         heartbeat.stop()
 
     worker_ready.connect(on_ready, weak=False)
+    worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
     worker_shutdown.connect(on_shutdown, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))

@@ -46,6 +46,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 18
     return done
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``HOMEFLEET_*`` variables that give a CLI subprocess the same server settings."""
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    if settings.fleet_file:
+        env["HOMEFLEET_FLEET_FILE"] = str(settings.fleet_file)
+    return env
+
+
 @pytest.fixture(scope="session")
 def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private redis-server for the whole test session; yields ``redis://127.0.0.1:PORT``."""
@@ -58,9 +68,10 @@ def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny real pipelines, built once per session by ``homefleet models make-tiny``."""
+    """The tiny real pipelines of every kind, built once per session by ``homefleet models make-tiny``."""
     out = tmp_path_factory.mktemp("tiny")
-    run_cli("models", "make-tiny", str(out), "--kind", "txt2img")
+    run_cli("models", "make-tiny", str(out), "--kind", "txt2img", "--kind", "edit", "--kind", "upscale",
+            "--kind", "video")
     return out
 
 

@@ -6,16 +6,18 @@ uploads its result and reports failures here.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Header, UploadFile
+from fastapi.responses import FileResponse
 
 from app.context import ServerContext
-from app.errors import IntegrityFailure
+from app.errors import IntegrityFailure, Rejected
 from app.routes.deps import Context, WorkerMachine, job_of_machine
-from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport
+from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport, predicted_s
 
 router = APIRouter(prefix="/internal/v1")
 log = logging.getLogger(__name__)
@@ -27,6 +29,13 @@ PROGRESS_TTL_S = 24 * 3600
 def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
     """Every registered model's manifest (files, sizes, digests), for the worker's check (R4)."""
     return {"models": {m.id: ctx.registry.manifest(m.id).as_json() for m in ctx.registry.list()}}
+
+
+@router.get("/files/{file_id}", response_class=FileResponse)
+def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
+    """An uploaded input's bytes; the worker checks them against ``file_id`` (their digest)."""
+    stored = ctx.inputs.get(file_id)
+    return FileResponse(stored.path, media_type=stored.media_type)
 
 
 @router.post("/jobs/{job_id}/claim", response_model=ClaimGranted)
@@ -72,10 +81,21 @@ async def upload_result(
     load_s: Annotated[float, Form(ge=0)],
     run_s: Annotated[float, Form(ge=0)],
     cold_load: Annotated[bool, Form()],
+    provenance: Annotated[str, Form(description="JSON object: the result's provenance")] = "{}",
 ) -> JobPublic:
     """Verify and store a result (R2); only then the job is ``succeeded``. A mismatch of
-    digest, media type or size stores nothing and fails the job with reason ``integrity``."""
-    job_of_machine(ctx, job_id, machine)
+    digest, media type or size stores nothing and fails the job with reason ``integrity``.
+    The worker's provenance is journaled with the server's own figures added (job id,
+    predicted and actual seconds)."""
+    job = job_of_machine(ctx, job_id, machine)
+    try:
+        record = json.loads(provenance)
+    except ValueError as error:
+        raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
+    if not isinstance(record, dict):
+        raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
+    record.update({"job_id": job_id, "load_s": load_s, "run_s": run_s, "cold_load": cold_load,
+                   "actual_s": load_s + run_s, "predicted_s": predicted_s(job)})
     data = await file.read(ctx.settings.max_result_bytes + 1)
     timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
     try:
@@ -85,7 +105,7 @@ async def upload_result(
         raise
     job = ctx.journal.succeed(
         job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
-        result_media_type=stored.media_type, result_bytes=stored.size_bytes, **timings,
+        result_media_type=stored.media_type, result_bytes=stored.size_bytes, provenance=record, **timings,
     )
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, File, Header, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.errors import NotFound
 from app.journal import JobState
 from app.routes.deps import Context
-from app.schemas import JobAccepted, JobCreate, JobPublic
+from app.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 
 router = APIRouter(prefix="/v1")
 
@@ -72,6 +72,14 @@ def get_result(job_id: str, ctx: Context) -> FileResponse:
     return FileResponse(job.result_path, media_type=job.result_media_type, headers={"X-Content-Digest": job.result_digest or ""})
 
 
+@router.post("/files", status_code=201, response_model=FileStored)
+async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description="a PNG, JPEG or WebP image")]) -> FileStored:
+    """Store an input image (for edit and upscale jobs); its id is its content digest.
+    422 naming the limit when it is over ``max_input_bytes`` or not PNG/JPEG/WebP."""
+    stored = ctx.inputs.add(await file.read(ctx.settings.max_input_bytes + 1))
+    return FileStored(id=stored.id, media_type=stored.media_type, size_bytes=stored.size_bytes)
+
+
 @router.get("/machines")
 def list_machines(ctx: Context) -> list[dict[str, Any]]:
     """Every machine: online, verified models, backlog (LLEN of its queue + running)."""
@@ -89,6 +97,7 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
 @router.get("/models")
 def list_models(ctx: Context) -> list[dict[str, Any]]:
     return [
-        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes}
+        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
+         "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
         for m in ctx.registry.list()
     ]

@@ -7,13 +7,15 @@ Params (defaults): ``prompt`` (str, required), ``negative_prompt`` (None), ``wid
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tasks.kinds import Output, ProgressFn
 from tasks.pipelines import png_bytes
 
 
-def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any]) -> Output:
+def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
+        inputs: Mapping[str, bytes]) -> Output:
     import torch
 
     steps = int(params.get("steps", 4))

@@ -79,15 +79,17 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 
 
 def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20}, target="m1")
+    # Long enough to outlast two `inspect` round trips (each waits for replies up to 2 s).
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 100}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
-    active = celery_cli(fleet, "inspect", "active", "--timeout", "5")
+    active = celery_cli(fleet, "inspect", "active", "--timeout", "2")
     assert busy["id"] in active and waiting["id"] not in active
-    reserved = celery_cli(fleet, "inspect", "reserved", "--timeout", "5")
+    reserved = celery_cli(fleet, "inspect", "reserved", "--timeout", "2")
     assert waiting["id"] not in reserved  # prefetch disabled: the next job stays in Redis
+    assert fleet.ctx.queues.queued_ids("m1") == [waiting["id"]]
     purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")
-    assert "Purged 1 message" in purged
+    assert "Purged 1 message" in purged, purged
     assert fleet.ctx.redis.llen(keys.queue("m1")) == 0
     assert fleet.client.wait(busy["id"], timeout_s=300)["state"] == "succeeded"
     # The purged job never runs; reconciliation says so instead of letting it vanish (R19).

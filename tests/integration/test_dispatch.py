@@ -119,3 +119,17 @@ def test_c03_a_running_or_ended_job_cannot_be_cancelled(ctx: ServerContext, tiny
         ctx.dispatcher.cancel(job)
     assert refused.value.status_code == 409 and "is running on m1" in refused.value.message
     assert ctx.journal.get(job).state == JobState.running
+
+
+def test_drain_refuses_pinned_jobs_and_auto_skips_the_machine(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    bring_online(ctx, "m2", {model})
+    ctx.redis.set(ctx.keys.draining("m1"), "1")
+    with pytest.raises(MachineUnavailable) as refused:
+        ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1")
+    assert refused.value.reason == "machine_draining" and "m1" in refused.value.message
+    placed = {ctx.dispatcher.submit(model, "txt2img", {"prompt": f"{i}"}, "auto").job.machine for i in range(3)}
+    assert "m1" not in placed
+    ctx.redis.delete(ctx.keys.draining("m1"))
+    assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"

@@ -252,3 +252,23 @@ def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
     # The flexible job is shared half and half; the pinned one lands on m1 alone.
     assert weights["m1"].utilisation == pytest.approx(3 * weights["m2"].utilisation)
     assert weights["m1"].weight_per_s == pytest.approx(3 * weights["m2"].weight_per_s)
+
+
+def test_r6_a_syncing_machine_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    syncing = MachineView(name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
+                          syncing=True)
+    fleet = machines(view("server", backlog=3), syncing)
+    with pytest.raises(Rejected) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "machine_syncing" and "'m1'" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "machine_syncing"}
+
+
+def test_r4_a_model_present_but_not_advertised_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    fleet = machines(view("server", backlog=3), view("m1", verified=set()))
+    with pytest.raises(Rejected) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "model_not_verified" and "homefleet sync m1 tiny-sd" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "model_not_verified"}

@@ -1,0 +1,72 @@
+"""What each job kind takes besides its prompt, checked at submission before anything is
+queued (R22): which params name uploaded input files, the video formats and frame limits.
+
+The checks here are per kind; a reference to an input file must name a file that was
+uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app.errors import NotFound, Rejected
+from app.inputs import InputStore
+
+#: kind -> params that hold the id ("blake3:<hex>") of an uploaded input file
+INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("image",)}
+VIDEO_FORMATS: tuple[str, ...] = ("mp4", "webp", "gif")
+MAX_VIDEO_FRAMES = 32  # the tiny MotionAdapter's motion_max_seq_length (app/tiny_models.py)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact
+
+
+def input_fields(kind: str) -> tuple[str, ...]:
+    """The params of ``kind`` that name uploaded files (empty for txt2img and video)."""
+    return INPUT_FIELDS.get(kind, ())
+
+
+def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) -> None:
+    """Refuse params ``kind`` cannot run with, naming the field, the value and the limit.
+
+    Raises:
+        Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
+            a prompt missing where one is required, a bad video format or frame count, a seed
+            that is not an integer from 0 to 2**63-1.
+    """
+    seed = params.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
+        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+    for field in input_fields(kind):
+        value = params.get(field)
+        if not isinstance(value, str) or not value:
+            raise Rejected(f"params.{field} is required for kind {kind!r}: the id of a file uploaded with "
+                           f"POST /v1/files, got {value!r}", reason="invalid_params")
+        try:
+            stored = inputs.get(value)
+        except (Rejected, NotFound) as error:  # a refusal of the submission, naming the field
+            raise Rejected(f"params.{field}: {error.message}", reason=error.reason) from error
+        if kind == "edit":
+            width, height = image_size(stored.path)
+            if width % 8 or height % 8:
+                raise Rejected(f"params.{field}: the image to edit must have a width and height that are multiples "
+                               f"of 8 pixels, got {width}x{height}", reason="invalid_params")
+    if kind in ("txt2img", "edit", "video") and not str(params.get("prompt") or "").strip():
+        raise Rejected(f"params.prompt is required for kind {kind!r}", reason="invalid_params")
+    if kind == "video":
+        fmt = params.get("format", "mp4")
+        if fmt not in VIDEO_FORMATS:
+            raise Rejected(f"params.format must be one of {', '.join(VIDEO_FORMATS)}, got {fmt!r}",
+                           reason="invalid_params")
+        frames = params.get("frames", 8)
+        if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames <= MAX_VIDEO_FRAMES:
+            raise Rejected(f"params.frames must be an integer from 1 to {MAX_VIDEO_FRAMES}, got {frames!r}",
+                           reason="invalid_params")
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels, read from the image header only."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.size

@@ -1,0 +1,46 @@
+"""Schema migrations of the journal's database (Alembic), applied at start-up by
+:func:`upgrade` and by ``homefleet db upgrade``. A new migration::
+
+    .venv/bin/python -m app.migrations revision "what changed"
+
+autogenerates the difference between the tables (SQLModel metadata) and the last revision.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine
+
+SCRIPTS = Path(__file__).resolve().parent
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(SCRIPTS))
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to ``revision`` (default: the newest). Idempotent."""
+    config = alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def revision(message: str) -> None:
+    """Autogenerate a new revision against a scratch SQLite database at head."""
+    with tempfile.TemporaryDirectory() as scratch:
+        engine = create_engine(f"sqlite:///{scratch}/schema.db")
+        upgrade(engine)
+        config = alembic_config(engine)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.revision(config, message=message, autogenerate=True)
+

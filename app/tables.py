@@ -1,0 +1,8 @@
+"""Every table of the journal's database, imported in one place so that SQLModel's metadata
+(and so Alembic's autogenerate, app/migrations) knows them all."""
+
+from app.journal import Job, JobEvent
+from app.registry import ModelFile, ModelRecord
+from app.timings import LearnedTiming
+
+__all__ = ["Job", "JobEvent", "LearnedTiming", "ModelFile", "ModelRecord"]

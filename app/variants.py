@@ -1,0 +1,96 @@
+"""Model variants: the precision (fp32 / bf16 / fp16) and load-time quantization a model is
+registered with, and the weight memory that follows from them.
+
+A variant is part of a model's identity on a worker: the residency key of a loaded pipeline
+includes it (a bf16 copy is not the fp32 one), and so does the memory estimate.
+
+Quantization goes through diffusers' ``quantization_config`` with **torchao** (checked here:
+torchao 0.18 with torch 2.13.0+cpu and diffusers 0.42.1 loads a UNet with int8 weight-only
+``Int8Tensor`` weights and generates on the CPU). bitsandbytes 0.50 installs, but diffusers'
+bitsandbytes quantizer refuses to load without a CUDA/XPU/MPS device ("No GPU found. A GPU
+is needed for quantization."), so it cannot run on CPU workers or in this project's tests.
+
+Memory numbers: parameters are counted from the safetensors headers (an 8-byte little-endian
+header length, then JSON with each tensor's ``shape``; shared/notes/diffusers-offline.md),
+then priced at the variant's bytes per parameter. int8 weight-only stores one byte per
+weight plus one scale per output row; the estimate uses 1 byte per parameter of the denoiser.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: precision -> torch dtype attribute name
+TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: precision -> bytes per parameter
+PRECISION_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+#: quantization -> (diffusers backend, torchao config class, bytes per quantized parameter)
+QUANTIZATIONS: dict[str, tuple[str, str, float]] = {
+    "torchao-int8wo": ("torchao", "Int8WeightOnlyConfig", 1.0),
+}
+#: the components a quantization applies to (the denoiser: most of the weights)
+DENOISERS: tuple[str, ...] = ("transformer", "unet")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a model is loaded: ``precision`` of every component, optional ``quantization`` of the denoiser."""
+
+    precision: str = "fp32"
+    quantization: str | None = None
+
+    def key(self) -> str:
+        """Short text for residency keys and logs, e.g. ``bf16+torchao-int8wo``."""
+        return self.precision + (f"+{self.quantization}" if self.quantization else "")
+
+
+def check_variant(precision: str, quantization: str | None) -> Variant:
+    """Validate a variant. Raises ``ValueError`` naming the field, the value and the choices."""
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_BYTES)}, got {precision!r}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none, got {quantization!r}")
+    return Variant(precision, quantization)
+
+
+def quantization_spec(quantization: str) -> tuple[str, str]:
+    """(diffusers backend, torchao config class name) of ``quantization``. Raises ``ValueError``."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    backend, config_class, _ = QUANTIZATIONS[quantization]
+    return backend, config_class
+
+
+def parameter_counts(folder: Path) -> dict[str, int]:
+    """Parameters per component (first folder under ``folder``) from the ``*.safetensors``
+    headers, without loading any tensor. Raises ``OSError``/``ValueError`` for unreadable files."""
+    counts: dict[str, int] = {}
+    for path in sorted(folder.rglob("*.safetensors")):
+        component = path.relative_to(folder).parts[0] if len(path.relative_to(folder).parts) > 1 else ""
+        counts[component] = counts.get(component, 0) + sum(math.prod(t["shape"]) for t in _header(path).values())
+    return counts
+
+
+def _header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header: dict[str, Any] = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def weights_bytes(counts: Mapping[str, int], variant: Variant) -> int:
+    """Bytes the weights take in memory when loaded as ``variant``: every parameter at the
+    precision's size, the denoiser's at the quantization's size when one is set."""
+    total = 0.0
+    per_param = PRECISION_BYTES[variant.precision]
+    quantized = QUANTIZATIONS[variant.quantization][2] if variant.quantization else per_param
+    for component, count in counts.items():
+        total += count * (quantized if component in DENOISERS else per_param)
+    return int(total)

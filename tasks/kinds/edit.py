@@ -1,0 +1,42 @@
+"""edit: instruction-based image editing (StableDiffusionInstructPix2PixPipeline).
+
+Params (defaults): ``image`` (required: the id of an uploaded file, ``"blake3:<hex>"``),
+``prompt`` (str, required: the instruction, e.g. "make it snowy"), ``negative_prompt``
+(None), ``steps`` (4), ``guidance_scale`` (7.5: how strongly to follow the instruction),
+``image_guidance_scale`` (1.5: how closely to keep the input image), ``seed``.
+Output: one PNG with the input image's width x height pixels (the pipeline keeps the input
+size; both must be multiples of 8, checked at submission).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tasks.kinds import Output, ProgressFn
+from tasks.pipelines import decode_image, png_bytes
+
+
+def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
+        inputs: Mapping[str, bytes]) -> Output:
+    import torch
+
+    image = decode_image(inputs["image"])
+    steps = int(params.get("steps", 4))
+    generator = torch.Generator("cpu").manual_seed(int(params["seed"]))
+
+    def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        progress(step + 1, steps)
+        return callback_kwargs
+
+    result = pipeline(
+        prompt=str(params["prompt"]),
+        image=image,
+        negative_prompt=params.get("negative_prompt"),
+        num_inference_steps=steps,
+        guidance_scale=float(params.get("guidance_scale", 7.5)),
+        image_guidance_scale=float(params.get("image_guidance_scale", 1.5)),
+        generator=generator,
+        callback_on_step_end=on_step_end,
+    )
+    return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")

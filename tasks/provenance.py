@@ -1,0 +1,42 @@
+"""A result's provenance: where it came from, in enough detail to reproduce it.
+
+Two parts:
+
+* the **embedded** record (written into the file: PNG text chunk ``homefleet``, MP4
+  ``comment`` tag, WebP XMP, GIF comment) holds what determines the output: model id,
+  variant, every model file's digest, kind, params, seed, inputs' digests, machine and
+  device. It holds no job id and no timings, so the same seed on the same machine gives
+  byte-identical files (and the same content digest);
+* the **journaled** record (``Job.provenance``, shown by ``GET /v1/jobs/{id}``) is the
+  embedded one plus job id, load/run seconds, cold load, actual and predicted seconds,
+  which the server adds when it stores the result.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+
+def embedded_provenance(*, model_id: str, manifest: dict[str, Any], kind: str, params: dict[str, Any],
+                        inputs: dict[str, str], machine: str, device: str) -> dict[str, Any]:
+    """The deterministic record embedded in the output file.
+
+    ``manifest`` is the server's manifest the files were verified against (R5): its digests
+    are copied as they are, so the record's ``model_files`` equal the manifest's exactly.
+    ``inputs`` maps an input field to its digest (``{"image": "blake3:…"}``).
+    """
+    return {
+        "homefleet": 1,  # provenance format version
+        "model_id": model_id,
+        "precision": manifest.get("precision", "fp32"),
+        "quantization": manifest.get("quantization"),
+        "model_files": {f["path"]: f["digest"] for f in manifest["files"]},
+        "kind": kind,
+        "params": params,
+        "seed": params.get("seed"),
+        "inputs": inputs,
+        "machine": machine,
+        "device": device,
+        "host": platform.node(),
+    }

@@ -1,0 +1,178 @@
+"""The Celery task ``homefleet.sync``: pull model files from the server (R6).
+
+Published by the server to this machine's own queue (design in ``app/sync.py``). Per file:
+
+1. already at its final name with the manifest's size and digest: kept (``present``);
+   something else there: left untouched, reported (``conflict``) - a sync never overwrites
+   or deletes a file on the worker;
+2. otherwise downloaded to ``.<name>.<digest[:16]>.partial`` in the same folder, resuming
+   from that file's length with HTTP Range when an earlier copy was cut;
+3. fsynced, hashed in full and compared with the manifest; a mismatch removes the
+   partial (the sync's own file) and reports ``digest_mismatch``;
+4. hard-linked to its final name, which fails if anything appeared there meanwhile (an
+   atomic rename that cannot overwrite), then the partial name is removed and the folder
+   fsynced.
+
+A process killed at any point leaves at most the ``.partial`` file: nothing unverified ever
+sits at a final name (C06). After copying, the whole model folder is re-verified and the
+advertised set replaced (R4).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.digest import algorithm_of, file_digest, hex_part
+from app.errors import HomefleetError
+from tasks import runtime
+from tasks.heartbeat import advertise
+from tasks.server_client import ServerClient
+
+log = logging.getLogger("homefleet.worker")
+
+CHUNK_BYTES = 256 * 1024
+REPORT_EVERY_S = 0.5  # progress reports renew the reservation (Settings.sync_reservation_ttl_s)
+
+
+@dataclass(frozen=True)
+class FileResult:
+    model_id: str
+    path: str
+    status: str  # present | copied | conflict | digest_mismatch
+    size_bytes: int
+    message: str = ""
+
+
+class Copier:
+    """Copies manifest files from the server into ``models_dir``, reporting bytes as it goes.
+
+    ``on_bytes(n)`` is called after every chunk written; ``max_bytes_per_s`` (None: no cap)
+    throttles the download.
+    """
+
+    def __init__(self, server: ServerClient, models_dir: Path, on_bytes: Callable[[int], None],
+                 max_bytes_per_s: int | None = None) -> None:
+        self.server = server
+        self.models_dir = models_dir
+        self.on_bytes = on_bytes
+        self.max_bytes_per_s = max_bytes_per_s
+
+    def copy(self, model_id: str, entry: dict[str, Any]) -> FileResult:
+        """Bring one manifest entry ``{path, size, digest}`` to its final name. Raises
+        ``httpx.HTTPError``/``HomefleetError`` on transport or server errors (the partial stays)."""
+        path, size, digest = entry["path"], int(entry["size"]), entry["digest"]
+        final = self.models_dir / model_id / path
+        if final.exists() or final.is_symlink():
+            if final.is_file() and final.stat().st_size == size and file_digest(final, algorithm_of(digest)) == digest:
+                self.on_bytes(size)
+                return FileResult(model_id, path, "present", size)
+            return FileResult(model_id, path, "conflict", size,
+                              f"{final} exists with other content; a sync never overwrites a worker's file - move it "
+                              f"away and sync again")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        partial = final.parent / f".{final.name}.{hex_part(digest)[:16]}.partial"
+        offset = partial.stat().st_size if partial.exists() else 0
+        if offset > size:  # not a prefix of this file: the sync's own leftover, start again
+            partial.unlink()
+            offset = 0
+        self.on_bytes(offset)
+        if offset:
+            log.info("resuming %s/%s at byte %d of %d (HTTP Range)", model_id, path, offset, size)
+        if offset < size:
+            self._download(model_id, path, partial, offset)
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        actual = file_digest(partial, algorithm_of(digest))
+        if actual != digest:
+            partial.unlink()
+            return FileResult(model_id, path, "digest_mismatch", size,
+                              f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed")
+        try:
+            os.link(partial, final)  # fails if anything is at the final name: never overwrites
+        except FileExistsError:
+            return FileResult(model_id, path, "conflict", size, f"{final} appeared during the copy; left untouched")
+        partial.unlink()
+        _fsync_dir(final.parent)
+        return FileResult(model_id, path, "copied", size)
+
+    def _download(self, model_id: str, path: str, partial: Path, offset: int) -> None:
+        started, sent = time.monotonic(), 0
+        with self.server.model_file(model_id, path, offset) as response:
+            mode = "ab" if response.status_code == 206 else "wb"
+            if mode == "wb" and offset:
+                self.on_bytes(-offset)  # the server sent the whole file: count from zero again
+            with open(partial, mode) as out:
+                for chunk in response.iter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+                    out.flush()
+                    self.on_bytes(len(chunk))
+                    sent += len(chunk)
+                    if self.max_bytes_per_s:
+                        ahead_s = sent / self.max_bytes_per_s - (time.monotonic() - started)
+                        if ahead_s > 0:
+                            time.sleep(ahead_s)
+                os.fsync(out.fileno())
+
+
+def sync(sync_id: str) -> None:
+    """Run one sync: claim it, copy every file of its models, re-verify, report."""
+    rt = runtime.current()
+    settings = rt.settings
+    try:
+        grant = rt.server.sync_claim(sync_id)
+    except HomefleetError as refusal:
+        log.warning("sync %s refused at claim (%s: %s); nothing copied", sync_id, refusal.reason, refusal.message)
+        return
+    manifests: dict[str, dict[str, Any]] = grant["models"]
+    entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest["files"]]
+    log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
+
+    state = {"bytes": 0, "files": 0, "file": "", "reported_at": 0.0}
+
+    def report(force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - state["reported_at"] >= REPORT_EVERY_S:
+            rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))
+            state["reported_at"] = now
+
+    def on_bytes(count: int) -> None:
+        state["bytes"] += count
+        report()
+
+    copier = Copier(rt.server, settings.models_dir, on_bytes, settings.sync_max_bytes_per_s)
+    results: list[FileResult] = []
+    error: str = ""
+    try:
+        for model_id, entry in entries:
+            state["file"] = f"{model_id}/{entry['path']}"
+            report(force=True)
+            results.append(copier.copy(model_id, entry))
+            state["files"] += 1
+        report(force=True)
+    except Exception as failure:  # reported to the server with the files done so far; nothing is lost
+        error = f"{type(failure).__name__}: {failure}"
+        log.exception("sync %s stopped", sync_id)
+    all_manifests = rt.server.manifest()
+    verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, all_manifests)
+    bad = [r for r in results if r.status not in ("present", "copied")]
+    missing = sorted(m for m in manifests if m not in verified)
+    succeeded = not error and not bad and not missing
+    message = error or "; ".join(f"{r.model_id}/{r.path}: {r.status} ({r.message})" for r in bad[:10])
+    if not message and missing:
+        message = f"not verified after the copy: {', '.join(missing)}"
+    rt.server.sync_finish(sync_id, succeeded, message, [asdict(r) for r in results], sorted(verified))
+    log.info("sync %s %s: %s", sync_id, "succeeded" if succeeded else "failed", message or "all files verified")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

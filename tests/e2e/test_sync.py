@@ -1,0 +1,224 @@
+"""Integrity and one-way sync end to end (R4, R5, R6; cases C06, C07) on real ``celery worker``
+processes, the real API and real tiny pipelines.
+
+Fleet of this module: ``server``, ``m1`` and ``m2`` (m2 downloads at most 1 MB/s, so a sync
+can be killed halfway through a file). Models, all registered before the workers start:
+``tiny-a`` on every machine, ``tiny-b`` and ``tiny-d`` on the server only, ``tiny-c`` on the
+server and m1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from app.client import ApiError, HomefleetClient
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.localfleet import LocalFleet
+from app.redis_server import free_port
+from tests.conftest import make_fleet, run_cli
+
+pytestmark = pytest.mark.e2e
+
+UNET = "unet/diffusion_pytorch_model.safetensors"
+M2_BYTES_PER_S = 1_000_000
+SYNC_TTL_S = 3
+
+
+@dataclass
+class SyncFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+    env: dict[str, str]  # for running the CLI against this fleet
+
+    def verified(self, machine: str) -> set[str]:
+        return set(self.ctx.redis.smembers(self.ctx.keys.verified(machine)))
+
+    def start_worker(self, machine: str) -> None:
+        extra = {"HOMEFLEET_SYNC_MAX_BYTES_PER_S": str(M2_BYTES_PER_S)} if machine == "m2" else None
+        self.local.start_worker(machine, extra_env=extra)
+
+    def sync(self, machine: str, *models: str) -> dict:  # type: ignore[type-arg]
+        response = httpx.post(f"{self.local.api_url}/v1/machines/{machine}/sync", json={"models": list(models)})
+        assert response.status_code == 202, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def sync_state(self, sync_id: str) -> dict:  # type: ignore[type-arg]
+        return httpx.get(f"{self.local.api_url}/v1/syncs/{sync_id}").json()  # type: ignore[no-any-return]
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[SyncFleet]:
+    data_dir = tmp_path_factory.mktemp("syncfleet")
+    redis_url = f"{redis_base_url}/2"
+    redis.Redis.from_url(redis_url).flushdb()
+    config = make_fleet("m1", "m2")
+    fleet_file = data_dir / "fleet.toml"
+    fleet_file.write_text(config.to_toml())
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=3, sync_reservation_ttl_s=SYNC_TTL_S)
+    env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
+           "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
+    for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
+        run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), "--id", model, env=env)
+    local = LocalFleet(settings, config, fleet_file)
+    ctx = build_context(settings, config)
+    client = HomefleetClient(local.api_url)
+    running = SyncFleet(local, ctx, client, env)
+    try:
+        for machine in ("m1", "m2"):
+            local.copy_model("tiny-a", machine)
+        local.copy_model("tiny-c", "m1")
+        local.start_api(extra_env={"HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)})
+        for machine in ("server", "m1", "m2"):
+            running.start_worker(machine)
+        local.wait_online(["server", "m1", "m2"], model_id="tiny-a", timeout_s=120)
+        yield running
+    finally:
+        client.close()
+        local.stop()
+        ctx.close()
+
+
+def test_r4_the_heartbeat_carries_machine_boot_device_memory_warm_and_verified(fleet: SyncFleet) -> None:
+    assert fleet.verified("server") == {"tiny-a", "tiny-b", "tiny-c", "tiny-d"}
+    assert fleet.verified("m1") == {"tiny-a", "tiny-c"}
+    assert fleet.verified("m2") == {"tiny-a"}
+    job = fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
+    assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
+    beat = wait_for(lambda: (hb := fleet.ctx.machines.heartbeat("m1")) and hb["warm_models"] and hb,
+                    what="m1's heartbeat to show its warm model")
+    assert beat["machine"] == "m1" and len(beat["boot_id"]) == 32 and beat["device"] == "cpu"
+    assert beat["memory_total_bytes"] > beat["memory_available_bytes"] > 0
+    assert (beat["warm_models"], beat["verified_models"]) == (["tiny-a"], ["tiny-a", "tiny-c"])
+
+
+def test_r4_r6_a_model_present_but_not_advertised_is_refused_pinned_skipped_by_auto_until_synced(
+    fleet: SyncFleet,
+) -> None:
+    # Put tiny-b's files on m2 by hand: present, but m2 declared nothing about them (R4).
+    fleet.local.copy_model("tiny-b", "m2")
+    with pytest.raises(ApiError) as refused:
+        fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
+    assert (refused.value.status_code, refused.value.reason) == (422, "model_not_verified")
+    assert "homefleet sync m2 tiny-b" in refused.value.message
+    # Auto: m2 would win the tie on name if it were eligible; it is skipped.
+    assert fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="auto")["machine"] == "server"
+    # The operator's command: m2 checks what it holds, verifies, advertises.
+    done = run_cli("sync", "m2", "tiny-b", env=fleet.env, timeout_s=120)
+    assert "succeeded" in done.stdout and "tiny-b" in done.stdout, done.stdout
+    assert "tiny-b" in fleet.verified("m2")
+    accepted = fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
+    assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
+
+
+def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFleet) -> None:
+    running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12}, target="m1")
+    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 12}, target="m1")
+    wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
+    response = httpx.post(f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]})
+    assert response.status_code == 409
+    assert response.json()["error"]["reason"] == "machine_busy"
+    assert "job(s) queued or running" in response.json()["error"]["message"]
+    if fleet.client.get(queued["id"])["state"] != "succeeded":  # still busy: the operator's command is refused too
+        cli = subprocess.run([sys.executable, "-m", "app.cli", "sync", "m1", "tiny-d"],
+                             env={**os.environ, **fleet.env}, capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 2 and "machine_busy" in cli.stdout, cli.stdout
+    assert [fleet.client.wait(j["id"], timeout_s=300)["state"] for j in (running, queued)] == ["succeeded"] * 2
+    assert not (fleet.local.models_dir("m1") / "tiny-d").exists()  # nothing was copied
+
+
+def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withdrawn(fleet: SyncFleet) -> None:
+    path = fleet.local.models_dir("m1") / "tiny-c" / UNET
+    original = path.read_bytes()
+    stat = path.stat()
+    path.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime
+    assert "tiny-c" in fleet.verified("m1")  # not re-checked yet: still advertised
+    accepted = fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
+    job = fleet.client.wait(accepted["id"], timeout_s=120)
+    assert (job["state"], job["reason"]) == ("failed", "integrity")
+    assert UNET in job["message"] and "homefleet sync m1 tiny-c" in job["message"]
+    assert job["load_s"] == 0 and job["cold_load"] is None  # refused before loading
+    assert "tiny-c" not in fleet.verified("m1")  # withdrawn (R5)
+    wait_for(lambda: fleet.ctx.machines.heartbeat("m1")["verified_models"] == ["tiny-a"],
+             what="m1's heartbeat to drop tiny-c")
+    with pytest.raises(ApiError) as refused:
+        fleet.client.submit("tiny-c", "txt2img", {"prompt": "x"}, target="m1")
+    assert refused.value.reason == "model_not_verified"
+    assert fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="auto")["machine"] == "server"
+    # A sync never overwrites: the differing file stays as it is, and the sync says why.
+    record = fleet.sync("m1", "tiny-c")
+    done = wait_for(lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
+                    what="the sync to end")
+    assert done["state"] == "failed"
+    assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "conflict")]
+    assert path.read_bytes() != original and len(path.read_bytes()) == len(original)
+    assert "tiny-c" not in fleet.verified("m1")
+
+
+def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_full_resync_advertises(
+    fleet: SyncFleet,
+) -> None:
+    folder = fleet.local.models_dir("m2") / "tiny-d"
+    final = folder / UNET
+    size = (fleet.local.settings.models_dir / "tiny-d" / UNET).stat().st_size
+    record = fleet.sync("m2", "tiny-d")
+
+    def partial_halfway() -> Path | None:
+        found = [p for p in final.parent.glob(f".{final.name}.*.partial")] if final.parent.exists() else []
+        return found[0] if found and found[0].stat().st_size >= 512 * 1024 else None
+
+    partial = wait_for(partial_halfway, timeout_s=60, what="the unet copy to be under way")
+    old_boot = fleet.ctx.machines.heartbeat("m2")["boot_id"]
+    fleet.local.stop_worker("m2", signal.SIGKILL)  # the whole process group, mid-file
+    assert 0 < partial.stat().st_size < size
+    assert not final.exists()  # no partial data under the real name
+    assert "tiny-d" not in fleet.verified("m2")
+
+    fleet.start_worker("m2")
+    # The killed worker's heartbeat lives on for its TTL: wait for the new boot's own.
+    wait_for(lambda: (hb := fleet.ctx.machines.heartbeat("m2")) and hb["boot_id"] != old_boot, timeout_s=120,
+             what="m2's new worker to beat")
+    assert "tiny-d" not in fleet.verified("m2")  # checked at start: files missing, not advertised
+    assert wait_for(lambda: fleet.sync_state(record["id"])["state"] == "interrupted", timeout_s=SYNC_TTL_S + 30,
+                    what="the killed sync's reservation to expire")
+    # J1 on m2 with that model: refused before anything is queued or loaded, naming the fix.
+    with pytest.raises(ApiError) as refused:
+        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
+    assert refused.value.reason == "model_not_verified" and "homefleet sync m2 tiny-d" in refused.value.message
+
+    again = fleet.sync("m2", "tiny-d")
+    done = wait_for(lambda: (s := fleet.sync_state(again["id"]))["state"] in ("succeeded", "failed") and s,
+                    timeout_s=120, what="the re-sync to end")
+    assert done["state"] == "succeeded", done
+    statuses = {r["path"]: r["status"] for r in done["results"]}
+    assert statuses[UNET] == "copied" and set(statuses.values()) <= {"copied", "present"}
+    assert final.read_bytes() == (fleet.local.settings.models_dir / "tiny-d" / UNET).read_bytes()
+    assert not list(folder.rglob("*.partial"))
+    log = (fleet.local.logs_dir / "worker-m2.log").read_text()
+    assert f"resuming tiny-d/{UNET} at byte" in log  # HTTP Range picked up the partial copy
+    assert "tiny-d" in fleet.verified("m2")
+    accepted = fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
+    assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"

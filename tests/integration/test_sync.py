@@ -1,0 +1,212 @@
+"""Sync's server side (R6), the server's full rehash (C07) and a tampered upload (R2), on a
+real Redis, real Celery publishing and the real HTTP app; no worker reads the queues here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app import keys
+from app.celery_app import SYNC_TASK
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.digest import bytes_digest, file_digest
+from app.errors import Conflict, MachineUnavailable, Rejected
+from app.journal import Job, JobState
+from app.server import create_app
+from app.sync import SyncState, Syncs
+from tests.conftest import make_fleet, settings_env
+from tests.integration.test_dispatch import bring_online
+
+
+def syncs_of(ctx: ServerContext) -> Syncs:
+    return Syncs(ctx.settings, ctx.redis, ctx.celery, ctx.fleet, ctx.journal, ctx.registry, ctx.machines)
+
+
+@pytest.fixture
+def model(ctx: ServerContext, tiny_models_dir: Path) -> str:
+    return ctx.registry.add(tiny_models_dir / "tiny-sd").id
+
+
+def test_r6_sync_is_refused_with_409_while_the_machine_has_work(ctx: ServerContext, model: str) -> None:
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job
+    with pytest.raises(Conflict) as refused:
+        syncs_of(ctx).start("m1", [model])
+    assert refused.value.status_code == 409 and refused.value.reason == "machine_busy"
+    assert "1 job(s) queued or running" in refused.value.message
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is None  # nothing reserved
+    assert ctx.redis.llen(keys.queue("m1")) == 1  # nothing published behind the job
+    # Running counts as busy too.
+    ctx.journal.claim(job.id, "m1")
+    ctx.redis.delete(keys.queue("m1"))
+    with pytest.raises(Conflict, match="machine_busy|has work"):
+        syncs_of(ctx).start("m1", [model])
+
+
+def test_r6_a_sync_reserves_its_machine_and_waits_in_its_queue(ctx: ServerContext, model: str) -> None:
+    bring_online(ctx, "m1", {model})
+    bring_online(ctx, "server", {model})
+    record = syncs_of(ctx).start("m1", [model])
+    assert record["state"] == SyncState.queued and record["models"] == [model]
+    assert record["bytes_total"] == ctx.registry.get(model).total_bytes
+    assert ctx.redis.get(ctx.keys.syncing("m1")) == record["id"]
+    [message] = [json.loads(raw) for raw in ctx.redis.lrange(keys.queue("m1"), 0, -1)]
+    assert (message["headers"]["task"], message["headers"]["id"]) == (SYNC_TASK, record["id"])
+    # While it holds m1, nothing is placed there: pinned is refused, Auto goes elsewhere.
+    with pytest.raises(Rejected) as refused:
+        ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1")
+    assert refused.value.reason == "machine_syncing"
+    assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "auto").job.machine == "server"
+    with pytest.raises(Conflict) as again:
+        syncs_of(ctx).start("m1", [model])
+    assert again.value.reason == "machine_syncing"
+    # The worker claims it once; a second delivery is refused.
+    grant = syncs_of(ctx).claim(record["id"], "m1")
+    assert grant["models"][model]["files"] == ctx.registry.manifest(model).as_json()["files"]
+    with pytest.raises(Conflict) as second:
+        syncs_of(ctx).claim(record["id"], "m1")
+    assert second.value.reason == "sync_claimed"
+    done = syncs_of(ctx).finish(record["id"], "m1", True, "", [], [model])
+    assert done["state"] == SyncState.succeeded and ctx.redis.get(ctx.keys.syncing("m1")) is None
+    assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"
+
+
+def test_r6_sync_to_an_offline_or_unknown_machine_is_refused(ctx: ServerContext, model: str) -> None:
+    with pytest.raises(MachineUnavailable):
+        syncs_of(ctx).start("m2", [model])
+    with pytest.raises(Rejected) as unknown:
+        syncs_of(ctx).start("mars", [model])
+    assert unknown.value.reason == "unknown_machine"
+    assert ctx.redis.llen(keys.queue("m2")) == 0
+
+
+def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
+    settings: Settings, model: str, ctx: ServerContext
+) -> None:
+    short = Syncs(settings.model_copy(update={"sync_reservation_ttl_s": 0.3}), ctx.redis, ctx.celery, ctx.fleet,
+                  ctx.journal, ctx.registry, ctx.machines)
+    bring_online(ctx, "m1", {model})
+    record = short.start("m1", [model])
+    short.claim(record["id"], "m1")
+    short.progress(record["id"], "m1", 0, 1000, f"{model}/unet/diffusion_pytorch_model.safetensors")
+    deadline = time.monotonic() + 10
+    while ctx.redis.exists(ctx.keys.syncing("m1")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = short.get(record["id"])
+    assert after["state"] == SyncState.interrupted and "reservation expired" in after["message"]
+    with pytest.raises(Conflict) as lost:
+        short.progress(record["id"], "m1", 0, 2000, "")
+    assert lost.value.reason == "sync_not_reserved"  # the worker stops copying
+
+
+def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: ServerContext, model: str) -> None:
+    path = ctx.registry.folder(model) / "unet" / "diffusion_pytorch_model.safetensors"
+    before = ctx.registry.manifest(model)
+    stat = path.stat()
+    with open(path, "r+b") as handle:  # same inode, same size; then the mtime is put back
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # The (size, mtime_ns, inode) cache cannot see it; the full rehash does.
+    assert ctx.registry.manifest(model) == before
+    checks = ctx.registry.verify()
+    changed = [c for c in checks if c.status != "ok"]
+    assert [(c.path, c.status) for c in changed] == [("unet/diffusion_pytorch_model.safetensors", "changed")]
+    assert changed[0].actual == file_digest(path) != changed[0].recorded
+    after = {f.path: f.digest for f in ctx.registry.manifest(model).files}
+    assert after["unet/diffusion_pytorch_model.safetensors"] == file_digest(path)
+    assert all(c.status == "ok" for c in ctx.registry.verify([model]))
+
+
+def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx: ServerContext, model: str) -> None:
+    path = ctx.registry.folder(model) / "vae" / "diffusion_pytorch_model.safetensors"
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    env = {**os.environ, **settings_env(ctx.settings), "COLUMNS": "300"}
+    first = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "vae/diffusion_pytorch_model.safetensors" in first.stdout and "changed" in first.stdout
+    assert "1 changed or missing" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify", model], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0 and "0 changed or missing" in second.stdout, second.stdout
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[tuple[TestClient, ServerContext]]:
+    context = build_context(settings, make_fleet("m1", "m2"))
+    try:
+        yield TestClient(create_app(settings, context)), context
+    finally:
+        context.close()
+
+
+def png_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("tamper", ["bytes_changed", "not_an_image"])
+def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path, tamper: str
+) -> None:
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    data = png_bytes()
+    digest = bytes_digest(data)
+    if tamper == "bytes_changed":
+        data = data[:-1] + bytes([data[-1] ^ 1])  # altered after the worker hashed it
+    else:
+        data = b"#!/bin/sh\nrm -rf /\n"
+        digest = bytes_digest(data)
+    form = {"digest": digest, "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
+    response = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
+                           files={"file": ("result", data, "image/png")})
+    assert response.status_code == 422
+    assert response.json()["error"]["reason"] == "integrity"
+    failed = ctx.journal.get(job.id)
+    assert (failed.state, failed.reason, failed.result_path) == (JobState.failed, "integrity", None)
+    results = ctx.settings.results_dir
+    assert not results.exists() or not [p for p in results.rglob("*") if p.is_file()]
+    assert client.get(f"/v1/jobs/{job.id}/result").status_code == 404
+
+
+def test_r6_the_file_endpoint_needs_a_token_serves_only_manifest_files_and_ranges(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    url = f"/internal/v1/models/{model}/files/unet/diffusion_pytorch_model.safetensors"
+    assert client.get(url).status_code == 401
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    whole = (ctx.registry.folder(model) / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
+    full = client.get(url, headers=auth)
+    assert full.status_code == 200 and full.content == whole
+    assert full.headers["x-content-digest"] == bytes_digest(whole)
+    part = client.get(url, headers={**auth, "Range": "bytes=1000-"})
+    assert part.status_code == 206 and part.content == whole[1000:]
+    for path in ("../../journal.db", "unet/nope.bin"):
+        refused = client.get(f"/internal/v1/models/{model}/files/{path}", headers=auth)
+        assert refused.status_code == 404

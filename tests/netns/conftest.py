@@ -1,0 +1,153 @@
+"""Several hosts on one machine (issue 8): each remote worker runs in its own network
+namespace, joined to the root namespace by a veth pair, and reaches the server's Redis and
+API only over the veth addresses this test assigns (shared/notes/multi-host.md).
+
+Addresses: host ``i`` gets 10.231.<i>.2/30, its gateway (the server side) 10.231.<i>.1.
+Redis and the API bind to those server-side addresses explicitly, never 0.0.0.0.
+Everything is torn down at the end, also on failure. Without permission to create
+namespaces (not root, no iproute2) the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.client import HomefleetClient
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.localfleet import LocalFleet
+from app.redis_server import RedisProcess, free_port, redis_server_binary
+from tests.conftest import make_fleet, run_cli
+
+MODEL = "tiny-sd"
+HOSTS = {"hosta": 1, "hostb": 2}  # machine name -> subnet index
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+@dataclass
+class Host:
+    machine: str
+    namespace: str
+    address: str  # the host's own address, inside its namespace
+    gateway: str  # the server-side address of its link
+    veth_inside: str
+
+    @property
+    def netns(self) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace]
+
+    def link(self, up: bool) -> None:
+        ip("netns", "exec", self.namespace, "ip", "link", "set", self.veth_inside, "up" if up else "down")
+
+
+def make_host(machine: str, index: int) -> Host:
+    namespace, outside, inside = f"hf-{machine}", f"hfv{index}o", f"hfv{index}i"
+    gateway, address = f"10.231.{index}.1", f"10.231.{index}.2"
+    ip("netns", "add", namespace)
+    ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+    ip("link", "set", inside, "netns", namespace)
+    ip("addr", "add", f"{gateway}/30", "dev", outside)
+    ip("link", "set", outside, "up")
+    ip("netns", "exec", namespace, "ip", "addr", "add", f"{address}/30", "dev", inside)
+    ip("netns", "exec", namespace, "ip", "link", "set", inside, "up")
+    ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+    return Host(machine, namespace, address, gateway, inside)
+
+
+def remove_host(machine: str, index: int) -> None:
+    for args in (("netns", "del", f"hf-{machine}"), ("link", "del", f"hfv{index}o")):
+        subprocess.run(["ip", *args], capture_output=True, timeout=10)
+
+
+@dataclass
+class MultiHostFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+    hosts: dict[str, Host]
+    redis_port: int
+
+
+@pytest.fixture(scope="module")
+def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -> Iterator[MultiHostFleet]:
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (`ip`) is not installed: no network namespaces here")
+    for machine, index in HOSTS.items():
+        remove_host(machine, index)  # leftovers of an interrupted run
+    try:
+        hosts = {machine: make_host(machine, index) for machine, index in HOSTS.items()}
+    except subprocess.CalledProcessError as error:
+        for machine, index in HOSTS.items():
+            remove_host(machine, index)
+        pytest.skip(f"network namespaces are not permitted here: {error.stderr.strip()}")
+    data_dir = tmp_path_factory.mktemp("multihost")
+    redis_port, api_port = free_port(), free_port()
+    server_address = hosts["hosta"].gateway  # the API binds here; other hosts route to it
+    binds = ["127.0.0.1", *(h.gateway for h in hosts.values())]
+    redis_process = subprocess.Popen(
+        [redis_server_binary(), "--bind", *binds, "--port", str(redis_port), "--save", "", "--appendonly", "no",
+         "--protected-mode", "no", "--dir", str(data_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    redis_server = RedisProcess(f"redis://127.0.0.1:{redis_port}/0", redis_process)
+    local: LocalFleet | None = None
+    ctx: ServerContext | None = None
+    try:
+        for host in hosts.values():  # every other server-side address is reached through the gateway
+            ip("netns", "exec", host.namespace, "ip", "route", "add", "default", "via", host.gateway)
+        _wait_redis(redis_server.url)
+        fleet = make_fleet(*HOSTS)
+        fleet_file = data_dir / "fleet.toml"
+        fleet_file.write_text(fleet.to_toml())
+        settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
+                            api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
+                            reconcile_interval_s=1, lost_grace_s=3)
+        run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
+                env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_REDIS_URL": redis_server.url,
+                     "HOMEFLEET_FLEET_FILE": str(fleet_file)})
+        local = LocalFleet(settings, fleet, fleet_file)
+        ctx = build_context(settings, fleet)
+        local.start_api()
+        local.copy_model(MODEL, "hosta")  # hostb gets it by `homefleet sync` over its link (first test)
+        for machine, host in hosts.items():
+            local.start_worker(machine, prefix=host.netns, extra_env={
+                "HOMEFLEET_REDIS_URL": f"redis://{host.gateway}:{redis_port}/0",
+                "HOMEFLEET_SERVER_URL": f"http://{server_address}:{api_port}",
+            })
+        local.wait_online(["hosta"], model_id=MODEL, timeout_s=180)
+        local.wait_online(["hostb"], timeout_s=180)
+        with HomefleetClient(local.api_url) as client:
+            yield MultiHostFleet(local, ctx, client, hosts, redis_port)
+    finally:
+        if local is not None:
+            local.stop()
+        if ctx is not None:
+            ctx.close()
+        redis_server.stop()
+        for machine, index in HOSTS.items():
+            remove_host(machine, index)
+
+
+def _wait_redis(url: str) -> None:
+    import time
+
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
