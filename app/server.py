@@ -79,7 +79,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)
     api.include_router(internal.router)
-    api.include_router(sync.public_router)
+    api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
     return api
 

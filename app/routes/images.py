@@ -4,9 +4,9 @@
   ``response_format`` ``b64_json`` | ``url``; Homefleet extras ``steps``, ``target``,
   ``negative_prompt`` through the SDK's ``extra_body``): one txt2img job per image, waited
   for, answered ``{"created", "data": [{"b64_json"} | {"url"}]}``.
-- ``POST /v1/images/edits`` (multipart): the upload is validated (bytes, media type, R22);
-  the edit kind and input uploads are not in this server yet, so it then answers 422
-  ``edit_not_available``.
+- ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
+  ``response_format``): the upload is validated (bytes, media type, R22), stored as an
+  input, and one ``edit`` job per image runs on it.
 - ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}`` -> image bytes,
   what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Request, UploadFile
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.client import ENDED_STATES
@@ -116,8 +116,9 @@ def default_model(ctx: ServerContext, kind: str) -> str:
     raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
 
 
-async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], target: str, count: int) -> list[Job]:
-    """Submit ``count`` txt2img jobs and wait until they have ended (``images_wait_s``).
+async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], target: str, count: int,
+                   kind: str = "txt2img") -> list[Job]:
+    """Submit ``count`` jobs of ``kind`` and wait until they have ended (``images_wait_s``).
 
     Raises:
         HomefleetError: the first submission was refused (nothing started).
@@ -126,7 +127,7 @@ async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], targe
     ids: list[str] = []
     try:
         for _ in range(count):
-            submission = await to_thread.run_sync(ctx.dispatcher.submit, model, "txt2img", dict(params), target)
+            submission = await to_thread.run_sync(ctx.dispatcher.submit, model, kind, dict(params), target)
             ids.append(submission.job.id)
         deadline = time.monotonic() + ctx.settings.images_wait_s
         while True:
@@ -157,13 +158,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
     jobs = await run_jobs(ctx, model, params, body.target, body.n)
-    data = []
-    for job in jobs:
-        if body.response_format == "url":
-            data.append({"url": str(request.base_url).rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": body.prompt})
-        else:
-            data.append({"b64_json": base64.b64encode(Path(job.result_path or "").read_bytes()).decode(), "revised_prompt": body.prompt})
-    return {"created": int(time.time()), "data": data}
+    return {"created": int(time.time()), "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
 
 
 def sniff_media_type(head: bytes) -> str:
@@ -179,24 +174,33 @@ def sniff_media_type(head: bytes) -> str:
 @router.post("/v1/images/edits")
 async def edit_images(
     ctx: Context,
-    image: Annotated[UploadFile, File(description="the image to edit (PNG, JPEG or WebP)")],
+    request: Request,
+    image: Annotated[UploadFile, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")],
     prompt: Annotated[str, Form(min_length=1, max_length=32000)],
     model: Annotated[str | None, Form(max_length=64)] = None,
     n: Annotated[int, Form(ge=1, le=64)] = 1,
     size: Annotated[str | None, Form(max_length=32)] = None,
     response_format: Annotated[Literal["b64_json", "url"] | None, Form()] = None,
-) -> JSONResponse:
-    """OpenAI ``images.edit``. Validates the upload (size, media type by content) and params;
-    then 422 ``edit_not_available``: this server has no edit kind / input uploads yet."""
-    family = (await to_thread.run_sync(ctx.registry.get, model)).family if model else "default"
-    limits = limits_for(ctx.settings.limits, family)
+) -> dict[str, Any]:
+    """OpenAI ``images.edit``: the upload is checked (bytes, media type by content; R22) and
+    stored as an input (``POST /v1/files``'s store), then one ``edit`` job per image runs on
+    it. ``size`` is accepted for compatibility; an edit keeps the input's size."""
+    model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
+    record = await to_thread.run_sync(ctx.registry.get, model_id)
+    limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)
     check_upload(len(data), sniff_media_type(data[:16]), limits)
     parse_size(size)
-    raise Rejected(
-        f"image edits are not available on this server yet (model {model!r}): the `edit` job kind and "
-        "input uploads (POST /v1/files) are not installed; nothing was queued", reason="edit_not_available",
-    )
+    stored = await to_thread.run_sync(ctx.inputs.add, data)
+    jobs = await run_jobs(ctx, model_id, {"prompt": prompt, "image": stored.id, "n": n}, SERVER, n, kind="edit")
+    return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
+
+
+def image_item(job: Job, response_format: str | None, request: Request, prompt: str) -> dict[str, str]:
+    """One ``data`` entry: the result as base64 (default) or as its URL."""
+    if response_format == "url":
+        return {"url": str(request.base_url).rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
+    return {"b64_json": base64.b64encode(Path(job.result_path or "").read_bytes()).decode(), "revised_prompt": prompt}
 
 
 @router.post("/hf", response_class=Response)

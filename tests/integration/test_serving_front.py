@@ -3,6 +3,7 @@ API keys, the OpenAI error shape). No worker runs: jobs stay queued."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from app import keys
 from app.auth import OpenApiRefused
@@ -251,15 +253,32 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(setting
         assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
 
 
-def test_r22_openai_edits_validate_the_upload_then_say_edits_are_not_available(api: tuple[TestClient, ServerContext]) -> None:
-    client, _ctx = api
-    fields = {"prompt": "make it blue"}
-    wrong_type = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")})
-    assert wrong_type.status_code == 422
-    assert wrong_type.json()["error"]["param"] == "image" and "application/octet-stream" in wrong_type.json()["error"]["message"]
-    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
-    too_big = png + b"\x00" * (16 * 1024 * 1024)
-    big = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", too_big, "image/png")}).json()["error"]
-    assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
-    unavailable = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", png, "image/png")})
-    assert unavailable.status_code == 422 and unavailable.json()["error"]["code"] == "edit_not_available"
+def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    client, ctx = make_api(settings.model_copy(update={"images_wait_s": 1}), tiny_models_dir)
+    with client:
+        assert client.post("/v1/images/edits", data={"prompt": "x"},
+                           files={"image": ("a.png", b"x", "image/png")}).json()["error"]["code"] == "no_model"
+        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+        bring_online(ctx, "server")
+        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        fields = {"prompt": "make it blue"}
+        wrong_type = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")})
+        assert wrong_type.status_code == 422
+        error = wrong_type.json()["error"]
+        assert error["param"] == "image" and "application/octet-stream" in error["message"]
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
+        png = buffer.getvalue()
+        big = client.post("/v1/images/edits", data=fields,
+                          files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}).json()["error"]
+        assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
+        # No worker runs here: the edit job is queued on the stored input, the wait runs out,
+        # and the answer says not to retry (the job exists, R20).
+        waited = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", png, "image/png")})
+        assert waited.status_code == 500 and waited.headers["x-should-retry"] == "false"
+        assert waited.json()["error"]["code"] == "timeout"
+        [job] = ctx.journal.list([JobState.queued])
+        assert (job.kind, job.model_id, job.params["prompt"]) == ("edit", edit_model, "make it blue")
+        assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png
