@@ -25,9 +25,10 @@ class ApiError(HomefleetError):
 
 
 class HomefleetClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
         # httpx's default transport makes no retries; nothing here adds any (R20).
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()

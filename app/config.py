@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.limits import FamilyLimits, default_limits
+
 
 class BrokerSettings(BaseSettings):
     """What every process of the fleet (server, API, workers) must agree on.
@@ -54,6 +56,16 @@ class Settings(BrokerSettings):
     lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
     hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
     idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
+    # Serving front (R22-R24). Limits per model family; families not listed use "default".
+    limits: dict[str, FamilyLimits] = Field(default_factory=default_limits)
+    max_queued_per_machine: int = Field(32, ge=1)  # R23: reserved jobs (queued + running) per machine
+    max_pending_total: int = Field(256, ge=1)  # R23: reserved jobs in the whole fleet
+    retry_after_s: int = Field(5, ge=1)  # the Retry-After of a 429 (seconds)
+    # Bearer API keys of the public routes. Empty: the server refuses to start unless
+    # allow_open_api is set (then the routes are open and start-up says so).
+    api_keys: list[str] = Field(default_factory=list)
+    allow_open_api: bool = False
+    images_wait_s: float = Field(600.0, gt=0)  # how long the OpenAI/HF image routes wait for a job
     # R6: a sync's reservation on its machine expires this long after the worker's last
     # progress report (the worker reports at least every second), so a worker killed
     # mid-copy frees its machine.

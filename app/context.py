@@ -17,6 +17,7 @@ from app.inputs import InputStore
 from app.journal import Journal
 from app.keys import Keys
 from app.machines import MachineStates
+from app.metrics import Metrics
 from app.queues import MachineQueues
 from app.registry import Registry
 from app.storage import ResultStore
@@ -36,6 +37,7 @@ class ServerContext:
     machines: MachineStates
     queues: MachineQueues
     dispatcher: Dispatcher
+    metrics: Metrics
     inputs: InputStore
 
     def close(self) -> None:
@@ -57,5 +59,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     queues = MachineQueues(client)
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues, inputs)
+    metrics = Metrics()
+    metrics.watch_fleet(machines, registry)
+    dispatcher.metrics = metrics
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher, inputs)
+                         dispatcher, metrics, inputs)

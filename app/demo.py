@@ -11,6 +11,7 @@ result's path, media type, digest, machine, seed and seconds; stops everything i
 from __future__ import annotations
 
 import io
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,9 @@ def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     fleet_file.write_text(fleet.to_toml())
     fleet_file.chmod(0o600)
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port())
+    api_key = secrets.token_urlsafe(24)
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+                        api_keys=[api_key])
     ctx = build_context(settings, fleet)
     local = LocalFleet(settings, fleet, fleet_file)
     try:
@@ -98,7 +101,8 @@ def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
             for model_id in DEMO_MODELS.values():
                 local.wait_online(list(fleet.machines), model_id=model_id)
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
-        with HomefleetClient(local.api_url) as client:
+        console.print(f"API key of this demo: {api_key}  (send 'Authorization: Bearer {api_key}')")
+        with HomefleetClient(local.api_url, api_key=api_key) as client:
             jobs = _run_jobs(client, console)
         return _report(jobs, ctx.journal, console)
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import time
@@ -27,7 +27,9 @@ from app.config import Settings
 from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.costs import DemandStore, FleetCosts
-from app.errors import Conflict, HomefleetError, PlacementLost, Rejected
+from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
+from app.limits import PromptTokenizers, check_submission, limits_for
+from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
 from app.kind_params import check_kind_params
@@ -80,13 +82,16 @@ class Dispatcher:
         self.timings = TimingStore(journal.engine)
         self.costs = FleetCosts(machines.fleet, registry, self.timings)
         self.demand = DemandStore(client, self.keys)
+        self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
+        self.metrics: Metrics | None = None  # set by build_context (R24)
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
         """The placement request of a submission.
 
         Raises:
             NotFound: the model is not registered (reason ``unknown_model``).
-            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``).
+            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), or the
+                params exceed the family's limits (reason ``invalid_<field>``, R22).
         """
         record = self.registry.get(model_id)
         if kind not in record.kinds:
@@ -94,7 +99,27 @@ class Dispatcher:
                 f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
                 reason="kind_not_supported",
             )
+        check_submission(params, limits_for(self.settings.limits, record.family), self.tokenizers.counter(model_id), kind)
         return JobRequest.from_params(model_id, record.family, kind, target, params)
+
+    def views(self) -> dict[str, MachineView]:
+        """Every machine's view with the per-machine queue limit set (R23)."""
+        limit = self.settings.max_queued_per_machine
+        return {name: replace(view, max_queued=limit) for name, view in self.machines.views().items()}
+
+    def check_pending(self, views: dict[str, MachineView]) -> None:
+        """Refuse when the fleet already holds ``max_pending_total`` jobs (R23).
+
+        Raises:
+            Overloaded: reason ``fleet_full`` (429 with Retry-After).
+        """
+        pending = sum(view.backlog for view in views.values())
+        if pending >= self.settings.max_pending_total:
+            raise Overloaded(
+                f"the fleet has {pending} jobs queued or running, the limit is max_pending_total = "
+                f"{self.settings.max_pending_total}; retry later", reason="fleet_full",
+                retry_after_s=self.settings.retry_after_s,
+            )
 
     def pressure(self, views: dict[str, MachineView], estimator: Estimator, now_s: float) -> dict[str, Pressure]:
         """Auto's scarcity data: recent demand spread over the machines able to run it now."""
@@ -109,7 +134,7 @@ class Dispatcher:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
         that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`."""
         request = self.request(model_id, kind, params, target)
-        views = self.machines.views()
+        views = self.views()
         estimator = self.costs.estimator()
         weights = self.pressure(views, estimator, time.time()) if request.target == AUTO else None
         return dry_run(request, views, estimator, weights)
@@ -118,6 +143,8 @@ class Dispatcher:
         """A job ended (any state): release its reservation; fold measured times into the
         learned timings (R13) when it ran."""
         self.machines.reservations.release(job.machine, job.id)
+        if self.metrics is not None:
+            self.metrics.finished(job)
         if job.state in (JobState.succeeded, JobState.failed) and job.run_s is not None:
             self.timings.observe(job, self.costs.estimator())
 
@@ -160,7 +187,8 @@ class Dispatcher:
                             )
                         return Submission(job=original, position=0, replayed=True)
                 now_s = time.time()
-                views = self.machines.views()
+                views = self.views()
+                self.check_pending(views)
                 estimator = self.costs.estimator()
                 weights = self.pressure(views, estimator, now_s) if request.target == AUTO else None
                 placement = place(request, views, estimator, weights)
@@ -193,7 +221,11 @@ class Dispatcher:
                 if lock.owned():
                     lock.release()
         except HomefleetError as error:
+            if isinstance(error, Overloaded):
+                error.retry_after_s = self.settings.retry_after_s
             if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
+                if self.metrics is not None:
+                    self.metrics.refused(error.reason)
                 self.journal.add(
                     Job(state=JobState.rejected, model_id=model_id, kind=kind, params=params, target=target,
                         reason=error.reason, message=error.message)

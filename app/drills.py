@@ -42,6 +42,7 @@ from app.redis_server import RedisProcess, free_port, start_redis_server
 
 MODEL = "tiny-sd"
 WORKERS = ("m1", "m2")
+DRILL_API_KEY = "drill-api-key-0123456789"  # the drill fleet's own API key
 _CLAIMED = re.compile(r"job ([0-9a-f]{32}) claimed")
 
 
@@ -101,7 +102,7 @@ class DrillFleet:
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
-            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s,
+            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
         )
         self.ctx = build_context(settings, fleet)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
@@ -112,7 +113,7 @@ class DrillFleet:
         for machine in WORKERS:
             self.local.start_worker(machine)
         self.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=180)
-        self.client = HomefleetClient(self.local.api_url)
+        self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
 
     def stop(self) -> None:
         if self.client is not None:
@@ -238,7 +239,7 @@ def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
     url = fleet.local.api_url
 
     def submitter(worker_index: int) -> None:
-        with HomefleetClient(url, timeout_s=10) as client:
+        with HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) as client:
             for i in range(worker_index, count, 4):
                 key = f"drill-server-kill-{time.time_ns()}-{i}"
                 body = {"prompt": f"burst {i}", "steps": 1}

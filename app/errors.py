@@ -81,3 +81,15 @@ class PlacementLost(HomefleetError):
 
     status_code = 503
     default_reason = "placement_lock_lost"
+
+
+class Overloaded(HomefleetError):
+    """Raised when a submission would exceed ``max_queued_per_machine`` or
+    ``max_pending_total`` (R23): refused at once, answered 429 with ``Retry-After``."""
+
+    status_code = 429
+    default_reason = "overloaded"
+
+    def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after_s = retry_after_s

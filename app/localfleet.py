@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import json
+
 import httpx
 
 from app.config import BrokerSettings, Settings
@@ -36,6 +38,12 @@ class LocalFleet:
         self.logs_dir = settings.data_dir / "logs"
 
     @property
+    def auth_headers(self) -> dict[str, str]:
+        """The first configured API key as a bearer header (none when the API is open)."""
+        keys = self.settings.api_keys
+        return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    @property
     def api_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.settings.api_port}"
 
@@ -53,7 +61,8 @@ class LocalFleet:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
         for name, value in settings.model_dump(mode="json").items():
             if value is not None and name in type(settings).model_fields:
-                env[f"HOMEFLEET_{name.upper()}"] = str(value)
+                # pydantic-settings reads lists and dicts from the environment as JSON
+                env[f"HOMEFLEET_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra)
         return env
@@ -72,7 +81,7 @@ class LocalFleet:
         return process
 
     def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
-        """Start ``homefleet serve`` and wait until ``/health`` answers 200."""
+        """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24)."""
         env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
         process = self._spawn("api", ["serve"], env)
         deadline = time.monotonic() + timeout_s
@@ -80,7 +89,7 @@ class LocalFleet:
             if process.poll() is not None:
                 raise RuntimeError(f"the API exited with {process.returncode}; see {self.logs_dir / 'api.log'}")
             try:
-                if httpx.get(f"{self.api_url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.api_url}/health", timeout=1).status_code in (200, 503):
                     return
             except httpx.HTTPError:
                 pass
@@ -107,7 +116,7 @@ class LocalFleet:
         """Wait until every machine in ``machines`` is online (and has verified ``model_id``)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            rows = {m["name"]: m for m in httpx.get(f"{self.api_url}/v1/machines", timeout=5).json()}
+            rows = {m["name"]: m for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()}
             missing = [
                 name for name in machines
                 if not rows[name]["online"] or (model_id is not None and model_id not in rows[name]["verified_models"])

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from app.auth import check_api_keys, require_api_key
 from app.config import Settings
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError
+from app.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.reconcile import ReconcileLoop, Reconciler
-from app.routes import internal, public, sync
+from app.routes import events, images, internal, public, serving, sync
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
-    """Build the API. The context (journal, Redis, Celery…) is created here unless given."""
+    """Build the API. The context (journal, Redis, Celery…) is created here unless given.
+
+    Raises:
+        OpenApiRefused: no API key configured and ``allow_open_api`` not set (app/auth.py).
+    """
+    check_api_keys(settings)
     context = ctx or build_context(settings)
 
     reconcile = ReconcileLoop(Reconciler(context), settings.reconcile_interval_s)
@@ -30,19 +39,52 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     api = FastAPI(title="Homefleet", version="0.1.0", lifespan=lifespan)
     api.state.ctx = context
+    api.state.settings = settings
 
     @api.exception_handler(HomefleetError)
-    async def domain_error(_request: Request, error: HomefleetError) -> JSONResponse:
-        return JSONResponse(status_code=error.status_code, content={"error": {"reason": error.reason, "message": error.message}})
+    async def domain_error(request: Request, error: HomefleetError) -> JSONResponse:
+        headers = {}
+        retry_after_s = getattr(error, "retry_after_s", None)
+        if retry_after_s is not None:
+            headers["Retry-After"] = str(retry_after_s)
+        if is_openai_route(request.url.path):
+            return openai_error(error, headers)
+        return JSONResponse(status_code=error.status_code, content={"error": {"reason": error.reason, "message": error.message}},
+                            headers=headers)
 
-    @api.get("/health")
-    def health() -> dict[str, object]:
-        context.redis.ping()
-        online = [name for name, view in context.machines.views().items() if view.online]
-        return {"status": "ok", "machines_online": online}
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        if is_openai_route(request.url.path):
+            return openai_validation_error(error)
+        details = error.errors()
+        first = details[0] if details else {}
+        field = ".".join(str(part) for part in first.get("loc", ()))
+        message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
+        return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
+                                                      "detail": jsonable(details)})
 
-    api.include_router(public.router)
+    @api.middleware("http")
+    async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start_s = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        context.metrics.request_s.labels(
+            method=request.method, route=getattr(route, "path", "unmatched"), status=str(response.status_code),
+        ).observe(time.perf_counter() - start_s)
+        return response
+
+    keyed = [Depends(require_api_key)]
+    api.include_router(serving.router)
+    api.include_router(public.router, dependencies=keyed)
+    api.include_router(events.router, dependencies=keyed)
+    api.include_router(images.router, dependencies=keyed)
     api.include_router(internal.router)
-    api.include_router(sync.public_router)
+    api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
     return api
+
+
+def jsonable(details: object) -> object:
+    from fastapi.encoders import jsonable_encoder
+
+    return jsonable_encoder(details)

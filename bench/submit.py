@@ -41,7 +41,8 @@ def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tu
             fleet = Fleet(machines={n: Machine(name=n, backend="cpu", memory_kind="unified", memory_bytes=8_000_000_000,
                                                families=frozenset({"sd1"}), token=f"token-{n}-".ljust(32, "x"))
                                     for n in names})
-            settings = Settings(data_dir=root / "server", redis_url=redis_process.url)
+            settings = Settings(data_dir=root / "server", redis_url=redis_process.url, allow_open_api=True,
+                                max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
             ctx = build_context(settings, fleet)
             try:
                 model = ctx.registry.add(_model_folder(root), "bench-sd").id

@@ -40,7 +40,8 @@ def main(out: Path) -> None:
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = work / "fleet.toml"
     fleet_file.write_text(fleet.to_toml())
-    settings = Settings(data_dir=work / "server", redis_url=redis_server.url, fleet_file=fleet_file, api_port=free_port())
+    settings = Settings(data_dir=work / "server", redis_url=redis_server.url, fleet_file=fleet_file, api_port=free_port(),
+                        api_keys=["flower-screenshot-key"])
     ctx = build_context(settings, fleet)
     local = LocalFleet(settings, fleet, fleet_file)
     flower: subprocess.Popen[bytes] | None = None
@@ -57,7 +58,7 @@ def main(out: Path) -> None:
         flower = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        with HomefleetClient(local.api_url) as client:
+        with HomefleetClient(local.api_url, api_key="flower-screenshot-key") as client:
             jobs = [client.submit(model, "txt2img", {"prompt": f"job {i}", "steps": 2}, target=m)
                     for i, m in enumerate(["server", "box1", "box2", "box1", "auto"])]
             for job in jobs:

@@ -9,7 +9,7 @@ rerouted (R10). The same code drives the API (``app/dispatch.py``) and the simul
 
 Reason codes (in filter order, R11): ``machine_unavailable``, ``model_not_verified``,
 ``residency_conflict``, ``video_on_reserved_machine``, ``family_not_supported``,
-``too_large``, ``remembered_oom``; and ``unknown_machine`` (explicit only), ``no_machine``
+``too_large``, ``remembered_oom``, ``queue_full`` (R23); and ``unknown_machine`` (explicit only), ``no_machine``
 (Auto, nothing left).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from app.errors import MachineUnavailable, Rejected
+from app.errors import MachineUnavailable, Overloaded, Rejected
 from app.fleet import SERVER
 from routing.demand import BOUND_FLOOR_S, Pressure, scarcity_s
 from routing.estimate import CostModel, Estimator
@@ -48,6 +48,7 @@ class MachineView:
     oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
     draining: bool = False  # an operator drains it (`homefleet drain`): nothing new is placed there
     syncing: bool = False  # a sync holds its reservation: model files are being copied to it (R6)
+    max_queued: int | None = None  # R23: backlog at which it takes no more jobs (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,12 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             f"{job.kind} with {model!r} ran out of memory on machine {name!r} at size {oom_size} "
             f"(pixels x frames x batch); this job's size is {job.size}; clear the record to try again",
         )
+    if machine.max_queued is not None and machine.backlog >= machine.max_queued:
+        return (
+            "queue_full",
+            f"machine {name!r} has {machine.backlog} jobs queued or running, the limit is "
+            f"max_queued_per_machine = {machine.max_queued}; retry later",
+        )
     return None
 
 
@@ -190,6 +197,7 @@ def place(
         Rejected: unknown machine (reason ``unknown_machine``), or a filter excludes the
             explicit target (its reason), or Auto finds no machine (reason ``no_machine``).
         MachineUnavailable: the explicit target is offline (R10: never rerouted).
+        Overloaded: the target (or, for Auto, every machine not excluded otherwise) is full (R23).
     """
     costs = costs or Estimator()
     target = job.target or SERVER
@@ -203,12 +211,16 @@ def place(
             reason, message = refusal
             if reason in ("machine_unavailable", "machine_draining"):
                 raise MachineUnavailable(message, reason=reason)
+            if reason == "queue_full":
+                raise Overloaded(message, reason=reason)
             raise Rejected(message, reason=reason)
         return Decision(machine=target, candidates={target: finish(job, machine, costs)})
 
     excluded, candidates = survey(job, machines, costs, pressure)
     if not candidates:
         detail = ", ".join(f"{name}: {reason}" for name, (reason, _) in sorted(excluded.items()))
+        if any(reason == "queue_full" for reason, _ in excluded.values()):
+            raise Overloaded(f"every machine able to run model {job.model_id!r} is full ({detail})", reason="queue_full")
         raise Rejected(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
     best = min(candidates, key=lambda name: (candidates[name].score_s, candidates[name].queued, name))
     return Decision(machine=best, excluded=excluded, candidates=candidates)
@@ -258,7 +270,7 @@ def dry_run(
         decision = place(job, machines, costs, pressure)
         chosen: str | None = decision.machine
         error = None
-    except (Rejected, MachineUnavailable) as refusal:
+    except (Rejected, MachineUnavailable, Overloaded) as refusal:
         chosen, error = None, {"reason": refusal.reason, "message": refusal.message}
     excluded, candidates = survey(job, machines, costs, pressure)
     body = Decision(machine=chosen or "", excluded=excluded, candidates=candidates).as_json()

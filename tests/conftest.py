@@ -21,6 +21,7 @@ from app.context import ServerContext, build_context
 from app.fleet import Fleet, Machine
 from app.redis_server import start_redis_server
 
+TEST_API_KEY = "test-api-key-0123456789"
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 
 
@@ -111,7 +112,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
     return Settings(data_dir=tmp_path / "server", redis_url=redis_url, database_url=database_url,
-                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5)
+                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5, api_keys=[TEST_API_KEY])
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.localfleet import LocalFleet
 from app.redis_server import free_port
-from tests.conftest import make_fleet, run_cli
+from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 WORKERS = ("server", "m1", "m2")
@@ -41,7 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-        heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
+        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
     )
     # Registered through the CLI, as an operator does.
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
@@ -49,7 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
                  "HOMEFLEET_REDIS_URL": redis_url})
     local = LocalFleet(settings, fleet_config, fleet_file)
     ctx = build_context(settings, fleet_config)
-    client = HomefleetClient(local.api_url)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:
             local.copy_model(MODEL, machine)

@@ -96,7 +96,7 @@ def test_c01_a_second_delivery_of_a_job_is_refused_and_it_runs_once(fleet: Runni
 
 
 def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: RunningFleet) -> None:
-    response = httpx.post(f"{fleet.local.api_url}/v1/jobs",
+    response = httpx.post(f"{fleet.local.api_url}/v1/jobs", headers=fleet.local.auth_headers,
                           json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "mars"})
     assert response.status_code == 422
     error = response.json()["error"]
@@ -106,7 +106,7 @@ def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: Runn
 
 
 def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: RunningFleet) -> None:
-    response = httpx.post(f"{fleet.local.api_url}/v1/jobs",
+    response = httpx.post(f"{fleet.local.api_url}/v1/jobs", headers=fleet.local.auth_headers,
                           json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"})
     assert response.status_code == 503
     assert response.json()["error"]["reason"] == "machine_unavailable"

@@ -28,7 +28,7 @@ from app.digest import bytes_digest
 from app.journal import JobState
 from app.localfleet import LocalFleet
 from app.redis_server import free_port
-from tests.conftest import make_fleet, run_cli
+from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -54,12 +54,12 @@ def kfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8)
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
     ctx = build_context(settings, fleet_config)
     for model_id in MODELS.values():
         ctx.registry.add(tiny_models_dir / model_id, model_id=model_id)
     local = LocalFleet(settings, fleet_config, fleet_file)
-    client = HomefleetClient(local.api_url)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for model_id in MODELS.values():
             local.copy_model(model_id, MACHINE)
@@ -84,7 +84,8 @@ def png(width: int, height: int) -> bytes:
 
 
 def upload(fleet: KindsFleet, data: bytes, name: str = "input.png") -> httpx.Response:
-    return httpx.post(f"{fleet.local.api_url}/v1/files", files={"file": (name, data, "image/png")}, timeout=30)
+    return httpx.post(f"{fleet.local.api_url}/v1/files", files={"file": (name, data, "image/png")},
+                      headers=fleet.local.auth_headers, timeout=30)
 
 
 def run(fleet: KindsFleet, kind: str, params: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -217,7 +218,7 @@ def test_r22_uploads_over_the_limit_or_not_an_image_are_refused_naming_the_limit
 
 def test_r22_an_edit_naming_no_uploaded_file_is_rejected_at_submission(kfleet: KindsFleet) -> None:
     missing = bytes_digest(b"never uploaded")
-    response = httpx.post(f"{kfleet.local.api_url}/v1/jobs", json={
+    response = httpx.post(f"{kfleet.local.api_url}/v1/jobs", headers=kfleet.local.auth_headers, json={
         "model": MODELS["edit"], "kind": "edit", "params": {"prompt": "x", "image": missing}, "target": MACHINE})
     assert response.status_code == 422
     error = response.json()["error"]

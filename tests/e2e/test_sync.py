@@ -27,7 +27,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.localfleet import LocalFleet
 from app.redis_server import free_port
-from tests.conftest import make_fleet, run_cli
+from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -51,12 +51,13 @@ class SyncFleet:
         self.local.start_worker(machine, extra_env=extra)
 
     def sync(self, machine: str, *models: str) -> dict:  # type: ignore[type-arg]
-        response = httpx.post(f"{self.local.api_url}/v1/machines/{machine}/sync", json={"models": list(models)})
+        response = httpx.post(f"{self.local.api_url}/v1/machines/{machine}/sync", json={"models": list(models)},
+                              headers=self.local.auth_headers)
         assert response.status_code == 202, response.text
         return response.json()  # type: ignore[no-any-return]
 
     def sync_state(self, sync_id: str) -> dict:  # type: ignore[type-arg]
-        return httpx.get(f"{self.local.api_url}/v1/syncs/{sync_id}").json()  # type: ignore[no-any-return]
+        return httpx.get(f"{self.local.api_url}/v1/syncs/{sync_id}", headers=self.local.auth_headers).json()  # type: ignore[no-any-return]
 
 
 def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
@@ -77,14 +78,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text(config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, sync_reservation_ttl_s=SYNC_TTL_S)
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, sync_reservation_ttl_s=SYNC_TTL_S,
+                        api_keys=[TEST_API_KEY])
     env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
            "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
         run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), "--id", model, env=env)
     local = LocalFleet(settings, config, fleet_file)
     ctx = build_context(settings, config)
-    client = HomefleetClient(local.api_url)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     running = SyncFleet(local, ctx, client, env)
     try:
         for machine in ("m1", "m2"):
@@ -137,7 +139,8 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
     running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12}, target="m1")
     queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 12}, target="m1")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
-    response = httpx.post(f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]})
+    response = httpx.post(f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]},
+                          headers=fleet.local.auth_headers)
     assert response.status_code == 409
     assert response.json()["error"]["reason"] == "machine_busy"
     assert "job(s) queued or running" in response.json()["error"]["message"]

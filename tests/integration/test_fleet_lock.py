@@ -54,7 +54,8 @@ def queue_ids(ctx: ServerContext, machine: str) -> list[str]:
 def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
-    settings = settings.model_copy(update={"fleet_lock_wait_s": 120.0, "fleet_lock_ttl_s": 30.0})
+    settings = settings.model_copy(update={"fleet_lock_wait_s": 120.0, "fleet_lock_ttl_s": 30.0,
+                                           "max_queued_per_machine": 1000, "max_pending_total": 1000})  # no worker drains them
     ctx = build_context(settings, make_fleet("m1", "m2", "m3", "m4", "m5"))
     try:
         ctx.registry.add(tiny_models_dir / MODEL, MODEL)

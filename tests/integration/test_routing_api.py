@@ -74,7 +74,7 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[t
     both = {MODEL, VIDEO}
     for name in ("server", "m1", "m2", "small", "nosd", "gpu", "resv", "oomy"):
         online(ctx, name, set() if name == "m1" else both)
-    with TestClient(create_app(settings, ctx)) as client:
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {settings.api_keys[0]}"}) as client:
         yield client, ctx
 
 

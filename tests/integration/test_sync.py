@@ -25,7 +25,7 @@ from app.errors import Conflict, MachineUnavailable, Rejected
 from app.journal import Job, JobState
 from app.server import create_app
 from app.sync import SyncState, Syncs
-from tests.conftest import make_fleet, settings_env
+from tests.conftest import TEST_API_KEY, make_fleet, settings_env
 from tests.integration.test_dispatch import bring_online
 
 
@@ -154,7 +154,7 @@ def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx
 def api(settings: Settings) -> Iterator[tuple[TestClient, ServerContext]]:
     context = build_context(settings, make_fleet("m1", "m2"))
     try:
-        yield TestClient(create_app(settings, context)), context
+        yield TestClient(create_app(settings, context), headers={"Authorization": f"Bearer {TEST_API_KEY}"}), context
     finally:
         context.close()
 

@@ -24,7 +24,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.localfleet import LocalFleet
 from app.redis_server import RedisProcess, free_port, redis_server_binary
-from tests.conftest import make_fleet, run_cli
+from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 HOSTS = {"hosta": 1, "hostb": 2}  # machine name -> subnet index
@@ -111,7 +111,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
                             api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
-                            reconcile_interval_s=1, lost_grace_s=3)
+                            reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY])
         run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
                 env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_REDIS_URL": redis_server.url,
                      "HOMEFLEET_FLEET_FILE": str(fleet_file)})
@@ -126,7 +126,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
             })
         local.wait_online(["hosta"], model_id=MODEL, timeout_s=180)
         local.wait_online(["hostb"], timeout_s=180)
-        with HomefleetClient(local.api_url) as client:
+        with HomefleetClient(local.api_url, api_key=TEST_API_KEY) as client:
             yield MultiHostFleet(local, ctx, client, hosts, redis_port)
     finally:
         if local is not None:

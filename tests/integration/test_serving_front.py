@@ -1,0 +1,284 @@
+"""The serving front on a real Redis and journal, through the real ASGI app (R22, R23, R24,
+API keys, the OpenAI error shape). No worker runs: jobs stay queued."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app import keys
+from app.auth import OpenApiRefused
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.journal import JobState
+from app.limits import FamilyLimits
+from app.redis_server import start_redis_server
+from app.server import create_app
+from tests.conftest import TEST_API_KEY, make_fleet
+
+MODEL = "tiny-sd"
+AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
+
+
+@pytest.fixture
+def database_url() -> None:
+    """SQLite only here: the journal's PostgreSQL path is covered by the journal's own tests."""
+    return None
+
+
+def bring_online(ctx: ServerContext, *machines: str) -> None:
+    for machine in machines:
+        ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps({"machine": machine, "at": time.time()}), ex=60)
+        ctx.redis.sadd(ctx.keys.verified(machine), MODEL)
+
+
+def make_api(settings: Settings, tiny_models_dir: Path) -> tuple[TestClient, ServerContext]:
+    ctx = build_context(settings, make_fleet("m1", "m2"))
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    return TestClient(create_app(settings, ctx), headers=AUTH), ctx
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        yield client, ctx
+
+
+def submit(client: TestClient, target: str = "m1", **params: object) -> object:
+    return client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
+                                         "params": {"prompt": "a cat", **params}})
+
+
+@pytest.mark.parametrize(
+    ("params", "reason", "fragments"),
+    [
+        ({"width": 500}, "invalid_width", ["`width`", "multiple of 8", "500"]),
+        ({"height": 0}, "invalid_height", ["`height`", "at least 8", "got 0"]),
+        ({"width": 2048, "height": 2048}, "invalid_size", ["1048576 pixels", "2048 x 2048 = 4194304"]),
+        ({"steps": 1000}, "invalid_steps", ["`steps`", "between 1 and 150", "1000"]),
+        ({"steps": "many"}, "invalid_steps", ["`steps` must be an integer", "'many'"]),
+        ({"num_frames": 65}, "invalid_num_frames", ["`num_frames`", "64", "65"]),
+        ({"batch": 9}, "invalid_batch", ["`batch`", "between 1 and 4", "9"]),
+        ({"prompt": 7}, "invalid_prompt", ["`prompt` must be a string"]),
+        ({"prompt": "cat " * 60}, "invalid_prompt", ["`prompt`", "at most 77 tokens", "got "]),
+    ],
+)
+def test_r22_invalid_params_are_refused_before_enqueue_naming_field_value_and_limit(
+    api: tuple[TestClient, ServerContext], params: dict[str, object], reason: str, fragments: list[str]
+) -> None:
+    client, ctx = api
+    bring_online(ctx, "m1")
+    response = submit(client, **params)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["reason"] == reason
+    for fragment in fragments:
+        assert fragment in error["message"]
+    [journaled] = ctx.journal.list()
+    assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
+    assert ctx.redis.llen(keys.queue("m1")) == 0
+    assert ctx.machines.view("m1").backlog == 0
+
+
+def test_r22_prompt_tokens_are_counted_with_the_models_own_tokenizer(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    client, ctx = api
+    bring_online(ctx, "m1")
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_models_dir / MODEL / "tokenizer"))
+    prompt = "zebra " * 20  # the tiny byte-level vocabulary spends one token per character
+    expected = len(tokenizer(prompt, truncation=False)["input_ids"])
+    assert expected > 77
+    error = submit(client, prompt=prompt).json()["error"]
+    assert f"got {expected}" in error["message"]
+    fits = "x" * (77 - 2)  # start and end tokens included
+    assert submit(client, prompt=fits).status_code == 202
+
+
+def test_r22_limits_are_per_family_from_settings(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"limits": {"sd1": FamilyLimits(max_steps=3), "default": FamilyLimits()}})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        bring_online(ctx, "m1")
+        error = submit(client, steps=4).json()["error"]
+        assert error["reason"] == "invalid_steps" and "between 1 and 3" in error["message"]
+        assert submit(client, steps=3).status_code == 202
+
+
+def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"max_queued_per_machine": 2, "retry_after_s": 7})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        bring_online(ctx, "m1", "m2")
+        assert [submit(client).status_code for _ in range(2)] == [202, 202]
+        refused = submit(client)
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "7"
+        error = refused.json()["error"]
+        assert error["reason"] == "queue_full" and "max_queued_per_machine = 2" in error["message"]
+        assert ctx.redis.llen(keys.queue("m1")) == 2
+        assert ctx.journal.list([JobState.rejected])[0].reason == "queue_full"
+        # Auto skips m1 (full) and names why in the dry run.
+        accepted = submit(client, target="auto").json()
+        assert accepted["machine"] == "m2"
+        decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
+                                                               "params": {"prompt": "x"}}).json()
+        assert decision["machines"]["m1"]["reason"] == "queue_full"
+        submit(client, target="m2")
+        everything_full = submit(client, target="auto")
+        assert everything_full.status_code == 429 and everything_full.json()["error"]["reason"] == "queue_full"
+
+
+def test_r23_past_max_pending_total_submissions_are_refused_with_429(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"max_pending_total": 3})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        bring_online(ctx, "m1", "m2")
+        assert [submit(client, target=t).status_code for t in ("m1", "m2", "m1")] == [202, 202, 202]
+        refused = submit(client, target="m2")
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "5"
+        error = refused.json()["error"]
+        assert error["reason"] == "fleet_full" and "max_pending_total = 3" in error["message"]
+        assert ctx.redis.llen(keys.queue("m2")) == 1
+
+
+def test_r24_health_is_503_with_reason_until_a_machine_is_online(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    unready = client.get("/health", headers={"Authorization": ""})
+    assert unready.status_code == 503
+    assert unready.json()["error"]["reason"] == "no_machine_online"
+    assert unready.json()["redis"] == unready.json()["journal"] == "ok"
+    bring_online(ctx, "m2")
+    ready = client.get("/health")
+    assert ready.status_code == 200 and ready.json()["machines_online"] == ["m2"]
+
+
+def test_r24_health_is_503_when_redis_does_not_answer(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> None:
+    own = start_redis_server(tmp_path / "redis")  # a Redis this test can stop
+    client, ctx = make_api(settings.model_copy(update={"redis_url": own.url}), tiny_models_dir)
+    with client:
+        bring_online(ctx, "m1")
+        assert client.get("/health").status_code == 200
+        own.stop()
+        unready = client.get("/health")
+        assert unready.status_code == 503 and unready.json()["error"]["reason"] == "redis_down"
+        assert own.url.rsplit("/", 1)[0] in unready.json()["error"]["message"]
+
+
+def test_r24_info_names_version_machines_models_and_limits(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    bring_online(ctx, "m1")
+    info = client.get("/info").json()
+    assert info["version"] == "0.1.0"
+    assert {m["name"]: m["online"] for m in info["machines"]} == {"server": False, "m1": True, "m2": False}
+    assert [m["id"] for m in info["models"]] == [MODEL]
+    assert info["limits"]["families"]["default"]["max_pixels"] == 1024 * 1024
+    assert info["limits"]["max_queued_per_machine"] == 32
+
+
+def test_r24_metrics_count_queue_size_rejections_and_request_durations(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    bring_online(ctx, "m1")
+    submit(client)
+    submit(client)
+    submit(client, width=12)
+    text = client.get("/metrics", headers={"Authorization": ""}).text
+    assert 'homefleet_queue_size{machine="m1"} 2.0' in text
+    assert 'homefleet_running_jobs{machine="m1"} 0.0' in text
+    assert 'homefleet_rejections_total{reason="invalid_width"} 1.0' in text
+    assert 'homefleet_request_duration_seconds_count{method="POST",route="/v1/jobs",status="202"} 2.0' in text
+    samples = {(s.name, s.labels.get("machine")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("homefleet_verified_bytes", "m1")] == ctx.registry.get(MODEL).total_bytes > 0
+    assert samples[("homefleet_verified_bytes", "m2")] == 0
+
+
+def test_api_keys_guard_public_routes_but_not_health_metrics_or_worker_routes(api: tuple[TestClient, ServerContext]) -> None:
+    client, _ctx = api
+    missing = client.get("/v1/machines", headers={"Authorization": ""})
+    assert missing.status_code == 401 and missing.json()["error"]["reason"] == "missing_api_key"
+    wrong = client.get("/v1/machines", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["reason"] == "invalid_api_key"
+    assert client.get("/v1/machines").status_code == 200
+    assert client.get("/metrics", headers={"Authorization": ""}).status_code == 200
+    # An API key is not a machine token: the internal routes refuse it.
+    assert client.get("/internal/v1/manifest").status_code == 401
+
+
+def test_without_api_keys_the_server_refuses_to_start_unless_open_access_is_explicit(settings: Settings) -> None:
+    with pytest.raises(OpenApiRefused, match="HOMEFLEET_API_KEYS"):
+        create_app(settings.model_copy(update={"api_keys": []}))
+    ctx = build_context(settings, make_fleet())
+    with TestClient(create_app(settings.model_copy(update={"api_keys": [], "allow_open_api": True}), ctx)) as client:
+        assert client.get("/v1/machines").status_code == 200
+
+
+def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    bring_online(ctx, "m1")
+    body = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "size": "500x512"}).json()
+    assert body["error"] == {"message": "`width` must be a multiple of 8 and at least 8 pixels, got 500",
+                             "type": "invalid_request_error", "param": "width", "code": "invalid_width"}
+    shape = client.post("/v1/images/generations", json={"prompt": "x", "size": "big"}).json()["error"]
+    assert (shape["param"], shape["code"]) == ("size", "invalid_size")
+    missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]
+    assert (missing["param"], missing["type"]) == ("prompt", "invalid_request_error") and "prompt" in missing["message"]
+    unauthorized = client.post("/v1/images/generations", json={"prompt": "x"}, headers={"Authorization": ""})
+    assert unauthorized.status_code == 401 and unauthorized.json()["error"]["type"] == "authentication_error"
+
+
+def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"max_queued_per_machine": 1})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        bring_online(ctx, "m1")
+        response = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 2,
+                                                                "target": "m1", "steps": 1})
+        assert response.status_code == 429
+        assert response.headers["x-should-retry"] == "false"
+        assert response.json()["error"]["code"] == "queue_full"
+        assert ctx.redis.llen(keys.queue("m1")) == 1  # the first image's job was created: a retry would duplicate it
+        before = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "target": "m1"})
+        assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
+
+
+def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    client, ctx = make_api(settings.model_copy(update={"images_wait_s": 1}), tiny_models_dir)
+    with client:
+        assert client.post("/v1/images/edits", data={"prompt": "x"},
+                           files={"image": ("a.png", b"x", "image/png")}).json()["error"]["code"] == "no_model"
+        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+        bring_online(ctx, "server")
+        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        fields = {"prompt": "make it blue"}
+        wrong_type = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")})
+        assert wrong_type.status_code == 422
+        error = wrong_type.json()["error"]
+        assert error["param"] == "image" and "application/octet-stream" in error["message"]
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
+        png = buffer.getvalue()
+        big = client.post("/v1/images/edits", data=fields,
+                          files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}).json()["error"]
+        assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
+        # No worker runs here: the edit job is queued on the stored input, the wait runs out,
+        # and the answer says not to retry (the job exists, R20).
+        waited = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", png, "image/png")})
+        assert waited.status_code == 500 and waited.headers["x-should-retry"] == "false"
+        assert waited.json()["error"]["code"] == "timeout"
+        [job] = ctx.journal.list([JobState.queued])
+        assert (job.kind, job.model_id, job.params["prompt"]) == ("edit", edit_model, "make it blue")
+        assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png
