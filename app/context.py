@@ -19,6 +19,7 @@ from app.keys import Keys
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.registry import Registry
+from app.residency import RedisResidencyFacts
 from app.storage import ResultStore
 
 
@@ -37,6 +38,7 @@ class ServerContext:
     queues: MachineQueues
     dispatcher: Dispatcher
     inputs: InputStore
+    residency: RedisResidencyFacts  # commitments (R16) and remembered OOMs (R21)
 
     def close(self) -> None:
         self.redis.close()
@@ -53,9 +55,10 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
-    machines = MachineStates(client, keyspace, fleet, journal)
+    residency = RedisResidencyFacts(client, keyspace)
+    machines = MachineStates(client, keyspace, fleet, journal, residency)
     queues = MachineQueues(client)
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues, inputs)
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher, inputs)
+                         dispatcher, inputs, residency)

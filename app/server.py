@@ -12,7 +12,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError
 from app.reconcile import ReconcileLoop, Reconciler
-from app.routes import internal, public, sync
+from app.routes import internal, public, residency, sync
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
@@ -45,4 +45,5 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(internal.router)
     api.include_router(sync.public_router)
     api.include_router(sync.internal_router)
+    api.include_router(residency.router)
     return api
