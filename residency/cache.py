@@ -116,9 +116,10 @@ class ModelCache:
         self.loads += 1
         return pipeline, load_s, True
 
-    def unload_unprotected(self) -> list[str]:
-        """Drop every warm model outside the protected set (before a video job, R17); returns their ids."""
-        keys = [k for k, r in self.residents.items() if r.model_id not in self.protected]
+    def unload_unprotected(self, keep: str | None = None) -> list[str]:
+        """Drop every warm model outside the protected set except ``keep`` (the video's own
+        model, before a video job, R17); returns their ids."""
+        keys = [k for k, r in self.residents.items() if r.model_id not in self.protected and r.model_id != keep]
         dropped = [self.residents[k].model_id for k in keys]
         self._evict(keys)
         return dropped

@@ -95,7 +95,7 @@ def run_job(job_id: str) -> None:
         inputs = {field: rt.server.input_file(params[field]) for field in input_fields(kind)}
         variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
         rt.cache.protected = rt.commitments()  # R16: unchanged while work is queued; re-read per job
-        if kind == "video" and (dropped := rt.cache.unload_unprotected()):  # R17
+        if kind == "video" and (dropped := rt.cache.unload_unprotected(keep=model_id)):  # R17
             log.info("job %s: video needs the memory; unloaded warm models %s", job_id, ", ".join(dropped))
             rt.record_warm()
         folder = settings.models_dir / model_id

@@ -154,4 +154,5 @@ def test_r15_unified_cache_keeps_a_protected_model_and_refuses_to_evict_it() -> 
     with pytest.raises(ResidencyRefused, match="protected") as refusal:
         cache.get("D", "k", Path("D"), weights_bytes=20 * MB)
     assert refusal.value.reason == "residency_protected" and cache.warm_models() == ["A", "C"]
-    assert cache.unload_unprotected() == ["C"] and cache.warm_models() == ["A"]  # before a video (R17)
+    cache.get("V", "k", Path("V"))
+    assert cache.unload_unprotected(keep="V") == ["C"] and cache.warm_models() == ["A", "V"]  # before video V (R17)
