@@ -14,12 +14,15 @@ from rich.table import Table
 
 from app.config import Settings, WorkerSettings
 from app.errors import HomefleetError
+from app.residency_cli import oom_cli, residency_cli
 
 cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
 cli.add_typer(models_cli, name="models")
 db_cli = typer.Typer(help="The journal's database schema (Alembic migrations).", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
+cli.add_typer(residency_cli, name="residency")
+cli.add_typer(oom_cli, name="oom")
 console = Console()
 
 

@@ -112,6 +112,9 @@ class WorkerSettings(BrokerSettings):
     # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
     # None = as fast as the link allows.
     sync_max_bytes_per_s: int | None = Field(None, gt=0)
+    # R15: a cap on the memory the model cache may fill (bytes), instead of the device's free
+    # memory; e.g. to share a machine, or in tests to force real eviction with tiny models.
+    memory_cap_bytes: int | None = Field(None, gt=0)
 
     @field_validator("models_dir")
     @classmethod

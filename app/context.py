@@ -20,6 +20,7 @@ from app.machines import MachineStates
 from app.metrics import Metrics
 from app.queues import MachineQueues
 from app.registry import Registry
+from app.residency import RedisResidencyFacts
 from app.storage import ResultStore
 
 
@@ -39,6 +40,7 @@ class ServerContext:
     dispatcher: Dispatcher
     metrics: Metrics
     inputs: InputStore
+    residency: RedisResidencyFacts  # commitments (R16) and remembered OOMs (R21)
 
     def close(self) -> None:
         self.redis.close()
@@ -55,7 +57,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
-    machines = MachineStates(client, keyspace, fleet, journal)
+    residency = RedisResidencyFacts(client, keyspace)
+    machines = MachineStates(client, keyspace, fleet, journal, residency)
     queues = MachineQueues(client)
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues, inputs)
@@ -63,4 +66,4 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     metrics.watch_fleet(machines, registry)
     dispatcher.metrics = metrics
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher, metrics, inputs)
+                         dispatcher, metrics, inputs, residency)

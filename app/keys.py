@@ -46,6 +46,15 @@ class Keys:
         """JSON list of the models resident in that machine's worker, for its heartbeat."""
         return f"{self.prefix}:machine:{machine}:warm"
 
+    def residency(self, machine: str) -> str:
+        """Set of model ids the machine is committed to keep resident (its protected set, R16)."""
+        return f"{self.prefix}:machine:{machine}:residency"
+
+    def oom(self, machine: str) -> str:
+        """Hash ``<model>\t<kind>`` -> smallest job size (pixels x frames x batch) that ran out of
+        memory on that machine (R21), with the failing job as JSON ``{size, job_id, at}``."""
+        return f"{self.prefix}:machine:{machine}:oom"
+
     def progress(self, job_id: str) -> str:
         """Hash ``{step, total, at}`` of a running job's per-step progress (``at``: unix seconds)."""
         return f"{self.prefix}:job:{job_id}:progress"

@@ -16,7 +16,7 @@ from app.context import ServerContext, build_context
 from app.errors import HomefleetError
 from app.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.reconcile import ReconcileLoop, Reconciler
-from app.routes import events, images, internal, public, serving, sync
+from app.routes import events, images, internal, public, residency, serving, sync
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
@@ -81,6 +81,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(internal.router)
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
+    api.include_router(residency.router)
     return api
 
 

@@ -1,19 +1,40 @@
-"""The worker's model cache: loaded pipelines kept warm between jobs.
+"""The worker's model cache: loaded pipelines kept warm between jobs, under the residency
+policy of the device's memory kind (R15; policies in :mod:`residency.policy`).
 
-This first version keeps at most one pipeline resident (the dedicated-memory policy of
-R15); the unified-memory policy with a protected set comes with the residency work.
-A resident pipeline is keyed by its model id AND its manifest digest, so a changed file
-on the server forces a verified reload (R5).
+A resident pipeline is keyed by its model id AND its manifest digest (with the variant), so a
+changed file on the server forces a verified reload (R5); a resident copy of the same model
+under another key is always dropped first.
+
+Memory: a warm model holds ``bytes`` (its weights at its variant, from the safetensors headers:
+:mod:`app.variants`). Free memory is ``capacity_bytes - held`` when a capacity is configured
+(``HOMEFLEET_MEMORY_CAP_BYTES``), else the device's ``available_bytes()``, which already
+excludes what the warm models hold.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from app.errors import HomefleetError
+from residency.device import CpuDevice, Device
+from residency.policy import LoadRequest, ResidencyPolicy, WarmModel, policy_for
+
+log = logging.getLogger("homefleet.residency")
+
+
+class ResidencyRefused(HomefleetError):
+    """Raised when a load could only fit by evicting a protected model (R15): the job fails
+    with reason ``residency_protected`` and nothing is evicted."""
+
+    status_code = 409
+    default_reason = "residency_protected"
 
 
 @dataclass
@@ -21,39 +42,103 @@ class Resident:
     model_id: str
     manifest_key: str  # digest of the manifest the files were verified against
     pipeline: Any
+    bytes: int = 0  # weights held (bytes)
 
 
 class ModelCache:
-    """Loads pipelines with ``loader(folder)`` and keeps the last one warm."""
+    """Loads pipelines with ``loader(folder, **load_kwargs)`` and keeps them warm by policy.
 
-    def __init__(self, loader: Callable[..., Any], release: Callable[[], None] = lambda: None) -> None:
+    Args:
+        loader: builds a pipeline from a model folder.
+        device: the device adapter (default: the CPU); its ``empty_cache`` runs after every unload.
+        policy: default: the policy of ``device.memory_kind``.
+        capacity_bytes: a configured memory cap (bytes) instead of the device's free memory.
+    """
+
+    def __init__(self, loader: Callable[..., Any], device: Device | None = None,
+                 policy: ResidencyPolicy | None = None, capacity_bytes: int | None = None) -> None:
         self.loader = loader
-        self.release = release  # empties the device's allocator cache after an unload
-        self.resident: Resident | None = None
+        self.device: Device = device or CpuDevice()
+        self.policy = policy or policy_for(self.device.memory_kind)
+        self.capacity_bytes = capacity_bytes
+        self.protected: frozenset[str] = frozenset()  # the machine's residency commitments (R16)
+        self.residents: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
         self.loads = 0  # cold loads since start
+        self.evictions = 0
+
+    @property
+    def resident(self) -> Resident | None:
+        """The most recently used resident (None when nothing is warm)."""
+        return next(reversed(self.residents.values()), None)
+
+    def warm_models(self) -> list[str]:
+        """Model ids resident, least recently used first."""
+        return [r.model_id for r in self.residents.values()]
 
     def is_warm(self, model_id: str, manifest_key: str) -> bool:
-        return self.resident is not None and (self.resident.model_id, self.resident.manifest_key) == (model_id, manifest_key)
+        return self._key(model_id, manifest_key) in self.residents
 
-    def get(self, model_id: str, manifest_key: str, folder: Path,
-            load_kwargs: dict[str, Any] | None = None) -> tuple[Any, float, bool]:
-        """The pipeline for ``model_id``: (pipeline, load seconds, cold). Drops the previous
-        one first (every reference, gc, allocator cache) when another model is needed.
-        ``load_kwargs`` go to the loader (e.g. the variant's precision); they must be part of
-        ``manifest_key`` so that another variant is never taken for the resident one."""
-        if self.resident is not None and self.is_warm(model_id, manifest_key):
-            return self.resident.pipeline, 0.0, False
-        self.unload()
+    def held_bytes(self) -> int:
+        return sum(r.bytes for r in self.residents.values())
+
+    def free_bytes(self) -> int:
+        if self.capacity_bytes is not None:
+            return self.capacity_bytes - self.held_bytes()
+        return self.device.available_bytes()
+
+    def get(self, model_id: str, manifest_key: str, folder: Path, load_kwargs: dict[str, Any] | None = None,
+            weights_bytes: int = 0, working_bytes: int = 0) -> tuple[Any, float, bool]:
+        """The pipeline for ``model_id``: (pipeline, load seconds, cold).
+
+        A warm hit is reused and becomes most recently used. Otherwise the policy decides what
+        to evict to fit ``weights_bytes + working_bytes``; evicted models are dropped (every
+        reference, gc, allocator cache) before the load. ``load_kwargs`` go to the loader (e.g.
+        the variant's precision); they must be part of ``manifest_key``.
+
+        Raises:
+            ResidencyRefused: only evicting a protected model would make room (nothing evicted).
+        """
+        key = self._key(model_id, manifest_key)
+        if key in self.residents:
+            self.residents.move_to_end(key)
+            return self.residents[key].pipeline, 0.0, False
+        self._evict([k for k, r in self.residents.items() if r.model_id == model_id])  # a stale copy
+        warm = [WarmModel(k, r.model_id, r.bytes) for k, r in self.residents.items()]
+        plan = self.policy.plan(warm, LoadRequest(model_id, weights_bytes + working_bytes, self.free_bytes(),
+                                                  self.protected))
+        if plan.refused:
+            raise ResidencyRefused(plan.message, reason=plan.refused)
+        self._evict(list(plan.evict))
         started = time.perf_counter()
         pipeline = self.loader(folder, **(load_kwargs or {}))
         load_s = time.perf_counter() - started
-        self.resident = Resident(model_id, manifest_key, pipeline)
+        self.residents[key] = Resident(model_id, manifest_key, pipeline, weights_bytes)
         self.loads += 1
         return pipeline, load_s, True
 
+    def unload_unprotected(self, keep: str | None = None) -> list[str]:
+        """Drop every warm model outside the protected set except ``keep`` (the video's own
+        model, before a video job, R17); returns their ids."""
+        keys = [k for k, r in self.residents.items() if r.model_id not in self.protected and r.model_id != keep]
+        dropped = [self.residents[k].model_id for k in keys]
+        self._evict(keys)
+        return dropped
+
     def unload(self) -> None:
-        if self.resident is None:
+        """Drop every resident model."""
+        self._evict(list(self.residents))
+
+    def _evict(self, keys: list[str]) -> None:
+        if not keys:
             return
-        self.resident = None
+        for key in keys:
+            resident = self.residents.pop(key)
+            log.info("evicting %s (%d bytes, %s policy)", resident.model_id, resident.bytes, self.policy.name)
+            del resident  # the cache held the only long-lived reference
+            self.evictions += 1
         gc.collect()
-        self.release()
+        self.device.empty_cache()
+
+    @staticmethod
+    def _key(model_id: str, manifest_key: str) -> str:
+        return f"{model_id}\x00{manifest_key}"

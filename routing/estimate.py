@@ -40,6 +40,12 @@ WORKING_BYTES_PER_PIXEL: dict[str, float] = {"txt2img": 1500.0, "edit": 2500.0, 
 WORKING_BASE_BYTES = 500_000_000
 
 
+def working_bytes(kind: str, size: int) -> int:
+    """Working memory (bytes) of one job beyond its weights: ``WORKING_BASE_BYTES`` plus
+    ``WORKING_BYTES_PER_PIXEL[kind]`` x ``size`` (pixels x frames x batch)."""
+    return WORKING_BASE_BYTES + int(WORKING_BYTES_PER_PIXEL.get(kind, 1500.0) * size)
+
+
 @dataclass(frozen=True)
 class MachineProfile:
     """A machine's static costs (fleet config): relative speed (1.0 = the server of
@@ -137,7 +143,7 @@ class Estimator:
         model = self.models.get(model_id)
         if model is None:
             return 0
-        return model.weights_bytes + WORKING_BASE_BYTES + int(WORKING_BYTES_PER_PIXEL.get(kind, 1500.0) * size)
+        return model.weights_bytes + working_bytes(kind, size)
 
     def memory_kind(self, machine: str) -> str:
         profile = self.machines.get(machine)

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,9 @@ from app.digest import bytes_digest
 from app.errors import HomefleetError, IntegrityFailure
 from app.fleet import SERVER
 from app.kind_params import input_fields
+from app.variants import Variant, parameter_counts, weights_bytes
+from routing.estimate import working_bytes
+from routing.placement import JobRequest
 from tasks import runtime
 from tasks.kinds import runner
 from tasks.provenance import embedded_provenance
@@ -32,6 +36,14 @@ def manifest_key(manifest: dict[str, Any]) -> str:
     model is reused only under the same key (R5; a bf16 copy is not the fp32 one)."""
     variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
     return bytes_digest(json.dumps({"files": manifest["files"], **variant}, sort_keys=True).encode())
+
+
+def job_memory(folder: Path, kind: str, params: dict[str, Any], variant: dict[str, Any]) -> tuple[int, int]:
+    """(weights bytes, working bytes) of a job: weights from the safetensors headers at the
+    variant's precision (app.variants), working memory by kind and size (routing.estimate)."""
+    weights = weights_bytes(parameter_counts(folder), Variant(variant["precision"], variant["quantization"]))
+    request = JobRequest.from_params("", "", kind, "", params)
+    return weights, working_bytes(kind, request.size)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -82,7 +94,12 @@ def run_job(job_id: str) -> None:
         # Inputs come from the server over HTTP, checked against their digest (never its folders).
         inputs = {field: rt.server.input_file(params[field]) for field in input_fields(kind)}
         variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
-        pipeline, load_s, cold = rt.cache.get(model_id, key, settings.models_dir / model_id, variant)
+        rt.cache.protected = rt.commitments()  # R16: unchanged while work is queued; re-read per job
+        if kind == "video" and (dropped := rt.cache.unload_unprotected(keep=model_id)):  # R17
+            log.info("job %s: video needs the memory; unloaded warm models %s", job_id, ", ".join(dropped))
+            rt.record_warm()
+        folder = settings.models_dir / model_id
+        pipeline, load_s, cold = rt.cache.get(model_id, key, folder, variant, *job_memory(folder, kind, params, variant))
         if cold:
             rt.record_warm()
         provenance = embedded_provenance(

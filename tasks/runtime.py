@@ -15,6 +15,7 @@ from app.config import WorkerSettings
 from app.connections import create_redis
 from app.keys import Keys
 from residency.cache import ModelCache
+from residency.device import Device, device_for
 from tasks.pipelines import load_pipeline
 from tasks.server_client import ServerClient
 
@@ -35,7 +36,10 @@ class WorkerRuntime:
             self._server = ServerClient(self.settings.server_url, self.settings.worker_token,
                                         self.settings.http_timeout_s, self.boot_id, self.settings.server_retry_s)
             self._redis = create_redis(self.settings)
-            self._cache = ModelCache(load_pipeline, release=_empty_device_cache)
+            device = self.device()
+            device.guard()  # only the MPS adapter has a memory guard (R18)
+            self._cache = ModelCache(load_pipeline, device, capacity_bytes=self.settings.memory_cap_bytes)
+            self._cache.protected = self.commitments()  # applied at worker start (R16)
 
     @property
     def server(self) -> ServerClient:
@@ -55,21 +59,23 @@ class WorkerRuntime:
         assert self._cache is not None
         return self._cache
 
+    def device(self) -> Device:
+        """This worker's device adapter (cpu, cuda or mps, as detected)."""
+        from tasks.worker import detect_device
+
+        return device_for(detect_device())
+
+    def commitments(self) -> frozenset[str]:
+        """The machine's residency commitments (R16) as the server stored them in Redis."""
+        return frozenset(self.redis.smembers(self.keys.residency(self.settings.machine)))
+
     def withdraw(self, model_id: str) -> None:
         """Stop advertising ``model_id`` on this machine until it is verified again (R4, R5)."""
         self.redis.srem(self.keys.verified(self.settings.machine), model_id)
 
     def record_warm(self) -> None:
         """Publish the models resident in this process, for the heartbeat's ``warm_models``."""
-        resident = self.cache.resident
-        self.redis.set(self.keys.warm(self.settings.machine), json.dumps([resident.model_id] if resident else []))
-
-
-def _empty_device_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        self.redis.set(self.keys.warm(self.settings.machine), json.dumps(self.cache.warm_models()))
 
 
 _runtime: WorkerRuntime | None = None

@@ -18,6 +18,7 @@ from app.context import ServerContext
 from app.errors import IntegrityFailure, Rejected
 from app.routes.deps import Context, WorkerMachine, job_of_machine
 from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport, predicted_s
+from routing.placement import JobRequest
 
 router = APIRouter(prefix="/internal/v1")
 log = logging.getLogger(__name__)
@@ -115,6 +116,9 @@ async def upload_result(
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    if body.reason == "oom":  # R21: remember the size that ran out of memory
+        size = JobRequest.from_params(job.model_id, "", job.kind, machine.name, job.params).size
+        ctx.residency.record_oom(machine.name, job.model_id, job.kind, size, job.id)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
