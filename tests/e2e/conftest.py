@@ -20,6 +20,7 @@ from app.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
+EDIT_MODEL = "tiny-pix2pix"
 WORKERS = ("server", "m1", "m2")
 
 
@@ -44,9 +45,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
     )
     # Registered through the CLI, as an operator does.
-    run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
-            env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-                 "HOMEFLEET_REDIS_URL": redis_url})
+    for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
+        run_cli("models", "add", str(tiny_models_dir / model), "--id", model,
+                env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
+                     "HOMEFLEET_REDIS_URL": redis_url})
     local = LocalFleet(settings, fleet_config, fleet_file)
     ctx = build_context(settings, fleet_config)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)

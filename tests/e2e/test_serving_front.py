@@ -16,7 +16,7 @@ from PIL import Image
 
 from app.journal import JobState
 from tests.conftest import TEST_API_KEY, run_cli
-from tests.e2e.conftest import RunningFleet
+from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
 pytestmark = pytest.mark.e2e
 
@@ -77,6 +77,21 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key="wrong").images.generate(prompt="x")
+
+
+def test_openai_sdk_edits_an_uploaded_image(fleet: RunningFleet) -> None:
+    import openai
+
+    source = io.BytesIO()
+    Image.new("RGB", (48, 40), (200, 120, 30)).save(source, format="PNG")
+    client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0)
+    result = client.images.edit(model=EDIT_MODEL, image=("in.png", source.getvalue(), "image/png"),
+                                prompt="make it blue", response_format="b64_json", extra_body={"steps": 2})
+    assert result.data is not None and len(result.data) == 1
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or "")))
+    assert (image.format, image.size) == ("PNG", (48, 40))  # an edit keeps the input's size
+    edits = [j for j in fleet.ctx.journal.list([JobState.succeeded]) if j.kind == "edit"]
+    assert len(edits) == 1 and edits[0].model_id == EDIT_MODEL
 
 
 def test_r20_openai_sdk_does_not_retry_a_request_whose_job_ended_badly(fleet: RunningFleet) -> None:
