@@ -103,6 +103,8 @@ class DrillFleet:
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
+            # a drill queues all its jobs at once: backpressure (R23) is not what it measures
+            max_queued_per_machine=100_000, max_pending_total=100_000,
         )
         self.ctx = build_context(settings, fleet)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
