@@ -12,9 +12,14 @@ from typing import Any
 
 from app.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def go_offline() -> None:
+    """Tell huggingface_hub and transformers never to reach a hub in this process. Called by
+    the worker's entry point (not at import: the API process serves Hugging Face clients)."""
+    for name, value in OFFLINE_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def quiet_import_warnings() -> None:

@@ -43,8 +43,9 @@ def detect_device() -> str:
 
 def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT)."""
-    from tasks.pipelines import quiet
+    from tasks.pipelines import go_offline, quiet
 
+    go_offline()  # before diffusers/transformers read their settings
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
     boot_id = uuid.uuid4().hex
     rt = runtime.WorkerRuntime(settings, boot_id)

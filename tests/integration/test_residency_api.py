@@ -36,7 +36,7 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
     for name in ("server", "m1", "m2"):
         ctx.redis.set(ctx.keys.heartbeat(name), json.dumps({"machine": name, "at": time.time()}), ex=60)
         ctx.redis.sadd(ctx.keys.verified(name), MODEL, OTHER)
-    with TestClient(create_app(settings, ctx)) as client:
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {settings.api_keys[0]}"}) as client:
         yield client, ctx
 
 
