@@ -62,10 +62,18 @@ class DemandStore:
         raw = self.redis.hgetall(self.keys.demand())
         return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})  # type: ignore[misc]
 
-    def add(self, demand_class: str, work_s: float, now_s: float | None = None) -> None:
-        """Record one submission of ``work_s`` speed-1.0 seconds in ``demand_class``."""
+    def add(self, demand_class: str, work_s: float, now_s: float | None = None, *, current: Demand | None = None,
+            pipe: redis.client.Pipeline | None = None) -> None:
+        """Record one submission of ``work_s`` speed-1.0 seconds in ``demand_class``.
+
+        ``current``: the demand just read by :meth:`load` under the same fleet lock (saves a
+        read); ``pipe``: queue the write on that pipeline instead of sending it at once."""
         now_s = time.time() if now_s is None else now_s
-        raw = self.redis.hget(self.keys.demand(), demand_class)
-        demand = Demand(levels={demand_class: tuple(json.loads(raw))} if raw else {})  # type: ignore[dict-item]
+        if current is None:
+            raw = self.redis.hget(self.keys.demand(), demand_class)
+            level = tuple(json.loads(raw)) if raw else None
+        else:
+            level = current.levels.get(demand_class)
+        demand = Demand(levels={demand_class: level} if level else {})  # type: ignore[dict-item]
         demand.add(demand_class, work_s, now_s)
-        self.redis.hset(self.keys.demand(), demand_class, json.dumps(list(demand.levels[demand_class])))
+        (pipe or self.redis).hset(self.keys.demand(), demand_class, json.dumps(list(demand.levels[demand_class])))

@@ -20,7 +20,7 @@ import time
 
 import redis
 from celery import Celery
-from redis.exceptions import LockError
+from redis.exceptions import LockError, LockNotOwnedError
 
 from app import keys
 from app.config import Settings
@@ -38,7 +38,7 @@ from app.queues import MachineQueues
 from app.keys import Keys
 from app.registry import Registry
 from app.timings import TimingStore
-from routing.demand import Pressure, able_with_pinned, pinned_class, pressure
+from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure
 from routing.estimate import Estimator
 from routing.placement import AUTO, JobRequest, MachineView, able_machines, dry_run, place
 
@@ -121,11 +121,13 @@ class Dispatcher:
                 retry_after_s=self.settings.retry_after_s,
             )
 
-    def pressure(self, views: dict[str, MachineView], estimator: Estimator, now_s: float) -> dict[str, Pressure]:
-        """Auto's scarcity data: recent demand spread over the machines able to run it now."""
+    def pressure(self, views: dict[str, MachineView], estimator: Estimator, now_s: float,
+                 demand: Demand | None = None) -> dict[str, Pressure]:
+        """Auto's scarcity data: recent demand (``demand``, else read from Redis) spread over the
+        machines able to run it now."""
         online = {n: v for n, v in views.items() if v.online}
         catalogue = {m: (p.family, p.kind) for m, p in estimator.models.items()}
-        rates = self.demand.load().rates(now_s)
+        rates = (demand or self.demand.load()).rates(now_s)
         able = able_with_pinned(able_machines(online, estimator, catalogue), rates)
         speed = {n: self.machines.fleet.machines[n].speed for n in online}
         return pressure(rates, able, speed)
@@ -190,7 +192,8 @@ class Dispatcher:
                 views = self.views()
                 self.check_pending(views)
                 estimator = self.costs.estimator()
-                weights = self.pressure(views, estimator, now_s) if request.target == AUTO else None
+                demand = self.demand.load() if request.target == AUTO else None
+                weights = self.pressure(views, estimator, now_s, demand) if demand is not None else None
                 placement = place(request, views, estimator, weights)
                 part = placement.breakdown
                 job = self.journal.add(
@@ -206,9 +209,13 @@ class Dispatcher:
                                             reason="placement_lock_lost",
                                             message="the fleet lock expired before publishing; nothing was published")
                     raise PlacementLost("the fleet lock expired before the job was published; submit again") from None
-                self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps, request.size)
                 demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
-                self.demand.add(demand_class, estimator.work_s(model_id, kind, request.steps, request.size), now_s)
+                with self.redis.pipeline(transaction=False) as pipe:  # one round trip for both writes
+                    self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps,
+                                                   request.size, pipe=pipe)
+                    self.demand.add(demand_class, estimator.work_s(model_id, kind, request.steps, request.size), now_s,
+                                    current=demand, pipe=pipe)
+                    pipe.execute()
                 try:
                     self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
                 except Exception:
@@ -218,8 +225,10 @@ class Dispatcher:
                     raise
                 return Submission(job=job, position=views[placement.machine].backlog)
             finally:
-                if lock.owned():
-                    lock.release()
+                try:
+                    lock.release()  # atomic: releases only a token that is still ours
+                except LockNotOwnedError:
+                    log.warning("the fleet lock expired before its release (TTL %s s)", self.settings.fleet_lock_ttl_s)
         except HomefleetError as error:
             if isinstance(error, Overloaded):
                 error.retry_after_s = self.settings.retry_after_s

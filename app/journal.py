@@ -100,11 +100,10 @@ class Journal:
 
     def add(self, job: Job) -> Job:
         """Insert a new job (state ``queued`` or ``rejected``) with its first event."""
-        with Session(self.engine) as session:
+        with Session(self.engine, expire_on_commit=False) as session:  # no re-read: the row is what we wrote
             session.add(job)
             session.add(JobEvent(job_id=job.id, event=str(job.state), detail=job.reason or ""))
             session.commit()
-            session.refresh(job)
             return job
 
     def get(self, job_id: str) -> Job:

@@ -4,7 +4,7 @@ reservations (queued + running jobs) in Redis."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from app import keys
 from app.fleet import Fleet
 from app.journal import Journal
 from app.keys import Keys
+from app.multiread import MultiRead
 from app.reservations import Reservations
 from routing.placement import MachineView
 
@@ -26,6 +27,18 @@ class ResidencyFacts(Protocol):
 
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]: ...
 
+    def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
+        """Both facts for each of ``machines`` at once (one round trip where they are remote)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ResidencyOf:
+    """One machine's residency facts: its commitments and its remembered OOM sizes."""
+
+    commitments: frozenset[str] = frozenset()
+    oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
 
 class NoResidencyFacts:
     """No commitments and no remembered OOM anywhere (until the residency work fills them)."""
@@ -35,6 +48,9 @@ class NoResidencyFacts:
 
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
         return {}
+
+    def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
+        return {name: ResidencyOf() for name in machines}
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,9 @@ class StaticResidencyFacts:
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
         return dict(self.ooms.get(machine, {}))
 
+    def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
+        return {name: ResidencyOf(self.commitments(name), self.oom_sizes(name)) for name in machines}
+
 
 class MachineStates:
     """Reads machine liveness (heartbeat key with a TTL), the verified model set (R4), the warm
@@ -64,6 +83,7 @@ class MachineStates:
         self.journal = journal
         self.reservations = Reservations(client, keyspace)
         self.residency: ResidencyFacts = residency or NoResidencyFacts()
+        self.read_many = MultiRead(client)
 
     def heartbeat(self, machine: str) -> dict[str, Any] | None:
         raw = self.redis.get(self.keys.heartbeat(machine))
@@ -77,16 +97,16 @@ class MachineStates:
         return self.views([machine])[machine]
 
     def views(self, names: list[str] | None = None) -> dict[str, MachineView]:
-        """Every machine's view (or those named), read in one Redis round trip."""
+        """Every machine's view (or those named), read in two Redis commands (machine state,
+        then residency facts; app/multiread.py)."""
         names = list(self.fleet.machines) if names is None else names
-        with self.redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.get(self.keys.heartbeat(name))
-                pipe.smembers(self.keys.verified(name))
-                pipe.hgetall(self.keys.reservations(name))
-                pipe.exists(self.keys.draining(name))
-                pipe.exists(self.keys.syncing(name))
-            replies = pipe.execute()
+        reads = []
+        for name in names:
+            reads += [("GET", self.keys.heartbeat(name)), ("SMEMBERS", self.keys.verified(name)),
+                      ("HGETALL", self.keys.reservations(name)), ("EXISTS", self.keys.draining(name)),
+                      ("EXISTS", self.keys.syncing(name))]
+        replies = self.read_many(reads)
+        residency = self.residency.many(names)
         found = {}
         for i, name in enumerate(names):
             raw_beat, verified, reserved, draining, syncing = replies[5 * i: 5 * i + 5]
@@ -100,8 +120,8 @@ class MachineStates:
                 backlog=len(queue),
                 queue=queue,
                 warm_models=tuple((beat or {}).get("warm_models", ())),
-                commitments=self.residency.commitments(name),
-                oom_sizes=self.residency.oom_sizes(name),
+                commitments=residency[name].commitments,
+                oom_sizes=residency[name].oom_sizes,
                 draining=bool(draining),
                 syncing=bool(syncing),
             )

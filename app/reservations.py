@@ -20,16 +20,29 @@ from app.keys import Keys
 from routing.finish import WorkItem
 
 
+# KEYS: the fleet-wide sequence counter, the machine's reservations hash; ARGV: job id, the
+# record's JSON without ``seq``. One round trip: the next sequence number goes into the record.
+_ADD = """
+local record = cjson.decode(ARGV[2])
+record['seq'] = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(record))
+return record['seq']
+"""
+
+
 class Reservations:
     def __init__(self, client: redis.Redis, keyspace: Keys) -> None:
         self.redis = client
         self.keys = keyspace
+        self._add = client.register_script(_ADD)
 
-    def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int) -> None:
-        """Reserve ``machine`` for a job (call under the fleet lock, before publishing)."""
-        seq = int(self.redis.incr(self.keys.reservation_seq()))
-        record = {"seq": seq, "model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
-        self.redis.hset(self.keys.reservations(machine), job_id, json.dumps(record))
+    def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int,
+            pipe: redis.client.Pipeline | None = None) -> None:
+        """Reserve ``machine`` for a job (call under the fleet lock, before publishing); with
+        ``pipe``, queued on that pipeline instead of sent at once."""
+        record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
+        self._add(keys=[self.keys.reservation_seq(), self.keys.reservations(machine)],
+                  args=[job_id, json.dumps(record)], client=pipe or self.redis)
 
     def start(self, machine: str, job_id: str, at_s: float | None = None) -> None:
         """Mark a reserved job as running since ``at_s`` (Unix seconds; now by default)."""

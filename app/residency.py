@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,8 @@ import redis
 from app.errors import Conflict, NotFound, PlacementLost
 from app.fleet import Fleet
 from app.keys import Keys, queue
+from app.machines import ResidencyOf
+from app.multiread import MultiRead
 from app.registry import Registry
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ class RedisResidencyFacts:
     def __init__(self, client: redis.Redis, keyspace: Keys) -> None:
         self.redis = client
         self.keys = keyspace
+        self.read_many = MultiRead(client)
 
     # ResidencyFacts -------------------------------------------------------------------
     def commitments(self, machine: str) -> frozenset[str]:
@@ -54,6 +57,19 @@ class RedisResidencyFacts:
 
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
         return {(r.model_id, r.kind): r.size for r in self.ooms(machine)}
+
+    def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
+        """Commitments and remembered OOM sizes of each of ``machines`` in one Redis command."""
+        reads = []
+        for machine in machines:
+            reads += [("SMEMBERS", self.keys.residency(machine)), ("HGETALL", self.keys.oom(machine))]
+        replies = self.read_many(reads)
+        found = {}
+        for i, machine in enumerate(machines):
+            committed, ooms = replies[2 * i], replies[2 * i + 1]
+            sizes = {(r.model_id, r.kind): r.size for r in (self._record(machine, f, v) for f, v in ooms.items())}
+            found[machine] = ResidencyOf(frozenset(committed), sizes)
+        return found
 
     # Commitments (R16) ----------------------------------------------------------------
     def set_commitments(self, machine: str, model_ids: Iterable[str], fleet: Fleet, registry: Registry,

