@@ -34,7 +34,8 @@ class Pressure:
 
     utilisation: busy fraction under that spread (0 .. ``MAX_UTILISATION``).
     weight_per_s: jobs per second sent there, each weighted by 1 / its bounded-slowdown floor
-        (1 / max(fastest run seconds, 10 s)): how much slowdown one second of delay costs.
+        (1 / max(fastest run seconds, 10 s)) and by the share of a delay there it would
+        suffer (1 / the number of machines able to run it: the others can take it instead).
     """
 
     utilisation: float = 0.0
@@ -109,10 +110,13 @@ def pressure(
         pool = [m for m in able.get(model_id.partition("@")[0], frozenset()) if m in speed] or machines
         fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
         per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
+        # A job of a class that n machines can run goes around a delayed machine: it suffers
+        # about 1/n of the delay (a forced class, n = 1, all of it).
+        suffered = 1.0 / len(machines)
         for m in machines:
             share = speed[m] / total
             load[m] += work_rate / total  # = work_rate x share / speed[m]
-            weight[m] += job_rate * share * per_job
+            weight[m] += job_rate * share * per_job * suffered
     return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m]) for m in speed}
 
 
