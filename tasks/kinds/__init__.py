@@ -1,4 +1,5 @@
-"""The job kinds, one self-contained file each: a diffusers call from params to output bytes.
+"""The job kinds, one file each: a diffusers call from params to output bytes (the arguments
+every denoising kind shares come from :func:`denoising`).
 
 Every runner has the same shape: ``run(pipeline, params, progress, provenance, inputs)``.
 ``params`` are the journaled params (the ``seed`` is always there: given or drawn by the
@@ -25,6 +26,31 @@ class Output:
 class Kind(Protocol):
     def __call__(self, pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
                  inputs: Mapping[str, bytes]) -> Output: ...
+
+
+def denoising(params: dict[str, Any], progress: ProgressFn, guidance_scale: float = 7.5) -> dict[str, Any]:
+    """The diffusers call arguments every denoising kind shares: ``num_inference_steps``
+    (``steps``, default 4), ``guidance_scale`` (param, else ``guidance_scale``), a CPU
+    ``generator`` seeded with ``seed`` (same seed, same machine: same bytes) and a
+    ``callback_on_step_end`` that reports (step done, total steps) to ``progress``.
+
+    Raises:
+        KeyError: ``params`` has no ``seed`` (the server always draws one at submission).
+    """
+    import torch
+
+    steps = int(params.get("steps", 4))
+
+    def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        progress(step + 1, steps)
+        return callback_kwargs
+
+    return {
+        "num_inference_steps": steps,
+        "guidance_scale": float(params.get("guidance_scale", guidance_scale)),
+        "generator": torch.Generator("cpu").manual_seed(int(params["seed"])),
+        "callback_on_step_end": on_step_end,
+    }
 
 
 def runner(kind: str) -> Kind:

@@ -13,30 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import Output, ProgressFn
+from tasks.kinds import Output, ProgressFn, denoising
 from tasks.pipelines import decode_image, png_bytes
 
 
 def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
         inputs: Mapping[str, bytes]) -> Output:
-    import torch
-
-    image = decode_image(inputs["image"])
-    steps = int(params.get("steps", 4))
-    generator = torch.Generator("cpu").manual_seed(int(params["seed"]))
-
-    def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-        progress(step + 1, steps)
-        return callback_kwargs
-
     result = pipeline(
         prompt=str(params["prompt"]),
-        image=image,
+        image=decode_image(inputs["image"]),
         negative_prompt=params.get("negative_prompt"),
-        num_inference_steps=steps,
-        guidance_scale=float(params.get("guidance_scale", 7.5)),
         image_guidance_scale=float(params.get("image_guidance_scale", 1.5)),
-        generator=generator,
-        callback_on_step_end=on_step_end,
+        **denoising(params, progress),
     )
     return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import Output, ProgressFn
+from tasks.kinds import Output, ProgressFn, denoising
 
 log = logging.getLogger("homefleet.worker")
 
@@ -31,26 +31,14 @@ MEDIA_TYPES = {"mp4": "video/mp4", "webp": "image/webp", "gif": "image/gif"}
 
 def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
         inputs: Mapping[str, bytes]) -> Output:
-    import torch
-
-    steps = int(params.get("steps", 4))
-    generator = torch.Generator("cpu").manual_seed(int(params["seed"]))
-
-    def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-        progress(step + 1, steps)
-        return callback_kwargs
-
     result = pipeline(
         prompt=str(params["prompt"]),
         negative_prompt=params.get("negative_prompt"),
         num_frames=int(params.get("frames", 8)),
         width=int(params.get("width", 64)),
         height=int(params.get("height", 64)),
-        num_inference_steps=steps,
-        guidance_scale=float(params.get("guidance_scale", 7.5)),
-        generator=generator,
-        callback_on_step_end=on_step_end,
         output_type="pil",
+        **denoising(params, progress),
     )
     frames = [frame.convert("RGB") for frame in result.frames[0]]
     fps = float(params.get("fps", 8))
