@@ -73,7 +73,15 @@ def report_progress(job_id: str, step: int, total: int) -> None:
 
 
 def run_job(job_id: str) -> None:
+    """The task: waits for the start-up preload of committed models (R16) if one is loading,
+    then claims and runs the job (:func:`run_claimed`)."""
     rt = runtime.current()
+    with rt.cache_lock:
+        run_claimed(rt, job_id)
+
+
+def run_claimed(rt: runtime.WorkerRuntime, job_id: str) -> None:
+    """Claim, verify, load, run, upload (DESIGN §9 step 4); every failure is reported to the server."""
     settings = rt.settings
     try:
         claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
