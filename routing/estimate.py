@@ -56,16 +56,24 @@ class WorkingCoefficients:
 # ``[working_memory.<kind>]`` table (README, "Residency").
 #
 # These are the seed fleet's guesses for real models at fp16 on a GPU, NOT a measurement of
-# them. ``python -m bench.memory`` measures the tiny random-weight pipelines on this
-# repository's CPU (fp32, a few thousand parameters per layer); its run of DATE printed:
+# them. ``python -m bench.memory`` (fresh process per run, peak RSS beyond the loaded pipeline,
+# least squares) measured the tiny random-weight pipelines, fp32 on this repository's 2-core
+# CPU test machine, on 2026-11-30 (1 step; sizes 64-128 px, upscale 64-256 px out, video
+# 64x64x4-96x96x8; 175 s):
 #
-# BENCH_OUTPUT_PLACEHOLDER
+#     txt2img  base_bytes = 17_350_543   bytes_per_pixel = 2735.05
+#     edit     base_bytes = 18_341_343   bytes_per_pixel = 3880.06
+#     upscale  base_bytes = 19_625_301   bytes_per_pixel =  755.19
+#     video    base_bytes =  4_771_840   bytes_per_pixel = 3352.50
 #
-# Tiny models on CPU understate real fp16 GPU activations by orders of magnitude (a handful
-# of channels instead of 320-1280, no attention at 64x64 latents, no cuDNN workspaces), so
-# those figures only calibrate the tiny fleet of the tests. Measure on the target machine with
-# its real models (``python -m bench.memory --models-dir DIR``) and put the printed TOML in the
-# fleet config; until then real machines keep these larger guesses.
+# Those figures describe the tiny models only: a few channels per layer, fp32, CPU kernels,
+# and attention over every latent pixel, so memory grows faster than linearly with size and a
+# line fitted at 64-128 px does not extrapolate. Real checkpoints at fp16 on a GPU have other
+# activation sizes, attention kernels and allocator/cuDNN workspaces, which this machine cannot
+# measure: the tiny-model base (~20 MB) says nothing about a real model's fixed cost. So the
+# embedded defaults below stay the larger seed-fleet guesses for real models; measure on the
+# target machine with its real models (``python -m bench.memory --model KIND=DIR``) and put
+# the printed TOML in the fleet config.
 DEFAULT_WORKING: dict[str, WorkingCoefficients] = {
     "txt2img": WorkingCoefficients(500_000_000, 1500.0),
     "edit": WorkingCoefficients(500_000_000, 2500.0),
