@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)
             fits[kind] = fit(rows)
     print()
-    print(f"# bench/memory.py, {date.today().isoformat()}, {args.steps} steps, fp32 on the CPU; models: "
+    print(f"# bench/memory.py, {date.today().isoformat()}, steps={args.steps}, fp32 on the CPU; models: "
           + ", ".join(f"{kind}={folders[kind].name}" for kind in kinds))
     print("# fitted: " + "; ".join(f"{kind} base={b:,.0f} B, {p:.2f} B/px" for kind, (b, p) in fits.items()))
     for kind, (base, per_pixel) in fits.items():
