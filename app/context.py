@@ -20,7 +20,7 @@ from app.machines import MachineStates
 from app.metrics import Metrics
 from app.queues import MachineQueues
 from app.registry import Registry
-from app.residency import RedisResidencyFacts
+from app.residency_store import DurableResidencyFacts, ResidencyStore
 from app.storage import ResultStore
 
 
@@ -40,7 +40,7 @@ class ServerContext:
     dispatcher: Dispatcher
     metrics: Metrics
     inputs: InputStore
-    residency: RedisResidencyFacts  # commitments (R16) and remembered OOMs (R21)
+    residency: DurableResidencyFacts  # commitments (R16) and remembered OOMs (R21): Redis + database
 
     def close(self) -> None:
         self.redis.close()
@@ -57,7 +57,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
-    residency = RedisResidencyFacts(client, keyspace)
+    residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)
     machines = MachineStates(client, keyspace, fleet, journal, residency)
     queues = MachineQueues(client)
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)

@@ -1,5 +1,6 @@
 """Placement's cost data on the server (R12, R13): the :class:`~routing.estimate.Estimator`
-built from the fleet config (speed, load rate, usable memory), the registry (family, kinds,
+built from the fleet config (speed, load rate, usable memory, working-memory coefficients by
+kind and family), the registry (family, kinds,
 exact weight bytes from safetensors headers) and the persisted learned timings; and the recent
 demand per model kept in Redis for Auto's scarcity charge (``routing.demand``).
 """
@@ -29,6 +30,7 @@ class FleetCosts:
         self.registry = registry
         self.timings = timings
         self._weights: dict[tuple[str, int], int] = {}
+        self._working = fleet.working()  # working-memory coefficients by kind and family
 
     def machine_profiles(self) -> dict[str, MachineProfile]:
         return {
@@ -47,7 +49,7 @@ class FleetCosts:
         return profiles
 
     def estimator(self) -> Estimator:
-        return Estimator(self.machine_profiles(), self.model_profiles(), self.timings.load())
+        return Estimator(self.machine_profiles(), self.model_profiles(), self.timings.load(), self._working)
 
 
 class DemandStore:

@@ -196,11 +196,14 @@ class Dispatcher:
                 weights = self.pressure(views, estimator, now_s, demand) if demand is not None else None
                 placement = place(request, views, estimator, weights)
                 part = placement.breakdown
+                memory = estimator.memory(model_id, kind, request.size)  # shown in the job record (R10, R11)
                 job = self.journal.add(
                     Job(state=JobState.queued, model_id=model_id, kind=kind, params=params,
                         target=target, machine=placement.machine, idempotency_key=idempotency_key,
                         request_fingerprint=fingerprint, predicted_start_s=part.work_ahead_s,
-                        predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s)
+                        predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
+                        weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
+                        memory_estimate_bytes=memory.total_bytes)
                 )
                 try:
                     lock.reacquire()  # atomic: still ours? then a full TTL to reserve + publish (C04)

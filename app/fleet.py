@@ -11,6 +11,19 @@ Example (``app/fleet.default.toml`` is the embedded default)::
     token = "…"                 # the worker's secret for the internal API
 
 The server itself is machine ``server`` and must be listed (R9).
+
+Working memory per job beyond the weights (R10/R11's memory filter, the job record's
+estimate): coefficients per kind, and per family where a family differs; every table and
+field is optional (absent: the embedded defaults of ``routing/estimate.py``)::
+
+    [working_memory.txt2img]    # every family; bytes = base_bytes + bytes_per_pixel x size
+    base_bytes = 500_000_000
+    bytes_per_pixel = 1500.0    # per output pixel x frame x batch
+
+    [families.sdxl.working_memory.txt2img]
+    bytes_per_pixel = 2600.0    # base_bytes: from [working_memory.txt2img]
+
+``python -m bench.memory`` measures them and prints such tables.
 """
 
 from __future__ import annotations
@@ -22,7 +35,9 @@ from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from routing.estimate import DEFAULT_WORKING, KINDS, WorkingCoefficients, WorkingMemory
 
 SERVER = "server"
 """The server's own machine name (R9: the default target)."""
@@ -66,11 +81,44 @@ class Machine(BaseModel):
         return value
 
 
+class KindWorking(BaseModel):
+    """Working-memory coefficients of one kind: ``base_bytes`` (bytes) and ``bytes_per_pixel``
+    (bytes per output pixel x frame x batch). A field left out falls back (see :class:`Fleet`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_bytes: int | None = Field(default=None, ge=0)
+    bytes_per_pixel: float | None = Field(default=None, ge=0)
+
+
+def _check_kinds(value: dict[str, KindWorking]) -> dict[str, KindWorking]:
+    unknown = sorted(set(value) - set(KINDS))
+    if unknown:
+        raise ValueError(f"working_memory has no kind {unknown[0]!r}; kinds are {', '.join(KINDS)}")
+    return value
+
+
+class FamilyConfig(BaseModel):
+    """Per-family settings: ``working_memory`` coefficients by kind, overriding the fleet's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    working_memory: dict[str, KindWorking] = Field(default_factory=dict)
+
+    check_kinds = field_validator("working_memory")(_check_kinds)
+
+
 class Fleet(BaseModel):
-    """All machines, by name. Raises ``ValueError`` on duplicate names or tokens, a missing
-    ``server`` machine, or (with ``require_tokens``) a machine without a token."""
+    """All machines, by name, and the working-memory coefficients (fleet-wide per kind in
+    ``working_memory``, per family in ``families``). Raises ``ValueError`` on duplicate names or
+    tokens, a missing ``server`` machine, an unknown kind or a negative coefficient (naming
+    the field), or (with ``require_tokens``) a machine without a token."""
 
     machines: dict[str, Machine]
+    working_memory: dict[str, KindWorking] = Field(default_factory=dict)
+    families: dict[str, FamilyConfig] = Field(default_factory=dict)
+
+    check_kinds = field_validator("working_memory")(_check_kinds)
 
     @model_validator(mode="before")
     @classmethod
@@ -82,7 +130,7 @@ class Fleet(BaseModel):
                 if name in machines:
                     raise ValueError(f"machine {name!r} is listed twice in the fleet config")
                 machines[name] = entry
-            return {"machines": machines}
+            return {**data, "machines": machines}
         return data
 
     @model_validator(mode="after")
@@ -93,6 +141,16 @@ class Fleet(BaseModel):
         if len(tokens) != len(set(tokens)):
             raise ValueError("two machines share a token; give each machine its own")
         return self
+
+    def working(self) -> WorkingMemory:
+        """The coefficients for :class:`routing.estimate.Estimator`, every field resolved:
+        a family's field, else the fleet's for that kind, else the embedded default."""
+        by_kind = {kind: _resolve(self.working_memory.get(kind), DEFAULT_WORKING[kind]) for kind in KINDS}
+        by_family = {
+            family: {kind: _resolve(override, by_kind[kind]) for kind, override in config.working_memory.items()}
+            for family, config in self.families.items()
+        }
+        return WorkingMemory(by_kind, by_family)
 
     def require_tokens(self) -> Fleet:
         """Return self; raise ``ValueError`` naming the first machine without a token."""
@@ -126,7 +184,29 @@ class Fleet(BaseModel):
                 f"load_bytes_per_s = {m.load_bytes_per_s}",
                 "",
             ]
+        for kind, coefficients in sorted(self.working_memory.items()):
+            lines += [f"[working_memory.{kind}]", *_coefficient_lines(coefficients), ""]
+        for family, config in sorted(self.families.items()):
+            for kind, coefficients in sorted(config.working_memory.items()):
+                lines += [f'[families."{family}".working_memory.{kind}]', *_coefficient_lines(coefficients), ""]
         return "\n".join(lines)
+
+
+def _resolve(override: KindWorking | None, fallback: WorkingCoefficients) -> WorkingCoefficients:
+    if override is None:
+        return fallback
+    base = fallback.base_bytes if override.base_bytes is None else override.base_bytes
+    per_pixel = fallback.bytes_per_pixel if override.bytes_per_pixel is None else override.bytes_per_pixel
+    return WorkingCoefficients(base, per_pixel)
+
+
+def _coefficient_lines(coefficients: KindWorking) -> list[str]:
+    lines = []
+    if coefficients.base_bytes is not None:
+        lines.append(f"base_bytes = {coefficients.base_bytes}")
+    if coefficients.bytes_per_pixel is not None:
+        lines.append(f"bytes_per_pixel = {coefficients.bytes_per_pixel}")
+    return lines
 
 
 def load_fleet(path: Path | None) -> Fleet:
@@ -148,4 +228,4 @@ def with_fresh_tokens(fleet: Fleet) -> Fleet:
     machines = {
         name: m.model_copy(update={"token": secrets.token_urlsafe(32)}) for name, m in fleet.machines.items()
     }
-    return Fleet(machines=machines)
+    return fleet.model_copy(update={"machines": machines})

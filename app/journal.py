@@ -77,6 +77,11 @@ class Job(SQLModel, table=True):
     predicted_start_s: float | None = None  # seconds after submission until it starts
     predicted_load_s: float | None = None  # cold load expected (0 = warm)
     predicted_run_s: float | None = None
+    # Memory estimate at submission (R10, R11): exact weights from the safetensors headers plus
+    # working memory by kind and size from the fleet config's coefficients (bytes).
+    weights_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    working_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    memory_estimate_bytes: int | None = Field(default=None, sa_type=BigInteger)
     # Provenance of the result (issue 7): model files' digests, variant, kind, params, seed,
     # inputs' digests, machine, device, load/run seconds; reported by the worker, kept here.
     provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

@@ -82,3 +82,8 @@ class Keys:
     def demand(self) -> str:
         """Hash demand class -> JSON decayed submissions (routing.demand), for Auto's scarcity charge."""
         return f"{self.prefix}:demand"
+
+    def residency_durable(self) -> str:
+        """Marker set when the residency facts (``residency``, ``oom``) were restored from the
+        journal's database; its absence means Redis lost them (app/residency_store.py)."""
+        return f"{self.prefix}:residency:durable"

@@ -12,6 +12,8 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
   than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
 - reservations of jobs that have ended are released (R14);
+- residency commitments (R16) and remembered OOMs (R21) are written back to Redis from the
+  journal's database when Redis lost them (``app/residency_store.py``);
 - idempotency keys older than ``idempotency_ttl_s`` are forgotten.
 """
 
@@ -38,11 +40,13 @@ class ReconcileReport:
     interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
     forgotten_idempotency_keys: int = 0
     released_reservations: int = 0  # reservations of jobs that had ended (R14)
+    residency_restored: bool = False  # Redis had lost the residency facts; rewritten from the database
 
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
         return (f"interrupted {len(self.interrupted)} ({reasons}); released {self.released_reservations} "
-                f"reservations; forgot {self.forgotten_idempotency_keys} idempotency keys")
+                f"reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
+                + ("; residency facts restored from the database" if self.residency_restored else ""))
 
 
 class Reconciler:
@@ -59,6 +63,7 @@ class Reconciler:
         if not lock.acquire():
             raise PlacementLost("reconciliation could not take the fleet lock; it will try again")
         try:
+            report.residency_restored = ctx.residency.restore().source == "database"
             self._running(report)
             self._queued(report)
             report.released_reservations = len(ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal))

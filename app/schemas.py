@@ -34,6 +34,23 @@ def predicted_s(job: Job) -> float | None:
     return (job.predicted_load_s or 0.0) + (job.predicted_run_s or 0.0)
 
 
+class MemoryEstimatePublic(BaseModel):
+    """The job's memory estimate at submission, in bytes (R10, R11): ``weights_bytes`` exact
+    from the safetensors headers, ``working_bytes`` by kind and size from the fleet config."""
+
+    weights_bytes: int
+    working_bytes: int
+    total_bytes: int
+
+
+def memory_estimate(job: Job) -> MemoryEstimatePublic | None:
+    """The job's memory estimate, when placement made one (jobs journaled before it have none)."""
+    if job.memory_estimate_bytes is None:
+        return None
+    return MemoryEstimatePublic(weights_bytes=job.weights_bytes or 0, working_bytes=job.working_bytes or 0,
+                                total_bytes=job.memory_estimate_bytes)
+
+
 class JobPublic(BaseModel):
     id: str
     state: JobState
@@ -58,6 +75,7 @@ class JobPublic(BaseModel):
     seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
     predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
     provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
+    memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
@@ -74,6 +92,7 @@ class JobPublic(BaseModel):
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
             predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
             seed=job.params.get("seed"), predicted_s=predicted_s(job), provenance=job.provenance,
+            memory_estimate=memory_estimate(job),
         )
 
 
@@ -103,6 +122,7 @@ class ClaimGranted(BaseModel):
     kind: str
     params: dict[str, Any]
     manifest: dict[str, Any]  # ModelManifest.as_json(): files with size and digest (R5)
+    working_bytes: int | None = None  # the server's working-memory estimate (fleet config), bytes
 
 
 class ProgressReport(BaseModel):

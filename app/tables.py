@@ -3,6 +3,7 @@
 
 from app.journal import Job, JobEvent
 from app.registry import ModelFile, ModelRecord
+from app.residency_store import RememberedOom, ResidencyCommitment
 from app.timings import LearnedTiming
 
-__all__ = ["Job", "JobEvent", "LearnedTiming", "ModelFile", "ModelRecord"]
+__all__ = ["Job", "JobEvent", "LearnedTiming", "ModelFile", "ModelRecord", "RememberedOom", "ResidencyCommitment"]

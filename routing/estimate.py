@@ -34,16 +34,93 @@ FAMILY_STEP_S: dict[str, float] = {
 DEFAULT_STEP_S = 1.0
 REFERENCE_LOAD_BYTES_PER_S = 2.5 * GB  # the seed fleet's unified machines (seed-fleet.md)
 
-# Working memory per job beyond the weights: bytes per output pixel x frame x batch, by kind
-# (activations and latents at fp16; a rough calibration, refined by the residency work).
-WORKING_BYTES_PER_PIXEL: dict[str, float] = {"txt2img": 1500.0, "edit": 2500.0, "upscale": 600.0, "video": 250.0}
-WORKING_BASE_BYTES = 500_000_000
+KINDS = ("txt2img", "edit", "upscale", "video")
+"""The job kinds (one file each under ``tasks/kinds/``)."""
 
 
-def working_bytes(kind: str, size: int) -> int:
-    """Working memory (bytes) of one job beyond its weights: ``WORKING_BASE_BYTES`` plus
-    ``WORKING_BYTES_PER_PIXEL[kind]`` x ``size`` (pixels x frames x batch)."""
-    return WORKING_BASE_BYTES + int(WORKING_BYTES_PER_PIXEL.get(kind, 1500.0) * size)
+@dataclass(frozen=True)
+class WorkingCoefficients:
+    """Working memory of one job beyond its weights (activations, latents, the VAE's decode,
+    the allocator's slack): ``base_bytes`` + ``bytes_per_pixel`` x size, where size is output
+    pixels x frames x batch (:func:`routing.timings.job_size`)."""
+
+    base_bytes: int
+    bytes_per_pixel: float
+
+    def bytes(self, size: int) -> int:
+        """Working bytes of a job of ``size`` (pixels x frames x batch)."""
+        return self.base_bytes + int(self.bytes_per_pixel * size)
+
+
+# Embedded default coefficients per kind, used when the fleet config has no
+# ``[working_memory.<kind>]`` table (README, "Residency").
+#
+# These are the seed fleet's guesses for real models at fp16 on a GPU, NOT a measurement of
+# them. ``python -m bench.memory`` (fresh process per run, peak RSS beyond the loaded pipeline,
+# least squares) measured the tiny random-weight pipelines, fp32 on this repository's 2-core
+# CPU test machine, on 2026-11-30 (1 step; sizes 64-128 px, upscale 64-256 px out, video
+# 64x64x4-96x96x8; 175 s):
+#
+#     txt2img  base_bytes = 17_350_543   bytes_per_pixel = 2735.05
+#     edit     base_bytes = 18_341_343   bytes_per_pixel = 3880.06
+#     upscale  base_bytes = 19_625_301   bytes_per_pixel =  755.19
+#     video    base_bytes =  4_771_840   bytes_per_pixel = 3352.50
+#
+# Those figures describe the tiny models only: a few channels per layer, fp32, CPU kernels,
+# and attention over every latent pixel, so memory grows faster than linearly with size and a
+# line fitted at 64-128 px does not extrapolate. Real checkpoints at fp16 on a GPU have other
+# activation sizes, attention kernels and allocator/cuDNN workspaces, which this machine cannot
+# measure: the tiny-model base (~20 MB) says nothing about a real model's fixed cost. So the
+# embedded defaults below stay the larger seed-fleet guesses for real models; measure on the
+# target machine with its real models (``python -m bench.memory --model KIND=DIR``) and put
+# the printed TOML in the fleet config.
+DEFAULT_WORKING: dict[str, WorkingCoefficients] = {
+    "txt2img": WorkingCoefficients(500_000_000, 1500.0),
+    "edit": WorkingCoefficients(500_000_000, 2500.0),
+    "upscale": WorkingCoefficients(500_000_000, 600.0),
+    "video": WorkingCoefficients(500_000_000, 250.0),
+}
+FALLBACK_WORKING = DEFAULT_WORKING["txt2img"]  # a kind without coefficients (none today)
+
+
+@dataclass(frozen=True)
+class WorkingMemory:
+    """Working-memory coefficients by kind, with per-family overrides (fleet config).
+
+    ``by_family[family][kind]`` wins over ``by_kind[kind]``, which wins over the embedded
+    :data:`DEFAULT_WORKING`; a kind found nowhere gets :data:`FALLBACK_WORKING`.
+    """
+
+    by_kind: Mapping[str, WorkingCoefficients] = field(default_factory=lambda: dict(DEFAULT_WORKING))
+    by_family: Mapping[str, Mapping[str, WorkingCoefficients]] = field(default_factory=dict)
+
+    def coefficients(self, family: str, kind: str) -> WorkingCoefficients:
+        """The coefficients that price a job of ``kind`` with a model of ``family``."""
+        found = self.by_family.get(family, {}).get(kind) or self.by_kind.get(kind) or DEFAULT_WORKING.get(kind)
+        return found or FALLBACK_WORKING
+
+    def bytes(self, family: str, kind: str, size: int) -> int:
+        """Working bytes of a job: its coefficients applied to ``size`` (pixels x frames x batch)."""
+        return self.coefficients(family, kind).bytes(size)
+
+
+def working_bytes(kind: str, size: int, family: str = "", working: WorkingMemory | None = None) -> int:
+    """Working memory (bytes) of one job beyond its weights, for a job of ``kind`` and ``size``
+    (pixels x frames x batch), by ``working`` (default: the embedded coefficients)."""
+    return (working or WorkingMemory()).bytes(family, kind, size)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A job's memory estimate in bytes: exact weights (safetensors headers, by dtype) plus
+    working memory (by kind and size, :class:`WorkingMemory`). Shown in the job record."""
+
+    weights_bytes: int
+    working_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.working_bytes
 
 
 @dataclass(frozen=True)
@@ -99,6 +176,7 @@ class Estimator:
     machines: Mapping[str, MachineProfile] = field(default_factory=dict)
     models: Mapping[str, ModelProfile] = field(default_factory=dict)
     learned: LearnedTimings = field(default_factory=LearnedTimings)
+    working: WorkingMemory = field(default_factory=WorkingMemory)  # fleet config coefficients
     _cache: dict[tuple[str, str, str], Timing] = field(default_factory=dict, repr=False, compare=False)
     _cache_version: int = field(default=-1, repr=False, compare=False)
 
@@ -139,11 +217,18 @@ class Estimator:
         return model.weights_bytes if model else 0
 
     def job_bytes(self, model_id: str, kind: str, size: int) -> int:
-        """Weights + working memory (``WORKING_BASE_BYTES`` + bytes per pixel of ``kind``)."""
+        """Weights + working memory in bytes of a job of ``size`` (pixels x frames x batch);
+        0 for an unknown model (placement then has no memory figure to filter on)."""
+        return self.memory(model_id, kind, size).total_bytes
+
+    def memory(self, model_id: str, kind: str, size: int) -> MemoryEstimate:
+        """The job's estimate in bytes: the model's weights and the working memory that the
+        fleet config's coefficients give for its family, ``kind`` and ``size`` (pixels x
+        frames x batch). All zero for an unknown model."""
         model = self.models.get(model_id)
         if model is None:
-            return 0
-        return model.weights_bytes + working_bytes(kind, size)
+            return MemoryEstimate(0, 0)
+        return MemoryEstimate(model.weights_bytes, self.working.bytes(model.family, kind, size))
 
     def memory_kind(self, machine: str) -> str:
         profile = self.machines.get(machine)
@@ -154,4 +239,5 @@ class Estimator:
         return profile.usable_bytes if profile else 0
 
 
-__all__ = ["CostModel", "Estimator", "MachineProfile", "ModelProfile", "job_size", "GB"]
+__all__ = ["CostModel", "Estimator", "MachineProfile", "MemoryEstimate", "ModelProfile", "WorkingCoefficients",
+           "WorkingMemory", "job_size", "working_bytes", "GB", "KINDS"]

@@ -38,10 +38,15 @@ def manifest_key(manifest: dict[str, Any]) -> str:
     return bytes_digest(json.dumps({"files": manifest["files"], **variant}, sort_keys=True).encode())
 
 
-def job_memory(folder: Path, kind: str, params: dict[str, Any], variant: dict[str, Any]) -> tuple[int, int]:
+def job_memory(folder: Path, kind: str, params: dict[str, Any], variant: dict[str, Any],
+               working: int | None = None) -> tuple[int, int]:
     """(weights bytes, working bytes) of a job: weights from the safetensors headers at the
-    variant's precision (app.variants), working memory by kind and size (routing.estimate)."""
+    variant's precision (app.variants); working memory as the server estimated it with the
+    fleet config's coefficients (``working``, from the claim), else by kind and size with the
+    embedded defaults (routing.estimate)."""
     weights = weights_bytes(parameter_counts(folder), Variant(variant["precision"], variant["quantization"]))
+    if working is not None:
+        return weights, working
     request = JobRequest.from_params("", "", kind, "", params)
     return weights, working_bytes(kind, request.size)
 
@@ -68,7 +73,15 @@ def report_progress(job_id: str, step: int, total: int) -> None:
 
 
 def run_job(job_id: str) -> None:
+    """The task: waits for the start-up preload of committed models (R16) if one is loading,
+    then claims and runs the job (:func:`run_claimed`)."""
     rt = runtime.current()
+    with rt.cache_lock:
+        run_claimed(rt, job_id)
+
+
+def run_claimed(rt: runtime.WorkerRuntime, job_id: str) -> None:
+    """Claim, verify, load, run, upload (DESIGN §9 step 4); every failure is reported to the server."""
     settings = rt.settings
     try:
         claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
@@ -99,7 +112,8 @@ def run_job(job_id: str) -> None:
             log.info("job %s: video needs the memory; unloaded warm models %s", job_id, ", ".join(dropped))
             rt.record_warm()
         folder = settings.models_dir / model_id
-        pipeline, load_s, cold = rt.cache.get(model_id, key, folder, variant, *job_memory(folder, kind, params, variant))
+        memory = job_memory(folder, kind, params, variant, claim.get("working_bytes"))
+        pipeline, load_s, cold = rt.cache.get(model_id, key, folder, variant, *memory)
         if cold:
             rt.record_warm()
         provenance = embedded_provenance(

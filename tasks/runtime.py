@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import redis
 
@@ -29,17 +30,26 @@ class WorkerRuntime:
         self._server: ServerClient | None = None
         self._redis: redis.Redis | None = None
         self._cache: ModelCache | None = None
+        self._cache_lock = threading.Lock()
 
     def _this_process(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
+        """Create this process's clients and cache on first use (once, even when the preload
+        thread and a job ask at the same moment); the pid is set last, when all exist."""
+        if self._pid == os.getpid():
+            return
+        with _INIT_LOCK:
+            if self._pid == os.getpid():
+                return
+            self._cache_lock = threading.Lock()  # this process's own (never a copy inherited held)
             self._server = ServerClient(self.settings.server_url, self.settings.worker_token,
                                         self.settings.http_timeout_s, self.boot_id, self.settings.server_retry_s)
             self._redis = create_redis(self.settings)
             device = self.device()
             device.guard()  # only the MPS adapter has a memory guard (R18)
             self._cache = ModelCache(load_pipeline, device, capacity_bytes=self.settings.memory_cap_bytes)
-            self._cache.protected = self.commitments()  # applied at worker start (R16)
+            # Applied at worker start (R16); tasks/preload.py then loads them.
+            self._cache.protected = frozenset(self._redis.smembers(self.keys.residency(self.settings.machine)))
+            self._pid = os.getpid()
 
     @property
     def server(self) -> ServerClient:
@@ -58,6 +68,13 @@ class WorkerRuntime:
         self._this_process()
         assert self._cache is not None
         return self._cache
+
+    @property
+    def cache_lock(self) -> threading.Lock:
+        """Held while the model cache changes: by a job from claim to end, and by the start-up
+        preload of committed models (tasks/preload.py), so a job never runs beside a load."""
+        self._this_process()
+        return self._cache_lock
 
     def device(self) -> Device:
         """This worker's device adapter (cpu, cuda or mps, as detected)."""
@@ -79,6 +96,7 @@ class WorkerRuntime:
 
 
 _runtime: WorkerRuntime | None = None
+_INIT_LOCK = threading.Lock()  # taken only inside a process after it forked, never held across a fork
 
 
 def install(runtime: WorkerRuntime) -> None:

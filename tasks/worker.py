@@ -18,6 +18,7 @@ from app.config import WorkerSettings
 from app.connections import create_redis
 from tasks import runtime
 from tasks.heartbeat import Heartbeat
+from tasks.preload import start_preload
 from tasks.run_job import run_job
 from tasks.sync import sync
 
@@ -63,6 +64,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
 
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
+    worker_process_init.connect(lambda **_: start_preload(rt), weak=False)  # committed models warm (R16)
     worker_shutdown.connect(on_shutdown, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))

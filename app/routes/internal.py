@@ -56,7 +56,8 @@ def claim(
     _touch_progress(ctx, job_id, {})
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     manifest = ctx.registry.manifest(job.model_id).as_json()
-    return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest)
+    return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
+                        working_bytes=job.working_bytes)
 
 
 @router.post("/jobs/{job_id}/progress", status_code=204)
