@@ -32,7 +32,7 @@ from app.limits import PromptTokenizers, check_submission, limits_for
 from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
-from app.kind_params import check_kind_params
+from app.kind_params import check_kind_params, output_size
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
@@ -86,12 +86,15 @@ class Dispatcher:
         self.metrics: Metrics | None = None  # set by build_context (R24)
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
-        """The placement request of a submission.
+        """The placement request of a submission, after every check of its params. Adds
+        ``output_width``/``output_height`` (pixels) to ``params`` for kinds whose output size
+        follows their input image (edit, upscale), so the journal shows what was priced.
 
         Raises:
             NotFound: the model is not registered (reason ``unknown_model``).
-            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), or the
-                params exceed the family's limits (reason ``invalid_<field>``, R22).
+            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), the
+                params exceed the family's limits (reason ``invalid_<field>``, R22), or an
+                input, format or frame count is refused (:func:`check_kind_params`).
         """
         record = self.registry.get(model_id)
         if kind not in record.kinds:
@@ -100,6 +103,8 @@ class Dispatcher:
                 reason="kind_not_supported",
             )
         check_submission(params, limits_for(self.settings.limits, record.family), self.tokenizers.counter(model_id), kind)
+        check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames (R22)
+        params.update(output_size(kind, params, self.inputs))
         return JobRequest.from_params(model_id, record.family, kind, target, params)
 
     def views(self) -> dict[str, MachineView]:
@@ -135,7 +140,7 @@ class Dispatcher:
     def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> dict[str, Any]:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
         that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`."""
-        request = self.request(model_id, kind, params, target)
+        request = self.request(model_id, kind, dict(params), target)
         views = self.views()
         estimator = self.costs.estimator()
         weights = self.pressure(views, estimator, time.time()) if request.target == AUTO else None
@@ -168,7 +173,6 @@ class Dispatcher:
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         try:
             request = self.request(model_id, kind, params, target)
-            check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames (R22)
             lock = self.redis.lock(
                 self.keys.fleet_lock(),
                 timeout=self.settings.fleet_lock_ttl_s,

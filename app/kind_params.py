@@ -64,6 +64,21 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) 
                            reason="invalid_params")
 
 
+UPSCALE_FACTOR = 4  # StableDiffusionUpscalePipeline: 4 x width, 4 x height (tasks/kinds/upscale.py)
+
+
+def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dict[str, int]:
+    """``{"output_width": W, "output_height": H}`` in pixels for kinds whose output size follows
+    their input image (edit: the input's size; upscale: 4x per side), else ``{}``. Placement
+    prices a job's run time and memory by its output pixels (routing.timings.job_size).
+    Call after :func:`check_kind_params` (the input must exist)."""
+    if kind not in INPUT_FIELDS:
+        return {}
+    width, height = image_size(inputs.get(str(params[INPUT_FIELDS[kind][0]])).path)
+    factor = UPSCALE_FACTOR if kind == "upscale" else 1
+    return {"output_width": width * factor, "output_height": height * factor}
+
+
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) in pixels, read from the image header only."""
     from PIL import Image

@@ -62,14 +62,19 @@ class JobRequest:
 
     @classmethod
     def from_params(cls, model_id: str, family: str, kind: str, target: str, params: Mapping[str, object]) -> JobRequest:
-        """Read steps and size from job params (``steps``, ``width``, ``height``, ``num_frames``,
-        ``batch``; the tiny kinds' defaults: 4 steps, 64x64 pixels, 1 frame, batch 1)."""
+        """Read steps and size from job params: ``steps``; output pixels from ``output_width`` x
+        ``output_height`` (set by the server for kinds whose output follows an input image),
+        else ``width`` x ``height``; ``frames`` (the video kind's name; ``num_frames`` also
+        read) and ``batch``. Defaults are the tiny kinds': 4 steps, 64x64 pixels, 8 frames for
+        video and 1 otherwise, batch 1."""
 
         def number(name: str, default: int) -> int:
             value = params.get(name, default)
             return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
 
-        size = job_size(number("width", 64) * number("height", 64), number("num_frames", 1), number("batch", 1))
+        pixels = number("output_width", number("width", 64)) * number("output_height", number("height", 64))
+        frames = number("frames", number("num_frames", 8 if kind == "video" else 1))
+        size = job_size(pixels, frames, number("batch", 1))
         return cls(model_id, family, kind, target, steps=number("steps", 4), size=size)
 
 

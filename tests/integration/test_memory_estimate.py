@@ -104,3 +104,40 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     accepted = submit(client, "server")  # 4 GB: still fits there, priced with the override
     assert accepted["status"] == 202, accepted
     assert client.get(f"/v1/jobs/{accepted['id']}").json()["memory_estimate"]["total_bytes"] == need
+
+
+def png(width: int, height: int) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    out = BytesIO()
+    Image.new("RGB", (width, height), (200, 80, 40)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("model", "kind", "input_px", "output_px"), [
+    ("tiny-pix2pix", "edit", (96, 64), (96, 64)),  # an edit keeps its input's size
+    ("tiny-upscaler", "upscale", (24, 16), (96, 64)),  # the x4 upscaler: 4 x width, 4 x height
+])
+def test_r10_input_kinds_are_priced_by_their_output_pixels(
+        api: Api, tiny_models_dir: Path, model: str, kind: str, input_px: tuple[int, int],
+        output_px: tuple[int, int]) -> None:
+    coefficients = f"""
+[working_memory.{kind}]
+base_bytes = {BASE_BYTES}
+bytes_per_pixel = {PER_PIXEL}
+"""
+    client, ctx = api(coefficients)
+    ctx.registry.add(tiny_models_dir / model, model)
+    online(ctx, "server", {MODEL, model})
+    uploaded = client.post("/v1/files", files={"file": ("in.png", png(*input_px), "image/png")})
+    assert uploaded.status_code == 201, uploaded.text
+    answer = client.post("/v1/jobs", json={"model": model, "kind": kind, "target": "server",
+                                          "params": {"prompt": "make it snowy", "image": uploaded.json()["id"]}})
+    assert answer.status_code == 202, answer.text
+    job = client.get(f"/v1/jobs/{answer.json()['id']}").json()
+    width, height = output_px
+    assert (job["params"]["output_width"], job["params"]["output_height"]) == (width, height)
+    assert job["memory_estimate"]["working_bytes"] == BASE_BYTES + int(PER_PIXEL * width * height)
+

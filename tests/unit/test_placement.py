@@ -274,3 +274,10 @@ def test_r4_a_model_present_but_not_advertised_is_refused_when_pinned_and_skippe
     assert refused.value.reason == "model_not_verified" and "homefleet sync m1 tiny-sd" in refused.value.message
     placed = place(request("auto"), fleet)
     assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "model_not_verified"}
+
+
+def test_r10_video_is_priced_by_its_frames() -> None:
+    one = JobRequest.from_params("v", "animatediff", "video", "server", {"width": 64, "height": 64, "frames": 1})
+    eight = JobRequest.from_params("v", "animatediff", "video", "server", {"width": 64, "height": 64})
+    sixteen = JobRequest.from_params("v", "animatediff", "video", "server", {"width": 64, "height": 64, "frames": 16})
+    assert (one.size, eight.size, sixteen.size) == (4096, 8 * 4096, 16 * 4096)  # the kind's default is 8 frames
