@@ -255,8 +255,12 @@ def drain(
             while (left := ctx.machines.view(machine).backlog) and time.monotonic() < deadline:
                 progress.update(bar, completed=max(backlog, 1) - min(left, backlog))
                 time.sleep(1)
-            progress.update(bar, completed=max(backlog, 1))
-        console.print(f"{machine}: drained" if not left else f"{machine}: {left} jobs still there after {timeout_s} s")
+            if not left:
+                progress.update(bar, completed=max(backlog, 1))
+        if left:
+            console.print(f"{machine}: {left} jobs still there after {timeout_s} s; it stays drained")
+            raise typer.Exit(1)
+        console.print(f"{machine}: drained")
     finally:
         ctx.close()
 

@@ -28,7 +28,7 @@ from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.costs import DemandStore, FleetCosts
 from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
-from app.limits import PromptTokenizers, check_submission, limits_for
+from app.limits import PromptTokenizers, check_output_pixels, check_submission, limits_for
 from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
@@ -102,9 +102,12 @@ class Dispatcher:
                 f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
                 reason="kind_not_supported",
             )
-        check_submission(params, limits_for(self.settings.limits, record.family), self.tokenizers.counter(model_id), kind)
-        check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames (R22)
+        limits = limits_for(self.settings.limits, record.family)
+        check_submission(params, limits, self.tokenizers.counter(model_id), kind)
+        check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames, numbers (R22)
         params.update(output_size(kind, params, self.inputs))
+        if "output_width" in params:
+            check_output_pixels(params["output_width"], params["output_height"], limits)
         return JobRequest.from_params(model_id, record.family, kind, target, params)
 
     def views(self) -> dict[str, MachineView]:

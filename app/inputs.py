@@ -6,17 +6,24 @@ params (``"image": "blake3:…"``); the worker fetches the bytes from the server
 API and checks the digest before using them. A worker never reads the server's folders.
 
 Limits: at most ``max_input_bytes`` bytes; PNG, JPEG or WebP only (sniffed from the magic
-bytes, never from a header or a file name). Nothing is written when a check fails.
+bytes, never from a header or a file name), decoding completely (no truncated file) to at most
+``MAX_INPUT_PIXELS``. Nothing is written when a check fails.
 """
 
 from __future__ import annotations
 
+import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.digest import bytes_digest, hex_part
 from app.errors import NotFound, Rejected
 from app.storage import write_once
+
+MAX_INPUT_PIXELS = 4096 * 4096
+"""Largest input image (width x height) the server decodes; larger ones are refused before
+their pixels are decoded (a small file can hold a huge image: a decompression bomb)."""
 
 # media type -> file extension, for the input types Homefleet accepts
 INPUT_MEDIA_TYPES: dict[str, str] = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
@@ -34,6 +41,29 @@ def sniff_image_type(data: bytes) -> str | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
     return None
+
+
+def check_decodes(data: bytes, media_type: str) -> tuple[int, int]:
+    """(width, height) in pixels of an image that decodes completely with Pillow.
+
+    Raises:
+        Rejected: more than ``MAX_INPUT_PIXELS`` pixels (reason ``input_too_large``), or the
+            file does not decode, e.g. truncated (reason ``input_corrupt``).
+    """
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if width * height > MAX_INPUT_PIXELS:
+                    raise Rejected(f"image is {width} x {height} = {width * height} pixels; the limit is "
+                                   f"{MAX_INPUT_PIXELS} pixels", reason="input_too_large")
+                image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise Rejected(f"file is not a complete {media_type} image: {error}", reason="input_corrupt") from error
+    return width, height
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,7 @@ class InputStore:
         if media_type is None:
             accepted = ", ".join(INPUT_MEDIA_TYPES)
             raise Rejected(f"file must be one of {accepted}; its first bytes are {data[:12]!r}", reason="input_type")
+        check_decodes(data, media_type)
         file_id = bytes_digest(data)
         path = self._path(file_id, media_type)
         write_once(path, data)

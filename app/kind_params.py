@@ -7,6 +7,7 @@ uploaded (``POST /v1/files``), so a worker never claims a job whose input does n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,34 @@ INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("ima
 VIDEO_FORMATS: tuple[str, ...] = ("mp4", "webp", "gif")
 MAX_VIDEO_FRAMES = 32  # the tiny MotionAdapter's motion_max_seq_length (app/tiny_models.py)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact
+
+
+#: kind -> (param, low, high, integer?) for the numbers each kind passes to its pipeline
+NUMBERS: dict[str, tuple[tuple[str, float, float, bool], ...]] = {
+    "txt2img": (("guidance_scale", 0.0, 50.0, False),),
+    "video": (("guidance_scale", 0.0, 50.0, False), ("fps", 1.0, 60.0, False)),
+    "edit": (("guidance_scale", 0.0, 50.0, False), ("image_guidance_scale", 0.0, 50.0, False)),
+    # noise_level: the x4 upscaler's scheduler config, max_noise_level = 350
+    "upscale": (("guidance_scale", 0.0, 50.0, False), ("noise_level", 0, 350, True)),
+}
+
+
+def check_numbers(kind: str, params: Mapping[str, Any]) -> None:
+    """Refuse a number param of ``kind`` that is not a finite number in its range.
+
+    Raises:
+        Rejected: reason ``invalid_params``, naming the field, the value and the range.
+    """
+    for name, low, high, integer in NUMBERS.get(kind, ()):
+        if name not in params:
+            continue
+        value = params[name]
+        kinds_ok = (int,) if integer else (int, float)
+        if (not isinstance(value, kinds_ok) or isinstance(value, bool) or not math.isfinite(value)
+                or not low <= value <= high):
+            wanted = "an integer" if integer else "a number"
+            raise Rejected(f"params.{name} must be {wanted} from {low:g} to {high:g}, got {value!r}",
+                           reason="invalid_params")
 
 
 def input_fields(kind: str) -> tuple[str, ...]:
@@ -37,6 +66,7 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) 
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
         raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+    check_numbers(kind, params)
     for field in input_fields(kind):
         value = params.get(field)
         if not isinstance(value, str) or not value:
@@ -80,8 +110,17 @@ def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dic
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) in pixels, read from the image header only."""
-    from PIL import Image
+    """(width, height) in pixels, read from the image header only.
 
-    with Image.open(path) as image:
-        return image.size
+    Raises:
+        Rejected: the stored file is not a readable image (reason ``input_corrupt``; uploads are
+            decoded completely since they are checked, app/inputs.py).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
+        raise Rejected(f"params.image: the uploaded file is not a readable image ({error}); upload it again",
+                       reason="input_corrupt") from error

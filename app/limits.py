@@ -32,6 +32,7 @@ class FamilyLimits(BaseModel):
     max_frames: int = Field(64, ge=1)
     max_batch: int = Field(4, ge=1)  # images per job (`batch`, or OpenAI's `n`)
     max_prompt_tokens: int = Field(77, ge=1)  # CLIP text encoders: max_position_embeddings = 77
+    max_prompt_chars: int = Field(4096, ge=1)  # checked before tokenizing (a huge prompt is cheap to refuse)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
     upload_media_types: list[str] = Field(default_factory=lambda: ["image/png", "image/jpeg", "image/webp"])
 
@@ -98,6 +99,7 @@ def check_submission(
                 "ask for a smaller size", reason="invalid_size",
             )
     _bounded("steps", _integer(params, "steps", None), 1, limits.max_steps)
+    _bounded("frames", _integer(params, "frames", None), 1, limits.max_frames)  # the video kind's name
     _bounded("num_frames", _integer(params, "num_frames", None), 1, limits.max_frames)
     _bounded("batch", _integer(params, "batch", None), 1, limits.max_batch)
     _bounded("n", _integer(params, "n", None), 1, limits.max_batch, " (max_batch)")
@@ -107,6 +109,9 @@ def check_submission(
             continue
         if not isinstance(text, str):
             raise Rejected(f"`{name}` must be a string, got {type(text).__name__}", reason=f"invalid_{name}")
+        if len(text) > limits.max_prompt_chars:
+            raise Rejected(f"`{name}` must be at most {limits.max_prompt_chars} characters (max_prompt_chars), "
+                           f"got {len(text)}; shorten it", reason=f"invalid_{name}")
         if count_tokens is not None:
             tokens = count_tokens(text)
             if tokens > limits.max_prompt_tokens:
@@ -114,6 +119,20 @@ def check_submission(
                     f"`{name}` must be at most {limits.max_prompt_tokens} tokens (the model's tokenizer, "
                     f"with start and end tokens), got {tokens}; shorten it", reason=f"invalid_{name}",
                 )
+
+
+def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: str = "image") -> None:
+    """Refuse a job whose output (from its input image: an edit keeps the size, the x4 upscaler
+    multiplies each side by 4) exceeds ``max_pixels``.
+
+    Raises:
+        Rejected: reason ``invalid_size``, naming the field, the output size and the limit.
+    """
+    if width * height > limits.max_pixels:
+        raise Rejected(
+            f"params.{field}: the output would be {width} x {height} = {width * height} pixels; the limit "
+            f"(max_pixels) is {limits.max_pixels}; send a smaller image", reason="invalid_size",
+        )
 
 
 def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: str = "image") -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import psutil
 import redis
 
 from app.config import WorkerSettings
-from app.errors import HomefleetError
+from app.errors import HomefleetError, Unauthorized
 from app.keys import Keys
 from tasks.server_client import ServerClient
 from tasks.verify import verified_models
@@ -72,6 +73,7 @@ class Heartbeat:
         self.verified: set[str] | None = None
         self._redis_run_id: str | None = None
         self._stop = threading.Event()
+        self.refused = False  # the server refused the token at start: the worker stops (exit 78)
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -146,6 +148,17 @@ class Heartbeat:
                     self.verified = self.verify()
                 self.beat()
                 self.obey_restart()
+            except Unauthorized as error:
+                if self.verified is not None:  # the fleet config changed under a running worker: keep trying
+                    log.error("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
+                              self.settings.heartbeat_interval_s)
+                else:  # a wrong token never becomes right: stop instead of retrying forever
+                    log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
+                                 "(or --token) to the token of machine %r in the server's fleet config; stopping",
+                                 self.settings.machine, error, self.settings.machine)
+                    self.refused = True
+                    os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown; start_worker exits 78
+                    return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
                 log.warning("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
                             self.settings.heartbeat_interval_s)

@@ -42,8 +42,15 @@ def detect_device() -> str:
     return "cpu"
 
 
+EX_CONFIG = 78  # sysexits.h: a configuration error (here: the server refused the worker's token)
+
+
 def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
-    """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT)."""
+    """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT).
+
+    Raises:
+        SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start.
+    """
     from tasks.pipelines import go_offline, quiet
 
     go_offline()  # before diffusers/transformers read their settings
@@ -68,3 +75,5 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     worker_shutdown.connect(on_shutdown, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))
+    if heartbeat.refused:
+        raise SystemExit(EX_CONFIG)

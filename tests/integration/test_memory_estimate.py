@@ -141,3 +141,18 @@ bytes_per_pixel = {PER_PIXEL}
     assert (job["params"]["output_width"], job["params"]["output_height"]) == (width, height)
     assert job["memory_estimate"]["working_bytes"] == BASE_BYTES + int(PER_PIXEL * width * height)
 
+
+
+def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_image(
+        api: Api, tiny_models_dir: Path) -> None:
+    client, ctx = api("")
+    ctx.registry.add(tiny_models_dir / "tiny-upscaler", "tiny-upscaler")
+    online(ctx, "server", {MODEL, "tiny-upscaler"})
+    uploaded = client.post("/v1/files", files={"file": ("in.png", png(264, 256), "image/png")}).json()
+    answer = client.post("/v1/jobs", json={"model": "tiny-upscaler", "kind": "upscale", "target": "server",
+                                          "params": {"image": uploaded["id"]}})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["reason"] == "invalid_size"
+    assert error["message"] == ("params.image: the output would be 1056 x 1024 = 1081344 pixels; the limit (max_pixels) "
+                                "is 1048576; send a smaller image")

@@ -61,3 +61,42 @@ def test_r22_kind_params_name_the_field_and_the_limit(tmp_path: Path) -> None:
         check_kind_params("video", {"prompt": "x", "format": "avi"}, store)
     with pytest.raises(Rejected, match=r"params.seed must be an integer from 0 to 9223372036854775807, got '7'"):
         check_kind_params("txt2img", {"prompt": "x", "seed": "7"}, store)
+
+
+@pytest.mark.parametrize(("data", "reason", "message"), [
+    (image_bytes((64, 64))[:60], "input_corrupt", "not a complete image/png image"),  # truncated after the header
+    (b"\x89PNG\r\n\x1a\n" + bytes(200), "input_corrupt", "not a complete image/png image"),  # magic bytes, then garbage
+    (image_bytes((4104, 4096)), "input_too_large", "4104 x 4096 = 16809984 pixels; the limit is 16777216"),
+])
+def test_r22_uploads_that_do_not_decode_or_hold_too_many_pixels_store_nothing(
+        tmp_path: Path, data: bytes, reason: str, message: str) -> None:
+    store = InputStore(tmp_path, max_input_bytes=50_000_000)
+    with pytest.raises(Rejected, match=message) as refused:
+        store.add(data)
+    assert refused.value.reason == reason
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_r22_a_stored_file_that_does_not_read_is_refused_naming_the_field(tmp_path: Path) -> None:
+    store = InputStore(tmp_path, max_input_bytes=1_000_000)
+    stored = store.add(image_bytes((16, 16)))
+    stored.path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(50))  # damaged on the server's disk after the upload
+    with pytest.raises(Rejected, match=r"params\.image: the uploaded file is not a readable image") as refused:
+        check_kind_params("edit", {"prompt": "x", "image": stored.id}, store)
+    assert refused.value.reason == "input_corrupt"
+
+
+@pytest.mark.parametrize(("kind", "params", "message"), [
+    ("txt2img", {"guidance_scale": "x"}, r"params\.guidance_scale must be a number from 0 to 50, got 'x'"),
+    ("txt2img", {"guidance_scale": float("nan")}, r"params\.guidance_scale must be a number from 0 to 50, got nan"),
+    ("txt2img", {"guidance_scale": 1e308}, r"params\.guidance_scale must be a number from 0 to 50, got 1e\+308"),
+    ("video", {"fps": 0}, r"params\.fps must be a number from 1 to 60, got 0"),
+    ("edit", {"image_guidance_scale": "big"}, r"params\.image_guidance_scale must be a number from 0 to 50"),
+    ("upscale", {"noise_level": "loud"}, r"params\.noise_level must be an integer from 0 to 350, got 'loud'"),
+    ("upscale", {"noise_level": 351}, r"params\.noise_level must be an integer from 0 to 350, got 351"),
+])
+def test_r22_number_params_are_finite_and_in_range(tmp_path: Path, kind: str, params: dict, message: str) -> None:
+    store = InputStore(tmp_path, max_input_bytes=1_000_000)
+    with pytest.raises(Rejected, match=message) as refused:
+        check_kind_params(kind, {"prompt": "x", **params}, store)
+    assert refused.value.reason == "invalid_params"

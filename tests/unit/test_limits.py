@@ -27,6 +27,8 @@ def view(name: str, backlog: int = 0, max_queued: int | None = 2) -> MachineView
         ({"steps": 0}, "`steps` must be between 1 and 150, got 0"),
         ({"steps": True}, "`steps` must be an integer, got True"),
         ({"num_frames": 65}, "`num_frames` must be between 1 and 64, got 65"),
+        ({"frames": 65}, "`frames` must be between 1 and 64, got 65"),  # the video kind's own name
+        ({"prompt": "x " * 3000}, "`prompt` must be at most 4096 characters (max_prompt_chars), got 6000"),
         ({"n": 5}, "`n` must be between 1 and 4 (max_batch), got 5"),
         ({"negative_prompt": 3}, "`negative_prompt` must be a string, got int"),
     ],
