@@ -245,10 +245,11 @@ class Dispatcher:
             if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
                 if self.metrics is not None:
                     self.metrics.refused(error.reason)
-                self.journal.add(
+                refused = self.journal.add(
                     Job(state=JobState.rejected, model_id=model_id, kind=kind, params=params, target=target,
                         reason=error.reason, message=error.message)
                 )
+                error.job_id = refused.id
             log.info("submission refused: %s (%s)", error.message, error.reason)
             raise
 

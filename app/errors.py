@@ -23,6 +23,7 @@ class HomefleetError(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason
+        self.job_id: str | None = None  # the journaled ``rejected`` job of a refused submission, when there is one
 
 
 class Rejected(HomefleetError):

@@ -49,8 +49,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             headers["Retry-After"] = str(retry_after_s)
         if is_openai_route(request.url.path):
             return openai_error(error, headers)
-        return JSONResponse(status_code=error.status_code, content={"error": {"reason": error.reason, "message": error.message}},
-                            headers=headers)
+        body: dict[str, str] = {"reason": error.reason, "message": error.message}
+        if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
+            body["job_id"] = error.job_id
+        return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

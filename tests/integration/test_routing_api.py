@@ -107,6 +107,8 @@ def test_r10_explicit_target_refusals_through_the_api(
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
     assert nothing_enqueued(ctx)
+    shown = client.get(f"/v1/jobs/{error['job_id']}").json()  # the refusal's journal entry, by the id in the 422/503
+    assert (shown["id"], shown["state"], shown["reason"]) == (journaled.id, "rejected", reason)
 
 
 def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[TestClient, ServerContext]) -> None:
