@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -372,6 +373,10 @@ def demo(
 
 
 def main() -> None:
+    # SIGTERM ends a command like Ctrl-C does: as an exception, so the fleets that `demo`,
+    # `drill` and `bench --local` start are stopped by their context managers. (`serve` and
+    # `worker` install their own handlers: uvicorn's and Celery's.)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         cli()
     except HomefleetError as error:

@@ -87,7 +87,11 @@ class DrillFleet:
         self._earlier: set[str] = set()
 
     def __enter__(self) -> DrillFleet:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # interrupted or failed while starting: stop what did start, then re-raise
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:

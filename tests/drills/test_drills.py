@@ -66,3 +66,26 @@ def test_r19_watchdog_hang_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
     check(result, 6)
     assert result.interrupted == 1 and len(hung) == 1
     assert result.runs == result.jobs  # the pool process was replaced and ran every later job
+
+
+def test_a_drill_stopped_with_sigterm_stops_the_fleet_it_started(tmp_path: Path) -> None:
+    """`homefleet drill` started a private fleet (API, workers, Redis); SIGTERM must not orphan it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    drill = subprocess.Popen([sys.executable, "-m", "app.cli", "drill", "duplicate", "--count", "5",
+                              "--work-dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(drill.pid)
+    deadline = time.monotonic() + 180
+    while not any("worker" in " ".join(c.cmdline()) for c in parent.children(recursive=True) if c.is_running()):
+        assert time.monotonic() < deadline, "the drill started no worker"
+        time.sleep(0.5)
+    fleet = parent.children(recursive=True)
+    drill.send_signal(signal.SIGTERM)
+    assert drill.wait(timeout=120) == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs(fleet, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
