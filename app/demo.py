@@ -101,7 +101,8 @@ def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
             for model_id in DEMO_MODELS.values():
                 local.wait_online(list(fleet.machines), model_id=model_id)
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
-        console.print(f"API key of this demo: {api_key}  (send 'Authorization: Bearer {api_key}')")
+        console.print(f"API key of this demo: {api_key}")
+        console.print(f"send: Authorization: Bearer {api_key}", soft_wrap=True)  # one line, for copy and paste
         with HomefleetClient(local.api_url, api_key=api_key) as client:
             jobs = _run_jobs(client, console)
         return _report(jobs, ctx.journal, console)
