@@ -89,13 +89,19 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     assert ctx.redis.llen(keys.queue("m1")) == 0  # never re-queued
 
 
-def test_r19_a_running_job_with_a_live_worker_is_left_alone(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
-    ctx = strict_ctx
+def running_on_m1(ctx: ServerContext, tiny_models_dir: Path, boot_id: str) -> str:
+    """A job submitted to m1, taken off its queue and claimed by the worker of ``boot_id``."""
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     job = submit(ctx, model)
     ctx.redis.rpop(keys.queue("m1"))
-    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")
+    ctx.journal.claim(job, "m1", worker_boot_id=boot_id)
+    return job
+
+
+def test_r19_a_running_job_with_a_live_worker_is_left_alone(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
     ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
     beat(ctx, "m1", "boot-A")
     assert Reconciler(ctx).run_once().interrupted == {}
@@ -118,11 +124,7 @@ def test_r19_a_worker_whose_heartbeat_lapses_while_steps_still_report_is_not_los
     strict_ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
     ctx = strict_ctx
-    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    bring_online(ctx, "m1", {model})
-    job = submit(ctx, model)
-    ctx.redis.rpop(keys.queue("m1"))
-    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
     ctx.redis.delete(ctx.keys.heartbeat("m1"))  # e.g. its heartbeat thread starved of CPU
     ctx.redis.hset(ctx.keys.progress(job), "at", time.time())  # but a step just reported
     assert Reconciler(ctx).run_once().interrupted == {}
