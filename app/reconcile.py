@@ -6,7 +6,7 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
 - a ``running`` job whose machine has no live heartbeat (and no progress report within
   ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
-  it -> ``interrupted`` (``worker_restarted``);
+  it, in a heartbeat written after the claim -> ``interrupted`` (``worker_restarted``);
 - a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
   the machine's worker is asked to restart its pool process (watchdog);
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from app.errors import Conflict, PlacementLost
@@ -96,7 +96,10 @@ class Reconciler:
                                 f"the worker of {machine} has no live heartbeat; the job may have started")
             elif heartbeat is None:
                 continue
-            elif job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id:
+            elif (job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id
+                  and float(heartbeat.get("at", now)) >= _unix_s(job.started_at)):
+                # (a heartbeat written before the claim may still be the previous boot's: a worker
+                # that just restarted can claim a job before its first heartbeat replaces it)
                 self._interrupt(report, job.id, JobState.running, "worker_restarted",
                                 f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
                                 f"claimed by boot {job.worker_boot_id})")
@@ -150,3 +153,9 @@ class ReconcileLoop:
                 log.exception("reconciliation pass failed")
             self._stop.wait(self.interval_s)
 
+
+def _unix_s(moment: datetime | None) -> float:
+    """Unix seconds of a journal time (stored naive in UTC by SQLite, aware by PostgreSQL); 0 when unset."""
+    if moment is None:
+        return 0.0
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()

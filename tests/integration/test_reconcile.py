@@ -33,8 +33,9 @@ def submit(ctx: ServerContext, model: str, target: str = "m1") -> str:
     return ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, target).job.id
 
 
-def beat(ctx: ServerContext, machine: str, boot_id: str) -> None:
-    ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps({"machine": machine, "boot_id": boot_id}), ex=60)
+def beat(ctx: ServerContext, machine: str, boot_id: str, at_s: float | None = None) -> None:
+    record = {"machine": machine, "boot_id": boot_id, "at": time.time() if at_s is None else at_s}
+    ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps(record), ex=60)
 
 
 def test_r19_a_queued_job_whose_message_was_lost_is_interrupted(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
@@ -130,3 +131,18 @@ def test_r19_a_worker_whose_heartbeat_lapses_while_steps_still_report_is_not_los
     assert Reconciler(ctx).run_once().interrupted == {}
     ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - ctx.settings.heartbeat_ttl_s - 1)
     assert Reconciler(ctx).run_once().interrupted == {job: "worker_lost"}
+
+
+def test_r19_a_job_claimed_by_a_new_boot_before_its_first_heartbeat_is_not_interrupted(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """A worker killed and started again can claim a job before its first heartbeat replaces
+    the previous boot's (found by the worker_kill drill): that stale record proves nothing."""
+    ctx = strict_ctx
+    beat(ctx, "m1", "boot-old", at_s=time.time() - 1)  # written before the claim below
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-new")
+    beat(ctx, "m1", "boot-old", at_s=time.time() - 1)
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
+    assert Reconciler(ctx).run_once().interrupted == {}
+    beat(ctx, "m1", "boot-other")  # a heartbeat after the claim, of yet another boot: restarted
+    assert Reconciler(ctx).run_once().interrupted == {job: "worker_restarted"}
