@@ -1,5 +1,6 @@
 """What each job kind takes besides its prompt, checked at submission before anything is
-queued (R22): which params name uploaded input files, the video formats and frame limits.
+queued (R22): which keys it accepts at all (its runner's ``PARAMS`` in ``tasks/kinds``), which
+params name uploaded input files, the video formats and frame limits.
 
 The checks here are per kind; a reference to an input file must name a file that was
 uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist.
@@ -14,12 +15,17 @@ from typing import Any
 
 from app.errors import NotFound, Rejected
 from app.inputs import InputStore
+from tasks.kinds import kind_params
 
 #: kind -> params that hold the id ("blake3:<hex>") of an uploaded input file
 INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("image",)}
 VIDEO_FORMATS: tuple[str, ...] = ("mp4", "webp", "gif")
 MAX_VIDEO_FRAMES = 32  # the tiny MotionAdapter's motion_max_seq_length (app/tiny_models.py)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact
+#: params the server adds after the checks for kinds whose output size follows their input image
+#: (:func:`output_size`, pixels); a client may send them back (params copied from ``GET /v1/jobs/{id}``)
+#: and the server replaces them
+OUTPUT_SIZE_FIELDS: tuple[str, ...] = ("output_width", "output_height")
 
 
 #: kind -> (param, low, high, integer?) for the numbers each kind passes to its pipeline
@@ -48,6 +54,37 @@ def check_numbers(kind: str, params: Mapping[str, Any]) -> None:
             wanted = "an integer" if integer else "a number"
             raise Rejected(f"params.{name} must be {wanted} from {low:g} to {high:g}, got {value!r}",
                            reason="invalid_params")
+
+
+def accepted_params(kind: str) -> tuple[str, ...]:
+    """Every key ``params`` of ``kind`` may hold: the params its runner reads
+    (``tasks/kinds/<kind>.py``, ``PARAMS``), plus :data:`OUTPUT_SIZE_FIELDS` for kinds whose output
+    size follows their input image (the server sets those).
+
+    Raises:
+        KeyError: ``kind`` is not implemented (the message names the implemented kinds).
+    """
+    return kind_params(kind) + (OUTPUT_SIZE_FIELDS if kind in INPUT_FIELDS else ())
+
+
+def check_known_params(kind: str, params: Mapping[str, Any]) -> None:
+    """Refuse keys of ``params`` that ``kind`` does not use, instead of ignoring them (R22):
+    ``{"prompt": "x", "stepz": 4}`` would otherwise run with the default steps.
+
+    Raises:
+        Rejected: reason ``unknown_param``, naming each unknown key and listing the params
+            ``kind`` takes; reason ``kind_not_supported`` when ``kind`` is not implemented.
+    """
+    try:
+        accepted = accepted_params(kind)
+    except KeyError as error:
+        raise Rejected(str(error.args[0]), reason="kind_not_supported") from error
+    unknown = [name for name in params if name not in accepted]
+    if unknown:
+        named = ", ".join(f"params.{name}" for name in unknown)
+        verb = "is not a param" if len(unknown) == 1 else "are not params"
+        takes = ", ".join(name for name in accepted if name not in OUTPUT_SIZE_FIELDS)
+        raise Rejected(f"{named} {verb} of kind {kind!r}; it takes {takes}", reason="unknown_param")
 
 
 def input_fields(kind: str) -> tuple[str, ...]:

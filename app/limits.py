@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from app.errors import Rejected
+from app.kind_params import check_known_params
 
 DEFAULT_FAMILY = "default"
 PROMPT_KINDS = frozenset({"txt2img"})  # kinds that cannot run without a prompt
@@ -70,13 +71,18 @@ def check_submission(
 ) -> None:
     """Refuse a submission whose params exceed ``limits`` (R22). Pure: no side effect.
 
+    With ``kind``, first refuses keys that kind does not use (:func:`~app.kind_params.check_known_params`).
     Checks ``width``/``height`` (pixels, multiples of ``multiple_of``, product <= ``max_pixels``),
     ``steps``, ``num_frames``, ``batch`` and ``n`` (images per request, OpenAI's name), ``prompt``/``negative_prompt`` (tokens, counted with
     ``count_tokens``; strings required when present; ``prompt`` required for ``kind`` txt2img).
 
     Raises:
         Rejected: reason ``invalid_<field>``; the message names the field, value and limit.
+            Reason ``unknown_param`` for a key ``kind`` does not use, naming it and the params
+            ``kind`` takes.
     """
+    if kind is not None:
+        check_known_params(kind, params)
     prompt = params.get("prompt")
     if kind in PROMPT_KINDS and not prompt:
         raise Rejected(f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt")

@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 
+#: the params :func:`denoising` reads, shared by every kind
+DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
+
 
 @dataclass(frozen=True)
 class Output:
@@ -51,6 +54,22 @@ def denoising(params: dict[str, Any], progress: ProgressFn, guidance_scale: floa
         "generator": torch.Generator("cpu").manual_seed(int(params["seed"])),
         "callback_on_step_end": on_step_end,
     }
+
+
+def kind_params(kind: str) -> tuple[str, ...]:
+    """The params the runner of ``kind`` reads (its module's ``PARAMS``): the one list the server
+    checks a submission's params against (app/kind_params.py), so that a key a kind does not
+    use is refused at submission instead of being ignored.
+
+    Raises:
+        KeyError: ``kind`` is not implemented (the message names the known kinds).
+    """
+    from tasks.kinds import edit, txt2img, upscale, video
+
+    params = {"txt2img": txt2img.PARAMS, "edit": edit.PARAMS, "upscale": upscale.PARAMS, "video": video.PARAMS}
+    if kind not in params:
+        raise KeyError(f"kind {kind!r} is not implemented; implemented: {', '.join(params)}")
+    return params[kind]
 
 
 def runner(kind: str) -> Kind:

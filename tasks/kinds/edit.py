@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import Output, ProgressFn, denoising
+from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
 from tasks.pipelines import decode_image, png_bytes
+
+#: every param run() reads; the server refuses any other key at submission (app/kind_params.py)
+PARAMS: tuple[str, ...] = ("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS)
 
 
 def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],

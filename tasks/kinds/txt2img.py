@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import Output, ProgressFn, denoising
+from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
 from tasks.pipelines import png_bytes
+
+#: every param run() reads; the server refuses any other key at submission (app/kind_params.py)
+PARAMS: tuple[str, ...] = ("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS)
 
 
 def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
