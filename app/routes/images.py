@@ -7,7 +7,8 @@
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
   input, and one ``edit`` job per image runs on it.
-- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}`` -> image bytes,
+- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}`` -> image bytes
+  (a parameter Homefleet does not run is refused, 422 ``unknown_param``),
   what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
 
@@ -34,7 +35,7 @@ from app.context import ServerContext
 from app.errors import HomefleetError, NotFound, Rejected
 from app.fleet import SERVER
 from app.journal import Job, JobState
-from app.limits import check_upload, limits_for
+from app.limits import check_submission, check_upload, limits_for
 from app.routes.deps import Context
 
 router = APIRouter()
@@ -66,13 +67,43 @@ class ImageGeneration(BaseModel):
 
 
 class HfParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """The text-to-image ``parameters`` Homefleet runs (txt2img's params under Hugging Face's
+    names). Any other key is kept in ``model_extra`` and refused by :func:`hf_params`."""
+
+    model_config = ConfigDict(extra="allow")
 
     negative_prompt: str | None = Field(None, max_length=32000)
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
+    guidance_scale: float | None = None  # range checked with the job's params (app/kind_params.py)
     seed: int | None = Field(None, ge=0, lt=2**31)
+
+
+#: Hugging Face parameter -> txt2img param
+HF_PARAMS: dict[str, str] = {"negative_prompt": "negative_prompt", "width": "width", "height": "height",
+                             "num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed"}
+
+
+def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
+    """txt2img params from a Hugging Face text-to-image request.
+
+    Raises:
+        Rejected: reason ``unknown_param`` for a parameter Homefleet does not run (e.g.
+            ``scheduler``), naming it and listing the ones it takes; it is refused rather
+            than ignored.
+    """
+    unknown = list(parameters.model_extra or {})
+    if unknown:
+        named = ", ".join(f"parameters.{name}" for name in unknown)
+        raise Rejected(f"{named} {'is' if len(unknown) == 1 else 'are'} not supported; text-to-image takes "
+                       f"{', '.join(HF_PARAMS)}", reason="unknown_param")
+    params: dict[str, Any] = {"prompt": prompt}
+    for name, param in HF_PARAMS.items():
+        value = getattr(parameters, name)
+        if value is not None:
+            params[param] = value
+    return params
 
 
 class HfTextToImage(BaseModel):
@@ -106,6 +137,18 @@ def parse_size(size: str | None) -> dict[str, int]:
         raise Rejected(f"`size` must be 'WIDTHxHEIGHT' in pixels (e.g. '512x512') or 'auto', got {size!r}",
                        reason="invalid_size")
     return {"width": int(width), "height": int(height)}
+
+
+def check_count(ctx: ServerContext, model: str, count: int) -> None:
+    """Refuse more images in one request than the model family's ``max_batch`` (R22). ``n`` is
+    a property of the request (one job per image), not a job param: no kind reads it.
+
+    Raises:
+        NotFound: the model is not registered (reason ``unknown_model``).
+        Rejected: reason ``invalid_n``, naming the value and the limit.
+    """
+    record = ctx.registry.get(model)
+    check_submission({"n": count}, limits_for(ctx.settings.limits, record.family))
 
 
 def default_model(ctx: ServerContext, kind: str) -> str:
@@ -152,11 +195,12 @@ async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], targe
 async def generate_images(body: ImageGeneration, ctx: Context, request: Request) -> dict[str, Any]:
     """OpenAI ``images.generate``: 200 ``{"created", "data"}`` once every image exists."""
     model = body.model or await to_thread.run_sync(default_model, ctx, "txt2img")
-    params: dict[str, Any] = {"prompt": body.prompt, "n": body.n, **parse_size(body.size)}
+    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
         params["steps"] = body.steps
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
+    await to_thread.run_sync(check_count, ctx, model, body.n)
     jobs = await run_jobs(ctx, model, params, body.target, body.n)
     return {"created": int(time.time()), "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
 
@@ -190,9 +234,10 @@ async def edit_images(
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)
     check_upload(len(data), sniff_media_type(data[:16]), limits)
+    check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)
-    jobs = await run_jobs(ctx, model_id, {"prompt": prompt, "image": stored.id, "n": n}, SERVER, n, kind="edit")
+    jobs = await run_jobs(ctx, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
     return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
 
 
@@ -212,11 +257,5 @@ async def hf_text_to_image_default(body: HfTextToImage, ctx: Context) -> Respons
 @router.post("/hf/models/{model}", response_class=Response)
 async def hf_text_to_image(model: str, body: HfTextToImage, ctx: Context) -> Response:
     """Hugging Face ``text_to_image``: the image's bytes (``image/png``)."""
-    parameters = body.parameters
-    params: dict[str, Any] = {"prompt": body.inputs}
-    for name, value in (("negative_prompt", parameters.negative_prompt), ("width", parameters.width),
-                        ("height", parameters.height), ("steps", parameters.num_inference_steps), ("seed", parameters.seed)):
-        if value is not None:
-            params[name] = value
-    [job] = await run_jobs(ctx, model, params, SERVER, 1)
+    [job] = await run_jobs(ctx, model, hf_params(body.inputs, body.parameters), SERVER, 1)
     return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")

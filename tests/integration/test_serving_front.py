@@ -66,8 +66,6 @@ def submit(client: TestClient, target: str = "m1", **params: object) -> object:
         ({"width": 2048, "height": 2048}, "invalid_size", ["1048576 pixels", "2048 x 2048 = 4194304"]),
         ({"steps": 1000}, "invalid_steps", ["`steps`", "between 1 and 150", "1000"]),
         ({"steps": "many"}, "invalid_steps", ["`steps` must be an integer", "'many'"]),
-        ({"num_frames": 65}, "invalid_num_frames", ["`num_frames`", "64", "65"]),
-        ({"batch": 9}, "invalid_batch", ["`batch`", "between 1 and 4", "9"]),
         ({"prompt": 7}, "invalid_prompt", ["`prompt` must be a string"]),
         ({"prompt": "cat " * 60}, "invalid_prompt", ["`prompt`", "at most 77 tokens", "got "]),
     ],
@@ -87,6 +85,78 @@ def test_r22_invalid_params_are_refused_before_enqueue_naming_field_value_and_li
     assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
     assert ctx.redis.llen(keys.queue("m1")) == 0
     assert ctx.machines.view("m1").backlog == 0
+
+
+TXT2IMG_TAKES = "it takes prompt, negative_prompt, width, height, steps, guidance_scale, seed"
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"stepz": 4}, "params.stepz is not a param of kind 'txt2img'"),
+        ({"batch": 2}, "params.batch is not a param"),  # checked by limits, but no kind makes a batch
+        ({"num_frames": 65}, "params.num_frames is not a param"),  # video's own name is frames
+        ({"output_width": 8, "output_height": 8}, "params.output_width, params.output_height are not params"),
+    ],
+)
+def test_r22_a_param_the_kind_does_not_use_is_refused_and_journaled_naming_it_and_the_accepted_ones(
+    api: tuple[TestClient, ServerContext], params: dict[str, object], named: str
+) -> None:
+    client, ctx = api
+    bring_online(ctx, "m1")
+    dry = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "m1",
+                                                      "params": {"prompt": "a cat", **params}})
+    assert dry.status_code == 422 and dry.json()["error"]["reason"] == "unknown_param"
+    response = submit(client, **params)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["reason"] == "unknown_param"
+    assert named in error["message"] and TXT2IMG_TAKES in error["message"]
+    [journaled] = ctx.journal.list()
+    assert (journaled.state, journaled.reason, journaled.id) == (JobState.rejected, "unknown_param", error["job_id"])
+    assert ctx.redis.llen(keys.queue("m1")) == 0
+    assert submit(client, seed=7, steps=2, guidance_scale=3.0, negative_prompt="dog", width=64,
+                  height=64).status_code == 202
+
+
+def test_r22_server_set_output_size_is_added_and_accepted_back_on_an_edit(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    client, ctx = api
+    edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+    bring_online(ctx, "server")
+    ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48)).save(buffer, format="PNG")
+    image = client.post("/v1/files", files={"file": ("a.png", buffer.getvalue(), "image/png")}).json()["id"]
+    body = {"model": edit_model, "kind": "edit", "target": "server", "params": {"prompt": "blue", "image": image}}
+    first = client.get(f"/v1/jobs/{client.post('/v1/jobs', json=body).json()['id']}").json()
+    assert (first["params"]["output_width"], first["params"]["output_height"]) == (64, 48)
+    again = client.post("/v1/jobs", json={**body, "params": first["params"]})  # params copied from the job
+    assert again.status_code == 202, again.json()
+    refused = client.post("/v1/jobs", json={**body, "params": {"prompt": "blue", "image": image, "width": 64}})
+    assert refused.json()["error"]["reason"] == "unknown_param" and "params.width" in refused.json()["error"]["message"]
+
+
+def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    client, ctx = make_api(settings.model_copy(update={"images_wait_s": 1}), tiny_models_dir)
+    with client:
+        bring_online(ctx, "server")
+        too_many = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 5}).json()["error"]
+        assert (too_many["param"], too_many["code"]) == ("n", "invalid_n") and "(max_batch)" in too_many["message"]
+        client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 2, "steps": 1})
+        assert [job.params.get("n") for job in ctx.journal.list([JobState.queued])] == [None, None]
+        unknown = client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"scheduler": "DDIM"}})
+        assert unknown.status_code == 422
+        assert unknown.json()["error"]["code"] == "unknown_param"
+        assert "parameters.scheduler is not supported" in unknown.json()["error"]["message"]
+        assert "guidance_scale" in unknown.json()["error"]["message"]
+        client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"guidance_scale": 3.5,
+                                                                                "num_inference_steps": 1}})
+        hf_job = max(ctx.journal.list([JobState.queued]), key=lambda job: job.created_at)
+        assert (hf_job.params["guidance_scale"], hf_job.params["steps"]) == (3.5, 1)
 
 
 def test_r22_prompt_tokens_are_counted_with_the_models_own_tokenizer(
