@@ -193,16 +193,18 @@ def db_upgrade() -> None:
 
 @cli.command()
 def status() -> None:
-    """Machines: online, verified and warm models, backlog (LLEN of machine.<name> + running)
-    and expected drain time (seconds, from learned timings)."""
+    """Machines: online, state (draining, syncing: nothing new is placed there), verified and
+    warm models, backlog (LLEN of machine.<name> + running) and expected drain time (seconds,
+    from learned timings)."""
     from app.context import build_context
     from app.fleetstatus import fleet_status
 
     ctx = build_context(_settings())
     try:
-        table = Table("machine", "online", "verified models", "warm models", "backlog", "drain_s")
+        table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
         for row in fleet_status(ctx):
-            table.add_row(row["name"], "yes" if row["online"] else "no", ", ".join(row["verified_models"]) or "-",
+            table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
+                          ", ".join(row["verified_models"]) or "-",
                           ", ".join(row["warm_models"]) or "-", str(row["backlog"]), f"{row['drain_s']:.1f}")
         console.print(table)
     finally:

@@ -1,6 +1,8 @@
 """The fleet at a glance (``homefleet status``, ``GET /v1/machines``): per machine, online,
-verified and warm models, backlog = LLEN of its exact queue key + running jobs (R8), and the
-expected seconds until its queue drains (routing.finish.drain with the learned timings)."""
+whether new jobs may be placed there (draining: ``homefleet drain``; syncing: a sync holds its
+reservation, R6), verified and warm models, backlog = LLEN of its exact queue key + running
+jobs (R8), and the expected seconds until its queue drains (routing.finish.drain with the
+learned timings)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,16 @@ def fleet_status(ctx: ServerContext) -> list[dict[str, Any]]:
         drain_s, _ = drain(name, warm_models=view.warm_models, queue=view.queue, protected=view.commitments,
                            costs=estimator)
         rows.append({
-            "name": name, "online": view.online, "verified_models": sorted(view.verified_models),
+            "name": name, "online": view.online, "draining": view.draining, "syncing": view.syncing,
+            "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
             "warm_models": list(view.warm_models), "queued": ctx.machines.queued_in_redis(name), "running": running,
             "backlog": ctx.machines.queued_in_redis(name) + running, "drain_s": round(drain_s, 3),
         })
     return rows
+
+
+def placing_state(draining: bool, syncing: bool) -> str:
+    """Why nothing new is placed on a machine: ``"draining"`` (``homefleet drain``; pinned jobs
+    get 503 machine_draining), ``"syncing"`` (a sync copies model files to it; pinned jobs get
+    machine_syncing), both joined by ``+``, or ``"-"`` when jobs are placed there as usual."""
+    return "+".join(name for name, on in (("draining", draining), ("syncing", syncing)) if on) or "-"

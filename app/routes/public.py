@@ -82,13 +82,15 @@ async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description
 
 @router.get("/machines")
 def list_machines(ctx: Context) -> list[dict[str, Any]]:
-    """Every machine: online, verified models, backlog (LLEN of its queue + running)."""
+    """Every machine: online, draining/syncing (nothing new is placed there), verified models,
+    backlog (LLEN of its queue + running)."""
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
         rows.append({
             "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
-            "memory_bytes": config.memory_bytes, "online": view.online,
+            "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
+            "syncing": view.syncing,
             "verified_models": sorted(view.verified_models), "backlog": view.backlog,
         })
     return rows

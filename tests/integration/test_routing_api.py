@@ -224,3 +224,35 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
     shown = run_cli("status", env=env).stdout
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
+
+
+def test_status_shows_a_draining_and_a_syncing_machine(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from app.fleetstatus import fleet_status
+    from tests.conftest import run_cli
+
+    client, ctx = api
+    online(ctx, "m1", {MODEL})
+    online(ctx, "m2", {MODEL})
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    run_cli("drain", "m1", "--no-wait", env=env)
+    ctx.redis.set(ctx.keys.syncing("m2"), "sync-1", px=30_000)  # what Syncs.start holds while copying (R6)
+    rows = {row["name"]: row for row in fleet_status(ctx)}
+    assert (rows["m1"]["draining"], rows["m1"]["syncing"], rows["m1"]["state"]) == (True, False, "draining")
+    assert (rows["m2"]["draining"], rows["m2"]["syncing"], rows["m2"]["state"]) == (False, True, "syncing")
+    assert rows["server"]["state"] == "-"
+    machines = {row["name"]: row for row in client.get("/v1/machines").json()}
+    assert (machines["m1"]["draining"], machines["m2"]["syncing"], machines["server"]["draining"]) == (True, True, False)
+    shown = run_cli("status", env=env).stdout
+    assert "state" in shown.splitlines()[1]
+    [m1] = [line for line in shown.splitlines() if " m1 " in line]
+    [m2] = [line for line in shown.splitlines() if " m2 " in line]
+    assert " draining " in m1 and " syncing " not in m1 and " syncing " in m2
+    run_cli("drain", "m1", "--undo", env=env)
+    assert {row["name"]: row for row in fleet_status(ctx)}["m1"]["state"] == "-"
