@@ -16,6 +16,7 @@ from rich.table import Table
 from app.config import Settings, WorkerSettings
 from app.errors import HomefleetError
 from app.residency_cli import oom_cli, residency_cli
+from tasks.pipelines import quiet_import_warnings
 
 cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
@@ -367,10 +368,8 @@ def demo(
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
     from app.demo import run_demo
-    from tasks.pipelines import quiet_import_warnings
 
     logging.basicConfig(level=logging.WARNING)
-    quiet_import_warnings()
     raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
 
 
@@ -379,6 +378,7 @@ def main() -> None:
     # `drill` and `bench --local` start are stopped by their context managers. (`serve` and
     # `worker` install their own handlers: uvicorn's and Celery's.)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    quiet_import_warnings()  # before any command imports torch (make-tiny, worker, drill, bench --local)
     try:
         cli()
     except HomefleetError as error:

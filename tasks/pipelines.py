@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,34 @@ def go_offline() -> None:
         os.environ.setdefault(name, value)
 
 
+class ImportNoise(logging.Filter):
+    """Drops the log records of one logger whose message matches ``pattern``, and only those."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+#: logger -> the one message it logs while torch's stack is imported on a machine without CUDA
+#: (transformers' quantizers import torchao eagerly, so every command that imports diffusers
+#: or transformers gets them): torchao cannot load its CUDA kernel libraries (``_C*.so``), and
+#: it registers enums with torch's pytree, which torch now says it no longer needs.
+IMPORT_NOISE: dict[str, str] = {
+    "torchao": r"^Failed to load \S*torchao/_C[^/\s]*\.so: ",
+    "torch.utils._pytree": r"is an Enum subclass and is now natively supported by torch\.compile as an opaque value type",
+}
+
+
 def quiet_import_warnings() -> None:
-    """Lower the loggers that warn at import time on a CPU-only machine: torchao (its CUDA
-    kernels and triton are absent) and torch's pytree (enum registration by torchao)."""
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    """Drop the import-time log messages of :data:`IMPORT_NOISE` (matched by message, so any
+    other warning of torchao or torch still shows). Imports nothing; safe to call twice."""
+    for name, pattern in IMPORT_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ImportNoise) and f.pattern.pattern == pattern for f in logger.filters):
+            logger.addFilter(ImportNoise(pattern))
 
 
 def quiet() -> None:

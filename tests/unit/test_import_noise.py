@@ -1,0 +1,73 @@
+"""The CLI's start-up output: commands that do not need torch do not import it, and the
+warnings torch's stack logs at import on a machine without CUDA are dropped by message only."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.pipelines import IMPORT_NOISE, ImportNoise, quiet_import_warnings
+
+TORCHAO_NOISE = ("Failed to load /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+                 "Could not load this library: /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so")
+PYTREE_NOISE = ("%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. "
+                "Calling register_constant() on Enum subclasses is deprecated and will be an error in a future release.")
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    handler = Records()
+    loggers = [logging.getLogger(name) for name in IMPORT_NOISE]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+            for noise in [f for f in logger.filters if isinstance(f, ImportNoise)]:
+                logger.removeFilter(noise)
+
+
+def test_only_the_known_import_messages_are_dropped(records: Records) -> None:
+    quiet_import_warnings()
+    quiet_import_warnings()  # idempotent: one filter per logger
+    assert all(sum(isinstance(f, ImportNoise) for f in logging.getLogger(n).filters) == 1 for n in IMPORT_NOISE)
+    torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    torchao.warning(TORCHAO_NOISE)
+    pytree.warning(PYTREE_NOISE, "<enum 'KernelPreference'>")
+    torchao.warning("Failed to load checkpoint weights.bin: truncated")  # not a kernel library
+    torchao.error("int8 weight-only quantization is not supported on this device")
+    pytree.warning("some other pytree warning")
+    assert records.messages == ["Failed to load checkpoint weights.bin: truncated",
+                                "int8 weight-only quantization is not supported on this device",
+                                "some other pytree warning"]
+
+
+def test_a_command_that_needs_no_torch_does_not_import_it() -> None:
+    script = ("import sys\nsys.argv = ['homefleet', 'status', '--help']\nfrom app import cli\n"
+              "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'torchao') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.splitlines()[-1] == "[]" and done.stderr == ""
+
+
+def test_make_tiny_prints_no_import_time_warnings(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "make-tiny", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == f"txt2img: {tmp_path / 'tiny-sd'}"
+    assert done.stderr == ""
