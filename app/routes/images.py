@@ -143,11 +143,16 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
     """Refuse more images in one request than the model family's ``max_batch`` (R22). ``n`` is
     a property of the request (one job per image), not a job param: no kind reads it.
 
+    An unregistered model is left to the submission itself, which refuses it (404
+    ``unknown_model``) and journals the refusal like any other.
+
     Raises:
-        NotFound: the model is not registered (reason ``unknown_model``).
         Rejected: reason ``invalid_n``, naming the value and the limit.
     """
-    record = ctx.registry.get(model)
+    try:
+        record = ctx.registry.get(model)
+    except NotFound:
+        return  # run_jobs refuses it and journals the refusal
     check_submission({"n": count}, limits_for(ctx.settings.limits, record.family))
 
 

@@ -148,6 +148,11 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         assert (too_many["param"], too_many["code"]) == ("n", "invalid_n") and "(max_batch)" in too_many["message"]
         client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 2, "steps": 1})
         assert [job.params.get("n") for job in ctx.journal.list([JobState.queued])] == [None, None]
+        missing = client.post("/v1/images/generations", json={"prompt": "x", "model": "no-such-model", "n": 2})
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "unknown_model")
+        # n is the request's, refused before any job exists; an unknown model is a job's refusal, journaled
+        refused = ctx.journal.list([JobState.rejected])
+        assert [(job.model_id, job.reason) for job in refused] == [("no-such-model", "unknown_model")]
         unknown = client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"scheduler": "DDIM"}})
         assert unknown.status_code == 422
         assert unknown.json()["error"]["code"] == "unknown_param"
