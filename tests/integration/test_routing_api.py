@@ -253,6 +253,9 @@ def test_r11_a_model_registered_by_another_server_process_is_placed_with_its_wei
         other.registry.add(tiny_models_dir / MODEL, "tiny-sd-copy")
     finally:
         other.close()
+    # Auto's scarcity data prices every model with demand, not only the one submitted: the
+    # registry's change mark makes this process re-read its model profiles.
+    assert "tiny-sd-copy" in ctx.dispatcher.snapshot(MODEL).estimator.models
     online(ctx, "m2", {MODEL, "tiny-sd-copy"})
     placed = ctx.dispatcher.submit("tiny-sd-copy", "txt2img", {"prompt": "x"}, "auto").job
     assert placed.machine == "m2"
