@@ -62,8 +62,8 @@ class FleetCosts:
     total bytes) and cached. :meth:`estimator` reads the registry and timings afresh;
     :meth:`estimator_at` reuses the last one while the change marks have not moved."""
 
-    def __init__(self, fleet: Fleet, registry: Registry, timings: TimingStore,
-                 registry_mark: ChangeMark | None = None, timings_mark: ChangeMark | None = None) -> None:
+    def __init__(self, fleet: Fleet, registry: Registry, timings: TimingStore, registry_mark: ChangeMark,
+                 timings_mark: ChangeMark) -> None:
         self.fleet = fleet
         self.registry = registry
         self.timings = timings
@@ -96,20 +96,15 @@ class FleetCosts:
         return Estimator(self._machines, self.model_profiles(), self.timings.load(), self._working)
 
     def mark_reads(self) -> list[tuple[str, str]]:
-        """The reads of both change marks (registry, timings), for the fleet snapshot; empty
-        when this FleetCosts has no marks (then :meth:`estimator_at` always reads afresh)."""
-        if self.registry_mark is None or self.timings_mark is None:
-            return []
+        """The reads of both change marks (registry, then timings), for the fleet snapshot."""
         return [self.registry_mark.read(), self.timings_mark.read()]
 
-    def estimator_at(self, marks: Marks | None, model_id: str) -> Estimator:
+    def estimator_at(self, marks: Marks, model_id: str) -> Estimator:
         """The Estimator for a decision about ``model_id``, given the change marks just read
-        (:meth:`mark_reads`; None: no marks, read afresh). The last one is reused when both
-        marks are as they were and it knows ``model_id``; profiles are re-read when the
-        registry moved (or misses the model: registered, mark not yet replaced), timings
-        when they moved. Do not mutate the result (its learned timings are shared)."""
-        if marks is None:
-            return self.estimator()
+        (:meth:`mark_reads`). The last one is reused when both marks are as they were and it
+        knows ``model_id``; profiles are re-read when the registry moved (or miss the model:
+        registered, mark not yet replaced), timings when they moved. Do not mutate the result
+        (its learned timings are shared with later decisions)."""
         cached = self._cached
         if cached is not None and cached[0] == marks and model_id in cached[1].models:
             return cached[1]

@@ -4,9 +4,9 @@ Sequence under the lock (shared/notes/celery-redis.md, "Locks"): read the machin
 reservations), the demand and the cost data's change marks in one command, place, journal the
 job as ``queued`` with its prediction, then in one atomic step check that the lock still holds
 our token, renew its TTL (C04) and reserve the machine, and publish to ``machine.<name>`` with
-``task_id = job id``. A refused submission is journaled as
-``rejected`` with its reason; nothing is published. A job's reservation is released when it
-ends in any state (:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
+``task_id = job id``. A refused submission is journaled as ``rejected`` with its reason;
+nothing is published. A job's reservation is released when it ends in any state
+(:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
 """
 
 from __future__ import annotations
@@ -132,14 +132,10 @@ class Dispatcher:
         """What a decision about ``model_id`` reads, in one Redis command (app/multiread.py):
         every machine's view with the per-machine queue limit set (R23), the fleet's demand,
         and the change marks that tell whether the cached Estimator still holds."""
-        mark_reads = self.costs.mark_reads()
-        views, (raw_demand, *marks) = self.machines.snapshot(also=[self.demand.read(), *mark_reads])
-        limit = self.settings.max_queued_per_machine
-        return Snapshot(
-            views={name: replace(view, max_queued=limit) for name, view in views.items()},
-            demand=self.demand.parse(raw_demand),
-            estimator=self.costs.estimator_at((marks[0], marks[1]) if mark_reads else None, model_id),
-        )
+        views, (raw_demand, registry_mark, timings_mark) = self.machines.snapshot(
+            also=[self.demand.read(), *self.costs.mark_reads()], max_queued=self.settings.max_queued_per_machine)
+        return Snapshot(views=views, demand=self.demand.parse(raw_demand),
+                        estimator=self.costs.estimator_at((registry_mark, timings_mark), model_id))
 
     def check_pending(self, views: dict[str, MachineView]) -> None:
         """Refuse when the fleet already holds ``max_pending_total`` jobs (R23).

@@ -101,10 +101,11 @@ class MachineStates:
         then residency facts; app/multiread.py)."""
         return self.snapshot(names)[0]
 
-    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = ()
-                 ) -> tuple[dict[str, MachineView], list[Any]]:
+    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
+                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
         """:meth:`views`, and the replies to ``also`` (more reads of :data:`app.multiread.READS`,
-        e.g. the fleet's demand) read in the same command, at the same instant.
+        e.g. the fleet's demand) read in the same command, at the same instant. ``max_queued``
+        goes into every view (R23: the backlog at which a machine takes no more jobs).
 
         Raises:
             ValueError: a read in ``also`` is not one of :data:`app.multiread.READS`.
@@ -135,5 +136,6 @@ class MachineStates:
                 oom_sizes=residency[name].oom_sizes,
                 draining=bool(draining),
                 syncing=bool(syncing),
+                max_queued=max_queued,
             )
         return found, replies[:len(also)]

@@ -100,9 +100,9 @@ class StallingMachineStates(MachineStates):
 
     stall_s = 0.0
 
-    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = ()
-                 ) -> tuple[dict[str, MachineView], list[Any]]:
-        found = super().snapshot(names, also)
+    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
+                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
+        found = super().snapshot(names, also, max_queued)
         if self.stall_s:
             stall, self.stall_s = self.stall_s, 0.0
             time.sleep(stall)
