@@ -69,6 +69,16 @@ class _Parsed:
     started_at: float | None  # Unix seconds
 
 
+@dataclass(frozen=True)
+class _Read:
+    """A machine's reservations hash as last read, parsed (see :meth:`Reservations.items_from`)."""
+
+    raw: dict[str, str]  # job id -> record JSON
+    parsed: dict[str, _Parsed]  # job id -> parsed record
+    fifo: tuple[_Parsed, ...]  # running first, then by seq
+    queued_only: tuple[WorkItem, ...] | None  # the items, when none is running (nothing to compute)
+
+
 def _parse(raw: str) -> _Parsed:
     record = json.loads(raw)
     started_at = None if record["started_at"] is None else float(record["started_at"])
@@ -81,7 +91,7 @@ class Reservations:
         self.redis = client
         self.keys = keyspace
         self._add = client.register_script(_ADD)
-        self._parsed: dict[str, dict[str, tuple[str, _Parsed]]] = {}  # machine -> job id -> (JSON, parsed)
+        self._reads: dict[str, _Read] = {}  # machine -> its last read by items_from
 
     def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int, fence: Fence,
             also: Sequence[HashField] = ()) -> bool:
@@ -136,21 +146,24 @@ class Reservations:
     def items_from(self, machine: str, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
         """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``).
 
-        A record's JSON is parsed again only when its text changed (its job started), not at
-        every read: placement reads the whole backlog under the fleet lock at each submission
-        (R14), and most of it is the same as at the previous one.
+        Placement reads every machine's whole backlog under the fleet lock at each submission
+        (R14), and most of it is as it was at the previous read: a hash equal to the last one
+        read gives the same items (only a running job's ``elapsed_s`` is computed again), and
+        a record's JSON is parsed again only when its text changed (its job started).
         """
+        last = self._reads.get(machine)
+        if last is None or last.raw != raw:
+            before, before_raw = (last.parsed, last.raw) if last is not None else ({}, {})
+            parsed = {job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
+                      for job_id, value in raw.items()}
+            fifo = tuple(sorted(parsed.values(), key=attrgetter("order")))
+            queued_only = None if any(p.started_at is not None for p in fifo) else tuple(p.item for p in fifo)
+            last = self._reads[machine] = _Read(raw, parsed, fifo, queued_only)
+        if last.queued_only is not None:
+            return last.queued_only
         now_s = time.time() if now_s is None else now_s
-        known = self._parsed.get(machine, {})
-        parsed = {}
-        for job_id, value in raw.items():
-            seen = known.get(job_id)
-            parsed[job_id] = seen if seen is not None and seen[0] == value else (value, _parse(value))
-        self._parsed[machine] = parsed  # only what is reserved now: ended jobs are forgotten
-        return tuple(
-            p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
-            for p in sorted((p for _, p in parsed.values()), key=attrgetter("order"))
-        )
+        return tuple(p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
+                     for p in last.fifo)
 
     def reconcile(self, machines: Iterable[str], journal: Journal) -> list[str]:
         """Release the reservations of jobs that ended (or are unknown to the journal); return
