@@ -184,48 +184,6 @@ def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestC
     assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
 
 
-def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_dir: Path) -> None:
-    path = tmp_path / "w.safetensors"
-    write_safetensors(path, {"a": 1000, "b": 234})
-    assert safetensors_weight_bytes(path) == 1234
-    # The tiny real pipeline: headers agree with the tensors' bytes (no load needed).
-    from safetensors import safe_open
-
-    total = 0
-    for file in (tiny_models_dir / MODEL).rglob("*.safetensors"):
-        with safe_open(str(file), framework="numpy") as handle:
-            total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
-    assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
-
-
-def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
-    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
-) -> None:
-    from app.fleetstatus import fleet_status
-    from tests.conftest import run_cli
-
-    client, ctx = api
-    online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
-    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
-                                         "target": "m2"}).json()["id"] for _ in range(3)]
-    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
-    client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
-    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
-    rows = {row["name"]: row for row in fleet_status(ctx)}
-    assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
-    assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
-    assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
-    fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(ctx.fleet.to_toml())
-    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
-           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
-    if settings.database_url:
-        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
-    shown = run_cli("status", env=env).stdout
-    [line] = [line for line in shown.splitlines() if " m2 " in line]
-    assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
-
-
 def test_r13_a_timing_learned_by_another_server_process_prices_the_next_decision(
     api: tuple[TestClient, ServerContext], settings: Settings
 ) -> None:
@@ -272,3 +230,45 @@ def test_r14_a_started_reservation_is_read_first_with_its_elapsed_time(api: tupl
     assert [item.elapsed_s for item in queue[1:]] == [None, None]
     ctx.machines.reservations.release("m2", ids[0])
     assert len(ctx.machines.view("m2").queue) == 2
+
+
+def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_dir: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, {"a": 1000, "b": 234})
+    assert safetensors_weight_bytes(path) == 1234
+    # The tiny real pipeline: headers agree with the tensors' bytes (no load needed).
+    from safetensors import safe_open
+
+    total = 0
+    for file in (tiny_models_dir / MODEL).rglob("*.safetensors"):
+        with safe_open(str(file), framework="numpy") as handle:
+            total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
+    assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
+
+
+def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from app.fleetstatus import fleet_status
+    from tests.conftest import run_cli
+
+    client, ctx = api
+    online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
+                                         "target": "m2"}).json()["id"] for _ in range(3)]
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
+    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
+    rows = {row["name"]: row for row in fleet_status(ctx)}
+    assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
+    assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
+    assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    shown = run_cli("status", env=env).stdout
+    [line] = [line for line in shown.splitlines() if " m2 " in line]
+    assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
