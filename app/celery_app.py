@@ -8,55 +8,13 @@ queue that no worker reads, and the same visibility timeout in every process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import redis
 from celery import Celery
-from kombu.transport import redis as kombu_redis
 
 from app.config import BrokerSettings
 
 RUN_JOB_TASK = "homefleet.run_job"
 SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its turn like a job (app/sync.py)
 UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a machine goes nowhere
-
-
-class _Channel(kombu_redis.Channel):
-    """kombu's Redis channel, putting messages through one client per connection pool.
-
-    kombu 5.7 builds a new ``redis.Redis`` for every message it puts (``conn_or_acquire``):
-    about 60 us each (redis-py fills ~170 response callbacks), twice per submission (the
-    task message and its task-sent event), under the fleet lock (R14). The client is only a
-    handle on the channel's connection pool, so one per pool sends the same commands over the
-    same connections; a new pool (after a fork or a disconnect, kombu drops the old one) gets
-    a new client.
-    """
-
-    _publisher: redis.Redis | None = None
-
-    @contextmanager
-    def conn_or_acquire(self, client: redis.Redis | None = None) -> Iterator[redis.Redis]:
-        if client:
-            yield client
-            return
-        pool = self.pool
-        publisher = self._publisher
-        if publisher is None or publisher.connection_pool is not pool:
-            publisher = self._publisher = self._create_client()
-        yield publisher
-
-
-class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with :class:`_Channel` (``broker_transport`` below)."""
-
-    Channel = _Channel
-
-
-def _transport(redis_url: str) -> str | None:
-    """:class:`Transport` for ``redis://``; None (kombu picks by scheme) otherwise: kombu
-    derives TLS defaults from the ``rediss`` scheme name, which a named transport would skip."""
-    return "app.celery_app:Transport" if redis_url.startswith("redis://") else None
 
 
 def create_celery(settings: BrokerSettings) -> Celery:
@@ -83,7 +41,6 @@ def create_celery(settings: BrokerSettings) -> Celery:
         result_accept_content=["json"],
         result_serializer="json",
         event_serializer="json",
-        broker_transport=_transport(settings.redis_url),
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from app import keys
-from app.celery_app import create_celery
-from app.config import BrokerSettings
 from app.context import ServerContext
 from app.errors import MachineUnavailable, Rejected
 from app.journal import JobState
@@ -136,23 +134,6 @@ def test_drain_refuses_pinned_jobs_and_auto_skips_the_machine(ctx: ServerContext
     assert "m1" not in placed
     ctx.redis.delete(ctx.keys.draining("m1"))
     assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"
-
-
-def test_the_broker_channel_puts_every_message_through_one_client_per_pool(ctx: ServerContext) -> None:
-    with ctx.celery.connection_for_write() as connection:
-        channel = connection.default_channel
-        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
-            assert first is second and first.connection_pool is channel.pool
-        channel._disconnect_pools()  # what kombu does after a fork: a new pool, so a new client
-        with channel.conn_or_acquire() as third:
-            assert third is not first and third.connection_pool is channel.pool
-            assert third.ping()
-
-
-def test_a_rediss_broker_keeps_kombus_own_transport_and_its_tls_defaults(ctx: ServerContext) -> None:
-    secure = create_celery(BrokerSettings(redis_url="rediss://127.0.0.1:6380/0"))
-    assert secure.conf.broker_transport is None
-    assert ctx.celery.conf.broker_transport == "app.celery_app:Transport"
 
 
 def test_c04_a_reservation_is_written_only_while_the_fleet_lock_holds_our_token(ctx: ServerContext) -> None:
