@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from app.celery_app import create_celery
 from app.config import Settings
 from app.connections import create_engine, create_redis
+from app.costs import ChangeMark
 from app.dispatch import Dispatcher
 from app.fleet import Fleet, load_fleet
 from app.inputs import InputStore
@@ -55,7 +56,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     celery = create_celery(settings)
     keyspace = Keys(settings.key_prefix)
     journal = Journal(engine)
-    registry = Registry(engine, settings.models_dir)
+    registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
+                        on_change=ChangeMark(client, keyspace.registry_changed()).touch)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)
     machines = MachineStates(client, keyspace, fleet, journal, residency)

@@ -1,11 +1,12 @@
 """Submission: place, journal and enqueue a job atomically under the fleet lock (R14).
 
 Sequence under the lock (shared/notes/celery-redis.md, "Locks"): read the machines (with their
-reservations), place, journal the job as ``queued`` with its prediction, re-acquire the lock
-(an atomic check that it is still ours that also renews its TTL; C04), reserve the machine and
-publish to ``machine.<name>`` with ``task_id = job id``. A refused submission is journaled as
-``rejected`` with its reason; nothing is published. A job's reservation is released when it
-ends in any state (:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
+reservations), the demand and the cost data's change marks in one command, place, journal the
+job as ``queued`` with its prediction, then in one atomic step check that the lock still holds
+our token, renew its TTL (C04) and reserve the machine, and publish to ``machine.<name>`` with
+``task_id = job id``. A refused submission is journaled as ``rejected`` with its reason;
+nothing is published. A job's reservation is released when it ends in any state
+(:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import time
 
 import redis
 from celery import Celery
-from redis.exceptions import LockError, LockNotOwnedError
+from redis.exceptions import LockNotOwnedError
 
 from app import keys
 from app.config import Settings
 from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
-from app.costs import DemandStore, FleetCosts
+from app.costs import ChangeMark, DemandStore, FleetCosts
 from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
 from app.limits import PromptTokenizers, check_output_pixels, check_submission, limits_for
 from app.metrics import Metrics
@@ -37,10 +38,20 @@ from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
 from app.registry import Registry
+from app.reservations import Fence
 from app.timings import TimingStore
 from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure
 from routing.estimate import Estimator
 from routing.placement import AUTO, JobRequest, MachineView, able_machines, dry_run, place
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one decision reads under the fleet lock (R14), at one instant."""
+
+    views: dict[str, MachineView]  # every machine, with the per-machine queue limit set (R23)
+    demand: Demand  # recent submissions per demand class (Auto's scarcity charge)
+    estimator: Estimator  # costs from the fleet config, the registry and the learned timings
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,10 @@ class Dispatcher:
         self.queues = queues
         self.inputs = inputs or InputStore(settings.inputs_dir, settings.max_input_bytes)
         self.keys = Keys(settings.key_prefix)
-        self.timings = TimingStore(journal.engine)
-        self.costs = FleetCosts(machines.fleet, registry, self.timings)
+        timings_mark = ChangeMark(client, self.keys.timings_changed())
+        self.timings = TimingStore(journal.engine, on_change=timings_mark.touch)
+        self.costs = FleetCosts(machines.fleet, registry, self.timings,
+                                ChangeMark(client, self.keys.registry_changed()), timings_mark)
         self.demand = DemandStore(client, self.keys)
         self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
         self.metrics: Metrics | None = None  # set by build_context (R24)
@@ -115,6 +128,15 @@ class Dispatcher:
         limit = self.settings.max_queued_per_machine
         return {name: replace(view, max_queued=limit) for name, view in self.machines.views().items()}
 
+    def snapshot(self, model_id: str) -> Snapshot:
+        """What a decision about ``model_id`` reads, in one Redis command (app/multiread.py):
+        every machine's view with the per-machine queue limit set (R23), the fleet's demand,
+        and the change marks that tell whether the cached Estimator still holds."""
+        views, (raw_demand, registry_mark, timings_mark) = self.machines.snapshot(
+            also=[self.demand.read(), *self.costs.mark_reads()], max_queued=self.settings.max_queued_per_machine)
+        return Snapshot(views=views, demand=self.demand.parse(raw_demand),
+                        estimator=self.costs.estimator_at((registry_mark, timings_mark), model_id))
+
     def check_pending(self, views: dict[str, MachineView]) -> None:
         """Refuse when the fleet already holds ``max_pending_total`` jobs (R23).
 
@@ -144,10 +166,9 @@ class Dispatcher:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
         that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`."""
         request = self.request(model_id, kind, dict(params), target)
-        views = self.views()
-        estimator = self.costs.estimator()
-        weights = self.pressure(views, estimator, time.time()) if request.target == AUTO else None
-        return dry_run(request, views, estimator, weights)
+        seen = self.snapshot(model_id)
+        weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
+        return dry_run(request, seen.views, seen.estimator, weights)
 
     def finished(self, job: Job) -> None:
         """A job ended (any state): release its reservation; fold measured times into the
@@ -176,12 +197,13 @@ class Dispatcher:
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         try:
             request = self.request(model_id, kind, params, target)
+            token = secrets.token_hex(16)  # ours: the fence checks it before anything is reserved (C04)
             lock = self.redis.lock(
                 self.keys.fleet_lock(),
                 timeout=self.settings.fleet_lock_ttl_s,
                 blocking_timeout=self.settings.fleet_lock_wait_s,
             )
-            if not lock.acquire():
+            if not lock.acquire(token=token):
                 raise PlacementLost(
                     f"the fleet lock was not free within {self.settings.fleet_lock_wait_s} s; submit again"
                 )
@@ -196,11 +218,10 @@ class Dispatcher:
                             )
                         return Submission(job=original, position=0, replayed=True)
                 now_s = time.time()
-                views = self.views()
+                seen = self.snapshot(model_id)
+                views, estimator = seen.views, seen.estimator
                 self.check_pending(views)
-                estimator = self.costs.estimator()
-                demand = self.demand.load() if request.target == AUTO else None
-                weights = self.pressure(views, estimator, now_s, demand) if demand is not None else None
+                weights = self.pressure(views, estimator, now_s, seen.demand) if request.target == AUTO else None
                 placement = place(request, views, estimator, weights)
                 part = placement.breakdown
                 memory = estimator.memory(model_id, kind, request.size)  # shown in the job record (R10, R11)
@@ -212,20 +233,17 @@ class Dispatcher:
                         weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
                         memory_estimate_bytes=memory.total_bytes)
                 )
-                try:
-                    lock.reacquire()  # atomic: still ours? then a full TTL to reserve + publish (C04)
-                except LockError:
+                demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
+                demand = self.demand.level_after(demand_class, estimator.work_s(model_id, kind, request.steps, request.size),
+                                                 now_s, seen.demand)
+                # One atomic step: the lock still ours? then a full TTL, the reservation and the demand (C04).
+                fence = Fence(self.keys.fleet_lock(), token, int(self.settings.fleet_lock_ttl_s * 1000))
+                if not self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps,
+                                                      request.size, fence, also=[demand]):
                     self.journal.transition(job.id, [JobState.queued], JobState.interrupted,
                                             reason="placement_lock_lost",
                                             message="the fleet lock expired before publishing; nothing was published")
-                    raise PlacementLost("the fleet lock expired before the job was published; submit again") from None
-                demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
-                with self.redis.pipeline(transaction=False) as pipe:  # one round trip for both writes
-                    self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps,
-                                                   request.size, pipe=pipe)
-                    self.demand.add(demand_class, estimator.work_s(model_id, kind, request.steps, request.size), now_s,
-                                    current=demand, pipe=pipe)
-                    pipe.execute()
+                    raise PlacementLost("the fleet lock expired before the job was published; submit again")
                 try:
                     self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
                 except Exception:

@@ -83,6 +83,16 @@ class Keys:
         """Hash demand class -> JSON decayed submissions (routing.demand), for Auto's scarcity charge."""
         return f"{self.prefix}:demand"
 
+    def registry_changed(self) -> str:
+        """Random token replaced after every committed change of the model registry, so a
+        process can tell that its cached model profiles are stale (app/costs.py, ChangeMark)."""
+        return f"{self.prefix}:registry:changed"
+
+    def timings_changed(self) -> str:
+        """Random token replaced after every committed write of the learned timings (R13), so a
+        process can tell that its cached timings are stale (app/costs.py, ChangeMark)."""
+        return f"{self.prefix}:timings:changed"
+
     def residency_durable(self) -> str:
         """Marker set when the residency facts (``residency``, ``oom``) were restored from the
         journal's database; its absence means Redis lost them (app/residency_store.py)."""

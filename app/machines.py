@@ -99,8 +99,19 @@ class MachineStates:
     def views(self, names: list[str] | None = None) -> dict[str, MachineView]:
         """Every machine's view (or those named), read in two Redis commands (machine state,
         then residency facts; app/multiread.py)."""
+        return self.snapshot(names)[0]
+
+    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
+                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
+        """:meth:`views`, and the replies to ``also`` (more reads of :data:`app.multiread.READS`,
+        e.g. the fleet's demand) read in the same command, at the same instant. ``max_queued``
+        goes into every view (R23: the backlog at which a machine takes no more jobs).
+
+        Raises:
+            ValueError: a read in ``also`` is not one of :data:`app.multiread.READS`.
+        """
         names = list(self.fleet.machines) if names is None else names
-        reads = []
+        reads = list(also)
         for name in names:
             reads += [("GET", self.keys.heartbeat(name)), ("SMEMBERS", self.keys.verified(name)),
                       ("HGETALL", self.keys.reservations(name)), ("EXISTS", self.keys.draining(name)),
@@ -109,9 +120,10 @@ class MachineStates:
         residency = self.residency.many(names)
         found = {}
         for i, name in enumerate(names):
-            raw_beat, verified, reserved, draining, syncing = replies[5 * i: 5 * i + 5]
+            first = len(also) + 5 * i
+            raw_beat, verified, reserved, draining, syncing = replies[first: first + 5]
             beat = json.loads(raw_beat) if raw_beat else None
-            queue = self.reservations.items_from(reserved)
+            queue = self.reservations.items_from(name, reserved)
             found[name] = MachineView(
                 name=name,
                 online=beat is not None,
@@ -124,5 +136,6 @@ class MachineStates:
                 oom_sizes=residency[name].oom_sizes,
                 draining=bool(draining),
                 syncing=bool(syncing),
+                max_queued=max_queued,
             )
-        return found
+        return found, replies[:len(also)]

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime
@@ -115,11 +116,19 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
 
 
 class Registry:
-    """Registered models and their manifests, stored in the journal's database."""
+    """Registered models and their manifests, stored in the journal's database.
 
-    def __init__(self, engine: Engine, models_dir: Path) -> None:
+    A model's record never changes once registered (:meth:`add` refuses a taken id; nothing
+    deletes one), so :meth:`get` keeps the records it found. ``on_change`` is called after
+    every committed registration (the server replaces the registry's change mark there,
+    app/costs.py, so every process re-reads its model list).
+    """
+
+    def __init__(self, engine: Engine, models_dir: Path, on_change: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self.models_dir = models_dir
+        self.on_change = on_change
+        self._records: dict[str, ModelRecord] = {}  # found by get(); records are immutable
 
     def folder(self, model_id: str) -> Path:
         return self.models_dir / model_id
@@ -174,16 +183,24 @@ class Registry:
             session.add_all(files)
             session.commit()
             session.refresh(record)
+        if self.on_change is not None:
+            self.on_change()
         return record
 
     def get(self, model_id: str) -> ModelRecord:
-        """The model, or raise :class:`NotFound` naming the known ids."""
+        """The model, or raise :class:`NotFound` naming the known ids. A record found once is
+        kept (records never change); an unknown id is looked up in the database every time, so
+        a model registered by another process is found. Do not mutate the result."""
+        found = self._records.get(model_id)
+        if found is not None:
+            return found
         with Session(self.engine) as session:
             record = session.get(ModelRecord, model_id)
             if record is None:
                 known = ", ".join(session.exec(select(ModelRecord.id)).all()) or "none"
                 raise NotFound(f"model {model_id!r} is not registered; registered: {known}", reason="unknown_model")
-            return record
+        self._records[model_id] = record
+        return record
 
     def list(self) -> list[ModelRecord]:
         with Session(self.engine) as session:

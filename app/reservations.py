@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from operator import attrgetter
+from typing import NamedTuple
 
 import redis
 
@@ -20,14 +23,67 @@ from app.keys import Keys
 from routing.finish import WorkItem
 
 
-# KEYS: the fleet-wide sequence counter, the machine's reservations hash; ARGV: job id, the
-# record's JSON without ``seq``. One round trip: the next sequence number goes into the record.
+# KEYS[1]: the fleet lock, KEYS[2]: the fleet-wide sequence counter, KEYS[3]: the machine's
+# reservations hash, KEYS[4..]: more hashes to write. ARGV[1]: the lock's token, ARGV[2]: the
+# lock's TTL (ms), ARGV[3]: job id, ARGV[4]: the record's JSON without ``seq``, then (field,
+# value) for each of KEYS[4..]. One round trip and one atomic step: the fence (the lock still
+# holds our token, and its TTL is renewed, as redis-py's Lock.reacquire does), the next
+# sequence number into the record, the record, the other fields. Nil: the lock was lost.
 _ADD = """
-local record = cjson.decode(ARGV[2])
-record['seq'] = redis.call('INCR', KEYS[1])
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(record))
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local record = cjson.decode(ARGV[4])
+record['seq'] = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[3], ARGV[3], cjson.encode(record))
+for i = 4, #KEYS do
+  redis.call('HSET', KEYS[i], ARGV[2 * i - 3], ARGV[2 * i - 2])
+end
 return record['seq']
 """
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The fleet lock as a fencing check (C04): ``key`` must still hold ``token`` (the token
+    the lock was acquired with); passing renews its TTL to ``ttl_ms`` milliseconds."""
+
+    key: str
+    token: str
+    ttl_ms: int
+
+
+class HashField(NamedTuple):
+    """One field of a Redis hash to write: ``HSET key field value``."""
+
+    key: str
+    field: str
+    value: str
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """One reservation record as placement needs it: FIFO position and work item (queued)."""
+
+    order: tuple[bool, int]  # (queued, seq): running ones first, then by seq
+    item: WorkItem  # elapsed_s None
+    started_at: float | None  # Unix seconds
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A machine's reservations hash as last read, parsed (see :meth:`Reservations.items_from`)."""
+
+    raw: dict[str, str]  # job id -> record JSON
+    parsed: dict[str, _Parsed]  # job id -> parsed record
+    fifo: tuple[_Parsed, ...]  # running first, then by seq
+    queued_only: tuple[WorkItem, ...] | None  # the items, when none is running (nothing to compute)
+
+
+def _parse(raw: str) -> _Parsed:
+    record = json.loads(raw)
+    started_at = None if record["started_at"] is None else float(record["started_at"])
+    item = WorkItem(record["model_id"], record["kind"], int(record["steps"]), int(record["size"]))
+    return _Parsed((started_at is None, int(record["seq"])), item, started_at)
 
 
 class Reservations:
@@ -35,14 +91,25 @@ class Reservations:
         self.redis = client
         self.keys = keyspace
         self._add = client.register_script(_ADD)
+        self._reads: dict[str, _Read] = {}  # machine -> its last read by items_from
 
-    def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int,
-            pipe: redis.client.Pipeline | None = None) -> None:
-        """Reserve ``machine`` for a job (call under the fleet lock, before publishing); with
-        ``pipe``, queued on that pipeline instead of sent at once."""
+    def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int, fence: Fence,
+            also: Sequence[HashField] = ()) -> bool:
+        """Reserve ``machine`` for a job under the fleet lock, before publishing it, and write
+        ``also`` in the same atomic step, only if the lock still holds ``fence.token`` (its TTL
+        is then renewed to ``fence.ttl_ms``; C04).
+
+        Returns:
+            True when written; False when the fence failed (the lock expired, or another placer
+            holds it): nothing was written.
+        """
         record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
-        self._add(keys=[self.keys.reservation_seq(), self.keys.reservations(machine)],
-                  args=[job_id, json.dumps(record)], client=pipe or self.redis)
+        keys = [fence.key, self.keys.reservation_seq(), self.keys.reservations(machine)]
+        args: list[str | int] = [fence.token, fence.ttl_ms, job_id, json.dumps(record)]
+        for write in also:
+            keys.append(write.key)
+            args += [write.field, write.value]
+        return self._add(keys=keys, args=args) is not None
 
     def start(self, machine: str, job_id: str, at_s: float | None = None) -> None:
         """Mark a reserved job as running since ``at_s`` (Unix seconds; now by default)."""
@@ -74,16 +141,29 @@ class Reservations:
 
     def items(self, machine: str, now_s: float | None = None) -> tuple[WorkItem, ...]:
         """The machine's reserved jobs as :class:`WorkItem` in FIFO order (running first)."""
-        return self.items_from(self.redis.hgetall(self.keys.reservations(machine)), now_s)
+        return self.items_from(machine, self.redis.hgetall(self.keys.reservations(machine)), now_s)
 
-    def items_from(self, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
-        """:meth:`items` from an already-read reservations hash (``HGETALL``)."""
+    def items_from(self, machine: str, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
+        """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``).
+
+        Placement reads every machine's whole backlog under the fleet lock at each submission
+        (R14), and most of it is as it was at the previous read: a hash equal to the last one
+        read gives the same items (only a running job's ``elapsed_s`` is computed again), and
+        a record's JSON is parsed again only when its text changed (its job started).
+        """
+        last = self._reads.get(machine)
+        if last is None or last.raw != raw:
+            before, before_raw = (last.parsed, last.raw) if last is not None else ({}, {})
+            parsed = {job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
+                      for job_id, value in raw.items()}
+            fifo = tuple(sorted(parsed.values(), key=attrgetter("order")))
+            queued_only = None if any(p.started_at is not None for p in fifo) else tuple(p.item for p in fifo)
+            last = self._reads[machine] = _Read(raw, parsed, fifo, queued_only)
+        if last.queued_only is not None:
+            return last.queued_only
         now_s = time.time() if now_s is None else now_s
-        return tuple(
-            WorkItem(r["model_id"], r["kind"], int(r["steps"]), int(r["size"]),
-                     elapsed_s=None if r["started_at"] is None else max(0.0, now_s - float(r["started_at"])))
-            for _, r in self._ordered(raw)
-        )
+        return tuple(p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
+                     for p in last.fifo)
 
     def reconcile(self, machines: Iterable[str], journal: Journal) -> list[str]:
         """Release the reservations of jobs that ended (or are unknown to the journal); return

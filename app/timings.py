@@ -6,6 +6,7 @@ reference size (``routing.timings``). Every finished job with measured times is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.engine import Engine
@@ -31,8 +32,12 @@ class LearnedTiming(SQLModel, table=True):
 
 
 class TimingStore:
-    def __init__(self, engine: Engine) -> None:
+    """The learned timings table; ``on_change`` is called after every committed write (the
+    server replaces the timings' change mark there, app/costs.py)."""
+
+    def __init__(self, engine: Engine, on_change: Callable[[], None] | None = None) -> None:
         self.engine = engine
+        self.on_change = on_change
 
     def load(self) -> LearnedTimings:
         """Every stored timing."""
@@ -60,4 +65,6 @@ class TimingStore:
                 row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
             session.add(row)
             session.commit()
+        if self.on_change is not None:
+            self.on_change()
         return timing

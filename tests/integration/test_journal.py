@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from app.context import ServerContext
 from app.errors import Conflict
@@ -74,3 +75,28 @@ def test_r19_the_same_delivery_may_repeat_its_claim_but_no_other_delivery_can(ct
     with pytest.raises(Conflict):
         ctx.journal.claim(job.id, "m1", worker_boot_id="boot")
     assert [e.event for e in ctx.journal.events(job.id)].count("running") == 1
+
+
+def test_r19_add_writes_the_job_as_given_with_its_first_event(ctx: ServerContext) -> None:
+    job = ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x", "seed": 7},
+                              target="auto", machine="m1", idempotency_key="k1", predicted_run_s=2.5,
+                              weights_bytes=5_000_000_000))
+    stored = ctx.journal.get(job.id)
+    assert stored.model_dump() == job.model_dump()  # every column, defaults (id, created_at) included
+    assert stored.provenance is None and stored.params == {"prompt": "x", "seed": 7}
+    assert [(e.event, e.detail) for e in ctx.journal.events(job.id)] == [("queued", "")]
+    refused = ctx.journal.add(Job(state=JobState.rejected, model_id="tiny-sd", kind="txt2img", params={}, target="m9",
+                                  reason="unknown_machine", message="no m9"))
+    assert [(e.event, e.detail) for e in ctx.journal.events(refused.id)] == [("rejected", "unknown_machine")]
+
+
+def test_r20_add_refuses_a_taken_idempotency_key_and_writes_nothing(ctx: ServerContext) -> None:
+    first = queued_job(ctx)
+    ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1",
+                        machine="m1", idempotency_key="same"))
+    second = Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1", machine="m1",
+                 idempotency_key="same")
+    with pytest.raises(IntegrityError):
+        ctx.journal.add(second)
+    assert ctx.journal.state_of(second.id) is None and ctx.journal.events(second.id) == []  # one transaction
+    assert ctx.journal.state_of(first.id) == JobState.queued

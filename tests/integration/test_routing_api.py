@@ -184,6 +184,54 @@ def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestC
     assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
 
 
+def test_r13_a_timing_learned_by_another_server_process_prices_the_next_decision(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    _, ctx = api
+    body = (MODEL, "txt2img", {"prompt": "x", "steps": 4})
+    guessed = ctx.dispatcher.submit(*body, "m2").job  # this process now holds an Estimator
+    other = build_context(settings, ctx.fleet)  # another API process sharing Redis and the journal
+    try:
+        claimed = other.journal.claim(guessed.id, "m2")
+        other.dispatcher.finished(other.journal.fail(claimed.id, "m2", "error", "boom", load_s=None, run_s=40.0))
+    finally:
+        other.close()
+    learned = ctx.dispatcher.submit(*body, "m2").job
+    assert guessed.predicted_run_s != pytest.approx(40.0)
+    assert learned.predicted_run_s == pytest.approx(40.0)  # the same job size: exactly the measured run
+
+
+def test_r11_a_model_registered_by_another_server_process_is_placed_with_its_weights(
+    api: tuple[TestClient, ServerContext], settings: Settings, tiny_models_dir: Path
+) -> None:
+    _, ctx = api
+    ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "x"}, "auto")  # this process now holds an Estimator
+    other = build_context(settings, ctx.fleet)
+    try:
+        other.registry.add(tiny_models_dir / MODEL, "tiny-sd-copy")
+    finally:
+        other.close()
+    # Auto's scarcity data prices every model with demand, not only the one submitted: the
+    # registry's change mark makes this process re-read its model profiles.
+    assert "tiny-sd-copy" in ctx.dispatcher.snapshot(MODEL).estimator.models
+    online(ctx, "m2", {MODEL, "tiny-sd-copy"})
+    placed = ctx.dispatcher.submit("tiny-sd-copy", "txt2img", {"prompt": "x"}, "auto").job
+    assert placed.machine == "m2"
+    assert placed.weights_bytes == model_weight_bytes(ctx.registry.folder("tiny-sd-copy")) > 0
+
+
+def test_r14_a_started_reservation_is_read_first_with_its_elapsed_time(api: tuple[TestClient, ServerContext]) -> None:
+    _, ctx = api
+    ids = [ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"p{i}"}, "m2").job.id for i in range(3)]
+    assert [item.elapsed_s for item in ctx.machines.view("m2").queue] == [None, None, None]
+    ctx.machines.reservations.start("m2", ids[1], at_s=time.time() - 5.0)
+    queue = ctx.machines.view("m2").queue
+    assert len(queue) == 3 and queue[0].elapsed_s is not None and queue[0].elapsed_s >= 5.0
+    assert [item.elapsed_s for item in queue[1:]] == [None, None]
+    ctx.machines.reservations.release("m2", ids[0])
+    assert len(ctx.machines.view("m2").queue) == 2
+
+
 def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_dir: Path) -> None:
     path = tmp_path / "w.safetensors"
     write_safetensors(path, {"a": 1000, "b": 234})
