@@ -18,7 +18,7 @@ import secrets
 
 import redis
 
-from app.fleet import Fleet
+from app.fleet import Fleet, ModelGuess
 from app.keys import Keys
 from app.model_sizes import model_weight_bytes
 from app.registry import Registry
@@ -82,13 +82,17 @@ class FleetCosts:
         }
 
     def model_profiles(self) -> dict[str, ModelProfile]:
+        """Every registered model's profile: family, weight bytes (safetensors headers) and the
+        fleet config's timing guesses for it (``[models.<id>]``; absent: the family's)."""
         profiles = {}
         for record in self.registry.list():
             key = (record.id, record.total_bytes)
             if key not in self._weights:
                 self._weights[key] = model_weight_bytes(self.registry.folder(record.id))
             kind = record.kinds[0] if record.kinds else "txt2img"
-            profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], kind=kind)
+            guess = self.fleet.models.get(record.id, ModelGuess())
+            profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], step_s=guess.step_s,
+                                               kind=kind, load_s=guess.load_s)
         return profiles
 
     def estimator(self) -> Estimator:

@@ -23,6 +23,13 @@ field is optional (absent: the embedded defaults of ``routing/estimate.py``)::
     [families.sdxl.working_memory.txt2img]
     bytes_per_pixel = 2600.0    # base_bytes: from [working_memory.txt2img]
 
+Timing guesses per model until the first measurement (R13; absent: the per-family figures of
+``routing/estimate.py``, which are for real models on the seed fleet)::
+
+    [models.sdxl-base]
+    step_s = 0.6                # seconds per step at 1024x1024 on a speed-1.0 machine
+    load_s = 2.8                # seconds of a cold load at 2.5 GB/s
+
 ``python -m bench.memory`` measures them and prints such tables.
 """
 
@@ -108,15 +115,32 @@ class FamilyConfig(BaseModel):
     check_kinds = field_validator("working_memory")(_check_kinds)
 
 
+class ModelGuess(BaseModel):
+    """Initial timing guesses for one model (R13), replacing the per-family figures of
+    ``routing/estimate.py`` (seed-fleet.md, real models at 1024x1024) until the first
+    measurement. A field left out keeps that default.
+
+    ``step_s``: seconds per diffusion step at the reference size (1024 x 1024 pixels x 1
+    frame x batch 1) on a speed-1.0 machine. ``load_s``: seconds of a cold load on a machine
+    that reads 2.5 GB/s (``load_bytes_per_s`` scales it per machine)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_s: float | None = Field(default=None, gt=0)
+    load_s: float | None = Field(default=None, gt=0)
+
+
 class Fleet(BaseModel):
-    """All machines, by name, and the working-memory coefficients (fleet-wide per kind in
-    ``working_memory``, per family in ``families``). Raises ``ValueError`` on duplicate names or
-    tokens, a missing ``server`` machine, an unknown kind or a negative coefficient (naming
-    the field), or (with ``require_tokens``) a machine without a token."""
+    """All machines, by name, the working-memory coefficients (fleet-wide per kind in
+    ``working_memory``, per family in ``families``) and per-model timing guesses (``models``).
+    Raises ``ValueError`` on duplicate names or tokens, a missing ``server`` machine, an
+    unknown kind or a negative coefficient (naming the field), or (with ``require_tokens``) a
+    machine without a token."""
 
     machines: dict[str, Machine]
     working_memory: dict[str, KindWorking] = Field(default_factory=dict)
     families: dict[str, FamilyConfig] = Field(default_factory=dict)
+    models: dict[str, ModelGuess] = Field(default_factory=dict)
 
     check_kinds = field_validator("working_memory")(_check_kinds)
 
@@ -189,6 +213,9 @@ class Fleet(BaseModel):
         for family, config in sorted(self.families.items()):
             for kind, coefficients in sorted(config.working_memory.items()):
                 lines += [f'[families."{family}".working_memory.{kind}]', *_coefficient_lines(coefficients), ""]
+        for model_id, guess in sorted(self.models.items()):
+            lines += [f'[models."{model_id}"]', *(f"{name} = {value}" for name, value in guess.model_dump().items()
+                                                   if value is not None), ""]
         return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from app import keys
 from app.config import Settings
 from app.context import ServerContext, build_context
-from app.fleet import Fleet, Machine
+from app.fleet import Fleet, Machine, ModelGuess
 from app.journal import JobState
 from app.machines import StaticResidencyFacts
 from app.model_sizes import model_weight_bytes, safetensors_weight_bytes
@@ -182,6 +182,29 @@ def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestC
     ctx.journal.transition(ids[0], [JobState.queued], JobState.cancelled)  # ended without a release
     assert ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal) == [ids[0]]
     assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
+
+
+def test_r13_the_fleet_configs_model_guesses_price_a_job_until_it_is_measured(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    fleet = Fleet(machines={m.name: m for m in [machine("server"), machine("m1")]},
+                  models={MODEL: ModelGuess(step_s=256.0, load_s=3.0)})  # 1 s per step at 64x64
+    ctx = build_context(settings, fleet)
+    try:
+        ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+        online(ctx, "m1", {MODEL})
+        job = ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64}, "m1").job
+        assert job.predicted_run_s == pytest.approx(4.0)  # 256 s/step at 1024x1024 x 4 steps x 64*64/1024^2
+        assert job.predicted_load_s == pytest.approx(3.0)  # m1 reads at the reference 2.5 GB/s
+        plain = build_context(settings, Fleet(machines=fleet.machines))  # no guess: the sd1 family's figure
+        try:
+            other = plain.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64},
+                                            "m1").job
+        finally:
+            plain.close()
+        assert other.predicted_run_s < 0.1 and other.predicted_load_s < 0.1
+    finally:
+        ctx.close()
 
 
 def test_r13_a_timing_learned_by_another_server_process_prices_the_next_decision(

@@ -53,7 +53,15 @@ bytes_per_pixel = 12.5
 
 [families."sd-upscale".working_memory.upscale]
 base_bytes = 3
+
+[models."tiny-sd"]
+step_s = 400.0
+
+[models.sdxl]
+step_s = 0.6
+load_s = 2.8
 """)
+    assert fleet.models["tiny-sd"].load_s is None and fleet.models["sdxl"].load_s == 2.8
     assert Fleet.model_validate(tomllib.loads(fleet.to_toml())) == fleet
 
 
@@ -62,6 +70,8 @@ base_bytes = 3
     ("[working_memory.txt2img]\nbase_bytes = -1", "working_memory.txt2img.base_bytes"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixel = -0.5", "families.sd1.working_memory.edit.bytes_per_pixel"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),
+    ("[models.sdxl]\nstep_s = 0", "models.sdxl.step_s"),  # R13's timing guesses: seconds > 0
+    ("[models.sdxl]\nload_seconds = 3", "models.sdxl.load_seconds"),
 ])
 def test_r11_invalid_coefficients_are_refused_naming_the_field(extra: str, text: str) -> None:
     with pytest.raises(ValidationError) as refused:
