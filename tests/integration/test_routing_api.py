@@ -43,6 +43,17 @@ def write_safetensors(path: Path, tensors: dict[str, int]) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
 
 
+def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str, str]:
+    """The environment that points a `homefleet` command at this test's fleet, Redis and journal."""
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    return env
+
+
 def online(ctx: ServerContext, name: str, verified: set[str], warm: tuple[str, ...] = ()) -> None:
     """Write what a live worker advertises (heartbeat, verified set); no worker runs."""
     beat = {"machine": name, "at": time.time(), "warm_models": list(warm)}
@@ -286,12 +297,7 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
     assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
     assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
     assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
-    fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(ctx.fleet.to_toml())
-    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
-           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
-    if settings.database_url:
-        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    env = cli_env(ctx, settings, tmp_path)
     shown = run_cli("status", env=env).stdout
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     assert "yes" in line and MODEL in line and f"{rows['m2']['drain_s']:.1f}" in line and " 3 " in line
@@ -306,12 +312,7 @@ def test_status_shows_a_draining_and_a_syncing_machine(
     client, ctx = api
     online(ctx, "m1", {MODEL})
     online(ctx, "m2", {MODEL})
-    fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(ctx.fleet.to_toml())
-    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
-           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
-    if settings.database_url:
-        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    env = cli_env(ctx, settings, tmp_path)
     run_cli("drain", "m1", "--no-wait", env=env)
     ctx.redis.set(ctx.keys.syncing("m2"), "sync-1", px=30_000)  # what Syncs.start holds while copying (R6)
     rows = {row["name"]: row for row in fleet_status(ctx)}
