@@ -31,6 +31,15 @@ class ResidencyFacts(Protocol):
         """Both facts for each of ``machines`` at once (one round trip where they are remote)."""
         ...
 
+    def reads(self, machines: Sequence[str]) -> list[tuple[str, str]]:
+        """The Redis reads behind :meth:`many` (:data:`app.multiread.READS`; none when the facts
+        are not in Redis), so a caller can send them with its own in one command."""
+        ...
+
+    def parse(self, machines: Sequence[str], replies: Sequence[Any]) -> dict[str, ResidencyOf]:
+        """:meth:`many` from the replies to :meth:`reads`, in order."""
+        ...
+
 
 @dataclass(frozen=True)
 class ResidencyOf:
@@ -52,6 +61,12 @@ class NoResidencyFacts:
     def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
         return {name: ResidencyOf() for name in machines}
 
+    def reads(self, machines: Sequence[str]) -> list[tuple[str, str]]:
+        return []
+
+    def parse(self, machines: Sequence[str], replies: Sequence[Any]) -> dict[str, ResidencyOf]:
+        return self.many(machines)
+
 
 @dataclass(frozen=True)
 class StaticResidencyFacts:
@@ -68,6 +83,12 @@ class StaticResidencyFacts:
 
     def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
         return {name: ResidencyOf(self.commitments(name), self.oom_sizes(name)) for name in machines}
+
+    def reads(self, machines: Sequence[str]) -> list[tuple[str, str]]:
+        return []
+
+    def parse(self, machines: Sequence[str], replies: Sequence[Any]) -> dict[str, ResidencyOf]:
+        return self.many(machines)
 
 
 class MachineStates:
@@ -97,8 +118,8 @@ class MachineStates:
         return self.views([machine])[machine]
 
     def views(self, names: list[str] | None = None) -> dict[str, MachineView]:
-        """Every machine's view (or those named), read in two Redis commands (machine state,
-        then residency facts; app/multiread.py)."""
+        """Every machine's view (or those named), read in one Redis command (machine state and
+        residency facts; app/multiread.py)."""
         return self.snapshot(names)[0]
 
     def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
@@ -116,8 +137,10 @@ class MachineStates:
             reads += [("GET", self.keys.heartbeat(name)), ("SMEMBERS", self.keys.verified(name)),
                       ("HGETALL", self.keys.reservations(name)), ("EXISTS", self.keys.draining(name)),
                       ("EXISTS", self.keys.syncing(name))]
+        machine_reads = len(reads)
+        reads += self.residency.reads(names)
         replies = self.read_many(reads)
-        residency = self.residency.many(names)
+        residency = self.residency.parse(names, replies[machine_reads:])
         found = {}
         for i, name in enumerate(names):
             first = len(also) + 5 * i

@@ -60,10 +60,17 @@ class RedisResidencyFacts:
 
     def many(self, machines: Sequence[str]) -> dict[str, ResidencyOf]:
         """Commitments and remembered OOM sizes of each of ``machines`` in one Redis command."""
+        return self.parse(machines, self.read_many(self.reads(machines)))
+
+    def reads(self, machines: Sequence[str]) -> list[tuple[str, str]]:
+        """Two reads per machine: its commitments (SMEMBERS) and its remembered OOMs (HGETALL)."""
         reads = []
         for machine in machines:
             reads += [("SMEMBERS", self.keys.residency(machine)), ("HGETALL", self.keys.oom(machine))]
-        replies = self.read_many(reads)
+        return reads
+
+    def parse(self, machines: Sequence[str], replies: Sequence[Any]) -> dict[str, ResidencyOf]:
+        """:meth:`many` from the replies to :meth:`reads` (as :class:`~app.multiread.MultiRead` shapes them)."""
         found = {}
         for i, machine in enumerate(machines):
             committed, ooms = replies[2 * i], replies[2 * i + 1]
