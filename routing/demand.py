@@ -40,6 +40,10 @@ class Pressure:
 
     utilisation: float = 0.0
     weight_per_s: float = 0.0
+    reload_weight: Mapping[str, float] = field(default_factory=dict)
+    """model -> 1 / the bounded-slowdown floor of its recent jobs (per second), for the models
+    with recent demand that this machine can run: what one second of reloading that model here,
+    after an eviction, costs the job that needs it, in slowdown (:func:`eviction_s`)."""
 
 
 @dataclass
@@ -99,6 +103,7 @@ def pressure(
     """
     load = dict.fromkeys(speed, 0.0)
     weight = dict.fromkeys(speed, 0.0)
+    per_model: dict[str, tuple[float, float]] = {}  # model -> (jobs per second, jobs / their floor per second)
     for model_id, (work_rate, job_rate) in rates.items():
         machines = [m for m in able.get(model_id, frozenset()) if m in speed]
         total = sum(speed[m] for m in machines)
@@ -110,6 +115,9 @@ def pressure(
         pool = [m for m in able.get(model_id.partition("@")[0], frozenset()) if m in speed] or machines
         fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
         per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
+        model = model_id.partition("@")[0]
+        jobs, fastest_work = per_model.get(model, (0.0, 0.0))
+        per_model[model] = (jobs + job_rate, fastest_work + job_rate * fastest_s)
         # A job of a class that n machines can run goes around a delayed machine: it suffers
         # about 1/n of the delay (a forced class, n = 1, all of it).
         suffered = 1.0 / len(machines)
@@ -117,7 +125,12 @@ def pressure(
             share = speed[m] / total
             load[m] += work_rate / total  # = work_rate x share / speed[m]
             weight[m] += job_rate * share * per_job * suffered
-    return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m]) for m in speed}
+    reload = {m: {} for m in speed}
+    for model, (jobs, fastest_work) in per_model.items():
+        for m in able.get(model, frozenset()):
+            if m in reload:
+                reload[m][model] = 1.0 / max(fastest_work / jobs, BOUND_FLOOR_S)
+    return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m], reload[m]) for m in speed}
 
 
 def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: float = 0.0) -> float:
@@ -131,3 +144,24 @@ def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: f
     """
     u = min(max(machine.utilisation, 0.0), MAX_UTILISATION)
     return bound_s * occupancy_s * (occupancy_s + ahead_s) * machine.weight_per_s / (1.0 - u)
+
+
+RELOAD_WEIGHT = 2.5
+"""Slowdown charged per second of an evicted model's reload, over the reloading job's own
+floor. More than 1: the job that needs the model back waits for the reload, and so do the
+jobs queued behind it. Chosen on bench/placement.py's traces, where it trades slowdown for
+cold loads (mean slowdown / least-queue's, cold loads / least-queue's): 1.5: 0.799, 0.616;
+2.0: 0.801, 0.599; 2.5: 0.802, 0.582; 3.0: 0.802, 0.569."""
+
+
+def eviction_s(reload_s: Mapping[str, float], machine: Pressure, bound_s: float) -> float:
+    """Seconds charged for evicting warm models whose reloads here take ``reload_s`` (model ->
+    seconds), for a job whose bounded-slowdown floor is ``bound_s``.
+
+    An eviction costs whoever next needs that model here its reload. Priced in that job's
+    slowdown (reload seconds x :data:`RELOAD_WEIGHT` / its floor, :attr:`Pressure.reload_weight`)
+    and turned into this job's seconds by ``bound_s``, as :func:`scarcity_s` does: evicting a
+    model that big jobs use costs a small job little, and a model without recent demand costs
+    nothing.
+    """
+    return RELOAD_WEIGHT * bound_s * sum(s * machine.reload_weight.get(m, 0.0) for m, s in reload_s.items())

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from app.errors import MachineUnavailable, Overloaded, Rejected
 from app.fleet import SERVER
-from routing.demand import BOUND_FLOOR_S, Pressure, scarcity_s
+from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.estimate import CostModel, Estimator
 from routing.finish import Breakdown, WorkItem, expected_finish
 from routing.timings import job_size
@@ -196,7 +196,9 @@ def place(
 ) -> Decision:
     """Choose the machine for ``job``: the explicit target, or Auto's candidate with the least
     expected finish + scarcity charge (``pressure``: machine -> :class:`~routing.demand.Pressure` from
-    :func:`routing.demand.pressure`; none = no charge); ties: fewer queued, then name.
+    :func:`routing.demand.pressure`; none = no charge, and evictions priced at
+    ``routing.finish.EVICTION_WEIGHT`` x their reload; with it, by the evicted models' recent
+    demand, :func:`routing.demand.eviction_s`); ties: fewer queued, then name.
 
     Raises:
         Rejected: unknown machine (reason ``unknown_machine``), or a filter excludes the
@@ -248,7 +250,10 @@ def survey(
         bound_s = max(min(part.run_s for part in candidates.values()), BOUND_FLOOR_S)
         for name, part in candidates.items():
             if name in pressure:
-                candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, pressure[name], bound_s, part.work_ahead_s))
+                here = pressure[name]
+                reload_s = {m: costs.load_s(name, m, job.kind) for m in part.evicts}
+                candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
+                                           eviction_s=eviction_s(reload_s, here, bound_s))
     return excluded, candidates
 
 

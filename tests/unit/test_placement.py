@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import MachineUnavailable, Rejected
-from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
+from routing.demand import RELOAD_WEIGHT, Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
 from routing.finish import EVICTION_WEIGHT, WorkItem
 from routing.placement import JobRequest, MachineView, dry_run, place
@@ -195,6 +195,28 @@ def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
     with pytest.raises(Rejected) as refused:
         place(request("m1", model="mid"), protected, estimator)
     assert refused.value.reason == "residency_conflict"
+
+
+def test_r12_auto_prices_an_eviction_by_what_the_evicted_models_jobs_would_lose() -> None:
+    # cuda1 holds one checkpoint: a tiny-sd job there evicts the warm one. m1 runs it without
+    # evicting anything but 10 s later (queued work); every job takes 10 s (10 steps of 1 s).
+    estimator = costs()
+    fleet = machines(view("cuda1", warm=("other",)), view("m1", warm=(MODEL,), queue=(WorkItem(MODEL, "txt2img", 10, REF),)))
+    demand = Demand()
+    for i in range(20):  # 'other' is in demand: jobs of 100 s (speed-1.0 seconds)
+        demand.add("other", 100.0, now_s=float(i))
+    weights = pressure(demand.rates(20.0), {"other": frozenset({"cuda1", "m1"})}, {"cuda1": 1.0, "m1": 1.0})
+    assert weights["cuda1"].reload_weight == {"other": pytest.approx(1 / 100)}
+    job = request("auto", steps=10)
+    # Without demand data the reload is charged at EVICTION_WEIGHT x 10 s: cuda1 (12 s + 30 s) loses to m1 (20 s).
+    assert place(job, fleet, estimator).machine == "m1"
+    part = place(job, fleet, estimator, weights).candidates["cuda1"]
+    # Priced in the 100 s jobs' slowdown: 10 s of reload is a tenth of one, worth 1 s of a 10 s job, x RELOAD_WEIGHT.
+    assert part.evicts == ("other",) and part.eviction_s == pytest.approx(RELOAD_WEIGHT * 10 * 10 / 100)
+    idle = pressure(Demand().rates(20.0), {}, {"cuda1": 1.0, "m1": 1.0})
+    nobody = place(job, fleet, estimator, idle)
+    assert nobody.candidates["cuda1"].eviction_s == 0  # a model nobody asked for lately costs nothing to evict
+    assert nobody.machine == "cuda1"  # 2 s load + 10 s run beats waiting 10 s on m1
 
 
 def test_r12_auto_keeps_flexible_work_off_the_only_home_of_a_busy_model() -> None:
