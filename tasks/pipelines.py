@@ -36,10 +36,13 @@ class ImportNoise(logging.Filter):
 
 #: logger -> the one message it logs while torch's stack is imported on a machine without CUDA
 #: (transformers' quantizers import torchao eagerly, so every command that imports diffusers
-#: or transformers gets them): torchao cannot load its CUDA kernel libraries (``_C*.so``), and
-#: it registers enums with torch's pytree, which torch now says it no longer needs.
+#: or transformers gets them): torchao cannot load its CUDA kernel libraries (``_C*.so``) and
+#: finds no Triton (a GPU compiler) at the first pipeline load, and it registers enums with
+#: torch's pytree, which torch now says it no longer needs. A logger's filters do not see its
+#: children's records, so each logger is named exactly.
 IMPORT_NOISE: dict[str, str] = {
     "torchao": r"^Failed to load \S*torchao/_C[^/\s]*\.so: ",
+    "torchao.kernel.intmm": r"^Warning: Detected no triton, on systems without Triton certain kernels will not work$",
     "torch.utils._pytree": r"is an Enum subclass and is now natively supported by torch\.compile as an opaque value type",
 }
 

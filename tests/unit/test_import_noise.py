@@ -49,6 +49,8 @@ def test_only_the_known_import_messages_are_dropped(records: Records) -> None:
     assert all(sum(isinstance(f, ImportNoise) for f in logging.getLogger(n).filters) == 1 for n in IMPORT_NOISE)
     torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
     torchao.warning(TORCHAO_NOISE)
+    logging.getLogger("torchao.kernel.intmm").warning(  # a child logger: its own filter (parents' do not apply)
+        "Warning: Detected no triton, on systems without Triton certain kernels will not work")
     pytree.warning(PYTREE_NOISE, "<enum 'KernelPreference'>")
     torchao.warning("Failed to load checkpoint weights.bin: truncated")  # not a kernel library
     torchao.error("int8 weight-only quantization is not supported on this device")
