@@ -31,7 +31,7 @@ class FamilyLimits(BaseModel):
     max_pixels: int = Field(1024 * 1024, ge=1)  # width x height
     max_steps: int = Field(150, ge=1)
     max_frames: int = Field(64, ge=1)
-    max_batch: int = Field(4, ge=1)  # images per job (`batch`, or OpenAI's `n`)
+    max_batch: int = Field(4, ge=1)  # images per OpenAI request (`n`: one job per image)
     max_prompt_tokens: int = Field(77, ge=1)  # CLIP text encoders: max_position_embeddings = 77
     max_prompt_chars: int = Field(4096, ge=1)  # checked before tokenizing (a huge prompt is cheap to refuse)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
@@ -54,7 +54,7 @@ def _integer(params: Mapping[str, Any], name: str, default: int | None) -> int |
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:  # exactly an integer
             return int(value)
         raise Rejected(f"`{name}` must be an integer, got {value!r}", reason=f"invalid_{name}")
     return value
@@ -73,7 +73,7 @@ def check_submission(
 
     With ``kind``, first refuses keys that kind does not use (:func:`~app.kind_params.check_known_params`).
     Checks ``width``/``height`` (pixels, multiples of ``multiple_of``, product <= ``max_pixels``),
-    ``steps``, ``num_frames``, ``batch`` and ``n`` (images per request, OpenAI's name), ``prompt``/``negative_prompt`` (tokens, counted with
+    ``steps``, ``frames`` (video) and ``n`` (images per OpenAI request), ``prompt``/``negative_prompt`` (tokens, counted with
     ``count_tokens``; strings required when present; ``prompt`` required for ``kind`` txt2img).
 
     Raises:
@@ -106,8 +106,6 @@ def check_submission(
             )
     _bounded("steps", _integer(params, "steps", None), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames", None), 1, limits.max_frames)  # the video kind's name
-    _bounded("num_frames", _integer(params, "num_frames", None), 1, limits.max_frames)
-    _bounded("batch", _integer(params, "batch", None), 1, limits.max_batch)
     _bounded("n", _integer(params, "n", None), 1, limits.max_batch, " (max_batch)")
     for name in ("prompt", "negative_prompt"):
         text = params.get(name)

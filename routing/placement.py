@@ -7,8 +7,9 @@ No machine is ever chosen that the request did not allow: an explicit target is 
 rerouted (R10). The same code drives the API (``app/dispatch.py``) and the simulator
 (``bench/placement.py``).
 
-Reason codes (in filter order, R11): ``machine_unavailable``, ``model_not_verified``,
-``residency_conflict``, ``video_on_reserved_machine``, ``family_not_supported``,
+Reason codes (in filter order, R11): ``machine_unavailable``, ``machine_syncing``,
+``machine_draining``, ``family_not_supported``, ``model_not_verified``,
+``residency_conflict``, ``video_on_reserved_machine``,
 ``too_large``, ``remembered_oom``, ``queue_full`` (R23); and ``unknown_machine`` (explicit only), ``no_machine``
 (Auto, nothing left).
 """
@@ -107,9 +108,12 @@ Placement = Decision  # the name the walking skeleton used
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
-    Order (R11): online (not drained by an operator, not receiving a sync, R6); holds the model (verified); fits its residency commitments (and no
-    video beside a reservation, R17); supports the family; has memory for the job (estimate <=
-    usable bytes, and no remembered OOM at this size or smaller, R21).
+    Order: online (not drained by an operator, not receiving a sync, R6); supports the family;
+    holds the model (verified); fits its residency commitments (and no video beside a
+    reservation, R17); has memory for the job (estimate <= usable bytes, and no remembered OOM
+    at this size or smaller, R21). R11 lists the family after the verified model; it is checked
+    first here so that a machine that can never run the model is not answered with a sync to
+    run (the sync would be refused for the same family).
     """
     name, model = machine.name, job.model_id
     if not machine.online:
@@ -121,6 +125,12 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
         )
     if machine.draining:
         return "machine_draining", f"machine {name!r} is being drained; `homefleet drain {name} --undo` resumes it"
+    if job.family not in machine.families:
+        supported = ", ".join(sorted(machine.families)) or "none"
+        return (
+            "family_not_supported",
+            f"machine {name!r} does not support family {job.family!r} of model {model!r}; it supports: {supported}",
+        )
     if model not in machine.verified_models:
         return (
             "model_not_verified",
@@ -150,12 +160,6 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
                     f"model {model!r} needs {need / GB:.1f} GB but machine {name!r} keeps "
                     f"{held / GB:.1f} GB committed of {usable / GB:.1f} GB usable",
                 )
-    if job.family not in machine.families:
-        supported = ", ".join(sorted(machine.families)) or "none"
-        return (
-            "family_not_supported",
-            f"machine {name!r} does not support family {job.family!r} of model {model!r}; it supports: {supported}",
-        )
     if usable > 0 and need > usable:
         return (
             "too_large",
@@ -216,7 +220,7 @@ def place(
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
-            if reason in ("machine_unavailable", "machine_draining"):
+            if reason in ("machine_unavailable", "machine_draining", "machine_syncing"):  # temporary: 503
                 raise MachineUnavailable(message, reason=reason)
             if reason == "queue_full":
                 raise Overloaded(message, reason=reason)

@@ -64,7 +64,7 @@ def test_r6_a_sync_reserves_its_machine_and_waits_in_its_queue(ctx: ServerContex
     [message] = [json.loads(raw) for raw in ctx.redis.lrange(keys.queue("m1"), 0, -1)]
     assert (message["headers"]["task"], message["headers"]["id"]) == (SYNC_TASK, record["id"])
     # While it holds m1, nothing is placed there: pinned is refused, Auto goes elsewhere.
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(MachineUnavailable) as refused:  # 503: it is temporary
         ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1")
     assert refused.value.reason == "machine_syncing"
     assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "auto").job.machine == "server"

@@ -26,7 +26,8 @@ def view(name: str, backlog: int = 0, max_queued: int | None = 2) -> MachineView
         ({"width": 1032, "height": 1024}, "`width` x `height` must be at most 1048576 pixels, got 1032 x 1024 = 1056768"),
         ({"steps": 0}, "`steps` must be between 1 and 150, got 0"),
         ({"steps": True}, "`steps` must be an integer, got True"),
-        ({"num_frames": 65}, "`num_frames` must be between 1 and 64, got 65"),
+        ({"steps": 1e308}, "`steps` must be an integer, got 1e+308"),  # not a 309-digit number
+        ({"steps": 151.0}, "`steps` must be between 1 and 150, got 151"),  # a whole float counts as its integer
         ({"frames": 65}, "`frames` must be between 1 and 64, got 65"),  # the video kind's own name
         ({"prompt": "x " * 3000}, "`prompt` must be at most 4096 characters (max_prompt_chars), got 6000"),
         ({"n": 5}, "`n` must be between 1 and 4 (max_batch), got 5"),

@@ -130,6 +130,14 @@ def test_r11_auto_excludes_each_machine_with_its_named_reason() -> None:
     assert oom.machine == "m2" and oom.excluded["m1"][0] == "remembered_oom"
 
 
+def test_r11_a_machine_without_the_family_is_refused_for_it_even_when_the_model_is_not_verified_there() -> None:
+    # The sync that model_not_verified would suggest is refused for the family: say so first.
+    fleet = machines(view("m1", families={"sdxl"}, verified=set()))
+    with pytest.raises(Rejected) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "family_not_supported" and "sync" not in refused.value.message
+
+
 def test_r11_auto_never_picks_an_offline_or_unverified_machine() -> None:
     fleet = machines(
         view("server", online=False), view("m1", verified=set()), view("m2", families={"sdxl"}), view("m3", backlog=7),
@@ -282,7 +290,7 @@ def test_r6_a_syncing_machine_is_refused_when_pinned_and_skipped_by_auto() -> No
     syncing = MachineView(name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
                           syncing=True)
     fleet = machines(view("server", backlog=3), syncing)
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(MachineUnavailable) as refused:  # temporary, like an offline or draining machine: 503
         place(request("m1"), fleet)
     assert refused.value.reason == "machine_syncing" and "'m1'" in refused.value.message
     placed = place(request("auto"), fleet)
