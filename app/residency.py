@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from app.errors import Conflict, NotFound, PlacementLost
+from app.errors import Conflict, NotFound, PlacementLost, Rejected
 from app.fleet import Fleet
 from app.keys import Keys, queue
 from app.machines import ResidencyOf
@@ -88,14 +88,20 @@ class RedisResidencyFacts:
 
         Raises:
             NotFound: unknown machine (``unknown_machine``) or model (``unknown_model``).
+            Rejected: the machine does not support a model's family (``family_not_supported``):
+                it could never hold it, and the commitment would only keep videos off it (R17).
             Conflict: the machine has work queued or running (``machine_busy``, R16).
         """
         if machine not in fleet.machines:
             raise NotFound(f"machine {machine!r} is not in the fleet ({', '.join(sorted(fleet.machines))})",
                            reason="unknown_machine")
         wanted = frozenset(model_ids)
+        families = fleet.machines[machine].families
         for model_id in sorted(wanted):
-            registry.get(model_id)  # raises NotFound(unknown_model)
+            family = registry.get(model_id).family  # raises NotFound(unknown_model)
+            if family not in families:
+                raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
+                               f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")
         queued = int(self.redis.llen(queue(machine)))
         if backlog or queued:
             raise Conflict(f"machine {machine!r} has {max(backlog, queued)} jobs queued or running; its residency "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.fleet import SERVER
 from app.journal import Job, JobState
@@ -13,6 +13,8 @@ from app.journal import Job, JobState
 
 class JobCreate(BaseModel):
     """``POST /v1/jobs``. ``target``: a machine name (pinned, never rerouted), or ``"auto"``."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
 
     model: str = Field(min_length=1, max_length=64, description="registered model id")
     kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.context import ServerContext
 from app.errors import NotFound
@@ -16,6 +16,8 @@ router = APIRouter(prefix="/v1")
 
 
 class CommitmentsUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
+
     models: list[str] = Field(default_factory=list, description="model ids to keep resident (empty: none)")
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.context import ServerContext
 from app.errors import NotFound
@@ -30,6 +30,8 @@ SyncService = Annotated[Syncs, Depends(get_syncs)]
 
 class SyncCreate(BaseModel):
     """``POST /v1/machines/{machine}/sync``. No models: every registered model the machine supports."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
 
     models: list[str] = Field(default_factory=list, max_length=256, description="model ids to copy")
 

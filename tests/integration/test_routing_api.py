@@ -122,6 +122,24 @@ def test_r10_explicit_target_refusals_through_the_api(
     assert (shown["id"], shown["state"], shown["reason"]) == (journaled.id, "rejected", reason)
 
 
+def test_a_misspelt_request_field_is_refused_naming_it_not_ignored(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    typo = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "targt": "m2"})
+    assert typo.status_code == 422 and "targt" in typo.json()["error"]["message"]
+    sync = client.post("/v1/machines/m2/sync", json={"modelz": [MODEL]})  # would have synced every model
+    assert sync.status_code == 422 and "modelz" in sync.json()["error"]["message"]
+    residency = client.put("/v1/machines/m2/residency", json={"model": [MODEL]})
+    assert residency.status_code == 422 and "model" in residency.json()["error"]["message"]
+    assert ctx.journal.list([JobState.queued]) == [] and not ctx.redis.exists(ctx.keys.syncing("m2"))
+
+
+def test_r16_a_commitment_to_a_model_the_machine_cannot_hold_is_refused(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    refused = client.put("/v1/machines/nosd/residency", json={"models": [MODEL]})  # nosd runs sd-upscale only
+    assert refused.status_code == 422 and refused.json()["error"]["reason"] == "family_not_supported"
+    assert "'sd1'" in refused.json()["error"]["message"] and not ctx.redis.exists(ctx.keys.residency("nosd"))
+
+
 def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
     answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"})
