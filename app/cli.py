@@ -366,11 +366,14 @@ def bench(
 def demo(
     data_dir: Annotated[Path, typer.Option(help="where the demo keeps its journal, models and results")] = Path("var/demo"),
 ) -> None:
-    """The fleet on this machine: three machines, real tiny pipelines, real PNG results."""
+    """The fleet on this machine: three machines, real tiny pipelines, real PNG results. Runs
+    its own Redis unless HOMEFLEET_REDIS_URL names one (then that one, if it answers)."""
     from app.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    raise typer.Exit(run_demo(data_dir, _settings().redis_url, console))
+    settings = _settings()
+    raise typer.Exit(run_demo(data_dir, settings.redis_url if "redis_url" in settings.model_fields_set else None,
+                              console))
 
 
 def main() -> None:

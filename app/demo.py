@@ -63,16 +63,19 @@ def demo_input(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-def run_demo(data_dir: Path, redis_url: str, console: Console) -> int:
-    """Run the demo; return 0 when every job succeeded, else 1."""
+def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
+    """Run the demo; return 0 when every job succeeded, else 1. ``redis_url``: a Redis to use
+    when it answers; None (or no answer): an embedded one of its own under ``data_dir``, so
+    the demo writes nothing into a Redis it was not pointed at."""
     data_dir = data_dir.resolve()
     embedded: RedisProcess | None = None
-    if redis_answers(redis_url):
+    if redis_url is not None and redis_answers(redis_url):
         console.print(f"Redis: using {redis_url}")
     else:
         embedded = start_redis_server(data_dir / "redis")
+        why = "nothing answered at HOMEFLEET_REDIS_URL" if redis_url is not None else "its own"
         redis_url = embedded.url
-        console.print(f"Redis: nothing answered at the configured URL; started an embedded one at {redis_url}")
+        console.print(f"Redis: {why}; started an embedded one at {redis_url}")
 
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = data_dir / "fleet.toml"
