@@ -140,8 +140,8 @@ def main() -> None:
     print(f"\nfloor_vs_best_baseline={floor_worst:.3f} floor_vs_least_queue={statistics.fmean(floor_vs_lq):.3f} "
           "(the forced-only floor's ratios: the best any placement could reach)")
     print(
-        f"worst_auto_vs_best_baseline={worst:.3f} mean_auto_vs_least_queue={statistics.fmean(vs_lq):.3f} "
-        f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.3f} decision_ms_500={decision[500]:.3f} "
+        f"worst_auto_vs_best_baseline={worst:.4f} mean_auto_vs_least_queue={statistics.fmean(vs_lq):.4f} "
+        f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.4f} decision_ms_500={decision[500]:.3f} "
         f"submit_vs_bare={submit_ratio:.3f}"
     )
 

@@ -150,8 +150,8 @@ RELOAD_WEIGHT = 2.5
 """Slowdown charged per second of an evicted model's reload, over the reloading job's own
 floor. More than 1: the job that needs the model back waits for the reload, and so do the
 jobs queued behind it. Chosen on bench/placement.py's traces, where it trades slowdown for
-cold loads (mean slowdown / least-queue's, cold loads / least-queue's): 1.5: 0.799, 0.616;
-2.0: 0.801, 0.599; 2.5: 0.802, 0.582; 3.0: 0.802, 0.569."""
+cold loads (mean slowdown / least-queue's, cold loads / least-queue's): 1.5: 0.7988, 0.620;
+2.0: 0.8003, 0.606; 2.5: 0.8005, 0.594; 3.0: 0.8018, 0.582."""
 
 
 def eviction_s(reload_s: Mapping[str, float], machine: Pressure, bound_s: float) -> float:

@@ -158,6 +158,8 @@ class CostModel(Protocol):
 
     def weights_bytes(self, model_id: str) -> int: ...
 
+    def reload_s(self, machine: str, model_id: str) -> float: ...
+
     def job_bytes(self, model_id: str, kind: str, size: int) -> int: ...
 
     def memory_kind(self, machine: str) -> str: ...
@@ -215,6 +217,12 @@ class Estimator:
     def weights_bytes(self, model_id: str) -> int:
         model = self.models.get(model_id)
         return model.weights_bytes if model else 0
+
+    def reload_s(self, machine: str, model_id: str) -> float:
+        """Seconds to load ``model_id`` again on ``machine`` after an eviction: its load time as
+        learned under the kind it usually runs (:attr:`ModelProfile.kind`), else the guess."""
+        model = self.models.get(model_id)
+        return self.load_s(machine, model_id, model.kind if model else "txt2img")
 
     def job_bytes(self, model_id: str, kind: str, size: int) -> int:
         """Weights + working memory in bytes of a job of ``size`` (pixels x frames x batch);

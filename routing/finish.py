@@ -147,7 +147,7 @@ def expected_finish(
     ahead_s += extra_queued * run_s
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
     evicted = admit(warm, model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
-    eviction_s = EVICTION_WEIGHT * sum(costs.load_s(machine, m, kind) for m in evicted)
+    eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
     return Breakdown(
         work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
         queued=len(queue) + extra_queued, evicts=tuple(evicted),

@@ -255,7 +255,7 @@ def survey(
         for name, part in candidates.items():
             if name in pressure:
                 here = pressure[name]
-                reload_s = {m: costs.load_s(name, m, job.kind) for m in part.evicts}
+                reload_s = {m: costs.reload_s(name, m) for m in part.evicts}
                 candidates[name] = replace(part, scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
                                            eviction_s=eviction_s(reload_s, here, bound_s))
     return excluded, candidates

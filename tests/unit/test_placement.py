@@ -227,6 +227,16 @@ def test_r12_auto_prices_an_eviction_by_what_the_evicted_models_jobs_would_lose(
     assert nobody.machine == "cuda1"  # 2 s load + 10 s run beats waiting 10 s on m1
 
 
+def test_r13_an_evicted_model_is_priced_at_its_own_learned_reload() -> None:
+    # cuda1 holds the video model; a txt2img job evicts it. Its reload was measured under its
+    # own kind (video): 40 s, not the 5 s its weights would take at 1 GB/s.
+    estimator = costs()
+    estimator.learned = LearnedTimings({("cuda1", "video", "video"): Timing(load_s=40.0, step_s=1.0)})
+    assert estimator.reload_s("cuda1", "video") == 40.0 and estimator.reload_s("m1", "video") == 5.0
+    part = place(request("cuda1"), machines(view("cuda1", warm=("video",))), estimator).breakdown
+    assert part.evicts == ("video",) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 40.0)
+
+
 def test_r12_auto_keeps_flexible_work_off_the_only_home_of_a_busy_model() -> None:
     # 'big' fits only the server; recent demand for it keeps the server busy.
     demand = Demand()
