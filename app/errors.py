@@ -14,15 +14,17 @@ class HomefleetError(Exception):
         status_code: HTTP status the API answers with.
         reason: short code kept in the journal and returned to clients.
         message: human-readable text naming what was wrong and how to fix it.
+        param: the request field at fault, when one is (OpenAI's ``param``), e.g. ``params.stepz``.
     """
 
     status_code: int = 500
     default_reason: str = "error"
 
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, reason: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason
+        self.param = param
         self.job_id: str | None = None  # the journaled ``rejected`` job of a refused submission, when there is one
 
 

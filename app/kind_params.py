@@ -84,7 +84,8 @@ def check_known_params(kind: str, params: Mapping[str, Any]) -> None:
         named = ", ".join(f"params.{name}" for name in unknown)
         verb = "is not a param" if len(unknown) == 1 else "are not params"
         takes = ", ".join(name for name in accepted if name not in OUTPUT_SIZE_FIELDS)
-        raise Rejected(f"{named} {verb} of kind {kind!r}; it takes {takes}", reason="unknown_param")
+        raise Rejected(f"{named} {verb} of kind {kind!r}; it takes {takes}", reason="unknown_param",
+                       param=f"params.{unknown[0]}")
 
 
 def input_fields(kind: str) -> tuple[str, ...]:

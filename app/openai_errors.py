@@ -19,6 +19,10 @@ ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_f
                409: "conflict_error", 429: "rate_limit_error"}
 
 
+#: reason -> the request field it is about, where the error does not name one itself
+REASON_PARAMS = {"unknown_model": "model", "no_model": "model", "unknown_machine": "target"}
+
+
 def is_openai_route(path: str) -> bool:
     return path.startswith(OPENAI_PREFIXES)
 
@@ -30,12 +34,15 @@ def error_type(status_code: int) -> str:
 
 
 def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The OpenAI-shaped answer to a domain error. ``param`` is the field of an
-    ``invalid_<field>`` reason (R22). Errors after a submission carry ``x-should-retry: false``."""
+    """The OpenAI-shaped answer to a domain error. ``param`` is the field the error names, else
+    the field of its reason (``invalid_<field>``, R22; :data:`REASON_PARAMS`). Errors after a
+    submission carry ``x-should-retry: false``."""
     headers = dict(headers or {})
     if getattr(error, "original", None) is not None:  # images.AfterSubmit: a job may have started
         headers["x-should-retry"] = "false"
-    param = error.reason.removeprefix("invalid_") if error.reason.startswith("invalid_") else None
+    param = error.param or REASON_PARAMS.get(error.reason)
+    if param is None and error.reason.startswith("invalid_"):
+        param = error.reason.removeprefix("invalid_")
     body = {"error": {"message": error.message, "type": error_type(error.status_code), "param": param, "code": error.reason}}
     return JSONResponse(status_code=error.status_code, content=body, headers=headers)
 

@@ -97,7 +97,7 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
     if unknown:
         named = ", ".join(f"parameters.{name}" for name in unknown)
         raise Rejected(f"{named} {'is' if len(unknown) == 1 else 'are'} not supported; text-to-image takes "
-                       f"{', '.join(HF_PARAMS)}", reason="unknown_param")
+                       f"{', '.join(HF_PARAMS)}", reason="unknown_param", param=f"parameters.{unknown[0]}")
     params: dict[str, Any] = {"prompt": prompt}
     for name, param in HF_PARAMS.items():
         value = getattr(parameters, name)
@@ -119,7 +119,7 @@ class AfterSubmit(HomefleetError):
     """Wraps an error raised once a job may have started: answered with ``x-should-retry: false``."""
 
     def __init__(self, error: HomefleetError) -> None:
-        super().__init__(error.message, reason=error.reason)
+        super().__init__(error.message, reason=error.reason, param=error.param)
         self.status_code = error.status_code
         self.original = error
 

@@ -150,12 +150,13 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         assert [job.params.get("n") for job in ctx.journal.list([JobState.queued])] == [None, None]
         missing = client.post("/v1/images/generations", json={"prompt": "x", "model": "no-such-model", "n": 2})
         assert (missing.status_code, missing.json()["error"]["code"]) == (404, "unknown_model")
+        assert missing.json()["error"]["param"] == "model"  # OpenAI's param: the field at fault
         # n is the request's, refused before any job exists; an unknown model is a job's refusal, journaled
         refused = ctx.journal.list([JobState.rejected])
         assert [(job.model_id, job.reason) for job in refused] == [("no-such-model", "unknown_model")]
         unknown = client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"scheduler": "DDIM"}})
         assert unknown.status_code == 422
-        assert unknown.json()["error"]["code"] == "unknown_param"
+        assert (unknown.json()["error"]["code"], unknown.json()["error"]["param"]) == ("unknown_param", "parameters.scheduler")
         assert "parameters.scheduler is not supported" in unknown.json()["error"]["message"]
         assert "guidance_scale" in unknown.json()["error"]["message"]
         client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"guidance_scale": 3.5,
