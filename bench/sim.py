@@ -206,23 +206,27 @@ class Simulation:
         return pressure(rates, able_with_pinned(self._able[online], rates), speed)
 
     def decide(self, job: TraceJob) -> str | None:
+        """The machine for ``job`` (None: refused), as the server decides: with the demand of the
+        jobs before it, then recording its own (app/dispatch.py), for every policy alike."""
         request = self.request(job)
-        demand_class = job.model_id if job.target == AUTO else pinned_class(job.model_id, job.target)
-        self.demand.add(demand_class, self.estimator.work_s(job.model_id, job.kind, job.steps, job.size), self.now_s)
         views = self.views()
         if job.target != AUTO:
             view = views.get(job.target)
             if view is None or exclusion(request, view, self.estimator) is not None:
                 self.out.rejected += 1
                 return None
-            return job.target
-        try:
-            return self.policy(request, views, self)
-        except Exception as error:  # a refusal (no machine): counted, as the API would answer 4xx
-            if getattr(error, "reason", None) is None:
-                raise
-            self.out.rejected += 1
-            return None
+            chosen = job.target
+        else:
+            try:
+                chosen = self.policy(request, views, self)
+            except Exception as error:  # a refusal (no machine): counted, as the API would answer 4xx
+                if getattr(error, "reason", None) is None:
+                    raise
+                self.out.rejected += 1
+                return None
+        demand_class = job.model_id if job.target == AUTO else pinned_class(job.model_id, chosen)
+        self.demand.add(demand_class, self.estimator.work_s(job.model_id, job.kind, job.steps, job.size), self.now_s)
+        return chosen
 
     def start_next(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
         if m.running is not None or not m.queue or not m.online:

@@ -19,6 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from routing.finish import EVICTION_WEIGHT
+
 HALF_LIFE_S = 3600.0
 """Demand decays with this half-life (seconds): the last hour or so counts."""
 
@@ -146,22 +148,17 @@ def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: f
     return bound_s * occupancy_s * (occupancy_s + ahead_s) * machine.weight_per_s / (1.0 - u)
 
 
-RELOAD_WEIGHT = 2.5
-"""Slowdown charged per second of an evicted model's reload, over the reloading job's own
-floor. More than 1: the job that needs the model back waits for the reload, and so do the
-jobs queued behind it. Chosen on bench/placement.py's traces, where it trades slowdown for
-cold loads (mean slowdown / least-queue's, cold loads / least-queue's): 1.5: 0.7988, 0.620;
-2.0: 0.8003, 0.606; 2.5: 0.8005, 0.594; 3.0: 0.8018, 0.582."""
-
-
 def eviction_s(reload_s: Mapping[str, float], machine: Pressure, bound_s: float) -> float:
     """Seconds charged for evicting warm models whose reloads here take ``reload_s`` (model ->
     seconds), for a job whose bounded-slowdown floor is ``bound_s``.
 
     An eviction costs whoever next needs that model here its reload. Priced in that job's
-    slowdown (reload seconds x :data:`RELOAD_WEIGHT` / its floor, :attr:`Pressure.reload_weight`)
-    and turned into this job's seconds by ``bound_s``, as :func:`scarcity_s` does: evicting a
-    model that big jobs use costs a small job little, and a model without recent demand costs
-    nothing.
+    slowdown (reload seconds x ``routing.finish.EVICTION_WEIGHT`` / its floor,
+    :attr:`Pressure.reload_weight`; the weight: the jobs queued behind the reload wait for it
+    too) and turned into this job's seconds by ``bound_s``, as :func:`scarcity_s` does:
+    evicting a model that big jobs use costs a small job little, and a model without recent
+    demand costs nothing. On bench/placement.py's traces the weight trades slowdown for cold
+    loads (mean slowdown, cold loads, both over least-queue's): 1.5: 0.794, 0.619; 2.0: 0.794,
+    0.607; 3.0: 0.796, 0.580.
     """
-    return RELOAD_WEIGHT * bound_s * sum(s * machine.reload_weight.get(m, 0.0) for m, s in reload_s.items())
+    return EVICTION_WEIGHT * bound_s * sum(s * machine.reload_weight.get(m, 0.0) for m, s in reload_s.items())

@@ -17,10 +17,12 @@ from routing.timings import job_size
 
 
 EVICTION_WEIGHT = 3.0
-"""Seconds charged per second of reload of an evicted warm model, when nothing is known of the
-demand for it (explicit targets, dry runs without demand). More than 1: the reload lands on the
-machine later (its own occupancy), and every job queued behind it waits for it too. Auto prices
-evictions by the evicted model's recent demand instead (``routing.demand.eviction_s``)."""
+"""Weight of an evicted warm model's reload seconds. More than 1: the reload lands on the
+machine later (its own occupancy), and every job queued behind it waits for it too. Without
+demand data (explicit targets, dry runs) an eviction costs this many seconds per second of
+reload; Auto prices the same weighted reload in the slowdown of the jobs that need the model
+(``routing.demand.eviction_s``). Chosen on bench/placement.py's traces (cold loads fell by half
+for ~1-2 % slowdown)."""
 
 
 @dataclass(frozen=True)

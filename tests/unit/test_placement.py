@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import MachineUnavailable, Rejected
-from routing.demand import RELOAD_WEIGHT, Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
+from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
 from routing.finish import EVICTION_WEIGHT, WorkItem
 from routing.placement import JobRequest, MachineView, dry_run, place
@@ -219,8 +219,8 @@ def test_r12_auto_prices_an_eviction_by_what_the_evicted_models_jobs_would_lose(
     # Without demand data the reload is charged at EVICTION_WEIGHT x 10 s: cuda1 (12 s + 30 s) loses to m1 (20 s).
     assert place(job, fleet, estimator).machine == "m1"
     part = place(job, fleet, estimator, weights).candidates["cuda1"]
-    # Priced in the 100 s jobs' slowdown: 10 s of reload is a tenth of one, worth 1 s of a 10 s job, x RELOAD_WEIGHT.
-    assert part.evicts == ("other",) and part.eviction_s == pytest.approx(RELOAD_WEIGHT * 10 * 10 / 100)
+    # Priced in the 100 s jobs' slowdown: 10 s of reload is a tenth of one, worth 1 s of a 10 s job, weighted.
+    assert part.evicts == ("other",) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 10 * 10 / 100)
     idle = pressure(Demand().rates(20.0), {}, {"cuda1": 1.0, "m1": 1.0})
     nobody = place(job, fleet, estimator, idle)
     assert nobody.candidates["cuda1"].eviction_s == 0  # a model nobody asked for lately costs nothing to evict
