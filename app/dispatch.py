@@ -28,7 +28,7 @@ from app.config import Settings
 from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.costs import ChangeMark, DemandStore, FleetCosts
-from app.errors import Conflict, HomefleetError, Overloaded, PlacementLost, Rejected
+from app.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected
 from app.limits import PromptTokenizers, check_output_pixels, check_submission, limits_for
 from app.metrics import Metrics
 from app.inputs import InputStore
@@ -258,7 +258,7 @@ class Dispatcher:
                 except LockNotOwnedError:
                     log.warning("the fleet lock expired before its release (TTL %s s)", self.settings.fleet_lock_ttl_s)
         except HomefleetError as error:
-            if isinstance(error, Overloaded):
+            if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
                 error.retry_after_s = self.settings.retry_after_s
             if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
                 if self.metrics is not None:

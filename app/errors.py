@@ -37,10 +37,12 @@ class Rejected(HomefleetError):
 
 
 class MachineUnavailable(HomefleetError):
-    """Raised when an explicitly targeted machine is offline (R10): never rerouted."""
+    """Raised when an explicitly targeted machine is offline, drained or receiving a sync (R10):
+    never rerouted. Temporary: the submission answers 503 with ``Retry-After``."""
 
     status_code = 503
     default_reason = "machine_unavailable"
+    retry_after_s: int | None = None  # set by the submission from its settings
 
 
 class NotFound(HomefleetError):

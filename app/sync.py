@@ -155,7 +155,9 @@ class Syncs:
             record[field] = int(record[field])
         for field in ("models", "results", "verified"):
             record[field] = json.loads(record[field])
-        record["created_at"] = float(record["created_at"])
+        for field in ("created_at", "claimed_at", "finished_at"):  # Unix seconds, as numbers
+            if record.get(field) is not None:
+                record[field] = float(record[field])
         if record["state"] not in ENDED and self.redis.get(self.keys.syncing(record["machine"])) != sync_id:
             record["state"] = SyncState.interrupted
             record["message"] = record["message"] or (

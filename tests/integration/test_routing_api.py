@@ -144,6 +144,7 @@ def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[
     client, ctx = api
     answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"})
     assert answer.status_code == 503 and answer.json()["error"]["reason"] == "machine_unavailable"
+    assert answer.headers["retry-after"] == str(ctx.settings.retry_after_s)  # temporary: say when to retry
     assert nothing_enqueued(ctx)  # not rerouted to an idle machine
 
 

@@ -79,6 +79,9 @@ def test_r6_a_sync_reserves_its_machine_and_waits_in_its_queue(ctx: ServerContex
     assert second.value.reason == "sync_claimed"
     done = syncs_of(ctx).finish(record["id"], "m1", True, "", [], [model])
     assert done["state"] == SyncState.succeeded and ctx.redis.get(ctx.keys.syncing("m1")) is None
+    shown = syncs_of(ctx).get(record["id"])  # every timestamp a number of Unix seconds
+    assert all(isinstance(shown[f], float) for f in ("created_at", "claimed_at", "finished_at"))
+    assert shown["created_at"] <= shown["claimed_at"] <= shown["finished_at"]
     assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"
 
 
