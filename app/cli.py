@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -25,7 +26,8 @@ db_cli = typer.Typer(help="The journal's database schema (Alembic migrations).",
 cli.add_typer(db_cli, name="db")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
-console = Console()
+# Piped (no terminal, no COLUMNS): 200 columns, so tables are not cut at rich's default of 80.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
 
 
 def _settings() -> Settings:

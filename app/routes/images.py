@@ -58,7 +58,7 @@ class ImageGeneration(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=32000)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
-    n: int = Field(1, ge=1, le=64, description="number of images (one job each); at most the family's max_batch")
+    n: int = Field(1, ge=1, description="number of images (one job each); at most the family's max_batch (invalid_n)")
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
     steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
@@ -227,7 +227,7 @@ async def edit_images(
     image: Annotated[UploadFile, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")],
     prompt: Annotated[str, Form(min_length=1, max_length=32000)],
     model: Annotated[str | None, Form(max_length=64)] = None,
-    n: Annotated[int, Form(ge=1, le=64)] = 1,
+    n: Annotated[int, Form(ge=1)] = 1,  # at most the family's max_batch (invalid_n)
     size: Annotated[str | None, Form(max_length=32)] = None,
     response_format: Annotated[Literal["b64_json", "url"] | None, Form()] = None,
 ) -> dict[str, Any]:
