@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import time
@@ -122,11 +122,6 @@ class Dispatcher:
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)
         return JobRequest.from_params(model_id, record.family, kind, target, params)
-
-    def views(self) -> dict[str, MachineView]:
-        """Every machine's view with the per-machine queue limit set (R23)."""
-        limit = self.settings.max_queued_per_machine
-        return {name: replace(view, max_queued=limit) for name, view in self.machines.views().items()}
 
     def snapshot(self, model_id: str) -> Snapshot:
         """What a decision about ``model_id`` reads, in one Redis command (app/multiread.py):
