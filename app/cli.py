@@ -43,7 +43,10 @@ def serve() -> None:
 
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="warning")
+    # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
+    # access log (one line per request, workers' claims and heartbeats included).
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+                access_log=False)
 
 
 @cli.command()

@@ -97,3 +97,13 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert (fleet.client.get(waiting["id"])["state"], fleet.client.get(waiting["id"])["reason"]) == ("interrupted", "lost")
+
+
+def test_serve_logs_where_it_listens_and_no_line_per_request(fleet: RunningFleet) -> None:
+    """`homefleet serve` says where it listens (uvicorn's own line), as a new operator expects,
+    without one access-log line per request (workers claim and report through the same API)."""
+    for _ in range(3):
+        assert httpx.get(f"{fleet.local.api_url}/health", timeout=5).status_code in (200, 503)
+    log = (fleet.local.logs_dir / "api.log").read_text()
+    assert f"Uvicorn running on {fleet.local.api_url}" in log, log[-2000:]
+    assert "GET /health" not in log, log[-2000:]
