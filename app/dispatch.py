@@ -166,12 +166,14 @@ class Dispatcher:
         return dry_run(request, seen.views, seen.estimator, weights)
 
     def finished(self, job: Job) -> None:
-        """A job ended (any state): release its reservation; fold measured times into the
-        learned timings (R13) when it ran."""
+        """A job ended (any state): release its reservation; fold its measured times into the
+        learned timings (R13) when its run finished: a succeeded job, or one failed after its
+        run (its result refused at upload). A run cut short reports no run time (None; 0 from
+        older workers) and teaches nothing."""
         self.machines.reservations.release(job.machine, job.id)
         if self.metrics is not None:
             self.metrics.finished(job)
-        if job.state in (JobState.succeeded, JobState.failed) and job.run_s is not None:
+        if job.state in (JobState.succeeded, JobState.failed) and job.run_s:  # the run finished and was timed
             self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,

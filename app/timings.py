@@ -27,7 +27,8 @@ class LearnedTiming(SQLModel, table=True):
     kind: str = Field(primary_key=True)
     load_s: float
     step_s: float
-    samples: int
+    samples: int  # runs folded into step_s
+    load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
     updated_at: datetime = Field(default_factory=utcnow)
 
 
@@ -43,7 +44,8 @@ class TimingStore:
         """Every stored timing."""
         with Session(self.engine) as session:
             rows = session.exec(select(LearnedTiming)).all()
-        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples) for r in rows})
+        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples)
+                               for r in rows})
 
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
         """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in;
@@ -60,9 +62,10 @@ class TimingStore:
             row = session.get(LearnedTiming, (job.machine, job.model_id, job.kind))
             if row is None:
                 row = LearnedTiming(machine=job.machine, model_id=job.model_id, kind=job.kind, load_s=timing.load_s,
-                                    step_s=timing.step_s, samples=timing.samples)
+                                    step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples)
             else:
                 row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
+                row.load_samples = timing.load_samples
             session.add(row)
             session.commit()
         if self.on_change is not None:

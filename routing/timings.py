@@ -30,7 +30,8 @@ class Timing:
 
     load_s: float
     step_s: float
-    samples: int = 0  # measurements folded in; 0 = still the fleet config's guess
+    samples: int = 0  # runs folded into step_s; 0 = still the fleet config's guess
+    load_samples: int = 0  # cold loads folded into load_s; 0 = load_s is still the guess
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -46,7 +47,9 @@ def run_seconds(timing: Timing, steps: int, size: int) -> float:
 class LearnedTimings:
     """Measured timings by (machine, model, kind), folded in with an EMA (weight ``EMA_WEIGHT``).
 
-    The first measurement replaces the guess outright (a guess is not a measurement).
+    The first measurement of each figure replaces the guess outright (a guess is not a
+    measurement): ``step_s`` at the first finished run, ``load_s`` at the first cold load,
+    which may come later (a model already warm when timings began).
     """
 
     def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
@@ -83,13 +86,15 @@ class LearnedTimings:
         old = self._entries.get(key)
         base = old or guess
         measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(1, size)
-        if old is None:
-            step_s = measured_step_s
-            new_load_s = load_s if load_s is not None else base.load_s
+        step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
+        if load_s is None:
+            new_load_s = base.load_s
+        elif base.load_samples == 0:
+            new_load_s = load_s
         else:
-            step_s = (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
-            new_load_s = base.load_s if load_s is None else (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
-        timing = Timing(load_s=new_load_s, step_s=step_s, samples=(old.samples if old else 0) + 1)
+            new_load_s = (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
+        timing = Timing(load_s=new_load_s, step_s=step_s, samples=base.samples + 1,
+                        load_samples=base.load_samples + (load_s is not None))
         self._entries[key] = timing
         self.version += 1
         return timing

@@ -91,7 +91,11 @@ def run_claimed(rt: runtime.WorkerRuntime, job_id: str) -> None:
     model_id, kind, params, manifest = claim["model_id"], claim["kind"], claim["params"], claim["manifest"]
     log.info("job %s claimed: %s %s", job_id, kind, model_id)
 
-    load_s = run_s = 0.0
+    # None until measured: a failure reports only the times that were taken (a run cut short
+    # has no run time), so the server never learns a timing from a job that did not run (R13).
+    load_s: float | None = None
+    run_s: float | None = None
+    cold = False
     try:
         # R5: the claim carries the server's CURRENT digests. A resident model is reused only
         # if it was verified against exactly these (its recorded key); otherwise every file
@@ -132,12 +136,13 @@ def run_claimed(rt: runtime.WorkerRuntime, job_id: str) -> None:
 
     digest = bytes_digest(output.data)
     try:
-        rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
+        rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s or 0.0, run_s=run_s, cold_load=cold,
                          provenance=provenance)
     except (HomefleetError, httpx.HTTPError) as refusal:
         log.error("job %s: the server did not take the result: %s", job_id, refusal)
         return
-    log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data), load_s, run_s)
+    log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data), load_s or 0.0,
+             run_s)
 
 
 def _device() -> str:

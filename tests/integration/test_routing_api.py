@@ -3,6 +3,7 @@ reason, Auto and its dry run, predicted vs measured times and learned timings.""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import time
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from app import keys
 from app.config import Settings
 from app.context import ServerContext, build_context
+from app.digest import bytes_digest
 from app.fleet import Fleet, Machine, ModelGuess
 from app.journal import JobState
 from app.machines import StaticResidencyFacts
@@ -181,21 +184,36 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
 
 
+def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4) -> tuple[dict, dict[str, str]]:
+    """A job pinned to ``target`` and claimed by its worker: (the 202 body, the worker's auth header)."""
+    accepted = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": steps},
+                                             "target": target}).json()
+    token = {"Authorization": f"Bearer {ctx.fleet.machines[target].token}"}
+    assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
+    assert json.loads(ctx.redis.hget(ctx.keys.reservations(target), accepted["id"]))["started_at"] is not None
+    return accepted, token
+
+
+def _upload(client: TestClient, job_id: str, token: dict[str, str], *, load_s: float, run_s: float, cold: bool) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    form = {"digest": bytes_digest(buffer.getvalue()), "load_s": str(load_s), "run_s": str(run_s),
+            "cold_load": str(cold).lower()}
+    done = client.post(f"/internal/v1/jobs/{job_id}/result", headers=token, data=form,
+                       files={"file": ("result", buffer.getvalue(), "image/png")})
+    assert done.status_code == 200, done.text
+
+
 def test_r13_measured_times_are_learned_and_survive_a_restart(
     api: tuple[TestClient, ServerContext], settings: Settings
 ) -> None:
     client, ctx = api
-    accepted = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
-                                             "target": "m2"}).json()
-    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
-    assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
-    assert json.loads(ctx.redis.hget(ctx.keys.reservations("m2"), accepted["id"]))["started_at"] is not None
-    failed = client.post(f"/internal/v1/jobs/{accepted['id']}/failure", headers=token,
-                         json={"reason": "error", "message": "boom", "load_s": 0.5, "run_s": 2.0})
-    assert failed.status_code == 200, failed.text
+    accepted, token = _claimed(client, ctx)
+    _upload(client, accepted["id"], token, load_s=0.5, run_s=2.0, cold=True)
     assert ctx.machines.reservations.count("m2") == 0  # released when the job ended
     shown = client.get(accepted["url"]).json()
-    assert shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0  # predicted beside measured
+    assert shown["state"] == "succeeded"
+    assert shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0 and shown["load_s"] == 0.5  # predicted beside measured
     restarted = build_context(settings, ctx.fleet)
     try:
         timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
@@ -203,6 +221,24 @@ def test_r13_measured_times_are_learned_and_survive_a_restart(
         restarted.close()
     assert timing.samples == 1
     assert timing.step_s == pytest.approx(2.0 / 4 * (1024 * 1024) / PIXELS)  # seconds per step at 1024x1024
+    assert timing.load_s == pytest.approx(0.5)  # the cold load, measured: replaces the guess
+
+
+@pytest.mark.parametrize("reported", [{}, {"load_s": 0.5}, {"load_s": 0.5, "run_s": 0.0}])
+def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
+    api: tuple[TestClient, ServerContext], reported: dict[str, float]
+) -> None:
+    """A run cut short (an exception, an OOM) has no run time: its 0 s or missing run time must
+    not become "this machine takes 0 s per step", which would draw every Auto job to it."""
+    client, ctx = api
+    guess = ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    accepted, token = _claimed(client, ctx)
+    failed = client.post(f"/internal/v1/jobs/{accepted['id']}/failure", headers=token,
+                         json={"reason": "error", "message": "boom", **reported})
+    assert failed.status_code == 200, failed.text
+    assert failed.json()["state"] == "failed" and ctx.machines.reservations.count("m2") == 0
+    assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess
+    assert ctx.dispatcher.timings.load().get("m2", MODEL, "txt2img") is None  # nothing stored
 
 
 def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestClient, ServerContext]) -> None:

@@ -274,11 +274,28 @@ def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
     guess = estimator.guess("m1", MODEL, "txt2img")
     assert guess == Timing(load_s=2.0, step_s=1.0)
     learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=20.0, steps=10, size=REF, load_s=5.0)
-    assert estimator.timing("m1", MODEL, "txt2img") == Timing(load_s=5.0, step_s=2.0, samples=1)
+    assert estimator.timing("m1", MODEL, "txt2img") == Timing(load_s=5.0, step_s=2.0, samples=1, load_samples=1)
     learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2)  # warm: load unchanged
     after = estimator.timing("m1", MODEL, "txt2img")
     assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0) and after.samples == 2
     assert estimator.run_s("m1", MODEL, "txt2img", 10, REF) == pytest.approx(10 * after.step_s)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2, load_s=9.0)
+    assert estimator.timing("m1", MODEL, "txt2img").load_s == pytest.approx(0.7 * 5.0 + 0.3 * 9.0)  # EMA from now on
+
+
+def test_r13_the_first_cold_load_replaces_the_guessed_load_even_after_warm_runs() -> None:
+    """A model already warm when timings began: its first runs measure steps only, and the
+    guessed load time must not then be averaged with the first real load as if measured."""
+    learned = LearnedTimings()
+    estimator = costs()
+    estimator.learned = learned
+    guess = estimator.guess("m1", MODEL, "txt2img")
+    for _ in range(3):
+        learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=10.0, steps=10, size=REF)  # warm
+    assert estimator.timing("m1", MODEL, "txt2img").load_s == guess.load_s  # still the guess, not measured
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=10.0, steps=10, size=REF, load_s=30.0)
+    measured = estimator.timing("m1", MODEL, "txt2img")
+    assert (measured.load_s, measured.load_samples, measured.samples) == (30.0, 1, 4)
 
 
 def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
