@@ -99,6 +99,10 @@ class SimMachine:
     warm: list[str] = field(default_factory=list)  # LRU order, most recent last
     online: bool = True
     measured: tuple[float, float, bool] = (0.0, 0.0, False)  # the running job's (load_s, run_s, cold)
+    # What the worker reports while it cold-loads the running job's model: the warm models as
+    # before (a worker reports a model warm once loaded, tasks/run_job.py), until loaded_s.
+    reported_warm: tuple[str, ...] = ()
+    loaded_s: float = 0.0
 
 
 @dataclass
@@ -146,7 +150,8 @@ class Simulation:
         items += [WorkItem(j.model_id, j.kind, j.steps, j.size) for j in m.queue]
         return MachineView(
             name=m.name, online=m.online, families=config.families, verified_models=frozenset(self.fleet.models),
-            backlog=len(items), queue=tuple(items), warm_models=tuple(m.warm),
+            backlog=len(items), queue=tuple(items),
+            warm_models=m.reported_warm if self.now_s < m.loaded_s else tuple(m.warm),
         )
 
     def views(self) -> dict[str, MachineView]:
@@ -234,13 +239,14 @@ class Simulation:
         job = m.queue.pop(0)
         dedicated = str(self.fleet.machines[m.name].memory_kind) == "dedicated"
         cold = job.model_id not in m.warm
+        m.reported_warm = tuple(m.warm)
         evicted = admit(m.warm, job.model_id, dedicated=dedicated, usable_bytes=self.fleet.machines[m.name].memory_bytes,
                         protected=frozenset(), costs=self.truth)
         self.out.evictions += len(evicted)
         load_s = self.true_load_s(m.name, job.model_id, job.kind) if cold else 0.0
         self.out.cold_loads += int(cold)
         run_s = self.true_run_s(m.name, job)
-        m.running, m.started_s, m.measured = job, self.now_s, (load_s, run_s, cold)
+        m.running, m.started_s, m.measured, m.loaded_s = job, self.now_s, (load_s, run_s, cold), self.now_s + load_s
         push(self.now_s + load_s + run_s, "done", m.name)
 
 

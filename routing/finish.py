@@ -105,7 +105,10 @@ def drain(
 ) -> tuple[float, list[str]]:
     """Seconds until ``machine`` has run its whole queue (remaining of the running job, then
     each queued job with a cold load where its model will not be warm), and the warm models
-    (LRU order) it will hold then."""
+    (LRU order) it will hold then.
+
+    A running job whose model is not in ``warm_models`` is still loading it (a worker reports a
+    model warm once loaded): its remaining time includes the rest of that load."""
     dedicated = costs.memory_kind(machine) == "dedicated"
     usable = costs.usable_bytes(machine)
     warm = list(warm_models)
@@ -114,7 +117,7 @@ def drain(
         cold = item.model_id not in warm
         admit(warm, item.model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
         total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
-        if cold and item.elapsed_s is None:
+        if cold:
             total += costs.load_s(machine, item.model_id, item.kind)
         if item.elapsed_s is not None:
             total = max(total - item.elapsed_s, 0.05 * total)

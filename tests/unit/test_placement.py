@@ -191,6 +191,15 @@ def test_r12_running_job_counts_only_its_remaining_time() -> None:
     assert part.queued == 1
 
 
+def test_r12_a_running_job_still_loading_its_model_counts_the_rest_of_its_load() -> None:
+    # A worker reports a model warm once loaded: a running job whose model is not warm yet is
+    # loading it (2 GB at 1 GB/s), then runs 10 steps of 1 s; 4 s have passed.
+    running = (WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=4.0),)
+    part = place(request("m1"), machines(view("m1", queue=running)), costs()).breakdown
+    assert part.work_ahead_s == pytest.approx(2.0 + 10.0 - 4.0)
+    assert part.cold_load_s == 0  # the next job of the same model finds it loaded
+
+
 def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
     # 30 GB usable: 'other' (10 GB) and tiny-sd (2 GB) are warm; a 25 GB model fits only without 'other'.
     estimator = costs(m1=30 * GB)
