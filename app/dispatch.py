@@ -40,9 +40,11 @@ from app.keys import Keys
 from app.registry import Registry
 from app.reservations import Fence
 from app.timings import TimingStore
-from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure
+from routing.demand import Demand, Pressure, pinned_class
 from routing.estimate import Estimator
-from routing.placement import AUTO, JobRequest, MachineView, able_machines, dry_run, place
+from routing.finish import Drains
+from routing.placement import AUTO, JobRequest, MachineView, dry_run, place
+from routing.scarcity import Scarcity
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class Dispatcher:
                                 ChangeMark(client, self.keys.registry_changed()), timings_mark)
         self.demand = DemandStore(client, self.keys)
         self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
+        # Kept between decisions, as the same results computed again would be (routing.scarcity,
+        # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
+        self.scarcity = Scarcity()
+        self.drains = Drains()
+        self.speed = {name: machine.speed for name, machine in machines.fleet.machines.items()}
         self.metrics: Metrics | None = None  # set by build_context (R24)
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
@@ -150,12 +157,9 @@ class Dispatcher:
                  demand: Demand | None = None) -> dict[str, Pressure]:
         """Auto's scarcity data: recent demand (``demand``, else read from Redis) spread over the
         machines able to run it now."""
-        online = {n: v for n, v in views.items() if v.online}
         catalogue = {m: (p.family, p.kind) for m, p in estimator.models.items()}
         rates = (demand or self.demand.load()).rates(now_s)
-        able = able_with_pinned(able_machines(online, estimator, catalogue), rates)
-        speed = {n: self.machines.fleet.machines[n].speed for n in online}
-        return pressure(rates, able, speed)
+        return self.scarcity.pressure(views, estimator, catalogue, rates, self.speed)
 
     def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> dict[str, Any]:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
@@ -219,7 +223,7 @@ class Dispatcher:
                 views, estimator = seen.views, seen.estimator
                 self.check_pending(views)
                 weights = self.pressure(views, estimator, now_s, seen.demand) if request.target == AUTO else None
-                placement = place(request, views, estimator, weights)
+                placement = place(request, views, estimator, weights, self.drains)
                 part = placement.breakdown
                 memory = estimator.memory(model_id, kind, request.size)  # shown in the job record (R10, R11)
                 job = self.journal.add(

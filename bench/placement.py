@@ -27,12 +27,14 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.sim import BENCH, POLICIES, Simulation, SimFleet, forced_floor, lower_bounds, load_fleet_file, load_trace, percentile, true_factors
-from routing.finish import WorkItem
-from routing.demand import Demand, pressure
-from routing.placement import JobRequest, MachineView, able_machines, place
+from routing.finish import Drains, WorkItem
+from routing.demand import Demand
+from routing.placement import JobRequest, MachineView, place
+from routing.scarcity import Scarcity
 
 BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
@@ -66,9 +68,13 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
 
 def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int = 11) -> tuple[float, float]:
     """(wall, CPU) milliseconds of one Auto decision over ``machines`` machines (copies of the
-    seed fleet's machines, each with 0-4 queued jobs and a warm model), with recent demand (the
-    scarcity charge's pressure is computed once: it changes slowly and is cached between
-    decisions). CPU time is reported beside wall time because the host may be shared."""
+    seed fleet's machines, each with 0-4 queued jobs and a warm model), as the server makes it
+    (app/dispatch.py): the scarcity charge's pressure from the recent demand
+    (:class:`routing.scarcity.Scarcity`), then :func:`routing.placement.place` (with the drains
+    of unchanged queues kept, :class:`routing.finish.Drains`); after each
+    decision the job joins its machine's queue (whose oldest job finishes when it holds more
+    than 4) and its demand is recorded. CPU time is reported beside wall time because the host
+    may be shared."""
     rng = random.Random(seed)
     base = sorted(fleet.machines.values(), key=lambda m: m.name)
     models = sorted(fleet.models)
@@ -85,14 +91,19 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
     requests = [JobRequest(m, fleet.models[m].family, fleet.kinds[m], "auto", 30, 1024 * 1024)
                 for m in rng.choices(models, k=decisions)]
     demand = Demand()
-    for i, request in enumerate(requests):
+    for i, request in enumerate(requests):  # an earlier hour of the same mix
         demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i))
     catalogue = {m: (p.family, p.kind) for m, p in fleet.models.items()}
-    weights = pressure(demand.rates(float(decisions)), able_machines(views, estimator, catalogue),
-                       {n: m.speed for n, m in big.machines.items()})
+    speed = {n: m.speed for n, m in big.machines.items()}
+    scarcity, drains = Scarcity(), Drains()
     wall, cpu = time.perf_counter(), time.process_time()
-    for request in requests:
-        place(request, views, estimator, weights)
+    for i, request in enumerate(requests):
+        now_s = float(decisions + i)
+        weights = scarcity.pressure(views, estimator, catalogue, demand.rates(now_s), speed)
+        chosen = views[place(request, views, estimator, weights, drains).machine]
+        queue = (chosen.queue + (WorkItem(request.model_id, request.kind, request.steps, request.size),))[-5:]
+        views[chosen.name] = replace(chosen, backlog=len(queue), queue=queue)
+        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), now_s)
     return ((time.perf_counter() - wall) * 1000 / decisions, (time.process_time() - cpu) * 1000 / decisions)
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from app.fleet import Machine
 from routing.estimate import Estimator, MachineProfile, ModelProfile
-from routing.finish import WorkItem, admit
-from routing.demand import Demand, able_with_pinned, pinned_class, pressure
-from routing.placement import AUTO, JobRequest, MachineView, able_machines, exclusion, place
+from routing.finish import Drains, WorkItem, admit
+from routing.demand import Demand, Pressure, pinned_class
+from routing.placement import AUTO, JobRequest, MachineView, exclusion, place
+from routing.scarcity import Scarcity
 from routing.timings import LearnedTimings, job_size
 
 BENCH = Path(__file__).resolve().parent
@@ -130,7 +131,8 @@ class Simulation:
         self.out = Outcome()
         self.rr = 0
         self.demand = Demand()
-        self._able: dict[tuple[str, ...], dict[str, frozenset[str]]] = {}
+        self.scarcity = Scarcity()
+        self.drains = Drains()
 
     def true_run_s(self, machine: str, job: TraceJob) -> float:
         return self.truth.run_s(machine, job.model_id, job.kind, job.steps, job.size) * self.factors[(machine, job.model_id)] * job.noise
@@ -201,14 +203,10 @@ class Simulation:
                 self.start_next(m, push)
         return self.out
 
-    def pressure(self, views: dict[str, MachineView]) -> dict[str, float]:
-        online = tuple(n for n, v in views.items() if v.online)
-        if online not in self._able:
-            catalogue = {m: (p.family, p.kind) for m, p in self.fleet.models.items()}
-            self._able[online] = able_machines(views, self.estimator, catalogue)
-        speed = {n: self.fleet.machines[n].speed for n in online}
-        rates = self.demand.rates(self.now_s)
-        return pressure(rates, able_with_pinned(self._able[online], rates), speed)
+    def pressure(self, views: dict[str, MachineView]) -> dict[str, Pressure]:
+        catalogue = {m: (p.family, p.kind) for m, p in self.fleet.models.items()}
+        speed = {n: m.speed for n, m in self.fleet.machines.items()}
+        return self.scarcity.pressure(views, self.estimator, catalogue, self.demand.rates(self.now_s), speed)
 
     def decide(self, job: TraceJob) -> str | None:
         """The machine for ``job`` (None: refused), as the server decides: with the demand of the
@@ -260,7 +258,7 @@ def eligible(request: JobRequest, views: dict[str, MachineView], sim: Simulation
 
 
 def auto(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:
-    return place(request, views, sim.estimator, sim.pressure(views)).machine
+    return place(request, views, sim.estimator, sim.pressure(views), sim.drains).machine
 
 
 def round_robin(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> str:

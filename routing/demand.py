@@ -93,46 +93,80 @@ def able_with_pinned(able: Mapping[str, frozenset[str]], classes: Iterable[str])
     return out
 
 
+@dataclass(frozen=True)
+class Spread:
+    """Where demand can go: for each entry (a demand class, or the model of a pinned class) the
+    online machines able to take it, and the machines grouped by the entries they can take.
+    Machines of one group get the same pressure up to their speed, so :func:`pressure` works
+    per group, not per machine (built by :func:`spread`; reusable while ``able`` and the class
+    names are unchanged, :class:`routing.scarcity.Scarcity`)."""
+
+    machines: Mapping[str, tuple[str, ...]]  # entry -> machines able to take it (online, with a speed)
+    groups: Mapping[frozenset[str], tuple[str, ...]]  # the entries a machine can take -> those machines
+    speed: Mapping[str, float]
+
+
+def spread(classes: Iterable[str], able: Mapping[str, frozenset[str]], speed: Mapping[str, float]) -> Spread:
+    """The :class:`Spread` of ``classes`` (demand class names) over ``able`` (entry -> machines)
+    for the machines of ``speed`` (machine -> relative speed)."""
+    entries = set()
+    for name in classes:
+        entries.add(name)
+        entries.add(name.partition("@")[0])
+    machines = {e: tuple(sorted(m for m in able.get(e, frozenset()) if m in speed)) for e in sorted(entries)}
+    takes: dict[str, set[str]] = {m: set() for m in speed}
+    for entry, names in machines.items():
+        for m in names:
+            takes[m].add(entry)
+    groups: dict[frozenset[str], list[str]] = {}
+    for m, entry_set in takes.items():
+        groups.setdefault(frozenset(entry_set), []).append(m)
+    return Spread(machines, {k: tuple(v) for k, v in groups.items()}, dict(speed))
+
+
 def pressure(
-    rates: Mapping[str, tuple[float, float]], able: Mapping[str, frozenset[str]], speed: Mapping[str, float]
+    rates: Mapping[str, tuple[float, float]], able: Mapping[str, frozenset[str]] | Spread,
+    speed: Mapping[str, float] | None = None,
 ) -> dict[str, Pressure]:
     """:class:`Pressure` per machine of ``speed`` (machine -> relative speed).
 
     Args:
         rates: model -> (work rate in speed-1.0 seconds per second, jobs per second), from
             :meth:`Demand.rates`.
-        able: model -> the machines able to run it now (online, verified, fits).
+        able: model -> the machines able to run it now (online, verified, fits); or a
+            :class:`Spread` of ``rates``' classes already built (then ``speed`` is its own).
     """
-    load = dict.fromkeys(speed, 0.0)
-    weight = dict.fromkeys(speed, 0.0)
-    per_model: dict[str, tuple[float, float]] = {}  # model -> (jobs per second, jobs / their floor per second)
+    where = able if isinstance(able, Spread) else spread(rates, able, speed or {})
+    speed = where.speed
+    per_class: dict[str, tuple[float, float]] = {}  # class -> (load per machine, weight per unit of speed)
+    per_model: dict[str, tuple[float, float]] = {}  # model -> (jobs per second, jobs x their floor per second)
     for model_id, (work_rate, job_rate) in rates.items():
-        machines = [m for m in able.get(model_id, frozenset()) if m in speed]
+        machines = where.machines.get(model_id, ())
         total = sum(speed[m] for m in machines)
         if total <= 0 or job_rate <= 0:
             continue
         # The bounded-slowdown floor is the job's run on the fastest machine able to run its
         # model anywhere, also for pinned classes (a job pinned to a slow machine still counts
         # its slowdown against the fleet's fastest run).
-        pool = [m for m in able.get(model_id.partition("@")[0], frozenset()) if m in speed] or machines
+        model = model_id.partition("@")[0]
+        pool = where.machines.get(model, ()) or machines
         fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
         per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
-        model = model_id.partition("@")[0]
         jobs, fastest_work = per_model.get(model, (0.0, 0.0))
         per_model[model] = (jobs + job_rate, fastest_work + job_rate * fastest_s)
-        # A job of a class that n machines can run goes around a delayed machine: it suffers
-        # about 1/n of the delay (a forced class, n = 1, all of it).
-        suffered = 1.0 / len(machines)
+        # Spread in proportion to speed: each machine's load is work_rate / total (= work_rate x
+        # share / its speed); its weight is the jobs sent there (share = speed / total), each
+        # suffering about 1/n of a delay there (n machines can take it; a forced class, all).
+        per_class[model_id] = (work_rate / total, job_rate / total * per_job / len(machines))
+    reload_weight = {model: 1.0 / max(fastest_work / jobs, BOUND_FLOOR_S) for model, (jobs, fastest_work) in per_model.items()}
+    out = {}
+    for entries, machines in where.groups.items():
+        load = sum(per_class[e][0] for e in entries if e in per_class)
+        weight = sum(per_class[e][1] for e in entries if e in per_class)
+        reload = {model: w for model, w in reload_weight.items() if model in entries}
         for m in machines:
-            share = speed[m] / total
-            load[m] += work_rate / total  # = work_rate x share / speed[m]
-            weight[m] += job_rate * share * per_job * suffered
-    reload = {m: {} for m in speed}
-    for model, (jobs, fastest_work) in per_model.items():
-        for m in able.get(model, frozenset()):
-            if m in reload:
-                reload[m][model] = 1.0 / max(fastest_work / jobs, BOUND_FLOOR_S)
-    return {m: Pressure(min(load[m], MAX_UTILISATION), weight[m], reload[m]) for m in speed}
+            out[m] = Pressure(min(load, MAX_UTILISATION), weight * speed[m], reload)
+    return out
 
 
 def scarcity_s(occupancy_s: float, machine: Pressure, bound_s: float, ahead_s: float = 0.0) -> float:

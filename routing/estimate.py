@@ -166,6 +166,12 @@ class CostModel(Protocol):
 
     def usable_bytes(self, machine: str) -> int: ...
 
+    @property
+    def revision(self) -> int:
+        """Changes whenever a figure above may have changed (e.g. a learned timing folded in):
+        lets callers keep results computed from this object until then."""
+        ...
+
 
 @dataclass
 class Estimator:
@@ -181,6 +187,12 @@ class Estimator:
     working: WorkingMemory = field(default_factory=WorkingMemory)  # fleet config coefficients
     _cache: dict[tuple[str, str, str], Timing] = field(default_factory=dict, repr=False, compare=False)
     _cache_version: int = field(default=-1, repr=False, compare=False)
+
+    @property
+    def revision(self) -> int:
+        """The learned timings' version: the only figures that change in place (profiles and
+        machines are replaced with a new Estimator)."""
+        return self.learned.version
 
     def guess(self, machine: str, model_id: str, kind: str) -> Timing:
         """The fleet config's timing for (machine, model, kind), before any measurement."""

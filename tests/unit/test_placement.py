@@ -347,3 +347,57 @@ def test_r10_video_is_priced_by_its_frames() -> None:
     eight = JobRequest.from_params("v", "animatediff", "video", "server", {"width": 64, "height": 64})
     sixteen = JobRequest.from_params("v", "animatediff", "video", "server", {"width": 64, "height": 64, "frames": 16})
     assert (one.size, eight.size, sixteen.size) == (4096, 8 * 4096, 16 * 4096)  # the kind's default is 8 frames
+
+
+def _pressure_per_machine(rates: dict[str, tuple[float, float]], able: dict[str, frozenset[str]],
+                          speed: dict[str, float]) -> dict[str, tuple[float, float, dict[str, float]]]:
+    """routing.demand.pressure's definition, machine by machine (no grouping)."""
+    load, weight = dict.fromkeys(speed, 0.0), dict.fromkeys(speed, 0.0)
+    reload: dict[str, dict[str, float]] = {m: {} for m in speed}
+    per_model: dict[str, list[float]] = {}
+    for name, (work_rate, job_rate) in rates.items():
+        machines = [m for m in able.get(name, frozenset()) if m in speed]
+        model = name.partition("@")[0]
+        pool = [m for m in able.get(model, frozenset()) if m in speed] or machines
+        if not machines or job_rate <= 0:
+            continue
+        total = sum(speed[m] for m in machines)
+        fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
+        jobs = per_model.setdefault(model, [0.0, 0.0])
+        jobs[0] += job_rate
+        jobs[1] += job_rate * fastest_s
+        for m in machines:
+            load[m] += work_rate / total
+            weight[m] += job_rate * speed[m] / total / max(fastest_s, 10.0) / len(machines)
+    for model, (jobs_per_s, fastest_work) in per_model.items():
+        for m in able.get(model, frozenset()):
+            if m in speed:
+                reload[m][model] = 1.0 / max(fastest_work / jobs_per_s, 10.0)
+    return {m: (min(load[m], 0.95), weight[m], reload[m]) for m in speed}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_r12_grouped_pressure_equals_the_per_machine_definition(seed: int) -> None:
+    """pressure() works per group of machines able to take the same demand classes; on random
+    fleets, demand and pinned classes it must give every machine what the definition gives."""
+    import random
+
+    rng = random.Random(seed)
+    speed = {f"m{i}": rng.choice([0.45, 0.7, 1.0, 3.0]) for i in range(rng.randint(1, 40))}
+    models = [f"model{i}" for i in range(rng.randint(1, 6))]
+    names = list(speed) + ["gone"]  # a machine able in the able sets but not online (no speed)
+    able = {m: frozenset(rng.sample(names, rng.randint(0, len(names)))) for m in models}
+    demand = Demand()
+    for i in range(rng.randint(0, 60)):
+        model = rng.choice(models + ["unknown"])
+        name = pinned_class(model, rng.choice(names)) if rng.random() < 0.3 else model
+        demand.add(name, rng.uniform(1, 400), now_s=float(i))
+    rates = demand.rates(60.0)
+    able = able_with_pinned(able, rates)
+    got = pressure(rates, able, speed)
+    want = _pressure_per_machine(rates, able, speed)
+    assert set(got) == set(want) == set(speed)
+    for m, (load, weight, reload) in want.items():
+        assert got[m].utilisation == pytest.approx(load)
+        assert got[m].weight_per_s == pytest.approx(weight)
+        assert dict(got[m].reload_weight) == pytest.approx(reload)
