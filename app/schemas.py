@@ -105,6 +105,8 @@ class JobAccepted(BaseModel):
     state: JobState
     machine: str
     position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
+    predicted_start_s: float | None = Field(
+        None, description="expected start: seconds from now until its machine reaches it (the work ahead, R12)")
     url: str
 
 

@@ -42,7 +42,8 @@ def submit_job(
     if submission.replayed:
         response.headers["Idempotency-Replayed"] = "true"
     assert job.machine is not None
-    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position, url=url)
+    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
+                       predicted_start_s=job.predicted_start_s, url=url)
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic)

@@ -177,11 +177,14 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     first = client.post("/v1/jobs", json=body)
     assert first.status_code == 202, first.text
     assert first.json()["machine"] == "m2" and first.json()["position"] == 0
+    assert first.json()["predicted_start_s"] == 0  # the expected start (DESIGN §9): nothing ahead
     job = client.get(first.json()["url"]).json()
     assert job["predicted_load_s"] == 0 and job["predicted_run_s"] > 0 and job["predicted_start_s"] == 0
     assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(keys.queue("m2"))
     dry = client.post("/v1/jobs?dry_run=true", json=body).json()
     assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
+    second = client.post("/v1/jobs", json={**body, "target": "m2"}).json()  # behind the first
+    assert second["position"] == 1 and second["predicted_start_s"] == pytest.approx(dry["machines"]["m2"]["work_ahead_s"], abs=1e-3)
 
 
 def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4) -> tuple[dict, dict[str, str]]:
