@@ -42,6 +42,18 @@ return record['seq']
 """
 
 
+# KEYS[1]: the machine's reservations hash. ARGV[1]: job id, ARGV[2]: started_at (Unix
+# seconds). Sets the record's started_at only if the job still holds a reservation; 1 if so.
+_START = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local record = cjson.decode(raw)
+record['started_at'] = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Fence:
     """The fleet lock as a fencing check (C04): ``key`` must still hold ``token`` (the token
@@ -91,6 +103,7 @@ class Reservations:
         self.redis = client
         self.keys = keyspace
         self._add = client.register_script(_ADD)
+        self._start = client.register_script(_START)
         self._reads: dict[str, _Read] = {}  # machine -> its last read by items_from
 
     def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int, fence: Fence,
@@ -111,15 +124,12 @@ class Reservations:
             args += [write.field, write.value]
         return self._add(keys=keys, args=args) is not None
 
-    def start(self, machine: str, job_id: str, at_s: float | None = None) -> None:
-        """Mark a reserved job as running since ``at_s`` (Unix seconds; now by default)."""
-        key = self.keys.reservations(machine)
-        raw = self.redis.hget(key, job_id)
-        if raw is None:
-            return
-        record = json.loads(raw)
-        record["started_at"] = time.time() if at_s is None else at_s
-        self.redis.hset(key, job_id, json.dumps(record))
+    def start(self, machine: str, job_id: str, at_s: float | None = None) -> bool:
+        """Mark a reserved job as running since ``at_s`` (Unix seconds; now by default), in one
+        atomic step: a reservation released meanwhile (its job ended or was cancelled) is not
+        brought back. True if the job held a reservation."""
+        started = time.time() if at_s is None else at_s
+        return bool(self._start(keys=[self.keys.reservations(machine)], args=[job_id, repr(float(started))]))
 
     def release(self, machine: str | None, job_id: str) -> bool:
         """Drop a job's reservation (its job ended in any state); True if it held one."""

@@ -152,3 +152,21 @@ def test_c04_a_reservation_is_written_only_while_the_fleet_lock_holds_our_token(
     [(job_id, record)] = ctx.machines.reservations.records("m1")
     assert (job_id, record["seq"], record["steps"], record["size"]) == ("job-1", 1, 4, 4096)
     assert ctx.redis.hget(ctx.keys.demand(), "tiny-sd") == "[1.0, 1.0, 0.0]"
+
+
+def test_r14_marking_a_job_started_never_brings_back_a_released_reservation(ctx: ServerContext) -> None:
+    """A claim marks the reservation running while the job may just have been cancelled and
+    released: the mark and the existence check are one atomic step."""
+    reservations = ctx.machines.reservations
+    ctx.redis.set(ctx.keys.fleet_lock(), "ours", px=5000)
+    fence = Fence(ctx.keys.fleet_lock(), "ours", ttl_ms=5000)
+    for job_id in ("job-1", "job-2"):
+        assert reservations.add("m1", job_id, "tiny-sd", "txt2img", 4, 4096, fence)
+    assert reservations.start("m1", "job-1", at_s=1_700_000_000.25)
+    started = dict(reservations.records("m1"))["job-1"]
+    assert started["started_at"] == pytest.approx(1_700_000_000.25) and started["seq"] == 1 and started["steps"] == 4
+    assert [item.elapsed_s is not None for item in reservations.items("m1")] == [True, False]  # running first
+
+    assert reservations.release("m1", "job-2")
+    assert not reservations.start("m1", "job-2")  # released: not written again
+    assert [job_id for job_id, _ in reservations.records("m1")] == ["job-1"]
