@@ -104,6 +104,7 @@ def test_c03_cancel_removes_the_queue_entry_and_the_claim_refuses_a_late_copy(
     cancelled = ctx.dispatcher.cancel(second)
     assert cancelled.state == JobState.cancelled
     assert ctx.queues.queued_ids("m1") == [first, third]  # only its entry is gone, order kept
+    assert [job_id for job_id, _ in ctx.machines.reservations.records("m1")] == [first, third]  # released (R14)
     with pytest.raises(Exception, match="cancelled"):
         ctx.journal.claim(second, "m1")
     assert ctx.journal.get(second).state == JobState.cancelled

@@ -49,6 +49,7 @@ def test_r19_a_queued_job_whose_message_was_lost_is_interrupted(strict_ctx: Serv
     assert report.interrupted == {lost: "lost"}
     assert (ctx.journal.get(lost).state, ctx.journal.get(lost).reason) == (JobState.interrupted, "lost")
     assert ctx.journal.get(kept).state == JobState.queued
+    assert ctx.machines.reservations.count("m1") == 0 and ctx.machines.reservations.count("m2") == 1  # released (R14)
     assert Reconciler(ctx).run_once().interrupted == {}  # idempotent
 
 
@@ -86,6 +87,7 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
         beat(ctx, "m1", heartbeat_boot)
     assert Reconciler(ctx).run_once().interrupted == {job: reason}
     assert ctx.journal.get(job).state == JobState.interrupted
+    assert ctx.machines.reservations.count("m1") == 0  # released when it ended (R14)
     assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
     assert ctx.redis.llen(keys.queue("m1")) == 0  # never re-queued
 

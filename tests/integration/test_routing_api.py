@@ -168,6 +168,15 @@ def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[Tes
     assert ctx.journal.list() == [] and nothing_enqueued(ctx)
 
 
+def test_r11_r17_auto_skips_a_machine_holding_a_commitment_for_video(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    body = {"model": VIDEO, "kind": "video", "params": {"prompt": "x"}, "target": "auto"}
+    rows = client.post("/v1/jobs?dry_run=true", json=body).json()["machines"]
+    assert rows["resv"]["reason"] == "video_on_reserved_machine" and not rows["resv"]["eligible"]
+    placed = {client.post("/v1/jobs", json=body).json()["machine"] for _ in range(4)}
+    assert placed and "resv" not in placed and placed <= {"server", "m2", "small", "oomy"}
+
+
 def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     api: tuple[TestClient, ServerContext],
 ) -> None:
