@@ -83,7 +83,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(internal.router)
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
-    api.include_router(residency.router)
+    api.include_router(residency.router, dependencies=keyed)
     return api
 
 

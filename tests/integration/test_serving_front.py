@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,6 +291,22 @@ def test_api_keys_guard_public_routes_but_not_health_metrics_or_worker_routes(ap
     assert client.get("/metrics", headers={"Authorization": ""}).status_code == 200
     # An API key is not a machine token: the internal routes refuse it.
     assert client.get("/internal/v1/manifest").status_code == 401
+
+
+def test_every_public_route_needs_an_api_key(api: tuple[TestClient, ServerContext]) -> None:
+    """Every route under /v1, whatever router it lives in (jobs, files, events, images,
+    sync, residency, OOMs), answers 401 without a key, before reading its input."""
+    client, _ctx = api
+    checked = []
+    for path, operations in client.app.openapi()["paths"].items():  # type: ignore[attr-defined]
+        if not path.startswith("/v1/"):
+            continue
+        url = re.sub(r"\{[^}]+\}", "x", path)
+        for method in operations:
+            answer = client.request(method.upper(), url, headers={"Authorization": ""})
+            assert answer.status_code == 401, (method, path, answer.status_code, answer.text[:200])
+            checked.append(f"{method.upper()} {path}")
+    assert {"PUT /v1/machines/{machine}/residency", "GET /v1/ooms", "DELETE /v1/ooms", "POST /v1/jobs"} <= set(checked)
 
 
 def test_without_api_keys_the_server_refuses_to_start_unless_open_access_is_explicit(settings: Settings) -> None:
