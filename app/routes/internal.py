@@ -15,7 +15,8 @@ from fastapi import APIRouter, File, Form, Header, UploadFile
 from fastapi.responses import FileResponse
 
 from app.context import ServerContext
-from app.errors import IntegrityFailure, Rejected
+from app.errors import Conflict, IntegrityFailure, NotFound, Rejected
+from app.journal import JobState
 from app.routes.deps import Context, WorkerMachine, job_of_machine
 from app.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport, predicted_s
 from routing.placement import JobRequest
@@ -47,15 +48,27 @@ def claim(
     x_homefleet_boot_id: Annotated[str | None, Header(max_length=64)] = None,
     x_homefleet_claim_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> ClaimGranted:
-    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job.
+    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job, and for
+    a job whose model files the server cannot read (it is then ``interrupted``, reason
+    ``model_unavailable``; nothing runs).
     ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation);
     ``X-Homefleet-Claim-Id`` names the delivery, so that delivery may safely repeat its claim."""
-    job_of_machine(ctx, job_id, machine)
+    queued = job_of_machine(ctx, job_id, machine)
+    # The manifest first: a claim whose answer then failed would leave the job running with
+    # nobody running it. A model whose files the server cannot read ends the job here.
+    try:
+        manifest = ctx.registry.manifest(queued.model_id).as_json()
+    except (OSError, NotFound) as error:
+        message = f"the server cannot read model {queued.model_id!r} to hand it out: {error}"
+        ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
+                                       message=message)
+        ctx.dispatcher.finished(ended)
+        log.error("job %s not run: %s", job_id, message)
+        raise Conflict(f"job {job_id} was not run: {message}", reason="model_unavailable") from error
     job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     ctx.machines.reservations.start(machine.name, job_id)
     _touch_progress(ctx, job_id, {})
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
-    manifest = ctx.registry.manifest(job.model_id).as_json()
     return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
                         working_bytes=job.working_bytes)
 
@@ -85,11 +98,15 @@ async def upload_result(
     cold_load: Annotated[bool, Form()],
     provenance: Annotated[str, Form(description="JSON object: the result's provenance")] = "{}",
 ) -> JobPublic:
-    """Verify and store a result (R2); only then the job is ``succeeded``. A mismatch of
+    """Verify and store a result (R2); only then the job is ``succeeded``. A job no longer
+    running (interrupted or ended meanwhile) gets 409 and nothing is stored. A mismatch of
     digest, media type or size stores nothing and fails the job with reason ``integrity``.
     The worker's provenance is journaled with the server's own figures added (job id,
     predicted and actual seconds)."""
     job = job_of_machine(ctx, job_id, machine)
+    if job.state != JobState.running:  # ended meanwhile (interrupted, cancelled): store nothing
+        raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
+                       reason="not_running")
     try:
         record = json.loads(provenance)
     except ValueError as error:

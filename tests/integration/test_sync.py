@@ -196,6 +196,45 @@ def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
     assert client.get(f"/v1/jobs/{job.id}/result").status_code == 404
 
 
+def test_r19_a_claim_the_server_cannot_answer_leaves_no_job_running(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    """The server builds the claim's manifest before the claim: a model file missing on the
+    server ends the job (interrupted, model_unavailable) instead of a 500 after the job was
+    marked running with nobody running it."""
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job
+    next(p for p in ctx.registry.folder(model).rglob("*.json") if p.name != "model_index.json").unlink()
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    answer = client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth)
+    assert answer.status_code == 409 and answer.json()["error"]["reason"] == "model_unavailable"
+    ended = ctx.journal.get(job.id)
+    assert (ended.state, ended.reason) == (JobState.interrupted, "model_unavailable")
+    assert ctx.machines.reservations.count("m1") == 0  # released
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 409  # never runs later
+
+
+def test_r2_a_result_for_a_job_no_longer_running_is_refused_and_not_stored(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    ctx.journal.transition(job.id, [JobState.running], JobState.interrupted, reason="hung")  # the reconciler gave up on it
+    data = png_bytes()
+    form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
+    late = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
+                       files={"file": ("result", data, "image/png")})
+    assert late.status_code == 409 and late.json()["error"]["reason"] == "not_running"
+    assert ctx.journal.get(job.id).state == JobState.interrupted
+    results = ctx.settings.results_dir
+    assert not results.exists() or not [p for p in results.rglob("*") if p.is_file()]  # no orphan file
+
+
 def test_r6_the_file_endpoint_needs_a_token_serves_only_manifest_files_and_ranges(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
