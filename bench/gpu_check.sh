@@ -35,12 +35,14 @@ failed = []
 
 # 1. C05 ---------------------------------------------------------------------------------
 device = CudaDevice(torch)
-cache = ModelCache(lambda folder: load_pipeline(folder).to("cuda"), device)
+cache = ModelCache(load_pipeline, device)  # as a worker builds it: CudaDevice.place moves each pipeline to the GPU
 torch.cuda.synchronize()
 baseline = device.allocated_bytes()
 print(f"C05 baseline allocated: {baseline} bytes")
 for name in ("A", "B", "C", "A"):
     pipe, load_s, cold = cache.get(name, "k", work / name)
+    if pipe.device.type != "cuda":
+        failed.append(f"R7: pipeline {name} runs on {pipe.device}, not on the GPU")
     pipe(prompt="x", num_inference_steps=2, width=64, height=64)
     torch.cuda.synchronize()
     held = device.allocated_bytes()

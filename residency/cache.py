@@ -110,7 +110,7 @@ class ModelCache:
             raise ResidencyRefused(plan.message, reason=plan.refused)
         self._evict(list(plan.evict))
         started = time.perf_counter()
-        pipeline = self.loader(folder, **(load_kwargs or {}))
+        pipeline = self.device.place(self.loader(folder, **(load_kwargs or {})))  # onto the GPU, where it runs
         load_s = time.perf_counter() - started
         self.residents[key] = Resident(model_id, manifest_key, pipeline, weights_bytes)
         self.loads += 1

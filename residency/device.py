@@ -48,6 +48,12 @@ class Device(Protocol):
 
     def empty_cache(self) -> None: ...
 
+    def place(self, pipeline: Any) -> Any:
+        """Move a pipeline just loaded (on the CPU, ``tasks.pipelines.load_pipeline``) onto this
+        device, where its jobs run: ``pipeline.to("cuda")``/``("mps")``; the CPU keeps it as is.
+        Returns the pipeline to use."""
+        ...
+
     def guard(self) -> None:
         """Apply the backend's memory guard once at worker start (only MPS has one, R18)."""
         ...
@@ -78,6 +84,10 @@ class CpuDevice:
     def empty_cache(self) -> None:
         """Nothing to empty: freed CPU tensors go back to the C allocator."""
 
+    def place(self, pipeline: Any) -> Any:
+        """Loaded on the CPU already: as is."""
+        return pipeline
+
     def guard(self) -> None:
         """No guard on the CPU backend."""
 
@@ -102,6 +112,9 @@ class CudaDevice:
 
     def empty_cache(self) -> None:
         self.torch.cuda.empty_cache()
+
+    def place(self, pipeline: Any) -> Any:
+        return pipeline.to("cuda")
 
     def guard(self) -> None:
         """Deliberately nothing: dedicated memory is managed by capacity, not by a cap (R18)."""
@@ -129,6 +142,9 @@ class MpsDevice:
 
     def empty_cache(self) -> None:
         self.torch.mps.empty_cache()
+
+    def place(self, pipeline: Any) -> Any:
+        return pipeline.to("mps")
 
     def guard(self) -> None:
         """The memory guard (R18): cap the MPS allocator at ``fraction`` of the recommended working set."""

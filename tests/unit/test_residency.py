@@ -56,6 +56,11 @@ class FakePipeline:
         torch.calls.append(f"load({name})")
         torch.live_bytes += nbytes
 
+    def to(self, device: str) -> FakePipeline:
+        """As a diffusers pipeline's: moves every component onto ``device``."""
+        self.device = device
+        return self
+
     def __del__(self) -> None:
         self.torch.calls.append(f"free({self.name})")
         self.torch.live_bytes -= self.nbytes
@@ -156,3 +161,15 @@ def test_r15_unified_cache_keeps_a_protected_model_and_refuses_to_evict_it() -> 
     assert refusal.value.reason == "residency_protected" and cache.warm_models() == ["A", "C"]
     cache.get("V", "k", Path("V"))
     assert cache.unload_unprotected(keep="V") == ["C"] and cache.warm_models() == ["A", "V"]  # before video V (R17)
+
+
+@pytest.mark.parametrize(("adapter", "device"), [(CudaDevice, "cuda"), (MpsDevice, "mps")])
+def test_r7_a_pipeline_runs_on_the_device_it_was_loaded_for(adapter: Any, device: str) -> None:
+    """Pipelines load on the CPU (tasks.pipelines.load_pipeline); the cache hands out the
+    one its device adapter moved onto the GPU, so jobs never run on a CUDA or MPS box's CPU."""
+    torch = FakeTorch(100 * MB)
+    cache = _cache(torch, adapter(torch))
+    pipeline, _load_s, cold = cache.get("A", "k", Path("A"), weights_bytes=10 * MB)
+    assert cold and pipeline.device == device
+    assert cache.get("A", "k", Path("A"), weights_bytes=10 * MB)[0] is pipeline  # warm: the same, still there
+
