@@ -72,22 +72,40 @@ def report_progress(job_id: str, step: int, total: int) -> None:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
 
 
+WAIT_REPORT_S = 30.0
+"""While a claimed job waits for the start-up preload (R16), a progress report (step 0) this
+often, in seconds: the server's hung bound (``hung_after_s``) is minutes."""
+
+
 def run_job(job_id: str) -> None:
-    """The task: waits for the start-up preload of committed models (R16) if one is loading,
-    then claims and runs the job (:func:`run_claimed`)."""
+    """The task: claims the job, waits for the start-up preload of committed models (R16) if
+    one is loading, then runs it (:func:`run_claimed`).
+
+    The claim comes first: the message left the queue when it was delivered (early ack), so a
+    job waiting unclaimed would be ``queued`` with no message anywhere, and reconciliation
+    would end it as ``lost`` (R19) while the preload ran. Claimed, it is ``running`` and waits
+    with progress reports.
+    """
     rt = runtime.current()
-    with rt.cache_lock:
-        run_claimed(rt, job_id)
-
-
-def run_claimed(rt: runtime.WorkerRuntime, job_id: str) -> None:
-    """Claim, verify, load, run, upload (DESIGN §9 step 4); every failure is reported to the server."""
-    settings = rt.settings
     try:
         claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
     except HomefleetError as refusal:
         log.warning("job %s: delivery refused at claim (%s: %s); nothing run", job_id, refusal.reason, refusal.message)
         return
+    lock = rt.cache_lock
+    while not lock.acquire(timeout=WAIT_REPORT_S):
+        log.info("job %s waits for the start-up preload of committed models", job_id)
+        report_progress(job_id, 0, max(1, int(claim["params"].get("steps", 1))))
+    try:
+        run_claimed(rt, job_id, claim)
+    finally:
+        lock.release()
+
+
+def run_claimed(rt: runtime.WorkerRuntime, job_id: str, claim: dict[str, Any]) -> None:
+    """Verify, load, run, upload a claimed job (DESIGN §9 step 4; ``claim``: the server's
+    answer to its claim); every failure is reported to the server."""
+    settings = rt.settings
     model_id, kind, params, manifest = claim["model_id"], claim["kind"], claim["params"], claim["manifest"]
     log.info("job %s claimed: %s %s", job_id, kind, model_id)
 

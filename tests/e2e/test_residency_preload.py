@@ -6,10 +6,13 @@ A committed model that is not verified there is skipped with a warning."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
+from app import keys
+from app.journal import JobState
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
 pytestmark = pytest.mark.e2e
@@ -51,3 +54,50 @@ def test_r16_committed_models_are_warm_at_worker_start_and_the_first_job_runs_wa
     finally:
         local.stop_worker(MACHINE)
         assert http.put(f"/v1/machines/{MACHINE}/residency", json={"models": []}).status_code == 200
+
+
+def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never_lost(
+    fleet: RunningFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's start-up preload (minutes for a large model) holds its model cache; a job
+    delivered meanwhile has left the queue (early ack). It must be claimed at once: a job
+    waiting unclaimed is `queued` with no message anywhere, which reconciliation ends as
+    `lost`. Here this test process is m3's worker (a real runtime against the real API)."""
+    from app.config import WorkerSettings
+    from tasks import runtime
+    from tasks.run_job import run_job
+
+    ctx, local, model = fleet.ctx, fleet.local, fleet.model
+    local.copy_model(model, MACHINE)
+    settings = WorkerSettings(machine=MACHINE, models_dir=local.models_dir(MACHINE), redis_url=local.settings.redis_url,
+                              worker_token=ctx.fleet.machines[MACHINE].token, server_url=local.api_url)
+    rt = runtime.WorkerRuntime(settings, boot_id="boot-preload-test")
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    beat = {"machine": MACHINE, "boot_id": rt.boot_id, "at": time.time(), "warm_models": []}
+    ctx.redis.set(ctx.keys.heartbeat(MACHINE), json.dumps(beat), ex=120)
+    ctx.redis.sadd(ctx.keys.verified(MACHINE), model)
+    lock = rt.cache_lock
+    lock.acquire()  # the preload is loading
+    released = False
+    try:
+        job_id = fleet.client.submit(model, "txt2img", {"prompt": "x", "steps": 1}, target=MACHINE)["id"]
+        assert ctx.redis.rpop(keys.queue(MACHINE)) is not None  # delivered: the message left the queue
+        worker = threading.Thread(target=run_job, args=(job_id,), daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while ctx.journal.get(job_id).state != JobState.running:
+            assert time.monotonic() < deadline, ctx.journal.get(job_id).state
+            time.sleep(0.1)
+        # Past the grace for a missing message and two reconciliation passes: still running.
+        time.sleep(local.settings.lost_grace_s + 2 * local.settings.reconcile_interval_s)
+        assert ctx.journal.get(job_id).state == JobState.running
+        lock.release()
+        released = True
+        worker.join(timeout=180)
+        assert not worker.is_alive()
+        assert ctx.journal.get(job_id).state == JobState.succeeded
+    finally:
+        if not released:
+            lock.release()
+        ctx.redis.delete(ctx.keys.heartbeat(MACHINE))
+        ctx.redis.srem(ctx.keys.verified(MACHINE), model)
