@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -327,6 +328,54 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(setting
         assert ctx.redis.llen(keys.queue("m1")) == 1  # the first image's job was created: a retry would duplicate it
         before = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "target": "m1"})
         assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
+
+
+def test_r20_the_default_image_wait_ends_well_before_the_openai_sdk_gives_up() -> None:
+    """The SDK's read timeout (600 s) ending first would make it resend the request itself,
+    before the server's answer with ``x-should-retry: false`` arrives: up to 3 jobs."""
+    import openai
+
+    sdk_timeout_s = openai.DEFAULT_TIMEOUT.read
+    assert sdk_timeout_s is not None
+    assert Settings.model_fields["images_wait_s"].default <= sdk_timeout_s - 60
+
+
+def succeed_without_result(ctx: ServerContext, missing: Path, stop: threading.Event) -> None:
+    """Play a worker whose stored result is gone when the route reads it: every queued job is
+    claimed and journaled ``succeeded`` with ``missing`` as its result path."""
+    while not stop.is_set():
+        for job in ctx.journal.list([JobState.queued]):
+            assert job.machine is not None
+            ctx.journal.claim(job.id, job.machine)
+            ctx.journal.succeed(job.id, job.machine, result_path=str(missing), result_media_type="image/png")
+        time.sleep(0.05)
+
+
+def test_r20_an_unexpected_error_after_a_job_was_submitted_says_do_not_retry(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    ctx = build_context(settings.model_copy(update={"images_wait_s": 30}), make_fleet("m1", "m2"))
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    client = TestClient(create_app(ctx.settings, ctx), headers=AUTH, raise_server_exceptions=False)
+    stop = threading.Event()
+    worker = threading.Thread(target=succeed_without_result, args=(ctx, tmp_path / "gone.png", stop), daemon=True)
+    with client:
+        bring_online(ctx, "server")
+        worker.start()
+        try:
+            generated = client.post("/v1/images/generations", json={"prompt": "a", "model": MODEL, "steps": 1})
+            hf = client.post(f"/hf/models/{MODEL}", json={"inputs": "b", "parameters": {"num_inference_steps": 1}})
+        finally:
+            stop.set()
+            worker.join()
+    jobs = {job.params["prompt"]: job.id for job in ctx.journal.list()}
+    assert len(jobs) == 2  # one job per call: nothing was resubmitted
+    for prompt, response in (("a", generated), ("b", hf)):
+        assert response.status_code == 500 and response.headers["x-should-retry"] == "false"
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "internal_error")
+        assert f"FileNotFoundError after jobs {jobs[prompt]} were submitted" in error["message"]
+        assert "do not resubmit" in error["message"]
 
 
 def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
