@@ -193,6 +193,32 @@ def test_r22_limits_are_per_family_from_settings(settings: Settings, tiny_models
         assert submit(client, steps=3).status_code == 202
 
 
+@pytest.mark.xfail(strict=True, reason="Dispatcher.request (app/dispatch.py) does not yet pass the family's "
+                   "limits to check_kind_params(kind, params, self.inputs, limits)")
+def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"limits": {
+        "sd1-pix2pix": FamilyLimits(max_upload_bytes=100, upload_media_types=["image/png"]), "default": FamilyLimits()}})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+        bring_online(ctx, "server")
+        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48)).save(buffer, format="JPEG")
+        jpeg = client.post("/v1/files", files={"file": ("a.jpg", buffer.getvalue(), "image/jpeg")})
+        assert jpeg.status_code == 201  # POST /v1/files knows no model: only max_input_bytes applies
+        body = {"model": edit_model, "kind": "edit", "target": "server",
+                "params": {"prompt": "blue", "image": jpeg.json()["id"]}}
+        refused = client.post("/v1/jobs", json=body)
+        assert refused.status_code == 422
+        error = refused.json()["error"]
+        assert error["reason"] == "invalid_image"
+        assert error["message"] == (f"params.image: `image` must be at most 100 bytes (max_upload_bytes), "
+                                    f"got {jpeg.json()['size_bytes']}")
+        assert [job.reason for job in ctx.journal.list([JobState.rejected])] == ["invalid_image"]
+        assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(keys.queue("server")) == 0
+
+
 def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(settings: Settings, tiny_models_dir: Path) -> None:
     settings = settings.model_copy(update={"max_queued_per_machine": 2, "retry_after_s": 7})
     client, ctx = make_api(settings, tiny_models_dir)
