@@ -65,7 +65,11 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
-    images_wait_s: float = Field(600.0, gt=0)  # how long the OpenAI/HF image routes wait for a job
+    # How long the OpenAI/HF image routes wait for their jobs (seconds). Well below the OpenAI
+    # SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s): a client that gives up first resends
+    # the request on its own, never reading the answer's `x-should-retry: false` (R20). When the
+    # wait ends the answer is 500 `timeout` naming the jobs, which keep running.
+    images_wait_s: float = Field(480.0, gt=0)
     # R6: a sync's reservation on its machine expires this long after the worker's last
     # progress report (the worker reports at least every second), so a worker killed
     # mid-copy frees its machine.

@@ -124,7 +124,7 @@ class Dispatcher:
             )
         limits = limits_for(self.settings.limits, record.family)
         check_submission(params, limits, self.tokenizers.counter(model_id), kind)
-        check_kind_params(kind, params, self.inputs)  # inputs uploaded, formats, frames, numbers (R22)
+        check_kind_params(kind, params, self.inputs, limits)  # inputs (uploaded, within the upload limits), numbers (R22)
         params.update(output_size(kind, params, self.inputs))
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)

@@ -3,7 +3,8 @@ queued (R22): which keys it accepts at all (its runner's ``PARAMS`` in ``tasks/k
 params name uploaded input files, the video formats and frame limits.
 
 The checks here are per kind; a reference to an input file must name a file that was
-uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist.
+uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist, and
+that file must fit its model family's upload limits (``POST /v1/files`` knows no model).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import NotFound, Rejected
-from app.inputs import InputStore
+from app.inputs import InputStore, StoredInput
 from tasks.kinds import kind_params
+
+if TYPE_CHECKING:
+    from app.limits import FamilyLimits
 
 #: kind -> params that hold the id ("blake3:<hex>") of an uploaded input file
 INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("image",)}
@@ -93,13 +97,37 @@ def input_fields(kind: str) -> tuple[str, ...]:
     return INPUT_FIELDS.get(kind, ())
 
 
-def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) -> None:
+def check_input_upload(field: str, stored: StoredInput, limits: FamilyLimits) -> None:
+    """Refuse an uploaded input that a job names in ``params.<field>`` when its model family
+    does not take it (R22): more than ``max_upload_bytes`` bytes, or a media type (sniffed at
+    upload) not in ``upload_media_types``. ``POST /v1/files`` knows no model and checks only
+    the global ``max_input_bytes``; the family's limits apply here, at submission.
+
+    Raises:
+        Rejected: reason ``invalid_<field>`` as ``POST /v1/images/edits`` refuses the same
+            upload (:func:`app.limits.check_upload`), param ``params.<field>``; the message
+            names the param, the limit and the value.
+    """
+    from app.limits import check_upload  # app.limits imports this module
+
+    try:
+        check_upload(stored.size_bytes, stored.media_type, limits, field)
+    except Rejected as error:
+        raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
+
+
+def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
+                      limits: FamilyLimits | None = None) -> None:
     """Refuse params ``kind`` cannot run with, naming the field, the value and the limit.
+    With ``limits`` (the model family's), each input file must also fit its upload limits
+    (:func:`check_input_upload`).
 
     Raises:
         Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
-            a prompt missing where one is required, a bad video format or frame count, a seed
-            that is not an integer from 0 to 2**63-1.
+            an input file over the family's ``max_upload_bytes`` or of a media type not in its
+            ``upload_media_types`` (reason ``invalid_<field>``), a prompt missing where one is
+            required, a bad video format or frame count, a seed that is not an integer from 0
+            to 2**63-1.
     """
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
@@ -114,6 +142,8 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore) 
             stored = inputs.get(value)
         except (Rejected, NotFound) as error:  # a refusal of the submission, naming the field
             raise Rejected(f"params.{field}: {error.message}", reason=error.reason) from error
+        if limits is not None:
+            check_input_upload(field, stored, limits)
         if kind == "edit":
             width, height = image_size(stored.path)
             if width % 8 or height % 8:

@@ -146,11 +146,12 @@ def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: 
         Rejected: reason ``invalid_<field>``, naming size or type and the limit.
     """
     if size_bytes > limits.max_upload_bytes:
-        raise Rejected(f"`{field}` must be at most {limits.max_upload_bytes} bytes, got {size_bytes}",
-                       reason=f"invalid_{field}")
+        raise Rejected(f"`{field}` must be at most {limits.max_upload_bytes} bytes (max_upload_bytes), "
+                       f"got {size_bytes}", reason=f"invalid_{field}")
     if media_type not in limits.upload_media_types:
         allowed = ", ".join(limits.upload_media_types)
-        raise Rejected(f"`{field}` must be one of {allowed}, got {media_type!r}", reason=f"invalid_{field}")
+        raise Rejected(f"`{field}` must be one of {allowed} (upload_media_types), got {media_type!r}",
+                       reason=f"invalid_{field}")
 
 
 class PromptTokenizers:

@@ -14,14 +14,20 @@
 
 Errors on these routes have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
 (mapped in app/server.py). Once a job has been submitted, every error answer carries
-``x-should-retry: false`` so the SDKs' automatic retries never create a second job (R20).
+``x-should-retry: false`` so the SDKs' automatic retries never create a second job (R20):
+domain errors and unexpected ones alike (:func:`submitted`). The wait for the jobs
+(``images_wait_s``) ends well before the OpenAI SDK's own read timeout (600 s), after which it
+would resend the request without reading that header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,6 +45,7 @@ from app.limits import check_submission, check_upload, limits_for
 from app.routes.deps import Context
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 IMAGE_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
@@ -124,6 +131,36 @@ class AfterSubmit(HomefleetError):
         self.original = error
 
 
+@contextmanager
+def submitted(job_ids: list[str]) -> Iterator[None]:
+    """Answer every error raised inside as :class:`AfterSubmit` once ``job_ids`` is not empty
+    (a job may have started; R20). ``job_ids`` is read when the error is raised, so a caller
+    may append to it inside. An error that is not Homefleet's own (e.g. a result file that
+    cannot be read) becomes 500 ``internal_error`` naming the jobs; it is logged with its
+    traceback.
+
+    Raises:
+        AfterSubmit: any error, once ``job_ids`` is not empty; before that, the error as raised.
+    """
+    try:
+        yield
+    except AfterSubmit:
+        raise
+    except HomefleetError as error:
+        if job_ids:
+            raise AfterSubmit(error) from error
+        raise
+    except Exception as error:
+        if not job_ids:
+            raise
+        log.exception("image request failed after jobs %s were submitted", ", ".join(job_ids))
+        raise AfterSubmit(JobFailed(
+            f"{type(error).__name__} after jobs {', '.join(job_ids)} were submitted: {error}; do not resubmit: "
+            "follow them with GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
+            reason="internal_error",
+        )) from error
+
+
 def parse_size(size: str | None) -> dict[str, int]:
     """``"512x512"`` -> ``{"width": 512, "height": 512}``; None/``"auto"`` -> ``{}``.
 
@@ -170,10 +207,12 @@ async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], targe
 
     Raises:
         HomefleetError: the first submission was refused (nothing started).
-        AfterSubmit: a later submission was refused, a job did not succeed, or the wait ran out.
+        AfterSubmit: a later submission was refused, a job did not succeed, the wait ran out
+            (reason ``timeout``; the jobs keep their places and run), or anything else failed
+            once a job existed (:func:`submitted`).
     """
     ids: list[str] = []
-    try:
+    with submitted(ids):
         for _ in range(count):
             submission = await to_thread.run_sync(ctx.dispatcher.submit, model, kind, dict(params), target)
             ids.append(submission.job.id)
@@ -183,17 +222,15 @@ async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], targe
             if all(job.state in ENDED_STATES for job in jobs):
                 break
             if time.monotonic() > deadline:
-                raise JobFailed(f"jobs {', '.join(ids)} did not end within {ctx.settings.images_wait_s} s; "
-                                "follow them with GET /v1/jobs/{id}", reason="timeout")
+                raise JobFailed(f"jobs {', '.join(ids)} did not end within {ctx.settings.images_wait_s} s "
+                                "(images_wait_s); they keep running: do not resubmit, follow them with "
+                                "GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
+                                reason="timeout")
             await asyncio.sleep(POLL_S)
         for job in jobs:
             if job.state != JobState.succeeded:
                 raise JobFailed(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed")
-        return jobs
-    except HomefleetError as error:
-        if ids:
-            raise AfterSubmit(error) from error
-        raise
+    return jobs
 
 
 @router.post("/v1/images/generations")
@@ -207,7 +244,9 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
         params["negative_prompt"] = body.negative_prompt
     await to_thread.run_sync(check_count, ctx, model, body.n)
     jobs = await run_jobs(ctx, model, params, body.target, body.n)
-    return {"created": int(time.time()), "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
+    with submitted([job.id for job in jobs]):
+        return {"created": int(time.time()),
+                "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
 
 
 def sniff_media_type(head: bytes) -> str:
@@ -243,7 +282,8 @@ async def edit_images(
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)
     jobs = await run_jobs(ctx, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
-    return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
+    with submitted([job.id for job in jobs]):
+        return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
 
 
 def image_item(job: Job, response_format: str | None, request: Request, prompt: str) -> dict[str, str]:
@@ -263,4 +303,5 @@ async def hf_text_to_image_default(body: HfTextToImage, ctx: Context) -> Respons
 async def hf_text_to_image(model: str, body: HfTextToImage, ctx: Context) -> Response:
     """Hugging Face ``text_to_image``: the image's bytes (``image/png``)."""
     [job] = await run_jobs(ctx, model, hf_params(body.inputs, body.parameters), SERVER, 1)
-    return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
+    with submitted([job.id]):
+        return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")

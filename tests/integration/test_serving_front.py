@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,6 +194,30 @@ def test_r22_limits_are_per_family_from_settings(settings: Settings, tiny_models
         assert submit(client, steps=3).status_code == 202
 
 
+def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Settings, tiny_models_dir: Path) -> None:
+    settings = settings.model_copy(update={"limits": {
+        "sd1-pix2pix": FamilyLimits(max_upload_bytes=100, upload_media_types=["image/png"]), "default": FamilyLimits()}})
+    client, ctx = make_api(settings, tiny_models_dir)
+    with client:
+        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+        bring_online(ctx, "server")
+        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48)).save(buffer, format="JPEG")
+        jpeg = client.post("/v1/files", files={"file": ("a.jpg", buffer.getvalue(), "image/jpeg")})
+        assert jpeg.status_code == 201  # POST /v1/files knows no model: only max_input_bytes applies
+        body = {"model": edit_model, "kind": "edit", "target": "server",
+                "params": {"prompt": "blue", "image": jpeg.json()["id"]}}
+        refused = client.post("/v1/jobs", json=body)
+        assert refused.status_code == 422
+        error = refused.json()["error"]
+        assert error["reason"] == "invalid_image"
+        assert error["message"] == (f"params.image: `image` must be at most 100 bytes (max_upload_bytes), "
+                                    f"got {jpeg.json()['size_bytes']}")
+        assert [job.reason for job in ctx.journal.list([JobState.rejected])] == ["invalid_image"]
+        assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(keys.queue("server")) == 0
+
+
 def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(settings: Settings, tiny_models_dir: Path) -> None:
     settings = settings.model_copy(update={"max_queued_per_machine": 2, "retry_after_s": 7})
     client, ctx = make_api(settings, tiny_models_dir)
@@ -344,6 +369,54 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(setting
         assert ctx.redis.llen(keys.queue("m1")) == 1  # the first image's job was created: a retry would duplicate it
         before = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "target": "m1"})
         assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
+
+
+def test_r20_the_default_image_wait_ends_well_before_the_openai_sdk_gives_up() -> None:
+    """The SDK's read timeout (600 s) ending first would make it resend the request itself,
+    before the server's answer with ``x-should-retry: false`` arrives: up to 3 jobs."""
+    import openai
+
+    sdk_timeout_s = openai.DEFAULT_TIMEOUT.read
+    assert sdk_timeout_s is not None
+    assert Settings.model_fields["images_wait_s"].default <= sdk_timeout_s - 60
+
+
+def succeed_without_result(ctx: ServerContext, missing: Path, stop: threading.Event) -> None:
+    """Play a worker whose stored result is gone when the route reads it: every queued job is
+    claimed and journaled ``succeeded`` with ``missing`` as its result path."""
+    while not stop.is_set():
+        for job in ctx.journal.list([JobState.queued]):
+            assert job.machine is not None
+            ctx.journal.claim(job.id, job.machine)
+            ctx.journal.succeed(job.id, job.machine, result_path=str(missing), result_media_type="image/png")
+        time.sleep(0.05)
+
+
+def test_r20_an_unexpected_error_after_a_job_was_submitted_says_do_not_retry(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    ctx = build_context(settings.model_copy(update={"images_wait_s": 30}), make_fleet("m1", "m2"))
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    client = TestClient(create_app(ctx.settings, ctx), headers=AUTH, raise_server_exceptions=False)
+    stop = threading.Event()
+    worker = threading.Thread(target=succeed_without_result, args=(ctx, tmp_path / "gone.png", stop), daemon=True)
+    with client:
+        bring_online(ctx, "server")
+        worker.start()
+        try:
+            generated = client.post("/v1/images/generations", json={"prompt": "a", "model": MODEL, "steps": 1})
+            hf = client.post(f"/hf/models/{MODEL}", json={"inputs": "b", "parameters": {"num_inference_steps": 1}})
+        finally:
+            stop.set()
+            worker.join()
+    jobs = {job.params["prompt"]: job.id for job in ctx.journal.list()}
+    assert len(jobs) == 2  # one job per call: nothing was resubmitted
+    for prompt, response in (("a", generated), ("b", hf)):
+        assert response.status_code == 500 and response.headers["x-should-retry"] == "false"
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "internal_error")
+        assert f"FileNotFoundError after jobs {jobs[prompt]} were submitted" in error["message"]
+        assert "do not resubmit" in error["message"]
 
 
 def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(

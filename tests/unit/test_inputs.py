@@ -12,6 +12,7 @@ from app.digest import bytes_digest
 from app.errors import NotFound, Rejected
 from app.inputs import InputStore
 from app.kind_params import check_kind_params
+from app.limits import FamilyLimits
 
 
 def image_bytes(size: tuple[int, int], fmt: str = "PNG") -> bytes:
@@ -61,6 +62,23 @@ def test_r22_kind_params_name_the_field_and_the_limit(tmp_path: Path) -> None:
         check_kind_params("video", {"prompt": "x", "format": "avi"}, store)
     with pytest.raises(Rejected, match=r"params.seed must be an integer from 0 to 9223372036854775807, got '7'"):
         check_kind_params("txt2img", {"prompt": "x", "seed": "7"}, store)
+
+
+def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(tmp_path: Path) -> None:
+    store = InputStore(tmp_path, max_input_bytes=1_000_000)  # POST /v1/files: the global limit only
+    jpeg = store.add(image_bytes((16, 16), "JPEG"))
+    params = {"prompt": "x", "image": jpeg.id}
+    check_kind_params("edit", params, store, FamilyLimits())
+    small = FamilyLimits(max_upload_bytes=100)
+    with pytest.raises(Rejected, match=rf"params\.image: `image` must be at most 100 bytes \(max_upload_bytes\), "
+                                       rf"got {jpeg.size_bytes}") as too_big:
+        check_kind_params("edit", params, store, small)
+    png_only = FamilyLimits(upload_media_types=["image/png"])
+    with pytest.raises(Rejected, match=r"params\.image: `image` must be one of image/png \(upload_media_types\), "
+                                       r"got 'image/jpeg'") as wrong_type:
+        check_kind_params("upscale", {"image": jpeg.id}, store, png_only)
+    for refused in (too_big.value, wrong_type.value):  # as POST /v1/images/edits refuses the same upload
+        assert (refused.reason, refused.param) == ("invalid_image", "params.image")
 
 
 @pytest.mark.parametrize(("data", "reason", "message"), [

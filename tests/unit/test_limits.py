@@ -65,9 +65,9 @@ def test_r22_limits_for_falls_back_to_default_then_builtin() -> None:
 def test_r22_check_upload_bounds_bytes_and_media_type() -> None:
     limits = FamilyLimits(max_upload_bytes=10)
     check_upload(10, "image/png", limits)
-    with pytest.raises(Rejected, match="`image` must be at most 10 bytes, got 11"):
+    with pytest.raises(Rejected, match=r"`image` must be at most 10 bytes \(max_upload_bytes\), got 11"):
         check_upload(11, "image/png", limits)
-    with pytest.raises(Rejected, match="`image` must be one of image/png, image/jpeg, image/webp, got 'text/plain'"):
+    with pytest.raises(Rejected, match=r"`image` must be one of image/png, image/jpeg, image/webp \(upload_media_types\), got 'text/plain'"):
         check_upload(1, "text/plain", limits)
 
 
