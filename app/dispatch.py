@@ -33,7 +33,7 @@ from app.limits import PromptTokenizers, check_output_pixels, check_submission, 
 from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
-from app.kind_params import check_kind_params, output_size
+from app.kind_params import check_kind_params, check_model_frames, output_size
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
@@ -125,6 +125,8 @@ class Dispatcher:
         limits = limits_for(self.settings.limits, record.family)
         check_submission(params, limits, self.tokenizers.counter(model_id), kind)
         check_kind_params(kind, params, self.inputs, limits)  # inputs (uploaded, within the upload limits), numbers (R22)
+        if kind == "video":
+            check_model_frames(params, model_id, self.registry.folder(model_id))
         params.update(output_size(kind, params, self.inputs))
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)

@@ -1,6 +1,8 @@
 """What each job kind takes besides its prompt, checked at submission before anything is
 queued (R22): which keys it accepts at all (its runner's ``PARAMS`` in ``tasks/kinds``), which
-params name uploaded input files, the video formats and frame limits.
+params name uploaded input files, the video formats, and the most frames a video model's own
+config allows (:func:`check_model_frames`; the family's ``max_frames`` is checked with the
+other limits, ``app/limits.py``).
 
 The checks here are per kind; a reference to an input file must name a file that was
 uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist, and
@@ -9,6 +11,8 @@ that file must fit its model family's upload limits (``POST /v1/files`` knows no
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +28,6 @@ if TYPE_CHECKING:
 #: kind -> params that hold the id ("blake3:<hex>") of an uploaded input file
 INPUT_FIELDS: dict[str, tuple[str, ...]] = {"edit": ("image",), "upscale": ("image",)}
 VIDEO_FORMATS: tuple[str, ...] = ("mp4", "webp", "gif")
-MAX_VIDEO_FRAMES = 32  # the tiny MotionAdapter's motion_max_seq_length (app/tiny_models.py)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact
 #: params the server adds after the checks for kinds whose output size follows their input image
 #: (:func:`output_size`, pixels); a client may send them back (params copied from ``GET /v1/jobs/{id}``)
@@ -144,10 +147,10 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             raise Rejected(f"params.{field}: {error.message}", reason=error.reason) from error
         if limits is not None:
             check_input_upload(field, stored, limits)
-        if kind == "edit":
+        if kind in ("edit", "upscale"):  # the pipelines round other sides down: the output would not be as journaled
             width, height = image_size(stored.path)
             if width % 8 or height % 8:
-                raise Rejected(f"params.{field}: the image to edit must have a width and height that are multiples "
+                raise Rejected(f"params.{field}: the image to {kind} must have a width and height that are multiples "
                                f"of 8 pixels, got {width}x{height}", reason="invalid_params")
     if kind in ("txt2img", "edit", "video") and not str(params.get("prompt") or "").strip():
         raise Rejected(f"params.prompt is required for kind {kind!r}", reason="invalid_params")
@@ -156,10 +159,34 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
         if fmt not in VIDEO_FORMATS:
             raise Rejected(f"params.format must be one of {', '.join(VIDEO_FORMATS)}, got {fmt!r}",
                            reason="invalid_params")
-        frames = params.get("frames", 8)
-        if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames <= MAX_VIDEO_FRAMES:
-            raise Rejected(f"params.frames must be an integer from 1 to {MAX_VIDEO_FRAMES}, got {frames!r}",
-                           reason="invalid_params")
+
+
+@functools.lru_cache(maxsize=256)
+def model_max_frames(folder: Path) -> int | None:
+    """The most frames a video model's motion modules take: ``motion_max_seq_length`` in its
+    ``motion_adapter`` (else ``unet``) config.json (AnimateDiff: 32), or None when its config
+    names no such limit. Cached per folder (a registered model's files never change in place)."""
+    for component in ("motion_adapter", "unet"):
+        path = folder / component / "config.json"
+        if path.is_file():
+            limit = json.loads(path.read_text()).get("motion_max_seq_length")
+            if isinstance(limit, int) and limit > 0:
+                return limit
+    return None
+
+
+def check_model_frames(params: Mapping[str, Any], model_id: str, folder: Path) -> None:
+    """Refuse a video job of more frames than its model takes (:func:`model_max_frames`); the
+    job would fail on its worker.
+
+    Raises:
+        Rejected: reason ``invalid_frames``, naming the model's limit.
+    """
+    frames = params.get("frames", 8)
+    limit = model_max_frames(folder)
+    if limit is not None and isinstance(frames, int) and frames > limit:
+        raise Rejected(f"`frames` must be between 1 and {limit} for model {model_id!r} (its motion_max_seq_length), "
+                       f"got {frames}", reason="invalid_frames")
 
 
 UPSCALE_FACTOR = 4  # StableDiffusionUpscalePipeline: 4 x width, 4 x height (tasks/kinds/upscale.py)

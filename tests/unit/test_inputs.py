@@ -11,7 +11,7 @@ from PIL import Image
 from app.digest import bytes_digest
 from app.errors import NotFound, Rejected
 from app.inputs import InputStore
-from app.kind_params import check_kind_params
+from app.kind_params import check_kind_params, check_model_frames, model_max_frames
 from app.limits import FamilyLimits
 
 
@@ -55,9 +55,9 @@ def test_r22_kind_params_name_the_field_and_the_limit(tmp_path: Path) -> None:
         check_kind_params("edit", {"prompt": "x"}, store)
     with pytest.raises(Rejected, match=r"params.image: .*multiples of 8 pixels, got 20x16"):
         check_kind_params("edit", {"prompt": "x", "image": odd}, store)
-    check_kind_params("upscale", {"image": odd}, store)  # the upscaler takes any size
-    with pytest.raises(Rejected, match=r"params.frames must be an integer from 1 to 32, got 33"):
-        check_kind_params("video", {"prompt": "x", "frames": 33}, store)
+    with pytest.raises(Rejected, match=r"params.image: the image to upscale .*multiples of 8 pixels, got 20x16"):
+        check_kind_params("upscale", {"image": odd}, store)  # the upscaler would round 20 down to 16
+    check_kind_params("upscale", {"image": store.add(image_bytes((24, 16))).id}, store)
     with pytest.raises(Rejected, match=r"params.format must be one of mp4, webp, gif, got 'avi'"):
         check_kind_params("video", {"prompt": "x", "format": "avi"}, store)
     with pytest.raises(Rejected, match=r"params.seed must be an integer from 0 to 9223372036854775807, got '7'"):
@@ -118,3 +118,17 @@ def test_r22_number_params_are_finite_and_in_range(tmp_path: Path, kind: str, pa
     with pytest.raises(Rejected, match=message) as refused:
         check_kind_params(kind, {"prompt": "x", **params}, store)
     assert refused.value.reason == "invalid_params"
+
+
+def test_r22_a_video_longer_than_its_model_takes_is_refused_by_the_models_own_limit(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """The frame limit of a video model is its motion modules' motion_max_seq_length (the tiny
+    AnimateDiff's: 32, as AnimateDiff's), not one number for every video model."""
+    folder = tiny_models_dir / "tiny-animatediff"
+    assert model_max_frames(folder) == 32
+    check_model_frames({"frames": 32}, "tiny-animatediff", folder)
+    with pytest.raises(Rejected, match=r"`frames` must be between 1 and 32 for model 'tiny-animatediff'.*got 33") as refused:
+        check_model_frames({"frames": 33}, "tiny-animatediff", folder)
+    assert refused.value.reason == "invalid_frames"
+    assert model_max_frames(tiny_models_dir / "tiny-sd") is None  # no motion modules: no such limit
