@@ -88,6 +88,18 @@ class PlacementLost(HomefleetError):
     default_reason = "placement_lock_lost"
 
 
+class ServiceDown(HomefleetError):
+    """Raised when Redis (reason ``redis_down``) or the journal's database (``journal_down``)
+    does not answer: 503 with Retry-After, the reasons ``GET /health`` gives."""
+
+    status_code = 503
+    default_reason = "redis_down"
+
+    def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after_s = retry_after_s
+
+
 class Overloaded(HomefleetError):
     """Raised when a submission would exceed ``max_queued_per_machine`` or
     ``max_pending_total`` (R23): refused at once, answered 429 with ``Retry-After``."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import Rejected
 from app.kind_params import check_known_params
@@ -24,7 +24,10 @@ PROMPT_KINDS = frozenset({"txt2img"})  # kinds that cannot run without a prompt
 
 
 class FamilyLimits(BaseModel):
-    """Limits of one model family. Pixels are width x height of one image or frame."""
+    """Limits of one model family. Pixels are width x height of one image or frame. A key that
+    is not one of these fields is refused (a misspelt limit would otherwise be ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     multiple_of: int = Field(8, ge=1)  # width and height (the VAE downsamples by 8; diffusers' check_inputs)
     min_side: int = Field(8, ge=1)  # pixels

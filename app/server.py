@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -9,14 +10,19 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import OperationalError
 
 from app.auth import check_api_keys, require_api_key
 from app.config import Settings
 from app.context import ServerContext, build_context
-from app.errors import HomefleetError
+from app.errors import HomefleetError, ServiceDown
 from app.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.reconcile import ReconcileLoop, Reconciler
 from app.routes import events, images, internal, public, residency, serving, sync
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
@@ -53,6 +59,21 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
             body["job_id"] = error.job_id
         return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
+
+    @api.exception_handler(RedisConnectionError)
+    @api.exception_handler(RedisTimeoutError)
+    async def redis_down(request: Request, error: Exception) -> JSONResponse:
+        log.error("%s %s: Redis does not answer: %s", request.method, request.url.path, error)
+        return await domain_error(request, ServiceDown(
+            f"Redis at {settings.redis_url} does not answer ({error}); nothing was done, retry later",
+            reason="redis_down", retry_after_s=settings.retry_after_s))
+
+    @api.exception_handler(OperationalError)
+    async def journal_down(request: Request, error: Exception) -> JSONResponse:
+        log.error("%s %s: the journal's database does not answer: %s", request.method, request.url.path, error)
+        return await domain_error(request, ServiceDown(
+            f"the journal's database does not answer ({type(error).__name__}); retry later",
+            reason="journal_down", retry_after_s=settings.retry_after_s))
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

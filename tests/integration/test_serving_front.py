@@ -448,3 +448,25 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         [job] = ctx.journal.list([JobState.queued])
         assert (job.kind, job.model_id, job.params["prompt"]) == ("edit", edit_model, "make it blue")
         assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png
+
+
+def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    from app.redis_server import free_port
+
+    _client, up = make_api(settings, tiny_models_dir)  # the model is registered in the journal's database
+    up.close()
+    down = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    ctx = build_context(down, make_fleet("m1"))
+    try:
+        client = TestClient(create_app(down, ctx), headers=AUTH)  # no lifespan: its reconciliation needs Redis
+        answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}})
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["reason"] == "redis_down" and down.redis_url in error["message"]
+        assert answer.headers["retry-after"] == str(down.retry_after_s)
+        openai = client.post("/v1/images/generations", json={"model": MODEL, "prompt": "x"})
+        assert openai.status_code == 503 and openai.json()["error"]["code"] == "redis_down"
+    finally:
+        ctx.close()

@@ -6,6 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from pydantic import ValidationError
+
+from app.config import Settings
 from app.errors import Overloaded, Rejected
 from app.limits import FamilyLimits, check_submission, check_upload, limits_for
 from routing.placement import AUTO, JobRequest, MachineView, dry_run, place
@@ -86,3 +89,11 @@ def test_r23_a_pinned_full_machine_is_overloaded_and_auto_skips_it() -> None:
 
 def test_r23_no_limit_set_means_no_queue_full() -> None:
     assert place(JobRequest(MODEL, "sd1", "txt2img", "m1"), {"m1": view("m1", backlog=99, max_queued=None)}).machine == "m1"
+
+
+def test_r22_a_misspelt_family_limit_is_refused_at_start_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOMEFLEET_LIMITS", '{"sd1": {"max_pixelz": 5}}')
+    with pytest.raises(ValidationError, match="max_pixelz"):
+        Settings()
+    monkeypatch.setenv("HOMEFLEET_LIMITS", '{"sd1": {"max_pixels": 4096}}')
+    assert Settings().limits["sd1"].max_pixels == 4096
