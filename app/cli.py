@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console
 from rich.table import Table
 
@@ -391,6 +394,12 @@ def main() -> None:
         cli()
     except HomefleetError as error:
         console.print(f"[red]error[/] ({error.reason}): {error.message}")
+        sys.exit(2)
+    except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
+        console.print(f"[red]error[/] (invalid_settings): {error}")
+        sys.exit(2)
+    except RedisConnectionError as error:
+        console.print(f"[red]error[/] (redis_down): Redis does not answer ({error}); start it or set HOMEFLEET_REDIS_URL")
         sys.exit(2)
 
 

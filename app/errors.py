@@ -88,6 +88,14 @@ class PlacementLost(HomefleetError):
     default_reason = "placement_lock_lost"
 
 
+class ConfigError(HomefleetError):
+    """Raised at start when a configuration file cannot be used (reason ``invalid_config``):
+    missing, not TOML, or not a valid fleet. The message names the file and the fault."""
+
+    status_code = 500
+    default_reason = "invalid_config"
+
+
 class ServiceDown(HomefleetError):
     """Raised when Redis (reason ``redis_down``) or the journal's database (``journal_down``)
     does not answer: 503 with Retry-After, the reasons ``GET /health`` gives."""

@@ -44,6 +44,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.errors import ConfigError
+
 from routing.estimate import DEFAULT_WORKING, KINDS, WorkingCoefficients, WorkingMemory
 
 SERVER = "server"
@@ -240,14 +242,23 @@ def load_fleet(path: Path | None) -> Fleet:
     """Read the fleet config at ``path``, or the embedded default when ``path`` is None.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: invalid TOML or an invalid machine (the message names it).
+        ConfigError: ``path`` cannot be read or is not TOML (reason ``invalid_config``, the
+            message names the file and the fault).
+        ValueError: an invalid machine or model entry (pydantic's message names it).
     """
     if path is None:
         text = resources.files("app").joinpath("fleet.default.toml").read_text()
     else:
-        text = Path(path).read_text()
-    return Fleet.model_validate(tomllib.loads(text))
+        try:
+            text = Path(path).read_text()
+        except OSError as error:
+            raise ConfigError(f"the fleet file {path} cannot be read ({error.strerror or error}); "
+                              "set HOMEFLEET_FLEET_FILE to a fleet TOML file (README, \"Fleet config\")") from error
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"the fleet file {path or 'app/fleet.default.toml'} is not valid TOML: {error}") from error
+    return Fleet.model_validate(data)
 
 
 def with_fresh_tokens(fleet: Fleet) -> Fleet:

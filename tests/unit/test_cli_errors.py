@@ -1,0 +1,33 @@
+"""A configuration mistake stops a CLI command with one line naming the setting or file and
+exit status 2, not a traceback (new-user pass): a non-JSON list in HOMEFLEET_API_KEYS, a
+fleet file that is missing or not TOML, a Redis that does not answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.redis_server import free_port
+
+
+@pytest.mark.parametrize(("variable", "value", "reason", "names"), [
+    ("HOMEFLEET_API_KEYS", "key1", "invalid_settings", "api_keys"),
+    ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
+    ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
+    ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
+], ids=["api_keys_not_json", "fleet_file_missing", "fleet_file_not_toml", "redis_down"])
+def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, variable: str, value: str, reason: str,
+                                                        names: str) -> None:
+    (tmp_path / "bad.toml").write_text("not [ toml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": "redis://127.0.0.1:6379/15",
+                variable: value.format(tmp=tmp_path, port=free_port())})
+    done = subprocess.run([sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert f"error ({reason})" in done.stdout and names in done.stdout, done.stdout
