@@ -89,7 +89,8 @@ class Heartbeat:
 
     def verify(self) -> set[str]:
         """Hash the local copies against the manifest; replace the advertised set (R4)."""
-        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s)
+        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
+                              machine=self.settings.machine)
         try:
             manifests = server.manifest()
         finally:

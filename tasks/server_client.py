@@ -27,9 +27,11 @@ class ServerClient:
     """
 
     def __init__(self, server_url: str, token: str, timeout_s: float, boot_id: str = "",
-                 retry_s: float = 0.0) -> None:
+                 retry_s: float = 0.0, machine: str = "") -> None:
         self.retry_s = retry_s
         headers = {"Authorization": f"Bearer {token}"}
+        if machine:
+            headers["X-Homefleet-Machine"] = machine  # the server checks the token is this machine's
         if boot_id:
             headers["X-Homefleet-Boot-Id"] = boot_id  # which worker process claims (reconciliation)
         self.http = httpx.Client(base_url=f"{server_url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)

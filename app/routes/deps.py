@@ -19,11 +19,16 @@ def get_context(request: Request) -> ServerContext:
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
-def get_worker_machine(ctx: Context, authorization: Annotated[str, Header()] = "") -> Machine:
-    """The machine whose token the request carries (``Authorization: Bearer <token>``).
+def get_worker_machine(
+    ctx: Context, authorization: Annotated[str, Header()] = "",
+    x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,
+) -> Machine:
+    """The machine whose token the request carries (``Authorization: Bearer <token>``). A
+    worker also names its machine (``X-Homefleet-Machine``); it must be the token's.
 
     Raises:
-        Unauthorized: no bearer token, or one that belongs to no machine.
+        Unauthorized: no bearer token, one that belongs to no machine, or another machine's
+            token than the one the worker names (its jobs would all be refused at claim).
     """
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -31,6 +36,10 @@ def get_worker_machine(ctx: Context, authorization: Annotated[str, Header()] = "
     machine = ctx.fleet.machine_for_token(token.strip())
     if machine is None:
         raise Unauthorized("the token belongs to no machine of this fleet")
+    if x_homefleet_machine is not None and x_homefleet_machine != machine.name:
+        named = "machine" if x_homefleet_machine in ctx.fleet.machines else "a machine not in this fleet,"
+        raise Unauthorized(f"the worker says it is {named} {x_homefleet_machine!r} but its token is machine "
+                           f"{machine.name!r}'s; give each worker its own machine's token")
     return machine
 
 

@@ -12,15 +12,24 @@ pytestmark = pytest.mark.e2e
 MACHINE = "m3"  # in the fleet config, no worker until a test starts one
 
 
-def test_a_worker_with_a_wrong_token_exits_78_naming_the_setting(fleet: RunningFleet) -> None:
+@pytest.mark.parametrize("token", ["unknown", "another_machines"])
+def test_a_worker_with_a_wrong_token_exits_78_naming_the_setting(fleet: RunningFleet, token: str) -> None:
+    """A token of no machine, or of another machine (m2's for m3: its every claim would be
+    refused and its jobs lost), stops the worker at start."""
     local = fleet.local
     log_file = local.logs_dir / f"worker-{MACHINE}.log"
     log_start = log_file.stat().st_size if log_file.exists() else 0
-    process = local.start_worker(MACHINE, extra_env={"HOMEFLEET_WORKER_TOKEN": "wrong-token-".ljust(32, "x")})
+    wrong = "wrong-token-".ljust(32, "x") if token == "unknown" else fleet.ctx.fleet.machines["m2"].token
+    verified_m2 = fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2"))
+    process = local.start_worker(MACHINE, extra_env={"HOMEFLEET_WORKER_TOKEN": wrong})
     try:
         assert process.wait(timeout=180) == 78  # EX_CONFIG
     finally:
         local.stop_worker(MACHINE)
     log = log_file.read_text()[log_start:]
     assert "the server refused this worker's token" in log and "HOMEFLEET_WORKER_TOKEN" in log
+    if token == "another_machines":
+        assert "its token is machine 'm2'" in log
     assert fleet.ctx.redis.get(fleet.ctx.keys.heartbeat(MACHINE)) is None  # it never advertised itself
+    assert not fleet.ctx.redis.exists(fleet.ctx.keys.verified(MACHINE))
+    assert fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2")) == verified_m2  # m2 untouched
