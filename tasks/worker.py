@@ -7,20 +7,28 @@ disabled, so it holds only the job it runs; the rest wait in the Redis list, in 
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 import uuid
 from typing import Any
 
+import redis
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app import digest, keys
 from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.config import WorkerSettings
 from app.connections import create_redis
+from app.keys import Keys
 from tasks import runtime
 from tasks.heartbeat import Heartbeat
 from tasks.preload import start_preload
 from tasks.run_job import run_job
 from tasks.sync import sync
+
+
+log = logging.getLogger("homefleet.worker")
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
@@ -42,17 +50,48 @@ def detect_device() -> str:
     return "cpu"
 
 
-EX_CONFIG = 78  # sysexits.h: a configuration error (here: the server refused the worker's token)
+EX_CONFIG = 78  # sysexits.h: a configuration error (the server refused the token; a second worker)
+
+
+def refuse_a_second_worker(settings: WorkerSettings, client: redis.Redis, poll_s: float = 0.5) -> None:
+    """One worker per machine: before consuming, watch the machine's heartbeat for up to
+    ``heartbeat_ttl_s + heartbeat_interval_s`` seconds. Another worker refreshing it is alive:
+    this one must not start (it would take that machine's jobs and replace its verified
+    models with its own folder's). A heartbeat left by a worker that died lapses meanwhile
+    (or is never refreshed), and this worker starts.
+
+    Raises:
+        SystemExit: ``EX_CONFIG`` (78) when another worker of this machine is alive.
+    """
+    key = Keys(settings.key_prefix).heartbeat(settings.machine)
+    raw = client.get(key)
+    if raw is None:
+        return
+    first = json.loads(raw)
+    deadline = time.monotonic() + settings.heartbeat_ttl_s + settings.heartbeat_interval_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        raw = client.get(key)
+        if raw is None:
+            return
+        beat = json.loads(raw)
+        if beat.get("at") != first.get("at"):
+            log.critical("%s: another worker of this machine is alive (pid %s on %s, boot %s); one worker per "
+                         "machine: stop it first, or start this one with its own --machine; stopping",
+                         settings.machine, beat.get("pid"), beat.get("host"), beat.get("boot_id"))
+            raise SystemExit(EX_CONFIG)
 
 
 def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT).
 
     Raises:
-        SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start.
+        SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start, or
+            another worker of the same machine is alive (:func:`refuse_a_second_worker`).
     """
     from tasks.pipelines import go_offline, quiet
 
+    refuse_a_second_worker(settings, create_redis(settings))
     go_offline()  # before diffusers/transformers read their settings
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
     boot_id = uuid.uuid4().hex

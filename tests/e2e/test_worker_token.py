@@ -3,6 +3,12 @@ instead of retrying forever (a wrong token never becomes right). Real ``homeflee
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.conftest import RunningFleet
@@ -33,3 +39,26 @@ def test_a_worker_with_a_wrong_token_exits_78_naming_the_setting(fleet: RunningF
     assert fleet.ctx.redis.get(fleet.ctx.keys.heartbeat(MACHINE)) is None  # it never advertised itself
     assert not fleet.ctx.redis.exists(fleet.ctx.keys.verified(MACHINE))
     assert fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2")) == verified_m2  # m2 untouched
+
+
+def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_nothing(
+    fleet: RunningFleet, tmp_path: Path
+) -> None:
+    """One worker per machine: a second `homefleet worker --machine m1` (here with an empty
+    model folder) would take m1's jobs and replace its verified models with none."""
+    ctx, local = fleet.ctx, fleet.local
+    before = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
+    verified = ctx.redis.smembers(ctx.keys.verified("m1"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_MACHINE": "m1", "HOMEFLEET_MODELS_DIR": str(tmp_path / "empty"),
+                "HOMEFLEET_WORKER_TOKEN": ctx.fleet.machines["m1"].token, "HOMEFLEET_SERVER_URL": local.api_url,
+                "HOMEFLEET_REDIS_URL": local.settings.redis_url,
+                "HOMEFLEET_HEARTBEAT_INTERVAL_S": str(local.settings.heartbeat_interval_s),
+                "HOMEFLEET_HEARTBEAT_TTL_S": str(local.settings.heartbeat_ttl_s)})
+    second = subprocess.run([sys.executable, "-m", "app.cli", "worker"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert second.returncode == 78, second.stdout + second.stderr
+    assert "another worker of this machine is alive" in second.stdout + second.stderr
+    after = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
+    assert after["boot_id"] == before["boot_id"]  # the first one still beats
+    assert ctx.redis.smembers(ctx.keys.verified("m1")) == verified  # and its verified models are as they were
