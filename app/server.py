@@ -62,18 +62,14 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     @api.exception_handler(RedisConnectionError)
     @api.exception_handler(RedisTimeoutError)
-    async def redis_down(request: Request, error: Exception) -> JSONResponse:
-        log.error("%s %s: Redis does not answer: %s", request.method, request.url.path, error)
-        return await domain_error(request, ServiceDown(
-            f"Redis at {settings.redis_url} does not answer ({error}); nothing was done, retry later",
-            reason="redis_down", retry_after_s=settings.retry_after_s))
-
     @api.exception_handler(OperationalError)
-    async def journal_down(request: Request, error: Exception) -> JSONResponse:
-        log.error("%s %s: the journal's database does not answer: %s", request.method, request.url.path, error)
+    async def service_down(request: Request, error: Exception) -> JSONResponse:
+        journal = isinstance(error, OperationalError)
+        what = "the journal's database" if journal else f"Redis at {settings.redis_url}"
+        log.error("%s %s: %s does not answer: %s", request.method, request.url.path, what, error)
         return await domain_error(request, ServiceDown(
-            f"the journal's database does not answer ({type(error).__name__}); retry later",
-            reason="journal_down", retry_after_s=settings.retry_after_s))
+            f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
+            reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -168,15 +168,21 @@ def png_bytes() -> bytes:
     return buffer.getvalue()
 
 
+def claimed_on_m1(client: TestClient, ctx: ServerContext, tiny_models_dir: Path) -> tuple[Job, dict[str, str]]:
+    """A tiny-sd job journaled on m1 and claimed by m1's worker: (the job, m1's auth header)."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    return job, auth
+
+
 @pytest.mark.parametrize("tamper", ["bytes_changed", "not_an_image"])
 def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path, tamper: str
 ) -> None:
     client, ctx = api
-    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
-    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
-    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    job, auth = claimed_on_m1(client, ctx, tiny_models_dir)
     data = png_bytes()
     digest = bytes_digest(data)
     if tamper == "bytes_changed":
@@ -220,10 +226,7 @@ def test_r2_a_result_for_a_job_no_longer_running_is_refused_and_not_stored(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
     client, ctx = api
-    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
-    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
-    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    job, auth = claimed_on_m1(client, ctx, tiny_models_dir)
     ctx.journal.transition(job.id, [JobState.running], JobState.interrupted, reason="hung")  # the reconciler gave up on it
     data = png_bytes()
     form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
