@@ -71,8 +71,9 @@ class Settings(BrokerSettings):
     # wait ends the answer is 500 `timeout` naming the jobs, which keep running.
     images_wait_s: float = Field(480.0, gt=0)
     # R6: a sync's reservation on its machine expires this long after the worker's last
-    # progress report (the worker reports at least every second), so a worker killed
-    # mid-copy frees its machine.
+    # progress report, so a worker killed mid-copy frees its machine. The worker reports
+    # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a
+    # large file (tasks/sync.py, Renewal and REPORT_EVERY_S).
     sync_reservation_ttl_s: float = Field(30.0, gt=0)
 
     @field_validator("data_dir")

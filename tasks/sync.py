@@ -16,17 +16,24 @@ Published by the server to this machine's own queue (design in ``app/sync.py``).
 A process killed at any point leaves at most the ``.partial`` file: nothing unverified ever
 sits at a final name (C06). After copying, the whole model folder is re-verified and the
 advertised set replaced (R4).
+
+From claim to finish, a :class:`Renewal` thread reports progress every ``REPORT_EVERY_S``,
+whatever the copy is doing, so the machine's reservation (R6) stays alive while a large file
+is hashed (many seconds in one call, with no bytes to report) as well as while it downloads.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from app.digest import algorithm_of, file_digest, hex_part
 from app.errors import HomefleetError
@@ -38,6 +45,48 @@ log = logging.getLogger("homefleet.worker")
 
 CHUNK_BYTES = 256 * 1024
 REPORT_EVERY_S = 0.5  # progress reports renew the reservation (Settings.sync_reservation_ttl_s)
+
+
+class Renewal:
+    """Keeps a sync's reservation alive (R6): a daemon thread that calls ``report`` (a progress
+    report, which renews the reservation) every ``interval_s`` seconds until the ``with`` block
+    ends, however it ends; leaving the block waits for a report in flight (at most the HTTP
+    client's timeout), so none arrives after the sync's finish.
+
+    A report the server refuses (``HomefleetError``, e.g. ``Conflict`` when the reservation
+    expired) stops the thread; :meth:`check` raises it in the copying thread, which then stops
+    copying. A transport error is logged and the next report tries again.
+    """
+
+    def __init__(self, report: Callable[[], None], interval_s: float = REPORT_EVERY_S) -> None:
+        self.report = report
+        self.interval_s = interval_s
+        self.refusal: HomefleetError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="homefleet-sync-renewal", daemon=True)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        """Raises the server's refusal of a renewal (``HomefleetError``), if there was one."""
+        if self.refusal is not None:
+            raise self.refusal
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.report()
+            except HomefleetError as refusal:
+                self.refusal = refusal
+                return
+            except httpx.HTTPError as error:
+                log.warning("sync progress not reported (retrying in %.1f s): %s", self.interval_s, error)
 
 
 @dataclass(frozen=True)
@@ -133,33 +182,32 @@ def sync(sync_id: str) -> None:
     entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest["files"]]
     log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
 
-    state = {"bytes": 0, "files": 0, "file": "", "reported_at": 0.0}
+    state = {"bytes": 0, "files": 0, "file": ""}
 
-    def report(force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - state["reported_at"] >= REPORT_EVERY_S:
-            rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))
-            state["reported_at"] = now
+    def report() -> None:
+        rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))
 
     def on_bytes(count: int) -> None:
         state["bytes"] += count
-        report()
+        renewal.check()  # the reservation was lost: stop copying
 
     copier = Copier(rt.server, settings.models_dir, on_bytes, settings.sync_max_bytes_per_s)
     results: list[FileResult] = []
     error: str = ""
-    try:
-        for model_id, entry in entries:
-            state["file"] = f"{model_id}/{entry['path']}"
-            report(force=True)
-            results.append(copier.copy(model_id, entry))
-            state["files"] += 1
-        report(force=True)
-    except Exception as failure:  # reported to the server with the files done so far; nothing is lost
-        error = f"{type(failure).__name__}: {failure}"
-        log.exception("sync %s stopped", sync_id)
-    all_manifests = rt.server.manifest()
-    verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, all_manifests)
+    with Renewal(report) as renewal:  # R6: renewed while files are hashed, copied and re-verified
+        try:
+            for model_id, entry in entries:
+                state["file"] = f"{model_id}/{entry['path']}"
+                report()
+                results.append(copier.copy(model_id, entry))
+                renewal.check()
+                state["files"] += 1
+            report()
+        except Exception as failure:  # reported to the server with the files done so far; nothing is lost
+            error = f"{type(failure).__name__}: {failure}"
+            log.exception("sync %s stopped", sync_id)
+        all_manifests = rt.server.manifest()
+        verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, all_manifests)
     bad = [r for r in results if r.status not in ("present", "copied")]
     missing = sorted(m for m in manifests if m not in verified)
     succeeded = not error and not bad and not missing

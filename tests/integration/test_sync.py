@@ -1,5 +1,6 @@
 """Sync's server side (R6), the server's full rehash (C07) and a tampered upload (R2), on a
-real Redis, real Celery publishing and the real HTTP app; no worker reads the queues here."""
+real Redis, real Celery publishing and the real HTTP app; no worker reads the queues here (the
+worker's sync task runs in this process against the real API where a test needs it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +21,17 @@ from PIL import Image
 
 from app import keys
 from app.celery_app import SYNC_TASK
-from app.config import Settings
+from app.config import Settings, WorkerSettings
 from app.context import ServerContext, build_context
 from app.digest import bytes_digest, file_digest
 from app.errors import Conflict, MachineUnavailable, Rejected
 from app.journal import Job, JobState
+from app.localfleet import LocalFleet
+from app.redis_server import free_port
 from app.server import create_app
 from app.sync import SyncState, Syncs
+from tasks import runtime
+from tasks import sync as worker_sync
 from tests.conftest import TEST_API_KEY, make_fleet, settings_env
 from tests.integration.test_dispatch import bring_online
 
@@ -111,6 +118,63 @@ def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
     with pytest.raises(Conflict) as lost:
         short.progress(record["id"], "m1", 0, 2000, "")
     assert lost.value.reason == "sync_not_reserved"  # the worker stops copying
+
+
+SHORT_TTL_S = 2.0
+
+
+@pytest.fixture
+def short_api(settings: Settings) -> Iterator[tuple[LocalFleet, ServerContext]]:
+    """The real API (``homefleet serve``) with a 2 s sync reservation, and a context on its
+    Redis and journal."""
+    fleet = make_fleet("m1", "m2")
+    fleet_file = settings.data_dir.parent / "fleet.toml"
+    fleet_file.write_text(fleet.to_toml())
+    short = settings.model_copy(update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file,
+                                        "api_port": free_port()})
+    local = LocalFleet(short, fleet, fleet_file)
+    context = build_context(short, fleet)
+    try:
+        local.start_api()
+        yield local, context
+    finally:
+        local.stop()
+        context.close()
+
+
+def test_r6_the_reservation_is_renewed_while_a_file_hashes_longer_than_its_ttl(
+    short_api: tuple[LocalFleet, ServerContext], tiny_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local, ctx = short_api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    worker = WorkerSettings(machine="m1", models_dir=tmp_path / "m1-models", server_url=local.api_url,
+                            worker_token=ctx.fleet.machines["m1"].token, redis_url=ctx.settings.redis_url)
+    rt = runtime.WorkerRuntime(worker, uuid.uuid4().hex)
+    assert rt.server is not None  # its clients and device made before the sync starts, as a worker's are
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    bring_online(ctx, "m1", set())
+    record = syncs_of(ctx).start("m1", [model])
+    # The unet's hash takes three TTLs (as a large file's would); the renewal is the real one.
+    held: list[bool] = []
+    real_digest = worker_sync.file_digest
+
+    def slow_digest(path: Path, *args: object) -> str:
+        if path.name.startswith(".diffusion_pytorch_model") and path.parent.name == "unet":
+            time.sleep(3 * SHORT_TTL_S)
+            held.append(ctx.redis.get(ctx.keys.syncing("m1")) == record["id"])
+        return real_digest(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_sync, "file_digest", slow_digest)
+    worker_sync.sync(record["id"])
+    done = syncs_of(ctx).get(record["id"])
+    assert done["state"] == SyncState.succeeded, done["message"]
+    assert held == [True]  # still reserved after the long hash: nothing could be placed on m1 meanwhile
+    unet = "unet/diffusion_pytorch_model.safetensors"
+    assert {r["path"]: r["status"] for r in done["results"]}[unet] == "copied"
+    assert (worker.models_dir / model / unet).read_bytes() == (ctx.registry.folder(model) / unet).read_bytes()
+    # The renewal stopped with the sync: no thread left, the reservation released by the finish.
+    assert not [t for t in threading.enumerate() if t.name == "homefleet-sync-renewal"]
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is None
 
 
 def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: ServerContext, model: str) -> None:
