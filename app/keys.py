@@ -63,6 +63,12 @@ class Keys:
         """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
         return f"{self.prefix}:machine:{machine}:restart"
 
+    def running(self, machine: str) -> str:
+        """JSON ``{job_id, pid}``: the job a machine's pool process runs now, written by that
+        process when the job starts and removed when it ends. The watchdog kills a pool process
+        only when this names the job of the restart request and a live pool process (R19)."""
+        return f"{self.prefix}:machine:{machine}:running"
+
     def draining(self, machine: str) -> str:
         """Set while an operator drains the machine: placement puts nothing new there."""
         return f"{self.prefix}:machine:{machine}:draining"

@@ -6,6 +6,11 @@ match in full; placement reads that set. A job-time mismatch withdraws a model f
 (R5). The heartbeat record (machine, boot id, device, memory, warm models, verified
 models) is rebuilt from Redis at every beat, so what the pool child changes (a sync, a
 withdrawal, a load) shows in the next beat.
+
+The same thread is the worker's end of the watchdog (R19): it kills the pool process when,
+and only when, that process runs the job the server declared hung (:meth:`Heartbeat.obey_restart`,
+reading what :func:`mark_running` recorded). A pool process killed under its job is reported
+to the server as an OOM by the parent (:meth:`Heartbeat.report_lost`, R21).
 """
 
 from __future__ import annotations
@@ -60,6 +65,27 @@ def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Pat
     return verified
 
 
+# KEYS[1] running record, ARGV[1] this process's record: remove only our own record.
+_CLEAR_OWN = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+def _running_record(job_id: str) -> str:
+    return json.dumps({"job_id": job_id, "pid": os.getpid()}, sort_keys=True)
+
+
+def mark_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Record that this pool process (its pid) now runs ``job_id``, for the watchdog (R19).
+    Called in the pool process when a job's task starts."""
+    client.set(keyspace.running(machine), _running_record(job_id))
+
+
+def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
+    written by another process (the pool's next one) is left alone. A process that dies under a
+    job leaves its record behind, naming a pid that is no longer a pool process."""
+    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id))
+
+
 class Heartbeat:
     """A daemon thread that verifies the model folder once, then writes the heartbeat every
     ``heartbeat_interval_s`` with a TTL of ``heartbeat_ttl_s``."""
@@ -74,6 +100,7 @@ class Heartbeat:
         self._redis_run_id: str | None = None
         self._stop = threading.Event()
         self.refused = False  # the server refused the token at start: the worker stops (exit 78)
+        self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -132,15 +159,64 @@ class Heartbeat:
     def obey_restart(self) -> None:
         """Watchdog (R19): when the server marked this machine's running job ``hung``, kill the
         pool process that runs it; the prefork pool starts a fresh one. The job is not re-run:
-        its message was acked at start, and the journal already says ``interrupted``."""
-        job_id = self.redis.getdel(self.keys.restart(self.settings.machine))
+        its message was acked at start, and the journal already says ``interrupted``.
+
+        The kill happens only when the running record (:func:`mark_running`) names that job and
+        a live pool process of this worker. A job can stay ``running`` in the journal with
+        nobody running it (its process was killed, or its claim's answer was lost): killing
+        the pool then would cut the next, innocent job. Such a request is dropped, with a log
+        line."""
+        machine = self.settings.machine
+        job_id = self.redis.getdel(self.keys.restart(machine))
         if job_id is None:
             return
-        children = psutil.Process().children()
-        log.warning("%s: job %s was declared hung; restarting the pool process (%s)", self.settings.machine, job_id,
-                    ", ".join(str(c.pid) for c in children) or "none")
-        for child in children:
-            child.kill()
+        raw = self.redis.get(self.keys.running(machine))
+        running = json.loads(raw) if raw else {}
+        children = {child.pid: child for child in psutil.Process().children()}
+        pid = running.get("pid")
+        if running.get("job_id") != job_id or pid not in children:
+            log.warning("%s: job %s was declared hung, but no pool process runs it (running: %s in pid %s); "
+                        "restart request dropped, nothing killed", machine, job_id, running.get("job_id") or "none",
+                        pid if pid in children else "none")
+            return
+        log.warning("%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
+                    machine, job_id, pid)
+        self.killed.add(job_id)
+        try:
+            children[pid].kill()
+        except psutil.NoSuchProcess:
+            log.info("%s: pool process %d of job %s had already ended", machine, pid, job_id)
+
+    def report_lost(self, job_id: str, error: BaseException) -> None:
+        """R21: the pool process running ``job_id`` died before the job reported back (Celery's
+        ``WorkerLostError``, raised in this, the parent process). Killed by SIGKILL, what the
+        kernel's OOM killer sends, the job is reported failed with reason ``oom``, so the server
+        remembers its size. Not reported: a process the watchdog killed (the server already
+        marked that job ``interrupted``) and any other death (reconciliation marks the job
+        ``interrupted``, R19). Sent from a short daemon thread, so Celery's main loop never waits
+        on the server; a report the server refuses (the job had ended, or was never claimed) is
+        logged and dropped."""
+        machine = self.settings.machine
+        if job_id in self.killed:
+            self.killed.discard(job_id)
+            return
+        if f"signal {int(signal.SIGKILL)} " not in str(error):
+            log.error("%s: job %s lost its pool process (%s); left to reconciliation", machine, job_id, error)
+            return
+        log.error("%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id, error)
+        message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
+
+        def send() -> None:
+            server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
+                                  self.boot_id, self.settings.server_retry_s, machine=machine)
+            try:
+                server.fail(job_id, "oom", message)
+            except (HomefleetError, httpx.HTTPError) as refusal:
+                log.warning("%s: job %s not reported as oom: %s", machine, job_id, refusal)
+            finally:
+                server.close()
+
+        threading.Thread(target=send, name="homefleet-report-lost", daemon=True).start()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -14,7 +14,9 @@ import uuid
 from typing import Any
 
 import redis
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.exceptions import WorkerLostError
+from celery.signals import task_failure, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
+from celery.worker import state as worker_state
 
 from app import digest, keys
 from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
@@ -22,7 +24,7 @@ from app.config import WorkerSettings
 from app.connections import create_redis
 from app.keys import Keys
 from tasks import runtime
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, clear_running, mark_running
 from tasks.preload import start_preload
 from tasks.run_job import run_job
 from tasks.sync import sync
@@ -108,10 +110,29 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     def on_shutdown(**_: Any) -> None:
         heartbeat.stop()
 
+    # In the pool process: which job it runs, for the watchdog (R19).
+    def on_task_start(task: Any = None, args: Any = (), **_: Any) -> None:
+        if getattr(task, "name", None) == RUN_JOB_TASK:
+            mark_running(rt.redis, rt.keys, settings.machine, str(args[0]))
+
+    def on_task_end(task: Any = None, args: Any = (), **_: Any) -> None:
+        if getattr(task, "name", None) == RUN_JOB_TASK:
+            clear_running(rt.redis, rt.keys, settings.machine, str(args[0]))
+
+    # In this, the parent process: a pool process died under a job (R21), not while stopping.
+    def on_task_failure(sender: Any = None, args: Any = (), exception: BaseException | None = None,
+                        **_: Any) -> None:
+        stopping = worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (None, False)
+        if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
+            heartbeat.report_lost(str(args[0]), exception)
+
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
     worker_process_init.connect(lambda **_: start_preload(rt), weak=False)  # committed models warm (R16)
     worker_shutdown.connect(on_shutdown, weak=False)
+    task_prerun.connect(on_task_start, weak=False)
+    task_postrun.connect(on_task_end, weak=False)
+    task_failure.connect(on_task_failure, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))
     if heartbeat.refused:

@@ -1,0 +1,148 @@
+"""The watchdog and a lost pool process, end to end (R19, R21): a real API whose reconciliation
+declares jobs hung after 60 s without progress (a test dates a job's last progress back
+instead of waiting), a real ``celery worker`` for m1, real tiny pipelines. Faults are real
+signals to m1's pool process: SIGSTOP (a hang), SIGKILL (what the kernel's OOM killer sends)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from app.client import ApiError, HomefleetClient
+from app.config import Settings
+from app.context import ServerContext, build_context
+from app.journal import Job, JobState
+from app.localfleet import LocalFleet
+from app.redis_server import free_port
+from tests.conftest import TEST_API_KEY, make_fleet
+from tests.e2e.test_job_way import wait_for
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tiny-sd"
+# Long enough to be running when a restart request arrives (a CPU takes seconds a step at 64x64).
+LONG = {"prompt": "long", "steps": 20}
+
+
+@dataclass
+class WatchedFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+
+    def pool_pid(self) -> int:
+        """The pid of m1's one pool process (concurrency 1, R7)."""
+        [child] = psutil.Process(self.local.processes["worker-m1"].pid).children()
+        return child.pid
+
+    def running(self, job_id: str) -> int:
+        """Wait until ``job_id`` has reported a step; the pid of the pool process running it."""
+        wait_for(lambda: int(self.ctx.redis.hget(self.ctx.keys.progress(job_id), "step") or 0) >= 1, timeout_s=120,
+                 what=f"job {job_id} to report a step")
+        return self.pool_pid()
+
+    def silent_since(self, job_id: str, seconds: float) -> None:
+        """Date the job's last progress ``seconds`` back, so reconciliation finds it hung now."""
+        self.ctx.redis.hset(self.ctx.keys.progress(job_id), "at", time.time() - seconds)
+
+    def log(self) -> str:
+        return (self.local.logs_dir / "worker-m1.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+            ) -> Iterator[WatchedFleet]:
+    data_dir = tmp_path_factory.mktemp("watchdog")
+    redis_url = f"{redis_base_url}/4"
+    redis.Redis.from_url(redis_url).flushdb()
+    config = make_fleet("m1")
+    fleet_file = data_dir / "fleet.toml"
+    fleet_file.write_text(config.to_toml())
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5, hung_after_s=60,
+                        api_keys=[TEST_API_KEY])
+    local = LocalFleet(settings, config, fleet_file)
+    ctx = build_context(settings, config)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    try:
+        ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
+        local.copy_model(MODEL, "m1")
+        local.start_api()
+        local.start_worker("m1")
+        local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
+        yield WatchedFleet(local, ctx, client)
+    finally:
+        client.close()
+        local.stop()
+        ctx.close()
+
+
+def test_r19_a_hung_job_that_no_pool_process_runs_kills_nothing(watched: WatchedFleet) -> None:
+    """A job left ``running`` with nobody running it (its claim's answer was lost, or its
+    process died) is declared hung; the innocent job running now is not killed for it."""
+    ctx = watched.ctx
+    stale = ctx.journal.add(Job(state=JobState.queued, model_id=MODEL, kind="txt2img", params={"prompt": "x"},
+                                target="m1", machine="m1"))
+    ctx.journal.claim(stale.id, "m1", worker_boot_id=ctx.machines.heartbeat("m1")["boot_id"])  # type: ignore[index]
+    busy = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+    pid = watched.running(busy["id"])
+    watched.silent_since(stale.id, 120)
+    wait_for(lambda: ctx.journal.get(stale.id).reason == "hung", timeout_s=30, what="the stale job to be declared hung")
+    wait_for(lambda: f"job {stale.id} was declared hung" in watched.log(), timeout_s=30,
+             what="m1's watchdog to read the restart request")
+    done = watched.client.wait(busy["id"], timeout_s=180)
+    assert done["state"] == "succeeded", done
+    assert watched.pool_pid() == pid  # the busy job's pool process lived on
+    assert "restart request dropped" in watched.log()
+    assert ctx.redis.get(ctx.keys.running("m1")) is None  # the ended job's record is gone
+
+
+def test_r19_the_pool_process_of_a_hung_job_is_killed_and_the_next_job_runs(watched: WatchedFleet) -> None:
+    ctx = watched.ctx
+    hung = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+    pid = watched.running(hung["id"])
+    os.kill(pid, signal.SIGSTOP)  # it hangs
+    watched.silent_since(hung["id"], 120)
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+             timeout_s=30, what="the watchdog to kill the hung job's pool process")
+    journaled = ctx.journal.get(hung["id"])
+    assert (journaled.state, journaled.reason) == (JobState.interrupted, "hung")
+    assert f"job {hung['id']} was declared hung; killing its pool process {pid}" in watched.log()
+    after = watched.client.submit(MODEL, "txt2img", {"prompt": "after", "steps": 2}, target="m1")
+    assert watched.client.wait(after["id"], timeout_s=180)["state"] == "succeeded"
+    assert watched.pool_pid() != pid
+    journaled = ctx.journal.get(hung["id"])  # the watchdog's own kill is no OOM (R21)
+    assert (journaled.state, journaled.reason) == (JobState.interrupted, "hung")
+    assert ctx.residency.ooms("m1") == []
+
+
+def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_the_size(
+    watched: WatchedFleet,
+) -> None:
+    ctx = watched.ctx
+    try:
+        job = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+        pid = watched.running(job["id"])
+        os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer does
+        done = watched.client.wait(job["id"], timeout_s=60)
+        journaled = ctx.journal.get(job["id"])
+        assert (done["state"], journaled.reason) == ("failed", "oom"), journaled.message
+        assert "SIGKILL" in (journaled.message or "")
+        [record] = ctx.residency.ooms("m1")
+        assert (record.model_id, record.kind, record.size, record.job_id) == (MODEL, "txt2img", 64 * 64, job["id"])
+        with pytest.raises(ApiError) as refused:  # the same size again is refused at submission
+            watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+        assert refused.value.reason == "remembered_oom"
+        assert ctx.residency.clear_ooms("m1") == 1
+        after = watched.client.submit(MODEL, "txt2img", {"prompt": "after", "steps": 2}, target="m1")
+        assert watched.client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # a fresh pool process
+    finally:
+        ctx.residency.clear_ooms("m1")
