@@ -14,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.table import Table
 
@@ -398,7 +399,7 @@ def main() -> None:
     except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
         console.print(f"[red]error[/] (invalid_settings): {error}")
         sys.exit(2)
-    except RedisConnectionError as error:
+    except (RedisConnectionError, RedisTimeoutError) as error:
         console.print(f"[red]error[/] (redis_down): Redis does not answer ({error}); start it or set HOMEFLEET_REDIS_URL")
         sys.exit(2)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from sqlalchemy import event
@@ -15,6 +16,18 @@ from app.config import BrokerSettings, Settings
 def create_redis(settings: BrokerSettings) -> redis.Redis:
     """A Redis client for Homefleet's own keys (decoded strings). Connects lazily."""
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (``redis://:***@host:6379/0``): for
+    messages and logs that clients or operators read."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
 
 
 def create_engine(settings: Settings) -> Engine:

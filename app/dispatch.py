@@ -29,7 +29,7 @@ from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.costs import ChangeMark, DemandStore, FleetCosts
 from app.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected
-from app.limits import PromptTokenizers, check_output_pixels, check_submission, limits_for
+from app.limits import PromptTokenizers, check_output_pixels, check_submission, integer_params, limits_for
 from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
@@ -124,6 +124,7 @@ class Dispatcher:
             )
         limits = limits_for(self.settings.limits, record.family)
         check_submission(params, limits, self.tokenizers.counter(model_id), kind)
+        params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits)  # inputs (uploaded, within the upload limits), numbers (R22)
         if kind == "video":
             check_model_frames(params, model_id, self.registry.folder(model_id))

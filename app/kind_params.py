@@ -161,18 +161,30 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
                            reason="invalid_params")
 
 
-@functools.lru_cache(maxsize=256)
 def model_max_frames(folder: Path) -> int | None:
     """The most frames a video model's motion modules take: ``motion_max_seq_length`` in its
     ``motion_adapter`` (else ``unet``) config.json (AnimateDiff: 32), or None when its config
-    names no such limit. Cached per folder (a registered model's files never change in place)."""
+    names no such limit (or cannot be read: the worker's file check, R5, reports that). Read
+    again whenever a config file's size or modification time changes."""
     for component in ("motion_adapter", "unet"):
         path = folder / component / "config.json"
-        if path.is_file():
-            limit = json.loads(path.read_text()).get("motion_max_seq_length")
-            if isinstance(limit, int) and limit > 0:
-                return limit
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        limit = _motion_max_seq_length(path, stat.st_mtime_ns, stat.st_size)
+        if limit is not None:
+            return limit
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _motion_max_seq_length(path: Path, _mtime_ns: int, _size: int) -> int | None:
+    try:
+        limit = json.loads(path.read_text()).get("motion_max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def check_model_frames(params: Mapping[str, Any], model_id: str, folder: Path) -> None:

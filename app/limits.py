@@ -63,6 +63,18 @@ def _integer(params: Mapping[str, Any], name: str, default: int | None) -> int |
     return value
 
 
+INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n")
+"""Params that :func:`check_submission` takes as integers, also when a JSON client sends an
+integer-valued float (``512.0``)."""
+
+
+def integer_params(params: Mapping[str, Any]) -> dict[str, int]:
+    """The :data:`INTEGER_PARAMS` of ``params`` sent as integer-valued floats, as ints: what the
+    server stores, prices and sends to the pipeline (``64.0`` frames are 64 frames, not 8)."""
+    return {name: int(value) for name in INTEGER_PARAMS
+            if isinstance(value := params.get(name), float) and value.is_integer() and abs(value) <= 2**53}
+
+
 def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") -> None:
     if value is not None and not low <= value <= high:
         raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {value}", reason=f"invalid_{name}")

@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.auth import check_api_keys, require_api_key
 from app.config import Settings
+from app.connections import redacted_url
 from app.context import ServerContext, build_context
 from app.errors import HomefleetError, ServiceDown
 from app.openai_errors import is_openai_route, openai_error, openai_validation_error
@@ -65,7 +66,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     @api.exception_handler(OperationalError)
     async def service_down(request: Request, error: Exception) -> JSONResponse:
         journal = isinstance(error, OperationalError)
-        what = "the journal's database" if journal else f"Redis at {settings.redis_url}"
+        what = "the journal's database" if journal else f"Redis at {redacted_url(settings.redis_url)}"
         log.error("%s %s: %s does not answer: %s", request.method, request.url.path, what, error)
         return await domain_error(request, ServiceDown(
             f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",

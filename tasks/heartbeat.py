@@ -65,12 +65,25 @@ def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Pat
     return verified
 
 
-# KEYS[1] running record, ARGV[1] this process's record: remove only our own record.
-_CLEAR_OWN = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# KEYS[1] running record, ARGV: this process's records (waiting, working): remove only our own.
+_CLEAR_OWN = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] or current == ARGV[2] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
-def _running_record(job_id: str) -> str:
-    return json.dumps({"job_id": job_id, "pid": os.getpid()}, sort_keys=True)
+def _running_record(job_id: str, working: bool = False) -> str:
+    record: dict[str, object] = {"job_id": job_id, "pid": os.getpid()}
+    if working:
+        record["working"] = True
+    return json.dumps(record, sort_keys=True)
+
+
+def mark_working(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Record that this pool process's job now holds the model cache (past the start-up
+    preload, R16): from here a death of the process is the job's own (R21, :meth:`Heartbeat.report_lost`)."""
+    client.set(keyspace.running(machine), _running_record(job_id, working=True))
 
 
 def mark_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
@@ -83,7 +96,7 @@ def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str
     """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
     written by another process (the pool's next one) is left alone. A process that dies under a
     job leaves its record behind, naming a pid that is no longer a pool process."""
-    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id))
+    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True))
 
 
 class Heartbeat:
@@ -182,6 +195,11 @@ class Heartbeat:
         log.warning("%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
                     machine, job_id, pid)
         self.killed.add(job_id)
+        still = self.redis.get(self.keys.running(machine))  # again, at the last moment: the job may just have ended
+        if still is None or json.loads(still).get("job_id") != job_id:
+            log.warning("%s: job %s ended before its pool process was killed; nothing killed", machine, job_id)
+            self.killed.discard(job_id)
+            return
         try:
             children[pid].kill()
         except psutil.NoSuchProcess:
@@ -203,14 +221,25 @@ class Heartbeat:
         if f"signal {int(signal.SIGKILL)} " not in str(error):
             log.error("%s: job %s lost its pool process (%s); left to reconciliation", machine, job_id, error)
             return
-        log.error("%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id, error)
-        message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
+        raw = self.redis.get(self.keys.running(machine))
+        running = json.loads(raw) if raw else {}
+        if running.get("job_id") == job_id and not running.get("working"):
+            # Killed while the job waited for the start-up preload: the preload's load, not this job.
+            log.error("%s: job %s lost its pool process to SIGKILL while the preload loaded committed models; "
+                      "reported as an error, no OOM remembered", machine, job_id)
+            reason = "error"
+            message = f"its pool process was killed while the start-up preload loaded committed models: {error}"
+        else:
+            log.error("%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id,
+                      error)
+            reason = "oom"
+            message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
 
         def send() -> None:
             server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
                                   self.boot_id, self.settings.server_retry_s, machine=machine)
             try:
-                server.fail(job_id, "oom", message)
+                server.fail(job_id, reason, message)
             except (HomefleetError, httpx.HTTPError) as refusal:
                 log.warning("%s: job %s not reported as oom: %s", machine, job_id, refusal)
             finally:

@@ -24,6 +24,7 @@ from app.variants import Variant, parameter_counts, weights_bytes
 from routing.estimate import working_bytes
 from routing.placement import JobRequest
 from tasks import runtime
+from tasks.heartbeat import mark_working
 from tasks.kinds import runner
 from tasks.provenance import embedded_provenance
 from tasks.verify import model_problems
@@ -97,6 +98,7 @@ def run_job(job_id: str) -> None:
         log.info("job %s waits for the start-up preload of committed models", job_id)
         report_progress(job_id, 0, max(1, int(claim["params"].get("steps", 1))))
     try:
+        mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
         run_claimed(rt, job_id, claim)
     finally:
         lock.release()

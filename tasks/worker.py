@@ -122,7 +122,9 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     # In this, the parent process: a pool process died under a job (R21), not while stopping.
     def on_task_failure(sender: Any = None, args: Any = (), exception: BaseException | None = None,
                         **_: Any) -> None:
-        stopping = worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (None, False)
+        # Celery sets these to an exit code when it stops (0 for a warm shutdown): "is not None".
+        stopping = any(flag is not None and flag is not False
+                       for flag in (worker_state.should_stop, worker_state.should_terminate))
         if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
             heartbeat.report_lost(str(args[0]), exception)
 

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.auth import require_api_key
+from app.connections import redacted_url
 from app.routes.deps import Context
 
 router = APIRouter()
@@ -26,7 +27,7 @@ def health(ctx: Context) -> JSONResponse:
         ctx.redis.ping()
         checks["redis"] = "ok"
     except RedisError as error:
-        return _unready("redis_down", f"Redis at {ctx.settings.redis_url} does not answer: {error}", checks)
+        return _unready("redis_down", f"Redis at {redacted_url(ctx.settings.redis_url)} does not answer: {error}", checks)
     try:
         with ctx.engine.connect() as connection:
             connection.execute(text("SELECT 1"))

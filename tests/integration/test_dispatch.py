@@ -171,3 +171,19 @@ def test_r14_marking_a_job_started_never_brings_back_a_released_reservation(ctx:
     assert reservations.release("m1", "job-2")
     assert not reservations.start("m1", "job-2")  # released: not written again
     assert [job_id for job_id, _ in reservations.records("m1")] == ["job-1"]
+
+
+def test_r22_integer_valued_floats_are_integers_for_every_check_the_price_and_the_worker(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """A JSON client may send 64.0 for 64: the model's frame limit must see 64 (not skip a
+    float), and the job must be journaled and priced with the number it asked for."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-animatediff").id  # motion_max_seq_length 32
+    bring_online(ctx, "m1", {model})
+    with pytest.raises(Rejected) as refused:
+        ctx.dispatcher.submit(model, "video", {"prompt": "x", "frames": 64.0, "width": 64, "height": 64}, "m1")
+    assert refused.value.reason == "invalid_frames" and "between 1 and 32" in refused.value.message
+    job = ctx.dispatcher.submit(model, "video", {"prompt": "x", "frames": 16.0, "width": 64.0, "height": 64}, "m1").job
+    assert job.params["frames"] == 16 and isinstance(job.params["frames"], int) and job.params["width"] == 64
+    record = json.loads(ctx.redis.hget(ctx.keys.reservations("m1"), job.id))
+    assert record["size"] == 64 * 64 * 16  # priced at 16 frames, not the default 8

@@ -457,16 +457,19 @@ def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
 
     _client, up = make_api(settings, tiny_models_dir)  # the model is registered in the journal's database
     up.close()
-    down = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    down = settings.model_copy(update={"redis_url": f"redis://:s3cret@127.0.0.1:{free_port()}/0"})
     ctx = build_context(down, make_fleet("m1"))
     try:
         client = TestClient(create_app(down, ctx), headers=AUTH)  # no lifespan: its reconciliation needs Redis
         answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}})
         assert answer.status_code == 503, answer.text
         error = answer.json()["error"]
-        assert error["reason"] == "redis_down" and down.redis_url in error["message"]
+        assert error["reason"] == "redis_down" and "redis://:***@127.0.0.1" in error["message"]
+        assert "s3cret" not in answer.text  # the password never reaches a client
         assert answer.headers["retry-after"] == str(down.retry_after_s)
         openai = client.post("/v1/images/generations", json={"model": MODEL, "prompt": "x"})
         assert openai.status_code == 503 and openai.json()["error"]["code"] == "redis_down"
+        health = client.get("/health")
+        assert health.status_code == 503 and "s3cret" not in health.text
     finally:
         ctx.close()
