@@ -69,6 +69,11 @@ class Keys:
         only when this names the job of the restart request and a live pool process (R19)."""
         return f"{self.prefix}:machine:{machine}:running"
 
+    def worker_lease(self, machine: str) -> str:
+        """The boot id of the one worker of the machine, with a TTL its holder renews
+        (``tasks.worker.WorkerLease``): one worker per machine, from its start."""
+        return f"{self.prefix}:machine:{machine}:worker"
+
     def draining(self, machine: str) -> str:
         """Set while an operator drains the machine: placement puts nothing new there."""
         return f"{self.prefix}:machine:{machine}:draining"

@@ -7,12 +7,13 @@ disabled, so it holds only the job it runs; the rest wait in the Redis list, in 
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any
 
+import httpx
 import redis
 from celery.exceptions import WorkerLostError
 from celery.signals import task_failure, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
@@ -22,11 +23,13 @@ from app import digest, keys
 from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.config import WorkerSettings
 from app.connections import create_redis
+from app.errors import HomefleetError, Unauthorized
 from app.keys import Keys
 from tasks import runtime
 from tasks.heartbeat import Heartbeat, clear_running, mark_running
 from tasks.preload import start_preload
 from tasks.run_job import run_job
+from tasks.server_client import ServerClient
 from tasks.sync import sync
 
 
@@ -55,33 +58,79 @@ def detect_device() -> str:
 EX_CONFIG = 78  # sysexits.h: a configuration error (the server refused the token; a second worker)
 
 
-def refuse_a_second_worker(settings: WorkerSettings, client: redis.Redis, poll_s: float = 0.5) -> None:
-    """One worker per machine: before consuming, watch the machine's heartbeat for up to
-    ``heartbeat_ttl_s + heartbeat_interval_s`` seconds. Another worker refreshing it is alive:
-    this one must not start (it would take that machine's jobs and replace its verified
-    models with its own folder's). A heartbeat left by a worker that died lapses meanwhile
-    (or is never refreshed), and this worker starts.
+# KEYS[1] the lease, ARGV[1] our boot id, ARGV[2] TTL (ms): renew (1) or release (no TTL) only our own.
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class WorkerLease:
+    """One worker per machine, from the moment a worker starts (before it consumes anything or
+    verifies its files): the Redis key ``machine:<name>:worker`` holds its boot id with a TTL
+    of ``heartbeat_ttl_s``, renewed by a thread every ``heartbeat_interval_s`` and deleted at a
+    clean stop. A worker that died leaves a lease that lapses within the TTL; a new worker
+    waits that long for it, then takes it.
+
+    Raises (:meth:`acquire`):
+        SystemExit: ``EX_CONFIG`` (78) when another worker of this machine holds the lease:
+            it would take that machine's jobs and replace its verified models with its own
+            folder's.
+    """
+
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str) -> None:
+        self.settings, self.redis, self.boot_id = settings, client, boot_id
+        self.key = Keys(settings.key_prefix).worker_lease(settings.machine)
+        self.ttl_ms = int(settings.heartbeat_ttl_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="homefleet-lease", daemon=True)
+
+    def acquire(self, poll_s: float = 0.2) -> None:
+        deadline = time.monotonic() + self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s
+        while not self.redis.set(self.key, self.boot_id, nx=True, px=self.ttl_ms):
+            if time.monotonic() >= deadline:
+                log.critical("%s: another worker of this machine is running (boot %s), or still finishing its job "
+                             "after a stop; one worker per machine: stop it first (or start this one with its own "
+                             "--machine); stopping", self.settings.machine, self.redis.get(self.key))
+                raise SystemExit(EX_CONFIG)
+            time.sleep(poll_s)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            try:
+                self.redis.eval(_RENEW, 1, self.key, self.boot_id, self.ttl_ms)
+            except redis.RedisError as error:
+                log.warning("%s: worker lease not renewed: %s", self.settings.machine, error)
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.redis.eval(_RELEASE, 1, self.key, self.boot_id)
+        except redis.RedisError as error:
+            log.warning("%s: worker lease not released (it lapses in %.0f s): %s", self.settings.machine,
+                        self.settings.heartbeat_ttl_s, error)
+
+
+def check_token(settings: WorkerSettings) -> None:
+    """Ask the server, before consuming anything, whether this worker's token is its machine's
+    (the token's machine must be the one it names). A server that cannot be reached now is
+    left to the heartbeat, which keeps trying.
 
     Raises:
-        SystemExit: ``EX_CONFIG`` (78) when another worker of this machine is alive.
+        SystemExit: ``EX_CONFIG`` (78) when the server refuses the token.
     """
-    key = Keys(settings.key_prefix).heartbeat(settings.machine)
-    raw = client.get(key)
-    if raw is None:
-        return
-    first = json.loads(raw)
-    deadline = time.monotonic() + settings.heartbeat_ttl_s + settings.heartbeat_interval_s
-    while time.monotonic() < deadline:
-        time.sleep(poll_s)
-        raw = client.get(key)
-        if raw is None:
-            return
-        beat = json.loads(raw)
-        if beat.get("at") != first.get("at"):
-            log.critical("%s: another worker of this machine is alive (pid %s on %s, boot %s); one worker per "
-                         "machine: stop it first, or start this one with its own --machine; stopping",
-                         settings.machine, beat.get("pid"), beat.get("host"), beat.get("boot_id"))
-            raise SystemExit(EX_CONFIG)
+    server = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, machine=settings.machine)
+    try:
+        server.manifest()
+    except Unauthorized as refusal:
+        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or --token) to "
+                     "the token of machine %r in the server's fleet config; stopping", settings.machine,
+                     refusal.message, settings.machine)
+        raise SystemExit(EX_CONFIG) from refusal
+    except (HomefleetError, httpx.HTTPError) as error:
+        log.warning("%s: the server could not be asked at start (%s); the heartbeat keeps trying", settings.machine,
+                    error)
+    finally:
+        server.close()
 
 
 def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
@@ -89,14 +138,23 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
 
     Raises:
         SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start, or
-            another worker of the same machine is alive (:func:`refuse_a_second_worker`).
+            another worker of the same machine holds its lease (:class:`WorkerLease`).
     """
+    boot_id = uuid.uuid4().hex
+    check_token(settings)  # before anything is consumed: a wrong token would lose the jobs it takes
+    lease = WorkerLease(settings, create_redis(settings), boot_id)
+    lease.acquire()
+    try:
+        _run(settings, loglevel, boot_id)
+    finally:
+        lease.release()
+
+
+def _run(settings: WorkerSettings, loglevel: str, boot_id: str) -> None:
     from tasks.pipelines import go_offline, quiet
 
-    refuse_a_second_worker(settings, create_redis(settings))
     go_offline()  # before diffusers/transformers read their settings
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
-    boot_id = uuid.uuid4().hex
     rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
     celery = create_celery(settings)

@@ -37,9 +37,11 @@ def get_worker_machine(
     if machine is None:
         raise Unauthorized("the token belongs to no machine of this fleet")
     if x_homefleet_machine is not None and x_homefleet_machine != machine.name:
-        named = "machine" if x_homefleet_machine in ctx.fleet.machines else "a machine not in this fleet,"
-        raise Unauthorized(f"the worker says it is {named} {x_homefleet_machine!r} but its token is machine "
-                           f"{machine.name!r}'s; give each worker its own machine's token")
+        if x_homefleet_machine not in ctx.fleet.machines:
+            raise Unauthorized(f"the worker names machine {x_homefleet_machine!r}, which is not in this fleet "
+                               f"({', '.join(sorted(ctx.fleet.machines))}); fix --machine or add it to the fleet file")
+        raise Unauthorized(f"the worker says it is machine {x_homefleet_machine!r}, but its token belongs to machine "
+                           f"{machine.name!r}; give each worker its own machine's token")
     return machine
 
 

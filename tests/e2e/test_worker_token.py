@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app import keys
 from tests.e2e.conftest import RunningFleet
 
 pytestmark = pytest.mark.e2e
@@ -27,15 +28,20 @@ def test_a_worker_with_a_wrong_token_exits_78_naming_the_setting(fleet: RunningF
     log_start = log_file.stat().st_size if log_file.exists() else 0
     wrong = "wrong-token-".ljust(32, "x") if token == "unknown" else fleet.ctx.fleet.machines["m2"].token
     verified_m2 = fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2"))
+    queue = keys.queue(MACHINE)
+    fleet.ctx.redis.lpush(queue, "waiting")  # stands for a queued job: the refused worker must not take it
     process = local.start_worker(MACHINE, extra_env={"HOMEFLEET_WORKER_TOKEN": wrong})
     try:
         assert process.wait(timeout=180) == 78  # EX_CONFIG
     finally:
         local.stop_worker(MACHINE)
+        left = fleet.ctx.redis.lrange(queue, 0, -1)
+        fleet.ctx.redis.delete(queue)
+    assert left == ["waiting"]  # refused before it consumed anything
     log = log_file.read_text()[log_start:]
     assert "the server refused this worker's token" in log and "HOMEFLEET_WORKER_TOKEN" in log
     if token == "another_machines":
-        assert "its token is machine 'm2'" in log
+        assert "its token belongs to machine 'm2'" in log
     assert fleet.ctx.redis.get(fleet.ctx.keys.heartbeat(MACHINE)) is None  # it never advertised itself
     assert not fleet.ctx.redis.exists(fleet.ctx.keys.verified(MACHINE))
     assert fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2")) == verified_m2  # m2 untouched
@@ -58,7 +64,7 @@ def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_n
     second = subprocess.run([sys.executable, "-m", "app.cli", "worker"], env=env, capture_output=True, text=True,
                             timeout=120)
     assert second.returncode == 78, second.stdout + second.stderr
-    assert "another worker of this machine is alive" in second.stdout + second.stderr
+    assert "another worker of this machine is running" in second.stdout + second.stderr
     after = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
     assert after["boot_id"] == before["boot_id"]  # the first one still beats
     assert ctx.redis.smembers(ctx.keys.verified("m1")) == verified  # and its verified models are as they were

@@ -1,0 +1,49 @@
+"""One worker per machine from its start (new-user pass): a second worker started while the
+first is still starting (verifying its files, no heartbeat yet) must not consume; a worker
+that died frees the machine within one TTL. Real Redis; the lease is what `homefleet worker`
+takes before it consumes anything."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.config import WorkerSettings
+from tasks.worker import EX_CONFIG, WorkerLease
+
+
+def worker_settings(redis_url: str, tmp_path: Path) -> WorkerSettings:
+    return WorkerSettings(machine="m1", models_dir=tmp_path / "models", worker_token="t" * 32, redis_url=redis_url,
+                          heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0)
+
+
+def test_r7_a_second_worker_of_a_machine_is_refused_from_the_first_ones_start(redis_url: str, tmp_path: Path) -> None:
+    settings = worker_settings(redis_url, tmp_path)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    first = WorkerLease(settings, client, "boot-1")
+    first.acquire()
+    try:
+        time.sleep(2 * settings.heartbeat_ttl_s)  # renewed past its TTL while the first one starts
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as refused:
+            WorkerLease(settings, client, "boot-2").acquire()
+        assert refused.value.code == EX_CONFIG
+        assert time.monotonic() - started >= settings.heartbeat_ttl_s  # it waited out one TTL first
+        assert client.get(first.key) == "boot-1"
+    finally:
+        first.release()
+    assert client.get(first.key) is None  # a clean stop frees the machine at once
+    second = WorkerLease(settings, client, "boot-2")
+    second.acquire()
+    second._stop.set()  # it dies: nothing renews or releases its lease
+    started = time.monotonic()
+    third = WorkerLease(settings, client, "boot-3")
+    third.acquire()  # the dead worker's lease lapses within its TTL
+    assert time.monotonic() - started <= settings.heartbeat_ttl_s + settings.heartbeat_interval_s + 1.0
+    assert client.get(third.key) == "boot-3"
+    second.release()  # a late release of a lapsed lease does not free the new holder's
+    assert client.get(third.key) == "boot-3"
+    third.release()
