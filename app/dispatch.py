@@ -33,7 +33,7 @@ from app.limits import PromptTokenizers, check_output_pixels, check_submission, 
 from app.metrics import Metrics
 from app.inputs import InputStore
 from app.journal import Job, Journal, JobState
-from app.kind_params import check_kind_params, check_model_frames, output_size
+from app.kind_params import check_kind_params, model_max_frames, output_size
 from app.machines import MachineStates
 from app.queues import MachineQueues
 from app.keys import Keys
@@ -123,11 +123,11 @@ class Dispatcher:
                 reason="kind_not_supported",
             )
         limits = limits_for(self.settings.limits, record.family)
+        if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
+            limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind)
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits)  # inputs (uploaded, within the upload limits), numbers (R22)
-        if kind == "video":
-            check_model_frames(params, model_id, self.registry.folder(model_id))
         params.update(output_size(kind, params, self.inputs))
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)

@@ -1,8 +1,8 @@
 """What each job kind takes besides its prompt, checked at submission before anything is
 queued (R22): which keys it accepts at all (its runner's ``PARAMS`` in ``tasks/kinds``), which
 params name uploaded input files, the video formats, and the most frames a video model's own
-config allows (:func:`check_model_frames`; the family's ``max_frames`` is checked with the
-other limits, ``app/limits.py``).
+config allows (:func:`model_max_frames`; the submission's ``max_frames`` is the lower of it and
+the family's, ``app/dispatch.py``).
 
 The checks here are per kind; a reference to an input file must name a file that was
 uploaded (``POST /v1/files``), so a worker never claims a job whose input does not exist, and
@@ -185,20 +185,6 @@ def _motion_max_seq_length(path: Path, _mtime_ns: int, _size: int) -> int | None
     except (OSError, ValueError, AttributeError):
         return None
     return limit if isinstance(limit, int) and limit > 0 else None
-
-
-def check_model_frames(params: Mapping[str, Any], model_id: str, folder: Path) -> None:
-    """Refuse a video job of more frames than its model takes (:func:`model_max_frames`); the
-    job would fail on its worker.
-
-    Raises:
-        Rejected: reason ``invalid_frames``, naming the model's limit.
-    """
-    frames = params.get("frames", 8)
-    limit = model_max_frames(folder)
-    if limit is not None and isinstance(frames, int) and frames > limit:
-        raise Rejected(f"`frames` must be between 1 and {limit} for model {model_id!r} (its motion_max_seq_length), "
-                       f"got {frames}", reason="invalid_frames")
 
 
 UPSCALE_FACTOR = 4  # StableDiffusionUpscalePipeline: 4 x width, 4 x height (tasks/kinds/upscale.py)

@@ -183,6 +183,8 @@ def test_r22_integer_valued_floats_are_integers_for_every_check_the_price_and_th
     with pytest.raises(Rejected) as refused:
         ctx.dispatcher.submit(model, "video", {"prompt": "x", "frames": 64.0, "width": 64, "height": 64}, "m1")
     assert refused.value.reason == "invalid_frames" and "between 1 and 32" in refused.value.message
+    with pytest.raises(Rejected, match="between 1 and 32"):  # one limit, the same message at both ends
+        ctx.dispatcher.submit(model, "video", {"prompt": "x", "frames": 0, "width": 64, "height": 64}, "m1")
     job = ctx.dispatcher.submit(model, "video", {"prompt": "x", "frames": 16.0, "width": 64.0, "height": 64}, "m1").job
     assert job.params["frames"] == 16 and isinstance(job.params["frames"], int) and job.params["width"] == 64
     record = json.loads(ctx.redis.hget(ctx.keys.reservations("m1"), job.id))

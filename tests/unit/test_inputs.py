@@ -11,7 +11,7 @@ from PIL import Image
 from app.digest import bytes_digest
 from app.errors import NotFound, Rejected
 from app.inputs import InputStore
-from app.kind_params import check_kind_params, check_model_frames, model_max_frames
+from app.kind_params import check_kind_params, model_max_frames
 from app.limits import FamilyLimits
 
 
@@ -120,15 +120,8 @@ def test_r22_number_params_are_finite_and_in_range(tmp_path: Path, kind: str, pa
     assert refused.value.reason == "invalid_params"
 
 
-def test_r22_a_video_longer_than_its_model_takes_is_refused_by_the_models_own_limit(
-    tmp_path: Path, tiny_models_dir: Path
-) -> None:
+def test_r22_a_video_models_frame_limit_is_its_own_config(tiny_models_dir: Path) -> None:
     """The frame limit of a video model is its motion modules' motion_max_seq_length (the tiny
     AnimateDiff's: 32, as AnimateDiff's), not one number for every video model."""
-    folder = tiny_models_dir / "tiny-animatediff"
-    assert model_max_frames(folder) == 32
-    check_model_frames({"frames": 32}, "tiny-animatediff", folder)
-    with pytest.raises(Rejected, match=r"`frames` must be between 1 and 32 for model 'tiny-animatediff'.*got 33") as refused:
-        check_model_frames({"frames": 33}, "tiny-animatediff", folder)
-    assert refused.value.reason == "invalid_frames"
+    assert model_max_frames(tiny_models_dir / "tiny-animatediff") == 32
     assert model_max_frames(tiny_models_dir / "tiny-sd") is None  # no motion modules: no such limit
