@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -385,6 +386,23 @@ def demo(
                               console))
 
 
+def settings_problem(error: ValidationError | SettingsError) -> str:
+    """One line naming what is wrong: the ``HOMEFLEET_*`` variable (or the fleet file's entry),
+    the field path and pydantic's message, without its documentation links."""
+    if isinstance(error, SettingsError):
+        match = re.search(r'field "(\w+)"', str(error))
+        variable = f"HOMEFLEET_{match.group(1).upper()}" if match else "a HOMEFLEET_* variable"
+        return f"{variable} could not be parsed: lists and tables are JSON (e.g. '[\"key1\", \"key2\"]')"
+    problems = []
+    for detail in error.errors(include_url=False):
+        path = [str(part) for part in detail["loc"]]
+        if error.title in ("Settings", "WorkerSettings") and path:
+            path[0] = f"HOMEFLEET_{path[0].upper()}"
+        where = ".".join(path) if error.title not in ("Fleet",) else "fleet file: " + ".".join(path)
+        problems.append(f"{where}: {detail['msg']}")
+    return "; ".join(problems)
+
+
 def main() -> None:
     # SIGTERM ends a command like Ctrl-C does: as an exception, so the fleets that `demo`,
     # `drill` and `bench --local` start are stopped by their context managers. (`serve` and
@@ -397,7 +415,7 @@ def main() -> None:
         console.print(f"[red]error[/] ({error.reason}): {error.message}")
         sys.exit(2)
     except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
-        console.print(f"[red]error[/] (invalid_settings): {error}")
+        console.print(f"[red]error[/] (invalid_settings): {settings_problem(error)}", highlight=False)
         sys.exit(2)
     except (RedisConnectionError, RedisTimeoutError) as error:
         console.print(f"[red]error[/] (redis_down): Redis does not answer ({error}); start it or set HOMEFLEET_REDIS_URL")

@@ -1,6 +1,6 @@
 """A configuration mistake stops a CLI command with one line naming the setting or file and
 exit status 2, not a traceback (new-user pass): a non-JSON list in HOMEFLEET_API_KEYS, a
-fleet file that is missing or not TOML, a Redis that does not answer."""
+misspelt limit, a fleet file that is missing or not TOML, a Redis that does not answer."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from app.redis_server import free_port
 
 
 @pytest.mark.parametrize(("variable", "value", "reason", "names"), [
-    ("HOMEFLEET_API_KEYS", "key1", "invalid_settings", "api_keys"),
+    ("HOMEFLEET_API_KEYS", "key1,key2", "invalid_settings", "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON"),
+    ("HOMEFLEET_LIMITS", '{{"sd1": {{"max_pixel": 5}}}}', "invalid_settings", "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs"),
     ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
     ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
     ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
-], ids=["api_keys_not_json", "fleet_file_missing", "fleet_file_not_toml", "redis_down"])
+], ids=["api_keys_not_json", "limits_misspelt", "fleet_file_missing", "fleet_file_not_toml", "redis_down"])
 def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, variable: str, value: str, reason: str,
                                                         names: str) -> None:
     (tmp_path / "bad.toml").write_text("not [ toml")
@@ -31,3 +32,4 @@ def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, variable
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert f"error ({reason})" in done.stdout and names in done.stdout, done.stdout
+    assert "https://" not in done.stdout  # no documentation links in a one-line error
