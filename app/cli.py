@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from app.config import Settings, WorkerSettings
-from app.errors import HomefleetError
+from app.errors import ConfigError, HomefleetError
+from app.fleet import load_fleet
 from app.residency_cli import oom_cli, residency_cli
 from tasks.pipelines import quiet_import_warnings
 
@@ -47,6 +48,12 @@ def serve() -> None:
     from app.server import create_app
 
     settings = _settings()
+    fleet = load_fleet(settings.fleet_file)
+    try:  # workers authenticate with their machine's token: a server whose machines have none serves no one
+        fleet.require_tokens()
+    except ValueError as error:
+        raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
+                          "give each machine `token = \"...\"` (README, \"The fleet config\")") from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
     # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
     # access log (one line per request, workers' claims and heartbeats included).

@@ -33,3 +33,18 @@ def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, variable
     assert "Traceback" not in done.stdout + done.stderr
     assert f"error ({reason})" in done.stdout and names in done.stdout, done.stdout
     assert "https://" not in done.stdout  # no documentation links in a one-line error
+
+
+def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Path) -> None:
+    """Workers authenticate with their machine's token (at least 16 characters): a server
+    started without one would refuse every worker."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+                     'memory_bytes = 8000000000\nfamilies = ["sd1"]\ntoken = "short"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
+                "HOMEFLEET_API_KEYS": '["k1"]'})
+    done = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (invalid_config)" in done.stdout and "'server' needs a token of at least 16 characters" in done.stdout
