@@ -171,7 +171,8 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
         return (
             "remembered_oom",
             f"{job.kind} with {model!r} ran out of memory on machine {name!r} at size {oom_size} "
-            f"(pixels x frames x batch); this job's size is {job.size}; clear the record to try again",
+            f"(pixels x frames x batch); this job's size is {job.size}; to try again: "
+            f"`homefleet oom clear {name} --model {model} --kind {job.kind}`",
         )
     if machine.max_queued is not None and machine.backlog >= machine.max_queued:
         return (

@@ -276,8 +276,8 @@ async def edit_images(
     model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
-    data = await image.read(limits.max_upload_bytes + 1)
-    check_upload(len(data), sniff_media_type(data[:16]), limits)
+    data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory
+    check_upload(image.size if image.size is not None else len(data), sniff_media_type(data[:16]), limits)
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)

@@ -440,6 +440,7 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         big = client.post("/v1/images/edits", data=fields,
                           files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}).json()["error"]
         assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
+        assert f"got {len(png) + 16 * 1024 * 1024}" in big["message"]  # the upload's size, not the limit + 1 read
         # No worker runs here: the edit job is queued on the stored input, the wait runs out,
         # and the answer says not to retry (the job exists, R20).
         waited = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", png, "image/png")})
