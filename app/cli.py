@@ -17,11 +17,13 @@ from pydantic_settings import SettingsError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from app.config import Settings, WorkerSettings
 from app.errors import ConfigError, HomefleetError
 from app.fleet import load_fleet
+from app.limits import DEFAULT_FAMILY
 from app.residency_cli import oom_cli, residency_cli
 from tasks.pipelines import quiet_import_warnings
 
@@ -54,6 +56,10 @@ def serve() -> None:
     except ValueError as error:
         raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
                           "give each machine `token = \"...\"` (README, \"The fleet config\")") from error
+    try:  # a limit for a misspelt family would apply to nothing (R22)
+        fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY])
+    except ValueError as error:
+        raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
     # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
     # access log (one line per request, workers' claims and heartbeats included).
@@ -405,8 +411,11 @@ def settings_problem(error: ValidationError | SettingsError) -> str:
         path = [str(part) for part in detail["loc"]]
         if error.title in ("Settings", "WorkerSettings") and path:
             path[0] = f"HOMEFLEET_{path[0].upper()}"
-        where = ".".join(path) if error.title not in ("Fleet",) else "fleet file: " + ".".join(path)
-        problems.append(f"{where}: {detail['msg']}")
+        where = ".".join(path)
+        if error.title == "Fleet":
+            where = f"the fleet file {where}" if where else "the fleet file"
+        message = detail["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        problems.append(f"{where}: {message}")
     return "; ".join(problems)
 
 
@@ -419,13 +428,14 @@ def main() -> None:
     try:
         cli()
     except HomefleetError as error:
-        console.print(f"[red]error[/] ({error.reason}): {error.message}")
+        console.print(f"[red]error[/] ({error.reason}): {escape(error.message)}")  # "[x]" in a message is text
         sys.exit(2)
     except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
-        console.print(f"[red]error[/] (invalid_settings): {settings_problem(error)}", highlight=False)
+        console.print(f"[red]error[/] (invalid_settings): {escape(settings_problem(error))}", highlight=False)
         sys.exit(2)
     except (RedisConnectionError, RedisTimeoutError) as error:
-        console.print(f"[red]error[/] (redis_down): Redis does not answer ({error}); start it or set HOMEFLEET_REDIS_URL")
+        console.print(f"[red]error[/] (redis_down): Redis does not answer ({escape(str(error))}); start it or set "
+                      "HOMEFLEET_REDIS_URL")
         sys.exit(2)
 
 

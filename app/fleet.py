@@ -35,9 +35,11 @@ Timing guesses per model until the first measurement (R13; absent: the per-famil
 
 from __future__ import annotations
 
+import difflib
 import re
 import secrets
 import tomllib
+from collections.abc import Iterable
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
@@ -166,7 +168,25 @@ class Fleet(BaseModel):
         tokens = [m.token for m in self.machines.values() if m.token]
         if len(tokens) != len(set(tokens)):
             raise ValueError("two machines share a token; give each machine its own")
+        self.check_family_names(self.families, "the families table")
         return self
+
+    @property
+    def family_names(self) -> frozenset[str]:
+        """Every model family some machine of the fleet runs."""
+        return frozenset().union(*(m.families for m in self.machines.values()))
+
+    def check_family_names(self, names: Iterable[str], where: str, also: Iterable[str] = ()) -> None:
+        """Raise ``ValueError`` naming the first of ``names`` that no machine runs and is not in
+        ``also``: a misspelt family (``sdx1``) would otherwise configure nothing, silently.
+        ``where`` says which setting named it, for the message."""
+        known = self.family_names | frozenset(also)
+        for name in names:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{where} names family {name!r}, which no machine runs "
+                                 f"(families: {', '.join(sorted(known))}){hint}")
 
     def working(self) -> WorkingMemory:
         """The coefficients for :class:`routing.estimate.Estimator`, every field resolved:

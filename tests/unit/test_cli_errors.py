@@ -48,3 +48,37 @@ def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Pat
                           timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (invalid_config)" in done.stdout and "'server' needs a token of at least 16 characters" in done.stdout
+
+
+def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -> None:
+    """A misspelt family in HOMEFLEET_LIMITS (``sdxll``) would limit nothing: the jobs it was
+    meant for would run under the default limits. serve refuses it, naming the family, the
+    known families and the closest one."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+                     'memory_bytes = 8000000000\nfamilies = ["sd1", "sdxl"]\ntoken = "a-token-of-24-characters"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
+                "HOMEFLEET_API_KEYS": '["k1"]', "HOMEFLEET_LIMITS": '{"default": {}, "sdxll": {"max_steps": 10}}'})
+    done = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stdout
+    assert "(families: default, sd1, sdxl)" in done.stdout and "did you mean 'sdxl'?" in done.stdout
+
+
+def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Working-memory coefficients for a family no machine runs would configure nothing: the
+    fleet file is refused with one line that names it (a fleet-wide check has no field path;
+    pydantic's "Value error," prefix is left out)."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+                     'memory_bytes = 8000000000\nfamilies = ["sd1"]\n[families.sd-1.working_memory.txt2img]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet)})
+    done = subprocess.run([sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("error (invalid_settings): the fleet file: the families table names family 'sd-1', which no machine "
+            "runs (families: sd1); did you mean 'sd1'?") in done.stdout, done.stdout
+    assert "Value error" not in done.stdout

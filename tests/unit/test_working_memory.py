@@ -10,9 +10,11 @@ from pydantic import ValidationError
 
 from app.fleet import Fleet, load_fleet
 from routing.estimate import DEFAULT_WORKING, Estimator, ModelProfile, WorkingCoefficients
-from tests.conftest import make_fleet
+from tests.conftest import FAMILIES, make_fleet
 
-MACHINES = make_fleet().to_toml()
+_BASE = make_fleet()
+MACHINES = _BASE.model_copy(update={"machines": {"server": _BASE.machines["server"].model_copy(
+    update={"families": FAMILIES | {"sdxl", "sd-upscale"}})}}).to_toml()  # the families the tables below name
 
 
 def fleet_of(extra: str) -> Fleet:
@@ -67,6 +69,7 @@ load_s = 2.8
 
 @pytest.mark.parametrize(("extra", "text"), [
     ("[working_memory.painting]\nbase_bytes = 1", "working_memory has no kind 'painting'; kinds are txt2img"),
+    ("[families.sdx1.working_memory.txt2img]\nbase_bytes = 1", "the families table names family 'sdx1', which no machine runs"),
     ("[working_memory.txt2img]\nbase_bytes = -1", "working_memory.txt2img.base_bytes"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixel = -0.5", "families.sd1.working_memory.edit.bytes_per_pixel"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),
