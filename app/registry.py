@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, select
 
 from app.digest import ALGORITHM, file_digest
-from app.errors import NotFound, Rejected
+from app.errors import Conflict, NotFound, Rejected
 from app.journal import utcnow
 from app.variants import Variant, check_variant, parameter_counts, weights_bytes
 
@@ -143,6 +143,9 @@ class Registry:
         Raises:
             Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
                 unknown precision or quantization (reason ``invalid_variant``).
+            Conflict: no ``model_id`` given and a registered model already has the same files
+                (paths and digests) and variant (reason ``model_already_registered``, naming it):
+                a second copy under a minted id is only made when asked for by id.
         """
         source = Path(source).resolve()
         try:
@@ -152,6 +155,7 @@ class Registry:
         class_name, family, kinds = describe_pipeline(source)
         with Session(self.engine) as session:
             taken = set(session.exec(select(ModelRecord.id)).all())
+        minted = model_id is None
         if model_id is None:
             model_id = _mint_id(source.name, taken)
         elif not _MODEL_ID.match(model_id):
@@ -174,6 +178,13 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        if minted and (same := self._registered_as(files, precision, quantization)) is not None:
+            shutil.rmtree(final)
+            raise Conflict(
+                f"{source} is already registered as {same!r} (the same files and variant "
+                f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
+                "(--id) to register a second copy", reason="model_already_registered",
+            )
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
             total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
@@ -186,6 +197,18 @@ class Registry:
         if self.on_change is not None:
             self.on_change()
         return record
+
+    def _registered_as(self, files: list[ModelFile], precision: str, quantization: str | None) -> str | None:
+        """The id of a registered model with exactly these files (paths and digests) and this
+        variant, or None."""
+        wanted = {(f.path, f.digest) for f in files}
+        with Session(self.engine) as session:
+            for record in session.exec(select(ModelRecord).where(ModelRecord.precision == precision,
+                                                                 ModelRecord.quantization == quantization)):
+                rows = session.exec(select(ModelFile.path, ModelFile.digest).where(ModelFile.model_id == record.id))
+                if {(path, digest) for path, digest in rows} == wanted:
+                    return record.id
+        return None
 
     def get(self, model_id: str) -> ModelRecord:
         """The model, or raise :class:`NotFound` naming the known ids. A record found once is

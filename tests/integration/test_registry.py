@@ -10,7 +10,7 @@ import pytest
 
 from app.context import ServerContext
 from app.digest import file_digest
-from app.errors import NotFound, Rejected
+from app.errors import Conflict, NotFound, Rejected
 
 
 def test_a_registered_model_has_a_full_manifest(ctx: ServerContext, tiny_models_dir: Path) -> None:
@@ -29,7 +29,7 @@ def test_a_registered_model_has_a_full_manifest(ctx: ServerContext, tiny_models_
 
 def test_ids_are_minted_by_the_server_and_never_reused(ctx: ServerContext, tiny_models_dir: Path) -> None:
     first = ctx.registry.add(tiny_models_dir / "tiny-sd")
-    second = ctx.registry.add(tiny_models_dir / "tiny-sd")
+    second = ctx.registry.add(tiny_models_dir / "tiny-sd", precision="bf16")  # another variant: another id
     assert (first.id, second.id) == ("tiny-sd", "tiny-sd-2")
     with pytest.raises(Rejected, match="already registered"):
         ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")
@@ -63,3 +63,25 @@ def test_r5_a_changed_server_file_is_hashed_again(ctx: ServerContext, tiny_model
     assert {k: v for k, v in after.items() if k != "unet/config.json"} == {
         k: v for k, v in before.items() if k != "unet/config.json"
     }
+
+
+def test_r5_adding_the_same_folder_again_names_the_registered_model_and_copies_nothing(
+        ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path) -> None:
+    """Running ``homefleet models add FOLDER`` twice must not leave a second, silent copy under a
+    new id (a second full copy of the weights on the server's disk, and a model id nobody
+    chose): the same files and variant without an explicit id are refused naming the first
+    id. A changed file, another variant or an explicit id register a new model."""
+    first = ctx.registry.add(tiny_models_dir / "tiny-sd")
+    before = sorted(p.name for p in ctx.settings.models_dir.iterdir())
+    with pytest.raises(Conflict, match="already registered as 'tiny-sd'") as refused:
+        ctx.registry.add(tiny_models_dir / "tiny-sd")
+    assert refused.value.reason == "model_already_registered"
+    assert sorted(p.name for p in ctx.settings.models_dir.iterdir()) == before  # no copy left behind
+    assert [m.id for m in ctx.registry.list()] == [first.id]
+
+    changed = tmp_path / "tiny-sd"
+    shutil.copytree(tiny_models_dir / "tiny-sd", changed)
+    (changed / "model_index.json").write_text((changed / "model_index.json").read_text() + "\n")
+    assert ctx.registry.add(changed).id == "tiny-sd-2"
+    assert ctx.registry.add(tiny_models_dir / "tiny-sd", quantization="torchao-int8wo").id == "tiny-sd-3"
+    assert ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd-copy").id == "tiny-sd-copy"
