@@ -47,6 +47,8 @@ def serve() -> None:
     """Run the HTTP API (public + internal routes) on HOMEFLEET_API_HOST:HOMEFLEET_API_PORT."""
     import uvicorn
 
+    from app.context import build_context
+    from app.pairing import check_pairing
     from app.server import create_app
 
     settings = _settings()
@@ -60,10 +62,18 @@ def serve() -> None:
         fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY])
     except ValueError as error:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
+    ctx = build_context(settings, fleet)
+    try:  # a server beside another journal's Redis would judge jobs it never saw (app/pairing.py)
+        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url)
+    except (RedisConnectionError, RedisTimeoutError):
+        pass  # checked again by every reconciliation pass, once Redis answers
+    except ConfigError:
+        ctx.close()
+        raise
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
     # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
     # access log (one line per request, workers' claims and heartbeats included).
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+    uvicorn.run(create_app(settings, ctx), host=settings.api_host, port=settings.api_port, log_level="info",
                 access_log=False)
 
 
@@ -215,6 +225,27 @@ def db_upgrade() -> None:
     engine.dispose()
 
 
+@db_cli.command("pair")
+def db_pair() -> None:
+    """Make HOMEFLEET_REDIS_URL run with this journal (HOMEFLEET_DATA_DIR / HOMEFLEET_DATABASE_URL),
+    replacing the journal it ran with: once, after replacing the journal on purpose. The next
+    reconciliation releases the reservations of jobs this journal does not know."""
+    from app.connections import create_engine, create_redis, redacted_url
+    from app.keys import Keys
+    from app.pairing import pair
+
+    settings = _settings()
+    engine, client = create_engine(settings), create_redis(settings)
+    try:
+        previous, mine = pair(client, Keys(settings.key_prefix), engine)
+    finally:
+        client.close()
+        engine.dispose()
+    console.print(f"{redacted_url(settings.redis_url)} runs with journal {mine} "
+                  f"({engine.url.render_as_string(hide_password=True)})"
+                  + (f"; it ran with {previous}" if previous and previous != mine else ""), highlight=False)
+
+
 @cli.command()
 def status() -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
@@ -222,9 +253,11 @@ def status() -> None:
     from learned timings)."""
     from app.context import build_context
     from app.fleetstatus import fleet_status
+    from app.pairing import check_pairing
 
     ctx = build_context(_settings())
-    try:
+    try:  # running counts come from the journal: it must be the server's
+        check_pairing(ctx.redis, ctx.keys, ctx.engine, ctx.settings.redis_url, record=False)
         table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
         for row in fleet_status(ctx):
             table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],

@@ -27,6 +27,7 @@ from app.errors import NotFound
 from app.fleet import SERVER, load_fleet, with_fresh_tokens
 from app.journal import Journal
 from app.localfleet import LocalFleet
+from app.pairing import pair
 from app.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
 from app.tiny_models import make_tiny
 
@@ -86,6 +87,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         api_keys=[api_key])
     ctx = build_context(settings, fleet)
+    pair(ctx.redis, ctx.keys, ctx.engine)  # the demo's Redis runs with the demo's journal (app/pairing.py)
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         with console.status("Building the tiny models and registering them…"):

@@ -9,20 +9,25 @@ from __future__ import annotations
 from typing import Any
 
 from app.context import ServerContext
-from app.journal import JobState
+from app.journal import ENDED, JobState
 from routing.finish import drain
+
+ENDED_OR_UNKNOWN = ENDED | {None}
 
 
 def fleet_status(ctx: ServerContext) -> list[dict[str, Any]]:
-    """One row per machine of the fleet config, in its order. Releases the reservations of
-    ended jobs first (reconciliation), so the drain estimate counts only live work."""
-    ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal)
+    """One row per machine of the fleet config, in its order. Changes nothing: the drain
+    estimate counts the reservations of live jobs only (those of ended jobs are left to
+    reconciliation, which takes the fleet lock and checks the journal's pairing first)."""
     estimator = ctx.dispatcher.costs.estimator()
+    reservations = ctx.machines.reservations
     rows = []
     for name, view in ctx.machines.views().items():
         running = len(ctx.journal.list(states=[JobState.running], machine=name))
-        drain_s, _ = drain(name, warm_models=view.warm_models, queue=view.queue, protected=view.commitments,
-                           costs=estimator)
+        raw = ctx.redis.hgetall(ctx.keys.reservations(name))
+        live = {job_id: record for job_id, record in raw.items() if ctx.journal.state_of(job_id) not in ENDED_OR_UNKNOWN}
+        drain_s, _ = drain(name, warm_models=view.warm_models, queue=reservations.items_from(name, live),
+                           protected=view.commitments, costs=estimator)
         rows.append({
             "name": name, "online": view.online, "draining": view.draining, "syncing": view.syncing,
             "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),

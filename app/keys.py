@@ -28,6 +28,10 @@ class Keys:
         """Set of model ids whose files that machine has verified against the manifest (R4)."""
         return f"{self.prefix}:machine:{machine}:verified"
 
+    def journal(self) -> str:
+        """The identity of the journal this Redis runs with (app/pairing.py)."""
+        return f"{self.prefix}:journal"
+
     def fleet_lock(self) -> str:
         """The one placement lock of the fleet (R14)."""
         return f"{self.prefix}:lock:fleet"

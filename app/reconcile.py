@@ -15,6 +15,9 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
 - residency commitments (R16) and remembered OOMs (R21) are written back to Redis from the
   journal's database when Redis lost them (``app/residency_store.py``);
 - idempotency keys older than ``idempotency_ttl_s`` are forgotten.
+
+A pass first checks that the Redis runs with this journal (app/pairing.py): a process that
+opened another journal would release every live reservation as "unknown to the journal".
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from app.errors import Conflict, PlacementLost
+from app.errors import ConfigError, Conflict, PlacementLost
 from app.journal import JobState, utcnow
+from app.pairing import check_pairing
 
 if TYPE_CHECKING:
     from app.context import ServerContext
@@ -54,9 +58,15 @@ class Reconciler:
         self.ctx = ctx
 
     def run_once(self) -> ReconcileReport:
-        """One reconciliation pass; see the module docstring. Raises PlacementLost if the
-        fleet lock cannot be had within ``fleet_lock_wait_s``."""
+        """One reconciliation pass; see the module docstring.
+
+        Raises:
+            ConfigError: the Redis runs with another journal (``journal_mismatch``,
+                app/pairing.py); nothing was changed.
+            PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
+        """
         ctx, settings = self.ctx, self.ctx.settings
+        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url)  # before trusting this journal
         report = ReconcileReport()
         lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
                               blocking_timeout=settings.fleet_lock_wait_s)
@@ -149,6 +159,8 @@ class ReconcileLoop:
         while not self._stop.is_set():
             try:
                 self.reconciler.run_once()
+            except ConfigError as error:  # a configuration to fix, not a crash: one line, no traceback
+                log.error("reconciliation refused (%s): %s", error.reason, error.message)
             except Exception:  # logged with its traceback; the next pass tries again
                 log.exception("reconciliation pass failed")
             self._stop.wait(self.interval_s)

@@ -4,6 +4,9 @@ nothing vanishes silently. Real Redis and journal; the worker side is what a wor
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,9 +17,10 @@ import pytest
 from app import keys
 from app.config import Settings
 from app.context import ServerContext, build_context
+from app.errors import ConfigError
 from app.journal import Job, JobState, utcnow
 from app.reconcile import Reconciler
-from tests.conftest import make_fleet
+from tests.conftest import make_fleet, run_cli, settings_env
 from tests.integration.test_dispatch import bring_online
 
 
@@ -148,3 +152,44 @@ def test_r19_a_job_claimed_by_a_new_boot_before_its_first_heartbeat_is_not_inter
     assert Reconciler(ctx).run_once().interrupted == {}
     beat(ctx, "m1", "boot-other")  # a heartbeat after the claim, of yet another boot: restarted
     assert Reconciler(ctx).run_once().interrupted == {job: "worker_restarted"}
+
+
+def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_nothing(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``homefleet reconcile`` (or ``status``, or a second server) run from another directory
+    opens another journal (``data_dir`` is relative to the working directory). That journal
+    knows none of the fleet's jobs: trusting it would release every live reservation and
+    judge jobs it never saw. The Redis records the server's journal; every other one is
+    refused (``journal_mismatch``) before anything changes, until ``homefleet db pair``."""
+    server = build_context(settings, make_fleet("m1"))
+    request.addfinalizer(server.close)
+    model = server.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(server, "m1", {model})
+    Reconciler(server).run_once()  # the server's first pass records its journal
+    queued = [submit(server, model) for _ in range(3)]
+
+    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    for command in (["reconcile"], ["status"]):
+        done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "error (journal_mismatch)" in done.stdout and "belongs to another journal" in done.stdout, done.stdout
+        assert "HOMEFLEET_DATA_DIR" in done.stdout and "homefleet db pair" in done.stdout
+    assert server.machines.reservations.count("m1") == 3  # nothing released
+    assert [server.journal.get(job).state for job in queued] == [JobState.queued] * 3
+
+    other = build_context(settings.model_copy(update={"data_dir": tmp_path / "elsewhere",
+                                                      "database_url": f"sqlite:///{tmp_path / 'elsewhere.db'}"}),
+                          make_fleet("m1"))
+    request.addfinalizer(other.close)
+    with pytest.raises(ConfigError) as refused:
+        Reconciler(other).run_once()
+    assert refused.value.reason == "journal_mismatch"
+    assert server.machines.reservations.count("m1") == 3
+
+    run_cli("db", "pair", env=elsewhere)  # on purpose: this journal replaces the server's
+    assert Reconciler(other).run_once().released_reservations == 3  # jobs it does not know
+    with pytest.raises(ConfigError):
+        Reconciler(server).run_once()  # and now the old one is refused
