@@ -117,9 +117,9 @@ def models_add(
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
 ) -> None:
     """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization)
         manifest = ctx.registry.manifest(record.id)
@@ -132,9 +132,9 @@ def models_add(
 @models_cli.command("list")
 def models_list() -> None:
     """Registered models with their family, kinds and size."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         table = Table("id", "family", "kinds", "bytes", "pipeline")
         for m in ctx.registry.list():
@@ -150,9 +150,9 @@ def models_verify(
 ) -> None:
     """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
     cache; record changed digests. Exit 1 if any file changed or is missing (R5, C07)."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         checks = ctx.registry.verify(model or None)
     finally:
@@ -180,10 +180,10 @@ def sync(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    from app.context import build_context
+    from app.context import build_checked_context
     from app.sync import ENDED, Syncs
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         syncs = Syncs(ctx.settings, ctx.redis, ctx.celery, ctx.fleet, ctx.journal, ctx.registry, ctx.machines)
         record = syncs.start(machine, model or [])
@@ -251,13 +251,11 @@ def status() -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
     warm models, backlog (LLEN of machine.<name> + running) and expected drain time (seconds,
     from learned timings)."""
-    from app.context import build_context
+    from app.context import build_checked_context
     from app.fleetstatus import fleet_status
-    from app.pairing import check_pairing
 
-    ctx = build_context(_settings())
-    try:  # running counts come from the journal: it must be the server's
-        check_pairing(ctx.redis, ctx.keys, ctx.engine, ctx.settings.redis_url, record=False)
+    ctx = build_checked_context(_settings())  # running counts come from the journal: the server's
+    try:
         table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
         for row in fleet_status(ctx):
             table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
@@ -294,9 +292,9 @@ def drain(
     then wait with a progress bar until its queued and running jobs are done."""
     from rich.progress import Progress
 
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         if machine not in ctx.fleet.machines:
             raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
@@ -328,10 +326,10 @@ def drain(
 @cli.command()
 def reconcile() -> None:
     """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
-    from app.context import build_context
+    from app.context import build_checked_context
     from app.reconcile import Reconciler
 
-    ctx = build_context(_settings())
+    ctx = build_checked_context(_settings())
     try:
         console.print(str(Reconciler(ctx).run_once()))
     finally:

@@ -69,3 +69,24 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
     dispatcher.metrics = metrics
     return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
                          dispatcher, metrics, inputs, residency)
+
+
+def build_checked_context(settings: Settings) -> ServerContext:
+    """:func:`build_context` for a CLI command that reads or changes the fleet: first checks
+    that the Redis runs with this journal, without recording it (app/pairing.py), when Redis
+    answers.
+
+    Raises:
+        ConfigError: the Redis runs with another journal (``journal_mismatch``).
+    """
+    from app.pairing import check_pairing  # app.pairing imports app.connections only
+
+    ctx = build_context(settings)
+    try:
+        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url, record=False)
+    except redis.ConnectionError:
+        pass  # nothing to check against; a command that needs Redis says so when it uses it
+    except BaseException:
+        ctx.close()
+        raise
+    return ctx

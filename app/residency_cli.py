@@ -25,10 +25,10 @@ def residency_set(
 ) -> None:
     """Commit MACHINE to keep MODELs resident (its protected set). Refused while it has work
     queued or running (R16): drain it first. Workers apply it at start and at each job."""
-    from app.context import build_context
+    from app.context import build_checked_context
     from app.residency import commit_residency
 
-    ctx = build_context(Settings())
+    ctx = build_checked_context(Settings())
     try:
         kept = commit_residency(ctx, machine, models or [])
         console.print(f"{machine}: keeps {', '.join(sorted(kept)) or 'nothing'} resident")
@@ -39,9 +39,9 @@ def residency_set(
 @residency_cli.command("show")
 def residency_show() -> None:
     """Every machine's residency commitments and warm models."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(Settings())
+    ctx = build_checked_context(Settings())
     try:
         table = Table("machine", "committed (protected)", "warm models")
         for name, view in ctx.machines.views().items():
@@ -54,9 +54,9 @@ def residency_show() -> None:
 @oom_cli.command("list")
 def oom_list(machine: Annotated[str | None, typer.Option(help="only this machine")] = None) -> None:
     """Remembered OOMs: jobs of this size or larger are refused there (Auto skips it)."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(Settings())
+    ctx = build_checked_context(Settings())
     try:
         table = Table("machine", "model", "kind", "size (px x frames x batch)", "job")
         for name in [machine] if machine else sorted(ctx.fleet.machines):
@@ -74,9 +74,9 @@ def oom_clear(
     kind: Annotated[str | None, typer.Option(help="only this kind")] = None,
 ) -> None:
     """Forget MACHINE's remembered OOMs (all, or of one model and/or kind)."""
-    from app.context import build_context
+    from app.context import build_checked_context
 
-    ctx = build_context(Settings())
+    ctx = build_checked_context(Settings())
     try:
         if machine not in ctx.fleet.machines:
             raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")

@@ -193,3 +193,23 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
     assert Reconciler(other).run_once().released_reservations == 3  # jobs it does not know
     with pytest.raises(ConfigError):
         Reconciler(server).run_once()  # and now the old one is refused
+
+
+@pytest.mark.parametrize("command", [["drain", "m1"], ["residency", "set", "m1"], ["oom", "clear", "m1"],
+                                     ["models", "list"], ["sync", "m1"]])
+def test_r19_fleet_commands_with_another_journal_are_refused(
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest, command: list[str]
+) -> None:
+    """Every CLI command that reads or changes the fleet checks the pairing first: a drain,
+    a residency commitment, an OOM clear or a sync from another directory would act on a
+    journal the server does not read."""
+    server = build_context(settings, make_fleet("m1"))
+    request.addfinalizer(server.close)
+    Reconciler(server).run_once()
+    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (journal_mismatch)" in done.stdout, done.stdout
+    assert not server.redis.exists(server.keys.draining("m1"))
