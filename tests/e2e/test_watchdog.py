@@ -21,6 +21,7 @@ from app.config import Settings
 from app.context import ServerContext, build_context
 from app.journal import Job, JobState
 from app.localfleet import LocalFleet
+from app.procs import stop_process_group
 from app.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet
 from tests.e2e.test_job_way import wait_for
@@ -144,5 +145,56 @@ def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_t
         assert ctx.residency.clear_ooms("m1") == 1
         after = watched.client.submit(MODEL, "txt2img", {"prompt": "after", "steps": 2}, target="m1")
         assert watched.client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # a fresh pool process
+    finally:
+        ctx.residency.clear_ooms("m1")
+
+
+def crash_and_restart(watched: WatchedFleet) -> None:
+    """Hard-kill the API and m1's worker (SIGKILL to their process groups), start both again
+    and wait until m1 is online."""
+    stop_process_group(watched.local.processes.pop("api"), signal.SIGKILL)
+    watched.local.stop_worker("m1", signal.SIGKILL)
+    watched.local.start_api()
+    watched.local.start_worker("m1")
+    watched.local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
+
+
+def test_c08_a_job_cut_by_a_server_and_worker_crash_is_interrupted_once_and_never_runs_again(
+    watched: WatchedFleet,
+) -> None:
+    """C08: hard-kill the server and the worker while J1 runs, restart both. J1 is
+    ``interrupted`` once and never comes back by itself; J2, queued behind it, runs once."""
+    ctx = watched.ctx
+    j1 = watched.client.submit(MODEL, "txt2img", {**LONG, "prompt": "c08 j1"}, target="m1")
+    j2 = watched.client.submit(MODEL, "txt2img", {"prompt": "c08 j2", "steps": 2}, target="m1")
+    watched.running(j1["id"])
+    crash_and_restart(watched)
+    assert watched.client.wait(j2["id"], timeout_s=180)["state"] == "succeeded"
+    wait_for(lambda: ctx.journal.get(j1["id"]).state == JobState.interrupted, timeout_s=60,
+             what="reconciliation to mark J1 interrupted")
+    journaled = ctx.journal.get(j1["id"])
+    assert journaled.reason in {"worker_lost", "worker_restarted"}, journaled.reason
+    assert journaled.result_digest is None
+    events = [e.event for e in ctx.journal.events(j1["id"])]
+    assert events.count("running") == 1 and events.count("interrupted") == 1, events
+    assert [e.event for e in ctx.journal.events(j2["id"])].count("running") == 1
+    time.sleep(3)  # a resubmission or redelivery would show within a few passes (reconcile_interval_s=0.5)
+    assert [e.event for e in ctx.journal.events(j1["id"])] == events
+    assert [j.id for j in ctx.journal.list() if j.params.get("prompt") == "c08 j1"] == [j1["id"]]  # never resubmitted
+
+
+def test_c08_an_oom_is_still_remembered_after_the_server_and_worker_crash(watched: WatchedFleet) -> None:
+    """C08: if J1 died of OOM, an identical repeat is refused with the remembered reason, also
+    after the server and the worker were hard-killed and started again (R21: durable)."""
+    ctx = watched.ctx
+    try:
+        job = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+        os.kill(watched.running(job["id"]), signal.SIGKILL)  # as the kernel's OOM killer does
+        assert watched.client.wait(job["id"], timeout_s=60)["state"] == "failed"
+        crash_and_restart(watched)
+        with pytest.raises(ApiError) as refused:
+            watched.client.submit(MODEL, "txt2img", LONG, target="m1")
+        assert (refused.value.status_code, refused.value.reason) == (422, "remembered_oom")
+        assert "ran out of memory on machine 'm1'" in refused.value.message
     finally:
         ctx.residency.clear_ooms("m1")
