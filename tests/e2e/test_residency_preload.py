@@ -101,3 +101,46 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
             lock.release()
         ctx.redis.delete(ctx.keys.heartbeat(MACHINE))
         ctx.redis.srem(ctx.keys.verified(MACHINE), model)
+
+
+@pytest.mark.parametrize(("working", "reason", "remembered"), [(False, "error", 0), (True, "oom", 1)],
+                         ids=["killed_while_waiting_for_the_preload", "killed_while_running"])
+def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
+    fleet: RunningFleet, working: bool, reason: str, remembered: int
+) -> None:
+    """A pool process SIGKILLed under a job is that job's OOM (R21) only once the job holds the
+    model cache; killed while the job still waited for the start-up preload (R16), the preload's
+    load was to blame: the job fails as ``error`` and no OOM is remembered for its size (its
+    repeat would otherwise be refused for a fault that was not its own). The worker's parent
+    process side (Heartbeat.report_lost) reports to the real API."""
+    from celery.exceptions import WorkerLostError
+
+    from app.config import WorkerSettings
+    from tasks.heartbeat import Heartbeat, mark_running, mark_working
+    from tasks.server_client import ServerClient
+
+    ctx, local, model = fleet.ctx, fleet.local, fleet.model
+    settings = WorkerSettings(machine=MACHINE, models_dir=local.models_dir(MACHINE), redis_url=local.settings.redis_url,
+                              worker_token=ctx.fleet.machines[MACHINE].token, server_url=local.api_url)
+    beat = {"machine": MACHINE, "boot_id": "boot-oom-test", "at": time.time(), "warm_models": []}
+    ctx.redis.set(ctx.keys.heartbeat(MACHINE), json.dumps(beat), ex=120)
+    ctx.redis.sadd(ctx.keys.verified(MACHINE), model)
+    server = ServerClient(local.api_url, settings.worker_token, 30, "boot-oom-test", machine=MACHINE)
+    try:
+        job_id = fleet.client.submit(model, "txt2img", {"prompt": "x", "steps": 1}, target=MACHINE)["id"]
+        assert ctx.redis.rpop(keys.queue(MACHINE)) is not None  # delivered
+        server.claim(job_id, claim_id="claim-oom-test")
+        mark_running(ctx.redis, ctx.keys, MACHINE, job_id)  # the task started: it waits for the cache
+        if working:
+            mark_working(ctx.redis, ctx.keys, MACHINE, job_id)  # it holds the cache: loading or running
+        lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 0.")
+        Heartbeat(settings, ctx.redis, "boot-oom-test", "cpu").report_lost(job_id, lost)
+        done = fleet.client.wait(job_id, timeout_s=60)
+        journaled = ctx.journal.get(job_id)
+        assert (done["state"], journaled.reason) == ("failed", reason), journaled.message
+        assert len(ctx.residency.ooms(MACHINE)) == remembered
+    finally:
+        server.close()
+        ctx.residency.clear_ooms(MACHINE)
+        ctx.redis.delete(ctx.keys.heartbeat(MACHINE), ctx.keys.running(MACHINE))
+        ctx.redis.srem(ctx.keys.verified(MACHINE), model)
