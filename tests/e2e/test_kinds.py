@@ -28,7 +28,7 @@ from app.digest import bytes_digest
 from app.journal import JobState
 from app.localfleet import LocalFleet
 from app.redis_server import free_port
-from tests.conftest import TEST_API_KEY, make_fleet, run_cli
+from tests.conftest import TEST_API_KEY, make_fleet
 
 pytestmark = pytest.mark.e2e
 
