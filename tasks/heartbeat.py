@@ -114,6 +114,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self.refused = False  # the server refused the token at start: the worker stops (exit 78)
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
+        self.abandoned = False  # another worker of this machine runs it now (abandon)
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -122,10 +123,18 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop beating and take the machine offline at once (delete the heartbeat key)."""
+        """Stop beating and take the machine offline at once (delete the heartbeat key), unless
+        :meth:`abandon` was called: then the key is another worker's."""
         self._stop.set()
         self._thread.join(timeout=5)
-        self.redis.delete(self.keys.heartbeat(self.settings.machine))
+        if not self.abandoned:
+            self.redis.delete(self.keys.heartbeat(self.settings.machine))
+
+    def abandon(self) -> None:
+        """Stop writing this machine's heartbeat and verified set, leaving both as they are:
+        another worker of this machine took the worker lease (tasks/worker.py, WorkerLease)."""
+        self.abandoned = True
+        self._stop.set()
 
     def verify(self) -> set[str]:
         """Hash the local copies against the manifest; replace the advertised set (R4)."""

@@ -8,9 +8,12 @@ disabled, so it holds only the job it runs; the rest wait in the Redis list, in 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -58,8 +61,15 @@ def detect_device() -> str:
 EX_CONFIG = 78  # sysexits.h: a configuration error (the server refused the token; a second worker)
 
 
-# KEYS[1] the lease, ARGV[1] our boot id, ARGV[2] TTL (ms): renew (1) or release (no TTL) only our own.
-_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+# KEYS[1] the lease, ARGV[1] our boot id, ARGV[2] TTL (ms). Renew our own (1); take it back when
+# it is gone (2: Redis restarted or lost its data, or a stall outlasted the TTL); 0: another
+# worker holds it.
+_RENEW = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0
+"""
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
@@ -68,7 +78,10 @@ class WorkerLease:
     verifies its files): the Redis key ``machine:<name>:worker`` holds its boot id with a TTL
     of ``heartbeat_ttl_s``, renewed by a thread every ``heartbeat_interval_s`` and deleted at a
     clean stop. A worker that died leaves a lease that lapses within the TTL; a new worker
-    waits that long for it, then takes it.
+    waits that long for it, then takes it. A lease that vanished under a running worker (Redis
+    restarted or lost its data, or a stall outlasted the TTL) is taken back at the next
+    renewal; one that another worker took meanwhile is lost for good: :attr:`lost` is set and
+    ``on_lost`` is called (the worker stops: a warm shutdown, then exit 78).
 
     Raises (:meth:`acquire`):
         SystemExit: ``EX_CONFIG`` (78) when another worker of this machine holds the lease:
@@ -76,10 +89,13 @@ class WorkerLease:
             folder's.
     """
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str) -> None:
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.settings, self.redis, self.boot_id = settings, client, boot_id
         self.key = Keys(settings.key_prefix).worker_lease(settings.machine)
         self.ttl_ms = int(settings.heartbeat_ttl_s * 1000)
+        self.on_lost = on_lost
+        self.lost = False  # another worker of this machine took the lease: this one must stop
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="homefleet-lease", daemon=True)
 
@@ -97,9 +113,21 @@ class WorkerLease:
     def _renew(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
             try:
-                self.redis.eval(_RENEW, 1, self.key, self.boot_id, self.ttl_ms)
+                renewed = self.redis.eval(_RENEW, 1, self.key, self.boot_id, self.ttl_ms)
             except redis.RedisError as error:
                 log.warning("%s: worker lease not renewed: %s", self.settings.machine, error)
+                continue
+            if renewed == 2:
+                log.warning("%s: the worker lease was gone (Redis restarted or lost its data, or a stall outlasted "
+                            "its %.0f s TTL); taken back", self.settings.machine, self.settings.heartbeat_ttl_s)
+            elif renewed == 0:
+                self.lost = True
+                log.critical("%s: another worker of this machine took the worker lease (boot %s) while this one "
+                             "could not renew it; one worker per machine: this one stops", self.settings.machine,
+                             self.redis.get(self.key))
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
 
     def release(self) -> None:
         self._stop.set()
@@ -138,19 +166,22 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
 
     Raises:
         SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start, or
-            another worker of the same machine holds its lease (:class:`WorkerLease`).
+            another worker of the same machine holds its lease, or took it while it ran
+            (:class:`WorkerLease`).
     """
     boot_id = uuid.uuid4().hex
     check_token(settings)  # before anything is consumed: a wrong token would lose the jobs it takes
     lease = WorkerLease(settings, create_redis(settings), boot_id)
     lease.acquire()
     try:
-        _run(settings, loglevel, boot_id)
+        _run(settings, loglevel, boot_id, lease)
     finally:
         lease.release()
+    if lease.lost:
+        raise SystemExit(EX_CONFIG)
 
 
-def _run(settings: WorkerSettings, loglevel: str, boot_id: str) -> None:
+def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLease) -> None:
     from tasks.pipelines import go_offline, quiet
 
     go_offline()  # before diffusers/transformers read their settings
@@ -161,6 +192,14 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str) -> None:
     celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
     heartbeat = Heartbeat(settings, create_redis(settings), boot_id=boot_id, device=detect_device())
+
+    def on_lease_lost() -> None:
+        # Another worker runs this machine now: stop writing its heartbeat and verified set at
+        # once, and stop as on SIGTERM (Celery's warm shutdown: the running job ends first).
+        heartbeat.abandon()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    lease.on_lost = on_lease_lost
 
     def on_ready(**_: Any) -> None:
         heartbeat.start()

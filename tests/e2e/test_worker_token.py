@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,39 @@ def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_n
     after = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
     assert after["boot_id"] == before["boot_id"]  # the first one still beats
     assert ctx.redis.smembers(ctx.keys.verified("m1")) == verified  # and its verified models are as they were
+
+
+def test_r7_a_worker_whose_lease_another_worker_took_stops_with_78_and_leaves_the_machine_to_it(
+    fleet: RunningFleet,
+) -> None:
+    """A lease that vanished under a live worker (Redis lost its data) is taken back; one that
+    another worker holds now (it started while this one's Redis stalled past the TTL) stops
+    this worker: a warm shutdown, exit 78, and the other's heartbeat is left in place."""
+    local, redis_client = fleet.local, fleet.ctx.redis
+    local.start_worker(MACHINE)
+    lease = fleet.ctx.keys.worker_lease(MACHINE)
+    try:
+        local.wait_online([MACHINE], timeout_s=180)
+        boot_id = json.loads(redis_client.get(fleet.ctx.keys.heartbeat(MACHINE)))["boot_id"]
+        assert redis_client.get(lease) == boot_id
+        redis_client.delete(lease)  # as a Redis restart without persistence does
+        deadline = time.monotonic() + 30
+        while redis_client.get(lease) != boot_id:
+            assert time.monotonic() < deadline, "the worker did not take its lease back"
+            time.sleep(0.1)
+
+        redis_client.set(lease, "boot-of-another-worker", ex=60)
+        log_file = local.logs_dir / f"worker-{MACHINE}.log"
+        deadline = time.monotonic() + 30
+        while "another worker of this machine took the worker lease" not in log_file.read_text():
+            assert time.monotonic() < deadline, "the worker did not notice"
+            time.sleep(0.1)
+        time.sleep(2 * local.settings.heartbeat_interval_s)  # a beat under way when it noticed has ended
+        other_beat = json.dumps({"machine": MACHINE, "boot_id": "boot-of-another-worker"})
+        redis_client.set(fleet.ctx.keys.heartbeat(MACHINE), other_beat, ex=60)  # the other worker's
+        assert local.processes[f"worker-{MACHINE}"].wait(timeout=120) == 78  # EX_CONFIG
+        assert redis_client.get(lease) == "boot-of-another-worker"
+        assert redis_client.get(fleet.ctx.keys.heartbeat(MACHINE)) == other_beat  # neither rewritten nor deleted
+    finally:
+        local.stop_worker(MACHINE)
+        redis_client.delete(lease, fleet.ctx.keys.heartbeat(MACHINE), fleet.ctx.keys.verified(MACHINE))

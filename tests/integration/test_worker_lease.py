@@ -47,3 +47,37 @@ def test_r7_a_second_worker_of_a_machine_is_refused_from_the_first_ones_start(re
     second.release()  # a late release of a lapsed lease does not free the new holder's
     assert client.get(third.key) == "boot-3"
     third.release()
+
+
+def test_r7_a_lease_that_vanished_is_taken_back_and_one_another_worker_took_stops_this_one(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Redis restarted without persistence, lost its data, or stalled past the TTL: the lease
+    key is gone while its worker still runs. The worker takes it back at its next renewal, so
+    a second worker started later is still refused. A lease another worker took meanwhile is
+    lost for good: the first worker is told to stop (``on_lost``), once."""
+    settings = worker_settings(redis_url, tmp_path)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    told: list[str] = []
+    first = WorkerLease(settings, client, "boot-1", on_lost=lambda: told.append("stop"))
+    first.acquire()
+    try:
+        for _ in range(2):
+            client.delete(first.key)  # as a Redis restart without persistence or FLUSHALL does
+            time.sleep(settings.heartbeat_interval_s * 3)
+            assert client.get(first.key) == "boot-1" and not first.lost
+            assert 0 < client.pttl(first.key) <= first.ttl_ms  # with its TTL: it lapses if the worker dies
+        with pytest.raises(SystemExit):
+            WorkerLease(settings, client, "boot-2").acquire()  # still refused
+
+        client.set(first.key, "boot-3", px=first.ttl_ms)  # taken by another worker while the first stalled
+        deadline = time.monotonic() + 5
+        while not first.lost:
+            assert time.monotonic() < deadline, "the first worker never noticed"
+            time.sleep(0.05)
+        time.sleep(settings.heartbeat_interval_s * 3)
+        assert told == ["stop"]  # told once; its renewal thread ended
+        assert client.get(first.key) == "boot-3"  # the new holder's lease is left alone
+    finally:
+        first.release()
+    assert client.get(first.key) == "boot-3"
