@@ -50,6 +50,7 @@ class Settings(BrokerSettings):
     api_port: int = Field(8787, ge=1, le=65535)
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
+    max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/body_limit.py)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)

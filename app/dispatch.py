@@ -70,6 +70,20 @@ def request_fingerprint(model_id: str, kind: str, params: dict[str, Any], target
 
 log = logging.getLogger(__name__)
 
+KEPT_CHARS = 1024  # a refused job's param is kept whole up to this many characters (of its JSON)
+
+
+def abridged(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as a refused job keeps them in the journal: a value whose JSON is longer than
+    :data:`KEPT_CHARS` is replaced by its first 200 characters and its length, so that refusing
+    a huge request (the reason is usually its size) does not store it (a 20 MB prompt was kept
+    whole). Accepted jobs keep their params whole: R22's limits bound them."""
+    kept: dict[str, Any] = {}
+    for name, value in params.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        kept[name] = value if len(text) <= KEPT_CHARS else f"{text[:200]}… ({len(text)} characters; abridged)"
+    return kept
+
 
 class Dispatcher:
     def __init__(
@@ -268,7 +282,7 @@ class Dispatcher:
                 if self.metrics is not None:
                     self.metrics.refused(error.reason)
                 refused = self.journal.add(
-                    Job(state=JobState.rejected, model_id=model_id, kind=kind, params=params, target=target,
+                    Job(state=JobState.rejected, model_id=model_id, kind=kind, params=abridged(params), target=target,
                         reason=error.reason, message=error.message)
                 )
                 error.job_id = refused.id

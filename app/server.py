@@ -15,6 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 
 from app.auth import check_api_keys, require_api_key
+from app.body_limit import BodyLimit
 from app.config import Settings
 from app.connections import redacted_url
 from app.context import ServerContext, build_context
@@ -50,16 +51,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     @api.exception_handler(HomefleetError)
     async def domain_error(request: Request, error: HomefleetError) -> JSONResponse:
-        headers = {}
-        retry_after_s = getattr(error, "retry_after_s", None)
-        if retry_after_s is not None:
-            headers["Retry-After"] = str(retry_after_s)
-        if is_openai_route(request.url.path):
-            return openai_error(error, headers)
-        body: dict[str, str] = {"reason": error.reason, "message": error.message}
-        if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
-            body["job_id"] = error.job_id
-        return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
+        return error_response(request.url.path, error)
 
     @api.exception_handler(RedisConnectionError)
     @api.exception_handler(RedisTimeoutError)
@@ -93,6 +85,8 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         ).observe(time.perf_counter() - start_s)
         return response
 
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, render=error_response)
+
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
     api.include_router(public.router, dependencies=keyed)
@@ -103,6 +97,22 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(sync.internal_router)
     api.include_router(residency.router, dependencies=keyed)
     return api
+
+
+def error_response(path: str, error: HomefleetError) -> JSONResponse:
+    """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "job_id"]}}``
+    with the error's status, or OpenAI's shape on the OpenAI routes; ``Retry-After`` (seconds)
+    when the error carries one."""
+    headers = {}
+    retry_after_s = getattr(error, "retry_after_s", None)
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    if is_openai_route(path):
+        return openai_error(error, headers)
+    body: dict[str, str] = {"reason": error.reason, "message": error.message}
+    if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
+        body["job_id"] = error.job_id
+    return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 
 def jsonable(details: object) -> object:
