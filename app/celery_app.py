@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from app.config import BrokerSettings
+from app.connections import broker_url
 
 RUN_JOB_TASK = "homefleet.run_job"
 SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its turn like a job (app/sync.py)
@@ -19,7 +20,7 @@ UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a
 
 def create_celery(settings: BrokerSettings) -> Celery:
     """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish."""
-    app = Celery("homefleet", broker=settings.redis_url, set_as_current=False)
+    app = Celery("homefleet", broker=broker_url(settings.redis_url), set_as_current=False)
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,

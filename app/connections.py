@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from sqlalchemy import event
@@ -16,6 +16,18 @@ from app.config import BrokerSettings, Settings
 def create_redis(settings: BrokerSettings) -> redis.Redis:
     """A Redis client for Homefleet's own keys (decoded strings). Connects lazily."""
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+
+
+def broker_url(redis_url: str) -> str:
+    """``redis_url`` as kombu names the same Redis: redis-py's unix-socket form
+    ``unix:///run/redis.sock?db=2`` is kombu's ``redis+socket:///run/redis.sock?virtual_host=2``
+    (kombu has no ``unix`` transport); ``redis://`` and ``rediss://`` URLs are the same in both."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
+    query.append(("virtual_host", dict(parse_qsl(parts.query)).get("db", "0")))
+    return f"redis+socket://{parts.netloc}{parts.path}?{urlencode(query)}"  # "//" kept with an empty netloc
 
 
 def redacted_url(url: str) -> str:
