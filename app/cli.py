@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from app.config import Settings, WorkerSettings
+from app.config import Settings, WorkerSettings, unknown_variables
 from app.errors import ConfigError, HomefleetError
 from app.fleet import load_fleet
 from app.limits import DEFAULT_FAMILY
@@ -456,6 +456,8 @@ def main() -> None:
     # `worker` install their own handlers: uvicorn's and Celery's.)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     quiet_import_warnings()  # before any command imports torch (make-tiny, worker, drill, bench --local)
+    for line in unknown_variables(os.environ):
+        print(f"warning: {line}", file=sys.stderr)
     try:
         cli()
     except HomefleetError as error:

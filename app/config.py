@@ -6,6 +6,8 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -126,3 +128,23 @@ class WorkerSettings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+
+OTHER_VARIABLES = frozenset({
+    "HOMEFLEET_API_KEY",  # `homefleet bench --api-key`
+    "HOMEFLEET_TEST_POSTGRES", "HOMEFLEET_FUZZ_EXAMPLES",  # the test suite's (tests/conftest.py, tests/fuzz)
+})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``HOMEFLEET_*`` variable in ``environ`` that names no setting of the server
+    or a worker, with the closest setting: a misspelt variable is otherwise ignored silently
+    (settings read the environment with ``extra="ignore"``, because the server and the workers
+    share one environment but not one set of settings)."""
+    known = {f"HOMEFLEET_{name.upper()}" for name in (*Settings.model_fields, *WorkerSettings.model_fields)}
+    known |= OTHER_VARIABLES
+    lines = []
+    for name in sorted(v for v in environ if v.startswith("HOMEFLEET_") and v not in known):
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        lines.append(f"{name} is not a Homefleet setting; it is ignored" + (f" (did you mean {close[0]}?)" if close else ""))
+    return lines

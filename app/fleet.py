@@ -68,7 +68,11 @@ class MemoryKind(StrEnum):
 
 
 class Machine(BaseModel):
-    """One machine of the fleet. ``memory_bytes`` is usable memory for jobs, in bytes."""
+    """One machine of the fleet. ``memory_bytes`` is usable memory for jobs, in bytes. A key
+    that is not one of these fields is refused (``speeed = 3.0`` would otherwise leave the
+    default speed in place, silently)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str
     backend: Backend
@@ -140,6 +144,8 @@ class Fleet(BaseModel):
     Raises ``ValueError`` on duplicate names or tokens, a missing ``server`` machine, an
     unknown kind or a negative coefficient (naming the field), or (with ``require_tokens``) a
     machine without a token."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt table (``[model.x]``) is refused, not ignored
 
     machines: dict[str, Machine]
     working_memory: dict[str, KindWorking] = Field(default_factory=dict)

@@ -82,3 +82,17 @@ def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp
     assert ("error (invalid_settings): the fleet file: the families table names family 'sd-1', which no machine "
             "runs (families: sd1); did you mean 'sd1'?") in done.stdout, done.stdout
     assert "Value error" not in done.stdout
+
+
+def test_a_misspelt_homefleet_variable_is_named_with_the_closest_setting(tmp_path: Path) -> None:
+    """Settings ignore unknown HOMEFLEET_* variables (server and workers share one environment
+    but not one set of settings): a misspelt one would change nothing, silently. The CLI warns
+    on standard error, naming the setting it was probably meant for; known ones pass quietly."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_MAX_QUEUED_PER_MACHIN": "3",
+                "HOMEFLEET_WORKER_TOKEN": "x" * 32, "HOMEFLEET_API_KEY": "k"})
+    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "--help"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["warning: HOMEFLEET_MAX_QUEUED_PER_MACHIN is not a Homefleet setting; it is "
+                                        "ignored (did you mean HOMEFLEET_MAX_QUEUED_PER_MACHINE?)"], done.stderr

@@ -75,6 +75,7 @@ load_s = 2.8
     ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),
     ("[models.sdxl]\nstep_s = 0", "models.sdxl.step_s"),  # R13's timing guesses: seconds > 0
     ("[models.sdxl]\nload_seconds = 3", "models.sdxl.load_seconds"),
+    ("[model.sdxl]\nstep_s = 0.6", "model\n  Extra inputs are not permitted"),  # [models.x] misspelt
 ])
 def test_r11_invalid_coefficients_are_refused_naming_the_field(extra: str, text: str) -> None:
     with pytest.raises(ValidationError) as refused:
