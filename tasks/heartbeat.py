@@ -115,6 +115,7 @@ class Heartbeat:
         self.refused = False  # the server refused the token at start: the worker stops (exit 78)
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
         self.abandoned = False  # another worker of this machine runs it now (abandon)
+        self._warm: str | None = None  # the pool process's warm models as last read (JSON), to restore
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -169,6 +170,13 @@ class Heartbeat:
         machine = self.settings.machine
         memory = psutil.virtual_memory()
         warm = self.redis.get(self.keys.warm(machine))
+        if warm is None and self._warm is not None:
+            # Written by the pool process at its start and after each load; gone since: Redis lost
+            # it (a restart without persistence, FLUSHALL). Written back, unless the pool process
+            # wrote a newer one meanwhile.
+            self.redis.set(self.keys.warm(machine), self._warm, nx=True)
+            warm = self.redis.get(self.keys.warm(machine))
+        self._warm = warm
         record = {
             "machine": machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
             "device": self.device, "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,

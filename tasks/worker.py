@@ -181,6 +181,16 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
         raise SystemExit(EX_CONFIG)
 
 
+def record_fresh_pool(rt: runtime.WorkerRuntime) -> None:
+    """In a new pool process (at start, or replacing one that was killed: an OOM, the
+    watchdog): publish its warm models, none, so the heartbeat stops advertising the dead
+    process's (R12 prices cold loads by them)."""
+    try:
+        rt.record_warm()
+    except redis.RedisError as error:
+        log.warning("%s: the new pool process could not publish its warm models: %s", rt.settings.machine, error)
+
+
 def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLease) -> None:
     from tasks.pipelines import go_offline, quiet
 
@@ -227,6 +237,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
 
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
+    worker_process_init.connect(lambda **_: record_fresh_pool(rt), weak=False)  # nothing warm in a new one
     worker_process_init.connect(lambda **_: start_preload(rt), weak=False)  # committed models warm (R16)
     worker_shutdown.connect(on_shutdown, weak=False)
     task_prerun.connect(on_task_start, weak=False)

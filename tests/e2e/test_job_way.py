@@ -6,6 +6,7 @@ Real Redis, real ``celery worker`` processes, real tiny diffusers pipelines.
 from __future__ import annotations
 
 import io
+import json
 import signal
 import time
 from pathlib import Path
@@ -168,3 +169,35 @@ def test_r20_an_idempotent_retry_over_http_returns_the_original(fleet: RunningFl
     assert reused.value.status_code == 422 and reused.value.reason == "idempotency_key_reused"
     assert fleet.client.wait(first["id"], timeout_s=120)["state"] == "succeeded"
     assert len([j for j in fleet.ctx.journal.list() if j.idempotency_key == "e2e-key-1"]) == 1
+
+
+def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_after_their_process_died(
+    fleet: RunningFleet,
+) -> None:
+    """Placement prices a cold load by the heartbeat's warm models (R12). Redis lost the warm
+    record (a restart without persistence): the worker advertises the model again, instead of
+    an empty set until its next load. The pool process that held the model died (an OOM kill):
+    its replacement holds nothing, and the heartbeat says so."""
+    import psutil
+
+    ctx, machine = fleet.ctx, "m1"
+
+    def warm() -> list[str]:
+        raw = ctx.redis.get(ctx.keys.heartbeat(machine))
+        return json.loads(raw)["warm_models"] if raw else []
+
+    job = fleet.client.submit(fleet.model, "txt2img", {"prompt": "warm it", "steps": 2}, target=machine)
+    assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
+    wait_for(lambda: warm() == [fleet.model], what="the model warm in m1's heartbeat")
+    ctx.redis.delete(ctx.keys.warm(machine))  # as a Redis restart without persistence does
+    time.sleep(3 * fleet.local.settings.heartbeat_interval_s)
+    wait_for(lambda: ctx.redis.get(ctx.keys.warm(machine)) is not None, timeout_s=10, what="the warm record back")
+    assert warm() == [fleet.model]
+
+    [pool] = psutil.Process(fleet.local.processes[f"worker-{machine}"].pid).children()
+    pool.kill()  # as the kernel's OOM killer does, between jobs
+    wait_for(lambda: warm() == [], timeout_s=30, what="the new pool process's empty warm set")
+    again = fleet.client.submit(fleet.model, "txt2img", {"prompt": "cold again", "steps": 2}, target=machine)
+    assert fleet.client.wait(again["id"], timeout_s=120)["state"] == "succeeded"
+    assert fleet.ctx.journal.get(again["id"]).cold_load is True  # as the heartbeat said
+    wait_for(lambda: warm() == [fleet.model], what="the model warm again")
