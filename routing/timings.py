@@ -7,7 +7,8 @@ class in memory.
 
 Units: ``load_s`` seconds for a cold load; ``step_s`` seconds per diffusion step for a job of
 the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1) on that
-machine. A job's run seconds scale linearly with its size (pixels x frames x batch).
+machine. A job's run seconds scale linearly with its size (pixels x frames x batch), from
+``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from dataclasses import dataclass
 
 REFERENCE_SIZE = 1024 * 1024
 """Pixels x frames x batch of the reference job that ``step_s`` is measured for."""
+
+MIN_SCALED_SIZE = 256 * 256
+"""Sizes below this cost a step of this size. A step's fixed work (scheduler, conditioning, kernel
+launches) dominates small images: a 64x64 and an 8x8 step of the same tiny model took 0.54 and
+0.30 s on a CPU, so scaling purely by pixels learned an 8x8 job's step as 58 times a 64x64 one's,
+and Auto shunned that machine (new-user pass). Above 256x256 real diffusion steps grow roughly
+with pixels (seed-fleet.md's figures per resolution)."""
 
 EMA_WEIGHT = 0.3
 """Weight of a new measurement in the exponential moving average (R13)."""
@@ -41,7 +49,7 @@ def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
 
 def run_seconds(timing: Timing, steps: int, size: int) -> float:
     """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`)."""
-    return timing.step_s * max(1, steps) * size / REFERENCE_SIZE
+    return timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
 
 
 class LearnedTimings:
@@ -85,7 +93,7 @@ class LearnedTimings:
         key = (machine, model_id, kind)
         old = self._entries.get(key)
         base = old or guess
-        measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(1, size)
+        measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
         step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
         if load_s is None:
             new_load_s = base.load_s

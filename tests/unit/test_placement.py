@@ -401,3 +401,18 @@ def test_r12_grouped_pressure_equals_the_per_machine_definition(seed: int) -> No
         assert got[m].utilisation == pytest.approx(load)
         assert got[m].weight_per_s == pytest.approx(weight)
         assert dict(got[m].reload_weight) == pytest.approx(reload)
+
+
+def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
+    """An 8x8 and a 64x64 job whose steps took about the same time (fixed per-step work
+    dominates tiny images) teach about the same step_s; scaling purely by pixels made the 8x8
+    one 64 times dearer, and Auto shunned that machine (new-user pass). From 256x256 up, run
+    time scales with pixels."""
+    from routing.timings import MIN_SCALED_SIZE, LearnedTimings, Timing, run_seconds
+
+    guess = Timing(load_s=1.0, step_s=1.0)
+    tiny = LearnedTimings().observe("m", "x", "txt2img", guess=guess, run_s=0.30 * 10, steps=10, size=8 * 8)
+    small = LearnedTimings().observe("m", "x", "txt2img", guess=guess, run_s=0.54 * 10, steps=10, size=64 * 64)
+    assert 0.5 < tiny.step_s / small.step_s < 1.0
+    assert run_seconds(small, 10, 8 * 8) == run_seconds(small, 10, MIN_SCALED_SIZE) == pytest.approx(5.4)
+    assert run_seconds(small, 10, 4 * MIN_SCALED_SIZE) == pytest.approx(4 * 5.4)
