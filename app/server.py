@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 
 from app.auth import check_api_keys, require_api_key
-from app.body_limit import BodyLimit
+from app.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.config import Settings
 from app.connections import redacted_url
 from app.context import ServerContext, build_context
@@ -72,6 +73,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
+        for detail in details:  # the offending value is named in the message; echo a huge one abridged
+            if len(repr(detail.get("input"))) > 1024:
+                detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
                                                       "detail": jsonable(details)})
 
@@ -85,7 +89,8 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         ).observe(time.perf_counter() - start_s)
         return response
 
-    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, render=error_response)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
+                       render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
@@ -97,6 +102,19 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(sync.internal_router)
     api.include_router(residency.router, dependencies=keyed)
     return api
+
+
+def upload_limits(settings: Settings) -> list[RouteLimit]:
+    """The body limits of the upload routes (app/body_limit.py): their files' limits in bytes
+    plus ``MULTIPART_ROOM``. An edit carries an image and maybe a mask."""
+    upload = max([settings.max_input_bytes, *(limits.max_upload_bytes for limits in settings.limits.values())])
+    return [
+        RouteLimit(re.compile(r"/v1/files"), settings.max_input_bytes + MULTIPART_ROOM, "max_input_bytes + 1 MiB"),
+        RouteLimit(re.compile(r"/v1/images/edits"), 2 * upload + MULTIPART_ROOM,
+                   "2 x the largest upload limit + 1 MiB"),
+        RouteLimit(re.compile(r"/internal/v1/jobs/[^/]+/result"), settings.max_result_bytes + MULTIPART_ROOM,
+                   "max_result_bytes + 1 MiB"),
+    ]
 
 
 def error_response(path: str, error: HomefleetError) -> JSONResponse:
