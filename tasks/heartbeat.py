@@ -65,6 +65,20 @@ def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Pat
     return verified
 
 
+# KEYS: the lease, the heartbeat, the advertised set, the warm record. ARGV: boot id, heartbeat
+# record, its TTL (ms), 1 to rewrite the advertised set, a warm record to restore (or ""), then
+# the advertised models. Nothing is written unless the lease holds this boot id.
+_BEAT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[4] == '1' then
+  redis.call('DEL', KEYS[3])
+  for i = 6, #ARGV do redis.call('SADD', KEYS[3], ARGV[i]) end
+end
+if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'NX') end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
 # KEYS[1] running record, ARGV: this process's records (waiting, working): remove only our own.
 _CLEAR_OWN = """
 local current = redis.call('GET', KEYS[1])
@@ -149,42 +163,42 @@ class Heartbeat:
         self._redis_run_id = self.redis.info("server").get("run_id")
         return verified
 
-    def keep_verified_set(self) -> None:
-        """Remember the advertised set as Redis holds it (syncs add to it, the job-time check
-        withdraws from it, R4/R5), and write it again when Redis restarted without persistence
-        (its run id changed), so the machine stays placeable."""
-        run_id = self.redis.info("server").get("run_id")
-        key = self.keys.verified(self.settings.machine)
-        if run_id == self._redis_run_id:
-            self.verified = set(self.redis.smembers(key))
-            return
-        self._redis_run_id = run_id
-        with self.redis.pipeline() as pipe:
-            pipe.delete(key)
-            if self.verified:
-                pipe.sadd(key, *sorted(self.verified))
-            pipe.execute()
-
     def beat(self) -> None:
-        self.keep_verified_set()
+        """Write the heartbeat record, in one step with a check that this worker still holds its
+        machine's lease (tasks/worker.py, WorkerLease): a worker that lost it to another writes
+        nothing of that machine's any more. In the same step, restore what Redis lost:
+
+        - the advertised set, when Redis restarted without persistence (its run id changed), so
+          the machine stays placeable; otherwise the set is remembered as Redis holds it (syncs
+          add to it, the job-time check withdraws from it, R4/R5);
+        - the pool process's warm models (written by it at its start and after each load), when
+          their record is gone, unless the pool process wrote a newer one meanwhile.
+        """
         machine = self.settings.machine
-        memory = psutil.virtual_memory()
+        run_id = self.redis.info("server").get("run_id")
+        restarted = run_id != self._redis_run_id
+        if not restarted:
+            self.verified = set(self.redis.smembers(self.keys.verified(machine)))
         warm = self.redis.get(self.keys.warm(machine))
-        if warm is None and self._warm is not None:
-            # Written by the pool process at its start and after each load; gone since: Redis lost
-            # it (a restart without persistence, FLUSHALL). Written back, unless the pool process
-            # wrote a newer one meanwhile.
-            self.redis.set(self.keys.warm(machine), self._warm, nx=True)
-            warm = self.redis.get(self.keys.warm(machine))
-        self._warm = warm
+        restore = self._warm if warm is None and self._warm is not None else None
+        warm = warm if restore is None else restore
+        memory = psutil.virtual_memory()
+        verified = sorted(self.verified or ())
         record = {
             "machine": machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
             "device": self.device, "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
-            "warm_models": json.loads(warm) if warm else [],
-            "verified_models": sorted(self.redis.smembers(self.keys.verified(machine))), "at": time.time(),
+            "warm_models": json.loads(warm) if warm else [], "verified_models": verified, "at": time.time(),
         }
-        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
-        self.redis.set(self.keys.heartbeat(self.settings.machine), json.dumps(record), px=ttl_ms)
+        written = self.redis.eval(
+            _BEAT, 4, self.keys.worker_lease(machine), self.keys.heartbeat(machine), self.keys.verified(machine),
+            self.keys.warm(machine), self.boot_id, json.dumps(record), int(self.settings.heartbeat_ttl_s * 1000),
+            int(restarted), restore or "", *verified,
+        )
+        if not written:
+            log.warning("%s: this worker does not hold the machine's lease now; heartbeat not written", machine)
+            return
+        self._redis_run_id = run_id
+        self._warm = warm
 
     def obey_restart(self) -> None:
         """Watchdog (R19): when the server marked this machine's running job ``hung``, kill the

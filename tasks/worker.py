@@ -94,8 +94,10 @@ class WorkerLease:
         self.settings, self.redis, self.boot_id = settings, client, boot_id
         self.key = Keys(settings.key_prefix).worker_lease(settings.machine)
         self.ttl_ms = int(settings.heartbeat_ttl_s * 1000)
-        self.on_lost = on_lost
+        self._on_lost = on_lost
         self.lost = False  # another worker of this machine took the lease: this one must stop
+        self._told = False  # on_lost was called (once)
+        self._guard = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="homefleet-lease", daemon=True)
 
@@ -121,16 +123,31 @@ class WorkerLease:
                 log.warning("%s: the worker lease was gone (Redis restarted or lost its data, or a stall outlasted "
                             "its %.0f s TTL); taken back", self.settings.machine, self.settings.heartbeat_ttl_s)
             elif renewed == 0:
-                self.lost = True
                 log.critical("%s: another worker of this machine took the worker lease (boot %s) while this one "
                              "could not renew it; one worker per machine: this one stops", self.settings.machine,
                              self.redis.get(self.key))
-                if self.on_lost is not None:
-                    self.on_lost()
+                with self._guard:
+                    self.lost = True
+                self._tell()
                 return
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once) when the lease is lost; at once if it already was."""
+        with self._guard:
+            self._on_lost = callback
+        self._tell()
+
+    def _tell(self) -> None:
+        with self._guard:
+            callback = self._on_lost if self.lost and not self._told else None
+            self._told = self._told or callback is not None
+        if callback is not None:
+            callback()
 
     def release(self) -> None:
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=15)  # a renewal under way would take a released lease back
         try:
             self.redis.eval(_RELEASE, 1, self.key, self.boot_id)
         except redis.RedisError as error:
@@ -209,7 +226,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         heartbeat.abandon()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    lease.on_lost = on_lease_lost
+    lease.on_lost(on_lease_lost)  # at once if it was lost while torch was imported
 
     def on_ready(**_: Any) -> None:
         heartbeat.start()

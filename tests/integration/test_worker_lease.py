@@ -81,3 +81,33 @@ def test_r7_a_lease_that_vanished_is_taken_back_and_one_another_worker_took_stop
     finally:
         first.release()
     assert client.get(first.key) == "boot-3"
+
+
+def test_r7_a_lease_lost_before_the_worker_could_listen_still_stops_it(redis_url: str, tmp_path: Path) -> None:
+    """The worker learns how to stop (``on_lost``) only after it imported torch (seconds): a
+    lease lost in that window is acted on when it listens, once; a clean release waits for a
+    renewal under way, which would otherwise take the released lease back."""
+    settings = worker_settings(redis_url, tmp_path)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    lease = WorkerLease(settings, client, "boot-1")
+    lease.acquire()
+    client.set(lease.key, "boot-2", px=lease.ttl_ms)
+    deadline = time.monotonic() + 5
+    while not lease.lost:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    told: list[str] = []
+    lease.on_lost(lambda: told.append("stop"))
+    lease.on_lost(lambda: told.append("again"))
+    assert told == ["stop"]
+    lease.release()
+    assert client.get(lease.key) == "boot-2"
+
+    for _ in range(20):  # released right as a renewal runs: the key stays released
+        client.delete(lease.key)
+        fresh = WorkerLease(settings, client, "boot-3")
+        fresh.acquire()
+        time.sleep(settings.heartbeat_interval_s * 0.97)
+        fresh.release()
+        time.sleep(settings.heartbeat_interval_s)
+        assert client.get(lease.key) is None
