@@ -331,7 +331,7 @@ def reconcile() -> None:
 
     ctx = build_checked_context(_settings())
     try:
-        console.print(str(Reconciler(ctx).run_once()))
+        console.print(str(Reconciler(ctx, server=False).run_once()))
     finally:
         ctx.close()
 

@@ -22,12 +22,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.client import ENDED_STATES, HomefleetClient
 from app.config import Settings
+from app.connections import redacted_url
 from app.context import build_context
-from app.errors import NotFound
+from app.errors import ConfigError, NotFound
 from app.fleet import SERVER, load_fleet, with_fresh_tokens
 from app.journal import Journal
 from app.localfleet import LocalFleet
-from app.pairing import pair
+from app.pairing import check_pairing
 from app.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
 from app.tiny_models import make_tiny
 
@@ -87,9 +88,14 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         api_keys=[api_key])
     ctx = build_context(settings, fleet)
-    pair(ctx.redis, ctx.keys, ctx.engine)  # the demo's Redis runs with the demo's journal (app/pairing.py)
     local = LocalFleet(settings, fleet, fleet_file)
     try:
+        try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/pairing.py)
+            check_pairing(ctx.redis, ctx.keys, ctx.engine, redis_url)
+        except ConfigError as error:
+            raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
+                              f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
+                              "own", reason=error.reason) from error
         with console.status("Building the tiny models and registering them…"):
             built = make_tiny(data_dir / "tiny", kinds=tuple(DEMO_MODELS))
             for kind, model_id in DEMO_MODELS.items():

@@ -3,11 +3,12 @@
 Reconciliation (R19) trusts the journal about Redis: a reservation whose job the journal does
 not know is released, a queued job whose message is gone is ``lost``. A process that opens
 another journal beside the fleet's Redis (``homefleet reconcile`` run from another directory:
-``data_dir`` is relative to the working directory; a second server; a restored backup) would
+``data_dir`` is relative to the working directory; a second server with its own journal) would
 release every live reservation and judge jobs it never saw. So each journal has an identity (a
-random id written by its first migration, table ``journalidentity``), the first server process
-records it in Redis (``<prefix>:journal``), and every process that reconciles or serves checks
-that the two agree before it changes anything.
+random id written by the migration that created its table, ``journalidentity``), the first
+server process records it in Redis (``<prefix>:journal``), and every process that reconciles,
+serves or changes the fleet from the CLI checks that the two agree before it changes anything.
+Not told apart: a backup of the same journal restored over it (it keeps its identity).
 """
 
 from __future__ import annotations
@@ -41,14 +42,18 @@ def journal_id(engine: Engine) -> str:
     return found
 
 
-def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, redis_url: str, record: bool = True) -> str:
+def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, redis_url: str, record: bool = True,
+                  require: bool = False) -> str:
     """Record this journal's identity in Redis if none is recorded (only with ``record``: the
-    server and reconciliation do, a read-only command does not); return it.
+    server does; CLI commands do not); return it. With ``require``, a Redis that records no
+    journal yet is refused too (a command about to change the fleet that cannot tell whether
+    its journal is the server's).
 
     Raises:
         ConfigError: Redis already records another journal (reason ``journal_mismatch``): this
             process was started with another ``HOMEFLEET_DATA_DIR``/``HOMEFLEET_DATABASE_URL``
-            than the server's. Nothing was changed.
+            than the server's; or, with ``require``, records none (``journal_unpaired``).
+            Nothing was changed.
     """
     mine = journal_id(engine)
     if record:
@@ -61,6 +66,13 @@ def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, redis_url: st
             f"{engine.url.render_as_string(hide_password=True)} ({mine}). Give it the server's "
             "HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal replaces the old one on purpose, "
             "run `homefleet db pair` once", reason="journal_mismatch",
+        )
+    if recorded is None and require:
+        raise ConfigError(
+            f"the Redis at {redacted_url(redis_url)} (key prefix {keys.prefix!r}) records no journal yet, so this "
+            f"process cannot tell whether its journal ({engine.url.render_as_string(hide_password=True)}) is the "
+            "server's: start `homefleet serve` (it records its journal), or run `homefleet db pair` to make this "
+            "journal the fleet's", reason="journal_unpaired",
         )
     return mine
 

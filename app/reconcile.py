@@ -54,19 +54,26 @@ class ReconcileReport:
 
 
 class Reconciler:
-    def __init__(self, ctx: ServerContext) -> None:
+    """Reconciliation passes over ``ctx``. ``server``: this is the server's own loop, which
+    records its journal in Redis when none is (app/pairing.py); a pass from the CLI
+    (``server=False``) never records one, and refuses to run while none is recorded."""
+
+    def __init__(self, ctx: ServerContext, server: bool = True) -> None:
         self.ctx = ctx
+        self.server = server
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
 
         Raises:
             ConfigError: the Redis runs with another journal (``journal_mismatch``,
-                app/pairing.py); nothing was changed.
+                app/pairing.py), or (from the CLI) with none yet (``journal_unpaired``);
+                nothing was changed.
             PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
         """
         ctx, settings = self.ctx, self.ctx.settings
-        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url)  # before trusting this journal
+        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url,  # before trusting this journal
+                      record=self.server, require=not self.server)
         report = ReconcileReport()
         lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
                               blocking_timeout=settings.fleet_lock_wait_s)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 
 from app import keys
 from app.config import Settings
@@ -213,3 +214,37 @@ def test_r19_fleet_commands_with_another_journal_are_refused(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (journal_mismatch)" in done.stdout, done.stdout
     assert not server.redis.exists(server.keys.draining("m1"))
+
+
+def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: str, tmp_path: Path) -> None:
+    """``homefleet demo`` with HOMEFLEET_REDIS_URL naming a fleet's Redis (or an earlier demo's
+    whose folder was deleted) stops before starting anything, naming the way out, and leaves
+    the recorded journal alone: taking it over would stop the fleet's reconciliation."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set("hf:journal", "the-fleets-journal")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env["HOMEFLEET_REDIS_URL"] = redis_url
+    done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--data-dir", str(tmp_path / "demo")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (journal_mismatch)" in done.stdout and "unset HOMEFLEET_REDIS_URL" in done.stdout, done.stdout
+    assert client.get("hf:journal") == "the-fleets-journal"
+    assert not (tmp_path / "demo" / "tiny").exists()  # nothing built, nothing started
+
+
+def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_is(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """Only the server records its journal. Run before the server (after an upgrade, or while
+    Redis just lost its data), ``homefleet reconcile`` cannot tell whether its journal is the
+    server's: it refuses (``journal_unpaired``) and records nothing; once the server's pass has
+    recorded it, the CLI's pass runs."""
+    server = build_context(settings, make_fleet("m1"))
+    request.addfinalizer(server.close)
+    done = subprocess.run([sys.executable, "-m", "app.cli", "reconcile"], env={**os.environ, **settings_env(settings)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "error (journal_unpaired)" in done.stdout, done.stdout + done.stderr
+    assert "start `homefleet serve`" in done.stdout
+    assert server.redis.get(server.keys.journal()) is None
+    Reconciler(server).run_once()  # the server's own pass records it
+    assert "interrupted 0" in run_cli("reconcile", env=settings_env(settings)).stdout
