@@ -28,7 +28,7 @@ from app.config import Settings
 from app.digest import bytes_digest
 from app.celery_app import RUN_JOB_TASK
 from app.costs import ChangeMark, DemandStore, FleetCosts
-from app.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected
+from app.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, ServiceDown
 from app.limits import PromptTokenizers, check_output_pixels, check_submission, integer_params, limits_for
 from app.metrics import Metrics
 from app.inputs import InputStore
@@ -118,6 +118,9 @@ class Dispatcher:
         self.drains = Drains()
         self.speed = {name: machine.speed for name, machine in machines.fleet.machines.items()}
         self.metrics: Metrics | None = None  # set by build_context (R24)
+        # Set by the server's reconciliation loop while the Redis runs with another journal
+        # (app/pairing.py): nothing is placed, /health says why.
+        self.refusing: HomefleetError | None = None
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
         """The placement request of a submission, after every check of its params. Adds
@@ -209,7 +212,11 @@ class Dispatcher:
         Raises:
             Rejected / MachineUnavailable / NotFound: refused; journaled as ``rejected``.
             PlacementLost: the fleet lock expired mid-decision; nothing was published.
+            ServiceDown: the Redis runs with another journal (``journal_mismatch``, seen by the
+                server's reconciliation loop); nothing journaled.
         """
+        if self.refusing is not None:  # not journaled: this journal is not the fleet's
+            raise ServiceDown(self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s)
         fingerprint = request_fingerprint(model_id, kind, params, target)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it

@@ -164,10 +164,13 @@ class ReconcileLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            dispatcher = self.reconciler.ctx.dispatcher
             try:
                 self.reconciler.run_once()
+                dispatcher.refusing = None
             except ConfigError as error:  # a configuration to fix, not a crash: one line, no traceback
                 log.error("reconciliation refused (%s): %s", error.reason, error.message)
+                dispatcher.refusing = error  # the Redis runs with another journal: no placing either
             except Exception:  # logged with its traceback; the next pass tries again
                 log.exception("reconciliation pass failed")
             self._stop.wait(self.interval_s)

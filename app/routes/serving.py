@@ -20,8 +20,8 @@ router = APIRouter()
 @router.get("/health", response_model=None)
 def health(ctx: Context) -> JSONResponse:
     """Readiness: 200 only when Redis and the journal answer and at least one machine is
-    online; otherwise 503 with ``reason`` (``redis_down``, ``journal_down``, ``no_machine_online``)
-    and a message. Open (no API key), for probes."""
+    online; otherwise 503 with ``reason`` (``redis_down``, ``journal_down``, ``journal_mismatch``,
+    ``no_machine_online``) and a message. Open (no API key), for probes."""
     checks: dict[str, Any] = {}
     try:
         ctx.redis.ping()
@@ -34,6 +34,8 @@ def health(ctx: Context) -> JSONResponse:
         checks["journal"] = "ok"
     except SQLAlchemyError as error:
         return _unready("journal_down", f"the journal does not answer: {error}", checks)
+    if (refusing := ctx.dispatcher.refusing) is not None:  # the Redis runs with another journal (app/pairing.py)
+        return _unready(refusing.reason, refusing.message, checks)
     online = sorted(name for name, view in ctx.machines.views().items() if view.online)
     checks["machines_online"] = online
     if not online:

@@ -535,3 +535,37 @@ def test_r19_a_refused_job_keeps_its_reason_but_not_a_huge_param_whole(api: tupl
     assert job["params"]["prompt"] == "y" * 200 + "… (100000 characters; abridged)"
     assert job["params"]["style"].endswith("characters; abridged)") and len(job["params"]["style"]) < 300
     assert job["params"]["seed"] == ctx.journal.get(job["id"]).params["seed"]  # short params are kept whole
+
+
+def test_r19_r24_a_server_whose_redis_was_paired_with_another_journal_stops_placing_and_says_why(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    """The pairing is checked at start and by every reconciliation pass. Paired with another
+    journal later (``homefleet db pair`` elsewhere): the server places nothing (503
+    ``journal_mismatch``, nothing journaled) and /health says why, until the pairing is its
+    own again."""
+    client, ctx = make_api(settings.model_copy(update={"reconcile_interval_s": 0.2}), tiny_models_dir)
+    bring_online(ctx, "m1")
+    with client:
+        deadline = time.monotonic() + 10
+        while ctx.redis.get(ctx.keys.journal()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        mine = ctx.redis.get(ctx.keys.journal())
+        assert submit(client, "m1").status_code == 202
+        ctx.redis.set(ctx.keys.journal(), "another-journal")
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert client.get("/health").json()["error"]["reason"] == "journal_mismatch"
+        jobs = len(ctx.journal.list())
+        refused = submit(client, "m1")
+        assert refused.status_code == 503 and refused.json()["error"]["reason"] == "journal_mismatch"
+        assert "Retry-After" in refused.headers and len(ctx.journal.list()) == jobs
+        ctx.redis.set(ctx.keys.journal(), mine)
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert submit(client, "m1").status_code == 202
