@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import redis
 from sqlalchemy import event
@@ -19,15 +19,21 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
 
 
 def broker_url(redis_url: str) -> str:
-    """``redis_url`` as kombu names the same Redis: redis-py's unix-socket form
-    ``unix:///run/redis.sock?db=2`` is kombu's ``redis+socket:///run/redis.sock?virtual_host=2``
-    (kombu has no ``unix`` transport); ``redis://`` and ``rediss://`` URLs are the same in both."""
+    """``redis_url`` as kombu names the same Redis. redis-py's unix-socket form
+    ``unix://[user:password@]/run/redis.sock?db=2&password=...`` is kombu's
+    ``redis+socket://user:password@/run/redis.sock?virtual_host=2`` (kombu has no ``unix``
+    transport, takes the credentials from the address only, and would pass other options of
+    the query to redis-py untyped: they are left out; the broker's timeouts are its transport
+    options, app/celery_app.py). ``redis://`` and ``rediss://`` URLs are the same in both."""
     parts = urlsplit(redis_url)
     if parts.scheme != "unix":
         return redis_url
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
-    query.append(("virtual_host", dict(parse_qsl(parts.query)).get("db", "0")))
-    return f"redis+socket://{parts.netloc}{parts.path}?{urlencode(query)}"  # "//" kept with an empty netloc
+    query = dict(parse_qsl(parts.query))
+    user = parts.username or query.get("username", "")
+    password = parts.password or query.get("password")
+    userinfo = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
+    credentials = f"{userinfo}@" if userinfo else ""
+    return f"redis+socket://{credentials}{parts.path}?{urlencode({'virtual_host': query.get('db', '0')})}"
 
 
 def redacted_url(url: str) -> str:
