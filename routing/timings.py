@@ -22,7 +22,7 @@ REFERENCE_SIZE = 1024 * 1024
 MIN_SCALED_SIZE = 256 * 256
 """Sizes below this cost a step of this size. A step's fixed work (scheduler, conditioning, kernel
 launches) dominates small images: a 64x64 and an 8x8 step of the same tiny model took 0.54 and
-0.30 s on a CPU, so scaling purely by pixels learned an 8x8 job's step as 58 times a 64x64 one's,
+0.30 s on a CPU, so scaling purely by pixels learned an 8x8 job's step as 36 times a 64x64 one's,
 and Auto shunned that machine (new-user pass). Above 256x256 real diffusion steps grow roughly
 with pixels (seed-fleet.md's figures per resolution)."""
 

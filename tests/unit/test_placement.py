@@ -406,7 +406,7 @@ def test_r12_grouped_pressure_equals_the_per_machine_definition(seed: int) -> No
 def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
     """An 8x8 and a 64x64 job whose steps took about the same time (fixed per-step work
     dominates tiny images) teach about the same step_s; scaling purely by pixels made the 8x8
-    one 64 times dearer, and Auto shunned that machine (new-user pass). From 256x256 up, run
+    one 36 times dearer, and Auto shunned that machine (new-user pass). From 256x256 up, run
     time scales with pixels."""
     from routing.timings import MIN_SCALED_SIZE, LearnedTimings, Timing, run_seconds
 
