@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
@@ -32,3 +33,42 @@ def test_migrations_build_exactly_the_tables_the_code_declares(settings: Setting
 def test_homefleet_db_upgrade_reports_the_revision(settings: Settings) -> None:
     out = run_cli("db", "upgrade", env=settings_env(settings)).stdout
     assert "at revision" in out and "None" not in out
+
+
+def test_r13_learned_steps_taught_by_small_jobs_are_replayed_with_the_minimum_scaled_size(settings: Settings) -> None:
+    """Timings learned from jobs under 256x256 under the old rule (pixels alone) would price
+    those machines up to 16 times too slow under the new one: migration c3d9a1e5b7f2 replays
+    them from the journal's finished runs; a timing no small job taught keeps its value."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+    from sqlmodel import create_engine as plain_engine
+
+    from app.journal import Job, JobState, Journal, utcnow
+    from routing.timings import EMA_WEIGHT, MIN_SCALED_SIZE, REFERENCE_SIZE
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = plain_engine(settings.journal_url)
+    try:
+        upgrade(engine, "b7c4e2f19a30")
+        journal, start = Journal(engine), utcnow()
+        runs = [("m1", 64, 4, 2.0), ("m1", 64, 4, 4.0), ("m2", 512, 10, 5.0)]  # machine, side, steps, run_s
+        for i, (machine, side, steps, run_s) in enumerate(runs):
+            job = journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", target=machine,
+                                  machine=machine, params={"prompt": "x", "steps": steps, "width": side, "height": side}))
+            with engine.begin() as connection:
+                connection.execute(text("UPDATE job SET state = 'succeeded', run_s = :run_s, finished_at = :at "
+                                        "WHERE id = :id"), {"run_s": run_s, "at": start + timedelta(seconds=i), "id": job.id})
+        with engine.begin() as connection:
+            for machine, step_s in (("m1", 99999.0), ("m2", 12.5)):
+                connection.execute(text("INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
+                                        "load_samples, updated_at) VALUES (:m, 'tiny-sd', 'txt2img', 1.0, :s, 2, 0, :at)"),
+                                   {"m": machine, "s": step_s, "at": start})
+        upgrade(engine)
+        with engine.connect() as connection:
+            learned = dict(connection.execute(text("SELECT machine, step_s FROM learnedtiming")).all())
+    finally:
+        engine.dispose()
+    first, second = (run_s / 4 * REFERENCE_SIZE / MIN_SCALED_SIZE for run_s in (2.0, 4.0))
+    assert learned["m1"] == pytest.approx((1 - EMA_WEIGHT) * first + EMA_WEIGHT * second)  # 32 s and 64 s, in order
+    assert learned["m2"] == 12.5  # 512x512: no small job taught it
