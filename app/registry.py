@@ -166,6 +166,12 @@ class Registry:
         elif model_id in taken:
             raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
 
+        if minted and (same := self._registered_as(source, precision, quantization)) is not None:
+            raise Conflict(
+                f"{source} is already registered as {same!r} (the same files and variant "
+                f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
+                "(--id) to register a second copy", reason="model_already_registered",
+            )
         self.models_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
         try:
@@ -178,13 +184,6 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
-        if minted and (same := self._registered_as(files, precision, quantization)) is not None:
-            shutil.rmtree(final)
-            raise Conflict(
-                f"{source} is already registered as {same!r} (the same files and variant "
-                f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
-                "(--id) to register a second copy", reason="model_already_registered",
-            )
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
             total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
@@ -198,15 +197,22 @@ class Registry:
             self.on_change()
         return record
 
-    def _registered_as(self, files: list[ModelFile], precision: str, quantization: str | None) -> str | None:
-        """The id of a registered model with exactly these files (paths and digests) and this
-        variant, or None."""
-        wanted = {(f.path, f.digest) for f in files}
+    def _registered_as(self, source: Path, precision: str, quantization: str | None) -> str | None:
+        """The id of a registered model with exactly the files of the folder ``source`` (paths
+        and digests) and this variant, or None. Paths and sizes are compared first: the
+        folder's files are hashed only when a model has the same ones, nothing is copied."""
+        here = {p.relative_to(source).as_posix(): p for p in sorted(source.rglob("*")) if p.is_file()}
+        sizes = {path: file.stat().st_size for path, file in here.items()}
+        digests: dict[str, str] | None = None
         with Session(self.engine) as session:
             for record in session.exec(select(ModelRecord).where(ModelRecord.precision == precision,
                                                                  ModelRecord.quantization == quantization)):
-                rows = session.exec(select(ModelFile.path, ModelFile.digest).where(ModelFile.model_id == record.id))
-                if {(path, digest) for path, digest in rows} == wanted:
+                rows = session.exec(select(ModelFile.path, ModelFile.size, ModelFile.digest)
+                                    .where(ModelFile.model_id == record.id)).all()
+                if {path: size for path, size, _ in rows} != sizes:
+                    continue
+                digests = digests or {path: file_digest(file) for path, file in here.items()}
+                if {path: digest for path, _, digest in rows} == digests:
                     return record.id
         return None
 
