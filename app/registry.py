@@ -237,9 +237,26 @@ class Registry:
 
     def manifest(self, model_id: str) -> ModelManifest:
         """The model's manifest with CURRENT digests: a file whose (size, mtime_ns, inode)
-        changed since it was hashed is hashed again (R5). Raises NotFound."""
+        changed since it was hashed is hashed again (R5).
+
+        Raises:
+            NotFound: no such model.
+            Conflict: a file of the model cannot be read in the server's model folder (reason
+                ``model_unavailable``, naming it): deleted, or registered from another data
+                folder. Its manifest cannot be handed out.
+        """
         record = self.get(model_id)
         folder = self.folder(model_id)
+        try:
+            return self._manifest(record, folder)
+        except OSError as error:
+            raise Conflict(
+                f"model {model_id!r} cannot be read in the server's model folder {folder} ({error}); restore its "
+                f"files there (`homefleet models verify {model_id}` lists what is missing)", reason="model_unavailable",
+            ) from error
+
+    def _manifest(self, record: ModelRecord, folder: Path) -> ModelManifest:
+        model_id = record.id
         with Session(self.engine) as session:
             rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
             files = []

@@ -29,8 +29,16 @@ PROGRESS_TTL_S = 24 * 3600
 
 @router.get("/manifest")
 def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
-    """Every registered model's manifest (files, sizes, digests), for the worker's check (R4)."""
-    return {"models": {m.id: ctx.registry.manifest(m.id).as_json() for m in ctx.registry.list()}}
+    """Every registered model's manifest (files, sizes, digests), for the worker's check (R4). A
+    model whose files the server cannot read is left out (logged): no worker can verify it, and
+    the other models stay verifiable."""
+    models = {}
+    for model in ctx.registry.list():
+        try:
+            models[model.id] = ctx.registry.manifest(model.id).as_json()
+        except Conflict as error:
+            log.error("manifest: %s left out: %s", model.id, error.message)
+    return {"models": models}
 
 
 @router.get("/files/{file_id}", response_class=FileResponse)
@@ -58,8 +66,8 @@ def claim(
     # nobody running it. A model whose files the server cannot read ends the job here.
     try:
         manifest = ctx.registry.manifest(queued.model_id).as_json()
-    except (OSError, NotFound) as error:
-        message = f"the server cannot read model {queued.model_id!r} to hand it out: {error}"
+    except (Conflict, NotFound) as error:  # model_unavailable, or no longer registered
+        message = f"the server cannot hand model {queued.model_id!r} out: {error}"
         ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
                                        message=message)
         ctx.dispatcher.finished(ended)

@@ -319,3 +319,24 @@ def test_r6_the_file_endpoint_needs_a_token_serves_only_manifest_files_and_range
     for path in ("../../journal.db", "unet/nope.bin"):
         refused = client.get(f"/internal/v1/models/{model}/files/{path}", headers=auth)
         assert refused.status_code == 404
+
+
+def test_r4_a_model_the_server_cannot_read_is_left_out_of_the_manifest_and_refused_by_sync(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    """One model whose files are gone from the server's folder (deleted, or `models add` run
+    with another data folder) made GET /internal/v1/manifest answer 500 for every worker, so no
+    restarted worker came online, and sync crashed. Now that model alone is left out (no worker
+    can verify it) and a sync of it is refused with its reason."""
+    client, ctx = api
+    good = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="good").id
+    gone = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="gone").id
+    (ctx.registry.folder(gone) / "model_index.json").unlink()
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    answer = client.get("/internal/v1/manifest", headers=auth)
+    assert answer.status_code == 200, answer.text
+    assert set(answer.json()["models"]) == {good}
+    bring_online(ctx, "m1", set())
+    refused = client.post("/v1/machines/m1/sync", json={"models": [gone]})
+    assert refused.status_code == 409 and refused.json()["error"]["reason"] == "model_unavailable", refused.text
+    assert "homefleet models verify gone" in refused.json()["error"]["message"]
