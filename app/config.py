@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field, field_validator
+from sqlalchemy.engine import URL
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import FamilyLimits, default_limits
@@ -87,7 +88,8 @@ class Settings(BrokerSettings):
     @property
     def journal_url(self) -> str:
         """SQLAlchemy URL of the journal: ``database_url`` or a SQLite file in ``data_dir``."""
-        return self.database_url or f"sqlite:///{self.data_dir / 'journal.db'}"
+        # Built, not formatted: a "%" in the folder's name is escaped (a URL's path is percent-decoded).
+        return self.database_url or URL.create("sqlite", database=str(self.data_dir / "journal.db")).render_as_string()
 
     @property
     def models_dir(self) -> Path:

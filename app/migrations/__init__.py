@@ -22,7 +22,9 @@ SCRIPTS = Path(__file__).resolve().parent
 def alembic_config(engine: Engine) -> Config:
     config = Config()
     config.set_main_option("script_location", str(SCRIPTS))
-    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # Alembic's config interpolates "%": a URL-escaped password (p%40ss) or a data folder named
+    # "100%" would fail to parse.
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     return config
 
 

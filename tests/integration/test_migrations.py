@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -11,7 +13,7 @@ from sqlmodel import SQLModel
 import app.tables  # noqa: F401
 from app.config import Settings
 from app.connections import create_engine
-from app.migrations import SCRIPTS, upgrade
+from app.migrations import SCRIPTS, alembic_config, upgrade
 from tests.conftest import run_cli, settings_env
 
 
@@ -72,3 +74,16 @@ def test_r13_learned_steps_taught_by_small_jobs_are_replayed_with_the_minimum_sc
     first, second = (run_s / 4 * REFERENCE_SIZE / MIN_SCALED_SIZE for run_s in (2.0, 4.0))
     assert learned["m1"] == pytest.approx((1 - EMA_WEIGHT) * first + EMA_WEIGHT * second)  # 32 s and 64 s, in order
     assert learned["m2"] == 12.5  # 512x512: no small job taught it
+
+
+def test_a_journal_url_with_a_percent_sign_migrates(settings: Settings, tmp_path: Path) -> None:
+    """Alembic's config interpolates "%": a URL-escaped PostgreSQL password (``p%40ss``) or a
+    data folder named ``100%`` failed every command with "invalid interpolation syntax"."""
+    odd = settings.model_copy(update={"data_dir": tmp_path / "100%data", "database_url": None})
+    engine = create_engine(odd)
+    try:
+        assert "learnedtiming" in inspect(engine).get_table_names()
+        assert alembic_config(engine).get_main_option("sqlalchemy.url") == engine.url.render_as_string(
+            hide_password=False)
+    finally:
+        engine.dispose()
