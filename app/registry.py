@@ -306,6 +306,8 @@ class Registry:
                     row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
                     session.add(row)
                 session.commit()
+        if self.on_change is not None and any(check.status != "ok" for check in checks):
+            self.on_change()  # workers withdraw the models whose manifest changed (tasks/heartbeat.py)
         return checks
 
 

@@ -130,6 +130,9 @@ class Heartbeat:
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
         self.abandoned = False  # another worker of this machine runs it now (abandon)
         self._warm: str | None = None  # the pool process's warm models as last read (JSON), to restore
+        self.manifests: dict[str, dict[str, Any]] = {}  # the server's manifests as last verified against
+        self._registry_mark: str | None = None  # the registry's change mark when they were read
+        self._following: threading.Thread | None = None  # follow_registry's thread
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -151,17 +154,60 @@ class Heartbeat:
         self.abandoned = True
         self._stop.set()
 
-    def verify(self) -> set[str]:
-        """Hash the local copies against the manifest; replace the advertised set (R4)."""
+    def _manifests(self) -> dict[str, dict[str, Any]]:
         server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
                               machine=self.settings.machine)
         try:
-            manifests = server.manifest()
+            return server.manifest()
         finally:
             server.close()
+
+    def verify(self) -> set[str]:
+        """Hash the local copies against the manifest; replace the advertised set (R4)."""
+        self._registry_mark = self.redis.get(self.keys.registry_changed())  # before the manifests: a later change is seen
+        manifests = self._manifests()
         verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
+        self.manifests = manifests
         self._redis_run_id = self.redis.info("server").get("run_id")
         return verified
+
+    def follow_registry(self) -> None:
+        """When the server's registry changed (its change mark, app/costs.py ChangeMark), bring the
+        advertised set up to date (R4) in a thread of its own, so that beats go on meanwhile:
+
+        - a model registered since, or whose manifest changed (``homefleet models verify``
+          recorded new digests), is hashed, alone: advertised if its local copy matches the
+          new manifest (the server's own worker shares the folder ``models add`` copies into),
+          withdrawn otherwise (a worker's copy of the old content);
+        - a model no longer registered is withdrawn.
+
+        Models whose manifest is unchanged are not hashed again."""
+        mark = self.redis.get(self.keys.registry_changed())
+        if mark == self._registry_mark or (self._following is not None and self._following.is_alive()):
+            return
+
+        def follow() -> None:
+            machine, key = self.settings.machine, self.keys.verified(self.settings.machine)
+            try:
+                manifests = self._manifests()
+                changed = {m: manifest for m, manifest in manifests.items() if self.manifests.get(m) != manifest}
+                gone = [m for m in self.manifests if m not in manifests]
+                with open(self.settings.models_dir / ".homefleet-verify.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # one check at a time (advertise)
+                    matching = verified_models(self.settings.models_dir, changed)
+                    if gone or set(changed) - matching:
+                        self.redis.srem(key, *gone, *(set(changed) - matching))
+                    if matching:
+                        self.redis.sadd(key, *sorted(matching))
+                if changed or gone:
+                    log.info("%s: the registry changed; verified here: %s; not: %s", machine,
+                             ", ".join(sorted(matching)) or "none", ", ".join(sorted(set(changed) - matching)) or "none")
+                self.manifests, self._registry_mark = manifests, mark
+            except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
+                log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)
+
+        self._following = threading.Thread(target=follow, name="homefleet-registry", daemon=True)
+        self._following.start()
 
     def beat(self) -> None:
         """Write the heartbeat record, in one step with a check that this worker still holds its
@@ -285,6 +331,7 @@ class Heartbeat:
                     self.verified = self.verify()
                 self.beat()
                 self.obey_restart()
+                self.follow_registry()
             except Unauthorized as error:
                 if self.verified is not None:  # the fleet config changed under a running worker: keep trying
                     log.error("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,

@@ -201,3 +201,33 @@ def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_aft
     assert fleet.client.wait(again["id"], timeout_s=120)["state"] == "succeeded"
     assert fleet.ctx.journal.get(again["id"]).cold_load is True  # as the heartbeat said
     wait_for(lambda: warm() == [fleet.model], what="the model warm again")
+
+
+def test_r4_workers_follow_the_registry_without_a_restart(fleet: RunningFleet, tiny_models_dir: Path) -> None:
+    """A model registered while the fleet runs is verified by the server's own worker (it shares
+    the folder `models add` copies into), so a job for it runs on `server` at once; a model whose
+    manifest changed on the server (`homefleet models verify` recorded new digests) is withdrawn
+    from a worker whose copy is the old one, and stays verified on the server, whose copy is the
+    new one. Without a restart, and hashing only the models that changed."""
+    ctx, model = fleet.ctx, "tiny-sd-follow"
+    ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=model)
+
+    def verified(machine: str) -> list[str]:
+        return (ctx.machines.heartbeat(machine) or {}).get("verified_models", [])
+
+    wait_for(lambda: model in verified("server"), timeout_s=60, what="the server's worker to verify the new model")
+    job = fleet.client.submit(model, "txt2img", {"prompt": "new", "steps": 2})  # the default target: server
+    assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
+    assert model not in verified("m1")  # no copy there
+
+    synced = fleet.client.http.post("/v1/machines/m1/sync", json={"models": [model]})
+    assert synced.status_code == 202, synced.text
+    wait_for(lambda: model in verified("m1"), timeout_s=120, what="m1 to verify the synced copy")
+
+    config = next(ctx.registry.folder(model).rglob("scheduler_config.json"))
+    config.write_text(config.read_text() + " ")  # changed on the server
+    assert any(check.status == "changed" for check in ctx.registry.verify([model]))
+    wait_for(lambda: model not in verified("m1"), timeout_s=60, what="m1 to withdraw its old copy")
+    assert model in verified("server")
+    log = (fleet.local.logs_dir / "worker-m1.log").read_text()
+    assert f"the registry changed; verified here: none; not: {model}" in log
