@@ -26,7 +26,7 @@ def homefleet_command(path: list[str]) -> Any:
 
 def test_every_compose_service_runs_an_existing_command() -> None:
     services = yaml.safe_load(COMPOSE.read_text())["services"]
-    assert {"redis", "api", "server-worker", "flower", "cuda-worker", "mac-worker"} <= set(services)
+    assert {"redis", "api", "server-worker", "flower", "cuda-worker"} <= set(services)
     for name, service in services.items():
         argv = service["command"]
         if argv[0] == "redis-server":
@@ -40,4 +40,25 @@ def test_every_compose_service_runs_an_existing_command() -> None:
         for arg in argv[1:]:
             if arg.startswith("--"):
                 assert arg.split("=")[0] in options, f"service {name}: `{command.name}` has no option {arg}"
-    assert services["cuda-worker"]["profiles"] == ["cuda"] and services["mac-worker"]["profiles"] == ["mac"]
+    assert services["cuda-worker"]["profiles"] == ["cuda"]
+
+
+def test_compose_builds_an_image_that_exists_and_runs_remote_workers_against_the_servers_address() -> None:
+    """Every service's image is built from the repository's Dockerfile, which pins torch and
+    installs it first; the CUDA worker gets the GPU and takes the server's Redis and API from
+    its env file (it runs on another host: no redis://redis, no depends_on); Flower asks for a
+    login; no service pretends a Linux container has MPS."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "torch==2.13.0" in dockerfile
+    assert dockerfile.index("torch==2.13.0") < dockerfile.index("pip install .")
+    for name, service in services.items():
+        if name != "redis":
+            assert service["build"] == "." and service["image"].startswith("homefleet:"), name
+    cuda = services["cuda-worker"]
+    assert cuda["gpus"] == "all"
+    assert "environment" not in cuda and "depends_on" not in cuda
+    assert not any(arg.startswith("--server-url") for arg in cuda["command"])
+    assert "--basic-auth" in services["flower"]["command"]
+    assert not any("mac" in name for name in services)
