@@ -64,7 +64,7 @@ def serve() -> None:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
     ctx = build_context(settings, fleet)
     try:  # a server beside another journal's Redis would judge jobs it never saw (app/pairing.py)
-        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url)
+        check_pairing(ctx)
     except (RedisConnectionError, RedisTimeoutError):
         pass  # checked again by every reconciliation pass, once Redis answers
     except ConfigError:
@@ -237,7 +237,7 @@ def db_pair() -> None:
     settings = _settings()
     engine, client = create_engine(settings), create_redis(settings)
     try:
-        previous, mine = pair(client, Keys(settings.key_prefix), engine)
+        previous, mine = pair(client, Keys(settings.key_prefix), engine, settings.data_dir)
     finally:
         client.close()
         engine.dispose()

@@ -83,7 +83,7 @@ def build_checked_context(settings: Settings) -> ServerContext:
 
     ctx = build_context(settings)
     try:
-        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url, record=False)
+        check_pairing(ctx, record=False)
     except redis.ConnectionError:
         pass  # nothing to check against; a command that needs Redis says so when it uses it
     except BaseException:

@@ -91,7 +91,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/pairing.py)
-            check_pairing(ctx.redis, ctx.keys, ctx.engine, redis_url)
+            check_pairing(ctx)
         except ConfigError as error:
             raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
                               f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "

@@ -13,6 +13,9 @@ Not told apart: a backup of the same journal restored over it (it keeps its iden
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import redis
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, select
@@ -20,6 +23,11 @@ from sqlmodel import Field, Session, SQLModel, select
 from app.connections import redacted_url
 from app.errors import ConfigError
 from app.keys import Keys
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+
+MARK = "journal-id"  # the file in a data folder naming the journal it serves
 
 
 class JournalIdentity(SQLModel, table=True):
@@ -42,45 +50,65 @@ def journal_id(engine: Engine) -> str:
     return found
 
 
-def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, redis_url: str, record: bool = True,
-                  require: bool = False) -> str:
-    """Record this journal's identity in Redis if none is recorded (only with ``record``: the
-    server does; CLI commands do not); return it. With ``require``, a Redis that records no
-    journal yet is refused too (a command about to change the fleet that cannot tell whether
-    its journal is the server's).
+def check_pairing(ctx: ServerContext, record: bool = True, require: bool = False) -> str:
+    """Check that the Redis runs with this process's journal and data folder; return the
+    journal's identity.
+
+    With ``record`` (the server: ``serve``, its reconciliation, the demo) the journal is
+    recorded in Redis if none is, and the data folder is marked as this journal's (a file
+    ``journal-id`` in ``data_dir``). Without it (CLI commands), once a server has recorded a
+    journal, the data folder must carry that mark too: with a shared PostgreSQL journal, a
+    command run with another ``HOMEFLEET_DATA_DIR`` would otherwise register models into a
+    folder the server never reads. With ``require``, a Redis that records no journal yet is
+    refused too (a command about to change the fleet that cannot tell whether its journal is
+    the server's).
 
     Raises:
-        ConfigError: Redis already records another journal (reason ``journal_mismatch``): this
-            process was started with another ``HOMEFLEET_DATA_DIR``/``HOMEFLEET_DATABASE_URL``
-            than the server's; or, with ``require``, records none (``journal_unpaired``).
-            Nothing was changed.
+        ConfigError: Redis records another journal, or the data folder is not the server's
+            (reason ``journal_mismatch``); or, with ``require``, Redis records none
+            (``journal_unpaired``). Nothing was changed.
     """
+    client, keys, engine, url = ctx.redis, ctx.keys, ctx.engine, ctx.settings.redis_url
+    journal = engine.url.render_as_string(hide_password=True)
     mine = journal_id(engine)
     if record:
         client.set(keys.journal(), mine, nx=True)
     recorded = client.get(keys.journal())
     if recorded is not None and recorded != mine:
         raise ConfigError(
-            f"the Redis at {redacted_url(redis_url)} (key prefix {keys.prefix!r}) belongs to another journal "
-            f"({recorded}); this process opened the journal at "
-            f"{engine.url.render_as_string(hide_password=True)} ({mine}). Give it the server's "
+            f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) belongs to another journal "
+            f"({recorded}); this process opened the journal at {journal} ({mine}). Give it the server's "
             "HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal replaces the old one on purpose, "
             "run `homefleet db pair` once", reason="journal_mismatch",
         )
     if recorded is None and require:
         raise ConfigError(
-            f"the Redis at {redacted_url(redis_url)} (key prefix {keys.prefix!r}) records no journal yet, so this "
-            f"process cannot tell whether its journal ({engine.url.render_as_string(hide_password=True)}) is the "
-            "server's: start `homefleet serve` (it records its journal), or run `homefleet db pair` to make this "
-            "journal the fleet's", reason="journal_unpaired",
+            f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) records no journal yet, so this "
+            f"process cannot tell whether its journal ({journal}) is the server's: start `homefleet serve` (it "
+            "records its journal), or run `homefleet db pair` to make this journal the fleet's",
+            reason="journal_unpaired",
+        )
+    mark = ctx.settings.data_dir / MARK
+    marked = mark.read_text().strip() if mark.is_file() else None
+    if record and marked is None:
+        ctx.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        mark.write_text(mine + "\n")
+    elif marked != mine and (record or recorded is not None):
+        raise ConfigError(
+            f"the data folder {ctx.settings.data_dir} is not the one the server uses with the journal {mine} "
+            f"({'it belongs to journal ' + marked if marked else 'it has no ' + MARK + ' file'}); give this "
+            "process the server's HOMEFLEET_DATA_DIR: its models, inputs and results live there",
+            reason="journal_mismatch",
         )
     return mine
 
 
-def pair(client: redis.Redis, keys: Keys, engine: Engine) -> tuple[str | None, str]:
-    """Record this journal as the one the Redis runs with, replacing any other; return
-    ``(previous, this)``. The next reconciliation releases the reservations of jobs this
-    journal does not know."""
+def pair(client: redis.Redis, keys: Keys, engine: Engine, data_dir: Path) -> tuple[str | None, str]:
+    """Record this journal as the one the Redis runs with, replacing any other, and mark
+    ``data_dir`` as its data folder; return ``(previous, this)``. The next reconciliation
+    releases the reservations of jobs this journal does not know."""
     mine = journal_id(engine)
     previous = client.getset(keys.journal(), mine)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / MARK).write_text(mine + "\n")
     return previous, mine

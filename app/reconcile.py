@@ -72,8 +72,7 @@ class Reconciler:
             PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
         """
         ctx, settings = self.ctx, self.ctx.settings
-        check_pairing(ctx.redis, ctx.keys, ctx.engine, settings.redis_url,  # before trusting this journal
-                      record=self.server, require=not self.server)
+        check_pairing(ctx, record=self.server, require=not self.server)  # before trusting this journal
         report = ReconcileReport()
         lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
                               blocking_timeout=settings.fleet_lock_wait_s)

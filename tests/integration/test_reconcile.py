@@ -248,3 +248,25 @@ def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_
     assert server.redis.get(server.keys.journal()) is None
     Reconciler(server).run_once()  # the server's own pass records it
     assert "interrupted 0" in run_cli("reconcile", env=settings_env(settings)).stdout
+
+
+def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refused(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """With a shared journal (PostgreSQL, or the server's SQLite file named by URL), a command
+    run with another HOMEFLEET_DATA_DIR registered models into a folder the server never reads
+    (operator pass: the workers' manifest then failed). The server marks its data folder; a
+    command whose folder lacks the mark is refused once a server has run."""
+    server = build_context(settings, make_fleet("m1"))
+    request.addfinalizer(server.close)
+    Reconciler(server).run_once()  # the server: records its journal, marks its data folder
+    assert (settings.data_dir / "journal-id").read_text().strip() == server.redis.get(server.keys.journal())
+    other = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "other"),
+             "HOMEFLEET_DATABASE_URL": settings.journal_url}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "add", str(tiny_models_dir / "tiny-sd")],
+                          env={**os.environ, **other}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())  # one line, wrapped by the console
+    assert "error (journal_mismatch)" in said and "has no journal-id file" in said, said
+    assert server.registry.list() == []
+    assert "tiny-sd" in run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=settings_env(settings)).stdout
