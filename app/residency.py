@@ -89,7 +89,9 @@ class RedisResidencyFacts:
         Raises:
             NotFound: unknown machine (``unknown_machine``) or model (``unknown_model``).
             Rejected: the machine does not support a model's family (``family_not_supported``):
-                it could never hold it, and the commitment would only keep videos off it (R17).
+                it could never hold it, and the commitment would only keep videos off it (R17);
+                or the model runs only video (``video_model_not_committable``): R17 would keep
+                every job of it off that machine.
             Conflict: the machine has work queued or running (``machine_busy``, R16).
         """
         if machine not in fleet.machines:
@@ -98,7 +100,12 @@ class RedisResidencyFacts:
         wanted = frozenset(model_ids)
         families = fleet.machines[machine].families
         for model_id in sorted(wanted):
-            family = registry.get(model_id).family  # raises NotFound(unknown_model)
+            record = registry.get(model_id)  # raises NotFound(unknown_model)
+            family = record.family
+            if set(record.kinds) <= {"video"}:
+                raise Rejected(f"model {model_id!r} runs only video, and a video job is never placed on a machine "
+                               "holding residency commitments (R17): committing it would keep all its jobs off "
+                               f"{machine!r}", reason="video_model_not_committable")
             if family not in families:
                 raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
                                f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")

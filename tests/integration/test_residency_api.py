@@ -92,6 +92,11 @@ def test_r17_no_video_on_a_machine_holding_commitments(api: tuple[TestClient, Se
     decision = client.post("/v1/jobs?dry_run=true", json={**body, "target": "auto"}).json()
     assert decision["machines"]["m1"]["reason"] == "video_on_reserved_machine"
     assert decision["machines"]["m2"]["eligible"]
+    # Committing a video-only model would keep every job of it off that machine (R17): refused.
+    answer = client.put("/v1/machines/m2/residency", json={"models": ["tiny-video"]})
+    assert answer.status_code == 422 and answer.json()["error"]["reason"] == "video_model_not_committable"
+    assert "R17" in answer.json()["error"]["message"]
+    assert ctx.residency.commitments("m2") == frozenset()
 
 
 def test_r21_remembered_oom_refuses_same_or_larger_and_auto_skips(api: tuple[TestClient, ServerContext]) -> None:
