@@ -11,6 +11,8 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   the machine's worker is asked to restart its pool process (watchdog);
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
   than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
+- a ``queued`` job whose machine is no longer in the fleet config -> ``interrupted``
+  (``machine_removed``), its message removed;
 - reservations of jobs that have ended are released (R14);
 - residency commitments (R16) and remembered OOMs (R21) are written back to Redis from the
   journal's database when Redis lost them (``app/residency_store.py``);
@@ -82,7 +84,9 @@ class Reconciler:
             report.residency_restored = ctx.residency.restore().source == "database"
             self._running(report)
             self._queued(report)
-            report.released_reservations = len(ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal))
+            # Also the machines no longer in the fleet config that still hold reservations.
+            machines = set(ctx.fleet.machines) | ctx.machines.reservations.machines_holding()
+            report.released_reservations = len(ctx.machines.reservations.reconcile(sorted(machines), ctx.journal))
         finally:
             if lock.owned():
                 lock.release()
@@ -133,6 +137,14 @@ class Reconciler:
         delivered = ctx.queues.unacked_ids()
         missing_key = ctx.keys.missing()
         for job in ctx.journal.list([JobState.queued]):
+            if job.machine is not None and job.machine not in ctx.fleet.machines:
+                # No worker will take it: its machine left the fleet config. Its message is taken
+                # out of that machine's list, so a worker started under the old name later
+                # cannot run it either.
+                self._interrupt(report, job.id, JobState.queued, "machine_removed",
+                                f"machine {job.machine!r} is no longer in the fleet config; the job was not run")
+                ctx.queues.remove(job.machine, job.id)
+                continue
             if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
                 ctx.redis.hdel(missing_key, job.id)
                 continue

@@ -175,6 +175,12 @@ class Reservations:
         return tuple(p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
                      for p in last.fifo)
 
+    def machines_holding(self) -> set[str]:
+        """Names of every machine with a reservations hash in Redis (SCAN), fleet config or not."""
+        pattern = self.keys.reservations("*")
+        prefix, suffix = pattern.split("*")
+        return {key[len(prefix):len(key) - len(suffix)] for key in self.redis.scan_iter(match=pattern, count=1000)}
+
     def reconcile(self, machines: Iterable[str], journal: Journal) -> list[str]:
         """Release the reservations of jobs that ended (or are unknown to the journal); return
         their ids. Repairs what a crash between a job's end and its release left behind."""

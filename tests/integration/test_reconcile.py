@@ -270,3 +270,26 @@ def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refus
     assert "error (journal_mismatch)" in said and "has no journal-id file" in said, said
     assert server.registry.list() == []
     assert "tiny-sd" in run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=settings_env(settings)).stdout
+
+
+def test_r19_a_queued_job_of_a_machine_removed_from_the_fleet_is_interrupted_as_such_and_released(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """A machine taken out of the fleet config while jobs wait on it: no worker will take them.
+    They were reported ``lost`` ("its message is no longer in m2's queue") although the
+    messages were still there, and their reservations stayed until the machine came back. Now
+    they end ``machine_removed``, their messages are removed, their reservations released."""
+    before = build_context(settings, make_fleet("m1", "m2"))
+    request.addfinalizer(before.close)
+    model = before.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(before, "m2", {model})
+    waiting = submit(before, model, "m2")
+    after = build_context(settings, make_fleet("m1"))  # the server restarted without m2
+    request.addfinalizer(after.close)
+    report = Reconciler(after).run_once()
+    assert report.interrupted == {waiting: "machine_removed"}
+    journaled = after.journal.get(waiting)
+    assert (journaled.state, journaled.reason) == (JobState.interrupted, "machine_removed")
+    assert "'m2' is no longer in the fleet config" in (journaled.message or "")
+    assert after.redis.llen(keys.queue("m2")) == 0
+    assert report.released_reservations == 1 and after.machines.reservations.count("m2") == 0
