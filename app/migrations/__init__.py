@@ -13,7 +13,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Engine
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -28,11 +28,22 @@ def alembic_config(engine: Engine) -> Config:
     return config
 
 
+INITIAL = "41151008d433"  # the first revision: the schema journals had before migrations existed
+PRE_MIGRATION_TABLES = frozenset({"job", "jobevent", "learnedtiming", "modelfile", "modelrecord"})
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the database to ``revision`` (default: the newest). Idempotent."""
+    """Bring the database to ``revision`` (default: the newest). Idempotent.
+
+    A journal created before migrations existed (its tables made directly from the models, no
+    ``alembic_version``) has exactly the first revision's tables: it is stamped with that
+    revision first, then migrated (operator pass: "table job already exists")."""
     config = alembic_config(engine)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
+        tables = set(inspect(connection).get_table_names())
+        if "alembic_version" not in tables and tables == PRE_MIGRATION_TABLES:
+            command.stamp(config, INITIAL)
         command.upgrade(config, revision)
 
 

@@ -87,3 +87,29 @@ def test_a_journal_url_with_a_percent_sign_migrates(settings: Settings, tmp_path
             hide_password=False)
     finally:
         engine.dispose()
+
+
+def test_a_journal_from_before_migrations_is_stamped_and_migrated(settings: Settings) -> None:
+    """Journals made before Alembic (tables created straight from the models) have exactly the
+    first revision's tables and no alembic_version: every command failed with "table job
+    already exists". They are stamped with the first revision, then migrated to the newest."""
+    from sqlalchemy import text
+    from sqlmodel import create_engine as plain_engine
+
+    from app.migrations import INITIAL
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = plain_engine(settings.journal_url)
+    try:
+        upgrade(engine, INITIAL)
+        with engine.begin() as connection:
+            connection.execute(text("DROP TABLE alembic_version"))  # as a pre-migration journal is
+            connection.execute(text("INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
+                                    "updated_at) VALUES ('old', 'm', 'txt2img', 1.0, 2.0, 3, '2026-01-01')"))
+        upgrade(engine)
+        with engine.connect() as connection:
+            diffs = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+            kept = connection.execute(text("SELECT machine FROM learnedtiming")).scalars().all()
+        assert diffs == [] and kept == ["old"]
+    finally:
+        engine.dispose()
