@@ -13,8 +13,8 @@ import functools
 
 from celery import Celery
 
-from app.celery_app import create_celery
-from app.config import BrokerSettings
+from app.core.celery_app import create_celery
+from app.core.config import BrokerSettings
 
 
 @functools.cache

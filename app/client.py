@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from app.errors import HomefleetError
+from app.core.errors import HomefleetError
 
 ENDED_STATES = frozenset({"succeeded", "failed", "cancelled", "interrupted", "rejected"})
 

@@ -8,21 +8,21 @@ import redis
 from celery import Celery
 from sqlalchemy.engine import Engine
 
-from app.celery_app import create_celery
-from app.config import Settings
-from app.connections import create_engine, create_redis
-from app.costs import ChangeMark
-from app.dispatch import Dispatcher
-from app.fleet import Fleet, load_fleet
-from app.inputs import InputStore
-from app.journal import Journal
-from app.keys import Keys
-from app.machines import MachineStates
+from app.core.celery_app import create_celery
+from app.core.config import Settings
+from app.core.connections import create_engine, create_redis
+from app.fleet.costs import ChangeMark
+from app.jobs.dispatch import Dispatcher
+from app.fleet.config import Fleet, load_fleet
+from app.store.inputs import InputStore
+from app.journal.jobs import Journal
+from app.core.keys import Keys
+from app.fleet.machines import MachineStates
 from app.metrics import Metrics
-from app.queues import MachineQueues
-from app.registry import Registry
-from app.residency_store import DurableResidencyFacts, ResidencyStore
-from app.storage import ResultStore
+from app.fleet.queues import MachineQueues
+from app.store.registry import Registry
+from app.fleet.residency_store import DurableResidencyFacts, ResidencyStore
+from app.store.files import ResultStore
 
 
 @dataclass
@@ -73,13 +73,13 @@ def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerConte
 
 def build_checked_context(settings: Settings) -> ServerContext:
     """:func:`build_context` for a CLI command that reads or changes the fleet: first checks
-    that the Redis runs with this journal, without recording it (app/pairing.py), when Redis
+    that the Redis runs with this journal, without recording it (app/fleet/pairing.py), when Redis
     answers.
 
     Raises:
         ConfigError: the Redis runs with another journal (``journal_mismatch``).
     """
-    from app.pairing import check_pairing  # app.pairing imports app.connections only
+    from app.fleet.pairing import check_pairing  # app.fleet.pairing imports app.core.connections only
 
     ctx = build_context(settings)
     try:

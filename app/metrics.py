@@ -21,9 +21,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from app.journal import Job
-    from app.machines import MachineStates
-    from app.registry import Registry
+    from app.journal.jobs import Job
+    from app.fleet.machines import MachineStates
+    from app.store.registry import Registry
 
 # Seconds: from a millisecond HTTP answer to a multi-minute video job.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)

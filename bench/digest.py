@@ -11,7 +11,7 @@ util-linux, when present, shows the resident bytes after eviction). Every figure
 median of ``--repeats`` runs in this one process, against a baseline measured in the same
 run: the plain read for digests, the plain cold load for verification.
 
-Candidates: BLAKE3 on every core over a memory map (``app.digest.file_digest``, what
+Candidates: BLAKE3 on every core over a memory map (``app.core.digest.file_digest``, what
 Homefleet uses: the package's ``update_mmap``), the same with ``MADV_SEQUENTIAL`` on the map
 (a hint that hurt here: the threads do not read in order), BLAKE3 on one core in 1 MiB
 chunks, SHA-256 (hashlib) in 1 MiB chunks.
@@ -45,7 +45,7 @@ from pathlib import Path
 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.digest import file_digest  # noqa: E402
+from app.core.digest import file_digest  # noqa: E402
 
 CHUNK_BYTES = 1024 * 1024
 READ_BUFFER_BYTES = 8 * 1024 * 1024

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from app.tiny_models import make_tiny
+from app.devtools.tiny_models import make_tiny
 from residency.cache import ModelCache
 from residency.device import CudaDevice
 from tasks.pipelines import load_pipeline, quiet
@@ -75,9 +75,9 @@ except torch.OutOfMemoryError as error:
 torch.cuda.empty_cache()
 
 # 3. R21 ---------------------------------------------------------------------------------
-from app.keys import Keys
-from app.redis_server import start_redis_server
-from app.residency import RedisResidencyFacts
+from app.core.keys import Keys
+from app.devtools.redis_server import start_redis_server
+from app.fleet.residency import RedisResidencyFacts
 from routing.placement import JobRequest, MachineView, exclusion
 from tasks.run_job import failure_reason
 import redis

@@ -1,7 +1,7 @@
 """Working-memory coefficients by measurement (DESIGN §5): run each kind's pipeline on this
 machine's CPU at a few sizes, measure the peak memory a job takes beyond its loaded weights,
 fit ``base_bytes + bytes_per_pixel x size`` per kind by least squares, and print the fit as
-TOML for the fleet config (``[working_memory.<kind>]``, app/fleet.py). Prints figures, asserts
+TOML for the fleet config (``[working_memory.<kind>]``, app/fleet/config.py). Prints figures, asserts
 nothing.
 
     .venv/bin/python -m bench.memory                       # the tiny models, built in a temp dir
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="hf-bench-memory-") as scratch:
         missing = [kind for kind in kinds if kind not in folders]
         if missing:
-            from app.tiny_models import make_tiny
+            from app.devtools.tiny_models import make_tiny
 
             folders.update(make_tiny(Path(scratch), missing))
         fits: dict[str, tuple[float, float]] = {}

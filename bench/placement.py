@@ -69,7 +69,7 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
 def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int = 11) -> tuple[float, float]:
     """(wall, CPU) milliseconds of one Auto decision over ``machines`` machines (copies of the
     seed fleet's machines, each with 0-4 queued jobs and a warm model), as the server makes it
-    (app/dispatch.py): the scarcity charge's pressure from the recent demand
+    (app/jobs/dispatch.py): the scarcity charge's pressure from the recent demand
     (:class:`routing.scarcity.Scarcity`), then :func:`routing.placement.place` (with the drains
     of unchanged queues kept, :class:`routing.finish.Drains`); after each
     decision the job joins its machine's queue (whose oldest job finishes when it holds more

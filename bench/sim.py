@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.fleet import Machine
+from app.fleet.config import Machine
 from routing.estimate import Estimator, MachineProfile, ModelProfile
 from routing.finish import Drains, WorkItem, admit
 from routing.demand import Demand, Pressure, pinned_class
@@ -210,7 +210,7 @@ class Simulation:
 
     def decide(self, job: TraceJob) -> str | None:
         """The machine for ``job`` (None: refused), as the server decides: with the demand of the
-        jobs before it, then recording its own (app/dispatch.py), for every policy alike."""
+        jobs before it, then recording its own (app/jobs/dispatch.py), for every policy alike."""
         request = self.request(job)
         views = self.views()
         if job.target != AUTO:
@@ -251,7 +251,7 @@ class Simulation:
 def eligible(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> list[MachineView]:
     found = [v for v in views.values() if exclusion(request, v, sim.estimator) is None]
     if not found:
-        from app.errors import Rejected
+        from app.core.errors import Rejected
 
         raise Rejected("no machine", reason="no_machine")
     return found

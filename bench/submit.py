@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.config import Settings
+from app.core.config import Settings
 from app.context import build_context
-from app.fleet import Fleet, Machine
-from app.redis_server import start_redis_server
+from app.fleet.config import Fleet, Machine
+from app.devtools.redis_server import start_redis_server
 
 MACHINES = 16
 SUBMISSIONS = 300

@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 
 from app.client import HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import build_context
-from app.fleet import load_fleet, with_fresh_tokens
-from app.localfleet import LocalFleet
-from app.procs import stop_process_group
-from app.redis_server import free_port, start_redis_server
-from app.tiny_models import make_tiny
+from app.fleet.config import load_fleet, with_fresh_tokens
+from app.devtools.localfleet import LocalFleet
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import free_port, start_redis_server
+from app.devtools.tiny_models import make_tiny
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -6,7 +6,7 @@ changed file on the server forces a verified reload (R5); a resident copy of the
 under another key is always dropped first.
 
 Memory: a warm model holds ``bytes`` (its weights at its variant, from the safetensors headers:
-:mod:`app.variants`). Free memory is ``capacity_bytes - held`` when a capacity is configured
+:mod:`app.core.variants`). Free memory is ``capacity_bytes - held`` when a capacity is configured
 (``HOMEFLEET_MEMORY_CAP_BYTES``), else the device's ``available_bytes()``, which already
 excludes what the warm models hold.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.errors import HomefleetError
+from app.core.errors import HomefleetError
 from residency.device import CpuDevice, Device
 from residency.policy import LoadRequest, ResidencyPolicy, WarmModel, policy_for
 

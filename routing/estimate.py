@@ -3,7 +3,7 @@ and residency simulated along a machine's queue.
 
 Pure: plain data in, numbers out. The data comes from the fleet config (machine speed, load
 rate, usable memory), the model files (exact weight bytes from safetensors headers, read by
-``app/model_sizes.py``) and learned timings (:mod:`routing.timings`). Whatever the residency
+``app/core/safetensors.py``) and learned timings (:mod:`routing.timings`). Whatever the residency
 work (``residency/``) learns later is fed in through :class:`CostModel`.
 """
 

@@ -4,7 +4,7 @@ five filters with a rank by earliest expected finish.
 Everything here is pure: it takes :class:`MachineView` snapshots, a :class:`JobRequest` and a
 :class:`~routing.estimate.CostModel` and returns a :class:`Decision` or raises a domain error.
 No machine is ever chosen that the request did not allow: an explicit target is never
-rerouted (R10). The same code drives the API (``app/dispatch.py``) and the simulator
+rerouted (R10). The same code drives the API (``app/jobs/dispatch.py``) and the simulator
 (``bench/placement.py``).
 
 Reason codes (in filter order, R11): ``machine_unavailable``, ``machine_syncing``,
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.errors import MachineUnavailable, Overloaded, Rejected
-from app.fleet import SERVER
+from app.core.errors import MachineUnavailable, Overloaded, Rejected
+from app.fleet.config import SERVER
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.estimate import CostModel, Estimator
 from routing.finish import Breakdown, Drains, WorkItem, expected_finish

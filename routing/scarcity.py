@@ -6,7 +6,7 @@ draining, syncing, verified models, commitments, remembered OOMs, a full queue) 
 model is replaced; recomputing it at every decision cost more than the decision itself at
 hundreds of machines (``bench/placement.py``, decision time: about 10 ms of 15 at 500
 machines). :class:`Scarcity` keeps it while those are unchanged; the demand rates are read
-fresh at every decision. The server (``app/dispatch.py``), the simulator (``bench/sim.py``)
+fresh at every decision. The server (``app/jobs/dispatch.py``), the simulator (``bench/sim.py``)
 and the decision-time benchmark use the same class.
 """
 

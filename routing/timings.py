@@ -1,7 +1,7 @@
 """Learned timings (R13): per (machine, model, kind) load seconds and seconds per step at a
 reference size, starting from the fleet config's guesses and replaced by measurements.
 
-Pure: no storage here. ``app/timings.py`` persists a :class:`LearnedTimings` in the journal
+Pure: no storage here. ``app/journal/timings.py`` persists a :class:`LearnedTimings` in the journal
 database so a restart keeps it; the placement simulator (``bench/placement.py``) uses the same
 class in memory.
 

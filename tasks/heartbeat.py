@@ -30,9 +30,9 @@ import httpx
 import psutil
 import redis
 
-from app.config import WorkerSettings
-from app.errors import HomefleetError, Unauthorized
-from app.keys import Keys
+from app.core.config import WorkerSettings
+from app.core.errors import HomefleetError, Unauthorized
+from app.core.keys import Keys
 from tasks.server_client import ServerClient
 from tasks.verify import verified_models
 
@@ -172,7 +172,7 @@ class Heartbeat:
         return verified
 
     def follow_registry(self) -> None:
-        """When the server's registry changed (its change mark, app/costs.py ChangeMark), bring the
+        """When the server's registry changed (its change mark, app/fleet/costs.py ChangeMark), bring the
         advertised set up to date (R4) in a thread of its own, so that beats go on meanwhile:
 
         - a model registered since, or whose manifest changed (``homefleet models verify``

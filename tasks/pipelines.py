@@ -1,5 +1,5 @@
 """Loading diffusers pipelines from a worker's own model folder, never from a hub, at the
-precision and quantization the model variant names (see :mod:`app.variants`)."""
+precision and quantization the model variant names (see :mod:`app.core.variants`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from app.variants import DENOISERS, TORCH_DTYPES, quantization_spec
+from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 

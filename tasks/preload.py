@@ -26,9 +26,9 @@ import time
 import httpx
 import redis
 
-from app.errors import HomefleetError
-from app.fleet import SERVER
-from app.variants import Variant, parameter_counts, weights_bytes
+from app.core.errors import HomefleetError
+from app.fleet.config import SERVER
+from app.core.variants import Variant, parameter_counts, weights_bytes
 from tasks import runtime
 from tasks.run_job import manifest_key
 from tasks.verify import model_problems

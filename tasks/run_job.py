@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from app.digest import bytes_digest
-from app.errors import HomefleetError, IntegrityFailure
-from app.fleet import SERVER
-from app.kind_params import input_fields
-from app.variants import Variant, parameter_counts, weights_bytes
+from app.core.digest import bytes_digest
+from app.core.errors import HomefleetError, IntegrityFailure
+from app.fleet.config import SERVER
+from app.core.kinds import input_fields
+from app.core.variants import Variant, parameter_counts, weights_bytes
 from routing.estimate import working_bytes
 from routing.placement import JobRequest
 from tasks import runtime
@@ -42,7 +42,7 @@ def manifest_key(manifest: dict[str, Any]) -> str:
 def job_memory(folder: Path, kind: str, params: dict[str, Any], variant: dict[str, Any],
                working: int | None = None) -> tuple[int, int]:
     """(weights bytes, working bytes) of a job: weights from the safetensors headers at the
-    variant's precision (app.variants); working memory as the server estimated it with the
+    variant's precision (app.core.variants); working memory as the server estimated it with the
     fleet config's coefficients (``working``, from the claim), else by kind and size with the
     embedded defaults (routing.estimate)."""
     weights = weights_bytes(parameter_counts(folder), Variant(variant["precision"], variant["quantization"]))

@@ -12,9 +12,9 @@ import threading
 
 import redis
 
-from app.config import WorkerSettings
-from app.connections import create_redis
-from app.keys import Keys
+from app.core.config import WorkerSettings
+from app.core.connections import create_redis
+from app.core.keys import Keys
 from residency.cache import ModelCache
 from residency.device import Device, device_for
 from tasks.pipelines import load_pipeline

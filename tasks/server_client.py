@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from app.digest import bytes_digest
-from app.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
+from app.core.digest import bytes_digest
+from app.core.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
 
 log = logging.getLogger("homefleet.worker")
 
@@ -107,7 +107,7 @@ class ServerClient:
         body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
         self._send("POST", f"/jobs/{job_id}/failure", json=body)
 
-    # --- sync (R6): see app/sync.py ---
+    # --- sync (R6): see app/jobs/sync.py ---
 
     def sync_claim(self, sync_id: str) -> dict[str, Any]:
         """Take the sync (once); ``{"sync_id", "models": {model_id: manifest}}``. Raises Conflict."""

@@ -1,6 +1,6 @@
 """The Celery task ``homefleet.sync``: pull model files from the server (R6).
 
-Published by the server to this machine's own queue (design in ``app/sync.py``). Per file:
+Published by the server to this machine's own queue (design in ``app/jobs/sync.py``). Per file:
 
 1. already at its final name with the manifest's size and digest: kept (``present``);
    something else there: left untouched, reported (``conflict``) - a sync never overwrites
@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from app.digest import algorithm_of, file_digest, hex_part
-from app.errors import HomefleetError
+from app.core.digest import algorithm_of, file_digest, hex_part
+from app.core.errors import HomefleetError
 from tasks import runtime
 from tasks.heartbeat import advertise
 from tasks.server_client import ServerClient

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.digest import algorithm_of, file_digest
+from app.core.digest import algorithm_of, file_digest
 
 
 def model_problems(models_dir: Path, manifest: dict[str, Any]) -> list[str]:

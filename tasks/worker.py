@@ -22,12 +22,12 @@ from celery.exceptions import WorkerLostError
 from celery.signals import task_failure, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
 from celery.worker import state as worker_state
 
-from app import digest, keys
-from app.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
-from app.config import WorkerSettings
-from app.connections import create_redis
-from app.errors import HomefleetError, Unauthorized
-from app.keys import Keys
+from app.core import digest, keys
+from app.core.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
+from app.core.config import WorkerSettings
+from app.core.connections import create_redis
+from app.core.errors import HomefleetError, Unauthorized
+from app.core.keys import Keys
 from tasks import runtime
 from tasks.heartbeat import Heartbeat, clear_running, mark_running
 from tasks.preload import start_preload

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.fleet import Fleet, Machine
-from app.redis_server import start_redis_server
+from app.fleet.config import Fleet, Machine
+from app.devtools.redis_server import start_redis_server
 
 TEST_API_KEY = "test-api-key-0123456789"
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})

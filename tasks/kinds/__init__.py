@@ -58,7 +58,7 @@ def denoising(params: dict[str, Any], progress: ProgressFn, guidance_scale: floa
 
 def kind_params(kind: str) -> tuple[str, ...]:
     """The params the runner of ``kind`` reads (its module's ``PARAMS``): the one list the server
-    checks a submission's params against (app/kind_params.py), so that a key a kind does not
+    checks a submission's params against (app/core/kinds.py), so that a key a kind does not
     use is refused at submission instead of being ignored.
 
     Raises:

@@ -16,7 +16,7 @@ from typing import Any
 from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
 from tasks.pipelines import decode_image, png_bytes
 
-#: every param run() reads; the server refuses any other key at submission (app/kind_params.py)
+#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py)
 PARAMS: tuple[str, ...] = ("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
 from tasks.pipelines import png_bytes
 
-#: every param run() reads; the server refuses any other key at submission (app/kind_params.py)
+#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py)
 PARAMS: tuple[str, ...] = ("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS)
 
 

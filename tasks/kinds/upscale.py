@@ -18,7 +18,7 @@ from typing import Any
 from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn
 from tasks.pipelines import decode_image, png_bytes
 
-#: every param run() reads; the server refuses any other key at submission (app/kind_params.py).
+#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py).
 #: steps, guidance_scale and seed as every kind, read here rather than by denoising() (no callback_on_step_end)
 PARAMS: tuple[str, ...] = ("image", "prompt", "negative_prompt", "noise_level", *DENOISING_PARAMS)
 

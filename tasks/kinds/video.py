@@ -26,7 +26,7 @@ from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
 
 log = logging.getLogger("homefleet.worker")
 
-#: every param run() reads; the server refuses any other key at submission (app/kind_params.py)
+#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py)
 PARAMS: tuple[str, ...] = ("prompt", "negative_prompt", "width", "height", "frames", "fps", "format", *DENOISING_PARAMS)
 MEDIA_TYPES = {"mp4": "video/mp4", "webp": "image/webp", "gif": "image/gif"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult
+from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult
 
 pytestmark = pytest.mark.e2e
 

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from app.client import HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.localfleet import LocalFleet
-from app.redis_server import free_port
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"

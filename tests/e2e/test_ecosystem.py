@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app import keys
-from app.procs import stop_process_group
-from app.redis_server import free_port
+from app.core import keys
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import free_port
 from tests.e2e.conftest import WORKERS, RunningFleet
 from tests.e2e.test_job_way import wait_for
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from app import keys
-from app.celery_app import RUN_JOB_TASK
+from app.core import keys
+from app.core.celery_app import RUN_JOB_TASK
 from app.client import ApiError
-from app.digest import bytes_digest
-from app.journal import JobState
+from app.core.digest import bytes_digest
+from app.journal.jobs import JobState
 from tests.e2e.conftest import RunningFleet
 
 pytestmark = pytest.mark.e2e

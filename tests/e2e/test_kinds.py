@@ -22,12 +22,12 @@ import redis
 from PIL import Image
 
 from app.client import HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.digest import bytes_digest
-from app.journal import JobState
-from app.localfleet import LocalFleet
-from app.redis_server import free_port
+from app.core.digest import bytes_digest
+from app.journal.jobs import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet
 
 pytestmark = pytest.mark.e2e

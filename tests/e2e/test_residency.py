@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from app.client import ApiError
-from app.variants import Variant, parameter_counts, weights_bytes
+from app.core.variants import Variant, parameter_counts, weights_bytes
 from routing.estimate import working_bytes
 from tests.e2e.conftest import RunningFleet
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from app import keys
-from app.journal import JobState
+from app.core import keys
+from app.journal.jobs import JobState
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
 pytestmark = pytest.mark.e2e
@@ -63,7 +63,7 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
     delivered meanwhile has left the queue (early ack). It must be claimed at once: a job
     waiting unclaimed is `queued` with no message anywhere, which reconciliation ends as
     `lost`. Here this test process is m3's worker (a real runtime against the real API)."""
-    from app.config import WorkerSettings
+    from app.core.config import WorkerSettings
     from tasks import runtime
     from tasks.run_job import run_job
 
@@ -115,7 +115,7 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     process side (Heartbeat.report_lost) reports to the real API."""
     from celery.exceptions import WorkerLostError
 
-    from app.config import WorkerSettings
+    from app.core.config import WorkerSettings
     from tasks.heartbeat import Heartbeat, mark_running, mark_working
     from tasks.server_client import ServerClient
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from app.journal import JobState
+from app.journal.jobs import JobState
 from tests.conftest import TEST_API_KEY, run_cli
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
@@ -137,7 +137,7 @@ def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None
 
 
 def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet: RunningFleet) -> None:
-    from app.bench import sweep
+    from app.devtools.bench import sweep
 
     [one, two] = sweep(fleet.client, fleet.model, [1, 2], jobs=2, params={"prompt": "bench", "steps": 1}, target="auto")
     assert (one.concurrency, two.concurrency) == (1, 2)

@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from app.client import ApiError, HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.localfleet import LocalFleet
-from app.redis_server import free_port
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -17,12 +17,12 @@ import pytest
 import redis
 
 from app.client import ApiError, HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.journal import Job, JobState
-from app.localfleet import LocalFleet
-from app.procs import stop_process_group
-from app.redis_server import free_port
+from app.journal.jobs import Job, JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import free_port
 from tests.conftest import TEST_API_KEY, make_fleet
 from tests.e2e.test_job_way import wait_for
 
@@ -152,10 +152,14 @@ def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_t
 def crash_and_restart(watched: WatchedFleet) -> None:
     """Hard-kill the API and m1's worker (SIGKILL to their process groups), start both again
     and wait until m1 is online."""
+    before = watched.ctx.machines.heartbeat("m1")
     stop_process_group(watched.local.processes.pop("api"), signal.SIGKILL)
     watched.local.stop_worker("m1", signal.SIGKILL)
     watched.local.start_api()
     watched.local.start_worker("m1")
+    # The killed worker's heartbeat outlives it by its TTL: wait for the new boot's own.
+    wait_for(lambda: (beat := watched.ctx.machines.heartbeat("m1")) is not None
+             and beat["boot_id"] != (before or {}).get("boot_id"), timeout_s=180, what="m1's new worker to beat")
     watched.local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
 
 

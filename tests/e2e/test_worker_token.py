@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app import keys
+from app.core import keys
 from tests.e2e.conftest import RunningFleet
 
 pytestmark = pytest.mark.e2e

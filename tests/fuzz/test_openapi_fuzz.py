@@ -23,9 +23,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from app.config import Settings
+from app.core.config import Settings
 from app.context import build_context
-from app.server import create_app
+from app.api.server import create_app
 from tests.conftest import TEST_API_KEY, make_fleet
 
 EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "30"))

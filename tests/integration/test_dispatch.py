@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app import keys
+from app.core import keys
 from app.context import ServerContext
-from app.errors import MachineUnavailable, Rejected
-from app.journal import JobState
-from app.reservations import Fence, HashField
+from app.core.errors import MachineUnavailable, Rejected
+from app.journal.jobs import JobState
+from app.fleet.reservations import Fence, HashField
 
 
 def bring_online(ctx: ServerContext, machine: str, verified: set[str]) -> None:
@@ -111,7 +111,7 @@ def test_c03_cancel_removes_the_queue_entry_and_the_claim_refuses_a_late_copy(
 
 
 def test_c03_a_running_or_ended_job_cannot_be_cancelled(ctx: ServerContext, tiny_models_dir: Path) -> None:
-    from app.errors import Conflict
+    from app.core.errors import Conflict
 
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})

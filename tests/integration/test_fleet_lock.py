@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from app import keys
-from app.config import Settings
+from app.core import keys
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.errors import PlacementLost
-from app.journal import JobState
-from app.machines import MachineStates
+from app.core.errors import PlacementLost
+from app.journal.jobs import JobState
+from app.fleet.machines import MachineStates
 from routing.placement import MachineView
 from tests.conftest import make_fleet
 

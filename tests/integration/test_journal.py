@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from app.context import ServerContext
-from app.errors import Conflict
-from app.journal import Job, JobState
+from app.core.errors import Conflict
+from app.journal.jobs import Job, JobState
 
 
 def queued_job(ctx: ServerContext, machine: str = "m1") -> Job:

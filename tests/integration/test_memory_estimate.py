@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.fleet import load_fleet
-from app.server import create_app
+from app.fleet.config import load_fleet
+from app.api.server import create_app
 from tests.conftest import make_fleet
 from tests.integration.test_routing_api import online
 

@@ -10,10 +10,10 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlmodel import SQLModel
 
-import app.tables  # noqa: F401
-from app.config import Settings
-from app.connections import create_engine
-from app.migrations import SCRIPTS, alembic_config, upgrade
+import app.db.tables  # noqa: F401
+from app.core.config import Settings
+from app.core.connections import create_engine
+from app.db.migrations import SCRIPTS, alembic_config, upgrade
 from tests.conftest import run_cli, settings_env
 
 
@@ -46,7 +46,7 @@ def test_r13_learned_steps_taught_by_small_jobs_are_replayed_with_the_minimum_sc
     from sqlalchemy import text
     from sqlmodel import create_engine as plain_engine
 
-    from app.journal import Job, JobState, Journal, utcnow
+    from app.journal.jobs import Job, JobState, Journal, utcnow
     from routing.timings import EMA_WEIGHT, MIN_SCALED_SIZE, REFERENCE_SIZE
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def test_a_journal_from_before_migrations_is_stamped_and_migrated(settings: Sett
     from sqlalchemy import text
     from sqlmodel import create_engine as plain_engine
 
-    from app.migrations import INITIAL
+    from app.db.migrations import INITIAL
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = plain_engine(settings.journal_url)

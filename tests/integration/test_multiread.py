@@ -1,4 +1,4 @@
-"""app/multiread.py against a real Redis: one command answers many reads in order, shaped as
+"""app/fleet/multiread.py against a real Redis: one command answers many reads in order, shaped as
 redis-py's own commands would be (R14: placement's fleet snapshot is read through it)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from app.multiread import MultiRead
+from app.fleet.multiread import MultiRead
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from app import keys
-from app.config import Settings
+from app.core import keys
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.errors import ConfigError
-from app.journal import Job, JobState, utcnow
-from app.reconcile import Reconciler
+from app.core.errors import ConfigError
+from app.journal.jobs import Job, JobState, utcnow
+from app.jobs.reconcile import Reconciler
 from tests.conftest import make_fleet, run_cli, settings_env
 from tests.integration.test_dispatch import bring_online
 

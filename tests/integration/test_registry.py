@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from app.context import ServerContext
-from app.digest import file_digest
-from app.errors import Conflict, NotFound, Rejected
+from app.core.digest import file_digest
+from app.core.errors import Conflict, NotFound, Rejected
 
 
 def test_a_registered_model_has_a_full_manifest(ctx: ServerContext, tiny_models_dir: Path) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app import keys
-from app.config import Settings
+from app.core import keys
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.server import create_app
+from app.api.server import create_app
 from tests.conftest import make_fleet
 from tests.integration.test_routing_api import write_safetensors
 

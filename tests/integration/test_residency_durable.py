@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.reconcile import Reconciler
-from app.residency_store import ResidencyStore
-from app.server import create_app
+from app.jobs.reconcile import Reconciler
+from app.fleet.residency_store import ResidencyStore
+from app.api.server import create_app
 from tests.conftest import make_fleet, run_cli, settings_env
 from tests.integration.test_routing_api import online
 

@@ -14,15 +14,15 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app import keys
-from app.config import Settings
+from app.core import keys
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.digest import bytes_digest
-from app.fleet import Fleet, Machine, ModelGuess
-from app.journal import JobState
-from app.machines import StaticResidencyFacts
-from app.model_sizes import model_weight_bytes, safetensors_weight_bytes
-from app.server import create_app
+from app.core.digest import bytes_digest
+from app.fleet.config import Fleet, Machine, ModelGuess
+from app.journal.jobs import JobState
+from app.fleet.machines import StaticResidencyFacts
+from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
+from app.api.server import create_app
 from routing.timings import MIN_SCALED_SIZE
 from tests.conftest import FAMILIES
 
@@ -351,7 +351,7 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_
 def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
     api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
 ) -> None:
-    from app.fleetstatus import fleet_status
+    from app.fleet.status import fleet_status
     from tests.conftest import run_cli
 
     client, ctx = api
@@ -377,7 +377,7 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
 def test_status_shows_a_draining_and_a_syncing_machine(
     api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
 ) -> None:
-    from app.fleetstatus import fleet_status
+    from app.fleet.status import fleet_status
     from tests.conftest import run_cli
 
     client, ctx = api

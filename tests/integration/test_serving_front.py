@@ -16,14 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app import keys
-from app.auth import OpenApiRefused
-from app.config import Settings
+from app.core import keys
+from app.api.auth import OpenApiRefused
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.journal import JobState
-from app.limits import FamilyLimits
-from app.redis_server import start_redis_server
-from app.server import create_app
+from app.journal.jobs import JobState
+from app.core.limits import FamilyLimits
+from app.devtools.redis_server import start_redis_server
+from app.api.server import create_app
 from tests.conftest import TEST_API_KEY, make_fleet
 
 MODEL = "tiny-sd"
@@ -454,7 +454,7 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
 def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
-    from app.redis_server import free_port
+    from app.devtools.redis_server import free_port
 
     _client, up = make_api(settings, tiny_models_dir)  # the model is registered in the journal's database
     up.close()

@@ -19,17 +19,17 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app import keys
-from app.celery_app import SYNC_TASK
-from app.config import Settings, WorkerSettings
+from app.core import keys
+from app.core.celery_app import SYNC_TASK
+from app.core.config import Settings, WorkerSettings
 from app.context import ServerContext, build_context
-from app.digest import bytes_digest, file_digest
-from app.errors import Conflict, MachineUnavailable, Rejected
-from app.journal import Job, JobState
-from app.localfleet import LocalFleet
-from app.redis_server import free_port
-from app.server import create_app
-from app.sync import SyncState, Syncs
+from app.core.digest import bytes_digest, file_digest
+from app.core.errors import Conflict, MachineUnavailable, Rejected
+from app.journal.jobs import Job, JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
+from app.api.server import create_app
+from app.jobs.sync import SyncState, Syncs
 from tasks import runtime
 from tasks import sync as worker_sync
 from tests.conftest import TEST_API_KEY, make_fleet, settings_env

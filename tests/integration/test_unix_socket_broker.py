@@ -14,9 +14,9 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from app.celery_app import RUN_JOB_TASK, create_celery
-from app.config import BrokerSettings
-from app.redis_server import redis_server_binary
+from app.core.celery_app import RUN_JOB_TASK, create_celery
+from app.core.config import BrokerSettings
+from app.devtools.redis_server import redis_server_binary
 
 PASSWORD = "se@cret:1"  # characters a URL must escape
 

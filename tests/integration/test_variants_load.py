@@ -45,7 +45,7 @@ def test_a_variant_is_in_the_manifest_the_residency_key_and_the_memory_estimate(
 
 
 def test_an_unknown_precision_is_refused_at_registration(ctx: ServerContext, tiny_models_dir: Path) -> None:
-    from app.errors import Rejected
+    from app.core.errors import Rejected
 
     with pytest.raises(Rejected, match="precision must be one of fp32, bf16, fp16, got 'fp8'") as refused:
         ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="sd-fp8", precision="fp8")

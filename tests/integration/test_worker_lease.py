@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.config import WorkerSettings
+from app.core.config import WorkerSettings
 from tasks.worker import EX_CONFIG, WorkerLease
 
 

@@ -20,10 +20,10 @@ import pytest
 import redis
 
 from app.client import HomefleetClient
-from app.config import Settings
+from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.localfleet import LocalFleet
-from app.redis_server import RedisProcess, free_port, redis_server_binary
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import RedisProcess, free_port, redis_server_binary
 from tests.conftest import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from app import keys
+from app.core import keys
 from app.client import ApiError
-from app.digest import file_digest
+from app.core.digest import file_digest
 from tests.conftest import run_cli, settings_env
 from tests.e2e.test_job_way import wait_for
 from tests.netns.conftest import MODEL, MultiHostFleet

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.redis_server import free_port
+from app.devtools.redis_server import free_port
 
 
 @pytest.mark.parametrize(("variable", "value", "reason", "names"), [

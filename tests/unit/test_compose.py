@@ -10,7 +10,7 @@ from typing import Any
 import typer
 import yaml
 
-from app.cli import cli
+from app.cli.main import cli
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 

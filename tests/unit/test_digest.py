@@ -9,7 +9,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from app.digest import algorithm_of, bytes_digest, file_digest, parse
+from app.core.digest import algorithm_of, bytes_digest, file_digest, parse
 from residency.cache import ModelCache
 from tasks.run_job import manifest_key
 from tasks.verify import model_problems, verified_models

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
-from app.fleet import Fleet, load_fleet, with_fresh_tokens
+from app.fleet.config import Fleet, load_fleet, with_fresh_tokens
 from tests.conftest import make_fleet
 
 

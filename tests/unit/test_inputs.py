@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from app.digest import bytes_digest
-from app.errors import NotFound, Rejected
-from app.inputs import InputStore
-from app.kind_params import check_kind_params, model_max_frames
-from app.limits import FamilyLimits
+from app.core.digest import bytes_digest
+from app.core.errors import NotFound, Rejected
+from app.store.inputs import InputStore
+from app.core.kinds import check_kind_params, model_max_frames
+from app.core.limits import FamilyLimits
 
 
 def image_bytes(size: tuple[int, int], fmt: str = "PNG") -> bytes:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from app.errors import Rejected
-from app.kind_params import accepted_params, check_known_params
+from app.core.errors import Rejected
+from app.core.kinds import accepted_params, check_known_params
 from tasks.kinds import kind_params, runner
 
 KINDS = ("txt2img", "edit", "upscale", "video")

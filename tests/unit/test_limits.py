@@ -8,9 +8,9 @@ import pytest
 
 from pydantic import ValidationError
 
-from app.config import Settings
-from app.errors import Overloaded, Rejected
-from app.limits import FamilyLimits, check_submission, check_upload, limits_for
+from app.core.config import Settings
+from app.core.errors import Overloaded, Rejected
+from app.core.limits import FamilyLimits, check_submission, check_upload, limits_for
 from routing.placement import AUTO, JobRequest, MachineView, dry_run, place
 
 MODEL = "tiny-sd"

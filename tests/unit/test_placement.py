@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import MachineUnavailable, Rejected
+from app.core.errors import MachineUnavailable, Rejected
 from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
 from routing.finish import EVICTION_WEIGHT, WorkItem

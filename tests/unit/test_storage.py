@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from app.digest import bytes_digest
-from app.errors import IntegrityFailure
-from app.storage import ResultStore, sniff_media_type
+from app.core.digest import bytes_digest
+from app.core.errors import IntegrityFailure
+from app.store.files import ResultStore, sniff_media_type
 
 
 def png(color: tuple[int, int, int] = (200, 10, 10)) -> bytes:

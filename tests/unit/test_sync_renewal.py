@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import httpx
 import pytest
 
-from app.errors import Conflict
+from app.core.errors import Conflict
 from tasks.sync import Renewal
 
 

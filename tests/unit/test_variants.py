@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.variants import Variant, check_variant, parameter_counts, weights_bytes
+from app.core.variants import Variant, check_variant, parameter_counts, weights_bytes
 
 CARD_24_GB = 24_000_000_000
 

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
-from app.fleet import Fleet, load_fleet
+from app.fleet.config import Fleet, load_fleet
 from routing.estimate import DEFAULT_WORKING, Estimator, ModelProfile, WorkingCoefficients
 from tests.conftest import FAMILIES, make_fleet
 

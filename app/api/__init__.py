@@ -1,0 +1,1 @@
+"""The HTTP API: ``create_app``, authentication, body limits, schemas, routes."""

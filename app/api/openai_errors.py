@@ -1,0 +1,61 @@
+"""OpenAI's error shape for the OpenAI-compatible routes:
+``{"error": {"message", "type", "param", "code"}}`` (platform.openai.com/docs/guides/error-codes).
+
+``x-should-retry: false`` is set on an error answered after a job may have started, so that
+the OpenAI SDK's automatic retries (it retries 408, 409, 429 and 5xx by default unless that
+header says false) never create a second job (R20).
+"""
+
+from __future__ import annotations
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.core.errors import HomefleetError
+
+OPENAI_PREFIXES = ("/v1/images/", "/hf")
+
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               409: "conflict_error", 429: "rate_limit_error"}
+
+
+#: reason -> the request field it is about, where the error does not name one itself
+REASON_PARAMS = {"unknown_model": "model", "no_model": "model", "unknown_machine": "target"}
+
+
+def is_openai_route(path: str) -> bool:
+    return path.startswith(OPENAI_PREFIXES)
+
+
+def error_type(status_code: int) -> str:
+    if status_code >= 500:
+        return "server_error"
+    return ERROR_TYPES.get(status_code, "invalid_request_error")
+
+
+def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The OpenAI-shaped answer to a domain error. ``param`` is the field the error names, else
+    the field of its reason (``invalid_<field>``, R22; :data:`REASON_PARAMS`). Errors after a
+    submission carry ``x-should-retry: false``."""
+    headers = dict(headers or {})
+    if getattr(error, "original", None) is not None:  # images.AfterSubmit: a job may have started
+        headers["x-should-retry"] = "false"
+    param = error.param or REASON_PARAMS.get(error.reason)
+    if param is None and error.reason.startswith("invalid_"):
+        param = error.reason.removeprefix("invalid_")
+    body = {"error": {"message": error.message, "type": error_type(error.status_code), "param": param, "code": error.reason}}
+    return JSONResponse(status_code=error.status_code, content=body, headers=headers)
+
+
+def openai_validation_error(error: RequestValidationError) -> JSONResponse:
+    """A request body that failed validation, as OpenAI answers it (400 in OpenAI; 422 here,
+    as on every Homefleet route)."""
+    details = error.errors()
+    first = details[0] if details else {}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "header")]
+    param = ".".join(location) or None
+    message = f"`{param}`: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
+    if "input" in first and param:
+        message += f", got {str(first['input'])[:200]!r}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
+    return JSONResponse(status_code=422, content=body)

@@ -1,0 +1,64 @@
+"""``GET /v1/jobs/{id}/events``: a job's life as Server-Sent Events (sse-starlette).
+
+Events (``data`` is JSON):
+- ``state``: ``{"state", "machine", "reason", "message"}`` at the start and on every change
+  (the journal is the source).
+- ``progress``: ``{"step", "total"}`` on every new step while running (Redis progress hash).
+- ``end``: once the job has ended: the job as ``GET /v1/jobs/{id}`` returns it, with
+  ``result_url`` when it succeeded; then the stream closes. A job that has already ended
+  gets its ``state`` and ``end`` events at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter
+from sse_starlette.sse import EventSourceResponse
+
+from app.client import ENDED_STATES
+from app.context import ServerContext
+from app.api.routes.deps import Context
+from app.api.schemas import JobPublic
+
+router = APIRouter(prefix="/v1")
+
+POLL_S = 0.2  # how often the journal and the progress hash are read
+PING_S = 15  # keep-alive comment interval (seconds)
+
+
+@router.get("/jobs/{job_id}/events", response_class=EventSourceResponse)
+async def job_events(job_id: str, ctx: Context) -> EventSourceResponse:
+    """Stream a job's state changes, per-step progress and final result URL. 404 for an unknown id."""
+    await to_thread.run_sync(ctx.journal.get, job_id)  # NotFound before the stream starts
+    return EventSourceResponse(_events(ctx, job_id), ping=PING_S)
+
+
+async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, Any]]:
+    last_state = None
+    last_step = None
+    while True:
+        job = await to_thread.run_sync(ctx.journal.get, job_id)
+        ended = job.state in ENDED_STATES
+        changed = job.state != last_state
+        last_state = job.state
+        state = {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
+                                                       "reason": job.reason, "message": job.message})}
+        if changed and not ended:
+            yield state
+        if job.state != "queued":  # the last steps may land just before the job ends: read them first
+            raw = await to_thread.run_sync(ctx.redis.hgetall, ctx.keys.progress(job_id))
+            if "total" in raw and raw.get("step") != last_step:
+                last_step = raw.get("step")
+                yield {"event": "progress", "data": json.dumps({"step": int(raw["step"]), "total": int(raw["total"])})}
+        if ended:
+            yield state
+            body = JobPublic.from_job(job).model_dump(mode="json")
+            body["result_url"] = body["result"]["url"] if body.get("result") else None
+            yield {"event": "end", "data": json.dumps(body)}
+            return
+        await asyncio.sleep(POLL_S)

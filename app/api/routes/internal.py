@@ -1,0 +1,152 @@
+"""Internal API for workers, each authenticated by its machine's token (R1, R2, R19).
+
+A worker never writes the journal or storage itself: it claims, reports progress,
+uploads its result and reports failures here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Header, UploadFile
+from fastapi.responses import FileResponse
+
+from app.context import ServerContext
+from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
+from app.journal.jobs import JobState
+from app.api.routes.deps import Context, WorkerMachine, job_of_machine
+from app.api.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport, predicted_s
+from routing.placement import JobRequest
+
+router = APIRouter(prefix="/internal/v1")
+log = logging.getLogger(__name__)
+
+PROGRESS_TTL_S = 24 * 3600
+
+
+@router.get("/manifest")
+def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
+    """Every registered model's manifest (files, sizes, digests), for the worker's check (R4). A
+    model whose files the server cannot read is left out (logged): no worker can verify it, and
+    the other models stay verifiable."""
+    models = {}
+    for model in ctx.registry.list():
+        try:
+            models[model.id] = ctx.registry.manifest(model.id).as_json()
+        except Conflict as error:
+            log.error("manifest: %s left out: %s", model.id, error.message)
+    return {"models": models}
+
+
+@router.get("/files/{file_id}", response_class=FileResponse)
+def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
+    """An uploaded input's bytes; the worker checks them against ``file_id`` (their digest)."""
+    stored = ctx.inputs.get(file_id)
+    return FileResponse(stored.path, media_type=stored.media_type)
+
+
+@router.post("/jobs/{job_id}/claim", response_model=ClaimGranted)
+def claim(
+    job_id: str,
+    ctx: Context,
+    machine: WorkerMachine,
+    x_homefleet_boot_id: Annotated[str | None, Header(max_length=64)] = None,
+    x_homefleet_claim_id: Annotated[str | None, Header(max_length=64)] = None,
+) -> ClaimGranted:
+    """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job, and for
+    a job whose model files the server cannot read (it is then ``interrupted``, reason
+    ``model_unavailable``; nothing runs).
+    ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation);
+    ``X-Homefleet-Claim-Id`` names the delivery, so that delivery may safely repeat its claim."""
+    queued = job_of_machine(ctx, job_id, machine)
+    # The manifest first: a claim whose answer then failed would leave the job running with
+    # nobody running it. A model whose files the server cannot read ends the job here.
+    try:
+        manifest = ctx.registry.manifest(queued.model_id).as_json()
+    except (Conflict, NotFound) as error:  # model_unavailable, or no longer registered
+        message = f"the server cannot hand model {queued.model_id!r} out: {error}"
+        ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
+                                       message=message)
+        ctx.dispatcher.finished(ended)
+        log.error("job %s not run: %s", job_id, message)
+        raise Conflict(f"job {job_id} was not run: {message}", reason="model_unavailable") from error
+    job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
+    ctx.machines.reservations.start(machine.name, job_id)
+    _touch_progress(ctx, job_id, {})
+    log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
+    return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
+                        working_bytes=job.working_bytes)
+
+
+@router.post("/jobs/{job_id}/progress", status_code=204)
+def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
+    job_of_machine(ctx, job_id, machine)
+    _touch_progress(ctx, job_id, {"step": body.step, "total": body.total})
+
+
+def _touch_progress(ctx: ServerContext, job_id: str, fields: dict[str, int]) -> None:
+    """Record progress and its time (``at``, unix seconds): the watchdog's signal of life."""
+    key = ctx.keys.progress(job_id)
+    ctx.redis.hset(key, mapping={**fields, "at": time.time()})
+    ctx.redis.expire(key, PROGRESS_TTL_S)
+
+
+@router.post("/jobs/{job_id}/result", response_model=JobPublic)
+async def upload_result(
+    job_id: str,
+    ctx: Context,
+    machine: WorkerMachine,
+    file: Annotated[UploadFile, File(description="the result's bytes")],
+    digest: Annotated[str, Form(description="'blake3:<hex>' of the bytes")],
+    load_s: Annotated[float, Form(ge=0)],
+    run_s: Annotated[float, Form(ge=0)],
+    cold_load: Annotated[bool, Form()],
+    provenance: Annotated[str, Form(description="JSON object: the result's provenance")] = "{}",
+) -> JobPublic:
+    """Verify and store a result (R2); only then the job is ``succeeded``. A job no longer
+    running (interrupted or ended meanwhile) gets 409 and nothing is stored. A mismatch of
+    digest, media type or size stores nothing and fails the job with reason ``integrity``.
+    The worker's provenance is journaled with the server's own figures added (job id,
+    predicted and actual seconds)."""
+    job = job_of_machine(ctx, job_id, machine)
+    if job.state != JobState.running:  # ended meanwhile (interrupted, cancelled): store nothing
+        raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
+                       reason="not_running")
+    try:
+        record = json.loads(provenance)
+    except ValueError as error:
+        raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
+    if not isinstance(record, dict):
+        raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
+    record.update({"job_id": job_id, "load_s": load_s, "run_s": run_s, "cold_load": cold_load,
+                   "actual_s": load_s + run_s, "predicted_s": predicted_s(job)})
+    data = await file.read(ctx.settings.max_result_bytes + 1)
+    timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
+    try:
+        stored = ctx.store.store(data, digest)
+    except IntegrityFailure as error:
+        ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
+        raise
+    job = ctx.journal.succeed(
+        job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
+        result_media_type=stored.media_type, result_bytes=stored.size_bytes, provenance=record, **timings,
+    )
+    ctx.dispatcher.finished(job)
+    return JobPublic.from_job(job)
+
+
+@router.post("/jobs/{job_id}/failure", response_model=JobPublic)
+def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
+    job_of_machine(ctx, job_id, machine)
+    job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    if body.reason == "oom":  # R21: remember the size that ran out of memory
+        size = JobRequest.from_params(job.model_id, "", job.kind, machine.name, job.params).size
+        ctx.residency.record_oom(machine.name, job.model_id, job.kind, size, job.id)
+    ctx.dispatcher.finished(job)
+    return JobPublic.from_job(job)
+
+
+

@@ -1,0 +1,106 @@
+"""Public API for clients: submit jobs, read them, fetch results (R1, R3, R9, R10)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Header, Response, UploadFile
+from fastapi.responses import FileResponse, JSONResponse
+
+from app.core.errors import NotFound
+from app.journal.jobs import JobState
+from app.api.routes.deps import Context
+from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/jobs", status_code=202, response_model=None)
+def submit_job(
+    body: JobCreate,
+    ctx: Context,
+    response: Response,
+    dry_run: bool = False,
+    idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
+) -> JobAccepted | JSONResponse:
+    """Validate, place and enqueue a job. 202 with its id, machine and position in that
+    machine's line; 422 (a filter refused the target: its reason code) or 503 (target
+    offline) with ``{"error": {"reason", "message"}}``.
+
+    ``?dry_run=true``: 200 with the full decision (every machine: the filter that excluded it,
+    or its expected-finish breakdown in seconds), enqueuing and journaling nothing (R12).
+
+    ``Idempotency-Key``: a retry with the same key and body returns the original job
+    (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
+    with another body is refused with 422 (R20)."""
+    if dry_run:
+        return JSONResponse(ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target))
+    submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
+    job = submission.job
+    url = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = url
+    if submission.replayed:
+        response.headers["Idempotency-Replayed"] = "true"
+    assert job.machine is not None
+    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
+                       predicted_start_s=job.predicted_start_s, url=url)
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, ctx: Context) -> JobPublic:
+    job = ctx.journal.get(job_id)
+    progress = None
+    if job.state == JobState.running:
+        raw = ctx.redis.hgetall(ctx.keys.progress(job_id))
+        if "total" in raw:
+            progress = {"step": int(raw["step"]), "total": int(raw["total"])}
+    return JobPublic.from_job(job, progress)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: str, ctx: Context) -> JobPublic:
+    """Cancel a queued job (C03): 200 with the job, now ``cancelled``; 409 when it is running
+    or has ended, with the reason; 404 for an unknown id."""
+    return JobPublic.from_job(ctx.dispatcher.cancel(job_id))
+
+
+@router.get("/jobs/{job_id}/result", response_class=FileResponse)
+def get_result(job_id: str, ctx: Context) -> FileResponse:
+    """The stored result file (R2). 404 naming the job's state while there is none."""
+    job = ctx.journal.get(job_id)
+    if job.state != JobState.succeeded or not job.result_path:
+        raise NotFound(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+    return FileResponse(job.result_path, media_type=job.result_media_type, headers={"X-Content-Digest": job.result_digest or ""})
+
+
+@router.post("/files", status_code=201, response_model=FileStored)
+async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description="a PNG, JPEG or WebP image")]) -> FileStored:
+    """Store an input image (for edit and upscale jobs); its id is its content digest.
+    422 naming the limit when it is over ``max_input_bytes`` or not PNG/JPEG/WebP."""
+    stored = ctx.inputs.add(await file.read(ctx.settings.max_input_bytes + 1))
+    return FileStored(id=stored.id, media_type=stored.media_type, size_bytes=stored.size_bytes)
+
+
+@router.get("/machines")
+def list_machines(ctx: Context) -> list[dict[str, Any]]:
+    """Every machine: online, draining/syncing (nothing new is placed there), verified models,
+    backlog (LLEN of its queue + running)."""
+    rows = []
+    for name, view in ctx.machines.views().items():
+        config = ctx.fleet.machines[name]
+        rows.append({
+            "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
+            "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
+            "syncing": view.syncing,
+            "verified_models": sorted(view.verified_models), "backlog": view.backlog,
+        })
+    return rows
+
+
+@router.get("/models")
+def list_models(ctx: Context) -> list[dict[str, Any]]:
+    return [
+        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
+         "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
+        for m in ctx.registry.list()
+    ]

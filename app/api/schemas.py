@@ -1,0 +1,145 @@
+"""Request and response bodies of the HTTP API (the API returns these, never table rows)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.fleet.config import SERVER
+from app.journal.jobs import Job, JobState
+
+
+class JobCreate(BaseModel):
+    """``POST /v1/jobs``. ``target``: a machine name (pinned, never rerouted), or ``"auto"``."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
+
+    model: str = Field(min_length=1, max_length=64, description="registered model id")
+    kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")
+    params: dict[str, Any] = Field(default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed")
+    target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
+
+
+class ResultPublic(BaseModel):
+    digest: str
+    media_type: str
+    size_bytes: int
+    url: str
+
+
+def predicted_s(job: Job) -> float | None:
+    """Placement's expected load + run seconds (R12), when it made a prediction."""
+    if job.predicted_load_s is None and job.predicted_run_s is None:
+        return None
+    return (job.predicted_load_s or 0.0) + (job.predicted_run_s or 0.0)
+
+
+class MemoryEstimatePublic(BaseModel):
+    """The job's memory estimate at submission, in bytes (R10, R11): ``weights_bytes`` exact
+    from the safetensors headers, ``working_bytes`` by kind and size from the fleet config."""
+
+    weights_bytes: int
+    working_bytes: int
+    total_bytes: int
+
+
+def memory_estimate(job: Job) -> MemoryEstimatePublic | None:
+    """The job's memory estimate, when placement made one (jobs journaled before it have none)."""
+    if job.memory_estimate_bytes is None:
+        return None
+    return MemoryEstimatePublic(weights_bytes=job.weights_bytes or 0, working_bytes=job.working_bytes or 0,
+                                total_bytes=job.memory_estimate_bytes)
+
+
+class JobPublic(BaseModel):
+    id: str
+    state: JobState
+    model: str
+    kind: str
+    params: dict[str, Any]
+    target: str
+    machine: str | None
+    reason: str | None
+    message: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    load_s: float | None
+    run_s: float | None
+    cold_load: bool | None
+    predicted_start_s: float | None = None  # placement's prediction at submission (R12, R13)
+    predicted_load_s: float | None = None
+    predicted_run_s: float | None = None
+    progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
+    result: ResultPublic | None = None
+    seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
+    predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
+    provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
+    memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
+
+    @classmethod
+    def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
+        result = None
+        if job.state == JobState.succeeded and job.result_digest:
+            result = ResultPublic(
+                digest=job.result_digest, media_type=job.result_media_type or "", size_bytes=job.result_bytes or 0,
+                url=f"/v1/jobs/{job.id}/result",
+            )
+        return cls(
+            id=job.id, state=job.state, model=job.model_id, kind=job.kind, params=job.params, target=job.target,
+            machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
+            started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
+            cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
+            predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
+            seed=job.params.get("seed"), predicted_s=predicted_s(job), provenance=job.provenance,
+            memory_estimate=memory_estimate(job),
+        )
+
+
+class JobAccepted(BaseModel):
+    """202 answer to a submission."""
+
+    id: str
+    state: JobState
+    machine: str
+    position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
+    predicted_start_s: float | None = Field(
+        None, description="expected start: seconds from now until its machine reaches it (the work ahead, R12)")
+    url: str
+
+
+class FileStored(BaseModel):
+    """201 answer to ``POST /v1/files``: the id to name in a job's params (``"image": id``)."""
+
+    id: str = Field(description="the content digest, 'blake3:<hex>'")
+    media_type: str
+    size_bytes: int
+
+
+class ClaimGranted(BaseModel):
+    """Internal: what a worker needs to run a claimed job (R19)."""
+
+    job_id: str
+    model_id: str
+    kind: str
+    params: dict[str, Any]
+    manifest: dict[str, Any]  # ModelManifest.as_json(): files with size and digest (R5)
+    working_bytes: int | None = None  # the server's working-memory estimate (fleet config), bytes
+
+
+class ProgressReport(BaseModel):
+    step: int = Field(ge=0)
+    total: int = Field(ge=1)
+
+
+class FailureReport(BaseModel):
+    reason: str = Field(min_length=1, max_length=64)
+    message: str = Field(max_length=4000)
+    load_s: float | None = None
+    run_s: float | None = None
+
+
+class VerifiedReport(BaseModel):
+    models: list[str]

@@ -1,0 +1,139 @@
+"""``create_app(settings)``: the FastAPI application, with domain errors mapped once."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import OperationalError
+
+from app.api.auth import check_api_keys, require_api_key
+from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
+from app.core.config import Settings
+from app.core.connections import redacted_url
+from app.context import ServerContext, build_context
+from app.core.errors import HomefleetError, ServiceDown
+from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.jobs.reconcile import ReconcileLoop, Reconciler
+from app.api.routes import events, images, internal, public, residency, serving, sync
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
+    """Build the API. The context (journal, Redis, Celery…) is created here unless given.
+
+    Raises:
+        OpenApiRefused: no API key configured and ``allow_open_api`` not set (app/api/auth.py).
+    """
+    check_api_keys(settings)
+    context = ctx or build_context(settings)
+
+    reconcile = ReconcileLoop(Reconciler(context), settings.reconcile_interval_s)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        reconcile.start()  # at server start, then periodically (R19)
+        yield
+        reconcile.stop()
+        context.close()
+
+    api = FastAPI(title="Homefleet", version="0.1.0", lifespan=lifespan)
+    api.state.ctx = context
+    api.state.settings = settings
+
+    @api.exception_handler(HomefleetError)
+    async def domain_error(request: Request, error: HomefleetError) -> JSONResponse:
+        return error_response(request.url.path, error)
+
+    @api.exception_handler(RedisConnectionError)
+    @api.exception_handler(RedisTimeoutError)
+    @api.exception_handler(OperationalError)
+    async def service_down(request: Request, error: Exception) -> JSONResponse:
+        journal = isinstance(error, OperationalError)
+        what = "the journal's database" if journal else f"Redis at {redacted_url(settings.redis_url)}"
+        log.error("%s %s: %s does not answer: %s", request.method, request.url.path, what, error)
+        return await domain_error(request, ServiceDown(
+            f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
+            reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        if is_openai_route(request.url.path):
+            return openai_validation_error(error)
+        details = error.errors()
+        first = details[0] if details else {}
+        field = ".".join(str(part) for part in first.get("loc", ()))
+        message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
+        for detail in details:  # the offending value is named in the message; echo a huge one abridged
+            if len(repr(detail.get("input"))) > 1024:
+                detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
+        return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
+                                                      "detail": jsonable(details)})
+
+    @api.middleware("http")
+    async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start_s = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        context.metrics.request_s.labels(
+            method=request.method, route=getattr(route, "path", "unmatched"), status=str(response.status_code),
+        ).observe(time.perf_counter() - start_s)
+        return response
+
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
+                       render=error_response)
+
+    keyed = [Depends(require_api_key)]
+    api.include_router(serving.router)
+    api.include_router(public.router, dependencies=keyed)
+    api.include_router(events.router, dependencies=keyed)
+    api.include_router(images.router, dependencies=keyed)
+    api.include_router(internal.router)
+    api.include_router(sync.public_router, dependencies=keyed)
+    api.include_router(sync.internal_router)
+    api.include_router(residency.router, dependencies=keyed)
+    return api
+
+
+def upload_limits(settings: Settings) -> list[RouteLimit]:
+    """The body limits of the upload routes (app/api/body_limit.py): their files' limits in bytes
+    plus ``MULTIPART_ROOM``. An edit carries an image and maybe a mask."""
+    upload = max([settings.max_input_bytes, *(limits.max_upload_bytes for limits in settings.limits.values())])
+    return [
+        RouteLimit(re.compile(r"/v1/files"), settings.max_input_bytes + MULTIPART_ROOM, "max_input_bytes + 1 MiB"),
+        RouteLimit(re.compile(r"/v1/images/edits"), 2 * upload + MULTIPART_ROOM,
+                   "2 x the largest upload limit + 1 MiB"),
+        RouteLimit(re.compile(r"/internal/v1/jobs/[^/]+/result"), settings.max_result_bytes + MULTIPART_ROOM,
+                   "max_result_bytes + 1 MiB"),
+    ]
+
+
+def error_response(path: str, error: HomefleetError) -> JSONResponse:
+    """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "job_id"]}}``
+    with the error's status, or OpenAI's shape on the OpenAI routes; ``Retry-After`` (seconds)
+    when the error carries one."""
+    headers = {}
+    retry_after_s = getattr(error, "retry_after_s", None)
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    if is_openai_route(path):
+        return openai_error(error, headers)
+    body: dict[str, str] = {"reason": error.reason, "message": error.message}
+    if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
+        body["job_id"] = error.job_id
+    return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
+
+
+def jsonable(details: object) -> object:
+    from fastapi.encoders import jsonable_encoder
+
+    return jsonable_encoder(details)

@@ -1,0 +1,1 @@
+"""``homefleet``: the command line (typer), one module per command group."""

@@ -1,0 +1,52 @@
+"""The Celery app, configured for strict per-machine FIFO and at-most-once.
+
+Every setting below is one that held up in shared/notes/celery-redis.md: prefork with
+concurrency 1, prefetch disabled (the worker holds only the job it runs; the rest stay in
+the Redis list, in order), early ack, JSON only, no priorities/ETA/retries, a default
+queue that no worker reads, and the same visibility timeout in every process.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from app.core.config import BrokerSettings
+from app.core.connections import broker_url
+
+RUN_JOB_TASK = "homefleet.run_job"
+SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its turn like a job (app/jobs/sync.py)
+UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a machine goes nowhere
+
+
+def create_celery(settings: BrokerSettings) -> Celery:
+    """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish."""
+    app = Celery("homefleet", broker=broker_url(settings.redis_url), set_as_current=False)
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "socket_timeout": 10,
+        "socket_connect_timeout": 10,
+    }
+    app.conf.update(
+        task_acks_late=False,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_disable_prefetch=True,
+        worker_concurrency=1,
+        worker_pool="prefork",
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_create_missing_queues=True,
+        task_default_queue=UNROUTED_QUEUE,
+        accept_content=["json"],
+        task_serializer="json",
+        result_accept_content=["json"],
+        result_serializer="json",
+        event_serializer="json",
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2},
+        enable_utc=True,
+    )
+    return app

@@ -1,0 +1,152 @@
+"""Settings, built once in an entry point (CLI, ``create_app``, worker start-up) and passed down.
+
+Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
+``HOMEFLEET_REDIS_URL=redis://10.0.0.2:6379/0``. Nothing here connects to anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from sqlalchemy.engine import URL
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.limits import FamilyLimits, default_limits
+
+
+class BrokerSettings(BaseSettings):
+    """What every process of the fleet (server, API, workers) must agree on.
+
+    ``visibility_timeout_s`` must be the SAME everywhere: kombu restores unacked
+    messages after the shortest timeout among its clients (shared/notes/celery-redis.md).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="HOMEFLEET_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    visibility_timeout_s: int = Field(3600, ge=1)
+    key_prefix: str = "hf"
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_ttl_s: float = Field(6.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {value!r}")
+        return value
+
+
+class Settings(BrokerSettings):
+    """The server's settings (API, journal, registry, storage).
+
+    Paths are resolved against the working directory at start-up.
+    """
+
+    data_dir: Path = Path("var/homefleet")
+    database_url: str | None = None  # default: sqlite:///<data_dir>/journal.db
+    fleet_file: Path | None = None  # default: the fleet embedded in the package
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8787, ge=1, le=65535)
+    max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
+    max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/api/body_limit.py)
+    fleet_lock_ttl_s: float = Field(10.0, gt=0)
+    fleet_lock_wait_s: float = Field(5.0, gt=0)
+    reconcile_interval_s: float = Field(5.0, gt=0)
+    lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
+    hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
+    idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
+    # Serving front (R22-R24). Limits per model family; families not listed use "default".
+    limits: dict[str, FamilyLimits] = Field(default_factory=default_limits)
+    max_queued_per_machine: int = Field(32, ge=1)  # R23: reserved jobs (queued + running) per machine
+    max_pending_total: int = Field(256, ge=1)  # R23: reserved jobs in the whole fleet
+    retry_after_s: int = Field(5, ge=1)  # the Retry-After of a 429 (seconds)
+    # Bearer API keys of the public routes. Empty: the server refuses to start unless
+    # allow_open_api is set (then the routes are open and start-up says so).
+    api_keys: list[str] = Field(default_factory=list)
+    allow_open_api: bool = False
+    # How long the OpenAI/HF image routes wait for their jobs (seconds). Well below the OpenAI
+    # SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s): a client that gives up first resends
+    # the request on its own, never reading the answer's `x-should-retry: false` (R20). When the
+    # wait ends the answer is 500 `timeout` naming the jobs, which keep running.
+    images_wait_s: float = Field(480.0, gt=0)
+    # R6: a sync's reservation on its machine expires this long after the worker's last
+    # progress report, so a worker killed mid-copy frees its machine. The worker reports
+    # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a
+    # large file (tasks/sync.py, Renewal and REPORT_EVERY_S).
+    sync_reservation_ttl_s: float = Field(30.0, gt=0)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def journal_url(self) -> str:
+        """SQLAlchemy URL of the journal: ``database_url`` or a SQLite file in ``data_dir``."""
+        # Built, not formatted: a "%" in the folder's name is escaped (a URL's path is percent-decoded).
+        return self.database_url or URL.create("sqlite", database=str(self.data_dir / "journal.db")).render_as_string()
+
+    @property
+    def models_dir(self) -> Path:
+        """The server's own model folder: ``<models_dir>/<model_id>/<file>``."""
+        return self.data_dir / "models"
+
+    @property
+    def results_dir(self) -> Path:
+        """Content-addressed result storage (R2)."""
+        return self.data_dir / "results"
+
+    @property
+    def inputs_dir(self) -> Path:
+        """Content-addressed uploaded inputs (images for edit and upscale)."""
+        return self.data_dir / "inputs"
+
+
+class WorkerSettings(BrokerSettings):
+    """A worker's settings: its machine name, its own model folder, its token, the server's URL.
+
+    A worker knows no other machine and no address but the server's (R3).
+    """
+
+    machine: str
+    models_dir: Path
+    worker_token: str = Field(min_length=8)
+    server_url: str = "http://127.0.0.1:8787"
+    http_timeout_s: float = Field(60.0, gt=0)
+    server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
+    # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
+    # None = as fast as the link allows.
+    sync_max_bytes_per_s: int | None = Field(None, gt=0)
+    # R15: a cap on the memory the model cache may fill (bytes), instead of the device's free
+    # memory; e.g. to share a machine, or in tests to force real eviction with tiny models.
+    memory_cap_bytes: int | None = Field(None, gt=0)
+
+    @field_validator("models_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+
+OTHER_VARIABLES = frozenset({
+    "HOMEFLEET_API_KEY",  # `homefleet bench --api-key`
+    "HOMEFLEET_TEST_POSTGRES", "HOMEFLEET_FUZZ_EXAMPLES",  # the test suite's (tests/conftest.py, tests/fuzz)
+})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``HOMEFLEET_*`` variable in ``environ`` that names no setting of the server
+    or a worker, with the closest setting: a misspelt variable is otherwise ignored silently
+    (settings read the environment with ``extra="ignore"``, because the server and the workers
+    share one environment but not one set of settings)."""
+    known = {f"HOMEFLEET_{name.upper()}" for name in (*Settings.model_fields, *WorkerSettings.model_fields)}
+    known |= OTHER_VARIABLES
+    lines = []
+    for name in sorted(v for v in environ if v.startswith("HOMEFLEET_") and v not in known):
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        lines.append(f"{name} is not a Homefleet setting; it is ignored" + (f" (did you mean {close[0]}?)" if close else ""))
+    return lines

@@ -1,0 +1,127 @@
+"""The internal API's bodies (``/internal/v1``), typed once for both ends: the server answers
+with these models and the worker parses its answers into them (``tasks/server_client.py``).
+
+Sizes are bytes; times are seconds; digests are ``"<algorithm>:<64 hex>"`` (``app.core.digest``).
+Unknown fields are ignored when parsing, so a newer server can add fields older workers skip.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.digest import ALGORITHM, bytes_digest
+from app.core.variants import Variant
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ManifestFile(Body):
+    """One file of a model, relative to its folder (``/`` separators)."""
+
+    path: str = Field(max_length=1024)
+    size: int = Field(ge=0, description="bytes")
+    digest: str = Field(max_length=80, description="full-content digest, e.g. 'blake3:<hex>'")
+
+
+class Manifest(Body):
+    """A registered model as workers check it (R4, R5): its family, kinds, variant and every
+    file with its size and the server's current digest."""
+
+    model_id: str
+    family: str
+    kinds: list[str]
+    precision: str = "fp32"
+    quantization: str | None = None
+    algorithm: str = ALGORITHM
+    files: list[ManifestFile]
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.precision, self.quantization)
+
+    def key(self) -> str:
+        """Digest of the file list and the variant: a resident pipeline is reused only under the
+        same key (R5: a changed server file forces a verified reload; a bf16 copy is not the fp32
+        one)."""
+        body = {"files": [f.model_dump() for f in self.files], "precision": self.precision,
+                "quantization": self.quantization}
+        return bytes_digest(json.dumps(body, sort_keys=True).encode())
+
+
+class Manifests(Body):
+    """``GET /internal/v1/manifest``: every registered model the server can hand out."""
+
+    models: dict[str, Manifest]
+
+
+class Claim(Body):
+    """``POST /internal/v1/jobs/{id}/claim`` (R19): what a worker needs to run the job it claimed."""
+
+    job_id: str
+    model_id: str
+    kind: str
+    params: dict[str, Any]
+    manifest: Manifest
+    working_bytes: int | None = Field(None, description="the server's working-memory estimate (fleet config), bytes")
+
+
+class ProgressReport(Body):
+    """``POST /internal/v1/jobs/{id}/progress``: steps done of ``total``."""
+
+    step: int = Field(ge=0)
+    total: int = Field(ge=1)
+
+
+class FailureReport(Body):
+    """``POST /internal/v1/jobs/{id}/failure``: why a claimed job ended without a result."""
+
+    reason: str = Field(min_length=1, max_length=64)
+    message: str = Field(max_length=4000)
+    load_s: float | None = None
+    run_s: float | None = None
+
+
+class ResultReceipt(Body):
+    """What the worker reads of the server's answer to a result upload (the job as stored)."""
+
+    id: str
+    state: str
+
+
+class SyncGrant(Body):
+    """``POST /internal/v1/syncs/{id}/claim`` (R6): the manifests of the models to copy."""
+
+    sync_id: str
+    models: dict[str, Manifest]
+
+
+class SyncProgress(Body):
+    """``POST /internal/v1/syncs/{id}/progress``: renews the sync's reservation (R6)."""
+
+    files_done: int = Field(ge=0)
+    bytes_done: int = Field(ge=0)
+    file: str = Field("", max_length=1024)
+
+
+class SyncFileResult(Body):
+    """One file's outcome in a sync: ``present`` | ``copied`` | ``conflict`` | ``digest_mismatch``."""
+
+    model_id: str
+    path: str
+    status: str
+    size_bytes: int
+    message: str = ""
+
+
+class SyncFinish(Body):
+    """``POST /internal/v1/syncs/{id}/finish``: every file's outcome and the re-verified models (R4)."""
+
+    succeeded: bool
+    message: str = Field("", max_length=4000)
+    results: list[SyncFileResult] = Field(default_factory=list, max_length=100_000)
+    verified: list[str] = Field(default_factory=list)

@@ -1,0 +1,36 @@
+"""A job's states, defined once (R19; DESIGN's "a job's way"): the journal, the API, the client,
+reconciliation and status all read these.
+
+States and their legal ways::
+
+    rejected                          (refused at submission; never queued)
+    queued  -> running | cancelled | interrupted
+    running -> succeeded | failed | interrupted
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    queued = "queued"  # journaled and published to its machine's queue; not started
+    running = "running"  # claimed by its machine's worker (happens once per job)
+    succeeded = "succeeded"  # result verified and stored by the server (R2)
+    failed = "failed"  # ended with an error; ``reason`` says which
+    cancelled = "cancelled"  # removed from its queue before it started
+    interrupted = "interrupted"  # may have started, then its worker or the server died; never re-run
+    rejected = "rejected"  # refused at submission, kept with its reason; never queued
+
+
+ACTIVE: frozenset[JobState] = frozenset({JobState.queued, JobState.running})
+"""States of a job that holds a reservation on its machine (its backlog, R14)."""
+
+ENDED: frozenset[JobState] = frozenset(JobState) - ACTIVE
+"""States a job never leaves."""
+
+LEGAL: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.interrupted}),
+    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.interrupted}),
+}
+"""The only legal transitions (R19). ``rejected`` and every ended state have none."""

@@ -1,0 +1,182 @@
+"""``homefleet demo``: the fleet on this one host, real pipelines, real results.
+
+Uses the Redis at the configured URL if one answers, else an embedded one; starts the API,
+the ``server`` worker and two more machines (each its own worker process, model folder
+and token); builds and registers the tiny models and copies them to each machine; submits
+jobs to ``server``, to named machines and to ``auto`` -- one of each kind (txt2img, edit,
+upscale, video; the edit and upscale inputs are uploaded first); shows progress; prints each
+result's path, media type, digest, machine, seed and seconds; stops everything it started.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from app.client import ENDED_STATES, HomefleetClient
+from app.core.config import Settings
+from app.core.connections import redacted_url
+from app.context import build_context
+from app.core.errors import ConfigError, NotFound
+from app.fleet.config import SERVER, load_fleet, with_fresh_tokens
+from app.journal.jobs import Journal
+from app.devtools.localfleet import LocalFleet
+from app.fleet.pairing import check_pairing
+from app.devtools.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
+from app.devtools.tiny_models import make_tiny
+
+#: kind -> the demo's model id for it (the tiny pipelines of app/devtools/tiny_models.py)
+DEMO_MODELS = {"txt2img": "tiny-sd", "edit": "tiny-pix2pix", "upscale": "tiny-upscaler", "video": "tiny-animatediff"}
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    target: str
+    kind: str
+    params: dict[str, Any]
+    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded input image
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+DEMO_JOBS = (
+    DemoJob(SERVER, "txt2img", {"prompt": "a lighthouse at dusk", "steps": 4}),
+    DemoJob("box2", "txt2img", {"prompt": "a glass city", "steps": 4}),
+    DemoJob("box1", "edit", {"prompt": "make it snowy", "steps": 4}, input_pixels=(64, 64)),
+    DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
+    DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
+)
+
+
+def demo_input(width: int, height: int) -> bytes:
+    """A gradient PNG of width x height pixels to upload as an edit/upscale input."""
+    from PIL import Image
+
+    image = Image.new("RGB", (width, height))
+    image.putdata([(x * 255 // width, y * 255 // height, 140) for y in range(height) for x in range(width)])
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
+    """Run the demo; return 0 when every job succeeded, else 1. ``redis_url``: a Redis to use
+    when it answers; None (or no answer): an embedded one of its own under ``data_dir``, so
+    the demo writes nothing into a Redis it was not pointed at."""
+    data_dir = data_dir.resolve()
+    embedded: RedisProcess | None = None
+    if redis_url is not None and redis_answers(redis_url):
+        console.print(f"Redis: using {redis_url}")
+    else:
+        embedded = start_redis_server(data_dir / "redis")
+        why = "nothing answered at HOMEFLEET_REDIS_URL" if redis_url is not None else "its own"
+        redis_url = embedded.url
+        console.print(f"Redis: {why}; started an embedded one at {redis_url}")
+
+    fleet = with_fresh_tokens(load_fleet(None))
+    fleet_file = data_dir / "fleet.toml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fleet_file.write_text(fleet.to_toml())
+    fleet_file.chmod(0o600)
+    api_key = secrets.token_urlsafe(24)
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+                        api_keys=[api_key])
+    ctx = build_context(settings, fleet)
+    local = LocalFleet(settings, fleet, fleet_file)
+    try:
+        try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/fleet/pairing.py)
+            check_pairing(ctx)
+        except ConfigError as error:
+            raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
+                              f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
+                              "own", reason=error.reason) from error
+        with console.status("Building the tiny models and registering them…"):
+            built = make_tiny(data_dir / "tiny", kinds=tuple(DEMO_MODELS))
+            for kind, model_id in DEMO_MODELS.items():
+                try:
+                    ctx.registry.get(model_id)
+                except NotFound:
+                    ctx.registry.add(built[kind], model_id=model_id)
+                for machine in fleet.machines:
+                    local.copy_model(model_id, machine)
+        with console.status("Starting the API and one worker per machine…"):
+            local.start_api()
+            for machine in fleet.machines:
+                local.start_worker(machine)
+            for model_id in DEMO_MODELS.values():
+                local.wait_online(list(fleet.machines), model_id=model_id)
+        console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
+        console.print(f"API key of this demo: {api_key}")
+        console.print(f"send: Authorization: Bearer {api_key}", soft_wrap=True)  # one line, for copy and paste
+        with HomefleetClient(local.api_url, api_key=api_key) as client:
+            jobs = _run_jobs(client, console)
+        return _report(jobs, ctx.journal, console)
+    finally:
+        with console.status("Stopping everything the demo started…"):
+            local.stop()
+            ctx.close()
+            if embedded is not None:
+                embedded.stop()
+
+
+def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]:
+    submitted = []
+    for job in DEMO_JOBS:
+        params = dict(job.params)
+        if job.input_pixels is not None:
+            uploaded = client.upload(demo_input(*job.input_pixels))
+            params["image"] = uploaded["id"]
+            console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
+        accepted = client.submit(DEMO_MODELS[job.kind], job.kind, params, target=job.target)
+        submitted.append(accepted)
+        console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} target={job.target} -> machine={accepted['machine']} "
+                      f"position={accepted['position']}")
+    finished: dict[str, dict[str, Any]] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bars = {
+            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued") for s in submitted
+        }
+        deadline = time.monotonic() + 600
+        while len(finished) < len(submitted) and time.monotonic() < deadline:
+            for job_id, bar in bars.items():
+                if job_id in finished:
+                    continue
+                job = client.get(job_id)
+                step = job.get("progress") or {}
+                if job["state"] in ENDED_STATES:
+                    finished[job_id] = job
+                    progress.update(bar, completed=1, total=1, state=job["state"])
+                elif step:
+                    progress.update(bar, completed=step["step"], total=step["total"], state=job["state"])
+                else:
+                    progress.update(bar, state=job["state"])
+            time.sleep(0.2)
+    return [finished.get(s["id"]) or client.get(s["id"]) for s in submitted]
+
+
+def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console) -> int:
+    """Print one block per job; the path is read from the journal (the server's own storage)."""
+    failed = 0
+    console.print("\nResults (verified and stored by the server, content-addressed):")
+    for job in jobs:
+        result = job.get("result") or {}
+        if job["state"] != "succeeded":
+            failed += 1
+            console.print(f"[red]{job['id']}[/] {job['state']} on {job['machine']}: {job['reason']}: {job['message']}")
+            continue
+        console.print(
+            f"[green]{job['id']}[/] {job['kind']} machine={job['machine']} seed={job['seed']} "
+            f"load_s={job['load_s']:.2f} run_s={job['run_s']:.2f}\n"
+            f"  {result['media_type']} {result['size_bytes']} bytes, digest {result['digest']}\n"
+            f"  path   {journal.get(job['id']).result_path}",
+            soft_wrap=True,
+        )
+    console.print(f"{len(jobs) - failed} of {len(jobs)} jobs succeeded")
+    return 1 if failed else 0

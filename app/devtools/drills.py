@@ -1,0 +1,318 @@
+"""Fault drills (issue 5): real faults against a real local fleet, counted from the outside.
+
+Each drill submits jobs, injects its fault, waits until every job has ended (reconciliation
+included) and counts:
+
+- ``jobs``: jobs the journal holds for the drill (acknowledged or journaled before a crash);
+- ``runs``: executions, counted from the workers' own logs ("job <id> claimed"), not from
+  the journal, so the count does not trust the mechanism under test;
+- ``double_runs``: jobs executed more than once (target 0);
+- ``lost``: jobs acknowledged to the client or journaled that are missing from the journal
+  or never reached an ended state (target 0);
+- ``interrupted``: jobs marked ``interrupted`` (may have started; never re-run).
+
+The last line of every drill reads
+``drill=NAME jobs=N runs=N double_runs=N lost=N interrupted=N``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from app.core import keys
+from app.core.celery_app import RUN_JOB_TASK
+from app.client import ENDED_STATES, ApiError, HomefleetClient
+from app.core.config import Settings
+from app.context import ServerContext, build_context
+from app.fleet.config import Fleet, Machine, with_fresh_tokens
+from app.journal.jobs import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
+
+MODEL = "tiny-sd"
+WORKERS = ("m1", "m2")
+DRILL_API_KEY = "drill-api-key-0123456789"  # the drill fleet's own API key
+_CLAIMED = re.compile(r"job ([0-9a-f]{32}) claimed")
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    name: str
+    jobs: int
+    runs: int
+    double_runs: int
+    lost: int
+    interrupted: int
+
+    def line(self) -> str:
+        return (f"drill={self.name} jobs={self.jobs} runs={self.runs} double_runs={self.double_runs} "
+                f"lost={self.lost} interrupted={self.interrupted}")
+
+
+def drill_fleet_config() -> Fleet:
+    families = frozenset({"sd1"})
+    machines = {
+        name: Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000, families=families)
+        for name in ("server", *WORKERS)
+    }
+    return with_fresh_tokens(Fleet(machines=machines))
+
+
+class DrillFleet:
+    """A private Redis (restartable on its port), the API and workers m1 and m2, with short
+    heartbeat, reconciliation and grace periods so that faults are found within seconds."""
+
+    def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
+                 hung_after_s: float = 120.0) -> None:
+        self.work_dir = work_dir
+        self.tiny_model = tiny_model
+        self.visibility_timeout_s = visibility_timeout_s
+        self.hung_after_s = hung_after_s
+        self.redis_port = free_port()
+        self.redis: RedisProcess | None = None
+        self.local: LocalFleet | None = None
+        self.ctx: ServerContext | None = None
+        self.client: HomefleetClient | None = None
+        self._earlier: set[str] = set()
+
+    def __enter__(self) -> DrillFleet:
+        try:
+            self.start()
+        except BaseException:  # interrupted or failed while starting: stop what did start, then re-raise
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+        fleet = drill_fleet_config()
+        fleet_file = self.work_dir / "fleet.toml"
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        fleet_file.write_text(fleet.to_toml())
+        settings = Settings(
+            data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
+            visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
+            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
+            # a drill queues all its jobs at once: backpressure (R23) is not what it measures
+            max_queued_per_machine=100_000, max_pending_total=100_000,
+        )
+        self.ctx = build_context(settings, fleet)
+        self.ctx.registry.add(self.tiny_model, model_id=MODEL)
+        self.local = LocalFleet(settings, fleet, fleet_file)
+        for machine in WORKERS:
+            self.local.copy_model(MODEL, machine)
+        self.local.start_api()
+        for machine in WORKERS:
+            self.local.start_worker(machine)
+        self.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=180)
+        self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.local is not None:
+            self.local.stop()
+        if self.ctx is not None:
+            self.ctx.close()
+        if self.redis is not None:
+            self.redis.stop()
+
+    # -- faults ---------------------------------------------------------------------------
+    def restart_redis(self) -> None:
+        """Stop Redis and start an empty one on the same port (no persistence: queues are gone)."""
+        assert self.redis is not None
+        self.redis.stop()
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+
+    def kill_worker(self, machine: str) -> None:
+        assert self.local is not None
+        self.local.stop_worker(machine, signal.SIGKILL)
+        self.local.start_worker(machine)
+
+    def freeze_pool_process(self, machine: str) -> int:
+        """SIGSTOP the pool process of ``machine``'s worker (the one running its job): a hang."""
+        assert self.local is not None
+        children = psutil.Process(self.local.processes[f"worker-{machine}"].pid).children()
+        for child in children:
+            child.send_signal(signal.SIGSTOP)
+        return len(children)
+
+    def kill_api(self) -> None:
+        assert self.local is not None
+        stop_process_group(self.local.processes.pop("api"), signal.SIGKILL)
+        self.local.start_api()
+
+    def wait_running(self, machine: str, running: bool, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``machine`` runs a job (``running``) or runs none."""
+        assert self.ctx is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = any(j.machine == machine for j in self.ctx.journal.list([JobState.running]))
+            if busy == running:
+                return
+            time.sleep(0.05)
+
+    # -- counting -------------------------------------------------------------------------
+    def executions(self) -> Counter[str]:
+        """How many times each job id was executed, from every worker log of this drill."""
+        assert self.local is not None
+        counts: Counter[str] = Counter()
+        for log in self.local.logs_dir.glob("worker-*.log"):
+            counts.update(_CLAIMED.findall(log.read_text(errors="replace")))
+        return counts
+
+    def begin(self) -> None:
+        """Mark the start of a drill: jobs journaled before it do not count."""
+        assert self.ctx is not None
+        self._earlier = {j.id for j in self.ctx.journal.list()}
+
+    def _drill_states(self) -> dict[str, JobState]:
+        assert self.ctx is not None
+        return {j.id: j.state for j in self.ctx.journal.list()
+                if j.id not in self._earlier and j.state != JobState.rejected}
+
+    def result(self, name: str, acknowledged: set[str], timeout_s: float) -> DrillResult:
+        """Wait until every job of the drill has ended (or ``timeout_s``), then count."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self._drill_states()
+            mine = set(states) | acknowledged
+            if all(states.get(i) in ENDED_STATES for i in mine) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        runs = self.executions()
+        return DrillResult(
+            name=name, jobs=len(mine), runs=sum(runs[i] for i in mine),
+            double_runs=sum(1 for i in mine if runs[i] > 1),
+            lost=sum(1 for i in mine if states.get(i) not in ENDED_STATES),
+            interrupted=sum(1 for i in mine if states.get(i) == JobState.interrupted),
+        )
+
+
+def _submit(fleet: DrillFleet, index: int, steps: int, target: str | None = None) -> str:
+    assert fleet.client is not None
+    target = target or WORKERS[index % len(WORKERS)]
+    return str(fleet.client.submit(MODEL, "txt2img", {"prompt": f"drill {index}", "steps": steps}, target=target)["id"])
+
+
+def drill_duplicate(fleet: DrillFleet, count: int) -> DrillResult:
+    """Every job's message is delivered twice (a second publish with the same task id)."""
+    fleet.begin()
+    assert fleet.ctx is not None
+    acknowledged = set()
+    for i in range(count):
+        job_id = _submit(fleet, i, steps=1)
+        machine = WORKERS[i % len(WORKERS)]
+        fleet.ctx.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=keys.queue(machine))
+        acknowledged.add(job_id)
+    return fleet.result("duplicate", acknowledged, timeout_s=60 + 10 * count)
+
+
+def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
+    """kill -9 of worker m1 while it runs a job, ``max(1, count // 25)`` times."""
+    fleet.begin()
+    assert fleet.ctx is not None
+    acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
+    for _ in range(max(1, count // 25)):
+        fleet.wait_running("m1", True, timeout_s=120)
+        fleet.kill_worker("m1")
+        assert fleet.local is not None
+        fleet.local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
+    return fleet.result("worker_kill", acknowledged, timeout_s=120 + 10 * count)
+
+
+def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
+    """kill -9 of the API in the middle of a burst of submissions from 4 threads. A client
+    whose request failed retries deliberately with the same Idempotency-Key (R20)."""
+    fleet.begin()
+    assert fleet.local is not None
+    acknowledged: set[str] = set()
+    guard = threading.Lock()
+    url = fleet.local.api_url
+
+    def submitter(worker_index: int) -> None:
+        with HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) as client:
+            for i in range(worker_index, count, 4):
+                key = f"drill-server-kill-{time.time_ns()}-{i}"
+                body = {"prompt": f"burst {i}", "steps": 1}
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    try:
+                        job = client.submit(MODEL, "txt2img", body, target=WORKERS[i % 2], idempotency_key=key)
+                    except (httpx.HTTPError, ApiError) as error:
+                        if isinstance(error, ApiError) and error.status_code != 503:
+                            raise
+                        time.sleep(0.2)  # the server is down or busy: retry with the SAME key
+                        continue
+                    with guard:
+                        acknowledged.add(job["id"])
+                    break
+
+    threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    while len(acknowledged) < count // 2 and any(t.is_alive() for t in threads):
+        time.sleep(0.01)
+    fleet.kill_api()
+    for thread in threads:
+        thread.join()
+    return fleet.result("server_kill", acknowledged, timeout_s=60 + 10 * count)
+
+
+def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
+    """Redis restarted (no persistence) while jobs wait in m1's queue behind a long job."""
+    fleet.begin()
+    assert fleet.ctx is not None
+    acknowledged = {_submit(fleet, 0, steps=25, target="m1")}
+    acknowledged |= {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
+    fleet.restart_redis()
+    return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
+
+
+def drill_visibility(fleet: DrillFleet, count: int) -> DrillResult:
+    """C01: jobs that run longer than the broker's visibility timeout (the fleet must be
+    started with a short ``visibility_timeout_s``, e.g. 2 s)."""
+    fleet.begin()
+    acknowledged = {_submit(fleet, i, steps=30) for i in range(count)}
+    return fleet.result("visibility", acknowledged, timeout_s=120 + 18 * count)
+
+
+def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
+    """Watchdog: m1's pool process freezes (SIGSTOP) mid-job, ``max(1, count // 25)`` times.
+    The fleet must be started with a short ``hung_after_s`` (e.g. 20 s): the job becomes
+    ``interrupted`` (``hung``), the worker replaces its pool process, and the rest run."""
+    fleet.begin()
+    assert fleet.ctx is not None
+    acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
+    for _ in range(max(1, count // 25)):
+        fleet.wait_running("m1", True, timeout_s=120)
+        fleet.freeze_pool_process("m1")
+        fleet.wait_running("m1", False, timeout_s=fleet.hung_after_s + 60)
+    return fleet.result("hang", acknowledged, timeout_s=120 + 10 * count)
+
+
+DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
+    "duplicate": drill_duplicate,
+    "worker_kill": drill_worker_kill,
+    "server_kill": drill_server_kill,
+    "redis_restart": drill_redis_restart,
+    "visibility": drill_visibility,
+    "hang": drill_hang,
+}
+
+# Drills that need a fleet with other settings than the defaults.
+FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}

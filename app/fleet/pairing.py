@@ -1,0 +1,114 @@
+"""The journal and the Redis it runs with are one pair.
+
+Reconciliation (R19) trusts the journal about Redis: a reservation whose job the journal does
+not know is released, a queued job whose message is gone is ``lost``. A process that opens
+another journal beside the fleet's Redis (``homefleet reconcile`` run from another directory:
+``data_dir`` is relative to the working directory; a second server with its own journal) would
+release every live reservation and judge jobs it never saw. So each journal has an identity (a
+random id written by the migration that created its table, ``journalidentity``), the first
+server process records it in Redis (``<prefix>:journal``), and every process that reconciles,
+serves or changes the fleet from the CLI checks that the two agree before it changes anything.
+Not told apart: a backup of the same journal restored over it (it keeps its identity).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, select
+
+from app.core.connections import redacted_url
+from app.core.errors import ConfigError
+from app.core.keys import Keys
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+
+MARK = "journal-id"  # the file in a data folder naming the journal it serves
+
+
+class JournalIdentity(SQLModel, table=True):
+    """The one row naming this journal (written by migration ``b7c4e2f19a30``)."""
+
+    id: str = Field(primary_key=True)  # 32 hex characters
+
+
+def journal_id(engine: Engine) -> str:
+    """The identity of the journal behind ``engine``.
+
+    Raises:
+        ConfigError: the journal has no identity row (its schema was not migrated).
+    """
+    with Session(engine) as session:
+        found = session.exec(select(JournalIdentity.id)).first()
+    if found is None:
+        raise ConfigError(f"the journal at {engine.url.render_as_string(hide_password=True)} has no identity; "
+                          "run `homefleet db upgrade`")
+    return found
+
+
+def check_pairing(ctx: ServerContext, record: bool = True, require: bool = False) -> str:
+    """Check that the Redis runs with this process's journal and data folder; return the
+    journal's identity.
+
+    With ``record`` (the server: ``serve``, its reconciliation, the demo) the journal is
+    recorded in Redis if none is, and the data folder is marked as this journal's (a file
+    ``journal-id`` in ``data_dir``). Without it (CLI commands), once a server has recorded a
+    journal, the data folder must carry that mark too: with a shared PostgreSQL journal, a
+    command run with another ``HOMEFLEET_DATA_DIR`` would otherwise register models into a
+    folder the server never reads. With ``require``, a Redis that records no journal yet is
+    refused too (a command about to change the fleet that cannot tell whether its journal is
+    the server's).
+
+    Raises:
+        ConfigError: Redis records another journal, or the data folder is not the server's
+            (reason ``journal_mismatch``); or, with ``require``, Redis records none
+            (``journal_unpaired``). Nothing was changed.
+    """
+    client, keys, engine, url = ctx.redis, ctx.keys, ctx.engine, ctx.settings.redis_url
+    journal = engine.url.render_as_string(hide_password=True)
+    mine = journal_id(engine)
+    if record:
+        client.set(keys.journal(), mine, nx=True)
+    recorded = client.get(keys.journal())
+    if recorded is not None and recorded != mine:
+        raise ConfigError(
+            f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) belongs to another journal "
+            f"({recorded}); this process opened the journal at {journal} ({mine}). Give it the server's "
+            "HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal replaces the old one on purpose, "
+            "run `homefleet db pair` once", reason="journal_mismatch",
+        )
+    if recorded is None and require:
+        raise ConfigError(
+            f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) records no journal yet, so this "
+            f"process cannot tell whether its journal ({journal}) is the server's: start `homefleet serve` (it "
+            "records its journal), or run `homefleet db pair` to make this journal the fleet's",
+            reason="journal_unpaired",
+        )
+    mark = ctx.settings.data_dir / MARK
+    marked = mark.read_text().strip() if mark.is_file() else None
+    if record and marked is None:
+        ctx.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        mark.write_text(mine + "\n")
+    elif marked != mine and (record or recorded is not None):
+        raise ConfigError(
+            f"the data folder {ctx.settings.data_dir} is not the one the server uses with the journal {mine} "
+            f"({'it belongs to journal ' + marked if marked else 'it has no ' + MARK + ' file'}); give this "
+            "process the server's HOMEFLEET_DATA_DIR: its models, inputs and results live there",
+            reason="journal_mismatch",
+        )
+    return mine
+
+
+def pair(client: redis.Redis, keys: Keys, engine: Engine, data_dir: Path) -> tuple[str | None, str]:
+    """Record this journal as the one the Redis runs with, replacing any other, and mark
+    ``data_dir`` as its data folder; return ``(previous, this)``. The next reconciliation
+    releases the reservations of jobs this journal does not know."""
+    mine = journal_id(engine)
+    previous = client.getset(keys.journal(), mine)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / MARK).write_text(mine + "\n")
+    return previous, mine

@@ -1,0 +1,72 @@
+"""Reading and editing the machines' Redis lists directly (R8, cancel, reconciliation).
+
+kombu's Redis transport keeps a queue as a list (``LPUSH`` publishes, ``BRPOP`` consumes:
+index -1 runs next) and delivered-but-unacked messages in the hash ``unacked``
+(kombu/transport/redis.py; shared/notes/celery-redis.md). Each message is JSON whose
+``headers.id`` is the Celery task id, which Homefleet sets to the job id.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from app.core import keys
+
+UNACKED_HASH = "unacked"  # kombu's default ``unacked_key``
+
+# Remove the first entry of list KEYS[1] whose headers.id equals ARGV[1]; return 1 if found.
+# One script = one atomic step: no consumer can pop the entry between the scan and the LREM.
+_REMOVE_BY_ID = """
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, raw in ipairs(entries) do
+  local ok, message = pcall(cjson.decode, raw)
+  if ok and type(message) == 'table' and type(message['headers']) == 'table'
+     and message['headers']['id'] == ARGV[1] then
+    redis.call('LREM', KEYS[1], 1, raw)
+    return 1
+  end
+end
+return 0
+"""
+
+
+def _message_id(raw: str | bytes) -> str | None:
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    headers = message.get("headers") if isinstance(message, dict) else None
+    return headers.get("id") if isinstance(headers, dict) else None
+
+
+class MachineQueues:
+    """The per-machine lists ``machine.<name>`` and kombu's unacked hash, read without consuming."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._remove = client.register_script(_REMOVE_BY_ID)
+
+    def queued_ids(self, machine: str) -> list[str]:
+        """Job ids waiting in ``machine.<name>``, in the order they will run (next first)."""
+        raw = self.redis.lrange(keys.queue(machine), 0, -1)
+        return [i for i in (_message_id(r) for r in reversed(raw)) if i is not None]
+
+    def unacked_ids(self) -> set[str]:
+        """Job ids delivered to a worker but not yet acked (kombu restores these after the
+        visibility timeout)."""
+        ids = set()
+        for raw in self.redis.hvals(UNACKED_HASH):
+            try:
+                message = json.loads(raw)[0]
+            except (ValueError, IndexError, TypeError):
+                continue
+            job_id = _message_id(json.dumps(message))
+            if job_id is not None:
+                ids.add(job_id)
+        return ids
+
+    def remove(self, machine: str, job_id: str) -> bool:
+        """Atomically remove the job's entry from its machine's list; True if it was there."""
+        return bool(self._remove(keys=[keys.queue(machine)], args=[job_id]))

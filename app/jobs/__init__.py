@@ -1,0 +1,1 @@
+"""A job's way through the server: validation, dispatch, progress, reconciliation, sync."""

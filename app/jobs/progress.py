@@ -1,0 +1,63 @@
+"""A running job's per-step progress, in one place: written by the internal API from the
+worker's reports, read by ``GET /v1/jobs/{id}``, its event stream and reconciliation's
+watchdog (R19, R24).
+
+Redis hash ``Keys.progress(job_id)``: ``step``, ``total`` and ``at`` (unix seconds of the last
+report: the watchdog's sign of life), kept ``TTL_S`` after the last report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from app.core.keys import Keys
+
+TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Steps done of ``total`` (None before the first step report) and the last report's time."""
+
+    step: int | None
+    total: int | None
+    at_s: float
+
+    def public(self) -> dict[str, int] | None:
+        """``{"step", "total"}`` as the API shows it, or None before the first step report."""
+        if self.step is None or self.total is None:
+            return None
+        return {"step": self.step, "total": self.total}
+
+
+class ProgressStore:
+    def __init__(self, client: redis.Redis, keyspace: Keys) -> None:
+        self.redis = client
+        self.keys = keyspace
+
+    def report(self, job_id: str, step: int | None = None, total: int | None = None) -> None:
+        """Record a report now: steps done of ``total``, or (both None, at claim) only that the job lives."""
+        fields: dict[str, float] = {"at": time.time()}
+        if step is not None and total is not None:
+            fields.update(step=step, total=total)
+        key = self.keys.progress(job_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, TTL_S)
+            pipe.execute()
+
+    def read(self, job_id: str) -> Progress | None:
+        """The last report, or None when the job has reported nothing."""
+        raw = self.redis.hgetall(self.keys.progress(job_id))
+        if not raw:
+            return None
+        step, total = raw.get("step"), raw.get("total")
+        return Progress(int(step) if step is not None else None, int(total) if total is not None else None,
+                        float(raw.get("at") or 0.0))
+
+    def last_at(self, job_id: str) -> float:
+        """Unix seconds of the last report (0.0 when none)."""
+        return float(self.redis.hget(self.keys.progress(job_id), "at") or 0.0)

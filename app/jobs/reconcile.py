@@ -1,0 +1,194 @@
+"""Reconciliation (R19): find jobs whose way was cut and say so in the journal. Nothing is
+ever re-run automatically; nothing vanishes silently.
+
+One pass, under the fleet lock (so no submission sits between "journaled" and "published"):
+
+- a ``running`` job whose machine has no live heartbeat (and no progress report within
+  ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
+- a ``running`` job whose machine's worker has another boot id than the one that claimed
+  it, in a heartbeat written after the claim -> ``interrupted`` (``worker_restarted``);
+- a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
+  the machine's worker is asked to restart its pool process (watchdog);
+- a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
+  than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
+- a ``queued`` job whose machine is no longer in the fleet config -> ``interrupted``
+  (``machine_removed``), its message removed;
+- reservations of jobs that have ended are released (R14);
+- residency commitments (R16) and remembered OOMs (R21) are written back to Redis from the
+  journal's database when Redis lost them (``app/fleet/residency_store.py``);
+- idempotency keys older than ``idempotency_ttl_s`` are forgotten.
+
+A pass first checks that the Redis runs with this journal (app/fleet/pairing.py): a process that
+opened another journal would release every live reservation as "unknown to the journal".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from app.core.errors import ConfigError, Conflict, PlacementLost
+from app.journal.jobs import JobState, utcnow
+from app.fleet.pairing import check_pairing
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
+    forgotten_idempotency_keys: int = 0
+    released_reservations: int = 0  # reservations of jobs that had ended (R14)
+    residency_restored: bool = False  # Redis had lost the residency facts; rewritten from the database
+
+    def __str__(self) -> str:
+        reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
+        return (f"interrupted {len(self.interrupted)} ({reasons}); released {self.released_reservations} "
+                f"reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
+                + ("; residency facts restored from the database" if self.residency_restored else ""))
+
+
+class Reconciler:
+    """Reconciliation passes over ``ctx``. ``server``: this is the server's own loop, which
+    records its journal in Redis when none is (app/fleet/pairing.py); a pass from the CLI
+    (``server=False``) never records one, and refuses to run while none is recorded."""
+
+    def __init__(self, ctx: ServerContext, server: bool = True) -> None:
+        self.ctx = ctx
+        self.server = server
+
+    def run_once(self) -> ReconcileReport:
+        """One reconciliation pass; see the module docstring.
+
+        Raises:
+            ConfigError: the Redis runs with another journal (``journal_mismatch``,
+                app/fleet/pairing.py), or (from the CLI) with none yet (``journal_unpaired``);
+                nothing was changed.
+            PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
+        """
+        ctx, settings = self.ctx, self.ctx.settings
+        check_pairing(ctx, record=self.server, require=not self.server)  # before trusting this journal
+        report = ReconcileReport()
+        lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
+                              blocking_timeout=settings.fleet_lock_wait_s)
+        if not lock.acquire():
+            raise PlacementLost("reconciliation could not take the fleet lock; it will try again")
+        try:
+            report.residency_restored = ctx.residency.restore().source == "database"
+            self._running(report)
+            self._queued(report)
+            # Also the machines no longer in the fleet config that still hold reservations.
+            machines = set(ctx.fleet.machines) | ctx.machines.reservations.machines_holding()
+            report.released_reservations = len(ctx.machines.reservations.reconcile(sorted(machines), ctx.journal))
+        finally:
+            if lock.owned():
+                lock.release()
+        cutoff = utcnow() - timedelta(seconds=settings.idempotency_ttl_s)
+        report.forgotten_idempotency_keys = ctx.journal.forget_idempotency_keys(cutoff)
+        if report.interrupted or report.released_reservations:
+            log.warning("reconciliation: %s", report)
+        return report
+
+    def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
+        try:
+            self.ctx.journal.interrupt(job_id, [state], reason, message)
+        except Conflict:
+            return  # it moved on meanwhile (e.g. finished): nothing to repair
+        report.interrupted[job_id] = reason
+
+    def _running(self, report: ReconcileReport) -> None:
+        ctx = self.ctx
+        now = time.time()
+        for job in ctx.journal.list([JobState.running]):
+            machine = job.machine or ""
+            heartbeat = ctx.machines.heartbeat(machine)
+            last_progress = float(ctx.redis.hget(ctx.keys.progress(job.id), "at") or 0)
+            if heartbeat is None and now - last_progress > ctx.settings.heartbeat_ttl_s:
+                # (a starved heartbeat thread while steps still report is not a lost worker)
+                self._interrupt(report, job.id, JobState.running, "worker_lost",
+                                f"the worker of {machine} has no live heartbeat; the job may have started")
+            elif heartbeat is None:
+                continue
+            elif (job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id
+                  and float(heartbeat.get("at", now)) >= _unix_s(job.started_at)):
+                # (a heartbeat written before the claim may still be the previous boot's: a worker
+                # that just restarted can claim a job before its first heartbeat replaces it)
+                self._interrupt(report, job.id, JobState.running, "worker_restarted",
+                                f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
+                                f"claimed by boot {job.worker_boot_id})")
+            else:
+                last = last_progress or now
+                if now - last > ctx.settings.hung_after_s:
+                    self._interrupt(report, job.id, JobState.running, "hung",
+                                    f"no progress for {now - last:.0f} s (bound hung_after_s={ctx.settings.hung_after_s})")
+                    ctx.redis.set(ctx.keys.restart(machine), job.id, ex=60)
+
+    def _queued(self, report: ReconcileReport) -> None:
+        ctx = self.ctx
+        now = time.time()
+        waiting = {name: set(ctx.queues.queued_ids(name)) for name in ctx.fleet.machines}
+        delivered = ctx.queues.unacked_ids()
+        missing_key = ctx.keys.missing()
+        for job in ctx.journal.list([JobState.queued]):
+            if job.machine is not None and job.machine not in ctx.fleet.machines:
+                # No worker will take it: its machine left the fleet config. Its message is taken
+                # out of that machine's list, so a worker started under the old name later
+                # cannot run it either.
+                self._interrupt(report, job.id, JobState.queued, "machine_removed",
+                                f"machine {job.machine!r} is no longer in the fleet config; the job was not run")
+                ctx.queues.remove(job.machine, job.id)
+                continue
+            if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
+                ctx.redis.hdel(missing_key, job.id)
+                continue
+            first_missing = float(ctx.redis.hget(missing_key, job.id) or now)
+            ctx.redis.hset(missing_key, job.id, first_missing)
+            if now - first_missing >= ctx.settings.lost_grace_s:
+                self._interrupt(report, job.id, JobState.queued, "lost",
+                                f"its message is no longer in {job.machine}'s queue (e.g. Redis restarted)")
+                ctx.redis.hdel(missing_key, job.id)
+
+
+class ReconcileLoop:
+    """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
+    in a daemon thread, until :meth:`stop`."""
+
+    def __init__(self, reconciler: Reconciler, interval_s: float) -> None:
+        self.reconciler = reconciler
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="homefleet-reconcile", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            dispatcher = self.reconciler.ctx.dispatcher
+            try:
+                self.reconciler.run_once()
+                dispatcher.refusing = None
+            except ConfigError as error:  # a configuration to fix, not a crash: one line, no traceback
+                log.error("reconciliation refused (%s): %s", error.reason, error.message)
+                dispatcher.refusing = error  # the Redis runs with another journal: no placing either
+            except Exception:  # logged with its traceback; the next pass tries again
+                log.exception("reconciliation pass failed")
+            self._stop.wait(self.interval_s)
+
+
+def _unix_s(moment: datetime | None) -> float:
+    """Unix seconds of a journal time (stored naive in UTC by SQLite, aware by PostgreSQL); 0 when unset."""
+    if moment is None:
+        return 0.0
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()

@@ -1,0 +1,281 @@
+"""The job journal (R19): every job is written here before it is enqueued, and every state
+change is a conditional update, so only legal transitions happen and a job is claimed once.
+
+States and their legal ways::
+
+    rejected                          (refused at submission; never queued)
+    queued  -> running | cancelled | interrupted
+    running -> succeeded | failed | interrupted
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, insert, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, func, select
+
+from app.core.errors import Conflict, NotFound
+
+
+class JobState(StrEnum):
+    queued = "queued"  # journaled and published to its machine's queue; not started
+    running = "running"  # claimed by its machine's worker (happens once per job)
+    succeeded = "succeeded"  # result verified and stored by the server (R2)
+    failed = "failed"  # ended with an error; ``reason`` says which
+    cancelled = "cancelled"  # removed from its queue before it started
+    interrupted = "interrupted"  # may have started, then its worker or the server died; never re-run
+    rejected = "rejected"  # refused at submission, kept with its reason; never queued
+
+
+ENDED = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.interrupted, JobState.rejected})
+
+# The only legal transitions (R19). ``rejected`` and every ended state have none.
+LEGAL: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.interrupted}),
+    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.interrupted}),
+}
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Job(SQLModel, table=True):
+    """One job, as journaled. Times are UTC; durations in seconds; sizes in bytes."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
+    state: JobState = Field(index=True)
+    model_id: str
+    kind: str
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    target: str  # what the client asked for: a machine name or "auto"
+    machine: str | None = Field(default=None, index=True)  # where it was placed
+    reason: str | None = None  # why it was rejected, failed or interrupted
+    message: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result_digest: str | None = None
+    result_path: str | None = None
+    result_media_type: str | None = None
+    result_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    load_s: float | None = None
+    run_s: float | None = None
+    cold_load: bool | None = None
+    worker_boot_id: str | None = None  # boot id of the worker process that claimed it (reconciliation)
+    claim_id: str | None = None  # the delivery that claimed it: lets that delivery repeat its claim safely
+    idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
+    request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
+    # Placement's prediction at submission (R12, R13), shown beside the measured load_s/run_s.
+    predicted_start_s: float | None = None  # seconds after submission until it starts
+    predicted_load_s: float | None = None  # cold load expected (0 = warm)
+    predicted_run_s: float | None = None
+    # Memory estimate at submission (R10, R11): exact weights from the safetensors headers plus
+    # working memory by kind and size from the fleet config's coefficients (bytes).
+    weights_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    working_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    memory_estimate_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    # Provenance of the result (issue 7): model files' digests, variant, kind, params, seed,
+    # inputs' digests, machine, device, load/run seconds; reported by the worker, kept here.
+    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class JobEvent(SQLModel, table=True):
+    """An append-only line of a job's history: created, claimed, claim_refused, succeeded…"""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = Field(default_factory=utcnow)
+    event: str
+    detail: str = ""
+
+
+_JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
+_INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
+_INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
+
+
+class Journal:
+    """The only code that changes a job's state. Every method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, job: Job) -> Job:
+        """Insert a new job (state ``queued`` or ``rejected``) with its first event, in one
+        transaction; returns ``job`` as written (not re-read: the row is what we wrote).
+
+        Two Core INSERTs of every column, with the defaults the model already drew (id,
+        ``created_at``): the rows the ORM would write, without its unit of work, which cost
+        more than the inserts themselves on the submission path under the fleet lock (R14).
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: ``job.id`` or ``job.idempotency_key`` is taken;
+                nothing is written.
+        """
+        event = {"job_id": job.id, "at": utcnow(), "event": str(job.state), "detail": job.reason or ""}  # id: the database's
+        with self.engine.begin() as connection:
+            connection.execute(_INSERT_JOB, {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
+            connection.execute(_INSERT_EVENT, event)
+        return job
+
+    def get(self, job_id: str) -> Job:
+        """The job, or raise :class:`NotFound`."""
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
+            return job
+
+    def state_of(self, job_id: str) -> JobState | None:
+        """The job's state, or None when there is no such job."""
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            return None if job is None else JobState(job.state)
+
+    def list(self, states: Iterable[JobState] | None = None, machine: str | None = None) -> list[Job]:
+        """Jobs, oldest first, optionally filtered by state and machine."""
+        query = select(Job).order_by(Job.created_at)
+        if states is not None:
+            query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+        if machine is not None:
+            query = query.where(Job.machine == machine)
+        with Session(self.engine) as session:
+            return list(session.exec(query).all())
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        """A job's history, oldest first."""
+        with Session(self.engine) as session:
+            query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            return list(session.exec(query).all())
+
+    def count_active(self, machine: str) -> int:
+        """Jobs of ``machine`` that are queued or running (its backlog)."""
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(Job).where(
+                Job.machine == machine,
+                Job.state.in_([JobState.queued, JobState.running]),  # type: ignore[attr-defined]
+            )
+            return int(session.exec(query).one())
+
+    def log(self, job_id: str, event: str, detail: str = "") -> None:
+        """Append an event without changing state (e.g. a refused second delivery)."""
+        with Session(self.engine) as session:
+            session.add(JobEvent(job_id=job_id, event=event, detail=detail))
+            session.commit()
+
+    def transition(
+        self,
+        job_id: str,
+        from_states: Iterable[JobState],
+        to_state: JobState,
+        *,
+        machine: str | None = None,
+        event_detail: str = "",
+        **values: Any,
+    ) -> Job:
+        """Move a job to ``to_state`` only if it is in one of ``from_states`` (and, when given,
+        placed on ``machine``): one conditional UPDATE, so two callers can never both win.
+
+        Raises:
+            NotFound: no such job.
+            Conflict: the job is in another state (reason ``not_<states>``); the refusal is
+                journaled as an event and changes nothing else.
+        """
+        allowed = [JobState(s) for s in from_states]
+        illegal = [s for s in allowed if to_state not in LEGAL.get(s, frozenset())]
+        if illegal:
+            raise ValueError(f"illegal transition {', '.join(illegal)} -> {to_state} (see journal.LEGAL)")
+        now = utcnow()
+        if to_state == JobState.running:
+            values.setdefault("started_at", now)
+        if to_state in ENDED:
+            values.setdefault("finished_at", now)
+        conditions = [Job.id == job_id, Job.state.in_(allowed)]  # type: ignore[attr-defined]
+        if machine is not None:
+            conditions.append(Job.machine == machine)
+        with Session(self.engine) as session:
+            result = session.exec(update(Job).where(*conditions).values(state=to_state, **values))  # type: ignore[call-overload]
+            if result.rowcount != 1:
+                session.rollback()
+                current = session.get(Job, job_id)
+                if current is None:
+                    raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
+                expected = " or ".join(allowed)
+                refusal = (
+                    f"job {job_id} is {current.state}"
+                    + (f" on {current.machine}" if machine is not None and current.machine != machine else "")
+                    + f", not {expected}; cannot become {to_state}"
+                )
+                session.add(JobEvent(job_id=job_id, event=f"{to_state}_refused", detail=refusal))
+                session.commit()
+                raise Conflict(refusal, reason=f"not_{'_or_'.join(allowed)}")
+            session.add(JobEvent(job_id=job_id, event=str(to_state), detail=event_detail))
+            session.commit()
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None, claim_id: str | None = None) -> Job:
+        """Atomic ``queued -> running`` for the machine the job was placed on (R19).
+
+        A second delivery of the same job (broker redelivery, duplicate publish) finds it
+        no longer ``queued`` and is refused with :class:`Conflict`; nothing changes.
+        ``worker_boot_id`` identifies the claiming worker process, so reconciliation can tell
+        a restarted worker from the one that runs the job. ``claim_id`` identifies one
+        delivery: the same delivery repeating its claim (its first answer was lost on the
+        network) gets the job again; any other delivery is refused.
+        """
+        try:
+            return self.transition(job_id, [JobState.queued], JobState.running, machine=machine,
+                                   event_detail=f"{machine} boot {worker_boot_id} claim {claim_id}",
+                                   worker_boot_id=worker_boot_id, claim_id=claim_id)
+        except Conflict:
+            current = self.get(job_id)
+            if claim_id and current.state == JobState.running and current.claim_id == claim_id \
+                    and current.machine == machine:
+                return current
+            raise
+
+    def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str) -> Job:
+        """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19)."""
+        return self.transition(job_id, from_states, JobState.interrupted, event_detail=f"{reason}: {message}",
+                               reason=reason, message=message)
+
+    def cancel(self, job_id: str) -> Job:
+        """``queued -> cancelled``. Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        return self.transition(job_id, [JobState.queued], JobState.cancelled, reason="cancelled",
+                               message="cancelled by request before it started")
+
+    def by_idempotency_key(self, key: str) -> Job | None:
+        """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""
+        with Session(self.engine) as session:
+            return session.exec(select(Job).where(Job.idempotency_key == key)).first()
+
+    def forget_idempotency_keys(self, older_than: datetime) -> int:
+        """Drop idempotency keys of jobs created before ``older_than``; return how many."""
+        with Session(self.engine) as session:
+            result = session.exec(  # type: ignore[call-overload]
+                update(Job).where(Job.idempotency_key.is_not(None), Job.created_at < older_than)  # type: ignore[union-attr]
+                .values(idempotency_key=None)
+            )
+            session.commit()
+            return int(result.rowcount)
+
+    def succeed(self, job_id: str, machine: str, **values: Any) -> Job:
+        """``running -> succeeded`` with the stored result's digest, path, media type and bytes."""
+        return self.transition(job_id, [JobState.running], JobState.succeeded, machine=machine, **values)
+
+    def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
+        """``running -> failed`` with a reason code and message."""
+        return self.transition(
+            job_id, [JobState.running], JobState.failed, machine=machine,
+            event_detail=f"{reason}: {message}", reason=reason, message=message, **values,
+        )

@@ -1,0 +1,73 @@
+"""Learned timings persisted in the journal database (R13), so a restart keeps them.
+
+The table holds one row per (machine, model, kind): load seconds and seconds per step at the
+reference size (``routing.timings``). Every finished job with measured times is folded in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, select
+
+from app.journal.jobs import Job, utcnow
+from routing.estimate import Estimator
+from routing.placement import JobRequest
+from routing.timings import LearnedTimings, Timing
+
+
+class LearnedTiming(SQLModel, table=True):
+    """Measured timing of (machine, model, kind): seconds for a cold load and per step at the
+    reference size (1024 x 1024 pixels x 1 frame x batch 1)."""
+
+    machine: str = Field(primary_key=True)
+    model_id: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    load_s: float
+    step_s: float
+    samples: int  # runs folded into step_s
+    load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class TimingStore:
+    """The learned timings table; ``on_change`` is called after every committed write (the
+    server replaces the timings' change mark there, app/fleet/costs.py)."""
+
+    def __init__(self, engine: Engine, on_change: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.on_change = on_change
+
+    def load(self) -> LearnedTimings:
+        """Every stored timing."""
+        with Session(self.engine) as session:
+            rows = session.exec(select(LearnedTiming)).all()
+        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples)
+                               for r in rows})
+
+    def observe(self, job: Job, estimator: Estimator) -> Timing | None:
+        """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in;
+        None when the job has no machine or no run time."""
+        if job.machine is None or job.run_s is None:
+            return None
+        request = JobRequest.from_params(job.model_id, "", job.kind, job.machine, job.params)
+        learned = estimator.learned
+        timing = learned.observe(
+            job.machine, job.model_id, job.kind, guess=estimator.guess(job.machine, job.model_id, job.kind),
+            run_s=job.run_s, steps=request.steps, size=request.size, load_s=job.load_s if job.cold_load else None,
+        )
+        with Session(self.engine) as session:
+            row = session.get(LearnedTiming, (job.machine, job.model_id, job.kind))
+            if row is None:
+                row = LearnedTiming(machine=job.machine, model_id=job.model_id, kind=job.kind, load_s=timing.load_s,
+                                    step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples)
+            else:
+                row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
+                row.load_samples = timing.load_samples
+            session.add(row)
+            session.commit()
+        if self.on_change is not None:
+            self.on_change()
+        return timing

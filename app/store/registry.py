@@ -1,0 +1,338 @@
+"""The model registry on the server (R1): model ids, their family and kinds, and the
+manifest (every file with its size and full-content digest).
+
+Registering copies the diffusers folder into the server's own model folder
+(``<data_dir>/models/<model_id>/``), the same layout every worker uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, select
+
+from app.core.digest import ALGORITHM, file_digest
+from app.core.errors import Conflict, NotFound, Rejected
+from app.journal.jobs import utcnow
+from app.core.variants import Variant, check_variant, parameter_counts, weights_bytes
+
+# diffusers pipeline class (model_index.json ``_class_name``) -> (family, kinds it can run).
+PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "StableDiffusionPipeline": ("sd1", ("txt2img",)),
+    "StableDiffusionXLPipeline": ("sdxl", ("txt2img",)),
+    "FluxPipeline": ("flux", ("txt2img",)),
+    "StableDiffusionInstructPix2PixPipeline": ("sd1-pix2pix", ("edit",)),
+    "QwenImageEditPipeline": ("qwen-image", ("edit",)),
+    "StableDiffusionUpscalePipeline": ("sd-upscale", ("upscale",)),
+    "AnimateDiffPipeline": ("animatediff", ("video",)),
+    "WanPipeline": ("wan", ("video",)),
+}
+
+_MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class ModelRecord(SQLModel, table=True):
+    """A registered model. ``weights_bytes`` sums the model's ``.safetensors`` files."""
+
+    id: str = Field(primary_key=True)
+    family: str
+    kinds: list[str] = Field(sa_column=Column(JSON, nullable=False))
+    pipeline_class: str
+    total_bytes: int = Field(sa_type=BigInteger)
+    created_at: datetime = Field(default_factory=utcnow)
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the dtype every component is loaded with (app/core/variants.py)
+    quantization: str | None = None  # e.g. torchao-int8wo: the denoiser quantized at load time
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.precision, self.quantization)
+
+
+class ModelFile(SQLModel, table=True):
+    """One file of a model, relative to the model folder. The server caches its digest keyed
+    by (size, mtime_ns, inode) because it owns the file (R5); any change forces a rehash."""
+
+    model_id: str = Field(primary_key=True)
+    path: str = Field(primary_key=True)
+    size: int = Field(sa_type=BigInteger)  # bytes
+    digest: str
+    mtime_ns: int = Field(sa_type=BigInteger)
+    inode: int = Field(sa_type=BigInteger)
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative, with '/' separators
+    size: int  # bytes
+    digest: str  # "blake3:<hex>"
+
+
+@dataclass(frozen=True)
+class ModelManifest:
+    model_id: str
+    family: str
+    kinds: tuple[str, ...]
+    files: tuple[ManifestFile, ...]
+    variant: Variant = Variant()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "family": self.family,
+            "kinds": list(self.kinds),
+            "precision": self.variant.precision,
+            "quantization": self.variant.quantization,
+            "algorithm": ALGORITHM,
+            "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in self.files],
+        }
+
+
+def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
+    """(pipeline class, family, kinds) from ``folder/model_index.json``.
+
+    Raises:
+        Rejected: no ``model_index.json`` or an unknown pipeline class.
+    """
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise Rejected(f"{folder} is not a diffusers folder: it has no model_index.json", reason="not_a_model")
+    class_name = json.loads(index.read_text()).get("_class_name", "")
+    if class_name not in PIPELINE_FAMILIES:
+        known = ", ".join(sorted(PIPELINE_FAMILIES))
+        raise Rejected(f"pipeline class {class_name!r} is not supported; supported: {known}", reason="unknown_pipeline")
+    family, kinds = PIPELINE_FAMILIES[class_name]
+    return class_name, family, kinds
+
+
+class Registry:
+    """Registered models and their manifests, stored in the journal's database.
+
+    A model's record never changes once registered (:meth:`add` refuses a taken id; nothing
+    deletes one), so :meth:`get` keeps the records it found. ``on_change`` is called after
+    every committed registration (the server replaces the registry's change mark there,
+    app/fleet/costs.py, so every process re-reads its model list).
+    """
+
+    def __init__(self, engine: Engine, models_dir: Path, on_change: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.models_dir = models_dir
+        self.on_change = on_change
+        self._records: dict[str, ModelRecord] = {}  # found by get(); records are immutable
+
+    def folder(self, model_id: str) -> Path:
+        return self.models_dir / model_id
+
+    def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
+            quantization: str | None = None) -> ModelRecord:
+        """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
+        folder into the server's model folder, and hash every file. ``precision`` and
+        ``quantization`` name the variant workers load (:mod:`app.core.variants`); register the
+        same folder under two ids to offer two variants.
+
+        Raises:
+            Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
+                unknown precision or quantization (reason ``invalid_variant``).
+            Conflict: no ``model_id`` given and a registered model already has the same files
+                (paths and digests) and variant (reason ``model_already_registered``, naming it):
+                a second copy under a minted id is only made when asked for by id.
+        """
+        source = Path(source).resolve()
+        try:
+            check_variant(precision, quantization)
+        except ValueError as error:
+            raise Rejected(str(error), reason="invalid_variant") from error
+        class_name, family, kinds = describe_pipeline(source)
+        with Session(self.engine) as session:
+            taken = set(session.exec(select(ModelRecord.id)).all())
+        minted = model_id is None
+        if model_id is None:
+            model_id = _mint_id(source.name, taken)
+        elif not _MODEL_ID.match(model_id):
+            raise Rejected(
+                f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
+                reason="invalid_model_id",
+            )
+        elif model_id in taken:
+            raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
+
+        if minted and (same := self._registered_as(source, precision, quantization)) is not None:
+            raise Conflict(
+                f"{source} is already registered as {same!r} (the same files and variant "
+                f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
+                "(--id) to register a second copy", reason="model_already_registered",
+            )
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
+        try:
+            shutil.copytree(source, staging, dirs_exist_ok=True)
+            final = self.folder(model_id)
+            if final.exists():
+                shutil.rmtree(final)  # left by an earlier registration that was never committed
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        record = ModelRecord(
+            id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
+            total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
+        )
+        with Session(self.engine) as session:
+            session.add(record)
+            session.add_all(files)
+            session.commit()
+            session.refresh(record)
+        if self.on_change is not None:
+            self.on_change()
+        return record
+
+    def _registered_as(self, source: Path, precision: str, quantization: str | None) -> str | None:
+        """The id of a registered model with exactly the files of the folder ``source`` (paths
+        and digests) and this variant, or None. Paths and sizes are compared first: the
+        folder's files are hashed only when a model has the same ones, nothing is copied."""
+        here = {p.relative_to(source).as_posix(): p for p in sorted(source.rglob("*")) if p.is_file()}
+        sizes = {path: file.stat().st_size for path, file in here.items()}
+        digests: dict[str, str] | None = None
+        with Session(self.engine) as session:
+            for record in session.exec(select(ModelRecord).where(ModelRecord.precision == precision,
+                                                                 ModelRecord.quantization == quantization)):
+                rows = session.exec(select(ModelFile.path, ModelFile.size, ModelFile.digest)
+                                    .where(ModelFile.model_id == record.id)).all()
+                if {path: size for path, size, _ in rows} != sizes:
+                    continue
+                digests = digests or {path: file_digest(file) for path, file in here.items()}
+                if {path: digest for path, _, digest in rows} == digests:
+                    return record.id
+        return None
+
+    def get(self, model_id: str) -> ModelRecord:
+        """The model, or raise :class:`NotFound` naming the known ids. A record found once is
+        kept (records never change); an unknown id is looked up in the database every time, so
+        a model registered by another process is found. Do not mutate the result."""
+        found = self._records.get(model_id)
+        if found is not None:
+            return found
+        with Session(self.engine) as session:
+            record = session.get(ModelRecord, model_id)
+            if record is None:
+                known = ", ".join(session.exec(select(ModelRecord.id)).all()) or "none"
+                raise NotFound(f"model {model_id!r} is not registered; registered: {known}", reason="unknown_model")
+        self._records[model_id] = record
+        return record
+
+    def list(self) -> list[ModelRecord]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(ModelRecord).order_by(ModelRecord.id)).all())
+
+    def manifest(self, model_id: str) -> ModelManifest:
+        """The model's manifest with CURRENT digests: a file whose (size, mtime_ns, inode)
+        changed since it was hashed is hashed again (R5).
+
+        Raises:
+            NotFound: no such model.
+            Conflict: a file of the model cannot be read in the server's model folder (reason
+                ``model_unavailable``, naming it): deleted, or registered from another data
+                folder. Its manifest cannot be handed out.
+        """
+        record = self.get(model_id)
+        folder = self.folder(model_id)
+        try:
+            return self._manifest(record, folder)
+        except OSError as error:
+            raise Conflict(
+                f"model {model_id!r} cannot be read in the server's model folder {folder} ({error}); restore its "
+                f"files there (`homefleet models verify {model_id}` lists what is missing)", reason="model_unavailable",
+            ) from error
+
+    def _manifest(self, record: ModelRecord, folder: Path) -> ModelManifest:
+        model_id = record.id
+        with Session(self.engine) as session:
+            rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
+            files = []
+            for row in rows:
+                stat = (folder / row.path).stat()
+                if (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (row.size, row.mtime_ns, row.inode):
+                    fresh = _hash_file(model_id, folder, folder / row.path)
+                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
+                    session.add(row)
+                files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
+            session.commit()
+        return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files),
+                             variant=record.variant)
+
+    def weights_bytes(self, model_id: str) -> int:
+        """Memory the model's weights take once loaded as its variant, in bytes: parameters
+        counted from the safetensors headers, priced at its precision/quantization. Raises NotFound."""
+        record = self.get(model_id)
+        return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
+
+    def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
+        """Rehash every file of ``model_ids`` (default: every model), ignoring the
+        (size, mtime_ns, inode) cache, and record the digests found (``homefleet models verify``).
+
+        This is what catches a change the cache cannot see, e.g. bytes rewritten in place with
+        the size and mtime restored (C07). A changed file gets its new digest in the manifest,
+        so every worker copy of the old content stops matching (R5) until it is synced again.
+
+        Raises:
+            NotFound: an unknown model id.
+        """
+        ids = model_ids or [m.id for m in self.list()]
+        checks: list[FileCheck] = []
+        for model_id in ids:
+            self.get(model_id)
+            folder = self.folder(model_id)
+            with Session(self.engine) as session:
+                rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
+                for row in list(rows):
+                    path = folder / row.path
+                    if not path.is_file():
+                        checks.append(FileCheck(model_id, row.path, "missing", row.digest, None))
+                        continue
+                    fresh = _hash_file(model_id, folder, path)
+                    status = "ok" if fresh.digest == row.digest else "changed"
+                    checks.append(FileCheck(model_id, row.path, status, row.digest, fresh.digest))
+                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
+                    session.add(row)
+                session.commit()
+        if self.on_change is not None and any(check.status != "ok" for check in checks):
+            self.on_change()  # workers withdraw the models whose manifest changed (tasks/heartbeat.py)
+        return checks
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file's result of :meth:`Registry.verify`: ``status`` is ok, changed or missing."""
+
+    model_id: str
+    path: str
+    status: str
+    recorded: str  # the digest the manifest held before
+    actual: str | None  # the digest of the bytes now (None when missing)
+
+
+def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
+    stat = path.stat()
+    return ModelFile(
+        model_id=model_id, path=path.relative_to(folder).as_posix(), size=stat.st_size,
+        digest=file_digest(path), mtime_ns=stat.st_mtime_ns, inode=stat.st_ino,
+    )
+
+
+def _mint_id(name: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:56] or "model"
+    candidate, n = base, 2
+    while candidate in taken:
+        candidate, n = f"{base}-{n}", n + 1
+    return candidate
