@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from app.core.errors import HomefleetError
+from app.core.states import ENDED
 
-ENDED_STATES = frozenset({"succeeded", "failed", "cancelled", "interrupted", "rejected"})
 
 
 class ApiError(HomefleetError):
@@ -78,7 +78,7 @@ class HomefleetClient:
             if seen != last:
                 last = seen
                 yield job
-            if job["state"] in ENDED_STATES:
+            if job["state"] in ENDED:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")
@@ -97,7 +97,7 @@ class HomefleetClient:
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.get(job_id)
-            if job["state"] in ENDED_STATES:
+            if job["state"] in ENDED:
                 return job
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")

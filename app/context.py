@@ -1,8 +1,13 @@
-"""The server's parts, wired once from :class:`Settings` in an entry point."""
+"""The server's composition root: :func:`build_context` wires every server part from
+:class:`Settings`, once, in an entry point (``homefleet serve`` and the other commands, the
+demo, the drills, the tests). Nothing else builds services; each gets the collaborators it
+uses, not this context.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from celery import Celery
@@ -10,19 +15,27 @@ from sqlalchemy.engine import Engine
 
 from app.core.celery_app import create_celery
 from app.core.config import Settings
-from app.core.connections import create_engine, create_redis
-from app.fleet.costs import ChangeMark
-from app.jobs.dispatch import Dispatcher
-from app.fleet.config import Fleet, load_fleet
-from app.store.inputs import InputStore
-from app.journal.jobs import Journal
+from app.core.connections import create_redis
 from app.core.keys import Keys
+from app.db.engine import check_revision, create_engine
+from app.fleet.config import Fleet, load_fleet
+from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
+from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates
-from app.metrics import Metrics
+from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
-from app.store.registry import Registry
 from app.fleet.residency_store import DurableResidencyFacts, ResidencyStore
-from app.store.files import ResultStore
+from app.fleet.status import fleet_status
+from app.jobs.dispatch import Dispatcher
+from app.jobs.progress import ProgressStore
+from app.jobs.reconcile import Reconciler
+from app.jobs.sync import Syncs
+from app.jobs.validation import Validator
+from app.journal.jobs import Journal
+from app.journal.timings import TimingStore
+from app.metrics import Metrics
+from app.store.files import InputStore, ResultStore
+from app.store.registry import Registry
 
 
 @dataclass
@@ -36,54 +49,96 @@ class ServerContext:
     journal: Journal
     registry: Registry
     store: ResultStore
+    inputs: InputStore
     machines: MachineStates
     queues: MachineQueues
+    lock: FleetLock  # the fleet lock (R14), fenced (C04)
+    progress: ProgressStore  # running jobs' per-step progress
+    residency: DurableResidencyFacts  # commitments (R16) and remembered OOMs (R21): Redis + database
+    pairing: Pairing  # the journal and its Redis are one pair (R19)
     dispatcher: Dispatcher
     metrics: Metrics
-    inputs: InputStore
-    residency: DurableResidencyFacts  # commitments (R16) and remembered OOMs (R21): Redis + database
 
     def close(self) -> None:
         self.redis.close()
         self.engine.dispose()
 
+    def reconciler(self, server: bool = True) -> Reconciler:
+        """Reconciliation passes over this server's parts (R19); ``server``: see :class:`Reconciler`."""
+        return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
+                          self.residency, self.progress, self.lock, self.pairing, server)
 
-def build_context(settings: Settings, fleet: Fleet | None = None) -> ServerContext:
-    """Wire the server's parts. ``fleet`` defaults to ``settings.fleet_file`` (or the embedded fleet)."""
+    def status(self) -> list[dict[str, Any]]:
+        """``homefleet status``'s rows (app/fleet/status.py)."""
+        return fleet_status(self.machines, self.journal, self.dispatcher.costs)
+
+    def syncs(self) -> Syncs:
+        """Starting and following syncs (R6) over this server's parts."""
+        return Syncs(self.settings, self.redis, self.celery, self.fleet, self.journal, self.registry, self.machines,
+                     self.lock)
+
+
+def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bool = False) -> ServerContext:
+    """Wire the server's parts. ``fleet`` defaults to ``settings.fleet_file`` (or the embedded fleet).
+
+    ``migrate``: bring the journal's schema to the newest revision first (``homefleet serve``,
+    ``homefleet db upgrade``, the demo and the drills, which run a server of their own);
+    otherwise the journal must already be at it.
+
+    Raises:
+        ConfigError: without ``migrate``, a journal not at the newest revision (reason
+            ``journal_outdated``, naming ``homefleet db upgrade``).
+    """
     fleet = fleet or load_fleet(settings.fleet_file)
     engine = create_engine(settings)
+    try:
+        if migrate:
+            from app.db.migrations import upgrade
+
+            upgrade(engine)
+        else:
+            check_revision(engine)
+    except BaseException:
+        engine.dispose()
+        raise
     client = create_redis(settings)
-    celery = create_celery(settings)
     keyspace = Keys(settings.key_prefix)
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
                         on_change=ChangeMark(client, keyspace.registry_changed()).touch)
-    store = ResultStore(settings.results_dir, settings.max_result_bytes)
+    inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)
     machines = MachineStates(client, keyspace, fleet, journal, residency)
-    queues = MachineQueues(client)
-    inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
-    dispatcher = Dispatcher(settings, client, celery, journal, registry, machines, queues, inputs)
+    lock = FleetLock(client, keyspace, settings.fleet_lock_ttl_s, settings.fleet_lock_wait_s)
+    timings_mark = ChangeMark(client, keyspace.timings_changed())
+    timings = TimingStore(engine, on_change=timings_mark.touch)
+    costs = FleetCosts(fleet, registry, timings, ChangeMark(client, keyspace.registry_changed()), timings_mark)
     metrics = Metrics()
     metrics.watch_fleet(machines, registry)
-    dispatcher.metrics = metrics
-    return ServerContext(settings, fleet, engine, client, celery, keyspace, journal, registry, store, machines, queues,
-                         dispatcher, metrics, inputs, residency)
+    celery = create_celery(settings)
+    queues = MachineQueues(client)
+    dispatcher = Dispatcher(settings, celery, journal, machines, queues, Validator(registry, inputs, settings.limits),
+                            costs, timings, DemandStore(client, keyspace), lock, metrics)
+    return ServerContext(
+        settings=settings, fleet=fleet, engine=engine, redis=client, celery=celery, keys=keyspace, journal=journal,
+        registry=registry, store=ResultStore(settings.results_dir, settings.max_result_bytes), inputs=inputs,
+        machines=machines, queues=queues, lock=lock, progress=ProgressStore(client, keyspace), residency=residency,
+        pairing=Pairing(client, keyspace, engine, settings), dispatcher=dispatcher, metrics=metrics,
+    )
 
 
 def build_checked_context(settings: Settings) -> ServerContext:
-    """:func:`build_context` for a CLI command that reads or changes the fleet: first checks
-    that the Redis runs with this journal, without recording it (app/fleet/pairing.py), when Redis
-    answers.
+    """:func:`build_context` for a CLI command that reads or changes the fleet: the journal must
+    be at the newest revision, and the Redis must run with this journal (checked without
+    recording it, app/fleet/pairing.py), when Redis answers.
 
     Raises:
-        ConfigError: the Redis runs with another journal (``journal_mismatch``).
+        ConfigError: the journal is not at the newest revision (``journal_outdated``), or the
+            Redis runs with another journal (``journal_mismatch``).
     """
-    from app.fleet.pairing import check_pairing  # app.fleet.pairing imports app.core.connections only
-
     ctx = build_context(settings)
     try:
-        check_pairing(ctx, record=False)
+        ctx.pairing.check(record=False)
     except redis.ConnectionError:
         pass  # nothing to check against; a command that needs Redis says so when it uses it
     except BaseException:

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from app.journal.jobs import Job
+    from app.db.tables import Job
     from app.fleet.machines import MachineStates
     from app.store.registry import Registry
 

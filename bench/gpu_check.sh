@@ -21,7 +21,7 @@ import torch
 
 from app.devtools.tiny_models import make_tiny
 from residency.cache import ModelCache
-from residency.device import CudaDevice
+from tasks.devices import CudaDevice
 from tasks.pipelines import load_pipeline, quiet
 
 quiet()

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from app.fleet.config import Machine
 from routing.estimate import Estimator, MachineProfile, ModelProfile
-from routing.finish import Drains, WorkItem, admit
+from residency.policy import admit
+from routing.finish import Drains, WorkItem
 from routing.demand import Demand, Pressure, pinned_class
+from routing.errors import Refused
 from routing.placement import AUTO, JobRequest, MachineView, exclusion, place
 from routing.scarcity import Scarcity
 from routing.timings import LearnedTimings, job_size
@@ -235,11 +237,11 @@ class Simulation:
         if m.running is not None or not m.queue or not m.online:
             return
         job = m.queue.pop(0)
-        dedicated = str(self.fleet.machines[m.name].memory_kind) == "dedicated"
         cold = job.model_id not in m.warm
         m.reported_warm = tuple(m.warm)
-        evicted = admit(m.warm, job.model_id, dedicated=dedicated, usable_bytes=self.fleet.machines[m.name].memory_bytes,
-                        protected=frozenset(), costs=self.truth)
+        evicted = admit(m.warm, job.model_id, memory_kind=self.fleet.machines[m.name].memory_kind,
+                        usable_bytes=self.fleet.machines[m.name].memory_bytes, protected=frozenset(),
+                        weights_bytes=self.truth.weights_bytes)
         self.out.evictions += len(evicted)
         load_s = self.true_load_s(m.name, job.model_id, job.kind) if cold else 0.0
         self.out.cold_loads += int(cold)
@@ -251,9 +253,7 @@ class Simulation:
 def eligible(request: JobRequest, views: dict[str, MachineView], sim: Simulation) -> list[MachineView]:
     found = [v for v in views.values() if exclusion(request, v, sim.estimator) is None]
     if not found:
-        from app.core.errors import Rejected
-
-        raise Rejected("no machine", reason="no_machine")
+        raise Refused("no machine", reason="no_machine")
     return found
 
 

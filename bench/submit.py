@@ -50,7 +50,7 @@ def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tu
                                     for n in names})
             settings = Settings(data_dir=root / "server", redis_url=redis_process.url, allow_open_api=True,
                                 max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
-            ctx = build_context(settings, fleet)
+            ctx = build_context(settings, fleet, migrate=True)
             try:
                 model = ctx.registry.add(_model_folder(root), "bench-sd").id
                 for n in names:

@@ -42,7 +42,7 @@ def main(out: Path) -> None:
     fleet_file.write_text(fleet.to_toml())
     settings = Settings(data_dir=work / "server", redis_url=redis_server.url, fleet_file=fleet_file, api_port=free_port(),
                         api_keys=["flower-screenshot-key"])
-    ctx = build_context(settings, fleet)
+    ctx = build_context(settings, fleet, migrate=True)
     local = LocalFleet(settings, fleet, fleet_file)
     flower: subprocess.Popen[bytes] | None = None
     try:

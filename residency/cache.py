@@ -22,19 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import HomefleetError
-from residency.device import CpuDevice, Device
+from residency.device import Device
+from residency.errors import ResidencyRefused
 from residency.policy import LoadRequest, ResidencyPolicy, WarmModel, policy_for
 
 log = logging.getLogger("homefleet.residency")
-
-
-class ResidencyRefused(HomefleetError):
-    """Raised when a load could only fit by evicting a protected model (R15): the job fails
-    with reason ``residency_protected`` and nothing is evicted."""
-
-    status_code = 409
-    default_reason = "residency_protected"
 
 
 @dataclass
@@ -50,15 +42,15 @@ class ModelCache:
 
     Args:
         loader: builds a pipeline from a model folder.
-        device: the device adapter (default: the CPU); its ``empty_cache`` runs after every unload.
+        device: the device adapter (``tasks/devices.py``); its ``empty_cache`` runs after every unload.
         policy: default: the policy of ``device.memory_kind``.
         capacity_bytes: a configured memory cap (bytes) instead of the device's free memory.
     """
 
-    def __init__(self, loader: Callable[..., Any], device: Device | None = None,
+    def __init__(self, loader: Callable[..., Any], device: Device,
                  policy: ResidencyPolicy | None = None, capacity_bytes: int | None = None) -> None:
         self.loader = loader
-        self.device: Device = device or CpuDevice()
+        self.device = device
         self.policy = policy or policy_for(self.device.memory_kind)
         self.capacity_bytes = capacity_bytes
         self.protected: frozenset[str] = frozenset()  # the machine's residency commitments (R16)

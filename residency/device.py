@@ -1,32 +1,21 @@
-"""One adapter per device backend behind one interface (DESIGN §5, R15, R18).
-
-- ``cpu``: system RAM via psutil, treated as unified memory; *available* memory counts
-  reclaimable page cache as free (psutil's ``virtual_memory().available``).
-- ``cuda``: dedicated memory; real capacity and free bytes from ``torch.cuda.mem_get_info``,
-  ``torch.cuda.empty_cache`` after an unload; one checkpoint at a time.
-- ``mps``: unified memory; capacity = ``torch.mps.recommended_max_memory()`` (the Metal
-  recommended working set), in use = ``torch.mps.driver_allocated_memory()`` (includes the
-  allocator's cache), ``torch.mps.empty_cache``, and the memory guard.
-
-R18: the MPS adapter is the ONLY place in Homefleet where torch's per-process memory fraction
-is set (``torch.mps.set_per_process_memory_fraction``). CUDA is never capped: on a 24 GB card a
-leftover process-wide cap once made the next large model fail to load with gigabytes free.
-``tests/unit/test_device.py`` greps the code base to keep it that way.
-
-Adapters take the ``torch`` module as an argument, so that the CUDA and MPS adapters can be
-tested on a CPU host against a fake torch module with the same attributes.
+"""What residency needs of a device, as an interface (DESIGN §5, R15, R18): its memory kind
+and memory figures, emptying its allocator cache, placing a pipeline on it, and its memory
+guard. The adapters (CPU, CUDA, MPS) live with the worker (``tasks/devices.py``); the policies
+and the model cache here see only this protocol, so they are tested on any host.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
-MemoryKind = Literal["unified", "dedicated"]
 
-#: Fraction of the recommended working set the MPS allocator may use (torch's own default
-#: high watermark is 1.7 x the recommended working set; Homefleet caps it at the working set).
-MPS_MEMORY_FRACTION = 1.0
+class MemoryKind(StrEnum):
+    """How a device's memory is shared: the one type for it, in the fleet config, placement's
+    cost model and the residency policies."""
+
+    unified = "unified"  # shared with the OS (CPU, Apple MPS): a protected set + LRU eviction (R15)
+    dedicated = "dedicated"  # a card's own memory (CUDA): exactly one checkpoint resident (R15)
 
 
 class Device(Protocol):
@@ -49,120 +38,10 @@ class Device(Protocol):
     def empty_cache(self) -> None: ...
 
     def place(self, pipeline: Any) -> Any:
-        """Move a pipeline just loaded (on the CPU, ``tasks.pipelines.load_pipeline``) onto this
-        device, where its jobs run: ``pipeline.to("cuda")``/``("mps")``; the CPU keeps it as is.
-        Returns the pipeline to use."""
+        """Move a pipeline just loaded (on the CPU) onto this device, where its jobs run;
+        returns the pipeline to use."""
         ...
 
     def guard(self) -> None:
         """Apply the backend's memory guard once at worker start (only MPS has one, R18)."""
         ...
-
-
-class CpuDevice:
-    """System RAM as unified memory (psutil)."""
-
-    name = "cpu"
-    memory_kind: MemoryKind = "unified"
-
-    def __init__(self, psutil_module: Any | None = None) -> None:
-        if psutil_module is None:
-            import psutil as psutil_module
-        self.psutil = psutil_module
-
-    def capacity_bytes(self) -> int:
-        return int(self.psutil.virtual_memory().total)
-
-    def available_bytes(self) -> int:
-        """Free RAM counting reclaimable page cache (``virtual_memory().available``)."""
-        return int(self.psutil.virtual_memory().available)
-
-    def allocated_bytes(self) -> int:
-        """Resident set size of this process."""
-        return int(self.psutil.Process().memory_info().rss)
-
-    def empty_cache(self) -> None:
-        """Nothing to empty: freed CPU tensors go back to the C allocator."""
-
-    def place(self, pipeline: Any) -> Any:
-        """Loaded on the CPU already: as is."""
-        return pipeline
-
-    def guard(self) -> None:
-        """No guard on the CPU backend."""
-
-
-class CudaDevice:
-    """Dedicated GPU memory: one checkpoint, real capacity, explicit cache emptying; never capped (R18)."""
-
-    name = "cuda"
-    memory_kind: MemoryKind = "dedicated"
-
-    def __init__(self, torch_module: ModuleType | Any) -> None:
-        self.torch = torch_module
-
-    def capacity_bytes(self) -> int:
-        return int(self.torch.cuda.mem_get_info()[1])
-
-    def available_bytes(self) -> int:
-        return int(self.torch.cuda.mem_get_info()[0])
-
-    def allocated_bytes(self) -> int:
-        return int(self.torch.cuda.memory_allocated())
-
-    def empty_cache(self) -> None:
-        self.torch.cuda.empty_cache()
-
-    def place(self, pipeline: Any) -> Any:
-        return pipeline.to("cuda")
-
-    def guard(self) -> None:
-        """Deliberately nothing: dedicated memory is managed by capacity, not by a cap (R18)."""
-
-
-class MpsDevice:
-    """Apple unified memory: recommended working set, driver-allocated bytes, and the memory guard."""
-
-    name = "mps"
-    memory_kind: MemoryKind = "unified"
-
-    def __init__(self, torch_module: ModuleType | Any, fraction: float = MPS_MEMORY_FRACTION) -> None:
-        self.torch = torch_module
-        self.fraction = fraction
-
-    def capacity_bytes(self) -> int:
-        return int(self.torch.mps.recommended_max_memory())
-
-    def available_bytes(self) -> int:
-        return max(0, self.capacity_bytes() - self.allocated_bytes())
-
-    def allocated_bytes(self) -> int:
-        """Driver-allocated bytes, including the allocator's cache."""
-        return int(self.torch.mps.driver_allocated_memory())
-
-    def empty_cache(self) -> None:
-        self.torch.mps.empty_cache()
-
-    def place(self, pipeline: Any) -> Any:
-        return pipeline.to("mps")
-
-    def guard(self) -> None:
-        """The memory guard (R18): cap the MPS allocator at ``fraction`` of the recommended working set."""
-        self.torch.mps.set_per_process_memory_fraction(self.fraction)
-
-
-def device_for(backend: str, torch_module: ModuleType | Any | None = None) -> Device:
-    """The adapter of ``backend`` (``cpu``, ``cuda`` or ``mps``).
-
-    Raises:
-        ValueError: unknown backend.
-    """
-    if backend == "cpu":
-        return CpuDevice()
-    if torch_module is None:
-        import torch as torch_module
-    if backend == "cuda":
-        return CudaDevice(torch_module)
-    if backend == "mps":
-        return MpsDevice(torch_module)
-    raise ValueError(f"device backend must be one of cpu, cuda, mps; got {backend!r}")

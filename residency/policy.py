@@ -12,9 +12,11 @@ take the warm set and memory figures and return a decision; the model cache carr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from residency.device import MemoryKind
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,42 @@ class DedicatedPolicy:
         return Plan(tuple(m.key for m in warm))
 
 
+_POLICIES: dict[str, ResidencyPolicy] = {MemoryKind.unified: UnifiedPolicy(), MemoryKind.dedicated: DedicatedPolicy()}
+
+
 def policy_for(memory_kind: str) -> ResidencyPolicy:
     """The policy of a device's memory kind (``unified`` or ``dedicated``). Raises ``ValueError``."""
-    if memory_kind == "unified":
-        return UnifiedPolicy()
-    if memory_kind == "dedicated":
-        return DedicatedPolicy()
-    raise ValueError(f"memory_kind must be unified or dedicated, got {memory_kind!r}")
+    if memory_kind not in _POLICIES:
+        raise ValueError(f"memory_kind must be unified or dedicated, got {memory_kind!r}")
+    return _POLICIES[memory_kind]
+
+
+def admit(warm: list[str], model_id: str, *, memory_kind: str, usable_bytes: int, protected: frozenset[str],
+          weights_bytes: Callable[[str], int]) -> list[str]:
+    """The residency model as placement simulates it along a machine's queue (R12, R15): make
+    ``model_id`` the most recently used of ``warm`` (model ids, least recently used first;
+    mutated), evicting as the worker's policy would; return the evicted models.
+
+    The plan is the policy's own (:meth:`ResidencyPolicy.plan`), for a load of the model's
+    weights into ``usable_bytes`` (bytes; 0 = unknown: nothing is evicted on unified memory).
+    Where the worker would refuse the load (only evicting a protected model makes room,
+    ``residency_protected``), the simulation evicts every unprotected model and goes on: the
+    worker's estimate is not a measurement either, and placement refuses such jobs up front
+    (``residency_conflict``).
+    """
+    if model_id in warm:
+        warm.remove(model_id)
+        warm.append(model_id)
+        return []
+    policy = policy_for(memory_kind)
+    if usable_bytes <= 0 and memory_kind == MemoryKind.unified:
+        warm.append(model_id)
+        return []
+    held = [WarmModel(m, m, weights_bytes(m)) for m in warm]
+    need = weights_bytes(model_id)
+    plan = policy.plan(held, LoadRequest(model_id, need, usable_bytes - sum(m.bytes for m in held), protected))
+    evicted = list(plan.evict) if plan.refused is None else [m for m in warm if m not in protected]
+    for m in evicted:
+        warm.remove(m)
+    warm.append(model_id)
+    return evicted

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from residency.device import MemoryKind
 from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing, job_size, run_seconds
 
 GB = 1_000_000_000
@@ -33,9 +34,6 @@ FAMILY_STEP_S: dict[str, float] = {
 }
 DEFAULT_STEP_S = 1.0
 REFERENCE_LOAD_BYTES_PER_S = 2.5 * GB  # the seed fleet's unified machines (seed-fleet.md)
-
-KINDS = ("txt2img", "edit", "upscale", "video")
-"""The job kinds (one file each under ``tasks/kinds/``)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ class MachineProfile:
     name: str
     speed: float = 1.0
     load_bytes_per_s: float = REFERENCE_LOAD_BYTES_PER_S
-    memory_kind: str = "unified"  # unified | dedicated
+    memory_kind: MemoryKind = MemoryKind.unified
     usable_bytes: int = 0
 
 
@@ -162,7 +160,7 @@ class CostModel(Protocol):
 
     def job_bytes(self, model_id: str, kind: str, size: int) -> int: ...
 
-    def memory_kind(self, machine: str) -> str: ...
+    def memory_kind(self, machine: str) -> MemoryKind: ...
 
     def usable_bytes(self, machine: str) -> int: ...
 
@@ -250,9 +248,9 @@ class Estimator:
             return MemoryEstimate(0, 0)
         return MemoryEstimate(model.weights_bytes, self.working.bytes(model.family, kind, size))
 
-    def memory_kind(self, machine: str) -> str:
+    def memory_kind(self, machine: str) -> MemoryKind:
         profile = self.machines.get(machine)
-        return profile.memory_kind if profile else "unified"
+        return profile.memory_kind if profile else MemoryKind.unified
 
     def usable_bytes(self, machine: str) -> int:
         profile = self.machines.get(machine)
@@ -260,4 +258,4 @@ class Estimator:
 
 
 __all__ = ["CostModel", "Estimator", "MachineProfile", "MemoryEstimate", "ModelProfile", "WorkingCoefficients",
-           "WorkingMemory", "job_size", "working_bytes", "GB", "KINDS"]
+           "WorkingMemory", "job_size", "working_bytes", "GB"]

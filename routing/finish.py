@@ -2,9 +2,10 @@
 model will not be warm when it starts, its run time, and the reload cost of the warm models
 its load would evict. Residency is simulated along the machine's queue in FIFO order.
 
-Residency model (R15): on unified memory warm models stay while they fit in the usable bytes
-and the least recently used unprotected one goes first; committed (protected) models are never
-evicted. On dedicated memory exactly one checkpoint is resident.
+Residency model (R15): the worker's own policy (``residency.policy.admit``): on unified memory
+warm models stay while they fit in the usable bytes and the least recently used unprotected one
+goes first; committed (protected) models are never evicted. On dedicated memory exactly one
+checkpoint is resident.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from residency.policy import admit
 from routing.estimate import CostModel
 from routing.timings import job_size
 
@@ -71,35 +73,6 @@ class Breakdown:
         }
 
 
-def admit(
-    warm: list[str], model_id: str, *, dedicated: bool, usable_bytes: int, protected: frozenset[str],
-    costs: CostModel,
-) -> list[str]:
-    """Make ``model_id`` the most recently used warm model in ``warm`` (LRU order, most recent
-    last), evicting per the residency model; return the evicted models. Mutates ``warm``."""
-    if model_id in warm:
-        warm.remove(model_id)
-        warm.append(model_id)
-        return []
-    if dedicated:
-        evicted = list(warm)
-        warm[:] = [model_id]
-        return evicted
-    warm.append(model_id)
-    evicted = []
-    if usable_bytes > 0:
-        total = sum(costs.weights_bytes(m) for m in warm)
-        for m in list(warm[:-1]):
-            if total <= usable_bytes:
-                break
-            if m in protected:
-                continue
-            warm.remove(m)
-            evicted.append(m)
-            total -= costs.weights_bytes(m)
-    return evicted
-
-
 def drain(
     machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str], costs: CostModel,
 ) -> tuple[float, list[str]]:
@@ -109,13 +82,14 @@ def drain(
 
     A running job whose model is not in ``warm_models`` is still loading it (a worker reports a
     model warm once loaded): its remaining time includes the rest of that load."""
-    dedicated = costs.memory_kind(machine) == "dedicated"
+    memory_kind = costs.memory_kind(machine)
     usable = costs.usable_bytes(machine)
     warm = list(warm_models)
     ahead_s = 0.0
     for item in queue:
         cold = item.model_id not in warm
-        admit(warm, item.model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
+        admit(warm, item.model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
+              weights_bytes=costs.weights_bytes)
         total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
         if cold:
             total += costs.load_s(machine, item.model_id, item.kind)
@@ -185,13 +159,14 @@ def expected_finish(
         extra_queued: jobs known to be ahead but without details (counted at this job's run time).
         drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
     """
-    dedicated = costs.memory_kind(machine) == "dedicated"
+    memory_kind = costs.memory_kind(machine)
     usable = costs.usable_bytes(machine)
     ahead_s, warm = (drains or drain)(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
     run_s = costs.run_s(machine, model_id, kind, steps, size)
     ahead_s += extra_queued * run_s
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
-    evicted = admit(warm, model_id, dedicated=dedicated, usable_bytes=usable, protected=protected, costs=costs)
+    evicted = admit(warm, model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
+                    weights_bytes=costs.weights_bytes)
     eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
     return Breakdown(
         work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
@@ -199,4 +174,4 @@ def expected_finish(
     )
 
 
-__all__ = ["Breakdown", "Drains", "WorkItem", "admit", "drain", "expected_finish", "job_size"]
+__all__ = ["Breakdown", "Drains", "WorkItem", "drain", "expected_finish", "job_size"]

@@ -19,14 +19,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.core.errors import MachineUnavailable, Overloaded, Rejected
-from app.fleet.config import SERVER
+from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.estimate import CostModel, Estimator
 from routing.finish import Breakdown, Drains, WorkItem, expected_finish
-from routing.timings import job_size
+from routing.errors import Full, Refused, Unavailable
+
+SERVER = "server"
+"""The server's own machine name: the server also runs jobs on its own device (R1)."""
+
+DEFAULT_TARGET = SERVER
+"""R9: a job that names no target runs on the server."""
 
 AUTO = "auto"
+"""R11: the target that lets placement choose (opt-in)."""
+
 GB = 1_000_000_000
 
 
@@ -54,29 +61,15 @@ class MachineView:
 
 @dataclass(frozen=True)
 class JobRequest:
+    """What placement needs of a job: its model, family, kind, target, steps and size
+    (``app.core.kinds.job_request`` builds it from a job's params and its kind's defaults)."""
+
     model_id: str
     family: str
     kind: str
-    target: str = SERVER  # a machine name, or "auto" (R11: opt-in)
+    target: str = DEFAULT_TARGET  # a machine name, or "auto" (R11: opt-in)
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
-
-    @classmethod
-    def from_params(cls, model_id: str, family: str, kind: str, target: str, params: Mapping[str, object]) -> JobRequest:
-        """Read steps and size from job params: ``steps``; output pixels from ``output_width`` x
-        ``output_height`` (set by the server for kinds whose output follows an input image),
-        else ``width`` x ``height``; ``frames`` (the video kind's name; ``num_frames`` also
-        read) and ``batch``. Defaults are the tiny kinds': 4 steps, 64x64 pixels, 8 frames for
-        video and 1 otherwise, batch 1."""
-
-        def number(name: str, default: int) -> int:
-            value = params.get(name, default)
-            return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
-
-        pixels = number("output_width", number("width", 64)) * number("output_height", number("height", 64))
-        frames = number("frames", number("num_frames", 8 if kind == "video" else 1))
-        size = job_size(pixels, frames, number("batch", 1))
-        return cls(model_id, family, kind, target, steps=number("steps", 4), size=size)
 
 
 @dataclass(frozen=True)
@@ -147,7 +140,7 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
                 f"a video job needs the memory they hold (R17)",
             )
         if model not in machine.commitments:
-            if costs.memory_kind(name) == "dedicated":
+            if costs.memory_kind(name) == MemoryKind.dedicated:
                 return (
                     "residency_conflict",
                     f"machine {name!r} is committed to keep {', '.join(sorted(machine.commitments))} resident "
@@ -208,34 +201,34 @@ def place(
     caller's :class:`~routing.finish.Drains`, kept between decisions (same decisions, faster).
 
     Raises:
-        Rejected: unknown machine (reason ``unknown_machine``), or a filter excludes the
+        Refused: unknown machine (reason ``unknown_machine``), or a filter excludes the
             explicit target (its reason), or Auto finds no machine (reason ``no_machine``).
-        MachineUnavailable: the explicit target is offline (R10: never rerouted).
-        Overloaded: the target (or, for Auto, every machine not excluded otherwise) is full (R23).
+        Unavailable: the explicit target is offline, drained or syncing (R10: never rerouted).
+        Full: the target (or, for Auto, every machine not excluded otherwise) is full (R23).
     """
     costs = costs or Estimator()
-    target = job.target or SERVER
+    target = job.target or DEFAULT_TARGET
     if target != AUTO:
         machine = machines.get(target)
         if machine is None:
             known = ", ".join(sorted(machines))
-            raise Rejected(f"target {target!r} is not a machine of this fleet; machines: {known}", reason="unknown_machine")
+            raise Refused(f"target {target!r} is not a machine of this fleet; machines: {known}", reason="unknown_machine")
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
-            if reason in ("machine_unavailable", "machine_draining", "machine_syncing"):  # temporary: 503
-                raise MachineUnavailable(message, reason=reason)
+            if reason in ("machine_unavailable", "machine_draining", "machine_syncing"):  # temporary
+                raise Unavailable(message, reason=reason)
             if reason == "queue_full":
-                raise Overloaded(message, reason=reason)
-            raise Rejected(message, reason=reason)
+                raise Full(message, reason=reason)
+            raise Refused(message, reason=reason)
         return Decision(machine=target, candidates={target: finish(job, machine, costs, drains)})
 
     excluded, candidates = survey(job, machines, costs, pressure, drains)
     if not candidates:
         detail = ", ".join(f"{name}: {reason}" for name, (reason, _) in sorted(excluded.items()))
         if any(reason == "queue_full" for reason, _ in excluded.values()):
-            raise Overloaded(f"every machine able to run model {job.model_id!r} is full ({detail})", reason="queue_full")
-        raise Rejected(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
+            raise Full(f"every machine able to run model {job.model_id!r} is full ({detail})", reason="queue_full")
+        raise Refused(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
     best = min(candidates, key=lambda name: (candidates[name].score_s, candidates[name].queued, name))
     return Decision(machine=best, excluded=excluded, candidates=candidates)
 
@@ -290,7 +283,7 @@ def dry_run(
         decision = place(job, machines, costs, pressure)
         chosen: str | None = decision.machine
         error = None
-    except (Rejected, MachineUnavailable, Overloaded) as refusal:
+    except Refused as refusal:
         chosen, error = None, {"reason": refusal.reason, "message": refusal.message}
     excluded, candidates = survey(job, machines, costs, pressure)
     body = Decision(machine=chosen or "", excluded=excluded, candidates=candidates).as_json()

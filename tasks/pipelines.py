@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from app.core.quiet import quiet_import_warnings
 from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -21,39 +20,6 @@ def go_offline() -> None:
     the worker's entry point (not at import: the API process serves Hugging Face clients)."""
     for name, value in OFFLINE_ENV.items():
         os.environ.setdefault(name, value)
-
-
-class ImportNoise(logging.Filter):
-    """Drops the log records of one logger whose message matches ``pattern``, and only those."""
-
-    def __init__(self, pattern: str) -> None:
-        super().__init__()
-        self.pattern = re.compile(pattern)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not self.pattern.search(record.getMessage())
-
-
-#: logger -> the one message it logs while torch's stack is imported on a machine without CUDA
-#: (transformers' quantizers import torchao eagerly, so every command that imports diffusers
-#: or transformers gets them): torchao cannot load its CUDA kernel libraries (``_C*.so``) and
-#: finds no Triton (a GPU compiler) at the first pipeline load, and it registers enums with
-#: torch's pytree, which torch now says it no longer needs. A logger's filters do not see its
-#: children's records, so each logger is named exactly.
-IMPORT_NOISE: dict[str, str] = {
-    "torchao": r"^Failed to load \S*torchao/_C[^/\s]*\.so: ",
-    "torchao.kernel.intmm": r"^Warning: Detected no triton, on systems without Triton certain kernels will not work$",
-    "torch.utils._pytree": r"is an Enum subclass and is now natively supported by torch\.compile as an opaque value type",
-}
-
-
-def quiet_import_warnings() -> None:
-    """Drop the import-time log messages of :data:`IMPORT_NOISE` (matched by message, so any
-    other warning of torchao or torch still shows). Imports nothing; safe to call twice."""
-    for name, pattern in IMPORT_NOISE.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, ImportNoise) and f.pattern.pattern == pattern for f in logger.filters):
-            logger.addFilter(ImportNoise(pattern))
 
 
 def quiet() -> None:

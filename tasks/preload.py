@@ -8,9 +8,9 @@ Order, in the pool process (the cache lives there, ``tasks/runtime.py``):
 2. read the commitments and the verified set; a committed model that is not verified here is
    skipped with a warning naming the ``homefleet sync`` to run;
 3. under the runtime's cache lock (a job waits for it, ``tasks/run_job.py``): hash each
-   committed model's files again against the server's current manifest on any machine but
-   the server (R5: the bytes about to be loaded are checked), load it as a cold load by the
-   residency policy, and publish the warm models for the heartbeat.
+   committed model resident as a job would (``tasks/loading.py``: its files hashed again
+   against the server's current manifest on any machine but the server, R5; loaded by the
+   residency policy; the warm models published for the heartbeat).
 
 A load the policy refuses, or a file that no longer matches, is logged and skipped: the
 worker still serves jobs, and the next job for that model loads it cold as usual.
@@ -26,12 +26,10 @@ import time
 import httpx
 import redis
 
-from app.core.errors import HomefleetError
-from app.fleet.config import SERVER
-from app.core.variants import Variant, parameter_counts, weights_bytes
+from app.core.errors import HomefleetError, IntegrityFailure
+from residency.errors import ResidencyRefused
 from tasks import runtime
-from tasks.run_job import manifest_key
-from tasks.verify import model_problems
+from tasks.loading import make_resident
 
 log = logging.getLogger("homefleet.worker")
 
@@ -74,7 +72,7 @@ def preload_commitments(rt: runtime.WorkerRuntime) -> list[str]:
     if not wanted:
         return []
     manifests = rt.server.manifest()
-    loaded = []
+    loaded_ids: list[str] = []
     with rt.cache_lock:
         rt.cache.protected = committed
         for model_id in wanted:
@@ -82,24 +80,20 @@ def preload_commitments(rt: runtime.WorkerRuntime) -> list[str]:
             if manifest is None:
                 log.warning("%s: committed model %s is no longer registered; not preloaded", machine, model_id)
                 continue
-            if machine != SERVER and (problems := model_problems(rt.settings.models_dir, manifest)):
-                rt.withdraw(model_id)
-                log.warning("%s: committed model %s does not match the manifest (withdrawn until `homefleet sync "
-                            "%s %s`): %s", machine, model_id, machine, model_id, "; ".join(problems[:5]))
-                continue
-            variant = {"precision": manifest.get("precision", "fp32"), "quantization": manifest.get("quantization")}
-            folder = rt.settings.models_dir / model_id
-            weights = weights_bytes(parameter_counts(folder), Variant(variant["precision"], variant["quantization"]))
             try:
-                _, load_s, cold = rt.cache.get(model_id, manifest_key(manifest), folder, variant, weights, 0)
-            except HomefleetError as refusal:  # ResidencyRefused: only evicting another protected model fits it
+                loaded = make_resident(rt, manifest)
+            except IntegrityFailure as mismatch:  # withdrawn until it is synced again (R4, R5)
+                log.warning("%s: committed model %s not preloaded: %s", machine, model_id, mismatch.message)
+                continue
+            except ResidencyRefused as refusal:  # only evicting another protected model fits it
                 log.warning("%s: committed model %s not preloaded: %s", machine, model_id, refusal.message)
                 continue
-            if cold:
-                log.info("%s: committed model %s preloaded in %.2f s (protected, R16)", machine, model_id, load_s)
-            loaded.append(model_id)
+            if loaded.cold:
+                log.info("%s: committed model %s preloaded in %.2f s (protected, R16)", machine, model_id,
+                         loaded.load_s)
+            loaded_ids.append(model_id)
         rt.record_warm()
-    return loaded
+    return loaded_ids
 
 
 def start_preload(rt: runtime.WorkerRuntime) -> threading.Thread:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from app.core.protocol import Manifest
 
-def embedded_provenance(*, model_id: str, manifest: dict[str, Any], kind: str, params: dict[str, Any],
+
+def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params: dict[str, Any],
                         inputs: dict[str, str], machine: str, device: str) -> dict[str, Any]:
     """The deterministic record embedded in the output file.
 
@@ -29,9 +31,9 @@ def embedded_provenance(*, model_id: str, manifest: dict[str, Any], kind: str, p
     return {
         "homefleet": 1,  # provenance format version
         "model_id": model_id,
-        "precision": manifest.get("precision", "fp32"),
-        "quantization": manifest.get("quantization"),
-        "model_files": {f["path"]: f["digest"] for f in manifest["files"]},
+        "precision": manifest.precision,
+        "quantization": manifest.quantization,
+        "model_files": {f.path: f.digest for f in manifest.files},
         "kind": kind,
         "params": params,
         "seed": params.get("seed"),

@@ -16,7 +16,8 @@ from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.keys import Keys
 from residency.cache import ModelCache
-from residency.device import Device, device_for
+from residency.device import Device
+from tasks.devices import detect_device, device_for
 from tasks.pipelines import load_pipeline
 from tasks.server_client import ServerClient
 
@@ -30,6 +31,7 @@ class WorkerRuntime:
         self._server: ServerClient | None = None
         self._redis: redis.Redis | None = None
         self._cache: ModelCache | None = None
+        self._device: Device | None = None
         self._cache_lock = threading.Lock()
 
     def _this_process(self) -> None:
@@ -78,10 +80,10 @@ class WorkerRuntime:
         return self._cache_lock
 
     def device(self) -> Device:
-        """This worker's device adapter (cpu, cuda or mps, as detected)."""
-        from tasks.worker import detect_device
-
-        return device_for(detect_device())
+        """This worker's device adapter (cpu, cuda or mps, as detected; ``tasks/devices.py``)."""
+        if self._device is None:
+            self._device = device_for(detect_device())
+        return self._device
 
     def commitments(self) -> frozenset[str]:
         """The machine's residency commitments (R16) as the server stored them in Redis."""

@@ -1,18 +1,31 @@
-"""The worker's client for the server's internal API (R1: the worker writes nothing itself)."""
+"""The worker's client for the server's internal API (R1: the worker writes nothing itself).
+Its bodies and answers are the typed models of ``app/core/protocol.py``."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-import json
 from typing import Any
 
 import httpx
 
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
+from app.core.protocol import (
+    Claim,
+    FailureReport,
+    Manifest,
+    Manifests,
+    ProgressReport,
+    ResultReceipt,
+    SyncFileResult,
+    SyncFinish,
+    SyncGrant,
+    SyncProgress,
+)
 
 log = logging.getLogger("homefleet.worker")
 
@@ -69,17 +82,19 @@ class ServerClient:
                 raise cls(message, reason=reason)
         raise HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
 
-    def manifest(self) -> dict[str, Any]:
-        """``{"models": {model_id: manifest}}`` for every registered model."""
-        return self._send("GET", "/manifest").json()["models"]  # type: ignore[no-any-return]
+    def manifest(self) -> dict[str, Manifest]:
+        """Every registered model's manifest, by model id."""
+        return Manifests.model_validate(self._send("GET", "/manifest").json()).models
 
-    def claim(self, job_id: str, claim_id: str) -> dict[str, Any]:
+    def claim(self, job_id: str, claim_id: str) -> Claim:
         """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises
         Conflict for a second delivery."""
-        return self._send("POST", f"/jobs/{job_id}/claim", headers={"X-Homefleet-Claim-Id": claim_id}).json()  # type: ignore[no-any-return]
+        return Claim.model_validate(self._send("POST", f"/jobs/{job_id}/claim",
+                                               headers={"X-Homefleet-Claim-Id": claim_id}).json())
 
     def progress(self, job_id: str, step: int, total: int) -> None:
-        self._check(self.http.post(f"/jobs/{job_id}/progress", json={"step": step, "total": total}))  # no retry
+        body = ProgressReport(step=step, total=total).model_dump()
+        self._check(self.http.post(f"/jobs/{job_id}/progress", json=body))  # no retry
 
     def input_file(self, file_id: str) -> bytes:
         """The bytes of an uploaded input, checked against ``file_id`` (their digest).
@@ -95,33 +110,34 @@ class ServerClient:
         return data
 
     def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
-               cold_load: bool, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+               cold_load: bool, provenance: dict[str, Any] | None = None) -> ResultReceipt:
         """Upload the result with its digest and provenance; the server verifies and stores it (R2)."""
         form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
                 "provenance": json.dumps(provenance or {}, sort_keys=True)}
         files = {"file": ("result", data, media_type)}
-        return self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json()  # type: ignore[no-any-return]
+        return ResultReceipt.model_validate(self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json())
 
     def fail(self, job_id: str, reason: str, message: str, *, load_s: float | None = None,
              run_s: float | None = None) -> None:
-        body = {"reason": reason, "message": message[:4000], "load_s": load_s, "run_s": run_s}
-        self._send("POST", f"/jobs/{job_id}/failure", json=body)
+        body = FailureReport(reason=reason, message=message[:4000], load_s=load_s, run_s=run_s)
+        self._send("POST", f"/jobs/{job_id}/failure", json=body.model_dump())
 
     # --- sync (R6): see app/jobs/sync.py ---
 
-    def sync_claim(self, sync_id: str) -> dict[str, Any]:
-        """Take the sync (once); ``{"sync_id", "models": {model_id: manifest}}``. Raises Conflict."""
-        return self._check(self.http.post(f"/syncs/{sync_id}/claim")).json()  # type: ignore[no-any-return]
+    def sync_claim(self, sync_id: str) -> SyncGrant:
+        """Take the sync (once): the manifests of its models. Raises Conflict."""
+        return SyncGrant.model_validate(self._check(self.http.post(f"/syncs/{sync_id}/claim")).json())
 
     def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str) -> None:
         """Report progress (renews the machine's reservation). Raises Conflict when it expired."""
-        body = {"files_done": files_done, "bytes_done": bytes_done, "file": file}
-        self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body))
+        body = SyncProgress(files_done=files_done, bytes_done=bytes_done, file=file)
+        self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body.model_dump()))
 
-    def sync_finish(self, sync_id: str, succeeded: bool, message: str, results: list[dict[str, Any]],
-                    verified: list[str]) -> dict[str, Any]:
-        body = {"succeeded": succeeded, "message": message[:4000], "results": results, "verified": verified}
-        return self._check(self.http.post(f"/syncs/{sync_id}/finish", json=body)).json()  # type: ignore[no-any-return]
+    def sync_finish(self, sync_id: str, succeeded: bool, message: str, results: list[SyncFileResult],
+                    verified: list[str]) -> None:
+        """End the sync with every file's outcome and the models verified afterwards (R4)."""
+        body = SyncFinish(succeeded=succeeded, message=message[:4000], results=results, verified=verified)
+        self._check(self.http.post(f"/syncs/{sync_id}/finish", json=body.model_dump()))
 
     @contextmanager
     def model_file(self, model_id: str, path: str, offset_bytes: int = 0) -> Iterator[httpx.Response]:

@@ -29,17 +29,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from app.core.digest import algorithm_of, file_digest, hex_part
 from app.core.errors import HomefleetError
+from app.core.protocol import ManifestFile, SyncFileResult
 from tasks import runtime
-from tasks.heartbeat import advertise
 from tasks.server_client import ServerClient
+from tasks.verify import advertise
 
 log = logging.getLogger("homefleet.worker")
 
@@ -89,13 +88,9 @@ class Renewal:
                 log.warning("sync progress not reported (retrying in %.1f s): %s", self.interval_s, error)
 
 
-@dataclass(frozen=True)
-class FileResult:
-    model_id: str
-    path: str
-    status: str  # present | copied | conflict | digest_mismatch
-    size_bytes: int
-    message: str = ""
+def _result(model_id: str, path: str, status: str, size_bytes: int, message: str = "") -> SyncFileResult:
+    """One file's outcome: ``present`` | ``copied`` | ``conflict`` | ``digest_mismatch``."""
+    return SyncFileResult(model_id=model_id, path=path, status=status, size_bytes=size_bytes, message=message)
 
 
 class Copier:
@@ -112,16 +107,16 @@ class Copier:
         self.on_bytes = on_bytes
         self.max_bytes_per_s = max_bytes_per_s
 
-    def copy(self, model_id: str, entry: dict[str, Any]) -> FileResult:
-        """Bring one manifest entry ``{path, size, digest}`` to its final name. Raises
-        ``httpx.HTTPError``/``HomefleetError`` on transport or server errors (the partial stays)."""
-        path, size, digest = entry["path"], int(entry["size"]), entry["digest"]
+    def copy(self, model_id: str, entry: ManifestFile) -> SyncFileResult:
+        """Bring one manifest entry to its final name. Raises ``httpx.HTTPError``/``HomefleetError``
+        on transport or server errors (the partial stays)."""
+        path, size, digest = entry.path, entry.size, entry.digest
         final = self.models_dir / model_id / path
         if final.exists() or final.is_symlink():
             if final.is_file() and final.stat().st_size == size and file_digest(final, algorithm_of(digest)) == digest:
                 self.on_bytes(size)
-                return FileResult(model_id, path, "present", size)
-            return FileResult(model_id, path, "conflict", size,
+                return _result(model_id, path, "present", size)
+            return _result(model_id, path, "conflict", size,
                               f"{final} exists with other content; a sync never overwrites a worker's file - move it "
                               f"away and sync again")
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -140,15 +135,15 @@ class Copier:
         actual = file_digest(partial, algorithm_of(digest))
         if actual != digest:
             partial.unlink()
-            return FileResult(model_id, path, "digest_mismatch", size,
+            return _result(model_id, path, "digest_mismatch", size,
                               f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed")
         try:
             os.link(partial, final)  # fails if anything is at the final name: never overwrites
         except FileExistsError:
-            return FileResult(model_id, path, "conflict", size, f"{final} appeared during the copy; left untouched")
+            return _result(model_id, path, "conflict", size, f"{final} appeared during the copy; left untouched")
         partial.unlink()
         _fsync_dir(final.parent)
-        return FileResult(model_id, path, "copied", size)
+        return _result(model_id, path, "copied", size)
 
     def _download(self, model_id: str, path: str, partial: Path, offset: int) -> None:
         started, sent = time.monotonic(), 0
@@ -178,8 +173,8 @@ def sync(sync_id: str) -> None:
     except HomefleetError as refusal:
         log.warning("sync %s refused at claim (%s: %s); nothing copied", sync_id, refusal.reason, refusal.message)
         return
-    manifests: dict[str, dict[str, Any]] = grant["models"]
-    entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest["files"]]
+    manifests = grant.models
+    entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest.files]
     log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
 
     state = {"bytes": 0, "files": 0, "file": ""}
@@ -192,12 +187,12 @@ def sync(sync_id: str) -> None:
         renewal.check()  # the reservation was lost: stop copying
 
     copier = Copier(rt.server, settings.models_dir, on_bytes, settings.sync_max_bytes_per_s)
-    results: list[FileResult] = []
+    results: list[SyncFileResult] = []
     error: str = ""
     with Renewal(report) as renewal:  # R6: renewed while files are hashed, copied and re-verified
         try:
             for model_id, entry in entries:
-                state["file"] = f"{model_id}/{entry['path']}"
+                state["file"] = f"{model_id}/{entry.path}"
                 report()
                 results.append(copier.copy(model_id, entry))
                 renewal.check()
@@ -214,7 +209,7 @@ def sync(sync_id: str) -> None:
     message = error or "; ".join(f"{r.model_id}/{r.path}: {r.status} ({r.message})" for r in bad[:10])
     if not message and missing:
         message = f"not verified after the copy: {', '.join(missing)}"
-    rt.server.sync_finish(sync_id, succeeded, message, [asdict(r) for r in results], sorted(verified))
+    rt.server.sync_finish(sync_id, succeeded, message, results, sorted(verified))
     log.info("sync %s %s: %s", sync_id, "succeeded" if succeeded else "failed", message or "all files verified")
 
 

@@ -1,31 +1,158 @@
-"""The worker's side of "a file's identity is its content" (R4, R5): hash the local copy of
-a model's files and compare every one with the server's manifest."""
+"""The worker's side of "a file's identity is its content" (R4, R5): hash the local copy of a
+model's files against the server's manifest, advertise the models that match in full, and
+follow the registry's changes.
+
+At start (:meth:`Verifier.verify`, before the first heartbeat), after every sync
+(``tasks/sync.py`` calls :func:`advertise`) and when the registry changes
+(:meth:`Verifier.follow_registry`), the worker hashes its local model files and replaces (or
+amends) the machine's advertised set in Redis, the set placement reads. A job-time mismatch
+withdraws a model from it (``tasks/loading.py``).
+"""
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
+import httpx
+import redis
+
+from app.core.config import WorkerSettings
 from app.core.digest import algorithm_of, file_digest
+from app.core.errors import HomefleetError
+from app.core.keys import Keys
+from app.core.protocol import Manifest
+from tasks.server_client import ServerClient
+
+log = logging.getLogger("homefleet.worker")
+
+LOCK_FILE = ".homefleet-verify.lock"
 
 
-def model_problems(models_dir: Path, manifest: dict[str, Any]) -> list[str]:
+def model_problems(models_dir: Path, manifest: Manifest) -> list[str]:
     """What is wrong with the local copy of one model: missing files, other sizes, other
     digests (every byte is read, with the algorithm the manifest names; no cache, so a
     same-size same-mtime change is found too, C07). Empty when the copy matches exactly."""
-    folder = models_dir / manifest["model_id"]
+    folder = models_dir / manifest.model_id
     problems = []
-    for entry in manifest["files"]:
-        path = folder / entry["path"]
+    for entry in manifest.files:
+        path = folder / entry.path
         if not path.is_file():
-            problems.append(f"{entry['path']}: missing")
-        elif path.stat().st_size != entry["size"]:
-            problems.append(f"{entry['path']}: {path.stat().st_size} bytes, manifest says {entry['size']}")
-        elif (actual := file_digest(path, algorithm_of(entry["digest"]))) != entry["digest"]:
-            problems.append(f"{entry['path']}: digest {actual}, manifest says {entry['digest']}")
+            problems.append(f"{entry.path}: missing")
+        elif path.stat().st_size != entry.size:
+            problems.append(f"{entry.path}: {path.stat().st_size} bytes, manifest says {entry.size}")
+        elif (actual := file_digest(path, algorithm_of(entry.digest))) != entry.digest:
+            problems.append(f"{entry.path}: digest {actual}, manifest says {entry.digest}")
     return problems
 
 
-def verified_models(models_dir: Path, manifests: dict[str, dict[str, Any]]) -> set[str]:
+def verified_models(models_dir: Path, manifests: dict[str, Manifest]) -> set[str]:
     """Ids of the models whose local copy matches the manifest in full (R4)."""
     return {model_id for model_id, manifest in manifests.items() if not model_problems(models_dir, manifest)}
+
+
+@contextmanager
+def one_check_at_a_time(models_dir: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<models_dir>/.homefleet-verify.lock``: the start-up check
+    (parent process), a sync's check (pool child) and a registry change's check run one after
+    the other, so the later one hashes the files as they are once the earlier has written its
+    set (no stale set overwrites a fresher one). The kernel releases the lock when its process
+    dies, so a killed worker never blocks the next one."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with open(models_dir / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path,
+              manifests: dict[str, Manifest]) -> set[str]:
+    """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
+    advertised set with the models that match in full. Returns that set."""
+    with one_check_at_a_time(models_dir):
+        verified = verified_models(models_dir, manifests)
+        key = keyspace.verified(machine)
+        with client.pipeline() as pipe:
+            pipe.delete(key)
+            if verified:
+                pipe.sadd(key, *sorted(verified))
+            pipe.execute()
+    log.info("%s verified %d of %d models: %s", machine, len(verified), len(manifests),
+             ", ".join(sorted(verified)) or "none")
+    return verified
+
+
+class Verifier:
+    """The worker's verified set: checked once at start (:meth:`verify`), then kept up to date
+    with the registry (:meth:`follow_registry`). Both run from the heartbeat's thread; the
+    registry's check runs in a thread of its own, so beats go on meanwhile."""
+
+    def __init__(self, settings: WorkerSettings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.redis = client
+        self.keys = Keys(settings.key_prefix)
+        self.manifests: dict[str, Manifest] = {}  # the server's manifests as last verified against
+        self.done = False  # the start-up check has run
+        self._registry_mark: str | None = None  # the registry's change mark when they were read
+        self._following: threading.Thread | None = None
+
+    def _manifests(self) -> dict[str, Manifest]:
+        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
+                              machine=self.settings.machine)
+        try:
+            return server.manifest()
+        finally:
+            server.close()
+
+    def verify(self) -> set[str]:
+        """Hash the local copies against the manifest; replace the advertised set (R4).
+
+        Raises:
+            Unauthorized: the server refused the token. HomefleetError, httpx.HTTPError,
+                redis.RedisError, OSError: the manifest or Redis could not be read (try again).
+        """
+        self._registry_mark = self.redis.get(self.keys.registry_changed())  # before the manifests: a later change is seen
+        manifests = self._manifests()
+        verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
+        self.manifests = manifests
+        self.done = True
+        return verified
+
+    def follow_registry(self) -> None:
+        """When the server's registry changed (its change mark, app/fleet/costs.py ChangeMark),
+        bring the advertised set up to date (R4) in a thread of its own:
+
+        - a model registered since, or whose manifest changed (``homefleet models verify``
+          recorded new digests), is hashed, alone: advertised if its local copy matches the
+          new manifest (the server's own worker shares the folder ``models add`` copies into),
+          withdrawn otherwise (a worker's copy of the old content);
+        - a model no longer registered is withdrawn.
+
+        Models whose manifest is unchanged are not hashed again."""
+        mark = self.redis.get(self.keys.registry_changed())
+        if mark == self._registry_mark or (self._following is not None and self._following.is_alive()):
+            return
+        self._following = threading.Thread(target=self._follow, args=(mark,), name="homefleet-registry", daemon=True)
+        self._following.start()
+
+    def _follow(self, mark: str | None) -> None:
+        machine, key = self.settings.machine, self.keys.verified(self.settings.machine)
+        try:
+            manifests = self._manifests()
+            changed = {m: manifest for m, manifest in manifests.items() if self.manifests.get(m) != manifest}
+            gone = [m for m in self.manifests if m not in manifests]
+            with one_check_at_a_time(self.settings.models_dir):
+                matching = verified_models(self.settings.models_dir, changed)
+                if gone or set(changed) - matching:
+                    self.redis.srem(key, *gone, *(set(changed) - matching))
+                if matching:
+                    self.redis.sadd(key, *sorted(matching))
+            if changed or gone:
+                log.info("%s: the registry changed; verified here: %s; not: %s", machine,
+                         ", ".join(sorted(matching)) or "none", ", ".join(sorted(set(changed) - matching)) or "none")
+            self.manifests, self._registry_mark = manifests, mark
+        except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
+            log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)

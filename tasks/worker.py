@@ -10,10 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,14 +24,16 @@ from app.core.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.errors import HomefleetError, Unauthorized
-from app.core.keys import Keys
 from tasks import runtime
-from tasks.heartbeat import Heartbeat, clear_running, mark_running
+from tasks.devices import detect_device
+from tasks.heartbeat import Heartbeat
+from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
 from tasks.run_job import run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
-
+from tasks.verify import Verifier
+from tasks.watchdog import Watchdog, clear_running, mark_running
 
 log = logging.getLogger("homefleet.worker")
 
@@ -46,113 +45,6 @@ def worker_argv(machine: str, loglevel: str) -> list[str]:
         "--prefetch-multiplier=1", "--disable-prefetch", "--without-gossip", "--without-mingle", "-E",
         f"--loglevel={loglevel}",
     ]
-
-
-def detect_device() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-EX_CONFIG = 78  # sysexits.h: a configuration error (the server refused the token; a second worker)
-
-
-# KEYS[1] the lease, ARGV[1] our boot id, ARGV[2] TTL (ms). Renew our own (1); take it back when
-# it is gone (2: Redis restarted or lost its data, or a stall outlasted the TTL); 0: another
-# worker holds it.
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
-return 0
-"""
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-
-
-class WorkerLease:
-    """One worker per machine, from the moment a worker starts (before it consumes anything or
-    verifies its files): the Redis key ``machine:<name>:worker`` holds its boot id with a TTL
-    of ``heartbeat_ttl_s``, renewed by a thread every ``heartbeat_interval_s`` and deleted at a
-    clean stop. A worker that died leaves a lease that lapses within the TTL; a new worker
-    waits that long for it, then takes it. A lease that vanished under a running worker (Redis
-    restarted or lost its data, or a stall outlasted the TTL) is taken back at the next
-    renewal; one that another worker took meanwhile is lost for good: :attr:`lost` is set and
-    ``on_lost`` is called (the worker stops: a warm shutdown, then exit 78).
-
-    Raises (:meth:`acquire`):
-        SystemExit: ``EX_CONFIG`` (78) when another worker of this machine holds the lease:
-            it would take that machine's jobs and replace its verified models with its own
-            folder's.
-    """
-
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str,
-                 on_lost: Callable[[], None] | None = None) -> None:
-        self.settings, self.redis, self.boot_id = settings, client, boot_id
-        self.key = Keys(settings.key_prefix).worker_lease(settings.machine)
-        self.ttl_ms = int(settings.heartbeat_ttl_s * 1000)
-        self._on_lost = on_lost
-        self.lost = False  # another worker of this machine took the lease: this one must stop
-        self._told = False  # on_lost was called (once)
-        self._guard = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="homefleet-lease", daemon=True)
-
-    def acquire(self, poll_s: float = 0.2) -> None:
-        deadline = time.monotonic() + self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s
-        while not self.redis.set(self.key, self.boot_id, nx=True, px=self.ttl_ms):
-            if time.monotonic() >= deadline:
-                log.critical("%s: another worker of this machine is running (boot %s), or still finishing its job "
-                             "after a stop; one worker per machine: stop it first (or start this one with its own "
-                             "--machine); stopping", self.settings.machine, self.redis.get(self.key))
-                raise SystemExit(EX_CONFIG)
-            time.sleep(poll_s)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.settings.heartbeat_interval_s):
-            try:
-                renewed = self.redis.eval(_RENEW, 1, self.key, self.boot_id, self.ttl_ms)
-            except redis.RedisError as error:
-                log.warning("%s: worker lease not renewed: %s", self.settings.machine, error)
-                continue
-            if renewed == 2:
-                log.warning("%s: the worker lease was gone (Redis restarted or lost its data, or a stall outlasted "
-                            "its %.0f s TTL); taken back", self.settings.machine, self.settings.heartbeat_ttl_s)
-            elif renewed == 0:
-                log.critical("%s: another worker of this machine took the worker lease (boot %s) while this one "
-                             "could not renew it; one worker per machine: this one stops", self.settings.machine,
-                             self.redis.get(self.key))
-                with self._guard:
-                    self.lost = True
-                self._tell()
-                return
-
-    def on_lost(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (once) when the lease is lost; at once if it already was."""
-        with self._guard:
-            self._on_lost = callback
-        self._tell()
-
-    def _tell(self) -> None:
-        with self._guard:
-            callback = self._on_lost if self.lost and not self._told else None
-            self._told = self._told or callback is not None
-        if callback is not None:
-            callback()
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=15)  # a renewal under way would take a released lease back
-        try:
-            self.redis.eval(_RELEASE, 1, self.key, self.boot_id)
-        except redis.RedisError as error:
-            log.warning("%s: worker lease not released (it lapses in %.0f s): %s", self.settings.machine,
-                        self.settings.heartbeat_ttl_s, error)
 
 
 def check_token(settings: WorkerSettings) -> None:
@@ -218,7 +110,11 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     celery = create_celery(settings)
     celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
-    heartbeat = Heartbeat(settings, create_redis(settings), boot_id=boot_id, device=detect_device())
+    client = create_redis(settings)
+    verifier = Verifier(settings, client)
+    watchdog = Watchdog(settings, client, boot_id)
+    heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
+                          duties=[watchdog.obey_restart, verifier.follow_registry])
 
     def on_lease_lost() -> None:
         # Another worker runs this machine now: stop writing its heartbeat and verified set at
@@ -250,7 +146,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         stopping = any(flag is not None and flag is not False
                        for flag in (worker_state.should_stop, worker_state.should_terminate))
         if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
-            heartbeat.report_lost(str(args[0]), exception)
+            watchdog.report_lost(str(args[0]), exception)
 
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing

@@ -1,14 +1,19 @@
 """Shared fixtures: a private real Redis, the tiny real models, settings and a server context.
 
-Nothing is mocked: Redis is a real redis-server on a free port (no persistence), the
-journal a real SQLite file, the models real diffusers folders built by the CLI.
+Nothing is mocked: Redis is a real redis-server on a free port (no persistence), the journal
+a real SQLite file (and a real PostgreSQL database for the tests that are about SQL: the
+``sql_settings`` fixture), the models real diffusers folders. Helpers: ``tests/helpers.py``.
+
+Tiers (``tests/<tier>/`` mirrors the source tree inside each):
+- ``unit``: in-process, pure; no subprocess, no Redis, no model on disk;
+- ``integration``: real Redis and journal, the API in-process (FastAPI's TestClient);
+- ``cli``: ``homefleet`` commands as subprocesses;
+- ``e2e``, ``drills``, ``netns``, ``fuzz``: real ``celery worker`` processes and the API.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,44 +21,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.fleet.config import Fleet, Machine
+from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
+from tests.helpers import TEST_API_KEY, make_fleet
 
-TEST_API_KEY = "test-api-key-0123456789"
-FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
-
-
-def make_fleet(*names: str) -> Fleet:
-    """A fleet of CPU machines with distinct 32-character tokens; ``server`` is always in it."""
-    machines = {}
-    for name in ("server", *names):
-        machines[name] = Machine(
-            name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000,
-            families=FAMILIES, token=f"token-{name}-".ljust(32, "x"),
-        )
-    return Fleet(machines=machines)
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-    """Run ``homefleet ARGS`` as a user would; raise with its output if it fails."""
-    full_env = {**os.environ, **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout_s)
-    if done.returncode != 0:
-        raise AssertionError(f"homefleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return done
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``HOMEFLEET_*`` variables that give a CLI subprocess the same server settings."""
-    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url}
-    if settings.database_url:
-        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
-    if settings.fleet_file:
-        env["HOMEFLEET_FLEET_FILE"] = str(settings.fleet_file)
-    return env
+POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+TINY_KINDS = ("txt2img", "edit", "upscale", "video")
 
 
 @pytest.fixture(scope="session")
@@ -68,10 +42,12 @@ def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny real pipelines of every kind, built once per session by ``homefleet models make-tiny``."""
+    """The tiny real pipelines of every kind (``tiny-sd``, ``tiny-pix2pix``, ``tiny-upscaler``,
+    ``tiny-animatediff``), built once per session, in-process, as ``homefleet models make-tiny`` builds them."""
+    from app.devtools.tiny_models import make_tiny
+
     out = tmp_path_factory.mktemp("tiny")
-    run_cli("models", "make-tiny", str(out), "--kind", "txt2img", "--kind", "edit", "--kind", "upscale",
-            "--kind", "video")
+    make_tiny(out, kinds=TINY_KINDS)
     return out
 
 
@@ -85,13 +61,22 @@ def redis_url(redis_base_url: str) -> str:
     return url
 
 
-POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+def _settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
+    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, database_url=database_url,
+                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5, api_keys=[TEST_API_KEY])
+
+
+@pytest.fixture
+def settings(tmp_path: Path, redis_url: str) -> Settings:
+    """Server settings with a SQLite journal in ``tmp_path``."""
+    return _settings(tmp_path, redis_url, None)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
-    """The journal's database: a SQLite file (None: the default), or a fresh PostgreSQL
-    database on the local server (``HOMEFLEET_TEST_POSTGRES`` names its admin URL)."""
+def database_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The journal's database, for tests that are about SQL: a SQLite file (None: the default),
+    or a fresh PostgreSQL database on the local server (``HOMEFLEET_TEST_POSTGRES`` names its
+    admin URL)."""
     if request.param == "sqlite":
         yield None
         return
@@ -110,14 +95,25 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 @pytest.fixture
-def settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
-    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, database_url=database_url,
-                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5, api_keys=[TEST_API_KEY])
+def sql_settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
+    """Server settings whose journal is SQLite, then PostgreSQL (the test runs once with each)."""
+    return _settings(tmp_path, redis_url, database_url)
 
 
 @pytest.fixture
 def ctx(settings: Settings) -> Iterator[ServerContext]:
-    context = build_context(settings, make_fleet("m1", "m2"))
+    """The server's parts over ``settings`` and a fleet of server, m1 and m2 (journal migrated)."""
+    context = build_context(settings, make_fleet("m1", "m2"), migrate=True)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
+    """As ``ctx``, on SQLite then on PostgreSQL."""
+    context = build_context(sql_settings, make_fleet("m1", "m2"), migrate=True)
     try:
         yield context
     finally:

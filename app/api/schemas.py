@@ -1,4 +1,5 @@
-"""Request and response bodies of the HTTP API (the API returns these, never table rows)."""
+"""Request and response bodies of the public HTTP API (the API returns these, never table rows);
+the internal API's bodies are ``app/core/protocol.py``, shared with the workers."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.fleet.config import SERVER
-from app.journal.jobs import Job, JobState
+from app.core.states import JobState
+from app.db.tables import Job
+from routing.placement import SERVER
 
 
 class JobCreate(BaseModel):
@@ -116,30 +118,3 @@ class FileStored(BaseModel):
     id: str = Field(description="the content digest, 'blake3:<hex>'")
     media_type: str
     size_bytes: int
-
-
-class ClaimGranted(BaseModel):
-    """Internal: what a worker needs to run a claimed job (R19)."""
-
-    job_id: str
-    model_id: str
-    kind: str
-    params: dict[str, Any]
-    manifest: dict[str, Any]  # ModelManifest.as_json(): files with size and digest (R5)
-    working_bytes: int | None = None  # the server's working-memory estimate (fleet config), bytes
-
-
-class ProgressReport(BaseModel):
-    step: int = Field(ge=0)
-    total: int = Field(ge=1)
-
-
-class FailureReport(BaseModel):
-    reason: str = Field(min_length=1, max_length=64)
-    message: str = Field(max_length=4000)
-    load_s: float | None = None
-    run_s: float | None = None
-
-
-class VerifiedReport(BaseModel):
-    models: list[str]

@@ -22,7 +22,7 @@ from app.core.connections import redacted_url
 from app.context import ServerContext, build_context
 from app.core.errors import HomefleetError, ServiceDown
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
-from app.jobs.reconcile import ReconcileLoop, Reconciler
+from app.jobs.reconcile import ReconcileLoop
 from app.api.routes import events, images, internal, public, residency, serving, sync
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     check_api_keys(settings)
     context = ctx or build_context(settings)
 
-    reconcile = ReconcileLoop(Reconciler(context), settings.reconcile_interval_s)
+    def refusing(error: HomefleetError | None) -> None:
+        context.dispatcher.refusing = error  # the Redis runs with another journal: place nothing (app/fleet/pairing.py)
+
+    reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -30,7 +30,7 @@ def residency_set(
 
     ctx = build_checked_context(Settings())
     try:
-        kept = commit_residency(ctx, machine, models or [])
+        kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, models or [])
         console.print(f"{machine}: keeps {', '.join(sorted(kept)) or 'nothing'} resident")
     finally:
         ctx.close()

@@ -7,11 +7,11 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
+from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field, field_validator
-from sqlalchemy.engine import URL
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.limits import FamilyLimits, default_limits
@@ -88,8 +88,9 @@ class Settings(BrokerSettings):
     @property
     def journal_url(self) -> str:
         """SQLAlchemy URL of the journal: ``database_url`` or a SQLite file in ``data_dir``."""
-        # Built, not formatted: a "%" in the folder's name is escaped (a URL's path is percent-decoded).
-        return self.database_url or URL.create("sqlite", database=str(self.data_dir / "journal.db")).render_as_string()
+        # Escaped, not pasted: a URL's path is percent-decoded, so a "%" in the folder's name is written "%25"
+        # (what SQLAlchemy's URL.create renders for the same path).
+        return self.database_url or "sqlite:///" + quote(str(self.data_dir / "journal.db"), safe="/:~._-+ ")
 
     @property
     def models_dir(self) -> Path:

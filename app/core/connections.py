@@ -1,16 +1,12 @@
-"""One factory per external connection. Nothing connects at import time."""
+"""One factory per Redis connection (the journal's engine: ``app/db/engine.py``), and the
+broker's URL as kombu names it. Nothing connects at import time."""
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import redis
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
-from sqlmodel import create_engine as sqlmodel_create_engine
-
-from app.core.config import BrokerSettings, Settings
+from app.core.config import BrokerSettings
 
 
 def create_redis(settings: BrokerSettings) -> redis.Redis:
@@ -46,35 +42,3 @@ def redacted_url(url: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port is not None else ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
-def create_engine(settings: Settings) -> Engine:
-    """The journal's SQLAlchemy engine; creates or migrates the schema (Alembic, app/migrations).
-
-    SQLite gets WAL mode and a 10 s busy timeout so the API and the CLI can share the file, and
-    ``synchronous=NORMAL``: in WAL mode a commit then survives a crash of any process (the
-    server's included) and the file never corrupts; only a power loss or OS crash can roll back
-    the last commits (sqlite.org/pragma.html#pragma_synchronous, sqlite.org/wal.html). That
-    removes an fsync from every submission (bench/placement.py's submit_vs_bare); PostgreSQL,
-    the production journal, keeps its own durability settings.
-    """
-    url = settings.journal_url
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
-    engine = sqlmodel_create_engine(url, **kwargs)
-    if url.startswith("sqlite"):
-        event.listen(engine, "connect", _sqlite_pragmas)
-    from app.db.migrations import upgrade
-
-    upgrade(engine)  # Alembic: creates or migrates the schema to the newest revision
-    return engine
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()

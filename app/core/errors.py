@@ -1,10 +1,21 @@
 """Homefleet's domain errors, mapped to HTTP status and body once, in ``create_app``.
 
-Cores and routes raise these, never ``HTTPException``. Every error carries a
-machine-readable ``reason`` and a message that names the field, the value and the limit.
+Routes and services raise these, never ``HTTPException``; the pure cores raise their own
+(``routing.errors``, ``residency.errors``), which :func:`from_core` turns into these. Every
+error carries a machine-readable ``reason`` and a message that names the field, the value and
+the limit. The tree::
+
+    HomefleetError
+    ├── Rejected (422)            ├── Unauthorized (401)      ├── ConfigError
+    ├── IntegrityFailure (422)    ├── Forbidden (403)         ├── ServiceDown (503)
+    ├── NotFound (404)            ├── MachineUnavailable (503) ├── Overloaded (429)
+    ├── Conflict (409)            ├── PlacementLost (503)     └── ResidencyProtected (409)
 """
 
 from __future__ import annotations
+
+from residency.errors import ResidencyRefused
+from routing.errors import Full, Refused, Unavailable
 
 
 class HomefleetError(Exception):
@@ -118,3 +129,23 @@ class Overloaded(HomefleetError):
     def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
         super().__init__(message, reason=reason)
         self.retry_after_s = retry_after_s
+
+
+class ResidencyProtected(HomefleetError):
+    """Raised when a load could only fit by evicting a protected model (R15, R16): the job
+    fails with reason ``residency_protected``; nothing is evicted."""
+
+    status_code = 409
+    default_reason = "residency_protected"
+
+
+def from_core(error: Refused | ResidencyRefused) -> HomefleetError:
+    """The domain error of a pure core's refusal: placement's (``routing.errors``: 422, or 503
+    for a target that is temporarily unavailable, 429 for a full one) or residency's (409)."""
+    if isinstance(error, ResidencyRefused):
+        return ResidencyProtected(error.message, reason=error.reason)
+    if isinstance(error, Unavailable):
+        return MachineUnavailable(error.message, reason=error.reason)
+    if isinstance(error, Full):
+        return Overloaded(error.message, reason=error.reason)
+    return Rejected(error.message, reason=error.reason)

@@ -1,10 +1,146 @@
-"""Every table of the journal's database, imported in one place so that SQLModel's metadata
-(and so Alembic's autogenerate, app/migrations) knows them all."""
+"""Every table of the journal's database, in one place: the schema that SQLModel's metadata (and
+so Alembic's autogenerate, ``app/db/migrations``) knows. The modules that read and write them
+(``app/journal``, ``app/store/registry.py``, ``app/fleet/residency_store.py``,
+``app/fleet/pairing.py``) hold no table of their own.
 
-from app.journal.jobs import Job, JobEvent
-from app.fleet.pairing import JournalIdentity
-from app.store.registry import ModelFile, ModelRecord
-from app.fleet.residency_store import RememberedOom, ResidencyCommitment
-from app.journal.timings import LearnedTiming
+Times are UTC; durations in seconds; sizes in bytes; a job's size is pixels x frames x batch.
+"""
 
-__all__ = ["Job", "JobEvent", "JournalIdentity", "LearnedTiming", "ModelFile", "ModelRecord", "RememberedOom", "ResidencyCommitment"]
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column
+from sqlmodel import Field, SQLModel
+
+from app.core.states import JobState
+from app.core.variants import Variant
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Job(SQLModel, table=True):
+    """One job, as journaled (R19)."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
+    state: JobState = Field(index=True)
+    model_id: str
+    kind: str
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    target: str  # what the client asked for: a machine name or "auto"
+    machine: str | None = Field(default=None, index=True)  # where it was placed
+    reason: str | None = None  # why it was rejected, failed or interrupted
+    message: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result_digest: str | None = None
+    result_path: str | None = None
+    result_media_type: str | None = None
+    result_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    load_s: float | None = None
+    run_s: float | None = None
+    cold_load: bool | None = None
+    worker_boot_id: str | None = None  # boot id of the worker process that claimed it (reconciliation)
+    claim_id: str | None = None  # the delivery that claimed it: lets that delivery repeat its claim safely
+    idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
+    request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
+    # Placement's prediction at submission (R12, R13), shown beside the measured load_s/run_s.
+    predicted_start_s: float | None = None  # seconds after submission until it starts
+    predicted_load_s: float | None = None  # cold load expected (0 = warm)
+    predicted_run_s: float | None = None
+    # Memory estimate at submission (R10, R11): exact weights from the safetensors headers plus
+    # working memory by kind and size from the fleet config's coefficients (bytes).
+    weights_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    working_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    memory_estimate_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    # Provenance of the result: model files' digests, variant, kind, params, seed, inputs'
+    # digests, machine, device, load/run seconds; reported by the worker, kept here.
+    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class JobEvent(SQLModel, table=True):
+    """An append-only line of a job's history: created, claimed, claim_refused, succeeded…"""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = Field(default_factory=utcnow)
+    event: str
+    detail: str = ""
+
+
+class LearnedTiming(SQLModel, table=True):
+    """Measured timing of (machine, model, kind) (R13): seconds for a cold load and per step at
+    the reference size (1024 x 1024 pixels x 1 frame x batch 1)."""
+
+    machine: str = Field(primary_key=True)
+    model_id: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    load_s: float
+    step_s: float
+    samples: int  # runs folded into step_s
+    load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class ModelRecord(SQLModel, table=True):
+    """A registered model (R1). ``total_bytes`` sums every file of the model."""
+
+    id: str = Field(primary_key=True)
+    family: str
+    kinds: list[str] = Field(sa_column=Column(JSON, nullable=False))
+    pipeline_class: str
+    total_bytes: int = Field(sa_type=BigInteger)
+    created_at: datetime = Field(default_factory=utcnow)
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the dtype every component is loaded with (app/core/variants.py)
+    quantization: str | None = None  # e.g. torchao-int8wo: the denoiser quantized at load time
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.precision, self.quantization)
+
+
+class ModelFile(SQLModel, table=True):
+    """One file of a model, relative to the model folder. The server caches its digest keyed
+    by (size, mtime_ns, inode) because it owns the file (R5); any change forces a rehash."""
+
+    model_id: str = Field(primary_key=True)
+    path: str = Field(primary_key=True)
+    size: int = Field(sa_type=BigInteger)  # bytes
+    digest: str
+    mtime_ns: int = Field(sa_type=BigInteger)
+    inode: int = Field(sa_type=BigInteger)
+
+
+class ResidencyCommitment(SQLModel, table=True):
+    """One model a machine is committed to keep resident (R16)."""
+
+    machine: str = Field(primary_key=True)
+    model_id: str = Field(primary_key=True)
+
+
+class RememberedOom(SQLModel, table=True):
+    """The smallest size (pixels x frames x batch) of ``kind`` with ``model_id`` that ran out of
+    memory on ``machine`` (R21); ``at_s`` in unix seconds."""
+
+    machine: str = Field(primary_key=True)
+    model_id: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    size: int = Field(sa_type=BigInteger)
+    job_id: str
+    at_s: float
+
+
+class JournalIdentity(SQLModel, table=True):
+    """The one row naming this journal (written by migration ``b7c4e2f19a30``; app/fleet/pairing.py)."""
+
+    id: str = Field(primary_key=True)  # 32 hex characters
+
+
+__all__ = ["Job", "JobEvent", "JournalIdentity", "LearnedTiming", "ModelFile", "ModelRecord", "RememberedOom",
+           "ResidencyCommitment", "utcnow"]

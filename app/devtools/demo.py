@@ -20,15 +20,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.client import ENDED_STATES, HomefleetClient
+from app.core.states import ENDED
+from app.client import HomefleetClient
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.context import build_context
 from app.core.errors import ConfigError, NotFound
-from app.fleet.config import SERVER, load_fleet, with_fresh_tokens
+from app.fleet.config import load_fleet, with_fresh_tokens
+from routing.placement import SERVER
 from app.journal.jobs import Journal
 from app.devtools.localfleet import LocalFleet
-from app.fleet.pairing import check_pairing
 from app.devtools.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
 from app.devtools.tiny_models import make_tiny
 
@@ -87,11 +88,11 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     api_key = secrets.token_urlsafe(24)
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         api_keys=[api_key])
-    ctx = build_context(settings, fleet)
+    ctx = build_context(settings, fleet, migrate=True)  # the demo runs a server: it creates its journal
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/fleet/pairing.py)
-            check_pairing(ctx)
+            ctx.pairing.check()
         except ConfigError as error:
             raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
                               f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
@@ -150,7 +151,7 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
                     continue
                 job = client.get(job_id)
                 step = job.get("progress") or {}
-                if job["state"] in ENDED_STATES:
+                if job["state"] in ENDED:
                     finished[job_id] = job
                     progress.update(bar, completed=1, total=1, state=job["state"])
                 elif step:

@@ -31,11 +31,11 @@ import psutil
 
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
-from app.client import ENDED_STATES, ApiError, HomefleetClient
+from app.client import ApiError, HomefleetClient
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.fleet.config import Fleet, Machine, with_fresh_tokens
-from app.journal.jobs import JobState
+from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
@@ -110,7 +110,7 @@ class DrillFleet:
             # a drill queues all its jobs at once: backpressure (R23) is not what it measures
             max_queued_per_machine=100_000, max_pending_total=100_000,
         )
-        self.ctx = build_context(settings, fleet)
+        self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
         self.local = LocalFleet(settings, fleet, fleet_file)
         for machine in WORKERS:
@@ -191,14 +191,14 @@ class DrillFleet:
         while True:
             states = self._drill_states()
             mine = set(states) | acknowledged
-            if all(states.get(i) in ENDED_STATES for i in mine) or time.monotonic() > deadline:
+            if all(states.get(i) in ENDED for i in mine) or time.monotonic() > deadline:
                 break
             time.sleep(0.25)
         runs = self.executions()
         return DrillResult(
             name=name, jobs=len(mine), runs=sum(runs[i] for i in mine),
             double_runs=sum(1 for i in mine if runs[i] > 1),
-            lost=sum(1 for i in mine if states.get(i) not in ENDED_STATES),
+            lost=sum(1 for i in mine if states.get(i) not in ENDED),
             interrupted=sum(1 for i in mine if states.get(i) == JobState.interrupted),
         )
 

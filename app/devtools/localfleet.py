@@ -19,7 +19,8 @@ import json
 import httpx
 
 from app.core.config import BrokerSettings, Settings
-from app.fleet.config import SERVER, Fleet
+from app.fleet.config import Fleet
+from routing.placement import SERVER
 from app.devtools.procs import stop_process_group
 
 

@@ -47,11 +47,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.core.errors import ConfigError
-
-from routing.estimate import DEFAULT_WORKING, KINDS, WorkingCoefficients, WorkingMemory
-
-SERVER = "server"
-"""The server's own machine name (R9: the default target)."""
+from app.core.kinds import KINDS
+from residency.device import MemoryKind
+from routing.estimate import DEFAULT_WORKING, WorkingCoefficients, WorkingMemory
+from routing.placement import SERVER
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
@@ -60,11 +59,6 @@ class Backend(StrEnum):
     cpu = "cpu"  # system RAM, treated as unified memory
     cuda = "cuda"  # a dedicated card: one checkpoint resident (R15)
     mps = "mps"  # Apple-Silicon unified memory
-
-
-class MemoryKind(StrEnum):
-    unified = "unified"  # warm models share memory with the OS; protected set + LRU (R15)
-    dedicated = "dedicated"  # a card's own memory; exactly one checkpoint (R15)
 
 
 class Machine(BaseModel):

@@ -14,26 +14,18 @@ Not told apart: a backup of the same journal restored over it (it keeps its iden
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Session, select
 
+from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import ConfigError
 from app.core.keys import Keys
-
-if TYPE_CHECKING:
-    from app.context import ServerContext
+from app.db.tables import JournalIdentity
 
 MARK = "journal-id"  # the file in a data folder naming the journal it serves
-
-
-class JournalIdentity(SQLModel, table=True):
-    """The one row naming this journal (written by migration ``b7c4e2f19a30``)."""
-
-    id: str = Field(primary_key=True)  # 32 hex characters
 
 
 def journal_id(engine: Engine) -> str:
@@ -50,7 +42,22 @@ def journal_id(engine: Engine) -> str:
     return found
 
 
-def check_pairing(ctx: ServerContext, record: bool = True, require: bool = False) -> str:
+class Pairing:
+    """This process's journal (``engine``), its data folder and the fleet's Redis: see :meth:`check`."""
+
+    def __init__(self, client: redis.Redis, keyspace: Keys, engine: Engine, settings: Settings) -> None:
+        self.redis = client
+        self.keys = keyspace
+        self.engine = engine
+        self.settings = settings
+
+    def check(self, record: bool = True, require: bool = False) -> str:
+        """:func:`check_pairing` of this process's journal, data folder and Redis."""
+        return check_pairing(self.redis, self.keys, self.engine, self.settings, record, require)
+
+
+def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, settings: Settings, record: bool = True,
+                  require: bool = False) -> str:
     """Check that the Redis runs with this process's journal and data folder; return the
     journal's identity.
 
@@ -68,7 +75,7 @@ def check_pairing(ctx: ServerContext, record: bool = True, require: bool = False
             (reason ``journal_mismatch``); or, with ``require``, Redis records none
             (``journal_unpaired``). Nothing was changed.
     """
-    client, keys, engine, url = ctx.redis, ctx.keys, ctx.engine, ctx.settings.redis_url
+    url = settings.redis_url
     journal = engine.url.render_as_string(hide_password=True)
     mine = journal_id(engine)
     if record:
@@ -88,14 +95,14 @@ def check_pairing(ctx: ServerContext, record: bool = True, require: bool = False
             "records its journal), or run `homefleet db pair` to make this journal the fleet's",
             reason="journal_unpaired",
         )
-    mark = ctx.settings.data_dir / MARK
+    mark = settings.data_dir / MARK
     marked = mark.read_text().strip() if mark.is_file() else None
     if record and marked is None:
-        ctx.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
         mark.write_text(mine + "\n")
     elif marked != mine and (record or recorded is not None):
         raise ConfigError(
-            f"the data folder {ctx.settings.data_dir} is not the one the server uses with the journal {mine} "
+            f"the data folder {settings.data_dir} is not the one the server uses with the journal {mine} "
             f"({'it belongs to journal ' + marked if marked else 'it has no ' + MARK + ' file'}); give this "
             "process the server's HOMEFLEET_DATA_DIR: its models, inputs and results live there",
             reason="journal_mismatch",

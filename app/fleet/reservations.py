@@ -18,8 +18,10 @@ from typing import NamedTuple
 
 import redis
 
-from app.journal.jobs import ENDED, Journal
 from app.core.keys import Keys
+from app.core.states import ENDED
+from app.fleet.lock import Fence
+from app.journal.jobs import Journal
 from routing.finish import WorkItem
 
 
@@ -52,16 +54,6 @@ record['started_at'] = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
 return 1
 """
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The fleet lock as a fencing check (C04): ``key`` must still hold ``token`` (the token
-    the lock was acquired with); passing renews its TTL to ``ttl_ms`` milliseconds."""
-
-    key: str
-    token: str
-    ttl_ms: int
 
 
 class HashField(NamedTuple):

@@ -12,19 +12,17 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
-from app.core.errors import Conflict, NotFound, PlacementLost, Rejected
-from app.fleet.config import Fleet
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.keys import Keys, queue
-from app.fleet.machines import ResidencyOf
+from app.fleet.config import Fleet
+from app.fleet.lock import FleetLock
+from app.fleet.machines import MachineStates, ResidencyOf
 from app.fleet.multiread import MultiRead
 from app.store.registry import Registry
-
-if TYPE_CHECKING:
-    from app.context import ServerContext
 
 
 @dataclass(frozen=True)
@@ -152,18 +150,18 @@ class RedisResidencyFacts:
         return OomRecord(machine, model_id, kind, int(value["size"]), str(value["job_id"]), float(value["at"]))
 
 
-def commit_residency(ctx: ServerContext, machine: str, model_ids: Iterable[str]) -> frozenset[str]:
+def commit_residency(lock: FleetLock, machines: MachineStates, facts: RedisResidencyFacts, registry: Registry,
+                     machine: str, model_ids: Iterable[str]) -> frozenset[str]:
     """Replace ``machine``'s commitments under the fleet lock (R14), so that no job is placed
-    there between the idle check and the write (R16). Raises what
-    :meth:`RedisResidencyFacts.set_commitments` raises, and ``PlacementLost`` when the lock is
-    not free within ``fleet_lock_wait_s``."""
-    lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=ctx.settings.fleet_lock_ttl_s,
-                          blocking_timeout=ctx.settings.fleet_lock_wait_s)
-    if not lock.acquire():
-        raise PlacementLost(f"the fleet lock was not free within {ctx.settings.fleet_lock_wait_s} s; try again")
-    try:
-        backlog = ctx.machines.view(machine).backlog if machine in ctx.fleet.machines else 0
-        return ctx.residency.set_commitments(machine, model_ids, ctx.fleet, ctx.registry, backlog)
-    finally:
-        if lock.owned():
-            lock.release()
+    there between the idle check and the write (R16); the write happens only while the lock
+    is still ours (C04).
+
+    Raises:
+        NotFound, Rejected, Conflict: as :meth:`RedisResidencyFacts.set_commitments`.
+        PlacementLost: the fleet lock was not free within ``fleet_lock_wait_s``, or expired
+            before the write (nothing written).
+    """
+    with lock.held("try again") as fence:
+        backlog = machines.view(machine).backlog if machine in machines.fleet.machines else 0
+        fence.require("the residency commitments were written")
+        return facts.set_commitments(machine, model_ids, machines.fleet, registry, backlog)

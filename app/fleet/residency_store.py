@@ -22,38 +22,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy import BigInteger, delete
+from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Session, select
 
+from app.db.tables import RememberedOom, ResidencyCommitment
 from app.fleet.config import Fleet
 from app.core.keys import Keys
 from app.store.registry import Registry
 from app.fleet.residency import OomRecord, RedisResidencyFacts
 
 log = logging.getLogger(__name__)
-
-
-class ResidencyCommitment(SQLModel, table=True):
-    """One model a machine is committed to keep resident (R16)."""
-
-    machine: str = Field(primary_key=True)
-    model_id: str = Field(primary_key=True)
-
-
-class RememberedOom(SQLModel, table=True):
-    """The smallest size (pixels x frames x batch) of ``kind`` with ``model_id`` that ran out of
-    memory on ``machine`` (R21); ``at_s`` in unix seconds."""
-
-    machine: str = Field(primary_key=True)
-    model_id: str = Field(primary_key=True)
-    kind: str = Field(primary_key=True)
-    size: int = Field(sa_type=BigInteger)
-    job_id: str
-    at_s: float
 
 
 @dataclass(frozen=True)

@@ -8,31 +8,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.context import ServerContext
-from app.journal.jobs import ENDED, JobState
+from app.core.states import ACTIVE, JobState
+from app.fleet.costs import FleetCosts
+from app.fleet.machines import MachineStates
+from app.journal.jobs import Journal
 from routing.finish import drain
 
-ENDED_OR_UNKNOWN = ENDED | {None}
 
-
-def fleet_status(ctx: ServerContext) -> list[dict[str, Any]]:
+def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -> list[dict[str, Any]]:
     """One row per machine of the fleet config, in its order. Changes nothing: the drain
     estimate counts the reservations of live jobs only (those of ended jobs are left to
     reconciliation, which takes the fleet lock and checks the journal's pairing first)."""
-    estimator = ctx.dispatcher.costs.estimator()
-    reservations = ctx.machines.reservations
+    estimator = costs.estimator()
+    reservations = machines.reservations
     rows = []
-    for name, view in ctx.machines.views().items():
-        running = len(ctx.journal.list(states=[JobState.running], machine=name))
-        raw = ctx.redis.hgetall(ctx.keys.reservations(name))
-        live = {job_id: record for job_id, record in raw.items() if ctx.journal.state_of(job_id) not in ENDED_OR_UNKNOWN}
+    for name, view in machines.views().items():
+        running = len(journal.list(states=[JobState.running], machine=name))
+        raw = machines.redis.hgetall(machines.keys.reservations(name))
+        live = {job_id: record for job_id, record in raw.items() if journal.state_of(job_id) in ACTIVE}
         drain_s, _ = drain(name, warm_models=view.warm_models, queue=reservations.items_from(name, live),
                            protected=view.commitments, costs=estimator)
+        queued = machines.queued_in_redis(name)
         rows.append({
             "name": name, "online": view.online, "draining": view.draining, "syncing": view.syncing,
             "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
-            "warm_models": list(view.warm_models), "queued": ctx.machines.queued_in_redis(name), "running": running,
-            "backlog": ctx.machines.queued_in_redis(name) + running, "drain_s": round(drain_s, 3),
+            "warm_models": list(view.warm_models), "queued": queued, "running": running,
+            "backlog": queued + running, "drain_s": round(drain_s, 3),
         })
     return rows
 

@@ -1,12 +1,21 @@
 """Submission: place, journal and enqueue a job atomically under the fleet lock (R14).
 
-Sequence under the lock (shared/notes/celery-redis.md, "Locks"): read the machines (with their
-reservations), the demand and the cost data's change marks in one command, place, journal the
-job as ``queued`` with its prediction, then in one atomic step check that the lock still holds
-our token, renew its TTL (C04) and reserve the machine, and publish to ``machine.<name>`` with
-``task_id = job id``. A refused submission is journaled as ``rejected`` with its reason;
-nothing is published. A job's reservation is released when it ends in any state
-(:meth:`Dispatcher.finished`; ``Reservations.reconcile`` repairs leftovers).
+:meth:`Dispatcher.submit` runs in numbered steps (the sequence of shared/notes' "Locks", in
+the project's words in docs/design.md):
+
+1. refuse at once while the Redis runs with another journal (nothing journaled);
+2. check the request (R22, ``app/jobs/validation.py``) and draw its seed;
+3. under the fleet lock: replay an ``Idempotency-Key`` (R20); read the fleet snapshot (machines
+   with their reservations, the demand, the cost data's change marks) in one command; refuse
+   past ``max_pending_total`` (R23); place (``routing.placement``);
+4. journal the job as ``queued`` with its prediction (R19: before anything is published);
+5. in one atomic step, check that the lock still holds our token, renew it (C04) and reserve
+   the machine (with the demand record);
+6. publish to ``machine.<name>`` with ``task_id = job id``.
+
+A refused submission is journaled as ``rejected`` with its reason; nothing is published. A
+job's reservation is released when it ends in any state (:meth:`Dispatcher.finished`;
+``Reservations.reconcile`` repairs leftovers).
 """
 
 from __future__ import annotations
@@ -14,37 +23,38 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
-import time
-
-import redis
 from celery import Celery
-from redis.exceptions import LockNotOwnedError
 
 from app.core import keys
+from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
 from app.core.digest import bytes_digest
-from app.core.celery_app import RUN_JOB_TASK
-from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
-from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, ServiceDown
-from app.core.limits import PromptTokenizers, check_output_pixels, check_submission, integer_params, limits_for
-from app.metrics import Metrics
-from app.store.inputs import InputStore
-from app.journal.jobs import Job, Journal, JobState
-from app.core.kinds import check_kind_params, model_max_frames, output_size
+from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
+    ServiceDown, from_core
+from app.core.states import JobState
+from app.fleet.costs import DemandStore, FleetCosts
+from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
-from app.core.keys import Keys
-from app.store.registry import Registry
-from app.fleet.reservations import Fence
+from app.jobs.validation import Validator
+from app.db.tables import Job
+from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
+from app.metrics import Metrics
 from routing.demand import Demand, Pressure, pinned_class
+from routing.errors import Refused
 from routing.estimate import Estimator
 from routing.finish import Drains
-from routing.placement import AUTO, JobRequest, MachineView, dry_run, place
+from routing.placement import AUTO, Decision, JobRequest, MachineView, dry_run, place
 from routing.scarcity import Scarcity
+
+log = logging.getLogger(__name__)
+
+KEPT_CHARS = 1024  # a refused job's param is kept whole up to this many characters (of its JSON)
 
 
 @dataclass(frozen=True)
@@ -68,10 +78,6 @@ def request_fingerprint(model_id: str, kind: str, params: dict[str, Any], target
     body = {"model": model_id, "kind": kind, "params": params, "target": target}
     return bytes_digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
-log = logging.getLogger(__name__)
-
-KEPT_CHARS = 1024  # a refused job's param is kept whole up to this many characters (of its JSON)
-
 
 def abridged(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` as a refused job keeps them in the journal: a value whose JSON is longer than
@@ -86,69 +92,35 @@ def abridged(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class Dispatcher:
-    def __init__(
-        self,
-        settings: Settings,
-        client: redis.Redis,
-        celery: Celery,
-        journal: Journal,
-        registry: Registry,
-        machines: MachineStates,
-        queues: MachineQueues,
-        inputs: InputStore | None = None,
-    ) -> None:
+    """Submits, dry-runs, cancels and ends jobs; see the module docstring for a submission's steps."""
+
+    def __init__(self, settings: Settings, celery: Celery, journal: Journal, machines: MachineStates,
+                 queues: MachineQueues, validator: Validator, costs: FleetCosts, timings: TimingStore,
+                 demand: DemandStore, lock: FleetLock, metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self.redis = client
         self.celery = celery
         self.journal = journal
-        self.registry = registry
         self.machines = machines
         self.queues = queues
-        self.inputs = inputs or InputStore(settings.inputs_dir, settings.max_input_bytes)
-        self.keys = Keys(settings.key_prefix)
-        timings_mark = ChangeMark(client, self.keys.timings_changed())
-        self.timings = TimingStore(journal.engine, on_change=timings_mark.touch)
-        self.costs = FleetCosts(machines.fleet, registry, self.timings,
-                                ChangeMark(client, self.keys.registry_changed()), timings_mark)
-        self.demand = DemandStore(client, self.keys)
-        self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
+        self.validator = validator
+        self.costs = costs
+        self.timings = timings
+        self.demand = demand
+        self.lock = lock
+        self.metrics = metrics
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
         self.scarcity = Scarcity()
         self.drains = Drains()
         self.speed = {name: machine.speed for name, machine in machines.fleet.machines.items()}
-        self.metrics: Metrics | None = None  # set by build_context (R24)
         # Set by the server's reconciliation loop while the Redis runs with another journal
         # (app/fleet/pairing.py): nothing is placed, /health says why.
         self.refusing: HomefleetError | None = None
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
-        """The placement request of a submission, after every check of its params. Adds
-        ``output_width``/``output_height`` (pixels) to ``params`` for kinds whose output size
-        follows their input image (edit, upscale), so the journal shows what was priced.
-
-        Raises:
-            NotFound: the model is not registered (reason ``unknown_model``).
-            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), the
-                params exceed the family's limits (reason ``invalid_<field>``, R22), or an
-                input, format or frame count is refused (:func:`check_kind_params`).
-        """
-        record = self.registry.get(model_id)
-        if kind not in record.kinds:
-            raise Rejected(
-                f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
-                reason="kind_not_supported",
-            )
-        limits = limits_for(self.settings.limits, record.family)
-        if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
-            limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
-        check_submission(params, limits, self.tokenizers.counter(model_id), kind)
-        params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
-        check_kind_params(kind, params, self.inputs, limits)  # inputs (uploaded, within the upload limits), numbers (R22)
-        params.update(output_size(kind, params, self.inputs))
-        if "output_width" in params:
-            check_output_pixels(params["output_width"], params["output_height"], limits)
-        return JobRequest.from_params(model_id, record.family, kind, target, params)
+        """The placement request of a submission after every check (R22): see
+        :meth:`app.jobs.validation.Validator.request`, which this is."""
+        return self.validator.request(model_id, kind, params, target)
 
     def snapshot(self, model_id: str) -> Snapshot:
         """What a decision about ``model_id`` reads, in one Redis command (app/fleet/multiread.py):
@@ -210,91 +182,111 @@ class Dispatcher:
         retry racing its original still gets the original.
 
         Raises:
-            Rejected / MachineUnavailable / NotFound: refused; journaled as ``rejected``.
-            PlacementLost: the fleet lock expired mid-decision; nothing was published.
+            Rejected / MachineUnavailable / NotFound / Overloaded: refused; journaled as ``rejected``.
+            PlacementLost: the fleet lock was not free, or expired mid-decision; nothing was published.
             ServiceDown: the Redis runs with another journal (``journal_mismatch``, seen by the
                 server's reconciliation loop); nothing journaled.
         """
-        if self.refusing is not None:  # not journaled: this journal is not the fleet's
+        # 1. Not this fleet's journal: refuse before journaling anything.
+        if self.refusing is not None:
             raise ServiceDown(self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s)
         fingerprint = request_fingerprint(model_id, kind, params, target)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         try:
+            # 2. Validate before the GPU (R22).
             request = self.request(model_id, kind, params, target)
-            token = secrets.token_hex(16)  # ours: the fence checks it before anything is reserved (C04)
-            lock = self.redis.lock(
-                self.keys.fleet_lock(),
-                timeout=self.settings.fleet_lock_ttl_s,
-                blocking_timeout=self.settings.fleet_lock_wait_s,
-            )
-            if not lock.acquire(token=token):
-                raise PlacementLost(
-                    f"the fleet lock was not free within {self.settings.fleet_lock_wait_s} s; submit again"
-                )
-            try:
-                if idempotency_key is not None:
-                    original = self.journal.by_idempotency_key(idempotency_key)
-                    if original is not None:
-                        if original.request_fingerprint != fingerprint:
-                            raise Rejected(
-                                f"Idempotency-Key {idempotency_key!r} was used for another request body; "
-                                "use a new key for a new request", reason="idempotency_key_reused",
-                            )
-                        return Submission(job=original, position=0, replayed=True)
+            with self.lock.held("submit again") as fence:
+                # 3. Replay, snapshot, backpressure, place.
+                if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint)):
+                    return Submission(job=original, position=0, replayed=True)
                 now_s = time.time()
                 seen = self.snapshot(model_id)
-                views, estimator = seen.views, seen.estimator
-                self.check_pending(views)
-                weights = self.pressure(views, estimator, now_s, seen.demand) if request.target == AUTO else None
-                placement = place(request, views, estimator, weights, self.drains)
-                part = placement.breakdown
-                memory = estimator.memory(model_id, kind, request.size)  # shown in the job record (R10, R11)
-                job = self.journal.add(
-                    Job(state=JobState.queued, model_id=model_id, kind=kind, params=params,
-                        target=target, machine=placement.machine, idempotency_key=idempotency_key,
-                        request_fingerprint=fingerprint, predicted_start_s=part.work_ahead_s,
-                        predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
-                        weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
-                        memory_estimate_bytes=memory.total_bytes)
-                )
-                demand_class = model_id if request.target == AUTO else pinned_class(model_id, placement.machine)
-                demand = self.demand.level_after(demand_class, estimator.work_s(model_id, kind, request.steps, request.size),
-                                                 now_s, seen.demand)
-                # One atomic step: the lock still ours? then a full TTL, the reservation and the demand (C04).
-                fence = Fence(self.keys.fleet_lock(), token, int(self.settings.fleet_lock_ttl_s * 1000))
-                if not self.machines.reservations.add(placement.machine, job.id, model_id, kind, request.steps,
-                                                      request.size, fence, also=[demand]):
-                    self.journal.transition(job.id, [JobState.queued], JobState.interrupted,
-                                            reason="placement_lock_lost",
-                                            message="the fleet lock expired before publishing; nothing was published")
-                    raise PlacementLost("the fleet lock expired before the job was published; submit again")
-                try:
-                    self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(placement.machine))
-                except Exception:
-                    self.machines.reservations.release(placement.machine, job.id)
-                    self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",
-                                            message="publishing to the broker failed; nothing was queued")
-                    raise
-                return Submission(job=job, position=views[placement.machine].backlog)
-            finally:
-                try:
-                    lock.release()  # atomic: releases only a token that is still ours
-                except LockNotOwnedError:
-                    log.warning("the fleet lock expired before its release (TTL %s s)", self.settings.fleet_lock_ttl_s)
+                self.check_pending(seen.views)
+                decision = self._place(request, seen, now_s)
+                # 4. Journal before anything is published (R19).
+                job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator)
+                # 5. Reserve, fenced (C04); 6. publish.
+                self._reserve(job, request, decision.machine, fence, seen, now_s)
+                self._publish(job, decision.machine)
+                return Submission(job=job, position=seen.views[decision.machine].backlog)
         except HomefleetError as error:
-            if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
-                error.retry_after_s = self.settings.retry_after_s
-            if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
-                if self.metrics is not None:
-                    self.metrics.refused(error.reason)
-                refused = self.journal.add(
-                    Job(state=JobState.rejected, model_id=model_id, kind=kind, params=abridged(params), target=target,
-                        reason=error.reason, message=error.message)
-                )
-                error.job_id = refused.id
-            log.info("submission refused: %s (%s)", error.message, error.reason)
+            self._refused(error, model_id, kind, params, target)
             raise
+
+    def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
+        """The original job of a retried submission (R20), or None for a new key.
+
+        Raises:
+            Rejected: the key was used for another body (``idempotency_key_reused``).
+        """
+        original = self.journal.by_idempotency_key(idempotency_key)
+        if original is not None and original.request_fingerprint != fingerprint:
+            raise Rejected(f"Idempotency-Key {idempotency_key!r} was used for another request body; "
+                           "use a new key for a new request", reason="idempotency_key_reused")
+        return original
+
+    def _place(self, request: JobRequest, seen: Snapshot, now_s: float) -> Decision:
+        """Placement's decision (R10-R12) on the snapshot. Raises the domain error of its refusal."""
+        weights = self.pressure(seen.views, seen.estimator, now_s, seen.demand) if request.target == AUTO else None
+        try:
+            return place(request, seen.views, seen.estimator, weights, self.drains)
+        except Refused as refusal:
+            raise from_core(refusal) from refusal
+
+    def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
+                 fingerprint: str, decision: Decision, estimator: Estimator) -> Job:
+        """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)."""
+        part = decision.breakdown
+        memory = estimator.memory(request.model_id, request.kind, request.size)
+        return self.journal.add(Job(
+            state=JobState.queued, model_id=request.model_id, kind=request.kind, params=params, target=target,
+            machine=decision.machine, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+            predicted_start_s=part.work_ahead_s, predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
+            weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
+            memory_estimate_bytes=memory.total_bytes,
+        ))
+
+    def _reserve(self, job: Job, request: JobRequest, machine: str, fence: Fence, seen: Snapshot, now_s: float) -> None:
+        """Reserve ``machine`` for the job and record the demand, in one step fenced by the lock.
+
+        Raises:
+            PlacementLost: the lock expired before the reservation; the job is ``interrupted``
+                (reason ``placement_lock_lost``) and nothing is published.
+        """
+        demand_class = request.model_id if request.target == AUTO else pinned_class(request.model_id, machine)
+        work_s = seen.estimator.work_s(request.model_id, request.kind, request.steps, request.size)
+        demand = self.demand.level_after(demand_class, work_s, now_s, seen.demand)
+        if not self.machines.reservations.add(machine, job.id, request.model_id, request.kind, request.steps,
+                                              request.size, fence, also=[demand]):
+            self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="placement_lock_lost",
+                                    message="the fleet lock expired before publishing; nothing was published")
+            raise PlacementLost("the fleet lock expired before the job was published; submit again")
+
+    def _publish(self, job: Job, machine: str) -> None:
+        """Publish the job's message to its machine's queue (R8). A failed publish releases the
+        reservation and interrupts the job (``publish_failed``), then raises."""
+        try:
+            self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(machine))
+        except Exception:
+            self.machines.reservations.release(machine, job.id)
+            self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",
+                                    message="publishing to the broker failed; nothing was queued")
+            raise
+
+    def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str) -> None:
+        """A refused submission: temporary refusals get ``Retry-After``; every refusal but a lost
+        lock and a reused key is counted and journaled ``rejected`` with its reason (R19)."""
+        if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
+            error.retry_after_s = self.settings.retry_after_s
+        if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
+            if self.metrics is not None:
+                self.metrics.refused(error.reason)
+            refused = self.journal.add(Job(state=JobState.rejected, model_id=model_id, kind=kind,
+                                           params=abridged(params), target=target, reason=error.reason,
+                                           message=error.message))
+            error.job_id = refused.id
+        log.info("submission refused: %s (%s)", error.message, error.reason)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job: the journal says ``cancelled`` (a conditional update, so a

@@ -27,16 +27,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
-from app.core.errors import ConfigError, Conflict, PlacementLost
-from app.journal.jobs import JobState, utcnow
-from app.fleet.pairing import check_pairing
+import redis
 
-if TYPE_CHECKING:
-    from app.context import ServerContext
+from app.core.config import Settings
+from app.core.errors import ConfigError, Conflict, HomefleetError
+from app.core.keys import Keys
+from app.core.states import JobState
+from app.db.tables import utcnow
+from app.fleet.lock import FleetLock
+from app.fleet.machines import MachineStates
+from app.fleet.pairing import Pairing
+from app.fleet.queues import MachineQueues
+from app.fleet.residency_store import DurableResidencyFacts
+from app.jobs.progress import ProgressStore
+from app.journal.jobs import Journal
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +63,24 @@ class ReconcileReport:
                 + ("; residency facts restored from the database" if self.residency_restored else ""))
 
 
+@dataclass
 class Reconciler:
-    """Reconciliation passes over ``ctx``. ``server``: this is the server's own loop, which
-    records its journal in Redis when none is (app/fleet/pairing.py); a pass from the CLI
-    (``server=False``) never records one, and refuses to run while none is recorded."""
+    """Reconciliation passes. ``server``: this is the server's own loop, which records its
+    journal in Redis when none is (app/fleet/pairing.py); a pass from the CLI (``server=False``)
+    never records one, and refuses to run while none is recorded. Built by
+    ``ServerContext.reconciler``."""
 
-    def __init__(self, ctx: ServerContext, server: bool = True) -> None:
-        self.ctx = ctx
-        self.server = server
+    settings: Settings
+    redis: redis.Redis
+    keys: Keys
+    journal: Journal
+    machines: MachineStates
+    queues: MachineQueues
+    residency: DurableResidencyFacts
+    progress: ProgressStore
+    lock: FleetLock
+    pairing: Pairing
+    server: bool = True
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -73,44 +91,35 @@ class Reconciler:
                 nothing was changed.
             PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
         """
-        ctx, settings = self.ctx, self.ctx.settings
-        check_pairing(ctx, record=self.server, require=not self.server)  # before trusting this journal
+        self.pairing.check(record=self.server, require=not self.server)  # before trusting this journal
         report = ReconcileReport()
-        lock = ctx.redis.lock(ctx.keys.fleet_lock(), timeout=settings.fleet_lock_ttl_s,
-                              blocking_timeout=settings.fleet_lock_wait_s)
-        if not lock.acquire():
-            raise PlacementLost("reconciliation could not take the fleet lock; it will try again")
-        try:
-            report.residency_restored = ctx.residency.restore().source == "database"
+        with self.lock.held("reconciliation tries again at its next pass"):
+            report.residency_restored = self.residency.restore().source == "database"
             self._running(report)
             self._queued(report)
             # Also the machines no longer in the fleet config that still hold reservations.
-            machines = set(ctx.fleet.machines) | ctx.machines.reservations.machines_holding()
-            report.released_reservations = len(ctx.machines.reservations.reconcile(sorted(machines), ctx.journal))
-        finally:
-            if lock.owned():
-                lock.release()
-        cutoff = utcnow() - timedelta(seconds=settings.idempotency_ttl_s)
-        report.forgotten_idempotency_keys = ctx.journal.forget_idempotency_keys(cutoff)
+            machines = set(self.machines.fleet.machines) | self.machines.reservations.machines_holding()
+            report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
+        cutoff = utcnow() - timedelta(seconds=self.settings.idempotency_ttl_s)
+        report.forgotten_idempotency_keys = self.journal.forget_idempotency_keys(cutoff)
         if report.interrupted or report.released_reservations:
             log.warning("reconciliation: %s", report)
         return report
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
         try:
-            self.ctx.journal.interrupt(job_id, [state], reason, message)
+            self.journal.interrupt(job_id, [state], reason, message)
         except Conflict:
             return  # it moved on meanwhile (e.g. finished): nothing to repair
         report.interrupted[job_id] = reason
 
     def _running(self, report: ReconcileReport) -> None:
-        ctx = self.ctx
         now = time.time()
-        for job in ctx.journal.list([JobState.running]):
+        for job in self.journal.list([JobState.running]):
             machine = job.machine or ""
-            heartbeat = ctx.machines.heartbeat(machine)
-            last_progress = float(ctx.redis.hget(ctx.keys.progress(job.id), "at") or 0)
-            if heartbeat is None and now - last_progress > ctx.settings.heartbeat_ttl_s:
+            heartbeat = self.machines.heartbeat(machine)
+            last_progress = self.progress.last_at(job.id)
+            if heartbeat is None and now - last_progress > self.settings.heartbeat_ttl_s:
                 # (a starved heartbeat thread while steps still report is not a lost worker)
                 self._interrupt(report, job.id, JobState.running, "worker_lost",
                                 f"the worker of {machine} has no live heartbeat; the job may have started")
@@ -125,44 +134,47 @@ class Reconciler:
                                 f"claimed by boot {job.worker_boot_id})")
             else:
                 last = last_progress or now
-                if now - last > ctx.settings.hung_after_s:
+                if now - last > self.settings.hung_after_s:
                     self._interrupt(report, job.id, JobState.running, "hung",
-                                    f"no progress for {now - last:.0f} s (bound hung_after_s={ctx.settings.hung_after_s})")
-                    ctx.redis.set(ctx.keys.restart(machine), job.id, ex=60)
+                                    f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})")
+                    self.redis.set(self.keys.restart(machine), job.id, ex=60)
 
     def _queued(self, report: ReconcileReport) -> None:
-        ctx = self.ctx
         now = time.time()
-        waiting = {name: set(ctx.queues.queued_ids(name)) for name in ctx.fleet.machines}
-        delivered = ctx.queues.unacked_ids()
-        missing_key = ctx.keys.missing()
-        for job in ctx.journal.list([JobState.queued]):
-            if job.machine is not None and job.machine not in ctx.fleet.machines:
+        fleet = self.machines.fleet
+        waiting = {name: set(self.queues.queued_ids(name)) for name in fleet.machines}
+        delivered = self.queues.unacked_ids()
+        missing_key = self.keys.missing()
+        for job in self.journal.list([JobState.queued]):
+            if job.machine is not None and job.machine not in fleet.machines:
                 # No worker will take it: its machine left the fleet config. Its message is taken
                 # out of that machine's list, so a worker started under the old name later
                 # cannot run it either.
                 self._interrupt(report, job.id, JobState.queued, "machine_removed",
                                 f"machine {job.machine!r} is no longer in the fleet config; the job was not run")
-                ctx.queues.remove(job.machine, job.id)
+                self.queues.remove(job.machine, job.id)
                 continue
             if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
-                ctx.redis.hdel(missing_key, job.id)
+                self.redis.hdel(missing_key, job.id)
                 continue
-            first_missing = float(ctx.redis.hget(missing_key, job.id) or now)
-            ctx.redis.hset(missing_key, job.id, first_missing)
-            if now - first_missing >= ctx.settings.lost_grace_s:
+            first_missing = float(self.redis.hget(missing_key, job.id) or now)
+            self.redis.hset(missing_key, job.id, first_missing)
+            if now - first_missing >= self.settings.lost_grace_s:
                 self._interrupt(report, job.id, JobState.queued, "lost",
                                 f"its message is no longer in {job.machine}'s queue (e.g. Redis restarted)")
-                ctx.redis.hdel(missing_key, job.id)
+                self.redis.hdel(missing_key, job.id)
 
 
 class ReconcileLoop:
     """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
-    in a daemon thread, until :meth:`stop`."""
+    in a daemon thread, until :meth:`stop`. ``on_refusal`` is told after each pass: the
+    configuration error that refused it (the Redis runs with another journal), or None."""
 
-    def __init__(self, reconciler: Reconciler, interval_s: float) -> None:
+    def __init__(self, reconciler: Reconciler, interval_s: float,
+                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None) -> None:
         self.reconciler = reconciler
         self.interval_s = interval_s
+        self.on_refusal = on_refusal
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="homefleet-reconcile", daemon=True)
 
@@ -175,13 +187,12 @@ class ReconcileLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            dispatcher = self.reconciler.ctx.dispatcher
             try:
                 self.reconciler.run_once()
-                dispatcher.refusing = None
+                self.on_refusal(None)
             except ConfigError as error:  # a configuration to fix, not a crash: one line, no traceback
                 log.error("reconciliation refused (%s): %s", error.reason, error.message)
-                dispatcher.refusing = error  # the Redis runs with another journal: no placing either
+                self.on_refusal(error)  # the Redis runs with another journal: no placing either
             except Exception:  # logged with its traceback; the next pass tries again
                 log.exception("reconciliation pass failed")
             self._stop.wait(self.interval_s)

@@ -35,11 +35,13 @@ from celery import Celery
 from app.core import keys
 from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings
+from app.core.protocol import SyncFinish, SyncGrant
 from app.core.errors import Conflict, Forbidden, MachineUnavailable, NotFound, PlacementLost, Rejected
-from app.fleet.config import Fleet
-from app.journal.jobs import Journal
 from app.core.keys import Keys
+from app.fleet.config import Fleet
+from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates
+from app.journal.jobs import Journal
 from app.store.registry import Registry
 
 RECORD_TTL_S = 24 * 3600
@@ -58,14 +60,14 @@ class SyncState(StrEnum):
     interrupted = "interrupted"  # its reservation expired (worker killed or gone); nothing unverified was kept
 
 
-ENDED = frozenset({SyncState.succeeded, SyncState.failed, SyncState.interrupted})
+SYNC_ENDED = frozenset({SyncState.succeeded, SyncState.failed, SyncState.interrupted})
 
 
 class Syncs:
     """Start, claim, follow and finish syncs. State lives in Redis (``Keys.sync``)."""
 
     def __init__(self, settings: Settings, client: redis.Redis, celery: Celery, fleet: Fleet, journal: Journal,
-                 registry: Registry, machines: MachineStates) -> None:
+                 registry: Registry, machines: MachineStates, lock: FleetLock) -> None:
         self.settings = settings
         self.redis = client
         self.celery = celery
@@ -74,6 +76,7 @@ class Syncs:
         self.registry = registry
         self.machines = machines
         self.keys = Keys(settings.key_prefix)
+        self.lock = lock
         self.ttl_ms = int(settings.sync_reservation_ttl_s * 1000)
 
     def start(self, machine: str, model_ids: list[str]) -> dict[str, Any]:
@@ -104,11 +107,7 @@ class Syncs:
             model_ids = [m.id for m in self.registry.list() if m.family in config.families]
         manifests = [self.registry.manifest(model_id) for model_id in dict.fromkeys(model_ids)]
 
-        lock = self.redis.lock(self.keys.fleet_lock(), timeout=self.settings.fleet_lock_ttl_s,
-                               blocking_timeout=self.settings.fleet_lock_wait_s)
-        if not lock.acquire():
-            raise PlacementLost(f"the fleet lock was not free within {self.settings.fleet_lock_wait_s} s; sync again")
-        try:
+        with self.lock.held("sync again") as fence:
             view = self.machines.view(machine)
             if not view.online:
                 raise MachineUnavailable(f"machine {machine!r} is offline (no live heartbeat); start its worker, "
@@ -135,13 +134,10 @@ class Syncs:
                 pipe.expire(self.keys.sync(sync_id), RECORD_TTL_S)
                 pipe.set(self.keys.syncing(machine), sync_id, px=self.ttl_ms)
                 pipe.execute()
-            if not lock.owned():
+            if not fence.holds():  # C04: a placer that lost the lock commits nothing
                 self.redis.delete(self.keys.syncing(machine), self.keys.sync(sync_id))
                 raise PlacementLost("the fleet lock expired before the sync was published; nothing was published")
             self.celery.send_task(SYNC_TASK, args=[sync_id], task_id=sync_id, queue=keys.queue(machine))
-        finally:
-            if lock.owned():
-                lock.release()
         return self.get(sync_id)
 
     def get(self, sync_id: str) -> dict[str, Any]:
@@ -158,14 +154,14 @@ class Syncs:
         for field in ("created_at", "claimed_at", "finished_at"):  # Unix seconds, as numbers
             if record.get(field) is not None:
                 record[field] = float(record[field])
-        if record["state"] not in ENDED and self.redis.get(self.keys.syncing(record["machine"])) != sync_id:
+        if record["state"] not in SYNC_ENDED and self.redis.get(self.keys.syncing(record["machine"])) != sync_id:
             record["state"] = SyncState.interrupted
             record["message"] = record["message"] or (
                 "the sync's reservation expired: its worker stopped reporting (killed or offline); "
                 "no unverified bytes were put at a final name; sync again to resume")
         return record
 
-    def claim(self, sync_id: str, machine: str) -> dict[str, Any]:
+    def claim(self, sync_id: str, machine: str) -> SyncGrant:
         """The worker takes the sync (``queued -> running``), once; returns the current manifests
         ``{"sync_id", "models": {model_id: manifest}}``.
 
@@ -182,8 +178,8 @@ class Syncs:
             raise Conflict(f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",
                            reason="sync_not_reserved")
         self.redis.hset(self.keys.sync(sync_id), "state", SyncState.running)
-        manifests = {m: self.registry.manifest(m).as_json() for m in record["models"]}
-        return {"sync_id": sync_id, "models": manifests}
+        manifests = {m: self.registry.manifest(m) for m in record["models"]}
+        return SyncGrant(sync_id=sync_id, models=manifests)
 
     def progress(self, sync_id: str, machine: str, files_done: int, bytes_done: int, file: str) -> None:
         """Record progress and renew the reservation. Raises Conflict (``sync_not_reserved``)
@@ -195,14 +191,14 @@ class Syncs:
         self.redis.hset(self.keys.sync(sync_id), mapping={"files_done": files_done, "bytes_done": bytes_done,
                                                           "file": file})
 
-    def finish(self, sync_id: str, machine: str, succeeded: bool, message: str, results: list[dict[str, Any]],
-               verified: list[str]) -> dict[str, Any]:
+    def finish(self, sync_id: str, machine: str, report: SyncFinish) -> dict[str, Any]:
         """End the sync with the worker's per-file results and its re-verified model set;
         release the reservation. Returns the record."""
         self._own(sync_id, machine)
-        state = SyncState.succeeded if succeeded else SyncState.failed
+        state = SyncState.succeeded if report.succeeded else SyncState.failed
         self.redis.hset(self.keys.sync(sync_id), mapping={
-            "state": state, "message": message, "results": json.dumps(results), "verified": json.dumps(verified),
+            "state": state, "message": report.message, "verified": json.dumps(report.verified),
+            "results": json.dumps([result.model_dump() for result in report.results]),
             "finished_at": time.time(), "file": "",
         })
         self.redis.eval(_RELEASE, 1, self.keys.syncing(machine), sync_id)

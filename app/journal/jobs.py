@@ -1,100 +1,21 @@
 """The job journal (R19): every job is written here before it is enqueued, and every state
-change is a conditional update, so only legal transitions happen and a job is claimed once.
-
-States and their legal ways::
-
-    rejected                          (refused at submission; never queued)
-    queued  -> running | cancelled | interrupted
-    running -> succeeded | failed | interrupted
+change is a conditional update, so only legal transitions happen (``app.core.states.LEGAL``)
+and a job is claimed once. The tables are ``app/db/tables.py``'s ``Job`` and ``JobEvent``.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
-from enum import StrEnum
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, insert, update
+from sqlalchemy import insert, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, func, select
+from sqlmodel import Session, func, select
 
 from app.core.errors import Conflict, NotFound
-
-
-class JobState(StrEnum):
-    queued = "queued"  # journaled and published to its machine's queue; not started
-    running = "running"  # claimed by its machine's worker (happens once per job)
-    succeeded = "succeeded"  # result verified and stored by the server (R2)
-    failed = "failed"  # ended with an error; ``reason`` says which
-    cancelled = "cancelled"  # removed from its queue before it started
-    interrupted = "interrupted"  # may have started, then its worker or the server died; never re-run
-    rejected = "rejected"  # refused at submission, kept with its reason; never queued
-
-
-ENDED = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.interrupted, JobState.rejected})
-
-# The only legal transitions (R19). ``rejected`` and every ended state have none.
-LEGAL: dict[JobState, frozenset[JobState]] = {
-    JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.interrupted}),
-    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.interrupted}),
-}
-
-
-def utcnow() -> datetime:
-    """Now, timezone-aware UTC."""
-    return datetime.now(UTC)
-
-
-class Job(SQLModel, table=True):
-    """One job, as journaled. Times are UTC; durations in seconds; sizes in bytes."""
-
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
-    state: JobState = Field(index=True)
-    model_id: str
-    kind: str
-    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-    target: str  # what the client asked for: a machine name or "auto"
-    machine: str | None = Field(default=None, index=True)  # where it was placed
-    reason: str | None = None  # why it was rejected, failed or interrupted
-    message: str | None = None
-    created_at: datetime = Field(default_factory=utcnow)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    result_digest: str | None = None
-    result_path: str | None = None
-    result_media_type: str | None = None
-    result_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    load_s: float | None = None
-    run_s: float | None = None
-    cold_load: bool | None = None
-    worker_boot_id: str | None = None  # boot id of the worker process that claimed it (reconciliation)
-    claim_id: str | None = None  # the delivery that claimed it: lets that delivery repeat its claim safely
-    idempotency_key: str | None = Field(default=None, unique=True)  # client's Idempotency-Key (R20)
-    request_fingerprint: str | None = None  # digest of the submitted body, to tell a retry from a reuse
-    # Placement's prediction at submission (R12, R13), shown beside the measured load_s/run_s.
-    predicted_start_s: float | None = None  # seconds after submission until it starts
-    predicted_load_s: float | None = None  # cold load expected (0 = warm)
-    predicted_run_s: float | None = None
-    # Memory estimate at submission (R10, R11): exact weights from the safetensors headers plus
-    # working memory by kind and size from the fleet config's coefficients (bytes).
-    weights_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    working_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    memory_estimate_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    # Provenance of the result (issue 7): model files' digests, variant, kind, params, seed,
-    # inputs' digests, machine, device, load/run seconds; reported by the worker, kept here.
-    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
-
-
-class JobEvent(SQLModel, table=True):
-    """An append-only line of a job's history: created, claimed, claim_refused, succeeded…"""
-
-    id: int | None = Field(default=None, primary_key=True)
-    job_id: str = Field(index=True)
-    at: datetime = Field(default_factory=utcnow)
-    event: str
-    detail: str = ""
+from app.core.states import ACTIVE, ENDED, LEGAL, JobState
+from app.db.tables import Job, JobEvent, utcnow
 
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
@@ -161,7 +82,7 @@ class Journal:
         with Session(self.engine) as session:
             query = select(func.count()).select_from(Job).where(
                 Job.machine == machine,
-                Job.state.in_([JobState.queued, JobState.running]),  # type: ignore[attr-defined]
+                Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
             )
             return int(session.exec(query).one())
 
@@ -192,7 +113,7 @@ class Journal:
         allowed = [JobState(s) for s in from_states]
         illegal = [s for s in allowed if to_state not in LEGAL.get(s, frozenset())]
         if illegal:
-            raise ValueError(f"illegal transition {', '.join(illegal)} -> {to_state} (see journal.LEGAL)")
+            raise ValueError(f"illegal transition {', '.join(illegal)} -> {to_state} (see app.core.states.LEGAL)")
         now = utcnow()
         if to_state == JobState.running:
             values.setdefault("started_at", now)

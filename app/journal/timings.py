@@ -1,35 +1,20 @@
 """Learned timings persisted in the journal database (R13), so a restart keeps them.
 
-The table holds one row per (machine, model, kind): load seconds and seconds per step at the
+The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds per step at the
 reference size (``routing.timings``). Every finished job with measured times is folded in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Session, select
 
-from app.journal.jobs import Job, utcnow
+from app.core.kinds import job_request
+from app.db.tables import Job, LearnedTiming, utcnow
 from routing.estimate import Estimator
-from routing.placement import JobRequest
 from routing.timings import LearnedTimings, Timing
-
-
-class LearnedTiming(SQLModel, table=True):
-    """Measured timing of (machine, model, kind): seconds for a cold load and per step at the
-    reference size (1024 x 1024 pixels x 1 frame x batch 1)."""
-
-    machine: str = Field(primary_key=True)
-    model_id: str = Field(primary_key=True)
-    kind: str = Field(primary_key=True)
-    load_s: float
-    step_s: float
-    samples: int  # runs folded into step_s
-    load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
-    updated_at: datetime = Field(default_factory=utcnow)
 
 
 class TimingStore:
@@ -52,7 +37,7 @@ class TimingStore:
         None when the job has no machine or no run time."""
         if job.machine is None or job.run_s is None:
             return None
-        request = JobRequest.from_params(job.model_id, "", job.kind, job.machine, job.params)
+        request = job_request(job.model_id, "", job.kind, job.machine, job.params)
         learned = estimator.learned
         timing = learned.observe(
             job.machine, job.model_id, job.kind, guess=estimator.guess(job.machine, job.model_id, job.kind),

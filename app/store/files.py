@@ -1,8 +1,16 @@
-"""Result storage on the server (R2): verify, then store content-addressed with an atomic rename.
+"""The server's content-addressed files (R1, R2): results and uploaded inputs, each stored under
+its content digest (``<root>/<hex[:2]>/<hex>.<ext>``) with an atomic rename, only after its
+checks pass; nothing is written when one fails.
 
-A result is accepted only if its bytes hash to the digest the worker declared, its media
-type (sniffed from magic bytes, never from a header) is one Homefleet produces, and it is
-within ``max_result_bytes``. Otherwise nothing is written.
+- Results (:class:`ResultStore`, R2): a worker's upload is accepted only if its bytes hash to
+  the digest the worker declared, its media type (sniffed, ``app/store/media.py``) is one the
+  kinds produce, and it is within ``max_result_bytes``.
+- Inputs (:class:`InputStore`): images for edit and upscale jobs. A client uploads an image
+  first (``POST /v1/files``); its id is the content digest (``"blake3:<hex>"``), so the same
+  bytes always get the same id. A job names that id in its params; the worker fetches the
+  bytes from the internal API and checks the digest before using them (never the server's
+  folders). At most ``max_input_bytes``; PNG, JPEG or WebP; decoding completely to at most
+  ``MAX_INPUT_PIXELS``.
 """
 
 from __future__ import annotations
@@ -13,26 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.digest import bytes_digest, hex_part
-from app.core.errors import IntegrityFailure
-
-# media type -> file extension
-MEDIA_TYPES: dict[str, str] = {"image/png": "png", "image/webp": "webp", "image/gif": "gif", "video/mp4": "mp4"}
-
-
-def sniff_media_type(data: bytes) -> str | None:
-    """Media type from magic bytes (PNG, WebP, GIF, MP4), or None when it is none of them.
-
-    Sources: PNG signature (RFC 2083 §3.1), RIFF/WEBP (RFC 9649), GIF87a/89a, ISO BMFF 'ftyp' box.
-    """
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if data[4:8] == b"ftyp":
-        return "video/mp4"
-    return None
+from app.core.errors import IntegrityFailure, NotFound, Rejected
+from app.store.media import EXTENSIONS, INPUT_TYPES, RESULT_TYPES, check_decodes, sniff
 
 
 def write_once(path: Path, data: bytes) -> None:
@@ -54,26 +44,49 @@ def write_once(path: Path, data: bytes) -> None:
 
 
 @dataclass(frozen=True)
-class StoredResult:
+class StoredFile:
+    """A stored result or input: its digest (an input's id), where it lies, its media type and size."""
+
     digest: str  # "blake3:<hex>"
-    path: Path  # absolute, <results_dir>/<hex[:2]>/<hex>.<ext>
+    path: Path  # absolute, <root>/<hex[:2]>/<hex>.<ext>
     media_type: str
     size_bytes: int
 
+    @property
+    def id(self) -> str:
+        """An input's id: its digest."""
+        return self.digest
 
-class ResultStore:
-    """Content-addressed storage of verified results under ``root``."""
+
+class ContentStore:
+    """Files under ``root``, each named by its content digest and media type."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, digest: str, media_type: str) -> Path:
+        hexdigest = hex_part(digest)
+        return self.root / hexdigest[:2] / f"{hexdigest}.{EXTENSIONS[media_type]}"
+
+    def put(self, data: bytes, digest: str, media_type: str) -> StoredFile:
+        path = self.path(digest, media_type)
+        write_once(path, data)
+        return StoredFile(digest=digest, path=path, media_type=media_type, size_bytes=len(data))
+
+
+class ResultStore(ContentStore):
+    """Verified results (R2)."""
 
     def __init__(self, root: Path, max_result_bytes: int) -> None:
-        self.root = root
+        super().__init__(root)
         self.max_result_bytes = max_result_bytes
 
-    def store(self, data: bytes, declared_digest: str) -> StoredResult:
+    def store(self, data: bytes, declared_digest: str) -> StoredFile:
         """Verify ``data`` against ``declared_digest`` and store it; return where it lies.
 
         Raises:
-            IntegrityFailure: digest mismatch or malformed digest, unknown media type, or more
-                than ``max_result_bytes``. Nothing is written in any of these cases.
+            IntegrityFailure: digest mismatch or malformed digest, a media type the kinds do not
+                produce, or more than ``max_result_bytes``. Nothing is written in any of these cases.
         """
         if len(data) > self.max_result_bytes:
             raise IntegrityFailure(
@@ -90,12 +103,56 @@ class ResultStore:
                 f"result digest mismatch: declared {declared_digest}, received bytes hash to {actual}",
                 reason="integrity",
             )
-        media_type = sniff_media_type(data)
-        if media_type is None:
+        media_type = sniff(data)
+        if media_type not in RESULT_TYPES:
             raise IntegrityFailure(
                 f"result is not PNG, WebP, GIF or MP4 (first bytes {data[:12]!r})", reason="integrity"
             )
-        hexdigest = hex_part(actual)
-        path = self.root / hexdigest[:2] / f"{hexdigest}.{MEDIA_TYPES[media_type]}"
-        write_once(path, data)
-        return StoredResult(digest=actual, path=path, media_type=media_type, size_bytes=len(data))
+        return self.put(data, actual, media_type)
+
+
+class InputStore(ContentStore):
+    """Uploaded input images (``<data_dir>/inputs``)."""
+
+    def __init__(self, root: Path, max_input_bytes: int) -> None:
+        super().__init__(root)
+        self.max_input_bytes = max_input_bytes
+
+    def add(self, data: bytes) -> StoredFile:
+        """Check and store ``data``; return it (its ``id`` is its digest). Storing the same bytes
+        twice is a no-op.
+
+        Raises:
+            Rejected: more than ``max_input_bytes`` or too many pixels (reason
+                ``input_too_large``), not PNG/JPEG/WebP (reason ``input_type``), or not
+                decoding completely (reason ``input_corrupt``).
+        """
+        if len(data) > self.max_input_bytes:
+            raise Rejected(
+                f"file is {len(data)} bytes; the limit (max_input_bytes) is {self.max_input_bytes}",
+                reason="input_too_large",
+            )
+        media_type = sniff(data)
+        if media_type not in INPUT_TYPES:
+            raise Rejected(f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}",
+                           reason="input_type")
+        check_decodes(data, media_type)
+        return self.put(data, bytes_digest(data), media_type)
+
+    def get(self, file_id: str) -> StoredFile:
+        """The stored input with id ``file_id``.
+
+        Raises:
+            Rejected: ``file_id`` is not a ``"blake3:<64 hex>"`` digest (reason ``invalid_file_id``).
+            NotFound: nothing was uploaded under that id (reason ``unknown_file``).
+        """
+        try:
+            hexdigest = hex_part(file_id)
+        except ValueError as error:
+            raise Rejected(f"file id: {error}", reason="invalid_file_id") from error
+        for media_type in INPUT_TYPES:
+            path = self.path(file_id, media_type)
+            if path.is_file():
+                return StoredFile(digest=file_id, path=path, media_type=media_type, size_bytes=path.stat().st_size)
+        raise NotFound(f"no uploaded file with id {file_id!r} (hex {hexdigest[:12]}…); upload it with POST /v1/files",
+                       reason="unknown_file")

@@ -15,17 +15,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from datetime import datetime
-from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Session, select
 
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
-from app.journal.jobs import utcnow
-from app.core.variants import Variant, check_variant, parameter_counts, weights_bytes
+from app.core.protocol import Manifest, ManifestFile
+from app.core.variants import check_variant, parameter_counts, weights_bytes
+from app.db.tables import ModelFile, ModelRecord
 
 # diffusers pipeline class (model_index.json ``_class_name``) -> (family, kinds it can run).
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -40,62 +38,6 @@ PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-
-
-class ModelRecord(SQLModel, table=True):
-    """A registered model. ``weights_bytes`` sums the model's ``.safetensors`` files."""
-
-    id: str = Field(primary_key=True)
-    family: str
-    kinds: list[str] = Field(sa_column=Column(JSON, nullable=False))
-    pipeline_class: str
-    total_bytes: int = Field(sa_type=BigInteger)
-    created_at: datetime = Field(default_factory=utcnow)
-    precision: str = "fp32"  # fp32 | bf16 | fp16: the dtype every component is loaded with (app/core/variants.py)
-    quantization: str | None = None  # e.g. torchao-int8wo: the denoiser quantized at load time
-
-    @property
-    def variant(self) -> Variant:
-        return Variant(self.precision, self.quantization)
-
-
-class ModelFile(SQLModel, table=True):
-    """One file of a model, relative to the model folder. The server caches its digest keyed
-    by (size, mtime_ns, inode) because it owns the file (R5); any change forces a rehash."""
-
-    model_id: str = Field(primary_key=True)
-    path: str = Field(primary_key=True)
-    size: int = Field(sa_type=BigInteger)  # bytes
-    digest: str
-    mtime_ns: int = Field(sa_type=BigInteger)
-    inode: int = Field(sa_type=BigInteger)
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # relative, with '/' separators
-    size: int  # bytes
-    digest: str  # "blake3:<hex>"
-
-
-@dataclass(frozen=True)
-class ModelManifest:
-    model_id: str
-    family: str
-    kinds: tuple[str, ...]
-    files: tuple[ManifestFile, ...]
-    variant: Variant = Variant()
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "model_id": self.model_id,
-            "family": self.family,
-            "kinds": list(self.kinds),
-            "precision": self.variant.precision,
-            "quantization": self.variant.quantization,
-            "algorithm": ALGORITHM,
-            "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in self.files],
-        }
 
 
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
@@ -235,7 +177,7 @@ class Registry:
         with Session(self.engine) as session:
             return list(session.exec(select(ModelRecord).order_by(ModelRecord.id)).all())
 
-    def manifest(self, model_id: str) -> ModelManifest:
+    def manifest(self, model_id: str) -> Manifest:
         """The model's manifest with CURRENT digests: a file whose (size, mtime_ns, inode)
         changed since it was hashed is hashed again (R5).
 
@@ -255,7 +197,7 @@ class Registry:
                 f"files there (`homefleet models verify {model_id}` lists what is missing)", reason="model_unavailable",
             ) from error
 
-    def _manifest(self, record: ModelRecord, folder: Path) -> ModelManifest:
+    def _manifest(self, record: ModelRecord, folder: Path) -> Manifest:
         model_id = record.id
         with Session(self.engine) as session:
             rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
@@ -268,8 +210,8 @@ class Registry:
                     session.add(row)
                 files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
             session.commit()
-        return ModelManifest(model_id=record.id, family=record.family, kinds=tuple(record.kinds), files=tuple(files),
-                             variant=record.variant)
+        return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
+                        quantization=record.quantization, algorithm=ALGORITHM, files=files)
 
     def weights_bytes(self, model_id: str) -> int:
         """Memory the model's weights take once loaded as its variant, in bytes: parameters

@@ -1,8 +1,8 @@
 """txt2img: text to one image with a StableDiffusion-style pipeline.
 
-Params (defaults): ``prompt`` (str, required), ``negative_prompt`` (None), ``width`` and
-``height`` (64 pixels, multiples of 8), ``steps`` (4), ``guidance_scale`` (7.5),
-``seed`` (int; the server draws one when absent). Output: one PNG, width x height pixels.
+Params (``app/core/kinds.py``, defaults there): ``prompt`` (required), ``negative_prompt``,
+``width`` and ``height`` (pixels, multiples of 8), ``steps``, ``guidance_scale``, ``seed``.
+Output: one PNG, width x height pixels.
 """
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
+from app.core.kinds import spec
+from tasks.kinds import Output, ProgressFn, denoising
 from tasks.pipelines import png_bytes
 
-#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py)
-PARAMS: tuple[str, ...] = ("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS)
+SPEC = spec("txt2img")
 
 
-def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
+def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
         inputs: Mapping[str, bytes]) -> Output:
+    args = SPEC.args(params)
     result = pipeline(
-        prompt=str(params["prompt"]),
-        negative_prompt=params.get("negative_prompt"),
-        width=int(params.get("width", 64)),
-        height=int(params.get("height", 64)),
-        **denoising(params, progress),
+        prompt=str(args["prompt"]),
+        negative_prompt=args.get("negative_prompt"),
+        width=int(args["width"]),
+        height=int(args["height"]),
+        **denoising(args, progress),
     )
     return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")

@@ -1,9 +1,9 @@
 """video: text to a short clip (AnimateDiffPipeline: a 2D UNet plus a MotionAdapter).
 
-Params (defaults): ``prompt`` (str, required), ``negative_prompt`` (None), ``width`` and
-``height`` (64 pixels, multiples of 8), ``frames`` (8), ``fps`` (8 frames per second),
-``steps`` (4), ``guidance_scale`` (7.5), ``format`` ("mp4" | "webp" | "gif"; default mp4),
-``seed``. Output: the clip with exactly ``frames`` frames of width x height pixels.
+Params (``app/core/kinds.py``, defaults there): ``prompt`` (required), ``negative_prompt``,
+``width`` and ``height`` (pixels, multiples of 8), ``frames``, ``fps`` (frames per second),
+``steps``, ``guidance_scale``, ``format`` ("mp4" | "webp" | "gif"), ``seed``. Output: the clip
+with exactly ``frames`` frames of width x height pixels.
 
 MP4 is H.264 (libx264, yuv420p) written by the ffmpeg binary that the ``imageio-ffmpeg``
 wheel ships; the provenance goes into the container's ``comment`` tag. When that binary is
@@ -22,29 +22,30 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.kinds import DENOISING_PARAMS, Output, ProgressFn, denoising
+from app.core.kinds import spec
+from tasks.kinds import Output, ProgressFn, denoising
 
 log = logging.getLogger("homefleet.worker")
 
-#: every param run() reads; the server refuses any other key at submission (app/core/kinds.py)
-PARAMS: tuple[str, ...] = ("prompt", "negative_prompt", "width", "height", "frames", "fps", "format", *DENOISING_PARAMS)
+SPEC = spec("video")
 MEDIA_TYPES = {"mp4": "video/mp4", "webp": "image/webp", "gif": "image/gif"}
 
 
-def run(pipeline: Any, params: dict[str, Any], progress: ProgressFn, provenance: dict[str, Any],
+def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
         inputs: Mapping[str, bytes]) -> Output:
+    args = SPEC.args(params)
     result = pipeline(
-        prompt=str(params["prompt"]),
-        negative_prompt=params.get("negative_prompt"),
-        num_frames=int(params.get("frames", 8)),
-        width=int(params.get("width", 64)),
-        height=int(params.get("height", 64)),
+        prompt=str(args["prompt"]),
+        negative_prompt=args.get("negative_prompt"),
+        num_frames=int(args["frames"]),
+        width=int(args["width"]),
+        height=int(args["height"]),
         output_type="pil",
-        **denoising(params, progress),
+        **denoising(args, progress),
     )
     frames = [frame.convert("RGB") for frame in result.frames[0]]
-    fps = float(params.get("fps", 8))
-    wanted = str(params.get("format", "mp4"))
+    fps = float(args["fps"])
+    wanted = str(args["format"])
     if wanted == "mp4":
         try:
             return Output(data=mp4_bytes(frames, fps, provenance), media_type=MEDIA_TYPES["mp4"])

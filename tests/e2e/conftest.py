@@ -17,7 +17,7 @@ from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.conftest import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
@@ -50,7 +50,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
                 env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
                      "HOMEFLEET_REDIS_URL": redis_url})
     local = LocalFleet(settings, fleet_config, fleet_file)
-    ctx = build_context(settings, fleet_config)
+    ctx = build_context(settings, fleet_config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:

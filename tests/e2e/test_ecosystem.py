@@ -15,7 +15,7 @@ from app.core import keys
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from tests.e2e.conftest import WORKERS, RunningFleet
-from tests.e2e.test_job_way import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -19,22 +19,11 @@ from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.client import ApiError
 from app.core.digest import bytes_digest
-from app.journal.jobs import JobState
+from app.core.states import JobState
 from tests.e2e.conftest import RunningFleet
+from tests.helpers import files_under, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def files_under(folder: Path) -> set[Path]:
-    return {p for p in folder.rglob("*") if p.is_file()}
 
 
 def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(fleet: RunningFleet) -> None:

@@ -25,10 +25,10 @@ from app.client import HomefleetClient
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.core.digest import bytes_digest
-from app.journal.jobs import JobState
+from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.conftest import TEST_API_KEY, make_fleet
+from tests.helpers import make_fleet, png, TEST_API_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ def kfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
-    ctx = build_context(settings, fleet_config)
+    ctx = build_context(settings, fleet_config, migrate=True)
     for model_id in MODELS.values():
         ctx.registry.add(tiny_models_dir / model_id, model_id=model_id)
     local = LocalFleet(settings, fleet_config, fleet_file)
@@ -72,15 +72,6 @@ def kfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
         client.close()
         local.stop()
         ctx.close()
-
-
-def png(width: int, height: int) -> bytes:
-    """A gradient RGB PNG of width x height pixels."""
-    image = Image.new("RGB", (width, height))
-    image.putdata([(x * 255 // width, y * 255 // height, 96) for y in range(height) for x in range(width)])
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def upload(fleet: KindsFleet, data: bytes, name: str = "input.png") -> httpx.Response:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from app.core import keys
-from app.journal.jobs import JobState
+from app.core.states import JobState
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
 pytestmark = pytest.mark.e2e

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from app.journal.jobs import JobState
-from tests.conftest import TEST_API_KEY, run_cli
+from app.core.states import JobState
+from tests.helpers import TEST_API_KEY, run_cli
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
 pytestmark = pytest.mark.e2e

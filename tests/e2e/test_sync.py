@@ -27,7 +27,7 @@ from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.conftest import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import make_fleet, run_cli, TEST_API_KEY, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -60,15 +60,6 @@ class SyncFleet:
         return httpx.get(f"{self.local.api_url}/v1/syncs/{sync_id}", headers=self.local.auth_headers).json()  # type: ignore[no-any-return]
 
 
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[SyncFleet]:
     data_dir = tmp_path_factory.mktemp("syncfleet")
@@ -85,7 +76,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
         run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), "--id", model, env=env)
     local = LocalFleet(settings, config, fleet_file)
-    ctx = build_context(settings, config)
+    ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     running = SyncFleet(local, ctx, client, env)
     try:

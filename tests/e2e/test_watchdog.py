@@ -19,12 +19,13 @@ import redis
 from app.client import ApiError, HomefleetClient
 from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.journal.jobs import Job, JobState
+from app.db.tables import Job
+from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.conftest import TEST_API_KEY, make_fleet
-from tests.e2e.test_job_way import wait_for
+from tests.helpers import TEST_API_KEY, make_fleet
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -71,7 +72,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5, hung_after_s=60,
                         api_keys=[TEST_API_KEY])
     local = LocalFleet(settings, config, fleet_file)
-    ctx = build_context(settings, config)
+    ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from app.core.config import Settings
 from app.context import build_context
 from app.api.server import create_app
-from tests.conftest import TEST_API_KEY, make_fleet
+from tests.helpers import TEST_API_KEY, make_fleet
 
 EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "30"))
 MACHINE_TOKEN = make_fleet("m1").machines["m1"].token
@@ -37,7 +37,7 @@ STATUSES: Counter[int] = Counter()
 def fuzz_app(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[object]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), redis_url=f"{redis_base_url}/3",
                         api_keys=[TEST_API_KEY], images_wait_s=2)
-    ctx = build_context(settings, make_fleet("m1", "m2"))
+    ctx = build_context(settings, make_fleet("m1", "m2"), migrate=True)
     ctx.redis.flushdb()
     ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
     ctx.dispatcher.tokenizers.counter("tiny-sd")  # load the tokenizer (transformers import) once, up front

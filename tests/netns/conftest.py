@@ -24,7 +24,7 @@ from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import RedisProcess, free_port, redis_server_binary
-from tests.conftest import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 HOSTS = {"hosta": 1, "hostb": 2}  # machine name -> subnet index
@@ -116,7 +116,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
                 env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_REDIS_URL": redis_server.url,
                      "HOMEFLEET_FLEET_FILE": str(fleet_file)})
         local = LocalFleet(settings, fleet, fleet_file)
-        ctx = build_context(settings, fleet)
+        ctx = build_context(settings, fleet, migrate=True)
         local.start_api()
         local.copy_model(MODEL, "hosta")  # hostb gets it by `homefleet sync` over its link (first test)
         for machine, host in hosts.items():

@@ -12,8 +12,8 @@ import pytest
 from app.core import keys
 from app.client import ApiError
 from app.core.digest import file_digest
-from tests.conftest import run_cli, settings_env
-from tests.e2e.test_job_way import wait_for
+from tests.helpers import run_cli, settings_env
+from tests.helpers import wait_for
 from tests.netns.conftest import MODEL, MultiHostFleet
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ def test_r20_the_client_sends_a_submission_once_even_when_the_connection_drops()
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
-    server.settimeout(5)
+    server.settimeout(0.3)  # accept() gives up soon after the one connection: the test ends at once
     connections: list[bytes] = []
 
     def accept_and_drop() -> None:

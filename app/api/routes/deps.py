@@ -9,7 +9,7 @@ from fastapi import Depends, Header, Request
 from app.context import ServerContext
 from app.core.errors import Forbidden, Unauthorized
 from app.fleet.config import Machine
-from app.journal.jobs import Job
+from app.db.tables import Job
 
 
 def get_context(request: Request) -> ServerContext:

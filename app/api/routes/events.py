@@ -20,8 +20,8 @@ from anyio import to_thread
 from fastapi import APIRouter
 from sse_starlette.sse import EventSourceResponse
 
-from app.client import ENDED_STATES
 from app.context import ServerContext
+from app.core.states import ENDED, JobState
 from app.api.routes.deps import Context
 from app.api.schemas import JobPublic
 
@@ -43,18 +43,19 @@ async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, An
     last_step = None
     while True:
         job = await to_thread.run_sync(ctx.journal.get, job_id)
-        ended = job.state in ENDED_STATES
+        ended = job.state in ENDED
         changed = job.state != last_state
         last_state = job.state
         state = {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
                                                        "reason": job.reason, "message": job.message})}
         if changed and not ended:
             yield state
-        if job.state != "queued":  # the last steps may land just before the job ends: read them first
-            raw = await to_thread.run_sync(ctx.redis.hgetall, ctx.keys.progress(job_id))
-            if "total" in raw and raw.get("step") != last_step:
-                last_step = raw.get("step")
-                yield {"event": "progress", "data": json.dumps({"step": int(raw["step"]), "total": int(raw["total"])})}
+        if job.state != JobState.queued:  # the last steps may land just before the job ends: read them first
+            progress = await to_thread.run_sync(ctx.progress.read, job_id)
+            shown = progress.public() if progress else None
+            if shown is not None and shown["step"] != last_step:
+                last_step = shown["step"]
+                yield {"event": "progress", "data": json.dumps(shown)}
         if ended:
             yield state
             body = JobPublic.from_job(job).model_dump(mode="json")

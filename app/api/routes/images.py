@@ -36,19 +36,20 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.client import ENDED_STATES
 from app.context import ServerContext
 from app.core.errors import HomefleetError, NotFound, Rejected
-from app.fleet.config import SERVER
-from app.journal.jobs import Job, JobState
-from app.core.limits import check_submission, check_upload, limits_for
+from routing.placement import SERVER
+from app.db.tables import Job
+from app.core.states import ENDED, JobState
+from app.jobs.validation import check_submission, check_upload
+from app.core.limits import limits_for
 from app.api.routes.deps import Context
+from app.store.media import sniff
 
 router = APIRouter()
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-IMAGE_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
 
 
 class JobFailed(HomefleetError):
@@ -219,7 +220,7 @@ async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], targe
         deadline = time.monotonic() + ctx.settings.images_wait_s
         while True:
             jobs = [await to_thread.run_sync(ctx.journal.get, job_id) for job_id in ids]
-            if all(job.state in ENDED_STATES for job in jobs):
+            if all(job.state in ENDED for job in jobs):
                 break
             if time.monotonic() > deadline:
                 raise JobFailed(f"jobs {', '.join(ids)} did not end within {ctx.settings.images_wait_s} s "
@@ -249,16 +250,6 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
                 "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
 
 
-def sniff_media_type(head: bytes) -> str:
-    """Media type from the file's first bytes (PNG, JPEG, WebP), else ``application/octet-stream``."""
-    for magic, media_type in IMAGE_MAGIC.items():
-        if head.startswith(magic):
-            return media_type
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    return "application/octet-stream"
-
-
 @router.post("/v1/images/edits")
 async def edit_images(
     ctx: Context,
@@ -277,7 +268,7 @@ async def edit_images(
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory
-    check_upload(image.size if image.size is not None else len(data), sniff_media_type(data[:16]), limits)
+    check_upload(image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits)
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)

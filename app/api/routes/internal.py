@@ -8,37 +8,34 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, UploadFile
 from fastapi.responses import FileResponse
 
-from app.context import ServerContext
-from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
-from app.journal.jobs import JobState
 from app.api.routes.deps import Context, WorkerMachine, job_of_machine
-from app.api.schemas import ClaimGranted, FailureReport, JobPublic, ProgressReport, predicted_s
-from routing.placement import JobRequest
+from app.api.schemas import JobPublic, predicted_s
+from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
+from app.core.kinds import job_request
+from app.core.protocol import Claim, FailureReport, Manifests, ProgressReport
+from app.core.states import JobState
 
 router = APIRouter(prefix="/internal/v1")
 log = logging.getLogger(__name__)
 
-PROGRESS_TTL_S = 24 * 3600
 
-
-@router.get("/manifest")
-def manifest(ctx: Context, machine: WorkerMachine) -> dict[str, Any]:
+@router.get("/manifest", response_model=Manifests)
+def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
     """Every registered model's manifest (files, sizes, digests), for the worker's check (R4). A
     model whose files the server cannot read is left out (logged): no worker can verify it, and
     the other models stay verifiable."""
     models = {}
     for model in ctx.registry.list():
         try:
-            models[model.id] = ctx.registry.manifest(model.id).as_json()
+            models[model.id] = ctx.registry.manifest(model.id)
         except Conflict as error:
             log.error("manifest: %s left out: %s", model.id, error.message)
-    return {"models": models}
+    return Manifests(models=models)
 
 
 @router.get("/files/{file_id}", response_class=FileResponse)
@@ -48,14 +45,14 @@ def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileRespon
     return FileResponse(stored.path, media_type=stored.media_type)
 
 
-@router.post("/jobs/{job_id}/claim", response_model=ClaimGranted)
+@router.post("/jobs/{job_id}/claim", response_model=Claim)
 def claim(
     job_id: str,
     ctx: Context,
     machine: WorkerMachine,
     x_homefleet_boot_id: Annotated[str | None, Header(max_length=64)] = None,
     x_homefleet_claim_id: Annotated[str | None, Header(max_length=64)] = None,
-) -> ClaimGranted:
+) -> Claim:
     """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job, and for
     a job whose model files the server cannot read (it is then ``interrupted``, reason
     ``model_unavailable``; nothing runs).
@@ -65,7 +62,7 @@ def claim(
     # The manifest first: a claim whose answer then failed would leave the job running with
     # nobody running it. A model whose files the server cannot read ends the job here.
     try:
-        manifest = ctx.registry.manifest(queued.model_id).as_json()
+        manifest = ctx.registry.manifest(queued.model_id)
     except (Conflict, NotFound) as error:  # model_unavailable, or no longer registered
         message = f"the server cannot hand model {queued.model_id!r} out: {error}"
         ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
@@ -75,23 +72,16 @@ def claim(
         raise Conflict(f"job {job_id} was not run: {message}", reason="model_unavailable") from error
     job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     ctx.machines.reservations.start(machine.name, job_id)
-    _touch_progress(ctx, job_id, {})
+    ctx.progress.report(job_id)  # alive from its claim on (the watchdog's sign of life)
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
-    return ClaimGranted(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
-                        working_bytes=job.working_bytes)
+    return Claim(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
+                 working_bytes=job.working_bytes)
 
 
 @router.post("/jobs/{job_id}/progress", status_code=204)
 def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
     job_of_machine(ctx, job_id, machine)
-    _touch_progress(ctx, job_id, {"step": body.step, "total": body.total})
-
-
-def _touch_progress(ctx: ServerContext, job_id: str, fields: dict[str, int]) -> None:
-    """Record progress and its time (``at``, unix seconds): the watchdog's signal of life."""
-    key = ctx.keys.progress(job_id)
-    ctx.redis.hset(key, mapping={**fields, "at": time.time()})
-    ctx.redis.expire(key, PROGRESS_TTL_S)
+    ctx.progress.report(job_id, body.step, body.total)
 
 
 @router.post("/jobs/{job_id}/result", response_model=JobPublic)
@@ -143,7 +133,7 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
     job_of_machine(ctx, job_id, machine)
     job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     if body.reason == "oom":  # R21: remember the size that ran out of memory
-        size = JobRequest.from_params(job.model_id, "", job.kind, machine.name, job.params).size
+        size = job_request(job.model_id, "", job.kind, machine.name, job.params).size
         ctx.residency.record_oom(machine.name, job.model_id, job.kind, size, job.id)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Header, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.core.errors import NotFound
-from app.journal.jobs import JobState
+from app.core.states import JobState
 from app.api.routes.deps import Context
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 
@@ -49,12 +49,8 @@ def submit_job(
 @router.get("/jobs/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
-    progress = None
-    if job.state == JobState.running:
-        raw = ctx.redis.hgetall(ctx.keys.progress(job_id))
-        if "total" in raw:
-            progress = {"step": int(raw["step"]), "total": int(raw["total"])}
-    return JobPublic.from_job(job, progress)
+    progress = ctx.progress.read(job_id) if job.state == JobState.running else None
+    return JobPublic.from_job(job, progress.public() if progress else None)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)

@@ -40,7 +40,8 @@ def set_commitments(machine: str, body: CommitmentsUpdate, ctx: Context) -> dict
     """Replace the machine's residency commitments. 409 ``machine_busy`` while it has work
     queued or running (R16); 404 for an unknown machine or model. Checked and written under
     the fleet lock, so no job is placed there in between (R14)."""
-    return {"machine": machine, "models": sorted(commit_residency(ctx, machine, body.models))}
+    kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, body.models)
+    return {"machine": machine, "models": sorted(kept)}
 
 
 @router.get("/ooms")

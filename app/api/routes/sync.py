@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.context import ServerContext
 from app.core.errors import NotFound
 from app.api.routes.deps import Context, WorkerMachine, get_context
+from app.core.protocol import SyncFinish, SyncGrant, SyncProgress
 from app.jobs.sync import Syncs
 
 public_router = APIRouter(prefix="/v1")
@@ -22,7 +23,7 @@ internal_router = APIRouter(prefix="/internal/v1")
 
 
 def get_syncs(ctx: Annotated[ServerContext, Depends(get_context)]) -> Syncs:
-    return Syncs(ctx.settings, ctx.redis, ctx.celery, ctx.fleet, ctx.journal, ctx.registry, ctx.machines)
+    return ctx.syncs()
 
 
 SyncService = Annotated[Syncs, Depends(get_syncs)]
@@ -34,19 +35,6 @@ class SyncCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
 
     models: list[str] = Field(default_factory=list, max_length=256, description="model ids to copy")
-
-
-class SyncProgress(BaseModel):
-    files_done: int = Field(ge=0)
-    bytes_done: int = Field(ge=0)
-    file: str = Field("", max_length=1024)
-
-
-class SyncFinish(BaseModel):
-    succeeded: bool
-    message: str = Field("", max_length=4000)
-    results: list[dict[str, Any]] = Field(default_factory=list, max_length=100_000)
-    verified: list[str] = Field(default_factory=list)
 
 
 @public_router.post("/machines/{machine}/sync", status_code=202)
@@ -62,8 +50,8 @@ def get_sync(sync_id: str, syncs: SyncService) -> dict[str, Any]:
     return syncs.get(sync_id)
 
 
-@internal_router.post("/syncs/{sync_id}/claim")
-def claim_sync(sync_id: str, syncs: SyncService, machine: WorkerMachine) -> dict[str, Any]:
+@internal_router.post("/syncs/{sync_id}/claim", response_model=SyncGrant)
+def claim_sync(sync_id: str, syncs: SyncService, machine: WorkerMachine) -> SyncGrant:
     return syncs.claim(sync_id, machine.name)
 
 
@@ -74,7 +62,7 @@ def sync_progress(sync_id: str, body: SyncProgress, syncs: SyncService, machine:
 
 @internal_router.post("/syncs/{sync_id}/finish")
 def finish_sync(sync_id: str, body: SyncFinish, syncs: SyncService, machine: WorkerMachine) -> dict[str, Any]:
-    return syncs.finish(sync_id, machine.name, body.succeeded, body.message, body.results, body.verified)
+    return syncs.finish(sync_id, machine.name, body)
 
 
 @internal_router.get("/models/{model_id}/files/{path:path}", response_class=FileResponse)

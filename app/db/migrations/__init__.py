@@ -1,5 +1,5 @@
-"""Schema migrations of the journal's database (Alembic), applied at start-up by
-:func:`upgrade` and by ``homefleet db upgrade``. A new migration::
+"""Schema migrations of the journal's database (Alembic), applied by :func:`upgrade`: by
+``homefleet db upgrade`` and ``homefleet serve`` only (``app/db/engine.py``). A new migration::
 
     .venv/bin/python -m app.db.migrations revision "what changed"
 
@@ -8,11 +8,14 @@ autogenerates the difference between the tables (SQLModel metadata) and the last
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Engine
 
@@ -57,3 +60,19 @@ def revision(message: str) -> None:
             config.attributes["connection"] = connection
             command.revision(config, message=message, autogenerate=True)
 
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the journal's schema is at (None: no schema, or from before migrations)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+@functools.cache
+def head_revision() -> str:
+    """The newest revision this version of Homefleet ships."""
+    config = Config()
+    config.set_main_option("script_location", str(SCRIPTS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head

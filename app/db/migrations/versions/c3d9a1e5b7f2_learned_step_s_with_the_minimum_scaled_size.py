@@ -20,7 +20,7 @@ from collections import defaultdict
 import sqlalchemy as sa
 from alembic import op
 
-from routing.placement import JobRequest
+from app.core.kinds import job_request
 from routing.timings import EMA_WEIGHT, MIN_SCALED_SIZE, REFERENCE_SIZE
 
 revision = 'c3d9a1e5b7f2'
@@ -39,7 +39,7 @@ def upgrade() -> None:
     small: set[tuple[str, str, str]] = set()
     for machine, model_id, kind, params, run_s in runs:
         params = json.loads(params) if isinstance(params, str) else params
-        request = JobRequest.from_params(model_id, "", kind, machine, params)
+        request = job_request(model_id, "", kind, machine, params)
         key = (machine, model_id, kind)
         measured[key].append(run_s / max(1, request.steps) * REFERENCE_SIZE / max(request.size, MIN_SCALED_SIZE))
         if request.size < MIN_SCALED_SIZE:

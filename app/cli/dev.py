@@ -1,0 +1,109 @@
+"""Running a fleet on this host: ``homefleet demo``, ``drill``, ``bench``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from app.cli.common import console, server_settings
+
+dev_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
+
+
+@dev_cli.command()
+def drill(
+    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | visibility | hang")],
+    count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
+    work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
+) -> None:
+    """Run a fault drill on a private local fleet; the last line gives its figures (issue 5)."""
+    import tempfile
+
+    from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet
+    from app.devtools.tiny_models import make_tiny
+
+    if name not in DRILLS:
+        raise typer.BadParameter(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}", param_hint="NAME")
+    logging.basicConfig(level=logging.WARNING)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tiny = make_tiny(work_dir / "tiny", kinds=("txt2img",))["txt2img"]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
+    started = time.monotonic()
+    with DrillFleet(run_dir, tiny, **FLEET_OPTIONS.get(name, {})) as fleet:  # type: ignore[arg-type]
+        result = DRILLS[name](fleet, count)
+    console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
+    print(result.line())
+    if result.double_runs or result.lost:
+        raise typer.Exit(1)
+
+
+@dev_cli.command()
+def bench(
+    url: Annotated[str | None, typer.Option(help="the API to measure; default: http://HOMEFLEET_API_HOST:PORT")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="HOMEFLEET_API_KEY", help="bearer key; default: the first of HOMEFLEET_API_KEYS")] = None,
+    model: Annotated[str, typer.Option(help="registered txt2img model")] = "tiny-sd",
+    concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,2,4",
+    jobs: Annotated[int, typer.Option(min=1, help="jobs per level")] = 8,
+    steps: Annotated[int, typer.Option(min=1, help="denoising steps per job")] = 2,
+    target: Annotated[str, typer.Option(help="machine name or 'auto'")] = "auto",
+    local: Annotated[bool, typer.Option(help="start a private local fleet (Redis, API, workers m1 and m2) to measure")] = False,
+    work_dir: Annotated[Path, typer.Option(help="where --local keeps its fleet")] = Path("var/bench"),
+) -> None:
+    """Concurrency sweep of submissions: queue time and run time per machine, and rejections."""
+    from app.devtools.bench import sweep
+    from app.client import HomefleetClient
+
+    levels = [int(part) for part in concurrency.split(",") if part.strip()]
+    params = {"prompt": "a benchmark lighthouse", "steps": steps}
+    logging.basicConfig(level=logging.WARNING)
+    if local:
+        import tempfile
+
+        from app.devtools.drills import MODEL, DrillFleet
+        from app.devtools.tiny_models import make_tiny
+
+        work_dir.mkdir(parents=True, exist_ok=True)
+        tiny = make_tiny(work_dir / "tiny", kinds=("txt2img",))["txt2img"]
+        with DrillFleet(Path(tempfile.mkdtemp(prefix="bench-", dir=work_dir)), tiny) as fleet:
+            assert fleet.client is not None
+            reports = sweep(fleet.client, MODEL, levels, jobs, params, target)
+    else:
+        settings = server_settings()
+        key = api_key or (settings.api_keys[0] if settings.api_keys else None)
+        with HomefleetClient(url or f"http://{settings.api_host}:{settings.api_port}", api_key=key) as client:
+            reports = sweep(client, model, levels, jobs, params, target)
+    table = Table("concurrency", "machine", "jobs", "queue p50 s", "queue p95 s", "run p50 s", "run p95 s")
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for report in reports:
+        for row in report.rows():
+            table.add_row(str(row["concurrency"]), row["machine"], str(row["jobs"]), cell(row["queue_p50_s"]),
+                          cell(row["queue_p95_s"]), cell(row["run_p50_s"]), cell(row["run_p95_s"]))
+    console.print(table)
+    for report in reports:
+        for row in report.rows():
+            print(" ".join(f"{k}={cell(v) if isinstance(v, float) or v is None else v}" for k, v in row.items()))
+        refused = ", ".join(f"{reason}={n}" for reason, n in sorted(report.rejections.items())) or "none"
+        ended = ", ".join(f"{state}={n}" for state, n in sorted(report.ended.items())) or "none"
+        print(f"concurrency={report.concurrency} wall_s={report.wall_s:.2f} ended: {ended}; rejections: {refused}")
+
+
+@dev_cli.command()
+def demo(
+    data_dir: Annotated[Path, typer.Option(help="where the demo keeps its journal, models and results")] = Path("var/demo"),
+) -> None:
+    """The fleet on this machine: three machines, real tiny pipelines, real PNG results. Runs
+    its own Redis unless HOMEFLEET_REDIS_URL names one (then that one, if it answers)."""
+    from app.devtools.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = server_settings()
+    raise typer.Exit(run_demo(data_dir, settings.redis_url if "redis_url" in settings.model_fields_set else None,
+                              console))

@@ -1,0 +1,142 @@
+"""Fleet operations: ``homefleet sync``, ``status``, ``flower``, ``drain``, ``reconcile``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from app.cli.common import console, server_settings
+
+fleet_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
+
+
+@fleet_cli.command()
+def sync(
+    machine: Annotated[str, typer.Argument(help="the machine to copy to")],
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every model it supports")] = None,
+    wait: Annotated[bool, typer.Option(help="follow the copy with a progress bar until it ends")] = True,
+) -> None:
+    """Copy model files from the server to MACHINE (R6): the worker pulls, verifies, renames.
+    Refused (exit 2) while the machine has work queued or running. Exit 1 if the sync fails."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from app.context import build_checked_context
+    from app.jobs.sync import SYNC_ENDED
+
+    ctx = build_checked_context(server_settings())
+    try:
+        syncs = ctx.syncs()
+        record = syncs.start(machine, model or [])
+        console.print(f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
+                      f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}")
+        if not wait:
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
+            while record["state"] not in SYNC_ENDED:
+                time.sleep(0.2)
+                record = syncs.get(record["id"])
+                progress.update(bar, completed=record["bytes_done"],
+                                description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}")
+    finally:
+        ctx.close()
+    for result in record["results"]:
+        if result["status"] not in ("present", "copied"):
+            console.print(f"[red]{result['status']}[/] {result['model_id']}/{result['path']}: {result['message']}")
+    colour = "green" if record["state"] == "succeeded" else "red"
+    console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
+                  f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else ""))
+    raise typer.Exit(0 if record["state"] == "succeeded" else 1)
+
+
+@fleet_cli.command()
+def status() -> None:
+    """Machines: online, state (draining, syncing: nothing new is placed there), verified and
+    warm models, backlog (LLEN of machine.<name> + running) and expected drain time (seconds,
+    from learned timings)."""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())  # running counts come from the journal: the server's
+    try:
+        table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
+        for row in ctx.status():
+            table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
+                          ", ".join(row["verified_models"]) or "-",
+                          ", ".join(row["warm_models"]) or "-", str(row["backlog"]), f"{row['drain_s']:.1f}")
+        console.print(table)
+    finally:
+        ctx.close()
+
+
+@fleet_cli.command()
+def flower(
+    port: int = 5555,
+    address: str = "127.0.0.1",
+    basic_auth: Annotated[str | None, typer.Option(help="user:password for the dashboard and API")] = None,
+) -> None:
+    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does)."""
+    import os
+
+    argv = [sys.executable, "-m", "celery", "-A", "app.celery", "flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    os.execv(sys.executable, argv)
+
+
+@fleet_cli.command()
+def drain(
+    machine: Annotated[str, typer.Argument(help="the machine to drain")],
+    undo: Annotated[bool, typer.Option("--undo", help="resume placing jobs on it")] = False,
+    wait: Annotated[bool, typer.Option(help="wait until its backlog is empty")] = True,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait, seconds")] = 3600.0,
+) -> None:
+    """Stop placing new jobs on MACHINE (pinned jobs get 503 machine_draining, Auto skips it),
+    then wait with a progress bar until its queued and running jobs are done."""
+    from rich.progress import Progress
+
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        if machine not in ctx.fleet.machines:
+            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        if undo:
+            ctx.redis.delete(ctx.keys.draining(machine))
+            console.print(f"{machine}: placing jobs again")
+            return
+        ctx.redis.set(ctx.keys.draining(machine), "1")
+        backlog = ctx.machines.view(machine).backlog
+        console.print(f"{machine}: draining; {backlog} jobs queued or running")
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout_s
+        with Progress(console=console) as progress:
+            bar = progress.add_task(f"draining {machine}", total=max(backlog, 1))
+            while (left := ctx.machines.view(machine).backlog) and time.monotonic() < deadline:
+                progress.update(bar, completed=max(backlog, 1) - min(left, backlog))
+                time.sleep(1)
+            if not left:
+                progress.update(bar, completed=max(backlog, 1))
+        if left:
+            console.print(f"{machine}: {left} jobs still there after {timeout_s} s; it stays drained")
+            raise typer.Exit(1)
+        console.print(f"{machine}: drained")
+    finally:
+        ctx.close()
+
+
+@fleet_cli.command()
+def reconcile() -> None:
+    """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
+    from app.context import build_checked_context
+    ctx = build_checked_context(server_settings())
+    try:
+        console.print(str(ctx.reconciler(server=False).run_once()))
+    finally:
+        ctx.close()

@@ -1,0 +1,86 @@
+"""``homefleet models …``: the model registry on the server (R1, R4, R5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from app.cli.common import console, server_settings
+
+models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
+
+
+@models_cli.command("make-tiny")
+def models_make_tiny(
+    directory: Annotated[Path, typer.Argument(help="where to build the tiny pipelines")],
+    kind: Annotated[list[str] | None, typer.Option(help="kinds to build (repeatable); default txt2img")] = None,
+    seed: int = 0,
+) -> None:
+    """Build tiny diffusers pipelines with random weights (never downloads anything)."""
+    from app.devtools.tiny_models import make_tiny
+
+    built = make_tiny(directory, kinds=tuple(kind or ["txt2img"]), seed=seed)
+    for name, folder in built.items():
+        console.print(f"{name}: {folder}")
+
+
+@models_cli.command("add")
+def models_add(
+    path: Annotated[Path, typer.Argument(help="a diffusers folder (with model_index.json)")],
+    model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
+    quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
+) -> None:
+    """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization)
+        manifest = ctx.registry.manifest(record.id)
+    finally:
+        ctx.close()
+    console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
+
+
+@models_cli.command("list")
+def models_list() -> None:
+    """Registered models with their family, kinds and size."""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        table = Table("id", "family", "kinds", "bytes", "pipeline")
+        for m in ctx.registry.list():
+            table.add_row(m.id, m.family, ",".join(m.kinds), str(m.total_bytes), m.pipeline_class)
+        console.print(table)
+    finally:
+        ctx.close()
+
+
+@models_cli.command("verify")
+def models_verify(
+    model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every registered model")] = None,
+) -> None:
+    """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
+    cache; record changed digests. Exit 1 if any file changed or is missing (R5, C07)."""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        checks = ctx.registry.verify(model or None)
+    finally:
+        ctx.close()
+    table = Table("model", "file", "status", "digest")
+    for check in checks:
+        colour = {"ok": "green", "changed": "yellow", "missing": "red"}[check.status]
+        detail = check.actual if check.status == "ok" else f"{check.recorded} -> {check.actual or 'missing'}"
+        table.add_row(check.model_id, check.path, f"[{colour}]{check.status}[/]", detail)
+    console.print(table)
+    bad = [c for c in checks if c.status != "ok"]
+    console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
+    raise typer.Exit(1 if bad else 0)

@@ -1,0 +1,363 @@
+"""Validate before the GPU (R22): every check a submission passes before any side effect, in
+one module (STYLE.md #8). :meth:`Validator.request` is the single entry; the checks it runs are
+the functions below, each refusing with :class:`~app.core.errors.Rejected` (422) whose message
+names the field, the value, the limit and the fix, and whose ``reason`` is ``invalid_<field>``
+(``unknown_param``, ``kind_not_supported``, ``unknown_file``…) so refusals can be counted.
+
+What each kind accepts (params, defaults, ranges, inputs, "prompt required") is its spec in
+``app/core/kinds.py``; what each family allows (pixels, steps, frames, tokens, uploads) is its
+:class:`~app.core.limits.FamilyLimits`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import NotFound, Rejected
+from app.core.kinds import MAX_SEED, OUTPUT_SIZE_FIELDS, KindSpec, job_request, spec
+from app.core.limits import FamilyLimits, limits_for
+from app.store.files import InputStore, StoredFile
+from app.store.registry import Registry
+from routing.placement import JobRequest
+
+INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n")
+"""Params that :func:`check_submission` takes as integers, also when a JSON client sends an
+integer-valued float (``512.0``)."""
+
+
+class Validator:
+    """Checks a submission against its model (registry), its kind's spec, its family's limits
+    and its inputs (the input store), counting prompt tokens with the model's own tokenizer."""
+
+    def __init__(self, registry: Registry, inputs: InputStore, limits: Mapping[str, FamilyLimits]) -> None:
+        self.registry = registry
+        self.inputs = inputs
+        self.limits = limits
+        self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
+
+    def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
+        """The placement request of a submission, after every check of its params. Mutates
+        ``params``: integer-valued floats become ints, and for kinds whose output size follows
+        their input image (edit, upscale) ``output_width``/``output_height`` (pixels) are set,
+        so the journal shows what was priced.
+
+        Raises:
+            NotFound: the model is not registered (reason ``unknown_model``).
+            Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), the
+                params exceed the family's limits (reason ``invalid_<field>``), or an input,
+                format, seed or number is refused (:func:`check_kind_params`).
+        """
+        record = self.registry.get(model_id)
+        if kind not in record.kinds:
+            raise Rejected(f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
+                           reason="kind_not_supported")
+        limits = limits_for(self.limits, record.family)
+        if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
+            limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
+        check_submission(params, limits, self.tokenizers.counter(model_id), kind)
+        params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
+        check_kind_params(kind, params, self.inputs, limits)
+        params.update(output_size(kind, params, self.inputs))
+        if "output_width" in params:
+            check_output_pixels(params["output_width"], params["output_height"], limits)
+        return job_request(model_id, record.family, kind, target, params)
+
+
+def _integer(params: Mapping[str, Any], name: str) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:  # exactly an integer
+            return int(value)
+        raise Rejected(f"`{name}` must be an integer, got {value!r}", reason=f"invalid_{name}")
+    return value
+
+
+def integer_params(params: Mapping[str, Any]) -> dict[str, int]:
+    """The :data:`INTEGER_PARAMS` of ``params`` sent as integer-valued floats, as ints: what the
+    server stores, prices and sends to the pipeline (``64.0`` frames are 64 frames, not 8)."""
+    return {name: int(value) for name in INTEGER_PARAMS
+            if isinstance(value := params.get(name), float) and value.is_integer() and abs(value) <= 2**53}
+
+
+def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") -> None:
+    if value is not None and not low <= value <= high:
+        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {value}", reason=f"invalid_{name}")
+
+
+def check_known_params(kind: str, params: Mapping[str, Any]) -> KindSpec:
+    """Refuse keys of ``params`` that ``kind`` does not use, instead of ignoring them (R22):
+    ``{"prompt": "x", "stepz": 4}`` would otherwise run with the default steps. Returns the
+    kind's spec.
+
+    Raises:
+        Rejected: reason ``unknown_param``, naming each unknown key and listing the params
+            ``kind`` takes; reason ``kind_not_supported`` when ``kind`` is not implemented.
+    """
+    try:
+        kind_spec = spec(kind)
+    except KeyError as error:
+        raise Rejected(str(error.args[0]), reason="kind_not_supported") from error
+    unknown = [name for name in params if name not in kind_spec.accepted]
+    if unknown:
+        named = ", ".join(f"params.{name}" for name in unknown)
+        verb = "is not a param" if len(unknown) == 1 else "are not params"
+        raise Rejected(f"{named} {verb} of kind {kind!r}; it takes {', '.join(kind_spec.params)}",
+                       reason="unknown_param", param=f"params.{unknown[0]}")
+    return kind_spec
+
+
+def check_submission(
+    params: Mapping[str, Any], limits: FamilyLimits, count_tokens: Callable[[str], int] | None = None,
+    kind: str | None = None,
+) -> None:
+    """Refuse a submission whose params exceed ``limits`` (R22). Pure: no side effect.
+
+    With ``kind``, first refuses keys that kind does not use (:func:`check_known_params`) and a
+    missing prompt where the kind requires one. Checks ``width``/``height`` (pixels, multiples of
+    ``multiple_of``, product <= ``max_pixels``), ``steps``, ``frames`` (video) and ``n`` (images
+    per OpenAI request), ``prompt``/``negative_prompt`` (strings; characters; tokens, counted
+    with ``count_tokens``).
+
+    Raises:
+        Rejected: reason ``invalid_<field>``; the message names the field, value and limit.
+            Reason ``unknown_param`` for a key ``kind`` does not use, naming it and the params
+            ``kind`` takes.
+    """
+    prompt = params.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise Rejected(f"`prompt` must be a string, got {type(prompt).__name__}", reason="invalid_prompt")
+    if kind is not None:
+        kind_spec = check_known_params(kind, params)
+        if kind_spec.prompt_required and not (prompt or "").strip():
+            raise Rejected(f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt")
+    width, height = _integer(params, "width"), _integer(params, "height")
+    for name, side in (("width", width), ("height", height)):
+        if side is None:
+            continue
+        if side < limits.min_side or side % limits.multiple_of:
+            raise Rejected(
+                f"`{name}` must be a multiple of {limits.multiple_of} and at least {limits.min_side} pixels, "
+                f"got {side}", reason=f"invalid_{name}",
+            )
+    if width is not None or height is not None:
+        pixels = (width or 64) * (height or 64)
+        if pixels > limits.max_pixels:
+            raise Rejected(
+                f"`width` x `height` must be at most {limits.max_pixels} pixels, got {width} x {height} = {pixels}; "
+                "ask for a smaller size", reason="invalid_size",
+            )
+    _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
+    _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
+    _bounded("n", _integer(params, "n"), 1, limits.max_batch, " (max_batch)")
+    for name in ("prompt", "negative_prompt"):
+        text = params.get(name)
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise Rejected(f"`{name}` must be a string, got {type(text).__name__}", reason=f"invalid_{name}")
+        if len(text) > limits.max_prompt_chars:
+            raise Rejected(f"`{name}` must be at most {limits.max_prompt_chars} characters (max_prompt_chars), "
+                           f"got {len(text)}; shorten it", reason=f"invalid_{name}")
+        if count_tokens is not None:
+            tokens = count_tokens(text)
+            if tokens > limits.max_prompt_tokens:
+                raise Rejected(
+                    f"`{name}` must be at most {limits.max_prompt_tokens} tokens (the model's tokenizer, "
+                    f"with start and end tokens), got {tokens}; shorten it", reason=f"invalid_{name}",
+                )
+
+
+def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
+    """Refuse a number param of the kind that is not a finite number in its range.
+
+    Raises:
+        Rejected: reason ``invalid_params``, naming the field, the value and the range.
+    """
+    for number in kind_spec.numbers:
+        if number.name not in params:
+            continue
+        value = params[number.name]
+        kinds_ok = (int,) if number.integer else (int, float)
+        if (not isinstance(value, kinds_ok) or isinstance(value, bool) or not math.isfinite(value)
+                or not number.low <= value <= number.high):
+            wanted = "an integer" if number.integer else "a number"
+            raise Rejected(f"params.{number.name} must be {wanted} from {number.low:g} to {number.high:g}, "
+                           f"got {value!r}", reason="invalid_params")
+
+
+def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: str = "image") -> None:
+    """Refuse an uploaded input over ``max_upload_bytes`` or of a media type not allowed.
+
+    Raises:
+        Rejected: reason ``invalid_<field>``, naming size or type and the limit.
+    """
+    if size_bytes > limits.max_upload_bytes:
+        raise Rejected(f"`{field}` must be at most {limits.max_upload_bytes} bytes (max_upload_bytes), "
+                       f"got {size_bytes}", reason=f"invalid_{field}")
+    if media_type not in limits.upload_media_types:
+        allowed = ", ".join(limits.upload_media_types)
+        raise Rejected(f"`{field}` must be one of {allowed} (upload_media_types), got {media_type!r}",
+                       reason=f"invalid_{field}")
+
+
+def check_input_upload(field: str, stored: StoredFile, limits: FamilyLimits) -> None:
+    """Refuse an uploaded input that a job names in ``params.<field>`` when its model family
+    does not take it (R22): more than ``max_upload_bytes`` bytes, or a media type (sniffed at
+    upload) not in ``upload_media_types``. ``POST /v1/files`` knows no model and checks only
+    the global ``max_input_bytes``; the family's limits apply here, at submission.
+
+    Raises:
+        Rejected: reason ``invalid_<field>`` as ``POST /v1/images/edits`` refuses the same
+            upload (:func:`check_upload`), param ``params.<field>``; the message names the
+            param, the limit and the value.
+    """
+    try:
+        check_upload(stored.size_bytes, stored.media_type, limits, field)
+    except Rejected as error:
+        raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
+
+
+def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
+                      limits: FamilyLimits | None = None) -> None:
+    """Refuse params ``kind`` cannot run with, naming the field, the value and the limit.
+    With ``limits`` (the model family's), each input file must also fit its upload limits
+    (:func:`check_input_upload`).
+
+    Raises:
+        Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
+            an input file over the family's ``max_upload_bytes`` or of a media type not in its
+            ``upload_media_types`` (reason ``invalid_<field>``), an input whose sides are not
+            multiples of 8, a bad video format, a number out of its range, a seed that is not
+            an integer from 0 to 2**63-1.
+    """
+    kind_spec = spec(kind)
+    seed = params.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
+        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+    check_numbers(kind_spec, params)
+    for field in kind_spec.inputs:
+        value = params.get(field)
+        if not isinstance(value, str) or not value:
+            raise Rejected(f"params.{field} is required for kind {kind!r}: the id of a file uploaded with "
+                           f"POST /v1/files, got {value!r}", reason="invalid_params")
+        try:
+            stored = inputs.get(value)
+        except (Rejected, NotFound) as error:  # a refusal of the submission, naming the field
+            raise Rejected(f"params.{field}: {error.message}", reason=error.reason) from error
+        if limits is not None:
+            check_input_upload(field, stored, limits)
+        if kind_spec.output_scale is not None:  # the pipelines round other sides down: the output would not be as journaled
+            width, height = image_size(stored.path)
+            if width % 8 or height % 8:
+                raise Rejected(f"params.{field}: the image to {kind} must have a width and height that are multiples "
+                               f"of 8 pixels, got {width}x{height}", reason="invalid_params")
+    if kind_spec.formats:
+        fmt = kind_spec.value(params, "format")
+        if fmt not in kind_spec.formats:
+            raise Rejected(f"params.format must be one of {', '.join(kind_spec.formats)}, got {fmt!r}",
+                           reason="invalid_params")
+
+
+def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dict[str, int]:
+    """``{"output_width": W, "output_height": H}`` in pixels for kinds whose output size follows
+    their input image (the kind's ``output_scale`` times the input's sides), else ``{}``.
+    Placement prices a job's run time and memory by its output pixels. Call after
+    :func:`check_kind_params` (the input must exist)."""
+    kind_spec = spec(kind)
+    if kind_spec.output_scale is None:
+        return {}
+    width, height = image_size(inputs.get(str(params[kind_spec.inputs[0]])).path)
+    return dict(zip(OUTPUT_SIZE_FIELDS, (width * kind_spec.output_scale, height * kind_spec.output_scale), strict=True))
+
+
+def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: str = "image") -> None:
+    """Refuse a job whose output (from its input image: an edit keeps the size, the x4 upscaler
+    multiplies each side by 4) exceeds ``max_pixels``.
+
+    Raises:
+        Rejected: reason ``invalid_size``, naming the field, the output size and the limit.
+    """
+    if width * height > limits.max_pixels:
+        raise Rejected(
+            f"params.{field}: the output would be {width} x {height} = {width * height} pixels; the limit "
+            f"(max_pixels) is {limits.max_pixels}; send a smaller image", reason="invalid_size",
+        )
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels, read from the image header only.
+
+    Raises:
+        Rejected: the stored file is not a readable image (reason ``input_corrupt``; uploads are
+            decoded completely since they are checked, app/store/media.py).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
+        raise Rejected(f"params.image: the uploaded file is not a readable image ({error}); upload it again",
+                       reason="input_corrupt") from error
+
+
+def model_max_frames(folder: Path) -> int | None:
+    """The most frames a video model's motion modules take: ``motion_max_seq_length`` in its
+    ``motion_adapter`` (else ``unet``) config.json (AnimateDiff: 32), or None when its config
+    names no such limit (or cannot be read: the worker's file check, R5, reports that). Read
+    again whenever a config file's size or modification time changes."""
+    for component in ("motion_adapter", "unet"):
+        path = folder / component / "config.json"
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        limit = _motion_max_seq_length(path, stat.st_mtime_ns, stat.st_size)
+        if limit is not None:
+            return limit
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _motion_max_seq_length(path: Path, _mtime_ns: int, _size: int) -> int | None:
+    try:
+        limit = json.loads(path.read_text()).get("motion_max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+class PromptTokenizers:
+    """Each model's own tokenizer (``<model folder>/tokenizer``), loaded lazily with
+    transformers and cached per model. A model without one counts no tokens (None)."""
+
+    def __init__(self, folder_of: Callable[[str], Path]) -> None:
+        self.folder_of = folder_of
+        self._cache: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def counter(self, model_id: str) -> Callable[[str], int] | None:
+        """``text -> number of tokens`` (with start/end tokens, untruncated), or None."""
+        with self._lock:
+            if model_id not in self._cache:
+                self._cache[model_id] = self._load(model_id)
+            tokenizer = self._cache[model_id]
+        if tokenizer is None:
+            return None
+        return lambda text: len(tokenizer(text, truncation=False)["input_ids"])
+
+    def _load(self, model_id: str) -> Any:
+        folder = self.folder_of(model_id) / "tokenizer"
+        if not folder.is_dir():
+            return None
+        from transformers import AutoTokenizer  # lazy: transformers costs seconds to import
+
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -1,0 +1,153 @@
+"""The worker's end of the watchdog (R19) and of the remembered OOM (R21).
+
+- The pool process records which job it runs (:func:`mark_running`, :func:`mark_working`,
+  :func:`clear_running`: ``Keys.running``, JSON ``{job_id, pid[, working]}``).
+- When reconciliation declares a running job hung it asks for a restart (``Keys.restart``);
+  :meth:`Watchdog.obey_restart` kills the pool process when, and only when, that process runs
+  that job (the prefork pool starts a fresh one).
+- A pool process killed under its job is reported by the parent (:meth:`Watchdog.report_lost`):
+  killed by SIGKILL, what the kernel's OOM killer sends, as an ``oom`` so the server remembers
+  its size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+
+import httpx
+import psutil
+import redis
+
+from app.core.config import WorkerSettings
+from app.core.errors import HomefleetError
+from app.core.keys import Keys
+from tasks.server_client import ServerClient
+
+log = logging.getLogger("homefleet.worker")
+
+# KEYS[1] running record, ARGV: this process's records (waiting, working): remove only our own.
+_CLEAR_OWN = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] or current == ARGV[2] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _running_record(job_id: str, working: bool = False) -> str:
+    record: dict[str, object] = {"job_id": job_id, "pid": os.getpid()}
+    if working:
+        record["working"] = True
+    return json.dumps(record, sort_keys=True)
+
+
+def mark_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Record that this pool process (its pid) now runs ``job_id``, for the watchdog (R19).
+    Called in the pool process when a job's task starts."""
+    client.set(keyspace.running(machine), _running_record(job_id))
+
+
+def mark_working(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Record that this pool process's job now holds the model cache (past the start-up
+    preload, R16): from here a death of the process is the job's own (R21, :meth:`Watchdog.report_lost`)."""
+    client.set(keyspace.running(machine), _running_record(job_id, working=True))
+
+
+def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
+    """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
+    written by another process (the pool's next one) is left alone. A process that dies under a
+    job leaves its record behind, naming a pid that is no longer a pool process."""
+    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True))
+
+
+class Watchdog:
+    """Runs in the worker's parent process (the heartbeat's thread calls :meth:`obey_restart`;
+    Celery's ``task_failure`` signal calls :meth:`report_lost`)."""
+
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str) -> None:
+        self.settings = settings
+        self.redis = client
+        self.keys = Keys(settings.key_prefix)
+        self.boot_id = boot_id
+        self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
+
+    def obey_restart(self) -> None:
+        """When the server marked this machine's running job ``hung``, kill the pool process that
+        runs it; the prefork pool starts a fresh one. The job is not re-run: its message was
+        acked at start, and the journal already says ``interrupted``.
+
+        The kill happens only when the running record (:func:`mark_running`) names that job and
+        a live pool process of this worker. A job can stay ``running`` in the journal with
+        nobody running it (its process was killed, or its claim's answer was lost): killing
+        the pool then would cut the next, innocent job. Such a request is dropped, with a log
+        line."""
+        machine = self.settings.machine
+        job_id = self.redis.getdel(self.keys.restart(machine))
+        if job_id is None:
+            return
+        raw = self.redis.get(self.keys.running(machine))
+        running = json.loads(raw) if raw else {}
+        children = {child.pid: child for child in psutil.Process().children()}
+        pid = running.get("pid")
+        if running.get("job_id") != job_id or pid not in children:
+            log.warning("%s: job %s was declared hung, but no pool process runs it (running: %s in pid %s); "
+                        "restart request dropped, nothing killed", machine, job_id, running.get("job_id") or "none",
+                        pid if pid in children else "none")
+            return
+        log.warning("%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
+                    machine, job_id, pid)
+        self.killed.add(job_id)
+        still = self.redis.get(self.keys.running(machine))  # again, at the last moment: the job may just have ended
+        if still is None or json.loads(still).get("job_id") != job_id:
+            log.warning("%s: job %s ended before its pool process was killed; nothing killed", machine, job_id)
+            self.killed.discard(job_id)
+            return
+        try:
+            children[pid].kill()
+        except psutil.NoSuchProcess:
+            log.info("%s: pool process %d of job %s had already ended", machine, pid, job_id)
+
+    def report_lost(self, job_id: str, error: BaseException) -> None:
+        """R21: the pool process running ``job_id`` died before the job reported back (Celery's
+        ``WorkerLostError``, raised in this, the parent process). Killed by SIGKILL, what the
+        kernel's OOM killer sends, the job is reported failed with reason ``oom``, so the server
+        remembers its size. Not reported: a process the watchdog killed (the server already
+        marked that job ``interrupted``) and any other death (reconciliation marks the job
+        ``interrupted``, R19). Sent from a short daemon thread, so Celery's main loop never waits
+        on the server; a report the server refuses (the job had ended, or was never claimed) is
+        logged and dropped."""
+        machine = self.settings.machine
+        if job_id in self.killed:
+            self.killed.discard(job_id)
+            return
+        if f"signal {int(signal.SIGKILL)} " not in str(error):
+            log.error("%s: job %s lost its pool process (%s); left to reconciliation", machine, job_id, error)
+            return
+        raw = self.redis.get(self.keys.running(machine))
+        running = json.loads(raw) if raw else {}
+        if running.get("job_id") == job_id and not running.get("working"):
+            # Killed while the job waited for the start-up preload: the preload's load, not this job.
+            log.error("%s: job %s lost its pool process to SIGKILL while the preload loaded committed models; "
+                      "reported as an error, no OOM remembered", machine, job_id)
+            reason = "error"
+            message = f"its pool process was killed while the start-up preload loaded committed models: {error}"
+        else:
+            log.error("%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id,
+                      error)
+            reason = "oom"
+            message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
+
+        def send() -> None:
+            server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
+                                  self.boot_id, self.settings.server_retry_s, machine=machine)
+            try:
+                server.fail(job_id, reason, message)
+            except (HomefleetError, httpx.HTTPError) as refusal:
+                log.warning("%s: job %s not reported as oom: %s", machine, job_id, refusal)
+            finally:
+                server.close()
+
+        threading.Thread(target=send, name="homefleet-report-lost", daemon=True).start()

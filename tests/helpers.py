@@ -1,0 +1,158 @@
+"""Shared test helpers, one copy each: fleets, settings for CLI subprocesses, waiting, a live
+worker's advertisement, small images. Fixtures live in ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, TypeVar
+
+from app.core.config import Settings
+from app.fleet.config import Fleet, Machine
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+
+TEST_API_KEY = "test-api-key-0123456789"
+FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
+
+T = TypeVar("T")
+
+
+def make_fleet(*names: str, families: frozenset[str] = FAMILIES) -> Fleet:
+    """A fleet of CPU machines with distinct 32-character tokens; ``server`` is always in it."""
+    machines = {}
+    for name in ("server", *names):
+        machines[name] = Machine(
+            name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000,
+            families=families, token=f"token-{name}-".ljust(32, "x"),
+        )
+    return Fleet(machines=machines)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 180,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``homefleet ARGS`` as a user would; with ``check``, raise with its output if it fails."""
+    full_env = {**os.environ, **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if check and done.returncode != 0:
+        raise AssertionError(f"homefleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``HOMEFLEET_*`` variables that give a CLI subprocess the same server settings."""
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    if settings.fleet_file:
+        env["HOMEFLEET_FLEET_FILE"] = str(settings.fleet_file)
+    return env
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "condition",
+             poll_s: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns something true; return it. Raises ``AssertionError``
+    naming ``what`` after ``timeout_s`` seconds (a deadline, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+    return value
+
+
+def bring_online(ctx: ServerContext, machine: str, verified: set[str] | frozenset[str] = frozenset(),
+                 warm: tuple[str, ...] = (), ttl_s: int = 600) -> None:
+    """Write what a live worker of ``machine`` advertises, without running one: its heartbeat
+    (with its ``warm`` models, least recently used first) and, replacing any, its verified set (R4)."""
+    beat = {"machine": machine, "at": time.time(), "warm_models": list(warm)}
+    ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps(beat), ex=ttl_s)
+    ctx.redis.delete(ctx.keys.verified(machine))
+    if verified:
+        ctx.redis.sadd(ctx.keys.verified(machine), *verified)
+
+
+def files_under(folder: Path) -> set[Path]:
+    """Every file below ``folder``."""
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+def png(width: int, height: int, colour: tuple[int, int, int] | None = None) -> bytes:
+    """A PNG of width x height pixels: one ``colour``, else a gradient (so it compresses)."""
+    from PIL import Image
+
+    image = Image.new("RGB", (width, height), colour or (0, 0, 0))
+    if colour is None:
+        image.putdata([(x * 255 // width, y * 255 // height, 96) for y in range(height) for x in range(width)])
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A real safetensors file of uint8 tensors (name -> bytes), zero-filled."""
+    header, offset = {}, 0
+    for name, size in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+class FakeTorch:
+    """A torch module with ``cuda`` and ``mps`` namespaces: allocations are tracked in bytes,
+    the allocator cache keeps freed bytes until ``empty_cache``; every call is recorded."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.live_bytes = 0  # held by live tensors
+        self.cached_bytes = 0  # freed but kept by the caching allocator
+        self.calls: list[str] = []
+        self.fraction: float | None = None
+        self.cuda = SimpleNamespace(mem_get_info=self._mem_get_info, empty_cache=self._empty_cache,
+                                    memory_allocated=lambda: self.live_bytes)
+        self.mps = SimpleNamespace(recommended_max_memory=lambda: self.total_bytes,
+                                   driver_allocated_memory=lambda: self.live_bytes + self.cached_bytes,
+                                   empty_cache=self._empty_cache,
+                                   set_per_process_memory_fraction=self._set_fraction)
+
+    def _mem_get_info(self) -> tuple[int, int]:
+        return self.total_bytes - self.live_bytes - self.cached_bytes, self.total_bytes
+
+    def _empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+        self.cached_bytes = 0
+
+    def _set_fraction(self, fraction: float) -> None:
+        self.calls.append(f"set_fraction({fraction})")
+        self.fraction = fraction
+
+
+class FakePipeline:
+    """Holds ``nbytes`` of the fake device until it is garbage collected."""
+
+    def __init__(self, torch: FakeTorch, name: str, nbytes: int) -> None:
+        self.torch, self.name, self.nbytes = torch, name, nbytes
+        torch.calls.append(f"load({name})")
+        torch.live_bytes += nbytes
+
+    def to(self, device: str) -> FakePipeline:
+        """As a diffusers pipeline's: moves every component onto ``device``."""
+        self.device = device
+        return self
+
+    def __del__(self) -> None:
+        self.torch.calls.append(f"free({self.name})")
+        self.torch.live_bytes -= self.nbytes
+        self.torch.cached_bytes += self.nbytes

@@ -1,0 +1,383 @@
+"""Strict routing through the HTTP API on a real Redis and journal (R10–R14): every refusal
+reason, Auto and its dry run, predicted vs measured times and learned timings."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.core import keys
+from app.core.config import Settings
+from app.context import ServerContext, build_context
+from app.core.digest import bytes_digest
+from app.fleet.config import Fleet, Machine, ModelGuess
+from app.core.states import JobState
+from app.fleet.machines import StaticResidencyFacts
+from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
+from app.api.server import create_app
+from routing.timings import MIN_SCALED_SIZE
+from tests.helpers import bring_online, write_safetensors, FAMILIES
+
+MODEL = "tiny-sd"
+VIDEO = "tiny-video"
+PIXELS = 64 * 64
+
+
+def machine(name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset[str] = FAMILIES,
+            dedicated: bool = False) -> Machine:
+    return Machine(name=name, backend="cuda" if dedicated else "cpu", memory_kind="dedicated" if dedicated else "unified",
+                   memory_bytes=memory_bytes, families=families, token=f"token-{name}-".ljust(32, "x"))
+
+
+def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str, str]:
+    """The environment that points a `homefleet` command at this test's fleet, Redis and journal."""
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(ctx.fleet.to_toml())
+    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
+           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    if settings.database_url:
+        env["HOMEFLEET_DATABASE_URL"] = settings.database_url
+    return env
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    fleet = Fleet(machines={m.name: m for m in [
+        machine("server"), machine("m1"), machine("m2"), machine("off"), machine("small", memory_bytes=200_000_000),
+        machine("nosd", families=frozenset({"sd-upscale"})), machine("gpu", dedicated=True), machine("resv"),
+        machine("oomy"),
+    ]})
+    ctx = build_context(settings, fleet, migrate=True)
+    ctx.machines.residency = StaticResidencyFacts(
+        committed={"gpu": frozenset({VIDEO}), "resv": frozenset({MODEL})},
+        ooms={"oomy": {(MODEL, "txt2img"): PIXELS}},
+    )
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    video = tmp_path / "video-src"
+    video.mkdir()
+    (video / "model_index.json").write_text(json.dumps({"_class_name": "AnimateDiffPipeline"}))
+    (video / "unet").mkdir()
+    write_safetensors(video / "unet" / "diffusion_pytorch_model.safetensors", {"a": 1000, "b": 234})
+    ctx.registry.add(video, VIDEO)
+    both = {MODEL, VIDEO}
+    for name in ("server", "m1", "m2", "small", "nosd", "gpu", "resv", "oomy"):
+        bring_online(ctx, name, set() if name == "m1" else both)
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {settings.api_keys[0]}"}) as client:
+        yield client, ctx
+
+
+def nothing_enqueued(ctx: ServerContext) -> bool:
+    return all(ctx.redis.llen(keys.queue(m)) == 0 and ctx.machines.reservations.count(m) == 0 for m in ctx.fleet.machines)
+
+
+REFUSALS = [
+    ("nope", MODEL, 422, "unknown_machine"),
+    ("off", MODEL, 503, "machine_unavailable"),
+    ("m1", MODEL, 422, "model_not_verified"),
+    ("nosd", MODEL, 422, "family_not_supported"),
+    ("small", MODEL, 422, "too_large"),
+    ("gpu", MODEL, 422, "residency_conflict"),
+    ("resv", VIDEO, 422, "video_on_reserved_machine"),
+    ("oomy", MODEL, 422, "remembered_oom"),
+]
+
+
+@pytest.mark.parametrize(("target", "model", "status", "reason"), REFUSALS, ids=[r[3] for r in REFUSALS])
+def test_r10_explicit_target_refusals_through_the_api(
+    api: tuple[TestClient, ServerContext], target: str, model: str, status: int, reason: str
+) -> None:
+    client, ctx = api
+    kind = "video" if model == VIDEO else "txt2img"
+    answer = client.post("/v1/jobs", json={"model": model, "kind": kind, "params": {"prompt": "x"}, "target": target})
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["reason"] == reason and target in error["message"]
+    [journaled] = ctx.journal.list()
+    assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
+    assert nothing_enqueued(ctx)
+    shown = client.get(f"/v1/jobs/{error['job_id']}").json()  # the refusal's journal entry, by the id in the 422/503
+    assert (shown["id"], shown["state"], shown["reason"]) == (journaled.id, "rejected", reason)
+
+
+def test_a_misspelt_request_field_is_refused_naming_it_not_ignored(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    typo = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "targt": "m2"})
+    assert typo.status_code == 422 and "targt" in typo.json()["error"]["message"]
+    sync = client.post("/v1/machines/m2/sync", json={"modelz": [MODEL]})  # would have synced every model
+    assert sync.status_code == 422 and "modelz" in sync.json()["error"]["message"]
+    residency = client.put("/v1/machines/m2/residency", json={"model": [MODEL]})
+    assert residency.status_code == 422 and "model" in residency.json()["error"]["message"]
+    assert ctx.journal.list([JobState.queued]) == [] and not ctx.redis.exists(ctx.keys.syncing("m2"))
+
+
+def test_r16_a_commitment_to_a_model_the_machine_cannot_hold_is_refused(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    refused = client.put("/v1/machines/nosd/residency", json={"models": [MODEL]})  # nosd runs sd-upscale only
+    assert refused.status_code == 422 and refused.json()["error"]["reason"] == "family_not_supported"
+    assert "'sd1'" in refused.json()["error"]["message"] and not ctx.redis.exists(ctx.keys.residency("nosd"))
+
+
+def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"})
+    assert answer.status_code == 503 and answer.json()["error"]["reason"] == "machine_unavailable"
+    assert answer.headers["retry-after"] == str(ctx.settings.retry_after_s)  # temporary: say when to retry
+    assert nothing_enqueued(ctx)  # not rerouted to an idle machine
+
+
+def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}
+    answer = client.post("/v1/jobs?dry_run=true", json=body)
+    assert answer.status_code == 200, answer.text
+    decision = answer.json()
+    rows = decision["machines"]
+    assert set(rows) == set(ctx.fleet.machines)
+    reasons = {name: row.get("reason") for name, row in rows.items() if not row["eligible"]}
+    assert reasons == {"off": "machine_unavailable", "m1": "model_not_verified", "nosd": "family_not_supported",
+                       "small": "too_large", "gpu": "residency_conflict", "oomy": "remembered_oom"}
+    assert {name for name, row in rows.items() if row["eligible"]} == {"server", "m2", "resv"}
+    assert decision["machine"] in {"server", "m2", "resv"}
+    assert all(rows[n]["run_s"] > 0 and rows[n]["cold_load_s"] > 0 for n in ("server", "m2", "resv"))
+    assert ctx.journal.list() == [] and nothing_enqueued(ctx)
+
+
+def test_r11_r17_auto_skips_a_machine_holding_a_commitment_for_video(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    body = {"model": VIDEO, "kind": "video", "params": {"prompt": "x"}, "target": "auto"}
+    rows = client.post("/v1/jobs?dry_run=true", json=body).json()["machines"]
+    assert rows["resv"]["reason"] == "video_on_reserved_machine" and not rows["resv"]["eligible"]
+    placed = {client.post("/v1/jobs", json=body).json()["machine"] for _ in range(4)}
+    assert placed and "resv" not in placed and placed <= {"server", "m2", "small", "oomy"}
+
+
+def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    client, ctx = api
+    bring_online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}
+    first = client.post("/v1/jobs", json=body)
+    assert first.status_code == 202, first.text
+    assert first.json()["machine"] == "m2" and first.json()["position"] == 0
+    assert first.json()["predicted_start_s"] == 0  # the expected start (DESIGN §9): nothing ahead
+    job = client.get(first.json()["url"]).json()
+    assert job["predicted_load_s"] == 0 and job["predicted_run_s"] > 0 and job["predicted_start_s"] == 0
+    assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(keys.queue("m2"))
+    dry = client.post("/v1/jobs?dry_run=true", json=body).json()
+    assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
+    second = client.post("/v1/jobs", json={**body, "target": "m2"}).json()  # behind the first
+    assert second["position"] == 1 and second["predicted_start_s"] == pytest.approx(dry["machines"]["m2"]["work_ahead_s"], abs=1e-3)
+
+
+def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4) -> tuple[dict, dict[str, str]]:
+    """A job pinned to ``target`` and claimed by its worker: (the 202 body, the worker's auth header)."""
+    accepted = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": steps},
+                                             "target": target}).json()
+    token = {"Authorization": f"Bearer {ctx.fleet.machines[target].token}"}
+    assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
+    assert json.loads(ctx.redis.hget(ctx.keys.reservations(target), accepted["id"]))["started_at"] is not None
+    return accepted, token
+
+
+def _upload(client: TestClient, job_id: str, token: dict[str, str], *, load_s: float, run_s: float, cold: bool) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    form = {"digest": bytes_digest(buffer.getvalue()), "load_s": str(load_s), "run_s": str(run_s),
+            "cold_load": str(cold).lower()}
+    done = client.post(f"/internal/v1/jobs/{job_id}/result", headers=token, data=form,
+                       files={"file": ("result", buffer.getvalue(), "image/png")})
+    assert done.status_code == 200, done.text
+
+
+def test_r13_measured_times_are_learned_and_survive_a_restart(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    client, ctx = api
+    accepted, token = _claimed(client, ctx)
+    _upload(client, accepted["id"], token, load_s=0.5, run_s=2.0, cold=True)
+    assert ctx.machines.reservations.count("m2") == 0  # released when the job ended
+    shown = client.get(accepted["url"]).json()
+    assert shown["state"] == "succeeded"
+    assert shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0 and shown["load_s"] == 0.5  # predicted beside measured
+    restarted = build_context(settings, ctx.fleet, migrate=True)
+    try:
+        timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    finally:
+        restarted.close()
+    assert timing.samples == 1
+    assert timing.step_s == pytest.approx(2.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)  # per step at 1024x1024
+    assert timing.load_s == pytest.approx(0.5)  # the cold load, measured: replaces the guess
+
+
+@pytest.mark.parametrize("reported", [{}, {"load_s": 0.5}, {"load_s": 0.5, "run_s": 0.0}])
+def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
+    api: tuple[TestClient, ServerContext], reported: dict[str, float]
+) -> None:
+    """A run cut short (an exception, an OOM) has no run time: its 0 s or missing run time must
+    not become "this machine takes 0 s per step", which would draw every Auto job to it."""
+    client, ctx = api
+    guess = ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    accepted, token = _claimed(client, ctx)
+    failed = client.post(f"/internal/v1/jobs/{accepted['id']}/failure", headers=token,
+                         json={"reason": "error", "message": "boom", **reported})
+    assert failed.status_code == 200, failed.text
+    assert failed.json()["state"] == "failed" and ctx.machines.reservations.count("m2") == 0
+    assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess
+    assert ctx.dispatcher.timings.load().get("m2", MODEL, "txt2img") is None  # nothing stored
+
+
+def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"},
+                                         "target": "server"}).json()["id"] for _ in range(2)]
+    ctx.journal.transition(ids[0], [JobState.queued], JobState.cancelled)  # ended without a release
+    assert ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal) == [ids[0]]
+    assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
+
+
+def test_r13_the_fleet_configs_model_guesses_price_a_job_until_it_is_measured(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    fleet = Fleet(machines={m.name: m for m in [machine("server"), machine("m1")]},
+                  models={MODEL: ModelGuess(step_s=16.0, load_s=3.0)})  # 1 s per step at 64x64 (as at 256x256)
+    ctx = build_context(settings, fleet, migrate=True)
+    try:
+        ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+        bring_online(ctx, "m1", {MODEL})
+        job = ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64}, "m1").job
+        assert job.predicted_run_s == pytest.approx(4.0)  # 16 s/step at 1024x1024 x 4 steps x 256*256/1024^2
+        assert job.predicted_load_s == pytest.approx(3.0)  # m1 reads at the reference 2.5 GB/s
+        plain = build_context(settings, Fleet(machines=fleet.machines), migrate=True)  # no guess: the sd1 family's figure
+        try:
+            other = plain.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64},
+                                            "m1").job
+        finally:
+            plain.close()
+        assert other.predicted_run_s <= 0.25 and other.predicted_load_s < 0.1  # the family figure: 16x smaller
+    finally:
+        ctx.close()
+
+
+def test_r13_a_timing_learned_by_another_server_process_prices_the_next_decision(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    _, ctx = api
+    body = (MODEL, "txt2img", {"prompt": "x", "steps": 4})
+    guessed = ctx.dispatcher.submit(*body, "m2").job  # this process now holds an Estimator
+    other = build_context(settings, ctx.fleet, migrate=True)  # another API process sharing Redis and the journal
+    try:
+        claimed = other.journal.claim(guessed.id, "m2")
+        other.dispatcher.finished(other.journal.fail(claimed.id, "m2", "error", "boom", load_s=None, run_s=40.0))
+    finally:
+        other.close()
+    learned = ctx.dispatcher.submit(*body, "m2").job
+    assert guessed.predicted_run_s != pytest.approx(40.0)
+    assert learned.predicted_run_s == pytest.approx(40.0)  # the same job size: exactly the measured run
+
+
+def test_r11_a_model_registered_by_another_server_process_is_placed_with_its_weights(
+    api: tuple[TestClient, ServerContext], settings: Settings, tiny_models_dir: Path
+) -> None:
+    _, ctx = api
+    ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "x"}, "auto")  # this process now holds an Estimator
+    other = build_context(settings, ctx.fleet, migrate=True)
+    try:
+        other.registry.add(tiny_models_dir / MODEL, "tiny-sd-copy")
+    finally:
+        other.close()
+    # Auto's scarcity data prices every model with demand, not only the one submitted: the
+    # registry's change mark makes this process re-read its model profiles.
+    assert "tiny-sd-copy" in ctx.dispatcher.snapshot(MODEL).estimator.models
+    bring_online(ctx, "m2", {MODEL, "tiny-sd-copy"})
+    placed = ctx.dispatcher.submit("tiny-sd-copy", "txt2img", {"prompt": "x"}, "auto").job
+    assert placed.machine == "m2"
+    assert placed.weights_bytes == model_weight_bytes(ctx.registry.folder("tiny-sd-copy")) > 0
+
+
+def test_r14_a_started_reservation_is_read_first_with_its_elapsed_time(api: tuple[TestClient, ServerContext]) -> None:
+    _, ctx = api
+    ids = [ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"p{i}"}, "m2").job.id for i in range(3)]
+    assert [item.elapsed_s for item in ctx.machines.view("m2").queue] == [None, None, None]
+    ctx.machines.reservations.start("m2", ids[1], at_s=time.time() - 5.0)
+    queue = ctx.machines.view("m2").queue
+    assert len(queue) == 3 and queue[0].elapsed_s is not None and queue[0].elapsed_s >= 5.0
+    assert [item.elapsed_s for item in queue[1:]] == [None, None]
+    ctx.machines.reservations.release("m2", ids[0])
+    assert len(ctx.machines.view("m2").queue) == 2
+
+
+def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_dir: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, {"a": 1000, "b": 234})
+    assert safetensors_weight_bytes(path) == 1234
+    # The tiny real pipeline: headers agree with the tensors' bytes (no load needed).
+    from safetensors import safe_open
+
+    total = 0
+    for file in (tiny_models_dir / MODEL).rglob("*.safetensors"):
+        with safe_open(str(file), framework="numpy") as handle:
+            total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
+    assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
+
+
+def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from tests.helpers import run_cli
+
+    client, ctx = api
+    bring_online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
+                                         "target": "m2"}).json()["id"] for _ in range(3)]
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
+    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
+    rows = {row["name"]: row for row in ctx.status()}
+    assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
+    assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
+    assert (rows["off"]["online"], rows["off"]["backlog"], rows["off"]["drain_s"]) == (False, 0, 0)
+    env = cli_env(ctx, settings, tmp_path)
+    shown = run_cli("status", env=env).stdout
+    later = {row["name"]: row for row in ctx.status()}["m2"]["drain_s"]  # the running job ran on meanwhile
+    [line] = [line for line in shown.splitlines() if " m2 " in line]
+    cells = [cell.strip() for cell in line.strip("│ ").split("│")]
+    assert cells[1] == "yes" and MODEL in cells[3] and cells[5] == "3"
+    assert round(later, 1) - 0.05 <= float(cells[6]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+
+
+def test_status_shows_a_draining_and_a_syncing_machine(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    from tests.helpers import run_cli
+
+    client, ctx = api
+    bring_online(ctx, "m1", {MODEL})
+    bring_online(ctx, "m2", {MODEL})
+    env = cli_env(ctx, settings, tmp_path)
+    run_cli("drain", "m1", "--no-wait", env=env)
+    ctx.redis.set(ctx.keys.syncing("m2"), "sync-1", px=30_000)  # what Syncs.start holds while copying (R6)
+    rows = {row["name"]: row for row in ctx.status()}
+    assert (rows["m1"]["draining"], rows["m1"]["syncing"], rows["m1"]["state"]) == (True, False, "draining")
+    assert (rows["m2"]["draining"], rows["m2"]["syncing"], rows["m2"]["state"]) == (False, True, "syncing")
+    assert rows["server"]["state"] == "-"
+    machines = {row["name"]: row for row in client.get("/v1/machines").json()}
+    assert (machines["m1"]["draining"], machines["m2"]["syncing"], machines["server"]["draining"]) == (True, True, False)
+    shown = run_cli("status", env=env).stdout
+    assert "state" in shown.splitlines()[1]
+    [m1] = [line for line in shown.splitlines() if " m1 " in line]
+    [m2] = [line for line in shown.splitlines() if " m2 " in line]
+    assert " draining " in m1 and " syncing " not in m1 and " syncing " in m2
+    piped = run_cli("status", env={k: v for k, v in env.items() if k != "COLUMNS"}).stdout  # no terminal, no COLUMNS
+    assert max(len(line) for line in piped.splitlines()) > 80  # not cut at rich's default width
+    assert [line for line in piped.splitlines() if " m1 " in line] == [m1]
+    run_cli("drain", "m1", "--undo", env=env)
+    assert {row["name"]: row for row in ctx.status()}["m1"]["state"] == "-"

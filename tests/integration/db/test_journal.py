@@ -1,0 +1,109 @@
+"""The journal's state machine and the claim (R19), on a real SQLite journal."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy.exc import IntegrityError
+
+from app.context import ServerContext
+from app.core.errors import Conflict
+from app.db.tables import Job
+from app.core.states import JobState
+
+
+@pytest.fixture
+def ctx(sql_ctx: ServerContext) -> ServerContext:
+    """These tests are about SQL: each runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return sql_ctx
+
+
+def queued_job(ctx: ServerContext, machine: str = "m1") -> Job:
+    return ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x"},
+                               target=machine, machine=machine))
+
+
+def test_r19_a_job_is_claimed_once_and_a_second_claim_changes_nothing(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+    claimed = ctx.journal.claim(job.id, "m1")
+    assert claimed.state == JobState.running and claimed.started_at is not None
+    with pytest.raises(Conflict) as refused:
+        ctx.journal.claim(job.id, "m1")
+    assert "running" in refused.value.message
+    after = ctx.journal.get(job.id)
+    assert (after.state, after.started_at) == (JobState.running, claimed.started_at)
+    assert [e.event for e in ctx.journal.events(job.id)] == ["queued", "running", "running_refused"]
+
+
+def test_r19_concurrent_claims_have_exactly_one_winner(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+
+    def attempt(_: int) -> bool:
+        try:
+            ctx.journal.claim(job.id, "m1")
+        except Conflict:
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(attempt, range(16)))
+    assert outcomes.count(True) == 1
+    assert [e.event for e in ctx.journal.events(job.id)].count("running") == 1
+
+
+def test_r19_a_job_placed_elsewhere_cannot_be_claimed(ctx: ServerContext) -> None:
+    job = queued_job(ctx, "m1")
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m2")
+    assert ctx.journal.get(job.id).state == JobState.queued
+
+
+@pytest.mark.parametrize("ended", [JobState.succeeded, JobState.failed])
+def test_only_a_running_job_can_end(ctx: ServerContext, ended: JobState) -> None:
+    job = queued_job(ctx)
+    with pytest.raises(Conflict):
+        ctx.journal.transition(job.id, [JobState.running], ended, machine="m1")
+    ctx.journal.claim(job.id, "m1")
+    done = ctx.journal.transition(job.id, [JobState.running], ended, machine="m1")
+    assert done.state == ended and done.finished_at is not None
+    with pytest.raises(Conflict):
+        ctx.journal.transition(job.id, [JobState.running], JobState.succeeded, machine="m1")
+    assert ctx.journal.get(job.id).state == ended
+
+
+def test_r19_the_same_delivery_may_repeat_its_claim_but_no_other_delivery_can(ctx: ServerContext) -> None:
+    job = queued_job(ctx)
+    first = ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-1")
+    again = ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-1")  # its answer was lost
+    assert again.started_at == first.started_at and again.state == JobState.running
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m1", worker_boot_id="boot", claim_id="delivery-2")
+    with pytest.raises(Conflict):
+        ctx.journal.claim(job.id, "m1", worker_boot_id="boot")
+    assert [e.event for e in ctx.journal.events(job.id)].count("running") == 1
+
+
+def test_r19_add_writes_the_job_as_given_with_its_first_event(ctx: ServerContext) -> None:
+    job = ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x", "seed": 7},
+                              target="auto", machine="m1", idempotency_key="k1", predicted_run_s=2.5,
+                              weights_bytes=5_000_000_000))
+    stored = ctx.journal.get(job.id)
+    assert stored.model_dump() == job.model_dump()  # every column, defaults (id, created_at) included
+    assert stored.provenance is None and stored.params == {"prompt": "x", "seed": 7}
+    assert [(e.event, e.detail) for e in ctx.journal.events(job.id)] == [("queued", "")]
+    refused = ctx.journal.add(Job(state=JobState.rejected, model_id="tiny-sd", kind="txt2img", params={}, target="m9",
+                                  reason="unknown_machine", message="no m9"))
+    assert [(e.event, e.detail) for e in ctx.journal.events(refused.id)] == [("rejected", "unknown_machine")]
+
+
+def test_r20_add_refuses_a_taken_idempotency_key_and_writes_nothing(ctx: ServerContext) -> None:
+    first = queued_job(ctx)
+    ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1",
+                        machine="m1", idempotency_key="same"))
+    second = Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1", machine="m1",
+                 idempotency_key="same")
+    with pytest.raises(IntegrityError):
+        ctx.journal.add(second)
+    assert ctx.journal.state_of(second.id) is None and ctx.journal.events(second.id) == []  # one transaction
+    assert ctx.journal.state_of(first.id) == JobState.queued

@@ -1,0 +1,297 @@
+"""Reconciliation (R19, issue 5): cut ways are marked ``interrupted`` — never re-run — and
+nothing vanishes silently. Real Redis and journal; the worker side is what a worker writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.core import keys
+from app.core.config import Settings
+from app.context import ServerContext, build_context
+from app.core.errors import ConfigError
+from app.db.tables import Job, utcnow
+from app.core.states import JobState
+from tests.helpers import make_fleet, run_cli, settings_env
+from tests.helpers import bring_online
+
+
+@pytest.fixture
+def strict_ctx(settings: Settings) -> Iterator[ServerContext]:
+    """A context whose reconciliation has no grace and a 2 s hung bound."""
+    tight = settings.model_copy(update={"lost_grace_s": 0.0, "hung_after_s": 2.0})
+    context = build_context(tight, make_fleet("m1", "m2"), migrate=True)
+    yield context
+    context.close()
+
+
+def submit(ctx: ServerContext, model: str, target: str = "m1") -> str:
+    return ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, target).job.id
+
+
+def beat(ctx: ServerContext, machine: str, boot_id: str, at_s: float | None = None) -> None:
+    record = {"machine": machine, "boot_id": boot_id, "at": time.time() if at_s is None else at_s}
+    ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps(record), ex=60)
+
+
+def test_r19_a_queued_job_whose_message_was_lost_is_interrupted(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    bring_online(ctx, "m2", {model})
+    lost, kept = submit(ctx, model, "m1"), submit(ctx, model, "m2")
+    ctx.redis.delete(keys.queue("m1"))  # as if Redis restarted without persistence
+    report = ctx.reconciler().run_once()
+    assert report.interrupted == {lost: "lost"}
+    assert (ctx.journal.get(lost).state, ctx.journal.get(lost).reason) == (JobState.interrupted, "lost")
+    assert ctx.journal.get(kept).state == JobState.queued
+    assert ctx.machines.reservations.count("m1") == 0 and ctx.machines.reservations.count("m2") == 1  # released (R14)
+    assert ctx.reconciler().run_once().interrupted == {}  # idempotent
+
+
+def test_r19_a_missing_message_gets_a_grace_period(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    ctx = build_context(settings.model_copy(update={"lost_grace_s": 30.0}), make_fleet("m1"), migrate=True)
+    request.addfinalizer(ctx.close)
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.delete(keys.queue("m1"))
+    assert ctx.reconciler().run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.queued  # a worker may be between BRPOP and claim
+    ctx.redis.hset(ctx.keys.missing(), job, time.time() - 31)
+    assert ctx.reconciler().run_once().interrupted == {job: "lost"}
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_boot", "progress_age_s", "reason"),
+    [(None, 10, "worker_lost"), ("boot-B", 0, "worker_restarted"), ("boot-A", 10, "hung")],
+)
+def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted(
+    strict_ctx: ServerContext, tiny_models_dir: Path, heartbeat_boot: str | None, progress_age_s: float, reason: str
+) -> None:
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.rpop(keys.queue("m1"))  # the worker took the message...
+    ctx.journal.claim(job, "m1", worker_boot_id="boot-A")  # ...and claimed it
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - progress_age_s)
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))
+    if heartbeat_boot is not None:
+        beat(ctx, "m1", heartbeat_boot)
+    assert ctx.reconciler().run_once().interrupted == {job: reason}
+    assert ctx.journal.get(job).state == JobState.interrupted
+    assert ctx.machines.reservations.count("m1") == 0  # released when it ended (R14)
+    assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
+    assert ctx.redis.llen(keys.queue("m1")) == 0  # never re-queued
+
+
+def running_on_m1(ctx: ServerContext, tiny_models_dir: Path, boot_id: str) -> str:
+    """A job submitted to m1, taken off its queue and claimed by the worker of ``boot_id``."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    ctx.redis.rpop(keys.queue("m1"))
+    ctx.journal.claim(job, "m1", worker_boot_id=boot_id)
+    return job
+
+
+def test_r19_a_running_job_with_a_live_worker_is_left_alone(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
+    beat(ctx, "m1", "boot-A")
+    assert ctx.reconciler().run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.running
+
+
+def test_r20_idempotency_keys_are_kept_a_day_then_forgotten(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    old = ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
+                              idempotency_key="old", created_at=utcnow() - timedelta(hours=25)))
+    ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
+                        idempotency_key="recent", created_at=utcnow() - timedelta(hours=23)))
+    assert ctx.reconciler().run_once().forgotten_idempotency_keys == 1
+    assert ctx.journal.by_idempotency_key("old") is None
+    assert ctx.journal.by_idempotency_key("recent") is not None
+    assert ctx.journal.get(old.id).state == JobState.rejected
+
+
+def test_r19_a_worker_whose_heartbeat_lapses_while_steps_still_report_is_not_lost(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))  # e.g. its heartbeat thread starved of CPU
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())  # but a step just reported
+    assert ctx.reconciler().run_once().interrupted == {}
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - ctx.settings.heartbeat_ttl_s - 1)
+    assert ctx.reconciler().run_once().interrupted == {job: "worker_lost"}
+
+
+def test_r19_a_job_claimed_by_a_new_boot_before_its_first_heartbeat_is_not_interrupted(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """A worker killed and started again can claim a job before its first heartbeat replaces
+    the previous boot's (found by the worker_kill drill): that stale record proves nothing."""
+    ctx = strict_ctx
+    beat(ctx, "m1", "boot-old", at_s=time.time() - 1)  # written before the claim below
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-new")
+    beat(ctx, "m1", "boot-old", at_s=time.time() - 1)
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
+    assert ctx.reconciler().run_once().interrupted == {}
+    beat(ctx, "m1", "boot-other")  # a heartbeat after the claim, of yet another boot: restarted
+    assert ctx.reconciler().run_once().interrupted == {job: "worker_restarted"}
+
+
+def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_nothing(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``homefleet reconcile`` (or ``status``, or a second server) run from another directory
+    opens another journal (``data_dir`` is relative to the working directory). That journal
+    knows none of the fleet's jobs: trusting it would release every live reservation and
+    judge jobs it never saw. The Redis records the server's journal; every other one is
+    refused (``journal_mismatch``) before anything changes, until ``homefleet db pair``."""
+    server = build_context(settings, make_fleet("m1"), migrate=True)
+    request.addfinalizer(server.close)
+    model = server.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(server, "m1", {model})
+    server.reconciler().run_once()  # the server's first pass records its journal
+    queued = [submit(server, model) for _ in range(3)]
+
+    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
+    for command in (["reconcile"], ["status"]):
+        done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "error (journal_mismatch)" in done.stdout and "belongs to another journal" in done.stdout, done.stdout
+        assert "HOMEFLEET_DATA_DIR" in done.stdout and "homefleet db pair" in done.stdout
+    assert server.machines.reservations.count("m1") == 3  # nothing released
+    assert [server.journal.get(job).state for job in queued] == [JobState.queued] * 3
+
+    other = build_context(settings.model_copy(update={"data_dir": tmp_path / "elsewhere",
+                                                      "database_url": f"sqlite:///{tmp_path / 'elsewhere.db'}"}),
+                          make_fleet("m1"), migrate=True)
+    request.addfinalizer(other.close)
+    with pytest.raises(ConfigError) as refused:
+        other.reconciler().run_once()
+    assert refused.value.reason == "journal_mismatch"
+    assert server.machines.reservations.count("m1") == 3
+
+    run_cli("db", "pair", env=elsewhere)  # on purpose: this journal replaces the server's
+    assert other.reconciler().run_once().released_reservations == 3  # jobs it does not know
+    with pytest.raises(ConfigError):
+        server.reconciler().run_once()  # and now the old one is refused
+
+
+@pytest.mark.parametrize("command", [["drain", "m1"], ["residency", "set", "m1"], ["oom", "clear", "m1"],
+                                     ["models", "list"], ["sync", "m1"]])
+def test_r19_fleet_commands_with_another_journal_are_refused(
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest, command: list[str]
+) -> None:
+    """Every CLI command that reads or changes the fleet checks the pairing first: a drain,
+    a residency commitment, an OOM clear or a sync from another directory would act on a
+    journal the server does not read."""
+    server = build_context(settings, make_fleet("m1"), migrate=True)
+    request.addfinalizer(server.close)
+    server.reconciler().run_once()
+    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
+    done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (journal_mismatch)" in done.stdout, done.stdout
+    assert not server.redis.exists(server.keys.draining("m1"))
+
+
+def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: str, tmp_path: Path) -> None:
+    """``homefleet demo`` with HOMEFLEET_REDIS_URL naming a fleet's Redis (or an earlier demo's
+    whose folder was deleted) stops before starting anything, naming the way out, and leaves
+    the recorded journal alone: taking it over would stop the fleet's reconciliation."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set("hf:journal", "the-fleets-journal")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env["HOMEFLEET_REDIS_URL"] = redis_url
+    done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--data-dir", str(tmp_path / "demo")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error (journal_mismatch)" in done.stdout and "unset HOMEFLEET_REDIS_URL" in done.stdout, done.stdout
+    assert client.get("hf:journal") == "the-fleets-journal"
+    assert not (tmp_path / "demo" / "tiny").exists()  # nothing built, nothing started
+
+
+def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_is(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """Only the server records its journal. Run before the server (after an upgrade, or while
+    Redis just lost its data), ``homefleet reconcile`` cannot tell whether its journal is the
+    server's: it refuses (``journal_unpaired``) and records nothing; once the server's pass has
+    recorded it, the CLI's pass runs."""
+    server = build_context(settings, make_fleet("m1"), migrate=True)
+    request.addfinalizer(server.close)
+    done = subprocess.run([sys.executable, "-m", "app.cli", "reconcile"], env={**os.environ, **settings_env(settings)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "error (journal_unpaired)" in done.stdout, done.stdout + done.stderr
+    assert "start `homefleet serve`" in done.stdout
+    assert server.redis.get(server.keys.journal()) is None
+    server.reconciler().run_once()  # the server's own pass records it
+    assert "interrupted 0" in run_cli("reconcile", env=settings_env(settings)).stdout
+
+
+def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refused(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """With a shared journal (PostgreSQL, or the server's SQLite file named by URL), a command
+    run with another HOMEFLEET_DATA_DIR registered models into a folder the server never reads
+    (operator pass: the workers' manifest then failed). The server marks its data folder; a
+    command whose folder lacks the mark is refused once a server has run."""
+    server = build_context(settings, make_fleet("m1"), migrate=True)
+    request.addfinalizer(server.close)
+    server.reconciler().run_once()  # the server: records its journal, marks its data folder
+    assert (settings.data_dir / "journal-id").read_text().strip() == server.redis.get(server.keys.journal())
+    other = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "other"),
+             "HOMEFLEET_DATABASE_URL": settings.journal_url}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "add", str(tiny_models_dir / "tiny-sd")],
+                          env={**os.environ, **other}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())  # one line, wrapped by the console
+    assert "error (journal_mismatch)" in said and "has no journal-id file" in said, said
+    assert server.registry.list() == []
+    assert "tiny-sd" in run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=settings_env(settings)).stdout
+
+
+def test_r19_a_queued_job_of_a_machine_removed_from_the_fleet_is_interrupted_as_such_and_released(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """A machine taken out of the fleet config while jobs wait on it: no worker will take them.
+    They were reported ``lost`` ("its message is no longer in m2's queue") although the
+    messages were still there, and their reservations stayed until the machine came back. Now
+    they end ``machine_removed``, their messages are removed, their reservations released."""
+    before = build_context(settings, make_fleet("m1", "m2"), migrate=True)
+    request.addfinalizer(before.close)
+    model = before.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(before, "m2", {model})
+    waiting = submit(before, model, "m2")
+    after = build_context(settings, make_fleet("m1"), migrate=True)  # the server restarted without m2
+    request.addfinalizer(after.close)
+    report = after.reconciler().run_once()
+    assert report.interrupted == {waiting: "machine_removed"}
+    journaled = after.journal.get(waiting)
+    assert (journaled.state, journaled.reason) == (JobState.interrupted, "machine_removed")
+    assert "'m2' is no longer in the fleet config" in (journaled.message or "")
+    assert after.redis.llen(keys.queue("m2")) == 0
+    assert report.released_reservations == 1 and after.machines.reservations.count("m2") == 0

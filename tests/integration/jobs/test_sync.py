@@ -1,0 +1,344 @@
+"""Sync's server side (R6), the server's full rehash (C07) and a tampered upload (R2), on a
+real Redis, real Celery publishing and the real HTTP app; no worker reads the queues here (the
+worker's sync task runs in this process against the real API where a test needs it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.core import keys
+from app.core.celery_app import SYNC_TASK
+from app.core.config import Settings, WorkerSettings
+from app.context import ServerContext, build_context
+from app.core.digest import bytes_digest, file_digest
+from app.core.errors import Conflict, MachineUnavailable, Rejected
+from app.db.tables import Job
+from app.core.states import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
+from app.api.server import create_app
+from app.core.protocol import SyncFinish
+from app.jobs.sync import SyncState, Syncs
+from tasks import runtime
+from tasks import sync as worker_sync
+from tests.helpers import TEST_API_KEY, make_fleet, settings_env
+from tests.helpers import bring_online
+
+
+def syncs_of(ctx: ServerContext) -> Syncs:
+    return ctx.syncs()
+
+
+@pytest.fixture
+def model(ctx: ServerContext, tiny_models_dir: Path) -> str:
+    return ctx.registry.add(tiny_models_dir / "tiny-sd").id
+
+
+def test_r6_sync_is_refused_with_409_while_the_machine_has_work(ctx: ServerContext, model: str) -> None:
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job
+    with pytest.raises(Conflict) as refused:
+        syncs_of(ctx).start("m1", [model])
+    assert refused.value.status_code == 409 and refused.value.reason == "machine_busy"
+    assert "1 job(s) queued or running" in refused.value.message
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is None  # nothing reserved
+    assert ctx.redis.llen(keys.queue("m1")) == 1  # nothing published behind the job
+    # Running counts as busy too.
+    ctx.journal.claim(job.id, "m1")
+    ctx.redis.delete(keys.queue("m1"))
+    with pytest.raises(Conflict, match="machine_busy|has work"):
+        syncs_of(ctx).start("m1", [model])
+
+
+def test_r6_a_sync_reserves_its_machine_and_waits_in_its_queue(ctx: ServerContext, model: str) -> None:
+    bring_online(ctx, "m1", {model})
+    bring_online(ctx, "server", {model})
+    record = syncs_of(ctx).start("m1", [model])
+    assert record["state"] == SyncState.queued and record["models"] == [model]
+    assert record["bytes_total"] == ctx.registry.get(model).total_bytes
+    assert ctx.redis.get(ctx.keys.syncing("m1")) == record["id"]
+    [message] = [json.loads(raw) for raw in ctx.redis.lrange(keys.queue("m1"), 0, -1)]
+    assert (message["headers"]["task"], message["headers"]["id"]) == (SYNC_TASK, record["id"])
+    # While it holds m1, nothing is placed there: pinned is refused, Auto goes elsewhere.
+    with pytest.raises(MachineUnavailable) as refused:  # 503: it is temporary
+        ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1")
+    assert refused.value.reason == "machine_syncing"
+    assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "auto").job.machine == "server"
+    with pytest.raises(Conflict) as again:
+        syncs_of(ctx).start("m1", [model])
+    assert again.value.reason == "machine_syncing"
+    # The worker claims it once; a second delivery is refused.
+    grant = syncs_of(ctx).claim(record["id"], "m1")
+    assert grant.models[model].files == ctx.registry.manifest(model).files
+    with pytest.raises(Conflict) as second:
+        syncs_of(ctx).claim(record["id"], "m1")
+    assert second.value.reason == "sync_claimed"
+    done = syncs_of(ctx).finish(record["id"], "m1", SyncFinish(succeeded=True, verified=[model]))
+    assert done["state"] == SyncState.succeeded and ctx.redis.get(ctx.keys.syncing("m1")) is None
+    shown = syncs_of(ctx).get(record["id"])  # every timestamp a number of Unix seconds
+    assert all(isinstance(shown[f], float) for f in ("created_at", "claimed_at", "finished_at"))
+    assert shown["created_at"] <= shown["claimed_at"] <= shown["finished_at"]
+    assert ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.machine == "m1"
+
+
+def test_r6_sync_to_an_offline_or_unknown_machine_is_refused(ctx: ServerContext, model: str) -> None:
+    with pytest.raises(MachineUnavailable):
+        syncs_of(ctx).start("m2", [model])
+    with pytest.raises(Rejected) as unknown:
+        syncs_of(ctx).start("mars", [model])
+    assert unknown.value.reason == "unknown_machine"
+    assert ctx.redis.llen(keys.queue("m2")) == 0
+
+
+def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
+    settings: Settings, model: str, ctx: ServerContext
+) -> None:
+    short = Syncs(settings.model_copy(update={"sync_reservation_ttl_s": 0.3}), ctx.redis, ctx.celery, ctx.fleet,
+                  ctx.journal, ctx.registry, ctx.machines, ctx.lock)
+    bring_online(ctx, "m1", {model})
+    record = short.start("m1", [model])
+    short.claim(record["id"], "m1")
+    short.progress(record["id"], "m1", 0, 1000, f"{model}/unet/diffusion_pytorch_model.safetensors")
+    deadline = time.monotonic() + 10
+    while ctx.redis.exists(ctx.keys.syncing("m1")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = short.get(record["id"])
+    assert after["state"] == SyncState.interrupted and "reservation expired" in after["message"]
+    with pytest.raises(Conflict) as lost:
+        short.progress(record["id"], "m1", 0, 2000, "")
+    assert lost.value.reason == "sync_not_reserved"  # the worker stops copying
+
+
+SHORT_TTL_S = 2.0
+
+
+@pytest.fixture
+def short_api(settings: Settings) -> Iterator[tuple[LocalFleet, ServerContext]]:
+    """The real API (``homefleet serve``) with a 2 s sync reservation, and a context on its
+    Redis and journal."""
+    fleet = make_fleet("m1", "m2")
+    fleet_file = settings.data_dir.parent / "fleet.toml"
+    fleet_file.write_text(fleet.to_toml())
+    short = settings.model_copy(update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file,
+                                        "api_port": free_port()})
+    local = LocalFleet(short, fleet, fleet_file)
+    context = build_context(short, fleet, migrate=True)
+    try:
+        local.start_api()
+        yield local, context
+    finally:
+        local.stop()
+        context.close()
+
+
+def test_r6_the_reservation_is_renewed_while_a_file_hashes_longer_than_its_ttl(
+    short_api: tuple[LocalFleet, ServerContext], tiny_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local, ctx = short_api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    worker = WorkerSettings(machine="m1", models_dir=tmp_path / "m1-models", server_url=local.api_url,
+                            worker_token=ctx.fleet.machines["m1"].token, redis_url=ctx.settings.redis_url)
+    rt = runtime.WorkerRuntime(worker, uuid.uuid4().hex)
+    assert rt.server is not None  # its clients and device made before the sync starts, as a worker's are
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    bring_online(ctx, "m1", set())
+    record = syncs_of(ctx).start("m1", [model])
+    # The unet's hash takes three TTLs (as a large file's would); the renewal is the real one.
+    held: list[bool] = []
+    real_digest = worker_sync.file_digest
+
+    def slow_digest(path: Path, *args: object) -> str:
+        if path.name.startswith(".diffusion_pytorch_model") and path.parent.name == "unet":
+            time.sleep(3 * SHORT_TTL_S)
+            held.append(ctx.redis.get(ctx.keys.syncing("m1")) == record["id"])
+        return real_digest(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_sync, "file_digest", slow_digest)
+    worker_sync.sync(record["id"])
+    done = syncs_of(ctx).get(record["id"])
+    assert done["state"] == SyncState.succeeded, done["message"]
+    assert held == [True]  # still reserved after the long hash: nothing could be placed on m1 meanwhile
+    unet = "unet/diffusion_pytorch_model.safetensors"
+    assert {r["path"]: r["status"] for r in done["results"]}[unet] == "copied"
+    assert (worker.models_dir / model / unet).read_bytes() == (ctx.registry.folder(model) / unet).read_bytes()
+    # The renewal stopped with the sync: no thread left, the reservation released by the finish.
+    assert not [t for t in threading.enumerate() if t.name == "homefleet-sync-renewal"]
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is None
+
+
+def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: ServerContext, model: str) -> None:
+    path = ctx.registry.folder(model) / "unet" / "diffusion_pytorch_model.safetensors"
+    before = ctx.registry.manifest(model)
+    stat = path.stat()
+    with open(path, "r+b") as handle:  # same inode, same size; then the mtime is put back
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # The (size, mtime_ns, inode) cache cannot see it; the full rehash does.
+    assert ctx.registry.manifest(model) == before
+    checks = ctx.registry.verify()
+    changed = [c for c in checks if c.status != "ok"]
+    assert [(c.path, c.status) for c in changed] == [("unet/diffusion_pytorch_model.safetensors", "changed")]
+    assert changed[0].actual == file_digest(path) != changed[0].recorded
+    after = {f.path: f.digest for f in ctx.registry.manifest(model).files}
+    assert after["unet/diffusion_pytorch_model.safetensors"] == file_digest(path)
+    assert all(c.status == "ok" for c in ctx.registry.verify([model]))
+
+
+def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx: ServerContext, model: str) -> None:
+    path = ctx.registry.folder(model) / "vae" / "diffusion_pytorch_model.safetensors"
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    env = {**os.environ, **settings_env(ctx.settings), "COLUMNS": "300"}
+    first = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "vae/diffusion_pytorch_model.safetensors" in first.stdout and "changed" in first.stdout
+    assert "1 changed or missing" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify", model], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0 and "0 changed or missing" in second.stdout, second.stdout
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[tuple[TestClient, ServerContext]]:
+    context = build_context(settings, make_fleet("m1", "m2"), migrate=True)
+    try:
+        yield TestClient(create_app(settings, context), headers={"Authorization": f"Bearer {TEST_API_KEY}"}), context
+    finally:
+        context.close()
+
+
+def png_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def claimed_on_m1(client: TestClient, ctx: ServerContext, tiny_models_dir: Path) -> tuple[Job, dict[str, str]]:
+    """A tiny-sd job journaled on m1 and claimed by m1's worker: (the job, m1's auth header)."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
+    return job, auth
+
+
+@pytest.mark.parametrize("tamper", ["bytes_changed", "not_an_image"])
+def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path, tamper: str
+) -> None:
+    client, ctx = api
+    job, auth = claimed_on_m1(client, ctx, tiny_models_dir)
+    data = png_bytes()
+    digest = bytes_digest(data)
+    if tamper == "bytes_changed":
+        data = data[:-1] + bytes([data[-1] ^ 1])  # altered after the worker hashed it
+    else:
+        data = b"#!/bin/sh\nrm -rf /\n"
+        digest = bytes_digest(data)
+    form = {"digest": digest, "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
+    response = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
+                           files={"file": ("result", data, "image/png")})
+    assert response.status_code == 422
+    assert response.json()["error"]["reason"] == "integrity"
+    failed = ctx.journal.get(job.id)
+    assert (failed.state, failed.reason, failed.result_path) == (JobState.failed, "integrity", None)
+    results = ctx.settings.results_dir
+    assert not results.exists() or not [p for p in results.rglob("*") if p.is_file()]
+    assert client.get(f"/v1/jobs/{job.id}/result").status_code == 404
+
+
+def test_r19_a_claim_the_server_cannot_answer_leaves_no_job_running(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    """The server builds the claim's manifest before the claim: a model file missing on the
+    server ends the job (interrupted, model_unavailable) instead of a 500 after the job was
+    marked running with nobody running it."""
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job
+    next(p for p in ctx.registry.folder(model).rglob("*.json") if p.name != "model_index.json").unlink()
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    answer = client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth)
+    assert answer.status_code == 409 and answer.json()["error"]["reason"] == "model_unavailable"
+    ended = ctx.journal.get(job.id)
+    assert (ended.state, ended.reason) == (JobState.interrupted, "model_unavailable")
+    assert ctx.machines.reservations.count("m1") == 0  # released
+    assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 409  # never runs later
+
+
+def test_r2_a_result_for_a_job_no_longer_running_is_refused_and_not_stored(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    client, ctx = api
+    job, auth = claimed_on_m1(client, ctx, tiny_models_dir)
+    ctx.journal.transition(job.id, [JobState.running], JobState.interrupted, reason="hung")  # the reconciler gave up on it
+    data = png_bytes()
+    form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
+    late = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
+                       files={"file": ("result", data, "image/png")})
+    assert late.status_code == 409 and late.json()["error"]["reason"] == "not_running"
+    assert ctx.journal.get(job.id).state == JobState.interrupted
+    results = ctx.settings.results_dir
+    assert not results.exists() or not [p for p in results.rglob("*") if p.is_file()]  # no orphan file
+
+
+def test_r6_the_file_endpoint_needs_a_token_serves_only_manifest_files_and_ranges(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    client, ctx = api
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    url = f"/internal/v1/models/{model}/files/unet/diffusion_pytorch_model.safetensors"
+    assert client.get(url).status_code == 401
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
+    whole = (ctx.registry.folder(model) / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
+    full = client.get(url, headers=auth)
+    assert full.status_code == 200 and full.content == whole
+    assert full.headers["x-content-digest"] == bytes_digest(whole)
+    part = client.get(url, headers={**auth, "Range": "bytes=1000-"})
+    assert part.status_code == 206 and part.content == whole[1000:]
+    for path in ("../../journal.db", "unet/nope.bin"):
+        refused = client.get(f"/internal/v1/models/{model}/files/{path}", headers=auth)
+        assert refused.status_code == 404
+
+
+def test_r4_a_model_the_server_cannot_read_is_left_out_of_the_manifest_and_refused_by_sync(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
+    """One model whose files are gone from the server's folder (deleted, or `models add` run
+    with another data folder) made GET /internal/v1/manifest answer 500 for every worker, so no
+    restarted worker came online, and sync crashed. Now that model alone is left out (no worker
+    can verify it) and a sync of it is refused with its reason."""
+    client, ctx = api
+    good = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="good").id
+    gone = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="gone").id
+    (ctx.registry.folder(gone) / "model_index.json").unlink()
+    auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
+    answer = client.get("/internal/v1/manifest", headers=auth)
+    assert answer.status_code == 200, answer.text
+    assert set(answer.json()["models"]) == {good}
+    bring_online(ctx, "m1", set())
+    refused = client.post("/v1/machines/m1/sync", json={"models": [gone]})
+    assert refused.status_code == 409 and refused.json()["error"]["reason"] == "model_unavailable", refused.text
+    assert "homefleet models verify gone" in refused.json()["error"]["message"]

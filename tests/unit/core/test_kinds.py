@@ -1,0 +1,95 @@
+"""Each kind's spec (app/core/kinds.py) is the one list of what it accepts (R22): every param a
+runner reads is in it (a runner cannot read another: ``KindSpec.args``), every param it lists is
+read, and the server refuses a key outside it, naming it."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from app.core.errors import Rejected
+from app.core.kinds import KINDS, job_request, spec
+from app.jobs.validation import check_known_params
+from routing.timings import job_size
+from tasks.kinds import runner
+
+
+def fake_pipeline(**kwargs: Any) -> Any:
+    """Stands in for a diffusers pipeline: one 8x8 image (or a 2-frame clip)."""
+    frame = Image.new("RGB", (8, 8))
+    return SimpleNamespace(images=[frame], frames=[[frame, frame]])
+
+
+def png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_runner_reads_exactly_the_params_its_spec_lists(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kind_spec = spec(kind)
+    seen: list[Any] = []
+    real = type(kind_spec).args
+    monkeypatch.setattr(type(kind_spec), "args", lambda self, params: seen.append(real(self, params)) or seen[-1])
+    params = {"prompt": "x", "seed": 1, **({"format": "gif"} if kind == "video" else {})}
+    runner(kind)(fake_pipeline, params, lambda step, total: None, {}, {"image": png()})
+    (args,) = seen
+    inputs_read_as_bytes = set(kind_spec.inputs)  # the image comes as bytes, not from params
+    assert args.read | inputs_read_as_bytes == set(kind_spec.params)
+
+
+def test_a_runner_cannot_read_a_param_its_spec_does_not_list() -> None:
+    args = spec("txt2img").args({"prompt": "x", "seed": 1})
+    assert (args["steps"], args["width"], args.get("negative_prompt")) == (4, 64, None)  # defaults; absent
+    with pytest.raises(KeyError, match="kind 'txt2img' reads 'noise_level', which its spec does not list"):
+        args.get("noise_level")
+
+
+def test_placement_reads_the_kinds_defaults() -> None:
+    assert job_request("m", "sd1", "txt2img", "auto", {}).size == job_size(64 * 64)
+    assert job_request("m", "animatediff", "video", "auto", {}).size == job_size(64 * 64, 8)
+    assert job_request("m", "sd1", "upscale", "auto", {"output_width": 64, "output_height": 32}).size == 64 * 32
+    assert job_request("m", "sd1", "txt2img", "auto", {"steps": 9}).steps == 9
+
+
+def test_server_set_output_size_is_accepted_only_where_the_server_sets_it() -> None:
+    assert {"output_width", "output_height"} <= set(spec("edit").accepted) & set(spec("upscale").accepted)
+    assert "output_width" not in spec("txt2img").accepted and "output_width" not in spec("video").accepted
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("txt2img", {"prompt": "x", "stepz": 4},
+         "params.stepz is not a param of kind 'txt2img'; it takes prompt, negative_prompt, width, height, steps, "
+         "guidance_scale, seed"),
+        ("txt2img", {"output_width": 8, "batch": 2}, "params.output_width, params.batch are not params of kind 'txt2img'"),
+        ("edit", {"width": 64}, "it takes image, prompt, negative_prompt, image_guidance_scale, steps, guidance_scale, seed"),
+        ("upscale", {"frames": 2}, "it takes image, prompt, negative_prompt, noise_level, steps, guidance_scale, seed"),
+        ("video", {"noise_level": 2}, "it takes prompt, negative_prompt, width, height, frames, fps, format, steps, "
+                                      "guidance_scale, seed"),
+    ],
+)
+def test_a_key_the_kind_does_not_use_is_refused_naming_it_and_the_accepted_ones(
+    kind: str, params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(Rejected) as refused:
+        check_known_params(kind, params)
+    assert refused.value.reason == "unknown_param"
+    assert message in refused.value.message
+
+
+def test_every_param_a_kind_takes_passes_and_an_unknown_kind_is_named() -> None:
+    for kind in KINDS:
+        check_known_params(kind, dict.fromkeys(spec(kind).accepted, 1))
+    with pytest.raises(Rejected) as refused:
+        check_known_params("inpaint", {})
+    assert refused.value.reason == "kind_not_supported" and "txt2img, edit, upscale, video" in refused.value.message

@@ -1,0 +1,420 @@
+"""Placement rules R9–R13 as pure unit tests (routing/ takes plain data and raises its own refusals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.errors import MachineUnavailable, from_core
+from app.core.kinds import job_request
+from routing.errors import Refused, Unavailable
+from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
+from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
+from routing.finish import EVICTION_WEIGHT, WorkItem
+from routing.placement import JobRequest, MachineView, dry_run, place
+from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing
+
+MODEL = "tiny-sd"
+REF = REFERENCE_SIZE
+
+
+def view(name: str, *, online: bool = True, families: set[str] | None = None, verified: set[str] | None = None,
+         backlog: int = 0, queue: tuple[WorkItem, ...] = (), warm: tuple[str, ...] = (),
+         commitments: frozenset[str] = frozenset(), oom: dict[tuple[str, str], int] | None = None) -> MachineView:
+    return MachineView(
+        name=name, online=online, families=frozenset(families if families is not None else {"sd1", "wan"}),
+        verified_models=frozenset(verified if verified is not None else {MODEL, "big", "other", "video"}),
+        backlog=backlog or len(queue), queue=queue, warm_models=warm, commitments=commitments, oom_sizes=oom or {},
+    )
+
+
+def machines(*views: MachineView) -> dict[str, MachineView]:
+    return {v.name: v for v in views}
+
+
+def request(target: str, model: str = MODEL, kind: str = "txt2img", size: int = REF, steps: int = 10) -> JobRequest:
+    family = "wan" if kind == "video" else "sd1"
+    return JobRequest(model_id=model, family=family, kind=kind, target=target, steps=steps, size=size)
+
+
+def costs(**usable: int) -> Estimator:
+    """Machines m1..m3 and server (unified unless named 'cuda*'), models of known weight."""
+    names = {"server", "m1", "m2", "m3", "cuda1", *usable}
+    profiles = {
+        n: MachineProfile(n, speed=1.0, load_bytes_per_s=1 * GB,
+                          memory_kind="dedicated" if n.startswith("cuda") else "unified",
+                          usable_bytes=usable.get(n, 100 * GB))
+        for n in names
+    }
+    models = {
+        MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
+        "other": ModelProfile("other", "sd1", 10 * GB, step_s=1.0),
+        "big": ModelProfile("big", "sd1", 60 * GB, step_s=1.0),
+        "video": ModelProfile("video", "wan", 5 * GB, step_s=1.0, kind="video"),
+    }
+    return Estimator(profiles, models)
+
+
+def test_r9_default_target_is_server() -> None:
+    fleet = machines(view("server", backlog=5), view("m1"))
+    assert place(JobRequest(model_id=MODEL, family="sd1", kind="txt2img"), fleet).machine == "server"
+
+
+def test_r10_explicit_target_is_kept_even_when_busy() -> None:
+    fleet = machines(view("server"), view("m1", backlog=9), view("m2"))
+    assert place(request("m1"), fleet, costs()).machine == "m1"
+
+
+def test_r10_unknown_machine_is_refused_naming_it() -> None:
+    with pytest.raises(Refused) as refused:
+        place(request("nope"), machines(view("server"), view("m1")))
+    assert refused.value.reason == "unknown_machine"
+    assert "'nope'" in refused.value.message and "m1" in refused.value.message
+
+
+def test_r10_pinned_offline_machine_is_an_error_even_when_others_are_idle() -> None:
+    with pytest.raises(Unavailable) as refused:
+        place(request("m1"), machines(view("server"), view("m1", online=False), view("m2")), costs())
+    assert isinstance(from_core(refused.value), MachineUnavailable) and from_core(refused.value).status_code == 503
+    assert refused.value.reason == "machine_unavailable"
+    assert "m1" in refused.value.message
+
+
+# (target view, request, reason, words the message must hold)
+REFUSALS = [
+    (view("m1", families={"sdxl"}), request("m1"), "family_not_supported", ["m1", MODEL, "sdxl"]),
+    (view("m1", verified=set()), request("m1"), "model_not_verified", ["m1", MODEL, "homefleet sync m1"]),
+    (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GB usable"]),
+    (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict", ["m1", "committed"]),
+    (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict", ["cuda1", "one checkpoint"]),
+    (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"), "video_on_reserved_machine",
+     ["m1", "video", "R17"]),
+    (view("m1", oom={(MODEL, "txt2img"): REF}), request("m1"), "remembered_oom", ["m1", "out of memory", str(REF)]),
+]
+
+
+@pytest.mark.parametrize(("target_view", "job", "reason", "words"), REFUSALS, ids=[r[2] + "-" + r[0].name for r in REFUSALS])
+def test_r10_unsupported_explicit_target_is_refused_with_its_reason(
+    target_view: MachineView, job: JobRequest, reason: str, words: list[str]
+) -> None:
+    estimator = costs(m1=50 * GB)
+    with pytest.raises(Refused) as refused:
+        place(job, machines(view("server"), target_view), estimator)
+    assert refused.value.reason == reason
+    for word in words:
+        assert word in refused.value.message
+
+
+def test_r21_remembered_oom_refuses_only_that_size_or_larger() -> None:
+    fleet = machines(view("server"), view("m1", oom={(MODEL, "txt2img"): REF}))
+    assert place(request("m1", size=REF // 2), fleet, costs()).machine == "m1"
+    with pytest.raises(Refused, match="out of memory"):
+        place(request("m1", size=REF * 2), fleet, costs())
+
+
+def test_r11_auto_excludes_each_machine_with_its_named_reason() -> None:
+    estimator = costs(m2=62 * GB, m3=50 * GB)
+    fleet = machines(
+        view("server", online=False), view("m1", verified=set()), view("m2", commitments=frozenset({"big"})),
+        view("m3", families={"sdxl"}), view("cuda1"),
+    )
+    decision = place(request("auto"), fleet, estimator)
+    assert decision.machine == "cuda1"
+    assert {n: r for n, (r, _) in decision.excluded.items()} == {
+        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "residency_conflict",
+        "m3": "family_not_supported",
+    }
+    big = place(request("auto", model="big"), machines(view("m3"), view("server")), estimator)
+    assert big.machine == "server" and big.excluded["m3"][0] == "too_large"
+    video = place(request("auto", model="video", kind="video"),
+                  machines(view("m1", commitments=frozenset({MODEL})), view("m2")), estimator)
+    assert video.machine == "m2" and video.excluded["m1"][0] == "video_on_reserved_machine"
+    oom = place(request("auto"), machines(view("m1", oom={(MODEL, "txt2img"): 1}), view("m2", backlog=3)), estimator)
+    assert oom.machine == "m2" and oom.excluded["m1"][0] == "remembered_oom"
+
+
+def test_r11_a_machine_without_the_family_is_refused_for_it_even_when_the_model_is_not_verified_there() -> None:
+    # The sync that model_not_verified would suggest is refused for the family: say so first.
+    fleet = machines(view("m1", families={"sdxl"}, verified=set()))
+    with pytest.raises(Refused) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "family_not_supported" and "sync" not in refused.value.message
+
+
+def test_r11_auto_never_picks_an_offline_or_unverified_machine() -> None:
+    fleet = machines(
+        view("server", online=False), view("m1", verified=set()), view("m2", families={"sdxl"}), view("m3", backlog=7),
+    )
+    decision = place(request("auto"), fleet, costs())
+    assert decision.machine == "m3"
+    assert {n: r for n, (r, _) in decision.excluded.items()} == {
+        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "family_not_supported"}
+
+
+def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
+    with pytest.raises(Refused) as refused:
+        place(request("auto"), machines(view("server", online=False), view("m1", verified=set())))
+    assert refused.value.reason == "no_machine"
+    assert "server: machine_unavailable" in refused.value.message
+    assert "m1: model_not_verified" in refused.value.message
+
+
+def test_r12_ties_go_to_fewer_queued_then_name() -> None:
+    fleet = machines(view("server", backlog=2), view("m2", backlog=1), view("m1", backlog=1))
+    assert place(request("auto"), fleet).machine == "m1"
+
+
+def test_r12_a_warm_model_beats_a_shorter_queue_when_the_load_costs_more() -> None:
+    # m1: one 10 s job of the same model ahead, model warm. m2: idle but a 60 s cold load.
+    item = WorkItem("big", "txt2img", 10, REF)
+    fleet = machines(view("m1", queue=(item,), warm=("big",)), view("m2"))
+    decision = place(request("auto", model="big"), fleet, costs())
+    assert decision.machine == "m1"
+    assert decision.candidates["m1"].cold_load_s == 0 and decision.candidates["m2"].cold_load_s == pytest.approx(60)
+    assert decision.candidates["m1"].work_ahead_s == pytest.approx(10)
+
+
+def test_r12_residency_is_simulated_along_the_queue() -> None:
+    # The model is not warm now, but a queued job loads it first: only that job pays the load.
+    queued = (WorkItem("other", "txt2img", 10, REF),)
+    part = place(request("m1", model="other"), machines(view("m1", queue=queued)), costs()).breakdown
+    assert part.cold_load_s == 0
+    assert part.work_ahead_s == pytest.approx(10 + 10)  # its load (10 GB at 1 GB/s) + 10 steps x 1 s
+    # Dedicated memory: a job of another model in between evicts it again.
+    between = (WorkItem("other", "txt2img", 10, REF), WorkItem(MODEL, "txt2img", 10, REF))
+    part = place(request("cuda1", model="other"), machines(view("cuda1", queue=between, warm=("other",))), costs()).breakdown
+    assert part.cold_load_s == pytest.approx(10)
+    assert part.evicts == (MODEL,) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 2)
+
+
+def test_r12_running_job_counts_only_its_remaining_time() -> None:
+    running = (WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=4.0),)
+    part = place(request("m1"), machines(view("m1", queue=running, warm=(MODEL,))), costs()).breakdown
+    assert part.work_ahead_s == pytest.approx(6.0)
+    assert part.queued == 1
+
+
+def test_r12_a_running_job_still_loading_its_model_counts_the_rest_of_its_load() -> None:
+    # A worker reports a model warm once loaded: a running job whose model is not warm yet is
+    # loading it (2 GB at 1 GB/s), then runs 10 steps of 1 s; 4 s have passed.
+    running = (WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=4.0),)
+    part = place(request("m1"), machines(view("m1", queue=running)), costs()).breakdown
+    assert part.work_ahead_s == pytest.approx(2.0 + 10.0 - 4.0)
+    assert part.cold_load_s == 0  # the next job of the same model finds it loaded
+
+
+def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
+    # 30 GB usable: 'other' (10 GB) and tiny-sd (2 GB) are warm; a 25 GB model fits only without 'other'.
+    estimator = costs(m1=30 * GB)
+    estimator.models = {**estimator.models, "mid": ModelProfile("mid", "sd1", 25 * GB, step_s=1.0)}
+    fleet = machines(view("m1", warm=("other", MODEL), verified={"mid"}))
+    part = place(request("m1", model="mid"), fleet, estimator).breakdown
+    assert part.evicts == ("other",)  # least recently used first, until it fits
+    assert part.eviction_s == pytest.approx(EVICTION_WEIGHT * 10)  # its reload: 10 GB at 1 GB/s, weighted
+    protected = machines(view("m1", warm=("other", MODEL), verified={"mid"}, commitments=frozenset({"other"})))
+    with pytest.raises(Refused) as refused:
+        place(request("m1", model="mid"), protected, estimator)
+    assert refused.value.reason == "residency_conflict"
+
+
+def test_r12_auto_prices_an_eviction_by_what_the_evicted_models_jobs_would_lose() -> None:
+    # cuda1 holds one checkpoint: a tiny-sd job there evicts the warm one. m1 runs it without
+    # evicting anything but 10 s later (queued work); every job takes 10 s (10 steps of 1 s).
+    estimator = costs()
+    fleet = machines(view("cuda1", warm=("other",)), view("m1", warm=(MODEL,), queue=(WorkItem(MODEL, "txt2img", 10, REF),)))
+    demand = Demand()
+    for i in range(20):  # 'other' is in demand: jobs of 100 s (speed-1.0 seconds)
+        demand.add("other", 100.0, now_s=float(i))
+    weights = pressure(demand.rates(20.0), {"other": frozenset({"cuda1", "m1"})}, {"cuda1": 1.0, "m1": 1.0})
+    assert weights["cuda1"].reload_weight == {"other": pytest.approx(1 / 100)}
+    job = request("auto", steps=10)
+    # Without demand data the reload is charged at EVICTION_WEIGHT x 10 s: cuda1 (12 s + 30 s) loses to m1 (20 s).
+    assert place(job, fleet, estimator).machine == "m1"
+    part = place(job, fleet, estimator, weights).candidates["cuda1"]
+    # Priced in the 100 s jobs' slowdown: 10 s of reload is a tenth of one, worth 1 s of a 10 s job, weighted.
+    assert part.evicts == ("other",) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 10 * 10 / 100)
+    idle = pressure(Demand().rates(20.0), {}, {"cuda1": 1.0, "m1": 1.0})
+    nobody = place(job, fleet, estimator, idle)
+    assert nobody.candidates["cuda1"].eviction_s == 0  # a model nobody asked for lately costs nothing to evict
+    assert nobody.machine == "cuda1"  # 2 s load + 10 s run beats waiting 10 s on m1
+
+
+def test_r13_an_evicted_model_is_priced_at_its_own_learned_reload() -> None:
+    # cuda1 holds the video model; a txt2img job evicts it. Its reload was measured under its
+    # own kind (video): 40 s, not the 5 s its weights would take at 1 GB/s.
+    estimator = costs()
+    estimator.learned = LearnedTimings({("cuda1", "video", "video"): Timing(load_s=40.0, step_s=1.0)})
+    assert estimator.reload_s("cuda1", "video") == 40.0 and estimator.reload_s("m1", "video") == 5.0
+    part = place(request("cuda1"), machines(view("cuda1", warm=("video",))), estimator).breakdown
+    assert part.evicts == ("video",) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 40.0)
+
+
+def test_r12_auto_keeps_flexible_work_off_the_only_home_of_a_busy_model() -> None:
+    # 'big' fits only the server; recent demand for it keeps the server busy.
+    demand = Demand()
+    for i in range(50):
+        demand.add("big", 300.0, now_s=float(i))
+    rates = demand.rates(50.0)
+    weights = pressure(rates, {"big": frozenset({"server"})}, {"server": 1.0, "m1": 1.0})
+    assert weights["server"].utilisation > 0.5 and weights["m1"] == Pressure(0.0, 0.0)
+    fleet = machines(view("server", warm=(MODEL,)), view("m1"))
+    job = request("auto", steps=30)  # 30 s on either machine; m1 adds a 2 s cold load
+    assert place(job, fleet, costs()).machine == "server"  # warm, no charge: finishes first
+    decision = place(job, fleet, costs(), weights)
+    assert decision.machine == "m1"
+    assert decision.candidates["server"].scarcity_s > 0 == decision.candidates["m1"].scarcity_s
+    assert scarcity_s(30.0, weights["server"], 30.0) == pytest.approx(decision.candidates["server"].scarcity_s)
+
+
+def test_r12_dry_run_lists_every_machine_with_its_reason_or_breakdown() -> None:
+    fleet = machines(view("server", online=False), view("m1", verified=set()), view("m2"), view("m3", backlog=2))
+    body = dry_run(request("auto"), fleet, costs())
+    assert body["machine"] == "m2"
+    rows = body["machines"]
+    assert isinstance(rows, dict) and set(rows) == {"server", "m1", "m2", "m3"}
+    assert rows["server"]["reason"] == "machine_unavailable" and rows["m1"]["reason"] == "model_not_verified"
+    assert rows["m3"]["eligible"] and rows["m3"]["work_ahead_s"] > 0
+    assert set(rows["m2"]) >= {"finish_s", "work_ahead_s", "cold_load_s", "run_s", "eviction_s", "queued"}
+    refused = dry_run(request("m1"), fleet, costs())
+    assert refused["machine"] is None and refused["error"]["reason"] == "model_not_verified"  # type: ignore[index]
+
+
+def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
+    learned = LearnedTimings()
+    estimator = costs()
+    estimator.learned = learned
+    guess = estimator.guess("m1", MODEL, "txt2img")
+    assert guess == Timing(load_s=2.0, step_s=1.0)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=20.0, steps=10, size=REF, load_s=5.0)
+    assert estimator.timing("m1", MODEL, "txt2img") == Timing(load_s=5.0, step_s=2.0, samples=1, load_samples=1)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2)  # warm: load unchanged
+    after = estimator.timing("m1", MODEL, "txt2img")
+    assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0) and after.samples == 2
+    assert estimator.run_s("m1", MODEL, "txt2img", 10, REF) == pytest.approx(10 * after.step_s)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2, load_s=9.0)
+    assert estimator.timing("m1", MODEL, "txt2img").load_s == pytest.approx(0.7 * 5.0 + 0.3 * 9.0)  # EMA from now on
+
+
+def test_r13_the_first_cold_load_replaces_the_guessed_load_even_after_warm_runs() -> None:
+    """A model already warm when timings began: its first runs measure steps only, and the
+    guessed load time must not then be averaged with the first real load as if measured."""
+    learned = LearnedTimings()
+    estimator = costs()
+    estimator.learned = learned
+    guess = estimator.guess("m1", MODEL, "txt2img")
+    for _ in range(3):
+        learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=10.0, steps=10, size=REF)  # warm
+    assert estimator.timing("m1", MODEL, "txt2img").load_s == guess.load_s  # still the guess, not measured
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=10.0, steps=10, size=REF, load_s=30.0)
+    measured = estimator.timing("m1", MODEL, "txt2img")
+    assert (measured.load_s, measured.load_samples, measured.samples) == (30.0, 1, 4)
+
+
+def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
+    demand = Demand()
+    demand.add(MODEL, 20.0, now_s=0.0)
+    demand.add(pinned_class(MODEL, "m1"), 20.0, now_s=0.0)
+    rates = demand.rates(0.0)
+    able = able_with_pinned({MODEL: frozenset({"m1", "m2"})}, rates)
+    assert able[pinned_class(MODEL, "m1")] == frozenset({"m1"})
+    weights = pressure(rates, able, {"m1": 1.0, "m2": 1.0})
+    # The flexible job is shared half and half; the pinned one lands on m1 alone.
+    assert weights["m1"].utilisation == pytest.approx(3 * weights["m2"].utilisation)
+    # A flexible job suffers half of a delay on either machine (it can take the other one):
+    # m2 gets 0.5 x 0.5 of its rate, m1 the same plus all of the pinned rate.
+    assert weights["m1"].weight_per_s == pytest.approx(5 * weights["m2"].weight_per_s)
+
+
+def test_r6_a_syncing_machine_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    syncing = MachineView(name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
+                          syncing=True)
+    fleet = machines(view("server", backlog=3), syncing)
+    with pytest.raises(Unavailable) as refused:  # temporary, like an offline or draining machine: 503
+        place(request("m1"), fleet)
+    assert refused.value.reason == "machine_syncing" and "'m1'" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "machine_syncing"}
+
+
+def test_r4_a_model_present_but_not_advertised_is_refused_when_pinned_and_skipped_by_auto() -> None:
+    fleet = machines(view("server", backlog=3), view("m1", verified=set()))
+    with pytest.raises(Refused) as refused:
+        place(request("m1"), fleet)
+    assert refused.value.reason == "model_not_verified" and "homefleet sync m1 tiny-sd" in refused.value.message
+    placed = place(request("auto"), fleet)
+    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "model_not_verified"}
+
+
+def test_r10_video_is_priced_by_its_frames() -> None:
+    one = job_request("v", "animatediff", "video", "server", {"width": 64, "height": 64, "frames": 1})
+    eight = job_request("v", "animatediff", "video", "server", {"width": 64, "height": 64})
+    sixteen = job_request("v", "animatediff", "video", "server", {"width": 64, "height": 64, "frames": 16})
+    assert (one.size, eight.size, sixteen.size) == (4096, 8 * 4096, 16 * 4096)  # the kind's default is 8 frames
+
+
+def _pressure_per_machine(rates: dict[str, tuple[float, float]], able: dict[str, frozenset[str]],
+                          speed: dict[str, float]) -> dict[str, tuple[float, float, dict[str, float]]]:
+    """routing.demand.pressure's definition, machine by machine (no grouping)."""
+    load, weight = dict.fromkeys(speed, 0.0), dict.fromkeys(speed, 0.0)
+    reload: dict[str, dict[str, float]] = {m: {} for m in speed}
+    per_model: dict[str, list[float]] = {}
+    for name, (work_rate, job_rate) in rates.items():
+        machines = [m for m in able.get(name, frozenset()) if m in speed]
+        model = name.partition("@")[0]
+        pool = [m for m in able.get(model, frozenset()) if m in speed] or machines
+        if not machines or job_rate <= 0:
+            continue
+        total = sum(speed[m] for m in machines)
+        fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
+        jobs = per_model.setdefault(model, [0.0, 0.0])
+        jobs[0] += job_rate
+        jobs[1] += job_rate * fastest_s
+        for m in machines:
+            load[m] += work_rate / total
+            weight[m] += job_rate * speed[m] / total / max(fastest_s, 10.0) / len(machines)
+    for model, (jobs_per_s, fastest_work) in per_model.items():
+        for m in able.get(model, frozenset()):
+            if m in speed:
+                reload[m][model] = 1.0 / max(fastest_work / jobs_per_s, 10.0)
+    return {m: (min(load[m], 0.95), weight[m], reload[m]) for m in speed}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_r12_grouped_pressure_equals_the_per_machine_definition(seed: int) -> None:
+    """pressure() works per group of machines able to take the same demand classes; on random
+    fleets, demand and pinned classes it must give every machine what the definition gives."""
+    import random
+
+    rng = random.Random(seed)
+    speed = {f"m{i}": rng.choice([0.45, 0.7, 1.0, 3.0]) for i in range(rng.randint(1, 40))}
+    models = [f"model{i}" for i in range(rng.randint(1, 6))]
+    names = list(speed) + ["gone"]  # a machine able in the able sets but not online (no speed)
+    able = {m: frozenset(rng.sample(names, rng.randint(0, len(names)))) for m in models}
+    demand = Demand()
+    for i in range(rng.randint(0, 60)):
+        model = rng.choice(models + ["unknown"])
+        name = pinned_class(model, rng.choice(names)) if rng.random() < 0.3 else model
+        demand.add(name, rng.uniform(1, 400), now_s=float(i))
+    rates = demand.rates(60.0)
+    able = able_with_pinned(able, rates)
+    got = pressure(rates, able, speed)
+    want = _pressure_per_machine(rates, able, speed)
+    assert set(got) == set(want) == set(speed)
+    for m, (load, weight, reload) in want.items():
+        assert got[m].utilisation == pytest.approx(load)
+        assert got[m].weight_per_s == pytest.approx(weight)
+        assert dict(got[m].reload_weight) == pytest.approx(reload)
+
+
+def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
+    """An 8x8 and a 64x64 job whose steps took about the same time (fixed per-step work
+    dominates tiny images) teach about the same step_s; scaling purely by pixels made the 8x8
+    one 36 times dearer, and Auto shunned that machine (new-user pass). From 256x256 up, run
+    time scales with pixels."""
+    from routing.timings import MIN_SCALED_SIZE, LearnedTimings, Timing, run_seconds
+
+    guess = Timing(load_s=1.0, step_s=1.0)
+    tiny = LearnedTimings().observe("m", "x", "txt2img", guess=guess, run_s=0.30 * 10, steps=10, size=8 * 8)
+    small = LearnedTimings().observe("m", "x", "txt2img", guess=guess, run_s=0.54 * 10, steps=10, size=64 * 64)
+    assert 0.5 < tiny.step_s / small.step_s < 1.0
+    assert run_seconds(small, 10, 8 * 8) == run_seconds(small, 10, MIN_SCALED_SIZE) == pytest.approx(5.4)
+    assert run_seconds(small, 10, 4 * MIN_SCALED_SIZE) == pytest.approx(4 * 5.4)
