@@ -51,7 +51,7 @@ class WorkingCoefficients:
 
 
 # Embedded default coefficients per kind, used when the fleet config has no
-# ``[working_memory.<kind>]`` table (README, "Residency").
+# ``[working_memory.<kind>]`` table (docs/operations.md, "Residency").
 #
 # These are the seed fleet's guesses for real models at fp16 on a GPU, NOT a measurement of
 # them. ``python -m bench.memory`` (fresh process per run, peak RSS beyond the loaded pipeline,

@@ -3,7 +3,7 @@
 Keys come from ``Settings.api_keys``. With no key configured the server refuses to start
 unless ``allow_open_api`` is set, and then says at start-up that the public routes are open
 (:func:`check_api_keys`). ``/health`` and ``/metrics`` stay open for probes and scrapers;
-the internal routes use per-machine tokens instead (app/routes/deps.py).
+the internal routes use per-machine tokens instead (app/api/routes/deps.py).
 """
 
 from __future__ import annotations

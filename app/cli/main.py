@@ -52,7 +52,7 @@ def serve() -> None:
         fleet.require_tokens()
     except ValueError as error:
         raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
-                          "give each machine `token = \"...\"` (README, \"The fleet config\")") from error
+                          "give each machine `token = \"...\"` (docs/operations.md, \"The fleet file\")") from error
     try:  # a limit for a misspelt family would apply to nothing (R22)
         fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY])
     except ValueError as error:

@@ -2,7 +2,7 @@
 
 Digests are strings ``"<algorithm>:<hex>"`` so a manifest says how it was made.
 
-Choice of algorithm (bench/digest.py measures it; README "Integrity and sync" has the
+Choice of algorithm (bench/digest.py measures it; docs/benchmarks.md has the
 figures): BLAKE3 (the ``blake3`` package) on every core over a memory map of the file keeps
 close to a cold sequential read of the same file and runs at several GB/s on a cached one,
 so verification before a cold load costs little more than the read the load needs anyway

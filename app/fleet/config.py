@@ -273,7 +273,7 @@ def load_fleet(path: Path | None) -> Fleet:
             text = Path(path).read_text()
         except OSError as error:
             raise ConfigError(f"the fleet file {path} cannot be read ({error.strerror or error}); "
-                              "set HOMEFLEET_FLEET_FILE to a fleet TOML file (README, \"The fleet config\")") from error
+                              "set HOMEFLEET_FLEET_FILE to a fleet TOML file (docs/operations.md, \"The fleet file\")") from error
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

@@ -44,11 +44,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
     )
-    # Registered through the CLI, as an operator does.
+    # The journal created and the models registered through the CLI, as an operator does.
+    operator = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
+                "HOMEFLEET_REDIS_URL": redis_url}
+    run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
-        run_cli("models", "add", str(tiny_models_dir / model), "--id", model,
-                env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-                     "HOMEFLEET_REDIS_URL": redis_url})
+        run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file)
     ctx = build_context(settings, fleet_config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)

@@ -112,11 +112,11 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     model cache; killed while the job still waited for the start-up preload (R16), the preload's
     load was to blame: the job fails as ``error`` and no OOM is remembered for its size (its
     repeat would otherwise be refused for a fault that was not its own). The worker's parent
-    process side (Heartbeat.report_lost) reports to the real API."""
+    process side (Watchdog.report_lost) reports to the real API."""
     from celery.exceptions import WorkerLostError
 
     from app.core.config import WorkerSettings
-    from tasks.heartbeat import Heartbeat, mark_running, mark_working
+    from tasks.watchdog import Watchdog, mark_running, mark_working
     from tasks.server_client import ServerClient
 
     ctx, local, model = fleet.ctx, fleet.local, fleet.model
@@ -134,7 +134,7 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
         if working:
             mark_working(ctx.redis, ctx.keys, MACHINE, job_id)  # it holds the cache: loading or running
         lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 0.")
-        Heartbeat(settings, ctx.redis, "boot-oom-test", "cpu").report_lost(job_id, lost)
+        Watchdog(settings, ctx.redis, "boot-oom-test").report_lost(job_id, lost)
         done = fleet.client.wait(job_id, timeout_s=60)
         journaled = ctx.journal.get(job_id)
         assert (done["state"], journaled.reason) == ("failed", reason), journaled.message

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,10 +72,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
                         api_keys=[TEST_API_KEY])
     env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
            "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
-    for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
-        run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), "--id", model, env=env)
     local = LocalFleet(settings, config, fleet_file)
     ctx = build_context(settings, config, migrate=True)
+    for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
+        ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=model)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     running = SyncFleet(local, ctx, client, env)
     try:

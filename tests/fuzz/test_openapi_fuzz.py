@@ -40,7 +40,7 @@ def fuzz_app(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny
     ctx = build_context(settings, make_fleet("m1", "m2"), migrate=True)
     ctx.redis.flushdb()
     ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
-    ctx.dispatcher.tokenizers.counter("tiny-sd")  # load the tokenizer (transformers import) once, up front
+    ctx.dispatcher.validator.tokenizers.counter("tiny-sd")  # load the tokenizer (transformers import) once, up front
     for machine in ("server", "m1", "m2"):
         ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps({"machine": machine, "at": time.time()}), ex=3600)
     app = create_app(settings, ctx)

@@ -112,11 +112,9 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
                             api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
                             reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY])
-        run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL,
-                env={"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_REDIS_URL": redis_server.url,
-                     "HOMEFLEET_FLEET_FILE": str(fleet_file)})
         local = LocalFleet(settings, fleet, fleet_file)
         ctx = build_context(settings, fleet, migrate=True)
+        ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
         local.start_api()
         local.copy_model(MODEL, "hosta")  # hostb gets it by `homefleet sync` over its link (first test)
         for machine, host in hosts.items():

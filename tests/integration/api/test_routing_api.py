@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path

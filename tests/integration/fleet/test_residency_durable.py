@@ -6,7 +6,6 @@ journal on SQLite and PostgreSQL, the real API and CLI."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from app.core.config import WorkerSettings
-from tasks.worker import EX_CONFIG, WorkerLease
+from tasks.lease import EX_CONFIG, WorkerLease
 
 
 def worker_settings(redis_url: str, tmp_path: Path) -> WorkerSettings:
