@@ -31,6 +31,16 @@ from residency.device import Device, MemoryKind
 MPS_MEMORY_FRACTION = 1.0
 
 
+def limit_threads(threads: int | None) -> None:
+    """Size torch's CPU thread pool of this process to ``threads`` (None: leave torch's default,
+    one per core). Called in each pool process, where pipelines run."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def detect_device() -> str:
     """``cuda`` when torch sees a CUDA device, else ``mps`` when it sees Apple's, else ``cpu``."""
     import torch

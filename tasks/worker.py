@@ -25,7 +25,7 @@ from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.errors import HomefleetError, Unauthorized
 from tasks import runtime
-from tasks.devices import detect_device
+from tasks.devices import detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
@@ -150,6 +150,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
 
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
+    worker_process_init.connect(lambda **_: limit_threads(settings.torch_threads), weak=False)  # a share of the cores
     worker_process_init.connect(lambda **_: record_fresh_pool(rt), weak=False)  # nothing warm in a new one
     worker_process_init.connect(lambda **_: start_preload(rt), weak=False)  # committed models warm (R16)
     worker_shutdown.connect(on_shutdown, weak=False)

@@ -118,3 +118,26 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
         yield context
     finally:
         context.close()
+
+
+# Parallel runs (pytest-xdist, ``--dist loadgroup``): the tests that share a fleet of real worker
+# processes run in one xdist worker, so that each fleet starts once; everything else is spread
+# test by test. Each xdist worker has its own Redis server, ports and temporary folders.
+XDIST_GROUPS = {
+    "tests/e2e/test_kinds.py": "kinds",
+    "tests/e2e/test_sync.py": "sync",
+    "tests/e2e/test_watchdog.py": "watchdog",
+    "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
+    "tests/drills/": "drills",
+    "tests/netns/": "netns",  # network namespaces with fixed names: one at a time
+    "tests/fuzz/": "fuzz",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        group = next((name for prefix, name in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

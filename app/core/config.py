@@ -126,6 +126,11 @@ class WorkerSettings(BrokerSettings):
     # R15: a cap on the memory the model cache may fill (bytes), instead of the device's free
     # memory; e.g. to share a machine, or in tests to force real eviction with tiny models.
     memory_cap_bytes: int | None = Field(None, gt=0)
+    # Threads of torch's CPU thread pool in this worker's pool process; None: torch's default
+    # (one per core). Several workers on one host (the demo, the tests, drills) each take a share
+    # of its cores: on 2 cores, two workers of 2 threads each ran a tiny step 2.5x slower than
+    # two of 1 thread (0.65 against 0.26 s; docs/benchmarks.md).
+    torch_threads: int | None = Field(None, ge=1)
 
     @field_validator("models_dir")
     @classmethod

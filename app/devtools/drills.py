@@ -283,11 +283,11 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
     return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
 
 
-def drill_visibility(fleet: DrillFleet, count: int) -> DrillResult:
+def drill_visibility(fleet: DrillFleet, count: int, steps: int = 30) -> DrillResult:
     """C01: jobs that run longer than the broker's visibility timeout (the fleet must be
-    started with a short ``visibility_timeout_s``, e.g. 2 s)."""
+    started with a short ``visibility_timeout_s``, e.g. 2 s; ``steps`` long enough for that)."""
     fleet.begin()
-    acknowledged = {_submit(fleet, i, steps=30) for i in range(count)}
+    acknowledged = {_submit(fleet, i, steps=steps) for i in range(count)}
     return fleet.result("visibility", acknowledged, timeout_s=120 + 18 * count)
 
 

@@ -105,6 +105,7 @@ class LocalFleet:
         ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``)."""
         broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
         env = self._env(broker, {
+            "HOMEFLEET_TORCH_THREADS": str(self.torch_threads()),
             "HOMEFLEET_MACHINE": machine,
             "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
             "HOMEFLEET_WORKER_TOKEN": self.fleet.machines[machine].token,
@@ -112,6 +113,11 @@ class LocalFleet:
             **(extra_env or {}),
         })
         return self._spawn(f"worker-{machine}", ["worker"], env, prefix)
+
+    def torch_threads(self) -> int:
+        """Each worker's share of this host's cores: one worker per machine of the fleet runs here,
+        so that together they do not oversubscribe the cores (at least 1 thread)."""
+        return max(1, (os.cpu_count() or 1) // max(1, len(self.fleet.machines)))
 
     def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:
         """Wait until every machine in ``machines`` is online (and has verified ``model_id``)."""

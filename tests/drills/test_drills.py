@@ -8,14 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult
+from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult, drill_visibility
 
 pytestmark = pytest.mark.e2e
 
 
+VISIBILITY_S = 2
+HUNG_AFTER_S = 20
+
+
 @pytest.fixture(scope="module")
 def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -> Iterator[DrillFleet]:
-    with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd") as fleet:
+    """One private fleet for every drill, with the short broker visibility timeout C01 needs and
+    the short hung bound the watchdog drill needs (``homefleet drill`` gives each drill a fleet of
+    its own, FLEET_OPTIONS): neither changes the other drills' outcome (messages are acked when
+    delivered; every job reports progress at each step)."""
+    with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
+                    hung_after_s=HUNG_AFTER_S) as fleet:
         yield fleet
 
 
@@ -52,17 +61,21 @@ def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
     assert result.interrupted >= 1  # the queued jobs whose messages vanished are `lost`, not silent
 
 
-def test_c01_visibility_timeout_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
-    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", **FLEET_OPTIONS["visibility"]) as fleet:  # type: ignore[arg-type]
-        result = DRILLS["visibility"](fleet, 4)
+def test_c01_visibility_timeout_drill(drill_fleet: DrillFleet) -> None:
+    assert FLEET_OPTIONS["visibility"]["visibility_timeout_s"] == VISIBILITY_S  # what `homefleet drill` runs too
+    result = drill_visibility(drill_fleet, 4, steps=16)
     check(result, 4)
     assert (result.runs, result.interrupted) == (4, 0)
+    assert drill_fleet.ctx is not None
+    ran = [j for j in drill_fleet.ctx.journal.list() if j.params.get("steps") == 16]
+    assert len(ran) == 4 and all((j.run_s or 0) > VISIBILITY_S for j in ran)  # the premise: longer than the timeout
 
 
-def test_r19_watchdog_hang_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
-    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", **FLEET_OPTIONS["hang"]) as fleet:  # type: ignore[arg-type]
-        result = DRILLS["hang"](fleet, 6)
-        hung = [j for j in fleet.ctx.journal.list() if j.reason == "hung"]  # type: ignore[union-attr]
+def test_r19_watchdog_hang_drill(drill_fleet: DrillFleet) -> None:
+    assert FLEET_OPTIONS["hang"]["hung_after_s"] == HUNG_AFTER_S
+    result = DRILLS["hang"](drill_fleet, 6)
+    assert drill_fleet.ctx is not None
+    hung = [j for j in drill_fleet.ctx.journal.list() if j.reason == "hung"]
     check(result, 6)
     assert result.interrupted == 1 and len(hung) == 1
     assert result.runs == result.jobs  # the pool process was replaced and ran every later job
