@@ -21,11 +21,11 @@ from app.devtools.redis_server import free_port
     ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
     ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
 ], ids=["api_keys_not_json", "limits_misspelt", "fleet_file_missing", "fleet_file_not_toml", "redis_down"])
-def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, variable: str, value: str, reason: str,
-                                                        names: str) -> None:
+def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, redis_url: str, variable: str, value: str,
+                                                        reason: str, names: str) -> None:
     (tmp_path / "bad.toml").write_text("not [ toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": "redis://127.0.0.1:6379/15",
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url,
                 variable: value.format(tmp=tmp_path, port=free_port())})
     if reason == "redis_down":  # a journal that is up to date: the command gets as far as Redis
         subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
