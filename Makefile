@@ -19,8 +19,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/homefleet demo
 
+# Two pytest-xdist workers; the tests that share a fleet of real workers stay together in one
+# (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) var

@@ -38,10 +38,11 @@ def make_fleet(*names: str, families: frozenset[str] = FAMILIES) -> Fleet:
     return Fleet(machines=machines)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 180,
+def run_cli(*args: str, env: dict[str, str | None] | None = None, timeout_s: float = 180,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``homefleet ARGS`` as a user would; with ``check``, raise with its output if it fails."""
-    full_env = {**os.environ, **(env or {})}
+    """Run ``homefleet ARGS`` as a user would, in this process's environment updated by ``env`` (a
+    value of None unsets that variable); with ``check``, raise with its output if it fails."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=full_env, capture_output=True, text=True,
                           timeout=timeout_s)
     if check and done.returncode != 0:

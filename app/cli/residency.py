@@ -8,14 +8,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from app.cli.common import console
 from app.core.config import Settings
 
 residency_cli = typer.Typer(help="Residency commitments: models a machine keeps loaded (R16).", no_args_is_help=True)
 oom_cli = typer.Typer(help="Remembered out-of-memory failures (R21).", no_args_is_help=True)
-console = Console()
 
 
 @residency_cli.command("set")

@@ -49,7 +49,9 @@ def test_workers_reach_the_server_only_over_their_link(multihost: MultiHostFleet
         assert multihost.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
         allowed = {f"{host.gateway}:{multihost.redis_port}", f"{multihost.local.settings.api_host}:{api_port}"}
         seen = peers(multihost, machine)
-        assert seen and seen <= allowed, f"{machine} talks to {seen - allowed}"
+        who = subprocess.run([*multihost.hosts[machine].netns, "ss", "-tnpH", "state", "established"],
+                             capture_output=True, text=True, timeout=10).stdout
+        assert seen and seen <= allowed, f"{machine} talks to {seen - allowed}: {who}"
 
 
 def test_r11_auto_places_across_hosts(multihost: MultiHostFleet) -> None:

@@ -375,7 +375,7 @@ def test_status_shows_a_draining_and_a_syncing_machine(
     [m1] = [line for line in shown.splitlines() if " m1 " in line]
     [m2] = [line for line in shown.splitlines() if " m2 " in line]
     assert " draining " in m1 and " syncing " not in m1 and " syncing " in m2
-    piped = run_cli("status", env={k: v for k, v in env.items() if k != "COLUMNS"}).stdout  # no terminal, no COLUMNS
+    piped = run_cli("status", env={**env, "COLUMNS": None}).stdout  # no terminal, no COLUMNS
     assert max(len(line) for line in piped.splitlines()) > 80  # not cut at rich's default width
     assert [line for line in piped.splitlines() if " m1 " in line] == [m1]
     run_cli("drain", "m1", "--undo", env=env)
