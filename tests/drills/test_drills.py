@@ -63,11 +63,11 @@ def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
 
 def test_c01_visibility_timeout_drill(drill_fleet: DrillFleet) -> None:
     assert FLEET_OPTIONS["visibility"]["visibility_timeout_s"] == VISIBILITY_S  # what `homefleet drill` runs too
-    result = drill_visibility(drill_fleet, 4, steps=16)
+    result = drill_visibility(drill_fleet, 4, steps=30)
     check(result, 4)
     assert (result.runs, result.interrupted) == (4, 0)
     assert drill_fleet.ctx is not None
-    ran = [j for j in drill_fleet.ctx.journal.list() if j.params.get("steps") == 16]
+    ran = [j for j in drill_fleet.ctx.journal.list() if j.params.get("steps") == 30]
     assert len(ran) == 4 and all((j.run_s or 0) > VISIBILITY_S for j in ran)  # the premise: longer than the timeout
 
 
