@@ -58,17 +58,17 @@ def sync(
 @fleet_cli.command()
 def status() -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
-    warm models, backlog (LLEN of machine.<name> + running) and expected drain time (seconds,
-    from learned timings)."""
+    warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
+    running (from the journal) and expected drain time (seconds, from learned timings)."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())  # running counts come from the journal: the server's
     try:
-        table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
+        table = Table("machine", "online", "state", "verified models", "warm models", "queued", "running", "drain_s")
         for row in ctx.status():
             table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
-                          ", ".join(row["verified_models"]) or "-",
-                          ", ".join(row["warm_models"]) or "-", str(row["backlog"]), f"{row['drain_s']:.1f}")
+                          ", ".join(row["verified_models"]) or "-", ", ".join(row["warm_models"]) or "-",
+                          str(row["queued"]), str(row["running"]), f"{row['drain_s']:.1f}")
         console.print(table)
     finally:
         ctx.close()

@@ -29,8 +29,22 @@ class BrokerSettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     visibility_timeout_s: int = Field(3600, ge=1)
     key_prefix: str = "hf"
+    # kombu's ``global_keyprefix``: put before every key of the broker's own structures (the
+    # machines' queue lists, kombu's unacked hash and its bindings), e.g. ``"homefleet:"`` when
+    # one Redis database serves several apps. "" (kombu's default): the queue of machine m1 is
+    # the list ``machine.m1``. Every process (server, workers, the celery CLI, Flower) reads it
+    # from here (app/core/celery_app.py); Homefleet reads the broker's keys through
+    # ``app.core.keys.Keys``. Changing it strands the messages queued under the old one.
+    broker_key_prefix: str = ""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_ttl_s: float = Field(6.0, gt=0)
+
+    @field_validator("broker_key_prefix")
+    @classmethod
+    def _printable_prefix(cls, value: str) -> str:
+        if not value.isprintable() or any(c.isspace() for c in value) or len(value) > 64:
+            raise ValueError(f"broker_key_prefix must be at most 64 printable characters without spaces, got {value!r}")
+        return value
 
     @field_validator("redis_url")
     @classmethod
