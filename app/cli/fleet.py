@@ -78,15 +78,19 @@ def status() -> None:
 def flower(
     port: int = 5555,
     address: str = "127.0.0.1",
-    basic_auth: Annotated[str | None, typer.Option(help="user:password for the dashboard and API")] = None,
+    basic_auth: Annotated[str | None, typer.Option(
+        envvar="FLOWER_BASIC_AUTH", help="user:password for the dashboard and API; better set FLOWER_BASIC_AUTH "
+        "(a command line is visible to every user of the host)")] = None,
 ) -> None:
-    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does)."""
+    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does),
+    with its broker key prefix (HOMEFLEET_BROKER_KEY_PREFIX)."""
     import os
 
     argv = [sys.executable, "-m", "celery", "-A", "app.celery", "flower", f"--port={port}", f"--address={address}"]
-    if basic_auth:
-        argv.append(f"--basic-auth={basic_auth}")
-    os.execv(sys.executable, argv)
+    env = dict(os.environ)
+    if basic_auth:  # Flower reads it from its environment: never put in its command line
+        env["FLOWER_BASIC_AUTH"] = basic_auth
+    os.execve(sys.executable, argv, env)
 
 
 @fleet_cli.command()

@@ -11,7 +11,9 @@ from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.limits import FamilyLimits, default_limits
@@ -130,7 +132,11 @@ class WorkerSettings(BrokerSettings):
 
     machine: str
     models_dir: Path
+    # The machine's token: from HOMEFLEET_WORKER_TOKEN, or read from the file HOMEFLEET_WORKER_TOKEN_FILE
+    # names (`homefleet worker --token-file`; e.g. a secret mounted by systemd or Docker): never
+    # needed on a command line, where `ps` shows it to every user of the host.
     worker_token: str = Field(min_length=8)
+    worker_token_file: Path | None = None
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
     server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
@@ -150,6 +156,21 @@ class WorkerSettings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        """``worker_token`` from ``worker_token_file`` (its text, stripped of surrounding white space)."""
+        if not isinstance(data, dict) or not data.get("worker_token_file"):
+            return data
+        if data.get("worker_token"):
+            raise ValueError("set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both")
+        path = Path(data["worker_token_file"]).expanduser()
+        try:
+            token = path.read_text().strip()
+        except OSError as error:
+            raise ValueError(f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} cannot be read: {error.strerror}") from error
+        return {**data, "worker_token": token}
 
 
 OTHER_VARIABLES = frozenset({

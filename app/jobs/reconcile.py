@@ -230,6 +230,7 @@ class Reconciler:
             self.queues.publish(job.machine or "", job.id)
             self.queues.to_front(job.machine or "", job.id)
             self.redis.hdel(self.keys.missing(), job.id)
+            self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(job.machine or '')}")
         report.requeued = [job.id for job in gone]
         if gone:
             log.warning("Redis lost its data: published %d queued jobs again, in journal order", len(gone))
