@@ -327,7 +327,7 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_
     assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
 
 
-def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+def test_r8_status_shows_queued_as_llen_and_running_apart_and_the_drain_time(
     api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
 ) -> None:
     from tests.helpers import run_cli
@@ -348,8 +348,11 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
     later = {row["name"]: row for row in ctx.status()}["m2"]["drain_s"]  # the running job ran on meanwhile
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     cells = [cell.strip() for cell in line.strip("│ ").split("│")]
-    assert cells[1] == "yes" and MODEL in cells[3] and cells[5] == "3"
-    assert round(later, 1) - 0.05 <= float(cells[6]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+    assert cells[1] == "yes" and MODEL in cells[3]
+    assert (cells[5], cells[6]) == ("2", "1") and int(cells[5]) == ctx.redis.llen(ctx.keys.queue_list("m2"))  # issue 18
+    assert round(later, 1) - 0.05 <= float(cells[7]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+    machines = {row["name"]: row for row in client.get("/v1/machines").json()}
+    assert (machines["m2"]["queued"], machines["m2"]["running"], machines["m2"]["backlog"]) == (2, 1, 3)
 
 
 def test_status_shows_a_draining_and_a_syncing_machine(
