@@ -183,3 +183,26 @@ def test_r19_a_message_restored_from_the_unacked_set_keeps_its_place_in_the_line
         assert fleet.client.wait(job_id, timeout_s=300)["state"] == "succeeded"
     assert [j for j in fleet.claim_order("m1") if j in waiting] == waiting
     assert all(fleet.executions()[j] == 1 for j in waiting)
+
+
+def test_flowers_basic_auth_reaches_it_through_its_environment_not_its_command_line(fleet: DrillFleet) -> None:
+    assert fleet.local is not None
+    port, secret = free_port(), "operator:pw-0123456789"
+    env = {**os.environ, **env_of(fleet)}
+    env.pop("FLOWER_BASIC_AUTH", None)
+    env.pop("FLOWER_UNAUTHENTICATED_API", None)
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port), "--basic-auth", secret],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def answers() -> int:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=5).status_code
+            except httpx.HTTPError:
+                return 0
+
+        assert wait_for(answers, timeout_s=90, what="Flower to answer") == 401
+        user, password = secret.split(":")
+        assert httpx.get(f"http://127.0.0.1:{port}/api/workers", auth=(user, password), timeout=10).status_code == 200
+        assert secret not in " ".join(psutil.Process(process.pid).cmdline())  # `ps` does not show it
+    finally:
+        stop_process_group(process)
