@@ -102,7 +102,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         engine.dispose()
         raise
     client = create_redis(settings)
-    keyspace = Keys(settings.key_prefix)
+    keyspace = Keys(settings.key_prefix, settings.broker_key_prefix)
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
                         on_change=ChangeMark(client, keyspace.registry_changed()).touch)
@@ -116,7 +116,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     metrics = Metrics()
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
-    queues = MachineQueues(client)
+    queues = MachineQueues(client, keyspace, celery)
     dispatcher = Dispatcher(settings, celery, journal, machines, queues, Validator(registry, inputs, settings.limits),
                             costs, timings, DemandStore(client, keyspace), lock, metrics)
     return ServerContext(

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import redis
 from celery.exceptions import WorkerLostError
-from celery.signals import task_failure, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import task_failure, task_postrun, task_prerun, task_received, worker_process_init, worker_ready, \
+    worker_shutdown
 from celery.worker import state as worker_state
 
 from app.core import digest, keys
@@ -36,6 +37,8 @@ from tasks.verify import Verifier
 from tasks.watchdog import Watchdog, clear_running, mark_running
 
 log = logging.getLogger("homefleet.worker")
+
+DELIVERED_TTL_S = 24 * 3600  # how long a job's "delivered" mark is kept (Keys.delivered)
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
@@ -59,7 +62,7 @@ def check_token(settings: WorkerSettings) -> None:
     try:
         server.manifest()
     except Unauthorized as refusal:
-        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or --token) to "
+        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or HOMEFLEET_WORKER_TOKEN_FILE) to "
                      "the token of machine %r in the server's fleet config; stopping", settings.machine,
                      refusal.message, settings.machine)
         raise SystemExit(EX_CONFIG) from refusal
@@ -148,6 +151,17 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
             watchdog.report_lost(str(args[0]), exception)
 
+    # In this, the parent process, before the message is acked: it reached this worker. A job
+    # whose message is gone unclaimed is then `lost` (this worker stopped first), not `purged`
+    # (app/jobs/reconcile.py).
+    def on_received(request: Any = None, **_: Any) -> None:
+        if getattr(request, "name", None) == RUN_JOB_TASK:
+            try:
+                client.set(heartbeat.keys.delivered(str(request.id)), settings.machine, ex=DELIVERED_TTL_S)
+            except redis.RedisError as error:
+                log.warning("%s: job %s's delivery not recorded: %s", settings.machine, request.id, error)
+
+    task_received.connect(on_received, weak=False)
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
     worker_process_init.connect(lambda **_: limit_threads(settings.torch_threads), weak=False)  # a share of the cores

@@ -29,8 +29,6 @@ from typing import Any
 
 from celery import Celery
 
-from app.core import keys
-from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
@@ -267,7 +265,7 @@ class Dispatcher:
         """Publish the job's message to its machine's queue (R8). A failed publish releases the
         reservation and interrupts the job (``publish_failed``), then raises."""
         try:
-            self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(machine))
+            self.queues.publish(machine, job.id)
         except Exception:
             self.machines.reservations.release(machine, job.id)
             self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",

@@ -68,8 +68,8 @@ def test_r10_a_job_pinned_to_a_host_whose_link_is_down_is_refused_not_rerouted(m
         with pytest.raises(ApiError) as refused:
             multihost.client.submit(MODEL, "txt2img", {"prompt": "x", "steps": 2}, target="hostb")
         assert (refused.value.status_code, refused.value.reason) == (503, "machine_unavailable")
-        assert multihost.ctx.redis.llen(keys.queue("hostb")) == 0
-        assert multihost.ctx.redis.llen(keys.queue("hosta")) == 0  # not rerouted either
+        assert multihost.ctx.redis.llen(multihost.ctx.keys.queue_list("hostb")) == 0
+        assert multihost.ctx.redis.llen(multihost.ctx.keys.queue_list("hosta")) == 0  # not rerouted either
         auto = multihost.client.submit(MODEL, "txt2img", {"prompt": "auto", "steps": 2}, target="auto")
         assert auto["machine"] == "hosta"
         assert multihost.client.wait(auto["id"], timeout_s=180)["state"] == "succeeded"
