@@ -44,6 +44,7 @@ from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
 from app.fleet.residency_store import DurableResidencyFacts
 from app.jobs.progress import ProgressStore
+from app.jobs.task_events import TaskEvents
 from app.journal.jobs import Journal
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Reconciler:
     lock: FleetLock
     pairing: Pairing
     server: bool = True
+    events: TaskEvents | None = None  # Flower hears of the jobs a pass ends (app/jobs/task_events.py)
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -108,10 +110,12 @@ class Reconciler:
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
         try:
-            self.journal.interrupt(job_id, [state], reason, message)
+            job = self.journal.interrupt(job_id, [state], reason, message)
         except Conflict:
             return  # it moved on meanwhile (e.g. finished): nothing to repair
         report.interrupted[job_id] = reason
+        if self.events is not None:
+            self.events.ended(job)
 
     def _running(self, report: ReconcileReport) -> None:
         now = time.time()
