@@ -40,8 +40,11 @@ class JobNotSucceeded(Exception):
     retries (R8, R19). Listed in the task's ``throws``: logged as expected, without a traceback."""
 
     def __init__(self, job_id: str, reason: str, message: str) -> None:
-        super().__init__(f"job {job_id} failed ({reason}): {message}")
-        self.reason = reason
+        super().__init__(job_id, reason, message)  # every argument: it crosses to Celery's main process
+        self.job_id, self.reason, self.message = job_id, reason, message
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} failed ({self.reason}): {self.message}"
 
 
 def failure_reason(error: BaseException) -> str:

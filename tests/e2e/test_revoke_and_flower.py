@@ -211,13 +211,14 @@ def test_issue18_flower_task_states_agree_with_the_journal_for_every_end(rfleet:
     ctx, client, local = rfleet.ctx, rfleet.client, rfleet.local
     counter_before = failed_counter(rfleet)
 
-    def upload() -> str:
-        response = httpx.post(f"{local.api_url}/v1/files", files={"file": ("in.png", png(32, 32), "image/png")},
+    def upload(colour: tuple[int, int, int]) -> str:
+        data = png(32, 32, colour)  # inputs are stored by content: two distinct files
+        response = httpx.post(f"{local.api_url}/v1/files", files={"file": ("in.png", data, "image/png")},
                               headers=local.auth_headers, timeout=30)
         assert response.status_code in (200, 201), response.text
         return str(response.json()["id"])
 
-    removed_input, changed_input = upload(), upload()
+    removed_input, changed_input = upload((10, 20, 30)), upload((200, 100, 50))
     busy = client.submit(MODEL, "txt2img", {"prompt": "busy", "steps": 8}, target="m1")
     failed = client.submit(EDIT_MODEL, "edit", {"prompt": "x", "image": removed_input, "steps": 1}, target="m1")
     integrity = client.submit(EDIT_MODEL, "edit", {"prompt": "x", "image": changed_input, "steps": 1}, target="m1")
