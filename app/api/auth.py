@@ -12,7 +12,8 @@ import hmac
 import logging
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.core.config import Settings
 from app.core.errors import HomefleetError, Unauthorized
@@ -47,7 +48,14 @@ def bearer_token(authorization: str) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def require_api_key(request: Request, authorization: Annotated[str, Header(include_in_schema=False)] = "") -> None:
+#: The public routes' security scheme in the OpenAPI document (Swagger's "Authorize" button).
+#: ``auto_error=False``: a missing key is refused by :func:`require_api_key` as a domain error.
+API_KEY_SCHEME = HTTPBearer(scheme_name="ApiKey", auto_error=False,
+                            description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`")
+
+
+def require_api_key(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None) -> None:
     """Dependency of every public route.
 
     Raises:
@@ -56,7 +64,7 @@ def require_api_key(request: Request, authorization: Annotated[str, Header(inclu
     settings: Settings = request.app.state.settings
     if not settings.api_keys:
         return  # open only when allow_open_api was set (check_api_keys at start-up)
-    token = bearer_token(authorization)
+    token = credentials.credentials.strip() if credentials is not None and credentials.credentials.strip() else None
     if token is None:
         raise Unauthorized("public routes need 'Authorization: Bearer <API key>'", reason="missing_api_key")
     if not any(hmac.compare_digest(token.encode(), key.encode()) for key in settings.api_keys):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.context import ServerContext
 from app.core.errors import Forbidden, Unauthorized
-from app.fleet.config import Machine
 from app.db.tables import Job
+from app.fleet.config import Machine
 
 
 def get_context(request: Request) -> ServerContext:
@@ -19,8 +20,14 @@ def get_context(request: Request) -> ServerContext:
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
+#: The internal routes' security scheme (their own OpenAPI document, ``/internal/openapi.json``).
+MACHINE_TOKEN_SCHEME = HTTPBearer(scheme_name="MachineToken", auto_error=False,
+                                  description="the token of one machine of the fleet file: `Authorization: Bearer <token>`")
+
+
 def get_worker_machine(
-    ctx: Context, authorization: Annotated[str, Header()] = "",
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(MACHINE_TOKEN_SCHEME)] = None,
     x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,
 ) -> Machine:
     """The machine whose token the request carries (``Authorization: Bearer <token>``). A
@@ -30,10 +37,10 @@ def get_worker_machine(
         Unauthorized: no bearer token, one that belongs to no machine, or another machine's
             token than the one the worker names (its jobs would all be refused at claim).
     """
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = credentials.credentials.strip() if credentials is not None else ""
+    if not token:
         raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
-    machine = ctx.fleet.machine_for_token(token.strip())
+    machine = ctx.fleet.machine_for_token(token)
     if machine is None:
         raise Unauthorized("the token belongs to no machine of this fleet")
     if x_homefleet_machine is not None and x_homefleet_machine != machine.name:
