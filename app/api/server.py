@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -17,13 +18,14 @@ from sqlalchemy.exc import OperationalError
 
 from app.api.auth import check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
+from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.api.routes import events, images, internal, public, residency, serving, sync
+from app.api.strict_json import printable
+from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.context import ServerContext, build_context
 from app.core.errors import HomefleetError, ServiceDown
-from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.jobs.reconcile import ReconcileLoop
-from app.api.routes import events, images, internal, public, residency, serving, sync
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
             return openai_validation_error(error)
-        details = error.errors()
+        details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
@@ -80,7 +82,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
-                                                      "detail": jsonable(details)})
+                                                      "detail": details})
 
     @api.middleware("http")
     async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -136,7 +138,7 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 
-def jsonable(details: object) -> object:
+def jsonable(details: object) -> Any:
     from fastapi.encoders import jsonable_encoder
 
     return jsonable_encoder(details)

@@ -17,7 +17,7 @@ from app.core.variants import Variant
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # "NaN" and "inf" are no numbers (issue 24)
 
 
 class ManifestFile(Body):

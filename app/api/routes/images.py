@@ -36,17 +36,18 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.routes.deps import Context
+from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import HomefleetError, NotFound, Rejected
-from routing.placement import SERVER
-from app.db.tables import Job
-from app.core.states import ENDED, JobState
-from app.jobs.validation import check_submission, check_upload
 from app.core.limits import limits_for
-from app.api.routes.deps import Context
+from app.core.states import ENDED, JobState
+from app.db.tables import Job
+from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
+from routing.placement import SERVER
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
@@ -84,7 +85,7 @@ class HfParameters(BaseModel):
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
-    guidance_scale: float | None = None  # range checked with the job's params (app/core/kinds.py)
+    guidance_scale: float | None = Field(None, allow_inf_nan=False)  # range checked with the job's params (app/core/kinds.py)
     seed: int | None = Field(None, ge=0, lt=2**31)
 
 
