@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 
-from app.api.auth import check_api_keys, require_api_key
+from app.api.auth import Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.api.routes import events, images, internal, public, residency, serving, sync
@@ -94,8 +94,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         ).observe(time.perf_counter() - start_s)
         return response
 
-    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
-                       render=error_response)
+    uploads = upload_limits(settings)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
+    # outermost: the key or token is checked before anything reads the body (issue 24)
+    api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
