@@ -18,11 +18,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 
-from app.api.auth import check_api_keys, require_api_key
+from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.api.routes import events, images, internal, public, residency, serving, sync
 from app.api.routes.deps import WorkerMachine
+from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
@@ -30,7 +31,6 @@ from app.core.errors import HomefleetError, ServiceDown
 from app.jobs.reconcile import ReconcileLoop
 
 VERSION = "0.1.0"
-INTERNAL_PREFIX = "/internal/"
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
 #: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
@@ -92,7 +92,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
             return openai_validation_error(error)
-        details = error.errors()
+        details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
@@ -100,7 +100,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
-                                                      "detail": jsonable(details)})
+                                                      "detail": details})
 
     @api.middleware("http")
     async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -119,8 +119,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             response.headers["Content-Security-Policy"] = DOCS_CSP
         return response
 
-    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
-                       render=error_response)
+    uploads = upload_limits(settings)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
+    # outermost: the key or token is checked before anything reads the body (issue 24)
+    api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
@@ -211,7 +213,7 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 
-def jsonable(details: object) -> object:
+def jsonable(details: object) -> Any:
     from fastapi.encoders import jsonable_encoder
 
     return jsonable_encoder(details)

@@ -7,9 +7,9 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
-from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 from typing import Any
 
@@ -70,6 +70,7 @@ class Settings(BrokerSettings):
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/api/body_limit.py)
+    max_concurrent_uploads: int = Field(4, ge=1)  # uploads in progress at once; one more is 429 (app/api/auth.py)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
