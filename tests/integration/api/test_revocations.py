@@ -150,7 +150,6 @@ def test_issue18_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClie
     assert (revoked["type"], revoked["uuid"]) == ("task-revoked", queued)
     assert ctx.journal.get(queued).reason == "cancelled"
 
-    ctx.redis.set(ctx.keys.redis_seen(), repr(time.time() - 3600))  # this Redis's data is an hour old: no loss
     lost = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1",
                                machine="m1"))
     ctx.journal.claim(lost.id, "m1")
