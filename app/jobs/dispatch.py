@@ -30,6 +30,7 @@ from typing import Any
 from celery import Celery
 
 from app.core.config import Settings
+from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
     ServiceDown, from_core
@@ -285,6 +286,22 @@ class Dispatcher:
                                            message=error.message))
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
+
+    def purge(self, machine: str) -> list[Job]:
+        """Cancel every queued job of ``machine`` (reason ``purged``), oldest first, as
+        :meth:`cancel` does each: the journal first, then its entry is removed from the list.
+        Jobs that started meanwhile are left alone. Returns the purged jobs."""
+        purged = []
+        message = f"its queue {keys_queue(machine)} was purged (`homefleet purge {machine}`); the job was not run"
+        for job in self.journal.list([JobState.queued], machine=machine):
+            try:
+                ended = self.journal.cancel(job.id, reason="purged", message=message)
+            except Conflict:
+                continue  # claimed meanwhile
+            self.queues.remove(machine, job.id)
+            self.finished(ended)
+            purged.append(ended)
+        return purged
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job: the journal says ``cancelled`` (a conditional update, so a
