@@ -16,8 +16,16 @@ from typing import Any
 import httpx
 import redis
 from celery.exceptions import WorkerLostError
-from celery.signals import task_failure, task_postrun, task_prerun, task_received, worker_process_init, worker_ready, \
-    worker_shutdown
+from celery.signals import (
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_received,
+    task_revoked,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker import state as worker_state
 
 from app.core import digest, keys
@@ -30,7 +38,8 @@ from tasks.devices import detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
-from tasks.run_job import run_job
+from tasks.revocations import Revocations
+from tasks.run_job import JobNotSucceeded, run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
 from tasks.verify import Verifier
@@ -111,13 +120,18 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
     celery = create_celery(settings)
-    celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
+    # throws: a job that failed is the task's expected FAILURE (Flower agrees), logged without a traceback
+    celery.task(name=RUN_JOB_TASK, ignore_result=True, throws=(JobNotSucceeded,))(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
     client = create_redis(settings)
     verifier = Verifier(settings, client)
     watchdog = Watchdog(settings, client, boot_id)
+    # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
+    reporter = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
+                            machine=settings.machine)
+    revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK)  # C11
     heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
-                          duties=[watchdog.obey_restart, verifier.follow_registry])
+                          duties=[watchdog.obey_restart, verifier.follow_registry, revocations.report])
 
     def on_lease_lost() -> None:
         # Another worker runs this machine now: stop writing its heartbeat and verified set at
@@ -127,11 +141,15 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
 
     lease.on_lost(on_lease_lost)  # at once if it was lost while torch was imported
 
-    def on_ready(**_: Any) -> None:
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        # The node name Flower knows this worker by, for the events the server sends of its jobs.
+        if node := getattr(sender, "hostname", None):
+            client.set(keys.Keys(settings.key_prefix).node(settings.machine), str(node))
         heartbeat.start()
 
     def on_shutdown(**_: Any) -> None:
         heartbeat.stop()
+        reporter.close()
 
     # In the pool process: which job it runs, for the watchdog (R19).
     def on_task_start(task: Any = None, args: Any = (), **_: Any) -> None:
@@ -171,6 +189,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     task_prerun.connect(on_task_start, weak=False)
     task_postrun.connect(on_task_end, weak=False)
     task_failure.connect(on_task_failure, weak=False)
+    task_revoked.connect(revocations.on_task_revoked, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))
     if heartbeat.refused:

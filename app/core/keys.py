@@ -109,6 +109,12 @@ class Keys:
         (``tasks.worker.WorkerLease``): one worker per machine, from its start."""
         return f"{self.prefix}:machine:{machine}:worker"
 
+    def node(self, machine: str) -> str:
+        """The Celery node name (``<machine>@<host>``) of the machine's last started worker, kept
+        without a TTL: the server sends the task events of the jobs it ends itself under it, so
+        Flower counts them on that worker (app/jobs/task_events.py)."""
+        return f"{self.prefix}:machine:{machine}:node"
+
     def draining(self, machine: str) -> str:
         """Set while an operator drains the machine: placement puts nothing new there."""
         return f"{self.prefix}:machine:{machine}:draining"

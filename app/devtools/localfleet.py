@@ -126,8 +126,11 @@ class LocalFleet:
         return self._spawn(f"worker-{machine}", args, env, prefix)
 
     def torch_threads(self) -> int:
-        """Each worker's share of this host's cores: one worker per machine of the fleet runs here,
-        so that together they do not oversubscribe the cores (at least 1 thread)."""
+        """Each worker's torch threads: ``settings.torch_threads`` when set, else its share of this
+        host's cores (one worker per machine of the fleet runs here, so that together they do not
+        oversubscribe the cores; at least 1 thread)."""
+        if self.settings.torch_threads is not None:
+            return self.settings.torch_threads
         return max(1, (os.cpu_count() or 1) // max(1, len(self.fleet.machines)))
 
     def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:

@@ -67,14 +67,18 @@ class MachineQueues:
         self._remove = client.register_script(_REMOVE_BY_ID)
         self._to_front = client.register_script(_TO_FRONT)
 
-    def publish(self, machine: str, job_id: str) -> None:
+    def publish(self, machine: str, job_id: str, model_id: str, kind: str) -> None:
         """Publish a job's message to ``machine.<name>`` (LPUSH: behind every message there), with
-        ``task_id = job id`` so that the claim refuses a second delivery (R19).
+        ``task_id = job id`` so that the claim refuses a second delivery (R19). The task gets only
+        the job id; Flower and ``celery inspect`` show the model, kind and machine beside it
+        (``argsrepr``/``kwargsrepr``, issue 18).
 
         Raises:
             kombu.exceptions.OperationalError: the broker refused it after the retry policy's tries.
         """
-        self.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=queue(machine))
+        self.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=queue(machine),
+                              argsrepr=repr((job_id,)),
+                              kwargsrepr=repr({"model": model_id, "kind": kind, "machine": machine}))
 
     def length(self, machine: str) -> int:
         """LLEN of the machine's queue list: messages waiting there (not the one running, R8)."""

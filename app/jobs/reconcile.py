@@ -54,6 +54,7 @@ from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
 from app.fleet.residency_store import DurableResidencyFacts
 from app.jobs.progress import ProgressStore
+from app.jobs.task_events import TaskEvents
 from app.journal.jobs import Journal
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class Reconciler:
     lock: FleetLock
     pairing: Pairing
     server: bool = True
+    events: TaskEvents | None = None  # Flower hears of the jobs a pass ends (app/jobs/task_events.py)
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -133,10 +135,12 @@ class Reconciler:
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
         try:
-            self.journal.interrupt(job_id, [state], reason, message)
+            job = self.journal.interrupt(job_id, [state], reason, message)
         except Conflict:
             return  # it moved on meanwhile (e.g. finished): nothing to repair
         report.interrupted[job_id] = reason
+        if self.events is not None:
+            self.events.ended(job)
 
     def _running(self, report: ReconcileReport, judge_liveness: bool = True) -> None:
         now = time.time()
@@ -227,7 +231,7 @@ class Reconciler:
         gone = [job for job in active if job.state == JobState.queued
                 and job.id not in waiting[job.machine or ""] and job.id not in delivered]
         for job in reversed(gone):
-            self.queues.publish(job.machine or "", job.id)
+            self.queues.publish(job.machine or "", job.id, job.model_id, job.kind)
             self.queues.to_front(job.machine or "", job.id)
             self.redis.hdel(self.keys.missing(), job.id)
             self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(job.machine or '')}")
