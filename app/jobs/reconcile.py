@@ -129,7 +129,7 @@ class Reconciler:
             report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
         cutoff = utcnow() - timedelta(seconds=self.settings.idempotency_ttl_s)
         report.forgotten_idempotency_keys = self.journal.forget_idempotency_keys(cutoff)
-        if report.interrupted or report.cancelled or report.released_reservations or report.redis_lost:
+        if report.interrupted or report.cancelled or report.released_reservations or report.requeued:
             log.warning("reconciliation: %s", report)
         return report
 
