@@ -81,7 +81,8 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/internal/v1/syncs/{sync_id}/progress"): (403, 409),
     ("post", "/internal/v1/syncs/{sync_id}/finish"): (403, 409),
 }
-OPEN_ROUTES = ("/metrics",)  # answers without Redis or the journal
+OPEN_ROUTES = ("/metrics",)
+NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "seed")  # answers without Redis or the journal
 
 
 def job_links() -> dict[str, Any]:
@@ -138,6 +139,9 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             properties["format"] = {"type": "string", "enum": list(spec.formats)}
         required = [param for param in ("prompt", *spec.inputs) if param in properties and
                     (param != "prompt" or spec.prompt_required)]
+        for param in NULL_IS_ABSENT:  # the server reads null as absent for these (app/jobs/validation.py)
+            if param in properties and param not in required:
+                properties[param] = {"anyOf": [properties[param], {"type": "null"}]}
         params: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
         if required:
             params["required"] = required
@@ -148,11 +152,25 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
 
 
 def documented(schema: dict[str, Any], machines: Iterable[str] = (),
-               limits: Mapping[str, FamilyLimits] | None = None) -> dict[str, Any]:
+               limits: Mapping[str, FamilyLimits] | None = None, models: Iterable[str] = ()) -> dict[str, Any]:
     """``schema`` with every operation's error statuses and links added (module docstring), the
-    fleet's machine names as the values a machine parameter takes, and each kind's params."""
+    fleet's machine names as the values a machine parameter takes, the registered model ids
+    as the values a model field takes (when there is one), and each kind's params."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     names = sorted(machines)
+    model_ids = sorted(models)
+    if model_ids:
+        model_enum = {"type": "string", "enum": model_ids, "description": "a registered model id (GET /v1/models)"}
+        for item in schema["paths"].values():
+            for op in item.values():
+                for parameter in op.get("parameters", []) if isinstance(op, dict) else []:
+                    if parameter.get("name") == "model" and parameter.get("in") == "path":
+                        parameter["schema"] = model_enum
+        for body in ("JobCreate", "ImageGeneration", "Body_edit_images_v1_images_edits_post"):
+            if body in components and "model" in components[body].get("properties", {}):
+                optional = body != "JobCreate"
+                components[body]["properties"]["model"] = (
+                    {"anyOf": [model_enum, {"type": "null"}]} if optional else model_enum)
     if names:
         for item in schema["paths"].values():
             for op in item.values():
@@ -200,6 +218,9 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                 responses[str(status)] = {"description": DESCRIPTIONS[status], "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}}}
             if (method, path) == ("post", "/v1/jobs"):
+                responses["200"] = {"description": "?dry_run=true: the decision, every machine with the filter that "
+                                    "excluded it or its expected-finish breakdown (seconds); nothing is enqueued",
+                                    "content": {"application/json": {"schema": {"type": "object"}}}}
                 links = {name: link for name, link in job_links().items() if link["operationId"] in operation_ids}
                 responses.setdefault("202", {"description": "accepted"})["links"] = links
     components.pop("HTTPValidationError", None)

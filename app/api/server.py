@@ -157,13 +157,15 @@ def document_internal_apart(api: FastAPI, context: ServerContext, settings: Sett
     routes (``/internal/...``: machine tokens, not API keys) out; they have their own,
     ``GET /internal/openapi.json``, for a machine token."""
     whole = api.openapi  # FastAPI's: the document of every route
-    parts: dict[bool, dict[str, Any]] = {}
+    parts: dict[tuple[bool, tuple[str, ...]], dict[str, Any]] = {}
 
     def part(internal: bool) -> dict[str, Any]:
-        if internal not in parts:
-            parts[internal] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines, settings.limits),
-                                      internal=internal)
-        return parts[internal]
+        models = tuple(sorted(record.id for record in context.registry.list()))  # the document follows the registry
+        if (internal, models) not in parts:
+            parts.clear()
+            parts[(internal, models)] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines,
+                                                           settings.limits, models), internal=internal)
+        return parts[(internal, models)]
 
     allowed: list[tuple[re.Pattern[str], set[str]]] = []
 

@@ -55,10 +55,12 @@ class FuzzReport:
 
     @property
     def server_errors(self) -> int:
-        return sum(count for status, count in self.statuses.items() if status >= 500)
+        """5xx answers other than the documented 503 (machine offline or syncing, R10)."""
+        return sum(count for status, count in self.statuses.items() if status >= 500 and status != 503)
 
     def summary(self) -> str:
-        return (f"fuzz: {self.cases} cases, {self.server_errors} 5xx, {self.failures} failures, statuses "
+        return (f"fuzz: {self.cases} cases, {self.server_errors} 5xx other than 503 ({self.statuses.get(503, 0)} "
+                f"documented 503), {self.failures} failures, statuses "
                 f"{dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
                 f"{len(self.unended)} accepted jobs not ended")
 
