@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from app.core.states import ENDED
 from app.devtools.fuzz import run_fuzz
 
 EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "1"))
 
 
+@pytest.mark.timeout(1200)  # a fleet start, ~1,000 requests over HTTP, real jobs and the drain on 2 shared cores
 def test_r22_r24_schemathesis_over_real_http_finds_nothing_and_every_accepted_job_ends(tmp_path: Path) -> None:
     report = run_fuzz(tmp_path / "fuzz", EXAMPLES)
     print(f"\n{report.summary()}")
