@@ -92,6 +92,10 @@ class Settings(BrokerSettings):
     # (app/api/routes/images.py). When the wait ends the answer is 409 `job_pending` naming the
     # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
+    # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
+    # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
+    # Never taken from the request's Host header, which the client chooses.
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
     # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
     # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
     sdk_retry_window_s: float = Field(3600.0, gt=0)
