@@ -4,7 +4,8 @@ checks pass; nothing is written when one fails.
 
 - Results (:class:`ResultStore`, R2): a worker's upload is accepted only if its bytes hash to
   the digest the worker declared, its media type (sniffed, ``app/store/media.py``) is one the
-  kinds produce, and it is within ``max_result_bytes``.
+  kinds produce, it is within ``max_result_bytes``, and it decodes as that type (images
+  through Pillow within ``MAX_INPUT_PIXELS``, MP4 through ffmpeg).
 - Inputs (:class:`InputStore`): images for edit and upscale jobs. A client uploads an image
   first (``POST /v1/files``); its id is the content digest (``"blake3:<hex>"``), so the same
   bytes always get the same id. A job names that id in its params; the worker fetches the
@@ -22,7 +23,14 @@ from pathlib import Path
 
 from app.core.digest import bytes_digest, hex_part
 from app.core.errors import IntegrityFailure, NotFound, Rejected
-from app.store.media import EXTENSIONS, INPUT_TYPES, RESULT_TYPES, check_decodes, sniff
+from app.store.media import (
+    EXTENSIONS,
+    INPUT_TYPES,
+    RESULT_TYPES,
+    check_decodes,
+    check_result,
+    sniff,
+)
 
 
 def write_once(path: Path, data: bytes) -> None:
@@ -86,7 +94,10 @@ class ResultStore(ContentStore):
 
         Raises:
             IntegrityFailure: digest mismatch or malformed digest, a media type the kinds do not
-                produce, or more than ``max_result_bytes``. Nothing is written in any of these cases.
+                produce, or more than ``max_result_bytes`` (reason ``integrity``); bytes that do
+                not decode as their media type, or an image over the inputs' pixel limit (reason
+                ``result_invalid``, app/store/media.py ``check_result``). Nothing is written in
+                any of these cases.
         """
         if len(data) > self.max_result_bytes:
             raise IntegrityFailure(
@@ -108,6 +119,10 @@ class ResultStore(ContentStore):
             raise IntegrityFailure(
                 f"result is not PNG, WebP, GIF or MP4 (first bytes {data[:12]!r})", reason="integrity"
             )
+        try:
+            check_result(data, media_type)  # decoded as inputs are: a bomb, a truncated file, a polyglot
+        except Rejected as error:
+            raise IntegrityFailure(error.message, reason=error.reason) from error
         return self.put(data, actual, media_type)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Header, UploadFile
 from fastapi.responses import FileResponse
 
-from app.api.routes.deps import Context, WorkerMachine, job_of_machine
+from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_file
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
@@ -50,7 +50,7 @@ def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
 def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
     """An uploaded input's bytes; the worker checks them against ``file_id`` (their digest)."""
     stored = ctx.inputs.get(file_id)
-    return FileResponse(stored.path, media_type=stored.media_type)
+    return stored_file(stored.path, stored.media_type, stored.path.name, stored.digest)
 
 
 @router.post("/jobs/{job_id}/claim", response_model=Claim)
