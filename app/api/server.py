@@ -10,11 +10,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
@@ -24,8 +26,9 @@ from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.core.errors import HomefleetError, ServiceDown
+from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.jobs.reconcile import ReconcileLoop
+from app.store.files import DISK_FULL
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,20 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         return await domain_error(request, ServiceDown(
             f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
             reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        """FastAPI answers 400 "There was an error parsing the body" when spooling a multipart
+        body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            message = (f"the request body could not be spooled to a temporary file ({cause.strerror}); "
+                       "the server's disk is full: retry later")
+            log.error("%s %s: storage full: %s", request.method, request.url.path, message)
+            return error_response(request.url.path, StorageFull(message))
+        return await http_exception_handler(request, error)
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
