@@ -29,8 +29,9 @@ from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.core.errors import HomefleetError, ServiceDown
+from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.jobs.reconcile import ReconcileLoop
+from app.store.files import DISK_FULL
 
 VERSION = "0.1.0"
 HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
@@ -98,7 +99,16 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (a body that cannot be parsed: 400; no such route: 404) in
-        the common error body."""
+        the common error body. FastAPI answers 400 "There was an error parsing the body" when
+        spooling a multipart body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            message = (f"the request body could not be spooled to a temporary file ({cause.strerror}); "
+                       "the server's disk is full: retry later")
+            log.error("%s %s: storage full: %s", request.method, request.url.path, message)
+            return error_response(request.url.path, StorageFull(message))
         reason = HTTP_REASONS.get(error.status_code, "http_error")
         refusal = HomefleetError(str(error.detail), reason=reason)
         refusal.status_code = error.status_code

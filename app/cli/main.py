@@ -98,6 +98,33 @@ def worker(
     start_worker(settings, loglevel)
 
 
+results_cli = typer.Typer(help="A worker's results the server could not store (issue 24).")
+cli.add_typer(results_cli, name="results")
+
+
+@results_cli.command("recover")
+def results_recover(
+    machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+    server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
+) -> None:
+    """On a worker's host: upload the results its spool kept because the server could not store
+    them (jobs failed ``result_not_stored``); each one the server takes makes its job
+    ``succeeded``. Exit 1 if any stays in the spool."""
+    from tasks.spool import recover_spool
+
+    overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token_file": token_file,
+                                   "server_url": server_url}.items() if v is not None}
+    outcomes = recover_spool(WorkerSettings(**overrides))  # type: ignore[arg-type]
+    for job_id, outcome in outcomes:
+        console.print(f"{job_id}: {escape(outcome)}")
+    kept = sum(1 for _, outcome in outcomes if outcome.startswith("kept"))
+    console.print(f"{len(outcomes)} spooled results: {len(outcomes) - kept} brought in or refused, {kept} kept")
+    raise typer.Exit(1 if kept else 0)
+
+
 def settings_problem(error: ValidationError | SettingsError) -> str:
     """One line naming what is wrong: the ``HOMEFLEET_*`` variable (or the fleet file's entry),
     the field path and pydantic's message, without its documentation links."""
