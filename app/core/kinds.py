@@ -169,8 +169,11 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
     for kinds whose output follows an input image), else ``width`` x ``height``, and
-    ``frames``; each absent one at the kind's default (an unknown kind: txt2img's)."""
-    kind_spec = KINDS.get(kind, KINDS["txt2img"])
+    ``frames``; each absent one at the family's default for the kind (``app/core/families.py``;
+    an unknown kind: txt2img's)."""
+    from app.core.families import kind_spec as family_spec  # families builds on this module
+
+    kind_spec = family_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
     frames = _number(params, "frames", kind_spec.defaults.get("frames", 1))
