@@ -9,19 +9,18 @@ only it takes are added (``true_cfg_scale``), defaults and ranges are its own (F
 VAE (Wan: frames 4k+1, sides multiples of 16). The server's validation
 (``app/jobs/validation.py``) refuses a submission that breaks a rule with a 422 naming the
 family's limit; the worker's kind code (``tasks/kinds/*.py``) reads params through
-:func:`kind_spec` and passes them under :attr:`Family.arguments`'s names, so a param a
+:func:`app.core.kinds.family_kind_spec` and passes them under :attr:`Family.arguments`'s names, so a param a
 pipeline does not take never reaches it (no TypeError on a worker).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from app.core.kinds import KINDS, KindSpec, NumberRange
+from app.core.specs import NumberRange
 
 
 @dataclass(frozen=True)
@@ -124,24 +123,3 @@ what the registry accepts."""
 def family(name: str) -> Family | None:
     """The rules of family ``name``, or None for a family this table does not know."""
     return FAMILIES.get(name)
-
-
-@functools.cache
-def kind_spec(family_name: str, kind: str) -> KindSpec:
-    """What a job of ``kind`` accepts on a model of ``family_name``: the kind's spec with the
-    family's params dropped and added, its defaults and its ranges. A family this table does
-    not know, or that runs another kind, gets the kind's own spec.
-
-    Raises:
-        KeyError: ``kind`` is not implemented.
-    """
-    base = KINDS[kind]
-    rules = FAMILIES.get(family_name)
-    if rules is None or rules.kind != kind:
-        return base
-    params = tuple(name for name in base.params if name not in rules.drop) + rules.add
-    defaults = {name: value for name, value in base.defaults.items() if name in params} | dict(rules.defaults)
-    replaced = {number.name for number in rules.numbers}
-    numbers = tuple(n for n in base.numbers if n.name in params and n.name not in replaced) + rules.numbers
-    return KindSpec(base.name, params=params, defaults=defaults, numbers=numbers, inputs=base.inputs,
-                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats)

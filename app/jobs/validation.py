@@ -21,7 +21,7 @@ from typing import Any
 
 from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
-from app.core.families import kind_spec as family_spec
+from app.core.kinds import family_kind_spec as family_spec
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS, KindSpec, job_request, spec
 from app.core.limits import FamilyLimits, limits_for
 from app.store.files import InputStore, StoredFile

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core.families import family as family_rules
-from app.core.families import kind_spec
+from app.core.kinds import family_kind_spec as kind_spec
 from tasks.kinds import Output, ProgressFn, denoising, family_arguments
 from tasks.pipelines import decode_image, png_bytes
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.families import kind_spec
+from app.core.kinds import family_kind_spec as kind_spec
 from tasks.kinds import Output, ProgressFn, family_arguments
 from tasks.pipelines import decode_image, png_bytes
 

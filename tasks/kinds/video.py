@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.families import kind_spec
+from app.core.kinds import family_kind_spec as kind_spec
 from tasks.kinds import Output, ProgressFn, denoising, family_arguments
 
 log = logging.getLogger("homefleet.worker")
