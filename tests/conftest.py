@@ -136,6 +136,7 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
 # test by test. Each xdist worker has its own Redis server, ports and temporary folders.
 XDIST_GROUPS = {
     "tests/e2e/test_kinds.py": "kinds",
+    "tests/e2e/test_families.py": "families",  # its own fleet: every pipeline class (issue 19)
     "tests/e2e/test_sync.py": "sync",
     "tests/e2e/test_watchdog.py": "watchdog",
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
