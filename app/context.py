@@ -30,6 +30,7 @@ from app.jobs.dispatch import Dispatcher
 from app.jobs.progress import ProgressStore
 from app.jobs.reconcile import Reconciler
 from app.jobs.sync import Syncs
+from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
@@ -66,7 +67,7 @@ class ServerContext:
     def reconciler(self, server: bool = True) -> Reconciler:
         """Reconciliation passes over this server's parts (R19); ``server``: see :class:`Reconciler`."""
         return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
-                          self.residency, self.progress, self.lock, self.pairing, server)
+                          self.residency, self.progress, self.lock, self.pairing, server, self.dispatcher.events)
 
     def status(self) -> list[dict[str, Any]]:
         """``homefleet status``'s rows (app/fleet/status.py)."""
@@ -102,7 +103,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         engine.dispose()
         raise
     client = create_redis(settings)
-    keyspace = Keys(settings.key_prefix)
+    keyspace = Keys(settings.key_prefix, settings.broker_key_prefix)
     journal = Journal(engine)
     registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
                         on_change=ChangeMark(client, keyspace.registry_changed()).touch)
@@ -116,9 +117,10 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     metrics = Metrics()
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
-    queues = MachineQueues(client)
+    queues = MachineQueues(client, keyspace, celery)
     dispatcher = Dispatcher(settings, celery, journal, machines, queues, Validator(registry, inputs, settings.limits),
-                            costs, timings, DemandStore(client, keyspace), lock, metrics)
+                            costs, timings, DemandStore(client, keyspace), lock, metrics,
+                            events=TaskEvents(celery, client, keyspace))
     return ServerContext(
         settings=settings, fleet=fleet, engine=engine, redis=client, celery=celery, keys=keyspace, journal=journal,
         registry=registry, store=ResultStore(settings.results_dir, settings.max_result_bytes), inputs=inputs,

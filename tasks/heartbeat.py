@@ -143,7 +143,7 @@ class Heartbeat:
                               self.settings.heartbeat_interval_s)
                 else:  # a wrong token never becomes right: stop instead of retrying forever
                     log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
-                                 "(or --token) to the token of machine %r in the server's fleet config; stopping",
+                                 "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
                                  self.settings.machine, error, self.settings.machine)
                     self.refused = True
                     os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown; start_worker exits 78

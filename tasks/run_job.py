@@ -12,9 +12,10 @@ import time
 import uuid
 
 import httpx
+from celery.exceptions import Ignore
 
 from app.core.digest import bytes_digest
-from app.core.errors import HomefleetError
+from app.core.errors import Conflict, HomefleetError
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
 from residency.errors import ResidencyRefused
@@ -30,6 +31,20 @@ log = logging.getLogger("homefleet.worker")
 OOM_TEXTS = ("MPS backend out of memory", "CUDA error: out of memory", "can't allocate memory")
 """How out-of-memory errors read when torch raises them as a plain RuntimeError (MPS; some
 CUDA allocations; the CPU allocator), checked on torch 2.13."""
+
+
+class JobNotSucceeded(Exception):
+    """Raised by the task once its own report ended the job ``failed`` (or the server refused
+    its result), so that Celery reports the task FAILURE (a ``task-failed`` event: Flower agrees
+    with the journal, issue 18). Never retried: the message was acked at start, the task has no
+    retries (R8, R19). Listed in the task's ``throws``: logged as expected, without a traceback."""
+
+    def __init__(self, job_id: str, reason: str, message: str) -> None:
+        super().__init__(job_id, reason, message)  # every argument: it crosses to Celery's main process
+        self.job_id, self.reason, self.message = job_id, reason, message
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} failed ({self.reason}): {self.message}"
 
 
 def failure_reason(error: BaseException) -> str:
@@ -60,6 +75,12 @@ def run_job(job_id: str) -> None:
     """The task: claims the job, waits for the start-up preload of committed models (R16) if
     one is loading, then runs it (:func:`run_claimed`).
 
+    The task's outcome is the job's (issue 18: Flower's states agree with the journal): it
+    returns when the job succeeded, raises :class:`JobNotSucceeded` when its report failed the
+    job, and raises Celery's ``Ignore`` (no outcome event) when the job's end is not this
+    delivery's: a refused claim, a job the server ended meanwhile (its event is the server's,
+    app/jobs/task_events.py).
+
     The claim comes first: the message left the queue when it was delivered (early ack), so a
     job waiting unclaimed would be ``queued`` with no message anywhere, and reconciliation
     would end it as ``lost`` (R19) while the preload ran. Claimed, it is ``running`` and waits
@@ -70,7 +91,9 @@ def run_job(job_id: str) -> None:
         claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
     except HomefleetError as refusal:
         log.warning("job %s: delivery refused at claim (%s: %s); nothing run", job_id, refusal.reason, refusal.message)
-        return
+        # No outcome of this delivery's own: the journal's state (and the event told of it by
+        # the delivery that ran it, or by the server) stands in Flower, not a SUCCESS.
+        raise Ignore() from refusal
     lock = rt.cache_lock
     while not lock.acquire(timeout=WAIT_REPORT_S):
         log.info("job %s waits for the start-up preload of committed models", job_id)
@@ -123,16 +146,29 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         run_s = time.perf_counter() - started
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)
+        message = f"{type(error).__name__}: {error}"
         log.exception("job %s failed (%s)", job_id, reason)
-        rt.server.fail(job_id, reason, f"{type(error).__name__}: {error}", load_s=load_s, run_s=run_s)
-        return
+        try:
+            rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
+        except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
+            log.warning("job %s: failure not taken, the job had ended: %s", job_id, refusal.message)
+            raise Ignore() from error
+        except httpx.HTTPError as lost:  # still running in the journal: reconciliation ends it, and says so
+            log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
+            raise Ignore() from error
+        raise JobNotSucceeded(job_id, reason, message) from error
     # 5. Upload.
     digest = bytes_digest(output.data)
     try:
         rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s or 0.0, run_s=run_s,
                          cold_load=cold, provenance=provenance)
-    except (HomefleetError, httpx.HTTPError) as refusal:
+    except (Conflict, httpx.HTTPError) as refusal:
+        # Not running any more (the server ended it meanwhile, and said so), or not reported
+        # (reconciliation ends it, and says so): no outcome of this task's own.
         log.error("job %s: the server did not take the result: %s", job_id, refusal)
-        return
+        raise Ignore() from refusal
+    except HomefleetError as refusal:  # refused (integrity): the server failed the job
+        log.error("job %s: the server did not take the result: %s", job_id, refusal)
+        raise JobNotSucceeded(job_id, refusal.reason or "result_refused", refusal.message) from refusal
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data),
              load_s or 0.0, run_s)

@@ -21,6 +21,8 @@ from app.core.protocol import (
     Manifests,
     ProgressReport,
     ResultReceipt,
+    RevocationReceipt,
+    Revocations,
     SyncFileResult,
     SyncFinish,
     SyncGrant,
@@ -121,6 +123,13 @@ class ServerClient:
              run_s: float | None = None) -> None:
         body = FailureReport(reason=reason, message=message[:4000], load_s=load_s, run_s=run_s)
         self._send("POST", f"/jobs/{job_id}/failure", json=body.model_dump())
+
+    def revocations(self, job_ids: list[str], *, terminated: bool = False, announced: bool = False) -> dict[str, str]:
+        """Tell the server these jobs' tasks were revoked (C11; at most
+        ``REVOCATIONS_PER_REPORT`` ids); returns the jobs it ended, id -> new state. Idempotent:
+        a job already ended is skipped."""
+        body = Revocations(job_ids=job_ids, terminated=terminated, announced=announced)
+        return RevocationReceipt.model_validate(self._send("POST", "/revocations", json=body.model_dump()).json()).ended
 
     # --- sync (R6): see app/jobs/sync.py ---
 

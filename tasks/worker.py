@@ -16,7 +16,16 @@ from typing import Any
 import httpx
 import redis
 from celery.exceptions import WorkerLostError
-from celery.signals import task_failure, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_received,
+    task_revoked,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker import state as worker_state
 
 from app.core import digest, keys
@@ -29,13 +38,16 @@ from tasks.devices import detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
-from tasks.run_job import run_job
+from tasks.revocations import Revocations
+from tasks.run_job import JobNotSucceeded, run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
 from tasks.verify import Verifier
 from tasks.watchdog import Watchdog, clear_running, mark_running
 
 log = logging.getLogger("homefleet.worker")
+
+DELIVERED_TTL_S = 24 * 3600  # how long a job's "delivered" mark is kept (Keys.delivered)
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
@@ -59,7 +71,7 @@ def check_token(settings: WorkerSettings) -> None:
     try:
         server.manifest()
     except Unauthorized as refusal:
-        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or --token) to "
+        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or HOMEFLEET_WORKER_TOKEN_FILE) to "
                      "the token of machine %r in the server's fleet config; stopping", settings.machine,
                      refusal.message, settings.machine)
         raise SystemExit(EX_CONFIG) from refusal
@@ -108,13 +120,18 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
     celery = create_celery(settings)
-    celery.task(name=RUN_JOB_TASK, ignore_result=True)(run_job)
+    # throws: a job that failed is the task's expected FAILURE (Flower agrees), logged without a traceback
+    celery.task(name=RUN_JOB_TASK, ignore_result=True, throws=(JobNotSucceeded,))(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
     client = create_redis(settings)
     verifier = Verifier(settings, client)
     watchdog = Watchdog(settings, client, boot_id)
+    # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
+    reporter = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
+                            machine=settings.machine)
+    revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK)  # C11
     heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
-                          duties=[watchdog.obey_restart, verifier.follow_registry])
+                          duties=[watchdog.obey_restart, verifier.follow_registry, revocations.report])
 
     def on_lease_lost() -> None:
         # Another worker runs this machine now: stop writing its heartbeat and verified set at
@@ -124,11 +141,15 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
 
     lease.on_lost(on_lease_lost)  # at once if it was lost while torch was imported
 
-    def on_ready(**_: Any) -> None:
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        # The node name Flower knows this worker by, for the events the server sends of its jobs.
+        if node := getattr(sender, "hostname", None):
+            client.set(keys.Keys(settings.key_prefix).node(settings.machine), str(node))
         heartbeat.start()
 
     def on_shutdown(**_: Any) -> None:
         heartbeat.stop()
+        reporter.close()
 
     # In the pool process: which job it runs, for the watchdog (R19).
     def on_task_start(task: Any = None, args: Any = (), **_: Any) -> None:
@@ -148,6 +169,17 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
             watchdog.report_lost(str(args[0]), exception)
 
+    # In this, the parent process, before the message is acked: it reached this worker. A job
+    # whose message is gone unclaimed is then `lost` (this worker stopped first), not `purged`
+    # (app/jobs/reconcile.py).
+    def on_received(request: Any = None, **_: Any) -> None:
+        if getattr(request, "name", None) == RUN_JOB_TASK:
+            try:
+                client.set(heartbeat.keys.delivered(str(request.id)), settings.machine, ex=DELIVERED_TTL_S)
+            except redis.RedisError as error:
+                log.warning("%s: job %s's delivery not recorded: %s", settings.machine, request.id, error)
+
+    task_received.connect(on_received, weak=False)
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
     worker_process_init.connect(lambda **_: limit_threads(settings.torch_threads), weak=False)  # a share of the cores
@@ -157,6 +189,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     task_prerun.connect(on_task_start, weak=False)
     task_postrun.connect(on_task_end, weak=False)
     task_failure.connect(on_task_failure, weak=False)
+    task_revoked.connect(revocations.on_task_revoked, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     celery.worker_main(worker_argv(settings.machine, loglevel))
     if heartbeat.refused:

@@ -139,13 +139,15 @@ XDIST_GROUPS = {
     "tests/e2e/test_families.py": "families",  # its own fleet: every pipeline class (issue 19)
     "tests/e2e/test_sync.py": "sync",
     "tests/e2e/test_watchdog.py": "watchdog",
+    "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
-    "tests/netns/": "netns",  # network namespaces with fixed names: one at a time
+    "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)
     "tests/fuzz/": "fuzz",
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the groups it schedules
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
     for item in items:
@@ -153,3 +155,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = next((name for prefix, name in XDIST_GROUPS.items() if path.startswith(prefix)), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run when a fleet-sharing test would not be scheduled with its group (xdist
+    schedules by the ``@group`` suffix its own hook adds to the node id): two xdist workers would
+    each start that fleet, and the multi-host tests would share namespaces."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    stray = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if stray:
+        raise pytest.UsageError(f"{len(stray)} grouped tests lost their xdist group, e.g. {stray[0]}")
+

@@ -57,6 +57,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env["HOMEFLEET_DATABASE_URL"] = settings.database_url
     if settings.fleet_file:
         env["HOMEFLEET_FLEET_FILE"] = str(settings.fleet_file)
+    if settings.broker_key_prefix:
+        env["HOMEFLEET_BROKER_KEY_PREFIX"] = settings.broker_key_prefix
     return env
 
 

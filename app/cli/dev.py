@@ -17,7 +17,7 @@ dev_cli = typer.Typer()  # its commands are added to the top level (app/cli/main
 
 @dev_cli.command()
 def drill(
-    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | visibility | hang")],
+    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | visibility | hang")],
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
     work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
 ) -> None:

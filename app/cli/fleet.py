@@ -58,17 +58,17 @@ def sync(
 @fleet_cli.command()
 def status() -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
-    warm models, backlog (LLEN of machine.<name> + running) and expected drain time (seconds,
-    from learned timings)."""
+    warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
+    running (from the journal) and expected drain time (seconds, from learned timings)."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())  # running counts come from the journal: the server's
     try:
-        table = Table("machine", "online", "state", "verified models", "warm models", "backlog", "drain_s")
+        table = Table("machine", "online", "state", "verified models", "warm models", "queued", "running", "drain_s")
         for row in ctx.status():
             table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
-                          ", ".join(row["verified_models"]) or "-",
-                          ", ".join(row["warm_models"]) or "-", str(row["backlog"]), f"{row['drain_s']:.1f}")
+                          ", ".join(row["verified_models"]) or "-", ", ".join(row["warm_models"]) or "-",
+                          str(row["queued"]), str(row["running"]), f"{row['drain_s']:.1f}")
         console.print(table)
     finally:
         ctx.close()
@@ -78,15 +78,19 @@ def status() -> None:
 def flower(
     port: int = 5555,
     address: str = "127.0.0.1",
-    basic_auth: Annotated[str | None, typer.Option(help="user:password for the dashboard and API")] = None,
+    basic_auth: Annotated[str | None, typer.Option(
+        envvar="FLOWER_BASIC_AUTH", help="user:password for the dashboard and API; better set FLOWER_BASIC_AUTH "
+        "(a command line is visible to every user of the host)")] = None,
 ) -> None:
-    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does)."""
+    """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does),
+    with its broker key prefix (HOMEFLEET_BROKER_KEY_PREFIX)."""
     import os
 
     argv = [sys.executable, "-m", "celery", "-A", "app.celery", "flower", f"--port={port}", f"--address={address}"]
-    if basic_auth:
-        argv.append(f"--basic-auth={basic_auth}")
-    os.execv(sys.executable, argv)
+    env = dict(os.environ)
+    if basic_auth:  # Flower reads it from its environment: never put in its command line
+        env["FLOWER_BASIC_AUTH"] = basic_auth
+    os.execve(sys.executable, argv, env)
 
 
 @fleet_cli.command()

@@ -77,15 +77,23 @@ def serve() -> None:
 def worker(
     machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
-    token: Annotated[str | None, typer.Option(help="this machine's token (HOMEFLEET_WORKER_TOKEN)")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+    token: Annotated[str | None, typer.Option(
+        help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
     loglevel: str = "INFO",
 ) -> None:
-    """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1."""
+    """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
+    token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line."""
     from tasks.worker import start_worker
 
+    if token is not None:
+        print("warning: --token is deprecated: the command line is visible to every user of this host (ps); "
+              "use --token-file FILE or HOMEFLEET_WORKER_TOKEN", file=sys.stderr)
     overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token": token,
-                                   "server_url": server_url}.items() if v is not None}
+                                   "worker_token_file": token_file, "server_url": server_url}.items()
+                 if v is not None}
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
     logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
     start_worker(settings, loglevel)
@@ -107,7 +115,7 @@ def settings_problem(error: ValidationError | SettingsError) -> str:
         if error.title == "Fleet":
             where = f"the fleet file {where}" if where else "the fleet file"
         message = detail["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
-        problems.append(f"{where}: {message}")
+        problems.append(f"{where}: {message}" if where else message)  # a model-wide check names its variables itself
     return "; ".join(problems)
 
 

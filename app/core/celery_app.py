@@ -3,7 +3,8 @@
 Every setting below is one that held up in shared/notes/celery-redis.md: prefork with
 concurrency 1, prefetch disabled (the worker holds only the job it runs; the rest stay in
 the Redis list, in order), early ack, JSON only, no priorities/ETA/retries, a default
-queue that no worker reads, and the same visibility timeout in every process.
+queue that no worker reads, and the same visibility timeout and broker key prefix (kombu's
+``global_keyprefix``) in every process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def create_celery(settings: BrokerSettings) -> Celery:
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,
         "socket_connect_timeout": 10,
+        # Every broker key under settings.broker_key_prefix: publishers, workers, the celery CLI and
+        # Flower (which reads broker_transport_options for its queue lengths) all see the same keys.
+        "global_keyprefix": settings.broker_key_prefix,
     }
     app.conf.update(
         task_acks_late=False,

@@ -11,7 +11,9 @@ from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.limits import FamilyLimits, default_limits
@@ -29,8 +31,22 @@ class BrokerSettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     visibility_timeout_s: int = Field(3600, ge=1)
     key_prefix: str = "hf"
+    # kombu's ``global_keyprefix``: put before every key of the broker's own structures (the
+    # machines' queue lists, kombu's unacked hash and its bindings), e.g. ``"homefleet:"`` when
+    # one Redis database serves several apps. "" (kombu's default): the queue of machine m1 is
+    # the list ``machine.m1``. Every process (server, workers, the celery CLI, Flower) reads it
+    # from here (app/core/celery_app.py); Homefleet reads the broker's keys through
+    # ``app.core.keys.Keys``. Changing it strands the messages queued under the old one.
+    broker_key_prefix: str = ""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_ttl_s: float = Field(6.0, gt=0)
+
+    @field_validator("broker_key_prefix")
+    @classmethod
+    def _printable_prefix(cls, value: str) -> str:
+        if not value.isprintable() or any(c.isspace() for c in value) or len(value) > 64:
+            raise ValueError(f"broker_key_prefix must be at most 64 printable characters without spaces, got {value!r}")
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -116,7 +132,11 @@ class WorkerSettings(BrokerSettings):
 
     machine: str
     models_dir: Path
+    # The machine's token: from HOMEFLEET_WORKER_TOKEN, or read from the file HOMEFLEET_WORKER_TOKEN_FILE
+    # names (`homefleet worker --token-file`; e.g. a secret mounted by systemd or Docker): never
+    # needed on a command line, where `ps` shows it to every user of the host.
     worker_token: str = Field(min_length=8)
+    worker_token_file: Path | None = None
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
     server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
@@ -136,6 +156,21 @@ class WorkerSettings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        """``worker_token`` from ``worker_token_file`` (its text, stripped of surrounding white space)."""
+        if not isinstance(data, dict) or not data.get("worker_token_file"):
+            return data
+        if data.get("worker_token"):
+            raise ValueError("set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both")
+        path = Path(data["worker_token_file"]).expanduser()
+        try:
+            token = path.read_text().strip()
+        except OSError as error:
+            raise ValueError(f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} cannot be read: {error.strerror}") from error
+        return {**data, "worker_token": token}
 
 
 OTHER_VARIABLES = frozenset({

@@ -1,7 +1,16 @@
 """Every Redis key Homefleet uses, built in one place so that a prefix changes once.
 
-Queue names are Celery's: with kombu's Redis transport the list key of a queue is the
-queue's name (priority 0; Homefleet never sets priorities, shared/notes/celery-redis.md).
+Two prefixes: ``key_prefix`` (``hf``) before Homefleet's own keys, and ``broker_key_prefix``
+(kombu's ``global_keyprefix``, "" by default) before the keys of the broker's structures,
+which kombu writes and Homefleet only reads or edits (cancel, reconciliation, status):
+
+- a queue is named ``machine.<name>`` (:func:`queue`, what Celery and ``celery -Q`` see); its
+  Redis list is ``<broker_key_prefix>machine.<name>`` (:meth:`Keys.queue_list`): kombu
+  publishes with LPUSH and consumes with BRPOP (index -1 runs next); priority 0 only
+  (Homefleet never sets priorities, so no ``\x06\x16N`` lists exist);
+- delivered-but-unacked messages: the hash ``<broker_key_prefix>unacked`` (:meth:`Keys.unacked`),
+  indexed by delivery time in the sorted set ``<broker_key_prefix>unacked_index``; kombu restores
+  them after the visibility timeout with RPUSH, to the end consumers read from.
 """
 
 from __future__ import annotations
@@ -14,11 +23,33 @@ def queue(machine: str) -> str:
     return f"{QUEUE_PREFIX}{machine}"
 
 
-class Keys:
-    """Homefleet's own keys under one prefix (``hf`` by default)."""
+UNACKED = "unacked"  # kombu's default ``unacked_key`` (kombu/transport/redis.py)
+UNACKED_INDEX = "unacked_index"  # kombu's default ``unacked_index_key``
 
-    def __init__(self, prefix: str) -> None:
+
+class Keys:
+    """Homefleet's own keys under ``prefix`` (``hf`` by default), and the broker's under
+    ``broker_prefix`` (kombu's ``global_keyprefix``; settings ``key_prefix`` and ``broker_key_prefix``)."""
+
+    def __init__(self, prefix: str, broker_prefix: str = "") -> None:
         self.prefix = prefix
+        self.broker_prefix = broker_prefix
+
+    # -- the broker's structures (kombu writes them) -----------------------------------------
+    def queue_list(self, machine: str) -> str:
+        """The Redis list holding ``machine``'s queue :func:`queue` (what LLEN counts, R8)."""
+        return f"{self.broker_prefix}{queue(machine)}"
+
+    def unacked(self) -> str:
+        """kombu's hash delivery tag -> JSON ``[message, exchange, routing key]`` of messages
+        delivered to a consumer and not yet acked (one per Redis database)."""
+        return f"{self.broker_prefix}{UNACKED}"
+
+    def unacked_index(self) -> str:
+        """kombu's sorted set delivery tag -> delivery time (unix seconds) of the :meth:`unacked` messages."""
+        return f"{self.broker_prefix}{UNACKED_INDEX}"
+
+    # -- Homefleet's own keys -----------------------------------------------------------------
 
     def heartbeat(self, machine: str) -> str:
         """JSON liveness record of a machine's worker, expiring after ``heartbeat_ttl_s``."""
@@ -78,9 +109,27 @@ class Keys:
         (``tasks.worker.WorkerLease``): one worker per machine, from its start."""
         return f"{self.prefix}:machine:{machine}:worker"
 
+    def node(self, machine: str) -> str:
+        """The Celery node name (``<machine>@<host>``) of the machine's last started worker, kept
+        without a TTL: the server sends the task events of the jobs it ends itself under it, so
+        Flower counts them on that worker (app/jobs/task_events.py)."""
+        return f"{self.prefix}:machine:{machine}:node"
+
     def draining(self, machine: str) -> str:
         """Set while an operator drains the machine: placement puts nothing new there."""
         return f"{self.prefix}:machine:{machine}:draining"
+
+    def delivered(self, job_id: str) -> str:
+        """Set by a worker when a job's message reaches it, before the message is acked (it expires
+        after a day): reconciliation tells a message a worker took and never claimed (``lost``)
+        from one removed from its queue (``purged``)."""
+        return f"{self.prefix}:job:{job_id}:delivered"
+
+    def redis_seen(self) -> str:
+        """Unix seconds since when reconciliation has known this Redis's data. Written at the end of
+        the first pass that finds it missing: its absence means Redis lost its data (restarted
+        without persistence, flushed) or is new (app/jobs/reconcile.py)."""
+        return f"{self.prefix}:reconcile:redis_seen"
 
     def missing(self) -> str:
         """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""

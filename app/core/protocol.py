@@ -8,12 +8,15 @@ Unknown fields are ignored when parsing, so a newer server can add fields older 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.digest import ALGORITHM, bytes_digest
 from app.core.variants import Variant
+
+REVOCATIONS_PER_REPORT = 100
+"""At most this many job ids in one :class:`Revocations` report (a worker sends more in several)."""
 
 
 class Body(BaseModel):
@@ -84,6 +87,25 @@ class FailureReport(Body):
     message: str = Field(max_length=4000)
     load_s: float | None = None
     run_s: float | None = None
+
+
+class Revocations(Body):
+    """``POST /internal/v1/revocations`` (C11): job ids a worker's main process learned were
+    revoked (Flower, ``celery control revoke``). ``terminated``: Celery killed the pool process
+    running the job (revoke with terminate). ``announced``: Celery's worker already sent the
+    task's ``task-revoked`` event (the message arrived revoked), so the server sends none."""
+
+    job_ids: list[Annotated[str, Field(max_length=64)]] = Field(min_length=1, max_length=REVOCATIONS_PER_REPORT)
+    terminated: bool = False
+    announced: bool = False
+
+
+class RevocationReceipt(Body):
+    """The server's answer to :class:`Revocations`: the jobs it ended, job id -> new state
+    (``cancelled``, ``interrupted``). Ids of other machines' jobs, unknown ids and jobs that
+    had moved on are left out."""
+
+    ended: dict[str, str]
 
 
 class ResultReceipt(Body):

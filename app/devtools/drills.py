@@ -12,7 +12,9 @@ included) and counts:
 - ``interrupted``: jobs marked ``interrupted`` (may have started; never re-run).
 
 The last line of every drill reads
-``drill=NAME jobs=N runs=N double_runs=N lost=N interrupted=N``.
+``drill=NAME jobs=N runs=N double_runs=N lost=N interrupted=N``, followed by the drill's own
+figures where it has some (``redis_loss_requeue``: ``queued_at_loss``, ``republished``,
+``ran_once``, ``order_kept``, ``worker_lost``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -54,10 +56,12 @@ class DrillResult:
     double_runs: int
     lost: int
     interrupted: int
+    figures: dict[str, int] = field(default_factory=dict)  # the drill's own figures, in order
 
     def line(self) -> str:
+        own = "".join(f" {name}={value}" for name, value in self.figures.items())
         return (f"drill={self.name} jobs={self.jobs} runs={self.runs} double_runs={self.double_runs} "
-                f"lost={self.lost} interrupted={self.interrupted}")
+                f"lost={self.lost} interrupted={self.interrupted}{own}")
 
 
 def drill_fleet_config() -> Fleet:
@@ -74,11 +78,12 @@ class DrillFleet:
     heartbeat, reconciliation and grace periods so that faults are found within seconds."""
 
     def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
-                 hung_after_s: float = 120.0) -> None:
+                 hung_after_s: float = 120.0, broker_key_prefix: str = "") -> None:
         self.work_dir = work_dir
         self.tiny_model = tiny_model
         self.visibility_timeout_s = visibility_timeout_s
         self.hung_after_s = hung_after_s
+        self.broker_key_prefix = broker_key_prefix  # e.g. "drill:", as when one Redis serves several apps
         self.redis_port = free_port()
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
@@ -105,7 +110,8 @@ class DrillFleet:
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
-            visibility_timeout_s=self.visibility_timeout_s, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
+            visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,
+            heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
             # a drill queues all its jobs at once: backpressure (R23) is not what it measures
             max_queued_per_machine=100_000, max_pending_total=100_000,
@@ -117,7 +123,7 @@ class DrillFleet:
             self.local.copy_model(MODEL, machine)
         self.local.start_api()
         for machine in WORKERS:
-            self.local.start_worker(machine)
+            self.local.start_worker(machine, token_file=True)  # as an operator should: no token in ps or env
         self.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=180)
         self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
 
@@ -141,7 +147,7 @@ class DrillFleet:
     def kill_worker(self, machine: str) -> None:
         assert self.local is not None
         self.local.stop_worker(machine, signal.SIGKILL)
-        self.local.start_worker(machine)
+        self.local.start_worker(machine, token_file=True)
 
     def freeze_pool_process(self, machine: str) -> int:
         """SIGSTOP the pool process of ``machine``'s worker (the one running its job): a hang."""
@@ -174,6 +180,13 @@ class DrillFleet:
         for log in self.local.logs_dir.glob("worker-*.log"):
             counts.update(_CLAIMED.findall(log.read_text(errors="replace")))
         return counts
+
+    def claim_order(self, machine: str) -> list[str]:
+        """Job ids in the order ``machine``'s worker claimed them (its log, first claim of each)."""
+        assert self.local is not None
+        log = self.local.logs_dir / f"worker-{machine}.log"
+        found = _CLAIMED.findall(log.read_text(errors="replace")) if log.exists() else []
+        return list(dict.fromkeys(found))
 
     def begin(self) -> None:
         """Mark the start of a drill: jobs journaled before it do not count."""
@@ -274,13 +287,56 @@ def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
 
 
 def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
-    """Redis restarted (no persistence) while jobs wait in m1's queue behind a long job."""
+    """Redis restarted (no persistence) while jobs wait in m1's queue behind a long job: they are
+    published again by reconciliation (issue 18) and run once each."""
     fleet.begin()
     assert fleet.ctx is not None
     acknowledged = {_submit(fleet, 0, steps=25, target="m1")}
     acknowledged |= {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
     fleet.restart_redis()
     return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
+
+
+def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
+    """Issue 18: Redis loses its data (restarted without persistence) while m1 runs a long job
+    and ``count - 1`` jobs wait behind it; then ``max(1, count // 4)`` newer jobs are submitted
+    (retried while m1 is not yet online again). Reconciliation publishes the waiting ones again,
+    in journal order, ahead of the newer ones; each runs once; the long job, whose worker stays
+    alive, is never judged ``worker_lost``.
+
+    Figures: ``queued_at_loss`` (jobs waiting when Redis lost its data), ``republished`` (of
+    them, published again: their journal event ``requeued``), ``ran_once`` (of them, executed
+    exactly once), ``order_kept`` (1 when m1 claimed every job, old and new, in journal order),
+    ``worker_lost`` (jobs marked so; target 0)."""
+    fleet.begin()
+    assert fleet.ctx is not None and fleet.client is not None
+    running = _submit(fleet, 0, steps=40, target="m1")
+    fleet.wait_running("m1", True, timeout_s=120)
+    waiting = [_submit(fleet, i, steps=1, target="m1") for i in range(1, count)]
+    fleet.restart_redis()
+    newer = []
+    for i in range(count, count + max(1, count // 4)):
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                newer.append(_submit(fleet, i, steps=1, target="m1"))
+                break
+            except ApiError as error:  # 503 while m1's worker has not beaten again yet
+                if error.status_code != 503 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    result = fleet.result("redis_loss_requeue", {running, *waiting, *newer}, timeout_s=120 + 10 * count)
+    runs = fleet.executions()
+    journal = fleet.ctx.journal
+    republished = sum(1 for job_id in waiting if any(e.event == "requeued" for e in journal.events(job_id)))
+    in_journal_order = [job.id for job in journal.list(machine="m1") if job.id in {running, *waiting, *newer}]
+    claimed = [job_id for job_id in fleet.claim_order("m1") if job_id in set(in_journal_order)]
+    worker_lost = sum(1 for job in journal.list() if job.id in set(in_journal_order) and job.reason == "worker_lost")
+    return replace(result, figures={
+        "queued_at_loss": len(waiting), "republished": republished,
+        "ran_once": sum(1 for job_id in waiting if runs[job_id] == 1),
+        "order_kept": int(claimed == in_journal_order), "worker_lost": worker_lost,
+    })
 
 
 def drill_visibility(fleet: DrillFleet, count: int, steps: int = 30) -> DrillResult:
@@ -310,6 +366,7 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "worker_kill": drill_worker_kill,
     "server_kill": drill_server_kill,
     "redis_restart": drill_redis_restart,
+    "redis_loss_requeue": drill_redis_loss_requeue,
     "visibility": drill_visibility,
     "hang": drill_hang,
 }

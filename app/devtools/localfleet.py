@@ -97,26 +97,40 @@ class LocalFleet:
             time.sleep(0.1)
         raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / 'api.log'}")
 
-    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None
-                     ) -> subprocess.Popen[bytes]:
+    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None,
+                     token_file: bool = False) -> subprocess.Popen[bytes]:
         """Start ``homefleet worker --machine <machine>`` with that machine's folder and token.
 
         ``extra_env`` overrides settings (e.g. the Redis and server URLs a remote host uses);
-        ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``)."""
+        ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``); ``token_file``:
+        the token is read from a file readable by its owner only (``--token-file``), not the
+        environment."""
         broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
+        token = self.fleet.machines[machine].token or ""
+        args = ["worker"]
+        if token_file:
+            path = self.machine_dir(machine) / "worker-token"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(token + "\n")
+            args += ["--token-file", str(path)]
+            token = ""
         env = self._env(broker, {
             "HOMEFLEET_TORCH_THREADS": str(self.torch_threads()),
             "HOMEFLEET_MACHINE": machine,
             "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
-            "HOMEFLEET_WORKER_TOKEN": self.fleet.machines[machine].token,
+            "HOMEFLEET_WORKER_TOKEN": token,
             "HOMEFLEET_SERVER_URL": self.api_url,
             **(extra_env or {}),
         })
-        return self._spawn(f"worker-{machine}", ["worker"], env, prefix)
+        return self._spawn(f"worker-{machine}", args, env, prefix)
 
     def torch_threads(self) -> int:
-        """Each worker's share of this host's cores: one worker per machine of the fleet runs here,
-        so that together they do not oversubscribe the cores (at least 1 thread)."""
+        """Each worker's torch threads: ``settings.torch_threads`` when set, else its share of this
+        host's cores (one worker per machine of the fleet runs here, so that together they do not
+        oversubscribe the cores; at least 1 thread)."""
+        if self.settings.torch_threads is not None:
+            return self.settings.torch_threads
         return max(1, (os.cpu_count() or 1) // max(1, len(self.fleet.machines)))
 
     def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 import redis
 
-from app.core import keys
 from app.fleet.config import Fleet
 from app.journal.jobs import Journal
 from app.core.keys import Keys
@@ -111,8 +110,9 @@ class MachineStates:
         return json.loads(raw) if raw else None
 
     def queued_in_redis(self, machine: str) -> int:
-        """LLEN of ``machine.<name>``: jobs waiting in that machine's line (R8)."""
-        return int(self.redis.llen(keys.queue(machine)))
+        """LLEN of ``machine.<name>``'s list (under the broker key prefix): jobs waiting in that
+        machine's line, not the one running (R8)."""
+        return int(self.redis.llen(self.keys.queue_list(machine)))
 
     def view(self, machine: str) -> MachineView:
         return self.views([machine])[machine]

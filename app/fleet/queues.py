@@ -1,9 +1,9 @@
 """Reading and editing the machines' Redis lists directly (R8, cancel, reconciliation).
 
 kombu's Redis transport keeps a queue as a list (``LPUSH`` publishes, ``BRPOP`` consumes:
-index -1 runs next) and delivered-but-unacked messages in the hash ``unacked``
-(kombu/transport/redis.py; shared/notes/celery-redis.md). Each message is JSON whose
-``headers.id`` is the Celery task id, which Homefleet sets to the job id.
+index -1 runs next) and delivered-but-unacked messages in the hash ``unacked``, both under the
+broker key prefix (their keys: ``app.core.keys.Keys``; kombu/transport/redis.py). Each message
+is JSON whose ``headers.id`` is the Celery task id, which Homefleet sets to the job id.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 
 import redis
+from celery import Celery
 
-from app.core import keys
-
-UNACKED_HASH = "unacked"  # kombu's default ``unacked_key``
+from app.core.celery_app import RUN_JOB_TASK
+from app.core.keys import Keys, queue
 
 # Remove the first entry of list KEYS[1] whose headers.id equals ARGV[1]; return 1 if found.
 # One script = one atomic step: no consumer can pop the entry between the scan and the LREM.
@@ -25,6 +25,22 @@ for _, raw in ipairs(entries) do
   if ok and type(message) == 'table' and type(message['headers']) == 'table'
      and message['headers']['id'] == ARGV[1] then
     redis.call('LREM', KEYS[1], 1, raw)
+    return 1
+  end
+end
+return 0
+"""
+
+# Move the entry of list KEYS[1] whose headers.id equals ARGV[1] to the end BRPOP reads (it runs
+# next); return 1 if found. Atomic like _REMOVE_BY_ID.
+_TO_FRONT = """
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, raw in ipairs(entries) do
+  local ok, message = pcall(cjson.decode, raw)
+  if ok and type(message) == 'table' and type(message['headers']) == 'table'
+     and message['headers']['id'] == ARGV[1] then
+    redis.call('LREM', KEYS[1], 1, raw)
+    redis.call('RPUSH', KEYS[1], raw)
     return 1
   end
 end
@@ -44,20 +60,40 @@ def _message_id(raw: str | bytes) -> str | None:
 class MachineQueues:
     """The per-machine lists ``machine.<name>`` and kombu's unacked hash, read without consuming."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, keyspace: Keys, celery: Celery) -> None:
         self.redis = client
+        self.keys = keyspace
+        self.celery = celery
         self._remove = client.register_script(_REMOVE_BY_ID)
+        self._to_front = client.register_script(_TO_FRONT)
+
+    def publish(self, machine: str, job_id: str, model_id: str, kind: str) -> None:
+        """Publish a job's message to ``machine.<name>`` (LPUSH: behind every message there), with
+        ``task_id = job id`` so that the claim refuses a second delivery (R19). The task gets only
+        the job id; Flower and ``celery inspect`` show the model, kind and machine beside it
+        (``argsrepr``/``kwargsrepr``, issue 18).
+
+        Raises:
+            kombu.exceptions.OperationalError: the broker refused it after the retry policy's tries.
+        """
+        self.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=queue(machine),
+                              argsrepr=repr((job_id,)),
+                              kwargsrepr=repr({"model": model_id, "kind": kind, "machine": machine}))
+
+    def length(self, machine: str) -> int:
+        """LLEN of the machine's queue list: messages waiting there (not the one running, R8)."""
+        return int(self.redis.llen(self.keys.queue_list(machine)))
 
     def queued_ids(self, machine: str) -> list[str]:
         """Job ids waiting in ``machine.<name>``, in the order they will run (next first)."""
-        raw = self.redis.lrange(keys.queue(machine), 0, -1)
+        raw = self.redis.lrange(self.keys.queue_list(machine), 0, -1)
         return [i for i in (_message_id(r) for r in reversed(raw)) if i is not None]
 
     def unacked_ids(self) -> set[str]:
         """Job ids delivered to a worker but not yet acked (kombu restores these after the
         visibility timeout)."""
         ids = set()
-        for raw in self.redis.hvals(UNACKED_HASH):
+        for raw in self.redis.hvals(self.keys.unacked()):
             try:
                 message = json.loads(raw)[0]
             except (ValueError, IndexError, TypeError):
@@ -69,4 +105,9 @@ class MachineQueues:
 
     def remove(self, machine: str, job_id: str) -> bool:
         """Atomically remove the job's entry from its machine's list; True if it was there."""
-        return bool(self._remove(keys=[keys.queue(machine)], args=[job_id]))
+        return bool(self._remove(keys=[self.keys.queue_list(machine)], args=[job_id]))
+
+    def to_front(self, machine: str, job_id: str) -> bool:
+        """Atomically move the job's entry to the end of its machine's list that the worker reads
+        next; True if it was there (False: a worker took it meanwhile)."""
+        return bool(self._to_front(keys=[self.keys.queue_list(machine)], args=[job_id]))

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from app.core.errors import Conflict, NotFound, Rejected
-from app.core.keys import Keys, queue
+from app.core.keys import Keys
 from app.fleet.config import Fleet
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates, ResidencyOf
@@ -107,7 +107,7 @@ class RedisResidencyFacts:
             if family not in families:
                 raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
                                f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")
-        queued = int(self.redis.llen(queue(machine)))
+        queued = int(self.redis.llen(self.keys.queue_list(machine)))
         if backlog or queued:
             raise Conflict(f"machine {machine!r} has {max(backlog, queued)} jobs queued or running; its residency "
                            f"commitments can change only when it is idle (R16): `homefleet drain {machine}` first",

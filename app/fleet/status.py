@@ -1,8 +1,9 @@
 """The fleet at a glance (``homefleet status``, ``GET /v1/machines``): per machine, online,
 whether new jobs may be placed there (draining: ``homefleet drain``; syncing: a sync holds its
-reservation, R6), verified and warm models, backlog = LLEN of its exact queue key + running
-jobs (R8), and the expected seconds until its queue drains (routing.finish.drain with the
-learned timings)."""
+reservation, R6), verified and warm models, ``queued`` = LLEN of its exact queue list (``Keys.queue_list``,
+under the broker key prefix), ``running`` = its running jobs in the journal, ``backlog`` =
+their sum (R8), and the expected seconds until its queue drains (routing.finish.drain with
+the learned timings)."""
 
 from __future__ import annotations
 

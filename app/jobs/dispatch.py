@@ -29,8 +29,6 @@ from typing import Any
 
 from celery import Celery
 
-from app.core import keys
-from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
@@ -40,6 +38,7 @@ from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
+from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
 from app.db.tables import Job
 from app.journal.jobs import Journal
@@ -96,7 +95,8 @@ class Dispatcher:
 
     def __init__(self, settings: Settings, celery: Celery, journal: Journal, machines: MachineStates,
                  queues: MachineQueues, validator: Validator, costs: FleetCosts, timings: TimingStore,
-                 demand: DemandStore, lock: FleetLock, metrics: Metrics | None = None) -> None:
+                 demand: DemandStore, lock: FleetLock, metrics: Metrics | None = None,
+                 events: TaskEvents | None = None) -> None:
         self.settings = settings
         self.celery = celery
         self.journal = journal
@@ -108,6 +108,7 @@ class Dispatcher:
         self.demand = demand
         self.lock = lock
         self.metrics = metrics
+        self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
         self.scarcity = Scarcity()
@@ -161,12 +162,15 @@ class Dispatcher:
         weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
         return dry_run(request, seen.views, seen.estimator, weights)
 
-    def finished(self, job: Job) -> None:
+    def finished(self, job: Job, announce: bool = False) -> None:
         """A job ended (any state): release its reservation; fold its measured times into the
         learned timings (R13) when its run finished: a succeeded job, or one failed after its
         run (its result refused at upload). A run cut short reports no run time (None; 0 from
-        older workers) and teaches nothing."""
+        older workers) and teaches nothing. ``announce``: the server ended it and no worker's
+        task reports that end, so its task event is sent for Flower (app/jobs/task_events.py)."""
         self.machines.reservations.release(job.machine, job.id)
+        if announce and self.events is not None:
+            self.events.ended(job)
         if self.metrics is not None:
             self.metrics.finished(job)
         if job.state in (JobState.succeeded, JobState.failed) and job.run_s:  # the run finished and was timed
@@ -267,7 +271,7 @@ class Dispatcher:
         """Publish the job's message to its machine's queue (R8). A failed publish releases the
         reservation and interrupts the job (``publish_failed``), then raises."""
         try:
-            self.celery.send_task(RUN_JOB_TASK, args=[job.id], task_id=job.id, queue=keys.queue(machine))
+            self.queues.publish(machine, job.id, job.model_id, job.kind)
         except Exception:
             self.machines.reservations.release(machine, job.id)
             self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",
@@ -288,18 +292,20 @@ class Dispatcher:
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started",
+               announce: bool = True) -> Job:
         """Cancel a queued job: the journal says ``cancelled`` (a conditional update, so a
         racing claim cannot also win), then its entry is removed from its machine's list
         atomically. Should a copy still be delivered, the claim refuses it (C03). Never relies
-        on a broadcast a worker could miss.
+        on a broadcast a worker could miss. ``announce``: send its ``task-revoked`` event for
+        Flower (False when Celery's worker already did).
 
         Raises:
             NotFound: no such job.
             Conflict: the job is not queued (running: too late; or already ended).
         """
         try:
-            job = self.journal.cancel(job_id)
+            job = self.journal.cancel(job_id, reason, message)
         except Conflict as error:
             current = self.journal.get(job_id)
             raise Conflict(
@@ -307,6 +313,44 @@ class Dispatcher:
                 + "; only a queued job can be cancelled", reason=f"not_cancellable_{current.state}",
             ) from error
         removed = self.queues.remove(job.machine or "", job_id)
-        self.finished(job)
-        log.info("job %s cancelled; queue entry %s", job_id, "removed" if removed else "already gone")
+        self.finished(job, announce=announce)
+        log.info("job %s %s; queue entry %s", job_id, reason, "removed" if removed else "already gone")
         return job
+
+    def revoked(self, machine: str, job_ids: list[str], terminated: bool, announced: bool) -> dict[str, JobState]:
+        """C11: ``machine``'s worker learned that these jobs' tasks were revoked (Flower, ``celery
+        control revoke``); end those of them placed on ``machine``, as the journal allows:
+
+        - a ``queued`` job -> ``cancelled`` (reason ``revoked``), its message removed (:meth:`cancel`);
+        - a ``running`` job whose pool process Celery killed (``terminated``) -> ``interrupted``
+          (reason ``terminated``); revoked without terminate, it runs on (Celery stops only
+          tasks not started yet) and is left as it is;
+
+        each with its reservation released. Unknown ids, other machines' jobs (every worker
+        hears a revoke) and jobs that moved on are skipped. ``announced``: Celery's worker sent
+        the task's ``task-revoked`` event. Returns the jobs ended, id -> new state.
+        """
+        ended: dict[str, JobState] = {}
+        for job_id in job_ids:
+            state = self.journal.state_of(job_id)
+            if state is None or state not in (JobState.queued, JobState.running):
+                continue
+            job = self.journal.get(job_id)
+            if job.machine != machine:
+                continue
+            try:
+                if state == JobState.queued:
+                    job = self.cancel(job_id, "revoked", "its task was revoked (Flower or celery control revoke) "
+                                      "before it started; it was not run", announce=not announced)
+                elif terminated:
+                    job = self.journal.interrupt(job_id, [JobState.running], "terminated",
+                                                 "its task was revoked with terminate (Flower or celery control "
+                                                 "revoke --terminate); Celery killed the pool process running it")
+                    self.finished(job)  # Celery's worker sent its task-revoked event
+                else:
+                    continue
+            except Conflict:
+                continue  # it moved on meanwhile (claimed, finished): nothing to end
+            ended[job_id] = JobState(job.state)
+            log.warning("job %s %s: its task was revoked%s", job_id, job.state, " with terminate" if terminated else "")
+        return ended

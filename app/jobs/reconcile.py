@@ -1,8 +1,15 @@
-"""Reconciliation (R19): find jobs whose way was cut and say so in the journal. Nothing is
-ever re-run automatically; nothing vanishes silently.
+"""Reconciliation (R19): find jobs whose way was cut and say so in the journal. Nothing that
+may have started is ever re-run automatically; nothing vanishes silently.
 
 One pass, under the fleet lock (so no submission sits between "journaled" and "published"):
 
+- Redis lost its data (restarted without persistence, flushed: the marker ``Keys.redis_seen``
+  is gone) -> every ``queued`` job whose message is gone is published again, in journal order
+  and ahead of the jobs published since (none of them had started: a claim is atomic and
+  refuses a second delivery, so none runs twice); every queued or running job's reservation
+  is written again, in journal order (R14); and no worker is judged ``worker_lost`` until it
+  had ``heartbeat_ttl_s`` to write its heartbeat again (its lease and heartbeat were lost
+  with the data, tasks/lease.py);
 - a ``running`` job whose machine has no live heartbeat (and no progress report within
   ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
@@ -10,7 +17,9 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
 - a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
   the machine's worker is asked to restart its pool process (watchdog);
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
-  than ``lost_grace_s`` -> ``interrupted`` (``lost``), e.g. Redis restarted without persistence;
+  than ``lost_grace_s``, while Redis kept its data: if its message had reached a worker
+  (``Keys.delivered``) -> ``interrupted`` (``lost``: that worker stopped before claiming it);
+  else -> ``cancelled`` (``purged``: its message was removed from the queue, e.g. ``celery purge``);
 - a ``queued`` job whose machine is no longer in the fleet config -> ``interrupted``
   (``machine_removed``), its message removed;
 - reservations of jobs that have ended are released (R14);
@@ -35,15 +44,17 @@ import redis
 
 from app.core.config import Settings
 from app.core.errors import ConfigError, Conflict, HomefleetError
-from app.core.keys import Keys
-from app.core.states import JobState
-from app.db.tables import utcnow
-from app.fleet.lock import FleetLock
+from app.core.keys import Keys, queue
+from app.core.kinds import job_request
+from app.core.states import ACTIVE, JobState
+from app.db.tables import Job, utcnow
+from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
 from app.fleet.residency_store import DurableResidencyFacts
 from app.jobs.progress import ProgressStore
+from app.jobs.task_events import TaskEvents
 from app.journal.jobs import Journal
 
 log = logging.getLogger(__name__)
@@ -52,14 +63,20 @@ log = logging.getLogger(__name__)
 @dataclass
 class ReconcileReport:
     interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
+    cancelled: dict[str, str] = field(default_factory=dict)  # job id -> reason (``purged``)
+    requeued: list[str] = field(default_factory=list)  # published again after Redis lost its data, in order
+    redis_lost: bool = False  # this pass found Redis without its data (Keys.redis_seen gone)
     forgotten_idempotency_keys: int = 0
     released_reservations: int = 0  # reservations of jobs that had ended (R14)
     residency_restored: bool = False  # Redis had lost the residency facts; rewritten from the database
 
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
-        return (f"interrupted {len(self.interrupted)} ({reasons}); released {self.released_reservations} "
-                f"reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
+        lost = (f"Redis had lost its data: published {len(self.requeued)} queued jobs again; "
+                if self.redis_lost else "")
+        cancelled = f"; cancelled {len(self.cancelled)} (purged)" if self.cancelled else ""
+        return (f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
+                f"{self.released_reservations} reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
                 + ("; residency facts restored from the database" if self.residency_restored else ""))
 
 
@@ -81,6 +98,7 @@ class Reconciler:
     lock: FleetLock
     pairing: Pairing
     server: bool = True
+    events: TaskEvents | None = None  # Flower hears of the jobs a pass ends (app/jobs/task_events.py)
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -93,32 +111,45 @@ class Reconciler:
         """
         self.pairing.check(record=self.server, require=not self.server)  # before trusting this journal
         report = ReconcileReport()
-        with self.lock.held("reconciliation tries again at its next pass"):
+        with self.lock.held("reconciliation tries again at its next pass") as fence:
+            seen = self.redis.get(self.keys.redis_seen())
+            report.redis_lost = seen is None
             report.residency_restored = self.residency.restore().source == "database"
-            self._running(report)
+            # Workers write their lease, then their heartbeat, again within a few heartbeat
+            # intervals of a Redis that lost its data: none is judged before heartbeat_ttl_s.
+            since = time.time() if seen is None else float(seen)
+            self._running(report, judge_liveness=time.time() - since >= self.settings.heartbeat_ttl_s)
+            if report.redis_lost:
+                self._requeue(report, fence)
             self._queued(report)
+            if report.redis_lost:  # last: a pass cut short finds the loss again
+                self.redis.set(self.keys.redis_seen(), repr(since), nx=True)
             # Also the machines no longer in the fleet config that still hold reservations.
             machines = set(self.machines.fleet.machines) | self.machines.reservations.machines_holding()
             report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
         cutoff = utcnow() - timedelta(seconds=self.settings.idempotency_ttl_s)
         report.forgotten_idempotency_keys = self.journal.forget_idempotency_keys(cutoff)
-        if report.interrupted or report.released_reservations:
+        if report.interrupted or report.cancelled or report.released_reservations or report.redis_lost:
             log.warning("reconciliation: %s", report)
         return report
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
         try:
-            self.journal.interrupt(job_id, [state], reason, message)
+            job = self.journal.interrupt(job_id, [state], reason, message)
         except Conflict:
             return  # it moved on meanwhile (e.g. finished): nothing to repair
         report.interrupted[job_id] = reason
+        if self.events is not None:
+            self.events.ended(job)
 
-    def _running(self, report: ReconcileReport) -> None:
+    def _running(self, report: ReconcileReport, judge_liveness: bool = True) -> None:
         now = time.time()
         for job in self.journal.list([JobState.running]):
             machine = job.machine or ""
             heartbeat = self.machines.heartbeat(machine)
             last_progress = self.progress.last_at(job.id)
+            if heartbeat is None and not judge_liveness:
+                continue  # Redis just lost its data: the worker has not had time to beat again
             if heartbeat is None and now - last_progress > self.settings.heartbeat_ttl_s:
                 # (a starved heartbeat thread while steps still report is not a lost worker)
                 self._interrupt(report, job.id, JobState.running, "worker_lost",
@@ -160,9 +191,53 @@ class Reconciler:
             first_missing = float(self.redis.hget(missing_key, job.id) or now)
             self.redis.hset(missing_key, job.id, first_missing)
             if now - first_missing >= self.settings.lost_grace_s:
-                self._interrupt(report, job.id, JobState.queued, "lost",
-                                f"its message is no longer in {job.machine}'s queue (e.g. Redis restarted)")
+                self._gone(report, job)
                 self.redis.hdel(missing_key, job.id)
+
+    def _gone(self, report: ReconcileReport, job: Job) -> None:
+        """A queued job's message is gone while Redis kept its data: a worker took it and stopped
+        before claiming it (``lost``), or it was removed from its queue (``purged``)."""
+        taker = self.redis.get(self.keys.delivered(job.id))
+        if taker is not None:
+            self._interrupt(report, job.id, JobState.queued, "lost",
+                            f"its message was delivered to {taker}'s worker, which stopped before claiming it; "
+                            "the job was not run")
+            return
+        try:
+            self.journal.transition(
+                job.id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
+                message=f"its message was removed from the queue {queue(job.machine or '')} before any worker took "
+                        "it (a purge, e.g. `celery purge`); the job was not run")
+        except Conflict:
+            return  # it was claimed or cancelled meanwhile
+        report.cancelled[job.id] = "purged"
+
+    def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
+        """Redis lost its data: write every live job's reservation again and publish again every
+        queued job whose message is gone, both in journal order, the republished ones ahead of
+        the jobs published since the loss (each is moved to the end of its list that the worker
+        reads next, newest first)."""
+        machines = self.machines.fleet.machines
+        active = [job for job in self.journal.list(ACTIVE) if job.machine in machines]
+        waiting = {name: set(self.queues.queued_ids(name)) for name in machines}
+        delivered = self.queues.unacked_ids()
+        reservations = self.machines.reservations
+        for job in active:  # journal order: their seq numbers follow it again
+            machine = job.machine or ""
+            request = job_request(job.model_id, "", job.kind, job.target, job.params)
+            reservations.add(machine, job.id, job.model_id, job.kind, request.steps, request.size, fence)
+            if job.state == JobState.running:
+                reservations.start(machine, job.id, _unix_s(job.started_at))
+        gone = [job for job in active if job.state == JobState.queued
+                and job.id not in waiting[job.machine or ""] and job.id not in delivered]
+        for job in reversed(gone):
+            self.queues.publish(job.machine or "", job.id, job.model_id, job.kind)
+            self.queues.to_front(job.machine or "", job.id)
+            self.redis.hdel(self.keys.missing(), job.id)
+            self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(job.machine or '')}")
+        report.requeued = [job.id for job in gone]
+        if gone:
+            log.warning("Redis lost its data: published %d queued jobs again, in journal order", len(gone))
 
 
 class ReconcileLoop:

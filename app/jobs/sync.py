@@ -75,7 +75,7 @@ class Syncs:
         self.journal = journal
         self.registry = registry
         self.machines = machines
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys(settings.key_prefix, settings.broker_key_prefix)
         self.lock = lock
         self.ttl_ms = int(settings.sync_reservation_ttl_s * 1000)
 
@@ -119,7 +119,7 @@ class Syncs:
             if active or waiting:
                 raise Conflict(
                     f"machine {machine!r} has work: {active} job(s) queued or running, {waiting} message(s) in "
-                    f"{keys.queue(machine)}; sync refuses to run while a machine has work (R6) - wait until it is "
+                    f"{self.keys.queue_list(machine)}; sync refuses to run while a machine has work (R6) - wait until it is "
                     f"idle or cancel its queued jobs", reason="machine_busy")
             sync_id = uuid.uuid4().hex
             files = [f for m in manifests for f in m.files]

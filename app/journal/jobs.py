@@ -170,10 +170,12 @@ class Journal:
         return self.transition(job_id, from_states, JobState.interrupted, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 
-    def cancel(self, job_id: str) -> Job:
-        """``queued -> cancelled``. Raises :class:`Conflict` (e.g. running: too late to cancel)."""
-        return self.transition(job_id, [JobState.queued], JobState.cancelled, reason="cancelled",
-                               message="cancelled by request before it started")
+    def cancel(self, job_id: str, reason: str = "cancelled",
+               message: str = "cancelled by request before it started") -> Job:
+        """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
+        Flower or the celery CLI). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
+                               reason=reason, message=message)
 
     def by_idempotency_key(self, key: str) -> Job | None:
         """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""

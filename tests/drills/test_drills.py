@@ -14,6 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 VISIBILITY_S = 2
+BROKER_PREFIX = "drill:"
 HUNG_AFTER_S = 20
 
 
@@ -22,9 +23,10 @@ def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     """One private fleet for every drill, with the short broker visibility timeout C01 needs and
     the short hung bound the watchdog drill needs (``homefleet drill`` gives each drill a fleet of
     its own, FLEET_OPTIONS): neither changes the other drills' outcome (messages are acked when
-    delivered; every job reports progress at each step)."""
+    delivered; every job reports progress at each step). Its broker keys are under a prefix
+    (issue 18: kombu's global_keyprefix), so every drill also shows the prefix honoured."""
     with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
-                    hung_after_s=HUNG_AFTER_S) as fleet:
+                    hung_after_s=HUNG_AFTER_S, broker_key_prefix=BROKER_PREFIX) as fleet:
         yield fleet
 
 
@@ -58,7 +60,22 @@ def test_r20_server_kill_drill(drill_fleet: DrillFleet) -> None:
 def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
     result = DRILLS["redis_restart"](drill_fleet, 6)
     check(result, 6)
-    assert result.interrupted >= 1  # the queued jobs whose messages vanished are `lost`, not silent
+    # Issue 18: the queued jobs whose messages vanished are published again and run, once each.
+    assert (result.runs, result.interrupted) == (6, 0), result.line()
+
+
+def test_r19_redis_loss_requeue_drill(drill_fleet: DrillFleet) -> None:
+    """Issue 18: Redis loses its data while m1 runs a long job and 7 jobs wait behind it, then
+    2 newer jobs come. The 7 are published again and run once each, in journal order and before
+    the newer ones; the long job's live worker is not judged lost. Under a broker key prefix."""
+    assert drill_fleet.ctx is not None
+    assert drill_fleet.ctx.keys.queue_list("m1") == "drill:machine.m1"
+    result = DRILLS["redis_loss_requeue"](drill_fleet, 8)
+    check(result, 8)
+    assert (result.runs, result.interrupted) == (10, 0), result.line()
+    assert result.figures == {"queued_at_loss": 7, "republished": 7, "ran_once": 7, "order_kept": 1,
+                              "worker_lost": 0}, result.line()
+    assert drill_fleet.ctx.redis.keys("machine.*") == []  # nothing outside the prefix
 
 
 def test_c01_visibility_timeout_drill(drill_fleet: DrillFleet) -> None:

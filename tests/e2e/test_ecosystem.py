@@ -63,7 +63,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
     lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10).json()["active_queues"]
     flower_lengths = {q["name"]: q["messages"] for q in lengths}
     for machine in WORKERS:
-        assert flower_lengths[keys.queue(machine)] == fleet.ctx.redis.llen(keys.queue(machine))
+        assert flower_lengths[keys.queue(machine)] == fleet.ctx.redis.llen(fleet.ctx.keys.queue_list(machine))
     assert flower_lengths[keys.queue("m2")] == 2
 
     for job in (busy, *waiting):
@@ -90,7 +90,7 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     assert fleet.ctx.queues.queued_ids("m1") == [waiting["id"]]
     purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")
     assert "Purged 1 message" in purged, purged
-    assert fleet.ctx.redis.llen(keys.queue("m1")) == 0
+    assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m1")) == 0
     assert fleet.client.wait(busy["id"], timeout_s=300)["state"] == "succeeded"
     # The purged job never runs; reconciliation says so instead of letting it vanish (R19).
     deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60

@@ -56,7 +56,7 @@ def test_r8_c02_jobs_start_in_submission_order_and_wait_in_redis_meanwhile(fleet
     assert [second["position"], third["position"]] == [1, 2]
     wait_for(lambda: fleet.client.get(first["id"])["state"] == "running", what="the first job to start")
     # While the first runs, the other two are still in m2's Redis list, in order, and queued.
-    assert fleet.ctx.redis.llen(keys.queue("m2")) == 2
+    assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m2")) == 2
     assert [fleet.client.get(j["id"])["state"] for j in (second, third)] == ["queued", "queued"]
     reserved = fleet.ctx.celery.control.inspect(timeout=3).reserved() or {}
     m2_reserved = [tasks for name, tasks in reserved.items() if name.startswith("m2@")]
@@ -100,7 +100,7 @@ def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: R
                           json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"})
     assert response.status_code == 503
     assert response.json()["error"]["reason"] == "machine_unavailable"
-    assert fleet.ctx.redis.llen(keys.queue("m3")) == 0
+    assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m3")) == 0
 
 
 def test_internal_routes_need_the_machine_token(fleet: RunningFleet) -> None:
@@ -118,7 +118,7 @@ def test_c02_a_queued_job_survives_its_worker_being_killed_and_runs_once_later(f
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "next", "steps": 2}, target="m2")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the first job to start")
     fleet.local.stop_worker("m2", signal.SIGKILL)
-    assert fleet.ctx.redis.llen(keys.queue("m2")) == 1
+    assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m2")) == 1
     assert fleet.client.get(waiting["id"])["state"] == "queued"
     fleet.local.start_worker("m2")
     done = fleet.client.wait(waiting["id"], timeout_s=120)

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from app.core import keys
 from app.core.states import JobState
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 
@@ -81,7 +80,7 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
     released = False
     try:
         job_id = fleet.client.submit(model, "txt2img", {"prompt": "x", "steps": 1}, target=MACHINE)["id"]
-        assert ctx.redis.rpop(keys.queue(MACHINE)) is not None  # delivered: the message left the queue
+        assert ctx.redis.rpop(ctx.keys.queue_list(MACHINE)) is not None  # delivered: the message left the queue
         worker = threading.Thread(target=run_job, args=(job_id,), daemon=True)
         worker.start()
         deadline = time.monotonic() + 30
@@ -128,7 +127,7 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     server = ServerClient(local.api_url, settings.worker_token, 30, "boot-oom-test", machine=MACHINE)
     try:
         job_id = fleet.client.submit(model, "txt2img", {"prompt": "x", "steps": 1}, target=MACHINE)["id"]
-        assert ctx.redis.rpop(keys.queue(MACHINE)) is not None  # delivered
+        assert ctx.redis.rpop(ctx.keys.queue_list(MACHINE)) is not None  # delivered
         server.claim(job_id, claim_id="claim-oom-test")
         mark_running(ctx.redis, ctx.keys, MACHINE, job_id)  # the task started: it waits for the cache
         if working:

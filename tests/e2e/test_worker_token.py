@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from app.core import keys
 from tests.e2e.conftest import RunningFleet
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +28,7 @@ def test_a_worker_with_a_wrong_token_exits_78_naming_the_setting(fleet: RunningF
     log_start = log_file.stat().st_size if log_file.exists() else 0
     wrong = "wrong-token-".ljust(32, "x") if token == "unknown" else fleet.ctx.fleet.machines["m2"].token
     verified_m2 = fleet.ctx.redis.smembers(fleet.ctx.keys.verified("m2"))
-    queue = keys.queue(MACHINE)
+    queue = fleet.ctx.keys.queue_list(MACHINE)
     fleet.ctx.redis.delete(fleet.ctx.keys.verified(MACHINE), fleet.ctx.keys.heartbeat(MACHINE))  # an earlier test's m3
     fleet.ctx.redis.lpush(queue, "waiting")  # stands for a queued job: the refused worker must not take it
     process = local.start_worker(MACHINE, extra_env={"HOMEFLEET_WORKER_TOKEN": wrong})

@@ -2,14 +2,20 @@
 namespace, joined to the root namespace by a veth pair, and reaches the server's Redis and
 API only over the veth addresses this test assigns (shared/notes/multi-host.md).
 
-Addresses: host ``i`` gets 10.231.<i>.2/30, its gateway (the server side) 10.231.<i>.1.
-Redis and the API bind to those server-side addresses explicitly, never 0.0.0.0.
-Everything is torn down at the end, also on failure. Without permission to create
-namespaces (not root, no iproute2) the tests skip and say why.
+Names and addresses are this run's own, so that two runs on one machine (two checkouts, CI
+beside a developer) never share a namespace or a route: namespaces are ``hf-<pid>-<machine>``,
+veth pairs ``hv<pid><i>o``/``hv<pid><i>i``, and host ``i`` gets 10.<net>.<i>.2/30 with its
+gateway (the server side) at 10.<net>.<i>.1, where ``<net>`` is a second octet no address on
+this machine uses yet. Redis and the API bind to those server-side addresses explicitly, never
+0.0.0.0. Everything is torn down at the end, also on failure; leftovers of runs whose process
+is gone are removed first. Without permission to create namespaces (not root, no iproute2) the
+tests skip and say why.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -20,11 +26,11 @@ import pytest
 import redis
 
 from app.client import HomefleetClient
-from app.core.config import Settings
 from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import RedisProcess, free_port, redis_server_binary
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, make_fleet
 
 MODEL = "tiny-sd"
 HOSTS = {"hosta": 1, "hostb": 2}  # machine name -> subnet index
@@ -50,9 +56,20 @@ class Host:
         ip("netns", "exec", self.namespace, "ip", "link", "set", self.veth_inside, "up" if up else "down")
 
 
-def make_host(machine: str, index: int) -> Host:
-    namespace, outside, inside = f"hf-{machine}", f"hfv{index}o", f"hfv{index}i"
-    gateway, address = f"10.231.{index}.1", f"10.231.{index}.2"
+RUN = os.getpid()  # names of this run's namespaces and links (veth names: 15 characters at most)
+
+
+def free_second_octet() -> int:
+    """A second octet ``n`` (20..219, starting from one this run's pid picks) such that no
+    address on this machine is in 10.n.0.0/16 yet."""
+    shown = subprocess.run(["ip", "-4", "addr"], check=False, capture_output=True, text=True, timeout=10).stdout
+    used = {int(n) for n in re.findall(r"inet 10\.(\d+)\.", shown)}
+    return next(n for n in ((RUN + k) % 200 + 20 for k in range(200)) if n not in used)
+
+
+def make_host(machine: str, index: int, net: int) -> Host:
+    namespace, outside, inside = f"hf-{RUN}-{machine}", f"hv{RUN}{index}o", f"hv{RUN}{index}i"
+    gateway, address = f"10.{net}.{index}.1", f"10.{net}.{index}.2"
     ip("netns", "add", namespace)
     ip("link", "add", outside, "type", "veth", "peer", "name", inside)
     ip("link", "set", inside, "netns", namespace)
@@ -64,9 +81,17 @@ def make_host(machine: str, index: int) -> Host:
     return Host(machine, namespace, address, gateway, inside)
 
 
-def remove_host(machine: str, index: int) -> None:
-    for args in (("netns", "del", f"hf-{machine}"), ("link", "del", f"hfv{index}o")):
-        subprocess.run(["ip", *args], capture_output=True, timeout=10)
+def remove_host(run: int, machine: str, index: int) -> None:
+    for args in (("netns", "del", f"hf-{run}-{machine}"), ("link", "del", f"hv{run}{index}o")):
+        subprocess.run(["ip", *args], check=False, capture_output=True, timeout=10)
+
+
+def remove_leftovers() -> None:
+    """Remove the namespaces of earlier runs whose pytest process no longer exists."""
+    listed = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True, timeout=10).stdout
+    for run, machine in set(re.findall(r"^hf-(\d+)-(\w+)", listed, flags=re.MULTILINE)):
+        if not Path(f"/proc/{run}").exists() and machine in HOSTS:
+            remove_host(int(run), machine, HOSTS[machine])
 
 
 @dataclass
@@ -82,13 +107,13 @@ class MultiHostFleet:
 def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -> Iterator[MultiHostFleet]:
     if shutil.which("ip") is None:
         pytest.skip("iproute2 (`ip`) is not installed: no network namespaces here")
-    for machine, index in HOSTS.items():
-        remove_host(machine, index)  # leftovers of an interrupted run
+    remove_leftovers()
     try:
-        hosts = {machine: make_host(machine, index) for machine, index in HOSTS.items()}
+        net = free_second_octet()
+        hosts = {machine: make_host(machine, index, net) for machine, index in HOSTS.items()}
     except subprocess.CalledProcessError as error:
         for machine, index in HOSTS.items():
-            remove_host(machine, index)
+            remove_host(RUN, machine, index)
         pytest.skip(f"network namespaces are not permitted here: {error.stderr.strip()}")
     data_dir = tmp_path_factory.mktemp("multihost")
     redis_port, api_port = free_port(), free_port()
@@ -133,7 +158,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
             ctx.close()
         redis_server.stop()
         for machine, index in HOSTS.items():
-            remove_host(machine, index)
+            remove_host(RUN, machine, index)
 
 
 def _wait_redis(url: str) -> None:

@@ -60,5 +60,6 @@ def test_compose_builds_an_image_that_exists_and_runs_remote_workers_against_the
     assert cuda["gpus"] == "all"
     assert "environment" not in cuda and "depends_on" not in cuda
     assert not any(arg.startswith("--server-url") for arg in cuda["command"])
-    assert "--basic-auth" in services["flower"]["command"]
+    flower = services["flower"]  # issue 18: its password in its environment, not its command line
+    assert "FLOWER_BASIC_AUTH" in flower["environment"] and not any("basic" in arg for arg in flower["command"])
     assert not any("mac" in name for name in services)

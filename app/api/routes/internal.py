@@ -17,7 +17,14 @@ from app.api.routes.deps import Context, WorkerMachine, job_of_machine
 from app.api.schemas import JobPublic, predicted_s
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.kinds import job_request
-from app.core.protocol import Claim, FailureReport, Manifests, ProgressReport
+from app.core.protocol import (
+    Claim,
+    FailureReport,
+    Manifests,
+    ProgressReport,
+    RevocationReceipt,
+    Revocations,
+)
 from app.core.states import JobState
 
 router = APIRouter(prefix="/internal/v1")
@@ -67,7 +74,7 @@ def claim(
         message = f"the server cannot hand model {queued.model_id!r} out: {error}"
         ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
                                        message=message)
-        ctx.dispatcher.finished(ended)
+        ctx.dispatcher.finished(ended, announce=True)  # the worker's task ends without a word (Ignore)
         log.error("job %s not run: %s", job_id, message)
         raise Conflict(f"job {job_id} was not run: {message}", reason="model_unavailable") from error
     job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
@@ -76,6 +83,17 @@ def claim(
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     return Claim(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
                  working_bytes=job.working_bytes)
+
+
+@router.post("/revocations", response_model=RevocationReceipt)
+def revocations(body: Revocations, ctx: Context, machine: WorkerMachine) -> RevocationReceipt:
+    """C11: job ids whose tasks this machine's worker saw revoked (Flower, ``celery control
+    revoke [--terminate]``). A queued job of this machine ends ``cancelled`` (reason
+    ``revoked``), a running one whose pool process Celery killed ``interrupted`` (reason
+    ``terminated``), each with its reservation released; the rest is left as it is
+    (:meth:`app.jobs.dispatch.Dispatcher.revoked`)."""
+    ended = ctx.dispatcher.revoked(machine.name, body.job_ids, body.terminated, body.announced)
+    return RevocationReceipt(ended={job_id: str(state) for job_id, state in ended.items()})
 
 
 @router.post("/jobs/{job_id}/progress", status_code=204)

@@ -80,15 +80,17 @@ async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description
 @router.get("/machines")
 def list_machines(ctx: Context) -> list[dict[str, Any]]:
     """Every machine: online, draining/syncing (nothing new is placed there), verified models,
-    backlog (LLEN of its queue + running)."""
+    ``queued`` (LLEN of its exact queue list, under the broker key prefix), ``running`` (its
+    running jobs in the journal) and ``backlog`` (its reservations: queued + running, R14)."""
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
         rows.append({
             "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
-            "syncing": view.syncing,
-            "verified_models": sorted(view.verified_models), "backlog": view.backlog,
+            "syncing": view.syncing, "verified_models": sorted(view.verified_models),
+            "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),
+            "backlog": view.backlog,
         })
     return rows
 

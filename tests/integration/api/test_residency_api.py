@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core import keys
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.api.server import create_app
@@ -59,7 +58,7 @@ def test_r16_commitments_refused_with_409_while_work_is_queued(api: tuple[TestCl
     assert error["reason"] == "machine_busy" and "'m2' has 1 jobs queued or running" in error["message"]
     assert ctx.machines.view("m2").commitments == frozenset()
     ctx.redis.delete(ctx.keys.reservations("m2"))  # a message in the line alone also counts (LLEN)
-    assert ctx.redis.llen(keys.queue("m2")) == 1
+    assert ctx.redis.llen(ctx.keys.queue_list("m2")) == 1
     assert client.put("/v1/machines/m2/residency", json={"models": []}).status_code == 409
 
 

@@ -13,7 +13,6 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.core import keys
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.core.digest import bytes_digest
@@ -74,7 +73,7 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[t
 
 
 def nothing_enqueued(ctx: ServerContext) -> bool:
-    return all(ctx.redis.llen(keys.queue(m)) == 0 and ctx.machines.reservations.count(m) == 0 for m in ctx.fleet.machines)
+    return all(ctx.redis.llen(ctx.keys.queue_list(m)) == 0 and ctx.machines.reservations.count(m) == 0 for m in ctx.fleet.machines)
 
 
 REFUSALS = [
@@ -170,7 +169,7 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     assert first.json()["predicted_start_s"] == 0  # the expected start (DESIGN §9): nothing ahead
     job = client.get(first.json()["url"]).json()
     assert job["predicted_load_s"] == 0 and job["predicted_run_s"] > 0 and job["predicted_start_s"] == 0
-    assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(keys.queue("m2"))
+    assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(ctx.keys.queue_list("m2"))
     dry = client.post("/v1/jobs?dry_run=true", json=body).json()
     assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
     second = client.post("/v1/jobs", json={**body, "target": "m2"}).json()  # behind the first
@@ -328,7 +327,7 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_
     assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
 
 
-def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
+def test_r8_status_shows_queued_as_llen_and_running_apart_and_the_drain_time(
     api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
 ) -> None:
     from tests.helpers import run_cli
@@ -339,7 +338,7 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
                                          "target": "m2"}).json()["id"] for _ in range(3)]
     token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
     client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
-    ctx.redis.rpop(keys.queue("m2"))  # the worker took the first message
+    ctx.redis.rpop(ctx.keys.queue_list("m2"))  # the worker took the first message
     rows = {row["name"]: row for row in ctx.status()}
     assert (rows["m2"]["queued"], rows["m2"]["running"], rows["m2"]["backlog"]) == (2, 1, 3)
     assert rows["m2"]["warm_models"] == [MODEL] and rows["m2"]["drain_s"] > 0
@@ -349,8 +348,11 @@ def test_status_shows_backlog_as_llen_plus_running_and_the_drain_time(
     later = {row["name"]: row for row in ctx.status()}["m2"]["drain_s"]  # the running job ran on meanwhile
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     cells = [cell.strip() for cell in line.strip("│ ").split("│")]
-    assert cells[1] == "yes" and MODEL in cells[3] and cells[5] == "3"
-    assert round(later, 1) - 0.05 <= float(cells[6]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+    assert cells[1] == "yes" and MODEL in cells[3]
+    assert (cells[5], cells[6]) == ("2", "1") and int(cells[5]) == ctx.redis.llen(ctx.keys.queue_list("m2"))  # issue 18
+    assert round(later, 1) - 0.05 <= float(cells[7]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+    machines = {row["name"]: row for row in client.get("/v1/machines").json()}
+    assert (machines["m2"]["queued"], machines["m2"]["running"], machines["m2"]["backlog"]) == (2, 1, 3)
 
 
 def test_status_shows_a_draining_and_a_syncing_machine(

@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.core import keys
 from app.api.auth import OpenApiRefused
 from app.core.config import Settings
 from app.context import ServerContext, build_context
@@ -78,7 +77,7 @@ def test_r22_invalid_params_are_refused_before_enqueue_naming_field_value_and_li
         assert fragment in error["message"]
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
-    assert ctx.redis.llen(keys.queue("m1")) == 0
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0
     assert ctx.machines.view("m1").backlog == 0
 
 
@@ -109,7 +108,7 @@ def test_r22_a_param_the_kind_does_not_use_is_refused_and_journaled_naming_it_an
     assert named in error["message"] and TXT2IMG_TAKES in error["message"]
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.id) == (JobState.rejected, "unknown_param", error["job_id"])
-    assert ctx.redis.llen(keys.queue("m1")) == 0
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0
     assert submit(client, seed=7, steps=2, guidance_scale=3.0, negative_prompt="dog", width=64,
                   height=64).status_code == 202
 
@@ -208,7 +207,7 @@ def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Sett
         assert error["message"] == (f"params.image: `image` must be at most 100 bytes (max_upload_bytes), "
                                     f"got {jpeg.json()['size_bytes']}")
         assert [job.reason for job in ctx.journal.list([JobState.rejected])] == ["invalid_image"]
-        assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(keys.queue("server")) == 0
+        assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(ctx.keys.queue_list("server")) == 0
 
 
 def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(settings: Settings, tiny_models_dir: Path) -> None:
@@ -222,7 +221,7 @@ def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(setti
         assert refused.headers["Retry-After"] == "7"
         error = refused.json()["error"]
         assert error["reason"] == "queue_full" and "max_queued_per_machine = 2" in error["message"]
-        assert ctx.redis.llen(keys.queue("m1")) == 2
+        assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 2
         assert ctx.journal.list([JobState.rejected])[0].reason == "queue_full"
         # Auto skips m1 (full) and names why in the dry run.
         accepted = submit(client, target="auto").json()
@@ -245,7 +244,7 @@ def test_r23_past_max_pending_total_submissions_are_refused_with_429(settings: S
         assert refused.status_code == 429 and refused.headers["Retry-After"] == "5"
         error = refused.json()["error"]
         assert error["reason"] == "fleet_full" and "max_pending_total = 3" in error["message"]
-        assert ctx.redis.llen(keys.queue("m2")) == 1
+        assert ctx.redis.llen(ctx.keys.queue_list("m2")) == 1
 
 
 def test_r24_health_is_503_with_reason_until_a_machine_is_online(api: tuple[TestClient, ServerContext]) -> None:
@@ -359,7 +358,7 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(setting
         assert response.status_code == 429
         assert response.headers["x-should-retry"] == "false"
         assert response.json()["error"]["code"] == "queue_full"
-        assert ctx.redis.llen(keys.queue("m1")) == 1  # the first image's job was created: a retry would duplicate it
+        assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1  # the first image's job was created: a retry would duplicate it
         before = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "target": "m1"})
         assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from app.core import keys
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.core.errors import PlacementLost
@@ -44,7 +43,7 @@ def submitter(settings_json: str, worker: int, start_at: float) -> list[str]:
 
 def queue_ids(ctx: ServerContext, machine: str) -> list[str]:
     """Job ids in a machine's list in the order they will run (BRPOP takes from the right)."""
-    return [json.loads(raw)["headers"]["id"] for raw in reversed(ctx.redis.lrange(keys.queue(machine), 0, -1))]
+    return [json.loads(raw)["headers"]["id"] for raw in reversed(ctx.redis.lrange(ctx.keys.queue_list(machine), 0, -1))]
 
 
 @pytest.mark.timeout(600)
@@ -69,7 +68,7 @@ def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order
             while not pending.ready():
                 # Under the fleet lock, reservations must equal what is queued (nothing runs here).
                 with ctx.redis.lock(ctx.keys.fleet_lock(), timeout=30, blocking_timeout=120):
-                    samples.append({m: (ctx.machines.reservations.count(m), ctx.redis.llen(keys.queue(m))) for m in WORKING})
+                    samples.append({m: (ctx.machines.reservations.count(m), ctx.redis.llen(ctx.keys.queue_list(m))) for m in WORKING})
                 time.sleep(0.2)
             per_process = pending.get(timeout=600)
 
@@ -85,7 +84,7 @@ def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order
             assert in_list == journal_order, f"{machine}: list order differs from submission order"
         assert sorted(placed) == sorted(submitted)  # each exactly once, nowhere else
         for machine in ("m4", "m5"):
-            assert ctx.redis.llen(keys.queue(machine)) == 0 and ctx.machines.reservations.count(machine) == 0
+            assert ctx.redis.llen(ctx.keys.queue_list(machine)) == 0 and ctx.machines.reservations.count(machine) == 0
         assert all(len(ctx.journal.list(machine=m)) > 0 for m in WORKING)  # Auto spread the work
         assert samples and all(r == q for sample in samples for r, q in sample.values())
     finally:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from app.core import keys
 from app.context import ServerContext
 from app.core.errors import MachineUnavailable, Rejected
 from app.core.states import JobState
@@ -21,12 +20,12 @@ def test_r8_r19_a_job_is_journaled_then_waits_in_its_machine_list(ctx: ServerCon
     bring_online(ctx, "m1", {model})
     ids = [ctx.dispatcher.submit(model, "txt2img", {"prompt": f"p{i}"}, "m1").job.id for i in range(3)]
     assert [ctx.journal.get(i).state for i in ids] == [JobState.queued] * 3
-    assert ctx.redis.llen(keys.queue("m1")) == 3
-    entries = [json.loads(raw) for raw in ctx.redis.lrange(keys.queue("m1"), 0, -1)]
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 3
+    entries = [json.loads(raw) for raw in ctx.redis.lrange(ctx.keys.queue_list("m1"), 0, -1)]
     # LPUSH publishes, BRPOP consumes: index -1 runs next, so the list holds them newest first.
     assert [e["headers"]["id"] for e in reversed(entries)] == ids
     assert all(e["headers"]["task"] == "homefleet.run_job" and e["content-type"] == "application/json" for e in entries)
-    assert ctx.redis.llen(keys.queue("server")) == 0
+    assert ctx.redis.llen(ctx.keys.queue_list("server")) == 0
     assert ctx.journal.get(ids[0]).params["seed"] >= 0  # drawn at submission and journaled
 
 
@@ -49,7 +48,7 @@ def test_r10_refused_submissions_are_journaled_and_publish_nothing(
     assert target in refused.value.message  # type: ignore[attr-defined]
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
-    assert all(ctx.redis.llen(keys.queue(m)) == 0 for m in ("server", "m1", "m2"))
+    assert all(ctx.redis.llen(ctx.keys.queue_list(m)) == 0 for m in ("server", "m1", "m2"))
 
 
 def test_unknown_model_and_wrong_kind_are_refused(ctx: ServerContext, tiny_models_dir: Path) -> None:
@@ -67,11 +66,11 @@ def test_r20_an_idempotency_key_returns_the_original_job(ctx: ServerContext, tin
     first = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="k1")
     again = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="k1")
     assert (again.job.id, again.replayed, first.replayed) == (first.job.id, True, False)
-    assert ctx.redis.llen(keys.queue("m1")) == 1
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1
     with pytest.raises(Rejected) as reused:
         ctx.dispatcher.submit(model, "txt2img", {"prompt": "other"}, "m1", idempotency_key="k1")
     assert reused.value.reason == "idempotency_key_reused" and "'k1'" in reused.value.message
-    assert ctx.redis.llen(keys.queue("m1")) == 1
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1
     assert len(ctx.journal.list()) == 1
 
 
@@ -86,7 +85,7 @@ def test_r20_concurrent_retries_with_one_key_create_one_job(ctx: ServerContext, 
             range(16),
         ))
     assert len(ids) == 1
-    assert ctx.redis.llen(keys.queue("m1")) == 1
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1
 
 
 def test_c03_cancel_removes_the_queue_entry_and_the_claim_refuses_a_late_copy(

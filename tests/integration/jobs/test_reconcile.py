@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.core import keys
 from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.core.errors import ConfigError
@@ -25,11 +24,17 @@ from tests.helpers import make_fleet, run_cli, settings_env
 from tests.helpers import bring_online
 
 
+def known_redis(ctx: ServerContext) -> None:
+    """As after the server's reconciliation has run for an hour with this Redis (it kept its data)."""
+    ctx.redis.set(ctx.keys.redis_seen(), time.time() - 3600)
+
+
 @pytest.fixture
 def strict_ctx(settings: Settings) -> Iterator[ServerContext]:
-    """A context whose reconciliation has no grace and a 2 s hung bound."""
+    """A context whose reconciliation has no grace and a 2 s hung bound, on a Redis it knows."""
     tight = settings.model_copy(update={"lost_grace_s": 0.0, "hung_after_s": 2.0})
     context = build_context(tight, make_fleet("m1", "m2"), migrate=True)
+    known_redis(context)
     yield context
     context.close()
 
@@ -43,19 +48,84 @@ def beat(ctx: ServerContext, machine: str, boot_id: str, at_s: float | None = No
     ctx.redis.set(ctx.keys.heartbeat(machine), json.dumps(record), ex=60)
 
 
-def test_r19_a_queued_job_whose_message_was_lost_is_interrupted(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+def test_r19_a_queued_job_whose_message_was_removed_from_its_queue_is_cancelled_as_purged(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """Issue 18: a purge (the list deleted, as ``celery purge`` does) while Redis kept its data
+    is reported as a purge, not as a Redis restart."""
     ctx = strict_ctx
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     bring_online(ctx, "m2", {model})
-    lost, kept = submit(ctx, model, "m1"), submit(ctx, model, "m2")
-    ctx.redis.delete(keys.queue("m1"))  # as if Redis restarted without persistence
+    purged, kept = submit(ctx, model, "m1"), submit(ctx, model, "m2")
+    ctx.redis.delete(ctx.keys.queue_list("m1"))
     report = ctx.reconciler().run_once()
-    assert report.interrupted == {lost: "lost"}
-    assert (ctx.journal.get(lost).state, ctx.journal.get(lost).reason) == (JobState.interrupted, "lost")
+    assert (report.cancelled, report.interrupted, report.requeued) == ({purged: "purged"}, {}, [])
+    job = ctx.journal.get(purged)
+    assert (job.state, job.reason) == (JobState.cancelled, "purged")
+    assert "removed from the queue machine.m1" in (job.message or "") and "Redis" not in (job.message or "")
     assert ctx.journal.get(kept).state == JobState.queued
     assert ctx.machines.reservations.count("m1") == 0 and ctx.machines.reservations.count("m2") == 1  # released (R14)
-    assert ctx.reconciler().run_once().interrupted == {}  # idempotent
+    assert ctx.reconciler().run_once().cancelled == {}  # idempotent
+
+
+def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+    """The message reached a worker (its delivery mark, written before the ack) that stopped
+    before claiming the job: ``interrupted`` (``lost``), not a purge."""
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model, "m1")
+    ctx.redis.rpop(ctx.keys.queue_list("m1"))
+    ctx.redis.set(ctx.keys.delivered(job), "m1", ex=60)
+    assert ctx.reconciler().run_once().interrupted == {job: "lost"}
+    assert "delivered to m1's worker, which stopped before claiming it" in (ctx.journal.get(job).message or "")
+
+
+def test_r19_after_redis_lost_its_data_queued_jobs_are_published_again_in_journal_order_ahead_of_newer_ones(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """Issue 18: Redis restarted without persistence (here: flushed). The journal's queued jobs
+    are published again, oldest first, ahead of a job submitted since; their reservations are
+    written again in journal order; a second pass publishes nothing more."""
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    older = [submit(ctx, model, "m1") for _ in range(3)]
+    ctx.redis.flushdb()
+    bring_online(ctx, "m1", {model})
+    newer = submit(ctx, model, "m1")  # placed before reconciliation saw the loss
+    report = ctx.reconciler().run_once()
+    assert report.redis_lost and report.requeued == older and report.interrupted == {} == report.cancelled
+    assert ctx.queues.queued_ids("m1") == [*older, newer]  # the order the worker takes them
+    assert ctx.queues.length("m1") == 4
+    assert [job_id for job_id, _ in ctx.machines.reservations.records("m1")] == [*older, newer]
+    again = ctx.reconciler().run_once()
+    assert (again.redis_lost, again.requeued) == (False, [])
+    assert ctx.queues.queued_ids("m1") == [*older, newer]
+    assert "published 3 queued jobs again" in str(report)
+
+
+def test_r19_a_redis_that_lost_its_data_gives_workers_time_to_beat_again_before_judging_them(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """Issue 18 (2 of 8 Redis restarts marked a running job ``worker_lost`` while its worker ran
+    it): the heartbeat and the progress record are lost with the data, and the worker writes its
+    lease, then its heartbeat, again only at its next beats. No worker is judged until it had
+    ``heartbeat_ttl_s`` since reconciliation saw the loss."""
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.flushdb()  # heartbeat, lease and progress gone; the worker still runs the job
+    report = ctx.reconciler().run_once()
+    assert report.redis_lost and report.interrupted == {} and report.requeued == []
+    assert ctx.journal.get(job).state == JobState.running
+    assert ctx.machines.reservations.records("m1")[0][0] == job  # its reservation is back, running
+    assert ctx.reconciler().run_once().interrupted == {}  # still within heartbeat_ttl_s
+    beat(ctx, "m1", "boot-A")  # it beats again: left alone for good
+    ctx.redis.set(ctx.keys.redis_seen(), time.time() - ctx.settings.heartbeat_ttl_s - 1)
+    assert ctx.reconciler().run_once().interrupted == {}
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))  # a worker that never came back is judged after the grace
+    assert ctx.reconciler().run_once().interrupted == {job: "worker_lost"}
 
 
 def test_r19_a_missing_message_gets_a_grace_period(
@@ -63,14 +133,15 @@ def test_r19_a_missing_message_gets_a_grace_period(
 ) -> None:
     ctx = build_context(settings.model_copy(update={"lost_grace_s": 30.0}), make_fleet("m1"), migrate=True)
     request.addfinalizer(ctx.close)
+    known_redis(ctx)
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     job = submit(ctx, model)
-    ctx.redis.delete(keys.queue("m1"))
+    ctx.redis.delete(ctx.keys.queue_list("m1"))
     assert ctx.reconciler().run_once().interrupted == {}
     assert ctx.journal.get(job).state == JobState.queued  # a worker may be between BRPOP and claim
     ctx.redis.hset(ctx.keys.missing(), job, time.time() - 31)
-    assert ctx.reconciler().run_once().interrupted == {job: "lost"}
+    assert ctx.reconciler().run_once().cancelled == {job: "purged"}
 
 
 @pytest.mark.parametrize(
@@ -84,7 +155,7 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     job = submit(ctx, model)
-    ctx.redis.rpop(keys.queue("m1"))  # the worker took the message...
+    ctx.redis.rpop(ctx.keys.queue_list("m1"))  # the worker took the message...
     ctx.journal.claim(job, "m1", worker_boot_id="boot-A")  # ...and claimed it
     ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - progress_age_s)
     ctx.redis.delete(ctx.keys.heartbeat("m1"))
@@ -94,7 +165,7 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     assert ctx.journal.get(job).state == JobState.interrupted
     assert ctx.machines.reservations.count("m1") == 0  # released when it ended (R14)
     assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
-    assert ctx.redis.llen(keys.queue("m1")) == 0  # never re-queued
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # never re-queued
 
 
 def running_on_m1(ctx: ServerContext, tiny_models_dir: Path, boot_id: str) -> str:
@@ -102,7 +173,7 @@ def running_on_m1(ctx: ServerContext, tiny_models_dir: Path, boot_id: str) -> st
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     job = submit(ctx, model)
-    ctx.redis.rpop(keys.queue("m1"))
+    ctx.redis.rpop(ctx.keys.queue_list("m1"))
     ctx.journal.claim(job, "m1", worker_boot_id=boot_id)
     return job
 
@@ -293,5 +364,5 @@ def test_r19_a_queued_job_of_a_machine_removed_from_the_fleet_is_interrupted_as_
     journaled = after.journal.get(waiting)
     assert (journaled.state, journaled.reason) == (JobState.interrupted, "machine_removed")
     assert "'m2' is no longer in the fleet config" in (journaled.message or "")
-    assert after.redis.llen(keys.queue("m2")) == 0
+    assert after.redis.llen(after.keys.queue_list("m2")) == 0
     assert report.released_reservations == 1 and after.machines.reservations.count("m2") == 0

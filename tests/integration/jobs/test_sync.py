@@ -19,7 +19,6 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.core import keys
 from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings, WorkerSettings
 from app.context import ServerContext, build_context
@@ -55,10 +54,10 @@ def test_r6_sync_is_refused_with_409_while_the_machine_has_work(ctx: ServerConte
     assert refused.value.status_code == 409 and refused.value.reason == "machine_busy"
     assert "1 job(s) queued or running" in refused.value.message
     assert ctx.redis.get(ctx.keys.syncing("m1")) is None  # nothing reserved
-    assert ctx.redis.llen(keys.queue("m1")) == 1  # nothing published behind the job
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1  # nothing published behind the job
     # Running counts as busy too.
     ctx.journal.claim(job.id, "m1")
-    ctx.redis.delete(keys.queue("m1"))
+    ctx.redis.delete(ctx.keys.queue_list("m1"))
     with pytest.raises(Conflict, match="machine_busy|has work"):
         syncs_of(ctx).start("m1", [model])
 
@@ -70,7 +69,7 @@ def test_r6_a_sync_reserves_its_machine_and_waits_in_its_queue(ctx: ServerContex
     assert record["state"] == SyncState.queued and record["models"] == [model]
     assert record["bytes_total"] == ctx.registry.get(model).total_bytes
     assert ctx.redis.get(ctx.keys.syncing("m1")) == record["id"]
-    [message] = [json.loads(raw) for raw in ctx.redis.lrange(keys.queue("m1"), 0, -1)]
+    [message] = [json.loads(raw) for raw in ctx.redis.lrange(ctx.keys.queue_list("m1"), 0, -1)]
     assert (message["headers"]["task"], message["headers"]["id"]) == (SYNC_TASK, record["id"])
     # While it holds m1, nothing is placed there: pinned is refused, Auto goes elsewhere.
     with pytest.raises(MachineUnavailable) as refused:  # 503: it is temporary
@@ -100,7 +99,7 @@ def test_r6_sync_to_an_offline_or_unknown_machine_is_refused(ctx: ServerContext,
     with pytest.raises(Rejected) as unknown:
         syncs_of(ctx).start("mars", [model])
     assert unknown.value.reason == "unknown_machine"
-    assert ctx.redis.llen(keys.queue("m2")) == 0
+    assert ctx.redis.llen(ctx.keys.queue_list("m2")) == 0
 
 
 def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
