@@ -2,28 +2,46 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 
-from app.api.auth import check_api_keys, require_api_key
+from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
+from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.api.routes import events, images, internal, public, residency, serving, sync
+from app.api.routes.deps import WorkerMachine
+from app.api.strict_json import printable
+from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.context import ServerContext, build_context
 from app.core.errors import HomefleetError, ServiceDown
-from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.jobs.reconcile import ReconcileLoop
-from app.api.routes import events, images, internal, public, residency, serving, sync
+
+VERSION = "0.1.0"
+DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
+#: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
+#: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' blob:; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data: blob:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
+DESCRIPTION = (
+    "Homefleet's public API: jobs (submit, follow, cancel, fetch results), inputs, machines, models, "
+    "residency, syncs, the OpenAI-compatible Images API and the Hugging Face routes (docs/api.md). "
+    "Every route but /health and /metrics needs an API key: press Authorize and give it as the bearer token. "
+    "The workers' routes are documented apart (/internal/openapi.json, for a machine token)."
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +67,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         reconcile.stop()
         context.close()
 
-    api = FastAPI(title="Homefleet", version="0.1.0", lifespan=lifespan)
+    # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work without internet).
+    api = FastAPIOffline(title="Homefleet", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
+                         swagger_ui_parameters={"persistAuthorization": True})
     api.state.ctx = context
     api.state.settings = settings
 
@@ -72,7 +92,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
             return openai_validation_error(error)
-        details = error.errors()
+        details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
@@ -80,7 +100,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
-                                                      "detail": jsonable(details)})
+                                                      "detail": details})
 
     @api.middleware("http")
     async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -92,8 +112,17 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         ).observe(time.perf_counter() - start_s)
         return response
 
-    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
-                       render=error_response)
+    @api.middleware("http")
+    async def docs_stay_here(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        if request.url.path in DOCS_PAGES:  # the browser sends nothing elsewhere (Redoc's footer logo is a CDN URL)
+            response.headers["Content-Security-Policy"] = DOCS_CSP
+        return response
+
+    uploads = upload_limits(settings)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
+    # outermost: the key or token is checked before anything reads the body (issue 24)
+    api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
@@ -104,7 +133,55 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
     api.include_router(residency.router, dependencies=keyed)
+    document_internal_apart(api)
     return api
+
+
+def document_internal_apart(api: FastAPI) -> None:
+    """The public OpenAPI document (``/openapi.json``, ``/docs``, ``/redoc``) leaves the internal
+    routes (``/internal/...``: machine tokens, not API keys) out; they have their own,
+    ``GET /internal/openapi.json``, for a machine token."""
+    whole = api.openapi  # FastAPI's: the document of every route
+    parts: dict[bool, dict[str, Any]] = {}
+
+    def part(internal: bool) -> dict[str, Any]:
+        if internal not in parts:
+            parts[internal] = part_of(whole(), internal=internal)
+        return parts[internal]
+
+    def public_openapi() -> dict[str, Any]:
+        return part(internal=False)
+
+    @api.get(f"{INTERNAL_PREFIX}openapi.json", include_in_schema=False)
+    def internal_openapi(_machine: WorkerMachine) -> dict[str, Any]:
+        """The internal API's OpenAPI document (workers' routes, docs/api.md "Internal API")."""
+        document = part(internal=True)
+        info = {**document["info"], "title": "Homefleet internal API",
+                "description": "Worker-only routes: each request carries its machine's token (MachineToken). "
+                               "Not for clients."}
+        return {**document, "info": info}
+
+    api.openapi = public_openapi  # type: ignore[method-assign]
+
+
+def part_of(schema: dict[str, Any], *, internal: bool) -> dict[str, Any]:
+    """The OpenAPI document of the internal routes (``internal``) or of all the others, with
+    only the component schemas and security schemes its operations reference."""
+    paths = {path: item for path, item in schema["paths"].items() if path.startswith(INTERNAL_PREFIX) == internal}
+    components = schema.get("components", {})
+    defined = components.get("schemas", {})
+    wanted: set[str] = set()
+    pending = [paths]
+    while pending:
+        refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(pending.pop()))) - wanted
+        wanted |= refs
+        pending.extend(defined[name] for name in refs if name in defined)
+    used_schemes = {name for item in paths.values() for op in item.values() if isinstance(op, dict)
+                    for requirement in op.get("security", []) for name in requirement}
+    kept = {"schemas": {name: defined[name] for name in sorted(wanted) if name in defined},
+            "securitySchemes": {name: scheme for name, scheme in components.get("securitySchemes", {}).items()
+                                if name in used_schemes}}
+    return {**schema, "paths": paths, "components": {key: value for key, value in kept.items() if value}}
 
 
 def upload_limits(settings: Settings) -> list[RouteLimit]:
@@ -136,7 +213,7 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 
-def jsonable(details: object) -> object:
+def jsonable(details: object) -> Any:
     from fastapi.encoders import jsonable_encoder
 
     return jsonable_encoder(details)

@@ -7,9 +7,9 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
-from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 from typing import Any
 
@@ -70,6 +70,7 @@ class Settings(BrokerSettings):
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/api/body_limit.py)
+    max_concurrent_uploads: int = Field(4, ge=1)  # uploads in progress at once; one more is 429 (app/api/auth.py)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
@@ -85,11 +86,15 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
-    # How long the OpenAI/HF image routes wait for their jobs (seconds). Well below the OpenAI
-    # SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s): a client that gives up first resends
-    # the request on its own, never reading the answer's `x-should-retry: false` (R20). When the
-    # wait ends the answer is 500 `timeout` naming the jobs, which keep running.
+    # How long the OpenAI/HF image routes wait for their jobs (seconds), at most. Well below the
+    # OpenAI SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s); a client that announces a
+    # shorter one (`x-stainless-read-timeout`, `Prefer: wait=N`) is answered before it gives up
+    # (app/api/routes/images.py). When the wait ends the answer is 409 `job_pending` naming the
+    # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
+    # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
+    # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
+    sdk_retry_window_s: float = Field(3600.0, gt=0)
     # R6: a sync's reservation on its machine expires this long after the worker's last
     # progress report, so a worker killed mid-copy frees its machine. The worker reports
     # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a

@@ -6,7 +6,9 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import redis
+
 from app.core.config import BrokerSettings
+from app.core.dead_letters import TRANSPORT_ALIAS
 
 
 def create_redis(settings: BrokerSettings) -> redis.Redis:
@@ -17,7 +19,8 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
 def broker_url(redis_url: str) -> str:
     """``redis_url`` as kombu names the same Redis. redis-py's unix-socket form
     ``unix://[user:password@]/run/redis.sock?db=2&password=...`` is kombu's
-    ``redis+socket://user:password@/run/redis.sock?virtual_host=2`` (kombu has no ``unix``
+    ``hfredis+socket://user:password@/run/redis.sock?virtual_host=2``, kombu's ``redis+socket``
+    form on Homefleet's dead-lettering Redis transport (app/core/dead_letters.py; kombu has no ``unix``
     transport, takes the credentials from the address only, and would pass other options of
     the query to redis-py untyped: they are left out; the broker's timeouts are its transport
     options, app/core/celery_app.py). ``redis://`` and ``rediss://`` URLs are the same in both."""
@@ -29,7 +32,7 @@ def broker_url(redis_url: str) -> str:
     password = parts.password or query.get("password")
     userinfo = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
     credentials = f"{userinfo}@" if userinfo else ""
-    return f"redis+socket://{credentials}{parts.path}?{urlencode({'virtual_host': query.get('db', '0')})}"
+    return f"{TRANSPORT_ALIAS}+socket://{credentials}{parts.path}?{urlencode({'virtual_host': query.get('db', '0')})}"
 
 
 def redacted_url(url: str) -> str:

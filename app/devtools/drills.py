@@ -19,7 +19,9 @@ figures where it has some (``redis_loss_requeue``: ``queued_at_loss``, ``republi
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
 import signal
 import threading
 import time
@@ -31,16 +33,16 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.client import ApiError, HomefleetClient
+from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
-from app.client import ApiError, HomefleetClient
 from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.fleet.config import Fleet, Machine, with_fresh_tokens
 from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
+from app.fleet.config import Fleet, Machine, with_fresh_tokens
 
 MODEL = "tiny-sd"
 WORKERS = ("m1", "m2")
@@ -85,6 +87,7 @@ class DrillFleet:
         self.hung_after_s = hung_after_s
         self.broker_key_prefix = broker_key_prefix  # e.g. "drill:", as when one Redis serves several apps
         self.redis_port = free_port()
+        self.redis_password = secrets.token_urlsafe(16)  # the drill fleet's Redis runs with requirepass (issue 24)
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
         self.ctx: ServerContext | None = None
@@ -103,7 +106,7 @@ class DrillFleet:
         self.stop()
 
     def start(self) -> None:
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
         fleet = drill_fleet_config()
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ class DrillFleet:
         """Stop Redis and start an empty one on the same port (no persistence: queues are gone)."""
         assert self.redis is not None
         self.redis.stop()
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
 
     def kill_worker(self, machine: str) -> None:
         assert self.local is not None
@@ -373,3 +376,49 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
 
 # Drills that need a fleet with other settings than the defaults.
 FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}
+
+
+UNDECODABLE: tuple[bytes, ...] = (
+    b"not json {",  # celery/celery#4308: kombu's loads of the popped item raises
+    json.dumps({"body": "!!! not base64", "content-encoding": "utf-8", "content-type": "application/json",
+                "headers": {}, "properties": {"body_encoding": "base64", "delivery_tag": "dead-letter-drill",
+                                              "delivery_info": {"exchange": "", "routing_key": ""}, "priority": 0}
+                }).encode(),  # celery/kombu#2421: the body does not decode
+    b"[1, 2, 3]",  # JSON, but no kombu message
+    b'{"properties": {}}',  # a message without a delivery tag
+    b"\xff\xfe not UTF-8 \x80",
+)
+"""What ``dead_letter_drill`` pushes onto a machine's queue ahead of a real job."""
+
+
+@dataclass(frozen=True)
+class DeadLetterDrill:
+    """The dead-letter drill's figures: messages pushed, dead letters found, the real job's end."""
+
+    machine: str
+    pushed: tuple[bytes, ...]
+    dead_letters: int
+    job_id: str
+    job_state: str
+    seconds: float
+
+    def line(self) -> str:
+        return (f"drill=dead_letter machine={self.machine} pushed={len(self.pushed)} "
+                f"dead_letters={self.dead_letters} job={self.job_state} seconds={self.seconds:.1f}")
+
+
+def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str, model: str = MODEL,
+                      timeout_s: float = 180.0) -> DeadLetterDrill:
+    """Push :data:`UNDECODABLE` onto ``machine``'s queue (``LPUSH``, as an attacker with Redis
+    access would), then submit a real txt2img job there and wait for it to end (issue 24).
+    A worker that survives moves each message to the dead-letter list and runs the job."""
+    start_s = time.monotonic()
+    before = int(ctx.redis.llen(ctx.keys.dead_letters()))
+    for raw in UNDECODABLE:
+        ctx.redis.lpush(keys.queue(machine), raw)
+    job_id = client.submit(model, "txt2img", {"prompt": "dead letters", "steps": 2, "width": 64, "height": 64},
+                           target=machine)["id"]
+    job = client.wait(job_id, timeout_s=timeout_s)
+    return DeadLetterDrill(machine=machine, pushed=UNDECODABLE,
+                           dead_letters=int(ctx.redis.llen(ctx.keys.dead_letters())) - before, job_id=job_id,
+                           job_state=str(job["state"]), seconds=time.monotonic() - start_s)

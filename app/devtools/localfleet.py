@@ -126,11 +126,12 @@ class LocalFleet:
         return self._spawn(f"worker-{machine}", args, env, prefix)
 
     def torch_threads(self) -> int:
-        """Each worker's torch threads: ``settings.torch_threads`` when set, else its share of this
-        host's cores (one worker per machine of the fleet runs here, so that together they do not
+        """Each worker's torch threads: ``HOMEFLEET_TORCH_THREADS`` of this process when set (the
+        workers' setting, ``WorkerSettings.torch_threads``), else its share of this host's cores
+        (one worker per machine of the fleet runs here, so that together they do not
         oversubscribe the cores; at least 1 thread)."""
-        if self.settings.torch_threads is not None:
-            return self.settings.torch_threads
+        if os.environ.get("HOMEFLEET_TORCH_THREADS", "").isdigit():
+            return max(1, int(os.environ["HOMEFLEET_TORCH_THREADS"]))
         return max(1, (os.cpu_count() or 1) // max(1, len(self.fleet.machines)))
 
     def wait_online(self, machines: list[str], model_id: str | None = None, timeout_s: float = 90.0) -> None:

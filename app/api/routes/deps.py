@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.auth import machine_of
 from app.context import ServerContext
-from app.core.errors import Forbidden, Unauthorized
-from app.fleet.config import Machine
+from app.core.errors import Forbidden
 from app.db.tables import Job
+from app.fleet.config import Machine
 
 
 def get_context(request: Request) -> ServerContext:
@@ -19,30 +21,25 @@ def get_context(request: Request) -> ServerContext:
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
+#: The internal routes' security scheme (their own OpenAPI document, ``/internal/openapi.json``).
+MACHINE_TOKEN_SCHEME = HTTPBearer(scheme_name="MachineToken", auto_error=False,
+                                  description="the token of one machine of the fleet file: `Authorization: Bearer <token>`")
+
+
 def get_worker_machine(
-    ctx: Context, authorization: Annotated[str, Header()] = "",
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(MACHINE_TOKEN_SCHEME)] = None,
     x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,
 ) -> Machine:
-    """The machine whose token the request carries (``Authorization: Bearer <token>``). A
-    worker also names its machine (``X-Homefleet-Machine``); it must be the token's.
+    """The machine whose token the request carries (``Authorization: Bearer <token>``), naming
+    itself in ``X-Homefleet-Machine`` (app/api/auth.py ``machine_of``, which the middleware
+    applied before the body was read).
 
     Raises:
-        Unauthorized: no bearer token, one that belongs to no machine, or another machine's
-            token than the one the worker names (its jobs would all be refused at claim).
+        Unauthorized: see ``machine_of``.
     """
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
-    machine = ctx.fleet.machine_for_token(token.strip())
-    if machine is None:
-        raise Unauthorized("the token belongs to no machine of this fleet")
-    if x_homefleet_machine is not None and x_homefleet_machine != machine.name:
-        if x_homefleet_machine not in ctx.fleet.machines:
-            raise Unauthorized(f"the worker names machine {x_homefleet_machine!r}, which is not in this fleet "
-                               f"({', '.join(sorted(ctx.fleet.machines))}); fix --machine or add it to the fleet file")
-        raise Unauthorized(f"the worker says it is machine {x_homefleet_machine!r}, but its token belongs to machine "
-                           f"{machine.name!r}; give each worker its own machine's token")
-    return machine
+    authorization = f"Bearer {credentials.credentials}" if credentials is not None else ""
+    return machine_of(ctx.fleet, authorization, x_homefleet_machine)
 
 
 WorkerMachine = Annotated[Machine, Depends(get_worker_machine)]

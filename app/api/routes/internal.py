@@ -15,6 +15,7 @@ from fastapi.responses import FileResponse
 
 from app.api.routes.deps import Context, WorkerMachine, job_of_machine
 from app.api.schemas import JobPublic, predicted_s
+from app.api.strict_json import StrictJsonRoute, faults
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.kinds import job_request
 from app.core.protocol import (
@@ -27,7 +28,7 @@ from app.core.protocol import (
 )
 from app.core.states import JobState
 
-router = APIRouter(prefix="/internal/v1")
+router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 
 
@@ -109,8 +110,8 @@ async def upload_result(
     machine: WorkerMachine,
     file: Annotated[UploadFile, File(description="the result's bytes")],
     digest: Annotated[str, Form(description="'blake3:<hex>' of the bytes")],
-    load_s: Annotated[float, Form(ge=0)],
-    run_s: Annotated[float, Form(ge=0)],
+    load_s: Annotated[float, Form(ge=0, allow_inf_nan=False)],
+    run_s: Annotated[float, Form(ge=0, allow_inf_nan=False)],
     cold_load: Annotated[bool, Form()],
     provenance: Annotated[str, Form(description="JSON object: the result's provenance")] = "{}",
 ) -> JobPublic:
@@ -127,6 +128,8 @@ async def upload_result(
         record = json.loads(provenance)
     except ValueError as error:
         raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
+    if (fault := next(faults(record), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
+        raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
     if not isinstance(record, dict):
         raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
     record.update({"job_id": job_id, "load_s": load_s, "run_s": run_s, "cold_load": cold_load,

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Header, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
-from app.core.errors import NotFound
-from app.core.states import JobState
 from app.api.routes.deps import Context
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
+from app.api.strict_json import StrictJsonRoute
+from app.core.errors import NotFound
+from app.core.states import JobState
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 
 @router.post("/jobs", status_code=202, response_model=None)

@@ -7,12 +7,13 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.routes.deps import Context
+from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
 from app.fleet.residency import commit_residency
-from app.api.routes.deps import Context
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 
 class CommitmentsUpdate(BaseModel):

@@ -12,14 +12,15 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.routes.deps import Context, WorkerMachine, get_context
+from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
-from app.api.routes.deps import Context, WorkerMachine, get_context
 from app.core.protocol import SyncFinish, SyncGrant, SyncProgress
 from app.jobs.sync import Syncs
 
-public_router = APIRouter(prefix="/v1")
-internal_router = APIRouter(prefix="/internal/v1")
+public_router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
+internal_router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 
 
 def get_syncs(ctx: Annotated[ServerContext, Depends(get_context)]) -> Syncs:

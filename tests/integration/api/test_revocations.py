@@ -152,6 +152,7 @@ def test_issue18_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClie
                                machine="m1"))
     ctx.journal.claim(lost.id, "m1")
     ctx.redis.delete(ctx.keys.heartbeat("m1"))  # its worker is gone
+    ctx.redis.set(ctx.keys.redis_seen(), repr(time.time() - 3600))  # Redis kept its data for an hour
     [failed] = task_events(ctx, lambda: ctx.reconciler().run_once(), wanted=1)
     assert (failed["type"], failed["uuid"]) == ("task-failed", lost.id)
     assert failed["exception"].startswith("interrupted: worker_lost:"), failed["exception"]
