@@ -17,8 +17,8 @@ models_cli = typer.Typer(help="The model registry (server side).", no_args_is_he
 def models_make_tiny(
     directory: Annotated[Path, typer.Argument(help="where to build the tiny pipelines")],
     family: Annotated[list[str] | None, typer.Option(
-        help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, sd-upscale, animatediff, "
-             "wan, or all; default sd1")] = None,
+        help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, flux-kontext, sd-upscale, "
+             "animatediff, wan, or all; default sd1")] = None,
     kind: Annotated[list[str] | None, typer.Option(
         help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families)")] = None,
     seed: int = 0,

@@ -50,8 +50,11 @@ class Family:
         arguments: param -> the pipeline's argument name, for the params passed through as
             they are (the runner adds prompt, sizes, steps, seed, guidance itself).
         frames: the frame-count rule of a video family, or None.
-        size_arguments: the pipeline takes the output's ``width``/``height`` even when it
-            follows the input image (Qwen-Image-Edit would otherwise draw ~1024x1024).
+        size_arguments: the size arguments the runner gives an edit pipeline so that the output
+            keeps the input's size (``width``, ``height``, ``max_area`` = width x height):
+            Qwen-Image-Edit and Flux Kontext would otherwise draw ~1024x1024.
+        fixed_arguments: arguments always passed as they are (Flux Kontext: ``_auto_resize``
+            off, or it resizes the input to one of its trained resolutions).
         cfg_param: the param that turns true classifier-free guidance on above 1; a
             ``negative_prompt`` is only used when it is above 1 (else it is refused).
         limits: its default limits (``app/core/limits.py``) where they differ from the
@@ -70,13 +73,15 @@ class Family:
     numbers: tuple[NumberRange, ...] = ()
     arguments: Mapping[str, str] = field(default_factory=dict)
     frames: FrameRule | None = None
-    size_arguments: bool = False
+    size_arguments: tuple[str, ...] = ()
+    fixed_arguments: Mapping[str, Any] = field(default_factory=dict)
     cfg_param: str | None = None
     limits: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
+        object.__setattr__(self, "fixed_arguments", MappingProxyType(dict(self.fixed_arguments)))
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
 
 
@@ -100,8 +105,17 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         # no image_guidance_scale; guidance_scale is ignored (no guidance embeddings): true CFG instead
         drop=("image_guidance_scale", "guidance_scale"), add=("true_cfg_scale",),
         defaults={"true_cfg_scale": 4.0, "negative_prompt": " "}, numbers=(_TRUE_CFG,),
-        arguments={"true_cfg_scale": "true_cfg_scale"}, size_arguments=True, cfg_param="true_cfg_scale",
-        limits={"max_prompt_tokens": 1024},
+        arguments={"true_cfg_scale": "true_cfg_scale"}, size_arguments=("width", "height"),
+        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 1024},
+    ),
+    Family(
+        "flux-kontext", "FluxKontextPipeline", "edit", multiple_of=16,
+        size_why="the VAE downsamples by 8, then 2x2 patches",
+        # FLUX.1-Kontext-dev: guidance_scale is the distilled guidance (2.5); no image_guidance_scale
+        drop=("image_guidance_scale",), add=("true_cfg_scale",), defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
+        numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG), arguments={"true_cfg_scale": "true_cfg_scale"},
+        size_arguments=("width", "height", "max_area"), fixed_arguments={"_auto_resize": False},
+        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},
     ),
     Family("sd-upscale", "StableDiffusionUpscalePipeline", "upscale", arguments={"noise_level": "noise_level"}),
     Family("animatediff", "AnimateDiffPipeline", "video", arguments={"frames": "num_frames"}),

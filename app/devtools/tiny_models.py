@@ -14,7 +14,7 @@ Only the weights are tiny and random: outputs are noise, but shapes, schedulers,
 callbacks and file layouts are those of the real pipelines.
 
 Families (``app/core/families.py``), folder names and sizes (images are RGB; ``H`` and ``W``
-multiples of 8, of 16 for flux, qwen-image and wan):
+multiples of 8, of 16 for flux, flux-kontext, qwen-image and wan):
 
 ===========  ===================  =======================================  ================================
 family       folder               pipeline                                 pixels
@@ -24,6 +24,7 @@ sdxl         tiny-sdxl            StableDiffusionXLPipeline                defau
 flux         tiny-flux            FluxPipeline                             64x64, CLIP + T5 encoders
 sd1-pix2pix  tiny-pix2pix         StableDiffusionInstructPix2PixPipeline   output = input size, e.g. 64x64
 qwen-image   tiny-qwen-image-edit QwenImageEditPipeline                    output = input size, e.g. 64x64
+flux-kontext tiny-flux-kontext    FluxKontextPipeline                      output = input size, e.g. 64x64
 sd-upscale   tiny-upscaler        StableDiffusionUpscalePipeline (x4)      16x16 in -> 64x64 out
 animatediff  tiny-animatediff     AnimateDiffPipeline (+ MotionAdapter)    default 64x64, e.g. 4 frames
 wan          tiny-wan             WanPipeline                              e.g. 32x32 x 5 frames (4k+1)
@@ -62,6 +63,7 @@ TINY_MODELS: dict[str, str] = {
     "tiny-flux": "flux",
     "tiny-pix2pix": "sd1-pix2pix",
     "tiny-qwen-image-edit": "qwen-image",
+    "tiny-flux-kontext": "flux-kontext",
     "tiny-upscaler": "sd-upscale",
     "tiny-animatediff": "animatediff",
     "tiny-wan": "wan",
@@ -402,15 +404,17 @@ def _build_sdxl(scratch: Path) -> DiffusionPipeline:
     )
 
 
-def _build_flux(scratch: Path) -> DiffusionPipeline:
-    """FluxPipeline: CLIP (pooled 32) + T5 (32) encoders, a 1+1-layer FluxTransformer2DModel with
-    distilled-guidance embeddings (like FLUX.1-dev), a 2-block VAE with 4 latent channels (packed
-    2x2: 16 transformer channels), flow-matching Euler scheduler; 64x64 default."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+def _build_flux(scratch: Path, kontext: bool = False) -> DiffusionPipeline:
+    """FluxPipeline (or, with ``kontext``, FluxKontextPipeline, the same components): CLIP
+    (pooled 32) + T5 (32) encoders, a 1+1-layer FluxTransformer2DModel with distilled-guidance
+    embeddings (like FLUX.1-dev), a 2-block VAE with 4 latent channels (packed 2x2: 16
+    transformer channels), flow-matching Euler scheduler; 64x64 default."""
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline,
+                           FluxTransformer2DModel)
 
     tokenizer = _tokenizer(scratch)
     tokenizer_2 = _t5_tokenizer()
-    return FluxPipeline(
+    return (FluxKontextPipeline if kontext else FluxPipeline)(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=AutoencoderKL(
             block_out_channels=_VAE_CHANNELS, in_channels=3, out_channels=3,
@@ -515,6 +519,7 @@ _BUILDERS: dict[str, Callable[[Path], DiffusionPipeline]] = {
     "flux": _build_flux,
     "sd1-pix2pix": _build_edit,
     "qwen-image": _build_qwen_image_edit,
+    "flux-kontext": lambda scratch: _build_flux(scratch, kontext=True),
     "sd-upscale": _build_upscale,
     "animatediff": _build_video,
     "wan": _build_wan,
@@ -623,7 +628,8 @@ def make_tiny_families(
         out_dir: parent folder; each family goes to ``out_dir / <name>`` with
             ``<name>`` from :data:`TINY_MODELS` (e.g. ``tiny-flux``).
         families: any of :data:`TINY_MODELS`' families (``sd1``, ``sdxl``, ``flux``,
-            ``sd1-pix2pix``, ``qwen-image``, ``sd-upscale``, ``animatediff``, ``wan``).
+            ``sd1-pix2pix``, ``qwen-image``, ``flux-kontext``, ``sd-upscale``, ``animatediff``,
+            ``wan``).
         seed: weights are drawn from ``torch.manual_seed(seed)`` inside a forked
             RNG (caller's RNG state is unchanged); two builds with the same seed
             give byte-identical ``*.safetensors`` files.

@@ -1,13 +1,15 @@
-"""edit: instruction-based image editing (StableDiffusionInstructPix2PixPipeline, QwenImageEditPipeline).
+"""edit: instruction-based image editing (StableDiffusionInstructPix2PixPipeline, QwenImageEditPipeline,
+FluxKontextPipeline).
 
 Params (``app/core/kinds.py``, each family's changes in ``app/core/families.py``): ``image``
 (required: the id of an uploaded file, ``"blake3:<hex>"``), ``prompt`` (required: the
 instruction, e.g. "make it snowy"), ``negative_prompt``, ``steps``, ``seed``; InstructPix2Pix:
 ``guidance_scale`` (how strongly to follow the instruction) and ``image_guidance_scale`` (how
 closely to keep the input image); Qwen-Image-Edit: ``true_cfg_scale`` (true CFG with the
-negative prompt, default 4.0), no guidance scale of either kind. Output: one PNG with the input
-image's width x height pixels (multiples of 8; Qwen-Image: 16, checked at submission; the Qwen
-pipeline is given that size, else it draws at ~1024x1024).
+negative prompt, default 4.0), no guidance scale of either kind; Flux Kontext: ``guidance_scale``
+(distilled, default 2.5) and ``true_cfg_scale`` (1.0). Output: one PNG with the input
+image's width x height pixels (multiples of 8; Qwen-Image and Flux Kontext: 16, checked at
+submission; those pipelines are given that size, else they draw at ~1024x1024).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
     args = kind_spec(family, KIND).args(params)
     image = decode_image(inputs["image"])
     rules = family_rules(family)
-    sizes = {"width": image.width, "height": image.height} if rules is not None and rules.size_arguments else {}
+    size = {"width": image.width, "height": image.height, "max_area": image.width * image.height}
+    keep = {name: size[name] for name in rules.size_arguments} if rules is not None else {}
     result = pipeline(
         prompt=str(args["prompt"]),
         image=image,
         negative_prompt=args.get("negative_prompt"),
-        **sizes,
+        **keep,
+        **(dict(rules.fixed_arguments) if rules is not None else {}),
         **denoising(args, progress),
         **family_arguments(args, family),
     )

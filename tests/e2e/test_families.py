@@ -2,7 +2,7 @@
 -> a real ``celery worker`` -> upload -> a verified result, on a tiny pipeline of that very
 diffusers class built offline with random weights (``homefleet models make-tiny --family``).
 
-One module-scoped fleet: the API and ONE worker, machine ``m1``, holding the eight tiny models
+One module-scoped fleet: the API and ONE worker, machine ``m1``, holding the nine tiny models
 (each built once per session). Each job's params are the family's own (Flux's distilled
 guidance, Qwen-Image-Edit's true CFG, Wan's 4k+1 frames), and a submission breaking a family's
 rule is refused by the real API with a 422 naming the family's limit (R22), never a TypeError on
@@ -124,6 +124,7 @@ def test_txt2img_runs_on_every_txt2img_pipeline_class(ffleet: FamiliesFleet, fam
 @pytest.mark.parametrize(("family", "params"), [
     ("sd1-pix2pix", {"prompt": "make it blue", "image_guidance_scale": 1.5, "steps": 2}),
     ("qwen-image", {"prompt": "make it blue", "true_cfg_scale": 1.0, "negative_prompt": "", "steps": 1}),
+    ("flux-kontext", {"prompt": "make it blue", "guidance_scale": 2.5, "steps": 2}),
 ])
 def test_edit_runs_on_every_edit_pipeline_class_and_keeps_the_input_size(
     ffleet: FamiliesFleet, family: str, params: dict[str, Any],

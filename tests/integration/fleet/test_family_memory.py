@@ -19,7 +19,7 @@ from tasks.pipelines import load_pipeline
 
 FOLDERS = {family: name for name, family in TINY_MODELS.items()}
 TEXT_ENCODERS = {"sd1": 1, "sdxl": 2, "flux": 2, "sd1-pix2pix": 1, "qwen-image": 1, "sd-upscale": 1,
-                 "animatediff": 1, "wan": 1}
+                 "animatediff": 1, "wan": 1, "flux-kontext": 2}
 
 
 def loaded_bytes(pipeline: object) -> dict[str, int]:

@@ -54,7 +54,7 @@ def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
     assert set(PIPELINE_FAMILIES) == {
         "StableDiffusionPipeline", "StableDiffusionXLPipeline", "FluxPipeline", "QwenImageEditPipeline",
         "StableDiffusionInstructPix2PixPipeline", "StableDiffusionUpscalePipeline", "AnimateDiffPipeline",
-        "WanPipeline"}
+        "WanPipeline", "FluxKontextPipeline"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -78,6 +78,12 @@ def test_qwen_edit_gets_true_cfg_and_the_input_size_never_image_guidance() -> No
     assert call["true_cfg_scale"] == 2.5 and call["negative_prompt"] == " "  # the model card's default
     assert (call["width"], call["height"]) == (32, 32)  # the input's size, not ~1024x1024
     assert "image_guidance_scale" not in call and "guidance_scale" not in call
+
+
+def test_flux_kontext_keeps_the_input_size_and_its_distilled_guidance() -> None:
+    call = call_arguments("flux-kontext", {"prompt": "make it blue", "image": "x"})
+    assert (call["width"], call["height"], call["max_area"], call["_auto_resize"]) == (32, 32, 32 * 32, False)
+    assert (call["guidance_scale"], call["true_cfg_scale"]) == (2.5, 1.0) and "image_guidance_scale" not in call
 
 
 def test_pix2pix_keeps_its_image_guidance_and_video_families_get_num_frames() -> None:
