@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.responses import FileResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.auth import machine_of
 from app.context import ServerContext
