@@ -10,8 +10,8 @@ import time
 
 import redis
 
-from app.core.config import BrokerSettings
 from app.core.celery_app import create_celery
+from app.core.config import BrokerSettings
 
 NOOP_TASK = "bench.noop"
 NOOP_QUEUE = "bench.noop"

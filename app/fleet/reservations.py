@@ -24,7 +24,6 @@ from app.fleet.lock import Fence
 from app.journal.jobs import Journal
 from routing.finish import WorkItem
 
-
 # KEYS[1]: the fleet lock, KEYS[2]: the fleet-wide sequence counter, KEYS[3]: the machine's
 # reservations hash, KEYS[4..]: more hashes to write. ARGV[1]: the lock's token, ARGV[2]: the
 # lock's TTL (ms), ARGV[3]: job id, ARGV[4]: the record's JSON without ``seq``, then (field,
@@ -178,8 +177,10 @@ class Reservations:
         their ids. Repairs what a crash between a job's end and its release left behind."""
         released = []
         for machine in machines:
-            for job_id, _ in self.records(machine):
-                state = journal.state_of(job_id)
+            records = self.records(machine)
+            states = journal.states_of(job_id for job_id, _ in records)  # one query per batch, not per job
+            for job_id, _ in records:
+                state = states.get(job_id)
                 if state is None or state in ENDED:
                     self.release(machine, job_id)
                     released.append(job_id)

@@ -24,9 +24,10 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
     reservations = machines.reservations
     rows = []
     for name, view in machines.views().items():
-        running = len(journal.list(states=[JobState.running], machine=name))
         raw = machines.redis.hgetall(machines.keys.reservations(name))
-        live = {job_id: record for job_id, record in raw.items() if journal.state_of(job_id) in ACTIVE}
+        states = journal.states_of(raw)  # one query per batch of ids, not one per reservation
+        live = {job_id: record for job_id, record in raw.items() if states.get(job_id) in ACTIVE}
+        running = journal.count_in(JobState.running, name)
         drain_s, _ = drain(name, warm_models=view.warm_models, queue=reservations.items_from(name, live),
                            protected=view.commitments, costs=estimator)
         queued = machines.queued_in_redis(name)

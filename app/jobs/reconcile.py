@@ -176,6 +176,8 @@ class Reconciler:
         waiting = {name: set(self.queues.queued_ids(name)) for name in fleet.machines}
         delivered = self.queues.unacked_ids()
         missing_key = self.keys.missing()
+        marked = set(self.redis.hkeys(missing_key))  # jobs seen missing at an earlier pass (few)
+        found_again: list[str] = []  # marked ones whose message is back: unmarked in one HDEL
         for job in self.journal.list([JobState.queued]):
             if job.machine is not None and job.machine not in fleet.machines:
                 # No worker will take it: its machine left the fleet config. Its message is taken
@@ -186,13 +188,16 @@ class Reconciler:
                 self.queues.remove(job.machine, job.id)
                 continue
             if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
-                self.redis.hdel(missing_key, job.id)
+                if job.id in marked:  # one round trip per pass, not one per queued job
+                    found_again.append(job.id)
                 continue
             first_missing = float(self.redis.hget(missing_key, job.id) or now)
             self.redis.hset(missing_key, job.id, first_missing)
             if now - first_missing >= self.settings.lost_grace_s:
                 self._gone(report, job)
                 self.redis.hdel(missing_key, job.id)
+        if found_again:
+            self.redis.hdel(missing_key, *found_again)
 
     def _gone(self, report: ReconcileReport, job: Job) -> None:
         """A queued job's message is gone while Redis kept its data: a worker took it and stopped

@@ -20,6 +20,7 @@ from app.db.tables import Job, JobEvent, utcnow
 _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
 _INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
 _INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
+STATES_BATCH = 500  # ids per SELECT of Journal.states_of (well under SQLite's bound parameters)
 
 
 class Journal:
@@ -70,11 +71,53 @@ class Journal:
         with Session(self.engine) as session:
             return list(session.exec(query).all())
 
+    def states_of(self, job_ids: Iterable[str]) -> dict[str, JobState]:
+        """``{job id: state}`` of the jobs among ``job_ids`` that the journal knows (unknown ids
+        are left out): one SELECT per :data:`STATES_BATCH` ids, not one per job (a deep backlog
+        holds thousands of reservations)."""
+        wanted = list(dict.fromkeys(job_ids))
+        found: dict[str, JobState] = {}
+        with Session(self.engine) as session:
+            for first in range(0, len(wanted), STATES_BATCH):
+                batch = wanted[first:first + STATES_BATCH]
+                rows = session.exec(select(Job.id, Job.state).where(Job.id.in_(batch)))  # type: ignore[union-attr]
+                found.update({job_id: JobState(state) for job_id, state in rows})
+        return found
+
+    def page(self, states: Iterable[JobState] | None = None, machine: str | None = None, limit: int = 100,
+             after: str | None = None) -> list[Job]:
+        """At most ``limit`` jobs, oldest first (``created_at``, then id), optionally filtered by
+        state and machine, starting after the job ``after`` (keyset paging: each page is one
+        indexed range query, however deep the backlog).
+
+        Raises:
+            NotFound: ``after`` names no job (reason ``job_not_found``).
+        """
+        query = select(Job).order_by(Job.created_at, Job.id).limit(limit)  # type: ignore[arg-type]
+        if states is not None:
+            query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+        if machine is not None:
+            query = query.where(Job.machine == machine)
+        with Session(self.engine) as session:
+            if after is not None:
+                cursor = session.get(Job, after)
+                if cursor is None:
+                    raise NotFound(f"no job with id {after!r} (the page cursor 'after')", reason="job_not_found")
+                query = query.where((Job.created_at > cursor.created_at)  # type: ignore[operator]
+                                    | ((Job.created_at == cursor.created_at) & (Job.id > cursor.id)))  # type: ignore[operator]
+            return list(session.exec(query).all())
+
     def events(self, job_id: str) -> list[JobEvent]:
         """A job's history, oldest first."""
         with Session(self.engine) as session:
             query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
             return list(session.exec(query).all())
+
+    def count_in(self, state: JobState, machine: str) -> int:
+        """How many jobs of ``machine`` are in ``state`` (one COUNT)."""
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(Job).where(Job.machine == machine, Job.state == state)
+            return int(session.exec(query).one())
 
     def count_active(self, machine: str) -> int:
         """Jobs of ``machine`` that are queued or running (its backlog)."""

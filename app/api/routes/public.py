@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Header, Response, UploadFile
+from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.routes.deps import Context, stored_file
@@ -15,6 +15,7 @@ from app.core.states import JobState
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
+MAX_PAGE = 500  # jobs per page of GET /v1/jobs
 
 
 @router.post("/jobs", status_code=202, response_model=None)
@@ -51,6 +52,21 @@ def submit_job(
     assert job.machine is not None
     return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
                        predicted_start_s=job.predicted_start_s, url=url)
+
+
+@router.get("/jobs", response_model=list[JobPublic])
+def list_jobs(
+    ctx: Context,
+    state: Annotated[list[JobState] | None, Query(description="only jobs in these states (repeatable)")] = None,
+    machine: Annotated[str | None, Query(max_length=32, description="only jobs placed on this machine")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"jobs per page (1-{MAX_PAGE})")] = 100,
+    after: Annotated[str | None, Query(max_length=64, description="the last job id of the previous page")] = None,
+) -> list[JobPublic]:
+    """Jobs, oldest first, at most ``limit`` (1-500, ``MAX_PAGE``) per page; the next page is
+    ``?after=<the last id of this page>`` with the same filters, and an empty page ends the
+    list. 404 ``job_not_found`` for an ``after`` that names no job; 422 for an unknown state
+    or a limit out of range."""
+    return [JobPublic.from_job(job) for job in ctx.journal.page(state, machine, limit, after)]
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic)

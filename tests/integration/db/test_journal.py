@@ -9,8 +9,8 @@ from sqlalchemy.exc import IntegrityError
 
 from app.context import ServerContext
 from app.core.errors import Conflict
-from app.db.tables import Job
 from app.core.states import JobState
+from app.db.tables import Job
 
 
 @pytest.fixture
@@ -107,3 +107,36 @@ def test_r20_add_refuses_a_taken_idempotency_key_and_writes_nothing(ctx: ServerC
         ctx.journal.add(second)
     assert ctx.journal.state_of(second.id) is None and ctx.journal.events(second.id) == []  # one transaction
     assert ctx.journal.state_of(first.id) == JobState.queued
+
+
+def test_issue21_states_of_answers_many_ids_in_batches_and_leaves_unknown_ids_out(ctx: ServerContext) -> None:
+    """``homefleet status`` and reconciliation read every reservation's state at once (issue 21:
+    one query per batch, not one per job); more ids than one batch holds, and unknown ones."""
+    from app.journal.jobs import STATES_BATCH
+
+    jobs = [queued_job(ctx) for _ in range(STATES_BATCH + 3)]
+    ctx.journal.claim(jobs[-1].id, "m1")
+    states = ctx.journal.states_of([job.id for job in jobs] + ["no-such-job"])
+    assert len(states) == len(jobs) and "no-such-job" not in states
+    assert states[jobs[-1].id] == JobState.running
+    assert {states[job.id] for job in jobs[:-1]} == {JobState.queued}
+    assert ctx.journal.count_in(JobState.running, "m1") == 1 and ctx.journal.count_in(JobState.running, "m2") == 0
+
+
+def test_issue21_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext) -> None:
+    """``GET /v1/jobs?state=queued`` pages (issue 21): every queued job once, in journal order,
+    none of another state; a cursor naming no job is refused."""
+    from app.core.errors import NotFound
+
+    jobs = [queued_job(ctx, machine="m1" if i % 2 else "m2") for i in range(7)]
+    ctx.journal.claim(jobs[3].id, "m1")
+    seen, after = [], None
+    while page := ctx.journal.page([JobState.queued], limit=2, after=after):
+        assert len(page) <= 2
+        seen += [job.id for job in page]
+        after = page[-1].id
+    assert seen == [job.id for job in jobs if job.id != jobs[3].id]
+    assert [j.id for j in ctx.journal.page([JobState.queued], machine="m1", limit=10)] == \
+        [job.id for job in jobs[1::2] if job.id != jobs[3].id]
+    with pytest.raises(NotFound):
+        ctx.journal.page([JobState.queued], after="no-such-job")
