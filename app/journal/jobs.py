@@ -164,27 +164,30 @@ class Journal:
         conditions = [Job.id == job_id, Job.state.in_(allowed)]  # type: ignore[attr-defined]
         if machine is not None:
             conditions.append(Job.machine == machine)
+        # The update returns the row and the event is a Core INSERT in the same transaction: no
+        # ORM unit of work and no re-read (the claim path, issue 21).
+        with self.engine.begin() as connection:
+            row = connection.execute(update(Job.__table__).where(*conditions)  # type: ignore[attr-defined]
+                                     .values(state=to_state, **values).returning(*_JOB_COLUMNS)).first()
+            if row is not None:
+                connection.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "event": str(to_state),
+                                                   "detail": event_detail})
+        if row is not None:
+            return Job(**row._mapping)
         with Session(self.engine) as session:
-            result = session.exec(update(Job).where(*conditions).values(state=to_state, **values))  # type: ignore[call-overload]
-            if result.rowcount != 1:
-                session.rollback()
-                current = session.get(Job, job_id)
-                if current is None:
-                    raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
-                expected = " or ".join(allowed)
-                refusal = (
-                    f"job {job_id} is {current.state}"
-                    + (f" on {current.machine}" if machine is not None and current.machine != machine else "")
-                    + f", not {expected}; cannot become {to_state}"
-                )
-                session.add(JobEvent(job_id=job_id, event=f"{to_state}_refused", detail=refusal))
-                session.commit()
-                raise Conflict(refusal, reason=f"not_{'_or_'.join(allowed)}")
-            session.add(JobEvent(job_id=job_id, event=str(to_state), detail=event_detail))
+            # The refusal: journaled as an event, nothing else changes.
+            current = session.get(Job, job_id)
+            if current is None:
+                raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
+            expected = " or ".join(allowed)
+            refusal = (
+                f"job {job_id} is {current.state}"
+                + (f" on {current.machine}" if machine is not None and current.machine != machine else "")
+                + f", not {expected}; cannot become {to_state}"
+            )
+            session.add(JobEvent(job_id=job_id, event=f"{to_state}_refused", detail=refusal))
             session.commit()
-            job = session.get(Job, job_id)
-            assert job is not None
-            return job
+            raise Conflict(refusal, reason=f"not_{'_or_'.join(allowed)}")
 
     def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None, claim_id: str | None = None) -> Job:
         """Atomic ``queued -> running`` for the machine the job was placed on (R19).

@@ -1,0 +1,39 @@
+"""The benchmarks of issue 21 run from the commands in docs/benchmarks.md and print their last
+line in its documented format, so the scripts cannot rot. Tiny parameters: the figures are
+not judged here (benchmarks print figures; they never assert timings). Each runs its own
+Redis, server and (latency) workers, so this file has its own xdist group ("bench")."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMBER = r"-?\d+(\.\d+)?"
+
+
+def _last_line(*args: str, timeout_s: float = 600) -> str:
+    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _assert_format(line: str, names: list[str]) -> None:
+    pattern = " ".join(f"{name}={NUMBER}" for name in names)
+    assert re.fullmatch(pattern, line), f"last line {line!r} is not {pattern!r}"
+
+
+@pytest.mark.e2e
+def test_issue21_latency_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.latency", "--jobs", "3")
+    _assert_format(line, ["submit_p50_ms", "submit_p99_ms", "celery_p50_ms", "ratio_p50", "auto_p50_ms"])
+
+
+def test_issue21_backlog_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.backlog", "--queued", "20", "--samples", "5")
+    _assert_format(line, ["rss_mb", "get_p99_ms", "list_p99_ms", "submit_p99_ms", "reconcile_s", "status_s"])
