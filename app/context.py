@@ -26,6 +26,7 @@ from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
 from app.fleet.residency_store import DurableResidencyFacts, ResidencyStore
 from app.fleet.status import fleet_status
+from app.jobs.calls import CallRecords
 from app.jobs.dispatch import Dispatcher
 from app.jobs.progress import ProgressStore
 from app.jobs.reconcile import Reconciler
@@ -59,6 +60,7 @@ class ServerContext:
     pairing: Pairing  # the journal and its Redis are one pair (R19)
     dispatcher: Dispatcher
     metrics: Metrics
+    calls: CallRecords  # the image routes' calls, so a client's retry gets the first call's jobs (C10)
 
     def close(self) -> None:
         self.redis.close()
@@ -126,6 +128,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         registry=registry, store=ResultStore(settings.results_dir, settings.max_result_bytes), inputs=inputs,
         machines=machines, queues=queues, lock=lock, progress=ProgressStore(client, keyspace), residency=residency,
         pairing=Pairing(client, keyspace, engine, settings), dispatcher=dispatcher, metrics=metrics,
+        calls=CallRecords(client, keyspace, settings.sdk_retry_window_s),
     )
 
 

@@ -146,7 +146,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         # 4. Run.
         started = time.perf_counter()
         output = runner(kind)(loaded.pipeline, params, lambda step, total: report_progress(job_id, step, total),
-                              provenance, inputs)
+                              provenance, inputs, family=claim.manifest.family)
         run_s = time.perf_counter() - started
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)

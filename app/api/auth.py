@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated
 
 from anyio import to_thread
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,9 +68,17 @@ def bearer_token(authorization: str) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def require_api_key(request: Request, authorization: Annotated[str, Header(include_in_schema=False)] = "") -> None:
-    """Dependency of every public route: :func:`check_api_key`."""
-    check_api_key(request.app.state.settings, authorization)
+#: The public routes' security scheme in the OpenAPI document (Swagger's "Authorize" button).
+#: ``auto_error=False``: a missing key is refused by :func:`check_api_key` as a domain error.
+API_KEY_SCHEME = HTTPBearer(scheme_name="ApiKey", auto_error=False,
+                            description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`")
+
+
+def require_api_key(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None) -> None:
+    """Dependency of every public route: :func:`check_api_key` (the :class:`Authenticate`
+    middleware has applied it already, before the body was read)."""
+    check_api_key(request.app.state.settings, f"Bearer {credentials.credentials}" if credentials is not None else "")
 
 
 def check_api_key(settings: Settings, authorization: str) -> None:

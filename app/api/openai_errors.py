@@ -3,10 +3,13 @@
 
 ``x-should-retry: false`` is set on an error answered after a job may have started, so that
 the OpenAI SDK's automatic retries (it retries 408, 409, 429 and 5xx by default unless that
-header says false) never create a second job (R20).
+header says false) never create a second job (R20); such an error names the jobs
+(``error.job_ids``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -37,14 +40,21 @@ def error_type(status_code: int) -> str:
 def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
     """The OpenAI-shaped answer to a domain error. ``param`` is the field the error names, else
     the field of its reason (``invalid_<field>``, R22; :data:`REASON_PARAMS`). Errors after a
-    submission carry ``x-should-retry: false``."""
+    submission carry ``x-should-retry: false``, the jobs' ids (``error.job_ids``) and the first
+    job's URL (``Location``), so the caller can follow them (C10)."""
     headers = dict(headers or {})
-    if getattr(error, "original", None) is not None:  # images.AfterSubmit: a job may have started
+    job_ids: list[str] | None = getattr(error, "job_ids", None)  # images.AfterSubmit: a job may have started
+    if job_ids is not None:
         headers["x-should-retry"] = "false"
     param = error.param or REASON_PARAMS.get(error.reason)
     if param is None and error.reason.startswith("invalid_"):
         param = error.reason.removeprefix("invalid_")
-    body = {"error": {"message": error.message, "type": error_type(error.status_code), "param": param, "code": error.reason}}
+    body: dict[str, Any] = {"error": {"message": error.message, "type": error_type(error.status_code), "param": param,
+                                      "code": error.reason}}
+    if job_ids is not None:
+        body["error"]["job_ids"] = job_ids
+        if job_ids:
+            headers["Location"] = f"/v1/jobs/{job_ids[0]}"
     return JSONResponse(status_code=error.status_code, content=body, headers=headers)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
@@ -10,18 +11,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.auth import Authenticate, check_api_keys, require_api_key
+from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.api.openapi import documented, part_of, path_pattern
 from app.api.routes import events, images, internal, public, residency, serving, sync
+from app.api.routes.deps import WorkerMachine
 from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
@@ -29,6 +32,24 @@ from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.jobs.reconcile import ReconcileLoop
 from app.store.files import DISK_FULL
+
+VERSION = "0.1.0"
+HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "trace"}
+#: GET routes outside the OpenAPI document (its own page and files, the docs, the internal one)
+UNDOCUMENTED_GET = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/internal/openapi.json",
+                    "/static-offline-docs/{file:path}")
+DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
+#: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
+#: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' blob:; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data: blob:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
+DESCRIPTION = (
+    "Homefleet's public API: jobs (submit, follow, cancel, fetch results), inputs, machines, models, "
+    "residency, syncs, the OpenAI-compatible Images API and the Hugging Face routes (docs/api.md). "
+    "Every route but /health and /metrics needs an API key: press Authorize and give it as the bearer token. "
+    "The workers' routes are documented apart (/internal/openapi.json, for a machine token)."
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +75,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         reconcile.stop()
         context.close()
 
-    api = FastAPI(title="Homefleet", version="0.1.0", lifespan=lifespan)
+    # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work without internet).
+    api = FastAPIOffline(title="Homefleet", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
+                         swagger_ui_parameters={"persistAuthorization": True})
     api.state.ctx = context
     api.state.settings = settings
 
@@ -74,9 +97,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
 
     @api.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
-        """FastAPI answers 400 "There was an error parsing the body" when spooling a multipart
-        body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own refusals (a body that cannot be parsed: 400; no such route: 404) in
+        the common error body. FastAPI answers 400 "There was an error parsing the body" when
+        spooling a multipart body fails; a full disk under it is a 507 naming it (issue 24), logged."""
         cause = error.__cause__
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
@@ -85,7 +109,12 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
                        "the server's disk is full: retry later")
             log.error("%s %s: storage full: %s", request.method, request.url.path, message)
             return error_response(request.url.path, StorageFull(message))
-        return await http_exception_handler(request, error)
+        reason = HTTP_REASONS.get(error.status_code, "http_error")
+        refusal = HomefleetError(str(error.detail), reason=reason)
+        refusal.status_code = error.status_code
+        answer = error_response(request.url.path, refusal)
+        answer.headers.update(error.headers or {})
+        return answer
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -111,6 +140,13 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         ).observe(time.perf_counter() - start_s)
         return response
 
+    @api.middleware("http")
+    async def docs_stay_here(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        if request.url.path in DOCS_PAGES:  # the browser sends nothing elsewhere (Redoc's footer logo is a CDN URL)
+            response.headers["Content-Security-Policy"] = DOCS_CSP
+        return response
+
     uploads = upload_limits(settings)
     api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
     # outermost: the key or token is checked before anything reads the body (issue 24)
@@ -125,7 +161,67 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
     api.include_router(residency.router, dependencies=keyed)
+    document_internal_apart(api, context, settings)
     return api
+
+
+def document_internal_apart(api: FastAPI, context: ServerContext, settings: Settings) -> None:
+    """The public OpenAPI document (``/openapi.json``, ``/docs``, ``/redoc``) leaves the internal
+    routes (``/internal/...``: machine tokens, not API keys) out; they have their own,
+    ``GET /internal/openapi.json``, for a machine token."""
+    whole = api.openapi  # FastAPI's: the document of every route
+    parts: dict[tuple[bool, tuple[str, ...]], dict[str, Any]] = {}
+
+    def part(internal: bool) -> dict[str, Any]:
+        models = tuple(sorted(record.id for record in context.registry.list()))  # the document follows the registry
+        if (internal, models) not in parts:
+            parts.clear()
+            parts[(internal, models)] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines,
+                                                           settings.limits, models), internal=internal)
+        return parts[(internal, models)]
+
+    allowed: list[tuple[re.Pattern[str], set[str]]] = []
+
+    @api.middleware("http")
+    async def methods_of_the_path(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """OPTIONS: 204 with ``Allow`` listing every method of the path (all its routes); any
+        other method the path does not take: 405 with the same ``Allow``."""
+        if not allowed:
+            table: dict[str, set[str]] = {path: set() for path in UNDOCUMENTED_GET}
+            for path, item in whole()["paths"].items():
+                table.setdefault(path, set()).update(method.upper() for method in item if method in HTTP_METHODS)
+            for path in UNDOCUMENTED_GET:
+                table[path].add("GET")
+            allowed.extend((path_pattern(path), methods) for path, methods in table.items())
+        matched = [methods for pattern, methods in allowed if pattern.match(request.url.path)]
+        if matched:
+            methods = set().union(*matched) | {"OPTIONS"}
+            allow = ", ".join(sorted(methods))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": allow})
+            if request.method not in methods:
+                error = HomefleetError(f"{request.method} is not a method of {request.url.path}; it takes {allow}",
+                                       reason="method_not_allowed")
+                error.status_code = 405
+                answer = error_response(request.url.path, error)
+                answer.headers["Allow"] = allow
+                return answer
+        return await call_next(request)
+
+    def public_openapi() -> dict[str, Any]:
+        return part(internal=False)
+
+    @api.get(f"{INTERNAL_PREFIX}openapi.json", include_in_schema=False)
+    def internal_openapi(_machine: WorkerMachine) -> dict[str, Any]:
+        """The internal API's OpenAPI document (workers' routes, docs/api.md "Internal API")."""
+        document = part(internal=True)
+        info = {**document["info"], "title": "Homefleet internal API",
+                "description": "Worker-only routes: each request carries its machine's token (MachineToken). "
+                               "Not for clients."}
+        return {**document, "info": info}
+
+    api.openapi = public_openapi  # type: ignore[method-assign]
+
 
 
 def upload_limits(settings: Settings) -> list[RouteLimit]:

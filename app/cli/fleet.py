@@ -179,6 +179,28 @@ def drain(
 
 
 @fleet_cli.command()
+def purge(
+    machine: Annotated[str, typer.Argument(help="the machine whose queued jobs to remove")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Remove every queued job of MACHINE: each ends `cancelled` (reason `purged`), journal first,
+    then its message leaves the queue. The job it runs now is left alone. (`celery purge` has the
+    same outcome, reported by reconciliation after HOMEFLEET_LOST_GRACE_S.)"""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        if machine not in ctx.fleet.machines:
+            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        if not yes:
+            typer.confirm(f"cancel every queued job of {machine}?", abort=True)
+        purged = ctx.dispatcher.purge(machine)
+        console.print(f"{machine}: purged {len(purged)} queued jobs" + "".join(f"\n  {job.id}" for job in purged))
+    finally:
+        ctx.close()
+
+
+@fleet_cli.command()
 def reconcile() -> None:
     """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
     from app.context import build_checked_context

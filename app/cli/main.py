@@ -25,7 +25,7 @@ from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.core.config import WorkerSettings, unknown_variables
 from app.core.errors import ConfigError, HomefleetError
-from app.core.limits import DEFAULT_FAMILY
+from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
 from app.fleet.config import load_fleet
 
@@ -53,8 +53,8 @@ def serve() -> None:
     except ValueError as error:
         raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
                           "give each machine `token = \"...\"` (docs/operations.md, \"The fleet file\")") from error
-    try:  # a limit for a misspelt family would apply to nothing (R22)
-        fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY])
+    try:  # a limit for a misspelt family would apply to nothing (R22); the built-in entries are not misspelt
+        fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY, *default_limits()])
     except ValueError as error:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
     ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)

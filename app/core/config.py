@@ -85,11 +85,19 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
-    # How long the OpenAI/HF image routes wait for their jobs (seconds). Well below the OpenAI
-    # SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s): a client that gives up first resends
-    # the request on its own, never reading the answer's `x-should-retry: false` (R20). When the
-    # wait ends the answer is 500 `timeout` naming the jobs, which keep running.
+    # How long the OpenAI/HF image routes wait for their jobs (seconds), at most. Well below the
+    # OpenAI SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s); a client that announces a
+    # shorter one (`x-stainless-read-timeout`, `Prefer: wait=N`) is answered before it gives up
+    # (app/api/routes/images.py). When the wait ends the answer is 409 `job_pending` naming the
+    # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
+    # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
+    # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
+    # Never taken from the request's Host header, which the client chooses.
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
+    # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
+    # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
+    sdk_retry_window_s: float = Field(3600.0, gt=0)
     # R6: a sync's reservation on its machine expires this long after the worker's last
     # progress report, so a worker killed mid-copy frees its machine. The worker reports
     # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a

@@ -157,6 +157,11 @@ class Keys:
         process can tell that its cached timings are stale (app/fleet/costs.py, ChangeMark)."""
         return f"{self.prefix}:timings:changed"
 
+    def call(self, fingerprint: str) -> str:
+        """JSON ``{jobs, complete}`` of one call of an image route, kept ``sdk_retry_window_s``,
+        so that a client's automatic retry gets that call's jobs (app/jobs/calls.py, C10)."""
+        return f"{self.prefix}:call:{fingerprint}"
+
     def residency_durable(self) -> str:
         """Marker set when the residency facts (``residency``, ``oom``) were restored from the
         journal's database; its absence means Redis lost them (app/fleet/residency_store.py)."""

@@ -172,7 +172,7 @@ class Journal:
     def cancel(self, job_id: str, reason: str = "cancelled",
                message: str = "cancelled by request before it started") -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
-        Flower or the celery CLI). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from fastapi.responses import FileResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.auth import machine_of
 from app.context import ServerContext
@@ -22,8 +23,14 @@ def get_context(request: Request) -> ServerContext:
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
+#: The internal routes' security scheme (their own OpenAPI document, ``/internal/openapi.json``).
+MACHINE_TOKEN_SCHEME = HTTPBearer(scheme_name="MachineToken", auto_error=False,
+                                  description="the token of one machine of the fleet file: `Authorization: Bearer <token>`")
+
+
 def get_worker_machine(
-    ctx: Context, authorization: Annotated[str, Header()] = "",
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(MACHINE_TOKEN_SCHEME)] = None,
     x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,
 ) -> Machine:
     """The machine whose token the request carries (``Authorization: Bearer <token>``), naming
@@ -33,6 +40,7 @@ def get_worker_machine(
     Raises:
         Unauthorized: see ``machine_of``.
     """
+    authorization = f"Bearer {credentials.credentials}" if credentials is not None else ""
     return machine_of(ctx.fleet, authorization, x_homefleet_machine)
 
 

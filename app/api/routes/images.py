@@ -12,22 +12,35 @@
   what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
 
+- ``POST /hf/models/{model}`` with ``parameters.prompt`` and ``inputs`` an image in base64:
+  Hugging Face ``image_to_image``, one ``edit`` job (or ``upscale`` for a model that runs only
+  that) on the decoded image, checked and stored as an input like an upload.
+
 Errors on these routes have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
 (mapped in app/api/server.py). Once a job has been submitted, every error answer carries
-``x-should-retry: false`` so the SDKs' automatic retries never create a second job (R20):
-domain errors and unexpected ones alike (:func:`submitted`). The wait for the jobs
-(``images_wait_s``) ends well before the OpenAI SDK's own read timeout (600 s), after which it
-would resend the request without reading that header.
+``x-should-retry: false`` and ``job_ids`` so the SDKs' automatic retries never create a second
+job (R20): domain errors and unexpected ones alike (:func:`submitted`).
+
+One job per call, whatever the client's timeout (C10). A request waits for its jobs at most
+``images_wait_s``, and less when the client says it gives up sooner
+(``x-stainless-read-timeout``, sent by the OpenAI SDK, or ``Prefer: wait=N``, RFC 7240, for any
+other client such as ``huggingface_hub``'s): it is answered :func:`reply_margin_s` before that
+with 409 ``job_pending`` naming the jobs, which keep their places and run; the SDK does not
+retry it. A retried request (``x-stainless-retry-count`` > 0) of a call already seen gets that
+call's jobs (app/jobs/calls.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,13 +49,15 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.auth import bearer_token
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
-from app.core.errors import HomefleetError, NotFound, Rejected
+from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
+from app.jobs.calls import call_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
 from routing.placement import SERVER
@@ -51,6 +66,9 @@ router = APIRouter(route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
+MAX_PROMPT_CHARS = 32000  # a prompt's characters on these routes (its tokens are checked with the job, R22)
+READ_TIMEOUT_HEADER = "x-stainless-read-timeout"  # the OpenAI SDK's read timeout, seconds
+RETRY_COUNT_HEADER = "x-stainless-retry-count"  # how many times the OpenAI SDK already resent this request
 
 
 class JobFailed(HomefleetError):
@@ -60,28 +78,94 @@ class JobFailed(HomefleetError):
     default_reason = "job_failed"
 
 
+class JobPending(Conflict):
+    """Raised when a request's jobs have not ended before it must be answered (the client's
+    announced timeout, or ``images_wait_s``): 409 naming the jobs, which keep running."""
+
+    default_reason = "job_pending"
+
+
+def reply_margin_s(timeout_s: float) -> float:
+    """How long before a client's announced timeout its answer is sent: a fifth of it, between
+    0.25 s and 2 s (the answer's own transfer and the client's clock start before ours)."""
+    return min(2.0, max(0.25, 0.2 * timeout_s))
+
+
+def announced_timeout_s(request: Request) -> float | None:
+    """The shortest wait the client announced, in seconds: ``x-stainless-read-timeout`` (OpenAI
+    SDK) or ``Prefer: wait=N`` (RFC 7240); None when it announced none (or nothing finite and
+    positive)."""
+    values = [request.headers.get(READ_TIMEOUT_HEADER)]
+    for prefer in request.headers.getlist("prefer"):
+        for token in prefer.split(","):
+            name, _, value = token.strip().partition("=")
+            if name.strip().lower() == "wait":
+                values.append(value.strip())
+    seconds = []
+    for value in values:
+        try:
+            number = float(value) if value is not None else math.nan
+        except ValueError:
+            continue
+        if math.isfinite(number) and number > 0:
+            seconds.append(number)
+    return min(seconds) if seconds else None
+
+
+@dataclass(frozen=True)
+class ImageCall:
+    """One request of an image route: its call's fingerprint (app/jobs/calls.py), whether it is
+    a client's automatic retry, and when it must be answered (``time.monotonic()`` seconds)."""
+
+    fingerprint: str
+    retried: bool
+    answer_by: float
+
+    @classmethod
+    def of(cls, request: Request, settings_wait_s: float, body: dict[str, Any],
+           started: float | None = None) -> ImageCall:
+        """The call of ``request`` with canonical ``body`` (what was asked: fields and file
+        digests), whose wait began at ``started`` (``time.monotonic()``; default now)."""
+        wait_s = settings_wait_s
+        announced = announced_timeout_s(request)
+        if announced is not None:
+            wait_s = min(wait_s, announced - reply_margin_s(announced))
+        try:
+            retried = int(request.headers.get(RETRY_COUNT_HEADER, "0")) > 0
+        except ValueError:
+            retried = False
+        key = bearer_token(request.headers.get("authorization", "")) or ""
+        return cls(fingerprint=call_fingerprint(key, request.url.path, body), retried=retried,
+                   answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s))
+
+
 class ImageGeneration(BaseModel):
     """``POST /v1/images/generations`` (OpenAI's fields; others such as ``quality`` are ignored)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    prompt: str = Field(min_length=1, max_length=32000)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
     n: int = Field(1, ge=1, description="number of images (one job each); at most the family's max_batch (invalid_n)")
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
     steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
-    negative_prompt: str | None = Field(None, max_length=32000)
+    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
 
 
 class HfParameters(BaseModel):
-    """The text-to-image ``parameters`` Homefleet runs (txt2img's params under Hugging Face's
-    names). Any other key is kept in ``model_extra`` and refused by :func:`hf_params`."""
+    """The ``parameters`` Homefleet runs, under Hugging Face's names: text-to-image's (txt2img's
+    params) and, with ``prompt`` set, image-to-image's (:data:`HF_IMAGE_PARAMS`). Any other key
+    is kept in ``model_extra`` and refused (:func:`hf_params`, :func:`hf_image_to_image`), as
+    the schema says (``additionalProperties: false``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
-    negative_prompt: str | None = Field(None, max_length=32000)
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                               description="image-to-image: the instruction; `inputs` is then the image in base64")
+
+    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
@@ -94,14 +178,23 @@ HF_PARAMS: dict[str, str] = {"negative_prompt": "negative_prompt", "width": "wid
                              "num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed"}
 
 
+#: Hugging Face image-to-image parameter -> edit/upscale param
+HF_IMAGE_PARAMS: dict[str, str] = {"prompt": "prompt", "negative_prompt": "negative_prompt",
+                                   "num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed"}
+
+
 def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
     """txt2img params from a Hugging Face text-to-image request.
 
     Raises:
-        Rejected: reason ``unknown_param`` for a parameter Homefleet does not run (e.g.
+        Rejected: reason ``invalid_inputs`` for a prompt over :data:`MAX_PROMPT_CHARS`;
+            reason ``unknown_param`` for a parameter Homefleet does not run (e.g.
             ``scheduler``), naming it and listing the ones it takes; it is refused rather
             than ignored.
     """
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise Rejected(f"`inputs` (the prompt) must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}",
+                       reason="invalid_inputs", param="inputs")
     unknown = list(parameters.model_extra or {})
     if unknown:
         named = ", ".join(f"parameters.{name}" for name in unknown)
@@ -115,22 +208,26 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
     return params
 
 
-class HfTextToImage(BaseModel):
-    """The Hugging Face Inference text-to-image payload."""
+class HfInference(BaseModel):
+    """The Hugging Face Inference payload: text-to-image (``inputs``: the prompt, at most
+    :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, ``parameters.prompt`` set;
+    the whole body is bounded by ``max_request_bytes``)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    inputs: str = Field(min_length=1, max_length=32000)
+    inputs: str = Field(min_length=1, max_length=2 * 1024 * 1024)
     parameters: HfParameters = Field(default_factory=HfParameters)
 
 
 class AfterSubmit(HomefleetError):
-    """Wraps an error raised once a job may have started: answered with ``x-should-retry: false``."""
+    """Wraps an error raised once a job may have started: answered with ``x-should-retry: false``
+    and the ids of the request's jobs (``job_ids``)."""
 
-    def __init__(self, error: HomefleetError) -> None:
+    def __init__(self, error: HomefleetError, job_ids: list[str]) -> None:
         super().__init__(error.message, reason=error.reason, param=error.param)
         self.status_code = error.status_code
         self.original = error
+        self.job_ids = list(job_ids)
 
 
 @contextmanager
@@ -150,7 +247,7 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
         raise
     except HomefleetError as error:
         if job_ids:
-            raise AfterSubmit(error) from error
+            raise AfterSubmit(error, job_ids) from error
         raise
     except Exception as error:
         if not job_ids:
@@ -160,7 +257,7 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
             f"{type(error).__name__} after jobs {', '.join(job_ids)} were submitted: {error}; do not resubmit: "
             "follow them with GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
             reason="internal_error",
-        )) from error
+        ), job_ids) from error
 
 
 def parse_size(size: str | None) -> dict[str, int]:
@@ -203,41 +300,90 @@ def default_model(ctx: ServerContext, kind: str) -> str:
     raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
 
 
-async def run_jobs(ctx: ServerContext, model: str, params: dict[str, Any], target: str, count: int,
-                   kind: str = "txt2img") -> list[Job]:
-    """Submit ``count`` jobs of ``kind`` and wait until they have ended (``images_wait_s``).
+async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
+                   count: int, kind: str = "txt2img") -> list[Job]:
+    """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
+    seen, take that call's jobs: C10) and wait until they have ended or ``call.answer_by``.
 
     Raises:
         HomefleetError: the first submission was refused (nothing started).
         AfterSubmit: a later submission was refused, a job did not succeed, the wait ran out
-            (reason ``timeout``; the jobs keep their places and run), or anything else failed
-            once a job existed (:func:`submitted`).
+            (:class:`JobPending`, 409 ``job_pending``; the jobs keep their places and run), or
+            anything else failed once a job existed (:func:`submitted`).
     """
     ids: list[str] = []
     with submitted(ids):
-        for _ in range(count):
-            submission = await to_thread.run_sync(ctx.dispatcher.submit, model, kind, dict(params), target)
-            ids.append(submission.job.id)
-        deadline = time.monotonic() + ctx.settings.images_wait_s
+        seen = await seen_call(ctx, call) if call.retried else None
+        if seen is not None:
+            ids.extend(seen)
+            log.info("a retried image request gets its first call's jobs %s (C10)", ", ".join(ids))
+            if len(ids) < count:
+                raise JobFailed(f"the first request of this call submitted {len(ids)} of {count} jobs "
+                                f"({', '.join(ids)}); the others were refused", reason="partly_refused")
+        else:
+            await submit_call(ctx, call, model, params, target, count, kind, ids)
         while True:
             jobs = [await to_thread.run_sync(ctx.journal.get, job_id) for job_id in ids]
             if all(job.state in ENDED for job in jobs):
                 break
-            if time.monotonic() > deadline:
-                raise JobFailed(f"jobs {', '.join(ids)} did not end within {ctx.settings.images_wait_s} s "
-                                "(images_wait_s); they keep running: do not resubmit, follow them with "
-                                "GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
-                                reason="timeout")
-            await asyncio.sleep(POLL_S)
+            if time.monotonic() >= call.answer_by:
+                pending = [job.id for job in jobs if job.state not in ENDED]
+                raise JobPending(
+                    f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
+                    "client's announced timeout, or images_wait_s); they keep their places and run: do not "
+                    "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
+                    "GET /v1/jobs/{id}/result")
+            await asyncio.sleep(min(POLL_S, max(0.0, call.answer_by - time.monotonic())))
         for job in jobs:
             if job.state != JobState.succeeded:
                 raise JobFailed(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed")
     return jobs
 
 
+async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
+    """The jobs of the call a retried request repeats, once its first request has submitted them
+    all; None when no such call is remembered (the retry then submits as a first request would).
+
+    Raises:
+        JobPending: the first request is still submitting when this one must be answered.
+    """
+    while True:
+        found = await to_thread.run_sync(ctx.calls.find, call.fingerprint)
+        if found is None:
+            return None
+        if found.complete:
+            return list(found.jobs)
+        if time.monotonic() >= call.answer_by:
+            raise JobPending(f"the first request of this call is still submitting its jobs "
+                             f"({', '.join(found.jobs) or 'none yet'}); do not resubmit")
+        await asyncio.sleep(POLL_S)
+
+
+async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
+                      count: int, kind: str, ids: list[str]) -> None:
+    """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
+    the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
+    A call whose first submission is refused is forgotten. Raises what a submission raises."""
+    await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
+    try:
+        for _ in range(count):
+            submission = await to_thread.run_sync(ctx.dispatcher.submit, model, kind, dict(params), target)
+            ids.append(submission.job.id)
+            if len(ids) < count:
+                await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))
+    finally:
+        if ids:
+            await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=True))
+        else:
+            await to_thread.run_sync(ctx.calls.forget, call.fingerprint)
+
+
 @router.post("/v1/images/generations")
 async def generate_images(body: ImageGeneration, ctx: Context, request: Request) -> dict[str, Any]:
-    """OpenAI ``images.generate``: 200 ``{"created", "data"}`` once every image exists."""
+    """OpenAI ``images.generate``: 200 ``{"created", "data"}`` once every image exists; 409
+    ``job_pending`` naming the jobs when they have not ended before the client's announced
+    timeout (C10)."""
+    call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
     model = body.model or await to_thread.run_sync(default_model, ctx, "txt2img")
     params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
@@ -245,10 +391,10 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
     await to_thread.run_sync(check_count, ctx, model, body.n)
-    jobs = await run_jobs(ctx, model, params, body.target, body.n)
+    jobs = await run_jobs(ctx, call, model, params, body.target, body.n)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
-                "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
+                "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt) for job in jobs]}
 
 
 @router.post("/v1/images/edits")
@@ -256,7 +402,7 @@ async def edit_images(
     ctx: Context,
     request: Request,
     image: Annotated[UploadFile, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")],
-    prompt: Annotated[str, Form(min_length=1, max_length=32000)],
+    prompt: Annotated[str, Form(min_length=1, max_length=MAX_PROMPT_CHARS)],
     model: Annotated[str | None, Form(max_length=64)] = None,
     n: Annotated[int, Form(ge=1)] = 1,  # at most the family's max_batch (invalid_n)
     size: Annotated[str | None, Form(max_length=32)] = None,
@@ -264,7 +410,9 @@ async def edit_images(
 ) -> dict[str, Any]:
     """OpenAI ``images.edit``: the upload is checked (bytes, media type by content; R22) and
     stored as an input (``POST /v1/files``'s store), then one ``edit`` job per image runs on
-    it. ``size`` is accepted for compatibility; an edit keeps the input's size."""
+    it. ``size`` is accepted for compatibility; an edit keeps the input's size. 409
+    ``job_pending`` as for generations (C10)."""
+    started = time.monotonic()
     model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
@@ -273,27 +421,81 @@ async def edit_images(
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)
-    jobs = await run_jobs(ctx, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
+    fields = {"image": stored.id, "prompt": prompt, "model": model, "n": n, "size": size,
+              "response_format": response_format}  # the call as asked: the file by its digest, not the multipart bytes
+    call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
+    jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
     with submitted([job.id for job in jobs]):
-        return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
+        return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
 
 
-def image_item(job: Job, response_format: str | None, request: Request, prompt: str) -> dict[str, str]:
-    """One ``data`` entry: the result as base64 (default) or as its URL."""
+def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str) -> dict[str, str]:
+    """One ``data`` entry: the result as base64 (default) or as its URL: ``public_base_url``
+    (a setting) + ``/v1/jobs/<id>/result``, relative without it; never from the request's Host."""
     if response_format == "url":
-        return {"url": str(request.base_url).rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
+        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
     return {"b64_json": base64.b64encode(Path(job.result_path or "").read_bytes()).decode(), "revised_prompt": prompt}
 
 
 @router.post("/hf", response_class=Response)
-async def hf_text_to_image_default(body: HfTextToImage, ctx: Context) -> Response:
-    """Hugging Face ``text_to_image`` with the first txt2img model (``InferenceClient(base_url=".../hf")``)."""
-    return await hf_text_to_image(await to_thread.run_sync(default_model, ctx, "txt2img"), body, ctx)
+async def hf_inference_default(body: HfInference, ctx: Context, request: Request) -> Response:
+    """Hugging Face ``text_to_image`` with the first txt2img model (``InferenceClient(base_url=".../hf")``),
+    or ``image_to_image`` (``parameters.prompt`` set) with the first edit model."""
+    kind = "txt2img" if body.parameters.prompt is None else "edit"
+    return await hf_inference(await to_thread.run_sync(default_model, ctx, kind), body, ctx, request)
 
 
 @router.post("/hf/models/{model}", response_class=Response)
-async def hf_text_to_image(model: str, body: HfTextToImage, ctx: Context) -> Response:
-    """Hugging Face ``text_to_image``: the image's bytes (``image/png``)."""
-    [job] = await run_jobs(ctx, model, hf_params(body.inputs, body.parameters), SERVER, 1)
+async def hf_inference(model: str, body: HfInference, ctx: Context, request: Request) -> Response:
+    """Hugging Face ``text_to_image`` (``inputs``: the prompt): the image's bytes (``image/png``).
+    Hugging Face ``image_to_image`` (``inputs``: the image in base64, ``parameters.prompt``: the
+    instruction): the edited image's bytes, from an ``edit`` job (``upscale`` for a model that
+    runs only that). 409 ``job_pending`` naming the job when it has not ended before the
+    client's announced timeout (``Prefer: wait=N``; C10)."""
+    started = time.monotonic()
+    if body.parameters.prompt is None:
+        kind, params = "txt2img", hf_params(body.inputs, body.parameters)
+        fields = {"model": model, **body.model_dump(mode="json")}
+    else:
+        kind, params = await to_thread.run_sync(hf_image_to_image, ctx, model, body)
+        fields = {"model": model, "image": params["image"], "parameters": body.parameters.model_dump(mode="json")}
+    call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
+    [job] = await run_jobs(ctx, call, model, params, SERVER, 1, kind=kind)
     with submitted([job.id]):
         return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
+
+
+def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tuple[str, dict[str, Any]]:
+    """The kind and params of a Hugging Face image-to-image request: ``inputs`` decoded from
+    base64, checked like an upload (R22) and stored as an input.
+
+    Raises:
+        NotFound: no such model.
+        Rejected: the model runs neither ``edit`` nor ``upscale`` (``unsupported_kind``),
+            ``inputs`` is not base64 (``invalid_inputs``), the image is over the family's
+            ``max_upload_bytes`` or not PNG/JPEG/WebP (``invalid_inputs``), or a parameter
+            Homefleet does not run (``unknown_param``).
+    """
+    record = ctx.registry.get(model)
+    kind = "edit" if "edit" in record.kinds else "upscale" if "upscale" in record.kinds else None
+    if kind is None:
+        raise Rejected(f"model {model!r} runs {', '.join(record.kinds)}; image-to-image needs a model that runs "
+                       "edit or upscale", reason="unsupported_kind", param="model")
+    try:
+        data = base64.b64decode(body.inputs, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise Rejected(f"`inputs` must be the image in base64 for image-to-image (parameters.prompt is set): {error}",
+                       reason="invalid_inputs", param="inputs") from error
+    limits = limits_for(ctx.settings.limits, record.family)
+    check_upload(len(data), sniff(data[:16]) or "application/octet-stream", limits, field="inputs")
+    unknown = [name for name in (body.parameters.model_extra or {}) if name not in HF_IMAGE_PARAMS]
+    unknown += [name for name in ("width", "height") if getattr(body.parameters, name) is not None]
+    if unknown:
+        raise Rejected(f"parameters.{unknown[0]} is not supported; image-to-image takes {', '.join(HF_IMAGE_PARAMS)}",
+                       reason="unknown_param", param=f"parameters.{unknown[0]}")
+    params: dict[str, Any] = {"image": ctx.inputs.add(data).id}
+    for name, param in HF_IMAGE_PARAMS.items():
+        value = getattr(body.parameters, name, None)
+        if value is not None:
+            params[param] = value
+    return kind, params

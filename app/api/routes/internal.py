@@ -100,7 +100,11 @@ def revocations(body: Revocations, ctx: Context, machine: WorkerMachine) -> Revo
 
 @router.post("/jobs/{job_id}/progress", status_code=204)
 def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
-    job_of_machine(ctx, job_id, machine)
+    """A running job's step (204). 409 ``not_running`` for a job that is not running (queued, or
+    ended: its progress is over and is not recorded); 403 for another machine's job."""
+    job = job_of_machine(ctx, job_id, machine)
+    if job.state != JobState.running:
+        raise Conflict(f"job {job_id} is {job.state}; progress is taken only while it runs", reason="not_running")
     ctx.progress.report(job_id, body.step, body.total)
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import NotFound
+from app.core.errors import NotFound, Rejected
 from app.core.states import JobState
 from app.store.media import EXTENSIONS
 
@@ -36,7 +36,12 @@ def submit_job(
     (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
     with another body is refused with 422 (R20)."""
     if dry_run:
-        return JSONResponse(ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target))
+        decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target)
+        refusal = decision.get("error") or {}
+        if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
+            raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
+                           param="target")
+        return JSONResponse(decision)
     submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
     job = submission.job
     url = f"/v1/jobs/{job.id}"

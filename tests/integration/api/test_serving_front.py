@@ -434,11 +434,11 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
         assert f"got {len(png) + 16 * 1024 * 1024}" in big["message"]  # the upload's size, not the limit + 1 read
         # No worker runs here: the edit job is queued on the stored input, the wait runs out,
-        # and the answer says not to retry (the job exists, R20).
+        # and the answer names the job and says not to retry (the job exists, R20, C10).
         waited = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", png, "image/png")})
-        assert waited.status_code == 500 and waited.headers["x-should-retry"] == "false"
-        assert waited.json()["error"]["code"] == "timeout"
+        assert waited.status_code == 409 and waited.headers["x-should-retry"] == "false"
         [job] = ctx.journal.list([JobState.queued])
+        assert (waited.json()["error"]["code"], waited.json()["error"]["job_ids"]) == ("job_pending", [job.id])
         assert (job.kind, job.model_id, job.params["prompt"]) == ("edit", edit_model, "make it blue")
         assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png
 

@@ -1,0 +1,154 @@
+"""One job per client call on the image routes (R20, case C10), on a real Redis and journal
+through the real ASGI app. No worker runs: every job stays queued, so every request's wait
+runs out and is answered before the timeout the client announced."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.api.routes.images import announced_timeout_s, reply_margin_s
+from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.states import JobState
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet
+
+MODEL = "tiny-sd"
+EDIT_MODEL = "tiny-pix2pix"
+OTHER_KEY = "another-test-key-0123456789"
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    settings = settings.model_copy(update={"api_keys": [TEST_API_KEY, OTHER_KEY], "images_wait_s": 30})
+    ctx = build_context(settings, make_fleet("m1"), migrate=True)
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    ctx.registry.add(tiny_models_dir / EDIT_MODEL, EDIT_MODEL)
+    bring_online(ctx, "server", {MODEL, EDIT_MODEL})
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+        yield client, ctx
+
+
+def sdk_headers(read_timeout_s: float, retry_count: int) -> dict[str, str]:
+    """The headers the openai SDK sends with every request (openai/_base_client.py)."""
+    return {"x-stainless-read-timeout": str(read_timeout_s), "x-stainless-retry-count": str(retry_count)}
+
+
+def png(width: int = 32, height: int = 32) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 200, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_c10_a_request_is_answered_before_the_timeout_it_announces_naming_its_job(
+    api: tuple[TestClient, ServerContext]
+) -> None:
+    client, ctx = api
+    for read_timeout_s in (1.0, 2.5):
+        start = time.monotonic()
+        answer = client.post("/v1/images/generations", json={"prompt": f"t{read_timeout_s}", "model": MODEL},
+                             headers=sdk_headers(read_timeout_s, 0))
+        took_s = time.monotonic() - start
+        assert answer.status_code == 409, answer.text
+        assert took_s < read_timeout_s and took_s >= read_timeout_s - reply_margin_s(read_timeout_s) - 0.05
+        assert answer.headers["x-should-retry"] == "false"  # the SDK retries a 409 unless told not to
+        error = answer.json()["error"]
+        [job] = [j for j in ctx.journal.list([JobState.queued]) if j.params["prompt"] == f"t{read_timeout_s}"]
+        assert (error["code"], error["job_ids"]) == ("job_pending", [job.id])
+        assert job.id in error["message"] and "do not resubmit" in error["message"]
+        assert answer.headers["location"] == f"/v1/jobs/{job.id}"
+
+
+def test_c10_a_retried_request_gets_the_first_calls_jobs_and_a_new_call_gets_new_ones(
+    api: tuple[TestClient, ServerContext]
+) -> None:
+    client, ctx = api
+    body = {"prompt": "one call", "model": MODEL, "n": 2, "size": "64x64"}
+    first = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 0)).json()["error"]
+    assert len(first["job_ids"]) == 2
+    for retry in (1, 2):
+        again = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, retry)).json()["error"]
+        assert again["job_ids"] == first["job_ids"]
+    assert len(ctx.journal.list([JobState.queued])) == 2  # the retries created nothing
+    # A retry of another body, or under another key, is another call; so is a first request.
+    other = client.post("/v1/images/generations", json={**body, "prompt": "two"}, headers=sdk_headers(0.5, 1))
+    other_key = client.post("/v1/images/generations", json=body,
+                            headers={**sdk_headers(0.5, 1), "Authorization": f"Bearer {OTHER_KEY}"})
+    fresh = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 0))
+    ids = [set(answer.json()["error"]["job_ids"]) for answer in (other, other_key, fresh)]
+    assert all(len(found) == 2 and not found & set(first["job_ids"]) for found in ids)
+    assert len(ctx.journal.list([JobState.queued])) == 8
+    # Field order or spacing is not a different call: the body is compared as parsed.
+    reordered = client.post("/v1/images/generations", content=b'{"size":"64x64","n":2, "model":"tiny-sd",'
+                            b'"prompt":"one call"}', headers={**sdk_headers(0.5, 1), "content-type": "application/json"})
+    assert set(reordered.json()["error"]["job_ids"]) == ids[2]
+
+
+def test_c10_a_retry_of_a_refused_first_request_submits_afresh(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    body = {"prompt": "x", "model": MODEL, "target": "m1"}  # m1 is offline: refused, nothing submitted
+    refused = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 0))
+    assert refused.status_code == 503 and "x-should-retry" not in refused.headers  # retrying is safe
+    bring_online(ctx, "m1", {MODEL})
+    retried = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 1))
+    assert retried.status_code == 409 and len(retried.json()["error"]["job_ids"]) == 1
+    assert len(ctx.journal.list([JobState.queued])) == 1
+
+
+def test_c10_edits_are_one_call_whatever_the_multipart_boundary(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    image = png()
+    answers = []
+    for retry in (0, 1):  # httpx draws a new random multipart boundary for each request
+        files = {"image": ("in.png", image, "image/png")}
+        answers.append(client.post("/v1/images/edits", data={"prompt": "blue", "model": EDIT_MODEL}, files=files,
+                                   headers=sdk_headers(0.5, retry)))
+    first, retried = (answer.json()["error"] for answer in answers)
+    assert answers[0].status_code == 409 and first["job_ids"] == retried["job_ids"]
+    [job] = ctx.journal.list([JobState.queued])
+    assert (job.kind, job.id) == ("edit", first["job_ids"][0])
+
+
+def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
+    api: tuple[TestClient, ServerContext]
+) -> None:
+    client, ctx = api
+    start = time.monotonic()
+    text = client.post(f"/hf/models/{MODEL}", json={"inputs": "a cat", "parameters": {"num_inference_steps": 1}},
+                       headers={"Prefer": "wait=1"})
+    assert time.monotonic() - start < 1.0
+    assert text.status_code == 409 and text.headers["x-should-retry"] == "false"
+    [queued] = ctx.journal.list([JobState.queued])
+    assert text.json()["error"]["job_ids"] == [queued.id] and queued.id in text.json()["error"]["message"]
+    image = client.post(f"/hf/models/{EDIT_MODEL}", headers={"Prefer": "respond-async, wait=1"},
+                        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "make it blue"}})
+    assert image.status_code == 409, image.text
+    [edit] = [j for j in ctx.journal.list([JobState.queued]) if j.kind == "edit"]
+    assert image.json()["error"]["job_ids"] == [edit.id] and edit.params["prompt"] == "make it blue"
+    assert ctx.inputs.get(edit.params["image"]).path.read_bytes() == png()
+    not_base64 = client.post(f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}})
+    assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (422, "inputs")
+    no_edit = client.post(f"/hf/models/{MODEL}", json={"inputs": base64.b64encode(png()).decode(),
+                                                       "parameters": {"prompt": "x"}})
+    assert no_edit.json()["error"]["code"] == "unsupported_kind" and "txt2img" in no_edit.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, None), ({"x-stainless-read-timeout": "12.5"}, 12.5), ({"Prefer": "wait=7"}, 7.0),
+    ({"x-stainless-read-timeout": "30", "Prefer": "handling=lenient, wait=4"}, 4.0),
+    ({"x-stainless-read-timeout": "nan"}, None), ({"x-stainless-read-timeout": "-1"}, None),
+    ({"x-stainless-read-timeout": "inf"}, None), ({"Prefer": "wait=soon"}, None),
+])
+def test_c10_the_announced_timeout_is_the_shortest_finite_one(headers: dict[str, str], expected: float | None) -> None:
+    from starlette.requests import Request
+
+    scope = {"type": "http", "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    assert announced_timeout_s(Request(scope)) == expected
