@@ -1,22 +1,42 @@
-"""API keys on the public routes (``Authorization: Bearer <key>``).
+"""Who may call: API keys on the public routes (``Authorization: Bearer <key>``), machine tokens
+on the internal routes, checked before any body is read (issue 24).
 
 Keys come from ``Settings.api_keys``. With no key configured the server refuses to start
 unless ``allow_open_api`` is set, and then says at start-up that the public routes are open
 (:func:`check_api_keys`). ``/health`` and ``/metrics`` stay open for probes and scrapers;
-the internal routes use per-machine tokens instead (app/api/routes/deps.py).
+the internal routes use per-machine tokens instead (:func:`machine_of`).
+
+:class:`Authenticate` is a pure ASGI middleware, outside the body limit and the routes: an
+unauthenticated request, a worker naming another machine, or a worker acting on a job of
+another machine is answered 401/403 from its headers and path alone; its body is never read
+or spooled (before, FastAPI parsed, and spooled, a whole multipart upload before its route's
+dependencies checked the key). It also bounds the uploads in progress
+(``max_concurrent_uploads``): one more is answered 429 ``uploads_busy``, unread. The routes
+keep their dependencies (:func:`require_api_key`, ``get_worker_machine``), which apply the
+same checks again.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from typing import Annotated
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated
 
+from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core.config import Settings
-from app.core.errors import HomefleetError, Unauthorized
+from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
+
+if TYPE_CHECKING:
+    from app.context import ServerContext
+    from app.fleet.config import Fleet, Machine
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +69,27 @@ def bearer_token(authorization: str) -> str | None:
 
 
 #: The public routes' security scheme in the OpenAPI document (Swagger's "Authorize" button).
-#: ``auto_error=False``: a missing key is refused by :func:`require_api_key` as a domain error.
+#: ``auto_error=False``: a missing key is refused by :func:`check_api_key` as a domain error.
 API_KEY_SCHEME = HTTPBearer(scheme_name="ApiKey", auto_error=False,
                             description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`")
 
 
 def require_api_key(request: Request,
                     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None) -> None:
-    """Dependency of every public route.
+    """Dependency of every public route: :func:`check_api_key` (the :class:`Authenticate`
+    middleware has applied it already, before the body was read)."""
+    check_api_key(request.app.state.settings, f"Bearer {credentials.credentials}" if credentials is not None else "")
+
+
+def check_api_key(settings: Settings, authorization: str) -> None:
+    """Check an ``Authorization`` header against the configured API keys (timing-safe).
 
     Raises:
         Unauthorized: no ``Authorization: Bearer <key>`` header, or a key not configured.
     """
-    settings: Settings = request.app.state.settings
     if not settings.api_keys:
         return  # open only when allow_open_api was set (check_api_keys at start-up)
-    token = credentials.credentials.strip() if credentials is not None and credentials.credentials.strip() else None
+    token = bearer_token(authorization)
     if token is None:
         raise Unauthorized("public routes need 'Authorization: Bearer <API key>'", reason="missing_api_key")
     if not any(hmac.compare_digest(token.encode(), key.encode()) for key in settings.api_keys):
@@ -72,3 +97,84 @@ def require_api_key(request: Request,
 
 
 ApiKey = Depends(require_api_key)
+
+
+def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:
+    """The machine whose token ``authorization`` carries (``Bearer <token>``); a worker also
+    names its machine (``X-Homefleet-Machine``, ``claimed``), which must be the token's.
+
+    Raises:
+        Unauthorized: no bearer token, one that belongs to no machine, or another machine's
+            token than the one the worker names (its jobs would all be refused at claim).
+    """
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
+    machine = fleet.machine_for_token(token.strip())
+    if machine is None:
+        raise Unauthorized("the token belongs to no machine of this fleet")
+    if claimed is not None and claimed != machine.name:
+        if claimed not in fleet.machines:
+            raise Unauthorized(f"the worker names machine {claimed!r}, which is not in this fleet "
+                               f"({', '.join(sorted(fleet.machines))}); fix --machine or add it to the fleet file")
+        raise Unauthorized(f"the worker says it is machine {claimed!r}, but its token belongs to machine "
+                           f"{machine.name!r}; give each worker its own machine's token")
+    return machine
+
+
+INTERNAL_PREFIX = "/internal/"
+PUBLIC_PREFIXES = ("/v1/", "/hf")
+_INTERNAL_JOB = re.compile(r"/internal/v1/jobs/([^/]+)/[^/]+")
+
+
+class Authenticate:
+    """ASGI middleware: authenticate a request from its headers and path before anything reads
+    its body (module docstring). Public paths (``/v1/``, ``/hf``) need an API key
+    (:func:`check_api_key`); internal ones (``/internal/``) a machine token (:func:`machine_of`),
+    and a job path (``/internal/v1/jobs/{id}/…``) a job placed on that machine. An upload path
+    (one of ``uploads``) beyond ``max_concurrent_uploads`` in progress is answered 429
+    ``uploads_busy`` with ``Retry-After``. Refusals are rendered by ``render(path, error)``."""
+
+    def __init__(self, app: ASGIApp, ctx: ServerContext, settings: Settings, uploads: Sequence[re.Pattern[str]],
+                 render: Callable[[str, HomefleetError], Response]) -> None:
+        self.app, self.ctx, self.settings, self.uploads, self.render = app, ctx, settings, uploads, render
+        self.uploading = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        upload = scope["method"] == "POST" and any(pattern.fullmatch(path) for pattern in self.uploads)
+        try:
+            await self.authenticate(path, Headers(scope=scope))
+            if upload and self.uploading >= self.settings.max_concurrent_uploads:
+                raise Overloaded(f"{self.uploading} uploads are in progress, the most this server takes at once "
+                                 f"(max_concurrent_uploads = {self.settings.max_concurrent_uploads}); retry later",
+                                 reason="uploads_busy", retry_after_s=self.settings.retry_after_s)
+        except HomefleetError as error:
+            await self.render(path, error)(scope, receive, send)  # answered unread
+            return
+        if not upload:
+            await self.app(scope, receive, send)
+            return
+        self.uploading += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.uploading -= 1
+
+    async def authenticate(self, path: str, headers: Headers) -> None:
+        """Raises Unauthorized, Forbidden or NotFound for a request that may not go on."""
+        if path.startswith(INTERNAL_PREFIX):
+            machine = machine_of(self.ctx.fleet, headers.get("authorization", ""), headers.get("x-homefleet-machine"))
+            job = _INTERNAL_JOB.fullmatch(path)
+            if job is not None:
+                placed_on = await to_thread.run_sync(self._machine_of_job, job.group(1))
+                if placed_on != machine.name:
+                    raise Forbidden(f"job {job.group(1)} is placed on {placed_on!r}, not on {machine.name!r}")
+        elif path.startswith(PUBLIC_PREFIXES):
+            check_api_key(self.settings, headers.get("authorization", ""))
+
+    def _machine_of_job(self, job_id: str) -> str | None:
+        return self.ctx.journal.get(job_id).machine  # NotFound for an unknown job

@@ -4,7 +4,9 @@ Every JSON body is read whole before a route sees it (FastAPI parses it into a m
 refused submission keeps its params in the journal (R19): without a limit one request with a
 20 MB prompt cost 20 MB of memory, 40 MB of journal and WAL, and a 20 MB job record. Every
 body counts, whatever its ``Content-Type`` says: FastAPI reads a body it cannot parse whole
-too, and before the API key is checked. The upload routes (``/v1/files``,
+too. The key or token is checked before this limit, from the headers alone
+(app/api/auth.py ``Authenticate``). The body is counted as it streams by, never held here: an
+upload goes on to FastAPI's multipart parser, which spools files past 1 MiB to disk. The upload routes (``/v1/files``,
 ``/v1/images/edits``, a worker's result) get their own limit: their files' limits
 (``max_input_bytes``, the families' ``max_upload_bytes``, ``max_result_bytes``) plus room for
 the multipart framing and form fields; every other route gets ``max_request_bytes``.
@@ -44,9 +46,10 @@ class RouteLimit:
 class BodyLimit:
     """ASGI middleware: a request body over its route's limit (the first of ``routes`` whose
     pattern matches its path, else ``max_bytes``) is answered 413 (``request_too_large``,
-    rendered by ``render(path, error)``) from its ``Content-Length`` alone, or as soon as the
-    bytes read pass the limit (chunked bodies); the route never runs. A body within the limit
-    is handed on as read."""
+    rendered by ``render(path, error)``) from its ``Content-Length`` alone, before the route
+    runs; or, for a chunked body, as soon as the bytes read pass the limit: the route's read
+    then raises :class:`RequestTooLarge` and whatever the route would answer is dropped. The
+    body is counted as it is read, never buffered here."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, routes: Sequence[RouteLimit],
                  render: Callable[[str, HomefleetError], Response]) -> None:
@@ -62,26 +65,39 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > limit.max_bytes:
             await self._refuse(scope, receive, send, limit, f"{int(declared)} bytes")
             return
-        read: list[Message] = []
         size = 0
-        while True:
+        refused = started = False
+
+        async def counted() -> Message:
+            nonlocal size, refused
             message = await receive()
-            read.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > limit.max_bytes:
-                await self._refuse(scope, receive, send, limit, f"more than {limit.max_bytes} bytes")
-                return
-            if not message.get("more_body", False):
-                break
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > limit.max_bytes:
+                    error = self._error(limit, f"more than {limit.max_bytes} bytes")
+                    if not started and not refused:
+                        refused = True
+                        await self.render(scope["path"], error)(scope, receive, send)
+                    raise error
+            return message
 
-        async def replay() -> Message:
-            return read.pop(0) if read else await receive()
+        async def unless_refused(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 went out; the route's own answer to the aborted read is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, counted, unless_refused)
+        except Exception:
+            if not refused:
+                raise
+
+    @staticmethod
+    def _error(limit: RouteLimit, got: str) -> RequestTooLarge:
+        return RequestTooLarge(f"the request body must be at most {limit.max_bytes} bytes ({limit.setting}), "
+                               f"got {got}")
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: RouteLimit, got: str) -> None:
-        error = RequestTooLarge(f"the request body must be at most {limit.max_bytes} bytes ({limit.setting}), "
-                                f"got {got}")
-        await self.render(scope["path"], error)(scope, receive, send)
+        await self.render(scope["path"], self._error(limit, got))(scope, receive, send)

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from app.api.strict_json import printable
 from app.core.errors import HomefleetError
 
 OPENAI_PREFIXES = ("/v1/images/", "/hf")
@@ -60,7 +61,7 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
 def openai_validation_error(error: RequestValidationError) -> JSONResponse:
     """A request body that failed validation, as OpenAI answers it (400 in OpenAI; 422 here,
     as on every Homefleet route)."""
-    details = error.errors()
+    details = printable(error.errors())  # NaN or a lone surrogate in the input: echoed as text
     first = details[0] if details else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "header")]
     param = ".".join(location) or None

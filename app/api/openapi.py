@@ -20,10 +20,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.api.auth import INTERNAL_PREFIX
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import FamilyLimits
 
-INTERNAL_PREFIX = "/internal/"
 OPENAI_PREFIXES = ("/v1/images/", "/hf")
 
 ERROR_BODY: dict[str, Any] = {

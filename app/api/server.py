@@ -19,17 +19,19 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.auth import check_api_keys, require_api_key
+from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
-from app.api.openapi import INTERNAL_PREFIX, documented, part_of, path_pattern
+from app.api.openapi import documented, part_of, path_pattern
 from app.api.routes import events, images, internal, public, residency, serving, sync
 from app.api.routes.deps import WorkerMachine
+from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.core.errors import HomefleetError, ServiceDown
+from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.jobs.reconcile import ReconcileLoop
+from app.store.files import DISK_FULL
 
 VERSION = "0.1.0"
 HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
@@ -97,7 +99,16 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (a body that cannot be parsed: 400; no such route: 404) in
-        the common error body."""
+        the common error body. FastAPI answers 400 "There was an error parsing the body" when
+        spooling a multipart body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            message = (f"the request body could not be spooled to a temporary file ({cause.strerror}); "
+                       "the server's disk is full: retry later")
+            log.error("%s %s: storage full: %s", request.method, request.url.path, message)
+            return error_response(request.url.path, StorageFull(message))
         reason = HTTP_REASONS.get(error.status_code, "http_error")
         refusal = HomefleetError(str(error.detail), reason=reason)
         refusal.status_code = error.status_code
@@ -109,7 +120,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
             return openai_validation_error(error)
-        details = error.errors()
+        details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
@@ -117,7 +128,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
-                                                      "detail": jsonable(details)})
+                                                      "detail": details})
 
     @api.middleware("http")
     async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -136,8 +147,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             response.headers["Content-Security-Policy"] = DOCS_CSP
         return response
 
-    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=upload_limits(settings),
-                       render=error_response)
+    uploads = upload_limits(settings)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
+    # outermost: the key or token is checked before anything reads the body (issue 24)
+    api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
@@ -240,7 +253,7 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 
-def jsonable(details: object) -> object:
+def jsonable(details: object) -> Any:
     from fastapi.encoders import jsonable_encoder
 
     return jsonable_encoder(details)

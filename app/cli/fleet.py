@@ -1,4 +1,4 @@
-"""Fleet operations: ``homefleet sync``, ``status``, ``flower``, ``drain``, ``reconcile``."""
+"""Fleet operations: ``homefleet sync``, ``status``, ``deadletter``, ``flower``, ``drain``, ``reconcile``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,14 @@ def sync(
 ) -> None:
     """Copy model files from the server to MACHINE (R6): the worker pulls, verifies, renames.
     Refused (exit 2) while the machine has work queued or running. Exit 1 if the sync fails."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     from app.context import build_checked_context
     from app.jobs.sync import SYNC_ENDED
@@ -61,6 +68,7 @@ def status() -> None:
     warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
     running (from the journal) and expected drain time (seconds, from learned timings)."""
     from app.context import build_checked_context
+    from app.fleet.queues import DeadLetters
 
     ctx = build_checked_context(server_settings())  # running counts come from the journal: the server's
     try:
@@ -70,6 +78,41 @@ def status() -> None:
                           ", ".join(row["verified_models"]) or "-", ", ".join(row["warm_models"]) or "-",
                           str(row["queued"]), str(row["running"]), f"{row['drain_s']:.1f}")
         console.print(table)
+        dead = DeadLetters(ctx.redis, ctx.keys.dead_letters()).count()
+        console.print(f"dead letters: {dead}" + (" (undecodable queue messages; `homefleet deadletter` lists them)"
+                                                  if dead else ""))
+    finally:
+        ctx.close()
+
+
+@fleet_cli.command()
+def deadletter(
+    clear: Annotated[bool, typer.Option("--clear", help="remove them after listing")] = False,
+    limit: Annotated[int, typer.Option(help="list at most this many, newest first")] = 100,
+) -> None:
+    """Messages workers moved aside because they could not be decoded (not JSON, a body that is
+    not base64…; issue 24): queue, time, error and the raw message. ``--clear`` removes them."""
+    import datetime
+
+    from app.context import build_checked_context
+    from app.fleet.queues import DeadLetters
+
+    ctx = build_checked_context(server_settings())
+    try:
+        letters = DeadLetters(ctx.redis, ctx.keys.dead_letters())
+        entries = letters.list(limit)
+        table = Table("queue", "at (UTC)", "error", "raw")
+        for entry in entries:
+            at = entry.get("at")
+            when = datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds") \
+                if isinstance(at, int | float) else "-"
+            raw = str(entry.get("raw"))
+            table.add_row(str(entry.get("queue") or "-"), when, str(entry.get("error")),
+                          raw if len(raw) <= 200 else f"{raw[:200]}… ({len(raw)} characters)")
+        console.print(table)
+        console.print(f"{letters.count()} dead letters" + (f", newest {len(entries)} shown" if entries else ""))
+        if clear:
+            console.print(f"cleared {letters.clear()} dead letters")
     finally:
         ctx.close()
 
@@ -131,6 +174,28 @@ def drain(
             console.print(f"{machine}: {left} jobs still there after {timeout_s} s; it stays drained")
             raise typer.Exit(1)
         console.print(f"{machine}: drained")
+    finally:
+        ctx.close()
+
+
+@fleet_cli.command()
+def purge(
+    machine: Annotated[str, typer.Argument(help="the machine whose queued jobs to remove")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Remove every queued job of MACHINE: each ends `cancelled` (reason `purged`), journal first,
+    then its message leaves the queue. The job it runs now is left alone. (`celery purge` has the
+    same outcome, reported by reconciliation after HOMEFLEET_LOST_GRACE_S.)"""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        if machine not in ctx.fleet.machines:
+            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        if not yes:
+            typer.confirm(f"cancel every queued job of {machine}?", abort=True)
+        purged = ctx.dispatcher.purge(machine)
+        console.print(f"{machine}: purged {len(purged)} queued jobs" + "".join(f"\n  {job.id}" for job in purged))
     finally:
         ctx.close()
 

@@ -4,7 +4,8 @@ Every setting below is one that held up in shared/notes/celery-redis.md: prefork
 concurrency 1, prefetch disabled (the worker holds only the job it runs; the rest stay in
 the Redis list, in order), early ack, JSON only, no priorities/ETA/retries, a default
 queue that no worker reads, and the same visibility timeout and broker key prefix (kombu's
-``global_keyprefix``) in every process.
+``global_keyprefix``) in every process. The transport is kombu's Redis transport with
+undecodable messages moved aside (app/core/dead_letters.py).
 """
 
 from __future__ import annotations
@@ -13,16 +14,26 @@ from celery import Celery
 
 from app.core.config import BrokerSettings
 from app.core.connections import broker_url
+from app.core.dead_letters import TRANSPORT_ALIAS
+from app.core.keys import Keys
 
 RUN_JOB_TASK = "homefleet.run_job"
 SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its turn like a job (app/jobs/sync.py)
 UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a machine goes nowhere
 
 
-def create_celery(settings: BrokerSettings) -> Celery:
-    """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish."""
-    app = Celery("homefleet", broker=broker_url(settings.redis_url), set_as_current=False)
+def create_celery(settings: BrokerSettings, consumer: bool = False) -> Celery:
+    """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish.
+
+    ``consumer``: the app of a worker, which pops messages from its queue: on kombu's Redis
+    transport with undecodable messages moved aside (app/core/dead_letters.py). Every other
+    process (the server, the CLI, Flower: Flower's queue lengths know kombu's own transport
+    names only) publishes, inspects or listens to events on kombu's own Redis transport, with
+    the same keys."""
+    transport_name = TRANSPORT_ALIAS if consumer else "redis"
+    app = Celery("homefleet", broker=broker_url(settings.redis_url, transport_name), set_as_current=False)
     transport = {
+        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),  # undecodable messages (issue 24)
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,
         "socket_connect_timeout": 10,
@@ -47,6 +58,9 @@ def create_celery(settings: BrokerSettings) -> Celery:
         result_serializer="json",
         event_serializer="json",
         broker_transport_options=transport,
+        # A worker: kombu's Redis transport, moving undecodable messages aside (app/core/dead_letters.py);
+        # a unix-socket URL names it itself (hfredis+socket://), rediss:// keeps kombu's own TLS setup
+        broker_transport=TRANSPORT_ALIAS if consumer and settings.redis_url.startswith("redis://") else None,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         task_publish_retry=True,

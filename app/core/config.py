@@ -7,11 +7,10 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
-from urllib.parse import quote
 from collections.abc import Mapping
 from pathlib import Path
-
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +69,7 @@ class Settings(BrokerSettings):
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/api/body_limit.py)
+    max_concurrent_uploads: int = Field(4, ge=1)  # uploads in progress at once; one more is 429 (app/api/auth.py)
     fleet_lock_ttl_s: float = Field(10.0, gt=0)
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
@@ -159,6 +159,18 @@ class WorkerSettings(BrokerSettings):
     # of its cores: on 2 cores, two workers of 2 threads each ran a tiny step 2.5x slower than
     # two of 1 thread (0.65 against 0.26 s; docs/benchmarks.md).
     torch_threads: int | None = Field(None, ge=1)
+    # Issue 24: a result the server cannot store (507, 5xx) is kept in spool_dir (default: beside
+    # models_dir, spool/) and its upload tried result_upload_attempts times, pausing
+    # result_retry_s seconds, then twice as long each time; then the job fails result_not_stored
+    # and `homefleet results recover` uploads the spooled file later.
+    spool_dir: Path | None = None
+    result_upload_attempts: int = Field(4, ge=1)
+    result_retry_s: float = Field(1.0, ge=0)
+
+    @property
+    def result_spool(self) -> Path:
+        """Where this worker keeps the results the server could not store."""
+        return self.spool_dir or self.models_dir.parent / "spool"
 
     @field_validator("models_dir")
     @classmethod

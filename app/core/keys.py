@@ -166,3 +166,8 @@ class Keys:
         """Marker set when the residency facts (``residency``, ``oom``) were restored from the
         journal's database; its absence means Redis lost them (app/fleet/residency_store.py)."""
         return f"{self.prefix}:residency:durable"
+
+    def dead_letters(self) -> str:
+        """List of JSON ``{queue, raw, error, at}``: messages a worker's queue held that could not
+        be decoded, moved aside so the worker goes on consuming (app/core/dead_letters.py)."""
+        return f"{self.prefix}:deadletters"

@@ -20,7 +20,7 @@ REVOCATIONS_PER_REPORT = 100
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # "NaN" and "inf" are no numbers (issue 24)
 
 
 class ManifestFile(Body):

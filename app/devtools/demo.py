@@ -20,18 +20,23 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.core.states import ENDED
 from app.client import HomefleetClient
+from app.context import build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.context import build_context
 from app.core.errors import ConfigError, NotFound
-from app.fleet.config import load_fleet, with_fresh_tokens
-from routing.placement import SERVER
-from app.journal.jobs import Journal
+from app.core.states import ENDED
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import RedisProcess, free_port, redis_answers, start_redis_server
+from app.devtools.redis_server import (
+    RedisProcess,
+    free_port,
+    redis_answers,
+    start_redis_server,
+)
 from app.devtools.tiny_models import make_tiny
+from app.fleet.config import load_fleet, with_fresh_tokens
+from app.journal.jobs import Journal
+from routing.placement import SERVER
 
 #: kind -> the demo's model id for it (the tiny pipelines of app/devtools/tiny_models.py)
 DEMO_MODELS = {"txt2img": "tiny-sd", "edit": "tiny-pix2pix", "upscale": "tiny-upscaler", "video": "tiny-animatediff"}
@@ -73,12 +78,12 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     data_dir = data_dir.resolve()
     embedded: RedisProcess | None = None
     if redis_url is not None and redis_answers(redis_url):
-        console.print(f"Redis: using {redis_url}")
+        console.print(f"Redis: using {redacted_url(redis_url)}")
     else:
-        embedded = start_redis_server(data_dir / "redis")
+        embedded = start_redis_server(data_dir / "redis", password=secrets.token_urlsafe(24))  # requirepass
         why = "nothing answered at HOMEFLEET_REDIS_URL" if redis_url is not None else "its own"
         redis_url = embedded.url
-        console.print(f"Redis: {why}; started an embedded one at {redis_url}")
+        console.print(f"Redis: {why}; started an embedded one at {redacted_url(redis_url)} (with a password)")
 
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = data_dir / "fleet.toml"

@@ -13,13 +13,15 @@ included) and counts:
 
 The last line of every drill reads
 ``drill=NAME jobs=N runs=N double_runs=N lost=N interrupted=N``, followed by the drill's own
-figures where it has some (``redis_loss_requeue``: ``queued_at_loss``, ``republished``,
+figures where it has some (``redis_loss_requeue``: ``restarts``, ``queued_at_loss``, ``republished``,
 ``ran_once``, ``order_kept``, ``worker_lost``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
 import signal
 import threading
 import time
@@ -31,16 +33,16 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.client import ApiError, HomefleetClient
+from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
-from app.client import ApiError, HomefleetClient
 from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.fleet.config import Fleet, Machine, with_fresh_tokens
 from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
+from app.fleet.config import Fleet, Machine, with_fresh_tokens
 
 MODEL = "tiny-sd"
 WORKERS = ("m1", "m2")
@@ -85,6 +87,7 @@ class DrillFleet:
         self.hung_after_s = hung_after_s
         self.broker_key_prefix = broker_key_prefix  # e.g. "drill:", as when one Redis serves several apps
         self.redis_port = free_port()
+        self.redis_password = secrets.token_urlsafe(16)  # the drill fleet's Redis runs with requirepass (issue 24)
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
         self.ctx: ServerContext | None = None
@@ -103,7 +106,7 @@ class DrillFleet:
         self.stop()
 
     def start(self) -> None:
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
         fleet = drill_fleet_config()
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ class DrillFleet:
         """Stop Redis and start an empty one on the same port (no persistence: queues are gone)."""
         assert self.redis is not None
         self.redis.stop()
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port)
+        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
 
     def kill_worker(self, machine: str) -> None:
         assert self.local is not None
@@ -198,15 +201,20 @@ class DrillFleet:
         return {j.id: j.state for j in self.ctx.journal.list()
                 if j.id not in self._earlier and j.state != JobState.rejected}
 
-    def result(self, name: str, acknowledged: set[str], timeout_s: float) -> DrillResult:
-        """Wait until every job of the drill has ended (or ``timeout_s``), then count."""
+    def wait_ended(self, job_ids: set[str], timeout_s: float) -> dict[str, JobState]:
+        """Wait until every job of the drill and of ``job_ids`` has ended (or ``timeout_s``);
+        return the drill's jobs' states."""
         deadline = time.monotonic() + timeout_s
         while True:
             states = self._drill_states()
-            mine = set(states) | acknowledged
-            if all(states.get(i) in ENDED for i in mine) or time.monotonic() > deadline:
-                break
+            if all(states.get(i) in ENDED for i in set(states) | job_ids) or time.monotonic() > deadline:
+                return states
             time.sleep(0.25)
+
+    def result(self, name: str, acknowledged: set[str], timeout_s: float) -> DrillResult:
+        """Wait until every job of the drill has ended (or ``timeout_s``), then count."""
+        states = self.wait_ended(acknowledged, timeout_s)
+        mine = set(states) | acknowledged
         runs = self.executions()
         return DrillResult(
             name=name, jobs=len(mine), runs=sum(runs[i] for i in mine),
@@ -299,44 +307,56 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
 
 def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
     """Issue 18: Redis loses its data (restarted without persistence) while m1 runs a long job
-    and ``count - 1`` jobs wait behind it; then ``max(1, count // 4)`` newer jobs are submitted
-    (retried while m1 is not yet online again). Reconciliation publishes the waiting ones again,
-    in journal order, ahead of the newer ones; each runs once; the long job, whose worker stays
-    alive, is never judged ``worker_lost``.
+    and jobs wait behind it; then newer jobs are submitted (retried while m1 is not yet online
+    again). Reconciliation publishes the waiting ones again, in journal order, ahead of the
+    newer ones; each runs once; the long job, whose worker stays alive, is never judged
+    ``worker_lost``. ``max(1, count // 25)`` rounds (restarts), each of ``count // rounds``
+    jobs: one long, the rest waiting, and a quarter as many newer ones.
 
-    Figures: ``queued_at_loss`` (jobs waiting when Redis lost its data), ``republished`` (of
-    them, published again: their journal event ``requeued``), ``ran_once`` (of them, executed
-    exactly once), ``order_kept`` (1 when m1 claimed every job, old and new, in journal order),
-    ``worker_lost`` (jobs marked so; target 0)."""
+    Figures: ``restarts``, ``queued_at_loss`` (jobs waiting when Redis lost its data),
+    ``republished`` (of them, published again: their journal event ``requeued``), ``ran_once``
+    (of them, executed exactly once), ``order_kept`` (1 when m1 claimed every job of the drill,
+    old and new, in journal order), ``worker_lost`` (jobs marked so; target 0)."""
     fleet.begin()
     assert fleet.ctx is not None and fleet.client is not None
-    running = _submit(fleet, 0, steps=40, target="m1")
-    fleet.wait_running("m1", True, timeout_s=120)
-    waiting = [_submit(fleet, i, steps=1, target="m1") for i in range(1, count)]
-    fleet.restart_redis()
-    newer = []
-    for i in range(count, count + max(1, count // 4)):
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                newer.append(_submit(fleet, i, steps=1, target="m1"))
-                break
-            except ApiError as error:  # 503 while m1's worker has not beaten again yet
-                if error.status_code != 503 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    result = fleet.result("redis_loss_requeue", {running, *waiting, *newer}, timeout_s=120 + 10 * count)
+    rounds = max(1, count // 25)
+    per_round = max(2, count // rounds)
+    mine: set[str] = set()
+    waiting: list[str] = []
+    for round_index in range(rounds):
+        base = round_index * per_round * 2
+        running = _submit(fleet, base, steps=40, target="m1")
+        fleet.wait_running("m1", True, timeout_s=120)
+        queued = [_submit(fleet, base + i, steps=1, target="m1") for i in range(1, per_round)]
+        fleet.restart_redis()
+        newer = [_submit_retrying(fleet, base + per_round + i) for i in range(max(1, per_round // 4))]
+        mine |= {running, *queued, *newer}
+        waiting += queued
+        fleet.wait_ended(mine, timeout_s=120 + 10 * per_round)
+    result = fleet.result("redis_loss_requeue", mine, timeout_s=60)
     runs = fleet.executions()
     journal = fleet.ctx.journal
     republished = sum(1 for job_id in waiting if any(e.event == "requeued" for e in journal.events(job_id)))
-    in_journal_order = [job.id for job in journal.list(machine="m1") if job.id in {running, *waiting, *newer}]
-    claimed = [job_id for job_id in fleet.claim_order("m1") if job_id in set(in_journal_order)]
-    worker_lost = sum(1 for job in journal.list() if job.id in set(in_journal_order) and job.reason == "worker_lost")
+    in_journal_order = [job.id for job in journal.list(machine="m1") if job.id in mine]
+    claimed = [job_id for job_id in fleet.claim_order("m1") if job_id in mine]
+    worker_lost = sum(1 for job in journal.list() if job.id in mine and job.reason == "worker_lost")
     return replace(result, figures={
-        "queued_at_loss": len(waiting), "republished": republished,
+        "restarts": rounds, "queued_at_loss": len(waiting), "republished": republished,
         "ran_once": sum(1 for job_id in waiting if runs[job_id] == 1),
         "order_kept": int(claimed == in_journal_order), "worker_lost": worker_lost,
     })
+
+
+def _submit_retrying(fleet: DrillFleet, index: int, timeout_s: float = 60.0) -> str:
+    """:func:`_submit` to m1, retried while it answers 503 (m1's worker has not beaten again yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _submit(fleet, index, steps=1, target="m1")
+        except ApiError as error:
+            if error.status_code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def drill_visibility(fleet: DrillFleet, count: int, steps: int = 30) -> DrillResult:
@@ -373,3 +393,49 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
 
 # Drills that need a fleet with other settings than the defaults.
 FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}
+
+
+UNDECODABLE: tuple[bytes, ...] = (
+    b"not json {",  # celery/celery#4308: kombu's loads of the popped item raises
+    json.dumps({"body": "!!! not base64", "content-encoding": "utf-8", "content-type": "application/json",
+                "headers": {}, "properties": {"body_encoding": "base64", "delivery_tag": "dead-letter-drill",
+                                              "delivery_info": {"exchange": "", "routing_key": ""}, "priority": 0}
+                }).encode(),  # celery/kombu#2421: the body does not decode
+    b"[1, 2, 3]",  # JSON, but no kombu message
+    b'{"properties": {}}',  # a message without a delivery tag
+    b"\xff\xfe not UTF-8 \x80",
+)
+"""What ``dead_letter_drill`` pushes onto a machine's queue ahead of a real job."""
+
+
+@dataclass(frozen=True)
+class DeadLetterDrill:
+    """The dead-letter drill's figures: messages pushed, dead letters found, the real job's end."""
+
+    machine: str
+    pushed: tuple[bytes, ...]
+    dead_letters: int
+    job_id: str
+    job_state: str
+    seconds: float
+
+    def line(self) -> str:
+        return (f"drill=dead_letter machine={self.machine} pushed={len(self.pushed)} "
+                f"dead_letters={self.dead_letters} job={self.job_state} seconds={self.seconds:.1f}")
+
+
+def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str, model: str = MODEL,
+                      timeout_s: float = 180.0) -> DeadLetterDrill:
+    """Push :data:`UNDECODABLE` onto ``machine``'s queue (``LPUSH``, as an attacker with Redis
+    access would), then submit a real txt2img job there and wait for it to end (issue 24).
+    A worker that survives moves each message to the dead-letter list and runs the job."""
+    start_s = time.monotonic()
+    before = int(ctx.redis.llen(ctx.keys.dead_letters()))
+    for raw in UNDECODABLE:
+        ctx.redis.lpush(ctx.keys.queue_list(machine), raw)
+    job_id = client.submit(model, "txt2img", {"prompt": "dead letters", "steps": 2, "width": 64, "height": 64},
+                           target=machine)["id"]
+    job = client.wait(job_id, timeout_s=timeout_s)
+    return DeadLetterDrill(machine=machine, pushed=UNDECODABLE,
+                           dead_letters=int(ctx.redis.llen(ctx.keys.dead_letters())) - before, job_id=job_id,
+                           job_state=str(job["state"]), seconds=time.monotonic() - start_s)

@@ -9,6 +9,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -53,19 +54,34 @@ class RedisProcess:
         stop_process_group(self.process)
 
 
-def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float = 10.0) -> RedisProcess:
+def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float = 10.0,
+                       password: str | None = None) -> RedisProcess:
     """Start a private redis-server on 127.0.0.1 (no persistence, noeviction), wait until it
-    answers, and return it. Raises ``RuntimeError`` if it does not answer in ``timeout_s``."""
+    answers, and return it (its ``url`` carries the password). With ``password`` it runs with
+    ``requirepass`` (issue 24: a client without it is refused), set in a configuration file of
+    mode 0600 in ``work_dir`` so that it never shows in the process list.
+
+    Raises:
+        RuntimeError: it does not answer in ``timeout_s`` seconds.
+    """
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+    command = [redis_server_binary()]
+    if password is not None:
+        config = work_dir / f"redis-{port}.conf"
+        config.touch(mode=0o600)
+        config.chmod(0o600)
+        config.write_text(f"requirepass {password}\n")
+        command.append(str(config))
+    command += [
+        "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
         "--maxmemory-policy", "noeviction", "--dir", str(work_dir),
     ]
     log = open(work_dir / f"redis-{port}.log", "wb")  # noqa: SIM115 - owned by the child process
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
-    url = f"redis://127.0.0.1:{port}/0"
+    credentials = f":{quote(password, safe='')}@" if password is not None else ""
+    url = f"redis://{credentials}127.0.0.1:{port}/0"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if redis_answers(url, 0.2):

@@ -111,3 +111,32 @@ class MachineQueues:
         """Atomically move the job's entry to the end of its machine's list that the worker reads
         next; True if it was there (False: a worker took it meanwhile)."""
         return bool(self._to_front(keys=[self.keys.queue_list(machine)], args=[job_id]))
+
+
+class DeadLetters:
+    """The messages workers moved aside because kombu could not decode them (issue 24;
+    app/core/dead_letters.py): a Redis list of JSON ``{queue, raw, error, at}``, newest first."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client, self.key = client, key
+
+    def count(self) -> int:
+        return int(self.client.llen(self.key))
+
+    def list(self, limit: int = 100) -> list[dict[str, object]]:
+        """The newest ``limit`` dead letters, parsed (an entry that is not JSON is shown as its raw text)."""
+        entries = []
+        for raw in self.client.lrange(self.key, 0, limit - 1):
+            try:
+                entries.append(json.loads(raw))
+            except ValueError:
+                entries.append({"queue": None, "raw": raw, "error": "not a dead-letter record", "at": None})
+        return entries
+
+    def clear(self) -> int:
+        """Remove every dead letter; the number removed. Atomic: one that arrives meanwhile stays."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.llen(self.key)
+            pipe.delete(self.key)
+            removed, _ = pipe.execute()
+        return int(removed)

@@ -30,6 +30,7 @@ from typing import Any
 from celery import Celery
 
 from app.core.config import Settings
+from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
     ServiceDown, from_core
@@ -291,6 +292,19 @@ class Dispatcher:
                                            message=error.message))
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
+
+    def purge(self, machine: str) -> list[Job]:
+        """Cancel every queued job of ``machine`` (reason ``purged``), oldest first, each as
+        :meth:`cancel` does: the journal first, then its entry is removed from the list. Jobs
+        that started meanwhile are left alone. Returns the purged jobs."""
+        purged = []
+        message = f"its queue {keys_queue(machine)} was purged (`homefleet purge {machine}`); the job was not run"
+        for job in self.journal.list([JobState.queued], machine=machine):
+            try:
+                purged.append(self.cancel(job.id, reason="purged", message=message))
+            except Conflict:
+                continue  # claimed meanwhile
+        return purged
 
     def cancel(self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started",
                announce: bool = True) -> Job:

@@ -129,7 +129,7 @@ class Reconciler:
             report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
         cutoff = utcnow() - timedelta(seconds=self.settings.idempotency_ttl_s)
         report.forgotten_idempotency_keys = self.journal.forget_idempotency_keys(cutoff)
-        if report.interrupted or report.cancelled or report.released_reservations or report.redis_lost:
+        if report.interrupted or report.cancelled or report.released_reservations or report.requeued:
             log.warning("reconciliation: %s", report)
         return report
 
@@ -204,13 +204,15 @@ class Reconciler:
                             "the job was not run")
             return
         try:
-            self.journal.transition(
+            purged = self.journal.transition(
                 job.id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
                 message=f"its message was removed from the queue {queue(job.machine or '')} before any worker took "
                         "it (a purge, e.g. `celery purge`); the job was not run")
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job.id] = "purged"
+        if self.events is not None:  # Flower shows it REVOKED, not PENDING forever
+            self.events.ended(purged)
 
     def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
         """Redis lost its data: write every live job's reservation again and publish again every

@@ -14,9 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
 from app.core.errors import Conflict, NotFound
-from app.core.states import ACTIVE, ENDED, LEGAL, JobState
+from app.core.states import ACTIVE, ENDED, LEGAL, RESULT_NOT_STORED, JobState
 from app.db.tables import Job, JobEvent, utcnow
-
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
 _INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
@@ -173,7 +172,7 @@ class Journal:
     def cancel(self, job_id: str, reason: str = "cancelled",
                message: str = "cancelled by request before it started") -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
-        Flower or the celery CLI). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 
@@ -195,6 +194,20 @@ class Journal:
     def succeed(self, job_id: str, machine: str, **values: Any) -> Job:
         """``running -> succeeded`` with the stored result's digest, path, media type and bytes."""
         return self.transition(job_id, [JobState.running], JobState.succeeded, machine=machine, **values)
+
+    def recover(self, job_id: str, machine: str, **values: Any) -> Job:
+        """``failed -> succeeded`` for a job that failed ``result_not_stored`` only, once its
+        spooled result has been stored (issue 24): one conditional UPDATE.
+
+        Raises:
+            Conflict: the job is not failed, or failed for another reason (nothing changes).
+        """
+        job = self.get(job_id)
+        if job.state != JobState.failed or job.reason != RESULT_NOT_STORED:
+            raise Conflict(f"job {job_id} is {job.state} ({job.reason}); only a {RESULT_NOT_STORED} failure takes "
+                           "a recovered result", reason="not_recoverable")
+        return self.transition(job_id, [JobState.failed], JobState.succeeded, machine=machine,
+                               event_detail="recovered result", reason=None, message=None, **values)
 
     def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
         """``running -> failed`` with a reason code and message."""

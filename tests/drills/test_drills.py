@@ -73,7 +73,7 @@ def test_r19_redis_loss_requeue_drill(drill_fleet: DrillFleet) -> None:
     result = DRILLS["redis_loss_requeue"](drill_fleet, 8)
     check(result, 8)
     assert (result.runs, result.interrupted) == (10, 0), result.line()
-    assert result.figures == {"queued_at_loss": 7, "republished": 7, "ran_once": 7, "order_kept": 1,
+    assert result.figures == {"restarts": 1, "queued_at_loss": 7, "republished": 7, "ran_once": 7, "order_kept": 1,
                               "worker_lost": 0}, result.line()
     assert drill_fleet.ctx.redis.keys("machine.*") == []  # nothing outside the prefix
 

@@ -92,11 +92,13 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     assert "Purged 1 message" in purged, purged
     assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m1")) == 0
     assert fleet.client.wait(busy["id"], timeout_s=300)["state"] == "succeeded"
-    # The purged job never runs; reconciliation says so instead of letting it vanish (R19).
+    # The purged job never runs; reconciliation says so, as a purge (R19, issue 18).
     deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60
     while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert (fleet.client.get(waiting["id"])["state"], fleet.client.get(waiting["id"])["reason"]) == ("interrupted", "lost")
+    ended = fleet.client.get(waiting["id"])
+    assert (ended["state"], ended["reason"]) == ("cancelled", "purged"), ended
+    assert "removed from the queue machine.m1" in ended["message"]
 
 
 def test_serve_logs_where_it_listens_and_no_line_per_request(fleet: RunningFleet) -> None:

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from app.client import ApiError
-from app.core import keys
 from app.core.digest import file_digest
 from tests.helpers import run_cli, settings_env, wait_for
 from tests.netns.conftest import MODEL, MultiHostFleet

@@ -4,7 +4,6 @@ option it names is one the CLI has, and Redis runs with AOF on and noeviction.""
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Any
 
 import typer
@@ -32,6 +31,7 @@ def test_every_compose_service_runs_an_existing_command() -> None:
         if argv[0] == "redis-server":
             assert argv[argv.index("--appendonly") + 1] == "yes"
             assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
+            assert "REDIS_PASSWORD" in argv[argv.index("--requirepass") + 1]  # issue 24: never open
             continue
         assert argv[0] == "homefleet", f"service {name} runs {argv[0]!r}, not a homefleet command"
         words = [a for a in argv[1:] if not a.startswith("-")]
@@ -41,6 +41,17 @@ def test_every_compose_service_runs_an_existing_command() -> None:
             if arg.startswith("--"):
                 assert arg.split("=")[0] in options, f"service {name}: `{command.name}` has no option {arg}"
     assert services["cuda-worker"]["profiles"] == ["cuda"]
+
+
+def test_every_service_is_restarted_and_uses_redis_with_its_password() -> None:
+    """Issue 24: a worker (or the API, or Redis) that dies is restarted by Docker; every
+    server-side service's Redis URL carries the password Redis requires."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name, service in services.items():
+        assert service.get("restart") == "unless-stopped", name
+        url = service.get("environment", {}).get("HOMEFLEET_REDIS_URL")
+        if url is not None:
+            assert url.startswith("redis://:${REDIS_PASSWORD"), (name, url)
 
 
 def test_compose_builds_an_image_that_exists_and_runs_remote_workers_against_the_servers_address() -> None:

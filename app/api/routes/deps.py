@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.responses import FileResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.auth import machine_of
 from app.context import ServerContext
-from app.core.errors import Forbidden, Unauthorized
+from app.core.errors import Forbidden
 from app.db.tables import Job
 from app.fleet.config import Machine
 
@@ -30,26 +33,15 @@ def get_worker_machine(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(MACHINE_TOKEN_SCHEME)] = None,
     x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,
 ) -> Machine:
-    """The machine whose token the request carries (``Authorization: Bearer <token>``). A
-    worker also names its machine (``X-Homefleet-Machine``); it must be the token's.
+    """The machine whose token the request carries (``Authorization: Bearer <token>``), naming
+    itself in ``X-Homefleet-Machine`` (app/api/auth.py ``machine_of``, which the middleware
+    applied before the body was read).
 
     Raises:
-        Unauthorized: no bearer token, one that belongs to no machine, or another machine's
-            token than the one the worker names (its jobs would all be refused at claim).
+        Unauthorized: see ``machine_of``.
     """
-    token = credentials.credentials.strip() if credentials is not None else ""
-    if not token:
-        raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
-    machine = ctx.fleet.machine_for_token(token)
-    if machine is None:
-        raise Unauthorized("the token belongs to no machine of this fleet")
-    if x_homefleet_machine is not None and x_homefleet_machine != machine.name:
-        if x_homefleet_machine not in ctx.fleet.machines:
-            raise Unauthorized(f"the worker names machine {x_homefleet_machine!r}, which is not in this fleet "
-                               f"({', '.join(sorted(ctx.fleet.machines))}); fix --machine or add it to the fleet file")
-        raise Unauthorized(f"the worker says it is machine {x_homefleet_machine!r}, but its token belongs to machine "
-                           f"{machine.name!r}; give each worker its own machine's token")
-    return machine
+    authorization = f"Bearer {credentials.credentials}" if credentials is not None else ""
+    return machine_of(ctx.fleet, authorization, x_homefleet_machine)
 
 
 WorkerMachine = Annotated[Machine, Depends(get_worker_machine)]
@@ -66,3 +58,15 @@ def job_of_machine(ctx: ServerContext, job_id: str, machine: Machine) -> Job:
     if job.machine != machine.name:
         raise Forbidden(f"job {job_id} is placed on {job.machine!r}, not on {machine.name!r}")
     return job
+
+
+def stored_file(path: str | Path, media_type: str, filename: str, digest: str | None = None) -> FileResponse:
+    """A stored file as the API serves it (issue 24): its stored media type,
+    ``X-Content-Type-Options: nosniff`` (a browser never second-guesses it),
+    ``Content-Disposition: attachment; filename=…`` (it is downloaded, never rendered in the
+    API's origin) and, when known, ``X-Content-Digest``."""
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if digest is not None:
+        headers["X-Content-Digest"] = digest
+    return FileResponse(path, media_type=media_type, filename=filename, headers=headers,
+                        content_disposition_type="attachment")

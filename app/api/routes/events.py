@@ -20,12 +20,13 @@ from anyio import to_thread
 from fastapi import APIRouter
 from sse_starlette.sse import EventSourceResponse
 
-from app.context import ServerContext
-from app.core.states import ENDED, JobState
 from app.api.routes.deps import Context
 from app.api.schemas import JobPublic
+from app.api.strict_json import StrictJsonRoute
+from app.context import ServerContext
+from app.core.states import ENDED, JobState
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 POLL_S = 0.2  # how often the journal and the progress hash are read
 PING_S = 15  # keep-alive comment interval (seconds)

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.auth import bearer_token
 from app.api.routes.deps import Context
+from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.limits import limits_for
@@ -61,7 +62,7 @@ from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
 from routing.placement import SERVER
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
@@ -168,7 +169,7 @@ class HfParameters(BaseModel):
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
-    guidance_scale: float | None = None  # range checked with the job's params (app/core/kinds.py)
+    guidance_scale: float | None = Field(None, allow_inf_nan=False)  # range checked with the job's params (app/core/kinds.py)
     seed: int | None = Field(None, ge=0, lt=2**31)
 
 

@@ -11,10 +11,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.auth import require_api_key
-from app.core.connections import redacted_url
 from app.api.routes.deps import Context
+from app.api.strict_json import StrictJsonRoute
+from app.core.connections import redacted_url
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 @router.get("/health", response_model=None)

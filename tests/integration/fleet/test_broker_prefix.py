@@ -17,15 +17,19 @@ from app.context import ServerContext, build_context
 from app.core.celery_app import create_celery
 from app.core.config import Settings
 from app.core.states import JobState
-from tests.helpers import bring_online, make_fleet
+from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 
 PREFIX = "app2:"
 
 
 @pytest.fixture
-def prefixed(settings: Settings) -> Iterator[ServerContext]:
-    context = build_context(settings.model_copy(update={"broker_key_prefix": PREFIX, "lost_grace_s": 0.0}),
-                            make_fleet("m1"), migrate=True)
+def prefixed(settings: Settings, tmp_path: Path) -> Iterator[ServerContext]:
+    fleet = make_fleet("m1")
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet.to_toml())  # for the CLI
+    context = build_context(settings.model_copy(update={"broker_key_prefix": PREFIX, "lost_grace_s": 0.0,
+                                                        "fleet_file": fleet_file}), fleet, migrate=True)
+    context.pairing.check()  # the server's journal, as `serve` records it
     context.redis.set(context.keys.redis_seen(), time.time() - 3600)  # a Redis it knows
     yield context
     context.close()
@@ -82,3 +86,21 @@ def test_r19_under_a_prefix_redis_data_loss_republishes_to_the_prefixed_list(
     assert report.requeued == jobs
     assert ctx.queues.queued_ids("m1") == jobs and ctx.redis.llen("app2:machine.m1") == 2
     assert not ctx.redis.exists("machine.m1")
+
+
+def test_r19_homefleet_purge_ends_the_queued_jobs_cancelled_as_purged_at_once(
+    prefixed: ServerContext, tiny_models_dir: Path
+) -> None:
+    """Issue 18: ``homefleet purge MACHINE`` (here under a broker prefix) cancels every queued
+    job there, journal first, reason ``purged``, with a message saying its queue was purged."""
+    ctx = prefixed
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    jobs = [submit(ctx, model) for _ in range(2)]
+    shown = run_cli("purge", "m1", "--yes", env=settings_env(ctx.settings)).stdout
+    assert "m1: purged 2 queued jobs" in shown and all(job in shown for job in jobs)
+    for job_id in jobs:
+        job = ctx.journal.get(job_id)
+        assert (job.state, job.reason) == (JobState.cancelled, "purged")
+        assert "its queue machine.m1 was purged" in (job.message or "")
+    assert ctx.queues.length("m1") == 0 and ctx.machines.reservations.count("m1") == 0

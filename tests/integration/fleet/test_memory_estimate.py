@@ -146,3 +146,22 @@ def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_im
     assert error["reason"] == "invalid_size"
     assert error["message"] == ("params.image: the output would be 1056 x 1024 = 1081344 pixels; the limit (max_pixels) "
                                 "is 1048576; send a smaller image")
+
+
+@pytest.mark.parametrize(("precision", "quantization", "share"), [("bf16", None, 0.5), ("fp16", None, 0.5)])
+def test_r10_a_variant_is_priced_by_what_it_occupies_loaded_not_by_its_files(
+        api: Api, tiny_models_dir: Path, precision: str, quantization: str | None, share: float) -> None:
+    """Issue 19: the same fp32 files registered as a bf16/fp16 variant are priced at half the
+    bytes (the weights are loaded in that dtype), so placement no longer refuses a variant as
+    too large at its full-precision size."""
+    client, ctx = api(FLEET_COEFFICIENTS)
+    variant = f"tiny-sd-{precision}"
+    ctx.registry.add(tiny_models_dir / MODEL, variant, precision=precision, quantization=quantization)
+    bring_online(ctx, "m1", {MODEL, variant})
+    full = loaded_weight_bytes(tiny_models_dir / MODEL)  # fp32 files
+    answer = client.post("/v1/jobs", json={"model": variant, "kind": "txt2img", "target": "m1",
+                                          "params": {"prompt": "x", "width": 64, "height": 64}})
+    assert answer.status_code == 202, answer.text
+    shown = client.get(f"/v1/jobs/{answer.json()['id']}").json()["memory_estimate"]
+    assert shown["weights_bytes"] == int(full * share) == ctx.registry.weights_bytes(variant)
+    assert ctx.dispatcher.costs.model_profiles()[MODEL].weights_bytes == full  # the fp32 registration: its files' bytes
