@@ -26,7 +26,8 @@ def create_celery(settings: BrokerSettings) -> Celery:
     """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish."""
     app = Celery("homefleet", broker=broker_url(settings.redis_url), set_as_current=False)
     transport = {
-        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),  # undecodable messages (issue 24)
+        # undecodable messages (issue 24); named without the broker prefix, which kombu's client adds
+        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,
         "socket_connect_timeout": 10,

@@ -98,8 +98,8 @@ class Channel(kombu_redis.Channel):
     def _move_aside(self, raw: str, error: Exception, queue: str | None = None) -> None:
         queue = queue or self._last_queue()
         with self.conn_or_acquire() as client:
-            client.lpush(self.dead_letter_key, dead_letter(raw, queue, error))
-            client.ltrim(self.dead_letter_key, 0, MAX_DEAD_LETTERS - 1)
+            client.lpush(self.dead_letter_key, dead_letter(raw, queue, error))  # kombu's client adds global_keyprefix
+            client.ltrim(self.global_keyprefix + self.dead_letter_key, 0, MAX_DEAD_LETTERS - 1)  # LTRIM: it does not
         log.error("queue %s held a message that cannot be decoded (%s: %s); moved to %s, consuming on",
                   queue, type(error).__name__, error, self.dead_letter_key)
 
