@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+# Real-HTTP fuzz of the public API (issue 24): schemathesis, all checks, >= 2,000 cases.
+fuzz: $(STAMP)
+	$(VENV)/bin/homefleet fuzz --examples 12 --min-cases 2000
 
 clean:
 	rm -rf $(VENV) var

@@ -15,19 +15,11 @@ from celery import Celery
 
 from app.core.celery_app import create_celery
 from app.core.config import BrokerSettings
-from app.core.dead_letters import TRANSPORT_ALIAS
 
 
 @functools.cache
 def _fleet_app() -> Celery:
-    # The celery CLI and Flower consume no machine queue, so they use kombu's own Redis transport
-    # rather than the workers' dead-lettering one (app/core/dead_letters.py): its URL scheme
-    # (redis://, redis+socket://) is one Flower knows for its queue lengths; `hfredis` it answers
-    # with 404 "broker is not supported". Same Redis, same transport options (the broker key prefix).
-    app = create_celery(BrokerSettings())
-    app.conf.broker_transport = None
-    app.conf.broker_url = str(app.conf.broker_url).replace(f"{TRANSPORT_ALIAS}+socket://", "redis+socket://", 1)
-    return app
+    return create_celery(BrokerSettings())
 
 
 def __getattr__(name: str) -> Celery:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from app.core.processors import QWEN_VL_PROCESSOR, load_image_processor_only, video_processors_available
 from app.core.quiet import quiet_import_warnings
 from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
@@ -53,9 +54,20 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype}
     if quantization is not None:
         kwargs["quantization_config"] = _quantization_config(folder, quantization)
+    kwargs.update(_components_without_torchvision(folder))
     pipeline = DiffusionPipeline.from_pretrained(str(folder), **kwargs)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def _components_without_torchvision(folder: Path) -> dict[str, Any]:
+    """Components loaded here instead of by diffusers: a Qwen2-VL ``processor`` (Qwen-Image-Edit)
+    when transformers cannot build video processors (no torchvision), loaded with its image and
+    text halves only (:mod:`app.core.processors`); the pipeline feeds it images and text only."""
+    index = json.loads((folder / "model_index.json").read_text())
+    if tuple(index.get("processor") or ()) == QWEN_VL_PROCESSOR and not video_processors_available():
+        return {"processor": load_image_processor_only(folder / "processor")}
+    return {}
 
 
 def _quantization_config(folder: Path, quantization: str) -> Any:

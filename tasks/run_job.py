@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import httpx
 from celery.exceptions import Ignore
@@ -18,12 +20,14 @@ from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
+from app.core.states import RESULT_NOT_STORED
 from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
 from tasks.kinds import runner
 from tasks.loading import make_resident
 from tasks.provenance import embedded_provenance
+from tasks.spool import ResultSpool, Spooled, retriable, upload_with_retries
 from tasks.watchdog import mark_working
 
 log = logging.getLogger("homefleet.worker")
@@ -142,7 +146,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         # 4. Run.
         started = time.perf_counter()
         output = runner(kind)(loaded.pipeline, params, lambda step, total: report_progress(job_id, step, total),
-                              provenance, inputs)
+                              provenance, inputs, family=claim.manifest.family)
         run_s = time.perf_counter() - started
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)
@@ -157,11 +161,10 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
             log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
             raise Ignore() from error
         raise JobNotSucceeded(job_id, reason, message) from error
-    # 5. Upload.
+    # 5. Upload; a result the server cannot store yet is spooled and retried (tasks/spool.py).
     digest = bytes_digest(output.data)
     try:
-        rt.server.upload(job_id, output.data, output.media_type, digest, load_s=load_s or 0.0, run_s=run_s,
-                         cold_load=cold, provenance=provenance)
+        upload_result(rt, job_id, output.data, output.media_type, digest, load_s or 0.0, run_s, cold, provenance)
     except (Conflict, httpx.HTTPError) as refusal:
         # Not running any more (the server ended it meanwhile, and said so), or not reported
         # (reconciliation ends it, and says so): no outcome of this task's own.
@@ -172,3 +175,50 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         raise JobNotSucceeded(job_id, refusal.reason or "result_refused", refusal.message) from refusal
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data),
              load_s or 0.0, run_s)
+
+
+def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_type: str, digest: str, load_s: float,
+                  run_s: float, cold: bool, provenance: dict[str, Any]) -> None:
+    """Upload the result (R2). While the server cannot store it (507 ``storage_full``, 5xx) the
+    bytes are kept in the worker's spool and the upload is retried with backoff; when the
+    retries are spent the job is reported ``failed`` with reason ``result_not_stored`` naming
+    the spooled file, which stays for ``homefleet results recover`` (issue 24).
+
+    Raises:
+        JobNotSucceeded: the retries were spent (the job is failed ``result_not_stored``).
+        Conflict, httpx.HTTPError, HomefleetError: as ``ServerClient.upload``; a spooled copy
+            is then removed, except after a transport error (the server may still take it).
+    """
+    settings = rt.settings
+    spool = ResultSpool(settings.result_spool)
+    kept: Path | None = None
+
+    def attempt() -> object:
+        nonlocal kept
+        try:
+            return rt.server.upload(job_id, data, media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
+                                    provenance=provenance)
+        except HomefleetError as error:
+            if retriable(error) and kept is None:
+                kept = spool.keep(Spooled(job_id=job_id, digest=digest, media_type=media_type, load_s=load_s,
+                                          run_s=run_s, cold_load=cold, provenance=provenance,
+                                          spooled_at=time.time()), data)
+                log.error("job %s: the server could not store the result (%s); kept in %s", job_id, error.message,
+                          kept)
+            raise
+
+    try:
+        upload_with_retries(attempt, settings.result_upload_attempts, settings.result_retry_s, job_id)
+    except HomefleetError as error:
+        if kept is None or not retriable(error):
+            if kept is not None:
+                spool.remove(job_id)
+            raise
+        message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
+                   f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet results "
+                   "recover` there once the server has room")
+        log.error("job %s: %s", job_id, message)
+        rt.server.fail(job_id, RESULT_NOT_STORED, message, load_s=load_s, run_s=run_s)
+        raise JobNotSucceeded(job_id, RESULT_NOT_STORED, message) from error
+    if kept is not None:
+        spool.remove(job_id)

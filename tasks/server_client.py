@@ -13,7 +13,15 @@ from typing import Any
 import httpx
 
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, Forbidden, HomefleetError, IntegrityFailure, NotFound, Unauthorized
+from app.core.errors import (
+    Conflict,
+    Forbidden,
+    HomefleetError,
+    IntegrityFailure,
+    NotFound,
+    StorageFull,
+    Unauthorized,
+)
 from app.core.protocol import (
     Claim,
     FailureReport,
@@ -79,10 +87,12 @@ class ServerClient:
             error = {}
         message = error.get("message") or response.text[:500]
         reason = error.get("reason")
-        for cls in (Conflict, NotFound, Forbidden, Unauthorized):
+        for cls in (Conflict, NotFound, Forbidden, Unauthorized, StorageFull):
             if response.status_code == cls.status_code:
                 raise cls(message, reason=reason)
-        raise HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
+        error = HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
+        error.status_code = response.status_code  # e.g. a 500 or 503: tasks/spool.py retries those uploads
+        raise error
 
     def manifest(self) -> dict[str, Manifest]:
         """Every registered model's manifest, by model id."""

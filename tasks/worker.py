@@ -119,7 +119,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
     rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
-    celery = create_celery(settings)
+    celery = create_celery(settings, consumer=True)  # it pops messages: dead letters moved aside
     # throws: a job that failed is the task's expected FAILURE (Flower agrees), logged without a traceback
     celery.task(name=RUN_JOB_TASK, ignore_result=True, throws=(JobNotSucceeded,))(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job

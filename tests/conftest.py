@@ -51,6 +51,17 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_families_dir(tiny_models_dir: Path) -> Path:
+    """:func:`tiny_models_dir` with a tiny pipeline of every family the registry accepts
+    (issue 19: ``tiny-sdxl``, ``tiny-flux``, ``tiny-qwen-image-edit``, ``tiny-wan`` added; the
+    folder names in ``app.devtools.tiny_models.TINY_MODELS``), built once per session (~10 s)."""
+    from app.devtools.tiny_models import TINY_MODELS, make_tiny_families
+
+    make_tiny_families(tiny_models_dir, families=tuple(TINY_MODELS.values()))
+    return tiny_models_dir
+
+
 @pytest.fixture
 def redis_url(redis_base_url: str) -> str:
     """Database 1 of the session's Redis, flushed for this test."""
@@ -125,9 +136,12 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
 # test by test. Each xdist worker has its own Redis server, ports and temporary folders.
 XDIST_GROUPS = {
     "tests/e2e/test_kinds.py": "kinds",
+    "tests/e2e/test_families.py": "families",  # its own fleet: every pipeline class (issue 19)
     "tests/e2e/test_sync.py": "sync",
     "tests/e2e/test_watchdog.py": "watchdog",
+    "tests/e2e/test_full_disk.py": "full_disk",  # its own server, under prlimit --fsize
     "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
+    "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)

@@ -159,3 +159,16 @@ class FakePipeline:
         self.torch.calls.append(f"free({self.name})")
         self.torch.live_bytes -= self.nbytes
         self.torch.cached_bytes += self.nbytes
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A small PNG whose header claims ``width`` x ``height`` pixels (its IHDR rewritten, CRC
+    fixed): a decompression bomb's first bytes, without its memory."""
+    import struct
+    import zlib
+
+    data = bytearray(png(8, 8))
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
+    return bytes(data)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
 import re
 import time
@@ -17,20 +17,28 @@ from fastapi_offline import FastAPIOffline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.api.openapi import documented, part_of, path_pattern
 from app.api.routes import events, images, internal, public, residency, serving, sync
 from app.api.routes.deps import WorkerMachine
 from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
-from app.core.errors import HomefleetError, ServiceDown
+from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.jobs.reconcile import ReconcileLoop
+from app.store.files import DISK_FULL
 
 VERSION = "0.1.0"
+HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "trace"}
+#: GET routes outside the OpenAPI document (its own page and files, the docs, the internal one)
+UNDOCUMENTED_GET = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/internal/openapi.json",
+                    "/static-offline-docs/{file:path}")
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
 #: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
@@ -88,6 +96,26 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
             reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
 
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own refusals (a body that cannot be parsed: 400; no such route: 404) in
+        the common error body. FastAPI answers 400 "There was an error parsing the body" when
+        spooling a multipart body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            message = (f"the request body could not be spooled to a temporary file ({cause.strerror}); "
+                       "the server's disk is full: retry later")
+            log.error("%s %s: storage full: %s", request.method, request.url.path, message)
+            return error_response(request.url.path, StorageFull(message))
+        reason = HTTP_REASONS.get(error.status_code, "http_error")
+        refusal = HomefleetError(str(error.detail), reason=reason)
+        refusal.status_code = error.status_code
+        answer = error_response(request.url.path, refusal)
+        answer.headers.update(error.headers or {})
+        return answer
+
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
@@ -133,21 +161,52 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
     api.include_router(residency.router, dependencies=keyed)
-    document_internal_apart(api)
+    document_internal_apart(api, context, settings)
     return api
 
 
-def document_internal_apart(api: FastAPI) -> None:
+def document_internal_apart(api: FastAPI, context: ServerContext, settings: Settings) -> None:
     """The public OpenAPI document (``/openapi.json``, ``/docs``, ``/redoc``) leaves the internal
     routes (``/internal/...``: machine tokens, not API keys) out; they have their own,
     ``GET /internal/openapi.json``, for a machine token."""
     whole = api.openapi  # FastAPI's: the document of every route
-    parts: dict[bool, dict[str, Any]] = {}
+    parts: dict[tuple[bool, tuple[str, ...]], dict[str, Any]] = {}
 
     def part(internal: bool) -> dict[str, Any]:
-        if internal not in parts:
-            parts[internal] = part_of(whole(), internal=internal)
-        return parts[internal]
+        models = tuple(sorted(record.id for record in context.registry.list()))  # the document follows the registry
+        if (internal, models) not in parts:
+            parts.clear()
+            parts[(internal, models)] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines,
+                                                           settings.limits, models), internal=internal)
+        return parts[(internal, models)]
+
+    allowed: list[tuple[re.Pattern[str], set[str]]] = []
+
+    @api.middleware("http")
+    async def methods_of_the_path(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """OPTIONS: 204 with ``Allow`` listing every method of the path (all its routes); any
+        other method the path does not take: 405 with the same ``Allow``."""
+        if not allowed:
+            table: dict[str, set[str]] = {path: set() for path in UNDOCUMENTED_GET}
+            for path, item in whole()["paths"].items():
+                table.setdefault(path, set()).update(method.upper() for method in item if method in HTTP_METHODS)
+            for path in UNDOCUMENTED_GET:
+                table[path].add("GET")
+            allowed.extend((path_pattern(path), methods) for path, methods in table.items())
+        matched = [methods for pattern, methods in allowed if pattern.match(request.url.path)]
+        if matched:
+            methods = set().union(*matched) | {"OPTIONS"}
+            allow = ", ".join(sorted(methods))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": allow})
+            if request.method not in methods:
+                error = HomefleetError(f"{request.method} is not a method of {request.url.path}; it takes {allow}",
+                                       reason="method_not_allowed")
+                error.status_code = 405
+                answer = error_response(request.url.path, error)
+                answer.headers["Allow"] = allow
+                return answer
+        return await call_next(request)
 
     def public_openapi() -> dict[str, Any]:
         return part(internal=False)
@@ -163,25 +222,6 @@ def document_internal_apart(api: FastAPI) -> None:
 
     api.openapi = public_openapi  # type: ignore[method-assign]
 
-
-def part_of(schema: dict[str, Any], *, internal: bool) -> dict[str, Any]:
-    """The OpenAPI document of the internal routes (``internal``) or of all the others, with
-    only the component schemas and security schemes its operations reference."""
-    paths = {path: item for path, item in schema["paths"].items() if path.startswith(INTERNAL_PREFIX) == internal}
-    components = schema.get("components", {})
-    defined = components.get("schemas", {})
-    wanted: set[str] = set()
-    pending = [paths]
-    while pending:
-        refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(pending.pop()))) - wanted
-        wanted |= refs
-        pending.extend(defined[name] for name in refs if name in defined)
-    used_schemes = {name for item in paths.values() for op in item.values() if isinstance(op, dict)
-                    for requirement in op.get("security", []) for name in requirement}
-    kept = {"schemas": {name: defined[name] for name in sorted(wanted) if name in defined},
-            "securitySchemes": {name: scheme for name, scheme in components.get("securitySchemes", {}).items()
-                                if name in used_schemes}}
-    return {**schema, "paths": paths, "components": {key: value for key, value in kept.items() if value}}
 
 
 def upload_limits(settings: Settings) -> list[RouteLimit]:

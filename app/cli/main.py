@@ -25,7 +25,7 @@ from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.core.config import WorkerSettings, unknown_variables
 from app.core.errors import ConfigError, HomefleetError
-from app.core.limits import DEFAULT_FAMILY
+from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
 from app.fleet.config import load_fleet
 
@@ -53,8 +53,8 @@ def serve() -> None:
     except ValueError as error:
         raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
                           "give each machine `token = \"...\"` (docs/operations.md, \"The fleet file\")") from error
-    try:  # a limit for a misspelt family would apply to nothing (R22)
-        fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY])
+    try:  # a limit for a misspelt family would apply to nothing (R22); the built-in entries are not misspelt
+        fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY, *default_limits()])
     except ValueError as error:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
     ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)
@@ -96,6 +96,33 @@ def worker(
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
     logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
     start_worker(settings, loglevel)
+
+
+results_cli = typer.Typer(help="A worker's results the server could not store (issue 24).")
+cli.add_typer(results_cli, name="results")
+
+
+@results_cli.command("recover")
+def results_recover(
+    machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+    server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
+) -> None:
+    """On a worker's host: upload the results its spool kept because the server could not store
+    them (jobs failed ``result_not_stored``); each one the server takes makes its job
+    ``succeeded``. Exit 1 if any stays in the spool."""
+    from tasks.spool import recover_spool
+
+    overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token_file": token_file,
+                                   "server_url": server_url}.items() if v is not None}
+    outcomes = recover_spool(WorkerSettings(**overrides))  # type: ignore[arg-type]
+    for job_id, outcome in outcomes:
+        console.print(f"{job_id}: {escape(outcome)}")
+    kept = sum(1 for _, outcome in outcomes if outcome.startswith("kept"))
+    console.print(f"{len(outcomes)} spooled results: {len(outcomes) - kept} brought in or refused, {kept} kept")
+    raise typer.Exit(1 if kept else 0)
 
 
 def settings_problem(error: ValidationError | SettingsError) -> str:

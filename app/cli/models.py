@@ -16,13 +16,28 @@ models_cli = typer.Typer(help="The model registry (server side).", no_args_is_he
 @models_cli.command("make-tiny")
 def models_make_tiny(
     directory: Annotated[Path, typer.Argument(help="where to build the tiny pipelines")],
-    kind: Annotated[list[str] | None, typer.Option(help="kinds to build (repeatable); default txt2img")] = None,
+    family: Annotated[list[str] | None, typer.Option(
+        help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, flux-kontext, sd-upscale, "
+             "animatediff, wan, or all; default sd1")] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families)")] = None,
     seed: int = 0,
 ) -> None:
     """Build tiny diffusers pipelines with random weights (never downloads anything)."""
-    from app.devtools.tiny_models import make_tiny
+    from app.devtools.tiny_models import KIND_FAMILIES, TINY_MODELS, make_tiny_families
 
-    built = make_tiny(directory, kinds=tuple(kind or ["txt2img"]), seed=seed)
+    wanted = list(family or [])
+    if "all" in wanted:
+        wanted = list(TINY_MODELS.values())
+    unknown = [name for name in kind or [] if name not in KIND_FAMILIES]
+    if unknown:
+        raise typer.BadParameter(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KIND_FAMILIES)}",
+                                 param_hint="--kind")
+    wanted += [KIND_FAMILIES[name] for name in kind or []]
+    try:
+        built = make_tiny_families(directory, families=wanted or ["sd1"], seed=seed)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--family") from error
     for name, folder in built.items():
         console.print(f"{name}: {folder}")
 

@@ -29,7 +29,8 @@ def residency_set(
 
     ctx = build_checked_context(Settings())
     try:
-        kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, models or [])
+        kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, models or [],
+                                costs=ctx.dispatcher.costs)
         console.print(f"{machine}: keeps {', '.join(sorted(kept)) or 'nothing'} resident")
     finally:
         ctx.close()

@@ -22,12 +22,18 @@ SYNC_TASK = "homefleet.sync"  # R6: published to machine.<name>, so it waits its
 UNROUTED_QUEUE = "homefleet.unrouted"  # no worker reads it: a message without a machine goes nowhere
 
 
-def create_celery(settings: BrokerSettings) -> Celery:
-    """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish."""
-    app = Celery("homefleet", broker=broker_url(settings.redis_url), set_as_current=False)
+def create_celery(settings: BrokerSettings, consumer: bool = False) -> Celery:
+    """A Celery app bound to ``settings.redis_url``. Connects lazily, on first publish.
+
+    ``consumer``: the app of a worker, which pops messages from its queue: on kombu's Redis
+    transport with undecodable messages moved aside (app/core/dead_letters.py). Every other
+    process (the server, the CLI, Flower: Flower's queue lengths know kombu's own transport
+    names only) publishes, inspects or listens to events on kombu's own Redis transport, with
+    the same keys."""
+    transport_name = TRANSPORT_ALIAS if consumer else "redis"
+    app = Celery("homefleet", broker=broker_url(settings.redis_url, transport_name), set_as_current=False)
     transport = {
-        # undecodable messages (issue 24); named without the broker prefix, which kombu's client adds
-        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),
+        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),  # undecodable messages (issue 24)
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,
         "socket_connect_timeout": 10,
@@ -52,9 +58,9 @@ def create_celery(settings: BrokerSettings) -> Celery:
         result_serializer="json",
         event_serializer="json",
         broker_transport_options=transport,
-        # kombu's Redis transport, moving undecodable messages aside (app/core/dead_letters.py);
+        # A worker: kombu's Redis transport, moving undecodable messages aside (app/core/dead_letters.py);
         # a unix-socket URL names it itself (hfredis+socket://), rediss:// keeps kombu's own TLS setup
-        broker_transport=TRANSPORT_ALIAS if settings.redis_url.startswith("redis://") else None,
+        broker_transport=TRANSPORT_ALIAS if consumer and settings.redis_url.startswith("redis://") else None,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         task_publish_retry=True,

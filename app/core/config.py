@@ -9,9 +9,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import quote
-
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -92,6 +91,10 @@ class Settings(BrokerSettings):
     # (app/api/routes/images.py). When the wait ends the answer is 409 `job_pending` naming the
     # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
+    # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
+    # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
+    # Never taken from the request's Host header, which the client chooses.
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
     # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
     # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
     sdk_retry_window_s: float = Field(3600.0, gt=0)
@@ -156,6 +159,18 @@ class WorkerSettings(BrokerSettings):
     # of its cores: on 2 cores, two workers of 2 threads each ran a tiny step 2.5x slower than
     # two of 1 thread (0.65 against 0.26 s; docs/benchmarks.md).
     torch_threads: int | None = Field(None, ge=1)
+    # Issue 24: a result the server cannot store (507, 5xx) is kept in spool_dir (default: beside
+    # models_dir, spool/) and its upload tried result_upload_attempts times, pausing
+    # result_retry_s seconds, then twice as long each time; then the job fails result_not_stored
+    # and `homefleet results recover` uploads the spooled file later.
+    spool_dir: Path | None = None
+    result_upload_attempts: int = Field(4, ge=1)
+    result_retry_s: float = Field(1.0, ge=0)
+
+    @property
+    def result_spool(self) -> Path:
+        """Where this worker keeps the results the server could not store."""
+        return self.spool_dir or self.models_dir.parent / "spool"
 
     @field_validator("models_dir")
     @classmethod

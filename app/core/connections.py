@@ -8,7 +8,6 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import redis
 
 from app.core.config import BrokerSettings
-from app.core.dead_letters import TRANSPORT_ALIAS
 
 
 def create_redis(settings: BrokerSettings) -> redis.Redis:
@@ -16,14 +15,15 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
 
 
-def broker_url(redis_url: str) -> str:
+def broker_url(redis_url: str, transport: str = "redis") -> str:
     """``redis_url`` as kombu names the same Redis. redis-py's unix-socket form
     ``unix://[user:password@]/run/redis.sock?db=2&password=...`` is kombu's
-    ``hfredis+socket://user:password@/run/redis.sock?virtual_host=2``, kombu's ``redis+socket``
-    form on Homefleet's dead-lettering Redis transport (app/core/dead_letters.py; kombu has no ``unix``
+    ``<transport>+socket://user:password@/run/redis.sock?virtual_host=2`` (kombu has no ``unix``
     transport, takes the credentials from the address only, and would pass other options of
     the query to redis-py untyped: they are left out; the broker's timeouts are its transport
-    options, app/core/celery_app.py). ``redis://`` and ``rediss://`` URLs are the same in both."""
+    options, app/core/celery_app.py). ``transport``: ``redis`` (kombu's), or the workers'
+    dead-lettering one (``TRANSPORT_ALIAS``, app/core/dead_letters.py). ``redis://`` and
+    ``rediss://`` URLs are the same in both."""
     parts = urlsplit(redis_url)
     if parts.scheme != "unix":
         return redis_url
@@ -32,7 +32,7 @@ def broker_url(redis_url: str) -> str:
     password = parts.password or query.get("password")
     userinfo = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
     credentials = f"{userinfo}@" if userinfo else ""
-    return f"{TRANSPORT_ALIAS}+socket://{credentials}{parts.path}?{urlencode({'virtual_host': query.get('db', '0')})}"
+    return f"{transport}+socket://{credentials}{parts.path}?{urlencode({'virtual_host': query.get('db', '0')})}"
 
 
 def redacted_url(url: str) -> str:

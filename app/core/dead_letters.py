@@ -30,6 +30,7 @@ import time
 from queue import Empty
 from typing import Any
 
+import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 
@@ -98,8 +99,13 @@ class Channel(kombu_redis.Channel):
     def _move_aside(self, raw: str, error: Exception, queue: str | None = None) -> None:
         queue = queue or self._last_queue()
         with self.conn_or_acquire() as client:
-            client.lpush(self.dead_letter_key, dead_letter(raw, queue, error))  # kombu's client adds global_keyprefix
-            client.ltrim(self.global_keyprefix + self.dead_letter_key, 0, MAX_DEAD_LETTERS - 1)  # LTRIM: it does not
+            # a plain client on the channel's pool: the dead-letter key is Homefleet's own, never
+            # under the broker's global_keyprefix (kombu's prefixing client would prefix LPUSH only)
+            plain = redis.Redis(connection_pool=client.connection_pool)
+            with plain.pipeline(transaction=True) as pipe:
+                pipe.lpush(self.dead_letter_key, dead_letter(raw, queue, error))
+                pipe.ltrim(self.dead_letter_key, 0, MAX_DEAD_LETTERS - 1)
+                pipe.execute()
         log.error("queue %s held a message that cannot be decoded (%s: %s); moved to %s, consuming on",
                   queue, type(error).__name__, error, self.dead_letter_key)
 

@@ -9,7 +9,8 @@ the limit. The tree::
     ├── Rejected (422)            ├── Unauthorized (401)      ├── ConfigError
     ├── IntegrityFailure (422)    ├── Forbidden (403)         ├── ServiceDown (503)
     ├── NotFound (404)            ├── MachineUnavailable (503) ├── Overloaded (429)
-    ├── Conflict (409)            ├── PlacementLost (503)     └── ResidencyProtected (409)
+    ├── Conflict (409)            ├── PlacementLost (503)     ├── ResidencyProtected (409)
+    └── StorageFull (507)
 """
 
 from __future__ import annotations
@@ -117,6 +118,15 @@ class ServiceDown(HomefleetError):
     def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
         super().__init__(message, reason=reason)
         self.retry_after_s = retry_after_s
+
+
+class StorageFull(HomefleetError):
+    """Raised when a file cannot be written because the disk (or the process's file-size limit,
+    ``RLIMIT_FSIZE``, or a quota) is full: 507, naming what could not be stored (issue 24). A
+    result refused this way leaves its job running: the worker keeps it and retries."""
+
+    status_code = 507
+    default_reason = "storage_full"
 
 
 class Overloaded(HomefleetError):

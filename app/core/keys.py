@@ -169,8 +169,5 @@ class Keys:
 
     def dead_letters(self) -> str:
         """List of JSON ``{queue, raw, error, at}``: messages a worker's queue held that could not
-        be decoded, moved aside so the worker goes on consuming (app/core/dead_letters.py). kombu's
-        channel writes it, so it lies under the broker prefix too: this is the key as stored; the
-        transport option is :meth:`dead_letters` of ``Keys(prefix)`` (no broker prefix: kombu's
-        client adds it, app/core/celery_app.py)."""
-        return f"{self.broker_prefix}{self.prefix}:deadletters"
+        be decoded, moved aside so the worker goes on consuming (app/core/dead_letters.py)."""
+        return f"{self.prefix}:deadletters"

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.families import FAMILIES
+
 DEFAULT_FAMILY = "default"
 
 
@@ -31,9 +33,16 @@ class FamilyLimits(BaseModel):
 
 
 def default_limits() -> dict[str, FamilyLimits]:
-    """The built-in limits: one ``default`` entry (SD 1.x-sized); override per family in settings,
-    e.g. ``HOMEFLEET_LIMITS='{"sd1": {"max_pixels": 262144}}'``."""
-    return {DEFAULT_FAMILY: FamilyLimits()}
+    """The built-in limits: a ``default`` entry (SD 1.x-sized), and an entry for each family
+    whose own limits differ (``Family.limits`` in ``app/core/families.py``: T5 reads 512 prompt
+    tokens, Qwen2.5-VL 1024, Wan takes 81 frames). Settings replace them as a whole, e.g.
+    ``HOMEFLEET_LIMITS='{"default": {}, "sd1": {"max_pixels": 262144}}'``."""
+    base = FamilyLimits()
+    limits = {DEFAULT_FAMILY: base}
+    for name, family in FAMILIES.items():
+        if family.limits:
+            limits[name] = base.model_copy(update=dict(family.limits))
+    return limits
 
 
 def limits_for(limits: Mapping[str, FamilyLimits], family: str) -> FamilyLimits:

@@ -32,5 +32,14 @@ ENDED: frozenset[JobState] = frozenset(JobState) - ACTIVE
 LEGAL: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.interrupted}),
     JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.interrupted}),
+    JobState.failed: frozenset({JobState.succeeded}),  # only a result_not_stored failure, recovered
 }
-"""The only legal transitions (R19). ``rejected`` and every ended state have none."""
+"""The only legal transitions (R19). ``rejected``, ``succeeded``, ``cancelled`` and
+``interrupted`` have none. A ``failed`` job becomes ``succeeded`` only when its reason is
+:data:`RESULT_NOT_STORED` and its worker's spooled result is brought in
+(``homefleet results recover``, ``Journal.recover``): the job ran once; its result was kept,
+not re-made (issue 24)."""
+
+RESULT_NOT_STORED = "result_not_stored"
+"""The failure reason of a job whose result the server could not store (a full disk) after the
+worker's retries; the worker keeps the file in its spool."""

@@ -432,7 +432,7 @@ def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str,
     start_s = time.monotonic()
     before = int(ctx.redis.llen(ctx.keys.dead_letters()))
     for raw in UNDECODABLE:
-        ctx.redis.lpush(keys.queue(machine), raw)
+        ctx.redis.lpush(ctx.keys.queue_list(machine), raw)
     job_id = client.submit(model, "txt2img", {"prompt": "dead letters", "steps": 2, "width": 64, "height": 64},
                            target=machine)["id"]
     job = client.wait(job_id, timeout_s=timeout_s)

@@ -81,10 +81,12 @@ class LocalFleet:
         self.processes[name] = process
         return process
 
-    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> None:
-        """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24)."""
+    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None,
+                  prefix: list[str] | None = None) -> None:
+        """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24).
+        ``prefix`` wraps the command (e.g. ``["prlimit", "--fsize=600000"]``: a full disk)."""
         env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
-        process = self._spawn("api", ["serve"], env)
+        process = self._spawn("api", ["serve"], env, prefix)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:

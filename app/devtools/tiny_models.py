@@ -13,17 +13,25 @@ and loads back with the real loading code::
 Only the weights are tiny and random: outputs are noise, but shapes, schedulers,
 callbacks and file layouts are those of the real pipelines.
 
-Kinds, folder names and sizes (images are RGB; ``H`` and ``W`` must be
-multiples of 8):
+Families (``app/core/families.py``), folder names and sizes (images are RGB; ``H`` and ``W``
+multiples of 8, of 16 for flux, flux-kontext, qwen-image and wan):
 
-========  =================  ==========================================  ================================
-kind      folder             pipeline                                    pixels
-========  =================  ==========================================  ================================
-txt2img   tiny-sd            StableDiffusionPipeline                     default 64x64 (latents 4 x H/2 x W/2)
-edit      tiny-pix2pix       StableDiffusionInstructPix2PixPipeline      output = input size, e.g. 64x64
-upscale   tiny-upscaler      StableDiffusionUpscalePipeline (x4)         16x16 in -> 64x64 out
-video     tiny-animatediff   AnimateDiffPipeline (+ MotionAdapter)       default 64x64, e.g. 4 frames
-========  =================  ==========================================  ================================
+===========  ===================  =======================================  ================================
+family       folder               pipeline                                 pixels
+===========  ===================  =======================================  ================================
+sd1          tiny-sd              StableDiffusionPipeline                  default 64x64 (latents 4 x H/2 x W/2)
+sdxl         tiny-sdxl            StableDiffusionXLPipeline                default 64x64, two CLIP encoders
+flux         tiny-flux            FluxPipeline                             64x64, CLIP + T5 encoders
+sd1-pix2pix  tiny-pix2pix         StableDiffusionInstructPix2PixPipeline   output = input size, e.g. 64x64
+qwen-image   tiny-qwen-image-edit QwenImageEditPipeline                    output = input size, e.g. 64x64
+flux-kontext tiny-flux-kontext    FluxKontextPipeline                      output = input size, e.g. 64x64
+sd-upscale   tiny-upscaler        StableDiffusionUpscalePipeline (x4)      16x16 in -> 64x64 out
+animatediff  tiny-animatediff     AnimateDiffPipeline (+ MotionAdapter)    default 64x64, e.g. 4 frames
+wan          tiny-wan             WanPipeline                              e.g. 32x32 x 5 frames (4k+1)
+===========  ===================  =======================================  ================================
+
+The older kind names still build the SD-1-based four: txt2img (sd1), edit (sd1-pix2pix),
+upscale (sd-upscale), video (animatediff).
 
 This module imports only the standard library at import time; torch,
 diffusers and transformers are imported inside the functions that need them.
@@ -38,25 +46,33 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from diffusers import DiffusionPipeline
 
-__all__ = ["TINY_MODELS", "make_tiny"]
+__all__ = ["KIND_FAMILIES", "TINY_MODELS", "make_tiny", "make_tiny_families"]
 
-#: Folder name (under ``out_dir``) -> kind. Lists only kinds verified to build,
+#: Folder name (under ``out_dir``) -> family. Lists only families verified to build,
 #: save, reload offline and generate.
 TINY_MODELS: dict[str, str] = {
-    "tiny-sd": "txt2img",
-    "tiny-pix2pix": "edit",
-    "tiny-upscaler": "upscale",
-    "tiny-animatediff": "video",
+    "tiny-sd": "sd1",
+    "tiny-sdxl": "sdxl",
+    "tiny-flux": "flux",
+    "tiny-pix2pix": "sd1-pix2pix",
+    "tiny-qwen-image-edit": "qwen-image",
+    "tiny-flux-kontext": "flux-kontext",
+    "tiny-upscaler": "sd-upscale",
+    "tiny-animatediff": "animatediff",
+    "tiny-wan": "wan",
 }
 
-_FOLDER_BY_KIND: dict[str, str] = {kind: name for name, kind in TINY_MODELS.items()}
+#: The older kind names -> the family each builds (``make_tiny(kinds=...)``).
+KIND_FAMILIES: dict[str, str] = {"txt2img": "sd1", "edit": "sd1-pix2pix", "upscale": "sd-upscale", "video": "animatediff"}
+
+_FOLDER_BY_FAMILY: dict[str, str] = {family: name for name, family in TINY_MODELS.items()}
 
 # Shared tiny sizes (from shared/notes/diffusers-offline.md).
 _MAX_TOKENS: int = 77  # tokenizer model_max_length == text encoder max_position_embeddings
@@ -204,10 +220,9 @@ def _unet(in_channels: int = 4, sample_size: int = _DEFAULT_PIXELS // 2, **extra
         layers_per_block=1,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=_TEXT_HIDDEN,
         attention_head_dim=8,
         norm_num_groups=_NORM_GROUPS,
-        **extra,
+        **{"cross_attention_dim": _TEXT_HIDDEN, **extra},
     ).eval()
 
 
@@ -318,12 +333,218 @@ def _build_video(scratch: Path) -> DiffusionPipeline:
     )
 
 
+# --------------------------------------------------------------------------- the larger families
+# Shapes after diffusers' own fast tests (tests/pipelines/<family>/test_*.py, get_dummy_components),
+# with every text encoder and tokenizer built here instead of fetched from the hub.
+
+_T5_HIDDEN: int = 32  # T5/UMT5 d_model == Flux joint_attention_dim == Wan text_dim
+_QWEN_HIDDEN: int = 16  # Qwen2.5-VL hidden size == QwenImage joint_attention_dim
+_QWEN_SPECIALS: tuple[str, ...] = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+
+def _byte_chars() -> list[str]:
+    """The 256 byte-level characters (GPT-2 order): the first 256 entries of the CLIP vocab."""
+    return list(_byte_level_vocab())[:256]
+
+
+def _t5_tokenizer() -> Any:
+    """``T5Tokenizer`` (Unigram) over single characters: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2,
+    the word marker and printable ASCII, no extra ids; appends ``</s>``."""
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    pieces += [(chr(code), -2.0) for code in range(33, 127)]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
+
+
+def _t5_encoder(tokenizer: Any, umt5: bool = False) -> Any:
+    """``T5EncoderModel`` (or ``UMT5EncoderModel`` for Wan): d_model 32, 2 layers, 4 heads."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    settings = {"vocab_size": len(tokenizer), "d_model": _T5_HIDDEN, "d_kv": 8, "d_ff": 37, "num_layers": 2,
+                "num_heads": 4, "relative_attention_num_buckets": 8, "pad_token_id": tokenizer.pad_token_id,
+                "eos_token_id": tokenizer.eos_token_id, "decoder_start_token_id": tokenizer.pad_token_id}
+    if umt5:
+        return UMT5EncoderModel(UMT5Config(**settings)).eval()
+    return T5EncoderModel(T5Config(**settings)).eval()
+
+
+def _text_encoder_with_projection(tokenizer: Any) -> Any:
+    """``CLIPTextModelWithProjection`` (SDXL's second encoder): hidden 32, projection 32."""
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=_TEXT_HIDDEN, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=_MAX_TOKENS, projection_dim=_TEXT_HIDDEN,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModelWithProjection(config).eval()
+
+
+def _build_sdxl(scratch: Path) -> DiffusionPipeline:
+    """StableDiffusionXLPipeline: two CLIP encoders (hidden 32 each, so cross attention 64), a
+    ``text_time`` UNet (pooled 32 + 6 size ids x 8 = 80 added-embedding inputs); 64x64 default."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    tokenizer = _tokenizer(scratch)
+    return StableDiffusionXLPipeline(
+        vae=_vae(),
+        text_encoder=_text_encoder(tokenizer),
+        text_encoder_2=_text_encoder_with_projection(tokenizer),
+        tokenizer=tokenizer,
+        tokenizer_2=_tokenizer(scratch),
+        unet=_unet(cross_attention_dim=2 * _TEXT_HIDDEN, addition_embed_type="text_time",
+                   addition_time_embed_dim=8, projection_class_embeddings_input_dim=_TEXT_HIDDEN + 6 * 8),
+        scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                         steps_offset=1, timestep_spacing="leading"),
+        force_zeros_for_empty_prompt=True,
+    )
+
+
+def _build_flux(scratch: Path, kontext: bool = False) -> DiffusionPipeline:
+    """FluxPipeline (or, with ``kontext``, FluxKontextPipeline, the same components): CLIP
+    (pooled 32) + T5 (32) encoders, a 1+1-layer FluxTransformer2DModel with distilled-guidance
+    embeddings (like FLUX.1-dev), a 2-block VAE with 4 latent channels (packed 2x2: 16
+    transformer channels), flow-matching Euler scheduler; 64x64 default."""
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline,
+                           FluxTransformer2DModel)
+
+    tokenizer = _tokenizer(scratch)
+    tokenizer_2 = _t5_tokenizer()
+    return (FluxKontextPipeline if kontext else FluxPipeline)(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=AutoencoderKL(
+            block_out_channels=_VAE_CHANNELS, in_channels=3, out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+            latent_channels=4, norm_num_groups=_NORM_GROUPS, sample_size=_DEFAULT_PIXELS,
+            use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035,
+        ).eval(),
+        text_encoder=_text_encoder(tokenizer),
+        tokenizer=tokenizer,
+        text_encoder_2=_t5_encoder(tokenizer_2),
+        tokenizer_2=tokenizer_2,
+        transformer=FluxTransformer2DModel(
+            patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=_T5_HIDDEN, pooled_projection_dim=_TEXT_HIDDEN,
+            guidance_embeds=True, axes_dims_rope=(4, 4, 8),
+        ).eval(),
+        image_encoder=None,
+        feature_extractor=None,
+    )
+
+
+def _build_wan(scratch: Path) -> DiffusionPipeline:
+    """WanPipeline (Wan 2.1 text-to-video): UMT5 encoder (32), a 2-layer WanTransformer3DModel
+    (patch 1x2x2), the Wan VAE (spatial factor 8, temporal factor 4: frames are 4k+1); sides
+    multiples of 16, e.g. 32x32 x 5 frames."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    tokenizer = _t5_tokenizer()
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=_t5_encoder(tokenizer, umt5=True),
+        vae=AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                             temperal_downsample=[False, True, True]).eval(),
+        transformer=WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+            text_dim=_T5_HIDDEN, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        ).eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+    )
+
+
+def _qwen_tokenizer() -> Any:
+    """``Qwen2Tokenizer``: byte-level BPE over the 256 byte characters (no merges) plus the chat
+    and vision special tokens the Qwen-Image-Edit prompt template uses."""
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    vocab = {char: index for index, char in enumerate(_byte_chars())}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=4096)
+    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in _QWEN_SPECIALS[1:]]})
+    tokenizer.add_tokens([AddedToken(_QWEN_SPECIALS[0], special=True)], special_tokens=True)
+    return tokenizer
+
+
+def _build_qwen_image_edit(scratch: Path) -> DiffusionPipeline:
+    """QwenImageEditPipeline: a 2-layer Qwen2.5-VL text+vision encoder (hidden 16) with its
+    processor (image patches capped at 56x56 pixels), a 2-layer QwenImageTransformer2DModel
+    without guidance embeddings (true CFG instead), the Qwen-Image VAE (spatial factor 8: sides
+    multiples of 16). The pipeline encodes the input at ~1024x1024 area whatever its size."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from app.core.processors import image_only_processor_class
+
+    tokenizer = _qwen_tokenizer()
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _QWEN_SPECIALS}
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": _QWEN_HIDDEN, "intermediate_size": 16, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": len(tokenizer),
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "rope_theta": 1000000.0, "max_position_embeddings": 4096,
+                     "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+                     "pad_token_id": ids["<|endoftext|>"]},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                       "out_hidden_size": _QWEN_HIDDEN},
+        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56)
+    z_dim = 4
+    return QwenImageEditPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=AutoencoderKLQwenImage(base_dim=z_dim, z_dim=z_dim, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                   temperal_downsample=[False, True, True], latents_mean=[0.0] * z_dim,
+                                   latents_std=[1.0] * z_dim).eval(),
+        text_encoder=Qwen2_5_VLForConditionalGeneration(config).eval(),
+        tokenizer=tokenizer,
+        processor=image_only_processor_class()(image_processor=image_processor, tokenizer=tokenizer),
+        transformer=QwenImageTransformer2DModel(
+            patch_size=2, in_channels=4 * z_dim, out_channels=z_dim, num_layers=2, attention_head_dim=16,
+            num_attention_heads=3, joint_attention_dim=_QWEN_HIDDEN, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+        ).eval(),
+    )
+
+
 _BUILDERS: dict[str, Callable[[Path], DiffusionPipeline]] = {
-    "txt2img": _build_txt2img,
-    "edit": _build_edit,
-    "upscale": _build_upscale,
-    "video": _build_video,
+    "sd1": _build_txt2img,
+    "sdxl": _build_sdxl,
+    "flux": _build_flux,
+    "sd1-pix2pix": _build_edit,
+    "qwen-image": _build_qwen_image_edit,
+    "flux-kontext": lambda scratch: _build_flux(scratch, kontext=True),
+    "sd-upscale": _build_upscale,
+    "animatediff": _build_video,
+    "wan": _build_wan,
 }
+
+
+def _as_saved(target: Path) -> None:
+    """Make the saved folder what a real checkpoint holds: transformers 5 writes only
+    ``tokenizer.json``, so the CLIP tokenizers get ``vocab.json``/``merges.txt`` too; a Qwen2-VL
+    processor built without its video half (``app.core.processors``) is recorded as the
+    ``Qwen2VLProcessor`` it is, so the folder names only diffusers and transformers classes."""
+    from app.core.processors import QWEN_VL_PROCESSOR
+
+    index_path = target / "model_index.json"
+    index = json.loads(index_path.read_text())
+    for name, entry in index.items():
+        if isinstance(entry, list) and entry[1:] == ["CLIPTokenizer"]:
+            _write_vocab_files(target / name)
+    if "processor" in index and index["processor"][1] != QWEN_VL_PROCESSOR[1]:
+        index["processor"] = list(QWEN_VL_PROCESSOR)
+        index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        config_path = target / "processor" / "processor_config.json"
+        config = json.loads(config_path.read_text())
+        config["processor_class"] = QWEN_VL_PROCESSOR[1]
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _is_complete(folder: Path) -> bool:
@@ -332,8 +553,8 @@ def _is_complete(folder: Path) -> bool:
     return (folder / "model_index.json").is_file()
 
 
-def _build_into(kind: str, folder: Path, seed: int, force: bool) -> Path:
-    """Build ``kind`` in a temporary sibling folder, then move it to ``folder``."""
+def _build_into(family: str, folder: Path, seed: int, force: bool) -> Path:
+    """Build ``family`` in a temporary sibling folder, then move it to ``folder``."""
     import torch
 
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -344,10 +565,9 @@ def _build_into(kind: str, folder: Path, seed: int, force: bool) -> Path:
         # components are created in a fixed order, so the weights depend only on seed.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            pipe = _BUILDERS[kind](staging)
+            pipe = _BUILDERS[family](staging)
         pipe.save_pretrained(str(target), safe_serialization=True)
-        # transformers 5 writes only tokenizer.json; add the classic files too.
-        _write_vocab_files(target / "tokenizer")
+        _as_saved(target)
         # Make the tree readable like a normal download (mkdtemp creates 0700).
         os.chmod(staging, 0o755)
 
@@ -378,14 +598,38 @@ def make_tiny(
     *,
     force: bool = False,
 ) -> dict[str, Path]:
-    """Build tiny diffusers pipelines with random weights into ``out_dir/<name>/``.
+    """Build the tiny pipelines of ``kinds`` (``txt2img``, ``edit``, ``upscale``, ``video``:
+    the SD-1-based families of :data:`KIND_FAMILIES`); ``{kind: folder}``. See
+    :func:`make_tiny_families`.
 
-    Recipe source: ``shared/notes/diffusers-offline.md``.
+    Raises:
+        ValueError: for an unknown kind.
+    """
+    wanted = list(dict.fromkeys(kinds))
+    unknown = [kind for kind in wanted if kind not in KIND_FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown tiny model kind(s) {unknown}; known: {sorted(KIND_FAMILIES)}")
+    built = make_tiny_families(out_dir, [KIND_FAMILIES[kind] for kind in wanted], seed, force=force)
+    return {kind: built[KIND_FAMILIES[kind]] for kind in wanted}
+
+
+def make_tiny_families(
+    out_dir: Path,
+    families: Iterable[str] = ("sd1",),
+    seed: int = 0,
+    *,
+    force: bool = False,
+) -> dict[str, Path]:
+    """Build tiny diffusers pipelines with random weights into ``out_dir/<name>/``, each of its
+    family's very pipeline class with every component (text encoders and tokenizers included)
+    built here, the way diffusers' own fast tests build dummy components.
 
     Args:
-        out_dir: parent folder; each kind goes to ``out_dir / <name>`` with
-            ``<name>`` from :data:`TINY_MODELS` (e.g. ``tiny-sd``).
-        kinds: any of ``"txt2img"``, ``"edit"``, ``"upscale"``, ``"video"``.
+        out_dir: parent folder; each family goes to ``out_dir / <name>`` with
+            ``<name>`` from :data:`TINY_MODELS` (e.g. ``tiny-flux``).
+        families: any of :data:`TINY_MODELS`' families (``sd1``, ``sdxl``, ``flux``,
+            ``sd1-pix2pix``, ``qwen-image``, ``flux-kontext``, ``sd-upscale``, ``animatediff``,
+            ``wan``).
         seed: weights are drawn from ``torch.manual_seed(seed)`` inside a forked
             RNG (caller's RNG state is unchanged); two builds with the same seed
             give byte-identical ``*.safetensors`` files.
@@ -393,33 +637,31 @@ def make_tiny(
             already exists. Without it existing complete folders are returned as is.
 
     Returns:
-        ``{kind: folder}`` for the requested kinds.
+        ``{family: folder}`` for the requested families.
 
-    Sizes: each folder is ~4-8 MB (safetensors, float32). Pixels: txt2img and
-    video default to 64x64 (latents ``(4, H/2, W/2)``, H and W multiples of 8);
-    edit keeps the input image size; upscale turns ``HxW`` into ``4Hx4W``
-    (16x16 -> 64x64). Loading each back:
-    ``DiffusionPipeline.from_pretrained(folder, local_files_only=True)``.
+    Sizes: each folder is 1-8 MB (safetensors, float32); each builds in about a second.
+    Loading each back: ``DiffusionPipeline.from_pretrained(folder, local_files_only=True)``
+    (a Qwen-Image-Edit folder: see ``tasks/pipelines.py`` for its processor).
 
     Raises:
-        ValueError: for an unknown kind.
+        ValueError: for an unknown family.
     """
-    wanted = list(dict.fromkeys(kinds))
-    unknown = [kind for kind in wanted if kind not in _BUILDERS]
+    wanted = list(dict.fromkeys(families))
+    unknown = [family for family in wanted if family not in _BUILDERS]
     if unknown:
-        raise ValueError(f"unknown tiny model kind(s) {unknown}; known: {sorted(_BUILDERS)}")
+        raise ValueError(f"unknown tiny model family(ies) {unknown}; known: {', '.join(_BUILDERS)}")
 
     out_dir = Path(out_dir)
     result: dict[str, Path] = {}
     todo: list[str] = []
-    for kind in wanted:
-        folder = out_dir / _FOLDER_BY_KIND[kind]
+    for family in wanted:
+        folder = out_dir / _FOLDER_BY_FAMILY[family]
         if _is_complete(folder) and not force:
-            result[kind] = folder
+            result[family] = folder
         else:
-            todo.append(kind)
+            todo.append(family)
     if todo:
         with _quiet():
-            for kind in todo:
-                result[kind] = _build_into(kind, out_dir / _FOLDER_BY_KIND[kind], seed, force)
-    return {kind: result[kind] for kind in wanted}
+            for family in todo:
+                result[family] = _build_into(family, out_dir / _FOLDER_BY_FAMILY[family], seed, force)
+    return {family: result[family] for family in wanted}

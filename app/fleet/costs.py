@@ -20,7 +20,6 @@ import redis
 
 from app.fleet.config import Fleet, ModelGuess
 from app.core.keys import Keys
-from app.core.safetensors import model_weight_bytes
 from app.store.registry import Registry
 from app.fleet.reservations import HashField
 from app.journal.timings import TimingStore
@@ -82,13 +81,15 @@ class FleetCosts:
         }
 
     def model_profiles(self) -> dict[str, ModelProfile]:
-        """Every registered model's profile: family, weight bytes (safetensors headers) and the
-        fleet config's timing guesses for it (``[models.<id>]``; absent: the family's)."""
+        """Every registered model's profile: family, weight bytes (parameters counted from the
+        safetensors headers, priced at the variant's precision and quantization: what it occupies
+        once loaded, not the files' size; ``Registry.weights_bytes``) and the fleet config's
+        timing guesses for it (``[models.<id>]``; absent: the family's)."""
         profiles = {}
         for record in self.registry.list():
             key = (record.id, record.total_bytes)
             if key not in self._weights:
-                self._weights[key] = model_weight_bytes(self.registry.folder(record.id))
+                self._weights[key] = self.registry.weights_bytes(record.id)
             kind = record.kinds[0] if record.kinds else "txt2img"
             guess = self.fleet.models.get(record.id, ModelGuess())
             profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], step_s=guess.step_s,

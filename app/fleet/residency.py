@@ -17,8 +17,10 @@ from typing import Any
 import redis
 
 from app.core.errors import Conflict, NotFound, Rejected
+from app.core.kinds import job_request
 from app.core.keys import Keys
 from app.fleet.config import Fleet
+from app.fleet.costs import FleetCosts
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates, ResidencyOf
 from app.fleet.multiread import MultiRead
@@ -78,7 +80,7 @@ class RedisResidencyFacts:
 
     # Commitments (R16) ----------------------------------------------------------------
     def set_commitments(self, machine: str, model_ids: Iterable[str], fleet: Fleet, registry: Registry,
-                        backlog: int) -> frozenset[str]:
+                        backlog: int, costs: FleetCosts | None = None) -> frozenset[str]:
         """Replace ``machine``'s commitments with ``model_ids`` (empty: none).
 
         ``backlog`` is the number of jobs queued or running there (its reservations); the caller
@@ -89,7 +91,9 @@ class RedisResidencyFacts:
             Rejected: the machine does not support a model's family (``family_not_supported``):
                 it could never hold it, and the commitment would only keep videos off it (R17);
                 or the model runs only video (``video_model_not_committable``): R17 would keep
-                every job of it off that machine.
+                every job of it off that machine; or, with ``costs``, the models cannot all stay
+                resident beside the largest job they must still run (``commitment_too_large``,
+                :func:`check_commitment_memory`).
             Conflict: the machine has work queued or running (``machine_busy``, R16).
         """
         if machine not in fleet.machines:
@@ -107,6 +111,8 @@ class RedisResidencyFacts:
             if family not in families:
                 raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
                                f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")
+        if costs is not None and wanted:
+            check_commitment_memory(machine, wanted, registry, costs)
         queued = int(self.redis.llen(self.keys.queue_list(machine)))
         if backlog or queued:
             raise Conflict(f"machine {machine!r} has {max(backlog, queued)} jobs queued or running; its residency "
@@ -150,18 +156,54 @@ class RedisResidencyFacts:
         return OomRecord(machine, model_id, kind, int(value["size"]), str(value["job_id"]), float(value["at"]))
 
 
+def check_commitment_memory(machine: str, wanted: Iterable[str], registry: Registry, costs: FleetCosts) -> None:
+    """Refuse committing ``wanted`` to ``machine`` when their weights (each priced as its
+    variant loads, :meth:`Registry.weights_bytes`) plus the working memory of the largest job
+    they must still run (each model's kind at its family's default size, ``job_request``; the
+    fleet config's working-memory coefficients) exceed the machine's usable memory
+    (``memory_bytes``): such a commitment could never be resident (issue 19). A machine with no
+    memory figure (0) is not checked.
+
+    Raises:
+        Rejected: reason ``commitment_too_large``, naming every figure and the one that decided.
+    """
+    estimator = costs.estimator()
+    usable = estimator.usable_bytes(machine)
+    if not usable:
+        return
+    weights: dict[str, int] = {}
+    working: dict[str, tuple[str, int]] = {}
+    for model_id in sorted(wanted):
+        record = registry.get(model_id)
+        kind = next((k for k in record.kinds if k != "video"), record.kinds[0])
+        size = job_request(model_id, record.family, kind, machine, {}).size
+        estimate = estimator.memory(model_id, kind, size)
+        weights[model_id] = estimate.weights_bytes
+        working[model_id] = (kind, estimate.working_bytes)
+    largest = max(working, key=lambda model_id: working[model_id][1])
+    need = sum(weights.values()) + working[largest][1]
+    if need > usable:
+        listed = ", ".join(f"{model_id} {size / 1e9:.3f} GB" for model_id, size in weights.items())
+        raise Rejected(
+            f"machine {machine!r} cannot keep {', '.join(weights)} resident: their weights ({listed}) plus the working "
+            f"memory of the largest job they must still run ({largest} {working[largest][0]} at its default size: "
+            f"{working[largest][1] / 1e9:.3f} GB) need {need / 1e9:.3f} GB, and {machine!r} has {usable / 1e9:.3f} GB "
+            "usable (memory_bytes); commit fewer models or smaller variants", reason="commitment_too_large")
+
+
 def commit_residency(lock: FleetLock, machines: MachineStates, facts: RedisResidencyFacts, registry: Registry,
-                     machine: str, model_ids: Iterable[str]) -> frozenset[str]:
+                     machine: str, model_ids: Iterable[str], costs: FleetCosts | None = None) -> frozenset[str]:
     """Replace ``machine``'s commitments under the fleet lock (R14), so that no job is placed
     there between the idle check and the write (R16); the write happens only while the lock
     is still ours (C04).
 
     Raises:
-        NotFound, Rejected, Conflict: as :meth:`RedisResidencyFacts.set_commitments`.
+        NotFound, Rejected, Conflict: as :meth:`RedisResidencyFacts.set_commitments` (with
+            ``costs``, the memory check included).
         PlacementLost: the fleet lock was not free within ``fleet_lock_wait_s``, or expired
             before the write (nothing written).
     """
     with lock.held("try again") as fence:
         backlog = machines.view(machine).backlog if machine in machines.fleet.machines else 0
         fence.require("the residency commitments were written")
-        return facts.set_commitments(machine, model_ids, machines.fleet, registry, backlog)
+        return facts.set_commitments(machine, model_ids, machines.fleet, registry, backlog, costs)

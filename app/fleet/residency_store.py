@@ -31,6 +31,7 @@ from sqlmodel import Session, select
 
 from app.db.tables import RememberedOom, ResidencyCommitment
 from app.fleet.config import Fleet
+from app.fleet.costs import FleetCosts
 from app.core.keys import Keys
 from app.store.registry import Registry
 from app.fleet.residency import OomRecord, RedisResidencyFacts
@@ -129,15 +130,15 @@ class DurableResidencyFacts(RedisResidencyFacts):
         self.fleet = fleet
 
     def set_commitments(self, machine: str, model_ids: Iterable[str], fleet: Fleet, registry: Registry,
-                        backlog: int) -> frozenset[str]:
+                        backlog: int, costs: FleetCosts | None = None) -> frozenset[str]:
         """As :meth:`RedisResidencyFacts.set_commitments`, then written to the database.
 
         Raises:
-            NotFound, Conflict: as the Redis write (nothing written anywhere).
+            NotFound, Rejected, Conflict: as the Redis write (nothing written anywhere).
             sqlalchemy.exc.SQLAlchemyError: the database write failed; Redis is put back as
                 the database says, so both still agree.
         """
-        wanted = super().set_commitments(machine, model_ids, fleet, registry, backlog)
+        wanted = super().set_commitments(machine, model_ids, fleet, registry, backlog, costs)
         try:
             self.store.save_commitments(machine, wanted)
         except SQLAlchemyError:

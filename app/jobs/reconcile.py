@@ -206,7 +206,7 @@ class Reconciler:
                             "the job was not run")
             return
         try:
-            self.journal.transition(
+            purged = self.journal.transition(
                 job.id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
                 message=f"its message was removed from the queue {queue(job.machine or '')} before any worker took "
                         "it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
@@ -214,6 +214,8 @@ class Reconciler:
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job.id] = "purged"
+        if self.events is not None:  # Flower shows it REVOKED, not PENDING forever
+            self.events.ended(purged)
 
     def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
         """Redis lost its data: write every live job's reservation again and publish again every

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import NotFound, Rejected
-from app.core.kinds import MAX_SEED, OUTPUT_SIZE_FIELDS, KindSpec, job_request, spec
+from app.core.families import family as family_rules
+from app.core.kinds import family_kind_spec as family_spec
+from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS, KindSpec, job_request, spec
 from app.core.limits import FamilyLimits, limits_for
 from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
@@ -60,9 +62,10 @@ class Validator:
         limits = limits_for(self.limits, record.family)
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
-        check_submission(params, limits, self.tokenizers.counter(model_id), kind)
+        check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
-        check_kind_params(kind, params, self.inputs, limits)
+        check_kind_params(kind, params, self.inputs, limits, record.family)
+        check_family_params(record.family, kind, params)
         params.update(output_size(kind, params, self.inputs))
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)
@@ -92,35 +95,39 @@ def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") 
         raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {value}", reason=f"invalid_{name}")
 
 
-def check_known_params(kind: str, params: Mapping[str, Any]) -> KindSpec:
-    """Refuse keys of ``params`` that ``kind`` does not use, instead of ignoring them (R22):
-    ``{"prompt": "x", "stepz": 4}`` would otherwise run with the default steps. Returns the
-    kind's spec.
+def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -> KindSpec:
+    """Refuse keys of ``params`` that ``kind`` does not use on a model of ``family``, instead of
+    ignoring them (R22): ``{"prompt": "x", "stepz": 4}`` would otherwise run with the default
+    steps, and ``image_guidance_scale`` would reach a Qwen-Image-Edit pipeline that has no such
+    argument. Returns the kind's spec for that family (``app/core/families.py``).
 
     Raises:
         Rejected: reason ``unknown_param``, naming each unknown key and listing the params
             ``kind`` takes; reason ``kind_not_supported`` when ``kind`` is not implemented.
     """
     try:
-        kind_spec = spec(kind)
+        kind_spec = family_spec(family, kind)
     except KeyError as error:
-        raise Rejected(str(error.args[0]), reason="kind_not_supported") from error
+        raise Rejected(f"kind {kind!r} is not implemented; implemented: {', '.join(KINDS)}",
+                       reason="kind_not_supported") from error
     unknown = [name for name in params if name not in kind_spec.accepted]
     if unknown:
         named = ", ".join(f"params.{name}" for name in unknown)
         verb = "is not a param" if len(unknown) == 1 else "are not params"
-        raise Rejected(f"{named} {verb} of kind {kind!r}; it takes {', '.join(kind_spec.params)}",
+        rules = family_rules(family)
+        on = f" on family {family} ({rules.pipeline_class})" if rules is not None and rules.kind == kind else ""
+        raise Rejected(f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
                        reason="unknown_param", param=f"params.{unknown[0]}")
     return kind_spec
 
 
 def check_submission(
     params: Mapping[str, Any], limits: FamilyLimits, count_tokens: Callable[[str], int] | None = None,
-    kind: str | None = None,
+    kind: str | None = None, family: str = "",
 ) -> None:
     """Refuse a submission whose params exceed ``limits`` (R22). Pure: no side effect.
 
-    With ``kind``, first refuses keys that kind does not use (:func:`check_known_params`) and a
+    With ``kind``, first refuses keys that kind does not use on ``family`` (:func:`check_known_params`) and a
     missing prompt where the kind requires one. Checks ``width``/``height`` (pixels, multiples of
     ``multiple_of``, product <= ``max_pixels``), ``steps``, ``frames`` (video) and ``n`` (images
     per OpenAI request), ``prompt``/``negative_prompt`` (strings; characters; tokens, counted
@@ -135,7 +142,7 @@ def check_submission(
     if prompt is not None and not isinstance(prompt, str):
         raise Rejected(f"`prompt` must be a string, got {type(prompt).__name__}", reason="invalid_prompt")
     if kind is not None:
-        kind_spec = check_known_params(kind, params)
+        kind_spec = check_known_params(kind, params, family)
         if kind_spec.prompt_required and not (prompt or "").strip():
             raise Rejected(f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt")
     width, height = _integer(params, "width"), _integer(params, "height")
@@ -226,19 +233,21 @@ def check_input_upload(field: str, stored: StoredFile, limits: FamilyLimits) -> 
 
 
 def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
-                      limits: FamilyLimits | None = None) -> None:
-    """Refuse params ``kind`` cannot run with, naming the field, the value and the limit.
-    With ``limits`` (the model family's), each input file must also fit its upload limits
-    (:func:`check_input_upload`).
+                      limits: FamilyLimits | None = None, family: str = "") -> None:
+    """Refuse params ``kind`` cannot run with on a model of ``family``, naming the field, the
+    value and the limit. With ``limits`` (the model family's), each input file must also fit
+    its upload limits (:func:`check_input_upload`).
 
     Raises:
         Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
             an input file over the family's ``max_upload_bytes`` or of a media type not in its
             ``upload_media_types`` (reason ``invalid_<field>``), an input whose sides are not
-            multiples of 8, a bad video format, a number out of its range, a seed that is not
-            an integer from 0 to 2**63-1.
+            multiples of 8 (of the family's ``multiple_of``, app/core/families.py), a bad video
+            format, a number out of its range, a seed that is not an integer from 0 to 2**63-1.
     """
-    kind_spec = spec(kind)
+    kind_spec = family_spec(family, kind)
+    rules = family_rules(family)
+    multiple = rules.multiple_of if rules is not None else 8
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
         raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
@@ -256,14 +265,53 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             check_input_upload(field, stored, limits)
         if kind_spec.output_scale is not None:  # the pipelines round other sides down: the output would not be as journaled
             width, height = image_size(stored.path)
-            if width % 8 or height % 8:
+            if width % multiple or height % multiple:
+                why = f" for family {family} ({rules.pipeline_class}: {rules.size_why})" if rules is not None else ""
                 raise Rejected(f"params.{field}: the image to {kind} must have a width and height that are multiples "
-                               f"of 8 pixels, got {width}x{height}", reason="invalid_params")
+                               f"of {multiple} pixels{why}, got {width}x{height}", reason="invalid_params")
     if kind_spec.formats:
         fmt = kind_spec.value(params, "format")
         if fmt not in kind_spec.formats:
             raise Rejected(f"params.format must be one of {', '.join(kind_spec.formats)}, got {fmt!r}",
                            reason="invalid_params")
+
+
+def check_family_params(family: str, kind: str, params: Mapping[str, Any]) -> None:
+    """Refuse params a model of ``family`` cannot run with, naming the family's limit and where
+    it comes from (``app/core/families.py``): ``width``/``height`` not multiples of its
+    ``multiple_of`` (Flux, Qwen-Image, Wan: 16), a frame count its VAE cannot pack (Wan: 4k+1),
+    a non-blank ``negative_prompt`` while its true-CFG scale is at most 1 (the pipeline would
+    ignore it). Call after :func:`check_kind_params` (numbers are checked). A family this table
+    does not know, or a kind it does not run, has no rules here.
+
+    Raises:
+        Rejected: reason ``invalid_<field>`` (``invalid_params`` for the negative prompt).
+    """
+    rules = family_rules(family)
+    if rules is None or rules.kind != kind:
+        return
+    kind_spec = family_spec(family, kind)
+    owner = f"family {family} ({rules.pipeline_class}"
+    for name in ("width", "height"):
+        side = params.get(name)
+        if isinstance(side, int) and side % rules.multiple_of:
+            raise Rejected(f"`{name}` must be a multiple of {rules.multiple_of} pixels for {owner}: {rules.size_why}), "
+                           f"got {side}", reason=f"invalid_{name}")
+    frames = kind_spec.value(params, "frames") if rules.frames is not None else None
+    if rules.frames is not None and isinstance(frames, int) and frames % rules.frames.step != rules.frames.offset:
+        step, offset = rules.frames.step, rules.frames.offset
+        examples = ", ".join(str(step * k + offset) for k in range(4))
+        lower = frames - (frames - offset) % step
+        raise Rejected(f"`frames` must be {step}k+{offset} ({examples}, ...) for {owner}: {rules.frames.why}), got "
+                       f"{frames}; ask for {max(lower, offset)} or {lower + step}",
+                       reason="invalid_frames")
+    negative = params.get("negative_prompt")
+    if rules.cfg_param is not None and isinstance(negative, str) and negative.strip():
+        scale = kind_spec.value(params, rules.cfg_param)
+        if isinstance(scale, int | float) and scale <= 1:
+            raise Rejected(f"params.negative_prompt is used only with params.{rules.cfg_param} above 1 for {owner}: "
+                           f"true classifier-free guidance), got {rules.cfg_param}={scale}; raise it or drop the "
+                           "negative prompt", reason="invalid_params", param="params.negative_prompt")
 
 
 def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dict[str, int]:

@@ -14,9 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
 from app.core.errors import Conflict, NotFound
-from app.core.states import ACTIVE, ENDED, LEGAL, JobState
+from app.core.states import ACTIVE, ENDED, LEGAL, RESULT_NOT_STORED, JobState
 from app.db.tables import Job, JobEvent, utcnow
-
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
 _INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
@@ -195,6 +194,20 @@ class Journal:
     def succeed(self, job_id: str, machine: str, **values: Any) -> Job:
         """``running -> succeeded`` with the stored result's digest, path, media type and bytes."""
         return self.transition(job_id, [JobState.running], JobState.succeeded, machine=machine, **values)
+
+    def recover(self, job_id: str, machine: str, **values: Any) -> Job:
+        """``failed -> succeeded`` for a job that failed ``result_not_stored`` only, once its
+        spooled result has been stored (issue 24): one conditional UPDATE.
+
+        Raises:
+            Conflict: the job is not failed, or failed for another reason (nothing changes).
+        """
+        job = self.get(job_id)
+        if job.state != JobState.failed or job.reason != RESULT_NOT_STORED:
+            raise Conflict(f"job {job_id} is {job.state} ({job.reason}); only a {RESULT_NOT_STORED} failure takes "
+                           "a recovered result", reason="not_recoverable")
+        return self.transition(job_id, [JobState.failed], JobState.succeeded, machine=machine,
+                               event_detail="recovered result", reason=None, message=None, **values)
 
     def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
         """``running -> failed`` with a reason code and message."""

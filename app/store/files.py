@@ -4,7 +4,8 @@ checks pass; nothing is written when one fails.
 
 - Results (:class:`ResultStore`, R2): a worker's upload is accepted only if its bytes hash to
   the digest the worker declared, its media type (sniffed, ``app/store/media.py``) is one the
-  kinds produce, and it is within ``max_result_bytes``.
+  kinds produce, it is within ``max_result_bytes``, and it decodes as that type (images
+  through Pillow within ``MAX_INPUT_PIXELS``, MP4 through ffmpeg).
 - Inputs (:class:`InputStore`): images for edit and upscale jobs. A client uploads an image
   first (``POST /v1/files``); its id is the content digest (``"blake3:<hex>"``), so the same
   bytes always get the same id. A job names that id in its params; the worker fetches the
@@ -15,31 +16,61 @@ checks pass; nothing is written when one fails.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.digest import bytes_digest, hex_part
-from app.core.errors import IntegrityFailure, NotFound, Rejected
-from app.store.media import EXTENSIONS, INPUT_TYPES, RESULT_TYPES, check_decodes, sniff
+from app.core.errors import IntegrityFailure, NotFound, Rejected, StorageFull
+from app.store.media import (
+    EXTENSIONS,
+    INPUT_TYPES,
+    RESULT_TYPES,
+    check_decodes,
+    check_result,
+    sniff,
+)
+
+log = logging.getLogger(__name__)
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+"""What a write answers when there is no room: no space, over the process's file-size limit
+(``RLIMIT_FSIZE``, ``prlimit --fsize``), over a quota."""
 
 
-def write_once(path: Path, data: bytes) -> None:
+def write_once(path: Path, data: bytes, what: str = "a file") -> None:
     """Content-addressed write: unless ``path`` exists, write ``data`` to a temporary name in
-    the same folder, fsync, and rename it into place atomically (no half-file is ever seen)."""
+    the same folder, fsync, and rename it into place atomically (no half-file is ever seen).
+
+    Raises:
+        StorageFull: no room for it (:data:`DISK_FULL`); the message names ``what``, its size
+            and the folder; logged. Nothing is left behind.
+    """
     if path.exists():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
+    tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if error.errno not in DISK_FULL:
+            raise
+        message = f"{what} ({len(data)} bytes) could not be stored in {path.parent}: {error.strerror}; free some space"
+        log.error("storage full: %s", message)
+        raise StorageFull(message) from error
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -68,9 +99,10 @@ class ContentStore:
         hexdigest = hex_part(digest)
         return self.root / hexdigest[:2] / f"{hexdigest}.{EXTENSIONS[media_type]}"
 
-    def put(self, data: bytes, digest: str, media_type: str) -> StoredFile:
+    def put(self, data: bytes, digest: str, media_type: str, what: str = "a file") -> StoredFile:
+        """Store ``data`` under its digest. Raises StorageFull (507) when there is no room."""
         path = self.path(digest, media_type)
-        write_once(path, data)
+        write_once(path, data, what)
         return StoredFile(digest=digest, path=path, media_type=media_type, size_bytes=len(data))
 
 
@@ -86,7 +118,10 @@ class ResultStore(ContentStore):
 
         Raises:
             IntegrityFailure: digest mismatch or malformed digest, a media type the kinds do not
-                produce, or more than ``max_result_bytes``. Nothing is written in any of these cases.
+                produce, or more than ``max_result_bytes`` (reason ``integrity``); bytes that do
+                not decode as their media type, or an image over the inputs' pixel limit (reason
+                ``result_invalid``, app/store/media.py ``check_result``). Nothing is written in
+                any of these cases.
         """
         if len(data) > self.max_result_bytes:
             raise IntegrityFailure(
@@ -108,7 +143,11 @@ class ResultStore(ContentStore):
             raise IntegrityFailure(
                 f"result is not PNG, WebP, GIF or MP4 (first bytes {data[:12]!r})", reason="integrity"
             )
-        return self.put(data, actual, media_type)
+        try:
+            check_result(data, media_type)  # decoded as inputs are: a bomb, a truncated file, a polyglot
+        except Rejected as error:
+            raise IntegrityFailure(error.message, reason=error.reason) from error
+        return self.put(data, actual, media_type, f"the result {actual}")
 
 
 class InputStore(ContentStore):
@@ -137,7 +176,7 @@ class InputStore(ContentStore):
             raise Rejected(f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}",
                            reason="input_type")
         check_decodes(data, media_type)
-        return self.put(data, bytes_digest(data), media_type)
+        return self.put(data, bytes_digest(data), media_type, "the uploaded input")
 
     def get(self, file_id: str) -> StoredFile:
         """The stored input with id ``file_id``.

@@ -1,5 +1,7 @@
 """What a file is, from its bytes: the one sniffer of media types (magic bytes, never a header or
-a file name), and the decoding check of images.
+a file name), and the decoding checks: images through Pillow (inputs and results, one pixel
+limit), videos by parsing and decoding their container with the ffmpeg binary of
+``imageio-ffmpeg`` (results).
 
 Sources: PNG signature (RFC 2083 §3.1), JPEG SOI marker FF D8 FF, RIFF/WEBP (RFC 9649),
 GIF87a/89a, ISO BMFF 'ftyp' box (MP4).
@@ -49,7 +51,7 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
         Rejected: more than ``max_pixels`` pixels (reason ``input_too_large``), or the file
             does not decode, e.g. truncated (reason ``input_corrupt``).
     """
-    from PIL import Image
+    from PIL import Image, ImageSequence
 
     try:
         with warnings.catch_warnings():
@@ -59,7 +61,63 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
                 if width * height > max_pixels:
                     raise Rejected(f"image is {width} x {height} = {width * height} pixels; the limit is "
                                    f"{max_pixels} pixels", reason="input_too_large")
-                image.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+                for frame in ImageSequence.Iterator(image):  # every frame of an animated GIF or WebP
+                    frame.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:  # Pillow refused at open
+        raise Rejected(f"image has more pixels than the limit of {max_pixels} pixels ({error})",
+                       reason="input_too_large") from error
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise Rejected(f"file is not a complete {media_type} image: {error}", reason="input_corrupt") from error
     return width, height
+
+
+def check_result(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXELS) -> None:
+    """Decode a worker's result of ``media_type`` (sniffed) before it is stored (R2): an image
+    completely, every frame, within ``max_pixels`` (the inputs' limit); an MP4 by parsing its
+    container and decoding its video stream with ffmpeg (at least one frame).
+
+    Raises:
+        Rejected: reason ``result_invalid``, naming what did not decode (a decompression bomb,
+            a truncated file, a polyglot whose magic bytes lie).
+    """
+    if media_type.startswith("image/"):
+        try:
+            check_decodes(data, media_type, max_pixels)
+        except Rejected as error:
+            raise Rejected(f"result: {error.message}", reason="result_invalid") from error
+        return
+    if media_type == "video/mp4":
+        check_video(data)
+        return
+    raise Rejected(f"result: no decoder for {media_type}", reason="result_invalid")
+
+
+VIDEO_CHECK_S = 120.0  # at most this long decoding one result video
+
+
+def check_video(data: bytes) -> None:
+    """Parse an MP4's container and decode its first video stream with the ffmpeg binary of
+    imageio-ffmpeg, stopping at the first error (``-xerror``): a truncated file or one whose
+    magic bytes lie fails; a complete one decodes silently.
+
+    Raises:
+        Rejected: reason ``result_invalid``, with ffmpeg's last error line.
+    """
+    import subprocess
+    import tempfile
+
+    import imageio_ffmpeg
+
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as handle:
+        handle.write(data)
+        handle.flush()
+        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-xerror", "-i", handle.name,
+                   "-map", "0:v:0", "-f", "null", "-"]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=VIDEO_CHECK_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise Rejected(f"result: the MP4 could not be decoded ({error})", reason="result_invalid") from error
+    if done.returncode != 0 or done.stderr.strip():
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise Rejected(f"result: not a complete MP4 video (ffmpeg: {lines[-1][:200] if lines else done.returncode})",
+                       reason="result_invalid")

@@ -21,21 +21,10 @@ from sqlmodel import Session, select
 
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
+from app.core.families import PIPELINE_FAMILIES
 from app.core.protocol import Manifest, ManifestFile
 from app.core.variants import check_variant, parameter_counts, weights_bytes
 from app.db.tables import ModelFile, ModelRecord
-
-# diffusers pipeline class (model_index.json ``_class_name``) -> (family, kinds it can run).
-PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "StableDiffusionPipeline": ("sd1", ("txt2img",)),
-    "StableDiffusionXLPipeline": ("sdxl", ("txt2img",)),
-    "FluxPipeline": ("flux", ("txt2img",)),
-    "StableDiffusionInstructPix2PixPipeline": ("sd1-pix2pix", ("edit",)),
-    "QwenImageEditPipeline": ("qwen-image", ("edit",)),
-    "StableDiffusionUpscalePipeline": ("sd-upscale", ("upscale",)),
-    "AnimateDiffPipeline": ("animatediff", ("video",)),
-    "WanPipeline": ("wan", ("video",)),
-}
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 

@@ -4,11 +4,13 @@ its params only through that spec (``KindSpec.args``), so it can never read a pa
 did not check, and absent params get the spec's defaults. The arguments every denoising kind
 shares come from :func:`denoising`.
 
-Every runner has the same shape: ``run(pipeline, params, progress, provenance, inputs)``.
+Every runner has the same shape: ``run(pipeline, params, progress, provenance, inputs, family)``.
 ``params`` are the journaled params (the ``seed`` is always there: given or drawn by the
 server at submission); ``inputs`` maps an input field (e.g. ``"image"``) to the bytes the
 worker fetched from the server and checked against their digest; ``provenance`` is the
-deterministic record embedded in the output file.
+deterministic record embedded in the output file; ``family`` is the model's family
+(``app/core/families.py``): a runner reads params through that family's spec and passes the
+family's own params under the pipeline's argument names (:func:`family_arguments`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from app.core.families import family as family_rules
+from app.core.kinds import Args
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 
@@ -28,12 +33,23 @@ class Output:
 
 class Kind(Protocol):
     def __call__(self, pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-                 inputs: Mapping[str, bytes]) -> Output: ...
+                 inputs: Mapping[str, bytes], family: str = "") -> Output: ...
 
 
-def denoising(args: Mapping[str, Any], progress: ProgressFn) -> dict[str, Any]:
+def family_arguments(args: Args, family: str) -> dict[str, Any]:
+    """The pipeline arguments of ``family``'s own params (``Family.arguments``: param -> argument
+    name, e.g. ``frames`` -> ``num_frames``, ``true_cfg_scale``), for those that have a value."""
+    rules = family_rules(family)
+    if rules is None:
+        return {}
+    return {argument: args[name] for name, argument in rules.arguments.items()
+            if name in args.spec.params and args.get(name) is not None}
+
+
+def denoising(args: Args, progress: ProgressFn) -> dict[str, Any]:
     """The diffusers call arguments every denoising kind shares, from its spec's ``args``:
-    ``num_inference_steps`` (``steps``), ``guidance_scale``, a CPU ``generator`` seeded with
+    ``num_inference_steps`` (``steps``), ``guidance_scale`` (when the family's spec has one: not
+    Qwen-Image-Edit, whose transformer has no guidance embedding), a CPU ``generator`` seeded with
     ``seed`` (same seed, same machine: same bytes) and a ``callback_on_step_end`` that reports
     (step done, total steps) to ``progress``.
 
@@ -48,12 +64,14 @@ def denoising(args: Mapping[str, Any], progress: ProgressFn) -> dict[str, Any]:
         progress(step + 1, steps)
         return callback_kwargs
 
-    return {
+    call: dict[str, Any] = {
         "num_inference_steps": steps,
-        "guidance_scale": float(args["guidance_scale"]),
         "generator": torch.Generator("cpu").manual_seed(int(args["seed"])),
         "callback_on_step_end": on_step_end,
     }
+    if "guidance_scale" in args.spec.params:
+        call["guidance_scale"] = float(args["guidance_scale"])
+    return call
 
 
 def runner(kind: str) -> Kind:

@@ -16,18 +16,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.kinds import spec
-from tasks.kinds import Output, ProgressFn
+from app.core.kinds import family_kind_spec as kind_spec
+from tasks.kinds import Output, ProgressFn, family_arguments
 from tasks.pipelines import decode_image, png_bytes
 
-SPEC = spec("upscale")
+KIND = "upscale"
 
 
 def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes]) -> Output:
+        inputs: Mapping[str, bytes], family: str = "") -> Output:
     import torch
 
-    args = SPEC.args(params)
+    args = kind_spec(family, KIND).args(params)
     image = decode_image(inputs["image"])
     steps = int(args["steps"])
     generator = torch.Generator("cpu").manual_seed(int(args["seed"]))
@@ -41,9 +41,9 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
         negative_prompt=args.get("negative_prompt"),
         num_inference_steps=steps,
         guidance_scale=float(args["guidance_scale"]),
-        noise_level=int(args["noise_level"]),
         generator=generator,
         callback=on_step,
         callback_steps=1,
+        **{"noise_level": int(args["noise_level"]), **family_arguments(args, family)},
     )
     return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")

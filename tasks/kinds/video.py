@@ -1,9 +1,11 @@
-"""video: text to a short clip (AnimateDiffPipeline: a 2D UNet plus a MotionAdapter).
+"""video: text to a short clip (AnimateDiffPipeline: a 2D UNet plus a MotionAdapter; WanPipeline).
 
-Params (``app/core/kinds.py``, defaults there): ``prompt`` (required), ``negative_prompt``,
-``width`` and ``height`` (pixels, multiples of 8), ``frames``, ``fps`` (frames per second),
-``steps``, ``guidance_scale``, ``format`` ("mp4" | "webp" | "gif"), ``seed``. Output: the clip
-with exactly ``frames`` frames of width x height pixels.
+Params (``app/core/kinds.py``, each family's changes in ``app/core/families.py``): ``prompt``
+(required), ``negative_prompt``, ``width`` and ``height`` (pixels, multiples of 8; Wan: 16),
+``frames`` (AnimateDiff: at most its motion modules' ``motion_max_seq_length``; Wan: 4k+1,
+default 33), ``fps`` (frames per second), ``steps``, ``guidance_scale``, ``format`` ("mp4" |
+"webp" | "gif"), ``seed``. ``frames`` reaches both pipelines as ``num_frames``. Output: the
+clip with exactly ``frames`` frames of width x height pixels.
 
 MP4 is H.264 (libx264, yuv420p) written by the ffmpeg binary that the ``imageio-ffmpeg``
 wheel ships; the provenance goes into the container's ``comment`` tag. When that binary is
@@ -22,25 +24,25 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.kinds import spec
-from tasks.kinds import Output, ProgressFn, denoising
+from app.core.kinds import family_kind_spec as kind_spec
+from tasks.kinds import Output, ProgressFn, denoising, family_arguments
 
 log = logging.getLogger("homefleet.worker")
 
-SPEC = spec("video")
+KIND = "video"
 MEDIA_TYPES = {"mp4": "video/mp4", "webp": "image/webp", "gif": "image/gif"}
 
 
 def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes]) -> Output:
-    args = SPEC.args(params)
+        inputs: Mapping[str, bytes], family: str = "") -> Output:
+    args = kind_spec(family, KIND).args(params)
     result = pipeline(
         prompt=str(args["prompt"]),
         negative_prompt=args.get("negative_prompt"),
-        num_frames=int(args["frames"]),
         width=int(args["width"]),
         height=int(args["height"]),
         output_type="pil",
+        **{"num_frames": int(args["frames"]), **family_arguments(args, family)},
         **denoising(args, progress),
     )
     frames = [frame.convert("RGB") for frame in result.frames[0]]

@@ -66,7 +66,9 @@ def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -
                           timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stdout
-    assert "(families: default, sd1, sdxl)" in done.stdout and "did you mean 'sdxl'?" in done.stdout
+    # the machines' families and the built-in limits' (app/core/limits.py, issue 19)
+    assert "(families: default, flux, flux-kontext, qwen-image, sd1, sdxl, wan)" in done.stdout
+    assert "did you mean 'sdxl'?" in done.stdout
 
 
 def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,5 +19,20 @@ def test_a_command_that_needs_no_torch_does_not_import_it() -> None:
 def test_make_tiny_prints_no_import_time_warnings(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "app.cli", "models", "make-tiny", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=True)
-    assert done.stdout.strip() == f"txt2img: {tmp_path / 'tiny-sd'}"
+    assert done.stdout.strip() == f"sd1: {tmp_path / 'tiny-sd'}"  # the family it built (issue 19)
     assert done.stderr == ""
+
+
+def test_make_tiny_builds_every_family_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    """Issue 19: ``make-tiny --family F`` for each family the registry accepts, offline."""
+    from app.core.families import FAMILIES
+
+    args = [sys.executable, "-m", "app.cli", "models", "make-tiny", str(tmp_path)]
+    done = subprocess.run([*args, "--family", "all"], capture_output=True, text=True, timeout=300, check=True)
+    built = dict(line.split(": ", 1) for line in done.stdout.strip().splitlines())
+    assert set(built) == set(FAMILIES) and done.stderr == ""
+    for family, folder in built.items():
+        index = json.loads((Path(folder) / "model_index.json").read_text())
+        assert index["_class_name"] == FAMILIES[family].pipeline_class
+    refused = subprocess.run([*args, "--family", "sdx1"], capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "unknown tiny model family(ies) ['sdx1']" in refused.stderr

@@ -42,7 +42,7 @@ def test_undecodable_messages_are_moved_aside_and_the_next_job_runs(fleet: Runni
 def test_status_counts_dead_letters_and_deadletter_lists_and_clears_them(fleet: RunningFleet) -> None:
     ctx = fleet.ctx
     ctx.redis.delete(ctx.keys.dead_letters())
-    ctx.redis.lpush(keys.queue(MACHINE), "garbage for the CLI")
+    ctx.redis.lpush(ctx.keys.queue_list(MACHINE), "garbage for the CLI")
     env = {**settings_env(fleet.local.settings), "COLUMNS": "250"}
     wait_for(lambda: ctx.redis.llen(ctx.keys.dead_letters()) == 1, 30, "the dead letter")
     assert "dead letters: 1" in run_cli("status", env=env).stdout

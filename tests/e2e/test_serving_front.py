@@ -71,7 +71,8 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
     by_url = client.images.generate(model=fleet.model, prompt="a fox", size="64x64",  # type: ignore[arg-type]
                                     response_format="url", extra_body={"steps": 1})
     assert by_url.data is not None and by_url.data[0].url is not None
-    assert httpx.get(by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(b"\x89PNG")
+    assert by_url.data[0].url.startswith("/v1/jobs/")  # relative: no public_base_url set, and never from Host
+    assert httpx.get(fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(b"\x89PNG")
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         client.images.generate(model=fleet.model, prompt="x", size="60x64")  # type: ignore[arg-type]
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.responses import FileResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.auth import machine_of
@@ -56,3 +58,15 @@ def job_of_machine(ctx: ServerContext, job_id: str, machine: Machine) -> Job:
     if job.machine != machine.name:
         raise Forbidden(f"job {job_id} is placed on {job.machine!r}, not on {machine.name!r}")
     return job
+
+
+def stored_file(path: str | Path, media_type: str, filename: str, digest: str | None = None) -> FileResponse:
+    """A stored file as the API serves it (issue 24): its stored media type,
+    ``X-Content-Type-Options: nosniff`` (a browser never second-guesses it),
+    ``Content-Disposition: attachment; filename=…`` (it is downloaded, never rendered in the
+    API's origin) and, when known, ``X-Content-Digest``."""
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if digest is not None:
+        headers["X-Content-Digest"] = digest
+    return FileResponse(path, media_type=media_type, filename=filename, headers=headers,
+                        content_disposition_type="attachment")

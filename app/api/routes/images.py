@@ -157,9 +157,10 @@ class ImageGeneration(BaseModel):
 class HfParameters(BaseModel):
     """The ``parameters`` Homefleet runs, under Hugging Face's names: text-to-image's (txt2img's
     params) and, with ``prompt`` set, image-to-image's (:data:`HF_IMAGE_PARAMS`). Any other key
-    is kept in ``model_extra`` and refused (:func:`hf_params`, :func:`hf_image_to_image`)."""
+    is kept in ``model_extra`` and refused (:func:`hf_params`, :func:`hf_image_to_image`), as
+    the schema says (``additionalProperties: false``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
                                description="image-to-image: the instruction; `inputs` is then the image in base64")
@@ -393,7 +394,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     jobs = await run_jobs(ctx, call, model, params, body.target, body.n)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
-                "data": [image_item(job, body.response_format, request, body.prompt) for job in jobs]}
+                "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt) for job in jobs]}
 
 
 @router.post("/v1/images/edits")
@@ -425,13 +426,14 @@ async def edit_images(
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
     jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
     with submitted([job.id for job in jobs]):
-        return {"created": int(time.time()), "data": [image_item(job, response_format, request, prompt) for job in jobs]}
+        return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
 
 
-def image_item(job: Job, response_format: str | None, request: Request, prompt: str) -> dict[str, str]:
-    """One ``data`` entry: the result as base64 (default) or as its URL."""
+def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str) -> dict[str, str]:
+    """One ``data`` entry: the result as base64 (default) or as its URL: ``public_base_url``
+    (a setting) + ``/v1/jobs/<id>/result``, relative without it; never from the request's Host."""
     if response_format == "url":
-        return {"url": str(request.base_url).rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
+        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
     return {"b64_json": base64.b64encode(Path(job.result_path or "").read_bytes()).decode(), "revised_prompt": prompt}
 
 

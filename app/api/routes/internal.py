@@ -10,10 +10,11 @@ import json
 import logging
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, File, Form, Header, UploadFile
 from fastapi.responses import FileResponse
 
-from app.api.routes.deps import Context, WorkerMachine, job_of_machine
+from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_file
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
@@ -26,7 +27,7 @@ from app.core.protocol import (
     RevocationReceipt,
     Revocations,
 )
-from app.core.states import JobState
+from app.core.states import RESULT_NOT_STORED, JobState
 
 router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
 def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
     """An uploaded input's bytes; the worker checks them against ``file_id`` (their digest)."""
     stored = ctx.inputs.get(file_id)
-    return FileResponse(stored.path, media_type=stored.media_type)
+    return stored_file(stored.path, stored.media_type, stored.path.name, stored.digest)
 
 
 @router.post("/jobs/{job_id}/claim", response_model=Claim)
@@ -99,7 +100,11 @@ def revocations(body: Revocations, ctx: Context, machine: WorkerMachine) -> Revo
 
 @router.post("/jobs/{job_id}/progress", status_code=204)
 def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMachine) -> None:
-    job_of_machine(ctx, job_id, machine)
+    """A running job's step (204). 409 ``not_running`` for a job that is not running (queued, or
+    ended: its progress is over and is not recorded); 403 for another machine's job."""
+    job = job_of_machine(ctx, job_id, machine)
+    if job.state != JobState.running:
+        raise Conflict(f"job {job_id} is {job.state}; progress is taken only while it runs", reason="not_running")
     ctx.progress.report(job_id, body.step, body.total)
 
 
@@ -119,9 +124,18 @@ async def upload_result(
     running (interrupted or ended meanwhile) gets 409 and nothing is stored. A mismatch of
     digest, media type or size stores nothing and fails the job with reason ``integrity``.
     The worker's provenance is journaled with the server's own figures added (job id,
-    predicted and actual seconds)."""
+    predicted and actual seconds).
+
+    Full disk (issue 24): 507 ``storage_full`` naming what could not be stored; the job stays
+    running and the worker retries. The upload is idempotent by digest: the same result for a
+    job it already made ``succeeded`` answers that job again. A job that failed
+    ``result_not_stored`` takes its result later (``homefleet results recover``): it becomes
+    ``succeeded``; it never ran twice."""
     job = job_of_machine(ctx, job_id, machine)
-    if job.state != JobState.running:  # ended meanwhile (interrupted, cancelled): store nothing
+    if job.state == JobState.succeeded and job.result_digest == digest:  # a retry whose answer was lost
+        return JobPublic.from_job(job)
+    recovering = job.state == JobState.failed and job.reason == RESULT_NOT_STORED
+    if job.state != JobState.running and not recovering:  # ended meanwhile (interrupted, cancelled): store nothing
         raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
                        reason="not_running")
     try:
@@ -137,14 +151,17 @@ async def upload_result(
     data = await file.read(ctx.settings.max_result_bytes + 1)
     timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
     try:
-        stored = ctx.store.store(data, digest)
+        stored = await to_thread.run_sync(ctx.store.store, data, digest)  # decoding may take a while (ffmpeg)
     except IntegrityFailure as error:
-        ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
+        if not recovering:
+            ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
         raise
-    job = ctx.journal.succeed(
-        job_id, machine.name, result_digest=stored.digest, result_path=str(stored.path),
-        result_media_type=stored.media_type, result_bytes=stored.size_bytes, provenance=record, **timings,
-    )
+    result = {"result_digest": stored.digest, "result_path": str(stored.path), "result_media_type": stored.media_type,
+              "result_bytes": stored.size_bytes, "provenance": record}
+    if recovering:  # its reservation was released and its timings learned when it failed
+        log.info("job %s: recovered result %s from %s", job_id, stored.digest, machine.name)
+        return JobPublic.from_job(ctx.journal.recover(job_id, machine.name, **result))
+    job = ctx.journal.succeed(job_id, machine.name, **result, **timings)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 

@@ -7,11 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Header, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
-from app.api.routes.deps import Context
+from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import NotFound
+from app.core.errors import NotFound, Rejected
 from app.core.states import JobState
+from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
@@ -35,7 +36,12 @@ def submit_job(
     (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
     with another body is refused with 422 (R20)."""
     if dry_run:
-        return JSONResponse(ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target))
+        decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target)
+        refusal = decision.get("error") or {}
+        if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
+            raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
+                           param="target")
+        return JSONResponse(decision)
     submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
     job = submission.job
     url = f"/v1/jobs/{job.id}"
@@ -63,11 +69,14 @@ def cancel_job(job_id: str, ctx: Context) -> JobPublic:
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)
 def get_result(job_id: str, ctx: Context) -> FileResponse:
-    """The stored result file (R2). 404 naming the job's state while there is none."""
+    """The stored result file (R2), with its stored media type, ``nosniff`` and
+    ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
         raise NotFound(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
-    return FileResponse(job.result_path, media_type=job.result_media_type, headers={"X-Content-Digest": job.result_digest or ""})
+    media_type = job.result_media_type or "application/octet-stream"
+    return stored_file(job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}",
+                       job.result_digest or "")
 
 
 @router.post("/files", status_code=201, response_model=FileStored)

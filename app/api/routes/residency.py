@@ -39,9 +39,11 @@ def get_commitments(machine: str, ctx: Context) -> dict[str, Any]:
 @router.put("/machines/{machine}/residency")
 def set_commitments(machine: str, body: CommitmentsUpdate, ctx: Context) -> dict[str, Any]:
     """Replace the machine's residency commitments. 409 ``machine_busy`` while it has work
-    queued or running (R16); 404 for an unknown machine or model. Checked and written under
+    queued or running (R16); 404 for an unknown machine or model; 422 ``commitment_too_large``
+    when the models cannot stay resident beside their largest job. Checked and written under
     the fleet lock, so no job is placed there in between (R14)."""
-    kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, body.models)
+    kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, body.models,
+                            costs=ctx.dispatcher.costs)
     return {"machine": machine, "models": sorted(kept)}
 
 

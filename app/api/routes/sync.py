@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.routes.deps import Context, WorkerMachine, get_context
+from app.api.routes.deps import Context, WorkerMachine, get_context, stored_file
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
@@ -75,5 +75,5 @@ def model_file(model_id: str, path: str, ctx: Context, machine: WorkerMachine) -
     entry = next((f for f in manifest.files if f.path == path), None)
     if entry is None:
         raise NotFound(f"model {model_id!r} has no file {path!r} in its manifest", reason="file_not_found")
-    return FileResponse(ctx.registry.folder(model_id) / entry.path, media_type="application/octet-stream",
-                        headers={"X-Content-Digest": entry.digest})
+    return stored_file(ctx.registry.folder(model_id) / entry.path, "application/octet-stream",
+                       entry.path.rsplit("/", 1)[-1], entry.digest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,8 @@ def test_c11_a_revocation_report_is_bounded_and_needs_the_machine_token(api: tup
 def test_issue18_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClient, ServerContext],
                                                             tiny_models_dir: Path) -> None:
     """A cancel through the API sends ``task-revoked``; reconciliation's ``worker_lost`` sends
-    ``task-failed`` naming the reason, so Flower shows neither PENDING nor STARTED forever."""
+    ``task-failed`` naming the reason, its ``purged`` ``task-revoked``, so Flower shows neither
+    PENDING nor STARTED forever."""
     client, ctx = api
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
@@ -156,3 +158,11 @@ def test_issue18_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClie
     [failed] = task_events(ctx, lambda: ctx.reconciler().run_once(), wanted=1)
     assert (failed["type"], failed["uuid"]) == ("task-failed", lost.id)
     assert failed["exception"].startswith("interrupted: worker_lost:"), failed["exception"]
+
+    bring_online(ctx, "m1", {model})  # its worker is back
+    purged = submitted(ctx, model, "m1")
+    assert ctx.queues.remove("m1", purged)  # as `celery purge` does
+    reconciler = replace(ctx.reconciler(), settings=ctx.settings.model_copy(update={"lost_grace_s": 0.0}))
+    [revoked] = task_events(ctx, reconciler.run_once, wanted=1)
+    assert (revoked["type"], revoked["uuid"]) == ("task-revoked", purged)
+    assert ctx.journal.get(purged).reason == "purged"

@@ -105,22 +105,3 @@ def test_r19_homefleet_purge_ends_the_queued_jobs_cancelled_as_purged_at_once(
         assert "its queue machine.m1 was purged" in (job.message or "")
     assert ctx.queues.length("m1") == 0 and ctx.machines.reservations.count("m1") == 0
 
-
-def test_under_a_prefix_dead_letters_are_written_bounded_and_read_at_one_key(prefixed: ServerContext) -> None:
-    """kombu's channel (the workers' dead-lettering transport, app/core/dead_letters.py) writes
-    the dead-letter list through its prefixing client: status and ``homefleet deadletter`` read
-    it at the same, prefixed key, and the LTRIM that bounds it reaches that key too."""
-    from queue import Empty
-
-    from app.core.keys import queue
-    from app.fleet.queues import DeadLetters
-
-    ctx = prefixed
-    ctx.redis.lpush(ctx.keys.queue_list("m1"), "not json {")
-    with ctx.celery.connection_for_read() as connection:
-        with pytest.raises(Empty):
-            connection.default_channel._get(queue("m1"))
-    assert ctx.keys.dead_letters() == "app2:hf:deadletters"
-    letters = DeadLetters(ctx.redis, ctx.keys.dead_letters())
-    assert letters.count() == 1 and letters.list()[0]["raw"] == "not json {"
-    assert not ctx.redis.exists("hf:deadletters")

@@ -98,9 +98,12 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     assert (refused["status"], refused["error"]["reason"]) == (422, "too_large")
     assert f"needs an estimated {need / 1e9:.1f} GB" in refused["error"]["message"]
     assert "'m1' has 2.0 GB usable" in refused["error"]["message"]
+    assert f"+ working memory {(need - weights) / 1e9:.1f} GB" in refused["error"]["message"]  # issue 19: the figures
+    assert refused["error"]["message"].endswith("the working memory tips it over")  # and which one decided
     decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
                                                           "params": {"prompt": "x", "width": 64, "height": 64}}).json()
     assert decision["machines"]["m1"]["reason"] == "too_large" and decision["machine"] == "server"
+    assert "working memory tips it over" in decision["machines"]["m1"]["message"]  # the dry run shows it too
     accepted = submit(client, "server")  # 4 GB: still fits there, priced with the override
     assert accepted["status"] == 202, accepted
     assert client.get(f"/v1/jobs/{accepted['id']}").json()["memory_estimate"]["total_bytes"] == need
@@ -146,3 +149,22 @@ def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_im
     assert error["reason"] == "invalid_size"
     assert error["message"] == ("params.image: the output would be 1056 x 1024 = 1081344 pixels; the limit (max_pixels) "
                                 "is 1048576; send a smaller image")
+
+
+@pytest.mark.parametrize(("precision", "quantization", "share"), [("bf16", None, 0.5), ("fp16", None, 0.5)])
+def test_r10_a_variant_is_priced_by_what_it_occupies_loaded_not_by_its_files(
+        api: Api, tiny_models_dir: Path, precision: str, quantization: str | None, share: float) -> None:
+    """Issue 19: the same fp32 files registered as a bf16/fp16 variant are priced at half the
+    bytes (the weights are loaded in that dtype), so placement no longer refuses a variant as
+    too large at its full-precision size."""
+    client, ctx = api(FLEET_COEFFICIENTS)
+    variant = f"tiny-sd-{precision}"
+    ctx.registry.add(tiny_models_dir / MODEL, variant, precision=precision, quantization=quantization)
+    bring_online(ctx, "m1", {MODEL, variant})
+    full = loaded_weight_bytes(tiny_models_dir / MODEL)  # fp32 files
+    answer = client.post("/v1/jobs", json={"model": variant, "kind": "txt2img", "target": "m1",
+                                          "params": {"prompt": "x", "width": 64, "height": 64}})
+    assert answer.status_code == 202, answer.text
+    shown = client.get(f"/v1/jobs/{answer.json()['id']}").json()["memory_estimate"]
+    assert shown["weights_bytes"] == int(full * share) == ctx.registry.weights_bytes(variant)
+    assert ctx.dispatcher.costs.model_profiles()[MODEL].weights_bytes == full  # the fp32 registration: its files' bytes

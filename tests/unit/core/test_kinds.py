@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from app.core.errors import Rejected
-from app.core.kinds import KINDS, job_request, spec
+from app.core.families import FAMILIES
+from app.core.kinds import KINDS, family_kind_spec, job_request, spec
 from app.jobs.validation import check_known_params
 from routing.timings import job_size
 from tasks.kinds import runner
@@ -33,14 +34,16 @@ def png() -> bytes:
 
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_a_runner_reads_exactly_the_params_its_spec_lists(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    kind_spec = spec(kind)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_runner_reads_exactly_the_params_its_familys_spec_lists(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: per family (app/core/families.py), every param of the family's spec is read."""
+    kind = FAMILIES[family].kind
+    kind_spec = family_kind_spec(family, kind)
     seen: list[Any] = []
     real = type(kind_spec).args
     monkeypatch.setattr(type(kind_spec), "args", lambda self, params: seen.append(real(self, params)) or seen[-1])
     params = {"prompt": "x", "seed": 1, **({"format": "gif"} if kind == "video" else {})}
-    runner(kind)(fake_pipeline, params, lambda step, total: None, {}, {"image": png()})
+    runner(kind)(fake_pipeline, params, lambda step, total: None, {}, {"image": png()}, family=family)
     (args,) = seen
     inputs_read_as_bytes = set(kind_spec.inputs)  # the image comes as bytes, not from params
     assert args.read | inputs_read_as_bytes == set(kind_spec.params)

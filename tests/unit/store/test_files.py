@@ -12,6 +12,7 @@ from app.core.digest import bytes_digest
 from app.core.errors import IntegrityFailure
 from app.store.files import ResultStore
 from app.store.media import sniff
+from tests.helpers import png_claiming
 
 
 def png(color: tuple[int, int, int] = (200, 10, 10)) -> bytes:
@@ -64,3 +65,33 @@ def test_r2_a_result_that_fails_a_check_stores_nothing(tmp_path: Path, kind: str
 )
 def test_media_type_comes_from_magic_bytes(head: bytes, media_type: str | None) -> None:
     assert sniff(head) == media_type
+
+
+def gif(frames: int = 3) -> bytes:
+    images = [Image.new("P", (8, 8), index) for index in range(frames)]
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:])
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["bomb", "truncated", "png_html_polyglot", "gif_html_polyglot", "truncated_gif"])
+def test_issue24_a_result_that_does_not_decode_is_result_invalid_and_stores_nothing(tmp_path: Path, kind: str) -> None:
+    """R2 / issue 24 point 4: results are decoded as inputs are, with the inputs' pixel limit:
+    a 30000 x 30000 PNG header, a PNG cut in half, PNG or GIF magic bytes before HTML, a GIF
+    whose last frame is cut off."""
+    data = {"bomb": png_claiming(30000, 30000), "truncated": png()[: len(png()) // 2],
+            "png_html_polyglot": b"\x89PNG\r\n\x1a\n<html><script>alert(1)</script></html>",
+            "gif_html_polyglot": b"GIF89a<html><script>alert(1)</script></html>",
+            "truncated_gif": gif()[:-20]}[kind]
+    with pytest.raises(IntegrityFailure) as refused:
+        ResultStore(tmp_path, 10_000_000).store(data, bytes_digest(data))
+    assert refused.value.reason == "result_invalid"
+    assert refused.value.message.startswith("result: ")
+    if kind == "bomb":
+        assert "900000000 pixels" in refused.value.message and f"limit of {4096 * 4096} pixels" in refused.value.message
+    assert stored_files(tmp_path) == []
+
+
+def test_issue24_an_animated_gif_result_decodes_and_is_stored(tmp_path: Path) -> None:
+    data = gif()
+    assert ResultStore(tmp_path, 1_000_000).store(data, bytes_digest(data)).media_type == "image/gif"

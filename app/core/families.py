@@ -1,0 +1,139 @@
+"""Per-family rules, in one place (issue 19): which diffusers pipeline class is which family,
+the kind it runs, and how that kind's params map onto that pipeline's own arguments and ranges.
+
+A kind (``app/core/kinds.py``) says what a job of that kind accepts in general; a family
+adjusts it to its pipeline: params it does not take are dropped (Qwen-Image-Edit has no
+``image_guidance_scale``; its ``guidance_scale`` is ignored, true CFG replaces it), params
+only it takes are added (``true_cfg_scale``), defaults and ranges are its own (Flux's
+``guidance_scale`` is distilled guidance, 3.5), and its sides and frame counts follow its
+VAE (Wan: frames 4k+1, sides multiples of 16). The server's validation
+(``app/jobs/validation.py``) refuses a submission that breaks a rule with a 422 naming the
+family's limit; the worker's kind code (``tasks/kinds/*.py``) reads params through
+:func:`app.core.kinds.family_kind_spec` and passes them under :attr:`Family.arguments`'s names, so a param a
+pipeline does not take never reaches it (no TypeError on a worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from app.core.specs import NumberRange
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    """Frame counts a video family takes: ``count % step == offset`` (Wan: 4k+1)."""
+
+    step: int
+    offset: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    Attributes:
+        name: the family, e.g. ``flux`` (the registry's ``family`` column).
+        pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``).
+        kind: the job kind its pipeline runs.
+        multiple_of: ``width``/``height`` and input image sides must be multiples of it
+            (pixels): the VAE's downsampling times the transformer's patch size.
+        size_why: what ``multiple_of`` comes from, for refusals.
+        drop: params of the kind this pipeline does not take (refused at submission).
+        add: params only this family takes (with their defaults and ranges below).
+        defaults: this family's defaults, over the kind's.
+        numbers: this family's ranges, replacing the kind's range of the same name.
+        arguments: param -> the pipeline's argument name, for the params passed through as
+            they are (the runner adds prompt, sizes, steps, seed, guidance itself).
+        frames: the frame-count rule of a video family, or None.
+        size_arguments: the size arguments the runner gives an edit pipeline so that the output
+            keeps the input's size (``width``, ``height``, ``max_area`` = width x height):
+            Qwen-Image-Edit and Flux Kontext would otherwise draw ~1024x1024.
+        fixed_arguments: arguments always passed as they are (Flux Kontext: ``_auto_resize``
+            off, or it resizes the input to one of its trained resolutions).
+        cfg_param: the param that turns true classifier-free guidance on above 1; a
+            ``negative_prompt`` is only used when it is above 1 (else it is refused).
+        limits: its default limits (``app/core/limits.py``) where they differ from the
+            SD-1-sized ones: ``max_prompt_tokens`` its text encoder reads (T5: 512, Qwen2.5-VL:
+            1024; CLIP: 77), ``max_frames`` its video model was trained on (Wan: 81).
+    """
+
+    name: str
+    pipeline_class: str
+    kind: str
+    multiple_of: int = 8
+    size_why: str = "the VAE downsamples by 8"
+    drop: tuple[str, ...] = ()
+    add: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    numbers: tuple[NumberRange, ...] = ()
+    arguments: Mapping[str, str] = field(default_factory=dict)
+    frames: FrameRule | None = None
+    size_arguments: tuple[str, ...] = ()
+    fixed_arguments: Mapping[str, Any] = field(default_factory=dict)
+    cfg_param: str | None = None
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
+        object.__setattr__(self, "fixed_arguments", MappingProxyType(dict(self.fixed_arguments)))
+        object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
+
+
+_TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
+
+FAMILIES: dict[str, Family] = {family.name: family for family in (
+    Family("sd1", "StableDiffusionPipeline", "txt2img"),
+    Family("sdxl", "StableDiffusionXLPipeline", "txt2img", defaults={"guidance_scale": 5.0}),
+    Family(
+        "flux", "FluxPipeline", "txt2img", multiple_of=16, size_why="the VAE downsamples by 8, then 2x2 patches",
+        add=("true_cfg_scale",), defaults={"guidance_scale": 3.5, "true_cfg_scale": 1.0},
+        # guidance_scale is the distilled guidance embedded in the transformer (FLUX.1-dev), not CFG
+        numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG),
+        arguments={"true_cfg_scale": "true_cfg_scale"}, cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},
+    ),
+    Family("sd1-pix2pix", "StableDiffusionInstructPix2PixPipeline", "edit",
+           arguments={"image_guidance_scale": "image_guidance_scale"}),
+    Family(
+        "qwen-image", "QwenImageEditPipeline", "edit", multiple_of=16,
+        size_why="the VAE downsamples by 8, then 2x2 patches",
+        # no image_guidance_scale; guidance_scale is ignored (no guidance embeddings): true CFG instead
+        drop=("image_guidance_scale", "guidance_scale"), add=("true_cfg_scale",),
+        defaults={"true_cfg_scale": 4.0, "negative_prompt": " "}, numbers=(_TRUE_CFG,),
+        arguments={"true_cfg_scale": "true_cfg_scale"}, size_arguments=("width", "height"),
+        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 1024},
+    ),
+    Family(
+        "flux-kontext", "FluxKontextPipeline", "edit", multiple_of=16,
+        size_why="the VAE downsamples by 8, then 2x2 patches",
+        # FLUX.1-Kontext-dev: guidance_scale is the distilled guidance (2.5); no image_guidance_scale
+        drop=("image_guidance_scale",), add=("true_cfg_scale",), defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
+        numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG), arguments={"true_cfg_scale": "true_cfg_scale"},
+        size_arguments=("width", "height", "max_area"), fixed_arguments={"_auto_resize": False},
+        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},
+    ),
+    Family("sd-upscale", "StableDiffusionUpscalePipeline", "upscale", arguments={"noise_level": "noise_level"}),
+    Family("animatediff", "AnimateDiffPipeline", "video", arguments={"frames": "num_frames"}),
+    Family(
+        "wan", "WanPipeline", "video", multiple_of=16, size_why="the VAE downsamples by 8, then 1x2x2 patches",
+        defaults={"frames": 33, "fps": 16, "guidance_scale": 5.0}, arguments={"frames": "num_frames"},
+        frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
+        limits={"max_prompt_tokens": 512, "max_frames": 81},
+    ),
+)}
+
+PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    family.pipeline_class: (family.name, (family.kind,)) for family in FAMILIES.values()
+}
+"""diffusers pipeline class (``model_index.json`` ``_class_name``) -> (family, kinds it runs):
+what the registry accepts."""
+
+
+def family(name: str) -> Family | None:
+    """The rules of family ``name``, or None for a family this table does not know."""
+    return FAMILIES.get(name)

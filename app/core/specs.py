@@ -1,0 +1,106 @@
+"""The shapes of a job kind's spec (:class:`KindSpec`, :class:`NumberRange`, :class:`Args`),
+shared by the kinds (``app/core/kinds.py``) and the families that adjust them
+(``app/core/families.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+OUTPUT_SIZE_FIELDS: tuple[str, ...] = ("output_width", "output_height")
+"""Params the server adds for kinds whose output size follows their input image (pixels);
+a client may send them back (params copied from ``GET /v1/jobs/{id}``) and the server
+replaces them."""
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """A number param checked at submission: ``low`` <= value <= ``high``, finite, an integer
+    when ``integer``."""
+
+    name: str
+    low: float
+    high: float
+    integer: bool = False
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One job kind.
+
+    Attributes:
+        name: the kind, e.g. ``txt2img``.
+        params: every param the runner reads (the server refuses any other key, R22).
+        defaults: the value a runner uses when a param is absent (steps, sizes in pixels…).
+        numbers: ranges of number params.
+        inputs: params that hold the id (``"blake3:<hex>"``) of an uploaded input image.
+        prompt_required: a submission without a non-blank ``prompt`` is refused.
+        output_scale: None when the output's size comes from ``width``/``height``; otherwise
+            the factor from the input image's sides to the output's (1: same size).
+        formats: the output formats ``params.format`` may name (first: the default).
+    """
+
+    name: str
+    params: tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    numbers: tuple[NumberRange, ...] = ()
+    inputs: tuple[str, ...] = ()
+    prompt_required: bool = False
+    output_scale: int | None = None
+    formats: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        """Every key ``params`` may hold: :attr:`params`, plus :data:`OUTPUT_SIZE_FIELDS` for
+        kinds whose output follows their input (the server sets those)."""
+        return self.params + (OUTPUT_SIZE_FIELDS if self.output_scale is not None else ())
+
+    def args(self, params: Mapping[str, Any]) -> Args:
+        """``params`` as the runner reads them: a declared param's value, else its default."""
+        return Args(self, params)
+
+    def value(self, params: Mapping[str, Any], name: str) -> Any:
+        """``params[name]``, else the default (None when there is none)."""
+        return params[name] if name in params else self.defaults.get(name)
+
+
+class Args(Mapping[str, Any]):
+    """A job's params as its runner reads them. Reading a param the spec does not declare raises
+    ``KeyError`` (so a runner can never read what the server did not check); a declared param
+    without a value and without a default is missing (``get`` returns None). ``read`` records
+    what was read."""
+
+    def __init__(self, spec: KindSpec, params: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self._params = params
+        self.read: set[str] = set()
+
+    def _declared(self, name: str) -> None:
+        if name not in self.spec.params:
+            raise KeyError(f"kind {self.spec.name!r} reads {name!r}, which its spec does not list "
+                           f"(app/core/kinds.py); it lists {', '.join(self.spec.params)}")
+        self.read.add(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of a declared param, else its default, else ``default``; an undeclared one raises."""
+        self._declared(name)
+        return self[name] if name in self._params or name in self.spec.defaults else default
+
+    def __getitem__(self, name: str) -> Any:
+        self._declared(name)
+        if name in self._params:
+            return self._params[name]
+        if name in self.spec.defaults:
+            return self.spec.defaults[name]
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(name for name in self.spec.params if name in self._params or name in self.spec.defaults)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -1,0 +1,145 @@
+"""A real-HTTP fuzz run of the public API (issue 24, R22, R24): schemathesis, with all its
+checks, against ``homefleet serve`` and a real ``celery worker`` for machine ``server`` that
+holds a verified tiny txt2img model, so that schema-valid bodies really queue and run. Its
+stateful phase follows the OpenAPI links from a submission to the job, its events, its
+result and its cancel.
+
+The server runs with narrow limits (:data:`FUZZ_LIMITS`) so that every valid job is small;
+the schema states those limits, as it states any. After the run, every job the journal
+accepted must reach a terminal state (the worker drains the queue).
+
+``homefleet fuzz`` (``make fuzz``) runs it; ``tests/fuzz`` runs a bounded one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.context import build_context
+from app.core.config import Settings
+from app.core.limits import DEFAULT_FAMILY, FamilyLimits
+from app.core.states import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port, start_redis_server
+from app.devtools.tiny_models import make_tiny
+from app.fleet.config import Fleet, Machine
+from routing.placement import SERVER
+
+MODEL = "tiny-sd"
+FUZZ_LIMITS = FamilyLimits(max_pixels=64 * 64, max_steps=2, max_frames=2, max_batch=2, max_prompt_chars=64)
+CHECKS = "all"
+CONFIG = Path(__file__).resolve().parents[2] / "tests" / "fuzz" / "schemathesis.toml"
+
+
+@dataclass
+class FuzzReport:
+    """What one run saw: cases sent, responses by status, schemathesis' failures and the
+    journal's jobs by state afterwards (``unended``: accepted jobs not in a terminal state)."""
+
+    cases: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    failures: int = 0
+    exit_code: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    unended: list[str] = field(default_factory=list)
+    output: str = ""
+
+    @property
+    def server_errors(self) -> int:
+        """5xx answers other than the documented 503 (machine offline or syncing, R10)."""
+        return sum(count for status, count in self.statuses.items() if status >= 500 and status != 503)
+
+    def summary(self) -> str:
+        return (f"fuzz: {self.cases} cases, {self.server_errors} 5xx other than 503 ({self.statuses.get(503, 0)} "
+                f"documented 503), {self.failures} failures, statuses "
+                f"{dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
+                f"{len(self.unended)} accepted jobs not ended")
+
+
+def fuzz_fleet(data_dir: Path) -> tuple[Settings, Fleet]:
+    """Settings and a one-machine fleet (``server``) for the fuzz run, under ``data_dir``."""
+    fleet = Fleet(machines={SERVER: Machine(name=SERVER, backend="cpu", memory_kind="unified",
+                                            memory_bytes=8_000_000_000, families=frozenset({"sd1"}),
+                                            token=secrets.token_urlsafe(32))})
+    settings = Settings(data_dir=data_dir, fleet_file=data_dir / "fleet.toml", api_port=free_port(),
+                        api_keys=[secrets.token_urlsafe(24)], limits={DEFAULT_FAMILY: FUZZ_LIMITS},
+                        images_wait_s=20, max_queued_per_machine=64, max_pending_total=64)
+    return settings, fleet
+
+
+def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage,fuzzing,stateful",
+             extra_args: list[str] | None = None, drain_timeout_s: float = 600.0) -> FuzzReport:
+    """Run schemathesis against a fresh fleet under ``data_dir``; return what it saw.
+    ``max_examples``: per operation and phase (schemathesis' ``--max-examples``)."""
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    redis = start_redis_server(data_dir / "redis")
+    settings, fleet = fuzz_fleet(data_dir)
+    settings = settings.model_copy(update={"redis_url": redis.url})
+    settings.fleet_file.write_text(fleet.to_toml())  # type: ignore[union-attr]
+    ctx = build_context(settings, fleet, migrate=True)
+    local = LocalFleet(settings, fleet, settings.fleet_file)  # type: ignore[arg-type]
+    report = FuzzReport()
+    try:
+        built = make_tiny(data_dir / "tiny", kinds=("txt2img",))
+        ctx.registry.add(built["txt2img"], model_id=MODEL)
+        local.start_api()
+        local.start_worker(SERVER)
+        local.wait_online([SERVER], model_id=MODEL, timeout_s=180)
+        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [])
+        report.unended = drain(ctx, drain_timeout_s)
+        report.states = Counter(str(job.state) for job in ctx.journal.list())
+    finally:
+        local.stop()
+        ctx.close()
+        redis.stop()
+    return report
+
+
+def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir: Path,
+                     extra_args: list[str]) -> FuzzReport:
+    """``schemathesis run`` over real HTTP, with every check; the statuses from its NDJSON report."""
+    report_dir = data_dir / "schemathesis"
+    key = local.settings.api_keys[0]
+    command = [
+        str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG), "run", f"{local.api_url}/openapi.json",
+        "--checks", CHECKS, "--phases", phases, "--max-examples", str(max_examples), "--workers", "1",
+        "-H", f"Authorization: Bearer {key}",
+        "-H", "Prefer: wait=5",  # the image routes answer 409 job_pending after 5 s (C10) instead of waiting
+        "--seed", "1",
+        "--report", "ndjson", "--report-dir", str(report_dir), "--no-color",
+        "--suppress-health-check", "all", "--continue-on-failure", *extra_args,
+    ]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
+    report = FuzzReport(exit_code=done.returncode, output=done.stdout[-20000:] + done.stderr[-5000:])
+    for path in report_dir.glob("*.ndjson"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            for status in re.findall(r'"status_code": ?(\d{3})', json.dumps(event)):
+                report.statuses[int(status)] += 1
+    generated = re.search(r"(\d+) generated", done.stdout)
+    report.cases = int(generated.group(1)) if generated else sum(report.statuses.values())
+    failed = re.search(r"(\d+) failures?", done.stdout)
+    report.failures = int(failed.group(1)) if failed else (0 if done.returncode == 0 else -1)
+    return report
+
+
+def drain(ctx: object, timeout_s: float) -> list[str]:
+    """Wait until every accepted job has ended; return the ids of those that did not."""
+    journal = ctx.journal  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        unended = [job.id for job in journal.list([JobState.queued, JobState.running])]
+        if not unended or time.monotonic() > deadline:
+            return unended
+        time.sleep(0.5)

@@ -1,0 +1,154 @@
+"""A worker's result spool (issue 24 point 5; R2, R19): a result the server could not store (its
+disk full: 507 ``storage_full``, or another 5xx) is kept on the worker's disk, the upload is
+retried with backoff, and if the server still cannot take it the job ends ``failed`` with
+reason ``result_not_stored``; the spooled file stays, and ``homefleet results recover`` brings
+it in later (the job then becomes ``succeeded``: it ran once, its result was kept).
+
+The spool is ``WorkerSettings.spool_dir`` (default: beside the models folder, ``spool/``):
+per job ``<job_id>.result`` (the bytes) and ``<job_id>.json`` (digest, media type, timings,
+provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
+the server answers a repeated upload of a result it stored with the job as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.core.config import WorkerSettings
+from app.core.errors import HomefleetError, StorageFull
+
+log = logging.getLogger("homefleet.worker")
+
+RETRIED_STATUS = (StorageFull.status_code, 500, 502, 503, 504)
+"""Answers after which the server may take the same upload later: a full disk, a server error."""
+
+
+@dataclass(frozen=True)
+class Spooled:
+    """What the spool keeps of one result besides its bytes."""
+
+    job_id: str
+    digest: str
+    media_type: str
+    load_s: float
+    run_s: float
+    cold_load: bool
+    provenance: dict[str, Any]
+    spooled_at: float
+
+
+class ResultSpool:
+    """The spool folder of one worker."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def data_path(self, job_id: str) -> Path:
+        return self.root / f"{job_id}.result"
+
+    def keep(self, record: Spooled, data: bytes) -> Path:
+        """Write the result and its record (atomically, data first); return the data's path."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.data_path(record.job_id)
+        _write_atomic(path, data)
+        _write_atomic(self.root / f"{record.job_id}.json", json.dumps(asdict(record), sort_keys=True).encode())
+        return path
+
+    def entries(self) -> list[tuple[Spooled, Path]]:
+        """Every complete entry (record and data), oldest first."""
+        found = []
+        for meta in sorted(self.root.glob("*.json")) if self.root.is_dir() else []:
+            try:
+                record = Spooled(**json.loads(meta.read_text()))
+            except (ValueError, TypeError) as error:
+                log.error("result spool: %s is not a spool record (%s); left as it is", meta, error)
+                continue
+            if self.data_path(record.job_id).is_file():
+                found.append((record, self.data_path(record.job_id)))
+        return sorted(found, key=lambda entry: entry[0].spooled_at)
+
+    def remove(self, job_id: str) -> None:
+        self.data_path(job_id).unlink(missing_ok=True)
+        (self.root / f"{job_id}.json").unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def retriable(error: BaseException) -> bool:
+    """Whether the server may take the same upload later: a full disk (507) or a server error
+    (5xx), not a refusal of the bytes (422) or a job that has ended (409)."""
+    return isinstance(error, HomefleetError) and error.status_code in RETRIED_STATUS
+
+
+def upload_with_retries(upload: Callable[[], Any], attempts: int, first_pause_s: float, job_id: str) -> Any:
+    """Call ``upload`` up to ``attempts`` times, pausing ``first_pause_s`` then twice as long each
+    time, while it fails :func:`retriable`; the last error is raised."""
+    pause_s = first_pause_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return upload()
+        except HomefleetError as error:
+            if not retriable(error) or attempt == attempts:
+                raise
+            log.warning("job %s: the server could not store the result (attempt %d of %d: %s); retrying in %.1f s",
+                        job_id, attempt, attempts, error.message, pause_s)
+            time.sleep(pause_s)
+            pause_s *= 2
+    raise AssertionError("unreachable")
+
+
+def recover(spool: ResultSpool, upload: Callable[[Spooled, bytes], Any]) -> list[tuple[str, str]]:
+    """Upload every spooled result again (``homefleet results recover``); an entry the server
+    took, or will never take (its job ended otherwise, the bytes refused), leaves the spool.
+    Returns (job id, outcome) per entry: ``recovered``, ``refused: …`` or ``kept: …``."""
+    outcomes = []
+    for record, path in spool.entries():
+        try:
+            upload(record, path.read_bytes())
+        except (HomefleetError, httpx.HTTPError) as error:
+            message = getattr(error, "message", str(error))
+            if isinstance(error, HomefleetError) and not retriable(error):
+                spool.remove(record.job_id)
+                outcomes.append((record.job_id, f"refused: {message}"))
+            else:
+                outcomes.append((record.job_id, f"kept: {message}"))
+            continue
+        spool.remove(record.job_id)
+        outcomes.append((record.job_id, "recovered"))
+    return outcomes
+
+
+def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
+    """``homefleet results recover``: :func:`recover` over this worker's spool, uploading through
+    the internal API with the machine's token."""
+    from tasks.server_client import ServerClient
+
+    client = ServerClient(settings.server_url, settings.worker_token, machine=settings.machine,
+                          timeout_s=settings.http_timeout_s, retry_s=0)
+    try:
+        return recover(ResultSpool(settings.result_spool), lambda record, data: client.upload(
+            record.job_id, data, record.media_type, record.digest, load_s=record.load_s, run_s=record.run_s,
+            cold_load=record.cold_load, provenance=record.provenance))
+    finally:
+        client.close()

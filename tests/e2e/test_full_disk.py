@@ -1,0 +1,134 @@
+"""A full disk (issue 24 point 5; R2, R19): a real ``homefleet serve`` under ``prlimit --fsize``
+(no file it writes may pass LIMIT bytes: the write fails with EFBIG, as on a full disk) and a
+real worker. An input upload is 507 naming what could not be stored; a result the server
+cannot store is kept in the worker's spool and retried, then the job ends ``failed`` with
+reason ``result_not_stored``; once the server has room, ``homefleet results recover`` brings
+the spooled result in and the job is ``succeeded``, the same bytes, run once."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from PIL import Image
+
+from app.client import ApiError, HomefleetClient
+from app.core.config import Settings
+from app.core.digest import bytes_digest
+from app.devtools.localfleet import LocalFleet
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import free_port
+from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tiny-sd"
+LIMIT = 30_000  # bytes per file the server may write: its log fits, a 128 x 128 PNG of noise (~45 KB) does not
+SIDE = 128
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for the journal: its files are the database server's, not
+    the limited process's (a SQLite journal and its WAL would hit the limit first)."""
+    import uuid
+
+    psycopg = pytest.importorskip("psycopg")
+    from tests.conftest import POSTGRES_ADMIN_URL
+
+    name = f"hf_full_disk_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as error:
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL}: {error}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
+            postgres_url: str) -> Iterator[tuple[LocalFleet, Path]]:
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    redis_url = f"{redis_base_url}/6"
+    redis.Redis.from_url(redis_url).flushdb()
+    fleet = make_fleet("m1")
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(fleet.to_toml())
+    settings = Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_file=fleet_file,
+                        api_port=free_port(), heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
+                        database_url=postgres_url)
+    operator = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
+                "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_DATABASE_URL": postgres_url}
+    run_cli("db", "upgrade", env=operator)  # migrations run unlimited: only the serving process is limited
+    run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
+    local = LocalFleet(settings, fleet, fleet_file)
+    local.copy_model(MODEL, "m1")
+    spool = local.machine_dir("m1") / "spool"
+    try:
+        local.start_api(prefix=["prlimit", f"--fsize={LIMIT}"])
+        local.start_worker("m1", extra_env={"HOMEFLEET_RESULT_UPLOAD_ATTEMPTS": "3", "HOMEFLEET_RESULT_RETRY_S": "0.5",
+                                            "HOMEFLEET_SPOOL_DIR": str(spool)})
+        local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
+        yield local, spool
+    finally:
+        local.stop()
+
+
+def noise_png(side: int) -> bytes:
+    rng = random.Random(24)
+    image = Image.frombytes("RGB", (side, side), bytes(rng.getrandbits(8) for _ in range(side * side * 3)))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[LocalFleet, Path]) -> None:
+    local, spool = limited
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    try:
+        # An input over the limit: 507 naming it, logged; nothing half-written is left.
+        big = noise_png(SIDE)
+        assert len(big) > LIMIT
+        with pytest.raises(ApiError) as refused:
+            client.upload(big)
+        assert refused.value.status_code == 507, refused.value
+        assert refused.value.reason == "storage_full" and "the uploaded input" in refused.value.message
+        # A result over the limit: kept by the worker, retried, then the job fails result_not_stored.
+        job = client.submit(MODEL, "txt2img", {"prompt": "noise", "steps": 1, "width": SIDE, "height": SIDE,
+                                               "guidance_scale": 1.0, "seed": 7}, target="m1")
+        ended = client.wait(job["id"], timeout_s=300)
+        assert ended["state"] == "failed" and ended["reason"] == "result_not_stored", ended
+        assert str(spool) in ended["message"] and "homefleet results recover" in ended["message"]
+        kept = spool / f"{job['id']}.result"
+        assert kept.is_file() and kept.stat().st_size > LIMIT
+        log = (local.logs_dir / "api.log").read_text()
+        assert "storage full" in log and "File too large" in log
+        worker_log = (local.logs_dir / "worker-m1.log").read_text()
+        assert worker_log.count(f"job {job['id']}: the server could not store the result (attempt") == 2
+        data = kept.read_bytes()
+        # The server gets room (restarted without the limit); the worker's host brings the result in.
+        stop_process_group(local.processes.pop("api"))
+        local.start_api()
+        worker_env = {"HOMEFLEET_MACHINE": "m1", "HOMEFLEET_MODELS_DIR": str(local.models_dir("m1")),
+                      "HOMEFLEET_WORKER_TOKEN": local.fleet.machines["m1"].token or "",
+                      "HOMEFLEET_SERVER_URL": local.api_url, "HOMEFLEET_SPOOL_DIR": str(spool),
+                      "HOMEFLEET_REDIS_URL": local.settings.redis_url}
+        done = run_cli("results", "recover", env=worker_env)
+        assert f"{job['id']}: recovered" in done.stdout, done.stdout
+        recovered = client.get(job["id"])
+        assert recovered["state"] == "succeeded" and recovered["result"]["digest"] == bytes_digest(data)
+        assert client.download(job["id"]) == data
+        assert not kept.exists()
+        again = run_cli("results", "recover", env=worker_env)  # nothing left: a no-op
+        assert "0 spooled results" in again.stdout
+    finally:
+        client.close()

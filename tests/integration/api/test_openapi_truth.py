@@ -1,0 +1,155 @@
+"""The OpenAPI document tells the truth (issue 24 point 6, R22, R24), on a real Redis and
+journal through the real ASGI app: every status a route answers is listed with the common
+error body; the limits the server enforces are in the schema; OPTIONS and unknown methods
+answer with the path's ``Allow``; result URLs never come from ``Host``; progress for a job
+that is not running is 409."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.limits import DEFAULT_FAMILY, FamilyLimits
+from app.core.states import JobState
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet
+
+MODEL = "tiny-sd"
+AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
+LIMITS = FamilyLimits(max_pixels=64 * 64, max_steps=3, max_prompt_chars=50)
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    settings = settings.model_copy(update={"limits": {DEFAULT_FAMILY: LIMITS}, "images_wait_s": 1})
+    ctx = build_context(settings, make_fleet("m1"), migrate=True)
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    with TestClient(create_app(settings, ctx), headers=AUTH) as client:
+        yield client, ctx
+
+
+def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tuple[TestClient, ServerContext]) -> None:
+    client, _ctx = api
+    schema = client.get("/openapi.json").json()
+    error = schema["components"]["schemas"]["Error"]
+    assert error["required"] == ["error"] and error["properties"]["error"]["required"] == ["reason", "message"]
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            responses = op["responses"]
+            expected = {"503"} if path != "/metrics" else set()
+            if op.get("security"):
+                expected.add("401")
+            if any(p["in"] == "path" for p in op.get("parameters", [])):
+                expected.add("404")
+            if "requestBody" in op:
+                expected |= {"400", "413", "422"}
+            assert expected <= set(responses), (method, path, sorted(responses))
+            for status, answer in responses.items():
+                if status.startswith(("4", "5")):
+                    ref = answer["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/OpenAIError" if path.startswith(("/v1/images/", "/hf")) else "/Error")
+    submit = schema["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"200", "202", "404", "409", "429"} <= set(submit)
+    assert {"GetJob", "JobResult", "CancelJob", "JobEvents"} <= set(submit["202"]["links"])  # the stateful way
+    assert "409" in schema["paths"]["/v1/jobs/{job_id}/cancel"]["post"]["responses"]
+
+
+def test_the_schema_states_the_limits_the_server_enforces(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    schema = client.get("/openapi.json").json()
+    [txt2img] = [v for v in schema["components"]["schemas"]["JobCreate"]["oneOf"]
+                 if v["properties"]["kind"]["const"] == "txt2img"]
+    params = txt2img["properties"]["params"]
+    assert params["additionalProperties"] is False and params["required"] == ["prompt"]
+    steps = params["properties"]["steps"]["anyOf"][0]
+    assert (steps["minimum"], steps["maximum"]) == (1, LIMITS.max_steps)
+    width = params["properties"]["width"]["anyOf"][0]
+    assert (width["multipleOf"], width["minimum"]) == (LIMITS.multiple_of, LIMITS.min_side)
+    assert params["properties"]["prompt"]["maxLength"] == LIMITS.max_prompt_chars
+    assert txt2img["properties"]["model"]["enum"] == [MODEL]
+    assert txt2img["properties"]["target"]["enum"] == ["m1", "server", "auto"]
+    # Each limit stated is the one enforced: one past it is refused, naming it.
+    bring_online(ctx, "server", {MODEL})
+    for params_past, reason in (({"steps": LIMITS.max_steps + 1}, "invalid_steps"),
+                                ({"width": 12}, "invalid_width"), ({"prompt": "x" * 51}, "invalid_prompt"),
+                                ({"scheduler": "ddim"}, "unknown_param")):
+        answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img",
+                                               "params": {"prompt": "a", **params_past}})
+        assert (answer.status_code, answer.json()["error"]["reason"]) == (422, reason)
+    machine = schema["paths"]["/v1/machines/{machine}/residency"]["get"]["parameters"][0]
+    assert machine["schema"]["enum"] == ["m1", "server"]
+
+
+def test_options_lists_every_method_of_the_path_and_other_methods_are_405(
+    api: tuple[TestClient, ServerContext]
+) -> None:
+    client, _ctx = api
+    ooms = client.options("/v1/ooms")
+    assert ooms.status_code == 204 and ooms.headers["allow"] == "DELETE, GET, OPTIONS"  # two routes, one path
+    assert client.options("/v1/jobs/abc").headers["allow"] == "GET, OPTIONS"
+    refused = client.request("PATCH", "/v1/ooms")
+    assert refused.status_code == 405 and refused.headers["allow"] == "DELETE, GET, OPTIONS"
+    assert refused.json()["error"]["reason"] == "method_not_allowed"
+    assert client.request("PUT", "/v1/jobs").status_code == 405
+    assert client.options("/no/such/path").status_code == 404
+
+
+def test_starlettes_own_refusals_have_the_common_error_body(api: tuple[TestClient, ServerContext]) -> None:
+    client, _ctx = api
+    missing = client.get("/no/such/path")
+    assert missing.status_code == 404 and missing.json()["error"]["reason"] == "not_found"
+    garbled = client.post("/v1/files", content=b"--x\r\nnot multipart", headers={"content-type": "multipart/form-data; boundary=x"})
+    assert garbled.status_code in (400, 422) and garbled.json()["error"]["message"]
+
+
+def test_result_urls_never_come_from_the_host_header(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> None:
+    import threading
+    import time
+
+    for base, expected in ((None, "/v1/jobs/"), ("https://fleet.example/hf", "https://fleet.example/hf/v1/jobs/")):
+        ctx = build_context(settings.model_copy(update={"public_base_url": base}), make_fleet("m1"), migrate=True)
+        if base is None:
+            ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+        bring_online(ctx, "server", {MODEL})
+        result = tmp_path / "r.png"
+        result.write_bytes(b"\x89PNG\r\n\x1a\n")
+        stop = threading.Event()
+
+        def worker(ctx: ServerContext = ctx, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                for job in ctx.journal.list([JobState.queued]):
+                    ctx.journal.claim(job.id, "server")
+                    ctx.journal.succeed(job.id, "server", result_path=str(result), result_media_type="image/png")
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        try:
+            with TestClient(create_app(ctx.settings, ctx), headers=AUTH) as client:
+                answer = client.post("/v1/images/generations", headers={"Host": "evil.example"},
+                                     json={"prompt": "a", "model": MODEL, "response_format": "url"})
+        finally:
+            stop.set()
+            thread.join()
+        url = answer.json()["data"][0]["url"]
+        assert url.startswith(expected) and "evil.example" not in url, url
+
+
+def test_progress_for_a_job_that_is_not_running_is_409(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    bring_online(ctx, "server", {MODEL})
+    job_id = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "a"}}).json()["id"]
+    token = {"Authorization": f"Bearer {ctx.fleet.machines['server'].token}"}
+    url = f"/internal/v1/jobs/{job_id}/progress"
+    assert client.post(url, json={"step": 1, "total": 2}, headers=token).status_code == 409  # queued
+    ctx.journal.claim(job_id, "server")
+    assert client.post(url, json={"step": 1, "total": 2}, headers=token).status_code == 204
+    ctx.journal.succeed(job_id, "server", result_path="/nonexistent", result_media_type="image/png")
+    ended = client.post(url, json={"step": 2, "total": 2}, headers=token)
+    assert ended.status_code == 409 and ended.json()["error"]["reason"] == "not_running"
+    assert ctx.progress.read(job_id).step == 1  # nothing recorded after the end
