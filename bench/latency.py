@@ -198,7 +198,8 @@ def run(jobs: int, steps: int) -> dict[str, float]:
         fleet_file = root / "fleet.toml"
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                            api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5)
+                            api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5,
+                            max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
         local = LocalFleet(settings, fleet, fleet_file)
         noop_worker: subprocess.Popen[bytes] | None = None
         try:
