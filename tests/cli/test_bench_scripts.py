@@ -37,3 +37,8 @@ def test_issue21_latency_bench_prints_its_last_line() -> None:
 def test_issue21_backlog_bench_prints_its_last_line() -> None:
     line = _last_line("bench.backlog", "--queued", "20", "--samples", "5")
     _assert_format(line, ["rss_mb", "get_p99_ms", "list_p99_ms", "submit_p99_ms", "reconcile_s", "status_s"])
+
+
+def test_issue21_placement_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.placement", "--trace", "bench/traces/mixed_50.jsonl", "--no-submit")
+    _assert_format(line, ["worst_auto_vs_best_baseline", "min_closed", "mean_closed", "decision_ms_500"])
