@@ -148,6 +148,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         output = runner(kind)(loaded.pipeline, params, lambda step, total: report_progress(job_id, step, total),
                               provenance, inputs, family=claim.manifest.family)
         run_s = time.perf_counter() - started
+        provenance = {**provenance, **output.record}  # journaled only (issue 20: token counts)
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)
         message = f"{type(error).__name__}: {error}"

@@ -52,6 +52,17 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight causal LMs (issue 20: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2``), built
+    once per session as ``homefleet models make-tiny DIR --kind text`` builds them (~2 s)."""
+    from app.devtools.tiny_text import TEXT_FAMILIES, make_tiny_text
+
+    out = tmp_path_factory.mktemp("tiny-text")
+    make_tiny_text(out, families=TEXT_FAMILIES)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_families_dir(tiny_models_dir: Path) -> Path:
     """:func:`tiny_models_dir` with a tiny pipeline of every family the registry accepts
     (issue 19: ``tiny-sdxl``, ``tiny-flux``, ``tiny-qwen-image-edit``, ``tiny-wan`` added; the

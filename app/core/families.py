@@ -38,7 +38,8 @@ class Family:
 
     Attributes:
         name: the family, e.g. ``flux`` (the registry's ``family`` column).
-        pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``).
+        pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``), or for
+            a text model the transformers class in ``config.json`` (``architectures``).
         kind: the job kind its pipeline runs.
         multiple_of: ``width``/``height`` and input image sides must be multiples of it
             (pixels): the VAE's downsampling times the transformer's patch size.
@@ -125,13 +126,20 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
         limits={"max_prompt_tokens": 512, "max_frames": 81},
     ),
+    # causal language models (issue 20): pipeline_class is config.json's ``architectures`` class
+    Family("llama", "LlamaForCausalLM", "text"),
+    Family("qwen2", "Qwen2ForCausalLM", "text"),
+    Family("gpt2", "GPT2LMHeadModel", "text"),
 )}
 
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     family.pipeline_class: (family.name, (family.kind,)) for family in FAMILIES.values()
 }
-"""diffusers pipeline class (``model_index.json`` ``_class_name``) -> (family, kinds it runs):
-what the registry accepts."""
+"""diffusers pipeline class (``model_index.json`` ``_class_name``), or transformers model class
+(``config.json`` ``architectures``) -> (family, kinds it runs): what the registry accepts."""
+
+TEXT_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.kind == "text")
+"""The causal-LM families (kind ``text``)."""
 
 
 def family(name: str) -> Family | None:
