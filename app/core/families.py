@@ -86,6 +86,7 @@ class Family:
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
 
 
+_TEXT_PROMPT_CHARS = 1_000_000
 _TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
@@ -127,9 +128,10 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         limits={"max_prompt_tokens": 512, "max_frames": 81},
     ),
     # causal language models (issue 20): pipeline_class is config.json's ``architectures`` class
-    Family("llama", "LlamaForCausalLM", "text"),
-    Family("qwen2", "Qwen2ForCausalLM", "text"),
-    Family("gpt2", "GPT2LMHeadModel", "text"),
+    # (prompts are limited in tokens, max_input_tokens; the characters' limit only refuses absurd sizes early)
+    Family("llama", "LlamaForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+    Family("qwen2", "Qwen2ForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+    Family("gpt2", "GPT2LMHeadModel", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
 )}
 
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {

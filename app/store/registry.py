@@ -23,7 +23,7 @@ from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import PIPELINE_FAMILIES
 from app.core.protocol import Manifest, ManifestFile
-from app.core.textgen import architectures
+from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import check_variant, parameter_counts, weights_bytes
 from app.db.tables import ModelFile, ModelRecord
 
@@ -218,6 +218,17 @@ class Registry:
         counted from the safetensors headers, priced at its precision/quantization. Raises NotFound."""
         record = self.get(model_id)
         return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
+
+    def kv_cache_bytes(self, model_id: str, tokens: int) -> int:
+        """A text model's KV cache for ``tokens`` tokens (prompt + generated), in bytes: 2 x
+        layers x KV heads x head dim x bytes per value (its precision) x ``tokens``, from its
+        ``config.json`` (``app/core/textgen.py``); 0 for a model that is not a text model.
+        Raises NotFound."""
+        record = self.get(model_id)
+        folder = self.folder(model_id)
+        if "text" not in record.kinds:
+            return 0
+        return kv_cache_bytes(model_config(folder), tokens, record.precision)
 
     def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
         """Rehash every file of ``model_ids`` (default: every model), ignoring the
