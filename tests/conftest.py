@@ -153,6 +153,7 @@ XDIST_GROUPS = {
     "tests/e2e/test_full_disk.py": "full_disk",  # its own server, under prlimit --fsize
     "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
+    "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (issue 20; Redis db 11)
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from app.core.limits import FamilyLimits, token_limits
-from app.core.textgen import kv_bytes_per_token, kv_cache_bytes, max_positions, model_config
+from app.core.textgen import (
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    max_positions,
+    model_config,
+)
 from app.devtools.tiny_text import MAX_POSITIONS, TEXT_FAMILIES
 from routing.estimate import DEFAULT_WORKING, Estimator, ModelProfile
 
