@@ -154,10 +154,13 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
                     f"{held / GB:.1f} GB committed of {usable / GB:.1f} GB usable",
                 )
     if usable > 0 and need > usable:
+        weights = costs.weights_bytes(model)
+        decided = "the weights alone exceed it" if weights > usable else "the working memory tips it over"
         return (
             "too_large",
-            f"job needs an estimated {need / GB:.1f} GB (model {model!r} with working memory) but machine "
-            f"{name!r} has {usable / GB:.1f} GB usable",
+            f"job needs an estimated {need / GB:.1f} GB (model {model!r}: weights {weights / GB:.1f} GB as its "
+            f"variant loads + working memory {(need - weights) / GB:.1f} GB) but machine {name!r} has "
+            f"{usable / GB:.1f} GB usable: {decided}",
         )
     oom_size = machine.oom_sizes.get((model, job.kind))
     if oom_size is not None and job.size >= oom_size:

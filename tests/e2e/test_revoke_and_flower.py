@@ -166,7 +166,9 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     cancelled_s = time.monotonic() - started
     job = ctx.journal.get(waiting["id"])
     assert (job.state, job.reason) == (JobState.cancelled, "revoked"), job.message
-    assert waiting["id"] not in ctx.queues.queued_ids("m1") and not rfleet.reserved(waiting["id"])
+    # The journal first, then the message and the reservation (a moment later, in the same request).
+    wait_for(lambda: waiting["id"] not in ctx.queues.queued_ids("m1") and not rfleet.reserved(waiting["id"]),
+             timeout_s=5, what="the revoked job's message and reservation to go")
     assert ctx.queues.queued_ids("m1") == [after["id"]]  # its message removed; the next still waits
     assert ctx.journal.state_of(busy["id"]) == JobState.running  # revoking another job stops nothing
 
@@ -177,7 +179,7 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     interrupted_s = time.monotonic() - started
     job = ctx.journal.get(busy["id"])
     assert (job.state, job.reason) == (JobState.interrupted, "terminated"), job.message
-    assert not rfleet.reserved(busy["id"])
+    wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=5, what="the terminated job's reservation to go")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     print(f"\n{tool}: revoked queued job cancelled in {cancelled_s:.2f} s; "
           f"terminated ({sig}) running job interrupted in {interrupted_s:.2f} s")

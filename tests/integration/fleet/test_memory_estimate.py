@@ -98,9 +98,12 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     assert (refused["status"], refused["error"]["reason"]) == (422, "too_large")
     assert f"needs an estimated {need / 1e9:.1f} GB" in refused["error"]["message"]
     assert "'m1' has 2.0 GB usable" in refused["error"]["message"]
+    assert f"+ working memory {(need - weights) / 1e9:.1f} GB" in refused["error"]["message"]  # issue 19: the figures
+    assert refused["error"]["message"].endswith("the working memory tips it over")  # and which one decided
     decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
                                                           "params": {"prompt": "x", "width": 64, "height": 64}}).json()
     assert decision["machines"]["m1"]["reason"] == "too_large" and decision["machine"] == "server"
+    assert "working memory tips it over" in decision["machines"]["m1"]["message"]  # the dry run shows it too
     accepted = submit(client, "server")  # 4 GB: still fits there, priced with the override
     assert accepted["status"] == 202, accepted
     assert client.get(f"/v1/jobs/{accepted['id']}").json()["memory_estimate"]["total_bytes"] == need
