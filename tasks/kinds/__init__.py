@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from app.core.families import family as family_rules
 from app.core.kinds import Args
 
-ProgressFn = Callable[[int, int], None]  # (step done, total steps)
+ProgressFn = Callable[..., None]  # (step done, total steps[, text=the text so far: text jobs])
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
         """Reports (tokens generated, max_new_tokens) after every new token; never stops."""
 
         def __call__(self, sequence: Any, scores: Any, **kwargs: Any) -> Any:
-            progress(int(sequence.shape[-1]) - len(ids), limit)
+            new = sequence[0, len(ids):].tolist()
+            progress(len(new), limit, text=tokenizer.decode(new, skip_special_tokens=True))
             return torch.zeros(sequence.shape[0], dtype=torch.bool, device=sequence.device)
 
     temperature = float(args["temperature"])

@@ -118,3 +118,34 @@ def test_the_limits_are_422_naming_the_limit_and_the_figures(tfleet: TextFleet) 
     with pytest.raises(openai.UnprocessableEntityError) as no_template:
         tfleet.client.chat.completions.create(model="tiny-gpt2", messages=[{"role": "user", "content": "hi"}])
     assert "no chat template" in no_template.value.message
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(tfleet: TextFleet, chat: bool) -> None:
+    """SSE through the SDK's ``stream=True``: several text chunks arrive while the job runs, in
+    order; joined they are exactly the job's verified result; the last chunk carries the finish
+    reason and the token counts; the stream ends (``[DONE]``)."""
+    if chat:
+        stream = tfleet.client.chat.completions.create(
+            model="tiny-qwen2", messages=[{"role": "user", "content": "go"}], max_completion_tokens=40, stream=True,
+            extra_body={"target": MACHINE})
+    else:
+        stream = tfleet.client.completions.create(model="tiny-llama", prompt="go", max_tokens=40, stream=True,
+                                                  extra_body={"target": MACHINE})
+    chunks = list(stream)
+    texts = [(c.choices[0].delta.content if chat else c.choices[0].text) or "" for c in chunks]
+    last = chunks[-1]
+    assert last.choices[0].finish_reason in ("stop", "length")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert last.usage is not None and last.usage.completion_tokens >= 1
+    job = tfleet.ctx.journal.get(last.model_extra["job_id"])
+    assert job.state == "succeeded"
+    assert "".join(texts) == Path(job.result_path).read_bytes().decode("utf-8")
+    # the tiny models (seed 0, greedy) never end their turn within 40 tokens: 40 reports, streamed in pieces
+    assert last.usage.completion_tokens == 40 and last.choices[0].finish_reason == "length"
+    assert sum(1 for text in texts[:-1] if text) >= 2
+
+
+def test_a_streaming_request_over_the_limits_is_a_plain_422(tfleet: TextFleet) -> None:
+    with pytest.raises(openai.UnprocessableEntityError, match="max_total_tokens"):
+        tfleet.client.completions.create(model="small-gpt2", prompt="x", max_tokens=20, stream=True)

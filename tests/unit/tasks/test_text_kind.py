@@ -43,9 +43,10 @@ def test_the_runner_generates_exactly_max_new_tokens_and_reports_each(family: st
     model = load_pipeline(folder_of(tiny_text_dir, family))
     assert isinstance(model, TextModel)
     steps: list[tuple[int, int]] = []
+    texts: list[str] = []
     params: dict[str, Any] = {"prompt": "hello wörld", "seed": 3, "max_new_tokens": 6}
-    out = runner("text")(model, params, lambda step, total: steps.append((step, total)), {}, {}, family=family)
-    again = runner("text")(model, params, lambda step, total: None, {}, {}, family=family)
+    out = runner("text")(model, params, lambda step, total, text: steps.append((step, total)) or texts.append(text), {}, {}, family=family)
+    again = runner("text")(model, params, lambda *_, **__: None, {}, {}, family=family)
     usage = out.record["usage"]
     assert out.media_type == "text/plain" and out.data == again.data
     out.data.decode("utf-8")
@@ -53,6 +54,8 @@ def test_the_runner_generates_exactly_max_new_tokens_and_reports_each(family: st
     assert usage["completion_tokens"] <= 6 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert usage["finish_reason"] in ("stop", "length")
     assert steps[-1] == (usage["completion_tokens"], 6) and [s for s, _ in steps] == list(range(1, len(steps) + 1))
+    assert texts[-1] == out.data.decode("utf-8")  # the text so far, with each token's report (streaming)
+    assert all(out.data.decode("utf-8").startswith(t.rstrip("\ufffd")) for t in texts)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -61,7 +64,7 @@ def test_a_chat_prompt_is_templated_and_counted_without_extra_special_tokens(fam
     text = chat_prompt(model.tokenizer, [{"role": "user", "content": "hi"}])
     assert "hi" in text and text != "hi"
     ids = prompt_ids(model.tokenizer, text, chat=True)
-    out = runner("text")(model, {"prompt": text, "chat": True, "seed": 1, "max_new_tokens": 2}, lambda s, t: None,
+    out = runner("text")(model, {"prompt": text, "chat": True, "seed": 1, "max_new_tokens": 2}, lambda *_, **__: None,
                          {}, {}, family=family)
     assert out.record["usage"]["prompt_tokens"] == len(ids)
 
@@ -79,9 +82,9 @@ def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkey
     real = type(spec).args
     monkeypatch.setattr(type(spec), "args", lambda self, params: seen.append(real(self, params)) or seen[-1])
     model = load_pipeline(folder_of(tiny_text_dir, "llama"))
-    a = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda s, t: None,
+    a = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
                        {}, {}, family="llama")
-    b = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda s, t: None,
+    b = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
                        {}, {}, family="llama")
     assert a.data == b.data  # seeded sampling
     assert seen[0].read == set(spec.params)
