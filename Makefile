@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # Real-HTTP fuzz of the public API (issue 24): schemathesis, all checks, >= 2,000 cases.
 fuzz: $(STAMP)
-	$(VENV)/bin/homefleet fuzz --examples 12 --min-cases 2000
+	$(VENV)/bin/homefleet fuzz --examples 40 --min-cases 2000
 
 clean:
 	rm -rf $(VENV) var
