@@ -115,12 +115,14 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     lock = FleetLock(client, keyspace, settings.fleet_lock_ttl_s, settings.fleet_lock_wait_s)
     timings_mark = ChangeMark(client, keyspace.timings_changed())
     timings = TimingStore(engine, on_change=timings_mark.touch)
-    costs = FleetCosts(fleet, registry, timings, ChangeMark(client, keyspace.registry_changed()), timings_mark)
+    validator = Validator(registry, inputs, settings.limits, fleet.models)
+    costs = FleetCosts(fleet, registry, timings, ChangeMark(client, keyspace.registry_changed()), timings_mark,
+                       max_total_tokens=lambda model_id: validator.token_limits(model_id).max_total_tokens)
     metrics = Metrics()
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
     queues = MachineQueues(client, keyspace, celery)
-    dispatcher = Dispatcher(settings, celery, journal, machines, queues, Validator(registry, inputs, settings.limits),
+    dispatcher = Dispatcher(settings, celery, journal, machines, queues, validator,
                             costs, timings, DemandStore(client, keyspace), lock, metrics,
                             events=TaskEvents(celery, client, keyspace))
     return ServerContext(

@@ -77,6 +77,9 @@ DEFAULT_WORKING: dict[str, WorkingCoefficients] = {
     "edit": WorkingCoefficients(500_000_000, 2500.0),
     "upscale": WorkingCoefficients(500_000_000, 600.0),
     "video": WorkingCoefficients(500_000_000, 250.0),
+    # text (issue 20): activations and the allocator's slack; the KV cache is each model's own
+    # (ModelProfile.kv_cache_bytes: config.json at its max_total_tokens), added by Estimator.memory
+    "text": WorkingCoefficients(100_000_000, 0.0),
 }
 FALLBACK_WORKING = DEFAULT_WORKING["txt2img"]  # a kind without coefficients (none today)
 
@@ -144,6 +147,7 @@ class ModelProfile:
     step_s: float | None = None
     kind: str = "txt2img"  # the kind it usually runs (for routing.demand's eligibility)
     load_s: float | None = None  # cold load at REFERENCE_LOAD_BYTES_PER_S when more than reading the bytes
+    kv_cache_bytes: int = 0  # a text model's KV cache at its max_total_tokens (app/core/textgen.py), bytes
 
 
 class CostModel(Protocol):
@@ -242,11 +246,14 @@ class Estimator:
     def memory(self, model_id: str, kind: str, size: int) -> MemoryEstimate:
         """The job's estimate in bytes: the model's weights and the working memory that the
         fleet config's coefficients give for its family, ``kind`` and ``size`` (pixels x
-        frames x batch). All zero for an unknown model."""
+        frames x batch); a text job's working memory adds the model's KV cache at its
+        ``max_total_tokens`` (issue 20, :attr:`ModelProfile.kv_cache_bytes`). All zero for an
+        unknown model."""
         model = self.models.get(model_id)
         if model is None:
             return MemoryEstimate(0, 0)
-        return MemoryEstimate(model.weights_bytes, self.working.bytes(model.family, kind, size))
+        kv_cache = model.kv_cache_bytes if kind == "text" else 0
+        return MemoryEstimate(model.weights_bytes, self.working.bytes(model.family, kind, size) + kv_cache)
 
     def memory_kind(self, machine: str) -> MemoryKind:
         profile = self.machines.get(machine)

@@ -6,11 +6,17 @@ from __future__ import annotations
 import io
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.processors import QWEN_VL_PROCESSOR, load_image_processor_only, video_processors_available
+from app.core.processors import (
+    QWEN_VL_PROCESSOR,
+    load_image_processor_only,
+    video_processors_available,
+)
 from app.core.quiet import quiet_import_warnings
+from app.core.textgen import is_text_folder, load_tokenizer
 from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -36,7 +42,8 @@ def quiet() -> None:
 
 
 def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | None = None) -> Any:
-    """``DiffusionPipeline.from_pretrained(folder, local_files_only=True, dtype=…)`` on the CPU.
+    """``DiffusionPipeline.from_pretrained(folder, local_files_only=True, dtype=…)`` on the CPU;
+    a transformers causal-LM folder gives a :class:`TextModel` (:func:`load_text_model`).
 
     ``precision`` is ``fp32`` | ``bf16`` | ``fp16`` (the dtype of every component);
     ``quantization`` (e.g. ``torchao-int8wo``) quantizes the denoiser (``unet`` or
@@ -46,11 +53,14 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
     precision or quantization, ``ImportError`` when the quantization backend is not installed.
     """
     import torch
-    from diffusers import DiffusionPipeline
 
     if precision not in TORCH_DTYPES:
         raise ValueError(f"precision must be one of {', '.join(TORCH_DTYPES)}, got {precision!r}")
     dtype = getattr(torch, TORCH_DTYPES[precision])
+    if is_text_folder(folder):
+        return load_text_model(folder, dtype, quantization)
+    from diffusers import DiffusionPipeline
+
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype}
     if quantization is not None:
         kwargs["quantization_config"] = _quantization_config(folder, quantization)
@@ -58,6 +68,34 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
     pipeline = DiffusionPipeline.from_pretrained(str(folder), **kwargs)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+@dataclass
+class TextModel:
+    """A resident causal LM (issue 20): the transformers model and its own tokenizer."""
+
+    model: Any
+    tokenizer: Any
+
+    def to(self, device: str) -> TextModel:
+        """Move the model to ``device`` (``cuda``, ``mps``); the tokenizer stays on the CPU."""
+        self.model = self.model.to(device)
+        return self
+
+
+def load_text_model(folder: Path, dtype: Any, quantization: str | None = None) -> TextModel:
+    """``AutoModelForCausalLM`` and ``AutoTokenizer`` from ``folder``, local files only, in eval mode.
+
+    Raises ``OSError`` for missing files, ``ValueError`` for a quantization (not offered for
+    text models yet).
+    """
+    from transformers import AutoModelForCausalLM
+
+    if quantization is not None:
+        raise ValueError(f"quantization {quantization!r} is not supported for text models yet")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+    model.eval()
+    return TextModel(model=model, tokenizer=load_tokenizer(folder))
 
 
 def _components_without_torchvision(folder: Path) -> dict[str, Any]:

@@ -62,10 +62,11 @@ def failure_reason(error: BaseException) -> str:
     return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
 
 
-def report_progress(job_id: str, step: int, total: int) -> None:
-    """Best effort: a progress report that cannot reach the server is logged, never fatal."""
+def report_progress(job_id: str, step: int, total: int, text: str | None = None) -> None:
+    """Best effort: a progress report that cannot reach the server is logged, never fatal.
+    ``text``: a text job's text so far (issue 20)."""
     try:
-        runtime.current().server.progress(job_id, step, total)
+        runtime.current().server.progress(job_id, step, total, text)
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
 
@@ -145,9 +146,10 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         )
         # 4. Run.
         started = time.perf_counter()
-        output = runner(kind)(loaded.pipeline, params, lambda step, total: report_progress(job_id, step, total),
+        output = runner(kind)(loaded.pipeline, params, lambda step, total, text=None: report_progress(job_id, step, total, text),
                               provenance, inputs, family=claim.manifest.family)
         run_s = time.perf_counter() - started
+        provenance = {**provenance, **output.record}  # journaled only (issue 20: token counts)
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)
         message = f"{type(error).__name__}: {error}"

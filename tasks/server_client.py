@@ -104,8 +104,8 @@ class ServerClient:
         return Claim.model_validate(self._send("POST", f"/jobs/{job_id}/claim",
                                                headers={"X-Homefleet-Claim-Id": claim_id}).json())
 
-    def progress(self, job_id: str, step: int, total: int) -> None:
-        body = ProgressReport(step=step, total=total).model_dump()
+    def progress(self, job_id: str, step: int, total: int, text: str | None = None) -> None:
+        body = ProgressReport(step=step, total=total, text=text).model_dump(exclude_none=True)
         self._check(self.http.post(f"/jobs/{job_id}/progress", json=body))  # no retry
 
     def input_file(self, file_id: str) -> bytes:

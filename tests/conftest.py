@@ -52,6 +52,17 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight causal LMs (issue 20: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2``), built
+    once per session as ``homefleet models make-tiny DIR --kind text`` builds them (~2 s)."""
+    from app.devtools.tiny_text import TEXT_FAMILIES, make_tiny_text
+
+    out = tmp_path_factory.mktemp("tiny-text")
+    make_tiny_text(out, families=TEXT_FAMILIES)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_families_dir(tiny_models_dir: Path) -> Path:
     """:func:`tiny_models_dir` with a tiny pipeline of every family the registry accepts
     (issue 19: ``tiny-sdxl``, ``tiny-flux``, ``tiny-qwen-image-edit``, ``tiny-wan`` added; the
@@ -142,6 +153,7 @@ XDIST_GROUPS = {
     "tests/e2e/test_full_disk.py": "full_disk",  # its own server, under prlimit --fsize
     "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
+    "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (issue 20; Redis db 11)
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)

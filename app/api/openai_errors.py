@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from app.api.strict_json import printable
 from app.core.errors import HomefleetError
 
-OPENAI_PREFIXES = ("/v1/images/", "/hf")
+OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions")
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                409: "conflict_error", 429: "rate_limit_error"}

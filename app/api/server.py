@@ -23,7 +23,16 @@ from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.api.openapi import documented, part_of, path_pattern
-from app.api.routes import events, images, internal, public, residency, serving, sync
+from app.api.routes import (
+    events,
+    images,
+    internal,
+    public,
+    residency,
+    serving,
+    sync,
+    text,
+)
 from app.api.routes.deps import WorkerMachine
 from app.api.strict_json import printable
 from app.context import ServerContext, build_context
@@ -157,6 +166,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(public.router, dependencies=keyed)
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)
+    api.include_router(text.router, dependencies=keyed)
     api.include_router(internal.router)
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)

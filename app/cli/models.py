@@ -20,12 +20,24 @@ def models_make_tiny(
         help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, flux-kontext, sd-upscale, "
              "animatediff, wan, or all; default sd1")] = None,
     kind: Annotated[list[str] | None, typer.Option(
-        help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families)")] = None,
+        help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families), or text "
+             "(causal LMs: --family llama, qwen2, gpt2; default all three)")] = None,
     seed: int = 0,
 ) -> None:
-    """Build tiny diffusers pipelines with random weights (never downloads anything)."""
+    """Build tiny diffusers pipelines, or tiny causal LMs (``--kind text``), with random weights
+    (never downloads anything)."""
     from app.devtools.tiny_models import KIND_FAMILIES, TINY_MODELS, make_tiny_families
+    from app.devtools.tiny_text import TEXT_FAMILIES, make_tiny_text
 
+    if "text" in (kind or []):
+        families = [name for name in family or [] if name != "all"] or list(TEXT_FAMILIES)
+        try:
+            texts = make_tiny_text(directory, families=families, seed=seed)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--family") from error
+        for name, folder in texts.items():
+            console.print(f"{name}: {folder}")
+        return
     wanted = list(family or [])
     if "all" in wanted:
         wanted = list(TINY_MODELS.values())
@@ -44,7 +56,8 @@ def models_make_tiny(
 
 @models_cli.command("add")
 def models_add(
-    path: Annotated[Path, typer.Argument(help="a diffusers folder (with model_index.json)")],
+    path: Annotated[Path, typer.Argument(
+        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json)")],
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,

@@ -38,7 +38,8 @@ class Family:
 
     Attributes:
         name: the family, e.g. ``flux`` (the registry's ``family`` column).
-        pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``).
+        pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``), or for
+            a text model the transformers class in ``config.json`` (``architectures``).
         kind: the job kind its pipeline runs.
         multiple_of: ``width``/``height`` and input image sides must be multiples of it
             (pixels): the VAE's downsampling times the transformer's patch size.
@@ -85,6 +86,7 @@ class Family:
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
 
 
+_TEXT_PROMPT_CHARS = 1_000_000
 _TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
@@ -125,13 +127,21 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
         limits={"max_prompt_tokens": 512, "max_frames": 81},
     ),
+    # causal language models (issue 20): pipeline_class is config.json's ``architectures`` class
+    # (prompts are limited in tokens, max_input_tokens; the characters' limit only refuses absurd sizes early)
+    Family("llama", "LlamaForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+    Family("qwen2", "Qwen2ForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+    Family("gpt2", "GPT2LMHeadModel", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
 )}
 
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     family.pipeline_class: (family.name, (family.kind,)) for family in FAMILIES.values()
 }
-"""diffusers pipeline class (``model_index.json`` ``_class_name``) -> (family, kinds it runs):
-what the registry accepts."""
+"""diffusers pipeline class (``model_index.json`` ``_class_name``), or transformers model class
+(``config.json`` ``architectures``) -> (family, kinds it runs): what the registry accepts."""
+
+TEXT_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.kind == "text")
+"""The causal-LM families (kind ``text``)."""
 
 
 def family(name: str) -> Family | None:

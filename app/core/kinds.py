@@ -54,6 +54,15 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, "frames": 8, "fps": 8, "format": "mp4"},
         numbers=(_GUIDANCE, NumberRange("fps", 1.0, 60.0)), prompt_required=True, formats=("mp4", "webp", "gif"),
     ),
+    KindSpec(
+        # issue 20: causal LMs. `prompt` is the text fed to the model (a chat request's messages
+        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding.
+        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed"),
+        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0},
+        numbers=(NumberRange("max_new_tokens", 1, 1_000_000, integer=True), NumberRange("temperature", 0.0, 2.0),
+                 NumberRange("top_p", 0.001, 1.0)),
+        prompt_required=True,
+    ),
 )}
 
 
@@ -105,4 +114,6 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
     frames = _number(params, "frames", kind_spec.defaults.get("frames", 1))
     steps = _number(params, "steps", kind_spec.defaults.get("steps", 4))
+    if kind == "text":  # one "step" per new token; the size is one token's (learned per-token timings: later)
+        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=1)
     return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames))

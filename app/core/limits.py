@@ -6,6 +6,7 @@ frames, images per request, prompt tokens and characters, uploads). Settings hol
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +31,9 @@ class FamilyLimits(BaseModel):
     max_prompt_chars: int = Field(4096, ge=1)  # checked before tokenizing (a huge prompt is cheap to refuse)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
     upload_media_types: list[str] = Field(default_factory=lambda: ["image/png", "image/jpeg", "image/webp"])
+    # text models (issue 20; TGI's router): None = from the model's config.json (max_position_embeddings)
+    max_input_tokens: int | None = Field(None, ge=1)  # prompt tokens (chat-templated for chat requests)
+    max_total_tokens: int | None = Field(None, ge=2)  # prompt tokens + max_new_tokens: what the KV cache holds
 
 
 def default_limits() -> dict[str, FamilyLimits]:
@@ -48,3 +52,23 @@ def default_limits() -> dict[str, FamilyLimits]:
 def limits_for(limits: Mapping[str, FamilyLimits], family: str) -> FamilyLimits:
     """The limits of ``family``, else ``default``, else the built-in defaults."""
     return limits.get(family) or limits.get(DEFAULT_FAMILY) or FamilyLimits()
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """A text model's limits in tokens (issue 20, as TGI's router enforces them): the prompt
+    at most ``max_input_tokens``, prompt + ``max_new_tokens`` at most ``max_total_tokens``."""
+
+    max_input_tokens: int
+    max_total_tokens: int
+
+
+def token_limits(family: FamilyLimits, max_positions: int, max_input_tokens: int | None = None,
+                 max_total_tokens: int | None = None) -> TokenLimits:
+    """The token limits of one text model: the model's own (``max_input_tokens`` /
+    ``max_total_tokens``: the fleet file's ``[models.<id>]``), else its family's (settings), else
+    ``max_positions`` (its config's ``max_position_embeddings``) total and one token less for the
+    prompt. The prompt limit never exceeds the total's less one new token."""
+    total = max_total_tokens or family.max_total_tokens or max_positions
+    given = max_input_tokens or family.max_input_tokens or total - 1
+    return TokenLimits(max_input_tokens=min(given, total - 1), max_total_tokens=total)

@@ -74,10 +74,12 @@ class Claim(Body):
 
 
 class ProgressReport(Body):
-    """``POST /internal/v1/jobs/{id}/progress``: steps done of ``total``."""
+    """``POST /internal/v1/jobs/{id}/progress``: steps done of ``total``; a text job also sends
+    ``text``, the text generated so far (issue 20: streamed to SSE clients as it grows)."""
 
     step: int = Field(ge=0)
     total: int = Field(ge=1)
+    text: str | None = Field(None, max_length=4 * 1024 * 1024)
 
 
 class FailureReport(Body):

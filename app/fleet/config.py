@@ -124,12 +124,16 @@ class ModelGuess(BaseModel):
 
     ``step_s``: seconds per diffusion step at the reference size (1024 x 1024 pixels x 1
     frame x batch 1) on a speed-1.0 machine. ``load_s``: seconds of a cold load on a machine
-    that reads 2.5 GB/s (``load_bytes_per_s`` scales it per machine)."""
+    that reads 2.5 GB/s (``load_bytes_per_s`` scales it per machine). ``max_input_tokens`` and
+    ``max_total_tokens``: a text model's token limits (``app/core/limits.py`` ``token_limits``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     step_s: float | None = Field(default=None, gt=0)
     load_s: float | None = Field(default=None, gt=0)
+    # a text model's token limits (issue 20), over its family's and its config.json's
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=2)
 
 
 class Fleet(BaseModel):

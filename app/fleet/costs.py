@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Callable
 
 import redis
 
 from app.fleet.config import Fleet, ModelGuess
 from app.core.keys import Keys
+from app.core.textgen import max_positions, model_config
+from app.db.tables import ModelRecord
 from app.store.registry import Registry
 from app.fleet.reservations import HashField
 from app.journal.timings import TimingStore
@@ -62,8 +65,9 @@ class FleetCosts:
     :meth:`estimator_at` reuses the last one while the change marks have not moved."""
 
     def __init__(self, fleet: Fleet, registry: Registry, timings: TimingStore, registry_mark: ChangeMark,
-                 timings_mark: ChangeMark) -> None:
+                 timings_mark: ChangeMark, max_total_tokens: Callable[[str], int] | None = None) -> None:
         self.fleet = fleet
+        self.max_total_tokens = max_total_tokens  # a text model's limit (Validator.token_limits); None: its config's
         self.registry = registry
         self.timings = timings
         self.registry_mark = registry_mark
@@ -93,8 +97,16 @@ class FleetCosts:
             kind = record.kinds[0] if record.kinds else "txt2img"
             guess = self.fleet.models.get(record.id, ModelGuess())
             profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], step_s=guess.step_s,
-                                               kind=kind, load_s=guess.load_s)
+                                               kind=kind, load_s=guess.load_s, kv_cache_bytes=self._kv_cache(record))
         return profiles
+
+    def _kv_cache(self, record: ModelRecord) -> int:
+        """A text model's KV cache at its ``max_total_tokens`` (issue 20), bytes; 0 for other models."""
+        if "text" not in record.kinds:
+            return 0
+        tokens = (self.max_total_tokens(record.id) if self.max_total_tokens is not None
+                  else max_positions(model_config(self.registry.folder(record.id))))
+        return self.registry.kv_cache_bytes(record.id, tokens)
 
     def estimator(self) -> Estimator:
         """A fresh Estimator: the registry and the learned timings read now."""

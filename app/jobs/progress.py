@@ -25,6 +25,7 @@ class Progress:
     step: int | None
     total: int | None
     at_s: float
+    text: str | None = None  # a text job's text so far (issue 20)
 
     def public(self) -> dict[str, int] | None:
         """``{"step", "total"}`` as the API shows it, or None before the first step report."""
@@ -38,11 +39,14 @@ class ProgressStore:
         self.redis = client
         self.keys = keyspace
 
-    def report(self, job_id: str, step: int | None = None, total: int | None = None) -> None:
-        """Record a report now: steps done of ``total``, or (both None, at claim) only that the job lives."""
-        fields: dict[str, float] = {"at": time.time()}
+    def report(self, job_id: str, step: int | None = None, total: int | None = None, text: str | None = None) -> None:
+        """Record a report now: steps done of ``total``, or (both None, at claim) only that the
+        job lives; ``text``: a text job's text so far."""
+        fields: dict[str, float | str] = {"at": time.time()}
         if step is not None and total is not None:
             fields.update(step=step, total=total)
+        if text is not None:
+            fields["text"] = text
         key = self.keys.progress(job_id)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=fields)
@@ -56,7 +60,7 @@ class ProgressStore:
             return None
         step, total = raw.get("step"), raw.get("total")
         return Progress(int(step) if step is not None else None, int(total) if total is not None else None,
-                        float(raw.get("at") or 0.0))
+                        float(raw.get("at") or 0.0), raw.get("text"))
 
     def last_at(self, job_id: str) -> float:
         """Unix seconds of the last report (0.0 when none)."""

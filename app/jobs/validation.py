@@ -21,9 +21,24 @@ from typing import Any
 
 from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
+from app.core.kinds import (
+    KINDS,
+    MAX_SEED,
+    OUTPUT_SIZE_FIELDS,
+    KindSpec,
+    job_request,
+    spec,
+)
 from app.core.kinds import family_kind_spec as family_spec
-from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS, KindSpec, job_request, spec
-from app.core.limits import FamilyLimits, limits_for
+from app.core.limits import FamilyLimits, TokenLimits, limits_for, token_limits
+from app.core.textgen import (
+    chat_prompt,
+    is_text_folder,
+    load_tokenizer,
+    max_positions,
+    model_config,
+    prompt_ids,
+)
 from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
@@ -37,11 +52,48 @@ class Validator:
     """Checks a submission against its model (registry), its kind's spec, its family's limits
     and its inputs (the input store), counting prompt tokens with the model's own tokenizer."""
 
-    def __init__(self, registry: Registry, inputs: InputStore, limits: Mapping[str, FamilyLimits]) -> None:
+    def __init__(self, registry: Registry, inputs: InputStore, limits: Mapping[str, FamilyLimits],
+                 models: Mapping[str, Any] | None = None) -> None:
         self.registry = registry
         self.inputs = inputs
         self.limits = limits
+        self.models = models or {}  # the fleet file's [models.<id>] (ModelGuess): a text model's token limits
         self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
+
+    def token_limits(self, model_id: str) -> TokenLimits:
+        """A text model's token limits (issue 20): the fleet file's ``[models.<id>]``, else its
+        family's limits, else its ``config.json``'s ``max_position_embeddings``.
+
+        Raises:
+            NotFound: the model is not registered.
+        """
+        record = self.registry.get(model_id)
+        own = self.models.get(model_id)
+        positions = max_positions(model_config(self.registry.folder(model_id)))
+        return token_limits(limits_for(self.limits, record.family), positions,
+                            getattr(own, "max_input_tokens", None), getattr(own, "max_total_tokens", None))
+
+    def chat_prompt(self, model_id: str, messages: Any) -> str:
+        """The prompt text of a chat request for ``model_id``: ``messages`` (a list of
+        ``{"role": str, "content": str}``) through the model's own chat template.
+
+        Raises:
+            NotFound: the model is not registered.
+            Rejected: malformed messages, or a model without a chat template (reason ``invalid_messages``).
+        """
+        self.registry.get(model_id)
+        if (not isinstance(messages, list) or not messages
+                or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                           for m in messages)):
+            raise Rejected("`messages` must be a non-empty list of {\"role\": string, \"content\": string}",
+                           reason="invalid_messages", param="messages")
+        tokenizer = self.tokenizers.tokenizer(model_id)
+        if tokenizer is None:
+            raise Rejected(f"model {model_id!r} has no tokenizer", reason="invalid_messages", param="messages")
+        try:
+            return chat_prompt(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        except ValueError as error:
+            raise Rejected(f"model {model_id!r}: {error}", reason="invalid_messages", param="messages") from error
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
         """The placement request of a submission, after every check of its params. Mutates
@@ -60,6 +112,11 @@ class Validator:
             raise Rejected(f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
                            reason="kind_not_supported")
         limits = limits_for(self.limits, record.family)
+        if kind == "text":
+            check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
+            check_kind_params(kind, params, self.inputs, limits, record.family)
+            check_text_tokens(params, self.tokenizers.tokenizer(model_id), self.token_limits(model_id))
+            return job_request(model_id, record.family, kind, target, params)
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
@@ -180,6 +237,36 @@ def check_submission(
                     f"`{name}` must be at most {limits.max_prompt_tokens} tokens (the model's tokenizer, "
                     f"with start and end tokens), got {tokens}; shorten it", reason=f"invalid_{name}",
                 )
+
+
+def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLimits) -> int:
+    """Refuse a text job whose prompt (tokenized as the worker will feed it, ``prompt_ids``:
+    chat-templated prompts as they are) exceeds ``max_input_tokens``, or whose prompt tokens +
+    ``max_new_tokens`` exceed ``max_total_tokens`` (issue 20, TGI's router's checks). Returns
+    the prompt's token count. Call after :func:`check_kind_params` (numbers are checked).
+
+    Raises:
+        Rejected: reason ``invalid_prompt`` / ``invalid_max_new_tokens`` (param
+            ``params.max_new_tokens``), naming the limit and the figures; ``invalid_params``
+            when ``chat`` is not a boolean.
+    """
+    text_spec = KINDS["text"]
+    chat = text_spec.value(params, "chat")
+    if not isinstance(chat, bool):
+        raise Rejected(f"params.chat must be true or false, got {chat!r}", reason="invalid_params")
+    if tokenizer is None:
+        raise Rejected("the model has no tokenizer to count the prompt's tokens", reason="invalid_prompt")
+    tokens = len(prompt_ids(tokenizer, str(params.get("prompt", "")), chat))
+    if tokens > limits.max_input_tokens:
+        raise Rejected(f"the prompt must be at most {limits.max_input_tokens} tokens (max_input_tokens), got {tokens} "
+                       "tokens; shorten it", reason="invalid_prompt", param="params.prompt")
+    new = int(text_spec.value(params, "max_new_tokens"))
+    if tokens + new > limits.max_total_tokens:
+        raise Rejected(f"prompt tokens + max_new_tokens must be at most {limits.max_total_tokens} (max_total_tokens), "
+                       f"got {tokens} + {new} = {tokens + new}; lower max_new_tokens to at most "
+                       f"{max(0, limits.max_total_tokens - tokens)}", reason="invalid_max_new_tokens",
+                       param="params.max_new_tokens")
+    return tokens
 
 
 def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
@@ -384,7 +471,7 @@ def _motion_max_seq_length(path: Path, _mtime_ns: int, _size: int) -> int | None
 
 
 class PromptTokenizers:
-    """Each model's own tokenizer (``<model folder>/tokenizer``), loaded lazily with
+    """Each model's own tokenizer (``<model folder>/tokenizer``; a text model's: its folder), loaded lazily with
     transformers and cached per model. A model without one counts no tokens (None)."""
 
     def __init__(self, folder_of: Callable[[str], Path]) -> None:
@@ -392,20 +479,28 @@ class PromptTokenizers:
         self._cache: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def counter(self, model_id: str) -> Callable[[str], int] | None:
-        """``text -> number of tokens`` (with start/end tokens, untruncated), or None."""
+    def tokenizer(self, model_id: str) -> Any:
+        """The model's tokenizer (cached), or None when it has none."""
         with self._lock:
             if model_id not in self._cache:
                 self._cache[model_id] = self._load(model_id)
-            tokenizer = self._cache[model_id]
+            return self._cache[model_id]
+
+    def counter(self, model_id: str) -> Callable[[str], int] | None:
+        """``text -> number of tokens`` (with start/end tokens, untruncated), or None."""
+        tokenizer = self.tokenizer(model_id)
         if tokenizer is None:
             return None
         return lambda text: len(tokenizer(text, truncation=False)["input_ids"])
 
     def _load(self, model_id: str) -> Any:
+        if is_text_folder(self.folder_of(model_id)):  # a transformers folder: its tokenizer lies beside config.json
+            return load_tokenizer(self.folder_of(model_id))
         folder = self.folder_of(model_id) / "tokenizer"
         if not folder.is_dir():
             return None
-        from transformers import AutoTokenizer  # lazy: transformers costs seconds to import
+        from transformers import (
+            AutoTokenizer,  # lazy: transformers costs seconds to import
+        )
 
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

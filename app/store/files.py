@@ -32,6 +32,7 @@ from app.store.media import (
     check_decodes,
     check_result,
     sniff,
+    sniff_result,
 )
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,10 @@ class ResultStore(ContentStore):
         super().__init__(root)
         self.max_result_bytes = max_result_bytes
 
-    def store(self, data: bytes, declared_digest: str) -> StoredFile:
+    def store(self, data: bytes, declared_digest: str, text: bool = False) -> StoredFile:
         """Verify ``data`` against ``declared_digest`` and store it; return where it lies.
+        ``text``: the result of a text job, which must be UTF-8 text (``text/plain``, issue 20);
+        any other result must be one of the image and video types.
 
         Raises:
             IntegrityFailure: digest mismatch or malformed digest, a media type the kinds do not
@@ -138,7 +141,10 @@ class ResultStore(ContentStore):
                 f"result digest mismatch: declared {declared_digest}, received bytes hash to {actual}",
                 reason="integrity",
             )
-        media_type = sniff(data)
+        media_type = sniff_result(data) if text else sniff(data)
+        if text and media_type != "text/plain":
+            raise IntegrityFailure(f"the result of a text job is not UTF-8 text (first bytes {data[:12]!r})",
+                                   reason="integrity")
         if media_type not in RESULT_TYPES:
             raise IntegrityFailure(
                 f"result is not PNG, WebP, GIF or MP4 (first bytes {data[:12]!r})", reason="integrity"

@@ -15,13 +15,13 @@ import warnings
 from app.core.errors import Rejected
 
 EXTENSIONS: dict[str, str] = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "image/gif": "gif",
-                              "video/mp4": "mp4"}
+                              "video/mp4": "mp4", "text/plain": "txt"}
 """Media type -> file extension of every type Homefleet stores."""
 
 INPUT_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp")
 """What a client may upload as an input image (``POST /v1/files``, ``/v1/images/edits``)."""
 
-RESULT_TYPES: tuple[str, ...] = ("image/png", "image/webp", "image/gif", "video/mp4")
+RESULT_TYPES: tuple[str, ...] = ("image/png", "image/webp", "image/gif", "video/mp4", "text/plain")
 """What a worker may upload as a result: what the kinds produce (R2)."""
 
 MAX_INPUT_PIXELS = 4096 * 4096
@@ -71,6 +71,19 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
     return width, height
 
 
+def sniff_result(data: bytes) -> str | None:
+    """Media type of a worker's result: :func:`sniff`'s, else ``text/plain`` for bytes that are
+    valid UTF-8 (a text job's output, issue 20; text has no magic bytes), else None."""
+    found = sniff(data)
+    if found is not None:
+        return found
+    try:
+        data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return "text/plain"
+
+
 def check_result(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXELS) -> None:
     """Decode a worker's result of ``media_type`` (sniffed) before it is stored (R2): an image
     completely, every frame, within ``max_pixels`` (the inputs' limit); an MP4 by parsing its
@@ -88,6 +101,8 @@ def check_result(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXEL
         return
     if media_type == "video/mp4":
         check_video(data)
+        return
+    if media_type == "text/plain":  # sniff_result decoded it as UTF-8 already
         return
     raise Rejected(f"result: no decoder for {media_type}", reason="result_invalid")
 

@@ -23,6 +23,7 @@ from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import PIPELINE_FAMILIES
 from app.core.protocol import Manifest, ManifestFile
+from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import check_variant, parameter_counts, weights_bytes
 from app.db.tables import ModelFile, ModelRecord
 
@@ -30,14 +31,24 @@ _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
-    """(pipeline class, family, kinds) from ``folder/model_index.json``.
+    """(pipeline class, family, kinds) from ``folder/model_index.json`` (a diffusers folder), or
+    from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder, issue 20).
 
     Raises:
-        Rejected: no ``model_index.json`` or an unknown pipeline class.
+        Rejected: neither file, or an unknown pipeline or model class.
     """
     index = folder / "model_index.json"
     if not index.is_file():
-        raise Rejected(f"{folder} is not a diffusers folder: it has no model_index.json", reason="not_a_model")
+        if found := architectures(folder):
+            class_name = found[0]
+            if class_name not in PIPELINE_FAMILIES:
+                known = ", ".join(sorted(PIPELINE_FAMILIES))
+                raise Rejected(f"model class {class_name!r} (config.json architectures) is not supported; "
+                               f"supported: {known}", reason="unknown_pipeline")
+            family, kinds = PIPELINE_FAMILIES[class_name]
+            return class_name, family, kinds
+        raise Rejected(f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
+                       "(no config.json with architectures)", reason="not_a_model")
     class_name = json.loads(index.read_text()).get("_class_name", "")
     if class_name not in PIPELINE_FAMILIES:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
@@ -207,6 +218,17 @@ class Registry:
         counted from the safetensors headers, priced at its precision/quantization. Raises NotFound."""
         record = self.get(model_id)
         return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
+
+    def kv_cache_bytes(self, model_id: str, tokens: int) -> int:
+        """A text model's KV cache for ``tokens`` tokens (prompt + generated), in bytes: 2 x
+        layers x KV heads x head dim x bytes per value (its precision) x ``tokens``, from its
+        ``config.json`` (``app/core/textgen.py``); 0 for a model that is not a text model.
+        Raises NotFound."""
+        record = self.get(model_id)
+        folder = self.folder(model_id)
+        if "text" not in record.kinds:
+            return 0
+        return kv_cache_bytes(model_config(folder), tokens, record.precision)
 
     def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
         """Rehash every file of ``model_ids`` (default: every model), ignoring the

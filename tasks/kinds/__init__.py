@@ -16,19 +16,23 @@ family's own params under the pipeline's argument names (:func:`family_arguments
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.core.families import family as family_rules
 from app.core.kinds import Args
 
-ProgressFn = Callable[[int, int], None]  # (step done, total steps)
+ProgressFn = Callable[..., None]  # (step done, total steps[, text=the text so far: text jobs])
 
 
 @dataclass(frozen=True)
 class Output:
+    """A runner's result: the file's bytes and media type, and ``record``: figures for the
+    journaled provenance only (not embedded: e.g. a text job's token counts and finish reason)."""
+
     data: bytes
     media_type: str
+    record: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Kind(Protocol):
@@ -76,9 +80,10 @@ def denoising(args: Args, progress: ProgressFn) -> dict[str, Any]:
 
 def runner(kind: str) -> Kind:
     """The runner of ``kind``. Raises ``KeyError`` naming the known kinds."""
-    from tasks.kinds import edit, txt2img, upscale, video
+    from tasks.kinds import edit, text, txt2img, upscale, video
 
-    kinds: dict[str, Kind] = {"txt2img": txt2img.run, "edit": edit.run, "upscale": upscale.run, "video": video.run}
+    kinds: dict[str, Kind] = {"txt2img": txt2img.run, "edit": edit.run, "upscale": upscale.run, "video": video.run,
+                              "text": text.run}
     if kind not in kinds:
         raise KeyError(f"kind {kind!r} is not implemented; implemented: {', '.join(kinds)}")
     return kinds[kind]

@@ -15,7 +15,7 @@ import pytest
 from app.core.states import ENDED
 from app.devtools.fuzz import run_fuzz
 
-EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "10"))
 #: Within the suite: without schemathesis' coverage phase (its ~900 boundary cases run in
 #: ``make fuzz``), a few hundred cases.
 PHASES = os.environ.get("HOMEFLEET_FUZZ_PHASES", "examples,fuzzing,stateful")

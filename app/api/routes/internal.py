@@ -105,7 +105,7 @@ def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMac
     job = job_of_machine(ctx, job_id, machine)
     if job.state != JobState.running:
         raise Conflict(f"job {job_id} is {job.state}; progress is taken only while it runs", reason="not_running")
-    ctx.progress.report(job_id, body.step, body.total)
+    ctx.progress.report(job_id, body.step, body.total, body.text)
 
 
 @router.post("/jobs/{job_id}/result", response_model=JobPublic)
@@ -151,7 +151,7 @@ async def upload_result(
     data = await file.read(ctx.settings.max_result_bytes + 1)
     timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
     try:
-        stored = await to_thread.run_sync(ctx.store.store, data, digest)  # decoding may take a while (ffmpeg)
+        stored = await to_thread.run_sync(ctx.store.store, data, digest, job.kind == "text")  # decoding may take a while (ffmpeg)
     except IntegrityFailure as error:
         if not recovering:
             ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))

@@ -14,11 +14,18 @@ import pytest
 from PIL import Image
 
 from app.core.errors import Rejected
-from app.core.families import FAMILIES, PIPELINE_FAMILIES
+from app.core.families import FAMILIES, PIPELINE_FAMILIES, TEXT_FAMILIES
 from app.core.kinds import KINDS, family_kind_spec, job_request
 from app.core.limits import FamilyLimits, default_limits, limits_for
-from app.jobs.validation import check_family_params, check_known_params, check_numbers, check_submission
+from app.jobs.validation import (
+    check_family_params,
+    check_known_params,
+    check_numbers,
+    check_submission,
+)
 from tasks.kinds import runner
+
+DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]  # text: tests/unit/tasks/test_text_kind.py
 
 
 class RecordingPipeline:
@@ -54,10 +61,10 @@ def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
     assert set(PIPELINE_FAMILIES) == {
         "StableDiffusionPipeline", "StableDiffusionXLPipeline", "FluxPipeline", "QwenImageEditPipeline",
         "StableDiffusionInstructPix2PixPipeline", "StableDiffusionUpscalePipeline", "AnimateDiffPipeline",
-        "WanPipeline", "FluxKontextPipeline"}
+        "WanPipeline", "FluxKontextPipeline", "LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", DIFFUSION_FAMILIES)
 def test_every_argument_a_runner_passes_is_one_its_diffusers_pipeline_takes(family: str) -> None:
     """What each runner passes, with every param of the family's spec set, is in the real
     pipeline class's ``__call__`` signature (a wrong name would be a TypeError on a worker)."""

@@ -95,3 +95,15 @@ def test_issue24_a_result_that_does_not_decode_is_result_invalid_and_stores_noth
 def test_issue24_an_animated_gif_result_decodes_and_is_stored(tmp_path: Path) -> None:
     data = gif()
     assert ResultStore(tmp_path, 1_000_000).store(data, bytes_digest(data)).media_type == "image/gif"
+
+
+def test_a_text_jobs_result_must_be_utf8_text_and_only_a_text_job_may_store_text(tmp_path: Path) -> None:
+    """Issue 20 (R2): text has no magic bytes; a text job's result is stored as ``text/plain``
+    when it is valid UTF-8; invalid UTF-8 is refused, and an image job cannot pass text off."""
+    text = "héllo".encode()
+    stored = ResultStore(tmp_path, 1000).store(text, bytes_digest(text), text=True)
+    assert stored.media_type == "text/plain" and stored.path.suffix == ".txt"
+    for data, is_text in ((b"\xff\xfe not utf-8", True), (text, False)):
+        with pytest.raises(IntegrityFailure) as refused:
+            ResultStore(tmp_path, 1000).store(data, bytes_digest(data), text=is_text)
+        assert refused.value.reason == "integrity"

@@ -1,0 +1,225 @@
+"""OpenAI-compatible text generation (issue 20): ``POST /v1/completions`` and
+``POST /v1/chat/completions``, thin fronts over one ``text`` job each.
+
+The body's ``model`` names a registered text model (default: the first); ``max_tokens``
+(``max_completion_tokens`` for chat) becomes ``max_new_tokens``, ``temperature`` and ``top_p``
+pass through, ``seed`` too; ``target`` (a machine or ``"auto"``) is Homefleet's extra field
+(the SDKs' ``extra_body``). A chat's ``messages`` go through the model's own chat template on
+the server (app/jobs/validation.py ``Validator.chat_prompt``), so the prompt's tokens are
+counted and checked against ``max_input_tokens`` / ``max_total_tokens`` before any device (R22).
+
+Placement, idempotency of a client's retries and the wait bound are the image routes' (C10,
+app/api/routes/images.py ``run_jobs``): the request waits for its job at most ``images_wait_s``
+or the client's announced timeout, then answers 409 ``job_pending`` naming it. Errors have
+OpenAI's shape.
+
+``stream: true`` answers Server-Sent Events (sse-starlette) once the job is submitted (a refusal
+is still a plain 422): OpenAI's chunks (``text_completion`` / ``chat.completion.chunk``), each
+carrying the text generated since the last (the worker reports the text so far with each
+token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`` and
+``usage``, then ``data: [DONE]``. The last text comes from the verified result (R2). A client
+that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
+
+Not yet here (issue 20, later): ``stop``, ``n`` > 1, ``logprobs``, constrained
+output (``response_format``); a request naming one is refused (422), not silently ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.routes.deps import Context
+from app.api.routes.images import (
+    MAX_PROMPT_CHARS,
+    ImageCall,
+    default_model,
+    run_jobs,
+    submitted,
+)
+from app.api.strict_json import StrictJsonRoute
+from app.core.errors import Rejected
+from app.core.states import ENDED, JobState
+from app.db.tables import Job
+from routing.placement import SERVER
+
+router = APIRouter(route_class=StrictJsonRoute)
+
+KIND = "text"
+UNSUPPORTED = ("stop", "logprobs", "response_format", "tools", "suffix", "echo", "best_of")
+"""OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
+
+
+class Sampling(BaseModel):
+    """The sampling fields both routes share (OpenAI's names; others are ignored, except
+    :data:`UNSUPPORTED` ones, which are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, max_length=64, description="registered text model id; default: the first")
+    max_tokens: int | None = Field(None, ge=1, description="new tokens at most (max_new_tokens); default 16")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False, description="0: greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    n: int = Field(1, ge=1, le=1, description="one choice per request (n > 1: later)")
+    stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
+    target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
+
+    def params(self, max_tokens: int | None = None) -> dict[str, Any]:
+        """The job's sampling params (absent fields: the text kind's defaults).
+
+        Raises:
+            Rejected: a field of :data:`UNSUPPORTED` is set (reason ``unknown_param``).
+        """
+        for name in UNSUPPORTED:
+            value = (self.model_extra or {}).get(name)
+            if value not in (None, False):
+                raise Rejected(f"`{name}` is not supported yet by Homefleet's text routes", reason="unknown_param",
+                               param=name)
+        params: dict[str, Any] = {}
+        new = max_tokens if max_tokens is not None else self.max_tokens
+        for name, value in (("max_new_tokens", new), ("temperature", self.temperature), ("top_p", self.top_p),
+                            ("seed", self.seed)):
+            if value is not None:
+                params[name] = value
+        return params
+
+
+class Completion(Sampling):
+    """``POST /v1/completions``: ``prompt`` (one string)."""
+
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 32)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str = Field(max_length=MAX_PROMPT_CHARS * 32)
+
+
+class ChatCompletion(Sampling):
+    """``POST /v1/chat/completions``: ``messages`` (``role``, text ``content``)."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name of max_tokens")
+
+
+def usage_of(job: Job) -> dict[str, Any]:
+    """The job's journaled usage (tasks/kinds/text.py): token counts and finish reason."""
+    return dict((job.provenance or {}).get("usage") or {})
+
+
+def text_of(job: Job) -> str:
+    """The job's result: UTF-8 text, verified by digest when it was stored (R2)."""
+    with open(str(job.result_path), "rb") as handle:
+        return handle.read().decode("utf-8")
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    return {name: int(usage.get(name, 0)) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
+
+
+async def run_text(ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool,
+                   max_tokens: int | None = None) -> tuple[Job, str, dict[str, Any]]:
+    """Submit one text job for the request (or take a retried call's: C10), wait, and read it."""
+    call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
+    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
+    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
+    (job,) = await run_jobs(ctx, call, model, params, body.target, 1, kind=KIND)
+    with submitted([job.id]):
+        text = await to_thread.run_sync(text_of, job)
+    return job, text, usage_of(job)
+
+
+STREAM_POLL_S = 0.05
+
+
+async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None) -> Any:
+    """Submit one text job now (a refusal raises: a plain 422) and answer its text as SSE chunks."""
+    from sse_starlette.sse import EventSourceResponse
+
+    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
+    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
+    submission = await to_thread.run_sync(ctx.dispatcher.submit, model, KIND, params, body.target)
+    job_id = submission.job.id
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta: str | None, finish: str | None = None, usage: dict[str, Any] | None = None) -> str:
+        piece: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if chat:
+            piece["delta"] = {"role": "assistant", "content": delta} if delta is not None else {}
+        else:
+            piece["text"] = delta or ""
+        out = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job_id}", "object": kind, "created": created,
+               "model": model, "choices": [piece], "job_id": job_id}
+        if usage is not None:
+            out["usage"] = _usage(usage)
+        return json.dumps(out)
+
+    async def events() -> AsyncIterator[str]:
+        sent = ""
+        while True:
+            job = await to_thread.run_sync(ctx.journal.get, job_id)
+            if job.state in ENDED:
+                break
+            progress = await to_thread.run_sync(ctx.progress.read, job_id)
+            so_far = (progress.text or "").rstrip("\ufffd") if progress is not None else ""  # a split UTF-8 char
+            if len(so_far) > len(sent) and so_far.startswith(sent):
+                yield chunk(so_far[len(sent):])
+                sent = so_far
+            await asyncio.sleep(STREAM_POLL_S)
+        if job.state != JobState.succeeded:
+            yield json.dumps({"error": {"message": f"job {job_id} ended {job.state}: {job.reason}: {job.message}",
+                                        "type": "server_error", "code": job.reason, "job_id": job_id}})
+            return
+        final = await to_thread.run_sync(text_of, job)
+        if final.startswith(sent) and len(final) > len(sent):
+            yield chunk(final[len(sent):])
+        usage = usage_of(job)
+        yield chunk(None, usage.get("finish_reason", "length"), usage)
+        yield "[DONE]"
+
+    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: Completion, ctx: Context, request: Request) -> Any:
+    """OpenAI ``completions.create``: 200 with one choice once the job has succeeded; 422 when
+    the prompt exceeds the model's ``max_input_tokens`` or prompt + ``max_tokens`` its
+    ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
+    body.params()  # refuse unsupported fields before anything is submitted
+    if body.stream:
+        return await stream_text(ctx, body, body.prompt, chat=False)
+    job, text, usage = await run_text(ctx, request, body, body.prompt, chat=False)
+    return {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": job.model_id,
+            "choices": [{"index": 0, "text": text, "finish_reason": usage.get("finish_reason", "length"),
+                         "logprobs": None}],
+            "usage": _usage(usage), "job_id": job.id, "machine": job.machine}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletion, ctx: Context, request: Request) -> Any:
+    """OpenAI ``chat.completions.create``: the messages through the model's chat template (422
+    ``invalid_messages`` for a model without one), then as :func:`completions`."""
+    body.params()
+    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
+    body = body.model_copy(update={"model": model})
+    messages = [m.model_dump() for m in body.messages]
+    prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
+    if body.stream:
+        return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+    job, text, usage = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+    return {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": int(time.time()),
+            "model": job.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": usage.get("finish_reason", "length"), "logprobs": None}],
+            "usage": _usage(usage), "job_id": job.id, "machine": job.machine}

@@ -1,0 +1,109 @@
+"""Text generation's shared rules (issue 20), one home for the server's validation and the
+worker's runner: how a transformers model folder is recognised, how a prompt becomes token ids
+(the server counts exactly what the worker feeds the model, as TGI's router does), the model's
+token limits from its ``config.json``, and the KV cache's bytes.
+
+A text model folder is a transformers causal-LM folder: ``config.json`` naming its class in
+``architectures`` (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``GPT2LMHeadModel``), safetensors
+weights and a fast tokenizer (``tokenizer.json``) beside them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from app.core.variants import PRECISION_BYTES
+
+CONFIG_FILE = "config.json"
+
+
+def is_text_folder(folder: Path) -> bool:
+    """True for a transformers model folder: ``config.json`` with ``architectures`` and no ``model_index.json``."""
+    return not (folder / "model_index.json").is_file() and bool(architectures(folder))
+
+
+def architectures(folder: Path) -> list[str]:
+    """``config.json``'s ``architectures`` (empty when there is no readable config)."""
+    try:
+        found = json.loads((folder / CONFIG_FILE).read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(name) for name in found] if isinstance(found, list) else []
+
+
+def model_config(folder: Path) -> dict[str, Any]:
+    """``config.json`` of a text model, re-read when its size or modification time changes.
+
+    Raises:
+        OSError: no readable config.json.
+    """
+    path = folder / CONFIG_FILE
+    stat = path.stat()
+    return dict(_config(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _config(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Any]:
+    loaded = json.loads(path.read_text())
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def max_positions(config: Mapping[str, Any]) -> int:
+    """The most tokens (prompt + generated) the model's position embeddings take:
+    ``max_position_embeddings`` (GPT-2: ``n_positions``); 2048 when the config names neither."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = config.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def kv_bytes_per_token(config: Mapping[str, Any], precision: str = "fp32") -> int:
+    """KV cache bytes one token takes: 2 (K and V) x layers x KV heads x head dim x bytes per
+    value (the variant's precision, ``app/core/variants.py``). Llama/Qwen2 name
+    ``num_hidden_layers``, ``num_key_value_heads`` (grouped-query attention; absent: all heads)
+    and ``head_dim`` (absent: hidden size / heads); GPT-2 ``n_layer``, ``n_head``, ``n_embd``.
+    0 when the config names no layers or heads."""
+    layers = config.get("num_hidden_layers", config.get("n_layer", 0))
+    heads = config.get("num_attention_heads", config.get("n_head", 0))
+    hidden = config.get("hidden_size", config.get("n_embd", 0))
+    if not (isinstance(layers, int) and isinstance(heads, int) and heads > 0 and isinstance(hidden, int)):
+        return 0
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    return int(2 * layers * kv_heads * head_dim * PRECISION_BYTES.get(precision, 4.0))
+
+
+def kv_cache_bytes(config: Mapping[str, Any], tokens: int, precision: str = "fp32") -> int:
+    """KV cache bytes of ``tokens`` tokens (prompt + generated): :func:`kv_bytes_per_token` x tokens."""
+    return kv_bytes_per_token(config, precision) * max(0, tokens)
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The model's own tokenizer (``AutoTokenizer``, local files only). Raises ``OSError``."""
+    from transformers import AutoTokenizer  # lazy: transformers costs seconds to import
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def chat_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+    """The prompt text of a chat: ``messages`` (``[{"role", "content"}]``) through the model's
+    chat template, with the assistant's turn opened (``add_generation_prompt``).
+
+    Raises:
+        ValueError: the tokenizer has no chat template (the model takes plain completions only).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
+    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+    return str(text)
+
+
+def prompt_ids(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
+    """The token ids fed to the model for ``prompt``: a chat-templated prompt (``chat``) holds
+    its own special tokens already, a plain one gets the tokenizer's (e.g. Llama's BOS)."""
+    return list(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])

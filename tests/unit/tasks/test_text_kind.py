@@ -1,0 +1,90 @@
+"""The ``text`` kind (issue 20): tiny causal LMs of each architecture, built offline, registered
+by their ``config.json``, loaded with transformers from local files, run one prompt each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.errors import Rejected
+from app.core.kinds import KINDS
+from app.core.textgen import chat_prompt, prompt_ids
+from app.devtools.tiny_text import TEXT_FAMILIES
+from app.store.registry import describe_pipeline
+from tasks.kinds import runner
+from tasks.pipelines import TextModel, load_pipeline
+
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+
+
+def folder_of(tiny_text_dir: Path, family: str) -> Path:
+    return tiny_text_dir / f"tiny-{family}"
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_a_tiny_text_model_is_described_by_its_config_architectures(family: str, tiny_text_dir: Path) -> None:
+    assert describe_pipeline(folder_of(tiny_text_dir, family)) == (CLASSES[family], family, ("text",))
+
+
+def test_a_folder_with_an_unknown_architecture_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["BertForMaskedLM"]}')
+    with pytest.raises(Rejected, match="BertForMaskedLM") as refused:
+        describe_pipeline(tmp_path)
+    assert refused.value.reason == "unknown_pipeline"
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_the_runner_generates_exactly_max_new_tokens_and_reports_each(family: str, tiny_text_dir: Path) -> None:
+    """Greedy decoding on random weights: the same prompt and seed give the same text; the
+    journaled usage counts the prompt's tokens as the server does (prompt_ids) and the new ones;
+    progress is reported per new token; the output is UTF-8 text."""
+    model = load_pipeline(folder_of(tiny_text_dir, family))
+    assert isinstance(model, TextModel)
+    steps: list[tuple[int, int]] = []
+    texts: list[str] = []
+    params: dict[str, Any] = {"prompt": "hello wörld", "seed": 3, "max_new_tokens": 6}
+    out = runner("text")(model, params, lambda step, total, text: steps.append((step, total)) or texts.append(text), {}, {}, family=family)
+    again = runner("text")(model, params, lambda *_, **__: None, {}, {}, family=family)
+    usage = out.record["usage"]
+    assert out.media_type == "text/plain" and out.data == again.data
+    out.data.decode("utf-8")
+    assert usage["prompt_tokens"] == len(prompt_ids(model.tokenizer, "hello wörld")) == len("hello wörld".encode())
+    assert usage["completion_tokens"] <= 6 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["finish_reason"] in ("stop", "length")
+    assert steps[-1] == (usage["completion_tokens"], 6) and [s for s, _ in steps] == list(range(1, len(steps) + 1))
+    assert texts[-1] == out.data.decode("utf-8")  # the text so far, with each token's report (streaming)
+    assert all(out.data.decode("utf-8").startswith(t.rstrip("\ufffd")) for t in texts)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_chat_prompt_is_templated_and_counted_without_extra_special_tokens(family: str, tiny_text_dir: Path) -> None:
+    model = load_pipeline(folder_of(tiny_text_dir, family))
+    text = chat_prompt(model.tokenizer, [{"role": "user", "content": "hi"}])
+    assert "hi" in text and text != "hi"
+    ids = prompt_ids(model.tokenizer, text, chat=True)
+    out = runner("text")(model, {"prompt": text, "chat": True, "seed": 1, "max_new_tokens": 2}, lambda *_, **__: None,
+                         {}, {}, family=family)
+    assert out.record["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_gpt2_has_no_chat_template_so_a_chat_is_refused(tiny_text_dir: Path) -> None:
+    model = load_pipeline(folder_of(tiny_text_dir, "gpt2"))
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_prompt(model.tokenizer, [{"role": "user", "content": "hi"}])
+
+
+def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19's rule for every kind: a runner reads exactly the params its spec lists."""
+    spec = KINDS["text"]
+    seen: list[Any] = []
+    real = type(spec).args
+    monkeypatch.setattr(type(spec), "args", lambda self, params: seen.append(real(self, params)) or seen[-1])
+    model = load_pipeline(folder_of(tiny_text_dir, "llama"))
+    a = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
+                       {}, {}, family="llama")
+    b = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
+                       {}, {}, family="llama")
+    assert a.data == b.data  # seeded sampling
+    assert seen[0].read == set(spec.params)
