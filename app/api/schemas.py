@@ -95,7 +95,7 @@ class JobPublic(BaseModel):
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
             predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
-            seed=job.params.get("seed"), predicted_s=predicted_s(job), provenance=job.provenance,
+            seed=_seed(job.params), predicted_s=predicted_s(job), provenance=job.provenance,
             memory_estimate=memory_estimate(job),
         )
 
@@ -118,3 +118,10 @@ class FileStored(BaseModel):
     id: str = Field(description="the content digest, 'blake3:<hex>'")
     media_type: str
     size_bytes: int
+
+
+def _seed(params: dict[str, Any]) -> int | None:
+    """The job's seed; None when it has none, or when a refused job was journaled with
+    whatever the client sent there (``rejected`` keeps the params as given)."""
+    seed = params.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
