@@ -23,7 +23,16 @@ from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
 from app.api.openapi import documented, part_of, path_pattern
-from app.api.routes import events, images, internal, public, residency, serving, sync
+from app.api.routes import (
+    events,
+    images,
+    internal,
+    page,
+    public,
+    residency,
+    serving,
+    sync,
+)
 from app.api.routes.deps import WorkerMachine
 from app.api.strict_json import printable
 from app.context import ServerContext, build_context
@@ -38,7 +47,7 @@ HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "trace"}
 #: GET routes outside the OpenAPI document (its own page and files, the docs, the internal one)
 UNDOCUMENTED_GET = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/internal/openapi.json",
-                    "/static-offline-docs/{file:path}")
+                    "/static-offline-docs/{file:path}", "/", "/page/{name}")
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
 #: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
@@ -154,6 +163,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
+    api.include_router(page.router)  # the fleet page: no data in it, no key (issue 23)
     api.include_router(public.router, dependencies=keyed)
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)

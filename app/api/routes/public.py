@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Header, Response, UploadFile
+from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.routes.deps import Context, stored_file
@@ -53,6 +53,25 @@ def submit_job(
                        predicted_start_s=job.predicted_start_s, url=url)
 
 
+#: The most jobs one ``GET /v1/jobs`` lists (newest first); the fleet page asks for its default.
+MAX_JOBS_LISTED = 500
+
+
+@router.get("/jobs", response_model=list[JobPublic])
+def list_jobs(ctx: Context, limit: Annotated[int, Query(ge=1, le=MAX_JOBS_LISTED)] = 100,
+              machine: Annotated[str | None, Query(max_length=32)] = None,
+              state: Annotated[JobState | None, Query()] = None) -> list[JobPublic]:
+    """The most recent jobs, newest first (at most ``limit``, 1..500; 422 naming ``limit`` beyond),
+    optionally of one machine and/or in one state; a running job carries its ``progress``
+    (``{"step", "total"}``). The fleet page (``/``) reads it."""
+    jobs = ctx.journal.list([state] if state is not None else None, machine=machine)[-limit:]
+    shown = []
+    for job in reversed(jobs):
+        progress = ctx.progress.read(job.id) if job.state == JobState.running else None
+        shown.append(JobPublic.from_job(job, progress.public() if progress else None))
+    return shown
+
+
 @router.get("/jobs/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
@@ -91,7 +110,10 @@ async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description
 def list_machines(ctx: Context) -> list[dict[str, Any]]:
     """Every machine: online, draining/syncing (nothing new is placed there), verified models,
     ``queued`` (LLEN of its exact queue list, under the broker key prefix), ``running`` (its
-    running jobs in the journal) and ``backlog`` (its reservations: queued + running, R14)."""
+    running jobs in the journal), ``backlog`` (its reservations: queued + running, R14), its
+    ``warm_models`` and ``committed_models`` (residency, R15) and ``drain_s``, the expected
+    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py)."""
+    status = {row["name"]: row for row in ctx.status()}
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
@@ -100,7 +122,8 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
             "syncing": view.syncing, "verified_models": sorted(view.verified_models),
             "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),
-            "backlog": view.backlog,
+            "backlog": view.backlog, "warm_models": list(view.warm_models),
+            "committed_models": sorted(view.commitments), "drain_s": status[name]["drain_s"],
         })
     return rows
 
