@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # Real-HTTP fuzz of the public API (issue 24): schemathesis, all checks, >= 2,000 cases.
 fuzz: $(STAMP)
-	$(VENV)/bin/homefleet fuzz --examples 12 --min-cases 2000
+	$(VENV)/bin/homefleet fuzz --examples 40 --min-cases 2000
 
 # The fleet page's screenshots (docs/screenshots/*.png, issue 23): its browser test, saving each view.
 screenshots: $(STAMP)

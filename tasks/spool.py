@@ -29,8 +29,9 @@ from app.core.errors import HomefleetError, StorageFull
 
 log = logging.getLogger("homefleet.worker")
 
-RETRIED_STATUS = (StorageFull.status_code, 500, 502, 503, 504)
-"""Answers after which the server may take the same upload later: a full disk, a server error."""
+RETRIED_STATUS = (StorageFull.status_code, 429, 500, 502, 503, 504)
+"""Answers after which the server may take the same upload later: a full disk, too many uploads
+at once (``uploads_busy``), a server error."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def retriable(error: BaseException) -> bool:
-    """Whether the server may take the same upload later: a full disk (507) or a server error
-    (5xx), not a refusal of the bytes (422) or a job that has ended (409)."""
+    """Whether the server may take the same upload later: a full disk (507), too many uploads
+    (429) or a server error (5xx), not a refusal of the bytes (422) or a job that has ended (409)."""
     return isinstance(error, HomefleetError) and error.status_code in RETRIED_STATUS
 
 

@@ -29,7 +29,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import Headers
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.config import Settings
 from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
@@ -132,8 +132,8 @@ class Authenticate:
     its body (module docstring). Public paths (``/v1/``, ``/hf``) need an API key
     (:func:`check_api_key`); internal ones (``/internal/``) a machine token (:func:`machine_of`),
     and a job path (``/internal/v1/jobs/{id}/…``) a job placed on that machine. An upload path
-    (one of ``uploads``) beyond ``max_concurrent_uploads`` in progress is answered 429
-    ``uploads_busy`` with ``Retry-After``. Refusals are rendered by ``render(path, error)``."""
+    (one of ``uploads``) beyond ``max_concurrent_uploads`` whose bodies are being read is
+    answered 429 ``uploads_busy`` with ``Retry-After``. Refusals are rendered by ``render(path, error)``."""
 
     def __init__(self, app: ASGIApp, ctx: ServerContext, settings: Settings, uploads: Sequence[re.Pattern[str]],
                  render: Callable[[str, HomefleetError], Response]) -> None:
@@ -158,11 +158,25 @@ class Authenticate:
         if not upload:
             await self.app(scope, receive, send)
             return
-        self.uploading += 1
+        self.uploading += 1  # until its body has been read (not while its route waits, e.g. for a job)
+        counted = True
+
+        def done() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.uploading -= 1
+
+        async def reading() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                done()
+            return message
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, reading, send)
         finally:
-            self.uploading -= 1
+            done()
 
     async def authenticate(self, path: str, headers: Headers) -> None:
         """Raises Unauthorized, Forbidden or NotFound for a request that may not go on."""

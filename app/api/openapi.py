@@ -66,6 +66,7 @@ DESCRIPTIONS = {
 ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (404, 409, 429, 503),
     ("post", "/v1/jobs/{job_id}/cancel"): (409,),
+    ("get", "/v1/jobs/{job_id}/result"): (409,),  # the job exists; its result does not yet (no_result)
     ("post", "/v1/images/generations"): (404, 409, 429, 500, 503),
     ("post", "/v1/images/edits"): (404, 409, 429, 500, 503),
     ("post", "/hf"): (404, 409, 429, 500, 503),

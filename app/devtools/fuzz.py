@@ -77,9 +77,11 @@ def fuzz_fleet(data_dir: Path) -> tuple[Settings, Fleet]:
 
 
 def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage,fuzzing,stateful",
-             extra_args: list[str] | None = None, drain_timeout_s: float = 600.0) -> FuzzReport:
+             extra_args: list[str] | None = None, drain_timeout_s: float = 1800.0) -> FuzzReport:
     """Run schemathesis against a fresh fleet under ``data_dir``; return what it saw.
-    ``max_examples``: per operation and phase (schemathesis' ``--max-examples``)."""
+    ``max_examples``: per operation and phase (schemathesis' ``--max-examples``).
+    ``drain_timeout_s``: how long the worker may take to end the accepted jobs afterwards (the
+    stateful phase queues dozens; on a loaded 2-core host a tiny 4-step job took ~20 s)."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     redis = start_redis_server(data_dir / "redis")

@@ -196,7 +196,9 @@ class Reconciler:
 
     def _gone(self, report: ReconcileReport, job: Job) -> None:
         """A queued job's message is gone while Redis kept its data: a worker took it and stopped
-        before claiming it (``lost``), or it was removed from its queue (``purged``)."""
+        before claiming it (``lost``), or it was removed from its queue (``purged``). (A server
+        killed between journaling a job and publishing it leaves the same trace as a purge; the
+        message says so.)"""
         taker = self.redis.get(self.keys.delivered(job.id))
         if taker is not None:
             self._interrupt(report, job.id, JobState.queued, "lost",
@@ -207,7 +209,8 @@ class Reconciler:
             purged = self.journal.transition(
                 job.id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
                 message=f"its message was removed from the queue {queue(job.machine or '')} before any worker took "
-                        "it (a purge, e.g. `celery purge`); the job was not run")
+                        "it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
+                        "submitting it); the job was not run")
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job.id] = "purged"

@@ -87,12 +87,13 @@ def test_openai_sdk_edits_an_uploaded_image(fleet: RunningFleet) -> None:
     Image.new("RGB", (48, 40), (200, 120, 30)).save(source, format="PNG")
     client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0)
     result = client.images.edit(model=EDIT_MODEL, image=("in.png", source.getvalue(), "image/png"),
-                                prompt="make it blue", response_format="b64_json", extra_body={"steps": 2})
+                                prompt="make it blue (sdk edit)", response_format="b64_json", extra_body={"steps": 2})
     assert result.data is not None and len(result.data) == 1
     image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or "")))
     assert (image.format, image.size) == ("PNG", (48, 40))  # an edit keeps the input's size
-    edits = [j for j in fleet.ctx.journal.list([JobState.succeeded]) if j.kind == "edit"]
-    assert len(edits) == 1 and edits[0].model_id == EDIT_MODEL
+    # one job for the call (other tests of the shared fleet run edits of their own)
+    edits = [j for j in fleet.ctx.journal.list() if j.params.get("prompt") == "make it blue (sdk edit)"]
+    assert [(j.kind, j.state, j.model_id) for j in edits] == [("edit", JobState.succeeded, EDIT_MODEL)]
 
 
 def test_r20_openai_sdk_does_not_retry_a_request_whose_job_ended_badly(fleet: RunningFleet) -> None:

@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import NotFound, Rejected
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.states import JobState
 from app.store.media import EXTENSIONS
 
@@ -92,7 +92,7 @@ def get_result(job_id: str, ctx: Context) -> FileResponse:
     ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
-        raise NotFound(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+        raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
     media_type = job.result_media_type or "application/octet-stream"
     return stored_file(job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}",
                        job.result_digest or "")

@@ -35,7 +35,7 @@ def auth(ctx: ServerContext, machine: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {ctx.fleet.machines[machine].token}", "X-Homefleet-Machine": machine}
 
 
-def task_events(ctx: ServerContext, action: Callable[[], object], wanted: int, timeout_s: float = 10.0
+def task_events(ctx: ServerContext, action: Callable[[], object], wanted: int, timeout_s: float = 30.0
                 ) -> list[dict[str, Any]]:
     """Run ``action`` while a Celery event receiver listens (as Flower's does); the task events
     that arrive, until ``wanted`` of them or ``timeout_s``. On Redis, events are a fan-out
@@ -57,7 +57,7 @@ def task_events(ctx: ServerContext, action: Callable[[], object], wanted: int, t
                     dispatcher.send("probe-ready")
                 return any(event["type"] == "probe-ready" for event in events)
 
-            wait_for(probe_heard, timeout_s=10, poll_s=0.2, what="the event receiver to subscribe")
+            wait_for(probe_heard, timeout_s=30, poll_s=0.2, what="the event receiver to subscribe")
             action()
             deadline = time.monotonic() + timeout_s
             while sum(e["type"].startswith("task-") for e in events) < wanted and time.monotonic() < deadline:

@@ -104,3 +104,4 @@ def test_r19_homefleet_purge_ends_the_queued_jobs_cancelled_as_purged_at_once(
         assert (job.state, job.reason) == (JobState.cancelled, "purged")
         assert "its queue machine.m1 was purged" in (job.message or "")
     assert ctx.queues.length("m1") == 0 and ctx.machines.reservations.count("m1") == 0
+

@@ -264,7 +264,8 @@ def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
     assert (failed.state, failed.reason, failed.result_path) == (JobState.failed, "integrity", None)
     results = ctx.settings.results_dir
     assert not results.exists() or not [p for p in results.rglob("*") if p.is_file()]
-    assert client.get(f"/v1/jobs/{job.id}/result").status_code == 404
+    refused = client.get(f"/v1/jobs/{job.id}/result")  # the job exists; it has no result
+    assert (refused.status_code, refused.json()["error"]["reason"]) == (409, "no_result")
 
 
 def test_r19_a_claim_the_server_cannot_answer_leaves_no_job_running(

@@ -1,0 +1,77 @@
+"""The worker's result spool and its retries (issue 24 point 5): what is retried, how often, and
+what ``recover`` keeps or drops. The real path, with a server under ``prlimit --fsize`` and a
+real worker, is tests/e2e/test_full_disk.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.core.errors import Conflict, HomefleetError, IntegrityFailure, StorageFull
+from tasks.spool import ResultSpool, Spooled, recover, retriable, upload_with_retries
+
+
+def answered(status: int) -> HomefleetError:
+    error = HomefleetError(f"server answered {status}: x")
+    error.status_code = status
+    return error
+
+
+def record(job_id: str, at: float = 1.0) -> Spooled:
+    return Spooled(job_id=job_id, digest="blake3:" + "0" * 64, media_type="image/png", load_s=0.1, run_s=0.2,
+                   cold_load=False, provenance={"seed": 1}, spooled_at=at)
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (StorageFull("full"), True), (answered(500), True), (answered(503), True), (answered(429), True),
+    (Conflict("ended"), False), (answered(422), False), (IntegrityFailure("digest mismatch"), False),
+])
+def test_only_a_full_disk_a_busy_or_failing_server_is_retried(error: HomefleetError, expected: bool) -> None:
+    assert retriable(error) is expected
+
+
+def test_uploads_are_retried_with_doubling_pauses_then_the_last_error_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr("tasks.spool.time.sleep", pauses.append)
+    calls = []
+
+    def full() -> None:
+        calls.append(1)
+        raise StorageFull("no room")
+
+    with pytest.raises(StorageFull):
+        upload_with_retries(full, attempts=4, first_pause_s=0.5, job_id="j")
+    assert len(calls) == 4 and pauses == [0.5, 1.0, 2.0]
+    outcomes = iter([StorageFull("no room"), "stored"])
+
+    def then_stored() -> object:
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert upload_with_retries(then_stored, attempts=3, first_pause_s=0.0, job_id="j") == "stored"
+    with pytest.raises(Conflict):  # a job that ended: never retried
+        upload_with_retries(lambda: (_ for _ in ()).throw(Conflict("ended")), attempts=3, first_pause_s=0, job_id="j")
+
+
+def test_recover_drops_what_the_server_took_or_refused_and_keeps_what_it_cannot_take_yet(tmp_path: Path) -> None:
+    spool = ResultSpool(tmp_path / "spool")
+    for index, job_id in enumerate(("taken", "refused", "still_full")):
+        spool.keep(record(job_id, at=float(index)), f"bytes of {job_id}".encode())
+    (spool.root / "junk.json").write_text("not a record")
+    answers = {"taken": None, "refused": answered(422), "still_full": StorageFull("no room yet")}
+    uploaded = []
+
+    def upload(entry: Spooled, data: bytes) -> None:
+        uploaded.append((entry.job_id, data))
+        if (error := answers[entry.job_id]) is not None:
+            raise error
+
+    outcomes = dict(recover(spool, upload))
+    assert [job for job, _ in uploaded] == ["taken", "refused", "still_full"]  # oldest first
+    assert uploaded[0][1] == b"bytes of taken"
+    assert outcomes["taken"] == "recovered" and outcomes["refused"].startswith("refused")
+    assert outcomes["still_full"].startswith("kept")
+    assert [entry.job_id for entry, _ in spool.entries()] == ["still_full"]
