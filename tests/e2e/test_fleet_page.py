@@ -45,6 +45,7 @@ def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
     field = wait.until(until.visibility_of_element_located((By.ID, "key-input")))
     field.send_keys(TEST_API_KEY)
     driver.find_element(By.CSS_SELECTOR, "#key-form button").click()  # type: ignore[attr-defined]
+    wait.until(until.invisibility_of_element_located((By.ID, "key-form")))  # asked once, then out of the way
     return wait
 
 

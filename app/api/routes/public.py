@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import Conflict, NotFound, Rejected
+from app.core.errors import Conflict, Rejected
 from app.core.states import JobState
 from app.store.media import EXTENSIONS
 
