@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean fuzz
+.PHONY: demo test install clean fuzz screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 # Real-HTTP fuzz of the public API (issue 24): schemathesis, all checks, >= 2,000 cases.
 fuzz: $(STAMP)
 	$(VENV)/bin/homefleet fuzz --examples 40 --min-cases 2000
+
+# The fleet page's screenshots (docs/screenshots/*.png, issue 23): its browser test, saving each view.
+screenshots: $(STAMP)
+	HOMEFLEET_SCREENSHOTS=docs/screenshots $(VENV)/bin/python -m pytest -q tests/e2e/test_fleet_page.py
 
 clean:
 	rm -rf $(VENV) var

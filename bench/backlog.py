@@ -104,7 +104,7 @@ def run(queued: int, samples: int, journal_url: str | None) -> dict[str, float]:
                     list_s, listed, after = [], 0, None
                     while len(list_s) < samples:
                         t = time.perf_counter()
-                        page = client.get("/v1/jobs", params={"state": "queued", "limit": 100,
+                        page = client.get("/v1/jobs", params={"state": "queued", "order": "oldest", "limit": 100,
                                                               **({"after": after} if after else {})})
                         list_s.append(time.perf_counter() - t)
                         page.raise_for_status()

@@ -27,6 +27,7 @@ from app.api.routes import (
     events,
     images,
     internal,
+    page,
     public,
     residency,
     serving,
@@ -47,7 +48,7 @@ HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "trace"}
 #: GET routes outside the OpenAPI document (its own page and files, the docs, the internal one)
 UNDOCUMENTED_GET = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/internal/openapi.json",
-                    "/static-offline-docs/{file:path}")
+                    "/static-offline-docs/{file:path}", "/", "/page/{name}")
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
 #: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
@@ -163,6 +164,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
+    api.include_router(page.router)  # the fleet page: no data in it, no key (issue 23)
     api.include_router(public.router, dependencies=keyed)
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)

@@ -85,15 +85,18 @@ class Journal:
         return found
 
     def page(self, states: Iterable[JobState] | None = None, machine: str | None = None, limit: int = 100,
-             after: str | None = None) -> list[Job]:
-        """At most ``limit`` jobs, oldest first (``created_at``, then id), optionally filtered by
-        state and machine, starting after the job ``after`` (keyset paging: each page is one
-        indexed range query, however deep the backlog).
+             after: str | None = None, newest_first: bool = False) -> list[Job]:
+        """At most ``limit`` jobs, oldest first (``created_at``, then id; ``newest_first``: the
+        other way), optionally filtered by state and machine, starting after the job ``after``
+        (keyset paging: each page is one indexed range query, however deep the backlog).
 
         Raises:
             NotFound: ``after`` names no job (reason ``job_not_found``).
         """
-        query = select(Job).order_by(Job.created_at, Job.id).limit(limit)  # type: ignore[arg-type]
+        if newest_first:
+            query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)  # type: ignore[attr-defined]
+        else:
+            query = select(Job).order_by(Job.created_at, Job.id).limit(limit)  # type: ignore[arg-type]
         if states is not None:
             query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
         if machine is not None:
@@ -103,8 +106,12 @@ class Journal:
                 cursor = session.get(Job, after)
                 if cursor is None:
                     raise NotFound(f"no job with id {after!r} (the page cursor 'after')", reason="job_not_found")
-                query = query.where((Job.created_at > cursor.created_at)  # type: ignore[operator]
-                                    | ((Job.created_at == cursor.created_at) & (Job.id > cursor.id)))  # type: ignore[operator]
+                if newest_first:
+                    query = query.where((Job.created_at < cursor.created_at)  # type: ignore[operator]
+                                        | ((Job.created_at == cursor.created_at) & (Job.id < cursor.id)))  # type: ignore[operator]
+                else:
+                    query = query.where((Job.created_at > cursor.created_at)  # type: ignore[operator]
+                                        | ((Job.created_at == cursor.created_at) & (Job.id > cursor.id)))  # type: ignore[operator]
             return list(session.exec(query).all())
 
     def events(self, job_id: str) -> list[JobEvent]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
@@ -61,12 +61,19 @@ def list_jobs(
     machine: Annotated[str | None, Query(max_length=32, description="only jobs placed on this machine")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"jobs per page (1-{MAX_PAGE})")] = 100,
     after: Annotated[str | None, Query(max_length=64, description="the last job id of the previous page")] = None,
+    order: Annotated[Literal["newest", "oldest"], Query(description="newest first (recent jobs, the fleet page) "
+                                                                    "or oldest first (a backlog in its order)")] = "newest",
 ) -> list[JobPublic]:
-    """Jobs, oldest first, at most ``limit`` (1-500, ``MAX_PAGE``) per page; the next page is
-    ``?after=<the last id of this page>`` with the same filters, and an empty page ends the
-    list. 404 ``job_not_found`` for an ``after`` that names no job; 422 for an unknown state
-    or a limit out of range."""
-    return [JobPublic.from_job(job) for job in ctx.journal.page(state, machine, limit, after)]
+    """Jobs, newest first (``order=oldest``: oldest first), at most ``limit`` (1-500,
+    ``MAX_PAGE``) per page; the next page is ``?after=<the last id of this page>`` with the same
+    filters, and an empty page ends the list. A running job carries its ``progress``
+    (``{"step", "total"}``). 404 ``job_not_found`` for an ``after`` that names no job; 422 for
+    an unknown state or a limit out of range. The fleet page (``/``) reads it."""
+    shown = []
+    for job in ctx.journal.page(state, machine, limit, after, newest_first=order == "newest"):
+        progress = ctx.progress.read(job.id) if job.state == JobState.running else None
+        shown.append(JobPublic.from_job(job, progress.public() if progress else None))
+    return shown
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic)
@@ -107,7 +114,10 @@ async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description
 def list_machines(ctx: Context) -> list[dict[str, Any]]:
     """Every machine: online, draining/syncing (nothing new is placed there), verified models,
     ``queued`` (LLEN of its exact queue list, under the broker key prefix), ``running`` (its
-    running jobs in the journal) and ``backlog`` (its reservations: queued + running, R14)."""
+    running jobs in the journal), ``backlog`` (its reservations: queued + running, R14), its
+    ``warm_models`` and ``committed_models`` (residency, R15) and ``drain_s``, the expected
+    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py)."""
+    status = {row["name"]: row for row in ctx.status()}
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
@@ -116,7 +126,8 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
             "syncing": view.syncing, "verified_models": sorted(view.verified_models),
             "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),
-            "backlog": view.backlog,
+            "backlog": view.backlog, "warm_models": list(view.warm_models),
+            "committed_models": sorted(view.commitments), "drain_s": status[name]["drain_s"],
         })
     return rows
 

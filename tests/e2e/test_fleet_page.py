@@ -1,0 +1,144 @@
+"""The fleet page at ``/`` in a real headless browser (issue 23), on the session's shared fleet:
+it loads from this server alone (the browser cannot resolve any other host; R24's offline
+rule as for /docs), asks for the API key once and keeps it for the tab, lists the machines,
+follows a submitted job's progress over SSE (fetch streaming: EventSource cannot send the key)
+until its thumbnail appears, and shows the reason of a refused submission as the API gives it.
+
+Needs chromium, chromedriver and selenium; skipped with that reason without them
+(tests/e2e/test_docs_browser.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.api.routes.page import PAGE_CSP
+from tests.e2e.conftest import RunningFleet
+from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
+from tests.helpers import TEST_API_KEY
+
+pytestmark = pytest.mark.e2e
+__all__ = ["browser"]  # the fixture, shared with the /docs test
+
+
+#: ``make screenshots`` sets it: the tests then save a PNG of each view there (docs/screenshots/).
+SCREENSHOTS = os.environ.get("HOMEFLEET_SCREENSHOTS")
+
+
+def snap(driver: object, view: str) -> None:
+    """Save the window as ``<view>.png`` under ``$HOMEFLEET_SCREENSHOTS`` when it is set."""
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(Path(SCREENSHOTS) / f"{view}.png"))  # type: ignore[attr-defined]
+
+
+def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as until
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{api_url}/#{view}")  # type: ignore[attr-defined]
+    wait = WebDriverWait(driver, 60)
+    field = wait.until(until.visibility_of_element_located((By.ID, "key-input")))
+    field.send_keys(TEST_API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()  # type: ignore[attr-defined]
+    wait.until(until.invisibility_of_element_located((By.ID, "key-form")))  # asked once, then out of the way
+    return wait
+
+
+def test_page_is_served_without_a_key_with_a_self_only_csp(fleet: RunningFleet) -> None:
+    """The page holds no data: served without a key, under a 'self'-only CSP; the data routes
+    still need the key (a request without it: 401)."""
+    for path in ("/", "/page/app.js", "/page/style.css"):
+        answer = httpx.get(f"{fleet.local.api_url}{path}")
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.headers["content-security-policy"] == PAGE_CSP
+        assert "'unsafe-inline'" not in PAGE_CSP and "http" not in PAGE_CSP
+    assert httpx.get(f"{fleet.local.api_url}/page/secrets.txt").status_code == 404
+    assert httpx.get(f"{fleet.local.api_url}/v1/jobs").status_code == 401
+
+
+def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#machines tr[data-machine='m3']"))
+    rows = {row.get_attribute("data-machine"): row.text for row in driver.find_elements(By.CSS_SELECTOR, "#machines tbody tr")}  # type: ignore[attr-defined]
+    assert set(rows) == {"server", "m1", "m2", "m3"}
+    assert "online" in rows["m1"] and "offline" in rows["m3"]  # m3 has no worker
+    assert driver.execute_script("return sessionStorage.getItem('homefleet.api_key')") == TEST_API_KEY  # type: ignore[attr-defined]
+    driver.execute_script("document.querySelector(\"#machines tr[data-machine='m1']\").click()")  # type: ignore[attr-defined]
+    wait.until(lambda d: "Queue of m1" in d.find_element(By.CSS_SELECTOR, "#machine-queue h2").text)
+    snap(driver, "fleet")
+    assert_only_this_server(requested_urls(driver), fleet.local.api_url)
+
+
+def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(fleet: RunningFleet, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    Select(form.find_element(By.NAME, "target")).select_by_value("m1")
+    form.find_element(By.NAME, "prompt").clear()
+    form.find_element(By.NAME, "prompt").send_keys("a page-drawn lighthouse")
+    steps = form.find_element(By.NAME, "steps")
+    steps.clear()
+    steps.send_keys("60")
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    # the dry run's explanation is shown first: m1 would run it
+    wait.until(lambda d: "Would run on m1" in d.find_element(By.ID, "explanation").text)
+    image = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+    wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
+    job_id = driver.find_element(By.ID, "submitted").get_attribute("data-job")  # type: ignore[attr-defined]
+    snap(driver, "submit")
+    seen = [int(step) for step in driver.find_element(By.ID, "submitted-progress").get_attribute("data-seen").split(",")]  # type: ignore[attr-defined]
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 60, seen  # the bar moved, step by step, to the end
+    assert fleet.client.get(job_id)["state"] == "succeeded"
+    # the gallery shows it, with its prompt and machine, and its model filter keeps it
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#gallery figure[data-job='{job_id}'] img[src^='blob:']"))
+    caption = driver.find_element(By.CSS_SELECTOR, f"#gallery figure[data-job='{job_id}'] figcaption").text  # type: ignore[attr-defined]
+    assert "a page-drawn lighthouse" in caption and "on m1" in caption and fleet.model in caption
+    snap(driver, "gallery")
+    Select(driver.find_element(By.ID, "filter-machine")).select_by_value("m1")  # type: ignore[attr-defined]
+    assert driver.find_elements(By.CSS_SELECTOR, f"#gallery figure[data-job='{job_id}']")  # type: ignore[attr-defined]
+    assert not [f for f in driver.find_elements(By.CSS_SELECTOR, "#gallery figcaption") if "on m1" not in f.text]  # type: ignore[attr-defined]
+    # the job opens its provenance in the Jobs view
+    driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}']"))
+    driver.execute_script(f"document.querySelector(\"#jobs tr[data-job='{job_id}']\").click()")  # type: ignore[attr-defined]  # rows re-render each second
+    wait.until(lambda d: job_id in d.find_element(By.CSS_SELECTOR, "#job-detail h2").text)
+    assert "a page-drawn lighthouse" in driver.find_element(By.CSS_SELECTOR, "#job-detail pre").text  # type: ignore[attr-defined]
+    snap(driver, "jobs")
+    assert_only_this_server(requested_urls(driver), fleet.local.api_url)
+
+
+def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: object) -> None:
+    """A submission the API refuses (m3 has no worker) shows the API's reason on the page, and
+    the dry run's explanation says so beforehand; the refusal is journaled with that reason."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    body = {"model": fleet.model, "kind": "txt2img", "target": "m3",
+            "params": {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "steps": 4}}
+    expected = httpx.post(f"{fleet.local.api_url}/v1/jobs", json=body,
+                          headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=60).json()["error"]
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m3']"))
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(fleet.model)  # type: ignore[attr-defined]
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=target]")).select_by_value("m3")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    refusal = wait.until(lambda d: d.find_elements(By.ID, "refusal"))[0]
+    assert refusal.get_attribute("data-reason") == expected["reason"], (refusal.text, expected)
+    assert expected["reason"] in refusal.text and expected["message"] in refusal.text
+    assert fleet.client.get(expected["job_id"])["state"] == "rejected"
+    assert "refused" in driver.find_element(By.ID, "explanation").text.lower()  # type: ignore[attr-defined]
