@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from app.api.routes.page import ASSETS, PAGE_CSP
-from app.api.routes.public import MAX_JOBS_LISTED
+from app.api.routes.public import MAX_PAGE
 from app.context import ServerContext
 from tests.helpers import bring_online
 from tests.integration.api.test_routing_api import MODEL, api
@@ -35,7 +35,7 @@ def test_jobs_are_listed_newest_first_with_refusal_reasons_and_filters(api: tupl
     assert [job["id"] for job in client.get("/v1/jobs", params={"limit": 1}).json()] == [last["id"]]
     assert [job["id"] for job in client.get("/v1/jobs", params={"machine": "server"}).json()] == [last["id"]]
     assert [job["id"] for job in client.get("/v1/jobs", params={"state": "rejected"}).json()] == [refused["job_id"]]
-    too_many = client.get("/v1/jobs", params={"limit": MAX_JOBS_LISTED + 1})
+    too_many = client.get("/v1/jobs", params={"limit": MAX_PAGE + 1})
     assert too_many.status_code == 422 and "limit" in too_many.json()["error"]["message"]
     assert client.get("/v1/jobs", headers={"Authorization": ""}).status_code == 401
 
