@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.api.auth import INTERNAL_PREFIX
+from app.api.openai_errors import OPENAI_PREFIXES
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import FamilyLimits
 
-OPENAI_PREFIXES = ("/v1/images/", "/hf")
 
 ERROR_BODY: dict[str, Any] = {
     "title": "Error", "type": "object", "required": ["error"],
@@ -70,6 +70,8 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/images/generations"): (404, 409, 429, 500, 503),
     ("post", "/v1/images/edits"): (404, 409, 429, 500, 503),
     ("post", "/hf"): (404, 409, 429, 500, 503),
+    ("post", "/v1/completions"): (404, 409, 429, 500, 503),
+    ("post", "/v1/chat/completions"): (404, 409, 429, 500, 503),
     ("post", "/hf/models/{model}"): (409, 429, 500, 503),
     ("post", "/v1/machines/{machine}/sync"): (409, 503),
     ("put", "/v1/machines/{machine}/residency"): (409,),
