@@ -65,6 +65,7 @@ DESCRIPTIONS = {
 #: (method, path) -> statuses that route adds to the shared ones (module docstring).
 ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (404, 409, 429, 503),
+    ("get", "/v1/jobs"): (404,),  # a page cursor ``after`` that names no job
     ("post", "/v1/jobs/{job_id}/cancel"): (409,),
     ("get", "/v1/jobs/{job_id}/result"): (409,),  # the job exists; its result does not yet (no_result)
     ("post", "/v1/images/generations"): (404, 409, 429, 500, 503),
