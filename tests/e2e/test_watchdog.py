@@ -198,7 +198,10 @@ def test_c08_an_oom_is_still_remembered_after_the_server_and_worker_crash(watche
         job = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
         os.kill(watched.running(job["id"]), signal.SIGKILL)  # as the kernel's OOM killer does
         assert watched.client.wait(job["id"], timeout_s=60)["state"] == "failed"
+        assert ctx.journal.get(job["id"]).reason == "oom"
+        assert [r.job_id for r in ctx.residency.ooms("m1")] == [job["id"]]
         crash_and_restart(watched)
+        assert [r.job_id for r in ctx.residency.ooms("m1")] == [job["id"]]  # R21: durable
         with pytest.raises(ApiError) as refused:
             watched.client.submit(MODEL, "txt2img", LONG, target="m1")
         assert (refused.value.status_code, refused.value.reason) == (422, "remembered_oom")

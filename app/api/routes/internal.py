@@ -168,11 +168,13 @@ async def upload_result(
 
 @router.post("/jobs/{job_id}/failure", response_model=JobPublic)
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
-    job_of_machine(ctx, job_id, machine)
+    running = job_of_machine(ctx, job_id, machine)
+    if body.reason == "oom" and running.state == JobState.running:
+        # R21: remember the size that ran out of memory before the job ends, so that a server
+        # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
+        size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
+        ctx.residency.record_oom(machine.name, running.model_id, running.kind, size, running.id)
     job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
-    if body.reason == "oom":  # R21: remember the size that ran out of memory
-        size = job_request(job.model_id, "", job.kind, machine.name, job.params).size
-        ctx.residency.record_oom(machine.name, job.model_id, job.kind, size, job.id)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
