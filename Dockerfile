@@ -1,6 +1,6 @@
 # The Homefleet image for compose.yaml: the server's API, its worker, Flower, and Linux workers.
 # torch is installed FIRST and pinned, from the index given by TORCH_INDEX_URL: the CPU wheels
-# by default (an unpinned torch pulls a multi-GB CUDA build, shared/notes/diffusers-offline.md);
+# by default (an unpinned torch pulls a multi-GB CUDA build, docs/operations.md);
 # a CUDA worker's image is built with a CUDA index, e.g.
 #   docker compose --profile cuda build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 cuda-worker
 # Apple-Silicon Macs run `homefleet worker` natively: a Linux container has no MPS.

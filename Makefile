@@ -1,6 +1,6 @@
 # Homefleet: `make demo` runs the fleet on this machine; `make test` runs the test suite.
 # Both create .venv on first use: torch==2.13.0 (CPU) FIRST, then the project
-# (shared/notes/diffusers-offline.md: an unpinned torch pulls a multi-GB CUDA build).
+# (docs/operations.md: an unpinned torch pulls a multi-GB CUDA build).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv

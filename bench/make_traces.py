@@ -2,7 +2,7 @@
 fixed seeds (``python -m bench.make_traces``). The traces are committed; this script documents
 how they were made and rebuilds them byte for byte.
 
-Workload shape (shared/notes/seed-fleet.md): most jobs are sdxl and flux-dev txt2img; a
+Workload shape (docs/benchmarks.md, "Placement"): most jobs are sdxl and flux-dev txt2img; a
 trickle of instruction edits in bursts (a user iterates on one image); upscales right after
 some txt2img; rare long videos. Targets: 10 % the default (server), 10 % pinned to a machine
 the user likes (among those that can run it), 80 % auto.

@@ -1,4 +1,4 @@
-"""Working-memory coefficients by measurement (DESIGN §5): run each kind's pipeline on this
+"""Working-memory coefficients by measurement (docs/design.md, "Residency"): run each kind's pipeline on this
 machine's CPU at a few sizes, measure the peak memory a job takes beyond its loaded weights,
 fit ``base_bytes + bytes_per_pixel x size`` per kind by least squares, and print the fit as
 TOML for the fleet config (``[working_memory.<kind>]``, app/fleet/config.py). Prints figures, asserts

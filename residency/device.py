@@ -1,4 +1,4 @@
-"""What residency needs of a device, as an interface (DESIGN §5, R15, R18): its memory kind
+"""What residency needs of a device, as an interface (docs/design.md, "Residency", R15, R18): its memory kind
 and memory figures, emptying its allocator cache, placing a pipeline on it, and its memory
 guard. The adapters (CPU, CUDA, MPS) live with the worker (``tasks/devices.py``); the policies
 and the model cache here see only this protocol, so they are tested on any host.

@@ -19,7 +19,7 @@ from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing, job_size, ru
 GB = 1_000_000_000
 
 # Seconds per step at the reference size on a speed-1.0 machine, by family (initial guesses,
-# shared/notes/seed-fleet.md; sd1 is quoted at 512x512 = a quarter of the reference size, the
+# docs/benchmarks.md, "Placement"; sd1 is quoted at 512x512 = a quarter of the reference size, the
 # upscaler at 512->2048 output, video per step at 480p x 33 frames). Tiny test families get
 # the sd1 figure. Overridden per model by ``ModelProfile.step_s``.
 FAMILY_STEP_S: dict[str, float] = {

@@ -1,4 +1,4 @@
-"""The worker's device adapters, one per backend, behind ``residency.device.Device`` (DESIGN §5,
+"""The worker's device adapters, one per backend, behind ``residency.device.Device`` (docs/design.md, "Residency",
 R15, R18), and the detection of this machine's device.
 
 - ``cpu``: system RAM via psutil, treated as unified memory; *available* memory counts

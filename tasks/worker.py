@@ -2,7 +2,7 @@
 
 It consumes only ``machine.<name>``, with the prefork pool, concurrency 1 and prefetch
 disabled, so it holds only the job it runs; the rest wait in the Redis list, in order
-(shared/notes/celery-redis.md).
+(docs/design.md, "Devices and queues").
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ DELIVERED_TTL_S = 24 * 3600  # how long a job's "delivered" mark is kept (Keys.d
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
-    """The celery worker command line for one machine (shared/notes/celery-redis.md, "Settings")."""
+    """The celery worker command line for one machine (docs/design.md, "Devices and queues", "Settings")."""
     return [
         "worker", "-Q", keys.queue(machine), "-n", f"{machine}@%h", "-c", "1", "-P", "prefork",
         "--prefetch-multiplier=1", "--disable-prefetch", "--without-gossip", "--without-mingle", "-E",

@@ -1,6 +1,6 @@
 """The Celery app, configured for strict per-machine FIFO and at-most-once.
 
-Every setting below is one that held up in shared/notes/celery-redis.md: prefork with
+Every setting below is one that held up in docs/design.md, "Devices and queues": prefork with
 concurrency 1, prefetch disabled (the worker holds only the job it runs; the rest stay in
 the Redis list, in order), early ack, JSON only, no priorities/ETA/retries, a default
 queue that no worker reads, and the same visibility timeout and broker key prefix (kombu's

@@ -22,7 +22,7 @@ class BrokerSettings(BaseSettings):
     """What every process of the fleet (server, API, workers) must agree on.
 
     ``visibility_timeout_s`` must be the SAME everywhere: kombu restores unacked
-    messages after the shortest timeout among its clients (shared/notes/celery-redis.md).
+    messages after the shortest timeout among its clients (docs/design.md, "Devices and queues").
     """
 
     model_config = SettingsConfigDict(env_prefix="HOMEFLEET_", extra="ignore")

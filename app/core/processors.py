@@ -2,7 +2,7 @@
 
 transformers builds ``Qwen2VLProcessor`` with a video processor, and its video processors need
 torchvision; this project's CPU torch build has none (a PyPI torchvision does not import
-beside it, shared/notes/diffusers-offline.md). Image editing (``QwenImageEditPipeline``) only
+beside it, docs/operations.md). Image editing (``QwenImageEditPipeline``) only
 feeds images and text to the processor, so workers load the image and text halves of the very
 same ``processor/`` folder (:func:`load_image_processor_only`) and hand it to the pipeline.
 transformers is imported lazily (seconds to import).

@@ -1,5 +1,5 @@
 """Exact weight bytes of a registered model from its safetensors headers, without loading it
-(DESIGN §5; shared/notes/diffusers-offline.md "Memory from headers": a safetensors file starts
+(docs/design.md, "Residency"; docs/operations.md "Memory from headers": a safetensors file starts
 with an 8-byte little-endian length N and N bytes of JSON; the sum of
 ``data_offsets[1] - data_offsets[0]`` over tensors equals the loaded parameter bytes).
 """

@@ -11,7 +11,7 @@ bitsandbytes quantizer refuses to load without a CUDA/XPU/MPS device ("No GPU fo
 is needed for quantization."), so it cannot run on CPU workers or in this project's tests.
 
 Memory numbers: parameters are counted from the safetensors headers (an 8-byte little-endian
-header length, then JSON with each tensor's ``shape``; shared/notes/diffusers-offline.md),
+header length, then JSON with each tensor's ``shape``; docs/operations.md),
 then priced at the variant's bytes per parameter. int8 weight-only stores one byte per
 weight plus one scale per output row; the estimate uses 1 byte per parameter of the denoiser.
 """

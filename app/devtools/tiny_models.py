@@ -2,7 +2,7 @@
 
 The recipe (component classes, tiny sizes, the byte-level CLIP tokenizer, the
 upscaler's VAE ``scaling_factor=0.08333`` and class embeddings) comes from
-``shared/notes/diffusers-offline.md``; the numbers below were re-checked on
+``docs/operations.md``; the numbers below were re-checked on
 torch 2.13.0+cpu, diffusers 0.42.1, transformers 5.x.
 
 Each pipeline is saved with ``save_pretrained(folder, safe_serialization=True)``
@@ -74,7 +74,7 @@ KIND_FAMILIES: dict[str, str] = {"txt2img": "sd1", "edit": "sd1-pix2pix", "upsca
 
 _FOLDER_BY_FAMILY: dict[str, str] = {family: name for name, family in TINY_MODELS.items()}
 
-# Shared tiny sizes (from shared/notes/diffusers-offline.md).
+# Shared tiny sizes (from docs/operations.md).
 _MAX_TOKENS: int = 77  # tokenizer model_max_length == text encoder max_position_embeddings
 _TEXT_HIDDEN: int = 32  # CLIP hidden size == UNet cross_attention_dim
 _UNET_CHANNELS: tuple[int, int] = (32, 64)

@@ -74,7 +74,7 @@ class Machine(BaseModel):
     memory_bytes: int = Field(gt=0)
     families: frozenset[str]
     token: str = Field(default="", repr=False)
-    # Initial timing guesses for placement (R13; shared/notes/seed-fleet.md): diffusion speed
+    # Initial timing guesses for placement (R13; docs/benchmarks.md, "Placement"): diffusion speed
     # relative to the seed fleet's server (1.0), and the model load rate in bytes per second.
     speed: float = Field(default=1.0, gt=0)
     load_bytes_per_s: float = Field(default=2.5e9, gt=0)

@@ -1,6 +1,6 @@
 """Submission: place, journal and enqueue a job atomically under the fleet lock (R14).
 
-:meth:`Dispatcher.submit` runs in numbered steps (the sequence of shared/notes' "Locks", in
+:meth:`Dispatcher.submit` runs in numbered steps (the sequence of docs/design.md' "Locks", in
 the project's words in docs/design.md):
 
 1. refuse at once while the Redis runs with another journal (nothing journaled);

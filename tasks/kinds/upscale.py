@@ -7,7 +7,7 @@ file), ``prompt`` (optional: the upscaler works without one), ``negative_prompt`
 64x64 out).
 
 This pipeline has no ``callback_on_step_end``: progress uses the legacy
-``callback=fn(step, timestep, latents), callback_steps=1`` (shared/notes/diffusers-offline.md).
+``callback=fn(step, timestep, latents), callback_steps=1`` (docs/operations.md).
 No memory cap of any kind is set here (R18: the memory guard belongs to the MPS backend only).
 """
 

@@ -30,3 +30,14 @@ def test_import_linter_contracts_are_kept() -> None:
     done = subprocess.run([lint, "--no-cache"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout and "no import cycles anywhere KEPT" in done.stdout
+
+
+def test_the_repository_stands_on_its_own() -> None:
+    """Nothing in the repository points to the specification's folder outside it: its design is
+    written here, under docs/ (issue 16)."""
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, timeout=30, cwd=ROOT,
+                             check=True).stdout.split()
+    pointers = ("../" + "shared", "shared/" + "notes", "shared/" + "cases", "DESIGN" + ".md", "DESIGN" + " §")
+    offending = [path for path in tracked if (ROOT / path).is_file() and not path.endswith((".png", ".safetensors"))
+                 and any(p in (ROOT / path).read_text(errors="replace") for p in pointers)]
+    assert offending == [], offending

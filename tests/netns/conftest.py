@@ -1,6 +1,6 @@
 """Several hosts on one machine (issue 8): each remote worker runs in its own network
 namespace, joined to the root namespace by a veth pair, and reaches the server's Redis and
-API only over the veth addresses this test assigns (shared/notes/multi-host.md).
+API only over the veth addresses this test assigns (docs/operations.md).
 
 Names and addresses are this run's own, so that two runs on one machine (two checkouts, CI
 beside a developer) never share a namespace or a route: namespaces are ``hf-<pid>-<machine>``,

@@ -166,7 +166,7 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     first = client.post("/v1/jobs", json=body)
     assert first.status_code == 202, first.text
     assert first.json()["machine"] == "m2" and first.json()["position"] == 0
-    assert first.json()["predicted_start_s"] == 0  # the expected start (DESIGN §9): nothing ahead
+    assert first.json()["predicted_start_s"] == 0  # the expected start (docs/design.md): nothing ahead
     job = client.get(first.json()["url"]).json()
     assert job["predicted_load_s"] == 0 and job["predicted_run_s"] > 0 and job["predicted_start_s"] == 0
     assert ctx.machines.reservations.count("m2") == 1 == ctx.redis.llen(ctx.keys.queue_list("m2"))

@@ -1,4 +1,4 @@
-"""The memory estimate from safetensors headers (DESIGN §5, R10/R11) covers every family's
+"""The memory estimate from safetensors headers (docs/design.md, "Residency", R10/R11) covers every family's
 components (issue 19): for each tiny pipeline of every registered pipeline class, the weight
 bytes read from the headers (what placement prices, app/fleet/costs.py, and the variant's
 figure, app/core/variants.py) equal the bytes of the parameters and buffers the real loader puts

@@ -1,4 +1,4 @@
-"""Per-job memory estimate (R10, R11; DESIGN §5): exact weights from the safetensors files plus
+"""Per-job memory estimate (R10, R11; docs/design.md, "Residency"): exact weights from the safetensors files plus
 working memory from the fleet config's coefficients, journaled at submission, shown by
 ``GET /v1/jobs/{id}``, and the figure placement's memory filter refuses ``too_large`` with.
 Real Redis and journal (SQLite and PostgreSQL); the fleet config is a TOML file."""

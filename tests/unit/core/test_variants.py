@@ -43,7 +43,7 @@ def test_weights_bytes_follow_precision_and_quantize_only_the_denoiser() -> None
 
 
 def test_a_flux_sized_model_too_large_for_a_24_gb_card_in_bf16_fits_quantized() -> None:
-    # flux-dev (shared/notes/seed-fleet.md): transformer ~12e9 params (~24 GB bf16) + T5 ~4.75e9 (~9.5 GB)
+    # flux-dev (docs/benchmarks.md, "Placement"): transformer ~12e9 params (~24 GB bf16) + T5 ~4.75e9 (~9.5 GB)
     counts = {"transformer": 12_000_000_000, "text_encoder_2": 4_750_000_000, "vae": 84_000_000}
     assert weights_bytes(counts, Variant("bf16")) > CARD_24_GB
     assert weights_bytes(counts, Variant("bf16", "torchao-int8wo")) < CARD_24_GB
