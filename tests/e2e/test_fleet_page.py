@@ -67,7 +67,10 @@ def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, br
     driver = browser
     wait = open_page(driver, fleet.local.api_url)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#machines tr[data-machine='m3']"))
-    rows = {row.get_attribute("data-machine"): row.text for row in driver.find_elements(By.CSS_SELECTOR, "#machines tbody tr")}  # type: ignore[attr-defined]
+    # one snapshot in the page (it re-renders its rows every few seconds: elements go stale)
+    rows = driver.execute_script(  # type: ignore[attr-defined]
+        "return Object.fromEntries([...document.querySelectorAll('#machines tbody tr')]"
+        ".map(row => [row.dataset.machine, row.innerText]))")
     assert set(rows) == {"server", "m1", "m2", "m3"}
     assert "online" in rows["m1"] and "offline" in rows["m3"]  # m3 has no worker
     assert driver.execute_script("return sessionStorage.getItem('homefleet.api_key')") == TEST_API_KEY  # type: ignore[attr-defined]
