@@ -102,9 +102,15 @@ def database_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
     if request.param == "sqlite":
         yield None
         return
+    yield from fresh_postgres_database("hf_test")
+
+
+def fresh_postgres_database(prefix: str) -> Iterator[str]:
+    """Yield the SQLAlchemy URL of a new database ``<prefix>_<random>`` on the local PostgreSQL
+    server, dropped afterwards; skip the test when the server does not answer."""
     import psycopg
 
-    name = f"hf_test_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     try:
         admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as error:

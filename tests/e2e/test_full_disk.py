@@ -36,21 +36,11 @@ SIDE = 128
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the journal: its files are the database server's, not
     the limited process's (a SQLite journal and its WAL would hit the limit first)."""
-    import uuid
 
-    psycopg = pytest.importorskip("psycopg")
-    from tests.conftest import POSTGRES_ADMIN_URL
+    pytest.importorskip("psycopg")
+    from tests.conftest import fresh_postgres_database
 
-    name = f"hf_full_disk_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as error:
-        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL}: {error}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from fresh_postgres_database("hf_full_disk")
 
 
 @pytest.fixture
