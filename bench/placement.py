@@ -39,7 +39,8 @@ from bench.sim import (
     POLICIES,
     SimFleet,
     Simulation,
-    forced_floor,
+    excess_by_machine,
+    floor_slowdowns,
     load_fleet_file,
     load_trace,
     lower_bounds,
@@ -55,14 +56,20 @@ BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
 
 
-def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
+def run_trace(fleet: SimFleet, path: Path) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
+    """Per policy its figures, and where Auto's slowdown exceeds the forced floor
+    (:func:`bench.sim.excess_by_machine`)."""
     trace = load_trace(path)
     factors = true_factors(fleet)
     bounds = lower_bounds(fleet, trace, factors)
+    floor = floor_slowdowns(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     rows: dict[str, dict[str, float]] = {}
+    excess: dict[str, tuple[float, float]] = {}
     for name, policy in POLICIES.items():
         out = Simulation(fleet, trace, policy, factors).run()
         done = out.completion_s
+        if name == "auto":
+            excess = excess_by_machine(done, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(done))
         slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
         rows[name] = {
             "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
@@ -70,7 +77,7 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
             "rejected": out.rejected, "done": len(done),
         }
     rows["forced_floor"] = {"mean_s": float("nan"), "p95_s": float("nan"),
-                            "slowdown": forced_floor(fleet, trace, factors, bounds, BOUND_FLOOR_S),
+                            "slowdown": statistics.fmean(value for value, _ in floor.values()),
                             "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(trace.jobs)}
     lb = [bounds[j.index] for j in trace.jobs]
     rows["lower_bound"] = {
@@ -78,7 +85,7 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
         "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "cold_loads": 0, "evictions": 0,
         "rejected": 0, "done": len(lb),
     }
-    return rows
+    return rows, excess
 
 
 def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int = 11) -> tuple[float, float]:
@@ -135,7 +142,7 @@ def main() -> None:
     floor_worst, floor_vs_lq = 0.0, []
     closed: dict[str, float] = {}  # per trace: (best baseline - Auto) / (best baseline - forced floor)
     for path in traces:
-        rows = run_trace(fleet, path)
+        rows, excess = run_trace(fleet, path)
         print(f"\n== {path.stem}")
         print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'cold':>7}{'evict':>7}{'rejected':>9}")
         for name, r in rows.items():
@@ -152,6 +159,10 @@ def main() -> None:
         print(f"closed={closed[path.stem]:.3f} (of the distance from the best baseline {best:.2f} to the forced "
               f"floor {rows['forced_floor']['slowdown']:.2f}, the share Auto closes)")
         cold_lq += int(rows["least_queue"]["cold_loads"])
+        ranked = sorted(excess.items(), key=lambda item: -sum(item[1]))
+        print("auto_over_floor_by_machine " + " ".join(
+            f"{m}={flex + forced:.2f}(choice={flex:.2f},forced={forced:.2f})" for m, (flex, forced) in ranked
+            if abs(flex + forced) >= 0.05))
 
     print("\n== decision time (Auto, mean of 200)")
     decision = {}
