@@ -23,7 +23,7 @@ from residency.policy import admit
 from routing.finish import Drains, WorkItem
 from routing.demand import Demand, Pressure, pinned_class
 from routing.errors import Refused
-from routing.placement import AUTO, JobRequest, MachineView, exclusion, place
+from routing.placement import AUTO, JobRequest, MachineView, best_move, exclusion, place
 from routing.scarcity import Scarcity
 from routing.timings import LearnedTimings, job_size
 
@@ -115,6 +115,7 @@ class Outcome:
     rejected: int = 0
     cold_loads: int = 0
     evictions: int = 0
+    moves: int = 0
 
 
 Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
@@ -123,8 +124,11 @@ Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
 class Simulation:
     """One trace on one fleet under one policy, on a virtual clock (seconds)."""
 
-    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float]) -> None:
-        self.fleet, self.trace, self.policy, self.factors = fleet, trace, policy, factors
+    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float],
+                 moves: bool = False) -> None:
+        """``moves``: when a machine falls idle, move a queued Auto job onto it where
+        :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs)."""
+        self.fleet, self.trace, self.policy, self.factors, self.moves = fleet, trace, policy, factors, moves
         self.machines = {n: SimMachine(n) for n in fleet.machines}
         self.learned = LearnedTimings()
         self.estimator = fleet.estimator(self.learned)
@@ -234,6 +238,21 @@ class Simulation:
         return chosen
 
     def start_next(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
+        self._start(m, push)
+        if self.moves and m.running is None and not m.queue and m.online:
+            views = self.views()
+            offset = {n: int(o.running is not None) for n, o in self.machines.items()}
+            movable = {n: [(offset[n] + i, self.request(j)) for i, j in enumerate(o.queue) if j.target == AUTO]
+                       for n, o in self.machines.items() if o is not m and o.queue}
+            move = best_move(m.name, views, movable, self.estimator, self.pressure(views))
+            if move is not None:
+                job = self.machines[move.source].queue.pop(move.position - offset[move.source])
+                m.queue.append(job)
+                self.out.placed_on[job.index] = m.name
+                self.out.moves += 1
+                self._start(m, push)
+
+    def _start(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
         if m.running is not None or not m.queue or not m.online:
             return
         job = m.queue.pop(0)
