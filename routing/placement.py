@@ -98,8 +98,12 @@ class Decision:
 Placement = Decision  # the name the walking skeleton used
 
 
-def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
+def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None,
+              need_bytes: int | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
+
+    ``need_bytes``: the job's memory estimate (``costs.job_bytes``) when the caller already
+    has it (it does not depend on the machine; :func:`survey` computes it once per job).
 
     Order: online (not drained by an operator, not receiving a sync, R6); supports the family;
     holds the model (verified); fits its residency commitments (and no video beside a
@@ -130,7 +134,7 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
         )
     costs = costs or Estimator()
-    need = costs.job_bytes(model, job.kind, job.size)
+    need = costs.job_bytes(model, job.kind, job.size) if need_bytes is None else need_bytes
     usable = costs.usable_bytes(name)
     if machine.commitments:
         if job.kind == "video":
@@ -244,8 +248,9 @@ def survey(
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
+    need = costs.job_bytes(job.model_id, job.kind, job.size)
     for machine in machines.values():
-        refusal = exclusion(job, machine, costs)
+        refusal = exclusion(job, machine, costs, need)
         if refusal is None:
             candidates[machine.name] = finish(job, machine, costs, drains)
         else:
