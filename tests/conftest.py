@@ -152,8 +152,8 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
 # processes run in one xdist worker, so that each fleet starts once; everything else is spread
 # test by test. Each xdist worker has its own Redis server, ports and temporary folders.
 XDIST_GROUPS = {
-    "tests/e2e/test_kinds.py": "kinds",
-    "tests/e2e/test_families.py": "families",  # its own fleet: every pipeline class (issue 19)
+    "tests/e2e/test_kinds.py": "models",  # these two share a fleet: every pipeline class (issue 19)
+    "tests/e2e/test_families.py": "models",
     "tests/e2e/test_sync.py": "sync",
     "tests/e2e/test_watchdog.py": "watchdog",
     "tests/e2e/test_full_disk.py": "full_disk",  # its own server, under prlimit --fsize

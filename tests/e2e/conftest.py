@@ -1,7 +1,12 @@
-"""A real local fleet for end-to-end tests, shared by the whole session: the API
-(``homefleet serve``) and real ``celery worker`` processes (``homefleet worker``) for
-machines server, m1 and m2, each with its own model folder and token. Machine m3 is in the
-fleet config but has no worker. A test that stops a worker starts it again."""
+"""Real local fleets for end-to-end tests, each shared by the whole session (started by the
+first test that asks for it):
+
+- ``fleet``: the API (``homefleet serve``) and real ``celery worker`` processes (``homefleet
+  worker``) for machines server, m1 and m2, each with its own model folder and token. Machine
+  m3 is in the fleet config but has no worker. A test that stops a worker starts it again.
+- ``models_fleet``: the API and ONE worker, machine m1, holding a tiny pipeline of every
+  family the registry accepts (tests/e2e/test_kinds.py and test_families.py, one xdist group).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ import redis
 
 from app.client import HomefleetClient
 from app.core.config import Settings
+from app.core.families import FAMILIES
 from app.context import ServerContext, build_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
+from app.devtools.tiny_models import TINY_MODELS
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
@@ -61,6 +68,48 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
             local.start_worker(machine)
         local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=120)
         yield RunningFleet(local, ctx, client, MODEL)
+    finally:
+        client.close()
+        local.stop()
+        ctx.close()
+
+
+MODELS_MACHINE = "m1"
+
+
+@dataclass
+class ModelsFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+
+
+@pytest.fixture(scope="session")
+def models_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
+                 tiny_families_dir: Path) -> Iterator[ModelsFleet]:
+    """Machine m1 alone, with every tiny family's pipeline (``app.devtools.tiny_models.TINY_MODELS``:
+    the model id is the folder name) copied, verified and advertised; Redis database 7."""
+    data_dir = tmp_path_factory.mktemp("models-fleet")
+    redis_url = f"{redis_base_url}/7"
+    redis.Redis.from_url(redis_url).flushdb()
+    fleet_config = make_fleet(MODELS_MACHINE, families=frozenset(FAMILIES))
+    fleet_file = data_dir / "fleet.toml"
+    fleet_file.write_text(fleet_config.to_toml())
+    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
+                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
+    ctx = build_context(settings, fleet_config, migrate=True)
+    for model_id in TINY_MODELS:
+        ctx.registry.add(tiny_families_dir / model_id, model_id=model_id)
+    local = LocalFleet(settings, fleet_config, fleet_file)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    try:
+        for model_id in TINY_MODELS:
+            local.copy_model(model_id, MODELS_MACHINE)
+        local.start_api()
+        local.start_worker(MODELS_MACHINE)
+        for model_id in TINY_MODELS:
+            local.wait_online([MODELS_MACHINE], model_id=model_id, timeout_s=120)
+        yield ModelsFleet(local, ctx, client)
     finally:
         client.close()
         local.stop()

@@ -2,8 +2,8 @@
 -> a real ``celery worker`` -> upload -> a verified result, on a tiny pipeline of that very
 diffusers class built offline with random weights (``homefleet models make-tiny --family``).
 
-One module-scoped fleet: the API and ONE worker, machine ``m1``, holding the nine tiny models
-(each built once per session). Each job's params are the family's own (Flux's distilled
+The session's one-machine fleet (tests/e2e/conftest.py ``models_fleet``): the API and ONE
+worker, machine ``m1``, holding the nine tiny models (each built once per session). Each job's params are the family's own (Flux's distilled
 guidance, Qwen-Image-Edit's true CFG, Wan's 4k+1 frames), and a submission breaking a family's
 rule is refused by the real API with a 422 naming the family's limit (R22), never a TypeError on
 the worker.
@@ -13,25 +13,16 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from PIL import Image
 
-from app.client import HomefleetClient
-from app.context import ServerContext, build_context
-from app.core.config import Settings
 from app.core.digest import bytes_digest
 from app.core.families import FAMILIES
-from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS
-from tests.helpers import TEST_API_KEY, make_fleet
+from tests.e2e.conftest import ModelsFleet
 
 pytestmark = pytest.mark.e2e
 
@@ -39,41 +30,13 @@ MACHINE = "m1"
 MODELS = {family: folder for folder, family in TINY_MODELS.items()}  # family -> model id (= its folder name)
 
 
-@dataclass
-class FamiliesFleet:
-    local: LocalFleet
-    ctx: ServerContext
-    client: HomefleetClient
+FamiliesFleet = ModelsFleet
 
 
-@pytest.fixture(scope="module")
-def ffleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
-           tiny_families_dir: Path) -> Iterator[FamiliesFleet]:
-    data_dir = tmp_path_factory.mktemp("families-fleet")
-    redis_url = f"{redis_base_url}/7"
-    redis.Redis.from_url(redis_url).flushdb()
-    fleet_config = make_fleet(MACHINE, families=frozenset(FAMILIES))
-    fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(fleet_config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
-    ctx = build_context(settings, fleet_config, migrate=True)
-    for model_id in MODELS.values():
-        ctx.registry.add(tiny_families_dir / model_id, model_id=model_id)
-    local = LocalFleet(settings, fleet_config, fleet_file)
-    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
-    try:
-        for model_id in MODELS.values():
-            local.copy_model(model_id, MACHINE)
-        local.start_api()
-        local.start_worker(MACHINE)
-        for model_id in MODELS.values():
-            local.wait_online([MACHINE], model_id=model_id, timeout_s=120)
-        yield FamiliesFleet(local, ctx, client)
-    finally:
-        client.close()
-        local.stop()
-        ctx.close()
+@pytest.fixture
+def ffleet(models_fleet: ModelsFleet) -> ModelsFleet:
+    """The session's one-machine fleet with every tiny family (tests/e2e/conftest.py)."""
+    return models_fleet
 
 
 def upload(fleet: FamiliesFleet, width: int, height: int) -> str:

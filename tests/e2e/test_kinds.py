@@ -1,7 +1,8 @@
 """Every job kind end to end on real tiny pipelines through a real worker (issue 7):
 txt2img, edit (InstructPix2Pix), upscale (x4) and video (AnimateDiff -> MP4).
 
-One module-scoped fleet: the API and ONE worker, machine ``m1``, with its own model folder.
+The session's one-machine fleet (tests/e2e/conftest.py ``models_fleet``): the API and ONE
+worker, machine ``m1``, with its own model folder.
 Inputs are uploaded to the server first; m1 fetches them over HTTP and checks their digest.
 Each kind runs twice with the same seed (identical bytes) and once with another seed.
 """
@@ -11,24 +12,17 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from PIL import Image
 
-from app.client import HomefleetClient
-from app.core.config import Settings
-from app.context import ServerContext, build_context
 from app.core.digest import bytes_digest
 from app.core.states import JobState
-from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
-from tests.helpers import make_fleet, png, TEST_API_KEY
+from tests.e2e.conftest import ModelsFleet
+from tests.helpers import png
 
 pytestmark = pytest.mark.e2e
 
@@ -38,40 +32,13 @@ MODELS = {"txt2img": "tiny-sd", "edit": "tiny-pix2pix", "upscale": "tiny-upscale
 SERVER_FIELDS = {"job_id", "load_s", "run_s", "cold_load", "actual_s", "predicted_s"}
 
 
-@dataclass
-class KindsFleet:
-    local: LocalFleet
-    ctx: ServerContext
-    client: HomefleetClient
+KindsFleet = ModelsFleet
 
 
-@pytest.fixture(scope="module")
-def kfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[KindsFleet]:
-    data_dir = tmp_path_factory.mktemp("kinds-fleet")
-    redis_url = f"{redis_base_url}/2"
-    redis.Redis.from_url(redis_url).flushdb()
-    fleet_config = make_fleet(MACHINE)
-    fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(fleet_config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
-    ctx = build_context(settings, fleet_config, migrate=True)
-    for model_id in MODELS.values():
-        ctx.registry.add(tiny_models_dir / model_id, model_id=model_id)
-    local = LocalFleet(settings, fleet_config, fleet_file)
-    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
-    try:
-        for model_id in MODELS.values():
-            local.copy_model(model_id, MACHINE)
-        local.start_api()
-        local.start_worker(MACHINE)
-        for model_id in MODELS.values():
-            local.wait_online([MACHINE], model_id=model_id, timeout_s=120)
-        yield KindsFleet(local, ctx, client)
-    finally:
-        client.close()
-        local.stop()
-        ctx.close()
+@pytest.fixture
+def kfleet(models_fleet: ModelsFleet) -> ModelsFleet:
+    """The session's one-machine fleet with every tiny family (tests/e2e/conftest.py)."""
+    return models_fleet
 
 
 def upload(fleet: KindsFleet, data: bytes, name: str = "input.png") -> httpx.Response:

@@ -268,10 +268,12 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
         server.reconciler().run_once()  # and now the old one is refused
 
 
-@pytest.mark.parametrize("command", [["drain", "m1"], ["residency", "set", "m1"], ["oom", "clear", "m1"],
-                                     ["models", "list"], ["sync", "m1"]])
+FLEET_COMMANDS = (["drain", "m1"], ["residency", "set", "m1"], ["oom", "clear", "m1"], ["models", "list"],
+                  ["sync", "m1"])
+
+
 def test_r19_fleet_commands_with_another_journal_are_refused(
-    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest, command: list[str]
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Every CLI command that reads or changes the fleet checks the pairing first: a drain,
     a residency commitment, an OOM clear or a sync from another directory would act on a
@@ -282,11 +284,12 @@ def test_r19_fleet_commands_with_another_journal_are_refused(
     elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
                  "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
     run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
-    done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "error (journal_mismatch)" in done.stdout, done.stdout
-    assert not server.redis.exists(server.keys.draining("m1"))
+    for command in FLEET_COMMANDS:
+        done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (command, done.stdout + done.stderr)
+        assert "error (journal_mismatch)" in done.stdout, (command, done.stdout)
+        assert not server.redis.exists(server.keys.draining("m1"))
 
 
 def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: str, tmp_path: Path) -> None:
