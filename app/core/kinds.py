@@ -56,9 +56,10 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     ),
     KindSpec(
         # issue 20: causal LMs. `prompt` is the text fed to the model (a chat request's messages
-        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding.
-        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed"),
-        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0},
+        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding;
+        # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
+        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
+        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None},
         numbers=(NumberRange("max_new_tokens", 1, 1_000_000, integer=True), NumberRange("temperature", 0.0, 2.0),
                  NumberRange("top_p", 0.001, 1.0)),
         prompt_required=True,
