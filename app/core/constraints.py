@@ -44,7 +44,7 @@ def grammar_of(constraint: Any) -> str:
     from llguidance import LLMatcher
 
     if not isinstance(constraint, Mapping) or set(constraint) != {"type", "value"}:
-        raise ValueError('must be {"type": "json" | "regex", "value": ...}')  # noqa: TRY004 (a 422, as every bad value)
+        raise ValueError('must be {"type": "json" | "regex", "value": ...}')
     kind, value = constraint["type"], constraint["value"]
     if kind not in GRAMMAR_TYPES:
         raise ValueError(f"type must be one of {', '.join(GRAMMAR_TYPES)}, got {kind!r}")
@@ -60,7 +60,7 @@ def grammar_of(constraint: Any) -> str:
         except ValueError as error:
             raise ValueError(f"a json value must be a JSON schema, got text that is not JSON: {error}") from error
     if not isinstance(value, dict | bool):
-        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")
+        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")  # noqa: TRY004
     return str(LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS))
 
 
