@@ -123,10 +123,12 @@ class TokenDecoder:
         self.sent = ""
         self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
 
-    def add(self, token: int) -> str:
-        """The text ``token`` adds (decodes the whole sequence: O(tokens) a call)."""
+    def add(self, token: int, last: bool = False) -> str:
+        """The text ``token`` adds (decodes the whole sequence: O(tokens) a call); the ``last``
+        token gets any unfinished character too (as U+FFFD, as the whole text decodes)."""
         self.ids.append(int(token))
-        whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True)).rstrip("\ufffd")
+        whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        whole = whole if last else whole.rstrip("\ufffd")
         if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
             return ""
         piece, self.sent = whole[len(self.sent):], whole

@@ -7,7 +7,9 @@ placement, idempotency of a client's retries, wait bound and backpressure.
 Body: ``inputs`` (the prompt), ``parameters`` (TGI's names: ``max_new_tokens``, ``temperature``,
 ``top_p``, ``seed``, ``do_sample``, ``details``, ``return_full_text``, ``grammar``), and
 Homefleet's extra top-level fields ``model`` (a registered text model; default: the first) and
-``target`` (a machine or ``"auto"``). As in TGI, sampling is on when ``do_sample`` is true or
+``target`` (a machine or ``"auto"``, the default here: TGI's clients send no extra field, so
+Auto places what they send; the OpenAI routes default to the server's own machine as the image
+routes do). As in TGI, sampling is on when ``do_sample`` is true or
 ``temperature`` (not 1) or ``top_p`` (below 1) is given; else decoding is greedy.
 ``grammar`` (``{"type": "json", "value": <JSON schema>}`` or ``{"type": "regex", "value": ...}``)
 constrains the output (app/core/constraints.py); one that does not compile is a 422. A TGI
@@ -50,7 +52,7 @@ from app.core.states import JobState
 from app.core.textgen import TokenDecoder
 from app.db.tables import Job
 from app.jobs.progress import Progress
-from routing.placement import SERVER
+from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
 
@@ -119,13 +121,12 @@ class Generate(BaseModel):
     parameters: Parameters = Field(default_factory=Parameters)
     stream: bool = Field(False, description="POST / only: answer as /generate_stream does")
     model: str | None = Field(None, max_length=64, description="Homefleet extra: registered text model id")
-    target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
+    target: str = Field(AUTO, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto' (default)")
 
 
-def token_entry(decoder: TokenDecoder, token: int, logprob: float | None, text: str | None = None) -> dict[str, Any]:
-    """TGI's token object of ``token``: its text (``text``, else its share of the decoded text)."""
-    piece = decoder.add(token)
-    return {"id": token, "text": piece if text is None else text, "logprob": logprob if logprob is not None else 0.0,
+def token_entry(decoder: TokenDecoder, token: int, logprob: float | None, last: bool = False) -> dict[str, Any]:
+    """TGI's token object of ``token``: its share of the decoded text (:class:`TokenDecoder`)."""
+    return {"id": token, "text": decoder.add(token, last), "logprob": logprob if logprob is not None else 0.0,
             "special": decoder.special(token)}
 
 
@@ -149,8 +150,8 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
         tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
         ids, logprobs = _tokens(job)
         decoder = TokenDecoder(tokenizer)
-        entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None) for i, token in
-                   enumerate(ids)]
+        entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
+                   for i, token in enumerate(ids)]
         answer["details"] = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
                              "generated_tokens": int(usage.get("completion_tokens", len(ids))), "seed": seed_of(job),
                              "prefill": [], "tokens": entries}
