@@ -9,7 +9,7 @@ model's own tokenizer.
 Why llguidance (docs/api.md, "Constrained output"): it computes the allowed-token mask for
 each step in Rust in tens of microseconds without precomputing an automaton over the whole
 vocabulary (outlines' cost on a new schema), takes both JSON schemas and regular expressions
-(and Lark grammars) in one matcher, is what vLLM, SGLang and llama.cpp use for the same job,
+(and Lark grammars) in one matcher, is offered for the same job by vLLM, SGLang and llama.cpp,
 ships abi3 wheels with no GPU dependency, and builds its tokenizer straight from a fast
 Hugging Face tokenizer (``llguidance.hf``).
 
