@@ -23,10 +23,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from app.core.config import Settings
-from app.context import build_context
 from app.api.openai_errors import is_tgi_route
 from app.api.server import create_app
+from app.context import build_context
+from app.core.config import Settings
 from tests.helpers import TEST_API_KEY, make_fleet
 
 EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "30"))
