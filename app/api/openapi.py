@@ -141,6 +141,9 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
+        "expand_prompt": {"type": "string", "maxLength": 64,
+                          "description": "a text model that expands the prompt first, as its own job"},
+        "expanded_by": {"type": "string", "description": "set by the server: the expansion's text job"},
         "grammar": {"anyOf": [{"type": "null"}, {
             "type": "object", "required": ["type", "value"], "additionalProperties": False,
             "description": "the output's constraint (llguidance): a JSON schema or a regular expression",

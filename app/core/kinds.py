@@ -33,7 +33,9 @@ _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
-        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS),
+        # expand_prompt: a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
+        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, "expand_prompt",
+                           "expanded_by"),
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(

@@ -120,6 +120,11 @@ class Validator:
             check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
             return job_request(model_id, record.family, kind, target, params)
+        if kind == "txt2img" and params.get("expand_prompt") is not None and not isinstance(
+                params.get("expanded_by"), str):
+            raise Rejected("params.expand_prompt is run by POST /v1/jobs (the expansion's text job first, "
+                           "app/jobs/expansion.py); this route cannot expand a prompt", reason="invalid_expand_prompt",
+                           param="params.expand_prompt")
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,11 +48,12 @@ class TextFleet:
 
 
 @pytest.fixture(scope="module")
-def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path) -> Iterator[TextFleet]:
+def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path,
+           tiny_models_dir: Path) -> Iterator[TextFleet]:
     data_dir = tmp_path_factory.mktemp("text-fleet")
     redis_url = f"{redis_base_url}/11"
     redis.Redis.from_url(redis_url).flushdb()
-    fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2"}))
+    fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2", "sd1"}))
     fleet_config = fleet_config.model_copy(
         update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}})
     fleet_file = data_dir / "fleet.toml"
@@ -61,14 +63,15 @@ def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_t
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id, folder in MODELS.items():
         ctx.registry.add(tiny_text_dir / folder, model_id=model_id)
+    ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")  # prompt expansion's image model
     local = LocalFleet(settings, fleet_config, fleet_file)
     client = openai.OpenAI(base_url=f"{local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0, timeout=60)
     try:
-        for model_id in MODELS:
+        for model_id in [*MODELS, "tiny-sd"]:
             local.copy_model(model_id, MACHINE)
         local.start_api()
         local.start_worker(MACHINE)
-        for model_id in MODELS:
+        for model_id in [*MODELS, "tiny-sd"]:
             local.wait_online([MACHINE], model_id=model_id, timeout_s=120)
         yield TextFleet(local, ctx, client)
     finally:
@@ -331,3 +334,52 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     assert latest_job(tfleet).state == JobState.rejected and latest_job(tfleet).reason == "invalid_grammar"
     with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
         tfleet.client.completions.create(model="tiny-gpt2", prompt="x", extra_body={"response_format": {"type": "xml"}})
+
+
+
+def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet: TextFleet) -> None:
+    """``expand_prompt`` on a txt2img submission: the text model writes the prompt first, as its
+    own journaled job (chat-templated for a model with a template); the image job runs with the
+    user's prompt, a comma and the expansion, its params naming the text job (``expanded_by``,
+    embedded in its provenance) and the text job's events naming the image job. A bad
+    expansion model is refused before any job; an image route that cannot expand refuses
+    instead of ignoring it; an Idempotency-Key retry gets the first image job, no second text job."""
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    body = {"model": "tiny-sd", "kind": "txt2img", "target": MACHINE,
+            "params": {"prompt": "a fox", "steps": 1, "expand_prompt": "tiny-qwen2"}}
+    accepted = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    assert accepted.status_code == 202, accepted.text
+    image_id = accepted.json()["id"]
+    deadline = time.monotonic() + 120
+    while (image := tfleet.ctx.journal.get(image_id)).state not in ("succeeded", "failed", "rejected"):
+        assert time.monotonic() < deadline, image.state
+        time.sleep(0.2)
+    assert image.state == "succeeded", (image.reason, image.message)
+    text_job = tfleet.ctx.journal.get(image.params["expanded_by"])
+    expansion = Path(text_job.result_path).read_bytes().decode("utf-8")
+    assert text_job.state == "succeeded" and text_job.kind == "text" and text_job.model_id == "tiny-qwen2"
+    assert text_job.params["chat"] is True and "a fox" in text_job.params["prompt"]
+    assert image.params["prompt"].startswith("a fox") and image.params["expand_prompt"] == "tiny-qwen2"
+    if " ".join(expansion.split()):
+        assert image.params["prompt"].startswith("a fox, ")
+        assert image.params["prompt"][len("a fox, "):] in " ".join(expansion.split())
+    assert text_job.created_at < image.created_at
+    assert image.provenance is not None and image.provenance["params"]["expanded_by"] == text_job.id
+    assert [e.detail for e in tfleet.ctx.journal.events(text_job.id) if e.event == "expanded_for"] == [image_id]
+    texts_before = sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text")
+    again = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    assert again.status_code == 202 and again.json()["id"] == image_id
+    assert again.headers.get("Idempotency-Replayed") == "true"
+    assert sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text") == texts_before
+    jobs_before = len(tfleet.ctx.journal.list())
+    for bad in ("tiny-sd", "nope"):
+        refused = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
+                                                                                  "expand_prompt": bad}})
+        assert refused.status_code == 422 and refused.json()["error"]["reason"] == "invalid_expand_prompt"
+    spoofed = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
+                                                                               "expanded_by": text_job.id}})
+    assert spoofed.status_code == 422 and "set by the server" in spoofed.json()["error"]["message"]
+    assert len(tfleet.ctx.journal.list()) == jobs_before  # refused before any job: nothing journaled
+    with pytest.raises(openai.UnprocessableEntityError, match="expand_prompt"):
+        tfleet.client.images.generate(model="tiny-sd", prompt="a fox", size="64x64",
+                                      extra_body={"steps": 1, "target": MACHINE, "expand_prompt": "tiny-qwen2"})
