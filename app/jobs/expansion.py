@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from app.core.errors import Conflict, HomefleetError, Rejected
-from app.core.states import ENDED, JobState
 from app.core.limits import limits_for
+from app.core.states import ENDED, JobState
 from app.jobs.dispatch import Dispatcher, Submission
 from routing.placement import AUTO
 
