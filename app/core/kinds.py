@@ -33,9 +33,9 @@ _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
-        # expand_prompt: a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
-        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, "expand_prompt",
-                           "expanded_by"),
+        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS),
+        # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job (issue 20)
+        server_params=("expand_prompt", "expanded_by"),
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(
@@ -87,7 +87,8 @@ def family_kind_spec(family_name: str, kind: str) -> KindSpec:
     replaced = {number.name for number in rules.numbers}
     numbers = tuple(n for n in base.numbers if n.name in params and n.name not in replaced) + rules.numbers
     return KindSpec(base.name, params=params, defaults=defaults, numbers=numbers, inputs=base.inputs,
-                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats)
+                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats,
+                    server_params=base.server_params)
 
 
 def spec(kind: str) -> KindSpec:
