@@ -117,7 +117,7 @@ class Generate(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    inputs: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 32)
+    inputs: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # as /v1/completions: within max_request_bytes
     parameters: Parameters = Field(default_factory=Parameters)
     stream: bool = Field(False, description="POST / only: answer as /generate_stream does")
     model: str | None = Field(None, max_length=64, description="Homefleet extra: registered text model id")
