@@ -7,6 +7,7 @@ journal and changes nothing (R19, C01).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -62,11 +63,13 @@ def failure_reason(error: BaseException) -> str:
     return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
 
 
-def report_progress(job_id: str, step: int, total: int, text: str | None = None) -> None:
+def report_progress(job_id: str, step: int, total: int, text: str | None = None,
+                    tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
     """Best effort: a progress report that cannot reach the server is logged, never fatal.
-    ``text``: a text job's text so far (issue 20)."""
+    ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
+    probabilities so far (issue 20)."""
     try:
-        runtime.current().server.progress(job_id, step, total, text)
+        runtime.current().server.progress(job_id, step, total, text, tokens, logprobs)
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
 
@@ -146,7 +149,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         )
         # 4. Run.
         started = time.perf_counter()
-        output = runner(kind)(loaded.pipeline, params, lambda step, total, text=None: report_progress(job_id, step, total, text),
+        output = runner(kind)(loaded.pipeline, params, functools.partial(report_progress, job_id),
                               provenance, inputs, family=claim.manifest.family)
         run_s = time.perf_counter() - started
         provenance = {**provenance, **output.record}  # journaled only (issue 20: token counts)

@@ -104,8 +104,10 @@ class ServerClient:
         return Claim.model_validate(self._send("POST", f"/jobs/{job_id}/claim",
                                                headers={"X-Homefleet-Claim-Id": claim_id}).json())
 
-    def progress(self, job_id: str, step: int, total: int, text: str | None = None) -> None:
-        body = ProgressReport(step=step, total=total, text=text).model_dump(exclude_none=True)
+    def progress(self, job_id: str, step: int, total: int, text: str | None = None,
+                 tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
+        body = ProgressReport(step=step, total=total, text=text, tokens=tokens,
+                              logprobs=logprobs).model_dump(exclude_none=True)
         self._check(self.http.post(f"/jobs/{job_id}/progress", json=body))  # no retry
 
     def input_file(self, file_id: str) -> bytes:

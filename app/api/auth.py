@@ -31,6 +31,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.openai_errors import is_tgi_route
 from app.core.config import Settings
 from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
 
@@ -147,7 +148,7 @@ class Authenticate:
         path: str = scope["path"]
         upload = scope["method"] == "POST" and any(pattern.fullmatch(path) for pattern in self.uploads)
         try:
-            await self.authenticate(path, Headers(scope=scope))
+            await self.authenticate(path, Headers(scope=scope), scope["method"])
             if upload and self.uploading >= self.settings.max_concurrent_uploads:
                 raise Overloaded(f"{self.uploading} uploads are in progress, the most this server takes at once "
                                  f"(max_concurrent_uploads = {self.settings.max_concurrent_uploads}); retry later",
@@ -178,8 +179,10 @@ class Authenticate:
         finally:
             done()
 
-    async def authenticate(self, path: str, headers: Headers) -> None:
-        """Raises Unauthorized, Forbidden or NotFound for a request that may not go on."""
+    async def authenticate(self, path: str, headers: Headers, method: str = "GET") -> None:
+        """Raises Unauthorized, Forbidden or NotFound for a request that may not go on. TGI's
+        routes need an API key too (``POST /``, ``/generate``, ``/generate_stream``; ``GET /`` is
+        the fleet page)."""
         if path.startswith(INTERNAL_PREFIX):
             machine = machine_of(self.ctx.fleet, headers.get("authorization", ""), headers.get("x-homefleet-machine"))
             job = _INTERNAL_JOB.fullmatch(path)
@@ -187,7 +190,7 @@ class Authenticate:
                 placed_on = await to_thread.run_sync(self._machine_of_job, job.group(1))
                 if placed_on != machine.name:
                     raise Forbidden(f"job {job.group(1)} is placed on {placed_on!r}, not on {machine.name!r}")
-        elif path.startswith(PUBLIC_PREFIXES):
+        elif path.startswith(PUBLIC_PREFIXES) or (is_tgi_route(path) and (path != "/" or method == "POST")):
             check_api_key(self.settings, headers.get("authorization", ""))
 
     def _machine_of_job(self, job_id: str) -> str | None:

@@ -1,5 +1,9 @@
 """OpenAI's error shape for the OpenAI-compatible routes:
-``{"error": {"message", "type", "param", "code"}}`` (platform.openai.com/docs/guides/error-codes).
+``{"error": {"message", "type", "param", "code"}}`` (platform.openai.com/docs/guides/error-codes);
+and text-generation-inference's for TGI's routes (``POST /``, ``/generate``, ``/generate_stream``):
+``{"error": message, "error_type": "validation" | "overloaded" | "generation" | ...}``
+(huggingface_hub raises its ``ValidationError``, ``OverloadedError``… from ``error_type``),
+with Homefleet's ``reason`` beside them.
 
 ``x-should-retry: false`` is set on an error answered after a job may have started, so that
 the OpenAI SDK's automatic retries (it retries 408, 409, 429 and 5xx by default unless that
@@ -9,6 +13,7 @@ header says false) never create a second job (R20); such an error names the jobs
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +23,10 @@ from app.api.strict_json import printable
 from app.core.errors import HomefleetError
 
 OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions")
+TGI_PATHS = ("/", "/generate", "/generate_stream")
+"""TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
+TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 429: "overloaded",
+                   503: "overloaded"}
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                409: "conflict_error", 429: "rate_limit_error"}
@@ -29,6 +38,48 @@ REASON_PARAMS = {"unknown_model": "model", "no_model": "model", "unknown_machine
 
 def is_openai_route(path: str) -> bool:
     return path.startswith(OPENAI_PREFIXES)
+
+
+def is_tgi_route(path: str) -> bool:
+    return path in TGI_PATHS
+
+
+def tgi_error_type(status_code: int) -> str:
+    """TGI's ``error_type`` of a status: 409 (the job is still running, ``job_pending``):
+    ``incomplete_generation``; 429 and 503: ``overloaded``; other 5xx: ``generation``; other 4xx:
+    ``validation``."""
+    return TGI_ERROR_TYPES.get(status_code, "generation" if status_code >= 500 else "validation")
+
+
+def _after_submit(error: HomefleetError, headers: dict[str, str]) -> list[str] | None:
+    """The jobs an error after a submission names (``headers`` get ``x-should-retry: false``
+    and the first job's ``Location``), or None for an error before any job (R20, C10)."""
+    job_ids: list[str] | None = getattr(error, "job_ids", None)  # images.AfterSubmit: a job may have started
+    if job_ids is not None:
+        headers["x-should-retry"] = "false"
+        if job_ids:
+            headers["Location"] = f"/v1/jobs/{job_ids[0]}"
+    return job_ids
+
+
+def tgi_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """TGI's answer to a domain error: ``{"error", "error_type", "reason"[, "job_ids"]}``,
+    with the headers of :func:`openai_error`."""
+    headers = dict(headers or {})
+    job_ids = _after_submit(error, headers)
+    body: dict[str, Any] = {"error": error.message, "error_type": tgi_error_type(error.status_code),
+                            "reason": error.reason}
+    if job_ids is not None:
+        body["job_ids"] = job_ids
+    return JSONResponse(status_code=error.status_code, content=body, headers=headers)
+
+
+def tgi_validation_error(error: RequestValidationError) -> JSONResponse:
+    """A request body that failed validation, as TGI answers it (422 ``validation``)."""
+    answer = openai_validation_error(error)
+    refused = json.loads(bytes(answer.body))["error"]
+    return JSONResponse(status_code=422, content={"error": refused["message"], "error_type": "validation",
+                                                  "reason": refused["code"]})
 
 
 def error_type(status_code: int) -> str:
@@ -43,9 +94,7 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
     submission carry ``x-should-retry: false``, the jobs' ids (``error.job_ids``) and the first
     job's URL (``Location``), so the caller can follow them (C10)."""
     headers = dict(headers or {})
-    job_ids: list[str] | None = getattr(error, "job_ids", None)  # images.AfterSubmit: a job may have started
-    if job_ids is not None:
-        headers["x-should-retry"] = "false"
+    job_ids = _after_submit(error, headers)
     param = error.param or REASON_PARAMS.get(error.reason)
     if param is None and error.reason.startswith("invalid_"):
         param = error.reason.removeprefix("invalid_")
@@ -53,8 +102,6 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
                                       "code": error.reason}}
     if job_ids is not None:
         body["error"]["job_ids"] = job_ids
-        if job_ids:
-            headers["Location"] = f"/v1/jobs/{job_ids[0]}"
     return JSONResponse(status_code=error.status_code, content=body, headers=headers)
 
 

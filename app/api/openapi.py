@@ -21,10 +21,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.api.auth import INTERNAL_PREFIX
-from app.api.openai_errors import OPENAI_PREFIXES
+from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import FamilyLimits
-
 
 ERROR_BODY: dict[str, Any] = {
     "title": "Error", "type": "object", "required": ["error"],
@@ -51,6 +50,17 @@ OPENAI_ERROR_BODY: dict[str, Any] = {
                     "description": "the jobs this request submitted, on errors after a submission (R20, C10)"},
     }}},
 }
+TGI_ERROR_BODY: dict[str, Any] = {
+    "title": "TGIError", "type": "object", "required": ["error", "error_type"],
+    "description": "text-generation-inference's error shape, on TGI's routes (POST /, /generate, /generate_stream).",
+    "properties": {
+        "error": {"type": "string"},
+        "error_type": {"type": "string", "description": "validation, overloaded, generation, incomplete_generation…"},
+        "reason": {"type": "string", "description": "Homefleet's reason"},
+        "job_ids": {"type": "array", "items": {"type": "string"},
+                    "description": "the jobs this request submitted, on errors after a submission (R20, C10)"},
+    },
+}
 DESCRIPTIONS = {
     400: "the body could not be parsed", 401: "no key, or not one of this server's", 403: "another machine's job",
     404: "no such job, machine, model, sync or file", 409: "the state forbids it (e.g. the job has ended, the "
@@ -73,6 +83,9 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/hf"): (404, 409, 429, 500, 503),
     ("post", "/v1/completions"): (404, 409, 429, 500, 503),
     ("post", "/v1/chat/completions"): (404, 409, 429, 500, 503),
+    ("post", "/"): (404, 409, 429, 500, 503),  # TGI's routes (app/api/routes/tgi.py)
+    ("post", "/generate"): (404, 409, 429, 500, 503),
+    ("post", "/generate_stream"): (404, 409, 429, 500, 503),
     ("post", "/hf/models/{model}"): (409, 429, 500, 503),
     ("post", "/v1/machines/{machine}/sync"): (409, 503),
     ("put", "/v1/machines/{machine}/residency"): (409,),
@@ -127,6 +140,15 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
+        "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
+        "expand_prompt": {"type": "string", "maxLength": 64,
+                          "description": "a text model that expands the prompt first, as its own job"},
+        "expanded_by": {"type": "string", "description": "set by the server: the expansion's text job"},
+        "grammar": {"anyOf": [{"type": "null"}, {
+            "type": "object", "required": ["type", "value"], "additionalProperties": False,
+            "description": "the output's constraint (llguidance): a JSON schema or a regular expression",
+            "properties": {"type": {"type": "string", "enum": ["json", "regex"]},
+                           "value": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}]},
     }
     variants = []
     for name, spec in KINDS.items():
@@ -198,6 +220,7 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                                    "oneOf": variants}
     components["Error"] = ERROR_BODY
     components["OpenAIError"] = OPENAI_ERROR_BODY
+    components["TGIError"] = TGI_ERROR_BODY
     operation_ids = {op.get("operationId") for item in schema["paths"].values() for op in item.values()
                      if isinstance(op, dict)}
     for path, item in schema["paths"].items():
@@ -216,7 +239,7 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                 statuses.add(404)
             if path not in OPEN_ROUTES:
                 statuses.add(503)
-            body = "OpenAIError" if path.startswith(OPENAI_PREFIXES) else "Error"
+            body = "OpenAIError" if path.startswith(OPENAI_PREFIXES) else "TGIError" if is_tgi_route(path) else "Error"
             responses = op.setdefault("responses", {})
             for status in sorted(statuses):
                 responses[str(status)] = {"description": DESCRIPTIONS[status], "content": {

@@ -21,7 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
-from app.api.openai_errors import is_openai_route, openai_error, openai_validation_error
+from app.api.openai_errors import (
+    is_openai_route,
+    is_tgi_route,
+    openai_error,
+    openai_validation_error,
+    tgi_error,
+    tgi_validation_error,
+)
 from app.api.openapi import documented, part_of, path_pattern
 from app.api.routes import (
     events,
@@ -33,6 +40,7 @@ from app.api.routes import (
     serving,
     sync,
     text,
+    tgi,
 )
 from app.api.routes.deps import WorkerMachine
 from app.api.strict_json import printable
@@ -130,6 +138,8 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         if is_openai_route(request.url.path):
             return openai_validation_error(error)
+        if is_tgi_route(request.url.path):
+            return tgi_validation_error(error)
         details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         field = ".".join(str(part) for part in first.get("loc", ()))
@@ -169,6 +179,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)
     api.include_router(text.router, dependencies=keyed)
+    api.include_router(tgi.router, dependencies=keyed)
     api.include_router(internal.router)
     api.include_router(sync.public_router, dependencies=keyed)
     api.include_router(sync.internal_router)
@@ -251,7 +262,7 @@ def upload_limits(settings: Settings) -> list[RouteLimit]:
 
 def error_response(path: str, error: HomefleetError) -> JSONResponse:
     """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "job_id"]}}``
-    with the error's status, or OpenAI's shape on the OpenAI routes; ``Retry-After`` (seconds)
+    with the error's status, or OpenAI's shape on the OpenAI routes, TGI's on TGI's; ``Retry-After`` (seconds)
     when the error carries one."""
     headers = {}
     retry_after_s = getattr(error, "retry_after_s", None)
@@ -259,6 +270,8 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
         headers["Retry-After"] = str(retry_after_s)
     if is_openai_route(path):
         return openai_error(error, headers)
+    if is_tgi_route(path):
+        return tgi_error(error, headers)
     body: dict[str, str] = {"reason": error.reason, "message": error.message}
     if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
         body["job_id"] = error.job_id

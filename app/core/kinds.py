@@ -34,6 +34,8 @@ _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
         "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS),
+        # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job (issue 20)
+        server_params=("expand_prompt", "expanded_by"),
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(
@@ -56,9 +58,10 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     ),
     KindSpec(
         # issue 20: causal LMs. `prompt` is the text fed to the model (a chat request's messages
-        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding.
-        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed"),
-        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0},
+        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding;
+        # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
+        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
+        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None},
         numbers=(NumberRange("max_new_tokens", 1, 1_000_000, integer=True), NumberRange("temperature", 0.0, 2.0),
                  NumberRange("top_p", 0.001, 1.0)),
         prompt_required=True,
@@ -84,7 +87,8 @@ def family_kind_spec(family_name: str, kind: str) -> KindSpec:
     replaced = {number.name for number in rules.numbers}
     numbers = tuple(n for n in base.numbers if n.name in params and n.name not in replaced) + rules.numbers
     return KindSpec(base.name, params=params, defaults=defaults, numbers=numbers, inputs=base.inputs,
-                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats)
+                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats,
+                    server_params=base.server_params)
 
 
 def spec(kind: str) -> KindSpec:

@@ -75,11 +75,15 @@ class Claim(Body):
 
 class ProgressReport(Body):
     """``POST /internal/v1/jobs/{id}/progress``: steps done of ``total``; a text job also sends
-    ``text``, the text generated so far (issue 20: streamed to SSE clients as it grows)."""
+    ``text``, the text generated so far, ``tokens``, the ids generated so far, and ``logprobs``,
+    each one's natural-log probability (issue 20: streamed to SSE clients as they grow; TGI's
+    stream names each token's id and logprob)."""
 
     step: int = Field(ge=0)
     total: int = Field(ge=1)
     text: str | None = Field(None, max_length=4 * 1024 * 1024)
+    tokens: list[int] | None = Field(None, max_length=1_000_000)
+    logprobs: list[float] | None = Field(None, max_length=1_000_000)
 
 
 class FailureReport(Body):

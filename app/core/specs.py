@@ -40,6 +40,8 @@ class KindSpec:
         output_scale: None when the output's size comes from ``width``/``height``; otherwise
             the factor from the input image's sides to the output's (1: same size).
         formats: the output formats ``params.format`` may name (first: the default).
+        server_params: params the server acts on and journals, which the runner never reads
+            (txt2img's ``expand_prompt`` and ``expanded_by``: the prompt's expansion, issue 20).
     """
 
     name: str
@@ -50,6 +52,7 @@ class KindSpec:
     prompt_required: bool = False
     output_scale: int | None = None
     formats: tuple[str, ...] = ()
+    server_params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
@@ -57,8 +60,8 @@ class KindSpec:
     @property
     def accepted(self) -> tuple[str, ...]:
         """Every key ``params`` may hold: :attr:`params`, plus :data:`OUTPUT_SIZE_FIELDS` for
-        kinds whose output follows their input (the server sets those)."""
-        return self.params + (OUTPUT_SIZE_FIELDS if self.output_scale is not None else ())
+        kinds whose output follows their input (the server sets those), plus :attr:`server_params`."""
+        return self.params + (OUTPUT_SIZE_FIELDS if self.output_scale is not None else ()) + self.server_params
 
     def args(self, params: Mapping[str, Any]) -> Args:
         """``params`` as the runner reads them: a declared param's value, else its default."""

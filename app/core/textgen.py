@@ -107,3 +107,33 @@ def prompt_ids(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     """The token ids fed to the model for ``prompt``: a chat-templated prompt (``chat``) holds
     its own special tokens already, a plain one gets the tokenizer's (e.g. Llama's BOS)."""
     return list(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
+
+
+
+class TokenDecoder:
+    """Each generated token's share of the decoded text, as the tokens arrive (TGI's stream
+    names every token's text): joined, the shares are ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` (special tokens decode to nothing). A token that ends inside a
+    UTF-8 character (byte-level BPE) gets the empty string; the token completing it gets the
+    character. ``sent``: the text given out so far."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+        self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
+
+    def add(self, token: int, last: bool = False) -> str:
+        """The text ``token`` adds (decodes the whole sequence: O(tokens) a call); the ``last``
+        token gets any unfinished character too (as U+FFFD, as the whole text decodes)."""
+        self.ids.append(int(token))
+        whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        whole = whole if last else whole.rstrip("\ufffd")
+        if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
+            return ""
+        piece, self.sent = whole[len(self.sent):], whole
+        return piece
+
+    def special(self, token: int) -> bool:
+        """Whether ``token`` is one of the tokenizer's special tokens (EOS, chat markers…)."""
+        return int(token) in self._special

@@ -8,6 +8,7 @@ report: the watchdog's sign of life), kept ``TTL_S`` after the last report.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ class Progress:
     total: int | None
     at_s: float
     text: str | None = None  # a text job's text so far (issue 20)
+    tokens: list[int] | None = None  # a text job's token ids so far (issue 20)
+    logprobs: list[float] | None = None  # and each one's log probability
 
     def public(self) -> dict[str, int] | None:
         """``{"step", "total"}`` as the API shows it, or None before the first step report."""
@@ -39,14 +42,20 @@ class ProgressStore:
         self.redis = client
         self.keys = keyspace
 
-    def report(self, job_id: str, step: int | None = None, total: int | None = None, text: str | None = None) -> None:
+    def report(self, job_id: str, step: int | None = None, total: int | None = None, text: str | None = None,
+               tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
         """Record a report now: steps done of ``total``, or (both None, at claim) only that the
-        job lives; ``text``: a text job's text so far."""
+        job lives; ``text``, ``tokens`` and ``logprobs``: a text job's text, token ids and their
+        log probabilities so far."""
         fields: dict[str, float | str] = {"at": time.time()}
         if step is not None and total is not None:
             fields.update(step=step, total=total)
         if text is not None:
             fields["text"] = text
+        if tokens is not None:
+            fields["tokens"] = json.dumps(tokens)
+        if logprobs is not None:
+            fields["logprobs"] = json.dumps(logprobs)
         key = self.keys.progress(job_id)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=fields)
@@ -59,8 +68,10 @@ class ProgressStore:
         if not raw:
             return None
         step, total = raw.get("step"), raw.get("total")
+        tokens, logprobs = raw.get("tokens"), raw.get("logprobs")
         return Progress(int(step) if step is not None else None, int(total) if total is not None else None,
-                        float(raw.get("at") or 0.0), raw.get("text"))
+                        float(raw.get("at") or 0.0), raw.get("text"), json.loads(tokens) if tokens else None,
+                        json.loads(logprobs) if logprobs else None)
 
     def last_at(self, job_id: str) -> float:
         """Unix seconds of the last report (0.0 when none)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from app.core import constraints
 from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
 from app.core.kinds import (
@@ -115,8 +116,15 @@ class Validator:
         if kind == "text":
             check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
             check_kind_params(kind, params, self.inputs, limits, record.family)
-            check_text_tokens(params, self.tokenizers.tokenizer(model_id), self.token_limits(model_id))
+            tokenizer = self.tokenizers.tokenizer(model_id)
+            check_text_tokens(params, tokenizer, self.token_limits(model_id))
+            check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
             return job_request(model_id, record.family, kind, target, params)
+        if kind == "txt2img" and params.get("expand_prompt") is not None and not isinstance(
+                params.get("expanded_by"), str):
+            raise Rejected("params.expand_prompt is run by POST /v1/jobs (the expansion's text job first, "
+                           "app/jobs/expansion.py); this route cannot expand a prompt", reason="invalid_expand_prompt",
+                           param="params.expand_prompt")
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
@@ -267,6 +275,24 @@ def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLi
                        f"{max(0, limits.max_total_tokens - tokens)}", reason="invalid_max_new_tokens",
                        param="params.max_new_tokens")
     return tokens
+
+
+def check_text_grammar(params: Mapping[str, Any], tokenizer: Any, config: Mapping[str, Any]) -> None:
+    """Refuse a text job whose ``grammar`` (a JSON schema or a regex, app/core/constraints.py)
+    is malformed or does not compile with llguidance for the model's tokenizer, before any
+    device: the worker compiles the same grammar the same way.
+
+    Raises:
+        Rejected: reason ``invalid_grammar``, param ``params.grammar``, with llguidance's message.
+    """
+    grammar = params.get("grammar")
+    if grammar is None:
+        return
+    vocab = config.get("vocab_size")
+    try:
+        constraints.check(grammar, tokenizer, constraints.vocab_size(tokenizer, vocab if isinstance(vocab, int) else None))
+    except ValueError as error:
+        raise Rejected(f"params.grammar {error}"[:2000], reason="invalid_grammar", param="params.grammar") from error
 
 
 def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from app.core.families import family as family_rules
 from app.core.kinds import Args
 
-ProgressFn = Callable[..., None]  # (step done, total steps[, text=the text so far: text jobs])
+ProgressFn = Callable[..., None]  # (step done, total steps[, text=, tokens=, logprobs=: a text job's so far])
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,17 @@ and the figures; a refused submission is journaled ``rejected`` with its reason 
 
 from __future__ import annotations
 
+import json
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
+import huggingface_hub
+import jsonschema
 import openai
 import pytest
 import redis
@@ -41,11 +48,12 @@ class TextFleet:
 
 
 @pytest.fixture(scope="module")
-def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path) -> Iterator[TextFleet]:
+def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path,
+           tiny_models_dir: Path) -> Iterator[TextFleet]:
     data_dir = tmp_path_factory.mktemp("text-fleet")
     redis_url = f"{redis_base_url}/11"
     redis.Redis.from_url(redis_url).flushdb()
-    fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2"}))
+    fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2", "sd1"}))
     fleet_config = fleet_config.model_copy(
         update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}})
     fleet_file = data_dir / "fleet.toml"
@@ -55,14 +63,15 @@ def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_t
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id, folder in MODELS.items():
         ctx.registry.add(tiny_text_dir / folder, model_id=model_id)
+    ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")  # prompt expansion's image model
     local = LocalFleet(settings, fleet_config, fleet_file)
     client = openai.OpenAI(base_url=f"{local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0, timeout=60)
     try:
-        for model_id in MODELS:
+        for model_id in [*MODELS, "tiny-sd"]:
             local.copy_model(model_id, MACHINE)
         local.start_api()
         local.start_worker(MACHINE)
-        for model_id in MODELS:
+        for model_id in [*MODELS, "tiny-sd"]:
             local.wait_online([MACHINE], model_id=model_id, timeout_s=120)
         yield TextFleet(local, ctx, client)
     finally:
@@ -149,3 +158,228 @@ def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(t
 def test_a_streaming_request_over_the_limits_is_a_plain_422(tfleet: TextFleet) -> None:
     with pytest.raises(openai.UnprocessableEntityError, match="max_total_tokens"):
         tfleet.client.completions.create(model="small-gpt2", prompt="x", max_tokens=20, stream=True)
+
+
+# --- TGI's API (huggingface_hub's InferenceClient) and constrained output --------------------------------------------
+
+
+def hub(tfleet: TextFleet) -> huggingface_hub.InferenceClient:
+    """The official TGI client, pointed at the server's root (text_generation posts to ``/``,
+    chat_completion to ``/v1/chat/completions``), the API key as its token. TGI serves one
+    model: requests without ``model`` get the first registered text model, ``small-gpt2``
+    (max_total_tokens 12)."""
+    return huggingface_hub.InferenceClient(base_url=tfleet.local.api_url, token=TEST_API_KEY, timeout=60)
+
+
+def latest_job(tfleet: TextFleet) -> Any:
+    return tfleet.ctx.journal.list()[-1]
+
+
+def test_tgi_text_generation_runs_a_text_job_with_tgis_details(tfleet: TextFleet) -> None:
+    """``text_generation(details=True)``: the job's verified text, TGI's details (finish reason,
+    token count, the tokens with the ids the worker generated, their texts joining into the
+    text, a natural-log logprob each), a null seed for greedy decoding; plain ``text_generation``
+    gives the same string."""
+    client = hub(tfleet)
+    out = client.text_generation("hello", max_new_tokens=6, details=True)
+    job = latest_job(tfleet)
+    assert job.state == "succeeded" and job.kind == "text" and job.params["temperature"] == 0.0
+    assert out.generated_text == Path(job.result_path).read_bytes().decode("utf-8")
+    details = out.details
+    assert details is not None and details.finish_reason == "length" and details.generated_tokens == 6
+    assert [t.id for t in details.tokens] == job.provenance["tokens"] and len(details.tokens) == 6
+    assert "".join(t.text for t in details.tokens) == out.generated_text
+    assert all(t.logprob <= 0.0 for t in details.tokens) and details.seed is None
+    assert client.text_generation("hello", max_new_tokens=6) == out.generated_text  # greedy: the same
+    sampled = client.text_generation("hello", max_new_tokens=4, do_sample=True, seed=11, details=True)
+    assert sampled.details is not None and sampled.details.seed == 11 and latest_job(tfleet).params["temperature"] == 1.0
+
+
+def test_tgi_streaming_sends_one_event_per_token_then_the_text_and_details(tfleet: TextFleet) -> None:
+    """``text_generation(stream=True, details=True)`` against ``POST /`` (``stream: true``): one
+    event per generated token, in order, indexed 1..n, their ids the worker's; the last carries
+    ``generated_text`` (the verified result) and the details; token texts join into it. Plain
+    ``stream=True`` yields the token texts."""
+    client = hub(tfleet)
+    events = list(client.text_generation("go", max_new_tokens=10, stream=True, details=True))
+    job = latest_job(tfleet)
+    result = Path(job.result_path).read_bytes().decode("utf-8")
+    assert [e.index for e in events] == list(range(1, 11))
+    assert [e.token.id for e in events] == job.provenance["tokens"]
+    assert all(e.generated_text is None and e.details is None for e in events[:-1])
+    last = events[-1]
+    assert last.generated_text == result == "".join(e.token.text for e in events)
+    assert last.details is not None and last.details.finish_reason == "length" and last.details.generated_tokens == 10
+    assert last.details.input_length == job.provenance["usage"]["prompt_tokens"]
+    texts = list(client.text_generation("go", max_new_tokens=10, stream=True))
+    assert "".join(texts) == result and len(texts) == 10
+
+
+def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet) -> None:
+    """``POST /generate`` and ``/generate_stream`` directly (with Homefleet's ``model`` and
+    ``target``); the token limits and an unsupported parameter are 422 ``validation``
+    (huggingface_hub's ValidationError), journaled ``rejected`` (R19); no key: 401."""
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    done = httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
+        "inputs": "hi", "model": "tiny-qwen2", "target": MACHINE, "parameters": {"max_new_tokens": 3}})
+    assert done.status_code == 200, done.text
+    job = tfleet.ctx.journal.get(done.json()["job_id"])
+    assert job.model_id == "tiny-qwen2" and job.machine == MACHINE and "details" not in done.json()
+    assert done.json()["generated_text"] == Path(job.result_path).read_bytes().decode("utf-8")
+    with httpx.stream("POST", f"{url}/generate_stream", headers=auth, timeout=60, json={
+            "inputs": "hi", "model": "tiny-gpt2", "parameters": {"max_new_tokens": 3}}) as stream:
+        assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        lines = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
+    assert len(lines) == 3 and lines[-1]["details"]["generated_tokens"] == 3
+    too_long = httpx.post(f"{url}/generate", headers=auth, timeout=60,
+                          json={"inputs": "x" * 8, "model": "small-gpt2", "parameters": {"max_new_tokens": 5}})
+    assert too_long.status_code == 422
+    assert too_long.json() == {"error": "prompt tokens + max_new_tokens must be at most 12 (max_total_tokens), got "
+                                        "8 + 5 = 13; lower max_new_tokens to at most 4",
+                               "error_type": "validation", "reason": "invalid_max_new_tokens"}
+    with pytest.raises(huggingface_hub.errors.ValidationError, match=r"at most 8 tokens \(max_input_tokens\), got 9"):
+        hub(tfleet).text_generation("x" * 9, max_new_tokens=1)  # the default model: small-gpt2 (the first id)
+    unsupported = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "x", "parameters": {"top_k": 5}})
+    assert unsupported.status_code == 422 and unsupported.json()["error_type"] == "validation"
+    assert "parameters.top_k" in unsupported.json()["error"]
+    bad = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "", "parameters": {}})
+    assert bad.status_code == 422 and bad.json()["error_type"] == "validation" and "inputs" in bad.json()["error"]
+    assert httpx.post(f"{url}/generate", json={"inputs": "x"}).json()["error_type"] == "authentication"
+    assert httpx.get(f"{url}/").status_code == 200  # the fleet page stays open
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, stream: bool) -> None:
+    """``InferenceClient.chat_completion`` (streaming and not) posts to ``/v1/chat/completions``:
+    the model's chat template, the job's verified text, the finish reason."""
+    client = hub(tfleet)
+    messages = [{"role": "user", "content": "hi"}]
+    if stream:
+        chunks = list(client.chat_completion(messages, model="tiny-qwen2", max_tokens=12, stream=True,
+                                             extra_body={"target": MACHINE}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        done = client.chat_completion(messages, model="tiny-qwen2", max_tokens=12, extra_body={"target": "auto"})
+        text, finish = done.choices[0].message.content, done.choices[0].finish_reason
+        assert done.usage.completion_tokens == 12
+    job = latest_job(tfleet)
+    assert job.model_id == "tiny-qwen2" and job.params["chat"] is True and "<|im_start|>user\nhi" in job.params["prompt"]
+    assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tag", "scores"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "ok": {"type": "boolean"}, "tag": {"enum": ["red", "green", "blue"]},
+                         "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                                    "minItems": 1, "maxItems": 3}}}
+REGEX = r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)"
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-gpt2"])
+def test_constrained_output_of_random_weights_validates_through_the_api_and_workers(tfleet: TextFleet,
+                                                                                    model: str) -> None:
+    """The key property: the constraint is enforced while decoding, so even a random-weight
+    model's output parses and validates against the JSON schema (OpenAI ``response_format``
+    ``json_schema``, sampled) and fullmatches the regex (TGI ``grammar``, through
+    ``/generate_stream``); both end with EOS (``stop`` / ``eos_token``), not at the token limit."""
+    done = tfleet.client.completions.create(
+        model=model, prompt="person:", max_tokens=160, temperature=1.0, seed=3,
+        extra_body={"target": MACHINE, "response_format": {"type": "json_schema",
+                                                           "json_schema": {"name": "person", "schema": SCHEMA}}})
+    jsonschema.validate(json.loads(done.choices[0].text), SCHEMA)
+    assert done.choices[0].finish_reason == "stop"
+    job = tfleet.ctx.journal.get(done.model_extra["job_id"])
+    assert job.params["grammar"] == {"type": "json", "value": SCHEMA}
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    with httpx.stream("POST", f"{url}/generate_stream", headers=auth, timeout=60, json={
+            "inputs": "mail:", "model": model, "parameters": {"max_new_tokens": 40, "do_sample": True, "seed": 9,
+                                                              "grammar": {"type": "regex", "value": REGEX}}}) as stream:
+        events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
+    assert re.fullmatch(REGEX, events[-1]["generated_text"]), events[-1]
+    assert events[-1]["details"]["finish_reason"] == "eos_token" and events[-1]["token"]["special"] is True
+
+
+def test_hub_text_generation_grammar_and_chat_json_object(tfleet: TextFleet) -> None:
+    """TGI's ``grammar`` through ``InferenceClient.text_generation`` (greedy) and OpenAI's
+    ``response_format: json_object`` on a chat: valid JSON."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
+              "required": ["n"], "additionalProperties": False}
+    text = hub(tfleet).text_generation("n=", max_new_tokens=10, grammar={"type": "json", "value": schema})
+    jsonschema.validate(json.loads(text), schema)  # small-gpt2: 2 + 10 tokens, {"n":3} fits
+    chat = tfleet.client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "json"}], max_completion_tokens=200,
+        response_format={"type": "json_object"}, temperature=1.0, seed=2, extra_body={"target": MACHINE})
+    content = chat.choices[0].message.content or ""
+    if chat.choices[0].finish_reason == "stop":  # any JSON object may be longer than any limit: valid when complete
+        assert isinstance(json.loads(content), dict)
+    assert content.startswith("{")
+
+
+def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: TextFleet) -> None:
+    """R22: compiled on the server with the model's tokenizer; refused naming the field and
+    llguidance's message, journaled ``rejected`` ``invalid_grammar``; a malformed
+    ``response_format`` is refused too."""
+    with pytest.raises(openai.UnprocessableEntityError) as bad_regex:
+        tfleet.client.completions.create(model="tiny-gpt2", prompt="x", max_tokens=4, extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
+    assert "params.grammar does not compile" in bad_regex.value.message
+    assert isinstance(bad_regex.value.body, dict) and bad_regex.value.body.get("code") == "invalid_grammar"
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    refused = httpx.post(f"{url}/generate", headers=auth, json={
+        "inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}})
+    assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
+    assert refused.json()["reason"] == "invalid_grammar" and "does not compile" in refused.json()["error"]
+    assert latest_job(tfleet).state == JobState.rejected and latest_job(tfleet).reason == "invalid_grammar"
+    with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
+        tfleet.client.completions.create(model="tiny-gpt2", prompt="x", extra_body={"response_format": {"type": "xml"}})
+
+
+
+def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet: TextFleet) -> None:
+    """``expand_prompt`` on a txt2img submission: the text model writes the prompt first, as its
+    own journaled job (chat-templated for a model with a template); the image job runs with the
+    user's prompt, a comma and the expansion, its params naming the text job (``expanded_by``,
+    embedded in its provenance) and the text job's events naming the image job. A bad
+    expansion model is refused before any job; an image route that cannot expand refuses
+    instead of ignoring it; an Idempotency-Key retry gets the first image job, no second text job."""
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    body = {"model": "tiny-sd", "kind": "txt2img", "target": MACHINE,
+            "params": {"prompt": "a fox", "steps": 1, "expand_prompt": "tiny-qwen2"}}
+    accepted = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    assert accepted.status_code == 202, accepted.text
+    image_id = accepted.json()["id"]
+    deadline = time.monotonic() + 120
+    while (image := tfleet.ctx.journal.get(image_id)).state not in ("succeeded", "failed", "rejected"):
+        assert time.monotonic() < deadline, image.state
+        time.sleep(0.2)
+    assert image.state == "succeeded", (image.reason, image.message)
+    text_job = tfleet.ctx.journal.get(image.params["expanded_by"])
+    expansion = Path(text_job.result_path).read_bytes().decode("utf-8")
+    assert text_job.state == "succeeded" and text_job.kind == "text" and text_job.model_id == "tiny-qwen2"
+    assert text_job.params["chat"] is True and "a fox" in text_job.params["prompt"]
+    assert image.params["prompt"].startswith("a fox") and image.params["expand_prompt"] == "tiny-qwen2"
+    if " ".join(expansion.split()):
+        assert image.params["prompt"].startswith("a fox, ")
+        assert image.params["prompt"][len("a fox, "):] in " ".join(expansion.split())
+    assert text_job.created_at < image.created_at
+    assert image.provenance is not None and image.provenance["params"]["expanded_by"] == text_job.id
+    assert [e.detail for e in tfleet.ctx.journal.events(text_job.id) if e.event == "expanded_for"] == [image_id]
+    texts_before = sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text")
+    again = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    assert again.status_code == 202 and again.json()["id"] == image_id
+    assert again.headers.get("Idempotency-Replayed") == "true"
+    assert sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text") == texts_before
+    jobs_before = len(tfleet.ctx.journal.list())
+    for bad in ("tiny-sd", "nope"):
+        refused = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
+                                                                                  "expand_prompt": bad}})
+        assert refused.status_code == 422 and refused.json()["error"]["reason"] == "invalid_expand_prompt"
+    spoofed = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
+                                                                               "expanded_by": text_job.id}})
+    assert spoofed.status_code == 422 and "set by the server" in spoofed.json()["error"]["message"]
+    assert len(tfleet.ctx.journal.list()) == jobs_before  # refused before any job: nothing journaled
+    with pytest.raises(openai.UnprocessableEntityError, match="expand_prompt"):
+        tfleet.client.images.generate(model="tiny-sd", prompt="a fox", size="64x64",
+                                      extra_body={"steps": 1, "target": MACHINE, "expand_prompt": "tiny-qwen2"})

@@ -23,9 +23,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from app.core.config import Settings
-from app.context import build_context
+from app.api.openai_errors import is_tgi_route
 from app.api.server import create_app
+from app.context import build_context
+from app.core.config import Settings
 from tests.helpers import TEST_API_KEY, make_fleet
 
 EXAMPLES = int(os.environ.get("HOMEFLEET_FUZZ_EXAMPLES", "30"))
@@ -74,7 +75,13 @@ def check(case: schemathesis.Case) -> None:
     STATUSES[response.status_code] += 1
     body = response.text
     where = f"{case.method} {case.formatted_path} -> {response.status_code}: {body[:500]}"
-    if response.status_code >= 500:
+    if is_tgi_route(case.path):  # TGI's shape: {"error": message, "error_type", "reason"}
+        if response.status_code >= 500:
+            assert response.status_code == 503 and response.json().get("reason") == "machine_unavailable", where
+        elif response.status_code >= 400:
+            refused = response.json()
+            assert isinstance(refused.get("error"), str) and refused["error"] and refused.get("error_type"), where
+    elif response.status_code >= 500:
         error = response.json().get("error", {}) if body.startswith("{") else {}
         assert response.status_code == 503 and error.get("reason") == "machine_unavailable", where
     elif response.status_code >= 400:

@@ -152,6 +152,8 @@ class ImageGeneration(BaseModel):
     steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
+    expand_prompt: str | None = Field(None, max_length=64, description="not on this route (refused): prompt "
+                                      "expansion runs on POST /v1/jobs (params.expand_prompt)")
 
 
 class HfParameters(BaseModel):
@@ -388,6 +390,8 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
         params["steps"] = body.steps
+    if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs' (issue 20)
+        params["expand_prompt"] = body.expand_prompt
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
     await to_thread.run_sync(check_count, ctx, model, body.n)

@@ -105,7 +105,7 @@ def progress(job_id: str, body: ProgressReport, ctx: Context, machine: WorkerMac
     job = job_of_machine(ctx, job_id, machine)
     if job.state != JobState.running:
         raise Conflict(f"job {job_id} is {job.state}; progress is taken only while it runs", reason="not_running")
-    ctx.progress.report(job_id, body.step, body.total, body.text)
+    ctx.progress.report(job_id, body.step, body.total, body.text, body.tokens, body.logprobs)
 
 
 @router.post("/jobs/{job_id}/result", response_model=JobPublic)

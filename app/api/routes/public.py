@@ -12,6 +12,7 @@ from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, Rejected
 from app.core.states import JobState
+from app.jobs.expansion import submit_expanded
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -43,7 +44,11 @@ def submit_job(
             raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
                            param="target")
         return JSONResponse(decision)
-    submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
+    if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first (issue 20)
+        submission = submit_expanded(ctx.dispatcher, body.model, dict(body.params), body.target, idempotency_key,
+                                     ctx.settings.images_wait_s)
+    else:
+        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url

@@ -20,8 +20,16 @@ token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`
 ``usage``, then ``data: [DONE]``. The last text comes from the verified result (R2). A client
 that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
 
-Not yet here (issue 20, later): ``stop``, ``n`` > 1, ``logprobs``, constrained
-output (``response_format``); a request naming one is refused (422), not silently ignored.
+``response_format`` constrains the output (``json_schema``: its ``schema``; ``json_object``: any
+JSON object), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
+not compile is a 422 ``invalid_grammar`` before any device.
+
+The helpers here (:func:`run_text_job`, :func:`submit_text_job`, :func:`follow`) are the one
+home of a text request's way through a job; the TGI routes (app/api/routes/tgi.py) are fronts
+over them too.
+
+Not yet here (issue 20, later): ``stop``, ``n`` > 1, ``logprobs``; a request naming one is
+refused (422), not silently ignored.
 """
 
 from __future__ import annotations
@@ -45,15 +53,17 @@ from app.api.routes.images import (
     submitted,
 )
 from app.api.strict_json import StrictJsonRoute
+from app.core import constraints
 from app.core.errors import Rejected
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
+from app.jobs.progress import Progress
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
 
 KIND = "text"
-UNSUPPORTED = ("stop", "logprobs", "response_format", "tools", "suffix", "echo", "best_of")
+UNSUPPORTED = ("stop", "logprobs", "tools", "suffix", "echo", "best_of")
 """OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
 
 
@@ -71,12 +81,17 @@ class Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1, description="one choice per request (n > 1: later)")
     stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "json_schema", "json_schema": {"schema": {...}}}, {"type": "json_object"} or '
+                          '{"type": "text"}: the output is constrained while decoding (llguidance)')
 
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
-        """The job's sampling params (absent fields: the text kind's defaults).
+        """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
+        from ``response_format``.
 
         Raises:
-            Rejected: a field of :data:`UNSUPPORTED` is set (reason ``unknown_param``).
+            Rejected: a field of :data:`UNSUPPORTED` is set (reason ``unknown_param``), or a
+                malformed ``response_format`` (reason ``invalid_response_format``).
         """
         for name in UNSUPPORTED:
             value = (self.model_extra or {}).get(name)
@@ -84,6 +99,13 @@ class Sampling(BaseModel):
                 raise Rejected(f"`{name}` is not supported yet by Homefleet's text routes", reason="unknown_param",
                                param=name)
         params: dict[str, Any] = {}
+        try:
+            grammar = constraints.from_response_format(self.response_format)
+        except ValueError as error:
+            raise Rejected(f"`response_format` {error}", reason="invalid_response_format",
+                           param="response_format") from error
+        if grammar is not None:
+            params["grammar"] = grammar
         new = max_tokens if max_tokens is not None else self.max_tokens
         for name, value in (("max_new_tokens", new), ("temperature", self.temperature), ("top_p", self.top_p),
                             ("seed", self.seed)):
@@ -127,29 +149,58 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
     return {name: int(usage.get(name, 0)) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
-async def run_text(ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool,
-                   max_tokens: int | None = None) -> tuple[Job, str, dict[str, Any]]:
-    """Submit one text job for the request (or take a retried call's: C10), wait, and read it."""
-    call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
-    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
-    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
-    (job,) = await run_jobs(ctx, call, model, params, body.target, 1, kind=KIND)
+async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model: str | None,
+                       params: dict[str, Any], target: str) -> tuple[Job, str, dict[str, Any]]:
+    """Submit one text job (``params``) for the request whose canonical body is ``fields`` (or
+    take a retried call's job: C10), wait for it as the image routes do, and read it: the job,
+    its verified text and its journaled usage. ``model`` None: the first text model."""
+    call = ImageCall.of(request, ctx.settings.images_wait_s, fields)
+    model = model or await to_thread.run_sync(default_model, ctx, KIND)
+    (job,) = await run_jobs(ctx, call, model, params, target, 1, kind=KIND)
     with submitted([job.id]):
         text = await to_thread.run_sync(text_of, job)
     return job, text, usage_of(job)
 
 
+async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], target: str) -> tuple[str, str]:
+    """Submit one text job now, for a streaming answer: (job id, model id). A refusal raises
+    (answered as a plain 422 before any stream starts)."""
+    model = model or await to_thread.run_sync(default_model, ctx, KIND)
+    submission = await to_thread.run_sync(ctx.dispatcher.submit, model, KIND, params, target)
+    return str(submission.job.id), model
+
+
 STREAM_POLL_S = 0.05
+
+
+async def follow(ctx: Any, job_id: str) -> AsyncIterator[Progress | Job]:
+    """A text job as it runs: each new progress report (its text, token ids and logprobs so
+    far), polled every :data:`STREAM_POLL_S` seconds, then the ended job (last). A client that
+    disconnects stops the iteration; the job ends by itself at ``max_new_tokens`` at the latest."""
+    seen: tuple[Any, ...] | None = None
+    while True:
+        job = await to_thread.run_sync(ctx.journal.get, job_id)
+        if job.state in ENDED:
+            yield job
+            return
+        progress = await to_thread.run_sync(ctx.progress.read, job_id)
+        if progress is not None and (progress.step, progress.text) != seen:
+            seen = (progress.step, progress.text)
+            yield progress
+        await asyncio.sleep(STREAM_POLL_S)
+
+
+def ended_badly(job: Job) -> str:
+    """The message of a text job that ended without succeeding."""
+    return f"job {job.id} ended {job.state}: {job.reason}: {job.message}"
 
 
 async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None) -> Any:
     """Submit one text job now (a refusal raises: a plain 422) and answer its text as SSE chunks."""
     from sse_starlette.sse import EventSourceResponse
 
-    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
-    submission = await to_thread.run_sync(ctx.dispatcher.submit, model, KIND, params, body.target)
-    job_id = submission.job.id
+    job_id, model = await submit_text_job(ctx, body.model, params, body.target)
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -167,28 +218,33 @@ async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tok
 
     async def events() -> AsyncIterator[str]:
         sent = ""
-        while True:
-            job = await to_thread.run_sync(ctx.journal.get, job_id)
-            if job.state in ENDED:
-                break
-            progress = await to_thread.run_sync(ctx.progress.read, job_id)
-            so_far = (progress.text or "").rstrip("\ufffd") if progress is not None else ""  # a split UTF-8 char
-            if len(so_far) > len(sent) and so_far.startswith(sent):
-                yield chunk(so_far[len(sent):])
-                sent = so_far
-            await asyncio.sleep(STREAM_POLL_S)
-        if job.state != JobState.succeeded:
-            yield json.dumps({"error": {"message": f"job {job_id} ended {job.state}: {job.reason}: {job.message}",
-                                        "type": "server_error", "code": job.reason, "job_id": job_id}})
-            return
-        final = await to_thread.run_sync(text_of, job)
-        if final.startswith(sent) and len(final) > len(sent):
-            yield chunk(final[len(sent):])
-        usage = usage_of(job)
-        yield chunk(None, usage.get("finish_reason", "length"), usage)
-        yield "[DONE]"
+        async for update in follow(ctx, job_id):
+            if isinstance(update, Progress):
+                so_far = (update.text or "").rstrip("\ufffd")  # a split UTF-8 char
+                if len(so_far) > len(sent) and so_far.startswith(sent):
+                    yield chunk(so_far[len(sent):])
+                    sent = so_far
+                continue
+            job = update
+            if job.state != JobState.succeeded:
+                yield json.dumps({"error": {"message": ended_badly(job), "type": "server_error", "code": job.reason,
+                                            "job_id": job_id}})
+                return
+            final = await to_thread.run_sync(text_of, job)
+            if final.startswith(sent) and len(final) > len(sent):
+                yield chunk(final[len(sent):])
+            usage = usage_of(job)
+            yield chunk(None, usage.get("finish_reason", "length"), usage)
+            yield "[DONE]"
 
     return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+
+
+async def run_text(ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool,
+                   max_tokens: int | None = None) -> tuple[Job, str, dict[str, Any]]:
+    """An OpenAI request's job: :func:`run_text_job` with the body's sampling params."""
+    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
+    return await run_text_job(ctx, request, body.model_dump(mode="json"), body.model, params, body.target)
 
 
 @router.post("/v1/completions", response_model=None)

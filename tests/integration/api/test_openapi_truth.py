@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.openai_errors import is_openai_route
+from app.api.openai_errors import is_openai_route, is_tgi_route
 from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
@@ -53,7 +53,8 @@ def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tupl
             for status, answer in responses.items():
                 if status.startswith(("4", "5")):
                     ref = answer["content"]["application/json"]["schema"]["$ref"]
-                    assert ref.endswith("/OpenAIError" if is_openai_route(path) else "/Error"), (method, path, status)
+                    shape = "/OpenAIError" if is_openai_route(path) else "/TGIError" if is_tgi_route(path) else "/Error"
+                    assert ref.endswith(shape), (method, path, status)
     submit = schema["paths"]["/v1/jobs"]["post"]["responses"]
     assert {"200", "202", "404", "409", "429"} <= set(submit)
     assert {"GetJob", "JobResult", "CancelJob", "JobEvents"} <= set(submit["202"]["links"])  # the stateful way

@@ -60,3 +60,19 @@ def test_a_text_jobs_working_memory_adds_the_models_kv_cache_at_max_total_tokens
     assert memory.weights_bytes == 1000
     assert memory.working_bytes == DEFAULT_WORKING["text"].bytes(1) + 256 * MAX_POSITIONS
     assert estimator.memory("lm", "txt2img", 1).working_bytes == DEFAULT_WORKING["txt2img"].bytes(1)  # text only
+
+
+def test_token_decoder_shares_join_into_the_decoded_text_and_split_characters_wait(tiny_text_dir: Path) -> None:
+    """TGI's per-token texts: "é" is two byte tokens with the tiny byte-level tokenizer; the
+    first gets "" (no U+FFFD half character), the second "é"; a special token decodes to "" and
+    is marked special; an unfinished character at the very end is kept (as decode keeps it)."""
+    from app.core.textgen import TokenDecoder, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_text_dir / "tiny-gpt2")
+    ids = tokenizer("aé b", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    decoder = TokenDecoder(tokenizer)
+    pieces = [decoder.add(token) for token in ids]
+    assert pieces == ["a", "", "é", " ", "b", ""] and "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert decoder.special(tokenizer.eos_token_id) and not decoder.special(ids[0])
+    half = tokenizer("é", add_special_tokens=False)["input_ids"][:1]
+    assert TokenDecoder(tokenizer).add(half[0], last=True) == tokenizer.decode(half) == "\ufffd"

@@ -45,7 +45,7 @@ def test_the_runner_generates_exactly_max_new_tokens_and_reports_each(family: st
     steps: list[tuple[int, int]] = []
     texts: list[str] = []
     params: dict[str, Any] = {"prompt": "hello wörld", "seed": 3, "max_new_tokens": 6}
-    out = runner("text")(model, params, lambda step, total, text: steps.append((step, total)) or texts.append(text), {}, {}, family=family)
+    out = runner("text")(model, params, lambda step, total, text, **_: steps.append((step, total)) or texts.append(text), {}, {}, family=family)
     again = runner("text")(model, params, lambda *_, **__: None, {}, {}, family=family)
     usage = out.record["usage"]
     assert out.media_type == "text/plain" and out.data == again.data
@@ -88,3 +88,55 @@ def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkey
                        {}, {}, family="llama")
     assert a.data == b.data  # seeded sampling
     assert seen[0].read == set(spec.params)
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tag"],
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "ok": {"type": "boolean"}, "tag": {"enum": ["red", "green", "blue"]}}}
+REGEX = r"[a-z]{3,8}-[0-9]{2}"
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_a_grammar_makes_even_random_weights_write_valid_output(family: str, tiny_text_dir: Path) -> None:
+    """The constraint is enforced while decoding (llguidance's mask): sampled output of a
+    random-weight model parses and validates against the schema, greedy output fullmatches the
+    regex; each ends with EOS (finish ``stop``) well within max_new_tokens. The compiled matcher is
+    cached per (tokenizer, constraint): a second job with the same schema compiles nothing."""
+    import json
+    import re
+
+    import jsonschema
+
+    from app.core import constraints
+
+    model = load_pipeline(folder_of(tiny_text_dir, family))
+    ids_seen: list[list[int]] = []
+    params = {"prompt": "go", "seed": 5, "max_new_tokens": 200, "temperature": 1.0,
+              "grammar": {"type": "json", "value": SCHEMA}}
+    out = runner("text")(model, params, lambda *_, tokens, **__: ids_seen.append(tokens), {}, {}, family=family)
+    jsonschema.validate(json.loads(out.data.decode("utf-8")), SCHEMA)
+    assert out.record["usage"]["finish_reason"] == "stop" and out.record["tokens"][-1] == model.tokenizer.eos_token_id
+    assert ids_seen[-1] == out.record["tokens"] and len(out.record["logprobs"]) == len(out.record["tokens"])
+    regex = runner("text")(model, {**params, "temperature": 0.0, "grammar": {"type": "regex", "value": REGEX}},
+                           lambda *_, **__: None, {}, {}, family=family)
+    assert re.fullmatch(REGEX, regex.data.decode("utf-8")), regex.data
+    before = constraints.compile_cache_info()
+    runner("text")(model, {"prompt": "x", "seed": 1, "max_new_tokens": 200, "grammar": {"type": "json", "value": SCHEMA}},
+                   lambda *_, **__: None, {}, {}, family=family)
+    after = constraints.compile_cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+
+
+def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(tiny_text_dir: Path) -> None:
+    from app.core import constraints
+
+    tokenizer = load_pipeline(folder_of(tiny_text_dir, "gpt2")).tokenizer
+    with pytest.raises(ValueError, match="does not compile"):
+        constraints.check({"type": "regex", "value": "(unclosed"}, tokenizer, len(tokenizer))
+    with pytest.raises(ValueError, match="does not compile"):
+        constraints.check({"type": "json", "value": {"type": "nonsense"}}, tokenizer, len(tokenizer))
+    with pytest.raises(ValueError, match="type must be one of json, regex"):
+        constraints.grammar_of({"type": "lark", "value": "start: x"})
+    assert constraints.from_response_format({"type": "json_object"}) == {"type": "json", "value": {"type": "object"}}
+    assert constraints.from_response_format({"type": "text"}) is None

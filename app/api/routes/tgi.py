@@ -1,0 +1,235 @@
+"""Hugging Face text-generation-inference's API (issue 20): ``POST /generate``,
+``POST /generate_stream`` and ``POST /`` (TGI's compatibility route: either, by ``stream``; what
+``huggingface_hub.InferenceClient(base_url=...).text_generation`` calls), thin fronts over one
+``text`` job each, through the OpenAI text routes' helpers (app/api/routes/text.py): the same
+placement, idempotency of a client's retries, wait bound and backpressure.
+
+Body: ``inputs`` (the prompt), ``parameters`` (TGI's names: ``max_new_tokens``, ``temperature``,
+``top_p``, ``seed``, ``do_sample``, ``details``, ``return_full_text``, ``grammar``), and
+Homefleet's extra top-level fields ``model`` (a registered text model; default: the first) and
+``target`` (a machine or ``"auto"``, the default here: TGI's clients send no extra field, so
+Auto places what they send; the OpenAI routes default to the server's own machine as the image
+routes do). As in TGI, sampling is on when ``do_sample`` is true or
+``temperature`` (not 1) or ``top_p`` (below 1) is given; else decoding is greedy.
+``grammar`` (``{"type": "json", "value": <JSON schema>}`` or ``{"type": "regex", "value": ...}``)
+constrains the output (app/core/constraints.py); one that does not compile is a 422. A TGI
+parameter Homefleet does not run (``stop``, ``top_k``, ``repetition_penalty``…) is refused when
+set, not ignored.
+
+Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
+``length``), ``generated_tokens``, ``seed`` (null when greedy), ``prefill`` (empty), ``tokens``
+(``id``, ``text``, ``logprob``: natural log, ``special``). The stream: one SSE event per
+generated token ``{"index", "token", "generated_text": null, "details": null}``, the last one with
+``generated_text`` (the verified result, R2) and ``details`` (``finish_reason``,
+``generated_tokens``, ``input_length``, ``seed``). Errors have TGI's shape
+(app/api/openai_errors.py), in the stream too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.routes.deps import Context
+from app.api.routes.images import MAX_PROMPT_CHARS
+from app.api.routes.text import (
+    ended_badly,
+    follow,
+    run_text_job,
+    submit_text_job,
+    text_of,
+    usage_of,
+)
+from app.api.strict_json import StrictJsonRoute
+from app.core.errors import Rejected
+from app.core.states import JobState
+from app.core.textgen import TokenDecoder
+from app.db.tables import Job
+from app.jobs.progress import Progress
+from routing.placement import AUTO
+
+router = APIRouter(route_class=StrictJsonRoute)
+
+UNSUPPORTED = ("stop", "top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
+               "best_of", "top_n_tokens", "decoder_input_details", "adapter_id")
+"""TGI parameters Homefleet does not run: refused when set (not null, false or empty)."""
+
+FINISH_REASONS = {"stop": "eos_token", "length": "length"}
+"""The text kind's finish reason -> TGI's."""
+
+
+class Parameters(BaseModel):
+    """TGI's ``parameters`` (others are refused when set: :data:`UNSUPPORTED`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_new_tokens: int | None = Field(None, ge=1, description="new tokens at most; default 16")
+    temperature: float | None = Field(None, gt=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    do_sample: bool = Field(False, description="sample (seeded); false: greedy unless temperature or top_p is set")
+    details: bool = Field(False, description="answer details: finish reason, token counts, tokens, seed")
+    return_full_text: bool | None = Field(False, description="prepend the prompt to generated_text")
+    grammar: dict[str, Any] | None = Field(
+        None, description='{"type": "json", "value": <JSON schema>} or {"type": "regex", "value": "<regex>"}')
+
+    def sampling(self) -> bool:
+        """Whether decoding samples (TGI's rule: ``do_sample``, or a temperature or top_p that changes the distribution)."""
+        return self.do_sample or (self.temperature is not None and self.temperature != 1.0) or (
+            self.top_p is not None and self.top_p < 1.0)
+
+    def job_params(self, inputs: str) -> dict[str, Any]:
+        """The text job's params.
+
+        Raises:
+            Rejected: a parameter of :data:`UNSUPPORTED` is set (reason ``unknown_param``).
+        """
+        for name in UNSUPPORTED:
+            value = (self.model_extra or {}).get(name)
+            if value not in (None, False, [], ""):
+                raise Rejected(f"`parameters.{name}` is not supported by Homefleet's TGI routes", reason="unknown_param",
+                               param=f"parameters.{name}")
+        params: dict[str, Any] = {"prompt": inputs}
+        if self.max_new_tokens is not None:
+            params["max_new_tokens"] = self.max_new_tokens
+        if self.sampling():
+            params["temperature"] = self.temperature if self.temperature is not None else 1.0
+            if self.top_p is not None:
+                params["top_p"] = self.top_p
+        else:
+            params["temperature"] = 0.0
+        if self.seed is not None:
+            params["seed"] = self.seed
+        if self.grammar is not None:
+            params["grammar"] = self.grammar
+        return params
+
+
+class Generate(BaseModel):
+    """``POST /generate``, ``/generate_stream`` and ``/``: TGI's ``GenerateRequest`` with
+    Homefleet's ``model`` and ``target``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # as /v1/completions: within max_request_bytes
+    parameters: Parameters = Field(default_factory=Parameters)
+    stream: bool = Field(False, description="POST / only: answer as /generate_stream does")
+    model: str | None = Field(None, max_length=64, description="Homefleet extra: registered text model id")
+    target: str = Field(AUTO, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto' (default)")
+
+
+def token_entry(decoder: TokenDecoder, token: int, logprob: float | None, last: bool = False) -> dict[str, Any]:
+    """TGI's token object of ``token``: its share of the decoded text (:class:`TokenDecoder`)."""
+    return {"id": token, "text": decoder.add(token, last), "logprob": logprob if logprob is not None else 0.0,
+            "special": decoder.special(token)}
+
+
+def seed_of(job: Job) -> int | None:
+    """The seed a sampled job ran with (None for greedy decoding, as TGI answers)."""
+    params = job.params or {}
+    return int(params["seed"]) if float(params.get("temperature", 0.0) or 0.0) > 0 and "seed" in params else None
+
+
+def _tokens(job: Job) -> tuple[list[int], list[float]]:
+    provenance = job.provenance or {}
+    return [int(t) for t in provenance.get("tokens") or []], [float(p) for p in provenance.get("logprobs") or []]
+
+
+async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str, Any]:
+    """One text job, waited for: TGI's ``generate`` answer (module docstring)."""
+    params = body.parameters.job_params(body.inputs)
+    job, text, usage = await run_text_job(ctx, request, body.model_dump(mode="json"), body.model, params, body.target)
+    answer: dict[str, Any] = {"generated_text": body.inputs + text if body.parameters.return_full_text else text}
+    if body.parameters.details:
+        tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
+        ids, logprobs = _tokens(job)
+        decoder = TokenDecoder(tokenizer)
+        entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
+                   for i, token in enumerate(ids)]
+        answer["details"] = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+                             "generated_tokens": int(usage.get("completion_tokens", len(ids))), "seed": seed_of(job),
+                             "prefill": [], "tokens": entries}
+    answer["job_id"] = job.id
+    return answer
+
+
+async def generate_stream_answer(body: Generate, ctx: Any) -> Any:
+    """One text job, submitted now (a refusal is a plain 422), answered as TGI's event stream."""
+    from sse_starlette.sse import EventSourceResponse
+
+    params = body.parameters.job_params(body.inputs)
+    job_id, model = await submit_text_job(ctx, body.model, params, body.target)
+    tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
+
+    async def events() -> AsyncIterator[str]:
+        decoder = TokenDecoder(tokenizer)
+        sent = 0  # tokens sent; the newest reported one is held back: the last event carries the last token
+
+        def event(token: dict[str, Any], text: str | None = None, details: dict[str, Any] | None = None) -> str:
+            return json.dumps({"index": sent, "token": token, "generated_text": text, "details": details,
+                               "top_tokens": None, "job_id": job_id})
+
+        async for update in follow(ctx, job_id):
+            if isinstance(update, Progress):
+                ids, logprobs = update.tokens or [], update.logprobs or []
+                while sent < len(ids) - 1:
+                    sent += 1
+                    yield event(token_entry(decoder, ids[sent - 1], logprobs[sent - 1] if sent <= len(logprobs)
+                                            else None))
+                continue
+            job = update
+            if job.state != JobState.succeeded:
+                yield json.dumps({"error": ended_badly(job), "error_type": "generation", "reason": job.reason,
+                                  "job_id": job_id})
+                return
+            final = await to_thread.run_sync(text_of, job)
+            ids, logprobs = _tokens(job)
+            while sent < len(ids) - 1:
+                sent += 1
+                yield event(token_entry(decoder, ids[sent - 1], logprobs[sent - 1] if sent <= len(logprobs) else None))
+            usage = usage_of(job)
+            last = ids[-1] if ids else -1
+            rest = final[len(decoder.sent):] if final.startswith(decoder.sent) else ""  # the verified text's end (R2)
+            sent += 1
+            details = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+                       "generated_tokens": int(usage.get("completion_tokens", len(ids))),
+                       "input_length": int(usage.get("prompt_tokens", 0)), "seed": seed_of(job)}
+            token = {"id": last, "text": rest, "logprob": logprobs[-1] if logprobs else 0.0,
+                     "special": decoder.special(last)}
+            yield event(token, body.inputs + final if body.parameters.return_full_text else final, details)
+
+    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+
+
+@router.post("/generate", response_model=None)
+async def generate(body: Generate, ctx: Context, request: Request) -> Any:
+    """TGI ``generate``: 200 ``{"generated_text"[, "details"]}`` once the job has succeeded; 422
+    (``error_type: validation``) for the token limits (``max_input_tokens``,
+    ``max_total_tokens``) or a grammar that does not compile; 409 ``job_pending``
+    (``incomplete_generation``) when the wait bound ran out, as the image routes (C10)."""
+    body.parameters.job_params(body.inputs)  # refuse unsupported parameters before anything is submitted
+    return JSONResponse(await generate_once(body, ctx, request))
+
+
+@router.post("/generate_stream", response_model=None)
+async def generate_stream(body: Generate, ctx: Context) -> Any:
+    """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
+    ``generated_text`` and ``details``."""
+    body.parameters.job_params(body.inputs)
+    return await generate_stream_answer(body, ctx)
+
+
+@router.post("/", response_model=None)
+async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any:
+    """TGI's root route (``huggingface_hub``'s ``text_generation`` calls it): :func:`generate`,
+    or :func:`generate_stream` when ``stream`` is true."""
+    body.parameters.job_params(body.inputs)
+    if body.stream:
+        return await generate_stream_answer(body, ctx)
+    return JSONResponse(await generate_once(body, ctx, request))
