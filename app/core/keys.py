@@ -139,6 +139,12 @@ class Keys:
         """Hash job id -> JSON reservation of every job queued or running on that machine (R14)."""
         return f"{self.prefix}:machine:{machine}:reservations"
 
+    def reservations_version(self, machine: str) -> str:
+        """A token replaced at every change of :meth:`reservations` (app/fleet/reservations.py),
+        so that placement re-reads only a machine whose backlog changed. Its name is the hash's
+        plus ``:version``, as app/fleet/multiread.py's ``HGETALL_SINCE`` derives it."""
+        return f"{self.reservations(machine)}:version"
+
     def reservation_seq(self) -> str:
         """Counter giving reservations their FIFO order across the fleet."""
         return f"{self.prefix}:reservations:seq"

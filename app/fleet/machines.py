@@ -13,7 +13,7 @@ import redis
 from app.fleet.config import Fleet
 from app.journal.jobs import Journal
 from app.core.keys import Keys
-from app.fleet.multiread import MultiRead
+from app.fleet.multiread import MultiRead, Read
 from app.fleet.reservations import Reservations
 from routing.placement import MachineView
 
@@ -132,10 +132,12 @@ class MachineStates:
             ValueError: a read in ``also`` is not one of :data:`app.fleet.multiread.READS`.
         """
         names = list(self.fleet.machines) if names is None else names
-        reads = list(also)
+        reads: list[Read] = list(also)
+        seen = {}
         for name in names:
+            reserved_read, seen[name] = self.reservations.snapshot_read(name)
             reads += [("GET", self.keys.heartbeat(name)), ("SMEMBERS", self.keys.verified(name)),
-                      ("HGETALL", self.keys.reservations(name)), ("EXISTS", self.keys.draining(name)),
+                      reserved_read, ("EXISTS", self.keys.draining(name)),
                       ("EXISTS", self.keys.syncing(name))]
         machine_reads = len(reads)
         reads += self.residency.reads(names)
@@ -146,7 +148,7 @@ class MachineStates:
             first = len(also) + 5 * i
             raw_beat, verified, reserved, draining, syncing = replies[first: first + 5]
             beat = json.loads(raw_beat) if raw_beat else None
-            queue = self.reservations.items_from(name, reserved)
+            queue = self.reservations.items_from(name, self.reservations.snapshot_hash(name, reserved, seen[name]))
             found[name] = MachineView(
                 name=name,
                 online=beat is not None,

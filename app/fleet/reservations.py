@@ -10,6 +10,7 @@ from here, so two Auto jobs submitted at the same instant see each other (R14).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -24,35 +25,56 @@ from app.fleet.lock import Fence
 from app.journal.jobs import Journal
 from routing.finish import WorkItem
 
+# Every change of a reservations hash replaces its version token (Keys.reservations_version)
+# in the same atomic step, with a fresh random token (never a counter: after Redis lost its
+# data a counter would start again and repeat an old version), so that a snapshot re-reads a
+# machine's hash only when it changed (app/fleet/multiread.py, HGETALL_SINCE).
+
 # KEYS[1]: the fleet lock, KEYS[2]: the fleet-wide sequence counter, KEYS[3]: the machine's
-# reservations hash, KEYS[4..]: more hashes to write. ARGV[1]: the lock's token, ARGV[2]: the
-# lock's TTL (ms), ARGV[3]: job id, ARGV[4]: the record's JSON without ``seq``, then (field,
-# value) for each of KEYS[4..]. One round trip and one atomic step: the fence (the lock still
-# holds our token, and its TTL is renewed, as redis-py's Lock.reacquire does), the next
-# sequence number into the record, the record, the other fields. Nil: the lock was lost.
+# reservations hash, KEYS[4]: its version, KEYS[5..]: more hashes to write. ARGV[1]: the lock's
+# token, ARGV[2]: the lock's TTL (ms), ARGV[3]: job id, ARGV[4]: the record's JSON without
+# ``seq``, ARGV[5]: the new version token, then (field, value) for each of KEYS[5..]. One round
+# trip and one atomic step: the fence (the lock still holds our token, and its TTL is renewed,
+# as redis-py's Lock.reacquire does), the next sequence number into the record, the record, its
+# version, the other fields. Nil: the lock was lost.
 _ADD = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local record = cjson.decode(ARGV[4])
 record['seq'] = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[3], ARGV[3], cjson.encode(record))
-for i = 4, #KEYS do
-  redis.call('HSET', KEYS[i], ARGV[2 * i - 3], ARGV[2 * i - 2])
+redis.call('SET', KEYS[4], ARGV[5])
+for i = 5, #KEYS do
+  redis.call('HSET', KEYS[i], ARGV[2 * i - 4], ARGV[2 * i - 3])
 end
 return record['seq']
 """
 
 
-# KEYS[1]: the machine's reservations hash. ARGV[1]: job id, ARGV[2]: started_at (Unix
-# seconds). Sets the record's started_at only if the job still holds a reservation; 1 if so.
+# KEYS[1]: the machine's reservations hash, KEYS[2]: its version. ARGV[1]: job id, ARGV[2]:
+# started_at (Unix seconds), ARGV[3]: the new version token. Sets the record's started_at only
+# if the job still holds a reservation; 1 if so.
 _START = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
 local record = cjson.decode(raw)
 record['started_at'] = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
+redis.call('SET', KEYS[2], ARGV[3])
 return 1
 """
+
+# KEYS[1]: the machine's reservations hash, KEYS[2]: its version. ARGV[1]: job id, ARGV[2]: the
+# new version token. 1 if the job held a reservation (then the version changes).
+_RELEASE = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+def _version() -> str:
+    return secrets.token_hex(8)
 
 
 class HashField(NamedTuple):
@@ -95,7 +117,9 @@ class Reservations:
         self.keys = keyspace
         self._add = client.register_script(_ADD)
         self._start = client.register_script(_START)
+        self._release = client.register_script(_RELEASE)
         self._reads: dict[str, _Read] = {}  # machine -> its last read by items_from
+        self._seen: dict[str, tuple[str, dict[str, str]]] = {}  # machine -> (version, hash) of its last snapshot read
 
     def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int, fence: Fence,
             also: Sequence[HashField] = ()) -> bool:
@@ -108,8 +132,9 @@ class Reservations:
             holds it): nothing was written.
         """
         record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
-        keys = [fence.key, self.keys.reservation_seq(), self.keys.reservations(machine)]
-        args: list[str | int] = [fence.token, fence.ttl_ms, job_id, json.dumps(record)]
+        keys = [fence.key, self.keys.reservation_seq(), self.keys.reservations(machine),
+                self.keys.reservations_version(machine)]
+        args: list[str | int] = [fence.token, fence.ttl_ms, job_id, json.dumps(record), _version()]
         for write in also:
             keys.append(write.key)
             args += [write.field, write.value]
@@ -120,13 +145,15 @@ class Reservations:
         atomic step: a reservation released meanwhile (its job ended or was cancelled) is not
         brought back. True if the job held a reservation."""
         started = time.time() if at_s is None else at_s
-        return bool(self._start(keys=[self.keys.reservations(machine)], args=[job_id, repr(float(started))]))
+        keys = [self.keys.reservations(machine), self.keys.reservations_version(machine)]
+        return bool(self._start(keys=keys, args=[job_id, repr(float(started)), _version()]))
 
     def release(self, machine: str | None, job_id: str) -> bool:
         """Drop a job's reservation (its job ended in any state); True if it held one."""
         if machine is None:
             return False
-        return bool(self.redis.hdel(self.keys.reservations(machine), job_id))
+        keys = [self.keys.reservations(machine), self.keys.reservations_version(machine)]
+        return bool(self._release(keys=keys, args=[job_id, _version()]))
 
     def count(self, machine: str) -> int:
         return int(self.redis.hlen(self.keys.reservations(machine)))
@@ -139,6 +166,29 @@ class Reservations:
     def _ordered(raw: dict[str, str]) -> list[tuple[str, dict]]:
         rows = [(job_id, json.loads(value)) for job_id, value in raw.items()]
         return sorted(rows, key=lambda row: (row[1]["started_at"] is None, row[1]["seq"]))
+
+    def snapshot_read(self, machine: str) -> tuple[tuple[str, str, str, int], tuple[str, dict[str, str]]]:
+        """The read of ``machine``'s hash for a snapshot (app/fleet/multiread.py), and the
+        (version, hash) it was made against: the records come back only if the hash's version
+        or field count differs from that one's. Give both to :meth:`snapshot_hash`."""
+        seen = self._seen.get(machine, ("", {}))
+        version, raw = seen
+        return ("HGETALL_SINCE", self.keys.reservations(machine), version, len(raw) if version else -1), seen
+
+    def snapshot_hash(self, machine: str, reply: tuple[str | None, dict[str, str] | None],
+                      seen: tuple[str, dict[str, str]]) -> dict[str, str]:
+        """``machine``'s reservations hash from the reply to :meth:`snapshot_read`: ``seen``'s
+        when unchanged (the same object, so :meth:`items_from` reuses its parse). Each cached
+        (version, hash) pair is consistent on its own, so threads that read at once cannot mix
+        one read's version with another's records."""
+        version, raw = reply
+        if raw is None:
+            return seen[1]
+        if version is None:
+            self._seen.pop(machine, None)  # no version (Redis lost it): read in full next time
+        else:
+            self._seen[machine] = (version, raw)
+        return raw
 
     def items(self, machine: str, now_s: float | None = None) -> tuple[WorkItem, ...]:
         """The machine's reserved jobs as :class:`WorkItem` in FIFO order (running first)."""
@@ -153,7 +203,7 @@ class Reservations:
         a record's JSON is parsed again only when its text changed (its job started).
         """
         last = self._reads.get(machine)
-        if last is None or last.raw != raw:
+        if last is None or (last.raw is not raw and last.raw != raw):
             before, before_raw = (last.parsed, last.raw) if last is not None else ({}, {})
             parsed = {job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
                       for job_id, value in raw.items()}
