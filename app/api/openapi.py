@@ -23,7 +23,7 @@ from typing import Any
 from app.api.auth import INTERNAL_PREFIX
 from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
-from app.core.limits import FamilyLimits
+from app.core.limits import MAX_MODEL_ID, FamilyLimits
 
 ERROR_BODY: dict[str, Any] = {
     "title": "Error", "type": "object", "required": ["error"],
@@ -98,7 +98,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/internal/v1/syncs/{sync_id}/progress"): (403, 409),
     ("post", "/internal/v1/syncs/{sync_id}/finish"): (403, 409),
 }
-OPEN_ROUTES = ("/metrics",)
+OPEN_ROUTES = (("get", "/metrics"), ("get", "/"))  # no key and no Redis or journal: never 503 (the page holds no data)
 NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "seed")  # answers without Redis or the journal
 
 
@@ -141,7 +141,7 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
-        "expand_prompt": {"type": "string", "maxLength": 64,
+        "expand_prompt": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_ID,
                           "description": "a text model that expands the prompt first, as its own job"},
         "expanded_by": {"type": "string", "description": "set by the server: the expansion's text job"},
         "grammar": {"anyOf": [{"type": "null"}, {
@@ -237,7 +237,7 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                 statuses.add(401)
             if any(parameter.get("in") == "path" for parameter in parameters):
                 statuses.add(404)
-            if path not in OPEN_ROUTES:
+            if (method, path) not in OPEN_ROUTES:
                 statuses.add(503)
             body = "OpenAIError" if path.startswith(OPENAI_PREFIXES) else "TGIError" if is_tgi_route(path) else "Error"
             responses = op.setdefault("responses", {})

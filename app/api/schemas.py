@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.limits import MAX_MODEL_ID
 from app.core.states import JobState
 from app.db.tables import Job
 from routing.placement import SERVER
@@ -18,7 +19,7 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
 
-    model: str = Field(min_length=1, max_length=64, description="registered model id")
+    model: str = Field(min_length=1, max_length=MAX_MODEL_ID, description="registered model id")
     kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")
     params: dict[str, Any] = Field(default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed")
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")

@@ -14,6 +14,9 @@ from app.core.families import FAMILIES
 
 DEFAULT_FAMILY = "default"
 
+MAX_MODEL_ID = 64
+"""A model id's characters at most (the API's ``model`` field, ``params.expand_prompt``)."""
+
 
 class FamilyLimits(BaseModel):
     """Limits of one model family. Pixels are width x height of one image or frame. A key that

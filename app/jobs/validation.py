@@ -31,7 +31,7 @@ from app.core.kinds import (
     spec,
 )
 from app.core.kinds import family_kind_spec as family_spec
-from app.core.limits import FamilyLimits, TokenLimits, limits_for, token_limits
+from app.core.limits import MAX_MODEL_ID, FamilyLimits, TokenLimits, limits_for, token_limits
 from app.core.textgen import (
     chat_prompt,
     is_text_folder,
@@ -120,8 +120,11 @@ class Validator:
             check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
             return job_request(model_id, record.family, kind, target, params)
-        if kind == "txt2img" and params.get("expand_prompt") is not None and not isinstance(
-                params.get("expanded_by"), str):
+        text_model = params.get("expand_prompt") if kind == "txt2img" else None
+        if text_model is not None and not (isinstance(text_model, str) and 1 <= len(text_model) <= MAX_MODEL_ID):
+            raise Rejected(f"params.expand_prompt must be a text model's id (1-{MAX_MODEL_ID} characters)",
+                           reason="invalid_expand_prompt", param="params.expand_prompt")
+        if text_model is not None and not isinstance(params.get("expanded_by"), str):
             raise Rejected("params.expand_prompt is run by POST /v1/jobs (the expansion's text job first, "
                            "app/jobs/expansion.py); this route cannot expand a prompt", reason="invalid_expand_prompt",
                            param="params.expand_prompt")

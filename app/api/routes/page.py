@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 
 from app.core.errors import NotFound
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
 
 PAGE_DIR = Path(str(files("app.api") / "page"))
 #: The page's files and their media types; nothing else is served from ``/page/``.
@@ -37,13 +37,13 @@ def _asset(name: str) -> FileResponse:
                                  "Cache-Control": "no-cache"})
 
 
-@router.get("/")
+@router.get("/", response_class=FileResponse, responses={200: {"content": {"text/html": {}}, "description": "the page"}})
 def fleet_page() -> FileResponse:
     """The fleet page (HTML): Fleet, Jobs, Gallery and Submit views over the JSON API."""
     return _asset("index.html")
 
 
-@router.get("/page/{name}")
+@router.get("/page/{name}", include_in_schema=False)
 def page_asset(name: str) -> FileResponse:
     """One of the page's files (:data:`ASSETS`); 404 naming them for any other name."""
     return _asset(name)

@@ -16,7 +16,7 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from tests.helpers import TEST_API_KEY, make_fleet
 
-OPEN_ROUTES = {"/health", "/metrics"}  # for probes and scrapers (app/api/auth.py)
+OPEN_ROUTES = {("get", "/health"), ("get", "/metrics"), ("get", "/")}  # probes, scrapers, the page (app/api/auth.py)
 METHODS = {"get", "post", "put", "delete", "patch"}
 
 
@@ -43,7 +43,7 @@ def test_public_schema_declares_the_bearer_scheme_on_every_keyed_route_and_no_in
     assert len(ops) >= 15
     assert not [path for path, _, _ in ops if path.startswith("/internal")]
     for path, method, op in ops:
-        if path in OPEN_ROUTES:
+        if (method, path) in OPEN_ROUTES:
             assert "security" not in op, (method, path)
         else:
             assert op.get("security") == [{"ApiKey": []}], (method, path)

@@ -42,7 +42,7 @@ def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tupl
     for path, item in schema["paths"].items():
         for method, op in item.items():
             responses = op["responses"]
-            expected = {"503"} if path != "/metrics" else set()
+            expected = {"503"} if (method, path) not in {("get", "/metrics"), ("get", "/")} else set()  # no Redis or journal
             if op.get("security"):
                 expected.add("401")
             if any(p["in"] == "path" for p in op.get("parameters", [])):
@@ -155,3 +155,18 @@ def test_progress_for_a_job_that_is_not_running_is_409(api: tuple[TestClient, Se
     ended = client.post(url, json={"step": 2, "total": 2}, headers=token)
     assert ended.status_code == 409 and ended.json()["error"]["reason"] == "not_running"
     assert ctx.progress.read(job_id).step == 1  # nothing recorded after the end
+
+
+@pytest.mark.parametrize("text_model", ["x" * 65, "", 7])
+def test_issue24_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
+    api: tuple[TestClient, ServerContext], text_model: object
+) -> None:
+    """The schema's limits on ``params.expand_prompt`` (a model id: 1-64 characters) hold on every
+    path, the dry run included (the fuzz run found a dry run that accepted 65 characters)."""
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "expand_prompt": text_model, "expanded_by": ""}}
+    answer = client.post("/v1/jobs", params={"dry_run": "true"}, json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["reason"] == "invalid_expand_prompt"
+    assert "params.expand_prompt" in answer.text and "1-64 characters" in answer.text
+    assert ctx.journal.list() == []
