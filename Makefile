@@ -19,9 +19,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/homefleet demo
 
-# Two pytest-xdist workers; the tests that share a fleet of real workers stay together in one
-# (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 2
+# Three pytest-xdist workers, even on 2 cores: the end-to-end tests mostly wait on their fleets'
+# processes (a full run used 1.14 cores on average), so a third worker overlaps that waiting
+# (docs/benchmarks.md, "The test suite"). The tests that share a fleet of real workers stay
+# together in one (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
