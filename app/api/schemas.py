@@ -11,10 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.core.limits import MAX_MODEL_ID
 from app.core.states import JobState
 from app.db.tables import Job
+from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 
-class JobCreate(BaseModel):
+class JobCreate(RequestBody):
     """``POST /v1/jobs``. ``target``: a machine name (pinned, never rerouted), or ``"auto"``."""
 
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored

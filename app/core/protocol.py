@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.core.digest import ALGORITHM, bytes_digest
 from app.core.variants import Variant
+from app.core.request_body import RequestBody
 
 REVOCATIONS_PER_REPORT = 100
 """At most this many job ids in one :class:`Revocations` report (a worker sends more in several)."""
 
 
-class Body(BaseModel):
+class Body(RequestBody):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # "NaN" and "inf" are no numbers (issue 24)
 
 

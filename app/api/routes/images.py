@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.api.auth import bearer_token
 from app.api.routes.deps import Context
@@ -60,6 +60,7 @@ from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
+from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -139,7 +140,7 @@ class ImageCall:
                    answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s))
 
 
-class ImageGeneration(BaseModel):
+class ImageGeneration(RequestBody):
     """``POST /v1/images/generations`` (OpenAI's fields; others such as ``quality`` are ignored)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -156,7 +157,7 @@ class ImageGeneration(BaseModel):
                                       "expansion runs on POST /v1/jobs (params.expand_prompt)")
 
 
-class HfParameters(BaseModel):
+class HfParameters(RequestBody):
     """The ``parameters`` Homefleet runs, under Hugging Face's names: text-to-image's (txt2img's
     params) and, with ``prompt`` set, image-to-image's (:data:`HF_IMAGE_PARAMS`). Any other key
     is kept in ``model_extra`` and refused (:func:`hf_params`, :func:`hf_image_to_image`), as
@@ -210,7 +211,7 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
     return params
 
 
-class HfInference(BaseModel):
+class HfInference(RequestBody):
     """The Hugging Face Inference payload: text-to-image (``inputs``: the prompt, at most
     :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, ``parameters.prompt`` set;
     the whole body is bounded by ``max_request_bytes``)."""

@@ -5,18 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
 from app.fleet.residency import commit_residency
+from app.core.request_body import RequestBody
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
 
-class CommitmentsUpdate(BaseModel):
+class CommitmentsUpdate(RequestBody):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored
 
     models: list[str] = Field(default_factory=list, description="model ids to keep resident (empty: none)")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.api.routes.deps import Context, WorkerMachine, get_context, stored_file
 from app.api.strict_json import StrictJsonRoute
@@ -18,6 +18,7 @@ from app.context import ServerContext
 from app.core.errors import NotFound
 from app.core.protocol import SyncFinish, SyncGrant, SyncProgress
 from app.jobs.sync import Syncs
+from app.core.request_body import RequestBody
 
 public_router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 internal_router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
@@ -30,7 +31,7 @@ def get_syncs(ctx: Annotated[ServerContext, Depends(get_context)]) -> Syncs:
 SyncService = Annotated[Syncs, Depends(get_syncs)]
 
 
-class SyncCreate(BaseModel):
+class SyncCreate(RequestBody):
     """``POST /v1/machines/{machine}/sync``. No models: every registered model the machine supports."""
 
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused (422 naming it), not ignored

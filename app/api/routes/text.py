@@ -42,7 +42,7 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.api.routes.deps import Context
 from app.api.routes.images import (
@@ -58,6 +58,7 @@ from app.core.errors import Rejected
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.progress import Progress
+from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -67,7 +68,7 @@ UNSUPPORTED = ("stop", "logprobs", "tools", "suffix", "echo", "best_of")
 """OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
 
 
-class Sampling(BaseModel):
+class Sampling(RequestBody):
     """The sampling fields both routes share (OpenAI's names; others are ignored, except
     :data:`UNSUPPORTED` ones, which are refused)."""
 
@@ -120,7 +121,7 @@ class Completion(Sampling):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # 4 bytes a character at most: within max_request_bytes
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestBody):
     model_config = ConfigDict(extra="ignore")
 
     role: str = Field(min_length=1, max_length=32)

@@ -34,7 +34,7 @@ from typing import Any
 from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
@@ -52,6 +52,7 @@ from app.core.states import JobState
 from app.core.textgen import TokenDecoder
 from app.db.tables import Job
 from app.jobs.progress import Progress
+from app.core.request_body import RequestBody
 from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -64,7 +65,7 @@ FINISH_REASONS = {"stop": "eos_token", "length": "length"}
 """The text kind's finish reason -> TGI's."""
 
 
-class Parameters(BaseModel):
+class Parameters(RequestBody):
     """TGI's ``parameters`` (others are refused when set: :data:`UNSUPPORTED`)."""
 
     model_config = ConfigDict(extra="allow")
@@ -111,7 +112,7 @@ class Parameters(BaseModel):
         return params
 
 
-class Generate(BaseModel):
+class Generate(RequestBody):
     """``POST /generate``, ``/generate_stream`` and ``/``: TGI's ``GenerateRequest`` with
     Homefleet's ``model`` and ``target``."""
 

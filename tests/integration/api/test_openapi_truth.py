@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -170,3 +172,23 @@ def test_issue24_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     assert answer.json()["error"]["reason"] == "invalid_expand_prompt"
     assert "params.expand_prompt" in answer.text and "1-64 characters" in answer.text
     assert ctx.journal.list() == []
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), [
+    ("post", "/hf", {"inputs": "a", "parameters": {"guidance_scale": False}}, "guidance_scale"),
+    ("post", "/v1/images/generations", {"prompt": "a", "steps": True}, "steps"),
+    ("post", "/v1/completions", {"prompt": "a", "max_tokens": True}, "max_tokens"),
+    ("post", "/generate", {"inputs": "a", "parameters": {"max_new_tokens": True}}, "max_new_tokens"),
+    ("post", "/v1/jobs", {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "steps": True}}, "steps"),
+])
+def test_issue24_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContext], method: str, path: str,
+                                                       body: dict[str, Any], field: str) -> None:
+    """Pydantic's lax mode would read ``false`` as 0.0 (the fuzz run's stateful phase got an image
+    for ``"guidance_scale": false``): every request body refuses a boolean where the schema says
+    number (app/core/request_body.py), with a 422 naming the field; nothing runs (a refused
+    ``POST /v1/jobs`` keeps its reason in the journal, R19)."""
+    client, ctx = api
+    answer = client.request(method, path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.text
+    assert [job.state for job in ctx.journal.list()] == (["rejected"] if path == "/v1/jobs" else [])
