@@ -127,6 +127,8 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
+        "mask": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
+                 "description": "inpaint: the id of an uploaded mask of the image's size (white: repaint)"},
     }
     variants = []
     for name, spec in KINDS.items():

@@ -11,6 +11,7 @@ from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, Rejected
+from app.core.families import kinds_of
 from app.core.states import JobState
 from app.store.media import EXTENSIONS
 
@@ -135,7 +136,7 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
 @router.get("/models")
 def list_models(ctx: Context) -> list[dict[str, Any]]:
     return [
-        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
+        {"id": m.id, "family": m.family, "kinds": list(kinds_of(m.family, m.kinds)), "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
          "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
         for m in ctx.registry.list()
     ]
