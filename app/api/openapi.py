@@ -125,6 +125,8 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "steps": {"type": "integer", "minimum": 1, "maximum": limits.max_steps},
         "frames": {"type": "integer", "minimum": 1, "maximum": limits.max_frames},
         "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+        "n": {"type": "integer", "minimum": 1, "maximum": limits.max_batch,
+              "description": "images in one job (image i: seed + i); at most the family's max_batch"},
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
         "mask": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",

@@ -18,7 +18,7 @@ from app.core.specs import OUTPUT_SIZE_FIELDS, Args, KindSpec, NumberRange
 from routing.placement import JobRequest
 from routing.timings import job_size
 
-__all__ = ["DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
+__all__ = ["BATCH_PARAM", "DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
            "denoised_steps", "family_kind_spec", "job_request", "spec"]
 
 MAX_SEED = 2**63 - 1
@@ -27,6 +27,11 @@ MAX_SEED = 2**63 - 1
 DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""
 
+BATCH_PARAM = "n"
+"""Images per job (issue 22, OpenAI's ``n``): one pipeline call with ``num_images_per_prompt``
+and one generator per image, seeded ``seed``, ``seed + 1``, …; at most the family's
+``max_batch`` (``app/core/limits.py``). The kinds whose spec lists it take it."""
+
 
 _GUIDANCE = NumberRange("guidance_scale", 0.0, 50.0)
 _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
@@ -34,8 +39,8 @@ _STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is ad
 
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
-        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64}, numbers=(_GUIDANCE,), prompt_required=True,
+        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
+        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(
         "edit", params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),
@@ -45,14 +50,14 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     ),
     KindSpec(
         # issue 22: the input image noised by `strength`, then denoised int(steps * strength) steps
-        "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "strength": 0.8}, numbers=(_GUIDANCE, _STRENGTH),
+        "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+        defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
         inputs=("image",), prompt_required=True, output_scale=1,
     ),
     KindSpec(
         # issue 22: `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
-        "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "strength": 1.0}, numbers=(_GUIDANCE, _STRENGTH),
+        "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+        defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
         inputs=("image", "mask"), prompt_required=True, output_scale=1,
     ),
     KindSpec(
@@ -126,8 +131,8 @@ def _number(params: Mapping[str, Any], name: str, default: int) -> int:
 def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any]) -> JobRequest:
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
-    for kinds whose output follows an input image), else ``width`` x ``height``, and
-    ``frames``; each absent one at the family's default for the kind (``app/core/families.py``;
+    for kinds whose output follows an input image), else ``width`` x ``height``, ``frames``
+    and ``n`` (images per job, the batch); each absent one at the family's default for the kind (``app/core/families.py``;
     an unknown kind: txt2img's)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
@@ -139,4 +144,5 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
         steps = max(1, denoised_steps(steps, float(strength)))
     if kind == "text":  # one "step" per new token; the size is one token's (learned per-token timings: later)
         return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=1)
-    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames))
+    batch = _number(params, BATCH_PARAM, 1) if BATCH_PARAM in kind_spec.params else 1
+    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch))

@@ -23,6 +23,7 @@ from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
 from app.core.families import kinds_of
 from app.core.kinds import (
+    BATCH_PARAM,
     KINDS,
     MAX_SEED,
     OUTPUT_SIZE_FIELDS,
@@ -223,7 +224,7 @@ def check_submission(
             )
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
-    _bounded("n", _integer(params, "n"), 1, limits.max_batch, " (max_batch)")
+    _bounded("n", _integer(params, "n"), 1, limits.max_batch, f" (max_batch{f' of family {family}' if family else ''})")
     for name in ("prompt", "negative_prompt"):
         text = params.get(name)
         if text is None:
@@ -363,6 +364,10 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
         raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+    count = params.get(BATCH_PARAM)
+    if isinstance(seed, int) and isinstance(count, int) and count > 1 and seed + count - 1 > MAX_SEED:
+        raise Rejected(f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got "
+                       f"{seed} + {count} - 1", reason="invalid_params", param="params.seed")
     check_numbers(kind_spec, params)
     check_strength(kind_spec, params)
     first: tuple[str, tuple[int, int]] | None = None  # the first input's field and size (pixels)

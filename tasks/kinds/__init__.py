@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.core.families import family as family_rules
-from app.core.kinds import Args
+from app.core.kinds import BATCH_PARAM, Args
 
 ProgressFn = Callable[..., None]  # (step done, total steps[, text=the text so far: text jobs])
 
@@ -29,11 +29,14 @@ ProgressFn = Callable[..., None]  # (step done, total steps[, text=the text so f
 @dataclass(frozen=True)
 class Output:
     """A runner's result: the file's bytes and media type, and ``record``: figures for the
-    journaled provenance only (not embedded: e.g. a text job's token counts and finish reason)."""
+    journaled provenance only (not embedded: e.g. a text job's token counts and finish reason);
+    ``more``: the files of images 2..n of a job with ``n`` > 1 (issue 22), in order, each of
+    ``media_type``."""
 
     data: bytes
     media_type: str
     record: Mapping[str, Any] = field(default_factory=dict)
+    more: tuple[bytes, ...] = ()
 
 
 class Kind(Protocol):
@@ -71,11 +74,16 @@ def denoising(args: Args, progress: ProgressFn, total: int | None = None) -> dic
         progress(step + 1, reported)
         return callback_kwargs
 
+    seed = int(args["seed"])
     call: dict[str, Any] = {
         "num_inference_steps": steps,
-        "generator": torch.Generator("cpu").manual_seed(int(args["seed"])),
+        "generator": torch.Generator("cpu").manual_seed(seed),
         "callback_on_step_end": on_step_end,
     }
+    count = images_of(args)
+    if count > 1:  # one call, one generator per image: image i is seeded seed + i (issue 22)
+        call["num_images_per_prompt"] = count
+        call["generator"] = [torch.Generator("cpu").manual_seed(seed + i) for i in range(count)]
     if "guidance_scale" in args.spec.params:
         call["guidance_scale"] = float(args["guidance_scale"])
     return call
@@ -108,6 +116,26 @@ def kind_pipeline(pipeline: Any, family: str, kind: str) -> Any:
         built.set_progress_bar_config(disable=True)
         derived[class_name] = built
     return derived[class_name]
+
+
+def images_of(args: Args) -> int:
+    """The images a job makes: ``n`` where its kind takes it (:data:`app.core.kinds.BATCH_PARAM`), else 1."""
+    return int(args[BATCH_PARAM]) if BATCH_PARAM in args.spec.params else 1
+
+
+def image_output(images: list[Any], args: Args, provenance: dict[str, Any], encode: Callable[..., bytes]) -> Output:
+    """The PNG output of a denoising call's ``images`` (PIL, in order). Image ``i`` of a job
+    with ``n`` > 1 embeds its own provenance: ``seed`` + i as its ``seed`` and ``index`` i, so
+    each file says how to make it alone; one image embeds ``provenance`` as it is."""
+    count = images_of(args)
+    if count == 1:
+        return Output(data=encode(images[0], provenance), media_type="image/png")
+    if len(images) != count:
+        raise RuntimeError(f"the pipeline made {len(images)} images for n={count}")
+    seed = int(args["seed"])
+    files = [encode(image, {**provenance, "seed": seed + i, "index": i}) for i, image in enumerate(images)]
+    return Output(data=files[0], media_type="image/png", more=tuple(files[1:]),
+                  record={"seeds": [seed + i for i in range(count)]})
 
 
 def runner(kind: str) -> Kind:

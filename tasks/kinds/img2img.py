@@ -7,7 +7,8 @@ Params (``app/core/kinds.py``, each family's changes in ``app/core/families.py``
 ``negative_prompt``, ``strength`` (0..1, default 0.8: how much noise is added to the input;
 near 0 keeps it, 1 redraws it), ``steps``, ``guidance_scale``, ``seed``. The pipeline runs
 ``int(steps * strength)`` denoising steps (at least 1, checked at submission); progress counts
-those. Output: one PNG with the input image's width x height pixels (multiples of 8).
+those; ``n`` images in one call as txt2img's. Output: n PNGs with the input image's width x
+height pixels (multiples of 8).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 
 from app.core.kinds import denoised_steps
 from app.core.kinds import family_kind_spec as kind_spec
-from tasks.kinds import Output, ProgressFn, denoising, family_arguments, kind_pipeline
+from tasks.kinds import (
+    Output,
+    ProgressFn,
+    denoising,
+    family_arguments,
+    image_output,
+    kind_pipeline,
+)
 from tasks.pipelines import decode_image, png_bytes
 
 KIND = "img2img"
@@ -36,4 +44,4 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
         **denoising(args, progress, total=denoised_steps(int(args["steps"]), strength)),
         **family_arguments(args, family),
     )
-    return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")
+    return image_output(list(result.images), args, provenance, png_bytes)

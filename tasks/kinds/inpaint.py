@@ -10,7 +10,7 @@ pipeline runs ``int(steps * strength)`` denoising steps (at least 1). A txt2img 
 channels) inpaints by putting the input's latents back outside the mask after every step
 (diffusers' legacy inpainting); a 9-channel inpainting UNet reads the mask itself.
 
-Output: one PNG with the input's width x height pixels; outside the mask the pixels ARE the
+Output: ``n`` PNGs (one call, as txt2img's) with the input's width x height pixels; outside the mask the pixels ARE the
 input's (the result is pasted in through the binarized mask, as diffusers'
 ``VaeImageProcessor.apply_overlay`` does: the VAE's round trip would otherwise change them).
 """
@@ -22,7 +22,14 @@ from typing import Any
 
 from app.core.kinds import denoised_steps
 from app.core.kinds import family_kind_spec as kind_spec
-from tasks.kinds import Output, ProgressFn, denoising, family_arguments, kind_pipeline
+from tasks.kinds import (
+    Output,
+    ProgressFn,
+    denoising,
+    family_arguments,
+    image_output,
+    kind_pipeline,
+)
 from tasks.pipelines import decode_image, decode_mask, png_bytes
 
 KIND = "inpaint"
@@ -47,5 +54,6 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
         **denoising(args, progress, total=denoised_steps(int(args["steps"]), strength)),
         **family_arguments(args, family),
     )
-    painted = Image.composite(result.images[0].convert("RGB"), image, mask)  # white: the result; black: the input
-    return Output(data=png_bytes(painted, provenance), media_type="image/png")
+    # white: the result; black: the input
+    painted = [Image.composite(out.convert("RGB"), image, mask) for out in result.images]
+    return image_output(painted, args, provenance, png_bytes)

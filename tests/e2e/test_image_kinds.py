@@ -7,7 +7,9 @@ the input's) and inside it (changed)."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from PIL import Image
 
 from app.client import ApiError
+from app.core.digest import bytes_digest
 from tests.e2e.conftest import RunningFleet
 from tests.helpers import png
 
@@ -95,3 +98,46 @@ def test_a_mask_of_another_size_or_a_strength_without_steps_is_a_422_naming_the_
     with pytest.raises(ApiError) as no_mask:
         fleet.client.submit(fleet.model, "inpaint", {"prompt": "x", "image": image}, target=MACHINE)
     assert no_mask.value.status_code == 422 and "params.mask is required for kind 'inpaint'" in no_mask.value.message
+
+
+def png_seed(data: bytes) -> int:
+    return int(json.loads(Image.open(io.BytesIO(data)).info["homefleet"])["seed"])
+
+
+def test_n_images_are_one_job_with_consecutive_seeds_listed_in_order(fleet: RunningFleet) -> None:
+    params = {"prompt": "a lighthouse", "steps": 2, "seed": 40}
+    job, first = run(fleet, "txt2img", {**params, "n": 3})
+    results = job["results"]
+    assert [r["seed"] for r in results] == [40, 41, 42] and job["result"] == results[0]
+    files = [first] + [fleet.client.http.get(f"/v1/jobs/{job['id']}/result", params={"index": i}).content
+                       for i in (1, 2)]
+    assert [bytes_digest(data) for data in files] == [r["digest"] for r in results]
+    assert [png_seed(data) for data in files] == [40, 41, 42] and len(set(files)) == 3
+    assert job["provenance"]["seeds"] == [40, 41, 42]
+    # image i of the batch is the image of seed + i alone (one generator per image; batched kernels
+    # may differ in the last bits, never in the picture)
+    for i, data in enumerate(files):
+        _, alone = run(fleet, "txt2img", {**params, "seed": 40 + i})
+        assert np.abs(pixels(data) - pixels(alone)).max() <= 2.0
+    missing = fleet.client.http.get(f"/v1/jobs/{job['id']}/result", params={"index": 3})
+    assert missing.status_code == 404 and "has 3 results (index 0 to 2), not index 3" in missing.text
+    with pytest.raises(ApiError) as too_many:
+        fleet.client.submit(fleet.model, "txt2img", {**params, "n": 5}, target=MACHINE)
+    assert too_many.value.status_code == 422
+    assert "`n` must be between 1 and 4 (max_batch of family sd1), got 5" in too_many.value.message
+    with pytest.raises(ApiError) as not_edit:
+        fleet.client.submit("tiny-pix2pix", "edit", {"prompt": "x", "image": "blake3:" + "0" * 64, "n": 2})
+    assert not_edit.value.status_code == 422 and "params.n is not a param of kind 'edit'" in not_edit.value.message
+
+
+def test_openai_generations_with_n_make_one_job_and_list_its_images_in_order(fleet: RunningFleet) -> None:
+    before = {job.id for job in fleet.ctx.journal.list()}
+    answer = fleet.client.http.post("/v1/images/generations", json={
+        "prompt": "a red circle", "model": fleet.model, "n": 2, "steps": 2, "size": "64x64", "target": MACHINE})
+    assert answer.status_code == 200, answer.text
+    new = [job for job in fleet.ctx.journal.list() if job.id not in before]
+    assert len(new) == 1 and new[0].params["n"] == 2 and len(new[0].results or []) == 2
+    images = [base64.b64decode(item["b64_json"]) for item in answer.json()["data"]]
+    assert [bytes_digest(data) for data in images] == [r["digest"] for r in new[0].results or []]
+    seed = new[0].params["seed"]
+    assert [png_seed(data) for data in images] == [seed, seed + 1]

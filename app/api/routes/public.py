@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import Conflict, Rejected
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.states import JobState
 from app.store.media import EXTENSIONS
@@ -92,12 +92,23 @@ def cancel_job(job_id: str, ctx: Context) -> JobPublic:
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)
-def get_result(job_id: str, ctx: Context) -> FileResponse:
+def get_result(job_id: str, ctx: Context,
+               index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
+               ) -> FileResponse:
     """The stored result file (R2), with its stored media type, ``nosniff`` and
     ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
         raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+    if index:  # image i of n (issue 22)
+        rows = job.results or []
+        if index >= len(rows):
+            raise NotFound(f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), "
+                           f"not index {index}", reason="result_not_found")
+        row = rows[index]
+        media_type = row.get("media_type") or "application/octet-stream"
+        return stored_file(row["path"], media_type, f"{job.id}-{index}.{EXTENSIONS.get(media_type, 'bin')}",
+                           row.get("digest") or "")
     media_type = job.result_media_type or "application/octet-stream"
     return stored_file(job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}",
                        job.result_digest or "")
