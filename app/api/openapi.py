@@ -67,6 +67,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (404, 409, 429, 503),
     ("get", "/v1/jobs"): (404,),  # a page cursor ``after`` that names no job
     ("post", "/v1/jobs/{job_id}/cancel"): (409,),
+    ("post", "/v1/jobs/{job_id}/requeue"): (404, 409, 429, 503),  # as POST /v1/jobs; 404 also for an unknown job
     ("get", "/v1/jobs/{job_id}/result"): (409,),  # the job exists; its result does not yet (no_result)
     ("post", "/v1/images/generations"): (404, 409, 429, 500, 503),
     ("post", "/v1/images/edits"): (404, 409, 429, 500, 503),

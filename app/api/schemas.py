@@ -24,6 +24,17 @@ class JobCreate(BaseModel):
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
 
 
+class JobRequeue(BaseModel):
+    """``POST /v1/jobs/{id}/requeue`` (issue 22); every field optional, the body too. ``seed``
+    absent: the old job's seed; ``null``: a new one drawn; a number: that seed. ``target``
+    absent: the old job's target."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="absent: the same seed; null: a new one")
+    target: str | None = Field(None, min_length=1, max_length=32, description="machine name or 'auto'")
+
+
 class ResultPublic(BaseModel):
     digest: str
     media_type: str

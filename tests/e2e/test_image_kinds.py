@@ -18,6 +18,7 @@ from PIL import Image
 
 from app.client import ApiError
 from app.core.digest import bytes_digest
+from app.core.states import JobState
 from tests.e2e.conftest import RunningFleet
 from tests.helpers import png
 
@@ -141,3 +142,40 @@ def test_openai_generations_with_n_make_one_job_and_list_its_images_in_order(fle
     assert [bytes_digest(data) for data in images] == [r["digest"] for r in new[0].results or []]
     seed = new[0].params["seed"]
     assert [png_seed(data) for data in images] == [seed, seed + 1]
+
+
+def test_requeue_repeats_the_params_and_seed_linked_to_the_old_job(fleet: RunningFleet) -> None:
+    image = fleet.client.upload(png(48, 40, (20, 160, 60)))["id"]
+    params = {"prompt": "a fox", "steps": 2, "seed": 77, "image": image, "strength": 0.5}
+    old, data = run(fleet, "img2img", params)
+    again = fleet.client.requeue(old["id"])
+    requeued = fleet.client.wait(again["id"], timeout_s=180)
+    assert requeued["state"] == "succeeded" and requeued["requeued_from"] == old["id"]
+    assert requeued["params"] == old["params"] and requeued["seed"] == 77 and requeued["machine"] == MACHINE
+    assert requeued["provenance"]["requeued_from"] == old["id"] and old["requeued_from"] is None
+    assert fleet.client.download(again["id"]) == data  # same params, seed and machine: the same bytes
+    fresh = fleet.client.get(fleet.client.requeue(old["id"], seed=None)["id"])
+    chosen = fleet.client.get(fleet.client.requeue(old["id"], seed=5)["id"])
+    assert fresh["seed"] != 77 and chosen["seed"] == 5 and fresh["requeued_from"] == chosen["requeued_from"] == old["id"]
+    for job in (fresh, chosen):
+        assert fleet.client.wait(job["id"], timeout_s=180)["state"] == "succeeded"
+    missing = fleet.client.http.post(f"/v1/jobs/{'0' * 32}/requeue")
+    assert missing.status_code == 404 and "job_not_found" in missing.text
+    unknown = fleet.client.http.post(f"/v1/jobs/{old['id']}/requeue", json={"seeed": 1})
+    assert unknown.status_code == 422 and "seeed" in unknown.text
+
+
+def test_requeue_of_a_size_that_ran_out_of_memory_is_refused(fleet: RunningFleet) -> None:
+    old, _ = run(fleet, "txt2img", {"prompt": "a fox", "steps": 1, "width": 72, "height": 40})
+    size = 72 * 40
+    fleet.ctx.residency.record_oom(MACHINE, fleet.model, "txt2img", size, old["id"])  # R21, as a worker's OOM does
+    try:
+        with pytest.raises(ApiError) as refused:
+            fleet.client.requeue(old["id"])
+        assert refused.value.status_code == 422 and refused.value.reason == "remembered_oom"
+        assert f"ran out of memory on machine '{MACHINE}' at size {size}" in refused.value.message
+        rejected = [job for job in fleet.ctx.journal.list([JobState.rejected]) if job.requeued_from == old["id"]]
+        assert [job.reason for job in rejected] == ["remembered_oom"]  # journaled, linked to the old job
+    finally:
+        fleet.ctx.residency.clear_ooms(MACHINE, fleet.model, "txt2img")
+    assert fleet.client.wait(fleet.client.requeue(old["id"])["id"], timeout_s=180)["state"] == "succeeded"

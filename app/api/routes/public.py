@@ -8,11 +8,12 @@ from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.routes.deps import Context, stored_file
-from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
+from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.states import JobState
+from app.jobs.dispatch import UNSET
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -50,6 +51,25 @@ def submit_job(
     response.headers["Location"] = url
     if submission.replayed:
         response.headers["Idempotency-Replayed"] = "true"
+    assert job.machine is not None
+    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
+                       predicted_start_s=job.predicted_start_s, url=url)
+
+
+@router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
+def requeue_job(job_id: str, ctx: Context, response: Response, body: JobRequeue | None = None) -> JobAccepted:
+    """Submit a new job with the params of job ``job_id`` (issue 22): the same model, kind,
+    params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
+    or names one; linked to the old job (``requeued_from``, in the job and in its result's
+    provenance). 202 as ``POST /v1/jobs``; every check of a submission applies (R22;
+    a remembered OOM of its size is refused, R21/C08: 422 ``remembered_oom``); 404
+    ``job_not_found`` for an unknown job."""
+    body = body or JobRequeue()
+    seed = body.seed if "seed" in body.model_fields_set else UNSET
+    submission = ctx.dispatcher.requeue(job_id, seed, body.target)
+    job = submission.job
+    url = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = url
     assert job.machine is not None
     return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
                        predicted_start_s=job.predicted_start_s, url=url)
