@@ -5,6 +5,7 @@ field (R22)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,18 @@ def test_placement_prices_the_steps_that_strength_leaves() -> None:
     assert job_request("m", "sd1", "img2img", "server", params).steps == 3
     assert job_request("m", "sd1", "img2img", "server", {"steps": 10}).steps == 8  # default strength 0.8
     assert job_request("m", "sd1", "inpaint", "server", {"steps": 10}).steps == 10  # default strength 1.0
+
+
+def test_a_result_upload_must_carry_the_n_minus_1_other_images() -> None:
+    from app.api.routes.internal import more_results
+
+    digests = ["blake3:" + "1" * 64, "blake3:" + "2" * 64]
+    assert more_results({"n": 3}, json.dumps(digests), 2) == digests
+    assert more_results({}, "[]", 0) == []
+    with pytest.raises(Rejected, match=r"the job asks n=3 images: the upload must carry 2 more .* got 1 files and 2"):
+        more_results({"n": 3}, json.dumps(digests), 1)
+    with pytest.raises(Rejected, match="must carry 0 more") as refused:
+        more_results({"n": 1}, json.dumps(digests[:1]), 1)
+    assert refused.value.reason == "invalid_results"
+    with pytest.raises(Rejected, match="more_digests must be a JSON list"):
+        more_results({"n": 2}, "{", 1)
