@@ -67,6 +67,11 @@ class HomefleetClient:
         """Cancel a queued job; returns it (``cancelled``). ApiError 409 when it is running or ended."""
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
 
+    def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:
+        """``POST /v1/jobs/{id}/requeue``: a new job with that job's params (issue 22); ``seed=None``
+        draws a new seed, ``seed=N`` takes N, ``target=`` another target. Returns as :meth:`submit`."""
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes))  # type: ignore[no-any-return]
+
     def progress(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
         """Yield the job each time its state or step changes, ending with the ended job.
         Raises ``TimeoutError`` after ``timeout_s``."""

@@ -75,6 +75,9 @@ class WorkingCoefficients:
 DEFAULT_WORKING: dict[str, WorkingCoefficients] = {
     "txt2img": WorkingCoefficients(500_000_000, 1500.0),
     "edit": WorkingCoefficients(500_000_000, 2500.0),
+    # issue 22: txt2img's UNet plus the VAE encoder over the input (a guess like the others: edit's)
+    "img2img": WorkingCoefficients(500_000_000, 2500.0),
+    "inpaint": WorkingCoefficients(500_000_000, 2500.0),
     "upscale": WorkingCoefficients(500_000_000, 600.0),
     "video": WorkingCoefficients(500_000_000, 250.0),
     # text (issue 20): activations and the allocator's slack; the KV cache is each model's own

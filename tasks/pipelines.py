@@ -133,6 +133,17 @@ def decode_image(data: bytes) -> Any:
         return image.convert("RGB")
 
 
+def decode_mask(data: bytes) -> Any:
+    """Decode an uploaded inpainting mask into a binary ``L`` PIL image: greyscale (alpha
+    ignored), 255 where the value is at least 128 (repaint), else 0 (keep); diffusers' mask
+    processor binarizes at the same half. Raises ``PIL.UnidentifiedImageError`` for bytes that
+    are no image."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("L").point(lambda value: 255 if value >= 128 else 0)
+
+
 def png_bytes(image: Any, provenance: dict[str, Any]) -> bytes:
     """Encode a PIL image as PNG with the job's provenance in a ``homefleet`` text chunk."""
     from PIL.PngImagePlugin import PngInfo

@@ -169,7 +169,8 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     # 5. Upload; a result the server cannot store yet is spooled and retried (tasks/spool.py).
     digest = bytes_digest(output.data)
     try:
-        upload_result(rt, job_id, output.data, output.media_type, digest, load_s or 0.0, run_s, cold, provenance)
+        more = [(extra, bytes_digest(extra)) for extra in output.more]  # images 2..n (issue 22)
+        upload_result(rt, job_id, output.data, output.media_type, digest, load_s or 0.0, run_s, cold, provenance, more)
     except (Conflict, httpx.HTTPError) as refusal:
         # Not running any more (the server ended it meanwhile, and said so), or not reported
         # (reconciliation ends it, and says so): no outcome of this task's own.
@@ -183,7 +184,8 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
 
 
 def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_type: str, digest: str, load_s: float,
-                  run_s: float, cold: bool, provenance: dict[str, Any]) -> None:
+                  run_s: float, cold: bool, provenance: dict[str, Any],
+                  more: list[tuple[bytes, str]] | None = None) -> None:
     """Upload the result (R2). While the server cannot store it (507 ``storage_full``, 5xx) the
     bytes are kept in the worker's spool and the upload is retried with backoff; when the
     retries are spent the job is reported ``failed`` with reason ``result_not_stored`` naming
@@ -202,12 +204,13 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
         nonlocal kept
         try:
             return rt.server.upload(job_id, data, media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
-                                    provenance=provenance)
+                                    provenance=provenance, more=more)
         except HomefleetError as error:
             if retriable(error) and kept is None:
                 kept = spool.keep(Spooled(job_id=job_id, digest=digest, media_type=media_type, load_s=load_s,
                                           run_s=run_s, cold_load=cold, provenance=provenance,
-                                          spooled_at=time.time()), data)
+                                          spooled_at=time.time(), more_digests=[d for _, d in more or []]),
+                                  data, tuple(extra for extra, _ in more or []))
                 log.error("job %s: the server could not store the result (%s); kept in %s", job_id, error.message,
                           kept)
             raise

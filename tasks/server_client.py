@@ -124,11 +124,16 @@ class ServerClient:
         return data
 
     def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
-               cold_load: bool, provenance: dict[str, Any] | None = None) -> ResultReceipt:
-        """Upload the result with its digest and provenance; the server verifies and stores it (R2)."""
+               cold_load: bool, provenance: dict[str, Any] | None = None,
+               more: list[tuple[bytes, str]] | None = None) -> ResultReceipt:
+        """Upload the result with its digest and provenance; the server verifies and stores it (R2).
+        ``more``: (bytes, digest) of images 2..n of a job with n > 1 (issue 22), in order, in the
+        same request: the server stores all of them or none."""
         form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
-                "provenance": json.dumps(provenance or {}, sort_keys=True)}
-        files = {"file": ("result", data, media_type)}
+                "provenance": json.dumps(provenance or {}, sort_keys=True),
+                "more_digests": json.dumps([extra_digest for _, extra_digest in more or []])}
+        files: list[tuple[str, tuple[str, bytes, str]]] = [("file", ("result", data, media_type))]
+        files += [("more", (f"result.{i}", extra, media_type)) for i, (extra, _) in enumerate(more or [], start=1)]
         return ResultReceipt.model_validate(self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json())
 
     def fail(self, job_id: str, reason: str, message: str, *, load_s: float | None = None,

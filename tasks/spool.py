@@ -5,8 +5,8 @@ reason ``result_not_stored``; the spooled file stays, and ``homefleet results re
 it in later (the job then becomes ``succeeded``: it ran once, its result was kept).
 
 The spool is ``WorkerSettings.spool_dir`` (default: beside the models folder, ``spool/``):
-per job ``<job_id>.result`` (the bytes) and ``<job_id>.json`` (digest, media type, timings,
-provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
+per job ``<job_id>.result`` (the bytes), ``<job_id>.result.<i>`` (image i of a job with n > 1
+images, issue 22) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
 the server answers a repeated upload of a result it stored with the job as it is.
 """
 
@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class Spooled:
     cold_load: bool
     provenance: dict[str, Any]
     spooled_at: float
+    more_digests: list[str] = field(default_factory=list)  # images 2..n (issue 22), in order
 
 
 class ResultSpool:
@@ -57,10 +58,20 @@ class ResultSpool:
     def data_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.result"
 
-    def keep(self, record: Spooled, data: bytes) -> Path:
-        """Write the result and its record (atomically, data first); return the data's path."""
+    def more_path(self, job_id: str, index: int) -> Path:
+        return self.root / f"{job_id}.result.{index}"
+
+    def more(self, record: Spooled) -> list[bytes]:
+        """The bytes of images 2..n of ``record``'s job, in order."""
+        return [self.more_path(record.job_id, i).read_bytes() for i in range(1, len(record.more_digests) + 1)]
+
+    def keep(self, record: Spooled, data: bytes, more: tuple[bytes, ...] = ()) -> Path:
+        """Write the result (and images 2..n, ``more``) and its record (atomically, data first);
+        return the data's path."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.data_path(record.job_id)
+        for index, extra in enumerate(more, start=1):
+            _write_atomic(self.more_path(record.job_id, index), extra)
         _write_atomic(path, data)
         _write_atomic(self.root / f"{record.job_id}.json", json.dumps(asdict(record), sort_keys=True).encode())
         return path
@@ -74,11 +85,14 @@ class ResultSpool:
             except (ValueError, TypeError) as error:
                 log.error("result spool: %s is not a spool record (%s); left as it is", meta, error)
                 continue
-            if self.data_path(record.job_id).is_file():
+            more = (self.more_path(record.job_id, i).is_file() for i in range(1, len(record.more_digests) + 1))
+            if self.data_path(record.job_id).is_file() and all(more):
                 found.append((record, self.data_path(record.job_id)))
         return sorted(found, key=lambda entry: entry[0].spooled_at)
 
     def remove(self, job_id: str) -> None:
+        for extra in self.root.glob(f"{job_id}.result.*"):
+            extra.unlink(missing_ok=True)
         self.data_path(job_id).unlink(missing_ok=True)
         (self.root / f"{job_id}.json").unlink(missing_ok=True)
 
@@ -147,9 +161,11 @@ def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
 
     client = ServerClient(settings.server_url, settings.worker_token, machine=settings.machine,
                           timeout_s=settings.http_timeout_s, retry_s=0)
+    spool = ResultSpool(settings.result_spool)
     try:
-        return recover(ResultSpool(settings.result_spool), lambda record, data: client.upload(
+        return recover(spool, lambda record, data: client.upload(
             record.job_id, data, record.media_type, record.digest, load_s=record.load_s, run_s=record.run_s,
-            cold_load=record.cold_load, provenance=record.provenance))
+            cold_load=record.cold_load, provenance=record.provenance,
+            more=list(zip(spool.more(record), record.more_digests, strict=True))))
     finally:
         client.close()

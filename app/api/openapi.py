@@ -77,6 +77,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (404, 409, 429, 503),
     ("get", "/v1/jobs"): (404,),  # a page cursor ``after`` that names no job
     ("post", "/v1/jobs/{job_id}/cancel"): (409,),
+    ("post", "/v1/jobs/{job_id}/requeue"): (404, 409, 429, 503),  # as POST /v1/jobs; 404 also for an unknown job
     ("get", "/v1/jobs/{job_id}/result"): (409,),  # the job exists; its result does not yet (no_result)
     ("post", "/v1/images/generations"): (404, 409, 429, 500, 503),
     ("post", "/v1/images/edits"): (404, 409, 429, 500, 503),
@@ -138,6 +139,8 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "steps": {"type": "integer", "minimum": 1, "maximum": limits.max_steps},
         "frames": {"type": "integer", "minimum": 1, "maximum": limits.max_frames},
         "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+        "n": {"type": "integer", "minimum": 1, "maximum": limits.max_batch,
+              "description": "images in one job (image i: seed + i); at most the family's max_batch"},
         "image": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                   "description": "the id of a file uploaded with POST /v1/files"},
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
@@ -149,6 +152,8 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             "description": "the output's constraint (llguidance): a JSON schema or a regular expression",
             "properties": {"type": {"type": "string", "enum": ["json", "regex"]},
                            "value": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}]},
+        "mask": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
+                 "description": "inpaint: the id of an uploaded mask of the image's size (white: repaint)"},
     }
     variants = []
     for name, spec in KINDS.items():

@@ -26,11 +26,36 @@ class JobCreate(RequestBody):
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
 
 
+class JobRequeue(RequestBody):
+    """``POST /v1/jobs/{id}/requeue`` (issue 22); every field optional, the body too. ``seed``
+    absent: the old job's seed; ``null``: a new one drawn; a number: that seed. ``target``
+    absent: the old job's target."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="absent: the same seed; null: a new one")
+    target: str | None = Field(None, min_length=1, max_length=32, description="machine name or 'auto'")
+
+
 class ResultPublic(BaseModel):
     digest: str
     media_type: str
     size_bytes: int
     url: str
+    seed: int | None = None  # the seed of this image (image i of n: the job's seed + i; issue 22)
+
+
+def job_results(job: Job) -> list[ResultPublic] | None:
+    """Every result of a succeeded job in order (issue 22: n images), each with its URL
+    (``/v1/jobs/{id}/result?index=i``) and seed; None before it has succeeded. A job stored
+    before jobs had ``results`` lists its one result."""
+    if job.state != JobState.succeeded or not job.result_digest:
+        return None
+    rows = job.results or [{"digest": job.result_digest, "media_type": job.result_media_type,
+                            "bytes": job.result_bytes, "seed": _seed(job.params)}]
+    return [ResultPublic(digest=row["digest"], media_type=row.get("media_type") or "", size_bytes=row.get("bytes") or 0,
+                         url=f"/v1/jobs/{job.id}/result" + (f"?index={i}" if i else ""), seed=row.get("seed"))
+            for i, row in enumerate(rows)]
 
 
 def predicted_s(job: Job) -> float | None:
@@ -78,6 +103,8 @@ class JobPublic(BaseModel):
     predicted_run_s: float | None = None
     progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
     result: ResultPublic | None = None
+    results: list[ResultPublic] | None = None  # every result in order (n images: issue 22); result is the first
+    requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue)
     seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
     predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
     provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
@@ -85,19 +112,15 @@ class JobPublic(BaseModel):
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
-        result = None
-        if job.state == JobState.succeeded and job.result_digest:
-            result = ResultPublic(
-                digest=job.result_digest, media_type=job.result_media_type or "", size_bytes=job.result_bytes or 0,
-                url=f"/v1/jobs/{job.id}/result",
-            )
+        results = job_results(job)
+        result = results[0] if results else None
         return cls(
             id=job.id, state=job.state, model=job.model_id, kind=job.kind, params=job.params, target=job.target,
             machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
             predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
-            seed=_seed(job.params), predicted_s=predicted_s(job), provenance=job.provenance,
+            results=results, requeued_from=job.requeued_from, seed=_seed(job.params), predicted_s=predicted_s(job), provenance=job.provenance,
             memory_estimate=memory_estimate(job),
         )
 

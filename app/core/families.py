@@ -61,6 +61,10 @@ class Family:
         limits: its default limits (``app/core/limits.py``) where they differ from the
             SD-1-sized ones: ``max_prompt_tokens`` its text encoder reads (T5: 512, Qwen2.5-VL:
             1024; CLIP: 77), ``max_frames`` its video model was trained on (Wan: 81).
+        pipelines: kind -> the diffusers class that runs it on the same components (issue 22:
+            ``img2img``, ``inpaint``), built on the worker from the resident pipeline with
+            ``from_pipe`` (no second load). The family's drop/add/defaults/ranges apply to
+            these kinds too.
     """
 
     name: str
@@ -78,20 +82,43 @@ class Family:
     fixed_arguments: Mapping[str, Any] = field(default_factory=dict)
     cfg_param: str | None = None
     limits: Mapping[str, int] = field(default_factory=dict)
+    pipelines: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind a model of this family runs: :attr:`kind`, then :attr:`pipelines`' kinds."""
+        return (self.kind, *self.pipelines)
+
+    def pipeline_class_of(self, kind: str) -> str:
+        """The diffusers class that runs ``kind`` (:attr:`pipeline_class` for :attr:`kind`).
+
+        Raises:
+            KeyError: the family does not run ``kind`` (the message names the kinds it runs).
+        """
+        if kind == self.kind:
+            return self.pipeline_class
+        if kind not in self.pipelines:
+            raise KeyError(f"family {self.name} runs kinds {', '.join(self.kinds)}, not {kind!r}")
+        return self.pipelines[kind]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
         object.__setattr__(self, "fixed_arguments", MappingProxyType(dict(self.fixed_arguments)))
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
+        object.__setattr__(self, "pipelines", MappingProxyType(dict(self.pipelines)))
 
 
 _TEXT_PROMPT_CHARS = 1_000_000
 _TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
-    Family("sd1", "StableDiffusionPipeline", "txt2img"),
-    Family("sdxl", "StableDiffusionXLPipeline", "txt2img", defaults={"guidance_scale": 5.0}),
+    # issue 22: img2img and inpainting run on the txt2img components (from_pipe; a 4-channel
+    # UNet inpaints by blending the input's latents outside the mask at every step)
+    Family("sd1", "StableDiffusionPipeline", "txt2img",
+           pipelines={"img2img": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"}),
+    Family("sdxl", "StableDiffusionXLPipeline", "txt2img", defaults={"guidance_scale": 5.0},
+           pipelines={"img2img": "StableDiffusionXLImg2ImgPipeline", "inpaint": "StableDiffusionXLInpaintPipeline"}),
     Family(
         "flux", "FluxPipeline", "txt2img", multiple_of=16, size_why="the VAE downsamples by 8, then 2x2 patches",
         add=("true_cfg_scale",), defaults={"guidance_scale": 3.5, "true_cfg_scale": 1.0},
@@ -135,7 +162,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
 )}
 
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    family.pipeline_class: (family.name, (family.kind,)) for family in FAMILIES.values()
+    family.pipeline_class: (family.name, family.kinds) for family in FAMILIES.values()
 }
 """diffusers pipeline class (``model_index.json`` ``_class_name``), or transformers model class
 (``config.json`` ``architectures``) -> (family, kinds it runs): what the registry accepts."""
@@ -147,3 +174,11 @@ TEXT_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f
 def family(name: str) -> Family | None:
     """The rules of family ``name``, or None for a family this table does not know."""
     return FAMILIES.get(name)
+
+
+def kinds_of(family_name: str, registered: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The kinds a model runs: those registered with it, then those its family runs today
+    (a model registered before its family gained a kind, e.g. img2img, runs it too)."""
+    rules = FAMILIES.get(family_name)
+    extra = tuple(kind for kind in rules.kinds if kind not in registered) if rules is not None else ()
+    return (*registered, *extra)

@@ -18,8 +18,8 @@ from app.core.specs import OUTPUT_SIZE_FIELDS, Args, KindSpec, NumberRange
 from routing.placement import JobRequest
 from routing.timings import job_size
 
-__all__ = ["DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
-           "family_kind_spec", "job_request", "spec"]
+__all__ = ["BATCH_PARAM", "DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
+           "denoised_steps", "family_kind_spec", "job_request", "spec"]
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact."""
@@ -27,22 +27,40 @@ MAX_SEED = 2**63 - 1
 DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""
 
+BATCH_PARAM = "n"
+"""Images per job (issue 22, OpenAI's ``n``): one pipeline call with ``num_images_per_prompt``
+and one generator per image, seeded ``seed``, ``seed + 1``, …; at most the family's
+``max_batch`` (``app/core/limits.py``). The kinds whose spec lists it take it."""
+
 
 _GUIDANCE = NumberRange("guidance_scale", 0.0, 50.0)
 _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
+_STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is added to the input (1: all)
 
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
-        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS),
+        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
         # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job (issue 20)
         server_params=("expand_prompt", "expanded_by"),
-        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64}, numbers=(_GUIDANCE,), prompt_required=True,
+        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(
         "edit", params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),
         defaults={**_DENOISING_DEFAULTS, "image_guidance_scale": 1.5},
         numbers=(_GUIDANCE, NumberRange("image_guidance_scale", 0.0, 50.0)),
         inputs=("image",), prompt_required=True, output_scale=1,
+    ),
+    KindSpec(
+        # issue 22: the input image noised by `strength`, then denoised int(steps * strength) steps
+        "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+        defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
+        inputs=("image",), prompt_required=True, output_scale=1,
+    ),
+    KindSpec(
+        # issue 22: `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
+        "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+        defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
+        inputs=("image", "mask"), prompt_required=True, output_scale=1,
     ),
     KindSpec(
         # noise_level: the x4 upscaler's scheduler config, max_noise_level = 350
@@ -80,7 +98,7 @@ def family_kind_spec(family_name: str, kind: str) -> KindSpec:
     """
     base = KINDS[kind]
     rules = FAMILIES.get(family_name)  # app/core/families.py
-    if rules is None or rules.kind != kind:
+    if rules is None or kind not in rules.kinds:
         return base
     params = tuple(name for name in base.params if name not in rules.drop) + rules.add
     defaults = {name: value for name, value in base.defaults.items() if name in params} | dict(rules.defaults)
@@ -89,6 +107,13 @@ def family_kind_spec(family_name: str, kind: str) -> KindSpec:
     return KindSpec(base.name, params=params, defaults=defaults, numbers=numbers, inputs=base.inputs,
                     prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats,
                     server_params=base.server_params)
+
+
+def denoised_steps(steps: int, strength: float) -> int:
+    """The denoising steps a kind with ``strength`` runs: ``min(int(steps * strength), steps)``,
+    diffusers' own ``get_timesteps`` (img2img, inpaint). Below 1 the pipeline cannot run
+    (refused at submission)."""
+    return min(int(steps * strength), steps)
 
 
 def spec(kind: str) -> KindSpec:
@@ -110,14 +135,18 @@ def _number(params: Mapping[str, Any], name: str, default: int) -> int:
 def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any]) -> JobRequest:
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
-    for kinds whose output follows an input image), else ``width`` x ``height``, and
-    ``frames``; each absent one at the family's default for the kind (``app/core/families.py``;
+    for kinds whose output follows an input image), else ``width`` x ``height``, ``frames``
+    and ``n`` (images per job, the batch); each absent one at the family's default for the kind (``app/core/families.py``;
     an unknown kind: txt2img's)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
     frames = _number(params, "frames", kind_spec.defaults.get("frames", 1))
     steps = _number(params, "steps", kind_spec.defaults.get("steps", 4))
+    strength = kind_spec.value(params, "strength") if "strength" in kind_spec.params else None
+    if isinstance(strength, int | float) and not isinstance(strength, bool):  # the steps it runs (img2img, inpaint)
+        steps = max(1, denoised_steps(steps, float(strength)))
     if kind == "text":  # one "step" per new token; the size is one token's (learned per-token timings: later)
         return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=1)
-    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames))
+    batch = _number(params, BATCH_PARAM, 1) if BATCH_PARAM in kind_spec.params else 1
+    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch))

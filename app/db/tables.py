@@ -43,6 +43,10 @@ class Job(SQLModel, table=True):
     result_path: str | None = None
     result_media_type: str | None = None
     result_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    # Every result in order (issue 22: n images per job), each {digest, path, media_type, bytes, seed};
+    # the first is also result_*. None for a job stored before (its one result_*).
+    results: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue, issue 22)
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None

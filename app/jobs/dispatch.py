@@ -34,6 +34,7 @@ from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
     ServiceDown, from_core
+from app.core.specs import OUTPUT_SIZE_FIELDS
 from app.core.states import JobState
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
@@ -53,6 +54,12 @@ from routing.placement import AUTO, Decision, JobRequest, MachineView, dry_run, 
 from routing.scarcity import Scarcity
 
 log = logging.getLogger(__name__)
+
+class Unset:
+    """The type of :data:`UNSET`: an argument not given (a requeue's ``seed``: keep the old one)."""
+
+
+UNSET = Unset()
 
 KEPT_CHARS = 1024  # a refused job's param is kept whole up to this many characters (of its JSON)
 
@@ -178,8 +185,10 @@ class Dispatcher:
             self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
-               idempotency_key: str | None = None) -> Submission:
+               idempotency_key: str | None = None, requeued_from: str | None = None) -> Submission:
         """Place and enqueue one job; return it as journaled (state ``queued``) with its position.
+        ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
+        with its refusal).
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
         job (``replayed=True``) and enqueues nothing; the same key with another body raises
@@ -210,14 +219,34 @@ class Dispatcher:
                 self.check_pending(seen.views)
                 decision = self._place(request, seen, now_s)
                 # 4. Journal before anything is published (R19).
-                job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator)
+                job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator,
+                                    requeued_from)
                 # 5. Reserve, fenced (C04); 6. publish.
                 self._reserve(job, request, decision.machine, fence, seen, now_s)
                 self._publish(job, decision.machine)
                 return Submission(job=job, position=seen.views[decision.machine].backlog)
         except HomefleetError as error:
-            self._refused(error, model_id, kind, params, target)
+            self._refused(error, model_id, kind, params, target, requeued_from)
             raise
+
+    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None) -> Submission:
+        """Submit a new job with the params of job ``job_id`` (any state), linked to it
+        (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``
+        is given (None: a new one drawn), the same target unless ``target`` is given. It goes
+        through every check a submission passes (R22, placement; a remembered OOM of its size
+        is still refused, R21/C08); the params the server sets (``output_width``…) are set again.
+
+        Raises:
+            NotFound: no job ``job_id`` (reason ``job_not_found``).
+            Rejected / MachineUnavailable / Overloaded: as :meth:`submit` (journaled ``rejected``).
+        """
+        old = self.journal.get(job_id)
+        params = {name: value for name, value in old.params.items() if name not in OUTPUT_SIZE_FIELDS}
+        if not isinstance(seed, Unset):
+            params.pop("seed", None)
+            if seed is not None:
+                params["seed"] = seed
+        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id)
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
         """The original job of a retried submission (R20), or None for a new key.
@@ -240,7 +269,7 @@ class Dispatcher:
             raise from_core(refusal) from refusal
 
     def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
-                 fingerprint: str, decision: Decision, estimator: Estimator) -> Job:
+                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None) -> Job:
         """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)."""
         part = decision.breakdown
         memory = estimator.memory(request.model_id, request.kind, request.size)
@@ -249,7 +278,7 @@ class Dispatcher:
             machine=decision.machine, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
             predicted_start_s=part.work_ahead_s, predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
             weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
-            memory_estimate_bytes=memory.total_bytes,
+            memory_estimate_bytes=memory.total_bytes, requeued_from=requeued_from,
         ))
 
     def _reserve(self, job: Job, request: JobRequest, machine: str, fence: Fence, seen: Snapshot, now_s: float) -> None:
@@ -279,7 +308,8 @@ class Dispatcher:
                                     message="publishing to the broker failed; nothing was queued")
             raise
 
-    def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str) -> None:
+    def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
+                 requeued_from: str | None = None) -> None:
         """A refused submission: temporary refusals get ``Retry-After``; every refusal but a lost
         lock and a reused key is counted and journaled ``rejected`` with its reason (R19)."""
         if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
@@ -289,7 +319,7 @@ class Dispatcher:
                 self.metrics.refused(error.reason)
             refused = self.journal.add(Job(state=JobState.rejected, model_id=model_id, kind=kind,
                                            params=abridged(params), target=target, reason=error.reason,
-                                           message=error.message))
+                                           message=error.message, requeued_from=requeued_from))
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
 

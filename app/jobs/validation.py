@@ -22,11 +22,14 @@ from typing import Any
 from app.core import constraints
 from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
+from app.core.families import kinds_of
 from app.core.kinds import (
+    BATCH_PARAM,
     KINDS,
     MAX_SEED,
     OUTPUT_SIZE_FIELDS,
     KindSpec,
+    denoised_steps,
     job_request,
     spec,
 )
@@ -109,8 +112,9 @@ class Validator:
                 format, seed or number is refused (:func:`check_kind_params`).
         """
         record = self.registry.get(model_id)
-        if kind not in record.kinds:
-            raise Rejected(f"model {model_id!r} runs kinds {', '.join(record.kinds)}; got kind {kind!r}",
+        kinds = kinds_of(record.family, record.kinds)
+        if kind not in kinds:
+            raise Rejected(f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}",
                            reason="kind_not_supported")
         limits = limits_for(self.limits, record.family)
         if kind == "text":
@@ -183,7 +187,7 @@ def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -
         named = ", ".join(f"params.{name}" for name in unknown)
         verb = "is not a param" if len(unknown) == 1 else "are not params"
         rules = family_rules(family)
-        on = f" on family {family} ({rules.pipeline_class})" if rules is not None and rules.kind == kind else ""
+        on = f" on family {family} ({rules.pipeline_class_of(kind)})" if rules is not None and kind in rules.kinds else ""
         raise Rejected(f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
                        reason="unknown_param", param=f"params.{unknown[0]}")
     return kind_spec
@@ -231,7 +235,7 @@ def check_submission(
             )
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
-    _bounded("n", _integer(params, "n"), 1, limits.max_batch, " (max_batch)")
+    _bounded("n", _integer(params, "n"), 1, limits.max_batch, f" (max_batch{f' of family {family}' if family else ''})")
     for name in ("prompt", "negative_prompt"):
         text = params.get(name)
         if text is None:
@@ -316,6 +320,25 @@ def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
                            f"got {value!r}", reason="invalid_params")
 
 
+def check_strength(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
+    """Refuse a ``strength`` that leaves no denoising step: the pipeline runs
+    ``int(steps * strength)`` of ``steps`` (:func:`app.core.kinds.denoised_steps`) and cannot run
+    none. Call after :func:`check_numbers` (the range is checked).
+
+    Raises:
+        Rejected: reason ``invalid_params``, param ``params.strength``, naming the smallest strength.
+    """
+    if "strength" not in kind_spec.params:
+        return
+    steps, strength = kind_spec.value(params, "steps"), kind_spec.value(params, "strength")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or not isinstance(strength, int | float):
+        return  # steps are refused elsewhere (check_submission)
+    if denoised_steps(steps, float(strength)) < 1:
+        raise Rejected(f"params.strength must leave at least one denoising step (the pipeline runs int(steps x "
+                       f"strength) = int({steps} x {strength:g}) = 0 steps); ask for strength >= {1 / steps:g} or "
+                       "more steps", reason="invalid_params", param="params.strength")
+
+
 def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: str = "image") -> None:
     """Refuse an uploaded input over ``max_upload_bytes`` or of a media type not allowed.
 
@@ -359,7 +382,10 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             an input file over the family's ``max_upload_bytes`` or of a media type not in its
             ``upload_media_types`` (reason ``invalid_<field>``), an input whose sides are not
             multiples of 8 (of the family's ``multiple_of``, app/core/families.py), a bad video
-            format, a number out of its range, a seed that is not an integer from 0 to 2**63-1.
+            format, a number out of its range, a seed that is not an integer from 0 to 2**63-1,
+            a ``strength`` that leaves no denoising step (:func:`check_strength`), a second input
+            (inpaint's ``mask``) whose size is not the first's (reason ``invalid_params``,
+            param ``params.<field>``).
     """
     kind_spec = family_spec(family, kind)
     rules = family_rules(family)
@@ -367,7 +393,13 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
         raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+    count = params.get(BATCH_PARAM)
+    if isinstance(seed, int) and isinstance(count, int) and count > 1 and seed + count - 1 > MAX_SEED:
+        raise Rejected(f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got "
+                       f"{seed} + {count} - 1", reason="invalid_params", param="params.seed")
     check_numbers(kind_spec, params)
+    check_strength(kind_spec, params)
+    first: tuple[str, tuple[int, int]] | None = None  # the first input's field and size (pixels)
     for field in kind_spec.inputs:
         value = params.get(field)
         if not isinstance(value, str) or not value:
@@ -381,6 +413,11 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             check_input_upload(field, stored, limits)
         if kind_spec.output_scale is not None:  # the pipelines round other sides down: the output would not be as journaled
             width, height = image_size(stored.path)
+            if first is None:
+                first = (field, (width, height))
+            elif (width, height) != first[1]:
+                raise Rejected(f"params.{field} must have the size of params.{first[0]} ({first[1][0]}x{first[1][1]} "
+                               f"pixels), got {width}x{height}", reason="invalid_params", param=f"params.{field}")
             if width % multiple or height % multiple:
                 why = f" for family {family} ({rules.pipeline_class}: {rules.size_why})" if rules is not None else ""
                 raise Rejected(f"params.{field}: the image to {kind} must have a width and height that are multiples "
@@ -404,10 +441,10 @@ def check_family_params(family: str, kind: str, params: Mapping[str, Any]) -> No
         Rejected: reason ``invalid_<field>`` (``invalid_params`` for the negative prompt).
     """
     rules = family_rules(family)
-    if rules is None or rules.kind != kind:
+    if rules is None or kind not in rules.kinds:
         return
     kind_spec = family_spec(family, kind)
-    owner = f"family {family} ({rules.pipeline_class}"
+    owner = f"family {family} ({rules.pipeline_class_of(kind)}"
     for name in ("width", "height"):
         side = params.get(name)
         if isinstance(side, int) and side % rules.multiple_of:

@@ -15,12 +15,13 @@ family's own params under the pipeline's argument names (:func:`family_arguments
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.core.families import family as family_rules
-from app.core.kinds import Args
+from app.core.kinds import BATCH_PARAM, Args
 
 ProgressFn = Callable[..., None]  # (step done, total steps[, text=, tokens=, logprobs=: a text job's so far])
 
@@ -28,11 +29,14 @@ ProgressFn = Callable[..., None]  # (step done, total steps[, text=, tokens=, lo
 @dataclass(frozen=True)
 class Output:
     """A runner's result: the file's bytes and media type, and ``record``: figures for the
-    journaled provenance only (not embedded: e.g. a text job's token counts and finish reason)."""
+    journaled provenance only (not embedded: e.g. a text job's token counts and finish reason);
+    ``more``: the files of images 2..n of a job with ``n`` > 1 (issue 22), in order, each of
+    ``media_type``."""
 
     data: bytes
     media_type: str
     record: Mapping[str, Any] = field(default_factory=dict)
+    more: tuple[bytes, ...] = ()
 
 
 class Kind(Protocol):
@@ -50,12 +54,13 @@ def family_arguments(args: Args, family: str) -> dict[str, Any]:
             if name in args.spec.params and args.get(name) is not None}
 
 
-def denoising(args: Args, progress: ProgressFn) -> dict[str, Any]:
+def denoising(args: Args, progress: ProgressFn, total: int | None = None) -> dict[str, Any]:
     """The diffusers call arguments every denoising kind shares, from its spec's ``args``:
     ``num_inference_steps`` (``steps``), ``guidance_scale`` (when the family's spec has one: not
     Qwen-Image-Edit, whose transformer has no guidance embedding), a CPU ``generator`` seeded with
     ``seed`` (same seed, same machine: same bytes) and a ``callback_on_step_end`` that reports
-    (step done, total steps) to ``progress``.
+    (step done, total steps) to ``progress``; ``total``: the steps the pipeline really runs
+    when fewer than ``steps`` (img2img, inpaint: ``int(steps * strength)``).
 
     Raises:
         KeyError: no ``seed`` (the server always draws one at submission).
@@ -63,27 +68,82 @@ def denoising(args: Args, progress: ProgressFn) -> dict[str, Any]:
     import torch
 
     steps = int(args["steps"])
+    reported = steps if total is None else total
 
     def on_step_end(_pipe: Any, step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-        progress(step + 1, steps)
+        progress(step + 1, reported)
         return callback_kwargs
 
+    seed = int(args["seed"])
     call: dict[str, Any] = {
         "num_inference_steps": steps,
-        "generator": torch.Generator("cpu").manual_seed(int(args["seed"])),
+        "generator": torch.Generator("cpu").manual_seed(seed),
         "callback_on_step_end": on_step_end,
     }
+    count = images_of(args)
+    if count > 1:  # one call, one generator per image: image i is seeded seed + i (issue 22)
+        call["num_images_per_prompt"] = count
+        call["generator"] = [torch.Generator("cpu").manual_seed(seed + i) for i in range(count)]
     if "guidance_scale" in args.spec.params:
         call["guidance_scale"] = float(args["guidance_scale"])
     return call
 
 
+_DERIVED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def kind_pipeline(pipeline: Any, family: str, kind: str) -> Any:
+    """The pipeline that runs ``kind`` on the resident ``pipeline``'s components: the family's
+    class for that kind (``Family.pipelines``, app/core/families.py, e.g.
+    ``StableDiffusionImg2ImgPipeline``) built with diffusers' ``from_pipe`` (the same modules, no
+    second load), kept while the resident pipeline lives; ``pipeline`` itself when it already
+    is that class.
+
+    Raises:
+        KeyError: the family does not run ``kind`` (the message names the kinds it runs).
+    """
+    rules = family_rules(family)
+    if rules is None:
+        raise KeyError(f"family {family!r} is unknown (app/core/families.py); it runs no {kind!r}")
+    class_name = rules.pipeline_class_of(kind)
+    if type(pipeline).__name__ == class_name:
+        return pipeline
+    derived = _DERIVED.setdefault(pipeline, {})
+    if class_name not in derived:
+        import diffusers
+
+        built = getattr(diffusers, class_name).from_pipe(pipeline)
+        built.set_progress_bar_config(disable=True)
+        derived[class_name] = built
+    return derived[class_name]
+
+
+def images_of(args: Args) -> int:
+    """The images a job makes: ``n`` where its kind takes it (:data:`app.core.kinds.BATCH_PARAM`), else 1."""
+    return int(args[BATCH_PARAM]) if BATCH_PARAM in args.spec.params else 1
+
+
+def image_output(images: list[Any], args: Args, provenance: dict[str, Any], encode: Callable[..., bytes]) -> Output:
+    """The PNG output of a denoising call's ``images`` (PIL, in order). Image ``i`` of a job
+    with ``n`` > 1 embeds its own provenance: ``seed`` + i as its ``seed`` and ``index`` i, so
+    each file says how to make it alone; one image embeds ``provenance`` as it is."""
+    count = images_of(args)
+    if count == 1:
+        return Output(data=encode(images[0], provenance), media_type="image/png")
+    if len(images) != count:
+        raise RuntimeError(f"the pipeline made {len(images)} images for n={count}")
+    seed = int(args["seed"])
+    files = [encode(image, {**provenance, "seed": seed + i, "index": i}) for i, image in enumerate(images)]
+    return Output(data=files[0], media_type="image/png", more=tuple(files[1:]),
+                  record={"seeds": [seed + i for i in range(count)]})
+
+
 def runner(kind: str) -> Kind:
     """The runner of ``kind``. Raises ``KeyError`` naming the known kinds."""
-    from tasks.kinds import edit, text, txt2img, upscale, video
+    from tasks.kinds import edit, img2img, inpaint, text, txt2img, upscale, video
 
-    kinds: dict[str, Kind] = {"txt2img": txt2img.run, "edit": edit.run, "upscale": upscale.run, "video": video.run,
-                              "text": text.run}
+    kinds: dict[str, Kind] = {"txt2img": txt2img.run, "img2img": img2img.run, "inpaint": inpaint.run,
+                              "edit": edit.run, "upscale": upscale.run, "video": video.run, "text": text.run}
     if kind not in kinds:
         raise KeyError(f"kind {kind!r} is not implemented; implemented: {', '.join(kinds)}")
     return kinds[kind]

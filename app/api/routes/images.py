@@ -2,8 +2,9 @@
 
 - ``POST /v1/images/generations`` (JSON: ``prompt``, ``model``, ``n``, ``size`` "WxH",
   ``response_format`` ``b64_json`` | ``url``; Homefleet extras ``steps``, ``target``,
-  ``negative_prompt`` through the SDK's ``extra_body``): one txt2img job per image, waited
-  for, answered ``{"created", "data": [{"b64_json"} | {"url"}]}``.
+  ``negative_prompt`` through the SDK's ``extra_body``): ONE txt2img job making the ``n`` images
+  in one pipeline call (issue 22: ``params.n``, consecutive seeds), waited for, answered
+  ``{"created", "data": [{"b64_json"} | {"url"}]}`` with the images in order.
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
   input, and one ``edit`` job per image runs on it.
@@ -54,6 +55,7 @@ from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
+from app.core.kinds import BATCH_PARAM
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
@@ -147,7 +149,8 @@ class ImageGeneration(RequestBody):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
-    n: int = Field(1, ge=1, description="number of images (one job each); at most the family's max_batch (invalid_n)")
+    n: int = Field(1, ge=1, description="number of images (one job making them all, consecutive seeds); at most "
+                                        "the family's max_batch (invalid_n)")
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
     steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
@@ -279,8 +282,8 @@ def parse_size(size: str | None) -> dict[str, int]:
 
 
 def check_count(ctx: ServerContext, model: str, count: int) -> None:
-    """Refuse more images in one request than the model family's ``max_batch`` (R22). ``n`` is
-    a property of the request (one job per image), not a job param: no kind reads it.
+    """Refuse more images in one request than the model family's ``max_batch`` (R22), before
+    any job exists (the job's own ``params.n`` is checked again at submission).
 
     An unregistered model is left to the submission itself, which refuses it (404
     ``unknown_model``) and journals the refusal like any other.
@@ -396,10 +399,13 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
     await to_thread.run_sync(check_count, ctx, model, body.n)
-    jobs = await run_jobs(ctx, call, model, params, body.target, body.n)
+    if body.n > 1:
+        params[BATCH_PARAM] = body.n  # one job, one pipeline call (issue 22)
+    jobs = await run_jobs(ctx, call, model, params, body.target, 1)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
-                "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt) for job in jobs]}
+                "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
+                         for job in jobs for index in range(len(job.results or [None]))]}
 
 
 @router.post("/v1/images/edits")
@@ -434,12 +440,16 @@ async def edit_images(
         return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
 
 
-def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str) -> dict[str, str]:
-    """One ``data`` entry: the result as base64 (default) or as its URL: ``public_base_url``
-    (a setting) + ``/v1/jobs/<id>/result``, relative without it; never from the request's Host."""
+def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,
+               index: int = 0) -> dict[str, str]:
+    """One ``data`` entry: result ``index`` of ``job`` (its images in order, issue 22) as base64
+    (default) or as its URL: ``public_base_url`` (a setting) + ``/v1/jobs/<id>/result``
+    (``?index=i`` after the first), relative without it; never from the request's Host."""
     if response_format == "url":
-        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result", "revised_prompt": prompt}
-    return {"b64_json": base64.b64encode(Path(job.result_path or "").read_bytes()).decode(), "revised_prompt": prompt}
+        query = f"?index={index}" if index else ""
+        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}", "revised_prompt": prompt}
+    path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
+    return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
 
 
 @router.post("/hf", response_class=Response)

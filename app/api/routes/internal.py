@@ -18,7 +18,7 @@ from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_f
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
-from app.core.kinds import job_request
+from app.core.kinds import BATCH_PARAM, job_request
 from app.core.protocol import (
     Claim,
     FailureReport,
@@ -119,6 +119,8 @@ async def upload_result(
     run_s: Annotated[float, Form(ge=0, allow_inf_nan=False)],
     cold_load: Annotated[bool, Form()],
     provenance: Annotated[str, Form(description="JSON object: the result's provenance")] = "{}",
+    more: Annotated[list[UploadFile] | None, File(description="images 2..n of a job with n > 1, in order")] = None,
+    more_digests: Annotated[str, Form(description="JSON list: 'blake3:<hex>' of each `more` file")] = "[]",
 ) -> JobPublic:
     """Verify and store a result (R2); only then the job is ``succeeded``. A job no longer
     running (interrupted or ended meanwhile) gets 409 and nothing is stored. A mismatch of
@@ -130,7 +132,12 @@ async def upload_result(
     running and the worker retries. The upload is idempotent by digest: the same result for a
     job it already made ``succeeded`` answers that job again. A job that failed
     ``result_not_stored`` takes its result later (``homefleet results recover``): it becomes
-    ``succeeded``; it never ran twice."""
+    ``succeeded``; it never ran twice.
+
+    A job with ``n`` > 1 images (issue 22) sends images 2..n as ``more`` with their digests in
+    ``more_digests``, in the same request: exactly n - 1 of them (else 422 ``invalid_results``,
+    nothing stored), each verified like the first; the job's ``results`` lists all n in order,
+    image i with seed ``seed + i``."""
     job = job_of_machine(ctx, job_id, machine)
     if job.state == JobState.succeeded and job.result_digest == digest:  # a retry whose answer was lost
         return JobPublic.from_job(job)
@@ -148,22 +155,59 @@ async def upload_result(
         raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
     record.update({"job_id": job_id, "load_s": load_s, "run_s": run_s, "cold_load": cold_load,
                    "actual_s": load_s + run_s, "predicted_s": predicted_s(job)})
-    data = await file.read(ctx.settings.max_result_bytes + 1)
+    extras = more or []
     timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
     try:
+        digests = more_results(job.params, more_digests, len(extras))
+    except Rejected as error:  # the worker's protocol fault: the job cannot succeed with these
+        if not recovering:
+            ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
+        raise
+    data = await file.read(ctx.settings.max_result_bytes + 1)
+    try:
         stored = await to_thread.run_sync(ctx.store.store, data, digest, job.kind == "text")  # decoding may take a while (ffmpeg)
+        all_stored = [stored]
+        for extra, extra_digest in zip(extras, digests, strict=True):
+            extra_data = await extra.read(ctx.settings.max_result_bytes + 1)
+            all_stored.append(await to_thread.run_sync(ctx.store.store, extra_data, extra_digest, False))
     except IntegrityFailure as error:
         if not recovering:
             ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
         raise
+    seed = job.params.get("seed")
+    results = [{"digest": s.digest, "path": str(s.path), "media_type": s.media_type, "bytes": s.size_bytes,
+                "seed": seed + i if isinstance(seed, int) else None} for i, s in enumerate(all_stored)]
+    if job.requeued_from is not None:
+        record["requeued_from"] = job.requeued_from
     result = {"result_digest": stored.digest, "result_path": str(stored.path), "result_media_type": stored.media_type,
-              "result_bytes": stored.size_bytes, "provenance": record}
+              "result_bytes": stored.size_bytes, "provenance": record, "results": results}
     if recovering:  # its reservation was released and its timings learned when it failed
         log.info("job %s: recovered result %s from %s", job_id, stored.digest, machine.name)
         return JobPublic.from_job(ctx.journal.recover(job_id, machine.name, **result))
     job = ctx.journal.succeed(job_id, machine.name, **result, **timings)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
+
+
+def more_results(params: dict[str, object], more_digests: str, received: int) -> list[str]:
+    """The digests of images 2..n of a result upload, checked against the job's ``n`` (issue 22).
+
+    Raises:
+        Rejected: reason ``invalid_results``: not a JSON list of strings, or not n - 1 of them
+            (or of files).
+    """
+    try:
+        digests = json.loads(more_digests)
+    except ValueError as error:
+        raise Rejected(f"more_digests must be a JSON list: {error}", reason="invalid_results") from error
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise Rejected("more_digests must be a JSON list of 'blake3:<hex>' strings", reason="invalid_results")
+    count = params.get(BATCH_PARAM, 1)
+    wanted = count - 1 if isinstance(count, int) and count > 1 else 0
+    if len(digests) != wanted or received != wanted:
+        raise Rejected(f"the job asks n={wanted + 1} images: the upload must carry {wanted} more (files and digests), "
+                       f"got {received} files and {len(digests)} digests", reason="invalid_results")
+    return digests
 
 
 @router.post("/jobs/{job_id}/failure", response_model=JobPublic)

@@ -8,11 +8,13 @@ from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.routes.deps import Context, stored_file
-from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
+from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import Conflict, Rejected
+from app.core.errors import Conflict, NotFound, Rejected
+from app.core.families import kinds_of
 from app.core.states import JobState
 from app.jobs.expansion import submit_expanded
+from app.jobs.dispatch import UNSET
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -59,6 +61,25 @@ def submit_job(
                        predicted_start_s=job.predicted_start_s, url=url)
 
 
+@router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
+def requeue_job(job_id: str, ctx: Context, response: Response, body: JobRequeue | None = None) -> JobAccepted:
+    """Submit a new job with the params of job ``job_id`` (issue 22): the same model, kind,
+    params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
+    or names one; linked to the old job (``requeued_from``, in the job and in its result's
+    provenance). 202 as ``POST /v1/jobs``; every check of a submission applies (R22;
+    a remembered OOM of its size is refused, R21/C08: 422 ``remembered_oom``); 404
+    ``job_not_found`` for an unknown job."""
+    body = body or JobRequeue()
+    seed = body.seed if "seed" in body.model_fields_set else UNSET
+    submission = ctx.dispatcher.requeue(job_id, seed, body.target)
+    job = submission.job
+    url = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = url
+    assert job.machine is not None
+    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
+                       predicted_start_s=job.predicted_start_s, url=url)
+
+
 @router.get("/jobs", response_model=list[JobPublic])
 def list_jobs(
     ctx: Context,
@@ -96,12 +117,23 @@ def cancel_job(job_id: str, ctx: Context) -> JobPublic:
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)
-def get_result(job_id: str, ctx: Context) -> FileResponse:
+def get_result(job_id: str, ctx: Context,
+               index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
+               ) -> FileResponse:
     """The stored result file (R2), with its stored media type, ``nosniff`` and
     ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
         raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+    if index:  # image i of n (issue 22)
+        rows = job.results or []
+        if index >= len(rows):
+            raise NotFound(f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), "
+                           f"not index {index}", reason="result_not_found")
+        row = rows[index]
+        media_type = row.get("media_type") or "application/octet-stream"
+        return stored_file(row["path"], media_type, f"{job.id}-{index}.{EXTENSIONS.get(media_type, 'bin')}",
+                           row.get("digest") or "")
     media_type = job.result_media_type or "application/octet-stream"
     return stored_file(job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}",
                        job.result_digest or "")
@@ -140,7 +172,7 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
 @router.get("/models")
 def list_models(ctx: Context) -> list[dict[str, Any]]:
     return [
-        {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
+        {"id": m.id, "family": m.family, "kinds": list(kinds_of(m.family, m.kinds)), "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
          "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
         for m in ctx.registry.list()
     ]

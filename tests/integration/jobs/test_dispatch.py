@@ -53,7 +53,7 @@ def test_r10_refused_submissions_are_journaled_and_publish_nothing(
 
 def test_unknown_model_and_wrong_kind_are_refused(ctx: ServerContext, tiny_models_dir: Path) -> None:
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    with pytest.raises(Rejected, match="runs kinds txt2img; got kind 'video'"):
+    with pytest.raises(Rejected, match="runs kinds txt2img, img2img, inpaint; got kind 'video'"):
         ctx.dispatcher.submit(model, "video", {}, "server")
     with pytest.raises(Exception, match="'missing' is not registered"):
         ctx.dispatcher.submit("missing", "txt2img", {}, "server")

@@ -22,7 +22,7 @@ def ctx(sql_ctx: ServerContext) -> ServerContext:
 def test_a_registered_model_has_a_full_manifest(ctx: ServerContext, tiny_models_dir: Path) -> None:
     source = tiny_models_dir / "tiny-sd"
     record = ctx.registry.add(source)
-    assert (record.id, record.family, record.kinds) == ("tiny-sd", "sd1", ["txt2img"])
+    assert (record.id, record.family, record.kinds) == ("tiny-sd", "sd1", ["txt2img", "img2img", "inpaint"])
     manifest = ctx.registry.manifest(record.id)
     source_files = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file())
     assert [f.path for f in manifest.files] == source_files

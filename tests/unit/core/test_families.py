@@ -36,7 +36,7 @@ class RecordingPipeline:
 
     def __call__(self, **kwargs: Any) -> Any:
         self.calls.append(kwargs)
-        frame = Image.new("RGB", (16, 16))
+        frame = Image.new("RGB", (kwargs.get("width", 16), kwargs.get("height", 16)))
         return type("Result", (), {"images": [frame], "frames": [[frame, frame]]})()
 
 
@@ -46,12 +46,17 @@ def png(width: int = 32, height: int = 32) -> bytes:
     return buffer.getvalue()
 
 
-def call_arguments(family: str, params: dict[str, Any]) -> dict[str, Any]:
-    pipeline = RecordingPipeline()
-    kind = FAMILIES[family].kind
-    runner(kind)(pipeline, {"seed": 1, **params}, lambda step, total: None, {}, {"image": png()}, family=family)
+def call_arguments(family: str, params: dict[str, Any], kind: str | None = None) -> dict[str, Any]:
+    kind = kind or FAMILIES[family].kind
+    # named as the class that runs the kind: tasks.kinds.kind_pipeline takes it as it is
+    pipeline = type(FAMILIES[family].pipeline_class_of(kind), (RecordingPipeline,), {})()
+    runner(kind)(pipeline, {"seed": 1, **params}, lambda step, total: None, {}, {"image": png(), "mask": png()},
+                 family=family)
     (call,) = pipeline.calls
     return call
+
+
+FAMILY_KINDS = [(name, kind) for name in DIFFUSION_FAMILIES for kind in FAMILIES[name].kinds]
 
 
 def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
@@ -64,20 +69,22 @@ def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
         "WanPipeline", "FluxKontextPipeline", "LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"}
 
 
-@pytest.mark.parametrize("family", DIFFUSION_FAMILIES)
-def test_every_argument_a_runner_passes_is_one_its_diffusers_pipeline_takes(family: str) -> None:
+@pytest.mark.parametrize(("family", "kind"), FAMILY_KINDS)
+def test_every_argument_a_runner_passes_is_one_its_diffusers_pipeline_takes(family: str, kind: str) -> None:
     """What each runner passes, with every param of the family's spec set, is in the real
-    pipeline class's ``__call__`` signature (a wrong name would be a TypeError on a worker)."""
+    pipeline class's ``__call__`` signature (a wrong name would be a TypeError on a worker);
+    the derived kinds' (img2img, inpaint: issue 22) too."""
     import diffusers
 
     rules = FAMILIES[family]
-    kind_spec = family_kind_spec(family, rules.kind)
+    kind_spec = family_kind_spec(family, kind)
     params: dict[str, Any] = {"prompt": "a red circle", "negative_prompt": "blur", "steps": 2}
     params.update({name: kind_spec.defaults[name] for name in kind_spec.params if name in kind_spec.defaults})
     params["negative_prompt"] = "blur"
-    call = call_arguments(family, params)
-    accepted = set(inspect.signature(getattr(diffusers, rules.pipeline_class).__call__).parameters)
-    assert set(call) <= accepted, f"{rules.pipeline_class} takes no {sorted(set(call) - accepted)}"
+    call = call_arguments(family, params, kind)
+    class_name = rules.pipeline_class_of(kind)
+    accepted = set(inspect.signature(getattr(diffusers, class_name).__call__).parameters)
+    assert set(call) <= accepted, f"{class_name} takes no {sorted(set(call) - accepted)}"
 
 
 def test_qwen_edit_gets_true_cfg_and_the_input_size_never_image_guidance() -> None:
@@ -186,4 +193,4 @@ def test_r22_prompt_tokens_and_frames_follow_the_familys_encoder_and_model() -> 
                          family="flux")
     check_submission({"prompt": "x" * 512}, limits_for(limits, "flux"), count_tokens=len, kind="txt2img",
                      family="flux")
-    assert FamilyLimits().max_prompt_tokens == 77 and set(KINDS) == {f.kind for f in FAMILIES.values()}
+    assert FamilyLimits().max_prompt_tokens == 77 and set(KINDS) == {k for f in FAMILIES.values() for k in f.kinds}

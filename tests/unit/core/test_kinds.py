@@ -96,5 +96,6 @@ def test_every_param_a_kind_takes_passes_and_an_unknown_kind_is_named() -> None:
     for kind in KINDS:
         check_known_params(kind, dict.fromkeys(spec(kind).accepted, 1))
     with pytest.raises(Rejected) as refused:
-        check_known_params("inpaint", {})
-    assert refused.value.reason == "kind_not_supported" and "txt2img, edit, upscale, video" in refused.value.message
+        check_known_params("outpaint", {})
+    assert refused.value.reason == "kind_not_supported"
+    assert "txt2img, edit, img2img, inpaint, upscale, video" in refused.value.message

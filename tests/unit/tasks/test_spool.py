@@ -75,3 +75,18 @@ def test_recover_drops_what_the_server_took_or_refused_and_keeps_what_it_cannot_
     assert outcomes["taken"] == "recovered" and outcomes["refused"].startswith("refused")
     assert outcomes["still_full"].startswith("kept")
     assert [entry.job_id for entry, _ in spool.entries()] == ["still_full"]
+
+
+def test_a_job_of_n_images_is_spooled_whole_and_only_a_whole_entry_is_recovered(tmp_path: Path) -> None:
+    """Issue 22: images 2..n are kept beside the first; an entry missing one is not offered to
+    ``recover`` (it would upload fewer images than the job asks), and removing it removes all."""
+    spool = ResultSpool(tmp_path)
+    batch = Spooled(**{**record("batch").__dict__, "more_digests": ["blake3:" + "1" * 64, "blake3:" + "2" * 64]})
+    spool.keep(batch, b"first", (b"second", b"third"))
+    [(kept, path)] = spool.entries()
+    assert kept == batch and path.read_bytes() == b"first" and spool.more(kept) == [b"second", b"third"]
+    spool.more_path("batch", 2).unlink()
+    assert spool.entries() == []  # incomplete: not uploaded
+    spool.keep(batch, b"first", (b"second", b"third"))
+    spool.remove("batch")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
