@@ -1,0 +1,95 @@
+"""The trained demo models draw what they are asked (issue 19), read by pixel statistics.
+
+The reader (:func:`app.devtools.shapes.inspect`) is checked first on drawn pictures of every
+shape, style and background, so that a wrong reading of a model's picture is the model's fault;
+then the committed pipelines (``app/devtools/demo_models``) are loaded in-process, as a worker
+loads them (``DiffusionPipeline.from_pretrained``, float32, local files only), and each draws
+one seeded picture per prompt, six colours x three shapes x three backgrounds spread over the
+prompts: the colour, the background and the model's style must match every prompt, the shape
+most of them (~0.2 s a picture on this machine).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from PIL import Image, ImageFilter
+
+from app.devtools.shapes import (
+    BACKGROUNDS,
+    COLOURS,
+    PIXELS,
+    SHAPES,
+    STYLES,
+    caption,
+    draw,
+    inspect,
+    parse,
+)
+from app.devtools.train_shapes import (
+    DEMO_MODELS_DIR,
+    MODEL_NAMES,
+    SAMPLING,
+    build_tokenizer,
+)
+
+#: (colour, shape, background): every colour twice, every shape and background in turn
+PROMPTS = [(colour, SHAPES[i % 3], list(BACKGROUNDS)[(i + i // 3) % 3])
+           for i, colour in enumerate([*COLOURS, *COLOURS])]
+
+
+@pytest.mark.parametrize(("style", "shape", "background"), itertools.product(STYLES, SHAPES, BACKGROUNDS))
+def test_the_reader_reads_drawn_shapes(style: str, shape: str, background: str) -> None:
+    for colour, size, blur in itertools.product(COLOURS, (16, 24), (0.0, 0.7)):
+        image = draw(colour, shape, background, style, size=size, centre=(14, 18))
+        if blur:
+            image = image.filter(ImageFilter.GaussianBlur(blur))
+        seen = inspect(image)
+        assert (seen.colour, seen.shape, seen.style, seen.background) == (colour, shape, style, background), (
+            colour, size, blur, seen)
+
+
+def test_the_reader_finds_no_shape_on_a_plain_picture() -> None:
+    seen = inspect(Image.new("RGB", (PIXELS, PIXELS), BACKGROUNDS["gray"]))
+    assert (seen.colour, seen.style, seen.background) == (None, "none", "gray")
+
+
+def test_prompts_parse_and_every_word_is_one_token(tmp_path: Any) -> None:
+    assert parse(caption("red", "circle", "black")) == {"colour": "red", "shape": "circle", "background": "black"}
+    assert parse("a lighthouse at dusk") == {"colour": None, "shape": None, "background": None}
+    tokenizer = build_tokenizer(tmp_path)
+    ids = tokenizer(caption("purple", "triangle", "white")).input_ids
+    assert len(ids) == 2 + 7  # <|startoftext|>, seven words, <|endoftext|>
+    assert len(tokenizer("a lighthouse at dusk").input_ids) > 9  # any other text still tokenizes (bytes)
+
+
+@pytest.fixture(scope="module", params=STYLES)
+def trained(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    import torch
+    from diffusers import DiffusionPipeline
+
+    folder = DEMO_MODELS_DIR / MODEL_NAMES[request.param]
+    pipeline = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+    assert type(pipeline).__name__ == "StableDiffusionPipeline"
+    pipeline.set_progress_bar_config(disable=True)
+    return request.param, pipeline
+
+
+def test_a_trained_model_draws_the_prompt_in_its_style(trained: tuple[str, Any]) -> None:
+    import torch
+
+    style, pipeline = trained
+    readings = []
+    for seed, (colour, shape, background) in enumerate(PROMPTS):
+        image = pipeline(caption(colour, shape, background), width=SAMPLING["width"], height=SAMPLING["height"],
+                         num_inference_steps=SAMPLING["steps"], guidance_scale=SAMPLING["guidance_scale"],
+                         generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+        assert image.size == (SAMPLING["width"], SAMPLING["height"])
+        readings.append(((colour, shape, background), inspect(image)))
+    wrong = [(asked, seen) for asked, seen in readings
+             if (seen.colour, seen.background, seen.style) != (asked[0], asked[2], style)]
+    assert not wrong, wrong
+    shapes_right = sum(seen.shape == asked[1] for asked, seen in readings)
+    assert shapes_right >= len(PROMPTS) - 2, readings
