@@ -1,13 +1,13 @@
 """The trained demo models (issue 19): load time, sampling time per image and how often a
 picture shows what was asked, on this machine, in-process (as a worker loads them).
 
-    python -m bench.shapes [--images N] [--threads T]
+    python -m bench.shapes [--images N] [--threads T] [--steps S] [--guidance G]
 
 For each model (``app/devtools/demo_models/shapes-*``) it prints its size on disk, the
 training figures from ``training.json``, the load seconds (``DiffusionPipeline.from_pretrained``,
 float32), then draws ``N`` seeded pictures over every (colour, shape, background) in turn at
 the demo's sampling (``app.devtools.train_shapes.SAMPLING``: 32 x 32 pixels, 8 steps, guidance
-4) and prints the seconds per image and the share of pictures whose dominant colour,
+4; ``--steps`` and ``--guidance`` change the last two) and prints the seconds per image and the share of pictures whose dominant colour,
 background, shape and style (read by ``app.devtools.shapes.inspect``) are the prompt's. The
 last line reads::
 
@@ -32,6 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=54, help="pictures per model (54: every combination once)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--steps", type=int, default=SAMPLING["steps"])
+    parser.add_argument("--guidance", type=float, default=SAMPLING["guidance_scale"])
     args = parser.parse_args()
 
     import torch
@@ -56,7 +58,7 @@ def main() -> None:
         for seed in range(args.images):
             colour, shape, background = combos[seed % len(combos)]
             image = pipeline(caption(colour, shape, background), width=SAMPLING["width"], height=SAMPLING["height"],
-                             num_inference_steps=SAMPLING["steps"], guidance_scale=SAMPLING["guidance_scale"],
+                             num_inference_steps=args.steps, guidance_scale=args.guidance,
                              generator=torch.Generator("cpu").manual_seed(seed)).images[0]
             seen = inspect(image)
             hits["colour"] += seen.colour == colour
@@ -67,7 +69,7 @@ def main() -> None:
         trained = training["styles"].get(style, {})
         print(f"{name}: {size / 1e6:.2f} MB on disk, trained in {trained.get('train_s', 0):.0f} s (loss "
               f"{trained.get('loss', 0):.4f}); load {load_s:.2f} s; {image_s:.3f} s per {SAMPLING['width']}x"
-              f"{SAMPLING['height']} image ({SAMPLING['steps']} steps); right: "
+              f"{SAMPLING['height']} image ({args.steps} steps, guidance {args.guidance}); right: "
               + ", ".join(f"{what} {count}/{args.images}" for what, count in hits.items()))
         totals["load_s"].append(load_s)
         totals["image_s"].append(image_s)

@@ -96,8 +96,10 @@ class Reading:
     and not dark). background: the grey word nearest the uncoloured pixels' mean.
     box_fill: coloured pixels / their bounding box's area (filled circle ~0.79, square ~1,
     triangle ~0.5; an outline ~0.3-0.45). centre_fill: the fraction of coloured pixels in the
-    middle of that box (a filled shape ~1, an outline ~0). style: filled or outlined (by
-    centre_fill). top_corners, bottom_corners: the coloured fraction of the box's corners (a
+    middle of that box (a filled shape ~1, an outline ~0). holes: the uncoloured pixels the
+    coloured ones enclose (not reachable from the picture's edge, 4-connected), as a fraction
+    of the shape's area with them (a filled shape 0, a closed outline ~0.3-0.6). style:
+    outlined when centre_fill is below 0.5 or holes at least 0.05, else filled. top_corners, bottom_corners: the coloured fraction of the box's corners (a
     sixth of its sides). shape: square (all four corners coloured), triangle (the lower two
     only) or circle (neither), for either style.
     """
@@ -112,11 +114,34 @@ class Reading:
     shape: str
     top_corners: float = 0.0
     bottom_corners: float = 0.0
+    holes: float = 0.0
 
 
 def _hue_distance(a: Any, b: float) -> Any:
     d = abs(a - b) % 360
     return d if not hasattr(d, "shape") else __import__("numpy").minimum(d, 360 - d)
+
+
+def _holes(mask: Any) -> float:
+    """The fraction of the filled-in shape that is enclosed background (see :class:`Reading`)."""
+    import numpy as np
+
+    free = ~mask
+    outside = np.zeros_like(mask)
+    for edge in (np.s_[0, :], np.s_[-1, :], np.s_[:, 0], np.s_[:, -1]):
+        outside[edge] = free[edge]
+    while True:  # grow the outside through uncoloured pixels, 4-connected
+        grown = outside.copy()
+        grown[1:] |= outside[:-1]
+        grown[:-1] |= outside[1:]
+        grown[:, 1:] |= outside[:, :-1]
+        grown[:, :-1] |= outside[:, 1:]
+        grown &= free
+        if (grown == outside).all():
+            break
+        outside = grown
+    enclosed = int((free & ~outside).sum())
+    return enclosed / max(enclosed + int(mask.sum()), 1)
 
 
 def inspect(image: Any) -> Reading:
@@ -148,12 +173,13 @@ def inspect(image: Any) -> Reading:
     h, w = box.shape
     centre = box[h * 3 // 8:max(h * 5 // 8, h * 3 // 8 + 1), w * 3 // 8:max(w * 5 // 8, w * 3 // 8 + 1)]
     centre_fill = float(centre.mean())
-    style = "filled" if centre_fill > 0.5 else "outlined"
+    holes = _holes(mask)
+    style = "outlined" if centre_fill < 0.5 or holes >= 0.05 else "filled"
     ch, cw = max(1, h // 6), max(1, w // 6)  # the box's corners: a square fills all four, a triangle the lower two
     top = float((box[:ch, :cw].mean() + box[:ch, -cw:].mean()) / 2)
     bottom = float((box[-ch:, :cw].mean() + box[-ch:, -cw:].mean()) / 2)
     shape = "square" if top > 0.5 and bottom > 0.5 else "triangle" if bottom > 0.4 and top < 0.3 else "circle"
-    return Reading(colour, hue, coloured, background, box_fill, centre_fill, style, shape, top, bottom)
+    return Reading(colour, hue, coloured, background, box_fill, centre_fill, style, shape, top, bottom, holes)
 
 
 def inspect_png(data: bytes) -> Reading:
