@@ -74,13 +74,15 @@ def _shapes(target: str, model: str, prompt: str, seed: int) -> DemoJob:
     return DemoJob(target, "txt2img", {"prompt": prompt, "seed": seed, **SAMPLING}, model=model)
 
 
+# Seeds that draw the prompt (a seed changes the picture, not whether a model can draw it: the
+# filled model's squares come out rounded whatever the seed, docs/benchmarks.md)
 DEMO_JOBS = (
     _shapes(SERVER, FILLED, "a red circle on a black background", 1),
-    _shapes(SERVER, OUTLINED, "a blue square on a white background", 2),
-    _shapes("box1", FILLED, "a yellow triangle on a gray background", 3),
-    _shapes("box1", OUTLINED, "a green circle on a black background", 4),
-    _shapes("box2", FILLED, "a purple square on a white background", 5),
-    _shapes("auto", OUTLINED, "a orange triangle on a gray background", 6),
+    _shapes(SERVER, OUTLINED, "a blue square on a white background", 3),
+    _shapes("box1", FILLED, "a yellow triangle on a gray background", 1),
+    _shapes("box1", OUTLINED, "a green circle on a black background", 1),
+    _shapes("box2", FILLED, "a purple circle on a white background", 1),
+    _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
     DemoJob("box1", "edit", {"prompt": "make it snowy", "steps": 4}, input_pixels=(64, 64)),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
