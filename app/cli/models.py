@@ -73,6 +73,22 @@ def models_train_shapes(
     console.print(f"trained in {report.total_s:.0f} s; {directory / 'training.json'}")
 
 
+@models_cli.command("train-recolour")
+def models_train_recolour(
+    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (its VAE is reused); "
+                                                   "shapes-recolour/ is saved there")],
+    seed: int = 23,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
+    steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
+    dataset: Annotated[int, typer.Option(min=32, help="picture pairs in the data set")] = 4000,
+) -> None:
+    """Train the demo edit model (shapes-recolour: "make it blue") on this CPU, seeded (issue 19)."""
+    from app.devtools.train_recolour import train_recolour
+
+    figures = train_recolour(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, log=console.print)
+    console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-recolour.json'}")
+
+
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(

@@ -40,18 +40,19 @@ from app.devtools.redis_server import (
     redis_answers,
     start_redis_server,
 )
-from app.devtools.shapes import inspect_png
+from app.devtools.shapes import caption, draw, inspect_png
 from app.devtools.tiny_models import make_tiny
+from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 from app.fleet.config import load_fleet, with_fresh_tokens
 from app.journal.jobs import Journal
 from routing.placement import SERVER
 
 #: kind -> the demo's tiny random-weight model for it (app/devtools/tiny_models.py)
-TINY_DEMO_MODELS = {"edit": "tiny-pix2pix", "upscale": "tiny-upscaler", "video": "tiny-animatediff"}
+TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
-#: the trained txt2img models: model id -> its committed folder
-SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED)}
+#: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
+SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
 #: every model the demo registers
 DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
 
@@ -62,7 +63,8 @@ class DemoJob:
     kind: str
     params: dict[str, Any]
     model: str = ""  # "" = the kind's tiny model
-    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded input image
+    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded gradient input image
+    input_shape: tuple[str, str, str] | None = None  # or (colour, shape, background) of a drawn filled one
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -83,10 +85,18 @@ DEMO_JOBS = (
     _shapes("box1", OUTLINED, "a green circle on a black background", 1),
     _shapes("box2", FILLED, "a purple circle on a white background", 1),
     _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
-    DemoJob("box1", "edit", {"prompt": "make it snowy", "steps": 4}, input_pixels=(64, 64)),
+    DemoJob("box1", "edit", {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING}, model=RECOLOUR_MODEL,
+            input_shape=("red", "circle", "black")),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
+
+
+def shape_input(colour: str, shape: str, background: str) -> bytes:
+    """A PNG of a filled shape as the models were trained on (``app.devtools.shapes.draw``)."""
+    buffer = io.BytesIO()
+    draw(colour, shape, background, "filled").save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def demo_input(width: int, height: int) -> bytes:
@@ -169,6 +179,10 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
             uploaded = client.upload(demo_input(*job.input_pixels))
             params["image"] = uploaded["id"]
             console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
+        if job.input_shape is not None:
+            uploaded = client.upload(shape_input(*job.input_shape))
+            params["image"] = uploaded["id"]
+            console.print(f"uploaded {caption(*job.input_shape)} (32x32): {uploaded['id']}", soft_wrap=True)
         accepted = client.submit(job.model_id, job.kind, params, target=job.target)
         submitted.append(accepted)
         console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} {job.model_id:<16} target={job.target} -> "
@@ -197,10 +211,15 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
     return [finished.get(s["id"]) or client.get(s["id"]) for s in submitted]
 
 
-def asked_and_seen(job: dict[str, Any], png: bytes) -> str:
+def asked_and_seen(job: dict[str, Any], png: bytes, on: tuple[str, str, str] | None = None) -> str:
     """``asked: "a red circle on a black background" (shapes-filled) -> shows: a red filled
-    circle on black`` for a shapes model's result (its pixels read by :func:`inspect_png`)."""
+    circle on black`` for a shapes model's result (its pixels read by :func:`inspect_png`);
+    an edit's names its input (``on``: the drawn input's colour, shape, background)."""
     seen = inspect_png(png)
+    if on is not None:
+        return (f"asked: \"{job['params']['prompt']}\" on {caption(*on)} ({job['model']}) -> shows: "
+                + (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
+                   f"no coloured shape (on {seen.background})"))
     shows = (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
              f"no coloured shape (on {seen.background})")
     return f"asked: \"{job['params']['prompt']}\" ({job['model']}) -> shows: {shows}"
@@ -235,7 +254,7 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data
     failed = 0
     drawn: list[tuple[str, bytes]] = []
     console.print("\nResults (verified and stored by the server, content-addressed):")
-    for job in jobs:
+    for job, asked in zip(jobs, DEMO_JOBS, strict=True):
         result = job.get("result") or {}
         if job["state"] != "succeeded":
             failed += 1
@@ -250,7 +269,7 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data
         )
         if job["model"] in SHAPE_MODELS:
             png = Path(journal.get(job["id"]).result_path).read_bytes()
-            console.print(f"  {asked_and_seen(job, png)}", soft_wrap=True)
+            console.print(f"  {asked_and_seen(job, png, asked.input_shape)}", soft_wrap=True)
             named = data_dir / "shapes" / f"{job['model']}--{job['params']['prompt'].replace(' ', '-')}.png"
             named.parent.mkdir(parents=True, exist_ok=True)
             named.write_bytes(png)

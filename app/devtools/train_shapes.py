@@ -104,7 +104,7 @@ def _pixels(images: list[Any]) -> Any:
     return torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()
 
 
-def build_tokenizer(scratch: Path) -> Any:
+def build_tokenizer(scratch: Path, words: tuple[str, ...] = _WORDS) -> Any:
     """A ``CLIPTokenizer`` (``model_max_length`` 77): the 514 byte-level tokens of
     ``app/devtools/tiny_models.py`` plus merges that make each data-set word one token.
 
@@ -117,7 +117,7 @@ def build_tokenizer(scratch: Path) -> Any:
 
     vocab = _byte_level_vocab()
     merges: list[tuple[str, str]] = []
-    for word in sorted(set(_WORDS) - {"a"}, key=lambda w: (-len(w), w)):  # longer words' merges first
+    for word in sorted(set(words) - {"a"}, key=lambda w: (-len(w), w)):  # longer words' merges first
         pieces = [*word[:-1], word[-1] + "</w>"]
         left = pieces[0]
         for right in pieces[1:]:
@@ -129,7 +129,7 @@ def build_tokenizer(scratch: Path) -> Any:
     (scratch / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (scratch / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
     tokenizer = CLIPTokenizer(str(scratch / "vocab.json"), str(scratch / "merges.txt"), model_max_length=_MAX_TOKENS)
-    for word in _WORDS:
+    for word in words:
         ids = tokenizer(word, add_special_tokens=False).input_ids
         if len(ids) != 1:
             raise RuntimeError(f"the word {word!r} tokenizes to {len(ids)} tokens, not 1: {ids}")
@@ -156,11 +156,11 @@ def _text_encoder(tokenizer: Any) -> Any:
     ))
 
 
-def _unet() -> Any:
+def _unet(in_channels: int = 4) -> Any:
     from diffusers import UNet2DConditionModel
 
     return UNet2DConditionModel(
-        sample_size=_LATENT, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        sample_size=_LATENT, in_channels=in_channels, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         attention_head_dim=8, norm_num_groups=8, cross_attention_dim=_TEXT_HIDDEN,
         # the prompt's pooled states join the timestep embedding of every block (colour, shape and
