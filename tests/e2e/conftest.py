@@ -17,15 +17,17 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
+from app.devtools.train_recolour import RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
 WORKERS = ("server", "m1", "m2")
-#: the trained demo models (issue 19: filled and outlined shapes), registered from their committed
-#: folders and copied to SHAPES_MACHINE only (tests/e2e/test_shapes_content.py)
-SHAPE_MODELS = tuple(MODEL_NAMES.values())
+#: the trained demo models (issue 19: filled and outlined shapes, the recolouring edit model),
+#: registered from their committed folders and copied to SHAPES_MACHINE only
+#: (tests/e2e/test_shapes_content.py)
+SHAPE_MODELS = (*MODEL_NAMES.values(), RECOLOUR_MODEL)
 SHAPES_MACHINE = "m2"
 
 

@@ -7,15 +7,20 @@ The residency rule checked by content (issue 19's B13; R5: a resident model is k
 manifest): a job naming model B while model A is warm on that machine runs B, so its picture
 is in B's style (outlined), never A's (filled); and A, asked again while both are warm (R15:
 unified memory keeps warm models while there is headroom), still draws filled, and B outlined.
+
+The edit model (``shapes-recolour``) recolours an uploaded shape through an ``edit`` job.
 """
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from PIL import Image
 
-from app.devtools.shapes import Reading, caption, inspect_png
+from app.devtools.shapes import Reading, caption, draw, inspect_png
+from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import MODEL_NAMES, SAMPLING
 from tests.e2e.conftest import SHAPES_MACHINE, RunningFleet
 from tests.helpers import wait_for
@@ -67,3 +72,20 @@ def test_b13_a_job_for_model_b_while_a_is_warm_draws_in_bs_style(fleet: RunningF
     fourth, seen_b_again = draw_on_m2(fleet, OUTLINED, "orange", "triangle", "gray", 12)
     assert (seen_b_again.colour, seen_b_again.style) == ("orange", "outlined"), seen_b_again
     assert fleet.ctx.journal.get(fourth).cold_load is False
+
+
+def test_an_edit_job_recolours_the_uploaded_shape(fleet: RunningFleet) -> None:
+    """``shapes-recolour`` through the API: an uploaded red circle on black, "make it blue",
+    comes back a blue circle on black, the input's size (32 x 32)."""
+    buffer = io.BytesIO()
+    draw("red", "circle", "black", "filled").save(buffer, format="PNG")
+    uploaded = fleet.client.upload(buffer.getvalue())
+    job = fleet.client.submit(RECOLOUR_MODEL, "edit", {"image": uploaded["id"], "prompt": "make it blue", "seed": 1,
+                                                      **EDIT_SAMPLING}, target=SHAPES_MACHINE)
+    done = fleet.client.wait(job["id"], timeout_s=180)
+    assert (done["state"], done["machine"]) == ("succeeded", SHAPES_MACHINE), done
+    png = fleet.client.download(job["id"])
+    with Image.open(io.BytesIO(png)) as image:
+        assert image.size == (32, 32)
+    seen = inspect_png(png)
+    assert (seen.colour, seen.shape, seen.background) == ("blue", "circle", "black"), seen
