@@ -54,6 +54,41 @@ def models_make_tiny(
         console.print(f"{name}: {folder}")
 
 
+@models_cli.command("train-shapes")
+def models_train_shapes(
+    directory: Annotated[Path, typer.Argument(help="where to save shapes-filled/ and shapes-outlined/ "
+                                                   "(the committed ones: app/devtools/demo_models)")],
+    seed: int = 19,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads per process (the two models train "
+                                                             "in two processes at once; the machine is shared)")] = 1,
+    vae_steps: Annotated[int, typer.Option(min=1, help="VAE steps (batch 16)")] = 1500,
+    unet_steps: Annotated[int, typer.Option(min=1, help="steps per model (batch 32)")] = 1500,
+    dataset: Annotated[int, typer.Option(min=32, help="pictures per model's data set")] = 6000,
+) -> None:
+    """Train the two demo txt2img models on flat shapes (issue 19), on this CPU, seeded."""
+    from app.devtools.train_shapes import train_shapes
+
+    report = train_shapes(directory, seed=seed, threads=threads, vae_steps=vae_steps, unet_steps=unet_steps,
+                          dataset=dataset, log=console.print)
+    console.print(f"trained in {report.total_s:.0f} s; {directory / 'training.json'}")
+
+
+@models_cli.command("train-recolour")
+def models_train_recolour(
+    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (its VAE is reused); "
+                                                   "shapes-recolour/ is saved there")],
+    seed: int = 23,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
+    steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
+    dataset: Annotated[int, typer.Option(min=32, help="picture pairs in the data set")] = 4000,
+) -> None:
+    """Train the demo edit model (shapes-recolour: "make it blue") on this CPU, seeded (issue 19)."""
+    from app.devtools.train_recolour import train_recolour
+
+    figures = train_recolour(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, log=console.print)
+    console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-recolour.json'}")
+
+
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(

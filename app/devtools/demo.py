@@ -2,10 +2,17 @@
 
 Uses the Redis at the configured URL if one answers, else an embedded one; starts the API,
 the ``server`` worker and two more machines (each its own worker process, model folder
-and token); builds and registers the tiny models and copies them to each machine; submits
-jobs to ``server``, to named machines and to ``auto`` -- one of each kind (txt2img, edit,
-upscale, video; the edit and upscale inputs are uploaded first); shows progress; prints each
-result's path, media type, digest, machine, seed and seconds; stops everything it started.
+and token); registers the models and copies them to each machine; submits jobs to
+``server``, to named machines and to ``auto`` -- one of each kind (txt2img, edit, upscale,
+video; the edit and upscale inputs are uploaded first); shows progress; prints each result's
+path, media type, digest, machine, seed and seconds; stops everything it started.
+
+The txt2img jobs run the two trained demo models (issue 19, ``app/devtools/demo_models``,
+trained by ``homefleet models train-shapes``): ``shapes-filled`` paints solid shapes,
+``shapes-outlined`` their edges, so each picture shows what was asked and which model drew
+it. Beside each such result the demo prints what was asked and what the picture shows (its
+dominant colour, shape and style, read from its pixels: :func:`app.devtools.shapes.inspect`).
+The other kinds run tiny random-weight pipelines (their pictures are noise).
 """
 
 from __future__ import annotations
@@ -33,13 +40,21 @@ from app.devtools.redis_server import (
     redis_answers,
     start_redis_server,
 )
+from app.devtools.shapes import caption, draw, inspect_png
 from app.devtools.tiny_models import make_tiny
+from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
+from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 from app.fleet.config import load_fleet, with_fresh_tokens
 from app.journal.jobs import Journal
 from routing.placement import SERVER
 
-#: kind -> the demo's model id for it (the tiny pipelines of app/devtools/tiny_models.py)
-DEMO_MODELS = {"txt2img": "tiny-sd", "edit": "tiny-pix2pix", "upscale": "tiny-upscaler", "video": "tiny-animatediff"}
+#: kind -> the demo's tiny random-weight model for it (app/devtools/tiny_models.py)
+TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
+FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
+#: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
+SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
+#: every model the demo registers
+DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
 
 
 @dataclass(frozen=True)
@@ -47,17 +62,41 @@ class DemoJob:
     target: str
     kind: str
     params: dict[str, Any]
-    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded input image
+    model: str = ""  # "" = the kind's tiny model
+    input_pixels: tuple[int, int] | None = None  # (width, height) of an uploaded gradient input image
+    input_shape: tuple[str, str, str] | None = None  # or (colour, shape, background) of a drawn filled one
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def model_id(self) -> str:
+        return self.model or TINY_DEMO_MODELS[self.kind]
 
+
+def _shapes(target: str, model: str, prompt: str, seed: int) -> DemoJob:
+    return DemoJob(target, "txt2img", {"prompt": prompt, "seed": seed, **SAMPLING}, model=model)
+
+
+# Seeds that draw the prompt (a seed changes the picture, not whether a model can draw it: the
+# filled model's squares come out rounded whatever the seed, docs/benchmarks.md)
 DEMO_JOBS = (
-    DemoJob(SERVER, "txt2img", {"prompt": "a lighthouse at dusk", "steps": 4}),
-    DemoJob("box2", "txt2img", {"prompt": "a glass city", "steps": 4}),
-    DemoJob("box1", "edit", {"prompt": "make it snowy", "steps": 4}, input_pixels=(64, 64)),
+    _shapes(SERVER, FILLED, "a red circle on a black background", 1),
+    _shapes(SERVER, OUTLINED, "a blue square on a white background", 3),
+    _shapes("box1", FILLED, "a yellow triangle on a gray background", 1),
+    _shapes("box1", OUTLINED, "a green circle on a black background", 1),
+    _shapes("box2", FILLED, "a purple circle on a white background", 1),
+    _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
+    DemoJob("box1", "edit", {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING}, model=RECOLOUR_MODEL,
+            input_shape=("red", "circle", "black")),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
+
+
+def shape_input(colour: str, shape: str, background: str) -> bytes:
+    """A PNG of a filled shape as the models were trained on (``app.devtools.shapes.draw``)."""
+    buffer = io.BytesIO()
+    draw(colour, shape, background, "filled").save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def demo_input(width: int, height: int) -> bytes:
@@ -102,27 +141,28 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
             raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
                               f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
                               "own", reason=error.reason) from error
-        with console.status("Building the tiny models and registering them…"):
-            built = make_tiny(data_dir / "tiny", kinds=tuple(DEMO_MODELS))
-            for kind, model_id in DEMO_MODELS.items():
+        with console.status("Building the tiny models and registering them with the trained ones…"):
+            built = make_tiny(data_dir / "tiny", kinds=tuple(TINY_DEMO_MODELS))
+            folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()}}
+            for model_id, folder in folders.items():
                 try:
                     ctx.registry.get(model_id)
                 except NotFound:
-                    ctx.registry.add(built[kind], model_id=model_id)
+                    ctx.registry.add(folder, model_id=model_id)
                 for machine in fleet.machines:
                     local.copy_model(model_id, machine)
         with console.status("Starting the API and one worker per machine…"):
             local.start_api()
             for machine in fleet.machines:
                 local.start_worker(machine)
-            for model_id in DEMO_MODELS.values():
+            for model_id in DEMO_MODELS:
                 local.wait_online(list(fleet.machines), model_id=model_id)
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
         console.print(f"API key of this demo: {api_key}")
         console.print(f"send: Authorization: Bearer {api_key}", soft_wrap=True)  # one line, for copy and paste
         with HomefleetClient(local.api_url, api_key=api_key) as client:
             jobs = _run_jobs(client, console)
-        return _report(jobs, ctx.journal, console)
+        return _report(jobs, ctx.journal, console, data_dir)
     finally:
         with console.status("Stopping everything the demo started…"):
             local.stop()
@@ -139,10 +179,14 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
             uploaded = client.upload(demo_input(*job.input_pixels))
             params["image"] = uploaded["id"]
             console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
-        accepted = client.submit(DEMO_MODELS[job.kind], job.kind, params, target=job.target)
+        if job.input_shape is not None:
+            uploaded = client.upload(shape_input(*job.input_shape))
+            params["image"] = uploaded["id"]
+            console.print(f"uploaded {caption(*job.input_shape)} (32x32): {uploaded['id']}", soft_wrap=True)
+        accepted = client.submit(job.model_id, job.kind, params, target=job.target)
         submitted.append(accepted)
-        console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} target={job.target} -> machine={accepted['machine']} "
-                      f"position={accepted['position']}")
+        console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} {job.model_id:<16} target={job.target} -> "
+                      f"machine={accepted['machine']} position={accepted['position']}")
     finished: dict[str, dict[str, Any]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -167,11 +211,50 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
     return [finished.get(s["id"]) or client.get(s["id"]) for s in submitted]
 
 
-def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console) -> int:
-    """Print one block per job; the path is read from the journal (the server's own storage)."""
+def asked_and_seen(job: dict[str, Any], png: bytes, on: tuple[str, str, str] | None = None) -> str:
+    """``asked: "a red circle on a black background" (shapes-filled) -> shows: a red filled
+    circle on black`` for a shapes model's result (its pixels read by :func:`inspect_png`);
+    an edit's names its input (``on``: the drawn input's colour, shape, background)."""
+    seen = inspect_png(png)
+    if on is not None:
+        return (f"asked: \"{job['params']['prompt']}\" on {caption(*on)} ({job['model']}) -> shows: "
+                + (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
+                   f"no coloured shape (on {seen.background})"))
+    shows = (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
+             f"no coloured shape (on {seen.background})")
+    return f"asked: \"{job['params']['prompt']}\" ({job['model']}) -> shows: {shows}"
+
+
+def contact_sheet(items: list[tuple[str, bytes]], scale: int = 4) -> bytes:
+    """One PNG: each ``(label, png)`` picture enlarged ``scale`` times (nearest), its label (one
+    or two lines) beneath it, side by side."""
+    from PIL import Image, ImageDraw
+
+    pictures = []
+    for _, png in items:
+        with Image.open(io.BytesIO(png)) as picture:
+            pictures.append(picture.convert("RGB").resize((picture.width * scale, picture.height * scale),
+                                                            Image.Resampling.NEAREST))
+    cell = max(max(p.width for p in pictures), 200)
+    height = max(p.height for p in pictures)
+    sheet = Image.new("RGB", (cell * len(pictures), height + 34), "white")
+    pen = ImageDraw.Draw(sheet)
+    for index, ((label, _), picture) in enumerate(zip(items, pictures, strict=True)):
+        sheet.paste(picture, (index * cell + (cell - picture.width) // 2, 0))
+        pen.multiline_text((index * cell + 4, height + 4), label, fill="black")
+    buffer = io.BytesIO()
+    sheet.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data_dir: Path) -> int:
+    """Print one block per job; the path is read from the journal (the server's own storage).
+    A shapes model's result also gets what was asked and what it shows; its PNG is copied,
+    named by model and prompt, to ``data_dir/shapes/`` (the server's store names by digest)."""
     failed = 0
+    drawn: list[tuple[str, bytes]] = []
     console.print("\nResults (verified and stored by the server, content-addressed):")
-    for job in jobs:
+    for job, asked in zip(jobs, DEMO_JOBS, strict=True):
         result = job.get("result") or {}
         if job["state"] != "succeeded":
             failed += 1
@@ -184,5 +267,16 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console) -> i
             f"  path   {journal.get(job['id']).result_path}",
             soft_wrap=True,
         )
+        if job["model"] in SHAPE_MODELS:
+            png = Path(journal.get(job["id"]).result_path).read_bytes()
+            console.print(f"  {asked_and_seen(job, png, asked.input_shape)}", soft_wrap=True)
+            named = data_dir / "shapes" / f"{job['model']}--{job['params']['prompt'].replace(' ', '-')}.png"
+            named.parent.mkdir(parents=True, exist_ok=True)
+            named.write_bytes(png)
+            drawn.append((f"{job['model'].removeprefix('shapes-')} on {job['machine']}\n{job['params']['prompt']}", png))
+    if drawn:
+        sheet = data_dir / "shapes" / "sheet.png"
+        sheet.write_bytes(contact_sheet(drawn))
+        console.print(f"the shapes results side by side, 4x: {sheet}", soft_wrap=True)
     console.print(f"{len(jobs) - failed} of {len(jobs)} jobs succeeded")
     return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""The benchmarks of issue 21 run from the commands in docs/benchmarks.md and print their last
+"""The benchmarks of issues 19 and 21 run from the commands in docs/benchmarks.md and print their last
 line in its documented format, so the scripts cannot rot. Tiny parameters: the figures are
 not judged here (benchmarks print figures; they never assert timings). Each runs its own
 Redis, server and (latency) workers, so this file has its own xdist group ("bench")."""
@@ -42,3 +42,8 @@ def test_issue21_backlog_bench_prints_its_last_line() -> None:
 def test_issue21_placement_bench_prints_its_last_line() -> None:
     line = _last_line("bench.placement", "--trace", "bench/traces/mixed_50.jsonl", "--no-submit")
     _assert_format(line, ["worst_auto_vs_best_baseline", "min_closed", "mean_closed", "decision_ms_500"])
+
+
+def test_issue19_shapes_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.shapes", "--images", "2")
+    _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])

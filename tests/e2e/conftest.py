@@ -18,17 +18,24 @@ import pytest
 import redis
 
 from app.client import HomefleetClient
+from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.families import FAMILIES
-from app.context import ServerContext, build_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS
+from app.devtools.train_recolour import RECOLOUR_MODEL
+from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
 WORKERS = ("server", "m1", "m2")
+#: the trained demo models (issue 19: filled and outlined shapes, the recolouring edit model),
+#: registered from their committed folders and copied to SHAPES_MACHINE only
+#: (tests/e2e/test_shapes_content.py)
+SHAPE_MODELS = (*MODEL_NAMES.values(), RECOLOUR_MODEL)
+SHAPES_MACHINE = "m2"
 
 
 @dataclass
@@ -57,16 +64,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
+    for model in SHAPE_MODELS:
+        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file)
     ctx = build_context(settings, fleet_config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:
             local.copy_model(MODEL, machine)
+        for model in SHAPE_MODELS:
+            local.copy_model(model, SHAPES_MACHINE)
         local.start_api()
         for machine in WORKERS:
             local.start_worker(machine)
         local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=120)
+        for model in SHAPE_MODELS:
+            local.wait_online([SHAPES_MACHINE], model_id=model, timeout_s=120)
         yield RunningFleet(local, ctx, client, MODEL)
     finally:
         client.close()
