@@ -11,6 +11,7 @@ from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, Rejected
+from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
 from app.jobs.expansion import submit_expanded
 from app.store.media import EXTENSIONS
@@ -139,8 +140,17 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
 
 @router.get("/models")
 def list_models(ctx: Context) -> list[dict[str, Any]]:
+    """Every registered model; ``params`` maps each kind it runs to what a submission may set
+    (``params``: the param names, ``inputs``: those naming an uploaded file id, from
+    :func:`app.core.kinds.family_kind_spec`); the fleet page's Submit form reads it."""
     return [
         {"id": m.id, "family": m.family, "kinds": m.kinds, "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
-         "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
+         "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id),
+         "params": {kind: _kind_params(m.family, kind) for kind in m.kinds if kind in KINDS}}
         for m in ctx.registry.list()
     ]
+
+
+def _kind_params(family: str, kind: str) -> dict[str, list[str]]:
+    spec = family_kind_spec(family, kind)
+    return {"params": [*spec.params, *spec.server_params], "inputs": list(spec.inputs)}
