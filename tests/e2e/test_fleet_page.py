@@ -9,6 +9,7 @@ Needs chromium, chromedriver and selenium; skipped with that reason without them
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import httpx
 import pytest
 
 from app.api.routes.page import PAGE_CSP
-from tests.e2e.conftest import RunningFleet
+from app.client import ApiError
+from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import TEST_API_KEY
 
@@ -145,3 +147,89 @@ def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: objec
     assert expected["reason"] in refusal.text and expected["message"] in refusal.text
     assert fleet.client.get(expected["job_id"])["state"] == "rejected"
     assert "refused" in driver.find_element(By.ID, "explanation").text.lower()  # type: ignore[attr-defined]
+
+
+def png_file(path: Path, side: int = 64) -> Path:
+    """A ``side`` x ``side`` RGB PNG (a gradient) at ``path``."""
+    from PIL import Image
+
+    Image.frombytes("RGB", (side, side), bytes((x * 4 + y) % 256 for y in range(side) for x in range(side) for _ in range(3))).save(path)
+    return path
+
+
+def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
+        fleet: RunningFleet, browser: object, tmp_path: Path) -> None:
+    """The Submit form fits the kind (GET /v1/models' params): an edit lists the edit model
+    only and asks for an input image, which a txt2img does not; the PNG is uploaded to
+    POST /v1/files first and its id is the job's ``image``; the edited image (the input's size)
+    appears, and in the Gallery. A non-image upload shows the API's refusal (422 input_type)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=kind] option[value='edit']"))
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    image_label = form.find_element(By.CSS_SELECTOR, "label[data-param='image']")
+    width_label = form.find_element(By.CSS_SELECTOR, "label[data-param='width']")
+    model_ids = "return [...document.querySelectorAll('#submit-form select[name=model] option')].map(o => o.value)"
+    assert not image_label.is_displayed() and width_label.is_displayed()  # txt2img: a size, no input
+    assert EDIT_MODEL not in driver.execute_script(model_ids)  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "kind")).select_by_value("edit")
+    assert image_label.is_displayed() and not width_label.is_displayed()  # edit: the input's size
+    assert driver.execute_script(model_ids) == [EDIT_MODEL]  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "target")).select_by_value("server")
+    form.find_element(By.NAME, "prompt").clear()
+    form.find_element(By.NAME, "prompt").send_keys("make it a page-edited sunset")
+    # a file that is no image: the server's refusal, shown with its reason
+    not_png = tmp_path / "notes.png"
+    not_png.write_text("not an image at all")
+    form.find_element(By.NAME, "image").send_keys(str(not_png))
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    refusal = wait.until(lambda d: d.find_elements(By.ID, "refusal"))[0]
+    assert refusal.get_attribute("data-reason") == "input_type", refusal.text
+    # a PNG: uploaded, then the edit runs on server
+    source = png_file(tmp_path / "input.png")
+    stored = fleet.client.upload(source.read_bytes())  # content-addressed: the id the page gets too
+    form.find_element(By.NAME, "image").clear()
+    form.find_element(By.NAME, "image").send_keys(str(source))
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
+    image = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+    wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
+    snap(driver, "submit-edit")
+    job = fleet.client.get(driver.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]
+    assert (job["state"], job["kind"], job["model"], job["machine"]) == ("succeeded", "edit", EDIT_MODEL, "server")
+    assert job["params"]["image"] == stored["id"] and job["params"]["prompt"] == "make it a page-edited sunset"
+    assert "width" not in job["params"]
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#gallery figure[data-job='{job['id']}'] img[src^='blob:']"))
+    Select(driver.find_element(By.ID, "filter-model")).select_by_value(EDIT_MODEL)  # type: ignore[attr-defined]
+    captions = [f.text for f in driver.find_elements(By.CSS_SELECTOR, "#gallery figcaption")]  # type: ignore[attr-defined]
+    assert captions and all(EDIT_MODEL in caption for caption in captions), captions
+
+
+def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(fleet: RunningFleet, browser: object) -> None:
+    """A running job's bar in the Fleet view moves from its events (SSE, data-seen lists the
+    steps they brought); m2's row opens its backlog oldest first, running before queued."""
+
+    params = {"prompt": "a long fleet-page run", "width": 64, "height": 64, "steps": 150}
+    running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
+    queued = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m2")["id"]
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url)
+        seen = f"return document.querySelector(\"#machines tr[data-machine='m2'] progress[data-job='{running}']\")?.dataset.seen"
+        wait.until(lambda d: len((d.execute_script(seen) or "").split(",")) >= 3)
+        steps = [int(step) for step in driver.execute_script(seen).split(",")]  # type: ignore[attr-defined]
+        assert steps == sorted(steps) and len(set(steps)) >= 3, steps
+        driver.execute_script("document.querySelector(\"#machines tr[data-machine='m2']\").click()")  # type: ignore[attr-defined]
+        order = "return [...document.querySelectorAll('#machine-queue li[data-job]')].map(li => li.dataset.job)"
+        wait.until(lambda d: d.execute_script(order) == [running, queued])
+        assert any(url.endswith(f"/v1/jobs/{running}/events") for url in requested_urls(driver))
+        snap(driver, "fleet-queue")
+    finally:
+        with contextlib.suppress(ApiError):  # it may have started already: then it ends on its own
+            fleet.client.cancel(queued)
+        for job_id in (running, queued):  # m2 idle again for the tests after this one
+            fleet.client.wait(job_id, timeout_s=300)

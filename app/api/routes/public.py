@@ -12,6 +12,7 @@ from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRe
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
+from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
 from app.jobs.expansion import submit_expanded
 from app.jobs.dispatch import UNSET
@@ -171,8 +172,18 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
 
 @router.get("/models")
 def list_models(ctx: Context) -> list[dict[str, Any]]:
+    """Every registered model; ``params`` maps each kind it runs to what a submission may set
+    (``params``: the param names, ``inputs``: those naming an uploaded file id, from
+    :func:`app.core.kinds.family_kind_spec`); the fleet page's Submit form reads it."""
     return [
-        {"id": m.id, "family": m.family, "kinds": list(kinds_of(m.family, m.kinds)), "pipeline_class": m.pipeline_class, "total_bytes": m.total_bytes,
-         "precision": m.precision, "quantization": m.quantization, "weights_bytes": ctx.registry.weights_bytes(m.id)}
-        for m in ctx.registry.list()
+        {"id": m.id, "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
+         "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
+         "weights_bytes": ctx.registry.weights_bytes(m.id),
+         "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS}}
+        for m in ctx.registry.list() for kinds in (kinds_of(m.family, m.kinds),)
     ]
+
+
+def _kind_params(family: str, kind: str) -> dict[str, list[str]]:
+    spec = family_kind_spec(family, kind)
+    return {"params": [*spec.params, *spec.server_params], "inputs": list(spec.inputs)}
