@@ -18,6 +18,7 @@ import pytest
 
 from app.api.routes.page import PAGE_CSP
 from app.client import ApiError
+from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import TEST_API_KEY
@@ -177,7 +178,9 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     assert EDIT_MODEL not in driver.execute_script(model_ids)  # type: ignore[attr-defined]
     Select(form.find_element(By.NAME, "kind")).select_by_value("edit")
     assert image_label.is_displayed() and not width_label.is_displayed()  # edit: the input's size
-    assert driver.execute_script(model_ids) == [EDIT_MODEL]  # type: ignore[attr-defined]
+    # the models that run edits (the shared fleet's random pix2pix and the trained recolour model), no other
+    assert sorted(driver.execute_script(model_ids)) == sorted([EDIT_MODEL, RECOLOUR_MODEL])  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "model")).select_by_value(EDIT_MODEL)
     Select(form.find_element(By.NAME, "target")).select_by_value("server")
     form.find_element(By.NAME, "prompt").clear()
     form.find_element(By.NAME, "prompt").send_keys("make it a page-edited sunset")
