@@ -42,6 +42,7 @@ from app.devtools.redis_server import (
 )
 from app.devtools.shapes import caption, draw, inspect_png
 from app.devtools.tiny_models import make_tiny
+from app.devtools.tiny_text import make_tiny_text
 from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 from app.fleet.config import load_fleet, with_fresh_tokens
@@ -53,8 +54,10 @@ TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 #: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
 SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
+#: the tiny random-weight causal LM that expands one txt2img prompt first (issue 20; server only)
+EXPANDER = "tiny-llama"
 #: every model the demo registers
-DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
+DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values(), EXPANDER)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ DEMO_JOBS = (
     _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
     DemoJob("box1", "edit", {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING}, model=RECOLOUR_MODEL,
             input_shape=("red", "circle", "black")),
+    # The prompt expanded first by a text model, as its own journaled job (params.expand_prompt):
+    # random weights write noise after the prompt, which the picture shows too.
+    DemoJob(SERVER, "txt2img", {"prompt": "a red circle on a white background", "seed": 1, **SAMPLING,
+                                "expand_prompt": EXPANDER}, model=FILLED),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
@@ -143,20 +150,24 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
                               "own", reason=error.reason) from error
         with console.status("Building the tiny models and registering them with the trained ones…"):
             built = make_tiny(data_dir / "tiny", kinds=tuple(TINY_DEMO_MODELS))
-            folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()}}
+            folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()},
+                       EXPANDER: make_tiny_text(data_dir / "tiny-text", ("llama",))["llama"]}
             for model_id, folder in folders.items():
                 try:
                     ctx.registry.get(model_id)
                 except NotFound:
                     ctx.registry.add(folder, model_id=model_id)
                 for machine in fleet.machines:
-                    local.copy_model(model_id, machine)
+                    if ctx.registry.get(model_id).family in fleet.machines[machine].families:
+                        local.copy_model(model_id, machine)
         with console.status("Starting the API and one worker per machine…"):
             local.start_api()
             for machine in fleet.machines:
                 local.start_worker(machine)
             for model_id in DEMO_MODELS:
-                local.wait_online(list(fleet.machines), model_id=model_id)
+                family = ctx.registry.get(model_id).family
+                local.wait_online([name for name, machine in fleet.machines.items() if family in machine.families],
+                                  model_id=model_id)
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
         console.print(f"API key of this demo: {api_key}")
         console.print(f"send: Authorization: Bearer {api_key}", soft_wrap=True)  # one line, for copy and paste
@@ -222,7 +233,12 @@ def asked_and_seen(job: dict[str, Any], png: bytes, on: tuple[str, str, str] | N
                    f"no coloured shape (on {seen.background})"))
     shows = (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
              f"no coloured shape (on {seen.background})")
-    return f"asked: \"{job['params']['prompt']}\" ({job['model']}) -> shows: {shows}"
+    return f"asked: \"{printable(job['params']['prompt'])}\" ({job['model']}) -> shows: {shows}"
+
+
+def printable(text: str) -> str:
+    """``text`` with each unprintable character (a random-weight model's output has them) as ``·``."""
+    return "".join(char if char.isprintable() else "·" for char in text)
 
 
 def contact_sheet(items: list[tuple[str, bytes]], scale: int = 4) -> bytes:
@@ -267,13 +283,20 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data
             f"  path   {journal.get(job['id']).result_path}",
             soft_wrap=True,
         )
+        expanded_by = job["params"].get("expanded_by")
+        if expanded_by:
+            wrote = Path(str(journal.get(expanded_by).result_path)).read_text(errors="replace")
+            console.print(f"  prompt \"{asked.params['prompt']}\" expanded first by {asked.params['expand_prompt']} "
+                          f"(random weights), text job {expanded_by}: it wrote \"{printable(wrote)}\", so the image's "
+                          f"prompt was \"{printable(job['params']['prompt'])}\"", soft_wrap=True)
         if job["model"] in SHAPE_MODELS:
             png = Path(journal.get(job["id"]).result_path).read_bytes()
             console.print(f"  {asked_and_seen(job, png, asked.input_shape)}", soft_wrap=True)
-            named = data_dir / "shapes" / f"{job['model']}--{job['params']['prompt'].replace(' ', '-')}.png"
+            named = data_dir / "shapes" / f"{job['model']}--{asked.params['prompt'].replace(' ', '-')}.png"
             named.parent.mkdir(parents=True, exist_ok=True)
             named.write_bytes(png)
-            drawn.append((f"{job['model'].removeprefix('shapes-')} on {job['machine']}\n{job['params']['prompt']}", png))
+            label = asked.params["prompt"] + (" (expanded)" if expanded_by else "")
+            drawn.append((f"{job['model'].removeprefix('shapes-')} on {job['machine']}\n{label}", png))
     if drawn:
         sheet = data_dir / "shapes" / "sheet.png"
         sheet.write_bytes(contact_sheet(drawn))
