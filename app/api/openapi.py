@@ -100,7 +100,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/internal/v1/syncs/{sync_id}/finish"): (403, 409),
 }
 OPEN_ROUTES = (("get", "/metrics"), ("get", "/"))  # no key and no Redis or journal: never 503 (the page holds no data)
-NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "seed", "expand_prompt")  # answers without Redis or the journal
+NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "n", "seed", "expand_prompt")  # answers without Redis or the journal
 
 
 def job_links() -> dict[str, Any]:
