@@ -107,17 +107,20 @@ def _number(params: Mapping[str, Any], name: str, default: int) -> int:
     return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
 
 
-def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any]) -> JobRequest:
+def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any],
+                prompt_tokens: int = 0) -> JobRequest:
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
     for kinds whose output follows an input image), else ``width`` x ``height``, and
     ``frames``; each absent one at the family's default for the kind (``app/core/families.py``;
-    an unknown kind: txt2img's)."""
+    an unknown kind: txt2img's). A text job's steps are its ``max_new_tokens`` and its size
+    ``prompt_tokens`` (counted by the server's tokenizer; 0 where not counted)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
     frames = _number(params, "frames", kind_spec.defaults.get("frames", 1))
     steps = _number(params, "steps", kind_spec.defaults.get("steps", 4))
-    if kind == "text":  # one "step" per new token; the size is one token's (learned per-token timings: later)
-        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=1)
+    if kind == "text":  # steps: new tokens; size: prompt tokens (routing.timings prices text per token)
+        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16),
+                          size=prompt_tokens)
     return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames))
