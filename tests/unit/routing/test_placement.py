@@ -424,7 +424,12 @@ def test_text_timings_are_per_token_and_learned_from_two_jobs():
     """Issue 20: a text job is priced step_s per new token + prompt_s per prompt token; the first
     finished job scales the guess to its measurement, the second moves both figures along its
     token counts (normalised LMS, weight EMA_WEIGHT)."""
-    from routing.estimate import TEXT_NEW_TOKEN_S, TEXT_PROMPT_TOKEN_S, Estimator, MachineProfile
+    from routing.estimate import (
+        TEXT_NEW_TOKEN_S,
+        TEXT_PROMPT_TOKEN_S,
+        Estimator,
+        MachineProfile,
+    )
     from routing.timings import EMA_WEIGHT, LearnedTimings, run_seconds
 
     estimator = Estimator(machines={"m": MachineProfile("m", speed=2.0)})
