@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from residency.device import MemoryKind
-from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing, job_size, run_seconds
+from routing.timings import REFERENCE_SIZE, TEXT_KIND, LearnedTimings, Timing, job_size, run_seconds
 
 GB = 1_000_000_000
 
@@ -33,6 +33,12 @@ FAMILY_STEP_S: dict[str, float] = {
     "wan": 8.0 * REFERENCE_SIZE / (848 * 480 * 33),
 }
 DEFAULT_STEP_S = 1.0
+# Text jobs (issue 20) on a speed-1.0 machine before any measurement: seconds per new token and
+# per prompt token (prefill reads the prompt in one batched pass, so a prompt token costs a tenth
+# of a decoded one; guesses, replaced by the first finished job, routing.timings.fit_tokens).
+# ModelProfile.step_s overrides the per-new-token figure.
+TEXT_NEW_TOKEN_S = 0.05
+TEXT_PROMPT_TOKEN_S = 0.005
 REFERENCE_LOAD_BYTES_PER_S = 2.5 * GB  # the seed fleet's unified machines (seed-fleet.md)
 
 
@@ -203,15 +209,21 @@ class Estimator:
         """The fleet config's timing for (machine, model, kind), before any measurement."""
         profile = self.machines.get(machine) or MachineProfile(machine)
         model = self.models.get(model_id)
+        text = kind == TEXT_KIND
+        prompt_s = TEXT_PROMPT_TOKEN_S / profile.speed if text else 0.0
         if model is None:
-            return Timing(load_s=0.0, step_s=DEFAULT_STEP_S / profile.speed)
-        base = model.step_s if model.step_s is not None else FAMILY_STEP_S.get(model.family, DEFAULT_STEP_S)
+            return Timing(load_s=0.0, step_s=(TEXT_NEW_TOKEN_S if text else DEFAULT_STEP_S) / profile.speed,
+                          prompt_s=prompt_s)
+        if model.step_s is not None:
+            base = model.step_s
+        else:
+            base = TEXT_NEW_TOKEN_S if text else FAMILY_STEP_S.get(model.family, DEFAULT_STEP_S)
         load_bytes = model.weights_bytes if model.load_s is None else model.load_s * REFERENCE_LOAD_BYTES_PER_S
-        return Timing(load_s=load_bytes / profile.load_bytes_per_s, step_s=base / profile.speed)
+        return Timing(load_s=load_bytes / profile.load_bytes_per_s, step_s=base / profile.speed, prompt_s=prompt_s)
 
     def work_s(self, model_id: str, kind: str, steps: int, size: int) -> float:
         """Run seconds of a job on a speed-1.0 machine by the fleet config (for routing.demand)."""
-        return run_seconds(self.guess("", model_id, kind), steps, size)
+        return run_seconds(self.guess("", model_id, kind), steps, size, kind)
 
     def timing(self, machine: str, model_id: str, kind: str) -> Timing:
         """The learned timing, else the guess (memoised until the next observation)."""
@@ -229,7 +241,7 @@ class Estimator:
         return self.timing(machine, model_id, kind).load_s
 
     def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int) -> float:
-        return run_seconds(self.timing(machine, model_id, kind), steps, size)
+        return run_seconds(self.timing(machine, model_id, kind), steps, size, kind)
 
     def weights_bytes(self, model_id: str) -> int:
         model = self.models.get(model_id)

@@ -9,6 +9,11 @@ Units: ``load_s`` seconds for a cold load; ``step_s`` seconds per diffusion step
 the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1) on that
 machine. A job's run seconds scale linearly with its size (pixels x frames x batch), from
 ``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
+
+Text jobs (kind ``text``, issue 20) are priced per token instead: ``step_s`` is seconds per new
+token and ``prompt_s`` seconds per prompt token, so a job's run seconds are ``step_s`` x new
+tokens + ``prompt_s`` x prompt tokens (its "steps" are new tokens, its "size" prompt tokens,
+``app.core.kinds.job_request``), with no reference size.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ launches) dominates small images: a 64x64 and an 8x8 step of the same tiny model
 and Auto shunned that machine (new-user pass). Above 256x256 real diffusion steps grow roughly
 with pixels (seed-fleet.md's figures per resolution)."""
 
+TEXT_KIND = "text"
+"""The kind whose timings are per token (``step_s`` per new token, ``prompt_s`` per prompt token)."""
+
 EMA_WEIGHT = 0.3
 """Weight of a new measurement in the exponential moving average (R13)."""
 
@@ -40,6 +48,7 @@ class Timing:
     step_s: float
     samples: int = 0  # runs folded into step_s; 0 = still the fleet config's guess
     load_samples: int = 0  # cold loads folded into load_s; 0 = load_s is still the guess
+    prompt_s: float = 0.0  # text kind only: seconds per prompt token (step_s: per new token)
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -47,9 +56,35 @@ def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
     return max(1, pixels) * max(1, frames) * max(1, batch)
 
 
-def run_seconds(timing: Timing, steps: int, size: int) -> float:
-    """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`)."""
+def run_seconds(timing: Timing, steps: int, size: int, kind: str = "") -> float:
+    """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`);
+    for ``kind`` text, of ``steps`` new tokens after ``size`` prompt tokens."""
+    if kind == TEXT_KIND:
+        return timing.step_s * max(0, steps) + timing.prompt_s * max(0, size)
     return timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
+
+
+def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_tokens: int) -> tuple[float, float]:
+    """A text timing's (seconds per new token, seconds per prompt token) after one finished job
+    of ``new_tokens`` generated after ``prompt_tokens`` that ran ``run_s`` seconds.
+
+    ``first`` (``base`` is the guess): both figures scaled by the one factor that makes the job's
+    estimate its measurement (one job cannot tell prefill from decoding; the guess's ratio is
+    kept). Later: a normalised least-mean-squares step of weight ``EMA_WEIGHT`` along the job's
+    (new, prompt) token counts, so jobs of different shapes separate the two figures; neither
+    goes below 0.
+    """
+    estimate = base.step_s * new_tokens + base.prompt_s * prompt_tokens
+    if first:
+        if estimate <= 0:  # a guess of 0 s: every second is the new tokens'
+            return max(run_s, 0.0) / max(1, new_tokens + prompt_tokens), base.prompt_s
+        factor = max(run_s, 0.0) / estimate
+        return base.step_s * factor, base.prompt_s * factor
+    norm = new_tokens * new_tokens + prompt_tokens * prompt_tokens
+    if norm == 0:
+        return base.step_s, base.prompt_s
+    gain = EMA_WEIGHT * (max(run_s, 0.0) - estimate) / norm
+    return max(0.0, base.step_s + gain * new_tokens), max(0.0, base.prompt_s + gain * prompt_tokens)
 
 
 class LearnedTimings:
@@ -87,14 +122,19 @@ class LearnedTimings:
         Args:
             guess: the timing used until now when nothing was measured (fleet config).
             run_s: measured run seconds (no load), >= 0.
-            steps, size: the job's steps and size (:func:`job_size`).
+            steps, size: the job's steps and size (:func:`job_size`); for ``kind`` text, its
+                new tokens and prompt tokens (:func:`fit_tokens`).
             load_s: measured seconds of a cold load, or None when the model was warm.
         """
         key = (machine, model_id, kind)
         old = self._entries.get(key)
         base = old or guess
-        measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
-        step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
+        prompt_s = base.prompt_s
+        if kind == TEXT_KIND:
+            step_s, prompt_s = fit_tokens(base, old is None, run_s, steps, size)
+        else:
+            measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
+            step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
         if load_s is None:
             new_load_s = base.load_s
         elif base.load_samples == 0:
@@ -102,7 +142,7 @@ class LearnedTimings:
         else:
             new_load_s = (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
         timing = Timing(load_s=new_load_s, step_s=step_s, samples=base.samples + 1,
-                        load_samples=base.load_samples + (load_s is not None))
+                        load_samples=base.load_samples + (load_s is not None), prompt_s=prompt_s)
         self._entries[key] = timing
         self.version += 1
         return timing

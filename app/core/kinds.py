@@ -132,12 +132,15 @@ def _number(params: Mapping[str, Any], name: str, default: int) -> int:
     return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
 
 
-def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any]) -> JobRequest:
+def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any],
+                prompt_tokens: int = 0) -> JobRequest:
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
     for kinds whose output follows an input image), else ``width`` x ``height``, ``frames``
-    and ``n`` (images per job, the batch); each absent one at the family's default for the kind (``app/core/families.py``;
-    an unknown kind: txt2img's)."""
+    and ``n`` (images per job, the batch); each absent one at the family's default for the kind
+    (``app/core/families.py``; an unknown kind: txt2img's). A text job's steps are its
+    ``max_new_tokens`` and its size ``prompt_tokens`` (counted by the server's tokenizer; 0
+    where not counted)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
@@ -146,7 +149,8 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     strength = kind_spec.value(params, "strength") if "strength" in kind_spec.params else None
     if isinstance(strength, int | float) and not isinstance(strength, bool):  # the steps it runs (img2img, inpaint)
         steps = max(1, denoised_steps(steps, float(strength)))
-    if kind == "text":  # one "step" per new token; the size is one token's (learned per-token timings: later)
-        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=1)
+    if kind == "text":  # steps: new tokens; size: prompt tokens (routing.timings prices text per token)
+        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16),
+                          size=prompt_tokens)
     batch = _number(params, BATCH_PARAM, 1) if BATCH_PARAM in kind_spec.params else 1
     return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch))

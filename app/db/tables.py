@@ -89,6 +89,7 @@ class LearnedTiming(SQLModel, table=True):
     step_s: float
     samples: int  # runs folded into step_s
     load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
+    prompt_s: float = Field(default=0.0)  # text kind: seconds per prompt token (step_s: per new token)
     updated_at: datetime = Field(default_factory=utcnow)
 
 

@@ -121,9 +121,9 @@ class Validator:
             check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
             check_kind_params(kind, params, self.inputs, limits, record.family)
             tokenizer = self.tokenizers.tokenizer(model_id)
-            check_text_tokens(params, tokenizer, self.token_limits(model_id))
+            tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
-            return job_request(model_id, record.family, kind, target, params)
+            return job_request(model_id, record.family, kind, target, params, prompt_tokens=tokens)
         text_model = params.get("expand_prompt") if kind == "txt2img" else None
         if text_model is not None and not (isinstance(text_model, str) and 1 <= len(text_model) <= MAX_MODEL_ID):
             raise Rejected(f"params.expand_prompt must be a text model's id (1-{MAX_MODEL_ID} characters)",

@@ -1,7 +1,8 @@
 """Learned timings persisted in the journal database (R13), so a restart keeps them.
 
 The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds per step at the
-reference size (``routing.timings``). Every finished job with measured times is folded in.
+reference size (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
+prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with measured times is folded in.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sqlmodel import Session, select
 from app.core.kinds import job_request
 from app.db.tables import Job, LearnedTiming, utcnow
 from routing.estimate import Estimator
-from routing.timings import LearnedTimings, Timing
+from routing.timings import TEXT_KIND, LearnedTimings, Timing
 
 
 class TimingStore:
@@ -29,7 +30,7 @@ class TimingStore:
         """Every stored timing."""
         with Session(self.engine) as session:
             rows = session.exec(select(LearnedTiming)).all()
-        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples)
+        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples, r.prompt_s)
                                for r in rows})
 
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
@@ -38,19 +39,24 @@ class TimingStore:
         if job.machine is None or job.run_s is None:
             return None
         request = job_request(job.model_id, "", job.kind, job.machine, job.params)
+        steps, size = request.steps, request.size
+        usage = (job.provenance or {}).get("usage") if job.kind == TEXT_KIND else None
+        if isinstance(usage, dict):  # a text job: the tokens it really read and generated (issue 20)
+            steps, size = int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0))
         learned = estimator.learned
         timing = learned.observe(
             job.machine, job.model_id, job.kind, guess=estimator.guess(job.machine, job.model_id, job.kind),
-            run_s=job.run_s, steps=request.steps, size=request.size, load_s=job.load_s if job.cold_load else None,
+            run_s=job.run_s, steps=steps, size=size, load_s=job.load_s if job.cold_load else None,
         )
         with Session(self.engine) as session:
             row = session.get(LearnedTiming, (job.machine, job.model_id, job.kind))
             if row is None:
                 row = LearnedTiming(machine=job.machine, model_id=job.model_id, kind=job.kind, load_s=timing.load_s,
-                                    step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples)
+                                    step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples,
+                                    prompt_s=timing.prompt_s)
             else:
                 row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
-                row.load_samples = timing.load_samples
+                row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
             session.add(row)
             session.commit()
         if self.on_change is not None:

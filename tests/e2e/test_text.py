@@ -383,3 +383,31 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     with pytest.raises(openai.UnprocessableEntityError, match="expand_prompt"):
         tfleet.client.images.generate(model="tiny-sd", prompt="a fox", size="64x64",
                                       extra_body={"steps": 1, "target": MACHINE, "expand_prompt": "tiny-qwen2"})
+
+
+def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timings(tfleet: TextFleet) -> None:
+    """Issue 20, R13: a finished text job teaches (machine, model) seconds per new token and per
+    prompt token from its usage; a dry run then prices max_new_tokens linearly on top of the
+    prompt's tokens."""
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    done = tfleet.client.completions.create(model="tiny-gpt2", prompt="a b c d e", max_tokens=6,
+                                         extra_body={"target": MACHINE})
+    assert done.usage is not None and done.usage.completion_tokens >= 1
+    learned = tfleet.ctx.dispatcher.timings.load().get(MACHINE, "tiny-gpt2", "text")
+    assert learned is not None and learned.samples >= 1 and learned.step_s > 0 and learned.prompt_s > 0
+
+    def run_s(prompt: str, new_tokens: int) -> float:
+        body = {"model": "tiny-gpt2", "kind": "text", "target": MACHINE,
+                "params": {"prompt": prompt, "max_new_tokens": new_tokens}}
+        answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return float(answer.json()["machines"][MACHINE]["run_s"])
+
+    four, eight, sixteen = run_s("a b c d e", 4), run_s("a b c d e", 8), run_s("a b c d e", 16)
+    assert 0 < four < eight < sixteen
+    assert sixteen - eight == pytest.approx(2 * (eight - four), abs=2e-3)  # linear in new tokens (ms figures)
+    # the current learned figures (other tests' jobs may have folded in more than ours)
+    learned = tfleet.ctx.dispatcher.timings.load().get(MACHINE, "tiny-gpt2", "text")
+    assert learned is not None
+    assert eight - four == pytest.approx(4 * learned.step_s, abs=2e-3)
+    assert run_s("a b c d e f g h i j", 4) > four  # more prompt tokens cost more

@@ -418,3 +418,39 @@ def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
     assert 0.5 < tiny.step_s / small.step_s < 1.0
     assert run_seconds(small, 10, 8 * 8) == run_seconds(small, 10, MIN_SCALED_SIZE) == pytest.approx(5.4)
     assert run_seconds(small, 10, 4 * MIN_SCALED_SIZE) == pytest.approx(4 * 5.4)
+
+
+def test_text_timings_are_per_token_and_learned_from_two_jobs():
+    """Issue 20: a text job is priced step_s per new token + prompt_s per prompt token; the first
+    finished job scales the guess to its measurement, the second moves both figures along its
+    token counts (normalised LMS, weight EMA_WEIGHT)."""
+    from routing.estimate import (
+        TEXT_NEW_TOKEN_S,
+        TEXT_PROMPT_TOKEN_S,
+        Estimator,
+        MachineProfile,
+    )
+    from routing.timings import EMA_WEIGHT, LearnedTimings, run_seconds
+
+    estimator = Estimator(machines={"m": MachineProfile("m", speed=2.0)})
+    guess = estimator.guess("m", "tiny-llama", "text")
+    assert (guess.step_s, guess.prompt_s) == (TEXT_NEW_TOKEN_S / 2, TEXT_PROMPT_TOKEN_S / 2)
+    assert estimator.run_s("m", "tiny-llama", "text", 100, 20) == pytest.approx(100 * 0.025 + 20 * 0.0025)
+
+    learned = estimator.learned
+    assert isinstance(learned, LearnedTimings)
+    # job 1: 10 new tokens after 100 prompt tokens in 1.0 s; the guess said 10*0.025 + 100*0.0025 = 0.5 s
+    first = learned.observe("m", "tiny-llama", "text", guess=guess, run_s=1.0, steps=10, size=100)
+    assert (first.step_s, first.prompt_s, first.samples) == (pytest.approx(0.05), pytest.approx(0.005), 1)
+    assert run_seconds(first, 10, 100, "text") == pytest.approx(1.0)
+    # job 2: 40 new tokens after 10 prompt tokens in 3.0 s; estimate 40*0.05 + 10*0.005 = 2.05 s
+    second = learned.observe("m", "tiny-llama", "text", guess=guess, run_s=3.0, steps=40, size=10)
+    gain = EMA_WEIGHT * (3.0 - 2.05) / (40 * 40 + 10 * 10)
+    assert second.step_s == pytest.approx(0.05 + gain * 40) == pytest.approx(0.0567059, abs=1e-7)
+    assert second.prompt_s == pytest.approx(0.005 + gain * 10) == pytest.approx(0.0066765, abs=1e-7)
+    assert second.samples == 2
+    # the estimator reads the learned figures: 64 new tokens after 8 prompt tokens
+    assert estimator.run_s("m", "tiny-llama", "text", 64, 8) == pytest.approx(64 * second.step_s + 8 * second.prompt_s)
+    assert estimator.run_s("m", "tiny-llama", "text", 128, 8) > 1.9 * estimator.run_s("m", "tiny-llama", "text", 64, 8)
+    # image kinds are unchanged by the text rule
+    assert learned.get("m", "tiny-llama", "txt2img") is None
