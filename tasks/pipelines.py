@@ -84,16 +84,24 @@ class TextModel:
 
 
 def load_text_model(folder: Path, dtype: Any, quantization: str | None = None) -> TextModel:
-    """``AutoModelForCausalLM`` and ``AutoTokenizer`` from ``folder``, local files only, in eval mode.
+    """``AutoModelForCausalLM`` and ``AutoTokenizer`` from ``folder``, local files only, in eval
+    mode; ``quantization`` (``app.core.variants.QUANTIZATIONS``) through transformers'
+    ``TorchAoConfig`` at load time (its linear layers' weights, as ``weights_bytes`` prices them).
 
-    Raises ``OSError`` for missing files, ``ValueError`` for a quantization (not offered for
-    text models yet).
+    Raises ``OSError`` for missing files, ``ValueError`` for a quantization backend other than torchao.
     """
     from transformers import AutoModelForCausalLM
 
+    extra: dict[str, Any] = {}
     if quantization is not None:
-        raise ValueError(f"quantization {quantization!r} is not supported for text models yet")
-    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+        import torchao.quantization
+        from transformers import TorchAoConfig
+
+        backend, config_class = quantization_spec(quantization)
+        if backend != "torchao":
+            raise ValueError(f"quantization backend {backend!r} is not supported here; supported: torchao")
+        extra["quantization_config"] = TorchAoConfig(quant_type=getattr(torchao.quantization, config_class)())
+    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype, **extra)
     model.eval()
     return TextModel(model=model, tokenizer=load_tokenizer(folder))
 

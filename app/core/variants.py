@@ -36,6 +36,14 @@ QUANTIZATIONS: dict[str, tuple[str, str, float]] = {
 }
 #: the components a quantization applies to (the denoiser: most of the weights)
 DENOISERS: tuple[str, ...] = ("transformer", "unet")
+#: A causal LM's (its safetensors at the folder's root) weights a quantization applies to,
+#: counted apart by :func:`parameter_counts`: its linear layers' weights (2-D ``*.weight``
+#: tensors but the token and position embeddings), what torchao's weight-only configs replace
+#: through transformers' ``TorchAoConfig`` (checked on the tiny llama and qwen2: 14 of 14).
+TEXT_LINEAR = "linear"
+#: Text families whose linear layers are no ``nn.Linear`` (GPT-2's ``Conv1D``): torchao leaves
+#: them as they are, so a quantized variant is refused for them (checked: 0 weights quantized).
+UNQUANTIZABLE_TEXT_FAMILIES: frozenset[str] = frozenset({"gpt2"})
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,13 @@ def check_variant(precision: str, quantization: str | None) -> Variant:
     return Variant(precision, quantization)
 
 
+def check_family_variant(family: str, quantization: str | None) -> None:
+    """Raises ``ValueError`` when ``family`` cannot be loaded with ``quantization``."""
+    if quantization is not None and family in UNQUANTIZABLE_TEXT_FAMILIES:
+        raise ValueError(f"quantization {quantization!r} does not apply to family {family!r}: its linear layers are "
+                         "Conv1D, which torchao's weight-only configs leave unquantized; register it unquantized")
+
+
 def quantization_spec(quantization: str) -> tuple[str, str]:
     """(diffusers backend, torchao config class name) of ``quantization``. Raises ``ValueError``."""
     if quantization not in QUANTIZATIONS:
@@ -69,12 +84,21 @@ def quantization_spec(quantization: str) -> tuple[str, str]:
 
 def parameter_counts(folder: Path) -> dict[str, int]:
     """Parameters per component (first folder under ``folder``) from the ``*.safetensors``
-    headers, without loading any tensor. Raises ``OSError``/``ValueError`` for unreadable files."""
+    headers, without loading any tensor; a causal LM's root-level weights split into
+    :data:`TEXT_LINEAR` (what a quantization applies to) and ``""`` (the rest). Raises
+    ``OSError``/``ValueError`` for unreadable files."""
     counts: dict[str, int] = {}
     for path in sorted(folder.rglob("*.safetensors")):
-        component = path.relative_to(folder).parts[0] if len(path.relative_to(folder).parts) > 1 else ""
-        counts[component] = counts.get(component, 0) + sum(math.prod(t["shape"]) for t in _header(path).values())
+        parts = path.relative_to(folder).parts
+        for name, tensor in _header(path).items():
+            component = parts[0] if len(parts) > 1 else (TEXT_LINEAR if _is_linear_weight(name, tensor) else "")
+            counts[component] = counts.get(component, 0) + math.prod(tensor["shape"])
     return counts
+
+
+def _is_linear_weight(name: str, tensor: Mapping[str, Any]) -> bool:
+    return len(tensor["shape"]) == 2 and name.endswith(".weight") and not any(
+        part in name for part in ("embed", "wte", "wpe"))
 
 
 def _header(path: Path) -> dict[str, Any]:
@@ -87,10 +111,11 @@ def _header(path: Path) -> dict[str, Any]:
 
 def weights_bytes(counts: Mapping[str, int], variant: Variant) -> int:
     """Bytes the weights take in memory when loaded as ``variant``: every parameter at the
-    precision's size, the denoiser's at the quantization's size when one is set."""
+    precision's size, the denoiser's (a causal LM's linear weights) at the quantization's size
+    when one is set."""
     total = 0.0
     per_param = PRECISION_BYTES[variant.precision]
     quantized = QUANTIZATIONS[variant.quantization][2] if variant.quantization else per_param
     for component, count in counts.items():
-        total += count * (quantized if component in DENOISERS else per_param)
+        total += count * (quantized if component in (*DENOISERS, TEXT_LINEAR) else per_param)
     return int(total)

@@ -24,7 +24,12 @@ from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import PIPELINE_FAMILIES
 from app.core.protocol import Manifest, ManifestFile
 from app.core.textgen import architectures, kv_cache_bytes, model_config
-from app.core.variants import check_variant, parameter_counts, weights_bytes
+from app.core.variants import (
+    check_family_variant,
+    check_variant,
+    parameter_counts,
+    weights_bytes,
+)
 from app.db.tables import ModelFile, ModelRecord
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -95,6 +100,10 @@ class Registry:
         except ValueError as error:
             raise Rejected(str(error), reason="invalid_variant") from error
         class_name, family, kinds = describe_pipeline(source)
+        try:
+            check_family_variant(family, quantization)
+        except ValueError as error:
+            raise Rejected(str(error), reason="invalid_variant") from error
         with Session(self.engine) as session:
             taken = set(session.exec(select(ModelRecord.id)).all())
         minted = model_id is None

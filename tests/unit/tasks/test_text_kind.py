@@ -140,3 +140,45 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(
         constraints.grammar_of({"type": "lark", "value": "start: x"})
     assert constraints.from_response_format({"type": "json_object"}) == {"type": "json", "value": {"type": "object"}}
     assert constraints.from_response_format({"type": "text"}) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_an_int8_text_variant_loads_quantized_runs_and_is_priced_by_its_linear_weights(
+    family: str, tiny_text_dir: Path
+) -> None:
+    """Issue 20: torchao int8 weight-only through transformers' TorchAoConfig, at load time. The
+    weights it quantizes are exactly the ones ``weights_bytes`` prices at 1 byte (the linear
+    layers' 2-D weights, not the embeddings or norms), and the quantized model still generates."""
+    import math
+
+    from app.core.variants import TEXT_LINEAR, Variant, parameter_counts, weights_bytes
+
+    folder = folder_of(tiny_text_dir, family)
+    model = load_pipeline(folder, "fp32", "torchao-int8wo")
+    assert isinstance(model, TextModel)
+    quantized = {name: math.prod(p.shape) for name, p in model.model.named_parameters() if "Int8" in type(p).__name__}
+    counts = parameter_counts(folder)
+    assert quantized and sum(quantized.values()) == counts[TEXT_LINEAR]
+    full = weights_bytes(counts, Variant("fp32"))
+    int8 = weights_bytes(counts, Variant("fp32", "torchao-int8wo"))
+    assert full == 4 * sum(counts.values()) and int8 == full - 3 * counts[TEXT_LINEAR]
+    out = runner("text")(model, {"prompt": "hello", "seed": 3, "max_new_tokens": 4}, lambda *_, **__: None, {}, {},
+                         family=family)
+    assert 1 <= out.record["usage"]["completion_tokens"] <= 4
+
+
+def test_gpt2_cannot_be_registered_quantized_its_conv1d_layers_stay_as_they_are(tiny_text_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    from app.context import build_context
+    from app.core.config import Settings
+    from tests.helpers import make_fleet
+
+    ctx = build_context(Settings(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0"), make_fleet("m1"),
+                        migrate=True)
+    try:
+        with pytest.raises(Rejected) as refused:
+            ctx.registry.add(folder_of(tiny_text_dir, "gpt2"), model_id="tiny-gpt2-int8", quantization="torchao-int8wo")
+        assert refused.value.reason == "invalid_variant" and "Conv1D" in refused.value.message
+        assert ctx.registry.add(folder_of(tiny_text_dir, "gpt2"), model_id="tiny-gpt2").quantization is None
+    finally:
+        ctx.close()
