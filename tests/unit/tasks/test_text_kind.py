@@ -162,9 +162,14 @@ def test_an_int8_text_variant_loads_quantized_runs_and_is_priced_by_its_linear_w
     full = weights_bytes(counts, Variant("fp32"))
     int8 = weights_bytes(counts, Variant("fp32", "torchao-int8wo"))
     assert full == 4 * sum(counts.values()) and int8 == full - 3 * counts[TEXT_LINEAR]
-    out = runner("text")(model, {"prompt": "hello", "seed": 3, "max_new_tokens": 4}, lambda *_, **__: None, {}, {},
-                         family=family)
-    assert 1 <= out.record["usage"]["completion_tokens"] <= 4
+    params = {"prompt": "hello", "seed": 3, "max_new_tokens": 4}
+    steps: list[int] = []
+    out = runner("text")(model, params, lambda step, *_, **__: steps.append(step), {}, {}, family=family)
+    again = runner("text")(model, params, lambda *_, **__: None, {}, {}, family=family)
+    assert out.data == again.data  # same seed, same text
+    out.data.decode("utf-8")  # UTF-8 text
+    assert steps and steps == list(range(1, out.record["usage"]["completion_tokens"] + 1))  # a report per new token
+    assert out.record["usage"]["prompt_tokens"] == len("hello".encode())
 
 
 def test_gpt2_cannot_be_registered_quantized_its_conv1d_layers_stay_as_they_are(tiny_text_dir: Path,
