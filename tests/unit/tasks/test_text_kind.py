@@ -169,7 +169,7 @@ def test_an_int8_text_variant_loads_quantized_runs_and_is_priced_by_its_linear_w
     assert out.data == again.data  # same seed, same text
     out.data.decode("utf-8")  # UTF-8 text
     assert steps and steps == list(range(1, out.record["usage"]["completion_tokens"] + 1))  # a report per new token
-    assert out.record["usage"]["prompt_tokens"] == len("hello".encode())
+    assert out.record["usage"]["prompt_tokens"] == len(b"hello")
 
 
 def test_gpt2_cannot_be_registered_quantized_its_conv1d_layers_stay_as_they_are(tiny_text_dir: Path,
