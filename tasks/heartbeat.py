@@ -8,6 +8,11 @@ next beat. A beat is written only while this worker holds its machine's lease
 The heartbeat's thread also drives the worker's periodic duties, each in its own module: the
 start-up verification before the first beat and the registry's changes after
 (``tasks/verify.py``), and the watchdog's restart requests (``tasks/watchdog.py``).
+
+The worker starts consuming only after the first beat (:meth:`Heartbeat.wait_first_beat`): a
+job is never claimed by a boot that has not beaten yet, which reconciliation would take for a
+lost worker (no live heartbeat, no progress: ``worker_lost``, R19), and no message is taken
+while the server cannot be reached to claim it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import json
 import logging
 import os
 import platform
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -66,7 +70,9 @@ class Heartbeat:
         self.abandoned = False  # another worker of this machine runs it now (abandon)
         self._redis_run_id: str | None = None
         self._warm: str | None = None  # the pool process's warm models as last read (JSON), to restore
+        self._written = False  # a beat was written by this boot
         self._stop = threading.Event()
+        self._first = threading.Event()  # set at the first beat written, or when the thread ends without one
         self._thread = threading.Thread(target=self._run, name="homefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -82,13 +88,24 @@ class Heartbeat:
         if not self.abandoned:
             self.redis.delete(self.keys.heartbeat(self.settings.machine))
 
+    def wait_first_beat(self, poll_s: float = 1.0) -> bool:
+        """Block until the first beat is written (after the start-up verification, which needs
+        the server's manifests: an unreachable server is waited for). True once written; False
+        when the thread ended without one: the server refused the token (:attr:`refused`), or
+        the worker was stopped or abandoned its lease. Polls every ``poll_s`` seconds so a
+        signal handler can interrupt the wait."""
+        while not self._first.wait(poll_s):
+            if not self._thread.is_alive():
+                break
+        return self._written
+
     def abandon(self) -> None:
         """Stop writing this machine's heartbeat and verified set, leaving both as they are:
         another worker of this machine took the worker lease (tasks/lease.py)."""
         self.abandoned = True
         self._stop.set()
 
-    def beat(self) -> None:
+    def beat(self) -> bool:
         """Write the heartbeat record, in one step with a check that this worker still holds its
         machine's lease: a worker that lost it to another writes nothing of that machine's any
         more. In the same step, restore what Redis lost:
@@ -98,6 +115,8 @@ class Heartbeat:
           add to it, the job-time check withdraws from it, R4/R5);
         - the pool process's warm models (written by it at its start and after each load), when
           their record is gone, unless the pool process wrote a newer one meanwhile.
+
+        Returns whether the beat was written (False: this worker does not hold the lease).
         """
         machine = self.settings.machine
         run_id = self.redis.info("server").get("run_id")
@@ -121,15 +140,24 @@ class Heartbeat:
         )
         if not written:
             log.warning("%s: this worker does not hold the machine's lease now; heartbeat not written", machine)
-            return
+            return False
         self._redis_run_id = run_id
         self._warm = warm
+        self._written = True
+        self._first.set()
+        return True
 
     def _first_check(self) -> None:
         self.verified = self.verifier.verify()
         self._redis_run_id = self.redis.info("server").get("run_id")
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._first.set()  # a waiter learns the thread ended (refused, stopped, abandoned)
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 if self.verified is None:
@@ -145,8 +173,7 @@ class Heartbeat:
                     log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
                                  "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
                                  self.settings.machine, error, self.settings.machine)
-                    self.refused = True
-                    os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown; start_worker exits 78
+                    self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
                     return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
                 log.warning("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,

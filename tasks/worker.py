@@ -112,6 +112,25 @@ def record_fresh_pool(rt: runtime.WorkerRuntime) -> None:
         log.warning("%s: the new pool process could not publish its warm models: %s", rt.settings.machine, error)
 
 
+def wait_first_beat(heartbeat: Heartbeat, lease: WorkerLease) -> bool:
+    """Wait, before Celery consumes anything, until the start-up verification is done and the
+    first heartbeat is written (``Heartbeat.wait_first_beat``): a job is claimed only by a boot
+    that reconciliation sees alive (R19), and no message is taken while the server cannot be
+    reached to claim it. SIGTERM meanwhile stops the worker at once (exit 0, or ``EX_CONFIG``
+    when it is the lease's loss); SIGINT raises ``KeyboardInterrupt``. True once beating."""
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(EX_CONFIG if lease.lost else 0)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return heartbeat.wait_first_beat()
+    except BaseException:
+        heartbeat.stop()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLease) -> None:
     from tasks.pipelines import go_offline, quiet
 
@@ -145,7 +164,6 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         # The node name Flower knows this worker by, for the events the server sends of its jobs.
         if node := getattr(sender, "hostname", None):
             client.set(keys.Keys(settings.key_prefix).node(settings.machine), str(node))
-        heartbeat.start()
 
     def on_shutdown(**_: Any) -> None:
         heartbeat.stop()
@@ -191,6 +209,10 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     task_failure.connect(on_task_failure, weak=False)
     task_revoked.connect(revocations.on_task_revoked, weak=False)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
+    heartbeat.start()
+    if not wait_first_beat(heartbeat, lease):
+        heartbeat.stop()
+        if heartbeat.refused:
+            raise SystemExit(EX_CONFIG)
+        return  # another worker took the lease meanwhile: start_worker exits EX_CONFIG
     celery.worker_main(worker_argv(settings.machine, loglevel))
-    if heartbeat.refused:
-        raise SystemExit(EX_CONFIG)

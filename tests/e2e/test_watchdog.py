@@ -17,15 +17,14 @@ import pytest
 import redis
 
 from app.client import ApiError, HomefleetClient
-from app.core.config import Settings
 from app.context import ServerContext, build_context
-from app.db.tables import Job
+from app.core.config import Settings
 from app.core.states import JobState
+from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import TEST_API_KEY, make_fleet
-from tests.helpers import wait_for
+from tests.helpers import TEST_API_KEY, make_fleet, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -152,16 +151,30 @@ def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_t
         ctx.residency.clear_ooms("m1")
 
 
-def crash_and_restart(watched: WatchedFleet) -> None:
+def crash_and_restart(watched: WatchedFleet, worker_first: bool = False) -> None:
     """Hard-kill the API and m1's worker (SIGKILL to their process groups), start both again
-    and wait until m1 is online."""
-    before = watched.ctx.machines.heartbeat("m1")
+    (the API first, or the worker while the API is still down) and wait until m1 is online.
+    Started first, the worker must take nothing from its queue until the API is back: its
+    start-up verification needs the server, and it consumes only after its first beat."""
+    ctx = watched.ctx
+    before = ctx.machines.heartbeat("m1")
     stop_process_group(watched.local.processes.pop("api"), signal.SIGKILL)
     watched.local.stop_worker("m1", signal.SIGKILL)
-    watched.local.start_api()
-    watched.local.start_worker("m1")
+    if worker_first:
+        queued = set(ctx.queues.queued_ids("m1"))
+        retries = watched.log().count("(retrying in")
+        watched.local.start_worker("m1")
+        wait_for(lambda: watched.log().count("(retrying in") >= retries + 3, timeout_s=120,
+                 what="m1's new worker to try its start-up verification against the stopped API")
+        time.sleep(2)  # a consumer started meanwhile would have taken a message by now
+        assert set(ctx.queues.queued_ids("m1")) == queued  # nothing taken while no claim can be made
+        assert all(ctx.redis.get(ctx.keys.delivered(job_id)) is None for job_id in queued)
+        watched.local.start_api()
+    else:
+        watched.local.start_api()
+        watched.local.start_worker("m1")
     # The killed worker's heartbeat outlives it by its TTL: wait for the new boot's own.
-    wait_for(lambda: (beat := watched.ctx.machines.heartbeat("m1")) is not None
+    wait_for(lambda: (beat := ctx.machines.heartbeat("m1")) is not None
              and beat["boot_id"] != (before or {}).get("boot_id"), timeout_s=180, what="m1's new worker to beat")
     watched.local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
 
@@ -169,14 +182,20 @@ def crash_and_restart(watched: WatchedFleet) -> None:
 def test_c08_a_job_cut_by_a_server_and_worker_crash_is_interrupted_once_and_never_runs_again(
     watched: WatchedFleet,
 ) -> None:
-    """C08: hard-kill the server and the worker while J1 runs, restart both. J1 is
-    ``interrupted`` once and never comes back by itself; J2, queued behind it, runs once."""
+    """C08: hard-kill the server and the worker while J1 runs, restart the worker, then the
+    server. J1 is ``interrupted`` once and never comes back by itself; J2, queued behind it,
+    waits in the list while the server is down and then runs once (R19: it is claimed by a
+    boot that has beaten, so reconciliation never takes it for a lost worker's)."""
     ctx = watched.ctx
     j1 = watched.client.submit(MODEL, "txt2img", {**LONG, "prompt": "c08 j1"}, target="m1")
     j2 = watched.client.submit(MODEL, "txt2img", {"prompt": "c08 j2", "steps": 2}, target="m1")
     watched.running(j1["id"])
-    crash_and_restart(watched)
-    assert watched.client.wait(j2["id"], timeout_s=180)["state"] == "succeeded"
+    assert j2["id"] in ctx.queues.queued_ids("m1")
+    crash_and_restart(watched, worker_first=True)
+    done = watched.client.wait(j2["id"], timeout_s=180)
+    j2_journaled = ctx.journal.get(j2["id"])
+    assert done["state"] == "succeeded", (j2_journaled.reason, j2_journaled.message,
+                                          [(e.event, e.detail) for e in ctx.journal.events(j2["id"])])
     wait_for(lambda: ctx.journal.get(j1["id"]).state == JobState.interrupted, timeout_s=60,
              what="reconciliation to mark J1 interrupted")
     journaled = ctx.journal.get(j1["id"])
