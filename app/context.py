@@ -6,7 +6,9 @@ uses, not this context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -18,6 +20,7 @@ from app.core.config import Settings
 from app.core.connections import create_redis
 from app.core.keys import Keys
 from app.db.engine import check_revision, create_engine
+from app.db.tables import Job
 from app.fleet.config import Fleet, load_fleet
 from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
 from app.fleet.lock import FleetLock
@@ -33,8 +36,10 @@ from app.jobs.reconcile import Reconciler
 from app.jobs.sync import Syncs
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
+from app.jobs.webhooks import WebhookLoop, WebhookSender
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
+from app.journal.webhooks import WebhookOutbox
 from app.metrics import Metrics
 from app.store.files import InputStore, ResultStore
 from app.store.registry import Registry
@@ -61,6 +66,9 @@ class ServerContext:
     dispatcher: Dispatcher
     metrics: Metrics
     calls: CallRecords  # the image routes' calls, so a client's retry gets the first call's jobs (C10)
+    outbox: WebhookOutbox  # the ended jobs' webhook deliveries (issue 22)
+    # Set by the journal when a transition writes a webhook delivery: the delivery loop wakes up.
+    webhook_wakeup: threading.Event = field(default_factory=threading.Event)
 
     def close(self) -> None:
         self.redis.close()
@@ -70,6 +78,12 @@ class ServerContext:
         """Reconciliation passes over this server's parts (R19); ``server``: see :class:`Reconciler`."""
         return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
                           self.residency, self.progress, self.lock, self.pairing, server, self.dispatcher.events)
+
+    def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
+        """The webhook delivery loop over this server's journal (issue 22, app/jobs/webhooks.py);
+        ``render``: a job's record as the body's bytes."""
+        sender = WebhookSender(self.settings, self.journal, self.outbox, render)
+        return WebhookLoop(sender, self.outbox, self.settings, self.webhook_wakeup)
 
     def status(self) -> list[dict[str, Any]]:
         """``homefleet status``'s rows (app/fleet/status.py)."""
@@ -106,7 +120,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         raise
     client = create_redis(settings)
     keyspace = Keys(settings.key_prefix, settings.broker_key_prefix)
-    journal = Journal(engine)
+    wakeup = threading.Event()
+    journal = Journal(engine, on_delivery=wakeup.set)
     registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
                         on_change=ChangeMark(client, keyspace.registry_changed()).touch)
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
@@ -130,7 +145,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         registry=registry, store=ResultStore(settings.results_dir, settings.max_result_bytes), inputs=inputs,
         machines=machines, queues=queues, lock=lock, progress=ProgressStore(client, keyspace), residency=residency,
         pairing=Pairing(client, keyspace, engine, settings), dispatcher=dispatcher, metrics=metrics,
-        calls=CallRecords(client, keyspace, settings.sdk_retry_window_s),
+        calls=CallRecords(client, keyspace, settings.sdk_retry_window_s), outbox=WebhookOutbox(engine),
+        webhook_wakeup=wakeup,
     )
 
 

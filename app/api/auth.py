@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.openai_errors import is_tgi_route
-from app.core.config import Settings
+from app.core.config import Settings, api_key_id
 from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
 
 if TYPE_CHECKING:
@@ -98,6 +98,19 @@ def check_api_key(settings: Settings, authorization: str) -> None:
 
 
 ApiKey = Depends(require_api_key)
+
+
+def submitting_key_id(request: Request) -> str | None:
+    """The id of the API key the request carries (``app.core.config.api_key_id``: what the
+    journal keeps of it, never the key); None when the API is open. Read after
+    :func:`require_api_key` has accepted the key."""
+    if not request.app.state.settings.api_keys:
+        return None
+    token = bearer_token(request.headers.get("authorization", ""))
+    return api_key_id(token) if token is not None else None
+
+
+KeyId = Annotated[str | None, Depends(submitting_key_id)]
 
 
 def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:

@@ -217,7 +217,8 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
     if "JobCreate" in components:
         create = components["JobCreate"]
         create["properties"].pop("params", None)
-        base = {key: create["properties"][key] for key in ("model", "target") if key in create["properties"]}
+        base = {key: create["properties"][key] for key in ("model", "target", "webhook_url")
+                if key in create["properties"]}
         variants = kind_params(broadest(limits or {}))
         for variant in variants:
             variant["properties"] = {**base, **variant["properties"]}

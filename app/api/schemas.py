@@ -24,6 +24,10 @@ class JobCreate(RequestBody):
     kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")
     params: dict[str, Any] = Field(default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed")
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
+    webhook_url: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="http(s) URL the job's record is POSTed to, signed, when it ends (docs/api.md \"Webhooks\"); "
+                    "its host must be in the fleet's webhook allow-list")
 
 
 class JobRequeue(RequestBody):
@@ -109,6 +113,7 @@ class JobPublic(BaseModel):
     predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
     provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
     memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
+    webhook_url: str | None = None  # where its record is POSTed when it ends (issue 22)
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:
@@ -121,7 +126,7 @@ class JobPublic(BaseModel):
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
             predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
             results=results, requeued_from=job.requeued_from, seed=_seed(job.params), predicted_s=predicted_s(job), provenance=job.provenance,
-            memory_estimate=memory_estimate(job),
+            memory_estimate=memory_estimate(job), webhook_url=job.webhook_url,
         )
 
 

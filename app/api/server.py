@@ -43,11 +43,13 @@ from app.api.routes import (
     tgi,
 )
 from app.api.routes.deps import WorkerMachine
+from app.api.schemas import JobPublic
 from app.api.strict_json import printable
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
+from app.db.tables import Job
 from app.jobs.reconcile import ReconcileLoop
 from app.store.files import DISK_FULL
 
@@ -85,11 +87,14 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         context.dispatcher.refusing = error  # the Redis runs with another journal: place nothing (app/fleet/pairing.py)
 
     reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing)
+    webhooks = context.webhook_loop(job_record)  # issue 22: resumes the deliveries a previous server left pending
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         reconcile.start()  # at server start, then periodically (R19)
+        webhooks.start()
         yield
+        webhooks.stop()
         reconcile.stop()
         context.close()
 
@@ -258,6 +263,12 @@ def upload_limits(settings: Settings) -> list[RouteLimit]:
         RouteLimit(re.compile(r"/internal/v1/jobs/[^/]+/result"), settings.max_result_bytes + MULTIPART_ROOM,
                    "max_result_bytes + 1 MiB"),
     ]
+
+
+def job_record(job: Job) -> bytes:
+    """A job's record as ``GET /v1/jobs/{id}`` answers it for an ended job: the body of its
+    webhook (issue 22)."""
+    return JobPublic.from_job(job).model_dump_json().encode()
 
 
 def error_response(path: str, error: HomefleetError) -> JSONResponse:

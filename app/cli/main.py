@@ -98,6 +98,22 @@ def worker(
     start_worker(settings, loglevel)
 
 
+@cli.command("key-ids")
+def key_ids() -> None:
+    """Print the id of each configured API key (HOMEFLEET_API_KEYS), with the key's first 4
+    characters: the journal keeps a job's key by this id, and HOMEFLEET_WEBHOOK_SECRETS is keyed
+    by it (issue 22; docs/operations.md, "Webhooks")."""
+    from app.core.config import Settings, api_key_id
+
+    settings = Settings()
+    if not settings.api_keys:
+        console.print("no API key configured (HOMEFLEET_API_KEYS)")
+        return
+    for key in settings.api_keys:
+        secret = "webhook secret set" if api_key_id(key) in settings.webhook_secrets else "no webhook secret"
+        console.print(f"{api_key_id(key)}  {escape(key[:4])}…  ({secret})", highlight=False)
+
+
 results_cli = typer.Typer(help="A worker's results the server could not store (issue 24).")
 cli.add_typer(results_cli, name="results")
 

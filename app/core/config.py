@@ -7,6 +7,7 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,37 @@ class Settings(BrokerSettings):
     # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a
     # large file (tasks/sync.py, Renewal and REPORT_EVERY_S).
     sync_reservation_ttl_s: float = Field(30.0, gt=0)
+    # Webhooks (issue 22; docs/api.md "Webhooks", docs/operations.md): the secret that signs the
+    # webhooks of the jobs each API key submits, by key id (``api_key_id(key)``, printed by
+    # `homefleet key-ids`), e.g. HOMEFLEET_WEBHOOK_SECRETS='{"<key id>": "<secret>"}'. A key
+    # without a secret cannot name a webhook_url (422). The fleet file's [webhooks] allow_hosts
+    # says where a webhook may go.
+    webhook_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    webhook_attempts: int = Field(5, ge=1, le=50)  # POSTs per delivery at most, the first included
+    webhook_backoff_s: float = Field(1.0, ge=0)  # pause after the first failed attempt; doubled after each
+    webhook_backoff_max_s: float = Field(300.0, ge=0)  # the longest pause between two attempts
+    webhook_timeout_s: float = Field(10.0, gt=0)  # one attempt's connect + read timeout
+    webhook_poll_s: float = Field(2.0, gt=0)  # how often the delivery loop looks for deliveries made elsewhere
+    webhook_concurrency: int = Field(4, ge=1)  # attempts in flight at once
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _webhook_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for key_id, secret in value.items():
+            if len(secret) < 16:
+                raise ValueError(f"webhook_secrets[{key_id!r}] is {len(secret)} characters; a webhook secret needs "
+                                 "at least 16 (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_name_keys(self) -> Settings:
+        ids = {api_key_id(key) for key in self.api_keys}
+        for key_id in self.webhook_secrets:
+            if key_id not in ids:
+                raise ValueError(f"webhook_secrets names key id {key_id!r}, which is the id of none of api_keys "
+                                 f"(their ids: {', '.join(sorted(ids)) or 'none: no API key configured'}); "
+                                 "`homefleet key-ids` prints each key's id")
+        return self
 
     @field_validator("data_dir")
     @classmethod
@@ -130,6 +162,13 @@ class Settings(BrokerSettings):
     def inputs_dir(self) -> Path:
         """Content-addressed uploaded inputs (images for edit and upscale)."""
         return self.data_dir / "inputs"
+
+
+def api_key_id(key: str) -> str:
+    """The id of an API key: the first 16 hex digits of its SHA-256 (64 bits), e.g.
+    ``"9f86d081884c7d65"``. What the journal keeps of the key that submitted a job (never the key
+    itself), and what ``webhook_secrets`` is keyed by."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class WorkerSettings(BrokerSettings):

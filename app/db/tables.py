@@ -66,6 +66,30 @@ class Job(SQLModel, table=True):
     # Provenance of the result: model files' digests, variant, kind, params, seed, inputs'
     # digests, machine, device, load/run seconds; reported by the worker, kept here.
     provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # Issue 22: where the job's record is POSTed when it ends (checked against the fleet file's
+    # [webhooks] allow_hosts), and the id of the API key that submitted it (app.core.config.api_key_id;
+    # never the key), whose secret signs the webhook. None: no webhook; an open API.
+    webhook_url: str | None = None
+    api_key_id: str | None = None
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One webhook to deliver (issue 22): written with the job's terminal transition, in the
+    same transaction (``app/journal/jobs.py``), then POSTed by the server's delivery loop
+    (``app/jobs/webhooks.py``) until delivered or ``webhook_attempts`` are spent. The journal
+    is the truth: a server restarted finds its pending deliveries here. Times in unix seconds."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    url: str
+    job_state: str  # the ended state that made it
+    state: str = Field(default="pending", index=True)  # pending | delivered | failed (gave up)
+    attempts: int = 0  # POSTs made so far
+    due_s: float = 0.0  # the next attempt is due at this time
+    lease_s: float | None = None  # an attempt in flight until this time (a server killed mid-attempt: resumed after it)
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    detail: str = ""  # the last attempt's outcome, e.g. "attempt 2: HTTP 500"
 
 
 class JobEvent(SQLModel, table=True):
@@ -148,4 +172,4 @@ class JournalIdentity(SQLModel, table=True):
 
 
 __all__ = ["Job", "JobEvent", "JournalIdentity", "LearnedTiming", "ModelFile", "ModelRecord", "RememberedOom",
-           "ResidencyCommitment", "utcnow"]
+           "ResidencyCommitment", "WebhookDelivery", "utcnow"]

@@ -31,6 +31,11 @@ Timing guesses per model until the first measurement (R13; absent: the per-famil
     load_s = 2.8                # seconds of a cold load at 2.5 GB/s
 
 ``python -m bench.memory`` measures them and prints such tables.
+
+Where a job's webhook may go (issue 22; absent: nowhere, every ``webhook_url`` is refused)::
+
+    [webhooks]
+    allow_hosts = ["hooks.example", "10.0.0.5"]   # host names or IP addresses, exact match
 """
 
 from __future__ import annotations
@@ -136,6 +141,28 @@ class ModelGuess(BaseModel):
     max_total_tokens: int | None = Field(default=None, ge=2)
 
 
+class WebhookConfig(BaseModel):
+    """``[webhooks]``: ``allow_hosts``, the hosts a job's ``webhook_url`` may name (issue 22):
+    host names or IP addresses, matched exactly and case-insensitively (no wildcards; any port).
+    Empty: no webhook is accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        hosts = []
+        for host in value:
+            name = host.strip().lower().removeprefix("[").removesuffix("]")
+            if not name or any(c in name for c in "/@?# ") or "://" in host:
+                raise ValueError(f"webhooks.allow_hosts takes host names or IP addresses (e.g. 'hooks.example'), "
+                                 f"not {host!r}")
+            hosts.append(name)
+        return sorted(set(hosts))
+
+
 class Fleet(BaseModel):
     """All machines, by name, the working-memory coefficients (fleet-wide per kind in
     ``working_memory``, per family in ``families``) and per-model timing guesses (``models``).
@@ -149,6 +176,7 @@ class Fleet(BaseModel):
     working_memory: dict[str, KindWorking] = Field(default_factory=dict)
     families: dict[str, FamilyConfig] = Field(default_factory=dict)
     models: dict[str, ModelGuess] = Field(default_factory=dict)
+    webhooks: WebhookConfig = Field(default_factory=WebhookConfig)  # where a job's webhook may go (issue 22)
 
     check_kinds = field_validator("working_memory")(_check_kinds)
 
@@ -242,6 +270,9 @@ class Fleet(BaseModel):
         for model_id, guess in sorted(self.models.items()):
             lines += [f'[models."{model_id}"]', *(f"{name} = {value}" for name, value in guess.model_dump().items()
                                                    if value is not None), ""]
+        if self.webhooks.allow_hosts:
+            hosts = ", ".join(f'"{host}"' for host in self.webhooks.allow_hosts)
+            lines += ["[webhooks]", f"allow_hosts = [{hosts}]", ""]
         return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
 from app.jobs.task_events import TaskEvents
-from app.jobs.validation import Validator
+from app.jobs.validation import Validator, check_webhook
 from app.db.tables import Job
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
@@ -74,15 +74,27 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """A submission's webhook (issue 22): its checked URL (None: none) and the submitting key's id."""
+
+    url: str | None
+    api_key_id: str | None
+
+
+@dataclass(frozen=True)
 class Submission:
     job: Job
     position: int  # jobs ahead of it on its machine when it was enqueued (queued + running)
     replayed: bool = False  # True when an Idempotency-Key returned the original job (R20)
 
 
-def request_fingerprint(model_id: str, kind: str, params: dict[str, Any], target: str) -> str:
-    """Digest of a submission's body as the client sent it (before the server draws a seed)."""
-    body = {"model": model_id, "kind": kind, "params": params, "target": target}
+def request_fingerprint(model_id: str, kind: str, params: dict[str, Any], target: str,
+                        webhook_url: str | None = None) -> str:
+    """Digest of a submission's body as the client sent it (before the server draws a seed);
+    ``webhook_url`` counts only when given (the digests of bodies without one are unchanged)."""
+    body: dict[str, Any] = {"model": model_id, "kind": kind, "params": params, "target": target}
+    if webhook_url is not None:
+        body["webhook_url"] = webhook_url
     return bytes_digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -162,9 +174,23 @@ class Dispatcher:
         rates = (demand or self.demand.load()).rates(now_s)
         return self.scarcity.pressure(views, estimator, catalogue, rates, self.speed)
 
-    def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> dict[str, Any]:
+    def check_webhook(self, webhook_url: str | None, api_key_id: str | None) -> None:
+        """A submission's ``webhook_url``, when it names one: see
+        :func:`app.jobs.validation.check_webhook` (the fleet file's allow-list, the key's secret).
+
+        Raises:
+            Rejected: reason ``invalid_webhook_url``.
+        """
+        if webhook_url is not None:
+            check_webhook(webhook_url, self.machines.fleet.webhooks.allow_hosts, api_key_id,
+                          self.settings.webhook_secrets)
+
+    def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str,
+                webhook_url: str | None = None, api_key_id: str | None = None) -> dict[str, Any]:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
-        that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`."""
+        that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`
+        and :meth:`check_webhook`."""
+        self.check_webhook(webhook_url, api_key_id)
         request = self.request(model_id, kind, dict(params), target)
         seen = self.snapshot(model_id)
         weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
@@ -185,10 +211,13 @@ class Dispatcher:
             self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
-               idempotency_key: str | None = None, requeued_from: str | None = None) -> Submission:
+               idempotency_key: str | None = None, requeued_from: str | None = None,
+               webhook_url: str | None = None, api_key_id: str | None = None) -> Submission:
         """Place and enqueue one job; return it as journaled (state ``queued``) with its position.
         ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
-        with its refusal).
+        with its refusal). ``webhook_url``: where its record is POSTed when it ends (issue 22;
+        checked first, :meth:`check_webhook`); ``api_key_id``: the id of the API key that
+        submits it (``app.core.config.api_key_id``), kept with the job (and its refusal).
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
         job (``replayed=True``) and enqueues nothing; the same key with another body raises
@@ -204,11 +233,14 @@ class Dispatcher:
         # 1. Not this fleet's journal: refuse before journaling anything.
         if self.refusing is not None:
             raise ServiceDown(self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s)
-        fingerprint = request_fingerprint(model_id, kind, params, target)
+        fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
+        hook = Hook(None, api_key_id)  # the webhook, once checked: a refused job keeps it (its end is delivered)
         try:
-            # 2. Validate before the GPU (R22).
+            # 2. Validate before the GPU (R22), the webhook first.
+            self.check_webhook(webhook_url, api_key_id)
+            hook = Hook(webhook_url, api_key_id)
             request = self.request(model_id, kind, params, target)
             with self.lock.held("submit again") as fence:
                 # 3. Replay, snapshot, backpressure, place.
@@ -220,21 +252,23 @@ class Dispatcher:
                 decision = self._place(request, seen, now_s)
                 # 4. Journal before anything is published (R19).
                 job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator,
-                                    requeued_from)
+                                    requeued_from, hook)
                 # 5. Reserve, fenced (C04); 6. publish.
                 self._reserve(job, request, decision.machine, fence, seen, now_s)
                 self._publish(job, decision.machine)
                 return Submission(job=job, position=seen.views[decision.machine].backlog)
         except HomefleetError as error:
-            self._refused(error, model_id, kind, params, target, requeued_from)
+            self._refused(error, model_id, kind, params, target, requeued_from, hook)
             raise
 
-    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None) -> Submission:
+    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None,
+                api_key_id: str | None = None) -> Submission:
         """Submit a new job with the params of job ``job_id`` (any state), linked to it
         (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``
         is given (None: a new one drawn), the same target unless ``target`` is given. It goes
         through every check a submission passes (R22, placement; a remembered OOM of its size
         is still refused, R21/C08); the params the server sets (``output_width``…) are set again.
+        The old job's webhook is not carried over; ``api_key_id``: the key that requeues it.
 
         Raises:
             NotFound: no job ``job_id`` (reason ``job_not_found``).
@@ -246,7 +280,8 @@ class Dispatcher:
             params.pop("seed", None)
             if seed is not None:
                 params["seed"] = seed
-        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id)
+        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id,
+                           api_key_id=api_key_id)
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
         """The original job of a retried submission (R20), or None for a new key.
@@ -269,8 +304,11 @@ class Dispatcher:
             raise from_core(refusal) from refusal
 
     def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
-                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None) -> Job:
-        """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)."""
+                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None,
+                 hook: Hook | None = None) -> Job:
+        """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)
+        and its webhook (issue 22)."""
+        hook = hook or Hook(None, None)
         part = decision.breakdown
         memory = estimator.memory(request.model_id, request.kind, request.size)
         return self.journal.add(Job(
@@ -279,6 +317,7 @@ class Dispatcher:
             predicted_start_s=part.work_ahead_s, predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
             weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
             memory_estimate_bytes=memory.total_bytes, requeued_from=requeued_from,
+            webhook_url=hook.url, api_key_id=hook.api_key_id,
         ))
 
     def _reserve(self, job: Job, request: JobRequest, machine: str, fence: Fence, seen: Snapshot, now_s: float) -> None:
@@ -309,9 +348,11 @@ class Dispatcher:
             raise
 
     def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
-                 requeued_from: str | None = None) -> None:
+                 requeued_from: str | None = None, hook: Hook | None = None) -> None:
         """A refused submission: temporary refusals get ``Retry-After``; every refusal but a lost
-        lock and a reused key is counted and journaled ``rejected`` with its reason (R19)."""
+        lock and a reused key is counted and journaled ``rejected`` with its reason (R19), with
+        its webhook when that passed its check (the ``rejected`` end is delivered, issue 22)."""
+        hook = hook or Hook(None, None)
         if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
             error.retry_after_s = self.settings.retry_after_s
         if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
@@ -319,7 +360,8 @@ class Dispatcher:
                 self.metrics.refused(error.reason)
             refused = self.journal.add(Job(state=JobState.rejected, model_id=model_id, kind=kind,
                                            params=abridged(params), target=target, reason=error.reason,
-                                           message=error.message, requeued_from=requeued_from))
+                                           message=error.message, requeued_from=requeued_from,
+                                           webhook_url=hook.url, api_key_id=hook.api_key_id))
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
 

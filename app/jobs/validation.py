@@ -15,9 +15,10 @@ import functools
 import json
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.core import constraints
 from app.core.errors import NotFound, Rejected
@@ -477,6 +478,40 @@ def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dic
         return {}
     width, height = image_size(inputs.get(str(params[kind_spec.inputs[0]])).path)
     return dict(zip(OUTPUT_SIZE_FIELDS, (width * kind_spec.output_scale, height * kind_spec.output_scale), strict=True))
+
+
+def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, secrets: Mapping[str, str]) -> None:
+    """A job's ``webhook_url`` (issue 22): an absolute ``http``/``https`` URL without credentials
+    whose host is one of the fleet file's ``[webhooks] allow_hosts`` (exact, case-insensitive),
+    submitted with an API key that has a webhook secret (``webhook_secrets``), since every
+    webhook is signed.
+
+    Raises:
+        Rejected: reason ``invalid_webhook_url``, param ``webhook_url``; the message names the
+            field, the host and the allow-list, or the key without a secret.
+    """
+    def refuse(message: str) -> Rejected:
+        return Rejected(f"webhook_url: {message}", reason="invalid_webhook_url", param="webhook_url")
+
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - a port that is not a number raises
+    except ValueError as error:
+        raise refuse(f"{url!r} has an invalid port ({error})") from error
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise refuse(f"must be an absolute http:// or https:// URL, got {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise refuse("must not carry credentials (user:password@); the webhook is signed instead")
+    host = parts.hostname.lower()
+    if host not in allow_hosts:
+        raise refuse(f"host {host!r} is not in the fleet's webhook allow-list {sorted(allow_hosts)} "
+                     "(the fleet file's [webhooks] allow_hosts)")
+    if api_key_id is None:
+        raise refuse("this server's API is open (no API keys), and a webhook is signed with the secret of "
+                     "the API key that submits the job; configure api_keys and webhook_secrets")
+    if api_key_id not in secrets:
+        raise refuse(f"the API key {api_key_id} that submitted it has no webhook secret, and every webhook is "
+                     "signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
 
 
 def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: str = "image") -> None:

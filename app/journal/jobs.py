@@ -1,11 +1,17 @@
 """The job journal (R19): every job is written here before it is enqueued, and every state
 change is a conditional update, so only legal transitions happen (``app.core.states.LEGAL``)
 and a job is claimed once. The tables are ``app/db/tables.py``'s ``Job`` and ``JobEvent``.
+
+Every way a job ends goes through :meth:`Journal.add` (``rejected``) or
+:meth:`Journal.transition` (every other state of ``ENDED``), so these two write a job's webhook
+delivery (issue 22, ``WebhookDelivery``) in the transaction that ends it: a job that ended has
+its delivery, whichever process ended it, and a crash cannot leave one without the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -15,19 +21,35 @@ from sqlmodel import Session, func, select
 
 from app.core.errors import Conflict, NotFound
 from app.core.states import ACTIVE, ENDED, LEGAL, RESULT_NOT_STORED, JobState
-from app.db.tables import Job, JobEvent, utcnow
+from app.db.tables import Job, JobEvent, WebhookDelivery, utcnow
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
 _INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
 _INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
+_INSERT_DELIVERY = insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
 STATES_BATCH = 500  # ids per SELECT of Journal.states_of (well under SQLite's bound parameters)
 
 
 class Journal:
     """The only code that changes a job's state. Every method is one transaction."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_delivery: Callable[[], None] | None = None) -> None:
         self.engine = engine
+        # Told after a transaction wrote a webhook delivery (the server's delivery loop wakes up).
+        self.on_delivery = on_delivery
+
+    @staticmethod
+    def _delivery(job_id: str, state: JobState, webhook_url: str | None) -> dict[str, Any] | None:
+        """The ``WebhookDelivery`` row to write with a transition to ``state``, when the job
+        has a webhook and ``state`` ends it; else None."""
+        if webhook_url is None or state not in ENDED:
+            return None
+        return {"job_id": job_id, "url": webhook_url, "job_state": str(state), "state": "pending", "attempts": 0,
+                "due_s": time.time(), "lease_s": None, "created_at": utcnow(), "finished_at": None, "detail": ""}
+
+    def _delivered(self, delivery: dict[str, Any] | None) -> None:
+        if delivery is not None and self.on_delivery is not None:
+            self.on_delivery()
 
     def add(self, job: Job) -> Job:
         """Insert a new job (state ``queued`` or ``rejected``) with its first event, in one
@@ -42,9 +64,13 @@ class Journal:
                 nothing is written.
         """
         event = {"job_id": job.id, "at": utcnow(), "event": str(job.state), "detail": job.reason or ""}  # id: the database's
+        delivery = self._delivery(job.id, JobState(job.state), job.webhook_url)  # a rejected job's webhook
         with self.engine.begin() as connection:
             connection.execute(_INSERT_JOB, {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
             connection.execute(_INSERT_EVENT, event)
+            if delivery is not None:
+                connection.execute(_INSERT_DELIVERY, delivery)
+        self._delivered(delivery)
         return job
 
     def get(self, job_id: str) -> Job:
@@ -172,14 +198,20 @@ class Journal:
         if machine is not None:
             conditions.append(Job.machine == machine)
         # The update returns the row and the event is a Core INSERT in the same transaction: no
-        # ORM unit of work and no re-read (the claim path, issue 21).
+        # ORM unit of work and no re-read (the claim path, issue 21). An end writes the job's
+        # webhook delivery in the same transaction (issue 22).
+        delivery = None
         with self.engine.begin() as connection:
             row = connection.execute(update(Job.__table__).where(*conditions)  # type: ignore[attr-defined]
                                      .values(state=to_state, **values).returning(*_JOB_COLUMNS)).first()
             if row is not None:
                 connection.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "event": str(to_state),
                                                    "detail": event_detail})
+                delivery = self._delivery(job_id, to_state, row._mapping["webhook_url"])
+                if delivery is not None:
+                    connection.execute(_INSERT_DELIVERY, delivery)
         if row is not None:
+            self._delivered(delivery)
             return Job(**row._mapping)
         with Session(self.engine) as session:
             # The refusal: journaled as an event, nothing else changes.

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
+from app.api.auth import KeyId
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
 from app.api.strict_json import StrictJsonRoute
@@ -27,6 +28,7 @@ def submit_job(
     body: JobCreate,
     ctx: Context,
     response: Response,
+    key_id: KeyId,
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
 ) -> JobAccepted | JSONResponse:
@@ -39,9 +41,14 @@ def submit_job(
 
     ``Idempotency-Key``: a retry with the same key and body returns the original job
     (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
-    with another body is refused with 422 (R20)."""
+    with another body is refused with 422 (R20).
+
+    ``webhook_url`` (issue 22): the job's record is POSTed there, signed with the secret of the
+    API key that submitted it, when the job ends (docs/api.md "Webhooks"); a host outside the
+    fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
+    ``invalid_webhook_url``."""
     if dry_run:
-        decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target)
+        decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target, body.webhook_url, key_id)
         refusal = decision.get("error") or {}
         if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
             raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
@@ -49,9 +56,10 @@ def submit_job(
         return JSONResponse(decision)
     if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first (issue 20)
         submission = submit_expanded(ctx.dispatcher, body.model, dict(body.params), body.target, idempotency_key,
-                                     ctx.settings.images_wait_s)
+                                     ctx.settings.images_wait_s, body.webhook_url, key_id)
     else:
-        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
+        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key,
+                                           webhook_url=body.webhook_url, api_key_id=key_id)
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
@@ -63,16 +71,17 @@ def submit_job(
 
 
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
-def requeue_job(job_id: str, ctx: Context, response: Response, body: JobRequeue | None = None) -> JobAccepted:
+def requeue_job(job_id: str, ctx: Context, response: Response, key_id: KeyId,
+                body: JobRequeue | None = None) -> JobAccepted:
     """Submit a new job with the params of job ``job_id`` (issue 22): the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
     or names one; linked to the old job (``requeued_from``, in the job and in its result's
     provenance). 202 as ``POST /v1/jobs``; every check of a submission applies (R22;
     a remembered OOM of its size is refused, R21/C08: 422 ``remembered_oom``); 404
-    ``job_not_found`` for an unknown job."""
+    ``job_not_found`` for an unknown job. The old job's ``webhook_url`` is not carried over."""
     body = body or JobRequeue()
     seed = body.seed if "seed" in body.model_fields_set else UNSET
-    submission = ctx.dispatcher.requeue(job_id, seed, body.target)
+    submission = ctx.dispatcher.requeue(job_id, seed, body.target, api_key_id=key_id)
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url

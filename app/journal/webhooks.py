@@ -1,0 +1,93 @@
+"""The webhook deliveries of ended jobs, in the journal (issue 22): the table is
+``app/db/tables.py``'s ``WebhookDelivery``. A delivery is written with the transition that ends
+its job (``app/journal/jobs.py``); the server's delivery loop (``app/jobs/webhooks.py``) leases
+the due ones, POSTs them and records each attempt here, with its job event, in one transaction.
+
+A lease is a conditional UPDATE, so two servers on one journal never attempt the same delivery
+at once; a server killed mid-attempt leaves a lease that expires, and the delivery is attempted
+again (deliveries are at least once: a receiver dedupes by the delivery id). Times are unix
+seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from sqlalchemy import insert, or_, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, func, select
+
+from app.db.tables import JobEvent, WebhookDelivery, utcnow
+
+PENDING = "pending"
+DELIVERED = "delivered"
+FAILED = "failed"  # gave up after webhook_attempts
+EVENT = "webhook"  # the job event of each attempt
+
+_INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
+
+
+class WebhookOutbox:
+    """Reads and writes ``WebhookDelivery`` rows; every method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def of_job(self, job_id: str) -> list[WebhookDelivery]:
+        """The job's deliveries, oldest first (a recovered ``failed -> succeeded`` job has two)."""
+        with Session(self.engine) as session:
+            query = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id).order_by(WebhookDelivery.id)
+            return list(session.exec(query).all())
+
+    def due(self, now_s: float, limit: int, skip: Iterable[int] = ()) -> list[WebhookDelivery]:
+        """At most ``limit`` pending deliveries due by ``now_s`` and not leased (or whose lease
+        expired), oldest due first, leaving out the ids in ``skip``."""
+        skipped = list(skip)
+        query = (select(WebhookDelivery)
+                 .where(WebhookDelivery.state == PENDING, WebhookDelivery.due_s <= now_s,  # type: ignore[arg-type]
+                        or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s))  # type: ignore[union-attr,operator]
+                 .order_by(WebhookDelivery.due_s).limit(limit))  # type: ignore[arg-type]
+        if skipped:
+            query = query.where(WebhookDelivery.id.not_in(skipped))  # type: ignore[union-attr]
+        with Session(self.engine) as session:
+            return list(session.exec(query).all())
+
+    def next_due_s(self) -> float | None:
+        """When the earliest pending delivery may be attempted (its due time, or its lease's
+        end when later); None when none is pending."""
+        with Session(self.engine) as session:
+            rows = session.exec(select(WebhookDelivery.due_s, WebhookDelivery.lease_s)
+                                .where(WebhookDelivery.state == PENDING)).all()
+        return min((max(due, lease or 0.0) for due, lease in rows), default=None)
+
+    def lease(self, delivery_id: int, now_s: float, until_s: float) -> bool:
+        """Take the delivery for one attempt until ``until_s``: True when it was pending, due
+        and free (or its lease had expired), else False and nothing changes."""
+        with self.engine.begin() as connection:
+            result = connection.execute(
+                update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+                .where(WebhookDelivery.id == delivery_id, WebhookDelivery.state == PENDING,  # type: ignore[arg-type]
+                       or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s))  # type: ignore[union-attr,operator]
+                .values(lease_s=until_s))
+            return bool(result.rowcount)
+
+    def record(self, delivery: WebhookDelivery, attempt: int, outcome: Literal["pending", "delivered", "failed"],
+               detail: str, due_s: float) -> None:
+        """Record attempt number ``attempt`` of ``delivery``: its outcome (``pending``: another
+        attempt at ``due_s``), the lease released, and the job event ``webhook`` with ``detail``,
+        in one transaction. The job itself is never changed."""
+        values = {"attempts": attempt, "state": outcome, "detail": detail, "due_s": due_s, "lease_s": None}
+        if outcome != PENDING:
+            values["finished_at"] = utcnow()
+        with self.engine.begin() as connection:
+            connection.execute(update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+                               .where(WebhookDelivery.id == delivery.id).values(**values))  # type: ignore[arg-type]
+            connection.execute(_INSERT_EVENT, {"job_id": delivery.job_id, "at": utcnow(), "event": EVENT,
+                                               "detail": detail})
+
+    def count(self, state: str = PENDING) -> int:
+        """Deliveries in ``state``."""
+        with Session(self.engine) as session:
+            return int(session.exec(select(func.count()).select_from(WebhookDelivery)
+                                    .where(WebhookDelivery.state == state)).one())
