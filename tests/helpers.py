@@ -9,8 +9,12 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, TypeVar
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     from app.context import ServerContext
 
 TEST_API_KEY = "test-api-key-0123456789"
+TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[api_key_id(TEST_API_KEY)] (issue 22)
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 
 T = TypeVar("T")
@@ -172,3 +177,56 @@ def png_claiming(width: int, height: int) -> bytes:
     data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
     data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
     return bytes(data)
+
+
+@dataclass
+class Received:
+    """One request a :class:`WebhookReceiver` got: its arrival (``time.time()``), path, headers
+    (lower-case names) and exact body bytes."""
+
+    at_s: float
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class WebhookReceiver:
+    """A real HTTP receiver on 127.0.0.1 (``url``): it records every POST and answers the
+    statuses of ``statuses`` in turn, then ``then`` (issue 22's webhook tests)."""
+
+    url: str
+    statuses: list[int] = field(default_factory=list)
+    then: int = 200
+    received: list[Received] = field(default_factory=list)
+
+    def answer(self) -> int:
+        return self.statuses.pop(0) if self.statuses else self.then
+
+
+@contextmanager
+def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iterator[WebhookReceiver]:
+    """Run a :class:`WebhookReceiver` (``http.server`` in a thread, on a free port) until the block ends."""
+    receiver: WebhookReceiver
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            receiver.received.append(Received(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()},
+                                              body))
+            self.send_response(receiver.answer())
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver = WebhookReceiver(f"http://127.0.0.1:{server.server_address[1]}/hook", list(statuses or []), then)
+    thread = threading.Thread(target=server.serve_forever, name="webhook-receiver", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,233 @@
+"""Webhooks (issue 22) through the API in-process, on a real Redis and journal, with a real HTTP
+receiver on a free port: the body is the job record, the signature verifies with the key's
+secret, retries are bounded, journaled and never change the job, and a pending delivery is
+resumed by the next server on the same journal."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings, api_key_id
+from app.core.states import JobState
+from app.fleet.config import Fleet, WebhookConfig
+from app.jobs.webhooks import sign, verify
+from app.journal.webhooks import DELIVERED, EVENT, FAILED, PENDING
+from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, bring_online, make_fleet, wait_for, webhook_receiver
+
+OTHER_KEY = "other-api-key-0123456789"  # a key without a webhook secret
+AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
+
+
+def hook_settings(tmp_path: Path, redis_url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {"webhook_backoff_s": 0.05, "webhook_attempts": 5, **overrides}
+    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_lock_ttl_s=5, fleet_lock_wait_s=5,
+                    api_keys=[TEST_API_KEY, OTHER_KEY], webhook_secrets={api_key_id(TEST_API_KEY): TEST_WEBHOOK_SECRET},
+                    **values)  # type: ignore[arg-type]
+
+
+def hook_fleet() -> Fleet:
+    return make_fleet("m1", "m2").model_copy(update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])})
+
+
+@pytest.fixture
+def hook_ctx(tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> Iterator[ServerContext]:
+    context = build_context(hook_settings(tmp_path, redis_url), hook_fleet(), migrate=True)
+    context.registry.add(tiny_models_dir / "tiny-sd")
+    bring_online(context, "m1", {"tiny-sd"})
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+def submit(client: TestClient, url: str | None, **body: object) -> dict[str, object]:
+    answer = client.post("/v1/jobs", json={"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a cat"},
+                                           "target": "m1", "webhook_url": url, **body})
+    assert answer.status_code == 202, answer.text
+    return answer.json()  # type: ignore[no-any-return]
+
+
+def webhook_events(ctx: ServerContext, job_id: str) -> list[str]:
+    return [event.detail for event in ctx.journal.events(job_id) if event.event == EVENT]
+
+
+def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerContext) -> None:
+    with webhook_receiver() as receiver, TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        job_id = str(submit(client, receiver.url)["id"])
+        assert client.get(f"/v1/jobs/{job_id}").json()["webhook_url"] == receiver.url
+        assert client.post(f"/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"
+        [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
+        record = client.get(f"/v1/jobs/{job_id}").json()
+    assert got.path == "/hook"
+    assert json.loads(got.body) == record  # the same JSON as GET /v1/jobs/{id}
+    assert record["state"] == "cancelled" and record["id"] == job_id
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["x-homefleet-event"] == "job.ended"
+    timestamp = got.headers["x-homefleet-timestamp"]
+    assert abs(int(timestamp) - time.time()) < 60
+    assert got.headers["x-homefleet-signature"] == sign(TEST_WEBHOOK_SECRET, int(timestamp), got.body)
+    assert verify(TEST_WEBHOOK_SECRET, timestamp, got.headers["x-homefleet-signature"], got.body)
+    assert not verify("another-secret-0123456789", timestamp, got.headers["x-homefleet-signature"], got.body)
+    assert not verify(TEST_WEBHOOK_SECRET, timestamp, got.headers["x-homefleet-signature"], got.body + b" ")
+    [delivery] = hook_ctx.outbox.of_job(job_id)
+    assert got.headers["x-homefleet-delivery"] == str(delivery.id)
+    assert (delivery.state, delivery.attempts, delivery.job_state) == (DELIVERED, 1, "cancelled")
+    assert webhook_events(hook_ctx, job_id) == ["delivered: HTTP 200 (attempt 1)"]
+    job = hook_ctx.journal.get(job_id)
+    assert job.api_key_id == api_key_id(TEST_API_KEY) and TEST_API_KEY not in json.dumps(record)
+
+
+def test_a_receiver_that_fails_twice_gets_three_attempts_each_journaled(hook_ctx: ServerContext) -> None:
+    with webhook_receiver(statuses=[500, 502]) as receiver, \
+            TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        job_id = str(submit(client, receiver.url)["id"])
+        client.post(f"/v1/jobs/{job_id}/cancel")
+        wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="delivered")
+        time.sleep(0.3)  # nothing more comes
+    assert len(receiver.received) == 3
+    assert webhook_events(hook_ctx, job_id) == ["attempt 1: HTTP 500; next in 0.05 s",
+                                                "attempt 2: HTTP 502; next in 0.1 s",
+                                                "delivered: HTTP 200 (attempt 3)"]
+    first, second, third = receiver.received
+    assert second.at_s - first.at_s >= 0.05 and third.at_s - second.at_s >= 0.1  # the backoff was waited out
+    assert len({r.headers["x-homefleet-delivery"] for r in receiver.received}) == 1  # one delivery, three attempts
+    assert all(json.loads(r.body) == json.loads(first.body) for r in receiver.received)
+    assert all(verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"],
+                      r.body) for r in receiver.received)
+    assert hook_ctx.outbox.of_job(job_id)[0].attempts == 3
+
+
+def test_a_receiver_that_always_fails_stops_at_the_bound_and_leaves_the_job_alone(
+        tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> None:
+    ctx = build_context(hook_settings(tmp_path, redis_url, webhook_attempts=3), hook_fleet(), migrate=True)
+    ctx.registry.add(tiny_models_dir / "tiny-sd")
+    bring_online(ctx, "m1", {"tiny-sd"})
+    with webhook_receiver(then=503) as receiver, TestClient(create_app(ctx.settings, ctx), headers=AUTH) as client:
+        job_id = str(submit(client, receiver.url)["id"])
+        ended = client.post(f"/v1/jobs/{job_id}/cancel").json()
+        wait_for(lambda: ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
+        time.sleep(0.5)  # well past the next pause (0.2 s): no fourth attempt
+        after = client.get(f"/v1/jobs/{job_id}").json()
+    assert len(receiver.received) == 3
+    assert webhook_events(ctx, job_id) == ["attempt 1: HTTP 503; next in 0.05 s",
+                                           "attempt 2: HTTP 503; next in 0.1 s",
+                                           "attempt 3: HTTP 503; gave up after 3 attempts (webhook_attempts)"]
+    assert after == ended  # the job's record is unchanged: state, reason, message, times
+    assert (after["state"], after["reason"]) == ("cancelled", "cancelled")
+    assert ctx.outbox.count(PENDING) == 0
+
+
+def test_an_unreachable_receiver_is_an_attempt_too(hook_ctx: ServerContext) -> None:
+    with webhook_receiver() as receiver:
+        dead = receiver.url  # its port is closed once the block ends
+    ctx = hook_ctx
+    ctx.settings.webhook_attempts = 2
+    with TestClient(create_app(ctx.settings, ctx), headers=AUTH) as client:
+        job_id = str(submit(client, dead)["id"])
+        client.post(f"/v1/jobs/{job_id}/cancel")
+        wait_for(lambda: ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
+    first, last = webhook_events(ctx, job_id)
+    assert first.startswith("attempt 1: ConnectError: ") and first.endswith("; next in 0.05 s")
+    assert last.startswith("attempt 2: ConnectError: ") and last.endswith("; gave up after 2 attempts (webhook_attempts)")
+    assert ctx.journal.get(job_id).state == JobState.cancelled
+
+
+def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook_ctx: ServerContext) -> None:
+    with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        body = {"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a cat"}, "target": "m1"}
+        evil = client.post("/v1/jobs", json={**body, "webhook_url": "https://evil.example/hook"})
+        assert evil.status_code == 422
+        assert evil.json()["error"] == {
+            "reason": "invalid_webhook_url", "job_id": evil.json()["error"]["job_id"],
+            "message": "webhook_url: host 'evil.example' is not in the fleet's webhook allow-list ['127.0.0.1'] "
+                       "(the fleet file's [webhooks] allow_hosts)"}
+        refused = hook_ctx.journal.get(evil.json()["error"]["job_id"])
+        assert (refused.state, refused.reason, refused.webhook_url) == (JobState.rejected, "invalid_webhook_url", None)
+        assert hook_ctx.outbox.of_job(refused.id) == []  # nothing is ever sent to a refused host
+        dry = client.post("/v1/jobs?dry_run=true", json={**body, "webhook_url": "http://evil.example/"})
+        assert dry.status_code == 422 and "allow-list" in dry.json()["error"]["message"]
+        for url, says in [("ftp://127.0.0.1/x", "must be an absolute http:// or https:// URL, got 'ftp://127.0.0.1/x'"),
+                          ("/relative", "must be an absolute http:// or https:// URL"),
+                          ("http://u:p@127.0.0.1/", "must not carry credentials"),
+                          ("http://127.0.0.1:99999/", "'http://127.0.0.1:99999/' has an invalid port (Port out of range 0-65535)")]:
+            answer = client.post("/v1/jobs", json={**body, "webhook_url": url})
+            assert answer.status_code == 422 and answer.json()["error"]["message"].startswith(f"webhook_url: {says}"), \
+                answer.text
+        other = client.post("/v1/jobs", json={**body, "webhook_url": "http://127.0.0.1:1/hook"},
+                            headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        assert other.status_code == 422
+        assert other.json()["error"]["message"] == (
+            f"webhook_url: the API key {api_key_id(OTHER_KEY)} that submitted it has no webhook secret, and every "
+            "webhook is signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
+        too_long = client.post("/v1/jobs", json={**body, "webhook_url": "http://127.0.0.1/" + "x" * 2048})
+        assert too_long.status_code == 422 and "webhook_url" in too_long.json()["error"]["message"]
+
+
+def test_a_job_refused_after_its_webhook_passed_is_delivered_rejected(hook_ctx: ServerContext) -> None:
+    with webhook_receiver() as receiver, TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        refused = client.post("/v1/jobs", json={"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a cat"},
+                                                "target": "m2", "webhook_url": receiver.url})  # m2 is offline
+        assert refused.status_code == 503
+        [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
+        record = client.get(f"/v1/jobs/{refused.json()['error']['job_id']}").json()
+    assert json.loads(got.body) == record
+    assert (record["state"], record["reason"]) == ("rejected", "machine_unavailable")
+
+
+def test_only_an_end_writes_a_delivery_in_its_transition(hook_ctx: ServerContext) -> None:
+    """Every terminal transition goes through Journal.transition (or add, for rejected): the
+    claim (queued -> running) writes none, the end writes one, a job without a webhook none."""
+    with webhook_receiver() as receiver:
+        hooked = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
+                                            api_key_id=api_key_id(TEST_API_KEY)).job
+    plain = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "b"}, "m1").job
+    for job in (hooked, plain):
+        hook_ctx.journal.claim(job.id, "m1", "boot", "claim")
+    assert hook_ctx.outbox.of_job(hooked.id) == []
+    hook_ctx.journal.fail(hooked.id, "m1", "error", "boom")
+    hook_ctx.journal.fail(plain.id, "m1", "error", "boom")
+    [delivery] = hook_ctx.outbox.of_job(hooked.id)
+    assert (delivery.state, delivery.job_state, delivery.url, delivery.attempts) == (PENDING, "failed", receiver.url, 0)
+    assert hook_ctx.outbox.of_job(plain.id) == []
+    assert hook_ctx.webhook_wakeup.is_set()  # the journal woke the (here absent) delivery loop
+
+
+def test_a_pending_delivery_is_resumed_by_the_next_server(tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> None:
+    settings = hook_settings(tmp_path, redis_url, webhook_backoff_s=0.5)
+    first = build_context(settings, hook_fleet(), migrate=True)
+    first.registry.add(tiny_models_dir / "tiny-sd")
+    bring_online(first, "m1", {"tiny-sd"})
+    with webhook_receiver(then=500) as receiver:
+        with TestClient(create_app(settings, first), headers=AUTH) as client:
+            job_id = str(submit(client, receiver.url)["id"])
+            client.post(f"/v1/jobs/{job_id}/cancel")
+            wait_for(lambda: webhook_events(first, job_id), timeout_s=10, what="the first attempt")
+        # the first server stopped (its loop with it) during the 0.5 s pause: the delivery waits in the journal
+        [pending] = first.outbox.of_job(job_id)
+        assert (pending.state, pending.attempts) == (PENDING, 1)
+        receiver.then = 200
+        second = build_context(settings, hook_fleet())  # a new server on the same journal
+        with TestClient(create_app(settings, second), headers=AUTH):
+            wait_for(lambda: second.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="resumed")
+    assert len(receiver.received) == 2
+    assert webhook_events(second, job_id) == ["attempt 1: HTTP 500; next in 0.5 s", "delivered: HTTP 200 (attempt 2)"]
+
+
+def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx: ServerContext) -> None:
+    """A CLI command (``homefleet purge``) ends jobs with no delivery loop in its process."""
+    with webhook_receiver() as receiver:
+        job = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
+                                         api_key_id=api_key_id(TEST_API_KEY)).job
+        [purged] = hook_ctx.dispatcher.purge("m1")
+        assert purged.id == job.id and hook_ctx.outbox.of_job(job.id)[0].state == PENDING
+        with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH):
+            [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
+    assert (json.loads(got.body)["state"], json.loads(got.body)["reason"]) == ("cancelled", "purged")
