@@ -52,14 +52,17 @@ class HomefleetClient:
         raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])))
 
     def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server",
-               idempotency_key: str | None = None) -> dict[str, Any]:
+               idempotency_key: str | None = None, webhook_url: str | None = None) -> dict[str, Any]:
         """``POST /v1/jobs`` exactly once. Returns ``{id, state, machine, position, url}``.
+        ``webhook_url``: the job's record is POSTed there, signed, when it ends (docs/api.md "Webhooks").
 
         To retry safely after a transport error, call again with the same ``idempotency_key``:
         the server then returns the original job instead of creating a second one (R20).
         Raises ApiError for an error answer, ``httpx.HTTPError`` for a transport error.
         """
-        body = {"model": model, "kind": kind, "params": params, "target": target}
+        body: dict[str, Any] = {"model": model, "kind": kind, "params": params, "target": target}
+        if webhook_url is not None:
+            body["webhook_url"] = webhook_url
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._json(self.http.post("/v1/jobs", json=body, headers=headers))  # type: ignore[no-any-return]
 

@@ -19,14 +19,15 @@ import redis
 
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
+from app.core.config import Settings, api_key_id
 from app.core.families import FAMILIES
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+from app.fleet.config import WebhookConfig
+from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
@@ -51,12 +52,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     data_dir = tmp_path_factory.mktemp("fleet")
     redis_url = f"{redis_base_url}/0"
     redis.Redis.from_url(redis_url).flushdb()
-    fleet_config = make_fleet("m1", "m2", "m3")
+    # webhooks to this host only, signed with TEST_WEBHOOK_SECRET (issue 22, test_job_way.py)
+    fleet_config = make_fleet("m1", "m2", "m3").model_copy(
+        update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])})
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
+        webhook_secrets={api_key_id(TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
     )
     # The journal created and the models registered through the CLI, as an operator does.
     operator = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),

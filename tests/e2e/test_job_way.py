@@ -9,6 +9,7 @@ import io
 import json
 import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,8 @@ from app.client import ApiError
 from app.core.digest import bytes_digest
 from app.core.states import JobState
 from tests.e2e.conftest import RunningFleet
-from tests.helpers import files_under, wait_for
+from app.jobs.webhooks import verify
+from tests.helpers import TEST_WEBHOOK_SECRET, files_under, wait_for, webhook_receiver
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +49,30 @@ def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(f
         assert '"model_id": "tiny-sd"' in image.info["homefleet"]  # provenance travels in the PNG
     # R2: the worker keeps no copy: its folders hold exactly what they held before.
     assert files_under(fleet.local.machine_dir("m1")) == m1_before
+
+
+def test_issue22_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: RunningFleet) -> None:
+    """Through the API with a real worker: the receiver fails the first attempt, takes the
+    second (the fleet's webhook_backoff_s: 0.2 s); the body is the record GET answers."""
+    with webhook_receiver(statuses=[500]) as receiver:
+        accepted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a kite", "steps": 2}, target="m1",
+                                       webhook_url=receiver.url)
+        assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
+        events = wait_for(lambda: [e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook"]
+                          [1:], timeout_s=30, what="the second attempt journaled")
+        record = fleet.client.get(accepted["id"])
+    assert events == ["delivered: HTTP 200 (attempt 2)"]
+    assert [e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook"][0] == \
+        "attempt 1: HTTP 500; next in 0.2 s"
+    first, second = receiver.received
+    assert json.loads(second.body) == json.loads(first.body) == record
+    assert record["state"] == "succeeded" and record["result"]["digest"].startswith("blake3:")
+    assert all(verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"],
+                      r.body) for r in (first, second))
+    finished = datetime.fromisoformat(record["finished_at"])
+    latency_s = first.at_s - (finished if finished.tzinfo else finished.replace(tzinfo=UTC)).timestamp()
+    print(f"webhook latency: {latency_s * 1000:.1f} ms from succeeded to the first attempt's arrival")
+    assert -0.5 < latency_s < 5.0
 
 
 def test_r8_c02_jobs_start_in_submission_order_and_wait_in_redis_meanwhile(fleet: RunningFleet) -> None:
