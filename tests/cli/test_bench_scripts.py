@@ -47,3 +47,8 @@ def test_issue21_placement_bench_prints_its_last_line() -> None:
 def test_issue19_shapes_bench_prints_its_last_line() -> None:
     line = _last_line("bench.shapes", "--images", "2")
     _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])
+
+
+def test_issue22_webhooks_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.webhooks", "--jobs", "3", "--backoff", "0.05")
+    _assert_format(line, ["delivery_p50_ms", "delivery_p99_ms", "cancel_plain_p50_ms", "cancel_hooked_p50_ms", "retry_ms"])
