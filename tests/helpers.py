@@ -210,7 +210,7 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
     receiver: WebhookReceiver
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             receiver.received.append(Received(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()},
                                               body))
