@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+
+import httpx
 
 from app.core import constraints
 from app.core.errors import NotFound, Rejected
@@ -493,16 +494,19 @@ def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, 
     def refuse(message: str) -> Rejected:
         return Rejected(f"webhook_url: {message}", reason="invalid_webhook_url", param="webhook_url")
 
-    parts = urlsplit(url)
-    try:
-        parts.port  # noqa: B018 - a port that is not a number raises
-    except ValueError as error:
-        raise refuse(f"{url!r} has an invalid port ({error})") from error
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise refuse(f"must not contain white space or control characters, got {url!r}")
+    try:  # parsed as httpx, which sends it, parses it: the host checked is the host reached
+        parts = httpx.URL(url)
+        scheme, host, port, userinfo = parts.scheme, parts.host.lower(), parts.port, parts.userinfo
+    except (httpx.InvalidURL, ValueError) as error:  # (an IDNA error is a ValueError)
+        raise refuse(f"{url!r} is not a valid URL ({error})") from error
+    if scheme not in ("http", "https") or not host:
         raise refuse(f"must be an absolute http:// or https:// URL, got {url!r}")
-    if parts.username is not None or parts.password is not None:
+    if port is not None and not 1 <= port <= 65535:
+        raise refuse(f"{url!r} has an invalid port ({port}; 1-65535)")
+    if userinfo:
         raise refuse("must not carry credentials (user:password@); the webhook is signed instead")
-    host = parts.hostname.lower()
     if host not in allow_hosts:
         raise refuse(f"host {host!r} is not in the fleet's webhook allow-list {sorted(allow_hosts)} "
                      "(the fleet file's [webhooks] allow_hosts)")

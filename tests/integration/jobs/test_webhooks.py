@@ -20,7 +20,14 @@ from app.core.states import JobState
 from app.fleet.config import Fleet, WebhookConfig
 from app.jobs.webhooks import sign, verify
 from app.journal.webhooks import DELIVERED, EVENT, FAILED, PENDING
-from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, bring_online, make_fleet, wait_for, webhook_receiver
+from tests.helpers import (
+    TEST_API_KEY,
+    TEST_WEBHOOK_SECRET,
+    bring_online,
+    make_fleet,
+    wait_for,
+    webhook_receiver,
+)
 
 OTHER_KEY = "other-api-key-0123456789"  # a key without a webhook secret
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
@@ -157,7 +164,8 @@ def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook
         for url, says in [("ftp://127.0.0.1/x", "must be an absolute http:// or https:// URL, got 'ftp://127.0.0.1/x'"),
                           ("/relative", "must be an absolute http:// or https:// URL"),
                           ("http://u:p@127.0.0.1/", "must not carry credentials"),
-                          ("http://127.0.0.1:99999/", "'http://127.0.0.1:99999/' has an invalid port (Port out of range 0-65535)")]:
+                          ("http://127.0.0.1:99999/", "'http://127.0.0.1:99999/' has an invalid port (99999; 1-65535)"),
+                          ("http://127.0.0.1/\n", "must not contain white space or control characters")]:
             answer = client.post("/v1/jobs", json={**body, "webhook_url": url})
             assert answer.status_code == 422 and answer.json()["error"]["message"].startswith(f"webhook_url: {says}"), \
                 answer.text

@@ -65,12 +65,17 @@ def test_an_allowed_host_with_a_keyed_secret_passes(url: str) -> None:
 
 
 @pytest.mark.parametrize(("url", "key", "message"), [
-    ("https://evil.example/h", "k1", "webhook_url: host 'evil.example' is not in the fleet's webhook allow-list "
-                                     "['127.0.0.1', '::1', 'hooks.example'] (the fleet file's [webhooks] allow_hosts)"),
+    ("https://evil.example/h", "k1", ("webhook_url: host 'evil.example' is not in the fleet's webhook allow-list "
+                                      "['127.0.0.1', '::1', 'hooks.example'] (the fleet file's [webhooks] allow_hosts)")),
     ("https://hooks.example.evil/h", "k1", "webhook_url: host 'hooks.example.evil' is not in"),
     ("file:///etc/passwd", "k1", "webhook_url: must be an absolute http:// or https:// URL, got 'file:///etc/passwd'"),
     ("hooks.example/h", "k1", "webhook_url: must be an absolute http:// or https:// URL"),
     ("https://a:b@hooks.example/", "k1", "webhook_url: must not carry credentials"),
+    ("http://127.0.0.1\\@hooks.example/", "k1", "webhook_url: must not carry credentials"),  # httpx's parse, as sent
+    ("http://xn--/", "k1", "webhook_url: 'http://xn--/' is not a valid URL ("),
+    ("http://[/", "k1", "webhook_url: host '%5b' is not in the fleet's webhook allow-list"),
+    ("http://hooks.example:0/", "k1", "webhook_url: 'http://hooks.example:0/' has an invalid port (0; 1-65535)"),
+    ("http://hooks.example/ x", "k1", "webhook_url: must not contain white space or control characters"),
     ("https://hooks.example/", None, "webhook_url: this server's API is open (no API keys)"),
     ("https://hooks.example/", "k2", "webhook_url: the API key k2 that submitted it has no webhook secret"),
 ])
