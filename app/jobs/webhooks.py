@@ -201,7 +201,7 @@ class WebhookLoop:
                 wait_s = self.poll_s
                 try:
                     self._take(pool)
-                    next_s = self.outbox.next_due_s()
+                    next_s = self.outbox.next_due_s(time.time())
                     with self._guard:
                         full = len(self._inflight) >= self.concurrency
                     if next_s is not None and not full:

@@ -53,13 +53,18 @@ class WebhookOutbox:
         with Session(self.engine) as session:
             return list(session.exec(query).all())
 
-    def next_due_s(self) -> float | None:
-        """When the earliest pending delivery may be attempted (its due time, or its lease's
-        end when later); None when none is pending."""
+    def next_due_s(self, now_s: float) -> float | None:
+        """When the earliest pending delivery may be attempted: its due time, or for one leased
+        at ``now_s`` its lease's end; None when none is pending. Two aggregates, however many
+        are pending (a receiver down for hours leaves many)."""
+        pending = WebhookDelivery.state == PENDING
+        free = or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s)  # type: ignore[union-attr,operator]
         with Session(self.engine) as session:
-            rows = session.exec(select(WebhookDelivery.due_s, WebhookDelivery.lease_s)
-                                .where(WebhookDelivery.state == PENDING)).all()
-        return min((max(due, lease or 0.0) for due, lease in rows), default=None)
+            due = session.exec(select(func.min(WebhookDelivery.due_s)).where(pending, free)).one()
+            leased = session.exec(select(func.min(WebhookDelivery.lease_s))
+                                  .where(pending, WebhookDelivery.lease_s >= now_s)).one()  # type: ignore[operator]
+        found = [float(value) for value in (due, leased) if value is not None]
+        return min(found) if found else None
 
     def lease(self, delivery_id: int, now_s: float, until_s: float) -> bool:
         """Take the delivery for one attempt until ``until_s``: True when it was pending, due

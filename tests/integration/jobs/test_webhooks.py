@@ -17,6 +17,7 @@ from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings, api_key_id
 from app.core.states import JobState
+from app.db.tables import Job
 from app.fleet.config import Fleet, WebhookConfig
 from app.jobs.webhooks import sign, verify
 from app.journal.webhooks import DELIVERED, EVENT, FAILED, PENDING
@@ -239,3 +240,27 @@ def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx:
         with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH):
             [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
     assert (json.loads(got.body)["state"], json.loads(got.body)["reason"]) == ("cancelled", "purged")
+
+
+def test_a_lease_lets_one_server_attempt_a_delivery_and_expires(sql_ctx: ServerContext) -> None:
+    """On SQLite and PostgreSQL: two delivery loops on one journal never attempt the same
+    delivery at once; a loop killed mid-attempt leaves a lease that expires."""
+    job = sql_ctx.journal.add(Job(state=JobState.queued, model_id="m", kind="txt2img", params={}, target="m1",
+                                  machine="m1", webhook_url="http://127.0.0.1:1/hook"))
+    assert sql_ctx.outbox.next_due_s(time.time()) is None  # not ended: nothing to deliver
+    sql_ctx.journal.cancel(job.id)
+    [delivery] = sql_ctx.outbox.of_job(job.id)
+    now = time.time()
+    assert delivery.due_s <= now and sql_ctx.outbox.next_due_s(now) == delivery.due_s
+    assert [d.id for d in sql_ctx.outbox.due(now, 10)] == [delivery.id]
+    assert sql_ctx.outbox.due(now, 10, skip=[delivery.id or 0]) == []
+    assert sql_ctx.outbox.lease(delivery.id or 0, now, now + 15)
+    assert not sql_ctx.outbox.lease(delivery.id or 0, now + 1, now + 16)  # a second server is refused
+    assert sql_ctx.outbox.due(now + 1, 10) == [] and sql_ctx.outbox.next_due_s(now + 1) == now + 15
+    assert [d.id for d in sql_ctx.outbox.due(now + 16, 10)] == [delivery.id]  # the lease expired: resumed
+    assert sql_ctx.outbox.lease(delivery.id or 0, now + 16, now + 31)
+    sql_ctx.outbox.record(delivery, 1, DELIVERED, "delivered: HTTP 200 (attempt 1)", delivery.due_s)
+    assert not sql_ctx.outbox.lease(delivery.id or 0, now + 40, now + 55)  # delivered: never again
+    assert sql_ctx.outbox.next_due_s(now + 40) is None
+    assert [(e.event, e.detail) for e in sql_ctx.journal.events(job.id)][-1] == (EVENT, "delivered: HTTP 200 (attempt 1)")
+    assert sql_ctx.journal.get(job.id).state == JobState.cancelled
