@@ -82,7 +82,7 @@ class ServerContext:
     def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
         """The webhook delivery loop over this server's journal (issue 22, app/jobs/webhooks.py);
         ``render``: a job's record as the body's bytes."""
-        sender = WebhookSender(self.settings, self.journal, self.outbox, render)
+        sender = WebhookSender(self.settings, self.journal, self.outbox, render, metrics=self.metrics)
         return WebhookLoop(sender, self.outbox, self.settings, self.webhook_wakeup)
 
     def status(self) -> list[dict[str, Any]]:

@@ -6,6 +6,9 @@ Instruments (units in seconds and bytes, Prometheus naming):
 - ``homefleet_inference_duration_seconds{machine}``: the worker's run time (``run_s``).
 - ``homefleet_cold_loads_total{machine}``: jobs that loaded their pipeline cold.
 - ``homefleet_rejections_total{reason}``: refused submissions by reason (R22, R23, R10…).
+- ``homefleet_webhook_attempts_total{outcome}``: webhook attempts (issue 22), ``delivered``,
+  ``retry`` (failed, another is due) or ``failed`` (failed, given up).
+- ``homefleet_webhook_delivery_seconds``: a job's end to its webhook delivered.
 - Read at scrape time: ``homefleet_queue_size{machine}`` (reserved jobs not yet running),
   ``homefleet_running_jobs{machine}``, ``homefleet_machine_online{machine}``,
   ``homefleet_verified_bytes{machine}`` (bytes of the models each machine verified, R4).
@@ -66,6 +69,10 @@ class Metrics:
                                   registry=self.registry)
         self.rejections = Counter("homefleet_rejections", "Refused submissions by reason", ["reason"],
                                   registry=self.registry)
+        self.webhook_attempts = Counter("homefleet_webhook_attempts", "Webhook attempts by outcome", ["outcome"],
+                                        registry=self.registry)
+        self.webhook_delivery_s = Histogram("homefleet_webhook_delivery_seconds", "A job's end to its webhook delivered",
+                                            buckets=DURATION_BUCKETS_S, registry=self.registry)
 
     def watch_fleet(self, machines: MachineStates, registry: Registry) -> None:
         self.registry.register(FleetCollector(machines, registry))
@@ -82,6 +89,13 @@ class Metrics:
             self.inference_s.labels(machine=machine).observe(job.run_s)
         if job.cold_load:
             self.cold_loads.labels(machine=machine).inc()
+
+    def webhook(self, outcome: str, delivered_after_s: float | None = None) -> None:
+        """Count one webhook attempt (``delivered``, ``retry`` or ``failed``); a delivered one
+        also observes the seconds since its job ended."""
+        self.webhook_attempts.labels(outcome=outcome).inc()
+        if delivered_after_s is not None:
+            self.webhook_delivery_s.observe(max(0.0, delivered_after_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

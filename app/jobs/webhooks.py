@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import httpx
 
@@ -36,6 +37,7 @@ from app.core.config import Settings
 from app.db.tables import Job, WebhookDelivery
 from app.journal.jobs import Journal
 from app.journal.webhooks import DELIVERED, FAILED, PENDING, WebhookOutbox
+from app.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ EVENT_HEADER = "X-Homefleet-Event"
 EVENT = "job.ended"
 TOLERANCE_S = 300  # how old a timestamp verify() accepts, by default (seconds)
 LEASE_ROOM_S = 5.0  # an attempt's lease outlasts its timeout by this much (seconds)
+
+
+def _unix_s(moment: datetime | None) -> float:
+    """Unix seconds of a journal time (naive UTC from SQLite, aware from PostgreSQL); now when unset."""
+    if moment is None:
+        return time.time()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def signed_material(timestamp: int, body: bytes) -> bytes:
@@ -87,11 +96,13 @@ def schedule(attempts: int, base_s: float, max_s: float) -> list[float]:
 class WebhookSender:
     """Makes one attempt of a delivery and records it (``settings``: the secrets, the bound, the
     backoff, the timeout). ``render``: a job's record as the body's bytes (the server's JSON of
-    ``GET /v1/jobs/{id}``, app/api/server.py)."""
+    ``GET /v1/jobs/{id}``, app/api/server.py). ``metrics``: each attempt is counted there."""
 
     def __init__(self, settings: Settings, journal: Journal, outbox: WebhookOutbox,
-                 render: Callable[[Job], bytes], client: httpx.Client | None = None) -> None:
+                 render: Callable[[Job], bytes], client: httpx.Client | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.journal = journal
         self.outbox = outbox
         self.render = render
@@ -112,6 +123,7 @@ class WebhookSender:
             detail = (f"attempt {number}: not sent: API key {job.api_key_id} has no webhook secret "
                       "(webhook_secrets); gave up")
             self.outbox.record(delivery, number, FAILED, detail, delivery.due_s)
+            self._count(FAILED)
             log.warning("job %s: webhook %s", job.id, detail)
             return FAILED
         body = self.render(job)
@@ -126,16 +138,23 @@ class WebhookSender:
             delivered, outcome = False, f"{type(error).__name__}: {error}"[:300]
         if delivered:
             self.outbox.record(delivery, number, DELIVERED, f"delivered: {outcome} (attempt {number})", delivery.due_s)
+            self._count(DELIVERED, time.time() - _unix_s(job.finished_at))
             return DELIVERED
         if number >= self.settings.webhook_attempts:
             detail = f"attempt {number}: {outcome}; gave up after {number} attempts (webhook_attempts)"
             self.outbox.record(delivery, number, FAILED, detail, delivery.due_s)
+            self._count(FAILED)
             log.warning("job %s: webhook to %s %s", job.id, delivery.url, detail)
             return FAILED
         pause = backoff_s(number, self.settings.webhook_backoff_s, self.settings.webhook_backoff_max_s)
         self.outbox.record(delivery, number, PENDING, f"attempt {number}: {outcome}; next in {pause:g} s",
                            time.time() + pause)
+        self._count("retry")
         return PENDING
+
+    def _count(self, outcome: str, delivered_after_s: float | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.webhook(outcome, delivered_after_s)
 
 
 class WebhookLoop:

@@ -100,6 +100,10 @@ def test_a_receiver_that_fails_twice_gets_three_attempts_each_journaled(hook_ctx
         client.post(f"/v1/jobs/{job_id}/cancel")
         wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="delivered")
         time.sleep(0.3)  # nothing more comes
+        metrics = client.get("/metrics").text
+    assert 'homefleet_webhook_attempts_total{outcome="retry"} 2.0' in metrics
+    assert 'homefleet_webhook_attempts_total{outcome="delivered"} 1.0' in metrics
+    assert "homefleet_webhook_delivery_seconds_count 1.0" in metrics
     assert len(receiver.received) == 3
     assert webhook_events(hook_ctx, job_id) == ["attempt 1: HTTP 500; next in 0.05 s",
                                                 "attempt 2: HTTP 502; next in 0.1 s",
