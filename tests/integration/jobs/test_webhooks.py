@@ -214,7 +214,7 @@ def test_only_an_end_writes_a_delivery_in_its_transition(hook_ctx: ServerContext
 
 
 def test_a_pending_delivery_is_resumed_by_the_next_server(tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> None:
-    settings = hook_settings(tmp_path, redis_url, webhook_backoff_s=0.5)
+    settings = hook_settings(tmp_path, redis_url, webhook_backoff_s=1.5)
     first = build_context(settings, hook_fleet(), migrate=True)
     first.registry.add(tiny_models_dir / "tiny-sd")
     bring_online(first, "m1", {"tiny-sd"})
@@ -223,7 +223,7 @@ def test_a_pending_delivery_is_resumed_by_the_next_server(tmp_path: Path, redis_
             job_id = str(submit(client, receiver.url)["id"])
             client.post(f"/v1/jobs/{job_id}/cancel")
             wait_for(lambda: webhook_events(first, job_id), timeout_s=10, what="the first attempt")
-        # the first server stopped (its loop with it) during the 0.5 s pause: the delivery waits in the journal
+        # the first server stopped (its loop with it) during the 1.5 s pause: the delivery waits in the journal
         [pending] = first.outbox.of_job(job_id)
         assert (pending.state, pending.attempts) == (PENDING, 1)
         receiver.then = 200
@@ -231,7 +231,7 @@ def test_a_pending_delivery_is_resumed_by_the_next_server(tmp_path: Path, redis_
         with TestClient(create_app(settings, second), headers=AUTH):
             wait_for(lambda: second.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="resumed")
     assert len(receiver.received) == 2
-    assert webhook_events(second, job_id) == ["attempt 1: HTTP 500; next in 0.5 s", "delivered: HTTP 200 (attempt 2)"]
+    assert webhook_events(second, job_id) == ["attempt 1: HTTP 500; next in 1.5 s", "delivered: HTTP 200 (attempt 2)"]
 
 
 def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx: ServerContext) -> None:
