@@ -135,6 +135,45 @@ class Journal:
             )
             return int(session.exec(query).one())
 
+    def count_active_of_key(self, api_key_id: str) -> int:
+        """Jobs submitted with API key ``api_key_id`` that are queued or running (one COUNT,
+        two seeks of the index ``ix_job_api_key_id_state``)."""
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(Job).where(
+                Job.api_key_id == api_key_id,
+                Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+            )
+            return int(session.exec(query).one())
+
+    def active_by_key(self) -> dict[str, dict[JobState, int]]:
+        """``{api key id: {state: jobs}}`` of the queued and running jobs that a key submitted
+        (one GROUP BY; jobs without a key id are left out)."""
+        query = select(Job.api_key_id, Job.state, func.count()).where(
+            Job.api_key_id.is_not(None),  # type: ignore[union-attr]
+            Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+        ).group_by(Job.api_key_id, Job.state)
+        found: dict[str, dict[JobState, int]] = {}
+        with Session(self.engine) as session:
+            for key, state, count in session.exec(query):
+                found.setdefault(str(key), {})[JobState(state)] = int(count)
+        return found
+
+    def ended_since(self, since: datetime, api_key_id: str | None = None) -> list[tuple[str, datetime, datetime | None,
+                                                                                         float | None, float | None]]:
+        """``(api key id, finished_at, started_at, load_s, run_s)`` of every job with a key id that
+        ended after ``since``, oldest end first; only ``api_key_id``'s when given (a range of the
+        index ``ix_job_api_key_id_finished_at``). Times as stored (UTC; naive from SQLite)."""
+        query = select(Job.api_key_id, Job.finished_at, Job.started_at, Job.load_s, Job.run_s).where(
+            Job.finished_at > since,  # type: ignore[operator]
+        ).order_by(Job.finished_at)  # type: ignore[arg-type]
+        if api_key_id is not None:
+            query = query.where(Job.api_key_id == api_key_id)
+        else:
+            query = query.where(Job.api_key_id.is_not(None))  # type: ignore[union-attr]
+        with Session(self.engine) as session:
+            return [(str(key), finished, started, load_s, run_s)
+                    for key, finished, started, load_s, run_s in session.exec(query)]
+
     def log(self, job_id: str, event: str, detail: str = "") -> None:
         """Append an event without changing state (e.g. a refused second delivery)."""
         with Session(self.engine) as session:
