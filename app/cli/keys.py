@@ -13,7 +13,7 @@ from app.cli.common import console, server_settings
 keys_cli = typer.Typer()  # its command is added to the top level (app/cli/main.py)
 
 
-def _limit(value: float | int | None) -> str:
+def _limit(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
@@ -30,7 +30,7 @@ def keys(
 
     ctx = build_checked_context(server_settings())  # checks the revision; migrates nothing
     try:
-        rows = ctx.dispatcher.quotas.keys()
+        rows = ctx.dispatcher.quotas.by_key()
     finally:
         ctx.close()
     if as_json:

@@ -135,25 +135,26 @@ class KeyQuotas:
         if quota is None or api_key_id is None:
             return
         now_s = time.time() if now_s is None else now_s
-        if quota.max_queued_jobs is not None:
-            active = self.journal.count_active_of_key(api_key_id)
-            if active >= quota.max_queued_jobs:
-                raise QuotaExceeded(
-                    f"api key {api_key_id!r} is over its quota max_queued_jobs={quota.max_queued_jobs} "
-                    f"({active} queued or running); retry once one of its jobs has ended",
-                    reason=QUOTA_QUEUED, retry_after_s=self.settings.retry_after_s)
-        if quota.max_gpu_seconds_per_hour is not None:
-            usage = self.usage(api_key_id, now_s)
-            used = used_s(usage, now_s, self.window_s)
-            if used >= quota.max_gpu_seconds_per_hour:
-                retry_s = gpu_retry_after_s(usage, quota.max_gpu_seconds_per_hour, now_s, self.window_s)
-                raise QuotaExceeded(
-                    f"api key {api_key_id!r} is over its quota max_gpu_seconds_per_hour="
-                    f"{quota.max_gpu_seconds_per_hour:g} ({used:.1f} GPU-seconds used by its jobs that ended in "
-                    f"the last {self.window_s:g} s); retry in {retry_s} s",
-                    reason=QUOTA_GPU_SECONDS, retry_after_s=retry_s)
+        gpu_limit = quota.max_gpu_seconds_per_hour
+        since = None if gpu_limit is None else datetime.fromtimestamp(now_s - self.window_s, UTC)
+        active, timed_s, untimed = self.journal.key_load(api_key_id, since)  # sums in SQL: no row read
+        if quota.max_queued_jobs is not None and active >= quota.max_queued_jobs:
+            raise QuotaExceeded(
+                f"api key {api_key_id!r} is over its quota max_queued_jobs={quota.max_queued_jobs} "
+                f"({active} queued or running); retry once one of its jobs has ended",
+                reason=QUOTA_QUEUED, retry_after_s=self.settings.retry_after_s)
+        if gpu_limit is None:
+            return
+        used = timed_s + sum(gpu_seconds(finished, started, None, None) for finished, started in untimed)
+        if used >= gpu_limit:
+            usage = self.usage(api_key_id, now_s)  # each job's end, for when enough has left the window
+            retry_s = gpu_retry_after_s(usage, gpu_limit, now_s, self.window_s)
+            raise QuotaExceeded(
+                f"api key {api_key_id!r} is over its quota max_gpu_seconds_per_hour={gpu_limit:g} "
+                f"({used:.1f} GPU-seconds used by its jobs that ended in the last {self.window_s:g} s); "
+                f"retry in {retry_s} s", reason=QUOTA_GPU_SECONDS, retry_after_s=retry_s)
 
-    def keys(self, now_s: float | None = None) -> list[KeyUse]:
+    def by_key(self, now_s: float | None = None) -> list[KeyUse]:
         """Every key's use (``homefleet keys``): the configured keys, one row per quota name and
         one per key under no quota, in configuration order, then the key ids the journal holds
         jobs of (queued, running or ended in the last hour) that no configured key has."""

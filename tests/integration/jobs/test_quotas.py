@@ -1,6 +1,6 @@
 """Per-key quotas (issue 22) on a real Redis and journal, through ``Dispatcher.submit``: both
 limits, their Retry-After and journaled refusals, concurrent submissions under the fleet lock
-(R14), and ``homefleet keys``' figures. No worker runs: jobs stay queued unless a test claims
+(R14), and ``homefleet keys``' figures, on SQLite and on PostgreSQL. No worker runs: jobs stay queued unless a test claims
 and ends them through the journal, as a worker's reports would."""
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ QUOTAS = {"ci": KeyQuota(key_prefix="ci-key-", max_queued_jobs=3),
 
 
 @pytest.fixture
-def quota_ctx(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[ServerContext, str]]:
-    settings = Settings(**{**settings.model_dump(), "api_keys": [*CI_KEYS, GPU_KEY, FREE_KEY],
+def quota_ctx(sql_settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[ServerContext, str]]:
+    """A fleet whose keys have quotas, its journal on SQLite then PostgreSQL (the check is SQL)."""
+    settings = Settings(**{**sql_settings.model_dump(), "api_keys": [*CI_KEYS, GPU_KEY, FREE_KEY],
                            "api_key_quotas": {name: quota.model_dump() for name, quota in QUOTAS.items()},
                            "retry_after_s": 4})
     context = build_context(settings, make_fleet("m1", "m2"), migrate=True)
@@ -148,7 +149,7 @@ def test_keys_figures_per_key_queued_running_gpu_seconds_and_limits(quota_ctx: t
     done = submit(ctx, model, GPU_KEY)
     ended(ctx, done, ago_s=10, load_s=1.25, run_s=2.5)
     free_id = ctx.settings.api_key_id(FREE_KEY)
-    rows = {row.key_id: row.as_dict() for row in ctx.dispatcher.quotas.keys()}
+    rows = {row.key_id: row.as_dict() for row in ctx.dispatcher.quotas.by_key()}
     assert list(rows) == ["ci", "gpu", free_id]  # quota names in configuration order, then the unnamed keys
     assert rows["ci"] == {"key_id": "ci", "keys": 2, "queued": 1, "running": 1, "gpu_s_last_hour": 0.0,
                           "max_queued_jobs": 3, "max_gpu_seconds_per_hour": None}
