@@ -38,7 +38,7 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         {"key_id": other_id, "keys": 1, "queued": 0, "running": 0, "gpu_s_last_hour": 0.0, "max_queued_jobs": None,
          "max_gpu_seconds_per_hour": None},
     ]
-    table = run_cli("keys", env=env).stdout
+    table = run_cli("keys", env={**env, "COLUMNS": "200"}).stdout  # one line per row, whatever the caller's terminal
     assert "max_queued_jobs" in table and "gpu_s last hour" in table
     [ci_line] = [line for line in table.splitlines() if " ci " in line]
     assert [cell.strip() for cell in ci_line.split("│")[1:8]] == ["ci", "1", "1", "1", "41.5", "3", "600"], ci_line
