@@ -187,3 +187,42 @@ def test_openai_sdk_does_not_retry_a_gpu_quota_whose_retry_after_is_beyond_its_l
     assert time.monotonic() - start < 2.0
     assert raised.value.code == "quota_gpu_seconds" and int(raised.value.response.headers["retry-after"]) >= 3590
     assert len(rejected(ctx, "quota_gpu_seconds")) == 1  # one attempt
+
+
+@pytest.fixture
+def text_api(settings: Settings, tiny_text_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    """The app with a tiny text model on the server machine; key 'ci' may have one job at once."""
+    settings = Settings(**{**settings.model_dump(), "api_keys": [CI_KEY], "retry_after_s": 1,
+                           "api_key_quotas": {"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1}}})
+    ctx = build_context(settings, make_fleet(families=frozenset({"llama"})), migrate=True)
+    ctx.registry.add(tiny_text_dir / "tiny-llama", "tiny-llama")
+    bring_online(ctx, "server", {"tiny-llama"})
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {CI_KEY}"}) as client:
+        yield client, ctx
+
+
+def test_the_text_routes_answer_a_key_over_its_quota_with_429_in_their_shapes(
+    text_api: tuple[TestClient, ServerContext]
+) -> None:
+    """OpenAI's completions and chat completions (also streaming: refused before any stream
+    starts) raise RateLimitError in the SDK; TGI's routes answer its shape, ``overloaded``."""
+    import openai
+
+    client, ctx = text_api
+    held = client.post("/v1/jobs", json={"model": "tiny-llama", "kind": "text",
+                                         "params": {"prompt": "hold", "max_new_tokens": 4}})
+    assert held.status_code == 202, held.text
+    sdk = openai.OpenAI(api_key=CI_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as chat:
+            sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=4, stream=stream)
+        assert chat.value.code == "quota_queued" and chat.value.response.headers["retry-after"] == "1"
+        with pytest.raises(openai.RateLimitError) as completion:
+            sdk.completions.create(model="tiny-llama", prompt="hi", max_tokens=4, stream=stream)
+        assert completion.value.code == "quota_queued"
+    for route in ("/generate", "/generate_stream", "/"):
+        tgi = client.post(route, json={"inputs": "hi", "model": "tiny-llama", "parameters": {"max_new_tokens": 4}})
+        assert tgi.status_code == 429 and tgi.headers["Retry-After"] == "1", (route, tgi.text)
+        assert tgi.json() == {"error": QUEUED_MESSAGE, "error_type": "overloaded", "reason": "quota_queued"}
+    assert len(rejected(ctx, "quota_queued")) == 7 and len(ctx.journal.list([JobState.queued])) == 1
