@@ -47,3 +47,9 @@ def test_issue21_placement_bench_prints_its_last_line() -> None:
 def test_issue19_shapes_bench_prints_its_last_line() -> None:
     line = _last_line("bench.shapes", "--images", "2")
     _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])
+
+
+def test_issue22_quota_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.quotas", "30")
+    _assert_format(line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms",
+                          "check_p50_ms"])
