@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.openai_errors import is_tgi_route
-from app.core.config import Settings, api_key_id
+from app.core.config import Settings
 from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
 
 if TYPE_CHECKING:
@@ -100,17 +100,18 @@ def check_api_key(settings: Settings, authorization: str) -> None:
 ApiKey = Depends(require_api_key)
 
 
-def submitting_key_id(request: Request) -> str | None:
-    """The id of the API key the request carries (``app.core.config.api_key_id``: what the
-    journal keeps of it, never the key); None when the API is open. Read after
-    :func:`require_api_key` has accepted the key."""
-    if not request.app.state.settings.api_keys:
-        return None
-    token = bearer_token(request.headers.get("authorization", ""))
-    return api_key_id(token) if token is not None else None
+def api_key_id_of(settings: Settings, authorization: str) -> str | None:
+    """The id a submission carrying ``authorization`` is journaled under and its quota is found
+    by (issue 22): ``Settings.api_key_id`` of its bearer key, never the key itself; None when no
+    key is configured (the routes are open) or none was sent. The key was checked already
+    (:class:`Authenticate`)."""
+    token = bearer_token(authorization)
+    return settings.api_key_id(token) if token is not None and settings.api_keys else None
 
 
-KeyId = Annotated[str | None, Depends(submitting_key_id)]
+def request_key_id(request: Request) -> str | None:
+    """:func:`api_key_id_of` the request's ``Authorization`` header."""
+    return api_key_id_of(request.app.state.settings, request.headers.get("authorization", ""))
 
 
 def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:

@@ -21,6 +21,7 @@ from app.cli.common import console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
+from app.cli.keys import keys_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.core.config import WorkerSettings, unknown_variables
@@ -34,7 +35,7 @@ cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
-for group in (fleet_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet demo…
+for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
     cli.registered_commands += group.registered_commands
 
 
@@ -96,22 +97,6 @@ def worker(
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
     logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
     start_worker(settings, loglevel)
-
-
-@cli.command("key-ids")
-def key_ids() -> None:
-    """Print the id of each configured API key (HOMEFLEET_API_KEYS), with the key's first 4
-    characters: the journal keeps a job's key by this id, and HOMEFLEET_WEBHOOK_SECRETS is keyed
-    by it (issue 22; docs/operations.md, "Webhooks")."""
-    from app.core.config import Settings, api_key_id
-
-    settings = Settings()
-    if not settings.api_keys:
-        console.print("no API key configured (HOMEFLEET_API_KEYS)")
-        return
-    for key in settings.api_keys:
-        secret = "webhook secret set" if api_key_id(key) in settings.webhook_secrets else "no webhook secret"
-        console.print(f"{api_key_id(key)}  {escape(key[:4])}…  ({secret})", highlight=False)
 
 
 results_cli = typer.Typer(help="A worker's results the server could not store (issue 24).")

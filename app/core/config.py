@@ -7,7 +7,7 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
-import hashlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,14 @@ from urllib.parse import quote
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.limits import FamilyLimits, default_limits
+from app.core.limits import (
+    KEY_NAME_PATTERN,
+    FamilyLimits,
+    KeyQuota,
+    check_key_quotas,
+    default_limits,
+    key_id,
+)
 
 
 class BrokerSettings(BaseSettings):
@@ -86,6 +93,11 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
+    # Per-key quotas (issue 22), by name: the keys of api_keys that start with a quota's
+    # key_prefix share its limits and are journaled under its name (app/core/limits.py
+    # KeyQuota), e.g. '{"ci": {"key_prefix": "ci-", "max_queued_jobs": 3,
+    # "max_gpu_seconds_per_hour": 600}}'. A key under no quota is unlimited.
+    api_key_quotas: dict[str, KeyQuota] = Field(default_factory=dict)
     # How long the OpenAI/HF image routes wait for their jobs (seconds), at most. Well below the
     # OpenAI SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s); a client that announces a
     # shorter one (`x-stainless-read-timeout`, `Prefer: wait=N`) is answered before it gives up
@@ -105,10 +117,10 @@ class Settings(BrokerSettings):
     # large file (tasks/sync.py, Renewal and REPORT_EVERY_S).
     sync_reservation_ttl_s: float = Field(30.0, gt=0)
     # Webhooks (issue 22; docs/api.md "Webhooks", docs/operations.md): the secret that signs the
-    # webhooks of the jobs each API key submits, by key id (``api_key_id(key)``, printed by
-    # `homefleet key-ids`), e.g. HOMEFLEET_WEBHOOK_SECRETS='{"<key id>": "<secret>"}'. A key
-    # without a secret cannot name a webhook_url (422). The fleet file's [webhooks] allow_hosts
-    # says where a webhook may go.
+    # webhooks of the jobs each API key submits, by key id (:meth:`api_key_id`: its quota's name,
+    # which the keys of a quota share, else key:<12 hex>; `homefleet keys` lists them), e.g.
+    # HOMEFLEET_WEBHOOK_SECRETS='{"key:3f2a9c01b4de": "<secret>"}'. A key without a secret cannot
+    # name a webhook_url (422). The fleet file's [webhooks] allow_hosts says where a webhook may go.
     webhook_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     webhook_attempts: int = Field(5, ge=1, le=50)  # POSTs per delivery at most, the first included
     webhook_backoff_s: float = Field(1.0, ge=0)  # pause after the first failed attempt; doubled after each
@@ -128,18 +140,37 @@ class Settings(BrokerSettings):
 
     @model_validator(mode="after")
     def _secrets_name_keys(self) -> Settings:
-        ids = {api_key_id(key) for key in self.api_keys}
+        ids = {self.api_key_id(key) for key in self.api_keys}
         for key_id in self.webhook_secrets:
             if key_id not in ids:
                 raise ValueError(f"webhook_secrets names key id {key_id!r}, which is the id of none of api_keys "
                                  f"(their ids: {', '.join(sorted(ids)) or 'none: no API key configured'}); "
-                                 "`homefleet key-ids` prints each key's id")
+                                 "`homefleet keys` lists them")
         return self
 
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("api_key_quotas")
+    @classmethod
+    def _quota_names(cls, value: dict[str, KeyQuota]) -> dict[str, KeyQuota]:
+        for name in value:
+            if not re.fullmatch(KEY_NAME_PATTERN, name):
+                raise ValueError(f"api_key_quotas: the name {name!r} must be 1-32 letters, digits, '_', '.' or '-', "
+                                 "starting with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _quotas_apply(self) -> Settings:
+        check_key_quotas(self.api_key_quotas, self.api_keys)
+        return self
+
+    def api_key_id(self, key: str) -> str:
+        """The id the jobs of API key ``key`` are journaled under: its quota's name, else a short
+        digest (``key:<12 hex>``); see :func:`app.core.limits.key_id`."""
+        return key_id(self.api_key_quotas, key)
 
     @property
     def journal_url(self) -> str:
@@ -162,13 +193,6 @@ class Settings(BrokerSettings):
     def inputs_dir(self) -> Path:
         """Content-addressed uploaded inputs (images for edit and upscale)."""
         return self.data_dir / "inputs"
-
-
-def api_key_id(key: str) -> str:
-    """The id of an API key: the first 16 hex digits of its SHA-256 (64 bits), e.g.
-    ``"9f86d081884c7d65"``. What the journal keeps of the key that submitted a job (never the key
-    itself), and what ``webhook_secrets`` is keyed by."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class WorkerSettings(BrokerSettings):

@@ -7,7 +7,8 @@ the project's words in docs/design.md):
 2. check the request (R22, ``app/jobs/validation.py``) and draw its seed;
 3. under the fleet lock: replay an ``Idempotency-Key`` (R20); read the fleet snapshot (machines
    with their reservations, the demand, the cost data's change marks) in one command; refuse
-   past ``max_pending_total`` (R23); place (``routing.placement``);
+   past ``max_pending_total`` (R23) or past the submitting API key's quota (issue 22,
+   ``app/jobs/quotas.py``); place (``routing.placement``);
 4. journal the job as ``queued`` with its prediction (R19: before anything is published);
 5. in one atomic step, check that the lock still holds our token, renew it (C04) and reserve
    the machine (with the demand record);
@@ -32,14 +33,15 @@ from celery import Celery
 from app.core.config import Settings
 from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
-    ServiceDown, from_core
+from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, QuotaExceeded, \
+    Rejected, ServiceDown, from_core
 from app.core.specs import OUTPUT_SIZE_FIELDS
 from app.core.states import JobState
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
+from app.jobs.quotas import KeyQuotas
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator, check_webhook
 from app.db.tables import Job
@@ -129,6 +131,7 @@ class Dispatcher:
         self.lock = lock
         self.metrics = metrics
         self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
+        self.quotas = KeyQuotas(settings, journal)  # per-key quotas (issue 22), checked under the lock
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
         self.scarcity = Scarcity()
@@ -212,12 +215,14 @@ class Dispatcher:
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
                idempotency_key: str | None = None, requeued_from: str | None = None,
-               webhook_url: str | None = None, api_key_id: str | None = None) -> Submission:
+               api_key_id: str | None = None, webhook_url: str | None = None) -> Submission:
         """Place and enqueue one job; return it as journaled (state ``queued``) with its position.
         ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
-        with its refusal). ``webhook_url``: where its record is POSTed when it ends (issue 22;
-        checked first, :meth:`check_webhook`); ``api_key_id``: the id of the API key that
-        submits it (``app.core.config.api_key_id``), kept with the job (and its refusal).
+        with its refusal). ``api_key_id``: the submitting API key's id
+        (``Settings.api_key_id``), journaled with the job (and its refusal) and checked against
+        that key's quota under the fleet lock (issue 22); None: no key (open API, the server's
+        own jobs). ``webhook_url``: where its record is POSTed when it ends (issue 22; checked
+        first, :meth:`check_webhook`, and signed with that key's secret).
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
         job (``replayed=True``) and enqueues nothing; the same key with another body raises
@@ -226,6 +231,8 @@ class Dispatcher:
 
         Raises:
             Rejected / MachineUnavailable / NotFound / Overloaded: refused; journaled as ``rejected``.
+                ``QuotaExceeded`` (an Overloaded): the key is at a limit of its quota
+                (``quota_queued``, ``quota_gpu_seconds``), with its own ``retry_after_s``.
             PlacementLost: the fleet lock was not free, or expired mid-decision; nothing was published.
             ServiceDown: the Redis runs with another journal (``journal_mismatch``, seen by the
                 server's reconciliation loop); nothing journaled.
@@ -249,6 +256,7 @@ class Dispatcher:
                 now_s = time.time()
                 seen = self.snapshot(model_id)
                 self.check_pending(seen.views)
+                self.quotas.check(api_key_id, now_s)  # under the lock: two submissions cannot both pass
                 decision = self._place(request, seen, now_s)
                 # 4. Journal before anything is published (R19).
                 job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator,
@@ -268,7 +276,8 @@ class Dispatcher:
         is given (None: a new one drawn), the same target unless ``target`` is given. It goes
         through every check a submission passes (R22, placement; a remembered OOM of its size
         is still refused, R21/C08); the params the server sets (``output_width``…) are set again.
-        The old job's webhook is not carried over; ``api_key_id``: the key that requeues it.
+        ``api_key_id``: the key that asks (its quota applies; the new job is its job). The old
+        job's webhook is not carried over.
 
         Raises:
             NotFound: no job ``job_id`` (reason ``job_not_found``).
@@ -349,12 +358,13 @@ class Dispatcher:
 
     def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
                  requeued_from: str | None = None, hook: Hook | None = None) -> None:
-        """A refused submission: temporary refusals get ``Retry-After``; every refusal but a lost
-        lock and a reused key is counted and journaled ``rejected`` with its reason (R19), with
-        its webhook when that passed its check (the ``rejected`` end is delivered, issue 22)."""
+        """A refused submission: temporary refusals get ``Retry-After`` (a quota's refusal keeps
+        its own); every refusal but a lost lock and a reused key is counted and journaled
+        ``rejected`` with its reason and the submitting key's id (R19), with its webhook when
+        that passed its check (the ``rejected`` end is delivered, issue 22)."""
         hook = hook or Hook(None, None)
-        if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
-            error.retry_after_s = self.settings.retry_after_s
+        if isinstance(error, Overloaded | MachineUnavailable) and not isinstance(error, QuotaExceeded):
+            error.retry_after_s = self.settings.retry_after_s  # temporary: 429/503 say when to retry
         if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
             if self.metrics is not None:
                 self.metrics.refused(error.reason)

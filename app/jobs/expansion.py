@@ -64,11 +64,12 @@ def expanded(dispatcher: Dispatcher, image_model: str, prompt: str, expansion: s
 
 
 def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], target: str,
-                    idempotency_key: str | None, wait_s: float, webhook_url: str | None = None,
-                    api_key_id: str | None = None) -> Submission:
+                    idempotency_key: str | None, wait_s: float, api_key_id: str | None = None,
+                    webhook_url: str | None = None) -> Submission:
     """Submit a txt2img job whose ``params.expand_prompt`` names a text model: the expansion's
-    text job first, waited for, then the image job (module docstring). ``webhook_url`` (issue
-    22) is the image job's (checked before any job); the text job has none.
+    text job first, waited for, then the image job (module docstring). Both are jobs of the
+    API key ``api_key_id`` (its quota applies to each, issue 22). ``webhook_url`` (issue 22) is
+    the image job's (checked before any job); the text job has none.
 
     Raises:
         Rejected: ``expanded_by`` sent by the client (the server sets it), ``expand_prompt`` not
@@ -114,6 +115,6 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
         expansion = handle.read().decode("utf-8", errors="replace")
     image_params = {**params, "prompt": expanded(dispatcher, model_id, prompt, expansion), "expanded_by": job.id}
     submission = dispatcher.submit(model_id, "txt2img", image_params, target, idempotency_key,
-                                   webhook_url=webhook_url, api_key_id=api_key_id)
+                                   api_key_id=api_key_id, webhook_url=webhook_url)
     dispatcher.journal.log(job.id, "expanded_for", submission.job.id)
     return submission

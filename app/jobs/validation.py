@@ -514,7 +514,7 @@ def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, 
         raise refuse("this server's API is open (no API keys), and a webhook is signed with the secret of "
                      "the API key that submits the job; configure api_keys and webhook_secrets")
     if api_key_id not in secrets:
-        raise refuse(f"the API key {api_key_id} that submitted it has no webhook secret, and every webhook is "
+        raise refuse(f"the API key (id {api_key_id}) that submitted it has no webhook secret, and every webhook is "
                      "signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
 
 

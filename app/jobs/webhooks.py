@@ -120,7 +120,7 @@ class WebhookSender:
         job = self.journal.get(delivery.job_id)
         secret = self.settings.webhook_secrets.get(job.api_key_id or "")
         if secret is None:  # the secret was removed since the submission: nothing unsigned is ever sent
-            detail = (f"attempt {number}: not sent: API key {job.api_key_id} has no webhook secret "
+            detail = (f"attempt {number}: not sent: API key (id {job.api_key_id}) has no webhook secret "
                       "(webhook_secrets); gave up")
             self.outbox.record(delivery, number, FAILED, detail, delivery.due_s)
             self._count(FAILED)

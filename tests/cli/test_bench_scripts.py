@@ -52,3 +52,9 @@ def test_issue19_shapes_bench_prints_its_last_line() -> None:
 def test_issue22_webhooks_bench_prints_its_last_line() -> None:
     line = _last_line("bench.webhooks", "--jobs", "3", "--backoff", "0.05")
     _assert_format(line, ["delivery_p50_ms", "delivery_p99_ms", "cancel_plain_p50_ms", "cancel_hooked_p50_ms", "retry_ms"])
+
+
+def test_issue22_quota_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.quotas", "30")
+    _assert_format(line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms",
+                          "check_p50_ms"])

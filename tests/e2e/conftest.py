@@ -19,8 +19,9 @@ import redis
 
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings, api_key_id
+from app.core.config import Settings
 from app.core.families import FAMILIES
+from app.core.limits import key_id
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS
@@ -60,7 +61,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
-        webhook_secrets={api_key_id(TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
+        webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
     )
     # The journal created and the models registered through the CLI, as an operator does.
     operator = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),

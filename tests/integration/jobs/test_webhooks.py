@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 
 from app.api.server import create_app
 from app.context import ServerContext, build_context
-from app.core.config import Settings, api_key_id
+from app.core.config import Settings
+from app.core.limits import key_id
 from app.core.states import JobState
 from app.db.tables import Job
 from app.fleet.config import Fleet, WebhookConfig
@@ -37,7 +38,7 @@ AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 def hook_settings(tmp_path: Path, redis_url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {"webhook_backoff_s": 0.05, "webhook_attempts": 5, **overrides}
     return Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_lock_ttl_s=5, fleet_lock_wait_s=5,
-                    api_keys=[TEST_API_KEY, OTHER_KEY], webhook_secrets={api_key_id(TEST_API_KEY): TEST_WEBHOOK_SECRET},
+                    api_keys=[TEST_API_KEY, OTHER_KEY], webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET},
                     **values)  # type: ignore[arg-type]
 
 
@@ -90,7 +91,7 @@ def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerC
     assert (delivery.state, delivery.attempts, delivery.job_state) == (DELIVERED, 1, "cancelled")
     assert webhook_events(hook_ctx, job_id) == ["delivered: HTTP 200 (attempt 1)"]
     job = hook_ctx.journal.get(job_id)
-    assert job.api_key_id == api_key_id(TEST_API_KEY) and TEST_API_KEY not in json.dumps(record)
+    assert job.api_key_id == key_id({}, TEST_API_KEY) and TEST_API_KEY not in json.dumps(record)
 
 
 def test_a_receiver_that_fails_twice_gets_three_attempts_each_journaled(hook_ctx: ServerContext) -> None:
@@ -178,7 +179,7 @@ def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook
                             headers={"Authorization": f"Bearer {OTHER_KEY}"})
         assert other.status_code == 422
         assert other.json()["error"]["message"] == (
-            f"webhook_url: the API key {api_key_id(OTHER_KEY)} that submitted it has no webhook secret, and every "
+            f"webhook_url: the API key (id {key_id({}, OTHER_KEY)}) that submitted it has no webhook secret, and every "
             "webhook is signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
         too_long = client.post("/v1/jobs", json={**body, "webhook_url": "http://127.0.0.1/" + "x" * 2048})
         assert too_long.status_code == 422 and "webhook_url" in too_long.json()["error"]["message"]
@@ -200,7 +201,7 @@ def test_only_an_end_writes_a_delivery_in_its_transition(hook_ctx: ServerContext
     claim (queued -> running) writes none, the end writes one, a job without a webhook none."""
     with webhook_receiver() as receiver:
         hooked = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
-                                            api_key_id=api_key_id(TEST_API_KEY)).job
+                                            api_key_id=key_id({}, TEST_API_KEY)).job
     plain = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "b"}, "m1").job
     for job in (hooked, plain):
         hook_ctx.journal.claim(job.id, "m1", "boot", "claim")
@@ -238,7 +239,7 @@ def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx:
     """A CLI command (``homefleet purge``) ends jobs with no delivery loop in its process."""
     with webhook_receiver() as receiver:
         job = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
-                                         api_key_id=api_key_id(TEST_API_KEY)).job
+                                         api_key_id=key_id({}, TEST_API_KEY)).job
         [purged] = hook_ctx.dispatcher.purge("m1")
         assert purged.id == job.id and hook_ctx.outbox.of_job(job.id)[0].state == PENDING
         with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH):

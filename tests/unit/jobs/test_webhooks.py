@@ -11,7 +11,7 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
-from app.core.config import Settings, api_key_id
+from app.core.config import Settings
 from app.core.errors import Rejected
 from app.fleet.config import Fleet, WebhookConfig, load_fleet
 from app.jobs.validation import check_webhook
@@ -49,11 +49,6 @@ def test_backoff_doubles_from_its_base_up_to_its_cap() -> None:
         [1.0, 2.0, 4.0, 8.0]
 
 
-def test_a_key_id_is_the_first_16_hex_digits_of_its_sha256() -> None:
-    # printf 'test-api-key-0123456789' | sha256sum
-    assert api_key_id("test-api-key-0123456789") == "47bd0e2f856fe258"
-
-
 ALLOWED = ["hooks.example", "127.0.0.1", "::1"]
 SECRETS = {"k1": "s" * 16}
 
@@ -77,7 +72,7 @@ def test_an_allowed_host_with_a_keyed_secret_passes(url: str) -> None:
     ("http://hooks.example:0/", "k1", "webhook_url: 'http://hooks.example:0/' has an invalid port (0; 1-65535)"),
     ("http://hooks.example/ x", "k1", "webhook_url: must not contain white space or control characters"),
     ("https://hooks.example/", None, "webhook_url: this server's API is open (no API keys)"),
-    ("https://hooks.example/", "k2", "webhook_url: the API key k2 that submitted it has no webhook secret"),
+    ("https://hooks.example/", "k2", "webhook_url: the API key (id k2) that submitted it has no webhook secret"),
 ])
 def test_a_webhook_url_is_refused_naming_the_field_and_the_limit(url: str, key: str | None, message: str) -> None:
     with pytest.raises(Rejected) as refused:
@@ -100,10 +95,13 @@ def test_the_fleet_file_allow_list_is_read_normalised_and_written_back() -> None
 
 def test_webhook_secrets_name_configured_keys_and_are_long_enough() -> None:
     key = "a-key-of-this-server-000"
-    Settings(api_keys=[key], webhook_secrets={api_key_id(key): "s" * 16})
-    with pytest.raises(ValidationError, match=r"webhook_secrets names key id 'deadbeefdeadbeef', which is the id of "
-                                              rf"none of api_keys \(their ids: {api_key_id(key)}\)"):
-        Settings(api_keys=[key], webhook_secrets={"deadbeefdeadbeef": "s" * 16})
+    own = Settings(api_keys=[key]).api_key_id(key)  # key:<12 hex> (app/core/limits.py key_id)
+    Settings(api_keys=[key], webhook_secrets={own: "s" * 16})
+    quota = {"team": {"key_prefix": "a-key-"}}  # a quota's keys share its name, so its secret
+    assert Settings(api_keys=[key], api_key_quotas=quota, webhook_secrets={"team": "s" * 16}).api_key_id(key) == "team"
+    with pytest.raises(ValidationError, match=r"webhook_secrets names key id 'key:000000000000', which is the id of "
+                                              rf"none of api_keys \(their ids: {own}\); `homefleet keys` lists them"):
+        Settings(api_keys=[key], webhook_secrets={"key:000000000000": "s" * 16})
     with pytest.raises(ValidationError, match="is 5 characters; a webhook secret needs at least 16"):
-        Settings(api_keys=[key], webhook_secrets={api_key_id(key): "short"})
-    assert "s" * 16 not in repr(Settings(api_keys=[key], webhook_secrets={api_key_id(key): "s" * 16}))
+        Settings(api_keys=[key], webhook_secrets={own: "short"})
+    assert "s" * 16 not in repr(Settings(api_keys=[key], webhook_secrets={own: "s" * 16}))

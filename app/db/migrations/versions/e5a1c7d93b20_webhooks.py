@@ -1,13 +1,12 @@
-"""webhooks: a job's webhook_url and api_key_id, and the webhook deliveries (issue 22)
+"""webhooks: a job's webhook_url, and the webhook deliveries (issue 22)
 
 Revision ID: e5a1c7d93b20
-Revises: d4e8b2c6a913
+Revises: e5a7c3d9b214
 Create Date: 2026-12-03 08:00:00
 
-``job.webhook_url``: where the job's record is POSTed when it ends; ``job.api_key_id``: the id of
-the API key that submitted it (``app.core.config.api_key_id``, never the key), whose secret signs
-the webhook; both NULL for the jobs before. ``webhookdelivery``: the deliveries, written with the
-terminal transition and resumed by the server after a restart.
+``job.webhook_url``: where the job's record is POSTed when it ends, signed with the secret of its
+``api_key_id`` (added by ``e5a7c3d9b214``); NULL for the jobs before. ``webhookdelivery``: the
+deliveries, written with the terminal transition and resumed by the server after a restart.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sqlmodel
 from alembic import op
 
 revision = 'e5a1c7d93b20'
-down_revision = 'd4e8b2c6a913'
+down_revision = 'e5a7c3d9b214'
 branch_labels = None
 depends_on = None
 
@@ -25,7 +24,6 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table('job', schema=None) as batch_op:
         batch_op.add_column(sa.Column('webhook_url', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
-        batch_op.add_column(sa.Column('api_key_id', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
     op.create_table(
         'webhookdelivery',
         sa.Column('id', sa.Integer(), nullable=False),
@@ -52,5 +50,4 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_webhookdelivery_job_id'))
     op.drop_table('webhookdelivery')
     with op.batch_alter_table('job', schema=None) as batch_op:
-        batch_op.drop_column('api_key_id')
         batch_op.drop_column('webhook_url')
