@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from app.context import ServerContext
 
 TEST_API_KEY = "test-api-key-0123456789"
-TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[api_key_id(TEST_API_KEY)] (issue 22)
+TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[Settings.api_key_id(TEST_API_KEY)] (issue 22)
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 
 T = TypeVar("T")

@@ -132,18 +132,18 @@ class Settings(BrokerSettings):
     @field_validator("webhook_secrets")
     @classmethod
     def _webhook_secrets(cls, value: dict[str, str]) -> dict[str, str]:
-        for key_id, secret in value.items():
+        for named, secret in value.items():
             if len(secret) < 16:
-                raise ValueError(f"webhook_secrets[{key_id!r}] is {len(secret)} characters; a webhook secret needs "
+                raise ValueError(f"webhook_secrets[{named!r}] is {len(secret)} characters; a webhook secret needs "
                                  "at least 16 (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
         return value
 
     @model_validator(mode="after")
     def _secrets_name_keys(self) -> Settings:
         ids = {self.api_key_id(key) for key in self.api_keys}
-        for key_id in self.webhook_secrets:
-            if key_id not in ids:
-                raise ValueError(f"webhook_secrets names key id {key_id!r}, which is the id of none of api_keys "
+        for named in self.webhook_secrets:
+            if named not in ids:
+                raise ValueError(f"webhook_secrets names key id {named!r}, which is the id of none of api_keys "
                                  f"(their ids: {', '.join(sorted(ids)) or 'none: no API key configured'}); "
                                  "`homefleet keys` lists them")
         return self
