@@ -73,6 +73,7 @@ def bind_device(machine: str, environ: MutableMapping[str, str] | None = None) -
     if "torch" in sys.modules:
         log.warning("%s: torch was imported before the device was bound; CUDA may see every card", machine)
     environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    log.info("%s: bound to device %d (CUDA_VISIBLE_DEVICES=%d)", machine, index, index)
     return index
 
 
