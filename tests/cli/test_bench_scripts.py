@@ -47,3 +47,9 @@ def test_issue21_placement_bench_prints_its_last_line() -> None:
 def test_issue19_shapes_bench_prints_its_last_line() -> None:
     line = _last_line("bench.shapes", "--images", "2")
     _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])
+
+
+@pytest.mark.e2e
+def test_issue22_device_start_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.device_start", "--rounds", "1")
+    _assert_format(line, ["one_s", "two_s", "ratio"])

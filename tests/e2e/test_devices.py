@@ -19,7 +19,7 @@ import psutil
 import pytest
 import redis
 
-from app.client import HomefleetClient
+from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.config import Settings
@@ -147,6 +147,11 @@ def test_auto_places_on_either_device_of_the_host(devices: DeviceFleet) -> None:
         done = devices.client.wait(job["id"], timeout_s=180)
         assert done["state"] == "succeeded", done
     assert [devices.ctx.journal.get(job["id"]).machine for job in placed] == ["box:1", "box:0"]
+    for unknown in ("box", "box:2"):  # the host alone is no machine, nor a device it does not declare
+        with pytest.raises(ApiError) as refused:
+            devices.client.submit(MODEL, "txt2img", PARAMS, target=unknown)
+        assert (refused.value.status_code, refused.value.reason) == (422, "unknown_machine")
+        assert repr(unknown) in refused.value.message
 
 
 def test_status_groups_the_devices_under_their_host_and_urls_take_the_colon(devices: DeviceFleet) -> None:
