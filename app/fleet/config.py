@@ -197,6 +197,12 @@ class Fleet(BaseModel):
     def _checks(self) -> Fleet:
         if SERVER not in self.machines:
             raise ValueError(f"the fleet config must list the server itself as machine {SERVER!r}")
+        for host, members in self.hosts().items():
+            if len(members) > 1 and any(m.device is None for m in members):
+                raise ValueError(f"machine {host!r} is listed twice in the fleet config (once with devices)")
+            settings = {m.model_dump_json(exclude={"name", "device"}) for m in members}
+            if len(settings) > 1:  # one entry in the file (to_toml): its devices share its settings
+                raise ValueError(f"the devices of host {host!r} differ in settings; a host's devices take its entry's")
         hosts_of: dict[str, set[str]] = {}
         for m in self.machines.values():
             if m.token:

@@ -101,6 +101,17 @@ def test_device_names_come_only_from_a_hosts_devices(entry: dict[str, Any], mess
         fleet_of(entry)
 
 
+def test_a_host_is_one_entry_whose_devices_share_its_settings() -> None:
+    with pytest.raises(ValidationError, match=r"machine 'box' is listed twice in the fleet config \(once with devices\)"):
+        fleet_of(box(), {key: value for key, value in box().items() if key != "devices"})
+    with pytest.raises(ValidationError, match=r"machine 'box:1' is listed twice"):
+        fleet_of(box(), box(devices=["cuda:1"]))
+    fleet = fleet_of(box())
+    machines = {**fleet.machines, "box:1": fleet.machines["box:1"].model_copy(update={"speed": 9.0})}
+    with pytest.raises(ValidationError, match="the devices of host 'box' differ in settings"):
+        Fleet(machines=machines)
+
+
 def test_devices_share_their_hosts_token_but_two_hosts_may_not() -> None:
     fleet = fleet_of(box())
     assert [m.name for m in fleet.machines_for_token(BOX_TOKEN)] == ["box:0", "box:1"]
