@@ -103,11 +103,15 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         assert pool.environ()["CUDA_VISIBLE_DEVICES"] == str(index)
         # the worker bound itself (tasks/devices.py bind_device), and consumes its own queue only
         assert f"{machine}: bound to device {index} (CUDA_VISIBLE_DEVICES={index})" in devices.log(machine)
-        assert f"{keys.queue(machine)}" in devices.log(machine)
         # its Celery node name, with the ':' (Flower shows the worker by it)
+        assert "torch was imported before the device was bound" not in devices.log(machine)
         node = wait_for(lambda m=machine: devices.ctx.redis.get(devices.ctx.keys.node(m)), timeout_s=60,
                         what=f"{machine}'s worker to be ready")
-        assert (node.decode() if isinstance(node, bytes) else str(node)).startswith(f"{machine}@")
+        node = node.decode() if isinstance(node, bytes) else str(node)
+        assert node.startswith(f"{machine}@")
+        # Celery's control channel (Flower's worker pages, `celery control revoke`) reaches it by that name
+        replies = devices.ctx.celery.control.inspect(destination=[node], timeout=10).active_queues()
+        assert [queue["name"] for queue in replies[node]] == [keys.queue(machine)]
     worker_pids = {devices.local.processes[f"worker-{m}"].pid for m in DEVICES}
     assert len(worker_pids) == 2
 
