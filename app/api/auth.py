@@ -100,6 +100,20 @@ def check_api_key(settings: Settings, authorization: str) -> None:
 ApiKey = Depends(require_api_key)
 
 
+def api_key_id_of(settings: Settings, authorization: str) -> str | None:
+    """The id a submission carrying ``authorization`` is journaled under and its quota is found
+    by (issue 22): ``Settings.api_key_id`` of its bearer key, never the key itself; None when no
+    key is configured (the routes are open) or none was sent. The key was checked already
+    (:class:`Authenticate`)."""
+    token = bearer_token(authorization)
+    return settings.api_key_id(token) if token is not None and settings.api_keys else None
+
+
+def request_key_id(request: Request) -> str | None:
+    """:func:`api_key_id_of` the request's ``Authorization`` header."""
+    return api_key_id_of(request.app.state.settings, request.headers.get("authorization", ""))
+
+
 def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:
     """The machine whose token ``authorization`` carries (``Bearer <token>``); a worker also
     names its machine (``X-Homefleet-Machine``, ``claimed``), which must be the token's. The
