@@ -75,7 +75,9 @@ def serve() -> None:
 
 @cli.command()
 def worker(
-    machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
+    machine: Annotated[str | None, typer.Option(
+        help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
+             "which binds CUDA_VISIBLE_DEVICES=1")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
     token_file: Annotated[Path | None, typer.Option(
         help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
@@ -85,7 +87,8 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
-    token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line."""
+    token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line.
+    One worker per device: on a host with devices, one per --machine box:N (with the host's token)."""
     from tasks.worker import start_worker
 
     if token is not None:

@@ -58,3 +58,9 @@ def test_issue22_quota_bench_prints_its_last_line() -> None:
     line = _last_line("bench.quotas", "30")
     _assert_format(line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms",
                           "check_p50_ms"])
+
+
+@pytest.mark.e2e
+def test_issue22_device_start_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.device_start", "--rounds", "1")
+    _assert_format(line, ["one_s", "two_s", "ratio"])

@@ -15,8 +15,8 @@ from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
-from app.jobs.expansion import submit_expanded
 from app.jobs.dispatch import UNSET
+from app.jobs.expansion import submit_expanded
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -167,13 +167,15 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     ``queued`` (LLEN of its exact queue list, under the broker key prefix), ``running`` (its
     running jobs in the journal), ``backlog`` (its reservations: queued + running, R14), its
     ``warm_models`` and ``committed_models`` (residency, R15) and ``drain_s``, the expected
-    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py)."""
+    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py). ``host`` and
+    ``device``: the devices of one host (``box:0``, ``box:1``) have its name and their index
+    (issue 22); a single-device machine is its own host, with device null."""
     status = {row["name"]: row for row in ctx.status()}
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
         rows.append({
-            "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
+            "name": name, "host": config.host_name, "device": config.device, "backend": config.backend, "memory_kind": config.memory_kind,
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
             "syncing": view.syncing, "verified_models": sorted(view.verified_models),
             "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),
