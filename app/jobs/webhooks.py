@@ -131,9 +131,9 @@ class WebhookSender:
         headers = {"Content-Type": "application/json", TIMESTAMP_HEADER: str(timestamp),
                    SIGNATURE_HEADER: sign(secret, timestamp, body), DELIVERY_HEADER: str(delivery.id),
                    EVENT_HEADER: EVENT}
-        try:
-            response = self.client.post(delivery.url, content=body, headers=headers)
-            delivered, outcome = response.is_success, f"HTTP {response.status_code}"
+        try:  # streamed, and the answer's body never read: a receiver cannot make the server hold a large one
+            with self.client.stream("POST", delivery.url, content=body, headers=headers) as response:
+                delivered, outcome = response.is_success, f"HTTP {response.status_code}"
         except httpx.HTTPError as error:
             delivered, outcome = False, f"{type(error).__name__}: {error}"[:300]
         if delivered:

@@ -269,3 +269,14 @@ def test_a_lease_lets_one_server_attempt_a_delivery_and_expires(sql_ctx: ServerC
     assert sql_ctx.outbox.next_due_s(now + 40) is None
     assert [(e.event, e.detail) for e in sql_ctx.journal.events(job.id)][-1] == (EVENT, "delivered: HTTP 200 (attempt 1)")
     assert sql_ctx.journal.get(job.id).state == JobState.cancelled
+
+
+def test_a_secret_removed_before_the_attempt_sends_nothing_unsigned(hook_ctx: ServerContext) -> None:
+    with webhook_receiver() as receiver, TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        job_id = str(submit(client, receiver.url)["id"])
+        hook_ctx.settings.webhook_secrets = {}  # as a restart with the secret taken out of the settings
+        client.post(f"/v1/jobs/{job_id}/cancel")
+        wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
+    assert receiver.received == []
+    assert webhook_events(hook_ctx, job_id) == [
+        f"attempt 1: not sent: API key (id {key_id({}, TEST_API_KEY)}) has no webhook secret (webhook_secrets); gave up"]
