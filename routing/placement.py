@@ -70,6 +70,7 @@ class JobRequest:
     target: str = DEFAULT_TARGET  # a machine name, or "auto" (R11: opt-in)
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
+    adapters: tuple[str, ...] = ()  # LoRA adapter ids (issue 22): each must be verified there too (R4)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,12 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             "model_not_verified",
             f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
         )
+    for adapter in job.adapters:  # issue 22: an adapter is a registry entry, synced and verified like a model
+        if adapter not in machine.verified_models:
+            return (
+                "model_not_verified",
+                f"adapter {adapter!r} is not verified on machine {name!r}; run `homefleet sync {name} {adapter}` first",
+            )
     costs = costs or Estimator()
     need = costs.job_bytes(model, job.kind, job.size) if need_bytes is None else need_bytes
     usable = costs.usable_bytes(name)
@@ -189,7 +196,7 @@ def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drai
         machine.name, job.model_id, job.kind, job.steps, job.size,
         warm_models=machine.warm_models, queue=machine.queue,
         extra_queued=max(0, machine.backlog - len(machine.queue)),
-        protected=machine.commitments, costs=costs, drains=drains,
+        protected=machine.commitments, costs=costs, drains=drains, adapters=job.adapters,
     )
 
 
@@ -264,7 +271,8 @@ def survey(
                 candidates[name] = Breakdown(  # as dataclasses.replace, at a fraction of its cost
                     work_ahead_s=part.work_ahead_s, cold_load_s=part.cold_load_s, run_s=part.run_s,
                     eviction_s=eviction_s(reload_s, here, bound_s), queued=part.queued, evicts=part.evicts,
-                    scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s))
+                    scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
+                    adapter_load_s=part.adapter_load_s)
     return excluded, candidates
 
 
