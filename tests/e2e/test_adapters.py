@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 from tests.e2e.conftest import ADAPTER, OTHER_ADAPTER, RunningFleet
+from tests.helpers import wait_for
 
 MACHINE = "m1"
 BASE = {"prompt": "a red circle", "steps": 3, "seed": 7, "width": 32, "height": 32}
@@ -69,11 +70,19 @@ def test_an_adapter_changes_the_image_on_the_warm_pipeline_and_is_unloaded_after
     assert with_job["params"]["adapters"] == [{"id": ADAPTER, "scale": 1.0}]
 
 
-def test_a_scale_defaults_to_one_and_placement_prices_the_adapter_load(fleet: RunningFleet) -> None:
+def test_r13_placement_prices_the_adapter_load_it_measured(fleet: RunningFleet) -> None:
+    """Before any measurement the guess is the adapter's bytes at the machine's load rate (48 KB:
+    0 s at 3 decimals); a finished job teaches the measured load (R13), which the next decision
+    adds to the finish on a warm base. A scale defaults to 1."""
+    job, _ = run(fleet, {**BASE, "adapters": [{"id": ADAPTER}]})
+    assert job["params"]["adapters"] == [{"id": ADAPTER, "scale": 1.0}]
+    learned = wait_for(lambda: fleet.ctx.dispatcher.costs.estimator().learned.get(MACHINE, ADAPTER, "adapter"),
+                       timeout_s=30, what="the adapter's load time learned", poll_s=0.5)
+    assert learned.load_samples >= 1 and learned.load_s > 0.001, learned
     decision = post(fleet, {**BASE, "adapters": [{"id": ADAPTER}]}, dry_run=True)
     assert decision.status_code == 200, decision.text
     part = decision.json()["machines"][MACHINE]
-    assert part["eligible"] and part["adapter_load_s"] > 0, part
+    assert part["eligible"] and part["cold_load_s"] == 0 and part["adapter_load_s"] > 0.001, part
     plain = post(fleet, BASE, dry_run=True).json()["machines"][MACHINE]
     assert plain["adapter_load_s"] == 0
     assert part["finish_s"] > plain["finish_s"]
