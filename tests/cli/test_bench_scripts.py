@@ -47,3 +47,8 @@ def test_issue21_placement_bench_prints_its_last_line() -> None:
 def test_issue19_shapes_bench_prints_its_last_line() -> None:
     line = _last_line("bench.shapes", "--images", "2")
     _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])
+
+
+def test_issue22_adapters_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.adapters", "--repeat", "1", "--steps", "1", "--side", "32")
+    _assert_format(line, ["cold_load_s", "adapter_load_s", "unload_s", "run_s", "adapter_run_s"])

@@ -128,3 +128,31 @@ def test_an_adapter_is_no_model_of_its_own(fleet: RunningFleet) -> None:
     listed = {m["id"]: m for m in fleet.client.http.get("/v1/models").json()}
     assert listed[ADAPTER]["kinds"] == ["adapter"] and listed[ADAPTER]["family"] == "sd1"
     assert listed[ADAPTER]["params"] == {}
+
+
+def test_r5_an_adapter_whose_copy_changed_fails_the_job_integrity_and_is_withdrawn(fleet: RunningFleet) -> None:
+    """The worker hashes an adapter before every load: a copy rewritten in place (same size)
+    fails the job ``integrity``, loads nothing and withdraws the adapter from m1 until it is
+    synced again; the base model stays warm. Restored by a sync at the end (R6)."""
+    ctx = fleet.ctx
+    verified = ctx.keys.verified(MACHINE)
+    run(fleet, BASE)  # the base model warm on m1
+    weights = fleet.local.models_dir(MACHINE) / ADAPTER / "pytorch_lora_weights.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+    try:
+        accepted = fleet.client.submit(fleet.model, "txt2img", {**BASE, "adapters": [{"id": ADAPTER}]}, target=MACHINE)
+        job = fleet.client.wait(accepted["id"], timeout_s=120)
+        assert (job["state"], job["reason"]) == ("failed", "integrity"), job
+        assert f"model {ADAPTER} on {MACHINE} does not match the manifest" in job["message"]
+        assert ADAPTER not in ctx.redis.smembers(verified) and fleet.model in ctx.redis.smembers(verified)
+        refused = post(fleet, {**BASE, "adapters": [{"id": ADAPTER}]})
+        assert refused.status_code == 422 and refused.json()["error"]["reason"] == "model_not_verified"
+        again, _ = run(fleet, BASE)
+        assert again["cold_load"] is False  # the failed adapter load left the base model warm
+    finally:
+        weights.unlink()  # a sync never overwrites a worker's file: the operator moves it away first
+        synced = fleet.client.http.post(f"/v1/machines/{MACHINE}/sync", json={"models": [ADAPTER]})
+        assert synced.status_code == 202, synced.text
+        wait_for(lambda: ADAPTER in ctx.redis.smembers(verified), timeout_s=120, what="m1 to verify the synced adapter")
+    assert weights.read_bytes() == original
