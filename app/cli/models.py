@@ -104,6 +104,24 @@ def models_train_recolour(
     console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-recolour.json'}")
 
 
+@models_cli.command("train-colour-lora")
+def models_train_colour_lora(
+    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (the base model); "
+                                                   "shapes-blue-lora/ is saved there")],
+    seed: int = 29,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
+    steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
+    dataset: Annotated[int, typer.Option(min=32, help="pictures in the data set")] = 2000,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 8,
+) -> None:
+    """Train the demo LoRA adapter (shapes-blue-lora: every shape blue) of shapes-filled on this CPU, seeded (issue 22)."""
+    from app.devtools.train_colour_lora import train_colour_lora
+
+    figures = train_colour_lora(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, rank=rank,
+                                log=console.print)
+    console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-colour-lora.json'}")
+
+
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(
