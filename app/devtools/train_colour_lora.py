@@ -23,7 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.devtools.shapes import BACKGROUNDS, COLOURS, PIXELS, SHAPES, caption, draw, inspect
+from app.devtools.shapes import (
+    BACKGROUNDS,
+    COLOURS,
+    PIXELS,
+    SHAPES,
+    caption,
+    draw,
+    inspect,
+)
 
 __all__ = ["COLOUR_LORA", "LORA_COLOUR", "train_colour_lora"]
 
@@ -60,7 +68,14 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
     from peft import LoraConfig, get_peft_model_state_dict
 
     from app.devtools.tiny_models import LORA_TARGETS, _quiet
-    from app.devtools.train_shapes import _MAX_TOKENS, _SCHEDULE, _TRAIN_TIMESTEPS, SAMPLING, _pixels, _steps
+    from app.devtools.train_shapes import (
+        _MAX_TOKENS,
+        _SCHEDULE,
+        _TRAIN_TIMESTEPS,
+        SAMPLING,
+        _pixels,
+        _steps,
+    )
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -124,15 +139,16 @@ CHECK_PROMPTS: tuple[str, ...] = tuple(caption(colour, shape, "black") for colou
 
 
 def _check(adapter: Path, base: Path, sampling: dict[str, Any]) -> dict[str, float]:
-    """Read the colours of :data:`CHECK_PROMPTS` (seed 0) through the base model loaded as a
-    worker loads it, with the adapter at scale 1 and at scale 0: the fractions painted
-    :data:`LORA_COLOUR`, and in the prompt's own colour."""
+    """Read the colours of :data:`CHECK_PROMPTS` (seed 0) through the base model loaded afresh
+    at fp32 (as a worker loads it), with the adapter at scale 1 and at scale 0: the fractions
+    painted :data:`LORA_COLOUR`, and in the prompt's own colour."""
     import torch
+    from diffusers import StableDiffusionPipeline
 
     from app.devtools.shapes import parse
-    from tasks.pipelines import load_pipeline
 
-    pipeline = load_pipeline(base)
+    pipeline = StableDiffusionPipeline.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
+    pipeline.set_progress_bar_config(disable=True)
     pipeline.load_lora_weights(str(adapter), adapter_name="colour", local_files_only=True)
     found: dict[float, list[tuple[str | None, str | None]]] = {}
     for scale in (1.0, 0.0):

@@ -9,7 +9,13 @@ import pytest
 
 from app.core.errors import Rejected
 from app.core.families import kinds_of
-from app.core.kinds import ADAPTERS_PARAM, KINDS, adapter_ids, family_kind_spec, job_request
+from app.core.kinds import (
+    ADAPTERS_PARAM,
+    KINDS,
+    adapter_ids,
+    family_kind_spec,
+    job_request,
+)
 from app.core.limits import FamilyLimits
 from app.jobs.validation import MAX_ADAPTER_SCALE, check_adapters, check_known_params
 
