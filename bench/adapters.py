@@ -3,10 +3,11 @@ base pipeline's cold load, loading an adapter onto the warm pipeline (``load_lor
 ``set_adapters``, as ``tasks/adapters.py`` does) and unloading it, and one txt2img run without
 and with the adapter (interleaved).
 
-    python -m bench.adapters [--steps 4] [--side 64] [--rank 4] [--repeat 5]
+    python -m bench.adapters [--steps 4] [--side 64] [--rank 4] [--repeat 5] [--shapes]
 
 Builds tiny-sd (``homefleet models make-tiny``) and its tiny LoRA (``homefleet models
-make-tiny-lora``) in a temporary folder and prints one line per figure (seconds, the median of
+make-tiny-lora``) in a temporary folder (``--shapes``: the committed demo model shapes-filled
+and its trained adapter shapes-blue-lora instead, at 32x32 and 8 steps) and prints one line per figure (seconds, the median of
 ``--repeat`` runs after a warm-up run), then all in one line of ``name=seconds``.
 """
 
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=64)
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--shapes", action="store_true", help="shapes-filled and shapes-blue-lora (issue 19, 22)")
     args = parser.parse_args()
 
     import torch
@@ -51,8 +53,15 @@ def main() -> None:
 
     quiet()
     with tempfile.TemporaryDirectory() as scratch:
-        base = make_tiny_families(Path(scratch), families=("sd1",))["sd1"]
-        lora = make_tiny_lora(base, Path(scratch) / "tiny-sd-lora", rank=args.rank)
+        if args.shapes:
+            from app.devtools.train_colour_lora import COLOUR_LORA
+            from app.devtools.train_shapes import DEMO_MODELS_DIR, SAMPLING
+
+            base, lora = DEMO_MODELS_DIR / "shapes-filled", DEMO_MODELS_DIR / COLOUR_LORA
+            args.side, args.steps, args.rank = SAMPLING["width"], SAMPLING["steps"], 8
+        else:
+            base = make_tiny_families(Path(scratch), families=("sd1",))["sd1"]
+            lora = make_tiny_lora(base, Path(scratch) / "tiny-sd-lora", rank=args.rank)
         lora_bytes = (lora / LORA_WEIGHTS).stat().st_size
         cold_s = _median_s(lambda: load_pipeline(base), args.repeat)
         pipeline = load_pipeline(base)
@@ -81,7 +90,7 @@ def main() -> None:
             adapted.append(time.perf_counter() - started)
             pipeline.unload_lora_weights()
         plain_s, adapted_s = statistics.median(plain), statistics.median(adapted)
-    print(f"tiny-sd cold load (from_pretrained): {cold_s:.3f} s")
+    print(f"{base.name} cold load (from_pretrained): {cold_s:.3f} s")
     print(f"adapter ({lora_bytes} bytes, rank {args.rank}) load + set_adapters on the warm pipeline: {load_s:.3f} s")
     print(f"adapter unload (unload_lora_weights): {unload_s:.3f} s")
     print(f"txt2img {args.side}x{args.side}, {args.steps} steps, without adapter: {plain_s:.3f} s")
