@@ -17,11 +17,14 @@ from app.core.states import ENDED
 
 
 class ApiError(HomefleetError):
-    """Raised when the server answers a request with an error; ``status_code`` is its HTTP code."""
+    """Raised when the server answers a request with an error; ``status_code`` is its HTTP code,
+    ``retry_after_s`` its ``Retry-After`` (whole seconds; None without one), e.g. of a 429
+    ``quota_queued`` / ``quota_gpu_seconds`` (an API key over its quota) or ``queue_full``."""
 
-    def __init__(self, status_code: int, reason: str, message: str) -> None:
+    def __init__(self, status_code: int, reason: str, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message, reason=reason)
         self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
 
 class HomefleetClient:
@@ -47,9 +50,11 @@ class HomefleetClient:
         except ValueError:
             body = {}
         error = body.get("error") if isinstance(body, dict) else None
+        retry = response.headers.get("retry-after", "")
+        retry_after_s = int(retry) if retry.isdigit() else None
         if isinstance(error, dict):
-            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""))
-        raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])))
+            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""), retry_after_s)
+        raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])), retry_after_s)
 
     def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server",
                idempotency_key: str | None = None) -> dict[str, Any]:

@@ -21,10 +21,17 @@ tests use: no CUDA or MPS device exists here).
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+from collections.abc import MutableMapping
 from types import ModuleType
 from typing import Any
 
+from app.core.names import split_machine
 from residency.device import Device, MemoryKind
+
+log = logging.getLogger(__name__)
 
 #: Fraction of the recommended working set the MPS allocator may use (torch's own default
 #: high watermark is 1.7 x the recommended working set; Homefleet caps it at the working set).
@@ -39,6 +46,35 @@ def limit_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def bind_device(machine: str, environ: MutableMapping[str, str] | None = None) -> int | None:
+    """Bind this process to its machine's device, before torch is imported (issue 22): for a
+    device of a multi-device host (``box:1``), set ``CUDA_VISIBLE_DEVICES`` to its index
+    (``"1"``: the host's physical index, as ``nvidia-smi`` numbers them), so that torch sees
+    that one card, as ``cuda:0``. A machine without a device index (``box``) leaves the
+    environment alone. Returns the index, or None. ``environ``: ``os.environ`` by default.
+
+    An index set already to another value is replaced, with a warning: the machine's name says
+    which card it drives. A name that is no machine name (``app/core/names.py``) binds nothing:
+    the server refuses it (``check_token``). Called by ``tasks/worker.py`` ``start_worker``
+    first of all.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        _, index = split_machine(machine)
+    except ValueError:
+        return None
+    if index is None:
+        return None
+    before = environ.get("CUDA_VISIBLE_DEVICES")
+    if before is not None and before != str(index):
+        log.warning("%s: CUDA_VISIBLE_DEVICES was %r; set to %d, this machine's device", machine, before, index)
+    if "torch" in sys.modules:
+        log.warning("%s: torch was imported before the device was bound; CUDA may see every card", machine)
+    environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    log.info("%s: bound to device %d (CUDA_VISIBLE_DEVICES=%d)", machine, index, index)
+    return index
 
 
 def detect_device() -> str:

@@ -1,4 +1,6 @@
-"""``homefleet worker --machine NAME``: one Celery worker process for one device (R7, R8).
+"""``homefleet worker --machine NAME``: one Celery worker process for one device (R7, R8). A
+device of a multi-device host (``--machine box:1``) is bound to its card first
+(``tasks.devices.bind_device``: ``CUDA_VISIBLE_DEVICES=1``), issue 22.
 
 It consumes only ``machine.<name>``, with the prefork pool, concurrency 1 and prefetch
 disabled, so it holds only the job it runs; the rest wait in the Redis list, in order
@@ -34,7 +36,7 @@ from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.errors import HomefleetError, Unauthorized
 from tasks import runtime
-from tasks.devices import detect_device, limit_threads
+from tasks.devices import bind_device, detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
@@ -90,6 +92,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
             another worker of the same machine holds its lease, or took it while it ran
             (:class:`WorkerLease`).
     """
+    bind_device(settings.machine)  # before torch is imported: box:1 drives card 1 only (issue 22)
     boot_id = uuid.uuid4().hex
     check_token(settings)  # before anything is consumed: a wrong token would lose the jobs it takes
     lease = WorkerLease(settings, create_redis(settings), boot_id)

@@ -160,6 +160,7 @@ XDIST_GROUPS = {
     "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
     "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (issue 20; Redis db 11)
+    "tests/e2e/test_devices.py": "devices",  # its own fleet: one host of two devices (issue 22; Redis db 9)
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)

@@ -74,6 +74,18 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "c
     return value
 
 
+def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0) -> None:
+    """End a running job that only kept its machine busy (a blocker), as an operator would with
+    ``celery control terminate SIGTERM ID`` (C11): its pool process is replaced and the journal
+    says ``interrupted`` (reason ``terminated``). Cheaper than waiting out its steps, which would
+    hold a core the other tests need."""
+    from app.core.states import JobState
+
+    ctx.celery.control.revoke(job_id, terminate=True, signal="SIGTERM")
+    wait_for(lambda: ctx.journal.state_of(job_id) != JobState.running, timeout_s=timeout_s,
+             what=f"the terminated blocker {job_id} to end in the journal")
+
+
 def bring_online(ctx: ServerContext, machine: str, verified: set[str] | frozenset[str] = frozenset(),
                  warm: tuple[str, ...] = (), ttl_s: int = 600) -> None:
     """Write what a live worker of ``machine`` advertises, without running one: its heartbeat

@@ -100,27 +100,51 @@ def check_api_key(settings: Settings, authorization: str) -> None:
 ApiKey = Depends(require_api_key)
 
 
+def api_key_id_of(settings: Settings, authorization: str) -> str | None:
+    """The id a submission carrying ``authorization`` is journaled under and its quota is found
+    by (issue 22): ``Settings.api_key_id`` of its bearer key, never the key itself; None when no
+    key is configured (the routes are open) or none was sent. The key was checked already
+    (:class:`Authenticate`)."""
+    token = bearer_token(authorization)
+    return settings.api_key_id(token) if token is not None and settings.api_keys else None
+
+
+def request_key_id(request: Request) -> str | None:
+    """:func:`api_key_id_of` the request's ``Authorization`` header."""
+    return api_key_id_of(request.app.state.settings, request.headers.get("authorization", ""))
+
+
 def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:
     """The machine whose token ``authorization`` carries (``Bearer <token>``); a worker also
-    names its machine (``X-Homefleet-Machine``, ``claimed``), which must be the token's.
+    names its machine (``X-Homefleet-Machine``, ``claimed``), which must be the token's. The
+    devices of one host share its token (issue 22): the token is then the host's, and the
+    worker names which device's machine it is (``box:0``); without a name it is refused.
 
     Raises:
-        Unauthorized: no bearer token, one that belongs to no machine, or another machine's
-            token than the one the worker names (its jobs would all be refused at claim).
+        Unauthorized: no bearer token, one that belongs to no machine, another machine's
+            token than the one the worker names (its jobs would all be refused at claim), or a
+            host's token without the device's name.
     """
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("internal routes need 'Authorization: Bearer <machine token>'")
-    machine = fleet.machine_for_token(token.strip())
-    if machine is None:
+    machines = {machine.name: machine for machine in fleet.machines_for_token(token.strip())}
+    if not machines:
         raise Unauthorized("the token belongs to no machine of this fleet")
-    if claimed is not None and claimed != machine.name:
+    if claimed is None:
+        if len(machines) > 1:
+            host = next(iter(machines.values())).host_name
+            raise Unauthorized(f"the token is host {host!r}'s, shared by its devices {', '.join(machines)}: name the "
+                               "device's machine in the X-Homefleet-Machine header (homefleet worker --machine)")
+        return next(iter(machines.values()))
+    if claimed not in machines:
         if claimed not in fleet.machines:
             raise Unauthorized(f"the worker names machine {claimed!r}, which is not in this fleet "
                                f"({', '.join(sorted(fleet.machines))}); fix --machine or add it to the fleet file")
+        owner = ", ".join(machines)
         raise Unauthorized(f"the worker says it is machine {claimed!r}, but its token belongs to machine "
-                           f"{machine.name!r}; give each worker its own machine's token")
-    return machine
+                           f"{owner!r}; give each worker its own machine's token")
+    return machines[claimed]
 
 
 INTERNAL_PREFIX = "/internal/"

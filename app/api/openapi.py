@@ -32,7 +32,7 @@ ERROR_BODY: dict[str, Any] = {
                    "the limit (docs/api.md, Errors).",
     "properties": {
         "error": {"type": "object", "required": ["reason", "message"], "properties": {
-            "reason": {"type": "string", "description": "e.g. invalid_width, unknown_model, queue_full"},
+            "reason": {"type": "string", "description": "e.g. invalid_width, unknown_model, queue_full, quota_queued"},
             "message": {"type": "string"},
             "job_id": {"type": "string", "description": "the journaled `rejected` job of a refused submission"},
         }},
@@ -67,7 +67,8 @@ DESCRIPTIONS = {
     404: "no such job, machine, model, sync or file", 409: "the state forbids it (e.g. the job has ended, the "
     "machine is busy, the image job is still pending: job_pending)", 413: "the body is over its limit",
     422: "a value is refused: the message names the field, the value and the limit (R22)",
-    429: "the machine's or the fleet's queue is full (Retry-After, R23)", 500: "a job of an image request "
+    429: "the machine's or the fleet's queue is full, or the API key is at its quota (quota_queued, "
+    "quota_gpu_seconds; Retry-After, R23)", 500: "a job of an image request "
     "failed, or the server failed after submitting it (x-should-retry: false, job_ids)",
     503: "Redis or the journal does not answer, or the target machine is offline (Retry-After)",
     507: "the server could not store the file (disk full)",

@@ -63,22 +63,42 @@ def sync(
 
 
 @fleet_cli.command()
-def status() -> None:
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON: the machines grouped by host, and the "
+                                          "dead letters' count")] = False,
+) -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
     warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
-    running (from the journal) and expected drain time (seconds, from learned timings)."""
+    running (from the journal) and expected drain time (seconds, from learned timings). The
+    devices of a host (``box:0``, ``box:1``) are listed under its line (issue 22). ``--json``:
+    ``{"hosts": [{"host", "machines": [row, ...]}, ...], "dead_letters": n}``, each row as in
+    ``GET /v1/machines``' status (app/fleet/status.py)."""
+    import json
+
     from app.context import build_checked_context
     from app.fleet.queues import DeadLetters
+    from app.fleet.status import by_host
 
     ctx = build_checked_context(server_settings())  # running counts come from the journal: the server's
     try:
-        table = Table("machine", "online", "state", "verified models", "warm models", "queued", "running", "drain_s")
-        for row in ctx.status():
-            table.add_row(row["name"], "yes" if row["online"] else "no", row["state"],
-                          ", ".join(row["verified_models"]) or "-", ", ".join(row["warm_models"]) or "-",
-                          str(row["queued"]), str(row["running"]), f"{row['drain_s']:.1f}")
-        console.print(table)
+        hosts = by_host(ctx.status())
         dead = DeadLetters(ctx.redis, ctx.keys.dead_letters()).count()
+        if as_json:
+            print(json.dumps({"hosts": hosts, "dead_letters": dead}, indent=2))
+            return
+        table = Table("machine", "online", "state", "verified models", "warm models", "queued", "running", "drain_s")
+        for host in hosts:
+            devices = [row for row in host["machines"] if row["device"] is not None]
+            if devices:  # a host line, its devices under it
+                table.add_row(f"[bold]{host['host']}[/]", f"{sum(row['online'] for row in devices)}/{len(devices)}",
+                              f"{len(devices)} devices", "", "", str(sum(row["queued"] for row in devices)),
+                              str(sum(row["running"] for row in devices)), "")
+            for row in host["machines"]:
+                table.add_row(f"  {row['name']}" if devices else row["name"], "yes" if row["online"] else "no",
+                              row["state"], ", ".join(row["verified_models"]) or "-",
+                              ", ".join(row["warm_models"]) or "-", str(row["queued"]), str(row["running"]),
+                              f"{row['drain_s']:.1f}")
+        console.print(table)
         console.print(f"dead letters: {dead}" + (" (undecodable queue messages; `homefleet deadletter` lists them)"
                                                   if dead else ""))
     finally:

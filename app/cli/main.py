@@ -21,6 +21,7 @@ from app.cli.common import console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
+from app.cli.keys import keys_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.core.config import WorkerSettings, unknown_variables
@@ -34,7 +35,7 @@ cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
-for group in (fleet_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet demo…
+for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
     cli.registered_commands += group.registered_commands
 
 
@@ -74,7 +75,9 @@ def serve() -> None:
 
 @cli.command()
 def worker(
-    machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
+    machine: Annotated[str | None, typer.Option(
+        help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
+             "which binds CUDA_VISIBLE_DEVICES=1")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
     token_file: Annotated[Path | None, typer.Option(
         help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
@@ -84,7 +87,8 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
-    token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line."""
+    token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line.
+    One worker per device: on a host with devices, one per --machine box:N (with the host's token)."""
     from tasks.worker import start_worker
 
     if token is not None:

@@ -7,6 +7,7 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ from urllib.parse import quote
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.limits import FamilyLimits, default_limits
+from app.core.limits import (
+    KEY_NAME_PATTERN,
+    FamilyLimits,
+    KeyQuota,
+    check_key_quotas,
+    default_limits,
+    key_id,
+)
 
 
 class BrokerSettings(BaseSettings):
@@ -85,6 +93,11 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
+    # Per-key quotas (issue 22), by name: the keys of api_keys that start with a quota's
+    # key_prefix share its limits and are journaled under its name (app/core/limits.py
+    # KeyQuota), e.g. '{"ci": {"key_prefix": "ci-", "max_queued_jobs": 3,
+    # "max_gpu_seconds_per_hour": 600}}'. A key under no quota is unlimited.
+    api_key_quotas: dict[str, KeyQuota] = Field(default_factory=dict)
     # How long the OpenAI/HF image routes wait for their jobs (seconds), at most. Well below the
     # OpenAI SDK's read timeout (openai.DEFAULT_TIMEOUT: 600 s); a client that announces a
     # shorter one (`x-stainless-read-timeout`, `Prefer: wait=N`) is answered before it gives up
@@ -108,6 +121,25 @@ class Settings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("api_key_quotas")
+    @classmethod
+    def _quota_names(cls, value: dict[str, KeyQuota]) -> dict[str, KeyQuota]:
+        for name in value:
+            if not re.fullmatch(KEY_NAME_PATTERN, name):
+                raise ValueError(f"api_key_quotas: the name {name!r} must be 1-32 letters, digits, '_', '.' or '-', "
+                                 "starting with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _quotas_apply(self) -> Settings:
+        check_key_quotas(self.api_key_quotas, self.api_keys)
+        return self
+
+    def api_key_id(self, key: str) -> str:
+        """The id the jobs of API key ``key`` are journaled under: its quota's name, else a short
+        digest (``key:<12 hex>``); see :func:`app.core.limits.key_id`."""
+        return key_id(self.api_key_quotas, key)
 
     @property
     def journal_url(self) -> str:

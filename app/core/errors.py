@@ -11,6 +11,8 @@ the limit. The tree::
     ├── NotFound (404)            ├── MachineUnavailable (503) ├── Overloaded (429)
     ├── Conflict (409)            ├── PlacementLost (503)     ├── ResidencyProtected (409)
     └── StorageFull (507)
+
+``QuotaExceeded`` (429, an API key over its quota) is an ``Overloaded``.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ class StorageFull(HomefleetError):
 
 class Overloaded(HomefleetError):
     """Raised when a submission would exceed ``max_queued_per_machine`` or
-    ``max_pending_total`` (R23): refused at once, answered 429 with ``Retry-After``."""
+    ``max_pending_total`` (R23), or an API key's quota (:class:`QuotaExceeded`): refused at
+    once, answered 429 with ``Retry-After``."""
 
     status_code = 429
     default_reason = "overloaded"
@@ -139,6 +142,15 @@ class Overloaded(HomefleetError):
     def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
         super().__init__(message, reason=reason)
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(Overloaded):
+    """Raised when a submission would take an API key past its quota (issue 22,
+    ``app/jobs/quotas.py``): ``max_queued_jobs`` (reason ``quota_queued``) or
+    ``max_gpu_seconds_per_hour`` (``quota_gpu_seconds``). 429 with the ``Retry-After`` the
+    check computed (kept as it is by the submission)."""
+
+    default_reason = "quota"
 
 
 class ResidencyProtected(HomefleetError):

@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column
+from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from app.core.states import JobState
@@ -26,6 +26,11 @@ def utcnow() -> datetime:
 
 class Job(SQLModel, table=True):
     """One job, as journaled (R19)."""
+
+    # A key's quota check (app/jobs/quotas.py) seeks its queued and running jobs, and its jobs ended
+    # in the last hour, under the fleet lock: two ranges of these, however many jobs it has had.
+    __table_args__ = (Index("ix_job_api_key_id_state", "api_key_id", "state"),
+                      Index("ix_job_api_key_id_finished_at", "api_key_id", "finished_at"))
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
     state: JobState = Field(index=True)
@@ -47,6 +52,9 @@ class Job(SQLModel, table=True):
     # the first is also result_*. None for a job stored before (its one result_*).
     results: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue, issue 22)
+    # Who submitted it (issue 22: per-key quotas): its API key's quota name, or "key:<12 hex>" of the
+    # key's digest (app/core/limits.py key_id); never the key. None: open API, or a job from before.
+    api_key_id: str | None = None
     load_s: float | None = None
     run_s: float | None = None
     cold_load: bool | None = None

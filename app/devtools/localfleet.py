@@ -1,11 +1,15 @@
 """Several machines on this one host: the API and one worker process per machine, each
 with its own model folder and token. Used by ``homefleet demo`` and the end-to-end tests.
+A host entry with several devices (issue 22) is one machine per device (``box:0``,
+``box:1``): one worker each, started with ``CUDA_VISIBLE_DEVICES`` set to its device's index
+(:meth:`LocalFleet.start_host` starts them all).
 
 Every process is started in its own session and stopped with its whole process group.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,14 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-import json
-
 import httpx
 
 from app.core.config import BrokerSettings, Settings
+from app.devtools.procs import stop_process_group
 from app.fleet.config import Fleet
 from routing.placement import SERVER
-from app.devtools.procs import stop_process_group
 
 
 class LocalFleet:
@@ -117,7 +119,10 @@ class LocalFleet:
             path.write_text(token + "\n")
             args += ["--token-file", str(path)]
             token = ""
+        device = self.fleet.machines[machine].device
+        bound = {} if device is None else {"CUDA_VISIBLE_DEVICES": str(device)}  # as the worker binds itself
         env = self._env(broker, {
+            **bound,
             "HOMEFLEET_TORCH_THREADS": str(self.torch_threads()),
             "HOMEFLEET_MACHINE": machine,
             "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
@@ -126,6 +131,15 @@ class LocalFleet:
             **(extra_env or {}),
         })
         return self._spawn(f"worker-{machine}", args, env, prefix)
+
+    def start_host(self, host: str, extra_env: dict[str, str] | None = None) -> dict[str, subprocess.Popen[bytes]]:
+        """Start the worker of every machine of ``host`` (its devices, or the one machine):
+        machine name -> process.
+
+        Raises:
+            KeyError: no machine of the fleet runs on ``host``.
+        """
+        return {machine.name: self.start_worker(machine.name, extra_env) for machine in self.fleet.hosts()[host]}
 
     def torch_threads(self) -> int:
         """Each worker's torch threads: ``HOMEFLEET_TORCH_THREADS`` of this process when set (the

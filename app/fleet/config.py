@@ -12,6 +12,20 @@ Example (``app/fleet/fleet.default.toml`` is the embedded default)::
 
 The server itself is machine ``server`` and must be listed (R9).
 
+A host with several devices (issue 22) declares them on its one entry, as a list of
+``"<backend>:<index>"`` or as a count (``devices = 2``: indices 0 and 1)::
+
+    [[machines]]
+    name = "box"
+    backend = "cuda"
+    devices = ["cuda:0", "cuda:1"]
+    memory_bytes = 24_000_000_000   # per device
+    ...
+
+Each device becomes a machine of its own, named ``<host>:<index>`` (``box:0``, ``box:1``,
+``app/core/names.py``), with the entry's settings, its own queue, heartbeat, residency and
+model folder, and ``host``/``device`` set. The devices of a host share the entry's token.
+
 Working memory per job beyond the weights (R10/R11's memory filter, the job record's
 estimate): coefficients per kind, and per family where a family differs; every table and
 field is optional (absent: the embedded defaults of ``routing/estimate.py``)::
@@ -36,7 +50,6 @@ Timing guesses per model until the first measurement (R13; absent: the per-famil
 from __future__ import annotations
 
 import difflib
-import re
 import secrets
 import tomllib
 from collections.abc import Iterable
@@ -48,11 +61,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.core.errors import ConfigError
 from app.core.kinds import KINDS
+from app.core.names import HOST_NAME, MAX_DEVICES, device_machine, split_machine
 from residency.device import MemoryKind
 from routing.estimate import DEFAULT_WORKING, WorkingCoefficients, WorkingMemory
 from routing.placement import SERVER
-
-_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
 class Backend(StrEnum):
@@ -78,16 +90,31 @@ class Machine(BaseModel):
     # relative to the seed fleet's server (1.0), and the model load rate in bytes per second.
     speed: float = Field(default=1.0, gt=0)
     load_bytes_per_s: float = Field(default=2.5e9, gt=0)
+    # Issue 22: set on the machines a host entry's ``devices`` expands to (``box:0``: host
+    # ``box``, device 0); None on a single-device entry.
+    host: str | None = None
+    device: int | None = Field(default=None, ge=0, lt=MAX_DEVICES)
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(
-                f"machine name must be lowercase letters, digits and '-', starting with a letter, "
-                f"at most 32 characters; got {value!r}"
-            )
+        split_machine(value)  # ValueError saying what a machine name is
         return value
+
+    @model_validator(mode="after")
+    def _device(self) -> Machine:
+        host, device = split_machine(self.name)
+        if device is None and (self.host is not None or self.device is not None):
+            raise ValueError(f"machine {self.name!r} has host/device set but is not named '<host>:<index>'")
+        if device is not None and (self.host, self.device) != (host, device):
+            raise ValueError(f"machine {self.name!r} names device {device} of host {host!r}: declare the host's "
+                             f"devices on its entry instead, name = {host!r} and devices = [\"{self.backend}:{device}\", ...]")
+        return self
+
+    @property
+    def host_name(self) -> str:
+        """The host this machine runs on: ``host`` for a device of a multi-device entry, else its name."""
+        return self.host or self.name
 
 
 class KindWorking(BaseModel):
@@ -158,10 +185,11 @@ class Fleet(BaseModel):
         if isinstance(data, dict) and isinstance(data.get("machines"), list):
             machines = {}
             for entry in data["machines"]:
-                name = entry.get("name")
-                if name in machines:
-                    raise ValueError(f"machine {name!r} is listed twice in the fleet config")
-                machines[name] = entry
+                for device in expand_devices(entry):
+                    name = device.get("name") if isinstance(device, dict) else None
+                    if name in machines:
+                        raise ValueError(f"machine {name!r} is listed twice in the fleet config")
+                    machines[name] = device
             return {**data, "machines": machines}
         return data
 
@@ -169,8 +197,17 @@ class Fleet(BaseModel):
     def _checks(self) -> Fleet:
         if SERVER not in self.machines:
             raise ValueError(f"the fleet config must list the server itself as machine {SERVER!r}")
-        tokens = [m.token for m in self.machines.values() if m.token]
-        if len(tokens) != len(set(tokens)):
+        for host, members in self.hosts().items():
+            if len(members) > 1 and any(m.device is None for m in members):
+                raise ValueError(f"machine {host!r} is listed twice in the fleet config (once with devices)")
+            settings = {m.model_dump_json(exclude={"name", "device"}) for m in members}
+            if len(settings) > 1:  # one entry in the file (to_toml): its devices share its settings
+                raise ValueError(f"the devices of host {host!r} differ in settings; a host's devices take its entry's")
+        hosts_of: dict[str, set[str]] = {}
+        for m in self.machines.values():
+            if m.token:
+                hosts_of.setdefault(m.token, set()).add(m.host_name)
+        if any(len(hosts) > 1 for hosts in hosts_of.values()):  # a host's devices share its entry's token
             raise ValueError("two machines share a token; give each machine its own")
         self.check_family_names(self.families, "the families table")
         return self
@@ -210,21 +247,37 @@ class Fleet(BaseModel):
         return self
 
     def machine_for_token(self, token: str) -> Machine | None:
-        """The machine whose token equals ``token`` (constant-time compare), or None."""
-        found = None
+        """The first machine whose token equals ``token`` (constant-time compare), or None."""
+        found = self.machines_for_token(token)
+        return found[0] if found else None
+
+    def machines_for_token(self, token: str) -> list[Machine]:
+        """Every machine whose token equals ``token`` (constant-time compare, every machine
+        compared): one machine, or the devices of one host (which share its token); [] for none."""
+        found = []
         for machine in self.machines.values():
             if machine.token and secrets.compare_digest(machine.token.encode(), token.encode()):
-                found = machine
+                found.append(machine)
         return found
+
+    def hosts(self) -> dict[str, list[Machine]]:
+        """The machines grouped by host (``Machine.host_name``), hosts and devices in fleet order."""
+        grouped: dict[str, list[Machine]] = {}
+        for machine in self.machines.values():
+            grouped.setdefault(machine.host_name, []).append(machine)
+        return grouped
 
     def to_toml(self) -> str:
         """Render as TOML (tokens included), the inverse of :func:`load_fleet`."""
         lines = []
-        for m in self.machines.values():
+        for host, members in self.hosts().items():
+            m = members[0]  # a host's devices have its entry's settings
             families = ", ".join(f'"{f}"' for f in sorted(m.families))
+            devices = ", ".join(f'"{d.backend}:{d.device}"' for d in members)
             lines += [
                 "[[machines]]",
-                f'name = "{m.name}"',
+                f'name = "{host}"',
+                *([f"devices = [{devices}]"] if m.device is not None else []),
                 f'backend = "{m.backend}"',
                 f'memory_kind = "{m.memory_kind}"',
                 f"memory_bytes = {m.memory_bytes}",
@@ -286,8 +339,58 @@ def load_fleet(path: Path | None) -> Fleet:
 
 
 def with_fresh_tokens(fleet: Fleet) -> Fleet:
-    """A copy of ``fleet`` where every machine has a new random token (32 bytes, urlsafe)."""
-    machines = {
-        name: m.model_copy(update={"token": secrets.token_urlsafe(32)}) for name, m in fleet.machines.items()
-    }
+    """A copy of ``fleet`` where every host has a new random token (32 bytes, urlsafe), shared
+    by its devices."""
+    tokens = {host: secrets.token_urlsafe(32) for host in fleet.hosts()}
+    machines = {name: m.model_copy(update={"token": tokens[m.host_name]}) for name, m in fleet.machines.items()}
     return fleet.model_copy(update={"machines": machines})
+
+
+def expand_devices(entry: object) -> list[object]:
+    """The machines one fleet-file entry stands for: itself, or with ``devices`` one per device,
+    named ``<host>:<index>`` with ``host`` and ``device`` set and the entry's other settings.
+    ``devices`` is a list of ``"<backend>:<index>"`` (the entry's backend, distinct indices
+    0..63) or a count (1..64: indices 0..count-1).
+
+    Raises:
+        ValueError: a bad ``devices`` (naming the machine, the field and what it takes), or
+            ``host``/``device`` written in the file (they are derived from ``devices``).
+    """
+    if not isinstance(entry, dict):
+        return [entry]  # pydantic says what is wrong with it
+    name = entry.get("name")
+    for derived in ("host", "device"):
+        if derived in entry:
+            raise ValueError(f"machine {name!r}: {derived!r} is not a fleet-file key; declare a host's devices on "
+                             f"its entry, devices = [\"cuda:0\", \"cuda:1\"] or devices = 2")
+    if "devices" not in entry:
+        return [entry]
+    devices = entry["devices"]
+    backend = entry.get("backend")
+    where = f"machine {name!r}: devices"
+    if not isinstance(name, str) or HOST_NAME.fullmatch(name) is None:
+        raise ValueError(f"{where}: the entry's name must be a host name (lowercase letters, digits and '-', "
+                         f"starting with a letter, at most 32 characters; its devices are named '<host>:<index>'); "
+                         f"got {name!r}")
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if not 1 <= devices <= MAX_DEVICES:
+            raise ValueError(f"{where} = {devices}: a count of devices is 1..{MAX_DEVICES}")
+        indices = list(range(devices))
+    elif isinstance(devices, list) and devices:
+        indices = []
+        for item in devices:
+            device_backend, _, index = item.partition(":") if isinstance(item, str) else ("", "", "")
+            if device_backend != backend or not index.isdigit() or int(index) >= MAX_DEVICES or \
+                    str(int(index)) != index:
+                raise ValueError(f"{where}: each device is \"{backend}:<index>\" (the entry's backend, index "
+                                 f"0..{MAX_DEVICES - 1}); got {item!r}")
+            if int(index) in indices:
+                raise ValueError(f"{where}: device {item!r} is listed twice")
+            indices.append(int(index))
+    else:
+        raise ValueError(f"{where} must be a list of \"<backend>:<index>\" (e.g. [\"cuda:0\", \"cuda:1\"]) or a "
+                         f"count (e.g. 2); got {devices!r}")
+    if backend == Backend.mps and len(indices) > 1:
+        raise ValueError(f"{where}: an Apple host has one mps device; got {len(indices)}")
+    rest = {key: value for key, value in entry.items() if key != "devices"}
+    return [{**rest, "name": device_machine(name, index), "host": name, "device": index} for index in indices]

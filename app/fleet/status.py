@@ -3,7 +3,9 @@ whether new jobs may be placed there (draining: ``homefleet drain``; syncing: a 
 reservation, R6), verified and warm models, ``queued`` = LLEN of its exact queue list (``Keys.queue_list``,
 under the broker key prefix), ``running`` = its running jobs in the journal, ``backlog`` =
 their sum (R8), and the expected seconds until its queue drains (routing.finish.drain with
-the learned timings)."""
+the learned timings). Each row names its ``host`` and ``device`` (issue 22: the devices of a
+host declared with ``devices`` are machines ``<host>:<index>``; a single-device machine is
+its own host, device None); :func:`by_host` groups the rows."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
     estimate counts the reservations of live jobs only (those of ended jobs are left to
     reconciliation, which takes the fleet lock and checks the journal's pairing first)."""
     estimator = costs.estimator()
+    config = machines.fleet.machines
     reservations = machines.reservations
     rows = []
     for name, view in machines.views().items():
@@ -32,7 +35,7 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
                            protected=view.commitments, costs=estimator)
         queued = machines.queued_in_redis(name)
         rows.append({
-            "name": name, "online": view.online, "draining": view.draining, "syncing": view.syncing,
+            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online, "draining": view.draining, "syncing": view.syncing,
             "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
             "warm_models": list(view.warm_models), "queued": queued, "running": running,
             "backlog": queued + running, "drain_s": round(drain_s, 3),
@@ -45,3 +48,12 @@ def placing_state(draining: bool, syncing: bool) -> str:
     get 503 machine_draining), ``"syncing"`` (a sync copies model files to it; pinned jobs get
     machine_syncing), both joined by ``+``, or ``"-"`` when jobs are placed there as usual."""
     return "+".join(name for name, on in (("draining", draining), ("syncing", syncing)) if on) or "-"
+
+
+def by_host(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` of :func:`fleet_status` grouped by host, in fleet order: ``[{"host": "box",
+    "machines": [row of box:0, row of box:1]}, {"host": "server", "machines": [row]}, ...]``."""
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        hosts.setdefault(row["host"], []).append(row)
+    return [{"host": host, "machines": members} for host, members in hosts.items()]

@@ -7,7 +7,8 @@ the project's words in docs/design.md):
 2. check the request (R22, ``app/jobs/validation.py``) and draw its seed;
 3. under the fleet lock: replay an ``Idempotency-Key`` (R20); read the fleet snapshot (machines
    with their reservations, the demand, the cost data's change marks) in one command; refuse
-   past ``max_pending_total`` (R23); place (``routing.placement``);
+   past ``max_pending_total`` (R23) or past the submitting API key's quota (issue 22,
+   ``app/jobs/quotas.py``); place (``routing.placement``);
 4. journal the job as ``queued`` with its prediction (R19: before anything is published);
 5. in one atomic step, check that the lock still holds our token, renew it (C04) and reserve
    the machine (with the demand record);
@@ -32,14 +33,15 @@ from celery import Celery
 from app.core.config import Settings
 from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, Rejected, \
-    ServiceDown, from_core
+from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, QuotaExceeded, \
+    Rejected, ServiceDown, from_core
 from app.core.specs import OUTPUT_SIZE_FIELDS
 from app.core.states import JobState
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
+from app.jobs.quotas import KeyQuotas
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
 from app.db.tables import Job
@@ -117,6 +119,7 @@ class Dispatcher:
         self.lock = lock
         self.metrics = metrics
         self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
+        self.quotas = KeyQuotas(settings, journal)  # per-key quotas (issue 22), checked under the lock
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
         self.scarcity = Scarcity()
@@ -185,10 +188,14 @@ class Dispatcher:
             self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
-               idempotency_key: str | None = None, requeued_from: str | None = None) -> Submission:
+               idempotency_key: str | None = None, requeued_from: str | None = None,
+               api_key_id: str | None = None) -> Submission:
         """Place and enqueue one job; return it as journaled (state ``queued``) with its position.
         ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
-        with its refusal).
+        with its refusal). ``api_key_id``: the submitting API key's id
+        (``Settings.api_key_id``), journaled with the job (and its refusal) and checked against
+        that key's quota under the fleet lock (issue 22); None: no key (open API, the server's
+        own jobs).
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
         job (``replayed=True``) and enqueues nothing; the same key with another body raises
@@ -197,6 +204,8 @@ class Dispatcher:
 
         Raises:
             Rejected / MachineUnavailable / NotFound / Overloaded: refused; journaled as ``rejected``.
+                ``QuotaExceeded`` (an Overloaded): the key is at a limit of its quota
+                (``quota_queued``, ``quota_gpu_seconds``), with its own ``retry_after_s``.
             PlacementLost: the fleet lock was not free, or expired mid-decision; nothing was published.
             ServiceDown: the Redis runs with another journal (``journal_mismatch``, seen by the
                 server's reconciliation loop); nothing journaled.
@@ -217,24 +226,27 @@ class Dispatcher:
                 now_s = time.time()
                 seen = self.snapshot(model_id)
                 self.check_pending(seen.views)
+                self.quotas.check(api_key_id, now_s)  # under the lock: two submissions cannot both pass
                 decision = self._place(request, seen, now_s)
                 # 4. Journal before anything is published (R19).
                 job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator,
-                                    requeued_from)
+                                    requeued_from, api_key_id)
                 # 5. Reserve, fenced (C04); 6. publish.
                 self._reserve(job, request, decision.machine, fence, seen, now_s)
                 self._publish(job, decision.machine)
                 return Submission(job=job, position=seen.views[decision.machine].backlog)
         except HomefleetError as error:
-            self._refused(error, model_id, kind, params, target, requeued_from)
+            self._refused(error, model_id, kind, params, target, requeued_from, api_key_id)
             raise
 
-    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None) -> Submission:
+    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None,
+                api_key_id: str | None = None) -> Submission:
         """Submit a new job with the params of job ``job_id`` (any state), linked to it
         (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``
         is given (None: a new one drawn), the same target unless ``target`` is given. It goes
         through every check a submission passes (R22, placement; a remembered OOM of its size
         is still refused, R21/C08); the params the server sets (``output_width``…) are set again.
+        ``api_key_id``: the key that asks (its quota applies; the new job is its job).
 
         Raises:
             NotFound: no job ``job_id`` (reason ``job_not_found``).
@@ -246,7 +258,8 @@ class Dispatcher:
             params.pop("seed", None)
             if seed is not None:
                 params["seed"] = seed
-        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id)
+        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id,
+                           api_key_id=api_key_id)
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
         """The original job of a retried submission (R20), or None for a new key.
@@ -269,7 +282,8 @@ class Dispatcher:
             raise from_core(refusal) from refusal
 
     def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
-                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None) -> Job:
+                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None,
+                 api_key_id: str | None = None) -> Job:
         """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)."""
         part = decision.breakdown
         memory = estimator.memory(request.model_id, request.kind, request.size)
@@ -278,7 +292,7 @@ class Dispatcher:
             machine=decision.machine, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
             predicted_start_s=part.work_ahead_s, predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
             weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
-            memory_estimate_bytes=memory.total_bytes, requeued_from=requeued_from,
+            memory_estimate_bytes=memory.total_bytes, requeued_from=requeued_from, api_key_id=api_key_id,
         ))
 
     def _reserve(self, job: Job, request: JobRequest, machine: str, fence: Fence, seen: Snapshot, now_s: float) -> None:
@@ -309,17 +323,19 @@ class Dispatcher:
             raise
 
     def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
-                 requeued_from: str | None = None) -> None:
-        """A refused submission: temporary refusals get ``Retry-After``; every refusal but a lost
-        lock and a reused key is counted and journaled ``rejected`` with its reason (R19)."""
-        if isinstance(error, Overloaded | MachineUnavailable):  # temporary: 429/503 say when to retry
-            error.retry_after_s = self.settings.retry_after_s
+                 requeued_from: str | None = None, api_key_id: str | None = None) -> None:
+        """A refused submission: temporary refusals get ``Retry-After`` (a quota's refusal keeps
+        its own); every refusal but a lost lock and a reused key is counted and journaled
+        ``rejected`` with its reason and the submitting key's id (R19)."""
+        if isinstance(error, Overloaded | MachineUnavailable) and not isinstance(error, QuotaExceeded):
+            error.retry_after_s = self.settings.retry_after_s  # temporary: 429/503 say when to retry
         if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
             if self.metrics is not None:
                 self.metrics.refused(error.reason)
             refused = self.journal.add(Job(state=JobState.rejected, model_id=model_id, kind=kind,
                                            params=abridged(params), target=target, reason=error.reason,
-                                           message=error.message, requeued_from=requeued_from))
+                                           message=error.message, requeued_from=requeued_from,
+                                           api_key_id=api_key_id))
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
 

@@ -64,9 +64,10 @@ def expanded(dispatcher: Dispatcher, image_model: str, prompt: str, expansion: s
 
 
 def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], target: str,
-                    idempotency_key: str | None, wait_s: float) -> Submission:
+                    idempotency_key: str | None, wait_s: float, api_key_id: str | None = None) -> Submission:
     """Submit a txt2img job whose ``params.expand_prompt`` names a text model: the expansion's
-    text job first, waited for, then the image job (module docstring).
+    text job first, waited for, then the image job (module docstring). Both are jobs of the
+    API key ``api_key_id`` (its quota applies to each, issue 22).
 
     Raises:
         Rejected: ``expanded_by`` sent by the client (the server sets it), ``expand_prompt`` not
@@ -93,7 +94,8 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
                        reason="invalid_expand_prompt", param="params.expand_prompt")
     prompt = str(params.get("prompt") or "")
     dispatcher.request(model_id, "txt2img", {**params, "expanded_by": "pending"}, target)  # the image's checks first
-    text = dispatcher.submit(str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO)
+    text = dispatcher.submit(str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO,
+                             api_key_id=api_key_id)
     deadline = time.monotonic() + wait_s
     job = text.job
     while job.state not in ENDED:
@@ -108,6 +110,6 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
     with open(job.result_path, "rb") as handle:
         expansion = handle.read().decode("utf-8", errors="replace")
     image_params = {**params, "prompt": expanded(dispatcher, model_id, prompt, expansion), "expanded_by": job.id}
-    submission = dispatcher.submit(model_id, "txt2img", image_params, target, idempotency_key)
+    submission = dispatcher.submit(model_id, "txt2img", image_params, target, idempotency_key, api_key_id=api_key_id)
     dispatcher.journal.log(job.id, "expanded_for", submission.job.id)
     return submission

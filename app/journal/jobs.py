@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
@@ -21,6 +21,22 @@ _JOB_COLUMNS = tuple(Job.__table__.columns)  # type: ignore[attr-defined]
 _INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
 _INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
 STATES_BATCH = 500  # ids per SELECT of Journal.states_of (well under SQLite's bound parameters)
+
+# Journal.key_load's statements, built once: a quota check runs them under the fleet lock (R14),
+# where building them again cost more than running them.
+_KEY = bindparam("key")
+_ENDED = (Job.api_key_id == _KEY, Job.finished_at > bindparam("since", type_=Job.__table__.c.finished_at.type))  # type: ignore[attr-defined, operator]
+_TIMED = Job.load_s.is_not(None) | Job.run_s.is_not(None)  # type: ignore[union-attr]
+_UNTIMED = (*_ENDED, ~_TIMED, Job.started_at.is_not(None))  # type: ignore[union-attr]
+_KEY_ACTIVE = select(func.count()).select_from(Job).where(
+    Job.api_key_id == _KEY, Job.state.in_(list(ACTIVE)))  # type: ignore[attr-defined]
+_KEY_LOAD = select(
+    _KEY_ACTIVE.scalar_subquery(),
+    select(func.coalesce(func.sum(func.coalesce(Job.load_s, 0.0) + func.coalesce(Job.run_s, 0.0)), 0.0))
+    .where(*_ENDED, _TIMED).scalar_subquery(),
+    select(func.count()).select_from(Job).where(*_UNTIMED).scalar_subquery(),
+)
+_KEY_UNTIMED = select(Job.finished_at, Job.started_at).where(*_UNTIMED)
 
 
 class Journal:
@@ -134,6 +150,60 @@ class Journal:
                 Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
             )
             return int(session.exec(query).one())
+
+    def count_active_of_key(self, api_key_id: str) -> int:
+        """Jobs submitted with API key ``api_key_id`` that are queued or running (one COUNT,
+        two seeks of the index ``ix_job_api_key_id_state``)."""
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(Job).where(
+                Job.api_key_id == api_key_id,
+                Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+            )
+            return int(session.exec(query).one())
+
+    def key_load(self, api_key_id: str, since: datetime | None) -> tuple[int, float, list[tuple[datetime, datetime]]]:
+        """What a key's quota check reads (app/jobs/quotas.py): its jobs queued or running; the
+        load + run seconds its workers reported for its jobs that ended after ``since``, summed by
+        the database; and ``(finished_at, started_at)`` of those of them that started but reported
+        no timings (interrupted: usually none). One SELECT of three index-range subqueries, built
+        once (:data:`_KEY_LOAD`; no row read back), and a second one only for such untimed jobs.
+        ``since`` None: the last two are not read (0.0, [])."""
+        with self.engine.connect() as connection:
+            if since is None:
+                return int(connection.execute(_KEY_ACTIVE, {"key": api_key_id}).scalar_one()), 0.0, []
+            values = {"key": api_key_id, "since": since}
+            count, timed_s, untimed = connection.execute(_KEY_LOAD, values).one()
+            rows = connection.execute(_KEY_UNTIMED, values).all() if untimed else []
+        return int(count), float(timed_s), [(finished, started) for finished, started in rows]
+
+    def active_by_key(self) -> dict[str, dict[JobState, int]]:
+        """``{api key id: {state: jobs}}`` of the queued and running jobs that a key submitted
+        (one GROUP BY; jobs without a key id are left out)."""
+        query = select(Job.api_key_id, Job.state, func.count()).where(
+            Job.api_key_id.is_not(None),  # type: ignore[union-attr]
+            Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+        ).group_by(Job.api_key_id, Job.state)
+        found: dict[str, dict[JobState, int]] = {}
+        with Session(self.engine) as session:
+            for key, state, count in session.exec(query):
+                found.setdefault(str(key), {})[JobState(state)] = int(count)
+        return found
+
+    def ended_since(self, since: datetime, api_key_id: str | None = None) -> list[tuple[str, datetime, datetime | None,
+                                                                                         float | None, float | None]]:
+        """``(api key id, finished_at, started_at, load_s, run_s)`` of every job with a key id that
+        ended after ``since``, oldest end first; only ``api_key_id``'s when given (a range of the
+        index ``ix_job_api_key_id_finished_at``). Times as stored (UTC; naive from SQLite)."""
+        query = select(Job.api_key_id, Job.finished_at, Job.started_at, Job.load_s, Job.run_s).where(
+            Job.finished_at > since,  # type: ignore[operator]
+        ).order_by(Job.finished_at)  # type: ignore[arg-type]
+        if api_key_id is not None:
+            query = query.where(Job.api_key_id == api_key_id)
+        else:
+            query = query.where(Job.api_key_id.is_not(None))  # type: ignore[union-attr]
+        with Session(self.engine) as session:
+            return [(str(key), finished, started, load_s, run_s)
+                    for key, finished, started, load_s, run_s in session.exec(query)]
 
     def log(self, job_id: str, event: str, detail: str = "") -> None:
         """Append an event without changing state (e.g. a refused second delivery)."""

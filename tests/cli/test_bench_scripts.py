@@ -49,6 +49,18 @@ def test_issue19_shapes_bench_prints_its_last_line() -> None:
     _assert_format(line, ["load_s", "image_s", "colour_ok", "background_ok", "shape_ok", "style_ok"])
 
 
+def test_issue22_quota_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.quotas", "30")
+    _assert_format(line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms",
+                          "check_p50_ms"])
+
+
+@pytest.mark.e2e
+def test_issue22_device_start_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.device_start", "--rounds", "1")
+    _assert_format(line, ["one_s", "two_s", "ratio"])
+
+
 def test_issue22_adapters_bench_prints_its_last_line() -> None:
     line = _last_line("bench.adapters", "--repeat", "1", "--steps", "1", "--side", "32")
     _assert_format(line, ["cold_load_s", "adapter_load_s", "unload_s", "run_s", "adapter_run_s"])

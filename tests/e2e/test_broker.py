@@ -22,7 +22,7 @@ from app.core.keys import queue
 from app.devtools.drills import MODEL, DrillFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import run_cli, settings_env, wait_for
+from tests.helpers import end_running, run_cli, settings_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,8 @@ def state(fleet: DrillFleet, job_id: str) -> str:
 
 def busy_with_waiting(fleet: DrillFleet, waiting: int, machine: str = "m1") -> tuple[str, list[str]]:
     """A long job running on ``machine`` (150 steps: R22's most; several seconds) and ``waiting``
-    short ones queued behind it."""
+    short ones queued behind it. A test ends the long one (``end_running``) once it has seen
+    what it needs: its steps would hold a core the other tests need."""
     long = submit(fleet, 150, machine)
     wait_for(lambda: state(fleet, long) == "running", timeout_s=120, what="the long job to start")
     return long, [submit(fleet, 1, machine) for _ in range(waiting)]
@@ -116,7 +117,8 @@ def test_r8_under_a_broker_prefix_status_and_flower_count_the_exact_key_and_jobs
     assert int(row["queued"]) == ctx.redis.llen(f"{PREFIX}machine.m1") == 2
     assert not ctx.redis.exists("machine.m1")  # nothing published outside the prefix
     assert flower_lengths()[queue("m1")] == ctx.redis.llen(ctx.keys.queue_list("m1")) == 2
-    for job_id in (long, *waiting):
+    end_running(ctx, long)
+    for job_id in waiting:
         assert fleet.client.wait(job_id, timeout_s=300)["state"] == "succeeded"
     assert status_row(fleet, "m1")["queued"] == "0"
 
@@ -137,7 +139,8 @@ def test_r19_celery_purge_under_the_prefix_ends_the_jobs_cancelled_as_purged(fle
     long, waiting = busy_with_waiting(fleet, 2)
     purged = celery_cli(fleet, "purge", "-Q", queue("m1"), "-f")
     assert "Purged 2 messages" in purged, purged
-    assert fleet.client.wait(long, timeout_s=300)["state"] == "succeeded"
+    assert fleet.ctx is not None
+    end_running(fleet.ctx, long)
     for job_id in waiting:
         job = fleet.client.wait(job_id, timeout_s=60)
         assert (job["state"], job["reason"]) == ("cancelled", "purged"), job
@@ -179,7 +182,8 @@ def test_r19_a_message_restored_from_the_unacked_set_keeps_its_place_in_the_line
     with ctx.celery.connection_for_read() as connection:
         connection.default_channel.qos.restore_visible(num=10, interval=1)
     assert ctx.queues.queued_ids("m1") == waiting  # back at the head of the line: its place
-    for job_id in (long, *waiting):
+    end_running(ctx, long)
+    for job_id in waiting:
         assert fleet.client.wait(job_id, timeout_s=300)["state"] == "succeeded"
     assert [j for j in fleet.claim_order("m1") if j in waiting] == waiting
     assert all(fleet.executions()[j] == 1 for j in waiting)

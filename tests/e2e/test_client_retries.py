@@ -15,12 +15,12 @@ from PIL import Image
 from app.core.states import JobState
 from app.db.tables import Job
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
-from tests.helpers import TEST_API_KEY
+from tests.helpers import TEST_API_KEY, end_running
 
 pytestmark = pytest.mark.e2e
 
 CLIENT_TIMEOUT_S = 1.5
-BLOCKER_STEPS = 60  # the machine stays busy well past the client's timeout
+BLOCKER_STEPS = 150  # the machine stays busy well past the client's timeout; ended once not needed
 
 
 def jobs_with_prompt(fleet: RunningFleet, prompt: str) -> list[Job]:
@@ -29,7 +29,8 @@ def jobs_with_prompt(fleet: RunningFleet, prompt: str) -> list[Job]:
 
 def occupy(fleet: RunningFleet, machine: str, prompt: str) -> str:
     """Submit a long job to ``machine`` and wait until it runs, so that the next job there waits
-    behind it; return its id."""
+    behind it; return its id. The test ends it (``end_running``) once the calls it blocks are
+    answered."""
     blocker = fleet.client.submit(fleet.model, "txt2img", {"prompt": prompt, "steps": BLOCKER_STEPS}, machine)
     deadline = time.monotonic() + 60
     while fleet.client.get(blocker["id"])["state"] == "queued":
@@ -68,17 +69,18 @@ def test_c10_openai_sdk_generate_and_edit_with_a_short_timeout_make_one_job_each
     assert generated.value.body["job_ids"] == [job.id]  # type: ignore[index]
     assert generated.value.response.headers["x-should-retry"] == "false"
 
-    occupy(fleet, "server", "c10 blocker server")  # the edit model runs on `server` only
+    server_blocker = occupy(fleet, "server", "c10 blocker server")  # the edit model runs on `server` only
     with pytest.raises(openai.ConflictError) as edited:
         client.images.edit(model=EDIT_MODEL, image=("in.png", png(48, 40), "image/png"), prompt="c10 edit")
     [edit] = jobs_with_prompt(fleet, "c10 edit")
     assert edited.value.body["job_ids"] == [edit.id]  # type: ignore[index]
+    end_running(fleet.ctx, blocker)
+    end_running(fleet.ctx, server_blocker)
 
     for job_id in (job.id, edit.id):
         assert ran_once(fleet, job_id).startswith(b"\x89PNG")
     assert Image.open(io.BytesIO(fleet.client.download(edit.id))).size == (48, 40)
     assert len(jobs_with_prompt(fleet, "c10 generate")) == 1 and len(jobs_with_prompt(fleet, "c10 edit")) == 1
-    fleet.client.wait(blocker, timeout_s=300)
 
 
 def test_c10_openai_sdk_retries_after_a_lost_answer_get_the_first_job(fleet: RunningFleet) -> None:
@@ -94,8 +96,8 @@ def test_c10_openai_sdk_retries_after_a_lost_answer_get_the_first_job(fleet: Run
                                extra_body={"steps": 2, "target": "m2"}, extra_headers={"x-stainless-read-timeout": "3"})
     [job] = jobs_with_prompt(fleet, "c10 resent")  # three requests, one job
     assert fleet.client.get(job.id)["state"] in ("queued", "running")  # it was still waiting when the SDK gave up
+    end_running(fleet.ctx, blocker)
     ran_once(fleet, job.id)
-    fleet.client.wait(blocker, timeout_s=300)
 
 
 def test_c10_huggingface_inference_client_with_a_short_timeout_makes_one_job(fleet: RunningFleet) -> None:
@@ -123,7 +125,7 @@ def test_c10_huggingface_inference_client_with_a_short_timeout_makes_one_job(fle
     with pytest.raises(InferenceTimeoutError):
         silent.text_to_image("c10 hf silent", num_inference_steps=2, width=64, height=64)
     [silent_job] = jobs_with_prompt(fleet, "c10 hf silent")
+    end_running(fleet.ctx, blocker)
     for job_id in (job.id, edit.id, silent_job.id):
         ran_once(fleet, job_id)
     assert Image.open(io.BytesIO(fleet.client.download(edit.id))).size == (32, 24)
-    fleet.client.wait(blocker, timeout_s=300)

@@ -18,10 +18,11 @@ import pytest
 
 from app.api.routes.page import PAGE_CSP
 from app.client import ApiError
+from app.core.states import JobState
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
-from tests.helpers import TEST_API_KEY
+from tests.helpers import TEST_API_KEY, end_running
 
 pytestmark = pytest.mark.e2e
 __all__ = ["browser"]  # the fixture, shared with the /docs test
@@ -234,5 +235,7 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(fle
     finally:
         with contextlib.suppress(ApiError):  # it may have started already: then it ends on its own
             fleet.client.cancel(queued)
+        if fleet.ctx.journal.state_of(running) == JobState.running:  # done with it: its steps would hold a core
+            end_running(fleet.ctx, running)
         for job_id in (running, queued):  # m2 idle again for the tests after this one
             fleet.client.wait(job_id, timeout_s=300)

@@ -50,7 +50,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
-from app.api.auth import bearer_token
+from app.api.auth import bearer_token, request_key_id
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
@@ -118,11 +118,13 @@ def announced_timeout_s(request: Request) -> float | None:
 @dataclass(frozen=True)
 class ImageCall:
     """One request of an image route: its call's fingerprint (app/jobs/calls.py), whether it is
-    a client's automatic retry, and when it must be answered (``time.monotonic()`` seconds)."""
+    a client's automatic retry, when it must be answered (``time.monotonic()`` seconds), and
+    the id of its API key (its jobs' ``api_key_id``, whose quota applies: issue 22)."""
 
     fingerprint: str
     retried: bool
     answer_by: float
+    api_key_id: str | None = None
 
     @classmethod
     def of(cls, request: Request, settings_wait_s: float, body: dict[str, Any],
@@ -139,7 +141,8 @@ class ImageCall:
             retried = False
         key = bearer_token(request.headers.get("authorization", "")) or ""
         return cls(fingerprint=call_fingerprint(key, request.url.path, body), retried=retried,
-                   answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s))
+                   answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s),
+                   api_key_id=request_key_id(request))
 
 
 class ImageGeneration(RequestBody):
@@ -373,7 +376,8 @@ async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: d
     await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
     try:
         for _ in range(count):
-            submission = await to_thread.run_sync(ctx.dispatcher.submit, model, kind, dict(params), target)
+            submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(model, kind, dict(params), target,
+                                                                                 api_key_id=call.api_key_id))
             ids.append(submission.job.id)
             if len(ids) < count:
                 await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Header, Query, Response, UploadFile
+from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
+from app.api.auth import request_key_id
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
 from app.api.strict_json import StrictJsonRoute
@@ -14,8 +15,8 @@ from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
-from app.jobs.expansion import submit_expanded
 from app.jobs.dispatch import UNSET
+from app.jobs.expansion import submit_expanded
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -26,6 +27,7 @@ MAX_PAGE = 500  # jobs per page of GET /v1/jobs
 def submit_job(
     body: JobCreate,
     ctx: Context,
+    request: Request,
     response: Response,
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
@@ -39,7 +41,10 @@ def submit_job(
 
     ``Idempotency-Key``: a retry with the same key and body returns the original job
     (header ``Idempotency-Replayed: true``) instead of creating a second one; the same key
-    with another body is refused with 422 (R20)."""
+    with another body is refused with 422 (R20).
+
+    An API key at a limit of its quota is refused with 429 ``quota_queued`` or
+    ``quota_gpu_seconds`` and ``Retry-After`` (issue 22, app/jobs/quotas.py)."""
     if dry_run:
         decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target)
         refusal = decision.get("error") or {}
@@ -49,9 +54,10 @@ def submit_job(
         return JSONResponse(decision)
     if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first (issue 20)
         submission = submit_expanded(ctx.dispatcher, body.model, dict(body.params), body.target, idempotency_key,
-                                     ctx.settings.images_wait_s)
+                                     ctx.settings.images_wait_s, request_key_id(request))
     else:
-        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key)
+        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key,
+                                           api_key_id=request_key_id(request))
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
@@ -63,7 +69,8 @@ def submit_job(
 
 
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
-def requeue_job(job_id: str, ctx: Context, response: Response, body: JobRequeue | None = None) -> JobAccepted:
+def requeue_job(job_id: str, ctx: Context, request: Request, response: Response,
+                body: JobRequeue | None = None) -> JobAccepted:
     """Submit a new job with the params of job ``job_id`` (issue 22): the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
     or names one; linked to the old job (``requeued_from``, in the job and in its result's
@@ -72,7 +79,7 @@ def requeue_job(job_id: str, ctx: Context, response: Response, body: JobRequeue 
     ``job_not_found`` for an unknown job."""
     body = body or JobRequeue()
     seed = body.seed if "seed" in body.model_fields_set else UNSET
-    submission = ctx.dispatcher.requeue(job_id, seed, body.target)
+    submission = ctx.dispatcher.requeue(job_id, seed, body.target, api_key_id=request_key_id(request))
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
@@ -154,13 +161,15 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     ``queued`` (LLEN of its exact queue list, under the broker key prefix), ``running`` (its
     running jobs in the journal), ``backlog`` (its reservations: queued + running, R14), its
     ``warm_models`` and ``committed_models`` (residency, R15) and ``drain_s``, the expected
-    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py)."""
+    seconds until its queue drains (``homefleet status``'s, app/fleet/status.py). ``host`` and
+    ``device``: the devices of one host (``box:0``, ``box:1``) have its name and their index
+    (issue 22); a single-device machine is its own host, with device null."""
     status = {row["name"]: row for row in ctx.status()}
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
         rows.append({
-            "name": name, "backend": config.backend, "memory_kind": config.memory_kind,
+            "name": name, "host": config.host_name, "device": config.device, "backend": config.backend, "memory_kind": config.memory_kind,
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
             "syncing": view.syncing, "verified_models": sorted(view.verified_models),
             "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),

@@ -44,6 +44,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
+from app.api.auth import request_key_id
 from app.api.routes.deps import Context
 from app.api.routes.images import (
     MAX_PROMPT_CHARS,
@@ -163,12 +164,15 @@ async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model
     return job, text, usage_of(job)
 
 
-async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], target: str) -> tuple[str, str]:
-    """Submit one text job now, for a streaming answer: (job id, model id). A refusal raises
-    (answered as a plain 422 before any stream starts)."""
-    model = model or await to_thread.run_sync(default_model, ctx, KIND)
-    submission = await to_thread.run_sync(ctx.dispatcher.submit, model, KIND, params, target)
-    return str(submission.job.id), model
+async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], target: str,
+                          api_key_id: str | None = None) -> tuple[str, str]:
+    """Submit one text job now, for a streaming answer: (job id, model id); a job of API key
+    ``api_key_id`` (its quota applies). A refusal raises (answered as a plain error before any
+    stream starts)."""
+    chosen = model or await to_thread.run_sync(default_model, ctx, KIND)
+    submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(chosen, KIND, params, target,
+                                                                         api_key_id=api_key_id))
+    return str(submission.job.id), chosen
 
 
 STREAM_POLL_S = 0.05
@@ -196,12 +200,14 @@ def ended_badly(job: Job) -> str:
     return f"job {job.id} ended {job.state}: {job.reason}: {job.message}"
 
 
-async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None) -> Any:
-    """Submit one text job now (a refusal raises: a plain 422) and answer its text as SSE chunks."""
+async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None,
+                      api_key_id: str | None = None) -> Any:
+    """Submit one text job now, a job of API key ``api_key_id`` (a refusal raises: a plain
+    error) and answer its text as SSE chunks."""
     from sse_starlette.sse import EventSourceResponse
 
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
-    job_id, model = await submit_text_job(ctx, body.model, params, body.target)
+    job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -255,7 +261,7 @@ async def completions(body: Completion, ctx: Context, request: Request) -> Any:
     ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
     body.params()  # refuse unsupported fields before anything is submitted
     if body.stream:
-        return await stream_text(ctx, body, body.prompt, chat=False)
+        return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
     job, text, usage = await run_text(ctx, request, body, body.prompt, chat=False)
     return {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": job.model_id,
             "choices": [{"index": 0, "text": text, "finish_reason": usage.get("finish_reason", "length"),
@@ -273,7 +279,8 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
     if body.stream:
-        return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+        return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
+                                 api_key_id=request_key_id(request))
     job, text, usage = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
     return {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": int(time.time()),
             "model": job.model_id,

@@ -36,6 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
+from app.api.auth import request_key_id
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
 from app.api.routes.text import (
@@ -160,12 +161,13 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     return answer
 
 
-async def generate_stream_answer(body: Generate, ctx: Any) -> Any:
-    """One text job, submitted now (a refusal is a plain 422), answered as TGI's event stream."""
+async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | None = None) -> Any:
+    """One text job of API key ``api_key_id``, submitted now (a refusal is a plain error),
+    answered as TGI's event stream."""
     from sse_starlette.sse import EventSourceResponse
 
     params = body.parameters.job_params(body.inputs)
-    job_id, model = await submit_text_job(ctx, body.model, params, body.target)
+    job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
 
     async def events() -> AsyncIterator[str]:
@@ -219,11 +221,11 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
 
 
 @router.post("/generate_stream", response_model=None)
-async def generate_stream(body: Generate, ctx: Context) -> Any:
+async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any:
     """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
     ``generated_text`` and ``details``."""
     body.parameters.job_params(body.inputs)
-    return await generate_stream_answer(body, ctx)
+    return await generate_stream_answer(body, ctx, request_key_id(request))
 
 
 @router.post("/", response_model=None)
@@ -232,5 +234,5 @@ async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any
     or :func:`generate_stream` when ``stream`` is true."""
     body.parameters.job_params(body.inputs)
     if body.stream:
-        return await generate_stream_answer(body, ctx)
+        return await generate_stream_answer(body, ctx, request_key_id(request))
     return JSONResponse(await generate_once(body, ctx, request))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.devices import CpuDevice, CudaDevice, MpsDevice, device_for
+from tasks.devices import CpuDevice, CudaDevice, MpsDevice, bind_device, device_for
 from tests.helpers import FakeTorch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,3 +45,19 @@ def test_device_adapters_report_memory() -> None:
     assert cpu.memory_kind == "unified" and 0 < cpu.available_bytes() <= cpu.capacity_bytes()
     with pytest.raises(ValueError, match="cpu, cuda, mps"):
         device_for("tpu", torch)
+
+
+def test_a_hosts_device_binds_its_worker_to_its_card_and_a_plain_machine_to_none(
+        caplog: pytest.LogCaptureFixture) -> None:
+    environ: dict[str, str] = {}
+    assert bind_device("box:1", environ) == 1
+    assert environ == {"CUDA_VISIBLE_DEVICES": "1"}
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1"}  # an inherited value is replaced, with a warning
+    with caplog.at_level("WARNING", logger="tasks.devices"):
+        assert bind_device("box:0", environ) == 0
+    assert environ == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert "CUDA_VISIBLE_DEVICES was '0,1'; set to 0" in caplog.text
+    for plain in ("box", "server", "Not_A_Machine"):  # the last one the server refuses
+        environ = {"CUDA_VISIBLE_DEVICES": "3"}
+        assert bind_device(plain, environ) is None
+        assert environ == {"CUDA_VISIBLE_DEVICES": "3"}
