@@ -209,10 +209,10 @@ def check_adapters(params: Mapping[str, Any], limits: FamilyLimits, family: str,
         if any(done["id"] == adapter_id for done in checked):
             raise Rejected(f"{at}.id: adapter {adapter_id!r} is named twice; give it once with its scale",
                            reason="invalid_adapters", param=f"{at}.id")
-        if (not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale)
-                or not -MAX_ADAPTER_SCALE <= scale <= MAX_ADAPTER_SCALE):
+        if (not isinstance(scale, int | float) or isinstance(scale, bool)
+                or not -MAX_ADAPTER_SCALE <= scale <= MAX_ADAPTER_SCALE):  # NaN compares false: refused too
             raise Rejected(f"{at}.scale must be a number from {-MAX_ADAPTER_SCALE:g} to {MAX_ADAPTER_SCALE:g}, "
-                           f"got {scale!r}", reason="invalid_adapters", param=f"{at}.scale")
+                           f"got {scale!r}"[:500], reason="invalid_adapters", param=f"{at}.scale")
         checked.append({"id": adapter_id, "scale": float(scale)})
     return checked
 

@@ -63,7 +63,7 @@ def test_an_unknown_adapter_is_refused_naming_it(adapter_id: Any) -> None:
     assert "homefleet models add FOLDER --adapter-of FAMILY" in error.message
 
 
-@pytest.mark.parametrize("scale", [4.5, -4.01, float("nan"), float("inf"), True, "1", None])
+@pytest.mark.parametrize("scale", [4.5, -4.01, float("nan"), float("inf"), 10**400, True, "1", None])
 def test_a_scale_out_of_range_or_not_a_number_is_refused(scale: Any) -> None:
     error = refusal([{"id": "sd-lora", "scale": scale}])
     assert (error.reason, error.param) == ("invalid_adapters", "params.adapters[0].scale")
