@@ -99,6 +99,12 @@ class Decision:
 Placement = Decision  # the name the walking skeleton used
 
 
+def job_bytes(job: JobRequest, costs: CostModel) -> int:
+    """The job's memory estimate in bytes: ``costs.job_bytes`` (weights + working memory) plus
+    its LoRA adapters' weights (issue 22: resident beside the model while it runs)."""
+    return costs.job_bytes(job.model_id, job.kind, job.size) + sum(costs.weights_bytes(a) for a in job.adapters)
+
+
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None,
               need_bytes: int | None = None) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
@@ -141,7 +147,7 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
                 f"adapter {adapter!r} is not verified on machine {name!r}; run `homefleet sync {name} {adapter}` first",
             )
     costs = costs or Estimator()
-    need = costs.job_bytes(model, job.kind, job.size) if need_bytes is None else need_bytes
+    need = job_bytes(job, costs) if need_bytes is None else need_bytes
     usable = costs.usable_bytes(name)
     if machine.commitments:
         if job.kind == "video":
@@ -255,7 +261,7 @@ def survey(
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
-    need = costs.job_bytes(job.model_id, job.kind, job.size)
+    need = job_bytes(job, costs)
     for machine in machines.values():
         refusal = exclusion(job, machine, costs, need)
         if refusal is None:

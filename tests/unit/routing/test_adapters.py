@@ -56,3 +56,15 @@ def test_r12_the_adapter_load_is_priced_on_a_warm_base_by_its_bytes_then_by_what
     assert rows["m1"]["finish_s"] == pytest.approx(plain["finish_s"] + 0.5)
     learned = LearnedTimings({("m1", ADAPTER, ADAPTER_KIND): Timing(load_s=0.02, step_s=0.0)})
     assert dry_run(job("m1"), fleet, costs(learned))["machines"]["m1"]["adapter_load_s"] == pytest.approx(0.02)
+
+
+def test_r10_the_adapters_weights_count_in_the_jobs_memory() -> None:
+    machines = {"m1": MachineProfile("m1", usable_bytes=3_200_000_000)}  # the job alone: ~2.9 GB
+    models = {MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
+              ADAPTER: ModelProfile(ADAPTER, "sd1", GB // 2, kind=ADAPTER_KIND)}
+    fleet = {"m1": view("m1", {MODEL, ADAPTER})}
+    estimator = Estimator(machines, models)
+    assert place(job("m1", adapters=()), fleet, estimator).machine == "m1"
+    with pytest.raises(Refused) as caught:
+        place(job("m1"), fleet, estimator)
+    assert caught.value.reason == "too_large"
