@@ -18,8 +18,10 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import ADAPTER, OTHER_ADAPTER, RunningFleet
-from tests.helpers import wait_for
+from tests.e2e.conftest import ADAPTER, EDIT_MODEL, OTHER_ADAPTER, RunningFleet
+from tests.helpers import png, wait_for
+
+pytestmark = pytest.mark.e2e
 
 MACHINE = "m1"
 BASE = {"prompt": "a red circle", "steps": 3, "seed": 7, "width": 32, "height": 32}
@@ -68,6 +70,29 @@ def test_an_adapter_changes_the_image_on_the_warm_pipeline_and_is_unloaded_after
     with Image.open(io.BytesIO(adapted)) as image:
         assert json.loads(image.text["homefleet"])["adapters"] == [{"id": ADAPTER, "scale": 1.0, "files": files}]
     assert with_job["params"]["adapters"] == [{"id": ADAPTER, "scale": 1.0}]
+
+
+def test_the_other_image_kinds_take_adapters_on_their_derived_pipelines(fleet: RunningFleet) -> None:
+    """img2img runs on a pipeline built with ``from_pipe`` from the resident one (its UNet is the
+    same module, so the adapter loaded on the resident pipeline applies); edit on the pix2pix
+    model (on the server) takes an adapter of its own family."""
+    image = fleet.client.upload(png(32, 32))["id"]
+    img2img = {"prompt": "a fox", "steps": 3, "seed": 3, "image": image, "strength": 1.0}
+    digests = []
+    for adapters in ([], [{"id": ADAPTER}], []):
+        accepted = fleet.client.submit(fleet.model, "img2img", {**img2img, "adapters": adapters}, target=MACHINE)
+        assert fleet.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
+        digests.append(pixel_digest(fleet.client.download(accepted["id"])))
+    assert digests[0] != digests[1] and digests[0] == digests[2]
+    edit = {"prompt": "make it blue", "steps": 2, "seed": 3, "image": image}
+    edited = []
+    for adapters in ([], [{"id": OTHER_ADAPTER, "scale": 2.0}]):
+        accepted = fleet.client.submit(EDIT_MODEL, "edit", {**edit, "adapters": adapters}, target="server")
+        job = fleet.client.wait(accepted["id"], timeout_s=180)
+        assert job["state"] == "succeeded", job
+        edited.append(pixel_digest(fleet.client.download(accepted["id"])))
+    assert edited[0] != edited[1]
+    assert job["provenance"]["adapters"][0]["id"] == OTHER_ADAPTER
 
 
 def test_r13_placement_prices_the_adapter_load_it_measured(fleet: RunningFleet) -> None:
