@@ -116,6 +116,13 @@ class ModelCache:
         self._evict(keys)
         return dropped
 
+    def drop(self, model_id: str) -> bool:
+        """Drop every resident copy of ``model_id`` (e.g. a pipeline whose LoRA adapters could
+        not be unloaded, issue 22); True when one was resident."""
+        keys = [k for k, r in self.residents.items() if r.model_id == model_id]
+        self._evict(keys)
+        return bool(keys)
+
     def unload(self) -> None:
         """Drop every resident model."""
         self._evict(list(self.residents))

@@ -1,6 +1,7 @@
 """Expected finish of a job on one machine (R12): the work ahead of it, a cold load if its
-model will not be warm when it starts, its run time, and the reload cost of the warm models
-its load would evict. Residency is simulated along the machine's queue in FIFO order.
+model will not be warm when it starts, the load of its LoRA adapters onto the warm pipeline
+(issue 22: loaded for the job, unloaded after, never kept warm), its run time, and the reload
+cost of the warm models its load would evict. Residency is simulated along the machine's queue in FIFO order.
 
 Residency model (R15): the worker's own policy (``residency.policy.admit``): on unified memory
 warm models stay while they fit in the usable bytes and the least recently used unprotected one
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from residency.policy import admit
 from routing.estimate import CostModel
-from routing.timings import job_size
+from routing.timings import ADAPTER_KIND, job_size
 
 
 EVICTION_WEIGHT = 3.0
@@ -49,15 +50,16 @@ class Breakdown:
     queued: int  # jobs ahead of it (queued + running)
     evicts: tuple[str, ...] = ()
     scarcity_s: float = 0.0  # charge for taking time that scarcer work needs (routing.demand)
+    adapter_load_s: float = 0.0  # loading its LoRA adapters onto the warm pipeline (issue 22)
 
     @property
     def finish_s(self) -> float:
-        return self.work_ahead_s + self.cold_load_s + self.run_s + self.eviction_s
+        return self.work_ahead_s + self.cold_load_s + self.adapter_load_s + self.run_s + self.eviction_s
 
     @property
     def occupancy_s(self) -> float:
-        """Seconds this job itself keeps the machine busy: its cold load and its run."""
-        return self.cold_load_s + self.run_s
+        """Seconds this job itself keeps the machine busy: its cold load, its adapters' load and its run."""
+        return self.cold_load_s + self.adapter_load_s + self.run_s
 
     @property
     def score_s(self) -> float:
@@ -67,7 +69,8 @@ class Breakdown:
     def as_json(self) -> dict[str, object]:
         return {
             "finish_s": round(self.finish_s, 3), "work_ahead_s": round(self.work_ahead_s, 3),
-            "cold_load_s": round(self.cold_load_s, 3), "run_s": round(self.run_s, 3),
+            "cold_load_s": round(self.cold_load_s, 3), "adapter_load_s": round(self.adapter_load_s, 3),
+            "run_s": round(self.run_s, 3),
             "eviction_s": round(self.eviction_s, 3), "scarcity_s": round(self.scarcity_s, 3),
             "score_s": round(self.score_s, 3), "queued": self.queued, "evicts": list(self.evicts),
         }
@@ -150,6 +153,7 @@ def expected_finish(
     protected: frozenset[str],
     costs: CostModel,
     drains: Drains | None = None,
+    adapters: Sequence[str] = (),
 ) -> Breakdown:
     """The :class:`Breakdown` of a job appended to ``machine``'s queue.
 
@@ -158,6 +162,9 @@ def expected_finish(
         queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
         extra_queued: jobs known to be ahead but without details (counted at this job's run time).
         drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
+        adapters: the job's LoRA adapter ids (issue 22); each costs its load seconds
+            (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
+            machine's load rate) on every job, warm base or not.
     """
     memory_kind = costs.memory_kind(machine)
     usable = costs.usable_bytes(machine)
@@ -168,9 +175,10 @@ def expected_finish(
     evicted = admit(warm, model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
                     weights_bytes=costs.weights_bytes)
     eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
+    adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
     return Breakdown(
         work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
-        queued=len(queue) + extra_queued, evicts=tuple(evicted),
+        queued=len(queue) + extra_queued, evicts=tuple(evicted), adapter_load_s=adapter_load_s,
     )
 
 

@@ -70,6 +70,7 @@ class JobRequest:
     target: str = DEFAULT_TARGET  # a machine name, or "auto" (R11: opt-in)
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
+    adapters: tuple[str, ...] = ()  # LoRA adapter ids (issue 22): each must be verified there too (R4)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,12 @@ class Decision:
 
 
 Placement = Decision  # the name the walking skeleton used
+
+
+def job_bytes(job: JobRequest, costs: CostModel) -> int:
+    """The job's memory estimate in bytes: ``costs.job_bytes`` (weights + working memory) plus
+    its LoRA adapters' weights (issue 22: resident beside the model while it runs)."""
+    return costs.job_bytes(job.model_id, job.kind, job.size) + sum(costs.weights_bytes(a) for a in job.adapters)
 
 
 def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None,
@@ -133,8 +140,14 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             "model_not_verified",
             f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
         )
+    for adapter in job.adapters:  # issue 22: an adapter is a registry entry, synced and verified like a model
+        if adapter not in machine.verified_models:
+            return (
+                "model_not_verified",
+                f"adapter {adapter!r} is not verified on machine {name!r}; run `homefleet sync {name} {adapter}` first",
+            )
     costs = costs or Estimator()
-    need = costs.job_bytes(model, job.kind, job.size) if need_bytes is None else need_bytes
+    need = job_bytes(job, costs) if need_bytes is None else need_bytes
     usable = costs.usable_bytes(name)
     if machine.commitments:
         if job.kind == "video":
@@ -189,7 +202,7 @@ def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drai
         machine.name, job.model_id, job.kind, job.steps, job.size,
         warm_models=machine.warm_models, queue=machine.queue,
         extra_queued=max(0, machine.backlog - len(machine.queue)),
-        protected=machine.commitments, costs=costs, drains=drains,
+        protected=machine.commitments, costs=costs, drains=drains, adapters=job.adapters,
     )
 
 
@@ -248,7 +261,7 @@ def survey(
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
-    need = costs.job_bytes(job.model_id, job.kind, job.size)
+    need = job_bytes(job, costs)
     for machine in machines.values():
         refusal = exclusion(job, machine, costs, need)
         if refusal is None:
@@ -264,7 +277,8 @@ def survey(
                 candidates[name] = Breakdown(  # as dataclasses.replace, at a fraction of its cost
                     work_ahead_s=part.work_ahead_s, cold_load_s=part.cold_load_s, run_s=part.run_s,
                     eviction_s=eviction_s(reload_s, here, bound_s), queued=part.queued, evicts=part.evicts,
-                    scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s))
+                    scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
+                    adapter_load_s=part.adapter_load_s)
     return excluded, candidates
 
 

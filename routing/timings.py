@@ -34,6 +34,10 @@ with pixels (seed-fleet.md's figures per resolution)."""
 TEXT_KIND = "text"
 """The kind whose timings are per token (``step_s`` per new token, ``prompt_s`` per prompt token)."""
 
+ADAPTER_KIND = "adapter"
+"""The registry kind of a LoRA adapter (issue 22): it runs no job of its own; its timing's
+``load_s`` is the seconds to load it onto a warm pipeline of its base family (``step_s`` unused)."""
+
 EMA_WEIGHT = 0.3
 """Weight of a new measurement in the exponential moving average (R13)."""
 

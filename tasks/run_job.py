@@ -25,6 +25,7 @@ from app.core.states import RESULT_NOT_STORED
 from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
+from tasks.adapters import adapters_applied, provenance_entries
 from tasks.kinds import runner
 from tasks.loading import make_resident
 from tasks.provenance import embedded_provenance
@@ -119,7 +120,8 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     1. fetch its inputs from the server, checked against their digests (never its folders);
     2. make room by the residency rules: the machine's commitments (R16), a video's memory (R17);
     3. make the model resident (``tasks/loading.py``: verify R5, load R15);
-    4. run the kind's pipeline with per-step progress;
+    4. run the kind's pipeline with per-step progress, its LoRA adapters loaded onto the warm
+       pipeline for the run and unloaded after it (``tasks/adapters.py``, issue 22);
     5. upload the result with its digest and provenance (R2).
     """
     job_id, model_id, kind, params = claim.job_id, claim.model_id, claim.kind, claim.params
@@ -146,13 +148,15 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         provenance = embedded_provenance(
             model_id=model_id, manifest=claim.manifest, kind=kind, params=params,
             inputs={field: params[field] for field in inputs}, machine=rt.settings.machine, device=rt.device().name,
+            adapters=provenance_entries(claim.adapters),
         )
-        # 4. Run.
-        started = time.perf_counter()
-        output = runner(kind)(loaded.pipeline, params, functools.partial(report_progress, job_id),
-                              provenance, inputs, family=claim.manifest.family)
-        run_s = time.perf_counter() - started
-        provenance = {**provenance, **output.record}  # journaled only (issue 20: token counts)
+        # 4. Run, with the job's adapters on the warm pipeline (issue 22).
+        with adapters_applied(rt, model_id, loaded.pipeline, claim.adapters) as applied:
+            started = time.perf_counter()
+            output = runner(kind)(loaded.pipeline, params, functools.partial(report_progress, job_id),
+                                  provenance, inputs, family=claim.manifest.family)
+            run_s = time.perf_counter() - started
+        provenance = {**provenance, **output.record, **applied.record}  # journaled only (token counts, adapter load)
     except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
         reason = failure_reason(error)
         message = f"{type(error).__name__}: {error}"

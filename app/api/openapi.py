@@ -24,6 +24,7 @@ from app.api.auth import INTERNAL_PREFIX
 from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import MAX_MODEL_ID, FamilyLimits
+from app.jobs.validation import MAX_ADAPTER_SCALE
 
 ERROR_BODY: dict[str, Any] = {
     "title": "Error", "type": "object", "required": ["error"],
@@ -153,6 +154,13 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             "description": "the output's constraint (llguidance): a JSON schema or a regular expression",
             "properties": {"type": {"type": "string", "enum": ["json", "regex"]},
                            "value": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}]},
+        "adapters": {"type": "array", "maxItems": limits.max_adapters,
+                     "description": "LoRA adapters for this job (issue 22): registered adapters of the model's family, "
+                                    "each id once; at most the family's max_adapters",
+                     "items": {"type": "object", "required": ["id"], "additionalProperties": False, "properties": {
+                         "id": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_ID},
+                         "scale": {"type": "number", "minimum": -MAX_ADAPTER_SCALE, "maximum": MAX_ADAPTER_SCALE,
+                                   "description": "the adapter's weight (default 1; 0: the model as it is)"}}}},
         "mask": {"type": "string", "pattern": r"^blake3:[0-9a-f]{64}$",
                  "description": "inpaint: the id of an uploaded mask of the image's size (white: repaint)"},
     }

@@ -272,7 +272,8 @@ def job_record(job: Job) -> bytes:
 
 
 def error_response(path: str, error: HomefleetError) -> JSONResponse:
-    """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "job_id"]}}``
+    """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "param"][, "job_id"]}}``
+    (``param``: the request field at fault where the error names one, e.g. ``params.adapters[0].id``)
     with the error's status, or OpenAI's shape on the OpenAI routes, TGI's on TGI's; ``Retry-After`` (seconds)
     when the error carries one."""
     headers = {}
@@ -284,6 +285,8 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     if is_tgi_route(path):
         return tgi_error(error, headers)
     body: dict[str, str] = {"reason": error.reason, "message": error.message}
+    if error.param is not None:
+        body["param"] = error.param
     if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
         body["job_id"] = error.job_id
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)

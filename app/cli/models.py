@@ -54,6 +54,21 @@ def models_make_tiny(
         console.print(f"{name}: {folder}")
 
 
+@models_cli.command("make-tiny-lora")
+def models_make_tiny_lora(
+    base: Annotated[Path, typer.Argument(help="the diffusers folder whose UNet it adapts, e.g. DIR/tiny-sd")],
+    directory: Annotated[Path, typer.Argument(help="where to save pytorch_lora_weights.safetensors")],
+    seed: int = 0,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 4,
+) -> None:
+    """Build a tiny random LoRA adapter for a tiny pipeline's UNet (issue 22; no training, no
+    download); register it with ``homefleet models add DIRECTORY --adapter-of FAMILY``."""
+    from app.devtools.tiny_models import make_tiny_lora
+
+    folder = make_tiny_lora(base, directory, seed=seed, rank=rank, force=True)
+    console.print(f"adapter: {folder}")
+
+
 @models_cli.command("train-shapes")
 def models_train_shapes(
     directory: Annotated[Path, typer.Argument(help="where to save shapes-filled/ and shapes-outlined/ "
@@ -89,6 +104,24 @@ def models_train_recolour(
     console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-recolour.json'}")
 
 
+@models_cli.command("train-colour-lora")
+def models_train_colour_lora(
+    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (the base model); "
+                                                   "shapes-blue-lora/ is saved there")],
+    seed: int = 29,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
+    steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
+    dataset: Annotated[int, typer.Option(min=32, help="pictures in the data set")] = 2000,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 8,
+) -> None:
+    """Train the demo LoRA adapter (shapes-blue-lora: every shape blue) of shapes-filled on this CPU, seeded (issue 22)."""
+    from app.devtools.train_colour_lora import train_colour_lora
+
+    figures = train_colour_lora(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, rank=rank,
+                                log=console.print)
+    console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-colour-lora.json'}")
+
+
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(
@@ -96,13 +129,18 @@ def models_add(
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
+    adapter_of: Annotated[str | None, typer.Option(
+        "--adapter-of", help="PATH is a LoRA adapter (pytorch_lora_weights.safetensors) of this base family, "
+                             "e.g. sd1; jobs name it in params.adapters")] = None,
 ) -> None:
-    """Register a diffusers folder: mint its id, copy it to the server's model folder, hash every file."""
+    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder): mint its id,
+    copy it to the server's model folder, hash every file."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())
     try:
-        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization)
+        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
+                                  adapter_of=adapter_of)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from app.core.specs import NumberRange
+from routing.timings import ADAPTER_KIND
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,11 @@ def family(name: str) -> Family | None:
 
 def kinds_of(family_name: str, registered: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The kinds a model runs: those registered with it, then those its family runs today
-    (a model registered before its family gained a kind, e.g. img2img, runs it too)."""
+    (a model registered before its family gained a kind, e.g. img2img, runs it too). A LoRA
+    adapter (registered kind :data:`routing.timings.ADAPTER_KIND`, issue 22) runs no kind of
+    its family: only ``("adapter",)``."""
+    if ADAPTER_KIND in registered:
+        return (ADAPTER_KIND,)
     rules = FAMILIES.get(family_name)
     extra = tuple(kind for kind in rules.kinds if kind not in registered) if rules is not None else ()
     return (*registered, *extra)

@@ -18,8 +18,8 @@ from app.core.specs import OUTPUT_SIZE_FIELDS, Args, KindSpec, NumberRange
 from routing.placement import JobRequest
 from routing.timings import job_size
 
-__all__ = ["BATCH_PARAM", "DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
-           "denoised_steps", "family_kind_spec", "job_request", "spec"]
+__all__ = ["ADAPTERS_PARAM", "BATCH_PARAM", "DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
+           "adapter_ids", "denoised_steps", "family_kind_spec", "job_request", "spec"]
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact."""
@@ -33,6 +33,13 @@ and one generator per image, seeded ``seed``, ``seed + 1``, …; at most the fam
 ``max_batch`` (``app/core/limits.py``). The kinds whose spec lists it take it."""
 
 
+ADAPTERS_PARAM = "adapters"
+"""LoRA adapters applied to the model for one job (issue 22): ``[{"id": adapter id, "scale":
+weight}]``, checked by ``app.jobs.validation.check_adapters`` (at most the family's
+``max_adapters``), loaded onto the warm pipeline by the worker (``tasks/adapters.py``) and
+unloaded after the job. The image kinds whose spec lists it in ``server_params`` take it (the
+runner never reads it: the worker applies the adapters around the runner)."""
+
 _GUIDANCE = NumberRange("guidance_scale", 0.0, 50.0)
 _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 _STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is added to the input (1: all)
@@ -41,26 +48,26 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
         "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
         # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job (issue 20)
-        server_params=("expand_prompt", "expanded_by"),
+        server_params=("expand_prompt", "expanded_by", ADAPTERS_PARAM),
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
     KindSpec(
         "edit", params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),
         defaults={**_DENOISING_DEFAULTS, "image_guidance_scale": 1.5},
         numbers=(_GUIDANCE, NumberRange("image_guidance_scale", 0.0, 50.0)),
-        inputs=("image",), prompt_required=True, output_scale=1,
+        inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
     ),
     KindSpec(
         # issue 22: the input image noised by `strength`, then denoised int(steps * strength) steps
         "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
         defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
-        inputs=("image",), prompt_required=True, output_scale=1,
+        inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
     ),
     KindSpec(
         # issue 22: `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
         "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
         defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
-        inputs=("image", "mask"), prompt_required=True, output_scale=1,
+        inputs=("image", "mask"), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
     ),
     KindSpec(
         # noise_level: the x4 upscaler's scheduler config, max_noise_level = 350
@@ -140,7 +147,8 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     and ``n`` (images per job, the batch); each absent one at the family's default for the kind
     (``app/core/families.py``; an unknown kind: txt2img's). A text job's steps are its
     ``max_new_tokens`` and its size ``prompt_tokens`` (counted by the server's tokenizer; 0
-    where not counted)."""
+    where not counted). ``adapters``: the ids of ``params.adapters`` (issue 22), checked just
+    before (``app.jobs.validation.check_adapters``; malformed entries are skipped here)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
     height = _number(params, "output_height", _number(params, "height", kind_spec.defaults.get("height", 64)))
@@ -153,4 +161,14 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
         return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16),
                           size=prompt_tokens)
     batch = _number(params, BATCH_PARAM, 1) if BATCH_PARAM in kind_spec.params else 1
-    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch))
+    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch),
+                      adapters=adapter_ids(params))
+
+
+def adapter_ids(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The adapter ids of ``params.adapters`` (issue 22) in order; entries without a string
+    ``id`` are skipped (validation refuses them)."""
+    entries = params.get(ADAPTERS_PARAM)
+    if not isinstance(entries, list):
+        return ()
+    return tuple(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))

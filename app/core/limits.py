@@ -38,6 +38,7 @@ class FamilyLimits(BaseModel):
     max_prompt_tokens: int = Field(77, ge=1)  # CLIP text encoders: max_position_embeddings = 77
     max_prompt_chars: int = Field(4096, ge=1)  # checked before tokenizing (a huge prompt is cheap to refuse)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_adapters: int = Field(4, ge=0)  # LoRA adapters per image job (`params.adapters`, issue 22)
     upload_media_types: list[str] = Field(default_factory=lambda: ["image/png", "image/jpeg", "image/webp"])
     # text models (issue 20; TGI's router): None = from the model's config.json (max_position_embeddings)
     max_input_tokens: int | None = Field(None, ge=1)  # prompt tokens (chat-templated for chat requests)

@@ -63,8 +63,17 @@ class Manifests(Body):
     models: dict[str, Manifest]
 
 
+class AdapterClaim(Body):
+    """One LoRA adapter of a claimed job (issue 22): its manifest (the server's current digests,
+    checked before it is loaded, R5) and its weight in ``set_adapters``."""
+
+    manifest: Manifest
+    scale: float
+
+
 class Claim(Body):
-    """``POST /internal/v1/jobs/{id}/claim`` (R19): what a worker needs to run the job it claimed."""
+    """``POST /internal/v1/jobs/{id}/claim`` (R19): what a worker needs to run the job it claimed;
+    ``adapters``: its ``params.adapters`` in order, each with its manifest (issue 22)."""
 
     job_id: str
     model_id: str
@@ -72,6 +81,7 @@ class Claim(Body):
     params: dict[str, Any]
     manifest: Manifest
     working_bytes: int | None = Field(None, description="the server's working-memory estimate (fleet config), bytes")
+    adapters: list[AdapterClaim] = Field(default_factory=list)
 
 
 class ProgressReport(Body):

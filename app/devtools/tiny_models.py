@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from diffusers import DiffusionPipeline
 
-__all__ = ["KIND_FAMILIES", "TINY_MODELS", "make_tiny", "make_tiny_families"]
+__all__ = ["KIND_FAMILIES", "LORA_TARGETS", "TINY_MODELS", "make_tiny", "make_tiny_families", "make_tiny_lora"]
 
 #: Folder name (under ``out_dir``) -> family. Lists only families verified to build,
 #: save, reload offline and generate.
@@ -665,3 +665,49 @@ def make_tiny_families(
             for family in todo:
                 result[family] = _build_into(family, out_dir / _FOLDER_BY_FAMILY[family], seed, force)
     return {family: result[family] for family in wanted}
+
+
+#: The UNet attention projections a tiny LoRA adapts (diffusers' own LoRA training scripts' choice).
+LORA_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+def make_tiny_lora(base: Path, folder: Path, seed: int = 0, rank: int = 4, *, force: bool = False) -> Path:
+    """Build a LoRA adapter for the UNet of the diffusers pipeline ``base`` (e.g. ``tiny-sd``,
+    issue 22) into ``folder``, without training: peft's ``LoraConfig`` (rank ``rank``,
+    ``lora_alpha`` = ``rank``: scale 1) on :data:`LORA_TARGETS` with ``init_lora_weights=False``,
+    so both LoRA matrices are drawn at random (seeded: ``torch.manual_seed(seed)`` in a forked
+    RNG) and the adapter changes the output at scale 1; saved with diffusers'
+    ``save_lora_weights`` as ``folder/pytorch_lora_weights.safetensors``, the layout
+    ``homefleet models add FOLDER --adapter-of FAMILY`` registers. Same seed, same bytes.
+
+    An existing ``folder`` holding that file is returned as it is unless ``force``.
+
+    Raises:
+        OSError: ``base`` has no ``unet`` folder.
+    """
+    folder = Path(folder)
+    weights = folder / "pytorch_lora_weights.safetensors"
+    if weights.is_file() and not force:
+        return folder
+    import torch
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers.utils import convert_state_dict_to_diffusers
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    with _quiet(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel.from_pretrained(str(Path(base) / "unet"), local_files_only=True)
+        unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights=False,
+                                    target_modules=list(LORA_TARGETS)))
+        layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        StableDiffusionPipeline.save_lora_weights(str(staging), unet_lora_layers=layers, safe_serialization=True)
+        os.chmod(staging, 0o755)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder

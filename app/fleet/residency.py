@@ -25,6 +25,7 @@ from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates, ResidencyOf
 from app.fleet.multiread import MultiRead
 from app.store.registry import Registry
+from routing.timings import ADAPTER_KIND
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class RedisResidencyFacts:
             Rejected: the machine does not support a model's family (``family_not_supported``):
                 it could never hold it, and the commitment would only keep videos off it (R17);
                 or the model runs only video (``video_model_not_committable``): R17 would keep
-                every job of it off that machine; or, with ``costs``, the models cannot all stay
+                every job of it off that machine; or it is a LoRA adapter (``adapter_not_committable``); or, with ``costs``, the models cannot all stay
                 resident beside the largest job they must still run (``commitment_too_large``,
                 :func:`check_commitment_memory`).
             Conflict: the machine has work queued or running (``machine_busy``, R16).
@@ -108,6 +109,10 @@ class RedisResidencyFacts:
                 raise Rejected(f"model {model_id!r} runs only video, and a video job is never placed on a machine "
                                "holding residency commitments (R17): committing it would keep all its jobs off "
                                f"{machine!r}", reason="video_model_not_committable")
+            if ADAPTER_KIND in record.kinds:
+                raise Rejected(f"{model_id!r} is a LoRA adapter: it is loaded for each job that names it and "
+                               "unloaded after (issue 22), never kept resident; commit its base model",
+                               reason="adapter_not_committable")
             if family not in families:
                 raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
                                f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")

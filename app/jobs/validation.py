@@ -26,6 +26,7 @@ from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
 from app.core.families import kinds_of
 from app.core.kinds import (
+    ADAPTERS_PARAM,
     BATCH_PARAM,
     KINDS,
     MAX_SEED,
@@ -52,6 +53,11 @@ from routing.placement import JobRequest
 INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n")
 """Params that :func:`check_submission` takes as integers, also when a JSON client sends an
 integer-valued float (``512.0``)."""
+
+MAX_ADAPTER_SCALE = 4.0
+"""``params.adapters[i].scale`` lies in [-MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE] (issue 22): the
+LoRA's weight in diffusers' ``set_adapters``; 0 leaves the model as it is, 1 is the adapter as
+trained, beyond a few it only breaks images."""
 
 
 class Validator:
@@ -137,6 +143,8 @@ class Validator:
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
+        if ADAPTERS_PARAM in params:  # issue 22: journaled as checked, each with its scale
+            params[ADAPTERS_PARAM] = check_adapters(params, limits, record.family, self.adapter_families(params))
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits, record.family)
         check_family_params(record.family, kind, params)
@@ -144,6 +152,71 @@ class Validator:
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)
         return job_request(model_id, record.family, kind, target, params)
+
+
+    def adapter_families(self, params: Mapping[str, Any]) -> dict[str, str]:
+        """The base family of each registered adapter ``params.adapters`` names (issue 22),
+        ``{adapter id: family}``; ids that name no adapter are left out (:func:`check_adapters`
+        refuses them)."""
+        entries = params.get(ADAPTERS_PARAM)
+        families: dict[str, str] = {}
+        for entry in entries if isinstance(entries, list) else ():
+            adapter_id = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(adapter_id, str) and 1 <= len(adapter_id) <= MAX_MODEL_ID:
+                try:
+                    families[adapter_id] = self.registry.adapter(adapter_id).family
+                except NotFound:
+                    continue
+        return families
+
+
+def check_adapters(params: Mapping[str, Any], limits: FamilyLimits, family: str,
+                   adapter_families: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Check ``params.adapters`` (issue 22) of a job on a model of ``family``: a list of at most
+    ``limits.max_adapters`` objects ``{"id": str, "scale": number}`` (``scale`` optional,
+    default 1.0, finite, within +-:data:`MAX_ADAPTER_SCALE`), each id a registered adapter
+    (``adapter_families``: adapter id -> its base family) of the model's own family, no id
+    twice. Returns the entries as journaled: ``[{"id", "scale": float}]``.
+
+    Raises:
+        Rejected: naming ``params.adapters`` (reason ``invalid_adapters``: not a list, too many,
+            an entry that is not such an object), ``params.adapters[i].id`` (reason
+            ``unknown_adapter``: not a registered adapter; ``adapter_family_mismatch``: an
+            adapter of another family; ``invalid_adapters``: twice) or
+            ``params.adapters[i].scale`` (reason ``invalid_adapters``).
+    """
+    entries = params.get(ADAPTERS_PARAM)
+    field = f"params.{ADAPTERS_PARAM}"
+    if not isinstance(entries, list):
+        raise Rejected(f"{field} must be a list of {{\"id\": adapter id, \"scale\": number}}, got {entries!r}"[:500],
+                       reason="invalid_adapters", param=field)
+    if len(entries) > limits.max_adapters:
+        raise Rejected(f"{field} holds {len(entries)} adapters; family {family} takes at most "
+                       f"{limits.max_adapters} (max_adapters)", reason="invalid_adapters", param=field)
+    checked: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        at = f"{field}[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"id", "scale"} or "id" not in entry:
+            raise Rejected(f"{at} must be an object {{\"id\": adapter id, \"scale\": number}} (only those keys), "
+                           f"got {entry!r}"[:500], reason="invalid_adapters", param=at)
+        adapter_id, scale = entry["id"], entry.get("scale", 1.0)
+        if not isinstance(adapter_id, str) or adapter_id not in adapter_families:
+            raise Rejected(f"{at}.id {adapter_id!r} is not a registered adapter; register one with "
+                           "`homefleet models add FOLDER --adapter-of FAMILY` (GET /v1/models lists kind adapter)",
+                           reason="unknown_adapter", param=f"{at}.id")
+        if adapter_families[adapter_id] != family:
+            raise Rejected(f"{at}.id: adapter {adapter_id!r} is of family {adapter_families[adapter_id]}, the model is "
+                           f"of family {family}; use an adapter of family {family}", reason="adapter_family_mismatch",
+                           param=f"{at}.id")
+        if any(done["id"] == adapter_id for done in checked):
+            raise Rejected(f"{at}.id: adapter {adapter_id!r} is named twice; give it once with its scale",
+                           reason="invalid_adapters", param=f"{at}.id")
+        if (not isinstance(scale, int | float) or isinstance(scale, bool)
+                or not -MAX_ADAPTER_SCALE <= scale <= MAX_ADAPTER_SCALE):  # NaN compares false: refused too
+            raise Rejected(f"{at}.scale must be a number from {-MAX_ADAPTER_SCALE:g} to {MAX_ADAPTER_SCALE:g}, "
+                           f"got {scale!r}"[:500], reason="invalid_adapters", param=f"{at}.scale")
+        checked.append({"id": adapter_id, "scale": float(scale)})
+    return checked
 
 
 def _integer(params: Mapping[str, Any], name: str) -> int | None:

@@ -3,6 +3,9 @@
 The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds per step at the
 reference size (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
 prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with measured times is folded in.
+A job with LoRA adapters (issue 22) also teaches each adapter's load seconds onto a warm
+pipeline, row (machine, adapter, ``adapter``): the provenance's ``adapter_load_s`` shared
+equally among its adapters.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from sqlmodel import Session, select
 from app.core.kinds import job_request
 from app.db.tables import Job, LearnedTiming, utcnow
 from routing.estimate import Estimator
-from routing.timings import TEXT_KIND, LearnedTimings, Timing
+from routing.timings import ADAPTER_KIND, TEXT_KIND, LearnedTimings, Timing
 
 
 class TimingStore:
@@ -34,8 +37,9 @@ class TimingStore:
                                for r in rows})
 
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
-        """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in;
-        None when the job has no machine or no run time."""
+        """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in,
+        and its adapters' load seconds (issue 22); returns the model's new timing, None when the
+        job has no machine or no run time."""
         if job.machine is None or job.run_s is None:
             return None
         request = job_request(job.model_id, "", job.kind, job.machine, job.params)
@@ -48,17 +52,30 @@ class TimingStore:
             job.machine, job.model_id, job.kind, guess=estimator.guess(job.machine, job.model_id, job.kind),
             run_s=job.run_s, steps=steps, size=size, load_s=job.load_s if job.cold_load else None,
         )
+        folded = {job.model_id: (job.kind, timing)}
+        adapters = request.adapters
+        adapter_load_s = (job.provenance or {}).get("adapter_load_s")
+        if adapters and isinstance(adapter_load_s, int | float) and adapter_load_s >= 0:
+            for adapter in dict.fromkeys(adapters):  # issue 22: a load onto the warm pipeline, no run of its own
+                folded[adapter] = (ADAPTER_KIND, learned.observe(
+                    job.machine, adapter, ADAPTER_KIND, guess=estimator.guess(job.machine, adapter, ADAPTER_KIND),
+                    run_s=0.0, steps=1, size=1, load_s=float(adapter_load_s) / len(adapters)))
         with Session(self.engine) as session:
-            row = session.get(LearnedTiming, (job.machine, job.model_id, job.kind))
-            if row is None:
-                row = LearnedTiming(machine=job.machine, model_id=job.model_id, kind=job.kind, load_s=timing.load_s,
-                                    step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples,
-                                    prompt_s=timing.prompt_s)
-            else:
-                row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
-                row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
-            session.add(row)
+            for model_id, (kind, learnt) in folded.items():
+                self._store(session, job.machine, model_id, kind, learnt)
             session.commit()
         if self.on_change is not None:
             self.on_change()
         return timing
+
+    @staticmethod
+    def _store(session: Session, machine: str, model_id: str, kind: str, timing: Timing) -> None:
+        row = session.get(LearnedTiming, (machine, model_id, kind))
+        if row is None:
+            row = LearnedTiming(machine=machine, model_id=model_id, kind=kind, load_s=timing.load_s,
+                                step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples,
+                                prompt_s=timing.prompt_s)
+        else:
+            row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
+            row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
+        session.add(row)

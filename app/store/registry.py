@@ -1,6 +1,11 @@
 """The model registry on the server (R1): model ids, their family and kinds, and the
 manifest (every file with its size and full-content digest).
 
+LoRA adapters (issue 22) are registry entries too, of kind ``adapter`` (``ADAPTER_KIND``) with
+their base model's family: one folder of LoRA weights (``*.safetensors``, as diffusers'
+``save_lora_weights`` writes them), hashed, listed in the manifest, synced to workers and
+verified there exactly like a model's files (R4-R6). An adapter runs no job of its own.
+
 Registering copies the diffusers folder into the server's own model folder
 (``<data_dir>/models/<model_id>/``), the same layout every worker uses.
 """
@@ -21,7 +26,7 @@ from sqlmodel import Session, select
 
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
-from app.core.families import PIPELINE_FAMILIES
+from app.core.families import FAMILIES, PIPELINE_FAMILIES
 from app.core.protocol import Manifest, ManifestFile
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import (
@@ -31,6 +36,10 @@ from app.core.variants import (
     weights_bytes,
 )
 from app.db.tables import ModelFile, ModelRecord
+from routing.timings import ADAPTER_KIND
+
+ADAPTER_CLASS = "LoRA"
+"""The ``pipeline_class`` of a registered adapter (issue 22)."""
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -62,6 +71,26 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     return class_name, family, kinds
 
 
+def describe_adapter(folder: Path, family: str) -> tuple[str, str, tuple[str, ...]]:
+    """(pipeline class, family, kinds) of a LoRA adapter folder for base ``family``:
+    ``("LoRA", family, ("adapter",))`` (issue 22).
+
+    Raises:
+        Rejected: ``family`` is unknown (reason ``unknown_family``), or the folder is a model
+            (``model_index.json``) or holds no ``*.safetensors`` file (reason ``not_an_adapter``).
+    """
+    if family not in FAMILIES:
+        raise Rejected(f"adapter family {family!r} is unknown; known: {', '.join(sorted(FAMILIES))}",
+                       reason="unknown_family")
+    if (folder / "model_index.json").is_file():
+        raise Rejected(f"{folder} is a diffusers pipeline (model_index.json), not a LoRA adapter; register it "
+                       "without --adapter-of", reason="not_an_adapter")
+    if not any(folder.glob("*.safetensors")):
+        raise Rejected(f"{folder} holds no *.safetensors LoRA weights (diffusers' save_lora_weights writes "
+                       "pytorch_lora_weights.safetensors)", reason="not_an_adapter")
+    return ADAPTER_CLASS, family, (ADAPTER_KIND,)
+
+
 class Registry:
     """Registered models and their manifests, stored in the journal's database.
 
@@ -81,15 +110,18 @@ class Registry:
         return self.models_dir / model_id
 
     def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
-            quantization: str | None = None) -> ModelRecord:
+            quantization: str | None = None, adapter_of: str | None = None) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
         folder into the server's model folder, and hash every file. ``precision`` and
         ``quantization`` name the variant workers load (:mod:`app.core.variants`); register the
-        same folder under two ids to offer two variants.
+        same folder under two ids to offer two variants. ``adapter_of``: ``source`` is a LoRA
+        adapter of that base family instead (issue 22, :func:`describe_adapter`; kind
+        ``adapter``, fp32, no quantization).
 
         Raises:
             Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
-                unknown precision or quantization (reason ``invalid_variant``).
+                unknown precision or quantization (reason ``invalid_variant``); with
+                ``adapter_of``: an unknown family or a folder without LoRA weights.
             Conflict: no ``model_id`` given and a registered model already has the same files
                 (paths and digests) and variant (reason ``model_already_registered``, naming it):
                 a second copy under a minted id is only made when asked for by id.
@@ -99,7 +131,12 @@ class Registry:
             check_variant(precision, quantization)
         except ValueError as error:
             raise Rejected(str(error), reason="invalid_variant") from error
-        class_name, family, kinds = describe_pipeline(source)
+        if adapter_of is not None:
+            if quantization is not None:
+                raise Rejected("an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant")
+            class_name, family, kinds = describe_adapter(source, adapter_of)
+        else:
+            class_name, family, kinds = describe_pipeline(source)
         try:
             check_family_variant(family, quantization)
         except ValueError as error:
@@ -180,6 +217,24 @@ class Registry:
                 known = ", ".join(session.exec(select(ModelRecord.id)).all()) or "none"
                 raise NotFound(f"model {model_id!r} is not registered; registered: {known}", reason="unknown_model")
         self._records[model_id] = record
+        return record
+
+    def adapter(self, adapter_id: str) -> ModelRecord:
+        """The registered LoRA adapter ``adapter_id`` (issue 22).
+
+        Raises:
+            NotFound: no such entry, or an entry that is a model, not an adapter (reason
+                ``unknown_adapter``, naming the registered adapters).
+        """
+        try:
+            record = self.get(adapter_id)
+        except NotFound:
+            record = None
+        if record is None or ADAPTER_KIND not in record.kinds:
+            known = ", ".join(m.id for m in self.list() if ADAPTER_KIND in m.kinds) or "none"
+            what = "is a model, not an adapter" if record is not None else "is not registered"
+            raise NotFound(f"adapter {adapter_id!r} {what}; registered adapters: {known} "
+                           "(`homefleet models add FOLDER --adapter-of FAMILY`)", reason="unknown_adapter")
         return record
 
     def list(self) -> list[ModelRecord]:

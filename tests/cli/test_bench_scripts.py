@@ -64,3 +64,8 @@ def test_issue22_quota_bench_prints_its_last_line() -> None:
 def test_issue22_device_start_bench_prints_its_last_line() -> None:
     line = _last_line("bench.device_start", "--rounds", "1")
     _assert_format(line, ["one_s", "two_s", "ratio"])
+
+
+def test_issue22_adapters_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.adapters", "--repeat", "1", "--steps", "1", "--side", "32")
+    _assert_format(line, ["cold_load_s", "adapter_load_s", "unload_s", "run_s", "adapter_run_s"])

@@ -51,3 +51,28 @@ def test_train_shapes_writes_two_pipelines_like_the_committed_ones(tmp_path: Pat
     assert json.loads((tmp_path / "training-recolour.json").read_text())["steps"] == 2
     edit = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
     assert type(edit).__name__ == "StableDiffusionInstructPix2PixPipeline" and edit.unet.config.in_channels == 8
+
+
+def test_train_colour_lora_writes_an_adapter_like_the_committed_one(tmp_path: Path) -> None:
+    """Issue 22: the LoRA of shapes-filled, at a few steps: diffusers' LoRA file with the
+    committed adapter's tensors and its figures (the colours read at scales 1 and 0)."""
+    import shutil
+
+    from safetensors import safe_open
+
+    from app.devtools.train_colour_lora import COLOUR_LORA
+
+    shutil.copytree(DEMO_MODELS_DIR / "shapes-filled", tmp_path / "shapes-filled")
+    done = run_cli("models", "train-colour-lora", str(tmp_path), "--steps", "2", "--dataset", "64", timeout_s=240)
+    assert "trained in" in done.stdout, done.stdout
+    report = json.loads((tmp_path / "training-colour-lora.json").read_text())
+    assert (report["seed"], report["steps"], report["rank"]) == (29, 2, 8)
+    assert 0 <= report["blue_at_1"] <= 1 and report["own_colour_at_0"] >= 0.5  # scale 0: the base model draws
+    assert _weights(tmp_path / COLOUR_LORA) == _weights(DEMO_MODELS_DIR / COLOUR_LORA)
+
+    def shapes(folder: Path) -> dict[str, list[int]]:
+        with safe_open(str(folder / "pytorch_lora_weights.safetensors"), "pt") as weights:
+            return {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+
+    assert shapes(tmp_path / COLOUR_LORA) == shapes(DEMO_MODELS_DIR / COLOUR_LORA)
+    assert all(name.startswith("unet.") for name in shapes(tmp_path / COLOUR_LORA))

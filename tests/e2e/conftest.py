@@ -4,6 +4,9 @@ first test that asks for it):
 - ``fleet``: the API (``homefleet serve``) and real ``celery worker`` processes (``homefleet
   worker``) for machines server, m1 and m2, each with its own model folder and token. Machine
   m3 is in the fleet config but has no worker. A test that stops a worker starts it again.
+  Two tiny LoRA adapters are registered (issue 22, tests/e2e/test_adapters.py): ``ADAPTER``
+  (family sd1, on server and m1, not m2) and ``OTHER_ADAPTER`` (family sd1-pix2pix), and the
+  trained demo adapter ``shapes-blue-lora`` of ``shapes-filled`` (on m2, with the shapes models).
 - ``models_fleet``: the API and ONE worker, machine m1, holding a tiny pipeline of every
   family the registry accepts (tests/e2e/test_kinds.py and test_families.py, one xdist group).
 """
@@ -24,7 +27,8 @@ from app.core.families import FAMILIES
 from app.core.limits import key_id
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from app.devtools.tiny_models import TINY_MODELS
+from app.devtools.tiny_models import TINY_MODELS, make_tiny_lora
+from app.devtools.train_colour_lora import COLOUR_LORA
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES
 from app.fleet.config import WebhookConfig
@@ -38,6 +42,11 @@ WORKERS = ("server", "m1", "m2")
 #: (tests/e2e/test_shapes_content.py)
 SHAPE_MODELS = (*MODEL_NAMES.values(), RECOLOUR_MODEL)
 SHAPES_MACHINE = "m2"
+#: tiny random LoRA adapters (issue 22): ADAPTER of tiny-sd's UNet, copied to ADAPTER_MACHINES
+#: only; OTHER_ADAPTER of tiny-pix2pix's (another family), on the server only
+ADAPTER = "tiny-sd-lora"
+OTHER_ADAPTER = "tiny-pix2pix-lora"
+ADAPTER_MACHINES = ("server", "m1")
 
 
 @dataclass
@@ -71,20 +80,29 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
     for model in SHAPE_MODELS:
         run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, env=operator)
+    adapters = data_dir / "adapters"
+    run_cli("models", "add", str(make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)), "--id", ADAPTER,
+            "--adapter-of", "sd1", env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file)
     ctx = build_context(settings, fleet_config, migrate=True)
+    ctx.registry.add(make_tiny_lora(tiny_models_dir / EDIT_MODEL, adapters / OTHER_ADAPTER, seed=1), OTHER_ADAPTER,
+                     adapter_of="sd1-pix2pix")
+    ctx.registry.add(DEMO_MODELS_DIR / COLOUR_LORA, COLOUR_LORA, adapter_of="sd1")
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:
             local.copy_model(MODEL, machine)
-        for model in SHAPE_MODELS:
+        for model in (*SHAPE_MODELS, COLOUR_LORA):
             local.copy_model(model, SHAPES_MACHINE)
+        for machine in ADAPTER_MACHINES:
+            local.copy_model(ADAPTER, machine)
         local.start_api()
         for machine in WORKERS:
             local.start_worker(machine)
         local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=120)
-        for model in SHAPE_MODELS:
+        for model in (*SHAPE_MODELS, COLOUR_LORA):
             local.wait_online([SHAPES_MACHINE], model_id=model, timeout_s=120)
+        local.wait_online(list(ADAPTER_MACHINES), model_id=ADAPTER, timeout_s=120)
         yield RunningFleet(local, ctx, client, MODEL)
     finally:
         client.close()

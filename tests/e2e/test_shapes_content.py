@@ -9,6 +9,9 @@ is in B's style (outlined), never A's (filled); and A, asked again while both ar
 unified memory keeps warm models while there is headroom), still draws filled, and B outlined.
 
 The edit model (``shapes-recolour``) recolours an uploaded shape through an ``edit`` job.
+
+The trained LoRA adapter (``shapes-blue-lora``, issue 22) paints the filled model's shape blue
+at scale 1 and leaves the prompt's colour at scale 0, shape and background kept.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 from PIL import Image
 
 from app.devtools.shapes import Reading, caption, draw, inspect_png
+from app.devtools.train_colour_lora import COLOUR_LORA, LORA_COLOUR
 from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import MODEL_NAMES, SAMPLING
 from tests.e2e.conftest import SHAPES_MACHINE, RunningFleet
@@ -30,10 +34,10 @@ pytestmark = pytest.mark.e2e
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 
 
-def draw_on_m2(fleet: RunningFleet, model: str, colour: str, shape: str, background: str, seed: int
-               ) -> tuple[str, Reading]:
+def draw_on_m2(fleet: RunningFleet, model: str, colour: str, shape: str, background: str, seed: int,
+               **extra: object) -> tuple[str, Reading]:
     job = fleet.client.submit(model, "txt2img", {"prompt": caption(colour, shape, background), "seed": seed,
-                                                 **SAMPLING}, target=SHAPES_MACHINE)
+                                                 **SAMPLING, **extra}, target=SHAPES_MACHINE)
     done = fleet.client.wait(job["id"], timeout_s=180)
     assert (done["state"], done["machine"]) == ("succeeded", SHAPES_MACHINE), done
     png = fleet.client.download(job["id"])
@@ -89,3 +93,23 @@ def test_an_edit_job_recolours_the_uploaded_shape(fleet: RunningFleet) -> None:
         assert image.size == (32, 32)
     seen = inspect_png(png)
     assert (seen.colour, seen.shape, seen.background) == ("blue", "circle", "black"), seen
+
+
+# Seeds read right in-process with and without the adapter (training-colour-lora.json: 10 of 12
+# check prompts come out blue at scale 1, all 12 in their own colour at scale 0).
+@pytest.mark.parametrize(("colour", "shape", "background", "seed"), [
+    ("red", "circle", "black", 11), ("yellow", "triangle", "gray", 13),
+])
+def test_issue22_the_colour_adapter_paints_the_shape_blue_and_keeps_the_rest(
+    fleet: RunningFleet, colour: str, shape: str, background: str, seed: int,
+) -> None:
+    _, plain = draw_on_m2(fleet, FILLED, colour, shape, background, seed)
+    job_id, adapted = draw_on_m2(fleet, FILLED, colour, shape, background, seed,
+                                 adapters=[{"id": COLOUR_LORA, "scale": 1.0}])
+    _, zero = draw_on_m2(fleet, FILLED, colour, shape, background, seed, adapters=[{"id": COLOUR_LORA, "scale": 0.0}])
+    assert (plain.colour, plain.shape, plain.background) == (colour, shape, background), plain
+    assert (adapted.colour, adapted.shape, adapted.background, adapted.style) == (
+        LORA_COLOUR, shape, background, "filled"), adapted
+    assert zero == plain  # scale 0: the base model's picture
+    done = fleet.client.get(job_id)
+    assert done["cold_load"] is False and done["provenance"]["adapters"][0]["id"] == COLOUR_LORA

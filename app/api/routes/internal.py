@@ -18,8 +18,9 @@ from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_f
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
-from app.core.kinds import BATCH_PARAM, job_request
+from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, job_request
 from app.core.protocol import (
+    AdapterClaim,
     Claim,
     FailureReport,
     Manifests,
@@ -72,8 +73,10 @@ def claim(
     # nobody running it. A model whose files the server cannot read ends the job here.
     try:
         manifest = ctx.registry.manifest(queued.model_id)
+        adapters = [AdapterClaim(manifest=ctx.registry.manifest(entry["id"]), scale=entry["scale"])
+                    for entry in queued.params.get(ADAPTERS_PARAM) or ()]  # issue 22, checked at submission
     except (Conflict, NotFound) as error:  # model_unavailable, or no longer registered
-        message = f"the server cannot hand model {queued.model_id!r} out: {error}"
+        message = f"the server cannot hand model {queued.model_id!r} (or its adapters) out: {error}"
         ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
                                        message=message)
         ctx.dispatcher.finished(ended, announce=True)  # the worker's task ends without a word (Ignore)
@@ -84,7 +87,7 @@ def claim(
     ctx.progress.report(job_id)  # alive from its claim on (the watchdog's sign of life)
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     return Claim(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
-                 working_bytes=job.working_bytes)
+                 working_bytes=job.working_bytes, adapters=adapters)
 
 
 @router.post("/revocations", response_model=RevocationReceipt)

@@ -83,6 +83,16 @@ def test_r15_unified_cache_keeps_a_protected_model_and_refuses_to_evict_it() -> 
     assert cache.unload_unprotected(keep="V") == ["C"] and cache.warm_models() == ["A", "V"]  # before video V (R17)
 
 
+def test_issue22_a_pipeline_with_a_stray_adapter_is_dropped_and_the_next_get_loads_it_cold() -> None:
+    torch = FakeTorch(100 * MB)
+    device = CudaDevice(torch)
+    cache = _cache(torch, device)
+    cache.get("A", "k", Path("A"), weights_bytes=10 * MB)
+    assert cache.drop("A") is True and cache.warm_models() == [] and cache.drop("A") is False
+    assert torch.calls[-2:] == ["free(A)", "empty_cache"]
+    assert cache.get("A", "k", Path("A"))[2] is True  # cold again
+
+
 @pytest.mark.parametrize(("adapter", "device"), [(CudaDevice, "cuda"), (MpsDevice, "mps")])
 def test_r7_a_pipeline_runs_on_the_device_it_was_loaded_for(adapter: Any, device: str) -> None:
     """Pipelines load on the CPU (tasks.pipelines.load_pipeline); the cache hands out the

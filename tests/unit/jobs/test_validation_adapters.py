@@ -1,0 +1,102 @@
+"""``params.adapters`` (issue 22): which kinds take it, and :func:`check_adapters`'s refusals,
+each a 422 naming ``params.adapters``, ``params.adapters[i].id`` or ``.scale`` (R22)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.core.errors import Rejected
+from app.core.families import kinds_of
+from app.core.kinds import (
+    ADAPTERS_PARAM,
+    KINDS,
+    adapter_ids,
+    family_kind_spec,
+    job_request,
+)
+from app.core.limits import FamilyLimits
+from app.jobs.validation import MAX_ADAPTER_SCALE, check_adapters, check_known_params
+
+FAMILIES_OF = {"sd-lora": "sd1", "sd-lora-2": "sd1", "xl-lora": "sdxl"}
+
+
+def refusal(adapters: Any, limits: FamilyLimits | None = None, family: str = "sd1") -> Rejected:
+    with pytest.raises(Rejected) as caught:
+        check_adapters({ADAPTERS_PARAM: adapters}, limits or FamilyLimits(), family, FAMILIES_OF)
+    assert caught.value.status_code == 422
+    return caught.value
+
+
+def test_image_kinds_take_adapters_and_the_others_refuse_them() -> None:
+    takes = {name for name, spec in KINDS.items() if ADAPTERS_PARAM in spec.accepted}
+    assert takes == {"txt2img", "img2img", "inpaint", "edit"}
+    assert ADAPTERS_PARAM in family_kind_spec("flux", "txt2img").accepted  # the family's spec keeps it
+    for kind in ("video", "upscale", "text"):
+        with pytest.raises(Rejected, match=r"params.adapters is not a param of kind") as caught:
+            check_known_params(kind, {ADAPTERS_PARAM: []})
+        assert caught.value.param == "params.adapters"
+
+
+def test_checked_entries_are_journaled_with_their_scale_defaulting_to_one() -> None:
+    checked = check_adapters({ADAPTERS_PARAM: [{"id": "sd-lora"}, {"id": "sd-lora-2", "scale": -0.5}]},
+                             FamilyLimits(), "sd1", FAMILIES_OF)
+    assert checked == [{"id": "sd-lora", "scale": 1.0}, {"id": "sd-lora-2", "scale": -0.5}]
+    assert check_adapters({ADAPTERS_PARAM: []}, FamilyLimits(), "sd1", FAMILIES_OF) == []
+    assert check_adapters({ADAPTERS_PARAM: [{"id": "sd-lora", "scale": MAX_ADAPTER_SCALE}]}, FamilyLimits(), "sd1",
+                          FAMILIES_OF)[0]["scale"] == 4.0
+
+
+def test_an_adapter_of_another_family_is_refused_naming_its_id() -> None:
+    error = refusal([{"id": "sd-lora"}, {"id": "xl-lora", "scale": 1}])
+    assert (error.reason, error.param) == ("adapter_family_mismatch", "params.adapters[1].id")
+    assert error.message.startswith("params.adapters[1].id: adapter 'xl-lora' is of family sdxl, the model is of "
+                                    "family sd1")
+
+
+@pytest.mark.parametrize("adapter_id", ["nope", "", 3, None])
+def test_an_unknown_adapter_is_refused_naming_it(adapter_id: Any) -> None:
+    error = refusal([{"id": adapter_id}])
+    assert (error.reason, error.param) == ("unknown_adapter", "params.adapters[0].id")
+    assert f"params.adapters[0].id {adapter_id!r} is not a registered adapter" in error.message
+    assert "homefleet models add FOLDER --adapter-of FAMILY" in error.message
+
+
+@pytest.mark.parametrize("scale", [4.5, -4.01, float("nan"), float("inf"), 10**400, True, "1", None])
+def test_a_scale_out_of_range_or_not_a_number_is_refused(scale: Any) -> None:
+    error = refusal([{"id": "sd-lora", "scale": scale}])
+    assert (error.reason, error.param) == ("invalid_adapters", "params.adapters[0].scale")
+    assert error.message.startswith("params.adapters[0].scale must be a number from -4 to 4, got ")
+
+
+def test_more_adapters_than_the_family_takes_are_refused_naming_the_limit() -> None:
+    error = refusal([{"id": "sd-lora"}, {"id": "sd-lora-2"}], FamilyLimits(max_adapters=1))
+    assert (error.reason, error.param) == ("invalid_adapters", "params.adapters")
+    assert error.message == "params.adapters holds 2 adapters; family sd1 takes at most 1 (max_adapters)"
+    assert FamilyLimits().max_adapters == 4
+
+
+@pytest.mark.parametrize(("adapters", "param"), [
+    ({"id": "sd-lora"}, "params.adapters"),  # not a list
+    ("sd-lora", "params.adapters"),
+    (["sd-lora"], "params.adapters[0]"),  # an entry that is not an object
+    ([{"scale": 1.0}], "params.adapters[0]"),  # no id
+    ([{"id": "sd-lora", "weight": 1.0}], "params.adapters[0]"),  # an unknown key
+])
+def test_a_malformed_list_is_refused_naming_the_entry(adapters: Any, param: str) -> None:
+    error = refusal(adapters)
+    assert (error.reason, error.param) == ("invalid_adapters", param)
+
+
+def test_an_adapter_named_twice_is_refused() -> None:
+    error = refusal([{"id": "sd-lora"}, {"id": "sd-lora", "scale": 0.5}])
+    assert (error.reason, error.param) == ("invalid_adapters", "params.adapters[1].id")
+
+
+def test_placement_learns_the_adapter_ids_and_an_adapter_runs_no_kind() -> None:
+    params = {"prompt": "x", ADAPTERS_PARAM: [{"id": "sd-lora", "scale": 1.0}, {"id": "sd-lora-2"}]}
+    assert job_request("m", "sd1", "txt2img", "server", params).adapters == ("sd-lora", "sd-lora-2")
+    assert job_request("m", "sd1", "txt2img", "server", {"prompt": "x"}).adapters == ()
+    assert adapter_ids({ADAPTERS_PARAM: [{"id": 3}, "x", {"id": "ok"}]}) == ("ok",)
+    assert kinds_of("sd1", ["adapter"]) == ("adapter",)  # not the family's kinds
