@@ -159,7 +159,7 @@ def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook
         evil = client.post("/v1/jobs", json={**body, "webhook_url": "https://evil.example/hook"})
         assert evil.status_code == 422
         assert evil.json()["error"] == {
-            "reason": "invalid_webhook_url", "job_id": evil.json()["error"]["job_id"],
+            "reason": "invalid_webhook_url", "job_id": evil.json()["error"]["job_id"], "param": "webhook_url",
             "message": "webhook_url: host 'evil.example' is not in the fleet's webhook allow-list ['127.0.0.1'] "
                        "(the fleet file's [webhooks] allow_hosts)"}
         refused = hook_ctx.journal.get(evil.json()["error"]["job_id"])
