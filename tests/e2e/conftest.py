@@ -24,7 +24,7 @@ from app.client import HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.families import FAMILIES
-from app.core.limits import key_id
+from app.core.limits import KeyQuota, key_id
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS, make_tiny_lora
@@ -37,6 +37,10 @@ from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, make_fleet, run_cli
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
 WORKERS = ("server", "m1", "m2")
+#: an API key of the session fleet under a quota: one job queued or running at once, 0.05
+#: GPU-seconds an hour (any real job spends more)
+QUOTA_KEY = "quota-e2e-key-0123456789"
+QUOTA_NAME = "e2e-quota"
 #: the trained demo models (issue 19: filled and outlined shapes, the recolouring edit model),
 #: registered from their committed folders and copied to SHAPES_MACHINE only
 #: (tests/e2e/test_shapes_content.py)
@@ -69,8 +73,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     fleet_file.write_text(fleet_config.to_toml())
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
+        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY, QUOTA_KEY],
         webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
+        # issue 22: a second key under a quota (tests/e2e/test_job_way.py); TEST_API_KEY has none
+        api_key_quotas={QUOTA_NAME: KeyQuota(key_prefix=QUOTA_KEY, max_queued_jobs=1, max_gpu_seconds_per_hour=0.05)},
     )
     # The journal created and the models registered through the CLI, as an operator does.
     operator = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),

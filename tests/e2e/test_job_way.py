@@ -16,14 +16,21 @@ import httpx
 import pytest
 from PIL import Image
 
+from app.client import ApiError, HomefleetClient
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
-from app.client import ApiError
 from app.core.digest import bytes_digest
 from app.core.states import JobState
-from tests.e2e.conftest import RunningFleet
 from app.jobs.webhooks import verify
-from tests.helpers import TEST_WEBHOOK_SECRET, files_under, wait_for, webhook_receiver
+from tests.e2e.conftest import QUOTA_KEY, QUOTA_NAME, RunningFleet
+from tests.helpers import (
+    TEST_WEBHOOK_SECRET,
+    files_under,
+    run_cli,
+    settings_env,
+    wait_for,
+    webhook_receiver,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +56,40 @@ def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(f
         assert '"model_id": "tiny-sd"' in image.info["homefleet"]  # provenance travels in the PNG
     # R2: the worker keeps no copy: its folders hold exactly what they held before.
     assert files_under(fleet.local.machine_dir("m1")) == m1_before
+
+
+def test_issue22_a_keys_quota_refuses_with_429_while_its_job_waits_then_for_its_gpu_seconds(fleet: RunningFleet) -> None:
+    """A key under a quota (max_queued_jobs=1, max_gpu_seconds_per_hour=0.05): a second job
+    while its first is queued or running is 429 ``quota_queued``; another key is not held back;
+    once the first ran on the worker, its measured load + run seconds spend the hour's GPU
+    quota: 429 ``quota_gpu_seconds`` with a Retry-After until they leave the hour, and
+    ``homefleet keys`` shows them."""
+    quota = HomefleetClient(fleet.local.api_url, api_key=QUOTA_KEY)
+    try:
+        first = quota.submit(fleet.model, "txt2img", {"prompt": "quota first", "steps": 2}, target="m1")
+        with pytest.raises(ApiError) as queued:
+            quota.submit(fleet.model, "txt2img", {"prompt": "quota second", "steps": 2}, target="m1")
+        assert (queued.value.status_code, queued.value.reason) == (429, "quota_queued"), queued.value.message
+        assert f"'{QUOTA_NAME}'" in queued.value.message and "max_queued_jobs=1" in queued.value.message
+        assert queued.value.retry_after_s is not None and queued.value.retry_after_s >= 1
+        other = fleet.client.submit(fleet.model, "txt2img", {"prompt": "quota other key", "steps": 2}, target="m1")
+        assert quota.wait(first["id"], timeout_s=120)["state"] == "succeeded"
+        ran = fleet.ctx.journal.get(first["id"])
+        spent = (ran.load_s or 0) + (ran.run_s or 0)
+        assert spent > 0.05 and ran.api_key_id == QUOTA_NAME
+        with pytest.raises(ApiError) as hour:
+            quota.submit(fleet.model, "txt2img", {"prompt": "quota third", "steps": 2}, target="m1")
+        assert (hour.value.status_code, hour.value.reason) == (429, "quota_gpu_seconds"), hour.value.message
+        assert "max_gpu_seconds_per_hour=0.05" in hour.value.message
+        assert hour.value.retry_after_s is not None and 3500 <= hour.value.retry_after_s <= 3601
+        refused = [j for j in fleet.ctx.journal.list([JobState.rejected]) if j.api_key_id == QUOTA_NAME]
+        assert sorted(j.reason for j in refused) == ["quota_gpu_seconds", "quota_queued"]  # journaled (R19)
+        assert fleet.client.wait(other["id"], timeout_s=120)["state"] == "succeeded"
+        shown = json.loads(run_cli("keys", "--json", env=settings_env(fleet.local.settings)).stdout)
+        [row] = [r for r in shown if r["key_id"] == QUOTA_NAME]
+        assert abs(row["gpu_s_last_hour"] - spent) < 0.01, row
+    finally:
+        quota.close()
 
 
 def test_issue22_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: RunningFleet) -> None:
