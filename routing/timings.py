@@ -68,6 +68,10 @@ def run_seconds(timing: Timing, steps: int, size: int, kind: str = "") -> float:
     return timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
 
 
+TOKEN_FIT_KEEP = 0.5
+"""The least share of a text timing's per-token figure one finished job leaves (see :func:`fit_tokens`)."""
+
+
 def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_tokens: int) -> tuple[float, float]:
     """A text timing's (seconds per new token, seconds per prompt token) after one finished job
     of ``new_tokens`` generated after ``prompt_tokens`` that ran ``run_s`` seconds.
@@ -75,8 +79,10 @@ def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_
     ``first`` (``base`` is the guess): both figures scaled by the one factor that makes the job's
     estimate its measurement (one job cannot tell prefill from decoding; the guess's ratio is
     kept). Later: a normalised least-mean-squares step of weight ``EMA_WEIGHT`` along the job's
-    (new, prompt) token counts, so jobs of different shapes separate the two figures; neither
-    goes below 0.
+    (new, prompt) token counts, so jobs of different shapes separate the two figures. One job
+    takes at most ``1 - TOKEN_FIT_KEEP`` of either figure away: a run faster than its estimate
+    shrinks a figure geometrically but never to 0 (prefill and decoding always cost something;
+    a figure clamped at 0 would price long prompts as free until a slower run came).
     """
     estimate = base.step_s * new_tokens + base.prompt_s * prompt_tokens
     if first:
@@ -88,7 +94,8 @@ def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_
     if norm == 0:
         return base.step_s, base.prompt_s
     gain = EMA_WEIGHT * (max(run_s, 0.0) - estimate) / norm
-    return max(0.0, base.step_s + gain * new_tokens), max(0.0, base.prompt_s + gain * prompt_tokens)
+    return (max(TOKEN_FIT_KEEP * base.step_s, base.step_s + gain * new_tokens),
+            max(TOKEN_FIT_KEEP * base.prompt_s, base.prompt_s + gain * prompt_tokens))
 
 
 class LearnedTimings:

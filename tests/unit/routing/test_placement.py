@@ -6,8 +6,15 @@ import pytest
 
 from app.core.errors import MachineUnavailable, from_core
 from app.core.kinds import job_request
+from routing.demand import (
+    Demand,
+    Pressure,
+    able_with_pinned,
+    pinned_class,
+    pressure,
+    scarcity_s,
+)
 from routing.errors import Refused, Unavailable
-from routing.demand import Demand, Pressure, able_with_pinned, pinned_class, pressure, scarcity_s
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
 from routing.finish import EVICTION_WEIGHT, WorkItem
 from routing.placement import JobRequest, MachineView, dry_run, place
@@ -454,3 +461,24 @@ def test_text_timings_are_per_token_and_learned_from_two_jobs():
     assert estimator.run_s("m", "tiny-llama", "text", 128, 8) > 1.9 * estimator.run_s("m", "tiny-llama", "text", 64, 8)
     # image kinds are unchanged by the text rule
     assert learned.get("m", "tiny-llama", "txt2img") is None
+
+
+def test_a_text_timing_fitted_to_fast_runs_keeps_a_positive_price_per_prompt_token():
+    """Issue 20 (CI flake of stop 28): runs much faster than their estimate, with long prompts,
+    once drove prompt_s to 0 (clamped LMS), so a longer prompt was priced as free. One job now
+    takes at most half of a figure away: it shrinks geometrically, stays > 0, and a slower run
+    brings it back."""
+    from routing.timings import TOKEN_FIT_KEEP, LearnedTimings, Timing, run_seconds
+
+    learned = LearnedTimings()
+    guess = Timing(load_s=0.0, step_s=0.01, prompt_s=0.01)
+    learned.observe("m", "gpt", "text", guess=guess, run_s=0.2, steps=10, size=10)  # first: scales the guess
+    before = learned.get("m", "gpt", "text")
+    assert before is not None and before.prompt_s == pytest.approx(0.01)
+    for _ in range(20):  # 20 runs that took nothing at all, 5 new tokens after 200 prompt tokens
+        after = learned.observe("m", "gpt", "text", guess=guess, run_s=0.0, steps=5, size=200)
+    assert 0 < after.prompt_s <= before.prompt_s * TOKEN_FIT_KEEP
+    assert 0 < after.step_s <= before.step_s
+    assert run_seconds(after, 4, 10, "text") > run_seconds(after, 4, 5, "text")  # more prompt costs more
+    slower = learned.observe("m", "gpt", "text", guess=guess, run_s=1.0, steps=5, size=200)
+    assert slower.prompt_s > after.prompt_s and slower.step_s > after.step_s
