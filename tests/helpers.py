@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, TypeVar
 
 from app.core.config import Settings
+from app.devtools import forkserver
 from app.fleet.config import Fleet, Machine
 
 if TYPE_CHECKING:
@@ -46,10 +46,14 @@ def make_fleet(*names: str, families: frozenset[str] = FAMILIES) -> Fleet:
 def run_cli(*args: str, env: dict[str, str | None] | None = None, timeout_s: float = 180,
             check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``homefleet ARGS`` as a user would, in this process's environment updated by ``env`` (a
-    value of None unsets that variable); with ``check``, raise with its output if it fails."""
+    value of None unsets that variable); with ``check``, raise with its output if it fails.
+
+    It is forked from the preloaded fork server (app/devtools/forkserver.py: the same entry
+    point, ``python -m app.cli``, without ~1-3 CPU-seconds of imports per call); what is about
+    the start-up itself (import-time messages) runs ``python -m app.cli`` in a subprocess
+    (tests/cli/test_import_noise.py)."""
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = forkserver.run(list(args), full_env, timeout_s)
     if check and done.returncode != 0:
         raise AssertionError(f"homefleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done

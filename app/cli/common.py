@@ -15,6 +15,16 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
                   soft_wrap=not sys.stdout.isatty())
 
 
+def configure_console() -> None:
+    """Size :data:`console` for this command's own stdout and ``COLUMNS``, as above. Called by
+    the entry point at each command's start: a command forked from an interpreter that imported
+    this module earlier (app/devtools/forkserver.py) has another stdout and environment."""
+    tty = sys.stdout.isatty()
+    columns = os.environ.get("COLUMNS", "")
+    console.width = int(columns) if columns.isdigit() else (None if tty else 200)  # type: ignore[assignment]
+    console.soft_wrap = not tty
+
+
 def server_settings() -> Settings:
     """The server's settings from ``HOMEFLEET_*`` (built here, in the entry point, STYLE #3)."""
     return Settings()

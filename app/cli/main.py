@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.markup import escape
 
-from app.cli.common import console, server_settings
+from app.cli.common import configure_console, console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
@@ -155,6 +155,7 @@ def main() -> None:
     # `worker` install their own handlers: uvicorn's and Celery's.)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     quiet_import_warnings()  # before any command imports torch (make-tiny, worker, drill, bench --local)
+    configure_console()
     for line in unknown_variables(os.environ):
         print(f"warning: {line}", file=sys.stderr)
     try:

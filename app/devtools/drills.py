@@ -80,8 +80,9 @@ class DrillFleet:
     heartbeat, reconciliation and grace periods so that faults are found within seconds."""
 
     def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
-                 hung_after_s: float = 120.0, broker_key_prefix: str = "") -> None:
+                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False) -> None:
         self.work_dir = work_dir
+        self.forkserver = forkserver  # LocalFleet's: fork the API and workers from a preloaded interpreter
         self.tiny_model = tiny_model
         self.visibility_timeout_s = visibility_timeout_s
         self.hung_after_s = hung_after_s
@@ -121,7 +122,7 @@ class DrillFleet:
         )
         self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
-        self.local = LocalFleet(settings, fleet, fleet_file)
+        self.local = LocalFleet(settings, fleet, fleet_file, forkserver=self.forkserver)
         for machine in WORKERS:
             self.local.copy_model(MODEL, machine)
         self.local.start_api()

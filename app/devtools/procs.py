@@ -5,9 +5,24 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Protocol
 
 
-def stop_process_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
+class ChildProcess(Protocol):
+    """What a local fleet needs of a process it started: :class:`subprocess.Popen`, or
+    :class:`app.devtools.forkserver.ForkedProcess` (one forked by the fork server)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def stop_process_group(process: ChildProcess, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
     """Send ``sig`` to the process group of ``process`` (started with ``start_new_session``),
     wait up to ``timeout_s`` seconds, then SIGKILL the group. Returns the exit code."""
     if process.poll() is None:

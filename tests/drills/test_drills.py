@@ -26,7 +26,7 @@ def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     delivered; every job reports progress at each step). Its broker keys are under a prefix
     (issue 18: kombu's global_keyprefix), so every drill also shows the prefix honoured."""
     with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
-                    hung_after_s=HUNG_AFTER_S, broker_key_prefix=BROKER_PREFIX) as fleet:
+                    hung_after_s=HUNG_AFTER_S, broker_key_prefix=BROKER_PREFIX, forkserver=True) as fleet:
         yield fleet
 
 

@@ -89,7 +89,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     adapters = data_dir / "adapters"
     run_cli("models", "add", str(make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)), "--id", ADAPTER,
             "--adapter-of", "sd1", env=operator)
-    local = LocalFleet(settings, fleet_config, fleet_file)
+    local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)
     ctx = build_context(settings, fleet_config, migrate=True)
     ctx.registry.add(make_tiny_lora(tiny_models_dir / EDIT_MODEL, adapters / OTHER_ADAPTER, seed=1), OTHER_ADAPTER,
                      adapter_of="sd1-pix2pix")
@@ -142,7 +142,7 @@ def models_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id in TINY_MODELS:
         ctx.registry.add(tiny_families_dir / model_id, model_id=model_id)
-    local = LocalFleet(settings, fleet_config, fleet_file)
+    local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for model_id in TINY_MODELS:

@@ -60,7 +60,7 @@ def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
                 "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_DATABASE_URL": postgres_url}
     run_cli("db", "upgrade", env=operator)  # migrations run unlimited: only the serving process is limited
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
-    local = LocalFleet(settings, fleet, fleet_file)
+    local = LocalFleet(settings, fleet, fleet_file, forkserver=True)
     local.copy_model(MODEL, "m1")
     spool = local.machine_dir("m1") / "spool"
     try:

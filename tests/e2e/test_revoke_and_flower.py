@@ -93,7 +93,7 @@ def rfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5,
                         api_keys=[TEST_API_KEY])
-    local = LocalFleet(settings, config, fleet_file)
+    local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     port = free_port()

@@ -72,7 +72,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
                         api_keys=[TEST_API_KEY])
     env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
            "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
-    local = LocalFleet(settings, config, fleet_file)
+    local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
         ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=model)

@@ -64,7 +64,7 @@ def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_t
     for model_id, folder in MODELS.items():
         ctx.registry.add(tiny_text_dir / folder, model_id=model_id)
     ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")  # prompt expansion's image model
-    local = LocalFleet(settings, fleet_config, fleet_file)
+    local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)
     client = openai.OpenAI(base_url=f"{local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0, timeout=60)
     try:
         for model_id in [*MODELS, "tiny-sd"]:
@@ -403,11 +403,16 @@ def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timing
         assert answer.status_code == 200, answer.text
         return float(answer.json()["machines"][MACHINE]["run_s"])
 
-    four, eight, sixteen = run_s("a b c d e", 4), run_s("a b c d e", 8), run_s("a b c d e", 16)
-    assert 0 < four < eight < sixteen
-    assert sixteen - eight == pytest.approx(2 * (eight - four), abs=2e-3)  # linear in new tokens (ms figures)
+    # token counts far apart, so that the figures' rounding to the millisecond does not matter
+    ten, hundred_ten, two_hundred_ten = (run_s("a b c d e", n) for n in (10, 110, 210))
+    assert 0 < ten < hundred_ten < two_hundred_ten
+    assert two_hundred_ten - hundred_ten == pytest.approx(hundred_ten - ten, abs=2.5e-3)  # linear in new tokens
     # the current learned figures (other tests' jobs may have folded in more than ours)
     learned = tfleet.ctx.dispatcher.timings.load().get(MACHINE, "tiny-gpt2", "text")
-    assert learned is not None
-    assert eight - four == pytest.approx(4 * learned.step_s, abs=2e-3)
-    assert run_s("a b c d e f g h i j", 4) > four  # more prompt tokens cost more
+    assert learned is not None and learned.prompt_s > 0
+    assert hundred_ten - ten == pytest.approx(100 * learned.step_s, abs=1.5e-3)
+    # longer prompts cost more, prompt_s per prompt token (as the server's tokenizer counts them): a
+    # prompt of 50 more words costs as much again as the 50 before
+    short, middle, long = (run_s("a" + " a" * words, 10) for words in (50, 100, 150))
+    assert ten < short < middle < long
+    assert long - middle == pytest.approx(middle - short, abs=2.5e-3)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,13 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.core.config import Settings
 from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.core.errors import ConfigError
-from app.db.tables import Job, utcnow
 from app.core.states import JobState
-from tests.helpers import make_fleet, run_cli, settings_env
-from tests.helpers import bring_online
+from app.db.tables import Job, utcnow
+from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 
 
 def known_redis(ctx: ServerContext) -> None:
@@ -245,8 +242,7 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
                  "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
     run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
     for command in (["reconcile"], ["status"]):
-        done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
-                              capture_output=True, text=True, timeout=120)
+        done = run_cli(*command, env=elsewhere, check=False)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "error (journal_mismatch)" in done.stdout and "belongs to another journal" in done.stdout, done.stdout
         assert "HOMEFLEET_DATA_DIR" in done.stdout and "homefleet db pair" in done.stdout
@@ -285,8 +281,7 @@ def test_r19_fleet_commands_with_another_journal_are_refused(
                  "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
     run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
     for command in FLEET_COMMANDS:
-        done = subprocess.run([sys.executable, "-m", "app.cli", *command], env={**os.environ, **elsewhere},
-                              capture_output=True, text=True, timeout=120)
+        done = run_cli(*command, env=elsewhere, check=False)
         assert done.returncode == 2, (command, done.stdout + done.stderr)
         assert "error (journal_mismatch)" in done.stdout, (command, done.stdout)
         assert not server.redis.exists(server.keys.draining("m1"))
@@ -298,10 +293,9 @@ def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: s
     the recorded journal alone: taking it over would stop the fleet's reconciliation."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.set("hf:journal", "the-fleets-journal")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("HOMEFLEET_")}  # unset
     env["HOMEFLEET_REDIS_URL"] = redis_url
-    done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--data-dir", str(tmp_path / "demo")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("demo", "--data-dir", str(tmp_path / "demo"), env=env, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (journal_mismatch)" in done.stdout and "unset HOMEFLEET_REDIS_URL" in done.stdout, done.stdout
     assert client.get("hf:journal") == "the-fleets-journal"
@@ -317,8 +311,7 @@ def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_
     recorded it, the CLI's pass runs."""
     server = build_context(settings, make_fleet("m1"), migrate=True)
     request.addfinalizer(server.close)
-    done = subprocess.run([sys.executable, "-m", "app.cli", "reconcile"], env={**os.environ, **settings_env(settings)},
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("reconcile", env=settings_env(settings), check=False)
     assert done.returncode == 2 and "error (journal_unpaired)" in done.stdout, done.stdout + done.stderr
     assert "start `homefleet serve`" in done.stdout
     assert server.redis.get(server.keys.journal()) is None
@@ -339,8 +332,7 @@ def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refus
     assert (settings.data_dir / "journal-id").read_text().strip() == server.redis.get(server.keys.journal())
     other = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "other"),
              "HOMEFLEET_DATABASE_URL": settings.journal_url}
-    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "add", str(tiny_models_dir / "tiny-sd")],
-                          env={**os.environ, **other}, capture_output=True, text=True, timeout=120)
+    done = run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=other, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
     said = " ".join(done.stdout.split())  # one line, wrapped by the console
     assert "error (journal_mismatch)" in said and "has no journal-id file" in said, said

@@ -133,7 +133,7 @@ def short_api(settings: Settings) -> Iterator[tuple[LocalFleet, ServerContext]]:
     fleet_file.write_text(fleet.to_toml())
     short = settings.model_copy(update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file,
                                         "api_port": free_port()})
-    local = LocalFleet(short, fleet, fleet_file)
+    local = LocalFleet(short, fleet, fleet_file, forkserver=True)
     context = build_context(short, fleet, migrate=True)
     try:
         local.start_api()
