@@ -165,7 +165,6 @@ XDIST_GROUPS = {
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)
     "tests/fuzz/": "fuzz",
-    "tests/cli/test_bench_scripts.py": "bench",  # each benchmark starts its own Redis and server (issue 21)
 }
 
 

@@ -1,7 +1,8 @@
 """The benchmarks of issues 19 and 21 run from the commands in docs/benchmarks.md and print their last
 line in its documented format, so the scripts cannot rot. Tiny parameters: the figures are
 not judged here (benchmarks print figures; they never assert timings). Each runs its own
-Redis, server and (latency) workers, so this file has its own xdist group ("bench")."""
+Redis (on a free port), server and (latency) workers, so they run beside each other and
+beside any test on the xdist workers."""
 
 from __future__ import annotations
 

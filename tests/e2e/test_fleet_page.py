@@ -39,6 +39,37 @@ def snap(driver: object, view: str) -> None:
         assert driver.save_screenshot(str(Path(SCREENSHOTS) / f"{view}.png"))  # type: ignore[attr-defined]
 
 
+def select_filter(wait: object, element_id: str, value: str) -> None:
+    """Pick ``value`` in the select ``element_id``, again if the page re-rendered it meanwhile
+    (the gallery redraws its filters when new results arrive)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    def pick(driver: object) -> bool:
+        try:
+            Select(driver.find_element(By.ID, element_id)).select_by_value(value)  # type: ignore[attr-defined]
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait.until(pick)  # type: ignore[attr-defined]
+
+
+def captions(wait: object, css: str = "#gallery figcaption") -> list[str]:
+    """The texts of the elements ``css`` selects, read again if the page re-rendered them meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def read(driver: object) -> list[str] | None:
+        try:
+            return [f.text for f in driver.find_elements(By.CSS_SELECTOR, css)]  # type: ignore[attr-defined]
+        except StaleElementReferenceException:
+            return None
+
+    return wait.until(read)  # type: ignore[attr-defined]
+
+
 def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as until
@@ -115,9 +146,9 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(f
     caption = driver.find_element(By.CSS_SELECTOR, f"#gallery figure[data-job='{job_id}'] figcaption").text  # type: ignore[attr-defined]
     assert "a page-drawn lighthouse" in caption and "on m1" in caption and fleet.model in caption
     snap(driver, "gallery")
-    Select(driver.find_element(By.ID, "filter-machine")).select_by_value("m1")  # type: ignore[attr-defined]
+    select_filter(wait, "filter-machine", "m1")
     assert driver.find_elements(By.CSS_SELECTOR, f"#gallery figure[data-job='{job_id}']")  # type: ignore[attr-defined]
-    assert not [f for f in driver.find_elements(By.CSS_SELECTOR, "#gallery figcaption") if "on m1" not in f.text]  # type: ignore[attr-defined]
+    assert not [text for text in captions(wait) if "on m1" not in text]
     # the job opens its provenance in the Jobs view
     driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}']"))
@@ -208,9 +239,9 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     assert "width" not in job["params"]
     driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#gallery figure[data-job='{job['id']}'] img[src^='blob:']"))
-    Select(driver.find_element(By.ID, "filter-model")).select_by_value(EDIT_MODEL)  # type: ignore[attr-defined]
-    captions = [f.text for f in driver.find_elements(By.CSS_SELECTOR, "#gallery figcaption")]  # type: ignore[attr-defined]
-    assert captions and all(EDIT_MODEL in caption for caption in captions), captions
+    select_filter(wait, "filter-model", EDIT_MODEL)
+    shown = captions(wait)
+    assert shown and all(EDIT_MODEL in caption for caption in shown), shown
 
 
 def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(fleet: RunningFleet, browser: object) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +20,11 @@ import pytest
 import redis
 
 from app.client import ApiError, HomefleetClient
-from app.core.config import Settings
 from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.helpers import make_fleet, run_cli, TEST_API_KEY, wait_for
+from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -127,17 +125,16 @@ def test_r4_r6_a_model_present_but_not_advertised_is_refused_pinned_skipped_by_a
 
 def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFleet) -> None:
     running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12}, target="m1")
-    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 12}, target="m1")
+    # long enough that the machine is still busy when the operator's command below runs
+    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40}, target="m1")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
     response = httpx.post(f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]},
                           headers=fleet.local.auth_headers)
     assert response.status_code == 409
     assert response.json()["error"]["reason"] == "machine_busy"
     assert "job(s) queued or running" in response.json()["error"]["message"]
-    if fleet.client.get(queued["id"])["state"] != "succeeded":  # still busy: the operator's command is refused too
-        cli = subprocess.run([sys.executable, "-m", "app.cli", "sync", "m1", "tiny-d"],
-                             env={**os.environ, **fleet.env}, capture_output=True, text=True, timeout=120)
-        assert cli.returncode == 2 and "machine_busy" in cli.stdout, cli.stdout
+    cli = run_cli("sync", "m1", "tiny-d", env=fleet.env, check=False)  # the operator's command is refused too
+    assert cli.returncode == 2 and "machine_busy" in cli.stdout, cli.stdout
     assert [fleet.client.wait(j["id"], timeout_s=300)["state"] for j in (running, queued)] == ["succeeded"] * 2
     assert not (fleet.local.models_dir("m1") / "tiny-d").exists()  # nothing was copied
 
