@@ -141,14 +141,16 @@ class LocalFleet:
         })
         return self._spawn(f"worker-{machine}", args, env, prefix)
 
-    def start_host(self, host: str, extra_env: dict[str, str] | None = None) -> dict[str, ChildProcess]:
+    def start_host(self, host: str, extra_env: dict[str, str] | None = None, token_file: bool = False
+                   ) -> dict[str, ChildProcess]:
         """Start the worker of every machine of ``host`` (its devices, or the one machine):
-        machine name -> process.
+        machine name -> process. ``extra_env``, ``token_file``: as :meth:`start_worker`'s.
 
         Raises:
             KeyError: no machine of the fleet runs on ``host``.
         """
-        return {machine.name: self.start_worker(machine.name, extra_env) for machine in self.fleet.hosts()[host]}
+        return {machine.name: self.start_worker(machine.name, extra_env, token_file=token_file)
+                for machine in self.fleet.hosts()[host]}
 
     def torch_threads(self) -> int:
         """Each worker's torch threads: ``HOMEFLEET_TORCH_THREADS`` of this process when set (the

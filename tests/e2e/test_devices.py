@@ -83,7 +83,8 @@ def devices(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_
         for machine in DEVICES:
             local.copy_model(MODEL, machine)
         local.start_api()
-        assert sorted(local.start_host("box")) == list(DEVICES)
+        # tokens from files, as an operator should start workers (exec'd: what `ps` shows is theirs)
+        assert sorted(local.start_host("box", token_file=True)) == list(DEVICES)
         local.wait_online(list(DEVICES), model_id=MODEL, timeout_s=180)
         yield DeviceFleet(local, ctx, client, settings)
     finally:
@@ -114,6 +115,20 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         assert [queue["name"] for queue in replies[node]] == [keys.queue(machine)]
     worker_pids = {devices.local.processes[f"worker-{m}"].pid for m in DEVICES}
     assert len(worker_pids) == 2
+
+
+def test_the_workers_read_their_tokens_from_files_not_the_command_line_or_environment(devices: DeviceFleet) -> None:
+    """R7: a worker started with ``--token-file`` shows its token nowhere ``ps`` or ``/proc``
+    can read it, nor does its pool process."""
+    for machine in DEVICES:
+        token = devices.ctx.fleet.machines[machine].token
+        assert token
+        process = psutil.Process(devices.local.processes[f"worker-{machine}"].pid)
+        assert "--token-file" in process.cmdline()
+        pool = wait_for(process.children, timeout_s=60, what=f"{machine}'s pool process")
+        for each in (process, *pool):
+            assert token not in " ".join(each.cmdline())
+            assert token not in "".join(each.environ().values())
 
 
 def test_a_job_pinned_to_each_device_runs_on_that_devices_worker(devices: DeviceFleet) -> None:
