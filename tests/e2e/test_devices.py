@@ -111,7 +111,9 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         node = node.decode() if isinstance(node, bytes) else str(node)
         assert node.startswith(f"{machine}@")
         # Celery's control channel (Flower's worker pages, `celery control revoke`) reaches it by that name
-        replies = devices.ctx.celery.control.inspect(destination=[node], timeout=10).active_queues()
+        # (asked again until it answers: a worker still starting under load may miss one broadcast)
+        replies = wait_for(lambda n=node: devices.ctx.celery.control.inspect(destination=[n], timeout=5).active_queues(),
+                           timeout_s=90, what=f"{machine}'s worker to answer inspect", poll_s=0.5)
         assert [queue["name"] for queue in replies[node]] == [keys.queue(machine)]
     worker_pids = {devices.local.processes[f"worker-{m}"].pid for m in DEVICES}
     assert len(worker_pids) == 2
