@@ -21,15 +21,16 @@ What differs, and why a caller may prefer exec (:class:`app.devtools.localfleet.
 - the process is the fork server's child: only this module's :class:`ForkedProcess` knows its
   exit status.
 
-Only plain data crosses to the fork server (the command's arguments, environment and log
-path), pickled by ``multiprocessing`` between two processes of this program; no Celery message
-is ever pickled.
+Only plain data crosses to the fork server: the command's arguments, environment and log
+paths, which ``multiprocessing`` serialises its own way between two local processes of this
+program. Nothing of it is a Celery message; Celery still accepts JSON only.
 """
 
 from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.util  # noqa: F401  (its exit hook is registered before ours)
 import os
 import runpy
 import signal
@@ -129,15 +130,11 @@ def start(args: list[str], env: dict[str, str], log_path: Path, stderr_path: Pat
     process.start()
     forked = ForkedProcess(process)
     _started[:] = [each for each in _started if each.poll() is None]
-    if not _registered:
-        _registered.append(True)
-        atexit.register(_kill_left_running)  # after multiprocessing's own hook, so it runs first
     _started.append(forked)
     return forked
 
 
 _started: list[ForkedProcess] = []  # those not seen ended yet
-_registered: list[bool] = []
 
 
 def _kill_left_running() -> None:
@@ -175,3 +172,8 @@ def run(args: list[str], env: dict[str, str], timeout_s: float | None = None) ->
                                             stderr=err.read_text(errors="replace")) from None
         return subprocess.CompletedProcess(["homefleet", *args], code, out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
+
+
+# atexit runs its hooks last-registered first: this one, registered after multiprocessing's
+# own (imported above), kills what is left before multiprocessing would wait for it
+atexit.register(_kill_left_running)
