@@ -9,20 +9,23 @@ from rich.console import Console
 
 from app.core.config import Settings
 
-# Piped (no terminal, no COLUMNS): 200 columns, so tables are not cut at rich's default of 80; and
-# piped text is never wrapped (soft wrap), so a one-line error or a path stays one line for grep.
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200,
-                  soft_wrap=not sys.stdout.isatty())
+console = Console()
 
 
 def configure_console() -> None:
-    """Size :data:`console` for this command's own stdout and ``COLUMNS``, as above. Called by
-    the entry point at each command's start: a command forked from an interpreter that imported
-    this module earlier (app/devtools/forkserver.py) has another stdout and environment."""
+    """Size :data:`console` for this command's own stdout and ``COLUMNS``: on a terminal, its
+    width (or ``COLUMNS``); piped with no ``COLUMNS``, 200 columns, so tables are not cut at
+    rich's default of 80; and piped text is never wrapped (soft wrap), so a one-line error or a
+    path stays one line for grep. Run at import and again by the entry point at each command's
+    start: a command forked from an interpreter that imported this module earlier
+    (app/devtools/forkserver.py) has another stdout and environment."""
     tty = sys.stdout.isatty()
     columns = os.environ.get("COLUMNS", "")
     console.width = int(columns) if columns.isdigit() else (None if tty else 200)  # type: ignore[assignment]
     console.soft_wrap = not tty
+
+
+configure_console()
 
 
 def server_settings() -> Settings:
