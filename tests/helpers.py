@@ -83,16 +83,37 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "c
     return value
 
 
-def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0) -> None:
+def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend_s: float = 10.0) -> None:
     """End a running job that only kept its machine busy (a blocker), as an operator would with
     ``celery control terminate SIGTERM ID`` (C11): its pool process is replaced and the journal
     says ``interrupted`` (reason ``terminated``). Cheaper than waiting out its steps, which would
-    hold a core the other tests need."""
+    hold a core the other tests need.
+
+    A revoke is a broadcast (Redis pub/sub): a worker whose subscription is being renewed at
+    that instant never hears it. So, as an operator would, the revoke is sent again every
+    ``resend_s`` seconds until the journal moves; the assertion after ``timeout_s`` seconds
+    gives the workers' replies and the lines of their logs that name the job."""
     from app.core.states import JobState
 
-    ctx.celery.control.revoke(job_id, terminate=True, signal="SIGTERM")
-    wait_for(lambda: ctx.journal.state_of(job_id) != JobState.running, timeout_s=timeout_s,
-             what=f"the terminated blocker {job_id} to end in the journal")
+    deadline = time.monotonic() + timeout_s
+    replies: list[object] = []  # the first is None: that send does not wait for replies
+    while True:
+        # A resend waits a second for the replies (who heard it, what each found); the first does not.
+        replies.append(ctx.celery.control.revoke(job_id, terminate=True, signal="SIGTERM", reply=bool(replies),
+                                                 timeout=1.0))
+        try:
+            wait_for(lambda: ctx.journal.state_of(job_id) != JobState.running,
+                     timeout_s=max(0.0, min(resend_s, deadline - time.monotonic())), what="")
+            return
+        except AssertionError:
+            if time.monotonic() < deadline:
+                continue
+        logs = sorted((ctx.settings.data_dir / "logs").glob("worker-*.log"))
+        named = [f"{log.name}: {line}" for log in logs for line in log.read_text(errors="replace").splitlines()
+                 if job_id in line]
+        raise AssertionError(f"timed out after {timeout_s} s waiting for the terminated blocker {job_id} to end "
+                             f"in the journal; the workers' replies to each revoke: {replies}; "
+                             "their log lines naming it:\n" + "\n".join(named[-20:]))
 
 
 def bring_online(ctx: ServerContext, machine: str, verified: set[str] | frozenset[str] = frozenset(),
