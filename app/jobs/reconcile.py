@@ -47,7 +47,7 @@ from app.core.errors import ConfigError, Conflict, HomefleetError
 from app.core.keys import Keys, queue
 from app.core.kinds import job_request
 from app.core.states import ACTIVE, JobState
-from app.db.tables import Job, utcnow
+from app.db.tables import utcnow
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
@@ -178,47 +178,47 @@ class Reconciler:
         missing_key = self.keys.missing()
         marked = set(self.redis.hkeys(missing_key))  # jobs seen missing at an earlier pass (few)
         found_again: list[str] = []  # marked ones whose message is back: unmarked in one HDEL
-        for job in self.journal.list([JobState.queued]):
-            if job.machine is not None and job.machine not in fleet.machines:
+        for job_id, machine in self.journal.placements([JobState.queued]):
+            if machine is not None and machine not in fleet.machines:
                 # No worker will take it: its machine left the fleet config. Its message is taken
                 # out of that machine's list, so a worker started under the old name later
                 # cannot run it either.
-                self._interrupt(report, job.id, JobState.queued, "machine_removed",
-                                f"machine {job.machine!r} is no longer in the fleet config; the job was not run")
-                self.queues.remove(job.machine, job.id)
+                self._interrupt(report, job_id, JobState.queued, "machine_removed",
+                                f"machine {machine!r} is no longer in the fleet config; the job was not run")
+                self.queues.remove(machine, job_id)
                 continue
-            if job.id in waiting.get(job.machine or "", set()) or job.id in delivered:
-                if job.id in marked:  # one round trip per pass, not one per queued job
-                    found_again.append(job.id)
+            if job_id in waiting.get(machine or "", set()) or job_id in delivered:
+                if job_id in marked:  # one round trip per pass, not one per queued job
+                    found_again.append(job_id)
                 continue
-            first_missing = float(self.redis.hget(missing_key, job.id) or now)
-            self.redis.hset(missing_key, job.id, first_missing)
+            first_missing = float(self.redis.hget(missing_key, job_id) or now)
+            self.redis.hset(missing_key, job_id, first_missing)
             if now - first_missing >= self.settings.lost_grace_s:
-                self._gone(report, job)
-                self.redis.hdel(missing_key, job.id)
+                self._gone(report, job_id, machine)
+                self.redis.hdel(missing_key, job_id)
         if found_again:
             self.redis.hdel(missing_key, *found_again)
 
-    def _gone(self, report: ReconcileReport, job: Job) -> None:
+    def _gone(self, report: ReconcileReport, job_id: str, machine: str | None) -> None:
         """A queued job's message is gone while Redis kept its data: a worker took it and stopped
         before claiming it (``lost``), or it was removed from its queue (``purged``). (A server
         killed between journaling a job and publishing it leaves the same trace as a purge; the
         message says so.)"""
-        taker = self.redis.get(self.keys.delivered(job.id))
+        taker = self.redis.get(self.keys.delivered(job_id))
         if taker is not None:
-            self._interrupt(report, job.id, JobState.queued, "lost",
+            self._interrupt(report, job_id, JobState.queued, "lost",
                             f"its message was delivered to {taker}'s worker, which stopped before claiming it; "
                             "the job was not run")
             return
         try:
             purged = self.journal.transition(
-                job.id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
-                message=f"its message was removed from the queue {queue(job.machine or '')} before any worker took "
+                job_id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
+                message=f"its message was removed from the queue {queue(machine or '')} before any worker took "
                         "it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
                         "submitting it); the job was not run")
         except Conflict:
             return  # it was claimed or cancelled meanwhile
-        report.cancelled[job.id] = "purged"
+        report.cancelled[job_id] = "purged"
         if self.events is not None:  # Flower shows it REVOKED, not PENDING forever
             self.events.ended(purged)
 

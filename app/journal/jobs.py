@@ -113,6 +113,16 @@ class Journal:
         with Session(self.engine) as session:
             return list(session.exec(query).all())
 
+    def placements(self, states: Iterable[JobState]) -> list[tuple[str, str | None]]:
+        """``(job id, machine)`` of the jobs in ``states``, oldest first: two columns, not whole
+        jobs. A reconciliation pass over a backlog of 10,000 queued jobs spent 0.53 s of its
+        0.92 s building them as objects (their JSON columns decoded), the API's other requests
+        waiting meanwhile (bench/backlog.py, issue 21)."""
+        query = (select(Job.id, Job.machine).where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+                 .order_by(Job.created_at))
+        with Session(self.engine) as session:
+            return [(job_id, machine) for job_id, machine in session.exec(query)]
+
     def states_of(self, job_ids: Iterable[str]) -> dict[str, JobState]:
         """``{job id: state}`` of the jobs among ``job_ids`` that the journal knows (unknown ids
         are left out): one SELECT per :data:`STATES_BATCH` ids, not one per job (a deep backlog
