@@ -123,6 +123,16 @@ def test_issue21_states_of_answers_many_ids_in_batches_and_leaves_unknown_ids_ou
     assert ctx.journal.count_in(JobState.running, "m1") == 1 and ctx.journal.count_in(JobState.running, "m2") == 0
 
 
+def test_issue21_placements_give_each_job_of_the_states_its_machine_oldest_first(ctx: ServerContext) -> None:
+    """Reconciliation's queued pass reads (id, machine) pairs, not whole jobs (issue 21): every
+    job of the states asked, in journal order, with its machine; none of another state."""
+    jobs = [queued_job(ctx, machine) for machine in ("m1", "m2", "m1", "m2")]
+    ctx.journal.claim(jobs[1].id, "m2")
+    assert ctx.journal.placements([JobState.queued]) == [(jobs[0].id, "m1"), (jobs[2].id, "m1"), (jobs[3].id, "m2")]
+    assert ctx.journal.placements([JobState.running]) == [(jobs[1].id, "m2")]
+    assert ctx.journal.placements([JobState.succeeded]) == []
+
+
 def test_issue21_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext) -> None:
     """``GET /v1/jobs?state=queued`` pages (issue 21): every queued job once, in journal order,
     none of another state; a cursor naming no job is refused."""
