@@ -1,0 +1,5 @@
+"""The newest schema revision this version of Homefleet ships: the head of ``versions/``,
+written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
+reading of the scripts)."""
+
+HEAD = "e5a1c7d93b20"
