@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -36,13 +36,15 @@ from app.jobs.reconcile import Reconciler
 from app.jobs.sync import Syncs
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
-from app.jobs.webhooks import WebhookLoop, WebhookSender
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
 from app.journal.webhooks import WebhookOutbox
 from app.metrics import Metrics
 from app.store.files import InputStore, ResultStore
 from app.store.registry import Registry
+
+if TYPE_CHECKING:  # the webhook loop (and httpx) is loaded by the server only, not by every CLI command
+    from app.jobs.webhooks import WebhookLoop
 
 
 @dataclass
@@ -82,6 +84,8 @@ class ServerContext:
     def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
         """The webhook delivery loop over this server's journal (issue 22, app/jobs/webhooks.py);
         ``render``: a job's record as the body's bytes."""
+        from app.jobs.webhooks import WebhookLoop, WebhookSender
+
         sender = WebhookSender(self.settings, self.journal, self.outbox, render, metrics=self.metrics)
         return WebhookLoop(sender, self.outbox, self.settings, self.webhook_wakeup)
 

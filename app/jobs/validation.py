@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from app.core import constraints
 from app.core.errors import NotFound, Rejected
 from app.core.families import family as family_rules
@@ -569,6 +567,8 @@ def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, 
 
     if not url.isprintable() or any(c.isspace() for c in url):
         raise refuse(f"must not contain white space or control characters, got {url!r}")
+    import httpx  # here, not at the top: every CLI command imports this module, few parse a URL
+
     try:  # parsed as httpx, which sends it, parses it: the host checked is the host reached
         parts = httpx.URL(url)
         scheme, host, port, userinfo = parts.scheme, parts.host.lower(), parts.port, parts.userinfo
