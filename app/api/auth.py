@@ -75,10 +75,12 @@ API_KEY_SCHEME = HTTPBearer(scheme_name="ApiKey", auto_error=False,
                             description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`")
 
 
-def require_api_key(request: Request,
-                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None) -> None:
+async def require_api_key(request: Request,
+                          credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None,
+                          ) -> None:
     """Dependency of every public route: :func:`check_api_key` (the :class:`Authenticate`
-    middleware has applied it already, before the body was read)."""
+    middleware has applied it already, before the body was read). ``async``: it never blocks,
+    so FastAPI runs it on the event loop, not in its thread pool (app/api/routes/deps.py)."""
     check_api_key(request.app.state.settings, f"Bearer {credentials.credentials}" if credentials is not None else "")
 
 

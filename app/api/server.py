@@ -5,12 +5,11 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
@@ -21,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
+from app.api.middleware import HeaderOnPaths, MethodTable, PathMethods, RequestDuration
 from app.api.openai_errors import (
     is_openai_route,
     is_tgi_route,
@@ -155,23 +155,13 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
                                                       "detail": details})
 
-    @api.middleware("http")
-    async def request_duration(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        start_s = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        context.metrics.request_s.labels(
-            method=request.method, route=getattr(route, "path", "unmatched"), status=str(response.status_code),
-        ).observe(time.perf_counter() - start_s)
-        return response
+    def observe(method: str, route: str, status: str, seconds: float) -> None:
+        context.metrics.request_s.labels(method=method, route=route, status=status).observe(seconds)
 
-    @api.middleware("http")
-    async def docs_stay_here(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        if request.url.path in DOCS_PAGES:  # the browser sends nothing elsewhere (Redoc's footer logo is a CDN URL)
-            response.headers["Content-Security-Policy"] = DOCS_CSP
-        return response
-
+    # Middleware: the last added is the outermost (pure ASGI, app/api/middleware.py).
+    api.add_middleware(RequestDuration, observe=observe)
+    # the docs pages: the browser sends nothing elsewhere (Redoc's footer logo is a CDN URL)
+    api.add_middleware(HeaderOnPaths, paths=DOCS_PAGES, name="Content-Security-Policy", value=DOCS_CSP)
     uploads = upload_limits(settings)
     api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
     # outermost: the key or token is checked before anything reads the body (issue 24)
@@ -208,33 +198,15 @@ def document_internal_apart(api: FastAPI, context: ServerContext, settings: Sett
                                                            settings.limits, models), internal=internal)
         return parts[(internal, models)]
 
-    allowed: list[tuple[re.Pattern[str], set[str]]] = []
+    def method_table() -> MethodTable:
+        """Every method of every path: the document's, and GET of the undocumented pages."""
+        table: dict[str, set[str]] = {path: {"GET"} for path in UNDOCUMENTED_GET}
+        for path, item in whole()["paths"].items():
+            table.setdefault(path, set()).update(method.upper() for method in item if method in HTTP_METHODS)
+        return [(path_pattern(path), methods) for path, methods in table.items()]
 
-    @api.middleware("http")
-    async def methods_of_the_path(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """OPTIONS: 204 with ``Allow`` listing every method of the path (all its routes); any
-        other method the path does not take: 405 with the same ``Allow``."""
-        if not allowed:
-            table: dict[str, set[str]] = {path: set() for path in UNDOCUMENTED_GET}
-            for path, item in whole()["paths"].items():
-                table.setdefault(path, set()).update(method.upper() for method in item if method in HTTP_METHODS)
-            for path in UNDOCUMENTED_GET:
-                table[path].add("GET")
-            allowed.extend((path_pattern(path), methods) for path, methods in table.items())
-        matched = [methods for pattern, methods in allowed if pattern.match(request.url.path)]
-        if matched:
-            methods = set().union(*matched) | {"OPTIONS"}
-            allow = ", ".join(sorted(methods))
-            if request.method == "OPTIONS":
-                return Response(status_code=204, headers={"Allow": allow})
-            if request.method not in methods:
-                error = HomefleetError(f"{request.method} is not a method of {request.url.path}; it takes {allow}",
-                                       reason="method_not_allowed")
-                error.status_code = 405
-                answer = error_response(request.url.path, error)
-                answer.headers["Allow"] = allow
-                return answer
-        return await call_next(request)
+    # outermost: OPTIONS and 405 answer before the key is asked for
+    api.add_middleware(PathMethods, table=method_table, render=error_response)
 
     def public_openapi() -> dict[str, Any]:
         return part(internal=False)

@@ -1,4 +1,9 @@
-"""Shared route dependencies: the server context and the worker's identity."""
+"""Shared route dependencies: the server context and the worker's identity.
+
+They are ``async def`` because none of them blocks: FastAPI runs a plain ``def`` dependency in
+its thread pool, one hand-over per dependency and request (issue 21: the thread hops were most
+of a request's time in the API, docs/benchmarks.md "Submission latency"). A dependency or route
+that waits on the journal, Redis or a file stays a plain ``def``."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from app.db.tables import Job
 from app.fleet.config import Machine
 
 
-def get_context(request: Request) -> ServerContext:
+async def get_context(request: Request) -> ServerContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
@@ -28,7 +33,7 @@ MACHINE_TOKEN_SCHEME = HTTPBearer(scheme_name="MachineToken", auto_error=False,
                                   description="the token of one machine of the fleet file: `Authorization: Bearer <token>`")
 
 
-def get_worker_machine(
+async def get_worker_machine(
     ctx: Context,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(MACHINE_TOKEN_SCHEME)] = None,
     x_homefleet_machine: Annotated[str | None, Header(max_length=128)] = None,

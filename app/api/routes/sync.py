@@ -24,7 +24,7 @@ public_router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 internal_router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 
 
-def get_syncs(ctx: Annotated[ServerContext, Depends(get_context)]) -> Syncs:
+async def get_syncs(ctx: Annotated[ServerContext, Depends(get_context)]) -> Syncs:  # builds, never blocks
     return ctx.syncs()
 
 
