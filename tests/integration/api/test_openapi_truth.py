@@ -103,6 +103,17 @@ def test_options_lists_every_method_of_the_path_and_other_methods_are_405(
     assert client.options("/no/such/path").status_code == 404
 
 
+def test_the_docs_pages_alone_carry_the_content_security_policy(api: tuple[TestClient, ServerContext]) -> None:
+    """The docs pages load nothing from elsewhere (issue 18; the header is added by a pure ASGI
+    middleware since issue 21, app/api/middleware.py); other answers carry no such header."""
+    client, _ctx = api
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        answer = client.get(page)
+        assert answer.status_code == 200 and answer.headers["content-security-policy"].startswith("default-src 'self'")
+    assert "content-security-policy" not in client.get("/v1/machines").headers
+    assert "content-security-policy" not in client.get("/openapi.json").headers
+
+
 def test_starlettes_own_refusals_have_the_common_error_body(api: tuple[TestClient, ServerContext]) -> None:
     client, _ctx = api
     missing = client.get("/no/such/path")
