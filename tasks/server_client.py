@@ -19,6 +19,7 @@ from app.core.errors import (
     HomefleetError,
     IntegrityFailure,
     NotFound,
+    ServiceDown,
     StorageFull,
     Unauthorized,
 )
@@ -43,8 +44,8 @@ log = logging.getLogger("homefleet.worker")
 class ServerClient:
     """Talks to ``<server_url>/internal/v1`` with the machine's bearer token.
 
-    Only idempotent calls are repeated, and only while the server is unreachable (see
-    :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a claim is refused,
+    Only idempotent calls are repeated, and only while the server is unreachable or answers
+    that its Redis or journal is down (see :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a claim is refused,
     :class:`NotFound`/:class:`Forbidden` for another machine's or an unknown job, and
     ``httpx.HTTPError`` on transport errors.
     """
@@ -63,18 +64,22 @@ class ServerClient:
         self.http.close()
 
     def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """Send; while the server is unreachable (transport error) try again for up to
-        ``retry_s`` seconds. Only idempotent calls go through here: a claim carries its claim
-        id, a result or failure for an ended job is refused with 409, progress overwrites."""
+        """Send; while the server is unreachable (transport error), or answers 503 because its
+        Redis or journal does not (:class:`ServiceDown`), try again for up to ``retry_s``
+        seconds. Only idempotent calls go through here: a claim carries its claim id, a result
+        or failure for an ended job is refused with 409, progress overwrites. A claim the
+        journal took before Redis failed under it (its answer a 503) is therefore taken again
+        by the same delivery, not left ``running`` with nobody running it (R19)."""
         deadline = time.monotonic() + self.retry_s
         pause_s = 0.2
         while True:
             try:
                 return self._check(self.http.request(method, url, **kwargs))
-            except httpx.TransportError as error:
+            except (httpx.TransportError, ServiceDown) as error:
                 if time.monotonic() + pause_s > deadline:
                     raise
-                log.warning("server unreachable (%s); trying %s %s again in %.1f s", error, method, url, pause_s)
+                what = "server unreachable" if isinstance(error, httpx.TransportError) else "server's services down"
+                log.warning("%s (%s); trying %s %s again in %.1f s", what, error, method, url, pause_s)
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 5.0)
 
@@ -90,6 +95,8 @@ class ServerClient:
         for cls in (Conflict, NotFound, Forbidden, Unauthorized, StorageFull):
             if response.status_code == cls.status_code:
                 raise cls(message, reason=reason)
+        if response.status_code == ServiceDown.status_code and reason in ServiceDown.REASONS:
+            raise ServiceDown(f"server answered 503: {message}", reason=reason)
         error = HomefleetError(f"server answered {response.status_code}: {message}", reason=reason)
         error.status_code = response.status_code  # e.g. a 500 or 503: tasks/spool.py retries those uploads
         raise error

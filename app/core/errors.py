@@ -116,6 +116,8 @@ class ServiceDown(HomefleetError):
 
     status_code = 503
     default_reason = "redis_down"
+    #: the reasons a 503 of this kind carries: a passing outage, worth the same request again
+    REASONS = frozenset({"redis_down", "journal_down"})
 
     def __init__(self, message: str, *, reason: str | None = None, retry_after_s: int = 5) -> None:
         super().__init__(message, reason=reason)
