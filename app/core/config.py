@@ -210,7 +210,8 @@ class WorkerSettings(BrokerSettings):
     worker_token_file: Path | None = None
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
-    server_retry_s: float = Field(120.0, ge=0)  # how long idempotent calls wait out an unreachable server
+    # how long idempotent calls wait out an unreachable server, or its 503 redis_down / journal_down
+    server_retry_s: float = Field(120.0, ge=0)
     # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
     # None = as fast as the link allows.
     sync_max_bytes_per_s: int | None = Field(None, gt=0)
