@@ -267,3 +267,26 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def served_api(ctx: ServerContext) -> Iterator[str]:
+    """The real API over ``ctx`` served by uvicorn on a free port, in a thread, until the block
+    ends; yields its base URL. No lifespan: no reconciliation pass or webhook loop runs
+    meanwhile. ``ctx`` is not closed here."""
+    import uvicorn
+
+    from app.api.server import create_app
+    from app.devtools.redis_server import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx.settings, ctx), host="127.0.0.1", port=port,
+                                           lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30, what="uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -14,16 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.errors import HomefleetError
 from app.core.states import JobState
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
 from tasks.server_client import ServerClient
-from tests.helpers import bring_online, make_fleet, wait_for
+from tests.helpers import bring_online, make_fleet, served_api
 
 
 @pytest.fixture
@@ -33,18 +31,12 @@ def outage(tmp_path: Path, settings: Settings) -> Iterator[tuple[str, ServerCont
     redis_process = start_redis_server(tmp_path / "redis", port=port)
     settings = settings.model_copy(update={"redis_url": redis_process.url})
     ctx = build_context(settings, make_fleet("m1"), migrate=True)
-    api_port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, ctx), host="127.0.0.1", port=api_port,
-                                           lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        wait_for(lambda: server.started, timeout_s=30, what="uvicorn to start")
-        yield f"http://127.0.0.1:{api_port}", ctx, redis_process, port
+        with served_api(ctx) as url:
+            yield url, ctx, redis_process, port
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         ctx.close()
+        redis_process.stop()
 
 
 def test_r19_a_claim_answered_503_by_a_redis_outage_is_taken_again_by_the_same_delivery(

@@ -5,18 +5,15 @@ unreachable: nothing is lost, the report goes through at a later beat."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import uvicorn
 from celery.app.task import Context as TaskContext
 from celery.worker import state as worker_state
 
-from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
@@ -24,24 +21,17 @@ from app.core.states import JobState
 from app.devtools.redis_server import free_port
 from tasks.revocations import Revocations
 from tasks.server_client import ServerClient
-from tests.helpers import bring_online, make_fleet, wait_for
+from tests.helpers import bring_online, make_fleet, served_api
 
 
 @pytest.fixture
 def served(settings: Settings) -> Iterator[tuple[str, ServerContext]]:
     """The real API on a free port (no lifespan: no reconciliation pass runs meanwhile)."""
     ctx = build_context(settings, make_fleet("m1", "m2"), migrate=True)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, ctx), host="127.0.0.1", port=port,
-                                           lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        wait_for(lambda: server.started, timeout_s=30, what="uvicorn to start")
-        yield f"http://127.0.0.1:{port}", ctx
+        with served_api(ctx) as url:
+            yield url, ctx
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         ctx.close()
 
 
