@@ -13,6 +13,7 @@ Tiers (``tests/<tier>/`` mirrors the source tree inside each):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -188,3 +189,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if stray:
         raise pytest.UsageError(f"{len(stray)} grouped tests lost their xdist group, e.g. {stray[0]}")
 
+
+
+#: how much of each fleet process's log a failed test's report shows (lines)
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a fleet of real processes reports the tail of each process's log
+    (``<data_dir>/logs/*.log``, :class:`app.devtools.localfleet.LocalFleet`), newest first: a
+    job stuck ``queued`` or ``running`` on CI is explained by its worker's last lines, which are
+    gone with CI's machine."""
+    report = yield
+    if report.failed and call.when == "call":
+        for name, text in fleet_log_tails(item):
+            report.sections.append((f"fleet log {name} (last {LOG_TAIL_LINES} lines)", text))
+    return report
+
+
+def fleet_log_tails(item: pytest.Item) -> list[tuple[str, str]]:
+    """``(log file name, its last lines)`` for every LocalFleet among ``item``'s fixtures (held
+    directly or as ``.local``), the most recently written log first."""
+    from app.devtools.localfleet import LocalFleet
+
+    logs: dict[Path, None] = {}
+    for value in getattr(item, "funcargs", {}).values():
+        local = value if isinstance(value, LocalFleet) else getattr(value, "local", None)
+        if isinstance(local, LocalFleet) and local.logs_dir.is_dir():
+            logs.update(dict.fromkeys(local.logs_dir.glob("*.log")))
+    tails = []
+    for path in sorted(logs, key=lambda p: p.stat().st_mtime, reverse=True):
+        with contextlib.suppress(OSError):
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            tails.append((f"{path.parent.parent.name}/{path.name}", "\n".join(lines)))
+    return tails
