@@ -146,6 +146,14 @@ class Syncs:
         raw = self.redis.hgetall(self.keys.sync(sync_id))
         if not raw:
             raise NotFound(f"no sync with id {sync_id!r} (records are kept {RECORD_TTL_S} s)", reason="sync_not_found")
+        expired = raw["state"] not in SYNC_ENDED and self.redis.get(self.keys.syncing(raw["machine"])) != sync_id
+        if expired:
+            # finish() writes the end state, then releases the reservation: a record read just
+            # before a finish and the reservation just after it would read as interrupted. Read
+            # the record again; an end state there is the truth (CI saw the race: a sync the
+            # worker finished at once reported interrupted to `homefleet sync`).
+            raw = self.redis.hgetall(self.keys.sync(sync_id)) or raw
+            expired = raw["state"] not in SYNC_ENDED
         record: dict[str, Any] = dict(raw)
         for field in ("files_total", "bytes_total", "files_done", "bytes_done"):
             record[field] = int(record[field])
@@ -154,7 +162,7 @@ class Syncs:
         for field in ("created_at", "claimed_at", "finished_at"):  # Unix seconds, as numbers
             if record.get(field) is not None:
                 record[field] = float(record[field])
-        if record["state"] not in SYNC_ENDED and self.redis.get(self.keys.syncing(record["machine"])) != sync_id:
+        if expired:
             record["state"] = SyncState.interrupted
             record["message"] = record["message"] or (
                 "the sync's reservation expired: its worker stopped reporting (killed or offline); "

@@ -121,6 +121,35 @@ def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
     assert lost.value.reason == "sync_not_reserved"  # the worker stops copying
 
 
+def test_r6_a_sync_finished_while_it_is_read_reads_succeeded_not_interrupted(ctx: ServerContext, model: str) -> None:
+    """The reader's race: ``get`` reads the record (``running``), the worker's ``finish`` writes
+    ``succeeded`` and releases the reservation, then ``get`` finds no reservation. That read is
+    the finish's, not an expiry: ``homefleet sync`` (which polls ``get``) once printed
+    ``interrupted`` for a sync its worker had finished in 0.6 s."""
+    syncs = syncs_of(ctx)
+    bring_online(ctx, "m1", {model})
+    record = syncs.start("m1", [model])
+    syncs.claim(record["id"], "m1")
+    reservation = ctx.keys.syncing("m1")
+    plain_get = ctx.redis.get
+    finished: list[str] = []
+
+    def get_after_the_finish(key: str) -> object:
+        if key == reservation and not finished:  # between the record's read and the reservation's
+            finished.append("finishing")  # once: finish() reads the record through get() too
+            finished[0] = syncs.finish(record["id"], "m1", SyncFinish(succeeded=True, message="all files verified",
+                                                                     verified=[model], results=[]))["state"]
+        return plain_get(key)
+
+    ctx.redis.get = get_after_the_finish  # type: ignore[method-assign]
+    try:
+        read = syncs.get(record["id"])
+    finally:
+        del ctx.redis.get
+    assert finished == [SyncState.succeeded]  # the finish did run inside the read
+    assert (read["state"], read["message"], read["verified"]) == (SyncState.succeeded, "all files verified", [model])
+
+
 SHORT_TTL_S = 4.0  # seconds: short, yet renewals every third of it survive a loaded CI host
 
 
