@@ -116,6 +116,11 @@ class Settings(BrokerSettings):
     # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a
     # large file (tasks/sync.py, Renewal and REPORT_EVERY_S).
     sync_reservation_ttl_s: float = Field(30.0, gt=0)
+    # R6: until its worker claims it, a published sync's reservation lasts this long instead: a
+    # worker that is starting (it verifies its model folder first) or slow to read its queue does
+    # not turn the sync `interrupted` before it began. A worker that dies meanwhile is offline,
+    # and placement skips an offline machine anyway.
+    sync_claim_wait_s: float = Field(120.0, gt=0)
     # Webhooks (issue 22; docs/api.md "Webhooks", docs/operations.md): the secret that signs the
     # webhooks of the jobs each API key submits, by key id (:meth:`api_key_id`: its quota's name,
     # which the keys of a quota share, else key:<12 hex>; `homefleet keys` lists them), e.g.

@@ -17,6 +17,8 @@ to its final name only if nothing is there (never overwrites, never deletes a mo
 Its progress reports renew the reservation; ``finish`` releases it. A worker killed
 mid-copy stops renewing, so the reservation expires after ``sync_reservation_ttl_s``
 and the sync reads as ``interrupted``; nothing sits at a final name but verified bytes.
+Before its claim, a published sync's reservation lasts ``sync_claim_wait_s``: a worker
+still starting is not a worker gone.
 After copying, the worker re-verifies its whole model folder and replaces its advertised
 set (R4).
 """
@@ -77,7 +79,8 @@ class Syncs:
         self.machines = machines
         self.keys = Keys(settings.key_prefix, settings.broker_key_prefix)
         self.lock = lock
-        self.ttl_ms = int(settings.sync_reservation_ttl_s * 1000)
+        self.ttl_ms = int(settings.sync_reservation_ttl_s * 1000)  # renewed by claim and progress
+        self.claim_wait_ms = int(max(settings.sync_claim_wait_s, settings.sync_reservation_ttl_s) * 1000)
 
     def start(self, machine: str, model_ids: list[str]) -> dict[str, Any]:
         """Reserve ``machine`` and publish its sync of ``model_ids`` (default: every registered
@@ -132,7 +135,7 @@ class Syncs:
             with self.redis.pipeline() as pipe:
                 pipe.hset(self.keys.sync(sync_id), mapping=record)
                 pipe.expire(self.keys.sync(sync_id), RECORD_TTL_S)
-                pipe.set(self.keys.syncing(machine), sync_id, px=self.ttl_ms)
+                pipe.set(self.keys.syncing(machine), sync_id, px=self.claim_wait_ms)  # the claim renews it to ttl_ms
                 pipe.execute()
             if not fence.holds():  # C04: a placer that lost the lock commits nothing
                 self.redis.delete(self.keys.syncing(machine), self.keys.sync(sync_id))

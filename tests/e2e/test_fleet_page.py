@@ -115,9 +115,14 @@ def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, br
     assert_only_this_server(requested_urls(driver), fleet.local.api_url)
 
 
+#: seconds a page waits for a job it submitted to end: a deadline on the job's steps, which a slow,
+#: shared CI host stretches (the 60-step job below ran 46 s on one core beside the other tests)
+JOB_WAIT_S = 300
+
+
 def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(fleet: RunningFleet, browser: object) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver = browser
     wait = open_page(driver, fleet.local.api_url, "submit")
@@ -133,7 +138,9 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(f
     driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
     # the dry run's explanation is shown first: m1 would run it
     wait.until(lambda d: "Would run on m1" in d.find_element(By.ID, "explanation").text)
-    image = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+    # the job's 60 steps: a deadline for the job, not for the page (65 s on one loaded core)
+    image = WebDriverWait(driver, JOB_WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
     job_id = driver.find_element(By.ID, "submitted").get_attribute("data-job")  # type: ignore[attr-defined]
     snap(driver, "submit")
@@ -197,7 +204,7 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     POST /v1/files first and its id is the job's ``image``; the edited image (the input's size)
     appears, and in the Gallery. A non-image upload shows the API's refusal (422 input_type)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver = browser
     wait = open_page(driver, fleet.local.api_url, "submit")
@@ -230,7 +237,8 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     form.find_element(By.NAME, "image").send_keys(str(source))
     driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
     wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
-    image = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+    image = WebDriverWait(driver, JOB_WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
     snap(driver, "submit-edit")
     job = fleet.client.get(driver.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]

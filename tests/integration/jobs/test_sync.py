@@ -34,7 +34,7 @@ from app.jobs.sync import SyncState, Syncs
 from tasks import runtime
 from tasks import sync as worker_sync
 from tests.helpers import TEST_API_KEY, make_fleet, settings_env
-from tests.helpers import bring_online
+from tests.helpers import bring_online, wait_for
 
 
 def syncs_of(ctx: ServerContext) -> Syncs:
@@ -119,6 +119,35 @@ def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
     with pytest.raises(Conflict) as lost:
         short.progress(record["id"], "m1", 0, 2000, "")
     assert lost.value.reason == "sync_not_reserved"  # the worker stops copying
+
+
+def test_r6_before_its_claim_a_sync_waits_sync_claim_wait_s_not_the_reservation_ttl(
+    settings: Settings, model: str, ctx: ServerContext
+) -> None:
+    """A worker still starting (verifying its folder) claims later than one reservation TTL:
+    the sync is still its to run. Only a sync unclaimed for ``sync_claim_wait_s`` lapses."""
+    def syncs(**update: float) -> Syncs:
+        return Syncs(settings.model_copy(update={"sync_reservation_ttl_s": 0.3, **update}), ctx.redis, ctx.celery,
+                     ctx.fleet, ctx.journal, ctx.registry, ctx.machines, ctx.lock)
+
+    bring_online(ctx, "m1", {model})
+    patient = syncs()  # the default claim wait: 120 s
+    record = patient.start("m1", [model])
+    time.sleep(0.9)  # three reservation TTLs, unclaimed
+    assert patient.get(record["id"])["state"] == SyncState.queued
+    patient.claim(record["id"], "m1")
+    assert patient.get(record["id"])["state"] == SyncState.running
+    assert 0 < ctx.redis.pttl(ctx.keys.syncing("m1")) <= 300  # claimed: back to the short TTL
+    wait_for(lambda: not ctx.redis.exists(ctx.keys.syncing("m1")), timeout_s=10, what="the claimed sync to lapse")
+
+    ctx.redis.delete(ctx.keys.queue_list("m1"))  # the first sync's message: no worker reads it here
+    impatient = syncs(sync_claim_wait_s=0.5)
+    second = impatient.start("m1", [model])
+    wait_for(lambda: impatient.get(second["id"])["state"] == SyncState.interrupted, timeout_s=10,
+             what="the unclaimed sync to lapse after its claim wait")
+    with pytest.raises(Conflict) as late:
+        impatient.claim(second["id"], "m1")
+    assert late.value.reason == "sync_not_reserved"
 
 
 def test_r6_a_sync_finished_while_it_is_read_reads_succeeded_not_interrupted(ctx: ServerContext, model: str) -> None:
