@@ -120,18 +120,26 @@ def wait_first_beat(heartbeat: Heartbeat, lease: WorkerLease) -> bool:
     first heartbeat is written (``Heartbeat.wait_first_beat``): a job is claimed only by a boot
     that reconciliation sees alive (R19), and no message is taken while the server cannot be
     reached to claim it. SIGTERM meanwhile stops the worker at once (exit 0, or ``EX_CONFIG``
-    when it is the lease's loss); SIGINT raises ``KeyboardInterrupt``. True once beating."""
+    when it is the lease's loss); SIGINT raises ``KeyboardInterrupt``. True once beating.
+
+    Once beating, that SIGTERM handler stays until Celery installs its own (its warm shutdown)
+    while it starts: a lease lost in between (``on_lease_lost`` signals this process) still
+    exits ``EX_CONFIG``, not 143 from the default handler (seen on a slow host, where Celery's
+    start took seconds)."""
     def stop(_signum: int, _frame: Any) -> None:
         raise SystemExit(EX_CONFIG if lease.lost else 0)
 
     previous = signal.signal(signal.SIGTERM, stop)
+    beating = False
     try:
-        return heartbeat.wait_first_beat()
+        beating = heartbeat.wait_first_beat()
+        return beating
     except BaseException:
         heartbeat.stop()
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not beating:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLease) -> None:
