@@ -13,7 +13,6 @@ Tiers (``tests/<tier>/`` mirrors the source tree inside each):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -190,7 +189,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(f"{len(stray)} grouped tests lost their xdist group, e.g. {stray[0]}")
 
 
-
 #: how much of each fleet process's log a failed test's report shows (lines)
 LOG_TAIL_LINES = 40
 
@@ -220,7 +218,9 @@ def fleet_log_tails(item: pytest.Item) -> list[tuple[str, str]]:
             logs.update(dict.fromkeys(local.logs_dir.glob("*.log")))
     tails = []
     for path in sorted(logs, key=lambda p: p.stat().st_mtime, reverse=True):
-        with contextlib.suppress(OSError):
-            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-            tails.append((f"{path.parent.parent.name}/{path.name}", "\n".join(lines)))
+        name = f"{path.parent.parent.name}/{path.name}"
+        try:
+            tails.append((name, "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])))
+        except OSError as error:  # said in the report, never dropped
+            tails.append((name, f"(the log could not be read: {error})"))
     return tails

@@ -153,8 +153,8 @@ class Syncs:
         if expired:
             # finish() writes the end state, then releases the reservation: a record read just
             # before a finish and the reservation just after it would read as interrupted. Read
-            # the record again; an end state there is the truth (CI saw the race: a sync the
-            # worker finished at once reported interrupted to `homefleet sync`).
+            # the record again; an end state there is the truth (seen in a suite run on one core:
+            # `homefleet sync` printed interrupted for a sync its worker finished in 0.6 s).
             raw = self.redis.hgetall(self.keys.sync(sync_id)) or raw
             expired = raw["state"] not in SYNC_ENDED
         record: dict[str, Any] = dict(raw)

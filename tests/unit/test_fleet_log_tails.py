@@ -32,3 +32,11 @@ def test_a_fleets_logs_are_tailed_newest_first_whether_held_directly_or_as_local
 
 def test_a_test_without_a_fleet_reports_no_logs() -> None:
     assert fleet_log_tails(SimpleNamespace(funcargs={"tmp_path": Path("/")})) == []  # type: ignore[arg-type]
+
+
+def test_a_log_that_cannot_be_read_is_named_with_the_reason_not_dropped(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "server", redis_url="redis://127.0.0.1:1/0")
+    local = LocalFleet(settings, make_fleet("m1"), tmp_path / "fleet.toml")
+    (local.logs_dir / "worker-m1.log").mkdir(parents=True)  # a folder where the log should be: EISDIR
+    [(name, text)] = fleet_log_tails(SimpleNamespace(funcargs={"local": local}))  # type: ignore[arg-type]
+    assert name == "server/worker-m1.log" and text.startswith("(the log could not be read: ")
