@@ -134,6 +134,17 @@ class ModelRecord(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     precision: str = "fp32"  # fp32 | bf16 | fp16: the dtype every component is loaded with (app/core/variants.py)
     quantization: str | None = None  # e.g. torchao-int8wo: the denoiser quantized at load time
+    # Bytes the loaded variant holds (every component at its real dtype, a quantized denoiser at its
+    # quantized bytes), priced once at registration from the files taken (app/store/pricing.py); None
+    # for a model registered before it was kept, priced from its files when first asked.
+    weights_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    # What it was registered from: "diffusers" (a folder), "hf-cache" (a Hugging Face cache snapshot),
+    # "single-file" (a checkpoint converted at registration), "transformers", "lora-diffusers" or
+    # "lora-kohya" (a LoRA file); None before this was kept.
+    source_format: str | None = None
+    # The digest of the file a single-file checkpoint or a LoRA file was registered from (provenance:
+    # the converted folder's files have digests of their own); None for a folder.
+    source_digest: str | None = None
 
     @property
     def variant(self) -> Variant:

@@ -2,4 +2,4 @@
 written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
 reading of the scripts)."""
 
-HEAD = "e5a1c7d93b20"
+HEAD = "f6b2d8e4a7c1"
