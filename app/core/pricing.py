@@ -1,0 +1,229 @@
+"""The bytes a model's loaded variant holds (R10, R15): priced once at registration from the
+stored folder's configs, never by loading its weights.
+
+How: every component that is a torch module (a diffusers model or a transformers model named
+in ``model_index.json``; a causal LM's root folder) is built from its config on the **meta**
+device, with the torch default dtype set to the variant's precision as diffusers' and
+transformers' ``from_pretrained`` set it. Then each of its tensors (parameters and buffers,
+tied ones once) is priced at the dtype the library's loader gives it:
+
+- diffusers: a floating tensor of the checkpoint at the precision, or fp32 where the model's
+  ``_keep_in_fp32_modules`` names one of its modules (any precision; e.g. Wan's
+  ``time_embedder``, ``norm*``, ``scale_shift_table``); any other tensor as built.
+- transformers: the tensor as built (so an explicitly fp32 buffer such as a rotary
+  ``inv_freq`` stays fp32), or fp32 where the model's own dtype plan
+  (``_get_dtype_plan``: ``_keep_in_fp32_modules`` at fp16, ``_keep_in_fp32_modules_strict``
+  at fp16 and bf16; e.g. T5's ``wo`` at fp16) matches it.
+- a quantized component (the denoiser, :data:`app.core.variants.DENOISERS`, or a causal LM):
+  the library's own torchao quantizer decides which weights it quantizes
+  (``check_if_quantized_param`` / ``param_needs_quantization``: ``nn.Linear`` weights outside
+  its ``modules_to_not_convert`` and keep-in-fp32 modules), and each is quantized on the meta
+  device by torchao itself: its bytes are the inner tensors' (int8 ``qdata`` + fp32 per-row
+  ``scale`` for int8 weight-only).
+
+Components that are no torch module (schedulers, tokenizers, processors) hold no tensors. A
+LoRA adapter folder (no ``model_index.json``, no ``config.json``) is priced at its header's
+element count times the precision's bytes. The worker's residency (``tasks/loading.py``) and
+the server's placement use the figure stored at registration (``ModelRecord.weights_bytes``),
+carried to workers in the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.core.variants import DENOISERS, PRECISION_BYTES, TORCH_DTYPES, Variant, quantization_spec
+
+
+def loaded_bytes(folder: Path, variant: Variant) -> int:
+    """Bytes the pipeline (or causal LM) in ``folder`` holds once loaded as ``variant``: the sum
+    of :func:`component_bytes`. Reads configs and safetensors headers only.
+
+    Raises:
+        OSError: a config or weights file cannot be read.
+        ValueError: a component's class is unknown to its library, or the folder is neither a
+            diffusers folder, a transformers folder nor a LoRA adapter.
+    """
+    return sum(component_bytes(folder, variant).values())
+
+
+def component_bytes(folder: Path, variant: Variant) -> dict[str, int]:
+    """Bytes per component (``""`` for a causal LM or an adapter folder) held once ``folder``
+    is loaded as ``variant`` (module docstring). Raises as :func:`loaded_bytes`."""
+    folder = Path(folder)
+    if (folder / "model_index.json").is_file():
+        index = json.loads((folder / "model_index.json").read_text())
+        found: dict[str, int] = {}
+        for name, entry in sorted(index.items()):
+            if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2 or None in entry:
+                continue
+            library, class_name = entry
+            quantization = variant.quantization if name in DENOISERS else None
+            held = _module_bytes(folder / name, library, class_name, variant.precision, quantization)
+            if held is not None:
+                found[name] = held
+        return found
+    if (folder / "config.json").is_file():
+        return {"": _module_bytes(folder, "transformers", None, variant.precision, variant.quantization) or 0}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} is neither a diffusers folder (model_index.json), a transformers folder "
+                         "(config.json) nor a LoRA adapter (*.safetensors)")
+    from safetensors import safe_open
+
+    elements = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:  # the header only
+            elements += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())  # noqa: SIM118
+    return {"": int(elements * PRECISION_BYTES[variant.precision])}
+
+
+def _module_bytes(folder: Path, library: str, class_name: str | None, precision: str,
+                  quantization: str | None) -> int | None:
+    """Bytes of one component, or None when its class is no torch module."""
+    import torch
+
+    module = importlib.import_module(library)
+    if class_name is None:  # a causal LM: the class transformers' Auto class picks, as tasks/pipelines.py loads it
+        cls: Any = None
+    else:
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            raise ValueError(f"{folder.name}: {library} has no class {class_name!r} (model_index.json)")
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            return None
+    dtype = getattr(torch, TORCH_DTYPES[precision])
+    if library == "diffusers":
+        return _diffusers_bytes(folder, cls, dtype, quantization)
+    if library == "transformers":
+        return _transformers_bytes(folder, cls, dtype, quantization)
+    raise ValueError(f"{folder.name}: library {library!r} is not priced (diffusers or transformers)")
+
+
+@contextlib.contextmanager
+def _skeleton_context(dtype: Any) -> Iterator[None]:
+    """Build on the meta device with ``dtype`` as the default dtype, as the loaders do."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | None) -> int:
+    import torch
+
+    config = cls.load_config(folder)
+    with _skeleton_context(dtype):
+        model = cls.from_config(config)
+    keep = list(cls._keep_in_fp32_modules or [])  # torchao's quantizer keeps them (use_keep_in_fp32_modules)
+    quantizer = None
+    if quantization is not None:
+        from diffusers import TorchAoConfig
+        from diffusers.quantizers import DiffusersAutoQuantizer
+
+        quantizer = DiffusersAutoQuantizer.from_config(TorchAoConfig(_torchao_config(quantization)), pre_quantized=False)
+        quantizer.preprocess_model(model, device_map=None, keep_in_fp32_modules=list(keep))
+    persistent = set(model.state_dict())
+
+    def held(name: str, tensor: Any) -> int:
+        if name not in persistent or not torch.is_floating_point(tensor):
+            return _bytes(tensor)  # a buffer computed at init, or an integer tensor: as built
+        if any(part in name.split(".") for part in keep):
+            return tensor.numel() * 4  # fp32
+        if quantizer is not None and quantizer.check_if_quantized_param(model, tensor, name, {}, param_device=None):
+            return _quantized_bytes(tuple(tensor.shape), dtype, quantization)
+        return tensor.numel() * dtype.itemsize
+
+    return _sum(model, held)
+
+
+def _transformers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | None) -> int:
+    import transformers
+    from transformers.core_model_loading import build_glob_alternation
+
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    with _skeleton_context(dtype):
+        if cls is None:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = cls._from_config(config, dtype=dtype)
+    plan = model._get_dtype_plan(dtype)
+    fp32 = build_glob_alternation(list(plan))[0] if plan else None
+    quantizer = None
+    if quantization is not None:
+        from transformers import TorchAoConfig
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(TorchAoConfig(quant_type=_torchao_config(quantization)),
+                                                pre_quantized=False)
+        quantizer.preprocess_model(model, dtype=dtype)
+
+    def held(name: str, tensor: Any) -> int:
+        if quantizer is not None and quantizer.param_needs_quantization(model, name):
+            return _quantized_bytes(tuple(tensor.shape), dtype, quantization)
+        if fp32 is not None and fp32.search(name):
+            return tensor.numel() * 4
+        return _bytes(tensor)  # as built (the loader keeps a tensor built in another dtype, e.g. inv_freq)
+
+    return _sum(model, held)
+
+
+def _torchao_config(quantization: str) -> Any:
+    import torchao.quantization
+
+    backend, config_class = quantization_spec(quantization)
+    if backend != "torchao":
+        raise ValueError(f"quantization backend {backend!r} is not priced; priced: torchao")
+    return getattr(torchao.quantization, config_class)()
+
+
+_QUANTIZED: dict[tuple[tuple[int, ...], str, str], int] = {}
+
+
+def _quantized_bytes(shape: tuple[int, ...], dtype: Any, quantization: str | None) -> int:
+    """Bytes of a linear weight of ``shape`` quantized by torchao (its inner tensors), found
+    by quantizing a meta ``nn.Linear`` of that shape."""
+    import torch
+    from torchao.quantization import quantize_
+
+    assert quantization is not None
+    key = (shape, str(dtype), quantization)
+    if key not in _QUANTIZED:
+        out_features, in_features = shape
+        linear = torch.nn.Linear(in_features, out_features, bias=False, device="meta", dtype=dtype)
+        quantize_(linear, _torchao_config(quantization))
+        _QUANTIZED[key] = _bytes(linear.weight)
+    return _QUANTIZED[key]
+
+
+def _bytes(tensor: Any) -> int:
+    """Bytes a tensor holds: a tensor subclass (torchao's ``Int8Tensor``) its inner tensors'."""
+    import torch
+
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return sum(_bytes(inner) for name in names if (inner := getattr(tensor, name, None)) is not None)
+    return int(tensor.numel() * tensor.element_size())
+
+
+def _sum(model: Any, held: Any) -> int:
+    """Sum of ``held(name, tensor)`` over the model's parameters and buffers, each tensor once."""
+    seen: set[int] = set()
+    total = 0
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        total += held(name, tensor)
+    return total
