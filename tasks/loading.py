@@ -17,7 +17,7 @@ from typing import Any
 
 from app.core.errors import IntegrityFailure
 from app.core.protocol import Manifest
-from app.core.variants import parameter_counts, weights_bytes
+from app.core.pricing import loaded_bytes
 from routing.placement import SERVER
 from tasks import runtime
 from tasks.verify import model_problems
@@ -64,7 +64,9 @@ def make_resident(rt: runtime.WorkerRuntime, manifest: Manifest, working_bytes: 
     """
     check_files(rt, manifest)
     folder = rt.settings.models_dir / manifest.model_id
-    weights = weights_bytes(parameter_counts(folder), manifest.variant)  # R15: the variant's real size
+    weights = manifest.weights_bytes  # R15: the server's price of the variant (app.core.pricing)
+    if weights is None:  # an older server's manifest: the same function on the same (verified) files
+        weights = loaded_bytes(folder, manifest.variant)
     variant = {"precision": manifest.precision, "quantization": manifest.quantization}
     pipeline, load_s, cold = rt.cache.get(manifest.model_id, manifest.key(), folder, variant, weights, working_bytes)
     if cold:

@@ -290,3 +290,26 @@ def served_api(ctx: ServerContext) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def held_bytes(pipeline: object) -> dict[str, int]:
+    """Bytes per component that a loaded pipeline (or a ``TextModel``, as ``""``) holds, measured
+    on its tensors: every parameter and buffer of every torch-module component, each tensor once,
+    a torchao tensor subclass (``Int8Tensor``) counted by its inner tensors (``qdata`` +
+    ``scale``, torchao's ``__tensor_flatten__``)."""
+    import torch
+
+    def size(tensor: torch.Tensor) -> int:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+            return sum(size(getattr(tensor, n)) for n in names if getattr(tensor, n) is not None)
+        return tensor.numel() * tensor.element_size()
+
+    components = getattr(pipeline, "components", None)
+    modules = components.items() if components is not None else [("", pipeline.model)]  # type: ignore[attr-defined]
+    sizes: dict[str, int] = {}
+    for name, module in modules:
+        if isinstance(module, torch.nn.Module):
+            tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+            sizes[name] = sum(size(t) for t in tensors.values())
+    return sizes

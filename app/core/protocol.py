@@ -43,6 +43,9 @@ class Manifest(Body):
     quantization: str | None = None
     algorithm: str = ALGORITHM
     files: list[ManifestFile]
+    weights_bytes: int | None = Field(None, ge=0, description=(
+        "bytes the loaded variant holds, priced once at registration (app.core.pricing); the worker's residency "
+        "uses this figure, as placement does (R15)"))
 
     @property
     def variant(self) -> Variant:

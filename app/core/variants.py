@@ -10,37 +10,24 @@ torchao 0.18 with torch 2.13.0+cpu and diffusers 0.42.1 loads a UNet with int8 w
 bitsandbytes quantizer refuses to load without a CUDA/XPU/MPS device ("No GPU found. A GPU
 is needed for quantization."), so it cannot run on CPU workers or in this project's tests.
 
-Memory numbers: parameters are counted from the safetensors headers (an 8-byte little-endian
-header length, then JSON with each tensor's ``shape``; docs/operations.md),
-then priced at the variant's bytes per parameter. int8 weight-only stores one byte per
-weight plus one scale per output row; the estimate uses 1 byte per parameter of the denoiser.
+Memory: :mod:`app.core.pricing` prices a variant at the bytes its loaded pipeline holds (every
+component at its real dtype, a quantized denoiser at torchao's bytes), once at registration.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 #: precision -> torch dtype attribute name
 TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-#: precision -> bytes per parameter
+#: precision -> bytes per floating value (a KV cache's, a LoRA adapter's)
 PRECISION_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
-#: quantization -> (diffusers backend, torchao config class, bytes per quantized parameter)
-QUANTIZATIONS: dict[str, tuple[str, str, float]] = {
-    "torchao-int8wo": ("torchao", "Int8WeightOnlyConfig", 1.0),
+#: quantization -> (diffusers backend, torchao config class)
+QUANTIZATIONS: dict[str, tuple[str, str]] = {
+    "torchao-int8wo": ("torchao", "Int8WeightOnlyConfig"),
 }
 #: the components a quantization applies to (the denoiser: most of the weights)
 DENOISERS: tuple[str, ...] = ("transformer", "unet")
-#: A causal LM's (its safetensors at the folder's root) weights a quantization applies to,
-#: counted apart by :func:`parameter_counts`: its linear layers' weights (2-D ``*.weight``
-#: tensors but the token and position embeddings), what torchao's weight-only configs replace
-#: through transformers' ``TorchAoConfig`` (checked on the tiny llama and qwen2: 14 of 14).
-TEXT_LINEAR = "linear"
 #: Text families whose linear layers are no ``nn.Linear`` (GPT-2's ``Conv1D``): torchao leaves
 #: them as they are, so a quantized variant is refused for them (checked: 0 weights quantized).
 UNQUANTIZABLE_TEXT_FAMILIES: frozenset[str] = frozenset({"gpt2"})
@@ -78,44 +65,4 @@ def quantization_spec(quantization: str) -> tuple[str, str]:
     """(diffusers backend, torchao config class name) of ``quantization``. Raises ``ValueError``."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    backend, config_class, _ = QUANTIZATIONS[quantization]
-    return backend, config_class
-
-
-def parameter_counts(folder: Path) -> dict[str, int]:
-    """Parameters per component (first folder under ``folder``) from the ``*.safetensors``
-    headers, without loading any tensor; a causal LM's root-level weights split into
-    :data:`TEXT_LINEAR` (what a quantization applies to) and ``""`` (the rest). Raises
-    ``OSError``/``ValueError`` for unreadable files."""
-    counts: dict[str, int] = {}
-    for path in sorted(folder.rglob("*.safetensors")):
-        parts = path.relative_to(folder).parts
-        for name, tensor in _header(path).items():
-            component = parts[0] if len(parts) > 1 else (TEXT_LINEAR if _is_linear_weight(name, tensor) else "")
-            counts[component] = counts.get(component, 0) + math.prod(tensor["shape"])
-    return counts
-
-
-def _is_linear_weight(name: str, tensor: Mapping[str, Any]) -> bool:
-    return len(tensor["shape"]) == 2 and name.endswith(".weight") and not any(
-        part in name for part in ("embed", "wte", "wpe"))
-
-
-def _header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header: dict[str, Any] = json.loads(handle.read(length))
-    header.pop("__metadata__", None)
-    return header
-
-
-def weights_bytes(counts: Mapping[str, int], variant: Variant) -> int:
-    """Bytes the weights take in memory when loaded as ``variant``: every parameter at the
-    precision's size, the denoiser's (a causal LM's linear weights) at the quantization's size
-    when one is set."""
-    total = 0.0
-    per_param = PRECISION_BYTES[variant.precision]
-    quantized = QUANTIZATIONS[variant.quantization][2] if variant.quantization else per_param
-    for component, count in counts.items():
-        total += count * (quantized if component in (*DENOISERS, TEXT_LINEAR) else per_param)
-    return int(total)
+    return QUANTIZATIONS[quantization]

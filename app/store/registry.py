@@ -27,14 +27,10 @@ from sqlmodel import Session, select
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import FAMILIES, PIPELINE_FAMILIES
+from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
 from app.core.textgen import architectures, kv_cache_bytes, model_config
-from app.core.variants import (
-    check_family_variant,
-    check_variant,
-    parameter_counts,
-    weights_bytes,
-)
+from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import ModelFile, ModelRecord
 from routing.timings import ADAPTER_KIND
 
@@ -105,6 +101,7 @@ class Registry:
         self.models_dir = models_dir
         self.on_change = on_change
         self._records: dict[str, ModelRecord] = {}  # found by get(); records are immutable
+        self._priced: dict[str, int] = {}  # weights_bytes of records registered before it was stored
 
     def folder(self, model_id: str) -> Path:
         return self.models_dir / model_id
@@ -172,9 +169,11 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        weights = _price(final, Variant(precision, quantization))
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
             total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
+            weights_bytes=weights,
         )
         with Session(self.engine) as session:
             session.add(record)
@@ -275,13 +274,20 @@ class Registry:
                 files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
             session.commit()
         return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
-                        quantization=record.quantization, algorithm=ALGORITHM, files=files)
+                        quantization=record.quantization, algorithm=ALGORITHM, files=files,
+                        weights_bytes=self.weights_bytes(model_id))
 
     def weights_bytes(self, model_id: str) -> int:
-        """Memory the model's weights take once loaded as its variant, in bytes: parameters
-        counted from the safetensors headers, priced at its precision/quantization. Raises NotFound."""
+        """Bytes the model holds once loaded as its variant: the figure priced at registration
+        (``ModelRecord.weights_bytes``, :func:`app.core.pricing.loaded_bytes`); a record registered
+        before it was stored is priced from its folder now (once per process). Raises NotFound;
+        ``OSError``/``ValueError`` when such an old record's folder cannot be priced."""
         record = self.get(model_id)
-        return weights_bytes(parameter_counts(self.folder(model_id)), record.variant)
+        if record.weights_bytes is not None:
+            return record.weights_bytes
+        if model_id not in self._priced:
+            self._priced[model_id] = loaded_bytes(self.folder(model_id), record.variant)
+        return self._priced[model_id]
 
     def kv_cache_bytes(self, model_id: str, tokens: int) -> int:
         """A text model's KV cache for ``tokens`` tokens (prompt + generated), in bytes: 2 x
@@ -337,6 +343,18 @@ class FileCheck:
     status: str
     recorded: str  # the digest the manifest held before
     actual: str | None  # the digest of the bytes now (None when missing)
+
+
+def _price(folder: Path, variant: Variant) -> int:
+    """:func:`app.core.pricing.loaded_bytes` of a folder being registered; a folder that cannot be
+    priced is removed and refused (reason ``not_a_model``, naming the error): it could not be
+    loaded either."""
+    try:
+        return loaded_bytes(folder, variant)
+    except (OSError, ValueError, TypeError, RuntimeError, NotImplementedError) as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise Rejected(f"{folder.name}: its {variant.key()} variant cannot be priced from its configs and "
+                       f"safetensors headers ({type(error).__name__}: {error})", reason="not_a_model") from error
 
 
 def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from app.client import ApiError
-from app.core.variants import Variant, parameter_counts, weights_bytes
+from app.core.pricing import loaded_bytes
+from app.core.variants import Variant
 from routing.estimate import working_bytes
 from tests.e2e.conftest import RunningFleet
 
@@ -33,7 +34,7 @@ def capped(fleet: RunningFleet, tiny_models_dir: Path) -> Iterator[RunningFleet]
         if model_id not in {r.id for r in fleet.ctx.registry.list()}:
             fleet.ctx.registry.add(tiny_models_dir / fleet.model, model_id)
         local.copy_model(model_id, MACHINE)
-    weights = weights_bytes(parameter_counts(tiny_models_dir / fleet.model), Variant())
+    weights = loaded_bytes(tiny_models_dir / fleet.model, Variant())
     cap = working_bytes("txt2img", 64 * 64) + weights * 3 // 2
     local.start_worker(MACHINE, extra_env={"HOMEFLEET_MEMORY_CAP_BYTES": str(cap)})
     try:

@@ -91,3 +91,35 @@ def test_r5_adding_the_same_folder_again_names_the_registered_model_and_copies_n
     assert ctx.registry.add(changed).id == "tiny-sd-2"
     assert ctx.registry.add(tiny_models_dir / "tiny-sd", quantization="torchao-int8wo").id == "tiny-sd-3"
     assert ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd-copy").id == "tiny-sd-copy"
+
+
+def test_r15_the_loaded_bytes_are_priced_once_at_registration_and_carried_in_the_manifest(
+        ctx: ServerContext, tiny_models_dir: Path) -> None:
+    """The variant's price (app/core/pricing.py) is stored with the record, handed out in the
+    manifest (the worker's residency uses it, tasks/loading.py), and equals what the worker's
+    loader holds; a record registered before the column existed is priced from its folder."""
+    from sqlmodel import Session
+
+    from app.db.tables import ModelRecord
+    from tasks.pipelines import load_pipeline
+    from tests.helpers import held_bytes
+
+    source = tiny_models_dir / "tiny-sd"
+    record = ctx.registry.add(source, "sd-int8", precision="bf16", quantization="torchao-int8wo")
+    held = sum(held_bytes(load_pipeline(source, "bf16", "torchao-int8wo")).values())
+    assert record.weights_bytes == held
+    with Session(ctx.registry.engine) as session:
+        stored = session.get(ModelRecord, "sd-int8")
+        assert stored is not None and stored.weights_bytes == held
+    assert ctx.registry.manifest("sd-int8").weights_bytes == held == ctx.registry.weights_bytes("sd-int8")
+
+    old = ctx.registry.add(source, "sd-old")
+    with Session(ctx.registry.engine) as session:
+        row = session.get(ModelRecord, "sd-old")
+        assert row is not None
+        row.weights_bytes = None
+        session.add(row)
+        session.commit()
+    ctx.registry._records.pop("sd-old", None)
+    assert ctx.registry.get("sd-old").weights_bytes is None
+    assert ctx.registry.weights_bytes("sd-old") == sum(held_bytes(load_pipeline(source)).values()) == old.weights_bytes

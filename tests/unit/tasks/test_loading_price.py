@@ -1,0 +1,51 @@
+"""The worker holds a resident model at the server's price of its variant (R15): the manifest's
+``weights_bytes`` (priced once at registration, app/core/pricing.py), so the worker's residency
+and placement's simulation of it (routing/finish.py) count the same bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from app.core.pricing import loaded_bytes
+from app.core.protocol import Manifest
+from app.core.variants import Variant
+from residency.cache import ModelCache
+from residency.device import MemoryKind
+from routing.placement import SERVER
+from tasks.loading import make_resident
+
+
+class Cpu:
+    memory_kind = MemoryKind.unified
+
+    def available_bytes(self) -> int:
+        return 10**12
+
+    def place(self, pipeline: Any) -> Any:
+        return pipeline
+
+    def empty_cache(self) -> None:
+        pass
+
+
+def runtime(models_dir: Path) -> Any:
+    cache = ModelCache(lambda folder, **kwargs: ("pipeline", folder, kwargs), Cpu(), capacity_bytes=10**9)
+    return SimpleNamespace(settings=SimpleNamespace(machine=SERVER, models_dir=models_dir), cache=cache,
+                           record_warm=lambda: None)
+
+
+def test_the_manifests_price_is_what_the_cache_holds(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    manifest = Manifest(model_id="m", family="sd1", kinds=["txt2img"], files=[], weights_bytes=123_456)
+    make_resident(rt, manifest, working_bytes=1000)
+    assert rt.cache.held_bytes() == 123_456
+
+
+def test_an_older_servers_manifest_is_priced_by_the_same_function(tiny_models_dir: Path) -> None:
+    rt = runtime(tiny_models_dir)
+    manifest = Manifest(model_id="tiny-sd", family="sd1", kinds=["txt2img"], files=[], precision="bf16",
+                        quantization="torchao-int8wo")
+    make_resident(rt, manifest)
+    assert rt.cache.held_bytes() == loaded_bytes(tiny_models_dir / "tiny-sd", Variant("bf16", "torchao-int8wo"))
