@@ -20,7 +20,7 @@ from pathlib import Path
 from app.fleet.config import Machine
 from routing.estimate import Estimator, MachineProfile, ModelProfile
 from residency.policy import admit
-from routing.finish import Drains, WorkItem
+from routing.finish import Drains, WorkItem, working_of
 from routing.demand import Demand, Pressure, pinned_class
 from routing.errors import Refused
 from routing.placement import AUTO, JobRequest, MachineView, best_move, exclusion, place
@@ -260,7 +260,8 @@ class Simulation:
         m.reported_warm = tuple(m.warm)
         evicted = admit(m.warm, job.model_id, memory_kind=self.fleet.machines[m.name].memory_kind,
                         usable_bytes=self.fleet.machines[m.name].memory_bytes, protected=frozenset(),
-                        weights_bytes=self.truth.weights_bytes)
+                        weights_bytes=self.truth.weights_bytes,
+                        working_bytes=working_of(self.truth, job.model_id, job.kind, job.size))  # as the worker admits
         self.out.evictions += len(evicted)
         load_s = self.true_load_s(m.name, job.model_id, job.kind) if cold else 0.0
         self.out.cold_loads += int(cold)

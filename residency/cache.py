@@ -24,7 +24,7 @@ from typing import Any
 
 from residency.device import Device
 from residency.errors import ResidencyRefused
-from residency.policy import LoadRequest, ResidencyPolicy, WarmModel, policy_for
+from residency.policy import ResidencyPolicy, WarmModel, plan_load, policy_for
 
 log = logging.getLogger("homefleet.residency")
 
@@ -96,8 +96,8 @@ class ModelCache:
             return self.residents[key].pipeline, 0.0, False
         self._evict([k for k, r in self.residents.items() if r.model_id == model_id])  # a stale copy
         warm = [WarmModel(k, r.model_id, r.bytes) for k, r in self.residents.items()]
-        plan = self.policy.plan(warm, LoadRequest(model_id, weights_bytes + working_bytes, self.free_bytes(),
-                                                  self.protected))
+        plan = plan_load(self.policy, warm, model_id, weights_bytes=weights_bytes, working_bytes=working_bytes,
+                         free_bytes=self.free_bytes(), protected=self.protected)
         if plan.refused:
             raise ResidencyRefused(plan.message, reason=plan.refused)
         self._evict(list(plan.evict))

@@ -106,18 +106,29 @@ def policy_for(memory_kind: str) -> ResidencyPolicy:
     return _POLICIES[memory_kind]
 
 
+def plan_load(policy: ResidencyPolicy, warm: Sequence[WarmModel], model_id: str, *, weights_bytes: int,
+              working_bytes: int, free_bytes: int, protected: frozenset[str]) -> Plan:
+    """The admission rule of a cold load (R15), one for the worker's cache
+    (``residency.cache.ModelCache.get``) and placement's simulation of it (:func:`admit`):
+    ``policy`` plans room for the model's ``weights_bytes`` plus the job's ``working_bytes``
+    (bytes; the working memory the job needs beyond the weights) in ``free_bytes`` (memory not
+    held by the ``warm`` models, least recently used first), never evicting ``protected``."""
+    return policy.plan(warm, LoadRequest(model_id, weights_bytes + working_bytes, free_bytes, protected))
+
+
 def admit(warm: list[str], model_id: str, *, memory_kind: str, usable_bytes: int, protected: frozenset[str],
-          weights_bytes: Callable[[str], int]) -> list[str]:
+          weights_bytes: Callable[[str], int], working_bytes: int = 0) -> list[str]:
     """The residency model as placement simulates it along a machine's queue (R12, R15): make
     ``model_id`` the most recently used of ``warm`` (model ids, least recently used first;
     mutated), evicting as the worker's policy would; return the evicted models.
 
-    The plan is the policy's own (:meth:`ResidencyPolicy.plan`), for a load of the model's
-    weights into ``usable_bytes`` (bytes; 0 = unknown: nothing is evicted on unified memory).
-    Where the worker would refuse the load (only evicting a protected model makes room,
-    ``residency_protected``), the simulation evicts every unprotected model and goes on: the
-    worker's estimate is not a measurement either, and placement refuses such jobs up front
-    (``residency_conflict``).
+    The plan is the worker's own (:func:`plan_load`): a warm model is reused as it is; a cold
+    one needs its weights plus the job's ``working_bytes`` (bytes) within ``usable_bytes``
+    (bytes; 0 = unknown: nothing is evicted on unified memory), the warm models holding their
+    ``weights_bytes``. Where the worker would refuse the load (only evicting a protected model
+    makes room, ``residency_protected``), the simulation evicts every unprotected model and goes
+    on: the worker's estimate is not a measurement either, and placement refuses such jobs up
+    front (``residency_conflict``).
     """
     if model_id in warm:
         warm.remove(model_id)
@@ -128,8 +139,8 @@ def admit(warm: list[str], model_id: str, *, memory_kind: str, usable_bytes: int
         warm.append(model_id)
         return []
     held = [WarmModel(m, m, weights_bytes(m)) for m in warm]
-    need = weights_bytes(model_id)
-    plan = policy.plan(held, LoadRequest(model_id, need, usable_bytes - sum(m.bytes for m in held), protected))
+    plan = plan_load(policy, held, model_id, weights_bytes=weights_bytes(model_id), working_bytes=working_bytes,
+                     free_bytes=usable_bytes - sum(m.bytes for m in held), protected=protected)
     evicted = list(plan.evict) if plan.refused is None else [m for m in warm if m not in protected]
     for m in evicted:
         warm.remove(m)

@@ -3,10 +3,12 @@ model will not be warm when it starts, the load of its LoRA adapters onto the wa
 (issue 22: loaded for the job, unloaded after, never kept warm), its run time, and the reload
 cost of the warm models its load would evict. Residency is simulated along the machine's queue in FIFO order.
 
-Residency model (R15): the worker's own policy (``residency.policy.admit``): on unified memory
-warm models stay while they fit in the usable bytes and the least recently used unprotected one
-goes first; committed (protected) models are never evicted. On dedicated memory exactly one
-checkpoint is resident.
+Residency model (R15): the worker's own admission rule (``residency.policy.admit``, which plans
+with ``plan_load`` as the worker's cache does): a cold load needs the model's weights plus the
+job's working memory (``costs.job_bytes - costs.weights_bytes``, the figure the worker gets in its
+claim); on unified memory warm models stay while that fits in the usable bytes and the least
+recently used unprotected one goes first; committed (protected) models are never evicted. On
+dedicated memory exactly one checkpoint is resident.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ class Breakdown:
         }
 
 
+def working_of(costs: CostModel, model_id: str, kind: str, size: int) -> int:
+    """A job's working memory beyond its weights (bytes): ``costs.job_bytes`` less the model's
+    weights, the figure journaled at submission and sent to the worker in its claim (R10)."""
+    return max(costs.job_bytes(model_id, kind, size) - costs.weights_bytes(model_id), 0)
+
+
 def drain(
     machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str], costs: CostModel,
 ) -> tuple[float, list[str]]:
@@ -92,7 +100,7 @@ def drain(
     for item in queue:
         cold = item.model_id not in warm
         admit(warm, item.model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
-              weights_bytes=costs.weights_bytes)
+              weights_bytes=costs.weights_bytes, working_bytes=working_of(costs, item.model_id, item.kind, item.size))
         total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
         if cold:
             total += costs.load_s(machine, item.model_id, item.kind)
@@ -154,6 +162,7 @@ def expected_finish(
     costs: CostModel,
     drains: Drains | None = None,
     adapters: Sequence[str] = (),
+    working_bytes: int | None = None,
 ) -> Breakdown:
     """The :class:`Breakdown` of a job appended to ``machine``'s queue.
 
@@ -165,6 +174,8 @@ def expected_finish(
         adapters: the job's LoRA adapter ids (issue 22); each costs its load seconds
             (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
             machine's load rate) on every job, warm base or not.
+        working_bytes: the job's working memory beyond the weights (bytes), as journaled and
+            claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
     """
     memory_kind = costs.memory_kind(machine)
     usable = costs.usable_bytes(machine)
@@ -172,8 +183,10 @@ def expected_finish(
     run_s = costs.run_s(machine, model_id, kind, steps, size)
     ahead_s += extra_queued * run_s
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
+    if working_bytes is None:
+        working_bytes = working_of(costs, model_id, kind, size)
     evicted = admit(warm, model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
-                    weights_bytes=costs.weights_bytes)
+                    weights_bytes=costs.weights_bytes, working_bytes=working_bytes)
     eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
     adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
     return Breakdown(
@@ -182,4 +195,4 @@ def expected_finish(
     )
 
 
-__all__ = ["Breakdown", "Drains", "WorkItem", "drain", "expected_finish", "job_size"]
+__all__ = ["Breakdown", "Drains", "WorkItem", "drain", "expected_finish", "job_size", "working_of"]
