@@ -17,6 +17,20 @@ from residency.device import MemoryKind
 from routing.timings import REFERENCE_SIZE, TEXT_KIND, LearnedTimings, Timing, job_size, run_seconds
 
 GB = 1_000_000_000
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def readable_bytes(count: float) -> str:
+    """``count`` bytes for people, in binary units with two significant digits below 100
+    (``"3.4 MiB"``, ``"12 GiB"``, ``"512 B"``): the one formatting of memory figures in messages
+    and dry runs, so a small model never reads "0.0 GB"."""
+    value, unit = float(count), 0
+    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    if unit == 0:
+        return f"{int(value)} B"
+    text = f"{value:.1f}" if abs(value) < 9.95 else f"{value:.0f}"
+    return f"{text} {_UNITS[unit]}"
 
 # Seconds per step at the reference size on a speed-1.0 machine, by family (initial guesses,
 # docs/benchmarks.md, "Placement"; sd1 is quoted at 512x512 = a quarter of the reference size, the
@@ -280,4 +294,4 @@ class Estimator:
 
 
 __all__ = ["CostModel", "Estimator", "MachineProfile", "MemoryEstimate", "ModelProfile", "WorkingCoefficients",
-           "WorkingMemory", "job_size", "working_bytes", "GB"]
+           "WorkingMemory", "job_size", "readable_bytes", "working_bytes", "GB"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
-from routing.estimate import CostModel, Estimator
-from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish
+from routing.estimate import CostModel, Estimator, readable_bytes
+from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish, working_of
 from routing.errors import Full, Refused, Unavailable
 
 SERVER = "server"
@@ -34,7 +34,6 @@ DEFAULT_TARGET = SERVER
 AUTO = "auto"
 """R11: the target that lets placement choose (opt-in)."""
 
-GB = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -167,17 +166,17 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             if usable > 0 and held + need > usable:
                 return (
                     "residency_conflict",
-                    f"model {model!r} needs {need / GB:.1f} GB but machine {name!r} keeps "
-                    f"{held / GB:.1f} GB committed of {usable / GB:.1f} GB usable",
+                    f"model {model!r} needs {readable_bytes(need)} but machine {name!r} keeps "
+                    f"{readable_bytes(held)} committed of {readable_bytes(usable)} usable",
                 )
     if usable > 0 and need > usable:
         weights = costs.weights_bytes(model)
         decided = "the weights alone exceed it" if weights > usable else "the working memory tips it over"
         return (
             "too_large",
-            f"job needs an estimated {need / GB:.1f} GB (model {model!r}: weights {weights / GB:.1f} GB as its "
-            f"variant loads + working memory {(need - weights) / GB:.1f} GB) but machine {name!r} has "
-            f"{usable / GB:.1f} GB usable: {decided}",
+            f"job needs an estimated {readable_bytes(need)} (model {model!r}: weights {readable_bytes(weights)} as "
+            f"its variant loads + working memory {readable_bytes(need - weights)}) but machine {name!r} has "
+            f"{readable_bytes(usable)} usable: {decided}",
         )
     oom_size = machine.oom_sizes.get((model, job.kind))
     if oom_size is not None and job.size >= oom_size:
@@ -345,12 +344,36 @@ def able_machines(machines: Mapping[str, MachineView], costs: CostModel, models:
     return able
 
 
+def memory_figures(job: JobRequest, machine: MachineView, costs: CostModel) -> dict[str, object]:
+    """The memory figures behind ``machine``'s verdict for ``job`` (bytes, and ``text`` in
+    readable units, :func:`routing.estimate.readable_bytes`): the model's ``weights_bytes`` as
+    its variant loads, the job's ``working_bytes`` (and its adapters' ``adapters_bytes``), what
+    the warm models hold (``warm_bytes``, their weights) and commitments keep (``committed_bytes``),
+    and the machine's ``usable_bytes`` (0: not configured, no memory filter)."""
+    weights = costs.weights_bytes(job.model_id)
+    working = working_of(costs, job.model_id, job.kind, job.size)
+    adapters = sum(costs.weights_bytes(a) for a in job.adapters)
+    warm = sum(costs.weights_bytes(m) for m in machine.warm_models)
+    committed = sum(costs.weights_bytes(m) for m in machine.commitments)
+    usable = costs.usable_bytes(machine.name)
+    text = f"weights {readable_bytes(weights)} + working {readable_bytes(working)}"
+    if adapters:
+        text += f" + adapters {readable_bytes(adapters)}"
+    text += f"; warm models hold {readable_bytes(warm)}"
+    if committed:
+        text += f" (committed {readable_bytes(committed)})"
+    text += f"; {readable_bytes(usable)} usable" if usable > 0 else "; usable memory not configured"
+    return {"weights_bytes": weights, "working_bytes": working, "adapters_bytes": adapters, "warm_bytes": warm,
+            "committed_bytes": committed, "usable_bytes": usable, "text": text}
+
+
 def dry_run(
     job: JobRequest, machines: Mapping[str, MachineView], costs: CostModel | None = None,
     pressure: Mapping[str, Pressure] | None = None,
 ) -> dict[str, object]:
     """The full decision without placing anything: every machine with the filter that excluded
-    it or its breakdown, and the machine that would be chosen (None when none would)."""
+    it or its breakdown, each with the memory figures that decided (:func:`memory_figures`),
+    and the machine that would be chosen (None when none would)."""
     costs = costs or Estimator()
     try:
         decision = place(job, machines, costs, pressure)
@@ -360,6 +383,10 @@ def dry_run(
         chosen, error = None, {"reason": refusal.reason, "message": refusal.message}
     excluded, candidates = survey(job, machines, costs, pressure)
     body = Decision(machine=chosen or "", excluded=excluded, candidates=candidates).as_json()
+    rows = body["machines"]
+    assert isinstance(rows, dict)
+    for name, row in rows.items():
+        row["memory"] = memory_figures(job, machines[name], costs)
     body["machine"] = chosen
     body["target"] = job.target
     if error:

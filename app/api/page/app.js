@@ -250,7 +250,8 @@ function explain(decision) {
   const rows = Object.entries(decision.machines || {}).map(([name, d]) => el("tr", {},
     el("td", {}, name), el("td", {}, d.eligible ? "eligible" : "excluded"),
     el("td", {}, d.eligible ? `finish ${seconds(d.finish_s)} (work ahead ${seconds(d.work_ahead_s)}, load ${seconds(d.cold_load_s)}, run ${seconds(d.run_s)})`
-                            : el("span", { class: "reason" }, `${d.reason}: ${d.message || ""}`))));
+                            : el("span", { class: "reason" }, `${d.reason}: ${d.message || ""}`)),
+    el("td", { class: "memory" }, d.memory ? `memory: ${d.memory.text}` : "")));
   const verdict = decision.machine ? el("p", {}, `Would run on `, el("b", {}, decision.machine))
     : el("p", { class: "reason", "data-reason": decision.error?.reason }, `Would be refused: ${decision.error?.reason}: ${decision.error?.message}`);
   $("#explanation").replaceChildren(verdict, el("table", {}, el("tbody", {}, rows)));

@@ -22,6 +22,9 @@ from app.fleet.machines import StaticResidencyFacts
 from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
 from app.api.server import create_app
 from routing.timings import MIN_SCALED_SIZE
+from app.core.pricing import loaded_bytes
+from app.core.variants import Variant
+from routing.estimate import readable_bytes
 from tests.helpers import bring_online, write_safetensors, FAMILIES
 
 MODEL = "tiny-sd"
@@ -146,6 +149,35 @@ def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[Tes
     assert decision["machine"] in {"server", "m2", "resv"}
     assert all(rows[n]["run_s"] > 0 and rows[n]["cold_load_s"] > 0 for n in ("server", "m2", "resv"))
     assert ctx.journal.list() == [] and nothing_enqueued(ctx)
+
+
+def test_r11_r12_the_dry_run_shows_every_machines_memory_figures_in_readable_units(
+        api: tuple[TestClient, ServerContext]) -> None:
+    """Every machine, eligible or not, with the figures that decided: the model's weights as its
+    variant loads (priced at registration), the job's working memory, what its warm models hold
+    and its usable memory, in bytes and as text in MiB/GiB (never "0.0 GB" for a tiny model)."""
+    client, ctx = api
+    bring_online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "width": 64, "height": 64}, "target": "auto"}
+    decision = client.post("/v1/jobs?dry_run=true", json=body).json()
+    weights = ctx.registry.weights_bytes(MODEL)
+    memory = ctx.dispatcher.costs.estimator().memory(MODEL, "txt2img", 64 * 64)
+    assert weights == memory.weights_bytes and 3 * 2**20 < weights < 4 * 2**20  # the tiny fp32 pipeline: 3.8 MiB
+    for name, row in decision["machines"].items():
+        figures = row["memory"]
+        assert (figures["weights_bytes"], figures["working_bytes"]) == (weights, memory.working_bytes), name
+        usable = 200_000_000 if name == "small" else 4_000_000_000
+        assert figures["usable_bytes"] == (usable if name != "off" else figures["usable_bytes"])
+        assert figures["text"].startswith(f"weights {readable_bytes(weights)} + working "), name
+        assert "0.0 GB" not in figures["text"] and "GB" not in row.get("message", ""), name
+    m2 = decision["machines"]["m2"]["memory"]
+    assert m2["warm_bytes"] == weights and f"warm models hold {readable_bytes(weights)}" in m2["text"]
+    assert decision["machines"]["m2"]["eligible"] and not decision["machines"]["small"]["eligible"]
+    assert decision["machines"]["small"]["memory"]["text"].endswith("; 191 MiB usable")
+    assert decision["machines"]["server"]["memory"]["text"] == (
+        f"weights {readable_bytes(weights)} + working {readable_bytes(memory.working_bytes)}; "
+        "warm models hold 0 B; 3.7 GiB usable")
+    assert readable_bytes(weights) == "3.8 MiB"
 
 
 def test_r11_r17_auto_skips_a_machine_holding_a_commitment_for_video(api: tuple[TestClient, ServerContext]) -> None:
@@ -298,7 +330,7 @@ def test_r11_a_model_registered_by_another_server_process_is_placed_with_its_wei
     bring_online(ctx, "m2", {MODEL, "tiny-sd-copy"})
     placed = ctx.dispatcher.submit("tiny-sd-copy", "txt2img", {"prompt": "x"}, "auto").job
     assert placed.machine == "m2"
-    assert placed.weights_bytes == model_weight_bytes(ctx.registry.folder("tiny-sd-copy")) > 0
+    assert placed.weights_bytes == loaded_bytes(ctx.registry.folder("tiny-sd-copy"), Variant()) > 0
 
 
 def test_r14_a_started_reservation_is_read_first_with_its_elapsed_time(api: tuple[TestClient, ServerContext]) -> None:

@@ -15,6 +15,7 @@ from app.core.config import Settings
 from app.context import ServerContext, build_context
 from app.fleet.config import load_fleet
 from app.api.server import create_app
+from routing.estimate import readable_bytes
 from tasks.pipelines import load_pipeline
 from tests.helpers import held_bytes, make_fleet, png
 from tests.helpers import bring_online
@@ -97,9 +98,9 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     need = weights + BASE_BYTES + 500_000 * PIXELS  # 3.05 GB > m1's 2 GB
     refused = submit(client, "m1")
     assert (refused["status"], refused["error"]["reason"]) == (422, "too_large")
-    assert f"needs an estimated {need / 1e9:.1f} GB" in refused["error"]["message"]
-    assert "'m1' has 2.0 GB usable" in refused["error"]["message"]
-    assert f"+ working memory {(need - weights) / 1e9:.1f} GB" in refused["error"]["message"]  # issue 19: the figures
+    assert f"needs an estimated {readable_bytes(need)}" in refused["error"]["message"]
+    assert "'m1' has 1.9 GiB usable" in refused["error"]["message"]
+    assert f"+ working memory {readable_bytes(need - weights)})" in refused["error"]["message"]  # issue 19: the figures
     assert refused["error"]["message"].endswith("the working memory tips it over")  # and which one decided
     decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
                                                           "params": {"prompt": "x", "width": 64, "height": 64}}).json()

@@ -90,7 +90,7 @@ def test_r10_pinned_offline_machine_is_an_error_even_when_others_are_idle() -> N
 REFUSALS = [
     (view("m1", families={"sdxl"}), request("m1"), "family_not_supported", ["m1", MODEL, "sdxl"]),
     (view("m1", verified=set()), request("m1"), "model_not_verified", ["m1", MODEL, "homefleet sync m1"]),
-    (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GB usable"]),
+    (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GiB usable"]),
     (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict", ["m1", "committed"]),
     (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict", ["cuda1", "one checkpoint"]),
     (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"), "video_on_reserved_machine",
@@ -482,3 +482,12 @@ def test_a_text_timing_fitted_to_fast_runs_keeps_a_positive_price_per_prompt_tok
     assert run_seconds(after, 4, 10, "text") > run_seconds(after, 4, 5, "text")  # more prompt costs more
     slower = learned.observe("m", "gpt", "text", guess=guess, run_s=1.0, steps=5, size=200)
     assert slower.prompt_s > after.prompt_s and slower.step_s > after.step_s
+
+
+@pytest.mark.parametrize(("count", "text"), [(0, "0 B"), (512, "512 B"), (3_556_000, "3.4 MiB"), (1024**2, "1.0 MiB"),
+                                             (12 * 1024**3 + 5, "12 GiB"), (130 * 1024**3, "130 GiB"),
+                                             (9.96 * 1024**2, "10 MiB"), (2_000_000_000, "1.9 GiB")])
+def test_memory_figures_read_in_binary_units_with_two_significant_digits(count: int, text: str) -> None:
+    from routing.estimate import readable_bytes
+
+    assert readable_bytes(count) == text
