@@ -261,7 +261,9 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}}}
             if (method, path) == ("post", "/v1/jobs"):
                 responses["200"] = {"description": "?dry_run=true: the decision, every machine with the filter that "
-                                    "excluded it or its expected-finish breakdown (seconds); nothing is enqueued",
+                                    "excluded it or its expected-finish breakdown (seconds), and under `memory` the figures that "
+                                    "decided (weights, working, warm, committed, usable: bytes, and `text` in MiB/GiB); "
+                                    "nothing is enqueued",
                                     "content": {"application/json": {"schema": {"type": "object"}}}}
                 links = {name: link for name, link in job_links().items() if link["operationId"] in operation_ids}
                 responses.setdefault("202", {"description": "accepted"})["links"] = links
