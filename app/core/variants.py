@@ -18,13 +18,13 @@ weight plus one scale per output row; the estimate uses 1 byte per parameter of 
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from app.core.safetensors import safetensors_header
 
 #: precision -> torch dtype attribute name
 TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -90,7 +90,7 @@ def parameter_counts(folder: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for path in sorted(folder.rglob("*.safetensors")):
         parts = path.relative_to(folder).parts
-        for name, tensor in _header(path).items():
+        for name, tensor in safetensors_header(path).items():
             component = parts[0] if len(parts) > 1 else (TEXT_LINEAR if _is_linear_weight(name, tensor) else "")
             counts[component] = counts.get(component, 0) + math.prod(tensor["shape"])
     return counts
@@ -99,14 +99,6 @@ def parameter_counts(folder: Path) -> dict[str, int]:
 def _is_linear_weight(name: str, tensor: Mapping[str, Any]) -> bool:
     return len(tensor["shape"]) == 2 and name.endswith(".weight") and not any(
         part in name for part in ("embed", "wte", "wpe"))
-
-
-def _header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header: dict[str, Any] = json.loads(handle.read(length))
-    header.pop("__metadata__", None)
-    return header
 
 
 def weights_bytes(counts: Mapping[str, int], variant: Variant) -> int:
