@@ -5,8 +5,9 @@ An adapter is a registry entry of kind ``adapter`` (``app/store/registry.py``): 
 with the claim's :class:`~app.core.protocol.AdapterClaim` manifest and are hashed against it
 before every load (R5, as a model's cold load; a mismatch withdraws the adapter, R4). Loading
 uses diffusers' PEFT integration: ``load_lora_weights(folder, adapter_name=...)`` per adapter
-(a kohya-layout file is converted by diffusers as it loads: ``lora_state_dict``), then ``set_adapters(names, adapter_weights=scales)``; afterwards ``unload_lora_weights()``
-restores the base modules. A pipeline whose adapters cannot be unloaded is dropped from the
+(a kohya-layout file is converted by diffusers as it loads: ``lora_state_dict``), then
+``set_adapters(names, adapter_weights=scales)``; afterwards ``unload_lora_weights()`` restores
+the base modules. A pipeline whose adapters cannot be unloaded is dropped from the
 model cache (the next job loads the base model cold), never reused with a stray adapter.
 """
 
