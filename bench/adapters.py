@@ -47,8 +47,8 @@ def main() -> None:
 
     import torch
 
+    from app.core.lora_files import LORA_WEIGHTS
     from app.devtools.tiny_models import make_tiny_families, make_tiny_lora
-    from tasks.adapters import LORA_WEIGHTS
     from tasks.pipelines import load_pipeline, quiet
 
     quiet()

@@ -4,9 +4,10 @@ after it, so the resident pipeline is the base model again and is never reloaded
 An adapter is a registry entry of kind ``adapter`` (``app/store/registry.py``): its files come
 with the claim's :class:`~app.core.protocol.AdapterClaim` manifest and are hashed against it
 before every load (R5, as a model's cold load; a mismatch withdraws the adapter, R4). Loading
-uses diffusers' PEFT integration: ``load_lora_weights(folder, adapter_name=...)`` per adapter,
-then ``set_adapters(names, adapter_weights=scales)``; afterwards ``unload_lora_weights()``
-restores the base modules. A pipeline whose adapters cannot be unloaded is dropped from the
+uses diffusers' PEFT integration: ``load_lora_weights(folder, adapter_name=...)`` per adapter
+(a kohya-layout file is converted by diffusers as it loads: ``lora_state_dict``), then
+``set_adapters(names, adapter_weights=scales)``; afterwards ``unload_lora_weights()`` restores
+the base modules. A pipeline whose adapters cannot be unloaded is dropped from the
 model cache (the next job loads the base model cold), never reused with a stray adapter.
 """
 
@@ -20,14 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.errors import Rejected
+from app.core.lora_files import weight_file
 from app.core.protocol import AdapterClaim, Manifest
 from tasks import runtime
 from tasks.loading import check_files
 
 log = logging.getLogger("homefleet.worker")
 
-LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
-"""The file diffusers' ``save_lora_weights`` writes, and ``load_lora_weights`` reads first."""
 
 
 @dataclass
@@ -40,10 +40,16 @@ class Applied:
 
 
 def weight_name(manifest: Manifest) -> str:
-    """The safetensors file of an adapter to load: :data:`LORA_WEIGHTS` when it has one, else
-    its first ``*.safetensors`` file (a registered adapter has at least one)."""
-    names = [f.path for f in manifest.files if f.path.endswith(".safetensors") and "/" not in f.path]
-    return LORA_WEIGHTS if LORA_WEIGHTS in names else min(names)
+    """The safetensors file of an adapter to load (:func:`app.core.lora_files.weight_file`):
+    ``pytorch_lora_weights.safetensors`` when it has one (a registered single LoRA file is
+    stored so), else its first ``*.safetensors`` file (a registered adapter has at least one).
+
+    Raises:
+        ValueError: the manifest lists no top-level ``*.safetensors`` file."""
+    name = weight_file(f.path for f in manifest.files)
+    if name is None:
+        raise ValueError(f"adapter {manifest.model_id} has no .safetensors file in its manifest")
+    return name
 
 
 def provenance_entries(adapters: Sequence[AdapterClaim]) -> list[dict[str, Any]]:

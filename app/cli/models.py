@@ -125,16 +125,19 @@ def models_train_colour_lora(
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(
-        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json)")],
+        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json); "
+             "with --adapter-of, a LoRA .safetensors file (kohya or diffusers layout) or folder")],
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
     adapter_of: Annotated[str | None, typer.Option(
-        "--adapter-of", help="PATH is a LoRA adapter (pytorch_lora_weights.safetensors) of this base family, "
-                             "e.g. sd1; jobs name it in params.adapters")] = None,
+        "--adapter-of", help="PATH is a LoRA adapter of this base family, e.g. sd1 (a .safetensors file as "
+                             "downloaded, kohya or diffusers layout, or a folder holding "
+                             "pytorch_lora_weights.safetensors); jobs name it in params.adapters")] = None,
 ) -> None:
-    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder): mint its id,
-    copy it to the server's model folder, hash every file."""
+    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter file or folder): mint
+    its id, copy it to the server's model folder, hash every file. A LoRA file whose keys are
+    for another family than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())

@@ -9,17 +9,22 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 from app.core.errors import IntegrityFailure
 
 MAX_HEADER_BYTES = 100_000_000
 
 
-def safetensors_weight_bytes(path: Path) -> int:
-    """Summed tensor bytes of one ``.safetensors`` file, read from its header only.
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The tensors of one ``.safetensors`` file as its header lists them, read without the
+    tensor data: ``{name: {"dtype": ..., "shape": [...], "data_offsets": [start, end]}}``
+    (the ``__metadata__`` entry left out). The one place headers are read (weights, variants,
+    LoRA layouts: app/core/lora_files.py).
 
     Raises:
-        IntegrityFailure: the header is truncated, too large or not a safetensors header.
+        IntegrityFailure: the file is shorter than its header, the header is larger than
+            :data:`MAX_HEADER_BYTES`, or it is not a JSON object of tensors.
     """
     with path.open("rb") as handle:
         head = handle.read(8)
@@ -35,10 +40,21 @@ def safetensors_weight_bytes(path: Path) -> int:
         header = json.loads(raw)
     except ValueError as error:
         raise IntegrityFailure(f"{path}: safetensors header is not JSON ({error})") from error
+    if not isinstance(header, dict) or not all(
+            isinstance(entry, dict) for name, entry in header.items() if name != "__metadata__"):
+        raise IntegrityFailure(f"{path}: safetensors header is not a JSON object of tensors")
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_weight_bytes(path: Path) -> int:
+    """Summed tensor bytes of one ``.safetensors`` file, read from its header only.
+
+    Raises:
+        IntegrityFailure: the header is truncated, too large or not a safetensors header.
+    """
     total = 0
-    for name, tensor in header.items():
-        if name == "__metadata__":
-            continue
+    for tensor in safetensors_header(path).values():
         start, end = tensor["data_offsets"]
         total += int(end) - int(start)
     return total

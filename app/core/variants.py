@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 #: precision -> torch dtype attribute name
 TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: precision -> bytes per floating value (a KV cache's, a LoRA adapter's)

@@ -2,11 +2,13 @@
 manifest (every file with its size and full-content digest).
 
 LoRA adapters (issue 22) are registry entries too, of kind ``adapter`` (``ADAPTER_KIND``) with
-their base model's family: one folder of LoRA weights (``*.safetensors``, as diffusers'
-``save_lora_weights`` writes them), hashed, listed in the manifest, synced to workers and
+their base model's family: a folder of LoRA weights (``*.safetensors``, as diffusers'
+``save_lora_weights`` writes them) or one downloaded LoRA file in the kohya or diffusers/PEFT
+layout (stored as ``pytorch_lora_weights.safetensors``), its layout and base recognised from its
+tensor names (app/core/lora_files.py), hashed, listed in the manifest, synced to workers and
 verified there exactly like a model's files (R4-R6). An adapter runs no job of its own.
 
-Registering copies the diffusers folder into the server's own model folder
+Registering copies the diffusers folder (or the LoRA file) into the server's own model folder
 (``<data_dir>/models/<model_id>/``), the same layout every worker uses.
 """
 
@@ -25,10 +27,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.core.digest import ALGORITHM, file_digest
-from app.core.errors import Conflict, NotFound, Rejected
+from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.families import FAMILIES, PIPELINE_FAMILIES
+from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
 from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
+from app.core.safetensors import safetensors_header
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import ModelFile, ModelRecord
@@ -68,16 +72,22 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
 
 
 def describe_adapter(folder: Path, family: str) -> tuple[str, str, tuple[str, ...]]:
-    """(pipeline class, family, kinds) of a LoRA adapter folder for base ``family``:
-    ``("LoRA", family, ("adapter",))`` (issue 22).
+    """(pipeline class, family, kinds) of a LoRA adapter for base ``family`` (``folder``: a folder
+    of LoRA weights or one ``.safetensors`` LoRA file): ``("LoRA", family, ("adapter",))`` (issue 22).
 
     Raises:
-        Rejected: ``family`` is unknown (reason ``unknown_family``), or the folder is a model
-            (``model_index.json``) or holds no ``*.safetensors`` file (reason ``not_an_adapter``).
+        Rejected: ``family`` is unknown (reason ``unknown_family``), or ``folder`` is a model
+            (``model_index.json``), a folder without ``*.safetensors`` file or a file that is not
+            ``.safetensors`` (reason ``not_an_adapter``).
     """
     if family not in FAMILIES:
         raise Rejected(f"adapter family {family!r} is unknown; known: {', '.join(sorted(FAMILIES))}",
                        reason="unknown_family")
+    if folder.is_file():
+        if folder.suffix != ".safetensors":
+            raise Rejected(f"{folder} is not a .safetensors file; a LoRA adapter is one .safetensors file (kohya or "
+                           "diffusers/PEFT layout) or a folder of them", reason="not_an_adapter")
+        return ADAPTER_CLASS, family, (ADAPTER_KIND,)
     if (folder / "model_index.json").is_file():
         raise Rejected(f"{folder} is a diffusers pipeline (model_index.json), not a LoRA adapter; register it "
                        "without --adapter-of", reason="not_an_adapter")
@@ -85,6 +95,29 @@ def describe_adapter(folder: Path, family: str) -> tuple[str, str, tuple[str, ..
         raise Rejected(f"{folder} holds no *.safetensors LoRA weights (diffusers' save_lora_weights writes "
                        "pytorch_lora_weights.safetensors)", reason="not_an_adapter")
     return ADAPTER_CLASS, family, (ADAPTER_KIND,)
+
+
+def adapter_layout(source: Path, family: str) -> LoraLayout:
+    """The layout (kohya or diffusers/PEFT) and base of the LoRA weights a worker loads from
+    ``source`` (a ``.safetensors`` file, or the :func:`~app.core.lora_files.weight_file` of a
+    folder), read from its safetensors header only, checked against ``family``.
+
+    Raises:
+        Rejected: not a safetensors file or no LoRA weights (reason ``not_an_adapter``), or a
+            LoRA of another base than ``family`` (reason ``adapter_family_mismatch``); each names
+            the file and the keys seen.
+    """
+    path = source
+    if source.is_dir():
+        path = source / (weight_file(p.relative_to(source).as_posix() for p in source.glob("*.safetensors"))
+                         or LORA_WEIGHTS)
+    try:
+        header = safetensors_header(path)
+    except IntegrityFailure as error:
+        raise Rejected(f"{path} is no LoRA adapter: {error}", reason="not_an_adapter") from error
+    layout = recognise(header, str(path))
+    layout.check_family(family, str(path))
+    return layout
 
 
 class Registry:
@@ -107,18 +140,24 @@ class Registry:
         return self.models_dir / model_id
 
     def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
-            quantization: str | None = None, adapter_of: str | None = None) -> ModelRecord:
+            quantization: str | None = None, adapter_of: str | None = None, *, source_format: str | None = None,
+            source_digest: str | None = None) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
         folder into the server's model folder, and hash every file. ``precision`` and
         ``quantization`` name the variant workers load (:mod:`app.core.variants`); register the
         same folder under two ids to offer two variants. ``adapter_of``: ``source`` is a LoRA
         adapter of that base family instead (issue 22, :func:`describe_adapter`; kind
-        ``adapter``, fp32, no quantization).
+        ``adapter``, fp32, no quantization): a folder, or one LoRA ``.safetensors`` file stored as
+        :data:`~app.core.lora_files.LORA_WEIGHTS`; its layout (kohya or diffusers/PEFT,
+        :func:`adapter_layout`) is the record's ``source_format``, and a file's digest its
+        ``source_digest``. ``source_format``/``source_digest``: what the caller registers
+        from, recorded as given (an adapter's recognised layout takes the place of a missing one).
 
         Raises:
             Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
                 unknown precision or quantization (reason ``invalid_variant``); with
-                ``adapter_of``: an unknown family or a folder without LoRA weights.
+                ``adapter_of``: an unknown family, a folder or file without LoRA weights (reason
+                ``not_an_adapter``), or a LoRA for another base (reason ``adapter_family_mismatch``).
             Conflict: no ``model_id`` given and a registered model already has the same files
                 (paths and digests) and variant (reason ``model_already_registered``, naming it):
                 a second copy under a minted id is only made when asked for by id.
@@ -132,6 +171,8 @@ class Registry:
             if quantization is not None:
                 raise Rejected("an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant")
             class_name, family, kinds = describe_adapter(source, adapter_of)
+            layout = adapter_layout(source, family)  # recognised even when the caller names a format
+            source_format = source_format or layout.source_format
         else:
             class_name, family, kinds = describe_pipeline(source)
         try:
@@ -142,7 +183,7 @@ class Registry:
             taken = set(session.exec(select(ModelRecord.id)).all())
         minted = model_id is None
         if model_id is None:
-            model_id = _mint_id(source.name, taken)
+            model_id = _mint_id(source.stem if source.is_file() else source.name, taken)
         elif not _MODEL_ID.match(model_id):
             raise Rejected(
                 f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
@@ -160,7 +201,10 @@ class Registry:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
         try:
-            shutil.copytree(source, staging, dirs_exist_ok=True)
+            if source.is_file():  # one LoRA file, under the name the worker loads (tasks/adapters.py)
+                shutil.copy2(source, staging / LORA_WEIGHTS)
+            else:
+                shutil.copytree(source, staging, dirs_exist_ok=True)
             final = self.folder(model_id)
             if final.exists():
                 shutil.rmtree(final)  # left by an earlier registration that was never committed
@@ -169,11 +213,13 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        if adapter_of is not None and source.is_file() and source_digest is None:
+            source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
         weights = _price(final, Variant(precision, quantization))
         record = ModelRecord(
             id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
             total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
-            weights_bytes=weights,
+            weights_bytes=weights, source_format=source_format, source_digest=source_digest,
         )
         with Session(self.engine) as session:
             session.add(record)
@@ -186,9 +232,11 @@ class Registry:
 
     def _registered_as(self, source: Path, precision: str, quantization: str | None) -> str | None:
         """The id of a registered model with exactly the files of the folder ``source`` (paths
-        and digests) and this variant, or None. Paths and sizes are compared first: the
-        folder's files are hashed only when a model has the same ones, nothing is copied."""
-        here = {p.relative_to(source).as_posix(): p for p in sorted(source.rglob("*")) if p.is_file()}
+        and digests; a single LoRA file as :data:`~app.core.lora_files.LORA_WEIGHTS`) and this
+        variant, or None. Paths and sizes are compared first: the folder's files are hashed only
+        when a model has the same ones, nothing is copied."""
+        here = ({LORA_WEIGHTS: source} if source.is_file() else
+                {p.relative_to(source).as_posix(): p for p in sorted(source.rglob("*")) if p.is_file()})
         sizes = {path: file.stat().st_size for path, file in here.items()}
         digests: dict[str, str] | None = None
         with Session(self.engine) as session:

@@ -6,7 +6,8 @@ first test that asks for it):
   m3 is in the fleet config but has no worker. A test that stops a worker starts it again.
   Two tiny LoRA adapters are registered (issue 22, tests/e2e/test_adapters.py): ``ADAPTER``
   (family sd1, on server and m1, not m2) and ``OTHER_ADAPTER`` (family sd1-pix2pix), and the
-  trained demo adapter ``shapes-blue-lora`` of ``shapes-filled`` (on m2, with the shapes models).
+  trained demo adapter ``shapes-blue-lora`` of ``shapes-filled`` (on m2, with the shapes models);
+  ``KOHYA_ADAPTER`` is ``ADAPTER``'s tensors in one kohya-layout file, registered as downloaded.
 - ``models_fleet``: the API and ONE worker, machine m1, holding a tiny pipeline of every
   family the registry accepts (tests/e2e/test_kinds.py and test_families.py, one xdist group).
 """
@@ -25,6 +26,8 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.families import FAMILIES
 from app.core.limits import KeyQuota, key_id
+from app.core.lora_files import LORA_WEIGHTS
+from app.devtools.kohya_lora import to_kohya_lora
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS, make_tiny_lora
@@ -51,6 +54,8 @@ SHAPES_MACHINE = "m2"
 ADAPTER = "tiny-sd-lora"
 OTHER_ADAPTER = "tiny-pix2pix-lora"
 ADAPTER_MACHINES = ("server", "m1")
+#: ADAPTER's tensors under kohya's names in one .safetensors file (app/devtools/kohya_lora.py), on ADAPTER_MACHINES
+KOHYA_ADAPTER = "tiny-sd-lora-kohya"
 
 
 @dataclass
@@ -87,13 +92,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     for model in SHAPE_MODELS:
         run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, env=operator)
     adapters = data_dir / "adapters"
-    run_cli("models", "add", str(make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)), "--id", ADAPTER,
-            "--adapter-of", "sd1", env=operator)
+    lora = make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)
+    run_cli("models", "add", str(lora), "--id", ADAPTER, "--adapter-of", "sd1", env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)
     ctx = build_context(settings, fleet_config, migrate=True)
     ctx.registry.add(make_tiny_lora(tiny_models_dir / EDIT_MODEL, adapters / OTHER_ADAPTER, seed=1), OTHER_ADAPTER,
                      adapter_of="sd1-pix2pix")
     ctx.registry.add(DEMO_MODELS_DIR / COLOUR_LORA, COLOUR_LORA, adapter_of="sd1")
+    ctx.registry.add(to_kohya_lora(lora / LORA_WEIGHTS, adapters / f"{KOHYA_ADAPTER}.safetensors"), KOHYA_ADAPTER,
+                     adapter_of="sd1")
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:
@@ -102,6 +109,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
             local.copy_model(model, SHAPES_MACHINE)
         for machine in ADAPTER_MACHINES:
             local.copy_model(ADAPTER, machine)
+            local.copy_model(KOHYA_ADAPTER, machine)
         local.start_api()
         for machine in WORKERS:
             local.start_worker(machine)
@@ -109,6 +117,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
         for model in (*SHAPE_MODELS, COLOUR_LORA):
             local.wait_online([SHAPES_MACHINE], model_id=model, timeout_s=120)
         local.wait_online(list(ADAPTER_MACHINES), model_id=ADAPTER, timeout_s=120)
+        local.wait_online(list(ADAPTER_MACHINES), model_id=KOHYA_ADAPTER, timeout_s=120)
         yield RunningFleet(local, ctx, client, MODEL)
     finally:
         client.close()

@@ -2,7 +2,8 @@
 changes the image at scale 1 and leaves it as it is at scale 0; it is loaded onto the warm
 pipeline (no second cold load of the base model) and unloaded after the job; provenance names
 its digests and scale; placement prices its load; refusals name the field (R22) and an adapter
-not verified on the target is refused like an unverified model (R4).
+not verified on the target is refused like an unverified model (R4). A LoRA file in the kohya
+layout (as downloaded) gives the very pixels of the same tensors in the diffusers layout.
 
 Uses the session's shared fleet (tests/e2e/conftest.py: ``ADAPTER`` on server and m1 only).
 """
@@ -18,7 +19,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import ADAPTER, EDIT_MODEL, OTHER_ADAPTER, RunningFleet
+from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, OTHER_ADAPTER, RunningFleet
 from tests.helpers import png, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -70,6 +71,25 @@ def test_an_adapter_changes_the_image_on_the_warm_pipeline_and_is_unloaded_after
     with Image.open(io.BytesIO(adapted)) as image:
         assert json.loads(image.text["homefleet"])["adapters"] == [{"id": ADAPTER, "scale": 1.0, "files": files}]
     assert with_job["params"]["adapters"] == [{"id": ADAPTER, "scale": 1.0}]
+
+
+def test_a_kohya_file_gives_the_same_pixels_as_the_same_weights_in_the_diffusers_layout(fleet: RunningFleet) -> None:
+    """``KOHYA_ADAPTER`` holds ``ADAPTER``'s tensors under kohya's names with alpha = rank (scale
+    1): diffusers converts it as it loads (``lora_state_dict``), so at the same seed and scale the
+    image is pixel for pixel the diffusers one, not the base model's; unloaded after the job."""
+    plain_job, plain = run(fleet, BASE)
+    _, diffusers = run(fleet, {**BASE, "adapters": [{"id": ADAPTER, "scale": 0.5}]})
+    kohya_job, kohya = run(fleet, {**BASE, "adapters": [{"id": KOHYA_ADAPTER, "scale": 0.5}]})
+    _, after = run(fleet, BASE)
+
+    assert pixel_digest(kohya) == pixel_digest(diffusers)
+    assert pixel_digest(kohya) != pixel_digest(plain)  # it applied
+    assert after == plain and kohya_job["cold_load"] is False  # unloaded; the base model stayed warm
+    record = fleet.ctx.registry.adapter(KOHYA_ADAPTER)
+    files = {f.path: f.digest for f in fleet.ctx.registry.manifest(KOHYA_ADAPTER).files}
+    assert (record.source_format, record.source_digest) == ("lora-kohya", files["pytorch_lora_weights.safetensors"])
+    assert files != {f.path: f.digest for f in fleet.ctx.registry.manifest(ADAPTER).files}  # other bytes, same tensors
+    assert kohya_job["provenance"]["adapters"] == [{"id": KOHYA_ADAPTER, "scale": 0.5, "files": files}]
 
 
 def test_the_other_image_kinds_take_adapters_on_their_derived_pipelines(fleet: RunningFleet) -> None:

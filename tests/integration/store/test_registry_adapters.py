@@ -1,18 +1,29 @@
 """LoRA adapters in the registry (issue 22): registered like models (``--adapter-of FAMILY``),
 with a manifest of digests, found by :meth:`Registry.adapter`, never a model of their own; the
-tiny LoRA builder is deterministic."""
+tiny LoRA builder is deterministic. A single downloaded LoRA file (kohya or diffusers layout)
+registers too, stored as ``pytorch_lora_weights.safetensors`` with its layout and digest on the
+record; a file for another family, a full checkpoint or garbage is refused naming why, through
+the registry and through ``homefleet models add``."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from app.context import ServerContext
+from app.core.config import Settings
 from app.core.digest import file_digest
-from app.core.errors import NotFound, Rejected
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
+from app.core.lora_files import LORA_WEIGHTS
+from app.core.safetensors import safetensors_header
+from app.devtools.kohya_lora import to_kohya_lora
 from app.devtools.tiny_models import make_tiny_lora
+from tests.helpers import run_cli, settings_env
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +34,7 @@ def lora(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_an_adapter_is_a_registry_entry_with_its_base_family_and_a_manifest(ctx: ServerContext, lora: Path) -> None:
     record = ctx.registry.add(lora, "sd-lora", adapter_of="sd1")
     assert (record.family, record.kinds, record.pipeline_class) == ("sd1", ["adapter"], "LoRA")
+    assert (record.source_format, record.source_digest) == ("lora-diffusers", None)  # a folder: no source file
     assert kinds_of(record.family, record.kinds) == ("adapter",)
     manifest = ctx.registry.manifest("sd-lora")
     weights = lora / "pytorch_lora_weights.safetensors"
@@ -65,3 +77,123 @@ def test_the_tiny_lora_is_deterministic(tiny_models_dir: Path, tmp_path: Path, l
     name = "pytorch_lora_weights.safetensors"
     assert (again / name).read_bytes() == (lora / name).read_bytes()
     assert (other / name).read_bytes() != (lora / name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def kohya(lora: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny LoRA's tensors under kohya's names, one file, as downloaded from Civitai."""
+    return to_kohya_lora(lora / LORA_WEIGHTS, tmp_path_factory.mktemp("kohya") / "tiny-sd-kohya.safetensors")
+
+
+def write_lora(path: Path, keys: list[str]) -> Path:
+    """A safetensors file with a small zero tensor under each of ``keys``."""
+    save_file({key: np.zeros((2, 2), np.float32) for key in keys}, str(path))
+    return path
+
+
+SDXL_KEYS = ["lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+             "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+             "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+             "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+             "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight",
+             "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_up.weight"]
+
+
+def test_the_kohya_helper_renames_the_same_tensors(lora: Path, kohya: Path) -> None:
+    diffusers = safetensors_header(lora / LORA_WEIGHTS)
+    renamed = safetensors_header(kohya)
+    name = "down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0"
+    assert renamed[f"lora_unet_{name}.lora_down.weight"]["shape"] == diffusers[
+        "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight"]["shape"]
+    assert renamed[f"lora_unet_{name}.alpha"]["shape"] == []
+    assert len(renamed) == len(diffusers) * 3 // 2  # down, up and alpha per module
+    assert all(key.startswith("lora_unet_") for key in renamed)
+
+
+def test_a_single_lora_file_of_either_layout_registers_with_its_layout_and_digest(
+    ctx: ServerContext, lora: Path, kohya: Path, tmp_path: Path,
+) -> None:
+    record = ctx.registry.add(kohya, adapter_of="sd1")  # the id minted from the file name, less .safetensors
+    assert (record.id, record.family, record.kinds, record.pipeline_class) == ("tiny-sd-kohya", "sd1", ["adapter"],
+                                                                               "LoRA")
+    assert (record.source_format, record.source_digest) == ("lora-kohya", file_digest(kohya))
+    stored = ctx.registry.folder(record.id) / LORA_WEIGHTS  # the name the worker loads (tasks/adapters.py)
+    assert stored.read_bytes() == kohya.read_bytes()
+    assert [(f.path, f.size, f.digest) for f in ctx.registry.manifest(record.id).files] == [
+        (LORA_WEIGHTS, kohya.stat().st_size, file_digest(kohya))]
+    assert ctx.registry.adapter(record.id).source_format == "lora-kohya"
+
+    downloaded = shutil.copyfile(lora / LORA_WEIGHTS, tmp_path / "my_style.safetensors")
+    other = ctx.registry.add(downloaded, "my-style", adapter_of="sd1-pix2pix")  # an SD 1.x UNet LoRA fits pix2pix
+    assert (other.source_format, other.source_digest) == ("lora-diffusers", file_digest(downloaded))
+    assert [f.path for f in ctx.registry.manifest("my-style").files] == [LORA_WEIGHTS]
+
+    with pytest.raises(Conflict, match=r"is already registered as 'tiny-sd-kohya'") as caught:
+        ctx.registry.add(kohya, adapter_of="sd1")  # the same file again, no id asked for
+    assert caught.value.reason == "model_already_registered"
+
+
+def test_a_lora_file_for_another_family_or_no_lora_is_refused_naming_why(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path,
+) -> None:
+    sdxl = write_lora(tmp_path / "sdxl-style.safetensors", SDXL_KEYS)
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.add(sdxl, adapter_of="sd1")
+    assert caught.value.reason == "adapter_family_mismatch"
+    assert caught.value.message == (
+        f"{sdxl} is a LoRA for an SDXL UNet (keys like {SDXL_KEYS[0]}, {SDXL_KEYS[1]}, {SDXL_KEYS[2]}), not for "
+        "family 'sd1'; register it with --adapter-of one of: sdxl")
+    assert ctx.registry.add(sdxl, adapter_of="sdxl").source_format == "lora-kohya"
+
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(Rejected, match=rf"^{garbage} is no LoRA adapter: {garbage}: safetensors header is not JSON"
+                       ) as caught:
+        ctx.registry.add(garbage, adapter_of="sd1")
+    assert caught.value.reason == "not_an_adapter"
+    checkpoint = tiny_models_dir / "tiny-sd" / "unet" / "diffusion_pytorch_model.safetensors"
+    with pytest.raises(Rejected, match=r"holds no LoRA weights: its \d+ tensors are named like conv_in.bias") as caught:
+        ctx.registry.add(checkpoint, adapter_of="sd1")  # a full UNet, not a LoRA
+    assert caught.value.reason == "not_an_adapter"
+    ckpt = tmp_path / "style.ckpt"
+    ckpt.write_bytes(b"PK")
+    with pytest.raises(Rejected, match=r"style.ckpt is not a .safetensors file") as caught:
+        ctx.registry.add(ckpt, adapter_of="sd1")
+    assert caught.value.reason == "not_an_adapter"
+    folder = tmp_path / "sdxl-folder"  # a folder's weights are recognised the same way
+    folder.mkdir()
+    write_lora(folder / LORA_WEIGHTS, SDXL_KEYS)
+    with pytest.raises(Rejected, match=rf"^{folder / LORA_WEIGHTS} is a LoRA for an SDXL UNet") as caught:
+        ctx.registry.add(folder, adapter_of="sd1")
+    assert caught.value.reason == "adapter_family_mismatch"
+    assert [m.id for m in ctx.registry.list()] == ["sdxl-style"]  # nothing else registered
+    assert sorted(p.name for p in ctx.registry.models_dir.iterdir()) == ["sdxl-style"]  # nor copied
+
+
+def test_models_add_registers_a_lora_file_and_refuses_one_for_another_family(
+    settings: Settings, ctx: ServerContext, lora: Path, kohya: Path, tmp_path: Path,
+) -> None:
+    """``homefleet models add FILE --adapter-of sd1``, as an operator runs it."""
+    env = settings_env(settings)
+    done = run_cli("models", "add", str(kohya), "--adapter-of", "sd1", env=env)
+    assert (f"registered tiny-sd-kohya family=sd1 kinds=adapter files=1 bytes={kohya.stat().st_size} "
+            "variant=fp32") in " ".join(done.stdout.split()), done.stdout
+    done = run_cli("models", "add", str(lora / LORA_WEIGHTS), "--id", "sd-lora-file", "--adapter-of", "sd1", env=env)
+    assert "registered sd-lora-file family=sd1 kinds=adapter files=1" in " ".join(done.stdout.split()), done.stdout
+    records = {m.id: (m.source_format, m.source_digest) for m in ctx.registry.list()}
+    assert records == {"tiny-sd-kohya": ("lora-kohya", file_digest(kohya)),
+                       "sd-lora-file": ("lora-diffusers", file_digest(lora / LORA_WEIGHTS))}
+
+    sdxl = write_lora(tmp_path / "sdxl-style.safetensors", SDXL_KEYS)
+    done = run_cli("models", "add", str(sdxl), "--adapter-of", "sd1", env=env, check=False)
+    said = " ".join(done.stdout.split())  # one line, wrapped by the console
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error (adapter_family_mismatch): {sdxl} is a LoRA for an SDXL UNet (keys like {SDXL_KEYS[0]}" in said
+    assert "register it with --adapter-of one of: sdxl" in said and "Traceback" not in done.stdout + done.stderr
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"<html>not a model</html>")
+    done = run_cli("models", "add", str(garbage), "--adapter-of", "sd1", env=env, check=False)
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error (not_an_adapter): {garbage} is no LoRA adapter: {garbage}: safetensors header of" in said, said
+    assert sorted(m.id for m in ctx.registry.list()) == ["sd-lora-file", "tiny-sd-kohya"]

@@ -3,8 +3,11 @@ manifest is loaded, and the embedded provenance of a job's adapters."""
 
 from __future__ import annotations
 
+import pytest
+
+from app.core.lora_files import LORA_WEIGHTS
 from app.core.protocol import AdapterClaim, Manifest, ManifestFile
-from tasks.adapters import LORA_WEIGHTS, provenance_entries, weight_name
+from tasks.adapters import provenance_entries, weight_name
 from tasks.provenance import embedded_provenance
 
 
@@ -33,3 +36,8 @@ def test_provenance_names_each_adapter_with_its_scale_and_digests_in_order() -> 
     plain = embedded_provenance(model_id="tiny-sd", manifest=base, kind="txt2img", params={"seed": 1}, inputs={},
                                 machine="m1", device="cpu")
     assert "adapters" not in plain  # without adapters the record is as before (same bytes)
+
+
+def test_an_adapter_without_safetensors_file_names_it() -> None:
+    with pytest.raises(ValueError, match="adapter a has no .safetensors file in its manifest"):
+        weight_name(manifest("a", "README.md", "sub/x.safetensors"))

@@ -1,0 +1,158 @@
+"""LoRA files as people download them (docs/operations.md "LoRA adapters"): one ``.safetensors``
+file in the kohya / A1111 layout or in the diffusers / PEFT layout, recognised from its tensor
+names alone (the header, :func:`app.core.safetensors.safetensors_header`) when it is registered:
+which layout it is (the registry's ``source_format``: :data:`KOHYA` or :data:`DIFFUSERS`) and which
+base it adapts (:data:`BASES`), so that a file for another family than ``--adapter-of``, or a file
+that holds no LoRA at all, is refused before anything is copied (R1: the registry owns what a
+worker may load).
+
+Pure: tensor names in, a :class:`LoraLayout` out; no I/O.
+
+The key forms, all of which diffusers 0.42's ``load_lora_weights`` reads (it converts kohya's
+in ``lora_state_dict``: diffusers/loaders/lora_pipeline.py, lora_conversion_utils.py):
+
+- kohya: ``lora_unet_<module path, '.' as '_'>.lora_down.weight`` with ``.lora_up.weight`` and
+  ``.alpha`` (the scale is alpha / rank); text encoders ``lora_te_`` (SD 1.x) or ``lora_te1_`` /
+  ``lora_te2_`` (SDXL); SDXL's UNet in the original naming (``lora_unet_input_blocks_``,
+  ``output_blocks_``, ``middle_block_``); Flux ``lora_unet_double_blocks_`` / ``single_blocks_``.
+- diffusers / PEFT: ``unet.<module path>.lora_A.weight`` / ``lora_B.weight`` (``transformer.``,
+  ``text_encoder.``, ``text_encoder_2.``), or the older ``….lora.down.weight`` / ``lora.up.weight``
+  that ``save_lora_weights`` still writes.
+
+What the names cannot say: SD 1.x from SD 2.x (same module names; only tensor widths differ),
+nor which diffusion transformer a ``transformer.`` file without Flux's own blocks is for.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from app.core.errors import Rejected
+
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+"""The file diffusers' ``save_lora_weights`` writes and ``load_lora_weights`` reads first; a
+single registered LoRA file is stored under this name in the adapter's model folder."""
+
+KOHYA = "lora-kohya"
+DIFFUSERS = "lora-diffusers"
+
+
+@dataclass(frozen=True)
+class Base:
+    """What a LoRA adapts: ``what`` in words, ``families``: the registry families it fits."""
+
+    what: str
+    families: frozenset[str]
+
+
+#: base name -> the families a LoRA of that base is registered for (``--adapter-of``)
+BASES: Mapping[str, Base] = {
+    "sd1": Base("a Stable Diffusion 1.x/2.x UNet",
+                frozenset({"sd1", "sd1-pix2pix", "animatediff", "sd-upscale"})),
+    "sdxl": Base("an SDXL UNet", frozenset({"sdxl"})),
+    "flux": Base("a Flux transformer", frozenset({"flux", "flux-kontext"})),
+    "transformer": Base("a diffusion transformer (the keys do not say which)",
+                        frozenset({"flux", "flux-kontext", "qwen-image", "wan"})),
+}
+
+_KOHYA_KEY = re.compile(
+    r"^lora_(?:unet|te[12]?)_\w+\.(?:lora_down\.weight|lora_up\.weight|lora_mid\.weight|alpha|dora_scale|diff|diff_b)$")
+_PEFT_KEY = re.compile(
+    r"\.(?:lora_[AB](?:\.[\w-]+)?\.(?:weight|bias)|lora\.(?:down|up)\.weight|lora_linear_layer\.(?:down|up)\.weight"
+    r"|_lora\.(?:down|up)\.weight|lora_magnitude_vector(?:\.[\w-]+)?(?:\.weight)?|alpha)$")
+
+# Evidence of a base, strongest first: a key matching a later pattern only decides the base
+# when no earlier one matched (a Flux file may carry CLIP keys ``lora_te1_``/``text_encoder.``
+# and its T5 as ``text_encoder_2.``; an SDXL file may name its UNet as diffusers does).
+_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("flux", re.compile(r"^lora_unet_(?:double|single)_blocks_|(?:^|\.)(?:double_blocks|single_blocks"
+                        r"|single_transformer_blocks)\.")),
+    ("transformer", re.compile(r"^(?:transformer|diffusion_model)\.")),
+    ("sdxl", re.compile(r"^lora_te[12]_|^lora_unet_(?:input_blocks|output_blocks|middle_block|label_emb)_"
+                        r"|^text_encoder_2\.|(?:^|\.)add_embedding\.|transformer_blocks[._][1-9]")),
+    ("sd1", re.compile(r"^lora_te_|^lora_unet_(?:down_blocks|up_blocks|mid_block)_|^(?:unet\.|text_encoder\.)"
+                       r"|^(?:down_blocks|up_blocks|mid_block)\.")),
+)
+_SHOWN = 3  # keys named in a message
+
+
+@dataclass(frozen=True)
+class LoraLayout:
+    """A recognised LoRA file: ``source_format`` (:data:`KOHYA` or :data:`DIFFUSERS`), ``base``
+    (a key of :data:`BASES`), ``evidence``: the first keys that decided the base (at most 3),
+    ``tensors``: how many tensors it holds."""
+
+    source_format: str
+    base: str
+    evidence: tuple[str, ...]
+    tensors: int
+
+    @property
+    def families(self) -> frozenset[str]:
+        return BASES[self.base].families
+
+    def check_family(self, family: str, name: str) -> None:
+        """Raise unless this LoRA fits ``family``.
+
+        Raises:
+            Rejected: reason ``adapter_family_mismatch``, naming the file ``name``, what it
+                adapts, the keys that say so and the families it fits.
+        """
+        if family in self.families:
+            return
+        fits = ", ".join(sorted(self.families))
+        raise Rejected(
+            f"{name} is a LoRA for {BASES[self.base].what} (keys like {', '.join(self.evidence)}), not for family "
+            f"{family!r}; register it with --adapter-of one of: {fits}", reason="adapter_family_mismatch")
+
+
+def recognise(keys: Iterable[str], name: str) -> LoraLayout:
+    """The layout and base of a LoRA file whose tensors are named ``keys`` (its header's names,
+    ``__metadata__`` left out); ``name`` names the file in messages.
+
+    Raises:
+        Rejected: reason ``not_an_adapter``: no tensors, no LoRA tensor (a full checkpoint, or
+            anything else: the message shows the first keys), tensors that are not LoRA weights
+            beside LoRA ones, or LoRA keys of no base in :data:`BASES`.
+    """
+    names = sorted(keys)
+    if not names:
+        raise Rejected(f"{name} holds no tensors; a LoRA file holds .lora_down/.lora_up (kohya) or "
+                       ".lora_A/.lora_B (diffusers/PEFT) weights", reason="not_an_adapter")
+    kohya = [k for k in names if _KOHYA_KEY.match(k)]
+    peft = [k for k in names if not _KOHYA_KEY.match(k) and _PEFT_KEY.search(k)]
+    other = [k for k in names if not _KOHYA_KEY.match(k) and not _PEFT_KEY.search(k)]
+    if not kohya and not peft:
+        raise Rejected(
+            f"{name} holds no LoRA weights: its {len(names)} tensors are named like {_some(names)} (a full "
+            "checkpoint or another file); a LoRA file's keys end in .lora_down.weight/.lora_up.weight (kohya) or "
+            ".lora_A.weight/.lora_B.weight (diffusers/PEFT)", reason="not_an_adapter")
+    if kohya and peft:
+        raise Rejected(f"{name} mixes kohya keys ({_some(kohya)}) with diffusers/PEFT keys ({_some(peft)}); diffusers "
+                       "loads a file of one layout", reason="not_an_adapter")
+    if other:
+        raise Rejected(f"{name} holds {len(other)} tensors that are not LoRA weights, e.g. {_some(other)}, beside "
+                       f"{len(names) - len(other)} LoRA ones; it is not a LoRA file diffusers can load",
+                       reason="not_an_adapter")
+    for base, pattern in _EVIDENCE:
+        evidence = [k for k in names if pattern.search(k)]
+        if evidence:
+            return LoraLayout(KOHYA if kohya else DIFFUSERS, base, tuple(evidence[:_SHOWN]), len(names))
+    raise Rejected(f"{name} holds LoRA weights for no base Homefleet recognises (keys like {_some(names)}); "
+                   f"known: {', '.join(BASES[b].what for b in BASES)}", reason="not_an_adapter")
+
+
+def weight_file(paths: Iterable[str]) -> str | None:
+    """The file of an adapter folder that workers load (``paths``: its files, relative POSIX
+    paths): :data:`LORA_WEIGHTS` when it has one, else its first top-level ``*.safetensors``
+    file, else None."""
+    names = sorted(p for p in paths if p.endswith(".safetensors") and "/" not in p)
+    if LORA_WEIGHTS in names:
+        return LORA_WEIGHTS
+    return names[0] if names else None
+
+
+def _some(keys: list[str]) -> str:
+    return ", ".join(keys[:_SHOWN]) + (f" (and {len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else "")

@@ -1,0 +1,165 @@
+"""LoRA files recognised from their tensor names (app/core/lora_files.py): kohya vs
+diffusers/PEFT layout, the base they adapt (SD 1.x UNet, SDXL, Flux, another transformer), and
+refusals naming the keys seen: a full checkpoint, a file of mixed or unknown keys, a LoRA for
+another family than the one it is registered for."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.errors import Rejected
+from app.core.families import FAMILIES
+from app.core.lora_files import BASES, DIFFUSERS, KOHYA, LORA_WEIGHTS, recognise, weight_file
+
+KOHYA_SD1 = [
+    "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight",
+    "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_up.weight",
+    "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.alpha",
+    "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.lora_down.weight",
+    "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.lora_up.weight",
+    "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.alpha",
+    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha",
+]
+KOHYA_SDXL = [
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha",
+    "lora_te2_text_model_encoder_layers_0_mlp_fc1.lora_down.weight",
+    "lora_te2_text_model_encoder_layers_0_mlp_fc1.lora_up.weight",
+    "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_k.lora_down.weight",
+    "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_k.lora_up.weight",
+    "lora_unet_middle_block_1_proj_in.lora_down.weight",
+    "lora_unet_middle_block_1_proj_in.lora_up.weight",
+]
+KOHYA_FLUX = [
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",  # Flux's CLIP is te1 too
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
+    "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight",
+    "lora_unet_double_blocks_0_img_attn_qkv.alpha",
+    "lora_unet_single_blocks_37_linear1.lora_down.weight",
+    "lora_unet_single_blocks_37_linear1.lora_up.weight",
+]
+PEFT_SD1 = [
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
+    "unet.mid_block.attentions.0.transformer_blocks.0.attn2.to_out.0.lora_A.weight",
+    "unet.mid_block.attentions.0.transformer_blocks.0.attn2.to_out.0.lora_B.weight",
+    "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+    "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight",
+]
+#: what diffusers' save_lora_weights writes (app/devtools/tiny_models.py make_tiny_lora)
+OLD_DIFFUSERS_SD1 = [
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k.lora.down.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k.lora.up.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.up.weight",
+]
+PEFT_SDXL = [
+    "text_encoder_2.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+    "text_encoder_2.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight",
+    "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
+    "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
+]
+#: an SDXL UNet-only file in diffusers naming: only SDXL has more than one transformer block per attention
+PEFT_SDXL_UNET = [
+    "unet.down_blocks.2.attentions.1.transformer_blocks.0.attn1.to_q.lora_A.weight",
+    "unet.down_blocks.2.attentions.1.transformer_blocks.0.attn1.to_q.lora_B.weight",
+    "unet.down_blocks.2.attentions.1.transformer_blocks.7.attn1.to_q.lora_A.weight",
+    "unet.down_blocks.2.attentions.1.transformer_blocks.7.attn1.to_q.lora_B.weight",
+]
+PEFT_FLUX = [
+    "transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
+    "transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
+    "transformer.transformer_blocks.0.attn.add_k_proj.lora_A.weight",
+    "transformer.transformer_blocks.0.attn.add_k_proj.lora_B.weight",
+    "text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight",  # T5 (text_encoder_2): still Flux
+    "text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight",
+]
+PEFT_TRANSFORMER = [
+    "transformer.transformer_blocks.0.attn.to_q.lora_A.weight",
+    "transformer.transformer_blocks.0.attn.to_q.lora_B.weight",
+]
+SD1_CHECKPOINT = [
+    "model.diffusion_model.input_blocks.0.0.weight",
+    "model.diffusion_model.input_blocks.0.0.bias",
+    "first_stage_model.encoder.conv_in.weight",
+    "cond_stage_model.transformer.text_model.embeddings.position_ids",
+]
+
+
+@pytest.mark.parametrize(("keys", "source_format", "base", "first_evidence"), [
+    (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
+    (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
+    (KOHYA_FLUX, KOHYA, "flux", "lora_unet_double_blocks_0_img_attn_qkv.alpha"),
+    (PEFT_SD1, DIFFUSERS, "sd1", "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"),
+    (OLD_DIFFUSERS_SD1, DIFFUSERS, "sd1", OLD_DIFFUSERS_SD1[0]),
+    (PEFT_SDXL, DIFFUSERS, "sdxl", PEFT_SDXL[0]),
+    (PEFT_SDXL_UNET, DIFFUSERS, "sdxl", PEFT_SDXL_UNET[2]),
+    (PEFT_FLUX, DIFFUSERS, "flux", PEFT_FLUX[0]),
+    (PEFT_TRANSFORMER, DIFFUSERS, "transformer", PEFT_TRANSFORMER[0]),
+])
+def test_the_layout_and_base_come_from_the_keys(keys: list[str], source_format: str, base: str,
+                                                 first_evidence: str) -> None:
+    layout = recognise(keys, "x.safetensors")
+    assert (layout.source_format, layout.base, layout.tensors) == (source_format, base, len(keys))
+    assert layout.evidence[0] == first_evidence and len(layout.evidence) <= 3
+    assert layout.families == BASES[base].families
+
+
+def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_families() -> None:
+    assert all(base.families <= set(FAMILIES) for base in BASES.values())
+    sd1 = recognise(KOHYA_SD1, "a.safetensors")
+    for family in ("sd1", "sd1-pix2pix", "animatediff"):
+        sd1.check_family(family, "a.safetensors")
+    recognise(PEFT_TRANSFORMER, "t.safetensors").check_family("qwen-image", "t.safetensors")  # no proof of Flux
+    recognise(PEFT_FLUX, "f.safetensors").check_family("flux-kontext", "f.safetensors")
+
+
+@pytest.mark.parametrize(("keys", "family", "message"), [
+    (KOHYA_SDXL, "sd1", "sdxl.safetensors is a LoRA for an SDXL UNet (keys like "
+                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha, "
+                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight, "
+                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight), not for family 'sd1'; "
+                        "register it with --adapter-of one of: sdxl"),
+    (KOHYA_SD1, "sdxl", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet (keys like lora_te_"),
+    (KOHYA_FLUX, "sd1", "sdxl.safetensors is a LoRA for a Flux transformer (keys like lora_unet_double_blocks_0_"),
+    (PEFT_TRANSFORMER, "sd1", "sdxl.safetensors is a LoRA for a diffusion transformer (the keys do not say which) "
+                              "(keys like transformer.transformer_blocks.0.attn.to_q.lora_A.weight"),
+    (PEFT_SD1, "flux", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet"),
+])
+def test_a_lora_for_another_family_is_refused_naming_the_keys(keys: list[str], family: str, message: str) -> None:
+    with pytest.raises(Rejected) as caught:
+        recognise(keys, "sdxl.safetensors").check_family(family, "sdxl.safetensors")
+    assert caught.value.reason == "adapter_family_mismatch"
+    assert caught.value.message.startswith(message), caught.value.message
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ([], "x.safetensors holds no tensors"),
+    (SD1_CHECKPOINT, "x.safetensors holds no LoRA weights: its 4 tensors are named like "
+                     "cond_stage_model.transformer.text_model.embeddings.position_ids, "
+                     "first_stage_model.encoder.conv_in.weight, model.diffusion_model.input_blocks.0.0.bias "
+                     "(and 1 more) (a full checkpoint or another file)"),
+    (["conv_in.weight", "conv_in.bias"], "x.safetensors holds no LoRA weights: its 2 tensors are named like "
+                                         "conv_in.bias, conv_in.weight"),
+    (["double_blocks.0.img_attn.qkv.weight"], "x.safetensors holds no LoRA weights"),  # a Flux checkpoint
+    ([*PEFT_SD1, "model.diffusion_model.out.2.weight"],
+     "x.safetensors holds 1 tensors that are not LoRA weights, e.g. model.diffusion_model.out.2.weight, beside 6"),
+    ([*KOHYA_SD1[:2], *PEFT_SD1[:2]], "x.safetensors mixes kohya keys (lora_unet_down_blocks_0_"),
+    (["lora_unet_blocks_0_cross_attn_q.lora_down.weight", "lora_unet_blocks_0_cross_attn_q.lora_up.weight"],
+     "x.safetensors holds LoRA weights for no base Homefleet recognises (keys like lora_unet_blocks_0_cross_attn_q"),
+])
+def test_a_file_without_a_recognised_lora_is_no_adapter(keys: list[str], message: str) -> None:
+    with pytest.raises(Rejected) as caught:
+        recognise(keys, "x.safetensors")
+    assert caught.value.reason == "not_an_adapter"
+    assert caught.value.message.startswith(message), caught.value.message
+
+
+def test_the_weight_file_of_a_folder() -> None:
+    assert weight_file(["README.md", "b.safetensors", LORA_WEIGHTS]) == LORA_WEIGHTS
+    assert weight_file(["sub/x.safetensors", "z.safetensors", "m.safetensors"]) == "m.safetensors"
+    assert weight_file(["sub/x.safetensors", "README.md"]) is None
