@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from app.cli.common import console, server_settings
@@ -124,28 +125,65 @@ def models_train_colour_lora(
 
 @models_cli.command("add")
 def models_add(
-    path: Annotated[Path, typer.Argument(
-        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json)")],
+    path: Annotated[Path | None, typer.Argument(
+        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json); "
+             "omit with --from-hf-cache")] = None,
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
     adapter_of: Annotated[str | None, typer.Option(
         "--adapter-of", help="PATH is a LoRA adapter (pytorch_lora_weights.safetensors) of this base family, "
                              "e.g. sd1; jobs name it in params.adapters")] = None,
+    from_hf_cache: Annotated[str | None, typer.Option(
+        "--from-hf-cache", help="register REPO_ID (e.g. runwayml/stable-diffusion-v1-5) from the local Hugging Face "
+                                "cache (HF_HUB_CACHE / HF_HOME), no network")] = None,
+    revision: Annotated[str | None, typer.Option(
+        help="with --from-hf-cache: the branch, tag or commit of the cached snapshot (default main)")] = None,
 ) -> None:
-    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder): mint its id,
-    copy it to the server's model folder, hash every file."""
+    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder; or, with
+    --from-hf-cache, a cached snapshot): mint its id, copy the files its pipeline loads at
+    --precision to the server's model folder and hash them; print what is taken and what is left
+    out, and why (docs/operations.md, "What registration takes")."""
     from app.context import build_checked_context
+    from app.store.selection import HF_CACHE, cached_snapshot, select_files
 
+    if (path is None) == (from_hf_cache is None):
+        raise typer.BadParameter("give a folder PATH or --from-hf-cache REPO_ID (one of them)", param_hint="PATH")
+    if revision is not None and from_hf_cache is None:
+        raise typer.BadParameter("--revision applies to --from-hf-cache only", param_hint="--revision")
     ctx = build_checked_context(server_settings())
     try:
+        extra: dict[str, str] = {}
+        if from_hf_cache is not None:
+            path = cached_snapshot(from_hf_cache, revision)
+            extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
+            console.print(f"{from_hf_cache}: snapshot {path}")
+        assert path is not None
+        selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
         record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                  adapter_of=adapter_of)
+                                  adapter_of=adapter_of, **extra)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
+    for name, size in selection.taken.items():
+        console.print(f"taken     {_human(size):>10}  {escape(name)}")
+    for name, (size, why) in selection.left_out.items():
+        console.print(f"left out  {_human(size):>10}  {escape(name)}  ({escape(why)})")
+    console.print(f"taken: {len(selection.taken)} files, {_human(selection.taken_bytes)}; left out: "
+                  f"{len(selection.left_out)} files, {_human(selection.left_out_bytes)}")
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
+                  f"source={record.source_format}")
+
+
+def _human(size: int) -> str:
+    """``size`` bytes in binary units: ``512 B``, ``3.1 KiB``, ``6.9 GiB``."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
 
 
 @models_cli.command("list")

@@ -199,7 +199,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         base = path.rsplit("/", 1)[-1]
         if "/" not in path:
             if base.endswith(_CHECKPOINT_SUFFIXES):
-                return "single-file checkpoint at the root (the pipeline loads its component folders)"
+                return "weights at the root (a single-file checkpoint or LoRA; the pipeline loads its component folders)"
             if base.lower().endswith(_MEDIA_SUFFIXES):
                 return "image or video, not loaded"
             return "not loaded (at the root the pipeline reads model_index.json only)"
