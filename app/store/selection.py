@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -169,11 +170,16 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
                                   model_filenames=candidates, use_safetensors=True, allow_pickle=True,
                                   use_onnx=False, is_onnx=False, use_flashpack=False, variant=variant)
     weight_candidates = [p for p in candidates if len(p.split("/")) == 2]
+    loading_log = logging.getLogger(variant_compatible_siblings.__module__)
+    level = loading_log.level
+    loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
     try:
         weights, variant_files = variant_compatible_siblings(weight_candidates, variant=variant,
                                                              ignore_patterns=ignore)
     except ValueError:  # no component has the variant's files: every component loads full precision
         weights, variant_files = variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore)
+    finally:
+        loading_log.setLevel(level)
     ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
     ignored = {p for p in candidates if any(fnmatch.fnmatch(p, pattern) for pattern in ignore_all)}
     taken = {"model_index.json"}
@@ -199,7 +205,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         base = path.rsplit("/", 1)[-1]
         if "/" not in path:
             if base.endswith(_CHECKPOINT_SUFFIXES):
-                return "weights at the root (a single-file checkpoint or LoRA; the pipeline loads its component folders)"
+                return "weights at the root (single-file checkpoint or LoRA; the pipeline loads its component folders)"
             if base.lower().endswith(_MEDIA_SUFFIXES):
                 return "image or video, not loaded"
             return "not loaded (at the root the pipeline reads model_index.json only)"
