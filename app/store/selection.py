@@ -160,7 +160,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
 
     index = json.loads((folder / "model_index.json").read_text())
     listed = {k for k, v in index.items() if isinstance(v, list) and k != "_class_name"}
-    nulls = {k for k in listed if not v_is_set(index[k])}
+    nulls = {k for k in listed if not _names_a_class(index[k])}
     components = listed - nulls
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
@@ -237,7 +237,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     return _finish(DIFFUSERS, folder, files, taken, why, variant if variant_files else None)
 
 
-def v_is_set(entry: list[object]) -> bool:
+def _names_a_class(entry: list[object]) -> bool:
     """A ``model_index.json`` component entry that names a class (not ``[null, null]``)."""
     return any(part is not None for part in entry)
 

@@ -63,7 +63,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory,
         ctx.close()
 
 
-def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_generates(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_generates(  # type: ignore[no-untyped-def]
+        fleet) -> None:
     local, ctx, client, env, replica = fleet
     expected = replica.expected["fp16"]
     record = ctx.registry.get(MODEL)
