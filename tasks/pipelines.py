@@ -17,7 +17,7 @@ from app.core.processors import (
 )
 from app.core.quiet import quiet_import_warnings
 from app.core.textgen import is_text_folder, load_tokenizer
-from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec
+from app.core.variants import DENOISERS, TORCH_DTYPES, quantization_spec, stored_variant
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
@@ -47,7 +47,11 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
 
     ``precision`` is ``fp32`` | ``bf16`` | ``fp16`` (the dtype of every component);
     ``quantization`` (e.g. ``torchao-int8wo``) quantizes the denoiser (``unet`` or
-    ``transformer``) at load time through diffusers' ``quantization_config``.
+    ``transformer``) at load time through diffusers' ``quantization_config``. A folder registered
+    with a precision's variant files (``unet/diffusion_pytorch_model.fp16.safetensors``,
+    :func:`app.core.variants.stored_variant`) is loaded with diffusers' ``variant=``; its
+    components without such files load their full-precision files (docs/operations.md, "What
+    registration takes").
 
     Raises ``OSError`` when a file is missing or unreadable, ``ValueError`` for an unknown
     precision or quantization, ``ImportError`` when the quantization backend is not installed.
@@ -64,6 +68,8 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype}
     if quantization is not None:
         kwargs["quantization_config"] = _quantization_config(folder, quantization)
+    if (variant := stored_variant(folder)) is not None:
+        kwargs["variant"] = variant
     kwargs.update(_components_without_torchvision(folder))
     pipeline = DiffusionPipeline.from_pretrained(str(folder), **kwargs)
     pipeline.set_progress_bar_config(disable=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from app.cli.common import console, server_settings
@@ -124,9 +125,10 @@ def models_train_colour_lora(
 
 @models_cli.command("add")
 def models_add(
-    path: Annotated[Path, typer.Argument(
+    path: Annotated[Path | None, typer.Argument(
         help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json); "
-             "with --adapter-of, a LoRA .safetensors file (kohya or diffusers layout) or folder")],
+             "with --adapter-of, a LoRA .safetensors file (kohya or diffusers layout) or folder; "
+             "omit with --from-hf-cache")] = None,
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
@@ -134,21 +136,49 @@ def models_add(
         "--adapter-of", help="PATH is a LoRA adapter of this base family, e.g. sd1 (a .safetensors file as "
                              "downloaded, kohya or diffusers layout, or a folder holding "
                              "pytorch_lora_weights.safetensors); jobs name it in params.adapters")] = None,
+    from_hf_cache: Annotated[str | None, typer.Option(
+        "--from-hf-cache", help="register REPO_ID (e.g. runwayml/stable-diffusion-v1-5) from the local Hugging Face "
+                                "cache (HF_HUB_CACHE / HF_HOME), no network")] = None,
+    revision: Annotated[str | None, typer.Option(
+        help="with --from-hf-cache: the branch, tag or commit of the cached snapshot (default main)")] = None,
 ) -> None:
-    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter file or folder): mint
-    its id, copy it to the server's model folder, hash every file. A LoRA file whose keys are
-    for another family than --adapter-of, or that holds no LoRA, is refused naming the keys."""
+    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter file or folder; or, with
+    --from-hf-cache, a cached snapshot): mint its id, copy the files its pipeline loads at
+    --precision to the server's model folder and hash them; print what is taken and what is left
+    out, and why (docs/operations.md, "What registration takes"). A LoRA file whose keys are for
+    another family than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
+    from app.store.selection import HF_CACHE, cached_snapshot, select_files
+    from routing.estimate import readable_bytes
 
+    if (path is None) == (from_hf_cache is None):
+        raise typer.BadParameter("give a folder PATH or --from-hf-cache REPO_ID (one of them)", param_hint="PATH")
+    if revision is not None and from_hf_cache is None:
+        raise typer.BadParameter("--revision applies to --from-hf-cache only", param_hint="--revision")
     ctx = build_checked_context(server_settings())
     try:
+        extra: dict[str, str] = {}
+        if from_hf_cache is not None:
+            path = cached_snapshot(from_hf_cache, revision)
+            extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
+            console.print(f"{from_hf_cache}: snapshot {path}")
+        # what add() takes, for the lines below (a LoRA file is taken whole)
+        selection = None if path.is_file() else select_files(path.resolve(), precision, adapter=adapter_of is not None)
         record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                  adapter_of=adapter_of)
+                                  adapter_of=adapter_of, **extra)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
+    if selection is not None:
+        for name, size in selection.taken.items():
+            console.print(f"taken     {readable_bytes(size):>10}  {escape(name)}")
+        for name, (size, why) in selection.left_out.items():
+            console.print(f"left out  {readable_bytes(size):>10}  {escape(name)}  ({escape(why)})")
+        console.print(f"taken: {len(selection.taken)} files, {readable_bytes(selection.taken_bytes)}; left out: "
+                      f"{len(selection.left_out)} files, {readable_bytes(selection.left_out_bytes)}")
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
+                  f"source={record.source_format}")
 
 
 @models_cli.command("list")

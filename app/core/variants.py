@@ -16,8 +16,10 @@ component at its real dtype, a quantized denoiser at torchao's bytes), once at r
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-
+from pathlib import Path
 
 #: precision -> torch dtype attribute name
 TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -67,3 +69,33 @@ def quantization_spec(quantization: str) -> tuple[str, str]:
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     return QUANTIZATIONS[quantization]
+
+
+#: precision -> the diffusers ``variant`` whose files a model registered at that precision takes
+#: where a component has them (``diffusion_pytorch_model.fp16.safetensors``, ``model.bf16-00001-of-00002
+#: .safetensors``); fp32 takes the full-precision files (docs/operations.md, "What registration takes").
+PRECISION_FILE_VARIANTS: dict[str, str] = {"fp16": "fp16", "bf16": "bf16"}
+
+_VARIANT_FILE = re.compile(r"^[^.]+\.(?P<variant>[a-z0-9_]+?)(-\d{5}-of-\d{5})?\.(safetensors|bin)$")
+
+
+def stored_variant(folder: Path) -> str | None:
+    """The diffusers ``variant`` (``fp16``, ``bf16``) whose weight files a stored diffusers
+    folder holds in any component folder, e.g. ``unet/diffusion_pytorch_model.fp16.safetensors``,
+    or None (full-precision names only, or not a diffusers folder). ``from_pretrained`` must be
+    given it (``variant=``) to load those files; a component without them loads its plain files
+    (diffusers' ``_identify_model_variants``)."""
+    index = folder / "model_index.json"
+    try:
+        components = [name for name, entry in json.loads(index.read_text()).items() if isinstance(entry, list)]
+    except (OSError, ValueError, AttributeError):
+        return None
+    for name in components:
+        component = folder / name
+        if not component.is_dir():
+            continue
+        for child in sorted(component.iterdir()):
+            found = _VARIANT_FILE.match(child.name)
+            if found and found["variant"] in PRECISION_FILE_VARIANTS.values():
+                return found["variant"]
+    return None

@@ -36,6 +36,7 @@ from app.core.safetensors import safetensors_header
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import ModelFile, ModelRecord
+from app.store.selection import select_files
 from routing.timings import ADAPTER_KIND
 
 ADAPTER_CLASS = "LoRA"
@@ -140,10 +141,15 @@ class Registry:
         return self.models_dir / model_id
 
     def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
-            quantization: str | None = None, adapter_of: str | None = None, *, source_format: str | None = None,
-            source_digest: str | None = None) -> ModelRecord:
+            quantization: str | None = None, adapter_of: str | None = None, *,
+            source_format: str | None = None, source_digest: str | None = None,
+            mint_from: str | None = None) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
-        folder into the server's model folder, and hash every file. ``precision`` and
+        files its pipeline loads at ``precision`` into the server's model folder and hash them
+        (:func:`app.store.selection.select_files`: the rest of the folder, e.g. ``.bin`` twins,
+        other variants, ONNX/flax exports, root single-file checkpoints, docs and images, is
+        neither copied nor listed in the manifest; links are followed, the copy holds real
+        bytes). ``total_bytes`` sums the files taken. ``precision`` and
         ``quantization`` name the variant workers load (:mod:`app.core.variants`); register the
         same folder under two ids to offer two variants. ``adapter_of``: ``source`` is a LoRA
         adapter of that base family instead (issue 22, :func:`describe_adapter`; kind
@@ -152,14 +158,19 @@ class Registry:
         :func:`adapter_layout`) is the record's ``source_format``, and a file's digest its
         ``source_digest``. ``source_format``/``source_digest``: what the caller registers
         from, recorded as given (an adapter's recognised layout takes the place of a missing one).
+        ``source_format`` is recorded as given (e.g. ``hf-cache``, ``single-file``), else as found
+        (``diffusers``, ``transformers``, a LoRA's layout); ``mint_from`` names the id minted when
+        ``model_id`` is None (default: the folder's or file's name).
 
         Raises:
             Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
                 unknown precision or quantization (reason ``invalid_variant``); with
                 ``adapter_of``: an unknown family, a folder or file without LoRA weights (reason
                 ``not_an_adapter``), or a LoRA for another base (reason ``adapter_family_mismatch``).
+                A taken file that is a broken link, a component without loadable weights
+                (:func:`app.store.selection.select_files`).
             Conflict: no ``model_id`` given and a registered model already has the same files
-                (paths and digests) and variant (reason ``model_already_registered``, naming it):
+                taken (paths and digests) and variant (reason ``model_already_registered``, naming it):
                 a second copy under a minted id is only made when asked for by id.
         """
         source = Path(source).resolve()
@@ -179,11 +190,17 @@ class Registry:
             check_family_variant(family, quantization)
         except ValueError as error:
             raise Rejected(str(error), reason="invalid_variant") from error
+        if source.is_file():  # one LoRA file, stored under the name the worker loads (tasks/adapters.py)
+            sources = {LORA_WEIGHTS: source}
+        else:
+            selection = select_files(source, precision, adapter=adapter_of is not None)
+            sources = {path: source / path for path in selection.taken}
+            source_format = source_format or selection.source_format
         with Session(self.engine) as session:
             taken = set(session.exec(select(ModelRecord.id)).all())
         minted = model_id is None
         if model_id is None:
-            model_id = _mint_id(source.stem if source.is_file() else source.name, taken)
+            model_id = _mint_id(mint_from or (source.stem if source.is_file() else source.name), taken)
         elif not _MODEL_ID.match(model_id):
             raise Rejected(
                 f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
@@ -192,7 +209,7 @@ class Registry:
         elif model_id in taken:
             raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
 
-        if minted and (same := self._registered_as(source, precision, quantization)) is not None:
+        if minted and (same := self._registered_as(sources, precision, quantization)) is not None:
             raise Conflict(
                 f"{source} is already registered as {same!r} (the same files and variant "
                 f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
@@ -201,10 +218,11 @@ class Registry:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
         try:
-            if source.is_file():  # one LoRA file, under the name the worker loads (tasks/adapters.py)
-                shutil.copy2(source, staging / LORA_WEIGHTS)
-            else:
-                shutil.copytree(source, staging, dirs_exist_ok=True)
+            for path, origin in sources.items():
+                target = staging / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, target)  # follows links: a cache snapshot's blobs are copied
+            os.chmod(staging, 0o755)  # mkdtemp makes it 0700
             final = self.folder(model_id)
             if final.exists():
                 shutil.rmtree(final)  # left by an earlier registration that was never committed
@@ -212,7 +230,7 @@ class Registry:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        files = [_hash_file(model_id, final, p) for p in sorted(final.rglob("*")) if p.is_file()]
+        files = [_hash_file(model_id, final, final / path) for path in sorted(sources)]
         if adapter_of is not None and source.is_file() and source_digest is None:
             source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
         weights = _price(final, Variant(precision, quantization))
@@ -230,13 +248,13 @@ class Registry:
             self.on_change()
         return record
 
-    def _registered_as(self, source: Path, precision: str, quantization: str | None) -> str | None:
-        """The id of a registered model with exactly the files of the folder ``source`` (paths
-        and digests; a single LoRA file as :data:`~app.core.lora_files.LORA_WEIGHTS`) and this
-        variant, or None. Paths and sizes are compared first: the folder's files are hashed only
-        when a model has the same ones, nothing is copied."""
-        here = ({LORA_WEIGHTS: source} if source.is_file() else
-                {p.relative_to(source).as_posix(): p for p in sorted(source.rglob("*")) if p.is_file()})
+    def _registered_as(self, sources: dict[str, Path], precision: str, quantization: str | None) -> str | None:
+        """The id of a registered model with exactly the files ``sources`` (stored path -> the file
+        it is copied from: what :func:`app.store.selection.select_files` takes, or a single LoRA
+        file as :data:`~app.core.lora_files.LORA_WEIGHTS`; paths and digests) and this variant, or
+        None. Paths and sizes are compared first: the files are hashed only when a model has the
+        same ones, nothing is copied."""
+        here = dict(sources)
         sizes = {path: file.stat().st_size for path, file in here.items()}
         digests: dict[str, str] | None = None
         with Session(self.engine) as session:

@@ -1,0 +1,297 @@
+"""What registering a model folder takes (R1, R4): exactly the files its pipeline loads, chosen the
+way diffusers chooses them when it fetches a pipeline, so that only those are hashed, copied, listed
+in the manifest, synced and priced (docs/operations.md, "What registration takes").
+
+A downloaded repository holds much more than a pipeline loads: ``*.fp16.safetensors`` beside the
+full-precision files, ``*.bin`` twins, flax ``*.msgpack``, ONNX and OpenVINO exports, single-file
+checkpoints at the root, folders ``model_index.json`` does not name, README, LICENSE and images.
+
+A diffusers folder (``model_index.json``), as ``DiffusionPipeline.download`` selects:
+
+- the components ``model_index.json`` names, but those set to ``[null, null]``;
+- in a component holding weights (a *model folder*): its ``config.json``, the transformers files
+  read beside it (``generation_config.json``, ``preprocessor_config.json``, ...) and the weights
+  diffusers' ``variant_compatible_siblings`` picks: the precision's variant files where the
+  component has them (``--precision fp16``: ``*.fp16.safetensors``, sharded
+  ``*.fp16-0000k-of-0000n.safetensors`` with their ``*.safetensors.index.fp16.json``; bf16 likewise
+  with ``bf16`` files), else its full-precision files (shards with their index json); safetensors
+  over ``.bin`` (``_get_ignore_patterns``: ``.bin`` only when some component has no safetensors);
+  never flax or ONNX weights;
+- every file of a component without weights (tokenizer, scheduler, feature extractor), but flax,
+  ONNX and ``.bin`` files when safetensors are taken;
+- ``model_index.json`` itself, and nothing else at the root.
+
+A transformers causal-LM folder (``config.json`` with ``architectures``, :mod:`app.core.textgen`):
+its root ``config.json``, ``generation_config.json``, tokenizer and chat-template files and its
+safetensors weights (``model.safetensors`` or shards with ``model.safetensors.index.json``;
+``pytorch_model*.bin`` only when there are no safetensors); always the full-precision files.
+
+A LoRA adapter folder: its root ``*.safetensors``.
+
+Symbolic links are followed (a Hugging Face cache snapshot is links into ``blobs/``): sizes are
+the targets' sizes and a copy holds the real bytes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.core.errors import Rejected
+from app.core.textgen import architectures
+from app.core.variants import PRECISION_FILE_VARIANTS
+
+DIFFUSERS = "diffusers"
+TRANSFORMERS = "transformers"
+ADAPTER = "lora-diffusers"
+HF_CACHE = "hf-cache"
+
+#: Files transformers reads beside a model's ``config.json`` or a tokenizer (diffusers'
+#: ``TRANSFORMERS_COMPONENT_AUX_FILES`` plus the tokenizer files of the usual tokenizer classes).
+TOKENIZER_FILES: frozenset[str] = frozenset({
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+    "chat_template.jinja", "chat_template.json",
+})
+AUX_FILES: frozenset[str] = frozenset({
+    "generation_config.json", "preprocessor_config.json", "processor_config.json", "tokenizer.json",
+    "tokenizer_config.json", "chat_template.jinja",
+})
+_SHARDED = r"(-\d{5}-of-\d{5})?"
+_TEXT_SAFETENSORS = re.compile(rf"^model{_SHARDED}\.safetensors$|^model\.safetensors\.index\.json$")
+_TEXT_BIN = re.compile(rf"^pytorch_model{_SHARDED}\.bin$|^pytorch_model\.bin\.index\.json$")
+_CHECKPOINT_SUFFIXES = (".safetensors", ".ckpt", ".bin", ".pt", ".pth", ".gguf", ".sft")
+_MEDIA_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".mp4", ".webm", ".avi", ".mov")
+_ANY_VARIANT = re.compile(r"^[^.]+\.(?P<variant>[a-z0-9_]+?)(-\d{5}-of-\d{5})?\.(safetensors|bin)$"
+                          r"|^[^.]+\.(safetensors|bin)\.index\.(?P<index_variant>[a-z0-9_]+)\.json$")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The files of a model folder that registration takes, and those it leaves out.
+
+    ``taken``: relative POSIX path -> size in bytes (a link's target size); ``left_out``:
+    relative path -> (size in bytes, why it is left out); ``source_format``: ``diffusers``,
+    ``transformers`` or ``lora-diffusers``; ``variant``: the diffusers variant whose files are
+    taken for some component (``fp16``, ``bf16``) or None (full precision only).
+    """
+
+    source_format: str
+    taken: dict[str, int]
+    left_out: dict[str, tuple[int, str]] = field(default_factory=dict)
+    variant: str | None = None
+
+    @property
+    def taken_bytes(self) -> int:
+        return sum(self.taken.values())
+
+    @property
+    def left_out_bytes(self) -> int:
+        return sum(size for size, _ in self.left_out.values())
+
+
+def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False) -> Selection:
+    """The files of ``folder`` that a model registered at ``precision`` (fp32 | bf16 | fp16) loads
+    (the module's rules), or of a LoRA adapter folder with ``adapter``.
+
+    Raises:
+        Rejected: a taken file is a broken link (reason ``incomplete_model``: an interrupted
+            download, naming it), or a component holds weights but none the pipeline loads
+            (reason ``no_loadable_weights``, e.g. only ``.fp16`` files for fp32).
+    """
+    folder = Path(folder)
+    files = _list_files(folder)
+    if adapter:
+        taken = {p for p in files if "/" not in p and p.endswith(".safetensors")}
+        selection = _finish(ADAPTER, folder, files, taken, lambda p: "not LoRA weights (an adapter is its root "
+                                                                        "*.safetensors)")
+    elif (folder / "model_index.json").is_file():
+        selection = _select_diffusers(folder, files, PRECISION_FILE_VARIANTS.get(precision))
+    elif architectures(folder):
+        selection = _select_transformers(folder, files)
+    else:
+        selection = _finish(DIFFUSERS, folder, files, set(files), lambda p: "")
+    broken = sorted(p for p in selection.taken if not (folder / p).is_file())
+    if broken:
+        raise Rejected(f"{folder}: {', '.join(broken)} is a broken link (its target is missing: an interrupted "
+                       "download?); download the model again", reason="incomplete_model")
+    return selection
+
+
+def _list_files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (links followed, broken links included), relative POSIX paths."""
+    found: list[str] = []
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        dirs.sort()
+        base = Path(root).relative_to(folder)
+        for name in names:
+            found.append((base / name).as_posix())
+    return sorted(found)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _finish(source_format: str, folder: Path, files: list[str], taken: set[str], why: object,
+            variant: str | None = None) -> Selection:
+    return Selection(
+        source_format=source_format,
+        taken={p: _size(folder / p) for p in files if p in taken},
+        left_out={p: (_size(folder / p), why(p)) for p in files if p not in taken},  # type: ignore[operator]
+        variant=variant,
+    )
+
+
+def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Selection:
+    from diffusers.pipelines.pipeline_loading_utils import (
+        _get_ignore_patterns,
+        filter_model_files,
+        variant_compatible_siblings,
+    )
+
+    index = json.loads((folder / "model_index.json").read_text())
+    listed = {k for k, v in index.items() if isinstance(v, list) and k != "_class_name"}
+    nulls = {k for k in listed if not _names_a_class(index[k])}
+    components = listed - nulls
+    ignored_by_index = set(index.get("_ignore_files") or ())
+    candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
+    model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates)
+                     if os.path.split(p)[0] in components}
+    ignore = _get_ignore_patterns(passed_components=[], model_folder_names=sorted(model_folders),
+                                  model_filenames=candidates, use_safetensors=True, allow_pickle=True,
+                                  use_onnx=False, is_onnx=False, use_flashpack=False, variant=variant)
+    weight_candidates = [p for p in candidates if len(p.split("/")) == 2]
+    loading_log = logging.getLogger(variant_compatible_siblings.__module__)
+    level = loading_log.level
+    loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
+    try:
+        weights, variant_files = variant_compatible_siblings(weight_candidates, variant=variant,
+                                                             ignore_patterns=ignore)
+    except ValueError:  # no component has the variant's files: every component loads full precision
+        weights, variant_files = variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore)
+    finally:
+        loading_log.setLevel(level)
+    ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
+    ignored = {p for p in candidates if any(fnmatch.fnmatch(p, pattern) for pattern in ignore_all)}
+    taken = {"model_index.json"}
+    for path in candidates:
+        component, _, name = path.partition("/")
+        if path in ignored:
+            continue
+        if component in model_folders:
+            if path in weights or ("/" not in name and (name == "config.json" or name in AUX_FILES)):
+                taken.add(path)
+        else:
+            taken.add(path)
+    starved = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
+    if starved:
+        raise Rejected(f"{folder}: component(s) {', '.join(starved)} hold weights but none a "
+                       f"{'variant ' + variant if variant else 'full-precision'} pipeline loads; register it "
+                       "with the precision of its files (--precision fp16 for *.fp16.* files only)",
+                       reason="no_loadable_weights")
+    chosen = "variant " + variant if variant_files else "full precision"
+
+    def why(path: str) -> str:
+        top, _, name = path.partition("/")
+        base = path.rsplit("/", 1)[-1]
+        if "/" not in path:
+            if base.endswith(_CHECKPOINT_SUFFIXES):
+                return "weights at the root (single-file checkpoint or LoRA; the pipeline loads its component folders)"
+            if base.lower().endswith(_MEDIA_SUFFIXES):
+                return "image or video, not loaded"
+            return "not loaded (at the root the pipeline reads model_index.json only)"
+        if top in nulls:
+            return f"component {top!r} is null in model_index.json"
+        if top not in components:
+            return "folder not named in model_index.json"
+        if path in ignored_by_index:
+            return "listed in model_index.json _ignore_files"
+        if base.startswith("openvino_"):
+            return "OpenVINO export, not loaded"
+        if base.endswith(".msgpack"):
+            return "flax weights, not loaded"
+        if ".onnx" in base or base.endswith(".pb"):
+            return "ONNX export, not loaded"
+        if path in ignored and (base.endswith(".bin") or ".bin.index" in base):
+            return ".bin twin of the safetensors weights taken"
+        if path in ignored:
+            return "safetensors left out: not every component has them, the .bin weights are taken"
+        if (found := _ANY_VARIANT.match(base)) and (found["variant"] or found["index_variant"]):
+            other = found["variant"] or found["index_variant"]
+            if other in PRECISION_FILE_VARIANTS.values() or other == variant:
+                return f"{other} variant; this model takes {chosen} for {top}"
+            return f"{other} weights, not loaded by the pipeline"
+        if base.endswith((".safetensors", ".bin")) or ".index" in base:
+            return f"full-precision weights; this model takes the {variant} variant for {top}"
+        return "not loaded (a model folder's config.json and weights only)"
+
+    return _finish(DIFFUSERS, folder, files, taken, why, variant if variant_files else None)
+
+
+def _names_a_class(entry: list[object]) -> bool:
+    """A ``model_index.json`` component entry that names a class (not ``[null, null]``)."""
+    return any(part is not None for part in entry)
+
+
+def _select_transformers(folder: Path, files: list[str]) -> Selection:
+    root = [p for p in files if "/" not in p]
+    safetensors = {p for p in root if _TEXT_SAFETENSORS.match(p)}
+    weights = safetensors or {p for p in root if _TEXT_BIN.match(p)}
+    taken = weights | {p for p in root if p in TOKENIZER_FILES or p in AUX_FILES or p == "config.json"}
+
+    def why(path: str) -> str:
+        if "/" in path:
+            return "in a subfolder (transformers loads the folder's root files)"
+        if _TEXT_BIN.match(path):
+            return ".bin twin of the safetensors weights taken"
+        if path.endswith(_CHECKPOINT_SUFFIXES):
+            return "weights transformers does not load (not model*.safetensors)"
+        if path.lower().endswith(_MEDIA_SUFFIXES):
+            return "image or video, not loaded"
+        return "not loaded by transformers (config, tokenizer and weights only)"
+
+    return _finish(TRANSFORMERS, folder, files, taken, why)
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder as huggingface_hub resolves it, read now (not at import):
+    ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else
+    ``XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path | None = None) -> Path:
+    """The snapshot folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default
+    ``main``) in the local Hugging Face cache (:func:`hub_cache_dir` unless ``cache_dir``), found by
+    ``huggingface_hub.snapshot_download(..., local_files_only=True)``: no network.
+
+    Raises:
+        Rejected: the repository or revision is not in the cache (reason ``not_in_hf_cache``,
+            naming the cache folder and the repositories it holds).
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache), local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as error:
+        held = sorted(p.name.removeprefix("models--").replace("--", "/") for p in cache.glob("models--*")) \
+            if cache.is_dir() else []
+        raise Rejected(f"{repo_id}{' revision ' + revision if revision else ''} is not in the Hugging Face cache "
+                       f"{cache} ({type(error).__name__}); it holds: {', '.join(held) or 'no models'} "
+                       "(HF_HUB_CACHE or HF_HOME name another cache)", reason="not_in_hf_cache") from error

@@ -1,0 +1,146 @@
+"""``homefleet models add`` on faithful tiny replicas of real repositories (app/devtools/replicas.py),
+from a plain folder and with ``--from-hf-cache`` (R1, R4; docs/operations.md, "What registration
+takes"): only the files the pipeline loads are recorded, copied and priced, and the command says
+what it took and what it left out, and why."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from safetensors import SafetensorError, safe_open
+
+from app.context import ServerContext
+from app.core.digest import file_digest
+from app.core.variants import PRECISION_BYTES
+from app.devtools.replicas import Replica, as_hf_cache, make_replica
+from app.store.selection import select_files
+from tests.helpers import run_cli, settings_env
+
+CASES = [  # (replica, from the cache?, precision)
+    ("sd15", False, "fp32"), ("sd15", True, "fp16"), ("sdxl", False, "fp16"), ("sdxl", True, "fp32"),
+    ("flux", True, "fp16"), ("flux", False, "bf16"), ("wan", False, "fp32"), ("wan", True, "fp16"),
+]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Replica], Path]:
+    out = tmp_path_factory.mktemp("replicas")
+    replicas = {name: make_replica(name, out / "plain") for name in ("sd15", "sdxl", "flux", "wan")}
+    for replica in replicas.values():
+        as_hf_cache(replica, out / "hub")
+    return replicas, out / "hub"
+
+
+def _parameters(path: Path) -> int:
+    with safe_open(str(path), "pt") as handle:
+        return sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
+
+
+def _readable(path: Path) -> bool:
+    try:
+        _parameters(path)
+    except SafetensorError:  # a dummy file of the download
+        return False
+    return True
+
+
+def _human_free(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize(("name", "cached", "precision"), CASES)
+def test_r1_models_add_takes_records_and_prices_only_what_the_pipeline_loads(
+        ctx: ServerContext, built: tuple[dict[str, Replica], Path], name: str, cached: bool, precision: str) -> None:
+    replicas, hub = built
+    replica = replicas[name]
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    source = ["--from-hf-cache", replica.repo_id] if cached else [str(replica.folder)]
+    done = run_cli("models", "add", *source, "--precision", precision, env=env)
+    model_id = replica.repo_id.split("/")[-1].lower()
+    expected = replica.expected[precision]
+
+    record = ctx.registry.get(model_id)
+    manifest = ctx.registry.manifest(model_id)
+    assert {f.path for f in manifest.files} == set(expected)
+    for entry in manifest.files:  # the real bytes (the cache's links followed), digests of the source's files
+        assert entry.size == (replica.folder / entry.path).stat().st_size
+        assert entry.digest == file_digest(replica.folder / entry.path)
+    stored = ctx.registry.folder(model_id)
+    on_disk = {p.relative_to(stored).as_posix() for p in stored.rglob("*")}
+    assert {p for p in on_disk if (stored / p).is_file()} == set(expected)
+    assert not any((stored / p).is_symlink() for p in on_disk)
+    assert record.total_bytes == sum((replica.folder / p).stat().st_size for p in expected)
+    assert record.source_format == ("hf-cache" if cached else "diffusers")
+    assert (record.precision, record.family) == (precision, replica.family)
+
+    # priced from the weights taken only, not from every *.safetensors of the download
+    taken_parameters = sum(_parameters(replica.folder / p) for p in expected if p.endswith(".safetensors"))
+    assert ctx.registry.weights_bytes(model_id) == int(taken_parameters * PRECISION_BYTES[precision])
+    # every real *.safetensors of the download (the dummy root checkpoints have no header; a
+    # pricing that read them would fail outright)
+    all_parameters = sum(_parameters(p) for p in replica.folder.rglob("*.safetensors") if _readable(p))
+    if name in ("sd15", "sdxl"):  # twins, other-precision files and copies beside the loaded ones
+        assert all_parameters >= 2 * taken_parameters
+
+    out = _human_free(done.stdout)
+    selection = select_files(replica.folder, precision)
+    for path in expected:
+        assert f" {path}" in out and f"taken {path}" not in out  # each listed, with its size
+    for path, (_, why) in selection.left_out.items():
+        assert f" {path} ({_human_free(why)})" in out
+    assert f"taken: {len(expected)} files" in out
+    assert f"left out: {len(selection.left_out)} files" in out
+    assert f"registered {model_id} family={replica.family}" in out
+    assert f"files={len(expected)} bytes={record.total_bytes} variant={precision} " in out
+    if cached:
+        assert f"{replica.repo_id}: snapshot {hub}" in out
+
+
+def test_r1_taken_and_left_out_lines_carry_human_sizes(ctx: ServerContext,
+                                                       built: tuple[dict[str, Replica], Path]) -> None:
+    replica = built[0]["sd15"]
+    done = run_cli("models", "add", str(replica.folder), "--precision", "fp16", env=settings_env(ctx.settings))
+    lines = done.stdout.splitlines()
+    unet = next(line for line in lines if line.endswith("unet/diffusion_pytorch_model.fp16.safetensors"))
+    size = (replica.folder / "unet/diffusion_pytorch_model.fp16.safetensors").stat().st_size
+    assert 2**20 < size < 2**21 and unet.split()[:3] == ["taken", f"{size / 2**20:.1f}", "MiB"]
+    index = next(line for line in lines if line.endswith(" model_index.json"))
+    assert index.split()[0] == "taken" and index.split()[2] == "B"
+    left = next(line for line in lines if " unet/diffusion_pytorch_model.bin " in line)
+    size = (replica.folder / "unet/diffusion_pytorch_model.bin").stat().st_size
+    assert left.split()[:4] == ["left", "out", f"{size / 2**20:.1f}", "MiB"]
+    assert left.endswith("(.bin twin of the safetensors weights taken)")
+
+
+def test_r5_the_cached_snapshot_of_a_registered_folder_is_the_same_model(
+        ctx: ServerContext, built: tuple[dict[str, Replica], Path]) -> None:
+    """Duplicates are found on the files taken: the snapshot (links) and the plain download (with
+    other extras) take the same files, so the second registration names the first."""
+    replicas, hub = built
+    replica = replicas["flux"]
+    (replica.folder / "notes.txt").write_text("an extra file nobody loads")
+    try:
+        first = ctx.registry.add(replica.folder, precision="fp16")
+        env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+        done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", env=env,
+                       check=False)
+    finally:
+        (replica.folder / "notes.txt").unlink()
+    assert done.returncode != 0
+    assert f"is already registered as {first.id!r}" in _human_free(done.stdout + done.stderr)
+
+
+def test_r1_a_repository_missing_from_the_cache_is_refused_naming_the_cache(
+        ctx: ServerContext, built: tuple[dict[str, Replica], Path]) -> None:
+    hub = built[1]
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    done = run_cli("models", "add", "--from-hf-cache", "org/absent", env=env, check=False)
+    assert done.returncode != 0
+    text = _human_free(done.stdout + done.stderr)
+    assert f"org/absent is not in the Hugging Face cache {hub}" in text
+    assert "runwayml/stable-diffusion-v1-5" in text  # what the cache holds
+    assert ctx.registry.list() == []
+    neither = run_cli("models", "add", env=settings_env(ctx.settings), check=False)
+    assert neither.returncode == 2 and "--from-hf-cache" in _human_free(neither.stdout + neither.stderr)
