@@ -125,27 +125,51 @@ def models_train_colour_lora(
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path, typer.Argument(
-        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json)")],
+        help="a diffusers folder (with model_index.json), a transformers causal-LM folder (config.json), or a "
+             "single-file checkpoint FILE.safetensors (with --family)")],
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
     adapter_of: Annotated[str | None, typer.Option(
         "--adapter-of", help="PATH is a LoRA adapter (pytorch_lora_weights.safetensors) of this base family, "
                              "e.g. sd1; jobs name it in params.adapters")] = None,
+    family: Annotated[str | None, typer.Option(
+        help="PATH is a single-file checkpoint (A1111/ComfyUI/Civitai layout) of this family: sd1 | sdxl | flux; "
+             "converted once, here, into a diffusers folder")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="with --family: a diffusers folder of that family whose configs, tokenizers and (flux) other "
+             "components the conversion uses instead of the shipped ones")] = None,
 ) -> None:
-    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder): mint its id,
-    copy it to the server's model folder, hash every file."""
+    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter folder; with --family, a
+    single-file checkpoint, converted once into a diffusers folder): mint its id, copy it to the
+    server's model folder, hash every file."""
     from app.context import build_checked_context
 
+    if config is not None and family is None:
+        raise typer.BadParameter("--config applies to a single-file checkpoint: give its --family too",
+                                 param_hint="--config")
+    if family is not None and (path.is_dir() or adapter_of is not None):
+        raise typer.BadParameter(f"--family registers a single-file checkpoint (one .safetensors file); {path} is "
+                                 f"{'a folder' if path.is_dir() else 'an adapter'}: register it without --family",
+                                 param_hint="--family")
+    if family is None and adapter_of is None and path.is_file():
+        raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux "
+                                 "(its key layout is checked against it)", param_hint="--family")
     ctx = build_checked_context(server_settings())
     try:
-        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                  adapter_of=adapter_of)
+        if family is not None:
+            console.print(f"converting {path.name} ({family}) into a diffusers folder …")
+            record = ctx.registry.add_single_file(path, family, model_id, precision=precision,
+                                                  quantization=quantization, config=config)
+        else:
+            record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
+                                      adapter_of=adapter_of)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
+    source = f" source={record.source_format} {record.source_digest}" if record.source_digest else ""
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}")
+                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()}{source}")
 
 
 @models_cli.command("list")
