@@ -43,6 +43,8 @@ class Manifest(Body):
     quantization: str | None = None
     algorithm: str = ALGORITHM
     files: list[ManifestFile]
+    source_digest: str | None = Field(None, max_length=80, description=(
+        "digest of the single-file checkpoint the folder was converted from at registration; None for a folder"))
 
     @property
     def variant(self) -> Variant:

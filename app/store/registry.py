@@ -336,7 +336,8 @@ class Registry:
                 files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
             session.commit()
         return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
-                        quantization=record.quantization, algorithm=ALGORITHM, files=files)
+                        quantization=record.quantization, algorithm=ALGORITHM, files=files,
+                        source_digest=record.source_digest)
 
     def weights_bytes(self, model_id: str) -> int:
         """Memory the model's weights take once loaded as its variant, in bytes: parameters
