@@ -99,6 +99,19 @@ def read_keys(path: Path) -> dict[str, list[int]]:
         raise Rejected(f"{path.name} is not a safetensors checkpoint ({error})", reason="not_a_checkpoint") from error
 
 
+def stored_dtype(path: Path) -> str:
+    """The floating dtype most of the checkpoint's tensors are stored in (``F16``, ``BF16``,
+    ``F32``, …, as the safetensors header names it); ``F32`` for a file without floats."""
+    from collections import Counter
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as handle:
+        found = Counter(handle.get_slice(key).get_dtype() for key in handle.keys())  # noqa: SIM118
+    floats = [(count, dtype) for dtype, count in found.items() if dtype.startswith(("F", "BF"))]
+    return max(floats)[1] if floats else "F32"
+
+
 def identify(keys: dict[str, list[int]]) -> str:
     """What the key layout is: ``sd1``, ``sdxl``, ``flux`` (registrable), or a description of
     what it is instead (``a LoRA adapter``, ``SD 2.x``, ``an SD 1.x inpainting model``, …)."""
@@ -252,7 +265,9 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     ``target`` (created; ``save_pretrained(safe_serialization=True)``): sd1/sdxl with
     ``StableDiffusion(XL)Pipeline.from_single_file(path, config=…, local_files_only=True)``; flux
     with ``FluxTransformer2DModel.from_single_file`` and the other components of ``config``
-    (``FluxPipeline.from_pretrained``). Tensors keep the file's dtype. Offline: nothing is fetched.
+    (``FluxPipeline.from_pretrained``). Components are saved in the dtype most of the file's
+    tensors have (:func:`stored_dtype`: an fp16 checkpoint stays fp16; the variant workers load
+    is the registration's ``precision``). Offline: nothing is fetched.
 
     Raises:
         Rejected: what :func:`check_checkpoint` and :func:`config_folder` refuse; the loader
@@ -266,7 +281,7 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     try:
         folder = config_folder(family, config, scratch)
         with _quiet():
-            pipe = _load(Path(path), family, folder)
+            pipe = _load(Path(path), family, folder, stored_dtype(Path(path)))
             for name, component in pipe.components.items():
                 parameters = getattr(component, "parameters", None)
                 if parameters is not None and any(p.is_meta for p in parameters()):
@@ -278,19 +293,22 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     return target
 
 
-def _load(path: Path, family: str, folder: Path):  # noqa: ANN202 - a diffusers pipeline
+def _load(path: Path, family: str, folder: Path, dtype: str):  # noqa: ANN202 - a diffusers pipeline
     import diffusers
+    import torch
     from diffusers.loaders.single_file_utils import SingleFileComponentError
 
+    torch_dtype = {"F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}.get(dtype, torch.float32)
     shipped = FAMILY_CONFIGS / family
     try:
         if family == "flux":
             transformer_config = folder if (folder / "transformer" / "config.json").is_file() else shipped
             transformer = diffusers.FluxTransformer2DModel.from_single_file(
-                str(path), config=str(transformer_config), subfolder="transformer", local_files_only=True)
+                str(path), config=str(transformer_config), subfolder="transformer", local_files_only=True,
+                torch_dtype=torch_dtype)
             return diffusers.FluxPipeline.from_pretrained(str(folder), transformer=transformer, local_files_only=True)
         pipeline = getattr(diffusers, FAMILIES[family].pipeline_class)
-        return pipeline.from_single_file(str(path), config=str(folder), local_files_only=True)
+        return pipeline.from_single_file(str(path), config=str(folder), local_files_only=True, torch_dtype=torch_dtype)
     except (SingleFileComponentError, ValueError, RuntimeError, OSError, KeyError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise Rejected(f"{path.name} did not convert as {family} with the config {folder}: {first[:400]} (the "

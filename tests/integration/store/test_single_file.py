@@ -164,3 +164,23 @@ def test_the_shipped_configs_are_those_of_the_real_repositories_and_load_in_diff
         for name, entry in index.items():
             if isinstance(entry, list) and entry[0] == "diffusers":
                 assert (FAMILY_CONFIGS / family / name).is_dir() or family == "flux", (family, name)
+
+
+def test_an_fp16_checkpoint_stays_fp16_in_the_converted_folder(
+    ctx: ServerContext, checkpoints: dict[str, Path], tmp_path: Path,
+) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    half = tmp_path / "sd15-fp16.safetensors"
+    save_file({k: v.half() for k, v in load_file(str(checkpoints["sd1-file"])).items()}, str(half))
+    record = ctx.registry.add_single_file(half, "sd1", precision="fp16", config=checkpoints["sd1"])
+    assert (record.id, record.precision, record.source_digest) == ("sd15-fp16", "fp16", file_digest(half))
+    unet = ctx.registry.folder(record.id) / "unet" / "diffusion_pytorch_model.safetensors"
+    with safe_open(str(unet), framework="pt") as handle:
+        assert {handle.get_slice(k).get_dtype() for k in handle.keys()} == {"F16"}  # noqa: SIM118
+    converted = weights(DiffusionPipeline.from_pretrained(str(ctx.registry.folder(record.id)), local_files_only=True,
+                                                          torch_dtype=torch.float16))
+    original = weights(DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True,
+                                                         torch_dtype=torch.float16))
+    assert [name for name in original if not torch.equal(converted[name], original[name])] == []
