@@ -5,7 +5,8 @@ Two parts:
 * the **embedded** record (written into the file: PNG text chunk ``homefleet``, MP4
   ``comment`` tag, WebP XMP, GIF comment) holds what determines the output: model id,
   variant, every model file's digest, its LoRA adapters (id, scale, files' digests; issue
-  22), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same seed on the same machine gives
+  22), the digest of the single-file checkpoint it was converted from (``source_digest``, when
+  it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same seed on the same machine gives
   byte-identical files (and the same content digest);
 * the **journaled** record (``Job.provenance``, shown by ``GET /v1/jobs/{id}``) is the
   embedded one plus job id, load/run seconds, cold load, actual and predicted seconds,
@@ -45,6 +46,8 @@ def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params:
         "device": device,
         "host": platform.node(),
     }
+    if manifest.source_digest:
+        record["source_digest"] = manifest.source_digest  # the checkpoint file it was converted from
     if adapters:
         record["adapters"] = adapters
     return record

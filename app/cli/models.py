@@ -126,9 +126,9 @@ def models_train_colour_lora(
 @models_cli.command("add")
 def models_add(
     path: Annotated[Path | None, typer.Argument(
-        help="a diffusers folder (with model_index.json) or a transformers causal-LM folder (config.json); "
-             "with --adapter-of, a LoRA .safetensors file (kohya or diffusers layout) or folder; "
-             "omit with --from-hf-cache")] = None,
+        help="a diffusers folder (with model_index.json), a transformers causal-LM folder (config.json), a "
+             "single-file checkpoint FILE.safetensors (with --family), or with --adapter-of a LoRA .safetensors "
+             "file (kohya or diffusers layout) or folder; omit with --from-hf-cache")] = None,
     model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
     quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
@@ -141,12 +141,19 @@ def models_add(
                                 "cache (HF_HUB_CACHE / HF_HOME), no network")] = None,
     revision: Annotated[str | None, typer.Option(
         help="with --from-hf-cache: the branch, tag or commit of the cached snapshot (default main)")] = None,
+    family: Annotated[str | None, typer.Option(
+        help="PATH is a single-file checkpoint (A1111/ComfyUI/Civitai layout) of this family: sd1 | sdxl | flux; "
+             "converted once, here, into a diffusers folder")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="with --family: a diffusers folder of that family whose configs, tokenizers and (flux) other "
+             "components the conversion uses instead of the shipped ones")] = None,
 ) -> None:
-    """Register a diffusers folder (or, with --adapter-of, a LoRA adapter file or folder; or, with
-    --from-hf-cache, a cached snapshot): mint its id, copy the files its pipeline loads at
-    --precision to the server's model folder and hash them; print what is taken and what is left
-    out, and why (docs/operations.md, "What registration takes"). A LoRA file whose keys are for
-    another family than --adapter-of, or that holds no LoRA, is refused naming the keys."""
+    """Register a model: a diffusers folder, a cached Hugging Face snapshot (--from-hf-cache), a
+    single-file checkpoint (--family, converted once into a diffusers folder) or a LoRA adapter
+    file or folder (--adapter-of). Mint its id, copy the files its pipeline loads at --precision
+    to the server's model folder and hash them; print what is taken and what is left out, and why
+    (docs/operations.md, "What registration takes"). A LoRA file whose keys are for another family
+    than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
     from app.store.selection import HF_CACHE, cached_snapshot, select_files
     from routing.estimate import readable_bytes
@@ -155,17 +162,36 @@ def models_add(
         raise typer.BadParameter("give a folder PATH or --from-hf-cache REPO_ID (one of them)", param_hint="PATH")
     if revision is not None and from_hf_cache is None:
         raise typer.BadParameter("--revision applies to --from-hf-cache only", param_hint="--revision")
+    if config is not None and family is None:
+        raise typer.BadParameter("--config applies to a single-file checkpoint: give its --family too",
+                                 param_hint="--config")
+    if family is not None and (path is None or path.is_dir() or adapter_of is not None):
+        what = "a folder" if path is None or path.is_dir() else "an adapter"
+        raise typer.BadParameter(f"--family registers a single-file checkpoint (one .safetensors file); "
+                                 f"{path or from_hf_cache} is {what}: register it without --family",
+                                 param_hint="--family")
+    if path is not None and family is None and adapter_of is None and path.is_file():
+        raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux "
+                                 "(its key layout is checked against it)", param_hint="--family")
     ctx = build_checked_context(server_settings())
+    selection = None
     try:
-        extra: dict[str, str] = {}
-        if from_hf_cache is not None:
-            path = cached_snapshot(from_hf_cache, revision)
-            extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
-            console.print(f"{from_hf_cache}: snapshot {path}")
-        # what add() takes, for the lines below (a LoRA file is taken whole)
-        selection = None if path.is_file() else select_files(path.resolve(), precision, adapter=adapter_of is not None)
-        record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                  adapter_of=adapter_of, **extra)
+        if family is not None:
+            assert path is not None  # checked above
+            console.print(f"converting {path.name} ({family}) into a diffusers folder …")
+            record = ctx.registry.add_single_file(path, family, model_id, precision=precision,
+                                                  quantization=quantization, config=config)
+        else:
+            extra: dict[str, str] = {}
+            if from_hf_cache is not None:
+                path = cached_snapshot(from_hf_cache, revision)
+                extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
+                console.print(f"{from_hf_cache}: snapshot {path}")
+            assert path is not None  # checked above
+            if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
+                selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
+            record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
+                                      adapter_of=adapter_of, **extra)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
@@ -176,9 +202,10 @@ def models_add(
             console.print(f"left out  {readable_bytes(size):>10}  {escape(name)}  ({escape(why)})")
         console.print(f"taken: {len(selection.taken)} files, {readable_bytes(selection.taken_bytes)}; left out: "
                       f"{len(selection.left_out)} files, {readable_bytes(selection.left_out_bytes)}")
+    digest = f" {record.source_digest}" if record.source_digest else ""
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
                   f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
-                  f"source={record.source_format}")
+                  f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}")
 
 
 @models_cli.command("list")

@@ -46,6 +46,8 @@ class Manifest(Body):
     weights_bytes: int | None = Field(None, ge=0, description=(
         "bytes the loaded variant holds, priced once at registration (app.core.pricing); the worker's residency "
         "uses this figure, as placement does (R15)"))
+    source_digest: str | None = Field(None, max_length=80, description=(
+        "digest of the single-file checkpoint the folder was converted from at registration; None for a folder"))
 
     @property
     def variant(self) -> Variant:

@@ -201,13 +201,8 @@ class Registry:
         minted = model_id is None
         if model_id is None:
             model_id = _mint_id(mint_from or (source.stem if source.is_file() else source.name), taken)
-        elif not _MODEL_ID.match(model_id):
-            raise Rejected(
-                f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
-                reason="invalid_model_id",
-            )
-        elif model_id in taken:
-            raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
+        else:
+            self._check_new_id(model_id, taken)
 
         if minted and (same := self._registered_as(sources, precision, quantization)) is not None:
             raise Conflict(
@@ -247,6 +242,68 @@ class Registry:
         if self.on_change is not None:
             self.on_change()
         return record
+
+    def add_single_file(self, source: Path, family: str, model_id: str | None = None, precision: str = "fp32",
+                        quantization: str | None = None, config: Path | None = None) -> ModelRecord:
+        """Register the single-file checkpoint ``source`` (one ``.safetensors`` in the original
+        key layout of ``family``: sd1, sdxl or flux; ``app/store/single_file.py``): convert it ONCE,
+        here, into a diffusers folder with diffusers' own single-file loader, offline, using the
+        shipped family config or ``config`` (a diffusers folder of the family), then register that
+        folder like any other (:meth:`add`) with ``source_format="single-file"`` and
+        ``source_digest`` = the file's digest. The id is minted from the file name if not given.
+
+        Raises:
+            Rejected: the file is not a safetensors checkpoint of ``family`` (reasons
+                ``not_a_checkpoint``, ``wrong_family``, ``incomplete_checkpoint``), the config is
+                missing or unfit (``needs_config``, ``invalid_config``), the conversion failed
+                (``conversion_failed``), or what :meth:`add` refuses.
+            Conflict: no ``model_id`` given and the same file (digest) is already registered with
+                this variant (reason ``model_already_registered``, naming it).
+        """
+        from app.store import single_file
+
+        source = Path(source).resolve()
+        try:
+            check_variant(precision, quantization)
+            check_family_variant(family, quantization)
+        except ValueError as error:
+            raise Rejected(str(error), reason="invalid_variant") from error
+        single_file.check_checkpoint(source, family)
+        digest = file_digest(source)
+        with Session(self.engine) as session:
+            same = session.exec(select(ModelRecord.id).where(
+                ModelRecord.source_digest == digest, ModelRecord.precision == precision,
+                ModelRecord.quantization == quantization)).first()
+            taken = set(session.exec(select(ModelRecord.id)).all())
+        if model_id is None:
+            if same is not None:
+                raise Conflict(
+                    f"{source} is already registered as {same!r} (the same file and variant "
+                    f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
+                    "(--id) to register a second copy", reason="model_already_registered",
+                )
+            model_id = _mint_id(source.stem, taken)
+        elif model_id in taken or not _MODEL_ID.match(model_id):
+            self._check_new_id(model_id, taken)
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.single-file.", dir=self.models_dir))
+        try:
+            folder = single_file.convert(source, family, staging / "pipeline", config=config)
+            return self.add(folder, model_id, precision=precision, quantization=quantization,
+                            source_format="single-file", source_digest=digest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    @staticmethod
+    def _check_new_id(model_id: str, taken: set[str]) -> None:
+        """Raise Rejected for an id that is malformed (``invalid_model_id``) or registered (``model_id_taken``)."""
+        if not _MODEL_ID.match(model_id):
+            raise Rejected(
+                f"model id must match {_MODEL_ID.pattern} (lowercase, digits, '.', '_', '-'), got {model_id!r}",
+                reason="invalid_model_id",
+            )
+        if model_id in taken:
+            raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
 
     def _registered_as(self, sources: dict[str, Path], precision: str, quantization: str | None) -> str | None:
         """The id of a registered model with exactly the files ``sources`` (stored path -> the file
@@ -341,7 +398,8 @@ class Registry:
             session.commit()
         return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
                         quantization=record.quantization, algorithm=ALGORITHM, files=files,
-                        weights_bytes=self.weights_bytes(model_id))
+                        weights_bytes=self.weights_bytes(model_id),
+                        source_digest=record.source_digest)
 
     def weights_bytes(self, model_id: str) -> int:
         """Bytes the model holds once loaded as its variant: the figure priced at registration
