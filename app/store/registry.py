@@ -374,8 +374,9 @@ class Registry:
         """Take the current content of the model's server folder as its new manifest
         (``homefleet models update ID``): hash every file now there, record their digests,
         sizes and stats (files gone are dropped, new ones added), its ``total_bytes``, and its
-        ``weights_bytes`` when the record has one (re-priced by ``price(folder, record)``,
-        bytes; default :func:`price_weights`), then call ``on_change`` so every worker
+        ``weights_bytes`` when the record has one (the folder is always priced by
+        ``price(folder, record)``, bytes, default :func:`price_weights`, so unreadable headers
+        are refused here), then call ``on_change`` so every worker
         re-verifies its copy against the new digests and withdraws an old one (R4). The
         family, kinds and variant stay.
 
@@ -391,14 +392,12 @@ class Registry:
             raise Rejected(f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
                            "back there first", reason="model_unreadable")
         fresh = [_hash_file(model_id, folder, p) for p in paths]
-        weights: int | None = None
-        if record.weights_bytes is not None:
-            try:
-                weights = (price or price_weights)(folder, record)
-            except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
-                raise Rejected(f"model {model_id!r} cannot be priced from its safetensors headers in {folder} "
-                               f"({type(error).__name__}: {error}); nothing was recorded", reason="model_unreadable",
-                               ) from error
+        try:  # headers nobody can read would be refused at every submission: refuse them here
+            weights = (price or price_weights)(folder, record)
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
+            raise Rejected(f"model {model_id!r} cannot be priced from its safetensors headers in {folder} "
+                           f"({type(error).__name__}: {error}); nothing was recorded", reason="model_unreadable",
+                           ) from error
         with Session(self.engine) as session:
             before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
             changes = Update(model_id, [], [], [])
@@ -418,7 +417,7 @@ class Registry:
             stored = session.get(ModelRecord, model_id)
             assert stored is not None  # get() found it; nothing deletes a record
             stored.total_bytes = sum(f.size for f in fresh)
-            if weights is not None:
+            if stored.weights_bytes is not None:  # priced at registration: priced again (None: priced when read)
                 stored.weights_bytes = weights
             session.add(stored)
             session.commit()
