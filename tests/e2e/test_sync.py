@@ -227,43 +227,44 @@ def flip_keeping_stat(path: Path, offset: int) -> None:
 
 
 def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes_new_content(fleet: SyncFleet) -> None:
-    """A byte of tiny-b flipped in the SERVER's folder, size and mtime kept: the registry's stat
+    """A byte of tiny-d (never loaded on the server; m2 holds a synced copy, C06) flipped in the
+    SERVER's folder, size and mtime kept: the registry's stat
     cache cannot see it, so the submission is accepted, but the server's worker hashes its
     files at cold load like any worker: the job fails ``integrity`` and the server withdraws
-    tiny-b. ``models verify`` names the file (exit 1, nothing recorded); ``models update``
+    tiny-d. ``models verify`` names the file (exit 1, nothing recorded); ``models update``
     takes the new content, tells m2 (which holds the old content) and the server's worker
     re-verifies; the next job's provenance carries the new digest."""
-    path = fleet.local.settings.models_dir / "tiny-b" / UNET
-    registered = next(f.digest for f in fleet.ctx.registry.registered_manifest("tiny-b").files if f.path == UNET)
+    path = fleet.local.settings.models_dir / "tiny-d" / UNET
+    registered = next(f.digest for f in fleet.ctx.registry.registered_manifest("tiny-d").files if f.path == UNET)
     flip_keeping_stat(path, path.stat().st_size // 2)
     actual = file_digest(path)
-    assert "tiny-b" in fleet.verified("server") and "tiny-b" in fleet.verified("m2")
-    accepted = fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="server")
+    assert "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2")
+    accepted = fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="server")
     job = fleet.client.wait(accepted["id"], timeout_s=120)
     assert (job["state"], job["reason"]) == ("failed", "integrity"), job
     assert f"{UNET}: digest {actual}, manifest says {registered}" in job["message"]
     assert job["load_s"] is None  # refused before loading
-    assert "tiny-b" not in fleet.verified("server")  # withdrawn (R4)
+    assert "tiny-d" not in fleet.verified("server")  # withdrawn (R4)
 
-    verify = run_cli("models", "verify", "tiny-b", env={**fleet.env, "COLUMNS": "300"}, check=False)
+    verify = run_cli("models", "verify", "tiny-d", env={**fleet.env, "COLUMNS": "300"}, check=False)
     assert verify.returncode == 1, verify.stdout + verify.stderr
-    assert f"changed: tiny-b {UNET} registered {registered} actual {actual}" in verify.stdout, verify.stdout
-    assert registered in {f.digest for f in fleet.ctx.registry.registered_manifest("tiny-b").files}  # nothing recorded
+    assert f"changed: tiny-d {UNET} registered {registered} actual {actual}" in verify.stdout, verify.stdout
+    assert registered in {f.digest for f in fleet.ctx.registry.registered_manifest("tiny-d").files}  # nothing recorded
 
-    update = run_cli("models", "update", "tiny-b", env={**fleet.env, "COLUMNS": "300"})
-    assert "updated tiny-b: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
+    update = run_cli("models", "update", "tiny-d", env={**fleet.env, "COLUMNS": "300"})
+    assert "updated tiny-d: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
     assert f"changed: {UNET}" in update.stdout
-    assert f"m2 held the old content (withdrawn there now): move away {UNET} under its models folder tiny-b/, then " \
-           "run `homefleet sync m2 tiny-b`" in update.stdout, update.stdout
-    wait_for(lambda: "tiny-b" in fleet.verified("server") and "tiny-b" not in fleet.verified("m2"), timeout_s=60,
+    assert f"m2 held the old content (withdrawn there now): move away {UNET} under its models folder tiny-d/, then " \
+           "run `homefleet sync m2 tiny-d`" in update.stdout, update.stdout
+    wait_for(lambda: "tiny-d" in fleet.verified("server") and "tiny-d" not in fleet.verified("m2"), timeout_s=60,
              what="the server's worker to verify the new content and m2 to withdraw its old copy")
-    done = fleet.client.wait(fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2},
+    done = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
                                                  target="server")["id"], timeout_s=120)
     assert done["state"] == "succeeded", done
     assert done["provenance"]["model_files"][UNET] == actual
-    assert done["provenance"]["model_files"] == {f.path: f.digest for f in fleet.ctx.registry.manifest("tiny-b").files}
+    assert done["provenance"]["model_files"] == {f.path: f.digest for f in fleet.ctx.registry.manifest("tiny-d").files}
     with pytest.raises(ApiError) as refused:  # m2's old copy no longer counts
-        fleet.client.submit("tiny-b", "txt2img", {"prompt": "x"}, target="m2")
+        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x"}, target="m2")
     assert refused.value.reason == "model_not_verified"
 
 
