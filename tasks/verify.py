@@ -150,7 +150,7 @@ class Verifier:
         """When the server's registry changed (its change mark, app/fleet/costs.py ChangeMark),
         bring the advertised set up to date (R4) in a thread of its own:
 
-        - a model registered since, or whose manifest changed (``homefleet models verify``
+        - a model registered since, or whose manifest changed (``homefleet models update``
           recorded new digests), is hashed, alone: advertised if its local copy matches the
           new manifest (the server's own worker shares the folder ``models add`` copies into),
           withdrawn otherwise (a worker's copy of the old content);
