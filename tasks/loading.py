@@ -2,11 +2,11 @@
 verify its files (R5), price its variant, load it by the residency policy (R15), publish the
 warm set (R12).
 
-R5: the claim (or the preload's manifest) carries the server's CURRENT digests. A resident
+R5: the claim (or the preload's manifest) carries the REGISTERED digests. A resident
 model is reused only if it was verified against exactly these (its manifest key); otherwise
 every file is hashed here, before anything is loaded, and a mismatch withdraws the model from
-the machine's advertised set until it is synced again. The server's own worker reads the
-server's own files, which the server hashes itself.
+the machine's advertised set until it is synced again. The server's own worker checks the same
+way: it reads the server's folder, and the registry never adopts a changed file's digest.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Any
 from app.core.errors import IntegrityFailure
 from app.core.protocol import Manifest
 from app.core.pricing import loaded_bytes
-from routing.placement import SERVER
 from tasks import runtime
-from tasks.verify import model_problems
+from tasks.verify import file_stats, model_problems
 
 log = logging.getLogger("homefleet.worker")
 
@@ -36,20 +35,33 @@ class Loaded:
 
 def check_files(rt: runtime.WorkerRuntime, manifest: Manifest) -> None:
     """Hash the local copy of the model against ``manifest`` unless it is resident under this
-    very manifest (R5); on any mismatch withdraw the model (R4).
+    very manifest and its files' (size, mtime_ns, inode) are as they were when they were
+    hashed (R5); on any mismatch withdraw the model (R4). Every machine checks, the server's
+    own worker too: it reads the server's folder, whose digests the registry never adopts
+    (a changed file there is a mismatch like anywhere else). A resident model whose files'
+    stat changed is dropped from the residency cache and checked like a cold load.
 
     Raises:
         IntegrityFailure: a file is missing or differs (reason ``integrity``); nothing is loaded.
     """
     settings = rt.settings
-    if settings.machine == SERVER or rt.cache.is_warm(manifest.model_id, manifest.key()):
-        return
+    model_id = manifest.model_id
+    stats = file_stats(settings.models_dir, manifest)  # before hashing: a change meanwhile shows next time
+    if rt.cache.is_warm(model_id, manifest.key()):
+        if rt.verified_stats.get(model_id) == stats:
+            return
+        log.warning("%s: resident model %s changed on disk since it was verified; dropped, verifying again",
+                    settings.machine, model_id)
+        rt.cache.drop(model_id)
+        rt.record_warm()
+    rt.verified_stats.pop(model_id, None)
     problems = model_problems(settings.models_dir, manifest)
     if problems:
-        rt.withdraw(manifest.model_id)
-        raise IntegrityFailure(f"model {manifest.model_id} on {settings.machine} does not match the manifest "
-                               f"(withdrawn until `homefleet sync {settings.machine} {manifest.model_id}`): "
+        rt.withdraw(model_id)
+        raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest "
+                               f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): "
                                + "; ".join(problems[:5]))
+    rt.verified_stats[model_id] = stats
 
 
 def make_resident(rt: runtime.WorkerRuntime, manifest: Manifest, working_bytes: int = 0) -> Loaded:

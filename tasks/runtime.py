@@ -33,6 +33,8 @@ class WorkerRuntime:
         self._cache: ModelCache | None = None
         self._device: Device | None = None
         self._cache_lock = threading.Lock()
+        # model id -> its files' (size, mtime_ns, inode) when this process last hashed them (tasks/loading.py)
+        self.verified_stats: dict[str, dict[str, tuple[int, int, int] | None]] = {}
 
     def _this_process(self) -> None:
         """Create this process's clients and cache on first use (once, even when the preload

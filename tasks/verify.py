@@ -50,6 +50,27 @@ def model_problems(models_dir: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
+Stat = tuple[int, int, int] | None
+"""A file's (size, mtime_ns, inode), or None when it is missing."""
+
+
+def file_stats(models_dir: Path, manifest: Manifest) -> dict[str, Stat]:
+    """Each manifest file's (size, mtime_ns, inode) in the local copy (None: missing): a cheap
+    "unchanged since it was hashed" test, taken BEFORE hashing so a change made meanwhile
+    shows as a difference later. A change that keeps size, mtime and inode (bytes rewritten in
+    place, the mtime put back) is not seen by it: the next cold load hashes every byte, as does
+    ``homefleet models verify`` on the server (C07)."""
+    stats: dict[str, Stat] = {}
+    for entry in manifest.files:
+        try:
+            stat = (models_dir / manifest.model_id / entry.path).stat()
+        except FileNotFoundError:
+            stats[entry.path] = None
+            continue
+        stats[entry.path] = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return stats
+
+
 def verified_models(models_dir: Path, manifests: dict[str, Manifest]) -> set[str]:
     """Ids of the models whose local copy matches the manifest in full (R4)."""
     return {model_id for model_id, manifest in manifests.items() if not model_problems(models_dir, manifest)}
@@ -97,7 +118,9 @@ class Verifier:
         self.manifests: dict[str, Manifest] = {}  # the server's manifests as last verified against
         self.done = False  # the start-up check has run
         self._registry_mark: str | None = None  # the registry's change mark when they were read
-        self._following: threading.Thread | None = None
+        self._following: threading.Thread | None = None  # following the registry, or rehashing changed files
+        # model id -> its files' stats when last hashed here (or first seen advertised): check_unchanged's baseline
+        self.stats: dict[str, dict[str, Stat]] = {}
 
     def _manifests(self) -> dict[str, Manifest]:
         server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
@@ -116,7 +139,9 @@ class Verifier:
         """
         self._registry_mark = self.redis.get(self.keys.registry_changed())  # before the manifests: a later change is seen
         manifests = self._manifests()
+        stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in manifests.items()}
         verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
+        self.stats = {m: stats[m] for m in verified}
         self.manifests = manifests
         self.done = True
         return verified
@@ -125,7 +150,7 @@ class Verifier:
         """When the server's registry changed (its change mark, app/fleet/costs.py ChangeMark),
         bring the advertised set up to date (R4) in a thread of its own:
 
-        - a model registered since, or whose manifest changed (``homefleet models verify``
+        - a model registered since, or whose manifest changed (``homefleet models update``
           recorded new digests), is hashed, alone: advertised if its local copy matches the
           new manifest (the server's own worker shares the folder ``models add`` copies into),
           withdrawn otherwise (a worker's copy of the old content);
@@ -145,7 +170,11 @@ class Verifier:
             changed = {m: manifest for m, manifest in manifests.items() if self.manifests.get(m) != manifest}
             gone = [m for m in self.manifests if m not in manifests]
             with one_check_at_a_time(self.settings.models_dir):
+                stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in changed.items()}
                 matching = verified_models(self.settings.models_dir, changed)
+                for model_id in [*gone, *changed]:
+                    self.stats.pop(model_id, None)
+                self.stats.update({m: stats[m] for m in matching})
                 if gone or set(changed) - matching:
                     self.redis.srem(key, *gone, *(set(changed) - matching))
                 if matching:
@@ -156,3 +185,46 @@ class Verifier:
             self.manifests, self._registry_mark = manifests, mark
         except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
             log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)
+
+    def check_unchanged(self) -> None:
+        """Each beat: stat the files of every model this machine advertises (size, mtime_ns,
+        inode; no byte read) against their stat when last hashed here. A model with a changed
+        stat is hashed again in full, in a thread of its own (beats go on): withdrawn from the
+        advertised set when it no longer matches the manifest (R4, R5), its new stat kept when
+        it does. The pool process, which holds the resident pipelines, compares the same stats
+        before reusing a warm model (``tasks/loading.py`` check_files): a changed warm model is
+        dropped and verified like a cold load. A change that keeps size, mtime and inode is not
+        seen here; the next cold load and ``homefleet models verify`` hash every byte (C07)."""
+        if not self.done or (self._following is not None and self._following.is_alive()):
+            return
+        advertised = self.redis.smembers(self.keys.verified(self.settings.machine))
+        changed = {}
+        for model_id in advertised:
+            manifest = self.manifests.get(model_id)
+            if manifest is None:
+                continue
+            now = file_stats(self.settings.models_dir, manifest)
+            known = self.stats.setdefault(model_id, now)  # advertised by a sync since: its check was just done
+            if now != known:
+                changed[model_id] = manifest
+        if changed:
+            self._following = threading.Thread(target=self._recheck, args=(changed,), name="homefleet-recheck",
+                                               daemon=True)
+            self._following.start()
+
+    def _recheck(self, changed: dict[str, Manifest]) -> None:
+        machine, key = self.settings.machine, self.keys.verified(self.settings.machine)
+        try:
+            with one_check_at_a_time(self.settings.models_dir):
+                for model_id, manifest in changed.items():
+                    stats = file_stats(self.settings.models_dir, manifest)
+                    problems = model_problems(self.settings.models_dir, manifest)
+                    if problems:
+                        self.redis.srem(key, model_id)
+                        self.stats.pop(model_id, None)
+                        log.warning("%s: model %s changed on disk and was withdrawn (until `homefleet sync %s %s`): %s",
+                                    machine, model_id, machine, model_id, "; ".join(problems[:5]))
+                    else:
+                        self.stats[model_id] = stats
+        except (redis.RedisError, OSError) as error:
+            log.warning("%s: changed model files could not be rehashed (%s); trying again", machine, error)

@@ -161,7 +161,8 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
                             machine=settings.machine)
     revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK)  # C11
     heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
-                          duties=[watchdog.obey_restart, verifier.follow_registry, revocations.report])
+                          duties=[watchdog.obey_restart, verifier.follow_registry, verifier.check_unchanged,
+                                  revocations.report])
 
     def on_lease_lost() -> None:
         # Another worker runs this machine now: stop writing its heartbeat and verified set at

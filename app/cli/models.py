@@ -228,7 +228,8 @@ def models_verify(
     model: Annotated[list[str] | None, typer.Argument(help="model ids; default: every registered model")] = None,
 ) -> None:
     """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
-    cache; record changed digests. Exit 1 if any file changed or is missing (R5, C07)."""
+    cache, against the REGISTERED digests; record nothing. Exit 1 naming each changed or
+    missing file (model, path, registered digest, actual digest) (R5, C07)."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())
@@ -239,9 +240,51 @@ def models_verify(
     table = Table("model", "file", "status", "digest")
     for check in checks:
         colour = {"ok": "green", "changed": "yellow", "missing": "red"}[check.status]
-        detail = check.actual if check.status == "ok" else f"{check.recorded} -> {check.actual or 'missing'}"
+        detail = check.actual if check.status == "ok" else f"registered {check.recorded}, actual {check.actual or 'missing'}"
         table.add_row(check.model_id, check.path, f"[{colour}]{check.status}[/]", detail)
     console.print(table)
     bad = [c for c in checks if c.status != "ok"]
     console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
+    for check in bad:  # one line per file, whatever the terminal's width
+        console.print(f"{check.status}: {check.model_id} {check.path} registered {check.recorded} "
+                      f"actual {check.actual or 'missing'}", soft_wrap=True, highlight=False)
+    if bad:
+        ids = " ".join(dict.fromkeys(c.model_id for c in bad))
+        console.print(f"refused until restored, or taken as new content with `homefleet models update ID` ({ids})",
+                      soft_wrap=True, highlight=False)
     raise typer.Exit(1 if bad else 0)
+
+
+@models_cli.command("update")
+def models_update(
+    model: Annotated[str, typer.Argument(help="the model id whose server folder holds the new content")],
+) -> None:
+    """Take the current content of the model's server folder as its new manifest (R5): rehash
+    it, record the new digests and sizes (and its weight bytes, re-priced), and tell every
+    worker, which re-verifies its copy and withdraws an old one. Prints, for each machine that
+    advertised the model, the files to move away there and the `homefleet sync` to run."""
+    from app.context import build_checked_context
+    from routing.placement import SERVER
+
+    ctx = build_checked_context(server_settings())
+    try:
+        before = ctx.registry.registered_manifest(model)
+        had = sorted(m for m in ctx.fleet.machines if ctx.redis.sismember(ctx.keys.verified(m), model))
+        changes = ctx.registry.update(model)
+        after = ctx.registry.registered_manifest(model)
+    finally:
+        ctx.close()
+    console.print(f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "
+                  f"{len(changes.removed)} removed; files={len(after.files)} bytes={sum(f.size for f in after.files)}")
+    for label, paths in (("changed", changes.changed), ("added", changes.added), ("removed", changes.removed)):
+        for path in paths:
+            console.print(f"  {label}: {path}", soft_wrap=True, highlight=False)
+    stale = [f.path for f in before.files if f.path in set(changes.changed)]
+    workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
+    if not workers:
+        console.print("no worker advertised it; sync it where it should run: `homefleet sync MACHINE "
+                      f"{model}`", soft_wrap=True, highlight=False)
+    for machine in workers:
+        moved = f"move away {', '.join(stale)} under its models folder {model}/, then " if stale else ""
+        console.print(f"{machine} held the old content (withdrawn there now): {moved}run "
+                      f"`homefleet sync {machine} {model}`", soft_wrap=True, highlight=False)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import redis
 
 from app.fleet.config import Fleet, ModelGuess
+from app.core.errors import Conflict
 from app.core.keys import Keys
 from app.core.textgen import max_positions, model_config
 from app.db.tables import ModelRecord
@@ -73,6 +74,7 @@ class FleetCosts:
         self.registry_mark = registry_mark
         self.timings_mark = timings_mark
         self._weights: dict[tuple[str, int], int] = {}
+        self._unpriced: dict[str, Conflict] = {}  # models the last model_profiles() could not price, with why
         self._working = fleet.working()  # working-memory coefficients by kind and family
         self._machines = self.machine_profiles()  # the fleet config does not change while running
         # (marks, estimator) of the last estimator_at; replaced whole, so threads see one or the other
@@ -88,16 +90,25 @@ class FleetCosts:
         """Every registered model's profile: family, weight bytes (parameters counted from the
         safetensors headers, priced at the variant's precision and quantization: what it occupies
         once loaded, not the files' size; ``Registry.weights_bytes``) and the fleet config's
-        timing guesses for it (``[models.<id>]``; absent: the family's)."""
+        timing guesses for it (``[models.<id>]``; absent: the family's). A model whose headers
+        cannot be read is left out (logged; its refusal kept for :meth:`estimator_at`), so it
+        never breaks the pricing of the others."""
         profiles = {}
+        unpriced: dict[str, Conflict] = {}
         for record in self.registry.list():
             key = (record.id, record.total_bytes)
             if key not in self._weights:
-                self._weights[key] = self.registry.weights_bytes(record.id)
+                try:
+                    self._weights[key] = self.registry.weights_bytes(record.id)
+                except Conflict as error:  # one damaged model is left out; the others are priced
+                    log.error("pricing: model %s left out: %s", record.id, error.message)
+                    unpriced[record.id] = error
+                    continue
             kind = record.kinds[0] if record.kinds else "txt2img"
             guess = self.fleet.models.get(record.id, ModelGuess())
             profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], step_s=guess.step_s,
                                                kind=kind, load_s=guess.load_s, kv_cache_bytes=self._kv_cache(record))
+        self._unpriced = unpriced
         return profiles
 
     def _kv_cache(self, record: ModelRecord) -> int:
@@ -121,7 +132,12 @@ class FleetCosts:
         (:meth:`mark_reads`). The last one is reused when both marks are as they were and it
         knows ``model_id``; profiles are re-read when the registry moved (or miss the model:
         registered, mark not yet replaced), timings when they moved. Do not mutate the result
-        (its learned timings are shared with later decisions)."""
+        (its learned timings are shared with later decisions).
+
+        Raises:
+            Conflict: ``model_id``'s safetensors headers cannot be read (reason
+                ``model_unreadable``, :meth:`Registry.weights_bytes`): it cannot be priced.
+        """
         cached = self._cached
         if cached is not None and cached[0] == marks and model_id in cached[1].models:
             return cached[1]
@@ -132,6 +148,8 @@ class FleetCosts:
         learned = cached[1].learned if cached is not None and cached[0][1] == marks[1] else self.timings.load()
         estimator = Estimator(self._machines, models, learned, self._working)
         self._cached = (marks, estimator)
+        if model_id not in models and model_id in self._unpriced:
+            raise self._unpriced[model_id]
         return estimator
 
 

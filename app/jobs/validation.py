@@ -45,6 +45,7 @@ from app.core.textgen import (
     prompt_ids,
 )
 from app.store.files import InputStore, StoredFile
+from app.db.tables import ModelRecord
 from app.store.registry import Registry
 from routing.placement import JobRequest
 
@@ -70,6 +71,21 @@ class Validator:
         self.models = models or {}  # the fleet file's [models.<id>] (ModelGuess): a text model's token limits
         self.tokenizers = PromptTokenizers(registry.folder)  # each model's own, cached (R22)
 
+    def model(self, model_id: str) -> ModelRecord:
+        """The registered model a submission names, once its files in the server's model folder
+        are checked against their registered digests (R5, :meth:`Registry.manifest`: a stat
+        compare, a rehash only of a file whose stat changed).
+
+        Raises:
+            NotFound: the model is not registered (reason ``unknown_model``).
+            Conflict: a file of it changed or is missing there (409, reason ``model_changed``,
+                naming the files and ``homefleet models update ID``), or cannot be read
+                (``model_unavailable``): nothing of it is read further, nothing is queued.
+        """
+        record = self.registry.get(model_id)
+        self.registry.manifest(model_id)
+        return record
+
     def token_limits(self, model_id: str) -> TokenLimits:
         """A text model's token limits (issue 20): the fleet file's ``[models.<id>]``, else its
         family's limits, else its ``config.json``'s ``max_position_embeddings``.
@@ -90,8 +106,9 @@ class Validator:
         Raises:
             NotFound: the model is not registered.
             Rejected: malformed messages, or a model without a chat template (reason ``invalid_messages``).
+            Conflict: the model's files changed on the server (``model_changed``, :meth:`model`).
         """
-        self.registry.get(model_id)
+        self.model(model_id)
         if (not isinstance(messages, list) or not messages
                 or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                            for m in messages)):
@@ -113,11 +130,13 @@ class Validator:
 
         Raises:
             NotFound: the model is not registered (reason ``unknown_model``).
+            Conflict: a file of the model, or of an adapter it names, changed or is missing in
+                the server's model folder (409, reason ``model_changed``, :meth:`model`).
             Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), the
                 params exceed the family's limits (reason ``invalid_<field>``), or an input,
                 format, seed or number is refused (:func:`check_kind_params`).
         """
-        record = self.registry.get(model_id)
+        record = self.model(model_id)
         kinds = kinds_of(record.family, record.kinds)
         if kind not in kinds:
             raise Rejected(f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}",
@@ -143,6 +162,8 @@ class Validator:
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
         if ADAPTERS_PARAM in params:  # issue 22: journaled as checked, each with its scale
             params[ADAPTERS_PARAM] = check_adapters(params, limits, record.family, self.adapter_families(params))
+            for entry in params[ADAPTERS_PARAM]:
+                self.model(entry["id"])  # R5: an adapter's files are checked like its model's
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits, record.family)
         check_family_params(record.family, kind, params)

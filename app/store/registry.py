@@ -124,18 +124,22 @@ def adapter_layout(source: Path, family: str) -> LoraLayout:
 class Registry:
     """Registered models and their manifests, stored in the journal's database.
 
-    A model's record never changes once registered (:meth:`add` refuses a taken id; nothing
-    deletes one), so :meth:`get` keeps the records it found. ``on_change`` is called after
-    every committed registration (the server replaces the registry's change mark there,
-    app/fleet/costs.py, so every process re-reads its model list).
+    A model's id, family, kinds and variant never change once registered (:meth:`add` refuses
+    a taken id; nothing deletes one), so :meth:`get` keeps the records it found; its files,
+    ``total_bytes`` and ``weights_bytes`` change only by :meth:`update` (read them from
+    :meth:`list` or the manifest, which read the database). ``on_change`` is called after
+    every committed registration or update (the server replaces the registry's change mark
+    there, app/fleet/costs.py, so every process re-reads its model list and workers re-verify).
     """
 
     def __init__(self, engine: Engine, models_dir: Path, on_change: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self.models_dir = models_dir
         self.on_change = on_change
-        self._records: dict[str, ModelRecord] = {}  # found by get(); records are immutable
+        self._records: dict[str, ModelRecord] = {}  # found by get(); update() drops its own
         self._priced: dict[str, int] = {}  # weights_bytes of records registered before it was stored
+        # (model id, path) -> ((size, mtime_ns, inode), digest) of a file found changed: not hashed again while as is
+        self._seen: dict[tuple[str, str], tuple[tuple[int, int, int], str]] = {}
 
     def folder(self, model_id: str) -> Path:
         return self.models_dir / model_id
@@ -364,53 +368,103 @@ class Registry:
             return list(session.exec(select(ModelRecord).order_by(ModelRecord.id)).all())
 
     def manifest(self, model_id: str) -> Manifest:
-        """The model's manifest with CURRENT digests: a file whose (size, mtime_ns, inode)
-        changed since it was hashed is hashed again (R5).
+        """The model's manifest with its REGISTERED digests, once the server's own copy is
+        checked against them (R5): a file whose (size, mtime_ns, inode) is as recorded is
+        taken as unchanged; one whose stat changed is hashed again, and its recorded stat is
+        refreshed only if its digest is still the registered one. A registered digest never
+        changes by itself: only ``homefleet models update`` (:meth:`update`) records new ones.
 
         Raises:
             NotFound: no such model.
-            Conflict: a file of the model cannot be read in the server's model folder (reason
-                ``model_unavailable``, naming it): deleted, or registered from another data
-                folder. Its manifest cannot be handed out.
+            Conflict: a file of the model is missing from the server's model folder or differs
+                from its registered digest (reason ``model_changed``, naming each file and the
+                fix: restore it, or ``homefleet models update ID``); or a file cannot be read
+                (reason ``model_unavailable``). Its manifest cannot be handed out.
         """
         record = self.get(model_id)
         folder = self.folder(model_id)
         try:
-            return self._manifest(record, folder)
+            checks = self._check(record.id, folder, full=False)
         except OSError as error:
             raise Conflict(
                 f"model {model_id!r} cannot be read in the server's model folder {folder} ({error}); restore its "
                 f"files there (`homefleet models verify {model_id}` lists what is missing)", reason="model_unavailable",
             ) from error
+        changed = [check for check in checks if check.status != "ok"]
+        if changed:
+            raise model_changed(model_id, folder, changed)
+        return self.registered_manifest(model_id)
 
-    def _manifest(self, record: ModelRecord, folder: Path) -> Manifest:
-        model_id = record.id
+    def registered_manifest(self, model_id: str) -> Manifest:
+        """The model's manifest as registered (paths, sizes, digests), without reading its files:
+        what every copy is verified against (R4, R5). Raises NotFound."""
+        record = self.get(model_id)
         with Session(self.engine) as session:
-            rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
-            files = []
-            for row in rows:
-                stat = (folder / row.path).stat()
-                if (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (row.size, row.mtime_ns, row.inode):
-                    fresh = _hash_file(model_id, folder, folder / row.path)
-                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
-                    session.add(row)
-                files.append(ManifestFile(path=row.path, size=row.size, digest=row.digest))
-            session.commit()
+            rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
+            files = [ManifestFile(path=row.path, size=row.size, digest=row.digest) for row in rows]
         return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
                         quantization=record.quantization, algorithm=ALGORITHM, files=files,
                         weights_bytes=self.weights_bytes(model_id),
                         source_digest=record.source_digest)
 
+    def _check(self, model_id: str, folder: Path, full: bool) -> list[FileCheck]:
+        """Each registered file of the model in the server's folder against its registered
+        digest. ``full``: hash every byte of every file (``models verify``, C07); otherwise a
+        file whose (size, mtime_ns, inode) is as recorded is ``ok`` unhashed, and a changed
+        file's digest is remembered in this process under its new stat, so it is not hashed
+        again at every call. Only the stat of a file whose bytes still hash to the registered
+        digest is written back (the cache), and only when not ``full``. Raises OSError."""
+        checks: list[FileCheck] = []
+        with Session(self.engine) as session:
+            rows = list(session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path)))
+            for row in rows:
+                path = folder / row.path
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    checks.append(FileCheck(model_id, row.path, "missing", row.digest, None))
+                    continue
+                key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+                if not full and key == (row.size, row.mtime_ns, row.inode):
+                    checks.append(FileCheck(model_id, row.path, "ok", row.digest, row.digest))
+                    continue
+                seen = self._seen.get((model_id, row.path))
+                actual = seen[1] if not full and seen is not None and seen[0] == key else file_digest(path)
+                if actual == row.digest:
+                    self._seen.pop((model_id, row.path), None)
+                    if not full:
+                        row.size, row.mtime_ns, row.inode = key
+                        session.add(row)
+                    checks.append(FileCheck(model_id, row.path, "ok", row.digest, actual))
+                else:
+                    self._seen[(model_id, row.path)] = (key, actual)
+                    checks.append(FileCheck(model_id, row.path, "changed", row.digest, actual))
+            session.commit()
+        return checks
+
     def weights_bytes(self, model_id: str) -> int:
         """Bytes the model holds once loaded as its variant: the figure priced at registration
         (``ModelRecord.weights_bytes``, :func:`app.core.pricing.loaded_bytes`); a record registered
-        before it was stored is priced from its folder now (once per process). Raises NotFound;
-        ``OSError``/``ValueError`` when such an old record's folder cannot be priced."""
+        before it was stored is priced from its folder now (once per process).
+
+        Raises:
+            NotFound: no such model.
+            Conflict: such an old record's folder cannot be priced (damaged, truncated, missing
+                file; reason ``model_unreadable``, naming the model, the error and the fix): never
+                a bare parsing error, so one damaged model cannot break another's submission.
+        """
         record = self.get(model_id)
         if record.weights_bytes is not None:
             return record.weights_bytes
         if model_id not in self._priced:
-            self._priced[model_id] = loaded_bytes(self.folder(model_id), record.variant)
+            folder = self.folder(model_id)
+            try:
+                self._priced[model_id] = price_weights(folder, record)
+            except (OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
+                raise Conflict(f"model {model_id!r} cannot be priced: its configs or safetensors headers in {folder} "
+                               f"cannot be read ({type(error).__name__}: {error}); `homefleet models verify "
+                               f"{model_id}` shows what changed: restore the files, or `homefleet models update "
+                               f"{model_id}`", reason="model_unreadable") from error
         return self._priced[model_id]
 
     def kv_cache_bytes(self, model_id: str, tokens: int) -> int:
@@ -425,12 +479,14 @@ class Registry:
         return kv_cache_bytes(model_config(folder), tokens, record.precision)
 
     def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
-        """Rehash every file of ``model_ids`` (default: every model), ignoring the
-        (size, mtime_ns, inode) cache, and record the digests found (``homefleet models verify``).
+        """Rehash every file of ``model_ids`` (default: every model) in full, ignoring the
+        (size, mtime_ns, inode) cache, against its registered digest (``homefleet models
+        verify``). Records NOTHING: a registered digest never changes by itself (R5); a
+        changed file keeps the model refused (``model_changed``, :meth:`manifest`) until it is
+        restored or ``homefleet models update`` takes the new content (:meth:`update`).
 
         This is what catches a change the cache cannot see, e.g. bytes rewritten in place with
-        the size and mtime restored (C07). A changed file gets its new digest in the manifest,
-        so every worker copy of the old content stops matching (R5) until it is synced again.
+        the size and mtime restored (C07).
 
         Raises:
             NotFound: an unknown model id.
@@ -439,23 +495,98 @@ class Registry:
         checks: list[FileCheck] = []
         for model_id in ids:
             self.get(model_id)
-            folder = self.folder(model_id)
-            with Session(self.engine) as session:
-                rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
-                for row in list(rows):
-                    path = folder / row.path
-                    if not path.is_file():
-                        checks.append(FileCheck(model_id, row.path, "missing", row.digest, None))
-                        continue
-                    fresh = _hash_file(model_id, folder, path)
-                    status = "ok" if fresh.digest == row.digest else "changed"
-                    checks.append(FileCheck(model_id, row.path, status, row.digest, fresh.digest))
-                    row.size, row.digest, row.mtime_ns, row.inode = fresh.size, fresh.digest, fresh.mtime_ns, fresh.inode
-                    session.add(row)
-                session.commit()
-        if self.on_change is not None and any(check.status != "ok" for check in checks):
-            self.on_change()  # workers withdraw the models whose manifest changed (tasks/heartbeat.py)
+            checks += self._check(model_id, self.folder(model_id), full=True)
         return checks
+
+    def update(self, model_id: str, price: Callable[[Path, ModelRecord], int] | None = None) -> Update:
+        """Take the current content of the model's server folder as its new manifest
+        (``homefleet models update ID``): hash every file now there, record their digests,
+        sizes and stats (files gone are dropped, new ones added), its ``total_bytes``, and its
+        ``weights_bytes`` when the record has one (the folder is always priced by
+        ``price(folder, record)``, bytes, default :func:`price_weights`, so unreadable headers
+        are refused here), then call ``on_change`` so every worker
+        re-verifies its copy against the new digests and withdraws an old one (R4). The
+        family, kinds and variant stay.
+
+        Raises:
+            NotFound: no such model.
+            Rejected: the folder holds no file, or its safetensors headers cannot be read
+                (reason ``model_unreadable``): nothing is recorded.
+        """
+        record = self.get(model_id)
+        folder = self.folder(model_id)
+        paths = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+        if not paths:
+            raise Rejected(f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
+                           "back there first", reason="model_unreadable")
+        fresh = [_hash_file(model_id, folder, p) for p in paths]
+        try:  # headers nobody can read would be refused at every submission: refuse them here
+            weights = (price or price_weights)(folder, record)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
+            raise Rejected(f"model {model_id!r} cannot be priced from its safetensors headers in {folder} "
+                           f"({type(error).__name__}: {error}); nothing was recorded", reason="model_unreadable",
+                           ) from error
+        with Session(self.engine) as session:
+            before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
+            changes = Update(model_id, [], [], [])
+            for file in fresh:
+                old = before.pop(file.path, None)
+                if old is None:
+                    changes.added.append(file.path)
+                    session.add(file)
+                    continue
+                if old.digest != file.digest:
+                    changes.changed.append(file.path)
+                old.size, old.digest, old.mtime_ns, old.inode = file.size, file.digest, file.mtime_ns, file.inode
+                session.add(old)
+            for gone in before.values():
+                changes.removed.append(gone.path)
+                session.delete(gone)
+            stored = session.get(ModelRecord, model_id)
+            assert stored is not None  # get() found it; nothing deletes a record
+            stored.total_bytes = sum(f.size for f in fresh)
+            if stored.weights_bytes is not None:  # priced at registration: priced again (None: priced when read)
+                stored.weights_bytes = weights
+            session.add(stored)
+            session.commit()
+        self._records.pop(model_id, None)
+        self._priced.pop(model_id, None)
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != model_id}
+        if self.on_change is not None:
+            self.on_change()  # workers re-verify against the new digests (tasks/verify.py follow_registry)
+        return changes
+
+
+def price_weights(folder: Path, record: ModelRecord) -> int:
+    """The bytes ``record``'s variant holds once loaded, from the configs and safetensors
+    headers in ``folder`` (:func:`app.core.pricing.loaded_bytes`). Raises OSError, ValueError,
+    KeyError, TypeError, RuntimeError for a folder that cannot be priced."""
+    return loaded_bytes(folder, record.variant)
+
+
+def model_changed(model_id: str, folder: Path, changed: list[FileCheck]) -> Conflict:
+    """The refusal of a model whose server copy differs from its registered digests (R5):
+    409 reason ``model_changed``, naming each file (changed: the digest found; missing) and
+    the two fixes."""
+    listed = "; ".join(f"{c.path}: {'missing' if c.actual is None else 'digest ' + c.actual}, registered {c.recorded}"
+                       for c in changed[:5])
+    more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
+    return Conflict(
+        f"model {model_id!r} changed in the server's model folder {folder}: {listed}{more}; a registered digest "
+        f"never changes by itself (R5): restore the files, or take the new content with "
+        f"`homefleet models update {model_id}`", reason="model_changed",
+    )
+
+
+@dataclass
+class Update:
+    """What :meth:`Registry.update` recorded: paths (relative to the model folder) whose digest
+    changed, that were added, that were removed."""
+
+    model_id: str
+    changed: list[str]
+    added: list[str]
+    removed: list[str]
 
 
 @dataclass(frozen=True)
@@ -465,7 +596,7 @@ class FileCheck:
     model_id: str
     path: str
     status: str
-    recorded: str  # the digest the manifest held before
+    recorded: str  # the registered digest
     actual: str | None  # the digest of the bytes now (None when missing)
 
 

@@ -262,7 +262,7 @@ def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_aft
 def test_r4_workers_follow_the_registry_without_a_restart(fleet: RunningFleet, tiny_models_dir: Path) -> None:
     """A model registered while the fleet runs is verified by the server's own worker (it shares
     the folder `models add` copies into), so a job for it runs on `server` at once; a model whose
-    manifest changed on the server (`homefleet models verify` recorded new digests) is withdrawn
+    manifest changed on the server (`homefleet models update` recorded new digests) is withdrawn
     from a worker whose copy is the old one, and stays verified on the server, whose copy is the
     new one. Without a restart, and hashing only the models that changed."""
     ctx, model = fleet.ctx, "tiny-sd-follow"
@@ -282,7 +282,8 @@ def test_r4_workers_follow_the_registry_without_a_restart(fleet: RunningFleet, t
 
     config = next(ctx.registry.folder(model).rglob("scheduler_config.json"))
     config.write_text(config.read_text() + " ")  # changed on the server
-    assert any(check.status == "changed" for check in ctx.registry.verify([model]))
+    assert any(check.status == "changed" for check in ctx.registry.verify([model]))  # found, not recorded (R5)
+    assert ctx.registry.update(model).changed == [config.relative_to(ctx.registry.folder(model)).as_posix()]
     wait_for(lambda: model not in verified("m1"), timeout_s=60, what="m1 to withdraw its old copy")
     assert model in verified("server")
     log = (fleet.local.logs_dir / "worker-m1.log").read_text()

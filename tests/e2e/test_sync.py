@@ -22,6 +22,7 @@ import redis
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.digest import file_digest
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
@@ -212,3 +213,85 @@ def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_
     assert "tiny-d" in fleet.verified("m2")
     accepted = fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
     assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
+
+
+def flip_keeping_stat(path: Path, offset: int) -> None:
+    """XOR one byte of ``path`` in place: same inode, same size, the mtime put back (C07)."""
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes_new_content(fleet: SyncFleet) -> None:
+    """A byte of tiny-d (never loaded on the server; m2 holds a synced copy, C06) flipped in the
+    SERVER's folder, size and mtime kept: the registry's stat
+    cache cannot see it, so the submission is accepted, but the server's worker hashes its
+    files at cold load like any worker: the job fails ``integrity`` and the server withdraws
+    tiny-d. ``models verify`` names the file (exit 1, nothing recorded); ``models update``
+    takes the new content, tells m2 (which holds the old content) and the server's worker
+    re-verifies; the next job's provenance carries the new digest."""
+    path = fleet.local.settings.models_dir / "tiny-d" / UNET
+    registered = next(f.digest for f in fleet.ctx.registry.registered_manifest("tiny-d").files if f.path == UNET)
+    flip_keeping_stat(path, path.stat().st_size // 2)
+    actual = file_digest(path)
+    assert "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2")
+    accepted = fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="server")
+    job = fleet.client.wait(accepted["id"], timeout_s=120)
+    assert (job["state"], job["reason"]) == ("failed", "integrity"), job
+    assert f"{UNET}: digest {actual}, manifest says {registered}" in job["message"]
+    assert job["load_s"] is None  # refused before loading
+    assert "tiny-d" not in fleet.verified("server")  # withdrawn (R4)
+
+    verify = run_cli("models", "verify", "tiny-d", env={**fleet.env, "COLUMNS": "300"}, check=False)
+    assert verify.returncode == 1, verify.stdout + verify.stderr
+    assert f"changed: tiny-d {UNET} registered {registered} actual {actual}" in verify.stdout, verify.stdout
+    assert registered in {f.digest for f in fleet.ctx.registry.registered_manifest("tiny-d").files}  # nothing recorded
+
+    update = run_cli("models", "update", "tiny-d", env={**fleet.env, "COLUMNS": "300"})
+    assert "updated tiny-d: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
+    assert f"changed: {UNET}" in update.stdout
+    assert f"m2 held the old content (withdrawn there now): move away {UNET} under its models folder tiny-d/, then " \
+           "run `homefleet sync m2 tiny-d`" in update.stdout, update.stdout
+    wait_for(lambda: "tiny-d" in fleet.verified("server") and "tiny-d" not in fleet.verified("m2"), timeout_s=60,
+             what="the server's worker to verify the new content and m2 to withdraw its old copy")
+    done = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
+                                                 target="server")["id"], timeout_s=120)
+    assert done["state"] == "succeeded", done
+    assert done["provenance"]["model_files"][UNET] == actual
+    assert done["provenance"]["model_files"] == {f.path: f.digest for f in fleet.ctx.registry.manifest("tiny-d").files}
+    with pytest.raises(ApiError) as refused:  # m2's old copy no longer counts
+        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x"}, target="m2")
+    assert refused.value.reason == "model_not_verified"
+
+
+def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and_cold_loaded_once_restored(
+        fleet: SyncFleet) -> None:
+    """tiny-a is resident on m1; a byte of its copy there changes (a write: the mtime moves).
+    The heartbeat thread sees the stat change, rehashes, and withdraws tiny-a from m1 without
+    any job. Once the bytes are back and a sync re-verifies them, the next job does not reuse
+    the resident pipeline loaded before the change: it verifies and loads cold."""
+    warm = fleet.client.wait(fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2},
+                                                 target="m1")["id"], timeout_s=120)
+    assert warm["state"] == "succeeded"
+    wait_for(lambda: "tiny-a" in fleet.ctx.machines.heartbeat("m1")["warm_models"], what="tiny-a warm on m1")
+    path = fleet.local.models_dir("m1") / "tiny-a" / UNET
+    original = path.read_bytes()
+    path.write_bytes(original[:100] + bytes([original[100] ^ 0xFF]) + original[101:])
+    wait_for(lambda: "tiny-a" not in fleet.verified("m1"), timeout_s=30, what="m1's heartbeat to withdraw tiny-a")
+    assert "m1: model tiny-a changed on disk and was withdrawn" in (fleet.local.logs_dir / "worker-m1.log").read_text()
+    with pytest.raises(ApiError) as refused:
+        fleet.client.submit("tiny-a", "txt2img", {"prompt": "x"}, target="m1")
+    assert refused.value.reason == "model_not_verified"
+
+    path.write_bytes(original)  # the right bytes again, a new mtime
+    record = fleet.sync("m1", "tiny-a")
+    synced = wait_for(lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
+                      what="the sync to end")
+    assert synced["state"] == "succeeded", synced
+    again = fleet.client.wait(fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2},
+                                                  target="m1")["id"], timeout_s=120)
+    assert again["state"] == "succeeded" and again["cold_load"] is True, again

@@ -36,16 +36,13 @@ log = logging.getLogger(__name__)
 
 @router.get("/manifest", response_model=Manifests)
 def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
-    """Every registered model's manifest (files, sizes, digests), for the worker's check (R4). A
-    model whose files the server cannot read is left out (logged): no worker can verify it, and
-    the other models stay verifiable."""
-    models = {}
-    for model in ctx.registry.list():
-        try:
-            models[model.id] = ctx.registry.manifest(model.id)
-        except Conflict as error:
-            log.error("manifest: %s left out: %s", model.id, error.message)
-    return Manifests(models=models)
+    """Every registered model's manifest as REGISTERED (files, sizes, digests), for the worker's
+    check (R4): no server file is read here. A worker's copy is verified against the registered
+    digests whatever happened to the server's own copy (R5): a model whose server files changed
+    or are gone stays advertised where a good copy is, while its submissions, claims and syncs
+    are refused on the server (``model_changed``) and the server's own worker, which shares
+    the server's folder, withdraws it."""
+    return Manifests(models={model.id: ctx.registry.registered_manifest(model.id) for model in ctx.registry.list()})
 
 
 @router.get("/files/{file_id}", response_class=FileResponse)
@@ -64,8 +61,8 @@ def claim(
     x_homefleet_claim_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> Claim:
     """Atomic ``queued -> running`` (R19). 409 for any second delivery of the same job, and for
-    a job whose model files the server cannot read (it is then ``interrupted``, reason
-    ``model_unavailable``; nothing runs).
+    a job whose model files on the server changed or are missing (it is then ``interrupted``,
+    reason ``model_changed``, R5) or cannot be read (``model_unavailable``); nothing runs.
     ``X-Homefleet-Boot-Id`` names the claiming worker process (for reconciliation);
     ``X-Homefleet-Claim-Id`` names the delivery, so that delivery may safely repeat its claim."""
     queued = job_of_machine(ctx, job_id, machine)
@@ -75,13 +72,13 @@ def claim(
         manifest = ctx.registry.manifest(queued.model_id)
         adapters = [AdapterClaim(manifest=ctx.registry.manifest(entry["id"]), scale=entry["scale"])
                     for entry in queued.params.get(ADAPTERS_PARAM) or ()]  # issue 22, checked at submission
-    except (Conflict, NotFound) as error:  # model_unavailable, or no longer registered
+    except (Conflict, NotFound) as error:  # model_changed / model_unavailable, or no longer registered
+        reason = error.reason if error.reason == "model_changed" else "model_unavailable"
         message = f"the server cannot hand model {queued.model_id!r} (or its adapters) out: {error}"
-        ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason="model_unavailable",
-                                       message=message)
+        ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason=reason, message=message)
         ctx.dispatcher.finished(ended, announce=True)  # the worker's task ends without a word (Ignore)
         log.error("job %s not run: %s", job_id, message)
-        raise Conflict(f"job {job_id} was not run: {message}", reason="model_unavailable") from error
+        raise Conflict(f"job {job_id} was not run: {message}", reason=reason) from error
     job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     ctx.machines.reservations.start(machine.name, job_id)
     ctx.progress.report(job_id)  # alive from its claim on (the watchdog's sign of life)

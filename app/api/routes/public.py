@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFile
@@ -20,6 +21,7 @@ from app.jobs.expansion import submit_expanded
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
+log = logging.getLogger(__name__)
 MAX_PAGE = 500  # jobs per page of GET /v1/jobs
 
 
@@ -193,10 +195,20 @@ def list_models(ctx: Context) -> list[dict[str, Any]]:
     return [
         {"id": m.id, "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
          "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
-         "weights_bytes": ctx.registry.weights_bytes(m.id),
+         "weights_bytes": _weights_bytes(ctx, m.id),
          "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS}}
         for m in ctx.registry.list() for kinds in (kinds_of(m.family, m.kinds),)
     ]
+
+
+def _weights_bytes(ctx: Context, model_id: str) -> int | None:
+    """The model's weights once loaded (bytes), or None when its headers cannot be read
+    (``model_unreadable``, logged): one damaged model does not break the listing."""
+    try:
+        return ctx.registry.weights_bytes(model_id)
+    except Conflict as error:
+        log.error("GET /v1/models: %s", error.message)
+        return None
 
 
 def _kind_params(family: str, kind: str) -> dict[str, list[str]]:

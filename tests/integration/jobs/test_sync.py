@@ -239,6 +239,7 @@ def test_r6_the_reservation_is_renewed_while_a_file_hashes_longer_than_its_ttl(
 def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: ServerContext, model: str) -> None:
     path = ctx.registry.folder(model) / "unet" / "diffusion_pytorch_model.safetensors"
     before = ctx.registry.manifest(model)
+    registered = next(f.digest for f in before.files if f.path == "unet/diffusion_pytorch_model.safetensors")
     stat = path.stat()
     with open(path, "r+b") as handle:  # same inode, same size; then the mtime is put back
         handle.seek(-1, os.SEEK_END)
@@ -246,19 +247,19 @@ def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: Se
         handle.seek(-1, os.SEEK_END)
         handle.write(bytes([last[0] ^ 0xFF]))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    # The (size, mtime_ns, inode) cache cannot see it; the full rehash does.
+    # The (size, mtime_ns, inode) cache cannot see it; the full rehash does, and records nothing (R5).
     assert ctx.registry.manifest(model) == before
-    checks = ctx.registry.verify()
-    changed = [c for c in checks if c.status != "ok"]
-    assert [(c.path, c.status) for c in changed] == [("unet/diffusion_pytorch_model.safetensors", "changed")]
-    assert changed[0].actual == file_digest(path) != changed[0].recorded
-    after = {f.path: f.digest for f in ctx.registry.manifest(model).files}
-    assert after["unet/diffusion_pytorch_model.safetensors"] == file_digest(path)
-    assert all(c.status == "ok" for c in ctx.registry.verify([model]))
+    for _ in range(2):
+        changed = [c for c in ctx.registry.verify() if c.status != "ok"]
+        assert [(c.path, c.status, c.recorded) for c in changed] == [
+            ("unet/diffusion_pytorch_model.safetensors", "changed", registered)]
+        assert changed[0].actual == file_digest(path) != registered
+    assert ctx.registry.registered_manifest(model) == before
 
 
-def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx: ServerContext, model: str) -> None:
+def test_c07_homefleet_models_verify_exits_1_naming_the_file_and_records_nothing(ctx: ServerContext, model: str) -> None:
     path = ctx.registry.folder(model) / "vae" / "diffusion_pytorch_model.safetensors"
+    registered = file_digest(path)
     stat = path.stat()
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x01
@@ -266,14 +267,16 @@ def test_c07_homefleet_models_verify_exits_1_on_a_change_and_0_once_recorded(ctx
         handle.write(bytes(data))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     env = {**os.environ, **settings_env(ctx.settings), "COLUMNS": "300"}
-    first = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify"], env=env, capture_output=True,
-                           text=True, timeout=120)
-    assert first.returncode == 1, first.stdout + first.stderr
-    assert "vae/diffusion_pytorch_model.safetensors" in first.stdout and "changed" in first.stdout
-    assert "1 changed or missing" in first.stdout
-    second = subprocess.run([sys.executable, "-m", "app.cli", "models", "verify", model], env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0 and "0 changed or missing" in second.stdout, second.stdout
+    for args in (["models", "verify"], ["models", "verify", model]):  # the second finds it again: nothing recorded
+        run = subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert "1 changed or missing" in run.stdout
+        assert (f"changed: {model} vae/diffusion_pytorch_model.safetensors registered {registered} "
+                f"actual {file_digest(path)}") in run.stdout, run.stdout
+        assert "homefleet models update ID" in run.stdout
+    assert {f.path: f.digest for f in ctx.registry.registered_manifest(model).files}[
+        "vae/diffusion_pytorch_model.safetensors"] == registered
 
 
 @pytest.fixture
@@ -330,18 +333,20 @@ def test_r19_a_claim_the_server_cannot_answer_leaves_no_job_running(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
     """The server builds the claim's manifest before the claim: a model file missing on the
-    server ends the job (interrupted, model_unavailable) instead of a 500 after the job was
-    marked running with nobody running it."""
+    server ends the job (interrupted, model_changed naming the file, R5) instead of a 500
+    after the job was marked running with nobody running it."""
     client, ctx = api
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job
-    next(p for p in ctx.registry.folder(model).rglob("*.json") if p.name != "model_index.json").unlink()
+    gone = next(p for p in ctx.registry.folder(model).rglob("*.json") if p.name != "model_index.json")
+    gone.unlink()
     auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
     answer = client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth)
-    assert answer.status_code == 409 and answer.json()["error"]["reason"] == "model_unavailable"
+    assert answer.status_code == 409 and answer.json()["error"]["reason"] == "model_changed"
+    assert f"{gone.relative_to(ctx.registry.folder(model)).as_posix()}: missing" in answer.json()["error"]["message"]
     ended = ctx.journal.get(job.id)
-    assert (ended.state, ended.reason) == (JobState.interrupted, "model_unavailable")
+    assert (ended.state, ended.reason) == (JobState.interrupted, "model_changed")
     assert ctx.machines.reservations.count("m1") == 0  # released
     assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 409  # never runs later
 
@@ -381,13 +386,14 @@ def test_r6_the_file_endpoint_needs_a_token_serves_only_manifest_files_and_range
         assert refused.status_code == 404
 
 
-def test_r4_a_model_the_server_cannot_read_is_left_out_of_the_manifest_and_refused_by_sync(
+def test_r4_a_model_whose_server_copy_is_gone_keeps_its_registered_manifest_and_is_refused_by_sync(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
     """One model whose files are gone from the server's folder (deleted, or `models add` run
     with another data folder) made GET /internal/v1/manifest answer 500 for every worker, so no
-    restarted worker came online, and sync crashed. Now that model alone is left out (no worker
-    can verify it) and a sync of it is refused with its reason."""
+    restarted worker came online, and sync crashed. The workers' manifest is the REGISTERED one
+    (no server file is read for it: a worker's good copy stays verifiable, R4/R5); a sync of
+    the model is refused naming what is missing."""
     client, ctx = api
     good = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="good").id
     gone = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="gone").id
@@ -395,8 +401,10 @@ def test_r4_a_model_the_server_cannot_read_is_left_out_of_the_manifest_and_refus
     auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
     answer = client.get("/internal/v1/manifest", headers=auth)
     assert answer.status_code == 200, answer.text
-    assert set(answer.json()["models"]) == {good}
+    assert set(answer.json()["models"]) == {good, gone}
+    assert answer.json()["models"][gone] == ctx.registry.registered_manifest(gone).model_dump(mode="json")
     bring_online(ctx, "m1", set())
     refused = client.post("/v1/machines/m1/sync", json={"models": [gone]})
-    assert refused.status_code == 409 and refused.json()["error"]["reason"] == "model_unavailable", refused.text
-    assert "homefleet models verify gone" in refused.json()["error"]["message"]
+    assert refused.status_code == 409 and refused.json()["error"]["reason"] == "model_changed", refused.text
+    assert "model_index.json: missing" in refused.json()["error"]["message"]
+    assert "homefleet models update gone" in refused.json()["error"]["message"]

@@ -56,19 +56,69 @@ def test_a_folder_that_is_not_a_pipeline_is_refused(ctx: ServerContext, tmp_path
         ctx.registry.get("odd")
 
 
-def test_r5_a_changed_server_file_is_hashed_again(ctx: ServerContext, tiny_models_dir: Path) -> None:
+def test_r5_a_changed_server_file_is_refused_never_adopted_and_taken_only_by_update(
+        ctx: ServerContext, tiny_models_dir: Path) -> None:
+    """A registered digest never changes by itself: a file of the server's copy replaced with
+    other bytes makes the manifest refuse (409 ``model_changed`` naming the file, both digests
+    and the fix), verify reports it and records nothing, and only ``update`` takes it."""
     record = ctx.registry.add(tiny_models_dir / "tiny-sd")
     before = {f.path: f.digest for f in ctx.registry.manifest(record.id).files}
+    mark = ctx.redis.get(ctx.keys.registry_changed())
     config = ctx.registry.folder(record.id) / "unet" / "config.json"
-    text = config.read_text()
     replacement = config.with_suffix(".new")
-    replacement.write_text(text.replace("{", "{ ", 1))  # a new inode, a new size
+    replacement.write_text(config.read_text().replace("{", "{ ", 1))  # a new inode, a new size
     shutil.move(replacement, config)
+    for _ in range(2):  # the second answer comes from the remembered digest, the same
+        with pytest.raises(Conflict) as refused:
+            ctx.registry.manifest(record.id)
+        assert (refused.value.status_code, refused.value.reason) == (409, "model_changed")
+        message = refused.value.message
+        assert f"unet/config.json: digest {file_digest(config)}, registered {before['unet/config.json']}" in message
+        assert "`homefleet models update tiny-sd`" in message
+    assert {f.path: f.digest for f in ctx.registry.registered_manifest(record.id).files} == before
+    checks = [c for c in ctx.registry.verify([record.id]) if c.status != "ok"]
+    assert [(c.path, c.status, c.recorded, c.actual) for c in checks] == [
+        ("unet/config.json", "changed", before["unet/config.json"], file_digest(config))]
+    assert [c.path for c in ctx.registry.verify([record.id]) if c.status != "ok"] == ["unet/config.json"]  # unrecorded
+    assert ctx.redis.get(ctx.keys.registry_changed()) == mark  # nothing told the workers: nothing changed
+
+    changes = ctx.registry.update(record.id)
+    assert (changes.changed, changes.added, changes.removed) == (["unet/config.json"], [], [])
     after = {f.path: f.digest for f in ctx.registry.manifest(record.id).files}
-    assert after["unet/config.json"] == file_digest(config) != before["unet/config.json"]
-    assert {k: v for k, v in after.items() if k != "unet/config.json"} == {
-        k: v for k, v in before.items() if k != "unet/config.json"
-    }
+    assert after == {**before, "unet/config.json": file_digest(config)}
+    assert ctx.redis.get(ctx.keys.registry_changed()) != mark  # every worker re-verifies
+    listed = next(m for m in ctx.registry.list() if m.id == record.id)
+    assert listed.total_bytes == sum(f.size for f in ctx.registry.manifest(record.id).files)
+    assert all(c.status == "ok" for c in ctx.registry.verify([record.id]))
+
+
+def test_r5_the_same_bytes_under_a_new_inode_refresh_the_stat_cache(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    """The (size, mtime_ns, inode) cache is only an "unchanged" test: a file copied over with
+    the same bytes is rehashed once, found equal, and its new stat recorded."""
+    from sqlmodel import Session
+
+    from app.db.tables import ModelFile
+
+    record = ctx.registry.add(tiny_models_dir / "tiny-sd")
+    before = ctx.registry.manifest(record.id)
+    config = ctx.registry.folder(record.id) / "unet" / "config.json"
+    copy = config.with_suffix(".new")
+    shutil.copy(config, copy)
+    shutil.move(copy, config)
+    assert ctx.registry.manifest(record.id) == before
+    with Session(ctx.engine) as session:
+        row = session.get(ModelFile, (record.id, "unet/config.json"))
+        assert row is not None and (row.inode, row.mtime_ns) == (config.stat().st_ino, config.stat().st_mtime_ns)
+
+
+def test_r5_a_missing_server_file_is_model_changed_naming_it(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    record = ctx.registry.add(tiny_models_dir / "tiny-sd")
+    (ctx.registry.folder(record.id) / "scheduler" / "scheduler_config.json").unlink()
+    with pytest.raises(Conflict, match="scheduler/scheduler_config.json: missing, registered blake3:") as refused:
+        ctx.registry.manifest(record.id)
+    assert refused.value.reason == "model_changed"
+    assert [(c.path, c.status, c.actual) for c in ctx.registry.verify() if c.status != "ok"] == [
+        ("scheduler/scheduler_config.json", "missing", None)]
 
 
 def test_r5_adding_the_same_folder_again_names_the_registered_model_and_copies_nothing(
