@@ -520,12 +520,16 @@ class Registry:
             raise Rejected(f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
                            "back there first", reason="model_unreadable")
         fresh = [_hash_file(model_id, folder, p) for p in paths]
-        try:  # headers nobody can read would be refused at every submission: refuse them here
+        try:  # weights no loader can read would fail every job: refuse them here
+            for path in paths:
+                if path.suffix == ".safetensors":
+                    safetensors_header(path)
             weights = (price or price_weights)(folder, record)
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
-            raise Rejected(f"model {model_id!r} cannot be priced from its safetensors headers in {folder} "
-                           f"({type(error).__name__}: {error}); nothing was recorded", reason="model_unreadable",
-                           ) from error
+        except (IntegrityFailure, OSError, ValueError, KeyError, TypeError, RuntimeError,
+                NotImplementedError) as error:
+            raise Rejected(f"model {model_id!r} cannot be priced from its configs and safetensors headers in "
+                           f"{folder} ({type(error).__name__}: {error}); nothing was recorded",
+                           reason="model_unreadable") from error
         with Session(self.engine) as session:
             before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
             changes = Update(model_id, [], [], [])

@@ -18,8 +18,10 @@ from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import file_digest
+from app.core.errors import Rejected
+from app.core.pricing import loaded_bytes
 from app.core.states import JobState
-from app.db.tables import Job, ModelFile
+from app.db.tables import Job, ModelFile, ModelRecord
 from tests.helpers import TEST_API_KEY, bring_online, make_fleet
 
 MODEL, OTHER = "tiny-sd", "other-sd"
@@ -101,32 +103,37 @@ def test_r5_a_damaged_safetensors_header_is_409_not_500_and_other_models_are_sti
     assert other.status_code == 202, other.text
     assert client.post("/v1/images/generations", json={"prompt": "a cat", "model": OTHER, "n": 1},
                        headers={"x-stainless-read-timeout": "1"}).status_code != 500
-    listed = {m["id"]: m for m in client.get("/v1/models").json()}
-    assert listed[MODEL]["weights_bytes"] is None and listed[OTHER]["weights_bytes"] > 0
+    listed = {m["id"]: m for m in client.get("/v1/models").json()}  # the prices registered, never re-read
+    assert listed[MODEL]["weights_bytes"] == ctx.registry.get(MODEL).weights_bytes > 0
+    assert listed[OTHER]["weights_bytes"] > 0
 
 
-def test_r5_an_unreadable_header_registered_as_it_is_is_a_clear_409_model_unreadable(
+def test_r5_update_refuses_an_unreadable_header_and_an_old_record_with_one_is_never_a_500(
         api: tuple[TestClient, ServerContext]) -> None:
-    """An old record (no weights_bytes priced at registration) whose registered bytes carry a
-    header nobody can parse: its submission is a 409 naming the model and the error, not a
-    500; the other model is still accepted. (``models update`` refuses such a folder.)"""
+    """``models update`` refuses a folder whose safetensors headers no loader can read (nothing
+    recorded). An old record (no weights_bytes priced at registration) whose registered bytes
+    carry such a header is priced from its configs (app/core/pricing.py reads no weight header
+    of a pipeline), so its submission is never a 500 and the other model is still accepted."""
     client, ctx = api
     path = ctx.registry.folder(MODEL) / UNET
     flip(path, 8 + 2, count=16)
-    with pytest.raises(Exception, match="cannot be priced") as refused:
+    with pytest.raises(Rejected, match="cannot be priced") as refused:
         ctx.registry.update(MODEL)
-    assert getattr(refused.value, "reason", None) == "model_unreadable"
+    assert refused.value.reason == "model_unreadable" and UNET in str(refused.value)
     with Session(ctx.engine) as session:  # as registered long ago, damaged header and all
         row = session.get(ModelFile, (MODEL, UNET))
-        assert row is not None
+        record = session.get(ModelRecord, MODEL)
+        assert row is not None and record is not None
         stat = path.stat()
         row.digest, row.size, row.mtime_ns, row.inode = file_digest(path), stat.st_size, stat.st_mtime_ns, stat.st_ino
+        record.weights_bytes = None
         session.add(row)
+        session.add(record)
         session.commit()
+    ctx.registry._records.clear()  # noqa: SLF001 - the record as a fresh server process reads it
     answer = submit(client, MODEL)
-    assert answer.status_code == 409, answer.text
-    error = answer.json()["error"]
-    assert error["reason"] == "model_unreadable" and "cannot be priced" in error["message"] and MODEL in error["message"]
+    assert answer.status_code == 202, answer.text
+    assert ctx.registry.weights_bytes(MODEL) == loaded_bytes(ctx.registry.folder(MODEL), ctx.registry.get(MODEL).variant)
     assert submit(client, OTHER).status_code == 202
 
 

@@ -33,7 +33,7 @@ class Cpu:
 def runtime(models_dir: Path) -> Any:
     cache = ModelCache(lambda folder, **kwargs: ("pipeline", folder, kwargs), Cpu(), capacity_bytes=10**9)
     return SimpleNamespace(settings=SimpleNamespace(machine=SERVER, models_dir=models_dir), cache=cache,
-                           record_warm=lambda: None)
+                           record_warm=lambda: None, verified_stats={}, withdraw=lambda model_id: None)
 
 
 def test_the_manifests_price_is_what_the_cache_holds(tmp_path: Path) -> None:
