@@ -2,16 +2,19 @@
 
 Published by the server to this machine's own queue (design in ``app/jobs/sync.py``). Per file:
 
-1. already at its final name with the manifest's size and digest: kept (``present``);
-   something else there: left untouched, reported (``conflict``) - a sync never overwrites
-   or deletes a file on the worker;
+1. already at its final name with the manifest's size and digest: kept (``present``); a
+   regular file with other content (a copy of content the registry no longer holds, after
+   ``homefleet models update``, or a damaged one): set aside once the new copy is verified,
+   renamed to ``.<name>.<its digest[:16]>.superseded`` in the same folder, and reported
+   ``replaced`` - a sync never deletes a file on the worker (R6); a link or a folder there is
+   left untouched (``conflict``);
 2. otherwise downloaded to ``.<name>.<digest[:16]>.partial`` in the same folder, resuming
    from that file's length with HTTP Range when an earlier copy was cut;
 3. fsynced, hashed in full and compared with the manifest; a mismatch removes the
    partial (the sync's own file) and reports ``digest_mismatch``;
-4. hard-linked to its final name, which fails if anything appeared there meanwhile (an
-   atomic rename that cannot overwrite), then the partial name is removed and the folder
-   fsynced.
+4. hard-linked to its final name (after the superseded file, if any, was set aside), which
+   fails if anything appeared there meanwhile (an atomic rename that cannot overwrite), then
+   the partial name is removed and the folder fsynced.
 
 A process killed at any point leaves at most the ``.partial`` file: nothing unverified ever
 sits at a final name (C06). After copying, the whole model folder is re-verified and the
@@ -35,7 +38,7 @@ import httpx
 
 from app.core.digest import algorithm_of, file_digest, hex_part
 from app.core.errors import HomefleetError
-from app.core.protocol import ManifestFile, SyncFileResult
+from app.core.protocol import SYNC_FILE_DONE, ManifestFile, SyncFileResult
 from tasks import runtime
 from tasks.server_client import ServerClient
 from tasks.verify import advertise
@@ -89,7 +92,7 @@ class Renewal:
 
 
 def _result(model_id: str, path: str, status: str, size_bytes: int, message: str = "") -> SyncFileResult:
-    """One file's outcome: ``present`` | ``copied`` | ``conflict`` | ``digest_mismatch``."""
+    """One file's outcome: ``present`` | ``copied`` | ``replaced`` | ``conflict`` | ``digest_mismatch``."""
     return SyncFileResult(model_id=model_id, path=path, status=status, size_bytes=size_bytes, message=message)
 
 
@@ -112,13 +115,17 @@ class Copier:
         on transport or server errors (the partial stays)."""
         path, size, digest = entry.path, entry.size, entry.digest
         final = self.models_dir / model_id / path
+        superseded: Path | None = None  # where a file of other content is set aside (R6: never deleted)
         if final.exists() or final.is_symlink():
-            if final.is_file() and final.stat().st_size == size and file_digest(final, algorithm_of(digest)) == digest:
+            if final.is_symlink() or not final.is_file():
+                return _result(model_id, path, "conflict", size,
+                               f"{final} is a link or a folder; a sync replaces only a regular file - move it away "
+                               "and sync again")
+            held = file_digest(final, algorithm_of(digest))
+            if final.stat().st_size == size and held == digest:
                 self.on_bytes(size)
                 return _result(model_id, path, "present", size)
-            return _result(model_id, path, "conflict", size,
-                              f"{final} exists with other content; a sync never overwrites a worker's file - move it "
-                              f"away and sync again")
+            superseded = final.parent / f".{final.name}.{hex_part(held)[:16]}.superseded"
         final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.parent / f".{final.name}.{hex_part(digest)[:16]}.partial"
         offset = partial.stat().st_size if partial.exists() else 0
@@ -137,12 +144,17 @@ class Copier:
             partial.unlink()
             return _result(model_id, path, "digest_mismatch", size,
                               f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed")
+        if superseded is not None:
+            os.replace(final, superseded)  # set aside, not deleted; only now that the new copy is verified
         try:
             os.link(partial, final)  # fails if anything is at the final name: never overwrites
         except FileExistsError:
             return _result(model_id, path, "conflict", size, f"{final} appeared during the copy; left untouched")
         partial.unlink()
         _fsync_dir(final.parent)
+        if superseded is not None:
+            return _result(model_id, path, "replaced", size,
+                           f"the content that was there is kept at {superseded.name}; remove it when not needed")
         return _result(model_id, path, "copied", size)
 
     def _download(self, model_id: str, path: str, partial: Path, offset: int) -> None:
@@ -203,7 +215,7 @@ def sync(sync_id: str) -> None:
             log.exception("sync %s stopped", sync_id)
         all_manifests = rt.server.manifest()
         verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, all_manifests)
-    bad = [r for r in results if r.status not in ("present", "copied")]
+    bad = [r for r in results if r.status not in SYNC_FILE_DONE]
     missing = sorted(m for m in manifests if m not in verified)
     succeeded = not error and not bad and not missing
     message = error or "; ".join(f"{r.model_id}/{r.path}: {r.status} ({r.message})" for r in bad[:10])

@@ -32,6 +32,7 @@ def sync(
     )
 
     from app.context import build_checked_context
+    from app.core.protocol import SYNC_FILE_DONE
     from app.jobs.sync import SYNC_ENDED
 
     ctx = build_checked_context(server_settings())
@@ -54,7 +55,9 @@ def sync(
     finally:
         ctx.close()
     for result in record["results"]:
-        if result["status"] not in ("present", "copied"):
+        if result["status"] == "replaced":
+            console.print(f"[yellow]replaced[/] {result['model_id']}/{result['path']}: {result['message']}")
+        elif result["status"] not in SYNC_FILE_DONE:
             console.print(f"[red]{result['status']}[/] {result['model_id']}/{result['path']}: {result['message']}")
     colour = "green" if record["state"] == "succeeded" else "red"
     console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "

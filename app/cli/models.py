@@ -261,30 +261,38 @@ def models_update(
 ) -> None:
     """Take the current content of the model's server folder as its new manifest (R5): rehash
     it, record the new digests and sizes (and its weight bytes, re-priced), and tell every
-    worker, which re-verifies its copy and withdraws an old one. Prints, for each machine that
-    advertised the model, the files to move away there and the `homefleet sync` to run."""
+    worker, which re-verifies its copy and withdraws an old one. Then start a sync of the model
+    to each machine that advertised it (the sync sets a superseded file aside, R6); a machine
+    that cannot take it now (busy, offline, already syncing) is named with the command to run."""
     from app.context import build_checked_context
+    from app.core.errors import HomefleetError
     from routing.placement import SERVER
 
     ctx = build_checked_context(server_settings())
     try:
-        before = ctx.registry.registered_manifest(model)
         had = sorted(m for m in ctx.fleet.machines if ctx.redis.sismember(ctx.keys.verified(m), model))
         changes = ctx.registry.update(model)
         after = ctx.registry.registered_manifest(model)
+        console.print(f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "
+                      f"{len(changes.removed)} removed; files={len(after.files)} "
+                      f"bytes={sum(f.size for f in after.files)}")
+        for label, paths in (("changed", changes.changed), ("added", changes.added), ("removed", changes.removed)):
+            for path in paths:
+                console.print(f"  {label}: {path}", soft_wrap=True, highlight=False)
+        workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
+        if not workers:
+            console.print("no worker advertised it; sync it where it should run: `homefleet sync MACHINE "
+                          f"{model}`", soft_wrap=True, highlight=False)
+        for machine in workers:
+            try:
+                record = ctx.syncs().start(machine, [model])
+            except HomefleetError as refusal:
+                console.print(f"{machine} held the old content (withdrawn there now); its sync was not started "
+                              f"({refusal.reason}: {refusal.message}); run `homefleet sync {machine} {model}` "
+                              "later", soft_wrap=True, highlight=False)
+                continue
+            console.print(f"{machine} held the old content (withdrawn there now): sync {record['id']} started "
+                          f"(`homefleet status` shows it; `homefleet sync {machine} {model}` runs it again)",
+                          soft_wrap=True, highlight=False)
     finally:
         ctx.close()
-    console.print(f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "
-                  f"{len(changes.removed)} removed; files={len(after.files)} bytes={sum(f.size for f in after.files)}")
-    for label, paths in (("changed", changes.changed), ("added", changes.added), ("removed", changes.removed)):
-        for path in paths:
-            console.print(f"  {label}: {path}", soft_wrap=True, highlight=False)
-    stale = [f.path for f in before.files if f.path in set(changes.changed)]
-    workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
-    if not workers:
-        console.print("no worker advertised it; sync it where it should run: `homefleet sync MACHINE "
-                      f"{model}`", soft_wrap=True, highlight=False)
-    for machine in workers:
-        moved = f"move away {', '.join(stale)} under its models folder {model}/, then " if stale else ""
-        console.print(f"{machine} held the old content (withdrawn there now): {moved}run "
-                      f"`homefleet sync {machine} {model}`", soft_wrap=True, highlight=False)

@@ -152,8 +152,14 @@ class SyncProgress(Body):
     file: str = Field("", max_length=1024)
 
 
+SYNC_FILE_DONE: tuple[str, ...] = ("present", "copied", "replaced")
+"""The outcomes of a sync's file that leave the manifest's bytes at its final name (tasks/sync.py):
+already there, copied, or copied after the file of other content there was set aside (R6)."""
+
+
 class SyncFileResult(Body):
-    """One file's outcome in a sync: ``present`` | ``copied`` | ``conflict`` | ``digest_mismatch``."""
+    """One file's outcome in a sync: ``present`` | ``copied`` | ``replaced`` | ``conflict`` |
+    ``digest_mismatch`` (:data:`SYNC_FILE_DONE`: the first three)."""
 
     model_id: str
     path: str

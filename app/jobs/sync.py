@@ -12,8 +12,9 @@ queue keeps R3: the server needs no worker address, the worker only connects out
 How the worker copies (``tasks/sync.py``): it *claims* the sync here first (at most once,
 like a job's claim, R19), gets the server's current manifests, downloads each missing file
 from the authenticated internal file endpoint (HTTP Range resumes a partial copy) into a
-temporary name in the same folder, fsyncs, verifies the full-content digest, and links it
-to its final name only if nothing is there (never overwrites, never deletes a model file).
+temporary name in the same folder, fsyncs, verifies the full-content digest, sets aside a
+file of other content at the final name (renamed ``.<name>.<digest[:16]>.superseded``: never
+deleted), and links the new copy to its final name only if nothing is there.
 Its progress reports renew the reservation; ``finish`` releases it. A worker killed
 mid-copy stops renewing, so the reservation expires after ``sync_reservation_ttl_s``
 and the sync reads as ``interrupted``; nothing sits at a final name but verified bytes.

@@ -10,6 +10,7 @@ server and m1.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -159,14 +160,18 @@ def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withd
         fleet.client.submit("tiny-c", "txt2img", {"prompt": "x"}, target="m1")
     assert refused.value.reason == "model_not_verified"
     assert fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="auto")["machine"] == "server"
-    # A sync never overwrites: the differing file stays as it is, and the sync says why.
+    # The repair the failure names works: the sync sets the differing file aside (never
+    # deleting it, R6) and copies the registered bytes; the model is advertised again.
+    changed = path.read_bytes()
     record = fleet.sync("m1", "tiny-c")
     done = wait_for(lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
                     what="the sync to end")
-    assert done["state"] == "failed"
-    assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "conflict")]
-    assert path.read_bytes() != original and len(path.read_bytes()) == len(original)
-    assert "tiny-c" not in fleet.verified("m1")
+    assert done["state"] == "succeeded", done
+    assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "replaced")]
+    assert path.read_bytes() == original
+    aside = [p for p in path.parent.glob(f".{path.name}.*.superseded")]
+    assert len(aside) == 1 and aside[0].read_bytes() == changed
+    assert "tiny-c" in fleet.verified("m1")
 
 
 def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_full_resync_advertises(
@@ -254,18 +259,25 @@ def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes
     update = run_cli("models", "update", "tiny-d", env={**fleet.env, "COLUMNS": "300"})
     assert "updated tiny-d: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
     assert f"changed: {UNET}" in update.stdout
-    assert f"m2 held the old content (withdrawn there now): move away {UNET} under its models folder tiny-d/, then " \
-           "run `homefleet sync m2 tiny-d`" in update.stdout, update.stdout
-    wait_for(lambda: "tiny-d" in fleet.verified("server") and "tiny-d" not in fleet.verified("m2"), timeout_s=60,
-             what="the server's worker to verify the new content and m2 to withdraw its old copy")
+    started = re.search(r"m2 held the old content \(withdrawn there now\): sync ([0-9a-f]+) started", update.stdout)
+    assert started, update.stdout
+    synced = wait_for(lambda: (s := fleet.sync_state(started[1]))["state"] in ("succeeded", "failed") and s,
+                      timeout_s=120, what="m2's re-sync to end")
+    assert synced["state"] == "succeeded", synced
+    assert [(r["path"], r["status"]) for r in synced["results"] if r["status"] != "present"] == [(UNET, "replaced")]
+    copy = fleet.local.models_dir("m2") / "tiny-d" / UNET
+    assert file_digest(copy) == actual  # the new content, and the old one set aside, not deleted (R6)
+    assert [file_digest(p) for p in copy.parent.glob(f".{UNET.split('/')[-1]}.*.superseded")] == [registered]
+    wait_for(lambda: "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2"), timeout_s=60,
+             what="the server's worker and m2 to verify the new content")
     done = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
                                                  target="server")["id"], timeout_s=120)
     assert done["state"] == "succeeded", done
     assert done["provenance"]["model_files"][UNET] == actual
     assert done["provenance"]["model_files"] == {f.path: f.digest for f in fleet.ctx.registry.manifest("tiny-d").files}
-    with pytest.raises(ApiError) as refused:  # m2's old copy no longer counts
-        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x"}, target="m2")
-    assert refused.value.reason == "model_not_verified"
+    on_m2 = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
+                                                  target="m2")["id"], timeout_s=120)
+    assert on_m2["state"] == "succeeded" and on_m2["provenance"]["model_files"][UNET] == actual, on_m2
 
 
 def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and_cold_loaded_once_restored(
