@@ -175,8 +175,12 @@ def check_checkpoint(path: Path, family: str) -> dict[str, list[int]]:
 
 
 def clip_vocabulary() -> Path | None:
-    """CLIP's BPE merges (``bpe_simple_vocab_16e6.txt.gz``) as an installed ``open_clip_torch``
-    ships them (found without importing it), or None."""
+    """CLIP's BPE merges (``bpe_simple_vocab_16e6.txt.gz``): the copy shipped beside the family
+    configs (``family_configs/clip/``), else the one an installed ``open_clip_torch`` ships (found
+    without importing it), else None."""
+    shipped = FAMILY_CONFIGS / "clip" / "bpe_simple_vocab_16e6.txt.gz"
+    if shipped.is_file():
+        return shipped
     spec = importlib.util.find_spec("open_clip")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(folder) / "bpe_simple_vocab_16e6.txt.gz"

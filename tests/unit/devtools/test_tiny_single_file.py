@@ -115,3 +115,19 @@ def test_the_clip_vocabulary_is_built_like_clips_own_encoder(tmp_path: Path) -> 
     assert (len(vocab), vocab["!"], vocab["!</w>"], vocab["th"], vocab["the</w>"]) == (516, 0, 256, 512, 513)
     assert (vocab["<|startoftext|>"], vocab["<|endoftext|>"]) == (514, 515)
     assert (tmp_path / "tokenizer" / "merges.txt").read_text() == "#version: 0.2\nt h\nth e</w>\n"
+
+
+def test_the_shipped_clip_vocabulary_tokenizes_as_clip_does(tmp_path: Path) -> None:
+    """The vocabulary shipped for single-file conversions (app/store/family_configs/clip) gives
+    CLIP's own token ids: "a photo of a cat" is 49406 320 1125 539 320 2368 49407 in OpenAI's
+    CLIP tokenizer (the ids SD 1.x's text encoder was trained on)."""
+    from transformers import CLIPTokenizer
+
+    from app.store.single_file import FAMILY_CONFIGS, clip_vocabulary
+
+    bpe = clip_vocabulary()
+    assert bpe == FAMILY_CONFIGS / "clip" / "bpe_simple_vocab_16e6.txt.gz"
+    write_clip_tokenizer_files(bpe, tmp_path / "tokenizer")
+    tokenizer = CLIPTokenizer(str(tmp_path / "tokenizer" / "vocab.json"), str(tmp_path / "tokenizer" / "merges.txt"))
+    assert len(tokenizer) == 49408
+    assert tokenizer("a photo of a cat")["input_ids"] == [49406, 320, 1125, 539, 320, 2368, 49407]
