@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.memory import _status_bytes  # VmRSS / VmHWM: one reader for both benches
+
 REPO = Path(__file__).resolve().parent.parent
 FAMILY_CONFIGS = REPO / "app" / "store" / "family_configs"
 
@@ -60,13 +62,6 @@ SDXL_EXTRAS = {"unet/diffusion_flax_model.msgpack": 10_270_000_000, "unet/model.
                "unet/openvino_model.xml": 2_500_000, "text_encoder_2/model.onnx": 2_780_000_000,
                "vae_decoder/model.onnx": 198_000_000, "vae_encoder/model.onnx": 137_000_000,
                "vae_1_0/diffusion_pytorch_model.safetensors": 334_640_000}
-
-
-def _status_bytes(field: str) -> int:
-    found = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"/proc/self/status has no {field} line (Linux only)")
-    return int(found.group(1)) * 1024
 
 
 def _sparse(path: Path, size: int) -> None:

@@ -23,8 +23,8 @@ import itertools
 import json
 import time
 
+from app.core.quiet import quiet_libraries
 from app.devtools.shapes import BACKGROUNDS, COLOURS, SHAPES, caption, inspect
-from app.devtools.tiny_models import _quiet
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 
 
@@ -49,7 +49,7 @@ def main() -> None:
         folder = DEMO_MODELS_DIR / name
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
         started = time.perf_counter()
-        with _quiet():
+        with quiet_libraries():
             pipeline = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
         load_s = time.perf_counter() - started
         pipeline.set_progress_bar_config(disable=True)

@@ -5,8 +5,11 @@ every command can call :func:`quiet_import_warnings` before it imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import warnings
+from collections.abc import Iterator
 
 
 class ImportNoise(logging.Filter):
@@ -40,3 +43,33 @@ def quiet_import_warnings() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, ImportNoise) and f.pattern.pattern == pattern for f in logger.filters):
             logger.addFilter(ImportNoise(pattern))
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """For the body: diffusers' and transformers' logs at ERROR, their progress bars hidden and
+    their deprecation/user warnings ignored (building, converting or saving a pipeline);
+    restored afterwards. Imports both libraries when entered."""
+    import diffusers.utils.logging as d_log
+    import transformers.utils.logging as t_log
+
+    d_level, t_level = d_log.get_verbosity(), t_log.get_verbosity()
+    d_bars, t_bars = d_log.is_progress_bar_enabled(), t_log.is_progress_bar_enabled()
+    d_log.set_verbosity(logging.ERROR)
+    t_log.set_verbosity(logging.ERROR)
+    d_log.disable_progress_bar()
+    t_log.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning, UserWarning):
+                warnings.filterwarnings(
+                    "ignore", category=category, module=r"(diffusers|transformers|huggingface_hub)(\.|$)"
+                )
+            yield
+    finally:
+        d_log.set_verbosity(d_level)
+        t_log.set_verbosity(t_level)
+        if d_bars:
+            d_log.enable_progress_bar()
+        if t_bars:
+            t_log.enable_progress_bar()

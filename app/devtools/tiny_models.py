@@ -39,16 +39,15 @@ diffusers and transformers are imported inside the functions that need them.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import shutil
 import tempfile
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from app.core.quiet import quiet_libraries
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from diffusers import DiffusionPipeline
@@ -86,37 +85,6 @@ _DEFAULT_PIXELS: int = 64
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Lower diffusers/transformers verbosity, hide their progress bars and their
-    deprecation/user warnings for the duration of a build; restore afterwards."""
-    import diffusers.utils.logging as d_log
-    import transformers.utils.logging as t_log
-
-    d_level = d_log.get_verbosity()
-    t_level = t_log.get_verbosity()
-    d_bars = d_log.is_progress_bar_enabled()
-    t_bars = t_log.is_progress_bar_enabled()
-    d_log.set_verbosity(logging.ERROR)
-    t_log.set_verbosity(logging.ERROR)
-    d_log.disable_progress_bar()
-    t_log.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            for category in (FutureWarning, DeprecationWarning, UserWarning):
-                warnings.filterwarnings(
-                    "ignore", category=category, module=r"(diffusers|transformers|huggingface_hub)(\.|$)"
-                )
-            yield
-    finally:
-        d_log.set_verbosity(d_level)
-        t_log.set_verbosity(t_level)
-        if d_bars:
-            d_log.enable_progress_bar()
-        if t_bars:
-            t_log.enable_progress_bar()
 
 
 def _byte_level_vocab() -> dict[str, int]:
@@ -265,7 +233,10 @@ def _build_txt2img(scratch: Path) -> DiffusionPipeline:
 def _build_edit(scratch: Path) -> DiffusionPipeline:
     """StableDiffusionInstructPix2PixPipeline; UNet in_channels 8 (4 noisy + 4
     image latents); output size equals the input image size."""
-    from diffusers import EulerAncestralDiscreteScheduler, StableDiffusionInstructPix2PixPipeline
+    from diffusers import (
+        EulerAncestralDiscreteScheduler,
+        StableDiffusionInstructPix2PixPipeline,
+    )
 
     tokenizer = _tokenizer(scratch)
     return StableDiffusionInstructPix2PixPipeline(
@@ -409,8 +380,13 @@ def _build_flux(scratch: Path, kontext: bool = False) -> DiffusionPipeline:
     (pooled 32) + T5 (32) encoders, a 1+1-layer FluxTransformer2DModel with distilled-guidance
     embeddings (like FLUX.1-dev), a 2-block VAE with 4 latent channels (packed 2x2: 16
     transformer channels), flow-matching Euler scheduler; 64x64 default."""
-    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline,
-                           FluxTransformer2DModel)
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxKontextPipeline,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
 
     tokenizer = _tokenizer(scratch)
     tokenizer_2 = _t5_tokenizer()
@@ -440,7 +416,12 @@ def _build_wan(scratch: Path) -> DiffusionPipeline:
     """WanPipeline (Wan 2.1 text-to-video): UMT5 encoder (32), a 2-layer WanTransformer3DModel
     (patch 1x2x2), the Wan VAE (spatial factor 8, temporal factor 4: frames are 4k+1); sides
     multiples of 16, e.g. 32x32 x 5 frames."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
 
     tokenizer = _t5_tokenizer()
     return WanPipeline(
@@ -474,10 +455,16 @@ def _build_qwen_image_edit(scratch: Path) -> DiffusionPipeline:
     processor (image patches capped at 56x56 pixels), a 2-layer QwenImageTransformer2DModel
     without guidance embeddings (true CFG instead), the Qwen-Image VAE (spatial factor 8: sides
     multiples of 16). The pipeline encodes the input at ~1024x1024 area whatever its size."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImageEditPipeline,
+        QwenImageTransformer2DModel,
+    )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     from app.core.processors import image_only_processor_class
 
@@ -661,7 +648,7 @@ def make_tiny_families(
         else:
             todo.append(family)
     if todo:
-        with _quiet():
+        with quiet_libraries():
             for family in todo:
                 result[family] = _build_into(family, out_dir / _FOLDER_BY_FAMILY[family], seed, force)
     return {family: result[family] for family in wanted}
@@ -694,7 +681,7 @@ def make_tiny_lora(base: Path, folder: Path, seed: int = 0, rank: int = 4, *, fo
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft import LoraConfig, get_peft_model_state_dict
 
-    with _quiet(), torch.random.fork_rng(devices=[]):
+    with quiet_libraries(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         unet = UNet2DConditionModel.from_pretrained(str(Path(base) / "unet"), local_files_only=True)
         unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights=False,

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app.core.quiet import quiet_libraries
+
 __all__ = ["SDXL_TEXT_WIDTHS", "make_tiny_sdxl_single_file_base", "make_tiny_single_file",
            "flux_to_original", "sd_to_original", "sdxl_to_original"]
 
@@ -260,7 +262,7 @@ def make_tiny_sdxl_single_file_base(folder: Path, seed: int = 0) -> Path:
     from app.devtools import tiny_models as tiny
 
     folder = Path(folder)
-    with tiny._quiet(), torch.random.fork_rng(devices=[]):
+    with quiet_libraries(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tokenizer = tiny._tokenizer(folder.parent / f".{folder.name}-scratch")
 
@@ -298,9 +300,9 @@ def make_tiny_single_file(base: Path, target: Path, family: str) -> Path:
     from diffusers import DiffusionPipeline, FluxTransformer2DModel
     from safetensors.torch import save_file
 
-    from app.devtools.tiny_models import _quiet
+    from app.core.quiet import quiet_libraries
 
-    with _quiet():
+    with quiet_libraries():
         if family == "flux":
             model = FluxTransformer2DModel.from_pretrained(str(Path(base) / "transformer"), local_files_only=True)
             state = flux_to_original(model.state_dict())

@@ -67,7 +67,8 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft import LoraConfig, get_peft_model_state_dict
 
-    from app.devtools.tiny_models import LORA_TARGETS, _quiet
+    from app.core.quiet import quiet_libraries
+    from app.devtools.tiny_models import LORA_TARGETS
     from app.devtools.train_shapes import (
         _MAX_TOKENS,
         _SCHEDULE,
@@ -82,7 +83,7 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
     rng = random.Random(seed)
     started = time.monotonic()
     folder = out_dir / COLOUR_LORA
-    with _quiet():
+    with quiet_libraries():
         pipeline = StableDiffusionPipeline.from_pretrained(str(out_dir / "shapes-filled"), local_files_only=True,
                                                            dtype=torch.float32)
         pipeline.set_progress_bar_config(disable=True)

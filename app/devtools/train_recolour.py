@@ -61,7 +61,7 @@ def train_recolour(out_dir: Path, *, seed: int = 23, threads: int = 1, steps: in
         StableDiffusionInstructPix2PixPipeline,
     )
 
-    from app.devtools.tiny_models import _quiet
+    from app.core.quiet import quiet_libraries
     from app.devtools.train_shapes import (
         _MAX_TOKENS,
         _SCHEDULE,
@@ -80,7 +80,7 @@ def train_recolour(out_dir: Path, *, seed: int = 23, threads: int = 1, steps: in
     torch.manual_seed(seed)
     rng = random.Random(seed)
     started = time.monotonic()
-    with _quiet():
+    with quiet_libraries():
         vae = AutoencoderKL.from_pretrained(str(out_dir / "shapes-filled" / "vae"), dtype=torch.float32).eval()
         with tempfile.TemporaryDirectory() as scratch:
             tokenizer = build_tokenizer(Path(scratch), (*_WORDS, "make", "it"))

@@ -287,12 +287,12 @@ def _style_process(style: str, out_dir: Path, vae_config: dict[str, Any], vae_st
     import torch
     from diffusers import AutoencoderKL
 
-    from app.devtools.tiny_models import _quiet
+    from app.core.quiet import quiet_libraries
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed + 1 + STYLES.index(style))
     rng = random.Random(seed + 1 + STYLES.index(style))
-    with _quiet():
+    with quiet_libraries():
         vae = AutoencoderKL.from_config(vae_config)
         vae.load_state_dict(vae_state)
         vae.eval()
@@ -324,14 +324,14 @@ def train_shapes(out_dir: Path, *, seed: int = 19, threads: int = 1, vae_steps: 
 
     import torch
 
-    from app.devtools.tiny_models import _quiet
+    from app.core.quiet import quiet_libraries
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with _quiet():
+    with quiet_libraries():
         vae, vae_loss = _train_vae(rng, vae_steps, vae_batch, log)
     vae_s = time.monotonic() - start
     log(f"vae: {vae_steps} steps in {vae_s:.0f} s, loss {vae_loss:.4f}, scaling_factor {vae.config.scaling_factor}")

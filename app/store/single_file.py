@@ -28,18 +28,15 @@ any loader sees it (R4: only files whose bytes are data).
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import importlib.util
 import json
-import logging
 import shutil
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import Rejected
+from app.core.quiet import quiet_libraries
 
 FAMILY_CONFIGS = Path(__file__).with_name("family_configs")
 """The shipped configs: ``<family>/model_index.json`` and each component's config."""
@@ -242,28 +239,6 @@ def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
     return target
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """diffusers/transformers at ERROR level without progress bars, for one conversion."""
-    import diffusers.utils.logging as d_log
-    import transformers.utils.logging as t_log
-
-    levels = d_log.get_verbosity(), t_log.get_verbosity()
-    d_log.set_verbosity(logging.ERROR)
-    t_log.set_verbosity(logging.ERROR)
-    d_log.disable_progress_bar()
-    t_log.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        d_log.set_verbosity(levels[0])
-        t_log.set_verbosity(levels[1])
-        d_log.enable_progress_bar()
-        t_log.enable_progress_bar()
-
-
 def convert(path: Path, family: str, target: Path, config: Path | None = None) -> Path:
     """Convert the single-file checkpoint ``path`` of ``family`` into the diffusers folder
     ``target`` (created; ``save_pretrained(safe_serialization=True)``): sd1/sdxl with
@@ -284,7 +259,7 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         folder = config_folder(family, config, scratch)
-        with _quiet():
+        with quiet_libraries():
             pipe = _load(Path(path), family, folder, stored_dtype(Path(path)))
             for name, component in pipe.components.items():
                 parameters = getattr(component, "parameters", None)

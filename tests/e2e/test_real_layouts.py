@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis

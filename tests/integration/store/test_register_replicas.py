@@ -14,7 +14,6 @@ from safetensors import SafetensorError, safe_open
 from app.context import ServerContext
 from app.core.digest import file_digest
 from app.core.pricing import loaded_bytes
-from app.core.variants import PRECISION_BYTES
 from app.devtools.replicas import Replica, as_hf_cache, make_replica
 from app.store.selection import select_files
 from tests.helpers import run_cli, settings_env
