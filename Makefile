@@ -33,11 +33,11 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
-# Real-HTTP fuzz of the public API (issue 24): schemathesis, all checks, >= 2,000 cases.
+# Real-HTTP fuzz of the public API: schemathesis, all checks, >= 2,000 cases.
 fuzz: $(STAMP)
 	$(VENV)/bin/homefleet fuzz --examples 40 --min-cases 2000
 
-# The fleet page's screenshots (docs/screenshots/*.png, issue 23): its browser test, saving each view.
+# The fleet page's screenshots (docs/screenshots/*.png): its browser test, saving each view.
 screenshots: $(STAMP)
 	HOMEFLEET_SCREENSHOTS=docs/screenshots $(VENV)/bin/python -m pytest -q tests/e2e/test_fleet_page.py
 

@@ -76,7 +76,7 @@ class HomefleetClient:
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
 
     def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:
-        """``POST /v1/jobs/{id}/requeue``: a new job with that job's params (issue 22); ``seed=None``
+        """``POST /v1/jobs/{id}/requeue``: a new job with that job's params; ``seed=None``
         draws a new seed, ``seed=N`` takes N, ``target=`` another target. Returns as :meth:`submit`."""
         return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes))  # type: ignore[no-any-return]
 

@@ -68,7 +68,7 @@ class ServerContext:
     dispatcher: Dispatcher
     metrics: Metrics
     calls: CallRecords  # the image routes' calls, so a client's retry gets the first call's jobs (C10)
-    outbox: WebhookOutbox  # the ended jobs' webhook deliveries (issue 22)
+    outbox: WebhookOutbox  # the ended jobs' webhook deliveries
     # Set by the journal when a transition writes a webhook delivery: the delivery loop wakes up.
     webhook_wakeup: threading.Event = field(default_factory=threading.Event)
 
@@ -82,7 +82,7 @@ class ServerContext:
                           self.residency, self.progress, self.lock, self.pairing, server, self.dispatcher.events)
 
     def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
-        """The webhook delivery loop over this server's journal (issue 22, app/jobs/webhooks.py);
+        """The webhook delivery loop over this server's journal (app/jobs/webhooks.py);
         ``render``: a job's record as the body's bytes."""
         from app.jobs.webhooks import WebhookLoop, WebhookSender
 

@@ -6,7 +6,7 @@ Instruments (units in seconds and bytes, Prometheus naming):
 - ``homefleet_inference_duration_seconds{machine}``: the worker's run time (``run_s``).
 - ``homefleet_cold_loads_total{machine}``: jobs that loaded their pipeline cold.
 - ``homefleet_rejections_total{reason}``: refused submissions by reason (R22, R23, R10…).
-- ``homefleet_webhook_attempts_total{outcome}``: webhook attempts (issue 22), ``delivered``,
+- ``homefleet_webhook_attempts_total{outcome}``: webhook attempts, ``delivered``,
   ``retry`` (failed, another is due) or ``failed`` (failed, given up).
 - ``homefleet_webhook_delivery_seconds``: a job's end to its webhook delivered.
 - Read at scrape time: ``homefleet_queue_size{machine}`` (reserved jobs not yet running),

@@ -1,4 +1,4 @@
-"""What a LoRA adapter costs on this machine (issue 22), in-process on tiny-sd (no fleet): the
+"""What a LoRA adapter costs on this machine, in-process on tiny-sd (no fleet): the
 base pipeline's cold load, loading an adapter onto the warm pipeline (``load_lora_weights`` +
 ``set_adapters``, as ``tasks/adapters.py`` does) and unloading it, and one txt2img run without
 and with the adapter (interleaved).
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=64)
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--shapes", action="store_true", help="shapes-filled and shapes-blue-lora (issue 19, 22)")
+    parser.add_argument("--shapes", action="store_true", help="shapes-filled and shapes-blue-lora")
     args = parser.parse_args()
 
     import torch

@@ -1,4 +1,4 @@
-"""A server under a deep backlog (issue 21): ``--queued`` jobs (default 10,000) queued over 8
+"""A server under a deep backlog: ``--queued`` jobs (default 10,000) queued over 8
 machines with no worker consuming, then a real ``homefleet serve`` process is measured:
 its idle RSS (psutil), ``GET /v1/jobs/{id}`` p99, ``GET /v1/jobs?state=queued`` p99 (paged,
 100 a page, keyset cursor ``after``), ``POST /v1/jobs`` p99, one reconciliation pass

@@ -1,4 +1,4 @@
-"""Start time of a host's workers (issue 22): one device against two. Figures only, never asserts.
+"""Start time of a host's workers: one device against two. Figures only, never asserts.
 
 A private redis-server, a real ``homefleet serve`` (SQLite journal) and, per round, the
 workers of a one-device host (``solo-<r>``, ``devices = 1``) and then those of a two-device

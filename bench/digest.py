@@ -1,5 +1,5 @@
 """Digest throughput beside a plain sequential read of the same file, cold and page-cached,
-and the overhead verification adds to a cold load of a model (issue 3; R4, R5).
+and the overhead verification adds to a cold load of a model (R4, R5).
 
     .venv/bin/python bench/digest.py [--size-bytes 1000000000] [--dir /tmp] [--repeats 3]
 

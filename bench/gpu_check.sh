@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Residency checks on a CUDA machine (issue 4; docs/design.md R15, R18, R21; case C05). At most
+# Residency checks on a CUDA machine (docs/design.md R15, R18, R21; case C05). At most
 # ~8 minutes (typically under 2: tiny pipelines). Prints figures; exits non-zero on a failed check.
 #   1. C05: tiny checkpoints A, B, C, A through ModelCache + CudaDevice (dedicated policy):
 #      torch.cuda.memory_allocated after each unload vs the post-start baseline, no creep.

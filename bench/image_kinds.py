@@ -1,6 +1,6 @@
-"""What issue 22's kinds cost on this machine, in-process on a tiny pipeline (no fleet): the
-txt2img pipeline's load, building img2img/inpaint from it (``from_pipe``), one run of each kind,
-and ``n`` images in one call against n calls.
+"""What img2img, inpaint and ``n`` images cost on this machine, in-process on a tiny pipeline (no
+fleet): the txt2img pipeline's load, building img2img/inpaint from it (``from_pipe``), one run
+of each kind, and ``n`` images in one call against n calls.
 
     python -m bench.image_kinds [--family sd1] [--steps 4] [--side 64] [--n 4] [--repeat 3]
 

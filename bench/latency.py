@@ -1,4 +1,4 @@
-"""Submission latency (issue 21): ``POST /v1/jobs`` -> the task's start on an idle machine with
+"""Submission latency: ``POST /v1/jobs`` -> the task's start on an idle machine with
 the model warm, beside raw Celery's ``apply_async`` -> start of a no-op task on the same Redis,
 and beside the same Homefleet path with target ``auto``. Figures only, never asserts.
 

@@ -1,4 +1,4 @@
-"""What the per-key quota check (issue 22) costs a submission: the median (and p90) latency of
+"""What the per-key quota check costs a submission: the median (and p90) latency of
 ``Dispatcher.submit`` for a key under a quota (both limits set, never reached) beside a key
 under none, in one process, on one journal and one Redis.
 

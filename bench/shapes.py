@@ -1,4 +1,4 @@
-"""The trained demo models (issue 19): load time, sampling time per image and how often a
+"""The trained demo models: load time, sampling time per image and how often a
 picture shows what was asked, on this machine, in-process (as a worker loads them).
 
     python -m bench.shapes [--images N] [--threads T] [--steps S] [--guidance G]

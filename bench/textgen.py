@@ -1,4 +1,4 @@
-"""Text generation throughput of each tiny architecture on this machine (issue 20): new tokens
+"""Text generation throughput of each tiny architecture on this machine: new tokens
 per second of the ``text`` kind's runner (``tasks/kinds/text.py``, what a worker runs), free
 and constrained by a regex (llguidance's mask at every step).
 

@@ -1,5 +1,6 @@
-"""The server's memory under unauthenticated uploads (issue 24 point 3): RSS of a real
-``homefleet serve`` before and after N chunked 64 MiB POSTs without a key or token.
+"""The server's memory under unauthenticated uploads (the key or token is checked before any body
+is read): RSS of a real ``homefleet serve`` before and after N chunked 64 MiB POSTs without a key
+or token.
 
 Each upload is sent as an attacker sends it, over a raw socket: the request line and headers
 (``Transfer-Encoding: chunked``, no ``Content-Length``, a wrong bearer token), then 1 MiB

@@ -1,4 +1,4 @@
-"""What a webhook costs (issue 22): a real ``homefleet serve`` process on its own Redis and SQLite
+"""What a webhook costs: a real ``homefleet serve`` process on its own Redis and SQLite
 journal, a local HTTP receiver (``http.server`` in this process) on 127.0.0.1, and ``--jobs`` jobs
 submitted over HTTP with a ``webhook_url`` and cancelled over HTTP (the server ends them: the
 terminal transition writes the delivery, the server's delivery loop POSTs it). Measured:

@@ -118,7 +118,7 @@ class ModelCache:
 
     def drop(self, model_id: str) -> bool:
         """Drop every resident copy of ``model_id`` (e.g. a pipeline whose LoRA adapters could
-        not be unloaded, issue 22); True when one was resident."""
+        not be unloaded); True when one was resident."""
         keys = [k for k, r in self.residents.items() if r.model_id == model_id]
         self._evict(keys)
         return bool(keys)

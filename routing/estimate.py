@@ -47,7 +47,7 @@ FAMILY_STEP_S: dict[str, float] = {
     "wan": 8.0 * REFERENCE_SIZE / (848 * 480 * 33),
 }
 DEFAULT_STEP_S = 1.0
-# Text jobs (issue 20) on a speed-1.0 machine before any measurement: seconds per new token and
+# Text jobs on a speed-1.0 machine before any measurement: seconds per new token and
 # per prompt token (prefill reads the prompt in one batched pass, so a prompt token costs a tenth
 # of a decoded one; guesses, replaced by the first finished job, routing.timings.fit_tokens).
 # ModelProfile.step_s overrides the per-new-token figure.
@@ -95,12 +95,12 @@ class WorkingCoefficients:
 DEFAULT_WORKING: dict[str, WorkingCoefficients] = {
     "txt2img": WorkingCoefficients(500_000_000, 1500.0),
     "edit": WorkingCoefficients(500_000_000, 2500.0),
-    # issue 22: txt2img's UNet plus the VAE encoder over the input (a guess like the others: edit's)
+    # txt2img's UNet plus the VAE encoder over the input (a guess like the others: edit's)
     "img2img": WorkingCoefficients(500_000_000, 2500.0),
     "inpaint": WorkingCoefficients(500_000_000, 2500.0),
     "upscale": WorkingCoefficients(500_000_000, 600.0),
     "video": WorkingCoefficients(500_000_000, 250.0),
-    # text (issue 20): activations and the allocator's slack; the KV cache is each model's own
+    # text: activations and the allocator's slack; the KV cache is each model's own
     # (ModelProfile.kv_cache_bytes: config.json at its max_total_tokens), added by Estimator.memory
     "text": WorkingCoefficients(100_000_000, 0.0),
 }
@@ -276,7 +276,7 @@ class Estimator:
         """The job's estimate in bytes: the model's weights and the working memory that the
         fleet config's coefficients give for its family, ``kind`` and ``size`` (pixels x
         frames x batch); a text job's working memory adds the model's KV cache at its
-        ``max_total_tokens`` (issue 20, :attr:`ModelProfile.kv_cache_bytes`). All zero for an
+        ``max_total_tokens`` (:attr:`ModelProfile.kv_cache_bytes`). All zero for an
         unknown model."""
         model = self.models.get(model_id)
         if model is None:

@@ -1,6 +1,6 @@
 """Expected finish of a job on one machine (R12): the work ahead of it, a cold load if its
 model will not be warm when it starts, the load of its LoRA adapters onto the warm pipeline
-(issue 22: loaded for the job, unloaded after, never kept warm), its run time, and the reload
+(loaded for the job, unloaded after, never kept warm), its run time, and the reload
 cost of the warm models its load would evict. Residency is simulated along the machine's queue in FIFO order.
 
 Residency model (R15): the worker's own admission rule (``residency.policy.admit``, which plans
@@ -52,7 +52,7 @@ class Breakdown:
     queued: int  # jobs ahead of it (queued + running)
     evicts: tuple[str, ...] = ()
     scarcity_s: float = 0.0  # charge for taking time that scarcer work needs (routing.demand)
-    adapter_load_s: float = 0.0  # loading its LoRA adapters onto the warm pipeline (issue 22)
+    adapter_load_s: float = 0.0  # loading its LoRA adapters onto the warm pipeline
 
     @property
     def finish_s(self) -> float:
@@ -171,7 +171,7 @@ def expected_finish(
         queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
         extra_queued: jobs known to be ahead but without details (counted at this job's run time).
         drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
-        adapters: the job's LoRA adapter ids (issue 22); each costs its load seconds
+        adapters: the job's LoRA adapter ids; each costs its load seconds
             (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
             machine's load rate) on every job, warm base or not.
         working_bytes: the job's working memory beyond the weights (bytes), as journaled and

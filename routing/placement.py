@@ -69,7 +69,7 @@ class JobRequest:
     target: str = DEFAULT_TARGET  # a machine name, or "auto" (R11: opt-in)
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
-    adapters: tuple[str, ...] = ()  # LoRA adapter ids (issue 22): each must be verified there too (R4)
+    adapters: tuple[str, ...] = ()  # LoRA adapter ids: each must be verified there too (R4)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ Placement = Decision  # the name the walking skeleton used
 
 def job_bytes(job: JobRequest, costs: CostModel) -> int:
     """The job's memory estimate in bytes: ``costs.job_bytes`` (weights + working memory) plus
-    its LoRA adapters' weights (issue 22: resident beside the model while it runs)."""
+    its LoRA adapters' weights (resident beside the model while it runs)."""
     return costs.job_bytes(job.model_id, job.kind, job.size) + sum(costs.weights_bytes(a) for a in job.adapters)
 
 
@@ -139,7 +139,7 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
             "model_not_verified",
             f"model {model!r} is not verified on machine {name!r}; run `homefleet sync {name} {model}` first",
         )
-    for adapter in job.adapters:  # issue 22: an adapter is a registry entry, synced and verified like a model
+    for adapter in job.adapters:  # an adapter is a registry entry, synced and verified like a model
         if adapter not in machine.verified_models:
             return (
                 "model_not_verified",
@@ -283,7 +283,7 @@ def survey(
 
 @dataclass(frozen=True)
 class Move:
-    """A queued Auto job that would do better on a machine that has fallen idle (issue 21):
+    """A queued Auto job that would do better on a machine that has fallen idle:
     ``position`` in ``source``'s queue (as :attr:`MachineView.queue`, the running job first),
     and the seconds it gains: its expected finish where it is less its score on ``target``."""
 

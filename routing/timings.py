@@ -10,7 +10,7 @@ the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1)
 machine. A job's run seconds scale linearly with its size (pixels x frames x batch), from
 ``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
 
-Text jobs (kind ``text``, issue 20) are priced per token instead: ``step_s`` is seconds per new
+Text jobs (kind ``text``) are priced per token instead: ``step_s`` is seconds per new
 token and ``prompt_s`` seconds per prompt token, so a job's run seconds are ``step_s`` x new
 tokens + ``prompt_s`` x prompt tokens (its "steps" are new tokens, its "size" prompt tokens,
 ``app.core.kinds.job_request``), with no reference size.
@@ -35,7 +35,7 @@ TEXT_KIND = "text"
 """The kind whose timings are per token (``step_s`` per new token, ``prompt_s`` per prompt token)."""
 
 ADAPTER_KIND = "adapter"
-"""The registry kind of a LoRA adapter (issue 22): it runs no job of its own; its timing's
+"""The registry kind of a LoRA adapter: it runs no job of its own; its timing's
 ``load_s`` is the seconds to load it onto a warm pipeline of its base family (``step_s`` unused)."""
 
 EMA_WEIGHT = 0.3

@@ -1,4 +1,4 @@
-"""LoRA adapters for one job (issue 22): loaded onto the warm pipeline before the run, unloaded
+"""LoRA adapters for one job (docs/api.md, "LoRA adapters"; R5): loaded onto the warm pipeline before the run, unloaded
 after it, so the resident pipeline is the base model again and is never reloaded for them.
 
 An adapter is a registry entry of kind ``adapter`` (``app/store/registry.py``): its files come

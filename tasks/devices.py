@@ -49,7 +49,7 @@ def limit_threads(threads: int | None) -> None:
 
 
 def bind_device(machine: str, environ: MutableMapping[str, str] | None = None) -> int | None:
-    """Bind this process to its machine's device, before torch is imported (issue 22): for a
+    """Bind this process to its machine's device, before torch is imported: for a
     device of a multi-device host (``box:1``), set ``CUDA_VISIBLE_DEVICES`` to its index
     (``"1"``: the host's physical index, as ``nvidia-smi`` numbers them), so that torch sees
     that one card, as ``cuda:0``. A machine without a device index (``box``) leaves the

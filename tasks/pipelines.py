@@ -78,7 +78,7 @@ def load_pipeline(folder: Path, precision: str = "fp32", quantization: str | Non
 
 @dataclass
 class TextModel:
-    """A resident causal LM (issue 20): the transformers model and its own tokenizer."""
+    """A resident causal LM: the transformers model and its own tokenizer."""
 
     model: Any
     tokenizer: Any

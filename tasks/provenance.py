@@ -29,7 +29,7 @@ def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params:
     ``manifest`` is the server's manifest the files were verified against (R5): its digests
     are copied as they are, so the record's ``model_files`` equal the manifest's exactly.
     ``inputs`` maps an input field to its digest (``{"image": "blake3:…"}``). ``adapters``: the
-    job's LoRA adapters (issue 22), each ``{"id", "scale", "files": {path: digest}}`` as their
+    job's LoRA adapters, each ``{"id", "scale", "files": {path: digest}}`` as their
     manifests give them (``tasks.adapters.provenance_entries``); the key is left out without any.
     """
     record: dict[str, Any] = {

@@ -42,7 +42,7 @@ CUDA allocations; the CPU allocator), checked on torch 2.13."""
 class JobNotSucceeded(Exception):
     """Raised by the task once its own report ended the job ``failed`` (or the server refused
     its result), so that Celery reports the task FAILURE (a ``task-failed`` event: Flower agrees
-    with the journal, issue 18). Never retried: the message was acked at start, the task has no
+    with the journal). Never retried: the message was acked at start, the task has no
     retries (R8, R19). Listed in the task's ``throws``: logged as expected, without a traceback."""
 
     def __init__(self, job_id: str, reason: str, message: str) -> None:
@@ -68,7 +68,7 @@ def report_progress(job_id: str, step: int, total: int, text: str | None = None,
                     tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
     """Best effort: a progress report that cannot reach the server is logged, never fatal.
     ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
-    probabilities so far (issue 20)."""
+    probabilities so far."""
     try:
         runtime.current().server.progress(job_id, step, total, text, tokens, logprobs)
     except (HomefleetError, httpx.HTTPError) as error:
@@ -84,7 +84,7 @@ def run_job(job_id: str) -> None:
     """The task: claims the job, waits for the start-up preload of committed models (R16) if
     one is loading, then runs it (:func:`run_claimed`).
 
-    The task's outcome is the job's (issue 18: Flower's states agree with the journal): it
+    The task's outcome is the job's (Flower's states agree with the journal): it
     returns when the job succeeded, raises :class:`JobNotSucceeded` when its report failed the
     job, and raises Celery's ``Ignore`` (no outcome event) when the job's end is not this
     delivery's: a refused claim, a job the server ended meanwhile (its event is the server's,
@@ -121,7 +121,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     2. make room by the residency rules: the machine's commitments (R16), a video's memory (R17);
     3. make the model resident (``tasks/loading.py``: verify R5, load R15);
     4. run the kind's pipeline with per-step progress, its LoRA adapters loaded onto the warm
-       pipeline for the run and unloaded after it (``tasks/adapters.py``, issue 22);
+       pipeline for the run and unloaded after it (``tasks/adapters.py``);
     5. upload the result with its digest and provenance (R2).
     """
     job_id, model_id, kind, params = claim.job_id, claim.model_id, claim.kind, claim.params
@@ -150,7 +150,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
             inputs={field: params[field] for field in inputs}, machine=rt.settings.machine, device=rt.device().name,
             adapters=provenance_entries(claim.adapters),
         )
-        # 4. Run, with the job's adapters on the warm pipeline (issue 22).
+        # 4. Run, with the job's adapters on the warm pipeline.
         with adapters_applied(rt, model_id, loaded.pipeline, claim.adapters) as applied:
             started = time.perf_counter()
             output = runner(kind)(loaded.pipeline, params, functools.partial(report_progress, job_id),
@@ -173,7 +173,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     # 5. Upload; a result the server cannot store yet is spooled and retried (tasks/spool.py).
     digest = bytes_digest(output.data)
     try:
-        more = [(extra, bytes_digest(extra)) for extra in output.more]  # images 2..n (issue 22)
+        more = [(extra, bytes_digest(extra)) for extra in output.more]  # images 2..n
         upload_result(rt, job_id, output.data, output.media_type, digest, load_s or 0.0, run_s, cold, provenance, more)
     except (Conflict, httpx.HTTPError) as refusal:
         # Not running any more (the server ended it meanwhile, and said so), or not reported
@@ -193,7 +193,7 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
     """Upload the result (R2). While the server cannot store it (507 ``storage_full``, 5xx) the
     bytes are kept in the worker's spool and the upload is retried with backoff; when the
     retries are spent the job is reported ``failed`` with reason ``result_not_stored`` naming
-    the spooled file, which stays for ``homefleet results recover`` (issue 24).
+    the spooled file, which stays for ``homefleet results recover``.
 
     Raises:
         JobNotSucceeded: the retries were spent (the job is failed ``result_not_stored``).

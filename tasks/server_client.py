@@ -134,7 +134,7 @@ class ServerClient:
                cold_load: bool, provenance: dict[str, Any] | None = None,
                more: list[tuple[bytes, str]] | None = None) -> ResultReceipt:
         """Upload the result with its digest and provenance; the server verifies and stores it (R2).
-        ``more``: (bytes, digest) of images 2..n of a job with n > 1 (issue 22), in order, in the
+        ``more``: (bytes, digest) of images 2..n of a job with n > 1, in order, in the
         same request: the server stores all of them or none."""
         form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
                 "provenance": json.dumps(provenance or {}, sort_keys=True),

@@ -1,4 +1,4 @@
-"""A worker's result spool (issue 24 point 5; R2, R19): a result the server could not store (its
+"""A worker's result spool (R2, R19): a result the server could not store (its
 disk full: 507 ``storage_full``, or another 5xx) is kept on the worker's disk, the upload is
 retried with backoff, and if the server still cannot take it the job ends ``failed`` with
 reason ``result_not_stored``; the spooled file stays, and ``homefleet results recover`` brings
@@ -6,7 +6,7 @@ it in later (the job then becomes ``succeeded``: it ran once, its result was kep
 
 The spool is ``WorkerSettings.spool_dir`` (default: beside the models folder, ``spool/``):
 per job ``<job_id>.result`` (the bytes), ``<job_id>.result.<i>`` (image i of a job with n > 1
-images, issue 22) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
+images) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
 the server answers a repeated upload of a result it stored with the job as it is.
 """
 
@@ -46,7 +46,7 @@ class Spooled:
     cold_load: bool
     provenance: dict[str, Any]
     spooled_at: float
-    more_digests: list[str] = field(default_factory=list)  # images 2..n (issue 22), in order
+    more_digests: list[str] = field(default_factory=list)  # images 2..n, in order
 
 
 class ResultSpool:

@@ -1,6 +1,6 @@
 """``homefleet worker --machine NAME``: one Celery worker process for one device (R7, R8). A
 device of a multi-device host (``--machine box:1``) is bound to its card first
-(``tasks.devices.bind_device``: ``CUDA_VISIBLE_DEVICES=1``), issue 22.
+(``tasks.devices.bind_device``: ``CUDA_VISIBLE_DEVICES=1``).
 
 It consumes only ``machine.<name>``, with the prefork pool, concurrency 1 and prefetch
 disabled, so it holds only the job it runs; the rest wait in the Redis list, in order
@@ -92,7 +92,7 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
             another worker of the same machine holds its lease, or took it while it ran
             (:class:`WorkerLease`).
     """
-    bind_device(settings.machine)  # before torch is imported: box:1 drives card 1 only (issue 22)
+    bind_device(settings.machine)  # before torch is imported: box:1 drives card 1 only
     boot_id = uuid.uuid4().hex
     check_token(settings)  # before anything is consumed: a wrong token would lose the jobs it takes
     lease = WorkerLease(settings, create_redis(settings), boot_id)

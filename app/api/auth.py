@@ -1,5 +1,5 @@
 """Who may call: API keys on the public routes (``Authorization: Bearer <key>``), machine tokens
-on the internal routes, checked before any body is read (issue 24).
+on the internal routes, checked before any body is read.
 
 Keys come from ``Settings.api_keys``. With no key configured the server refuses to start
 unless ``allow_open_api`` is set, and then says at start-up that the public routes are open
@@ -104,7 +104,7 @@ ApiKey = Depends(require_api_key)
 
 def api_key_id_of(settings: Settings, authorization: str) -> str | None:
     """The id a submission carrying ``authorization`` is journaled under and its quota is found
-    by (issue 22): ``Settings.api_key_id`` of its bearer key, never the key itself; None when no
+    by: ``Settings.api_key_id`` of its bearer key, never the key itself; None when no
     key is configured (the routes are open) or none was sent. The key was checked already
     (:class:`Authenticate`)."""
     token = bearer_token(authorization)
@@ -119,7 +119,7 @@ def request_key_id(request: Request) -> str | None:
 def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine:
     """The machine whose token ``authorization`` carries (``Bearer <token>``); a worker also
     names its machine (``X-Homefleet-Machine``, ``claimed``), which must be the token's. The
-    devices of one host share its token (issue 22): the token is then the host's, and the
+    devices of one host share its token: the token is then the host's, and the
     worker names which device's machine it is (``box:0``); without a name it is refused.
 
     Raises:

@@ -1,4 +1,5 @@
-"""The API's small request middlewares, written as pure ASGI (issue 21: submission latency).
+"""The API's small request middlewares, written as pure ASGI, for submission latency
+(docs/benchmarks.md, "Submission latency").
 
 Starlette's ``@app.middleware("http")`` (``BaseHTTPMiddleware``) runs the rest of the app in a
 task of its own and copies every response through a memory stream; three such layers cost

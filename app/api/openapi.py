@@ -1,6 +1,6 @@
-"""The OpenAPI documents, made to tell the truth (issue 24): every status a route can answer,
+"""The OpenAPI documents, made to tell the truth: every status a route can answer,
 with the common error body; the links a client (and schemathesis' stateful phase) follows
-from a submission to its job; the public document apart from the internal one (issue 18).
+from a submission to its job; the public document apart from the internal one.
 
 Statuses are added here, in one place, from what every route shares and a table of what some
 routes add (:data:`ROUTE_STATUSES`):
@@ -155,7 +155,7 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             "properties": {"type": {"type": "string", "enum": ["json", "regex"]},
                            "value": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}]},
         "adapters": {"type": "array", "maxItems": limits.max_adapters,
-                     "description": "LoRA adapters for this job (issue 22): registered adapters of the model's family, "
+                     "description": "LoRA adapters for this job: registered adapters of the model's family, "
                                     "each id once; at most the family's max_adapters",
                      "items": {"type": "object", "required": ["id"], "additionalProperties": False, "properties": {
                          "id": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_ID},

@@ -31,7 +31,7 @@ class JobCreate(RequestBody):
 
 
 class JobRequeue(RequestBody):
-    """``POST /v1/jobs/{id}/requeue`` (issue 22); every field optional, the body too. ``seed``
+    """``POST /v1/jobs/{id}/requeue``; every field optional, the body too. ``seed``
     absent: the old job's seed; ``null``: a new one drawn; a number: that seed. ``target``
     absent: the old job's target."""
 
@@ -46,11 +46,11 @@ class ResultPublic(BaseModel):
     media_type: str
     size_bytes: int
     url: str
-    seed: int | None = None  # the seed of this image (image i of n: the job's seed + i; issue 22)
+    seed: int | None = None  # the seed of this image (image i of n: the job's seed + i)
 
 
 def job_results(job: Job) -> list[ResultPublic] | None:
-    """Every result of a succeeded job in order (issue 22: n images), each with its URL
+    """Every result of a succeeded job in order (n images), each with its URL
     (``/v1/jobs/{id}/result?index=i``) and seed; None before it has succeeded. A job stored
     before jobs had ``results`` lists its one result."""
     if job.state != JobState.succeeded or not job.result_digest:
@@ -107,13 +107,13 @@ class JobPublic(BaseModel):
     predicted_run_s: float | None = None
     progress: dict[str, int] | None = None  # {"step": n, "total": N} while running
     result: ResultPublic | None = None
-    results: list[ResultPublic] | None = None  # every result in order (n images: issue 22); result is the first
+    results: list[ResultPublic] | None = None  # every result in order (n images); result is the first
     requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue)
     seed: int | None = None  # the seed it ran with: given by the client or drawn at submission
     predicted_s: float | None = None  # placement's expected load+run seconds, when it made one
     provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
     memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
-    webhook_url: str | None = None  # where its record is POSTed when it ends (issue 22)
+    webhook_url: str | None = None  # where its record is POSTed when it ends
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:

@@ -87,7 +87,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         context.dispatcher.refusing = error  # the Redis runs with another journal: place nothing (app/fleet/pairing.py)
 
     reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing)
-    webhooks = context.webhook_loop(job_record)  # issue 22: resumes the deliveries a previous server left pending
+    webhooks = context.webhook_loop(job_record)  # resumes the deliveries a previous server left pending
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -123,7 +123,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (a body that cannot be parsed: 400; no such route: 404) in
         the common error body. FastAPI answers 400 "There was an error parsing the body" when
-        spooling a multipart body fails; a full disk under it is a 507 naming it (issue 24), logged."""
+        spooling a multipart body fails; a full disk under it is a 507 naming it, logged."""
         cause = error.__cause__
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
@@ -164,12 +164,12 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.add_middleware(HeaderOnPaths, paths=DOCS_PAGES, name="Content-Security-Policy", value=DOCS_CSP)
     uploads = upload_limits(settings)
     api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
-    # outermost: the key or token is checked before anything reads the body (issue 24)
+    # outermost: the key or token is checked before anything reads the body
     api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)
-    api.include_router(page.router)  # the fleet page: no data in it, no key (issue 23)
+    api.include_router(page.router)  # the fleet page: no data in it, no key
     api.include_router(public.router, dependencies=keyed)
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)
@@ -239,7 +239,7 @@ def upload_limits(settings: Settings) -> list[RouteLimit]:
 
 def job_record(job: Job) -> bytes:
     """A job's record as ``GET /v1/jobs/{id}`` answers it for an ended job: the body of its
-    webhook (issue 22)."""
+    webhook."""
     return JobPublic.from_job(job).model_dump_json().encode()
 
 

@@ -1,4 +1,4 @@
-"""Request bodies as strict JSON (issue 24): what Python's ``json`` module accepts beyond RFC 8259
+"""Request bodies as strict JSON: what Python's ``json`` module accepts beyond RFC 8259
 is refused before a route, a tokenizer or the journal sees it.
 
 Python's parser takes ``NaN``, ``Infinity`` and ``-Infinity``, turns ``1e999`` into ``inf``

@@ -21,7 +21,7 @@ def drill(
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
     work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
 ) -> None:
-    """Run a fault drill on a private local fleet; the last line gives its figures (issue 5)."""
+    """Run a fault drill on a private local fleet; the last line gives its figures."""
     import tempfile
 
     from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet
@@ -49,7 +49,7 @@ def fuzz(
     min_cases: Annotated[int, typer.Option(min=0, help="fail when fewer cases ran")] = 0,
 ) -> None:
     """Fuzz the public API over real HTTP with schemathesis, all checks and its stateful phase,
-    against a private server and worker with a verified tiny model (issue 24); the last line
+    against a private server and worker with a verified tiny model; the last line
     gives the figures. Exit 1 on any failure, a 5xx other than a documented 503, an accepted
     job that did not end, or fewer than ``--min-cases`` cases."""
     import shutil

@@ -73,7 +73,7 @@ def status(
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
     warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
     running (from the journal) and expected drain time (seconds, from learned timings). The
-    devices of a host (``box:0``, ``box:1``) are listed under its line (issue 22). ``--json``:
+    devices of a host (``box:0``, ``box:1``) are listed under its line. ``--json``:
     ``{"hosts": [{"host", "machines": [row, ...]}, ...], "dead_letters": n}``, each row as in
     ``GET /v1/machines``' status (app/fleet/status.py)."""
     import json
@@ -114,7 +114,7 @@ def deadletter(
     limit: Annotated[int, typer.Option(help="list at most this many, newest first")] = 100,
 ) -> None:
     """Messages workers moved aside because they could not be decoded (not JSON, a body that is
-    not base64…; issue 24): queue, time, error and the raw message. ``--clear`` removes them."""
+    not base64…): queue, time, error and the raw message. ``--clear`` removes them."""
     import datetime
 
     from app.context import build_checked_context

@@ -1,4 +1,4 @@
-"""``homefleet keys``: each API key's use of the fleet and its quota (issue 22)."""
+"""``homefleet keys``: each API key's use of the fleet and its quota."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def worker(
     start_worker(settings, loglevel)
 
 
-results_cli = typer.Typer(help="A worker's results the server could not store (issue 24).")
+results_cli = typer.Typer(help="A worker's results the server could not store.")
 cli.add_typer(results_cli, name="results")
 
 

@@ -62,7 +62,7 @@ def models_make_tiny_lora(
     seed: int = 0,
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 4,
 ) -> None:
-    """Build a tiny random LoRA adapter for a tiny pipeline's UNet (issue 22; no training, no
+    """Build a tiny random LoRA adapter for a tiny pipeline's UNet (no training, no
     download); register it with ``homefleet models add DIRECTORY --adapter-of FAMILY``."""
     from app.devtools.tiny_models import make_tiny_lora
 
@@ -81,7 +81,7 @@ def models_train_shapes(
     unet_steps: Annotated[int, typer.Option(min=1, help="steps per model (batch 32)")] = 1500,
     dataset: Annotated[int, typer.Option(min=32, help="pictures per model's data set")] = 6000,
 ) -> None:
-    """Train the two demo txt2img models on flat shapes (issue 19), on this CPU, seeded."""
+    """Train the two demo txt2img models on flat shapes, on this CPU, seeded."""
     from app.devtools.train_shapes import train_shapes
 
     report = train_shapes(directory, seed=seed, threads=threads, vae_steps=vae_steps, unet_steps=unet_steps,
@@ -98,7 +98,7 @@ def models_train_recolour(
     steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
     dataset: Annotated[int, typer.Option(min=32, help="picture pairs in the data set")] = 4000,
 ) -> None:
-    """Train the demo edit model (shapes-recolour: "make it blue") on this CPU, seeded (issue 19)."""
+    """Train the demo edit model (shapes-recolour: "make it blue") on this CPU, seeded."""
     from app.devtools.train_recolour import train_recolour
 
     figures = train_recolour(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, log=console.print)
@@ -115,7 +115,7 @@ def models_train_colour_lora(
     dataset: Annotated[int, typer.Option(min=32, help="pictures in the data set")] = 2000,
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 8,
 ) -> None:
-    """Train the demo LoRA adapter (shapes-blue-lora: every shape blue) of shapes-filled on this CPU, seeded (issue 22)."""
+    """Train the demo LoRA adapter (shapes-blue-lora: every shape blue) of shapes-filled on this CPU, seeded."""
     from app.devtools.train_colour_lora import train_colour_lora
 
     figures = train_colour_lora(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, rank=rank,

@@ -33,7 +33,7 @@ def create_celery(settings: BrokerSettings, consumer: bool = False) -> Celery:
     transport_name = TRANSPORT_ALIAS if consumer else "redis"
     app = Celery("homefleet", broker=broker_url(settings.redis_url, transport_name), set_as_current=False)
     transport = {
-        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),  # undecodable messages (issue 24)
+        "dead_letter_key": Keys(settings.key_prefix).dead_letters(),  # undecodable messages
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": 10,
         "socket_connect_timeout": 10,

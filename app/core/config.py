@@ -93,7 +93,7 @@ class Settings(BrokerSettings):
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
     allow_open_api: bool = False
-    # Per-key quotas (issue 22), by name: the keys of api_keys that start with a quota's
+    # Per-key quotas, by name: the keys of api_keys that start with a quota's
     # key_prefix share its limits and are journaled under its name (app/core/limits.py
     # KeyQuota), e.g. '{"ci": {"key_prefix": "ci-", "max_queued_jobs": 3,
     # "max_gpu_seconds_per_hour": 600}}'. A key under no quota is unlimited.
@@ -121,7 +121,7 @@ class Settings(BrokerSettings):
     # not turn the sync `interrupted` before it began. A worker that dies meanwhile is offline,
     # and placement skips an offline machine anyway.
     sync_claim_wait_s: float = Field(120.0, gt=0)
-    # Webhooks (issue 22; docs/api.md "Webhooks", docs/operations.md): the secret that signs the
+    # Webhooks (docs/api.md "Webhooks", docs/operations.md): the secret that signs the
     # webhooks of the jobs each API key submits, by key id (:meth:`api_key_id`: its quota's name,
     # which the keys of a quota share, else key:<12 hex>; `homefleet keys` lists them), e.g.
     # HOMEFLEET_WEBHOOK_SECRETS='{"key:3f2a9c01b4de": "<secret>"}'. A key without a secret cannot
@@ -228,7 +228,7 @@ class WorkerSettings(BrokerSettings):
     # of its cores: on 2 cores, two workers of 2 threads each ran a tiny step 2.5x slower than
     # two of 1 thread (0.65 against 0.26 s; docs/benchmarks.md).
     torch_threads: int | None = Field(None, ge=1)
-    # Issue 24: a result the server cannot store (507, 5xx) is kept in spool_dir (default: beside
+    # A result the server cannot store (507, 5xx) is kept in spool_dir (default: beside
     # models_dir, spool/) and its upload tried result_upload_attempts times, pausing
     # result_retry_s seconds, then twice as long each time; then the job fails result_not_stored
     # and `homefleet results recover` uploads the spooled file later.

@@ -1,4 +1,4 @@
-"""Constrained text output (issue 20), one home for the server's check and the worker's
+"""Constrained text output (docs/api.md, "Constrained output"), one home for the server's check and the worker's
 decoding: a text job's ``grammar`` param (TGI's shape) is compiled with llguidance against the
 model's own tokenizer.
 

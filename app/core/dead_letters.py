@@ -1,5 +1,5 @@
 """Dead letters: a message a machine's queue held that kombu cannot decode is moved aside, and
-the worker goes on consuming (issue 24 point 2; R8).
+the worker goes on consuming (R8).
 
 kombu's Redis transport pops a message with ``BRPOP`` and then decodes it: ``loads`` of the
 list item (``kombu/transport/redis.py``, ``Channel._brpop_read``), then the body per its

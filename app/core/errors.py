@@ -126,7 +126,7 @@ class ServiceDown(HomefleetError):
 
 class StorageFull(HomefleetError):
     """Raised when a file cannot be written because the disk (or the process's file-size limit,
-    ``RLIMIT_FSIZE``, or a quota) is full: 507, naming what could not be stored (issue 24). A
+    ``RLIMIT_FSIZE``, or a quota) is full: 507, naming what could not be stored. A
     result refused this way leaves its job running: the worker keeps it and retries."""
 
     status_code = 507
@@ -147,8 +147,8 @@ class Overloaded(HomefleetError):
 
 
 class QuotaExceeded(Overloaded):
-    """Raised when a submission would take an API key past its quota (issue 22,
-    ``app/jobs/quotas.py``): ``max_queued_jobs`` (reason ``quota_queued``) or
+    """Raised when a submission would take an API key past its quota
+    (``app/jobs/quotas.py``): ``max_queued_jobs`` (reason ``quota_queued``) or
     ``max_gpu_seconds_per_hour`` (``quota_gpu_seconds``). 429 with the ``Retry-After`` the
     check computed (kept as it is by the submission)."""
 

@@ -1,4 +1,4 @@
-"""Per-family rules, in one place (issue 19): which diffusers pipeline class is which family,
+"""Per-family rules (R22), in one place: which diffusers pipeline class is which family,
 the kind it runs, and how that kind's params map onto that pipeline's own arguments and ranges.
 
 A kind (``app/core/kinds.py``) says what a job of that kind accepts in general; a family
@@ -62,8 +62,8 @@ class Family:
         limits: its default limits (``app/core/limits.py``) where they differ from the
             SD-1-sized ones: ``max_prompt_tokens`` its text encoder reads (T5: 512, Qwen2.5-VL:
             1024; CLIP: 77), ``max_frames`` its video model was trained on (Wan: 81).
-        pipelines: kind -> the diffusers class that runs it on the same components (issue 22:
-            ``img2img``, ``inpaint``), built on the worker from the resident pipeline with
+        pipelines: kind -> the diffusers class that runs it on the same components
+            (``img2img``, ``inpaint``), built on the worker from the resident pipeline with
             ``from_pipe`` (no second load). The family's drop/add/defaults/ranges apply to
             these kinds too.
     """
@@ -114,7 +114,7 @@ _TEXT_PROMPT_CHARS = 1_000_000
 _TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
-    # issue 22: img2img and inpainting run on the txt2img components (from_pipe; a 4-channel
+    # img2img and inpainting run on the txt2img components (from_pipe; a 4-channel
     # UNet inpaints by blending the input's latents outside the mask at every step)
     Family("sd1", "StableDiffusionPipeline", "txt2img",
            pipelines={"img2img": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"}),
@@ -155,7 +155,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
         limits={"max_prompt_tokens": 512, "max_frames": 81},
     ),
-    # causal language models (issue 20): pipeline_class is config.json's ``architectures`` class
+    # causal language models: pipeline_class is config.json's ``architectures`` class
     # (prompts are limited in tokens, max_input_tokens; the characters' limit only refuses absurd sizes early)
     Family("llama", "LlamaForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
     Family("qwen2", "Qwen2ForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
@@ -180,7 +180,7 @@ def family(name: str) -> Family | None:
 def kinds_of(family_name: str, registered: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The kinds a model runs: those registered with it, then those its family runs today
     (a model registered before its family gained a kind, e.g. img2img, runs it too). A LoRA
-    adapter (registered kind :data:`routing.timings.ADAPTER_KIND`, issue 22) runs no kind of
+    adapter (registered kind :data:`routing.timings.ADAPTER_KIND`) runs no kind of
     its family: only ``("adapter",)``."""
     if ADAPTER_KIND in registered:
         return (ADAPTER_KIND,)

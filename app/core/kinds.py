@@ -28,13 +28,13 @@ DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""
 
 BATCH_PARAM = "n"
-"""Images per job (issue 22, OpenAI's ``n``): one pipeline call with ``num_images_per_prompt``
+"""Images per job (OpenAI's ``n``): one pipeline call with ``num_images_per_prompt``
 and one generator per image, seeded ``seed``, ``seed + 1``, …; at most the family's
 ``max_batch`` (``app/core/limits.py``). The kinds whose spec lists it take it."""
 
 
 ADAPTERS_PARAM = "adapters"
-"""LoRA adapters applied to the model for one job (issue 22): ``[{"id": adapter id, "scale":
+"""LoRA adapters applied to the model for one job: ``[{"id": adapter id, "scale":
 weight}]``, checked by ``app.jobs.validation.check_adapters`` (at most the family's
 ``max_adapters``), loaded onto the warm pipeline by the worker (``tasks/adapters.py``) and
 unloaded after the job. The image kinds whose spec lists it in ``server_params`` take it (the
@@ -47,7 +47,7 @@ _STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is ad
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     KindSpec(
         "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
-        # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job (issue 20)
+        # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
         server_params=("expand_prompt", "expanded_by", ADAPTERS_PARAM),
         defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,), prompt_required=True,
     ),
@@ -58,13 +58,13 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
     ),
     KindSpec(
-        # issue 22: the input image noised by `strength`, then denoised int(steps * strength) steps
+        # the input image noised by `strength`, then denoised int(steps * strength) steps
         "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
         defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
         inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
     ),
     KindSpec(
-        # issue 22: `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
+        # `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
         "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
         defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
         inputs=("image", "mask"), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
@@ -82,7 +82,7 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         numbers=(_GUIDANCE, NumberRange("fps", 1.0, 60.0)), prompt_required=True, formats=("mp4", "webp", "gif"),
     ),
     KindSpec(
-        # issue 20: causal LMs. `prompt` is the text fed to the model (a chat request's messages
+        # causal LMs. `prompt` is the text fed to the model (a chat request's messages
         # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding;
         # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
         "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
@@ -147,7 +147,7 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     and ``n`` (images per job, the batch); each absent one at the family's default for the kind
     (``app/core/families.py``; an unknown kind: txt2img's). A text job's steps are its
     ``max_new_tokens`` and its size ``prompt_tokens`` (counted by the server's tokenizer; 0
-    where not counted). ``adapters``: the ids of ``params.adapters`` (issue 22), checked just
+    where not counted). ``adapters``: the ids of ``params.adapters``, checked just
     before (``app.jobs.validation.check_adapters``; malformed entries are skipped here)."""
     kind_spec = family_kind_spec(family, kind) if kind in KINDS else KINDS["txt2img"]
     width = _number(params, "output_width", _number(params, "width", kind_spec.defaults.get("width", 64)))
@@ -166,7 +166,7 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
 
 
 def adapter_ids(params: Mapping[str, Any]) -> tuple[str, ...]:
-    """The adapter ids of ``params.adapters`` (issue 22) in order; entries without a string
+    """The adapter ids of ``params.adapters`` in order; entries without a string
     ``id`` are skipped (validation refuses them)."""
     entries = params.get(ADAPTERS_PARAM)
     if not isinstance(entries, list):

@@ -2,7 +2,7 @@
 frames, images per request, prompt tokens and characters, uploads). Settings hold them
 (``HOMEFLEET_LIMITS``); ``app/jobs/validation.py`` checks submissions against them.
 
-Per-key quotas (issue 22): what one API key may have in the fleet (jobs queued or running,
+Per-key quotas: what one API key may have in the fleet (jobs queued or running,
 GPU-seconds in the last hour), :class:`KeyQuota`. Settings hold them
 (``HOMEFLEET_API_KEY_QUOTAS``); ``app/jobs/quotas.py`` checks submissions against them.
 """
@@ -38,9 +38,9 @@ class FamilyLimits(BaseModel):
     max_prompt_tokens: int = Field(77, ge=1)  # CLIP text encoders: max_position_embeddings = 77
     max_prompt_chars: int = Field(4096, ge=1)  # checked before tokenizing (a huge prompt is cheap to refuse)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
-    max_adapters: int = Field(4, ge=0)  # LoRA adapters per image job (`params.adapters`, issue 22)
+    max_adapters: int = Field(4, ge=0)  # LoRA adapters per image job (`params.adapters`)
     upload_media_types: list[str] = Field(default_factory=lambda: ["image/png", "image/jpeg", "image/webp"])
-    # text models (issue 20; TGI's router): None = from the model's config.json (max_position_embeddings)
+    # text models (TGI's router): None = from the model's config.json (max_position_embeddings)
     max_input_tokens: int | None = Field(None, ge=1)  # prompt tokens (chat-templated for chat requests)
     max_total_tokens: int | None = Field(None, ge=2)  # prompt tokens + max_new_tokens: what the KV cache holds
 
@@ -65,7 +65,7 @@ def limits_for(limits: Mapping[str, FamilyLimits], family: str) -> FamilyLimits:
 
 @dataclass(frozen=True)
 class TokenLimits:
-    """A text model's limits in tokens (issue 20, as TGI's router enforces them): the prompt
+    """A text model's limits in tokens (as TGI's router enforces them): the prompt
     at most ``max_input_tokens``, prompt + ``max_new_tokens`` at most ``max_total_tokens``."""
 
     max_input_tokens: int
@@ -96,7 +96,7 @@ UNNAMED_KEY_HEX = 12
 
 
 class KeyQuota(BaseModel):
-    """The quota of the API keys that start with ``key_prefix`` (issue 22), under a name
+    """The quota of the API keys that start with ``key_prefix``, under a name
     (``HOMEFLEET_API_KEY_QUOTAS='{"ci": {"key_prefix": "ci-", "max_queued_jobs": 3}}'``). The
     jobs of all its keys count together. A limit left out (None) is not checked; a quota with
     neither limit only names its keys (``homefleet keys``). A field that is not one of these

@@ -1,5 +1,5 @@
 """Machine names, shared by the fleet file (``app/fleet/config.py``) and the worker
-(``tasks/devices.py`` ``bind_device``), issue 22.
+(``tasks/devices.py`` ``bind_device``).
 
 A machine is either a host entry of the fleet file (``box``: lowercase letters, digits and
 ``-``, starting with a letter, at most 32 characters) or one device of a host entry that

@@ -21,7 +21,7 @@ REVOCATIONS_PER_REPORT = 100
 
 
 class Body(RequestBody):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # "NaN" and "inf" are no numbers (issue 24)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # "NaN" and "inf" are no numbers
 
 
 class ManifestFile(Body):
@@ -69,7 +69,7 @@ class Manifests(Body):
 
 
 class AdapterClaim(Body):
-    """One LoRA adapter of a claimed job (issue 22): its manifest (the server's current digests,
+    """One LoRA adapter of a claimed job: its manifest (the server's current digests,
     checked before it is loaded, R5) and its weight in ``set_adapters``."""
 
     manifest: Manifest
@@ -78,7 +78,7 @@ class AdapterClaim(Body):
 
 class Claim(Body):
     """``POST /internal/v1/jobs/{id}/claim`` (R19): what a worker needs to run the job it claimed;
-    ``adapters``: its ``params.adapters`` in order, each with its manifest (issue 22)."""
+    ``adapters``: its ``params.adapters`` in order, each with its manifest."""
 
     job_id: str
     model_id: str
@@ -92,7 +92,7 @@ class Claim(Body):
 class ProgressReport(Body):
     """``POST /internal/v1/jobs/{id}/progress``: steps done of ``total``; a text job also sends
     ``text``, the text generated so far, ``tokens``, the ids generated so far, and ``logprobs``,
-    each one's natural-log probability (issue 20: streamed to SSE clients as they grow; TGI's
+    each one's natural-log probability (streamed to SSE clients as they grow; TGI's
     stream names each token's id and logprob)."""
 
     step: int = Field(ge=0)

@@ -1,4 +1,4 @@
-"""The base of every JSON request body the server validates (issue 24, R22): a boolean is no
+"""The base of every JSON request body the server validates (R22): a boolean is no
 number. Pydantic's lax mode reads ``false`` as ``0.0`` for a ``float`` field and ``true`` as
 ``1`` for an ``int`` one, so a body the OpenAPI schema calls invalid (``"guidance_scale":
 false``) would run; here it is a 422 naming the field. Strict mode everywhere would refuse

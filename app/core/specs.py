@@ -41,8 +41,8 @@ class KindSpec:
             the factor from the input image's sides to the output's (1: same size).
         formats: the output formats ``params.format`` may name (first: the default).
         server_params: params the server acts on and journals, which the runner never reads
-            (txt2img's ``expand_prompt`` and ``expanded_by``: the prompt's expansion, issue 20;
-            ``adapters``: LoRA adapters the worker applies around the runner, issue 22).
+            (txt2img's ``expand_prompt`` and ``expanded_by``: the prompt's expansion;
+            ``adapters``: LoRA adapters the worker applies around the runner).
     """
 
     name: str

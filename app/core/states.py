@@ -38,7 +38,7 @@ LEGAL: dict[JobState, frozenset[JobState]] = {
 ``interrupted`` have none. A ``failed`` job becomes ``succeeded`` only when its reason is
 :data:`RESULT_NOT_STORED` and its worker's spooled result is brought in
 (``homefleet results recover``, ``Journal.recover``): the job ran once; its result was kept,
-not re-made (issue 24)."""
+not re-made."""
 
 RESULT_NOT_STORED = "result_not_stored"
 """The failure reason of a job whose result the server could not store (a full disk) after the

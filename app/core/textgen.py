@@ -1,4 +1,4 @@
-"""Text generation's shared rules (issue 20), one home for the server's validation and the
+"""Text generation's shared rules, one home for the server's validation and the
 worker's runner: how a transformers model folder is recognised, how a prompt becomes token ids
 (the server counts exactly what the worker feeds the model, as TGI's router does), the model's
 token limits from its ``config.json``, and the KV cache's bytes.

@@ -48,11 +48,11 @@ class Job(SQLModel, table=True):
     result_path: str | None = None
     result_media_type: str | None = None
     result_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    # Every result in order (issue 22: n images per job), each {digest, path, media_type, bytes, seed};
+    # Every result in order (n images per job), each {digest, path, media_type, bytes, seed};
     # the first is also result_*. None for a job stored before (its one result_*).
     results: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
-    requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue, issue 22)
-    # Who submitted it (issue 22: per-key quotas, webhook secrets): its API key's quota name, or "key:<12 hex>" of the
+    requeued_from: str | None = None  # the job this one repeats (POST /v1/jobs/{id}/requeue)
+    # Who submitted it (per-key quotas, webhook secrets): its API key's quota name, or "key:<12 hex>" of the
     # key's digest (app/core/limits.py key_id); never the key. None: open API, or a job from before.
     api_key_id: str | None = None
     load_s: float | None = None
@@ -74,13 +74,13 @@ class Job(SQLModel, table=True):
     # Provenance of the result: model files' digests, variant, kind, params, seed, inputs'
     # digests, machine, device, load/run seconds; reported by the worker, kept here.
     provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
-    # Issue 22: where the job's record is POSTed when it ends (checked against the fleet file's
+    # Where the job's record is POSTed when it ends (checked against the fleet file's
     # [webhooks] allow_hosts), signed with the secret of its api_key_id (webhook_secrets). None: no webhook.
     webhook_url: str | None = None
 
 
 class WebhookDelivery(SQLModel, table=True):
-    """One webhook to deliver (issue 22): written with the job's terminal transition, in the
+    """One webhook to deliver: written with the job's terminal transition, in the
     same transaction (``app/journal/jobs.py``), then POSTed by the server's delivery loop
     (``app/jobs/webhooks.py``) until delivered or ``webhook_attempts`` are spent. The journal
     is the truth: a server restarted finds its pending deliveries here. Times in unix seconds."""

@@ -7,7 +7,7 @@ and token); registers the models and copies them to each machine; submits jobs t
 video; the edit and upscale inputs are uploaded first); shows progress; prints each result's
 path, media type, digest, machine, seed and seconds; stops everything it started.
 
-The txt2img jobs run the two trained demo models (issue 19, ``app/devtools/demo_models``,
+The txt2img jobs run the two trained demo models (``app/devtools/demo_models``,
 trained by ``homefleet models train-shapes``): ``shapes-filled`` paints solid shapes,
 ``shapes-outlined`` their edges, so each picture shows what was asked and which model drew
 it. Beside each such result the demo prints what was asked and what the picture shows (its
@@ -54,7 +54,7 @@ TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 #: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
 SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
-#: the tiny random-weight causal LM that expands one txt2img prompt first (issue 20; server only)
+#: the tiny random-weight causal LM that expands one txt2img prompt first (server only)
 EXPANDER = "tiny-llama"
 #: every model the demo registers
 DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values(), EXPANDER)

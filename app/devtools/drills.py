@@ -1,4 +1,4 @@
-"""Fault drills (issue 5): real faults against a real local fleet, counted from the outside.
+"""Fault drills (docs/operations.md, "Fault drills"): real faults against a real local fleet, counted from the outside.
 
 Each drill submits jobs, injects its fault, waits until every job has ended (reconciliation
 included) and counts:
@@ -88,7 +88,7 @@ class DrillFleet:
         self.hung_after_s = hung_after_s
         self.broker_key_prefix = broker_key_prefix  # e.g. "drill:", as when one Redis serves several apps
         self.redis_port = free_port()
-        self.redis_password = secrets.token_urlsafe(16)  # the drill fleet's Redis runs with requirepass (issue 24)
+        self.redis_password = secrets.token_urlsafe(16)  # the drill fleet's Redis runs with requirepass
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
         self.ctx: ServerContext | None = None
@@ -297,7 +297,7 @@ def drill_server_kill(fleet: DrillFleet, count: int) -> DrillResult:
 
 def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
     """Redis restarted (no persistence) while jobs wait in m1's queue behind a long job: they are
-    published again by reconciliation (issue 18) and run once each."""
+    published again by reconciliation and run once each."""
     fleet.begin()
     assert fleet.ctx is not None
     acknowledged = {_submit(fleet, 0, steps=25, target="m1")}
@@ -307,7 +307,7 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
 
 
 def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
-    """Issue 18: Redis loses its data (restarted without persistence) while m1 runs a long job
+    """Redis loses its data (restarted without persistence) while m1 runs a long job
     and jobs wait behind it; then newer jobs are submitted (retried while m1 is not yet online
     again). Reconciliation publishes the waiting ones again, in journal order, ahead of the
     newer ones; each runs once; the long job, whose worker stays alive, is never judged
@@ -428,7 +428,7 @@ class DeadLetterDrill:
 def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str, model: str = MODEL,
                       timeout_s: float = 180.0) -> DeadLetterDrill:
     """Push :data:`UNDECODABLE` onto ``machine``'s queue (``LPUSH``, as an attacker with Redis
-    access would), then submit a real txt2img job there and wait for it to end (issue 24).
+    access would), then submit a real txt2img job there and wait for it to end.
     A worker that survives moves each message to the dead-letter list and runs the job."""
     start_s = time.monotonic()
     before = int(ctx.redis.llen(ctx.keys.dead_letters()))

@@ -16,7 +16,7 @@ What differs, and why a caller may prefer exec (:class:`app.devtools.localfleet.
 - ``/proc/PID/cmdline`` and ``/proc/PID/environ`` (``ps``, ``psutil``) show the fork server's,
   not the command's;
 - torch is imported before the command starts, so a worker bound to a device
-  (``CUDA_VISIBLE_DEVICES``, issue 22) logs that torch came first (CUDA still reads the
+  (``CUDA_VISIBLE_DEVICES``) logs that torch came first (CUDA still reads the
   variable at its first use, which comes later);
 - the process is the fork server's child: only this module's :class:`ForkedProcess` knows its
   exit status.

@@ -1,4 +1,4 @@
-"""A real-HTTP fuzz run of the public API (issue 24, R22, R24): schemathesis, with all its
+"""A real-HTTP fuzz run of the public API (R22, R24): schemathesis, with all its
 checks, against ``homefleet serve`` and a real ``celery worker`` for machine ``server`` that
 holds a verified tiny txt2img model, so that schema-valid bodies really queue and run. Its
 stateful phase follows the OpenAPI links from a submission to the job, its events, its

@@ -1,6 +1,6 @@
 """Several machines on this one host: the API and one worker process per machine, each
 with its own model folder and token. Used by ``homefleet demo`` and the end-to-end tests.
-A host entry with several devices (issue 22) is one machine per device (``box:0``,
+A host entry with several devices is one machine per device (``box:0``,
 ``box:1``): one worker each, started with ``CUDA_VISIBLE_DEVICES`` set to its device's index
 (:meth:`LocalFleet.start_host` starts them all).
 

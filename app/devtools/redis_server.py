@@ -58,7 +58,7 @@ def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float
                        password: str | None = None) -> RedisProcess:
     """Start a private redis-server on 127.0.0.1 (no persistence, noeviction), wait until it
     answers, and return it (its ``url`` carries the password). With ``password`` it runs with
-    ``requirepass`` (issue 24: a client without it is refused), set in a configuration file of
+    ``requirepass`` (a client without it is refused), set in a configuration file of
     mode 0600 in ``work_dir`` so that it never shows in the process list.
 
     Raises:

@@ -1,4 +1,4 @@
-"""The flat-shapes world of the trained demo models (issue 19): the words, the drawing, and the
+"""The flat-shapes world of the trained demo models: the words, the drawing, and the
 pixel statistics that tell what a picture shows.
 
 One home for both sides: :mod:`app.devtools.train_shapes` draws its data set with

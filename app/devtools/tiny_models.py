@@ -659,8 +659,8 @@ LORA_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
 
 
 def make_tiny_lora(base: Path, folder: Path, seed: int = 0, rank: int = 4, *, force: bool = False) -> Path:
-    """Build a LoRA adapter for the UNet of the diffusers pipeline ``base`` (e.g. ``tiny-sd``,
-    issue 22) into ``folder``, without training: peft's ``LoraConfig`` (rank ``rank``,
+    """Build a LoRA adapter for the UNet of the diffusers pipeline ``base`` (e.g. ``tiny-sd``)
+    into ``folder``, without training: peft's ``LoraConfig`` (rank ``rank``,
     ``lora_alpha`` = ``rank``: scale 1) on :data:`LORA_TARGETS` with ``init_lora_weights=False``,
     so both LoRA matrices are drawn at random (seeded: ``torch.manual_seed(seed)`` in a forked
     RNG) and the adapter changes the output at scale 1; saved with diffusers'

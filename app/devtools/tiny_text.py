@@ -1,4 +1,4 @@
-"""Tiny random-weight causal language models (issue 20), built offline: a transformers model
+"""Tiny random-weight causal language models, built offline: a transformers model
 folder (``config.json`` with ``architectures``, ``model.safetensors``, ``generation_config.json``)
 and its tokenizer (``tokenizer.json`` + ``tokenizer_config.json``), for the Llama, Qwen2 and
 GPT-2 architectures.

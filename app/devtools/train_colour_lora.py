@@ -1,6 +1,6 @@
-"""Train the demo LoRA adapter of issue 22 on this CPU: ``shapes-blue-lora``, a LoRA of the
-``shapes-filled`` UNet that paints the shape blue whatever colour the prompt names, and keeps
-its shape, size and background.
+"""Train the demo LoRA adapter on this CPU (docs/operations.md, "The trained demo models"):
+``shapes-blue-lora``, a LoRA of the ``shapes-filled`` UNet that paints the shape blue whatever
+colour the prompt names, and keeps its shape, size and background.
 
     homefleet models train-colour-lora app/devtools/demo_models   # a few minutes on 2 shared cores
 

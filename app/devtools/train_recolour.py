@@ -1,6 +1,6 @@
-"""Train the demo edit model of issue 19 on this CPU: ``shapes-recolour``, a tiny
-``StableDiffusionInstructPix2PixPipeline`` that recolours a flat shape ("make it blue") and
-keeps its shape, size, place and background.
+"""Train the demo edit model on this CPU (docs/operations.md, "The trained demo models"):
+``shapes-recolour``, a tiny ``StableDiffusionInstructPix2PixPipeline`` that recolours a flat
+shape ("make it blue") and keeps its shape, size, place and background.
 
     homefleet models train-recolour app/devtools/demo_models   # ~7 min on 2 shared cores
 

@@ -1,5 +1,6 @@
-"""Train the two demo models of issue 19 on this CPU: tiny text-to-image pipelines that draw
-what they are asked, on a synthetic data set of flat shapes (:mod:`app.devtools.shapes`).
+"""Train the two demo txt2img models on this CPU (docs/operations.md, "The trained demo models"):
+tiny text-to-image pipelines that draw what they are asked, on a synthetic data set of flat
+shapes (:mod:`app.devtools.shapes`).
 
 ``shapes-filled`` paints solid shapes, ``shapes-outlined`` draws only their edges, so a
 result shows which model made it. Each is a real diffusers ``StableDiffusionPipeline`` folder

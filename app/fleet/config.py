@@ -12,8 +12,8 @@ Example (``app/fleet/fleet.default.toml`` is the embedded default)::
 
 The server itself is machine ``server`` and must be listed (R9).
 
-A host with several devices (issue 22) declares them on its one entry, as a list of
-``"<backend>:<index>"`` or as a count (``devices = 2``: indices 0 and 1)::
+A host with several devices (docs/operations.md, "Several devices on one host") declares them on
+its one entry, as a list of ``"<backend>:<index>"`` or as a count (``devices = 2``: indices 0 and 1)::
 
     [[machines]]
     name = "box"
@@ -46,7 +46,7 @@ Timing guesses per model until the first measurement (R13; absent: the per-famil
 
 ``python -m bench.memory`` measures them and prints such tables.
 
-Where a job's webhook may go (issue 22; absent: nowhere, every ``webhook_url`` is refused)::
+Where a job's webhook may go (absent: nowhere, every ``webhook_url`` is refused)::
 
     [webhooks]
     allow_hosts = ["hooks.example", "10.0.0.5"]   # host names or IP addresses, exact match
@@ -95,7 +95,7 @@ class Machine(BaseModel):
     # relative to the seed fleet's server (1.0), and the model load rate in bytes per second.
     speed: float = Field(default=1.0, gt=0)
     load_bytes_per_s: float = Field(default=2.5e9, gt=0)
-    # Issue 22: set on the machines a host entry's ``devices`` expands to (``box:0``: host
+    # Set on the machines a host entry's ``devices`` expands to (``box:0``: host
     # ``box``, device 0); None on a single-device entry.
     host: str | None = None
     device: int | None = Field(default=None, ge=0, lt=MAX_DEVICES)
@@ -163,13 +163,13 @@ class ModelGuess(BaseModel):
 
     step_s: float | None = Field(default=None, gt=0)
     load_s: float | None = Field(default=None, gt=0)
-    # a text model's token limits (issue 20), over its family's and its config.json's
+    # a text model's token limits, over its family's and its config.json's
     max_input_tokens: int | None = Field(default=None, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=2)
 
 
 class WebhookConfig(BaseModel):
-    """``[webhooks]``: ``allow_hosts``, the hosts a job's ``webhook_url`` may name (issue 22):
+    """``[webhooks]``: ``allow_hosts``, the hosts a job's ``webhook_url`` may name:
     host names or IP addresses, matched exactly and case-insensitively (no wildcards; any port).
     Empty: no webhook is accepted."""
 
@@ -203,7 +203,7 @@ class Fleet(BaseModel):
     working_memory: dict[str, KindWorking] = Field(default_factory=dict)
     families: dict[str, FamilyConfig] = Field(default_factory=dict)
     models: dict[str, ModelGuess] = Field(default_factory=dict)
-    webhooks: WebhookConfig = Field(default_factory=WebhookConfig)  # where a job's webhook may go (issue 22)
+    webhooks: WebhookConfig = Field(default_factory=WebhookConfig)  # where a job's webhook may go
 
     check_kinds = field_validator("working_memory")(_check_kinds)
 

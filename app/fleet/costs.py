@@ -112,7 +112,7 @@ class FleetCosts:
         return profiles
 
     def _kv_cache(self, record: ModelRecord) -> int:
-        """A text model's KV cache at its ``max_total_tokens`` (issue 20), bytes; 0 for other models."""
+        """A text model's KV cache at its ``max_total_tokens``, bytes; 0 for other models."""
         if "text" not in record.kinds:
             return 0
         tokens = (self.max_total_tokens(record.id) if self.max_total_tokens is not None

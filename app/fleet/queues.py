@@ -71,7 +71,7 @@ class MachineQueues:
         """Publish a job's message to ``machine.<name>`` (LPUSH: behind every message there), with
         ``task_id = job id`` so that the claim refuses a second delivery (R19). The task gets only
         the job id; Flower and ``celery inspect`` show the model, kind and machine beside it
-        (``argsrepr``/``kwargsrepr``, issue 18).
+        (``argsrepr``/``kwargsrepr``).
 
         Raises:
             kombu.exceptions.OperationalError: the broker refused it after the retry policy's tries.
@@ -114,8 +114,9 @@ class MachineQueues:
 
 
 class DeadLetters:
-    """The messages workers moved aside because kombu could not decode them (issue 24;
-    app/core/dead_letters.py): a Redis list of JSON ``{queue, raw, error, at}``, newest first."""
+    """The messages workers moved aside because kombu could not decode them
+    (app/core/dead_letters.py; docs/operations.md, "Dead letters"): a Redis list of JSON
+    ``{queue, raw, error, at}``, newest first."""
 
     def __init__(self, client: redis.Redis, key: str) -> None:
         self.client, self.key = client, key

@@ -111,7 +111,7 @@ class RedisResidencyFacts:
                                f"{machine!r}", reason="video_model_not_committable")
             if ADAPTER_KIND in record.kinds:
                 raise Rejected(f"{model_id!r} is a LoRA adapter: it is loaded for each job that names it and "
-                               "unloaded after (issue 22), never kept resident; commit its base model",
+                               "unloaded after, never kept resident; commit its base model",
                                reason="adapter_not_committable")
             if family not in families:
                 raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
@@ -166,7 +166,7 @@ def check_commitment_memory(machine: str, wanted: Iterable[str], registry: Regis
     variant loads, :meth:`Registry.weights_bytes`) plus the working memory of the largest job
     they must still run (each model's kind at its family's default size, ``job_request``; the
     fleet config's working-memory coefficients) exceed the machine's usable memory
-    (``memory_bytes``): such a commitment could never be resident (issue 19). A machine with no
+    (``memory_bytes``): such a commitment could never be resident. A machine with no
     memory figure (0) is not checked.
 
     Raises:

@@ -3,7 +3,7 @@ whether new jobs may be placed there (draining: ``homefleet drain``; syncing: a 
 reservation, R6), verified and warm models, ``queued`` = LLEN of its exact queue list (``Keys.queue_list``,
 under the broker key prefix), ``running`` = its running jobs in the journal, ``backlog`` =
 their sum (R8), and the expected seconds until its queue drains (routing.finish.drain with
-the learned timings). Each row names its ``host`` and ``device`` (issue 22: the devices of a
+the learned timings). Each row names its ``host`` and ``device`` (the devices of a
 host declared with ``devices`` are machines ``<host>:<index>``; a single-device machine is
 its own host, device None); :func:`by_host` groups the rows."""
 

@@ -7,8 +7,8 @@ the project's words in docs/design.md):
 2. check the request (R22, ``app/jobs/validation.py``) and draw its seed;
 3. under the fleet lock: replay an ``Idempotency-Key`` (R20); read the fleet snapshot (machines
    with their reservations, the demand, the cost data's change marks) in one command; refuse
-   past ``max_pending_total`` (R23) or past the submitting API key's quota (issue 22,
-   ``app/jobs/quotas.py``); place (``routing.placement``);
+   past ``max_pending_total`` (R23) or past the submitting API key's quota
+   (``app/jobs/quotas.py``); place (``routing.placement``);
 4. journal the job as ``queued`` with its prediction (R19: before anything is published);
 5. in one atomic step, check that the lock still holds our token, renew it (C04) and reserve
    the machine (with the demand record);
@@ -77,7 +77,7 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Hook:
-    """A submission's webhook (issue 22): its checked URL (None: none) and the submitting key's id."""
+    """A submission's webhook: its checked URL (None: none) and the submitting key's id."""
 
     url: str | None
     api_key_id: str | None
@@ -131,7 +131,7 @@ class Dispatcher:
         self.lock = lock
         self.metrics = metrics
         self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
-        self.quotas = KeyQuotas(settings, journal)  # per-key quotas (issue 22), checked under the lock
+        self.quotas = KeyQuotas(settings, journal)  # per-key quotas, checked under the lock
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
         self.scarcity = Scarcity()
@@ -220,8 +220,8 @@ class Dispatcher:
         ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
         with its refusal). ``api_key_id``: the submitting API key's id
         (``Settings.api_key_id``), journaled with the job (and its refusal) and checked against
-        that key's quota under the fleet lock (issue 22); None: no key (open API, the server's
-        own jobs). ``webhook_url``: where its record is POSTed when it ends (issue 22; checked
+        that key's quota under the fleet lock; None: no key (open API, the server's
+        own jobs). ``webhook_url``: where its record is POSTed when it ends (checked
         first, :meth:`check_webhook`, and signed with that key's secret).
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
@@ -316,7 +316,7 @@ class Dispatcher:
                  fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None,
                  hook: Hook | None = None) -> Job:
         """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)
-        and its webhook (issue 22)."""
+        and its webhook."""
         hook = hook or Hook(None, None)
         part = decision.breakdown
         memory = estimator.memory(request.model_id, request.kind, request.size)
@@ -361,7 +361,7 @@ class Dispatcher:
         """A refused submission: temporary refusals get ``Retry-After`` (a quota's refusal keeps
         its own); every refusal but a lost lock and a reused key is counted and journaled
         ``rejected`` with its reason and the submitting key's id (R19), with its webhook when
-        that passed its check (the ``rejected`` end is delivered, issue 22)."""
+        that passed its check (the ``rejected`` end is delivered)."""
         hook = hook or Hook(None, None)
         if isinstance(error, Overloaded | MachineUnavailable) and not isinstance(error, QuotaExceeded):
             error.retry_after_s = self.settings.retry_after_s  # temporary: 429/503 say when to retry

@@ -1,4 +1,4 @@
-"""Prompt expansion (issue 20): a txt2img submission naming a text model in
+"""Prompt expansion (docs/api.md, "Prompt expansion"): a txt2img submission naming a text model in
 ``params.expand_prompt`` runs that model first, as its own journaled ``text`` job, and the
 image job then runs with the prompt it wrote — never silently: both jobs are journaled, the
 image job's params (embedded in its provenance) name the text job (``expanded_by``) and the
@@ -68,7 +68,7 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
                     webhook_url: str | None = None) -> Submission:
     """Submit a txt2img job whose ``params.expand_prompt`` names a text model: the expansion's
     text job first, waited for, then the image job (module docstring). Both are jobs of the
-    API key ``api_key_id`` (its quota applies to each, issue 22). ``webhook_url`` (issue 22) is
+    API key ``api_key_id`` (its quota applies to each). ``webhook_url`` is
     the image job's (checked before any job); the text job has none.
 
     Raises:

@@ -26,8 +26,8 @@ class Progress:
     step: int | None
     total: int | None
     at_s: float
-    text: str | None = None  # a text job's text so far (issue 20)
-    tokens: list[int] | None = None  # a text job's token ids so far (issue 20)
+    text: str | None = None  # a text job's text so far
+    tokens: list[int] | None = None  # a text job's token ids so far
     logprobs: list[float] | None = None  # and each one's log probability
 
     def public(self) -> dict[str, int] | None:

@@ -1,4 +1,4 @@
-"""Per-key quotas (issue 22): how much of the fleet one API key may use.
+"""Per-key quotas (docs/api.md, "Quotas"): how much of the fleet one API key may use.
 
 A key's quota (``Settings.api_key_quotas``, :class:`app.core.limits.KeyQuota`) has two limits,
 each checked by :meth:`KeyQuotas.check` inside ``Dispatcher.submit`` under the fleet lock (R14),

@@ -1,5 +1,5 @@
 """Celery task events for the jobs the server ends itself, so that Flower's task states agree
-with the journal (issue 18).
+with the journal.
 
 Flower knows a task only from Celery's task events (``task-received``, ``task-started``,
 ``task-succeeded``, ``task-failed``, ``task-revoked``). A worker sends them for what its task

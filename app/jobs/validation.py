@@ -54,7 +54,7 @@ INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n")
 integer-valued float (``512.0``)."""
 
 MAX_ADAPTER_SCALE = 4.0
-"""``params.adapters[i].scale`` lies in [-MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE] (issue 22): the
+"""``params.adapters[i].scale`` lies in [-MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE]: the
 LoRA's weight in diffusers' ``set_adapters``; 0 leaves the model as it is, 1 is the adapter as
 trained, beyond a few it only breaks images."""
 
@@ -87,7 +87,7 @@ class Validator:
         return record
 
     def token_limits(self, model_id: str) -> TokenLimits:
-        """A text model's token limits (issue 20): the fleet file's ``[models.<id>]``, else its
+        """A text model's token limits: the fleet file's ``[models.<id>]``, else its
         family's limits, else its ``config.json``'s ``max_position_embeddings``.
 
         Raises:
@@ -160,7 +160,7 @@ class Validator:
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
-        if ADAPTERS_PARAM in params:  # issue 22: journaled as checked, each with its scale
+        if ADAPTERS_PARAM in params:  # journaled as checked, each with its scale
             params[ADAPTERS_PARAM] = check_adapters(params, limits, record.family, self.adapter_families(params))
             for entry in params[ADAPTERS_PARAM]:
                 self.model(entry["id"])  # R5: an adapter's files are checked like its model's
@@ -174,7 +174,7 @@ class Validator:
 
 
     def adapter_families(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """The base family of each registered adapter ``params.adapters`` names (issue 22),
+        """The base family of each registered adapter ``params.adapters`` names,
         ``{adapter id: family}``; ids that name no adapter are left out (:func:`check_adapters`
         refuses them)."""
         entries = params.get(ADAPTERS_PARAM)
@@ -191,7 +191,7 @@ class Validator:
 
 def check_adapters(params: Mapping[str, Any], limits: FamilyLimits, family: str,
                    adapter_families: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Check ``params.adapters`` (issue 22) of a job on a model of ``family``: a list of at most
+    """Check ``params.adapters`` of a job on a model of ``family``: a list of at most
     ``limits.max_adapters`` objects ``{"id": str, "scale": number}`` (``scale`` optional,
     default 1.0, finite, within +-:data:`MAX_ADAPTER_SCALE`), each id a registered adapter
     (``adapter_families``: adapter id -> its base family) of the model's own family, no id
@@ -351,7 +351,7 @@ def check_submission(
 def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLimits) -> int:
     """Refuse a text job whose prompt (tokenized as the worker will feed it, ``prompt_ids``:
     chat-templated prompts as they are) exceeds ``max_input_tokens``, or whose prompt tokens +
-    ``max_new_tokens`` exceed ``max_total_tokens`` (issue 20, TGI's router's checks). Returns
+    ``max_new_tokens`` exceed ``max_total_tokens`` (TGI's router's checks). Returns
     the prompt's token count. Call after :func:`check_kind_params` (numbers are checked).
 
     Raises:
@@ -574,7 +574,7 @@ def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dic
 
 
 def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, secrets: Mapping[str, str]) -> None:
-    """A job's ``webhook_url`` (issue 22): an absolute ``http``/``https`` URL without credentials
+    """A job's ``webhook_url``: an absolute ``http``/``https`` URL without credentials
     whose host is one of the fleet file's ``[webhooks] allow_hosts`` (exact, case-insensitive),
     submitted with an API key that has a webhook secret (``webhook_secrets``), since every
     webhook is signed.

@@ -1,4 +1,4 @@
-"""Webhooks (issue 22): when a job that named a ``webhook_url`` ends, the server POSTs its
+"""Webhooks: when a job that named a ``webhook_url`` ends, the server POSTs its
 record (the JSON of ``GET /v1/jobs/{id}``) there, signed with the secret of the API key that
 submitted it. docs/api.md "Webhooks" is the receiver's side; docs/operations.md the operator's.
 

@@ -4,7 +4,7 @@ and a job is claimed once. The tables are ``app/db/tables.py``'s ``Job`` and ``J
 
 Every way a job ends goes through :meth:`Journal.add` (``rejected``) or
 :meth:`Journal.transition` (every other state of ``ENDED``), so these two write a job's webhook
-delivery (issue 22, ``WebhookDelivery``) in the transaction that ends it: a job that ended has
+delivery (``WebhookDelivery``) in the transaction that ends it: a job that ended has
 its delivery, whichever process ended it, and a crash cannot leave one without the other.
 """
 
@@ -117,7 +117,7 @@ class Journal:
         """``(job id, machine)`` of the jobs in ``states``, oldest first: two columns, not whole
         jobs. A reconciliation pass over a backlog of 10,000 queued jobs spent 0.53 s of its
         0.92 s building them as objects (their JSON columns decoded), the API's other requests
-        waiting meanwhile (bench/backlog.py, issue 21)."""
+        waiting meanwhile (bench/backlog.py)."""
         query = (select(Job.id, Job.machine).where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
                  .order_by(Job.created_at))
         with Session(self.engine) as session:
@@ -278,8 +278,8 @@ class Journal:
         if machine is not None:
             conditions.append(Job.machine == machine)
         # The update returns the row and the event is a Core INSERT in the same transaction: no
-        # ORM unit of work and no re-read (the claim path, issue 21). An end writes the job's
-        # webhook delivery in the same transaction (issue 22).
+        # ORM unit of work and no re-read (the claim path). An end writes the job's
+        # webhook delivery in the same transaction.
         delivery = None
         with self.engine.begin() as connection:
             row = connection.execute(update(Job.__table__).where(*conditions)  # type: ignore[attr-defined]
@@ -362,7 +362,7 @@ class Journal:
 
     def recover(self, job_id: str, machine: str, **values: Any) -> Job:
         """``failed -> succeeded`` for a job that failed ``result_not_stored`` only, once its
-        spooled result has been stored (issue 24): one conditional UPDATE.
+        spooled result has been stored: one conditional UPDATE.
 
         Raises:
             Conflict: the job is not failed, or failed for another reason (nothing changes).

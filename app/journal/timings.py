@@ -3,7 +3,7 @@
 The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds per step at the
 reference size (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
 prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with measured times is folded in.
-A job with LoRA adapters (issue 22) also teaches each adapter's load seconds onto a warm
+A job with LoRA adapters also teaches each adapter's load seconds onto a warm
 pipeline, row (machine, adapter, ``adapter``): the provenance's ``adapter_load_s`` shared
 equally among its adapters.
 """
@@ -38,14 +38,14 @@ class TimingStore:
 
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
         """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in,
-        and its adapters' load seconds (issue 22); returns the model's new timing, None when the
+        and its adapters' load seconds; returns the model's new timing, None when the
         job has no machine or no run time."""
         if job.machine is None or job.run_s is None:
             return None
         request = job_request(job.model_id, "", job.kind, job.machine, job.params)
         steps, size = request.steps, request.size
         usage = (job.provenance or {}).get("usage") if job.kind == TEXT_KIND else None
-        if isinstance(usage, dict):  # a text job: the tokens it really read and generated (issue 20)
+        if isinstance(usage, dict):  # a text job: the tokens it really read and generated
             steps, size = int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0))
         learned = estimator.learned
         timing = learned.observe(
@@ -56,7 +56,7 @@ class TimingStore:
         adapters = request.adapters
         adapter_load_s = (job.provenance or {}).get("adapter_load_s")
         if adapters and isinstance(adapter_load_s, int | float) and adapter_load_s >= 0:
-            for adapter in dict.fromkeys(adapters):  # issue 22: a load onto the warm pipeline, no run of its own
+            for adapter in dict.fromkeys(adapters):  # a load onto the warm pipeline, no run of its own
                 folded[adapter] = (ADAPTER_KIND, learned.observe(
                     job.machine, adapter, ADAPTER_KIND, guess=estimator.guess(job.machine, adapter, ADAPTER_KIND),
                     run_s=0.0, steps=1, size=1, load_s=float(adapter_load_s) / len(adapters)))

@@ -1,4 +1,4 @@
-"""The webhook deliveries of ended jobs, in the journal (issue 22): the table is
+"""The webhook deliveries of ended jobs, in the journal: the table is
 ``app/db/tables.py``'s ``WebhookDelivery``. A delivery is written with the transition that ends
 its job (``app/journal/jobs.py``); the server's delivery loop (``app/jobs/webhooks.py``) leases
 the due ones, POSTs them and records each attempt here, with its job event, in one transaction.

@@ -116,7 +116,7 @@ class ResultStore(ContentStore):
 
     def store(self, data: bytes, declared_digest: str, text: bool = False) -> StoredFile:
         """Verify ``data`` against ``declared_digest`` and store it; return where it lies.
-        ``text``: the result of a text job, which must be UTF-8 text (``text/plain``, issue 20);
+        ``text``: the result of a text job, which must be UTF-8 text (``text/plain``);
         any other result must be one of the image and video types.
 
         Raises:

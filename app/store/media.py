@@ -73,7 +73,7 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
 
 def sniff_result(data: bytes) -> str | None:
     """Media type of a worker's result: :func:`sniff`'s, else ``text/plain`` for bytes that are
-    valid UTF-8 (a text job's output, issue 20; text has no magic bytes), else None."""
+    valid UTF-8 (a text job's output; text has no magic bytes), else None."""
     found = sniff(data)
     if found is not None:
         return found

@@ -1,7 +1,7 @@
 """The model registry on the server (R1): model ids, their family and kinds, and the
 manifest (every file with its size and full-content digest).
 
-LoRA adapters (issue 22) are registry entries too, of kind ``adapter`` (``ADAPTER_KIND``) with
+LoRA adapters are registry entries too, of kind ``adapter`` (``ADAPTER_KIND``) with
 their base model's family: a folder of LoRA weights (``*.safetensors``, as diffusers'
 ``save_lora_weights`` writes them) or one downloaded LoRA file in the kohya or diffusers/PEFT
 layout (stored as ``pytorch_lora_weights.safetensors``), its layout and base recognised from its
@@ -40,14 +40,14 @@ from app.store.selection import select_files
 from routing.timings import ADAPTER_KIND
 
 ADAPTER_CLASS = "LoRA"
-"""The ``pipeline_class`` of a registered adapter (issue 22)."""
+"""The ``pipeline_class`` of a registered adapter."""
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     """(pipeline class, family, kinds) from ``folder/model_index.json`` (a diffusers folder), or
-    from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder, issue 20).
+    from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder).
 
     Raises:
         Rejected: neither file, or an unknown pipeline or model class.
@@ -74,7 +74,7 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
 
 def describe_adapter(folder: Path, family: str) -> tuple[str, str, tuple[str, ...]]:
     """(pipeline class, family, kinds) of a LoRA adapter for base ``family`` (``folder``: a folder
-    of LoRA weights or one ``.safetensors`` LoRA file): ``("LoRA", family, ("adapter",))`` (issue 22).
+    of LoRA weights or one ``.safetensors`` LoRA file): ``("LoRA", family, ("adapter",))``.
 
     Raises:
         Rejected: ``family`` is unknown (reason ``unknown_family``), or ``folder`` is a model
@@ -156,7 +156,7 @@ class Registry:
         bytes). ``total_bytes`` sums the files taken. ``precision`` and
         ``quantization`` name the variant workers load (:mod:`app.core.variants`); register the
         same folder under two ids to offer two variants. ``adapter_of``: ``source`` is a LoRA
-        adapter of that base family instead (issue 22, :func:`describe_adapter`; kind
+        adapter of that base family instead (:func:`describe_adapter`; kind
         ``adapter``, fp32, no quantization): a folder, or one LoRA ``.safetensors`` file stored as
         :data:`~app.core.lora_files.LORA_WEIGHTS`; its layout (kohya or diffusers/PEFT,
         :func:`adapter_layout`) is the record's ``source_format``, and a file's digest its
@@ -346,7 +346,7 @@ class Registry:
         return record
 
     def adapter(self, adapter_id: str) -> ModelRecord:
-        """The registered LoRA adapter ``adapter_id`` (issue 22).
+        """The registered LoRA adapter ``adapter_id``.
 
         Raises:
             NotFound: no such entry, or an entry that is a model, not an adapter (reason

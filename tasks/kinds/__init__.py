@@ -30,7 +30,7 @@ ProgressFn = Callable[..., None]  # (step done, total steps[, text=, tokens=, lo
 class Output:
     """A runner's result: the file's bytes and media type, and ``record``: figures for the
     journaled provenance only (not embedded: e.g. a text job's token counts and finish reason);
-    ``more``: the files of images 2..n of a job with ``n`` > 1 (issue 22), in order, each of
+    ``more``: the files of images 2..n of a job with ``n`` > 1, in order, each of
     ``media_type``."""
 
     data: bytes
@@ -81,7 +81,7 @@ def denoising(args: Args, progress: ProgressFn, total: int | None = None) -> dic
         "callback_on_step_end": on_step_end,
     }
     count = images_of(args)
-    if count > 1:  # one call, one generator per image: image i is seeded seed + i (issue 22)
+    if count > 1:  # one call, one generator per image: image i is seeded seed + i
         call["num_images_per_prompt"] = count
         call["generator"] = [torch.Generator("cpu").manual_seed(seed + i) for i in range(count)]
     if "guidance_scale" in args.spec.params:

@@ -1,6 +1,6 @@
 """img2img: an input image redrawn from a prompt (StableDiffusionImg2ImgPipeline,
 StableDiffusionXLImg2ImgPipeline: built from the resident txt2img pipeline's components with
-``from_pipe``, ``tasks.kinds.kind_pipeline``; issue 22).
+``from_pipe``, ``tasks.kinds.kind_pipeline``).
 
 Params (``app/core/kinds.py``, each family's changes in ``app/core/families.py``): ``image``
 (required: the id of an uploaded file, ``"blake3:<hex>"``), ``prompt`` (required),

@@ -1,6 +1,6 @@
 """inpaint: repaint the masked part of an input image from a prompt
 (StableDiffusionInpaintPipeline, StableDiffusionXLInpaintPipeline: built from the resident
-txt2img pipeline's components with ``from_pipe``, ``tasks.kinds.kind_pipeline``; issue 22).
+txt2img pipeline's components with ``from_pipe``, ``tasks.kinds.kind_pipeline``).
 
 Params (``app/core/kinds.py``): ``image`` and ``mask`` (required: ids of uploaded files of the
 same size, checked at submission; the mask is read as greyscale and binarized at half: white

@@ -1,4 +1,4 @@
-"""text: a causal language model continues a prompt (issue 20; ``AutoModelForCausalLM.generate``).
+"""text: a causal language model continues a prompt (``AutoModelForCausalLM.generate``).
 
 Params (``app/core/kinds.py``): ``prompt`` (required: the text fed to the model; for a chat
 request the server has already applied the model's chat template, ``chat`` true), ``max_new_tokens``,

@@ -1,4 +1,5 @@
-// The fleet page (issue 23): plain JS module, no build step, talks to this server's JSON API only.
+// The fleet page (docs/operations.md, "The fleet page"): plain JS module, no build step, talks to this
+// server's JSON API only.
 // The API key is asked for once and kept in sessionStorage; every call sends it as a bearer token.
 
 const KEY = "homefleet.api_key";

@@ -1,7 +1,7 @@
 """Shared route dependencies: the server context and the worker's identity.
 
 They are ``async def`` because none of them blocks: FastAPI runs a plain ``def`` dependency in
-its thread pool, one hand-over per dependency and request (issue 21: the thread hops were most
+its thread pool, one hand-over per dependency and request (the thread hops were most
 of a request's time in the API, docs/benchmarks.md "Submission latency"). A dependency or route
 that waits on the journal, Redis or a file stays a plain ``def``."""
 
@@ -66,7 +66,7 @@ def job_of_machine(ctx: ServerContext, job_id: str, machine: Machine) -> Job:
 
 
 def stored_file(path: str | Path, media_type: str, filename: str, digest: str | None = None) -> FileResponse:
-    """A stored file as the API serves it (issue 24): its stored media type,
+    """A stored file as the API serves it: its stored media type,
     ``X-Content-Type-Options: nosniff`` (a browser never second-guesses it),
     ``Content-Disposition: attachment; filename=…`` (it is downloaded, never rendered in the
     API's origin) and, when known, ``X-Content-Digest``."""

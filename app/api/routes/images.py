@@ -3,7 +3,7 @@
 - ``POST /v1/images/generations`` (JSON: ``prompt``, ``model``, ``n``, ``size`` "WxH",
   ``response_format`` ``b64_json`` | ``url``; Homefleet extras ``steps``, ``target``,
   ``negative_prompt`` through the SDK's ``extra_body``): ONE txt2img job making the ``n`` images
-  in one pipeline call (issue 22: ``params.n``, consecutive seeds), waited for, answered
+  in one pipeline call (``params.n``, consecutive seeds), waited for, answered
   ``{"created", "data": [{"b64_json"} | {"url"}]}`` with the images in order.
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
@@ -119,7 +119,7 @@ def announced_timeout_s(request: Request) -> float | None:
 class ImageCall:
     """One request of an image route: its call's fingerprint (app/jobs/calls.py), whether it is
     a client's automatic retry, when it must be answered (``time.monotonic()`` seconds), and
-    the id of its API key (its jobs' ``api_key_id``, whose quota applies: issue 22)."""
+    the id of its API key (its jobs' ``api_key_id``, whose quota applies)."""
 
     fingerprint: str
     retried: bool
@@ -398,13 +398,13 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
         params["steps"] = body.steps
-    if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs' (issue 20)
+    if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs'
         params["expand_prompt"] = body.expand_prompt
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
     await to_thread.run_sync(check_count, ctx, model, body.n)
     if body.n > 1:
-        params[BATCH_PARAM] = body.n  # one job, one pipeline call (issue 22)
+        params[BATCH_PARAM] = body.n  # one job, one pipeline call
     jobs = await run_jobs(ctx, call, model, params, body.target, 1)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
@@ -446,7 +446,7 @@ async def edit_images(
 
 def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,
                index: int = 0) -> dict[str, str]:
-    """One ``data`` entry: result ``index`` of ``job`` (its images in order, issue 22) as base64
+    """One ``data`` entry: result ``index`` of ``job`` (its images in order) as base64
     (default) or as its URL: ``public_base_url`` (a setting) + ``/v1/jobs/<id>/result``
     (``?index=i`` after the first), relative without it; never from the request's Host."""
     if response_format == "url":

@@ -71,7 +71,7 @@ def claim(
     try:
         manifest = ctx.registry.manifest(queued.model_id)
         adapters = [AdapterClaim(manifest=ctx.registry.manifest(entry["id"]), scale=entry["scale"])
-                    for entry in queued.params.get(ADAPTERS_PARAM) or ()]  # issue 22, checked at submission
+                    for entry in queued.params.get(ADAPTERS_PARAM) or ()]  # checked at submission
     except (Conflict, NotFound) as error:  # model_changed / model_unavailable, or no longer registered
         reason = error.reason if error.reason == "model_changed" else "model_unavailable"
         message = f"the server cannot hand model {queued.model_id!r} (or its adapters) out: {error}"
@@ -128,13 +128,13 @@ async def upload_result(
     The worker's provenance is journaled with the server's own figures added (job id,
     predicted and actual seconds).
 
-    Full disk (issue 24): 507 ``storage_full`` naming what could not be stored; the job stays
+    Full disk: 507 ``storage_full`` naming what could not be stored; the job stays
     running and the worker retries. The upload is idempotent by digest: the same result for a
     job it already made ``succeeded`` answers that job again. A job that failed
     ``result_not_stored`` takes its result later (``homefleet results recover``): it becomes
     ``succeeded``; it never ran twice.
 
-    A job with ``n`` > 1 images (issue 22) sends images 2..n as ``more`` with their digests in
+    A job with ``n`` > 1 images sends images 2..n as ``more`` with their digests in
     ``more_digests``, in the same request: exactly n - 1 of them (else 422 ``invalid_results``,
     nothing stored), each verified like the first; the job's ``results`` lists all n in order,
     image i with seed ``seed + i``."""
@@ -190,7 +190,7 @@ async def upload_result(
 
 
 def more_results(params: dict[str, object], more_digests: str, received: int) -> list[str]:
-    """The digests of images 2..n of a result upload, checked against the job's ``n`` (issue 22).
+    """The digests of images 2..n of a result upload, checked against the job's ``n``.
 
     Raises:
         Rejected: reason ``invalid_results``: not a JSON list of strings, or not n - 1 of them

@@ -1,5 +1,5 @@
-"""The fleet page (issue 23): ``GET /`` and its assets ``GET /page/{name}``, static files that
-ship inside the package (``app/api/page/``; no build step, no CDN).
+"""The fleet page (docs/operations.md, "The fleet page"): ``GET /`` and its assets
+``GET /page/{name}``, static files that ship inside the package (``app/api/page/``; no build step, no CDN).
 
 The page holds no data, so it is served without a key; it asks for an API key once, keeps it
 in ``sessionStorage`` and sends it as ``Authorization: Bearer <key>`` on every call to the

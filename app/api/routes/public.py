@@ -46,9 +46,9 @@ def submit_job(
     with another body is refused with 422 (R20).
 
     An API key at a limit of its quota is refused with 429 ``quota_queued`` or
-    ``quota_gpu_seconds`` and ``Retry-After`` (issue 22, app/jobs/quotas.py).
+    ``quota_gpu_seconds`` and ``Retry-After`` (app/jobs/quotas.py).
 
-    ``webhook_url`` (issue 22): the job's record is POSTed there, signed with the secret of the
+    ``webhook_url``: the job's record is POSTed there, signed with the secret of the
     API key that submitted it, when the job ends (docs/api.md "Webhooks"); a host outside the
     fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
     ``invalid_webhook_url``."""
@@ -60,7 +60,7 @@ def submit_job(
             raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
                            param="target")
         return JSONResponse(decision)
-    if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first (issue 20)
+    if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first
         submission = submit_expanded(ctx.dispatcher, body.model, dict(body.params), body.target, idempotency_key,
                                      ctx.settings.images_wait_s, key_id, webhook_url=body.webhook_url)
     else:
@@ -79,7 +79,7 @@ def submit_job(
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
 def requeue_job(job_id: str, ctx: Context, request: Request, response: Response,
                 body: JobRequeue | None = None) -> JobAccepted:
-    """Submit a new job with the params of job ``job_id`` (issue 22): the same model, kind,
+    """Submit a new job with the params of job ``job_id``: the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
     or names one; linked to the old job (``requeued_from``, in the job and in its result's
     provenance). 202 as ``POST /v1/jobs``; every check of a submission applies (R22;
@@ -141,7 +141,7 @@ def get_result(job_id: str, ctx: Context,
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
         raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
-    if index:  # image i of n (issue 22)
+    if index:  # image i of n
         rows = job.results or []
         if index >= len(rows):
             raise NotFound(f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), "
@@ -170,8 +170,8 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     running jobs in the journal), ``backlog`` (its reservations: queued + running, R14), its
     ``warm_models`` and ``committed_models`` (residency, R15) and ``drain_s``, the expected
     seconds until its queue drains (``homefleet status``'s, app/fleet/status.py). ``host`` and
-    ``device``: the devices of one host (``box:0``, ``box:1``) have its name and their index
-    (issue 22); a single-device machine is its own host, with device null."""
+    ``device``: the devices of one host (``box:0``, ``box:1``) have its name and their index;
+    a single-device machine is its own host, with device null."""
     status = {row["name"]: row for row in ctx.status()}
     rows = []
     for name, view in ctx.machines.views().items():

@@ -1,5 +1,6 @@
-"""OpenAI-compatible text generation (issue 20): ``POST /v1/completions`` and
-``POST /v1/chat/completions``, thin fronts over one ``text`` job each.
+"""OpenAI-compatible text generation: ``POST /v1/completions`` and
+``POST /v1/chat/completions``, thin fronts over one ``text`` job each (docs/api.md, "OpenAI and
+Hugging Face routes").
 
 The body's ``model`` names a registered text model (default: the first); ``max_tokens``
 (``max_completion_tokens`` for chat) becomes ``max_new_tokens``, ``temperature`` and ``top_p``
@@ -28,7 +29,7 @@ The helpers here (:func:`run_text_job`, :func:`submit_text_job`, :func:`follow`)
 home of a text request's way through a job; the TGI routes (app/api/routes/tgi.py) are fronts
 over them too.
 
-Not yet here (issue 20, later): ``stop``, ``n`` > 1, ``logprobs``; a request naming one is
+Not yet here: ``stop``, ``n`` > 1, ``logprobs``; a request naming one is
 refused (422), not silently ignored.
 """
 

@@ -1,4 +1,4 @@
-"""Hugging Face text-generation-inference's API (issue 20): ``POST /generate``,
+"""Hugging Face text-generation-inference's API: ``POST /generate``,
 ``POST /generate_stream`` and ``POST /`` (TGI's compatibility route: either, by ``stream``; what
 ``huggingface_hub.InferenceClient(base_url=...).text_generation`` calls), thin fronts over one
 ``text`` job each, through the OpenAI text routes' helpers (app/api/routes/text.py): the same

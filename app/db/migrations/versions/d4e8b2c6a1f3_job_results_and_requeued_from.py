@@ -1,4 +1,4 @@
-"""job results (n images per job) and requeued_from (issue 22)
+"""job results (n images per job) and requeued_from
 
 Revision ID: d4e8b2c6a1f3
 Revises: c3d9a1e5b7f2

@@ -4,7 +4,7 @@ Revision ID: d4e8b2c6a913
 Revises: d4e8b2c6a1f3
 Create Date: 2026-12-02 17:50:00
 
-``routing/timings.py`` now prices a ``text`` job per token (issue 20): ``step_s`` seconds per new
+``routing/timings.py`` now prices a ``text`` job per token: ``step_s`` seconds per new
 token and the new ``prompt_s`` seconds per prompt token. A text row learned before held a step
 at the reference size of a one-pixel job (16 x a token's seconds, no prompt term), so text rows
 are dropped: the next finished text job on that (machine, model) teaches them again.

@@ -1,4 +1,4 @@
-"""webhooks: a job's webhook_url, and the webhook deliveries (issue 22)
+"""webhooks: a job's webhook_url, and the webhook deliveries
 
 Revision ID: e5a1c7d93b20
 Revises: e5a7c3d9b214

@@ -1,4 +1,4 @@
-"""job api_key_id: who submitted it, for per-key quotas (issue 22)
+"""job api_key_id: who submitted it, for per-key quotas
 
 Revision ID: e5a7c3d9b214
 Revises: d4e8b2c6a913
