@@ -53,7 +53,7 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny random-weight causal LMs (issue 20: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2``), built
+    """Tiny random-weight causal LMs (``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2``), built
     once per session as ``homefleet models make-tiny DIR --kind text`` builds them (~2 s)."""
     from app.devtools.tiny_text import TEXT_FAMILIES, make_tiny_text
 
@@ -65,7 +65,7 @@ def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_families_dir(tiny_models_dir: Path) -> Path:
     """:func:`tiny_models_dir` with a tiny pipeline of every family the registry accepts
-    (issue 19: ``tiny-sdxl``, ``tiny-flux``, ``tiny-qwen-image-edit``, ``tiny-wan`` added; the
+    (``tiny-sdxl``, ``tiny-flux``, ``tiny-qwen-image-edit``, ``tiny-wan`` added; the
     folder names in ``app.devtools.tiny_models.TINY_MODELS``), built once per session (~10 s)."""
     from app.devtools.tiny_models import TINY_MODELS, make_tiny_families
 
@@ -152,15 +152,15 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
 # processes run in one xdist worker, so that each fleet starts once; everything else is spread
 # test by test. Each xdist worker has its own Redis server, ports and temporary folders.
 XDIST_GROUPS = {
-    "tests/e2e/test_kinds.py": "models",  # these two share a fleet: every pipeline class (issue 19)
+    "tests/e2e/test_kinds.py": "models",  # these two share a fleet: every pipeline class
     "tests/e2e/test_families.py": "models",
     "tests/e2e/test_sync.py": "sync",
     "tests/e2e/test_watchdog.py": "watchdog",
     "tests/e2e/test_full_disk.py": "full_disk",  # its own server, under prlimit --fsize
     "tests/e2e/test_broker.py": "broker",  # its own fleet, under a broker key prefix
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
-    "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (issue 20; Redis db 11)
-    "tests/e2e/test_devices.py": "devices",  # its own fleet: one host of two devices (issue 22; Redis db 9)
+    "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (Redis db 11)
+    "tests/e2e/test_devices.py": "devices",  # its own fleet: one host of two devices (Redis db 9)
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from app.context import ServerContext
 
 TEST_API_KEY = "test-api-key-0123456789"
-TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[Settings.api_key_id(TEST_API_KEY)] (issue 22)
+TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[Settings.api_key_id(TEST_API_KEY)]
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 
 T = TypeVar("T")
@@ -230,7 +230,7 @@ class Received:
 @dataclass
 class WebhookReceiver:
     """A real HTTP receiver on 127.0.0.1 (``url``): it records every POST and answers the
-    statuses of ``statuses`` in turn, then ``then`` (issue 22's webhook tests)."""
+    statuses of ``statuses`` in turn, then ``then`` (the webhook tests)."""
 
     url: str
     statuses: list[int] = field(default_factory=list)

@@ -34,7 +34,7 @@ def test_import_linter_contracts_are_kept() -> None:
 
 def test_the_repository_stands_on_its_own() -> None:
     """Nothing in the repository points to the specification's folder outside it: its design is
-    written here, under docs/ (issue 16)."""
+    written here, under docs/."""
     tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, timeout=30, cwd=ROOT,
                              check=True).stdout.split()
     pointers = ("../" + "shared", "shared/" + "notes", "shared/" + "cases", "DESIGN" + ".md", "DESIGN" + " §")

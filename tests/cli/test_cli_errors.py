@@ -66,7 +66,7 @@ def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -
                           timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stdout
-    # the machines' families and the built-in limits' (app/core/limits.py, issue 19)
+    # the machines' families and the built-in limits' (app/core/limits.py)
     assert "(families: default, flux, flux-kontext, gpt2, llama, qwen-image, qwen2, sd1, sdxl, wan)" in done.stdout
     assert "did you mean 'sdxl'?" in done.stdout
 

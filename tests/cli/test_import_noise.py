@@ -26,20 +26,20 @@ def test_make_tiny_builds_sd1_by_default_and_refuses_an_unknown_family(tmp_path:
     runner = CliRunner()
     done = runner.invoke(cli, ["models", "make-tiny", str(tmp_path)])
     assert done.exit_code == 0, done.output
-    assert done.stdout.strip() == f"sd1: {tmp_path / 'tiny-sd'}"  # the family it built (issue 19)
+    assert done.stdout.strip() == f"sd1: {tmp_path / 'tiny-sd'}"  # the family it built
     refused = runner.invoke(cli, ["models", "make-tiny", str(tmp_path), "--family", "sdx1"])
     assert refused.exit_code == 2 and "unknown tiny model family(ies) ['sdx1']" in refused.output
 
 
 def test_make_tiny_builds_every_family_and_prints_no_import_time_warnings(tmp_path: Path) -> None:
-    """Issue 19: ``make-tiny --family F`` for each family the registry accepts, offline, in a
+    """``make-tiny --family F`` for each family the registry accepts, offline, in a
     fresh interpreter that prints nothing on stderr (no import-time warnings)."""
     from app.core.families import FAMILIES
 
     args = [sys.executable, "-m", "app.cli", "models", "make-tiny", str(tmp_path)]
     done = subprocess.run([*args, "--family", "all"], capture_output=True, text=True, timeout=300, check=True)
     built = dict(line.split(": ", 1) for line in done.stdout.strip().splitlines())
-    diffusers = {name for name, family in FAMILIES.items() if family.kind != "text"}  # text: --kind text (issue 20)
+    diffusers = {name for name, family in FAMILIES.items() if family.kind != "text"}  # text: --kind text
     assert set(built) == diffusers and done.stderr == ""
     for family, folder in built.items():
         index = json.loads((Path(folder) / "model_index.json").read_text())

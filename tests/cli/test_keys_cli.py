@@ -1,4 +1,4 @@
-"""``homefleet keys`` (issue 22) as a user runs it: per key, jobs queued and running, GPU-seconds
+"""``homefleet keys`` as a user runs it: per key, jobs queued and running, GPU-seconds
 of the last hour, the limits and whether it has a webhook secret, as a table and as JSON; it reads the journal and migrates
 nothing (an outdated journal is refused: tests/cli/test_db_revision.py)."""
 
@@ -14,7 +14,7 @@ from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 CI_KEY = "ci-key-0123456789abcdef"
 OTHER_KEY = "other-key-0123456789abcdef"
 QUOTAS = {"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 3, "max_gpu_seconds_per_hour": 600}}
-SECRET = "ci-webhook-secret-0123456789"  # webhook_secrets are keyed by these ids (issue 22)
+SECRET = "ci-webhook-secret-0123456789"  # webhook_secrets are keyed by these ids
 
 
 def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, tiny_models_dir: Path) -> None:

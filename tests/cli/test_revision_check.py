@@ -1,5 +1,5 @@
-"""Every command but ``db upgrade`` and ``serve`` checks the journal's revision (issue 16) with
-one query against ``HEAD``, loading neither Alembic nor the version scripts (issue 21: they
+"""Every command but ``db upgrade`` and ``serve`` checks the journal's revision with
+one query against ``HEAD``, loading neither Alembic nor the version scripts (they
 were 0.86-1.05 s of ``homefleet status``); an outdated journal is still refused."""
 
 from __future__ import annotations

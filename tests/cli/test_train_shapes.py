@@ -1,4 +1,4 @@
-"""``homefleet models train-shapes`` and ``train-recolour`` (issue 19) end to end at a few steps: two
+"""``homefleet models train-shapes`` and ``train-recolour`` end to end at a few steps: two
 diffusers ``StableDiffusionPipeline`` folders and one ``StableDiffusionInstructPix2PixPipeline``
 that load offline, with the committed models' files and weight sizes, and their figures in
 ``training.json`` and ``training-recolour.json``. (How well the committed, fully
@@ -54,7 +54,7 @@ def test_train_shapes_writes_two_pipelines_like_the_committed_ones(tmp_path: Pat
 
 
 def test_train_colour_lora_writes_an_adapter_like_the_committed_one(tmp_path: Path) -> None:
-    """Issue 22: the LoRA of shapes-filled, at a few steps: diffusers' LoRA file with the
+    """The LoRA of shapes-filled, at a few steps: diffusers' LoRA file with the
     committed adapter's tensors and its figures (the colours read at scales 1 and 0)."""
     import shutil
 

@@ -1,4 +1,4 @@
-"""Issue 18: a worker's token never needs the command line, where ``ps`` shows it to every user
+"""A worker's token never needs the command line, where ``ps`` shows it to every user
 of the host: it comes from HOMEFLEET_WORKER_TOKEN or a file (``--token-file``,
 HOMEFLEET_WORKER_TOKEN_FILE); ``--token`` still works but warns. (The workers of the drills and
 of tests/e2e/test_broker.py run with token files, checked there with their real processes.)"""

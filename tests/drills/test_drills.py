@@ -1,4 +1,4 @@
-"""Fault drills at small counts (issue 5; R19, R20, C01, C02, C08). The same drills run at
+"""Fault drills at small counts (R19, R20, C01, C02, C08). The same drills run at
 larger counts with ``homefleet drill NAME --count N``."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     the short hung bound the watchdog drill needs (``homefleet drill`` gives each drill a fleet of
     its own, FLEET_OPTIONS): neither changes the other drills' outcome (messages are acked when
     delivered; every job reports progress at each step). Its broker keys are under a prefix
-    (issue 18: kombu's global_keyprefix), so every drill also shows the prefix honoured."""
+    (kombu's global_keyprefix), so every drill also shows the prefix honoured."""
     with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
                     hung_after_s=HUNG_AFTER_S, broker_key_prefix=BROKER_PREFIX, forkserver=True) as fleet:
         yield fleet
@@ -60,12 +60,12 @@ def test_r20_server_kill_drill(drill_fleet: DrillFleet) -> None:
 def test_r19_redis_restart_drill(drill_fleet: DrillFleet) -> None:
     result = DRILLS["redis_restart"](drill_fleet, 6)
     check(result, 6)
-    # Issue 18: the queued jobs whose messages vanished are published again and run, once each.
+    # The queued jobs whose messages vanished are published again and run, once each.
     assert (result.runs, result.interrupted) == (6, 0), result.line()
 
 
 def test_r19_redis_loss_requeue_drill(drill_fleet: DrillFleet) -> None:
-    """Issue 18: Redis loses its data while m1 runs a long job and 7 jobs wait behind it, then
+    """Redis loses its data while m1 runs a long job and 7 jobs wait behind it, then
     2 newer jobs come. The 7 are published again and run once each, in journal order and before
     the newer ones; the long job's live worker is not judged lost. Under a broker key prefix."""
     assert drill_fleet.ctx is not None

@@ -4,7 +4,7 @@ first test that asks for it):
 - ``fleet``: the API (``homefleet serve``) and real ``celery worker`` processes (``homefleet
   worker``) for machines server, m1 and m2, each with its own model folder and token. Machine
   m3 is in the fleet config but has no worker. A test that stops a worker starts it again.
-  Two tiny LoRA adapters are registered (issue 22, tests/e2e/test_adapters.py): ``ADAPTER``
+  Two tiny LoRA adapters are registered (tests/e2e/test_adapters.py): ``ADAPTER``
   (family sd1, on server and m1, not m2) and ``OTHER_ADAPTER`` (family sd1-pix2pix), and the
   trained demo adapter ``shapes-blue-lora`` of ``shapes-filled`` (on m2, with the shapes models);
   ``KOHYA_ADAPTER`` is ``ADAPTER``'s tensors in one kohya-layout file, registered as downloaded.
@@ -44,12 +44,12 @@ WORKERS = ("server", "m1", "m2")
 #: GPU-seconds an hour (any real job spends more)
 QUOTA_KEY = "quota-e2e-key-0123456789"
 QUOTA_NAME = "e2e-quota"
-#: the trained demo models (issue 19: filled and outlined shapes, the recolouring edit model),
+#: the trained demo models (filled and outlined shapes, the recolouring edit model),
 #: registered from their committed folders and copied to SHAPES_MACHINE only
 #: (tests/e2e/test_shapes_content.py)
 SHAPE_MODELS = (*MODEL_NAMES.values(), RECOLOUR_MODEL)
 SHAPES_MACHINE = "m2"
-#: tiny random LoRA adapters (issue 22): ADAPTER of tiny-sd's UNet, copied to ADAPTER_MACHINES
+#: tiny random LoRA adapters: ADAPTER of tiny-sd's UNet, copied to ADAPTER_MACHINES
 #: only; OTHER_ADAPTER of tiny-pix2pix's (another family), on the server only
 ADAPTER = "tiny-sd-lora"
 OTHER_ADAPTER = "tiny-pix2pix-lora"
@@ -71,7 +71,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     data_dir = tmp_path_factory.mktemp("fleet")
     redis_url = f"{redis_base_url}/0"
     redis.Redis.from_url(redis_url).flushdb()
-    # webhooks to this host only, signed with TEST_WEBHOOK_SECRET (issue 22, test_job_way.py)
+    # webhooks to this host only, signed with TEST_WEBHOOK_SECRET (test_job_way.py)
     fleet_config = make_fleet("m1", "m2", "m3").model_copy(
         update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])})
     fleet_file = data_dir / "fleet.toml"
@@ -80,7 +80,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY, QUOTA_KEY],
         webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
-        # issue 22: a second key under a quota (tests/e2e/test_job_way.py); TEST_API_KEY has none
+        # a second key under a quota (tests/e2e/test_job_way.py); TEST_API_KEY has none
         api_key_quotas={QUOTA_NAME: KeyQuota(key_prefix=QUOTA_KEY, max_queued_jobs=1, max_gpu_seconds_per_hour=0.05)},
     )
     # The journal created and the models registered through the CLI, as an operator does.

@@ -1,4 +1,4 @@
-"""LoRA adapters per request (issue 22) through the API and a real worker on tiny-sd: an adapter
+"""LoRA adapters per request through the API and a real worker on tiny-sd: an adapter
 changes the image at scale 1 and leaves it as it is at scale 0; it is loaded onto the warm
 pipeline (no second cold load of the base model) and unloaded after the job; provenance names
 its digests and scale; placement prices its load; refusals name the field (R22) and an adapter

@@ -1,9 +1,10 @@
-"""Issue 18 (points 5-7) through the real tools, on a fleet of its own whose broker keys are
-under a prefix (kombu's ``global_keyprefix``, HOMEFLEET_BROKER_KEY_PREFIX), as when one Redis
-serves several apps: a job runs; ``homefleet status`` shows queued and running apart, the
-queued figure equal to LLEN of the exact key, as Flower's; ``celery purge`` ends the purged
-jobs ``cancelled`` (``purged``); a message kombu restores from its unacked set keeps its place
-in the line; the workers read their tokens from files (R8, R19, C01)."""
+"""The broker seen through the real tools (status, celery purge, restored messages, token files), on
+a fleet of its own whose broker keys are under a prefix (kombu's ``global_keyprefix``,
+HOMEFLEET_BROKER_KEY_PREFIX), as when one Redis serves several apps: a job runs; ``homefleet
+status`` shows queued and running apart, the queued figure equal to LLEN of the exact key, as
+Flower's; ``celery purge`` ends the purged jobs ``cancelled`` (``purged``); a message kombu restores
+from its unacked set keeps its place in the line; the workers read their tokens from files (R8, R19,
+C01)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A worker survives any message its queue can hold (issue 24 point 2; R8, R19): undecodable
+"""A worker survives any message its queue can hold (R8, R19): undecodable
 messages are moved aside to the dead-letter list with their raw text, the worker goes on
 consuming, and a real job queued behind them runs. ``homefleet status`` counts them,
 ``homefleet deadletter`` lists and clears them. Real ``celery worker``, real Redis."""

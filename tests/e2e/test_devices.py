@@ -1,4 +1,5 @@
-"""Issue 22 end to end: a fleet-file host entry with two devices, on this (CPU) host.
+"""Several devices on one host end to end (docs/operations.md, "Several devices on one host"): a
+fleet-file host entry with two devices, on this (CPU) host.
 
 One module-scoped fleet: the API and two real ``celery worker`` processes, machines ``box:0``
 and ``box:1`` of host ``box`` (``devices = 2``, one token), each started by

@@ -1,4 +1,4 @@
-"""``/docs`` in a real headless browser (issue 18, R24): Swagger UI renders from the assets
+"""``/docs`` in a real headless browser (R24): Swagger UI renders from the assets
 the server ships, with no request leaving the server (the browser cannot resolve any other
 host), shows the operations and an Authorize button, and "Authorize" + "Try it out" sends the
 API key so that a keyed route answers 200. ``/redoc`` renders the same way.

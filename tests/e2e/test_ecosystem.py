@@ -1,4 +1,4 @@
-"""At home in its ecosystem (issue 8): Flower and the celery CLI against the real fleet."""
+"""At home in its ecosystem: Flower and the celery CLI against the real fleet."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     assert "Purged 1 message" in purged, purged
     assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m1")) == 0
     end_running(fleet.ctx, busy["id"])  # done with it (celery control terminate): its steps would hold a core
-    # The purged job never runs; reconciliation says so, as a purge (R19, issue 18).
+    # The purged job never runs; reconciliation says so, as a purge (R19).
     deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60
     while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,4 +1,4 @@
-"""Every pipeline class the registry accepts runs a real job end to end (issue 19): API -> queue
+"""Every pipeline class the registry accepts runs a real job end to end: API -> queue
 -> a real ``celery worker`` -> upload -> a verified result, on a tiny pipeline of that very
 diffusers class built offline with random weights (``homefleet models make-tiny --family``).
 

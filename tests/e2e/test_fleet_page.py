@@ -1,4 +1,4 @@
-"""The fleet page at ``/`` in a real headless browser (issue 23), on the session's shared fleet:
+"""The fleet page at ``/`` in a real headless browser, on the session's shared fleet:
 it loads from this server alone (the browser cannot resolve any other host; R24's offline
 rule as for /docs), asks for the API key once and keeps it for the tab, lists the machines,
 follows a submitted job's progress over SSE (fetch streaming: EventSource cannot send the key)

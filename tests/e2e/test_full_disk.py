@@ -1,4 +1,4 @@
-"""A full disk (issue 24 point 5; R2, R19): a real ``homefleet serve`` under ``prlimit --fsize``
+"""A full disk (R2, R19): a real ``homefleet serve`` under ``prlimit --fsize``
 (no file it writes may pass LIMIT bytes: the write fails with EFBIG, as on a full disk) and a
 real worker. An input upload is 507 naming what could not be stored; a result the server
 cannot store is kept in the worker's spool and retried, then the job ends ``failed`` with

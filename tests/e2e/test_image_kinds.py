@@ -1,4 +1,4 @@
-"""img2img and inpainting (issue 22) end to end on the shared fleet's tiny-sd (sd1): the
+"""img2img and inpainting end to end on the shared fleet's tiny-sd (sd1): the
 txt2img pipeline's components run both through ``from_pipe`` on a real worker; the inputs are
 uploaded with ``POST /v1/files`` and fetched by digest. The tiny model's VAE is random, so its
 round trip does not give the input back: img2img's effect is asserted as the input's weight in

@@ -1,4 +1,4 @@
-"""A real job's whole way: submit, place, queue, claim, run, upload, verify, store (issue 2).
+"""A real job's whole way: submit, place, queue, claim, run, upload, verify, store.
 
 Real Redis, real ``celery worker`` processes, real tiny diffusers pipelines.
 """
@@ -58,7 +58,7 @@ def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(f
     assert files_under(fleet.local.machine_dir("m1")) == m1_before
 
 
-def test_issue22_a_keys_quota_refuses_with_429_while_its_job_waits_then_for_its_gpu_seconds(fleet: RunningFleet) -> None:
+def test_a_keys_quota_refuses_with_429_while_its_job_waits_then_for_its_gpu_seconds(fleet: RunningFleet) -> None:
     """A key under a quota (max_queued_jobs=1, max_gpu_seconds_per_hour=0.05): a second job
     while its first is queued or running is 429 ``quota_queued``; another key is not held back;
     once the first ran on the worker, its measured load + run seconds spend the hour's GPU
@@ -92,7 +92,7 @@ def test_issue22_a_keys_quota_refuses_with_429_while_its_job_waits_then_for_its_
         quota.close()
 
 
-def test_issue22_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: RunningFleet) -> None:
+def test_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: RunningFleet) -> None:
     """Through the API with a real worker: the receiver fails the first attempt, takes the
     second (the fleet's webhook_backoff_s: 0.2 s); the body is the record GET answers."""
     with webhook_receiver(statuses=[500]) as receiver:

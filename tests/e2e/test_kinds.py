@@ -1,4 +1,4 @@
-"""Every job kind end to end on real tiny pipelines through a real worker (issue 7):
+"""Every job kind end to end on real tiny pipelines through a real worker:
 txt2img, edit (InstructPix2Pix), upscale (x4) and video (AnimateDiff -> MP4).
 
 The session's one-machine fleet (tests/e2e/conftest.py ``models_fleet``): the API and ONE

@@ -1,5 +1,5 @@
-"""Revokes from Flower and the celery CLI (C11), and Flower's task states against the journal
-(issue 18), end to end: a real API with a fast reconciliation, a real ``celery worker`` for m1,
+"""Revokes from Flower and the celery CLI (C11), and Flower's task states against the journal,
+end to end: a real API with a fast reconciliation, a real ``celery worker`` for m1,
 a real Flower process (its HTTP API) and the real celery CLI against the test Redis, real tiny
 pipelines. Faults are real: revokes with terminate (SIGTERM, SIGKILL), a worker killed with
 SIGKILL, an input changed or removed on the server, a duplicate delivery."""
@@ -204,7 +204,7 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     rfleet.flower_state(after["id"], "SUCCESS")
 
 
-def test_issue18_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeFleet) -> None:
+def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeFleet) -> None:
     """succeeded -> SUCCESS; failed (an input removed) and failed integrity (an input whose bytes
     changed, R5) -> FAILURE; a refused redelivery leaves the state as the journal has it;
     cancelled -> REVOKED; interrupted (its worker killed) -> FAILURE, sent by the server's

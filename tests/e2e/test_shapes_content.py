@@ -1,16 +1,16 @@
-"""Results show what was asked, through the real API and a real worker (issue 19): the trained
+"""Results show what was asked, through the real API and a real worker: the trained
 demo models (``shapes-filled``, ``shapes-outlined``; app/devtools/demo_models) run on machine
 m2 of the shared fleet, and each result's pixels are read (:func:`app.devtools.shapes.inspect`):
 its dominant colour, its background, its shape and the model's style must be the prompt's.
 
-The residency rule checked by content (issue 19's B13; R5: a resident model is keyed by its own
+The residency rule checked by content (R5: a resident model is keyed by its own
 manifest): a job naming model B while model A is warm on that machine runs B, so its picture
 is in B's style (outlined), never A's (filled); and A, asked again while both are warm (R15:
 unified memory keeps warm models while there is headroom), still draws filled, and B outlined.
 
 The edit model (``shapes-recolour``) recolours an uploaded shape through an ``edit`` job.
 
-The trained LoRA adapter (``shapes-blue-lora``, issue 22) paints the filled model's shape blue
+The trained LoRA adapter (``shapes-blue-lora``) paints the filled model's shape blue
 at scale 1 and leaves the prompt's colour at scale 0, shape and background kept.
 """
 
@@ -100,7 +100,7 @@ def test_an_edit_job_recolours_the_uploaded_shape(fleet: RunningFleet) -> None:
 @pytest.mark.parametrize(("colour", "shape", "background", "seed"), [
     ("red", "circle", "black", 11), ("yellow", "triangle", "gray", 13),
 ])
-def test_issue22_the_colour_adapter_paints_the_shape_blue_and_keeps_the_rest(
+def test_the_colour_adapter_paints_the_shape_blue_and_keeps_the_rest(
     fleet: RunningFleet, colour: str, shape: str, background: str, seed: int,
 ) -> None:
     _, plain = draw_on_m2(fleet, FILLED, colour, shape, background, seed)

@@ -1,4 +1,4 @@
-"""Issue 20 end to end: the OpenAI routes ``/v1/completions`` and ``/v1/chat/completions``
+"""Text generation end to end: the OpenAI routes ``/v1/completions`` and ``/v1/chat/completions``
 through the official ``openai`` SDK, a real API and a real ``celery worker`` running tiny
 random-weight causal LMs of each architecture (Llama, Qwen2, GPT-2) built offline.
 
@@ -386,7 +386,7 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
 
 
 def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timings(tfleet: TextFleet) -> None:
-    """Issue 20, R13: a finished text job teaches (machine, model) seconds per new token and per
+    """R13: a finished text job teaches (machine, model) seconds per new token and per
     prompt token from its usage; a dry run then prices max_new_tokens linearly on top of the
     prompt's tokens."""
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}

@@ -1,4 +1,4 @@
-"""Authentication before any body is read (issue 24 point 3; R24): a real ``homefleet serve``
+"""Authentication before any body is read (R24): a real ``homefleet serve``
 answers unauthenticated and wrong-machine uploads 401/403 from their headers, without reading
 or spooling their bodies, and its memory does not grow; uploads in progress are bounded."""
 
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.e2e
 
 
 def test_twenty_unauthenticated_64_mib_uploads_are_401_and_the_server_does_not_grow(fleet: RunningFleet) -> None:
-    """The figure of issue 24: RSS of the API process after 20 chunked 64 MiB POSTs with a
-    wrong token, to the result route, /v1/files and /v1/images/edits (goal: within 10 MB; it
-    grew by 367 MB for six of them before). The server answers before the client could send
-    more than a few MiB (what fits in the sockets' buffers)."""
+    """The figure of docs/benchmarks.md, "Unauthenticated uploads": RSS of the API process after 20
+    chunked 64 MiB POSTs with a wrong token, to the result route, /v1/files and /v1/images/edits (goal:
+    within 10 MB; it grew by 367 MB for six of them before). The server answers before the client could
+    send more than a few MiB (what fits in the sockets' buffers)."""
     pid = fleet.local.processes["api"].pid
     measure(fleet.local.api_url, pid, count=2, mib=2)  # warm the code paths once
     result = measure(fleet.local.api_url, pid, count=20, mib=64)

@@ -1,4 +1,4 @@
-"""The real-HTTP fuzz run, bounded (issue 24, R22, R24): schemathesis with all its checks and
+"""The real-HTTP fuzz run, bounded (R22, R24): schemathesis with all its checks and
 its stateful phase (OpenAPI links from a submission to its job) against ``homefleet serve``
 and a real ``celery worker`` holding a verified tiny model (app/devtools/fuzz.py). No
 failure, no 5xx but the documented 503, and every job the journal accepted ends. ``make

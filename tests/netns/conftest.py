@@ -1,4 +1,4 @@
-"""Several hosts on one machine (issue 8): each remote worker runs in its own network
+"""Several hosts on one machine: each remote worker runs in its own network
 namespace, joined to the root namespace by a veth pair, and reaches the server's Redis and
 API only over the veth addresses this test assigns (docs/operations.md).
 

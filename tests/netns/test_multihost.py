@@ -1,4 +1,4 @@
-"""A real network (issue 8): workers on their own hosts (network namespaces + veth) reach
+"""A real network: workers on their own hosts (network namespaces + veth) reach
 the server's Redis and API only over their links."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""compose.yaml only runs commands that exist (issue 8): every `homefleet` subcommand and
+"""compose.yaml only runs commands that exist: every `homefleet` subcommand and
 option it names is one the CLI has, and Redis runs with AOF on and noeviction."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_every_compose_service_runs_an_existing_command() -> None:
         if argv[0] == "redis-server":
             assert argv[argv.index("--appendonly") + 1] == "yes"
             assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
-            assert "REDIS_PASSWORD" in argv[argv.index("--requirepass") + 1]  # issue 24: never open
+            assert "REDIS_PASSWORD" in argv[argv.index("--requirepass") + 1]  # never open
             continue
         assert argv[0] == "homefleet", f"service {name} runs {argv[0]!r}, not a homefleet command"
         words = [a for a in argv[1:] if not a.startswith("-")]
@@ -44,7 +44,7 @@ def test_every_compose_service_runs_an_existing_command() -> None:
 
 
 def test_every_service_is_restarted_and_uses_redis_with_its_password() -> None:
-    """Issue 24: a worker (or the API, or Redis) that dies is restarted by Docker; every
+    """A worker (or the API, or Redis) that dies is restarted by Docker; every
     server-side service's Redis URL carries the password Redis requires."""
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     for name, service in services.items():
@@ -71,6 +71,6 @@ def test_compose_builds_an_image_that_exists_and_runs_remote_workers_against_the
     assert cuda["gpus"] == "all"
     assert "environment" not in cuda and "depends_on" not in cuda
     assert not any(arg.startswith("--server-url") for arg in cuda["command"])
-    flower = services["flower"]  # issue 18: its password in its environment, not its command line
+    flower = services["flower"]  # its password in its environment, not its command line
     assert "FLOWER_BASIC_AUTH" in flower["environment"] and not any("basic" in arg for arg in flower["command"])
     assert not any("mac" in name for name in services)

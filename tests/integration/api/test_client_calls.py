@@ -74,7 +74,7 @@ def test_c10_a_retried_request_gets_the_first_calls_jobs_and_a_new_call_gets_new
     client, ctx = api
     body = {"prompt": "one call", "model": MODEL, "n": 2, "size": "64x64"}
     first = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 0)).json()["error"]
-    assert len(first["job_ids"]) == 1  # one job makes the n images (issue 22)
+    assert len(first["job_ids"]) == 1  # one job makes the n images
     for retry in (1, 2):
         again = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, retry)).json()["error"]
         assert again["job_ids"] == first["job_ids"]

@@ -1,4 +1,4 @@
-"""What the fleet page (issue 23) reads, on a real Redis and journal: ``GET /v1/jobs`` (recent
+"""What the fleet page reads, on a real Redis and journal: ``GET /v1/jobs`` (recent
 jobs, newest first, with the reason of every refusal, R10/R22), ``GET /v1/machines``' warm
 and committed models and drain estimate (R15, R12), and the page itself at ``/``: served
 without a key under a 'self'-only CSP, while the data routes keep theirs."""

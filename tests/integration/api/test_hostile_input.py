@@ -1,4 +1,4 @@
-"""No request gets a 5xx, whatever its bytes (issue 24 point 1; R22, R24): NaN, Infinity and
+"""No request gets a 5xx, whatever its bytes (R22, R24): NaN, Infinity and
 1e999 are refused as invalid JSON numbers, strings UTF-8 cannot encode (a lone surrogate) as
 invalid text, each a 422 naming the field; the validation-error handler itself never fails.
 
@@ -131,7 +131,7 @@ NAMED = [
 @pytest.mark.parametrize(("route", "body", "field"), NAMED)
 def test_nan_infinity_and_lone_surrogates_are_422_naming_the_field(hostile: Hostile, route: str, body: str,
                                                                      field: str) -> None:
-    """Issue 24 point 1, each case it found (R22): 422, the field named, nothing journaled as a
+    """Each case it found (R22): 422, the field named, nothing journaled as a
     job and no traceback."""
     method, _, path = route.rpartition(" ")
     path = path.replace("{job_id}", hostile.job_id).replace("{sync_id}", "0" * 32)
@@ -146,7 +146,7 @@ def test_nan_infinity_and_lone_surrogates_are_422_naming_the_field(hostile: Host
 
 def test_result_form_numbers_and_provenance_must_be_finite(hostile: Hostile) -> None:
     """The worker's result form: ``load_s=nan``/``inf`` and a provenance with NaN are 422 and
-    store nothing; the job stays running (issue 24 point 1)."""
+    store nothing; the job stays running."""
     data = png(64, 64)
     form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "false"}
     for bad in ({"load_s": "nan"}, {"run_s": "inf"}, {"provenance": '{"seed": NaN}'},
@@ -273,7 +273,7 @@ def method(route: APIRoute) -> str:
 
 @pytest.mark.parametrize("route", routes_with_bodies("json"), ids=lambda r: f"{method(r)} {r.path}")
 def test_no_5xx_for_any_json_body(hostile: Hostile, route: APIRoute) -> None:
-    """Property (issue 24 point 1): any JSON value, any bytes claiming to be JSON, and bodies with
+    """Property: any JSON value, any bytes claiming to be JSON, and bodies with
     the route's own fields holding hostile values (NaN, Infinity, 1e999, huge integers, lone
     surrogates, NUL, wrong types) are answered below 500; a non-finite number or lone surrogate
     is always a 4xx."""
@@ -301,7 +301,7 @@ def test_no_5xx_for_any_json_body(hostile: Hostile, route: APIRoute) -> None:
 
 @pytest.mark.parametrize("route", routes_with_bodies("multipart"), ids=lambda r: f"{method(r)} {r.path}")
 def test_no_5xx_for_any_multipart_body(hostile: Hostile, route: APIRoute) -> None:
-    """Property (issue 24 point 1): any form fields (text that is not UTF-8, ``nan``, ``inf``,
+    """Property: any form fields (text that is not UTF-8, ``nan``, ``inf``,
     huge numbers) and any file bytes (garbage, truncated or valid PNGs) are answered below 500."""
     path = hostile.path(route)
     names = ["file", "image", "mask", "digest", "load_s", "run_s", "cold_load", "provenance", "prompt", "model", "n",

@@ -1,4 +1,4 @@
-"""The API's documents (issue 18): ``/docs`` and ``/redoc`` load from assets shipped in a
+"""The API's documents: ``/docs`` and ``/redoc`` load from assets shipped in a
 package (no CDN), the public schema declares the bearer scheme its routes check, and the
 workers' routes are absent from it and documented apart, for a machine token (R24)."""
 

@@ -1,4 +1,4 @@
-"""The OpenAPI document tells the truth (issue 24 point 6, R22, R24), on a real Redis and
+"""The OpenAPI document tells the truth (R22, R24), on a real Redis and
 journal through the real ASGI app: every status a route answers is listed with the common
 error body; the limits the server enforces are in the schema; OPTIONS and unknown methods
 answer with the path's ``Allow``; result URLs never come from ``Host``; progress for a job
@@ -104,8 +104,8 @@ def test_options_lists_every_method_of_the_path_and_other_methods_are_405(
 
 
 def test_the_docs_pages_alone_carry_the_content_security_policy(api: tuple[TestClient, ServerContext]) -> None:
-    """The docs pages load nothing from elsewhere (issue 18; the header is added by a pure ASGI
-    middleware since issue 21, app/api/middleware.py); other answers carry no such header."""
+    """The docs pages load nothing from elsewhere (the header is added by a pure ASGI
+    middleware, app/api/middleware.py); other answers carry no such header."""
     client, _ctx = api
     for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
         answer = client.get(page)
@@ -171,7 +171,7 @@ def test_progress_for_a_job_that_is_not_running_is_409(api: tuple[TestClient, Se
 
 
 @pytest.mark.parametrize("text_model", ["x" * 65, "", 7])
-def test_issue24_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
+def test_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     api: tuple[TestClient, ServerContext], text_model: object
 ) -> None:
     """The schema's limits on ``params.expand_prompt`` (a model id: 1-64 characters) hold on every
@@ -192,7 +192,7 @@ def test_issue24_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     ("post", "/generate", {"inputs": "a", "parameters": {"max_new_tokens": True}}, "max_new_tokens"),
     ("post", "/v1/jobs", {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "steps": True}}, "steps"),
 ])
-def test_issue24_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContext], method: str, path: str,
+def test_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContext], method: str, path: str,
                                                        body: dict[str, Any], field: str) -> None:
     """Pydantic's lax mode would read ``false`` as 0.0 (the fuzz run's stateful phase got an image
     for ``"guidance_scale": false``): every request body refuses a boolean where the schema says

@@ -1,4 +1,4 @@
-"""Per-key quotas (issue 22) through the real ASGI app on a real Redis and journal: the 429, its
+"""Per-key quotas through the real ASGI app on a real Redis and journal: the 429, its
 ``Retry-After`` and message on ``POST /v1/jobs``, through Homefleet's own client (``ApiError``
 with the reason) and through the official ``openai`` SDK (``RateLimitError``; with its default
 retries it waits the ``Retry-After`` and tries again, and one accepted call still makes one job,

@@ -1,4 +1,4 @@
-"""The server decodes every result before storing it (issue 24 point 4; R2): a bomb, a truncated
+"""The server decodes every result before storing it (R2): a bomb, a truncated
 file or a polyglot uploaded by a worker for its running job is refused, nothing is stored and
 the job fails with reason ``result_invalid``; results and files are served with their stored
 media type, ``nosniff`` and ``Content-Disposition``. Real Redis and journal, the real app."""

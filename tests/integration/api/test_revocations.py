@@ -1,4 +1,4 @@
-"""The server's side of a revoke (C11) and of the task events it sends for Flower (issue 18), on
+"""The server's side of a revoke (C11) and of the task events it sends for Flower, on
 a real Redis, real Celery publishing, a real Celery event receiver and the real HTTP app; no
 worker reads the queues here (tests/e2e/test_revoke_and_flower.py runs the whole way)."""
 
@@ -137,7 +137,7 @@ def test_c11_a_revocation_report_is_bounded_and_needs_the_machine_token(api: tup
     assert client.post("/internal/v1/revocations", json={"job_ids": ["x"]}).status_code == 401  # an API key is no token
 
 
-def test_issue18_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClient, ServerContext],
+def test_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClient, ServerContext],
                                                             tiny_models_dir: Path) -> None:
     """A cancel through the API sends ``task-revoked``; reconciliation's ``worker_lost`` sends
     ``task-failed`` naming the reason, its ``purged`` ``task-revoked``, so Flower shows neither

@@ -381,7 +381,7 @@ def test_r8_status_shows_queued_as_llen_and_running_apart_and_the_drain_time(
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     cells = [cell.strip() for cell in line.strip("│ ").split("│")]
     assert cells[1] == "yes" and MODEL in cells[3]
-    assert (cells[5], cells[6]) == ("2", "1") and int(cells[5]) == ctx.redis.llen(ctx.keys.queue_list("m2"))  # issue 18
+    assert (cells[5], cells[6]) == ("2", "1") and int(cells[5]) == ctx.redis.llen(ctx.keys.queue_list("m2"))
     assert round(later, 1) - 0.05 <= float(cells[7]) <= round(rows["m2"]["drain_s"], 1) + 0.05
     machines = {row["name"]: row for row in client.get("/v1/machines").json()}
     assert (machines["m2"]["queued"], machines["m2"]["running"], machines["m2"]["backlog"]) == (2, 1, 3)

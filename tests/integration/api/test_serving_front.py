@@ -141,7 +141,7 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         too_many = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 5}).json()["error"]
         assert (too_many["param"], too_many["code"]) == ("n", "invalid_n") and "(max_batch)" in too_many["message"]
         client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 2, "steps": 1})
-        # issue 22: one job makes the n images (params.n), not one job per image
+        # one job makes the n images (params.n), not one job per image
         assert [job.params.get("n") for job in ctx.journal.list([JobState.queued])] == [2]
         missing = client.post("/v1/images/generations", json={"prompt": "x", "model": "no-such-model", "n": 2})
         assert (missing.status_code, missing.json()["error"]["code"]) == (404, "unknown_model")
@@ -351,7 +351,7 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
 
 def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(settings: Settings, tiny_models_dir: Path) -> None:
     """``POST /v1/images/edits`` with ``n`` runs one edit job per image (the edit kind takes no
-    ``n``; generations make one job since issue 22): the second job's refusal comes after the
+    ``n``; generations make one job for n images): the second job's refusal comes after the
     first exists."""
     settings = settings.model_copy(update={"max_queued_per_machine": 1})
     client, ctx = make_api(settings, tiny_models_dir)

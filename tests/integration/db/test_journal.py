@@ -109,9 +109,9 @@ def test_r20_add_refuses_a_taken_idempotency_key_and_writes_nothing(ctx: ServerC
     assert ctx.journal.state_of(first.id) == JobState.queued
 
 
-def test_issue21_states_of_answers_many_ids_in_batches_and_leaves_unknown_ids_out(ctx: ServerContext) -> None:
-    """``homefleet status`` and reconciliation read every reservation's state at once (issue 21:
-    one query per batch, not one per job); more ids than one batch holds, and unknown ones."""
+def test_states_of_answers_many_ids_in_batches_and_leaves_unknown_ids_out(ctx: ServerContext) -> None:
+    """``homefleet status`` and reconciliation read every reservation's state at once
+    (one query per batch, not one per job); more ids than one batch holds, and unknown ones."""
     from app.journal.jobs import STATES_BATCH
 
     jobs = [queued_job(ctx) for _ in range(STATES_BATCH + 3)]
@@ -123,8 +123,8 @@ def test_issue21_states_of_answers_many_ids_in_batches_and_leaves_unknown_ids_ou
     assert ctx.journal.count_in(JobState.running, "m1") == 1 and ctx.journal.count_in(JobState.running, "m2") == 0
 
 
-def test_issue21_placements_give_each_job_of_the_states_its_machine_oldest_first(ctx: ServerContext) -> None:
-    """Reconciliation's queued pass reads (id, machine) pairs, not whole jobs (issue 21): every
+def test_placements_give_each_job_of_the_states_its_machine_oldest_first(ctx: ServerContext) -> None:
+    """Reconciliation's queued pass reads (id, machine) pairs, not whole jobs: every
     job of the states asked, in journal order, with its machine; none of another state."""
     jobs = [queued_job(ctx, machine) for machine in ("m1", "m2", "m1", "m2")]
     ctx.journal.claim(jobs[1].id, "m2")
@@ -133,8 +133,8 @@ def test_issue21_placements_give_each_job_of_the_states_its_machine_oldest_first
     assert ctx.journal.placements([JobState.succeeded]) == []
 
 
-def test_issue21_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext) -> None:
-    """``GET /v1/jobs?state=queued`` pages (issue 21): every queued job once, in journal order,
+def test_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext) -> None:
+    """``GET /v1/jobs?state=queued`` pages: every queued job once, in journal order,
     none of another state; a cursor naming no job is refused."""
     from app.core.errors import NotFound
 

@@ -1,4 +1,4 @@
-"""Schema migrations with Alembic (issue 8), on SQLite and PostgreSQL."""
+"""Schema migrations with Alembic, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18: a broker key prefix (kombu's ``global_keyprefix``), set in one setting
+"""A broker key prefix (kombu's ``global_keyprefix``), set in one setting
 (``broker_key_prefix``), is where the server publishes and where status, cancel and
 reconciliation read: the machines' lists and kombu's unacked hash are under it, and nothing is
 published outside it (R8, R19). Real Redis and journal; the worker's side in
@@ -91,7 +91,7 @@ def test_r19_under_a_prefix_redis_data_loss_republishes_to_the_prefixed_list(
 def test_r19_homefleet_purge_ends_the_queued_jobs_cancelled_as_purged_at_once(
     prefixed: ServerContext, tiny_models_dir: Path
 ) -> None:
-    """Issue 18: ``homefleet purge MACHINE`` (here under a broker prefix) cancels every queued
+    """``homefleet purge MACHINE`` (here under a broker prefix) cancels every queued
     job there, journal first, reason ``purged``, with a message saying its queue was purged."""
     ctx = prefixed
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id

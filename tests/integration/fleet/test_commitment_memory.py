@@ -1,4 +1,4 @@
-"""A residency commitment that can never be resident is refused (issue 19, R16): the committed
+"""A residency commitment that can never be resident is refused (R16): the committed
 models' weights (each priced as its variant loads) plus the working memory of the largest job
 they must still run must fit the machine's usable memory, else ``PUT
 /v1/machines/{m}/residency`` answers 422 ``commitment_too_large`` naming the figures. Real Redis

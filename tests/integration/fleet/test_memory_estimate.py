@@ -100,7 +100,7 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     assert (refused["status"], refused["error"]["reason"]) == (422, "too_large")
     assert f"needs an estimated {readable_bytes(need)}" in refused["error"]["message"]
     assert "'m1' has 1.9 GiB usable" in refused["error"]["message"]
-    assert f"+ working memory {readable_bytes(need - weights)})" in refused["error"]["message"]  # issue 19: the figures
+    assert f"+ working memory {readable_bytes(need - weights)})" in refused["error"]["message"]  # the figures
     assert refused["error"]["message"].endswith("the working memory tips it over")  # and which one decided
     decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
                                                           "params": {"prompt": "x", "width": 64, "height": 64}}).json()
@@ -156,7 +156,7 @@ def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_im
 @pytest.mark.parametrize(("precision", "quantization", "share"), [("bf16", None, 0.5), ("fp16", None, 0.5)])
 def test_r10_a_variant_is_priced_by_what_it_occupies_loaded_not_by_its_files(
         api: Api, tiny_models_dir: Path, precision: str, quantization: str | None, share: float) -> None:
-    """Issue 19: the same fp32 files registered as a bf16/fp16 variant are priced at half the
+    """The same fp32 files registered as a bf16/fp16 variant are priced at half the
     bytes (the weights are loaded in that dtype), so placement no longer refuses a variant as
     too large at its full-precision size."""
     client, ctx = api(FLEET_COEFFICIENTS)

@@ -1,4 +1,4 @@
-"""A snapshot re-reads a machine's reservations only when they changed (issue 21: a submission's
+"""A snapshot re-reads a machine's reservations only when they changed (a submission's
 cost must not grow with the backlog), and never serves an old backlog for a changed one (R14):
 every writer replaces the hash's version token in the same atomic step; a hash changed behind
 the writers' back, or a Redis that lost its data, is read in full."""

@@ -1,4 +1,4 @@
-"""Reconciliation (R19, issue 5): cut ways are marked ``interrupted`` — never re-run — and
+"""Reconciliation (R19): cut ways are marked ``interrupted`` — never re-run — and
 nothing vanishes silently. Real Redis and journal; the worker side is what a worker writes."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def beat(ctx: ServerContext, machine: str, boot_id: str, at_s: float | None = No
 def test_r19_a_queued_job_whose_message_was_removed_from_its_queue_is_cancelled_as_purged(
     strict_ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
-    """Issue 18: a purge (the list deleted, as ``celery purge`` does) while Redis kept its data
+    """A purge (the list deleted, as ``celery purge`` does) while Redis kept its data
     is reported as a purge, not as a Redis restart."""
     ctx = strict_ctx
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
@@ -82,7 +82,7 @@ def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(strict_ctx: Serve
 def test_r19_after_redis_lost_its_data_queued_jobs_are_published_again_in_journal_order_ahead_of_newer_ones(
     strict_ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
-    """Issue 18: Redis restarted without persistence (here: flushed). The journal's queued jobs
+    """Redis restarted without persistence (here: flushed). The journal's queued jobs
     are published again, oldest first, ahead of a job submitted since; their reservations are
     written again in journal order; a second pass publishes nothing more."""
     ctx = strict_ctx
@@ -106,10 +106,10 @@ def test_r19_after_redis_lost_its_data_queued_jobs_are_published_again_in_journa
 def test_r19_a_redis_that_lost_its_data_gives_workers_time_to_beat_again_before_judging_them(
     strict_ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
-    """Issue 18 (2 of 8 Redis restarts marked a running job ``worker_lost`` while its worker ran
-    it): the heartbeat and the progress record are lost with the data, and the worker writes its
-    lease, then its heartbeat, again only at its next beats. No worker is judged until it had
-    ``heartbeat_ttl_s`` since reconciliation saw the loss."""
+    """A Redis restart loses no running job (2 of 8 Redis restarts once marked a running job
+    ``worker_lost`` while its worker ran it): the heartbeat and the progress record are lost with
+    the data, and the worker writes its lease, then its heartbeat, again only at its next beats. No
+    worker is judged until it had ``heartbeat_ttl_s`` since reconciliation saw the loss."""
     ctx = strict_ctx
     job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
     ctx.redis.flushdb()  # heartbeat, lease and progress gone; the worker still runs the job

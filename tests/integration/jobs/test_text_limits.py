@@ -1,4 +1,4 @@
-"""Issue 20, R22: a text job's prompt is tokenized by the server exactly as the worker will feed
+"""R22: a text job's prompt is tokenized by the server exactly as the worker will feed
 it (chat-templated for chat requests) and checked against the model's ``max_input_tokens`` and
 ``max_total_tokens`` before any device; defaults from the model's config.json, set per family in
 the settings' limits and per model in the fleet file's ``[models.<id>]``."""
@@ -90,7 +90,7 @@ def test_text_params_are_checked_like_every_kinds(text_ctx: ServerContext) -> No
 
 
 def test_the_journaled_estimate_prices_the_kv_cache_at_the_models_max_total_tokens(text_ctx: ServerContext) -> None:
-    """Issue 20, R10/R15: weights from the safetensors headers plus 2 x layers x KV heads x head
+    """R10/R15: weights from the safetensors headers plus 2 x layers x KV heads x head
     dim x bytes x max_total_tokens (the fleet file's 16 for small-gpt2, the config's 512 else)."""
     estimator = text_ctx.dispatcher.costs.estimator()
     # tiny llama: 2 layers x 2 KV heads x head dim 8; tiny gpt2: 2 layers x 4 heads x 8; fp32

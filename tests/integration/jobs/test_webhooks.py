@@ -1,4 +1,4 @@
-"""Webhooks (issue 22) through the API in-process, on a real Redis and journal, with a real HTTP
+"""Webhooks through the API in-process, on a real Redis and journal, with a real HTTP
 receiver on a free port: the body is the job record, the signature verifies with the key's
 secret, retries are bounded, journaled and never change the job, and a pending delivery is
 resumed by the next server on the same journal."""

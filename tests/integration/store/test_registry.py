@@ -1,4 +1,4 @@
-"""The registry and manifest (issue 2 item 3; R4/R5 server side), on real tiny models."""
+"""The registry and manifest (R4/R5 server side), on real tiny models."""
 
 from __future__ import annotations
 

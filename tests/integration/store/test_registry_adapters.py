@@ -1,4 +1,4 @@
-"""LoRA adapters in the registry (issue 22): registered like models (``--adapter-of FAMILY``),
+"""LoRA adapters in the registry: registered like models (``--adapter-of FAMILY``),
 with a manifest of digests, found by :meth:`Registry.adapter`, never a model of their own; the
 tiny LoRA builder is deterministic. A single downloaded LoRA file (kohya or diffusers layout)
 registers too, stored as ``pytorch_lora_weights.safetensors`` with its layout and digest on the

@@ -1,4 +1,4 @@
-"""img2img and inpainting on SDXL (issue 22): the real StableDiffusionXLImg2ImgPipeline and
+"""img2img and inpainting on SDXL: the real StableDiffusionXLImg2ImgPipeline and
 StableDiffusionXLInpaintPipeline built with ``from_pipe`` from a tiny SDXL txt2img pipeline (no
 fleet: the shared e2e fleet runs sd1's through a worker, tests/e2e/test_image_kinds.py), with
 ``n`` images in one call."""

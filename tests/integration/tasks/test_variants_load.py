@@ -1,4 +1,4 @@
-"""Load-time quantization through diffusers' quantization_config with torchao, on the CPU (issue 7)."""
+"""Load-time quantization through diffusers' quantization_config with torchao, on the CPU."""
 
 from __future__ import annotations
 

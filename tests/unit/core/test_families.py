@@ -1,4 +1,4 @@
-"""Per-family rules (issue 19, R22): one home, ``app/core/families.py``, read by the server's
+"""Per-family rules (R22): one home, ``app/core/families.py``, read by the server's
 validation and by the worker's kind code. Each family's params reach its pipeline under that
 pipeline's own argument names (checked against the real diffusers ``__call__`` signatures:
 never a TypeError on a worker), and a submission breaking a family's rule is refused with a 422
@@ -73,7 +73,7 @@ def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
 def test_every_argument_a_runner_passes_is_one_its_diffusers_pipeline_takes(family: str, kind: str) -> None:
     """What each runner passes, with every param of the family's spec set, is in the real
     pipeline class's ``__call__`` signature (a wrong name would be a TypeError on a worker);
-    the derived kinds' (img2img, inpaint: issue 22) too."""
+    the derived kinds' (img2img, inpaint) too."""
     import diffusers
 
     rules = FAMILIES[family]

@@ -38,7 +38,7 @@ def png() -> bytes:
 
 @pytest.mark.parametrize("family", DIFFUSION_FAMILIES)
 def test_a_runner_reads_exactly_the_params_its_familys_spec_lists(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 19: per family (app/core/families.py), every param of the family's spec is read."""
+    """Per family (app/core/families.py), every param of the family's spec is read."""
     kind = FAMILIES[family].kind
     kind_spec = family_kind_spec(family, kind)
     seen: list[Any] = []

@@ -1,4 +1,4 @@
-"""Issue 20: a text model's KV cache priced from its config.json (2 x layers x KV heads x head
+"""A text model's KV cache priced from its config.json (2 x layers x KV heads x head
 dim x bytes per value x tokens), checked against the cache transformers really allocates, and
 the token limits' defaults and precedence."""
 

@@ -1,5 +1,5 @@
 """The journal's revision check reads ``HEAD`` (app/db/migrations/head.py) instead of loading
-Alembic and every version script (issue 21: ``homefleet status``); that constant must be the
+Alembic and every version script (``homefleet status``); that constant must be the
 head Alembic itself finds in ``versions/``, or every command but ``db upgrade`` and ``serve``
 would refuse a migrated journal, or accept an outdated one."""
 

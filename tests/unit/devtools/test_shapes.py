@@ -1,4 +1,4 @@
-"""The trained demo models draw what they are asked (issue 19), read by pixel statistics.
+"""The trained demo models draw what they are asked, read by pixel statistics.
 
 The reader (:func:`app.devtools.shapes.inspect`) is checked first on drawn pictures of every
 shape, style and background, so that a wrong reading of a model's picture is the model's fault;

@@ -1,4 +1,4 @@
-"""The fleet config (issue 2, item 4)."""
+"""The fleet config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A fleet-file entry with several devices (issue 22): one machine per device, ``<host>:<index>``,
+"""A fleet-file entry with several devices: one machine per device, ``<host>:<index>``,
 with the entry's settings and token; a bad ``devices`` is a config error naming the field."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-key quotas' arithmetic and configuration (issue 22), in-process: the GPU-seconds of a job,
+"""Per-key quotas' arithmetic and configuration, in-process: the GPU-seconds of a job,
 of a rolling hour and the Retry-After until enough of it expires; key ids; which settings are
 refused."""
 

@@ -1,4 +1,4 @@
-"""``params.adapters`` (issue 22): which kinds take it, and :func:`check_adapters`'s refusals,
+"""``params.adapters``: which kinds take it, and :func:`check_adapters`'s refusals,
 each a 422 naming ``params.adapters``, ``params.adapters[i].id`` or ``.scale`` (R22)."""
 
 from __future__ import annotations

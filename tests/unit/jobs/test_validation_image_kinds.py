@@ -1,4 +1,4 @@
-"""img2img and inpainting (issue 22): their specs per family, the strength that must leave a
+"""img2img and inpainting: their specs per family, the strength that must leave a
 denoising step, the mask that must have the image's size, each refused with a 422 naming the
 field (R22)."""
 

@@ -1,4 +1,4 @@
-"""Uploaded inputs: content-digest ids, size and type limits (issue 7, R22)."""
+"""Uploaded inputs: content-digest ids, size and type limits (R22)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Webhooks (issue 22), in-process: the signature scheme against a known vector, the receiver's
+"""Webhooks, in-process: the signature scheme against a known vector, the receiver's
 check, the backoff schedule, the URL check, key ids, the fleet file's allow-list and the
 settings' secrets."""
 

@@ -83,7 +83,7 @@ def test_r15_unified_cache_keeps_a_protected_model_and_refuses_to_evict_it() -> 
     assert cache.unload_unprotected(keep="V") == ["C"] and cache.warm_models() == ["A", "V"]  # before video V (R17)
 
 
-def test_issue22_a_pipeline_with_a_stray_adapter_is_dropped_and_the_next_get_loads_it_cold() -> None:
+def test_a_pipeline_with_a_stray_adapter_is_dropped_and_the_next_get_loads_it_cold() -> None:
     torch = FakeTorch(100 * MB)
     device = CudaDevice(torch)
     cache = _cache(torch, device)

@@ -1,4 +1,4 @@
-"""LoRA adapters in placement (issue 22): an adapter must be verified on the machine like the
+"""LoRA adapters in placement: an adapter must be verified on the machine like the
 model (R4), and its load onto the warm pipeline is priced on every job that names it (R12)."""
 
 from __future__ import annotations

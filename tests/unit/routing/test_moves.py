@@ -1,4 +1,4 @@
-"""routing.placement.best_move (issue 21): which queued Auto job moves onto a machine that
+"""routing.placement.best_move: which queued Auto job moves onto a machine that
 has fallen idle, and by how many seconds it gains. Hand-computed figures: load 1 s (2.5 GB at
 2.5 GB/s), a run of 10 steps x 1 s per step at speed 1.0 (20 s at speed 0.5)."""
 

@@ -428,7 +428,7 @@ def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
 
 
 def test_text_timings_are_per_token_and_learned_from_two_jobs():
-    """Issue 20: a text job is priced step_s per new token + prompt_s per prompt token; the first
+    """A text job is priced step_s per new token + prompt_s per prompt token; the first
     finished job scales the guess to its measurement, the second moves both figures along its
     token counts (normalised LMS, weight EMA_WEIGHT)."""
     from routing.estimate import (
@@ -464,7 +464,7 @@ def test_text_timings_are_per_token_and_learned_from_two_jobs():
 
 
 def test_a_text_timing_fitted_to_fast_runs_keeps_a_positive_price_per_prompt_token():
-    """Issue 20 (CI flake of stop 28): runs much faster than their estimate, with long prompts,
+    """A CI flake: runs much faster than their estimate, with long prompts,
     once drove prompt_s to 0 (clamped LMS), so a longer prompt was priced as free. One job now
     takes at most half of a figure away: it shrinks geometrically, stays > 0, and a slower run
     brings it back."""

@@ -75,8 +75,8 @@ def gif(frames: int = 3) -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["bomb", "truncated", "png_html_polyglot", "gif_html_polyglot", "truncated_gif"])
-def test_issue24_a_result_that_does_not_decode_is_result_invalid_and_stores_nothing(tmp_path: Path, kind: str) -> None:
-    """R2 / issue 24 point 4: results are decoded as inputs are, with the inputs' pixel limit:
+def test_a_result_that_does_not_decode_is_result_invalid_and_stores_nothing(tmp_path: Path, kind: str) -> None:
+    """R2: results are decoded as inputs are, with the inputs' pixel limit:
     a 30000 x 30000 PNG header, a PNG cut in half, PNG or GIF magic bytes before HTML, a GIF
     whose last frame is cut off."""
     data = {"bomb": png_claiming(30000, 30000), "truncated": png()[: len(png()) // 2],
@@ -92,13 +92,13 @@ def test_issue24_a_result_that_does_not_decode_is_result_invalid_and_stores_noth
     assert stored_files(tmp_path) == []
 
 
-def test_issue24_an_animated_gif_result_decodes_and_is_stored(tmp_path: Path) -> None:
+def test_an_animated_gif_result_decodes_and_is_stored(tmp_path: Path) -> None:
     data = gif()
     assert ResultStore(tmp_path, 1_000_000).store(data, bytes_digest(data)).media_type == "image/gif"
 
 
 def test_a_text_jobs_result_must_be_utf8_text_and_only_a_text_job_may_store_text(tmp_path: Path) -> None:
-    """Issue 20 (R2): text has no magic bytes; a text job's result is stored as ``text/plain``
+    """R2: text has no magic bytes; a text job's result is stored as ``text/plain``
     when it is valid UTF-8; invalid UTF-8 is refused, and an image job cannot pass text off."""
     text = "héllo".encode()
     stored = ResultStore(tmp_path, 1000).store(text, bytes_digest(text), text=True)

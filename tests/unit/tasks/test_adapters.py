@@ -1,4 +1,4 @@
-"""The worker's adapter helpers (issue 22) that need no pipeline: which file of an adapter's
+"""The worker's adapter helpers that need no pipeline: which file of an adapter's
 manifest is loaded, and the embedded provenance of a job's adapters."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker's result spool and its retries (issue 24 point 5): what is retried, how often, and
+"""The worker's result spool and its retries: what is retried, how often, and
 what ``recover`` keeps or drops. The real path, with a server under ``prlimit --fsize`` and a
 real worker, is tests/e2e/test_full_disk.py."""
 
@@ -78,7 +78,7 @@ def test_recover_drops_what_the_server_took_or_refused_and_keeps_what_it_cannot_
 
 
 def test_a_job_of_n_images_is_spooled_whole_and_only_a_whole_entry_is_recovered(tmp_path: Path) -> None:
-    """Issue 22: images 2..n are kept beside the first; an entry missing one is not offered to
+    """Images 2..n are kept beside the first; an entry missing one is not offered to
     ``recover`` (it would upload fewer images than the job asks), and removing it removes all."""
     spool = ResultSpool(tmp_path)
     batch = Spooled(**{**record("batch").__dict__, "more_digests": ["blake3:" + "1" * 64, "blake3:" + "2" * 64]})

@@ -1,4 +1,4 @@
-"""The ``text`` kind (issue 20): tiny causal LMs of each architecture, built offline, registered
+"""The ``text`` kind: tiny causal LMs of each architecture, built offline, registered
 by their ``config.json``, loaded with transformers from local files, run one prompt each."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_gpt2_has_no_chat_template_so_a_chat_is_refused(tiny_text_dir: Path) -> 
 
 
 def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 19's rule for every kind: a runner reads exactly the params its spec lists."""
+    """The rule for every kind (app/core/families.py): a runner reads exactly the params its spec lists."""
     spec = KINDS["text"]
     seen: list[Any] = []
     real = type(spec).args
@@ -146,7 +146,7 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(
 def test_an_int8_text_variant_loads_quantized_runs_and_is_priced_by_its_linear_weights(
     family: str, tiny_text_dir: Path
 ) -> None:
-    """Issue 20: torchao int8 weight-only through transformers' TorchAoConfig, at load time: its
+    """torchao int8 weight-only through transformers' TorchAoConfig, at load time: its
     linear layers' weights are quantized (not the embeddings or norms), the price is what the
     loaded model holds (app/core/pricing.py; every family and variant:
     tests/integration/fleet/test_family_memory.py), and the quantized model still generates."""
