@@ -171,13 +171,17 @@ def models_add(
                                  f"{path or from_hf_cache} is {what}: register it without --family",
                                  param_hint="--family")
     if path is not None and family is None and adapter_of is None and path.is_file():
-        raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux "
-                                 "(its key layout is checked against it)", param_hint="--family")
+        raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux (its "
+                                 "key layout is checked against it), a LoRA file --adapter-of FAMILY",
+                                 param_hint="--family")
     ctx = build_checked_context(server_settings())
     selection = None
     try:
         if family is not None:
             assert path is not None  # checked above
+            from app.store.single_file import check_checkpoint
+
+            check_checkpoint(path.resolve(), family)  # refused before anything is said to be converting
             console.print(f"converting {path.name} ({family}) into a diffusers folder …")
             record = ctx.registry.add_single_file(path, family, model_id, precision=precision,
                                                   quantization=quantization, config=config)

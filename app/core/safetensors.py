@@ -63,3 +63,20 @@ def safetensors_weight_bytes(path: Path) -> int:
 def model_weight_bytes(folder: Path) -> int:
     """Summed weight bytes of every ``.safetensors`` file under a model folder (0 if none)."""
     return sum(safetensors_weight_bytes(p) for p in sorted(folder.rglob("*.safetensors")))
+
+
+def check_loadable(path: Path) -> None:
+    """Open ``path`` with safetensors' own reader, which refuses a header it cannot load
+    (offsets, shapes, dtypes) and a file its tensors do not cover exactly (a truncated
+    download); nothing is read beyond the header.
+
+    Raises:
+        IntegrityFailure: naming the file and the reader's error.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError, ValueError) as error:
+        raise IntegrityFailure(f"{path.name}: {error}") from error

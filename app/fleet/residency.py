@@ -17,14 +17,15 @@ from typing import Any
 import redis
 
 from app.core.errors import Conflict, NotFound, Rejected
-from app.core.kinds import job_request
 from app.core.keys import Keys
+from app.core.kinds import job_request
 from app.fleet.config import Fleet
 from app.fleet.costs import FleetCosts
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates, ResidencyOf
 from app.fleet.multiread import MultiRead
 from app.store.registry import Registry
+from routing.estimate import readable_bytes
 from routing.timings import ADAPTER_KIND
 
 
@@ -188,12 +189,13 @@ def check_commitment_memory(machine: str, wanted: Iterable[str], registry: Regis
     largest = max(working, key=lambda model_id: working[model_id][1])
     need = sum(weights.values()) + working[largest][1]
     if need > usable:
-        listed = ", ".join(f"{model_id} {size / 1e9:.3f} GB" for model_id, size in weights.items())
+        listed = ", ".join(f"{model_id} {readable_bytes(size)}" for model_id, size in weights.items())
         raise Rejected(
             f"machine {machine!r} cannot keep {', '.join(weights)} resident: their weights ({listed}) plus the working "
             f"memory of the largest job they must still run ({largest} {working[largest][0]} at its default size: "
-            f"{working[largest][1] / 1e9:.3f} GB) need {need / 1e9:.3f} GB, and {machine!r} has {usable / 1e9:.3f} GB "
-            "usable (memory_bytes); commit fewer models or smaller variants", reason="commitment_too_large")
+            f"{readable_bytes(working[largest][1])}) need {readable_bytes(need)}, and {machine!r} has "
+            f"{readable_bytes(usable)} usable (memory_bytes); commit fewer models or smaller variants",
+            reason="commitment_too_large")
 
 
 def commit_residency(lock: FleetLock, machines: MachineStates, facts: RedisResidencyFacts, registry: Registry,

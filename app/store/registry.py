@@ -14,12 +14,14 @@ Registering copies the diffusers folder (or the LoRA file) into the server's own
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from app.core.families import FAMILIES, PIPELINE_FAMILIES
 from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
 from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
-from app.core.safetensors import safetensors_header
+from app.core.safetensors import check_loadable, safetensors_header
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import ModelFile, ModelRecord
@@ -144,6 +146,17 @@ class Registry:
     def folder(self, model_id: str) -> Path:
         return self.models_dir / model_id
 
+    @contextmanager
+    def _one_registration(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``<models_dir>/.registry.lock`` for one registration's id
+        check, copy and commit: two ``models add`` of the same id at once leave one registered
+        and refuse the other (``model_id_taken``), and neither removes the other's folder. The
+        kernel releases it when its process dies."""
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.models_dir / ".registry.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
             quantization: str | None = None, adapter_of: str | None = None, *,
             source_format: str | None = None, source_digest: str | None = None,
@@ -200,49 +213,60 @@ class Registry:
             selection = select_files(source, precision, adapter=adapter_of is not None)
             sources = {path: source / path for path in selection.taken}
             source_format = source_format or selection.source_format
-        with Session(self.engine) as session:
-            taken = set(session.exec(select(ModelRecord.id)).all())
-        minted = model_id is None
-        if model_id is None:
-            model_id = _mint_id(mint_from or (source.stem if source.is_file() else source.name), taken)
-        else:
-            self._check_new_id(model_id, taken)
+        for path, origin in sources.items():  # before anything is copied: what no loader can read is refused
+            if path.endswith(".safetensors"):
+                try:
+                    check_loadable(origin)
+                except IntegrityFailure as error:
+                    raise Rejected(f"{source}: {path} cannot be loaded ({error}): a truncated or damaged file (an "
+                                   "interrupted download? download it again)", reason="incomplete_model") from error
+        with self._one_registration():  # ids are checked and taken one registration at a time
+            with Session(self.engine) as session:
+                taken = set(session.exec(select(ModelRecord.id)).all())
+            minted = model_id is None
+            if model_id is None:
+                model_id = _mint_id(mint_from or (source.stem if source.is_file() else source.name), taken)
+            else:
+                self._check_new_id(model_id, taken)
 
-        if minted and (same := self._registered_as(sources, precision, quantization)) is not None:
-            raise Conflict(
-                f"{source} is already registered as {same!r} (the same files and variant "
-                f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
-                "(--id) to register a second copy", reason="model_already_registered",
-            )
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
-        try:
-            for path, origin in sources.items():
-                target = staging / path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(origin, target)  # follows links: a cache snapshot's blobs are copied
-            os.chmod(staging, 0o755)  # mkdtemp makes it 0700
-            final = self.folder(model_id)
-            if final.exists():
-                shutil.rmtree(final)  # left by an earlier registration that was never committed
-            os.replace(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        files = [_hash_file(model_id, final, final / path) for path in sorted(sources)]
-        if adapter_of is not None and source.is_file() and source_digest is None:
-            source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
-        weights = _price(final, Variant(precision, quantization))
-        record = ModelRecord(
-            id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
-            total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
-            weights_bytes=weights, source_format=source_format, source_digest=source_digest,
-        )
-        with Session(self.engine) as session:
-            session.add(record)
-            session.add_all(files)
-            session.commit()
-            session.refresh(record)
+            if minted and (same := self._registered_as(sources, precision, quantization)) is not None:
+                raise Conflict(
+                    f"{source} is already registered as {same!r} (the same files and variant "
+                    f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
+                    "(--id) to register a second copy", reason="model_already_registered",
+                )
+            staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
+            try:
+                for path, origin in sources.items():
+                    target = staging / path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(origin, target)  # follows links: a cache snapshot's blobs are copied
+                os.chmod(staging, 0o755)  # mkdtemp makes it 0700
+                final = self.folder(model_id)
+                if final.exists():
+                    shutil.rmtree(final)  # left by an earlier registration that was never committed
+                os.replace(staging, final)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            try:
+                files = [_hash_file(model_id, final, final / path) for path in sorted(sources)]
+                if adapter_of is not None and source.is_file() and source_digest is None:
+                    source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
+                weights = _price(final, Variant(precision, quantization))
+                record = ModelRecord(
+                    id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
+                    total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
+                    weights_bytes=weights, source_format=source_format, source_digest=source_digest,
+                )
+                with Session(self.engine) as session:
+                    session.add(record)
+                    session.add_all(files)
+                    session.commit()
+                    session.refresh(record)
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)  # nothing registered: nothing left in the models folder
+                raise
         if self.on_change is not None:
             self.on_change()
         return record
@@ -523,7 +547,12 @@ class Registry:
         try:  # weights no loader can read would fail every job: refuse them here
             for path in paths:
                 if path.suffix == ".safetensors":
-                    safetensors_header(path)
+                    try:
+                        check_loadable(path)
+                    except IntegrityFailure as error:
+                        raise ValueError(f"{path.relative_to(folder).as_posix()}: {error}") from error
+            if ADAPTER_KIND in record.kinds:  # still a LoRA of its family, as registration checked
+                adapter_layout(folder, record.family)
             weights = (price or price_weights)(folder, record)
         except (IntegrityFailure, OSError, ValueError, KeyError, TypeError, RuntimeError,
                 NotImplementedError) as error:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.errors import Rejected
+from app.core.lora_files import LORA_WEIGHTS
 from app.core.textgen import architectures
 from app.core.variants import PRECISION_FILE_VARIANTS
 
@@ -63,6 +64,7 @@ AUX_FILES: frozenset[str] = frozenset({
     "tokenizer_config.json", "chat_template.jinja",
 })
 _SHARDED = r"(-\d{5}-of-\d{5})?"
+_COMPONENT = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.-]+$")  # a component is a folder right under the model's
 _TEXT_SAFETENSORS = re.compile(rf"^model{_SHARDED}\.safetensors$|^model\.safetensors\.index\.json$")
 _TEXT_BIN = re.compile(rf"^pytorch_model{_SHARDED}\.bin$|^pytorch_model\.bin\.index\.json$")
 _CHECKPOINT_SUFFIXES = (".safetensors", ".ckpt", ".bin", ".pt", ".pth", ".gguf", ".sft")
@@ -107,9 +109,14 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
     folder = Path(folder)
     files = _list_files(folder)
     if adapter:
-        taken = {p for p in files if "/" not in p and p.endswith(".safetensors")}
-        selection = _finish(ADAPTER, folder, files, taken, lambda p: "not LoRA weights (an adapter is its root "
-                                                                        "*.safetensors)")
+        weights = sorted(p for p in files if "/" not in p and p.endswith(".safetensors"))
+        if len(weights) > 1 and LORA_WEIGHTS not in weights:
+            raise Rejected(f"{folder} holds {len(weights)} LoRA files ({', '.join(weights[:5])}); a worker loads one: "
+                           f"register the one you want (`homefleet models add {folder / weights[-1]} --adapter-of "
+                           "FAMILY`)", reason="ambiguous_adapter")
+        taken = {LORA_WEIGHTS if LORA_WEIGHTS in weights else weights[0]} if weights else set()
+        selection = _finish(ADAPTER, folder, files, taken,
+                            lambda p: f"not the LoRA weights a worker loads ({', '.join(sorted(taken))})")
     elif (folder / "model_index.json").is_file():
         selection = _select_diffusers(folder, files, PRECISION_FILE_VARIANTS.get(precision))
     elif architectures(folder):
@@ -162,6 +169,14 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     listed = {k for k, v in index.items() if isinstance(v, list) and k != "_class_name"}
     nulls = {k for k in listed if not _names_a_class(index[k])}
     components = listed - nulls
+    odd = sorted(c for c in components if not _COMPONENT.match(c))
+    if odd:
+        raise Rejected(f"{folder}: model_index.json names component(s) {', '.join(map(repr, odd))}, which are no "
+                       "folder names of this model", reason="not_a_model")
+    absent = sorted(c for c in components if not (folder / c).is_dir())
+    if absent:
+        raise Rejected(f"{folder}: component(s) {', '.join(absent)} named in model_index.json have no folder (an "
+                       "interrupted download? download the model again)", reason="incomplete_model")
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
     model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates)
@@ -192,6 +207,10 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
                 taken.add(path)
         else:
             taken.add(path)
+    weightless = sorted(c for c in components - model_folders if f"{c}/config.json" in candidates)
+    if weightless:  # a model's config.json and no weights at all: the download stopped before them
+        raise Rejected(f"{folder}: component(s) {', '.join(weightless)} hold a model's config.json but no weights "
+                       "(an interrupted download? download the model again)", reason="incomplete_model")
     starved = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
     if starved:
         raise Rejected(f"{folder}: component(s) {', '.join(starved)} hold weights but none a "
@@ -246,6 +265,9 @@ def _select_transformers(folder: Path, files: list[str]) -> Selection:
     root = [p for p in files if "/" not in p]
     safetensors = {p for p in root if _TEXT_SAFETENSORS.match(p)}
     weights = safetensors or {p for p in root if _TEXT_BIN.match(p)}
+    if not any(p.endswith((".safetensors", ".bin")) for p in weights):
+        raise Rejected(f"{folder}: a transformers model's config.json but no model*.safetensors or pytorch_model*.bin "
+                       "weights (an interrupted download? download the model again)", reason="incomplete_model")
     taken = weights | {p for p in root if p in TOKENIZER_FILES or p in AUX_FILES or p == "config.json"}
 
     def why(path: str) -> str:
@@ -290,8 +312,14 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path |
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache), local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as error:
+        repo = cache / ("models--" + repo_id.replace("/", "--"))
+        refs = sorted(p.name for p in (repo / "refs").iterdir()) if (repo / "refs").is_dir() else []
+        if repo.is_dir():  # the repository is there, not this revision
+            raise Rejected(f"{repo_id} is in the Hugging Face cache {cache} but not at revision {revision or 'main'} "
+                           f"({type(error).__name__}); its cached refs: {', '.join(refs) or 'none'} (pass one with "
+                           "--revision, or a commit hash of its snapshots/)", reason="not_in_hf_cache") from error
         held = sorted(p.name.removeprefix("models--").replace("--", "/") for p in cache.glob("models--*")) \
             if cache.is_dir() else []
-        raise Rejected(f"{repo_id}{' revision ' + revision if revision else ''} is not in the Hugging Face cache "
-                       f"{cache} ({type(error).__name__}); it holds: {', '.join(held) or 'no models'} "
-                       "(HF_HUB_CACHE or HF_HOME name another cache)", reason="not_in_hf_cache") from error
+        raise Rejected(f"{repo_id} is not in the Hugging Face cache {cache} ({type(error).__name__}); it holds: "
+                       f"{', '.join(held) or 'no models'} (HF_HUB_CACHE or HF_HOME name another cache)",
+                       reason="not_in_hf_cache") from error

@@ -16,6 +16,7 @@ from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.fleet.config import load_fleet
+from routing.estimate import readable_bytes
 from tests.helpers import bring_online, make_fleet
 
 MODEL, EDIT_MODEL = "tiny-sd", "tiny-pix2pix"
@@ -63,9 +64,10 @@ def test_r16_a_commitment_that_cannot_fit_beside_its_largest_job_is_refused_nami
     weights = {m: ctx.registry.weights_bytes(m) for m in (EDIT_MODEL, MODEL)}
     need = sum(weights.values()) + 1_994_000_000  # the edit job is the largest
     assert need > SMALL_BYTES > 1_994_000_000 + weights[EDIT_MODEL]
-    assert (f"the largest job they must still run ({EDIT_MODEL} edit at its default size: 1.994 GB) need "
-            f"{need / 1e9:.3f} GB, and 'm1' has 2.000 GB usable") in error["message"]
-    assert f"{MODEL} {weights[MODEL] / 1e9:.3f} GB" in error["message"]
+    assert (f"the largest job they must still run ({EDIT_MODEL} edit at its default size: "
+            f"{readable_bytes(1_994_000_000)}) need {readable_bytes(need)}, and 'm1' has "
+            f"{readable_bytes(SMALL_BYTES)} usable") in error["message"]
+    assert f"{MODEL} {readable_bytes(weights[MODEL])}" in error["message"]
     assert client.get("/v1/machines/m1/residency").json()["models"] == []  # nothing written
     # the edit model alone fits beside its own job: the other model's weights decided
     assert client.put("/v1/machines/m1/residency", json={"models": [EDIT_MODEL]}).status_code == 200

@@ -211,7 +211,8 @@ def test_r1_the_cached_snapshot_is_found_without_network_by_branch_or_commit(
                                        r"it holds: .*black-forest-labs/FLUX.1-dev") as refused:
         cached_snapshot("org/absent")
     assert refused.value.reason == "not_in_hf_cache"
-    with pytest.raises(Rejected, match="revision v9 is not in the Hugging Face cache"):
+    with pytest.raises(Rejected, match=rf"{replica.repo_id} is in the Hugging Face cache .* but not at revision v9 "
+                                       r".*its cached refs: main \(pass one with --revision"):
         cached_snapshot(replica.repo_id, revision="v9")
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", "/somewhere/hf")

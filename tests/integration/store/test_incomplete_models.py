@@ -1,0 +1,157 @@
+"""Half-downloaded and odd model folders are refused at registration, naming what is wrong,
+and leave nothing in the server's model folder (R1, R4; docs/operations.md, "What
+registration takes"): a truncated weights file, a component holding its config but no
+weights, a component folder that is missing, a text model without weights, a truncated LoRA
+file, an adapter folder of several LoRA files. ``models update`` refuses what no loader can
+read, and two registrations of one id at once leave exactly one. Real journal, real files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.context import ServerContext
+from app.core.errors import HomefleetError, Rejected
+from app.core.lora_files import LORA_WEIGHTS
+from app.devtools.tiny_models import make_tiny_lora
+
+UNET = "unet/diffusion_pytorch_model.safetensors"
+
+
+def left_in_models_dir(ctx: ServerContext) -> list[str]:
+    return sorted(p.name for p in ctx.registry.models_dir.iterdir() if not p.name.startswith(".")) \
+        if ctx.registry.models_dir.exists() else []
+
+
+@pytest.fixture
+def copy_of_tiny_sd(tiny_models_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_models_dir / "tiny-sd", tmp_path / "tiny-sd-copy"))
+
+
+def refused(ctx: ServerContext, source: Path, **kwargs: object) -> Rejected:
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.add(source, **kwargs)  # type: ignore[arg-type]
+    return caught.value
+
+
+def test_r1_a_truncated_weights_file_is_refused_naming_it(ctx: ServerContext, copy_of_tiny_sd: Path) -> None:
+    path = copy_of_tiny_sd / UNET
+    os.truncate(path, path.stat().st_size // 2)  # what an interrupted download leaves
+    error = refused(ctx, copy_of_tiny_sd, model_id="trunc")
+    assert error.reason == "incomplete_model"
+    assert f"{UNET} cannot be loaded" in error.message and "file not fully covered" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_component_with_its_config_but_no_weights_is_refused(ctx: ServerContext, copy_of_tiny_sd: Path) -> None:
+    (copy_of_tiny_sd / UNET).unlink()
+    error = refused(ctx, copy_of_tiny_sd, model_id="noweights")
+    assert error.reason == "incomplete_model"
+    assert "component(s) unet hold a model's config.json but no weights" in error.message
+    assert left_in_models_dir(ctx) == []
+
+
+def test_r1_a_component_folder_missing_or_outside_the_model_is_refused(ctx: ServerContext,
+                                                                        copy_of_tiny_sd: Path) -> None:
+    shutil.rmtree(copy_of_tiny_sd / "vae")
+    error = refused(ctx, copy_of_tiny_sd, model_id="novae")
+    assert error.reason == "incomplete_model" and "component(s) vae named in model_index.json have no folder" \
+        in error.message
+    assert "huggingface.co" not in error.message  # not the loader's "check your internet connection"
+    index = json.loads((copy_of_tiny_sd / "model_index.json").read_text())
+    index["../secret"] = index.pop("vae")
+    (copy_of_tiny_sd / "model_index.json").write_text(json.dumps(index))
+    error = refused(ctx, copy_of_tiny_sd, model_id="escape")
+    assert error.reason == "not_a_model" and "'../secret'" in error.message
+    assert left_in_models_dir(ctx) == []
+
+
+def test_r1_a_text_model_without_weights_is_refused(ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(tiny_text_dir / "tiny-gpt2", tmp_path / "gpt2-config-only"))
+    for weights in folder.glob("model*.safetensors"):
+        weights.unlink()
+    error = refused(ctx, folder)
+    assert error.reason == "incomplete_model" and "no model*.safetensors" in error.message
+
+
+def test_r1_a_truncated_lora_file_is_refused_and_leaves_nothing(ctx: ServerContext, tiny_models_dir: Path,
+                                                                tmp_path: Path) -> None:
+    lora = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora") / LORA_WEIGHTS
+    cut = tmp_path / "trunc-lora.safetensors"
+    cut.write_bytes(lora.read_bytes()[: lora.stat().st_size - 1000])
+    error = refused(ctx, cut, adapter_of="sd1")
+    assert error.reason == "incomplete_model" and "file not fully covered" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_an_adapter_folder_takes_the_one_file_a_worker_loads(ctx: ServerContext, tiny_models_dir: Path,
+                                                                tmp_path: Path) -> None:
+    lora = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora") / LORA_WEIGHTS
+    epochs = tmp_path / "epochs"
+    epochs.mkdir()
+    shutil.copy(lora, epochs / "style-epoch1.safetensors")
+    shutil.copy(lora, epochs / "style-epoch2.safetensors")
+    error = refused(ctx, epochs, adapter_of="sd1")
+    assert error.reason == "ambiguous_adapter"
+    assert "style-epoch1.safetensors, style-epoch2.safetensors" in error.message
+    assert f"homefleet models add {epochs / 'style-epoch2.safetensors'} --adapter-of" in error.message
+    # beside pytorch_lora_weights.safetensors, a full checkpoint is left out, not priced or synced
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(lora, mixed / LORA_WEIGHTS)
+    shutil.copy(tiny_models_dir / "tiny-sd" / UNET, mixed / "z-checkpoint.safetensors")
+    record = ctx.registry.add(mixed, adapter_of="sd1")
+    assert [f.path for f in ctx.registry.manifest(record.id).files] == [LORA_WEIGHTS]
+    assert record.total_bytes == lora.stat().st_size
+
+
+def test_r5_update_refuses_offsets_no_loader_accepts_and_an_adapter_no_longer_a_lora(
+        ctx: ServerContext, copy_of_tiny_sd: Path, tiny_models_dir: Path, tmp_path: Path) -> None:
+    record = ctx.registry.add(copy_of_tiny_sd, model_id="sd")
+    stored = ctx.registry.folder(record.id) / UNET
+    data = stored.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    header = data[8:header_end].decode()
+    first = header.index('"data_offsets":[') + len('"data_offsets":[')
+    start, _, rest = header[first:].partition(",")
+    end = rest[: rest.index("]")]
+    bad = header[:first] + f"{start},{int(end) + 1}" + header[first + len(start) + 1 + len(end):]
+    bad = bad[: len(header)] if len(bad) > len(header) else bad + " " * (len(header) - len(bad))
+    stored.write_bytes(data[:8] + bad.encode() + data[header_end:])  # valid JSON, impossible offsets
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.update(record.id)
+    assert caught.value.reason == "model_unreadable" and "diffusion_pytorch_model.safetensors" in caught.value.message
+
+    lora = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora") / LORA_WEIGHTS
+    adapter = ctx.registry.add(lora, adapter_of="sd1")
+    weights = ctx.registry.folder(adapter.id) / LORA_WEIGHTS
+    raw = weights.read_bytes()
+    weights.write_bytes(raw.replace(b".lora.down.", b".lora.dOwn.").replace(b".lora.up.", b".lora.Up."))  # no LoRA keys
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.update(adapter.id)
+    assert caught.value.reason == "not_an_adapter"
+
+
+def test_r1_two_registrations_of_one_id_at_once_leave_one(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    outcomes: list[str] = []
+
+    def register() -> None:
+        try:
+            ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="race")
+            outcomes.append("registered")
+        except HomefleetError as error:
+            outcomes.append(error.reason)
+
+    threads = [threading.Thread(target=register) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["model_id_taken", "registered"]
+    assert [c.status for c in ctx.registry.verify(["race"])] == ["ok"] * len(ctx.registry.manifest("race").files)
