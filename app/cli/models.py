@@ -241,11 +241,13 @@ def models_verify(
         checks = ctx.registry.verify(model or None)
     finally:
         ctx.close()
-    table = Table("model", "file", "status", "digest")
-    for check in checks:
-        colour = {"ok": "green", "changed": "yellow", "missing": "red"}[check.status]
-        detail = check.actual if check.status == "ok" else f"registered {check.recorded}, actual {check.actual or 'missing'}"
-        table.add_row(check.model_id, check.path, f"[{colour}]{check.status}[/]", detail)
+    table = Table("model", "files", "ok", "changed", "missing")  # one row a model; the bad files are listed below
+    for model_id in dict.fromkeys(c.model_id for c in checks):
+        counts = {status: sum(1 for c in checks if c.model_id == model_id and c.status == status)
+                  for status in ("ok", "changed", "missing")}
+        table.add_row(model_id, str(sum(counts.values())), f"[green]{counts['ok']}[/]",
+                      f"[yellow]{counts['changed']}[/]" if counts["changed"] else "0",
+                      f"[red]{counts['missing']}[/]" if counts["missing"] else "0")
     console.print(table)
     bad = [c for c in checks if c.status != "ok"]
     console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
