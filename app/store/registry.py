@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -654,7 +655,11 @@ def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
 
 
 def _mint_id(name: str, taken: set[str]) -> str:
-    base = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:56] or "model"
+    """An id from a file or folder name: accents folded to ASCII ("Ünïcode" -> "unicode"), every
+    other run of characters an id may not hold made one "-", at most 56 characters, "model" when
+    nothing is left; "-2", "-3", ... appended while taken."""
+    folded = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^a-z0-9._-]+", "-", folded.lower()).strip("-._")[:56] or "model"
     candidate, n = base, 2
     while candidate in taken:
         candidate, n = f"{base}-{n}", n + 1
