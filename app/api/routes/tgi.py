@@ -35,6 +35,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
 
 from app.api.auth import request_key_id
 from app.api.routes.deps import Context
@@ -49,11 +50,11 @@ from app.api.routes.text import (
 )
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Rejected
+from app.core.request_body import RequestBody
 from app.core.states import JobState
 from app.core.textgen import TokenDecoder
 from app.db.tables import Job
 from app.jobs.progress import Progress
-from app.core.request_body import RequestBody
 from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -164,8 +165,6 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
 async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | None = None) -> Any:
     """One text job of API key ``api_key_id``, submitted now (a refusal is a plain error),
     answered as TGI's event stream."""
-    from sse_starlette.sse import EventSourceResponse
-
     params = body.parameters.job_params(body.inputs)
     job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
@@ -220,7 +219,9 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
     return JSONResponse(await generate_once(body, ctx, request))
 
 
-@router.post("/generate_stream", response_model=None)
+@router.post("/generate_stream", response_model=None, response_class=EventSourceResponse,
+             responses={200: {"description": "Server-Sent Events, one per generated token",
+                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
 async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any:
     """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
     ``generated_text`` and ``details``."""
@@ -228,7 +229,9 @@ async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any
     return await generate_stream_answer(body, ctx, request_key_id(request))
 
 
-@router.post("/", response_model=None)
+@router.post("/", response_model=None,
+             responses={200: {"description": "the generated text (JSON), or with ``stream`` Server-Sent Events",
+                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
 async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any:
     """TGI's root route (``huggingface_hub``'s ``text_generation`` calls it): :func:`generate`,
     or :func:`generate_stream` when ``stream`` is true."""

@@ -203,3 +203,14 @@ def test_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContex
     assert answer.status_code == 422, answer.text
     assert field in answer.text
     assert [job.state for job in ctx.journal.list()] == (["rejected"] if path == "/v1/jobs" else [])
+
+
+def test_the_tgi_streaming_routes_say_they_answer_server_sent_events(api: tuple[TestClient, ServerContext]) -> None:
+    """``POST /generate_stream`` answers ``text/event-stream`` only, and TGI's root route
+    ``POST /`` JSON or, with ``stream``, ``text/event-stream``: the description says what a
+    client gets (a schema-driven fuzzer checks answers against it)."""
+    client, _ = api
+    paths = client.get("/openapi.json").json()["paths"]
+    assert list(paths["/generate_stream"]["post"]["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert set(paths["/"]["post"]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert list(paths["/generate"]["post"]["responses"]["200"]["content"]) == ["application/json"]
