@@ -9,7 +9,8 @@ celery/kombu#2421): one ``LPUSH machine.server 'not json {'`` took a machine off
 
 :class:`Transport` is kombu's Redis transport with one change, in its channel: those two
 decoding steps are guarded. A message that fails either is pushed, as
-``{"queue", "raw", "error", "at"}`` JSON, onto the dead-letter list (``Keys.dead_letters``,
+``{"queue", "raw", "raw_bytes", "raw_digest", "error", "at"}`` JSON (``raw``: the message's
+head, :data:`RAW_HEAD_CHARS`), onto the dead-letter list (``Keys.dead_letters``,
 the ``dead_letter_key`` transport option; the newest first, at most :data:`MAX_DEAD_LETTERS`
 kept), logged, and consumption goes on. ``raw`` is the item as kombu read it (UTF-8;
 invalid bytes as U+FFFD, kombu's ``bytes_to_str``) or, when the JSON parsed but its body did
@@ -34,10 +35,13 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 
+from app.core.digest import bytes_digest
+
 log = logging.getLogger(__name__)
 
 TRANSPORT_ALIAS = "hfredis"
 MAX_DEAD_LETTERS = 1000  # a flood of garbage cannot fill Redis: older dead letters are dropped
+RAW_HEAD_CHARS = 4096  # of a dead letter's message kept in its record (with the whole message's size and digest)
 DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, binascii.Error)
 """What decoding a malformed message raises: JSON (``JSONDecodeError`` is a ``ValueError``),
 base64 (``binascii.Error``), a payload of the wrong shape (a list, no ``properties``)."""
@@ -52,8 +56,14 @@ class Undecodable(Exception):
 
 
 def dead_letter(raw: str, queue: str | None, error: Exception) -> str:
-    """The dead-letter record of one message, as JSON: ``{queue, raw, error, at}`` (``at``: unix s)."""
-    return json.dumps({"queue": queue, "raw": raw, "error": f"{type(error).__name__}: {error}"[:500],
+    """The dead-letter record of one message, as JSON: ``{queue, raw, raw_bytes, raw_digest,
+    error, at}`` (``at``: unix s). ``raw`` keeps the message's first :data:`RAW_HEAD_CHARS`
+    characters only, so a dead letter costs Redis at most a few KiB whatever was pushed (a 20 MB
+    message once cost 20 MB); ``raw_bytes`` (UTF-8 bytes) and ``raw_digest`` (BLAKE3 of those
+    bytes) identify the whole message."""
+    data = raw.encode("utf-8", "replace")
+    return json.dumps({"queue": queue, "raw": raw[:RAW_HEAD_CHARS], "raw_bytes": len(data),
+                       "raw_digest": bytes_digest(data), "error": f"{type(error).__name__}: {error}"[:500],
                        "at": time.time()})
 
 
