@@ -3,7 +3,8 @@
 real worker. An input upload is 507 naming what could not be stored; a result the server
 cannot store is kept in the worker's spool and retried, then the job ends ``failed`` with
 reason ``result_not_stored``; once the server has room, ``homefleet results recover`` brings
-the spooled result in and the job is ``succeeded``, the same bytes, run once."""
+the spooled result in and the job is ``succeeded``, the same bytes, run once. With the worker's
+spool full too (a 16 KiB tmpfs) the job fails ``result_not_stored`` at once, naming both refusals."""
 
 from __future__ import annotations
 
