@@ -7,12 +7,13 @@ journal and changes nothing (R19, C01).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 from celery.exceptions import Ignore
@@ -157,19 +158,8 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
                                   provenance, inputs, family=claim.manifest.family)
             run_s = time.perf_counter() - started
         provenance = {**provenance, **output.record, **applied.record}  # journaled only (token counts, adapter load)
-    except Exception as error:  # every failure is reported to the journal with its reason; nothing is lost
-        reason = failure_reason(error)
-        message = f"{type(error).__name__}: {error}"
-        log.exception("job %s failed (%s)", job_id, reason)
-        try:
-            rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
-        except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
-            log.warning("job %s: failure not taken, the job had ended: %s", job_id, refusal.message)
-            raise Ignore() from error
-        except httpx.HTTPError as lost:  # still running in the journal: reconciliation ends it, and says so
-            log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
-            raise Ignore() from error
-        raise JobNotSucceeded(job_id, reason, message) from error
+    except Exception as error:  # noqa: BLE001 (reported, logged with its traceback) every failure reaches the journal
+        report_failure(rt, job_id, error, load_s, run_s)
     # 5. Upload; a result the server cannot store yet is spooled and retried (tasks/spool.py).
     digest = bytes_digest(output.data)
     try:
@@ -183,8 +173,31 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     except HomefleetError as refusal:  # refused (integrity): the server failed the job
         log.error("job %s: the server did not take the result: %s", job_id, refusal)
         raise JobNotSucceeded(job_id, refusal.reason or "result_refused", refusal.message) from refusal
+    except JobNotSucceeded:
+        raise
+    except Exception as error:  # noqa: BLE001 (reported, logged) never a job left running with nobody running it
+        report_failure(rt, job_id, error, load_s, run_s)
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data),
              load_s or 0.0, run_s)
+
+
+def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, load_s: float | None,
+                   run_s: float | None) -> NoReturn:
+    """Report ``error`` as the job's failure (its :func:`failure_reason`, its type and text) and
+    end the task: :class:`JobNotSucceeded` once the server took it, Celery's ``Ignore`` when the
+    server had ended the job meanwhile or cannot be reached (reconciliation ends it, R19)."""
+    reason = failure_reason(error)
+    message = f"{type(error).__name__}: {error}"
+    log.exception("job %s failed (%s)", job_id, reason)
+    try:
+        rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
+    except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
+        log.warning("job %s: failure not taken, the job had ended: %s", job_id, refusal.message)
+        raise Ignore() from error
+    except httpx.HTTPError as lost:  # still running in the journal: reconciliation ends it, and says so
+        log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
+        raise Ignore() from error
+    raise JobNotSucceeded(job_id, reason, message) from error
 
 
 def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_type: str, digest: str, load_s: float,
@@ -195,6 +208,14 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
     retries are spent the job is reported ``failed`` with reason ``result_not_stored`` naming
     the spooled file, which stays for ``homefleet results recover``.
 
+    When the spool cannot keep them either (its disk full: ``ENOSPC``, ``EDQUOT``, ``EFBIG``, or
+    any other ``OSError``) the bytes stay in this task's memory only: the spool write is tried
+    again at each refused attempt, the upload retried the same bounded number of times
+    (``result_upload_attempts``, pausing ``result_retry_s`` seconds then twice as long each
+    time: 4 attempts over 7 s by default), and if both still refuse the job is reported
+    ``failed`` ``result_not_stored`` at once, the message naming the server's refusal and the
+    spool's error (the result is lost; nothing is left for ``results recover``).
+
     Raises:
         JobNotSucceeded: the retries were spent (the job is failed ``result_not_stored``).
         Conflict, httpx.HTTPError, HomefleetError: as ``ServerClient.upload``; a spooled copy
@@ -203,34 +224,67 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
     settings = rt.settings
     spool = ResultSpool(settings.result_spool)
     kept: Path | None = None
+    spool_error: OSError | None = None  # the spool's last refusal while nothing is kept
 
     def attempt() -> object:
-        nonlocal kept
+        nonlocal kept, spool_error
         try:
             return rt.server.upload(job_id, data, media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
                                     provenance=provenance, more=more)
         except HomefleetError as error:
             if retriable(error) and kept is None:
-                kept = spool.keep(Spooled(job_id=job_id, digest=digest, media_type=media_type, load_s=load_s,
-                                          run_s=run_s, cold_load=cold, provenance=provenance,
-                                          spooled_at=time.time(), more_digests=[d for _, d in more or []]),
-                                  data, tuple(extra for extra, _ in more or []))
-                log.error("job %s: the server could not store the result (%s); kept in %s", job_id, error.message,
-                          kept)
+                try:
+                    kept = spool.keep(Spooled(job_id=job_id, digest=digest, media_type=media_type, load_s=load_s,
+                                              run_s=run_s, cold_load=cold, provenance=provenance,
+                                              spooled_at=time.time(), more_digests=[d for _, d in more or []]),
+                                      data, tuple(extra for extra, _ in more or []))
+                except OSError as refusal:  # the worker's disk is full too: the bytes stay in memory only
+                    spool_error = refusal
+                    discard_partial(spool, job_id)
+                    log.error("job %s: the server could not store the result (%s) and neither could the spool "
+                              "(%s); kept in memory only", job_id, error.message, refusal)
+                else:
+                    spool_error = None
+                    log.error("job %s: the server could not store the result (%s); kept in %s", job_id,
+                              error.message, kept)
             raise
 
     try:
         upload_with_retries(attempt, settings.result_upload_attempts, settings.result_retry_s, job_id)
     except HomefleetError as error:
-        if kept is None or not retriable(error):
+        if not retriable(error) or (kept is None and spool_error is None):
             if kept is not None:
                 spool.remove(job_id)
             raise
-        message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
-                   f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet results "
-                   "recover` there once the server has room")
+        if kept is not None:
+            message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
+                       f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet "
+                       "results recover` there once the server has room")
+        else:
+            message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
+                       f"({error.status_code} {error.reason}: {error.message}) and machine {settings.machine} "
+                       f"could not keep it in its spool {spool.root} ({describe_os_error(spool_error)}); "
+                       "the result is lost: free space on both and run the job again")
         log.error("job %s: %s", job_id, message)
         rt.server.fail(job_id, RESULT_NOT_STORED, message, load_s=load_s, run_s=run_s)
         raise JobNotSucceeded(job_id, RESULT_NOT_STORED, message) from error
     if kept is not None:
         spool.remove(job_id)
+
+
+def discard_partial(spool: ResultSpool, job_id: str) -> None:
+    """Remove what a failed spool write left (images 2..n written before the disk filled);
+    an error doing so is logged, never raised."""
+    try:
+        spool.remove(job_id)
+    except OSError as error:
+        log.warning("job %s: a partial spool entry in %s was not removed: %s", job_id, spool.root, error)
+
+
+def describe_os_error(error: OSError | None) -> str:
+    """``ENOSPC: No space left on device`` and the like: the errno's name and its text."""
+    if error is None:
+        return "no error"
+    name = errno.errorcode.get(error.errno or 0, "")
+    text = error.strerror or str(error)
+    return f"{name}: {text}" if name else text

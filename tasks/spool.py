@@ -3,6 +3,9 @@ disk full: 507 ``storage_full``, or another 5xx) is kept on the worker's disk, t
 retried with backoff, and if the server still cannot take it the job ends ``failed`` with
 reason ``result_not_stored``; the spooled file stays, and ``homefleet results recover`` brings
 it in later (the job then becomes ``succeeded``: it ran once, its result was kept).
+When the spool cannot keep it either (the worker's disk full too), the bytes stay in the task's
+memory for the same bounded retries, then the job fails ``result_not_stored`` naming both
+refusals, with nothing left to recover (``tasks/run_job.py``: ``upload_result``).
 
 The spool is ``WorkerSettings.spool_dir`` (default: beside the models folder, ``spool/``):
 per job ``<job_id>.result`` (the bytes), ``<job_id>.result.<i>`` (image i of a job with n > 1

@@ -3,13 +3,16 @@
 real worker. An input upload is 507 naming what could not be stored; a result the server
 cannot store is kept in the worker's spool and retried, then the job ends ``failed`` with
 reason ``result_not_stored``; once the server has room, ``homefleet results recover`` brings
-the spooled result in and the job is ``succeeded``, the same bytes, run once."""
+the spooled result in and the job is ``succeeded``, the same bytes, run once. With the worker's
+spool full too (a 16 KiB tmpfs) the job fails ``result_not_stored`` at once, naming both refusals."""
 
 from __future__ import annotations
 
 import io
 import random
 import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,9 +46,10 @@ def postgres_url() -> Iterator[str]:
     yield from fresh_postgres_database("hf_full_disk")
 
 
-@pytest.fixture
-def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
-            postgres_url: str) -> Iterator[tuple[LocalFleet, Path]]:
+def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str,
+                  spool: Path | None = None) -> Iterator[tuple[LocalFleet, Path]]:
+    """A server under ``prlimit --fsize=LIMIT`` and worker m1 whose spool is ``spool`` (default:
+    beside its models folder)."""
     if shutil.which("prlimit") is None:
         pytest.skip("prlimit (util-linux) is not installed")
     redis_url = f"{redis_base_url}/6"
@@ -62,7 +66,7 @@ def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
     local = LocalFleet(settings, fleet, fleet_file, forkserver=True)
     local.copy_model(MODEL, "m1")
-    spool = local.machine_dir("m1") / "spool"
+    spool = spool or local.machine_dir("m1") / "spool"
     try:
         local.start_api(prefix=["prlimit", f"--fsize={LIMIT}"])
         local.start_worker("m1", extra_env={"HOMEFLEET_RESULT_UPLOAD_ATTEMPTS": "3", "HOMEFLEET_RESULT_RETRY_S": "0.5",
@@ -71,6 +75,40 @@ def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
         yield local, spool
     finally:
         local.stop()
+
+
+@pytest.fixture
+def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
+            postgres_url: str) -> Iterator[tuple[LocalFleet, Path]]:
+    yield from limited_fleet(tmp_path, redis_base_url, tiny_models_dir, postgres_url)
+
+
+@pytest.fixture
+def full_spool(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A spool on which the worker's writes fail, and the error they fail with: a 16 KiB tmpfs
+    (``ENOSPC``, a full disk) where this process may mount one (root), else a folder under a
+    regular file (``ENOTDIR``: the same path, a write the worker's disk refuses)."""
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    mounted = shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], capture_output=True, check=False,
+    ).returncode == 0
+    if not mounted:
+        blocker = tmp_path / "not-a-folder"
+        blocker.write_text("a file where the spool's parent folder should be")
+        yield blocker / "spool", "ENOTDIR"
+        return
+    try:
+        yield small / "spool", "ENOSPC: No space left on device"
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+@pytest.fixture
+def both_full(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str,
+              full_spool: tuple[Path, str]) -> Iterator[tuple[LocalFleet, Path, str]]:
+    for local, spool in limited_fleet(tmp_path, redis_base_url, tiny_models_dir, postgres_url, full_spool[0]):
+        yield local, spool, full_spool[1]
 
 
 def noise_png(side: int) -> bytes:
@@ -120,5 +158,39 @@ def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[L
         assert not kept.exists()
         again = run_cli("results", "recover", env=worker_env)  # nothing left: a no-op
         assert "0 spooled results" in again.stdout
+    finally:
+        client.close()
+
+
+def test_both_disks_full_fail_the_job_at_once_naming_both_refusals(both_full: tuple[LocalFleet, Path, str]) -> None:
+    """The server answers 507 and the worker's spool cannot keep the result either: the upload
+    is retried while the task holds the bytes, then the job ends ``failed`` ``result_not_stored``
+    at once (never ``running`` until the hung bound), naming the server's refusal and the spool's
+    error; the worker lives on and runs the next job."""
+    local, spool, spool_error = both_full
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    try:
+        params = {"prompt": "noise", "steps": 1, "width": SIDE, "height": SIDE, "guidance_scale": 1.0, "seed": 7}
+        submitted = time.monotonic()
+        job = client.submit(MODEL, "txt2img", params, target="m1")
+        ended = client.wait(job["id"], timeout_s=120)
+        took_s = time.monotonic() - submitted
+        assert ended["state"] == "failed" and ended["reason"] == "result_not_stored", ended
+        assert took_s < 60, took_s  # a load, a step and 3 attempts (1.5 s of pauses), not the hung bound
+        message = ended["message"]
+        assert "507 storage_full" in message and "File too large" in message, message  # the server's refusal
+        assert f"could not keep it in its spool {spool}" in message and spool_error in message, message
+        assert "after 3 attempts" in message and "the result is lost" in message
+        assert not spool.is_dir() or not list(spool.iterdir()), list(spool.iterdir())  # nothing half-written
+        worker_log = (local.logs_dir / "worker-m1.log").read_text()
+        assert "raised unexpected" not in worker_log
+        assert worker_log.count(f"job {job['id']}: the server could not store the result (attempt") == 2
+        assert f"job {job['id']}: the server could not store the result" in worker_log
+        assert "kept in memory only" in worker_log
+        # The worker lives on: a result that fits the server's disk is stored.
+        small = client.submit(MODEL, "txt2img", {**params, "width": 64, "height": 64}, target="m1")
+        done = client.wait(small["id"], timeout_s=120)
+        assert done["state"] == "succeeded", done
+        assert len(client.download(small["id"])) < LIMIT
     finally:
         client.close()
