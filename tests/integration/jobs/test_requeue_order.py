@@ -17,6 +17,7 @@ import redis
 
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.keys import queue
 from app.core.states import JobState
 from tests.helpers import bring_online, make_fleet
 
@@ -129,3 +130,28 @@ def test_r8_a_partial_loss_puts_the_lost_older_jobs_back_ahead_of_the_newer_ones
     assert ctx.queues.queued_ids("m1") == jobs
     assert ctx.queues.length("m1") == BACKLOG  # each message once
     assert drain(ctx) == jobs
+
+
+def test_r19_a_message_published_again_is_the_one_a_publication_writes_and_a_consumer_decodes(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """The message reconciliation builds without publishing is what a publication writes (same
+    fields, headers, routing) and kombu's consumer decodes it: the run-job task with the job id."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = submit(ctx, model)
+    published = json.loads(ctx.redis.lindex(ctx.keys.queue_list("m1"), 0) or b"{}")
+    ctx.redis.flushdb()
+    bring_online(ctx, "m1", {model})
+    assert ctx.reconciler().run_once().requeued == [job]
+    again = json.loads(ctx.redis.lindex(ctx.keys.queue_list("m1"), 0) or b"{}")
+    assert again.keys() == published.keys() and again["headers"].keys() == published["headers"].keys()
+    assert again["properties"]["delivery_info"] == published["properties"]["delivery_info"]
+    assert (again["headers"]["id"], again["headers"]["task"]) == (job, published["headers"]["task"])
+    with ctx.queues.celery.connection_for_read() as connection:
+        consumer = connection.SimpleQueue(queue("m1"))
+        message = consumer.get(timeout=5)
+        assert (message.headers["id"], message.payload[0]) == (job, [job])
+        assert message.delivery_info["routing_key"] == queue("m1")
+        message.ack()
+        consumer.close()
