@@ -4,9 +4,10 @@ may have started is ever re-run automatically; nothing vanishes silently.
 One pass, under the fleet lock (so no submission sits between "journaled" and "published"):
 
 - Redis lost its data (restarted without persistence, flushed: the marker ``Keys.redis_seen``
-  is gone) -> every ``queued`` job whose message is gone is published again, in journal order
-  and ahead of the jobs published since (none of them had started: a claim is atomic and
-  refuses a second delivery, so none runs twice); every queued or running job's reservation
+  is gone) -> every ``queued`` job whose message is gone is published again: its machine's
+  queued backlog is put back in journal order in one atomic step, ahead of the jobs published
+  since, so that an idle worker too takes the oldest first (R8; none of them had started: a
+  claim is atomic and refuses a second delivery, so none runs twice); every queued or running job's reservation
   is written again, in journal order (R14); and no worker is judged ``worker_lost`` until it
   had ``heartbeat_ttl_s`` to write its heartbeat again (its lease and heartbeat were lost
   with the data, tasks/lease.py);
@@ -47,7 +48,7 @@ from app.core.errors import ConfigError, Conflict, HomefleetError
 from app.core.keys import Keys, queue
 from app.core.kinds import job_request
 from app.core.states import ACTIVE, JobState
-from app.db.tables import utcnow
+from app.db.tables import Job, utcnow
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
@@ -223,10 +224,17 @@ class Reconciler:
             self.events.ended(purged)
 
     def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
-        """Redis lost its data: write every live job's reservation again and publish again every
-        queued job whose message is gone, both in journal order, the republished ones ahead of
-        the jobs published since the loss (each is moved to the end of its list that the worker
-        reads next, newest first)."""
+        """Redis lost its data: write every live job's reservation again, in journal order (R14),
+        and publish again every queued job whose message is gone, so that each machine's worker
+        takes its queued jobs in journal order (R8), the republished ones ahead of the jobs
+        published since the loss, whatever the worker does meanwhile.
+
+        A machine with a message gone has its whole queued backlog put in journal order in one
+        atomic step (``MachineQueues.put_in_order``): a worker blocked in BRPOP takes the oldest
+        first, never the first message published (publishing one at a time, newest first, let an
+        idle worker take the newest first); a lost message older than one Redis kept goes ahead of
+        it. Nothing runs twice: a claim is journaled and refuses a second delivery (R19); a
+        delivered-unacked job is left where it is (its worker holds it)."""
         machines = self.machines.fleet.machines
         active = [job for job in self.journal.list(ACTIVE) if job.machine in machines]
         waiting = {name: set(self.queues.queued_ids(name)) for name in machines}
@@ -238,14 +246,23 @@ class Reconciler:
             reservations.add(machine, job.id, job.model_id, job.kind, request.steps, request.size, fence)
             if job.state == JobState.running:
                 reservations.start(machine, job.id, _unix_s(job.started_at))
-        gone = [job for job in active if job.state == JobState.queued
-                and job.id not in waiting[job.machine or ""] and job.id not in delivered]
-        for job in reversed(gone):
-            self.queues.publish(job.machine or "", job.id, job.model_id, job.kind)
-            self.queues.to_front(job.machine or "", job.id)
-            self.redis.hdel(self.keys.missing(), job.id)
-            self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(job.machine or '')}")
-        report.requeued = [job.id for job in gone]
+        backlogs: dict[str, list[Job]] = {}
+        for job in active:
+            if job.state == JobState.queued and job.id not in delivered:
+                backlogs.setdefault(job.machine or "", []).append(job)
+        gone: list[Job] = []
+        for machine, backlog in backlogs.items():
+            lost = [job for job in backlog if job.id not in waiting[machine]]
+            if not lost:
+                continue  # its list holds every one: already in the order they were published
+            messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind) for job in lost])
+            self.queues.put_in_order(machine, [job.id for job in backlog], messages)
+            for job in lost:
+                self.redis.hdel(self.keys.missing(), job.id)
+                self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(machine)}")
+            gone.extend(lost)
+        created = {job.id: index for index, job in enumerate(active)}
+        report.requeued = sorted((job.id for job in gone), key=created.__getitem__)
         if gone:
             log.warning("Redis lost its data: published %d queued jobs again, in journal order", len(gone))
 
