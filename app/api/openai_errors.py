@@ -25,8 +25,11 @@ from app.core.errors import HomefleetError
 OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions")
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
-TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 429: "overloaded",
-                   503: "overloaded"}
+TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 424: "generation",
+                   429: "overloaded", 503: "overloaded"}
+TGI_GENERATION_FAILED = 424
+"""TGI's status for a generation that failed (its ``InferError::GenerationError``: 424 Failed
+Dependency, ``error_type: generation``): a TGI route's job that ended without a result, never a 500."""
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                409: "conflict_error", 429: "rate_limit_error"}
@@ -46,8 +49,8 @@ def is_tgi_route(path: str) -> bool:
 
 def tgi_error_type(status_code: int) -> str:
     """TGI's ``error_type`` of a status: 409 (the job is still running, ``job_pending``):
-    ``incomplete_generation``; 429 and 503: ``overloaded``; other 5xx: ``generation``; other 4xx:
-    ``validation``."""
+    ``incomplete_generation``; 429 and 503: ``overloaded``; 424 (the job failed) and other 5xx:
+    ``generation``; other 4xx: ``validation``."""
     return TGI_ERROR_TYPES.get(status_code, "generation" if status_code >= 500 else "validation")
 
 
@@ -64,14 +67,18 @@ def _after_submit(error: HomefleetError, headers: dict[str, str]) -> list[str] |
 
 def tgi_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
     """TGI's answer to a domain error: ``{"error", "error_type", "reason"[, "job_ids"]}``,
-    with the headers of :func:`openai_error`."""
+    with the headers of :func:`openai_error`. A job that ended without a result (an error
+    whose ``job_failed`` is true, e.g. app/api/routes/images.py ``JobFailed``) is
+    :data:`TGI_GENERATION_FAILED` with the job's reason and message, as TGI answers a failed
+    generation."""
     headers = dict(headers or {})
     job_ids = _after_submit(error, headers)
-    body: dict[str, Any] = {"error": error.message, "error_type": tgi_error_type(error.status_code),
-                            "reason": error.reason}
+    cause = getattr(error, "original", error)  # images.AfterSubmit wraps the error raised after a submission
+    status = TGI_GENERATION_FAILED if getattr(cause, "job_failed", False) else error.status_code
+    body: dict[str, Any] = {"error": error.message, "error_type": tgi_error_type(status), "reason": error.reason}
     if job_ids is not None:
         body["job_ids"] = job_ids
-    return JSONResponse(status_code=error.status_code, content=body, headers=headers)
+    return JSONResponse(status_code=status, content=body, headers=headers)
 
 
 def tgi_validation_error(error: RequestValidationError) -> JSONResponse:

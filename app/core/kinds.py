@@ -18,14 +18,25 @@ from app.core.specs import OUTPUT_SIZE_FIELDS, Args, KindSpec, NumberRange
 from routing.placement import JobRequest
 from routing.timings import job_size
 
-__all__ = ["ADAPTERS_PARAM", "BATCH_PARAM", "DENOISING_PARAMS", "KINDS", "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange",
-           "adapter_ids", "denoised_steps", "family_kind_spec", "job_request", "spec"]
+__all__ = ["ADAPTERS_PARAM", "BATCH_PARAM", "DENOISING_PARAMS", "GREEDY_TEMPERATURE", "KINDS", "MAX_NEW_TOKENS",
+           "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange", "adapter_ids", "denoised_steps",
+           "family_kind_spec", "greedy", "job_request", "spec"]
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact."""
 
 DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""
+
+MAX_NEW_TOKENS = 1_000_000
+"""A text job's ``max_new_tokens`` at most (tokens): the kind's range, and the OpenAI and TGI
+routes' ``max_tokens`` / ``max_new_tokens`` limit, so a 400-digit integer is refused naming the
+client's field."""
+
+GREEDY_TEMPERATURE = 1e-5
+"""A text job's ``temperature`` below this (5e-324 included) decodes greedily, as 0 does (OpenAI's
+rule: 0 is greedy; TGI's routes refuse only <= 0): logits divided by it overflow float32 to inf and
+sampling would fail; at it, sampling is already greedy up to logit differences of 1e-4."""
 
 BATCH_PARAM = "n"
 """Images per job (OpenAI's ``n``): one pipeline call with ``num_images_per_prompt``
@@ -83,11 +94,11 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
     ),
     KindSpec(
         # causal LMs. `prompt` is the text fed to the model (a chat request's messages
-        # are chat-templated by the server, `chat` true); `temperature` 0 is greedy decoding;
+        # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
         # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
         "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
         defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None},
-        numbers=(NumberRange("max_new_tokens", 1, 1_000_000, integer=True), NumberRange("temperature", 0.0, 2.0),
+        numbers=(NumberRange("max_new_tokens", 1, MAX_NEW_TOKENS, integer=True), NumberRange("temperature", 0.0, 2.0),
                  NumberRange("top_p", 0.001, 1.0)),
         prompt_required=True,
     ),
@@ -172,3 +183,8 @@ def adapter_ids(params: Mapping[str, Any]) -> tuple[str, ...]:
     if not isinstance(entries, list):
         return ()
     return tuple(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))
+
+
+def greedy(temperature: float) -> bool:
+    """Whether a text job with ``temperature`` decodes greedily: below :data:`GREEDY_TEMPERATURE`."""
+    return temperature < GREEDY_TEMPERATURE

@@ -31,6 +31,7 @@ from app.core.kinds import (
     OUTPUT_SIZE_FIELDS,
     KindSpec,
     denoised_steps,
+    greedy,
     job_request,
     spec,
 )
@@ -124,7 +125,8 @@ class Validator:
 
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
         """The placement request of a submission, after every check of its params. Mutates
-        ``params``: integer-valued floats become ints, and for kinds whose output size follows
+        ``params``: integer-valued floats become ints, a text job's ``temperature`` below
+        ``GREEDY_TEMPERATURE`` (5e-324) becomes 0.0 (greedy decoding, as OpenAI's 0), and for kinds whose output size follows
         their input image (edit, upscale) ``output_width``/``output_height`` (pixels) are set,
         so the journal shows what was priced.
 
@@ -145,6 +147,8 @@ class Validator:
         if kind == "text":
             check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
             check_kind_params(kind, params, self.inputs, limits, record.family)
+            if isinstance(temperature := params.get("temperature"), int | float) and greedy(temperature):
+                params["temperature"] = 0.0  # journaled as it runs: greedy (GREEDY_TEMPERATURE)
             tokenizer = self.tokenizers.tokenizer(model_id)
             tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
@@ -245,7 +249,7 @@ def _integer(params: Mapping[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:  # exactly an integer
             return int(value)
-        raise Rejected(f"`{name}` must be an integer, got {value!r}", reason=f"invalid_{name}")
+        raise Rejected(f"`{name}` must be an integer, got {shown(value)}", reason=f"invalid_{name}")
     return value
 
 
@@ -258,7 +262,8 @@ def integer_params(params: Mapping[str, Any]) -> dict[str, int]:
 
 def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") -> None:
     if value is not None and not low <= value <= high:
-        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {value}", reason=f"invalid_{name}")
+        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {shown(value)}",
+                       reason=f"invalid_{name}")
 
 
 def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -> KindSpec:
@@ -318,14 +323,14 @@ def check_submission(
         if side < limits.min_side or side % limits.multiple_of:
             raise Rejected(
                 f"`{name}` must be a multiple of {limits.multiple_of} and at least {limits.min_side} pixels, "
-                f"got {side}", reason=f"invalid_{name}",
+                f"got {shown(side)}", reason=f"invalid_{name}",
             )
     if width is not None or height is not None:
         pixels = (width or 64) * (height or 64)
         if pixels > limits.max_pixels:
             raise Rejected(
-                f"`width` x `height` must be at most {limits.max_pixels} pixels, got {width} x {height} = {pixels}; "
-                "ask for a smaller size", reason="invalid_size",
+                f"`width` x `height` must be at most {limits.max_pixels} pixels, got {shown(width)} x "
+                f"{shown(height)} = {shown(pixels)}; ask for a smaller size", reason="invalid_size",
             )
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
@@ -407,11 +412,23 @@ def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
             continue
         value = params[number.name]
         kinds_ok = (int,) if number.integer else (int, float)
-        if (not isinstance(value, kinds_ok) or isinstance(value, bool) or not math.isfinite(value)
+        # an int is compared as it is: math.isfinite(int) converts to float and overflows past 1e308
+        if (not isinstance(value, kinds_ok) or isinstance(value, bool)
+                or (isinstance(value, float) and not math.isfinite(value))
                 or not number.low <= value <= number.high):
             wanted = "an integer" if number.integer else "a number"
             raise Rejected(f"params.{number.name} must be {wanted} from {number.low:g} to {number.high:g}, "
-                           f"got {value!r}", reason="invalid_params")
+                           f"got {shown(value)}", reason="invalid_params", param=f"params.{number.name}")
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """``repr(value)`` for an error message; a longer one (a 400-digit integer) is cut to its
+    first ``most`` characters and says its length: ``999…99… (400 digits)``."""
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    what = "digits" if isinstance(value, int) else "characters"
+    return f"{text[:most]}… ({len(text.lstrip('-'))} {what})"
 
 
 def check_strength(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
@@ -486,7 +503,8 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
     multiple = rules.multiple_of if rules is not None else 8
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
-        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", reason="invalid_params")
+        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {shown(seed)}",
+                       reason="invalid_params", param="params.seed")
     count = params.get(BATCH_PARAM)
     if isinstance(seed, int) and isinstance(count, int) and count > 1 and seed + count - 1 > MAX_SEED:
         raise Rejected(f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got "

@@ -2,7 +2,8 @@
 
 Params (``app/core/kinds.py``): ``prompt`` (required: the text fed to the model; for a chat
 request the server has already applied the model's chat template, ``chat`` true), ``max_new_tokens``,
-``temperature`` (0: greedy decoding; above 0: sampling seeded with ``seed``), ``top_p``, ``seed``,
+``temperature`` (0, or any below ``GREEDY_TEMPERATURE``: greedy decoding; above: sampling seeded with
+``seed``), ``top_p``, ``seed``,
 ``grammar`` (a JSON schema or a regex the output must match, ``app/core/constraints.py``: each
 step's logits outside llguidance's allowed-token mask are set to -inf, so the model can only
 write text the constraint accepts; the compiled matcher is cached per tokenizer and constraint).
@@ -22,6 +23,7 @@ from typing import Any
 
 from app.core import constraints
 from app.core.kinds import family_kind_spec as kind_spec
+from app.core.kinds import greedy
 from app.core.textgen import prompt_ids
 from tasks.kinds import Output, ProgressFn
 
@@ -61,8 +63,8 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
             return torch.zeros(sequence.shape[0], dtype=torch.bool, device=sequence.device)
 
     temperature = float(args["temperature"])
-    sampling: dict[str, Any] = {"do_sample": temperature > 0}
-    if temperature > 0:
+    sampling: dict[str, Any] = {"do_sample": not greedy(temperature)}  # 5e-324 would divide logits to inf
+    if not greedy(temperature):
         sampling.update(temperature=temperature, top_p=float(args["top_p"]))
     else:  # greedy: unset the model's own sampling defaults (generation_config.json) explicitly
         sampling.update(temperature=None, top_p=None, top_k=None)

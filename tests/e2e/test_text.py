@@ -248,6 +248,23 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
     assert httpx.get(f"{url}/").status_code == 200  # the fleet page stays open
 
 
+def test_a_temperature_of_5e_324_decodes_greedily_through_generate(tfleet: TextFleet) -> None:
+    """``temperature`` 5e-324 is above 0 (TGI takes it) but divides the logits to inf: the job
+    failed and the route answered 500. Below GREEDY_TEMPERATURE it is greedy decoding (journaled
+    0.0, no seed answered): 200 with the text of temperature 0 (R22)."""
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    answers = [httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
+        "inputs": "hello", "model": "tiny-llama", "target": MACHINE,
+        "parameters": {"max_new_tokens": 5, "details": True, **parameters}}) for parameters in
+        ({"temperature": 5e-324, "seed": 4}, {})]
+    assert [answer.status_code for answer in answers] == [200, 200], [answer.text for answer in answers]
+    tiny, greedy_answer = (answer.json() for answer in answers)
+    job = tfleet.ctx.journal.get(tiny["job_id"])
+    assert job.state == "succeeded" and job.params["temperature"] == 0.0 and tiny["details"]["seed"] is None
+    assert tiny["generated_text"] == greedy_answer["generated_text"] == Path(job.result_path).read_text("utf-8")
+
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, stream: bool) -> None:
     """``InferenceClient.chat_completion`` (streaming and not) posts to ``/v1/chat/completions``:

@@ -75,10 +75,13 @@ RETRY_COUNT_HEADER = "x-stainless-retry-count"  # how many times the OpenAI SDK 
 
 
 class JobFailed(HomefleetError):
-    """Raised when a job submitted for an image request ended without a result."""
+    """Raised when a job submitted for an image or text request ended without a result: 500
+    (OpenAI's ``server_error``) on the OpenAI routes, 424 ``generation`` on TGI's
+    (app/api/openai_errors.py ``tgi_error``)."""
 
     status_code = 500
     default_reason = "job_failed"
+    job_failed = True
 
 
 class JobPending(Conflict):
@@ -479,9 +482,24 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
         kind, params = await to_thread.run_sync(hf_image_to_image, ctx, model, body)
         fields = {"model": model, "image": params["image"], "parameters": body.parameters.model_dump(mode="json")}
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
-    [job] = await run_jobs(ctx, call, model, params, SERVER, 1, kind=kind)
+    try:
+        [job] = await run_jobs(ctx, call, model, params, SERVER, 1, kind=kind)
+    except Rejected as error:  # before any job (after one: AfterSubmit): name the client's field
+        raise hf_refusal(error, HF_PARAMS if kind == "txt2img" else HF_IMAGE_PARAMS) from error
     with submitted([job.id]):
         return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
+
+
+def hf_refusal(error: Rejected, names: dict[str, str]) -> Rejected:
+    """``error`` naming the Hugging Face parameter (``parameters.guidance_scale``) where it names
+    the job's param it maps to (``params.guidance_scale``; ``names``: Hugging Face name -> param)."""
+    for name, param in names.items():
+        if error.param == f"params.{param}":
+            renamed = Rejected(error.message.replace(f"params.{param}", f"parameters.{name}"), reason=error.reason,
+                               param=f"parameters.{name}")
+            renamed.job_id = error.job_id  # the journaled refusal
+            return renamed
+    return error
 
 
 def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tuple[str, dict[str, Any]]:

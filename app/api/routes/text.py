@@ -57,6 +57,7 @@ from app.api.routes.images import (
 from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
+from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.progress import Progress
@@ -77,8 +78,10 @@ class Sampling(RequestBody):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(None, max_length=64, description="registered text model id; default: the first")
-    max_tokens: int | None = Field(None, ge=1, description="new tokens at most (max_new_tokens); default 16")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False, description="0: greedy")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS,
+                                   description="new tokens at most (max_new_tokens); default 16")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False,
+                                      description=f"0 (any below {GREEDY_TEMPERATURE:g}): greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**63)
     n: int = Field(1, ge=1, le=1, description="one choice per request (n > 1: later)")
@@ -134,7 +137,8 @@ class ChatCompletion(Sampling):
     """``POST /v1/chat/completions``: ``messages`` (``role``, text ``content``)."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name of max_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS,
+                                              description="OpenAI's newer name of max_tokens")
 
 
 def usage_of(job: Job) -> dict[str, Any]:

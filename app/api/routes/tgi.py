@@ -50,6 +50,7 @@ from app.api.routes.text import (
 )
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Rejected
+from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
 from app.core.request_body import RequestBody
 from app.core.states import JobState
 from app.core.textgen import TokenDecoder
@@ -72,8 +73,9 @@ class Parameters(RequestBody):
 
     model_config = ConfigDict(extra="allow")
 
-    max_new_tokens: int | None = Field(None, ge=1, description="new tokens at most; default 16")
-    temperature: float | None = Field(None, gt=0.0, le=2.0, allow_inf_nan=False)
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="new tokens at most; default 16")
+    temperature: float | None = Field(None, gt=0.0, le=2.0, allow_inf_nan=False,
+                                      description=f"above 0 as in TGI; below {GREEDY_TEMPERATURE:g}: greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**63)
     do_sample: bool = Field(False, description="sample (seeded); false: greedy unless temperature or top_p is set")
@@ -136,7 +138,8 @@ def token_entry(decoder: TokenDecoder, token: int, logprob: float | None, last: 
 def seed_of(job: Job) -> int | None:
     """The seed a sampled job ran with (None for greedy decoding, as TGI answers)."""
     params = job.params or {}
-    return int(params["seed"]) if float(params.get("temperature", 0.0) or 0.0) > 0 and "seed" in params else None
+    sampled = not greedy(float(params.get("temperature", 0.0) or 0.0))
+    return int(params["seed"]) if sampled and "seed" in params else None
 
 
 def _tokens(job: Job) -> tuple[list[int], list[float]]:

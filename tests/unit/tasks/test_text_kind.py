@@ -90,6 +90,18 @@ def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkey
     assert seen[0].read == set(spec.params)
 
 
+def test_a_temperature_below_the_greedy_bound_decodes_greedily_on_the_worker(tiny_text_dir: Path) -> None:
+    """R22: temperature 5e-324 divides the logits to inf (``probability tensor contains inf``);
+    below GREEDY_TEMPERATURE the runner decodes greedily, whatever the job's seed, as at 0."""
+    model = load_pipeline(folder_of(tiny_text_dir, "llama"))
+
+    def text(temperature: float, seed: int) -> bytes:
+        params = {"prompt": "x", "seed": seed, "temperature": temperature, "max_new_tokens": 8}
+        return runner("text")(model, params, lambda *_, **__: None, {}, {}, family="llama").data
+
+    assert text(5e-324, 1) == text(5e-324, 2) == text(0.0, 3)
+
+
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tag"],
           "properties": {"name": {"type": "string", "maxLength": 8},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120},
