@@ -85,6 +85,12 @@ def worker(
         help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
     loglevel: str = "INFO",
+    print_systemd_unit: Annotated[bool, typer.Option(
+        "--print-systemd-unit", help="print a systemd unit that runs this worker and restarts it when it exits "
+                                     "(needs --token-file); start nothing")] = False,
+    print_launchd_plist: Annotated[bool, typer.Option(
+        "--print-launchd-plist", help="print a launchd plist (a Mac) that runs this worker and restarts it when it "
+                                      "exits (needs --token-file); start nothing")] = False,
 ) -> None:
     """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
     token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line.
@@ -98,8 +104,37 @@ def worker(
                                    "worker_token_file": token_file, "server_url": server_url}.items()
                  if v is not None}
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    if print_systemd_unit or print_launchd_plist:
+        print_supervisor_file(settings, launchd=print_launchd_plist)
+        return
     logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
     start_worker(settings, loglevel)
+
+
+def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
+    """Print the systemd unit (or launchd plist) that runs and restarts this worker
+    (app/cli/supervision.py): its machine, models folder and token file as absolute paths, the
+    server's and Redis' URLs in its environment, this interpreter.
+
+    Raises:
+        ConfigError: the token is not in a file (a supervisor file never holds the token).
+    """
+    from app.cli import supervision
+
+    if settings.worker_token_file is None:
+        raise ConfigError("--print-systemd-unit and --print-launchd-plist need --token-file (or "
+                          "HOMEFLEET_WORKER_TOKEN_FILE): a supervisor file names the token's file, never the token")
+    argv = supervision.worker_argv(sys.executable, settings.machine, settings.models_dir.expanduser().resolve(),
+                                   settings.worker_token_file.expanduser().resolve())
+    environment = {"HOMEFLEET_SERVER_URL": settings.server_url, "HOMEFLEET_REDIS_URL": settings.redis_url}
+    if "@" in settings.redis_url.split("//", 1)[-1].split("/", 1)[0]:
+        print("warning: the printed file holds HOMEFLEET_REDIS_URL with its password: make it readable by its "
+              "owner only (chmod 600)", file=sys.stderr)
+    if launchd:
+        log_file = Path.home() / "Library" / "Logs" / f"homefleet-worker-{settings.machine.replace(':', '-')}.log"
+        sys.stdout.write(supervision.launchd_plist(argv, environment, settings.machine, Path.cwd(), log_file))
+    else:
+        sys.stdout.write(supervision.systemd_unit(argv, environment, settings.machine, Path.cwd()))
 
 
 results_cli = typer.Typer(help="A worker's results the server could not store.")
