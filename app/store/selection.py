@@ -182,6 +182,8 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates)
                      if os.path.split(p)[0] in components}
     ignore = _get_ignore_patterns(passed_components=[], model_folder_names=sorted(model_folders),
+                                  # allow_pickle: diffusers' file rule (.bin is taken where no safetensors
+                                  # exist); nothing is unpickled here, and workers load .bin weights-only
                                   model_filenames=candidates, use_safetensors=True, allow_pickle=True,
                                   use_onnx=False, is_onnx=False, use_flashpack=False, variant=variant)
     weight_candidates = [p for p in candidates if len(p.split("/")) == 2]

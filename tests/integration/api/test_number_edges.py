@@ -124,6 +124,20 @@ def test_a_number_at_the_edge_is_422_naming_the_field(api: Api, path: str, kind:
     assert not [job.id for job in api.ctx.journal.list() if job.state != JobState.rejected]  # nothing queued
 
 
+def answer_to_a_failed_job(api: Api, path: str, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """POST ``body`` to ``path`` in a thread while the job it submits is claimed and failed;
+    (the route's answer, the ended job)."""
+    answers: list[Any] = []
+    sender = threading.Thread(target=lambda: answers.append(api.post(path, body)))
+    sender.start()
+    try:
+        ended = end_job(api, fail=True)
+    finally:
+        sender.join(30)
+    (answer,) = answers
+    return answer, ended
+
+
 def test_a_400_digit_integer_is_refused_naming_the_param_and_its_range(api: Api) -> None:
     """R22: check_numbers compares an int as it is (math.isfinite overflowed: a 500 before)."""
     answer = api.post("/v1/jobs?dry_run=true", job("txt2img", IMAGE_MODEL, guidance_scale=HUGE))
@@ -170,16 +184,9 @@ def test_a_failed_job_on_a_tgi_route_is_424_generation_with_its_reason(api: Api,
     """TGI answers a failed generation 424 ``error_type: generation`` (never a 500): the job's
     reason and message, its id, ``x-should-retry: false``. The tiny temperature reached the job
     as 0.0 (greedy)."""
-    answers: list[Any] = []
     body = {"inputs": "once upon", "model": TEXT_MODEL, "target": "m1",
             "parameters": {"temperature": 5e-324, "max_new_tokens": 4, "seed": 3}}
-    sender = threading.Thread(target=lambda: answers.append(api.post(path, body)))
-    sender.start()
-    try:
-        ended = end_job(api, fail=True)
-    finally:
-        sender.join(30)
-    (answer,) = answers
+    answer, ended = answer_to_a_failed_job(api, path, body)
     assert ended["params"]["temperature"] == 0.0
     assert answer.status_code == 424, answer.text
     error = answer.json()
@@ -192,15 +199,8 @@ def test_a_failed_job_on_a_tgi_route_is_424_generation_with_its_reason(api: Api,
 def test_a_failed_job_on_an_openai_route_stays_a_server_error(api: Api) -> None:
     """OpenAI's routes answer a failed job as OpenAI does (500 ``server_error``, its reason as
     ``code``), naming the job."""
-    answers: list[Any] = []
     body = {"model": TEXT_MODEL, "prompt": "once upon", "target": "m1", "temperature": 5e-324, "max_tokens": 4}
-    sender = threading.Thread(target=lambda: answers.append(api.post("/v1/completions", body)))
-    sender.start()
-    try:
-        ended = end_job(api, fail=True)
-    finally:
-        sender.join(30)
-    (answer,) = answers
+    answer, ended = answer_to_a_failed_job(api, "/v1/completions", body)
     assert answer.status_code == 500, answer.text
     error = answer.json()["error"]
     assert error["type"] == "server_error" and error["code"] == "error" and error["job_ids"] == [ended["id"]]
