@@ -93,6 +93,32 @@ class ServerContext:
         """``homefleet status``'s rows (app/fleet/status.py)."""
         return fleet_status(self.machines, self.journal, self.dispatcher.costs)
 
+    def stranded_by(self, fleet: Fleet) -> str | None:
+        """Why the running server may not take ``fleet`` (a machine it drops still has jobs
+        queued or running, which would be stranded), or None when it may."""
+        for name in sorted(set(self.fleet.machines) - set(fleet.machines)):
+            backlog = self.machines.view(name).backlog
+            if backlog:
+                return (f"machine {name!r} is removed but has {backlog} jobs queued or running; drain it first "
+                        f"(`homefleet machines remove {self.fleet.machines[name].host_name}` waits for them)")
+        return None
+
+    def apply_fleet(self, fleet: Fleet) -> None:
+        """Make ``fleet`` the running server's fleet (docs/operations.md, "Add a machine"): its
+        machines, tokens, working-memory coefficients, timing guesses and webhook hosts, in
+        every part that holds them, under the fleet lock so no placement sees half of it.
+
+        Raises:
+            PlacementLost: the fleet lock was not free within ``fleet_lock_wait_s``.
+        """
+        with self.lock.held("reload the fleet file again"):
+            self.dispatcher.costs.use_fleet(fleet)
+            self.dispatcher.validator.models = fleet.models
+            self.dispatcher.speed = {name: machine.speed for name, machine in fleet.machines.items()}
+            self.residency.fleet = fleet
+            self.machines.fleet = fleet
+            self.fleet = fleet
+
     def syncs(self) -> Syncs:
         """Starting and following syncs (R6) over this server's parts."""
         return Syncs(self.settings, self.redis, self.celery, self.fleet, self.journal, self.registry, self.machines,

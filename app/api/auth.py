@@ -150,6 +150,8 @@ def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine
 
 
 INTERNAL_PREFIX = "/internal/"
+#: ``homefleet worker join``: the one internal path that carries a join token, not a machine token
+JOIN_PATH = "/internal/v1/join"
 PUBLIC_PREFIXES = ("/v1/", "/hf")
 _INTERNAL_JOB = re.compile(r"/internal/v1/jobs/([^/]+)/[^/]+")
 
@@ -209,6 +211,8 @@ class Authenticate:
         """Raises Unauthorized, Forbidden or NotFound for a request that may not go on. TGI's
         routes need an API key too (``POST /``, ``/generate``, ``/generate_stream``; ``GET /`` is
         the fleet page)."""
+        if path == JOIN_PATH:
+            return  # a new host has no machine token yet: the route checks its join token
         if path.startswith(INTERNAL_PREFIX):
             machine = machine_of(self.ctx.fleet, headers.get("authorization", ""), headers.get("x-homefleet-machine"))
             job = _INTERNAL_JOB.fullmatch(path)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import INTERNAL_PREFIX, Authenticate, check_api_keys, require_api_key
 from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
+from app.api.fleet_reload import FleetReloader
 from app.api.middleware import HeaderOnPaths, MethodTable, PathMethods, RequestDuration
 from app.api.openai_errors import (
     is_openai_route,
@@ -88,12 +89,18 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing)
     webhooks = context.webhook_loop(job_record)  # resumes the deliveries a previous server left pending
+    # the fleet file is followed while running: edits and SIGHUP reload it (app/api/fleet_reload.py)
+    reloader = FleetReloader(context, settings.fleet_file, settings.fleet_watch_s) if settings.fleet_file else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         reconcile.start()  # at server start, then periodically (R19)
         webhooks.start()
+        if reloader is not None:
+            reloader.start()
         yield
+        if reloader is not None:
+            reloader.stop()
         webhooks.stop()
         reconcile.stop()
         context.close()

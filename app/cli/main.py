@@ -16,15 +16,17 @@ from pydantic_settings import SettingsError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.markup import escape
+from rich.table import Table
 
 from app.cli.common import configure_console, console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
 from app.cli.keys import keys_cli
+from app.cli.machines import machines_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
-from app.core.config import WorkerSettings, unknown_variables
+from app.core.config import BrokerSettings, WorkerSettings, unknown_variables
 from app.core.errors import ConfigError, HomefleetError
 from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
@@ -33,6 +35,7 @@ from app.fleet.config import load_fleet
 cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
 cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
+cli.add_typer(machines_cli, name="machines")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
 for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
@@ -73,8 +76,14 @@ def serve() -> None:
                 access_log=False)
 
 
-@cli.command()
+worker_cli = typer.Typer(help="Run this host's worker (`homefleet worker --machine ...`), or join the fleet "
+                         "(`homefleet worker join SERVER_URL JOIN_TOKEN`).")
+cli.add_typer(worker_cli, name="worker")
+
+
+@worker_cli.callback(invoke_without_command=True)
 def worker(
+    context: typer.Context,
     machine: Annotated[str | None, typer.Option(
         help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
              "which binds CUDA_VISIBLE_DEVICES=1")] = None,
@@ -94,7 +103,11 @@ def worker(
 ) -> None:
     """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
     token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line.
-    One worker per device: on a host with devices, one per --machine box:N (with the host's token)."""
+    One worker per device: on a host with devices, one per --machine box:N (with the host's token).
+    A new host joins first: ``homefleet worker join SERVER_URL JOIN_TOKEN`` (docs/operations.md,
+    "Add a machine")."""
+    if context.invoked_subcommand is not None:
+        return
     from tasks.worker import start_worker
 
     if token is not None:
@@ -109,6 +122,72 @@ def worker(
         return
     logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
     start_worker(settings, loglevel)
+
+
+@worker_cli.command("join")
+def worker_join(
+    server_url: Annotated[str, typer.Argument(help="the server's URL, as `homefleet machines add` printed it")],
+    join_token: Annotated[str | None, typer.Argument(
+        help="the join token `homefleet machines add` printed (single use, expiring); '-' or absent: read from "
+             "stdin")] = None,
+    join_token_file: Annotated[Path | None, typer.Option(help="read the join token from this file instead")] = None,
+    models_dir: Annotated[Path, typer.Option(
+        help="this machine's model folder; its parent is the worker's folder, where the machine's token file "
+             "(worker-token, mode 0600) and worker.env are written")] = Path("homefleet-worker/models"),
+    loglevel: str = "INFO",
+    print_systemd_unit: Annotated[bool, typer.Option(
+        "--print-systemd-unit", help="after joining, print the systemd unit that runs this worker; start nothing")] = False,
+    print_launchd_plist: Annotated[bool, typer.Option(
+        "--print-launchd-plist", help="after joining, print the launchd plist that runs this worker; start "
+                                      "nothing")] = False,
+) -> None:
+    """Join the fleet from a new host, then run its worker: detect this host's device (refused
+    when it is not the one registered), trade the join token for the machine's name, token and
+    broker settings, write the token to a 0600 file in the worker's folder, start the worker.
+    Only the single-use, short-lived join token may be on the command line (``ps`` shows it);
+    the machine's token never is."""
+    from tasks import join as joining
+    from tasks.worker import start_worker
+
+    token = joining.read_join_token(join_token, join_token_file)
+    device = joining.probe_apart()
+    console.print(f"this host: {device.backend} ({device.memory_bytes / 1e9:.1f} GB), torch {device.torch or '-'}")
+    grant = joining.request_grant(server_url, token, device)
+    joining.check_device(grant, device)
+    token_file, values = joining.save_grant(grant, server_url, models_dir)
+    console.print(f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
+                  f"settings in {token_file.parent / joining.ENV_FILE}")
+    settings = WorkerSettings(**values)
+    if print_systemd_unit or print_launchd_plist:
+        print_supervisor_file(settings, launchd=print_launchd_plist)
+        return
+    logging.basicConfig(level=loglevel, format=f"%(asctime)s {settings.machine} %(levelname)s %(name)s: %(message)s")
+    start_worker(settings, loglevel)
+
+
+@cli.command()
+def doctor(
+    env_file: Annotated[Path | None, typer.Option(
+        help="a worker.env written by `homefleet worker join` (HOMEFLEET_* of the environment win over it)")] = None,
+) -> None:
+    """One screen on this host: torch's version and device (CUDA, MPS or CPU, and its memory),
+    whether the server and the broker answer, the token file and its mode, and what is missing.
+    Exit 1 when something is missing."""
+    from tasks import join as joining
+
+    values = joining.read_env_file(env_file) if env_file is not None else {}
+    values.update({key: value for key, value in os.environ.items() if key.startswith("HOMEFLEET_")})
+    lines, missing = joining.doctor(values)
+    table = Table("", "", show_header=False, box=None)
+    for what, finding in lines:
+        table.add_row(f"[bold]{what}[/]", escape(finding))
+    console.print(table)
+    if missing:
+        console.print("[red]missing:[/]")
+        for item in missing:
+            console.print(f"  - {escape(item)}")
+        raise typer.Exit(1)
+    console.print("[green]nothing missing[/]")
 
 
 def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
@@ -127,6 +206,9 @@ def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
     argv = supervision.worker_argv(sys.executable, settings.machine, settings.models_dir.expanduser().resolve(),
                                    settings.worker_token_file.expanduser().resolve())
     environment = {"HOMEFLEET_SERVER_URL": settings.server_url, "HOMEFLEET_REDIS_URL": settings.redis_url}
+    for name, field in BrokerSettings.model_fields.items():  # what the fleet shares, where it is not the default
+        if name != "redis_url" and getattr(settings, name) != field.default:
+            environment[f"HOMEFLEET_{name.upper()}"] = str(getattr(settings, name))
     if "@" in settings.redis_url.split("//", 1)[-1].split("/", 1)[0]:
         print("warning: the printed file holds HOMEFLEET_REDIS_URL with its password: make it readable by its "
               "owner only (chmod 600)", file=sys.stderr)

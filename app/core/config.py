@@ -133,6 +133,13 @@ class Settings(BrokerSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)  # one attempt's connect + read timeout
     webhook_poll_s: float = Field(2.0, gt=0)  # how often the delivery loop looks for deliveries made elsewhere
     webhook_concurrency: int = Field(4, ge=1)  # attempts in flight at once
+    # Adding a machine (docs/operations.md, "Add a machine"): how long a join token of `homefleet
+    # machines add` stays valid (seconds; single use), how often the server looks at the fleet
+    # file's mtime (seconds; SIGHUP reloads at once), and the broker URL a joining worker is
+    # handed (None: redis_url, which a host elsewhere cannot reach when it names 127.0.0.1).
+    join_token_ttl_s: float = Field(900.0, ge=1)
+    fleet_watch_s: float = Field(1.0, gt=0)
+    worker_redis_url: str | None = None
 
     @field_validator("webhook_secrets")
     @classmethod

@@ -177,3 +177,15 @@ class Keys:
         """List of JSON ``{queue, raw, error, at}``: messages a worker's queue held that could not
         be decoded, moved aside so the worker goes on consuming (app/core/dead_letters.py)."""
         return f"{self.prefix}:deadletters"
+
+    def join_token(self, digest: str) -> str:
+        """Hash ``{machine, expires_at, spent}`` of one join token, keyed by the token's SHA-256
+        (hex; the token itself is never stored), expiring after its lifetime plus an hour so a
+        reused token is told apart from an unknown one (app/fleet/live.py ``JoinTokens``)."""
+        return f"{self.prefix}:join:{digest}"
+
+    def fleet_loaded(self) -> str:
+        """JSON ``{digest, state, reason, at, pid}``: what the running server last did with the fleet
+        file (``state`` ``loaded`` or ``refused``; ``digest``: SHA-256 of the file's text), read by
+        ``homefleet machines`` to know the server took a change (app/api/fleet_reload.py)."""
+        return f"{self.prefix}:fleet:loaded"

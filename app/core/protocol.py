@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from app.core.digest import ALGORITHM, bytes_digest
-from app.core.variants import Variant
 from app.core.request_body import RequestBody
+from app.core.variants import Variant
 
 REVOCATIONS_PER_REPORT = 100
 """At most this many job ids in one :class:`Revocations` report (a worker sends more in several)."""
@@ -142,6 +142,27 @@ class SyncGrant(Body):
 
     sync_id: str
     models: dict[str, Manifest]
+
+
+class JoinRequest(Body):
+    """``POST /internal/v1/join`` (``homefleet worker join``): the joining host's device as it
+    detected it (``backend`` cpu, cuda or mps; ``memory_bytes``: the device's total memory)."""
+
+    backend: str = Field(max_length=8)
+    memory_bytes: int = Field(ge=0)
+
+
+class JoinGrant(Body):
+    """The answer to a join: the machine's name, its own token (to be kept in a file readable by
+    its owner only, never on a command line), what it was registered with, and the broker
+    settings every process of the fleet must share (``app.core.config.BrokerSettings``)."""
+
+    machine: str
+    token: str = Field(repr=False)
+    backend: str
+    memory_bytes: int
+    families: list[str]
+    broker: dict[str, Any]
 
 
 class SyncProgress(Body):

@@ -76,9 +76,16 @@ class FleetCosts:
         self._weights: dict[tuple[str, int], int] = {}
         self._unpriced: dict[str, Conflict] = {}  # models the last model_profiles() could not price, with why
         self._working = fleet.working()  # working-memory coefficients by kind and family
-        self._machines = self.machine_profiles()  # the fleet config does not change while running
+        self._machines = self.machine_profiles()  # changed only by use_fleet (a reloaded fleet file)
         # (marks, estimator) of the last estimator_at; replaced whole, so threads see one or the other
         self._cached: tuple[Marks, Estimator] | None = None
+
+    def use_fleet(self, fleet: Fleet) -> None:
+        """Price with ``fleet`` from now on (the running server reloaded its fleet file)."""
+        self.fleet = fleet
+        self._working = fleet.working()
+        self._machines = self.machine_profiles()
+        self._cached = None
 
     def machine_profiles(self) -> dict[str, MachineProfile]:
         return {

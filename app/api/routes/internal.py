@@ -17,21 +17,58 @@ from fastapi.responses import FileResponse
 from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_file
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
-from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
+from app.core.config import BrokerSettings
+from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected, Unauthorized
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, job_request
 from app.core.protocol import (
     AdapterClaim,
     Claim,
     FailureReport,
+    JoinGrant,
+    JoinRequest,
     Manifests,
     ProgressReport,
     RevocationReceipt,
     Revocations,
 )
 from app.core.states import RESULT_NOT_STORED, JobState
+from app.fleet.live import JoinTokens
 
 router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
+
+
+@router.post("/join", response_model=JoinGrant)
+def join(body: JoinRequest, ctx: Context,
+         authorization: Annotated[str, Header(max_length=256)] = "") -> JoinGrant:
+    """``homefleet worker join`` (docs/operations.md, "Add a machine"): a new host trades the
+    single-use, expiring join token of ``homefleet machines add`` (``Authorization: Bearer
+    <join token>``) for its machine's name, its own token and the broker settings. Its device
+    (``body``) must be what the machine was registered with: the backend, and at least the
+    registered memory; otherwise 409 ``device_mismatch`` and the join token stays unspent.
+    401 ``join_token_unknown``, ``join_token_used`` or ``join_token_expired``; 409
+    ``machine_not_loaded`` while the running server has not yet reloaded the fleet file."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("a join needs 'Authorization: Bearer <join token>' (homefleet machines add prints it)",
+                           reason="join_token_unknown")
+    tokens = JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s)
+    name = tokens.peek(token.strip())
+    machine = ctx.fleet.machines.get(name)
+    if machine is None:
+        raise Conflict(f"machine {name!r} is not in the running server's fleet yet (the fleet file is reloaded "
+                       f"every {ctx.settings.fleet_watch_s} s, or on SIGHUP); retry", reason="machine_not_loaded")
+    if body.backend != machine.backend or (body.memory_bytes and body.memory_bytes < machine.memory_bytes):
+        raise Conflict(f"machine {name!r} was registered as {machine.backend} with {machine.memory_bytes} bytes, but "
+                       f"this host has {body.backend} with {body.memory_bytes} bytes; fix the host (e.g. install "
+                       f"the torch wheel for its device, docs/operations.md) or `homefleet machines remove {name}` "
+                       "and add it again as it is", reason="device_mismatch")
+    tokens.redeem(token.strip())
+    broker = {field: getattr(ctx.settings, field) for field in BrokerSettings.model_fields}
+    broker["redis_url"] = ctx.settings.worker_redis_url or ctx.settings.redis_url
+    log.info("machine %s joined (%s, %d bytes)", name, body.backend, body.memory_bytes)
+    return JoinGrant(machine=name, token=machine.token, backend=str(machine.backend),
+                     memory_bytes=machine.memory_bytes, families=sorted(machine.families), broker=broker)
 
 
 @router.get("/manifest", response_model=Manifests)

@@ -1,0 +1,207 @@
+"""The live fleet file and the join tokens of new machines (docs/operations.md, "Add a machine").
+
+One home for the fleet's machines: the fleet file (``HOMEFLEET_FLEET_FILE``) stays the
+declarative source. ``homefleet machines add|remove|rotate-token`` rewrite it here, atomically
+(a temporary file in the same folder, mode 0600, fsync, rename), keeping its comments when
+``tomlkit`` is installed (else it is rendered again by :meth:`app.fleet.config.Fleet.to_toml`),
+and the running server reloads it (app/api/fleet_reload.py) without a restart.
+
+A join token is what ``homefleet machines add`` prints in the join command: single use,
+expiring (``join_token_ttl_s``, 15 minutes by default), stored only as its SHA-256 in Redis
+(``Keys.join_token``). It is not the machine's token: the server hands that over once the join
+token is redeemed (``POST /internal/v1/join``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from app.core.errors import ConfigError, Unauthorized
+from app.core.keys import Keys
+from app.fleet.config import Backend, Fleet
+from residency.device import MemoryKind
+
+#: the fleet file holds every machine's token: readable by its owner only
+FLEET_FILE_MODE = 0o600
+#: a spent or expired join token is remembered this long beyond its lifetime, so that its reuse is
+#: answered ``join_token_used``/``join_token_expired``, not ``join_token_unknown``
+JOIN_TOKEN_MEMORY_S = 3600
+#: join tokens start with this, so that one pasted in the wrong place is recognisable
+JOIN_TOKEN_PREFIX = "hfj_"
+
+
+def memory_kind_of(backend: Backend | str) -> MemoryKind:
+    """A CUDA card's memory is dedicated; a CPU's RAM and Apple's memory are unified."""
+    return MemoryKind.dedicated if Backend(backend) == Backend.cuda else MemoryKind.unified
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 (hex) of a fleet file's text: what the server reports it loaded (``Keys.fleet_loaded``)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse(text: str, where: Path | str) -> Fleet:
+    """The fleet ``text`` holds.
+
+    Raises:
+        ConfigError: not TOML (naming ``where``).
+        ValueError: not a valid fleet (pydantic's message).
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"the fleet file {where} is not valid TOML: {error}") from error
+    return Fleet.model_validate(data)
+
+
+def edit(text: str, change: Callable[[list[MutableMapping[str, Any]]], None]) -> str:
+    """``text`` with ``change`` applied to its ``[[machines]]`` entries (a list it may append
+    to, delete from or edit in place), comments kept when tomlkit is installed.
+
+    Raises:
+        ValueError: the result is not a valid fleet (pydantic's message).
+    """
+    try:
+        import tomlkit
+    except ImportError:  # an optional nicety: without it the file is rendered again, comments lost
+        tomlkit = None  # type: ignore[assignment]
+    if tomlkit is not None:
+        document = tomlkit.parse(text)
+        if "machines" not in document:
+            document["machines"] = tomlkit.aot()
+        entries = document["machines"]
+        wrapped = _TomlkitEntries(entries, tomlkit)
+        change(wrapped)
+        new = re.sub(r"([^\n])\n\[\[machines\]\]", "\\1\n\n[[machines]]", tomlkit.dumps(document))  # a blank line before each
+    else:
+        data = tomllib.loads(text)
+        change(data.setdefault("machines", []))
+        new = Fleet.model_validate(data).to_toml()
+    Fleet.model_validate(tomllib.loads(new))
+    return new
+
+
+class _TomlkitEntries(list):  # type: ignore[type-arg]
+    """A list view of tomlkit's array of tables whose ``append``/``del`` reach the document."""
+
+    def __init__(self, aot: Any, tomlkit: Any) -> None:
+        super().__init__(aot)
+        self.aot, self.tomlkit = aot, tomlkit
+
+    def append(self, entry: Any) -> None:
+        item = self.tomlkit.item(dict(entry))
+        super().append(item)
+        self.aot.append(item)
+
+    def __delitem__(self, index: Any) -> None:
+        super().__delitem__(index)
+        del self.aot[index]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` in one rename: a temporary file in the same folder, mode
+    0600 (:data:`FLEET_FILE_MODE`), flushed to disk first. A reader sees the old or the new text,
+    never a part."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, FLEET_FILE_MODE)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+def new_machine_entry(name: str, backend: Backend, memory_bytes: int, families: list[str], speed: float = 1.0
+                      ) -> dict[str, Any]:
+    """A fleet-file entry for a new machine with a fresh token (32 random bytes, urlsafe)."""
+    return {"name": name, "backend": str(backend), "memory_kind": str(memory_kind_of(backend)),
+            "memory_bytes": memory_bytes, "families": sorted(families), "token": secrets.token_urlsafe(32),
+            "speed": speed}
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class JoinTokens:
+    """Single-use, expiring join tokens in Redis, stored hashed (module docstring)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: float) -> None:
+        self.redis, self.keys, self.ttl_s = client, keys, ttl_s
+
+    def issue(self, machine: str, ttl_s: float | None = None) -> str:
+        """A new join token for ``machine``, valid ``ttl_s`` seconds (default ``join_token_ttl_s``)."""
+        ttl = self.ttl_s if ttl_s is None else ttl_s
+        token = JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        key = self.keys.join_token(token_digest(token))
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={"machine": machine, "expires_at": repr(time.time() + ttl), "spent": 0})
+            pipe.expire(key, int(ttl) + JOIN_TOKEN_MEMORY_S)
+            pipe.execute()
+        return token
+
+    def peek(self, token: str) -> str:
+        """The machine ``token`` joins, if it may still be redeemed.
+
+        Raises:
+            Unauthorized: reason ``join_token_unknown`` (never issued, or long gone),
+                ``join_token_used`` (redeemed already: single use) or ``join_token_expired``.
+        """
+        raw = self.redis.hgetall(self.keys.join_token(token_digest(token)))
+        record = {_text(k): _text(v) for k, v in raw.items()}
+        if "machine" not in record:
+            raise Unauthorized("the join token is not one this server issued (or it expired over an hour ago); "
+                               "`homefleet machines add` or `rotate-token` prints a new one", reason="join_token_unknown")
+        if record.get("spent", "0") != "0":
+            raise Unauthorized(f"the join token of machine {record['machine']!r} was used already (single use); "
+                               f"`homefleet machines rotate-token {record['machine']}` prints a new one",
+                               reason="join_token_used")
+        if float(record["expires_at"]) < time.time():
+            raise Unauthorized(f"the join token of machine {record['machine']!r} expired; "
+                               f"`homefleet machines rotate-token {record['machine']}` prints a new one",
+                               reason="join_token_expired")
+        return record["machine"]
+
+    def redeem(self, token: str) -> str:
+        """Spend ``token`` (atomically: of two concurrent redemptions one wins); its machine.
+
+        Raises:
+            Unauthorized: as :meth:`peek`, and ``join_token_used`` for the loser of a race.
+        """
+        machine = self.peek(token)
+        if self.redis.hincrby(self.keys.join_token(token_digest(token)), "spent", 1) != 1:
+            raise Unauthorized(f"the join token of machine {machine!r} was used already (single use)",
+                               reason="join_token_used")
+        return machine
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def loaded_report(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    """What the running server last did with the fleet file (``Keys.fleet_loaded``), or None."""
+    raw = client.get(keys.fleet_loaded())
+    return json.loads(raw) if raw else None
+
+
+def report_loaded(client: redis.Redis, keys: Keys, digest: str, state: str, reason: str = "") -> None:
+    """Record that the server ``loaded`` or ``refused`` the fleet file of ``digest``."""
+    client.set(keys.fleet_loaded(), json.dumps({"digest": digest, "state": state, "reason": reason,
+                                                 "at": time.time(), "pid": os.getpid()}))

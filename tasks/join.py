@@ -1,0 +1,222 @@
+"""A new host joins the fleet (``homefleet worker join SERVER_URL JOIN_TOKEN``, docs/operations.md,
+"Add a machine"), and ``homefleet doctor``'s look at a worker host.
+
+The join: detect this host's device (torch: CUDA, else MPS, else CPU, and its memory), trade the
+join token for the machine's grant (``POST /internal/v1/join``: name, own token, broker
+settings; the server refuses a device other than the registered one, 409 ``device_mismatch``),
+write the machine's token to ``<folder>/worker-token`` (mode 0600, ``folder`` = the parent of
+the models folder, the worker's own folder, where its spool also lives) and the worker's settings
+to ``<folder>/worker.env`` (0600; no token in it, only its file's path). The join token, single
+use and short-lived, is the only secret that may appear on a command line; the machine's token
+never does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.core.errors import Conflict, HomefleetError, Unauthorized
+from app.core.protocol import JoinGrant, JoinRequest
+
+#: files of the worker's folder, each readable by its owner only
+TOKEN_FILE = "worker-token"
+ENV_FILE = "worker.env"
+FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """This host's device as torch sees it. ``memory_bytes``: total memory of the device (RAM for
+    ``cpu``), 0 when unknown; ``torch``: torch's version, or None when torch is not installed."""
+
+    backend: str
+    memory_bytes: int
+    torch: str | None
+    name: str = ""
+
+
+def probe() -> DeviceFacts:
+    """Detect the device in this process (imports torch; on CUDA it initialises the driver:
+    call :func:`probe_apart` in a process that forks workers afterwards)."""
+    try:
+        import torch
+    except ImportError:
+        return DeviceFacts("cpu", _ram_bytes(), None, "torch not installed")
+    from tasks.devices import detect_device
+
+    backend = detect_device()
+    if backend == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return DeviceFacts("cuda", int(props.total_memory), torch.__version__, props.name)
+    if backend == "mps":
+        return DeviceFacts("mps", int(torch.mps.recommended_max_memory()), torch.__version__, "Apple GPU")
+    return DeviceFacts("cpu", _ram_bytes(), torch.__version__, "CPU")
+
+
+def _ram_bytes() -> int:
+    from tasks.devices import CpuDevice
+
+    return CpuDevice().capacity_bytes()
+
+
+def probe_apart(timeout_s: float = 300.0) -> DeviceFacts:
+    """:func:`probe` in a child interpreter, so that this process never initialises CUDA before
+    Celery forks its pool (a forked child cannot use a CUDA context its parent made)."""
+    code = "import json, dataclasses, tasks.join as j; print(json.dumps(dataclasses.asdict(j.probe())))"
+    done = subprocess.run([sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise HomefleetError(f"detecting this host's device failed: {done.stderr.strip()[-500:]}",
+                             reason="device_unknown")
+    return DeviceFacts(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def read_join_token(given: str | None, token_file: Path | None) -> str:
+    """The join token: ``given`` (argv), else ``token_file``'s text, else one line of stdin
+    (``given`` ``-`` also reads stdin).
+
+    Raises:
+        HomefleetError: reason ``join_token_missing`` when none was given.
+    """
+    if token_file is not None:
+        token = token_file.expanduser().read_text().strip()
+    elif given and given != "-":
+        token = given.strip()
+    else:
+        token = sys.stdin.readline().strip()
+    if not token:
+        raise HomefleetError("no join token: pass it as JOIN_TOKEN, --join-token-file FILE or on stdin "
+                             "(`homefleet machines add` on the server prints it)", reason="join_token_missing")
+    return token
+
+
+def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout_s: float = 30.0) -> JoinGrant:
+    """Trade ``join_token`` for the machine's grant.
+
+    Raises:
+        Unauthorized: the join token is unknown, used or expired (its reason says which).
+        Conflict: ``device_mismatch`` (this device is not the registered one) or
+            ``machine_not_loaded``.
+        HomefleetError: any other refusal; ``httpx.HTTPError`` when the server cannot be reached.
+    """
+    body = JoinRequest(backend=device.backend, memory_bytes=device.memory_bytes).model_dump()
+    response = httpx.post(f"{server_url.rstrip('/')}/internal/v1/join", json=body, timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {join_token}"})
+    if response.is_success:
+        return JoinGrant.model_validate(response.json())
+    try:
+        error = response.json().get("error") or {}
+    except ValueError:
+        error = {}
+    message, reason = error.get("message") or response.text[:500], error.get("reason")
+    for cls in (Unauthorized, Conflict):
+        if response.status_code == cls.status_code:
+            raise cls(message, reason=reason)
+    raise HomefleetError(f"the server answered {response.status_code}: {message}", reason=reason)
+
+
+def check_device(grant: JoinGrant, device: DeviceFacts) -> None:
+    """The server checked it too; a worker never runs on a device it was not registered with.
+
+    Raises:
+        Conflict: reason ``device_mismatch``.
+    """
+    if grant.backend != device.backend:
+        raise Conflict(f"machine {grant.machine!r} is registered as {grant.backend}, but this host has "
+                       f"{device.backend}", reason="device_mismatch")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` created with mode 0600 (never readable by others, not even for a moment)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), FILE_MODE)
+        out.write(text)
+
+
+def save_grant(grant: JoinGrant, server_url: str, models_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Write the machine's token and the worker's settings into its folder (``models_dir``'s
+    parent); return the token file and the settings (``WorkerSettings`` fields) to start with."""
+    folder = models_dir.expanduser().resolve().parent
+    models_dir.mkdir(parents=True, exist_ok=True)
+    token_file = folder / TOKEN_FILE
+    write_private(token_file, grant.token + "\n")
+    settings: dict[str, Any] = {**grant.broker, "machine": grant.machine, "models_dir": str(models_dir.resolve()),
+                                "worker_token_file": str(token_file), "server_url": server_url}
+    lines = [f"HOMEFLEET_{key.upper()}={value}" for key, value in settings.items()]
+    write_private(folder / ENV_FILE, "# written by `homefleet worker join`: the worker's settings "
+                  "(the token is in worker_token_file)\n" + "\n".join(lines) + "\n")
+    return token_file, settings
+
+
+def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """``homefleet doctor``: what this host has, as (what, finding) lines, and what is missing.
+    ``values``: ``HOMEFLEET_*`` settings (the environment, over a ``worker.env``)."""
+    import redis
+
+    lines: list[tuple[str, str]] = []
+    missing: list[str] = []
+    device = probe()
+    if device.torch is None:
+        lines.append(("torch", "not installed"))
+        missing.append("torch: install the wheel for this host's device (docs/operations.md, \"Install a worker host\")")
+    else:
+        lines.append(("torch", device.torch))
+    lines.append(("device", f"{device.backend} {device.name} ({device.memory_bytes / 1e9:.1f} GB)".replace("  ", " ")))
+    server_url = values.get("HOMEFLEET_SERVER_URL", "http://127.0.0.1:8787")
+    try:
+        status = httpx.get(f"{server_url.rstrip('/')}/health", timeout=5).status_code
+        lines.append(("server", f"{server_url}: answers ({status})"))
+    except httpx.HTTPError as error:
+        lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
+        missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
+    redis_url = values.get("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
+    shown = redis_url.split("@", 1)[-1] if "@" in redis_url else redis_url  # never print a password
+    try:
+        redis.Redis.from_url(redis_url, socket_timeout=3, socket_connect_timeout=3).ping()
+        lines.append(("broker", f"{shown}: answers"))
+    except (redis.RedisError, ValueError) as error:
+        lines.append(("broker", f"{shown}: unreachable ({type(error).__name__})"))
+        missing.append(f"the broker at {shown} (HOMEFLEET_REDIS_URL)")
+    token_file = values.get("HOMEFLEET_WORKER_TOKEN_FILE")
+    if token_file:
+        path = Path(token_file).expanduser()
+        try:
+            mode = path.stat().st_mode & 0o777
+            lines.append(("token file", f"{path} (mode {mode:04o})"))
+            if mode & 0o077:
+                missing.append(f"a token file readable by its owner only: chmod 600 {path}")
+        except OSError:
+            lines.append(("token file", f"{path}: absent"))
+            missing.append(f"the token file {path} (`homefleet worker join` writes it)")
+    elif values.get("HOMEFLEET_WORKER_TOKEN"):
+        lines.append(("token", "in HOMEFLEET_WORKER_TOKEN (a file is better: --token-file)"))
+    else:
+        lines.append(("token", "none"))
+        missing.append("a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file")
+    models_dir = values.get("HOMEFLEET_MODELS_DIR")
+    if models_dir:
+        there = Path(models_dir).expanduser().is_dir()
+        lines.append(("models folder", f"{models_dir}{'' if there else ': absent'}"))
+        if not there:
+            missing.append(f"the models folder {models_dir}")
+    return lines, missing
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines of a ``worker.env`` (``#`` comments skipped)."""
+    values = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    return values
