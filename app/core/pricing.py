@@ -38,13 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.core.variants import (
-    DENOISERS,
-    PRECISION_BYTES,
-    TORCH_DTYPES,
-    Variant,
-    quantization_spec,
-)
+from app.core.variants import DENOISERS, PRECISION_BYTES, TORCH_DTYPES, Variant, quantization_spec
 
 
 def loaded_bytes(folder: Path, variant: Variant) -> int:
