@@ -11,8 +11,9 @@ import logging
 from typing import Annotated
 
 from anyio import to_thread
-from fastapi import APIRouter, File, Form, Header, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, UploadFile
 from fastapi.responses import FileResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_file
 from app.api.schemas import JobPublic, predicted_s
@@ -38,9 +39,14 @@ router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 
 
+#: the join route's security scheme (its OpenAPI document): the join token, not a machine token
+JOIN_TOKEN_SCHEME = HTTPBearer(scheme_name="JoinToken", auto_error=False,
+                               description="a join token of `homefleet machines add`: `Authorization: Bearer <token>`")
+
+
 @router.post("/join", response_model=JoinGrant)
 def join(body: JoinRequest, ctx: Context,
-         authorization: Annotated[str, Header(max_length=256)] = "") -> JoinGrant:
+         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(JOIN_TOKEN_SCHEME)] = None) -> JoinGrant:
     """``homefleet worker join`` (docs/operations.md, "Add a machine"): a new host trades the
     single-use, expiring join token of ``homefleet machines add`` (``Authorization: Bearer
     <join token>``) for its machine's name, its own token and the broker settings. Its device
@@ -48,8 +54,8 @@ def join(body: JoinRequest, ctx: Context,
     registered memory; otherwise 409 ``device_mismatch`` and the join token stays unspent.
     401 ``join_token_unknown``, ``join_token_used`` or ``join_token_expired``; 409
     ``machine_not_loaded`` while the running server has not yet reloaded the fleet file."""
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = credentials.credentials if credentials is not None else ""
+    if not token.strip():
         raise Unauthorized("a join needs 'Authorization: Bearer <join token>' (homefleet machines add prints it)",
                            reason="join_token_unknown")
     tokens = JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s)

@@ -67,7 +67,10 @@ def test_internal_schema_is_apart_and_needs_a_machine_token(api: tuple[TestClien
             "/internal/v1/syncs/{sync_id}/claim"} <= paths
     assert all(path.startswith("/internal/v1/") for path in paths)
     assert schema["components"]["securitySchemes"]["MachineToken"]["scheme"] == "bearer"
-    assert all(op.get("security") == [{"MachineToken": []}] for _, _, op in operations(schema))
+    assert all(op.get("security") == [{"MachineToken": []}] for path, _, op in operations(schema)
+               if path != "/internal/v1/join")
+    join = schema["paths"]["/internal/v1/join"]["post"]  # a new host has a join token, no machine token yet
+    assert join["security"] == [{"JoinToken": []}]
     assert url not in client.get("/openapi.json").json()["paths"]
 
 
