@@ -1,0 +1,42 @@
+"""``homefleet doctor`` on a worker host: one screen saying what torch and the device are,
+whether the server and the broker answer, the token file's mode, and what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.devtools.redis_server import free_port
+from tests.helpers import run_cli
+
+
+def test_doctor_names_the_device_the_unreachable_server_and_a_token_file_others_can_read(
+    tmp_path: Path, redis_base_url: str
+) -> None:
+    token_file = tmp_path / "worker-token"
+    token_file.write_text("a-machine-token-0123456789\n")
+    token_file.chmod(0o644)
+    env_file = tmp_path / "worker.env"  # as `homefleet worker join` writes it; the environment wins over it
+    env_file.write_text(f"# written by join\nHOMEFLEET_REDIS_URL={redis_base_url}/0\n"
+                        f"HOMEFLEET_WORKER_TOKEN_FILE={token_file}\nHOMEFLEET_MODELS_DIR={tmp_path / 'models'}\n")
+    server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = run_cli("doctor", "--env-file", str(env_file), check=False,
+                   env={"HOMEFLEET_SERVER_URL": server, "HOMEFLEET_REDIS_URL": None, "HOMEFLEET_WORKER_TOKEN": None,
+                        "HOMEFLEET_WORKER_TOKEN_FILE": None, "HOMEFLEET_MODELS_DIR": None})
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "+cpu" in lines["torch"] or lines["torch"].split()[1][0].isdigit()  # torch's version
+    assert "device" in lines and " cpu " in lines["device"] and "GB" in lines["device"]
+    assert f"{server}: unreachable" in out
+    assert f"{redis_base_url.removeprefix('redis://')}/0: answers" in out  # the broker of the env file
+    assert f"{token_file} (mode 0644)" in out and f"chmod 600 {token_file}" in out
+    assert f"the models folder {tmp_path / 'models'}" in out
+    assert "a-machine-token" not in out  # the token itself is never shown
+    token_file.chmod(0o600)
+    (tmp_path / "models").mkdir()
+    again = run_cli("doctor", "--env-file", str(env_file), check=False,
+                    env={"HOMEFLEET_SERVER_URL": server, "HOMEFLEET_REDIS_URL": None,
+                         "HOMEFLEET_WORKER_TOKEN": None, "HOMEFLEET_WORKER_TOKEN_FILE": None,
+                         "HOMEFLEET_MODELS_DIR": None})
+    assert again.returncode == 1 and "(mode 0600)" in again.stdout and "chmod" not in again.stdout
+    assert again.stdout.count("missing:") == 1 and "the server at" in again.stdout
