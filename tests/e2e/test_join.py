@@ -165,7 +165,14 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         # a host whose device is not the registered one: 409, the join token left unspent
         cuda = JOIN_COMMAND.search(run_cli("machines", "add", "m7", "--backend", "cuda", env=operator).stdout)
         assert cuda is not None
-        mismatch = _join_post(server_url, cuda.group(2), backend="cpu")
+        wrong_host = tmp_path / "m7-host"
+        refused_join = subprocess.run([sys.executable, "-m", "app.cli", "worker", "join", server_url, "-",
+                                       "--models-dir", str(wrong_host / "models")], input=cuda.group(2) + "\n",
+                                      env=env, capture_output=True, text=True, timeout=300)  # the token on stdin
+        assert refused_join.returncode == 2, refused_join.stdout + refused_join.stderr
+        assert "device_mismatch" in refused_join.stdout and "registered as cuda" in refused_join.stdout
+        assert not (wrong_host / "worker-token").exists()
+        mismatch = _join_post(server_url, cuda.group(2), backend="cpu")  # still 409: the token was not spent
         assert mismatch.status_code == 409 and mismatch.json()["error"]["reason"] == "device_mismatch"
         assert "registered as cuda" in mismatch.json()["error"]["message"]
 
