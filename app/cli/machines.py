@@ -79,7 +79,7 @@ def add(
     backend: Annotated[Backend, typer.Option(help="its device")] = Backend.cpu,
     memory: Annotated[float, typer.Option(help="memory for jobs, GB (10^9 bytes)", min=0.001)] = 8.0,
     families: Annotated[list[str] | None, typer.Option(
-        help="model families it runs (repeat the option); default: every family of the fleet")] = None,
+        help="model families it runs (repeat the option, or sd1,sdxl); default: every family of the fleet")] = None,
     speed: Annotated[float, typer.Option(help="diffusion speed relative to the server (R13's first guess)",
                                          min=0.001)] = 1.0,
     server_url: Annotated[str | None, typer.Option(
@@ -99,18 +99,20 @@ def add(
     ctx = build_checked_context(server_settings())
     try:
         path = _fleet_file(ctx)
-        old = path.read_text()
-        fleet = live.parse(old, path)
-        if name in fleet.hosts():
-            raise typer.BadParameter(f"machine {name!r} is in the fleet already; `homefleet machines rotate-token "
-                                     f"{name}` prints a new join command", param_hint="NAME")
-        chosen = sorted(families) if families else sorted(fleet.family_names)
-        entry = live.new_machine_entry(name, backend, int(memory * 1e9), chosen, speed)
-        try:
-            new = live.edit(old, lambda entries: entries.append(entry))
-        except ValueError as error:
-            raise typer.BadParameter(str(error), param_hint="NAME") from error
-        _write_and_wait(ctx, path, old, new, wait_s)
+        with live.editing(path):
+            old = path.read_text()
+            fleet = live.parse(old, path)
+            if name in fleet.hosts():
+                raise typer.BadParameter(f"machine {name!r} is in the fleet already; `homefleet machines "
+                                         f"rotate-token {name}` prints a new join command", param_hint="NAME")
+            given = sorted({f.strip() for item in families or [] for f in item.split(",") if f.strip()})
+            chosen = given or sorted(fleet.family_names)
+            entry = live.new_machine_entry(name, backend, int(memory * 1e9), chosen, speed)
+            try:
+                new = live.edit(old, lambda entries: entries.append(entry))
+            except ValueError as error:
+                raise typer.BadParameter(str(error), param_hint="NAME") from error
+            _write_and_wait(ctx, path, old, new, wait_s)
         token = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         ttl = expires_s or ctx.settings.join_token_ttl_s
         console.print(f"machine [bold]{name}[/] added ({backend}, {entry['memory_bytes']} bytes, families "
@@ -138,9 +140,6 @@ def rotate_token(
     ctx = build_checked_context(server_settings())
     try:
         path = _fleet_file(ctx)
-        old = path.read_text()
-        if name not in live.parse(old, path).hosts():
-            raise typer.BadParameter(f"{name!r} is not a machine of the fleet file {path}", param_hint="NAME")
         token = secrets.token_urlsafe(32)
 
         def change(entries: list) -> None:  # type: ignore[type-arg]
@@ -148,7 +147,11 @@ def rotate_token(
                 if entry.get("name") == name:
                     entry["token"] = token
 
-        _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
+        with live.editing(path):
+            old = path.read_text()
+            if name not in live.parse(old, path).hosts():
+                raise typer.BadParameter(f"{name!r} is not a machine of the fleet file {path}", param_hint="NAME")
+            _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
         join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
         print(f"homefleet worker join {_server_url(ctx, server_url)} {join}")
@@ -216,7 +219,9 @@ def remove(
                 if entries[index].get("name") == name:
                     del entries[index]
 
-        _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
+        with live.editing(path):
+            old = path.read_text()
+            _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
         for machine in members:
             ctx.redis.delete(ctx.keys.draining(machine))
         console.print(f"machine [bold]{name}[/] removed; stop its worker (it is refused from now on)")

@@ -14,6 +14,7 @@ token is redeemed (``POST /internal/v1/join``).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -22,7 +23,8 @@ import secrets
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,19 @@ class _TomlkitEntries(list):  # type: ignore[type-arg]
     def __delitem__(self, index: Any) -> None:
         super().__delitem__(index)
         del self.aot[index]
+
+
+@contextmanager
+def editing(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock (``flock`` on ``.<name>.lock`` beside the file) for a
+    read-change-write of the fleet file, so two ``homefleet machines`` commands at once do not
+    lose one's change."""
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -199,7 +199,9 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
 
         # the stream opened before the machine was added is still open, and ends when its job does
         assert stream.is_alive() and not errors
-        client.cancel(stuck["id"])
+        forced = run_cli("machines", "remove", "m1", "--force", env=operator)  # ends its job, then removes it
+        assert "machine m1 removed" in forced.stdout, forced.stdout
+        assert client.get(stuck["id"])["reason"] == "machine_removed"
         stream.join(timeout=30)
         assert not stream.is_alive() and not errors, errors
         assert seen[0][0] == "state" and seen[0][1]["state"] == "queued"
@@ -210,7 +212,7 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         removed = run_cli("machines", "remove", "m9", env=operator)
         assert "machine m9 removed" in removed.stdout, removed.stdout
         assert client.get(last["id"])["state"] == "succeeded"
-        assert "m9" not in {row["name"] for row in client.machines()}
+        assert {row["name"] for row in client.machines()} == {"server", "m7", "m8"}
         m9_token = (host / "worker-token").read_text().strip()
         gone = httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {m9_token}"})
         assert gone.status_code == 401
