@@ -161,6 +161,17 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         time.sleep(2.5)
         expired = _join_post(server_url, expiring.group(2))
         assert expired.status_code == 401 and expired.json()["error"]["reason"] == "join_token_expired"
+        # rotate-token: the old machine token is refused once the server reloaded, a new join hands the new one
+        old_m8 = live.parse(join_fleet.fleet_file.read_text(), "fleet").machines["m8"].token
+        rotated = JOIN_COMMAND.search(run_cli("machines", "rotate-token", "m8", env=operator).stdout)
+        assert rotated is not None
+        new_m8 = live.parse(join_fleet.fleet_file.read_text(), "fleet").machines["m8"].token
+        assert new_m8 != old_m8
+        assert httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {old_m8}"},
+                         timeout=30).status_code == 401
+        grant = _join_post(server_url, rotated.group(2))
+        assert grant.status_code == 200 and grant.json()["machine"] == "m8" and grant.json()["token"] == new_m8
+        assert grant.json()["broker"]["redis_url"] == local.settings.redis_url
         unknown = _join_post(server_url, "hfj_" + "x" * 43)
         assert unknown.status_code == 401 and unknown.json()["error"]["reason"] == "join_token_unknown"
         # a host whose device is not the registered one: 409, the join token left unspent
