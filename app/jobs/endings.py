@@ -71,7 +71,9 @@ class Changes:
 class Upload:
     """A worker's result upload as the internal API received it: the first file's bytes and
     digest, the others' (images 2..n) with ``more_digests`` as sent (a JSON list), the
-    worker's timings (seconds) and its provenance record (a JSON object, already parsed)."""
+    worker's timings (seconds) and its provenance record: a callable parsing it into a JSON
+    object, called once the job is known to take a result (it raises ``Rejected``
+    ``invalid_provenance``)."""
 
     data: bytes
     digest: str
@@ -80,7 +82,7 @@ class Upload:
     load_s: float
     run_s: float
     cold_load: bool
-    provenance: dict[str, Any]
+    provenance: Callable[[], dict[str, Any]]
 
 
 class Endings:
@@ -189,7 +191,8 @@ class Endings:
         Raises:
             Conflict: the job is neither running nor a ``result_not_stored`` failure
                 (``not_running``; nothing stored).
-            Rejected: ``invalid_results`` (not n - 1 more files and digests): the job fails.
+            Rejected: ``invalid_provenance`` (nothing changes); ``invalid_results`` (not n - 1
+                more files and digests): the job fails.
             IntegrityFailure: a file does not match its digest, media type or size: nothing is
                 stored and the job fails (reason ``integrity``).
             StorageFull: the store is full; the job stays running (the worker retries).
@@ -202,7 +205,7 @@ class Endings:
         if job.state != JobState.running and not recovering:  # ended meanwhile (interrupted, cancelled): store nothing
             raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
                            reason="not_running")
-        record = dict(upload.provenance)
+        record = upload.provenance()
         record.update({"job_id": job_id, "load_s": upload.load_s, "run_s": upload.run_s,
                        "cold_load": upload.cold_load, "actual_s": upload.load_s + upload.run_s,
                        "predicted_s": predicted_s})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Header, UploadFile
@@ -138,14 +138,19 @@ async def upload_result(
     nothing stored), each verified like the first; the job's ``results`` lists all n in order,
     image i with seed ``seed + i``."""
     job = job_of_machine(ctx, job_id, machine)
-    try:
-        record = json.loads(provenance)
-    except ValueError as error:
-        raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
-    if (fault := next(faults(record), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
-        raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
-    if not isinstance(record, dict):
-        raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
+
+    def record() -> dict[str, Any]:  # parsed once the job is known to take a result
+        try:
+            parsed = json.loads(provenance)
+        except ValueError as error:
+            raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
+        if (fault := next(faults(parsed), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
+            raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
+        if not isinstance(parsed, dict):
+            raise Rejected(f"provenance must be a JSON object, got {type(parsed).__name__}",
+                           reason="invalid_provenance")
+        return parsed
+
     limit = ctx.settings.max_result_bytes + 1  # no more than one byte past the limit into memory
     upload = Upload(await file.read(limit), digest, [await extra.read(limit) for extra in more or []], more_digests,
                     load_s, run_s, cold_load, record)
