@@ -31,11 +31,13 @@ from app.fleet.residency_store import DurableResidencyFacts, ResidencyStore
 from app.fleet.status import fleet_status
 from app.jobs.calls import CallRecords
 from app.jobs.dispatch import Dispatcher
+from app.jobs.endings import Changes, Endings
 from app.jobs.progress import ProgressStore
 from app.jobs.reconcile import Reconciler
 from app.jobs.sync import Syncs
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator
+from app.jobs.waiting import Waiting
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
 from app.journal.webhooks import WebhookOutbox
@@ -69,17 +71,20 @@ class ServerContext:
     metrics: Metrics
     calls: CallRecords  # the image routes' calls, so a client's retry gets the first call's jobs (C10)
     outbox: WebhookOutbox  # the ended jobs' webhook deliveries
+    endings: Endings  # every claim and end of a job (app/jobs/endings.py)
+    waiting: Waiting  # waiting for a job's changes without polling (app/jobs/waiting.py)
     # Set by the journal when a transition writes a webhook delivery: the delivery loop wakes up.
     webhook_wakeup: threading.Event = field(default_factory=threading.Event)
 
     def close(self) -> None:
+        self.waiting.close()
         self.redis.close()
         self.engine.dispose()
 
     def reconciler(self, server: bool = True) -> Reconciler:
         """Reconciliation passes over this server's parts (R19); ``server``: see :class:`Reconciler`."""
         return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
-                          self.residency, self.progress, self.lock, self.pairing, server, self.dispatcher.events)
+                          self.residency, self.progress, self.lock, self.pairing, server, self.endings)
 
     def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
         """The webhook delivery loop over this server's journal (app/jobs/webhooks.py);
@@ -167,16 +172,20 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
     queues = MachineQueues(client, keyspace, celery)
+    progress = ProgressStore(client, keyspace)
+    store = ResultStore(settings.results_dir, settings.max_result_bytes)
+    endings = Endings(journal, machines.reservations, timings, costs.estimator, metrics,
+                      TaskEvents(celery, client, keyspace), Changes(client, keyspace), progress, store)
     dispatcher = Dispatcher(settings, celery, journal, machines, queues, validator,
                             costs, timings, DemandStore(client, keyspace), lock, metrics,
-                            events=TaskEvents(celery, client, keyspace))
+                            events=endings.events, endings=endings)
     return ServerContext(
         settings=settings, fleet=fleet, engine=engine, redis=client, celery=celery, keys=keyspace, journal=journal,
-        registry=registry, store=ResultStore(settings.results_dir, settings.max_result_bytes), inputs=inputs,
-        machines=machines, queues=queues, lock=lock, progress=ProgressStore(client, keyspace), residency=residency,
+        registry=registry, store=store, inputs=inputs,
+        machines=machines, queues=queues, lock=lock, progress=progress, residency=residency,
         pairing=Pairing(client, keyspace, engine, settings), dispatcher=dispatcher, metrics=metrics,
         calls=CallRecords(client, keyspace, settings.sdk_retry_window_s), outbox=WebhookOutbox(engine),
-        webhook_wakeup=wakeup,
+        webhook_wakeup=wakeup, endings=endings, waiting=Waiting(settings, keyspace, journal, progress),
     )
 
 

@@ -94,6 +94,12 @@ class Keys:
         """Hash ``{step, total, at}`` of a running job's per-step progress (``at``: unix seconds)."""
         return f"{self.prefix}:job:{job_id}:progress"
 
+    def job_changes(self) -> str:
+        """Pub/sub channel of every job's change, as JSON ``{"job": id, "state": s}`` (a
+        journal transition, app/jobs/endings.py) or ``{"job": id, "progress": true}`` (a progress
+        report): what app/jobs/waiting.py's waiters wake on."""
+        return f"{self.prefix}:jobs:changed"
+
     def restart(self, machine: str) -> str:
         """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
         return f"{self.prefix}:machine:{machine}:restart"

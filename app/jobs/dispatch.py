@@ -15,8 +15,8 @@ the project's words in docs/design.md):
 6. publish to ``machine.<name>`` with ``task_id = job id``.
 
 A refused submission is journaled as ``rejected`` with its reason; nothing is published. A
-job's reservation is released when it ends in any state (:meth:`Dispatcher.finished`;
-``Reservations.reconcile`` repairs leftovers).
+job's reservation is released when it ends in any state (app/jobs/endings.py, the one home of a
+job's end; ``Reservations.reconcile`` repairs leftovers).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.queues import MachineQueues
+from app.jobs.endings import Changes, Endings
 from app.jobs.quotas import KeyQuotas
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator, check_webhook
@@ -118,7 +119,7 @@ class Dispatcher:
     def __init__(self, settings: Settings, celery: Celery, journal: Journal, machines: MachineStates,
                  queues: MachineQueues, validator: Validator, costs: FleetCosts, timings: TimingStore,
                  demand: DemandStore, lock: FleetLock, metrics: Metrics | None = None,
-                 events: TaskEvents | None = None) -> None:
+                 events: TaskEvents | None = None, endings: Endings | None = None) -> None:
         self.settings = settings
         self.celery = celery
         self.journal = journal
@@ -131,6 +132,9 @@ class Dispatcher:
         self.lock = lock
         self.metrics = metrics
         self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
+        # Every end of a job (app/jobs/endings.py); the server's context builds one and passes it.
+        self.endings = endings or Endings(journal, machines.reservations, timings, costs.estimator, metrics, events,
+                                          Changes(machines.redis, machines.keys))
         self.quotas = KeyQuotas(settings, journal)  # per-key quotas, checked under the lock
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
@@ -198,20 +202,6 @@ class Dispatcher:
         seen = self.snapshot(model_id)
         weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
         return dry_run(request, seen.views, seen.estimator, weights)
-
-    def finished(self, job: Job, announce: bool = False) -> None:
-        """A job ended (any state): release its reservation; fold its measured times into the
-        learned timings (R13) when its run finished: a succeeded job, or one failed after its
-        run (its result refused at upload). A run cut short reports no run time (None; 0 from
-        older workers) and teaches nothing. ``announce``: the server ended it and no worker's
-        task reports that end, so its task event is sent for Flower (app/jobs/task_events.py)."""
-        self.machines.reservations.release(job.machine, job.id)
-        if announce and self.events is not None:
-            self.events.ended(job)
-        if self.metrics is not None:
-            self.metrics.finished(job)
-        if job.state in (JobState.succeeded, JobState.failed) and job.run_s:  # the run finished and was timed
-            self.timings.observe(job, self.costs.estimator())
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
                idempotency_key: str | None = None, requeued_from: str | None = None,
@@ -341,8 +331,8 @@ class Dispatcher:
         demand = self.demand.level_after(demand_class, work_s, now_s, seen.demand)
         if not self.machines.reservations.add(machine, job.id, request.model_id, request.kind, request.steps,
                                               request.size, fence, also=[demand]):
-            self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="placement_lock_lost",
-                                    message="the fleet lock expired before publishing; nothing was published")
+            self.endings.interrupt(job.id, [JobState.queued], "placement_lock_lost",
+                                   "the fleet lock expired before publishing; nothing was published")
             raise PlacementLost("the fleet lock expired before the job was published; submit again")
 
     def _publish(self, job: Job, machine: str) -> None:
@@ -351,9 +341,8 @@ class Dispatcher:
         try:
             self.queues.publish(machine, job.id, job.model_id, job.kind)
         except Exception:
-            self.machines.reservations.release(machine, job.id)
-            self.journal.transition(job.id, [JobState.queued], JobState.interrupted, reason="publish_failed",
-                                    message="publishing to the broker failed; nothing was queued")
+            self.endings.interrupt(job.id, [JobState.queued], "publish_failed",
+                                   "publishing to the broker failed; nothing was queued")
             raise
 
     def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
@@ -401,7 +390,7 @@ class Dispatcher:
             Conflict: the job is not queued (running: too late; or already ended).
         """
         try:
-            job = self.journal.cancel(job_id, reason, message)
+            job = self.endings.cancel(job_id, reason, message, announce=announce)
         except Conflict as error:
             current = self.journal.get(job_id)
             raise Conflict(
@@ -409,7 +398,6 @@ class Dispatcher:
                 + "; only a queued job can be cancelled", reason=f"not_cancellable_{current.state}",
             ) from error
         removed = self.queues.remove(job.machine or "", job_id)
-        self.finished(job, announce=announce)
         log.info("job %s %s; queue entry %s", job_id, reason, "removed" if removed else "already gone")
         return job
 
@@ -439,10 +427,9 @@ class Dispatcher:
                     job = self.cancel(job_id, "revoked", "its task was revoked (Flower or celery control revoke) "
                                       "before it started; it was not run", announce=not announced)
                 elif terminated:
-                    job = self.journal.interrupt(job_id, [JobState.running], "terminated",
-                                                 "its task was revoked with terminate (Flower or celery control "
+                    job = self.endings.interrupt(job_id, [JobState.running], "terminated",  # Celery's worker sent its
+                                                 "its task was revoked with terminate (Flower or celery control "  # event
                                                  "revoke --terminate); Celery killed the pool process running it")
-                    self.finished(job)  # Celery's worker sent its task-revoked event
                 else:
                     continue
             except Conflict:

@@ -7,7 +7,8 @@ model (``expand_prompt``), and the text job's events name the image job (``expan
 The text job: the user's prompt through the model's chat template (a system message asking
 for a richer image description) when it has one, else ``"<prompt>,"`` as a plain completion;
 greedy, :data:`EXPANSION_TOKENS` new tokens at most, placed by Auto (the text model need not be
-on the image's machine). The submission waits for it (at most ``images_wait_s``); the image's
+on the image's machine). The submission waits for it (at most ``images_wait_s``, woken by its end:
+app/jobs/waiting.py, no thread held meanwhile); the image's
 prompt is the user's, a comma, and the expansion, cut to the image model's prompt limits
 (characters, tokens). The image request is checked before the text job is submitted, so a
 refused image costs no text job.
@@ -15,19 +16,21 @@ refused image costs no text job.
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from anyio import to_thread
 
 from app.core.errors import Conflict, HomefleetError, Rejected
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
+from app.db.tables import Job
 from app.jobs.dispatch import Dispatcher, Submission
+from app.jobs.waiting import Waiting
 from routing.placement import AUTO
 
 EXPANSION_TOKENS = 24
 EXPANSION_SYSTEM = ("Expand the user's image prompt into one vivid, detailed description of the image: subject, "
                     "setting, light, style. Answer with the description only.")
-POLL_S = 0.05
 
 
 class ExpansionFailed(HomefleetError):
@@ -63,11 +66,12 @@ def expanded(dispatcher: Dispatcher, image_model: str, prompt: str, expansion: s
     return text.rstrip(", ") if len(text) > len(prompt) else prompt
 
 
-def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], target: str,
-                    idempotency_key: str | None, wait_s: float, api_key_id: str | None = None,
-                    webhook_url: str | None = None) -> Submission:
+async def submit_expanded(dispatcher: Dispatcher, waiting: Waiting, model_id: str, params: dict[str, Any],
+                          target: str, idempotency_key: str | None, wait_s: float, api_key_id: str | None = None,
+                          webhook_url: str | None = None) -> Submission:
     """Submit a txt2img job whose ``params.expand_prompt`` names a text model: the expansion's
-    text job first, waited for, then the image job (module docstring). Both are jobs of the
+    text job first, awaited (``waiting``), then the image job (module docstring); the journal's
+    and the dispatcher's calls run in worker threads. Both are jobs of the
     API key ``api_key_id`` (its quota applies to each). ``webhook_url`` is
     the image job's (checked before any job); the text job has none.
 
@@ -79,6 +83,22 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
         Conflict: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it).
         ExpansionFailed: the text job ended without a result.
     """
+    text = await to_thread.run_sync(_submit_text, dispatcher, model_id, params, target, idempotency_key, api_key_id,
+                                    webhook_url)
+    if text.replayed:
+        return text  # R20: the retry gets the first call's image job
+    job = await waiting.until_ended(text.job.id, wait_s)
+    if job.state not in ENDED:
+        raise Conflict(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
+                       "(images_wait_s); it keeps running: submit the image again once it has", reason="job_pending")
+    return await to_thread.run_sync(_submit_image, dispatcher, job, model_id, params, target, idempotency_key,
+                                    api_key_id, webhook_url)
+
+
+def _submit_text(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], target: str,
+                 idempotency_key: str | None, api_key_id: str | None, webhook_url: str | None) -> Submission:
+    """The checks of :func:`submit_expanded`, then its text job's submission (or, for a retry
+    of an expanded submission, the original image job, ``replayed``)."""
     if "expanded_by" in params:
         raise Rejected("params.expanded_by is set by the server (the expansion's text job); send expand_prompt only",
                        reason="invalid_params", param="params.expanded_by")
@@ -98,21 +118,23 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
     prompt = str(params.get("prompt") or "")
     dispatcher.check_webhook(webhook_url, api_key_id)
     dispatcher.request(model_id, "txt2img", {**params, "expanded_by": "pending"}, target)  # the image's checks first
-    text = dispatcher.submit(str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO,
+    return dispatcher.submit(str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO,
                              api_key_id=api_key_id)
-    deadline = time.monotonic() + wait_s
-    job = text.job
-    while job.state not in ENDED:
-        if time.monotonic() >= deadline:
-            raise Conflict(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
-                           "(images_wait_s); it keeps running: submit the image again once it has", reason="job_pending")
-        time.sleep(POLL_S)
-        job = dispatcher.journal.get(job.id)
+
+
+def _submit_image(dispatcher: Dispatcher, job: Job, model_id: str, params: dict[str, Any], target: str,
+                  idempotency_key: str | None, api_key_id: str | None, webhook_url: str | None) -> Submission:
+    """The image job of :func:`submit_expanded`, once its text job ``job`` has ended.
+
+    Raises:
+        ExpansionFailed: the text job ended without a result.
+    """
     if job.state != JobState.succeeded or job.result_path is None:
         raise ExpansionFailed(f"the prompt's expansion, text job {job.id}, ended {job.state}: {job.reason}: "
                               f"{job.message}; the image was not submitted")
     with open(job.result_path, "rb") as handle:
         expansion = handle.read().decode("utf-8", errors="replace")
+    prompt = str(params.get("prompt") or "")
     image_params = {**params, "prompt": expanded(dispatcher, model_id, prompt, expansion), "expanded_by": job.id}
     submission = dispatcher.submit(model_id, "txt2img", image_params, target, idempotency_key,
                                    api_key_id=api_key_id, webhook_url=webhook_url)

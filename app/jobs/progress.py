@@ -3,7 +3,8 @@ worker's reports, read by ``GET /v1/jobs/{id}``, its event stream and reconcilia
 watchdog (R19, R24).
 
 Redis hash ``Keys.progress(job_id)``: ``step``, ``total`` and ``at`` (unix seconds of the last
-report: the watchdog's sign of life), kept ``TTL_S`` after the last report.
+report: the watchdog's sign of life), kept ``TTL_S`` after the last report. Each report is also
+published on ``Keys.job_changes`` so that a follower (app/jobs/waiting.py) wakes without polling.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class ProgressStore:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=fields)
             pipe.expire(key, TTL_S)
+            pipe.publish(self.keys.job_changes(), json.dumps({"job": job_id, "progress": True}))  # app/jobs/waiting.py
             pipe.execute()
 
     def read(self, job_id: str) -> Progress | None:

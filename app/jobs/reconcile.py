@@ -54,8 +54,8 @@ from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
 from app.fleet.queues import MachineQueues
 from app.fleet.residency_store import DurableResidencyFacts
+from app.jobs.endings import Endings
 from app.jobs.progress import ProgressStore
-from app.jobs.task_events import TaskEvents
 from app.journal.jobs import Journal
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,9 @@ class Reconciler:
     lock: FleetLock
     pairing: Pairing
     server: bool = True
-    events: TaskEvents | None = None  # Flower hears of the jobs a pass ends (app/jobs/task_events.py)
+    # The pass's ends (app/jobs/endings.py): announced to Flower; their reservations are released
+    # by the pass's own Reservations.reconcile, which counts them.
+    endings: Endings | None = None
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -135,13 +137,12 @@ class Reconciler:
         return report
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
+        assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
         try:
-            job = self.journal.interrupt(job_id, [state], reason, message)
+            self.endings.interrupt(job_id, [state], reason, message, announce=True, release=False)
         except Conflict:
             return  # it moved on meanwhile (e.g. finished): nothing to repair
         report.interrupted[job_id] = reason
-        if self.events is not None:
-            self.events.ended(job)
 
     def _running(self, report: ReconcileReport, judge_liveness: bool = True) -> None:
         now = time.time()
@@ -211,17 +212,15 @@ class Reconciler:
                             f"its message was delivered to {taker}'s worker, which stopped before claiming it; "
                             "the job was not run")
             return
-        try:
-            purged = self.journal.transition(
-                job_id, [JobState.queued], JobState.cancelled, reason="purged", event_detail="purged",
-                message=f"its message was removed from the queue {queue(machine or '')} before any worker took "
-                        "it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
-                        "submitting it); the job was not run")
+        assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
+        try:  # announced: Flower shows it REVOKED, not PENDING forever
+            self.endings.cancel(
+                job_id, "purged", f"its message was removed from the queue {queue(machine or '')} before any worker "
+                "took it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
+                "submitting it); the job was not run", announce=True, release=False, event_detail="purged")
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job_id] = "purged"
-        if self.events is not None:  # Flower shows it REVOKED, not PENDING forever
-            self.events.ended(purged)
 
     def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
         """Redis lost its data: write every live job's reservation again, in journal order (R14),

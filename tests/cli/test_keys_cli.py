@@ -26,7 +26,7 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         ids = [ctx.dispatcher.submit(model, "txt2img", {"prompt": p}, "server", api_key_id="ci").job.id for p in "abc"]
         ctx.journal.claim(ids[0], "server")
         ctx.journal.claim(ids[1], "server")
-        ctx.dispatcher.finished(ctx.journal.succeed(ids[1], "server", load_s=1.5, run_s=40.0))
+        ctx.endings.finished(ctx.journal.succeed(ids[1], "server", load_s=1.5, run_s=40.0))
         other_id = settings.api_key_id(OTHER_KEY)
     finally:
         ctx.close()

@@ -11,7 +11,6 @@ Events (``data`` is JSON):
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,11 +23,11 @@ from app.api.routes.deps import Context
 from app.api.schemas import JobPublic
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
-from app.core.states import ENDED, JobState
+from app.core.states import ENDED
+from app.jobs.progress import Progress
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 
-POLL_S = 0.2  # how often the journal and the progress hash are read
 PING_S = 15  # keep-alive comment interval (seconds)
 
 
@@ -40,27 +39,18 @@ async def job_events(job_id: str, ctx: Context) -> EventSourceResponse:
 
 
 async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, Any]]:
-    last_state = None
     last_step = None
-    while True:
-        job = await to_thread.run_sync(ctx.journal.get, job_id)
-        ended = job.state in ENDED
-        changed = job.state != last_state
-        last_state = job.state
-        state = {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
-                                                       "reason": job.reason, "message": job.message})}
-        if changed and not ended:
-            yield state
-        if job.state != JobState.queued:  # the last steps may land just before the job ends: read them first
-            progress = await to_thread.run_sync(ctx.progress.read, job_id)
-            shown = progress.public() if progress else None
-            if shown is not None and shown["step"] != last_step:
+    async for change in ctx.waiting.follow(job_id):  # woken by the job's changes (app/jobs/waiting.py)
+        if isinstance(change, Progress):
+            if (shown := change.public()) is not None and shown["step"] != last_step:
                 last_step = shown["step"]
                 yield {"event": "progress", "data": json.dumps(shown)}
-        if ended:
-            yield state
+            continue
+        job = change
+        yield {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
+                                                     "reason": job.reason, "message": job.message})}
+        if job.state in ENDED:
             body = JobPublic.from_job(job).model_dump(mode="json")
             body["result_url"] = body["result"]["url"] if body.get("result") else None
             yield {"event": "end", "data": json.dumps(body)}
             return
-        await asyncio.sleep(POLL_S)

@@ -334,18 +334,13 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                                 f"({', '.join(ids)}); the others were refused", reason="partly_refused")
         else:
             await submit_call(ctx, call, model, params, target, count, kind, ids)
-        while True:
-            jobs = [await to_thread.run_sync(ctx.journal.get, job_id) for job_id in ids]
-            if all(job.state in ENDED for job in jobs):
-                break
-            if time.monotonic() >= call.answer_by:
-                pending = [job.id for job in jobs if job.state not in ENDED]
-                raise JobPending(
-                    f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
-                    "client's announced timeout, or images_wait_s); they keep their places and run: do not "
-                    "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
-                    "GET /v1/jobs/{id}/result")
-            await asyncio.sleep(min(POLL_S, max(0.0, call.answer_by - time.monotonic())))
+        jobs = [await ctx.waiting.until_ended(job_id, call.answer_by - time.monotonic()) for job_id in ids]
+        if pending := [job.id for job in jobs if job.state not in ENDED]:
+            raise JobPending(
+                f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
+                "client's announced timeout, or images_wait_s); they keep their places and run: do not "
+                "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
+                "GET /v1/jobs/{id}/result")
         for job in jobs:
             if job.state != JobState.succeeded:
                 raise JobFailed(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed")

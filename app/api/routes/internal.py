@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, File, Form, Header, UploadFile
@@ -19,8 +19,8 @@ from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_f
 from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.config import BrokerSettings
-from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected, Unauthorized
-from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, job_request
+from app.core.errors import Conflict, NotFound, Rejected, Unauthorized
+from app.core.kinds import ADAPTERS_PARAM, job_request
 from app.core.protocol import (
     AdapterClaim,
     Claim,
@@ -32,8 +32,9 @@ from app.core.protocol import (
     RevocationReceipt,
     Revocations,
 )
-from app.core.states import RESULT_NOT_STORED, JobState
+from app.core.states import JobState
 from app.fleet.live import JoinTokens
+from app.jobs.endings import Upload
 
 router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -118,13 +119,11 @@ def claim(
     except (Conflict, NotFound) as error:  # model_changed / model_unavailable, or no longer registered
         reason = error.reason if error.reason == "model_changed" else "model_unavailable"
         message = f"the server cannot hand model {queued.model_id!r} (or its adapters) out: {error}"
-        ended = ctx.journal.transition(job_id, [JobState.queued], JobState.interrupted, reason=reason, message=message)
-        ctx.dispatcher.finished(ended, announce=True)  # the worker's task ends without a word (Ignore)
+        ctx.endings.interrupt(job_id, [JobState.queued], reason, message,
+                              announce=True)  # the worker's task ends without a word (Ignore)
         log.error("job %s not run: %s", job_id, message)
         raise Conflict(f"job {job_id} was not run: {message}", reason=reason) from error
-    job = ctx.journal.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
-    ctx.machines.reservations.start(machine.name, job_id)
-    ctx.progress.report(job_id)  # alive from its claim on (the watchdog's sign of life)
+    job = ctx.endings.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
     return Claim(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
                  working_bytes=job.working_bytes, adapters=adapters)
@@ -182,75 +181,24 @@ async def upload_result(
     nothing stored), each verified like the first; the job's ``results`` lists all n in order,
     image i with seed ``seed + i``."""
     job = job_of_machine(ctx, job_id, machine)
-    if job.state == JobState.succeeded and job.result_digest == digest:  # a retry whose answer was lost
-        return JobPublic.from_job(job)
-    recovering = job.state == JobState.failed and job.reason == RESULT_NOT_STORED
-    if job.state != JobState.running and not recovering:  # ended meanwhile (interrupted, cancelled): store nothing
-        raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
-                       reason="not_running")
-    try:
-        record = json.loads(provenance)
-    except ValueError as error:
-        raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
-    if (fault := next(faults(record), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
-        raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
-    if not isinstance(record, dict):
-        raise Rejected(f"provenance must be a JSON object, got {type(record).__name__}", reason="invalid_provenance")
-    record.update({"job_id": job_id, "load_s": load_s, "run_s": run_s, "cold_load": cold_load,
-                   "actual_s": load_s + run_s, "predicted_s": predicted_s(job)})
-    extras = more or []
-    timings = {"load_s": load_s, "run_s": run_s, "cold_load": cold_load}
-    try:
-        digests = more_results(job.params, more_digests, len(extras))
-    except Rejected as error:  # the worker's protocol fault: the job cannot succeed with these
-        if not recovering:
-            ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
-        raise
-    data = await file.read(ctx.settings.max_result_bytes + 1)
-    try:
-        stored = await to_thread.run_sync(ctx.store.store, data, digest, job.kind == "text")  # decoding may take a while (ffmpeg)
-        all_stored = [stored]
-        for extra, extra_digest in zip(extras, digests, strict=True):
-            extra_data = await extra.read(ctx.settings.max_result_bytes + 1)
-            all_stored.append(await to_thread.run_sync(ctx.store.store, extra_data, extra_digest, False))
-    except IntegrityFailure as error:
-        if not recovering:
-            ctx.dispatcher.finished(ctx.journal.fail(job_id, machine.name, error.reason, error.message, **timings))
-        raise
-    seed = job.params.get("seed")
-    results = [{"digest": s.digest, "path": str(s.path), "media_type": s.media_type, "bytes": s.size_bytes,
-                "seed": seed + i if isinstance(seed, int) else None} for i, s in enumerate(all_stored)]
-    if job.requeued_from is not None:
-        record["requeued_from"] = job.requeued_from
-    result = {"result_digest": stored.digest, "result_path": str(stored.path), "result_media_type": stored.media_type,
-              "result_bytes": stored.size_bytes, "provenance": record, "results": results}
-    if recovering:  # its reservation was released and its timings learned when it failed
-        log.info("job %s: recovered result %s from %s", job_id, stored.digest, machine.name)
-        return JobPublic.from_job(ctx.journal.recover(job_id, machine.name, **result))
-    job = ctx.journal.succeed(job_id, machine.name, **result, **timings)
-    ctx.dispatcher.finished(job)
-    return JobPublic.from_job(job)
 
+    def record() -> dict[str, Any]:  # parsed once the job is known to take a result
+        try:
+            parsed = json.loads(provenance)
+        except ValueError as error:
+            raise Rejected(f"provenance must be a JSON object: {error}", reason="invalid_provenance") from error
+        if (fault := next(faults(parsed), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
+            raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
+        if not isinstance(parsed, dict):
+            raise Rejected(f"provenance must be a JSON object, got {type(parsed).__name__}",
+                           reason="invalid_provenance")
+        return parsed
 
-def more_results(params: dict[str, object], more_digests: str, received: int) -> list[str]:
-    """The digests of images 2..n of a result upload, checked against the job's ``n``.
-
-    Raises:
-        Rejected: reason ``invalid_results``: not a JSON list of strings, or not n - 1 of them
-            (or of files).
-    """
-    try:
-        digests = json.loads(more_digests)
-    except ValueError as error:
-        raise Rejected(f"more_digests must be a JSON list: {error}", reason="invalid_results") from error
-    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
-        raise Rejected("more_digests must be a JSON list of 'blake3:<hex>' strings", reason="invalid_results")
-    count = params.get(BATCH_PARAM, 1)
-    wanted = count - 1 if isinstance(count, int) and count > 1 else 0
-    if len(digests) != wanted or received != wanted:
-        raise Rejected(f"the job asks n={wanted + 1} images: the upload must carry {wanted} more (files and digests), "
-                       f"got {received} files and {len(digests)} digests", reason="invalid_results")
-    return digests
+    limit = ctx.settings.max_result_bytes + 1  # no more than one byte past the limit into memory
+    upload = Upload(await file.read(limit), digest, [await extra.read(limit) for extra in more or []], more_digests,
+                    load_s, run_s, cold_load, record)
+    # decoding may take a while (ffmpeg): in a thread
+    return JobPublic.from_job(await to_thread.run_sync(ctx.endings.result, job, machine.name, upload, predicted_s(job)))
 
 
 @router.post("/jobs/{job_id}/failure", response_model=JobPublic)
@@ -261,8 +209,7 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
         # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
         size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
         ctx.residency.record_oom(machine.name, running.model_id, running.kind, size, running.id)
-    job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
-    ctx.dispatcher.finished(job)
+    job = ctx.endings.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     return JobPublic.from_job(job)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
+from anyio import to_thread
 from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
@@ -26,7 +27,7 @@ MAX_PAGE = 500  # jobs per page of GET /v1/jobs
 
 
 @router.post("/jobs", status_code=202, response_model=None)
-def submit_job(
+async def submit_job(
     body: JobCreate,
     ctx: Context,
     request: Request,
@@ -54,18 +55,21 @@ def submit_job(
     ``invalid_webhook_url``."""
     key_id = request_key_id(request)
     if dry_run:
-        decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target, body.webhook_url, key_id)
+        decision = await to_thread.run_sync(ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target,
+                                            body.webhook_url, key_id)
         refusal = decision.get("error") or {}
         if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
             raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
                            param="target")
         return JSONResponse(decision)
     if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first
-        submission = submit_expanded(ctx.dispatcher, body.model, dict(body.params), body.target, idempotency_key,
-                                     ctx.settings.images_wait_s, key_id, webhook_url=body.webhook_url)
+        submission = await submit_expanded(ctx.dispatcher, ctx.waiting, body.model, dict(body.params), body.target,
+                                           idempotency_key, ctx.settings.images_wait_s, key_id,
+                                           webhook_url=body.webhook_url)
     else:
-        submission = ctx.dispatcher.submit(body.model, body.kind, body.params, body.target, idempotency_key,
-                                           api_key_id=key_id, webhook_url=body.webhook_url)
+        submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(
+            body.model, body.kind, body.params, body.target, idempotency_key, api_key_id=key_id,
+            webhook_url=body.webhook_url))
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url

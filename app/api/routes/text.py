@@ -35,7 +35,6 @@ refused (422), not silently ignored.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -180,24 +179,13 @@ async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], t
     return str(submission.job.id), chosen
 
 
-STREAM_POLL_S = 0.05
-
-
 async def follow(ctx: Any, job_id: str) -> AsyncIterator[Progress | Job]:
     """A text job as it runs: each new progress report (its text, token ids and logprobs so
-    far), polled every :data:`STREAM_POLL_S` seconds, then the ended job (last). A client that
-    disconnects stops the iteration; the job ends by itself at ``max_new_tokens`` at the latest."""
-    seen: tuple[Any, ...] | None = None
-    while True:
-        job = await to_thread.run_sync(ctx.journal.get, job_id)
-        if job.state in ENDED:
-            yield job
-            return
-        progress = await to_thread.run_sync(ctx.progress.read, job_id)
-        if progress is not None and (progress.step, progress.text) != seen:
-            seen = (progress.step, progress.text)
-            yield progress
-        await asyncio.sleep(STREAM_POLL_S)
+    far), then the ended job (last), woken by the job's changes (app/jobs/waiting.py). A client
+    that disconnects stops the iteration; the job ends by itself at ``max_new_tokens`` at the latest."""
+    async for change in ctx.waiting.follow(job_id):
+        if isinstance(change, Progress) or change.state in ENDED:
+            yield change
 
 
 def ended_badly(job: Job) -> str:

@@ -93,7 +93,7 @@ def test_the_gpu_seconds_quota_answers_when_the_hours_usage_will_have_expired(
     done = post_job(client, GPU_KEY).json()["id"]
     ctx.journal.claim(done, "server")
     ctx.journal.succeed(done, "server", load_s=2.0, run_s=9.0, finished_at=datetime.now(UTC) - timedelta(seconds=600))
-    ctx.dispatcher.finished(ctx.journal.get(done))
+    ctx.endings.finished(ctx.journal.get(done))
     refused = post_job(client, GPU_KEY)
     assert refused.status_code == 429
     assert 2999 <= int(refused.headers["Retry-After"]) <= 3001  # the 11 s leave the hour 3000 s from now
@@ -179,7 +179,7 @@ def test_openai_sdk_does_not_retry_a_gpu_quota_whose_retry_after_is_beyond_its_l
     client, ctx = api
     done = post_job(client, GPU_KEY).json()["id"]
     ctx.journal.claim(done, "server")
-    ctx.dispatcher.finished(ctx.journal.succeed(done, "server", load_s=0.5, run_s=20.0))
+    ctx.endings.finished(ctx.journal.succeed(done, "server", load_s=0.5, run_s=20.0))
     sdk = openai.OpenAI(api_key=GPU_KEY, base_url=f"{client.base_url}/v1", http_client=client)
     start = time.monotonic()
     with pytest.raises(openai.RateLimitError) as raised:

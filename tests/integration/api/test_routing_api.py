@@ -306,7 +306,7 @@ def test_r13_a_timing_learned_by_another_server_process_prices_the_next_decision
     other = build_context(settings, ctx.fleet, migrate=True)  # another API process sharing Redis and the journal
     try:
         claimed = other.journal.claim(guessed.id, "m2")
-        other.dispatcher.finished(other.journal.fail(claimed.id, "m2", "error", "boom", load_s=None, run_s=40.0))
+        other.endings.finished(other.journal.fail(claimed.id, "m2", "error", "boom", load_s=None, run_s=40.0))
     finally:
         other.close()
     learned = ctx.dispatcher.submit(*body, "m2").job

@@ -54,7 +54,7 @@ def ended(ctx: ServerContext, job_id: str, ago_s: float, load_s: float | None, r
     worker's reports would; its reservation is released."""
     ctx.journal.claim(job_id, "m1")
     at = datetime.now(UTC) - timedelta(seconds=ago_s)
-    ctx.dispatcher.finished(ctx.journal.succeed(job_id, "m1", load_s=load_s, run_s=run_s, finished_at=at))
+    ctx.endings.finished(ctx.journal.succeed(job_id, "m1", load_s=load_s, run_s=run_s, finished_at=at))
 
 
 def test_max_queued_jobs_counts_queued_and_running_jobs_of_all_the_keys_of_the_quota(
@@ -121,7 +121,7 @@ def test_max_gpu_seconds_counts_the_last_hours_ended_jobs_and_says_when_enough_h
     # c held its machine 5 s and was interrupted (no timings reported): its claim-to-end counts.
     ctx.journal.transition(c, [JobState.queued], JobState.running, machine="m1",
                            started_at=datetime.now(UTC) - timedelta(seconds=5))  # claimed 5 s ago
-    ctx.dispatcher.finished(ctx.journal.interrupt(c, [JobState.running], "worker_lost", "no heartbeat"))
+    ctx.endings.finished(ctx.journal.interrupt(c, [JobState.running], "worker_lost", "no heartbeat"))
     before = time.time()
     with pytest.raises(QuotaExceeded) as refused:
         submit(ctx, model, GPU_KEY, prompt="over")

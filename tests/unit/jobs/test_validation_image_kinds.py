@@ -84,7 +84,7 @@ def test_placement_prices_the_steps_that_strength_leaves() -> None:
 
 
 def test_a_result_upload_must_carry_the_n_minus_1_other_images() -> None:
-    from app.api.routes.internal import more_results
+    from app.jobs.endings import more_results
 
     digests = ["blake3:" + "1" * 64, "blake3:" + "2" * 64]
     assert more_results({"n": 3}, json.dumps(digests), 2) == digests
