@@ -199,9 +199,8 @@ def remove(
                 if job.state == JobState.queued:
                     ctx.dispatcher.cancel(job.id, reason="machine_removed", message=f"machine {name} was removed")
                 else:
-                    ended = ctx.journal.transition(job.id, [JobState.running], JobState.interrupted,
-                                                   reason="machine_removed", message=f"machine {name} was removed")
-                    ctx.dispatcher.finished(ended, announce=True)
+                    ctx.endings.interrupt(job.id, [JobState.running], reason="machine_removed",
+                                          message=f"machine {name} was removed", announce=True)
         deadline = time.monotonic() + (timeout_s if wait else 0)
         left = backlog()
         if left:
