@@ -123,8 +123,7 @@ class Verifier:
         self.stats: dict[str, dict[str, Stat]] = {}
 
     def _manifests(self) -> dict[str, Manifest]:
-        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
-                              machine=self.settings.machine)
+        server = ServerClient.for_worker(self.settings)
         try:
             return server.manifest()
         finally:

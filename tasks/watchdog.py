@@ -141,8 +141,7 @@ class Watchdog:
             message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
 
         def send() -> None:
-            server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
-                                  self.boot_id, self.settings.server_retry_s, machine=machine)
+            server = ServerClient.for_worker(self.settings, self.boot_id, patient=True)
             try:
                 server.fail(job_id, reason, message)
             except (HomefleetError, httpx.HTTPError) as refusal:

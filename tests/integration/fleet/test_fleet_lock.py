@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from app.core.config import Settings
 from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.core.errors import PlacementLost
 from app.core.states import JobState
 from app.db.tables import Job
