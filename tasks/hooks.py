@@ -56,12 +56,12 @@ class WorkerParent:
         settings = self.settings = rt.settings
         self.rt, self.lease, self.keys = rt, lease, rt.keys
         self.redis = create_redis(settings)
-        self.verifier = Verifier(settings, self.redis)
-        self.watchdog = Watchdog(settings, self.redis, rt.boot_id)
+        self.verifier = Verifier(settings, self.redis, self.keys)
+        self.watchdog = Watchdog(settings, self.redis, self.keys, rt.boot_id)
         # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
         self.reporter = ServerClient.for_worker(settings, rt.boot_id)
         self.revocations = Revocations(self.reporter, settings.machine, RUN_JOB_TASK)  # C11
-        self.heartbeat = Heartbeat(settings, self.redis, boot_id=rt.boot_id, device=detect_device(),
+        self.heartbeat = Heartbeat(settings, self.redis, self.keys, boot_id=rt.boot_id, device=detect_device(),
                                    verifier=self.verifier,
                                    duties=[self.watchdog.obey_restart, self.verifier.follow_registry,
                                            self.verifier.check_unchanged, self.revocations.report])

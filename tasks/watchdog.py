@@ -67,10 +67,10 @@ class Watchdog:
     """Runs in the worker's parent process (the heartbeat's thread calls :meth:`obey_restart`;
     Celery's ``task_failure`` signal calls :meth:`report_lost`)."""
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str) -> None:
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, keyspace: Keys, boot_id: str) -> None:
         self.settings = settings
         self.redis = client
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keyspace
         self.boot_id = boot_id
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
 
