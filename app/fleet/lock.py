@@ -3,7 +3,7 @@ placement (a submission, a sync's reservation, residency commitments, a reconcil
 runs inside :meth:`FleetLock.held`.
 
 A redis-py lock with a TTL (``fleet_lock_ttl_s``) and a bounded wait (``fleet_lock_wait_s``).
-A holder that stalls past the TTL loses it to the next one; so before committing, a holder
+A holder that stops running past the TTL loses it to the next one; so before committing, a holder
 checks that the lock still holds its token and renews it, in one atomic step: the
 :class:`Fence` (the reservation's own Lua step does the same check, ``app/fleet/reservations.py``).
 
