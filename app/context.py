@@ -162,13 +162,14 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)
     machines = MachineStates(client, keyspace, fleet, journal, residency)
-    lock = FleetLock(client, keyspace, settings.fleet_lock_ttl_s, settings.fleet_lock_wait_s)
+    metrics = Metrics()
+    lock = FleetLock(client, keyspace, settings.fleet_lock_ttl_s, settings.fleet_lock_wait_s,
+                     observe=metrics.fleet_lock_hold_s.observe)
     timings_mark = ChangeMark(client, keyspace.timings_changed())
     timings = TimingStore(engine, on_change=timings_mark.touch)
     validator = Validator(registry, inputs, settings.limits, fleet.models)
     costs = FleetCosts(fleet, registry, timings, ChangeMark(client, keyspace.registry_changed()), timings_mark,
                        max_total_tokens=lambda model_id: validator.token_limits(model_id).max_total_tokens)
-    metrics = Metrics()
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
     queues = MachineQueues(client, keyspace, celery)

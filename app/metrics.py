@@ -9,6 +9,9 @@ Instruments (units in seconds and bytes, Prometheus naming):
 - ``homefleet_webhook_attempts_total{outcome}``: webhook attempts, ``delivered``,
   ``retry`` (failed, another is due) or ``failed`` (failed, given up).
 - ``homefleet_webhook_delivery_seconds``: a job's end to its webhook delivered.
+- ``homefleet_fleet_lock_hold_seconds``: each hold of the fleet lock (R14), acquired to
+  released, observed on every release (app/fleet/lock.py): a submission, a sync's
+  reservation, residency commitments, a reconciliation pass.
 - Read at scrape time: ``homefleet_queue_size{machine}`` (reserved jobs not yet running),
   ``homefleet_running_jobs{machine}``, ``homefleet_machine_online{machine}``,
   ``homefleet_verified_bytes{machine}`` (bytes of the models each machine verified, R4).
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
 
 # Seconds: from a millisecond HTTP answer to a multi-minute video job.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# Seconds: a fleet lock hold is milliseconds; its TTL (``fleet_lock_ttl_s``, 5 s by default) is the far end.
+LOCK_HOLD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class FleetCollector(Collector):
@@ -73,6 +78,8 @@ class Metrics:
                                         registry=self.registry)
         self.webhook_delivery_s = Histogram("homefleet_webhook_delivery_seconds", "A job's end to its webhook delivered",
                                             buckets=DURATION_BUCKETS_S, registry=self.registry)
+        self.fleet_lock_hold_s = Histogram("homefleet_fleet_lock_hold_seconds", "Each hold of the fleet lock, acquired to released",
+                                           buckets=LOCK_HOLD_BUCKETS_S, registry=self.registry)
 
     def watch_fleet(self, machines: MachineStates, registry: Registry) -> None:
         self.registry.register(FleetCollector(machines, registry))

@@ -56,11 +56,11 @@ class Heartbeat:
     heartbeat every ``heartbeat_interval_s`` with a TTL of ``heartbeat_ttl_s``, and after each
     beat runs ``duties`` (e.g. the watchdog's restart requests, following the registry)."""
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str, device: str,
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, keyspace: Keys, boot_id: str, device: str,
                  verifier: Verifier, duties: Sequence[Callable[[], None]] = ()) -> None:
         self.settings = settings
         self.redis = client
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keyspace
         self.boot_id = boot_id
         self.device = device
         self.verifier = verifier

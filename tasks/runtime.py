@@ -45,9 +45,7 @@ class WorkerRuntime:
             if self._pid == os.getpid():
                 return
             self._cache_lock = threading.Lock()  # this process's own (never a copy inherited held)
-            self._server = ServerClient(self.settings.server_url, self.settings.worker_token,
-                                        self.settings.http_timeout_s, self.boot_id, self.settings.server_retry_s,
-                                        machine=self.settings.machine)
+            self._server = ServerClient.for_worker(self.settings, self.boot_id, patient=True)
             self._redis = create_redis(self.settings)
             device = self.device()
             device.guard()  # only the MPS adapter has a memory guard (R18)

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -38,6 +38,9 @@ from app.core.protocol import (
     SyncProgress,
 )
 
+if TYPE_CHECKING:
+    from app.core.config import WorkerSettings
+
 log = logging.getLogger("homefleet.worker")
 
 
@@ -59,6 +62,17 @@ class ServerClient:
         if boot_id:
             headers["X-Homefleet-Boot-Id"] = boot_id  # which worker process claims (reconciliation)
         self.http = httpx.Client(base_url=f"{server_url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)
+
+    @classmethod
+    def for_worker(cls, settings: WorkerSettings, boot_id: str = "", *, patient: bool = False) -> ServerClient:
+        """The client a worker talks to its server with: its ``server_url``, its machine's token
+        and name, ``http_timeout_s``; ``boot_id`` (the worker start that claims, sent with every
+        call; "": none). ``patient``: repeat idempotent calls while the server is unreachable
+        for up to ``server_retry_s`` seconds (a job's claim and reports); otherwise one try (a
+        report sent again at the next beat, a start-up check). The one place a worker builds
+        one (tests/unit/tasks/test_worker_composition.py)."""
+        return cls(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
+                   settings.server_retry_s if patient else 0.0, machine=settings.machine)
 
     def close(self) -> None:
         self.http.close()

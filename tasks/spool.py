@@ -162,8 +162,7 @@ def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
     the internal API with the machine's token."""
     from tasks.server_client import ServerClient
 
-    client = ServerClient(settings.server_url, settings.worker_token, machine=settings.machine,
-                          timeout_s=settings.http_timeout_s, retry_s=0)
+    client = ServerClient.for_worker(settings)
     spool = ResultSpool(settings.result_spool)
     try:
         return recover(spool, lambda record, data: client.upload(

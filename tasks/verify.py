@@ -111,10 +111,10 @@ class Verifier:
     with the registry (:meth:`follow_registry`). Both run from the heartbeat's thread; the
     registry's check runs in a thread of its own, so beats go on meanwhile."""
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis) -> None:
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, keyspace: Keys) -> None:
         self.settings = settings
         self.redis = client
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keyspace
         self.manifests: dict[str, Manifest] = {}  # the server's manifests as last verified against
         self.done = False  # the start-up check has run
         self._registry_mark: str | None = None  # the registry's change mark when they were read
@@ -123,8 +123,7 @@ class Verifier:
         self.stats: dict[str, dict[str, Stat]] = {}
 
     def _manifests(self) -> dict[str, Manifest]:
-        server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
-                              machine=self.settings.machine)
+        server = ServerClient.for_worker(self.settings)
         try:
             return server.manifest()
         finally:

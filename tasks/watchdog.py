@@ -67,10 +67,10 @@ class Watchdog:
     """Runs in the worker's parent process (the heartbeat's thread calls :meth:`obey_restart`;
     Celery's ``task_failure`` signal calls :meth:`report_lost`)."""
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str) -> None:
+    def __init__(self, settings: WorkerSettings, client: redis.Redis, keyspace: Keys, boot_id: str) -> None:
         self.settings = settings
         self.redis = client
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keyspace
         self.boot_id = boot_id
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
 
@@ -141,8 +141,7 @@ class Watchdog:
             message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
 
         def send() -> None:
-            server = ServerClient(self.settings.server_url, self.settings.worker_token, self.settings.http_timeout_s,
-                                  self.boot_id, self.settings.server_retry_s, machine=machine)
+            server = ServerClient.for_worker(self.settings, self.boot_id, patient=True)
             try:
                 server.fail(job_id, reason, message)
             except (HomefleetError, httpx.HTTPError) as refusal:

@@ -10,46 +10,27 @@ disabled, so it holds only the job it runs; the rest wait in the Redis list, in 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import uuid
 from typing import Any
 
 import httpx
-import redis
-from celery.exceptions import WorkerLostError
-from celery.signals import (
-    task_failure,
-    task_postrun,
-    task_prerun,
-    task_received,
-    task_revoked,
-    worker_process_init,
-    worker_ready,
-    worker_shutdown,
-)
-from celery.worker import state as worker_state
 
-from app.core import digest, keys
+from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.errors import HomefleetError, Unauthorized
 from tasks import runtime
-from tasks.devices import bind_device, detect_device, limit_threads
+from tasks.devices import bind_device
 from tasks.heartbeat import Heartbeat
+from tasks.hooks import WorkerParent
 from tasks.lease import EX_CONFIG, WorkerLease
-from tasks.preload import start_preload
-from tasks.revocations import Revocations
 from tasks.run_job import JobNotSucceeded, run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
-from tasks.verify import Verifier
-from tasks.watchdog import Watchdog, clear_running, mark_running
 
 log = logging.getLogger("homefleet.worker")
-
-DELIVERED_TTL_S = 24 * 3600  # how long a job's "delivered" mark is kept (Keys.delivered)
 
 
 def worker_argv(machine: str, loglevel: str) -> list[str]:
@@ -69,7 +50,7 @@ def check_token(settings: WorkerSettings) -> None:
     Raises:
         SystemExit: ``EX_CONFIG`` (78) when the server refuses the token.
     """
-    server = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, machine=settings.machine)
+    server = ServerClient.for_worker(settings)
     try:
         server.manifest()
     except Unauthorized as refusal:
@@ -103,16 +84,6 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
         lease.release()
     if lease.lost:
         raise SystemExit(EX_CONFIG)
-
-
-def record_fresh_pool(rt: runtime.WorkerRuntime) -> None:
-    """In a new pool process (at start, or replacing one that was killed: an OOM, the
-    watchdog): publish its warm models, none, so the heartbeat stops advertising the dead
-    process's (R12 prices cold loads by them)."""
-    try:
-        rt.record_warm()
-    except redis.RedisError as error:
-        log.warning("%s: the new pool process could not publish its warm models: %s", rt.settings.machine, error)
 
 
 def wait_first_beat(heartbeat: Heartbeat, lease: WorkerLease) -> bool:
@@ -153,78 +124,13 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     # throws: a job that failed is the task's expected FAILURE (Flower agrees), logged without a traceback
     celery.task(name=RUN_JOB_TASK, ignore_result=True, throws=(JobNotSucceeded,))(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
-    client = create_redis(settings)
-    verifier = Verifier(settings, client)
-    watchdog = Watchdog(settings, client, boot_id)
-    # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
-    reporter = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
-                            machine=settings.machine)
-    revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK)  # C11
-    heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
-                          duties=[watchdog.obey_restart, verifier.follow_registry, verifier.check_unchanged,
-                                  revocations.report])
-
-    def on_lease_lost() -> None:
-        # Another worker runs this machine now: stop writing its heartbeat and verified set at
-        # once, and stop as on SIGTERM (Celery's warm shutdown: the running job ends first).
-        heartbeat.abandon()
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    lease.on_lost(on_lease_lost)  # at once if it was lost while torch was imported
-
-    def on_ready(sender: Any = None, **_: Any) -> None:
-        # The node name Flower knows this worker by, for the events the server sends of its jobs.
-        if node := getattr(sender, "hostname", None):
-            client.set(keys.Keys(settings.key_prefix).node(settings.machine), str(node))
-
-    def on_shutdown(**_: Any) -> None:
-        heartbeat.stop()
-        reporter.close()
-
-    # In the pool process: which job it runs, for the watchdog (R19).
-    def on_task_start(task: Any = None, args: Any = (), **_: Any) -> None:
-        if getattr(task, "name", None) == RUN_JOB_TASK:
-            mark_running(rt.redis, rt.keys, settings.machine, str(args[0]))
-
-    def on_task_end(task: Any = None, args: Any = (), **_: Any) -> None:
-        if getattr(task, "name", None) == RUN_JOB_TASK:
-            clear_running(rt.redis, rt.keys, settings.machine, str(args[0]))
-
-    # In this, the parent process: a pool process died under a job (R21), not while stopping.
-    def on_task_failure(sender: Any = None, args: Any = (), exception: BaseException | None = None,
-                        **_: Any) -> None:
-        # Celery sets these to an exit code when it stops (0 for a warm shutdown): "is not None".
-        stopping = any(flag is not None and flag is not False
-                       for flag in (worker_state.should_stop, worker_state.should_terminate))
-        if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
-            watchdog.report_lost(str(args[0]), exception)
-
-    # In this, the parent process, before the message is acked: it reached this worker. A job
-    # whose message is gone unclaimed is then `lost` (this worker stopped first), not `purged`
-    # (app/jobs/reconcile.py).
-    def on_received(request: Any = None, **_: Any) -> None:
-        if getattr(request, "name", None) == RUN_JOB_TASK:
-            try:
-                client.set(heartbeat.keys.delivered(str(request.id)), settings.machine, ex=DELIVERED_TTL_S)
-            except redis.RedisError as error:
-                log.warning("%s: job %s's delivery not recorded: %s", settings.machine, request.id, error)
-
-    task_received.connect(on_received, weak=False)
-    worker_ready.connect(on_ready, weak=False)
-    worker_process_init.connect(lambda **_: digest.single_threaded(), weak=False)  # fork-safe hashing
-    worker_process_init.connect(lambda **_: limit_threads(settings.torch_threads), weak=False)  # a share of the cores
-    worker_process_init.connect(lambda **_: record_fresh_pool(rt), weak=False)  # nothing warm in a new one
-    worker_process_init.connect(lambda **_: start_preload(rt), weak=False)  # committed models warm (R16)
-    worker_shutdown.connect(on_shutdown, weak=False)
-    task_prerun.connect(on_task_start, weak=False)
-    task_postrun.connect(on_task_end, weak=False)
-    task_failure.connect(on_task_failure, weak=False)
-    task_revoked.connect(revocations.on_task_revoked, weak=False)
+    parent = WorkerParent(rt, lease)
+    parent.connect()  # its signal handlers, and the lease's loss (at once if lost while torch was imported)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
-    heartbeat.start()
-    if not wait_first_beat(heartbeat, lease):
-        heartbeat.stop()
-        if heartbeat.refused:
+    parent.heartbeat.start()
+    if not wait_first_beat(parent.heartbeat, lease):
+        parent.heartbeat.stop()
+        if parent.heartbeat.refused:
             raise SystemExit(EX_CONFIG)
         return  # another worker took the lease meanwhile: start_worker exits EX_CONFIG
     celery.worker_main(worker_argv(settings.machine, loglevel))

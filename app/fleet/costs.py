@@ -134,6 +134,11 @@ class FleetCosts:
         """The reads of both change marks (registry, then timings), for the fleet snapshot."""
         return [self.registry_mark.read(), self.timings_mark.read()]
 
+    def marks(self) -> Marks:
+        """Both change marks read now (one MGET), for :meth:`estimator_at` outside a snapshot."""
+        registry, timings = self.registry_mark.redis.mget([self.registry_mark.key, self.timings_mark.key])
+        return registry, timings
+
     def estimator_at(self, marks: Marks, model_id: str) -> Estimator:
         """The Estimator for a decision about ``model_id``, given the change marks just read
         (:meth:`mark_reads`). The last one is reused when both marks are as they were and it

@@ -4,7 +4,9 @@
 the project's words in docs/design.md):
 
 1. refuse at once while the Redis runs with another journal (nothing journaled);
-2. check the request (R22, ``app/jobs/validation.py``) and draw its seed;
+2. check the request (R22, ``app/jobs/validation.py``) and draw its seed; answer a retry whose
+   original is journaled (R20); read the cost data ahead (:meth:`Dispatcher.read_ahead`), so
+   the lock is held only for the decision and its writes;
 3. under the fleet lock: replay an ``Idempotency-Key`` (R20); read the fleet snapshot (machines
    with their reservations, the demand, the cost data's change marks) in one command; refuse
    past ``max_pending_total`` (R23) or past the submitting API key's quota
@@ -159,6 +161,17 @@ class Dispatcher:
         return Snapshot(views=views, demand=self.demand.parse(raw_demand),
                         estimator=self.costs.estimator_at((registry_mark, timings_mark), model_id))
 
+    def read_ahead(self, model_id: str) -> None:
+        """Read, before the fleet lock, the cost data a decision about ``model_id`` needs (the
+        registry's profiles, the learned timings: SQL reads, ``FleetCosts.estimator_at``), so
+        the decision under the lock finds them cached; a change between the two reads is read
+        again under the lock (the snapshot's change marks decide). A failed read is left to
+        the decision, which raises it (e.g. ``model_unreadable``)."""
+        try:
+            self.costs.estimator_at(self.costs.marks(), model_id)
+        except HomefleetError:
+            pass
+
     def check_pending(self, views: dict[str, MachineView]) -> None:
         """Refuse when the fleet already holds ``max_pending_total`` jobs (R23).
 
@@ -239,6 +252,17 @@ class Dispatcher:
             self.check_webhook(webhook_url, api_key_id)
             hook = Hook(webhook_url, api_key_id)
             request = self.request(model_id, kind, params, target)
+            # A retry whose original is journaled is answered without the lock (a journaled job
+            # stays); a key not yet seen is looked up again under it, where a racing original
+            # is found.
+            if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint)):
+                return Submission(job=original, position=0, replayed=True)
+            self.read_ahead(model_id)
+            # Under the lock only what must be atomic (R14, R19, C04): the decision's reads (the
+            # replay, the snapshot, the quota) and its writes in order: journal (before the
+            # message, R19), reservation (fenced), message (after the reservation, so a
+            # machine's list keeps the reservations' order and a reconciliation pass or a
+            # cancel, under the lock, never sees a reservation without its message).
             with self.lock.held("submit again") as fence:
                 # 3. Replay, snapshot, backpressure, place.
                 if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint)):

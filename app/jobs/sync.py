@@ -111,6 +111,9 @@ class Syncs:
             model_ids = [m.id for m in self.registry.list() if m.family in config.families]
         manifests = [self.registry.manifest(model_id) for model_id in dict.fromkeys(model_ids)]
 
+        # Under the lock (R14, R6): the checks that the machine is online and idle, the record,
+        # and the message, so that no job is placed there between the idle check and the
+        # publication (the manifests were read above, outside).
         with self.lock.held("sync again") as fence:
             view = self.machines.view(machine)
             if not view.online:

@@ -70,3 +70,8 @@ def test_device_start_bench_prints_its_last_line() -> None:
 def test_adapters_bench_prints_its_last_line() -> None:
     line = _last_line("bench.adapters", "--repeat", "1", "--steps", "1", "--side", "32")
     _assert_format(line, ["cold_load_s", "adapter_load_s", "unload_s", "run_s", "adapter_run_s"])
+
+
+def test_fleet_lock_bench_prints_its_last_line() -> None:
+    line = _last_line("bench.fleet_lock", "10")
+    _assert_format(line, ["ahead_p50_ms", "ahead_p99_ms", "inside_p50_ms", "inside_p99_ms", "submit_p50_ms"])

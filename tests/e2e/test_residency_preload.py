@@ -133,7 +133,7 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
         if working:
             mark_working(ctx.redis, ctx.keys, MACHINE, job_id)  # it holds the cache: loading or running
         lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 0.")
-        Watchdog(settings, ctx.redis, "boot-oom-test").report_lost(job_id, lost)
+        Watchdog(settings, ctx.redis, ctx.keys, "boot-oom-test").report_lost(job_id, lost)
         done = fleet.client.wait(job_id, timeout_s=60)
         journaled = ctx.journal.get(job_id)
         assert (done["state"], journaled.reason) == ("failed", reason), journaled.message

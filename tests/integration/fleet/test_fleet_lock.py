@@ -1,10 +1,13 @@
 """Select + reserve + enqueue under one fleet lock (R14, C04) on a real Redis: many
-processes submitting Auto jobs at once, and a placer that stalls past the lock's TTL."""
+processes submitting Auto jobs at once; a placer that stalls past the lock's TTL while alive
+(renewed, it keeps the lock) and one that stops running (it loses the lock, commits nothing)."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -13,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from app.core.config import Settings
 from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.core.errors import PlacementLost
 from app.core.states import JobState
+from app.db.tables import Job
 from app.fleet.machines import MachineStates
 from routing.placement import MachineView
 from tests.helpers import bring_online, make_fleet
@@ -92,54 +96,132 @@ def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order
 
 
 class StallingMachineStates(MachineStates):
-    """Real machine states whose first read takes ``stall_s`` seconds (a placer stuck mid-decision)."""
+    """Real machine states whose first read stalls (a placer stuck mid-decision): it sets
+    ``stalling``, then waits ``stall_s`` seconds, or until ``resume`` is set when one is given."""
 
     stall_s = 0.0
+    stalling: Any = None  # threading.Event or multiprocessing.Event
+    resume: Any = None
 
     def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
                  max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
         found = super().snapshot(names, also, max_queued)
         if self.stall_s:
             stall, self.stall_s = self.stall_s, 0.0
-            time.sleep(stall)
+            if self.stalling is not None:
+                self.stalling.set()
+            if self.resume is not None:
+                assert self.resume.wait(stall)
+            else:
+                time.sleep(stall)
         return found
 
 
-def test_c04_a_placer_that_loses_the_lock_commits_nothing(settings: Settings, tiny_models_dir: Path) -> None:
-    settings = settings.model_copy(update={"fleet_lock_ttl_s": 0.5, "fleet_lock_wait_s": 5.0})
+def _online(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    for machine in ("server", "m1"):
+        bring_online(ctx, machine, {MODEL})
+
+
+def test_c04_a_slow_placer_alive_keeps_the_lock_past_its_ttl(settings: Settings, tiny_models_dir: Path) -> None:
+    """The holder's block takes 2.7 TTLs; its renewal (every ttl/3) keeps the lock: its job is
+    placed and published, and another placer waits for it rather than overtaking it."""
+    settings = settings.model_copy(update={"fleet_lock_ttl_s": 1.5, "fleet_lock_wait_s": 60.0})
     fleet = make_fleet("m1")
-    stalled = build_context(settings, fleet, migrate=True)
+    slow_ctx = build_context(settings, fleet, migrate=True)
     other = build_context(settings, fleet, migrate=True)
     try:
-        stalled.registry.add(tiny_models_dir / MODEL, MODEL)
-        for machine in ("server", "m1"):
-            bring_online(stalled, machine, {MODEL})
-        slow = StallingMachineStates(stalled.redis, stalled.keys, fleet, stalled.journal)
-        slow.stall_s = 1.5  # three TTLs
-        stalled.dispatcher.machines = slow
+        _online(slow_ctx, tiny_models_dir)
+        slow = StallingMachineStates(slow_ctx.redis, slow_ctx.keys, fleet, slow_ctx.journal, slow_ctx.residency)
+        slow.stall_s, slow.stalling = 4.0, threading.Event()
+        slow_ctx.dispatcher.machines = slow
         outcome: dict[str, object] = {}
 
-        def stalled_submit() -> None:
+        def slow_submit() -> None:
             try:
-                stalled.dispatcher.submit(MODEL, "txt2img", {"prompt": "slow"}, "auto")
+                outcome["job"] = slow_ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "slow"}, "m1").job
             except PlacementLost as error:
                 outcome["error"] = error
 
-        thread = threading.Thread(target=stalled_submit)
+        thread = threading.Thread(target=slow_submit)
         thread.start()
-        time.sleep(0.9)  # the stalled placer's lock has expired; another placer takes it
-        placed = other.dispatcher.submit(MODEL, "txt2img", {"prompt": "fast"}, "auto").job
-        thread.join(timeout=30)
+        assert slow.stalling.wait(60)  # the slow placer holds the lock and has started its stall
+        placed = other.dispatcher.submit(MODEL, "txt2img", {"prompt": "fast"}, "m1").job  # waits for the lock
+        thread.join(timeout=60)
 
-        error = outcome.get("error")
-        assert isinstance(error, PlacementLost) and error.status_code == 503 and "submit again" in error.message
+        assert "error" not in outcome, outcome
+        slow_job = outcome["job"]
+        assert isinstance(slow_job, Job) and slow_job.state == JobState.queued
+        assert queue_ids(other, "m1") == [slow_job.id, placed.id]  # the slow one first: never overtaken
+        assert [job_id for job_id, _ in other.machines.reservations.records("m1")] == [slow_job.id, placed.id]
+        assert {j.params["prompt"]: j.state for j in other.journal.list()} == {"slow": JobState.queued,
+                                                                               "fast": JobState.queued}
+        # homefleet_fleet_lock_hold_seconds: the slow placer's one hold, at least its stall
+        hold = slow_ctx.metrics.registry.get_sample_value
+        assert hold("homefleet_fleet_lock_hold_seconds_count") == 1.0
+        assert 4.0 <= (hold("homefleet_fleet_lock_hold_seconds_sum") or 0.0) < 60.0
+        assert hold("homefleet_fleet_lock_hold_seconds_bucket", {"le": "2.5"}) == 0.0
+    finally:
+        slow_ctx.close()
+        other.close()
+
+
+def dead_placer(settings_json: str, stalling: Any, resume: Any, outcome: Any) -> None:
+    """A placer in a process of its own that stalls mid-decision until ``resume`` is set; puts
+    how its submission ended on ``outcome``."""
+    settings = Settings.model_validate_json(settings_json)
+    fleet = make_fleet("m1")
+    ctx = build_context(settings, fleet)
+    try:
+        slow = StallingMachineStates(ctx.redis, ctx.keys, fleet, ctx.journal, ctx.residency)
+        slow.stall_s, slow.stalling, slow.resume = 120.0, stalling, resume
+        ctx.dispatcher.machines = slow
+        try:
+            ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "slow"}, "auto")
+            outcome.put(("placed", 0, ""))
+        except PlacementLost as error:
+            outcome.put(("PlacementLost", error.status_code, error.message))
+    finally:
+        ctx.close()
+
+
+def test_c04_a_frozen_placer_loses_the_lock_and_commits_nothing(settings: Settings, tiny_models_dir: Path) -> None:
+    """A holder that stops running (SIGSTOP: its renewal thread stops with it) loses the lock at
+    its TTL; another placer takes it; the first, resumed, commits nothing (the fenced
+    reservation fails: PlacementLost, its job ``interrupted``)."""
+    settings = settings.model_copy(update={"fleet_lock_ttl_s": 1.0, "fleet_lock_wait_s": 30.0})
+    fleet = make_fleet("m1")
+    other = build_context(settings, fleet, migrate=True)
+    fork = multiprocessing.get_context("fork")
+    stalling, resume, outcome = fork.Event(), fork.Event(), fork.Queue()
+    placer = fork.Process(target=dead_placer, args=(settings.model_dump_json(), stalling, resume, outcome))
+    try:
+        _online(other, tiny_models_dir)
+        placer.start()
+        assert stalling.wait(120)  # it holds the lock, stalled
+        assert placer.pid is not None
+        os.kill(placer.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while other.redis.exists(other.keys.fleet_lock()):  # no renewal: it expires at its TTL
+            assert time.monotonic() < deadline, "the frozen placer's lock never expired"
+            time.sleep(0.1)
+        placed = other.dispatcher.submit(MODEL, "txt2img", {"prompt": "fast"}, "auto").job
+        os.kill(placer.pid, signal.SIGCONT)
+        resume.set()
+        ended, status, message = outcome.get(timeout=120)
+        placer.join(timeout=60)
+
+        assert (ended, status) == ("PlacementLost", 503) and "submit again" in message
         jobs = {j.params["prompt"]: j for j in other.journal.list()}
         assert jobs["slow"].state == JobState.interrupted and jobs["slow"].reason == "placement_lock_lost"
         assert jobs["fast"].id == placed.id and jobs["fast"].state == JobState.queued
         everywhere = [job_id for m in ("server", "m1") for job_id in queue_ids(other, m)]
-        assert everywhere == [placed.id]  # the stalled job was never published; the other exactly once
+        assert everywhere == [placed.id]  # the frozen placer's job was never published; the other exactly once
         reserved = [job_id for m in ("server", "m1") for job_id, _ in other.machines.reservations.records(m)]
         assert reserved == [placed.id]
     finally:
-        stalled.close()
+        if placer.is_alive() and placer.pid is not None:
+            os.kill(placer.pid, signal.SIGCONT)
+            resume.set()
+            placer.join(timeout=30)
         other.close()
