@@ -40,7 +40,7 @@ from tasks.devices import bind_device, detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.preload import start_preload
-from tasks.revocations import Revocations
+from tasks.revocations import Revocations, default_sigterm
 from tasks.run_job import JobNotSucceeded, run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
@@ -159,7 +159,8 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
     reporter = ServerClient(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
                             machine=settings.machine)
-    revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK)  # C11
+    revocations = Revocations(reporter, settings.machine, RUN_JOB_TASK, settings.terminate_kill_after_s,
+                              watchdog.pool_process)  # C11
     heartbeat = Heartbeat(settings, client, boot_id=boot_id, device=detect_device(), verifier=verifier,
                           duties=[watchdog.obey_restart, verifier.follow_registry, verifier.check_unchanged,
                                   revocations.report])
@@ -184,6 +185,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     # In the pool process: which job it runs, for the watchdog (R19).
     def on_task_start(task: Any = None, args: Any = (), **_: Any) -> None:
         if getattr(task, "name", None) == RUN_JOB_TASK:
+            default_sigterm()  # a terminate ends this process at once, even in a native step (C11)
             mark_running(rt.redis, rt.keys, settings.machine, str(args[0]))
 
     def on_task_end(task: Any = None, args: Any = (), **_: Any) -> None:

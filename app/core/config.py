@@ -235,6 +235,10 @@ class WorkerSettings(BrokerSettings):
     spool_dir: Path | None = None
     result_upload_attempts: int = Field(4, ge=1)
     result_retry_s: float = Field(1.0, ge=0)
+    # A job terminated from Flower or `celery control terminate` (C11): its pool process is
+    # SIGKILLed this many seconds after Celery's signal if it still lives (a SIGTERM caught, or
+    # not acted on inside a long native step), so the machine takes its next job.
+    terminate_kill_after_s: float = Field(3.0, gt=0)
 
     @property
     def result_spool(self) -> Path:

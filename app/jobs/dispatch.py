@@ -440,8 +440,9 @@ class Dispatcher:
                                       "before it started; it was not run", announce=not announced)
                 elif terminated:
                     job = self.journal.interrupt(job_id, [JobState.running], "terminated",
-                                                 "its task was revoked with terminate (Flower or celery control "
-                                                 "revoke --terminate); Celery killed the pool process running it")
+                                                 "its task was terminated (Flower's Terminate, or `celery -A "
+                                                 "app.celery control terminate SIGNAL JOB_ID`); Celery killed the "
+                                                 "pool process running it")
                     self.finished(job)  # Celery's worker sent its task-revoked event
                 else:
                     continue

@@ -204,6 +204,51 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     rfleet.flower_state(after["id"], "SUCCESS")
 
 
+def gone(pid: int) -> bool:
+    """The process ``pid`` ended (or is a zombie its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize(("tool", "sig", "stopped"), [("flower", "SIGTERM", True), ("celery-cli", "SIGINT", False)])
+def test_c11_a_terminated_job_s_pool_process_is_gone_within_seconds_whatever_it_does_and_the_next_job_runs(
+    rfleet: RevokeFleet, tool: str, sig: str, stopped: bool
+) -> None:
+    """C11: a terminate ends the pool process within seconds, whatever it is doing, and the machine
+    takes its next job. Two processes that a Python SIGTERM handler never ends: one that runs no
+    bytecode (stopped with SIGSTOP, as inside a long native step; Flower's Terminate, SIGTERM),
+    and one sent a signal pool processes ignore (``control terminate SIGINT``: the worker
+    SIGKILLs it ``terminate_kill_after_s`` later). The journal says ``interrupted``
+    (``terminated``, naming the real command), never an OOM (R21)."""
+    ctx, client = rfleet.ctx, rfleet.client
+    busy = client.submit(MODEL, "txt2img", LONG, target="m1")
+    after = client.submit(MODEL, "txt2img", SHORT, target="m1")
+    rfleet.running(busy["id"])
+    pid = rfleet.pool_pid()
+    if stopped:
+        os.kill(pid, signal.SIGSTOP)  # from here it runs no Python at all, as in one long native call
+    started = time.monotonic()
+    try:
+        revoke(rfleet, tool, busy["id"], terminate=True, sig=sig)
+        wait_for(lambda: gone(pid), timeout_s=ENDS_WITHIN_S, poll_s=0.1,
+                 what=f"the terminated job's pool process {pid} to end")
+        gone_s = time.monotonic() - started
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: ctx.journal.state_of(busy["id"]) != JobState.running, timeout_s=ENDS_WITHIN_S, poll_s=0.1,
+             what="the terminated job to end in the journal")
+    job = ctx.journal.get(busy["id"])
+    assert (job.state, job.reason) == (JobState.interrupted, "terminated"), job.message
+    assert "control terminate SIGNAL JOB_ID" in (job.message or ""), job.message
+    print(f"\n{tool} ({sig}{', stopped' if stopped else ''}): pool process gone in {gone_s:.2f} s")
+    assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # the machine takes its next job
+    assert rfleet.pool_pid() != pid
+    assert ctx.residency.ooms("m1") == []  # an operator's terminate is no out-of-memory (R21)
+
+
 def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeFleet) -> None:
     """succeeded -> SUCCESS; failed (an input removed) and failed integrity (an input whose bytes
     changed, R5) -> FAILURE; a refused redelivery leaves the state as the journal has it;
