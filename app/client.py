@@ -72,7 +72,9 @@ class HomefleetClient:
         return self._json(self.http.post("/v1/jobs", json=body, headers=headers))  # type: ignore[no-any-return]
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel a queued job; returns it (``cancelled``). ApiError 409 when it is running or ended."""
+        """Cancel a job; returns it: ``cancelled`` when it was queued, still ``running`` when it
+        runs (it stops between steps and ends ``cancelled`` within seconds: :meth:`wait`).
+        ApiError 409 when it has ended."""
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
 
     def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx
+import redis
 from celery.exceptions import Ignore
 
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
-from app.core.states import RESULT_NOT_STORED
+from app.core.states import CANCELLED, RESULT_NOT_STORED
 from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
@@ -54,12 +55,27 @@ class JobNotSucceeded(Exception):
         return f"job {self.job_id} failed ({self.reason}): {self.message}"
 
 
+class JobCancelled(Exception):
+    """Raised from a step's progress report when the job's cancel was asked (``Keys.cancel``,
+    ``POST /v1/jobs/{id}/cancel``): the pipeline stops between steps and the job is reported
+    with reason ``cancelled``; the server ends it ``cancelled``."""
+
+    def __init__(self, job_id: str, step: int, total: int) -> None:
+        super().__init__(job_id, step, total)
+        self.job_id, self.step, self.total = job_id, step, total
+
+    def __str__(self) -> str:
+        return f"cancelled by request while running, after {self.step} of {self.total} steps"
+
+
 def failure_reason(error: BaseException) -> str:
     """Reason code for a failed job: its own reason for Homefleet's and residency's refusals,
     ``oom`` for out-of-memory errors (``torch.OutOfMemoryError`` or one of :data:`OOM_TEXTS`),
     else ``error``."""
     if isinstance(error, HomefleetError | ResidencyRefused):
         return error.reason
+    if isinstance(error, JobCancelled):
+        return CANCELLED
     if type(error).__name__ == "OutOfMemoryError":
         return "oom"
     return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
@@ -69,11 +85,24 @@ def report_progress(job_id: str, step: int, total: int, text: str | None = None,
                     tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
     """Best effort: a progress report that cannot reach the server is logged, never fatal.
     ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
-    probabilities so far."""
+    probabilities so far.
+
+    Raises:
+        JobCancelled: the job's cancel was asked: the run stops here, between steps.
+    """
+    rt = runtime.current()
     try:
-        runtime.current().server.progress(job_id, step, total, text, tokens, logprobs)
+        rt.server.progress(job_id, step, total, text, tokens, logprobs)
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
+    try:
+        cancelled = rt.redis.exists(rt.keys.cancel(job_id))
+    except redis.RedisError as error:
+        log.warning("job %s: its cancel flag not read: %s", job_id, error)
+        return
+    if cancelled:
+        log.warning("job %s: cancelled by request; stopping after step %d of %d", job_id, step, total)
+        raise JobCancelled(job_id, step, total)
 
 
 WAIT_REPORT_S = 30.0
@@ -187,8 +216,11 @@ def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, loa
     end the task: :class:`JobNotSucceeded` once the server took it, Celery's ``Ignore`` when the
     server had ended the job meanwhile or cannot be reached (reconciliation ends it, R19)."""
     reason = failure_reason(error)
-    message = f"{type(error).__name__}: {error}"
-    log.exception("job %s failed (%s)", job_id, reason)
+    message = str(error) if reason == CANCELLED else f"{type(error).__name__}: {error}"
+    if reason == CANCELLED:
+        log.warning("job %s: %s", job_id, message)
+    else:
+        log.exception("job %s failed (%s)", job_id, reason)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
     except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)

@@ -82,6 +82,10 @@ class Settings(BrokerSettings):
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
     lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
+    # A running job cancelled by request stops between steps (its worker reads Keys.cancel); one
+    # still running this many seconds after the request is ended `cancelled` and its pool
+    # process killed (the watchdog's restart request, R19).
+    cancel_grace_s: float = Field(10.0, gt=0)
     hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
     idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
     # Serving front (R22-R24). Limits per model family; families not listed use "default".

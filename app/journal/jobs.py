@@ -341,6 +341,12 @@ class Journal:
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 
+    def cancel_running(self, job_id: str, machine: str, message: str) -> Job:
+        """``running -> cancelled`` (reason ``cancelled``): stopped by request while it ran.
+        Raises :class:`Conflict` when it is not running."""
+        return self.transition(job_id, [JobState.running], JobState.cancelled, machine=machine,
+                               event_detail=f"cancelled: {message}", reason="cancelled", message=message)
+
     def by_idempotency_key(self, key: str) -> Job | None:
         """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""
         with Session(self.engine) as session:

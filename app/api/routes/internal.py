@@ -28,7 +28,7 @@ from app.core.protocol import (
     RevocationReceipt,
     Revocations,
 )
-from app.core.states import RESULT_NOT_STORED, JobState
+from app.core.states import CANCELLED, RESULT_NOT_STORED, JobState
 
 router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -218,7 +218,11 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
         # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
         size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
         ctx.residency.record_oom(machine.name, running.model_id, running.kind, size, running.id)
-    job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+    if body.reason == CANCELLED and ctx.redis.exists(ctx.keys.cancel(job_id)):
+        # stopped between steps by request (POST /v1/jobs/{id}/cancel): cancelled, not failed
+        job = ctx.journal.cancel_running(job_id, machine.name, body.message)
+    else:
+        job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 

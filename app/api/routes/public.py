@@ -126,10 +126,16 @@ def get_job(job_id: str, ctx: Context) -> JobPublic:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: str, ctx: Context) -> JobPublic:
-    """Cancel a queued job (C03): 200 with the job, now ``cancelled``; 409 when it is running
-    or has ended, with the reason; 404 for an unknown id."""
-    return JobPublic.from_job(ctx.dispatcher.cancel(job_id))
+def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
+    """Cancel a job. Queued (C03): 200 with the job, now ``cancelled``. Running: 202 with the job,
+    still ``running``: its worker stops between steps and it ends ``cancelled`` (its message
+    says how many steps ran); one that has not stopped ``cancel_grace_s`` later is ended
+    ``cancelled`` and its pool process killed. 409 when it has ended, with the reason; 404 for
+    an unknown id."""
+    job = ctx.dispatcher.request_cancel(job_id)
+    if job.state == JobState.running:
+        response.status_code = 202
+    return JobPublic.from_job(job)
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)
