@@ -18,6 +18,7 @@ from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
 from app.jobs.dispatch import UNSET
 from app.jobs.expansion import submit_expanded
+from app.jobs.result_inputs import adopt_results
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -53,6 +54,7 @@ def submit_job(
     fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
     ``invalid_webhook_url``."""
     key_id = request_key_id(request)
+    adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
     if dry_run:
         decision = ctx.dispatcher.dry_run(body.model, body.kind, body.params, body.target, body.webhook_url, key_id)
         refusal = decision.get("error") or {}
