@@ -179,6 +179,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
             model_id=model_id, manifest=claim.manifest, kind=kind, params=params,
             inputs={field: params[field] for field in inputs}, machine=rt.settings.machine, device=rt.device().name,
             adapters=provenance_entries(claim.adapters),
+            sampler=scheduler_name(loaded.pipeline),
         )
         # 4. Run, with the job's adapters on the warm pipeline.
         with adapters_applied(rt, model_id, loaded.pipeline, claim.adapters) as applied:
@@ -208,6 +209,13 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         report_failure(rt, job_id, error, load_s, run_s)
     log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data),
              load_s or 0.0, run_s)
+
+
+def scheduler_name(pipeline: Any) -> str | None:
+    """The class name of a diffusers pipeline's scheduler (``EulerDiscreteScheduler``), or None
+    for a pipeline without one (text)."""
+    scheduler = getattr(pipeline, "scheduler", None)
+    return type(scheduler).__name__ if scheduler is not None else None
 
 
 def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, load_s: float | None,

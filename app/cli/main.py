@@ -21,6 +21,7 @@ from app.cli.common import configure_console, console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
+from app.cli.jobs import jobs_cli
 from app.cli.keys import keys_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
@@ -35,6 +36,7 @@ cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
+cli.add_typer(jobs_cli, name="jobs")
 for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
     cli.registered_commands += group.registered_commands
 

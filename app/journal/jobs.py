@@ -350,7 +350,7 @@ class Journal:
     def result_media_type(self, digest: str, api_key_id: str | None) -> str | None:
         """The media type of the result ``digest`` (any image of its job) of a succeeded job
         submitted by the key ``api_key_id`` (None: without a key), or None when there is none."""
-        owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr]
+        owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr,arg-type]
         with Session(self.engine) as session:
             jobs = session.exec(select(Job).where(Job.state == JobState.succeeded, owner, or_(
                 Job.result_digest == digest, cast(Job.results, String).contains(digest)))).all()  # type: ignore[arg-type]
