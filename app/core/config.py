@@ -86,6 +86,10 @@ class Settings(BrokerSettings):
     # still running this many seconds after the request is ended `cancelled` and its pool
     # process killed (the watchdog's restart request, R19).
     cancel_grace_s: float = Field(10.0, gt=0)
+    # A job predicted (placement's run seconds, R12) to run longer than this on every eligible
+    # machine is refused 422 `job_too_long`: an hour-long job on a home fleet is a mistake more
+    # often than a wish. The dry run shows the fastest prediction beside the limit.
+    max_job_s: float = Field(3600.0, gt=0)
     hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
     idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
     # Serving front (R22-R24). Limits per model family; families not listed use "default".
