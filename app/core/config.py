@@ -135,9 +135,11 @@ class Settings(BrokerSettings):
     # HOMEFLEET_WEBHOOK_SECRETS='{"key:3f2a9c01b4de": "<secret>"}'. A key without a secret cannot
     # name a webhook_url (422). The fleet file's [webhooks] allow_hosts says where a webhook may go.
     webhook_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
-    webhook_attempts: int = Field(5, ge=1, le=50)  # POSTs per delivery at most, the first included
-    webhook_backoff_s: float = Field(1.0, ge=0)  # pause after the first failed attempt; doubled after each
-    webhook_backoff_max_s: float = Field(300.0, ge=0)  # the longest pause between two attempts
+    # The retry schedule: a receiver down for hours still gets its webhook. The defaults pause
+    # 5, 10, 20 … 2560 s, then 3600 s: 18 attempts over about 8.5 hours (app/jobs/webhooks.py ``schedule``).
+    webhook_attempts: int = Field(18, ge=1, le=100)  # POSTs per delivery at most, the first included
+    webhook_backoff_s: float = Field(5.0, ge=0)  # pause after the first failed attempt; doubled after each
+    webhook_backoff_max_s: float = Field(3600.0, ge=0)  # the longest pause between two attempts
     webhook_timeout_s: float = Field(10.0, gt=0)  # one attempt's connect + read timeout
     webhook_poll_s: float = Field(2.0, gt=0)  # how often the delivery loop looks for deliveries made elsewhere
     webhook_concurrency: int = Field(4, ge=1)  # attempts in flight at once

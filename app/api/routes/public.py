@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.auth import request_key_id
 from app.api.routes.deps import Context, stored_file
-from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
+from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
@@ -124,7 +124,14 @@ def list_jobs(
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
     progress = ctx.progress.read(job_id) if job.state == JobState.running else None
-    return JobPublic.from_job(job, progress.public() if progress else None)
+    public = JobPublic.from_job(job, progress.public() if progress else None)
+    if deliveries := ctx.outbox.of_job(job_id):  # its webhook's attempts (the last delivery)
+        last = deliveries[-1]
+        public.webhook = WebhookPublic(state=last.state, attempts=last.attempts,
+                                       max_attempts=ctx.settings.webhook_attempts,
+                                       next_attempt_at=last.due_s if last.state == "pending" else None,
+                                       detail=last.detail)
+    return public
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
