@@ -136,7 +136,10 @@ def run_job(job_id: str) -> None:
     lock = rt.cache_lock
     while not lock.acquire(timeout=WAIT_REPORT_S):
         log.info("job %s waits for the start-up preload of committed models", job_id)
-        report_progress(job_id, 0, max(1, int(claim.params.get("steps", 1))))
+        try:
+            report_progress(job_id, 0, max(1, int(claim.params.get("steps", 1))))
+        except JobCancelled as cancelled:  # cancelled while it waited: nothing ran
+            report_failure(rt, job_id, cancelled, None, None)
     try:
         mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
         run_claimed(rt, claim)
