@@ -240,6 +240,8 @@ def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, loa
     except httpx.HTTPError as lost:  # still running in the journal: reconciliation ends it, and says so
         log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
         raise Ignore() from error
+    if reason == CANCELLED:  # the server ended it cancelled and told Flower (task-revoked): no outcome of ours
+        raise Ignore() from error
     raise JobNotSucceeded(job_id, reason, message) from error
 
 

@@ -221,8 +221,9 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
     if body.reason == CANCELLED and ctx.redis.exists(ctx.keys.cancel(job_id)):
         # stopped between steps by request (POST /v1/jobs/{id}/cancel): cancelled, not failed
         job = ctx.journal.cancel_running(job_id, machine.name, body.message)
-    else:
-        job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
+        ctx.dispatcher.finished(job, announce=True)  # task-revoked for Flower: the worker's task reports no outcome
+        return JobPublic.from_job(job)
+    job = ctx.journal.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     ctx.dispatcher.finished(job)
     return JobPublic.from_job(job)
 
