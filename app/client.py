@@ -19,12 +19,16 @@ from app.core.states import ENDED
 class ApiError(HomefleetError):
     """Raised when the server answers a request with an error; ``status_code`` is its HTTP code,
     ``retry_after_s`` its ``Retry-After`` (whole seconds; None without one), e.g. of a 429
-    ``quota_queued`` / ``quota_gpu_seconds`` (an API key over its quota) or ``queue_full``."""
+    ``quota_queued`` / ``quota_gpu_seconds`` (an API key over its quota) or ``queue_full``;
+    ``param`` the request field at fault (e.g. ``params.image``) and ``job_id`` the journaled
+    ``rejected`` job of a refused submission, when the answer names them (None otherwise)."""
 
-    def __init__(self, status_code: int, reason: str, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message, reason=reason)
+    def __init__(self, status_code: int, reason: str, message: str, retry_after_s: int | None = None,
+                 param: str | None = None, job_id: str | None = None) -> None:
+        super().__init__(message, reason=reason, param=param)
         self.status_code = status_code
         self.retry_after_s = retry_after_s
+        self.job_id = job_id
 
 
 class HomefleetClient:
@@ -53,7 +57,8 @@ class HomefleetClient:
         retry = response.headers.get("retry-after", "")
         retry_after_s = int(retry) if retry.isdigit() else None
         if isinstance(error, dict):
-            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""), retry_after_s)
+            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""), retry_after_s,
+                           param=error.get("param"), job_id=error.get("job_id"))
         raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])), retry_after_s)
 
     def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server",
@@ -72,7 +77,9 @@ class HomefleetClient:
         return self._json(self.http.post("/v1/jobs", json=body, headers=headers))  # type: ignore[no-any-return]
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel a queued job; returns it (``cancelled``). ApiError 409 when it is running or ended."""
+        """Cancel a job; returns it: ``cancelled`` when it was queued, still ``running`` when it
+        runs (it stops between steps and ends ``cancelled`` within seconds: :meth:`wait`).
+        ApiError 409 when it has ended."""
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
 
     def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:
@@ -116,9 +123,11 @@ class HomefleetClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s} s")
             time.sleep(poll_s)
 
-    def download(self, job_id: str) -> bytes:
-        """The result's bytes (``GET /v1/jobs/{id}/result``); raises ApiError if there is none."""
-        response = self.http.get(f"/v1/jobs/{job_id}/result")
+    def download(self, job_id: str, index: int = 0) -> bytes:
+        """The bytes of result ``index`` (0: the first; image i of a job with ``n`` images:
+        ``GET /v1/jobs/{id}/result?index=i``); raises ApiError if there is none (404
+        ``result_not_found`` past the last)."""
+        response = self.http.get(f"/v1/jobs/{job_id}/result", params={"index": index} if index else None)
         if not response.is_success:
             self._json(response)
         return response.content

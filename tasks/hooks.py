@@ -37,7 +37,7 @@ from tasks.devices import detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import WorkerLease
 from tasks.preload import start_preload
-from tasks.revocations import Revocations
+from tasks.revocations import Revocations, default_sigterm
 from tasks.runtime import WorkerRuntime
 from tasks.server_client import ServerClient
 from tasks.verify import Verifier
@@ -60,7 +60,8 @@ class WorkerParent:
         self.watchdog = Watchdog(settings, self.redis, self.keys, rt.boot_id)
         # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
         self.reporter = ServerClient.for_worker(settings, rt.boot_id)
-        self.revocations = Revocations(self.reporter, settings.machine, RUN_JOB_TASK)  # C11
+        self.revocations = Revocations(self.reporter, settings.machine, RUN_JOB_TASK, settings.terminate_kill_after_s,
+                                       self.watchdog.pool_process)  # C11
         self.heartbeat = Heartbeat(settings, self.redis, self.keys, boot_id=rt.boot_id, device=detect_device(),
                                    verifier=self.verifier,
                                    duties=[self.watchdog.obey_restart, self.verifier.follow_registry,
@@ -114,6 +115,7 @@ class WorkerParent:
     def on_task_start(self, task: Any = None, args: Any = (), **_: Any) -> None:
         """Which job this pool process runs, for the watchdog (R19)."""
         if getattr(task, "name", None) == RUN_JOB_TASK:
+            default_sigterm()  # a terminate ends this process at once, even in a native step (C11)
             mark_running(self.rt.redis, self.rt.keys, self.settings.machine, str(args[0]))
 
     def on_task_end(self, task: Any = None, args: Any = (), **_: Any) -> None:

@@ -159,11 +159,15 @@ def decode_mask(data: bytes) -> Any:
 
 
 def png_bytes(image: Any, provenance: dict[str, Any]) -> bytes:
-    """Encode a PIL image as PNG with the job's provenance in a ``homefleet`` text chunk."""
+    """Encode a PIL image as PNG with the job's provenance in a ``homefleet`` text chunk (JSON)
+    and, for other tools, in AUTOMATIC1111's ``parameters`` text chunk (``tasks.provenance.a1111_parameters``)."""
     from PIL.PngImagePlugin import PngInfo
+
+    from tasks.provenance import a1111_parameters
 
     info = PngInfo()
     info.add_text("homefleet", json.dumps(provenance, sort_keys=True))
+    info.add_text("parameters", a1111_parameters(provenance, image.size))
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", pnginfo=info)
     return buffer.getvalue()

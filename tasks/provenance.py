@@ -8,6 +8,8 @@ Two parts:
   22), the digest of the single-file checkpoint it was converted from (``source_digest``, when
   it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same seed on the same machine gives
   byte-identical files (and the same content digest);
+* the **A1111 ``parameters``** PNG text chunk (:func:`a1111_parameters`), the same facts in the
+  form AUTOMATIC1111 writes and Civitai, SwarmUI and most image viewers read;
 * the **journaled** record (``Job.provenance``, shown by ``GET /v1/jobs/{id}``) is the
   embedded one plus job id, load/run seconds, cold load, actual and predicted seconds,
   which the server adds when it stores the result.
@@ -15,15 +17,29 @@ Two parts:
 
 from __future__ import annotations
 
+import json
 import platform
+from collections.abc import Mapping
 from typing import Any
 
+from app.core.digest import bytes_digest, hex_part
+from app.core.kinds import spec
 from app.core.protocol import Manifest
+
+#: A1111's sampler names of diffusers' scheduler classes; another class is named as it is
+A1111_SAMPLERS = {
+    "EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
+    "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSinglestepScheduler": "DPM++ 2S",
+    "DDIMScheduler": "DDIM", "PNDMScheduler": "PLMS", "LMSDiscreteScheduler": "LMS",
+    "HeunDiscreteScheduler": "Heun", "KDPM2DiscreteScheduler": "DPM2", "KDPM2AncestralDiscreteScheduler": "DPM2 a",
+    "UniPCMultistepScheduler": "UniPC", "LCMScheduler": "LCM", "DDPMScheduler": "DDPM",
+    "FlowMatchEulerDiscreteScheduler": "Euler",
+}
 
 
 def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params: dict[str, Any],
                         inputs: dict[str, str], machine: str, device: str,
-                        adapters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                        adapters: list[dict[str, Any]] | None = None, sampler: str | None = None) -> dict[str, Any]:
     """The deterministic record embedded in the output file.
 
     ``manifest`` is the server's manifest the files were verified against (R5): its digests
@@ -31,6 +47,7 @@ def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params:
     ``inputs`` maps an input field to its digest (``{"image": "blake3:…"}``). ``adapters``: the
     job's LoRA adapters, each ``{"id", "scale", "files": {path: digest}}`` as their
     manifests give them (``tasks.adapters.provenance_entries``); the key is left out without any.
+    ``sampler``: the class name of the pipeline's scheduler (left out when None).
     """
     record: dict[str, Any] = {
         "homefleet": 1,  # provenance format version
@@ -50,4 +67,46 @@ def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params:
         record["source_digest"] = manifest.source_digest  # the checkpoint file it was converted from
     if adapters:
         record["adapters"] = adapters
+    if sampler:
+        record["sampler"] = sampler
     return record
+
+
+def model_hash(record: Mapping[str, Any]) -> str:
+    """A1111's ``Model hash`` (10 hex digits): of the single-file checkpoint the model was
+    converted from (its blake3 digest), else the blake3 of its files' digests (JSON, sorted).
+    Not A1111's own SHA-256 of a checkpoint: Homefleet hashes with blake3 (R5)."""
+    source = record.get("source_digest")
+    if source:
+        return hex_part(str(source))[:10]
+    files = json.dumps(record.get("model_files") or {}, sort_keys=True).encode()
+    return hex_part(bytes_digest(files))[:10]
+
+
+def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
+    """The AUTOMATIC1111 ``parameters`` text of an image made with the embedded ``record``,
+    ``size`` its (width, height) in pixels::
+
+        <prompt>
+        Negative prompt: <negative prompt>          (left out when there is none)
+        Steps: N, Sampler: X, CFG scale: G, Seed: S, Size: WxH, Model hash: H, Model: NAME[, Denoising strength: D]
+
+    Params the job did not set take its kind's defaults (app/core/kinds.py)."""
+    params = record.get("params") or {}
+    try:
+        kind_spec = spec(str(record.get("kind")))
+        def value(name: str) -> Any:
+            return kind_spec.value(params, name)
+    except KeyError:
+        value = params.get  # type: ignore[assignment]
+    lines = [str(value("prompt") or "")]
+    if negative := value("negative_prompt"):
+        lines.append(f"Negative prompt: {negative}")
+    scheduler = str(record.get("sampler") or "")
+    fields = [("Steps", value("steps")), ("Sampler", A1111_SAMPLERS.get(scheduler, scheduler) or None),
+              ("CFG scale", value("guidance_scale")), ("Seed", record.get("seed")), ("Size", f"{size[0]}x{size[1]}"),
+              ("Model hash", model_hash(record)), ("Model", record.get("model_id")),
+              ("Denoising strength", params.get("strength"))]
+    lines.append(", ".join(f"{name}: {shown:g}" if isinstance(shown, float) else f"{name}: {shown}"
+                           for name, shown in fields if shown is not None))
+    return "\n".join(lines)

@@ -17,6 +17,18 @@ Everything here runs in the main process, which lives on when Celery kills the p
   runs), a terminated one ``interrupted`` (reason ``terminated``), each with its reservation
   released. A report the server did not take is sent again at the next beat.
 
+A terminate must end the pool process within seconds, whatever it is doing. Celery sends the
+signal once (SIGTERM unless told otherwise) and forgets the task at once, so a second
+terminate (``--signal SIGKILL``) finds nothing to kill. Two things make the first one enough:
+
+- :func:`default_sigterm`, in the pool process at each task's start: billiard installs a
+  Python handler for SIGTERM there (``billiard.common.reset_signals``: ``sys.exit`` from the main
+  thread), which runs only between bytecodes, i.e. after a long native step (a UNet step on a
+  big image) returns, and then unwinds through the job's ``finally`` blocks. SIGTERM's default
+  action ends the process in the kernel, at once;
+- :meth:`Revocations.on_task_revoked` SIGKILLs the pool process ``terminate_kill_after_s``
+  seconds after the terminate if it still lives (a signal that was caught, ignored or blocked).
+
 A revoke reaches only the workers alive when it is sent (Celery keeps it in memory only): for a
 machine whose worker is offline, cancel through the API (``POST /v1/jobs/{id}/cancel``).
 """
@@ -24,10 +36,13 @@ machine whose worker is offline, cancel through the API (``POST /v1/jobs/{id}/ca
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+import psutil
 from celery.worker import state as worker_state
 
 from app.core.errors import HomefleetError
@@ -48,13 +63,25 @@ def revoked_ids() -> set[str]:
     return set()
 
 
-class Revocations:
-    """See the module docstring. ``job_task``: the name of the job task (others are ignored)."""
+def default_sigterm() -> None:
+    """In a pool process (at a task's start, after billiard installed its own handler): SIGTERM
+    takes its default action, ending the process in the kernel at once, even inside a native
+    step (module docstring)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    def __init__(self, server: ServerClient, machine: str, job_task: str) -> None:
+
+class Revocations:
+    """See the module docstring. ``job_task``: the name of the job task (others are ignored);
+    ``kill_after_s``: seconds after a terminate before a pool process still alive is SIGKILLed;
+    ``pool_process``: the live pool process running a job id, or None."""
+
+    def __init__(self, server: ServerClient, machine: str, job_task: str, kill_after_s: float = 3.0,
+                 pool_process: Callable[[str], psutil.Process | None] = lambda _job_id: None) -> None:
         self.server = server
+        self.pool_process = pool_process  # the live pool process running a job (Watchdog.pool_process)
         self.machine = machine
         self.job_task = job_task
+        self.kill_after_s = kill_after_s
         self.reported: set[str] = set()  # revoked-set ids already told to the server
         self._lock = threading.Lock()
         self._noted: dict[str, tuple[bool, bool]] = {}  # job id -> (terminated, announced), from the signal
@@ -69,6 +96,24 @@ class Revocations:
                     "; Celery terminated its pool process" if terminated else " before it ran")
         with self._lock:
             self._noted[job_id] = (bool(terminated), True)
+        process = self.pool_process(job_id) if terminated else None  # taken now: a reused pid is never killed
+        if process is not None:
+            timer = threading.Timer(self.kill_after_s, self.finish_off, (job_id, process))
+            timer.daemon = True
+            timer.start()
+
+    def finish_off(self, job_id: str, process: psutil.Process) -> None:
+        """SIGKILL ``process`` (the pool process Celery terminated under ``job_id``) if it still
+        runs, as a child of this worker: the prefork pool starts a fresh one and the machine
+        takes its next job. Runs on a timer thread, ``kill_after_s`` after the terminate."""
+        try:
+            if process.ppid() != psutil.Process().pid or process.status() == psutil.STATUS_ZOMBIE:
+                return
+            log.warning("%s: job %s's pool process %d still runs %.1f s after its terminate; killing it (SIGKILL)",
+                        self.machine, job_id, process.pid, self.kill_after_s)
+            process.kill()
+        except psutil.NoSuchProcess:
+            return
 
     def report(self) -> None:
         """Send what was noted and the newly revoked ids to the server (a heartbeat duty). A

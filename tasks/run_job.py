@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx
+import redis
 from celery.exceptions import Ignore
 
 from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
-from app.core.states import RESULT_NOT_STORED
+from app.core.states import CANCELLED, RESULT_NOT_STORED
 from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
@@ -54,12 +55,27 @@ class JobNotSucceeded(Exception):
         return f"job {self.job_id} failed ({self.reason}): {self.message}"
 
 
+class JobCancelled(Exception):
+    """Raised from a step's progress report when the job's cancel was asked (``Keys.cancel``,
+    ``POST /v1/jobs/{id}/cancel``): the pipeline stops between steps and the job is reported
+    with reason ``cancelled``; the server ends it ``cancelled``."""
+
+    def __init__(self, job_id: str, step: int, total: int) -> None:
+        super().__init__(job_id, step, total)
+        self.job_id, self.step, self.total = job_id, step, total
+
+    def __str__(self) -> str:
+        return f"cancelled by request while running, after {self.step} of {self.total} steps"
+
+
 def failure_reason(error: BaseException) -> str:
     """Reason code for a failed job: its own reason for Homefleet's and residency's refusals,
     ``oom`` for out-of-memory errors (``torch.OutOfMemoryError`` or one of :data:`OOM_TEXTS`),
     else ``error``."""
     if isinstance(error, HomefleetError | ResidencyRefused):
         return error.reason
+    if isinstance(error, JobCancelled):
+        return CANCELLED
     if type(error).__name__ == "OutOfMemoryError":
         return "oom"
     return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
@@ -69,11 +85,24 @@ def report_progress(job_id: str, step: int, total: int, text: str | None = None,
                     tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
     """Best effort: a progress report that cannot reach the server is logged, never fatal.
     ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
-    probabilities so far."""
+    probabilities so far.
+
+    Raises:
+        JobCancelled: the job's cancel was asked: the run stops here, between steps.
+    """
+    rt = runtime.current()
     try:
-        runtime.current().server.progress(job_id, step, total, text, tokens, logprobs)
+        rt.server.progress(job_id, step, total, text, tokens, logprobs)
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
+    try:
+        cancelled = rt.redis.exists(rt.keys.cancel(job_id))
+    except redis.RedisError as error:
+        log.warning("job %s: its cancel flag not read: %s", job_id, error)
+        return
+    if cancelled:
+        log.warning("job %s: cancelled by request; stopping after step %d of %d", job_id, step, total)
+        raise JobCancelled(job_id, step, total)
 
 
 WAIT_REPORT_S = 30.0
@@ -107,7 +136,10 @@ def run_job(job_id: str) -> None:
     lock = rt.cache_lock
     while not lock.acquire(timeout=WAIT_REPORT_S):
         log.info("job %s waits for the start-up preload of committed models", job_id)
-        report_progress(job_id, 0, max(1, int(claim.params.get("steps", 1))))
+        try:
+            report_progress(job_id, 0, max(1, int(claim.params.get("steps", 1))))
+        except JobCancelled as cancelled:  # cancelled while it waited: nothing ran
+            report_failure(rt, job_id, cancelled, None, None)
     try:
         mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
         run_claimed(rt, claim)
@@ -150,6 +182,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
             model_id=model_id, manifest=claim.manifest, kind=kind, params=params,
             inputs={field: params[field] for field in inputs}, machine=rt.settings.machine, device=rt.device().name,
             adapters=provenance_entries(claim.adapters),
+            sampler=scheduler_name(loaded.pipeline),
         )
         # 4. Run, with the job's adapters on the warm pipeline.
         with adapters_applied(rt, model_id, loaded.pipeline, claim.adapters) as applied:
@@ -181,14 +214,24 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
              load_s or 0.0, run_s)
 
 
+def scheduler_name(pipeline: Any) -> str | None:
+    """The class name of a diffusers pipeline's scheduler (``EulerDiscreteScheduler``), or None
+    for a pipeline without one (text)."""
+    scheduler = getattr(pipeline, "scheduler", None)
+    return type(scheduler).__name__ if scheduler is not None else None
+
+
 def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, load_s: float | None,
                    run_s: float | None) -> NoReturn:
     """Report ``error`` as the job's failure (its :func:`failure_reason`, its type and text) and
     end the task: :class:`JobNotSucceeded` once the server took it, Celery's ``Ignore`` when the
     server had ended the job meanwhile or cannot be reached (reconciliation ends it, R19)."""
     reason = failure_reason(error)
-    message = f"{type(error).__name__}: {error}"
-    log.exception("job %s failed (%s)", job_id, reason)
+    message = str(error) if reason == CANCELLED else f"{type(error).__name__}: {error}"
+    if reason == CANCELLED:
+        log.warning("job %s: %s", job_id, message)
+    else:
+        log.exception("job %s failed (%s)", job_id, reason)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
     except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
@@ -196,6 +239,8 @@ def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, loa
         raise Ignore() from error
     except httpx.HTTPError as lost:  # still running in the journal: reconciliation ends it, and says so
         log.error("job %s: failure not reported, the server is unreachable: %s", job_id, lost)
+        raise Ignore() from error
+    if reason == CANCELLED:  # the server ended it cancelled and told Flower (task-revoked): no outcome of ours
         raise Ignore() from error
     raise JobNotSucceeded(job_id, reason, message) from error
 

@@ -6,8 +6,9 @@ Published by the server to this machine's own queue (design in ``app/jobs/sync.p
    regular file with other content (a copy of content the registry no longer holds, after
    ``homefleet models update``, or a damaged one): set aside once the new copy is verified,
    renamed to ``.<name>.<its digest[:16]>.superseded`` in the same folder, and reported
-   ``replaced`` - a sync never deletes a file on the worker (R6); a link or a folder there is
-   left untouched (``conflict``);
+   ``replaced`` - a sync never deletes a file on the worker (R6). A link there is judged by
+   the bytes it leads to: kept when they match, else the link itself is set aside the same way
+   (what it points to is never touched); a folder there is left untouched (``conflict``);
 2. otherwise downloaded to ``.<name>.<digest[:16]>.partial`` in the same folder, resuming
    from that file's length with HTTP Range when an earlier copy was cut;
 3. fsynced, hashed in full and compared with the manifest; a mismatch removes the
@@ -117,15 +118,20 @@ class Copier:
         final = self.models_dir / model_id / path
         superseded: Path | None = None  # where a file of other content is set aside (R6: never deleted)
         if final.exists() or final.is_symlink():
-            if final.is_symlink() or not final.is_file():
+            if not final.is_symlink() and not final.is_file():
                 return _result(model_id, path, "conflict", size,
-                               f"{final} is a link or a folder; a sync replaces only a regular file - move it away "
-                               "and sync again")
-            held = file_digest(final, algorithm_of(digest))
-            if final.stat().st_size == size and held == digest:
-                self.on_bytes(size)
-                return _result(model_id, path, "present", size)
-            superseded = final.parent / f".{final.name}.{hex_part(held)[:16]}.superseded"
+                               f"{final} is a folder; a sync replaces only a file or a link - move it away and sync again")
+            # A link (a Hugging Face cache's snapshot links to its blobs; a link made by hand) is
+            # judged by the bytes it leads to; when they differ, or it leads nowhere, the link
+            # itself is set aside (its target is never touched) as a regular file of other content is.
+            tag = "dangling"  # a link that leads nowhere
+            if final.is_file():  # a regular file, or a link to one
+                held = file_digest(final, algorithm_of(digest))
+                if final.stat().st_size == size and held == digest:
+                    self.on_bytes(size)
+                    return _result(model_id, path, "present", size)
+                tag = hex_part(held)[:16]
+            superseded = final.parent / f".{final.name}.{tag}.superseded"
         final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.parent / f".{final.name}.{hex_part(digest)[:16]}.partial"
         offset = partial.stat().st_size if partial.exists() else 0

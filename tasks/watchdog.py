@@ -74,6 +74,20 @@ class Watchdog:
         self.boot_id = boot_id
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
 
+    def pool_process(self, job_id: str) -> psutil.Process | None:
+        """The live pool process of this worker that runs ``job_id`` by its running record
+        (:func:`mark_running`), or None (no record of that job, or its pid is no child of this
+        process any more)."""
+        try:
+            raw = self.redis.get(self.keys.running(self.settings.machine))
+        except redis.RedisError as error:
+            log.warning("%s: job %s's pool process not found (%s)", self.settings.machine, job_id, error)
+            return None
+        running = json.loads(raw) if raw else {}
+        if running.get("job_id") != job_id:
+            return None
+        return {child.pid: child for child in psutil.Process().children()}.get(running.get("pid"))
+
     def obey_restart(self) -> None:
         """When the server marked this machine's running job ``hung``, kill the pool process that
         runs it; the prefork pool starts a fresh one. The job is not re-run: its message was

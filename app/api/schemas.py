@@ -41,6 +41,16 @@ class JobRequeue(RequestBody):
     target: str | None = Field(None, min_length=1, max_length=32, description="machine name or 'auto'")
 
 
+class WebhookPublic(BaseModel):
+    """An ended job's webhook delivery as ``GET /v1/jobs/{id}`` shows it (app/jobs/webhooks.py)."""
+
+    state: str  # pending (retried with backoff) | delivered | failed (gave up after max_attempts)
+    attempts: int  # POSTs made so far
+    max_attempts: int  # webhook_attempts
+    next_attempt_at: float | None = None  # unix seconds of the next attempt, while pending
+    detail: str = ""  # the last attempt's outcome, e.g. "attempt 2: HTTP 500; next in 10 s"
+
+
 class ResultPublic(BaseModel):
     digest: str
     media_type: str
@@ -114,6 +124,7 @@ class JobPublic(BaseModel):
     provenance: dict[str, Any] | None = None  # the result's provenance (also embedded in the file)
     memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
     webhook_url: str | None = None  # where its record is POSTed when it ends
+    webhook: WebhookPublic | None = None  # GET /v1/jobs/{id} only: its delivery's attempts so far
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:

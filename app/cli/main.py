@@ -22,6 +22,7 @@ from app.cli.common import configure_console, console, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
+from app.cli.jobs import jobs_cli
 from app.cli.keys import keys_cli
 from app.cli.machines import machines_cli
 from app.cli.models import models_cli
@@ -38,6 +39,7 @@ cli.add_typer(db_cli, name="db")
 cli.add_typer(machines_cli, name="machines")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
+cli.add_typer(jobs_cli, name="jobs")
 for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
     cli.registered_commands += group.registered_commands
 

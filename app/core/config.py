@@ -82,6 +82,14 @@ class Settings(BrokerSettings):
     fleet_lock_wait_s: float = Field(5.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
     lost_grace_s: float = Field(10.0, ge=0)  # a queued job missing from Redis this long is `lost`
+    # A running job cancelled by request stops between steps (its worker reads Keys.cancel); one
+    # still running this many seconds after the request is ended `cancelled` and its pool
+    # process killed (the watchdog's restart request, R19).
+    cancel_grace_s: float = Field(10.0, gt=0)
+    # A job predicted (placement's run seconds, R12) to run longer than this on every eligible
+    # machine is refused 422 `job_too_long`: an hour-long job on a home fleet is a mistake more
+    # often than a wish. The dry run shows the fastest prediction beside the limit.
+    max_job_s: float = Field(3600.0, gt=0)
     hung_after_s: float = Field(900.0, gt=0)  # a running job without progress this long is `hung`
     idempotency_ttl_s: float = Field(24 * 3600, ge=24 * 3600)  # kept at least 24 h (R20)
     # Serving front (R22-R24). Limits per model family; families not listed use "default".
@@ -127,9 +135,11 @@ class Settings(BrokerSettings):
     # HOMEFLEET_WEBHOOK_SECRETS='{"key:3f2a9c01b4de": "<secret>"}'. A key without a secret cannot
     # name a webhook_url (422). The fleet file's [webhooks] allow_hosts says where a webhook may go.
     webhook_secrets: dict[str, str] = Field(default_factory=dict, repr=False)
-    webhook_attempts: int = Field(5, ge=1, le=50)  # POSTs per delivery at most, the first included
-    webhook_backoff_s: float = Field(1.0, ge=0)  # pause after the first failed attempt; doubled after each
-    webhook_backoff_max_s: float = Field(300.0, ge=0)  # the longest pause between two attempts
+    # The retry schedule: a receiver down for hours still gets its webhook. The defaults pause
+    # 5, 10, 20 … 2560 s, then 3600 s: 18 attempts over about 8.5 hours (app/jobs/webhooks.py ``schedule``).
+    webhook_attempts: int = Field(18, ge=1, le=100)  # POSTs per delivery at most, the first included
+    webhook_backoff_s: float = Field(5.0, ge=0)  # pause after the first failed attempt; doubled after each
+    webhook_backoff_max_s: float = Field(3600.0, ge=0)  # the longest pause between two attempts
     webhook_timeout_s: float = Field(10.0, gt=0)  # one attempt's connect + read timeout
     webhook_poll_s: float = Field(2.0, gt=0)  # how often the delivery loop looks for deliveries made elsewhere
     webhook_concurrency: int = Field(4, ge=1)  # attempts in flight at once
@@ -242,6 +252,10 @@ class WorkerSettings(BrokerSettings):
     spool_dir: Path | None = None
     result_upload_attempts: int = Field(4, ge=1)
     result_retry_s: float = Field(1.0, ge=0)
+    # A job terminated from Flower or `celery control terminate` (C11): its pool process is
+    # SIGKILLed this many seconds after Celery's signal if it still lives (a SIGTERM caught, or
+    # not acted on inside a long native step), so the machine takes its next job.
+    terminate_kill_after_s: float = Field(3.0, gt=0)
 
     @property
     def result_spool(self) -> Path:

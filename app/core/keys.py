@@ -100,6 +100,12 @@ class Keys:
         report): what app/jobs/waiting.py's waiters wake on."""
         return f"{self.prefix}:jobs:changed"
 
+    def cancel(self, job_id: str) -> str:
+        """Set (value: unix seconds of the request) when a running job's cancel was asked
+        (``POST /v1/jobs/{id}/cancel``); its worker reads it at each step and stops between
+        steps. Expires after a day."""
+        return f"{self.prefix}:job:{job_id}:cancel"
+
     def restart(self, machine: str) -> str:
         """Watchdog request: the machine's worker restarts its pool process (value: hung job id)."""
         return f"{self.prefix}:machine:{machine}:restart"

@@ -42,7 +42,6 @@ from app.devtools.redis_server import (
 )
 from app.devtools.shapes import caption, draw, inspect_png
 from app.devtools.tiny_models import make_tiny
-from app.devtools.tiny_text import make_tiny_text
 from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 from app.fleet.config import load_fleet, with_fresh_tokens
@@ -54,10 +53,9 @@ TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 #: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
 SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
-#: the tiny random-weight causal LM that expands one txt2img prompt first (server only)
-EXPANDER = "tiny-llama"
-#: every model the demo registers
-DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values(), EXPANDER)
+#: every model the demo registers. No prompt expansion (params.expand_prompt): no trained text
+#: model ships with the demo, and a random-weight one writes noise ("····") into the prompt.
+DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
 
 
 @dataclass(frozen=True)
@@ -90,10 +88,6 @@ DEMO_JOBS = (
     _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
     DemoJob("box1", "edit", {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING}, model=RECOLOUR_MODEL,
             input_shape=("red", "circle", "black")),
-    # The prompt expanded first by a text model, as its own journaled job (params.expand_prompt):
-    # random weights write noise after the prompt, which the picture shows too.
-    DemoJob(SERVER, "txt2img", {"prompt": "a red circle on a white background", "seed": 1, **SAMPLING,
-                                "expand_prompt": EXPANDER}, model=FILLED),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
@@ -150,8 +144,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
                               "own", reason=error.reason) from error
         with console.status("Building the tiny models and registering them with the trained ones…"):
             built = make_tiny(data_dir / "tiny", kinds=tuple(TINY_DEMO_MODELS))
-            folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()},
-                       EXPANDER: make_tiny_text(data_dir / "tiny-text", ("llama",))["llama"]}
+            folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()}}
             for model_id, folder in folders.items():
                 try:
                     ctx.registry.get(model_id)
@@ -283,19 +276,13 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data
             f"  path   {journal.get(job['id']).result_path}",
             soft_wrap=True,
         )
-        expanded_by = job["params"].get("expanded_by")
-        if expanded_by:
-            wrote = Path(str(journal.get(expanded_by).result_path)).read_text(errors="replace")
-            console.print(f"  prompt \"{asked.params['prompt']}\" expanded first by {asked.params['expand_prompt']} "
-                          f"(random weights), text job {expanded_by}: it wrote \"{printable(wrote)}\", so the image's "
-                          f"prompt was \"{printable(job['params']['prompt'])}\"", soft_wrap=True)
         if job["model"] in SHAPE_MODELS:
             png = Path(journal.get(job["id"]).result_path).read_bytes()
             console.print(f"  {asked_and_seen(job, png, asked.input_shape)}", soft_wrap=True)
             named = data_dir / "shapes" / f"{job['model']}--{asked.params['prompt'].replace(' ', '-')}.png"
             named.parent.mkdir(parents=True, exist_ok=True)
             named.write_bytes(png)
-            label = asked.params["prompt"] + (" (expanded)" if expanded_by else "")
+            label = asked.params["prompt"]
             drawn.append((f"{job['model'].removeprefix('shapes-')} on {job['machine']}\n{label}", png))
     if drawn:
         sheet = data_dir / "shapes" / "sheet.png"

@@ -214,7 +214,16 @@ class Dispatcher:
         request = self.request(model_id, kind, dict(params), target)
         seen = self.snapshot(model_id)
         weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
-        return dry_run(request, seen.views, seen.estimator, weights)
+        decision = dry_run(request, seen.views, seen.estimator, weights)
+        rows: dict[str, dict[str, Any]] = decision["machines"]  # type: ignore[assignment]
+        runs = {name: float(row["run_s"]) for name, row in rows.items()
+                if row.get("eligible") and (request.target == AUTO or name == request.target)}
+        decision["predicted_run_s"] = min(runs.values()) if runs else None  # on the fastest eligible machine
+        decision["max_job_s"] = self.settings.max_job_s
+        if "error" not in decision and (too_long := self.too_long(runs)) is not None:
+            decision["error"] = {"reason": "job_too_long", "message": too_long}  # a submission is refused so
+            decision["machine"] = None
+        return decision
 
     def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
                idempotency_key: str | None = None, requeued_from: str | None = None,
@@ -322,9 +331,26 @@ class Dispatcher:
         """Placement's decision (R10-R12) on the snapshot. Raises the domain error of its refusal."""
         weights = self.pressure(seen.views, seen.estimator, now_s, seen.demand) if request.target == AUTO else None
         try:
-            return place(request, seen.views, seen.estimator, weights, self.drains)
+            decision = place(request, seen.views, seen.estimator, weights, self.drains)
         except Refused as refusal:
             raise from_core(refusal) from refusal
+        if (too_long := self.too_long({name: part.run_s for name, part in decision.candidates.items()})) is not None:
+            raise Rejected(too_long, reason="job_too_long")
+        return decision
+
+    def too_long(self, runs: dict[str, float]) -> str | None:
+        """Why a job is refused for its length: its predicted run seconds on the fastest of the
+        eligible machines (``runs``: machine -> placement's run seconds) over ``max_job_s``;
+        None when it fits (or nothing is eligible)."""
+        if not runs:
+            return None
+        fastest = min(runs, key=lambda name: (runs[name], name))
+        run_s = runs[fastest]
+        if run_s <= self.settings.max_job_s:
+            return None
+        where = "the only eligible machine" if len(runs) == 1 else f"the fastest of {len(runs)} eligible machines"
+        return (f"the job's predicted run time is {run_s:.1f} s on {fastest} ({where}); the limit (max_job_s) is "
+                f"{self.settings.max_job_s:g} s: ask for fewer steps, pixels or frames")
 
     def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
                  fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None,
@@ -401,6 +427,24 @@ class Dispatcher:
                 continue  # claimed meanwhile
         return purged
 
+    def request_cancel(self, job_id: str) -> Job:
+        """``POST /v1/jobs/{id}/cancel``: a queued job is cancelled at once (:meth:`cancel`); a
+        running one is asked to stop (``Keys.cancel``): its worker stops between steps and the
+        job ends ``cancelled`` with the steps it ran; one still running ``cancel_grace_s`` later
+        is ended ``cancelled`` by reconciliation and its pool process killed. Returns the job as
+        it is now (``cancelled``, or ``running`` while the stop is under way).
+
+        Raises:
+            NotFound: no such job.
+            Conflict: the job had ended (``not_cancellable_<state>``).
+        """
+        job = self.journal.get(job_id)
+        if job.state == JobState.running:
+            self.machines.redis.set(self.machines.keys.cancel(job_id), repr(time.time()), nx=True, ex=24 * 3600)
+            log.info("job %s: cancel requested while running on %s", job_id, job.machine)
+            return self.journal.get(job_id)
+        return self.cancel(job_id)
+
     def cancel(self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started",
                announce: bool = True) -> Job:
         """Cancel a queued job: the journal says ``cancelled`` (a conditional update, so a
@@ -452,8 +496,9 @@ class Dispatcher:
                                       "before it started; it was not run", announce=not announced)
                 elif terminated:
                     job = self.endings.interrupt(job_id, [JobState.running], "terminated",  # Celery's worker sent its
-                                                 "its task was revoked with terminate (Flower or celery control "  # event
-                                                 "revoke --terminate); Celery killed the pool process running it")
+                                                 "its task was terminated (Flower's Terminate, or `celery -A "  # event
+                                                 "app.celery control terminate SIGNAL JOB_ID`); Celery killed the "
+                                                 "pool process running it")
                 else:
                     continue
             except Conflict:

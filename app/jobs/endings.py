@@ -158,6 +158,17 @@ class Endings:
                                           event_detail=event_detail, message=message)
         return self.finished(job, announce, release)
 
+    def cancel_running(self, job_id: str, machine: str, message: str, *, announce: bool = True,
+                       release: bool = True) -> Job:
+        """``running -> cancelled`` (reason ``cancelled``): stopped by request while it ran
+        (``POST /v1/jobs/{id}/cancel``), then the end's steps. ``announce`` defaults to True:
+        the worker's task reports no outcome of its own, so Flower hears ``task-revoked`` from here.
+
+        Raises:
+            Conflict: the job is not running (nothing changes).
+        """
+        return self.finished(self.journal.cancel_running(job_id, machine, message), announce, release)
+
     def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
         """``running -> failed`` with a reason code (the worker's report, or its result refused),
         then the end's steps.

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ReconcileReport:
     interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
-    cancelled: dict[str, str] = field(default_factory=dict)  # job id -> reason (``purged``)
+    cancelled: dict[str, str] = field(default_factory=dict)  # job id -> reason (``purged``, ``cancelled``)
     requeued: list[str] = field(default_factory=list)  # published again after Redis lost its data, in order
     redis_lost: bool = False  # this pass found Redis without its data (Keys.redis_seen gone)
     forgotten_idempotency_keys: int = 0
@@ -75,7 +75,8 @@ class ReconcileReport:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
         lost = (f"Redis had lost its data: published {len(self.requeued)} queued jobs again; "
                 if self.redis_lost else "")
-        cancelled = f"; cancelled {len(self.cancelled)} (purged)" if self.cancelled else ""
+        cancelled = (f"; cancelled {len(self.cancelled)} ({', '.join(sorted(set(self.cancelled.values())))})"
+                     if self.cancelled else "")
         return (f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
                 f"{self.released_reservations} reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
                 + ("; residency facts restored from the database" if self.residency_restored else ""))
@@ -165,12 +166,33 @@ class Reconciler:
                 self._interrupt(report, job.id, JobState.running, "worker_restarted",
                                 f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
                                 f"claimed by boot {job.worker_boot_id})")
+            elif self._cancel_overdue(report, job, now):
+                continue
             else:
                 last = last_progress or now
                 if now - last > self.settings.hung_after_s:
                     self._interrupt(report, job.id, JobState.running, "hung",
                                     f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})")
                     self.redis.set(self.keys.restart(machine), job.id, ex=60)
+
+    def _cancel_overdue(self, report: ReconcileReport, job: Job, now: float) -> bool:
+        """A running job whose cancel was asked ``cancel_grace_s`` ago and that has not stopped
+        between steps (a long native step): end it ``cancelled`` and have its worker kill its
+        pool process (the watchdog's restart request). True when it was ended here."""
+        requested = self.redis.get(self.keys.cancel(job.id))
+        if requested is None or now - float(requested) < self.settings.cancel_grace_s:
+            return False
+        seen = self.progress.read(job.id)
+        steps = f"{seen.step} of {seen.total}" if seen is not None and seen.step is not None else "0"
+        message = (f"cancelled by request while running, after {steps} steps; it did not stop between steps "
+                   f"within cancel_grace_s={self.settings.cancel_grace_s:g} s, so its pool process was killed")
+        try:
+            self.endings.cancel_running(job.id, job.machine or "", message, release=False)  # the pass releases
+        except Conflict:
+            return True  # it moved on meanwhile
+        self.redis.set(self.keys.restart(job.machine or ""), job.id, ex=60)
+        report.cancelled[job.id] = "cancelled"
+        return True
 
     def _queued(self, report: ReconcileReport) -> None:
         now = time.time()

@@ -520,7 +520,7 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
         try:
             stored = inputs.get(value)
         except (Rejected, NotFound) as error:  # a refusal of the submission, naming the field
-            raise Rejected(f"params.{field}: {error.message}", reason=error.reason) from error
+            raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
         if limits is not None:
             check_input_upload(field, stored, limits)
         if kind_spec.output_scale is not None:  # the pipelines round other sides down: the output would not be as journaled

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import String, bindparam, cast, insert, or_, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
@@ -340,6 +340,26 @@ class Journal:
         Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
+
+    def cancel_running(self, job_id: str, machine: str, message: str) -> Job:
+        """``running -> cancelled`` (reason ``cancelled``): stopped by request while it ran.
+        Raises :class:`Conflict` when it is not running."""
+        return self.transition(job_id, [JobState.running], JobState.cancelled, machine=machine,
+                               event_detail=f"cancelled: {message}", reason="cancelled", message=message)
+
+    def result_media_type(self, digest: str, api_key_id: str | None) -> str | None:
+        """The media type of the result ``digest`` (any image of its job) of a succeeded job
+        submitted by the key ``api_key_id`` (None: without a key), or None when there is none."""
+        owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr,arg-type]
+        with Session(self.engine) as session:
+            jobs = session.exec(select(Job).where(Job.state == JobState.succeeded, owner, or_(
+                Job.result_digest == digest, cast(Job.results, String).contains(digest)))).all()  # type: ignore[arg-type]
+        for job in jobs:
+            rows = job.results or [{"digest": job.result_digest, "media_type": job.result_media_type}]
+            for row in rows:
+                if row.get("digest") == digest:
+                    return str(row.get("media_type") or "")
+        return None
 
     def by_idempotency_key(self, key: str) -> Job | None:
         """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""

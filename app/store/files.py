@@ -199,5 +199,6 @@ class InputStore(ContentStore):
             path = self.path(file_id, media_type)
             if path.is_file():
                 return StoredFile(digest=file_id, path=path, media_type=media_type, size_bytes=path.stat().st_size)
-        raise NotFound(f"no uploaded file with id {file_id!r} (hex {hexdigest[:12]}…); upload it with POST /v1/files",
+        raise NotFound(f"no uploaded file and no result of yours with id {file_id!r} (hex {hexdigest[:12]}…); upload "
+                       "it with POST /v1/files, or name the digest of a result of a succeeded job you submitted",
                        reason="unknown_file")

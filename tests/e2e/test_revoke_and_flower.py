@@ -21,7 +21,7 @@ import psutil
 import pytest
 import redis
 
-from app.client import HomefleetClient
+from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
@@ -202,6 +202,98 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     rfleet.flower_state(waiting["id"], "REVOKED")
     rfleet.flower_state(busy["id"], "REVOKED")
     rfleet.flower_state(after["id"], "SUCCESS")
+
+
+def gone(pid: int) -> bool:
+    """The process ``pid`` ended (or is a zombie its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize(("tool", "sig", "stopped"), [("flower", "SIGTERM", True), ("celery-cli", "SIGINT", False)])
+def test_c11_a_terminated_job_s_pool_process_is_gone_within_seconds_whatever_it_does_and_the_next_job_runs(
+    rfleet: RevokeFleet, tool: str, sig: str, stopped: bool
+) -> None:
+    """C11: a terminate ends the pool process within seconds, whatever it is doing, and the machine
+    takes its next job. Two processes that a Python SIGTERM handler never ends: one that runs no
+    bytecode (stopped with SIGSTOP, as inside a long native step; Flower's Terminate, SIGTERM),
+    and one sent a signal pool processes ignore (``control terminate SIGINT``: the worker
+    SIGKILLs it ``terminate_kill_after_s`` later). The journal says ``interrupted``
+    (``terminated``, naming the real command), never an OOM (R21)."""
+    ctx, client = rfleet.ctx, rfleet.client
+    busy = client.submit(MODEL, "txt2img", LONG, target="m1")
+    after = client.submit(MODEL, "txt2img", SHORT, target="m1")
+    rfleet.running(busy["id"])
+    pid = rfleet.pool_pid()
+    if stopped:
+        os.kill(pid, signal.SIGSTOP)  # from here it runs no Python at all, as in one long native call
+    started = time.monotonic()
+    try:
+        revoke(rfleet, tool, busy["id"], terminate=True, sig=sig)
+        wait_for(lambda: gone(pid), timeout_s=ENDS_WITHIN_S, poll_s=0.1,
+                 what=f"the terminated job's pool process {pid} to end")
+        gone_s = time.monotonic() - started
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: ctx.journal.state_of(busy["id"]) != JobState.running, timeout_s=ENDS_WITHIN_S, poll_s=0.1,
+             what="the terminated job to end in the journal")
+    job = ctx.journal.get(busy["id"])
+    assert (job.state, job.reason) == (JobState.interrupted, "terminated"), job.message
+    assert "control terminate SIGNAL JOB_ID" in (job.message or ""), job.message
+    print(f"\n{tool} ({sig}{', stopped' if stopped else ''}): pool process gone in {gone_s:.2f} s")
+    assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # the machine takes its next job
+    assert rfleet.pool_pid() != pid
+    assert ctx.residency.ooms("m1") == []  # an operator's terminate is no out-of-memory (R21)
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_takes_the_next_job(
+    rfleet: RevokeFleet, stuck: bool
+) -> None:
+    """``POST /v1/jobs/{id}/cancel`` on a running job (through HomefleetClient): 202, still
+    ``running``; its worker stops between steps and the job ends ``cancelled`` saying how many
+    steps ran. ``stuck``: its pool process runs no Python (SIGSTOP, as in a long native step):
+    after ``cancel_grace_s`` (10 s) reconciliation ends it ``cancelled`` and the watchdog kills
+    the process. Either way the machine takes its next job; a second cancel is 409."""
+    ctx, client = rfleet.ctx, rfleet.client
+    busy = client.submit(MODEL, "txt2img", LONG, target="m1")
+    after = client.submit(MODEL, "txt2img", SHORT, target="m1")
+    rfleet.running(busy["id"])
+    pid = rfleet.pool_pid()
+    if stuck:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        response = httpx.post(f"{rfleet.local.api_url}/v1/jobs/{busy['id']}/cancel",
+                              headers=rfleet.local.auth_headers, timeout=30)
+        assert (response.status_code, response.json()["state"]) == (202, "running"), response.text
+        job = client.wait(busy["id"], timeout_s=ctx.settings.cancel_grace_s + ENDS_WITHIN_S)
+        ended_s = time.monotonic() - started
+        if stuck:
+            wait_for(lambda: gone(pid), timeout_s=ENDS_WITHIN_S, what=f"the stuck pool process {pid} to be killed")
+    finally:
+        if stuck and not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert (job["state"], job["reason"]) == ("cancelled", "cancelled"), job
+    assert "cancelled by request while running, after " in job["message"], job["message"]
+    if stuck:
+        assert "its pool process was killed" in job["message"], job["message"]
+    else:
+        steps_done = int(job["message"].split("after ")[1].split(" of ")[0])
+        assert 1 <= steps_done < LONG["steps"], job["message"]
+        assert f"of {LONG['steps']} steps" in job["message"], job["message"]
+    print(f"\ncancel (stuck={stuck}): running job cancelled in {ended_s:.2f} s: {job['message']}")
+    wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=ENDS_WITHIN_S, what="the cancelled job's reservation to go")
+    assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # the machine takes its next job
+    with pytest.raises(ApiError) as refused:
+        client.cancel(busy["id"])
+    assert (refused.value.status_code, refused.value.reason) == (409, "not_cancellable_cancelled")
+    assert ctx.residency.ooms("m1") == []
+    if not stuck:  # (a killed pool process: Celery itself sends task-failed, WorkerLostError)
+        rfleet.flower_state(busy["id"], "REVOKED")  # Flower agrees with the journal
 
 
 def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeFleet) -> None:

@@ -307,3 +307,32 @@ def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and
     again = fleet.client.wait(fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2},
                                                   target="m1")["id"], timeout_s=120)
     assert again["state"] == "succeeded" and again["cold_load"] is True, again
+
+
+def test_r6_the_repair_hint_replaces_a_damaged_file_reached_through_a_link_and_leaves_its_target_alone(
+    fleet: SyncFleet, tmp_path: Path,
+) -> None:
+    """A model folder whose file is a link (a Hugging Face cache's snapshot links to its blobs)
+    to damaged bytes: a job is refused naming ``homefleet sync m1 MODEL``, and that command (the CLI, as an operator runs it) replaces it, never answering ``conflict``: the
+    link is set aside (``.superseded``, still a link), the blob it points to is untouched, the
+    registered bytes are linked at the final name, and the model runs again."""
+    fleet.local.copy_model("tiny-b", "m1")
+    path = fleet.local.models_dir("m1") / "tiny-b" / UNET
+    original = path.read_bytes()
+    blob = tmp_path / "blob"
+    blob.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # its last byte changed
+    damaged = blob.read_bytes()
+    path.unlink()
+    path.symlink_to(blob)
+    with pytest.raises(ApiError) as refused:  # m1 holds it, unverified: the refusal names the repair
+        fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
+    assert "homefleet sync m1 tiny-b" in refused.value.message, refused.value.message
+    done = run_cli("sync", "m1", "tiny-b", env=fleet.env, timeout_s=120)
+    assert "succeeded" in done.stdout and "conflict" not in done.stdout, done.stdout
+    assert path.read_bytes() == original and not path.is_symlink()
+    aside = list(path.parent.glob(f".{path.name}.*.superseded"))
+    assert len(aside) == 1 and aside[0].is_symlink() and aside[0].resolve() == blob.resolve(), aside
+    assert blob.read_bytes() == damaged  # what the link pointed to is never touched (R6)
+    assert "tiny-b" in fleet.verified("m1")
+    accepted = fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
+    assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"

@@ -32,7 +32,7 @@ from app.core.protocol import (
     RevocationReceipt,
     Revocations,
 )
-from app.core.states import JobState
+from app.core.states import CANCELLED, JobState
 from app.fleet.live import JoinTokens
 from app.jobs.endings import Upload
 
@@ -209,6 +209,9 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
         # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
         size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
         ctx.residency.record_oom(machine.name, running.model_id, running.kind, size, running.id)
+    if body.reason == CANCELLED and ctx.redis.exists(ctx.keys.cancel(job_id)):
+        # stopped between steps by request (POST /v1/jobs/{id}/cancel): cancelled, not failed
+        return JobPublic.from_job(ctx.endings.cancel_running(job_id, machine.name, body.message))
     job = ctx.endings.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     return JobPublic.from_job(job)
 

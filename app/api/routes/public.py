@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.auth import request_key_id
 from app.api.routes.deps import Context, stored_file
-from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue
+from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
@@ -19,6 +19,7 @@ from app.core.kinds import KINDS, family_kind_spec
 from app.core.states import JobState
 from app.jobs.dispatch import UNSET
 from app.jobs.expansion import submit_expanded
+from app.jobs.result_inputs import adopt_results
 from app.store.media import EXTENSIONS
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -54,6 +55,7 @@ async def submit_job(
     fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
     ``invalid_webhook_url``."""
     key_id = request_key_id(request)
+    adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
     if dry_run:
         decision = await to_thread.run_sync(ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target,
                                             body.webhook_url, key_id)
@@ -126,14 +128,27 @@ def list_jobs(
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
     progress = ctx.progress.read(job_id) if job.state == JobState.running else None
-    return JobPublic.from_job(job, progress.public() if progress else None)
+    public = JobPublic.from_job(job, progress.public() if progress else None)
+    if deliveries := ctx.outbox.of_job(job_id):  # its webhook's attempts (the last delivery)
+        last = deliveries[-1]
+        public.webhook = WebhookPublic(state=last.state, attempts=last.attempts,
+                                       max_attempts=ctx.settings.webhook_attempts,
+                                       next_attempt_at=last.due_s if last.state == "pending" else None,
+                                       detail=last.detail)
+    return public
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: str, ctx: Context) -> JobPublic:
-    """Cancel a queued job (C03): 200 with the job, now ``cancelled``; 409 when it is running
-    or has ended, with the reason; 404 for an unknown id."""
-    return JobPublic.from_job(ctx.dispatcher.cancel(job_id))
+def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
+    """Cancel a job. Queued (C03): 200 with the job, now ``cancelled``. Running: 202 with the job,
+    still ``running``: its worker stops between steps and it ends ``cancelled`` (its message
+    says how many steps ran); one that has not stopped ``cancel_grace_s`` later is ended
+    ``cancelled`` and its pool process killed. 409 when it has ended, with the reason; 404 for
+    an unknown id."""
+    job = ctx.dispatcher.request_cancel(job_id)
+    if job.state == JobState.running:
+        response.status_code = 202
+    return JobPublic.from_job(job)
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.context import ServerContext
+from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.core.errors import MachineUnavailable, Rejected
 from app.core.states import JobState
 from app.fleet.lock import Fence
 from app.fleet.reservations import HashField
-from tests.helpers import bring_online
+from tests.helpers import bring_online, make_fleet
 
 
 def test_r8_r19_a_job_is_journaled_then_waits_in_its_machine_list(ctx: ServerContext, tiny_models_dir: Path) -> None:
@@ -182,3 +183,36 @@ def test_r22_integer_valued_floats_are_integers_for_every_check_the_price_and_th
     assert job.params["frames"] == 16 and isinstance(job.params["frames"], int) and job.params["width"] == 64
     record = json.loads(ctx.redis.hget(ctx.keys.reservations("m1"), job.id))
     assert record["size"] == 64 * 64 * 16  # priced at 16 frames, not the default 8
+
+
+def test_a_job_predicted_to_run_longer_than_max_job_s_on_every_eligible_machine_is_refused_naming_both(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    """``max_job_s`` (here a tiny 0.01 s): a job whose predicted run time (placement's, R12)
+    exceeds it on the fastest eligible machine is refused 422 ``job_too_long`` naming the
+    prediction and the limit, journaled ``rejected``, nothing published; the dry run shows the
+    figure beside the limit and the same refusal. Under a limit it fits, it is queued."""
+    tight = build_context(settings.model_copy(update={"max_job_s": 0.01}), make_fleet("m1", "m2"), migrate=True)
+    try:
+        model = tight.registry.add(tiny_models_dir / "tiny-sd").id
+        bring_online(tight, "m1", {model})
+        bring_online(tight, "m2", {model})
+        params = {"prompt": "x", "steps": 50}
+        dry = tight.dispatcher.dry_run(model, "txt2img", params, "auto")
+        assert dry["max_job_s"] == 0.01 and dry["predicted_run_s"] > 0.01, dry
+        assert dry["predicted_run_s"] == min(dry["machines"][m]["run_s"] for m in ("m1", "m2"))
+        assert (dry["error"]["reason"], dry["machine"]) == ("job_too_long", None), dry
+        for target, where in (("auto", "the fastest of 2 eligible machines"), ("m1", "the only eligible machine")):
+            with pytest.raises(Rejected) as refused:
+                tight.dispatcher.submit(model, "txt2img", params, target)
+            assert refused.value.reason == "job_too_long" and refused.value.status_code == 422
+            assert "the limit (max_job_s) is 0.01 s" in refused.value.message, refused.value.message
+            assert where in refused.value.message and "predicted run time is " in refused.value.message
+        assert [j.reason for j in tight.journal.list()] == ["job_too_long", "job_too_long"]
+        assert all(tight.redis.llen(tight.keys.queue_list(m)) == 0 for m in ("server", "m1", "m2"))
+        tight.dispatcher.settings = settings.model_copy(update={"max_job_s": 3600.0})
+        roomy = tight.dispatcher.dry_run(model, "txt2img", params, "auto")
+        assert "error" not in roomy and roomy["machine"] in ("m1", "m2") and roomy["max_job_s"] == 3600.0
+        assert tight.dispatcher.submit(model, "txt2img", params, "auto").job.state == JobState.queued
+    finally:
+        tight.close()

@@ -76,7 +76,9 @@ def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerC
         [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
         record = client.get(f"/v1/jobs/{job_id}").json()
     assert got.path == "/hook"
-    assert json.loads(got.body) == record  # the same JSON as GET /v1/jobs/{id}
+    assert record["webhook"] == {"state": DELIVERED, "attempts": 1, "max_attempts": 5, "next_attempt_at": None,
+                                 "detail": "delivered: HTTP 200 (attempt 1)"}  # GET shows the delivery's attempts
+    assert json.loads(got.body) == {**record, "webhook": None}  # the same JSON as GET /v1/jobs/{id}
     assert record["state"] == "cancelled" and record["id"] == job_id
     assert got.headers["content-type"] == "application/json"
     assert got.headers["x-homefleet-event"] == "job.ended"
@@ -133,7 +135,9 @@ def test_a_receiver_that_always_fails_stops_at_the_bound_and_leaves_the_job_alon
     assert webhook_events(ctx, job_id) == ["attempt 1: HTTP 503; next in 0.05 s",
                                            "attempt 2: HTTP 503; next in 0.1 s",
                                            "attempt 3: HTTP 503; gave up after 3 attempts (webhook_attempts)"]
-    assert after == ended  # the job's record is unchanged: state, reason, message, times
+    assert after["webhook"]["state"] == FAILED and after["webhook"]["attempts"] == 3, after["webhook"]
+    assert after["webhook"]["detail"].endswith("gave up after 3 attempts (webhook_attempts)")
+    assert {**after, "webhook": None} == ended  # the job's record is unchanged: state, reason, message, times
     assert (after["state"], after["reason"]) == ("cancelled", "cancelled")
     assert ctx.outbox.count(PENDING) == 0
 
@@ -192,7 +196,7 @@ def test_a_job_refused_after_its_webhook_passed_is_delivered_rejected(hook_ctx: 
         assert refused.status_code == 503
         [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
         record = client.get(f"/v1/jobs/{refused.json()['error']['job_id']}").json()
-    assert json.loads(got.body) == record
+    assert json.loads(got.body) == {**record, "webhook": None}  # GET adds the delivery's attempts
     assert (record["state"], record["reason"]) == ("rejected", "machine_unavailable")
 
 

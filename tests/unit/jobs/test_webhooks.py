@@ -45,8 +45,9 @@ def test_backoff_doubles_from_its_base_up_to_its_cap() -> None:
     assert schedule(12, 1.0, 300.0)[-3:] == [256.0, 300.0, 300.0]
     assert schedule(1, 1.0, 300.0) == []
     defaults = Settings()
-    assert schedule(defaults.webhook_attempts, defaults.webhook_backoff_s, defaults.webhook_backoff_max_s) == \
-        [1.0, 2.0, 4.0, 8.0]
+    pauses = schedule(defaults.webhook_attempts, defaults.webhook_backoff_s, defaults.webhook_backoff_max_s)
+    assert pauses[:3] == [5.0, 10.0, 20.0] and pauses[-1] == 3600.0 and len(pauses) == 17
+    assert 8 * 3600 < sum(pauses) < 9 * 3600  # a receiver down for hours still gets its webhook
 
 
 ALLOWED = ["hooks.example", "127.0.0.1", "::1"]
