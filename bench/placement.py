@@ -37,11 +37,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench import clairvoyant
+from bench.random_cases import case_seeds, random_case
 from bench.sim import (
     BENCH,
     POLICIES,
     SimFleet,
     Simulation,
+    Trace,
     excess_by_machine,
     floor_slowdowns,
     load_fleet_file,
@@ -57,6 +60,7 @@ from routing.scarcity import Scarcity
 
 BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
+MOVES = 300  # clairvoyant search: moves tried per figure and case (bench/clairvoyant.py)
 
 
 def run_trace(fleet: SimFleet, path: Path) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
@@ -140,12 +144,85 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
     return ((time.perf_counter() - wall) * 1000 / decisions, (time.process_time() - cpu) * 1000 / decisions)
 
 
+def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[str, float]:
+    """One trace's bounded slowdowns, mean and p95 (``bench.clairvoyant.slowdown_figures``):
+    ``auto``, the best baseline by each figure (``best``), and the clairvoyant reference
+    (``ref``: :func:`bench.clairvoyant.reference`, seeded with Auto's and the baselines'
+    schedules, ``moves`` tried moves per figure); keys ``<who>_mean`` and ``<who>_p95``.
+    ``seeded_mismatch`` counts seeded schedules whose replay differs from the simulator's
+    figures (0 when the reference replays the simulator exactly)."""
+    factors = true_factors(fleet)
+    bounds = lower_bounds(fleet, trace, factors)
+    p = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
+    figures: dict[str, float] = {}
+    seeds, mismatch = [], 0
+    for name, policy in POLICIES.items():
+        out = Simulation(fleet, trace, policy, factors).run()
+        mean, p95 = clairvoyant.slowdown_figures(out.completion_s, bounds, BOUND_FLOOR_S)
+        figures[f"{name}_mean"], figures[f"{name}_p95"] = mean, p95
+        replayed = clairvoyant.Schedule(p, out.placed_on)
+        mismatch += int(abs(replayed.mean - mean) > 1e-6 * mean or abs(replayed.p95 - p95) > 1e-6 * p95)
+        seeds.append(out.placed_on)
+    figures["best_mean"] = min(figures[f"{b}_mean"] for b in BASELINES)
+    figures["best_p95"] = min(figures[f"{b}_p95"] for b in BASELINES)
+    by_mean, by_p95 = clairvoyant.reference(p, seeds, moves, seed)
+    every = [*POLICIES, "best"]
+    figures["ref_mean"] = min(by_mean.mean, *(figures[f"{w}_mean"] for w in every))
+    figures["ref_p95"] = min(by_p95.p95, *(figures[f"{w}_p95"] for w in every))
+    figures["seeded_mismatch"] = mismatch
+    return figures
+
+
+def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, float]]:
+    """``n`` random cases (``bench.random_cases``) from ``seed``; prints the distribution over
+    cases of Auto / best baseline and of Auto / reference (the regret), mean and p95 bounded
+    slowdown, at the cases' p50, p95 and max, and how many cases Auto loses to the best baseline."""
+    catalogue = load_fleet_file(BENCH / "fleet.toml")
+    rows = []
+    started = time.perf_counter()
+    for case_seed in case_seeds(n, seed):
+        case = random_case(case_seed, catalogue)
+        figures = run_case(case.fleet, case.trace, moves, case_seed)
+        figures["seed"] = case_seed
+        rows.append(figures)
+        if verbose:
+            print(f"{case.describe()} auto/best mean={figures['auto_mean'] / figures['best_mean']:.3f} "
+                  f"p95={figures['auto_p95'] / figures['best_p95']:.3f} auto/ref mean="
+                  f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}",
+                  flush=True)
+    elapsed = time.perf_counter() - started
+
+    def spread(values: list[float]) -> str:
+        return f"p50={percentile(values, 0.5):.3f} p95={percentile(values, 0.95):.3f} max={max(values):.3f}"
+
+    print(f"\n== random: {n} cases from seed {seed} ({elapsed:.0f} s, {moves} search moves per figure)")
+    for figure in ("mean", "p95"):
+        vs_best = [r[f"auto_{figure}"] / r[f"best_{figure}"] for r in rows]
+        regret = [r[f"auto_{figure}"] / r[f"ref_{figure}"] for r in rows]
+        best_regret = [r[f"best_{figure}"] / r[f"ref_{figure}"] for r in rows]
+        losses = [int(r["seed"]) for r, v in zip(rows, vs_best) if v > 1 + 1e-9]
+        print(f"{figure:<5} auto/best_baseline {spread(vs_best)} losses={len(losses)}"
+              + (f" (seeds {' '.join(map(str, losses[:10]))})" if losses else ""))
+        print(f"{figure:<5} auto/reference     {spread(regret)}")
+        print(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
+    print(f"seeded_mismatch={sum(int(r['seeded_mismatch']) for r in rows)} (seeded schedules whose replay "
+          "differs from the simulator)")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, default=BENCH / "fleet.toml")
     parser.add_argument("--trace", type=Path, action="append")
     parser.add_argument("--no-submit", action="store_true", help="skip the end-to-end submission measurement")
+    parser.add_argument("--random", type=int, metavar="N", help="N random fleets and traces (bench/random_cases.py)")
+    parser.add_argument("--seed", type=int, default=1, help="the seed of the random cases")
+    parser.add_argument("--moves", type=int, default=MOVES, help="clairvoyant search: moves tried per figure")
+    parser.add_argument("--verbose", action="store_true", help="with --random: one line per case")
     args = parser.parse_args()
+    if args.random:
+        run_random(args.random, args.seed, args.moves, args.verbose)
+        return
     fleet = load_fleet_file(args.fleet)
     traces = args.trace or sorted((BENCH / "traces").glob("*.jsonl"))
 
