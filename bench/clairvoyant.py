@@ -87,14 +87,18 @@ def problem(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float]
                    {m: sim.truth.weights_bytes(m) for m in fleet.models})
 
 
-def replay(p: Problem, machine: str, jobs: list[int]) -> list[float]:
+def replay(p: Problem, machine: str, jobs: list[int], state: tuple[float, tuple[str, ...]] | None = None,
+           states: list[tuple[float, tuple[str, ...]]] | None = None) -> list[float]:
     """Bounded slowdowns of ``jobs`` (in arrival order) run FIFO on ``machine``: a job starts
     when it has arrived, the one before it is done and the machine is online; a cold model
-    loads first (true load seconds), as :class:`bench.sim.Simulation` runs it."""
+    loads first (true load seconds), as :class:`bench.sim.Simulation` runs it. ``state``: the
+    machine's (free from, warm models) before the first of ``jobs`` (None: idle, its
+    commitments warm); ``states``, when given, gets the state after each job appended."""
     kind, usable, protected = p.machines[machine]
-    warm = sorted(protected)
+    free_s, warm_models = state if state is not None else (0.0, tuple(sorted(protected)))
+    warm = list(warm_models)
     spans = p.offline[machine]
-    free_s, out = 0.0, []
+    out = []
     for j in jobs:
         start = max(free_s, p.arrival[j])
         for a, b in spans:
@@ -106,6 +110,8 @@ def replay(p: Problem, machine: str, jobs: list[int]) -> list[float]:
               weights_bytes=p.weights.__getitem__, working_bytes=p.working[j])
         free_s = start + (p.load_s[(machine, model)] if cold else 0.0) + p.run_s[(j, machine)]
         out.append((free_s - p.arrival[j]) / p.bound[j])
+        if states is not None:
+            states.append((free_s, tuple(warm)))
     return out
 
 
@@ -124,8 +130,10 @@ class Schedule:
             self.placed[j] = m
             self.lines[m].append(j)
         self.slow: dict[int, float] = {}
+        self.states: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # per line: the state after each job
         for m, line in self.lines.items():
-            self.slow.update(zip(line, replay(p, m, line)))
+            self.states[m] = []
+            self.slow.update(zip(line, replay(p, m, line, None, self.states[m])))
         self.total = sum(self.slow.values())
         self.sorted = sorted(self.slow.values())
 
@@ -140,25 +148,29 @@ class Schedule:
     def key(self, j: int) -> tuple[float, int]:
         return (self.p.arrival[j], j)
 
-    def trial(self, changes: dict[int, str]) -> tuple[dict[int, float], dict[str, list[int]]]:
-        """New slowdowns of the jobs on the touched lines, and those lines, if ``changes``
-        (job -> machine) were made."""
+    def trial(self, changes: dict[int, str]) -> tuple[dict[int, float], dict[str, list[int]], dict]:
+        """If ``changes`` (job -> machine) were made: the new slowdowns of the jobs whose
+        completion may change (those from the first changed place of each touched line on),
+        the touched lines, and per line (first changed place, the states from there)."""
         touched = {self.placed[j] for j in changes} | set(changes.values())
-        lines = {}
+        lines, replayed = {}, {}
+        slow = {}
         for m in touched:
-            line = [j for j in self.lines[m] if j not in changes]
+            old = self.lines[m]
+            line = [j for j in old if j not in changes]
             for j, to in changes.items():
                 if to == m:
                     bisect.insort(line, j, key=self.key)
-            lines[m] = line
-        slow = {}
-        for m, line in lines.items():
-            slow.update(zip(line, replay(self.p, m, line)))
-        return slow, lines
+            first = next((i for i, (a, b) in enumerate(zip(old, line)) if a != b), min(len(old), len(line)))
+            states: list[tuple[float, tuple[str, ...]]] = []
+            before = self.states[m][first - 1] if first > 0 else None
+            slow.update(zip(line[first:], replay(self.p, m, line[first:], before, states)))
+            lines[m], replayed[m] = line, (first, states)
+        return slow, lines, replayed
 
-    def figures_after(self, slow: dict[int, float], lines: dict[str, list[int]]) -> tuple[float, float]:
+    def figures_after(self, slow: dict[int, float], lines: dict[str, list[int]], replayed: dict) -> tuple[float, float]:
         """(mean, p95) of the schedule with ``slow`` replacing the touched lines' slowdowns."""
-        old = [self.slow[j] for m in lines for j in self.lines[m]]
+        old = [self.slow[j] for m in lines for j in self.lines[m][replayed[m][0]:]]
         total = self.total - sum(old) + sum(slow.values())
         ordered = list(self.sorted)
         for v in old:
@@ -168,12 +180,15 @@ class Schedule:
         n = max(len(ordered), 1)
         return total / n, ordered[min(n - 1, int(P95 * n))]
 
-    def commit(self, changes: dict[int, str], slow: dict[int, float], lines: dict[str, list[int]]) -> None:
+    def commit(self, changes: dict[int, str], slow: dict[int, float], lines: dict[str, list[int]],
+               replayed: dict) -> None:
         for m in lines:
-            for j in self.lines[m]:
-                v = self.slow[j]
+            first, states = replayed[m]
+            for j in self.lines[m][first:]:
+                v = self.slow.pop(j)
                 del self.sorted[bisect.bisect_left(self.sorted, v)]
                 self.total -= v
+            self.states[m] = self.states[m][:first] + states
         for j, v in slow.items():
             self.slow[j] = v
             bisect.insort(self.sorted, v)
@@ -236,10 +251,10 @@ def search(p: Problem, seeds: list[dict[int, str]], objective: str, moves: int, 
             swap = [k for k in best.lines[to] if best.placed[j] in p.choices[k] and len(p.choices[k]) > 1]
             if swap:
                 changes[rng.choice(swap)] = best.placed[j]
-        slow, lines = best.trial(changes)
-        after = score(*best.figures_after(slow, lines))
+        slow, lines, replayed = best.trial(changes)
+        after = score(*best.figures_after(slow, lines, replayed))
         if after < current:
-            best.commit(changes, slow, lines)
+            best.commit(changes, slow, lines, replayed)
             current = after
     return best
 
