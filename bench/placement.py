@@ -60,45 +60,55 @@ from routing.scarcity import Scarcity
 
 BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
-MOVES = 300  # clairvoyant search: moves tried per figure and case (bench/clairvoyant.py)
+MOVES = 3000  # clairvoyant search on a seeded trace: moves tried per figure (bench/clairvoyant.py)
+RANDOM_MOVES = 2000  # the same per random case (--random: 200 cases fit in 10 minutes)
 
 
-def run_trace(fleet: SimFleet, path: Path) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
+def run_trace(fleet: SimFleet, path: Path, moves: int = MOVES) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
     """Per policy its figures, and where Auto's slowdown exceeds the forced floor
-    (:func:`bench.sim.excess_by_machine`)."""
+    (:func:`bench.sim.excess_by_machine`). Row ``reference``: the clairvoyant schedule
+    (:func:`bench.clairvoyant.reference`, seeded with every policy's, ``moves`` tried moves per
+    figure; its mean and p95 bounded slowdown may come from two schedules, each the best found
+    for that figure)."""
     trace = load_trace(path)
     factors = true_factors(fleet)
     bounds = lower_bounds(fleet, trace, factors)
     floor = floor_slowdowns(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     rows: dict[str, dict[str, float]] = {}
     excess: dict[str, tuple[float, float]] = {}
+    seeds = []
+
+    def row(out) -> dict[str, float]:
+        done = out.completion_s
+        slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
+        seeds.append(out.placed_on)
+        return {
+            "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
+            "slowdown": statistics.fmean(slow), "p95_slowdown": percentile(slow, 0.95), "cold_loads": out.cold_loads,
+            "evictions": out.evictions, "rejected": out.rejected, "done": len(done),
+        }
+
     for name, policy in POLICIES.items():
         out = Simulation(fleet, trace, policy, factors).run()
-        done = out.completion_s
         if name == "auto":
-            excess = excess_by_machine(done, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(done))
-        slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
-        rows[name] = {
-            "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
-            "slowdown": statistics.fmean(slow), "cold_loads": out.cold_loads, "evictions": out.evictions,
-            "rejected": out.rejected, "done": len(done),
-        }
+            excess = excess_by_machine(out.completion_s, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(out.completion_s))
+        rows[name] = row(out)
     out = Simulation(fleet, trace, POLICIES["auto"], factors, moves=True).run()  # a proposal: the server does not move jobs
-    done = out.completion_s
-    rows["auto+moves"] = {
-        "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
-        "slowdown": statistics.fmean(done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done),
-        "cold_loads": out.cold_loads, "evictions": out.evictions, "rejected": out.rejected, "done": len(done),
-        "moves": out.moves,
-    }
+    rows["auto+moves"] = {**row(out), "moves": out.moves}
+    problem = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
+    by_mean, by_p95 = clairvoyant.reference(problem, seeds, moves)
+    rows["reference"] = {"mean_s": float("nan"), "p95_s": float("nan"), "slowdown": by_mean.mean,
+                         "p95_slowdown": by_p95.p95, "cold_loads": 0, "evictions": 0, "rejected": 0,
+                         "done": len(by_mean.slow)}
     rows["forced_floor"] = {"mean_s": float("nan"), "p95_s": float("nan"),
                             "slowdown": statistics.fmean(value for value, _ in floor.values()),
+                            "p95_slowdown": percentile((value for value, _ in floor.values()), 0.95),
                             "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(trace.jobs)}
     lb = [bounds[j.index] for j in trace.jobs]
     rows["lower_bound"] = {
         "mean_s": statistics.fmean(lb), "p95_s": percentile(lb, 0.95),
-        "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "cold_loads": 0, "evictions": 0,
-        "rejected": 0, "done": len(lb),
+        "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "p95_slowdown": 1.0,
+        "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(lb),
     }
     return rows, excess
 
@@ -207,7 +217,21 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
         print(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
     print(f"seeded_mismatch={sum(int(r['seeded_mismatch']) for r in rows)} (seeded schedules whose replay "
           "differs from the simulator)")
+    _, cpu_ms = decision_ms(catalogue, 500)
+    loop_s = python_loop_s()
+    print(f"decision_ms_500={cpu_ms:.3f} loop_20m_s={loop_s:.2f} (CPU; the loop, 20 million additions in pure "
+          "Python, measured in the same run, says how fast the host is now)")
     return rows
+
+
+def python_loop_s(additions: int = 20_000_000) -> float:
+    """CPU seconds of ``additions`` additions in a pure-Python loop: the host's speed now, for
+    comparing decision times measured on differently loaded hosts (docs/benchmarks.md)."""
+    started = time.process_time()
+    total = 0
+    for i in range(additions):
+        total += i
+    return time.process_time() - started
 
 
 def main() -> None:
@@ -217,25 +241,28 @@ def main() -> None:
     parser.add_argument("--no-submit", action="store_true", help="skip the end-to-end submission measurement")
     parser.add_argument("--random", type=int, metavar="N", help="N random fleets and traces (bench/random_cases.py)")
     parser.add_argument("--seed", type=int, default=1, help="the seed of the random cases")
-    parser.add_argument("--moves", type=int, default=MOVES, help="clairvoyant search: moves tried per figure")
+    parser.add_argument("--moves", type=int, help="clairvoyant search: moves tried per figure and trace "
+                        f"(default {MOVES} on the traces, {RANDOM_MOVES} per random case)")
     parser.add_argument("--verbose", action="store_true", help="with --random: one line per case")
     args = parser.parse_args()
     if args.random:
-        run_random(args.random, args.seed, args.moves, args.verbose)
+        run_random(args.random, args.seed, RANDOM_MOVES if args.moves is None else args.moves, args.verbose)
         return
     fleet = load_fleet_file(args.fleet)
     traces = args.trace or sorted((BENCH / "traces").glob("*.jsonl"))
 
     worst, vs_lq, cold_auto, cold_lq = 0.0, [], 0, 0
     floor_worst, floor_vs_lq = 0.0, []
+    regret: dict[str, tuple[float, float]] = {}  # per trace: Auto / clairvoyant reference, mean and p95 slowdown
     closed: dict[str, float] = {}  # per trace: (best baseline - Auto) / (best baseline - forced floor)
     for path in traces:
-        rows, excess = run_trace(fleet, path)
+        rows, excess = run_trace(fleet, path, MOVES if args.moves is None else args.moves)
         print(f"\n== {path.stem}")
-        print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'cold':>7}{'evict':>7}{'rejected':>9}")
+        print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'p95_slow':>10}{'cold':>7}{'evict':>7}"
+              f"{'rejected':>9}")
         for name, r in rows.items():
-            print(f"{name:<15}{r['mean_s']:>10.1f}{r['p95_s']:>10.1f}{r['slowdown']:>10.2f}{r['cold_loads']:>7}"
-                  f"{r['evictions']:>7}{r['rejected']:>9}")
+            print(f"{name:<15}{r['mean_s']:>10.1f}{r['p95_s']:>10.1f}{r['slowdown']:>10.2f}{r['p95_slowdown']:>10.2f}"
+                  f"{r['cold_loads']:>7}{r['evictions']:>7}{r['rejected']:>9}")
         best = min(rows[b]["slowdown"] for b in BASELINES)
         worst = max(worst, rows["auto"]["slowdown"] / best)
         vs_lq.append(rows["auto"]["slowdown"] / rows["least_queue"]["slowdown"])
@@ -250,6 +277,12 @@ def main() -> None:
         print(f"closed_with_moves={with_moves:.3f} moves={rows['auto+moves']['moves']} (auto+moves: a queued Auto "
               "job moved onto a machine that falls idle, routing.placement.best_move; simulated only)")
         cold_lq += int(rows["least_queue"]["cold_loads"])
+        ref = rows["reference"]
+        best_p95 = min(rows[b]["p95_slowdown"] for b in BASELINES)
+        regret[path.stem] = (rows["auto"]["slowdown"] / ref["slowdown"], rows["auto"]["p95_slowdown"] / ref["p95_slowdown"])
+        print(f"regret auto/reference mean={regret[path.stem][0]:.3f} p95={regret[path.stem][1]:.3f} "
+              f"(best_baseline/reference mean={best / ref['slowdown']:.3f} p95={best_p95 / ref['p95_slowdown']:.3f}; "
+              f"auto/best_baseline p95={rows['auto']['p95_slowdown'] / best_p95:.3f})")
         ranked = sorted(excess.items(), key=lambda item: -sum(item[1]))
         print("auto_over_floor_by_machine " + " ".join(
             f"{m}={flex + forced:.2f}(choice={flex:.2f},forced={forced:.2f})" for m, (flex, forced) in ranked
@@ -276,6 +309,8 @@ def main() -> None:
         f"mean_auto_vs_least_queue={statistics.fmean(vs_lq):.4f} "
         f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.4f} submit_vs_bare={submit_ratio:.3f}"
     )
+    print(f"regret_mean_max={max(r[0] for r in regret.values()):.3f} regret_p95_max={max(r[1] for r in regret.values()):.3f} "
+          "(Auto / the clairvoyant reference, bench/clairvoyant.py)")
     shares = [value for value in closed.values() if not math.isnan(value)] or [float("nan")]  # nan: no gap to close
     print(f"worst_auto_vs_best_baseline={worst:.4f} min_closed={min(shares):.3f} "
           f"mean_closed={statistics.fmean(shares):.3f} decision_ms_500={decision[500]:.3f}")
