@@ -5,6 +5,8 @@ random case is the same for the same seed and within the documented ranges."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench import clairvoyant
@@ -68,3 +70,16 @@ def test_a_random_case_is_its_seed_s_and_within_the_documented_ranges() -> None:
         assert 150 <= len(case.trace.jobs) <= 300 and 0.3 <= case.trace.header["load"] <= 1.1
         assert [j.t_s for j in case.trace.jobs] == sorted(j.t_s for j in case.trace.jobs)
         assert all(to_s > from_s for _, from_s, to_s in case.trace.offline)  # every outage ends
+
+
+def test_the_random_benchmark_prints_its_distributions(capsys) -> None:
+    from bench.placement import run_random
+
+    rows = run_random(2, 7, moves=50, verbose=True)
+    out = capsys.readouterr().out
+    assert len(rows) == 2 and all(r["ref_mean"] <= min(r["auto_mean"], r["best_mean"]) for r in rows)
+    assert all(r["ref_p95"] <= min(r["auto_p95"], r["best_p95"]) and r["seeded_mismatch"] == 0 for r in rows)
+    for figure in ("mean", "p95"):
+        assert re.search(rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.M)
+        assert re.search(rf"^{figure} +auto/reference +p50=[\d.]+ p95=[\d.]+ max=[\d.]+$", out, re.M)
+    assert re.search(r"^decision_ms_500=[\d.]+ loop_20m_s=[\d.]+ ", out, re.M)
