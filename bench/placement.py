@@ -165,6 +165,8 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
 
 def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[str, float]:
     """One trace's bounded slowdowns, mean and p95 (``bench.clairvoyant.slowdown_figures``):
+    ``where``: the machine whose jobs add most to Auto's mean beyond the best baseline's (by
+    mean) on that machine, with both shares (the per-machine breakdown of a loss).
     ``auto``, the best baseline by each figure (``best``), and the clairvoyant reference
     (``ref``: :func:`bench.clairvoyant.reference`, seeded with Auto's and the baselines'
     schedules, ``moves`` tried moves per figure); keys ``<who>_mean`` and ``<who>_p95``.
@@ -175,6 +177,7 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
     p = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     figures: dict[str, float] = {}
     seeds, mismatch = [], 0
+    per_machine: dict[str, dict[str, float]] = {}  # policy -> machine -> its jobs' summed slowdown / jobs
     for name, policy in POLICIES.items():
         out = Simulation(fleet, trace, policy, factors).run()
         mean, p95 = clairvoyant.slowdown_figures(out.completion_s, bounds, BOUND_FLOOR_S)
@@ -182,6 +185,9 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
         replayed = clairvoyant.Schedule(p, out.placed_on)
         mismatch += int(abs(replayed.mean - mean) > 1e-6 * mean or abs(replayed.p95 - p95) > 1e-6 * p95)
         seeds.append(out.placed_on)
+        per_machine[name] = {}
+        for j, v in replayed.slow.items():
+            per_machine[name][replayed.placed[j]] = per_machine[name].get(replayed.placed[j], 0.0) + v / len(replayed.slow)
     figures["best_mean"] = min(figures[f"{b}_mean"] for b in BASELINES)
     figures["best_p95"] = min(figures[f"{b}_p95"] for b in BASELINES)
     by_mean, by_p95 = clairvoyant.reference(p, seeds, moves, seed)
@@ -189,6 +195,12 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
     figures["ref_mean"] = min(by_mean.mean, *(figures[f"{w}_mean"] for w in every))
     figures["ref_p95"] = min(by_p95.p95, *(figures[f"{w}_p95"] for w in every))
     figures["seeded_mismatch"] = mismatch
+    best = min(BASELINES, key=lambda b: figures[f"{b}_mean"])
+    gaps = {m: v - per_machine[best].get(m, 0.0) for m, v in per_machine["auto"].items()}
+    worst = max(gaps, key=gaps.__getitem__)
+    machine = fleet.machines[worst]
+    figures["where"] = (f"{worst} ({machine.memory_kind}, {machine.memory_bytes / 1e9:.0f} GB, speed {machine.speed:.2f}): "  # type: ignore[assignment]
+                        f"auto {per_machine['auto'][worst]:.2f} vs {best} {per_machine[best].get(worst, 0.0):.2f}")
     return figures
 
 
@@ -207,8 +219,10 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
         if verbose:
             print(f"{case.describe()} auto/best mean={figures['auto_mean'] / figures['best_mean']:.3f} "
                   f"p95={figures['auto_p95'] / figures['best_p95']:.3f} auto/ref mean="
-                  f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}",
-                  flush=True)
+                  f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}"
+                  + (f" most_over_best_baseline={figures['where']}"
+                     if max(figures['auto_mean'] / figures['best_mean'], figures['auto_p95'] / figures['best_p95']) > 1 + 1e-9
+                     else ""), flush=True)
     elapsed = time.perf_counter() - started
 
     def spread(values: list[float]) -> str:
