@@ -11,7 +11,14 @@ import pytest
 
 from bench import clairvoyant
 from bench.random_cases import case_seeds, random_case
-from bench.sim import BENCH, POLICIES, Simulation, load_fleet_file, lower_bounds, true_factors
+from bench.sim import (
+    BENCH,
+    POLICIES,
+    Simulation,
+    load_fleet_file,
+    lower_bounds,
+    true_factors,
+)
 
 FLOOR_S = 10.0
 
@@ -80,6 +87,6 @@ def test_the_random_benchmark_prints_its_distributions(capsys) -> None:
     assert len(rows) == 2 and all(r["ref_mean"] <= min(r["auto_mean"], r["best_mean"]) for r in rows)
     assert all(r["ref_p95"] <= min(r["auto_p95"], r["best_p95"]) and r["seeded_mismatch"] == 0 for r in rows)
     for figure in ("mean", "p95"):
-        assert re.search(rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.M)
-        assert re.search(rf"^{figure} +auto/reference +p50=[\d.]+ p95=[\d.]+ max=[\d.]+$", out, re.M)
-    assert re.search(r"^decision_ms_500=[\d.]+ loop_20m_s=[\d.]+ ", out, re.M)
+        assert re.search(rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.MULTILINE)
+        assert re.search(rf"^{figure} +auto/reference +p50=[\d.]+ p95=[\d.]+ max=[\d.]+$", out, re.MULTILINE)
+    assert re.search(r"^decision_ms_500=[\d.]+ loop_20m_s=[\d.]+ ", out, re.MULTILINE)
