@@ -70,7 +70,7 @@ from routing.scarcity import Scarcity
 BASELINES = ("round_robin", "least_queue", "model_affinity")
 BOUND_FLOOR_S = 10.0
 MOVES = 3000  # clairvoyant search on a seeded trace: moves tried per figure (bench/clairvoyant.py)
-RANDOM_MOVES = 2000  # the same per random case (--random: 200 cases fit in 10 minutes)
+RANDOM_MOVES = 3000  # the same per random case (--random 200: about 3 CPU minutes, docs/benchmarks.md)
 
 
 def run_trace(fleet: SimFleet, path: Path, moves: int = MOVES) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
