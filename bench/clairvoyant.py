@@ -153,8 +153,9 @@ class Schedule:
         completion may change (those from the first changed place of each touched line on),
         the touched lines, and per line (first changed place, the states from there)."""
         touched = {self.placed[j] for j in changes} | set(changes.values())
-        lines, replayed = {}, {}
-        slow = {}
+        lines: dict[str, list[int]] = {}
+        replayed: dict[str, tuple[int, list[tuple[float, tuple[str, ...]]]]] = {}
+        slow: dict[int, float] = {}
         for m in touched:
             old = self.lines[m]
             line = [j for j in old if j not in changes]

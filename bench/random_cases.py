@@ -20,9 +20,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from app.fleet.config import Machine
+from app.fleet.config import Backend, Machine
 from bench.make_traces import VIDEO, capacity
 from bench.sim import SimFleet, Simulation, Trace, TraceJob, auto, true_factors
+from residency.device import MemoryKind
 from routing.estimate import ModelProfile
 from routing.placement import AUTO, SERVER, exclusion
 from routing.timings import job_size
@@ -69,8 +70,8 @@ def random_fleet(rng: random.Random, catalogue: SimFleet) -> SimFleet:
         else:
             memory = int(0.72 * (rng.uniform(64, 192) if i == 0 else rng.choice([8, 16, 24, 32, 36, 48, 64, 96, 128, 192])) * GB)
             speed, load = math.exp(rng.uniform(math.log(0.3), math.log(1.5))), 2.5e9
-        machines[name] = Machine(name=name, backend="cuda" if cuda else "mps",
-                                 memory_kind="dedicated" if cuda else "unified", memory_bytes=memory,
+        machines[name] = Machine(name=name, backend=Backend("cuda" if cuda else "mps"),
+                                 memory_kind=MemoryKind("dedicated" if cuda else "unified"), memory_bytes=memory,
                                  families=frozenset(families), speed=speed, load_bytes_per_s=load)
     speeds = sorted(machines.values(), key=lambda m: m.speed)
     if speeds[-1].speed / speeds[0].speed < 10:  # speeds over 10x in every fleet
@@ -160,5 +161,6 @@ def random_case(seed: int, catalogue: SimFleet) -> Case:
             a = rng.uniform(0.1, 0.7)
             offline.append({"machine": name, "from_s": round(a * end_s, 1),
                             "to_s": round((a + rng.uniform(0.05, 0.3)) * end_s, 1)})
-    header = {"name": f"random_{seed}", "load": load, "seed": seed, "jobs": len(trace_jobs), "offline": offline}
-    return Case(seed, fleet, Trace(header["name"], header, trace_jobs))
+    name = f"random_{seed}"
+    header = {"name": name, "load": load, "seed": seed, "jobs": len(trace_jobs), "offline": offline}
+    return Case(seed, fleet, Trace(name, header, trace_jobs))
