@@ -35,6 +35,9 @@ class SimFleet:
     machines: dict[str, Machine]
     models: dict[str, ModelProfile]
     kinds: dict[str, str]  # model -> kind
+    # machine -> models it must keep resident (R16): warm from the start, never evicted, and
+    # placement's residency filters apply (``MachineView.commitments``). Random fleets only.
+    commitments: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def estimator(self, learned: LearnedTimings | None = None) -> Estimator:
         profiles = {
@@ -129,7 +132,7 @@ class Simulation:
         """``moves``: when a machine falls idle, move a queued Auto job onto it where
         :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs)."""
         self.fleet, self.trace, self.policy, self.factors, self.moves = fleet, trace, policy, factors, moves
-        self.machines = {n: SimMachine(n) for n in fleet.machines}
+        self.machines = {n: SimMachine(n, warm=sorted(fleet.commitments.get(n, ()))) for n in fleet.machines}
         self.learned = LearnedTimings()
         self.estimator = fleet.estimator(self.learned)
         self.truth = fleet.estimator()
@@ -160,6 +163,7 @@ class Simulation:
             name=m.name, online=m.online, families=config.families, verified_models=frozenset(self.fleet.models),
             backlog=len(items), queue=tuple(items),
             warm_models=m.reported_warm if self.now_s < m.loaded_s else tuple(m.warm),
+            commitments=self.fleet.commitments.get(m.name, frozenset()),
         )
 
     def views(self) -> dict[str, MachineView]:
@@ -259,7 +263,8 @@ class Simulation:
         cold = job.model_id not in m.warm
         m.reported_warm = tuple(m.warm)
         evicted = admit(m.warm, job.model_id, memory_kind=self.fleet.machines[m.name].memory_kind,
-                        usable_bytes=self.fleet.machines[m.name].memory_bytes, protected=frozenset(),
+                        usable_bytes=self.fleet.machines[m.name].memory_bytes,
+                        protected=self.fleet.commitments.get(m.name, frozenset()),
                         weights_bytes=self.truth.weights_bytes,
                         working_bytes=working_of(self.truth, job.model_id, job.kind, job.size))  # as the worker admits
         self.out.evictions += len(evicted)

@@ -326,7 +326,7 @@ def best_move(
             there_s, _ = drain(source, warm_models=view.warm_models, queue=view.queue[:position + 1],
                                protected=view.commitments, costs=costs)
             _, candidates = survey(job, {idle: target, source: view}, costs, pressure)
-            gain_s = there_s - candidates[idle].score_s
+            gain_s = there_s - candidates[idle].charged_s
             if gain_s > 0 and (best is None or gain_s > best.gain_s):
                 best = Move(source, position, idle, gain_s)
     return best

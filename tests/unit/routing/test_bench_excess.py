@@ -1,5 +1,5 @@
 """bench.sim.excess_by_machine: where Auto's mean bounded slowdown exceeds the forced floor
-(docs/benchmarks.md, "Why `closed` stays under its target of 0.6 on every trace"). The split must
+(docs/benchmarks.md, "Where Auto stands on the six traces"). The split must
 add up to the policy's distance to the floor."""
 
 from __future__ import annotations
