@@ -15,7 +15,6 @@ from app.core.errors import HomefleetError
 from app.core.states import ENDED
 
 
-
 class ApiError(HomefleetError):
     """Raised when the server answers a request with an error; ``status_code`` is its HTTP code,
     ``retry_after_s`` its ``Retry-After`` (whole seconds; None without one), e.g. of a 429

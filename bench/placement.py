@@ -79,7 +79,9 @@ def run_trace(fleet: SimFleet, path: Path) -> tuple[dict[str, dict[str, float]],
             "slowdown": statistics.fmean(slow), "cold_loads": out.cold_loads, "evictions": out.evictions,
             "rejected": out.rejected, "done": len(done),
         }
-    out = Simulation(fleet, trace, POLICIES["auto"], factors, moves=True).run()  # a proposal: the server does not move jobs
+    out = Simulation(
+        fleet, trace, POLICIES["auto"], factors, moves=True
+    ).run()  # a proposal: the server does not move jobs
     done = out.completion_s
     rows["auto+moves"] = {
         "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
@@ -125,7 +127,9 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
                 for m in rng.choices(models, k=decisions)]
     demand = Demand()
     for i, request in enumerate(requests):  # an earlier hour of the same mix
-        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i))
+        demand.add(
+            request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i)
+        )
     catalogue = {m: (p.family, p.kind) for m, p in fleet.models.items()}
     speed = {n: m.speed for n, m in big.machines.items()}
     scarcity, drains = Scarcity(), Drains()
@@ -134,9 +138,11 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
         now_s = float(decisions + i)
         weights = scarcity.pressure(views, estimator, catalogue, demand.rates(now_s), speed)
         chosen = views[place(request, views, estimator, weights, drains).machine]
-        queue = (chosen.queue + (WorkItem(request.model_id, request.kind, request.steps, request.size),))[-5:]
+        queue = ((*chosen.queue, WorkItem(request.model_id, request.kind, request.steps, request.size)))[-5:]
         views[chosen.name] = replace(chosen, backlog=len(queue), queue=queue)
-        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), now_s)
+        demand.add(
+            request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), now_s
+        )
     return ((time.perf_counter() - wall) * 1000 / decisions, (time.process_time() - cpu) * 1000 / decisions)
 
 

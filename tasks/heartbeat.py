@@ -170,9 +170,14 @@ class Heartbeat:
                     log.error("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
                               self.settings.heartbeat_interval_s)
                 else:  # a wrong token never becomes right: stop instead of retrying forever
-                    log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
-                                 "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
-                                 self.settings.machine, error, self.settings.machine)
+                    log.critical(
+                        "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
+                        "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; "
+                        "stopping",
+                        self.settings.machine,
+                        error,
+                        self.settings.machine,
+                    )
                     self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
                     return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:

@@ -6,7 +6,8 @@ Two parts:
   ``comment`` tag, WebP XMP, GIF comment) holds what determines the output: model id,
   variant, every model file's digest, its LoRA adapters (id, scale, files' digests; issue
   22), the digest of the single-file checkpoint it was converted from (``source_digest``, when
-  it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same seed on the same machine gives
+  it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same
+  seed on the same machine gives
   byte-identical files (and the same content digest);
 * the **journaled** record (``Job.provenance``, shown by ``GET /v1/jobs/{id}``) is the
   embedded one plus job id, load/run seconds, cold load, actual and predicted seconds,

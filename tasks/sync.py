@@ -142,8 +142,13 @@ class Copier:
         actual = file_digest(partial, algorithm_of(digest))
         if actual != digest:
             partial.unlink()
-            return _result(model_id, path, "digest_mismatch", size,
-                              f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed")
+            return _result(
+                model_id,
+                path,
+                "digest_mismatch",
+                size,
+                f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed",
+            )
         if superseded is not None:
             os.replace(final, superseded)  # set aside, not deleted; only now that the new copy is verified
         try:

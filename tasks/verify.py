@@ -137,7 +137,9 @@ class Verifier:
             Unauthorized: the server refused the token. HomefleetError, httpx.HTTPError,
                 redis.RedisError, OSError: the manifest or Redis could not be read (try again).
         """
-        self._registry_mark = self.redis.get(self.keys.registry_changed())  # before the manifests: a later change is seen
+        self._registry_mark = self.redis.get(
+            self.keys.registry_changed()
+        )  # before the manifests: a later change is seen
         manifests = self._manifests()
         stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in manifests.items()}
         verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)

@@ -60,7 +60,9 @@ def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str
     """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
     written by another process (the pool's next one) is left alone. A process that dies under a
     job leaves its record behind, naming a pid that is no longer a pool process."""
-    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True))
+    client.eval(
+        _CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True)
+    )
 
 
 class Watchdog:

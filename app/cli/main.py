@@ -30,7 +30,9 @@ from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
 from app.fleet.config import load_fleet
 
-cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
+cli = typer.Typer(
+    help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True
+)
 cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(residency_cli, name="residency")
@@ -80,7 +82,8 @@ def worker(
              "which binds CUDA_VISIBLE_DEVICES=1")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
     token_file: Annotated[Path | None, typer.Option(
-        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN",
+    )] = None,
     token: Annotated[str | None, typer.Option(
         help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
@@ -145,8 +148,12 @@ cli.add_typer(results_cli, name="results")
 def results_recover(
     machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
-    token_file: Annotated[Path | None, typer.Option(
-        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN"
+        ),
+    ] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
 ) -> None:
     """On a worker's host: upload the results its spool kept because the server could not store

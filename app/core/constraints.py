@@ -60,7 +60,7 @@ def grammar_of(constraint: Any) -> str:
         except ValueError as error:
             raise ValueError(f"a json value must be a JSON schema, got text that is not JSON: {error}") from error
     if not isinstance(value, dict | bool):
-        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")  # noqa: TRY004
+        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")
     return str(LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS))
 
 
@@ -75,7 +75,7 @@ def from_response_format(response_format: Any) -> dict[str, Any] | None:
     if response_format is None:
         return None
     if not isinstance(response_format, Mapping):
-        raise ValueError('must be {"type": "text" | "json_object" | "json_schema", ...}')  # noqa: TRY004 (a 422)
+        raise ValueError('must be {"type": "text" | "json_object" | "json_schema", ...}')
     kind = response_format.get("type")
     if kind == "text":
         return None

@@ -132,7 +132,9 @@ def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | Non
         from diffusers import TorchAoConfig
         from diffusers.quantizers import DiffusersAutoQuantizer
 
-        quantizer = DiffusersAutoQuantizer.from_config(TorchAoConfig(_torchao_config(quantization)), pre_quantized=False)
+        quantizer = DiffusersAutoQuantizer.from_config(
+            TorchAoConfig(_torchao_config(quantization)), pre_quantized=False
+        )
         quantizer.preprocess_model(model, device_map=None, keep_in_fp32_modules=list(keep))
     persistent = set(model.state_dict())
 

@@ -189,7 +189,9 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
         if job.input_pixels is not None:
             uploaded = client.upload(demo_input(*job.input_pixels))
             params["image"] = uploaded["id"]
-            console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
+            console.print(
+                f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True
+            )
         if job.input_shape is not None:
             uploaded = client.upload(shape_input(*job.input_shape))
             params["image"] = uploaded["id"]
@@ -202,7 +204,8 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bars = {
-            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued") for s in submitted
+            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued")
+            for s in submitted
         }
         deadline = time.monotonic() + 600
         while len(finished) < len(submitted) and time.monotonic() < deadline:

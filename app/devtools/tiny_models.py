@@ -69,7 +69,12 @@ TINY_MODELS: dict[str, str] = {
 }
 
 #: The older kind names -> the family each builds (``make_tiny(kinds=...)``).
-KIND_FAMILIES: dict[str, str] = {"txt2img": "sd1", "edit": "sd1-pix2pix", "upscale": "sd-upscale", "video": "animatediff"}
+KIND_FAMILIES: dict[str, str] = {
+    "txt2img": "sd1",
+    "edit": "sd1-pix2pix",
+    "upscale": "sd-upscale",
+    "video": "animatediff",
+}
 
 _FOLDER_BY_FAMILY: dict[str, str] = {family: name for name, family in TINY_MODELS.items()}
 
@@ -445,7 +450,9 @@ def _qwen_tokenizer() -> Any:
 
     vocab = {char: index for index, char in enumerate(_byte_chars())}
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=4096)
-    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in _QWEN_SPECIALS[1:]]})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [AddedToken(t, special=True) for t in _QWEN_SPECIALS[1:]]}
+    )
     tokenizer.add_tokens([AddedToken(_QWEN_SPECIALS[0], special=True)], special_tokens=True)
     return tokenizer
 

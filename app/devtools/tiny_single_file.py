@@ -34,8 +34,14 @@ from typing import Any
 
 from app.core.quiet import quiet_libraries
 
-__all__ = ["SDXL_TEXT_WIDTHS", "make_tiny_sdxl_single_file_base", "make_tiny_single_file",
-           "flux_to_original", "sd_to_original", "sdxl_to_original"]
+__all__ = [
+    "SDXL_TEXT_WIDTHS",
+    "flux_to_original",
+    "make_tiny_sdxl_single_file_base",
+    "make_tiny_single_file",
+    "sd_to_original",
+    "sdxl_to_original",
+]
 
 _RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
            "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}

@@ -19,14 +19,14 @@ from collections.abc import Callable
 
 import redis
 
-from app.fleet.config import Fleet, ModelGuess
 from app.core.errors import Conflict
 from app.core.keys import Keys
 from app.core.textgen import max_positions, model_config
 from app.db.tables import ModelRecord
-from app.store.registry import Registry
+from app.fleet.config import Fleet, ModelGuess
 from app.fleet.reservations import HashField
 from app.journal.timings import TimingStore
+from app.store.registry import Registry
 from routing.demand import Demand
 from routing.estimate import Estimator, MachineProfile, ModelProfile
 

@@ -93,7 +93,8 @@ class RedisResidencyFacts:
             Rejected: the machine does not support a model's family (``family_not_supported``):
                 it could never hold it, and the commitment would only keep videos off it (R17);
                 or the model runs only video (``video_model_not_committable``): R17 would keep
-                every job of it off that machine; or it is a LoRA adapter (``adapter_not_committable``); or, with ``costs``, the models cannot all stay
+                every job of it off that machine; or it is a LoRA adapter (``adapter_not_committable``); or, with
+                ``costs``, the models cannot all stay
                 resident beside the largest job they must still run (``commitment_too_large``,
                 :func:`check_commitment_memory`).
             Conflict: the machine has work queued or running (``machine_busy``, R16).

@@ -25,16 +25,16 @@ import redis
 from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
+from app.core.keys import Keys
 from app.db.tables import RememberedOom, ResidencyCommitment
 from app.fleet.config import Fleet
 from app.fleet.costs import FleetCosts
-from app.core.keys import Keys
-from app.store.registry import Registry
 from app.fleet.residency import OomRecord, RedisResidencyFacts
+from app.store.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
                            protected=view.commitments, costs=estimator)
         queued = machines.queued_in_redis(name)
         rows.append({
-            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online, "draining": view.draining, "syncing": view.syncing,
+            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online,
+            "draining": view.draining, "syncing": view.syncing,
             "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
             "warm_models": list(view.warm_models), "queued": queued, "running": running,
             "backlog": queued + running, "drain_s": round(drain_s, 3),

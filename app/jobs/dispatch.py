@@ -31,12 +31,22 @@ from typing import Any
 from celery import Celery
 
 from app.core.config import Settings
-from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, QuotaExceeded, \
-    Rejected, ServiceDown, from_core
+from app.core.errors import (
+    Conflict,
+    HomefleetError,
+    MachineUnavailable,
+    Overloaded,
+    PlacementLost,
+    QuotaExceeded,
+    Rejected,
+    ServiceDown,
+    from_core,
+)
+from app.core.keys import queue as keys_queue
 from app.core.specs import OUTPUT_SIZE_FIELDS
 from app.core.states import JobState
+from app.db.tables import Job
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
@@ -44,7 +54,6 @@ from app.fleet.queues import MachineQueues
 from app.jobs.quotas import KeyQuotas
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator, check_webhook
-from app.db.tables import Job
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
 from app.metrics import Metrics
@@ -196,7 +205,9 @@ class Dispatcher:
         self.check_webhook(webhook_url, api_key_id)
         request = self.request(model_id, kind, dict(params), target)
         seen = self.snapshot(model_id)
-        weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
+        weights = (
+            self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
+        )
         return dry_run(request, seen.views, seen.estimator, weights)
 
     def finished(self, job: Job, announce: bool = False) -> None:
@@ -239,7 +250,9 @@ class Dispatcher:
         """
         # 1. Not this fleet's journal: refuse before journaling anything.
         if self.refusing is not None:
-            raise ServiceDown(self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s)
+            raise ServiceDown(
+                self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s
+            )
         fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
@@ -269,7 +282,7 @@ class Dispatcher:
             self._refused(error, model_id, kind, params, target, requeued_from, hook)
             raise
 
-    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None,
+    def requeue(self, job_id: str, seed: int | Unset | None = UNSET, target: str | None = None,
                 api_key_id: str | None = None) -> Submission:
         """Submit a new job with the params of job ``job_id`` (any state), linked to it
         (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``

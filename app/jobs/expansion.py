@@ -104,8 +104,11 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
     job = text.job
     while job.state not in ENDED:
         if time.monotonic() >= deadline:
-            raise Conflict(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
-                           "(images_wait_s); it keeps running: submit the image again once it has", reason="job_pending")
+            raise Conflict(
+                f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
+                "(images_wait_s); it keeps running: submit the image again once it has",
+                reason="job_pending",
+            )
         time.sleep(POLL_S)
         job = dispatcher.journal.get(job.id)
     if job.state != JobState.succeeded or job.result_path is None:

@@ -167,8 +167,13 @@ class Reconciler:
             else:
                 last = last_progress or now
                 if now - last > self.settings.hung_after_s:
-                    self._interrupt(report, job.id, JobState.running, "hung",
-                                    f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})")
+                    self._interrupt(
+                        report,
+                        job.id,
+                        JobState.running,
+                        "hung",
+                        f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})",
+                    )
                     self.redis.set(self.keys.restart(machine), job.id, ex=60)
 
     def _queued(self, report: ReconcileReport) -> None:

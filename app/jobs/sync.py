@@ -38,9 +38,9 @@ from celery import Celery
 from app.core import keys
 from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings
-from app.core.protocol import SyncFinish, SyncGrant
 from app.core.errors import Conflict, Forbidden, MachineUnavailable, NotFound, PlacementLost, Rejected
 from app.core.keys import Keys
+from app.core.protocol import SyncFinish, SyncGrant
 from app.fleet.config import Fleet
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates
@@ -123,8 +123,10 @@ class Syncs:
             if active or waiting:
                 raise Conflict(
                     f"machine {machine!r} has work: {active} job(s) queued or running, {waiting} message(s) in "
-                    f"{self.keys.queue_list(machine)}; sync refuses to run while a machine has work (R6) - wait until it is "
-                    f"idle or cancel its queued jobs", reason="machine_busy")
+                    f"{self.keys.queue_list(machine)}; sync refuses to run while a machine has work (R6) - wait "
+                    f"until it is idle or cancel its queued jobs",
+                    reason="machine_busy",
+                )
             sync_id = uuid.uuid4().hex
             files = [f for m in manifests for f in m.files]
             record = {
@@ -184,7 +186,9 @@ class Syncs:
         """
         record = self._own(sync_id, machine)
         if not self.redis.hsetnx(self.keys.sync(sync_id), "claimed_at", time.time()):
-            raise Conflict(f"sync {sync_id} was already claimed; a second delivery copies nothing", reason="sync_claimed")
+            raise Conflict(
+                f"sync {sync_id} was already claimed; a second delivery copies nothing", reason="sync_claimed"
+            )
         if not self.redis.eval(_RENEW, 1, self.keys.syncing(machine), sync_id, self.ttl_ms):
             self.redis.hset(self.keys.sync(sync_id), "state", SyncState.interrupted)
             raise Conflict(f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",

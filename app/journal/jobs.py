@@ -79,7 +79,12 @@ class Journal:
             sqlalchemy.exc.IntegrityError: ``job.id`` or ``job.idempotency_key`` is taken;
                 nothing is written.
         """
-        event = {"job_id": job.id, "at": utcnow(), "event": str(job.state), "detail": job.reason or ""}  # id: the database's
+        event = {
+            "job_id": job.id,
+            "at": utcnow(),
+            "event": str(job.state),
+            "detail": job.reason or "",
+        }  # id: the database's
         delivery = self._delivery(job.id, JobState(job.state), job.webhook_url)  # a rejected job's webhook
         with self.engine.begin() as connection:
             connection.execute(_INSERT_JOB, {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
@@ -337,7 +342,8 @@ class Journal:
     def cancel(self, job_id: str, reason: str = "cancelled",
                message: str = "cancelled by request before it started") -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
-        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late
+        to cancel)."""
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 

@@ -198,7 +198,9 @@ class Registry:
             raise Rejected(str(error), reason="invalid_variant") from error
         if adapter_of is not None:
             if quantization is not None:
-                raise Rejected("an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant")
+                raise Rejected(
+                    "an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant"
+                )
             class_name, family, kinds = describe_adapter(source, adapter_of)
             layout = adapter_layout(source, family)  # recognised even when the caller names a format
             source_format = source_format or layout.source_format

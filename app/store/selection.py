@@ -222,7 +222,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     chosen = "variant " + variant if variant_files else "full precision"
 
     def why(path: str) -> str:
-        top, _, name = path.partition("/")
+        top, _, _name = path.partition("/")
         base = path.rsplit("/", 1)[-1]
         if "/" not in path:
             if base.endswith(_CHECKPOINT_SUFFIXES):

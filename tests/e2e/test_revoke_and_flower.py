@@ -186,7 +186,9 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
 
     assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"
     assert (rfleet.claims(after["id"]), rfleet.claims(waiting["id"]), rfleet.claims(busy["id"])) == (1, 0, 1)
-    assert ctx.journal.get(busy["id"]).state == JobState.interrupted  # a late word from the dead process changes nothing
+    assert (
+        ctx.journal.get(busy["id"]).state == JobState.interrupted
+    )  # a late word from the dead process changes nothing
     assert ctx.residency.ooms("m1") == []  # an operator's terminate is no out-of-memory (R21)
 
     # Nothing phantom holds the machine: a drain ends at once, a residency change is taken.

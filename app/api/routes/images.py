@@ -8,7 +8,8 @@
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
   input, and one ``edit`` job per image runs on it.
-- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}`` -> image bytes
+- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}``
+-> image bytes
   (a parameter Homefleet does not run is refused, 422 ``unknown_param``),
   what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
@@ -57,12 +58,12 @@ from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.kinds import BATCH_PARAM
 from app.core.limits import limits_for
+from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
-from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -181,7 +182,9 @@ class HfParameters(RequestBody):
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
-    guidance_scale: float | None = Field(None, allow_inf_nan=False)  # range checked with the job's params (app/core/kinds.py)
+    guidance_scale: float | None = Field(
+        None, allow_inf_nan=False
+    )  # range checked with the job's params (app/core/kinds.py)
     seed: int | None = Field(None, ge=0, lt=2**31)
 
 
@@ -348,7 +351,9 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
             await asyncio.sleep(min(POLL_S, max(0.0, call.answer_by - time.monotonic())))
         for job in jobs:
             if job.state != JobState.succeeded:
-                raise JobFailed(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed")
+                raise JobFailed(
+                    f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed"
+                )
     return jobs
 
 
@@ -435,7 +440,9 @@ async def edit_images(
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory
-    check_upload(image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits)
+    check_upload(
+        image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits
+    )
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)
@@ -444,7 +451,10 @@ async def edit_images(
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
     jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
     with submitted([job.id for job in jobs]):
-        return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
+        return {
+            "created": int(time.time()),
+            "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs],
+        }
 
 
 def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,
@@ -454,7 +464,10 @@ def image_item(job: Job, response_format: str | None, public_base_url: str | Non
     (``?index=i`` after the first), relative without it; never from the request's Host."""
     if response_format == "url":
         query = f"?index={index}" if index else ""
-        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}", "revised_prompt": prompt}
+        return {
+            "url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}",
+            "revised_prompt": prompt,
+        }
     path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
     return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
 

@@ -165,7 +165,9 @@ async def upload_result(
         raise
     data = await file.read(ctx.settings.max_result_bytes + 1)
     try:
-        stored = await to_thread.run_sync(ctx.store.store, data, digest, job.kind == "text")  # decoding may take a while (ffmpeg)
+        stored = await to_thread.run_sync(
+            ctx.store.store, data, digest, job.kind == "text"
+        )  # decoding may take a while (ffmpeg)
         all_stored = [stored]
         for extra, extra_digest in zip(extras, digests, strict=True):
             extra_data = await extra.read(ctx.settings.max_result_bytes + 1)

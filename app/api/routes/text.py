@@ -58,10 +58,10 @@ from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS
+from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.progress import Progress
-from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -123,7 +123,9 @@ class Sampling(RequestBody):
 class Completion(Sampling):
     """``POST /v1/completions``: ``prompt`` (one string)."""
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # 4 bytes a character at most: within max_request_bytes
+    prompt: str = Field(
+        min_length=1, max_length=MAX_PROMPT_CHARS * 8
+    )  # 4 bytes a character at most: within max_request_bytes
 
 
 class ChatMessage(RequestBody):

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-
 revision = 'b7c4e2f19a30'
 down_revision = '6db26082a239'
 branch_labels = None

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-
 revision = 'f571e1349ec7'
 down_revision = '1e6d7a12ae19'
 branch_labels = None
