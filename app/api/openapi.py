@@ -287,7 +287,7 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     text = json.dumps(schema).replace("#/components/schemas/HTTPValidationError", "#/components/schemas/Error")
-    return json.loads(text)  # type: ignore[no-any-return]
+    return json.loads(text)
 
 
 

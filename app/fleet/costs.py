@@ -168,7 +168,7 @@ class DemandStore:
     @staticmethod
     def parse(raw: dict[str, str]) -> Demand:
         """The Demand of the hash's fields as read (``HGETALL``)."""
-        return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})  # type: ignore[misc]
+        return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})
 
     def load(self) -> Demand:
         return self.parse(self.redis.hgetall(self.keys.demand()))
@@ -178,6 +178,6 @@ class DemandStore:
         ``demand_class`` at ``now_s`` (Unix seconds), given ``current``, the demand read under
         the same fleet lock."""
         level = current.levels.get(demand_class)
-        demand = Demand(levels={demand_class: level} if level else {})  # type: ignore[dict-item]
+        demand = Demand(levels={demand_class: level} if level else {})
         demand.add(demand_class, work_s, now_s)
         return HashField(self.keys.demand(), demand_class, json.dumps(list(demand.levels[demand_class])))

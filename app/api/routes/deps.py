@@ -22,7 +22,7 @@ from app.fleet.config import Machine
 
 
 async def get_context(request: Request) -> ServerContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    return request.app.state.ctx
 
 
 Context = Annotated[ServerContext, Depends(get_context)]

@@ -8,7 +8,7 @@ Create Date: 2026-11-30 05:19:55.159518
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = '41151008d433'

@@ -8,7 +8,7 @@ Create Date: 2026-11-30 07:35:43.575246
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = 'f571e1349ec7'
