@@ -24,6 +24,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import httpx
 import psutil
@@ -122,8 +123,8 @@ class Heartbeat:
         run_id = self.redis.info("server").get("run_id")
         restarted = run_id != self._redis_run_id
         if not restarted:
-            self.verified = set(self.redis.smembers(self.keys.verified(machine)))
-        warm = self.redis.get(self.keys.warm(machine))
+            self.verified = cast("set[str]", self.redis.smembers(self.keys.verified(machine)))
+        warm = cast("str | None", self.redis.get(self.keys.warm(machine)))  # decoded (create_redis)
         restore = self._warm if warm is None and self._warm is not None else None
         warm = warm if restore is None else restore
         memory = psutil.virtual_memory()

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -194,7 +195,7 @@ def sync(sync_id: str) -> None:
     entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest.files]
     log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
 
-    state = {"bytes": 0, "files": 0, "file": ""}
+    state: dict[str, Any] = {"bytes": 0, "files": 0, "file": ""}
 
     def report() -> None:
         rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))

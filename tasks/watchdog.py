@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+from typing import cast
 
 import httpx
 import psutil
@@ -87,7 +88,7 @@ class Watchdog:
         the pool then would cut the next, innocent job. Such a request is dropped, with a log
         line."""
         machine = self.settings.machine
-        job_id = self.redis.getdel(self.keys.restart(machine))
+        job_id = cast("str | None", self.redis.getdel(self.keys.restart(machine)))  # decoded (create_redis)
         if job_id is None:
             return
         raw = self.redis.get(self.keys.running(machine))

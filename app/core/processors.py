@@ -26,7 +26,7 @@ def video_processors_available() -> bool:
 
 
 @functools.cache
-def image_only_processor_class() -> type:
+def image_only_processor_class() -> type[Any]:
     """A ``Qwen2VLProcessor`` whose parts are only the image processor and the tokenizer (no
     video processor): the same tokens, templates and ``__call__`` for text and images."""
     from transformers import ProcessorMixin, Qwen2VLProcessor

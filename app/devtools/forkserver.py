@@ -39,7 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 #: the modules the fork server imports once, by name, before it forks anything: what the
@@ -47,10 +47,10 @@ from pathlib import Path
 #: server's, and only the commands it forks import the worker side)
 PRELOAD = ("tasks.preimport", "uvicorn", "app.cli.main", "app.api.server", "app.context", "tasks.worker")
 
-_context: BaseContext | None = None
+_context: ForkServerContext | None = None
 
 
-def _forkserver() -> BaseContext:
+def _forkserver() -> ForkServerContext:
     """This process's fork server context (its server starts at the first :func:`start`)."""
     global _context
     if _context is None:

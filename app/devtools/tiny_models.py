@@ -486,7 +486,8 @@ def _build_qwen_image_edit(scratch: Path) -> DiffusionPipeline:
                      "pad_token_id": ids["<|endoftext|>"]},
         vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
                        "out_hidden_size": _QWEN_HIDDEN},
-        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+        # the model-wide ids: PretrainedConfig's **kwargs, which transformers 5's signature leaves out
+        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],  # type: ignore[call-arg]
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )

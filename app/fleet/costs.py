@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
+from typing import cast
 
 import redis
 
@@ -82,7 +83,7 @@ class FleetCosts:
 
     def machine_profiles(self) -> dict[str, MachineProfile]:
         return {
-            name: MachineProfile(name, m.speed, m.load_bytes_per_s, str(m.memory_kind), m.memory_bytes)
+            name: MachineProfile(name, m.speed, m.load_bytes_per_s, m.memory_kind, m.memory_bytes)
             for name, m in self.fleet.machines.items()
         }
 
@@ -171,7 +172,7 @@ class DemandStore:
         return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})
 
     def load(self) -> Demand:
-        return self.parse(self.redis.hgetall(self.keys.demand()))
+        return self.parse(cast("dict[str, str]", self.redis.hgetall(self.keys.demand())))
 
     def level_after(self, demand_class: str, work_s: float, now_s: float, current: Demand) -> HashField:
         """The hash field to write to record one submission of ``work_s`` speed-1.0 seconds in

@@ -9,7 +9,7 @@ its own host, device None); :func:`by_host` groups the rows."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from app.core.states import ACTIVE, JobState
 from app.fleet.costs import FleetCosts
@@ -27,7 +27,7 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
     reservations = machines.reservations
     rows = []
     for name, view in machines.views().items():
-        raw = machines.redis.hgetall(machines.keys.reservations(name))
+        raw = cast("dict[str, str]", machines.redis.hgetall(machines.keys.reservations(name)))  # decoded
         states = journal.states_of(raw)  # one query per batch of ids, not one per reservation
         live = {job_id: record for job_id, record in raw.items() if states.get(job_id) in ACTIVE}
         running = journal.count_in(JobState.running, name)

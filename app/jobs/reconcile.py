@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import redis
 
@@ -210,7 +211,7 @@ class Reconciler:
         before claiming it (``lost``), or it was removed from its queue (``purged``). (A server
         killed between journaling a job and publishing it leaves the same trace as a purge; the
         message says so.)"""
-        taker = self.redis.get(self.keys.delivered(job_id))
+        taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
             self._interrupt(report, job_id, JobState.queued, "lost",
                             f"its message was delivered to {taker}'s worker, which stopped before claiming it; "

@@ -30,7 +30,7 @@ import json
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery
@@ -102,9 +102,9 @@ class Syncs:
             raise Rejected(f"machine {machine!r} is not in this fleet; machines: {known}", reason="unknown_machine")
         if model_ids:
             for model_id in model_ids:
-                record = self.registry.get(model_id)
-                if record.family not in config.families:
-                    raise Rejected(f"machine {machine!r} does not support family {record.family!r} of model "
+                model = self.registry.get(model_id)
+                if model.family not in config.families:
+                    raise Rejected(f"machine {machine!r} does not support family {model.family!r} of model "
                                    f"{model_id!r}; it supports: {', '.join(sorted(config.families))}",
                                    reason="family_not_supported")
         else:
@@ -116,7 +116,7 @@ class Syncs:
             if not view.online:
                 raise MachineUnavailable(f"machine {machine!r} is offline (no live heartbeat); start its worker, "
                                          f"then sync again")
-            holder = self.redis.get(self.keys.syncing(machine))
+            holder = cast("str | None", self.redis.get(self.keys.syncing(machine)))  # decoded (create_redis)
             if holder:
                 raise Conflict(f"machine {machine!r} is already syncing (sync {holder})", reason="machine_syncing")
             active, waiting = self.journal.count_active(machine), self.machines.queued_in_redis(machine)
@@ -129,14 +129,14 @@ class Syncs:
                 )
             sync_id = uuid.uuid4().hex
             files = [f for m in manifests for f in m.files]
-            record = {
+            record: dict[str, str | int | float] = {
                 "id": sync_id, "machine": machine, "models": json.dumps([m.model_id for m in manifests]),
                 "state": SyncState.queued, "created_at": time.time(), "files_total": len(files),
                 "bytes_total": sum(f.size for f in files), "files_done": 0, "bytes_done": 0, "file": "",
                 "message": "", "results": "[]", "verified": "[]",
             }
             with self.redis.pipeline() as pipe:
-                pipe.hset(self.keys.sync(sync_id), mapping=record)
+                pipe.hset(self.keys.sync(sync_id), mapping=record)  # type: ignore[arg-type]  # redis-py: Mapping keys
                 pipe.expire(self.keys.sync(sync_id), RECORD_TTL_S)
                 pipe.set(self.keys.syncing(machine), sync_id, px=self.claim_wait_ms)  # the claim renews it to ttl_ms
                 pipe.execute()
@@ -149,7 +149,7 @@ class Syncs:
     def get(self, sync_id: str) -> dict[str, Any]:
         """The sync's record (``state``, ``bytes_done``/``bytes_total``, ``file``, ``results``…).
         A queued or running sync whose reservation is gone reads as ``interrupted``. Raises NotFound."""
-        raw = self.redis.hgetall(self.keys.sync(sync_id))
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id)))  # decoded (create_redis)
         if not raw:
             raise NotFound(f"no sync with id {sync_id!r} (records are kept {RECORD_TTL_S} s)", reason="sync_not_found")
         expired = raw["state"] not in SYNC_ENDED and self.redis.get(self.keys.syncing(raw["machine"])) != sync_id
@@ -158,7 +158,7 @@ class Syncs:
             # before a finish and the reservation just after it would read as interrupted. Read
             # the record again; an end state there is the truth (seen in a suite run on one core:
             # `homefleet sync` printed interrupted for a sync its worker finished in 0.6 s).
-            raw = self.redis.hgetall(self.keys.sync(sync_id)) or raw
+            raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id))) or raw
             expired = raw["state"] not in SYNC_ENDED
         record: dict[str, Any] = dict(raw)
         for field in ("files_total", "bytes_total", "files_done", "bytes_done"):

@@ -238,7 +238,7 @@ class Journal:
         """``(api key id, finished_at, started_at, load_s, run_s)`` of every job with a key id that
         ended after ``since``, oldest end first; only ``api_key_id``'s when given (a range of the
         index ``ix_job_api_key_id_finished_at``). Times as stored (UTC; naive from SQLite)."""
-        query = select(
+        query = select(  # type: ignore[call-overload]  # sqlmodel's select is typed for at most 4 columns
             col(Job.api_key_id), col(Job.finished_at), col(Job.started_at), col(Job.load_s), col(Job.run_s),
         ).where(
             col(Job.finished_at) > since,

@@ -12,7 +12,7 @@ seconds.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Final, Literal
 
 from sqlalchemy import insert, or_, update
 from sqlalchemy.engine import Engine
@@ -20,9 +20,9 @@ from sqlmodel import Session, col, func, select
 
 from app.db.tables import JobEvent, WebhookDelivery, utcnow
 
-PENDING = "pending"
-DELIVERED = "delivered"
-FAILED = "failed"  # gave up after webhook_attempts
+PENDING: Final = "pending"
+DELIVERED: Final = "delivered"
+FAILED: Final = "failed"  # gave up after webhook_attempts
 EVENT = "webhook"  # the job event of each attempt
 
 _INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]

@@ -105,9 +105,9 @@ def announced_timeout_s(request: Request) -> float | None:
     values = [request.headers.get(READ_TIMEOUT_HEADER)]
     for prefer in request.headers.getlist("prefer"):
         for token in prefer.split(","):
-            name, _, value = token.strip().partition("=")
+            name, _, wait = token.strip().partition("=")
             if name.strip().lower() == "wait":
-                values.append(value.strip())
+                values.append(wait.strip())
     seconds = []
     for value in values:
         try:
@@ -315,6 +315,13 @@ def default_model(ctx: ServerContext, kind: str) -> str:
     raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
 
 
+async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> str:
+    """``model``, or when none is named :func:`default_model` of ``kind`` (read off the event loop)."""
+    if model:
+        return model
+    return await to_thread.run_sync(default_model, ctx, kind)
+
+
 async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
                    count: int, kind: str = "txt2img") -> list[Job]:
     """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
@@ -402,7 +409,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     ``job_pending`` naming the jobs when they have not ended before the client's announced
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
-    model = body.model or await to_thread.run_sync(default_model, ctx, "txt2img")
+    model = await model_or_default(ctx, body.model, "txt2img")
     params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
         params["steps"] = body.steps
@@ -417,7 +424,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
                 "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
-                         for job in jobs for index in range(len(job.results or [None]))]}
+                         for job in jobs for index in range(max(1, len(job.results or [])))]}
 
 
 @router.post("/v1/images/edits")
@@ -436,7 +443,7 @@ async def edit_images(
     it. ``size`` is accepted for compatibility; an edit keeps the input's size. 409
     ``job_pending`` as for generations (C10)."""
     started = time.monotonic()
-    model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
+    model_id = await model_or_default(ctx, model, "edit")
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory
