@@ -1,7 +1,8 @@
 """An operator finds every setting in one table: docs/operations.md, "Settings" lists each
 ``HOMEFLEET_*`` variable of ``app/core/config.py`` (the broker's, the server's and a worker's
-settings) and no variable that names no setting. Every ``docs/X.md, "Heading"`` citation in
-the code, the tests and the docs names a heading (or a bold run-in heading) of that document.
+settings) and no variable that names no setting. Every citation of a docs section in the code,
+the tests and the docs (the document's path, then its heading in double quotes) names a heading
+(or a bold run-in heading) of that document.
 """
 
 from __future__ import annotations
