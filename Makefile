@@ -11,7 +11,7 @@ PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) $(shell command -v python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean fuzz screenshots
+.PHONY: demo test lint install clean fuzz screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+# ruff (lint only: `ruff format` is configured in pyproject.toml but not enforced) and mypy
+# (strict for routing/, residency/ and app/core/; pyproject.toml, [tool.mypy]). .ci/run runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Real-HTTP fuzz of the public API: schemathesis, all checks, >= 2,000 cases.
 fuzz: $(STAMP)

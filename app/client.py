@@ -15,7 +15,6 @@ from app.core.errors import HomefleetError
 from app.core.states import ENDED
 
 
-
 class ApiError(HomefleetError):
     """Raised when the server answers a request with an error; ``status_code`` is its HTTP code,
     ``retry_after_s`` its ``Retry-After`` (whole seconds; None without one), e.g. of a 429
@@ -74,18 +73,18 @@ class HomefleetClient:
         if webhook_url is not None:
             body["webhook_url"] = webhook_url
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._json(self.http.post("/v1/jobs", json=body, headers=headers))  # type: ignore[no-any-return]
+        return self._json(self.http.post("/v1/jobs", json=body, headers=headers))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel a job; returns it: ``cancelled`` when it was queued, still ``running`` when it
         runs (it stops between steps and ends ``cancelled`` within seconds: :meth:`wait`).
         ApiError 409 when it has ended."""
-        return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))  # type: ignore[no-any-return]
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
     def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:
         """``POST /v1/jobs/{id}/requeue``: a new job with that job's params; ``seed=None``
         draws a new seed, ``seed=N`` takes N, ``target=`` another target. Returns as :meth:`submit`."""
-        return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes))  # type: ignore[no-any-return]
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes))
 
     def progress(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
         """Yield the job each time its state or step changes, ending with the ended job.
@@ -107,10 +106,10 @@ class HomefleetClient:
     def upload(self, data: bytes, filename: str = "input.png") -> dict[str, Any]:
         """``POST /v1/files`` once: store an input image. Returns ``{id, media_type, size_bytes}``;
         name ``id`` in a job's params (``"image": id``). Raises ApiError (422 over a limit)."""
-        return self._json(self.http.post("/v1/files", files={"file": (filename, data)}))  # type: ignore[no-any-return]
+        return self._json(self.http.post("/v1/files", files={"file": (filename, data)}))
 
     def get(self, job_id: str) -> dict[str, Any]:
-        return self._json(self.http.get(f"/v1/jobs/{job_id}"))  # type: ignore[no-any-return]
+        return self._json(self.http.get(f"/v1/jobs/{job_id}"))
 
     def wait(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> dict[str, Any]:
         """Poll until the job has ended; return it. Raises ``TimeoutError`` after ``timeout_s``."""
@@ -133,4 +132,4 @@ class HomefleetClient:
         return response.content
 
     def machines(self) -> list[dict[str, Any]]:
-        return self._json(self.http.get("/v1/machines"))  # type: ignore[no-any-return]
+        return self._json(self.http.get("/v1/machines"))

@@ -45,10 +45,16 @@ class FleetCollector(Collector):
         self.registry = registry
 
     def collect(self) -> Iterator[Metric]:
-        queued = GaugeMetricFamily("homefleet_queue_size", "Jobs waiting in a machine's line (reserved, not running)", labels=["machine"])
+        queued = GaugeMetricFamily(
+            "homefleet_queue_size", "Jobs waiting in a machine's line (reserved, not running)", labels=["machine"]
+        )
         running = GaugeMetricFamily("homefleet_running_jobs", "Jobs running on a machine", labels=["machine"])
-        online = GaugeMetricFamily("homefleet_machine_online", "1 when the machine has a live heartbeat", labels=["machine"])
-        verified = GaugeMetricFamily("homefleet_verified_bytes", "Bytes of the models a machine verified (R4)", labels=["machine"])
+        online = GaugeMetricFamily(
+            "homefleet_machine_online", "1 when the machine has a live heartbeat", labels=["machine"]
+        )
+        verified = GaugeMetricFamily(
+            "homefleet_verified_bytes", "Bytes of the models a machine verified (R4)", labels=["machine"]
+        )
         sizes = {m.id: m.total_bytes for m in self.registry.list()}
         for name, view in self.machines.views().items():
             active = sum(1 for item in view.queue if item.elapsed_s is not None)
@@ -76,10 +82,18 @@ class Metrics:
                                   registry=self.registry)
         self.webhook_attempts = Counter("homefleet_webhook_attempts", "Webhook attempts by outcome", ["outcome"],
                                         registry=self.registry)
-        self.webhook_delivery_s = Histogram("homefleet_webhook_delivery_seconds", "A job's end to its webhook delivered",
-                                            buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self.fleet_lock_hold_s = Histogram("homefleet_fleet_lock_hold_seconds", "Each hold of the fleet lock, acquired to released",
-                                           buckets=LOCK_HOLD_BUCKETS_S, registry=self.registry)
+        self.webhook_delivery_s = Histogram(
+            "homefleet_webhook_delivery_seconds",
+            "A job's end to its webhook delivered",
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.fleet_lock_hold_s = Histogram(
+            "homefleet_fleet_lock_hold_seconds",
+            "Each hold of the fleet lock, acquired to released",
+            buckets=LOCK_HOLD_BUCKETS_S,
+            registry=self.registry,
+        )
 
     def watch_fleet(self, machines: MachineStates, registry: Registry) -> None:
         self.registry.register(FleetCollector(machines, registry))

@@ -7,7 +7,8 @@ and with the adapter (interleaved).
 
 Builds tiny-sd (``homefleet models make-tiny``) and its tiny LoRA (``homefleet models
 make-tiny-lora``) in a temporary folder (``--shapes``: the committed demo model shapes-filled
-and its trained adapter shapes-blue-lora instead, at 32x32 and 8 steps) and prints one line per figure (seconds, the median of
+and its trained adapter shapes-blue-lora instead, at 32x32 and 8 steps) and prints one line per figure (seconds, the
+median of
 ``--repeat`` runs after a warm-up run), then all in one line of ``name=seconds``.
 """
 

@@ -75,7 +75,9 @@ def _wait_idle(process: psutil.Process, busy_share: float = 0.05, window_s: floa
     return time.perf_counter() - started
 
 
-def run(queued: int, samples: int, journal_url: str | None, reconcile_interval_s: float | None = None) -> dict[str, float]:
+def run(
+    queued: int, samples: int, journal_url: str | None, reconcile_interval_s: float | None = None
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="hf-backlog-") as tmp:
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
@@ -144,16 +146,29 @@ def run(queued: int, samples: int, journal_url: str | None, reconcile_interval_s
                 print(f"reconciliation pass: {report}")
             finally:
                 ctx.close()
-            env = {**os.environ, "HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": redis_process.url,
-                   "HOMEFLEET_FLEET_FILE": str(fleet_file), **({"HOMEFLEET_DATABASE_URL": journal_url} if journal_url else {})}
+            env = {
+                **os.environ,
+                "HOMEFLEET_DATA_DIR": str(settings.data_dir),
+                "HOMEFLEET_REDIS_URL": redis_process.url,
+                "HOMEFLEET_FLEET_FILE": str(fleet_file),
+                **({"HOMEFLEET_DATABASE_URL": journal_url} if journal_url else {}),
+            }
             t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "app.cli", "status"], check=False, env=env, capture_output=True, text=True,
-                                  timeout=120)
+            done = subprocess.run(
+                [sys.executable, "-m", "app.cli", "status"],
+                check=False,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             status_s = time.perf_counter() - t
             if done.returncode != 0:
                 raise RuntimeError(f"homefleet status exited {done.returncode}: {done.stdout}\n{done.stderr}")
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import app.cli.main"], check=False, env=env, capture_output=True, timeout=120)
+            subprocess.run(
+                [sys.executable, "-c", "import app.cli.main"], check=False, env=env, capture_output=True, timeout=120
+            )
             imports_s = time.perf_counter() - t
         finally:
             local.stop()

@@ -133,7 +133,7 @@ class Schedule:
         self.states: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # per line: the state after each job
         for m, line in self.lines.items():
             self.states[m] = []
-            self.slow.update(zip(line, replay(p, m, line, None, self.states[m])))
+            self.slow.update(zip(line, replay(p, m, line, None, self.states[m]), strict=False))
         self.total = sum(self.slow.values())
         self.sorted = sorted(self.slow.values())
 
@@ -162,16 +162,17 @@ class Schedule:
             for j, to in changes.items():
                 if to == m:
                     bisect.insort(line, j, key=self.key)
-            first = next((i for i, (a, b) in enumerate(zip(old, line)) if a != b), min(len(old), len(line)))
+            changed = (i for i, (a, b) in enumerate(zip(old, line, strict=False)) if a != b)
+            first = next(changed, min(len(old), len(line)))
             states: list[tuple[float, tuple[str, ...]]] = []
             before = self.states[m][first - 1] if first > 0 else None
-            slow.update(zip(line[first:], replay(self.p, m, line[first:], before, states)))
+            slow.update(zip(line[first:], replay(self.p, m, line[first:], before, states), strict=False))
             lines[m], replayed[m] = line, (first, states)
         return slow, lines, replayed
 
     def figures_after(self, slow: dict[int, float], lines: dict[str, list[int]], replayed: dict) -> tuple[float, float]:
         """(mean, p95) of the schedule with ``slow`` replacing the touched lines' slowdowns."""
-        old = [self.slow[j] for m in lines for j in self.lines[m][replayed[m][0]:]]
+        old = [self.slow[j] for m in lines for j in self.lines[m][replayed[m][0] :]]
         total = self.total - sum(old) + sum(slow.values())
         ordered = list(self.sorted)
         for v in old:
@@ -181,8 +182,9 @@ class Schedule:
         n = max(len(ordered), 1)
         return total / n, ordered[min(n - 1, int(P95 * n))]
 
-    def commit(self, changes: dict[int, str], slow: dict[int, float], lines: dict[str, list[int]],
-               replayed: dict) -> None:
+    def commit(
+        self, changes: dict[int, str], slow: dict[int, float], lines: dict[str, list[int]], replayed: dict
+    ) -> None:
         for m in lines:
             first, states = replayed[m]
             for j in self.lines[m][first:]:
@@ -217,8 +219,15 @@ def greedy(p: Problem) -> dict[int, str]:
         done, m = best
         kind, usable, protected = p.machines[m]
         warm = list(state[m][1])
-        admit(warm, p.model[j], memory_kind=kind, usable_bytes=usable, protected=protected,
-              weights_bytes=p.weights.__getitem__, working_bytes=p.working[j])
+        admit(
+            warm,
+            p.model[j],
+            memory_kind=kind,
+            usable_bytes=usable,
+            protected=protected,
+            weights_bytes=p.weights.__getitem__,
+            working_bytes=p.working[j],
+        )
         state[m] = (done, warm)
         placed[j] = m
     return placed
@@ -229,6 +238,7 @@ def search(p: Problem, seeds: list[dict[int, str]], objective: str, moves: int, 
     or ``p95`` with ties broken by the mean): ``moves`` tried moves (a job to another of its
     machines, or two jobs on different machines swapped), each kept only if it lowers the
     objective. Never worse than the best seed."""
+
     def score(mean: float, p95: float) -> tuple[float, float]:
         return (mean, p95) if objective == "mean" else (p95, mean)
 

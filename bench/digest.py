@@ -45,7 +45,7 @@ from pathlib import Path
 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.core.digest import file_digest  # noqa: E402
+from app.core.digest import file_digest
 
 CHUNK_BYTES = 1024 * 1024
 READ_BUFFER_BYTES = 8 * 1024 * 1024

@@ -239,7 +239,10 @@ def run(jobs: int, steps: int) -> dict[str, float]:
                           ("celery apply_async -> no-op start", celery)):
         print(f"{label:<48} {ms(values, .5):>8.2f} {ms(values, .99):>8.2f}")
     after_post = [s - p for s, p in zip(submit, post, strict=True)]
-    print(f"{'  answer -> claim (delivery, pool, claim HTTP)':<48} {ms(after_post, .5):>8.2f} {ms(after_post, .99):>8.2f}")
+    print(
+        f"{'  answer -> claim (delivery, pool, claim HTTP)':<48} "
+        f"{ms(after_post, 0.5):>8.2f} {ms(after_post, 0.99):>8.2f}"
+    )
     print(f"\nbreakdown in-process ({jobs} pinned submissions and claims, no worker):")
     for label, values in spans.seconds.items():
         print(f"  {label:<46} {ms(values, .5):>8.3f} {ms(values, .99):>8.3f}")

@@ -20,7 +20,7 @@ import json
 import random
 from pathlib import Path
 
-from bench.sim import BENCH, SimFleet, Simulation, TraceJob, Trace, auto, load_fleet_file, true_factors
+from bench.sim import BENCH, SimFleet, Simulation, Trace, TraceJob, auto, load_fleet_file, true_factors
 from routing.placement import exclusion
 from routing.timings import job_size
 
@@ -30,8 +30,22 @@ VIDEO = (848, 480, 33)
 MIXES = {
     # session kind -> weight; a session is one job, a txt2img followed by an upscale, or an edit burst.
     "mixed": {"sdxl": 0.40, "flux-dev": 0.26, "sd15": 0.10, "edit": 0.06, "wan-t2v-1.3b": 0.03, "wan-t2v-14b": 0.01},
-    "edit_heavy": {"sdxl": 0.30, "flux-dev": 0.18, "sd15": 0.08, "edit": 0.30, "wan-t2v-1.3b": 0.02, "wan-t2v-14b": 0.01},
-    "video_heavy": {"sdxl": 0.35, "flux-dev": 0.20, "sd15": 0.08, "edit": 0.05, "wan-t2v-1.3b": 0.14, "wan-t2v-14b": 0.04},
+    "edit_heavy": {
+        "sdxl": 0.30,
+        "flux-dev": 0.18,
+        "sd15": 0.08,
+        "edit": 0.30,
+        "wan-t2v-1.3b": 0.02,
+        "wan-t2v-14b": 0.01,
+    },
+    "video_heavy": {
+        "sdxl": 0.35,
+        "flux-dev": 0.20,
+        "sd15": 0.08,
+        "edit": 0.05,
+        "wan-t2v-1.3b": 0.14,
+        "wan-t2v-14b": 0.04,
+    },
 }
 
 TRACES = [
@@ -60,10 +74,20 @@ def session(rng: random.Random, mix: dict[str, float], burst: tuple[int, int]) -
         return [{"dt": 0.0, "model": choice, "kind": "video", "steps": rng.randint(30, 50), "width": w, "height": h,
                  "frames": f}]
     side = 512 if choice == "sd15" else rng.choice([1024, 1024, 1024, 768])
-    jobs = [{"dt": 0.0, "model": choice, "kind": "txt2img", "steps": rng.randint(20, 50), "width": side, "height": side}]
+    jobs = [
+        {"dt": 0.0, "model": choice, "kind": "txt2img", "steps": rng.randint(20, 50), "width": side, "height": side}
+    ]
     if rng.random() < 0.25:  # an upscale right after the image
-        jobs.append({"dt": rng.uniform(20, 90), "model": "sd-x4-upscaler", "kind": "upscale", "steps": rng.randint(4, 20),
-                     "width": 2048, "height": 2048})
+        jobs.append(
+            {
+                "dt": rng.uniform(20, 90),
+                "model": "sd-x4-upscaler",
+                "kind": "upscale",
+                "steps": rng.randint(4, 20),
+                "width": 2048,
+                "height": 2048,
+            }
+        )
     return jobs
 
 
@@ -113,7 +137,16 @@ def build(fleet: SimFleet, stem: str, mix: str, load: float, seed: int, burst: t
             if roll < 0.10:
                 target = "server"
             elif roll < 0.20:
-                probe = TraceJob(0, 0, j["model"], j["kind"], j["steps"], job_size(j["width"] * j["height"], j.get("frames", 1)), "auto", 1)
+                probe = TraceJob(
+                    0,
+                    0,
+                    j["model"],
+                    j["kind"],
+                    j["steps"],
+                    job_size(j["width"] * j["height"], j.get("frames", 1)),
+                    "auto",
+                    1,
+                )
                 able = [n for n in names if exclusion(sim.request(probe), views[n], sim.estimator) is None]
                 target = rng.choice(able)
             entry = {"t": round(t + j["dt"], 3), **{k: v for k, v in j.items() if k != "dt"}, "target": target,

@@ -155,9 +155,11 @@ def main(argv: list[str] | None = None) -> None:
             for width, height, frames in SIZES[kind]:
                 row = measure_in_subprocess(kind, folders[kind], width, height, frames, args.steps)
                 rows.append(row)
-                print(f"{kind:8} {f'{width}x{height}x{frames}':>14} {row['size']:>9} {row['loaded_bytes'] / 1e6:>10.1f} "
-                      f"{row['peak_bytes'] / 1e6:>9.1f} {row['working_bytes'] / 1e6:>11.2f} {row['run_s']:>6.2f}",
-                      flush=True)
+                print(
+                    f"{kind:8} {f'{width}x{height}x{frames}':>14} {row['size']:>9} {row['loaded_bytes'] / 1e6:>10.1f} "
+                    f"{row['peak_bytes'] / 1e6:>9.1f} {row['working_bytes'] / 1e6:>11.2f} {row['run_s']:>6.2f}",
+                    flush=True,
+                )
             fits[kind] = fit(rows)
     print()
     print(f"# bench/memory.py, {date.today().isoformat()}, steps={args.steps}, fp32 on the CPU; models: "

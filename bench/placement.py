@@ -73,7 +73,9 @@ MOVES = 3000  # clairvoyant search on a seeded trace: moves tried per figure (be
 RANDOM_MOVES = 3000  # the same per random case (--random 200: about 3 CPU minutes, docs/benchmarks.md)
 
 
-def run_trace(fleet: SimFleet, path: Path, moves: int = MOVES) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
+def run_trace(
+    fleet: SimFleet, path: Path, moves: int = MOVES
+) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]]]:
     """Per policy its figures, and where Auto's slowdown exceeds the forced floor
     (:func:`bench.sim.excess_by_machine`). Row ``reference``: the clairvoyant schedule
     (:func:`bench.clairvoyant.reference`, seeded with every policy's, ``moves`` tried moves per
@@ -92,32 +94,59 @@ def run_trace(fleet: SimFleet, path: Path, moves: int = MOVES) -> tuple[dict[str
         slow = [done[i] / max(bounds[i], BOUND_FLOOR_S) for i in done]
         seeds.append(out.placed_on)
         return {
-            "mean_s": statistics.fmean(done.values()), "p95_s": percentile(done.values(), 0.95),
-            "slowdown": statistics.fmean(slow), "p95_slowdown": percentile(slow, 0.95), "cold_loads": out.cold_loads,
-            "evictions": out.evictions, "rejected": out.rejected, "done": len(done),
+            "mean_s": statistics.fmean(done.values()),
+            "p95_s": percentile(done.values(), 0.95),
+            "slowdown": statistics.fmean(slow),
+            "p95_slowdown": percentile(slow, 0.95),
+            "cold_loads": out.cold_loads,
+            "evictions": out.evictions,
+            "rejected": out.rejected,
+            "done": len(done),
         }
 
     for name, policy in POLICIES.items():
         out = Simulation(fleet, trace, policy, factors).run()
         if name == "auto":
-            excess = excess_by_machine(out.completion_s, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(out.completion_s))
+            excess = excess_by_machine(
+                out.completion_s, out.placed_on, bounds, floor, BOUND_FLOOR_S, len(out.completion_s)
+            )
         rows[name] = row(out)
-    out = Simulation(fleet, trace, POLICIES["auto"], factors, moves=True).run()  # a proposal: the server does not move jobs
+    out = Simulation(
+        fleet, trace, POLICIES["auto"], factors, moves=True
+    ).run()  # a proposal: the server does not move jobs
     rows["auto+moves"] = {**row(out), "moves": out.moves}
     problem = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     by_mean, by_p95 = clairvoyant.reference(problem, seeds, moves)
-    rows["reference"] = {"mean_s": float("nan"), "p95_s": float("nan"), "slowdown": by_mean.mean,
-                         "p95_slowdown": by_p95.p95, "cold_loads": 0, "evictions": 0, "rejected": 0,
-                         "done": len(by_mean.slow)}
-    rows["forced_floor"] = {"mean_s": float("nan"), "p95_s": float("nan"),
-                            "slowdown": statistics.fmean(value for value, _ in floor.values()),
-                            "p95_slowdown": percentile((value for value, _ in floor.values()), 0.95),
-                            "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(trace.jobs)}
+    rows["reference"] = {
+        "mean_s": float("nan"),
+        "p95_s": float("nan"),
+        "slowdown": by_mean.mean,
+        "p95_slowdown": by_p95.p95,
+        "cold_loads": 0,
+        "evictions": 0,
+        "rejected": 0,
+        "done": len(by_mean.slow),
+    }
+    rows["forced_floor"] = {
+        "mean_s": float("nan"),
+        "p95_s": float("nan"),
+        "slowdown": statistics.fmean(value for value, _ in floor.values()),
+        "p95_slowdown": percentile((value for value, _ in floor.values()), 0.95),
+        "cold_loads": 0,
+        "evictions": 0,
+        "rejected": 0,
+        "done": len(trace.jobs),
+    }
     lb = [bounds[j.index] for j in trace.jobs]
     rows["lower_bound"] = {
-        "mean_s": statistics.fmean(lb), "p95_s": percentile(lb, 0.95),
-        "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb), "p95_slowdown": 1.0,
-        "cold_loads": 0, "evictions": 0, "rejected": 0, "done": len(lb),
+        "mean_s": statistics.fmean(lb),
+        "p95_s": percentile(lb, 0.95),
+        "slowdown": statistics.fmean(b / max(b, BOUND_FLOOR_S) for b in lb),
+        "p95_slowdown": 1.0,
+        "cold_loads": 0,
+        "evictions": 0,
+        "rejected": 0,
+        "done": len(lb),
     }
     return rows, excess
 
@@ -141,14 +170,19 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
         name = f"{proto.name}-{i}"
         big.machines[name] = proto.model_copy(update={"name": name})
         queue = tuple(WorkItem(m, fleet.kinds[m], 30, 1024 * 1024) for m in rng.choices(models, k=rng.randint(0, 4)))
-        views[name] = MachineView(name, True, proto.families, frozenset(models), len(queue), queue,
-                                  warm_models=(rng.choice(models),))
+        views[name] = MachineView(
+            name, True, proto.families, frozenset(models), len(queue), queue, warm_models=(rng.choice(models),)
+        )
     estimator = big.estimator()
-    requests = [JobRequest(m, fleet.models[m].family, fleet.kinds[m], "auto", 30, 1024 * 1024)
-                for m in rng.choices(models, k=decisions)]
+    requests = [
+        JobRequest(m, fleet.models[m].family, fleet.kinds[m], "auto", 30, 1024 * 1024)
+        for m in rng.choices(models, k=decisions)
+    ]
     demand = Demand()
     for i, request in enumerate(requests):  # an earlier hour of the same mix
-        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i))
+        demand.add(
+            request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), float(i)
+        )
     catalogue = {m: (p.family, p.kind) for m, p in fleet.models.items()}
     speed = {n: m.speed for n, m in big.machines.items()}
     scarcity, drains = Scarcity(), Drains()
@@ -157,9 +191,11 @@ def decision_ms(fleet: SimFleet, machines: int, decisions: int = 200, seed: int 
         now_s = float(decisions + i)
         weights = scarcity.pressure(views, estimator, catalogue, demand.rates(now_s), speed)
         chosen = views[place(request, views, estimator, weights, drains).machine]
-        queue = (chosen.queue + (WorkItem(request.model_id, request.kind, request.steps, request.size),))[-5:]
+        queue = ((*chosen.queue, WorkItem(request.model_id, request.kind, request.steps, request.size)))[-5:]
         views[chosen.name] = replace(chosen, backlog=len(queue), queue=queue)
-        demand.add(request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), now_s)
+        demand.add(
+            request.model_id, estimator.work_s(request.model_id, request.kind, request.steps, request.size), now_s
+        )
     return ((time.perf_counter() - wall) * 1000 / decisions, (time.process_time() - cpu) * 1000 / decisions)
 
 
@@ -187,7 +223,9 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
         seeds.append(out.placed_on)
         per_machine[name] = {}
         for j, v in replayed.slow.items():
-            per_machine[name][replayed.placed[j]] = per_machine[name].get(replayed.placed[j], 0.0) + v / len(replayed.slow)
+            per_machine[name][replayed.placed[j]] = per_machine[name].get(replayed.placed[j], 0.0) + v / len(
+                replayed.slow
+            )
     figures["best_mean"] = min(figures[f"{b}_mean"] for b in BASELINES)
     figures["best_p95"] = min(figures[f"{b}_p95"] for b in BASELINES)
     by_mean, by_p95 = clairvoyant.reference(p, seeds, moves, seed)
@@ -199,8 +237,10 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
     gaps = {m: v - per_machine[best].get(m, 0.0) for m, v in per_machine["auto"].items()}
     worst = max(gaps, key=gaps.__getitem__)
     machine = fleet.machines[worst]
-    figures["where"] = (f"{worst} ({machine.memory_kind}, {machine.memory_bytes / 1e9:.0f} GB, speed {machine.speed:.2f}): "  # type: ignore[assignment]
-                        f"auto {per_machine['auto'][worst]:.2f} vs {best} {per_machine[best].get(worst, 0.0):.2f}")
+    figures["where"] = (
+        f"{worst} ({machine.memory_kind}, {machine.memory_bytes / 1e9:.0f} GB, speed {machine.speed:.2f}): "  # type: ignore[assignment]
+        f"auto {per_machine['auto'][worst]:.2f} vs {best} {per_machine[best].get(worst, 0.0):.2f}"
+    )
     return figures
 
 
@@ -217,34 +257,48 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
         figures["seed"] = case_seed
         rows.append(figures)
         if verbose:
-            print(f"{case.describe()} auto/best mean={figures['auto_mean'] / figures['best_mean']:.3f} "
-                  f"p95={figures['auto_p95'] / figures['best_p95']:.3f} auto/ref mean="
-                  f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}"
-                  + (f" most_over_best_baseline={figures['where']}"
-                     if max(figures['auto_mean'] / figures['best_mean'], figures['auto_p95'] / figures['best_p95']) > 1 + 1e-9
-                     else ""), flush=True)
+            print(
+                f"{case.describe()} auto/best mean={figures['auto_mean'] / figures['best_mean']:.3f} "
+                f"p95={figures['auto_p95'] / figures['best_p95']:.3f} auto/ref mean="
+                f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}"
+                + (
+                    f" most_over_best_baseline={figures['where']}"
+                    if max(figures["auto_mean"] / figures["best_mean"], figures["auto_p95"] / figures["best_p95"])
+                    > 1 + 1e-9
+                    else ""
+                ),
+                flush=True,
+            )
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
 
     def spread(values: list[float]) -> str:
         return f"p50={percentile(values, 0.5):.3f} p95={percentile(values, 0.95):.3f} max={max(values):.3f}"
 
-    print(f"\n== random: {n} cases from seed {seed} ({elapsed:.0f} s wall, {cpu:.0f} s CPU; {moves} search moves per "
-          "figure)")
+    print(
+        f"\n== random: {n} cases from seed {seed} ({elapsed:.0f} s wall, {cpu:.0f} s CPU; {moves} search moves per "
+        "figure)"
+    )
     for figure in ("mean", "p95"):
         vs_best = [r[f"auto_{figure}"] / r[f"best_{figure}"] for r in rows]
         regret = [r[f"auto_{figure}"] / r[f"ref_{figure}"] for r in rows]
         best_regret = [r[f"best_{figure}"] / r[f"ref_{figure}"] for r in rows]
-        losses = [int(r["seed"]) for r, v in zip(rows, vs_best) if v > 1 + 1e-9]
-        print(f"{figure:<5} auto/best_baseline {spread(vs_best)} losses={len(losses)}"
-              + (f" (seeds {' '.join(map(str, losses[:10]))})" if losses else ""))
+        losses = [int(r["seed"]) for r, v in zip(rows, vs_best, strict=False) if v > 1 + 1e-9]
+        print(
+            f"{figure:<5} auto/best_baseline {spread(vs_best)} losses={len(losses)}"
+            + (f" (seeds {' '.join(map(str, losses[:10]))})" if losses else "")
+        )
         print(f"{figure:<5} auto/reference     {spread(regret)}")
         print(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
-    print(f"seeded_mismatch={sum(int(r['seeded_mismatch']) for r in rows)} (seeded schedules whose replay "
-          "differs from the simulator)")
+    print(
+        f"seeded_mismatch={sum(int(r['seeded_mismatch']) for r in rows)} (seeded schedules whose replay "
+        "differs from the simulator)"
+    )
     _, cpu_ms = decision_ms(catalogue, 500)
     loop_s = python_loop_s()
-    print(f"decision_ms_500={cpu_ms:.3f} loop_20m_s={loop_s:.2f} (CPU; the loop, 20 million additions in pure "
-          "Python, measured in the same run, says how fast the host is now)")
+    print(
+        f"decision_ms_500={cpu_ms:.3f} loop_20m_s={loop_s:.2f} (CPU; the loop, 20 million additions in pure "
+        "Python, measured in the same run, says how fast the host is now)"
+    )
     return rows
 
 
@@ -265,8 +319,12 @@ def main() -> None:
     parser.add_argument("--no-submit", action="store_true", help="skip the end-to-end submission measurement")
     parser.add_argument("--random", type=int, metavar="N", help="N random fleets and traces (bench/random_cases.py)")
     parser.add_argument("--seed", type=int, default=1, help="the seed of the random cases")
-    parser.add_argument("--moves", type=int, help="clairvoyant search: moves tried per figure and trace "
-                        f"(default {MOVES} on the traces, {RANDOM_MOVES} per random case)")
+    parser.add_argument(
+        "--moves",
+        type=int,
+        help="clairvoyant search: moves tried per figure and trace "
+        f"(default {MOVES} on the traces, {RANDOM_MOVES} per random case)",
+    )
     parser.add_argument("--verbose", action="store_true", help="with --random: one line per case")
     args = parser.parse_args()
     if args.random:
@@ -282,11 +340,15 @@ def main() -> None:
     for path in traces:
         rows, excess = run_trace(fleet, path, MOVES if args.moves is None else args.moves)
         print(f"\n== {path.stem}")
-        print(f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'p95_slow':>10}{'cold':>7}{'evict':>7}"
-              f"{'rejected':>9}")
+        print(
+            f"{'policy':<15}{'mean_s':>10}{'p95_s':>10}{'slowdown':>10}{'p95_slow':>10}{'cold':>7}{'evict':>7}"
+            f"{'rejected':>9}"
+        )
         for name, r in rows.items():
-            print(f"{name:<15}{r['mean_s']:>10.1f}{r['p95_s']:>10.1f}{r['slowdown']:>10.2f}{r['p95_slowdown']:>10.2f}"
-                  f"{r['cold_loads']:>7}{r['evictions']:>7}{r['rejected']:>9}")
+            print(
+                f"{name:<15}{r['mean_s']:>10.1f}{r['p95_s']:>10.1f}{r['slowdown']:>10.2f}{r['p95_slowdown']:>10.2f}"
+                f"{r['cold_loads']:>7}{r['evictions']:>7}{r['rejected']:>9}"
+            )
         best = min(rows[b]["slowdown"] for b in BASELINES)
         worst = max(worst, rows["auto"]["slowdown"] / best)
         vs_lq.append(rows["auto"]["slowdown"] / rows["least_queue"]["slowdown"])
@@ -295,22 +357,36 @@ def main() -> None:
         cold_auto += int(rows["auto"]["cold_loads"])
         gap = best - rows["forced_floor"]["slowdown"]
         closed[path.stem] = (best - rows["auto"]["slowdown"]) / gap if gap > 0 else float("nan")
-        print(f"closed={closed[path.stem]:.3f} (of the distance from the best baseline {best:.2f} to the forced "
-              f"floor {rows['forced_floor']['slowdown']:.2f}, the share Auto closes)")
+        print(
+            f"closed={closed[path.stem]:.3f} (of the distance from the best baseline {best:.2f} to the forced "
+            f"floor {rows['forced_floor']['slowdown']:.2f}, the share Auto closes)"
+        )
         with_moves = (best - rows["auto+moves"]["slowdown"]) / gap if gap > 0 else float("nan")
-        print(f"closed_with_moves={with_moves:.3f} moves={rows['auto+moves']['moves']} (auto+moves: a queued Auto "
-              "job moved onto a machine that falls idle, routing.placement.best_move; simulated only)")
+        print(
+            f"closed_with_moves={with_moves:.3f} moves={rows['auto+moves']['moves']} (auto+moves: a queued Auto "
+            "job moved onto a machine that falls idle, routing.placement.best_move; simulated only)"
+        )
         cold_lq += int(rows["least_queue"]["cold_loads"])
         ref = rows["reference"]
         best_p95 = min(rows[b]["p95_slowdown"] for b in BASELINES)
-        regret[path.stem] = (rows["auto"]["slowdown"] / ref["slowdown"], rows["auto"]["p95_slowdown"] / ref["p95_slowdown"])
-        print(f"regret auto/reference mean={regret[path.stem][0]:.3f} p95={regret[path.stem][1]:.3f} "
-              f"(best_baseline/reference mean={best / ref['slowdown']:.3f} p95={best_p95 / ref['p95_slowdown']:.3f}; "
-              f"auto/best_baseline p95={rows['auto']['p95_slowdown'] / best_p95:.3f})")
+        regret[path.stem] = (
+            rows["auto"]["slowdown"] / ref["slowdown"],
+            rows["auto"]["p95_slowdown"] / ref["p95_slowdown"],
+        )
+        print(
+            f"regret auto/reference mean={regret[path.stem][0]:.3f} p95={regret[path.stem][1]:.3f} "
+            f"(best_baseline/reference mean={best / ref['slowdown']:.3f} p95={best_p95 / ref['p95_slowdown']:.3f}; "
+            f"auto/best_baseline p95={rows['auto']['p95_slowdown'] / best_p95:.3f})"
+        )
         ranked = sorted(excess.items(), key=lambda item: -sum(item[1]))
-        print("auto_over_floor_by_machine " + " ".join(
-            f"{m}={flex + forced:.2f}(choice={flex:.2f},forced={forced:.2f})" for m, (flex, forced) in ranked
-            if abs(flex + forced) >= 0.05))
+        print(
+            "auto_over_floor_by_machine "
+            + " ".join(
+                f"{m}={flex + forced:.2f}(choice={flex:.2f},forced={forced:.2f})"
+                for m, (flex, forced) in ranked
+                if abs(flex + forced) >= 0.05
+            )
+        )
 
     print("\n== decision time (Auto, mean of 200)")
     decision = {}
@@ -327,17 +403,24 @@ def main() -> None:
         submit_ratio = auto_per_s / bare_per_s
         print(f"\n== submissions (16 machines): auto_per_s={auto_per_s:.1f} bare_lock_lpush_per_s={bare_per_s:.1f}")
 
-    print(f"\nfloor_vs_best_baseline={floor_worst:.3f} floor_vs_least_queue={statistics.fmean(floor_vs_lq):.3f} "
-          "(the forced-only floor's ratios: the best any placement could reach)")
+    print(
+        f"\nfloor_vs_best_baseline={floor_worst:.3f} floor_vs_least_queue={statistics.fmean(floor_vs_lq):.3f} "
+        "(the forced-only floor's ratios: the best any placement could reach)"
+    )
     print(
         f"mean_auto_vs_least_queue={statistics.fmean(vs_lq):.4f} "
         f"cold_loads_vs_least_queue={cold_auto / max(cold_lq, 1):.4f} submit_vs_bare={submit_ratio:.3f}"
     )
-    print(f"regret_mean_max={max(r[0] for r in regret.values()):.3f} regret_p95_max={max(r[1] for r in regret.values()):.3f} "
-          "(Auto / the clairvoyant reference, bench/clairvoyant.py)")
+    print(
+        f"regret_mean_max={max(r[0] for r in regret.values()):.3f} "
+        f"regret_p95_max={max(r[1] for r in regret.values()):.3f} "
+        "(Auto / the clairvoyant reference, bench/clairvoyant.py)"
+    )
     shares = [value for value in closed.values() if not math.isnan(value)] or [float("nan")]  # nan: no gap to close
-    print(f"worst_auto_vs_best_baseline={worst:.4f} min_closed={min(shares):.3f} "
-          f"mean_closed={statistics.fmean(shares):.3f} decision_ms_500={decision[500]:.3f}")
+    print(
+        f"worst_auto_vs_best_baseline={worst:.4f} min_closed={min(shares):.3f} "
+        f"mean_closed={statistics.fmean(shares):.3f} decision_ms_500={decision[500]:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def quota_latencies(submissions: int = SUBMISSIONS) -> tuple[list[float], list[f
                 ctx.redis.set(ctx.keys.heartbeat("server"), '{"machine": "server"}', ex=3600)
                 ctx.redis.sadd(ctx.keys.verified("server"), model)
                 quota_id, free_id = settings.api_key_id(QUOTA_KEY), settings.api_key_id(FREE_KEY)
-                assert ctx.dispatcher.quotas.quota(quota_id) is not None and ctx.dispatcher.quotas.quota(free_id) is None
+                assert (
+                    ctx.dispatcher.quotas.quota(quota_id) is not None and ctx.dispatcher.quotas.quota(free_id) is None
+                )
                 _history(ctx, quota_id, model)
                 _history(ctx, free_id, model)
 

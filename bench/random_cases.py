@@ -68,11 +68,19 @@ def random_fleet(rng: random.Random, catalogue: SimFleet) -> SimFleet:
             memory = int((rng.choice([8, 12, 16, 24, 24, 48, 80]) - 1.5) * GB)
             speed, load = math.exp(rng.uniform(math.log(1.0), math.log(6.0))), rng.uniform(1.0e9, 3.0e9)
         else:
-            memory = int(0.72 * (rng.uniform(64, 192) if i == 0 else rng.choice([8, 16, 24, 32, 36, 48, 64, 96, 128, 192])) * GB)
+            memory = int(
+                0.72 * (rng.uniform(64, 192) if i == 0 else rng.choice([8, 16, 24, 32, 36, 48, 64, 96, 128, 192])) * GB
+            )
             speed, load = math.exp(rng.uniform(math.log(0.3), math.log(1.5))), 2.5e9
-        machines[name] = Machine(name=name, backend=Backend("cuda" if cuda else "mps"),
-                                 memory_kind=MemoryKind("dedicated" if cuda else "unified"), memory_bytes=memory,
-                                 families=frozenset(families), speed=speed, load_bytes_per_s=load)
+        machines[name] = Machine(
+            name=name,
+            backend=Backend("cuda" if cuda else "mps"),
+            memory_kind=MemoryKind("dedicated" if cuda else "unified"),
+            memory_bytes=memory,
+            families=frozenset(families),
+            speed=speed,
+            load_bytes_per_s=load,
+        )
     speeds = sorted(machines.values(), key=lambda m: m.speed)
     if speeds[-1].speed / speeds[0].speed < 10:  # speeds over 10x in every fleet
         slow = speeds[0]
@@ -93,21 +101,44 @@ def session(rng: random.Random, mix: dict[str, float]) -> list[dict]:
     if choice == "edit":
         jobs, offset = [], 0.0
         for _ in range(rng.randint(2, 10)):
-            jobs.append({"dt": offset, "model": "qwen-image-edit", "kind": "edit", "steps": rng.randint(20, 40),
-                         "size": job_size(1024 * 1024)})
+            jobs.append(
+                {
+                    "dt": offset,
+                    "model": "qwen-image-edit",
+                    "kind": "edit",
+                    "steps": rng.randint(20, 40),
+                    "size": job_size(1024 * 1024),
+                }
+            )
             offset += rng.uniform(30, 120)
         return jobs
     if choice == "text":
-        return [{"dt": 0.0, "model": TEXT_MODEL.model_id, "kind": "text", "steps": rng.randint(64, 1024),
-                 "size": rng.randint(50, 4000)}]
+        return [
+            {
+                "dt": 0.0,
+                "model": TEXT_MODEL.model_id,
+                "kind": "text",
+                "steps": rng.randint(64, 1024),
+                "size": rng.randint(50, 4000),
+            }
+        ]
     if choice.startswith("wan"):
         w, h, f = VIDEO
         return [{"dt": 0.0, "model": choice, "kind": "video", "steps": rng.randint(30, 50), "size": job_size(w * h, f)}]
     side = 512 if choice == "sd15" else rng.choice([1024, 1024, 1024, 768])
-    jobs = [{"dt": 0.0, "model": choice, "kind": "txt2img", "steps": rng.randint(20, 50), "size": job_size(side * side)}]
+    jobs = [
+        {"dt": 0.0, "model": choice, "kind": "txt2img", "steps": rng.randint(20, 50), "size": job_size(side * side)}
+    ]
     if rng.random() < 0.25:
-        jobs.append({"dt": rng.uniform(20, 90), "model": "sd-x4-upscaler", "kind": "upscale",
-                     "steps": rng.randint(4, 20), "size": job_size(2048 * 2048)})
+        jobs.append(
+            {
+                "dt": rng.uniform(20, 90),
+                "model": "sd-x4-upscaler",
+                "kind": "upscale",
+                "steps": rng.randint(4, 20),
+                "size": job_size(2048 * 2048),
+            }
+        )
     return jobs
 
 
@@ -115,9 +146,15 @@ def random_case(seed: int, catalogue: SimFleet) -> Case:
     """The fleet and trace of one case (the module docstring); same seed, same case."""
     rng = random.Random(seed)
     fleet = random_fleet(rng, catalogue)
-    mix = {"sdxl": rng.uniform(0.1, 0.5), "flux-dev": rng.uniform(0.05, 0.35), "sd15": rng.uniform(0.0, 0.15),
-           "edit": rng.uniform(0.0, 0.2), "wan-t2v-1.3b": rng.uniform(0.0, 0.1), "wan-t2v-14b": rng.uniform(0.0, 0.04),
-           "text": rng.uniform(0.0, 0.3)}
+    mix = {
+        "sdxl": rng.uniform(0.1, 0.5),
+        "flux-dev": rng.uniform(0.05, 0.35),
+        "sd15": rng.uniform(0.0, 0.15),
+        "edit": rng.uniform(0.0, 0.2),
+        "wan-t2v-1.3b": rng.uniform(0.0, 0.1),
+        "wan-t2v-14b": rng.uniform(0.0, 0.04),
+        "text": rng.uniform(0.0, 0.3),
+    }
     count = rng.randint(150, 300)
     load = rng.uniform(0.3, 1.1)
     sessions, total = [], 0
@@ -152,15 +189,18 @@ def random_case(seed: int, catalogue: SimFleet) -> Case:
             jobs.append((t + j["dt"], j, target, rng.uniform(0.9, 1.1)))
             index += 1
     jobs.sort(key=lambda e: e[0])
-    trace_jobs = [TraceJob(i, round(t_s, 3), j["model"], j["kind"], j["steps"], j["size"], target, noise)
-                  for i, (t_s, j, target, noise) in enumerate(jobs)]
+    trace_jobs = [
+        TraceJob(i, round(t_s, 3), j["model"], j["kind"], j["steps"], j["size"], target, noise)
+        for i, (t_s, j, target, noise) in enumerate(jobs)
+    ]
     end_s = trace_jobs[-1].t_s
     offline = []
     for name in sorted(fleet.machines):
         if rng.random() < 0.12:
             a = rng.uniform(0.1, 0.7)
-            offline.append({"machine": name, "from_s": round(a * end_s, 1),
-                            "to_s": round((a + rng.uniform(0.05, 0.3)) * end_s, 1)})
+            offline.append(
+                {"machine": name, "from_s": round(a * end_s, 1), "to_s": round((a + rng.uniform(0.05, 0.3)) * end_s, 1)}
+            )
     name = f"random_{seed}"
     header = {"name": name, "load": load, "seed": seed, "jobs": len(trace_jobs), "offline": offline}
     return Case(seed, fleet, Trace(name, header, trace_jobs))

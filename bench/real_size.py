@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -54,7 +53,8 @@ LAYOUTS: dict[str, tuple[str, str, dict[str, int]]] = {
             {"v1-5-pruned.safetensors": 7_703_324_286, "v1-5-pruned.ckpt": 7_703_807_346,
              "v1-5-pruned-emaonly.ckpt": 4_265_380_512}),
     "sdxl": ("stable-diffusion-xl-base-1.0", "sd_xl_base_1.0.safetensors",
-             {"sd_xl_base_1.0_0.9vae.safetensors": 6_938_078_334, "sd_xl_offset_example-lora_1.0.safetensors": 49_553_604}),
+             {"sd_xl_base_1.0_0.9vae.safetensors": 6_938_078_334, "sd_xl_offset_example-lora_1.0.safetensors":
+                 49_553_604}),
 }
 #: per-component extras as sparse files (relative name -> bytes of the real repository's file, about)
 SDXL_EXTRAS = {"unet/diffusion_flax_model.msgpack": 10_270_000_000, "unet/model.onnx": 7_650_000,

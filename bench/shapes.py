@@ -7,7 +7,8 @@ For each model (``app/devtools/demo_models/shapes-*``) it prints its size on dis
 training figures from ``training.json``, the load seconds (``DiffusionPipeline.from_pretrained``,
 float32), then draws ``N`` seeded pictures over every (colour, shape, background) in turn at
 the demo's sampling (``app.devtools.train_shapes.SAMPLING``: 32 x 32 pixels, 8 steps, guidance
-4; ``--steps`` and ``--guidance`` change the last two) and prints the seconds per image and the share of pictures whose dominant colour,
+4; ``--steps`` and ``--guidance`` change the last two) and prints the seconds per image and the share of pictures
+whose dominant colour,
 background, shape and style (read by ``app.devtools.shapes.inspect``) are the prompt's. The
 last line reads::
 
@@ -42,9 +43,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     combos = list(itertools.product(COLOURS, SHAPES, BACKGROUNDS))
     training = json.loads((DEMO_MODELS_DIR / "training.json").read_text())
-    print(f"training: seed {training['seed']}, {training['threads']} thread(s) per process, VAE {training['vae_steps']} "
-          f"steps in {training['vae_s']:.0f} s; UNet {training['unet_steps']} steps per model; total {training['total_s']:.0f} s")
-    totals: dict[str, list[float]] = {name: [] for name in ("load_s", "image_s", "colour", "background", "shape", "style")}
+    print(
+        f"training: seed {training['seed']}, {training['threads']} thread(s) per process, VAE {training['vae_steps']} "
+        f"steps in {training['vae_s']:.0f} s; UNet {training['unet_steps']} steps per model; "
+        f"total {training['total_s']:.0f} s"
+    )
+    totals: dict[str, list[float]] = {
+        name: [] for name in ("load_s", "image_s", "colour", "background", "shape", "style")
+    }
     for style, name in MODEL_NAMES.items():
         folder = DEMO_MODELS_DIR / name
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

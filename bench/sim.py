@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.fleet.config import Machine
-from routing.estimate import Estimator, MachineProfile, ModelProfile
 from residency.policy import admit
-from routing.finish import Drains, WorkItem, working_of
 from routing.demand import Demand, Pressure, pinned_class
 from routing.errors import Refused
+from routing.estimate import Estimator, MachineProfile, ModelProfile
+from routing.finish import Drains, WorkItem, working_of
 from routing.placement import AUTO, JobRequest, MachineView, best_move, exclusion, place
 from routing.scarcity import Scarcity
 from routing.timings import LearnedTimings, job_size
@@ -51,7 +51,9 @@ def load_fleet_file(path: Path) -> SimFleet:
     data = tomllib.loads(path.read_text())
     machines = {m["name"]: Machine.model_validate(m) for m in data["machines"]}
     models = {
-        m["id"]: ModelProfile(m["id"], m["family"], int(m["weights_bytes"]), m.get("step_s"), m["kind"], m.get("load_s"))
+        m["id"]: ModelProfile(
+            m["id"], m["family"], int(m["weights_bytes"]), m.get("step_s"), m["kind"], m.get("load_s")
+        )
         for m in data["models"]
     }
     return SimFleet(machines, models, {m["id"]: m["kind"] for m in data["models"]})
@@ -144,13 +146,19 @@ class Simulation:
         self.drains = Drains()
 
     def true_run_s(self, machine: str, job: TraceJob) -> float:
-        return self.truth.run_s(machine, job.model_id, job.kind, job.steps, job.size) * self.factors[(machine, job.model_id)] * job.noise
+        return (
+            self.truth.run_s(machine, job.model_id, job.kind, job.steps, job.size)
+            * self.factors[(machine, job.model_id)]
+            * job.noise
+        )
 
     def true_load_s(self, machine: str, model_id: str, kind: str) -> float:
         return self.truth.load_s(machine, model_id, kind) * self.factors[(machine, model_id)]
 
     def request(self, job: TraceJob) -> JobRequest:
-        return JobRequest(job.model_id, self.fleet.models[job.model_id].family, job.kind, job.target, job.steps, job.size)
+        return JobRequest(
+            job.model_id, self.fleet.models[job.model_id].family, job.kind, job.target, job.steps, job.size
+        )
 
     def view(self, m: SimMachine) -> MachineView:
         config = self.fleet.machines[m.name]
@@ -361,8 +369,14 @@ def forced_floor(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], f
     return sum(value for value, _ in slowdowns.values()) / len(slowdowns)
 
 
-def excess_by_machine(completion_s: dict[int, float], placed_on: dict[int, str], bounds: dict[int, float],
-                      floor: dict[int, tuple[float, bool]], floor_s: float, jobs: int) -> dict[str, tuple[float, float]]:
+def excess_by_machine(
+    completion_s: dict[int, float],
+    placed_on: dict[int, str],
+    bounds: dict[int, float],
+    floor: dict[int, tuple[float, bool]],
+    floor_s: float,
+    jobs: int,
+) -> dict[str, tuple[float, float]]:
     """Where a policy's mean bounded slowdown exceeds the forced floor: machine it ran the job
     on -> (excess of the jobs with a choice, excess of the forced ones), each summed over those
     jobs and divided by ``jobs`` (so the values add up to the policy's distance to the floor)."""

@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.core.config import Settings
 from app.context import build_context
-from app.fleet.config import Fleet, Machine
+from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
+from app.fleet.config import Fleet, Machine
 
 MACHINES = 16
 SUBMISSIONS = 300
@@ -34,7 +34,9 @@ def _model_folder(root: Path) -> Path:
     (folder / "unet").mkdir(parents=True)
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
     header = json.dumps({"w": {"dtype": "U8", "shape": [1024], "data_offsets": [0, 1024]}}).encode()
-    (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(1024))
+    (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header + bytes(1024)
+    )
     return folder
 
 

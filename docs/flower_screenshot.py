@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 
 from app.client import HomefleetClient
-from app.core.config import Settings
 from app.context import build_context
-from app.fleet.config import load_fleet, with_fresh_tokens
+from app.core.config import Settings
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
+from app.fleet.config import load_fleet, with_fresh_tokens
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -40,8 +40,13 @@ def main(out: Path) -> None:
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = work / "fleet.toml"
     fleet_file.write_text(fleet.to_toml())
-    settings = Settings(data_dir=work / "server", redis_url=redis_server.url, fleet_file=fleet_file, api_port=free_port(),
-                        api_keys=["flower-screenshot-key"])
+    settings = Settings(
+        data_dir=work / "server",
+        redis_url=redis_server.url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        api_keys=["flower-screenshot-key"],
+    )
     ctx = build_context(settings, fleet, migrate=True)
     local = LocalFleet(settings, fleet, fleet_file)
     flower: subprocess.Popen[bytes] | None = None
@@ -75,8 +80,12 @@ def main(out: Path) -> None:
             time.sleep(1)
         time.sleep(3)
         with tempfile.TemporaryDirectory() as profile:
-            subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={out}", f"{url}/"],
-                           check=True, capture_output=True, timeout=120)
+            subprocess.run(
+                ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={out}", f"{url}/"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
         print(f"saved {out}")
     finally:
         if flower is not None:

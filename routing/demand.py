@@ -158,7 +158,9 @@ def pressure(
         # share / its speed); its weight is the jobs sent there (share = speed / total), each
         # suffering about 1/n of a delay there (n machines can take it; a forced class, all).
         per_class[model_id] = (work_rate / total, job_rate / total * per_job / len(machines))
-    reload_weight = {model: 1.0 / max(fastest_work / jobs, BOUND_FLOOR_S) for model, (jobs, fastest_work) in per_model.items()}
+    reload_weight = {
+        model: 1.0 / max(fastest_work / jobs, BOUND_FLOOR_S) for model, (jobs, fastest_work) in per_model.items()
+    }
     out = {}
     for entries, machines in where.groups.items():
         load = sum(per_class[e][0] for e in entries if e in per_class)

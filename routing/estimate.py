@@ -293,5 +293,16 @@ class Estimator:
         return profile.usable_bytes if profile else 0
 
 
-__all__ = ["CostModel", "Estimator", "MachineProfile", "MemoryEstimate", "ModelProfile", "WorkingCoefficients",
-           "WorkingMemory", "job_size", "readable_bytes", "working_bytes", "GB"]
+__all__ = [
+    "GB",
+    "CostModel",
+    "Estimator",
+    "MachineProfile",
+    "MemoryEstimate",
+    "ModelProfile",
+    "WorkingCoefficients",
+    "WorkingMemory",
+    "job_size",
+    "readable_bytes",
+    "working_bytes",
+]

@@ -20,7 +20,6 @@ from residency.policy import admit
 from routing.estimate import CostModel
 from routing.timings import ADAPTER_KIND, job_size
 
-
 EVICTION_WEIGHT = 3.0
 """Weight of an evicted warm model's reload seconds. More than 1: the reload lands on the
 machine later (its own occupancy), and every job queued behind it waits for it too. Without

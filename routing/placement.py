@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
+from routing.errors import Full, Refused, Unavailable
 from routing.estimate import CostModel, Estimator, readable_bytes
 from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish, working_of
-from routing.errors import Full, Refused, Unavailable
 
 SERVER = "server"
 """The server's own machine name: the server also runs jobs on its own device (R1)."""
@@ -52,7 +52,9 @@ class MachineView:
     queue: tuple[WorkItem, ...] = ()  # the reserved jobs in FIFO order (running first), when known
     warm_models: tuple[str, ...] = ()  # resident models, least recently used first
     commitments: frozenset[str] = frozenset()  # models it must keep resident (protected set)
-    oom_sizes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, kind) -> smallest size that ran out of memory
+    oom_sizes: Mapping[tuple[str, str], int] = field(
+        default_factory=dict
+    )  # (model, kind) -> smallest size that ran out of memory
     draining: bool = False  # an operator drains it (`homefleet drain`): nothing new is placed there
     syncing: bool = False  # a sync holds its reservation: model files are being copied to it (R6)
     max_queued: int | None = None  # R23: backlog at which it takes no more jobs (None: no limit)
@@ -231,7 +233,9 @@ def place(
         machine = machines.get(target)
         if machine is None:
             known = ", ".join(sorted(machines))
-            raise Refused(f"target {target!r} is not a machine of this fleet; machines: {known}", reason="unknown_machine")
+            raise Refused(
+                f"target {target!r} is not a machine of this fleet; machines: {known}", reason="unknown_machine"
+            )
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
@@ -253,7 +257,10 @@ def place(
 
 
 def survey(
-    job: JobRequest, machines: Mapping[str, MachineView], costs: CostModel, pressure: Mapping[str, Pressure] | None = None,
+    job: JobRequest,
+    machines: Mapping[str, MachineView],
+    costs: CostModel,
+    pressure: Mapping[str, Pressure] | None = None,
     drains: Drains | None = None,
 ) -> tuple[dict[str, tuple[str, str]], dict[str, Breakdown]]:
     """Every machine: excluded with (reason, message), or its expected-finish breakdown."""
@@ -332,7 +339,9 @@ def best_move(
     return best
 
 
-def able_machines(machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]]) -> dict[str, frozenset[str]]:
+def able_machines(
+    machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]]
+) -> dict[str, frozenset[str]]:
     """model -> machines whose filters pass a reference-size job of it (for routing.demand).
 
     ``models``: model -> (family, kind).

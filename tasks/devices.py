@@ -97,7 +97,7 @@ class CpuDevice:
     def __init__(self, psutil_module: Any | None = None) -> None:
         if psutil_module is None:
             import psutil as psutil_module
-        self.psutil = psutil_module
+        self.psutil: Any = psutil_module
 
     def capacity_bytes(self) -> int:
         return int(self.psutil.virtual_memory().total)

@@ -24,6 +24,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import httpx
 import psutil
@@ -122,8 +123,8 @@ class Heartbeat:
         run_id = self.redis.info("server").get("run_id")
         restarted = run_id != self._redis_run_id
         if not restarted:
-            self.verified = set(self.redis.smembers(self.keys.verified(machine)))
-        warm = self.redis.get(self.keys.warm(machine))
+            self.verified = cast("set[str]", self.redis.smembers(self.keys.verified(machine)))
+        warm = cast("str | None", self.redis.get(self.keys.warm(machine)))  # decoded (create_redis)
         restore = self._warm if warm is None and self._warm is not None else None
         warm = warm if restore is None else restore
         memory = psutil.virtual_memory()
@@ -170,9 +171,14 @@ class Heartbeat:
                     log.error("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
                               self.settings.heartbeat_interval_s)
                 else:  # a wrong token never becomes right: stop instead of retrying forever
-                    log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
-                                 "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
-                                 self.settings.machine, error, self.settings.machine)
+                    log.critical(
+                        "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
+                        "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; "
+                        "stopping",
+                        self.settings.machine,
+                        error,
+                        self.settings.machine,
+                    )
                     self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
                     return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:

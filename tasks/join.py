@@ -168,7 +168,8 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     device = probe()
     if device.torch is None:
         lines.append(("torch", "not installed"))
-        missing.append("torch: install the wheel for this host's device (docs/operations.md, \"Install a worker host\")")
+        missing.append("torch: install the wheel for this host's device "
+                       "(docs/operations.md, \"Install a worker host\")")
     else:
         lines.append(("torch", device.torch))
     lines.append(("device", f"{device.backend} {device.name} ({device.memory_bytes / 1e9:.1f} GB)".replace("  ", " ")))

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.errors import IntegrityFailure
-from app.core.protocol import Manifest
 from app.core.pricing import loaded_bytes
+from app.core.protocol import Manifest
 from tasks import runtime
 from tasks.verify import file_stats, model_problems
 

@@ -6,7 +6,8 @@ Two parts:
   ``comment`` tag, WebP XMP, GIF comment) holds what determines the output: model id,
   variant, every model file's digest, its LoRA adapters (id, scale, files' digests; issue
   22), the digest of the single-file checkpoint it was converted from (``source_digest``, when
-  it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same seed on the same machine gives
+  it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same
+  seed on the same machine gives
   byte-identical files (and the same content digest);
 * the **A1111 ``parameters``** PNG text chunk (:func:`a1111_parameters`), the same facts in the
   form AUTOMATIC1111 writes and Civitai, SwarmUI and most image viewers read;

@@ -231,7 +231,7 @@ def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, loa
     if reason == CANCELLED:
         log.warning("job %s: %s", job_id, message)
     else:
-        log.exception("job %s failed (%s)", job_id, reason)
+        log.error("job %s failed (%s)", job_id, reason, exc_info=error)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
     except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from typing import cast
 
 import redis
 
@@ -51,7 +52,8 @@ class WorkerRuntime:
             device.guard()  # only the MPS adapter has a memory guard (R18)
             self._cache = ModelCache(load_pipeline, device, capacity_bytes=self.settings.memory_cap_bytes)
             # Applied at worker start (R16); tasks/preload.py then loads them.
-            self._cache.protected = frozenset(self._redis.smembers(self.keys.residency(self.settings.machine)))
+            commitments = cast("set[str]", self._redis.smembers(self.keys.residency(self.settings.machine)))
+            self._cache.protected = frozenset(commitments)
             self._pid = os.getpid()
 
     @property
@@ -87,7 +89,7 @@ class WorkerRuntime:
 
     def commitments(self) -> frozenset[str]:
         """The machine's residency commitments (R16) as the server stored them in Redis."""
-        return frozenset(self.redis.smembers(self.keys.residency(self.settings.machine)))
+        return frozenset(cast("set[str]", self.redis.smembers(self.keys.residency(self.settings.machine))))
 
     def withdraw(self, model_id: str) -> None:
         """Stop advertising ``model_id`` on this machine until it is verified again (R4, R5)."""

@@ -48,7 +48,8 @@ class ServerClient:
     """Talks to ``<server_url>/internal/v1`` with the machine's bearer token.
 
     Only idempotent calls are repeated, and only while the server is unreachable or answers
-    that its Redis or journal is down (see :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a claim is refused,
+    that its Redis or journal is down (see :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a
+    claim is refused,
     :class:`NotFound`/:class:`Forbidden` for another machine's or an unknown job, and
     ``httpx.HTTPError`` on transport errors.
     """
@@ -150,9 +151,14 @@ class ServerClient:
         """Upload the result with its digest and provenance; the server verifies and stores it (R2).
         ``more``: (bytes, digest) of images 2..n of a job with n > 1, in order, in the
         same request: the server stores all of them or none."""
-        form = {"digest": digest, "load_s": f"{load_s:.6f}", "run_s": f"{run_s:.6f}", "cold_load": str(cold_load).lower(),
-                "provenance": json.dumps(provenance or {}, sort_keys=True),
-                "more_digests": json.dumps([extra_digest for _, extra_digest in more or []])}
+        form = {
+            "digest": digest,
+            "load_s": f"{load_s:.6f}",
+            "run_s": f"{run_s:.6f}",
+            "cold_load": str(cold_load).lower(),
+            "provenance": json.dumps(provenance or {}, sort_keys=True),
+            "more_digests": json.dumps([extra_digest for _, extra_digest in more or []]),
+        }
         files: list[tuple[str, tuple[str, bytes, str]]] = [("file", ("result", data, media_type))]
         files += [("more", (f"result.{i}", extra, media_type)) for i, (extra, _) in enumerate(more or [], start=1)]
         return ResultReceipt.model_validate(self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json())

@@ -9,7 +9,8 @@ refusals, with nothing left to recover (``tasks/run_job.py``: ``upload_result``)
 
 The spool is ``WorkerSettings.spool_dir`` (default: beside the models folder, ``spool/``):
 per job ``<job_id>.result`` (the bytes), ``<job_id>.result.<i>`` (image i of a job with n > 1
-images) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed. Uploads are idempotent by digest:
+images) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed.
+Uploads are idempotent by digest:
 the server answers a repeated upload of a result it stored with the job as it is.
 """
 

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -120,7 +121,8 @@ class Copier:
         if final.exists() or final.is_symlink():
             if not final.is_symlink() and not final.is_file():
                 return _result(model_id, path, "conflict", size,
-                               f"{final} is a folder; a sync replaces only a file or a link - move it away and sync again")
+                               f"{final} is a folder; a sync replaces only a file or a link - "
+                               "move it away and sync again")
             # A link (a Hugging Face cache's snapshot links to its blobs; a link made by hand) is
             # judged by the bytes it leads to; when they differ, or it leads nowhere, the link
             # itself is set aside (its target is never touched) as a regular file of other content is.
@@ -148,8 +150,13 @@ class Copier:
         actual = file_digest(partial, algorithm_of(digest))
         if actual != digest:
             partial.unlink()
-            return _result(model_id, path, "digest_mismatch", size,
-                              f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed")
+            return _result(
+                model_id,
+                path,
+                "digest_mismatch",
+                size,
+                f"downloaded bytes hash to {actual}, manifest says {digest}; the partial copy was removed",
+            )
         if superseded is not None:
             os.replace(final, superseded)  # set aside, not deleted; only now that the new copy is verified
         try:
@@ -159,8 +166,13 @@ class Copier:
         partial.unlink()
         _fsync_dir(final.parent)
         if superseded is not None:
-            return _result(model_id, path, "replaced", size,
-                           f"the content that was there is kept at {superseded.name}; remove it when not needed")
+            return _result(
+                model_id,
+                path,
+                "replaced",
+                size,
+                f"the content that was there is kept at {superseded.name}; remove it when not needed",
+            )
         return _result(model_id, path, "copied", size)
 
     def _download(self, model_id: str, path: str, partial: Path, offset: int) -> None:
@@ -195,7 +207,7 @@ def sync(sync_id: str) -> None:
     entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest.files]
     log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
 
-    state = {"bytes": 0, "files": 0, "file": ""}
+    state: dict[str, Any] = {"bytes": 0, "files": 0, "file": ""}
 
     def report() -> None:
         rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))

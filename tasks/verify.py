@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import httpx
 import redis
@@ -136,7 +137,8 @@ class Verifier:
             Unauthorized: the server refused the token. HomefleetError, httpx.HTTPError,
                 redis.RedisError, OSError: the manifest or Redis could not be read (try again).
         """
-        self._registry_mark = self.redis.get(self.keys.registry_changed())  # before the manifests: a later change is seen
+        # before the manifests: a later change is seen
+        self._registry_mark = cast("str | None", self.redis.get(self.keys.registry_changed()))
         manifests = self._manifests()
         stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in manifests.items()}
         verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
@@ -196,7 +198,7 @@ class Verifier:
         seen here; the next cold load and ``homefleet models verify`` hash every byte (C07)."""
         if not self.done or (self._following is not None and self._following.is_alive()):
             return
-        advertised = self.redis.smembers(self.keys.verified(self.settings.machine))
+        advertised = cast("set[str]", self.redis.smembers(self.keys.verified(self.settings.machine)))
         changed = {}
         for model_id in advertised:
             manifest = self.manifests.get(model_id)

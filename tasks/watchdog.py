@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+from typing import cast
 
 import httpx
 import psutil
@@ -60,7 +61,9 @@ def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str
     """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
     written by another process (the pool's next one) is left alone. A process that dies under a
     job leaves its record behind, naming a pid that is no longer a pool process."""
-    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True))
+    client.eval(
+        _CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True)
+    )
 
 
 class Watchdog:
@@ -86,7 +89,10 @@ class Watchdog:
         running = json.loads(raw) if raw else {}
         if running.get("job_id") != job_id:
             return None
-        return {child.pid: child for child in psutil.Process().children()}.get(running.get("pid"))
+        pid = running.get("pid")
+        if not isinstance(pid, int):
+            return None
+        return {child.pid: child for child in psutil.Process().children()}.get(pid)
 
     def obey_restart(self) -> None:
         """When the server marked this machine's running job ``hung``, kill the pool process that
@@ -99,7 +105,7 @@ class Watchdog:
         the pool then would cut the next, innocent job. Such a request is dropped, with a log
         line."""
         machine = self.settings.machine
-        job_id = self.redis.getdel(self.keys.restart(machine))
+        job_id = cast("str | None", self.redis.getdel(self.keys.restart(machine)))  # decoded (create_redis)
         if job_id is None:
             return
         raw = self.redis.get(self.keys.running(machine))

@@ -54,9 +54,13 @@ def check_token(settings: WorkerSettings) -> None:
     try:
         server.manifest()
     except Unauthorized as refusal:
-        log.critical("%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN (or HOMEFLEET_WORKER_TOKEN_FILE) to "
-                     "the token of machine %r in the server's fleet config; stopping", settings.machine,
-                     refusal.message, settings.machine)
+        log.critical(
+            "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
+            "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
+            settings.machine,
+            refusal.message,
+            settings.machine,
+        )
         raise SystemExit(EX_CONFIG) from refusal
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("%s: the server could not be asked at start (%s); the heartbeat keeps trying", settings.machine,

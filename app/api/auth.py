@@ -61,7 +61,9 @@ def check_api_keys(settings: Settings) -> None:
             "no API key configured: set HOMEFLEET_API_KEYS='[\"<key>\"]' (a JSON list), or "
             "HOMEFLEET_ALLOW_OPEN_API=true to serve the public routes without a key"
         )
-    log.warning("no API key configured and allow_open_api is set: the public routes are OPEN to anyone who can reach them")
+    log.warning(
+        "no API key configured and allow_open_api is set: the public routes are OPEN to anyone who can reach them"
+    )
 
 
 def bearer_token(authorization: str) -> str | None:

@@ -97,7 +97,9 @@ class PathMethods:
                 await Response(status_code=204, headers={"Allow": allow})(scope, receive, send)
                 return
             if method not in methods:
-                error = HomefleetError(f"{method} is not a method of {path}; it takes {allow}", reason="method_not_allowed")
+                error = HomefleetError(
+                    f"{method} is not a method of {path}; it takes {allow}", reason="method_not_allowed"
+                )
                 error.status_code = 405
                 answer = self.render(path, error)
                 answer.headers["Allow"] = allow

@@ -102,7 +102,17 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/internal/v1/syncs/{sync_id}/finish"): (403, 409),
 }
 OPEN_ROUTES = (("get", "/metrics"), ("get", "/"))  # no key and no Redis or journal: never 503 (the page holds no data)
-NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "n", "seed", "expand_prompt")  # answers without Redis or the journal
+NULL_IS_ABSENT = (
+    "prompt",
+    "negative_prompt",
+    "width",
+    "height",
+    "steps",
+    "frames",
+    "n",
+    "seed",
+    "expand_prompt",
+)  # answers without Redis or the journal
 
 
 def job_links() -> dict[str, Any]:
@@ -133,9 +143,15 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
     is checked at submission: width x height <= ``max_pixels``, the prompt's tokens, that an
     input id names an uploaded file, that the model runs the kind."""
     text = {"type": "string", "maxLength": limits.max_prompt_chars}
-    side = {"type": "integer", "minimum": limits.min_side, "multipleOf": limits.multiple_of,
-            "maximum": max(limits.min_side, limits.max_pixels // limits.min_side // limits.multiple_of * limits.multiple_of),
-            "description": f"pixels; width x height at most {limits.max_pixels} (max_pixels)"}
+    side = {
+        "type": "integer",
+        "minimum": limits.min_side,
+        "multipleOf": limits.multiple_of,
+        "maximum": max(
+            limits.min_side, limits.max_pixels // limits.min_side // limits.multiple_of * limits.multiple_of
+        ),
+        "description": f"pixels; width x height at most {limits.max_pixels} (max_pixels)",
+    }
     known: dict[str, dict[str, Any]] = {
         "prompt": {**text, "pattern": r"\S"}, "negative_prompt": text, "width": side, "height": side,
         "steps": {"type": "integer", "minimum": 1, "maximum": limits.max_steps},
@@ -261,8 +277,9 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}}}
             if (method, path) == ("post", "/v1/jobs"):
                 responses["200"] = {"description": "?dry_run=true: the decision, every machine with the filter that "
-                                    "excluded it or its expected-finish breakdown (seconds), and under `memory` the figures that "
-                                    "decided (weights, working, warm, committed, usable: bytes, and `text` in MiB/GiB); "
+                                    "excluded it or its expected-finish breakdown (seconds), and under `memory` the "
+                                    "figures that decided (weights, working, warm, committed, usable: bytes, and "
+                                    "`text` in MiB/GiB); "
                                     "nothing is enqueued",
                                     "content": {"application/json": {"schema": {"type": "object"}}}}
                 links = {name: link for name, link in job_links().items() if link["operationId"] in operation_ids}
@@ -270,7 +287,7 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     text = json.dumps(schema).replace("#/components/schemas/HTTPValidationError", "#/components/schemas/Error")
-    return json.loads(text)  # type: ignore[no-any-return]
+    return json.loads(text)
 
 
 

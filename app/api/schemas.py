@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.limits import MAX_MODEL_ID
+from app.core.request_body import RequestBody
 from app.core.states import JobState
 from app.db.tables import Job
-from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 
@@ -22,7 +22,9 @@ class JobCreate(RequestBody):
 
     model: str = Field(min_length=1, max_length=MAX_MODEL_ID, description="registered model id")
     kind: str = Field(min_length=1, max_length=32, description="txt2img | edit | upscale | video")
-    params: dict[str, Any] = Field(default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="kind parameters, e.g. prompt, width, height, steps, seed"
+    )
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048,
@@ -135,8 +137,9 @@ class JobPublic(BaseModel):
             machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
             cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
-            predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress, result=result,
-            results=results, requeued_from=job.requeued_from, seed=_seed(job.params), predicted_s=predicted_s(job), provenance=job.provenance,
+            predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress,
+            result=result, results=results, requeued_from=job.requeued_from, seed=_seed(job.params),
+            predicted_s=predicted_s(job), provenance=job.provenance,
             memory_estimate=memory_estimate(job), webhook_url=job.webhook_url,
         )
 

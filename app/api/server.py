@@ -172,7 +172,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     uploads = upload_limits(settings)
     api.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, routes=uploads, render=error_response)
     # outermost: the key or token is checked before anything reads the body
-    api.add_middleware(Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response)
+    api.add_middleware(
+        Authenticate, ctx=context, settings=settings, uploads=[route.path for route in uploads], render=error_response
+    )
 
     keyed = [Depends(require_api_key)]
     api.include_router(serving.router)

@@ -45,7 +45,11 @@ def faults(value: object, location: Location = ()) -> Iterator[tuple[Location, s
     elif isinstance(value, dict):
         for key, item in value.items():
             if isinstance(key, str) and unencodable(key):
-                yield (*location, printable(key)), "the key holds a lone UTF-16 surrogate; it is not valid UTF-8 text", key
+                yield (
+                    (*location, printable(key)),
+                    "the key holds a lone UTF-16 surrogate; it is not valid UTF-8 text",
+                    key,
+                )
             yield from faults(item, (*location, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):

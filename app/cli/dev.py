@@ -17,7 +17,12 @@ dev_cli = typer.Typer()  # its commands are added to the top level (app/cli/main
 
 @dev_cli.command()
 def drill(
-    name: Annotated[str, typer.Argument(help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | visibility | hang")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | visibility | hang"
+        ),
+    ],
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
     work_dir: Annotated[Path, typer.Option(help="where the drill's private fleet lives")] = Path("var/drills"),
 ) -> None:
@@ -72,18 +77,20 @@ def fuzz(
 @dev_cli.command()
 def bench(
     url: Annotated[str | None, typer.Option(help="the API to measure; default: http://HOMEFLEET_API_HOST:PORT")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="HOMEFLEET_API_KEY", help="bearer key; default: the first of HOMEFLEET_API_KEYS")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="HOMEFLEET_API_KEY", help="bearer key; default: the first of HOMEFLEET_API_KEYS")] = None,
     model: Annotated[str, typer.Option(help="registered txt2img model")] = "tiny-sd",
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,2,4",
     jobs: Annotated[int, typer.Option(min=1, help="jobs per level")] = 8,
     steps: Annotated[int, typer.Option(min=1, help="denoising steps per job")] = 2,
     target: Annotated[str, typer.Option(help="machine name or 'auto'")] = "auto",
-    local: Annotated[bool, typer.Option(help="start a private local fleet (Redis, API, workers m1 and m2) to measure")] = False,
+    local: Annotated[bool, typer.Option(
+        help="start a private local fleet (Redis, API, workers m1 and m2) to measure")] = False,
     work_dir: Annotated[Path, typer.Option(help="where --local keeps its fleet")] = Path("var/bench"),
 ) -> None:
     """Concurrency sweep of submissions: queue time and run time per machine, and rejections."""
-    from app.devtools.bench import sweep
     from app.client import HomefleetClient
+    from app.devtools.bench import sweep
 
     levels = [int(part) for part in concurrency.split(",") if part.strip()]
     params = {"prompt": "a benchmark lighthouse", "steps": steps}
@@ -124,7 +131,9 @@ def bench(
 
 @dev_cli.command()
 def demo(
-    data_dir: Annotated[Path, typer.Option(help="where the demo keeps its journal, models and results")] = Path("var/demo"),
+    data_dir: Annotated[Path, typer.Option(help="where the demo keeps its journal, models and results")] = Path(
+        "var/demo"
+    ),
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results. Runs
     its own Redis unless HOMEFLEET_REDIS_URL names one (then that one, if it answers)."""

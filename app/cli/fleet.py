@@ -50,8 +50,11 @@ def sync(
             while record["state"] not in SYNC_ENDED:
                 time.sleep(0.2)
                 record = syncs.get(record["id"])
-                progress.update(bar, completed=record["bytes_done"],
-                                description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}")
+                progress.update(
+                    bar,
+                    completed=record["bytes_done"],
+                    description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}",
+                )
     finally:
         ctx.close()
     for result in record["results"]:
@@ -60,8 +63,10 @@ def sync(
         elif result["status"] not in SYNC_FILE_DONE:
             console.print(f"[red]{result['status']}[/] {result['model_id']}/{result['path']}: {result['message']}")
     colour = "green" if record["state"] == "succeeded" else "red"
-    console.print(f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
-                  f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else ""))
+    console.print(
+        f"sync {record['id']} [{colour}]{record['state']}[/]; {machine} verifies: "
+        f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else "")
+    )
     raise typer.Exit(0 if record["state"] == "succeeded" else 1)
 
 

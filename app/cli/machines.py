@@ -142,7 +142,7 @@ def rotate_token(
         path = _fleet_file(ctx)
         token = secrets.token_urlsafe(32)
 
-        def change(entries: list) -> None:  # type: ignore[type-arg]
+        def change(entries: list) -> None:
             for entry in entries:
                 if entry.get("name") == name:
                     entry["token"] = token
@@ -213,7 +213,7 @@ def remove(
                           "(wait longer, or --force ends them)")
             raise typer.Exit(1)
 
-        def change(entries: list) -> None:  # type: ignore[type-arg]
+        def change(entries: list) -> None:
             for index in reversed(range(len(entries))):
                 if entries[index].get("name") == name:
                     del entries[index]

@@ -33,7 +33,9 @@ from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
 from app.fleet.config import load_fleet
 
-cli = typer.Typer(help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True)
+cli = typer.Typer(
+    help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True
+)
 cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(machines_cli, name="machines")
@@ -91,7 +93,8 @@ def worker(
              "which binds CUDA_VISIBLE_DEVICES=1")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
     token_file: Annotated[Path | None, typer.Option(
-        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN",
+    )] = None,
     token: Annotated[str | None, typer.Option(
         help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
@@ -129,19 +132,34 @@ def worker(
 @worker_cli.command("join")
 def worker_join(
     server_url: Annotated[str, typer.Argument(help="the server's URL, as `homefleet machines add` printed it")],
-    join_token: Annotated[str | None, typer.Argument(
-        help="the join token `homefleet machines add` printed (single use, expiring); '-' or absent: read from "
-             "stdin")] = None,
+    join_token: Annotated[
+        str | None,
+        typer.Argument(
+            help="the join token `homefleet machines add` printed (single use, expiring); '-' or absent: read from "
+            "stdin"
+        ),
+    ] = None,
     join_token_file: Annotated[Path | None, typer.Option(help="read the join token from this file instead")] = None,
-    models_dir: Annotated[Path, typer.Option(
-        help="this machine's model folder; its parent is the worker's folder, where the machine's token file "
-             "(worker-token, mode 0600) and worker.env are written")] = Path("homefleet-worker/models"),
+    models_dir: Annotated[
+        Path,
+        typer.Option(
+            help="this machine's model folder; its parent is the worker's folder, where the machine's token file "
+            "(worker-token, mode 0600) and worker.env are written"
+        ),
+    ] = Path("homefleet-worker/models"),
     loglevel: str = "INFO",
-    print_systemd_unit: Annotated[bool, typer.Option(
-        "--print-systemd-unit", help="after joining, print the systemd unit that runs this worker; start nothing")] = False,
-    print_launchd_plist: Annotated[bool, typer.Option(
-        "--print-launchd-plist", help="after joining, print the launchd plist that runs this worker; start "
-                                      "nothing")] = False,
+    print_systemd_unit: Annotated[
+        bool,
+        typer.Option(
+            "--print-systemd-unit", help="after joining, print the systemd unit that runs this worker; start nothing"
+        ),
+    ] = False,
+    print_launchd_plist: Annotated[
+        bool,
+        typer.Option(
+            "--print-launchd-plist", help="after joining, print the launchd plist that runs this worker; start nothing"
+        ),
+    ] = False,
 ) -> None:
     """Join the fleet from a new host, then run its worker: detect this host's device (refused
     when it is not the one registered), trade the join token for the machine's name, token and
@@ -157,8 +175,10 @@ def worker_join(
     grant = joining.request_grant(server_url, token, device)
     joining.check_device(grant, device)
     token_file, values = joining.save_grant(grant, server_url, models_dir)
-    console.print(f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
-                  f"settings in {token_file.parent / joining.ENV_FILE}")
+    console.print(
+        f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
+        f"settings in {token_file.parent / joining.ENV_FILE}"
+    )
     settings = WorkerSettings(**values)
     if print_systemd_unit or print_launchd_plist:
         print_supervisor_file(settings, launchd=print_launchd_plist)
@@ -169,8 +189,12 @@ def worker_join(
 
 @cli.command()
 def doctor(
-    env_file: Annotated[Path | None, typer.Option(
-        help="a worker.env written by `homefleet worker join` (HOMEFLEET_* of the environment win over it)")] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a worker.env written by `homefleet worker join` (HOMEFLEET_* of the environment win over it)"
+        ),
+    ] = None,
 ) -> None:
     """One screen on this host: torch's version and device (CUDA, MPS or CPU, and its memory),
     whether the server and the broker answer, the token file and its mode, and what is missing.
@@ -203,17 +227,26 @@ def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
     from app.cli import supervision
 
     if settings.worker_token_file is None:
-        raise ConfigError("--print-systemd-unit and --print-launchd-plist need --token-file (or "
-                          "HOMEFLEET_WORKER_TOKEN_FILE): a supervisor file names the token's file, never the token")
-    argv = supervision.worker_argv(sys.executable, settings.machine, settings.models_dir.expanduser().resolve(),
-                                   settings.worker_token_file.expanduser().resolve())
+        raise ConfigError(
+            "--print-systemd-unit and --print-launchd-plist need --token-file (or "
+            "HOMEFLEET_WORKER_TOKEN_FILE): a supervisor file names the token's file, never the token"
+        )
+    argv = supervision.worker_argv(
+        sys.executable,
+        settings.machine,
+        settings.models_dir.expanduser().resolve(),
+        settings.worker_token_file.expanduser().resolve(),
+    )
     environment = {"HOMEFLEET_SERVER_URL": settings.server_url, "HOMEFLEET_REDIS_URL": settings.redis_url}
     for name, field in BrokerSettings.model_fields.items():  # what the fleet shares, where it is not the default
         if name != "redis_url" and getattr(settings, name) != field.default:
             environment[f"HOMEFLEET_{name.upper()}"] = str(getattr(settings, name))
     if "@" in settings.redis_url.split("//", 1)[-1].split("/", 1)[0]:
-        print("warning: the printed file holds HOMEFLEET_REDIS_URL with its password: make it readable by its "
-              "owner only (chmod 600)", file=sys.stderr)
+        print(
+            "warning: the printed file holds HOMEFLEET_REDIS_URL with its password: make it readable by its "
+            "owner only (chmod 600)",
+            file=sys.stderr,
+        )
     if launchd:
         log_file = Path.home() / "Library" / "Logs" / f"homefleet-worker-{settings.machine.replace(':', '-')}.log"
         sys.stdout.write(supervision.launchd_plist(argv, environment, settings.machine, Path.cwd(), log_file))
@@ -229,8 +262,12 @@ cli.add_typer(results_cli, name="results")
 def results_recover(
     machine: Annotated[str | None, typer.Option(help="machine name (HOMEFLEET_MACHINE)")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
-    token_file: Annotated[Path | None, typer.Option(
-        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN")] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN"
+        ),
+    ] = None,
     server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
 ) -> None:
     """On a worker's host: upload the results its spool kept because the server could not store
@@ -238,8 +275,16 @@ def results_recover(
     ``succeeded``. Exit 1 if any stays in the spool."""
     from tasks.spool import recover_spool
 
-    overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token_file": token_file,
-                                   "server_url": server_url}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "machine": machine,
+            "models_dir": models_dir,
+            "worker_token_file": token_file,
+            "server_url": server_url,
+        }.items()
+        if v is not None
+    }
     outcomes = recover_spool(WorkerSettings(**overrides))  # type: ignore[arg-type]
     for job_id, outcome in outcomes:
         console.print(f"{job_id}: {escape(outcome)}")
@@ -254,7 +299,7 @@ def settings_problem(error: ValidationError | SettingsError) -> str:
     if isinstance(error, SettingsError):
         match = re.search(r'field "(\w+)"', str(error))
         variable = f"HOMEFLEET_{match.group(1).upper()}" if match else "a HOMEFLEET_* variable"
-        return f"{variable} could not be parsed: lists and tables are JSON (e.g. '[\"key1\", \"key2\"]')"
+        return f'{variable} could not be parsed: lists and tables are JSON (e.g. \'["key1", "key2"]\')'
     problems = []
     for detail in error.errors(include_url=False):
         path = [str(part) for part in detail["loc"]]
@@ -286,8 +331,10 @@ def main() -> None:
         console.print(f"[red]error[/] (invalid_settings): {escape(settings_problem(error))}", highlight=False)
         sys.exit(2)
     except (RedisConnectionError, RedisTimeoutError) as error:
-        console.print(f"[red]error[/] (redis_down): Redis does not answer ({escape(str(error))}); start it or set "
-                      "HOMEFLEET_REDIS_URL")
+        console.print(
+            f"[red]error[/] (redis_down): Redis does not answer ({escape(str(error))}); start it or set "
+            "HOMEFLEET_REDIS_URL"
+        )
         sys.exit(2)
 
 

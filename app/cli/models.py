@@ -129,9 +129,11 @@ def models_add(
         help="a diffusers folder (with model_index.json), a transformers causal-LM folder (config.json), a "
              "single-file checkpoint FILE.safetensors (with --family), or with --adapter-of a LoRA .safetensors "
              "file (kohya or diffusers layout) or folder; omit with --from-hf-cache")] = None,
-    model_id: Annotated[str | None, typer.Option("--id", help="model id; minted from the folder name if absent")] = None,
+    model_id: Annotated[str | None, typer.Option(
+        "--id", help="model id; minted from the folder name if absent")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
-    quantization: Annotated[str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
+    quantization: Annotated[str | None, typer.Option(
+        help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
     adapter_of: Annotated[str | None, typer.Option(
         "--adapter-of", help="PATH is a LoRA adapter of this base family, e.g. sd1 (a .safetensors file as "
                              "downloaded, kohya or diffusers layout, or a folder holding "

@@ -274,7 +274,9 @@ class WorkerSettings(BrokerSettings):
         if not isinstance(data, dict) or not data.get("worker_token_file"):
             return data
         if data.get("worker_token"):
-            raise ValueError("set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both")
+            raise ValueError(
+                "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both"
+            )
         path = Path(data["worker_token_file"]).expanduser()
         try:
             token = path.read_text().strip()
@@ -299,5 +301,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     lines = []
     for name in sorted(v for v in environ if v.startswith("HOMEFLEET_") and v not in known):
         close = difflib.get_close_matches(name, sorted(known), n=1)
-        lines.append(f"{name} is not a Homefleet setting; it is ignored" + (f" (did you mean {close[0]}?)" if close else ""))
+        lines.append(
+            f"{name} is not a Homefleet setting; it is ignored" + (f" (did you mean {close[0]}?)" if close else "")
+        )
     return lines

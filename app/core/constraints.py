@@ -23,13 +23,16 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 GRAMMAR_TYPES = ("json", "regex")
 MAX_GRAMMAR_CHARS = 64 * 1024
 """The longest constraint (its JSON text) a job may carry."""
 CACHED_MATCHERS = 64
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 """llguidance's JSON options: compact JSON (``,`` and ``:``, no whitespace between tokens), so
 a model cannot spend its ``max_new_tokens`` on whitespace; a schema's own ``x-guidance`` wins."""
 
@@ -60,8 +63,9 @@ def grammar_of(constraint: Any) -> str:
         except ValueError as error:
             raise ValueError(f"a json value must be a JSON schema, got text that is not JSON: {error}") from error
     if not isinstance(value, dict | bool):
-        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")  # noqa: TRY004
-    return str(LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS))
+        raise ValueError(f"a json value must be a JSON schema (an object), got {type(value).__name__}")
+    schema = value if isinstance(value, dict) else json.dumps(value)  # true / false: the same grammar as text
+    return str(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
 
 
 def from_response_format(response_format: Any) -> dict[str, Any] | None:
@@ -75,7 +79,7 @@ def from_response_format(response_format: Any) -> dict[str, Any] | None:
     if response_format is None:
         return None
     if not isinstance(response_format, Mapping):
-        raise ValueError('must be {"type": "text" | "json_object" | "json_schema", ...}')  # noqa: TRY004 (a 422)
+        raise ValueError('must be {"type": "text" | "json_object" | "json_schema", ...}')
     kind = response_format.get("type")
     if kind == "text":
         return None

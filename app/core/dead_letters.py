@@ -72,7 +72,7 @@ class Message(virtual.Message):
 
     def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
         try:
-            super().__init__(payload, channel=channel, **kwargs)
+            super().__init__(payload, channel=channel, **kwargs)  # type: ignore[no-untyped-call]
         except DECODE_ERRORS as error:
             raise Undecodable(json.dumps(payload, default=repr), error) from error
 
@@ -81,22 +81,22 @@ class Channel(kombu_redis.Channel):
     """kombu's Redis channel, moving undecodable messages to ``dead_letter_key``."""
 
     dead_letter_key = "hf:deadletters"
-    from_transport_options = (*kombu_redis.Channel.from_transport_options, "dead_letter_key")
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "dead_letter_key")  # type: ignore[assignment]
 
     Message = Message
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
-            return bool(super()._brpop_read(**options))
+            return bool(super()._brpop_read(**options))  # type: ignore[no-untyped-call]
         except json.JSONDecodeError as error:  # the popped item is not JSON: error.doc holds it
             self._move_aside(error.doc, error)
         except Undecodable as error:
             self._move_aside(error.raw, error.error)
         return True
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: str) -> Any:  # type: ignore[override]  # kombu's takes a timeout this channel never gets
         try:
-            return super()._get(queue)
+            return super()._get(queue)  # type: ignore[no-untyped-call]
         except json.JSONDecodeError as error:
             self._move_aside(error.doc, error, queue)
             raise Empty() from error

@@ -142,7 +142,8 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
         "flux-kontext", "FluxKontextPipeline", "edit", multiple_of=16,
         size_why="the VAE downsamples by 8, then 2x2 patches",
         # FLUX.1-Kontext-dev: guidance_scale is the distilled guidance (2.5); no image_guidance_scale
-        drop=("image_guidance_scale",), add=("true_cfg_scale",), defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
+        drop=("image_guidance_scale",), add=("true_cfg_scale",),
+        defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
         numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG), arguments={"true_cfg_scale": "true_cfg_scale"},
         size_arguments=("width", "height", "max_area"), fixed_arguments={"_auto_resize": False},
         cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},

@@ -60,7 +60,8 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
         # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
         server_params=("expand_prompt", "expanded_by", ADAPTERS_PARAM),
-        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,), prompt_required=True,
+        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,),
+        prompt_required=True,
     ),
     KindSpec(
         "edit", params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),

@@ -132,7 +132,9 @@ def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | Non
         from diffusers import TorchAoConfig
         from diffusers.quantizers import DiffusersAutoQuantizer
 
-        quantizer = DiffusersAutoQuantizer.from_config(TorchAoConfig(_torchao_config(quantization)), pre_quantized=False)
+        quantizer = DiffusersAutoQuantizer.from_config(
+            TorchAoConfig(_torchao_config(quantization)), pre_quantized=False
+        )
         quantizer.preprocess_model(model, device_map=None, keep_in_fp32_modules=list(keep))
     persistent = set(model.state_dict())
 
@@ -140,10 +142,10 @@ def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | Non
         if name not in persistent or not torch.is_floating_point(tensor):
             return _bytes(tensor)  # a buffer computed at init, or an integer tensor: as built
         if any(part in name.split(".") for part in keep):
-            return tensor.numel() * 4  # fp32
+            return int(tensor.numel() * 4)  # fp32
         if quantizer is not None and quantizer.check_if_quantized_param(model, tensor, name, {}, param_device=None):
             return _quantized_bytes(tuple(tensor.shape), dtype, quantization)
-        return tensor.numel() * dtype.itemsize
+        return int(tensor.numel() * dtype.itemsize)
 
     return _sum(model, held)
 
@@ -173,7 +175,7 @@ def _transformers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | 
         if quantizer is not None and quantizer.param_needs_quantization(model, name):
             return _quantized_bytes(tuple(tensor.shape), dtype, quantization)
         if fp32 is not None and fp32.search(name):
-            return tensor.numel() * 4
+            return int(tensor.numel() * 4)
         return _bytes(tensor)  # as built (the loader keeps a tensor built in another dtype, e.g. inv_freq)
 
     return _sum(model, held)

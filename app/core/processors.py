@@ -26,12 +26,12 @@ def video_processors_available() -> bool:
 
 
 @functools.cache
-def image_only_processor_class() -> type:
+def image_only_processor_class() -> type[Any]:
     """A ``Qwen2VLProcessor`` whose parts are only the image processor and the tokenizer (no
     video processor): the same tokens, templates and ``__call__`` for text and images."""
     from transformers import ProcessorMixin, Qwen2VLProcessor
 
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):  # type: ignore[misc]
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
         def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
                      **kwargs: Any) -> None:
             self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")

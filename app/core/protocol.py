@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from app.core.digest import ALGORITHM, bytes_digest
-from app.core.variants import Variant
 from app.core.request_body import RequestBody
+from app.core.variants import Variant
 
 REVOCATIONS_PER_REPORT = 100
 """At most this many job ids in one :class:`Revocations` report (a worker sends more in several)."""

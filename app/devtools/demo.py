@@ -182,7 +182,9 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
         if job.input_pixels is not None:
             uploaded = client.upload(demo_input(*job.input_pixels))
             params["image"] = uploaded["id"]
-            console.print(f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True)
+            console.print(
+                f"uploaded a {job.input_pixels[0]}x{job.input_pixels[1]} input: {uploaded['id']}", soft_wrap=True
+            )
         if job.input_shape is not None:
             uploaded = client.upload(shape_input(*job.input_shape))
             params["image"] = uploaded["id"]
@@ -195,22 +197,23 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bars = {
-            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued") for s in submitted
+            s["id"]: progress.add_task(f"{s['id'][:8]} on {s['machine']:<6}", total=1, state="queued")
+            for s in submitted
         }
         deadline = time.monotonic() + 600
         while len(finished) < len(submitted) and time.monotonic() < deadline:
             for job_id, bar in bars.items():
                 if job_id in finished:
                     continue
-                job = client.get(job_id)
-                step = job.get("progress") or {}
-                if job["state"] in ENDED:
-                    finished[job_id] = job
-                    progress.update(bar, completed=1, total=1, state=job["state"])
+                seen = client.get(job_id)
+                step = seen.get("progress") or {}
+                if seen["state"] in ENDED:
+                    finished[job_id] = seen
+                    progress.update(bar, completed=1, total=1, state=seen["state"])
                 elif step:
-                    progress.update(bar, completed=step["step"], total=step["total"], state=job["state"])
+                    progress.update(bar, completed=step["step"], total=step["total"], state=seen["state"])
                 else:
-                    progress.update(bar, state=job["state"])
+                    progress.update(bar, state=seen["state"])
             time.sleep(0.2)
     return [finished.get(s["id"]) or client.get(s["id"]) for s in submitted]
 
@@ -241,9 +244,9 @@ def contact_sheet(items: list[tuple[str, bytes]], scale: int = 4) -> bytes:
 
     pictures = []
     for _, png in items:
-        with Image.open(io.BytesIO(png)) as picture:
-            pictures.append(picture.convert("RGB").resize((picture.width * scale, picture.height * scale),
-                                                            Image.Resampling.NEAREST))
+        with Image.open(io.BytesIO(png)) as opened:
+            pictures.append(opened.convert("RGB").resize((opened.width * scale, opened.height * scale),
+                                                           Image.Resampling.NEAREST))
     cell = max(max(p.width for p in pictures), 200)
     height = max(p.height for p in pictures)
     sheet = Image.new("RGB", (cell * len(pictures), height + 34), "white")
@@ -277,7 +280,7 @@ def _report(jobs: list[dict[str, Any]], journal: Journal, console: Console, data
             soft_wrap=True,
         )
         if job["model"] in SHAPE_MODELS:
-            png = Path(journal.get(job["id"]).result_path).read_bytes()
+            png = Path(str(journal.get(job["id"]).result_path)).read_bytes()  # succeeded: it has a result
             console.print(f"  {asked_and_seen(job, png, asked.input_shape)}", soft_wrap=True)
             named = data_dir / "shapes" / f"{job['model']}--{asked.params['prompt'].replace(' ', '-')}.png"
             named.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ docs/benchmarks.md, "The test suite"), and a local fleet starts many. The standa
 server process and forks each command from it, the way Celery's prefork
 pool forks its pool processes from a parent that has already imported them.
 
-A forked command runs the same code as an exec'd one: ``python -m app.cli`` (``runpy``), its own session (process group), its own environment
+A forked command runs the same code as an exec'd one: ``python -m app.cli`` (``runpy``), its own session (process
+group), its own environment
 (``os.environ`` replaced before the command starts) and its output appended to a log file.
 What differs, and why a caller may prefer exec (:class:`app.devtools.localfleet.LocalFleet`'s
 ``forkserver=False``, the default):
@@ -29,15 +30,16 @@ program. Nothing of it is a Celery message; Celery still accepts JSON only.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
-import multiprocessing.util  # noqa: F401  (its exit hook is registered before ours)
+import multiprocessing.util
 import os
 import runpy
 import signal
 import subprocess
 import sys
 import tempfile
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 #: the modules the fork server imports once, by name, before it forks anything: what the
@@ -45,10 +47,10 @@ from pathlib import Path
 #: server's, and only the commands it forks import the worker side)
 PRELOAD = ("tasks.preimport", "uvicorn", "app.cli.main", "app.api.server", "app.context", "tasks.worker")
 
-_context: BaseContext | None = None
+_context: ForkServerContext | None = None
 
 
-def _forkserver() -> BaseContext:
+def _forkserver() -> ForkServerContext:
     """This process's fork server context (its server starts at the first :func:`start`)."""
     global _context
     if _context is None:
@@ -66,8 +68,9 @@ def _run_command(args: list[str], env: dict[str, str], log_path: str, stderr_pat
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, target)
         os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # line-buffered, as PYTHONUNBUFFERED would be
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    # line-buffered, as PYTHONUNBUFFERED would be; the process's own stdio, open until it exits
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["homefleet", *args]
@@ -107,10 +110,8 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -125,8 +126,11 @@ def start(args: list[str], env: dict[str, str], log_path: Path, stderr_path: Pat
     call of a process starts its fork server (the preload imports, ~3 CPU-seconds, once)."""
     # not daemonic: a command may start processes of its own (train-shapes' process pool)
     process = _forkserver().Process(
-        target=_run_command, args=(list(args), dict(env), str(log_path), None if stderr_path is None else str(stderr_path)),
-        name=f"homefleet {' '.join(args[:1])}", daemon=False)
+        target=_run_command,
+        args=(list(args), dict(env), str(log_path), None if stderr_path is None else str(stderr_path)),
+        name=f"homefleet {' '.join(args[:1])}",
+        daemon=False,
+    )
     process.start()
     forked = ForkedProcess(process)
     _started[:] = [each for each in _started if each.poll() is None]
@@ -142,10 +146,8 @@ def _kill_left_running() -> None:
     (multiprocessing would otherwise wait for them)."""
     for forked in _started:
         if forked.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(forked.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def run(args: list[str], env: dict[str, str], timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
@@ -162,10 +164,8 @@ def run(args: list[str], env: dict[str, str], timeout_s: float | None = None) ->
         try:
             code = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait(5)
             raise subprocess.TimeoutExpired(["homefleet", *args], timeout_s or 0.0,
                                             output=out.read_text(errors="replace"),

@@ -116,7 +116,8 @@ def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir
     report_dir = data_dir / "schemathesis"
     key = local.settings.api_keys[0]
     command = [
-        str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG), "run", f"{local.api_url}/openapi.json",
+        str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG),
+        "run", f"{local.api_url}/openapi.json",
         "--checks", CHECKS, "--phases", phases, "--max-examples", str(max_examples), "--workers", "1",
         "-H", f"Authorization: Bearer {key}",
         "-H", f"Prefer: wait={wait_s}",  # the image routes answer 409 job_pending after wait_s (C10), not images_wait_s

@@ -86,8 +86,12 @@ class LocalFleet:
             return forked
         with open(self.logs_dir / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
-                [*(prefix or []), sys.executable, "-m", "app.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                [*(prefix or []), sys.executable, "-m", "app.cli", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self.processes[name] = process
         return process
@@ -165,7 +169,10 @@ class LocalFleet:
         """Wait until every machine in ``machines`` is online (and has verified ``model_id``)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            rows = {m["name"]: m for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()}
+            rows = {
+                m["name"]: m
+                for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()
+            }
             missing = [
                 name for name in machines
                 if not rows[name]["online"] or (model_id is not None and model_id not in rows[name]["verified_models"])
@@ -175,7 +182,9 @@ class LocalFleet:
             for name in missing:
                 process = self.processes.get(f"worker-{name}")
                 if process is not None and process.poll() is not None:
-                    raise RuntimeError(f"worker {name} exited with {process.returncode}; see {self.logs_dir}/worker-{name}.log")
+                    raise RuntimeError(
+                        f"worker {name} exited with {process.returncode}; see {self.logs_dir}/worker-{name}.log"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"machines not online (or model not verified) after {timeout_s} s: {missing}")
             time.sleep(0.2)

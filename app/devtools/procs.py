@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,18 +27,14 @@ def stop_process_group(process: ChildProcess, sig: int = signal.SIGTERM, timeout
     """Send ``sig`` to the process group of ``process`` (started with ``start_new_session``),
     wait up to ``timeout_s`` seconds, then SIGKILL the group. Returns the exit code."""
     if process.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(5)
     # children left behind in the group (e.g. a prefork pool child) go too
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     return process.returncode

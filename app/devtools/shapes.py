@@ -99,7 +99,8 @@ class Reading:
     middle of that box (a filled shape ~1, an outline ~0). holes: the uncoloured pixels the
     coloured ones enclose (not reachable from the picture's edge, 4-connected), as a fraction
     of the shape's area with them (a filled shape 0, a closed outline ~0.3-0.6). style:
-    outlined when centre_fill is below 0.5 or holes at least 0.05, else filled. top_corners, bottom_corners: the coloured fraction of the box's corners (a
+    outlined when centre_fill is below 0.5 or holes at least 0.05, else filled. top_corners, bottom_corners: the
+    coloured fraction of the box's corners (a
     sixth of its sides). shape: square (all four corners coloured), triangle (the lower two
     only) or circle (neither), for either style.
     """

@@ -69,7 +69,12 @@ TINY_MODELS: dict[str, str] = {
 }
 
 #: The older kind names -> the family each builds (``make_tiny(kinds=...)``).
-KIND_FAMILIES: dict[str, str] = {"txt2img": "sd1", "edit": "sd1-pix2pix", "upscale": "sd-upscale", "video": "animatediff"}
+KIND_FAMILIES: dict[str, str] = {
+    "txt2img": "sd1",
+    "edit": "sd1-pix2pix",
+    "upscale": "sd-upscale",
+    "video": "animatediff",
+}
 
 _FOLDER_BY_FAMILY: dict[str, str] = {family: name for name, family in TINY_MODELS.items()}
 
@@ -445,7 +450,9 @@ def _qwen_tokenizer() -> Any:
 
     vocab = {char: index for index, char in enumerate(_byte_chars())}
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=4096)
-    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in _QWEN_SPECIALS[1:]]})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [AddedToken(t, special=True) for t in _QWEN_SPECIALS[1:]]}
+    )
     tokenizer.add_tokens([AddedToken(_QWEN_SPECIALS[0], special=True)], special_tokens=True)
     return tokenizer
 
@@ -479,7 +486,8 @@ def _build_qwen_image_edit(scratch: Path) -> DiffusionPipeline:
                      "pad_token_id": ids["<|endoftext|>"]},
         vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
                        "out_hidden_size": _QWEN_HIDDEN},
-        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+        # the model-wide ids: PretrainedConfig's **kwargs, which transformers 5's signature leaves out
+        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],  # type: ignore[call-arg]
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )

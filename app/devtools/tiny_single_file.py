@@ -30,12 +30,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app.core.quiet import quiet_libraries
 
-__all__ = ["SDXL_TEXT_WIDTHS", "make_tiny_sdxl_single_file_base", "make_tiny_single_file",
-           "flux_to_original", "sd_to_original", "sdxl_to_original"]
+__all__ = [
+    "SDXL_TEXT_WIDTHS",
+    "flux_to_original",
+    "make_tiny_sdxl_single_file_base",
+    "make_tiny_single_file",
+    "sd_to_original",
+    "sdxl_to_original",
+]
 
 _RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
            "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
@@ -68,9 +74,10 @@ def unet_to_original(state: Mapping[str, Any], config: Mapping[str, Any]) -> dic
     from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING
 
     per_block = int(config["layers_per_block"])
-    fixed = dict(DIFFUSERS_TO_LDM_MAPPING["unet"]["layers"])
+    mapping = cast("dict[str, dict[str, Any]]", DIFFUSERS_TO_LDM_MAPPING)  # typed as dict[str, object]
+    fixed = dict(mapping["unet"]["layers"])
     if config.get("addition_embed_type") == "text_time":
-        fixed.update(DIFFUSERS_TO_LDM_MAPPING["unet"]["addition_embed_type"])
+        fixed.update(mapping["unet"]["addition_embed_type"])
     attention_up = ["CrossAttn" in name for name in config["up_block_types"]]
     out: dict[str, Any] = {}
     for key, tensor in state.items():
@@ -108,7 +115,7 @@ def vae_to_original(state: Mapping[str, Any], config: Mapping[str, Any]) -> dict
     mid-block attention's q/k/v/proj_out weights become 1x1 convolutions (C, C, 1, 1)."""
     from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING
 
-    fixed = DIFFUSERS_TO_LDM_MAPPING["vae"]
+    fixed = cast("dict[str, str]", DIFFUSERS_TO_LDM_MAPPING["vae"])
     blocks = len(config["up_block_types"])
     out: dict[str, Any] = {}
     for key, tensor in state.items():

@@ -70,7 +70,8 @@ def _tokenizer(family: str) -> Any:
 
 
 def _model(family: str, tokenizer: Any) -> Any:
-    """The family's causal LM class with tiny random weights (2 layers, 4 heads, 2 KV heads where the architecture has GQA)."""
+    """The family's causal LM class with tiny random weights (2 layers, 4 heads, 2 KV heads where the architecture has
+    GQA)."""
     import transformers
 
     ids = {"vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,

@@ -135,8 +135,9 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
 
 
 #: the check's prompts: every colour but the adapter's, on the three shapes
-CHECK_PROMPTS: tuple[str, ...] = tuple(caption(colour, shape, "black") for colour in ("red", "green", "yellow", "purple")
-                                       for shape in SHAPES)
+CHECK_PROMPTS: tuple[str, ...] = tuple(
+    caption(colour, shape, "black") for colour in ("red", "green", "yellow", "purple") for shape in SHAPES
+)
 
 
 def _check(adapter: Path, base: Path, sampling: dict[str, Any]) -> dict[str, float]:

@@ -19,7 +19,8 @@ The recipe, all offline and seeded:
    both styles to reconstruct (L1 + MSE + a tiny KL term) and shared by both models; its
    ``scaling_factor`` is set to 1 / the latents' standard deviation.
 3. Per style, a ``CLIPTextModel`` (hidden 64, 2 layers) and a ``UNet2DConditionModel``
-   (channels 32/64; the pooled prompt joins the timestep embedding), trained jointly with the DDPM objective in its v-prediction form
+   (channels 32/64; the pooled prompt joins the timestep embedding), trained jointly with the DDPM objective in its
+   v-prediction form
    (zero terminal SNR), captions dropped 10% of the time so that classifier-free guidance
    works; the saved weights are an exponential moving average of the trained ones.
 4. The scheduler: DDIM with ``trailing`` timesteps, so 4-8 steps start from pure noise.

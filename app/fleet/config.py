@@ -112,8 +112,10 @@ class Machine(BaseModel):
         if device is None and (self.host is not None or self.device is not None):
             raise ValueError(f"machine {self.name!r} has host/device set but is not named '<host>:<index>'")
         if device is not None and (self.host, self.device) != (host, device):
-            raise ValueError(f"machine {self.name!r} names device {device} of host {host!r}: declare the host's "
-                             f"devices on its entry instead, name = {host!r} and devices = [\"{self.backend}:{device}\", ...]")
+            raise ValueError(
+                f"machine {self.name!r} names device {device} of host {host!r}: declare the host's "
+                f'devices on its entry instead, name = {host!r} and devices = ["{self.backend}:{device}", ...]'
+            )
         return self
 
     @property
@@ -360,12 +362,16 @@ def load_fleet(path: Path | None) -> Fleet:
         try:
             text = Path(path).read_text()
         except OSError as error:
-            raise ConfigError(f"the fleet file {path} cannot be read ({error.strerror or error}); "
-                              "set HOMEFLEET_FLEET_FILE to a fleet TOML file (docs/operations.md, \"The fleet file\")") from error
+            raise ConfigError(
+                f"the fleet file {path} cannot be read ({error.strerror or error}); "
+                'set HOMEFLEET_FLEET_FILE to a fleet TOML file (docs/operations.md, "The fleet file")'
+            ) from error
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"the fleet file {path or 'app/fleet/fleet.default.toml'} is not valid TOML: {error}") from error
+        raise ConfigError(
+            f"the fleet file {path or 'app/fleet/fleet.default.toml'} is not valid TOML: {error}"
+        ) from error
     return Fleet.model_validate(data)
 
 

@@ -16,17 +16,18 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
+from typing import cast
 
 import redis
 
-from app.fleet.config import Fleet, ModelGuess
 from app.core.errors import Conflict
 from app.core.keys import Keys
 from app.core.textgen import max_positions, model_config
 from app.db.tables import ModelRecord
-from app.store.registry import Registry
+from app.fleet.config import Fleet, ModelGuess
 from app.fleet.reservations import HashField
 from app.journal.timings import TimingStore
+from app.store.registry import Registry
 from routing.demand import Demand
 from routing.estimate import Estimator, MachineProfile, ModelProfile
 
@@ -89,7 +90,7 @@ class FleetCosts:
 
     def machine_profiles(self) -> dict[str, MachineProfile]:
         return {
-            name: MachineProfile(name, m.speed, m.load_bytes_per_s, str(m.memory_kind), m.memory_bytes)
+            name: MachineProfile(name, m.speed, m.load_bytes_per_s, m.memory_kind, m.memory_bytes)
             for name, m in self.fleet.machines.items()
         }
 
@@ -137,7 +138,7 @@ class FleetCosts:
     def marks(self) -> Marks:
         """Both change marks read now (one MGET), for :meth:`estimator_at` outside a snapshot."""
         registry, timings = self.registry_mark.redis.mget([self.registry_mark.key, self.timings_mark.key])
-        return registry, timings
+        return _text(registry), _text(timings)
 
     def estimator_at(self, marks: Marks, model_id: str) -> Estimator:
         """The Estimator for a decision about ``model_id``, given the change marks just read
@@ -180,16 +181,21 @@ class DemandStore:
     @staticmethod
     def parse(raw: dict[str, str]) -> Demand:
         """The Demand of the hash's fields as read (``HGETALL``)."""
-        return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})  # type: ignore[misc]
+        return Demand(levels={k: tuple(json.loads(v)) for k, v in raw.items()})
 
     def load(self) -> Demand:
-        return self.parse(self.redis.hgetall(self.keys.demand()))
+        return self.parse(cast("dict[str, str]", self.redis.hgetall(self.keys.demand())))
 
     def level_after(self, demand_class: str, work_s: float, now_s: float, current: Demand) -> HashField:
         """The hash field to write to record one submission of ``work_s`` speed-1.0 seconds in
         ``demand_class`` at ``now_s`` (Unix seconds), given ``current``, the demand read under
         the same fleet lock."""
         level = current.levels.get(demand_class)
-        demand = Demand(levels={demand_class: level} if level else {})  # type: ignore[dict-item]
+        demand = Demand(levels={demand_class: level} if level else {})
         demand.add(demand_class, work_s, now_s)
         return HashField(self.keys.demand(), demand_class, json.dumps(list(demand.levels[demand_class])))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    """A change mark as text (the client decodes replies; redis-py types them ``bytes | str``)."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -86,7 +86,9 @@ def edit(text: str, change: Callable[[list[MutableMapping[str, Any]]], None]) ->
         entries = document["machines"]
         wrapped = _TomlkitEntries(entries, tomlkit)
         change(wrapped)
-        new = re.sub(r"([^\n])\n\[\[machines\]\]", "\\1\n\n[[machines]]", tomlkit.dumps(document))  # a blank line before each
+        new = re.sub(
+            r"([^\n])\n\[\[machines\]\]", "\\1\n\n[[machines]]", tomlkit.dumps(document)
+        )  # a blank line before each
     else:
         data = tomllib.loads(text)
         change(data.setdefault("machines", []))
@@ -95,7 +97,7 @@ def edit(text: str, change: Callable[[list[MutableMapping[str, Any]]], None]) ->
     return new
 
 
-class _TomlkitEntries(list):  # type: ignore[type-arg]
+class _TomlkitEntries(list):
     """A list view of tomlkit's array of tables whose ``append``/``del`` reach the document."""
 
     def __init__(self, aot: Any, tomlkit: Any) -> None:
@@ -142,12 +144,19 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def new_machine_entry(name: str, backend: Backend, memory_bytes: int, families: list[str], speed: float = 1.0
-                      ) -> dict[str, Any]:
+def new_machine_entry(
+    name: str, backend: Backend, memory_bytes: int, families: list[str], speed: float = 1.0
+) -> dict[str, Any]:
     """A fleet-file entry for a new machine with a fresh token (32 random bytes, urlsafe)."""
-    return {"name": name, "backend": str(backend), "memory_kind": str(memory_kind_of(backend)),
-            "memory_bytes": memory_bytes, "families": sorted(families), "token": secrets.token_urlsafe(32),
-            "speed": speed}
+    return {
+        "name": name,
+        "backend": str(backend),
+        "memory_kind": str(memory_kind_of(backend)),
+        "memory_bytes": memory_bytes,
+        "families": sorted(families),
+        "token": secrets.token_urlsafe(32),
+        "speed": speed,
+    }
 
 
 def token_digest(token: str) -> str:
@@ -181,16 +190,23 @@ class JoinTokens:
         raw = self.redis.hgetall(self.keys.join_token(token_digest(token)))
         record = {_text(k): _text(v) for k, v in raw.items()}
         if "machine" not in record:
-            raise Unauthorized("the join token is not one this server issued (or it expired over an hour ago); "
-                               "`homefleet machines add` or `rotate-token` prints a new one", reason="join_token_unknown")
+            raise Unauthorized(
+                "the join token is not one this server issued (or it expired over an hour ago); "
+                "`homefleet machines add` or `rotate-token` prints a new one",
+                reason="join_token_unknown",
+            )
         if record.get("spent", "0") != "0":
-            raise Unauthorized(f"the join token of machine {record['machine']!r} was used already (single use); "
-                               f"`homefleet machines rotate-token {record['machine']}` prints a new one",
-                               reason="join_token_used")
+            raise Unauthorized(
+                f"the join token of machine {record['machine']!r} was used already (single use); "
+                f"`homefleet machines rotate-token {record['machine']}` prints a new one",
+                reason="join_token_used",
+            )
         if float(record["expires_at"]) < time.time():
-            raise Unauthorized(f"the join token of machine {record['machine']!r} expired; "
-                               f"`homefleet machines rotate-token {record['machine']}` prints a new one",
-                               reason="join_token_expired")
+            raise Unauthorized(
+                f"the join token of machine {record['machine']!r} expired; "
+                f"`homefleet machines rotate-token {record['machine']}` prints a new one",
+                reason="join_token_expired",
+            )
         return record["machine"]
 
     def redeem(self, token: str) -> str:
@@ -201,8 +217,9 @@ class JoinTokens:
         """
         machine = self.peek(token)
         if self.redis.hincrby(self.keys.join_token(token_digest(token)), "spent", 1) != 1:
-            raise Unauthorized(f"the join token of machine {machine!r} was used already (single use)",
-                               reason="join_token_used")
+            raise Unauthorized(
+                f"the join token of machine {machine!r} was used already (single use)", reason="join_token_used"
+            )
         return machine
 
 
@@ -218,5 +235,7 @@ def loaded_report(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:
 
 def report_loaded(client: redis.Redis, keys: Keys, digest: str, state: str, reason: str = "") -> None:
     """Record that the server ``loaded`` or ``refused`` the fleet file of ``digest``."""
-    client.set(keys.fleet_loaded(), json.dumps({"digest": digest, "state": state, "reason": reason,
-                                                 "at": time.time(), "pid": os.getpid()}))
+    client.set(
+        keys.fleet_loaded(),
+        json.dumps({"digest": digest, "state": state, "reason": reason, "at": time.time(), "pid": os.getpid()}),
+    )

@@ -10,11 +10,11 @@ from typing import Any, Protocol
 
 import redis
 
-from app.fleet.config import Fleet
-from app.journal.jobs import Journal
 from app.core.keys import Keys
+from app.fleet.config import Fleet
 from app.fleet.multiread import MultiRead, Read
 from app.fleet.reservations import Reservations
+from app.journal.jobs import Journal
 from routing.placement import MachineView
 
 

@@ -14,6 +14,7 @@ Not told apart: a backup of the same journal restored over it (it keeps its iden
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import redis
 from sqlalchemy.engine import Engine
@@ -80,7 +81,7 @@ def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, settings: Set
     mine = journal_id(engine)
     if record:
         client.set(keys.journal(), mine, nx=True)
-    recorded = client.get(keys.journal())
+    recorded = cast("str | None", client.get(keys.journal()))  # decoded (create_redis)
     if recorded is not None and recorded != mine:
         raise ConfigError(
             f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) belongs to another journal "
@@ -115,7 +116,7 @@ def pair(client: redis.Redis, keys: Keys, engine: Engine, data_dir: Path) -> tup
     ``data_dir`` as its data folder; return ``(previous, this)``. The next reconciliation
     releases the reservations of jobs this journal does not know."""
     mine = journal_id(engine)
-    previous = client.getset(keys.journal(), mine)
+    previous = cast("str | None", client.getset(keys.journal(), mine))  # decoded (create_redis)
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / MARK).write_text(mine + "\n")
     return previous, mine

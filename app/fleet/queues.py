@@ -128,7 +128,7 @@ class MachineQueues:
                         raise HomefleetError(f"a message for {queue(machine)} was routed to {name}")
                     kept[str(message["headers"]["id"])] = kombu_json.dumps(message)
 
-                channel._put = keep  # type: ignore[method-assign]
+                channel._put = keep
                 producer = self.celery.amqp.Producer(channel, auto_declare=False)
                 for job_id, model_id, kind in jobs:
                     self._send(machine, job_id, model_id, kind, producer=producer)

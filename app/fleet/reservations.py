@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import redis
 
@@ -160,7 +160,7 @@ class Reservations:
 
     def records(self, machine: str) -> list[tuple[str, dict]]:
         """(job id, record) in FIFO order: running ones first, then by ``seq``."""
-        return self._ordered(self.redis.hgetall(self.keys.reservations(machine)))
+        return self._ordered(cast("dict[str, str]", self.redis.hgetall(self.keys.reservations(machine))))
 
     @staticmethod
     def _ordered(raw: dict[str, str]) -> list[tuple[str, dict]]:
@@ -192,7 +192,8 @@ class Reservations:
 
     def items(self, machine: str, now_s: float | None = None) -> tuple[WorkItem, ...]:
         """The machine's reserved jobs as :class:`WorkItem` in FIFO order (running first)."""
-        return self.items_from(machine, self.redis.hgetall(self.keys.reservations(machine)), now_s)
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.reservations(machine)))  # decoded (create_redis)
+        return self.items_from(machine, raw, now_s)
 
     def items_from(self, machine: str, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
         """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``).

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -55,7 +55,7 @@ class RedisResidencyFacts:
 
     # ResidencyFacts -------------------------------------------------------------------
     def commitments(self, machine: str) -> frozenset[str]:
-        return frozenset(self.redis.smembers(self.keys.residency(machine)))
+        return frozenset(cast("set[str]", self.redis.smembers(self.keys.residency(machine))))
 
     def oom_sizes(self, machine: str) -> Mapping[tuple[str, str], int]:
         return {(r.model_id, r.kind): r.size for r in self.ooms(machine)}
@@ -93,7 +93,8 @@ class RedisResidencyFacts:
             Rejected: the machine does not support a model's family (``family_not_supported``):
                 it could never hold it, and the commitment would only keep videos off it (R17);
                 or the model runs only video (``video_model_not_committable``): R17 would keep
-                every job of it off that machine; or it is a LoRA adapter (``adapter_not_committable``); or, with ``costs``, the models cannot all stay
+                every job of it off that machine; or it is a LoRA adapter (``adapter_not_committable``); or, with
+                ``costs``, the models cannot all stay
                 resident beside the largest job they must still run (``commitment_too_large``,
                 :func:`check_commitment_memory`).
             Conflict: the machine has work queued or running (``machine_busy``, R16).
@@ -136,7 +137,7 @@ class RedisResidencyFacts:
         """Remember that ``kind`` with ``model_id`` of ``size`` ran out of memory on ``machine``
         (the smallest such size is kept)."""
         field = f"{model_id}\t{kind}"
-        raw = self.redis.hget(self.keys.oom(machine), field)
+        raw = cast("str | None", self.redis.hget(self.keys.oom(machine), field))  # decoded (create_redis)
         if raw and json.loads(raw)["size"] <= size:
             return self._record(machine, field, raw)
         value = json.dumps({"size": size, "job_id": job_id, "at": time.time()})
@@ -144,7 +145,8 @@ class RedisResidencyFacts:
         return self._record(machine, field, value)
 
     def ooms(self, machine: str) -> list[OomRecord]:
-        return sorted((self._record(machine, f, v) for f, v in self.redis.hgetall(self.keys.oom(machine)).items()),
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.oom(machine)))  # decoded (create_redis)
+        return sorted((self._record(machine, f, v) for f, v in raw.items()),
                       key=lambda r: (r.model_id, r.kind))
 
     def clear_ooms(self, machine: str, model_id: str | None = None, kind: str | None = None) -> int:

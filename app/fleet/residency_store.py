@@ -20,21 +20,22 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, col, select
 
+from app.core.keys import Keys
 from app.db.tables import RememberedOom, ResidencyCommitment
 from app.fleet.config import Fleet
 from app.fleet.costs import FleetCosts
-from app.core.keys import Keys
-from app.store.registry import Registry
 from app.fleet.residency import OomRecord, RedisResidencyFacts
+from app.store.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ResidencyStore:
     def save_commitments(self, machine: str, model_ids: Iterable[str]) -> None:
         """Replace ``machine``'s commitments with ``model_ids`` (empty: none)."""
         with Session(self.engine) as session:
-            session.exec(delete(ResidencyCommitment).where(ResidencyCommitment.machine == machine))  # type: ignore[call-overload]
+            session.exec(delete(ResidencyCommitment).where(col(ResidencyCommitment.machine) == machine))
             session.add_all(ResidencyCommitment(machine=machine, model_id=m) for m in sorted(set(model_ids)))
             session.commit()
 
@@ -75,18 +76,18 @@ class ResidencyStore:
         """Insert the record of (machine, model, kind), or replace a stored one of a larger size
         (the smallest size that ran out of memory is kept, as in Redis). One atomic
         ``INSERT … ON CONFLICT`` on SQLite and PostgreSQL, so concurrent reports cannot collide."""
-        row = {"machine": record.machine, "model_id": record.model_id, "kind": record.kind, "size": record.size,
-               "job_id": record.job_id, "at_s": record.at_s}
+        row: dict[str, Any] = {"machine": record.machine, "model_id": record.model_id, "kind": record.kind,
+                               "size": record.size, "job_id": record.job_id, "at_s": record.at_s}
         dialect = self.engine.dialect.name
         with Session(self.engine) as session:
             if dialect in ("sqlite", "postgresql"):
                 insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
                 statement = insert(RememberedOom).values(**row)
-                session.exec(statement.on_conflict_do_update(  # type: ignore[call-overload]
+                session.exec(statement.on_conflict_do_update(
                     index_elements=["machine", "model_id", "kind"],
                     set_={"size": statement.excluded.size, "job_id": statement.excluded.job_id,
                           "at_s": statement.excluded.at_s},
-                    where=RememberedOom.size > statement.excluded.size,  # type: ignore[arg-type]
+                    where=col(RememberedOom.size) > statement.excluded.size,
                 ))
             else:  # another SQLAlchemy backend: read, then write (not atomic against a concurrent report)
                 stored = session.get(RememberedOom, (record.machine, record.model_id, record.kind))
@@ -96,13 +97,13 @@ class ResidencyStore:
 
     def delete_ooms(self, machine: str, model_id: str | None = None, kind: str | None = None) -> int:
         """Delete ``machine``'s records (all, or of one model and/or kind); returns how many."""
-        statement = delete(RememberedOom).where(RememberedOom.machine == machine)  # type: ignore[arg-type]
+        statement = delete(RememberedOom).where(col(RememberedOom.machine) == machine)
         if model_id is not None:
-            statement = statement.where(RememberedOom.model_id == model_id)  # type: ignore[arg-type]
+            statement = statement.where(col(RememberedOom.model_id) == model_id)
         if kind is not None:
-            statement = statement.where(RememberedOom.kind == kind)  # type: ignore[arg-type]
+            statement = statement.where(col(RememberedOom.kind) == kind)
         with Session(self.engine) as session:
-            deleted = session.exec(statement).rowcount  # type: ignore[call-overload]
+            deleted = session.exec(statement).rowcount
             session.commit()
         return int(deleted)
 
@@ -110,7 +111,7 @@ class ResidencyStore:
         """Remembered OOMs of every machine, or of ``machine``."""
         statement = select(RememberedOom)
         if machine is not None:
-            statement = statement.where(RememberedOom.machine == machine)
+            statement = statement.where(col(RememberedOom.machine) == machine)
         with Session(self.engine) as session:
             return [OomRecord(r.machine, r.model_id, r.kind, r.size, r.job_id, r.at_s) for r in session.exec(statement)]
 

@@ -9,7 +9,7 @@ its own host, device None); :func:`by_host` groups the rows."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from app.core.states import ACTIVE, JobState
 from app.fleet.costs import FleetCosts
@@ -27,7 +27,7 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
     reservations = machines.reservations
     rows = []
     for name, view in machines.views().items():
-        raw = machines.redis.hgetall(machines.keys.reservations(name))
+        raw = cast("dict[str, str]", machines.redis.hgetall(machines.keys.reservations(name)))  # decoded
         states = journal.states_of(raw)  # one query per batch of ids, not one per reservation
         live = {job_id: record for job_id, record in raw.items() if states.get(job_id) in ACTIVE}
         running = journal.count_in(JobState.running, name)
@@ -35,7 +35,8 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
                            protected=view.commitments, costs=estimator)
         queued = machines.queued_in_redis(name)
         rows.append({
-            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online, "draining": view.draining, "syncing": view.syncing,
+            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online,
+            "draining": view.draining, "syncing": view.syncing,
             "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
             "warm_models": list(view.warm_models), "queued": queued, "running": running,
             "backlog": queued + running, "drain_s": round(drain_s, 3),

@@ -23,6 +23,7 @@ job's end; ``Reservations.reconcile`` repairs leftovers).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -33,12 +34,22 @@ from typing import Any
 from celery import Celery
 
 from app.core.config import Settings
-from app.core.keys import queue as keys_queue
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, HomefleetError, MachineUnavailable, Overloaded, PlacementLost, QuotaExceeded, \
-    Rejected, ServiceDown, from_core
+from app.core.errors import (
+    Conflict,
+    HomefleetError,
+    MachineUnavailable,
+    Overloaded,
+    PlacementLost,
+    QuotaExceeded,
+    Rejected,
+    ServiceDown,
+    from_core,
+)
+from app.core.keys import queue as keys_queue
 from app.core.specs import OUTPUT_SIZE_FIELDS
 from app.core.states import JobState
+from app.db.tables import Job
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
@@ -47,7 +58,6 @@ from app.jobs.endings import Changes, Endings
 from app.jobs.quotas import KeyQuotas
 from app.jobs.task_events import TaskEvents
 from app.jobs.validation import Validator, check_webhook
-from app.db.tables import Job
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
 from app.metrics import Metrics
@@ -167,10 +177,8 @@ class Dispatcher:
         the decision under the lock finds them cached; a change between the two reads is read
         again under the lock (the snapshot's change marks decide). A failed read is left to
         the decision, which raises it (e.g. ``model_unreadable``)."""
-        try:
+        with contextlib.suppress(HomefleetError):
             self.costs.estimator_at(self.costs.marks(), model_id)
-        except HomefleetError:
-            pass
 
     def check_pending(self, views: dict[str, MachineView]) -> None:
         """Refuse when the fleet already holds ``max_pending_total`` jobs (R23).
@@ -213,11 +221,15 @@ class Dispatcher:
         self.check_webhook(webhook_url, api_key_id)
         request = self.request(model_id, kind, dict(params), target)
         seen = self.snapshot(model_id)
-        weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if request.target == AUTO else None
+        auto = request.target == AUTO
+        weights = self.pressure(seen.views, seen.estimator, time.time(), seen.demand) if auto else None
         decision = dry_run(request, seen.views, seen.estimator, weights)
         rows: dict[str, dict[str, Any]] = decision["machines"]  # type: ignore[assignment]
-        runs = {name: float(row["run_s"]) for name, row in rows.items()
-                if row.get("eligible") and (request.target == AUTO or name == request.target)}
+        runs = {
+            name: float(row["run_s"])
+            for name, row in rows.items()
+            if row.get("eligible") and (request.target == AUTO or name == request.target)
+        }
         decision["predicted_run_s"] = min(runs.values()) if runs else None  # on the fastest eligible machine
         decision["max_job_s"] = self.settings.max_job_s
         if "error" not in decision and (too_long := self.too_long(runs)) is not None:
@@ -225,9 +237,17 @@ class Dispatcher:
             decision["machine"] = None
         return decision
 
-    def submit(self, model_id: str, kind: str, params: dict[str, Any], target: str,
-               idempotency_key: str | None = None, requeued_from: str | None = None,
-               api_key_id: str | None = None, webhook_url: str | None = None) -> Submission:
+    def submit(
+        self,
+        model_id: str,
+        kind: str,
+        params: dict[str, Any],
+        target: str,
+        idempotency_key: str | None = None,
+        requeued_from: str | None = None,
+        api_key_id: str | None = None,
+        webhook_url: str | None = None,
+    ) -> Submission:
         """Place and enqueue one job; return it as journaled (state ``queued``) with its position.
         ``requeued_from``: the job this one repeats (:meth:`requeue`), journaled with it (and
         with its refusal). ``api_key_id``: the submitting API key's id
@@ -251,7 +271,9 @@ class Dispatcher:
         """
         # 1. Not this fleet's journal: refuse before journaling anything.
         if self.refusing is not None:
-            raise ServiceDown(self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s)
+            raise ServiceDown(
+                self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s
+            )
         fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
@@ -282,8 +304,9 @@ class Dispatcher:
                 self.quotas.check(api_key_id, now_s)  # under the lock: two submissions cannot both pass
                 decision = self._place(request, seen, now_s)
                 # 4. Journal before anything is published (R19).
-                job = self._journal(request, params, target, idempotency_key, fingerprint, decision, seen.estimator,
-                                    requeued_from, hook)
+                job = self._journal(
+                    request, params, target, idempotency_key, fingerprint, decision, seen.estimator, requeued_from, hook
+                )
                 # 5. Reserve, fenced (C04); 6. publish.
                 self._reserve(job, request, decision.machine, fence, seen, now_s)
                 self._publish(job, decision.machine)
@@ -292,8 +315,9 @@ class Dispatcher:
             self._refused(error, model_id, kind, params, target, requeued_from, hook)
             raise
 
-    def requeue(self, job_id: str, seed: int | None | Unset = UNSET, target: str | None = None,
-                api_key_id: str | None = None) -> Submission:
+    def requeue(
+        self, job_id: str, seed: int | Unset | None = UNSET, target: str | None = None, api_key_id: str | None = None
+    ) -> Submission:
         """Submit a new job with the params of job ``job_id`` (any state), linked to it
         (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``
         is given (None: a new one drawn), the same target unless ``target`` is given. It goes
@@ -312,8 +336,9 @@ class Dispatcher:
             params.pop("seed", None)
             if seed is not None:
                 params["seed"] = seed
-        return self.submit(old.model_id, old.kind, params, target or old.target, requeued_from=old.id,
-                           api_key_id=api_key_id)
+        return self.submit(
+            old.model_id, old.kind, params, target or old.target, requeued_from=old.id, api_key_id=api_key_id
+        )
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
         """The original job of a retried submission (R20), or None for a new key.
@@ -323,8 +348,11 @@ class Dispatcher:
         """
         original = self.journal.by_idempotency_key(idempotency_key)
         if original is not None and original.request_fingerprint != fingerprint:
-            raise Rejected(f"Idempotency-Key {idempotency_key!r} was used for another request body; "
-                           "use a new key for a new request", reason="idempotency_key_reused")
+            raise Rejected(
+                f"Idempotency-Key {idempotency_key!r} was used for another request body; "
+                "use a new key for a new request",
+                reason="idempotency_key_reused",
+            )
         return original
 
     def _place(self, request: JobRequest, seen: Snapshot, now_s: float) -> Decision:
@@ -349,25 +377,49 @@ class Dispatcher:
         if run_s <= self.settings.max_job_s:
             return None
         where = "the only eligible machine" if len(runs) == 1 else f"the fastest of {len(runs)} eligible machines"
-        return (f"the job's predicted run time is {run_s:.1f} s on {fastest} ({where}); the limit (max_job_s) is "
-                f"{self.settings.max_job_s:g} s: ask for fewer steps, pixels or frames")
+        return (
+            f"the job's predicted run time is {run_s:.1f} s on {fastest} ({where}); the limit (max_job_s) is "
+            f"{self.settings.max_job_s:g} s: ask for fewer steps, pixels or frames"
+        )
 
-    def _journal(self, request: JobRequest, params: dict[str, Any], target: str, idempotency_key: str | None,
-                 fingerprint: str, decision: Decision, estimator: Estimator, requeued_from: str | None = None,
-                 hook: Hook | None = None) -> Job:
+    def _journal(
+        self,
+        request: JobRequest,
+        params: dict[str, Any],
+        target: str,
+        idempotency_key: str | None,
+        fingerprint: str,
+        decision: Decision,
+        estimator: Estimator,
+        requeued_from: str | None = None,
+        hook: Hook | None = None,
+    ) -> Job:
         """Write the job as ``queued`` with placement's prediction and memory estimate (R10-R13)
         and its webhook."""
         hook = hook or Hook(None, None)
         part = decision.breakdown
         memory = estimator.memory(request.model_id, request.kind, request.size)
-        return self.journal.add(Job(
-            state=JobState.queued, model_id=request.model_id, kind=request.kind, params=params, target=target,
-            machine=decision.machine, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
-            predicted_start_s=part.work_ahead_s, predicted_load_s=part.cold_load_s, predicted_run_s=part.run_s,
-            weights_bytes=memory.weights_bytes, working_bytes=memory.working_bytes,
-            memory_estimate_bytes=memory.total_bytes, requeued_from=requeued_from,
-            webhook_url=hook.url, api_key_id=hook.api_key_id,
-        ))
+        return self.journal.add(
+            Job(
+                state=JobState.queued,
+                model_id=request.model_id,
+                kind=request.kind,
+                params=params,
+                target=target,
+                machine=decision.machine,
+                idempotency_key=idempotency_key,
+                request_fingerprint=fingerprint,
+                predicted_start_s=part.work_ahead_s,
+                predicted_load_s=part.cold_load_s,
+                predicted_run_s=part.run_s,
+                weights_bytes=memory.weights_bytes,
+                working_bytes=memory.working_bytes,
+                memory_estimate_bytes=memory.total_bytes,
+                requeued_from=requeued_from,
+                webhook_url=hook.url,
+                api_key_id=hook.api_key_id,
+            )
+        )
 
     def _reserve(self, job: Job, request: JobRequest, machine: str, fence: Fence, seen: Snapshot, now_s: float) -> None:
         """Reserve ``machine`` for the job and record the demand, in one step fenced by the lock.
@@ -379,10 +431,15 @@ class Dispatcher:
         demand_class = request.model_id if request.target == AUTO else pinned_class(request.model_id, machine)
         work_s = seen.estimator.work_s(request.model_id, request.kind, request.steps, request.size)
         demand = self.demand.level_after(demand_class, work_s, now_s, seen.demand)
-        if not self.machines.reservations.add(machine, job.id, request.model_id, request.kind, request.steps,
-                                              request.size, fence, also=[demand]):
-            self.endings.interrupt(job.id, [JobState.queued], "placement_lock_lost",
-                                   "the fleet lock expired before publishing; nothing was published")
+        if not self.machines.reservations.add(
+            machine, job.id, request.model_id, request.kind, request.steps, request.size, fence, also=[demand]
+        ):
+            self.endings.interrupt(
+                job.id,
+                [JobState.queued],
+                "placement_lock_lost",
+                "the fleet lock expired before publishing; nothing was published",
+            )
             raise PlacementLost("the fleet lock expired before the job was published; submit again")
 
     def _publish(self, job: Job, machine: str) -> None:
@@ -391,12 +448,21 @@ class Dispatcher:
         try:
             self.queues.publish(machine, job.id, job.model_id, job.kind)
         except Exception:
-            self.endings.interrupt(job.id, [JobState.queued], "publish_failed",
-                                   "publishing to the broker failed; nothing was queued")
+            self.endings.interrupt(
+                job.id, [JobState.queued], "publish_failed", "publishing to the broker failed; nothing was queued"
+            )
             raise
 
-    def _refused(self, error: HomefleetError, model_id: str, kind: str, params: dict[str, Any], target: str,
-                 requeued_from: str | None = None, hook: Hook | None = None) -> None:
+    def _refused(
+        self,
+        error: HomefleetError,
+        model_id: str,
+        kind: str,
+        params: dict[str, Any],
+        target: str,
+        requeued_from: str | None = None,
+        hook: Hook | None = None,
+    ) -> None:
         """A refused submission: temporary refusals get ``Retry-After`` (a quota's refusal keeps
         its own); every refusal but a lost lock and a reused key is counted and journaled
         ``rejected`` with its reason and the submitting key's id (R19), with its webhook when
@@ -407,10 +473,20 @@ class Dispatcher:
         if not isinstance(error, PlacementLost) and error.reason != "idempotency_key_reused":
             if self.metrics is not None:
                 self.metrics.refused(error.reason)
-            refused = self.journal.add(Job(state=JobState.rejected, model_id=model_id, kind=kind,
-                                           params=abridged(params), target=target, reason=error.reason,
-                                           message=error.message, requeued_from=requeued_from,
-                                           webhook_url=hook.url, api_key_id=hook.api_key_id))
+            refused = self.journal.add(
+                Job(
+                    state=JobState.rejected,
+                    model_id=model_id,
+                    kind=kind,
+                    params=abridged(params),
+                    target=target,
+                    reason=error.reason,
+                    message=error.message,
+                    requeued_from=requeued_from,
+                    webhook_url=hook.url,
+                    api_key_id=hook.api_key_id,
+                )
+            )
             error.job_id = refused.id
         log.info("submission refused: %s (%s)", error.message, error.reason)
 
@@ -445,8 +521,13 @@ class Dispatcher:
             return self.journal.get(job_id)
         return self.cancel(job_id)
 
-    def cancel(self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started",
-               announce: bool = True) -> Job:
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled",
+        message: str = "cancelled by request before it started",
+        announce: bool = True,
+    ) -> Job:
         """Cancel a queued job: the journal says ``cancelled`` (a conditional update, so a
         racing claim cannot also win), then its entry is removed from its machine's list
         atomically. Should a copy still be delivered, the claim refuses it (C03). Never relies
@@ -462,8 +543,10 @@ class Dispatcher:
         except Conflict as error:
             current = self.journal.get(job_id)
             raise Conflict(
-                f"job {job_id} is {current.state}" + (f" on {current.machine}" if current.machine else "")
-                + "; only a queued job can be cancelled", reason=f"not_cancellable_{current.state}",
+                f"job {job_id} is {current.state}"
+                + (f" on {current.machine}" if current.machine else "")
+                + "; only a queued job can be cancelled",
+                reason=f"not_cancellable_{current.state}",
             ) from error
         removed = self.queues.remove(job.machine or "", job_id)
         log.info("job %s %s; queue entry %s", job_id, reason, "removed" if removed else "already gone")
@@ -492,13 +575,21 @@ class Dispatcher:
                 continue
             try:
                 if state == JobState.queued:
-                    job = self.cancel(job_id, "revoked", "its task was revoked (Flower or celery control revoke) "
-                                      "before it started; it was not run", announce=not announced)
+                    job = self.cancel(
+                        job_id,
+                        "revoked",
+                        "its task was revoked (Flower or celery control revoke) before it started; it was not run",
+                        announce=not announced,
+                    )
                 elif terminated:
-                    job = self.endings.interrupt(job_id, [JobState.running], "terminated",  # Celery's worker sent its
-                                                 "its task was terminated (Flower's Terminate, or `celery -A "  # event
-                                                 "app.celery control terminate SIGNAL JOB_ID`); Celery killed the "
-                                                 "pool process running it")
+                    job = self.endings.interrupt(
+                        job_id,
+                        [JobState.running],
+                        "terminated",  # Celery's worker sent its
+                        "its task was terminated (Flower's Terminate, or `celery -A "  # event
+                        "app.celery control terminate SIGNAL JOB_ID`); Celery killed the "
+                        "pool process running it",
+                    )
                 else:
                     continue
             except Conflict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -59,14 +60,14 @@ class ProgressStore:
             fields["logprobs"] = json.dumps(logprobs)
         key = self.keys.progress(job_id)
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping=fields)
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # redis-py: a Mapping keyed by every encodable type
             pipe.expire(key, TTL_S)
             pipe.publish(self.keys.job_changes(), json.dumps({"job": job_id, "progress": True}))  # app/jobs/waiting.py
             pipe.execute()
 
     def read(self, job_id: str) -> Progress | None:
         """The last report, or None when the job has reported nothing."""
-        raw = self.redis.hgetall(self.keys.progress(job_id))
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.progress(job_id)))  # decoded (create_redis)
         if not raw:
             return None
         step, total = raw.get("step"), raw.get("total")

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import redis
 
@@ -171,8 +172,13 @@ class Reconciler:
             else:
                 last = last_progress or now
                 if now - last > self.settings.hung_after_s:
-                    self._interrupt(report, job.id, JobState.running, "hung",
-                                    f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})")
+                    self._interrupt(
+                        report,
+                        job.id,
+                        JobState.running,
+                        "hung",
+                        f"no progress for {now - last:.0f} s (bound hung_after_s={self.settings.hung_after_s})",
+                    )
                     self.redis.set(self.keys.restart(machine), job.id, ex=60)
 
     def _cancel_overdue(self, report: ReconcileReport, job: Job, now: float) -> bool:
@@ -187,6 +193,7 @@ class Reconciler:
         message = (f"cancelled by request while running, after {steps} steps; it did not stop between steps "
                    f"within cancel_grace_s={self.settings.cancel_grace_s:g} s, so its pool process was killed")
         try:
+            assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
             self.endings.cancel_running(job.id, job.machine or "", message, release=False)  # the pass releases
         except Conflict:
             return True  # it moved on meanwhile
@@ -228,7 +235,7 @@ class Reconciler:
         before claiming it (``lost``), or it was removed from its queue (``purged``). (A server
         killed between journaling a job and publishing it leaves the same trace as a purge; the
         message says so.)"""
-        taker = self.redis.get(self.keys.delivered(job_id))
+        taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
             self._interrupt(report, job_id, JobState.queued, "lost",
                             f"its message was delivered to {taker}'s worker, which stopped before claiming it; "

@@ -30,7 +30,7 @@ import json
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery
@@ -38,9 +38,9 @@ from celery import Celery
 from app.core import keys
 from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings
-from app.core.protocol import SyncFinish, SyncGrant
 from app.core.errors import Conflict, Forbidden, MachineUnavailable, NotFound, PlacementLost, Rejected
 from app.core.keys import Keys
+from app.core.protocol import SyncFinish, SyncGrant
 from app.fleet.config import Fleet
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates
@@ -102,9 +102,9 @@ class Syncs:
             raise Rejected(f"machine {machine!r} is not in this fleet; machines: {known}", reason="unknown_machine")
         if model_ids:
             for model_id in model_ids:
-                record = self.registry.get(model_id)
-                if record.family not in config.families:
-                    raise Rejected(f"machine {machine!r} does not support family {record.family!r} of model "
+                model = self.registry.get(model_id)
+                if model.family not in config.families:
+                    raise Rejected(f"machine {machine!r} does not support family {model.family!r} of model "
                                    f"{model_id!r}; it supports: {', '.join(sorted(config.families))}",
                                    reason="family_not_supported")
         else:
@@ -119,25 +119,27 @@ class Syncs:
             if not view.online:
                 raise MachineUnavailable(f"machine {machine!r} is offline (no live heartbeat); start its worker, "
                                          f"then sync again")
-            holder = self.redis.get(self.keys.syncing(machine))
+            holder = cast("str | None", self.redis.get(self.keys.syncing(machine)))  # decoded (create_redis)
             if holder:
                 raise Conflict(f"machine {machine!r} is already syncing (sync {holder})", reason="machine_syncing")
             active, waiting = self.journal.count_active(machine), self.machines.queued_in_redis(machine)
             if active or waiting:
                 raise Conflict(
                     f"machine {machine!r} has work: {active} job(s) queued or running, {waiting} message(s) in "
-                    f"{self.keys.queue_list(machine)}; sync refuses to run while a machine has work (R6) - wait until it is "
-                    f"idle or cancel its queued jobs", reason="machine_busy")
+                    f"{self.keys.queue_list(machine)}; sync refuses to run while a machine has work (R6) - wait "
+                    f"until it is idle or cancel its queued jobs",
+                    reason="machine_busy",
+                )
             sync_id = uuid.uuid4().hex
             files = [f for m in manifests for f in m.files]
-            record = {
+            record: dict[str, str | int | float] = {
                 "id": sync_id, "machine": machine, "models": json.dumps([m.model_id for m in manifests]),
                 "state": SyncState.queued, "created_at": time.time(), "files_total": len(files),
                 "bytes_total": sum(f.size for f in files), "files_done": 0, "bytes_done": 0, "file": "",
                 "message": "", "results": "[]", "verified": "[]",
             }
             with self.redis.pipeline() as pipe:
-                pipe.hset(self.keys.sync(sync_id), mapping=record)
+                pipe.hset(self.keys.sync(sync_id), mapping=record)  # type: ignore[arg-type]  # redis-py: Mapping keys
                 pipe.expire(self.keys.sync(sync_id), RECORD_TTL_S)
                 pipe.set(self.keys.syncing(machine), sync_id, px=self.claim_wait_ms)  # the claim renews it to ttl_ms
                 pipe.execute()
@@ -150,7 +152,7 @@ class Syncs:
     def get(self, sync_id: str) -> dict[str, Any]:
         """The sync's record (``state``, ``bytes_done``/``bytes_total``, ``file``, ``results``…).
         A queued or running sync whose reservation is gone reads as ``interrupted``. Raises NotFound."""
-        raw = self.redis.hgetall(self.keys.sync(sync_id))
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id)))  # decoded (create_redis)
         if not raw:
             raise NotFound(f"no sync with id {sync_id!r} (records are kept {RECORD_TTL_S} s)", reason="sync_not_found")
         expired = raw["state"] not in SYNC_ENDED and self.redis.get(self.keys.syncing(raw["machine"])) != sync_id
@@ -159,7 +161,7 @@ class Syncs:
             # before a finish and the reservation just after it would read as interrupted. Read
             # the record again; an end state there is the truth (seen in a suite run on one core:
             # `homefleet sync` printed interrupted for a sync its worker finished in 0.6 s).
-            raw = self.redis.hgetall(self.keys.sync(sync_id)) or raw
+            raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id))) or raw
             expired = raw["state"] not in SYNC_ENDED
         record: dict[str, Any] = dict(raw)
         for field in ("files_total", "bytes_total", "files_done", "bytes_done"):
@@ -187,7 +189,9 @@ class Syncs:
         """
         record = self._own(sync_id, machine)
         if not self.redis.hsetnx(self.keys.sync(sync_id), "claimed_at", time.time()):
-            raise Conflict(f"sync {sync_id} was already claimed; a second delivery copies nothing", reason="sync_claimed")
+            raise Conflict(
+                f"sync {sync_id} was already claimed; a second delivery copies nothing", reason="sync_claimed"
+            )
         if not self.redis.eval(_RENEW, 1, self.keys.syncing(machine), sync_id, self.ttl_ms):
             self.redis.hset(self.keys.sync(sync_id), "state", SyncState.interrupted)
             raise Conflict(f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",

@@ -61,6 +61,7 @@ class TaskEvents:
         ``task-failed`` (with ``<state>: <reason>: <message>`` as its exception) for
         ``interrupted`` and ``failed``; nothing for other states. Never raises for a broker
         error (logged)."""
+        fields: dict[str, object]
         if job.state == JobState.cancelled:
             kind, fields = "task-revoked", {"terminated": False, "signum": None, "expired": False}
         elif job.state in (JobState.interrupted, JobState.failed):

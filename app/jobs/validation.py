@@ -45,8 +45,8 @@ from app.core.textgen import (
     model_config,
     prompt_ids,
 )
-from app.store.files import InputStore, StoredFile
 from app.db.tables import ModelRecord
+from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
 
@@ -126,7 +126,8 @@ class Validator:
     def request(self, model_id: str, kind: str, params: dict[str, Any], target: str) -> JobRequest:
         """The placement request of a submission, after every check of its params. Mutates
         ``params``: integer-valued floats become ints, a text job's ``temperature`` below
-        ``GREEDY_TEMPERATURE`` (5e-324) becomes 0.0 (greedy decoding, as OpenAI's 0), and for kinds whose output size follows
+        ``GREEDY_TEMPERATURE`` (5e-324) becomes 0.0 (greedy decoding, as OpenAI's 0), and for kinds whose output size
+        follows
         their input image (edit, upscale) ``output_width``/``output_height`` (pixels) are set,
         so the journal shows what was priced.
 
@@ -286,7 +287,11 @@ def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -
         named = ", ".join(f"params.{name}" for name in unknown)
         verb = "is not a param" if len(unknown) == 1 else "are not params"
         rules = family_rules(family)
-        on = f" on family {family} ({rules.pipeline_class_of(kind)})" if rules is not None and kind in rules.kinds else ""
+        on = (
+            f" on family {family} ({rules.pipeline_class_of(kind)})"
+            if rules is not None and kind in rules.kinds
+            else ""
+        )
         raise Rejected(f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
                        reason="unknown_param", param=f"params.{unknown[0]}")
     return kind_spec
@@ -396,7 +401,9 @@ def check_text_grammar(params: Mapping[str, Any], tokenizer: Any, config: Mappin
         return
     vocab = config.get("vocab_size")
     try:
-        constraints.check(grammar, tokenizer, constraints.vocab_size(tokenizer, vocab if isinstance(vocab, int) else None))
+        constraints.check(
+            grammar, tokenizer, constraints.vocab_size(tokenizer, vocab if isinstance(vocab, int) else None)
+        )
     except ValueError as error:
         raise Rejected(f"params.grammar {error}"[:2000], reason="invalid_grammar", param="params.grammar") from error
 
@@ -523,7 +530,9 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
         if limits is not None:
             check_input_upload(field, stored, limits)
-        if kind_spec.output_scale is not None:  # the pipelines round other sides down: the output would not be as journaled
+        if (
+            kind_spec.output_scale is not None
+        ):  # the pipelines round other sides down: the output would not be as journaled
             width, height = image_size(stored.path)
             if first is None:
                 first = (field, (width, height))

@@ -14,11 +14,12 @@ older process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import redis
@@ -48,10 +49,8 @@ class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     def wake(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits any more
             self.loop.call_soon_threadsafe(self.event.set)
-        except RuntimeError:  # its loop has closed: nobody waits any more
-            pass
 
 
 class Waiting:
@@ -147,10 +146,8 @@ class Waiting:
             await to_thread.run_sync(self._start)
 
     async def _woken(self, watch: _Watch, timeout_s: float) -> None:
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(watch.event.wait(), timeout=max(0.0, timeout_s))
-        except TimeoutError:
-            pass
 
     # -- the waiters --------------------------------------------------------------------------
     async def until_ended(self, job_id: str, timeout_s: float) -> Job:

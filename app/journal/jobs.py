@@ -10,14 +10,15 @@ its delivery, whichever process ended it, and a crash cannot leave one without t
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, bindparam, cast, insert, or_, update
+from sqlalchemy import BindParameter, String, bindparam, cast, insert, or_, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select
 
 from app.core.errors import Conflict, NotFound
 from app.core.states import ACTIVE, ENDED, LEGAL, RESULT_NOT_STORED, JobState
@@ -31,12 +32,13 @@ STATES_BATCH = 500  # ids per SELECT of Journal.states_of (well under SQLite's b
 
 # Journal.key_load's statements, built once: a quota check runs them under the fleet lock (R14),
 # where building them again cost more than running them.
-_KEY = bindparam("key")
-_ENDED = (Job.api_key_id == _KEY, Job.finished_at > bindparam("since", type_=Job.__table__.c.finished_at.type))  # type: ignore[attr-defined, operator]
-_TIMED = Job.load_s.is_not(None) | Job.run_s.is_not(None)  # type: ignore[union-attr]
-_UNTIMED = (*_ENDED, ~_TIMED, Job.started_at.is_not(None))  # type: ignore[union-attr]
+_KEY: BindParameter[str] = bindparam("key")
+_SINCE = bindparam("since", type_=Job.__table__.c.finished_at.type)  # type: ignore[attr-defined]
+_ENDED = (col(Job.api_key_id) == _KEY, col(Job.finished_at) > _SINCE)
+_TIMED = col(Job.load_s).is_not(None) | col(Job.run_s).is_not(None)
+_UNTIMED = (*_ENDED, ~_TIMED, col(Job.started_at).is_not(None))
 _KEY_ACTIVE = select(func.count()).select_from(Job).where(
-    Job.api_key_id == _KEY, Job.state.in_(list(ACTIVE)))  # type: ignore[attr-defined]
+    col(Job.api_key_id) == _KEY, col(Job.state).in_(list(ACTIVE)))
 _KEY_LOAD = select(
     _KEY_ACTIVE.scalar_subquery(),
     select(func.coalesce(func.sum(func.coalesce(Job.load_s, 0.0) + func.coalesce(Job.run_s, 0.0)), 0.0))
@@ -79,7 +81,12 @@ class Journal:
             sqlalchemy.exc.IntegrityError: ``job.id`` or ``job.idempotency_key`` is taken;
                 nothing is written.
         """
-        event = {"job_id": job.id, "at": utcnow(), "event": str(job.state), "detail": job.reason or ""}  # id: the database's
+        event = {
+            "job_id": job.id,
+            "at": utcnow(),
+            "event": str(job.state),
+            "detail": job.reason or "",
+        }  # id: the database's
         delivery = self._delivery(job.id, JobState(job.state), job.webhook_url)  # a rejected job's webhook
         with self.engine.begin() as connection:
             connection.execute(_INSERT_JOB, {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
@@ -105,21 +112,21 @@ class Journal:
 
     def list(self, states: Iterable[JobState] | None = None, machine: str | None = None) -> list[Job]:
         """Jobs, oldest first, optionally filtered by state and machine."""
-        query = select(Job).order_by(Job.created_at)
+        query = select(Job).order_by(col(Job.created_at))
         if states is not None:
-            query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+            query = query.where(col(Job.state).in_(list(states)))
         if machine is not None:
-            query = query.where(Job.machine == machine)
+            query = query.where(col(Job.machine) == machine)
         with Session(self.engine) as session:
             return list(session.exec(query).all())
 
-    def placements(self, states: Iterable[JobState]) -> list[tuple[str, str | None]]:
+    def placements(self, states: Iterable[JobState]) -> builtins.list[tuple[str, str | None]]:
         """``(job id, machine)`` of the jobs in ``states``, oldest first: two columns, not whole
         jobs. A reconciliation pass over a backlog of 10,000 queued jobs spent 0.53 s of its
         0.92 s building them as objects (their JSON columns decoded), the API's other requests
         waiting meanwhile (bench/backlog.py)."""
-        query = (select(Job.id, Job.machine).where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
-                 .order_by(Job.created_at))
+        query = (select(Job.id, Job.machine).where(col(Job.state).in_(list(states)))
+                 .order_by(col(Job.created_at)))
         with Session(self.engine) as session:
             return [(job_id, machine) for job_id, machine in session.exec(query)]
 
@@ -132,12 +139,12 @@ class Journal:
         with Session(self.engine) as session:
             for first in range(0, len(wanted), STATES_BATCH):
                 batch = wanted[first:first + STATES_BATCH]
-                rows = session.exec(select(Job.id, Job.state).where(Job.id.in_(batch)))  # type: ignore[union-attr]
+                rows = session.exec(select(Job.id, Job.state).where(col(Job.id).in_(batch)))
                 found.update({job_id: JobState(state) for job_id, state in rows})
         return found
 
     def page(self, states: Iterable[JobState] | None = None, machine: str | None = None, limit: int = 100,
-             after: str | None = None, newest_first: bool = False) -> list[Job]:
+             after: str | None = None, newest_first: bool = False) -> builtins.list[Job]:
         """At most ``limit`` jobs, oldest first (``created_at``, then id; ``newest_first``: the
         other way), optionally filtered by state and machine, starting after the job ``after``
         (keyset paging: each page is one indexed range query, however deep the backlog).
@@ -146,44 +153,44 @@ class Journal:
             NotFound: ``after`` names no job (reason ``job_not_found``).
         """
         if newest_first:
-            query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)  # type: ignore[attr-defined]
+            query = select(Job).order_by(col(Job.created_at).desc(), col(Job.id).desc()).limit(limit)
         else:
-            query = select(Job).order_by(Job.created_at, Job.id).limit(limit)  # type: ignore[arg-type]
+            query = select(Job).order_by(col(Job.created_at), col(Job.id)).limit(limit)
         if states is not None:
-            query = query.where(Job.state.in_(list(states)))  # type: ignore[attr-defined]
+            query = query.where(col(Job.state).in_(list(states)))
         if machine is not None:
-            query = query.where(Job.machine == machine)
+            query = query.where(col(Job.machine) == machine)
         with Session(self.engine) as session:
             if after is not None:
                 cursor = session.get(Job, after)
                 if cursor is None:
                     raise NotFound(f"no job with id {after!r} (the page cursor 'after')", reason="job_not_found")
                 if newest_first:
-                    query = query.where((Job.created_at < cursor.created_at)  # type: ignore[operator]
-                                        | ((Job.created_at == cursor.created_at) & (Job.id < cursor.id)))  # type: ignore[operator]
+                    query = query.where((col(Job.created_at) < cursor.created_at)
+                                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) < cursor.id)))
                 else:
-                    query = query.where((Job.created_at > cursor.created_at)  # type: ignore[operator]
-                                        | ((Job.created_at == cursor.created_at) & (Job.id > cursor.id)))  # type: ignore[operator]
+                    query = query.where((col(Job.created_at) > cursor.created_at)
+                                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) > cursor.id)))
             return list(session.exec(query).all())
 
-    def events(self, job_id: str) -> list[JobEvent]:
+    def events(self, job_id: str) -> builtins.list[JobEvent]:
         """A job's history, oldest first."""
         with Session(self.engine) as session:
-            query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            query = select(JobEvent).where(col(JobEvent.job_id) == job_id).order_by(col(JobEvent.id))
             return list(session.exec(query).all())
 
     def count_in(self, state: JobState, machine: str) -> int:
         """How many jobs of ``machine`` are in ``state`` (one COUNT)."""
         with Session(self.engine) as session:
-            query = select(func.count()).select_from(Job).where(Job.machine == machine, Job.state == state)
+            query = select(func.count()).select_from(Job).where(col(Job.machine) == machine, col(Job.state) == state)
             return int(session.exec(query).one())
 
     def count_active(self, machine: str) -> int:
         """Jobs of ``machine`` that are queued or running (its backlog)."""
         with Session(self.engine) as session:
             query = select(func.count()).select_from(Job).where(
-                Job.machine == machine,
-                Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+                col(Job.machine) == machine,
+                col(Job.state).in_(list(ACTIVE)),
             )
             return int(session.exec(query).one())
 
@@ -192,12 +199,13 @@ class Journal:
         two seeks of the index ``ix_job_api_key_id_state``)."""
         with Session(self.engine) as session:
             query = select(func.count()).select_from(Job).where(
-                Job.api_key_id == api_key_id,
-                Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+                col(Job.api_key_id) == api_key_id,
+                col(Job.state).in_(list(ACTIVE)),
             )
             return int(session.exec(query).one())
 
-    def key_load(self, api_key_id: str, since: datetime | None) -> tuple[int, float, list[tuple[datetime, datetime]]]:
+    def key_load(self, api_key_id: str,
+                 since: datetime | None) -> tuple[int, float, builtins.list[tuple[datetime, datetime]]]:
         """What a key's quota check reads (app/jobs/quotas.py): its jobs queued or running; the
         load + run seconds its workers reported for its jobs that ended after ``since``, summed by
         the database; and ``(finished_at, started_at)`` of those of them that started but reported
@@ -216,8 +224,8 @@ class Journal:
         """``{api key id: {state: jobs}}`` of the queued and running jobs that a key submitted
         (one GROUP BY; jobs without a key id are left out)."""
         query = select(Job.api_key_id, Job.state, func.count()).where(
-            Job.api_key_id.is_not(None),  # type: ignore[union-attr]
-            Job.state.in_(list(ACTIVE)),  # type: ignore[attr-defined]
+            col(Job.api_key_id).is_not(None),
+            col(Job.state).in_(list(ACTIVE)),
         ).group_by(Job.api_key_id, Job.state)
         found: dict[str, dict[JobState, int]] = {}
         with Session(self.engine) as session:
@@ -225,18 +233,20 @@ class Journal:
                 found.setdefault(str(key), {})[JobState(state)] = int(count)
         return found
 
-    def ended_since(self, since: datetime, api_key_id: str | None = None) -> list[tuple[str, datetime, datetime | None,
-                                                                                         float | None, float | None]]:
+    def ended_since(self, since: datetime, api_key_id: str | None = None) -> builtins.list[
+            tuple[str, datetime, datetime | None, float | None, float | None]]:
         """``(api key id, finished_at, started_at, load_s, run_s)`` of every job with a key id that
         ended after ``since``, oldest end first; only ``api_key_id``'s when given (a range of the
         index ``ix_job_api_key_id_finished_at``). Times as stored (UTC; naive from SQLite)."""
-        query = select(Job.api_key_id, Job.finished_at, Job.started_at, Job.load_s, Job.run_s).where(
-            Job.finished_at > since,  # type: ignore[operator]
-        ).order_by(Job.finished_at)  # type: ignore[arg-type]
+        query = select(  # type: ignore[call-overload]  # sqlmodel's select is typed for at most 4 columns
+            col(Job.api_key_id), col(Job.finished_at), col(Job.started_at), col(Job.load_s), col(Job.run_s),
+        ).where(
+            col(Job.finished_at) > since,
+        ).order_by(col(Job.finished_at))
         if api_key_id is not None:
-            query = query.where(Job.api_key_id == api_key_id)
+            query = query.where(col(Job.api_key_id) == api_key_id)
         else:
-            query = query.where(Job.api_key_id.is_not(None))  # type: ignore[union-attr]
+            query = query.where(col(Job.api_key_id).is_not(None))
         with Session(self.engine) as session:
             return [(str(key), finished, started, load_s, run_s)
                     for key, finished, started, load_s, run_s in session.exec(query)]
@@ -274,9 +284,9 @@ class Journal:
             values.setdefault("started_at", now)
         if to_state in ENDED:
             values.setdefault("finished_at", now)
-        conditions = [Job.id == job_id, Job.state.in_(allowed)]  # type: ignore[attr-defined]
+        conditions = [col(Job.id) == job_id, col(Job.state).in_(allowed)]
         if machine is not None:
-            conditions.append(Job.machine == machine)
+            conditions.append(col(Job.machine) == machine)
         # The update returns the row and the event is a Core INSERT in the same transaction: no
         # ORM unit of work and no re-read (the claim path). An end writes the job's
         # webhook delivery in the same transaction.
@@ -337,7 +347,8 @@ class Journal:
     def cancel(self, job_id: str, reason: str = "cancelled",
                message: str = "cancelled by request before it started") -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
-        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late to cancel)."""
+        Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late
+        to cancel)."""
         return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
                                reason=reason, message=message)
 
@@ -350,7 +361,7 @@ class Journal:
     def result_media_type(self, digest: str, api_key_id: str | None) -> str | None:
         """The media type of the result ``digest`` (any image of its job) of a succeeded job
         submitted by the key ``api_key_id`` (None: without a key), or None when there is none."""
-        owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr,arg-type]
+        owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr]
         with Session(self.engine) as session:
             jobs = session.exec(select(Job).where(Job.state == JobState.succeeded, owner, or_(
                 Job.result_digest == digest, cast(Job.results, String).contains(digest)))).all()  # type: ignore[arg-type]
@@ -364,13 +375,13 @@ class Journal:
     def by_idempotency_key(self, key: str) -> Job | None:
         """The job submitted earlier with this ``Idempotency-Key``, or None (R20)."""
         with Session(self.engine) as session:
-            return session.exec(select(Job).where(Job.idempotency_key == key)).first()
+            return session.exec(select(Job).where(col(Job.idempotency_key) == key)).first()
 
     def forget_idempotency_keys(self, older_than: datetime) -> int:
         """Drop idempotency keys of jobs created before ``older_than``; return how many."""
         with Session(self.engine) as session:
-            result = session.exec(  # type: ignore[call-overload]
-                update(Job).where(Job.idempotency_key.is_not(None), Job.created_at < older_than)  # type: ignore[union-attr]
+            result = session.exec(
+                update(Job).where(col(Job.idempotency_key).is_not(None), col(Job.created_at) < older_than)
                 .values(idempotency_key=None)
             )
             session.commit()

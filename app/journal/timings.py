@@ -1,8 +1,10 @@
 """Learned timings persisted in the journal database (R13), so a restart keeps them.
 
-The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds per step at the
+The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds
+per step at the
 reference size (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
-prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with measured times is folded in.
+prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with
+measured times is folded in.
 A job with LoRA adapters also teaches each adapter's load seconds onto a warm
 pipeline, row (machine, adapter, ``adapter``): the provenance's ``adapter_load_s`` shared
 equally among its adapters.
@@ -33,8 +35,12 @@ class TimingStore:
         """Every stored timing."""
         with Session(self.engine) as session:
             rows = session.exec(select(LearnedTiming)).all()
-        return LearnedTimings({(r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples, r.prompt_s)
-                               for r in rows})
+        return LearnedTimings(
+            {
+                (r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples, r.prompt_s)
+                for r in rows
+            }
+        )
 
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
         """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in,

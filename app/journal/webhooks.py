@@ -12,17 +12,17 @@ seconds.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Final, Literal
 
 from sqlalchemy import insert, or_, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select
 
 from app.db.tables import JobEvent, WebhookDelivery, utcnow
 
-PENDING = "pending"
-DELIVERED = "delivered"
-FAILED = "failed"  # gave up after webhook_attempts
+PENDING: Final = "pending"
+DELIVERED: Final = "delivered"
+FAILED: Final = "failed"  # gave up after webhook_attempts
 EVENT = "webhook"  # the job event of each attempt
 
 _INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
@@ -37,7 +37,8 @@ class WebhookOutbox:
     def of_job(self, job_id: str) -> list[WebhookDelivery]:
         """The job's deliveries, oldest first (a recovered ``failed -> succeeded`` job has two)."""
         with Session(self.engine) as session:
-            query = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id).order_by(WebhookDelivery.id)
+            query = (select(WebhookDelivery).where(col(WebhookDelivery.job_id) == job_id)
+                     .order_by(col(WebhookDelivery.id)))
             return list(session.exec(query).all())
 
     def due(self, now_s: float, limit: int, skip: Iterable[int] = ()) -> list[WebhookDelivery]:
@@ -45,11 +46,11 @@ class WebhookOutbox:
         expired), oldest due first, leaving out the ids in ``skip``."""
         skipped = list(skip)
         query = (select(WebhookDelivery)
-                 .where(WebhookDelivery.state == PENDING, WebhookDelivery.due_s <= now_s,  # type: ignore[arg-type]
-                        or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s))  # type: ignore[union-attr,operator]
-                 .order_by(WebhookDelivery.due_s).limit(limit))  # type: ignore[arg-type]
+                 .where(col(WebhookDelivery.state) == PENDING, col(WebhookDelivery.due_s) <= now_s,
+                        or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s))
+                 .order_by(col(WebhookDelivery.due_s)).limit(limit))
         if skipped:
-            query = query.where(WebhookDelivery.id.not_in(skipped))  # type: ignore[union-attr]
+            query = query.where(col(WebhookDelivery.id).not_in(skipped))
         with Session(self.engine) as session:
             return list(session.exec(query).all())
 
@@ -57,12 +58,12 @@ class WebhookOutbox:
         """When the earliest pending delivery may be attempted: its due time, or for one leased
         at ``now_s`` its lease's end; None when none is pending. Two aggregates, however many
         are pending (a receiver down for hours leaves many)."""
-        pending = WebhookDelivery.state == PENDING
-        free = or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s)  # type: ignore[union-attr,operator]
+        pending = col(WebhookDelivery.state) == PENDING
+        free = or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s)
         with Session(self.engine) as session:
             due = session.exec(select(func.min(WebhookDelivery.due_s)).where(pending, free)).one()
             leased = session.exec(select(func.min(WebhookDelivery.lease_s))
-                                  .where(pending, WebhookDelivery.lease_s >= now_s)).one()  # type: ignore[operator]
+                                  .where(pending, col(WebhookDelivery.lease_s) >= now_s)).one()
         found = [float(value) for value in (due, leased) if value is not None]
         return min(found) if found else None
 
@@ -72,8 +73,8 @@ class WebhookOutbox:
         with self.engine.begin() as connection:
             result = connection.execute(
                 update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
-                .where(WebhookDelivery.id == delivery_id, WebhookDelivery.state == PENDING,  # type: ignore[arg-type]
-                       or_(WebhookDelivery.lease_s.is_(None), WebhookDelivery.lease_s < now_s))  # type: ignore[union-attr,operator]
+                .where(col(WebhookDelivery.id) == delivery_id, col(WebhookDelivery.state) == PENDING,
+                       or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s))
                 .values(lease_s=until_s))
             return bool(result.rowcount)
 
@@ -82,12 +83,13 @@ class WebhookOutbox:
         """Record attempt number ``attempt`` of ``delivery``: its outcome (``pending``: another
         attempt at ``due_s``), the lease released, and the job event ``webhook`` with ``detail``,
         in one transaction. The job itself is never changed."""
-        values = {"attempts": attempt, "state": outcome, "detail": detail, "due_s": due_s, "lease_s": None}
+        values: dict[str, object] = {"attempts": attempt, "state": outcome, "detail": detail, "due_s": due_s,
+                                     "lease_s": None}
         if outcome != PENDING:
             values["finished_at"] = utcnow()
         with self.engine.begin() as connection:
             connection.execute(update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
-                               .where(WebhookDelivery.id == delivery.id).values(**values))  # type: ignore[arg-type]
+                               .where(col(WebhookDelivery.id) == delivery.id).values(**values))
             connection.execute(_INSERT_EVENT, {"job_id": delivery.job_id, "at": utcnow(), "event": EVENT,
                                                "detail": detail})
 
@@ -95,4 +97,4 @@ class WebhookOutbox:
         """Deliveries in ``state``."""
         with Session(self.engine) as session:
             return int(session.exec(select(func.count()).select_from(WebhookDelivery)
-                                    .where(WebhookDelivery.state == state)).one())
+                                    .where(col(WebhookDelivery.state) == state)).one())

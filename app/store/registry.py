@@ -14,6 +14,7 @@ Registering copies the diffusers folder (or the LoRA file) into the server's own
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import json
 import os
@@ -198,7 +199,9 @@ class Registry:
             raise Rejected(str(error), reason="invalid_variant") from error
         if adapter_of is not None:
             if quantization is not None:
-                raise Rejected("an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant")
+                raise Rejected(
+                    "an adapter is loaded as it is saved; it takes no quantization", reason="invalid_variant"
+                )
             class_name, family, kinds = describe_adapter(source, adapter_of)
             layout = adapter_layout(source, family)  # recognised even when the caller names a format
             source_format = source_format or layout.source_format
@@ -432,7 +435,7 @@ class Registry:
                         weights_bytes=self.weights_bytes(model_id),
                         source_digest=record.source_digest)
 
-    def _check(self, model_id: str, folder: Path, full: bool) -> list[FileCheck]:
+    def _check(self, model_id: str, folder: Path, full: bool) -> builtins.list[FileCheck]:
         """Each registered file of the model in the server's folder against its registered
         digest. ``full``: hash every byte of every file (``models verify``, C07); otherwise a
         file whose (size, mtime_ns, inode) is as recorded is ``ok`` unhashed, and a changed
@@ -503,7 +506,7 @@ class Registry:
             return 0
         return kv_cache_bytes(model_config(folder), tokens, record.precision)
 
-    def verify(self, model_ids: list[str] | None = None) -> list[FileCheck]:
+    def verify(self, model_ids: builtins.list[str] | None = None) -> builtins.list[FileCheck]:
         """Rehash every file of ``model_ids`` (default: every model) in full, ignoring the
         (size, mtime_ns, inode) cache, against its registered digest (``homefleet models
         verify``). Records NOTHING: a registered digest never changes by itself (R5); a

@@ -41,6 +41,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from app.core.errors import Rejected
 from app.core.lora_files import LORA_WEIGHTS
@@ -191,10 +192,13 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     level = loading_log.level
     loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
     try:
-        weights, variant_files = variant_compatible_siblings(weight_candidates, variant=variant,
-                                                             ignore_patterns=ignore)
+        weights, variant_files = cast("tuple[list[str], list[str]]",  # diffusers annotates it as a list
+                                      variant_compatible_siblings(weight_candidates, variant=variant,
+                                                                  ignore_patterns=ignore))
     except ValueError:  # no component has the variant's files: every component loads full precision
-        weights, variant_files = variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore)
+        weights, variant_files = cast("tuple[list[str], list[str]]",
+                                      variant_compatible_siblings(weight_candidates, variant=None,
+                                                                  ignore_patterns=ignore))
     finally:
         loading_log.setLevel(level)
     ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
@@ -219,10 +223,10 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
                        f"{'variant ' + variant if variant else 'full-precision'} pipeline loads; register it "
                        "with the precision of its files (--precision fp16 for *.fp16.* files only)",
                        reason="no_loadable_weights")
-    chosen = "variant " + variant if variant_files else "full precision"
+    chosen = f"variant {variant}" if variant_files else "full precision"
 
     def why(path: str) -> str:
-        top, _, name = path.partition("/")
+        top, _, _name = path.partition("/")
         base = path.rsplit("/", 1)[-1]
         if "/" not in path:
             if base.endswith(_CHECKPOINT_SUFFIXES):

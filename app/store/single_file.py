@@ -192,7 +192,7 @@ def write_clip_tokenizer_files(bpe: Path, folder: Path) -> None:
     characters, the same with ``</w>``, the first 48,894 merges, then the two special tokens."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    lines = gzip.open(bpe).read().decode("utf-8").split("\n")
+    lines = gzip.decompress(bpe.read_bytes()).decode("utf-8").split("\n")
     merges = [tuple(line.split()) for line in lines[1:49152 - 256 - 2 + 1]]
     chars = list(bytes_to_unicode().values())
     vocab = chars + [char + "</w>" for char in chars] + ["".join(merge) for merge in merges]
@@ -217,7 +217,9 @@ def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
     if config is not None:
         index = Path(config) / "model_index.json"
         if not index.is_file():
-            raise Rejected(f"--config {config} is not a diffusers folder (no model_index.json)", reason="invalid_config")
+            raise Rejected(
+                f"--config {config} is not a diffusers folder (no model_index.json)", reason="invalid_config"
+            )
         class_name = json.loads(index.read_text()).get("_class_name")
         if class_name != spec.pipeline_class:
             raise Rejected(f"--config {config} is a {class_name} folder; a {family} checkpoint needs a "
@@ -272,7 +274,7 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     return target
 
 
-def _load(path: Path, family: str, folder: Path, dtype: str):  # noqa: ANN202 - a diffusers pipeline
+def _load(path: Path, family: str, folder: Path, dtype: str):
     import diffusers
     import torch
     from diffusers.loaders.single_file_utils import SingleFileComponentError

@@ -20,7 +20,9 @@ NUMBER = r"-?\d+(\.\d+)?"
 def _last_line(*args: str, timeout_s: float = 600) -> str:
     done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                           check=False)
-    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -52,7 +54,9 @@ def test_shapes_bench_prints_its_last_line() -> None:
 
 def test_webhooks_bench_prints_its_last_line() -> None:
     line = _last_line("bench.webhooks", "--jobs", "3", "--backoff", "0.05")
-    _assert_format(line, ["delivery_p50_ms", "delivery_p99_ms", "cancel_plain_p50_ms", "cancel_hooked_p50_ms", "retry_ms"])
+    _assert_format(
+        line, ["delivery_p50_ms", "delivery_p99_ms", "cancel_plain_p50_ms", "cancel_hooked_p50_ms", "retry_ms"]
+    )
 
 
 def test_quota_bench_prints_its_last_line() -> None:

@@ -15,8 +15,10 @@ from app.devtools.redis_server import free_port
 
 
 @pytest.mark.parametrize(("variable", "value", "reason", "names"), [
-    ("HOMEFLEET_API_KEYS", "key1,key2", "invalid_settings", "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON"),
-    ("HOMEFLEET_LIMITS", '{{"sd1": {{"max_pixel": 5}}}}', "invalid_settings", "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs"),
+    ("HOMEFLEET_API_KEYS", "key1,key2", "invalid_settings",
+        "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON"),
+    ("HOMEFLEET_LIMITS", '{{"sd1": {{"max_pixel": 5}}}}', "invalid_settings",
+        "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs"),
     ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
     ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
     ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),

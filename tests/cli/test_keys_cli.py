@@ -1,5 +1,6 @@
 """``homefleet keys`` as a user runs it: per key, jobs queued and running, GPU-seconds
-of the last hour, the limits and whether it has a webhook secret, as a table and as JSON; it reads the journal and migrates
+of the last hour, the limits and whether it has a webhook secret, as a table and as JSON; it reads the journal and
+migrates
 nothing (an outdated journal is refused: tests/cli/test_db_revision.py)."""
 
 from __future__ import annotations
@@ -42,5 +43,7 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
     table = run_cli("keys", env={**env, "COLUMNS": "200"}).stdout  # one line per row, whatever the caller's terminal
     assert "max_queued_jobs" in table and "gpu_s last hour" in table
     [ci_line] = [line for line in table.splitlines() if " ci " in line]
-    assert [cell.strip() for cell in ci_line.split("│")[1:9]] == ["ci", "1", "1", "1", "41.5", "3", "600", "yes"], ci_line
+    assert [cell.strip() for cell in ci_line.split("│")[1:9]] == ["ci", "1", "1", "1", "41.5", "3", "600", "yes"], (
+        ci_line
+    )
     assert CI_KEY not in table and OTHER_KEY not in table and SECRET not in table  # ids only, never a key or secret

@@ -22,10 +22,10 @@ def test_the_revision_check_loads_no_alembic_and_refuses_an_outdated_journal(tmp
     settings = Settings(data_dir=tmp_path / "server")
     engine = create_engine(settings)
     try:
-        with pytest.raises(ConfigError, match="has no schema yet.*homefleet db upgrade"):
+        with pytest.raises(ConfigError, match=r"has no schema yet.*homefleet db upgrade"):
             check_revision(engine)
         upgrade(engine, "e5a7c3d9b214")  # the revision before the head
-        with pytest.raises(ConfigError, match="is at revision e5a7c3d9b214.*homefleet db upgrade"):
+        with pytest.raises(ConfigError, match=r"is at revision e5a7c3d9b214.*homefleet db upgrade"):
             check_revision(engine)
         upgrade(engine)
     finally:

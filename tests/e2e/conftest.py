@@ -67,7 +67,9 @@ class RunningFleet:
 
 
 @pytest.fixture(scope="session")
-def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[RunningFleet]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[RunningFleet]:
     data_dir = tmp_path_factory.mktemp("fleet")
     redis_url = f"{redis_base_url}/0"
     redis.Redis.from_url(redis_url).flushdb()

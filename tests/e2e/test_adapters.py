@@ -77,7 +77,7 @@ def test_a_kohya_file_gives_the_same_pixels_as_the_same_weights_in_the_diffusers
     """``KOHYA_ADAPTER`` holds ``ADAPTER``'s tensors under kohya's names with alpha = rank (scale
     1): diffusers converts it as it loads (``lora_state_dict``), so at the same seed and scale the
     image is pixel for pixel the diffusers one, not the base model's; unloaded after the job."""
-    plain_job, plain = run(fleet, BASE)
+    _plain_job, plain = run(fleet, BASE)
     _, diffusers = run(fleet, {**BASE, "adapters": [{"id": ADAPTER, "scale": 0.5}]})
     kohya_job, kohya = run(fleet, {**BASE, "adapters": [{"id": KOHYA_ADAPTER, "scale": 0.5}]})
     _, after = run(fleet, BASE)

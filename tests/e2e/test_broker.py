@@ -45,7 +45,9 @@ def env_of(fleet: DrillFleet) -> dict[str, str]:
 
 def submit(fleet: DrillFleet, steps: int, machine: str = "m1") -> str:
     assert fleet.client is not None
-    return str(fleet.client.submit(MODEL, "txt2img", {"prompt": f"broker {steps}", "steps": steps}, target=machine)["id"])
+    return str(
+        fleet.client.submit(MODEL, "txt2img", {"prompt": f"broker {steps}", "steps": steps}, target=machine)["id"]
+    )
 
 
 def state(fleet: DrillFleet, job_id: str) -> str:

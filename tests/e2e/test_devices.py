@@ -113,8 +113,12 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         assert node.startswith(f"{machine}@")
         # Celery's control channel (Flower's worker pages, `celery control revoke`) reaches it by that name
         # (asked again until it answers: a worker still starting under load may miss one broadcast)
-        replies = wait_for(lambda n=node: devices.ctx.celery.control.inspect(destination=[n], timeout=5).active_queues(),
-                           timeout_s=90, what=f"{machine}'s worker to answer inspect", poll_s=0.5)
+        replies = wait_for(
+            lambda n=node: devices.ctx.celery.control.inspect(destination=[n], timeout=5).active_queues(),
+            timeout_s=90,
+            what=f"{machine}'s worker to answer inspect",
+            poll_s=0.5,
+        )
         assert [queue["name"] for queue in replies[node]] == [keys.queue(machine)]
     worker_pids = {devices.local.processes[f"worker-{m}"].pid for m in DEVICES}
     assert len(worker_pids) == 2
@@ -205,7 +209,9 @@ def test_the_hosts_token_serves_each_device_only_under_its_own_name(devices: Dev
     token = devices.ctx.fleet.machines["box:0"].token
     url = f"{devices.local.api_url}/internal/v1/manifest"
     for machine in DEVICES:
-        answer = httpx.get(url, headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": machine}, timeout=30)
+        answer = httpx.get(
+            url, headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": machine}, timeout=30
+        )
         assert answer.status_code == 200, answer.text
     unnamed = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert unnamed.status_code == 401 and "shared by its devices box:0, box:1" in unnamed.text

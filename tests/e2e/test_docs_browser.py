@@ -93,7 +93,9 @@ def test_swagger_ui_renders_offline_and_authorize_sends_the_key(fleet: RunningFl
     block.find_element(By.CSS_SELECTOR, ".opblock-summary").click()
     wait.until(lambda _: block.find_elements(By.CSS_SELECTOR, ".try-out__btn"))[0].click()
     wait.until(lambda _: block.find_elements(By.CSS_SELECTOR, ".execute"))[0].click()
-    status = wait.until(lambda _: block.find_elements(By.CSS_SELECTOR, ".live-responses-table tr.response .response-col_status"))
+    status = wait.until(
+        lambda _: block.find_elements(By.CSS_SELECTOR, ".live-responses-table tr.response .response-col_status")
+    )
     assert status[0].text.strip().startswith("200"), status[0].text
     assert fleet.model in block.find_element(By.CSS_SELECTOR, ".live-responses-table .microlight").text
     assert_only_this_server(requested_urls(driver), fleet.local.api_url)

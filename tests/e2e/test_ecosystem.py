@@ -52,7 +52,9 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
             return {}
         return response.json() if response.status_code == 200 else {}
 
-    wait_for(lambda: {n.split("@")[0] for n in workers()} >= set(WORKERS), timeout_s=90, what="Flower to see the workers")
+    wait_for(
+        lambda: {n.split("@")[0] for n in workers()} >= set(WORKERS), timeout_s=90, what="Flower to see the workers"
+    )
     for name, info in workers().items():
         machine = name.split("@")[0]
         assert [q["name"] for q in info["active_queues"]] == [keys.queue(machine)]  # type: ignore[index]

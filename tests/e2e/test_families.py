@@ -3,7 +3,8 @@
 diffusers class built offline with random weights (``homefleet models make-tiny --family``).
 
 The session's one-machine fleet (tests/e2e/conftest.py ``models_fleet``): the API and ONE
-worker, machine ``m1``, holding the nine tiny models (each built once per session). Each job's params are the family's own (Flux's distilled
+worker, machine ``m1``, holding the nine tiny models (each built once per session). Each job's params are the family's
+own (Flux's distilled
 guidance, Qwen-Image-Edit's true CFG, Wan's 4k+1 frames), and a submission breaking a family's
 rule is refused by the real API with a 422 naming the family's limit (R22), never a TypeError on
 the worker.

@@ -120,7 +120,9 @@ def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, br
 JOB_WAIT_S = 300
 
 
-def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(fleet: RunningFleet, browser: object) -> None:
+def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(
+    fleet: RunningFleet, browser: object
+) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -144,7 +146,8 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(f
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
     job_id = driver.find_element(By.ID, "submitted").get_attribute("data-job")  # type: ignore[attr-defined]
     snap(driver, "submit")
-    seen = [int(step) for step in driver.find_element(By.ID, "submitted-progress").get_attribute("data-seen").split(",")]  # type: ignore[attr-defined]
+    progress = driver.find_element(By.ID, "submitted-progress")  # type: ignore[attr-defined]
+    seen = [int(step) for step in progress.get_attribute("data-seen").split(",")]
     assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 60, seen  # the bar moved, step by step, to the end
     assert fleet.client.get(job_id)["state"] == "succeeded"
     # the gallery shows it, with its prompt and machine, and its model filter keeps it
@@ -193,7 +196,9 @@ def png_file(path: Path, side: int = 64) -> Path:
     """A ``side`` x ``side`` RGB PNG (a gradient) at ``path``."""
     from PIL import Image
 
-    Image.frombytes("RGB", (side, side), bytes((x * 4 + y) % 256 for y in range(side) for x in range(side) for _ in range(3))).save(path)
+    Image.frombytes(
+        "RGB", (side, side), bytes((x * 4 + y) % 256 for y in range(side) for x in range(side) for _ in range(3))
+    ).save(path)
     return path
 
 
@@ -252,7 +257,9 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     assert shown and all(EDIT_MODEL in caption for caption in shown), shown
 
 
-def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(fleet: RunningFleet, browser: object) -> None:
+def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
+    fleet: RunningFleet, browser: object
+) -> None:
     """A running job's bar in the Fleet view moves from its events (SSE, data-seen lists the
     steps they brought); m2's row opens its backlog oldest first, running before queued."""
 
@@ -262,7 +269,8 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(fle
     try:
         driver = browser
         wait = open_page(driver, fleet.local.api_url)
-        seen = f"return document.querySelector(\"#machines tr[data-machine='m2'] progress[data-job='{running}']\")?.dataset.seen"
+        bar = f"#machines tr[data-machine='m2'] progress[data-job='{running}']"
+        seen = f"return document.querySelector(\"{bar}\")?.dataset.seen"
         wait.until(lambda d: len((d.execute_script(seen) or "").split(",")) >= 3)
         steps = [int(step) for step in driver.execute_script(seen).split(",")]  # type: ignore[attr-defined]
         assert steps == sorted(steps) and len(set(steps)) >= 3, steps

@@ -156,7 +156,9 @@ def test_requeue_repeats_the_params_and_seed_linked_to_the_old_job(fleet: Runnin
     assert fleet.client.download(again["id"]) == data  # same params, seed and machine: the same bytes
     fresh = fleet.client.get(fleet.client.requeue(old["id"], seed=None)["id"])
     chosen = fleet.client.get(fleet.client.requeue(old["id"], seed=5)["id"])
-    assert fresh["seed"] != 77 and chosen["seed"] == 5 and fresh["requeued_from"] == chosen["requeued_from"] == old["id"]
+    assert (
+        fresh["seed"] != 77 and chosen["seed"] == 5 and fresh["requeued_from"] == chosen["requeued_from"] == old["id"]
+    )
     for job in (fresh, chosen):
         assert fleet.client.wait(job["id"], timeout_s=180)["state"] == "succeeded"
     missing = fleet.client.http.post(f"/v1/jobs/{'0' * 32}/requeue")

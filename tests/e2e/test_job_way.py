@@ -103,7 +103,7 @@ def test_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: R
                           [1:], timeout_s=30, what="the second attempt journaled")
         record = fleet.client.get(accepted["id"])
     assert events == ["delivered: HTTP 200 (attempt 2)"]
-    assert [e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook"][0] == \
+    assert next(e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook") == \
         "attempt 1: HTTP 500; next in 0.2 s"
     first, second = receiver.received
     assert record["webhook"]["state"] == "delivered" and record["webhook"]["attempts"] == 2, record["webhook"]

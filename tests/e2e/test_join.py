@@ -87,8 +87,12 @@ def join_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, ti
 def _follow(client: HomefleetClient, job_id: str, seen: list[tuple[str, dict]], errors: list[BaseException]) -> None:
     """Read the job's event stream to its end, keeping (event, data) pairs."""
     try:
-        with httpx.stream("GET", f"{client.http.base_url}/v1/jobs/{job_id}/events",
-                          headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=httpx.Timeout(10, read=600)) as r:
+        with httpx.stream(
+            "GET",
+            f"{client.http.base_url}/v1/jobs/{job_id}/events",
+            headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+            timeout=httpx.Timeout(10, read=600),
+        ) as r:
             assert r.status_code == 200
             event = ""
             for line in r.iter_lines():
@@ -101,13 +105,18 @@ def _follow(client: HomefleetClient, job_id: str, seen: list[tuple[str, dict]], 
 
 
 def _join_post(url: str, token: str, backend: str = "cpu") -> httpx.Response:
-    return httpx.post(f"{url}/internal/v1/join", json={"backend": backend, "memory_bytes": 8_000_000_000},
-                      headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    return httpx.post(
+        f"{url}/internal/v1/join",
+        json={"backend": backend, "memory_bytes": 8_000_000_000},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
 
 
 @pytest.mark.timeout(900)  # three process starts, two torch probes and eight CLI runs: 130 s here on 2 shared cores
-def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_fleet: JoinFleet, tmp_path: Path
-                                                                          ) -> None:
+def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
+    join_fleet: JoinFleet, tmp_path: Path
+) -> None:
     local, client, operator = join_fleet.local, join_fleet.client, join_fleet.operator
     api_pid = local.processes["api"].pid
     # m1 frozen with a job queued on it (submitted while its heartbeat is still live)
@@ -142,9 +151,25 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}  # a bare host
     env.update({"HOMEFLEET_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     log_file = open(tmp_path / "worker-m9.log", "wb")  # noqa: SIM115 - closed below
-    joined = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "join", server_url, "--join-token-file",
-                               str(token_file), "--models-dir", str(models_dir)], env=env, stdout=log_file,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    joined = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            "join",
+            server_url,
+            "--join-token-file",
+            str(token_file),
+            "--models-dir",
+            str(models_dir),
+        ],
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         local.wait_online(["m9"], model_id=MODEL, timeout_s=240)
         assert (host / "worker-token").stat().st_mode & 0o777 == 0o600
@@ -167,8 +192,12 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         assert rotated is not None
         new_m8 = live.parse(join_fleet.fleet_file.read_text(), "fleet").machines["m8"].token
         assert new_m8 != old_m8
-        assert httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {old_m8}"},
-                         timeout=30).status_code == 401
+        assert (
+            httpx.get(
+                f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {old_m8}"}, timeout=30
+            ).status_code
+            == 401
+        )
         grant = _join_post(server_url, rotated.group(2))
         assert grant.status_code == 200 and grant.json()["machine"] == "m8" and grant.json()["token"] == new_m8
         assert grant.json()["broker"]["redis_url"] == local.settings.redis_url
@@ -178,9 +207,25 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         cuda = JOIN_COMMAND.search(run_cli("machines", "add", "m7", "--backend", "cuda", env=operator).stdout)
         assert cuda is not None
         wrong_host = tmp_path / "m7-host"
-        refused_join = subprocess.run([sys.executable, "-m", "app.cli", "worker", "join", server_url, "-",
-                                       "--models-dir", str(wrong_host / "models")], input=cuda.group(2) + "\n",
-                                      env=env, capture_output=True, text=True, timeout=300, check=False)  # token on stdin
+        refused_join = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "worker",
+                "join",
+                server_url,
+                "-",
+                "--models-dir",
+                str(wrong_host / "models"),
+            ],
+            input=cuda.group(2) + "\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )  # token on stdin
         assert refused_join.returncode == 2, refused_join.stdout + refused_join.stderr
         assert "device_mismatch" in refused_join.stdout and "registered as cuda" in refused_join.stdout
         assert not (wrong_host / "worker-token").exists()
@@ -193,8 +238,9 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
         assert refused.returncode == 1 and "1 jobs queued or running" in refused.stdout, refused.stdout
         assert 'name = "m1"' in join_fleet.fleet_file.read_text()
         before = join_fleet.fleet_file.read_text()
-        by_hand = live.edit(before, lambda entries: entries.__delitem__(
-            next(i for i, e in enumerate(entries) if e.get("name") == "m1")))
+        by_hand = live.edit(
+            before, lambda entries: entries.__delitem__(next(i for i, e in enumerate(entries) if e.get("name") == "m1"))
+        )
         join_fleet.fleet_file.write_text(by_hand)
         report = wait_report(local, live.text_digest(by_hand))
         assert report["state"] == "refused" and "machine 'm1' is removed but has 1 jobs queued" in report["reason"]
@@ -204,8 +250,9 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(join_
 
         # the new machine takes pinned and Auto jobs (m1 is drained by the refused remove, server offline)
         pinned = client.wait(client.submit(MODEL, "txt2img", PARAMS, target="m9")["id"], timeout_s=240)
-        auto = client.wait(client.submit(MODEL, "txt2img", {**PARAMS, "prompt": "auto"}, target=AUTO)["id"],
-                           timeout_s=240)
+        auto = client.wait(
+            client.submit(MODEL, "txt2img", {**PARAMS, "prompt": "auto"}, target=AUTO)["id"], timeout_s=240
+        )
         assert (pinned["state"], pinned["machine"]) == ("succeeded", "m9")
         assert (auto["state"], auto["machine"]) == ("succeeded", "m9")
 

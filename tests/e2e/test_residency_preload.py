@@ -115,8 +115,8 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     from celery.exceptions import WorkerLostError
 
     from app.core.config import WorkerSettings
-    from tasks.watchdog import Watchdog, mark_running, mark_working
     from tasks.server_client import ServerClient
+    from tasks.watchdog import Watchdog, mark_running, mark_working
 
     ctx, local, model = fleet.ctx, fleet.local, fleet.model
     settings = WorkerSettings(machine=MACHINE, models_dir=local.models_dir(MACHINE), redis_url=local.settings.redis_url,

@@ -186,7 +186,9 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
 
     assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"
     assert (rfleet.claims(after["id"]), rfleet.claims(waiting["id"]), rfleet.claims(busy["id"])) == (1, 0, 1)
-    assert ctx.journal.get(busy["id"]).state == JobState.interrupted  # a late word from the dead process changes nothing
+    assert (
+        ctx.journal.get(busy["id"]).state == JobState.interrupted
+    )  # a late word from the dead process changes nothing
     assert ctx.residency.ooms("m1") == []  # an operator's terminate is no out-of-memory (R21)
 
     # Nothing phantom holds the machine: a drain ends at once, a residency change is taken.
@@ -286,7 +288,8 @@ def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_t
         assert 1 <= steps_done < LONG["steps"], job["message"]
         assert f"of {LONG['steps']} steps" in job["message"], job["message"]
     print(f"\ncancel (stuck={stuck}): running job cancelled in {ended_s:.2f} s: {job['message']}")
-    wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=ENDS_WITHIN_S, what="the cancelled job's reservation to go")
+    wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=ENDS_WITHIN_S,
+             what="the cancelled job's reservation to go")
     assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # the machine takes its next job
     with pytest.raises(ApiError) as refused:
         client.cancel(busy["id"])
@@ -307,8 +310,12 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
 
     def upload(colour: tuple[int, int, int]) -> str:
         data = png(32, 32, colour)  # inputs are stored by content: two distinct files
-        response = httpx.post(f"{local.api_url}/v1/files", files={"file": ("in.png", data, "image/png")},
-                              headers=local.auth_headers, timeout=30)
+        response = httpx.post(
+            f"{local.api_url}/v1/files",
+            files={"file": ("in.png", data, "image/png")},
+            headers=local.auth_headers,
+            timeout=30,
+        )
         assert response.status_code in (200, 201), response.text
         return str(response.json()["id"])
 
@@ -337,8 +344,11 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
     # leaves Flower's state as the journal has it.
     for job_id in (busy["id"], integrity["id"]):
         ctx.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=keys.queue("m1"))
-        wait_for(lambda job_id=job_id: any(e.event == "running_refused" for e in ctx.journal.events(job_id)),
-                 timeout_s=60, what=f"the second delivery of {job_id} to be refused")
+        wait_for(
+            lambda job_id=job_id: any(e.event == "running_refused" for e in ctx.journal.events(job_id)),
+            timeout_s=60,
+            what=f"the second delivery of {job_id} to be refused",
+        )
     probe = client.submit(MODEL, "txt2img", SHORT, target="m1")  # behind both: their tasks have ended
     assert client.wait(probe["id"], timeout_s=180)["state"] == "succeeded"
     assert rfleet.flower_task(busy["id"])["state"] == "SUCCESS"
@@ -359,9 +369,13 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
     failures = {failed["id"], integrity["id"], lost["id"]}
     listed = httpx.get(f"{rfleet.flower}/api/tasks", params={"state": "FAILURE"}, timeout=10).json()
     assert failures <= set(listed), sorted(listed)
-    wait_for(lambda: failed_counter(rfleet) - counter_before == len(failures), timeout_s=30, poll_s=0.5,
-             what=f"Flower's Failed counter of m1 to count {len(failures)} more (it counts "
-                  f"{failed_counter(rfleet) - counter_before})")
+    wait_for(
+        lambda: failed_counter(rfleet) - counter_before == len(failures),
+        timeout_s=30,
+        poll_s=0.5,
+        what=f"Flower's Failed counter of m1 to count {len(failures)} more (it counts "
+        f"{failed_counter(rfleet) - counter_before})",
+    )
 
 
 def failed_counter(fleet: RevokeFleet) -> int:

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from app.core.states import JobState
-from tests.helpers import TEST_API_KEY, run_cli
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
+from tests.helpers import TEST_API_KEY, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +72,9 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
                                     response_format="url", extra_body={"steps": 1})
     assert by_url.data is not None and by_url.data[0].url is not None
     assert by_url.data[0].url.startswith("/v1/jobs/")  # relative: no public_base_url set, and never from Host
-    assert httpx.get(fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(b"\x89PNG")
+    assert httpx.get(fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(
+        b"\x89PNG"
+    )
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         client.images.generate(model=fleet.model, prompt="x", size="60x64")  # type: ignore[arg-type]
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message

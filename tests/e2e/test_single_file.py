@@ -49,7 +49,9 @@ class SingleFileFleet:
 def sfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
            tiny_models_dir: Path) -> Iterator[SingleFileFleet]:
     data_dir = tmp_path_factory.mktemp("single-file-fleet")
-    checkpoint = make_tiny_single_file(tiny_models_dir / "tiny-sd", data_dir / "in" / "my-sd15-merge.safetensors", "sd1")
+    checkpoint = make_tiny_single_file(
+        tiny_models_dir / "tiny-sd", data_dir / "in" / "my-sd15-merge.safetensors", "sd1"
+    )
     redis_url = f"{redis_base_url}/12"
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet(MACHINE)

@@ -7,6 +7,7 @@ heartbeat and runs a job. The time back online is printed (no timed assert)."""
 from __future__ import annotations
 
 import configparser
+import contextlib
 import json
 import os
 import shlex
@@ -163,7 +164,5 @@ def test_a_worker_killed_with_kill_9_is_restarted_by_its_supervisor_and_runs_job
         rows = httpx.get(f"{local.api_url}/v1/machines", headers=local.auth_headers, timeout=5).json()
         assert {row["name"]: row["online"] for row in rows}[MACHINE] is True
     finally:
-        try:  # the killed worker's pool processes, left in its process group
+        with contextlib.suppress(ProcessLookupError):  # the killed worker's pool processes, left in its group
             os.killpg(first_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

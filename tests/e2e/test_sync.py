@@ -169,7 +169,7 @@ def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withd
     assert done["state"] == "succeeded", done
     assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "replaced")]
     assert path.read_bytes() == original
-    aside = [p for p in path.parent.glob(f".{path.name}.*.superseded")]
+    aside = list(path.parent.glob(f".{path.name}.*.superseded"))
     assert len(aside) == 1 and aside[0].read_bytes() == changed
     assert "tiny-c" in fleet.verified("m1")
 
@@ -183,7 +183,7 @@ def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_
     record = fleet.sync("m2", "tiny-d")
 
     def partial_halfway() -> Path | None:
-        found = [p for p in final.parent.glob(f".{final.name}.*.partial")] if final.parent.exists() else []
+        found = list(final.parent.glob(f".{final.name}.*.partial")) if final.parent.exists() else []
         return found[0] if found and found[0].stat().st_size >= 512 * 1024 else None
 
     partial = wait_for(partial_halfway, timeout_s=60, what="the unet copy to be under way")
@@ -313,7 +313,8 @@ def test_r6_the_repair_hint_replaces_a_damaged_file_reached_through_a_link_and_l
     fleet: SyncFleet, tmp_path: Path,
 ) -> None:
     """A model folder whose file is a link (a Hugging Face cache's snapshot links to its blobs)
-    to damaged bytes: a job is refused naming ``homefleet sync m1 MODEL``, and that command (the CLI, as an operator runs it) replaces it, never answering ``conflict``: the
+    to damaged bytes: a job is refused naming ``homefleet sync m1 MODEL``, and that command (the CLI, as an
+    operator runs it) replaces it, never answering ``conflict``: the
     link is set aside (``.superseded``, still a link), the blob it points to is untouched, the
     registered bytes are linked at the final name, and the model runs again."""
     fleet.local.copy_model("tiny-b", "m1")

@@ -192,7 +192,9 @@ def test_tgi_text_generation_runs_a_text_job_with_tgis_details(tfleet: TextFleet
     assert all(t.logprob <= 0.0 for t in details.tokens) and details.seed is None
     assert client.text_generation("hello", max_new_tokens=6) == out.generated_text  # greedy: the same
     sampled = client.text_generation("hello", max_new_tokens=4, do_sample=True, seed=11, details=True)
-    assert sampled.details is not None and sampled.details.seed == 11 and latest_job(tfleet).params["temperature"] == 1.0
+    assert (
+        sampled.details is not None and sampled.details.seed == 11 and latest_job(tfleet).params["temperature"] == 1.0
+    )
 
 
 def test_tgi_streaming_sends_one_event_per_token_then_the_text_and_details(tfleet: TextFleet) -> None:
@@ -281,7 +283,9 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
         text, finish = done.choices[0].message.content, done.choices[0].finish_reason
         assert done.usage.completion_tokens == 12
     job = latest_job(tfleet)
-    assert job.model_id == "tiny-qwen2" and job.params["chat"] is True and "<|im_start|>user\nhi" in job.params["prompt"]
+    assert (
+        job.model_id == "tiny-qwen2" and job.params["chat"] is True and "<|im_start|>user\nhi" in job.params["prompt"]
+    )
     assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
 
 

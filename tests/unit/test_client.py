@@ -26,9 +26,8 @@ def test_r20_the_client_sends_a_submission_once_even_when_the_connection_drops()
     thread = threading.Thread(target=accept_and_drop, daemon=True)
     thread.start()
     port = server.getsockname()[1]
-    with HomefleetClient(f"http://127.0.0.1:{port}", timeout_s=5) as client:
-        with pytest.raises(httpx.HTTPError):
-            client.submit("tiny-sd", "txt2img", {"prompt": "x"}, idempotency_key="k-1")
+    with HomefleetClient(f"http://127.0.0.1:{port}", timeout_s=5) as client, pytest.raises(httpx.HTTPError):
+        client.submit("tiny-sd", "txt2img", {"prompt": "x"}, idempotency_key="k-1")
     thread.join(5)
     server.settimeout(0.5)  # a resend would be waiting to be accepted by now
     try:

@@ -22,15 +22,18 @@ from app.fleet.config import Machine
 
 
 async def get_context(request: Request) -> ServerContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    return request.app.state.ctx
 
 
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
 #: The internal routes' security scheme (their own OpenAPI document, ``/internal/openapi.json``).
-MACHINE_TOKEN_SCHEME = HTTPBearer(scheme_name="MachineToken", auto_error=False,
-                                  description="the token of one machine of the fleet file: `Authorization: Bearer <token>`")
+MACHINE_TOKEN_SCHEME = HTTPBearer(
+    scheme_name="MachineToken",
+    auto_error=False,
+    description="the token of one machine of the fleet file: `Authorization: Bearer <token>`",
+)
 
 
 async def get_worker_machine(

@@ -8,7 +8,8 @@
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
   input, and one ``edit`` job per image runs on it.
-- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}`` -> image bytes
+- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}``
+-> image bytes
   (a parameter Homefleet does not run is refused, 422 ``unknown_param``),
   what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
@@ -57,12 +58,12 @@ from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.kinds import BATCH_PARAM
 from app.core.limits import limits_for
+from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
-from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -104,9 +105,9 @@ def announced_timeout_s(request: Request) -> float | None:
     values = [request.headers.get(READ_TIMEOUT_HEADER)]
     for prefer in request.headers.getlist("prefer"):
         for token in prefer.split(","):
-            name, _, value = token.strip().partition("=")
+            name, _, wait = token.strip().partition("=")
             if name.strip().lower() == "wait":
-                values.append(value.strip())
+                values.append(wait.strip())
     seconds = []
     for value in values:
         try:
@@ -181,7 +182,9 @@ class HfParameters(RequestBody):
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
-    guidance_scale: float | None = Field(None, allow_inf_nan=False)  # range checked with the job's params (app/core/kinds.py)
+    guidance_scale: float | None = Field(
+        None, allow_inf_nan=False
+    )  # range checked with the job's params (app/core/kinds.py)
     seed: int | None = Field(None, ge=0, lt=2**31)
 
 
@@ -312,6 +315,13 @@ def default_model(ctx: ServerContext, kind: str) -> str:
     raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
 
 
+async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> str:
+    """``model``, or when none is named :func:`default_model` of ``kind`` (read off the event loop)."""
+    if model:
+        return model
+    return await to_thread.run_sync(default_model, ctx, kind)
+
+
 async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
                    count: int, kind: str = "txt2img") -> list[Job]:
     """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
@@ -343,7 +353,9 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                 "GET /v1/jobs/{id}/result")
         for job in jobs:
             if job.state != JobState.succeeded:
-                raise JobFailed(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed")
+                raise JobFailed(
+                    f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed"
+                )
     return jobs
 
 
@@ -392,7 +404,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     ``job_pending`` naming the jobs when they have not ended before the client's announced
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
-    model = body.model or await to_thread.run_sync(default_model, ctx, "txt2img")
+    model = await model_or_default(ctx, body.model, "txt2img")
     params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
     if body.steps is not None:
         params["steps"] = body.steps
@@ -407,7 +419,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
                 "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
-                         for job in jobs for index in range(len(job.results or [None]))]}
+                         for job in jobs for index in range(max(1, len(job.results or [])))]}
 
 
 @router.post("/v1/images/edits")
@@ -426,11 +438,13 @@ async def edit_images(
     it. ``size`` is accepted for compatibility; an edit keeps the input's size. 409
     ``job_pending`` as for generations (C10)."""
     started = time.monotonic()
-    model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
+    model_id = await model_or_default(ctx, model, "edit")
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory
-    check_upload(image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits)
+    check_upload(
+        image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits
+    )
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
     stored = await to_thread.run_sync(ctx.inputs.add, data)
@@ -439,7 +453,10 @@ async def edit_images(
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
     jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
     with submitted([job.id for job in jobs]):
-        return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
+        return {
+            "created": int(time.time()),
+            "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs],
+        }
 
 
 def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,
@@ -449,7 +466,10 @@ def image_item(job: Job, response_format: str | None, public_base_url: str | Non
     (``?index=i`` after the first), relative without it; never from the request's Host."""
     if response_format == "url":
         query = f"?index={index}" if index else ""
-        return {"url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}", "revised_prompt": prompt}
+        return {
+            "url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}",
+            "revised_prompt": prompt,
+        }
     path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
     return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
 

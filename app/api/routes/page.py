@@ -37,7 +37,9 @@ def _asset(name: str) -> FileResponse:
                                  "Cache-Control": "no-cache"})
 
 
-@router.get("/", response_class=FileResponse, responses={200: {"content": {"text/html": {}}, "description": "the page"}})
+@router.get(
+    "/", response_class=FileResponse, responses={200: {"content": {"text/html": {}}, "description": "the page"}}
+)
 def fleet_page() -> FileResponse:
     """The fleet page (HTML): Fleet, Jobs, Gallery and Submit views over the JSON API."""
     return _asset("index.html")

@@ -109,8 +109,10 @@ def list_jobs(
     machine: Annotated[str | None, Query(max_length=32, description="only jobs placed on this machine")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"jobs per page (1-{MAX_PAGE})")] = 100,
     after: Annotated[str | None, Query(max_length=64, description="the last job id of the previous page")] = None,
-    order: Annotated[Literal["newest", "oldest"], Query(description="newest first (recent jobs, the fleet page) "
-                                                                    "or oldest first (a backlog in its order)")] = "newest",
+    order: Annotated[
+        Literal["newest", "oldest"],
+        Query(description="newest first (recent jobs, the fleet page) or oldest first (a backlog in its order)"),
+    ] = "newest",
 ) -> list[JobPublic]:
     """Jobs, newest first (``order=oldest``: oldest first), at most ``limit`` (1-500,
     ``MAX_PAGE``) per page; the next page is ``?after=<the last id of this page>`` with the same
@@ -152,9 +154,11 @@ def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
 
 
 @router.get("/jobs/{job_id}/result", response_class=FileResponse)
-def get_result(job_id: str, ctx: Context,
-               index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
-               ) -> FileResponse:
+def get_result(
+    job_id: str,
+    ctx: Context,
+    index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
+) -> FileResponse:
     """The stored result file (R2), with its stored media type, ``nosniff`` and
     ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
     job = ctx.journal.get(job_id)
@@ -175,7 +179,9 @@ def get_result(job_id: str, ctx: Context,
 
 
 @router.post("/files", status_code=201, response_model=FileStored)
-async def upload_file(ctx: Context, file: Annotated[UploadFile, File(description="a PNG, JPEG or WebP image")]) -> FileStored:
+async def upload_file(
+    ctx: Context, file: Annotated[UploadFile, File(description="a PNG, JPEG or WebP image")]
+) -> FileStored:
     """Store an input image (for edit and upscale jobs); its id is its content digest.
     422 naming the limit when it is over ``max_input_bytes`` or not PNG/JPEG/WebP."""
     stored = ctx.inputs.add(await file.read(ctx.settings.max_input_bytes + 1))
@@ -196,7 +202,8 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
         rows.append({
-            "name": name, "host": config.host_name, "device": config.device, "backend": config.backend, "memory_kind": config.memory_kind,
+            "name": name, "host": config.host_name, "device": config.device, "backend": config.backend,
+            "memory_kind": config.memory_kind,
             "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
             "syncing": view.syncing, "verified_models": sorted(view.verified_models),
             "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),

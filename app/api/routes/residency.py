@@ -11,8 +11,8 @@ from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
-from app.fleet.residency import commit_residency
 from app.core.request_body import RequestBody
+from app.fleet.residency import commit_residency
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 

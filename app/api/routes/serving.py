@@ -28,7 +28,9 @@ def health(ctx: Context) -> JSONResponse:
         ctx.redis.ping()
         checks["redis"] = "ok"
     except RedisError as error:
-        return _unready("redis_down", f"Redis at {redacted_url(ctx.settings.redis_url)} does not answer: {error}", checks)
+        return _unready(
+            "redis_down", f"Redis at {redacted_url(ctx.settings.redis_url)} does not answer: {error}", checks
+        )
     try:
         with ctx.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -40,7 +42,9 @@ def health(ctx: Context) -> JSONResponse:
     online = sorted(name for name, view in ctx.machines.views().items() if view.online)
     checks["machines_online"] = online
     if not online:
-        return _unready("no_machine_online", "no machine has a live heartbeat; start a worker (`homefleet worker`)", checks)
+        return _unready(
+            "no_machine_online", "no machine has a live heartbeat; start a worker (`homefleet worker`)", checks
+        )
     return JSONResponse({"status": "ok", **checks})
 
 
@@ -60,10 +64,12 @@ def info(ctx: Context) -> dict[str, Any]:
         "version": version("homefleet"),
         "machines": [
             {"name": name, "backend": ctx.fleet.machines[name].backend, "online": view.online,
-             "families": sorted(view.families), "verified_models": sorted(view.verified_models), "backlog": view.backlog}
+             "families": sorted(view.families), "verified_models": sorted(view.verified_models),
+             "backlog": view.backlog}
             for name, view in views.items()
         ],
-        "models": [{"id": m.id, "family": m.family, "kinds": m.kinds, "total_bytes": m.total_bytes} for m in ctx.registry.list()],
+        "models": [{"id": m.id, "family": m.family, "kinds": m.kinds, "total_bytes": m.total_bytes}
+                   for m in ctx.registry.list()],
         "limits": {
             "families": {family: limits.model_dump() for family, limits in settings.limits.items()},
             "max_queued_per_machine": settings.max_queued_per_machine,

@@ -17,8 +17,8 @@ from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import NotFound
 from app.core.protocol import SyncFinish, SyncGrant, SyncProgress
-from app.jobs.sync import Syncs
 from app.core.request_body import RequestBody
+from app.jobs.sync import Syncs
 
 public_router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 internal_router = APIRouter(prefix="/internal/v1", route_class=StrictJsonRoute)

@@ -49,7 +49,7 @@ from app.api.routes.deps import Context
 from app.api.routes.images import (
     MAX_PROMPT_CHARS,
     ImageCall,
-    default_model,
+    model_or_default,
     run_jobs,
     submitted,
 )
@@ -57,10 +57,10 @@ from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS
+from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.progress import Progress
-from app.core.request_body import RequestBody
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -122,7 +122,9 @@ class Sampling(RequestBody):
 class Completion(Sampling):
     """``POST /v1/completions``: ``prompt`` (one string)."""
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # 4 bytes a character at most: within max_request_bytes
+    prompt: str = Field(
+        min_length=1, max_length=MAX_PROMPT_CHARS * 8
+    )  # 4 bytes a character at most: within max_request_bytes
 
 
 class ChatMessage(RequestBody):
@@ -161,8 +163,8 @@ async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model
     take a retried call's job: C10), wait for it as the image routes do, and read it: the job,
     its verified text and its journaled usage. ``model`` None: the first text model."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields)
-    model = model or await to_thread.run_sync(default_model, ctx, KIND)
-    (job,) = await run_jobs(ctx, call, model, params, target, 1, kind=KIND)
+    chosen = await model_or_default(ctx, model, KIND)
+    (job,) = await run_jobs(ctx, call, chosen, params, target, 1, kind=KIND)
     with submitted([job.id]):
         text = await to_thread.run_sync(text_of, job)
     return job, text, usage_of(job)
@@ -173,7 +175,7 @@ async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], t
     """Submit one text job now, for a streaming answer: (job id, model id); a job of API key
     ``api_key_id`` (its quota applies). A refusal raises (answered as a plain error before any
     stream starts)."""
-    chosen = model or await to_thread.run_sync(default_model, ctx, KIND)
+    chosen = await model_or_default(ctx, model, KIND)
     submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(chosen, KIND, params, target,
                                                                          api_key_id=api_key_id))
     return str(submission.job.id), chosen
@@ -267,7 +269,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     """OpenAI ``chat.completions.create``: the messages through the model's chat template (422
     ``invalid_messages`` for a model without one), then as :func:`completions`."""
     body.params()
-    model = body.model or await to_thread.run_sync(default_model, ctx, KIND)
+    model = await model_or_default(ctx, body.model, KIND)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)

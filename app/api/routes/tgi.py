@@ -85,7 +85,8 @@ class Parameters(RequestBody):
         None, description='{"type": "json", "value": <JSON schema>} or {"type": "regex", "value": "<regex>"}')
 
     def sampling(self) -> bool:
-        """Whether decoding samples (TGI's rule: ``do_sample``, or a temperature or top_p that changes the distribution)."""
+        """Whether decoding samples (TGI's rule: ``do_sample``, or a temperature or top_p that changes the
+        distribution)."""
         return self.do_sample or (self.temperature is not None and self.temperature != 1.0) or (
             self.top_p is not None and self.top_p < 1.0)
 
@@ -98,8 +99,11 @@ class Parameters(RequestBody):
         for name in UNSUPPORTED:
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, [], ""):
-                raise Rejected(f"`parameters.{name}` is not supported by Homefleet's TGI routes", reason="unknown_param",
-                               param=f"parameters.{name}")
+                raise Rejected(
+                    f"`parameters.{name}` is not supported by Homefleet's TGI routes",
+                    reason="unknown_param",
+                    param=f"parameters.{name}",
+                )
         params: dict[str, Any] = {"prompt": inputs}
         if self.max_new_tokens is not None:
             params["max_new_tokens"] = self.max_new_tokens

@@ -88,8 +88,11 @@ def test_c10_a_retried_request_gets_the_first_calls_jobs_and_a_new_call_gets_new
     assert all(len(found) == 1 and not found & set(first["job_ids"]) for found in ids)
     assert len(ctx.journal.list([JobState.queued])) == 4
     # Field order or spacing is not a different call: the body is compared as parsed.
-    reordered = client.post("/v1/images/generations", content=b'{"size":"64x64","n":2, "model":"tiny-sd",'
-                            b'"prompt":"one call"}', headers={**sdk_headers(0.5, 1), "content-type": "application/json"})
+    reordered = client.post(
+        "/v1/images/generations",
+        content=b'{"size":"64x64","n":2, "model":"tiny-sd","prompt":"one call"}',
+        headers={**sdk_headers(0.5, 1), "content-type": "application/json"},
+    )
     assert set(reordered.json()["error"]["job_ids"]) == ids[2]
 
 
@@ -136,7 +139,9 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     [edit] = [j for j in ctx.journal.list([JobState.queued]) if j.kind == "edit"]
     assert image.json()["error"]["job_ids"] == [edit.id] and edit.params["prompt"] == "make it blue"
     assert ctx.inputs.get(edit.params["image"]).path.read_bytes() == png()
-    not_base64 = client.post(f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}})
+    not_base64 = client.post(
+        f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}}
+    )
     assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (422, "inputs")
     no_edit = client.post(f"/hf/models/{MODEL}", json={"inputs": base64.b64encode(png()).decode(),
                                                        "parameters": {"prompt": "x"}})

@@ -30,7 +30,10 @@ def test_jobs_are_listed_newest_first_with_refusal_reasons_and_filters(api: tupl
     assert [job["id"] for job in listed] == [last["id"], refused["job_id"], first["id"]]
     shown = {job["id"]: job for job in listed}
     assert shown[refused["job_id"]]["state"] == "rejected"
-    assert (shown[refused["job_id"]]["reason"], shown[refused["job_id"]]["message"]) == (refused["reason"], refused["message"])
+    assert (shown[refused["job_id"]]["reason"], shown[refused["job_id"]]["message"]) == (
+        refused["reason"],
+        refused["message"],
+    )
     assert shown[first["id"]]["predicted_s"] is not None and shown[first["id"]]["machine"] == "m2"
     assert [job["id"] for job in client.get("/v1/jobs", params={"limit": 1}).json()] == [last["id"]]
     assert [job["id"] for job in client.get("/v1/jobs", params={"machine": "server"}).json()] == [last["id"]]
@@ -52,7 +55,9 @@ def test_machines_show_warm_and_committed_models_and_drain_time(api: tuple[TestC
     assert after["m2"]["drain_s"] == {row["name"]: row for row in ctx.status()}["m2"]["drain_s"]
 
 
-def test_page_and_its_assets_are_served_without_a_key_under_a_self_only_csp(api: tuple[TestClient, ServerContext]) -> None:
+def test_page_and_its_assets_are_served_without_a_key_under_a_self_only_csp(
+    api: tuple[TestClient, ServerContext],
+) -> None:
     client, _ctx = api
     for path in ["/", *(f"/page/{name}" for name in ASSETS)]:
         answer = client.get(path, headers={"Authorization": ""})

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
@@ -54,7 +55,9 @@ class Hostile:
         assert queued.status_code == 202, queued.text
         self.job_id = queued.json()["id"]
         assert client.post(f"/internal/v1/jobs/{self.job_id}/claim", headers=M1).status_code == 200
-        self.file_id = client.post("/v1/files", headers=AUTH, files={"file": ("a.png", png(64, 64), "image/png")}).json()["id"]
+        self.file_id = client.post(
+            "/v1/files", headers=AUTH, files={"file": ("a.png", png(64, 64), "image/png")}
+        ).json()["id"]
 
     def path(self, route: APIRoute) -> str:
         values = {"job_id": self.job_id, "machine": "m1", "sync_id": "0" * 32, "model": MODEL, "model_id": MODEL,
@@ -164,9 +167,9 @@ def test_strict_loads_names_every_fault() -> None:
     found = {location for location, _message, _value in faults(value)}
     assert found == {("a", 1), ("a", 2, "\\ud800"), ("a", 2, "\ud800"), ("b",), ("c",)}
     json.dumps(printable(value), allow_nan=False).encode("utf-8")
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(RequestValidationError) as raised:
         strict_loads(b'{"x": NaN}')
-    assert raised.value.errors()[0]["loc"] == ("body", "x")  # type: ignore[attr-defined]
+    assert raised.value.errors()[0]["loc"] == ("body", "x")
     assert strict_loads(b'{"x": 1.5, "y": "\xc3\xa9"}') == {"x": 1.5, "y": "é"}
 
 
@@ -211,13 +214,15 @@ def usual(annotation: Any) -> Any:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         return usual(next((arg for arg in args if arg is not type(None)), str))
-    return {str: "m1", int: 1, float: 0.5, bool: False, list: []}.get(origin or annotation, None)
+    return {str: "m1", int: 1, float: 0.5, bool: False, list: []}.get(origin or annotation)
 
 
-PARAMS = st.fixed_dictionaries({"prompt": half("a lighthouse", TEXT)},
-                               optional={name: LEAF for name in ("negative_prompt", "width", "height", "steps", "seed",
-                                                                 "guidance_scale", "frames", "n", "image")}) \
-    | st.dictionaries(TEXT | st.sampled_from(["prompt", "negative_prompt", "steps"]), LEAF, max_size=4)
+PARAMS = st.fixed_dictionaries(
+    {"prompt": half("a lighthouse", TEXT)},
+    optional=dict.fromkeys(
+        ("negative_prompt", "width", "height", "steps", "seed", "guidance_scale", "frames", "n", "image"), LEAF
+    ),
+) | st.dictionaries(TEXT | st.sampled_from(["prompt", "negative_prompt", "steps"]), LEAF, max_size=4)
 SHAPED = {
     # The images routes wait for their jobs (images_wait_s; no worker runs them here): their
     # usual target is m2, offline, so a valid body is answered 503 at once.
@@ -227,7 +232,7 @@ SHAPED = {
         {"prompt": half("a fox", LEAF), "model": half(MODEL, LEAF), "target": half("m2", LEAF)},
         optional={"negative_prompt": LEAF, "size": LEAF, "n": LEAF, "steps": LEAF, "guidance_scale": LEAF}),
     "/hf": st.fixed_dictionaries({"inputs": half("a fox", LEAF), "parameters": PARAMS | st.fixed_dictionaries(
-        {}, optional={name: LEAF for name in HF_PARAMS})}),
+        {}, optional=dict.fromkeys(HF_PARAMS, LEAF))}),
 }
 
 

@@ -130,10 +130,12 @@ def test_r5_update_refuses_an_unreadable_header_and_an_old_record_with_one_is_ne
         session.add(row)
         session.add(record)
         session.commit()
-    ctx.registry._records.clear()  # noqa: SLF001 - the record as a fresh server process reads it
+    ctx.registry._records.clear()
     answer = submit(client, MODEL)
     assert answer.status_code == 202, answer.text
-    assert ctx.registry.weights_bytes(MODEL) == loaded_bytes(ctx.registry.folder(MODEL), ctx.registry.get(MODEL).variant)
+    assert ctx.registry.weights_bytes(MODEL) == loaded_bytes(
+        ctx.registry.folder(MODEL), ctx.registry.get(MODEL).variant
+    )
     assert submit(client, OTHER).status_code == 202
 
 

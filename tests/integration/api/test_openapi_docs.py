@@ -38,7 +38,10 @@ def test_public_schema_declares_the_bearer_scheme_on_every_keyed_route_and_no_in
     client, _ctx = api
     schema = client.get("/openapi.json").json()
     assert schema["components"]["securitySchemes"]["ApiKey"] == {
-        "type": "http", "scheme": "bearer", "description": schema["components"]["securitySchemes"]["ApiKey"]["description"]}
+        "type": "http",
+        "scheme": "bearer",
+        "description": schema["components"]["securitySchemes"]["ApiKey"]["description"],
+    }
     ops = operations(schema)
     assert len(ops) >= 15
     assert not [path for path, _, _ in ops if path.startswith("/internal")]
@@ -80,7 +83,9 @@ def test_docs_pages_load_only_assets_the_server_serves(api: tuple[TestClient, Se
     html = client.get(page)
     assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
     assert not re.findall(r"https?://", html.text), "a docs page must not load anything from the internet"
-    assets = re.findall(r"""(?:src|href)=["']?([^"' >]+)""", html.text) + re.findall(r"""url: ?['"]([^'"]+)""", html.text)
+    assets = re.findall(r"""(?:src|href)=["']?([^"' >]+)""", html.text) + re.findall(
+        r"""url: ?['"]([^'"]+)""", html.text
+    )
     assert any(asset.endswith(".js") for asset in assets)
     for asset in assets:
         served = client.get(asset)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-
 from typing import Any
 
 import pytest
@@ -44,7 +43,9 @@ def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tupl
     for path, item in schema["paths"].items():
         for method, op in item.items():
             responses = op["responses"]
-            expected = {"503"} if (method, path) not in {("get", "/metrics"), ("get", "/")} else set()  # no Redis or journal
+            expected = (
+                {"503"} if (method, path) not in {("get", "/metrics"), ("get", "/")} else set()
+            )  # no Redis or journal
             if op.get("security"):
                 expected.add("401")
             if any(p["in"] == "path" for p in op.get("parameters", [])):
@@ -118,7 +119,9 @@ def test_starlettes_own_refusals_have_the_common_error_body(api: tuple[TestClien
     client, _ctx = api
     missing = client.get("/no/such/path")
     assert missing.status_code == 404 and missing.json()["error"]["reason"] == "not_found"
-    garbled = client.post("/v1/files", content=b"--x\r\nnot multipart", headers={"content-type": "multipart/form-data; boundary=x"})
+    garbled = client.post(
+        "/v1/files", content=b"--x\r\nnot multipart", headers={"content-type": "multipart/form-data; boundary=x"}
+    )
     assert garbled.status_code in (400, 422) and garbled.json()["error"]["message"]
 
 
@@ -135,7 +138,7 @@ def test_result_urls_never_come_from_the_host_header(settings: Settings, tiny_mo
         result.write_bytes(b"\x89PNG\r\n\x1a\n")
         stop = threading.Event()
 
-        def worker(ctx: ServerContext = ctx, stop: threading.Event = stop) -> None:
+        def worker(ctx: ServerContext = ctx, stop: threading.Event = stop, result: Path = result) -> None:
             while not stop.is_set():
                 for job in ctx.journal.list([JobState.queued]):
                     ctx.journal.claim(job.id, "server")
@@ -177,7 +180,11 @@ def test_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     """The schema's limits on ``params.expand_prompt`` (a model id: 1-64 characters) hold on every
     path, the dry run included (the fuzz run found a dry run that accepted 65 characters)."""
     client, ctx = api
-    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "expand_prompt": text_model, "expanded_by": ""}}
+    body = {
+        "model": MODEL,
+        "kind": "txt2img",
+        "params": {"prompt": "a", "expand_prompt": text_model, "expanded_by": ""},
+    }
     answer = client.post("/v1/jobs", params={"dry_run": "true"}, json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["reason"] == "invalid_expand_prompt"

@@ -163,7 +163,7 @@ def test_openai_sdk_default_retries_wait_the_retry_after_and_one_call_makes_one_
     error = outcome["error"]
     assert isinstance(error, openai.ConflictError) and error.code == "job_pending"  # type: ignore[attr-defined]
     assert error.response.headers["x-should-retry"] == "false"
-    [job] = [j for j in ctx.journal.list([JobState.queued])]
+    [job] = list(ctx.journal.list([JobState.queued]))
     assert job.params["prompt"] == "accepted on retry" and job.api_key_id == "ci"
     assert error.body["job_ids"] == [job.id]  # type: ignore[index]
     assert len(rejected(ctx, "quota_queued")) == 4  # the accepted retry was the call's second and last attempt

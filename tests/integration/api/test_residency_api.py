@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.context import ServerContext, build_context
 from app.api.server import create_app
-from tests.helpers import make_fleet
-from tests.helpers import write_safetensors
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from tests.helpers import make_fleet, write_safetensors
 
 MODEL = "tiny-sd"
 OTHER = "tiny-sd-b"

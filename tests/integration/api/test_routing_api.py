@@ -13,19 +13,19 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.core.digest import bytes_digest
-from app.fleet.config import Fleet, Machine, ModelGuess
-from app.core.states import JobState
-from app.fleet.machines import StaticResidencyFacts
-from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
 from app.api.server import create_app
-from routing.timings import MIN_SCALED_SIZE
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.digest import bytes_digest
 from app.core.pricing import loaded_bytes
+from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
+from app.core.states import JobState
 from app.core.variants import Variant
+from app.fleet.config import Fleet, Machine, ModelGuess
+from app.fleet.machines import StaticResidencyFacts
 from routing.estimate import readable_bytes
-from tests.helpers import bring_online, write_safetensors, FAMILIES
+from routing.timings import MIN_SCALED_SIZE
+from tests.helpers import FAMILIES, bring_online, write_safetensors
 
 MODEL = "tiny-sd"
 VIDEO = "tiny-video"
@@ -34,8 +34,14 @@ PIXELS = 64 * 64
 
 def machine(name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset[str] = FAMILIES,
             dedicated: bool = False) -> Machine:
-    return Machine(name=name, backend="cuda" if dedicated else "cpu", memory_kind="dedicated" if dedicated else "unified",
-                   memory_bytes=memory_bytes, families=families, token=f"token-{name}-".ljust(32, "x"))
+    return Machine(
+        name=name,
+        backend="cuda" if dedicated else "cpu",
+        memory_kind="dedicated" if dedicated else "unified",
+        memory_bytes=memory_bytes,
+        families=families,
+        token=f"token-{name}-".ljust(32, "x"),
+    )
 
 
 def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str, str]:
@@ -76,7 +82,10 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[t
 
 
 def nothing_enqueued(ctx: ServerContext) -> bool:
-    return all(ctx.redis.llen(ctx.keys.queue_list(m)) == 0 and ctx.machines.reservations.count(m) == 0 for m in ctx.fleet.machines)
+    return all(
+        ctx.redis.llen(ctx.keys.queue_list(m)) == 0 and ctx.machines.reservations.count(m) == 0
+        for m in ctx.fleet.machines
+    )
 
 
 REFUSALS = [
@@ -128,7 +137,9 @@ def test_r16_a_commitment_to_a_model_the_machine_cannot_hold_is_refused(api: tup
 
 def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
-    answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"})
+    answer = client.post(
+        "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "off"}
+    )
     assert answer.status_code == 503 and answer.json()["error"]["reason"] == "machine_unavailable"
     assert answer.headers["retry-after"] == str(ctx.settings.retry_after_s)  # temporary: say when to retry
     assert nothing_enqueued(ctx)  # not rerouted to an idle machine
@@ -181,7 +192,7 @@ def test_r11_r12_the_dry_run_shows_every_machines_memory_figures_in_readable_uni
 
 
 def test_r11_r17_auto_skips_a_machine_holding_a_commitment_for_video(api: tuple[TestClient, ServerContext]) -> None:
-    client, ctx = api
+    client, _ctx = api
     body = {"model": VIDEO, "kind": "video", "params": {"prompt": "x"}, "target": "auto"}
     rows = client.post("/v1/jobs?dry_run=true", json=body).json()["machines"]
     assert rows["resv"]["reason"] == "video_on_reserved_machine" and not rows["resv"]["eligible"]
@@ -205,13 +216,17 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     dry = client.post("/v1/jobs?dry_run=true", json=body).json()
     assert dry["machines"]["m2"]["queued"] == 1 and dry["machines"]["m2"]["work_ahead_s"] > 0
     second = client.post("/v1/jobs", json={**body, "target": "m2"}).json()  # behind the first
-    assert second["position"] == 1 and second["predicted_start_s"] == pytest.approx(dry["machines"]["m2"]["work_ahead_s"], abs=1e-3)
+    assert second["position"] == 1 and second["predicted_start_s"] == pytest.approx(
+        dry["machines"]["m2"]["work_ahead_s"], abs=1e-3
+    )
 
 
 def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4) -> tuple[dict, dict[str, str]]:
     """A job pinned to ``target`` and claimed by its worker: (the 202 body, the worker's auth header)."""
-    accepted = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": steps},
-                                             "target": target}).json()
+    accepted = client.post(
+        "/v1/jobs",
+        json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": steps}, "target": target},
+    ).json()
     token = {"Authorization": f"Bearer {ctx.fleet.machines[target].token}"}
     assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
     assert json.loads(ctx.redis.hget(ctx.keys.reservations(target), accepted["id"]))["started_at"] is not None
@@ -237,7 +252,9 @@ def test_r13_measured_times_are_learned_and_survive_a_restart(
     assert ctx.machines.reservations.count("m2") == 0  # released when the job ended
     shown = client.get(accepted["url"]).json()
     assert shown["state"] == "succeeded"
-    assert shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0 and shown["load_s"] == 0.5  # predicted beside measured
+    assert (
+        shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0 and shown["load_s"] == 0.5
+    )  # predicted beside measured
     restarted = build_context(settings, ctx.fleet, migrate=True)
     try:
         timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
@@ -286,7 +303,9 @@ def test_r13_the_fleet_configs_model_guesses_price_a_job_until_it_is_measured(
         job = ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64}, "m1").job
         assert job.predicted_run_s == pytest.approx(4.0)  # 16 s/step at 1024x1024 x 4 steps x 256*256/1024^2
         assert job.predicted_load_s == pytest.approx(3.0)  # m1 reads at the reference 2.5 GB/s
-        plain = build_context(settings, Fleet(machines=fleet.machines), migrate=True)  # no guess: the sd1 family's figure
+        plain = build_context(
+            settings, Fleet(machines=fleet.machines), migrate=True
+        )  # no guess: the sd1 family's figure
         try:
             other = plain.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64},
                                             "m1").job
@@ -355,7 +374,7 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path: Path, tiny_models_
     total = 0
     for file in (tiny_models_dir / MODEL).rglob("*.safetensors"):
         with safe_open(str(file), framework="numpy") as handle:
-            total += sum(handle.get_tensor(k).nbytes for k in handle.keys())
+            total += sum(handle.get_tensor(k).nbytes for k in handle)
     assert model_weight_bytes(tiny_models_dir / MODEL) == total > 0
 
 
@@ -403,7 +422,11 @@ def test_status_shows_a_draining_and_a_syncing_machine(
     assert (rows["m2"]["draining"], rows["m2"]["syncing"], rows["m2"]["state"]) == (False, True, "syncing")
     assert rows["server"]["state"] == "-"
     machines = {row["name"]: row for row in client.get("/v1/machines").json()}
-    assert (machines["m1"]["draining"], machines["m2"]["syncing"], machines["server"]["draining"]) == (True, True, False)
+    assert (machines["m1"]["draining"], machines["m2"]["syncing"], machines["server"]["draining"]) == (
+        True,
+        True,
+        False,
+    )
     shown = run_cli("status", env=env).stdout
     assert "state" in shown.splitlines()[1]
     [m1] = [line for line in shown.splitlines() if " m1 " in line]

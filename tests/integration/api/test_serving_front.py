@@ -12,17 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.auth import OpenApiRefused
-from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.core.states import JobState
-from app.core.limits import FamilyLimits
-from app.devtools.redis_server import start_redis_server
 from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.limits import FamilyLimits
+from app.core.states import JobState
+from app.devtools.redis_server import start_redis_server
 from tests.helpers import TEST_API_KEY, bring_online, make_fleet
 
 MODEL = "tiny-sd"
@@ -151,7 +151,10 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         assert [(job.model_id, job.reason) for job in refused] == [("no-such-model", "unknown_model")]
         unknown = client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"scheduler": "DDIM"}})
         assert unknown.status_code == 422
-        assert (unknown.json()["error"]["code"], unknown.json()["error"]["param"]) == ("unknown_param", "parameters.scheduler")
+        assert (unknown.json()["error"]["code"], unknown.json()["error"]["param"]) == (
+            "unknown_param",
+            "parameters.scheduler",
+        )
         assert "parameters.scheduler is not supported" in unknown.json()["error"]["message"]
         assert "guidance_scale" in unknown.json()["error"]["message"]
         client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"guidance_scale": 3.5,
@@ -188,8 +191,14 @@ def test_r22_limits_are_per_family_from_settings(settings: Settings, tiny_models
 
 
 def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Settings, tiny_models_dir: Path) -> None:
-    settings = settings.model_copy(update={"limits": {
-        "sd1-pix2pix": FamilyLimits(max_upload_bytes=100, upload_media_types=["image/png"]), "default": FamilyLimits()}})
+    settings = settings.model_copy(
+        update={
+            "limits": {
+                "sd1-pix2pix": FamilyLimits(max_upload_bytes=100, upload_media_types=["image/png"]),
+                "default": FamilyLimits(),
+            }
+        }
+    )
     client, ctx = make_api(settings, tiny_models_dir)
     with client:
         edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
@@ -211,7 +220,9 @@ def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Sett
         assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(ctx.keys.queue_list("server")) == 0
 
 
-def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(settings: Settings, tiny_models_dir: Path) -> None:
+def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
     settings = settings.model_copy(update={"max_queued_per_machine": 2, "retry_after_s": 7})
     client, ctx = make_api(settings, tiny_models_dir)
     with client:
@@ -259,7 +270,9 @@ def test_r24_health_is_503_with_reason_until_a_machine_is_online(api: tuple[Test
     assert ready.status_code == 200 and ready.json()["machines_online"] == ["m2"]
 
 
-def test_r24_health_is_503_when_redis_does_not_answer(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> None:
+def test_r24_health_is_503_when_redis_does_not_answer(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     own = start_redis_server(tmp_path / "redis")  # a Redis this test can stop
     client, ctx = make_api(settings.model_copy(update={"redis_url": own.url}), tiny_models_dir)
     with client:
@@ -299,7 +312,9 @@ def test_r24_metrics_count_queue_size_rejections_and_request_durations(api: tupl
     assert samples[("homefleet_verified_bytes", "m2")] == 0
 
 
-def test_api_keys_guard_public_routes_but_not_health_metrics_or_worker_routes(api: tuple[TestClient, ServerContext]) -> None:
+def test_api_keys_guard_public_routes_but_not_health_metrics_or_worker_routes(
+    api: tuple[TestClient, ServerContext],
+) -> None:
     client, _ctx = api
     missing = client.get("/v1/machines", headers={"Authorization": ""})
     assert missing.status_code == 401 and missing.json()["error"]["reason"] == "missing_api_key"
@@ -349,7 +364,9 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     assert unauthorized.status_code == 401 and unauthorized.json()["error"]["type"] == "authentication_error"
 
 
-def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(settings: Settings, tiny_models_dir: Path) -> None:
+def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
     """``POST /v1/images/edits`` with ``n`` runs one edit job per image (the edit kind takes no
     ``n``; generations make one job for n images): the second job's refusal comes after the
     first exists."""
@@ -366,7 +383,9 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(setting
         assert response.status_code == 429
         assert response.headers["x-should-retry"] == "false"
         assert response.json()["error"]["code"] == "queue_full"
-        assert ctx.redis.llen(ctx.keys.queue_list("server")) == 1  # the first image's job was created: a retry would duplicate it
+        assert (
+            ctx.redis.llen(ctx.keys.queue_list("server")) == 1
+        )  # the first image's job was created: a retry would duplicate it
         before = client.post("/v1/images/edits", data={"prompt": "x", "model": edit_model}, files=files)
         assert before.status_code == 429 and "x-should-retry" not in before.headers  # nothing submitted: retry is safe
 
@@ -430,7 +449,9 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         online(ctx, "server")
         ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
         fields = {"prompt": "make it blue"}
-        wrong_type = client.post("/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")})
+        wrong_type = client.post(
+            "/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")}
+        )
         assert wrong_type.status_code == 422
         error = wrong_type.json()["error"]
         assert error["param"] == "image" and "got 'image/gif'" in error["message"]  # sniffed: not what it claims

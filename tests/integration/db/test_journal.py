@@ -85,9 +85,19 @@ def test_r19_the_same_delivery_may_repeat_its_claim_but_no_other_delivery_can(ct
 
 
 def test_r19_add_writes_the_job_as_given_with_its_first_event(ctx: ServerContext) -> None:
-    job = ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x", "seed": 7},
-                              target="auto", machine="m1", idempotency_key="k1", predicted_run_s=2.5,
-                              weights_bytes=5_000_000_000))
+    job = ctx.journal.add(
+        Job(
+            state=JobState.queued,
+            model_id="tiny-sd",
+            kind="txt2img",
+            params={"prompt": "x", "seed": 7},
+            target="auto",
+            machine="m1",
+            idempotency_key="k1",
+            predicted_run_s=2.5,
+            weights_bytes=5_000_000_000,
+        )
+    )
     stored = ctx.journal.get(job.id)
     assert stored.model_dump() == job.model_dump()  # every column, defaults (id, created_at) included
     assert stored.provenance is None and stored.params == {"prompt": "x", "seed": 7}

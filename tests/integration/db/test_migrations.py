@@ -33,7 +33,9 @@ def test_migrations_build_exactly_the_tables_the_code_declares(settings: Setting
             diffs = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
             revision = MigrationContext.configure(connection).get_current_revision()
         assert diffs == []
-        assert {"job", "jobevent", "modelrecord", "modelfile", "learnedtiming"} <= set(inspect(engine).get_table_names())
+        assert {"job", "jobevent", "modelrecord", "modelfile", "learnedtiming"} <= set(
+            inspect(engine).get_table_names()
+        )
         heads = [p.name.split("_")[0] for p in (SCRIPTS / "versions").glob("*.py") if not p.name.startswith("__")]
         assert revision in heads
     finally:
@@ -77,9 +79,13 @@ def test_r13_learned_steps_taught_by_small_jobs_are_replayed_with_the_minimum_sc
                      "params": json.dumps({"prompt": "x", "steps": steps, "width": side, "height": side})})
         with engine.begin() as connection:
             for machine, step_s in (("m1", 99999.0), ("m2", 12.5)):
-                connection.execute(text("INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
-                                        "load_samples, updated_at) VALUES (:m, 'tiny-sd', 'txt2img', 1.0, :s, 2, 0, :at)"),
-                                   {"m": machine, "s": step_s, "at": start})
+                connection.execute(
+                    text(
+                        "INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
+                        "load_samples, updated_at) VALUES (:m, 'tiny-sd', 'txt2img', 1.0, :s, 2, 0, :at)"
+                    ),
+                    {"m": machine, "s": step_s, "at": start},
+                )
         upgrade(engine)
         with engine.connect() as connection:
             learned = dict(connection.execute(text("SELECT machine, step_s FROM learnedtiming")).all())

@@ -25,7 +25,7 @@ def worker_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
             "HOMEFLEET_SERVER_URL": "http://127.0.0.1:9", "HOMEFLEET_HEARTBEAT_INTERVAL_S": "0.2"}
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)])
 def test_a_forked_worker_takes_its_lease_in_its_own_session_and_ends_as_its_signal_says(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, code: int
 ) -> None:
@@ -40,7 +40,7 @@ def test_a_forked_worker_takes_its_lease_in_its_own_session_and_ends_as_its_sign
         boot = wait_for(lambda: client.get(lease_key), timeout_s=60, what="the forked worker's lease")
         assert boot and client.get(Keys("hf").worker_lease("m2")) is None
         assert os.getsid(process.pid) == process.pid  # its own session: stopped with its process group
-        with pytest.raises(Exception, match="Timeout|timed out"):
+        with pytest.raises(Exception, match=r"Timeout|timed out"):
             process.wait(timeout=0.2)  # still waiting for a server that does not answer
     finally:
         process.send_signal(sig)

@@ -77,8 +77,8 @@ def test_wan_keeps_its_fp32_modules_at_bf16(tiny_families_dir: Path) -> None:
 
 
 def test_a_lora_adapter_folder_is_priced_by_its_header_at_the_precision(tmp_path: Path) -> None:
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"a.lora_A.weight": torch.zeros(4, 8), "a.lora_B.weight": torch.zeros(8, 4, dtype=torch.float16)},
               str(tmp_path / "pytorch_lora_weights.safetensors"))

@@ -54,8 +54,14 @@ def queue_ids(ctx: ServerContext, machine: str) -> list[str]:
 def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
-    settings = settings.model_copy(update={"fleet_lock_wait_s": 120.0, "fleet_lock_ttl_s": 30.0,
-                                           "max_queued_per_machine": 1000, "max_pending_total": 1000})  # no worker drains them
+    settings = settings.model_copy(
+        update={
+            "fleet_lock_wait_s": 120.0,
+            "fleet_lock_ttl_s": 30.0,
+            "max_queued_per_machine": 1000,
+            "max_pending_total": 1000,
+        }
+    )  # no worker drains them
     ctx = build_context(settings, make_fleet("m1", "m2", "m3", "m4", "m5"), migrate=True)
     try:
         ctx.registry.add(tiny_models_dir / MODEL, MODEL)
@@ -68,11 +74,18 @@ def test_r14_eight_processes_place_400_auto_jobs_each_exactly_once_in_fifo_order
         fork = multiprocessing.get_context("fork")
         samples = []
         with fork.Pool(PROCESSES) as pool:
-            pending = pool.starmap_async(submitter, [(settings.model_dump_json(), w, start_at) for w in range(PROCESSES)])
+            pending = pool.starmap_async(
+                submitter, [(settings.model_dump_json(), w, start_at) for w in range(PROCESSES)]
+            )
             while not pending.ready():
                 # Under the fleet lock, reservations must equal what is queued (nothing runs here).
                 with ctx.redis.lock(ctx.keys.fleet_lock(), timeout=30, blocking_timeout=120):
-                    samples.append({m: (ctx.machines.reservations.count(m), ctx.redis.llen(ctx.keys.queue_list(m))) for m in WORKING})
+                    samples.append(
+                        {
+                            m: (ctx.machines.reservations.count(m), ctx.redis.llen(ctx.keys.queue_list(m)))
+                            for m in WORKING
+                        }
+                    )
                 time.sleep(0.2)
             per_process = pending.get(timeout=600)
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.fleet.config import load_fleet
 from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.fleet.config import load_fleet
 from routing.estimate import readable_bytes
 from tasks.pipelines import load_pipeline
-from tests.helpers import held_bytes, make_fleet, png
-from tests.helpers import bring_online
+from tests.helpers import bring_online, held_bytes, make_fleet, png
 
 MODEL = "tiny-sd"
 PIXELS = 64 * 64
@@ -149,8 +148,10 @@ def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_im
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
     assert error["reason"] == "invalid_size"
-    assert error["message"] == ("params.image: the output would be 1056 x 1024 = 1081344 pixels; the limit (max_pixels) "
-                                "is 1048576; send a smaller image")
+    assert error["message"] == (
+        "params.image: the output would be 1056 x 1024 = 1081344 pixels; the limit (max_pixels) "
+        "is 1048576; send a smaller image"
+    )
 
 
 @pytest.mark.parametrize(("precision", "quantization", "share"), [("bf16", None, 0.5), ("fp16", None, 0.5)])

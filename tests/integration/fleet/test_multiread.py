@@ -20,10 +20,21 @@ def test_replies_match_the_plain_commands_in_order(client: redis.Redis) -> None:
     client.hset("h", mapping={"job-1": "{}", "job-2": "{\"x\": 1}"})
     reads = [("GET", "s"), ("GET", "missing"), ("SMEMBERS", "set"), ("SMEMBERS", "no-set"), ("HGETALL", "h"),
              ("HGETALL", "no-hash"), ("EXISTS", "s"), ("EXISTS", "missing")]
-    expected = [client.get("s"), client.get("missing"), client.smembers("set"), client.smembers("no-set"),
-                client.hgetall("h"), client.hgetall("no-hash"), bool(client.exists("s")), bool(client.exists("missing"))]
-    assert MultiRead(client)(reads) == expected == ["beat", None, {"a", "b"}, set(), {"job-1": "{}", "job-2": "{\"x\": 1}"},
-                                                   {}, True, False]
+    expected = [
+        client.get("s"),
+        client.get("missing"),
+        client.smembers("set"),
+        client.smembers("no-set"),
+        client.hgetall("h"),
+        client.hgetall("no-hash"),
+        bool(client.exists("s")),
+        bool(client.exists("missing")),
+    ]
+    assert (
+        MultiRead(client)(reads)
+        == expected
+        == ["beat", None, {"a", "b"}, set(), {"job-1": "{}", "job-2": '{"x": 1}'}, {}, True, False]
+    )
 
 
 def test_a_write_command_is_refused_before_reaching_redis(client: redis.Redis) -> None:

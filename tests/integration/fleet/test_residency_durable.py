@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.context import ServerContext, build_context
-from app.fleet.residency_store import ResidencyStore
 from app.api.server import create_app
-from tests.helpers import make_fleet, run_cli, settings_env, wait_for
-from tests.helpers import bring_online
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.fleet.residency_store import ResidencyStore
+from tests.helpers import bring_online, make_fleet, run_cli, settings_env, wait_for
 
 MODEL = "tiny-sd"
 OTHER = "tiny-sd-b"
@@ -56,7 +55,9 @@ class Server:
                 ctx.registry.add(self.models_dir / MODEL, model_id)
         for name in FLEET.machines:
             bring_online(ctx, name, {MODEL, OTHER})
-        client = TestClient(create_app(self.settings, ctx), headers={"Authorization": f"Bearer {self.settings.api_keys[0]}"})
+        client = TestClient(
+            create_app(self.settings, ctx), headers={"Authorization": f"Bearer {self.settings.api_keys[0]}"}
+        )
         client.__enter__()  # lifespan: the reconciliation loop's first pass runs now
         self.client, self.ctx = client, ctx
         return client, ctx

@@ -1,6 +1,7 @@
 """Per-key quotas on a real Redis and journal, through ``Dispatcher.submit``: both
 limits, their Retry-After and journaled refusals, concurrent submissions under the fleet lock
-(R14), and ``homefleet keys``' figures, on SQLite and on PostgreSQL. No worker runs: jobs stay queued unless a test claims
+(R14), and ``homefleet keys``' figures, on SQLite and on PostgreSQL. No worker runs: jobs stay queued unless a test
+claims
 and ends them through the journal, as a worker's reports would."""
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def test_r19_a_queued_job_whose_message_was_removed_from_its_queue_is_cancelled_
     assert ctx.reconciler().run_once().cancelled == {}  # idempotent
 
 
-def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(strict_ctx: ServerContext, tiny_models_dir: Path) -> None:
+def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
     """The message reached a worker (its delivery mark, written before the ack) that stopped
     before claiming the job: ``interrupted`` (``lost``), not a purge."""
     ctx = strict_ctx

@@ -19,22 +19,21 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from app.api.server import create_app
+from app.context import ServerContext, build_context
 from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings, WorkerSettings
-from app.context import ServerContext, build_context
 from app.core.digest import bytes_digest, file_digest
 from app.core.errors import Conflict, MachineUnavailable, Rejected
-from app.db.tables import Job
+from app.core.protocol import SyncFinish
 from app.core.states import JobState
+from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from app.api.server import create_app
-from app.core.protocol import SyncFinish
-from app.jobs.sync import SyncState, Syncs
+from app.jobs.sync import Syncs, SyncState
 from tasks import runtime
 from tasks import sync as worker_sync
-from tests.helpers import TEST_API_KEY, make_fleet, settings_env
-from tests.helpers import bring_online, wait_for
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet, settings_env, wait_for
 
 
 def syncs_of(ctx: ServerContext) -> Syncs:
@@ -58,7 +57,7 @@ def test_r6_sync_is_refused_with_409_while_the_machine_has_work(ctx: ServerConte
     # Running counts as busy too.
     ctx.journal.claim(job.id, "m1")
     ctx.redis.delete(ctx.keys.queue_list("m1"))
-    with pytest.raises(Conflict, match="machine_busy|has work"):
+    with pytest.raises(Conflict, match=r"machine_busy|has work"):
         syncs_of(ctx).start("m1", [model])
 
 
@@ -257,7 +256,9 @@ def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: Se
     assert ctx.registry.registered_manifest(model) == before
 
 
-def test_c07_homefleet_models_verify_exits_1_naming_the_file_and_records_nothing(ctx: ServerContext, model: str) -> None:
+def test_c07_homefleet_models_verify_exits_1_naming_the_file_and_records_nothing(
+    ctx: ServerContext, model: str
+) -> None:
     path = ctx.registry.folder(model) / "vae" / "diffusion_pytorch_model.safetensors"
     registered = file_digest(path)
     stat = path.stat()
@@ -297,7 +298,9 @@ def png_bytes() -> bytes:
 def claimed_on_m1(client: TestClient, ctx: ServerContext, tiny_models_dir: Path) -> tuple[Job, dict[str, str]]:
     """A tiny-sd job journaled on m1 and claimed by m1's worker: (the job, m1's auth header)."""
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    job = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1"))
+    job = ctx.journal.add(
+        Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1")
+    )
     auth = {"Authorization": f"Bearer {ctx.fleet.machines['m1'].token}"}
     assert client.post(f"/internal/v1/jobs/{job.id}/claim", headers=auth).status_code == 200
     return job, auth
@@ -356,7 +359,9 @@ def test_r2_a_result_for_a_job_no_longer_running_is_refused_and_not_stored(
 ) -> None:
     client, ctx = api
     job, auth = claimed_on_m1(client, ctx, tiny_models_dir)
-    ctx.journal.transition(job.id, [JobState.running], JobState.interrupted, reason="hung")  # the reconciler gave up on it
+    ctx.journal.transition(
+        job.id, [JobState.running], JobState.interrupted, reason="hung"
+    )  # the reconciler gave up on it
     data = png_bytes()
     form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
     late = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,

@@ -64,8 +64,12 @@ def test_family_limits_from_settings_apply(text_ctx: ServerContext) -> None:
 
 
 def test_a_models_own_limits_from_the_fleet_file_win(text_ctx: ServerContext) -> None:
-    assert "at most 10 tokens (max_input_tokens), got 11" in refusal(text_ctx, "small-gpt2", {"prompt": "z" * 11}).message
-    text_ctx.dispatcher.validator.request("tiny-gpt2", "text", {"prompt": "z" * 11, "seed": 1}, "auto")  # same files, other id
+    assert (
+        "at most 10 tokens (max_input_tokens), got 11" in refusal(text_ctx, "small-gpt2", {"prompt": "z" * 11}).message
+    )
+    text_ctx.dispatcher.validator.request(
+        "tiny-gpt2", "text", {"prompt": "z" * 11, "seed": 1}, "auto"
+    )  # same files, other id
 
 
 def test_a_chat_is_counted_with_its_template(text_ctx: ServerContext) -> None:

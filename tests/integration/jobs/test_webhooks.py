@@ -153,7 +153,9 @@ def test_an_unreachable_receiver_is_an_attempt_too(hook_ctx: ServerContext) -> N
         wait_for(lambda: ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
     first, last = webhook_events(ctx, job_id)
     assert first.startswith("attempt 1: ConnectError: ") and first.endswith("; next in 0.05 s")
-    assert last.startswith("attempt 2: ConnectError: ") and last.endswith("; gave up after 2 attempts (webhook_attempts)")
+    assert last.startswith("attempt 2: ConnectError: ") and last.endswith(
+        "; gave up after 2 attempts (webhook_attempts)"
+    )
     assert ctx.journal.get(job_id).state == JobState.cancelled
 
 
@@ -218,7 +220,9 @@ def test_only_an_end_writes_a_delivery_in_its_transition(hook_ctx: ServerContext
     assert hook_ctx.webhook_wakeup.is_set()  # the journal woke the (here absent) delivery loop
 
 
-def test_a_pending_delivery_is_resumed_by_the_next_server(tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> None:
+def test_a_pending_delivery_is_resumed_by_the_next_server(
+    tmp_path: Path, redis_url: str, tiny_models_dir: Path
+) -> None:
     settings = hook_settings(tmp_path, redis_url, webhook_backoff_s=1.5)
     first = build_context(settings, hook_fleet(), migrate=True)
     first.registry.add(tiny_models_dir / "tiny-sd")
@@ -271,7 +275,10 @@ def test_a_lease_lets_one_server_attempt_a_delivery_and_expires(sql_ctx: ServerC
     sql_ctx.outbox.record(delivery, 1, DELIVERED, "delivered: HTTP 200 (attempt 1)", delivery.due_s)
     assert not sql_ctx.outbox.lease(delivery.id or 0, now + 40, now + 55)  # delivered: never again
     assert sql_ctx.outbox.next_due_s(now + 40) is None
-    assert [(e.event, e.detail) for e in sql_ctx.journal.events(job.id)][-1] == (EVENT, "delivered: HTTP 200 (attempt 1)")
+    assert [(e.event, e.detail) for e in sql_ctx.journal.events(job.id)][-1] == (
+        EVENT,
+        "delivered: HTTP 200 (attempt 1)",
+    )
     assert sql_ctx.journal.get(job.id).state == JobState.cancelled
 
 
@@ -283,4 +290,5 @@ def test_a_secret_removed_before_the_attempt_sends_nothing_unsigned(hook_ctx: Se
         wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
     assert receiver.received == []
     assert webhook_events(hook_ctx, job_id) == [
-        f"attempt 1: not sent: API key (id {key_id({}, TEST_API_KEY)}) has no webhook secret (webhook_secrets); gave up"]
+        f"attempt 1: not sent: API key (id {key_id({}, TEST_API_KEY)}) has no webhook secret (webhook_secrets); gave up"
+    ]

@@ -45,7 +45,7 @@ def test_ids_are_minted_by_the_server_and_never_reused(ctx: ServerContext, tiny_
 
 def test_a_folder_that_is_not_a_pipeline_is_refused(ctx: ServerContext, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(Rejected, match="model_index.json"):
+    with pytest.raises(Rejected, match=r"model_index.json"):
         ctx.registry.add(tmp_path / "empty")
     odd = tmp_path / "odd"
     odd.mkdir()
@@ -114,7 +114,7 @@ def test_r5_the_same_bytes_under_a_new_inode_refresh_the_stat_cache(ctx: ServerC
 def test_r5_a_missing_server_file_is_model_changed_naming_it(ctx: ServerContext, tiny_models_dir: Path) -> None:
     record = ctx.registry.add(tiny_models_dir / "tiny-sd")
     (ctx.registry.folder(record.id) / "scheduler" / "scheduler_config.json").unlink()
-    with pytest.raises(Conflict, match="scheduler/scheduler_config.json: missing, registered blake3:") as refused:
+    with pytest.raises(Conflict, match=r"scheduler/scheduler_config.json: missing, registered blake3:") as refused:
         ctx.registry.manifest(record.id)
     assert refused.value.reason == "model_changed"
     assert [(c.path, c.status, c.actual) for c in ctx.registry.verify() if c.status != "ok"] == [

@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     }
 
 
-def add(settings: Settings, *args: str, check: bool = True):  # noqa: ANN201 - CompletedProcess
+def add(settings: Settings, *args: str, check: bool = True):
     return run_cli("models", "add", *args, env=settings_env(settings), check=check, timeout_s=300)
 
 

@@ -28,7 +28,9 @@ def test_an_unknown_quantization_is_refused_before_loading(tiny_models_dir: Path
         load_pipeline(tiny_models_dir / "tiny-sd", quantization="bnb-nf4")
 
 
-def test_a_variant_is_in_the_manifest_the_residency_key_and_the_memory_estimate(ctx: ServerContext, tiny_models_dir: Path) -> None:
+def test_a_variant_is_in_the_manifest_the_residency_key_and_the_memory_estimate(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
     full = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="sd-fp32")
     half = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="sd-bf16-int8", precision="bf16",
                             quantization="torchao-int8wo")

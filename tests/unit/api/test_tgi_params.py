@@ -20,7 +20,7 @@ def test_greedy_unless_do_sample_or_a_temperature_or_top_p_changes_the_distribut
         "prompt": "x", "max_new_tokens": 5, "temperature": 0.0, "grammar": grammar}
 
 
-@pytest.mark.parametrize("name, value", [("stop", ["\n"]), ("top_k", 5), ("repetition_penalty", 1.2),
+@pytest.mark.parametrize(("name", "value"), [("stop", ["\n"]), ("top_k", 5), ("repetition_penalty", 1.2),
                                          ("watermark", True)])
 def test_an_unsupported_parameter_set_is_refused_naming_it(name: str, value: object) -> None:
     with pytest.raises(Rejected, match=f"parameters.{name}") as refused:

@@ -17,7 +17,9 @@ from tasks.verify import model_problems, verified_models
 
 
 def manifest_of(model_id: str, files: list[dict[str, object]]) -> Manifest:
-    return Manifest(model_id=model_id, family="sd1", kinds=["txt2img"], files=[ManifestFile.model_validate(f) for f in files])
+    return Manifest(
+        model_id=model_id, family="sd1", kinds=["txt2img"], files=[ManifestFile.model_validate(f) for f in files]
+    )
 
 
 def write_with_last_byte_changed(original: Path, copy: Path) -> None:

@@ -25,7 +25,8 @@ from app.jobs.validation import (
 )
 from tasks.kinds import runner
 
-DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]  # text: tests/unit/tasks/test_text_kind.py
+# text: tests/unit/tasks/test_text_kind.py
+DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]
 
 
 class RecordingPipeline:
@@ -124,7 +125,8 @@ def test_family_defaults_price_the_job() -> None:
     [
         ("flux", {"width": 72}, ("`width` must be a multiple of 16 pixels for family flux (FluxPipeline: the VAE "
                                  "downsamples by 8, then 2x2 patches), got 72"), "invalid_width"),
-        ("wan", {"height": 40}, "`height` must be a multiple of 16 pixels for family wan (WanPipeline", "invalid_height"),
+        ("wan", {"height": 40}, "`height` must be a multiple of 16 pixels for family wan (WanPipeline",
+            "invalid_height"),
         ("wan", {"frames": 8}, ("`frames` must be 4k+1 (1, 5, 9, 13, ...) for family wan (WanPipeline: the VAE packs "
                                 "4 frames into each latent frame after the first), got 8; ask for 5 or 9"),
          "invalid_frames"),
@@ -160,7 +162,8 @@ def test_r22_what_a_family_allows_passes() -> None:
         ("qwen-image", {"image_guidance_scale": 1.5},
          ("params.image_guidance_scale is not a param of kind 'edit' on family qwen-image (QwenImageEditPipeline); "
           "it takes image, prompt, negative_prompt, steps, seed, true_cfg_scale")),
-        ("qwen-image", {"guidance_scale": 4.0}, "params.guidance_scale is not a param of kind 'edit' on family qwen-image"),
+        ("qwen-image", {"guidance_scale": 4.0},
+            "params.guidance_scale is not a param of kind 'edit' on family qwen-image"),
         ("sd1-pix2pix", {"true_cfg_scale": 4.0}, ("params.true_cfg_scale is not a param of kind 'edit' on family "
                                                   "sd1-pix2pix (StableDiffusionInstructPix2PixPipeline)")),
         ("sdxl", {"true_cfg_scale": 4.0}, "params.true_cfg_scale is not a param of kind 'txt2img' on family sdxl"),

@@ -18,7 +18,8 @@ from app.jobs.validation import check_known_params
 from routing.timings import job_size
 from tasks.kinds import runner
 
-DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]  # text: tests/unit/tasks/test_text_kind.py
+# text: tests/unit/tasks/test_text_kind.py
+DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]
 
 
 def fake_pipeline(**kwargs: Any) -> Any:
@@ -76,8 +77,10 @@ def test_server_set_output_size_is_accepted_only_where_the_server_sets_it() -> N
         ("txt2img", {"prompt": "x", "stepz": 4},
          "params.stepz is not a param of kind 'txt2img'; it takes prompt, negative_prompt, width, height, steps, "
          "guidance_scale, seed"),
-        ("txt2img", {"output_width": 8, "batch": 2}, "params.output_width, params.batch are not params of kind 'txt2img'"),
-        ("edit", {"width": 64}, "it takes image, prompt, negative_prompt, image_guidance_scale, steps, guidance_scale, seed"),
+        ("txt2img", {"output_width": 8, "batch": 2},
+            "params.output_width, params.batch are not params of kind 'txt2img'"),
+        ("edit", {"width": 64},
+            "it takes image, prompt, negative_prompt, image_guidance_scale, steps, guidance_scale, seed"),
         ("upscale", {"frames": 2}, "it takes image, prompt, negative_prompt, noise_level, steps, guidance_scale, seed"),
         ("video", {"noise_level": 2}, "it takes prompt, negative_prompt, width, height, frames, fps, format, steps, "
                                       "guidance_scale, seed"),

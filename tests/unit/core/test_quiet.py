@@ -10,10 +10,14 @@ import pytest
 
 from app.core.quiet import IMPORT_NOISE, ImportNoise, quiet_import_warnings
 
-TORCHAO_NOISE = ("Failed to load /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
-                 "Could not load this library: /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so")
-PYTREE_NOISE = ("%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. "
-                "Calling register_constant() on Enum subclasses is deprecated and will be an error in a future release.")
+TORCHAO_NOISE = (
+    "Failed to load /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+    "Could not load this library: /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so"
+)
+PYTREE_NOISE = (
+    "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. "
+    "Calling register_constant() on Enum subclasses is deprecated and will be an error in a future release."
+)
 
 
 class Records(logging.Handler):

@@ -55,7 +55,9 @@ def test_token_limits_precedence_model_then_family_then_config() -> None:
 
 
 def test_a_text_jobs_working_memory_adds_the_models_kv_cache_at_max_total_tokens() -> None:
-    estimator = Estimator(models={"lm": ModelProfile("lm", "llama", 1000, kind="text", kv_cache_bytes=256 * MAX_POSITIONS)})
+    estimator = Estimator(
+        models={"lm": ModelProfile("lm", "llama", 1000, kind="text", kv_cache_bytes=256 * MAX_POSITIONS)}
+    )
     memory = estimator.memory("lm", "text", 1)
     assert memory.weights_bytes == 1000
     assert memory.working_bytes == DEFAULT_WORKING["text"].bytes(1) + 256 * MAX_POSITIONS

@@ -7,6 +7,7 @@ import pytest
 
 from app.core.variants import check_variant
 
+
 def test_unknown_precision_or_quantization_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"precision must be one of fp32, bf16, fp16, got 'int3'"):
         check_variant("int3", None)

@@ -37,7 +37,9 @@ from app.devtools.train_shapes import (
 )
 
 #: (colour, shape, background): every colour x shape once, the backgrounds in turn
-PROMPTS = [(colour, shape, list(BACKGROUNDS)[i % 3]) for i, (colour, shape) in enumerate(itertools.product(COLOURS, SHAPES))]
+PROMPTS = [
+    (colour, shape, list(BACKGROUNDS)[i % 3]) for i, (colour, shape) in enumerate(itertools.product(COLOURS, SHAPES))
+]
 #: the fewest right of the 18 pictures, per reading (measured on 2026-12-02: filled 18 colour,
 #: 18 background, 18 style, 9 shape; outlined 17, 18, 16, 11). Chance: 3 colours, 6 shapes.
 AT_LEAST = {"colour": 16, "background": 18, "style": 14, "shape": 8}

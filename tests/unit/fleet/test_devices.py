@@ -102,7 +102,9 @@ def test_device_names_come_only_from_a_hosts_devices(entry: dict[str, Any], mess
 
 
 def test_a_host_is_one_entry_whose_devices_share_its_settings() -> None:
-    with pytest.raises(ValidationError, match=r"machine 'box' is listed twice in the fleet config \(once with devices\)"):
+    with pytest.raises(
+        ValidationError, match=r"machine 'box' is listed twice in the fleet config \(once with devices\)"
+    ):
         fleet_of(box(), {key: value for key, value in box().items() if key != "devices"})
     with pytest.raises(ValidationError, match=r"machine 'box:1' is listed twice"):
         fleet_of(box(), box(devices=["cuda:1"]))
@@ -131,7 +133,9 @@ def test_the_internal_api_takes_the_hosts_token_for_the_device_a_worker_names() 
     with pytest.raises(Unauthorized, match=r"the token is host 'box''s, shared by its devices box:0, box:1: name "
                                            "the device's machine in the X-Homefleet-Machine header"):
         machine_of(fleet, bearer, None)
-    with pytest.raises(Unauthorized, match="says it is machine 'server', but its token belongs to machine 'box:0, box:1'"):
+    with pytest.raises(
+        Unauthorized, match="says it is machine 'server', but its token belongs to machine 'box:0, box:1'"
+    ):
         machine_of(fleet, bearer, "server")
     with pytest.raises(Unauthorized, match="names machine 'box:2', which is not in this fleet"):
         machine_of(fleet, bearer, "box:2")

@@ -69,7 +69,8 @@ load_s = 2.8
 
 @pytest.mark.parametrize(("extra", "text"), [
     ("[working_memory.painting]\nbase_bytes = 1", "working_memory has no kind 'painting'; kinds are txt2img"),
-    ("[families.sdx1.working_memory.txt2img]\nbase_bytes = 1", "the families table names family 'sdx1', which no machine runs"),
+    ("[families.sdx1.working_memory.txt2img]\nbase_bytes = 1",
+        "the families table names family 'sdx1', which no machine runs"),
     ("[working_memory.txt2img]\nbase_bytes = -1", "working_memory.txt2img.base_bytes"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixel = -0.5", "families.sd1.working_memory.edit.bytes_per_pixel"),
     ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from pydantic import ValidationError
 
 from app.core.config import Settings
 from app.core.errors import Overloaded, Rejected, from_core
-from routing.errors import Full
 from app.core.limits import FamilyLimits, limits_for
 from app.jobs.validation import check_submission, check_upload
+from routing.errors import Full
 from routing.placement import AUTO, JobRequest, MachineView, dry_run, place
 
 MODEL = "tiny-sd"
@@ -28,7 +27,10 @@ def view(name: str, backlog: int = 0, max_queued: int | None = 2) -> MachineView
     [
         ({"width": 65}, "`width` must be a multiple of 8 and at least 8 pixels, got 65"),
         ({"height": 4}, "`height` must be a multiple of 8 and at least 8 pixels, got 4"),
-        ({"width": 1032, "height": 1024}, "`width` x `height` must be at most 1048576 pixels, got 1032 x 1024 = 1056768"),
+        (
+            {"width": 1032, "height": 1024},
+            "`width` x `height` must be at most 1048576 pixels, got 1032 x 1024 = 1056768",
+        ),
         ({"steps": 0}, "`steps` must be between 1 and 150, got 0"),
         ({"steps": True}, "`steps` must be an integer, got True"),
         ({"steps": 1e308}, "`steps` must be an integer, got 1e+308"),  # not a 309-digit number
@@ -56,7 +58,7 @@ def test_r22_txt2img_needs_a_prompt() -> None:
 def test_r22_limits_at_the_bound_pass_and_tokens_use_the_given_counter() -> None:
     limits = FamilyLimits(max_prompt_tokens=5)
     check_submission({"prompt": "abc", "width": 1024, "height": 1024, "steps": 150, "n": 4}, limits, count_tokens=len)
-    with pytest.raises(Rejected, match="at most 5 tokens .* got 6"):
+    with pytest.raises(Rejected, match=r"at most 5 tokens .* got 6"):
         check_submission({"prompt": "abcdef"}, limits, count_tokens=len)
 
 
@@ -72,7 +74,10 @@ def test_r22_check_upload_bounds_bytes_and_media_type() -> None:
     check_upload(10, "image/png", limits)
     with pytest.raises(Rejected, match=r"`image` must be at most 10 bytes \(max_upload_bytes\), got 11"):
         check_upload(11, "image/png", limits)
-    with pytest.raises(Rejected, match=r"`image` must be one of image/png, image/jpeg, image/webp \(upload_media_types\), got 'text/plain'"):
+    with pytest.raises(
+        Rejected,
+        match=r"`image` must be one of image/png, image/jpeg, image/webp \(upload_media_types\), got 'text/plain'",
+    ):
         check_upload(1, "text/plain", limits)
 
 
@@ -91,7 +96,10 @@ def test_r23_a_pinned_full_machine_is_overloaded_and_auto_skips_it() -> None:
 
 
 def test_r23_no_limit_set_means_no_queue_full() -> None:
-    assert place(JobRequest(MODEL, "sd1", "txt2img", "m1"), {"m1": view("m1", backlog=99, max_queued=None)}).machine == "m1"
+    assert (
+        place(JobRequest(MODEL, "sd1", "txt2img", "m1"), {"m1": view("m1", backlog=99, max_queued=None)}).machine
+        == "m1"
+    )
 
 
 def test_r22_a_misspelt_family_limit_is_refused_at_start_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,9 @@ from PIL import Image
 
 from app.core.digest import bytes_digest
 from app.core.errors import NotFound, Rejected
-from app.store.files import InputStore
-from app.jobs.validation import check_kind_params, model_max_frames
 from app.core.limits import FamilyLimits
+from app.jobs.validation import check_kind_params, model_max_frames
+from app.store.files import InputStore
 
 
 def image_bytes(size: tuple[int, int], fmt: str = "PNG") -> bytes:

@@ -35,7 +35,10 @@ def test_r4_an_adapter_not_verified_on_the_target_is_refused_like_a_model() -> N
     with pytest.raises(Refused) as caught:
         place(job("m1"), fleet, costs())
     assert caught.value.reason == "model_not_verified"
-    assert str(caught.value) == f"adapter {ADAPTER!r} is not verified on machine 'm1'; run `homefleet sync m1 {ADAPTER}` first"
+    assert (
+        str(caught.value)
+        == f"adapter {ADAPTER!r} is not verified on machine 'm1'; run `homefleet sync m1 {ADAPTER}` first"
+    )
     assert place(job("m1", adapters=()), fleet, costs()).machine == "m1"
 
 

@@ -87,6 +87,8 @@ def test_the_random_benchmark_prints_its_distributions(capsys) -> None:
     assert len(rows) == 2 and all(r["ref_mean"] <= min(r["auto_mean"], r["best_mean"]) for r in rows)
     assert all(r["ref_p95"] <= min(r["auto_p95"], r["best_p95"]) and r["seeded_mismatch"] == 0 for r in rows)
     for figure in ("mean", "p95"):
-        assert re.search(rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.MULTILINE)
+        assert re.search(
+            rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.MULTILINE
+        )
         assert re.search(rf"^{figure} +auto/reference +p50=[\d.]+ p95=[\d.]+ max=[\d.]+$", out, re.MULTILINE)
     assert re.search(r"^decision_ms_500=[\d.]+ loop_20m_s=[\d.]+ ", out, re.MULTILINE)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from routing.demand import Demand, pinned_class, pressure, able_with_pinned
+from routing.demand import Demand, able_with_pinned, pinned_class, pressure
 from routing.finish import Drains, WorkItem, drain
 from routing.placement import able_machines, place
 from routing.scarcity import Scarcity
@@ -57,7 +57,7 @@ def test_r12_kept_drains_equal_fresh_drains_as_queues_change(seed: int) -> None:
                                       run_s=rng.uniform(1, 50), steps=10, size=REFERENCE_SIZE,
                                       load_s=rng.choice([None, rng.uniform(1, 30)]))
         for n in NAMES:
-            args = dict(warm_models=warm[n], queue=tuple(queues[n]), protected=protected[n], costs=estimator)
+            args = {"warm_models": warm[n], "queue": tuple(queues[n]), "protected": protected[n], "costs": estimator}
             kept_s, kept_warm = drains(n, **args)
             fresh_s, fresh_warm = drain(n, **args)
             assert kept_s == pytest.approx(fresh_s) and kept_warm == fresh_warm, (n, change)
@@ -89,7 +89,7 @@ def test_r12_kept_scarcity_equals_fresh_pressure_and_decisions_as_machines_chang
         elif change == "full":
             views[name] = replace(v, max_queued=rng.choice([None, 1, 3]))
         elif change == "queue":
-            queue = (v.queue + (item(rng),))[-4:]
+            queue = ((*v.queue, item(rng)))[-4:]
             views[name] = replace(v, queue=queue, backlog=len(queue))
         elif change == "pin":
             demand.add(pinned_class(rng.choice(MODELS), name), rng.uniform(5, 300), now_s=float(step))
@@ -104,7 +104,7 @@ def test_r12_kept_scarcity_equals_fresh_pressure_and_decisions_as_machines_chang
         job = request("auto", model=rng.choice([MODEL, "other"]))
         try:
             kept_decision = place(job, views, estimator, kept, drains)
-        except Exception as refused:  # no machine: both must refuse alike
+        except Exception as refused:  # noqa: BLE001 - no machine: both must refuse alike
             with pytest.raises(type(refused)):
                 place(job, views, estimator, fresh)
             continue

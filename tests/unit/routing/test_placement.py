@@ -91,15 +91,20 @@ REFUSALS = [
     (view("m1", families={"sdxl"}), request("m1"), "family_not_supported", ["m1", MODEL, "sdxl"]),
     (view("m1", verified=set()), request("m1"), "model_not_verified", ["m1", MODEL, "homefleet sync m1"]),
     (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GiB usable"]),
-    (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict", ["m1", "committed"]),
-    (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict", ["cuda1", "one checkpoint"]),
-    (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"), "video_on_reserved_machine",
+    (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict",
+        ["m1", "committed"]),
+    (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict",
+        ["cuda1", "one checkpoint"]),
+    (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"),
+        "video_on_reserved_machine",
      ["m1", "video", "R17"]),
     (view("m1", oom={(MODEL, "txt2img"): REF}), request("m1"), "remembered_oom", ["m1", "out of memory", str(REF)]),
 ]
 
 
-@pytest.mark.parametrize(("target_view", "job", "reason", "words"), REFUSALS, ids=[r[2] + "-" + r[0].name for r in REFUSALS])
+@pytest.mark.parametrize(
+    ("target_view", "job", "reason", "words"), REFUSALS, ids=[r[2] + "-" + r[0].name for r in REFUSALS]
+)
 def test_r10_unsupported_explicit_target_is_refused_with_its_reason(
     target_view: MachineView, job: JobRequest, reason: str, words: list[str]
 ) -> None:
@@ -188,7 +193,9 @@ def test_r12_residency_is_simulated_along_the_queue() -> None:
     assert part.work_ahead_s == pytest.approx(10 + 10)  # its load (10 GB at 1 GB/s) + 10 steps x 1 s
     # Dedicated memory: a job of another model in between evicts it again.
     between = (WorkItem("other", "txt2img", 10, REF), WorkItem(MODEL, "txt2img", 10, REF))
-    part = place(request("cuda1", model="other"), machines(view("cuda1", queue=between, warm=("other",))), costs()).breakdown
+    part = place(
+        request("cuda1", model="other"), machines(view("cuda1", queue=between, warm=("other",))), costs()
+    ).breakdown
     assert part.cold_load_s == pytest.approx(10)
     assert part.evicts == (MODEL,) and part.eviction_s == pytest.approx(EVICTION_WEIGHT * 2)
 
@@ -227,7 +234,9 @@ def test_r12_auto_prices_an_eviction_by_what_the_evicted_models_jobs_would_lose(
     # cuda1 holds one checkpoint: a tiny-sd job there evicts the warm one. m1 runs it without
     # evicting anything but 10 s later (queued work); every job takes 10 s (10 steps of 1 s).
     estimator = costs()
-    fleet = machines(view("cuda1", warm=("other",)), view("m1", warm=(MODEL,), queue=(WorkItem(MODEL, "txt2img", 10, REF),)))
+    fleet = machines(
+        view("cuda1", warm=("other",)), view("m1", warm=(MODEL,), queue=(WorkItem(MODEL, "txt2img", 10, REF),))
+    )
     demand = Demand()
     for i in range(20):  # 'other' is in demand: jobs of 100 s (speed-1.0 seconds)
         demand.add("other", 100.0, now_s=float(i))
@@ -348,7 +357,9 @@ def test_r4_a_model_present_but_not_advertised_is_refused_when_pinned_and_skippe
         place(request("m1"), fleet)
     assert refused.value.reason == "model_not_verified" and "homefleet sync m1 tiny-sd" in refused.value.message
     placed = place(request("auto"), fleet)
-    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {"m1": "model_not_verified"}
+    assert placed.machine == "server" and {m: r for m, (r, _) in placed.excluded.items()} == {
+        "m1": "model_not_verified"
+    }
 
 
 def test_r10_video_is_priced_by_its_frames() -> None:
@@ -394,11 +405,11 @@ def test_r12_grouped_pressure_equals_the_per_machine_definition(seed: int) -> No
     rng = random.Random(seed)
     speed = {f"m{i}": rng.choice([0.45, 0.7, 1.0, 3.0]) for i in range(rng.randint(1, 40))}
     models = [f"model{i}" for i in range(rng.randint(1, 6))]
-    names = list(speed) + ["gone"]  # a machine able in the able sets but not online (no speed)
+    names = [*speed, "gone"]  # a machine able in the able sets but not online (no speed)
     able = {m: frozenset(rng.sample(names, rng.randint(0, len(names)))) for m in models}
     demand = Demand()
     for i in range(rng.randint(0, 60)):
-        model = rng.choice(models + ["unknown"])
+        model = rng.choice([*models, "unknown"])
         name = pinned_class(model, rng.choice(names)) if rng.random() < 0.3 else model
         demand.add(name, rng.uniform(1, 400), now_s=float(i))
     rates = demand.rates(60.0)

@@ -150,7 +150,7 @@ def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(t
 def test_r1_a_component_with_only_other_precision_weights_is_refused_by_name(tmp_path: Path) -> None:
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
     _write(tmp_path, "unet/config.json", "unet/diffusion_pytorch_model.fp16.safetensors")
-    with pytest.raises(Rejected, match="component.s. unet hold weights but none a full-precision") as refused:
+    with pytest.raises(Rejected, match=r"component.s. unet hold weights but none a full-precision") as refused:
         select_files(tmp_path, "fp32")
     assert refused.value.reason == "no_loadable_weights"
     assert "unet/diffusion_pytorch_model.fp16.safetensors" in select_files(tmp_path, "fp16").taken
@@ -160,7 +160,7 @@ def test_r4_a_broken_link_among_the_files_taken_is_refused_by_name(tmp_path: Pat
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
     _write(tmp_path, "unet/config.json")
     os.symlink("../../blobs/0123", tmp_path / "unet" / "diffusion_pytorch_model.safetensors")
-    with pytest.raises(Rejected, match="unet/diffusion_pytorch_model.safetensors is a broken link") as refused:
+    with pytest.raises(Rejected, match=r"unet/diffusion_pytorch_model.safetensors is a broken link") as refused:
         select_files(tmp_path, "fp32")
     assert refused.value.reason == "incomplete_model"
 

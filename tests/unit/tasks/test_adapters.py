@@ -39,5 +39,5 @@ def test_provenance_names_each_adapter_with_its_scale_and_digests_in_order() -> 
 
 
 def test_an_adapter_without_safetensors_file_names_it() -> None:
-    with pytest.raises(ValueError, match="adapter a has no .safetensors file in its manifest"):
+    with pytest.raises(ValueError, match=r"adapter a has no .safetensors file in its manifest"):
         weight_name(manifest("a", "README.md", "sub/x.safetensors"))

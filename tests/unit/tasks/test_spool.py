@@ -31,7 +31,9 @@ def test_only_a_full_disk_a_busy_or_failing_server_is_retried(error: HomefleetEr
     assert retriable(error) is expected
 
 
-def test_uploads_are_retried_with_doubling_pauses_then_the_last_error_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uploads_are_retried_with_doubling_pauses_then_the_last_error_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pauses: list[float] = []
     monkeypatch.setattr("tasks.spool.time.sleep", pauses.append)
     calls = []

@@ -21,11 +21,11 @@ def renewal_threads() -> list[threading.Thread]:
 @pytest.mark.parametrize("outcome", ["returns", "raises"])
 def test_r6_renewal_reports_while_the_block_runs_and_stops_when_it_ends(outcome: str) -> None:
     reports: list[float] = []
-    with pytest.raises(RuntimeError) if outcome == "raises" else nullcontext():
-        with Renewal(lambda: reports.append(time.monotonic()), interval_s=0.05):
-            time.sleep(0.5)  # one long call (a hash) that reports nothing itself
-            if outcome == "raises":
-                raise RuntimeError("the copy failed")
+    raising = pytest.raises(RuntimeError) if outcome == "raises" else nullcontext()
+    with raising, Renewal(lambda: reports.append(time.monotonic()), interval_s=0.05):
+        time.sleep(0.5)  # one long call (a hash) that reports nothing itself
+        if outcome == "raises":
+            raise RuntimeError("the copy failed")
     assert len(reports) >= 3
     assert not renewal_threads()
     count = len(reports)

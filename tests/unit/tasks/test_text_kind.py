@@ -45,13 +45,22 @@ def test_the_runner_generates_exactly_max_new_tokens_and_reports_each(family: st
     steps: list[tuple[int, int]] = []
     texts: list[str] = []
     params: dict[str, Any] = {"prompt": "hello wörld", "seed": 3, "max_new_tokens": 6}
-    out = runner("text")(model, params, lambda step, total, text, **_: steps.append((step, total)) or texts.append(text), {}, {}, family=family)
+    out = runner("text")(
+        model,
+        params,
+        lambda step, total, text, **_: steps.append((step, total)) or texts.append(text),
+        {},
+        {},
+        family=family,
+    )
     again = runner("text")(model, params, lambda *_, **__: None, {}, {}, family=family)
     usage = out.record["usage"]
     assert out.media_type == "text/plain" and out.data == again.data
     out.data.decode("utf-8")
     assert usage["prompt_tokens"] == len(prompt_ids(model.tokenizer, "hello wörld")) == len("hello wörld".encode())
-    assert usage["completion_tokens"] <= 6 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert (
+        usage["completion_tokens"] <= 6 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    )
     assert usage["finish_reason"] in ("stop", "length")
     assert steps[-1] == (usage["completion_tokens"], 6) and [s for s, _ in steps] == list(range(1, len(steps) + 1))
     assert texts[-1] == out.data.decode("utf-8")  # the text so far, with each token's report (streaming)
@@ -82,10 +91,22 @@ def test_sampling_reads_every_param_of_the_text_spec(tiny_text_dir: Path, monkey
     real = type(spec).args
     monkeypatch.setattr(type(spec), "args", lambda self, params: seen.append(real(self, params)) or seen[-1])
     model = load_pipeline(folder_of(tiny_text_dir, "llama"))
-    a = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
-                       {}, {}, family="llama")
-    b = runner("text")(model, {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8}, lambda *_, **__: None,
-                       {}, {}, family="llama")
+    a = runner("text")(
+        model,
+        {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8},
+        lambda *_, **__: None,
+        {},
+        {},
+        family="llama",
+    )
+    b = runner("text")(
+        model,
+        {"prompt": "x", "seed": 1, "temperature": 1.0, "max_new_tokens": 8},
+        lambda *_, **__: None,
+        {},
+        {},
+        family="llama",
+    )
     assert a.data == b.data  # seeded sampling
     assert seen[0].read == set(spec.params)
 
@@ -134,8 +155,14 @@ def test_a_grammar_makes_even_random_weights_write_valid_output(family: str, tin
                            lambda *_, **__: None, {}, {}, family=family)
     assert re.fullmatch(REGEX, regex.data.decode("utf-8")), regex.data
     before = constraints.compile_cache_info()
-    runner("text")(model, {"prompt": "x", "seed": 1, "max_new_tokens": 200, "grammar": {"type": "json", "value": SCHEMA}},
-                   lambda *_, **__: None, {}, {}, family=family)
+    runner("text")(
+        model,
+        {"prompt": "x", "seed": 1, "max_new_tokens": 200, "grammar": {"type": "json", "value": SCHEMA}},
+        lambda *_, **__: None,
+        {},
+        {},
+        family=family,
+    )
     after = constraints.compile_cache_info()
     assert after.hits == before.hits + 1 and after.misses == before.misses
 

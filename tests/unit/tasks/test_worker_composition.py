@@ -37,13 +37,23 @@ def test_the_scan_sees_a_construction() -> None:
     """The scan is not blind: it finds a direct call, and for_worker's own is in its home."""
     assert _constructions(ROOT / "tests/integration/tasks/test_claim_during_outage.py")
     home = ast.parse((ROOT / "tasks/server_client.py").read_text())
-    for_worker = next(node for node in ast.walk(home) if isinstance(node, ast.FunctionDef) and node.name == "for_worker")
-    assert any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "cls" for n in ast.walk(for_worker))
+    for_worker = next(
+        node for node in ast.walk(home) if isinstance(node, ast.FunctionDef) and node.name == "for_worker"
+    )
+    assert any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "cls" for n in ast.walk(for_worker)
+    )
 
 
 def test_for_worker_sends_the_machine_its_token_and_boot(tmp_path: Path) -> None:
-    settings = WorkerSettings(machine="m1", server_url="http://127.0.0.1:9/", worker_token="t" * 32,
-                              http_timeout_s=7.0, server_retry_s=45.0, models_dir=tmp_path)
+    settings = WorkerSettings(
+        machine="m1",
+        server_url="http://127.0.0.1:9/",
+        worker_token="t" * 32,
+        http_timeout_s=7.0,
+        server_retry_s=45.0,
+        models_dir=tmp_path,
+    )
     patient = ServerClient.for_worker(settings, "boot-1", patient=True)
     once = ServerClient.for_worker(settings)
     try:

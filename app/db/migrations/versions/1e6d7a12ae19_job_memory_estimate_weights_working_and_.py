@@ -8,9 +8,7 @@ Create Date: 2026-11-30 07:35:42.023052
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
 from alembic import op
-
 
 revision = '1e6d7a12ae19'
 down_revision = '41151008d433'

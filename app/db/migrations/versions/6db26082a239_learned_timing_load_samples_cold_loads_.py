@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = '6db26082a239'
 down_revision = 'f571e1349ec7'
 branch_labels = None

@@ -10,9 +10,8 @@ from __future__ import annotations
 import uuid
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
-
 
 revision = 'b7c4e2f19a30'
 down_revision = '6db26082a239'

@@ -12,7 +12,7 @@ deliveries, written with the terminal transition and resumed by the server after
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = 'e5a1c7d93b20'

@@ -13,7 +13,7 @@ lock. Jobs journaled before have none (NULL) and count against no key.
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = 'e5a7c3d9b214'

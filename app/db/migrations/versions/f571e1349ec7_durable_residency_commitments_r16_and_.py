@@ -8,9 +8,8 @@ Create Date: 2026-11-30 07:35:43.575246
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
-
 
 revision = 'f571e1349ec7'
 down_revision = '1e6d7a12ae19'

@@ -13,7 +13,7 @@ Face cache snapshot, a single-file checkpoint or a LoRA file) and that file's di
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = 'f6b2d8e4a7c1'
