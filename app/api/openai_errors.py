@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from app.api.strict_json import printable
 from app.core.errors import HomefleetError
 
-OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions")
+OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions", "/v1/models")
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
 TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 424: "generation",

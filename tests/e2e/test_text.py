@@ -433,3 +433,25 @@ def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timing
     short, middle, long = (run_s("a" + " a" * words, 10) for words in (50, 100, 150))
     assert ten < short < middle < long
     assert long - middle == pytest.approx(middle - short, abs=2.5e-3)
+
+
+# --- what real clients send (docs/api.md, "OpenAI and Hugging Face routes") ---------------------------------------
+
+
+def test_openai_sdk_lists_and_retrieves_models(tfleet: TextFleet) -> None:
+    """``client.models.list()`` reads OpenAI's list shape; each model has OpenAI's fields and
+    Homefleet's own (kinds, params); ``models.retrieve`` one; an unknown id is a NotFoundError
+    with OpenAI's error body (param ``model``, code ``unknown_model``)."""
+    listed = {m.id: m for m in tfleet.client.models.list()}
+    assert set(listed) == {*MODELS, "tiny-sd"}
+    model = listed["tiny-qwen2"]
+    assert model.object == "model" and model.owned_by == "homefleet" and model.created > 1_600_000_000
+    assert model.model_extra["kinds"] == ["text"] and "max_new_tokens" in model.model_extra["params"]["text"]["params"]
+    assert listed["tiny-sd"].model_extra["family"] == "sd1"
+    one = tfleet.client.models.retrieve("tiny-sd")
+    assert one.id == "tiny-sd" and one.model_extra["kinds"] == listed["tiny-sd"].model_extra["kinds"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        tfleet.client.models.retrieve("no-such-model")
+    body = missing.value.body
+    assert isinstance(body, dict) and body["code"] == "unknown_model" and body["param"] == "model"
+    assert body["type"] == "not_found_error" and "'no-such-model' is not registered" in body["message"]
