@@ -455,3 +455,28 @@ def test_openai_sdk_lists_and_retrieves_models(tfleet: TextFleet) -> None:
     body = missing.value.body
     assert isinstance(body, dict) and body["code"] == "unknown_model" and body["param"] == "model"
     assert body["type"] == "not_found_error" and "'no-such-model' is not registered" in body["message"]
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json", "value": SCHEMA},  # huggingface_hub's and TGI's own form
+    {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},  # rewritten by the client
+])
+def test_hub_chat_completion_with_a_schema_is_constrained_by_it(tfleet: TextFleet,
+                                                                 response_format: dict[str, Any]) -> None:
+    """``InferenceClient.chat_completion(response_format=...)``: TGI's ``json`` form was a 422 and
+    the ``json_schema`` form (which the client sends as ``{"type": "json_object", "value":
+    schema}``) ran unconstrained; both now carry the schema to the job, and a random-weight
+    model's answer validates. A form that cannot be honoured is a 422 naming the field."""
+    done = hub(tfleet).chat_completion([{"role": "user", "content": "person"}], model="tiny-llama", max_tokens=160,
+                                       response_format=response_format, temperature=1.0, seed=5,
+                                       extra_body={"target": MACHINE})
+    job = latest_job(tfleet)
+    assert job.params["grammar"] == {"type": "json", "value": SCHEMA}
+    content = done.choices[0].message.content
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert done.choices[0].finish_reason == "stop" and content == Path(job.result_path).read_text("utf-8")
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        hub(tfleet).chat_completion([{"role": "user", "content": "x"}], model="tiny-llama", max_tokens=4,
+                                    response_format={"type": "json_object", "schema": SCHEMA})
+    assert refused.value.response.status_code == 422
+    assert refused.value.response.json()["error"]["param"] == "response_format.schema"

@@ -21,8 +21,10 @@ token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`
 ``usage``, then ``data: [DONE]``. The last text comes from the verified result (R2). A client
 that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
 
-``response_format`` constrains the output (``json_schema``: its ``schema``; ``json_object``: any
-JSON object), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
+``response_format`` constrains the output in every form the SDKs send (OpenAI's ``json_schema``
+and ``json_object``, huggingface_hub's and TGI's ``json_object`` / ``json`` with ``value``,
+``regex``: :func:`app.core.constraints.from_response_format`; one it cannot honour is a 422
+naming the field, never dropped), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
 not compile is a 422 ``invalid_grammar`` before any device.
 
 The helpers here (:func:`run_text_job`, :func:`submit_text_job`, :func:`follow`) are the one
@@ -88,8 +90,9 @@ class Sampling(RequestBody):
     stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
     response_format: dict[str, Any] | None = Field(
-        None, description='{"type": "json_schema", "json_schema": {"schema": {...}}}, {"type": "json_object"} or '
-                          '{"type": "text"}: the output is constrained while decoding (llguidance)')
+        None, description='{"type": "json_schema", "json_schema": {"name", "schema": {...}}}, {"type": "json_object"}'
+                          ' (optionally with its schema as "value"), TGI\'s {"type": "json" | "regex", "value": ...} '
+                          'or {"type": "text"}: the output is constrained while decoding (llguidance)')
 
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
@@ -107,9 +110,9 @@ class Sampling(RequestBody):
         params: dict[str, Any] = {}
         try:
             grammar = constraints.from_response_format(self.response_format)
-        except ValueError as error:
-            raise Rejected(f"`response_format` {error}", reason="invalid_response_format",
-                           param="response_format") from error
+        except constraints.FormatRefused as error:
+            field = f"response_format{error.field}"
+            raise Rejected(f"`{field}` {error}", reason="invalid_response_format", param=field) from error
         if grammar is not None:
             params["grammar"] = grammar
         new = max_tokens if max_tokens is not None else self.max_tokens

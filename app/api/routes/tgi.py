@@ -11,7 +11,8 @@ Homefleet's extra top-level fields ``model`` (a registered text model; default: 
 Auto places what they send; the OpenAI routes default to the server's own machine as the image
 routes do). As in TGI, sampling is on when ``do_sample`` is true or
 ``temperature`` (not 1) or ``top_p`` (below 1) is given; else decoding is greedy.
-``grammar`` (``{"type": "json", "value": <JSON schema>}`` or ``{"type": "regex", "value": ...}``)
+``grammar`` (``{"type": "json", "value": <JSON schema>}``, ``{"type": "regex", "value": ...}`` or
+``{"type": "json_schema", "value": {"name", "schema"}}``)
 constrains the output (app/core/constraints.py); one that does not compile is a 422. A TGI
 parameter Homefleet does not run (``stop``, ``top_k``, ``repetition_penalty``…) is refused when
 set, not ignored.
@@ -49,6 +50,7 @@ from app.api.routes.text import (
     usage_of,
 )
 from app.api.strict_json import StrictJsonRoute
+from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
 from app.core.request_body import RequestBody
@@ -82,7 +84,8 @@ class Parameters(RequestBody):
     details: bool = Field(False, description="answer details: finish reason, token counts, tokens, seed")
     return_full_text: bool | None = Field(False, description="prepend the prompt to generated_text")
     grammar: dict[str, Any] | None = Field(
-        None, description='{"type": "json", "value": <JSON schema>} or {"type": "regex", "value": "<regex>"}')
+        None, description='{"type": "json", "value": <JSON schema>}, {"type": "regex", "value": "<regex>"} or '
+                          '{"type": "json_schema", "value": {"name", "schema"}}')
 
     def sampling(self) -> bool:
         """Whether decoding samples (TGI's rule: ``do_sample``, or a temperature or top_p that changes the distribution)."""
@@ -111,8 +114,13 @@ class Parameters(RequestBody):
             params["temperature"] = 0.0
         if self.seed is not None:
             params["seed"] = self.seed
-        if self.grammar is not None:
-            params["grammar"] = self.grammar
+        try:
+            grammar = constraints.from_tgi_grammar(self.grammar)
+        except constraints.FormatRefused as error:
+            field = f"parameters.grammar{error.field}"
+            raise Rejected(f"`{field}` {error}", reason="invalid_grammar", param=field) from error
+        if grammar is not None:
+            params["grammar"] = grammar
         return params
 
 
