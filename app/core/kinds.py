@@ -96,8 +96,10 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         # causal LMs. `prompt` is the text fed to the model (a chat request's messages
         # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
         # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
-        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
-        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None},
+        # `stop`: sequences that end the text, cut before the first (app/core/textgen.py stop_sequences).
+        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
+        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None,
+                  "stop": None},
         numbers=(NumberRange("max_new_tokens", 1, MAX_NEW_TOKENS, integer=True), NumberRange("temperature", 0.0, 2.0),
                  NumberRange("top_p", 0.001, 1.0)),
         prompt_required=True,

@@ -44,6 +44,7 @@ from app.core.textgen import (
     max_positions,
     model_config,
     prompt_ids,
+    stop_sequences,
 )
 from app.store.files import InputStore, StoredFile
 from app.db.tables import ModelRecord
@@ -152,6 +153,11 @@ class Validator:
             tokenizer = self.tokenizers.tokenizer(model_id)
             tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
+            if "stop" in params:  # journaled as a list (a string is one sequence)
+                try:
+                    params["stop"] = stop_sequences(params["stop"])
+                except ValueError as error:
+                    raise Rejected(f"params.stop {error}", reason="invalid_stop", param="params.stop") from error
             return job_request(model_id, record.family, kind, target, params, prompt_tokens=tokens)
         text_model = params.get("expand_prompt") if kind == "txt2img" else None
         if text_model is not None and not (isinstance(text_model, str) and 1 <= len(text_model) <= MAX_MODEL_ID):

@@ -480,3 +480,87 @@ def test_hub_chat_completion_with_a_schema_is_constrained_by_it(tfleet: TextFlee
                                     response_format={"type": "json_object", "schema": SCHEMA})
     assert refused.value.response.status_code == 422
     assert refused.value.response.json()["error"]["param"] == "response_format.schema"
+
+
+def stop_of(tfleet: TextFleet, model: str, prompt: str, tokens: int) -> tuple[str, str]:
+    """A stop sequence the sampled continuation of ``prompt`` (seed :data:`STOP_SEED`) will
+    write after its first characters, and that text: tiny random weights write what they write,
+    so the test reads it first (the same seed writes the same text again)."""
+    whole = tfleet.client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=1.0,
+                                             seed=STOP_SEED, extra_body={"target": MACHINE}).choices[0].text
+    for at in range(max(1, len(whole) // 3), len(whole) - 2):
+        stop = whole[at:at + 2]
+        if whole.find(stop) == at and stop.strip():
+            return stop, whole
+    raise AssertionError(f"no stop sequence found in {whole!r}")
+
+
+STOP_SEED = 12
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_stop_cuts_the_text_before_the_sequence(tfleet: TextFleet, stream: bool) -> None:
+    """``stop`` ends generation once the decoded text holds a sequence; the answer (streamed or
+    not) is the text before it, ``finish_reason`` ``stop``; the job's verified result is the cut
+    text and it generated fewer tokens than the limit."""
+    stop, whole = stop_of(tfleet, "tiny-llama", "once upon", 30)
+    expected = whole[: whole.find(stop)]
+    if stream:
+        chunks = list(tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30,
+                                                       stop=[stop, "never-written"], stream=True, temperature=1.0,
+                                                       seed=STOP_SEED,
+                                                       extra_body={"target": MACHINE}))
+        text = "".join(c.choices[0].text for c in chunks)
+        finish, job_id = chunks[-1].choices[0].finish_reason, chunks[-1].model_extra["job_id"]
+    else:
+        done = tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30, stop=stop,
+                                                temperature=1.0, seed=STOP_SEED, extra_body={"target": MACHINE})
+        text, finish, job_id = done.choices[0].text, done.choices[0].finish_reason, done.model_extra["job_id"]
+        assert done.usage is not None and done.usage.completion_tokens < 30
+    job = tfleet.ctx.journal.get(job_id)
+    assert text == expected and finish == "stop" and stop not in text
+    assert Path(job.result_path).read_text("utf-8") == expected and job.provenance["usage"]["stop_sequence"] == stop
+    assert job.params["stop"] == ([stop, "never-written"] if stream else [stop])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) -> None:
+    """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled), their texts the
+    jobs' verified results; the usage sums both."""
+    messages = [{"role": "user", "content": "hi"}]
+    if stream:
+        chunks = list(tfleet.client.chat.completions.create(
+            model="tiny-qwen2", messages=messages, max_completion_tokens=6, n=2, seed=40, temperature=1.0,
+            stream=True, extra_body={"target": MACHINE}))
+        texts = {0: "", 1: ""}
+        for c in chunks:
+            for choice in c.choices:
+                texts[choice.index] += choice.delta.content or ""
+        job_ids = [next(c.model_extra["job_id"] for c in chunks if c.choices and c.choices[0].index == i)
+                   for i in (0, 1)]
+        usage = chunks[-1].usage
+        assert chunks[-1].choices == [] and sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
+    else:
+        done = tfleet.client.chat.completions.create(model="tiny-qwen2", messages=messages, max_completion_tokens=6,
+                                                     n=2, seed=40, temperature=1.0, extra_body={"target": MACHINE})
+        assert [c.index for c in done.choices] == [0, 1]
+        texts = {c.index: c.message.content for c in done.choices}
+        job_ids, usage = done.model_extra["job_ids"], done.usage
+    jobs = [tfleet.ctx.journal.get(job_id) for job_id in job_ids]
+    assert len(set(job_ids)) == 2 and [job.params["seed"] for job in jobs] == [40, 41]
+    assert [texts[i] for i in (0, 1)] == [Path(job.result_path).read_text("utf-8") for job in jobs]
+    assert usage is not None and usage.completion_tokens == sum(j.provenance["usage"]["completion_tokens"] for j in jobs)
+    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+        tfleet.client.completions.create(model="tiny-qwen2", prompt="x", n=9)
+    assert too_many.value.body["param"] == "n"
+
+
+def test_tgi_stop_through_hub_text_generation(tfleet: TextFleet) -> None:
+    """``InferenceClient.text_generation(stop=[...])``: the text before the sequence,
+    TGI's ``stop_sequence`` finish reason."""
+    stop, whole = stop_of(tfleet, "small-gpt2", "ab", 8)
+    out = hub(tfleet).text_generation("ab", max_new_tokens=8, stop=[stop], details=True, do_sample=True,
+                                      temperature=1.0, seed=STOP_SEED)
+    assert out.generated_text == whole[: whole.find(stop)]
+    assert out.details is not None and out.details.finish_reason == "stop_sequence"
+    assert latest_job(tfleet).params["stop"] == [stop]

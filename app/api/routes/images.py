@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -313,9 +314,11 @@ def default_model(ctx: ServerContext, kind: str) -> str:
 
 
 async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                   count: int, kind: str = "txt2img") -> list[Job]:
+                   count: int, kind: str = "txt2img", seed_step: bool = False) -> list[Job]:
     """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
     seen, take that call's jobs: C10) and wait until they have ended or ``call.answer_by``.
+    ``seed_step``: job i runs with ``params.seed + i`` when a seed is given (a text request's
+    ``n`` choices, each its own job; without a seed each draws its own).
 
     Raises:
         HomefleetError: the first submission was refused (nothing started).
@@ -333,7 +336,7 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                 raise JobFailed(f"the first request of this call submitted {len(ids)} of {count} jobs "
                                 f"({', '.join(ids)}); the others were refused", reason="partly_refused")
         else:
-            await submit_call(ctx, call, model, params, target, count, kind, ids)
+            await submit_call(ctx, call, model, params, target, count, kind, ids, seed_step)
         while True:
             jobs = [await to_thread.run_sync(ctx.journal.get, job_id) for job_id in ids]
             if all(job.state in ENDED for job in jobs):
@@ -372,15 +375,18 @@ async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
 
 
 async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                      count: int, kind: str, ids: list[str]) -> None:
+                      count: int, kind: str, ids: list[str], seed_step: bool = False) -> None:
     """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
     the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
     A call whose first submission is refused is forgotten. Raises what a submission raises."""
     await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
     try:
-        for _ in range(count):
-            submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(model, kind, dict(params), target,
-                                                                                 api_key_id=call.api_key_id))
+        for index in range(count):
+            each = dict(params)
+            if seed_step and isinstance(params.get("seed"), int):
+                each["seed"] = params["seed"] + index
+            submission = await to_thread.run_sync(partial(ctx.dispatcher.submit, model, kind, each, target,
+                                                          api_key_id=call.api_key_id))
             ids.append(submission.job.id)
             if len(ids) < count:
                 await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))

@@ -13,8 +13,10 @@ routes do). As in TGI, sampling is on when ``do_sample`` is true or
 ``temperature`` (not 1) or ``top_p`` (below 1) is given; else decoding is greedy.
 ``grammar`` (``{"type": "json", "value": <JSON schema>}``, ``{"type": "regex", "value": ...}`` or
 ``{"type": "json_schema", "value": {"name", "schema"}}``)
-constrains the output (app/core/constraints.py); one that does not compile is a 422. A TGI
-parameter Homefleet does not run (``stop``, ``top_k``, ``repetition_penalty``…) is refused when
+constrains the output (app/core/constraints.py); one that does not compile is a 422. ``stop``
+(up to 4 sequences) ends the text before the first one generated (``finish_reason``
+``stop_sequence``; the stream's token events are the tokens generated, its ``generated_text``
+the cut text). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is refused when
 set, not ignored.
 
 Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
@@ -55,19 +57,27 @@ from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
 from app.core.request_body import RequestBody
 from app.core.states import JobState
-from app.core.textgen import TokenDecoder
+from app.core.textgen import MAX_STOP_SEQUENCES, TokenDecoder, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
 
-UNSUPPORTED = ("stop", "top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
+UNSUPPORTED = ("top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
                "best_of", "top_n_tokens", "decoder_input_details", "adapter_id")
 """TGI parameters Homefleet does not run: refused when set (not null, false or empty)."""
 
 FINISH_REASONS = {"stop": "eos_token", "length": "length"}
-"""The text kind's finish reason -> TGI's."""
+"""The text kind's finish reason -> TGI's (a stop sequence's: ``stop_sequence``, :func:`finish_reason`)."""
+
+
+def finish_reason(usage: dict[str, Any]) -> str:
+    """TGI's finish reason of a text job's usage: ``stop_sequence`` when a ``stop`` sequence
+    ended it, else :data:`FINISH_REASONS`'s."""
+    if usage.get("stop_sequence") is not None:
+        return "stop_sequence"
+    return FINISH_REASONS.get(usage.get("finish_reason", "length"), "length")
 
 
 class Parameters(RequestBody):
@@ -83,6 +93,8 @@ class Parameters(RequestBody):
     do_sample: bool = Field(False, description="sample (seeded); false: greedy unless temperature or top_p is set")
     details: bool = Field(False, description="answer details: finish reason, token counts, tokens, seed")
     return_full_text: bool | None = Field(False, description="prepend the prompt to generated_text")
+    stop: list[str] | None = Field(None, description=f"up to {MAX_STOP_SEQUENCES} sequences: the text ends before "
+                                                    "the first one generated (finish_reason stop_sequence)")
     grammar: dict[str, Any] | None = Field(
         None, description='{"type": "json", "value": <JSON schema>}, {"type": "regex", "value": "<regex>"} or '
                           '{"type": "json_schema", "value": {"name", "schema"}}')
@@ -114,6 +126,12 @@ class Parameters(RequestBody):
             params["temperature"] = 0.0
         if self.seed is not None:
             params["seed"] = self.seed
+        try:
+            stops = stop_sequences(self.stop)
+        except ValueError as error:
+            raise Rejected(f"`parameters.stop` {error}", reason="invalid_stop", param="parameters.stop") from error
+        if stops:
+            params["stop"] = stops
         try:
             grammar = constraints.from_tgi_grammar(self.grammar)
         except constraints.FormatRefused as error:
@@ -166,7 +184,7 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
         decoder = TokenDecoder(tokenizer)
         entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
                    for i, token in enumerate(ids)]
-        answer["details"] = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+        answer["details"] = {"finish_reason": finish_reason(usage),
                              "generated_tokens": int(usage.get("completion_tokens", len(ids))), "seed": seed_of(job),
                              "prefill": [], "tokens": entries}
     answer["job_id"] = job.id
@@ -210,7 +228,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
             last = ids[-1] if ids else -1
             rest = final[len(decoder.sent):] if final.startswith(decoder.sent) else ""  # the verified text's end (R2)
             sent += 1
-            details = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+            details = {"finish_reason": finish_reason(usage),
                        "generated_tokens": int(usage.get("completion_tokens", len(ids))),
                        "input_length": int(usage.get("prompt_tokens", 0)), "seed": seed_of(job)}
             token = {"id": last, "text": rest, "logprob": logprobs[-1] if logprobs else 0.0,
