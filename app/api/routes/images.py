@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import math
 import time
@@ -56,7 +57,7 @@ from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
-from app.core.kinds import BATCH_PARAM
+from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
@@ -149,10 +150,19 @@ class ImageCall:
                    api_key_id=request_key_id(request))
 
 
-class ImageGeneration(RequestBody):
-    """``POST /v1/images/generations`` (OpenAI's fields; others such as ``quality`` are ignored)."""
+OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
+"""OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md)."""
+OPENAI_MAPPED = ("prompt", "n", "width", "height", "image", "mask")
+"""Job params the OpenAI image routes set from OpenAI's own fields (``size`` -> width, height;
+the upload): not taken again as extras."""
 
-    model_config = ConfigDict(extra="ignore")
+
+class ImageGeneration(RequestBody):
+    """``POST /v1/images/generations``: OpenAI's fields (:data:`OPENAI_IGNORED` ones accepted,
+    not acted on); any other field is an extra (the SDK's ``extra_body``), a job param of
+    txt2img on the model's family or refused (:func:`extra_params`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
@@ -271,6 +281,35 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
             "follow them with GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
             reason="internal_error",
         ), job_ids) from error
+
+
+def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, Any]) -> dict[str, Any]:
+    """The job params given as extras (the SDK's ``extra_body``) on an OpenAI image route:
+    each a param ``kind`` takes on the model's family (``seed``, ``guidance_scale``,
+    ``adapters``... as ``POST /v1/jobs`` takes them; their values are checked with the job's),
+    never one set from OpenAI's own fields (:data:`OPENAI_MAPPED`); :data:`OPENAI_IGNORED`
+    fields are dropped.
+
+    Raises:
+        Rejected: reason ``unknown_param`` naming the first extra that is neither (param: its
+            name as sent), listing the ones the kind takes here.
+    """
+    try:
+        family = ctx.registry.get(model).family
+    except NotFound:
+        family = ""  # refused by the submission itself (404 unknown_model), journaled
+    kind_spec = family_kind_spec(family, kind)
+    taken = [name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted
+             and name not in OPENAI_MAPPED]
+    params: dict[str, Any] = {}
+    for name, value in extras.items():
+        if name in OPENAI_IGNORED:
+            continue
+        if name not in taken:
+            raise Rejected(f"`{name}` is not a field of this route nor a param of kind {kind}; extras it takes: "
+                           f"{', '.join(taken)}", reason="unknown_param", param=name)
+        params[name] = value
+    return params
 
 
 def parse_size(size: str | None) -> dict[str, int]:
@@ -404,7 +443,8 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
     model = body.model or await to_thread.run_sync(default_model, ctx, "txt2img")
-    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
+    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size),
+                              **await to_thread.run_sync(extra_params, ctx, model, "txt2img", body.model_extra or {})}
     if body.steps is not None:
         params["steps"] = body.steps
     if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs'
@@ -434,7 +474,8 @@ async def edit_images(
 ) -> dict[str, Any]:
     """OpenAI ``images.edit``: the upload is checked (bytes, media type by content; R22) and
     stored as an input (``POST /v1/files``'s store), then one ``edit`` job per image runs on
-    it. ``size`` is accepted for compatibility; an edit keeps the input's size. 409
+    it (image i seeded ``seed + i`` when a ``seed`` extra is given). Extra form fields (the SDK's
+    ``extra_body``) are edit params or refused (:func:`extra_params`). ``size`` is accepted for compatibility; an edit keeps the input's size. 409
     ``job_pending`` as for generations (C10)."""
     started = time.monotonic()
     model_id = model or await to_thread.run_sync(default_model, ctx, "edit")
@@ -444,13 +485,32 @@ async def edit_images(
     check_upload(image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits)
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
+    extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(await request.form()))
     stored = await to_thread.run_sync(ctx.inputs.add, data)
     fields = {"image": stored.id, "prompt": prompt, "model": model, "n": n, "size": size,
-              "response_format": response_format}  # the call as asked: the file by its digest, not the multipart bytes
+              "response_format": response_format, **extras}  # the call as asked: the file by its digest
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
-    jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
+    jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id, **extras}, SERVER, n,
+                          kind="edit", seed_step=True)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()), "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs]}
+
+
+EDIT_FIELDS = ("image", "prompt", "model", "n", "size", "response_format")
+
+
+def form_extras(form: Any) -> dict[str, Any]:
+    """The extra fields of an edit's multipart form (the SDK's ``extra_body``), each parsed as
+    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text."""
+    extras: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if name in EDIT_FIELDS or not isinstance(value, str):
+            continue
+        try:
+            extras[name] = json.loads(value)
+        except ValueError:
+            extras[name] = value
+    return extras
 
 
 def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,

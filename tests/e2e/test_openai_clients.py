@@ -1,0 +1,74 @@
+"""What real clients send, through the official ``openai`` SDK against the session's running
+fleet (real API process, real ``celery worker`` processes, tiny pipelines): Homefleet params
+given as the SDK's ``extra_body`` on the image routes are honoured or refused, never ignored
+(R22); errors name the field the client sent (docs/api.md, "OpenAI and Hugging Face routes")."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import openai
+import pytest
+from PIL import Image
+
+from app.db.tables import Job
+from tests.e2e.conftest import RunningFleet
+from tests.helpers import TEST_API_KEY
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def sdk(fleet: RunningFleet) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def jobs_with_prompt(fleet: RunningFleet, prompt: str) -> list[Job]:
+    return [job for job in fleet.ctx.journal.list() if job.params.get("prompt") == prompt]
+
+
+def pixels(b64: str | None) -> bytes:
+    assert b64 is not None
+    return Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB").tobytes()
+
+
+def test_image_extras_are_job_params_and_an_unknown_one_is_refused(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
+    """``extra_body={"seed": 11, "guidance_scale": 3}`` runs with them (journaled): the same seed
+    twice gives identical pixels, another seed other pixels; a misspelt ``stepz`` is a 422
+    naming it, before any job."""
+    def generate(seed: int) -> bytes:
+        done = sdk.images.generate(model=fleet.model, prompt="extras seeded", size="64x64",  # type: ignore[arg-type]
+                                   extra_body={"seed": seed, "steps": 2, "guidance_scale": 3.0, "target": "m1"})
+        return pixels(done.data[0].b64_json if done.data else None)
+
+    first, again, other = generate(11), generate(11), generate(12)
+    assert first == again and first != other
+    jobs = jobs_with_prompt(fleet, "extras seeded")
+    assert [(job.params["seed"], job.params["guidance_scale"], job.state) for job in jobs] == [
+        (11, 3.0, "succeeded"), (11, 3.0, "succeeded"), (12, 3.0, "succeeded")]
+    with pytest.raises(openai.UnprocessableEntityError) as misspelt:
+        sdk.images.generate(model=fleet.model, prompt="extras misspelt", size="64x64",  # type: ignore[arg-type]
+                            extra_body={"stepz": 2})
+    body = misspelt.value.body
+    assert isinstance(body, dict) and body["param"] == "stepz" and body["code"] == "unknown_param"
+    assert "`stepz`" in body["message"] and "guidance_scale" in body["message"]
+    assert jobs_with_prompt(fleet, "extras misspelt") == []
+    edited = sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"),
+                             prompt="extras edit seeded", extra_body={"seed": 5, "steps": 1})
+    assert edited.data and edited.data[0].b64_json
+    [edit] = jobs_with_prompt(fleet, "extras edit seeded")  # multipart extras: parsed as JSON, journaled
+    assert (edit.params["seed"], edit.params["steps"], edit.state) == (5, 1, "succeeded")
+    with pytest.raises(openai.UnprocessableEntityError) as edit_extra:
+        sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"), prompt="extras edit",
+                        extra_body={"stepz": "2"})
+    assert isinstance(edit_extra.value.body, dict) and edit_extra.value.body["param"] == "stepz"
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (40, 90, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
