@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.core.errors import Conflict, HomefleetError, Rejected
+from app.core.errors import HomefleetError, JobPending, Rejected
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.jobs.dispatch import Dispatcher, Submission
@@ -76,7 +76,7 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
             a registered text model (``invalid_expand_prompt``), the webhook refused
             (``invalid_webhook_url``), or the image request refused (its own reason) — each
             before any job.
-        Conflict: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it).
+        JobPending: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it in ``job_ids``).
         ExpansionFailed: the text job ended without a result.
     """
     if "expanded_by" in params:
@@ -104,8 +104,8 @@ def submit_expanded(dispatcher: Dispatcher, model_id: str, params: dict[str, Any
     job = text.job
     while job.state not in ENDED:
         if time.monotonic() >= deadline:
-            raise Conflict(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
-                           "(images_wait_s); it keeps running: submit the image again once it has", reason="job_pending")
+            raise JobPending(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
+                             "(images_wait_s); it keeps running: submit the image again once it has", [job.id])
         time.sleep(POLL_S)
         job = dispatcher.journal.get(job.id)
     if job.state != JobState.succeeded or job.result_path is None:

@@ -72,3 +72,18 @@ def png(width: int, height: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (40, 90, 200)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
+    """``size`` becomes the job's width and height: a side that is not a multiple of 8 is refused
+    naming ``size`` (param and message), not ``width``; an extra's bad value names the extra."""
+    with pytest.raises(openai.UnprocessableEntityError) as odd:
+        sdk.images.generate(model=fleet.model, prompt="odd size", size="60x64")  # type: ignore[arg-type]
+    body = odd.value.body
+    assert isinstance(body, dict) and body["param"] == "size" and body["code"] == "invalid_width"
+    assert body["message"].startswith("`size` (width) must be a multiple of 8"), body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as guidance:
+        sdk.images.generate(model=fleet.model, prompt="odd guidance", size="64x64",  # type: ignore[arg-type]
+                            extra_body={"guidance_scale": 500})
+    assert isinstance(guidance.value.body, dict) and guidance.value.body["param"] == "guidance_scale"
+    assert "params." not in guidance.value.body["message"]

@@ -341,7 +341,7 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     with pytest.raises(openai.UnprocessableEntityError) as bad_regex:
         tfleet.client.completions.create(model="tiny-gpt2", prompt="x", max_tokens=4, extra_body={
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
-    assert "params.grammar does not compile" in bad_regex.value.message
+    assert "response_format does not compile" in bad_regex.value.message  # the client's field (R22)
     assert isinstance(bad_regex.value.body, dict) and bad_regex.value.body.get("code") == "invalid_grammar"
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
     refused = httpx.post(f"{url}/generate", headers=auth, json={
@@ -564,3 +564,24 @@ def test_tgi_stop_through_hub_text_generation(tfleet: TextFleet) -> None:
     assert out.generated_text == whole[: whole.find(stop)]
     assert out.details is not None and out.details.finish_reason == "stop_sequence"
     assert latest_job(tfleet).params["stop"] == [stop]
+
+
+def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:
+    """The job's ``max_new_tokens`` comes from ``max_tokens`` (``max_completion_tokens`` on a
+    chat): a refusal's ``param`` and message name that, not ``params.max_new_tokens``; TGI's
+    message names ``parameters.max_new_tokens``."""
+    with pytest.raises(openai.UnprocessableEntityError) as completion:
+        tfleet.client.completions.create(model="small-gpt2", prompt="x" * 8, max_tokens=5)
+    body = completion.value.body
+    assert isinstance(body, dict) and body["param"] == "max_tokens" and body["code"] == "invalid_max_new_tokens"
+    assert "lower max_tokens to at most 4" in body["message"] and "max_new_tokens" not in body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as chat:
+        tfleet.client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "x"}],
+                                              max_completion_tokens=5, extra_body={"response_format": {
+                                                  "type": "json", "value": {"type": "nonsense"}}})
+    assert isinstance(chat.value.body, dict) and chat.value.body["param"] == "response_format"
+    assert "params.grammar" not in chat.value.body["message"]
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    tgi = httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
+        "inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}})
+    assert tgi.status_code == 422 and tgi.json()["error"].startswith("parameters.grammar does not compile")

@@ -53,10 +53,11 @@ from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
 from app.api.auth import bearer_token, request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
-from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
+from app.core.errors import HomefleetError, JobPending, NotFound, Rejected
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
@@ -84,13 +85,6 @@ class JobFailed(HomefleetError):
     status_code = 500
     default_reason = "job_failed"
     job_failed = True
-
-
-class JobPending(Conflict):
-    """Raised when a request's jobs have not ended before it must be answered (the client's
-    announced timeout, or ``images_wait_s``): 409 naming the jobs, which keep running."""
-
-    default_reason = "job_pending"
 
 
 def reply_margin_s(timeout_s: float) -> float:
@@ -155,6 +149,11 @@ OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "outpu
 OPENAI_MAPPED = ("prompt", "n", "width", "height", "image", "mask")
 """Job params the OpenAI image routes set from OpenAI's own fields (``size`` -> width, height;
 the upload): not taken again as extras."""
+
+
+SIZE_FIELDS = {"width": "size", "height": "size", "size": "size", "n": "n"}
+"""Job params -> the OpenAI fields they come from (``size`` is ``WxH``): a refusal names the
+client's field (app/api/openai_errors.py ``renamed``); the other params keep their names."""
 
 
 class ImageGeneration(RequestBody):
@@ -386,7 +385,7 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                     f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
                     "client's announced timeout, or images_wait_s); they keep their places and run: do not "
                     "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
-                    "GET /v1/jobs/{id}/result")
+                    "GET /v1/jobs/{id}/result", ids)
             await asyncio.sleep(min(POLL_S, max(0.0, call.answer_by - time.monotonic())))
         for job in jobs:
             if job.state != JobState.succeeded:
@@ -409,7 +408,8 @@ async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
             return list(found.jobs)
         if time.monotonic() >= call.answer_by:
             raise JobPending(f"the first request of this call is still submitting its jobs "
-                             f"({', '.join(found.jobs) or 'none yet'}); do not resubmit")
+                             f"({', '.join(found.jobs) or 'none submitted yet'}); do not resubmit: they will be "
+                             "listed by GET /v1/jobs once submitted", list(found.jobs))
         await asyncio.sleep(POLL_S)
 
 
@@ -451,10 +451,11 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
         params["expand_prompt"] = body.expand_prompt
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
-    await to_thread.run_sync(check_count, ctx, model, body.n)
-    if body.n > 1:
-        params[BATCH_PARAM] = body.n  # one job, one pipeline call
-    jobs = await run_jobs(ctx, call, model, params, body.target, 1)
+    with client_fields({**{name: name for name in params}, **SIZE_FIELDS}):
+        await to_thread.run_sync(check_count, ctx, model, body.n)
+        if body.n > 1:
+            params[BATCH_PARAM] = body.n  # one job, one pipeline call
+        jobs = await run_jobs(ctx, call, model, params, body.target, 1)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
                 "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)

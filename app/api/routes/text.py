@@ -53,6 +53,7 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
 from app.api.auth import request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.routes.images import (
     MAX_PROMPT_CHARS,
@@ -75,6 +76,10 @@ from routing.placement import SERVER
 router = APIRouter(route_class=StrictJsonRoute)
 
 KIND = "text"
+CLIENT_FIELDS = {"max_new_tokens": "max_tokens", "prompt": "prompt", "grammar": "response_format", "stop": "stop",
+                 "seed": "seed", "temperature": "temperature", "top_p": "top_p"}
+"""A text job's params -> the OpenAI fields they come from: a refusal names the client's field
+(app/api/openai_errors.py ``renamed``); a chat's prompt is its ``messages``."""
 MAX_CHOICES = 8
 """A request's ``n`` at most: n text jobs, submitted as one call (C10: a retried request gets them all)."""
 UNSUPPORTED = ("logprobs", "tools", "suffix", "echo", "best_of")
@@ -330,9 +335,10 @@ async def completions(body: Completion, ctx: Context, request: Request) -> Any:
     the prompt exceeds the model's ``max_input_tokens`` or prompt + ``max_tokens`` its
     ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
     body.params()  # refuse unsupported fields before anything is submitted
-    if body.stream:
-        return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
-    answers = await run_text(ctx, request, body, body.prompt, chat=False)
+    with client_fields(CLIENT_FIELDS):
+        if body.stream:
+            return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
+        answers = await run_text(ctx, request, body, body.prompt, chat=False)
     return answer_of(answers, "text_completion", lambda text: {"text": text})
 
 
@@ -345,8 +351,11 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
-    if body.stream:
-        return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
-                                 api_key_id=request_key_id(request))
-    answers = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+    names = {**CLIENT_FIELDS, "prompt": "messages",
+             "max_new_tokens": "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"}
+    with client_fields(names):
+        if body.stream:
+            return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
+                                     api_key_id=request_key_id(request))
+        answers = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
     return answer_of(answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}})

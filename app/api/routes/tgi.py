@@ -41,6 +41,7 @@ from pydantic import ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from app.api.auth import request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
 from app.api.routes.text import (
@@ -67,6 +68,11 @@ router = APIRouter(route_class=StrictJsonRoute)
 UNSUPPORTED = ("top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
                "best_of", "top_n_tokens", "decoder_input_details", "adapter_id")
 """TGI parameters Homefleet does not run: refused when set (not null, false or empty)."""
+
+CLIENT_FIELDS = {"max_new_tokens": "parameters.max_new_tokens", "prompt": "inputs", "grammar": "parameters.grammar",
+                 "stop": "parameters.stop", "seed": "parameters.seed", "temperature": "parameters.temperature",
+                 "top_p": "parameters.top_p"}
+"""A text job's params -> TGI's fields: a refusal's message names the client's field."""
 
 FINISH_REASONS = {"stop": "eos_token", "length": "length"}
 """The text kind's finish reason -> TGI's (a stop sequence's: ``stop_sequence``, :func:`finish_reason`)."""
@@ -245,7 +251,8 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
     ``max_total_tokens``) or a grammar that does not compile; 409 ``job_pending``
     (``incomplete_generation``) when the wait bound ran out, as the image routes (C10)."""
     body.parameters.job_params(body.inputs)  # refuse unsupported parameters before anything is submitted
-    return JSONResponse(await generate_once(body, ctx, request))
+    with client_fields(CLIENT_FIELDS):
+        return JSONResponse(await generate_once(body, ctx, request))
 
 
 @router.post("/generate_stream", response_model=None, response_class=EventSourceResponse,
@@ -255,7 +262,8 @@ async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any
     """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
     ``generated_text`` and ``details``."""
     body.parameters.job_params(body.inputs)
-    return await generate_stream_answer(body, ctx, request_key_id(request))
+    with client_fields(CLIENT_FIELDS):
+        return await generate_stream_answer(body, ctx, request_key_id(request))
 
 
 @router.post("/", response_model=None,
@@ -265,6 +273,7 @@ async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any
     """TGI's root route (``huggingface_hub``'s ``text_generation`` calls it): :func:`generate`,
     or :func:`generate_stream` when ``stream`` is true."""
     body.parameters.job_params(body.inputs)
-    if body.stream:
-        return await generate_stream_answer(body, ctx, request_key_id(request))
-    return JSONResponse(await generate_once(body, ctx, request))
+    with client_fields(CLIENT_FIELDS):
+        if body.stream:
+            return await generate_stream_answer(body, ctx, request_key_id(request))
+        return JSONResponse(await generate_once(body, ctx, request))
