@@ -8,14 +8,16 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
 from PIL import Image
 
 from app.db.tables import Job
-from tests.e2e.conftest import RunningFleet
-from tests.helpers import TEST_API_KEY
+from app.devtools.train_shapes import MODEL_NAMES
+from tests.e2e.conftest import SHAPES_MACHINE, RunningFleet
+from tests.helpers import TEST_API_KEY, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -87,3 +89,30 @@ def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> N
                             extra_body={"guidance_scale": 500})
     assert isinstance(guidance.value.body, dict) and guidance.value.body["param"] == "guidance_scale"
     assert "params." not in guidance.value.body["message"]
+
+
+def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: RunningFleet, tiny_models_dir: Path) -> None:
+    """The shapes models were registered with ``--default guidance_scale=4`` (tests/e2e/conftest.py,
+    as the demo does): GET /v1/models shows it; a job without guidance runs with 4 (journaled
+    params and the result's provenance), the client's 7 wins. A default that is not a param of
+    the model's kinds, or out of range, is refused at registration naming it; nothing registered."""
+    model = MODEL_NAMES["filled"]
+    assert fleet.client.model(model)["defaults"] == {"guidance_scale": 4}
+    assert fleet.client.model(fleet.model)["defaults"] == {}
+    prompt = {"prompt": "a red circle on a black background", "steps": 2, "width": 32, "height": 32}
+    plain = fleet.client.submit(model, "txt2img", prompt, target=SHAPES_MACHINE)
+    own = fleet.client.submit(model, "txt2img", {**prompt, "guidance_scale": 7}, target=SHAPES_MACHINE)
+    for job, guidance in ((plain, 4), (own, 7)):
+        done = fleet.client.wait(job["id"], timeout_s=300)
+        assert done["state"] == "succeeded", done
+        record = fleet.ctx.journal.get(job["id"])
+        assert record.params["guidance_scale"] == guidance
+        assert record.provenance is not None and record.provenance["params"]["guidance_scale"] == guidance
+    env = {"HOMEFLEET_DATA_DIR": str(fleet.local.settings.data_dir),
+           "HOMEFLEET_FLEET_FILE": str(fleet.local.fleet_file), "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url}
+    for given, named in (("stepz=3", "'stepz' is not a param of txt2img"),
+                         ("guidance_scale=500", "guidance_scale must be a number from 0 to 50, got 500")):
+        refused = run_cli("models", "add", str(tiny_models_dir / fleet.model), "--id", "tiny-sd-bad-default",
+                          "--default", given, env=env, check=False)
+        assert refused.returncode != 0 and named in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert "tiny-sd-bad-default" not in {m["id"] for m in fleet.client.models()}

@@ -204,7 +204,8 @@ def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
     """One registered model (``client.models.retrieve(id)``): OpenAI's fields ``id``,
     ``object: "model"``, ``created`` (registration, Unix seconds), ``owned_by``, then
     Homefleet's: ``family``, ``kinds``, ``pipeline_class``, ``total_bytes``, ``precision``,
-    ``quantization``, ``weights_bytes`` and ``params`` (per kind it runs: ``params``, the param
+    ``quantization``, ``weights_bytes``, ``defaults`` (its own default job params, registered
+    with ``models add --default``; applied when a job does not set them) and ``params`` (per kind it runs: ``params``, the param
     names a submission may set, and ``inputs``, those naming an uploaded file id, from
     :func:`app.core.kinds.family_kind_spec`; the fleet page's Submit form reads it).
     404 ``unknown_model`` in OpenAI's error shape."""
@@ -218,7 +219,7 @@ def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
     return {"id": m.id, "object": "model", "created": int(created.timestamp()), "owned_by": MODEL_OWNER,
             "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
             "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
-            "weights_bytes": _weights_bytes(ctx, m.id),
+            "weights_bytes": _weights_bytes(ctx, m.id), "defaults": dict(m.defaults or {}),
             "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS}}
 
 
