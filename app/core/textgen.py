@@ -115,10 +115,13 @@ class TokenDecoder:
     names every token's text): joined, the shares are ``tokenizer.decode(ids,
     skip_special_tokens=True)`` (special tokens decode to nothing). A token that ends inside a
     UTF-8 character (byte-level BPE) gets the empty string; the token completing it gets the
-    character. ``sent``: the text given out so far."""
+    character. ``sent``: the text given out so far. With ``stops`` (a job's ``stop``
+    sequences) no text past one is given out: shares end before the first, and an ending that
+    could still grow into one waits for the next token (:func:`safe_to_send`)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stops = list(stops)
         self.ids: list[int] = []
         self.sent = ""
         self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
@@ -129,6 +132,8 @@ class TokenDecoder:
         self.ids.append(int(token))
         whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         whole = whole if last else whole.rstrip("\ufffd")
+        if self.stops:
+            whole = cut_at_stop(whole, self.stops)[0] if last else safe_to_send(whole, self.stops)
         if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
             return ""
         piece, self.sent = whole[len(self.sent):], whole

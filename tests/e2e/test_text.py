@@ -556,14 +556,20 @@ def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) 
 
 
 def test_tgi_stop_through_hub_text_generation(tfleet: TextFleet) -> None:
-    """``InferenceClient.text_generation(stop=[...])``: the text before the sequence,
-    TGI's ``stop_sequence`` finish reason."""
+    """``InferenceClient.text_generation(stop=[...])``, streamed or not: the text before the
+    sequence, TGI's ``stop_sequence`` finish reason; the tokens' texts join into it."""
     stop, whole = stop_of(tfleet, "small-gpt2", "ab", 8)
     out = hub(tfleet).text_generation("ab", max_new_tokens=8, stop=[stop], details=True, do_sample=True,
                                       temperature=1.0, seed=STOP_SEED)
     assert out.generated_text == whole[: whole.find(stop)]
     assert out.details is not None and out.details.finish_reason == "stop_sequence"
+    assert "".join(t.text for t in out.details.tokens) == out.generated_text  # no token text past the stop
     assert latest_job(tfleet).params["stop"] == [stop]
+    client = hub(tfleet)  # held while its stream is read
+    events = list(client.text_generation("ab", max_new_tokens=8, stop=[stop], details=True, do_sample=True,
+                                         temperature=1.0, seed=STOP_SEED, stream=True))
+    assert "".join(e.token.text for e in events) == events[-1].generated_text == out.generated_text
+    assert events[-1].details is not None and events[-1].details.finish_reason == "stop_sequence"
 
 
 def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:

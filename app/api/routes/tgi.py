@@ -15,8 +15,8 @@ routes do). As in TGI, sampling is on when ``do_sample`` is true or
 ``{"type": "json_schema", "value": {"name", "schema"}}``)
 constrains the output (app/core/constraints.py); one that does not compile is a 422. ``stop``
 (up to 4 sequences) ends the text before the first one generated (``finish_reason``
-``stop_sequence``; the stream's token events are the tokens generated, its ``generated_text``
-the cut text). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is refused when
+``stop_sequence``; the tokens' texts, streamed or in ``details``, end before it too: they join
+into the cut ``generated_text``). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is refused when
 set, not ignored.
 
 Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
@@ -187,7 +187,7 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     if body.parameters.details:
         tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
         ids, logprobs = _tokens(job)
-        decoder = TokenDecoder(tokenizer)
+        decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or ())
         entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
                    for i, token in enumerate(ids)]
         answer["details"] = {"finish_reason": finish_reason(usage),
@@ -205,7 +205,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
 
     async def events() -> AsyncIterator[str]:
-        decoder = TokenDecoder(tokenizer)
+        decoder = TokenDecoder(tokenizer, params.get("stop") or ())
         sent = 0  # tokens sent; the newest reported one is held back: the last event carries the last token
 
         def event(token: dict[str, Any], text: str | None = None, details: dict[str, Any] | None = None) -> str:
