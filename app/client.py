@@ -56,12 +56,25 @@ class HomefleetClient:
         retry = response.headers.get("retry-after", "")
         retry_after_s = int(retry) if retry.isdigit() else None
         if isinstance(error, dict):
-            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""), retry_after_s,
-                           param=error.get("param"), job_id=error.get("job_id"))
+            raise ApiError(
+                response.status_code,
+                error.get("reason") or error.get("code") or "error",  # OpenAI: code
+                error.get("message", ""),
+                retry_after_s,
+                param=error.get("param"),
+                job_id=error.get("job_id"),
+            )
         raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])), retry_after_s)
 
-    def submit(self, model: str, kind: str, params: dict[str, Any], target: str = "server",
-               idempotency_key: str | None = None, webhook_url: str | None = None) -> dict[str, Any]:
+    def submit(
+        self,
+        model: str,
+        kind: str,
+        params: dict[str, Any],
+        target: str = "server",
+        idempotency_key: str | None = None,
+        webhook_url: str | None = None,
+    ) -> dict[str, Any]:
         """``POST /v1/jobs`` exactly once. Returns ``{id, state, machine, position, url}``.
         ``webhook_url``: the job's record is POSTed there, signed, when it ends (docs/api.md "Webhooks").
 
@@ -130,6 +143,15 @@ class HomefleetClient:
         if not response.is_success:
             self._json(response)
         return response.content
+
+    def models(self) -> list[dict[str, Any]]:
+        """The registered models (``GET /v1/models``'s ``data``: OpenAI's list shape, each model
+        with Homefleet's fields: ``family``, ``kinds``, ``params``...)."""
+        return self._json(self.http.get("/v1/models"))["data"]
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        """One registered model (``GET /v1/models/{id}``); raises ApiError (404 ``unknown_model``)."""
+        return self._json(self.http.get(f"/v1/models/{model_id}"))
 
     def machines(self) -> list[dict[str, Any]]:
         return self._json(self.http.get("/v1/machines"))

@@ -354,8 +354,9 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     client, ctx = api
     online(ctx, "m1")
     body = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "size": "500x512"}).json()
-    assert body["error"] == {"message": "`width` must be a multiple of 8 and at least 8 pixels, got 500",
-                             "type": "invalid_request_error", "param": "width", "code": "invalid_width"}
+    assert body["error"] == {"message": "`size` (width) must be a multiple of 8 and at least 8 pixels, got 500",
+                             "type": "invalid_request_error", "param": "size",  # the client's field
+                             "code": "invalid_width"}
     shape = client.post("/v1/images/generations", json={"prompt": "x", "size": "big"}).json()["error"]
     assert (shape["param"], shape["code"]) == ("size", "invalid_size")
     missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]
@@ -443,8 +444,12 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
 ) -> None:
     client, ctx = make_api(settings.model_copy(update={"images_wait_s": 1}), tiny_models_dir)
     with client:
-        assert client.post("/v1/images/edits", data={"prompt": "x"},
-                           files={"image": ("a.png", b"x", "image/png")}).json()["error"]["code"] == "no_model"
+        assert (
+            client.post("/v1/images/edits", data={"prompt": "x"}, files={"image": ("a.png", b"x", "image/png")}).json()[
+                "error"
+            ]["code"]
+            == "no_model"
+        )
         edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
         online(ctx, "server")
         ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
@@ -458,8 +463,9 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         buffer = io.BytesIO()
         Image.new("RGB", (64, 48)).save(buffer, format="PNG")
         png = buffer.getvalue()
-        big = client.post("/v1/images/edits", data=fields,
-                          files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}).json()["error"]
+        big = client.post(
+            "/v1/images/edits", data=fields, files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}
+        ).json()["error"]
         assert big["code"] == "invalid_image" and "at most 16777216 bytes" in big["message"]
         assert f"got {len(png) + 16 * 1024 * 1024}" in big["message"]  # the upload's size, not the limit + 1 read
         # No worker runs here: the edit job is queued on the stored input, the wait runs out,
@@ -524,7 +530,7 @@ def test_r22_a_request_body_over_max_request_bytes_is_413_before_anything_is_sto
         def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
             body = json.dumps(big).encode()
             for start in range(0, len(body), 1000):
-                yield body[start:start + 1000]
+                yield body[start : start + 1000]
 
         answer = client.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
         assert answer.status_code == 413 and "got more than 4096 bytes" in answer.json()["error"]["message"]
