@@ -182,32 +182,32 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(
 
 
 
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+FORMAT_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
 
 @pytest.mark.parametrize("response_format", [
-    {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}},  # OpenAI
-    {"type": "json_object", "value": SCHEMA},  # huggingface_hub's rewrite of OpenAI's json_schema
-    {"type": "json", "value": SCHEMA},  # TGI
+    {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": True}},  # OpenAI
+    {"type": "json_object", "value": FORMAT_SCHEMA},  # huggingface_hub's rewrite of OpenAI's json_schema
+    {"type": "json", "value": FORMAT_SCHEMA},  # TGI
     {"type": "json", "value": '{"type": "object", "properties": {"n": {"type": "integer"}}}'},  # its JSON text
-    {"type": "json_schema", "value": {"name": "n", "schema": SCHEMA}},  # TGI's json_schema grammar
-    {"type": "json_schema", "schema": SCHEMA},  # flattened
+    {"type": "json_schema", "value": {"name": "n", "schema": FORMAT_SCHEMA}},  # TGI's json_schema grammar
+    {"type": "json_schema", "schema": FORMAT_SCHEMA},  # flattened
 ])
 def test_every_response_format_the_clients_send_keeps_its_schema(response_format: dict[str, object]) -> None:
     from app.core import constraints
 
-    assert constraints.from_response_format(response_format) == {"type": "json", "value": SCHEMA}
+    assert constraints.from_response_format(response_format) == {"type": "json", "value": FORMAT_SCHEMA}
 
 
 @pytest.mark.parametrize(("response_format", "field"), [
     ({"type": "xml"}, ".type"),
-    ({"type": "json_object", "schema": SCHEMA}, ".schema"),  # not json_object's: never dropped
+    ({"type": "json_object", "schema": FORMAT_SCHEMA}, ".schema"),  # not json_object's: never dropped
     ({"type": "json"}, ".value"),
     ({"type": "json", "value": 3}, ".value"),
     ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "format": "x"}}, ".json_schema.format"),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}}, ".json_schema.format"),
     ({"type": "regex", "value": ""}, ".value"),
-    ({"type": "text", "value": SCHEMA}, ".value"),
+    ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
 ])
 def test_a_response_format_that_cannot_be_honoured_is_refused_naming_its_field(
         response_format: dict[str, object], field: str) -> None:
@@ -218,9 +218,9 @@ def test_a_response_format_that_cannot_be_honoured_is_refused_naming_its_field(
     assert refused.value.field == field
     regex = {"type": "regex", "value": "[a-z]+"}
     assert constraints.from_response_format(regex) == regex
-    assert constraints.from_tgi_grammar({"type": "json_schema", "value": {"name": "n", "schema": SCHEMA}}) == {
+    assert constraints.from_tgi_grammar({"type": "json_schema", "value": {"name": "n", "schema": FORMAT_SCHEMA}}) == {
         "type": "json",
-        "value": SCHEMA,
+        "value": FORMAT_SCHEMA,
     }
 
 
