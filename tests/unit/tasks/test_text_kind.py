@@ -205,7 +205,8 @@ def test_every_response_format_the_clients_send_keeps_its_schema(response_format
     ({"type": "json"}, ".value"),
     ({"type": "json", "value": 3}, ".value"),
     ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}}, ".json_schema.format"),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}},
+     ".json_schema.format"),
     ({"type": "regex", "value": ""}, ".value"),
     ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
 ])
