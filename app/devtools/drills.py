@@ -38,6 +38,7 @@ from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
@@ -111,7 +112,7 @@ class DrillFleet:
         fleet = drill_fleet_config()
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,

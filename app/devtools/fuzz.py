@@ -27,6 +27,7 @@ from pathlib import Path
 from app.context import build_context
 from app.core.config import Settings
 from app.core.limits import DEFAULT_FAMILY, FamilyLimits
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
@@ -90,7 +91,7 @@ def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage
     redis = start_redis_server(data_dir / "redis")
     settings, fleet = fuzz_fleet(data_dir)
     settings = settings.model_copy(update={"redis_url": redis.url})
-    settings.fleet_file.write_text(fleet.to_toml())  # type: ignore[union-attr]
+    write_private(settings.fleet_file, fleet.to_toml())  # type: ignore[union-attr]
     ctx = build_context(settings, fleet, migrate=True)
     local = LocalFleet(settings, fleet, settings.fleet_file)  # type: ignore[arg-type]
     report = FuzzReport()
