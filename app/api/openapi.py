@@ -105,6 +105,148 @@ OPEN_ROUTES = (("get", "/metrics"), ("get", "/"))  # no key and no Redis or jour
 NULL_IS_ABSENT = ("prompt", "negative_prompt", "width", "height", "steps", "frames", "n", "seed", "expand_prompt")  # answers without Redis or the journal
 
 
+#: params the server sets itself (a client's is refused): not in the document
+SERVER_SET = ("expanded_by",)
+#: OpenAI's ``response_format``: what app/core/constraints.py reads (any other type is refused)
+RESPONSE_FORMAT: dict[str, Any] = {"anyOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"], "properties": {
+        "type": {"type": "string", "const": "json_schema"},
+        "json_schema": {"type": "object", "required": ["schema"], "properties": {
+            "name": {"type": "string"}, "schema": {"type": "object"}}}}},
+    {"type": "null"}],
+    "description": "constrains the output: json_schema (its schema) or json_object (any JSON object); text: none"}
+#: text bodies (OpenAI's and TGI's) whose sampling numbers are the text kind's (app/core/kinds.py)
+TEXT_BODIES = ("Completion", "ChatCompletion", "Parameters")
+#: multipart bodies: a form field cannot carry null (an absent field is the default)
+MULTIPART_BODIES = ("Body_edit_images_v1_images_edits_post", "Body_upload_file_v1_files_post")
+
+
+def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
+
+
+def _is_nullable(schema: dict[str, Any]) -> bool:
+    return any(option == {"type": "null"} for option in schema.get("anyOf", []))
+
+
+def integer_bounds(node: Any) -> None:
+    """Every integer's bounds beyond a float's 53 bits as exact integers, in place: pydantic writes
+    ``lt=2**63`` and ``le=2**63 - 1`` both as 9.223372036854776e18, a float that also admits
+    2**63 + 190 (R22); an ``exclusiveMaximum`` becomes the ``maximum`` below it."""
+    if isinstance(node, dict):
+        bound = node.get("exclusiveMaximum")
+        if node.get("type") == "integer" and isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            node.pop("exclusiveMaximum")
+            node["maximum"] = int(bound) - 1 if float(bound).is_integer() else int(bound)
+        top = node.get("maximum")
+        if node.get("type") == "integer" and isinstance(top, float) and top >= 2.0**53:
+            node["maximum"] = min(int(top), MAX_SEED) if top >= float(MAX_SEED) else int(top)
+        for value in node.values():
+            integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            integer_bounds(value)
+
+
+def stated_limits(components: dict[str, Any], limits: FamilyLimits) -> None:
+    """State on the OpenAI, TGI and Hugging Face bodies the limits their jobs are checked
+    against (R22): the text kind's ``temperature`` and ``top_p`` ranges, OpenAI's
+    ``response_format`` shapes, the Hugging Face sides' ``multipleOf`` and range, no null in a
+    multipart form, and ``expand_prompt`` as the one value the image route takes (none)."""
+    text = {number.name: number for number in KINDS["text"].numbers}
+    for body in TEXT_BODIES:
+        properties = components.get(body, {}).get("properties", {})
+        for name in ("temperature", "top_p"):
+            if name in properties:
+                number = text[name]
+                stated: dict[str, Any] = {"type": "number", "minimum": number.low, "maximum": number.high}
+                old = properties[name].get("anyOf", [properties[name]])[0]
+                if old.get("exclusiveMinimum", -1) >= number.low:  # the route's own bound is narrower (TGI: > 0)
+                    stated = {"type": "number", "exclusiveMinimum": old["exclusiveMinimum"], "maximum": number.high}
+                properties[name] = _nullable(stated, _is_nullable(properties[name]))
+        if "response_format" in properties:
+            properties["response_format"] = RESPONSE_FORMAT
+    hf = components.get("HfParameters", {}).get("properties", {})
+    side = kind_params(limits)[0]["properties"]["params"]["properties"]["width"]
+    for name in ("width", "height"):
+        if name in hf:
+            hf[name] = _nullable(side.get("anyOf", [side])[0], True)
+    for body in MULTIPART_BODIES:
+        for name, schema in components.get(body, {}).get("properties", {}).items():
+            if isinstance(schema, dict) and _is_nullable(schema):
+                others = [option for option in schema["anyOf"] if option != {"type": "null"}]
+                rest = {key: value for key, value in schema.items() if key != "anyOf"}
+                components[body]["properties"][name] = {**rest, **others[0]} if len(others) == 1 else {
+                    **rest, "anyOf": others}
+    for body in ("ImageGeneration", "Body_edit_images_v1_images_edits_post"):
+        properties = components.get(body, {}).get("properties", {})
+        if isinstance(properties.get("n"), dict) and properties["n"].get("type") == "integer":
+            properties["n"] = {**properties["n"], "maximum": limits.max_batch}
+    for body, fields in IMAGE_FIELDS.items():  # the family limits, as the jobs are checked (app/jobs/validation.py)
+        properties = components.get(body, {}).get("properties", {})
+        for name, (keyword, limit) in fields.items():
+            if name in properties:
+                schema = properties[name]
+                options = schema.get("anyOf") if isinstance(schema.get("anyOf"), list) else [schema]
+                for option in options:
+                    if option.get("type") in ("string", "integer"):
+                        option[keyword] = getattr(limits, limit)
+    edit = components.get("Body_edit_images_v1_images_edits_post", {}).get("properties", {})
+    if "size" in edit:
+        edit["size"] = size_schema(limits)["anyOf"][0]
+    image = components.get("ImageGeneration", {}).get("properties", {})
+    if "expand_prompt" in image:
+        image["expand_prompt"] = {"type": "null", "description": "not on this route (refused): prompt expansion runs "
+                                                                 "on POST /v1/jobs (params.expand_prompt)"}
+
+
+#: image body -> field -> (JSON Schema keyword, FamilyLimits field) it is bounded by
+IMAGE_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
+    "ImageGeneration": {"prompt": ("maxLength", "max_prompt_chars"), "negative_prompt": ("maxLength", "max_prompt_chars"),
+                        "steps": ("maximum", "max_steps")},
+    "Body_edit_images_v1_images_edits_post": {"prompt": ("maxLength", "max_prompt_chars")},
+    "HfParameters": {"prompt": ("maxLength", "max_prompt_chars"), "negative_prompt": ("maxLength", "max_prompt_chars"),
+                     "num_inference_steps": ("maximum", "max_steps")},
+}
+#: routes that answer Server-Sent Events when the body's ``stream`` is true
+STREAM_ROUTES = ("/v1/completions", "/v1/chat/completions")
+#: one Server-Sent Event, as OpenAPI 3.1 has a ``text/event-stream`` schema describe each event: its
+#: ``data`` (JSON text on every stream of this API) and its ``event`` type (``message`` when unnamed)
+SSE_EVENT: dict[str, Any] = {
+    "type": "object", "required": ["data"], "description": "one Server-Sent Event",
+    "properties": {"data": {"type": "string", "contentMediaType": "application/json"},
+                   "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}},
+}
+#: body schema -> the kinds its ``model`` must run (a model field of any other body lists every model)
+BODY_KINDS: dict[str, tuple[str, ...]] = {
+    "ImageGeneration": ("txt2img",),
+    "Body_edit_images_v1_images_edits_post": ("edit",),
+    "Completion": ("text",), "ChatCompletion": ("text",), "Generate": ("text",),
+}
+#: path with a ``{model}`` parameter -> the kinds that model must run
+PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {"/hf/models/{model}": ("txt2img", "edit", "upscale")}
+#: an OpenAI ``size`` is listed value by value up to this many sizes, else stated by a pattern
+MAX_LISTED_SIZES = 512
+
+
+def size_schema(limits: FamilyLimits) -> dict[str, Any]:
+    """OpenAI's ``size`` (``"WxH"`` or ``"auto"``; null: the model's default) under ``limits``:
+    every allowed size listed when they are few (sides multiples of ``multiple_of``, at least
+    ``min_side``, width x height at most ``max_pixels``), else a pattern of the form."""
+    step, low = limits.multiple_of, max(limits.min_side, limits.multiple_of)
+    low += (-low) % step
+    sides = range(low, limits.max_pixels // low + 1, step)
+    sizes = [f"{width}x{height}" for width in sides for height in sides if width * height <= limits.max_pixels]
+    description = (f"'WxH' in pixels (multiples of {limits.multiple_of}, at least {limits.min_side}, at most "
+                   f"{limits.max_pixels} pixels), or 'auto' (the model's default)")
+    if 0 < len(sizes) <= MAX_LISTED_SIZES:
+        named: dict[str, Any] = {"type": "string", "enum": [*sizes, "auto"], "description": description}
+    else:
+        named = {"type": "string", "pattern": r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$", "description": description}
+    return {"anyOf": [named, {"type": "null"}]}
+
+
 def job_links() -> dict[str, Any]:
     """OpenAPI links from an answer carrying a job's ``id`` to what follows it (R24)."""
     job = {"job_id": "$response.body#/id"}
@@ -148,7 +290,6 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
         "expand_prompt": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_ID,
                           "description": "a text model that expands the prompt first, as its own job"},
-        "expanded_by": {"type": "string", "description": "set by the server: the expansion's text job"},
         "grammar": {"anyOf": [{"type": "null"}, {
             "type": "object", "required": ["type", "value"], "additionalProperties": False,
             "description": "the output's constraint (llguidance): a JSON schema or a regular expression",
@@ -168,6 +309,8 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
     for name, spec in KINDS.items():
         properties: dict[str, Any] = {}
         for param in spec.accepted:
+            if param in SERVER_SET:
+                continue  # the server sets it; a client's is refused
             if param in known:
                 properties[param] = known[param]
             elif param in OUTPUT_SIZE_FIELDS:
@@ -191,48 +334,82 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
     return variants
 
 
+def model_enum(ids: Iterable[str], what: str = "a registered model id") -> dict[str, Any]:
+    """A string that is one of ``ids`` (sorted)."""
+    return {"type": "string", "enum": sorted(ids), "description": f"{what} (GET /v1/models)"}
+
+
 def documented(schema: dict[str, Any], machines: Iterable[str] = (),
-               limits: Mapping[str, FamilyLimits] | None = None, models: Iterable[str] = ()) -> dict[str, Any]:
+               limits: Mapping[str, FamilyLimits] | None = None,
+               models: Iterable[str] | Mapping[str, Iterable[str]] = ()) -> dict[str, Any]:
     """``schema`` with every operation's error statuses and links added (module docstring), the
-    fleet's machine names as the values a machine parameter takes, the registered model ids
-    as the values a model field takes (when there is one), and each kind's params."""
+    fleet's machine names as the values a machine parameter or ``target`` takes, the registered
+    model ids as the values a model field takes (when there is one), and each kind's params.
+
+    ``models``: model ids, or model id -> the kinds it runs; with the kinds, each body's
+    ``model`` lists only the models that run what that body asks (:data:`BODY_KINDS`, and each
+    ``JobCreate`` variant its kind's), so that a schema-valid body never names a model that
+    cannot run it (R22); a kind no registered model runs is left out of ``JobCreate``."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     names = sorted(machines)
-    model_ids = sorted(models)
+    kinds_of = ({model: set(kinds) for model, kinds in models.items()} if isinstance(models, Mapping)
+                else {model: None for model in models})
+    model_ids = sorted(kinds_of)
+
+    def running(kinds: Iterable[str]) -> list[str]:
+        wanted = set(kinds)
+        return [model for model in model_ids if kinds_of[model] is None or kinds_of[model] & wanted]  # type: ignore[operator]
+
     if model_ids:
-        model_enum = {"type": "string", "enum": model_ids, "description": "a registered model id (GET /v1/models)"}
-        for item in schema["paths"].values():
+        for path, item in schema["paths"].items():
             for op in item.values():
                 for parameter in op.get("parameters", []) if isinstance(op, dict) else []:
                     if parameter.get("name") == "model" and parameter.get("in") == "path":
-                        parameter["schema"] = model_enum
-        for body in ("JobCreate", "ImageGeneration", "Body_edit_images_v1_images_edits_post"):
+                        parameter["schema"] = model_enum(running(PATH_MODEL_KINDS.get(path, KINDS)) or model_ids)
+        for body, kinds in BODY_KINDS.items():
             if body in components and "model" in components[body].get("properties", {}):
-                optional = body != "JobCreate"
-                components[body]["properties"]["model"] = (
-                    {"anyOf": [model_enum, {"type": "null"}]} if optional else model_enum)
+                ids = running(kinds) or model_ids
+                components[body]["properties"]["model"] = {"anyOf": [model_enum(ids), {"type": "null"}]}
+        if "JobCreate" in components and "model" in components["JobCreate"].get("properties", {}):
+            components["JobCreate"]["properties"]["model"] = model_enum(model_ids)
     if names:
         for item in schema["paths"].values():
             for op in item.values():
                 for parameter in op.get("parameters", []) if isinstance(op, dict) else []:
                     if parameter.get("name") == "machine" and parameter.get("in") == "path":
                         parameter["schema"] = {"type": "string", "enum": names}
-        for body in ("JobCreate", "ImageGeneration"):
-            if body in components and "target" in components[body]["properties"]:
-                target = components[body]["properties"]["target"]
-                components[body]["properties"]["target"] = {
-                    "type": "string", "enum": [*names, "auto"], "default": target.get("default"),
-                    "description": target.get("description", "")}
+        for component in components.values():  # every body's target: JobCreate, JobRequeue, the OpenAI and TGI ones
+            target = component.get("properties", {}).get("target") if isinstance(component, dict) else None
+            if target is None:
+                continue
+            machine = {"type": "string", "enum": [*names, "auto"], "description": target.get("description", "")}
+            if "default" in target:
+                machine["default"] = target["default"]
+            nullable = "anyOf" in target and {"type": "null"} in target["anyOf"]
+            component["properties"]["target"] = {"anyOf": [machine, {"type": "null"}]} if nullable else machine
+    if "ImageGeneration" in components and "size" in components["ImageGeneration"].get("properties", {}):
+        components["ImageGeneration"]["properties"]["size"] = size_schema(broadest(limits or {}))
+    stated_limits(components, broadest(limits or {}))
+    integer_bounds(components)
     if "JobCreate" in components:
         create = components["JobCreate"]
         create["properties"].pop("params", None)
         base = {key: create["properties"][key] for key in ("model", "target", "webhook_url")
                 if key in create["properties"]}
-        variants = kind_params(broadest(limits or {}))
-        for variant in variants:
-            variant["properties"] = {**base, **variant["properties"]}
+        variants = []
+        for variant in kind_params(broadest(limits or {})):
+            kind = variant["properties"]["kind"]["const"]
+            ids = running([kind]) if model_ids else []
+            if model_ids and not ids:
+                continue  # no registered model runs this kind: any such body is refused
+            expander = variant["properties"]["params"]["properties"].get("expand_prompt")
+            if expander is not None and model_ids and running(["text"]):  # the text models that can expand
+                expander["anyOf"][0] = {**model_enum(running(["text"]), "a registered text model"),
+                                        "description": expander["anyOf"][0].get("description", "")}
+            variant["properties"] = {**base, **({"model": model_enum(ids)} if ids else {}), **variant["properties"]}
+            variants.append(variant)
         components["JobCreate"] = {"title": "JobCreate", "description": create.get("description", ""),
-                                   "oneOf": variants}
+                                   "oneOf": variants or kind_params(broadest(limits or {}))}
     components["Error"] = ERROR_BODY
     components["OpenAIError"] = OPENAI_ERROR_BODY
     components["TGIError"] = TGI_ERROR_BODY
@@ -256,6 +433,12 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                 statuses.add(503)
             body = "OpenAIError" if path.startswith(OPENAI_PREFIXES) else "TGIError" if is_tgi_route(path) else "Error"
             responses = op.setdefault("responses", {})
+            if path in STREAM_ROUTES and "200" in responses:  # `stream: true` answers events
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
+            for answer in responses.values():  # a stream's schema describes one event (OpenAPI 3.1)
+                stream = answer.get("content", {}).get("text/event-stream") if isinstance(answer, dict) else None
+                if stream is not None and stream.get("schema", {}).get("type") == "string":
+                    stream["schema"] = SSE_EVENT
             for status in sorted(statuses):
                 responses[str(status)] = {"description": DESCRIPTIONS[status], "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}}}

@@ -44,7 +44,7 @@ def test_serve_refuses_a_fleet_file_others_can_read_and_starts_with_0600(tmp_pat
     env = clean_env(HOMEFLEET_DATA_DIR=str(tmp_path / "data"), HOMEFLEET_FLEET_FILE=str(fleet_file),
                     HOMEFLEET_REDIS_URL=redis_url, HOMEFLEET_API_KEYS='["k1-0123456789"]',
                     HOMEFLEET_API_PORT=str(port))
-    refused = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
+    refused = subprocess.run([sys.executable, "-m", "app.cli", "serve"], check=False, env=env, capture_output=True, text=True,
                              timeout=120)
     line = " ".join(refused.stdout.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -76,7 +76,7 @@ def test_worker_refuses_a_token_file_others_can_read_and_gets_past_it_with_0600(
                     HOMEFLEET_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
                     HOMEFLEET_SERVER_URL=f"http://127.0.0.1:{free_port()}", HOMEFLEET_SERVER_RETRY_S="0")
     command = [sys.executable, "-m", "app.cli", "worker", "--token-file", str(token_file)]
-    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=120)
     line = " ".join(refused.stdout.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (invalid_config): the token file {token_file} holds secrets but has mode 0640" in line, line
@@ -84,7 +84,7 @@ def test_worker_refuses_a_token_file_others_can_read_and_gets_past_it_with_0600(
     assert TOKEN not in refused.stdout + refused.stderr
 
     token_file.chmod(0o600)  # past the check: it goes on to ask the (absent) server whether the token is m1's
-    started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    started = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=180)
     output = started.stdout + started.stderr
     assert "holds secrets" not in output, output
     assert "the server could not be asked at start" in output and "error (redis_down)" in output, output
