@@ -25,6 +25,7 @@ from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import MAX_MODEL_ID, FamilyLimits
 from app.jobs.validation import MAX_ADAPTER_SCALE
+from routing.timings import ADAPTER_KIND
 
 ERROR_BODY: dict[str, Any] = {
     "title": "Error", "type": "object", "required": ["error"],
@@ -378,7 +379,12 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
                 for parameter in op.get("parameters", []) if isinstance(op, dict) else []:
                     if parameter.get("name") == "machine" and parameter.get("in") == "path":
                         parameter["schema"] = {"type": "string", "enum": names}
-        for component in components.values():  # every body's target: JobCreate, JobRequeue, the OpenAI and TGI ones
+        bodies = {ref.rsplit("/", 1)[-1] for item in schema["paths"].values() for op in item.values()
+                  if isinstance(op, dict)
+                  for media in op.get("requestBody", {}).get("content", {}).values()
+                  if isinstance(ref := media.get("schema", {}).get("$ref"), str)}
+        for name in sorted(bodies):  # every request body's target: JobCreate, JobRequeue, the OpenAI and TGI ones
+            component = components.get(name)
             target = component.get("properties", {}).get("target") if isinstance(component, dict) else None
             if target is None:
                 continue
@@ -402,6 +408,13 @@ def documented(schema: dict[str, Any], machines: Iterable[str] = (),
             ids = running([kind]) if model_ids else []
             if model_ids and not ids:
                 continue  # no registered model runs this kind: any such body is refused
+            adapters = variant["properties"]["params"]["properties"].get("adapters")
+            if adapters is not None and model_ids:  # the registered adapters (none: no entry at all)
+                registered = [model for model in model_ids if ADAPTER_KIND in (kinds_of[model] or ())]
+                if registered:
+                    adapters["items"]["properties"]["id"] = model_enum(registered, "a registered adapter")
+                else:
+                    adapters["maxItems"] = 0
             expander = variant["properties"]["params"]["properties"].get("expand_prompt")
             if expander is not None and model_ids and running(["text"]):  # the text models that can expand
                 expander["anyOf"][0] = {**model_enum(running(["text"]), "a registered text model"),

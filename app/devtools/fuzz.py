@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from app.context import build_context
 from app.core.config import Settings
 from app.core.limits import DEFAULT_FAMILY, FamilyLimits
@@ -59,7 +61,8 @@ class FuzzReport:
 
     cases: int = 0
     routes: Counter[str] = field(default_factory=Counter)  # "METHOD /path/{template}" -> cases sent to it
-    operations: int = 0  # operations in the OpenAPI document (schemathesis' count)
+    operations: int = 0  # operations (method, path) in the OpenAPI document
+    other_methods: int = 0  # cases of a method the document does not list for the path (405 probes)
     statuses: Counter[int] = field(default_factory=Counter)
     failures: int = 0
     exit_code: int = 0
@@ -74,7 +77,8 @@ class FuzzReport:
         return sum(count for status, count in self.statuses.items() if status >= 500 and status != 503)
 
     def summary(self) -> str:
-        return (f"fuzz: {self.cases} cases over {len(self.routes)} of {self.operations} routes, {self.server_errors} 5xx other than 503 "
+        return (f"fuzz: {self.cases} cases over {len(self.routes)} of {self.operations} routes (and {self.other_methods} "
+                f"of undocumented methods), {self.server_errors} 5xx other than 503 "
                 f"({self.statuses.get(503, 0)} documented 503), {self.failures} failures, statuses "
                 f"{dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
                 f"{len(self.unended)} accepted jobs not ended; succeeded by kind {dict(sorted(self.succeeded_kinds.items()))}")
@@ -156,6 +160,9 @@ def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir
         "--report", "ndjson", "--report-dir", str(report_dir), "--no-color",
         "--suppress-health-check", "all", "--continue-on-failure", *extra_args,
     ]
+    document = httpx.get(f"{local.api_url}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+    documented = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item
+                  if method in ("get", "post", "put", "delete", "patch")}
     root = str(Path(__file__).resolve().parents[2])  # where app.devtools.fuzz_hooks is imported from
     env = {**os.environ, "SCHEMATHESIS_HOOKS": HOOKS,
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -166,10 +173,13 @@ def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir
             event = json.loads(line)
             for status in re.findall(r'"status_code": ?(\d{3})', json.dumps(event)):
                 report.statuses[int(status)] += 1
-            loaded = event.get("LoadingFinished", {}).get("statistic", {}).get("operations", {})
-            report.operations = max(report.operations, int(loaded.get("selected") or 0))
             for case in event.get("ScenarioFinished", {}).get("recorder", {}).get("cases", {}).values():
-                report.routes[f"{case['value']['method']} {case['value']['path']}"] += 1
+                route = f"{case['value']['method'].upper()} {case['value']['path']}"
+                if route in documented:
+                    report.routes[route] += 1
+                else:
+                    report.other_methods += 1
+    report.operations = len(documented)
     generated = re.search(r"(\d+) generated", done.stdout)
     report.cases = int(generated.group(1)) if generated else sum(report.statuses.values())
     failed = re.search(r"(\d+) failures?", done.stdout)
