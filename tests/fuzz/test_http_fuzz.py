@@ -4,7 +4,7 @@ and a real ``celery worker`` holding a verified tiny model of every kind (app/de
 No failure, no 5xx but the documented 503, no 422 to a schema-valid request but for what a
 schema cannot state (app/devtools/fuzz_hooks.py), every route reached, and every job the
 journal accepted ends. ``make
-fuzz`` runs the same with every phase and >= 2,000 cases; ``HOMEFLEET_FUZZ_EXAMPLES`` and
+fuzz`` runs the same with every phase and >= 5,000 cases; ``HOMEFLEET_FUZZ_EXAMPLES`` and
 ``HOMEFLEET_FUZZ_PHASES`` set the bound here."""
 
 from __future__ import annotations
