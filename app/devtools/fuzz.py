@@ -65,6 +65,7 @@ class FuzzReport:
     other_methods: int = 0  # cases of a method the document does not list for the path (405 probes)
     statuses: Counter[int] = field(default_factory=Counter)
     failures: int = 0
+    errors: int = 0  # schemathesis' runtime errors (not answers of the server): see ``output``
     exit_code: int = 0
     states: Counter[str] = field(default_factory=Counter)
     succeeded_kinds: Counter[str] = field(default_factory=Counter)  # jobs that ran and succeeded, by kind
@@ -79,7 +80,7 @@ class FuzzReport:
     def summary(self) -> str:
         return (f"fuzz: {self.cases} cases over {len(self.routes)} of {self.operations} routes (and {self.other_methods} "
                 f"of undocumented methods), {self.server_errors} 5xx other than 503 "
-                f"({self.statuses.get(503, 0)} documented 503), {self.failures} failures, statuses "
+                f"({self.statuses.get(503, 0)} documented 503), {self.failures} failures, {self.errors} runtime errors, statuses "
                 f"{dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
                 f"{len(self.unended)} accepted jobs not ended; succeeded by kind {dict(sorted(self.succeeded_kinds.items()))}")
 
@@ -182,8 +183,10 @@ def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir
     report.operations = len(documented)
     generated = re.search(r"(\d+) generated", done.stdout)
     report.cases = int(generated.group(1)) if generated else sum(report.statuses.values())
-    failed = re.search(r"(\d+) failures?", done.stdout)
-    report.failures = int(failed.group(1)) if failed else (0 if done.returncode == 0 else -1)
+    failed = re.search(r"(\d+) (?:unique )?failures?", done.stdout)
+    errored = re.search(r"(\d+) errors?(?:,| in )", done.stdout)  # schemathesis' own runtime errors
+    report.errors = int(errored.group(1)) if errored else 0
+    report.failures = int(failed.group(1)) if failed else (0 if done.returncode == 0 or report.errors else -1)
     return report
 
 
