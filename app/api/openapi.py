@@ -169,6 +169,9 @@ def stated_limits(components: dict[str, Any], limits: FamilyLimits) -> None:
         if "response_format" in properties:
             properties["response_format"] = RESPONSE_FORMAT
     hf = components.get("HfParameters", {}).get("properties", {})
+    guidance = {number.name: number for number in KINDS["txt2img"].numbers}.get("guidance_scale")
+    if "guidance_scale" in hf and guidance is not None:  # txt2img's range (edit/upscale: app/core/kinds.py)
+        hf["guidance_scale"] = _nullable({"type": "number", "minimum": guidance.low, "maximum": guidance.high}, True)
     side = kind_params(limits)[0]["properties"]["params"]["properties"]["width"]
     for name in ("width", "height"):
         if name in hf:
