@@ -39,9 +39,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Real-HTTP fuzz of the public API: schemathesis, all checks, >= 2,000 cases.
+# Real-HTTP fuzz of the public API: schemathesis, all checks, >= 5,000 cases over every route.
 fuzz: $(STAMP)
-	$(VENV)/bin/homefleet fuzz --examples 40 --min-cases 2000
+	$(VENV)/bin/homefleet fuzz --examples 100 --workers 4 --wait-s 2 --min-cases 5000
 
 # The fleet page's screenshots (docs/screenshots/*.png): its browser test, saving each view.
 screenshots: $(STAMP)

@@ -33,6 +33,7 @@ import psutil
 
 from app.context import build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.fleet.config import Fleet, Machine
@@ -83,7 +84,7 @@ def run(
         redis_process = start_redis_server(root / "redis")
         fleet = _fleet()
         fleet_file = root / "fleet.toml"
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         extra: dict[str, object] = {"database_url": journal_url} if journal_url else {}
         if reconcile_interval_s is not None:
             extra["reconcile_interval_s"] = reconcile_interval_s

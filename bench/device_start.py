@@ -26,6 +26,7 @@ from pathlib import Path
 
 from app.context import build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
@@ -66,7 +67,7 @@ def run(rounds: int) -> dict[str, float]:
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
         fleet_file = root / "fleet.toml"
-        fleet_file.write_text(fleet_toml(rounds))
+        write_private(fleet_file, fleet_toml(rounds))
         fleet = load_fleet(fleet_file)
         settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
                             api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5)

@@ -44,6 +44,7 @@ import redis
 from app.context import build_context
 from app.core.celery_app import create_celery
 from app.core.config import BrokerSettings, Settings
+from app.core.secret_files import write_private
 from app.core.states import ENDED
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
@@ -196,7 +197,7 @@ def run(jobs: int, steps: int) -> dict[str, float]:
         redis_process = start_redis_server(root / "redis")
         fleet = _fleet()
         fleet_file = root / "fleet.toml"
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
                             api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5,
                             max_queued_per_machine=1_000_000, max_pending_total=1_000_000)

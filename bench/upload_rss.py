@@ -100,6 +100,7 @@ def measure(api_url: str, pid: int, count: int = 20, mib: int = 64, settle_s: fl
 
 def main() -> None:
     from app.core.config import Settings
+    from app.core.secret_files import write_private
     from app.devtools.localfleet import LocalFleet
     from app.devtools.redis_server import free_port, start_redis_server
     from app.fleet.config import load_fleet, with_fresh_tokens
@@ -112,7 +113,7 @@ def main() -> None:
     redis_process = start_redis_server(root / "redis")
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = root / "fleet.toml"
-    fleet_file.write_text(fleet.to_toml())
+    write_private(fleet_file, fleet.to_toml())
     settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
                         api_port=free_port(), api_keys=["bench-upload-rss-key-0123"])
     local = LocalFleet(settings, fleet, fleet_file)

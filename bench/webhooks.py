@@ -35,6 +35,7 @@ import httpx
 from app.context import build_context
 from app.core.config import Settings
 from app.core.limits import key_id
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.fleet.config import Fleet, Machine, WebhookConfig
@@ -101,7 +102,7 @@ def run(jobs: int, backoff_s: float) -> dict[str, float]:
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
         fleet_file = root / "fleet.toml"
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
                             api_port=free_port(), api_keys=[API_KEY], webhook_secrets={key_id({}, API_KEY): SECRET},
                             webhook_backoff_s=backoff_s, max_queued_per_machine=10_000, max_pending_total=10_000)

@@ -48,6 +48,7 @@ if ARGV[4] == '1' then
 end
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'NX') end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[5], ARGV[1])
 return 1
 """
 
@@ -111,9 +112,11 @@ class Heartbeat:
         machine's lease: a worker that lost it to another writes nothing of that machine's any
         more. In the same step, restore what Redis lost:
 
-        - the advertised set, when Redis restarted without persistence (its run id changed), so
-          the machine stays placeable; otherwise the set is remembered as Redis holds it (syncs
-          add to it, the job-time check withdraws from it, R4/R5);
+        - the advertised set, when Redis restarted without persistence (its run id changed) or
+          lost its data without a restart (``FLUSHALL``: the marker ``Keys.verified_kept``, which
+          every beat writes without a TTL, is gone), so the machine stays placeable; otherwise the
+          set is remembered as Redis holds it (syncs add to it, the job-time check withdraws from
+          it, R4/R5);
         - the pool process's warm models (written by it at its start and after each load), when
           their record is gone, unless the pool process wrote a newer one meanwhile.
 
@@ -121,7 +124,8 @@ class Heartbeat:
         """
         machine = self.settings.machine
         run_id = self.redis.info("server").get("run_id")
-        restarted = run_id != self._redis_run_id
+        lost = self._written and not self.redis.exists(self.keys.verified_kept(machine))
+        restarted = run_id != self._redis_run_id or lost
         if not restarted:
             self.verified = cast("set[str]", self.redis.smembers(self.keys.verified(machine)))
         warm = cast("str | None", self.redis.get(self.keys.warm(machine)))  # decoded (create_redis)
@@ -135,9 +139,19 @@ class Heartbeat:
             "warm_models": json.loads(warm) if warm else [], "verified_models": verified, "at": time.time(),
         }
         written = self.redis.eval(
-            _BEAT, 4, self.keys.worker_lease(machine), self.keys.heartbeat(machine), self.keys.verified(machine),
-            self.keys.warm(machine), self.boot_id, json.dumps(record), int(self.settings.heartbeat_ttl_s * 1000),
-            int(restarted), restore or "", *verified,
+            _BEAT,
+            5,
+            self.keys.worker_lease(machine),
+            self.keys.heartbeat(machine),
+            self.keys.verified(machine),
+            self.keys.warm(machine),
+            self.keys.verified_kept(machine),
+            self.boot_id,
+            json.dumps(record),
+            int(self.settings.heartbeat_ttl_s * 1000),
+            int(restarted),
+            restore or "",
+            *verified,
         )
         if not written:
             log.warning("%s: this worker does not hold the machine's lease now; heartbeat not written", machine)
@@ -168,8 +182,12 @@ class Heartbeat:
                     duty()
             except Unauthorized as error:
                 if self.verified is not None:  # the fleet config changed under a running worker: keep trying
-                    log.error("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
-                              self.settings.heartbeat_interval_s)
+                    log.error(
+                        "%s heartbeat: %s (retrying in %.1f s)",
+                        self.settings.machine,
+                        error,
+                        self.settings.heartbeat_interval_s,
+                    )
                 else:  # a wrong token never becomes right: stop instead of retrying forever
                     log.critical(
                         "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
@@ -182,6 +200,10 @@ class Heartbeat:
                     self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
                     return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
-                log.warning("%s heartbeat: %s (retrying in %.1f s)", self.settings.machine, error,
-                            self.settings.heartbeat_interval_s)
+                log.warning(
+                    "%s heartbeat: %s (retrying in %.1f s)",
+                    self.settings.machine,
+                    error,
+                    self.settings.heartbeat_interval_s,
+                )
             self._stop.wait(self.settings.heartbeat_interval_s)

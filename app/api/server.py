@@ -197,14 +197,15 @@ def document_internal_apart(api: FastAPI, context: ServerContext, settings: Sett
     routes (``/internal/...``: machine tokens, not API keys) out; they have their own,
     ``GET /internal/openapi.json``, for a machine token."""
     whole = api.openapi  # FastAPI's: the document of every route
-    parts: dict[tuple[bool, tuple[str, ...]], dict[str, Any]] = {}
+    parts: dict[tuple[bool, tuple[tuple[str, tuple[str, ...]], ...]], dict[str, Any]] = {}
 
     def part(internal: bool) -> dict[str, Any]:
-        models = tuple(sorted(record.id for record in context.registry.list()))  # the document follows the registry
+        # the document follows the registry: each model with the kinds it runs
+        models = tuple(sorted((record.id, tuple(record.kinds)) for record in context.registry.list()))
         if (internal, models) not in parts:
             parts.clear()
             parts[(internal, models)] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines,
-                                                           settings.limits, models), internal=internal)
+                                                           settings.limits, dict(models)), internal=internal)
         return parts[(internal, models)]
 
     def method_table() -> MethodTable:

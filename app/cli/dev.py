@@ -20,7 +20,8 @@ def drill(
     name: Annotated[
         str,
         typer.Argument(
-            help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | visibility | hang"
+            help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | redis_loss_backlogs | "
+            "visibility | hang"
         ),
     ],
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
@@ -43,7 +44,7 @@ def drill(
         result = DRILLS[name](fleet, count)
     console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
     print(result.line())
-    if result.double_runs or result.lost:
+    if result.double_runs or result.lost or result.figures.get("order_kept", 1) < result.figures.get("backlogs", 0):
         raise typer.Exit(1)
 
 
@@ -52,11 +53,13 @@ def fuzz(
     examples: Annotated[int, typer.Option(min=1, help="schemathesis' --max-examples (per operation and phase)")] = 6,
     work_dir: Annotated[Path, typer.Option(help="where the run's private fleet lives")] = Path("var/fuzz"),
     min_cases: Annotated[int, typer.Option(min=0, help="fail when fewer cases ran")] = 0,
+    workers: Annotated[int, typer.Option(min=1, help="schemathesis' concurrent requests (--workers)")] = 1,
+    wait_s: Annotated[int, typer.Option(min=1, help="each image or text request's Prefer: wait (seconds)")] = 5,
 ) -> None:
     """Fuzz the public API over real HTTP with schemathesis, all checks and its stateful phase,
     against a private server and worker with a verified tiny model; the last line
     gives the figures. Exit 1 on any failure, a 5xx other than a documented 503, an accepted
-    job that did not end, or fewer than ``--min-cases`` cases."""
+    job that did not end, fewer than ``--min-cases`` cases, or a route of the document that got none."""
     import shutil
     import tempfile
 
@@ -65,10 +68,15 @@ def fuzz(
     logging.basicConfig(level=logging.WARNING)
     work_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="fuzz-", dir=work_dir))
-    report = run_fuzz(run_dir, examples)
+    started = time.monotonic()
+    report = run_fuzz(run_dir, examples, wait_s=wait_s, workers=workers)
     print(report.output[-6000:])
+    print("cases per route:")
+    print("\n".join(report.route_lines()))
+    print(f"wall_s={time.monotonic() - started:.0f}")
     print(report.summary())
-    if report.failures or report.server_errors or report.unended or report.cases < min_cases or report.exit_code:
+    if (report.failures or report.server_errors or report.unended or report.cases < min_cases or report.exit_code
+            or len(report.routes) < report.operations):
         console.print(f"logs and journal: {run_dir}")
         raise typer.Exit(1)
     shutil.rmtree(run_dir, ignore_errors=True)

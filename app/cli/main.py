@@ -31,6 +31,7 @@ from app.core.config import BrokerSettings, WorkerSettings, unknown_variables
 from app.core.errors import ConfigError, HomefleetError
 from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
+from app.core.secret_files import require_private
 from app.fleet.config import load_fleet
 
 cli = typer.Typer(
@@ -55,6 +56,8 @@ def serve() -> None:
     from app.context import build_context
 
     settings = server_settings()
+    if settings.fleet_file is not None:  # it holds every machine's token: its owner's eyes only
+        require_private(settings.fleet_file, "the fleet file")
     fleet = load_fleet(settings.fleet_file)
     try:  # workers authenticate with their machine's token: a server whose machines have none serves no one
         fleet.require_tokens()
@@ -122,6 +125,8 @@ def worker(
                                    "worker_token_file": token_file, "server_url": server_url}.items()
                  if v is not None}
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    if settings.worker_token_file is not None:
+        require_private(settings.worker_token_file, "the token file")
     if print_systemd_unit or print_launchd_plist:
         print_supervisor_file(settings, launchd=print_launchd_plist)
         return

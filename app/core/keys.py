@@ -59,6 +59,12 @@ class Keys:
         """Set of model ids whose files that machine has verified against the manifest (R4)."""
         return f"{self.prefix}:machine:{machine}:verified"
 
+    def verified_kept(self, machine: str) -> str:
+        """That machine's worker's marker (its boot id, no TTL), written with each heartbeat: its
+        absence under a running worker means Redis lost its data (flushed, or restarted without
+        persistence), and the worker writes its advertised set back (tasks/heartbeat.py)."""
+        return f"{self.prefix}:machine:{machine}:verified_kept"
+
     def journal(self) -> str:
         """The identity of the journal this Redis runs with (app/fleet/pairing.py)."""
         return f"{self.prefix}:journal"

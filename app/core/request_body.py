@@ -30,17 +30,37 @@ def _is_number(annotation: Any) -> bool:
     return bool(members & {int, float}) and bool not in members
 
 
+def _is_boolean(annotation: Any) -> bool:
+    """A bool annotation (``bool | None`` included) that allows no other type but None."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_boolean(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        members = set(typing.get_args(annotation)) - {type(None)}
+        return members == {bool}
+    return annotation is bool
+
+
 class RequestBody(BaseModel):
-    """A request body model: fields typed ``int`` or ``float`` refuse ``true`` and ``false``."""
+    """A request body model: fields typed ``int`` or ``float`` refuse ``true`` and ``false``, and
+    fields typed ``bool`` refuse anything but ``true`` and ``false`` (lax mode reads ``0``, ``1``,
+    ``"yes"`` as booleans: a body the schema calls invalid would run)."""
 
     @classmethod
     @functools.cache
     def _number_fields(cls) -> frozenset[str]:
         return frozenset(name for name, info in cls.model_fields.items() if _is_number(info.annotation))
 
+    @classmethod
+    @functools.cache
+    def _boolean_fields(cls) -> frozenset[str]:
+        return frozenset(name for name, info in cls.model_fields.items() if _is_boolean(info.annotation))
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool) and info.field_name in cls._number_fields():
             raise ValueError("must be a number, not a boolean")
+        if value is not None and not isinstance(value, bool) and info.field_name in cls._boolean_fields():
+            raise ValueError("must be true or false")
         return value

@@ -92,8 +92,8 @@ class KindSpec:
         return Args(self, params)
 
     def value(self, params: Mapping[str, Any], name: str) -> Any:
-        """``params[name]``, else the default (None when there is none)."""
-        return params[name] if name in params else self.defaults.get(name)
+        """``params[name]``, else (absent or null) the default (None when there is none)."""
+        return params[name] if params.get(name) is not None else self.defaults.get(name)
 
 
 class Args(Mapping[str, Any]):
@@ -120,9 +120,9 @@ class Args(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         self._declared(name)
-        if name in self._params:
+        if name in self._params and (self._params[name] is not None or name not in self.spec.defaults):
             return self._params[name]
-        if name in self.spec.defaults:
+        if name in self.spec.defaults:  # absent, or null: the server reads null as absent (R22)
             return self.spec.defaults[name]
         raise KeyError(name)
 

@@ -32,6 +32,7 @@ from app.context import build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import ConfigError, NotFound
+from app.core.secret_files import write_private
 from app.core.states import ENDED
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import (
@@ -132,8 +133,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = data_dir / "fleet.toml"
     data_dir.mkdir(parents=True, exist_ok=True)
-    fleet_file.write_text(fleet.to_toml())
-    fleet_file.chmod(0o600)
+    write_private(fleet_file, fleet.to_toml())
     api_key = secrets.token_urlsafe(24)
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         api_keys=[api_key])

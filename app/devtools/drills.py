@@ -14,7 +14,8 @@ included) and counts:
 The last line of every drill reads
 ``drill=NAME jobs=N runs=N double_runs=N lost=N interrupted=N``, followed by the drill's own
 figures where it has some (``redis_loss_requeue``: ``restarts``, ``queued_at_loss``, ``republished``,
-``ran_once``, ``order_kept``, ``worker_lost``).
+``ran_once``, ``order_kept``, ``worker_lost``; ``redis_loss_backlogs``: ``repeats``, ``backlogs``,
+``order_kept``, ``republished``, ``succeeded``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
@@ -111,7 +113,7 @@ class DrillFleet:
         fleet = drill_fleet_config()
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         settings = Settings(
             data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,
@@ -348,6 +350,54 @@ def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
     })
 
 
+#: jobs waiting in each machine's backlog in one repeat of :func:`drill_redis_loss_backlogs`
+BACKLOG = 6
+#: jobs in one repeat: m1's long job, then a backlog on m1 (busy) and one on m2 (idle)
+JOBS_PER_REPEAT = 1 + 2 * BACKLOG
+
+
+def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
+    """R8 and R19 over repeats: ``max(1, count // JOBS_PER_REPEAT)`` times, backlogs of
+    :data:`BACKLOG` one-step jobs fill two machines, m1 busy (behind a 40-step job it runs) and
+    m2 idle (its first job starts at once, the rest wait), and Redis loses its data: ``FLUSHALL``
+    on even repeats, a restart without persistence on odd ones. Reconciliation publishes the
+    queued jobs again (MachineQueues.put_in_order); the drill waits until all have ended, then
+    reads from each worker's own log the order it claimed that backlog's jobs.
+
+    Figures: ``repeats``, ``backlogs`` (machines x repeats), ``order_kept`` (backlogs claimed in
+    submission order, the long job first on m1), ``republished`` (jobs whose journal has a
+    ``requeued`` event), ``succeeded``; with the common ``lost`` and ``double_runs`` (target 0)."""
+    fleet.begin()
+    assert fleet.ctx is not None and fleet.client is not None
+    repeats = max(1, count // JOBS_PER_REPEAT)
+    mine: set[str] = set()
+    backlogs: list[tuple[str, list[str]]] = []  # (machine, its jobs in submission order), per repeat
+    for repeat in range(repeats):
+        base = repeat * JOBS_PER_REPEAT
+        busy = [_submit(fleet, base, steps=40, target="m1")]
+        fleet.wait_running("m1", True, timeout_s=120)
+        busy += [_submit(fleet, base + 1 + i, steps=1, target="m1") for i in range(BACKLOG)]
+        idle = [_submit(fleet, base + 1 + BACKLOG + i, steps=1, target="m2") for i in range(BACKLOG)]
+        if repeat % 2 == 0:
+            fleet.ctx.redis.flushall()
+        else:
+            fleet.restart_redis()
+        backlogs += [("m1", busy), ("m2", idle)]
+        mine |= {*busy, *idle}
+        fleet.wait_ended(mine, timeout_s=120 + 10 * JOBS_PER_REPEAT)
+        assert fleet.local is not None  # the workers report their verified models again after the loss
+        fleet.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=120)
+    result = fleet.result("redis_loss_backlogs", mine, timeout_s=60)
+    journal = fleet.ctx.journal
+    claimed = {machine: fleet.claim_order(machine) for machine in WORKERS}
+    kept = sum(1 for machine, jobs in backlogs if [j for j in claimed[machine] if j in set(jobs)] == jobs)
+    return replace(result, figures={
+        "repeats": repeats, "backlogs": len(backlogs), "order_kept": kept,
+        "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
+        "succeeded": sum(1 for job in journal.list() if job.id in mine and job.state == JobState.succeeded),
+    })
+
+
 def _submit_retrying(fleet: DrillFleet, index: int, timeout_s: float = 60.0) -> str:
     """:func:`_submit` to m1, retried while it answers 503 (m1's worker has not beaten again yet)."""
     deadline = time.monotonic() + timeout_s
@@ -388,6 +438,7 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "server_kill": drill_server_kill,
     "redis_restart": drill_redis_restart,
     "redis_loss_requeue": drill_redis_loss_requeue,
+    "redis_loss_backlogs": drill_redis_loss_backlogs,
     "visibility": drill_visibility,
     "hang": drill_hang,
 }

@@ -1,6 +1,7 @@
 """A real-HTTP fuzz run of the public API (R22, R24): schemathesis, with all its
 checks, against ``homefleet serve`` and a real ``celery worker`` for machine ``server`` that
-holds a verified tiny txt2img model, so that schema-valid bodies really queue and run. Its
+holds a verified tiny model of every kind (:data:`MODELS`: txt2img/img2img/inpaint, edit,
+upscale, video, text), so that schema-valid bodies of every kind really queue and run. Its
 stateful phase follows the OpenAPI links from a submission to the job, its events, its
 result and its cancel.
 
@@ -24,20 +25,33 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from app.context import build_context
 from app.core.config import Settings
 from app.core.limits import DEFAULT_FAMILY, FamilyLimits
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
+from app.devtools.tiny_text import make_tiny_text
 from app.fleet.config import Fleet, Machine
 from routing.placement import SERVER
 
 MODEL = "tiny-sd"
+#: model id -> (family, kind it is built as): one of every kind the API runs (app/core/kinds.py)
+MODELS: dict[str, tuple[str, str]] = {
+    MODEL: ("sd1", "txt2img"),  # txt2img, img2img, inpaint
+    "tiny-pix2pix": ("sd1-pix2pix", "edit"),
+    "tiny-upscaler": ("sd-upscale", "upscale"),
+    "tiny-animatediff": ("animatediff", "video"),
+    "tiny-llama": ("llama", "text"),
+}
 FUZZ_LIMITS = FamilyLimits(max_pixels=64 * 64, max_steps=2, max_frames=2, max_batch=2, max_prompt_chars=64)
 CHECKS = "all"
 CONFIG = Path(__file__).resolve().parents[2] / "tests" / "fuzz" / "schemathesis.toml"
+HOOKS = "app.devtools.fuzz_hooks"  # the check that reads a 422's reason (schema-valid bodies are accepted)
 
 
 @dataclass
@@ -46,10 +60,15 @@ class FuzzReport:
     journal's jobs by state afterwards (``unended``: accepted jobs not in a terminal state)."""
 
     cases: int = 0
+    routes: Counter[str] = field(default_factory=Counter)  # "METHOD /path/{template}" -> cases sent to it
+    operations: int = 0  # operations (method, path) in the OpenAPI document
+    other_methods: int = 0  # cases of a method the document does not list for the path (405 probes)
     statuses: Counter[int] = field(default_factory=Counter)
     failures: int = 0
+    errors: int = 0  # schemathesis' runtime errors (not answers of the server): see ``output``
     exit_code: int = 0
     states: Counter[str] = field(default_factory=Counter)
+    succeeded_kinds: Counter[str] = field(default_factory=Counter)  # jobs that ran and succeeded, by kind
     unended: list[str] = field(default_factory=list)
     output: str = ""
 
@@ -59,27 +78,68 @@ class FuzzReport:
         return sum(count for status, count in self.statuses.items() if status >= 500 and status != 503)
 
     def summary(self) -> str:
-        return (f"fuzz: {self.cases} cases, {self.server_errors} 5xx other than 503 ({self.statuses.get(503, 0)} "
-                f"documented 503), {self.failures} failures, statuses "
-                f"{dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
-                f"{len(self.unended)} accepted jobs not ended")
+        return (
+            f"fuzz: {self.cases} cases over {len(self.routes)} of {self.operations} routes (and {self.other_methods} "
+            f"of undocumented methods), {self.server_errors} 5xx other than 503 "
+            f"({self.statuses.get(503, 0)} documented 503), {self.failures} failures, {self.errors} runtime errors, "
+            f"statuses {dict(sorted(self.statuses.items()))}; journal {dict(sorted(self.states.items()))}, "
+            f"{len(self.unended)} accepted jobs not ended; "
+            f"succeeded by kind {dict(sorted(self.succeeded_kinds.items()))}"
+        )
+
+    def route_lines(self) -> list[str]:
+        """One line per route: its cases, the most first."""
+        return [
+            f"{count:6d}  {route}" for route, count in sorted(self.routes.items(), key=lambda item: (-item[1], item[0]))
+        ]
 
 
 def fuzz_fleet(data_dir: Path) -> tuple[Settings, Fleet]:
     """Settings and a one-machine fleet (``server``) for the fuzz run, under ``data_dir``."""
-    fleet = Fleet(machines={SERVER: Machine(name=SERVER, backend="cpu", memory_kind="unified",
-                                            memory_bytes=8_000_000_000, families=frozenset({"sd1"}),
-                                            token=secrets.token_urlsafe(32))})
-    settings = Settings(data_dir=data_dir, fleet_file=data_dir / "fleet.toml", api_port=free_port(),
-                        api_keys=[secrets.token_urlsafe(24)], limits={DEFAULT_FAMILY: FUZZ_LIMITS},
-                        images_wait_s=20, max_queued_per_machine=64, max_pending_total=64)
+    fleet = Fleet(
+        machines={
+            SERVER: Machine(
+                name=SERVER,
+                backend="cpu",
+                memory_kind="unified",
+                memory_bytes=8_000_000_000,
+                families=frozenset(family for family, _ in MODELS.values()),
+                token=secrets.token_urlsafe(32),
+            )
+        }
+    )
+    settings = Settings(
+        data_dir=data_dir,
+        fleet_file=data_dir / "fleet.toml",
+        api_port=free_port(),
+        api_keys=[secrets.token_urlsafe(24)],
+        limits={DEFAULT_FAMILY: FUZZ_LIMITS},
+        images_wait_s=20,
+        max_queued_per_machine=64,
+        max_pending_total=64,
+    )
     return settings, fleet
 
 
-def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage,fuzzing,stateful",
-             extra_args: list[str] | None = None, drain_timeout_s: float = 1800.0,
-             wait_s: int = 5) -> FuzzReport:
+def build_models(out_dir: Path) -> dict[str, Path]:
+    """The tiny folders of :data:`MODELS` under ``out_dir``: model id -> folder."""
+    image_kinds = [kind for _, kind in MODELS.values() if kind != "text"]
+    built = make_tiny(out_dir, kinds=image_kinds)
+    text = make_tiny_text(out_dir, families=[family for family, kind in MODELS.values() if kind == "text"])
+    return {model_id: text[family] if kind == "text" else built[kind] for model_id, (family, kind) in MODELS.items()}
+
+
+def run_fuzz(
+    data_dir: Path,
+    max_examples: int,
+    phases: str = "examples,coverage,fuzzing,stateful",
+    extra_args: list[str] | None = None,
+    drain_timeout_s: float = 1800.0,
+    wait_s: int = 5,
+    workers: int = 1,
+) -> FuzzReport:
     """Run schemathesis against a fresh fleet under ``data_dir``; return what it saw.
+    ``workers``: schemathesis' concurrent requests (``--workers``).
     ``max_examples``: per operation and phase (schemathesis' ``--max-examples``).
     ``wait_s``: each request's ``Prefer: wait`` (seconds): how long an image or text route waits
     for its job before answering 409 ``job_pending`` (C10).
@@ -90,19 +150,22 @@ def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage
     redis = start_redis_server(data_dir / "redis")
     settings, fleet = fuzz_fleet(data_dir)
     settings = settings.model_copy(update={"redis_url": redis.url})
-    settings.fleet_file.write_text(fleet.to_toml())  # type: ignore[union-attr]
+    write_private(settings.fleet_file, fleet.to_toml())  # type: ignore[arg-type]
     ctx = build_context(settings, fleet, migrate=True)
     local = LocalFleet(settings, fleet, settings.fleet_file)  # type: ignore[arg-type]
     report = FuzzReport()
     try:
-        built = make_tiny(data_dir / "tiny", kinds=("txt2img",))
-        ctx.registry.add(built["txt2img"], model_id=MODEL)
+        for model_id, folder in build_models(data_dir / "tiny").items():
+            ctx.registry.add(folder, model_id=model_id)
         local.start_api()
         local.start_worker(SERVER)
-        local.wait_online([SERVER], model_id=MODEL, timeout_s=180)
-        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [], wait_s)
+        for model_id in MODELS:
+            local.wait_online([SERVER], model_id=model_id, timeout_s=300)
+        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [], wait_s, workers)
         report.unended = drain(ctx, drain_timeout_s)
-        report.states = Counter(str(job.state) for job in ctx.journal.list())
+        jobs = ctx.journal.list()
+        report.states = Counter(str(job.state) for job in jobs)
+        report.succeeded_kinds = Counter(job.kind for job in jobs if job.state == JobState.succeeded)
     finally:
         local.stop()
         ctx.close()
@@ -110,33 +173,81 @@ def run_fuzz(data_dir: Path, max_examples: int, phases: str = "examples,coverage
     return report
 
 
-def schemathesis_run(local: LocalFleet, max_examples: int, phases: str, data_dir: Path,
-                     extra_args: list[str], wait_s: int = 5) -> FuzzReport:
+def schemathesis_run(
+    local: LocalFleet,
+    max_examples: int,
+    phases: str,
+    data_dir: Path,
+    extra_args: list[str],
+    wait_s: int = 5,
+    workers: int = 1,
+) -> FuzzReport:
     """``schemathesis run`` over real HTTP, with every check; the statuses from its NDJSON report."""
     report_dir = data_dir / "schemathesis"
     key = local.settings.api_keys[0]
     command = [
-        str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG),
-        "run", f"{local.api_url}/openapi.json",
-        "--checks", CHECKS, "--phases", phases, "--max-examples", str(max_examples), "--workers", "1",
-        "-H", f"Authorization: Bearer {key}",
-        "-H", f"Prefer: wait={wait_s}",  # the image routes answer 409 job_pending after wait_s (C10), not images_wait_s
-        "--seed", "1",
-        "--report", "ndjson", "--report-dir", str(report_dir), "--no-color",
-        "--suppress-health-check", "all", "--continue-on-failure", *extra_args,
+        str(Path(sys.executable).parent / "schemathesis"),
+        "--config-file",
+        str(CONFIG),
+        "run",
+        f"{local.api_url}/openapi.json",
+        "--checks",
+        CHECKS,
+        "--phases",
+        phases,
+        "--max-examples",
+        str(max_examples),
+        "--workers",
+        str(workers),
+        "-H",
+        f"Authorization: Bearer {key}",
+        "-H",
+        f"Prefer: wait={wait_s}",  # the image routes answer 409 job_pending after wait_s (C10), not images_wait_s
+        "--seed",
+        "1",
+        "--report",
+        "ndjson",
+        "--report-dir",
+        str(report_dir),
+        "--no-color",
+        "--suppress-health-check",
+        "all",
+        "--continue-on-failure",
+        *extra_args,
     ]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
+    document = httpx.get(f"{local.api_url}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+    documented = {
+        f"{method.upper()} {path}"
+        for path, item in document["paths"].items()
+        for method in item
+        if method in ("get", "post", "put", "delete", "patch")
+    }
+    root = str(Path(__file__).resolve().parents[2])  # where app.devtools.fuzz_hooks is imported from
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": HOOKS,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=7200, env=env)
     report = FuzzReport(exit_code=done.returncode, output=done.stdout[-20000:] + done.stderr[-5000:])
     for path in report_dir.glob("*.ndjson"):
         for line in path.read_text().splitlines():
             event = json.loads(line)
             for status in re.findall(r'"status_code": ?(\d{3})', json.dumps(event)):
                 report.statuses[int(status)] += 1
+            for case in event.get("ScenarioFinished", {}).get("recorder", {}).get("cases", {}).values():
+                route = f"{case['value']['method'].upper()} {case['value']['path']}"
+                if route in documented:
+                    report.routes[route] += 1
+                else:
+                    report.other_methods += 1
+    report.operations = len(documented)
     generated = re.search(r"(\d+) generated", done.stdout)
     report.cases = int(generated.group(1)) if generated else sum(report.statuses.values())
-    failed = re.search(r"(\d+) failures?", done.stdout)
-    report.failures = int(failed.group(1)) if failed else (0 if done.returncode == 0 else -1)
+    failed = re.search(r"(\d+) (?:unique )?failures?", done.stdout)
+    errored = re.search(r"(\d+) errors?(?:,| in )", done.stdout)  # schemathesis' own runtime errors
+    report.errors = int(errored.group(1)) if errored else 0
+    report.failures = int(failed.group(1)) if failed else (0 if done.returncode == 0 or report.errors else -1)
     return report
 
 

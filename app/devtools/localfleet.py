@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from app.core.config import BrokerSettings, Settings
+from app.core.secret_files import write_private
 from app.devtools import forkserver as forkserver_module
 from app.devtools.procs import ChildProcess, stop_process_group
 from app.fleet.config import Fleet
@@ -126,10 +127,7 @@ class LocalFleet:
         token = self.fleet.machines[machine].token or ""
         args = ["worker"]
         if token_file:
-            path = self.machine_dir(machine) / "worker-token"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch(mode=0o600)
-            path.write_text(token + "\n")
+            path = write_private(self.machine_dir(machine) / "worker-token", token + "\n")
             args += ["--token-file", str(path)]
             token = ""
         device = self.fleet.machines[machine].device

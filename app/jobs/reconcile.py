@@ -154,6 +154,8 @@ class Reconciler:
             last_progress = self.progress.last_at(job.id)
             if heartbeat is None and not judge_liveness:
                 continue  # Redis just lost its data: the worker has not had time to beat again
+            if heartbeat is None and not self.redis.exists(self.keys.redis_seen()):
+                continue  # Redis lost its data during this pass (after it read the marker): as above
             if heartbeat is None and now - last_progress > self.settings.heartbeat_ttl_s:
                 # (a starved heartbeat thread while steps still report is not a lost worker)
                 self._interrupt(report, job.id, JobState.running, "worker_lost",

@@ -53,9 +53,11 @@ from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
 
-INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n")
-"""Params that :func:`check_submission` takes as integers, also when a JSON client sends an
-integer-valued float (``512.0``)."""
+INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n", "seed", *dict.fromkeys(
+    number.name for spec in KINDS.values() for number in spec.numbers if number.integer))
+"""Params taken as integers, also when a JSON client sends an integer-valued float (``512.0``;
+JSON Schema's ``integer`` admits it, R22): the sizes :func:`check_submission` checks, the seed
+and every integer number of a kind (``noise_level``, ``max_new_tokens``)."""
 
 MAX_ADAPTER_SCALE = 4.0
 """``params.adapters[i].scale`` lies in [-MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE]: the
@@ -150,6 +152,7 @@ class Validator:
         self.apply_defaults(record, kind, params)
         limits = limits_for(self.limits, record.family)
         if kind == "text":
+            params.update(integer_params(params))  # 16.0 new tokens are 16
             check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
             check_kind_params(kind, params, self.inputs, limits, record.family)
             if isinstance(temperature := params.get("temperature"), int | float) and greedy(temperature):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app.core.secret_files import write_private
 from app.devtools.redis_server import free_port
 
 
@@ -43,7 +44,7 @@ def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Pat
     """Workers authenticate with their machine's token (at least 16 characters): a server
     started without one would refuse every worker."""
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
                      'memory_bytes = 8000000000\nfamilies = ["sd1"]\ntoken = "short"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
@@ -59,7 +60,7 @@ def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -
     meant for would run under the default limits. serve refuses it, naming the family, the
     known families and the closest one."""
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
                      'memory_bytes = 8000000000\nfamilies = ["sd1", "sdxl"]\ntoken = "a-token-of-24-characters"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
@@ -78,7 +79,7 @@ def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp
     fleet file is refused with one line that names it (a fleet-wide check has no field path;
     pydantic's "Value error," prefix is left out)."""
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text('[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
                      'memory_bytes = 8000000000\nfamilies = ["sd1"]\n[families.sd-1.working_memory.txt2img]\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet)})

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from app.core.secret_files import write_private
 from tests.helpers import run_cli
 
 TOKEN = "secret-token-0123456789"
@@ -17,7 +18,7 @@ TOKEN = "secret-token-0123456789"
 
 def test_print_systemd_unit_names_the_token_file_and_this_interpreter(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+    write_private(token_file, TOKEN + "\n")
     env: dict[str, str | None] = {"HOMEFLEET_REDIS_URL": "redis://127.0.0.1:6390/3", "HOMEFLEET_WORKER_TOKEN": None,
                                   "HOMEFLEET_WORKER_TOKEN_FILE": None}
     done = run_cli("worker", "--machine", "box:0", "--models-dir", str(tmp_path / "models"),
@@ -38,7 +39,7 @@ def test_print_systemd_unit_names_the_token_file_and_this_interpreter(tmp_path: 
 
 def test_print_launchd_plist_and_a_token_outside_a_file_is_refused(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
+    write_private(token_file, TOKEN)
     env: dict[str, str | None] = {"HOMEFLEET_WORKER_TOKEN": None, "HOMEFLEET_WORKER_TOKEN_FILE": None}
     done = run_cli("worker", "--machine", "mac1", "--models-dir", str(tmp_path), "--token-file", str(token_file),
                    "--print-launchd-plist", env=env)

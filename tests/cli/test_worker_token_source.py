@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.core.secret_files import write_private
+
 
 def worker(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
@@ -37,7 +39,7 @@ def test_an_unreadable_token_file_is_named_in_one_line(tmp_path: Path) -> None:
 
 def test_a_token_in_both_the_environment_and_a_file_is_refused(tmp_path: Path) -> None:
     token = tmp_path / "token"
-    token.write_text("x" * 32 + "\n")
+    write_private(token, "x" * 32 + "\n")
     done = worker(tmp_path, env={"HOMEFLEET_WORKER_TOKEN": "y" * 32, "HOMEFLEET_WORKER_TOKEN_FILE": str(token)})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE" in done.stdout, done.stdout

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.drills import DRILLS, FLEET_OPTIONS, DrillFleet, DrillResult, drill_visibility
+from app.devtools.drills import (
+    BACKLOG,
+    DRILLS,
+    FLEET_OPTIONS,
+    JOBS_PER_REPEAT,
+    DrillFleet,
+    DrillResult,
+    drill_visibility,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -76,6 +84,21 @@ def test_r19_redis_loss_requeue_drill(drill_fleet: DrillFleet) -> None:
     assert result.figures == {"restarts": 1, "queued_at_loss": 7, "republished": 7, "ran_once": 7, "order_kept": 1,
                               "worker_lost": 0}, result.line()
     assert drill_fleet.ctx.redis.keys("machine.*") == []  # nothing outside the prefix
+
+
+def test_r8_r19_redis_loss_backlogs_drill_keeps_each_machines_order(drill_fleet: DrillFleet) -> None:
+    """Twice (FLUSHALL, then a restart without persistence), Redis loses its data while m1 runs a
+    long job with a backlog behind it and m2, idle, works through its own: every job runs once,
+    none is lost, and each machine claims each backlog in submission order (R8).
+    ``homefleet drill redis_loss_backlogs --count 130`` runs 10 repeats (docs/benchmarks.md)."""
+    result = DRILLS["redis_loss_backlogs"](drill_fleet, 2 * JOBS_PER_REPEAT)
+    check(result, 2 * JOBS_PER_REPEAT)
+    assert (result.runs, result.interrupted) == (2 * JOBS_PER_REPEAT, 0), result.line()
+    figures = result.figures
+    assert (figures["repeats"], figures["backlogs"], figures["order_kept"]) == (2, 4, 4), result.line()
+    assert figures["succeeded"] == 2 * JOBS_PER_REPEAT, result.line()
+    # at least m1's waiting backlog (behind its long job) was lost with Redis and published again
+    assert figures["republished"] >= 2 * BACKLOG, result.line()
 
 
 def test_c01_visibility_timeout_drill(drill_fleet: DrillFleet) -> None:

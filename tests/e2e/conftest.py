@@ -27,6 +27,7 @@ from app.core.config import Settings
 from app.core.families import FAMILIES
 from app.core.limits import KeyQuota, key_id
 from app.core.lora_files import LORA_WEIGHTS
+from app.core.secret_files import write_private
 from app.devtools.kohya_lora import to_kohya_lora
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
@@ -77,7 +78,7 @@ def fleet(
     fleet_config = make_fleet("m1", "m2", "m3").model_copy(
         update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])})
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(fleet_config.to_toml())
+    write_private(fleet_file, fleet_config.to_toml())
     settings = Settings(
         data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY, QUOTA_KEY],
@@ -148,7 +149,7 @@ def models_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
     redis.Redis.from_url(redis_url).flushdb()
     fleet_config = make_fleet(MODELS_MACHINE, families=frozenset(FAMILIES))
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(fleet_config.to_toml())
+    write_private(fleet_file, fleet_config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
     ctx = build_context(settings, fleet_config, migrate=True)

@@ -24,6 +24,7 @@ from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import load_fleet
@@ -72,7 +73,7 @@ def devices(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_
     redis_url = f"{redis_base_url}/9"
     redis.Redis.from_url(redis_url).flushdb()
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(FLEET_TOML)
+    write_private(fleet_file, FLEET_TOML)
     fleet = load_fleet(fleet_file)
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])

@@ -23,6 +23,7 @@ from PIL import Image
 from app.client import ApiError, HomefleetClient
 from app.core.config import Settings
 from app.core.digest import bytes_digest
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
@@ -56,7 +57,7 @@ def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, po
     redis.Redis.from_url(redis_url).flushdb()
     fleet = make_fleet("m1")
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(fleet.to_toml())
+    write_private(fleet_file, fleet.to_toml())
     settings = Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_file=fleet_file,
                         api_port=free_port(), heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
                         database_url=postgres_url)

@@ -26,6 +26,7 @@ from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
@@ -89,7 +90,7 @@ def rfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet("m1")
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(config.to_toml())
+    write_private(fleet_file, config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5,
                         api_keys=[TEST_API_KEY])

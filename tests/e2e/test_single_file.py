@@ -24,6 +24,7 @@ from app.client import HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import bytes_digest, file_digest
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.devtools.tiny_single_file import make_tiny_single_file
@@ -56,7 +57,7 @@ def sfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet(MACHINE)
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(config.to_toml())
+    write_private(fleet_file, config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
     env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),

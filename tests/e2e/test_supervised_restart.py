@@ -25,6 +25,7 @@ import redis
 from app.client import HomefleetClient
 from app.core.config import Settings
 from app.core.keys import Keys
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
@@ -54,7 +55,7 @@ def supervised(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
     client.flushdb()
     fleet = make_fleet(MACHINE)
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(fleet.to_toml())
+    write_private(fleet_file, fleet.to_toml())
     settings = Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_file=fleet_file,
                         api_port=free_port(), heartbeat_interval_s=0.5, heartbeat_ttl_s=TTL_S, api_keys=[TEST_API_KEY])
     operator = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
@@ -64,8 +65,7 @@ def supervised(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
     local = LocalFleet(settings, fleet, fleet_file, forkserver=True)
     local.copy_model(MODEL, MACHINE)
     token_file = local.machine_dir(MACHINE) / "worker-token"
-    token_file.touch(mode=0o600)
-    token_file.write_text(f"{fleet.machines[MACHINE].token}\n")
+    write_private(token_file, f"{fleet.machines[MACHINE].token}\n")
     unit = run_cli("worker", "--machine", MACHINE, "--models-dir", str(local.models_dir(MACHINE)),
                    "--token-file", str(token_file), "--server-url", local.api_url, "--print-systemd-unit",
                    env={"HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_WORKER_TOKEN": None,

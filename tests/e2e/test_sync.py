@@ -24,6 +24,7 @@ from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import file_digest
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
@@ -66,7 +67,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet("m1", "m2")
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(config.to_toml())
+    write_private(fleet_file, config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, sync_reservation_ttl_s=SYNC_TTL_S,
                         api_keys=[TEST_API_KEY])

@@ -28,6 +28,7 @@ import redis
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import file_digest
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
@@ -57,7 +58,7 @@ def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_t
     fleet_config = fleet_config.model_copy(
         update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}})
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(fleet_config.to_toml())
+    write_private(fleet_file, fleet_config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
     ctx = build_context(settings, fleet_config, migrate=True)

@@ -19,6 +19,7 @@ import redis
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
@@ -66,7 +67,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet("m1")
     fleet_file = data_dir / "fleet.toml"
-    fleet_file.write_text(config.to_toml())
+    write_private(fleet_file, config.to_toml())
     settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
                         heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5, hung_after_s=60,
                         api_keys=[TEST_API_KEY])

@@ -28,6 +28,7 @@ import redis
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import RedisProcess, free_port, redis_server_binary
 from tests.helpers import TEST_API_KEY, make_fleet
@@ -133,7 +134,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         _wait_redis(redis_server.url)
         fleet = make_fleet(*HOSTS)
         fleet_file = data_dir / "fleet.toml"
-        fleet_file.write_text(fleet.to_toml())
+        write_private(fleet_file, fleet.to_toml())
         settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
                             api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
                             reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY])

@@ -212,6 +212,23 @@ def test_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContex
     assert [job.state for job in ctx.journal.list()] == (["rejected"] if path == "/v1/jobs" else [])
 
 
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/generate_stream", {"inputs": "a", "stream": 0}, "stream"),
+    ("/generate", {"inputs": "a", "parameters": {"return_full_text": 0}}, "return_full_text"),
+    ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream"),
+])
+def test_a_number_or_a_word_is_no_boolean(api: tuple[TestClient, ServerContext], path: str, body: dict[str, Any],
+                                          field: str) -> None:
+    """Lax mode would read ``0`` or ``"yes"`` as a boolean (the fuzz run's negative phase had
+    ``"stream": 0`` stream events, once a text model was in its fleet): a 422 naming the field,
+    nothing submitted (app/core/request_body.py)."""
+    client, ctx = api
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.text and "must be true or false" in answer.text
+    assert ctx.journal.list() == []
+
+
 def test_the_tgi_streaming_routes_say_they_answer_server_sent_events(api: tuple[TestClient, ServerContext]) -> None:
     """``POST /generate_stream`` answers ``text/event-stream`` only, and TGI's root route
     ``POST /`` JSON or, with ``stream``, ``text/event-stream``: the description says what a

@@ -19,6 +19,7 @@ from app.core.config import Settings
 from app.core.digest import bytes_digest
 from app.core.pricing import loaded_bytes
 from app.core.safetensors import model_weight_bytes, safetensors_weight_bytes
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.core.variants import Variant
 from app.fleet.config import Fleet, Machine, ModelGuess
@@ -47,7 +48,7 @@ def machine(name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset
 def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str, str]:
     """The environment that points a `homefleet` command at this test's fleet, Redis and journal."""
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(ctx.fleet.to_toml())
+    write_private(fleet_file, ctx.fleet.to_toml())
     env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
            "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
     if settings.database_url:

@@ -16,6 +16,7 @@ import pytest
 from app.context import ServerContext, build_context
 from app.core.celery_app import create_celery
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 
@@ -26,7 +27,7 @@ PREFIX = "app2:"
 def prefixed(settings: Settings, tmp_path: Path) -> Iterator[ServerContext]:
     fleet = make_fleet("m1")
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(fleet.to_toml())  # for the CLI
+    write_private(fleet_file, fleet.to_toml())  # for the CLI
     context = build_context(settings.model_copy(update={"broker_key_prefix": PREFIX, "lost_grace_s": 0.0,
                                                         "fleet_file": fleet_file}), fleet, migrate=True)
     context.pairing.check()  # the server's journal, as `serve` records it

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.fleet.config import load_fleet
 from routing.estimate import readable_bytes
 from tests.helpers import bring_online, make_fleet
@@ -37,7 +38,7 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[t
     machines = make_fleet("m1")
     machines.machines["m1"] = machines.machines["m1"].model_copy(update={"memory_bytes": SMALL_BYTES})
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(machines.to_toml() + WORKING)
+    write_private(fleet_file, machines.to_toml() + WORKING)
     ctx = build_context(settings, load_fleet(fleet_file), migrate=True)
     for model_id in (MODEL, EDIT_MODEL):
         ctx.registry.add(tiny_models_dir / model_id, model_id)

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.fleet.config import load_fleet
 from routing.estimate import readable_bytes
 from tasks.pipelines import load_pipeline
@@ -52,7 +53,7 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[A
         machines = make_fleet("m1")
         machines.machines["m1"] = machines.machines["m1"].model_copy(update={"memory_bytes": SMALL_BYTES})
         fleet_file = tmp_path / f"fleet-{len(opened)}.toml"
-        fleet_file.write_text(machines.to_toml() + extra)
+        write_private(fleet_file, machines.to_toml() + extra)
         fleet = load_fleet(fleet_file)
         ctx = build_context(settings, fleet, migrate=True)
         if MODEL not in {r.id for r in ctx.registry.list()}:

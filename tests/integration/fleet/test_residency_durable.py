@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
+from app.core.secret_files import write_private
 from app.fleet.residency_store import ResidencyStore
 from tests.helpers import bring_online, make_fleet, run_cli, settings_env, wait_for
 
@@ -34,7 +35,7 @@ def settings(sql_settings: Settings) -> Settings:
 def durable_settings(settings: Settings, tmp_path: Path) -> Settings:
     """The session settings with a fleet file, so that CLI subprocesses see machines m1 and m2."""
     fleet_file = tmp_path / "fleet.toml"
-    fleet_file.write_text(FLEET.to_toml())
+    write_private(fleet_file, FLEET.to_toml())
     return settings.model_copy(update={"fleet_file": fleet_file})
 
 

@@ -26,6 +26,7 @@ from app.core.config import Settings, WorkerSettings
 from app.core.digest import bytes_digest, file_digest
 from app.core.errors import Conflict, MachineUnavailable, Rejected
 from app.core.protocol import SyncFinish
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
@@ -187,7 +188,7 @@ def short_api(settings: Settings) -> Iterator[tuple[LocalFleet, ServerContext]]:
     Redis and journal."""
     fleet = make_fleet("m1", "m2")
     fleet_file = settings.data_dir.parent / "fleet.toml"
-    fleet_file.write_text(fleet.to_toml())
+    write_private(fleet_file, fleet.to_toml())
     short = settings.model_copy(update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file,
                                         "api_port": free_port()})
     local = LocalFleet(short, fleet, fleet_file, forkserver=True)

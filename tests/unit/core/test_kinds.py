@@ -102,3 +102,16 @@ def test_every_param_a_kind_takes_passes_and_an_unknown_kind_is_named() -> None:
         check_known_params("outpaint", {})
     assert refused.value.reason == "kind_not_supported"
     assert "txt2img, edit, img2img, inpaint, upscale, video" in refused.value.message
+
+
+def test_a_null_param_is_read_as_absent_by_the_runner() -> None:
+    """The server reads null as absent for a kind's optional params (the schema allows null, R22):
+    so does the runner, which takes the default. The fuzz run's ``"frames": null`` video job was
+    accepted, then failed on the worker with ``int(None)``."""
+    from app.core.kinds import family_kind_spec
+
+    spec = family_kind_spec("animatediff", "video")
+    args = spec.args({"prompt": "a", "frames": None, "seed": None})
+    assert args["frames"] == spec.defaults["frames"] and args.get("frames") == spec.defaults["frames"]
+    assert spec.value({"frames": None}, "frames") == spec.defaults["frames"]
+    assert args.get("seed") is None  # no default: still None

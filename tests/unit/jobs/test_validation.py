@@ -108,3 +108,15 @@ def test_r22_a_misspelt_family_limit_is_refused_at_start_not_ignored(monkeypatch
         Settings()
     monkeypatch.setenv("HOMEFLEET_LIMITS", '{"sd1": {"max_pixels": 4096}}')
     assert Settings().limits["sd1"].max_pixels == 4096
+
+
+def test_integer_valued_floats_are_integers_for_every_integer_param() -> None:
+    """JSON Schema's ``integer`` admits ``255.0`` (the fuzz run's schema-valid bodies had
+    ``"noise_level": 255.0`` and ``"seed": 782.0`` refused): the seed and every integer number of a
+    kind are taken as integers, as the sizes were; a fraction stays what it is."""
+    from app.jobs.validation import INTEGER_PARAMS, integer_params
+
+    assert {"seed", "noise_level", "max_new_tokens", "width", "steps"} <= set(INTEGER_PARAMS)
+    converted = integer_params({"seed": 782.0, "noise_level": 255.0, "max_new_tokens": 16.0, "steps": 2.5})
+    assert converted == {"seed": 782, "noise_level": 255, "max_new_tokens": 16}
+    assert all(type(value) is int for value in converted.values())

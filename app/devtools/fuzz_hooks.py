@@ -1,0 +1,102 @@
+"""schemathesis hooks of the real-HTTP fuzz run (app/devtools/fuzz.py loads them with
+``SCHEMATHESIS_HOOKS``): one check, :func:`schema_valid_is_not_refused`.
+
+The OpenAPI document states every limit JSON Schema can state (app/api/openapi.py), so a
+schema-valid request is accepted. The few refusals (422) a schema cannot rule out are allowed
+below, each by its reason, with why; any other 422 to a schema-valid request fails the run.
+schemathesis' own ``positive_data_acceptance`` lets 422 through on the job routes
+(tests/fuzz/schemathesis.toml) so that this check, which reads the reason, decides.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import schemathesis
+
+#: reason -> why a schema-valid request may still get it (what JSON Schema cannot state)
+UNSTATABLE: dict[str, str] = {
+    "invalid_size": "width x height over max_pixels (a product of two fields), or an input image whose output would be",
+    "invalid_prompt": "the prompt's tokens in the model's own tokenizer (a character may be several byte tokens); a "
+    "chat request's prompt is its messages once chat-templated",
+    "invalid_max_new_tokens": "the prompt's tokens + max_new_tokens over the model's max_total_tokens",
+    "input_type": "an upload's bytes must decode as a PNG, JPEG or WebP image",
+    "invalid_image": "an uploaded part must be an image (its bytes and media type)",
+    "input_corrupt": "an input image must decode",
+    "invalid_inputs": "Hugging Face image-to-image: `inputs` must be an image in base64",
+    "invalid_grammar": "a grammar (JSON schema or regular expression) must compile",
+    "invalid_webhook_url": "a webhook's host must be on the fleet's allow-list, and its key have a secret",
+    "unknown_file": "an input id must name a file uploaded to this server (POST /v1/files)",
+    "idempotency_key_reused": "an Idempotency-Key sent before with another body (state across requests, R20)",
+    "no_machine": "auto placement: every machine able to run the model is offline or receiving a sync "
+    "(POST /v1/machines/{machine}/sync in the same run; state, not the request)",
+    "adapter_family_mismatch": "an adapter must be of the model's family (two fields, and the registry)",
+}
+#: (reason, param) -> why: a generic reason allowed for one param only
+PARAM_UNSTATABLE: dict[tuple[str, str], str] = {
+    (
+        "invalid_params",
+        "params.strength",
+    ): "int(steps x strength) must leave a denoising step (a product of two fields)",
+    ("invalid_expand_prompt", "params.expand_prompt"): "POST /v1/jobs?dry_run=true decides a placement without "
+    "running the expansion's text job: a query parameter and a "
+    "body field together",
+}
+#: (method, path) -> more reasons that route may answer a schema-valid request, and why
+ROUTE_UNSTATABLE: dict[tuple[str, str], dict[str, str]] = {
+    ("POST", "/hf/models/{model}"): {
+        "kind_not_supported": "the path's model must run the body's task (text-to-image, or image-to-image "
+        "with parameters.prompt): one schema for a path parameter and a body cannot say so",
+        "unsupported_kind": "as kind_not_supported",
+    },
+}
+#: routes whose 422 is about a stored job, not the request: requeue submits the job it repeats again
+STORED_JOB_ROUTES = {("POST", "/v1/jobs/{job_id}/requeue")}
+
+
+def refusal_param(body: Any) -> str | None:
+    """The field an error body names (``param``), if any."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    param = error.get("param") if isinstance(error, dict) else body.get("param")
+    return param if isinstance(param, str) else None
+
+
+def refusal_reason(body: Any) -> str | None:
+    """The reason of an error body in any of the API's three shapes (``Error``: error.reason;
+    ``OpenAIError``: error.code; ``TGIError``: reason); None when there is none."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict):
+        reason = error.get("reason") or error.get("code")
+        return reason if isinstance(reason, str) else None
+    reason = body.get("reason")
+    return reason if isinstance(reason, str) else None
+
+
+@schemathesis.check
+def schema_valid_is_not_refused(ctx: Any, response: Any, case: Any) -> bool | None:
+    """A 422 to a schema-valid (positive) request fails, unless its reason is one a schema
+    cannot rule out (:data:`UNSTATABLE`, :data:`ROUTE_UNSTATABLE`, :data:`PARAM_UNSTATABLE`) or it
+    is about a stored job."""
+    meta = getattr(case, "meta", None)
+    if response.status_code != 422 or meta is None or not meta.generation.mode.is_positive:
+        return None
+    route = (case.method.upper(), case.operation.path)
+    if route in STORED_JOB_ROUTES:
+        return None
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        body = None
+    reason = refusal_reason(body)
+    allowed = {**UNSTATABLE, **ROUTE_UNSTATABLE.get(route, {})}
+    if reason not in allowed and (reason, refusal_param(body)) not in PARAM_UNSTATABLE:
+        raise AssertionError(
+            f"a schema-valid request was refused 422 ({reason}): the OpenAPI document should state "
+            f"that limit (app/api/openapi.py); body: {response.content[:300]!r}"
+        )
+    return None

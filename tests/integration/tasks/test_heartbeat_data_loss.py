@@ -1,0 +1,44 @@
+"""A worker's advertised set survives Redis losing its data (R4, R19): restarted without
+persistence (a new run id) or flushed (``FLUSHALL``, ``FLUSHDB``: the same run id), the next beat writes the
+set back, so the machine stays placeable without a sync. Real Redis; the heartbeat and lease
+are the worker's own (tasks/heartbeat.py, tasks/lease.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from app.core.config import WorkerSettings
+from app.core.keys import Keys
+from tasks.heartbeat import Heartbeat
+
+VERIFIED = {"tiny-sd", "tiny-llama"}
+
+
+class FolderCheck:
+    """The verifier's one call: the models whose files the folder holds."""
+
+    def verify(self) -> set[str]:
+        return set(VERIFIED)
+
+
+def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis_url: str, tmp_path: Path) -> None:
+    settings = WorkerSettings(machine="m1", models_dir=tmp_path / "models", worker_token="t" * 32,
+                              redis_url=redis_url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(settings.key_prefix)
+    beat = Heartbeat(settings, client, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]
+    client.set(keys.worker_lease("m1"), "boot-1")  # the lease this worker holds
+    beat._first_check()
+    client.sadd(keys.verified("m1"), *VERIFIED)  # as the verifier advertises them
+    assert beat.beat()
+    client.srem(keys.verified("m1"), "tiny-llama")  # withdrawn by the job-time check: stays withdrawn
+    assert beat.beat() and client.smembers(keys.verified("m1")) == {"tiny-sd"}
+
+    client.flushdb()  # the same Redis (run id), its data gone (FLUSHDB: the session Redis serves other tests)
+    client.set(keys.worker_lease("m1"), "boot-1")  # the lease thread takes it back (tasks/lease.py)
+    assert beat.beat()
+    assert client.smembers(keys.verified("m1")) == {"tiny-sd"}  # back, as it was before the loss
+    assert client.get(keys.heartbeat("m1")) is not None
+    client.close()
