@@ -56,7 +56,8 @@ class HomefleetClient:
         retry = response.headers.get("retry-after", "")
         retry_after_s = int(retry) if retry.isdigit() else None
         if isinstance(error, dict):
-            raise ApiError(response.status_code, error.get("reason", "error"), error.get("message", ""), retry_after_s,
+            raise ApiError(response.status_code, error.get("reason") or error.get("code") or "error",  # OpenAI: code
+                           error.get("message", ""), retry_after_s,
                            param=error.get("param"), job_id=error.get("job_id"))
         raise ApiError(response.status_code, "error", str(body.get("detail", response.text[:500])), retry_after_s)
 
@@ -130,6 +131,15 @@ class HomefleetClient:
         if not response.is_success:
             self._json(response)
         return response.content
+
+    def models(self) -> list[dict[str, Any]]:
+        """The registered models (``GET /v1/models``'s ``data``: OpenAI's list shape, each model
+        with Homefleet's fields: ``family``, ``kinds``, ``params``...)."""
+        return self._json(self.http.get("/v1/models"))["data"]  # type: ignore[no-any-return]
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        """One registered model (``GET /v1/models/{id}``); raises ApiError (404 ``unknown_model``)."""
+        return self._json(self.http.get(f"/v1/models/{model_id}"))  # type: ignore[no-any-return]
 
     def machines(self) -> list[dict[str, Any]]:
         return self._json(self.http.get("/v1/machines"))

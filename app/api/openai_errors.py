@@ -14,15 +14,18 @@ header says false) never create a second job (R20); such an error names the jobs
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from app.api.strict_json import printable
-from app.core.errors import HomefleetError
+from app.core.errors import HomefleetError, Rejected
 
-OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions")
+OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions", "/v1/models")
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
 TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 424: "generation",
@@ -124,3 +127,37 @@ def openai_validation_error(error: RequestValidationError) -> JSONResponse:
         message += f", got {str(first['input'])[:200]!r}"
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
     return JSONResponse(status_code=422, content=body)
+
+
+def renamed(error: Rejected, names: Mapping[str, str]) -> Rejected:
+    """``error`` naming the field the client sent where it names the job param that field became
+    (``names``: job param -> client field, e.g. ``max_new_tokens`` -> ``max_tokens``,
+    ``width`` -> ``size``): its ``param`` (from ``params.<name>``, ``<name>`` or the reason
+    ``invalid_<name>``) and the message's ``params.<name>``, `` `<name>` `` and, for a name with an
+    underscore that the client's field does not share, the bare name. An error naming no mapped param is returned as it is."""
+    raw = error.param or ""
+    param = raw.removeprefix("params.") or error.reason.removeprefix("invalid_")
+    field = names.get(param)
+    if field is None:
+        return error
+    shown = f"`{field}` ({param})" if list(names.values()).count(field) > 1 else f"`{field}`"  # size (width)
+    message = error.message.replace(f"params.{param}", field).replace(f"`{param}`", shown)
+    if "_" in param and field.rpartition(".")[2] != param:  # TGI's parameters.max_new_tokens: the same name
+        message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", field, message)
+    out = Rejected(message, reason=error.reason, param=field)
+    out.job_id = error.job_id  # the journaled refusal
+    return out
+
+
+@contextmanager
+def client_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """Answer a refusal raised inside (before any job: after one it is an ``AfterSubmit``)
+    naming the client's own field (:func:`renamed`).
+
+    Raises:
+        Rejected: renamed.
+    """
+    try:
+        yield
+    except Rejected as error:
+        raise renamed(error, names) from error

@@ -270,6 +270,10 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
         body["param"] = error.param
     if error.job_id is not None:  # GET /v1/jobs/{id} shows the refusal as journaled
         body["job_id"] = error.job_id
+    job_ids = getattr(error, "job_ids", None)  # JobPending: jobs that run; a resend makes no new one (R20)
+    if job_ids is not None:
+        body["job_ids"] = list(job_ids)
+        headers["x-should-retry"] = "false"
     return JSONResponse(status_code=error.status_code, content={"error": body}, headers=headers)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -149,6 +150,10 @@ def models_add(
     config: Annotated[Path | None, typer.Option(
         help="with --family: a diffusers folder of that family whose configs, tokenizers and (flux) other "
              "components the conversion uses instead of the shipped ones")] = None,
+    default: Annotated[list[str] | None, typer.Option(
+        "--default", help="NAME=VALUE (repeatable): the model's own default for a job param, applied when a job "
+                          "does not set it, e.g. guidance_scale=4; VALUE is JSON where it parses (4, 4.5, true), "
+                          "else text; checked against the kinds it runs")] = None,
 ) -> None:
     """Register a model: a diffusers folder, a cached Hugging Face snapshot (--from-hf-cache), a
     single-file checkpoint (--family, converted once into a diffusers folder) or a LoRA adapter
@@ -176,6 +181,7 @@ def models_add(
         raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux (its "
                                  "key layout is checked against it), a LoRA file --adapter-of FAMILY",
                                  param_hint="--family")
+    defaults = parse_defaults(default or [])
     ctx = build_checked_context(server_settings())
     selection = None
     try:
@@ -186,7 +192,7 @@ def models_add(
             check_checkpoint(path.resolve(), family)  # refused before anything is said to be converting
             console.print(f"converting {path.name} ({family}) into a diffusers folder …")
             record = ctx.registry.add_single_file(path, family, model_id, precision=precision,
-                                                  quantization=quantization, config=config)
+                                                  quantization=quantization, config=config, defaults=defaults)
         else:
             extra: dict[str, str] = {}
             if from_hf_cache is not None:
@@ -197,7 +203,7 @@ def models_add(
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
             record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                      adapter_of=adapter_of, **extra)
+                                      adapter_of=adapter_of, defaults=defaults, **extra)
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
@@ -211,7 +217,23 @@ def models_add(
     digest = f" {record.source_digest}" if record.source_digest else ""
     console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
                   f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
-                  f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}")
+                  f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}"
+                  + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else ""))
+
+
+def parse_defaults(pairs: list[str]) -> dict[str, object]:
+    """``--default NAME=VALUE`` options as ``{name: value}``; VALUE parsed as JSON where it is
+    (``4`` -> 4), else kept as text. Raises typer.BadParameter for a pair without ``=``."""
+    defaults: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="--default")
+        try:
+            defaults[name.strip()] = json.loads(value)
+        except ValueError:
+            defaults[name.strip()] = value
+    return defaults
 
 
 @models_cli.command("list")

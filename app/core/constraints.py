@@ -68,29 +68,111 @@ def grammar_of(constraint: Any) -> str:
     return str(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
 
 
+class FormatRefused(ValueError):
+    """A ``response_format`` or ``grammar`` Homefleet cannot honour: ``field`` names the part at
+    fault relative to it (``""``, ``.type``, ``.json_schema.schema``, ``.strictness``...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "value"}, "json": {"type", "value"},
+                        "regex": {"type", "value"}, "json_schema": {"type", "json_schema", "value", "schema"}}
+"""The keys each ``response_format`` type may carry; any other is refused, never dropped."""
+SCHEMA_SPEC_KEYS = {"name", "schema", "strict", "description"}
+"""OpenAI's ``json_schema`` object (``strict`` is always honoured: the constraint is enforced)."""
+
+
+def _schema_of(value: Any, field: str) -> dict[str, Any] | bool:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise FormatRefused(field, f"must be a JSON schema, got text that is not JSON: {error}") from error
+    if not isinstance(value, dict | bool):
+        raise FormatRefused(field, f"must be a JSON schema (an object), got {type(value).__name__}")
+    return value
+
+
+def _schema_spec(spec: Any, field: str) -> dict[str, Any] | bool:
+    """The schema of OpenAI's ``{"name", "schema", "strict"?, "description"?}`` at ``field``."""
+    if not isinstance(spec, Mapping) or "schema" not in spec:
+        raise FormatRefused(field, 'must be {"name": ..., "schema": {<JSON schema>}}')
+    extra = sorted(set(spec) - SCHEMA_SPEC_KEYS)
+    if extra:
+        raise FormatRefused(f"{field}.{extra[0]}", f"is not supported (takes {', '.join(sorted(SCHEMA_SPEC_KEYS))})")
+    return _schema_of(spec["schema"], f"{field}.schema")
+
+
 def from_response_format(response_format: Any) -> dict[str, Any] | None:
-    """The ``grammar`` of OpenAI's ``response_format``: ``{"type": "json_schema", "json_schema":
-    {"schema": ...}}`` and ``{"type": "json_object"}`` (any JSON object); ``{"type": "text"}``
-    and None: no constraint.
+    """The ``grammar`` of a chat or completion's ``response_format``, in every form the clients
+    send, or None for no constraint (``{"type": "text"}``, None):
+
+    - OpenAI: ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"?}}``;
+      ``{"type": "json_object"}`` (any JSON object);
+    - TGI / ``huggingface_hub``: ``{"type": "json", "value": <schema>}``,
+      ``{"type": "json_object", "value": <schema>}`` (what ``InferenceClient.chat_completion``
+      rewrites OpenAI's ``json_schema`` to), ``{"type": "json_schema", "value": {"name",
+      "schema"}}``, ``{"type": "regex", "value": "<regex>"}``;
+    - ``{"type": "json_schema", "schema": <schema>}`` (the flattened form some providers take).
+
+    A schema may be given as its JSON text. Nothing is dropped: a key a type does not take is
+    refused, naming it.
 
     Raises:
-        ValueError: another type, or a ``json_schema`` without its ``schema``.
+        FormatRefused: another type, a missing or malformed schema or regex, or an unknown key;
+            ``field`` names it (e.g. ``.json_schema.schema``).
     """
     if response_format is None:
         return None
     if not isinstance(response_format, Mapping):
-        raise ValueError('must be {"type": "text" | "json_object" | "json_schema", ...}')
+        raise FormatRefused("", f"must be an object {{\"type\": {' | '.join(RESPONSE_FORMAT_KEYS)}, ...}}")
     kind = response_format.get("type")
+    if kind not in RESPONSE_FORMAT_KEYS:
+        raise FormatRefused(".type", f"must be one of {', '.join(RESPONSE_FORMAT_KEYS)}, got {kind!r}")
+    extra = sorted(set(response_format) - RESPONSE_FORMAT_KEYS[kind])
+    if extra:
+        raise FormatRefused(f".{extra[0]}", f"is not taken with type {kind!r} (it takes "
+                                            f"{', '.join(sorted(RESPONSE_FORMAT_KEYS[kind]))})")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return {"type": "json", "value": {"type": "object"}}
+    if kind == "regex":
+        value = response_format.get("value")
+        if not isinstance(value, str) or not value:
+            raise FormatRefused(".value", "a regex value must be a non-empty string")
+        return {"type": "regex", "value": value}
     if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), dict):
-            raise ValueError('json_schema must be {"name": ..., "schema": {<JSON schema>}}')
-        return {"type": "json", "value": dict(spec["schema"])}
-    raise ValueError(f"type must be text, json_object or json_schema, got {kind!r}")
+        given = [key for key in ("json_schema", "value", "schema") if key in response_format]
+        if len(given) != 1:
+            raise FormatRefused(".json_schema", 'must be given once: {"type": "json_schema", "json_schema": '
+                                                '{"name": ..., "schema": {...}}}')
+        key = given[0]
+        if key == "schema":
+            return {"type": "json", "value": _schema_of(response_format["schema"], ".schema")}
+        return {"type": "json", "value": _schema_spec(response_format[key], f".{key}")}
+    if "value" not in response_format:
+        if kind == "json":
+            raise FormatRefused(".value", 'type "json" takes its JSON schema as value')
+        return {"type": "json", "value": {"type": "object"}}  # json_object alone: any JSON object
+    return {"type": "json", "value": _schema_of(response_format["value"], ".value")}
+
+
+def from_tgi_grammar(grammar: Any) -> dict[str, Any] | None:
+    """The ``grammar`` param of TGI's ``parameters.grammar``: ``{"type": "json" | "regex",
+    "value"}`` as it is, and ``{"type": "json_schema", "value": {"name", "schema"}}`` (TGI's
+    third form) as a json one; None for None.
+
+    Raises:
+        FormatRefused: as :func:`from_response_format` (``text`` and ``json_object`` are not TGI's).
+    """
+    if grammar is None:
+        return None
+    if isinstance(grammar, Mapping) and grammar.get("type") not in ("json", "regex", "json_schema"):
+        raise FormatRefused(".type", f"must be one of json, regex, json_schema, got {grammar.get('type')!r}")
+    if isinstance(grammar, Mapping) and grammar.get("type") in ("json", "regex"):
+        return dict(grammar)  # checked with the job's params (:func:`check`), as POST /v1/jobs' grammar
+    return from_response_format(grammar)
 
 
 def vocab_size(tokenizer: Any, model_vocab: int | None = None) -> int:

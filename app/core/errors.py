@@ -10,6 +10,7 @@ the limit. The tree::
     ├── IntegrityFailure (422)    ├── Forbidden (403)         ├── ServiceDown (503)
     ├── NotFound (404)            ├── MachineUnavailable (503) ├── Overloaded (429)
     ├── Conflict (409)            ├── PlacementLost (503)     ├── ResidencyProtected (409)
+    │   └── JobPending (409, job_ids)
     └── StorageFull (507)
 
 ``QuotaExceeded`` (429, an API key over its quota) is an ``Overloaded``.
@@ -71,6 +72,20 @@ class Conflict(HomefleetError):
 
     status_code = 409
     default_reason = "conflict"
+
+
+class JobPending(Conflict):
+    """Raised when a request must be answered before its jobs have ended (the client's announced
+    timeout, ``images_wait_s``), or before the first request of a resent call has submitted
+    them: 409 ``job_pending`` naming the jobs known so far (``job_ids``; empty only while that
+    first request is still submitting), which keep running. Answered with
+    ``x-should-retry: false``, so no SDK resends it (R20; app/api/openai_errors.py)."""
+
+    default_reason = "job_pending"
+
+    def __init__(self, message: str, job_ids: list[str], *, reason: str | None = None) -> None:
+        super().__init__(message, reason=reason)
+        self.job_ids = list(job_ids)
 
 
 class IntegrityFailure(HomefleetError):

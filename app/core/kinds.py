@@ -97,8 +97,10 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
         # causal LMs. `prompt` is the text fed to the model (a chat request's messages
         # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
         # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
-        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar"),
-        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None},
+        # `stop`: sequences that end the text, cut before the first (app/core/textgen.py stop_sequences).
+        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
+        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None,
+                  "stop": None},
         numbers=(NumberRange("max_new_tokens", 1, MAX_NEW_TOKENS, integer=True), NumberRange("temperature", 0.0, 2.0),
                  NumberRange("top_p", 0.001, 1.0)),
         prompt_required=True,
@@ -189,3 +191,67 @@ def adapter_ids(params: Mapping[str, Any]) -> tuple[str, ...]:
 def greedy(temperature: float) -> bool:
     """Whether a text job with ``temperature`` decodes greedily: below :data:`GREEDY_TEMPERATURE`."""
     return temperature < GREEDY_TEMPERATURE
+
+
+MODEL_DEFAULT_EXCLUDED = ("prompt", "seed", "image", "mask", ADAPTERS_PARAM, "expand_prompt", "expanded_by", "grammar",
+                          "chat")
+"""Params a model or adapter cannot default (``models add --default``): what a job asks for
+(its prompt, inputs, adapters, grammar) and its seed (drawn per job so that the journal
+records it, R9)."""
+
+
+class DefaultRefused(ValueError):
+    """A model default that cannot be registered; ``name`` is the param at fault."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+def default_kinds(family: str, kinds: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The kinds whose jobs a model's defaults apply to: the kinds it runs, or for a LoRA
+    adapter (kind ``adapter``) the image kinds of its base family that take adapters."""
+    from app.core.families import kinds_of
+
+    runs = kinds_of(family, kinds)
+    if "adapter" not in runs:
+        return tuple(kind for kind in runs if kind in KINDS)
+    rules = FAMILIES.get(family)
+    return tuple(kind for kind in (rules.kinds if rules is not None else ()) if kind in KINDS
+                 and ADAPTERS_PARAM in family_kind_spec(family, kind).accepted)
+
+
+def check_defaults(family: str, kinds: tuple[str, ...] | list[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's (or adapter's) own default params, checked against the param spec of the kinds
+    they apply to (:func:`default_kinds`): each a param at least one of them takes on
+    ``family`` (not one of :data:`MODEL_DEFAULT_EXCLUDED`), a number in each such kind's range.
+    Returns them as given.
+
+    Raises:
+        DefaultRefused: an unknown or excluded param, or a value out of range, naming it, the
+            kinds' params or the range.
+    """
+    applies = default_kinds(family, kinds)
+    specs = [family_kind_spec(family, kind) for kind in applies]
+    takes = sorted({name for kind_spec in specs for name in kind_spec.params} - set(MODEL_DEFAULT_EXCLUDED))
+    for name, value in defaults.items():
+        if name not in takes:
+            raise DefaultRefused(name, f"default {name!r} is not a param of {', '.join(applies) or 'any kind'} on "
+                                       f"family {family}; a default may set {', '.join(takes)}")
+        for kind_spec in specs:
+            for number in kind_spec.numbers:
+                refusal = number.refusal(value) if number.name == name else None
+                if refusal is not None:
+                    raise DefaultRefused(name, f"default {name} {refusal} (kind {kind_spec.name})")
+    return dict(defaults)
+
+
+def with_defaults(kind_spec: KindSpec, params: Mapping[str, Any], *defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``params`` with each param of ``kind_spec`` it lacks taken from the first of ``defaults``
+    (a model's or adapter's own, in order of precedence) that sets it: the client's value wins."""
+    out = dict(params)
+    for given in defaults:
+        for name, value in (given or {}).items():
+            if name in kind_spec.params and name not in out:
+                out[name] = value
+    return out

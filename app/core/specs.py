@@ -4,6 +4,7 @@ shared by the kinds (``app/core/kinds.py``) and the families that adjust them
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,6 +25,28 @@ class NumberRange:
     low: float
     high: float
     integer: bool = False
+
+    def refusal(self, value: Any) -> str | None:
+        """Why ``value`` is refused (``"must be a number from 0 to 50, got 500"``), or None when
+        it is a finite number in range (an integer when :attr:`integer`; never a bool)."""
+        kinds_ok = (int,) if self.integer else (int, float)
+        # an int is compared as it is: math.isfinite(int) converts to float and overflows past 1e308
+        if (not isinstance(value, kinds_ok) or isinstance(value, bool)
+                or (isinstance(value, float) and not math.isfinite(value))
+                or not self.low <= value <= self.high):
+            wanted = "an integer" if self.integer else "a number"
+            return f"must be {wanted} from {self.low:g} to {self.high:g}, got {shown(value)}"
+        return None
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """``repr(value)`` for an error message; a longer one (a 400-digit integer) is cut to its
+    first ``most`` characters and says its length: ``999…99… (400 digits)``."""
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    what = "digits" if isinstance(value, int) else "characters"
+    return f"{text[:most]}… ({len(text.lstrip('-'))} {what})"
 
 
 @dataclass(frozen=True)

@@ -115,10 +115,13 @@ class TokenDecoder:
     names every token's text): joined, the shares are ``tokenizer.decode(ids,
     skip_special_tokens=True)`` (special tokens decode to nothing). A token that ends inside a
     UTF-8 character (byte-level BPE) gets the empty string; the token completing it gets the
-    character. ``sent``: the text given out so far."""
+    character. ``sent``: the text given out so far. With ``stops`` (a job's ``stop``
+    sequences) no text past one is given out: shares end before the first, and an ending that
+    could still grow into one waits for the next token (:func:`safe_to_send`)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stops = list(stops)
         self.ids: list[int] = []
         self.sent = ""
         self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
@@ -129,6 +132,8 @@ class TokenDecoder:
         self.ids.append(int(token))
         whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         whole = whole if last else whole.rstrip("\ufffd")
+        if self.stops:
+            whole = cut_at_stop(whole, self.stops)[0] if last else safe_to_send(whole, self.stops)
         if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
             return ""
         piece, self.sent = whole[len(self.sent):], whole
@@ -137,3 +142,50 @@ class TokenDecoder:
     def special(self, token: int) -> bool:
         """Whether ``token`` is one of the tokenizer's special tokens (EOS, chat markers…)."""
         return int(token) in self._special
+
+
+MAX_STOP_SEQUENCES = 4
+"""A text job's ``stop`` sequences at most (OpenAI's limit)."""
+MAX_STOP_CHARS = 256
+"""Characters of one stop sequence at most."""
+
+
+def stop_sequences(value: Any) -> list[str]:
+    """A text job's ``stop`` param as a list: a string or a list of 1 to
+    :data:`MAX_STOP_SEQUENCES` non-empty strings of at most :data:`MAX_STOP_CHARS` characters;
+    None or an empty list: none.
+
+    Raises:
+        ValueError: anything else, naming the limit.
+    """
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"must be a string or a list of at most {MAX_STOP_SEQUENCES} strings, got {str(value)[:80]!r}")
+    for stop in stops:
+        if not isinstance(stop, str) or not 1 <= len(stop) <= MAX_STOP_CHARS:
+            raise ValueError(f"each sequence must be a string of 1 to {MAX_STOP_CHARS} characters, got {str(stop)[:80]!r}")
+    return list(stops)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
+    """``text`` cut before the earliest stop sequence in it, and that sequence (None: no stop
+    sequence in ``text``, which is returned whole). The worker ends generation there; the
+    streaming routes send no text past it."""
+    found = [(text.find(stop), stop) for stop in stops if stop in text]
+    if not found:
+        return text, None
+    at, stop = min(found)
+    return text[:at], stop
+
+
+def safe_to_send(text: str, stops: Sequence[str]) -> str:
+    """The part of a growing ``text`` a stream may send now: cut before a stop sequence it
+    holds, else without its longest ending that could still grow into one (``"ab\\n"`` with stop
+    ``"\\n\\n"`` sends ``"ab"``)."""
+    text, stop = cut_at_stop(text, stops)
+    if stop is not None:
+        return text
+    held = max((n for s in stops for n in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:n])), default=0)
+    return text[: len(text) - held]

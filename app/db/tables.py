@@ -145,6 +145,10 @@ class ModelRecord(SQLModel, table=True):
     # The digest of the file a single-file checkpoint or a LoRA file was registered from (provenance:
     # the converted folder's files have digests of their own); None for a folder.
     source_digest: str | None = None
+    # The model's own default job params ({param: value}), given at registration (`models add
+    # --default`), checked against the param spec of its kinds (app/store/registry.py
+    # check_defaults) and applied to a job that does not set the param; None: none.
+    defaults: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
     @property
     def variant(self) -> Variant:

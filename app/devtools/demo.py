@@ -53,6 +53,9 @@ TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 #: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
 SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
+#: the trained models' own defaults (``models add --default``): the guidance they were tuned at,
+#: applied to a job that does not set it (the demo's shape jobs leave it to them)
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {name: {"guidance_scale": 4.0} for name in SHAPE_MODELS}
 #: every model the demo registers. No prompt expansion (params.expand_prompt): no trained text
 #: model ships with the demo, and a random-weight one writes noise ("····") into the prompt.
 DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
@@ -74,7 +77,8 @@ class DemoJob:
 
 
 def _shapes(target: str, model: str, prompt: str, seed: int) -> DemoJob:
-    return DemoJob(target, "txt2img", {"prompt": prompt, "seed": seed, **SAMPLING}, model=model)
+    sampling = {name: value for name, value in SAMPLING.items() if name != "guidance_scale"}  # the model's default
+    return DemoJob(target, "txt2img", {"prompt": prompt, "seed": seed, **sampling}, model=model)
 
 
 # Seeds that draw the prompt (a seed changes the picture, not whether a model can draw it: the
@@ -149,7 +153,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
                 try:
                     ctx.registry.get(model_id)
                 except NotFound:
-                    ctx.registry.add(folder, model_id=model_id)
+                    ctx.registry.add(folder, model_id=model_id, defaults=MODEL_DEFAULTS.get(model_id))
                 for machine in fleet.machines:
                     if ctx.registry.get(model_id).family in fleet.machines[machine].families:
                         local.copy_model(model_id, machine)

@@ -20,7 +20,7 @@ from typing import Any
 
 from anyio import to_thread
 
-from app.core.errors import Conflict, HomefleetError, Rejected
+from app.core.errors import HomefleetError, JobPending, Rejected
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
@@ -80,7 +80,7 @@ async def submit_expanded(dispatcher: Dispatcher, waiting: Waiting, model_id: st
             a registered text model (``invalid_expand_prompt``), the webhook refused
             (``invalid_webhook_url``), or the image request refused (its own reason) — each
             before any job.
-        Conflict: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it).
+        JobPending: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it in ``job_ids``).
         ExpansionFailed: the text job ended without a result.
     """
     text = await to_thread.run_sync(_submit_text, dispatcher, model_id, params, target, idempotency_key, api_key_id,
@@ -89,8 +89,8 @@ async def submit_expanded(dispatcher: Dispatcher, waiting: Waiting, model_id: st
         return text  # R20: the retry gets the first call's image job
     job = await waiting.until_ended(text.job.id, wait_s)
     if job.state not in ENDED:
-        raise Conflict(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
-                       "(images_wait_s); it keeps running: submit the image again once it has", reason="job_pending")
+        raise JobPending(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
+                         "(images_wait_s); it keeps running: submit the image again once it has", [job.id])
     return await to_thread.run_sync(_submit_image, dispatcher, job, model_id, params, target, idempotency_key,
                                     api_key_id, webhook_url)
 

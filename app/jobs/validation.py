@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,13 +29,16 @@ from app.core.kinds import (
     MAX_SEED,
     OUTPUT_SIZE_FIELDS,
     KindSpec,
+    adapter_ids,
     denoised_steps,
     greedy,
     job_request,
     spec,
+    with_defaults,
 )
 from app.core.kinds import family_kind_spec as family_spec
 from app.core.limits import MAX_MODEL_ID, FamilyLimits, TokenLimits, limits_for, token_limits
+from app.core.specs import shown
 from app.core.textgen import (
     chat_prompt,
     is_text_folder,
@@ -44,6 +46,7 @@ from app.core.textgen import (
     max_positions,
     model_config,
     prompt_ids,
+    stop_sequences,
 )
 from app.db.tables import ModelRecord
 from app.store.files import InputStore, StoredFile
@@ -144,6 +147,7 @@ class Validator:
         if kind not in kinds:
             raise Rejected(f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}",
                            reason="kind_not_supported")
+        self.apply_defaults(record, kind, params)
         limits = limits_for(self.limits, record.family)
         if kind == "text":
             check_submission(params, limits, None, kind, record.family)  # tokens: check_text_tokens
@@ -153,6 +157,11 @@ class Validator:
             tokenizer = self.tokenizers.tokenizer(model_id)
             tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id))
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
+            if "stop" in params:  # journaled as a list (a string is one sequence)
+                try:
+                    params["stop"] = stop_sequences(params["stop"])
+                except ValueError as error:
+                    raise Rejected(f"params.stop {error}", reason="invalid_stop", param="params.stop") from error
             return job_request(model_id, record.family, kind, target, params, prompt_tokens=tokens)
         text_model = params.get("expand_prompt") if kind == "txt2img" else None
         if text_model is not None and not (isinstance(text_model, str) and 1 <= len(text_model) <= MAX_MODEL_ID):
@@ -177,6 +186,21 @@ class Validator:
             check_output_pixels(params["output_width"], params["output_height"], limits)
         return job_request(model_id, record.family, kind, target, params)
 
+
+    def apply_defaults(self, record: ModelRecord, kind: str, params: dict[str, Any]) -> None:
+        """Set in ``params`` each param of ``kind`` it lacks that the job's adapters (in order)
+        or else its model default (``ModelRecord.defaults``, ``models add --default``): the
+        client's value wins, then an adapter's, then the model's. Journaled as set, so the
+        job's params and provenance show what ran (R9). An adapter entry that names no
+        registered model is left to :func:`check_adapters`."""
+        adapters: list[dict[str, Any] | None] = []
+        for adapter_id in adapter_ids(params):
+            try:
+                adapters.append(self.registry.get(adapter_id).defaults)
+            except NotFound:
+                continue
+        if kind in KINDS and (record.defaults or any(adapters)):
+            params.update(with_defaults(family_spec(record.family, kind), params, *adapters, record.defaults))
 
     def adapter_families(self, params: Mapping[str, Any]) -> dict[str, str]:
         """The base family of each registered adapter ``params.adapters`` names,
@@ -409,7 +433,8 @@ def check_text_grammar(params: Mapping[str, Any], tokenizer: Any, config: Mappin
 
 
 def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
-    """Refuse a number param of the kind that is not a finite number in its range.
+    """Refuse a number param of the kind that is not a finite number in its range
+    (:meth:`app.core.specs.NumberRange.refusal`).
 
     Raises:
         Rejected: reason ``invalid_params``, naming the field, the value and the range.
@@ -417,25 +442,9 @@ def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
     for number in kind_spec.numbers:
         if number.name not in params:
             continue
-        value = params[number.name]
-        kinds_ok = (int,) if number.integer else (int, float)
-        # an int is compared as it is: math.isfinite(int) converts to float and overflows past 1e308
-        if (not isinstance(value, kinds_ok) or isinstance(value, bool)
-                or (isinstance(value, float) and not math.isfinite(value))
-                or not number.low <= value <= number.high):
-            wanted = "an integer" if number.integer else "a number"
-            raise Rejected(f"params.{number.name} must be {wanted} from {number.low:g} to {number.high:g}, "
-                           f"got {shown(value)}", reason="invalid_params", param=f"params.{number.name}")
-
-
-def shown(value: Any, most: int = 40) -> str:
-    """``repr(value)`` for an error message; a longer one (a 400-digit integer) is cut to its
-    first ``most`` characters and says its length: ``999…99… (400 digits)``."""
-    text = repr(value)
-    if len(text) <= most:
-        return text
-    what = "digits" if isinstance(value, int) else "characters"
-    return f"{text[:most]}… ({len(text.lstrip('-'))} {what})"
+        refusal = number.refusal(params[number.name])
+        if refusal is not None:
+            raise Rejected(f"params.{number.name} {refusal}", reason="invalid_params", param=f"params.{number.name}")
 
 
 def check_strength(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
@@ -33,6 +34,7 @@ from sqlmodel import Session, select
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.families import FAMILIES, PIPELINE_FAMILIES
+from app.core.kinds import DefaultRefused, check_defaults
 from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
 from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
@@ -162,7 +164,7 @@ class Registry:
     def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
             quantization: str | None = None, adapter_of: str | None = None, *,
             source_format: str | None = None, source_digest: str | None = None,
-            mint_from: str | None = None) -> ModelRecord:
+            mint_from: str | None = None, defaults: dict[str, Any] | None = None) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
         files its pipeline loads at ``precision`` into the server's model folder and hash them
         (:func:`app.store.selection.select_files`: the rest of the folder, e.g. ``.bin`` twins,
@@ -179,11 +181,16 @@ class Registry:
         from, recorded as given (an adapter's recognised layout takes the place of a missing one).
         ``source_format`` is recorded as given (e.g. ``hf-cache``, ``single-file``), else as found
         (``diffusers``, ``transformers``, a LoRA's layout); ``mint_from`` names the id minted when
-        ``model_id`` is None (default: the folder's or file's name).
+        ``model_id`` is None (default: the folder's or file's name). ``defaults``: the model's own
+        default job params (``{param: value}``), checked against the param spec of the kinds it
+        runs (an adapter: its family's kinds that take adapters; :func:`app.core.kinds.check_defaults`)
+        and applied to a job that does not set them.
 
         Raises:
             Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
-                unknown precision or quantization (reason ``invalid_variant``); with
+                unknown precision or quantization (reason ``invalid_variant``), a default that is
+                not a param of its kinds or out of range (reason ``invalid_default``, param
+                ``defaults.<name>``); with
                 ``adapter_of``: an unknown family, a folder or file without LoRA weights (reason
                 ``not_an_adapter``), or a LoRA for another base (reason ``adapter_family_mismatch``).
                 A taken file that is a broken link, a component without loadable weights
@@ -211,6 +218,10 @@ class Registry:
             check_family_variant(family, quantization)
         except ValueError as error:
             raise Rejected(str(error), reason="invalid_variant") from error
+        try:
+            defaults = check_defaults(family, kinds, defaults) if defaults else None
+        except DefaultRefused as error:
+            raise Rejected(str(error), reason="invalid_default", param=f"defaults.{error.name}") from error
         if source.is_file():  # one LoRA file, stored under the name the worker loads (tasks/adapters.py)
             sources = {LORA_WEIGHTS: source}
         else:
@@ -262,6 +273,7 @@ class Registry:
                     id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
                     total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
                     weights_bytes=weights, source_format=source_format, source_digest=source_digest,
+                    defaults=defaults,
                 )
                 with Session(self.engine) as session:
                     session.add(record)
@@ -276,7 +288,8 @@ class Registry:
         return record
 
     def add_single_file(self, source: Path, family: str, model_id: str | None = None, precision: str = "fp32",
-                        quantization: str | None = None, config: Path | None = None) -> ModelRecord:
+                        quantization: str | None = None, config: Path | None = None,
+                        defaults: dict[str, Any] | None = None) -> ModelRecord:
         """Register the single-file checkpoint ``source`` (one ``.safetensors`` in the original
         key layout of ``family``: sd1, sdxl or flux; ``app/store/single_file.py``): convert it ONCE,
         here, into a diffusers folder with diffusers' own single-file loader, offline, using the
@@ -322,7 +335,7 @@ class Registry:
         try:
             folder = single_file.convert(source, family, staging / "pipeline", config=config)
             return self.add(folder, model_id, precision=precision, quantization=quantization,
-                            source_format="single-file", source_digest=digest)
+                            source_format="single-file", source_digest=digest, defaults=defaults)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

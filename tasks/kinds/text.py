@@ -4,6 +4,8 @@ Params (``app/core/kinds.py``): ``prompt`` (required: the text fed to the model;
 request the server has already applied the model's chat template, ``chat`` true), ``max_new_tokens``,
 ``temperature`` (0, or any below ``GREEDY_TEMPERATURE``: greedy decoding; above: sampling seeded with
 ``seed``), ``top_p``, ``seed``,
+``stop`` (sequences: generation ends once the decoded text holds one, and the text is cut
+before the first, ``finish_reason`` ``stop`` with ``usage.stop_sequence``),
 ``grammar`` (a JSON schema or a regex the output must match, ``app/core/constraints.py``: each
 step's logits outside llguidance's allowed-token mask are set to -inf, so the model can only
 write text the constraint accepts; the compiled matcher is cached per tokenizer and constraint).
@@ -24,7 +26,7 @@ from typing import Any
 from app.core import constraints
 from app.core.kinds import family_kind_spec as kind_spec
 from app.core.kinds import greedy
-from app.core.textgen import prompt_ids
+from app.core.textgen import cut_at_stop, prompt_ids, stop_sequences
 from tasks.kinds import Output, ProgressFn
 
 KIND = "text"
@@ -40,6 +42,7 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
     model, tokenizer = pipeline.model, pipeline.tokenizer
     ids = prompt_ids(tokenizer, str(args["prompt"]), bool(args["chat"]))
     limit = int(args["max_new_tokens"])
+    stops = stop_sequences(args["stop"])
     device = next(model.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
 
@@ -52,15 +55,17 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
 
     class Progress(StoppingCriteria):
         """Reports (tokens generated, max_new_tokens), the text, the ids and each one's log
-        probability (:class:`Steps`) after every new token; never stops."""
+        probability (:class:`Steps`) after every new token; stops once the text holds a
+        ``stop`` sequence."""
 
         def __call__(self, sequence: Any, scores: Any, **kwargs: Any) -> Any:
             new = sequence[0, len(ids):].tolist()
             if len(logprobs) < len(new):
                 logprobs.append(steps.logprob(new[-1]))
-            progress(len(new), limit, text=tokenizer.decode(new, skip_special_tokens=True), tokens=new,
-                     logprobs=list(logprobs))
-            return torch.zeros(sequence.shape[0], dtype=torch.bool, device=sequence.device)
+            text = tokenizer.decode(new, skip_special_tokens=True)
+            progress(len(new), limit, text=text, tokens=new, logprobs=list(logprobs))
+            stopped = bool(stops) and cut_at_stop(text, stops)[1] is not None
+            return torch.full((sequence.shape[0],), stopped, dtype=torch.bool, device=sequence.device)
 
     temperature = float(args["temperature"])
     sampling: dict[str, Any] = {"do_sample": not greedy(temperature)}  # 5e-324 would divide logits to inf
@@ -77,9 +82,11 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
                              logits_processor=LogitsProcessorList([steps]), **sampling)
     new = [int(t) for t in out[0, len(ids):]]
     ended = bool(new) and eos is not None and new[-1] == eos
-    text = tokenizer.decode(new, skip_special_tokens=True)
+    text, stop = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stops)
     usage = {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new),
-             "finish_reason": "stop" if ended or len(new) < limit else "length"}
+             "finish_reason": "stop" if ended or stop is not None or len(new) < limit else "length"}
+    if stop is not None:
+        usage["stop_sequence"] = stop
     return Output(data=text.encode("utf-8"), media_type=MEDIA_TYPE,
                   record={"usage": usage, "tokens": new, "logprobs": logprobs[: len(new)]})
 

@@ -91,8 +91,9 @@ def fleet(
     run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
-    for model in SHAPE_MODELS:
-        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, env=operator)
+    for model in SHAPE_MODELS:  # with the demo's own default guidance (app/devtools/demo.py MODEL_DEFAULTS)
+        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, "--default", "guidance_scale=4",
+                env=operator)
     adapters = data_dir / "adapters"
     lora = make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)
     run_cli("models", "add", str(lora), "--id", ADAPTER, "--adapter-of", "sd1", env=operator)

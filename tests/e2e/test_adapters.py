@@ -170,7 +170,7 @@ def test_an_adapter_is_no_model_of_its_own(fleet: RunningFleet) -> None:
     response = post(fleet, {"prompt": "x"}, model=ADAPTER)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["reason"] == "kind_not_supported"
-    listed = {m["id"]: m for m in fleet.client.http.get("/v1/models").json()}
+    listed = {m["id"]: m for m in fleet.client.models()}
     assert listed[ADAPTER]["kinds"] == ["adapter"] and listed[ADAPTER]["family"] == "sd1"
     assert listed[ADAPTER]["params"] == {}
 

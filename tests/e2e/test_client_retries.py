@@ -129,3 +129,48 @@ def test_c10_huggingface_inference_client_with_a_short_timeout_makes_one_job(fle
     for job_id in (job.id, edit.id, silent_job.id):
         ran_once(fleet, job_id)
     assert Image.open(io.BytesIO(fleet.client.download(edit.id))).size == (32, 24)
+
+
+def test_c10_openai_sdk_resend_of_a_cold_first_call_learns_the_jobs_and_is_not_resent(fleet: RunningFleet) -> None:
+    """A cold first call: its submission outlasts the client's timeout (here the fleet lock is
+    held meanwhile, as a slow first placement would), so the SDK resends it; the resend finds
+    the first request still submitting (or, later, its job still queued behind a long one).
+    Either way its 409 ``job_pending`` carries ``job_ids`` (the jobs known so far) and
+    ``x-should-retry: false``, so the SDK stops there; the call makes one job, run once (R20)."""
+    import threading
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, timeout=1.0)
+    assert client.max_retries == 2
+    blocker = occupy(fleet, "m1", "c10 cold blocker")  # the job then waits: the resend gets a 409 too
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_fleet_lock() -> None:
+        with fleet.ctx.dispatcher.lock.held("test: a slow first placement"):
+            held.set()
+            release.wait(4.0)  # under fleet_lock_wait_s (5 s): the first submission waits, then goes through
+
+    holder = threading.Thread(target=hold_the_fleet_lock)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(openai.ConflictError) as pending:
+            client.images.generate(model=fleet.model, prompt="c10 cold", size="64x64",  # type: ignore[arg-type]
+                                   extra_body={"steps": 2, "target": "m1"})
+    finally:
+        release.set()
+        holder.join()
+    answer = pending.value
+    assert answer.code == "job_pending" and answer.response.headers["x-should-retry"] == "false"
+    assert isinstance(answer.body, dict) and isinstance(answer.body["job_ids"], list)
+    assert int(answer.response.request.headers["x-stainless-retry-count"]) >= 1  # a resend answered it
+    deadline = time.monotonic() + 30
+    while not jobs_with_prompt(fleet, "c10 cold"):
+        assert time.monotonic() < deadline, "the first request never submitted its job"
+        time.sleep(0.1)
+    [job] = jobs_with_prompt(fleet, "c10 cold")
+    assert set(answer.body["job_ids"]) <= {job.id}
+    end_running(fleet.ctx, blocker)
+    ran_once(fleet, job.id)
+    assert len(jobs_with_prompt(fleet, "c10 cold")) == 1

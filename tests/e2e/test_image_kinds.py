@@ -47,7 +47,7 @@ def run(fleet: RunningFleet, kind: str, params: dict[str, Any]) -> tuple[dict[st
 
 
 def test_the_model_lists_the_kinds_its_family_runs(fleet: RunningFleet) -> None:
-    models = {m["id"]: m for m in fleet.client.http.get("/v1/models").json()}
+    models = {m["id"]: m for m in fleet.client.models()}
     assert models[fleet.model]["kinds"] == ["txt2img", "img2img", "inpaint"]
 
 

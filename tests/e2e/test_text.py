@@ -345,7 +345,7 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     with pytest.raises(openai.UnprocessableEntityError) as bad_regex:
         tfleet.client.completions.create(model="tiny-gpt2", prompt="x", max_tokens=4, extra_body={
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
-    assert "params.grammar does not compile" in bad_regex.value.message
+    assert "response_format does not compile" in bad_regex.value.message  # the client's field (R22)
     assert isinstance(bad_regex.value.body, dict) and bad_regex.value.body.get("code") == "invalid_grammar"
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
     refused = httpx.post(f"{url}/generate", headers=auth, json={
@@ -437,3 +437,161 @@ def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timing
     short, middle, long = (run_s("a" + " a" * words, 10) for words in (50, 100, 150))
     assert ten < short < middle < long
     assert long - middle == pytest.approx(middle - short, abs=2.5e-3)
+
+
+# --- what real clients send (docs/api.md, "OpenAI and Hugging Face routes") ---------------------------------------
+
+
+def test_openai_sdk_lists_and_retrieves_models(tfleet: TextFleet) -> None:
+    """``client.models.list()`` reads OpenAI's list shape; each model has OpenAI's fields and
+    Homefleet's own (kinds, params); ``models.retrieve`` one; an unknown id is a NotFoundError
+    with OpenAI's error body (param ``model``, code ``unknown_model``)."""
+    listed = {m.id: m for m in tfleet.client.models.list()}
+    assert set(listed) == {*MODELS, "tiny-sd"}
+    model = listed["tiny-qwen2"]
+    assert model.object == "model" and model.owned_by == "homefleet" and model.created > 1_600_000_000
+    assert model.model_extra["kinds"] == ["text"] and "max_new_tokens" in model.model_extra["params"]["text"]["params"]
+    assert listed["tiny-sd"].model_extra["family"] == "sd1"
+    one = tfleet.client.models.retrieve("tiny-sd")
+    assert one.id == "tiny-sd" and one.model_extra["kinds"] == listed["tiny-sd"].model_extra["kinds"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        tfleet.client.models.retrieve("no-such-model")
+    body = missing.value.body
+    assert isinstance(body, dict) and body["code"] == "unknown_model" and body["param"] == "model"
+    assert body["type"] == "not_found_error" and "'no-such-model' is not registered" in body["message"]
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json", "value": SCHEMA},  # huggingface_hub's and TGI's own form
+    {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},  # rewritten by the client
+])
+def test_hub_chat_completion_with_a_schema_is_constrained_by_it(tfleet: TextFleet,
+                                                                 response_format: dict[str, Any]) -> None:
+    """``InferenceClient.chat_completion(response_format=...)``: TGI's ``json`` form was a 422 and
+    the ``json_schema`` form (which the client sends as ``{"type": "json_object", "value":
+    schema}``) ran unconstrained; both now carry the schema to the job, and a random-weight
+    model's answer validates. A form that cannot be honoured is a 422 naming the field."""
+    done = hub(tfleet).chat_completion([{"role": "user", "content": "person"}], model="tiny-llama", max_tokens=160,
+                                       response_format=response_format, temperature=1.0, seed=5,
+                                       extra_body={"target": MACHINE})
+    job = latest_job(tfleet)
+    assert job.params["grammar"] == {"type": "json", "value": SCHEMA}
+    content = done.choices[0].message.content
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert done.choices[0].finish_reason == "stop" and content == Path(job.result_path).read_text("utf-8")
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        hub(tfleet).chat_completion([{"role": "user", "content": "x"}], model="tiny-llama", max_tokens=4,
+                                    response_format={"type": "json_object", "schema": SCHEMA})
+    assert refused.value.response.status_code == 422
+    assert refused.value.response.json()["error"]["param"] == "response_format.schema"
+
+
+def stop_of(tfleet: TextFleet, model: str, prompt: str, tokens: int) -> tuple[str, str]:
+    """A stop sequence the sampled continuation of ``prompt`` (seed :data:`STOP_SEED`) will
+    write after its first characters, and that text: tiny random weights write what they write,
+    so the test reads it first (the same seed writes the same text again)."""
+    whole = tfleet.client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=1.0,
+                                             seed=STOP_SEED, extra_body={"target": MACHINE}).choices[0].text
+    for at in range(max(1, len(whole) // 3), len(whole) - 2):
+        stop = whole[at:at + 2]
+        if whole.find(stop) == at and stop.strip():
+            return stop, whole
+    raise AssertionError(f"no stop sequence found in {whole!r}")
+
+
+STOP_SEED = 12
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_stop_cuts_the_text_before_the_sequence(tfleet: TextFleet, stream: bool) -> None:
+    """``stop`` ends generation once the decoded text holds a sequence; the answer (streamed or
+    not) is the text before it, ``finish_reason`` ``stop``; the job's verified result is the cut
+    text and it generated fewer tokens than the limit."""
+    stop, whole = stop_of(tfleet, "tiny-llama", "once upon", 30)
+    expected = whole[: whole.find(stop)]
+    if stream:
+        chunks = list(tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30,
+                                                       stop=[stop, "never-written"], stream=True, temperature=1.0,
+                                                       seed=STOP_SEED,
+                                                       extra_body={"target": MACHINE}))
+        text = "".join(c.choices[0].text for c in chunks)
+        finish, job_id = chunks[-1].choices[0].finish_reason, chunks[-1].model_extra["job_id"]
+    else:
+        done = tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30, stop=stop,
+                                                temperature=1.0, seed=STOP_SEED, extra_body={"target": MACHINE})
+        text, finish, job_id = done.choices[0].text, done.choices[0].finish_reason, done.model_extra["job_id"]
+        assert done.usage is not None and done.usage.completion_tokens < 30
+    job = tfleet.ctx.journal.get(job_id)
+    assert text == expected and finish == "stop" and stop not in text
+    assert Path(job.result_path).read_text("utf-8") == expected and job.provenance["usage"]["stop_sequence"] == stop
+    assert job.params["stop"] == ([stop, "never-written"] if stream else [stop])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) -> None:
+    """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled), their texts the
+    jobs' verified results; the usage sums both."""
+    messages = [{"role": "user", "content": "hi"}]
+    if stream:
+        chunks = list(tfleet.client.chat.completions.create(
+            model="tiny-qwen2", messages=messages, max_completion_tokens=6, n=2, seed=40, temperature=1.0,
+            stream=True, extra_body={"target": MACHINE}))
+        texts = {0: "", 1: ""}
+        for c in chunks:
+            for choice in c.choices:
+                texts[choice.index] += choice.delta.content or ""
+        job_ids = [next(c.model_extra["job_id"] for c in chunks if c.choices and c.choices[0].index == i)
+                   for i in (0, 1)]
+        usage = chunks[-1].usage
+        assert chunks[-1].choices == [] and sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
+    else:
+        done = tfleet.client.chat.completions.create(model="tiny-qwen2", messages=messages, max_completion_tokens=6,
+                                                     n=2, seed=40, temperature=1.0, extra_body={"target": MACHINE})
+        assert [c.index for c in done.choices] == [0, 1]
+        texts = {c.index: c.message.content for c in done.choices}
+        job_ids, usage = done.model_extra["job_ids"], done.usage
+    jobs = [tfleet.ctx.journal.get(job_id) for job_id in job_ids]
+    assert len(set(job_ids)) == 2 and [job.params["seed"] for job in jobs] == [40, 41]
+    assert [texts[i] for i in (0, 1)] == [Path(job.result_path).read_text("utf-8") for job in jobs]
+    assert usage is not None and usage.completion_tokens == sum(j.provenance["usage"]["completion_tokens"] for j in jobs)
+    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+        tfleet.client.completions.create(model="tiny-qwen2", prompt="x", n=9)
+    assert too_many.value.body["param"] == "n"
+
+
+def test_tgi_stop_through_hub_text_generation(tfleet: TextFleet) -> None:
+    """``InferenceClient.text_generation(stop=[...])``, streamed or not: the text before the
+    sequence, TGI's ``stop_sequence`` finish reason; the tokens' texts join into it."""
+    stop, whole = stop_of(tfleet, "small-gpt2", "ab", 8)
+    out = hub(tfleet).text_generation("ab", max_new_tokens=8, stop=[stop], details=True, do_sample=True,
+                                      temperature=1.0, seed=STOP_SEED)
+    assert out.generated_text == whole[: whole.find(stop)]
+    assert out.details is not None and out.details.finish_reason == "stop_sequence"
+    assert "".join(t.text for t in out.details.tokens) == out.generated_text  # no token text past the stop
+    assert latest_job(tfleet).params["stop"] == [stop]
+    client = hub(tfleet)  # held while its stream is read
+    events = list(client.text_generation("ab", max_new_tokens=8, stop=[stop], details=True, do_sample=True,
+                                         temperature=1.0, seed=STOP_SEED, stream=True))
+    assert "".join(e.token.text for e in events) == events[-1].generated_text == out.generated_text
+    assert events[-1].details is not None and events[-1].details.finish_reason == "stop_sequence"
+
+
+def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:
+    """The job's ``max_new_tokens`` comes from ``max_tokens`` (``max_completion_tokens`` on a
+    chat): a refusal's ``param`` and message name that, not ``params.max_new_tokens``; TGI's
+    message names ``parameters.max_new_tokens``."""
+    with pytest.raises(openai.UnprocessableEntityError) as completion:
+        tfleet.client.completions.create(model="small-gpt2", prompt="x" * 8, max_tokens=5)
+    body = completion.value.body
+    assert isinstance(body, dict) and body["param"] == "max_tokens" and body["code"] == "invalid_max_new_tokens"
+    assert "lower max_tokens to at most 4" in body["message"] and "max_new_tokens" not in body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as chat:
+        tfleet.client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "x"}],
+                                              max_completion_tokens=5, extra_body={"response_format": {
+                                                  "type": "json", "value": {"type": "nonsense"}}})
+    assert isinstance(chat.value.body, dict) and chat.value.body["param"] == "response_format"
+    assert "params.grammar" not in chat.value.body["message"]
+    url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
+    tgi = httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
+        "inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}})
+    assert tgi.status_code == 422 and tgi.json()["error"].startswith("parameters.grammar does not compile")

@@ -305,7 +305,7 @@ async function refresh() {
 
 async function loadModels() {
   const [models, machines] = await Promise.all([api("/v1/models"), api("/v1/machines")]);  // then the form at once
-  state.models = models;
+  state.models = models.data;  // OpenAI's list shape: {"object": "list", "data": [...]}
   fitForm();
   const target = $("#submit-form select[name=target]");
   target.replaceChildren(el("option", { value: "server" }, "server"), el("option", { value: "auto" }, "Auto"),

@@ -37,12 +37,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -52,11 +54,12 @@ from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
 from app.api.auth import bearer_token, request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
-from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
-from app.core.kinds import BATCH_PARAM
+from app.core.errors import HomefleetError, JobPending, NotFound, Rejected
+from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec
 from app.core.limits import limits_for
 from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
@@ -83,13 +86,6 @@ class JobFailed(HomefleetError):
     status_code = 500
     default_reason = "job_failed"
     job_failed = True
-
-
-class JobPending(Conflict):
-    """Raised when a request's jobs have not ended before it must be answered (the client's
-    announced timeout, or ``images_wait_s``): 409 naming the jobs, which keep running."""
-
-    default_reason = "job_pending"
 
 
 def reply_margin_s(timeout_s: float) -> float:
@@ -149,10 +145,24 @@ class ImageCall:
                    api_key_id=request_key_id(request))
 
 
-class ImageGeneration(RequestBody):
-    """``POST /v1/images/generations`` (OpenAI's fields; others such as ``quality`` are ignored)."""
+OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
+"""OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md)."""
+OPENAI_MAPPED = ("prompt", "n", "width", "height", "image", "mask")
+"""Job params the OpenAI image routes set from OpenAI's own fields (``size`` -> width, height;
+the upload): not taken again as extras."""
 
-    model_config = ConfigDict(extra="ignore")
+
+SIZE_FIELDS = {"width": "size", "height": "size", "size": "size", "n": "n"}
+"""Job params -> the OpenAI fields they come from (``size`` is ``WxH``): a refusal names the
+client's field (app/api/openai_errors.py ``renamed``); the other params keep their names."""
+
+
+class ImageGeneration(RequestBody):
+    """``POST /v1/images/generations``: OpenAI's fields (:data:`OPENAI_IGNORED` ones accepted,
+    not acted on); any other field is an extra (the SDK's ``extra_body``), a job param of
+    txt2img on the model's family or refused (:func:`extra_params`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
@@ -275,6 +285,35 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
         ), job_ids) from error
 
 
+def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, Any]) -> dict[str, Any]:
+    """The job params given as extras (the SDK's ``extra_body``) on an OpenAI image route:
+    each a param ``kind`` takes on the model's family (``seed``, ``guidance_scale``,
+    ``adapters``... as ``POST /v1/jobs`` takes them; their values are checked with the job's),
+    never one set from OpenAI's own fields (:data:`OPENAI_MAPPED`); :data:`OPENAI_IGNORED`
+    fields are dropped.
+
+    Raises:
+        Rejected: reason ``unknown_param`` naming the first extra that is neither (param: its
+            name as sent), listing the ones the kind takes here.
+    """
+    try:
+        family = ctx.registry.get(model).family
+    except NotFound:
+        family = ""  # refused by the submission itself (404 unknown_model), journaled
+    kind_spec = family_kind_spec(family, kind)
+    taken = [name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted
+             and name not in OPENAI_MAPPED]
+    params: dict[str, Any] = {}
+    for name, value in extras.items():
+        if name in OPENAI_IGNORED:
+            continue
+        if name not in taken:
+            raise Rejected(f"`{name}` is not a field of this route nor a param of kind {kind}; extras it takes: "
+                           f"{', '.join(taken)}", reason="unknown_param", param=name)
+        params[name] = value
+    return params
+
+
 def parse_size(size: str | None) -> dict[str, int]:
     """``"512x512"`` -> ``{"width": 512, "height": 512}``; None/``"auto"`` -> ``{}``.
 
@@ -323,9 +362,11 @@ async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> 
 
 
 async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                   count: int, kind: str = "txt2img") -> list[Job]:
+                   count: int, kind: str = "txt2img", seed_step: bool = False) -> list[Job]:
     """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
     seen, take that call's jobs: C10) and wait until they have ended or ``call.answer_by``.
+    ``seed_step``: job i runs with ``params.seed + i`` when a seed is given (a text request's
+    ``n`` choices, each its own job; without a seed each draws its own).
 
     Raises:
         HomefleetError: the first submission was refused (nothing started).
@@ -343,14 +384,14 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                 raise JobFailed(f"the first request of this call submitted {len(ids)} of {count} jobs "
                                 f"({', '.join(ids)}); the others were refused", reason="partly_refused")
         else:
-            await submit_call(ctx, call, model, params, target, count, kind, ids)
+            await submit_call(ctx, call, model, params, target, count, kind, ids, seed_step)
         jobs = [await ctx.waiting.until_ended(job_id, call.answer_by - time.monotonic()) for job_id in ids]
         if pending := [job.id for job in jobs if job.state not in ENDED]:
             raise JobPending(
                 f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
                 "client's announced timeout, or images_wait_s); they keep their places and run: do not "
                 "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
-                "GET /v1/jobs/{id}/result")
+                "GET /v1/jobs/{id}/result", ids)
         for job in jobs:
             if job.state != JobState.succeeded:
                 raise JobFailed(
@@ -374,20 +415,24 @@ async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
             return list(found.jobs)
         if time.monotonic() >= call.answer_by:
             raise JobPending(f"the first request of this call is still submitting its jobs "
-                             f"({', '.join(found.jobs) or 'none yet'}); do not resubmit")
+                             f"({', '.join(found.jobs) or 'none submitted yet'}); do not resubmit: they will be "
+                             "listed by GET /v1/jobs once submitted", list(found.jobs))
         await asyncio.sleep(POLL_S)
 
 
 async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                      count: int, kind: str, ids: list[str]) -> None:
+                      count: int, kind: str, ids: list[str], seed_step: bool = False) -> None:
     """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
     the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
     A call whose first submission is refused is forgotten. Raises what a submission raises."""
     await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
     try:
-        for _ in range(count):
-            submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(model, kind, dict(params), target,
-                                                                                 api_key_id=call.api_key_id))
+        for index in range(count):
+            each = dict(params)
+            if seed_step and isinstance(params.get("seed"), int):
+                each["seed"] = params["seed"] + index
+            submission = await to_thread.run_sync(partial(ctx.dispatcher.submit, model, kind, each, target,
+                                                          api_key_id=call.api_key_id))
             ids.append(submission.job.id)
             if len(ids) < count:
                 await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))
@@ -405,17 +450,19 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
     model = await model_or_default(ctx, body.model, "txt2img")
-    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size)}
+    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size),
+                              **await to_thread.run_sync(extra_params, ctx, model, "txt2img", body.model_extra or {})}
     if body.steps is not None:
         params["steps"] = body.steps
     if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs'
         params["expand_prompt"] = body.expand_prompt
     if body.negative_prompt is not None:
         params["negative_prompt"] = body.negative_prompt
-    await to_thread.run_sync(check_count, ctx, model, body.n)
-    if body.n > 1:
-        params[BATCH_PARAM] = body.n  # one job, one pipeline call
-    jobs = await run_jobs(ctx, call, model, params, body.target, 1)
+    with client_fields({**{name: name for name in params}, **SIZE_FIELDS}):
+        await to_thread.run_sync(check_count, ctx, model, body.n)
+        if body.n > 1:
+            params[BATCH_PARAM] = body.n  # one job, one pipeline call
+        jobs = await run_jobs(ctx, call, model, params, body.target, 1)
     with submitted([job.id for job in jobs]):
         return {"created": int(time.time()),
                 "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
@@ -435,7 +482,8 @@ async def edit_images(
 ) -> dict[str, Any]:
     """OpenAI ``images.edit``: the upload is checked (bytes, media type by content; R22) and
     stored as an input (``POST /v1/files``'s store), then one ``edit`` job per image runs on
-    it. ``size`` is accepted for compatibility; an edit keeps the input's size. 409
+    it (image i seeded ``seed + i`` when a ``seed`` extra is given). Extra form fields (the SDK's
+    ``extra_body``) are edit params or refused (:func:`extra_params`). ``size`` is accepted for compatibility; an edit keeps the input's size. 409
     ``job_pending`` as for generations (C10)."""
     started = time.monotonic()
     model_id = await model_or_default(ctx, model, "edit")
@@ -447,16 +495,35 @@ async def edit_images(
     )
     check_submission({"n": n}, limits)  # one job per image (R22)
     parse_size(size)
+    extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(await request.form()))
     stored = await to_thread.run_sync(ctx.inputs.add, data)
     fields = {"image": stored.id, "prompt": prompt, "model": model, "n": n, "size": size,
-              "response_format": response_format}  # the call as asked: the file by its digest, not the multipart bytes
+              "response_format": response_format, **extras}  # the call as asked: the file by its digest
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
-    jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id}, SERVER, n, kind="edit")
+    jobs = await run_jobs(ctx, call, model_id, {"prompt": prompt, "image": stored.id, **extras}, SERVER, n,
+                          kind="edit", seed_step=True)
     with submitted([job.id for job in jobs]):
         return {
             "created": int(time.time()),
             "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs],
         }
+
+
+EDIT_FIELDS = ("image", "prompt", "model", "n", "size", "response_format")
+
+
+def form_extras(form: Any) -> dict[str, Any]:
+    """The extra fields of an edit's multipart form (the SDK's ``extra_body``), each parsed as
+    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text."""
+    extras: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if name in EDIT_FIELDS or not isinstance(value, str):
+            continue
+        try:
+            extras[name] = json.loads(value)
+        except ValueError:
+            extras[name] = value
+    return extras
 
 
 def image_item(job: Job, response_format: str | None, public_base_url: str | None, prompt: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
@@ -213,18 +214,39 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
+MODEL_OWNER = "homefleet"
+"""OpenAI's ``owned_by`` of every registered model."""
+
+
 @router.get("/models")
-def list_models(ctx: Context) -> list[dict[str, Any]]:
-    """Every registered model; ``params`` maps each kind it runs to what a submission may set
-    (``params``: the param names, ``inputs``: those naming an uploaded file id, from
-    :func:`app.core.kinds.family_kind_spec`); the fleet page's Submit form reads it."""
-    return [
-        {"id": m.id, "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
-         "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
-         "weights_bytes": _weights_bytes(ctx, m.id),
-         "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS}}
-        for m in ctx.registry.list() for kinds in (kinds_of(m.family, m.kinds),)
-    ]
+def list_models(ctx: Context) -> dict[str, Any]:
+    """Every registered model, in OpenAI's list shape ``{"object": "list", "data": [model...]}``
+    (what ``openai``'s ``client.models.list()`` reads); each model as :func:`get_model`."""
+    return {"object": "list", "data": [model_entry(ctx, m) for m in ctx.registry.list()]}
+
+
+@router.get("/models/{model_id}")
+def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
+    """One registered model (``client.models.retrieve(id)``): OpenAI's fields ``id``,
+    ``object: "model"``, ``created`` (registration, Unix seconds), ``owned_by``, then
+    Homefleet's: ``family``, ``kinds``, ``pipeline_class``, ``total_bytes``, ``precision``,
+    ``quantization``, ``weights_bytes``, ``defaults`` (its own default job params, registered
+    with ``models add --default``; applied when a job does not set them) and ``params`` (per kind it runs: ``params``, the param
+    names a submission may set, and ``inputs``, those naming an uploaded file id, from
+    :func:`app.core.kinds.family_kind_spec`; the fleet page's Submit form reads it).
+    404 ``unknown_model`` in OpenAI's error shape."""
+    return model_entry(ctx, ctx.registry.get(model_id))
+
+
+def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
+    """A model record as ``GET /v1/models`` lists it (:func:`get_model`)."""
+    kinds = kinds_of(m.family, m.kinds)
+    created = m.created_at if m.created_at.tzinfo else m.created_at.replace(tzinfo=UTC)
+    return {"id": m.id, "object": "model", "created": int(created.timestamp()), "owned_by": MODEL_OWNER,
+            "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
+            "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
+            "weights_bytes": _weights_bytes(ctx, m.id), "defaults": dict(m.defaults or {}),
+            "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS}}
 
 
 def _weights_bytes(ctx: Context, model_id: str) -> int | None:

@@ -21,23 +21,30 @@ token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`
 ``usage``, then ``data: [DONE]``. The last text comes from the verified result (R2). A client
 that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
 
-``response_format`` constrains the output (``json_schema``: its ``schema``; ``json_object``: any
-JSON object), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
+``response_format`` constrains the output in every form the SDKs send (OpenAI's ``json_schema``
+and ``json_object``, huggingface_hub's and TGI's ``json_object`` / ``json`` with ``value``,
+``regex``: :func:`app.core.constraints.from_response_format`; one it cannot honour is a 422
+naming the field, never dropped), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
 not compile is a 422 ``invalid_grammar`` before any device.
 
 The helpers here (:func:`run_text_job`, :func:`submit_text_job`, :func:`follow`) are the one
 home of a text request's way through a job; the TGI routes (app/api/routes/tgi.py) are fronts
 over them too.
 
-Not yet here: ``stop``, ``n`` > 1, ``logprobs``; a request naming one is
-refused (422), not silently ignored.
+``stop`` (a string or up to 4): generation ends once the decoded text holds one, the text cut
+before it (``finish_reason`` ``stop``); a stream never sends text past it. ``n`` (at most
+:data:`MAX_CHOICES`): n text jobs submitted as one call (a retried request gets them all, C10),
+job i seeded ``seed + i`` when a seed is given; choice i is job i's text.
+
+Not yet here: ``logprobs``, ``tools``, ``suffix``, ``echo``, ``best_of``; a request naming one
+is refused (422), not silently ignored.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from anyio import to_thread
@@ -45,6 +52,7 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
 from app.api.auth import request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.routes.images import (
     MAX_PROMPT_CHARS,
@@ -59,6 +67,7 @@ from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS
 from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
+from app.core.textgen import MAX_STOP_SEQUENCES, safe_to_send, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import SERVER
@@ -66,7 +75,13 @@ from routing.placement import SERVER
 router = APIRouter(route_class=StrictJsonRoute)
 
 KIND = "text"
-UNSUPPORTED = ("stop", "logprobs", "tools", "suffix", "echo", "best_of")
+CLIENT_FIELDS = {"max_new_tokens": "max_tokens", "prompt": "prompt", "grammar": "response_format", "stop": "stop",
+                 "seed": "seed", "temperature": "temperature", "top_p": "top_p"}
+"""A text job's params -> the OpenAI fields they come from: a refusal names the client's field
+(app/api/openai_errors.py ``renamed``); a chat's prompt is its ``messages``."""
+MAX_CHOICES = 8
+"""A request's ``n`` at most: n text jobs, submitted as one call (C10: a retried request gets them all)."""
+UNSUPPORTED = ("logprobs", "tools", "suffix", "echo", "best_of")
 """OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
 
 
@@ -83,12 +98,16 @@ class Sampling(RequestBody):
                                       description=f"0 (any below {GREEDY_TEMPERATURE:g}): greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**63)
-    n: int = Field(1, ge=1, le=1, description="one choice per request (n > 1: later)")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"choices, one text job each (at most {MAX_CHOICES}); "
+                                                        "with a seed, choice i runs with seed + i")
+    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP_SEQUENCES} sequences: the text ends "
+                                                            "before the first one generated (finish_reason stop)")
     stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
     response_format: dict[str, Any] | None = Field(
-        None, description='{"type": "json_schema", "json_schema": {"schema": {...}}}, {"type": "json_object"} or '
-                          '{"type": "text"}: the output is constrained while decoding (llguidance)')
+        None, description='{"type": "json_schema", "json_schema": {"name", "schema": {...}}}, {"type": "json_object"}'
+                          ' (optionally with its schema as "value"), TGI\'s {"type": "json" | "regex", "value": ...} '
+                          'or {"type": "text"}: the output is constrained while decoding (llguidance)')
 
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
@@ -106,11 +125,17 @@ class Sampling(RequestBody):
         params: dict[str, Any] = {}
         try:
             grammar = constraints.from_response_format(self.response_format)
-        except ValueError as error:
-            raise Rejected(f"`response_format` {error}", reason="invalid_response_format",
-                           param="response_format") from error
+        except constraints.FormatRefused as error:
+            field = f"response_format{error.field}"
+            raise Rejected(f"`{field}` {error}", reason="invalid_response_format", param=field) from error
         if grammar is not None:
             params["grammar"] = grammar
+        try:
+            stops = stop_sequences(self.stop)
+        except ValueError as error:
+            raise Rejected(f"`stop` {error}", reason="invalid_stop", param="stop") from error
+        if stops:
+            params["stop"] = stops
         new = max_tokens if max_tokens is not None else self.max_tokens
         for name, value in (("max_new_tokens", new), ("temperature", self.temperature), ("top_p", self.top_p),
                             ("seed", self.seed)):
@@ -162,12 +187,23 @@ async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model
     """Submit one text job (``params``) for the request whose canonical body is ``fields`` (or
     take a retried call's job: C10), wait for it as the image routes do, and read it: the job,
     its verified text and its journaled usage. ``model`` None: the first text model."""
+    (answer,) = await run_text_jobs(ctx, request, fields, model, params, target, 1)
+    return answer
+
+
+async def run_text_jobs(ctx: Any, request: Request, fields: dict[str, Any], model: str | None,
+                        params: dict[str, Any], target: str, count: int) -> list[tuple[Job, str, dict[str, Any]]]:
+    """:func:`run_text_job` for ``count`` choices: ``count`` text jobs submitted as one call
+    (a retried request gets them all, C10), job i seeded ``seed + i`` when a seed is given;
+    each (job, verified text, usage), in order."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields)
     chosen = await model_or_default(ctx, model, KIND)
-    (job,) = await run_jobs(ctx, call, chosen, params, target, 1, kind=KIND)
-    with submitted([job.id]):
-        text = await to_thread.run_sync(text_of, job)
-    return job, text, usage_of(job)
+    jobs = await run_jobs(ctx, call, chosen, params, target, count, kind=KIND, seed_step=True)
+    answers = []
+    with submitted([job.id for job in jobs]):
+        for job in jobs:
+            answers.append((job, await to_thread.run_sync(text_of, job), usage_of(job)))
+    return answers
 
 
 async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], target: str,
@@ -197,56 +233,90 @@ def ended_badly(job: Job) -> str:
 
 async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None,
                       api_key_id: str | None = None) -> Any:
-    """Submit one text job now, a job of API key ``api_key_id`` (a refusal raises: a plain
-    error) and answer its text as SSE chunks."""
+    """Submit the request's ``n`` text jobs now, jobs of API key ``api_key_id`` (a refusal of the
+    first raises: a plain error; of a later one: an error naming the jobs submitted) and answer
+    their texts as SSE chunks, choice after choice (``index``). No text past a ``stop``
+    sequence is sent (:func:`app.core.textgen.safe_to_send`). With ``n`` 1 the finish chunk
+    carries ``usage``; with more, a last chunk without choices carries their sum."""
     from sse_starlette.sse import EventSourceResponse
 
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
-    job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
+    stops = list(params.get("stop") or [])
+    job_ids: list[str] = []
+    model = body.model
+    with submitted(job_ids):
+        for index in range(body.n):
+            each = {**params, "seed": params["seed"] + index} if "seed" in params else params
+            job_id, model = await submit_text_job(ctx, body.model, each, body.target, api_key_id)
+            job_ids.append(job_id)
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta: str | None, finish: str | None = None, usage: dict[str, Any] | None = None) -> str:
-        piece: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def chunk(index: int, delta: str | None, finish: str | None = None, usage: dict[str, Any] | None = None,
+              choices: bool = True) -> str:
+        piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
         if chat:
             piece["delta"] = {"role": "assistant", "content": delta} if delta is not None else {}
         else:
             piece["text"] = delta or ""
-        out = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job_id}", "object": kind, "created": created,
-               "model": model, "choices": [piece], "job_id": job_id}
+        out = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job_ids[0]}", "object": kind, "created": created,
+               "model": model, "choices": [piece] if choices else [], "job_id": job_ids[index]}
         if usage is not None:
             out["usage"] = _usage(usage)
         return json.dumps(out)
 
     async def events() -> AsyncIterator[str]:
-        sent = ""
-        async for update in follow(ctx, job_id):
-            if isinstance(update, Progress):
-                so_far = (update.text or "").rstrip("\ufffd")  # a split UTF-8 char
-                if len(so_far) > len(sent) and so_far.startswith(sent):
-                    yield chunk(so_far[len(sent):])
-                    sent = so_far
-                continue
-            job = update
-            if job.state != JobState.succeeded:
-                yield json.dumps({"error": {"message": ended_badly(job), "type": "server_error", "code": job.reason,
-                                            "job_id": job_id}})
-                return
-            final = await to_thread.run_sync(text_of, job)
-            if final.startswith(sent) and len(final) > len(sent):
-                yield chunk(final[len(sent):])
-            usage = usage_of(job)
-            yield chunk(None, usage.get("finish_reason", "length"), usage)
-            yield "[DONE]"
+        total: dict[str, int] = {}
+        for index, job_id in enumerate(job_ids):
+            sent = ""
+            async for update in follow(ctx, job_id):
+                if isinstance(update, Progress):
+                    so_far = safe_to_send((update.text or "").rstrip("\ufffd"), stops)  # a split UTF-8 char
+                    if len(so_far) > len(sent) and so_far.startswith(sent):
+                        yield chunk(index, so_far[len(sent):])
+                        sent = so_far
+                    continue
+                job = update
+                if job.state != JobState.succeeded:
+                    yield json.dumps({"error": {"message": ended_badly(job), "type": "server_error",
+                                                "code": job.reason, "job_id": job_id, "job_ids": job_ids}})
+                    return
+                final = await to_thread.run_sync(text_of, job)
+                if final.startswith(sent) and len(final) > len(sent):
+                    yield chunk(index, final[len(sent):])
+                usage = usage_of(job)
+                for name, value in _usage(usage).items():
+                    total[name] = total.get(name, 0) + value
+                yield chunk(index, None, usage.get("finish_reason", "length"), usage if len(job_ids) == 1 else None)
+        if len(job_ids) > 1:
+            yield chunk(0, None, usage=total, choices=False)
+        yield "[DONE]"
 
-    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_ids[0]})
 
 
 async def run_text(ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool,
-                   max_tokens: int | None = None) -> tuple[Job, str, dict[str, Any]]:
-    """An OpenAI request's job: :func:`run_text_job` with the body's sampling params."""
+                   max_tokens: int | None = None) -> list[tuple[Job, str, dict[str, Any]]]:
+    """An OpenAI request's ``n`` jobs: :func:`run_text_jobs` with the body's sampling params."""
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
-    return await run_text_job(ctx, request, body.model_dump(mode="json"), body.model, params, body.target)
+    return await run_text_jobs(ctx, request, body.model_dump(mode="json"), body.model, params, body.target, body.n)
+
+
+def answer_of(answers: list[tuple[Job, str, dict[str, Any]]], kind: str,
+              content: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's answer of ``kind`` (``text_completion``, ``chat.completion``): choice i is job i's
+    text (``content`` shapes it), its finish reason; ``usage`` sums the jobs' (prompt tokens
+    once per choice, as OpenAI counts them); ``job_id`` the first job, ``job_ids`` every one."""
+    first = answers[0][0]
+    total: dict[str, int] = {}
+    for _, _, usage in answers:
+        for name, value in _usage(usage).items():
+            total[name] = total.get(name, 0) + value
+    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+    return {"id": f"{prefix}-{first.id}", "object": kind, "created": int(time.time()), "model": first.model_id,
+            "choices": [{"index": index, **content(text), "finish_reason": usage.get("finish_reason", "length"),
+                         "logprobs": None} for index, (_, text, usage) in enumerate(answers)],
+            "usage": total, "job_id": first.id, "job_ids": [job.id for job, _, _ in answers], "machine": first.machine}
 
 
 @router.post("/v1/completions", response_model=None)
@@ -255,13 +325,11 @@ async def completions(body: Completion, ctx: Context, request: Request) -> Any:
     the prompt exceeds the model's ``max_input_tokens`` or prompt + ``max_tokens`` its
     ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
     body.params()  # refuse unsupported fields before anything is submitted
-    if body.stream:
-        return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
-    job, text, usage = await run_text(ctx, request, body, body.prompt, chat=False)
-    return {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": job.model_id,
-            "choices": [{"index": 0, "text": text, "finish_reason": usage.get("finish_reason", "length"),
-                         "logprobs": None}],
-            "usage": _usage(usage), "job_id": job.id, "machine": job.machine}
+    with client_fields(CLIENT_FIELDS):
+        if body.stream:
+            return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
+        answers = await run_text(ctx, request, body, body.prompt, chat=False)
+    return answer_of(answers, "text_completion", lambda text: {"text": text})
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -273,12 +341,11 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
-    if body.stream:
-        return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
-                                 api_key_id=request_key_id(request))
-    job, text, usage = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
-    return {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": int(time.time()),
-            "model": job.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": usage.get("finish_reason", "length"), "logprobs": None}],
-            "usage": _usage(usage), "job_id": job.id, "machine": job.machine}
+    names = {**CLIENT_FIELDS, "prompt": "messages",
+             "max_new_tokens": "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"}
+    with client_fields(names):
+        if body.stream:
+            return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
+                                     api_key_id=request_key_id(request))
+        answers = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+    return answer_of(answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}})

@@ -11,9 +11,12 @@ Homefleet's extra top-level fields ``model`` (a registered text model; default: 
 Auto places what they send; the OpenAI routes default to the server's own machine as the image
 routes do). As in TGI, sampling is on when ``do_sample`` is true or
 ``temperature`` (not 1) or ``top_p`` (below 1) is given; else decoding is greedy.
-``grammar`` (``{"type": "json", "value": <JSON schema>}`` or ``{"type": "regex", "value": ...}``)
-constrains the output (app/core/constraints.py); one that does not compile is a 422. A TGI
-parameter Homefleet does not run (``stop``, ``top_k``, ``repetition_penalty``…) is refused when
+``grammar`` (``{"type": "json", "value": <JSON schema>}``, ``{"type": "regex", "value": ...}`` or
+``{"type": "json_schema", "value": {"name", "schema"}}``)
+constrains the output (app/core/constraints.py); one that does not compile is a 422. ``stop``
+(up to 4 sequences) ends the text before the first one generated (``finish_reason``
+``stop_sequence``; the tokens' texts, streamed or in ``details``, end before it too: they join
+into the cut ``generated_text``). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is refused when
 set, not ignored.
 
 Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
@@ -38,6 +41,7 @@ from pydantic import ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from app.api.auth import request_key_id
+from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
 from app.api.routes.text import (
@@ -49,23 +53,37 @@ from app.api.routes.text import (
     usage_of,
 )
 from app.api.strict_json import StrictJsonRoute
+from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
 from app.core.request_body import RequestBody
 from app.core.states import JobState
-from app.core.textgen import TokenDecoder
+from app.core.textgen import MAX_STOP_SEQUENCES, TokenDecoder, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
 
-UNSUPPORTED = ("stop", "top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
+UNSUPPORTED = ("top_k", "repetition_penalty", "frequency_penalty", "truncate", "typical_p", "watermark",
                "best_of", "top_n_tokens", "decoder_input_details", "adapter_id")
 """TGI parameters Homefleet does not run: refused when set (not null, false or empty)."""
 
+CLIENT_FIELDS = {"max_new_tokens": "parameters.max_new_tokens", "prompt": "inputs", "grammar": "parameters.grammar",
+                 "stop": "parameters.stop", "seed": "parameters.seed", "temperature": "parameters.temperature",
+                 "top_p": "parameters.top_p"}
+"""A text job's params -> TGI's fields: a refusal's message names the client's field."""
+
 FINISH_REASONS = {"stop": "eos_token", "length": "length"}
-"""The text kind's finish reason -> TGI's."""
+"""The text kind's finish reason -> TGI's (a stop sequence's: ``stop_sequence``, :func:`finish_reason`)."""
+
+
+def finish_reason(usage: dict[str, Any]) -> str:
+    """TGI's finish reason of a text job's usage: ``stop_sequence`` when a ``stop`` sequence
+    ended it, else :data:`FINISH_REASONS`'s."""
+    if usage.get("stop_sequence") is not None:
+        return "stop_sequence"
+    return FINISH_REASONS.get(usage.get("finish_reason", "length"), "length")
 
 
 class Parameters(RequestBody):
@@ -81,8 +99,11 @@ class Parameters(RequestBody):
     do_sample: bool = Field(False, description="sample (seeded); false: greedy unless temperature or top_p is set")
     details: bool = Field(False, description="answer details: finish reason, token counts, tokens, seed")
     return_full_text: bool | None = Field(False, description="prepend the prompt to generated_text")
+    stop: list[str] | None = Field(None, description=f"up to {MAX_STOP_SEQUENCES} sequences: the text ends before "
+                                                    "the first one generated (finish_reason stop_sequence)")
     grammar: dict[str, Any] | None = Field(
-        None, description='{"type": "json", "value": <JSON schema>} or {"type": "regex", "value": "<regex>"}')
+        None, description='{"type": "json", "value": <JSON schema>}, {"type": "regex", "value": "<regex>"} or '
+                          '{"type": "json_schema", "value": {"name", "schema"}}')
 
     def sampling(self) -> bool:
         """Whether decoding samples (TGI's rule: ``do_sample``, or a temperature or top_p that changes the
@@ -115,8 +136,19 @@ class Parameters(RequestBody):
             params["temperature"] = 0.0
         if self.seed is not None:
             params["seed"] = self.seed
-        if self.grammar is not None:
-            params["grammar"] = self.grammar
+        try:
+            stops = stop_sequences(self.stop)
+        except ValueError as error:
+            raise Rejected(f"`parameters.stop` {error}", reason="invalid_stop", param="parameters.stop") from error
+        if stops:
+            params["stop"] = stops
+        try:
+            grammar = constraints.from_tgi_grammar(self.grammar)
+        except constraints.FormatRefused as error:
+            field = f"parameters.grammar{error.field}"
+            raise Rejected(f"`{field}` {error}", reason="invalid_grammar", param=field) from error
+        if grammar is not None:
+            params["grammar"] = grammar
         return params
 
 
@@ -159,10 +191,10 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     if body.parameters.details:
         tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
         ids, logprobs = _tokens(job)
-        decoder = TokenDecoder(tokenizer)
+        decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or ())
         entries = [token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
                    for i, token in enumerate(ids)]
-        answer["details"] = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+        answer["details"] = {"finish_reason": finish_reason(usage),
                              "generated_tokens": int(usage.get("completion_tokens", len(ids))), "seed": seed_of(job),
                              "prefill": [], "tokens": entries}
     answer["job_id"] = job.id
@@ -177,7 +209,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
 
     async def events() -> AsyncIterator[str]:
-        decoder = TokenDecoder(tokenizer)
+        decoder = TokenDecoder(tokenizer, params.get("stop") or ())
         sent = 0  # tokens sent; the newest reported one is held back: the last event carries the last token
 
         def event(token: dict[str, Any], text: str | None = None, details: dict[str, Any] | None = None) -> str:
@@ -206,7 +238,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
             last = ids[-1] if ids else -1
             rest = final[len(decoder.sent):] if final.startswith(decoder.sent) else ""  # the verified text's end (R2)
             sent += 1
-            details = {"finish_reason": FINISH_REASONS.get(usage.get("finish_reason", "length"), "length"),
+            details = {"finish_reason": finish_reason(usage),
                        "generated_tokens": int(usage.get("completion_tokens", len(ids))),
                        "input_length": int(usage.get("prompt_tokens", 0)), "seed": seed_of(job)}
             token = {"id": last, "text": rest, "logprob": logprobs[-1] if logprobs else 0.0,
@@ -223,7 +255,8 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
     ``max_total_tokens``) or a grammar that does not compile; 409 ``job_pending``
     (``incomplete_generation``) when the wait bound ran out, as the image routes (C10)."""
     body.parameters.job_params(body.inputs)  # refuse unsupported parameters before anything is submitted
-    return JSONResponse(await generate_once(body, ctx, request))
+    with client_fields(CLIENT_FIELDS):
+        return JSONResponse(await generate_once(body, ctx, request))
 
 
 @router.post("/generate_stream", response_model=None, response_class=EventSourceResponse,
@@ -233,7 +266,8 @@ async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any
     """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
     ``generated_text`` and ``details``."""
     body.parameters.job_params(body.inputs)
-    return await generate_stream_answer(body, ctx, request_key_id(request))
+    with client_fields(CLIENT_FIELDS):
+        return await generate_stream_answer(body, ctx, request_key_id(request))
 
 
 @router.post("/", response_model=None,
@@ -243,6 +277,7 @@ async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any
     """TGI's root route (``huggingface_hub``'s ``text_generation`` calls it): :func:`generate`,
     or :func:`generate_stream` when ``stream`` is true."""
     body.parameters.job_params(body.inputs)
-    if body.stream:
-        return await generate_stream_answer(body, ctx, request_key_id(request))
-    return JSONResponse(await generate_once(body, ctx, request))
+    with client_fields(CLIENT_FIELDS):
+        if body.stream:
+            return await generate_stream_answer(body, ctx, request_key_id(request))
+        return JSONResponse(await generate_once(body, ctx, request))

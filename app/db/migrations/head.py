@@ -2,4 +2,4 @@
 written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
 reading of the scripts)."""
 
-HEAD = "f6b2d8e4a7c1"
+HEAD = "a9c2e4f6b813"

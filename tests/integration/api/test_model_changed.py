@@ -103,7 +103,7 @@ def test_r5_a_damaged_safetensors_header_is_409_not_500_and_other_models_are_sti
     assert other.status_code == 202, other.text
     assert client.post("/v1/images/generations", json={"prompt": "a cat", "model": OTHER, "n": 1},
                        headers={"x-stainless-read-timeout": "1"}).status_code != 500
-    listed = {m["id"]: m for m in client.get("/v1/models").json()}  # the prices registered, never re-read
+    listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}  # the prices registered, never re-read
     assert listed[MODEL]["weights_bytes"] == ctx.registry.get(MODEL).weights_bytes > 0
     assert listed[OTHER]["weights_bytes"] > 0
 

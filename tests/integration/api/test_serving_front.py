@@ -354,8 +354,8 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     client, ctx = api
     online(ctx, "m1")
     body = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "size": "500x512"}).json()
-    assert body["error"] == {"message": "`width` must be a multiple of 8 and at least 8 pixels, got 500",
-                             "type": "invalid_request_error", "param": "width", "code": "invalid_width"}
+    assert body["error"] == {"message": "`size` (width) must be a multiple of 8 and at least 8 pixels, got 500",
+                             "type": "invalid_request_error", "param": "size", "code": "invalid_width"}  # the client's field
     shape = client.post("/v1/images/generations", json={"prompt": "x", "size": "big"}).json()["error"]
     assert (shape["param"], shape["code"]) == ("size", "invalid_size")
     missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]

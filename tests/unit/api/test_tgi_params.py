@@ -20,10 +20,18 @@ def test_greedy_unless_do_sample_or_a_temperature_or_top_p_changes_the_distribut
         "prompt": "x", "max_new_tokens": 5, "temperature": 0.0, "grammar": grammar}
 
 
-@pytest.mark.parametrize(("name", "value"), [("stop", ["\n"]), ("top_k", 5), ("repetition_penalty", 1.2),
+@pytest.mark.parametrize(("name", "value"), [("top_k", 5), ("repetition_penalty", 1.2),
                                          ("watermark", True)])
 def test_an_unsupported_parameter_set_is_refused_naming_it(name: str, value: object) -> None:
     with pytest.raises(Rejected, match=f"parameters.{name}") as refused:
         Parameters.model_validate({name: value}).job_params("x")
     assert refused.value.reason == "unknown_param"
     Parameters.model_validate({name: None, "watermark": False, "stop": []}).job_params("x")  # unset: fine
+
+
+def test_stop_sequences_become_the_jobs_stop_and_a_bad_one_names_the_field() -> None:
+    assert Parameters(stop=["\n", "END"]).job_params("x")["stop"] == ["\n", "END"]
+    assert "stop" not in Parameters(stop=[]).job_params("x")
+    with pytest.raises(Rejected, match="parameters.stop") as refused:
+        Parameters(stop=["a", "b", "c", "d", "e"]).job_params("x")
+    assert refused.value.param == "parameters.stop" and refused.value.reason == "invalid_stop"

@@ -181,6 +181,46 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(
     assert constraints.from_response_format({"type": "text"}) is None
 
 
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}},  # OpenAI
+    {"type": "json_object", "value": SCHEMA},  # huggingface_hub's rewrite of OpenAI's json_schema
+    {"type": "json", "value": SCHEMA},  # TGI
+    {"type": "json", "value": '{"type": "object", "properties": {"n": {"type": "integer"}}}'},  # its JSON text
+    {"type": "json_schema", "value": {"name": "n", "schema": SCHEMA}},  # TGI's json_schema grammar
+    {"type": "json_schema", "schema": SCHEMA},  # flattened
+])
+def test_every_response_format_the_clients_send_keeps_its_schema(response_format: dict[str, object]) -> None:
+    from app.core import constraints
+
+    assert constraints.from_response_format(response_format) == {"type": "json", "value": SCHEMA}
+
+
+@pytest.mark.parametrize(("response_format", "field"), [
+    ({"type": "xml"}, ".type"),
+    ({"type": "json_object", "schema": SCHEMA}, ".schema"),  # not json_object's: never dropped
+    ({"type": "json"}, ".value"),
+    ({"type": "json", "value": 3}, ".value"),
+    ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "format": "x"}}, ".json_schema.format"),
+    ({"type": "regex", "value": ""}, ".value"),
+    ({"type": "text", "value": SCHEMA}, ".value"),
+])
+def test_a_response_format_that_cannot_be_honoured_is_refused_naming_its_field(
+        response_format: dict[str, object], field: str) -> None:
+    from app.core import constraints
+
+    with pytest.raises(constraints.FormatRefused) as refused:
+        constraints.from_response_format(response_format)
+    assert refused.value.field == field
+    assert constraints.from_response_format({"type": "regex", "value": "[a-z]+"}) == {"type": "regex", "value": "[a-z]+"}
+    assert constraints.from_tgi_grammar({"type": "json_schema", "value": {"name": "n", "schema": SCHEMA}}) == {
+        "type": "json", "value": SCHEMA}
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_an_int8_text_variant_loads_quantized_runs_and_is_priced_by_its_linear_weights(
     family: str, tiny_text_dir: Path

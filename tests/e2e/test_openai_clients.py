@@ -1,0 +1,118 @@
+"""What real clients send, through the official ``openai`` SDK against the session's running
+fleet (real API process, real ``celery worker`` processes, tiny pipelines): Homefleet params
+given as the SDK's ``extra_body`` on the image routes are honoured or refused, never ignored
+(R22); errors name the field the client sent (docs/api.md, "OpenAI and Hugging Face routes")."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from PIL import Image
+
+from app.db.tables import Job
+from app.devtools.train_shapes import MODEL_NAMES
+from tests.e2e.conftest import SHAPES_MACHINE, RunningFleet
+from tests.helpers import TEST_API_KEY, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def sdk(fleet: RunningFleet) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def jobs_with_prompt(fleet: RunningFleet, prompt: str) -> list[Job]:
+    return [job for job in fleet.ctx.journal.list() if job.params.get("prompt") == prompt]
+
+
+def pixels(b64: str | None) -> bytes:
+    assert b64 is not None
+    return Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB").tobytes()
+
+
+def test_image_extras_are_job_params_and_an_unknown_one_is_refused(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
+    """``extra_body={"seed": 11, "guidance_scale": 3}`` runs with them (journaled): the same seed
+    twice gives identical pixels, another seed other pixels; a misspelt ``stepz`` is a 422
+    naming it, before any job."""
+    def generate(seed: int) -> bytes:
+        done = sdk.images.generate(model=fleet.model, prompt="extras seeded", size="64x64",  # type: ignore[arg-type]
+                                   extra_body={"seed": seed, "steps": 2, "guidance_scale": 3.0, "target": "m1"})
+        return pixels(done.data[0].b64_json if done.data else None)
+
+    first, again, other = generate(11), generate(11), generate(12)
+    assert first == again and first != other
+    jobs = jobs_with_prompt(fleet, "extras seeded")
+    assert [(job.params["seed"], job.params["guidance_scale"], job.state) for job in jobs] == [
+        (11, 3.0, "succeeded"), (11, 3.0, "succeeded"), (12, 3.0, "succeeded")]
+    with pytest.raises(openai.UnprocessableEntityError) as misspelt:
+        sdk.images.generate(model=fleet.model, prompt="extras misspelt", size="64x64",  # type: ignore[arg-type]
+                            extra_body={"stepz": 2})
+    body = misspelt.value.body
+    assert isinstance(body, dict) and body["param"] == "stepz" and body["code"] == "unknown_param"
+    assert "`stepz`" in body["message"] and "guidance_scale" in body["message"]
+    assert jobs_with_prompt(fleet, "extras misspelt") == []
+    edited = sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"),
+                             prompt="extras edit seeded", extra_body={"seed": 5, "steps": 1})
+    assert edited.data and edited.data[0].b64_json
+    [edit] = jobs_with_prompt(fleet, "extras edit seeded")  # multipart extras: parsed as JSON, journaled
+    assert (edit.params["seed"], edit.params["steps"], edit.state) == (5, 1, "succeeded")
+    with pytest.raises(openai.UnprocessableEntityError) as edit_extra:
+        sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"), prompt="extras edit",
+                        extra_body={"stepz": "2"})
+    assert isinstance(edit_extra.value.body, dict) and edit_extra.value.body["param"] == "stepz"
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (40, 90, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
+    """``size`` becomes the job's width and height: a side that is not a multiple of 8 is refused
+    naming ``size`` (param and message), not ``width``; an extra's bad value names the extra."""
+    with pytest.raises(openai.UnprocessableEntityError) as odd:
+        sdk.images.generate(model=fleet.model, prompt="odd size", size="60x64")  # type: ignore[arg-type]
+    body = odd.value.body
+    assert isinstance(body, dict) and body["param"] == "size" and body["code"] == "invalid_width"
+    assert body["message"].startswith("`size` (width) must be a multiple of 8"), body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as guidance:
+        sdk.images.generate(model=fleet.model, prompt="odd guidance", size="64x64",  # type: ignore[arg-type]
+                            extra_body={"guidance_scale": 500})
+    assert isinstance(guidance.value.body, dict) and guidance.value.body["param"] == "guidance_scale"
+    assert "params." not in guidance.value.body["message"]
+
+
+def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: RunningFleet, tiny_models_dir: Path) -> None:
+    """The shapes models were registered with ``--default guidance_scale=4`` (tests/e2e/conftest.py,
+    as the demo does): GET /v1/models shows it; a job without guidance runs with 4 (journaled
+    params and the result's provenance), the client's 7 wins. A default that is not a param of
+    the model's kinds, or out of range, is refused at registration naming it; nothing registered."""
+    model = MODEL_NAMES["filled"]
+    assert fleet.client.model(model)["defaults"] == {"guidance_scale": 4}
+    assert fleet.client.model(fleet.model)["defaults"] == {}
+    prompt = {"prompt": "a red circle on a black background", "steps": 2, "width": 32, "height": 32}
+    plain = fleet.client.submit(model, "txt2img", prompt, target=SHAPES_MACHINE)
+    own = fleet.client.submit(model, "txt2img", {**prompt, "guidance_scale": 7}, target=SHAPES_MACHINE)
+    for job, guidance in ((plain, 4), (own, 7)):
+        done = fleet.client.wait(job["id"], timeout_s=300)
+        assert done["state"] == "succeeded", done
+        record = fleet.ctx.journal.get(job["id"])
+        assert record.params["guidance_scale"] == guidance
+        assert record.provenance is not None and record.provenance["params"]["guidance_scale"] == guidance
+    env = {"HOMEFLEET_DATA_DIR": str(fleet.local.settings.data_dir),
+           "HOMEFLEET_FLEET_FILE": str(fleet.local.fleet_file), "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url}
+    for given, named in (("stepz=3", "'stepz' is not a param of txt2img"),
+                         ("guidance_scale=500", "guidance_scale must be a number from 0 to 50, got 500")):
+        refused = run_cli("models", "add", str(tiny_models_dir / fleet.model), "--id", "tiny-sd-bad-default",
+                          "--default", given, env=env, check=False)
+        assert refused.returncode != 0 and named in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert "tiny-sd-bad-default" not in {m["id"] for m in fleet.client.models()}
