@@ -192,8 +192,9 @@ function machineState(machine) {
 function machineRow(m, device) {
   const running = state.jobs.filter((job) => job.machine === m.name && job.state === "running");
   const open = () => { state.openMachine = m.name; state.queue = []; loadQueue().then(renderFleet); };
-  return el("tr", { "data-machine": m.name, class: device ? "device" : null },
-    el("td", { "data-label": "Machine" }, el("button", { type: "button", class: "link", "data-key": `machine:${m.name}`, onclick: open,
+  return el("tr", { "data-machine": m.name, class: device ? "device" : null, onclick: open },  // the button: the keyboard's way
+    el("td", { "data-label": "Machine" }, el("button", { type: "button", class: "link", "data-key": `machine:${m.name}`,
+      onclick: (event) => { event.stopPropagation(); open(); },
       "aria-label": `${m.name}: open its queue` }, device ? `↳ ${m.name}` : m.name)),
     el("td", { "data-label": "State", class: `state-${machineState(m)}` }, machineState(m)),
     el("td", { "data-label": "Device" }, m.backend, m.device === null || m.device === undefined ? "" : ` #${m.device}`),
@@ -238,9 +239,10 @@ async function loadQueue() {
 
 // ---- Jobs ----
 function renderJobs() {
-  replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id },
+  const open = (job) => (event) => { event.stopPropagation(); state.openJob = job.id; renderJobs(); };
+  replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: open(job) },
     el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
-      onclick: () => { state.openJob = job.id; renderJobs(); } }, job.id)),
+      onclick: open(job) }, job.id)),
     el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
     el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, job.params.prompt || "–"),
     el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
