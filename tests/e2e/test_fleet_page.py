@@ -405,6 +405,7 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     """Gallery → Same settings fills the form from the job (model, kind, target, params, seed);
     submitted, it gives the same pixels. New seed fills another seed."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     params = {"prompt": "a remixed lighthouse", "width": 64, "height": 64, "steps": 3, "seed": 4242}
     submitted = fleet.client.submit(fleet.model, "txt2img", params, target="m1")["id"]

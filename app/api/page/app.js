@@ -429,23 +429,24 @@ function maskEditor() {
   const canvas = el("canvas", { id: "mask-canvas", role: "img", "aria-label": "Mask: drag to paint the area to repaint", tabindex: "0" });
   const image = el("img", { id: "mask-image", alt: "the input image under the mask" });
   mask.canvas = canvas; mask.drawn = false;
-  let mode = "draw"; let down = false;
+  let mode = "draw"; let last = null;  // the stroke's previous point while the pointer is down
   const brush = el("input", { type: "range", id: "brush-size", min: "1", max: "32", value: "6", "aria-label": "brush size (pixels of the image)" });
   const spot = (event) => {
     const box = canvas.getBoundingClientRect();
     return [(event.clientX - box.left) * (canvas.width / box.width), (event.clientY - box.top) * (canvas.height / box.height)];
   };
+  // a round brush from the previous point to this one (pointer events come sparse on a fast move)
   const stroke = (event) => {
     const context = canvas.getContext("2d");
     context.globalCompositeOperation = mode === "erase" ? "destination-out" : "source-over";
-    context.fillStyle = "rgba(255, 40, 40, 1)";
-    const [x, y] = spot(event);
-    context.beginPath(); context.arc(x, y, Number(brush.value) / 2, 0, 2 * Math.PI); context.fill();
-    mask.drawn = true;
+    context.strokeStyle = "rgb(255, 40, 40)"; context.lineWidth = Number(brush.value); context.lineCap = "round";
+    const point = spot(event);
+    context.beginPath(); context.moveTo(...(last || point)); context.lineTo(...point); context.stroke();
+    last = point; mask.drawn = true;
   };
-  canvas.addEventListener("pointerdown", (event) => { down = true; canvas.setPointerCapture(event.pointerId); stroke(event); });
-  canvas.addEventListener("pointermove", (event) => { if (down) stroke(event); });
-  for (const name of ["pointerup", "pointercancel"]) canvas.addEventListener(name, () => { down = false; });
+  canvas.addEventListener("pointerdown", (event) => { last = null; canvas.setPointerCapture(event.pointerId); stroke(event); });
+  canvas.addEventListener("pointermove", (event) => { if (last) stroke(event); });
+  for (const name of ["pointerup", "pointercancel"]) canvas.addEventListener(name, () => { last = null; });
   const modeButton = (name, label) => el("button", { type: "button", id: `mask-${name}`, "aria-pressed": String(name === mode),
     onclick: (event) => { mode = name; for (const b of event.target.parentNode.querySelectorAll("[aria-pressed]")) b.setAttribute("aria-pressed", String(b === event.target)); } }, label);
   return el("div", { class: "mask-editor", role: "group", "aria-label": "Mask editor" },
@@ -580,10 +581,11 @@ async function dryRun() {
 
 async function submit(event) {
   event.preventDefault();
-  await dryRun();
   const box = $("#submitted"); const status = $(".status", box); const progress = $("#submitted-progress");
   const interrupt = $("#interrupt-submitted");
   box.hidden = false; progress.value = 0; progress.dataset.seen = ""; $(".result", box).replaceChildren(); interrupt.hidden = true;
+  delete box.dataset.job; status.textContent = "Submitting…";
+  await dryRun();
   let accepted;
   try { accepted = await api("/v1/jobs", { method: "POST", json: await submission() }); }
   catch (error) {
