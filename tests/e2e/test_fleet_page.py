@@ -33,10 +33,22 @@ SCREENSHOTS = os.environ.get("HOMEFLEET_SCREENSHOTS")
 
 
 def snap(driver: object, view: str) -> None:
-    """Save the window as ``<view>.png`` under ``$HOMEFLEET_SCREENSHOTS`` when it is set."""
+    """Save the window as ``<view>.png`` under ``$HOMEFLEET_SCREENSHOTS`` when it is set, in 128
+    colours (docs, kept small)."""
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(Path(SCREENSHOTS) / f"{view}.png"))  # type: ignore[attr-defined]
+        path = Path(SCREENSHOTS) / f"{view}.png"
+        assert driver.save_screenshot(str(path))  # type: ignore[attr-defined]
+        shrink(path)
+
+
+def shrink(path: Path) -> None:
+    """Rewrite the PNG at ``path`` in a 128-colour palette."""
+    from PIL import Image
+
+    with Image.open(path) as shot:
+        small = shot.convert("RGB").quantize(colors=128)
+    small.save(path, optimize=True)
 
 
 def select_filter(wait: object, element_id: str, value: str) -> None:
