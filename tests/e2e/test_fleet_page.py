@@ -428,6 +428,13 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     figure = f"#gallery figure[data-job='{original['id']}']"
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} img[src^='blob:']"))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    click(driver, f"{figure} .remix-enlarge")
+    wait.until(lambda d: d.execute_script(
+        "const dialog = document.querySelector('#enlarged'); return dialog.open && dialog.querySelector('img').src"
+    ).startswith("blob:"))
+    driver.execute_script("document.querySelector('#enlarged').close()")  # type: ignore[attr-defined]
+    assert driver.execute_script(  # type: ignore[attr-defined]
+        f"return document.querySelector({figure + ' a.download'!r}).href").startswith("blob:")
     click(driver, f"{figure} .remix-new-seed")
     wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
     assert form_value(driver, "seed") not in ("", "4242")
@@ -461,8 +468,9 @@ def form_value(driver: object, name: str) -> str:
 def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, browser: object) -> None:
     """The Fleet view names m2's running job with its step, elapsed and remaining time; the Jobs
     view cancels the queued job behind it (cancelled), interrupts the running one (the API's
-    cancel: it ends cancelled) and requeues an ended one (a new job, requeued_from it)."""
+    cancel: it ends cancelled) and requeues an ended one (a new job, requeued_from it) from the keyboard."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     params = {"prompt": "a long interrupted run", "width": 64, "height": 64, "steps": 150}
     running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
@@ -485,7 +493,13 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
         assert ended["state"] == "cancelled", ended
         wait.until(lambda d: "interrupted" in d.find_element(By.ID, "notice").text)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-requeue[data-job='{queued}']"))
-        click(driver, f".act-requeue[data-job='{queued}']")
+        # from the keyboard: the focused button keeps its focus through the view's re-renders, Enter presses it
+        driver.execute_script(f"document.querySelector(\".act-requeue[data-job='{queued}']\").focus()")  # type: ignore[attr-defined]
+        renders = driver.execute_script("return document.querySelector('#jobs tbody tr')")  # type: ignore[attr-defined]
+        wait.until(lambda d: d.execute_script("return document.querySelector('#jobs tbody tr')") != renders)
+        focused = "return document.activeElement.dataset.key"
+        assert driver.execute_script(focused) == f"requeue:{queued}"  # type: ignore[attr-defined]
+        driver.switch_to.active_element.send_keys(Keys.ENTER)  # type: ignore[attr-defined]
         wait.until(lambda d: "requeued as" in d.find_element(By.ID, "notice").text)
         requeued = driver.find_element(By.ID, "notice").text.split("requeued as ")[1].split()[0]  # type: ignore[attr-defined]
         again = fleet.client.wait(requeued, timeout_s=JOB_WAIT_S)

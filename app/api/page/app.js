@@ -282,7 +282,7 @@ function remixes(job) {
   const buttons = [];
   if (job.result) {
     buttons.push(button("enlarge", "Enlarge", () => enlarge(job)));
-    const download = el("a", { class: "download", download: `${job.id}`, href: "#", "data-key": `download:${job.id}`, "aria-label": `Download the result of job ${job.id}` }, "Download");
+    const download = el("a", { class: "download", download: `${job.id}.${job.result.media_type.split("/")[1] || "bin"}`, href: "#", "data-key": `download:${job.id}`, "aria-label": `Download the result of job ${job.id}` }, "Download");
     resultUrl(job).then((url) => { download.href = url; });
     buttons.push(download);
   }
