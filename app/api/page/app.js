@@ -242,7 +242,7 @@ function renderJobs() {
   const open = (job) => (event) => { event.stopPropagation(); state.openJob = job.id; renderJobs(); };
   replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: open(job) },
     el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
-      onclick: open(job) }, job.id)),
+      title: job.id, onclick: open(job) }, short(job.id))),
     el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
     el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, job.params.prompt || "–"),
     el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
