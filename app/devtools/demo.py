@@ -54,9 +54,10 @@ TINY_DEMO_MODELS = {"upscale": "tiny-upscaler", "video": "tiny-animatediff"}
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 #: the trained models (txt2img: filled, outlined; edit: recolour): model id -> its committed folder
 SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECOLOUR_MODEL)}
-#: the trained models' own defaults (``models add --default``): the guidance they were tuned at,
-#: applied to a job that does not set it (the demo's shape jobs leave it to them)
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {name: {"guidance_scale": 4.0} for name in SHAPE_MODELS}
+#: the trained models' own defaults (``models add --default``): the guidance they were tuned at and,
+#: for the txt2img two, the 32 x 32 pixels they were trained on; applied to a job that does not set them
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {name: {"guidance_scale": 4.0} for name in SHAPE_MODELS} | {
+    name: {"guidance_scale": 4.0, "width": 32, "height": 32} for name in (FILLED, OUTLINED)}
 #: every model the demo registers. No prompt expansion (params.expand_prompt): no trained text
 #: model ships with the demo, and a random-weight one writes noise ("····") into the prompt.
 DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())

@@ -92,8 +92,9 @@ def fleet(
     run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
-    for model in SHAPE_MODELS:  # with the demo's own default guidance (app/devtools/demo.py MODEL_DEFAULTS)
-        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, "--default", "guidance_scale=4",
+    for model in SHAPE_MODELS:  # with the demo's own defaults (app/devtools/demo.py MODEL_DEFAULTS)
+        sized = () if model == RECOLOUR_MODEL else ("--default", "width=32", "--default", "height=32")  # trained at 32
+        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, "--default", "guidance_scale=4", *sized,
                 env=operator)
     adapters = data_dir / "adapters"
     lora = make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)

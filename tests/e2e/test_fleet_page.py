@@ -21,11 +21,12 @@ from app.client import ApiError
 from app.core.states import JobState
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
+from tests.e2e.test_devices import DeviceFleet, devices
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import TEST_API_KEY, end_running
 
 pytestmark = pytest.mark.e2e
-__all__ = ["browser"]  # the fixture, shared with the /docs test
+__all__ = ["browser", "devices"]  # the fixtures, shared with the /docs and devices tests
 
 
 #: ``make screenshots`` sets it: the tests then save a PNG of each view there (docs/screenshots/).
@@ -33,10 +34,22 @@ SCREENSHOTS = os.environ.get("HOMEFLEET_SCREENSHOTS")
 
 
 def snap(driver: object, view: str) -> None:
-    """Save the window as ``<view>.png`` under ``$HOMEFLEET_SCREENSHOTS`` when it is set."""
+    """Save the window as ``<view>.png`` under ``$HOMEFLEET_SCREENSHOTS`` when it is set, in 128
+    colours (docs, kept small)."""
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(Path(SCREENSHOTS) / f"{view}.png"))  # type: ignore[attr-defined]
+        path = Path(SCREENSHOTS) / f"{view}.png"
+        assert driver.save_screenshot(str(path))  # type: ignore[attr-defined]
+        shrink(path)
+
+
+def shrink(path: Path) -> None:
+    """Rewrite the PNG at ``path`` in a 128-colour palette."""
+    from PIL import Image
+
+    with Image.open(path) as shot:
+        small = shot.convert("RGB").quantize(colors=128)
+    small.save(path, optimize=True)
 
 
 def select_filter(wait: object, element_id: str, value: str) -> None:
@@ -68,6 +81,13 @@ def captions(wait: object, css: str = "#gallery figcaption") -> list[str]:
             return None
 
     return wait.until(read)  # type: ignore[attr-defined]
+
+
+def shown_field(driver: object, name: str) -> bool:
+    """Whether the Submit form shows a field for param ``name`` (it is rebuilt for each kind and model)."""
+    return bool(driver.execute_script(  # type: ignore[attr-defined]
+        "const label = document.querySelector(`#submit-form label[data-param='${arguments[0]}']`);"
+        "return Boolean(label && label.offsetParent !== null)", name))
 
 
 def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
@@ -215,13 +235,11 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     wait = open_page(driver, fleet.local.api_url, "submit")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=kind] option[value='edit']"))
     form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
-    image_label = form.find_element(By.CSS_SELECTOR, "label[data-param='image']")
-    width_label = form.find_element(By.CSS_SELECTOR, "label[data-param='width']")
     model_ids = "return [...document.querySelectorAll('#submit-form select[name=model] option')].map(o => o.value)"
-    assert not image_label.is_displayed() and width_label.is_displayed()  # txt2img: a size, no input
+    assert (shown_field(driver, "image"), shown_field(driver, "width")) == (False, True)  # txt2img: a size, no input
     assert EDIT_MODEL not in driver.execute_script(model_ids)  # type: ignore[attr-defined]
     Select(form.find_element(By.NAME, "kind")).select_by_value("edit")
-    assert image_label.is_displayed() and not width_label.is_displayed()  # edit: the input's size
+    assert (shown_field(driver, "image"), shown_field(driver, "width")) == (True, False)  # edit: the input's size
     # the models that run edits (the shared fleet's random pix2pix and the trained recolour model), no other
     assert sorted(driver.execute_script(model_ids)) == sorted([EDIT_MODEL, RECOLOUR_MODEL])  # type: ignore[attr-defined]
     Select(form.find_element(By.NAME, "model")).select_by_value(EDIT_MODEL)
@@ -286,3 +304,262 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
             end_running(fleet.ctx, running)
         for job_id in (running, queued):  # m2 idle again for the tests after this one
             fleet.client.wait(job_id, timeout_s=300)
+
+
+def pixels(png: bytes) -> list[tuple[int, int, int]]:
+    """The RGB pixels of a PNG, row by row."""
+    import io
+
+    from PIL import Image
+
+    return list(Image.open(io.BytesIO(png)).convert("RGB").getdata())
+
+
+def click(driver: object, css: str) -> None:
+    """Click the element ``css`` selects from the page itself (views re-render every second, so an
+    element found by the driver may be replaced before its click lands)."""
+    driver.execute_script(f"document.querySelector({css!r}).click()")  # type: ignore[attr-defined]
+
+
+def submitted_result(driver: object) -> str:
+    """The job id of the Submit view's job, once its result image is shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, JOB_WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))
+    return str(driver.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]
+
+
+def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: RunningFleet, browser: object) -> None:
+    """GET /v1/models gives each kind's params, defaults and ranges; the Submit form shows every
+    param of the chosen kind with them, the model's own defaults first (the shapes models: 32 px,
+    guidance 4), only the kinds models run (no ``adapter``), and the family's adapters."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from app.devtools.train_shapes import MODEL_NAMES
+
+    models = {m["id"]: m for m in httpx.get(f"{fleet.local.api_url}/v1/models", timeout=60,
+                                             headers={"Authorization": f"Bearer {TEST_API_KEY}"}).json()["data"]}
+    txt2img = models[fleet.model]["params"]["txt2img"]
+    assert txt2img["defaults"]["steps"] == 4 and txt2img["ranges"]["guidance_scale"] == {
+        "min": 0.0, "max": 50.0, "integer": False}
+    assert txt2img["ranges"]["width"]["step"] == 8 and txt2img["ranges"]["n"] == {"integer": True, "min": 1, "max": 4}
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=kind] option[value='inpaint']"))
+    kinds = driver.execute_script(  # type: ignore[attr-defined]
+        "return [...document.querySelectorAll('#submit-form select[name=kind] option')].map(o => o.value)")
+    assert "adapter" not in kinds and {"txt2img", "img2img", "inpaint", "edit"} <= set(kinds), kinds
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    for name in ("prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "n"):
+        assert shown_field(driver, name), name
+    guidance = form.find_element(By.NAME, "guidance_scale")
+    shown = (guidance.get_attribute("min"), guidance.get_attribute("max"), guidance.get_attribute("value"))
+    assert shown == ("0", "50", "7.5"), shown
+    assert form.find_element(By.NAME, "width").get_attribute("step") == "8"
+    adapters = driver.execute_script(  # type: ignore[attr-defined]
+        "return [...document.querySelectorAll('#adapters [data-adapter]')].map(a => a.dataset.adapter)")
+    assert {a for a in models if models[a]["kinds"] == ["adapter"] and models[a]["family"] == "sd1"} == set(adapters)
+    Select(form.find_element(By.NAME, "model")).select_by_value(MODEL_NAMES["filled"])
+    assert form.find_element(By.NAME, "width").get_attribute("value") == "32"  # the model's own default
+    assert form.find_element(By.NAME, "guidance_scale").get_attribute("value") == "4"
+    Select(form.find_element(By.NAME, "kind")).select_by_value("img2img")
+    assert shown_field(driver, "strength") and shown_field(driver, "image") and not shown_field(driver, "width")
+
+
+def test_a_mask_drawn_with_the_pointer_inpaints_only_inside_it(
+        fleet: RunningFleet, browser: object, tmp_path: Path) -> None:
+    """Inpaint from the page: the input uploaded, the mask painted on the canvas with pointer
+    events (a stroke, part of it erased), sent as the mask file; the result's pixels outside the
+    painted area are the input's, and some inside differ."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "kind")).select_by_value("inpaint")
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    Select(form.find_element(By.NAME, "target")).select_by_value("m1")
+    source = png_file(tmp_path / "inpaint-input.png")
+    form.find_element(By.NAME, "image").send_keys(str(source))
+    wait.until(lambda d: d.execute_script("return document.querySelector('#mask-canvas').width") == 64)
+    canvas = driver.find_element(By.ID, "mask-canvas")  # type: ignore[attr-defined]
+    side = canvas.size["width"]  # shown larger than the image: the stroke is scaled to image pixels
+    ActionChains(driver).move_to_element_with_offset(canvas, -side // 4, -side // 4).click_and_hold() \
+        .move_by_offset(side // 2, 0).move_by_offset(0, side // 4).release().perform()
+    click(driver, "#mask-erase")
+    ActionChains(driver).move_to_element_with_offset(canvas, side // 4, -side // 4).click_and_hold() \
+        .move_by_offset(0, side // 8).release().perform()
+    painted = driver.execute_script(  # type: ignore[attr-defined]
+        "const c = document.querySelector('#mask-canvas');"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "return Array.from({length: c.width * c.height}, (_, i) => d[i * 4 + 3] >= 128)")
+    assert 0 < sum(painted) < 64 * 64 / 2, sum(painted)
+    prompt = form.find_element(By.NAME, "prompt")
+    prompt.clear()
+    prompt.send_keys("a page-painted fox")
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    job = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+    assert (job["state"], job["kind"], job["machine"]) == ("succeeded", "inpaint", "m1")
+    snap(driver, "submit-inpaint")
+    before, after = pixels(source.read_bytes()), pixels(fleet.client.download(job["id"]))
+    outside = [i for i, inside in enumerate(painted) if not inside]
+    assert [after[i] for i in outside] == [before[i] for i in outside]
+    assert any(after[i] != before[i] for i, inside in enumerate(painted) if inside)
+
+
+def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, browser: object) -> None:
+    """Gallery → Same settings fills the form from the job (model, kind, target, params, seed);
+    submitted, it gives the same pixels. New seed fills another seed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    params = {"prompt": "a remixed lighthouse", "width": 64, "height": 64, "steps": 3, "seed": 4242}
+    submitted = fleet.client.submit(fleet.model, "txt2img", params, target="m1")["id"]
+    original = fleet.client.wait(submitted, timeout_s=JOB_WAIT_S)
+    assert original["state"] == "succeeded"
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    figure = f"#gallery figure[data-job='{original['id']}']"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} img[src^='blob:']"))
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    click(driver, f"{figure} .remix-enlarge")
+    wait.until(lambda d: d.execute_script(
+        "const dialog = document.querySelector('#enlarged'); return dialog.open && dialog.querySelector('img').src"
+    ).startswith("blob:"))
+    driver.execute_script("document.querySelector('#enlarged').close()")  # type: ignore[attr-defined]
+    assert driver.execute_script(  # type: ignore[attr-defined]
+        f"return document.querySelector({figure + ' a.download'!r}).href").startswith("blob:")
+    click(driver, f"{figure} .remix-new-seed")
+    wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
+    assert form_value(driver, "seed") not in ("", "4242")
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-same"))
+    click(driver, f"{figure} .remix-same")
+    wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
+    assert [form_value(driver, name) for name in ("kind", "model", "target", "prompt", "steps", "seed")] == [
+        "txt2img", fleet.model, "m1", "a remixed lighthouse", "3", "4242"]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    again = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+    assert again["id"] != original["id"] and again["seed"] == 4242 and again["state"] == "succeeded"
+    assert pixels(fleet.client.download(again["id"])) == pixels(fleet.client.download(original["id"]))
+    # send to img2img: the result is the input (its digest as params.image)
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-img2img"))
+    click(driver, f"{figure} .remix-send-img2img")
+    wait.until(lambda d: form_value(d, "kind") == "img2img")
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(fleet.model)  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    sent = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+    assert (sent["state"], sent["kind"]) == ("succeeded", "img2img")
+    assert sent["params"]["image"] == original["result"]["digest"]
+
+
+def form_value(driver: object, name: str) -> str:
+    return str(driver.execute_script(  # type: ignore[attr-defined]
+        "return document.querySelector('#submit-form').elements[arguments[0]].value", name))
+
+
+def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, browser: object) -> None:
+    """The Fleet view names m2's running job with its step, elapsed and remaining time; the Jobs
+    view cancels the queued job behind it (cancelled), interrupts the running one (the API's
+    cancel: it ends cancelled) and requeues an ended one (a new job, requeued_from it) from the keyboard."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    params = {"prompt": "a long interrupted run", "width": 64, "height": 64, "steps": 150}
+    running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
+    queued = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m2")["id"]
+    requeued = None
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url)
+        line = f"#machines tr[data-machine='m2'] .running-job[data-job='{running}']"
+        wait.until(lambda d: "step" in (d.execute_script(f"return document.querySelector({line!r})?.innerText") or ""))
+        text = driver.execute_script(f"return document.querySelector({line!r}).innerText")  # type: ignore[attr-defined]
+        assert running[:8] in text and "elapsed" in text and "left" in text, text
+        driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-cancel[data-job='{queued}']"))
+        click(driver, f".act-cancel[data-job='{queued}']")
+        wait.until(lambda d: fleet.client.get(queued)["state"] == "cancelled")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-interrupt[data-job='{running}']"))
+        click(driver, f".act-interrupt[data-job='{running}']")
+        ended = fleet.client.wait(running, timeout_s=JOB_WAIT_S)
+        assert ended["state"] == "cancelled", ended
+        wait.until(lambda d: "interrupted" in d.find_element(By.ID, "notice").text)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-requeue[data-job='{queued}']"))
+        # from the keyboard: the focused button keeps its focus through the view's re-renders, Enter presses it
+        driver.execute_script(f"document.querySelector(\".act-requeue[data-job='{queued}']\").focus()")  # type: ignore[attr-defined]
+        renders = driver.execute_script("return document.querySelector('#jobs tbody tr')")  # type: ignore[attr-defined]
+        wait.until(lambda d: d.execute_script("return document.querySelector('#jobs tbody tr')") != renders)
+        focused = "return document.activeElement.dataset.key"
+        assert driver.execute_script(focused) == f"requeue:{queued}"  # type: ignore[attr-defined]
+        driver.switch_to.active_element.send_keys(Keys.ENTER)  # type: ignore[attr-defined]
+        wait.until(lambda d: "requeued as" in d.find_element(By.ID, "notice").text)
+        requeued = driver.find_element(By.ID, "notice").text.split("requeued as ")[1].split()[0]  # type: ignore[attr-defined]
+        again = fleet.client.wait(requeued, timeout_s=JOB_WAIT_S)
+        assert (again["state"], again["requeued_from"], again["params"]["steps"]) == ("succeeded", queued, 1)
+    finally:
+        if fleet.ctx.journal.state_of(running) == JobState.running:
+            end_running(fleet.ctx, running)
+        for job_id in (running, queued, requeued):
+            if job_id:
+                fleet.client.wait(job_id, timeout_s=300)
+
+
+#: the widths every view is checked and photographed at (CSS pixels of the viewport)
+WIDTHS = (400, 1400)
+
+
+def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningFleet, browser: object) -> None:
+    """At 400 px every view is one column (tables as stacked cards) with no horizontal scroll
+    (document scrollWidth <= 400), and at 1400 px too; each view is photographed at both widths
+    with a job running (``make screenshots``). Controls carry names a screen reader reads."""
+    from selenium.webdriver.common.by import By
+
+    params = {"prompt": "a job running for the screenshots", "width": 64, "height": 64, "steps": 150}
+    running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#machines .running-job[data-job='{running}'] progress"))
+        for width in WIDTHS:
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",  # type: ignore[attr-defined]
+                                   {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+            for view, ready in (("fleet", "#machines tbody tr"), ("jobs", f"#jobs tr[data-job='{running}']"),
+                                ("gallery", "#gallery figure"), ("submit", "#params label[data-param='prompt']")):
+                driver.execute_script(f"location.hash = '#{view}'")  # type: ignore[attr-defined]
+                shown = f"#view-{view}:not([hidden]) {ready}"
+                wait.until(lambda d, css=shown: d.find_elements(By.CSS_SELECTOR, css))
+                scroll = driver.execute_script("return document.documentElement.scrollWidth")  # type: ignore[attr-defined]
+                assert scroll <= width, (view, width, scroll)
+                unnamed = driver.execute_script(  # type: ignore[attr-defined]
+                    "return [...document.querySelectorAll('main button, main input, main select, main textarea')]"
+                    ".filter(e => e.offsetParent !== null && !(e.labels && e.labels.length)"
+                    " && !e.getAttribute('aria-label') && !e.textContent.trim()).map(e => e.outerHTML)")
+                assert unnamed == [], unnamed
+                snap(driver, f"{view}-{width}")
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})  # type: ignore[attr-defined]
+    finally:
+        fleet.client.cancel(running)
+        fleet.client.wait(running, timeout_s=300)
+
+
+def test_a_hosts_devices_are_grouped_under_it(devices: DeviceFleet, browser: object) -> None:
+    """On a fleet with host ``box`` of two devices (tests/e2e/test_devices.py), the Fleet view
+    shows one host row, then ``box:0`` and ``box:1`` under it with their device index; ``server``
+    (a single-device machine) is its own row."""
+    driver = browser
+    wait = open_page(driver, devices.local.api_url)
+    rows = ("return [...document.querySelectorAll('#machines tbody tr')]"
+            ".map(r => r.dataset.host ? `host ${r.dataset.host}` : r.dataset.machine)")
+    wait.until(lambda d: d.execute_script(rows) == ["server", "host box", "box:0", "box:1"])
+    texts = driver.execute_script(  # type: ignore[attr-defined]
+        "return [...document.querySelectorAll('#machines tbody tr')].map(r => r.innerText)")
+    assert "2 devices" in texts[1] and "#0" in texts[2] and "#1" in texts[3], texts

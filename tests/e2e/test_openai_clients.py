@@ -92,12 +92,12 @@ def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> N
 
 
 def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: RunningFleet, tiny_models_dir: Path) -> None:
-    """The shapes models were registered with ``--default guidance_scale=4`` (tests/e2e/conftest.py,
+    """The shapes models were registered with ``--default guidance_scale=4`` (and their 32 px; tests/e2e/conftest.py,
     as the demo does): GET /v1/models shows it; a job without guidance runs with 4 (journaled
     params and the result's provenance), the client's 7 wins. A default that is not a param of
     the model's kinds, or out of range, is refused at registration naming it; nothing registered."""
     model = MODEL_NAMES["filled"]
-    assert fleet.client.model(model)["defaults"] == {"guidance_scale": 4}
+    assert fleet.client.model(model)["defaults"] == {"guidance_scale": 4, "width": 32, "height": 32}  # trained at 32
     assert fleet.client.model(fleet.model)["defaults"] == {}
     prompt = {"prompt": "a red circle on a black background", "steps": 2, "width": 32, "height": 32}
     plain = fleet.client.submit(model, "txt2img", prompt, target=SHAPES_MACHINE)

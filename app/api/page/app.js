@@ -1,6 +1,10 @@
 // The fleet page (docs/operations.md, "The fleet page"): plain JS module, no build step, talks to this
 // server's JSON API only.
 // The API key is asked for once and kept in sessionStorage; every call sends it as a bearer token.
+// Views: Fleet (machines grouped by host, each running job with its step, elapsed and remaining
+// time), Jobs (cancel / interrupt / requeue), Gallery (enlarge, download, same settings, new seed,
+// send to another kind) and Submit (a form built from the model's own spec in GET /v1/models,
+// with an inpaint mask drawn on a canvas).
 
 const KEY = "homefleet.api_key";
 const REFRESH_MS = 1000;
@@ -13,22 +17,31 @@ function el(tag, attrs = {}, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (name === "class") node.className = value;
     else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value);
+    else node.setAttribute(name, value === true ? "" : value);
   }
   for (const child of children.flat()) node.append(child instanceof Node ? child : document.createTextNode(String(child ?? "")));
   return node;
+}
+
+// Re-render without losing the keyboard's place: the focused control (data-key) is focused again.
+function replaceKeepingFocus(parent, children) {
+  const focused = document.activeElement && parent.contains(document.activeElement) ? document.activeElement.dataset.key : null;
+  parent.replaceChildren(...children);
+  if (focused) { const again = parent.querySelector(`[data-key="${CSS.escape(focused)}"]`); if (again) again.focus(); }
 }
 
 class ApiError extends Error {
   constructor(status, body) {
     const error = (body && body.error) || {};
     super(error.message || `HTTP ${status}`);
-    this.status = status; this.reason = error.reason || `http_${status}`; this.body = body;
+    this.status = status; this.reason = error.reason || error.code || `http_${status}`; this.body = body;
   }
 }
 
+const bearer = () => ({ Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` });
+
 async function api(path, options = {}) {
-  const headers = { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}`, ...(options.headers || {}) };
+  const headers = { ...bearer(), ...(options.headers || {}) };
   if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = JSON.stringify(options.json); }
   const response = await fetch(path, { ...options, headers });
   if (response.status === 401) askKey("the server refused the key: give another");
@@ -39,7 +52,7 @@ async function api(path, options = {}) {
 
 // Server-Sent Events over fetch (EventSource cannot send the Authorization header).
 async function follow(path, onEvent) {
-  const response = await fetch(path, { headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}`, Accept: "text/event-stream" } });
+  const response = await fetch(path, { headers: { ...bearer(), Accept: "text/event-stream" } });
   if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
@@ -64,7 +77,7 @@ async function follow(path, onEvent) {
 async function resultBlob(job) {
   if (!state.blobs.has(job.id)) {
     state.blobs.set(job.id, (async () => {
-      const response = await fetch(job.result.url, { headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}` } });
+      const response = await fetch(job.result.url, { headers: bearer() });
       if (!response.ok) throw new ApiError(response.status, null);
       const blob = await response.blob();
       return { blob, url: URL.createObjectURL(blob) };
@@ -74,6 +87,7 @@ async function resultBlob(job) {
 }
 const resultUrl = async (job) => (await resultBlob(job)).url;
 const isMedia = (job) => /^(image|video)\//.test(job.result.media_type);
+const isImage = (job) => Boolean(job.result) && job.result.media_type.startsWith("image/");
 
 function media(job) {
   if (!isMedia(job)) {  // a text job's answer (text/plain), shown as text
@@ -83,16 +97,29 @@ function media(job) {
     return node;
   }
   const video = job.result.media_type.startsWith("video/");
-  const node = video ? el("video", { muted: "", loop: "", preload: "metadata", "data-job": job.id, title: "click to play" })
-                     : el("img", { alt: job.params.prompt || job.id, "data-job": job.id });
-  if (video) node.addEventListener("click", () => (node.paused ? node.play() : node.pause()));
+  const node = video ? el("video", { muted: "", loop: "", preload: "metadata", controls: "", "data-job": job.id, "aria-label": job.params.prompt || job.id })
+                     : el("img", { alt: job.params.prompt || `result of ${job.id}`, "data-job": job.id });
   resultUrl(job).then((url) => { node.src = url; }, () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
   return node;
 }
 
+// ---- times ----
 const seconds = (s) => (s === null || s === undefined ? "–" : `${Number(s).toFixed(1)} s`);
 const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
 const actual = (job) => (job.load_s === null && job.run_s === null ? null : (job.load_s || 0) + (job.run_s || 0));
+// The journal's times are UTC; one without a zone is read as UTC, not as the browser's local time.
+const when = (iso) => (iso ? Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(iso) ? iso : `${iso}Z`) : null);
+const clock = (iso) => (iso ? new Date(when(iso)).toLocaleTimeString([], { hour12: false }) : "–");
+const elapsed = (job) => (job.started_at ? Math.max(0, (Date.now() - when(job.started_at)) / 1000) : null);
+// Remaining seconds of a running job: from its step rate once a step is done, else placement's prediction.
+function remaining(job) {
+  const spent = elapsed(job); const progress = progressOf(job);
+  if (spent === null) return null;
+  if (progress && progress.step > 0 && progress.total) return (spent / progress.step) * (progress.total - progress.step);
+  return job.predicted_s ? Math.max(0, job.predicted_s - spent) : null;
+}
+
+// ---- progress (SSE for running jobs) ----
 // Running jobs' progress, live: each one's events (SSE) while it runs, at most MAX_FOLLOWED at once
 // (a browser keeps 6 connections per server); the others show the 1 s poll's progress.
 const MAX_FOLLOWED = 3;
@@ -111,6 +138,7 @@ function followRunning() {
 }
 function paint(node, progress) {
   node.max = progress.total; node.value = progress.step; node.title = `${progress.step}/${progress.total}`;
+  node.setAttribute("aria-label", `step ${progress.step} of ${progress.total}`);
   if (progress.seen) node.dataset.seen = progress.seen.join(",");
 }
 function bar(job) {
@@ -119,7 +147,41 @@ function bar(job) {
   return node;
 }
 const progressOf = (job) => live.get(job.id) || job.progress;
+const short = (id) => String(id).slice(0, 8);
 
+// ---- queue control: cancel a queued job, interrupt a running one, requeue an ended one ----
+const ENDED = ["succeeded", "failed", "rejected", "interrupted", "cancelled", "purged"];
+function say(text) { $("#notice").textContent = text; }
+async function act(job, action) {
+  try {
+    if (action === "requeue") {
+      const again = await api(`/v1/jobs/${job.id}/requeue`, { method: "POST", json: {} });
+      say(`Job ${job.id} requeued as ${again.id} on ${again.machine}`);
+    } else {
+      const answer = await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" });
+      say(answer.state === "running" ? `Job ${job.id} interrupted: it stops at its next step` : `Job ${job.id} ${answer.state}`);
+    }
+  } catch (error) { say(`${action} of ${job.id} refused: ${error.reason}: ${error.message}`); }
+  refresh();
+}
+function controls(job) {
+  const button = (action, label) => el("button", { type: "button", class: `act-${action}`, "data-key": `${action}:${job.id}`, "data-job": job.id,
+    "aria-label": `${label} job ${job.id}`, onclick: (event) => { event.stopPropagation(); act(job, action); } }, label);
+  if (job.state === "queued") return [button("cancel", "Cancel")];
+  if (job.state === "running") return [button("interrupt", "Interrupt")];
+  return ENDED.includes(job.state) ? [button("requeue", "Requeue")] : [];
+}
+// A running job as the Fleet view names it: id, kind, prompt, step, elapsed and remaining seconds.
+function runningLine(job) {
+  const progress = progressOf(job); const left = remaining(job);
+  return el("div", { class: "running-job", "data-job": job.id },
+    el("b", {}, short(job.id)), ` ${job.kind}`, job.params.prompt ? ` “${job.params.prompt}”` : "", el("br"),
+    progress ? [bar(job), ` step ${progress.step}/${progress.total}`] : "starting",
+    el("span", { class: "times" }, ` · ${seconds(elapsed(job))} elapsed · ${left === null ? "–" : `~${seconds(left)}`} left `),
+    controls(job));
+}
+
+// ---- Fleet ----
 function machineState(machine) {
   if (!machine.online) return "offline";
   if (machine.syncing) return "syncing";
@@ -127,28 +189,45 @@ function machineState(machine) {
   return "online";
 }
 
+function machineRow(m, device) {
+  const running = state.jobs.filter((job) => job.machine === m.name && job.state === "running");
+  const open = () => { state.openMachine = m.name; state.queue = []; loadQueue().then(renderFleet); };
+  return el("tr", { "data-machine": m.name, class: device ? "device" : null, onclick: open },  // the button: the keyboard's way
+    el("td", { "data-label": "Machine" }, el("button", { type: "button", class: "link", "data-key": `machine:${m.name}`,
+      onclick: (event) => { event.stopPropagation(); open(); },
+      "aria-label": `${m.name}: open its queue` }, device ? `↳ ${m.name}` : m.name)),
+    el("td", { "data-label": "State", class: `state-${machineState(m)}` }, machineState(m)),
+    el("td", { "data-label": "Device" }, m.backend, m.device === null || m.device === undefined ? "" : ` #${m.device}`),
+    el("td", { "data-label": "Memory" }, `${m.memory_kind}, ${gib(m.memory_bytes)}`),
+    el("td", { "data-label": "Warm" }, (m.warm_models || []).join(", ") || "–"),
+    el("td", { "data-label": "Committed" }, (m.committed_models || []).join(", ") || "–"),
+    el("td", { "data-label": "Queued" }, m.queued),
+    el("td", { "data-label": "Running" }, running.length ? running.map(runningLine) : m.running),
+    el("td", { "data-label": "Drains in" }, seconds(m.drain_s)));
+}
+
 function renderFleet() {
-  const body = $("#machines tbody");
-  body.replaceChildren(...state.machines.map((m) => {
-    const running = state.jobs.filter((job) => job.machine === m.name && job.state === "running");
-    return el("tr", { "data-machine": m.name, onclick: () => { state.openMachine = m.name; state.queue = []; loadQueue().then(renderFleet); } },
-      el("td", {}, m.name),
-      el("td", { class: `state-${machineState(m)}` }, machineState(m)),
-      el("td", {}, m.backend),
-      el("td", {}, `${m.memory_kind}, ${gib(m.memory_bytes)}`),
-      el("td", {}, (m.warm_models || []).join(", ") || "–"),
-      el("td", {}, (m.committed_models || []).join(", ") || "–"),
-      el("td", {}, m.queued),
-      el("td", {}, m.running, " ", running.filter(progressOf).map(bar)),
-      el("td", {}, seconds(m.drain_s)));
-  }));
+  // a host's devices under it: one host row, then its devices (a single-device machine is its own host)
+  const hosts = new Map();
+  for (const m of state.machines) {
+    const host = m.host || m.name;
+    if (!hosts.has(host)) hosts.set(host, []);
+    hosts.get(host).push(m);
+  }
+  const rows = [];
+  for (const [host, machines] of hosts) {
+    if (machines.length === 1 && (machines[0].device === null || machines[0].device === undefined)) { rows.push(machineRow(machines[0], false)); continue; }
+    rows.push(el("tr", { class: "host", "data-host": host }, el("th", { scope: "rowgroup", colspan: "9" }, `Host ${host} (${machines.length} devices)`)));
+    rows.push(...machines.map((m) => machineRow(m, true)));
+  }
+  replaceKeepingFocus($("#machines tbody"), rows);
   const box = $("#machine-queue");
   box.hidden = !state.openMachine;
   if (!state.openMachine) return;
   $("h2", box).textContent = `Queue of ${state.openMachine}, in order`;
   const line = [...state.queue].sort((a, b) => (a.state === b.state ? 0 : a.state === "running" ? -1 : 1));  // stable: oldest first
-  $("ol", box).replaceChildren(...(line.length ? line.map((job) => el("li", { "data-job": job.id }, `${job.state} ${job.id} ${job.kind} ${job.model} `,
-    job.params.prompt ? `“${job.params.prompt}” ` : "", progressOf(job) ? bar(job) : "")) : [el("li", {}, "nothing queued")]));
+  replaceKeepingFocus($("ol", box), line.length ? line.map((job) => el("li", { "data-job": job.id }, `${job.state} ${job.id} ${job.kind} ${job.model} `,
+    job.params.prompt ? `“${job.params.prompt}” ` : "", progressOf(job) ? bar(job) : "", " ", controls(job))) : [el("li", {}, "nothing queued")]);
 }
 
 // The open machine's whole backlog in its order (oldest first, not only the recent jobs the page polls).
@@ -158,11 +237,19 @@ async function loadQueue() {
   if (machine === state.openMachine) state.queue = line;
 }
 
+// ---- Jobs ----
 function renderJobs() {
-  $("#jobs tbody").replaceChildren(...state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: () => { state.openJob = job.id; renderJobs(); } },
-    el("td", {}, job.id), el("td", { class: `job-${job.state}` }, job.state), el("td", {}, job.kind), el("td", {}, job.model),
-    el("td", {}, job.machine || "–"), el("td", {}, seconds(job.predicted_s)), el("td", {}, seconds(actual(job))),
-    el("td", {}, progressOf(job) ? bar(job) : job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""))));
+  const open = (job) => (event) => { event.stopPropagation(); state.openJob = job.id; renderJobs(); };
+  replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: open(job) },
+    el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
+      title: job.id, onclick: open(job) }, short(job.id))),
+    el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
+    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, job.params.prompt || "–"),
+    el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
+    el("td", { "data-label": "Predicted" }, seconds(job.predicted_s)),
+    el("td", { "data-label": "Actual" }, job.state === "running" ? `${seconds(elapsed(job))} so far` : seconds(actual(job))),
+    el("td", { "data-label": "Progress / reason" }, progressOf(job) ? bar(job) : job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
+    el("td", { "data-label": "Actions" }, controls(job)))));
   const box = $("#job-detail");
   const job = state.jobs.find((j) => j.id === state.openJob);
   box.hidden = !job;
@@ -174,10 +261,40 @@ function renderJobs() {
   $("pre", box).textContent = JSON.stringify(job.provenance || job, null, 2);
 }
 
+// ---- Gallery ----
 function options(select, values) {
   const chosen = select.value;
   select.replaceChildren(el("option", { value: "" }, "all"), ...values.map((v) => el("option", { value: v }, v)));
   select.value = values.includes(chosen) ? chosen : "";
+}
+
+function enlarge(job) {
+  const dialog = $("#enlarged");
+  resultUrl(job).then((url) => { $("img", dialog).src = url; });
+  $("img", dialog).alt = job.params.prompt || job.id;
+  $(".caption", dialog).textContent = `${job.params.prompt || ""} · ${job.model} · seed ${job.seed ?? "–"}`;
+  dialog.showModal();
+}
+
+function remixes(job) {
+  const button = (name, label, onclick) => el("button", { type: "button", class: `remix-${name}`, "data-key": `${name}:${job.id}`,
+    "aria-label": `${label}: job ${job.id}`, onclick }, label);
+  const buttons = [];
+  if (job.result) {
+    buttons.push(button("enlarge", "Enlarge", () => enlarge(job)));
+    const download = el("a", { class: "download", download: `${job.id}.${job.result.media_type.split("/")[1] || "bin"}`, href: "#", "data-key": `download:${job.id}`, "aria-label": `Download the result of job ${job.id}` }, "Download");
+    resultUrl(job).then((url) => { download.href = url; });
+    buttons.push(download);
+  }
+  if (kindsRun().includes(job.kind)) {
+    buttons.push(button("same", "Same settings", () => fillFrom(job, false)));
+    buttons.push(button("new-seed", "New seed", () => fillFrom(job, true)));
+  }
+  if (isImage(job)) {
+    for (const kind of ["upscale", "img2img", "edit", "inpaint"].filter((k) => kindsRun().includes(k)))
+      buttons.push(button(`send-${kind}`, `→ ${kind}`, () => sendTo(job, kind)));
+  }
+  return el("div", { class: "remix", role: "group", "aria-label": `Actions on job ${job.id}` }, buttons);
 }
 
 function renderGallery() {
@@ -190,43 +307,192 @@ function renderGallery() {
   const gallery = $("#gallery");
   const have = [...gallery.children].map((figure) => `${figure.dataset.job}:${figure.dataset.state}`).join();
   if (have === shown.map((j) => `${j.id}:${j.state}`).join()) return;
-  gallery.replaceChildren(...shown.map((job) => el("figure", { "data-job": job.id, "data-state": job.state },
+  replaceKeepingFocus(gallery, shown.map((job) => el("figure", { "data-job": job.id, "data-state": job.state },
     job.result ? media(job) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
       job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
-    el("figcaption", {}, el("b", {}, job.params.prompt || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`))));
+    el("figcaption", {}, el("b", {}, job.params.prompt || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`),
+    remixes(job))));
 }
 
-// What the chosen model takes for the chosen kind (GET /v1/models' params: the server's KindSpec).
+// ---- Submit: the form built from the model's spec (GET /v1/models) ----
+// Params the form leaves to the server: set by it (expanded_by) or shaped otherwise (grammar: the OpenAI routes).
+const NOT_IN_FORM = ["expanded_by", "expand_prompt", "grammar", "adapters"];
+const CHOICES = { format: ["mp4", "webp", "gif"] };
+const form = () => $("#submit-form");
+const runnable = () => state.models.filter((m) => !m.kinds.includes("adapter"));
+const kindsRun = () => [...new Set(runnable().flatMap((m) => m.kinds))];
+const chosenModel = () => state.models.find((m) => m.id === form().elements.model.value);
+const inputs = {};  // input name -> {digest, label, url?}: a result (send to, same settings) instead of a file
+
+// What the chosen model takes for the chosen kind: params, inputs, ranges, and the defaults
+// (the kind's on its family, then the model's own).
 function kindSpec() {
-  const form = $("#submit-form");
-  const model = state.models.find((m) => m.id === form.elements.model.value);
-  return (model && model.params && model.params[form.elements.kind.value]) || { params: ["prompt"], inputs: [] };
+  const model = chosenModel();
+  const spec = (model && model.params && model.params[form().elements.kind.value]) || { params: ["prompt"], inputs: [], defaults: {}, ranges: {} };
+  return { ...spec, ranges: spec.ranges || {}, defaults: { ...(spec.defaults || {}), ...((model && model.defaults) || {}) } };
 }
 
-// The kinds the models run; the model list keeps those running the chosen kind; the form shows
-// the fields that kind takes (an input image only for kinds with inputs: edit, upscale).
-function fitForm() {
-  const form = $("#submit-form");
-  const kinds = [...new Set(state.models.flatMap((m) => m.kinds))];
-  const kind = kinds.includes(form.elements.kind.value) ? form.elements.kind.value : kinds[0];
-  if ([...form.elements.kind.options].map((o) => o.value).join() !== kinds.join())
-    form.elements.kind.replaceChildren(...kinds.map((k) => el("option", { value: k }, k)));
-  form.elements.kind.value = kind;
-  const models = state.models.filter((m) => m.kinds.includes(kind)).map((m) => m.id);
-  const chosen = form.elements.model.value;
-  form.elements.model.replaceChildren(...models.map((id) => el("option", { value: id }, id)));
-  form.elements.model.value = models.includes(chosen) ? chosen : models[0] || "";
+function paramField(name, spec) {
+  const value = spec.defaults[name]; const range = spec.ranges[name];
+  const hint = [];
+  let field;
+  if (CHOICES[name]) {
+    field = el("select", { name }, CHOICES[name].map((c) => el("option", { value: c }, c)));
+    field.value = value ?? CHOICES[name][0];
+  } else if (typeof value === "boolean") {
+    field = el("input", { name, type: "checkbox" }); field.checked = value;
+  } else if (range || typeof value === "number" || name === "seed") {
+    const step = range && range.step ? range.step : range && range.integer ? 1 : "any";
+    field = el("input", { name, type: "number", step, min: range ? range.min : null, max: range ? range.max : null, inputmode: "decimal" });
+    if (value !== undefined && value !== null) field.value = value;
+    if (range) hint.push(`${range.min}–${range.max}${range.step ? `, ×${range.step}` : ""}`);
+    if (name === "seed") { field.placeholder = "random"; hint.push("empty: random"); }
+  } else if (name === "prompt" || name === "negative_prompt") {
+    field = el("textarea", { name, rows: name === "prompt" ? 2 : 1 });
+    field.value = value ?? (name === "prompt" ? "a lighthouse at dusk" : "");
+  } else {
+    field = el("input", { name, type: "text" });
+    if (value !== undefined && value !== null) field.value = Array.isArray(value) ? value.join(",") : value;
+  }
+  if (value !== undefined && value !== null && typeof value !== "boolean") hint.push(`default ${value}`);
+  const id = `hint-${name}`;
+  if (hint.length) field.setAttribute("aria-describedby", id);
+  return el("label", { "data-param": name, class: name.endsWith("prompt") ? "wide" : null }, name.replaceAll("_", " "), field,
+    hint.length ? el("span", { class: "hint", id }, hint.join(" · ")) : "");
+}
+
+function inputField(name) {
+  const chosen = inputs[name];
+  const file = el("input", { name, type: "file", accept: "image/png,image/jpeg,image/webp", "aria-describedby": `from-${name}` });
+  const from = el("span", { class: "hint", id: `from-${name}` }, chosen ? `using ${chosen.label}` : "choose a file");
+  file.addEventListener("change", () => {  // a file chosen: it replaces a result sent here
+    delete inputs[name]; from.textContent = file.files.length ? `using ${file.files[0].name}` : "choose a file";
+    if (name === "image") showInput();
+  });
+  const children = [name === "image" ? "Input image" : `${name} file`, file, from];
+  if (chosen) children.push(el("button", { type: "button", "data-key": `clear:${name}`, onclick: () => { delete inputs[name]; buildForm(); } }, "Choose a file instead"));
+  return el("label", { "data-param": name }, children);
+}
+
+// The kinds the models run (adapters run none); the model list keeps those running the chosen
+// kind; the form shows every param of that kind with its range and default.
+function buildForm(keep = {}) {
+  const f = form();
+  const kinds = kindsRun();
+  const kind = kinds.includes(f.elements.kind.value) ? f.elements.kind.value : kinds[0];
+  if ([...f.elements.kind.options].map((o) => o.value).join() !== kinds.join())
+    f.elements.kind.replaceChildren(...kinds.map((k) => el("option", { value: k }, k)));
+  f.elements.kind.value = kind;
+  const models = runnable().filter((m) => m.kinds.includes(kind)).map((m) => m.id);
+  const chosen = f.elements.model.value;
+  f.elements.model.replaceChildren(...models.map((id) => el("option", { value: id }, id)));
+  f.elements.model.value = models.includes(chosen) ? chosen : models[0] || "";
   const spec = kindSpec();
-  for (const label of form.querySelectorAll("label[data-param]"))
-    label.hidden = !(spec.params.includes(label.dataset.param) || spec.inputs.includes(label.dataset.param));
+  const fields = spec.params.filter((name) => !spec.inputs.includes(name) && !NOT_IN_FORM.includes(name));
+  $("#params").replaceChildren(el("legend", {}, `Parameters of ${kind}`), ...fields.map((name) => paramField(name, spec)));
+  for (const [name, value] of Object.entries(keep)) setField(name, value);
+  fitInputs();
+  buildAdapters(spec);
 }
 
-// Uploaded inputs by file (name, size, date): POST /v1/files once, its id (the content digest) reused.
+function setField(name, value) {
+  const field = form().elements[name];
+  if (!field || field instanceof RadioNodeList || field.type === "file") return;
+  if (field.type === "checkbox") field.checked = Boolean(value);
+  else field.value = value === null || value === undefined ? "" : Array.isArray(value) ? value.join(",") : value;
+}
+
+function fitInputs() {
+  const spec = kindSpec();
+  const box = $("#inputs");
+  box.hidden = !spec.inputs.length;
+  const mask = spec.inputs.includes("mask");
+  box.replaceChildren(el("legend", {}, "Inputs"), ...spec.inputs.map(inputField), mask ? maskEditor() : "");
+  if (mask) showInput();
+}
+
+// Adapters of the chosen model's family, each with a scale (params.adapters: [{id, scale}]).
+function buildAdapters(spec) {
+  const model = chosenModel();
+  const box = $("#adapters");
+  const family = state.models.filter((m) => m.kinds.includes("adapter") && model && m.family === model.family);
+  box.hidden = !(spec.params.includes("adapters") && family.length);
+  box.replaceChildren(el("legend", {}, "Adapters (LoRA) of this family"), ...family.map((a) => el("div", { class: "adapter", "data-adapter": a.id },
+    el("label", { class: "inline" }, el("input", { type: "checkbox", name: "adapter", value: a.id }), a.id),
+    el("label", { class: "inline" }, "scale", el("input", { type: "number", name: `scale:${a.id}`, value: "1", step: "0.05", min: "-4", max: "4",
+      "aria-label": `scale of ${a.id}` })))));
+}
+
+// ---- the inpaint mask: drawn over the input image (white: repaint), or uploaded ----
+const mask = { canvas: null, drawn: false, size: null };
+function maskEditor() {
+  const canvas = el("canvas", { id: "mask-canvas", role: "img", "aria-label": "Mask: drag to paint the area to repaint", tabindex: "0" });
+  const image = el("img", { id: "mask-image", alt: "the input image under the mask" });
+  mask.canvas = canvas; mask.drawn = false;
+  let mode = "draw"; let last = null;  // the stroke's previous point while the pointer is down
+  const brush = el("input", { type: "range", id: "brush-size", min: "1", max: "32", value: "6", "aria-label": "brush size (pixels of the image)" });
+  const spot = (event) => {
+    const box = canvas.getBoundingClientRect();
+    return [(event.clientX - box.left) * (canvas.width / box.width), (event.clientY - box.top) * (canvas.height / box.height)];
+  };
+  // a round brush from the previous point to this one (pointer events come sparse on a fast move)
+  const stroke = (event) => {
+    const context = canvas.getContext("2d");
+    context.globalCompositeOperation = mode === "erase" ? "destination-out" : "source-over";
+    context.strokeStyle = "rgb(255, 40, 40)"; context.lineWidth = Number(brush.value); context.lineCap = "round";
+    const point = spot(event);
+    context.beginPath(); context.moveTo(...(last || point)); context.lineTo(...point); context.stroke();
+    last = point; mask.drawn = true;
+  };
+  canvas.addEventListener("pointerdown", (event) => { last = null; canvas.setPointerCapture(event.pointerId); stroke(event); });
+  canvas.addEventListener("pointermove", (event) => { if (last) stroke(event); });
+  for (const name of ["pointerup", "pointercancel"]) canvas.addEventListener(name, () => { last = null; });
+  const modeButton = (name, label) => el("button", { type: "button", id: `mask-${name}`, "aria-pressed": String(name === mode),
+    onclick: (event) => { mode = name; for (const b of event.target.parentNode.querySelectorAll("[aria-pressed]")) b.setAttribute("aria-pressed", String(b === event.target)); } }, label);
+  return el("div", { class: "mask-editor", role: "group", "aria-label": "Mask editor" },
+    el("div", { class: "mask-stage" }, image, canvas),
+    el("div", { class: "row" }, modeButton("draw", "Brush"), modeButton("erase", "Erase"),
+      el("button", { type: "button", id: "mask-clear", onclick: () => { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); mask.drawn = false; } }, "Clear"),
+      el("label", { class: "inline" }, "size", brush)),
+    el("p", { class: "hint" }, "Paint the area to repaint (white in the mask), or upload a mask file above."));
+}
+
+// The input image under the canvas: the chosen file, or the result sent here.
+async function showInput() {
+  const file = form().elements.image && form().elements.image.files[0];
+  let url = null;
+  if (file) url = URL.createObjectURL(file);
+  else if (inputs.image && inputs.image.job) url = await resultUrl(inputs.image.job);
+  const image = $("#mask-image");
+  if (!url || !image) return;
+  image.onload = () => {
+    if (mask.size && mask.size[0] === image.naturalWidth && mask.size[1] === image.naturalHeight && mask.drawn) return;
+    mask.canvas.width = image.naturalWidth; mask.canvas.height = image.naturalHeight; mask.drawn = false;
+    mask.size = [image.naturalWidth, image.naturalHeight];
+  };
+  image.src = url;
+}
+
+// The drawn mask as the PNG the API expects: the image's size, white where painted, black elsewhere.
+function maskPng() {
+  const { canvas } = mask;
+  const out = el("canvas"); out.width = canvas.width; out.height = canvas.height;
+  const painted = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  const context = out.getContext("2d");
+  const pixels = context.createImageData(canvas.width, canvas.height);
+  for (let i = 0; i < painted.length; i += 4) {
+    const v = painted[i + 3] >= 128 ? 255 : 0;
+    pixels.data[i] = v; pixels.data[i + 1] = v; pixels.data[i + 2] = v; pixels.data[i + 3] = 255;
+  }
+  context.putImageData(pixels, 0, 0);
+  return new Promise((resolve) => out.toBlob(resolve, "image/png"));
+}
+
+// Uploaded inputs by content: POST /v1/files once, its id (the content digest) reused.
 const uploads = new Map();
-async function upload(file) {
-  const key = `${file.name}:${file.size}:${file.lastModified}`;
+async function upload(blob, key) {
   if (!uploads.has(key)) {
-    const body = new FormData(); body.append("file", file);
+    const body = new FormData(); body.append("file", blob, "input.png");
     uploads.set(key, api("/v1/files", { method: "POST", body }).then((stored) => stored.id));
     uploads.get(key).catch(() => uploads.delete(key));
   }
@@ -234,28 +500,78 @@ async function upload(file) {
 }
 
 async function submission() {
-  const form = $("#submit-form");
+  const f = form();
   const spec = kindSpec();
   const params = {};
-  if (spec.params.includes("prompt")) params.prompt = form.elements.prompt.value;
-  for (const name of ["width", "height", "steps"]) if (spec.params.includes(name) && form.elements[name].value) params[name] = Number(form.elements[name].value);
-  for (const name of spec.inputs) {
-    const file = form.elements[name] && form.elements[name].files[0];
-    if (!file) throw new ApiError(422, { error: { reason: `invalid_${name}`, message: `choose an input image (${name}): a ${form.elements.kind.value} job edits an uploaded file` } });
-    params[name] = await upload(file);
+  for (const label of $("#params").querySelectorAll("label[data-param]")) {
+    const name = label.dataset.param; const field = f.elements[name];
+    if (field.type === "checkbox") params[name] = field.checked;
+    else if (field.value === "") continue;
+    else if (field.type === "number") params[name] = Number(field.value);
+    else params[name] = field.value;
   }
-  return { kind: form.elements.kind.value, model: form.elements.model.value, target: form.elements.target.value, params };
+  if (spec.params.includes("stop") && typeof params.stop === "string") params.stop = params.stop.split(",");
+  for (const name of spec.inputs) {
+    const file = f.elements[name] && f.elements[name].files[0];
+    if (name === "mask" && mask.drawn && !file) {
+      const png = await maskPng();
+      params.mask = await upload(png, `mask:${png.size}:${Date.now()}`);
+    } else if (file) params[name] = await upload(file, `${file.name}:${file.size}:${file.lastModified}`);
+    else if (inputs[name]) params[name] = inputs[name].digest;
+    else throw new ApiError(422, { error: { reason: `invalid_${name}`, message: `choose an input (${name}): a ${f.elements.kind.value} job needs it` +
+      (name === "mask" ? ", or paint the mask over the image" : "") } });
+  }
+  const adapters = [...f.querySelectorAll("input[name=adapter]:checked")].map((box) => ({ id: box.value, scale: Number(f.elements[`scale:${box.value}`].value) }));
+  if (adapters.length) params.adapters = adapters;
+  return { kind: f.elements.kind.value, model: f.elements.model.value, target: f.elements.target.value, params };
+}
+
+// Remix: the form filled from a job (its model, kind, target and params; its inputs as results),
+// a new random seed when asked.
+function fillFrom(job, newSeed) {
+  for (const name of Object.keys(inputs)) delete inputs[name];
+  const f = form();
+  f.elements.kind.value = job.kind; buildForm();
+  f.elements.model.value = job.model;
+  if ([...f.elements.target.options].some((o) => o.value === job.target)) f.elements.target.value = job.target;
+  const spec = kindSpec();
+  for (const name of spec.inputs) {
+    const digest = job.params[name];
+    if (digest) inputs[name] = { digest, label: `the job's ${name} (${short(String(digest).replace(/^[a-z0-9]+:/, ""))})`,
+      job: state.jobs.find((j) => j.result && j.result.digest === digest) };
+  }
+  const params = { ...job.params };
+  if (newSeed) params.seed = Math.floor(Math.random() * 2 ** 31);
+  else if (job.seed !== null && job.seed !== undefined) params.seed = job.seed;
+  buildForm(params);
+  if (job.params.adapters) for (const a of job.params.adapters) {
+    const box = f.querySelector(`input[name=adapter][value="${CSS.escape(a.id)}"]`);
+    if (box) { box.checked = true; f.elements[`scale:${a.id}`].value = a.scale ?? 1; }
+  }
+  say(`Form filled from job ${job.id}${newSeed ? " with a new seed" : ""}: Submit to run it`);
+  location.hash = "#submit";
+}
+
+// Send a result to another kind as its input image (results as inputs: the result's digest).
+function sendTo(job, kind) {
+  for (const name of Object.keys(inputs)) delete inputs[name];
+  inputs.image = { digest: job.result.digest, label: `the result of job ${short(job.id)}`, job };
+  const f = form();
+  f.elements.kind.value = kind; f.elements.model.value = "";
+  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {});
+  say(`Result of job ${job.id} sent to ${kind}: choose the settings and Submit`);
+  location.hash = "#submit";
 }
 
 function explain(decision) {
   const rows = Object.entries(decision.machines || {}).map(([name, d]) => el("tr", {},
-    el("td", {}, name), el("td", {}, d.eligible ? "eligible" : "excluded"),
-    el("td", {}, d.eligible ? `finish ${seconds(d.finish_s)} (work ahead ${seconds(d.work_ahead_s)}, load ${seconds(d.cold_load_s)}, run ${seconds(d.run_s)})`
+    el("td", { "data-label": "Machine" }, name), el("td", { "data-label": "Verdict" }, d.eligible ? "eligible" : "excluded"),
+    el("td", { "data-label": "Why" }, d.eligible ? `finish ${seconds(d.finish_s)} (work ahead ${seconds(d.work_ahead_s)}, load ${seconds(d.cold_load_s)}, run ${seconds(d.run_s)})`
                             : el("span", { class: "reason" }, `${d.reason}: ${d.message || ""}`)),
-    el("td", { class: "memory" }, d.memory ? `memory: ${d.memory.text}` : "")));
+    el("td", { "data-label": "Memory", class: "memory" }, d.memory ? `memory: ${d.memory.text}` : "")));
   const verdict = decision.machine ? el("p", {}, `Would run on `, el("b", {}, decision.machine))
     : el("p", { class: "reason", "data-reason": decision.error?.reason }, `Would be refused: ${decision.error?.reason}: ${decision.error?.message}`);
-  $("#explanation").replaceChildren(verdict, el("table", {}, el("tbody", {}, rows)));
+  $("#explanation").replaceChildren(verdict, el("table", { class: "cards" }, el("tbody", {}, rows)));
 }
 
 async function dryRun() {
@@ -265,9 +581,11 @@ async function dryRun() {
 
 async function submit(event) {
   event.preventDefault();
-  await dryRun();
   const box = $("#submitted"); const status = $(".status", box); const progress = $("#submitted-progress");
-  box.hidden = false; progress.value = 0; progress.dataset.seen = ""; $(".result", box).replaceChildren();
+  const interrupt = $("#interrupt-submitted");
+  box.hidden = false; progress.value = 0; progress.dataset.seen = ""; $(".result", box).replaceChildren(); interrupt.hidden = true;
+  delete box.dataset.job; status.textContent = "Submitting…";
+  await dryRun();
   let accepted;
   try { accepted = await api("/v1/jobs", { method: "POST", json: await submission() }); }
   catch (error) {
@@ -276,6 +594,8 @@ async function submit(event) {
   }
   status.textContent = `Job ${accepted.id} queued on ${accepted.machine} (position ${accepted.position})`;
   box.dataset.job = accepted.id;
+  interrupt.hidden = false;
+  interrupt.onclick = () => act({ id: accepted.id }, "interrupt");
   await follow(`/v1/jobs/${accepted.id}/events`, (name, data) => {
     if (name === "progress") {
       progress.max = data.total; progress.value = data.step;
@@ -283,7 +603,8 @@ async function submit(event) {
     } else if (name === "state") {
       status.textContent = `Job ${accepted.id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
     } else if (name === "end") {
-      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(media(data)); }
+      interrupt.hidden = true;
+      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(media(data)); status.textContent = `Job ${accepted.id} succeeded on ${data.machine}`; }
       else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason }, `${data.state}: ${data.reason}: ${data.message}`));
     }
   }).catch((error) => { status.textContent = `lost the job's events: ${error.message}`; });
@@ -306,16 +627,21 @@ async function refresh() {
 async function loadModels() {
   const [models, machines] = await Promise.all([api("/v1/models"), api("/v1/machines")]);  // then the form at once
   state.models = models.data;  // OpenAI's list shape: {"object": "list", "data": [...]}
-  fitForm();
+  buildForm();
   const target = $("#submit-form select[name=target]");
+  const chosen = target.value;
   target.replaceChildren(el("option", { value: "server" }, "server"), el("option", { value: "auto" }, "Auto"),
     ...machines.filter((m) => m.name !== "server").map((m) => el("option", { value: m.name }, m.name)));
+  target.value = [...target.options].some((o) => o.value === chosen) ? chosen : "server";
 }
 
 function show(view) {
   state.view = ["fleet", "jobs", "gallery", "submit"].includes(view) ? view : "fleet";
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
-  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.view === state.view);
+  for (const link of document.querySelectorAll("nav a")) {
+    link.classList.toggle("active", link.dataset.view === state.view);
+    if (link.dataset.view === state.view) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
+  }
   refresh();
 }
 
@@ -338,8 +664,8 @@ $("#key-form").addEventListener("submit", (event) => {
 });
 $("#forget-key").addEventListener("click", () => askKey(""));
 $("#dry-run").addEventListener("click", dryRun);
-for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { fitForm(); $("#explanation").replaceChildren(); });
-$("#submit-form").addEventListener("submit", submit);
+for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { buildForm(); $("#explanation").replaceChildren(); });
+form().addEventListener("submit", submit);
 for (const id of ["#filter-model", "#filter-machine", "#filter-state"]) $(id).addEventListener("change", renderGallery);
 window.addEventListener("hashchange", () => show(location.hash.slice(1)));
 setInterval(refresh, REFRESH_MS);

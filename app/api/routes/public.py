@@ -16,7 +16,8 @@ from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRe
 from app.api.strict_json import StrictJsonRoute
 from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import kinds_of
-from app.core.kinds import KINDS, family_kind_spec
+from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
+from app.core.limits import FamilyLimits, limits_for
 from app.core.states import JobState
 from app.jobs.dispatch import UNSET
 from app.jobs.expansion import submit_expanded
@@ -231,10 +232,10 @@ def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
     ``object: "model"``, ``created`` (registration, Unix seconds), ``owned_by``, then
     Homefleet's: ``family``, ``kinds``, ``pipeline_class``, ``total_bytes``, ``precision``,
     ``quantization``, ``weights_bytes``, ``defaults`` (its own default job params, registered
-    with ``models add --default``; applied when a job does not set them) and ``params`` (per kind it runs:
-    ``params``, the param
-    names a submission may set, and ``inputs``, those naming an uploaded file id, from
-    :func:`app.core.kinds.family_kind_spec`; the fleet page's Submit form reads it).
+    with ``models add --default``; applied when a job does not set them) and ``params`` (per kind
+    it runs: ``params``, the param names a submission may set, and ``inputs``, those naming an
+    uploaded file id, from :func:`app.core.kinds.family_kind_spec`, with the kind's ``defaults``
+    and number ``ranges``; the fleet page's Submit form reads it).
     404 ``unknown_model`` in OpenAI's error shape."""
     return model_entry(ctx, ctx.registry.get(model_id))
 
@@ -243,21 +244,12 @@ def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
     """A model record as ``GET /v1/models`` lists it (:func:`get_model`)."""
     kinds = kinds_of(m.family, m.kinds)
     created = m.created_at if m.created_at.tzinfo else m.created_at.replace(tzinfo=UTC)
-    return {
-        "id": m.id,
-        "object": "model",
-        "created": int(created.timestamp()),
-        "owned_by": MODEL_OWNER,
-        "family": m.family,
-        "kinds": list(kinds),
-        "pipeline_class": m.pipeline_class,
-        "total_bytes": m.total_bytes,
-        "precision": m.precision,
-        "quantization": m.quantization,
-        "weights_bytes": _weights_bytes(ctx, m.id),
-        "defaults": dict(m.defaults or {}),
-        "params": {kind: _kind_params(m.family, kind) for kind in kinds if kind in KINDS},
-    }
+    return {"id": m.id, "object": "model", "created": int(created.timestamp()), "owned_by": MODEL_OWNER,
+            "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
+            "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
+            "weights_bytes": _weights_bytes(ctx, m.id), "defaults": dict(m.defaults or {}),
+            "params": {kind: _kind_params(m.family, kind, limits_for(ctx.settings.limits, m.family))
+                       for kind in kinds if kind in KINDS}}
 
 
 def _weights_bytes(ctx: Context, model_id: str) -> int | None:
@@ -270,6 +262,21 @@ def _weights_bytes(ctx: Context, model_id: str) -> int | None:
         return None
 
 
-def _kind_params(family: str, kind: str) -> dict[str, list[str]]:
+def _kind_params(family: str, kind: str, limits: FamilyLimits) -> dict[str, Any]:
+    """One kind's form (the fleet page builds its Submit form from it): ``params``, ``inputs``,
+    the kind's ``defaults`` on this family (before the model's own), and ``ranges``:
+    ``{name: {"min", "max", "integer", "step"?}}`` of its checked numbers (the kind's ranges, and the
+    family's limits: sizes a multiple of ``multiple_of`` up to ``max_pixels``, ``steps``, ``n``, ``frames``)."""
     spec = family_kind_spec(family, kind)
-    return {"params": [*spec.params, *spec.server_params], "inputs": list(spec.inputs)}
+    ranges: dict[str, dict[str, Any]] = {
+        number.name: {"min": number.low, "max": number.high, "integer": number.integer} for number in spec.numbers}
+    side = {"min": limits.min_side, "max": limits.max_pixels // limits.min_side, "integer": True,
+            "step": limits.multiple_of}
+    family_ranges = (("width", side), ("height", side), ("steps", {"min": 1, "max": limits.max_steps}),
+                     (BATCH_PARAM, {"min": 1, "max": limits.max_batch}),
+                     ("frames", {"min": 1, "max": limits.max_frames}), ("seed", {"min": 0, "max": MAX_SEED}))
+    for name, bounds in family_ranges:
+        if name in spec.params:
+            ranges[name] = {"integer": True, **bounds}
+    return {"params": [*spec.params, *spec.server_params], "inputs": list(spec.inputs),
+            "defaults": dict(spec.defaults), "ranges": ranges}
