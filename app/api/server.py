@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
+from kombu.exceptions import OperationalError as BrokerDown
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
@@ -117,6 +118,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     @api.exception_handler(RedisConnectionError)
     @api.exception_handler(RedisTimeoutError)
+    @api.exception_handler(BrokerDown)  # a publish that failed after its retries (a Sentinel failover)
     @api.exception_handler(OperationalError)
     async def service_down(request: Request, error: Exception) -> JSONResponse:
         journal = isinstance(error, OperationalError)

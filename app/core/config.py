@@ -47,6 +47,11 @@ class BrokerSettings(BaseSettings):
     broker_key_prefix: str = ""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_ttl_s: float = Field(6.0, gt=0)
+    # The master's name that the Sentinels of a ``sentinel://h1:26379;sentinel://h2:26379/0`` redis_url
+    # monitor (their ``sentinel monitor NAME ...``): the broker (kombu's Sentinel transport), the server's
+    # own keys (redis-py's Sentinel.master_for) and every worker follow the master they name
+    # (docs/operations.md, "Redis Sentinel"). Unused with a redis://, rediss:// or unix:// URL.
+    redis_sentinel_master: str = ""
 
     @field_validator("broker_key_prefix")
     @classmethod
@@ -58,9 +63,20 @@ class BrokerSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {value!r}")
+        if not value.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
+            raise ValueError(f"redis_url must start with redis://, rediss://, unix:// or sentinel://, got {value!r}")
+        if value.startswith("sentinel://") and any(
+                not part.startswith("sentinel://") for part in value.split(";")):
+            raise ValueError("redis_url with Sentinels names each as sentinel://host:port, separated by ';', got "
+                             f"{value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _sentinel_master_named(self) -> BrokerSettings:
+        if self.redis_url.startswith("sentinel://") and not self.redis_sentinel_master:
+            raise ValueError("redis_sentinel_master (HOMEFLEET_REDIS_SENTINEL_MASTER) must name the master the "
+                             "Sentinels of redis_url monitor (their `sentinel monitor NAME ...`)")
+        return self
 
 
 class Settings(BrokerSettings):
