@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -42,6 +43,7 @@ from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
+from app.devtools.sentinel import SentinelSet, start_sentinel_set
 from app.fleet.config import Fleet, Machine, with_fresh_tokens
 
 MODEL = "tiny-sd"
@@ -66,22 +68,29 @@ class DrillResult:
                 f"lost={self.lost} interrupted={self.interrupted}{own}")
 
 
-def drill_fleet_config() -> Fleet:
+def drill_fleet_config(workers: tuple[str, ...] = WORKERS) -> Fleet:
     families = frozenset({"sd1"})
     machines = {
         name: Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000, families=families)
-        for name in ("server", *WORKERS)
+        for name in ("server", *workers)
     }
     return with_fresh_tokens(Fleet(machines=machines))
 
 
 class DrillFleet:
     """A private Redis (restartable on its port), the API and workers m1 and m2, with short
-    heartbeat, reconciliation and grace periods so that faults are found within seconds."""
+    heartbeat, reconciliation and grace periods so that faults are found within seconds.
+    ``sentinel``: instead of one Redis, a master, a replica and three Sentinels
+    (app/devtools/sentinel.py), every process given the ``sentinel://`` URL; ``workers``: the
+    machines that run a worker."""
 
     def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
-                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False) -> None:
+                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False,
+                 sentinel: bool = False, workers: tuple[str, ...] = WORKERS) -> None:
         self.work_dir = work_dir
+        self.sentinel = sentinel
+        self.sentinels: SentinelSet | None = None
+        self.workers = workers
         self.forkserver = forkserver  # LocalFleet's: fork the API and workers from a preloaded interpreter
         self.tiny_model = tiny_model
         self.visibility_timeout_s = visibility_timeout_s
@@ -107,13 +116,19 @@ class DrillFleet:
         self.stop()
 
     def start(self) -> None:
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
-        fleet = drill_fleet_config()
+        if self.sentinel:
+            self.sentinels = start_sentinel_set(self.work_dir / "sentinel", password=self.redis_password)
+            redis_url, master = self.sentinels.url, self.sentinels.master_name
+        else:
+            self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
+            redis_url, master = self.redis.url, ""
+        fleet = drill_fleet_config(self.workers)
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         fleet_file.write_text(fleet.to_toml())
         settings = Settings(
-            data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
+            data_dir=self.work_dir / "server", redis_url=redis_url, redis_sentinel_master=master, fleet_file=fleet_file,
+            api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,
             heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
@@ -123,12 +138,12 @@ class DrillFleet:
         self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
         self.local = LocalFleet(settings, fleet, fleet_file, forkserver=self.forkserver)
-        for machine in WORKERS:
+        for machine in self.workers:
             self.local.copy_model(MODEL, machine)
         self.local.start_api()
-        for machine in WORKERS:
+        for machine in self.workers:
             self.local.start_worker(machine, token_file=True)  # as an operator should: no token in ps or env
-        self.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=180)
+        self.local.wait_online(list(self.workers), model_id=MODEL, timeout_s=180)
         self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
 
     def stop(self) -> None:
@@ -140,6 +155,8 @@ class DrillFleet:
             self.ctx.close()
         if self.redis is not None:
             self.redis.stop()
+        if self.sentinels is not None:
+            self.sentinels.stop()
 
     # -- faults ---------------------------------------------------------------------------
     def restart_redis(self) -> None:
@@ -382,6 +399,118 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
     return fleet.result("hang", acknowledged, timeout_s=120 + 10 * count)
 
 
+SENTINEL_WORKERS = ("m1", "m2", "m3")  # the sentinel_failover drill's machines: queued work on three
+SENTINEL_ROUND_JOBS = 10  # ``count`` per failover round of sentinel_failover
+
+
+@dataclass
+class _SwitchSubmitter:
+    """Submits one job after another while the master is lost and replaced, each retried with
+    its own ``Idempotency-Key`` until accepted (R20), and records every answer's time and code."""
+
+    fleet: DrillFleet
+    first_index: int
+    answers: list[tuple[float, int, bool]] = field(default_factory=list)  # (monotonic s, HTTP code, Retry-After)
+    accepted: set[str] = field(default_factory=set)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        assert self.fleet.local is not None
+        index = self.first_index
+        with HomefleetClient(self.fleet.local.api_url, timeout_s=30, api_key=DRILL_API_KEY) as client:
+            while not self.stop.is_set():
+                key = f"drill-sentinel-{time.time_ns()}-{index}"
+                target = SENTINEL_WORKERS[index % len(SENTINEL_WORKERS)]
+                body = {"prompt": f"switch {index}", "steps": 1}
+                while True:  # the same key until accepted: never two jobs for one submission
+                    try:
+                        job = client.submit(MODEL, "txt2img", body, target=target, idempotency_key=key)
+                    except ApiError as error:
+                        self.answers.append((time.monotonic(), error.status_code, error.retry_after_s is not None))
+                        if error.status_code not in (429, 503):
+                            return  # a 4xx or 500: counted, the drill fails on it
+                        time.sleep(0.2)
+                        continue
+                    except httpx.HTTPError:
+                        self.answers.append((time.monotonic(), 0, False))
+                        time.sleep(0.2)
+                        continue
+                    self.answers.append((time.monotonic(), 202, False))
+                    self.accepted.add(str(job["id"]))
+                    break
+                index += 1
+                time.sleep(0.1)
+
+
+def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
+    """The Redis master is SIGKILLed and Sentinel promotes its replica (docs/operations.md,
+    "Redis Sentinel"), ``max(1, count // 10)`` times. The fleet must be started with
+    ``sentinel=True`` and ``workers=SENTINEL_WORKERS``. Each round: a long job runs on each of
+    m1, m2 and m3 with 3 short ones queued behind it, a client submits without pause (each
+    submission retried with its own Idempotency-Key on 503), the master is killed; afterwards the
+    killed node comes back as the new replica. Messages the replica never received (asynchronous
+    replication) are published again from the journal by reconciliation (R19).
+
+    Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the kill to the
+    first 202 of a submission); ``refused_503`` (answers 503 during the switches),
+    ``no_retry_after`` (of them, without ``Retry-After``; target 0), ``errors_500`` (other 5xx and
+    4xx answers; target 0); ``republished`` (jobs published again by reconciliation);
+    ``order_kept`` (1 when every machine claimed the drill's jobs in journal order);
+    ``worker_restarts`` (worker processes replaced; target 0: they reconnect by themselves)."""
+    fleet.begin()
+    assert fleet.ctx is not None and fleet.local is not None and fleet.sentinels is not None
+    sentinels = fleet.sentinels
+    rounds = max(1, count // SENTINEL_ROUND_JOBS)
+    pids = {m: fleet.local.processes[f"worker-{m}"].pid for m in fleet.workers}
+    mine: set[str] = set()
+    answers: list[tuple[float, int, bool]] = []
+    accept_again_s = 0.0
+    for round_index in range(rounds):
+        base = round_index * 1000
+        mine |= {_submit(fleet, base + i, steps=30, target=m) for i, m in enumerate(fleet.workers)}
+        for machine in fleet.workers:
+            fleet.wait_running(machine, True, timeout_s=120)
+        mine |= {_submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
+                 for j in range(3) for i, m in enumerate(fleet.workers)}
+        submitter = _SwitchSubmitter(fleet, base + 100)
+        thread = threading.Thread(target=submitter.run)
+        thread.start()
+        killed_at = time.monotonic()
+        old = sentinels.kill_master()
+        new = sentinels.wait_promoted(old, timeout_s=60)
+        deadline = time.monotonic() + 120
+        while not any(code == 202 and at > killed_at for at, code, _ in submitter.answers):
+            if time.monotonic() > deadline or not thread.is_alive():
+                break
+            time.sleep(0.05)
+        again = [at for at, code, _ in submitter.answers if code == 202 and at > killed_at]
+        accept_again_s = max(accept_again_s, (again[0] - killed_at) if again else float("inf"))
+        submitter.stop.set()
+        thread.join(timeout=120)
+        mine |= submitter.accepted
+        answers += submitter.answers
+        fleet.wait_ended(mine, timeout_s=120 + 10 * len(mine))
+        sentinels.restart_as_replica(old, new)
+    result = fleet.result("sentinel_failover", mine, timeout_s=60)
+    journal = fleet.ctx.journal
+    order_kept = True
+    runs = fleet.executions()
+    for machine in fleet.workers:
+        in_journal_order = [job.id for job in journal.list(machine=machine) if job.id in mine and runs[job.id]]
+        claimed = [job_id for job_id in fleet.claim_order(machine) if job_id in mine]
+        order_kept = order_kept and claimed == in_journal_order
+    return replace(result, figures={
+        "failovers": rounds,
+        "accept_again_ms": int(accept_again_s * 1000) if accept_again_s != float("inf") else -1,
+        "refused_503": sum(1 for _, code, _ in answers if code == 503),
+        "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
+        "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
+        "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
+        "order_kept": int(order_kept),
+        "worker_restarts": sum(1 for m, pid in pids.items() if fleet.local.processes[f"worker-{m}"].pid != pid),
+    })
+
+
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "duplicate": drill_duplicate,
     "worker_kill": drill_worker_kill,
@@ -390,10 +519,12 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "redis_loss_requeue": drill_redis_loss_requeue,
     "visibility": drill_visibility,
     "hang": drill_hang,
+    "sentinel_failover": drill_sentinel_failover,
 }
 
 # Drills that need a fleet with other settings than the defaults.
-FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}
+FLEET_OPTIONS: dict[str, dict[str, Any]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20},
+                                           "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS}}
 
 
 UNDECODABLE: tuple[bytes, ...] = (

@@ -133,6 +133,38 @@ class SentinelSet:
             time.sleep(0.1)
         raise RuntimeError(f"the Sentinels promoted no replica within {timeout_s} s; see {self.work_dir}")
 
+    def restart_as_replica(self, port: int, master_port: int, timeout_s: float = 60.0) -> None:
+        """Start an empty redis-server on ``port`` (a killed master's) as replica of ``master_port``,
+        and wait until it is in sync and every Sentinel lists it as a healthy replica (so that the
+        next failover can promote it).
+
+        Raises:
+            RuntimeError: not so within ``timeout_s``."""
+        self.nodes[port] = start_redis_server(
+            self.work_dir / f"node-{port}", port=port, password=self.password,
+            extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n")
+        self.wait_replicated(master_port, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            healthy = 0
+            for sentinel_port in self.sentinel_ports:
+                client = redis.Redis(host="127.0.0.1", port=sentinel_port, socket_timeout=2, decode_responses=True)
+                try:
+                    replicas = client.execute_command("SENTINEL", "REPLICAS", self.master_name)
+                except (redis.RedisError, OSError):
+                    replicas = []
+                finally:
+                    client.close()
+                for entry in replicas:
+                    fields = dict(zip(entry[::2], entry[1::2], strict=False)) if isinstance(entry, list) else entry
+                    if int(fields.get("port", 0)) == port and fields.get("flags") == "slave" \
+                            and fields.get("master-link-status") == "ok":
+                        healthy += 1
+            if healthy == len(self.sentinel_ports):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the Sentinels did not list 127.0.0.1:{port} as a healthy replica within {timeout_s} s")
+
     def stop(self) -> None:
         for process in self.sentinels:
             stop_process_group(process)
