@@ -401,6 +401,7 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
 
 SENTINEL_WORKERS = ("m1", "m2", "m3")  # the sentinel_failover drill's machines: queued work on three
 SENTINEL_ROUND_JOBS = 10  # ``count`` per failover round of sentinel_failover
+LOST_WRITES = 2  # messages per round the promoted replica lacks (the master's last writes)
 
 
 @dataclass
@@ -447,14 +448,16 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     "Redis Sentinel"), ``max(1, count // 10)`` times. The fleet must be started with
     ``sentinel=True`` and ``workers=SENTINEL_WORKERS``. Each round: a long job runs on each of
     m1, m2 and m3 with 3 short ones queued behind it, a client submits without pause (each
-    submission retried with its own Idempotency-Key on 503), the master is killed; afterwards the
-    killed node comes back as the new replica. Messages the replica never received (asynchronous
-    replication) are published again from the journal by reconciliation (R19).
+    submission retried with its own Idempotency-Key on 503), the newest :data:`LOST_WRITES`
+    messages of m1's queue are taken off the master (the writes an asynchronous replica may
+    lack) and the master is killed; afterwards the killed node comes back as the new replica.
+    Messages the promoted replica lacks are published again from the journal by reconciliation (R19).
 
     Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the kill to the
     first 202 of a submission); ``refused_503`` (answers 503 during the switches),
     ``no_retry_after`` (of them, without ``Retry-After``; target 0), ``errors_500`` (other 5xx and
-    4xx answers; target 0); ``republished`` (jobs published again by reconciliation);
+    4xx answers; target 0); ``writes_lost`` (messages the promoted replica lacked);
+    ``republished`` (jobs published again by reconciliation; at least ``writes_lost``);
     ``order_kept`` (1 when every machine claimed the drill's jobs in journal order);
     ``worker_restarts`` (worker processes replaced; target 0: they reconnect by themselves)."""
     fleet.begin()
@@ -465,6 +468,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     mine: set[str] = set()
     answers: list[tuple[float, int, bool]] = []
     accept_again_s = 0.0
+    dropped = 0
     for round_index in range(rounds):
         base = round_index * 1000
         mine |= {_submit(fleet, base + i, steps=30, target=m) for i, m in enumerate(fleet.workers)}
@@ -472,6 +476,10 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
             fleet.wait_running(machine, True, timeout_s=120)
         mine |= {_submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
                  for j in range(3) for i, m in enumerate(fleet.workers)}
+        # What asynchronous replication may lose: the master's last writes. The newest messages on
+        # m1's queue are popped from the master just before it is killed (replicated: the replica
+        # lacks them too); reconciliation must publish them again from the journal (R19).
+        dropped += len(fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or [])
         submitter = _SwitchSubmitter(fleet, base + 100)
         thread = threading.Thread(target=submitter.run)
         thread.start()
@@ -505,6 +513,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         "refused_503": sum(1 for _, code, _ in answers if code == 503),
         "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
         "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
+        "writes_lost": dropped,
         "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
         "order_kept": int(order_kept),
         "worker_restarts": sum(1 for m, pid in pids.items() if fleet.local.processes[f"worker-{m}"].pid != pid),

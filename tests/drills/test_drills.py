@@ -123,7 +123,8 @@ def test_a_drill_stopped_with_sigterm_stops_the_fleet_it_started(tmp_path: Path)
 
 def test_r19_r20_sentinel_failover_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
     """The Redis master is SIGKILLed while a job runs on each of three machines with 3 queued
-    behind each and a client keeps submitting; Sentinel promotes the replica (docs/operations.md,
+    behind each and a client keeps submitting, and the replica lacks the master's last 2 writes;
+    Sentinel promotes the replica (docs/operations.md,
     "Redis Sentinel"). Every job ends exactly once, per-machine order holds, the switch answers
     503 with Retry-After (never 500), and the workers reconnect by themselves. One failover here;
     ``homefleet drill sentinel_failover --count 100`` runs ten."""
@@ -140,5 +141,7 @@ def test_r19_r20_sentinel_failover_drill(tmp_path: Path, tiny_models_dir: Path) 
     assert 0 < figures["accept_again_ms"] < 60_000, result.line()
     assert (figures["errors_500"], figures["no_retry_after"], figures["worker_restarts"]) == (0, 0, 0), result.line()
     assert figures["order_kept"] == 1, result.line()
+    # the master's last writes the replica lacked: published again from the journal, run once each (R19)
+    assert figures["writes_lost"] == 2 and figures["republished"] >= 2, result.line()
     # every job ran once, or (the long ones running at the kill, a publish cut off) was interrupted
     assert result.runs + result.interrupted >= result.jobs, result.line()
