@@ -53,8 +53,9 @@ class SentinelSet:
 
     def start(self) -> SentinelSet:
         master_port, replica_port = free_port(), free_port()
-        self.nodes[master_port] = start_redis_server(self.work_dir / "master", port=master_port,
-                                                     password=self.password, extra_config=f"masterauth {self.password}\n")
+        self.nodes[master_port] = start_redis_server(
+            self.work_dir / "master", port=master_port, password=self.password,
+            extra_config=f"masterauth {self.password}\n")
         self.nodes[replica_port] = start_redis_server(
             self.work_dir / "replica", port=replica_port, password=self.password,
             extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n")

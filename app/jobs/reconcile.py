@@ -308,7 +308,7 @@ class Reconciler:
             self.queues.put_in_order(machine, [job.id for job in backlog], messages)
             for job in lost:
                 self.redis.hdel(self.keys.missing(), job.id)
-                why = "Redis lost its data" if report.redis_lost else "Redis failed over to a replica without its message"
+                why = "Redis lost its data" if report.redis_lost else "Redis failed over to a replica without it"
                 self.journal.log(job.id, "requeued", f"{why}; published again to {queue(machine)}")
             gone.extend(lost)
         created = {job.id: index for index, job in enumerate(active)}
