@@ -166,6 +166,11 @@ class Settings(BrokerSettings):
     join_token_ttl_s: float = Field(900.0, ge=1)
     fleet_watch_s: float = Field(1.0, gt=0)
     worker_redis_url: str | None = None
+    # Two or more `homefleet serve` on one PostgreSQL journal and one Redis (docs/operations.md,
+    # "A standby server"): every one answers the API; the one holding PostgreSQL's advisory lock
+    # leads (reconciliation, webhooks); the others try to take it every leader_poll_s seconds.
+    leader_election: bool = False
+    leader_poll_s: float = Field(1.0, gt=0)
 
     @field_validator("webhook_secrets")
     @classmethod
@@ -190,6 +195,15 @@ class Settings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _leader_election_needs_postgresql(self) -> Settings:
+        if self.leader_election and not self.journal_url.startswith("postgresql"):
+            raise ValueError("leader_election (two servers on one journal) needs a PostgreSQL journal "
+                             "(HOMEFLEET_DATABASE_URL=postgresql+psycopg://...): SQLite has no lock that a second "
+                             "server's process can wait on, and two servers writing one SQLite file would each "
+                             "reconcile and deliver webhooks; docs/operations.md, \"A standby server\"")
+        return self
 
     @field_validator("api_key_quotas")
     @classmethod

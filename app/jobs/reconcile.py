@@ -320,11 +320,14 @@ class Reconciler:
 class ReconcileLoop:
     """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
     in a daemon thread, until :meth:`stop`. ``on_refusal`` is told after each pass: the
-    configuration error that refused it (the Redis runs with another journal), or None."""
+    configuration error that refused it (the Redis runs with another journal), or None. A pass
+    runs only while ``leads()`` (one leader among servers sharing the journal, app/db/leadership.py)."""
 
     def __init__(self, reconciler: Reconciler, interval_s: float,
-                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None) -> None:
+                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None,
+                 leads: Callable[[], bool] = lambda: True) -> None:
         self.reconciler = reconciler
+        self.leads = leads
         self.interval_s = interval_s
         self.on_refusal = on_refusal
         self._stop = threading.Event()
@@ -339,6 +342,9 @@ class ReconcileLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.leads():
+                self._stop.wait(self.interval_s)
+                continue
             try:
                 self.reconciler.run_once()
                 self.on_refusal(None)
