@@ -51,8 +51,8 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
-from app.db.tables import Job
 from app.db.leadership import Leadership
+from app.db.tables import Job
 from app.jobs.reconcile import ReconcileLoop
 from app.store.files import DISK_FULL
 

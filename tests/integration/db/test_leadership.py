@@ -63,5 +63,5 @@ def test_a_single_server_always_leads_and_connects_nowhere(tmp_path: Path) -> No
 
 
 def test_sqlite_refuses_two_servers(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="leader_election .* needs a PostgreSQL journal"):
+    with pytest.raises(ValidationError, match=r"leader_election .* needs a PostgreSQL journal"):
         Settings(data_dir=tmp_path, leader_election=True)
