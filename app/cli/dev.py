@@ -21,7 +21,7 @@ def drill(
         str,
         typer.Argument(
             help="duplicate | worker_kill | server_kill | redis_restart | redis_loss_requeue | visibility | hang "
-            "| sentinel_failover"
+            "| sentinel_failover | standby_server"
         ),
     ],
     count: Annotated[int, typer.Option(min=1, help="jobs in the drill")] = 200,
@@ -44,8 +44,9 @@ def drill(
         result = DRILLS[name](fleet, count)
     console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
     print(result.line())
-    # sentinel_failover's figures with a target of 0 (a 500, a 503 without Retry-After, a replaced worker)
-    missed = any(result.figures.get(figure, 0) for figure in ("errors_500", "no_retry_after", "worker_restarts"))
+    # figures with a target of 0: a 500, a 503 without Retry-After, a replaced worker, a key that made two jobs
+    zero = ("errors_500", "no_retry_after", "worker_restarts", "duplicates")
+    missed = any(result.figures.get(figure, 0) for figure in zero)
     if result.double_runs or result.lost or missed:
         raise typer.Exit(1)
 

@@ -20,6 +20,7 @@ figures where it has some (``redis_loss_requeue``: ``restarts``, ``queued_at_los
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import signal
@@ -68,6 +69,32 @@ class DrillResult:
                 f"lost={self.lost} interrupted={self.interrupted}{own}")
 
 
+POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The PostgreSQL server a standby drill makes its journal's database on (the tests' variable)."""
+
+
+def postgres_url(database: str) -> str:
+    """The SQLAlchemy URL of ``database`` on :data:`POSTGRES_ADMIN_URL`'s server."""
+    return POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{database}"
+
+
+def create_postgres_database() -> str:
+    """Create a database ``hf_drill_<random>``; return its name."""
+    import psycopg
+
+    name = f"hf_drill_{secrets.token_hex(6)}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_postgres_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def drill_fleet_config(workers: tuple[str, ...] = WORKERS) -> Fleet:
     families = frozenset({"sd1"})
     machines = {
@@ -86,8 +113,10 @@ class DrillFleet:
 
     def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
                  hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False,
-                 sentinel: bool = False, workers: tuple[str, ...] = WORKERS) -> None:
+                 sentinel: bool = False, workers: tuple[str, ...] = WORKERS, standby: bool = False) -> None:
         self.work_dir = work_dir
+        self.standby = standby  # a PostgreSQL journal of its own (POSTGRES_ADMIN_URL), leader election on
+        self.database: str | None = None
         self.sentinel = sentinel
         self.sentinels: SentinelSet | None = None
         self.workers = workers
@@ -122,6 +151,8 @@ class DrillFleet:
         else:
             self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
             redis_url, master = self.redis.url, ""
+        if self.standby:
+            self.database = create_postgres_database()
         fleet = drill_fleet_config(self.workers)
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +165,8 @@ class DrillFleet:
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
             # a drill queues all its jobs at once: backpressure (R23) is not what it measures
             max_queued_per_machine=100_000, max_pending_total=100_000,
+            database_url=postgres_url(self.database) if self.database else None,
+            leader_election=self.standby, leader_poll_s=0.5,
         )
         self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
@@ -157,6 +190,8 @@ class DrillFleet:
             self.redis.stop()
         if self.sentinels is not None:
             self.sentinels.stop()
+        if self.database is not None:
+            drop_postgres_database(self.database)
 
     # -- faults ---------------------------------------------------------------------------
     def restart_redis(self) -> None:
@@ -520,6 +555,102 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     })
 
 
+LEADS = "this server leads"  # app/db/leadership.py's line when a server takes the lead
+
+
+def _leads_since(log: Path, offset: int) -> bool:
+    """True when ``log`` says, after byte ``offset``, that its server took the lead."""
+    if not log.exists():
+        return False
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return LEADS.encode() in handle.read()
+
+
+def drill_standby_server(fleet: DrillFleet, count: int) -> DrillResult:
+    """Two ``homefleet serve`` on one PostgreSQL journal and one Redis (docs/operations.md, "A
+    standby server"; the fleet must be started with ``standby=True``): ``count`` submissions
+    from 4 threads over both servers, each retried with its own Idempotency-Key on the other
+    server when one fails (R20), while the leader (the first server) is SIGKILLed and started
+    again, once.
+
+    Figures: ``accepted`` (202s), ``duplicates`` (Idempotency-Keys with more than one job; target
+    0), ``handover_ms`` (from the kill until the standby leads; bound: ``leader_poll_s`` plus the
+    moments PostgreSQL takes to end the killed session), ``leaders`` (servers that lead at the
+    end; target 1), ``errors_500`` (5xx other than 503; target 0)."""
+    fleet.begin()
+    assert fleet.local is not None
+    local = fleet.local
+    standby_port = free_port()
+    local.start_api(name="api-b", port=standby_port)
+    urls = [local.api_url, f"http://{local.settings.api_host}:{standby_port}"]
+    deadline = time.monotonic() + 30
+    while not _leads_since(local.logs_dir / "api.log", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first server leads (it started first)
+    standby_from = (local.logs_dir / "api-b.log").stat().st_size
+    jobs_by_key: dict[str, set[str]] = {}
+    errors: list[int] = []
+    guard = threading.Lock()
+
+    def submitter(worker_index: int) -> None:
+        clients = [HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) for url in urls]
+        try:
+            for i in range(worker_index, count, 4):
+                key = f"drill-standby-{time.time_ns()}-{i}"
+                body = {"prompt": f"standby {i}", "steps": 1}
+                attempt = i  # alternate servers; a failed attempt goes to the other one with the same key
+                give_up = time.monotonic() + 120
+                while time.monotonic() < give_up:
+                    try:
+                        job = clients[attempt % 2].submit(MODEL, "txt2img", body, target=WORKERS[i % 2],
+                                                         idempotency_key=key)
+                    except (httpx.HTTPError, ApiError) as error:
+                        if isinstance(error, ApiError) and error.status_code not in (429, 503):
+                            with guard:
+                                errors.append(error.status_code)
+                            return
+                        attempt += 1
+                        time.sleep(0.1)
+                        continue
+                    with guard:
+                        jobs_by_key.setdefault(key, set()).add(str(job["id"]))
+                    break
+        finally:
+            for client in clients:
+                client.close()
+
+    threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    while len(jobs_by_key) < count // 2 and any(t.is_alive() for t in threads):
+        time.sleep(0.01)
+    stop_process_group(local.processes.pop("api"), signal.SIGKILL)
+    killed_at = time.monotonic()
+    handover_s = -0.001
+    while time.monotonic() - killed_at < 60:
+        if _leads_since(local.logs_dir / "api-b.log", standby_from):
+            handover_s = time.monotonic() - killed_at
+            break
+        time.sleep(0.02)
+    leader_from = (local.logs_dir / "api.log").stat().st_size
+    local.start_api()  # the old leader comes back: as a standby
+    for thread in threads:
+        thread.join()
+    acknowledged = set().union(*jobs_by_key.values()) if jobs_by_key else set()
+    result = fleet.result("standby_server", acknowledged, timeout_s=60 + 10 * count)
+    time.sleep(2)  # several of the restarted server's polls: it must not lead
+    leaders = int(_leads_since(local.logs_dir / "api-b.log", standby_from)) + int(
+        _leads_since(local.logs_dir / "api.log", leader_from))
+    return replace(result, figures={
+        "accepted": len(acknowledged),
+        "duplicates": sum(1 for ids in jobs_by_key.values() if len(ids) > 1),
+        "handover_ms": int(handover_s * 1000),
+        "leaders": leaders,
+        "errors_500": sum(1 for code in errors if code >= 500),
+        "refused_4xx": sum(1 for code in errors if code < 500),
+    })
+
+
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "duplicate": drill_duplicate,
     "worker_kill": drill_worker_kill,
@@ -529,11 +660,13 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "visibility": drill_visibility,
     "hang": drill_hang,
     "sentinel_failover": drill_sentinel_failover,
+    "standby_server": drill_standby_server,
 }
 
 # Drills that need a fleet with other settings than the defaults.
 FLEET_OPTIONS: dict[str, dict[str, Any]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20},
-                                           "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS}}
+                                           "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS},
+                                           "standby_server": {"standby": True}}
 
 
 UNDECODABLE: tuple[bytes, ...] = (

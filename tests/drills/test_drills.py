@@ -145,3 +145,19 @@ def test_r19_r20_sentinel_failover_drill(tmp_path: Path, tiny_models_dir: Path) 
     assert figures["writes_lost"] == 2 and figures["republished"] >= 2, result.line()
     # every job ran once, or (the long ones running at the kill, a publish cut off) was interrupted
     assert result.runs + result.interrupted >= result.jobs, result.line()
+
+
+def test_r20_standby_server_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """Two servers on one PostgreSQL journal and one Redis; submissions over both while the leader
+    is SIGKILLed and started again (docs/operations.md, "A standby server"): every 202 is a job
+    that ended, no Idempotency-Key made two jobs, the standby took the lead within the bound, and
+    one server leads at the end."""
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", forkserver=True, **FLEET_OPTIONS["standby_server"]) as fleet:
+        assert fleet.ctx is not None and fleet.ctx.settings.journal_url.startswith("postgresql")
+        result = DRILLS["standby_server"](fleet, 16)
+    check(result, 16)
+    figures = result.figures
+    assert figures["accepted"] == 16 and figures["duplicates"] == 0, result.line()
+    assert (figures["errors_500"], figures["refused_4xx"]) == (0, 0), result.line()
+    assert 0 <= figures["handover_ms"] < 10_000, result.line()  # leader_poll_s 0.5 s, plus the session's end
+    assert figures["leaders"] == 1, result.line()
