@@ -40,7 +40,7 @@ def drill(
     tiny = make_tiny(work_dir / "tiny", kinds=("txt2img",))["txt2img"]
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
     started = time.monotonic()
-    with DrillFleet(run_dir, tiny, **FLEET_OPTIONS.get(name, {})) as fleet:  # type: ignore[arg-type]
+    with DrillFleet(run_dir, tiny, **FLEET_OPTIONS.get(name, {})) as fleet:
         result = DRILLS[name](fleet, count)
     console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
     print(result.line())

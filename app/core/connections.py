@@ -61,7 +61,8 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
         nodes, master = sentinel_nodes(settings.redis_url)
         sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_options(), socket_timeout=SOCKET_TIMEOUT_S,
                             socket_connect_timeout=SOCKET_TIMEOUT_S)
-        return sentinel.master_for(settings.redis_sentinel_master, decode_responses=True, **master)
+        client: redis.Redis = sentinel.master_for(settings.redis_sentinel_master, decode_responses=True, **master)
+        return client
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S)
 
 

@@ -44,9 +44,9 @@ class SentinelSet:
         for port in self.sentinel_ports:
             try:
                 client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
-                _, master = client.sentinel_get_master_addr_by_name(self.master_name)
+                address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)
                 client.close()
-                return int(master)
+                return int(address[1])
             except (redis.RedisError, OSError, TypeError):
                 continue
         raise RuntimeError("no Sentinel answers")

@@ -314,7 +314,8 @@ class Reconciler:
         created = {job.id: index for index, job in enumerate(active)}
         report.requeued = sorted((job.id for job in gone), key=created.__getitem__)
         if gone:
-            log.warning("Redis lost its data: published %d queued jobs again, in journal order", len(gone))
+            log.warning("%s: published %d queued jobs again, in journal order",
+                        "Redis lost its data" if report.redis_lost else "Redis failed over", len(gone))
 
 
 class ReconcileLoop:
