@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x686F6D65666C6565  # pg_advisory_lock's bigint key: "homeflee" in ASCII
+MIGRATION_LOCK = LEADER_LOCK + 1  # pg_advisory_xact_lock's, held while migrating (app/db/migrations)
 
 
 class Leadership:

@@ -65,3 +65,37 @@ def test_a_single_server_always_leads_and_connects_nowhere(tmp_path: Path) -> No
 def test_sqlite_refuses_two_servers(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"leader_election .* needs a PostgreSQL journal"):
         Settings(data_dir=tmp_path, leader_election=True)
+
+
+def test_servers_starting_at_once_migrate_one_after_the_other(tmp_path: Path, postgres_url: str) -> None:
+    """Two or three servers started together on a new PostgreSQL journal each migrate it
+    (build_context(migrate=True)): the advisory lock makes them take turns, none fails."""
+    import threading
+
+    from app.db.engine import check_revision
+    from app.db.migrations import upgrade
+    from app.db.migrations.head import HEAD
+
+    settings = Settings(data_dir=tmp_path, database_url=postgres_url)
+    errors: list[str] = []
+
+    def migrate() -> None:
+        engine = create_engine(settings)
+        try:
+            upgrade(engine)
+        except Exception as error:  # counted: the assertion below names it
+            errors.append(repr(error))
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=migrate) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    engine = create_engine(settings)
+    try:
+        assert check_revision(engine) == HEAD
+    finally:
+        engine.dispose()
