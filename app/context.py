@@ -86,13 +86,13 @@ class ServerContext:
         return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
                           self.residency, self.progress, self.lock, self.pairing, server, self.endings)
 
-    def webhook_loop(self, render: Callable[[Job], bytes]) -> WebhookLoop:
+    def webhook_loop(self, render: Callable[[Job], bytes], leads: Callable[[], bool] = lambda: True) -> WebhookLoop:
         """The webhook delivery loop over this server's journal (app/jobs/webhooks.py);
-        ``render``: a job's record as the body's bytes."""
+        ``render``: a job's record as the body's bytes; it delivers only while ``leads()``."""
         from app.jobs.webhooks import WebhookLoop, WebhookSender
 
         sender = WebhookSender(self.settings, self.journal, self.outbox, render, metrics=self.metrics)
-        return WebhookLoop(sender, self.outbox, self.settings, self.webhook_wakeup)
+        return WebhookLoop(sender, self.outbox, self.settings, self.webhook_wakeup, leads=leads)
 
     def status(self) -> list[dict[str, Any]]:
         """``homefleet status``'s rows (app/fleet/status.py)."""

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from app.core.config import BrokerSettings
+from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
 
@@ -181,9 +183,12 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
         missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
     redis_url = values.get("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
-    shown = redis_url.split("@", 1)[-1] if "@" in redis_url else redis_url  # never print a password
+    # never print a password: the host part, or each Sentinel's address redacted
+    shown = redacted_url(redis_url) if ";" in redis_url else redis_url.split("@", 1)[-1]
     try:
-        redis.Redis.from_url(redis_url, socket_timeout=3, socket_connect_timeout=3).ping()
+        # the server's own client factory: a sentinel:// URL is asked for its master (docs/operations.md)
+        create_redis(BrokerSettings(redis_url=redis_url,
+                                    redis_sentinel_master=values.get("HOMEFLEET_REDIS_SENTINEL_MASTER", ""))).ping()
         lines.append(("broker", f"{shown}: answers"))
     except (redis.RedisError, ValueError) as error:
         lines.append(("broker", f"{shown}: unreachable ({type(error).__name__})"))

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
+from kombu.exceptions import OperationalError as BrokerDown
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
@@ -50,6 +51,7 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
+from app.db.leadership import Leadership
 from app.db.tables import Job
 from app.jobs.reconcile import ReconcileLoop
 from app.store.files import DISK_FULL
@@ -87,13 +89,17 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     def refusing(error: HomefleetError | None) -> None:
         context.dispatcher.refusing = error  # the Redis runs with another journal: place nothing (app/fleet/pairing.py)
 
-    reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing)
-    webhooks = context.webhook_loop(job_record)  # resumes the deliveries a previous server left pending
+    # one leader among servers sharing the journal (docs/operations.md, "A standby server"); always, alone
+    leadership = Leadership(context.engine, settings.leader_poll_s, settings.leader_election)
+    reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing,
+                              leads=leadership.leads)
+    webhooks = context.webhook_loop(job_record, leads=leadership.leads)  # resumes pending deliveries
     # the fleet file is followed while running: edits and SIGHUP reload it (app/api/fleet_reload.py)
     reloader = FleetReloader(context, settings.fleet_file, settings.fleet_watch_s) if settings.fleet_file else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        leadership.start()
         reconcile.start()  # at server start, then periodically (R19)
         webhooks.start()
         if reloader is not None:
@@ -103,12 +109,14 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             reloader.stop()
         webhooks.stop()
         reconcile.stop()
+        leadership.stop()
         context.close()
 
     # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work without internet).
     api = FastAPIOffline(title="Homefleet", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
                          swagger_ui_parameters={"persistAuthorization": True})
     api.state.ctx = context
+    api.state.leadership = leadership
     api.state.settings = settings
 
     @api.exception_handler(HomefleetError)
@@ -117,6 +125,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     @api.exception_handler(RedisConnectionError)
     @api.exception_handler(RedisTimeoutError)
+    @api.exception_handler(BrokerDown)  # a publish that failed after its retries (a Sentinel failover)
     @api.exception_handler(OperationalError)
     async def service_down(request: Request, error: Exception) -> JSONResponse:
         journal = isinstance(error, OperationalError)

@@ -47,6 +47,11 @@ class BrokerSettings(BaseSettings):
     broker_key_prefix: str = ""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_ttl_s: float = Field(6.0, gt=0)
+    # The master's name that the Sentinels of a ``sentinel://h1:26379;sentinel://h2:26379/0`` redis_url
+    # monitor (their ``sentinel monitor NAME ...``): the broker (kombu's Sentinel transport), the server's
+    # own keys (redis-py's Sentinel.master_for) and every worker follow the master they name
+    # (docs/operations.md, "Redis Sentinel"). Unused with a redis://, rediss:// or unix:// URL.
+    redis_sentinel_master: str = ""
 
     @field_validator("broker_key_prefix")
     @classmethod
@@ -58,9 +63,20 @@ class BrokerSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {value!r}")
+        if not value.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
+            raise ValueError(f"redis_url must start with redis://, rediss://, unix:// or sentinel://, got {value!r}")
+        if value.startswith("sentinel://") and any(
+                not part.startswith("sentinel://") for part in value.split(";")):
+            raise ValueError("redis_url with Sentinels names each as sentinel://host:port, separated by ';', got "
+                             f"{value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _sentinel_master_named(self) -> BrokerSettings:
+        if self.redis_url.startswith("sentinel://") and not self.redis_sentinel_master:
+            raise ValueError("redis_sentinel_master (HOMEFLEET_REDIS_SENTINEL_MASTER) must name the master the "
+                             "Sentinels of redis_url monitor (their `sentinel monitor NAME ...`)")
+        return self
 
 
 class Settings(BrokerSettings):
@@ -150,6 +166,11 @@ class Settings(BrokerSettings):
     join_token_ttl_s: float = Field(900.0, ge=1)
     fleet_watch_s: float = Field(1.0, gt=0)
     worker_redis_url: str | None = None
+    # Two or more `homefleet serve` on one PostgreSQL journal and one Redis (docs/operations.md,
+    # "A standby server"): every one answers the API; the one holding PostgreSQL's advisory lock
+    # leads (reconciliation, webhooks); the others try to take it every leader_poll_s seconds.
+    leader_election: bool = False
+    leader_poll_s: float = Field(1.0, gt=0)
 
     @field_validator("webhook_secrets")
     @classmethod
@@ -174,6 +195,15 @@ class Settings(BrokerSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _leader_election_needs_postgresql(self) -> Settings:
+        if self.leader_election and not self.journal_url.startswith("postgresql"):
+            raise ValueError("leader_election (two servers on one journal) needs a PostgreSQL journal "
+                             "(HOMEFLEET_DATABASE_URL=postgresql+psycopg://...): SQLite has no lock that a second "
+                             "server's process can wait on, and two servers writing one SQLite file would each "
+                             "reconcile and deliver webhooks; docs/operations.md, \"A standby server\"")
+        return self
 
     @field_validator("api_key_quotas")
     @classmethod

@@ -3,16 +3,67 @@ broker's URL as kombu names it. Nothing connects at import time."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
+from redis.sentinel import Sentinel
 
 from app.core.config import BrokerSettings
 
+SOCKET_TIMEOUT_S = 10  # every connection's (s): a lost master is noticed, never waited on for ever (celery#6348)
+
+
+def is_sentinel_url(redis_url: str) -> bool:
+    """True when ``redis_url`` names Sentinels (``sentinel://h1:26379;sentinel://h2:26379/0``)."""
+    return redis_url.startswith("sentinel://")
+
+
+def sentinel_nodes(redis_url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The Sentinels of a ``sentinel://[user:password@]host[:port][/db];...`` URL, kombu's form, as
+    ``([(host, port), ...], master_kwargs)``: port 26379 when none is given; ``master_kwargs`` holds
+    ``db`` (the path of the first URL that has one, else 0) and ``username``/``password`` (the
+    first URL that has them), which are the master's and replicas' credentials, not the Sentinels'.
+
+    Raises:
+        ValueError: a part names no host."""
+    nodes: list[tuple[str, int]] = []
+    kwargs: dict[str, Any] = {"db": 0}
+    db_seen = False
+    for part in redis_url.split(";"):
+        parts = urlsplit(part.strip())
+        if not parts.hostname:
+            raise ValueError(f"redis_url: the Sentinel {redacted_url(part)!r} names no host")
+        nodes.append((parts.hostname, parts.port or 26379))
+        if parts.path.strip("/") and not db_seen:
+            kwargs["db"], db_seen = int(parts.path.strip("/")), True
+        if parts.password is not None and "password" not in kwargs:
+            kwargs["password"] = unquote(parts.password)
+            if parts.username:
+                kwargs["username"] = unquote(parts.username)
+    return nodes, kwargs
+
+
+def sentinel_options() -> dict[str, Any]:
+    """redis-py's keyword arguments for connections to the Sentinels themselves (``sentinel_kwargs``):
+    kombu does not pass its transport's socket timeouts to them (celery#7997), so they are set here,
+    for the broker and the server's own keys alike."""
+    return {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+
 
 def create_redis(settings: BrokerSettings) -> redis.Redis:
-    """A Redis client for Homefleet's own keys (decoded strings). Connects lazily."""
-    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+    """A Redis client for Homefleet's own keys (decoded strings). Connects lazily. With a
+    ``sentinel://`` URL, redis-py's ``Sentinel(...).master_for(settings.redis_sentinel_master)``: each
+    new connection asks the Sentinels where the master is now, so after a failover the client's
+    next command (after one ``ConnectionError``/``TimeoutError`` on the old master) reaches the
+    promoted replica (docs/operations.md, "Redis Sentinel")."""
+    if is_sentinel_url(settings.redis_url):
+        nodes, master = sentinel_nodes(settings.redis_url)
+        sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_options(), socket_timeout=SOCKET_TIMEOUT_S,
+                            socket_connect_timeout=SOCKET_TIMEOUT_S)
+        client: redis.Redis = sentinel.master_for(settings.redis_sentinel_master, decode_responses=True, **master)
+        return client
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S)
 
 
 def broker_url(redis_url: str, transport: str = "redis") -> str:
@@ -23,7 +74,8 @@ def broker_url(redis_url: str, transport: str = "redis") -> str:
     the query to redis-py untyped: they are left out; the broker's timeouts are its transport
     options, app/core/celery_app.py). ``transport``: ``redis`` (kombu's), or the workers'
     dead-lettering one (``TRANSPORT_ALIAS``, app/core/dead_letters.py). ``redis://`` and
-    ``rediss://`` URLs are the same in both."""
+    ``rediss://`` URLs are the same in both, and so are ``sentinel://`` ones (kombu's Sentinel
+    transport; the consumer's dead-lettering variant is chosen by ``broker_transport``, app/core/celery_app.py)."""
     parts = urlsplit(redis_url)
     if parts.scheme != "unix":
         return redis_url
@@ -37,7 +89,10 @@ def broker_url(redis_url: str, transport: str = "redis") -> str:
 
 def redacted_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (``redis://:***@host:6379/0``): for
-    messages and logs that clients or operators read."""
+    messages and logs that clients or operators read. Each part of a ``;``-separated list of
+    Sentinels is redacted alike."""
+    if ";" in url:
+        return ";".join(redacted_url(part) for part in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -40,6 +40,7 @@ from app.core.digest import bytes_digest
 log = logging.getLogger(__name__)
 
 TRANSPORT_ALIAS = "hfredis"
+SENTINEL_TRANSPORT_ALIAS = "hfsentinel"  # the same with kombu's Sentinel transport
 MAX_DEAD_LETTERS = 1000  # a flood of garbage cannot fill Redis: older dead letters are dropped
 RAW_HEAD_CHARS = 4096  # of a dead letter's message kept in its record (with the whole message's size and digest)
 DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, binascii.Error)
@@ -126,4 +127,20 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (it finds the master through the Sentinels on every new
+    connection) moving undecodable messages aside like :class:`Channel`."""
+
+    from_transport_options = tuple(dict.fromkeys(  # type: ignore[assignment]
+        (*Channel.from_transport_options, *kombu_redis.SentinelChannel.from_transport_options)))
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with :class:`SentinelChannel`: a worker's, for a ``sentinel://``
+    redis_url (docs/operations.md, "Redis Sentinel")."""
+
+    Channel = SentinelChannel
+
+
 TRANSPORT_ALIASES.setdefault(TRANSPORT_ALIAS, f"{__name__}:Transport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_TRANSPORT_ALIAS, f"{__name__}:SentinelTransport")

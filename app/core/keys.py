@@ -149,6 +149,12 @@ class Keys:
         without persistence, flushed) or is new (app/jobs/reconcile.py)."""
         return f"{self.prefix}:reconcile:redis_seen"
 
+    def redis_replid(self) -> str:
+        """The replication id (``INFO replication`` ``master_replid``) of the Redis master the last
+        reconciliation pass ran against: another one means a failover (a promoted replica, which
+        may lack the master's last writes) or a restart (app/jobs/reconcile.py)."""
+        return f"{self.prefix}:reconcile:replid"
+
     def missing(self) -> str:
         """Hash job id -> unix seconds since when a queued job's message was not found (reconciliation)."""
         return f"{self.prefix}:reconcile:missing"

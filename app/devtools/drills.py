@@ -21,6 +21,7 @@ figures where it has some (``redis_loss_requeue``: ``restarts``, ``queued_at_los
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import signal
@@ -30,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -44,6 +46,7 @@ from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
+from app.devtools.sentinel import SentinelSet, start_sentinel_set
 from app.fleet.config import Fleet, Machine, with_fresh_tokens
 
 MODEL = "tiny-sd"
@@ -68,22 +71,57 @@ class DrillResult:
                 f"lost={self.lost} interrupted={self.interrupted}{own}")
 
 
-def drill_fleet_config() -> Fleet:
+POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The PostgreSQL server a standby drill makes its journal's database on (the tests' variable)."""
+
+
+def postgres_url(database: str) -> str:
+    """The SQLAlchemy URL of ``database`` on :data:`POSTGRES_ADMIN_URL`'s server."""
+    return POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{database}"
+
+
+def create_postgres_database() -> str:
+    """Create a database ``hf_drill_<random>``; return its name."""
+    import psycopg
+
+    name = f"hf_drill_{secrets.token_hex(6)}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_postgres_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def drill_fleet_config(workers: tuple[str, ...] = WORKERS) -> Fleet:
     families = frozenset({"sd1"})
     machines = {
         name: Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000, families=families)
-        for name in ("server", *WORKERS)
+        for name in ("server", *workers)
     }
     return with_fresh_tokens(Fleet(machines=machines))
 
 
 class DrillFleet:
     """A private Redis (restartable on its port), the API and workers m1 and m2, with short
-    heartbeat, reconciliation and grace periods so that faults are found within seconds."""
+    heartbeat, reconciliation and grace periods so that faults are found within seconds.
+    ``sentinel``: instead of one Redis, a master, a replica and three Sentinels
+    (app/devtools/sentinel.py), every process given the ``sentinel://`` URL; ``workers``: the
+    machines that run a worker."""
 
     def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
-                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False) -> None:
+                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False,
+                 sentinel: bool = False, workers: tuple[str, ...] = WORKERS, standby: bool = False) -> None:
         self.work_dir = work_dir
+        self.standby = standby  # a PostgreSQL journal of its own (POSTGRES_ADMIN_URL), leader election on
+        self.database: str | None = None
+        self.sentinel = sentinel
+        self.sentinels: SentinelSet | None = None
+        self.workers = workers
         self.forkserver = forkserver  # LocalFleet's: fork the API and workers from a preloaded interpreter
         self.tiny_model = tiny_model
         self.visibility_timeout_s = visibility_timeout_s
@@ -109,28 +147,38 @@ class DrillFleet:
         self.stop()
 
     def start(self) -> None:
-        self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
-        fleet = drill_fleet_config()
+        if self.sentinel:
+            self.sentinels = start_sentinel_set(self.work_dir / "sentinel", password=self.redis_password)
+            redis_url, master = self.sentinels.url, self.sentinels.master_name
+        else:
+            self.redis = start_redis_server(self.work_dir / "redis", port=self.redis_port, password=self.redis_password)
+            redis_url, master = self.redis.url, ""
+        if self.standby:
+            self.database = create_postgres_database()
+        fleet = drill_fleet_config(self.workers)
         fleet_file = self.work_dir / "fleet.toml"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         write_private(fleet_file, fleet.to_toml())
         settings = Settings(
-            data_dir=self.work_dir / "server", redis_url=self.redis.url, fleet_file=fleet_file, api_port=free_port(),
+            data_dir=self.work_dir / "server", redis_url=redis_url, redis_sentinel_master=master, fleet_file=fleet_file,
+            api_port=free_port(),
             visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,
             heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
             reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
             # a drill queues all its jobs at once: backpressure (R23) is not what it measures
             max_queued_per_machine=100_000, max_pending_total=100_000,
+            database_url=postgres_url(self.database) if self.database else None,
+            leader_election=self.standby, leader_poll_s=0.5,
         )
         self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
         self.local = LocalFleet(settings, fleet, fleet_file, forkserver=self.forkserver)
-        for machine in WORKERS:
+        for machine in self.workers:
             self.local.copy_model(MODEL, machine)
         self.local.start_api()
-        for machine in WORKERS:
+        for machine in self.workers:
             self.local.start_worker(machine, token_file=True)  # as an operator should: no token in ps or env
-        self.local.wait_online(list(WORKERS), model_id=MODEL, timeout_s=180)
+        self.local.wait_online(list(self.workers), model_id=MODEL, timeout_s=180)
         self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
 
     def stop(self) -> None:
@@ -142,6 +190,10 @@ class DrillFleet:
             self.ctx.close()
         if self.redis is not None:
             self.redis.stop()
+        if self.sentinels is not None:
+            self.sentinels.stop()
+        if self.database is not None:
+            drop_postgres_database(self.database)
 
     # -- faults ---------------------------------------------------------------------------
     def restart_redis(self) -> None:
@@ -432,6 +484,223 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
     return fleet.result("hang", acknowledged, timeout_s=120 + 10 * count)
 
 
+SENTINEL_WORKERS = ("m1", "m2", "m3")  # the sentinel_failover drill's machines: queued work on three
+SENTINEL_ROUND_JOBS = 10  # ``count`` per failover round of sentinel_failover
+LOST_WRITES = 2  # messages per round the promoted replica lacks (the master's last writes)
+
+
+@dataclass
+class _SwitchSubmitter:
+    """Submits one job after another while the master is lost and replaced, each retried with
+    its own ``Idempotency-Key`` until accepted (R20), and records every answer's time and code."""
+
+    fleet: DrillFleet
+    first_index: int
+    answers: list[tuple[float, int, bool]] = field(default_factory=list)  # (monotonic s, HTTP code, Retry-After)
+    accepted: set[str] = field(default_factory=set)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        assert self.fleet.local is not None
+        index = self.first_index
+        with HomefleetClient(self.fleet.local.api_url, timeout_s=30, api_key=DRILL_API_KEY) as client:
+            while not self.stop.is_set():
+                key = f"drill-sentinel-{time.time_ns()}-{index}"
+                target = SENTINEL_WORKERS[index % len(SENTINEL_WORKERS)]
+                body = {"prompt": f"switch {index}", "steps": 1}
+                while True:  # the same key until accepted: never two jobs for one submission
+                    try:
+                        job = client.submit(MODEL, "txt2img", body, target=target, idempotency_key=key)
+                    except ApiError as error:
+                        self.answers.append((time.monotonic(), error.status_code, error.retry_after_s is not None))
+                        if error.status_code not in (429, 503):
+                            return  # a 4xx or 500: counted, the drill fails on it
+                        time.sleep(0.2)
+                        continue
+                    except httpx.HTTPError:
+                        self.answers.append((time.monotonic(), 0, False))
+                        time.sleep(0.2)
+                        continue
+                    self.answers.append((time.monotonic(), 202, False))
+                    self.accepted.add(str(job["id"]))
+                    break
+                index += 1
+                time.sleep(0.1)
+
+
+def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
+    """The Redis master is SIGKILLed and Sentinel promotes its replica (docs/operations.md,
+    "Redis Sentinel"), ``max(1, count // 10)`` times. The fleet must be started with
+    ``sentinel=True`` and ``workers=SENTINEL_WORKERS``. Each round: a long job runs on each of
+    m1, m2 and m3 with 3 short ones queued behind it, a client submits without pause (each
+    submission retried with its own Idempotency-Key on 503), the newest :data:`LOST_WRITES`
+    messages of m1's queue are taken off the master (the writes an asynchronous replica may
+    lack) and the master is killed; afterwards the killed node comes back as the new replica.
+    Messages the promoted replica lacks are published again from the journal by reconciliation (R19).
+
+    Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the kill to the
+    first 202 of a submission); ``refused_503`` (answers 503 during the switches),
+    ``no_retry_after`` (of them, without ``Retry-After``; target 0), ``errors_500`` (other 5xx and
+    4xx answers; target 0); ``writes_lost`` (messages the promoted replica lacked);
+    ``republished`` (jobs published again by reconciliation; at least ``writes_lost``);
+    ``order_kept`` (1 when every machine claimed the drill's jobs in journal order);
+    ``worker_restarts`` (worker processes replaced; target 0: they reconnect by themselves)."""
+    fleet.begin()
+    assert fleet.ctx is not None and fleet.local is not None and fleet.sentinels is not None
+    sentinels = fleet.sentinels
+    rounds = max(1, count // SENTINEL_ROUND_JOBS)
+    pids = {m: fleet.local.processes[f"worker-{m}"].pid for m in fleet.workers}
+    mine: set[str] = set()
+    answers: list[tuple[float, int, bool]] = []
+    accept_again_s = 0.0
+    dropped = 0
+    for round_index in range(rounds):
+        base = round_index * 1000
+        mine |= {_submit(fleet, base + i, steps=30, target=m) for i, m in enumerate(fleet.workers)}
+        for machine in fleet.workers:
+            fleet.wait_running(machine, True, timeout_s=120)
+        mine |= {_submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
+                 for j in range(3) for i, m in enumerate(fleet.workers)}
+        # What asynchronous replication may lose: the master's last writes. The newest messages on
+        # m1's queue are popped from the master just before it is killed (replicated: the replica
+        # lacks them too); reconciliation must publish them again from the journal (R19).
+        dropped += len(fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or [])
+        submitter = _SwitchSubmitter(fleet, base + 100)
+        thread = threading.Thread(target=submitter.run)
+        thread.start()
+        killed_at = time.monotonic()
+        old = sentinels.kill_master()
+        new = sentinels.wait_promoted(old, timeout_s=60)
+        deadline = time.monotonic() + 120
+        while not any(code == 202 and at > killed_at for at, code, _ in submitter.answers):
+            if time.monotonic() > deadline or not thread.is_alive():
+                break
+            time.sleep(0.05)
+        again = [at for at, code, _ in submitter.answers if code == 202 and at > killed_at]
+        accept_again_s = max(accept_again_s, (again[0] - killed_at) if again else float("inf"))
+        submitter.stop.set()
+        thread.join(timeout=120)
+        mine |= submitter.accepted
+        answers += submitter.answers
+        fleet.wait_ended(mine, timeout_s=120 + 10 * len(mine))
+        sentinels.restart_as_replica(old, new)
+    result = fleet.result("sentinel_failover", mine, timeout_s=60)
+    journal = fleet.ctx.journal
+    order_kept = True
+    runs = fleet.executions()
+    for machine in fleet.workers:
+        in_journal_order = [job.id for job in journal.list(machine=machine) if job.id in mine and runs[job.id]]
+        claimed = [job_id for job_id in fleet.claim_order(machine) if job_id in mine]
+        order_kept = order_kept and claimed == in_journal_order
+    return replace(result, figures={
+        "failovers": rounds,
+        "accept_again_ms": int(accept_again_s * 1000) if accept_again_s != float("inf") else -1,
+        "refused_503": sum(1 for _, code, _ in answers if code == 503),
+        "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
+        "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
+        "writes_lost": dropped,
+        "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
+        "order_kept": int(order_kept),
+        "worker_restarts": sum(1 for m, pid in pids.items() if fleet.local.processes[f"worker-{m}"].pid != pid),
+    })
+
+
+LEADS = "this server leads"  # app/db/leadership.py's line when a server takes the lead
+
+
+def _leads_since(log: Path, offset: int) -> bool:
+    """True when ``log`` says, after byte ``offset``, that its server took the lead."""
+    if not log.exists():
+        return False
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return LEADS.encode() in handle.read()
+
+
+def drill_standby_server(fleet: DrillFleet, count: int) -> DrillResult:
+    """Two ``homefleet serve`` on one PostgreSQL journal and one Redis (docs/operations.md, "A
+    standby server"; the fleet must be started with ``standby=True``): ``count`` submissions
+    from 4 threads over both servers, each retried with its own Idempotency-Key on the other
+    server when one fails (R20), while the leader (the first server) is SIGKILLed and started
+    again, once.
+
+    Figures: ``accepted`` (202s), ``duplicates`` (Idempotency-Keys with more than one job; target
+    0), ``handover_ms`` (from the kill until the standby leads; bound: ``leader_poll_s`` plus the
+    moments PostgreSQL takes to end the killed session), ``leaders`` (servers that lead at the
+    end; target 1), ``errors_500`` (5xx other than 503; target 0)."""
+    fleet.begin()
+    assert fleet.local is not None
+    local = fleet.local
+    standby_port = free_port()
+    local.start_api(name="api-b", port=standby_port)
+    urls = [local.api_url, f"http://{local.settings.api_host}:{standby_port}"]
+    deadline = time.monotonic() + 30
+    while not _leads_since(local.logs_dir / "api.log", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first server leads (it started first)
+    standby_from = (local.logs_dir / "api-b.log").stat().st_size
+    jobs_by_key: dict[str, set[str]] = {}
+    errors: list[int] = []
+    guard = threading.Lock()
+
+    def submitter(worker_index: int) -> None:
+        clients = [HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) for url in urls]
+        try:
+            for i in range(worker_index, count, 4):
+                key = f"drill-standby-{time.time_ns()}-{i}"
+                body = {"prompt": f"standby {i}", "steps": 1}
+                attempt = i  # alternate servers; a failed attempt goes to the other one with the same key
+                give_up = time.monotonic() + 120
+                while time.monotonic() < give_up:
+                    try:
+                        job = clients[attempt % 2].submit(MODEL, "txt2img", body, target=WORKERS[i % 2],
+                                                         idempotency_key=key)
+                    except (httpx.HTTPError, ApiError) as error:
+                        if isinstance(error, ApiError) and error.status_code not in (429, 503):
+                            with guard:
+                                errors.append(error.status_code)
+                            return
+                        attempt += 1
+                        time.sleep(0.1)
+                        continue
+                    with guard:
+                        jobs_by_key.setdefault(key, set()).add(str(job["id"]))
+                    break
+        finally:
+            for client in clients:
+                client.close()
+
+    threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    while len(jobs_by_key) < count // 2 and any(t.is_alive() for t in threads):
+        time.sleep(0.01)
+    stop_process_group(local.processes.pop("api"), signal.SIGKILL)
+    killed_at = time.monotonic()
+    handover_s = -0.001
+    while time.monotonic() - killed_at < 60:
+        if _leads_since(local.logs_dir / "api-b.log", standby_from):
+            handover_s = time.monotonic() - killed_at
+            break
+        time.sleep(0.02)
+    leader_from = (local.logs_dir / "api.log").stat().st_size
+    local.start_api()  # the old leader comes back: as a standby
+    for thread in threads:
+        thread.join()
+    acknowledged = set().union(*jobs_by_key.values()) if jobs_by_key else set()
+    result = fleet.result("standby_server", acknowledged, timeout_s=60 + 10 * count)
+    time.sleep(2)  # several of the restarted server's polls: it must not lead
+    leaders = int(_leads_since(local.logs_dir / "api-b.log", standby_from)) + int(
+        _leads_since(local.logs_dir / "api.log", leader_from))
+    return replace(result, figures={
+        "accepted": len(acknowledged),
+        "duplicates": sum(1 for ids in jobs_by_key.values() if len(ids) > 1),
+        "handover_ms": int(handover_s * 1000),
+        "leaders": leaders,
+        "errors_500": sum(1 for code in errors if code >= 500),
+        "refused_4xx": sum(1 for code in errors if code < 500),
+    })
+
+
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "duplicate": drill_duplicate,
     "worker_kill": drill_worker_kill,
@@ -441,10 +710,14 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
     "redis_loss_backlogs": drill_redis_loss_backlogs,
     "visibility": drill_visibility,
     "hang": drill_hang,
+    "sentinel_failover": drill_sentinel_failover,
+    "standby_server": drill_standby_server,
 }
 
 # Drills that need a fleet with other settings than the defaults.
-FLEET_OPTIONS: dict[str, dict[str, float]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20}}
+FLEET_OPTIONS: dict[str, dict[str, Any]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20},
+                                           "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS},
+                                           "standby_server": {"standby": True}}
 
 
 UNDECODABLE: tuple[bytes, ...] = (

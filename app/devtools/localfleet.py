@@ -98,22 +98,26 @@ class LocalFleet:
         return process
 
     def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None,
-                  prefix: list[str] | None = None) -> None:
+                  prefix: list[str] | None = None, name: str = "api", port: int | None = None) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24).
-        ``prefix`` wraps the command (e.g. ``["prlimit", "--fsize=600000"]``: a full disk)."""
-        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), **(extra_env or {})})
-        process = self._spawn("api", ["serve"], env, prefix)
+        ``prefix`` wraps the command (e.g. ``["prlimit", "--fsize=600000"]``: a full disk). ``name``
+        and ``port``: a second server's process name (its log ``<name>.log``) and API port (a
+        standby server, docs/operations.md "A standby server"; default: the settings' port)."""
+        port = port or self.settings.api_port
+        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), "HOMEFLEET_API_PORT": str(port),
+                                        **(extra_env or {})})
+        process = self._spawn(name, ["serve"], env, prefix)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"the API exited with {process.returncode}; see {self.logs_dir / 'api.log'}")
+                raise RuntimeError(f"the API exited with {process.returncode}; see {self.logs_dir / f'{name}.log'}")
             try:
-                if httpx.get(f"{self.api_url}/health", timeout=1).status_code in (200, 503):
+                if httpx.get(f"http://{self.settings.api_host}:{port}/health", timeout=1).status_code in (200, 503):
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / 'api.log'}")
+        raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / f'{name}.log'}")
 
     def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None,
                      token_file: bool = False) -> ChildProcess:

@@ -55,11 +55,12 @@ class RedisProcess:
 
 
 def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float = 10.0,
-                       password: str | None = None) -> RedisProcess:
+                       password: str | None = None, extra_config: str = "") -> RedisProcess:
     """Start a private redis-server on 127.0.0.1 (no persistence, noeviction), wait until it
     answers, and return it (its ``url`` carries the password). With ``password`` it runs with
     ``requirepass`` (a client without it is refused), set in a configuration file of
-    mode 0600 in ``work_dir`` so that it never shows in the process list.
+    mode 0600 in ``work_dir`` so that it never shows in the process list; ``extra_config``
+    (lines of redis.conf, e.g. ``replicaof``/``masterauth``) goes into the same file.
 
     Raises:
         RuntimeError: it does not answer in ``timeout_s`` seconds.
@@ -67,11 +68,11 @@ def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     command = [redis_server_binary()]
-    if password is not None:
+    if password is not None or extra_config:
         config = work_dir / f"redis-{port}.conf"
         config.touch(mode=0o600)
         config.chmod(0o600)
-        config.write_text(f"requirepass {password}\n")
+        config.write_text((f"requirepass {password}\n" if password is not None else "") + extra_config)
         command.append(str(config))
     command += [
         "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",

@@ -11,6 +11,11 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   is written again, in journal order (R14); and no worker is judged ``worker_lost`` until it
   had ``heartbeat_ttl_s`` to write its heartbeat again (its lease and heartbeat were lost
   with the data, tasks/lease.py);
+- the Redis master is another one than at the last pass (``Keys.redis_replid``: a Sentinel
+  failover promoted a replica, which may lack the last writes the old master acknowledged,
+  replication being asynchronous; or a restart) -> the same publishing again of every ``queued``
+  job whose message is gone, in journal order, before such a job could be judged ``purged``
+  (docs/operations.md, "Redis Sentinel"); a purge in the same moments is undone by it;
 - a ``running`` job whose machine has no live heartbeat (and no progress report within
   ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
@@ -68,6 +73,7 @@ class ReconcileReport:
     cancelled: dict[str, str] = field(default_factory=dict)  # job id -> reason (``purged``, ``cancelled``)
     requeued: list[str] = field(default_factory=list)  # published again after Redis lost its data, in order
     redis_lost: bool = False  # this pass found Redis without its data (Keys.redis_seen gone)
+    master_changed: bool = False  # another Redis master than at the last pass (Keys.redis_replid): a failover
     forgotten_idempotency_keys: int = 0
     released_reservations: int = 0  # reservations of jobs that had ended (R14)
     residency_restored: bool = False  # Redis had lost the residency facts; rewritten from the database
@@ -75,7 +81,8 @@ class ReconcileReport:
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
         lost = (f"Redis had lost its data: published {len(self.requeued)} queued jobs again; "
-                if self.redis_lost else "")
+                if self.redis_lost else
+                f"Redis failed over: published {len(self.requeued)} queued jobs again; " if self.master_changed else "")
         cancelled = (f"; cancelled {len(self.cancelled)} ({', '.join(sorted(set(self.cancelled.values())))})"
                      if self.cancelled else "")
         return (f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
@@ -124,11 +131,15 @@ class Reconciler:
             # intervals of a Redis that lost its data: none is judged before heartbeat_ttl_s.
             since = time.time() if seen is None else float(seen)
             self._running(report, judge_liveness=time.time() - since >= self.settings.heartbeat_ttl_s)
-            if report.redis_lost:
+            replid, recorded = self._replication_ids()
+            report.master_changed = recorded is not None and replid != recorded
+            if report.redis_lost or report.master_changed:
                 self._requeue(report, fence)
             self._queued(report)
             if report.redis_lost:  # last: a pass cut short finds the loss again
                 self.redis.set(self.keys.redis_seen(), repr(since), nx=True)
+            if replid is not None and replid != recorded:  # last, likewise
+                self.redis.set(self.keys.redis_replid(), replid)
             # Also the machines no longer in the fleet config that still hold reservations.
             machines = set(self.machines.fleet.machines) | self.machines.reservations.machines_holding()
             report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
@@ -137,6 +148,16 @@ class Reconciler:
         if report.interrupted or report.cancelled or report.released_reservations or report.requeued:
             log.warning("reconciliation: %s", report)
         return report
+
+    def _replication_ids(self) -> tuple[str | None, str | None]:
+        """``(the master's replication id now, the one the last pass recorded)``; the first is
+        None where ``INFO`` is refused (an ACL without it: no failover is then detected)."""
+        try:
+            info = cast("dict[str, object]", self.redis.info("replication"))
+        except redis.ResponseError:
+            return None, None
+        replid = str(info.get("master_replid") or "") or None
+        return replid, cast("str | None", self.redis.get(self.keys.redis_replid()))  # decoded (create_redis)
 
     def _interrupt(self, report: ReconcileReport, job_id: str, state: JobState, reason: str, message: str) -> None:
         assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
@@ -289,22 +310,27 @@ class Reconciler:
             self.queues.put_in_order(machine, [job.id for job in backlog], messages)
             for job in lost:
                 self.redis.hdel(self.keys.missing(), job.id)
-                self.journal.log(job.id, "requeued", f"Redis lost its data; published again to {queue(machine)}")
+                why = "Redis lost its data" if report.redis_lost else "Redis failed over to a replica without it"
+                self.journal.log(job.id, "requeued", f"{why}; published again to {queue(machine)}")
             gone.extend(lost)
         created = {job.id: index for index, job in enumerate(active)}
         report.requeued = sorted((job.id for job in gone), key=created.__getitem__)
         if gone:
-            log.warning("Redis lost its data: published %d queued jobs again, in journal order", len(gone))
+            log.warning("%s: published %d queued jobs again, in journal order",
+                        "Redis lost its data" if report.redis_lost else "Redis failed over", len(gone))
 
 
 class ReconcileLoop:
     """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
     in a daemon thread, until :meth:`stop`. ``on_refusal`` is told after each pass: the
-    configuration error that refused it (the Redis runs with another journal), or None."""
+    configuration error that refused it (the Redis runs with another journal), or None. A pass
+    runs only while ``leads()`` (one leader among servers sharing the journal, app/db/leadership.py)."""
 
     def __init__(self, reconciler: Reconciler, interval_s: float,
-                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None) -> None:
+                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None,
+                 leads: Callable[[], bool] = lambda: True) -> None:
         self.reconciler = reconciler
+        self.leads = leads
         self.interval_s = interval_s
         self.on_refusal = on_refusal
         self._stop = threading.Event()
@@ -319,6 +345,9 @@ class ReconcileLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.leads():
+                self._stop.wait(self.interval_s)
+                continue
             try:
                 self.reconciler.run_once()
                 self.on_refusal(None)

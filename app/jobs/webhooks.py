@@ -165,8 +165,9 @@ class WebhookLoop:
     ``webhook_poll_s`` (deliveries written by another process, e.g. a CLI command)."""
 
     def __init__(self, sender: WebhookSender, outbox: WebhookOutbox, settings: Settings,
-                 wakeup: threading.Event | None = None) -> None:
+                 wakeup: threading.Event | None = None, leads: Callable[[], bool] = lambda: True) -> None:
         self.sender = sender
+        self.leads = leads  # deliveries are taken only while this server leads (app/db/leadership.py)
         self.outbox = outbox
         self.poll_s = settings.webhook_poll_s
         self.concurrency = settings.webhook_concurrency
@@ -205,7 +206,7 @@ class WebhookLoop:
         with self._guard:
             inflight = set(self._inflight)
         free = self.concurrency - len(inflight)
-        if free <= 0:
+        if free <= 0 or not self.leads():
             return
         for delivery in self.outbox.due(now_s, free, skip=inflight):
             if delivery.id is not None and self.outbox.lease(delivery.id, now_s, now_s + self.lease_for_s):

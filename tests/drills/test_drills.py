@@ -142,3 +142,45 @@ def test_a_drill_stopped_with_sigterm_stops_the_fleet_it_started(tmp_path: Path)
     assert drill.wait(timeout=120) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(fleet, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_r19_r20_sentinel_failover_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """The Redis master is SIGKILLed while a job runs on each of three machines with 3 queued
+    behind each and a client keeps submitting, and the replica lacks the master's last 2 writes;
+    Sentinel promotes the replica (docs/operations.md,
+    "Redis Sentinel"). Every job ends exactly once, per-machine order holds, the switch answers
+    503 with Retry-After (never 500), and the workers reconnect by themselves. One failover here;
+    ``homefleet drill sentinel_failover --count 100`` runs ten."""
+    options = FLEET_OPTIONS["sentinel_failover"]
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", forkserver=True, **options) as fleet:
+        assert fleet.ctx is not None and fleet.sentinels is not None
+        assert fleet.ctx.settings.redis_url.startswith("sentinel://") and fleet.ctx.settings.redis_sentinel_master
+        first_master = fleet.sentinels.master_port()
+        result = DRILLS["sentinel_failover"](fleet, 10)
+        check(result, 12)
+        assert fleet.sentinels.master_port() != first_master  # a replica was promoted
+    figures = result.figures
+    assert figures["failovers"] == 1, result.line()
+    assert 0 < figures["accept_again_ms"] < 60_000, result.line()
+    assert (figures["errors_500"], figures["no_retry_after"], figures["worker_restarts"]) == (0, 0, 0), result.line()
+    assert figures["order_kept"] == 1, result.line()
+    # the master's last writes the replica lacked: published again from the journal, run once each (R19)
+    assert figures["writes_lost"] == 2 and figures["republished"] >= 2, result.line()
+    # every job ran once, or (the long ones running at the kill, a publish cut off) was interrupted
+    assert result.runs + result.interrupted >= result.jobs, result.line()
+
+
+def test_r20_standby_server_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """Two servers on one PostgreSQL journal and one Redis; submissions over both while the leader
+    is SIGKILLed and started again (docs/operations.md, "A standby server"): every 202 is a job
+    that ended, no Idempotency-Key made two jobs, the standby took the lead within the bound, and
+    one server leads at the end."""
+    with DrillFleet(tmp_path, tiny_models_dir / "tiny-sd", forkserver=True, **FLEET_OPTIONS["standby_server"]) as fleet:
+        assert fleet.ctx is not None and fleet.ctx.settings.journal_url.startswith("postgresql")
+        result = DRILLS["standby_server"](fleet, 16)
+    check(result, 16)
+    figures = result.figures
+    assert figures["accepted"] == 16 and figures["duplicates"] == 0, result.line()
+    assert (figures["errors_500"], figures["refused_4xx"]) == (0, 0), result.line()
+    assert 0 <= figures["handover_ms"] < 10_000, result.line()  # leader_poll_s 0.5 s, plus the session's end
+    assert figures["leaders"] == 1, result.line()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine
 
+from app.db.leadership import MIGRATION_LOCK
 from app.db.migrations.head import HEAD
 
 if TYPE_CHECKING:
@@ -49,11 +50,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
     A journal created before migrations existed (its tables made directly from the models, no
     ``alembic_version``) has exactly the first revision's tables: it is stamped with that
-    revision first, then migrated (operator pass: "table job already exists")."""
+    revision first, then migrated (operator pass: "table job already exists"). On PostgreSQL
+    under a transaction-level advisory lock: two servers starting at once on one journal
+    (docs/operations.md, "A standby server") migrate one after the other."""
     from alembic import command
 
     config = alembic_config(engine)
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":  # servers starting at once on one journal: one at a time
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         config.attributes["connection"] = connection
         tables = set(inspect(connection).get_table_names())
         if "alembic_version" not in tables and tables == PRE_MIGRATION_TABLES:
