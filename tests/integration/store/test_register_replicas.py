@@ -35,7 +35,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Replica],
 
 def _parameters(path: Path) -> int:
     with safe_open(str(path), "pt") as handle:
-        return sum(math.prod(handle.get_slice(key).get_shape()) for key in handle)
+        return sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())  # noqa: SIM118 (safe_open is not iterable)
 
 
 def _readable(path: Path) -> bool:

@@ -28,7 +28,7 @@ def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis
                               redis_url=redis_url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(settings.key_prefix)
-    beat = Heartbeat(settings, client, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]
+    beat = Heartbeat(settings, client, keys, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]
     client.set(keys.worker_lease("m1"), "boot-1")  # the lease this worker holds
     beat._first_check()
     client.sadd(keys.verified("m1"), *VERIFIED)  # as the verifier advertises them
