@@ -96,7 +96,7 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
     settings = local.settings
     api_pid = local.processes["api"].pid
     server_url = f"http://{settings.api_host}:{settings.api_port}"
-    operator = {**settings_env(settings), "HOMEFLEET_API_HOST": settings.api_host,
+    operator: dict[str, str | None] = {**settings_env(settings), "HOMEFLEET_API_HOST": settings.api_host,
                 "HOMEFLEET_API_PORT": str(settings.api_port)}
     machine, index = JOINER
     before = {row["name"] for row in client.machines()}
