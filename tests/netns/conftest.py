@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tests.helpers import TEST_API_KEY, make_fleet
 
 MODEL = "tiny-sd"
 HOSTS = {"hosta": 1, "hostb": 2}  # machine name -> subnet index
+JOINER = ("hostc", 3)  # a host a test creates and joins to the running fleet (test_multihost.py)
 
 
 def ip(*args: str) -> None:
@@ -82,6 +84,19 @@ def make_host(machine: str, index: int, net: int) -> Host:
     return Host(machine, namespace, address, gateway, inside)
 
 
+@contextmanager
+def routed_host(machine: str, index: int, net: int) -> Iterator[Host]:
+    """A host created while the fleet runs (as :func:`make_host`), whose default route goes
+    through its own link, so that it reaches every server-side address (the API's, Redis's) the
+    way the fleet's hosts do; removed on exit, also on failure."""
+    try:
+        host = make_host(machine, index, net)
+        ip("netns", "exec", host.namespace, "ip", "route", "add", "default", "via", host.gateway)
+        yield host
+    finally:
+        remove_host(RUN, machine, index)
+
+
 def remove_host(run: int, machine: str, index: int) -> None:
     for args in (("netns", "del", f"hf-{run}-{machine}"), ("link", "del", f"hv{run}{index}o")):
         subprocess.run(["ip", *args], check=False, capture_output=True, timeout=10)
@@ -91,8 +106,9 @@ def remove_leftovers() -> None:
     """Remove the namespaces of earlier runs whose pytest process no longer exists."""
     listed = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True, timeout=10).stdout
     for run, machine in set(re.findall(r"^hf-(\d+)-(\w+)", listed, flags=re.MULTILINE)):
-        if not Path(f"/proc/{run}").exists() and machine in HOSTS:
-            remove_host(int(run), machine, HOSTS[machine])
+        known = {**HOSTS, JOINER[0]: JOINER[1]}
+        if not Path(f"/proc/{run}").exists() and machine in known:
+            remove_host(int(run), machine, known[machine])
 
 
 @dataclass
@@ -102,6 +118,7 @@ class MultiHostFleet:
     client: HomefleetClient
     hosts: dict[str, Host]
     redis_port: int
+    net: int  # the second octet of this run's link addresses (make_host)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +154,9 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         write_private(fleet_file, fleet.to_toml())
         settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
                             api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
-                            reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY])
+                            reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY],
+                            # a joining host is handed the broker over a link, not 127.0.0.1 (docs/operations.md)
+                            worker_redis_url=f"redis://{server_address}:{redis_port}/0", fleet_watch_s=0.5)
         local = LocalFleet(settings, fleet, fleet_file)
         ctx = build_context(settings, fleet, migrate=True)
         ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
@@ -151,7 +170,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         local.wait_online(["hosta"], model_id=MODEL, timeout_s=180)
         local.wait_online(["hostb"], timeout_s=180)
         with HomefleetClient(local.api_url, api_key=TEST_API_KEY) as client:
-            yield MultiHostFleet(local, ctx, client, hosts, redis_port)
+            yield MultiHostFleet(local, ctx, client, hosts, redis_port, net)
     finally:
         if local is not None:
             local.stop()

@@ -3,23 +3,30 @@ the server's Redis and API only over their links."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from app.client import ApiError
 from app.core.digest import file_digest
+from app.devtools.procs import stop_process_group
 from tests.helpers import run_cli, settings_env, wait_for
-from tests.netns.conftest import MODEL, MultiHostFleet
+from tests.netns.conftest import JOINER, MODEL, Host, MultiHostFleet, routed_host
 
 pytestmark = pytest.mark.e2e
 
 
-def peers(fleet: MultiHostFleet, machine: str) -> set[str]:
+def peers(host: Host) -> set[str]:
     """Remote ends of the established TCP connections inside that host's namespace."""
-    out = subprocess.run([*fleet.hosts[machine].netns, "ss", "-tnH", "state", "established"], capture_output=True,
+    out = subprocess.run([*host.netns, "ss", "-tnH", "state", "established"], capture_output=True,
                          text=True, check=True, timeout=10).stdout
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
@@ -46,7 +53,7 @@ def test_workers_reach_the_server_only_over_their_link(multihost: MultiHostFleet
         accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": machine, "steps": 2}, target=machine)
         assert multihost.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
         allowed = {f"{host.gateway}:{multihost.redis_port}", f"{multihost.local.settings.api_host}:{api_port}"}
-        seen = peers(multihost, machine)
+        seen = peers(host)
         who = subprocess.run([*multihost.hosts[machine].netns, "ss", "-tnpH", "state", "established"],
                              check=False, capture_output=True, text=True, timeout=10).stdout
         assert seen and seen <= allowed, f"{machine} talks to {seen - allowed}: {who}"
@@ -75,6 +82,78 @@ def test_r10_a_job_pinned_to_a_host_whose_link_is_down_is_refused_not_rerouted(m
     finally:
         host.link(up=True)
     wait_for(lambda: multihost.ctx.machines.view("hostb").online, timeout_s=60, what="hostb to come back")
+
+
+@pytest.mark.timeout(900)  # a namespace, a torch probe, a worker start and three CLI runs on 2 shared cores
+def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
+    multihost: MultiHostFleet, tmp_path: Path
+) -> None:
+    """docs/operations.md, "Add a machine", across a real network: ``machines add`` on the
+    server's side, ``worker join`` inside a namespace created now, which reaches the API and Redis
+    only over its own link (the grant hands it ``HOMEFLEET_WORKER_REDIS_URL``, a link address,
+    not the server's 127.0.0.1); no server restart; then ``machines remove`` drains it."""
+    local, client = multihost.local, multihost.client
+    settings = local.settings
+    api_pid = local.processes["api"].pid
+    server_url = f"http://{settings.api_host}:{settings.api_port}"
+    operator: dict[str, str | None] = {**settings_env(settings), "HOMEFLEET_API_HOST": settings.api_host,
+                "HOMEFLEET_API_PORT": str(settings.api_port)}
+    machine, index = JOINER
+    before = {row["name"] for row in client.machines()}
+    with routed_host(machine, index, multihost.net) as host:
+        added = run_cli("machines", "add", machine, "--memory", "2", env=operator)
+        assert "the running server (pid" in added.stdout and "reloaded" in added.stdout, added.stdout
+        match = re.search(r"^homefleet worker join (\S+) (hfj_\S+)$", added.stdout, flags=re.MULTILINE)
+        assert match is not None, added.stdout
+        assert match.group(1) == server_url  # the server's link address, which the new host routes to
+        rows = {row["name"]: row for row in client.machines()}
+        assert set(rows) == {*before, machine} and not rows[machine]["online"]
+
+        folder = tmp_path / f"{machine}-host"
+        (folder / "models").mkdir(parents=True)
+        shutil.copytree(settings.models_dir / MODEL, folder / "models" / MODEL)  # as a sync would bring it
+        token_file = tmp_path / "join-token"
+        token_file.write_text(match.group(2) + "\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}  # a bare host
+        env.update({"HOMEFLEET_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        log_path = tmp_path / f"worker-{machine}.log"
+        with open(log_path, "wb") as log:
+            joined = subprocess.Popen(
+                [*host.netns, sys.executable, "-m", "app.cli", "worker", "join", match.group(1),
+                 "--join-token-file", str(token_file), "--models-dir", str(folder / "models")],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        try:
+            wait_for(lambda: joined.poll() is not None or any(
+                         row["name"] == machine and row["online"] and MODEL in row["verified_models"]
+                         for row in client.machines()),
+                     timeout_s=300, poll_s=0.5, what=f"{machine} to join and verify {MODEL}")
+            assert joined.poll() is None, log_path.read_text()[-3000:]
+            assert (folder / "worker-token").stat().st_mode & 0o777 == 0o600
+            worker_env = (folder / "worker.env").read_text()
+            assert f"HOMEFLEET_REDIS_URL=redis://{settings.api_host}:{multihost.redis_port}/0" in worker_env
+            assert "127.0.0.1" not in worker_env
+
+            accepted = client.submit(MODEL, "txt2img", {"prompt": machine, "steps": 2}, target=machine)
+            done = client.wait(accepted["id"], timeout_s=240)
+            assert (done["state"], done["machine"]) == ("succeeded", machine), done
+            allowed = {f"{settings.api_host}:{multihost.redis_port}", f"{settings.api_host}:{settings.api_port}"}
+            seen = peers(host)
+            assert seen and seen <= allowed, f"{machine} talks to {seen - allowed}"
+
+            last = client.submit(MODEL, "txt2img", {"prompt": "the last one", "steps": 2}, target=machine)
+            removed = run_cli("machines", "remove", machine, env=operator, timeout_s=600)
+            assert f"machine {machine} removed" in removed.stdout, removed.stdout
+            assert client.get(last["id"])["state"] == "succeeded"  # drained: its job ran to its end first
+            assert {row["name"] for row in client.machines()} == before
+            token = (folder / "worker-token").read_text().strip()
+            assert httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {token}"},
+                             timeout=30).status_code == 401
+            assert local.processes["api"].pid == api_pid and local.processes["api"].poll() is None  # no restart
+        finally:
+            stop_process_group(joined)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True, timeout=10).stdout
+    assert host.namespace not in listed
 
 
 def test_r19_a_worker_host_killed_mid_job_is_interrupted_and_not_rerun(multihost: MultiHostFleet) -> None:
