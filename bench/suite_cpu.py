@@ -1,0 +1,119 @@
+"""Where the test suite's CPU goes: each test file run on its own, with its CPU accounted.
+
+Usage::
+
+    .venv/bin/python bench/suite_cpu.py                  # every tier but unit file by file, unit in one go
+    .venv/bin/python bench/suite_cpu.py tests/e2e/test_sync.py tests/drills   # only these
+    .venv/bin/python bench/suite_cpu.py --jobs 2 --top 20 --json out.json
+
+Each file runs as ``python -m pytest -q -p no:cacheprovider FILE`` in its own process; its CPU is
+the user + system seconds of that process and of every descendant it waited for (``os.wait4``'s
+rusage: the fleets' API and worker processes, redis-server, CLI calls, forked children). A
+process that outlives its parent un-reaped is not counted. Each file pays the session fixtures it
+uses (its own Redis, the tiny models: a few CPU-seconds) that one ``make test`` worker pays once.
+
+CPU seconds rather than wall seconds: they hardly change with the machine's load (other
+processes), wall time does. The figures are printed, never asserted (docs/benchmarks.md,
+"The test suite").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: file by file: these tiers; tests/unit runs in one process (its files are in-process and small)
+FILE_TIERS = ("tests/e2e", "tests/integration", "tests/cli", "tests/drills", "tests/netns", "tests/fuzz")
+
+
+def run_one(target: str, timeout_s: float) -> dict[str, object]:
+    """Run pytest on ``target``; ``{target, group, cpu_s, user_s, sys_s, wall_s, rc, summary}``."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(timeout_s, process.kill)
+    timer.start()
+    assert process.stdout is not None
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    timer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in output.splitlines() if line.strip()]
+    return {
+        "target": target,
+        "group": group_of(target),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "user_s": round(usage.ru_utime, 1),
+        "sys_s": round(usage.ru_stime, 1),
+        "wall_s": round(time.monotonic() - started, 1),
+        "rc": process.returncode,
+        "summary": lines[-1] if lines else "",
+    }
+
+
+def group_of(target: str) -> str:
+    """The tier (``e2e``, ``integration``, ``unit``...) a target belongs to."""
+    parts = Path(target).parts
+    return parts[1] if len(parts) > 1 and parts[0] == "tests" else target
+
+
+def targets_of(paths: list[str]) -> list[str]:
+    """Expand folders of :data:`FILE_TIERS` to their ``test_*.py`` files; others pass as given."""
+    if not paths:
+        paths = ["tests/unit", *FILE_TIERS]
+    out: list[str] = []
+    for path in paths:
+        folder = ROOT / path
+        if folder.is_dir() and path.rstrip("/") != "tests/unit":
+            out += sorted(p.relative_to(ROOT).as_posix() for p in folder.rglob("test_*.py"))
+        else:
+            out.append(path)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", help="files or folders (default: the whole suite)")
+    parser.add_argument("--jobs", type=int, default=1, help="files run at once (CPU is per file either way)")
+    parser.add_argument("--top", type=int, default=20, help="rows of the table (files by CPU)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a file's run is killed")
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    args = parser.parse_args()
+
+    targets = targets_of(args.paths)
+    rows: list[dict[str, object]] = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_one, target, args.timeout) for target in targets]
+        for future in as_completed(futures):  # printed as each ends: an interrupted run keeps its rows
+            row = future.result()
+            rows.append(row)
+            print(f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s rc={row['rc']}  {row['target']}  "
+                  f"{row['summary']}", flush=True)
+    rows.sort(key=lambda row: -float(row["cpu_s"]))  # type: ignore[arg-type]
+    total = sum(float(row["cpu_s"]) for row in rows)  # type: ignore[arg-type]
+    print(f"\nTop {args.top} of {len(rows)} by CPU seconds (user + sys, the run and its reaped children)")
+    print("| file | CPU-s | user | sys | wall s | result |\n|---|---|---|---|---|---|")
+    for row in rows[: args.top]:
+        print(f"| {row['target']} | {row['cpu_s']} | {row['user_s']} | {row['sys_s']} | {row['wall_s']} | "
+              f"{row['summary']} |")
+    groups: dict[str, float] = {}
+    for row in rows:
+        groups[str(row["group"])] = groups.get(str(row["group"]), 0.0) + float(row["cpu_s"])  # type: ignore[arg-type]
+    print("\n| tier | CPU-s |\n|---|---|")
+    for name, cpu in sorted(groups.items(), key=lambda item: -item[1]):
+        print(f"| {name} | {cpu:.1f} |")
+    print(f"| total | {total:.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
