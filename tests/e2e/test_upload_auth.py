@@ -5,7 +5,6 @@ or spooling their bodies, and its memory does not grow; uploads in progress are 
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
