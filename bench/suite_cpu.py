@@ -6,6 +6,9 @@ Usage::
     .venv/bin/python bench/suite_cpu.py tests/e2e/test_sync.py tests/drills   # only these
     .venv/bin/python bench/suite_cpu.py --top 20 --json out.json
 
+The last line: ``files=N failed=F orphans=O cpu_s=X`` (F: files whose run failed; O: orphaned
+descendants reaped here).
+
 Each file runs as ``python -m pytest -q -p no:cacheprovider FILE`` in its own process; its CPU is
 the user + system seconds of that process and of every descendant (this process's
 ``RUSAGE_CHILDREN`` before and after). A descendant orphaned before it was reaped (the fork
@@ -149,6 +152,9 @@ def main() -> None:
     print(f"| total | {total:.1f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    failed = sum(1 for row in rows if row["rc"] not in (0, 5))  # 5: no test collected
+    orphans = sum(int(row["orphans"]) for row in rows)  # type: ignore[call-overload]
+    print(f"files={len(rows)} failed={failed} orphans={orphans} cpu_s={total:.1f}")
 
 
 if __name__ == "__main__":
