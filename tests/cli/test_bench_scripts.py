@@ -83,6 +83,6 @@ def test_fleet_lock_bench_prints_its_last_line() -> None:
 
 def test_suite_cpu_bench_prints_its_last_line() -> None:
     """One small in-process test file, run and accounted (bench/suite_cpu.py)."""
-    line = _last_line("bench.suite_cpu", "tests/unit/test_lint_config.py", timeout_s=300)
+    line = _last_line("bench.suite_cpu", "tests/unit/core/test_variants.py", timeout_s=300)
     _assert_format(line, ["files", "failed", "orphans", "cpu_s"])
     assert line.startswith("files=1 failed=0 "), line
