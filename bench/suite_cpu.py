@@ -100,6 +100,13 @@ def run_one(target: str, timeout_s: float) -> dict[str, object]:
     }
 
 
+def number(row: dict[str, object], key: str) -> float:
+    """A row's figure ``key`` as a float."""
+    value = row[key]
+    assert isinstance(value, int | float), (key, value)
+    return float(value)
+
+
 def group_of(target: str) -> str:
     """The tier (``e2e``, ``integration``, ``unit``...) a target belongs to."""
     parts = Path(target).parts
@@ -136,8 +143,8 @@ def main() -> None:
         rows.append(row)
         print(f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s rc={row['rc']} orphans={row['orphans']}  "
               f"{row['target']}  {row['summary']}", flush=True)
-    rows.sort(key=lambda row: -float(row["cpu_s"]))  # type: ignore[arg-type]
-    total = sum(float(row["cpu_s"]) for row in rows)  # type: ignore[arg-type]
+    rows.sort(key=lambda row: -number(row, "cpu_s"))
+    total = sum(number(row, "cpu_s") for row in rows)
     print(f"\nTop {args.top} of {len(rows)} by CPU seconds (user + sys, the run and its reaped children)")
     print("| file | CPU-s | user | sys | wall s | result |\n|---|---|---|---|---|---|")
     for row in rows[: args.top]:
@@ -145,7 +152,7 @@ def main() -> None:
               f"{row['summary']} |")
     groups: dict[str, float] = {}
     for row in rows:
-        groups[str(row["group"])] = groups.get(str(row["group"]), 0.0) + float(row["cpu_s"])  # type: ignore[arg-type]
+        groups[str(row["group"])] = groups.get(str(row["group"]), 0.0) + number(row, "cpu_s")
     print("\n| tier | CPU-s |\n|---|---|")
     for name, cpu in sorted(groups.items(), key=lambda item: -item[1]):
         print(f"| {name} | {cpu:.1f} |")
@@ -153,7 +160,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     failed = sum(1 for row in rows if row["rc"] not in (0, 5))  # 5: no test collected
-    orphans = sum(int(row["orphans"]) for row in rows)  # type: ignore[call-overload]
+    orphans = sum(int(number(row, "orphans")) for row in rows)
     print(f"files={len(rows)} failed={failed} orphans={orphans} cpu_s={total:.1f}")
 
 
