@@ -72,7 +72,7 @@ def reap_orphans(grace_s: float = 120.0) -> int:
 
 def run_one(target: str, timeout_s: float) -> dict[str, object]:
     """Run pytest on ``target``; ``{target, group, cpu_s, user_s, sys_s, wall_s, rc, orphans, summary}``."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
+    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", target]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -97,6 +97,7 @@ def run_one(target: str, timeout_s: float) -> dict[str, object]:
         "rc": process.returncode,
         "orphans": orphans,
         "summary": lines[-1] if lines else "",
+        "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))],
     }
 
 
@@ -143,6 +144,8 @@ def main() -> None:
         rows.append(row)
         print(f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s rc={row['rc']} orphans={row['orphans']}  "
               f"{row['target']}  {row['summary']}", flush=True)
+        for line in row["failures"]:  # type: ignore[attr-defined]
+            print(f"    {line}", flush=True)
     rows.sort(key=lambda row: -number(row, "cpu_s"))
     total = sum(number(row, "cpu_s") for row in rows)
     print(f"\nTop {args.top} of {len(rows)} by CPU seconds (user + sys, the run and its reaped children)")
