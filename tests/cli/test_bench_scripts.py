@@ -79,3 +79,10 @@ def test_adapters_bench_prints_its_last_line() -> None:
 def test_fleet_lock_bench_prints_its_last_line() -> None:
     line = _last_line("bench.fleet_lock", "10")
     _assert_format(line, ["ahead_p50_ms", "ahead_p99_ms", "inside_p50_ms", "inside_p99_ms", "submit_p50_ms"])
+
+
+def test_suite_cpu_bench_prints_its_last_line() -> None:
+    """One small in-process test file, run and accounted (bench/suite_cpu.py)."""
+    line = _last_line("bench.suite_cpu", "tests/unit/core/test_variants.py", timeout_s=300)
+    _assert_format(line, ["files", "failed", "orphans", "cpu_s"])
+    assert line.startswith("files=1 failed=0 "), line

@@ -169,7 +169,7 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     assert (job.state, job.reason) == (JobState.cancelled, "revoked"), job.message
     # The journal first, then the message and the reservation (a moment later, in the same request).
     wait_for(lambda: waiting["id"] not in ctx.queues.queued_ids("m1") and not rfleet.reserved(waiting["id"]),
-             timeout_s=5, what="the revoked job's message and reservation to go")
+             timeout_s=ENDS_WITHIN_S, what="the revoked job's message and reservation to go")
     assert ctx.queues.queued_ids("m1") == [after["id"]]  # its message removed; the next still waits
     assert ctx.journal.state_of(busy["id"]) == JobState.running  # revoking another job stops nothing
 

@@ -5,7 +5,6 @@ or spooling their bodies, and its memory does not grow; uploads in progress are 
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,12 +59,10 @@ def test_uploads_in_progress_are_bounded(fleet: RunningFleet) -> None:
     try:
         for sock in held:
             sock.sendall(head + b"\0" * 1000)
-        time.sleep(1.0)  # the server has started reading each of the four
-        with socket.create_connection((parts.hostname, parts.port), timeout=30) as fifth:
-            # Only the request head: body bytes the server never reads would make its close a TCP
-            # reset, which can discard its answer before this end reads it.
-            fifth.sendall(head.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
-            answer = read_answer(fifth)
+        # The server takes the four in its own time (a starved machine: seconds): a fifth is sent
+        # until one is refused. One taken instead (the server still reading the four) waits for its
+        # body and is dropped after a second; with no bound none is ever refused, and this fails.
+        answer = wait_for(lambda: fifth_answer(parts.hostname, parts.port), 60, "a fifth upload refused")
         assert answer.startswith("HTTP/1.1 429"), answer
         assert "uploads_busy" in answer and "max_concurrent_uploads" in answer and "retry-after" in answer.lower()
     finally:
@@ -82,6 +79,21 @@ def try_upload(fleet: RunningFleet) -> dict[str, Any] | None:
         return fleet.client.upload(png(64, 64))
     except ApiError:  # 429 while the closed uploads are still being wound down
         return None
+
+
+def fifth_answer(host: str | None, port: int | None) -> str | None:
+    """Send one more upload's head (only the head: body bytes the server never reads would make its
+    close a TCP reset, which can discard its answer before this end reads it); its answer, or None
+    when the server takes it and waits for its body (no answer within a second)."""
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
+            "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n").encode()
+    with socket.create_connection((host, port), timeout=30) as fifth:
+        fifth.sendall(head)
+        fifth.settimeout(1.0)
+        try:
+            return read_answer(fifth)
+        except TimeoutError:
+            return None
 
 
 def read_answer(sock: socket.socket) -> str:

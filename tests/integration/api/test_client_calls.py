@@ -128,8 +128,8 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "warm"}})
     start = time.monotonic()
     text = client.post(f"/hf/models/{MODEL}", json={"inputs": "a cat", "parameters": {"num_inference_steps": 1}},
-                       headers={"Prefer": "wait=3"})
-    assert time.monotonic() - start < 3.0
+                       headers={"Prefer": "wait=30"})
+    assert time.monotonic() - start < 30  # answered at once, not after the wait it was allowed
     assert text.status_code == 409 and text.headers["x-should-retry"] == "false"
     [queued] = ctx.journal.list([JobState.queued])
     assert text.json()["error"]["job_ids"] == [queued.id] and queued.id in text.json()["error"]["message"]

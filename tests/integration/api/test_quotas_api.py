@@ -184,7 +184,7 @@ def test_openai_sdk_does_not_retry_a_gpu_quota_whose_retry_after_is_beyond_its_l
     start = time.monotonic()
     with pytest.raises(openai.RateLimitError) as raised:
         sdk.images.generate(model=MODEL, prompt="no gpu left", size="64x64", timeout=5)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 60  # not the hour Retry-After names: the SDK did not wait to retry
     assert raised.value.code == "quota_gpu_seconds" and int(raised.value.response.headers["retry-after"]) >= 3590
     assert len(rejected(ctx, "quota_gpu_seconds")) == 1  # one attempt
 
