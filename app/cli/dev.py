@@ -44,8 +44,9 @@ def drill(
         result = DRILLS[name](fleet, count)
     console.print(f"wall_s={time.monotonic() - started:.1f} logs and journal: {run_dir}")
     print(result.line())
-    # figures with a target of 0: a 500, a 503 without Retry-After, a replaced worker, a key that made two jobs
-    zero = ("errors_500", "no_retry_after", "worker_restarts", "duplicates")
+    # figures with a target of 0: a 500, a 503 without Retry-After, a replaced worker, a key that made two jobs,
+    # a webhook received twice or never
+    zero = ("errors_500", "no_retry_after", "worker_restarts", "duplicates", "webhooks_twice", "webhooks_missing")
     missed = any(result.figures.get(figure, 0) for figure in zero)
     disordered = result.figures.get("order_kept", 1) < result.figures.get("backlogs", 0)  # R8 on every backlog
     if result.double_runs or result.lost or missed or disordered:

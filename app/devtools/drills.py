@@ -25,11 +25,14 @@ import os
 import re
 import secrets
 import signal
+import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +44,19 @@ from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
+from app.core.limits import key_id
 from app.core.secret_files import write_private
 from app.core.states import ENDED, JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
 from app.devtools.sentinel import SentinelSet, start_sentinel_set
-from app.fleet.config import Fleet, Machine, with_fresh_tokens
+from app.fleet.config import Fleet, Machine, WebhookConfig, with_fresh_tokens
 
 MODEL = "tiny-sd"
 WORKERS = ("m1", "m2")
 DRILL_API_KEY = "drill-api-key-0123456789"  # the drill fleet's own API key
+DRILL_WEBHOOK_SECRET = "drill-webhook-secret-0123456789"  # signs the webhooks of DRILL_API_KEY's jobs
 _CLAIMED = re.compile(r"job ([0-9a-f]{32}) claimed")
 
 
@@ -103,7 +108,8 @@ def drill_fleet_config(workers: tuple[str, ...] = WORKERS) -> Fleet:
         name: Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000, families=families)
         for name in ("server", *workers)
     }
-    return with_fresh_tokens(Fleet(machines=machines))
+    # webhooks to this host only: the drills' own receiver (:func:`webhook_counter`)
+    return with_fresh_tokens(Fleet(machines=machines, webhooks=WebhookConfig(allow_hosts=["127.0.0.1"])))
 
 
 class DrillFleet:
@@ -169,6 +175,8 @@ class DrillFleet:
             max_queued_per_machine=100_000, max_pending_total=100_000,
             database_url=postgres_url(self.database) if self.database else None,
             leader_election=self.standby, leader_poll_s=0.5,
+            webhook_secrets={key_id({}, DRILL_API_KEY): DRILL_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
+            webhook_poll_s=0.5,
         )
         self.ctx = build_context(settings, fleet, migrate=True)
         self.ctx.registry.add(self.tiny_model, model_id=MODEL)
@@ -617,87 +625,177 @@ def _leads_since(log: Path, offset: int) -> bool:
         return LEADS.encode() in handle.read()
 
 
-def drill_standby_server(fleet: DrillFleet, count: int) -> DrillResult:
+@dataclass
+class WebhookCounter:
+    """Webhook POSTs received, by the ``id`` of the job record each carries."""
+
+    url: str
+    received: Counter[str] = field(default_factory=Counter)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def counts(self) -> Counter[str]:
+        with self.guard:
+            return Counter(self.received)
+
+
+@contextmanager
+def webhook_counter() -> Iterator[WebhookCounter]:
+    """An ``http.server`` in a thread on a free port of 127.0.0.1 (the drill fleet's webhook
+    allowlist) that answers 200 to every POST and counts them by job id, until the block ends."""
+    counter: WebhookCounter
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            try:
+                job_id = str(json.loads(body).get("id"))
+            except (ValueError, AttributeError):
+                job_id = "?"
+            with counter.guard:
+                counter.received[job_id] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    counter = WebhookCounter(f"http://127.0.0.1:{server.server_address[1]}/hook")
+    thread = threading.Thread(target=server.serve_forever, name="drill-webhooks", daemon=True)
+    thread.start()
+    try:
+        yield counter
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+STANDBY_REPEATS = 10  # leader kills of ``homefleet drill standby_server`` (docs/operations.md, "Fault drills")
+
+
+def drill_standby_server(fleet: DrillFleet, count: int, repeats: int = STANDBY_REPEATS) -> DrillResult:
     """Two ``homefleet serve`` on one PostgreSQL journal and one Redis (docs/operations.md, "A
-    standby server"; the fleet must be started with ``standby=True``): ``count`` submissions
-    from 4 threads over both servers, each retried with its own Idempotency-Key on the other
-    server when one fails (R20), while the leader (the first server) is SIGKILLed and started
-    again, once.
+    standby server"; the fleet must be started with ``standby=True``): ``count`` submissions, each
+    with a webhook, from 4 threads over both servers, each retried with its own Idempotency-Key on
+    the other server when one fails (R20), while the CURRENT leader (whichever server leads) is
+    SIGKILLed and started again, ``repeats`` times. The burst is cut in ``repeats + 1`` slices:
+    slice ``r`` is released at kill ``r``, and kill ``r + 1`` comes when half of slice ``r`` is
+    accepted (and the killed server is back), so every kill lands amid submissions.
 
     Figures: ``accepted`` (202s), ``duplicates`` (Idempotency-Keys with more than one job; target
-    0), ``handover_ms`` (from the kill until the standby leads; bound: ``leader_poll_s`` plus the
-    moments PostgreSQL takes to end the killed session), ``leaders`` (servers that lead at the
-    end; target 1), ``errors_500`` (5xx other than 503; target 0)."""
+    0), ``repeats``, ``handover_ms`` and ``handover_median_ms`` (max and median over the repeats,
+    from the kill until the other server leads; bound: ``leader_poll_s`` plus the moments
+    PostgreSQL takes to end the killed session; -1 when one never did), ``leaders`` (servers that
+    lead at the end; target 1), ``errors_500`` (5xx other than 503; target 0), ``refused_4xx``,
+    ``webhooks_twice`` (jobs whose webhook was received more than once; target 0),
+    ``webhooks_missing`` (jobs ended without a webhook received after a grace; target 0)."""
     fleet.begin()
     assert fleet.local is not None
     local = fleet.local
-    standby_port = free_port()
-    local.start_api(name="api-b", port=standby_port)
-    urls = [local.api_url, f"http://{local.settings.api_host}:{standby_port}"]
+    ports = {"api": local.settings.api_port, "api-b": free_port()}
+    logs = {name: local.logs_dir / f"{name}.log" for name in ports}
+    since = {"api": 0, "api-b": logs["api-b"].stat().st_size if logs["api-b"].exists() else 0}
+    local.start_api(name="api-b", port=ports["api-b"])
+    urls = [f"http://{local.settings.api_host}:{port}" for port in ports.values()]
     deadline = time.monotonic() + 30
-    while not _leads_since(local.logs_dir / "api.log", 0) and time.monotonic() < deadline:
+    while not _leads_since(logs["api"], 0) and time.monotonic() < deadline:
         time.sleep(0.1)  # the first server leads (it started first)
-    standby_from = (local.logs_dir / "api-b.log").stat().st_size
     jobs_by_key: dict[str, set[str]] = {}
     errors: list[int] = []
     guard = threading.Lock()
+    slices = repeats + 1
+    released = [threading.Event() for _ in range(slices)]
+    released[0].set()
+    stop = threading.Event()
 
-    def submitter(worker_index: int) -> None:
-        clients = [HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) for url in urls]
-        try:
-            for i in range(worker_index, count, 4):
-                key = f"drill-standby-{time.time_ns()}-{i}"
-                body = {"prompt": f"standby {i}", "steps": 1}
-                attempt = i  # alternate servers; a failed attempt goes to the other one with the same key
-                give_up = time.monotonic() + 120
-                while time.monotonic() < give_up:
-                    try:
-                        job = clients[attempt % 2].submit(MODEL, "txt2img", body, target=WORKERS[i % 2],
-                                                         idempotency_key=key)
-                    except (httpx.HTTPError, ApiError) as error:
-                        if isinstance(error, ApiError) and error.status_code not in (429, 503):
-                            with guard:
-                                errors.append(error.status_code)
+    def slice_of(i: int) -> int:
+        return i * slices // count
+
+    with webhook_counter() as hooks:
+        def submitter(worker_index: int) -> None:
+            clients = [HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) for url in urls]
+            try:
+                for i in range(worker_index, count, 4):
+                    while not released[slice_of(i)].wait(0.2):
+                        if stop.is_set():
                             return
-                        attempt += 1
-                        time.sleep(0.1)
-                        continue
-                    with guard:
-                        jobs_by_key.setdefault(key, set()).add(str(job["id"]))
-                    break
-        finally:
-            for client in clients:
-                client.close()
+                    key = f"drill-standby-{time.time_ns()}-{i}"
+                    body = {"prompt": f"standby {i}", "steps": 1}
+                    attempt = i  # alternate servers; a failed attempt goes to the other one with the same key
+                    give_up = time.monotonic() + 120
+                    while time.monotonic() < give_up:
+                        try:
+                            job = clients[attempt % 2].submit(MODEL, "txt2img", body, target=WORKERS[i % 2],
+                                                             idempotency_key=key, webhook_url=hooks.url)
+                        except (httpx.HTTPError, ApiError) as error:
+                            if isinstance(error, ApiError) and error.status_code not in (429, 503):
+                                with guard:
+                                    errors.append(error.status_code)
+                                return
+                            attempt += 1
+                            time.sleep(0.1)
+                            continue
+                        with guard:
+                            jobs_by_key.setdefault(key, set()).add(str(job["id"]))
+                        break
+            finally:
+                for client in clients:
+                    client.close()
 
-    threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    while len(jobs_by_key) < count // 2 and any(t.is_alive() for t in threads):
-        time.sleep(0.01)
-    stop_process_group(local.processes.pop("api"), signal.SIGKILL)
-    killed_at = time.monotonic()
-    handover_s = -0.001
-    while time.monotonic() - killed_at < 60:
-        if _leads_since(local.logs_dir / "api-b.log", standby_from):
-            handover_s = time.monotonic() - killed_at
-            break
-        time.sleep(0.02)
-    leader_from = (local.logs_dir / "api.log").stat().st_size
-    local.start_api()  # the old leader comes back: as a standby
-    for thread in threads:
-        thread.join()
-    acknowledged = set().union(*jobs_by_key.values()) if jobs_by_key else set()
-    result = fleet.result("standby_server", acknowledged, timeout_s=60 + 10 * count)
-    time.sleep(2)  # several of the restarted server's polls: it must not lead
-    leaders = int(_leads_since(local.logs_dir / "api-b.log", standby_from)) + int(
-        _leads_since(local.logs_dir / "api.log", leader_from))
+        def accepted_in(slice_index: int) -> int:
+            with guard:
+                return sum(1 for key in jobs_by_key if slice_of(int(key.rsplit("-", 1)[1])) == slice_index)
+
+        threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        handovers: list[float] = []
+        try:
+            for repeat in range(repeats):
+                size = sum(1 for i in range(count) if slice_of(i) == repeat)
+                while accepted_in(repeat) < (size + 1) // 2 and any(t.is_alive() for t in threads):
+                    time.sleep(0.01)
+                leader = next((n for n in ports if _leads_since(logs[n], since[n])), "api")
+                other = "api-b" if leader == "api" else "api"
+                stop_process_group(local.processes.pop(leader), signal.SIGKILL)
+                killed_at = time.monotonic()
+                released[repeat + 1].set()  # the next slice goes out while the leader is down
+                handover_s = float("inf")
+                while time.monotonic() - killed_at < 60:
+                    if _leads_since(logs[other], since[other]):
+                        handover_s = time.monotonic() - killed_at
+                        break
+                    time.sleep(0.02)
+                handovers.append(handover_s)
+                since[leader] = logs[leader].stat().st_size
+                local.start_api(name=leader, port=ports[leader])  # the old leader comes back: as a standby
+        finally:
+            for event in released:
+                event.set()
+            stop.set()
+            for thread in threads:
+                thread.join()
+        acknowledged = set().union(*jobs_by_key.values()) if jobs_by_key else set()
+        result = fleet.result("standby_server", acknowledged, timeout_s=60 + 10 * count)
+        grace = time.monotonic() + 30  # the webhook loop polls every webhook_poll_s; a retry pauses 0.2 s
+        while time.monotonic() < grace and any(hooks.counts()[i] == 0 for i in acknowledged):
+            time.sleep(0.25)
+        time.sleep(2)  # several of the restarted server's polls: it must not lead; a second POST would show
+        received = hooks.counts()
+    leaders = sum(int(_leads_since(logs[name], since[name])) for name in ports)
+    finite = [h for h in handovers if h != float("inf")]
     return replace(result, figures={
         "accepted": len(acknowledged),
         "duplicates": sum(1 for ids in jobs_by_key.values() if len(ids) > 1),
-        "handover_ms": int(handover_s * 1000),
+        "repeats": repeats,
+        "handover_ms": int(max(handovers) * 1000) if handovers and len(finite) == len(handovers) else -1,
+        "handover_median_ms": int(statistics.median(finite) * 1000) if finite else -1,
         "leaders": leaders,
         "errors_500": sum(1 for code in errors if code >= 500),
         "refused_4xx": sum(1 for code in errors if code < 500),
+        "webhooks_twice": sum(1 for i in acknowledged if received[i] > 1),
+        "webhooks_missing": sum(1 for i in acknowledged if received[i] == 0),
     })
 
 
