@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from PIL import Image
 
 from app.context import build_context
 from app.core.config import Settings
 from app.core.limits import DEFAULT_FAMILY, FamilyLimits
 from app.core.secret_files import write_private
 from app.core.states import JobState
+from app.devtools.fuzz_hooks import INPUTS_ENV
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
@@ -52,6 +54,9 @@ FUZZ_LIMITS = FamilyLimits(max_pixels=64 * 64, max_steps=2, max_frames=2, max_ba
 CHECKS = "all"
 CONFIG = Path(__file__).resolve().parents[2] / "tests" / "fuzz" / "schemathesis.toml"
 HOOKS = "app.devtools.fuzz_hooks"  # the check that reads a 422's reason (schema-valid bodies are accepted)
+#: sides (px) of the input images uploaded before the run: within FUZZ_LIMITS for every image kind
+#: (the upscaler's x4 output of 16 px is 64 x 64 = max_pixels), multiples of 8
+INPUT_SIDES = (16, 32)
 
 
 @dataclass
@@ -161,7 +166,8 @@ def run_fuzz(
         local.start_worker(SERVER)
         for model_id in MODELS:
             local.wait_online([SERVER], model_id=model_id, timeout_s=300)
-        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [], wait_s, workers)
+        inputs = upload_inputs(local, data_dir / "inputs")
+        report = schemathesis_run(local, max_examples, phases, data_dir, extra_args or [], wait_s, workers, inputs)
         report.unended = drain(ctx, drain_timeout_s)
         jobs = ctx.journal.list()
         report.states = Counter(str(job.state) for job in jobs)
@@ -173,6 +179,32 @@ def run_fuzz(
     return report
 
 
+def upload_inputs(local: LocalFleet, out_dir: Path) -> dict[str, object]:
+    """Upload an image and its mask of each side in :data:`INPUT_SIDES` (``POST /v1/files``), for
+    the hooks to name in edit, img2img, inpaint and upscale bodies (app/devtools/fuzz_hooks.py,
+    ``INPUTS_ENV``): ``{"pairs": [[image id, mask id], ...], "png": path of the first image}``.
+    Raises ``httpx.HTTPStatusError`` when an upload is refused."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    headers = {"Authorization": f"Bearer {local.settings.api_keys[0]}"}
+    pairs: list[list[str]] = []
+    paths: list[Path] = []
+    for side in INPUT_SIDES:
+        ids = []
+        for name, image in (
+            (f"image-{side}.png", Image.new("RGB", (side, side), (200, 80, 40))),
+            (f"mask-{side}.png", Image.new("L", (side, side), 255)),
+        ):
+            path = out_dir / name
+            image.save(path)
+            paths.append(path)
+            answer = httpx.post(f"{local.api_url}/v1/files", headers=headers, timeout=60,
+                                files={"file": (name, path.read_bytes(), "image/png")})
+            answer.raise_for_status()
+            ids.append(answer.json()["id"])
+        pairs.append(ids)
+    return {"pairs": pairs, "png": str(paths[0])}
+
+
 def schemathesis_run(
     local: LocalFleet,
     max_examples: int,
@@ -181,8 +213,10 @@ def schemathesis_run(
     extra_args: list[str],
     wait_s: int = 5,
     workers: int = 1,
+    inputs: dict[str, object] | None = None,
 ) -> FuzzReport:
-    """``schemathesis run`` over real HTTP, with every check; the statuses from its NDJSON report."""
+    """``schemathesis run`` over real HTTP, with every check; the statuses from its NDJSON report.
+    ``inputs``: uploaded inputs for the hooks (:func:`upload_inputs`)."""
     report_dir = data_dir / "schemathesis"
     key = local.settings.api_keys[0]
     command = [
@@ -226,6 +260,7 @@ def schemathesis_run(
     env = {
         **os.environ,
         "SCHEMATHESIS_HOOKS": HOOKS,
+        INPUTS_ENV: json.dumps(inputs or {}),
         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
     }
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=7200, env=env)

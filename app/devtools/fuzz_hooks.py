@@ -1,5 +1,6 @@
 """schemathesis hooks of the real-HTTP fuzz run (app/devtools/fuzz.py loads them with
-``SCHEMATHESIS_HOOKS``): one check, :func:`schema_valid_is_not_refused`.
+``SCHEMATHESIS_HOOKS``): one check, :func:`schema_valid_is_not_refused`, and one ``before_call``
+hook, :func:`use_uploaded_inputs`, that puts real uploaded inputs into some schema-valid bodies.
 
 The OpenAPI document states every limit JSON Schema can state (app/api/openapi.py), so a
 schema-valid request is accepted. The few refusals (422) a schema cannot rule out are allowed
@@ -11,6 +12,8 @@ schemathesis' own ``positive_data_acceptance`` lets 422 through on the job route
 from __future__ import annotations
 
 import json
+import os
+import random
 from typing import Any
 
 import schemathesis
@@ -100,3 +103,50 @@ def schema_valid_is_not_refused(ctx: Any, response: Any, case: Any) -> bool | No
             f"that limit (app/api/openapi.py); body: {response.content[:300]!r}"
         )
     return None
+
+
+#: environment variable naming the run's uploaded inputs: JSON {"pairs": [[image id, mask id], ...],
+#: "png": path of one uploaded image}
+INPUTS_ENV = "HOMEFLEET_FUZZ_INPUTS"
+#: the share of schema-valid bodies that get a real input instead of the generated one: the rest keep
+#: a random id (404 unknown_file), so both answers stay covered
+REAL_INPUT_SHARE = 0.5
+_rng = random.Random(1)
+
+
+def _inputs() -> dict[str, Any]:
+    raw = os.environ.get(INPUTS_ENV)
+    return json.loads(raw) if raw else {}
+
+
+@schemathesis.hook
+def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
+    """See :func:`use_uploaded_inputs`."""
+    use_uploaded_inputs(case)
+
+
+def use_uploaded_inputs(case: Any) -> None:
+    """For half of the schema-valid cases: ``POST /v1/jobs`` whose ``params`` has ``image`` (or
+    ``mask``) gets the id of a real upload (:data:`INPUTS_ENV`), so that edit, img2img, inpaint and
+    upscale jobs really run; ``POST /v1/images/edits`` and ``POST /v1/files`` get a real PNG as
+    their ``image`` / ``file`` part. A schema-valid body stays schema-valid (a real id matches the
+    ``blake3:`` pattern); negative cases are left as generated."""
+    meta = getattr(case, "meta", None)
+    inputs = _inputs()
+    if not inputs or meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return
+    if _rng.random() >= REAL_INPUT_SHARE:
+        return
+    route = (case.method.upper(), case.operation.path)
+    if route == ("POST", "/v1/jobs"):
+        params = case.body.get("params")
+        if isinstance(params, dict):
+            image, mask = _rng.choice(inputs["pairs"])  # a mask of its image's size (inpaint)
+            for name, value in (("image", image), ("mask", mask)):
+                if name in params:
+                    params[name] = value
+    elif route in (("POST", "/v1/images/edits"), ("POST", "/v1/files")):
+        part = "image" if route[1] == "/v1/images/edits" else "file"
+        if part in case.body:
+            with open(inputs["png"], "rb") as png:
+                case.body[part] = png.read()
