@@ -11,12 +11,31 @@ schemathesis' own ``positive_data_acceptance`` lets 422 through on the job route
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
+import threading
 from typing import Any
 
 import schemathesis
+
+# schemathesis' --workers N generates cases in N threads, and hypothesis parses a lambda's source
+# (ast.parse) when it describes a strategy. On CPython 3.11 the AST constructor keeps its recursion
+# depth in per-interpreter state, so two threads parsing at once can crash a worker with
+# "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905): schemathesis then
+# reports a runtime error and exits 1 although the server answered well. One lock makes the parses
+# take turns (they are rare and short: hypothesis caches each description).
+_AST_LOCK = threading.Lock()
+_ast_parse = ast.parse
+
+
+def _serialized_parse(*args: Any, **kwargs: Any) -> Any:
+    with _AST_LOCK:
+        return _ast_parse(*args, **kwargs)
+
+
+ast.parse = _serialized_parse
 
 #: reason -> why a schema-valid request may still get it (what JSON Schema cannot state)
 UNSTATABLE: dict[str, str] = {
