@@ -147,13 +147,15 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
 def use_uploaded_inputs(case: Any) -> None:
     """For half of the schema-valid cases: ``POST /v1/jobs`` whose ``params`` has ``image`` (or
     ``mask``) gets the id of a real upload (:data:`INPUTS_ENV`), so that edit, img2img, inpaint and
-    upscale jobs really run; ``POST /v1/images/edits`` and ``POST /v1/files`` get a real PNG as
-    their ``image`` / ``file`` part. A schema-valid body stays schema-valid (a real id matches the
-    ``blake3:`` pattern); negative cases are left as generated."""
+    upscale jobs really run; ``POST /v1/images/edits`` gets a real PNG as its ``image`` part. A
+    schema-valid body stays schema-valid (a real id matches the ``blake3:`` pattern); a case with
+    any negative component is left as generated (``POST /v1/files`` too: the run uploads before)."""
     meta = getattr(case, "meta", None)
     inputs = _inputs()
     if not inputs or meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
         return
+    if any(info.mode.is_negative for info in getattr(meta, "components", {}).values()):
+        return  # a part of it is schema-violating: a real input there could make it valid
     if _rng.random() >= REAL_INPUT_SHARE:
         return
     route = (case.method.upper(), case.operation.path)
@@ -164,8 +166,6 @@ def use_uploaded_inputs(case: Any) -> None:
             for name, value in (("image", image), ("mask", mask)):
                 if name in params:
                     params[name] = value
-    elif route in (("POST", "/v1/images/edits"), ("POST", "/v1/files")):
-        part = "image" if route[1] == "/v1/images/edits" else "file"
-        if part in case.body:
-            with open(inputs["png"], "rb") as png:
-                case.body[part] = png.read()
+    elif route == ("POST", "/v1/images/edits") and "image" in case.body:
+        with open(inputs["png"], "rb") as png:
+            case.body["image"] = png.read()

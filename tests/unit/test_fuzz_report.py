@@ -31,10 +31,11 @@ def test_only_known_benign_runtime_errors_are_waived() -> None:
     assert not FuzzReport(exit_code=1).sound  # exit 1 with no error: a failure it counted
 
 
-def case(path: str, body: dict[str, Any], positive: bool = True) -> Any:
-    mode = SimpleNamespace(is_positive=positive)
+def case(path: str, body: dict[str, Any], positive: bool = True, negative_part: bool = False) -> Any:
+    mode = SimpleNamespace(is_positive=positive, is_negative=not positive)
+    components = {"query": SimpleNamespace(mode=SimpleNamespace(is_negative=negative_part))}
     return SimpleNamespace(method="POST", operation=SimpleNamespace(path=path), body=body,
-                           meta=SimpleNamespace(generation=SimpleNamespace(mode=mode)))
+                           meta=SimpleNamespace(generation=SimpleNamespace(mode=mode), components=components))
 
 
 def test_uploaded_inputs_go_into_schema_valid_bodies_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -56,3 +57,9 @@ def test_uploaded_inputs_go_into_schema_valid_bodies_only(monkeypatch: pytest.Mo
     negative = case("/v1/jobs", {"kind": "edit", "params": {"image": 5}}, positive=False)
     fuzz_hooks.use_uploaded_inputs(negative)
     assert negative.body["params"] == {"image": 5}  # a negative case is left as generated
+    part = case("/v1/jobs", {"kind": "edit", "params": {"image": generated}}, negative_part=True)
+    fuzz_hooks.use_uploaded_inputs(part)
+    assert part.body["params"] == {"image": generated}  # and one with any negative component
+    upload = case("/v1/files", {"file": b"random"})
+    fuzz_hooks.use_uploaded_inputs(upload)
+    assert upload.body == {"file": b"random"}  # uploads were made before the run
