@@ -147,8 +147,10 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
 def use_uploaded_inputs(case: Any) -> None:
     """For half of the schema-valid cases: ``POST /v1/jobs`` whose ``params`` has ``image`` (or
     ``mask``) gets the id of a real upload (:data:`INPUTS_ENV`), so that edit, img2img, inpaint and
-    upscale jobs really run; ``POST /v1/images/edits`` gets a real PNG as its ``image`` part. A
-    schema-valid body stays schema-valid (a real id matches the ``blake3:`` pattern); a case with
+    upscale jobs really run (a generated ``strength`` becomes 1.0, which leaves a denoising step
+    whatever the steps: hypothesis favours 0 and tiny values, refused 422); ``POST /v1/images/edits``
+    gets a real PNG as its ``image`` part. A schema-valid body stays schema-valid (a real id matches
+    the ``blake3:`` pattern); a case with
     any negative component is left as generated (``POST /v1/files`` too: the run uploads before)."""
     meta = getattr(case, "meta", None)
     inputs = _inputs()
@@ -162,10 +164,13 @@ def use_uploaded_inputs(case: Any) -> None:
     if route == ("POST", "/v1/jobs"):
         params = case.body.get("params")
         if isinstance(params, dict):
-            image, mask = _rng.choice(inputs["pairs"])  # a mask of its image's size (inpaint)
+            # a mask of its image's size (inpaint); the upscaler takes the smallest (its x4 output within max_pixels)
+            image, mask = inputs["pairs"][0] if case.body.get("kind") == "upscale" else _rng.choice(inputs["pairs"])
             for name, value in (("image", image), ("mask", mask)):
                 if name in params:
                     params[name] = value
+            if isinstance(params.get("strength"), int | float):
+                params["strength"] = 1.0  # int(steps x strength) must leave a step: any steps do with 1.0
     elif route == ("POST", "/v1/images/edits") and "image" in case.body:
         with open(inputs["png"], "rb") as png:
             case.body["image"] = png.read()

@@ -45,9 +45,10 @@ def test_uploaded_inputs_go_into_schema_valid_bodies_only(monkeypatch: pytest.Mo
     monkeypatch.setenv(fuzz_hooks.INPUTS_ENV, json.dumps({"pairs": [[image, mask]], "png": str(png)}))
     monkeypatch.setattr(fuzz_hooks, "REAL_INPUT_SHARE", 1.0)
     generated = "blake3:" + "0" * 64
-    job = case("/v1/jobs", {"kind": "inpaint", "params": {"image": generated, "mask": generated, "steps": 1}})
+    job = case("/v1/jobs", {"kind": "inpaint", "params": {"image": generated, "mask": generated, "steps": 1,
+                                                            "strength": 5e-324}})
     fuzz_hooks.use_uploaded_inputs(job)
-    assert job.body["params"] == {"image": image, "mask": mask, "steps": 1}
+    assert job.body["params"] == {"image": image, "mask": mask, "steps": 1, "strength": 1.0}
     upscale = case("/v1/jobs", {"kind": "upscale", "params": {"image": generated}})
     fuzz_hooks.use_uploaded_inputs(upscale)
     assert upscale.body["params"] == {"image": image}  # no mask added where the body had none
