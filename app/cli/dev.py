@@ -64,7 +64,9 @@ def fuzz(
     """Fuzz the public API over real HTTP with schemathesis, all checks and its stateful phase,
     against a private server and worker with a verified tiny model; the last line
     gives the figures. Exit 1 on any failure, a 5xx other than a documented 503, an accepted
-    job that did not end, fewer than ``--min-cases`` cases, or a route of the document that got none."""
+    job that did not end, fewer than ``--min-cases`` cases, a route of the document that got none,
+    or a runtime error of schemathesis' own that is not known-benign (app/devtools/fuzz.py,
+    ``BENIGN_RUNTIME_ERRORS``; each is printed)."""
     import shutil
     import tempfile
 
@@ -79,8 +81,11 @@ def fuzz(
     print("cases per route:")
     print("\n".join(report.route_lines()))
     print(f"wall_s={time.monotonic() - started:.0f}")
+    for error in report.runtime_errors:
+        known = "known-benign" if error not in report.unknown_runtime_errors else "NOT known-benign"
+        print(f"schemathesis runtime error ({known}): {error}")
     print(report.summary())
-    if (report.failures or report.server_errors or report.unended or report.cases < min_cases or report.exit_code
+    if (report.failures or report.server_errors or report.unended or report.cases < min_cases or not report.sound
             or len(report.routes) < report.operations):
         console.print(f"logs and journal: {run_dir}")
         raise typer.Exit(1)

@@ -129,7 +129,7 @@ def from_response_format(response_format: Any) -> dict[str, Any] | None:
     if not isinstance(response_format, Mapping):
         raise FormatRefused("", f"must be an object {{\"type\": {' | '.join(RESPONSE_FORMAT_KEYS)}, ...}}")
     kind = response_format.get("type")
-    if kind not in RESPONSE_FORMAT_KEYS:
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_KEYS:  # a dict or list is unhashable: 422, not 500
         raise FormatRefused(".type", f"must be one of {', '.join(RESPONSE_FORMAT_KEYS)}, got {kind!r}")
     extra = sorted(set(response_format) - RESPONSE_FORMAT_KEYS[kind])
     if extra:

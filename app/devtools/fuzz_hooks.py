@@ -1,5 +1,6 @@
 """schemathesis hooks of the real-HTTP fuzz run (app/devtools/fuzz.py loads them with
-``SCHEMATHESIS_HOOKS``): one check, :func:`schema_valid_is_not_refused`.
+``SCHEMATHESIS_HOOKS``): one check, :func:`schema_valid_is_not_refused`, and one ``before_call``
+hook, :func:`use_uploaded_inputs`, that puts real uploaded inputs into some schema-valid bodies.
 
 The OpenAPI document states every limit JSON Schema can state (app/api/openapi.py), so a
 schema-valid request is accepted. The few refusals (422) a schema cannot rule out are allowed
@@ -10,10 +11,31 @@ schemathesis' own ``positive_data_acceptance`` lets 422 through on the job route
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import random
+import threading
 from typing import Any
 
 import schemathesis
+
+# schemathesis' --workers N generates cases in N threads, and hypothesis parses a lambda's source
+# (ast.parse) when it describes a strategy. On CPython 3.11 the AST constructor keeps its recursion
+# depth in per-interpreter state, so two threads parsing at once can crash a worker with
+# "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905): schemathesis then
+# reports a runtime error and exits 1 although the server answered well. One lock makes the parses
+# take turns (they are rare and short: hypothesis caches each description).
+_AST_LOCK = threading.Lock()
+_ast_parse = ast.parse
+
+
+def _serialized_parse(*args: Any, **kwargs: Any) -> Any:
+    with _AST_LOCK:
+        return _ast_parse(*args, **kwargs)
+
+
+ast.parse = _serialized_parse
 
 #: reason -> why a schema-valid request may still get it (what JSON Schema cannot state)
 UNSTATABLE: dict[str, str] = {
@@ -100,3 +122,55 @@ def schema_valid_is_not_refused(ctx: Any, response: Any, case: Any) -> bool | No
             f"that limit (app/api/openapi.py); body: {response.content[:300]!r}"
         )
     return None
+
+
+#: environment variable naming the run's uploaded inputs: JSON {"pairs": [[image id, mask id], ...],
+#: "png": path of one uploaded image}
+INPUTS_ENV = "HOMEFLEET_FUZZ_INPUTS"
+#: the share of schema-valid bodies that get a real input instead of the generated one: the rest keep
+#: a random id (404 unknown_file), so both answers stay covered
+REAL_INPUT_SHARE = 0.5
+_rng = random.Random(1)
+
+
+def _inputs() -> dict[str, Any]:
+    raw = os.environ.get(INPUTS_ENV)
+    return json.loads(raw) if raw else {}
+
+
+@schemathesis.hook
+def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
+    """See :func:`use_uploaded_inputs`."""
+    use_uploaded_inputs(case)
+
+
+def use_uploaded_inputs(case: Any) -> None:
+    """For half of the schema-valid cases: ``POST /v1/jobs`` whose ``params`` has ``image`` (or
+    ``mask``) gets the id of a real upload (:data:`INPUTS_ENV`), so that edit, img2img, inpaint and
+    upscale jobs really run (a generated ``strength`` becomes 1.0, which leaves a denoising step
+    whatever the steps: hypothesis favours 0 and tiny values, refused 422); ``POST /v1/images/edits``
+    gets a real PNG as its ``image`` part. A schema-valid body stays schema-valid (a real id matches
+    the ``blake3:`` pattern); a case with
+    any negative component is left as generated (``POST /v1/files`` too: the run uploads before)."""
+    meta = getattr(case, "meta", None)
+    inputs = _inputs()
+    if not inputs or meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return
+    if any(info.mode.is_negative for info in getattr(meta, "components", {}).values()):
+        return  # a part of it is schema-violating: a real input there could make it valid
+    if _rng.random() >= REAL_INPUT_SHARE:
+        return
+    route = (case.method.upper(), case.operation.path)
+    if route == ("POST", "/v1/jobs"):
+        params = case.body.get("params")
+        if isinstance(params, dict):
+            # a mask of its image's size (inpaint); the upscaler takes the smallest (its x4 output within max_pixels)
+            image, mask = inputs["pairs"][0] if case.body.get("kind") == "upscale" else _rng.choice(inputs["pairs"])
+            for name, value in (("image", image), ("mask", mask)):
+                if name in params:
+                    params[name] = value
+            if isinstance(params.get("strength"), int | float):
+                params["strength"] = 1.0  # int(steps x strength) must leave a step: any steps do with 1.0
+    elif route == ("POST", "/v1/images/edits") and "image" in case.body:
+        with open(inputs["png"], "rb") as png:
+            case.body["image"] = png.read()

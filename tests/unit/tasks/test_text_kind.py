@@ -209,6 +209,8 @@ def test_every_response_format_the_clients_send_keeps_its_schema(response_format
      ".json_schema.format"),
     ({"type": "regex", "value": ""}, ".value"),
     ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
+    ({"type": {"json_schema": {}}}, ".type"),  # an unhashable type (the fuzz found it answered 500)
+    ({"type": ["text"]}, ".type"),
 ])
 def test_a_response_format_that_cannot_be_honoured_is_refused_naming_its_field(
         response_format: dict[str, object], field: str) -> None:
