@@ -121,10 +121,18 @@ SERVER_SET = ("expanded_by",)
 #: OpenAI's ``response_format``: what app/core/constraints.py reads (any other type is refused)
 RESPONSE_FORMAT: dict[str, Any] = {
     "anyOf": [
+        # each type takes only its own keys (app/core/constraints.py RESPONSE_FORMAT_KEYS): nothing dropped
         {
             "type": "object",
             "required": ["type"],
-            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+            "properties": {"type": {"type": "string", "const": "text"}},
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "const": "json_object"}, "value": {"type": "object"}},
+            "additionalProperties": False,
         },
         {
             "type": "object",
@@ -134,9 +142,12 @@ RESPONSE_FORMAT: dict[str, Any] = {
                 "json_schema": {
                     "type": "object",
                     "required": ["schema"],
-                    "properties": {"name": {"type": "string"}, "schema": {"type": "object"}},
+                    "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                                   "strict": {"type": "boolean"}, "description": {"type": "string"}},
+                    "additionalProperties": False,
                 },
             },
+            "additionalProperties": False,
         },
         {"type": "null"},
     ],

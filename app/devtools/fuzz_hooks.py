@@ -67,6 +67,13 @@ PARAM_UNSTATABLE: dict[tuple[str, str], str] = {
 }
 #: (method, path) -> more reasons that route may answer a schema-valid request, and why
 ROUTE_UNSTATABLE: dict[tuple[str, str], dict[str, str]] = {
+    ("POST", "/v1/images/generations"): {
+        "unknown_param": "an extra field (the SDK's extra_body) is taken as a param of the chosen model's kind "
+        "or refused naming it: which names are params depends on the model, not on this body's schema",
+    },
+    ("POST", "/v1/images/edits"): {
+        "unknown_param": "as for /v1/images/generations: an extra form field must be a param of the model's kind",
+    },
     ("POST", "/hf/models/{model}"): {
         "kind_not_supported": "the path's model must run the body's task (text-to-image, or image-to-image "
         "with parameters.prompt): one schema for a path parameter and a body cannot say so",
