@@ -24,6 +24,7 @@ from app.api.auth import INTERNAL_PREFIX
 from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
 from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
 from app.core.limits import MAX_MODEL_ID, FamilyLimits
+from app.core.textgen import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from app.jobs.validation import MAX_ADAPTER_SCALE
 from routing.timings import ADAPTER_KIND
 
@@ -202,6 +203,13 @@ def stated_limits(components: dict[str, Any], limits: FamilyLimits) -> None:
                 if old.get("exclusiveMinimum", -1) >= number.low:  # the route's own bound is narrower (TGI: > 0)
                     stated = {"type": "number", "exclusiveMinimum": old["exclusiveMinimum"], "maximum": number.high}
                 properties[name] = _nullable(stated, _is_nullable(properties[name]))
+        if "stop" in properties:  # app/core/textgen.py stop_sequences: what a job's stop may be
+            one = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+            options = [option.get("type") for option in properties["stop"].get("anyOf", [properties["stop"]])]
+            stop: list[dict[str, Any]] = [one] if "string" in options else []
+            stop.append({"type": "array", "items": one, "maxItems": MAX_STOP_SEQUENCES})
+            stated_stop = stop[0] if len(stop) == 1 else {"anyOf": stop}
+            properties["stop"] = _nullable(stated_stop, _is_nullable(properties["stop"]))
         if "response_format" in properties:
             properties["response_format"] = RESPONSE_FORMAT
     hf = components.get("HfParameters", {}).get("properties", {})
