@@ -266,9 +266,12 @@ def error_response(path: str, error: HomefleetError) -> JSONResponse:
     """The answer to a domain error on ``path``: ``{"error": {"reason", "message"[, "param"][, "job_id"]}}``
     (``param``: the request field at fault where the error names one, e.g. ``params.adapters[0].id``)
     with the error's status, or OpenAI's shape on the OpenAI routes, TGI's on TGI's; ``Retry-After`` (seconds)
-    when the error carries one."""
+    when the error carries one, and on every 429 and 503 (they are temporary: without one of its
+    own, the setting's default ``retry_after_s``)."""
     headers = {}
     retry_after_s = getattr(error, "retry_after_s", None)
+    if retry_after_s is None and error.status_code in (429, 503):
+        retry_after_s = Settings.model_fields["retry_after_s"].default
     if retry_after_s is not None:
         headers["Retry-After"] = str(retry_after_s)
     if is_openai_route(path):
