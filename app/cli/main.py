@@ -16,7 +16,6 @@ from pydantic_settings import SettingsError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.markup import escape
-from rich.table import Table
 
 from app.cli.common import configure_console, console, server_settings
 from app.cli.db import db_cli
@@ -209,14 +208,13 @@ def doctor(
     values = joining.read_env_file(env_file) if env_file is not None else {}
     values.update({key: value for key, value in os.environ.items() if key.startswith("HOMEFLEET_")})
     lines, missing = joining.doctor(values)
-    table = Table("", "", show_header=False, box=None)
-    for what, finding in lines:
-        table.add_row(f"[bold]{what}[/]", escape(finding))
-    console.print(table)
+    width = max((len(what) for what, _ in lines), default=0)
+    for what, finding in lines:  # one line each, never cut: a path or URL is copied from here
+        console.print(f"[bold]{what:<{width}}[/]  {escape(finding)}", soft_wrap=True)
     if missing:
         console.print("[red]missing:[/]")
         for item in missing:
-            console.print(f"  - {escape(item)}")
+            console.print(f"  - {escape(item)}", soft_wrap=True)
         raise typer.Exit(1)
     console.print("[green]nothing missing[/]")
 
