@@ -155,10 +155,11 @@ def use_uploaded_inputs(case: Any) -> None:
     """For half of the schema-valid cases: ``POST /v1/jobs`` whose ``params`` has ``image`` (or
     ``mask``) gets the id of a real upload (:data:`INPUTS_ENV`), so that edit, img2img, inpaint and
     upscale jobs really run (a generated ``strength`` becomes 1.0, which leaves a denoising step
-    whatever the steps: hypothesis favours 0 and tiny values, refused 422); ``POST /v1/images/edits``
-    gets a real PNG as its ``image`` part. A schema-valid body stays schema-valid (a real id matches
-    the ``blake3:`` pattern); a case with
-    any negative component is left as generated (``POST /v1/files`` too: the run uploads before)."""
+    whatever the steps: hypothesis favours 0 and tiny values, refused 422). A schema-valid body
+    stays schema-valid (a real id matches the ``blake3:`` pattern); a case with any negative
+    component is left as generated, and so are ``POST /v1/files`` (the run uploads before) and
+    ``POST /v1/images/edits`` (a real PNG put into a multipart case generated as invalid made one
+    the server rightly accepted: schemathesis' ST201)."""
     meta = getattr(case, "meta", None)
     inputs = _inputs()
     if not inputs or meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
@@ -178,6 +179,3 @@ def use_uploaded_inputs(case: Any) -> None:
                     params[name] = value
             if isinstance(params.get("strength"), int | float):
                 params["strength"] = 1.0  # int(steps x strength) must leave a step: any steps do with 1.0
-    elif route == ("POST", "/v1/images/edits") and "image" in case.body:
-        with open(inputs["png"], "rb") as png:
-            case.body["image"] = png.read()
