@@ -301,8 +301,15 @@ def size_schema(limits: FamilyLimits) -> dict[str, Any]:
     ``min_side``, width x height at most ``max_pixels``), else a pattern of the form."""
     step, low = limits.multiple_of, max(limits.min_side, limits.multiple_of)
     low += (-low) % step
-    sides = range(low, limits.max_pixels // low + 1, step)
-    sizes = [f"{width}x{height}" for width in sides for height in sides if width * height <= limits.max_pixels]
+    sizes: list[str] = []
+    # widths in increasing order, each with the heights its area allows; stop as soon as there are
+    # too many to list (the broadest limits allow millions: listing them all took 18 CPU-s)
+    for width in range(low, limits.max_pixels // low + 1, step):
+        heights = range(low, limits.max_pixels // width + 1, step)
+        if not heights or len(sizes) + len(heights) > MAX_LISTED_SIZES:
+            sizes = sizes if not heights else []
+            break
+        sizes += [f"{width}x{height}" for height in heights]
     description = (
         f"'WxH' in pixels (multiples of {limits.multiple_of}, at least {limits.min_side}, at most "
         f"{limits.max_pixels} pixels), or 'auto' (the model's default)"

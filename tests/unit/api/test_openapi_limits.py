@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from fastapi import FastAPI
 
-from app.api.openapi import documented, size_schema
+from app.api.openapi import MAX_LISTED_SIZES, documented, size_schema
 from app.api.routes import images, public, text, tgi
 from app.core.kinds import MAX_SEED
 from app.core.limits import FamilyLimits
@@ -66,6 +66,25 @@ def test_openai_sizes_are_listed_when_few_and_patterned_when_many() -> None:
     assert "40x32" not in few["enum"] and "12x8" not in few["enum"]
     many = size_schema(FamilyLimits())["anyOf"][0]
     assert "enum" not in many and many["pattern"].startswith("^(auto|")
+
+
+@pytest.mark.parametrize(("multiple_of", "min_side", "max_pixels"), [(8, 8, 1024), (8, 16, 128 * 128), (64, 64, 2**20),
+                                                                     (16, 8, 300 * 300), (8, 8, 256 * 256)])
+def test_the_listed_sizes_are_every_allowed_size_in_order_and_only_those(multiple_of: int, min_side: int,
+                                                                         max_pixels: int) -> None:
+    """The list stops counting once it is too long (the broadest limits allow millions of sizes:
+    enumerating them made every /openapi.json take seconds); when short, it is exactly the sizes
+    a brute force over every side finds, width first."""
+    limits = FamilyLimits(multiple_of=multiple_of, min_side=min_side, max_pixels=max_pixels)
+    low = max(min_side, multiple_of)
+    low += (-low) % multiple_of
+    sides = range(low, max_pixels // low + 1, multiple_of)
+    expected = [f"{w}x{h}" for w in sides for h in sides if w * h <= max_pixels]
+    named = size_schema(limits)["anyOf"][0]
+    if len(expected) <= MAX_LISTED_SIZES:
+        assert named["enum"] == [*expected, "auto"]
+    else:
+        assert "enum" not in named and "pattern" in named
 
 
 def test_a_stream_documents_one_event(document: dict[str, Any]) -> None:
