@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from app.core.config import BrokerSettings
+from app.core.config import BrokerSettings, split_server_urls
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
@@ -175,13 +175,19 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     else:
         lines.append(("torch", device.torch))
     lines.append(("device", f"{device.backend} {device.name} ({device.memory_bytes / 1e9:.1f} GB)".replace("  ", " ")))
-    server_url = values.get("HOMEFLEET_SERVER_URL", "http://127.0.0.1:8787")
     try:
-        status = httpx.get(f"{server_url.rstrip('/')}/health", timeout=5).status_code
-        lines.append(("server", f"{server_url}: answers ({status})"))
-    except httpx.HTTPError as error:
-        lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
-        missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
+        server_urls = split_server_urls(values.get("HOMEFLEET_SERVER_URL", "http://127.0.0.1:8787"))
+    except ValueError as error:
+        server_urls = []
+        lines.append(("server", str(error)))
+        missing.append("a server URL (HOMEFLEET_SERVER_URL)")
+    for server_url in server_urls:
+        try:
+            status = httpx.get(f"{server_url}/health", timeout=5).status_code
+            lines.append(("server", f"{server_url}: answers ({status})"))
+        except httpx.HTTPError as error:
+            lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
+            missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
     redis_url = values.get("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
     # never print a password: the host part, or each Sentinel's address redacted
     shown = redacted_url(redis_url) if ";" in redis_url else redis_url.split("@", 1)[-1]

@@ -45,7 +45,8 @@ log = logging.getLogger("homefleet.worker")
 
 
 class ServerClient:
-    """Talks to ``<server_url>/internal/v1`` with the machine's bearer token.
+    """Talks to ``<server_url>/internal/v1`` with the machine's bearer token; given several
+    servers' URLs (standby servers), to the first that answers.
 
     Only idempotent calls are repeated, and only while the server is unreachable or answers
     that its Redis or journal is down (see :meth:`_send`); a refusal is never retried. Raises :class:`Conflict` when a
@@ -54,7 +55,7 @@ class ServerClient:
     ``httpx.HTTPError`` on transport errors.
     """
 
-    def __init__(self, server_url: str, token: str, timeout_s: float, boot_id: str = "",
+    def __init__(self, server_url: str | list[str], token: str, timeout_s: float, boot_id: str = "",
                  retry_s: float = 0.0, machine: str = "") -> None:
         self.retry_s = retry_s
         headers = {"Authorization": f"Bearer {token}"}
@@ -62,41 +63,64 @@ class ServerClient:
             headers["X-Homefleet-Machine"] = machine  # the server checks the token is this machine's
         if boot_id:
             headers["X-Homefleet-Boot-Id"] = boot_id  # which worker process claims (reconciliation)
-        self.http = httpx.Client(base_url=f"{server_url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)
+        urls = [server_url] if isinstance(server_url, str) else list(server_url)
+        # One connection pool per server; calls go to the current one (docs/operations.md, "A
+        # standby server": every server answers the internal API on one journal).
+        self.clients = [httpx.Client(base_url=f"{url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)
+                        for url in urls]
+        self.current = 0
+
+    @property
+    def http(self) -> httpx.Client:
+        """The client of the server calls go to now."""
+        return self.clients[self.current]
 
     @classmethod
     def for_worker(cls, settings: WorkerSettings, boot_id: str = "", *, patient: bool = False) -> ServerClient:
-        """The client a worker talks to its server with: its ``server_url``, its machine's token
+        """The client a worker talks to its servers with: its ``server_urls``, its machine's token
         and name, ``http_timeout_s``; ``boot_id`` (the worker start that claims, sent with every
-        call; "": none). ``patient``: repeat idempotent calls while the server is unreachable
-        for up to ``server_retry_s`` seconds (a job's claim and reports); otherwise one try (a
-        report sent again at the next beat, a start-up check). The one place a worker builds
-        one (tests/unit/tasks/test_worker_composition.py)."""
-        return cls(settings.server_url, settings.worker_token, settings.http_timeout_s, boot_id,
+        call; "": none). ``patient``: repeat idempotent calls while no server is reachable
+        for up to ``server_retry_s`` seconds (a job's claim and reports); otherwise one try of each
+        server (a report sent again at the next beat, a start-up check). The one place a worker
+        builds one (tests/unit/tasks/test_worker_composition.py)."""
+        return cls(settings.server_urls, settings.worker_token, settings.http_timeout_s, boot_id,
                    settings.server_retry_s if patient else 0.0, machine=settings.machine)
 
     def close(self) -> None:
-        self.http.close()
+        for client in self.clients:
+            client.close()
 
     def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         """Send; while the server is unreachable (transport error), or answers 503 because its
-        Redis or journal does not (:class:`ServiceDown`), try again for up to ``retry_s``
-        seconds. Only idempotent calls go through here: a claim carries its claim id, a result
-        or failure for an ended job is refused with 409, progress overwrites. A claim the
-        journal took before Redis failed under it (its answer a 503) is therefore taken again
-        by the same delivery, not left ``running`` with nobody running it (R19)."""
+        Redis or journal does not (:class:`ServiceDown`), try the next server at once (standby
+        servers), and once every server has failed in turn, pause and go round again, for up
+        to ``retry_s`` seconds in all (0: each server once). Only idempotent calls go through
+        here: a claim carries its claim id, a result or failure for an ended job is refused with
+        409, progress overwrites. A claim the journal took before Redis failed under it (its
+        answer a 503) is therefore taken again by the same delivery, not left ``running`` with
+        nobody running it (R19); and a claim made while one server is down reaches another
+        before reconciliation judges its job lost (R19, ``lost_grace_s``)."""
         deadline = time.monotonic() + self.retry_s
         pause_s = 0.2
+        failed_in_turn = 0
         while True:
             try:
                 return self._check(self.http.request(method, url, **kwargs))
             except (httpx.TransportError, ServiceDown) as error:
+                what = "server unreachable" if isinstance(error, httpx.TransportError) else "server's services down"
+                failed_in_turn += 1
+                if failed_in_turn < len(self.clients):
+                    log.warning("%s at %s (%s); trying %s %s at the next server", what, self.http.base_url,
+                                error, method, url)
+                    self.current = (self.current + 1) % len(self.clients)
+                    continue
                 if time.monotonic() + pause_s > deadline:
                     raise
-                what = "server unreachable" if isinstance(error, httpx.TransportError) else "server's services down"
                 log.warning("%s (%s); trying %s %s again in %.1f s", what, error, method, url, pause_s)
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 5.0)
+                failed_in_turn = 0
+                self.current = (self.current + 1) % len(self.clients)
 
     def _check(self, response: httpx.Response) -> httpx.Response:
         if response.is_success:

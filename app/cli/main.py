@@ -99,7 +99,8 @@ def worker(
     )] = None,
     token: Annotated[str | None, typer.Option(
         help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
-    server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
+    server_url: Annotated[str | None, typer.Option(
+        help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)")] = None,
     loglevel: str = "INFO",
     print_systemd_unit: Annotated[bool, typer.Option(
         "--print-systemd-unit", help="print a systemd unit that runs this worker and restarts it when it exits "
@@ -271,7 +272,8 @@ def results_recover(
             help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN"
         ),
     ] = None,
-    server_url: Annotated[str | None, typer.Option(help="the server's URL (HOMEFLEET_SERVER_URL)")] = None,
+    server_url: Annotated[str | None, typer.Option(
+        help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)")] = None,
 ) -> None:
     """On a worker's host: upload the results its spool kept because the server could not store
     them (jobs failed ``result_not_stored``); each one the server takes makes its job

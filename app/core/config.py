@@ -247,6 +247,21 @@ class Settings(BrokerSettings):
         return self.data_dir / "inputs"
 
 
+def split_server_urls(value: str) -> list[str]:
+    """The URLs in ``HOMEFLEET_SERVER_URL``: one, or several comma-separated (standby servers).
+
+    Raises:
+        ValueError: none given, or one that is not an ``http://`` or ``https://`` URL.
+    """
+    urls = [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
+    if not urls:
+        raise ValueError("HOMEFLEET_SERVER_URL names no server")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"HOMEFLEET_SERVER_URL: {url!r} is not an http:// or https:// URL")
+    return urls
+
+
 class WorkerSettings(BrokerSettings):
     """A worker's settings: its machine name, its own model folder, its token, the server's URL.
 
@@ -260,6 +275,8 @@ class WorkerSettings(BrokerSettings):
     # needed on a command line, where `ps` shows it to every user of the host.
     worker_token: str = Field(min_length=8)
     worker_token_file: Path | None = None
+    # The server's URL; with standby servers (docs/operations.md, "A standby server"), every
+    # server's, comma-separated: a call the current one does not answer goes to the next.
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
     # how long idempotent calls wait out an unreachable server, or its 503 redis_down / journal_down
@@ -286,6 +303,17 @@ class WorkerSettings(BrokerSettings):
     # SIGKILLed this many seconds after Celery's signal if it still lives (a SIGTERM caught, or
     # not acted on inside a long native step), so the machine takes its next job.
     terminate_kill_after_s: float = Field(3.0, gt=0)
+
+    @property
+    def server_urls(self) -> list[str]:
+        """Every server this worker may talk to, in the order given by ``server_url``."""
+        return split_server_urls(self.server_url)
+
+    @field_validator("server_url")
+    @classmethod
+    def _server_urls(cls, value: str) -> str:
+        split_server_urls(value)
+        return value
 
     @property
     def result_spool(self) -> Path:

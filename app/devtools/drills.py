@@ -134,6 +134,8 @@ class DrillFleet:
         self.hung_after_s = hung_after_s
         self.broker_key_prefix = broker_key_prefix  # e.g. "drill:", as when one Redis serves several apps
         self.redis_port = free_port()
+        self.standby_port = free_port()  # the second ``homefleet serve`` of a standby drill
+        self.worker_env: dict[str, str] = {}  # settings every worker of the drill starts with
         self.redis_password = secrets.token_urlsafe(16)  # the drill fleet's Redis runs with requirepass
         self.redis: RedisProcess | None = None
         self.local: LocalFleet | None = None
@@ -184,10 +186,20 @@ class DrillFleet:
         for machine in self.workers:
             self.local.copy_model(MODEL, machine)
         self.local.start_api()
-        for machine in self.workers:
-            self.local.start_worker(machine, token_file=True)  # as an operator should: no token in ps or env
+        # with a standby server (its port chosen now, started by the drill), workers know both
+        # servers' URLs (docs/operations.md, "A standby server")
+        if self.standby:
+            self.worker_env["HOMEFLEET_SERVER_URL"] = f"{self.local.api_url},{self.standby_url}"
+        for machine in self.workers:  # a token file, as an operator should: no token in ps or env
+            self.local.start_worker(machine, self.worker_env, token_file=True)
         self.local.wait_online(list(self.workers), model_id=MODEL, timeout_s=180)
         self.client = HomefleetClient(self.local.api_url, api_key=DRILL_API_KEY)
+
+    @property
+    def standby_url(self) -> str:
+        """The standby server's URL (started by :func:`drill_standby_server`)."""
+        assert self.local is not None
+        return f"http://{self.local.settings.api_host}:{self.standby_port}"
 
     def stop(self) -> None:
         if self.client is not None:
@@ -213,7 +225,7 @@ class DrillFleet:
     def kill_worker(self, machine: str) -> None:
         assert self.local is not None
         self.local.stop_worker(machine, signal.SIGKILL)
-        self.local.start_worker(machine, token_file=True)
+        self.local.start_worker(machine, self.worker_env, token_file=True)
 
     def freeze_pool_process(self, machine: str) -> int:
         """SIGSTOP the pool process of ``machine``'s worker (the one running its job): a hang."""
@@ -693,7 +705,7 @@ def drill_standby_server(fleet: DrillFleet, count: int, repeats: int = STANDBY_R
     fleet.begin()
     assert fleet.local is not None
     local = fleet.local
-    ports = {"api": local.settings.api_port, "api-b": free_port()}
+    ports = {"api": local.settings.api_port, "api-b": fleet.standby_port}
     logs = {name: local.logs_dir / f"{name}.log" for name in ports}
     since = {"api": 0, "api-b": logs["api-b"].stat().st_size if logs["api-b"].exists() else 0}
     local.start_api(name="api-b", port=ports["api-b"])
