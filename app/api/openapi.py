@@ -119,6 +119,8 @@ NULL_IS_ABSENT = (
 
 #: params the server sets itself (a client's is refused): not in the document
 SERVER_SET = ("expanded_by",)
+#: a JSON schema: an object, or true / false (JSON Schema's boolean schemas), as app/core/constraints.py takes
+JSON_SCHEMA_VALUE: dict[str, Any] = {"type": ["object", "boolean"]}
 #: OpenAI's ``response_format``: what app/core/constraints.py reads (any other type is refused)
 RESPONSE_FORMAT: dict[str, Any] = {
     "anyOf": [
@@ -132,7 +134,7 @@ RESPONSE_FORMAT: dict[str, Any] = {
         {
             "type": "object",
             "required": ["type"],
-            "properties": {"type": {"type": "string", "const": "json_object"}, "value": {"type": "object"}},
+            "properties": {"type": {"type": "string", "const": "json_object"}, "value": JSON_SCHEMA_VALUE},
             "additionalProperties": False,
         },
         {
@@ -143,7 +145,7 @@ RESPONSE_FORMAT: dict[str, Any] = {
                 "json_schema": {
                     "type": "object",
                     "required": ["schema"],
-                    "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                    "properties": {"name": {"type": "string"}, "schema": JSON_SCHEMA_VALUE,
                                    "strict": {"type": "boolean"}, "description": {"type": "string"}},
                     "additionalProperties": False,
                 },

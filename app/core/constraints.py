@@ -82,6 +82,8 @@ RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "value"}, "jso
 """The keys each ``response_format`` type may carry; any other is refused, never dropped."""
 SCHEMA_SPEC_KEYS = {"name", "schema", "strict", "description"}
 """OpenAI's ``json_schema`` object (``strict`` is always honoured: the constraint is enforced)."""
+SCHEMA_SPEC_TYPES: dict[str, type] = {"name": str, "description": str, "strict": bool}
+"""The type of each of its keys but ``schema`` (the API description states the same)."""
 
 
 def _schema_of(value: Any, field: str) -> dict[str, Any] | bool:
@@ -102,6 +104,9 @@ def _schema_spec(spec: Any, field: str) -> dict[str, Any] | bool:
     extra = sorted(set(spec) - SCHEMA_SPEC_KEYS)
     if extra:
         raise FormatRefused(f"{field}.{extra[0]}", f"is not supported (takes {', '.join(sorted(SCHEMA_SPEC_KEYS))})")
+    for key, kind in SCHEMA_SPEC_TYPES.items():
+        if key in spec and not isinstance(spec[key], kind):
+            raise FormatRefused(f"{field}.{key}", f"must be a {kind.__name__}, got {type(spec[key]).__name__}")
     return _schema_of(spec["schema"], f"{field}.schema")
 
 

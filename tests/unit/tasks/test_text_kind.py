@@ -207,6 +207,13 @@ def test_every_response_format_the_clients_send_keeps_its_schema(response_format
     ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
     ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}},
      ".json_schema.format"),
+    # each key of OpenAI's json_schema object has the type the API description states (the fuzz
+    # sent a description that was an object: accepted, ST201)
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "description": {}}},
+     ".json_schema.description"),
+    ({"type": "json_schema", "json_schema": {"name": 3, "schema": FORMAT_SCHEMA}}, ".json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": "yes"}},
+     ".json_schema.strict"),
     ({"type": "regex", "value": ""}, ".value"),
     ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
     ({"type": {"json_schema": {}}}, ".type"),  # an unhashable type (the fuzz found it answered 500)
