@@ -20,10 +20,16 @@ from routing.timings import job_size
 
 __all__ = ["ADAPTERS_PARAM", "BATCH_PARAM", "DENOISING_PARAMS", "GREEDY_TEMPERATURE", "KINDS", "MAX_NEW_TOKENS",
            "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange", "adapter_ids", "denoised_steps",
-           "family_kind_spec", "greedy", "job_request", "spec"]
+           "family_kind_spec", "greedy", "job_request", "nth_seed", "spec"]
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact."""
+
+
+def nth_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th of several images or jobs asked for with ``seed``: ``seed +
+    index``, wrapping past :data:`MAX_SEED` to 0, so that every one is a valid seed."""
+    return (seed + index) % (MAX_SEED + 1)
 
 DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""

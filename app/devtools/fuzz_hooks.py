@@ -30,9 +30,20 @@ _AST_LOCK = threading.Lock()
 _ast_parse = ast.parse
 
 
+#: how often a parse is tried again when the race still hit it (another thread built AST objects
+#: outside ast.parse); the parse is pure, so its repeat is the same tree
+AST_PARSE_TRIES = 5
+
+
 def _serialized_parse(*args: Any, **kwargs: Any) -> Any:
     with _AST_LOCK:
-        return _ast_parse(*args, **kwargs)
+        for attempt in range(AST_PARSE_TRIES):
+            try:
+                return _ast_parse(*args, **kwargs)
+            except SystemError as error:
+                if "recursion depth mismatch" not in str(error) or attempt == AST_PARSE_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
 
 
 ast.parse = _serialized_parse

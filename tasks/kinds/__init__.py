@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.core.families import family as family_rules
-from app.core.kinds import BATCH_PARAM, Args
+from app.core.kinds import BATCH_PARAM, Args, nth_seed
 
 ProgressFn = Callable[..., None]  # (step done, total steps[, text=, tokens=, logprobs=: a text job's so far])
 
@@ -83,7 +83,7 @@ def denoising(args: Args, progress: ProgressFn, total: int | None = None) -> dic
     count = images_of(args)
     if count > 1:  # one call, one generator per image: image i is seeded seed + i
         call["num_images_per_prompt"] = count
-        call["generator"] = [torch.Generator("cpu").manual_seed(seed + i) for i in range(count)]
+        call["generator"] = [torch.Generator("cpu").manual_seed(nth_seed(seed, i)) for i in range(count)]
     if "guidance_scale" in args.spec.params:
         call["guidance_scale"] = float(args["guidance_scale"])
     return call
@@ -133,9 +133,9 @@ def image_output(images: list[Any], args: Args, provenance: dict[str, Any], enco
     if len(images) != count:
         raise RuntimeError(f"the pipeline made {len(images)} images for n={count}")
     seed = int(args["seed"])
-    files = [encode(image, {**provenance, "seed": seed + i, "index": i}) for i, image in enumerate(images)]
+    files = [encode(image, {**provenance, "seed": nth_seed(seed, i), "index": i}) for i, image in enumerate(images)]
     return Output(data=files[0], media_type="image/png", more=tuple(files[1:]),
-                  record={"seeds": [seed + i for i in range(count)]})
+                  record={"seeds": [nth_seed(seed, i) for i in range(count)]})
 
 
 def runner(kind: str) -> Kind:

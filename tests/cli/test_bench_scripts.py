@@ -43,7 +43,7 @@ def test_backlog_bench_prints_its_last_line() -> None:
 
 
 def test_placement_bench_prints_its_last_line() -> None:
-    line = _last_line("bench.placement", "--trace", "bench/traces/mixed_50.jsonl", "--no-submit")
+    line = _last_line("bench.placement", "--trace", "bench/traces/mixed_50.jsonl", "--no-submit", "--moves", "50")
     _assert_format(line, ["worst_auto_vs_best_baseline", "min_closed", "mean_closed", "decision_ms_500"])
 
 

@@ -28,6 +28,7 @@ import redis
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import file_digest
+from app.core.kinds import MAX_SEED
 from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
@@ -530,12 +531,14 @@ def test_openai_stop_cuts_the_text_before_the_sequence(tfleet: TextFleet, stream
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) -> None:
-    """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled), their texts the
-    jobs' verified results; the usage sums both."""
+    """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled; from the largest
+    seed, the second wraps to 0: the fuzz's seed + 1 had been refused), their texts the jobs'
+    verified results; the usage sums both."""
     messages = [{"role": "user", "content": "hi"}]
+    seed = 40 if stream else MAX_SEED
     if stream:
         chunks = list(tfleet.client.chat.completions.create(
-            model="tiny-qwen2", messages=messages, max_completion_tokens=6, n=2, seed=40, temperature=1.0,
+            model="tiny-qwen2", messages=messages, max_completion_tokens=6, n=2, seed=seed, temperature=1.0,
             stream=True, extra_body={"target": MACHINE}))
         texts = {0: "", 1: ""}
         for c in chunks:
@@ -547,12 +550,12 @@ def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) 
         assert chunks[-1].choices == [] and sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
     else:
         done = tfleet.client.chat.completions.create(model="tiny-qwen2", messages=messages, max_completion_tokens=6,
-                                                     n=2, seed=40, temperature=1.0, extra_body={"target": MACHINE})
+                                                     n=2, seed=seed, temperature=1.0, extra_body={"target": MACHINE})
         assert [c.index for c in done.choices] == [0, 1]
         texts = {c.index: c.message.content for c in done.choices}
         job_ids, usage = done.model_extra["job_ids"], done.usage
     jobs = [tfleet.ctx.journal.get(job_id) for job_id in job_ids]
-    assert len(set(job_ids)) == 2 and [job.params["seed"] for job in jobs] == [40, 41]
+    assert len(set(job_ids)) == 2 and [job.params["seed"] for job in jobs] == ([40, 41] if stream else [MAX_SEED, 0])
     assert [texts[i] for i in (0, 1)] == [Path(job.result_path).read_text("utf-8") for job in jobs]
     assert usage is not None
     assert usage.completion_tokens == sum(j.provenance["usage"]["completion_tokens"] for j in jobs)

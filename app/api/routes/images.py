@@ -59,7 +59,7 @@ from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.errors import HomefleetError, JobPending, NotFound, Rejected
-from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec
+from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec, nth_seed
 from app.core.limits import limits_for
 from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
@@ -430,7 +430,7 @@ async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: d
         for index in range(count):
             each = dict(params)
             if seed_step and isinstance(params.get("seed"), int):
-                each["seed"] = params["seed"] + index
+                each["seed"] = nth_seed(params["seed"], index)
             submission = await to_thread.run_sync(partial(ctx.dispatcher.submit, model, kind, each, target,
                                                           api_key_id=call.api_key_id))
             ids.append(submission.job.id)

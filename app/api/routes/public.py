@@ -142,7 +142,8 @@ def get_job(job_id: str, ctx: Context) -> JobPublic:
     return public
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic, responses={202: {
+    "model": JobPublic, "description": "the job runs: its worker stops it between steps (still running)"}})
 def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
     """Cancel a job. Queued (C03): 200 with the job, now ``cancelled``. Running: 202 with the job,
     still ``running``: its worker stops between steps and it ends ``cancelled`` (its message

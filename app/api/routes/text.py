@@ -64,7 +64,7 @@ from app.api.routes.images import (
 from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
-from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS
+from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
 from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, safe_to_send, stop_sequences
@@ -246,7 +246,7 @@ async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tok
     model = body.model
     with submitted(job_ids):
         for index in range(body.n):
-            each = {**params, "seed": params["seed"] + index} if "seed" in params else params
+            each = {**params, "seed": nth_seed(params["seed"], index)} if "seed" in params else params
             job_id, model = await submit_text_job(ctx, body.model, each, body.target, api_key_id)
             job_ids.append(job_id)
     created = int(time.time())

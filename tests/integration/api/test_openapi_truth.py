@@ -61,7 +61,8 @@ def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tupl
     submit = schema["paths"]["/v1/jobs"]["post"]["responses"]
     assert {"200", "202", "404", "409", "429"} <= set(submit)
     assert {"GetJob", "JobResult", "CancelJob", "JobEvents"} <= set(submit["202"]["links"])  # the stateful way
-    assert "409" in schema["paths"]["/v1/jobs/{job_id}/cancel"]["post"]["responses"]
+    # queued: 200 cancelled; running: 202, still running (the stateful fuzz met an undocumented 202)
+    assert {"200", "202", "409"} <= set(schema["paths"]["/v1/jobs/{job_id}/cancel"]["post"]["responses"])
 
 
 def test_the_schema_states_the_limits_the_server_enforces(api: tuple[TestClient, ServerContext]) -> None:

@@ -115,3 +115,12 @@ def test_a_null_param_is_read_as_absent_by_the_runner() -> None:
     assert args["frames"] == spec.defaults["frames"] and args.get("frames") == spec.defaults["frames"]
     assert spec.value({"frames": None}, "frames") == spec.defaults["frames"]
     assert args.get("seed") is None  # no default: still None
+
+
+def test_the_nth_seed_of_several_wraps_past_the_largest_seed_to_zero() -> None:
+    """Image or job i of n asked with ``seed`` runs with ``seed + i``; from the largest seed the
+    next is 0, never a seed the server itself refuses."""
+    from app.core.kinds import MAX_SEED, nth_seed
+
+    assert [nth_seed(40, i) for i in range(3)] == [40, 41, 42]
+    assert [nth_seed(MAX_SEED - 1, i) for i in range(4)] == [MAX_SEED - 1, MAX_SEED, 0, 1]
