@@ -24,6 +24,16 @@ from routing.finish import EVICTION_WEIGHT
 HALF_LIFE_S = 3600.0
 """Demand decays with this half-life (seconds): the last hour or so counts."""
 
+DEFAULT_SHARE = 0.05
+"""The least share of each model's recorded demand (work and jobs) that the default target is
+assumed to receive as jobs naming no target (R9), pinned there, until more is recorded
+(:func:`with_default_share`). Without it a trace's first default-target jobs found the server
+busy with long Auto work: no pinned demand was recorded there yet, so the scarcity charge
+priced nothing. Chosen on ``bench/placement.py --random 200 --seed 1`` and ``--seed 3``
+(tuning seeds; judged on ``--seed 2026``): 0.01-0.07 all gained, 0.03-0.05 most; the six
+seeded traces, whose default target gets ~15 % of the jobs, are unchanged at 0.05
+(docs/benchmarks.md, "Random fleets")."""
+
 MAX_UTILISATION = 0.95
 BOUND_FLOOR_S = 10.0
 """Bounded slowdown's floor: completion / max(fastest run, 10 s)."""
@@ -81,6 +91,33 @@ class Demand:
 def pinned_class(model_id: str, machine: str) -> str:
     """The demand class of jobs for ``model_id`` pinned to ``machine``: ``model@machine``."""
     return f"{model_id}@{machine}"
+
+
+def with_default_share(
+    rates: Mapping[str, tuple[float, float]], machine: str, share: float = DEFAULT_SHARE
+) -> dict[str, tuple[float, float]]:
+    """``rates`` (demand class -> (work seconds per second, jobs per second), as
+    :meth:`Demand.rates`) with each model's class pinned to ``machine`` (the default target)
+    raised to at least ``share`` of that model's recorded demand over all its classes.
+
+    The default target receives the jobs that name no target whether or not any were recorded
+    yet; this prior keeps its scarcity charge from pricing nothing while the record is young.
+    A class ``model@machine`` for a model ``machine`` cannot run has no able machine and adds
+    no pressure (:func:`pressure`). ``share`` 0 returns the rates unchanged (a copy).
+    """
+    out = dict(rates)
+    if share <= 0:
+        return out
+    total: dict[str, tuple[float, float]] = {}
+    for name, (work, jobs) in rates.items():
+        model_id = name.partition("@")[0]
+        work_sum, jobs_sum = total.get(model_id, (0.0, 0.0))
+        total[model_id] = (work_sum + work, jobs_sum + jobs)
+    for model_id, (work, jobs) in total.items():
+        name = pinned_class(model_id, machine)
+        recorded_work, recorded_jobs = out.get(name, (0.0, 0.0))
+        out[name] = (max(recorded_work, share * work), max(recorded_jobs, share * jobs))
+    return out
 
 
 def able_with_pinned(able: Mapping[str, frozenset[str]], classes: Iterable[str]) -> dict[str, frozenset[str]]:
