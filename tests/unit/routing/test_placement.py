@@ -505,7 +505,7 @@ def test_memory_figures_read_in_binary_units_with_two_significant_digits(count: 
 
 
 def test_r9_the_default_target_is_assumed_to_get_a_share_of_each_models_demand() -> None:
-    from routing.demand import DEFAULT_SHARE, with_default_share
+    from routing.demand import DEFAULT_PRIOR_JOBS, DEFAULT_SHARE, with_default_share
 
     demand = Demand()
     demand.add(MODEL, 100.0, now_s=0.0)
@@ -514,12 +514,20 @@ def test_r9_the_default_target_is_assumed_to_get_a_share_of_each_models_demand()
     demand.add(pinned_class("big", "server"), 50.0, now_s=0.0)  # more than the share: kept as recorded
     rates = demand.rates(0.0)
     got = with_default_share(rates, "server")
-    # At least DEFAULT_SHARE of the model's demand over all its classes (Auto and pinned alike).
+    # DEFAULT_SHARE of the model's demand over all its classes (Auto and pinned alike), faded by
+    # the 4 jobs recorded: worth DEFAULT_PRIOR_JOBS jobs against them.
+    share = DEFAULT_SHARE * DEFAULT_PRIOR_JOBS / (DEFAULT_PRIOR_JOBS + 4)
     work, jobs = rates[MODEL][0] + rates[pinned_class(MODEL, "m1")][0], 2 * rates[MODEL][1]
-    assert got[pinned_class(MODEL, "server")] == pytest.approx((DEFAULT_SHARE * work, DEFAULT_SHARE * jobs))
+    assert got[pinned_class(MODEL, "server")] == pytest.approx((share * work, share * jobs))
     assert got[pinned_class("big", "server")] == rates[pinned_class("big", "server")]
     assert {k: v for k, v in got.items() if k in rates} == rates  # the recorded classes unchanged
     assert with_default_share(rates, "server", share=0.0) == rates
+    # The prior fades as jobs are recorded that never name the default target.
+    for i in range(600):
+        demand.add(MODEL, 100.0, now_s=float(i))
+    many = demand.rates(600.0)
+    faded = with_default_share(many, "server")[pinned_class(MODEL, "server")][1] / many[MODEL][1]
+    assert faded < DEFAULT_SHARE / 10
 
 
 def test_r12_a_long_job_avoids_the_default_target_before_any_default_job_is_recorded() -> None:
