@@ -40,18 +40,6 @@ credit 0.25 / 0.5 / 0.75 against none, geometric mean of Auto's mean slowdown ov
 unchanged best baseline's, docs/benchmarks.md, "Random fleets")."""
 
 
-OVERRUN_RATIO = 3.0
-OVERRUN_WEIGHT = 30.0
-"""Auto adds ``OVERRUN_WEIGHT`` seconds to a candidate's score for each second its expected
-finish exceeds ``OVERRUN_RATIO`` x the least expected finish among the job's candidates
-(``Breakdown.overrun_s``, set by ``routing.placement.survey``): the scarcity charges may send
-a job to a machine where it finishes far later than it could (a 2,900 s video on a machine of
-speed 0.32, its bound 918 s, whose pinned jobs then waited for it); past 3x the job itself
-lands in the slowdown's tail and holds that machine as long. Chosen on
-``bench/placement.py --random 200 --seed 1`` and ``--seed 3`` (tuning seeds): weight 3, 10
-and 30 at ratios 1.5-3, 30 at 3 the best on the p95 figure."""
-
-
 @dataclass(frozen=True)
 class WorkItem:
     """A job already reserved on a machine (queued, or running when ``elapsed_s`` is set)."""
@@ -75,7 +63,6 @@ class Breakdown:
     evicts: tuple[str, ...] = ()
     scarcity_s: float = 0.0  # charge for taking time that scarcer work needs (routing.demand)
     adapter_load_s: float = 0.0  # loading its LoRA adapters onto the warm pipeline
-    overrun_s: float = 0.0  # charge for finishing far later than the best candidate (OVERRUN_RATIO)
 
     @property
     def finish_s(self) -> float:
@@ -94,9 +81,9 @@ class Breakdown:
 
     @property
     def score_s(self) -> float:
-        """What Auto minimises: expected finish + scarcity charge + overrun charge, less
-        ``COLD_LOAD_CREDIT`` of the cold load (it serves the model's later jobs there too)."""
-        return self.charged_s + self.overrun_s - COLD_LOAD_CREDIT * self.cold_load_s
+        """What Auto minimises: expected finish + scarcity charge, less ``COLD_LOAD_CREDIT``
+        of the cold load (it serves the model's later jobs there too)."""
+        return self.charged_s - COLD_LOAD_CREDIT * self.cold_load_s
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -104,7 +91,6 @@ class Breakdown:
             "cold_load_s": round(self.cold_load_s, 3), "adapter_load_s": round(self.adapter_load_s, 3),
             "run_s": round(self.run_s, 3),
             "eviction_s": round(self.eviction_s, 3), "scarcity_s": round(self.scarcity_s, 3),
-            "overrun_s": round(self.overrun_s, 3),
             "score_s": round(self.score_s, 3), "queued": self.queued, "evicts": list(self.evicts),
         }
 

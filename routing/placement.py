@@ -23,16 +23,7 @@ from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.errors import Full, Refused, Unavailable
 from routing.estimate import CostModel, Estimator, readable_bytes
-from routing.finish import (
-    OVERRUN_RATIO,
-    OVERRUN_WEIGHT,
-    Breakdown,
-    Drains,
-    WorkItem,
-    drain,
-    expected_finish,
-    working_of,
-)
+from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish, working_of
 
 SERVER = "server"
 """The server's own machine name: the server also runs jobs on its own device (R1)."""
@@ -272,9 +263,7 @@ def survey(
     pressure: Mapping[str, Pressure] | None = None,
     drains: Drains | None = None,
 ) -> tuple[dict[str, tuple[str, str]], dict[str, Breakdown]]:
-    """Every machine: excluded with (reason, message), or its expected-finish breakdown; with
-    ``pressure``, the breakdowns carry the scarcity and eviction charges and the overrun charge
-    (``routing.finish.OVERRUN_RATIO``)."""
+    """Every machine: excluded with (reason, message), or its expected-finish breakdown."""
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
@@ -296,13 +285,6 @@ def survey(
                     eviction_s=eviction_s(reload_s, here, bound_s), queued=part.queued, evicts=part.evicts,
                     scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
                     adapter_load_s=part.adapter_load_s)
-        limit_s = OVERRUN_RATIO * min(part.finish_s for part in candidates.values())
-        for name, part in candidates.items():
-            if part.finish_s > limit_s:
-                candidates[name] = Breakdown(
-                    work_ahead_s=part.work_ahead_s, cold_load_s=part.cold_load_s, run_s=part.run_s,
-                    eviction_s=part.eviction_s, queued=part.queued, evicts=part.evicts, scarcity_s=part.scarcity_s,
-                    adapter_load_s=part.adapter_load_s, overrun_s=OVERRUN_WEIGHT * (part.finish_s - limit_s))
     return excluded, candidates
 
 
