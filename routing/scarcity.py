@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 
-from routing.demand import Pressure, Spread, able_with_pinned, pressure, spread
+from routing.demand import Pressure, Spread, able_with_pinned, pressure, spread, with_default_share
 from routing.estimate import CostModel
-from routing.placement import MachineView, able_machines
+from routing.placement import DEFAULT_TARGET, MachineView, able_machines
 
 
 def capabilities(machine: MachineView) -> Hashable:
@@ -56,8 +56,11 @@ class Scarcity:
                  rates: Mapping[str, tuple[float, float]], speed: Mapping[str, float]) -> dict[str, Pressure]:
         """:class:`~routing.demand.Pressure` per online machine from the demand ``rates``
         (:meth:`routing.demand.Demand.rates`; pinned classes included) and ``speed`` (machine
-        -> relative speed)."""
+        -> relative speed). The default target's pinned classes get at least
+        ``routing.demand.DEFAULT_SHARE`` of each model's demand
+        (:func:`routing.demand.with_default_share`)."""
         able = self.able(machines, costs, models)
+        rates = with_default_share(rates, DEFAULT_TARGET)
         key = (tuple(sorted(rates)), {n: speed[n] for n, v in machines.items() if v.online})
         last_able, last_key, where = self._spread
         if able is not last_able or key != last_key:

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from routing.demand import Demand, able_with_pinned, pinned_class, pressure
+from routing.demand import Demand, able_with_pinned, pinned_class, pressure, with_default_share
 from routing.finish import Drains, WorkItem, drain
-from routing.placement import able_machines, place
+from routing.placement import DEFAULT_TARGET, able_machines, place
 from routing.scarcity import Scarcity
 from routing.timings import REFERENCE_SIZE
 from tests.unit.routing.test_placement import MODEL, costs, request, view
@@ -98,6 +98,7 @@ def test_r12_kept_scarcity_equals_fresh_pressure_and_decisions_as_machines_chang
         rates = demand.rates(float(step))
         kept = scarcity.pressure(views, estimator, catalogue, rates, speed)
         online = {n: x for n, x in views.items() if x.online}
+        rates = with_default_share(rates, DEFAULT_TARGET)  # as Scarcity.pressure does
         fresh = pressure(rates, able_with_pinned(able_machines(online, estimator, catalogue), rates),
                          {n: speed[n] for n in online})
         assert kept == fresh, change

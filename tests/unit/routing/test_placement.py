@@ -502,3 +502,54 @@ def test_memory_figures_read_in_binary_units_with_two_significant_digits(count: 
     from routing.estimate import readable_bytes
 
     assert readable_bytes(count) == text
+
+
+def test_r9_the_default_target_is_assumed_to_get_a_share_of_each_models_demand() -> None:
+    from routing.demand import DEFAULT_PRIOR_JOBS, DEFAULT_SHARE, with_default_share
+
+    demand = Demand()
+    demand.add(MODEL, 100.0, now_s=0.0)
+    demand.add(pinned_class(MODEL, "m1"), 100.0, now_s=0.0)
+    demand.add("big", 50.0, now_s=0.0)
+    demand.add(pinned_class("big", "server"), 50.0, now_s=0.0)  # more than the share: kept as recorded
+    rates = demand.rates(0.0)
+    got = with_default_share(rates, "server")
+    # DEFAULT_SHARE of the model's demand over all its classes (Auto and pinned alike), faded by
+    # the 4 jobs recorded: worth DEFAULT_PRIOR_JOBS jobs against them.
+    share = DEFAULT_SHARE * DEFAULT_PRIOR_JOBS / (DEFAULT_PRIOR_JOBS + 4)
+    work, jobs = rates[MODEL][0] + rates[pinned_class(MODEL, "m1")][0], 2 * rates[MODEL][1]
+    assert got[pinned_class(MODEL, "server")] == pytest.approx((share * work, share * jobs))
+    assert got[pinned_class("big", "server")] == rates[pinned_class("big", "server")]
+    assert {k: v for k, v in got.items() if k in rates} == rates  # the recorded classes unchanged
+    assert with_default_share(rates, "server", share=0.0) == rates
+    # The prior fades as jobs are recorded that never name the default target.
+    for i in range(600):
+        demand.add(MODEL, 100.0, now_s=float(i))
+    many = demand.rates(600.0)
+    faded = with_default_share(many, "server")[pinned_class(MODEL, "server")][1] / many[MODEL][1]
+    assert faded < DEFAULT_SHARE / 10
+
+
+def test_r12_a_long_job_avoids_the_default_target_before_any_default_job_is_recorded() -> None:
+    """The server is warm for a long video and m1, as fast, is cold: without a prior the video
+    goes to the server, and the short jobs that name no target (R9) wait behind it there.
+    Auto assumes the server gets a share of the recorded demand pinned there
+    (routing.demand.DEFAULT_SHARE), so the video goes to m1."""
+    from routing.placement import able_machines
+    from routing.scarcity import Scarcity
+
+    estimator = costs()
+    catalogue = {m: (p.family, p.kind) for m, p in estimator.models.items()}
+    speed = {"server": 1.0, "m1": 1.0}
+    fleet = machines(view("server", warm=("video",)), view("m1"))
+    demand = Demand()
+    for i in range(30):
+        demand.add(MODEL, 10.0, now_s=60.0 * i)  # short Auto jobs, none pinned yet
+    demand.add("video", 600.0, now_s=1800.0)
+    rates = demand.rates(1800.0)
+    video = request("auto", model="video", kind="video", steps=100)
+    unprimed = pressure(rates, able_with_pinned(able_machines(fleet, estimator, catalogue), rates), speed)
+    assert place(video, fleet, estimator, unprimed).machine == "server"
+    decision = place(video, fleet, estimator, Scarcity().pressure(fleet, estimator, catalogue, rates, speed))
+    assert decision.machine == "m1"
+    assert decision.candidates["server"].scarcity_s > decision.candidates["m1"].scarcity_s
