@@ -33,10 +33,11 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
-# ruff (lint only: `ruff format` is configured in pyproject.toml but not enforced) and mypy
-# (strict for routing/, residency/ and app/core/; pyproject.toml, [tool.mypy]). .ci/run runs it first.
+# ruff (lint, then the format: `ruff format .` writes it) and mypy (strict for routing/,
+# residency/ and app/core/; pyproject.toml, [tool.mypy]). .ci/run runs it first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 # Real-HTTP fuzz of the public API: schemathesis, all checks, >= 5,000 cases over every route.

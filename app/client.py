@@ -22,8 +22,15 @@ class ApiError(HomefleetError):
     ``param`` the request field at fault (e.g. ``params.image``) and ``job_id`` the journaled
     ``rejected`` job of a refused submission, when the answer names them (None otherwise)."""
 
-    def __init__(self, status_code: int, reason: str, message: str, retry_after_s: int | None = None,
-                 param: str | None = None, job_id: str | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        reason: str,
+        message: str,
+        retry_after_s: int | None = None,
+        param: str | None = None,
+        job_id: str | None = None,
+    ) -> None:
         super().__init__(message, reason=reason, param=param)
         self.status_code = status_code
         self.retry_after_s = retry_after_s

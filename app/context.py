@@ -83,8 +83,20 @@ class ServerContext:
 
     def reconciler(self, server: bool = True) -> Reconciler:
         """Reconciliation passes over this server's parts (R19); ``server``: see :class:`Reconciler`."""
-        return Reconciler(self.settings, self.redis, self.keys, self.journal, self.machines, self.queues,
-                          self.residency, self.progress, self.lock, self.pairing, server, self.endings)
+        return Reconciler(
+            self.settings,
+            self.redis,
+            self.keys,
+            self.journal,
+            self.machines,
+            self.queues,
+            self.residency,
+            self.progress,
+            self.lock,
+            self.pairing,
+            server,
+            self.endings,
+        )
 
     def webhook_loop(self, render: Callable[[Job], bytes], leads: Callable[[], bool] = lambda: True) -> WebhookLoop:
         """The webhook delivery loop over this server's journal (app/jobs/webhooks.py);
@@ -104,8 +116,10 @@ class ServerContext:
         for name in sorted(set(self.fleet.machines) - set(fleet.machines)):
             backlog = self.machines.view(name).backlog
             if backlog:
-                return (f"machine {name!r} is removed but has {backlog} jobs queued or running; drain it first "
-                        f"(`homefleet machines remove {self.fleet.machines[name].host_name}` waits for them)")
+                return (
+                    f"machine {name!r} is removed but has {backlog} jobs queued or running; drain it first "
+                    f"(`homefleet machines remove {self.fleet.machines[name].host_name}` waits for them)"
+                )
         return None
 
     def apply_fleet(self, fleet: Fleet) -> None:
@@ -126,8 +140,9 @@ class ServerContext:
 
     def syncs(self) -> Syncs:
         """Starting and following syncs (R6) over this server's parts."""
-        return Syncs(self.settings, self.redis, self.celery, self.fleet, self.journal, self.registry, self.machines,
-                     self.lock)
+        return Syncs(
+            self.settings, self.redis, self.celery, self.fleet, self.journal, self.registry, self.machines, self.lock
+        )
 
 
 def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bool = False) -> ServerContext:
@@ -157,36 +172,88 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
     keyspace = Keys(settings.key_prefix, settings.broker_key_prefix)
     wakeup = threading.Event()
     journal = Journal(engine, on_delivery=wakeup.set)
-    registry = Registry(engine, settings.models_dir,  # each registration tells every process's FleetCosts
-                        on_change=ChangeMark(client, keyspace.registry_changed()).touch)
+    registry = Registry(
+        engine,
+        settings.models_dir,  # each registration tells every process's FleetCosts
+        on_change=ChangeMark(client, keyspace.registry_changed()).touch,
+    )
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)
     machines = MachineStates(client, keyspace, fleet, journal, residency)
     metrics = Metrics()
-    lock = FleetLock(client, keyspace, settings.fleet_lock_ttl_s, settings.fleet_lock_wait_s,
-                     observe=metrics.fleet_lock_hold_s.observe)
+    lock = FleetLock(
+        client,
+        keyspace,
+        settings.fleet_lock_ttl_s,
+        settings.fleet_lock_wait_s,
+        observe=metrics.fleet_lock_hold_s.observe,
+    )
     timings_mark = ChangeMark(client, keyspace.timings_changed())
     timings = TimingStore(engine, on_change=timings_mark.touch)
     validator = Validator(registry, inputs, settings.limits, fleet.models)
-    costs = FleetCosts(fleet, registry, timings, ChangeMark(client, keyspace.registry_changed()), timings_mark,
-                       max_total_tokens=lambda model_id: validator.token_limits(model_id).max_total_tokens)
+    costs = FleetCosts(
+        fleet,
+        registry,
+        timings,
+        ChangeMark(client, keyspace.registry_changed()),
+        timings_mark,
+        max_total_tokens=lambda model_id: validator.token_limits(model_id).max_total_tokens,
+    )
     metrics.watch_fleet(machines, registry)
     celery = create_celery(settings)
     queues = MachineQueues(client, keyspace, celery)
     progress = ProgressStore(client, keyspace)
     store = ResultStore(settings.results_dir, settings.max_result_bytes)
-    endings = Endings(journal, machines.reservations, timings, costs.estimator, metrics,
-                      TaskEvents(celery, client, keyspace), Changes(client, keyspace), progress, store)
-    dispatcher = Dispatcher(settings, celery, journal, machines, queues, validator,
-                            costs, timings, DemandStore(client, keyspace), lock, metrics,
-                            events=endings.events, endings=endings)
+    endings = Endings(
+        journal,
+        machines.reservations,
+        timings,
+        costs.estimator,
+        metrics,
+        TaskEvents(celery, client, keyspace),
+        Changes(client, keyspace),
+        progress,
+        store,
+    )
+    dispatcher = Dispatcher(
+        settings,
+        celery,
+        journal,
+        machines,
+        queues,
+        validator,
+        costs,
+        timings,
+        DemandStore(client, keyspace),
+        lock,
+        metrics,
+        events=endings.events,
+        endings=endings,
+    )
     return ServerContext(
-        settings=settings, fleet=fleet, engine=engine, redis=client, celery=celery, keys=keyspace, journal=journal,
-        registry=registry, store=store, inputs=inputs,
-        machines=machines, queues=queues, lock=lock, progress=progress, residency=residency,
-        pairing=Pairing(client, keyspace, engine, settings), dispatcher=dispatcher, metrics=metrics,
-        calls=CallRecords(client, keyspace, settings.sdk_retry_window_s), outbox=WebhookOutbox(engine),
-        webhook_wakeup=wakeup, endings=endings, waiting=Waiting(settings, keyspace, journal, progress),
+        settings=settings,
+        fleet=fleet,
+        engine=engine,
+        redis=client,
+        celery=celery,
+        keys=keyspace,
+        journal=journal,
+        registry=registry,
+        store=store,
+        inputs=inputs,
+        machines=machines,
+        queues=queues,
+        lock=lock,
+        progress=progress,
+        residency=residency,
+        pairing=Pairing(client, keyspace, engine, settings),
+        dispatcher=dispatcher,
+        metrics=metrics,
+        calls=CallRecords(client, keyspace, settings.sdk_retry_window_s),
+        outbox=WebhookOutbox(engine),
+        webhook_wakeup=wakeup,
+        endings=endings,
+        waiting=Waiting(settings, keyspace, journal, progress),
     )
 
 

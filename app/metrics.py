@@ -70,18 +70,36 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.request_s = Histogram("homefleet_request_duration_seconds", "HTTP request duration",
-                                   ["method", "route", "status"], buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self.queue_s = Histogram("homefleet_queue_duration_seconds", "Submission to start of a job",
-                                 ["machine"], buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self.inference_s = Histogram("homefleet_inference_duration_seconds", "Run time of a job on its worker",
-                                     ["machine"], buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self.cold_loads = Counter("homefleet_cold_loads", "Jobs that loaded their pipeline cold", ["machine"],
-                                  registry=self.registry)
-        self.rejections = Counter("homefleet_rejections", "Refused submissions by reason", ["reason"],
-                                  registry=self.registry)
-        self.webhook_attempts = Counter("homefleet_webhook_attempts", "Webhook attempts by outcome", ["outcome"],
-                                        registry=self.registry)
+        self.request_s = Histogram(
+            "homefleet_request_duration_seconds",
+            "HTTP request duration",
+            ["method", "route", "status"],
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.queue_s = Histogram(
+            "homefleet_queue_duration_seconds",
+            "Submission to start of a job",
+            ["machine"],
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.inference_s = Histogram(
+            "homefleet_inference_duration_seconds",
+            "Run time of a job on its worker",
+            ["machine"],
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.cold_loads = Counter(
+            "homefleet_cold_loads", "Jobs that loaded their pipeline cold", ["machine"], registry=self.registry
+        )
+        self.rejections = Counter(
+            "homefleet_rejections", "Refused submissions by reason", ["reason"], registry=self.registry
+        )
+        self.webhook_attempts = Counter(
+            "homefleet_webhook_attempts", "Webhook attempts by outcome", ["outcome"], registry=self.registry
+        )
         self.webhook_delivery_s = Histogram(
             "homefleet_webhook_delivery_seconds",
             "A job's end to its webhook delivered",

@@ -68,13 +68,19 @@ def main() -> None:
         pipeline = load_pipeline(base)
 
         def load() -> None:
-            pipeline.load_lora_weights(str(lora), weight_name=LORA_WEIGHTS, adapter_name="adapter0",
-                                       local_files_only=True)
+            pipeline.load_lora_weights(
+                str(lora), weight_name=LORA_WEIGHTS, adapter_name="adapter0", local_files_only=True
+            )
             pipeline.set_adapters(["adapter0"], adapter_weights=[1.0])
 
         def run() -> None:
-            pipeline(prompt="a red circle", width=args.side, height=args.side, num_inference_steps=args.steps,
-                     generator=torch.Generator("cpu").manual_seed(1))
+            pipeline(
+                prompt="a red circle",
+                width=args.side,
+                height=args.side,
+                num_inference_steps=args.steps,
+                generator=torch.Generator("cpu").manual_seed(1),
+            )
 
         load_s = _median_s(load, args.repeat, after=pipeline.unload_lora_weights)
         unload_s = _median_s(pipeline.unload_lora_weights, args.repeat, after=load)  # each call unloads a loaded one
@@ -95,10 +101,14 @@ def main() -> None:
     print(f"adapter ({lora_bytes} bytes, rank {args.rank}) load + set_adapters on the warm pipeline: {load_s:.3f} s")
     print(f"adapter unload (unload_lora_weights): {unload_s:.3f} s")
     print(f"txt2img {args.side}x{args.side}, {args.steps} steps, without adapter: {plain_s:.3f} s")
-    print(f"txt2img {args.side}x{args.side}, {args.steps} steps, with adapter (scale 1): {adapted_s:.3f} s "
-          f"({adapted_s / plain_s:.2f}x)")
-    print(f"cold_load_s={cold_s:.4f} adapter_load_s={load_s:.4f} unload_s={unload_s:.4f} run_s={plain_s:.4f} "
-          f"adapter_run_s={adapted_s:.4f}")
+    print(
+        f"txt2img {args.side}x{args.side}, {args.steps} steps, with adapter (scale 1): {adapted_s:.3f} s "
+        f"({adapted_s / plain_s:.2f}x)"
+    )
+    print(
+        f"cold_load_s={cold_s:.4f} adapter_load_s={load_s:.4f} unload_s={unload_s:.4f} run_s={plain_s:.4f} "
+        f"adapter_run_s={adapted_s:.4f}"
+    )
 
 
 if __name__ == "__main__":

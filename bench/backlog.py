@@ -47,9 +47,19 @@ API_KEY = "bench-backlog-key-".ljust(40, "x")
 
 def _fleet() -> Fleet:
     names = ["server"] + [f"m{i}" for i in range(1, MACHINES)]
-    return Fleet(machines={n: Machine(name=n, backend="cpu", memory_kind="unified", memory_bytes=8_000_000_000,
-                                      families=frozenset({"sd1"}), token=f"token-{n}-".ljust(32, "x"))
-                           for n in names})
+    return Fleet(
+        machines={
+            n: Machine(
+                name=n,
+                backend="cpu",
+                memory_kind="unified",
+                memory_bytes=8_000_000_000,
+                families=frozenset({"sd1"}),
+                token=f"token-{n}-".ljust(32, "x"),
+            )
+            for n in names
+        }
+    )
 
 
 def _timed(call: object, samples: int) -> list[float]:
@@ -61,8 +71,9 @@ def _timed(call: object, samples: int) -> list[float]:
     return values
 
 
-def _wait_idle(process: psutil.Process, busy_share: float = 0.05, window_s: float = 0.5,
-               timeout_s: float = 120.0) -> float:
+def _wait_idle(
+    process: psutil.Process, busy_share: float = 0.05, window_s: float = 0.5, timeout_s: float = 120.0
+) -> float:
     """Wait until ``process`` uses under ``busy_share`` of a core over ``window_s`` seconds (the
     server's start-up pass over a deep backlog runs for seconds after it answers /health;
     requests measured meanwhile measure that pass). Returns the seconds waited; gives up
@@ -88,9 +99,16 @@ def run(
         extra: dict[str, object] = {"database_url": journal_url} if journal_url else {}
         if reconcile_interval_s is not None:
             extra["reconcile_interval_s"] = reconcile_interval_s
-        settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                            api_port=free_port(), api_keys=[API_KEY], max_queued_per_machine=1_000_000,
-                            max_pending_total=1_000_000, **extra)
+        settings = Settings(
+            data_dir=root / "server",
+            redis_url=redis_process.url,
+            fleet_file=fleet_file,
+            api_port=free_port(),
+            api_keys=[API_KEY],
+            max_queued_per_machine=1_000_000,
+            max_pending_total=1_000_000,
+            **extra,
+        )
         local = LocalFleet(settings, fleet, fleet_file)
         try:
             ctx = build_context(settings, fleet, migrate=True)
@@ -99,23 +117,31 @@ def run(
 
                 def beat() -> None:
                     for name in fleet.machines:
-                        ctx.redis.set(ctx.keys.heartbeat(name), json.dumps({"machine": name, "at": time.time()}),
-                                      ex=3600)
+                        ctx.redis.set(
+                            ctx.keys.heartbeat(name), json.dumps({"machine": name, "at": time.time()}), ex=3600
+                        )
                         ctx.redis.sadd(ctx.keys.verified(name), MODEL)
+
                 beat()
                 started = time.perf_counter()
-                ids = [ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"b{i}", "steps": 1}, "auto").job.id
-                       for i in range(queued)]
+                ids = [
+                    ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"b{i}", "steps": 1}, "auto").job.id
+                    for i in range(queued)
+                ]
                 fill_s = time.perf_counter() - started
-                print(f"backlog: {queued} jobs queued over {MACHINES} machines through the dispatcher "
-                      f"in {fill_s:.1f} s ({1000 * fill_s / max(1, queued):.2f} ms each)")
+                print(
+                    f"backlog: {queued} jobs queued over {MACHINES} machines through the dispatcher "
+                    f"in {fill_s:.1f} s ({1000 * fill_s / max(1, queued):.2f} ms each)"
+                )
                 local.start_api()
                 with httpx.Client(base_url=local.api_url, headers=local.auth_headers, timeout=60) as client:
                     for _ in range(20):  # warm-up: connections, first queries
                         client.get(f"/v1/jobs/{ids[0]}").raise_for_status()
                     settled_s = _wait_idle(psutil.Process(local.processes["api"].pid))
-                    print(f"server idle {settled_s:.1f} s after its health check (its start-up reconciliation "
-                          f"pass over the backlog done)")
+                    print(
+                        f"server idle {settled_s:.1f} s after its health check (its start-up reconciliation "
+                        f"pass over the backlog done)"
+                    )
                     rss_mb = psutil.Process(local.processes["api"].pid).memory_info().rss / 1e6
                     chosen = random.Random(7).choices(ids, k=samples)
                     get_s = []
@@ -126,8 +152,15 @@ def run(
                     list_s, listed, after = [], 0, None
                     while len(list_s) < samples:
                         t = time.perf_counter()
-                        page = client.get("/v1/jobs", params={"state": "queued", "order": "oldest", "limit": 100,
-                                                              **({"after": after} if after else {})})
+                        page = client.get(
+                            "/v1/jobs",
+                            params={
+                                "state": "queued",
+                                "order": "oldest",
+                                "limit": 100,
+                                **({"after": after} if after else {}),
+                            },
+                        )
                         list_s.append(time.perf_counter() - t)
                         page.raise_for_status()
                         rows = page.json()
@@ -136,8 +169,15 @@ def run(
                     submit_s = []
                     for i in range(samples):
                         t = time.perf_counter()
-                        client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": "auto",
-                                                      "params": {"prompt": f"s{i}", "steps": 1}}).raise_for_status()
+                        client.post(
+                            "/v1/jobs",
+                            json={
+                                "model": MODEL,
+                                "kind": "txt2img",
+                                "target": "auto",
+                                "params": {"prompt": f"s{i}", "steps": 1},
+                            },
+                        ).raise_for_status()
                         submit_s.append(time.perf_counter() - t)
                 beat()
                 reconciler = ctx.reconciler()
@@ -176,16 +216,24 @@ def run(
             redis_process.stop()
 
     def ms(values: list[float]) -> str:
-        return f"p50 {1000 * quantile(values, .5):7.2f} ms  p99 {1000 * quantile(values, .99):7.2f} ms"
+        return f"p50 {1000 * quantile(values, 0.5):7.2f} ms  p99 {1000 * quantile(values, 0.99):7.2f} ms"
+
     print(f"journal: {'PostgreSQL' if journal_url else 'SQLite'}; server idle RSS {rss_mb:.1f} MB")
     print(f"GET /v1/jobs/{{id}}            {ms(get_s)}  ({samples} random ids)")
     print(f"GET /v1/jobs?state=queued     {ms(list_s)}  ({len(list_s)} pages of 100, {listed} jobs)")
     print(f"POST /v1/jobs (auto)          {ms(submit_s)}  ({samples} submissions)")
     print(f"reconciliation pass           {reconcile_s:.3f} s")
-    print(f"homefleet status              {status_s:.3f} s (of which Python start-up and CLI imports "
-          f"{imports_s:.3f} s)")
-    return {"rss_mb": rss_mb, "get_p99_ms": 1000 * quantile(get_s, .99), "list_p99_ms": 1000 * quantile(list_s, .99),
-            "submit_p99_ms": 1000 * quantile(submit_s, .99), "reconcile_s": reconcile_s, "status_s": status_s}
+    print(
+        f"homefleet status              {status_s:.3f} s (of which Python start-up and CLI imports {imports_s:.3f} s)"
+    )
+    return {
+        "rss_mb": rss_mb,
+        "get_p99_ms": 1000 * quantile(get_s, 0.99),
+        "list_p99_ms": 1000 * quantile(list_s, 0.99),
+        "submit_p99_ms": 1000 * quantile(submit_s, 0.99),
+        "reconcile_s": reconcile_s,
+        "status_s": status_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,9 +241,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queued", type=int, default=10_000, help="jobs queued before measuring (default 10,000)")
     parser.add_argument("--samples", type=int, default=200, help="requests per measured route (default 200)")
     parser.add_argument("--journal", default=None, help="a database URL for the journal (default: SQLite)")
-    parser.add_argument("--reconcile-interval-s", type=float, default=None,
-                        help="the server's reconciliation interval (default: the server's, 5 s); a long one keeps "
-                             "its passes out of the measured requests")
+    parser.add_argument(
+        "--reconcile-interval-s",
+        type=float,
+        default=None,
+        help="the server's reconciliation interval (default: the server's, 5 s); a long one keeps "
+        "its passes out of the measured requests",
+    )
     args = parser.parse_args(argv)
     figures = run(args.queued, args.samples, args.journal, args.reconcile_interval_s)
     print(" ".join(f"{k}={v:.3f}" if k.endswith("_s") else f"{k}={v:.1f}" for k, v in figures.items()))

@@ -51,8 +51,9 @@ class Problem:
     weights: dict[str, int]
 
 
-def problem(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float], bounds: dict[int, float],
-            floor_s: float) -> Problem:
+def problem(
+    fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float], bounds: dict[int, float], floor_s: float
+) -> Problem:
     """The jobs the simulator accepts (a job whose target, or every machine, is excluded at its
     arrival is refused there, as in :class:`bench.sim.Simulation`) and their true costs."""
     sim = Simulation(fleet, trace, least_queue, factors)
@@ -81,14 +82,31 @@ def problem(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float]
         for n in now:
             run_s[(job.index, n)] = sim.true_run_s(n, job)
     load_s = {(n, m): sim.true_load_s(n, m, fleet.kinds[m]) for n in fleet.machines for m in fleet.models}
-    machines = {n: (str(c.memory_kind), c.memory_bytes, fleet.commitments.get(n, frozenset()))
-                for n, c in fleet.machines.items()}
-    return Problem(arrival, bound, choices, model, run_s, working, load_s, offline, machines,
-                   {m: sim.truth.weights_bytes(m) for m in fleet.models})
+    machines = {
+        n: (str(c.memory_kind), c.memory_bytes, fleet.commitments.get(n, frozenset()))
+        for n, c in fleet.machines.items()
+    }
+    return Problem(
+        arrival,
+        bound,
+        choices,
+        model,
+        run_s,
+        working,
+        load_s,
+        offline,
+        machines,
+        {m: sim.truth.weights_bytes(m) for m in fleet.models},
+    )
 
 
-def replay(p: Problem, machine: str, jobs: list[int], state: tuple[float, tuple[str, ...]] | None = None,
-           states: list[tuple[float, tuple[str, ...]]] | None = None) -> list[float]:
+def replay(
+    p: Problem,
+    machine: str,
+    jobs: list[int],
+    state: tuple[float, tuple[str, ...]] | None = None,
+    states: list[tuple[float, tuple[str, ...]]] | None = None,
+) -> list[float]:
     """Bounded slowdowns of ``jobs`` (in arrival order) run FIFO on ``machine``: a job starts
     when it has arrived, the one before it is done and the machine is online; a cold model
     loads first (true load seconds), as :class:`bench.sim.Simulation` runs it. ``state``: the
@@ -106,8 +124,15 @@ def replay(p: Problem, machine: str, jobs: list[int], state: tuple[float, tuple[
                 start = b
         model = p.model[j]
         cold = model not in warm
-        admit(warm, model, memory_kind=kind, usable_bytes=usable, protected=protected,
-              weights_bytes=p.weights.__getitem__, working_bytes=p.working[j])
+        admit(
+            warm,
+            model,
+            memory_kind=kind,
+            usable_bytes=usable,
+            protected=protected,
+            weights_bytes=p.weights.__getitem__,
+            working_bytes=p.working[j],
+        )
         free_s = start + (p.load_s[(machine, model)] if cold else 0.0) + p.run_s[(j, machine)]
         out.append((free_s - p.arrival[j]) / p.bound[j])
         if states is not None:

@@ -38,14 +38,23 @@ API_KEY = "bench-device-start-key-".ljust(40, "x")
 
 def fleet_toml(rounds: int) -> str:
     """The fleet file: ``server`` (no worker) and, per round, hosts ``solo-<r>`` and ``duo-<r>``."""
-    entries = [("server", None)] + [(f"{kind}-{r}", count) for r in range(rounds)
-                                    for kind, count in (("solo", 1), ("duo", 2))]
+    entries = [("server", None)] + [
+        (f"{kind}-{r}", count) for r in range(rounds) for kind, count in (("solo", 1), ("duo", 2))
+    ]
     lines = []
     for name, count in entries:
         token = f"token-{name}-".ljust(32, "x")
-        lines += ["[[machines]]", f'name = "{name}"', 'backend = "cpu"', 'memory_kind = "unified"',
-                  "memory_bytes = 4_000_000_000", 'families = ["sd1"]', f'token = "{token}"',
-                  *([f"devices = {count}"] if count else []), ""]
+        lines += [
+            "[[machines]]",
+            f'name = "{name}"',
+            'backend = "cpu"',
+            'memory_kind = "unified"',
+            "memory_bytes = 4_000_000_000",
+            'families = ["sd1"]',
+            f'token = "{token}"',
+            *([f"devices = {count}"] if count else []),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -69,8 +78,14 @@ def run(rounds: int) -> dict[str, float]:
         fleet_file = root / "fleet.toml"
         write_private(fleet_file, fleet_toml(rounds))
         fleet = load_fleet(fleet_file)
-        settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                            api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5)
+        settings = Settings(
+            data_dir=root / "server",
+            redis_url=redis_process.url,
+            fleet_file=fleet_file,
+            api_port=free_port(),
+            api_keys=[API_KEY],
+            heartbeat_interval_s=0.5,
+        )
         local = LocalFleet(settings, fleet, fleet_file)
         one, two = [], []
         try:

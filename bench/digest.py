@@ -89,8 +89,12 @@ def resident(path: Path) -> str:
     """``fincore``'s resident size of the file, or '?' when fincore is not installed."""
     if not shutil.which("fincore"):
         return "?"
-    done = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip() or "?"
 
 
@@ -176,8 +180,10 @@ def main() -> int:
         write_model(path, args.size_bytes)
         size = path.stat().st_size
         evict(path)
-        print(f"file {path}: {size} bytes, written in {time.perf_counter() - started:.1f} s; "
-              f"resident after eviction: {resident(path)} bytes; cores: {os.cpu_count()}")
+        print(
+            f"file {path}: {size} bytes, written in {time.perf_counter() - started:.1f} s; "
+            f"resident after eviction: {resident(path)} bytes; cores: {os.cpu_count()}"
+        )
         gbps = lambda seconds: size / seconds / 1e9  # noqa: E731
         cases: dict[str, tuple[Callable[[Path], None], bool]] = {
             "read cold": (plain_read, True),

@@ -43,9 +43,19 @@ MACHINES = 8
 
 def _fleet() -> Fleet:
     names = ["server"] + [f"w{i:02d}" for i in range(1, MACHINES)]
-    return Fleet(machines={name: Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=8_000_000_000,
-                                         families=frozenset({"sd1"}), token=f"token-{name}-".ljust(32, "x"))
-                           for name in names})
+    return Fleet(
+        machines={
+            name: Machine(
+                name=name,
+                backend="cpu",
+                memory_kind="unified",
+                memory_bytes=8_000_000_000,
+                families=frozenset({"sd1"}),
+                token=f"token-{name}-".ljust(32, "x"),
+            )
+            for name in names
+        }
+    )
 
 
 def hold_times(submissions: int = SUBMISSIONS) -> tuple[list[float], list[float], list[float]]:
@@ -56,8 +66,12 @@ def hold_times(submissions: int = SUBMISSIONS) -> tuple[list[float], list[float]
         redis_process = start_redis_server(root / "redis")
         try:
             fleet = _fleet()
-            settings = Settings(data_dir=root / "server", redis_url=redis_process.url,
-                                max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
+            settings = Settings(
+                data_dir=root / "server",
+                redis_url=redis_process.url,
+                max_queued_per_machine=1_000_000,
+                max_pending_total=1_000_000,
+            )
             ctx = build_context(settings, fleet, migrate=True)
             try:
                 model = ctx.registry.add(_model_folder(root), "bench-sd").id
@@ -99,5 +113,7 @@ def _ms(values: list[float], q: int) -> float:
 if __name__ == "__main__":
     ahead, inside, whole = hold_times(int(sys.argv[1]) if len(sys.argv) > 1 else SUBMISSIONS)
     print(f"submissions per loop: {len(ahead)}; {MACHINES} machines; the timings' mark moved before each")
-    print(f"ahead_p50_ms={_ms(ahead, 50):.3f} ahead_p99_ms={_ms(ahead, 99):.3f} inside_p50_ms={_ms(inside, 50):.3f} "
-          f"inside_p99_ms={_ms(inside, 99):.3f} submit_p50_ms={statistics.median(whole) * 1000:.3f}")
+    print(
+        f"ahead_p50_ms={_ms(ahead, 50):.3f} ahead_p99_ms={_ms(ahead, 99):.3f} inside_p50_ms={_ms(inside, 50):.3f} "
+        f"inside_p99_ms={_ms(inside, 99):.3f} submit_p50_ms={statistics.median(whole) * 1000:.3f}"
+    )

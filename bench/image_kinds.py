@@ -75,13 +75,21 @@ def main() -> None:
             (f"txt2img n={args.n} (one call)", "txt2img", {**base, **sized, "n": args.n}),
         ]
         for label, kind, params in jobs:
-            seconds = _median_s(lambda k=kind, p=params: runner(k)(pipeline, p, lambda *a, **k: None, {}, inputs,
-                                                                    family=args.family), args.repeat)
+            seconds = _median_s(
+                lambda k=kind, p=params: runner(k)(pipeline, p, lambda *a, **k: None, {}, inputs, family=args.family),
+                args.repeat,
+            )
             print(f"run {label}, {args.steps} steps, {args.side}x{args.side}: {seconds:.3f} s")
         one = {**base, **sized}
-        separate = _median_s(lambda: [runner("txt2img")(pipeline, {**one, "seed": 1 + i}, lambda *a, **k: None, {},
-                                                        inputs, family=args.family) for i in range(args.n)],
-                             args.repeat)
+        separate = _median_s(
+            lambda: [
+                runner("txt2img")(
+                    pipeline, {**one, "seed": 1 + i}, lambda *a, **k: None, {}, inputs, family=args.family
+                )
+                for i in range(args.n)
+            ],
+            args.repeat,
+        )
         print(f"run txt2img {args.n} separate calls: {separate:.3f} s")
 
 

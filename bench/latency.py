@@ -72,19 +72,29 @@ def _unix(iso: str) -> float:
 
 def _fleet() -> Fleet:
     def machine(name: str) -> Machine:
-        return Machine(name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000,
-                       families=frozenset({"sd1"}), token=f"token-{name}-".ljust(32, "x"))
+        return Machine(
+            name=name,
+            backend="cpu",
+            memory_kind="unified",
+            memory_bytes=4_000_000_000,
+            families=frozenset({"sd1"}),
+            token=f"token-{name}-".ljust(32, "x"),
+        )
+
     return Fleet(machines={n: machine(n) for n in ("server", IDLE)})
 
 
-def homefleet_starts(client: httpx.Client, jobs: int, target: str, params: dict[str, Any]
-                     ) -> tuple[list[float], list[float]]:
+def homefleet_starts(
+    client: httpx.Client, jobs: int, target: str, params: dict[str, Any]
+) -> tuple[list[float], list[float]]:
     """(submit -> claim seconds, POST round trip seconds) for ``jobs`` jobs, one at a time."""
     starts, posts = [], []
     for i in range(jobs):
         sent = time.time()
-        answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
-                                               "params": {**params, "prompt": f"latency {i}"}})
+        answer = client.post(
+            "/v1/jobs",
+            json={"model": MODEL, "kind": "txt2img", "target": target, "params": {**params, "prompt": f"latency {i}"}},
+        )
         answered = time.time()
         answer.raise_for_status()
         job_id = answer.json()["id"]
@@ -135,6 +145,7 @@ class Spans:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[label].append(time.perf_counter() - started)
+
         setattr(owner, name, timed)
 
     @contextmanager
@@ -166,16 +177,24 @@ def breakdown(settings: Settings, fleet: Fleet, jobs: int) -> Spans:
                 yield fence
                 released = time.perf_counter()
             spans.seconds["lock release"].append(time.perf_counter() - released)
+
         lock.held = held  # type: ignore[method-assign]
-        for name, label in (("snapshot", "snapshot (machines, demand, reservations)"), ("_place", "placement"),
-                            ("_journal", "journal insert"), ("_reserve", "reserve (fenced Lua)"),
-                            ("_publish", "publish (Celery)")):
+        for name, label in (
+            ("snapshot", "snapshot (machines, demand, reservations)"),
+            ("_place", "placement"),
+            ("_journal", "journal insert"),
+            ("_reserve", "reserve (fenced Lua)"),
+            ("_publish", "publish (Celery)"),
+        ):
             spans.wrap(dispatcher, name, label)
         ids = []
         for i in range(jobs + 5):
             with spans.span("submit (dispatcher, total)"):
-                ids.append(dispatcher.submit(MODEL, "txt2img", {"prompt": f"b{i}", "steps": 1, "width": 64,
-                                                                "height": 64}, IDLE).job.id)
+                ids.append(
+                    dispatcher.submit(
+                        MODEL, "txt2img", {"prompt": f"b{i}", "steps": 1, "width": 64, "height": 64}, IDLE
+                    ).job.id
+                )
         for job_id in ids:
             with spans.span("claim: model manifest (verification cache)"):
                 ctx.registry.manifest(MODEL)
@@ -198,9 +217,16 @@ def run(jobs: int, steps: int) -> dict[str, float]:
         fleet = _fleet()
         fleet_file = root / "fleet.toml"
         write_private(fleet_file, fleet.to_toml())
-        settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                            api_port=free_port(), api_keys=[API_KEY], heartbeat_interval_s=0.5,
-                            max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
+        settings = Settings(
+            data_dir=root / "server",
+            redis_url=redis_process.url,
+            fleet_file=fleet_file,
+            api_port=free_port(),
+            api_keys=[API_KEY],
+            heartbeat_interval_s=0.5,
+            max_queued_per_machine=1_000_000,
+            max_pending_total=1_000_000,
+        )
         local = LocalFleet(settings, fleet, fleet_file)
         noop_worker: subprocess.Popen[bytes] | None = None
         try:
@@ -216,9 +242,29 @@ def run(jobs: int, steps: int) -> dict[str, float]:
             env = {**os.environ, "HOMEFLEET_REDIS_URL": redis_process.url, "PYTHONUNBUFFERED": "1"}
             with open(root / "noop-worker.log", "wb") as log:
                 noop_worker = subprocess.Popen(
-                    [sys.executable, "-m", "celery", "-A", "bench.celery_noop", "worker", "-Q", NOOP_QUEUE,
-                     "--pool", "prefork", "-c", "1", "--without-gossip", "--without-mingle", "-l", "WARNING"],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "bench.celery_noop",
+                        "worker",
+                        "-Q",
+                        NOOP_QUEUE,
+                        "--pool",
+                        "prefork",
+                        "-c",
+                        "1",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "-l",
+                        "WARNING",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             with httpx.Client(base_url=local.api_url, headers=local.auth_headers, timeout=120) as client:
                 homefleet_starts(client, 2, "server", params)  # the model loads: warm from here on
                 submit, post = homefleet_starts(client, jobs, "server", params)
@@ -235,10 +281,14 @@ def run(jobs: int, steps: int) -> dict[str, float]:
         return 1000 * quantile(values, q)
 
     print(f"{'path':<48} {'p50 ms':>8} {'p99 ms':>8}")
-    for label, values in (("homefleet submit -> claim (pinned)", submit), ("  of which POST round trip", post),
-                          ("homefleet submit -> claim (auto)", auto), ("  of which POST round trip", auto_post),
-                          ("celery apply_async -> no-op start", celery)):
-        print(f"{label:<48} {ms(values, .5):>8.2f} {ms(values, .99):>8.2f}")
+    for label, values in (
+        ("homefleet submit -> claim (pinned)", submit),
+        ("  of which POST round trip", post),
+        ("homefleet submit -> claim (auto)", auto),
+        ("  of which POST round trip", auto_post),
+        ("celery apply_async -> no-op start", celery),
+    ):
+        print(f"{label:<48} {ms(values, 0.5):>8.2f} {ms(values, 0.99):>8.2f}")
     after_post = [s - p for s, p in zip(submit, post, strict=True)]
     print(
         f"{'  answer -> claim (delivery, pool, claim HTTP)':<48} "
@@ -246,9 +296,14 @@ def run(jobs: int, steps: int) -> dict[str, float]:
     )
     print(f"\nbreakdown in-process ({jobs} pinned submissions and claims, no worker):")
     for label, values in spans.seconds.items():
-        print(f"  {label:<46} {ms(values, .5):>8.3f} {ms(values, .99):>8.3f}")
-    return {"submit_p50_ms": ms(submit, .5), "submit_p99_ms": ms(submit, .99), "celery_p50_ms": ms(celery, .5),
-            "ratio_p50": quantile(submit, .5) / quantile(celery, .5), "auto_p50_ms": ms(auto, .5)}
+        print(f"  {label:<46} {ms(values, 0.5):>8.3f} {ms(values, 0.99):>8.3f}")
+    return {
+        "submit_p50_ms": ms(submit, 0.5),
+        "submit_p99_ms": ms(submit, 0.99),
+        "celery_p50_ms": ms(celery, 0.5),
+        "ratio_p50": quantile(submit, 0.5) / quantile(celery, 0.5),
+        "auto_p50_ms": ms(auto, 0.5),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

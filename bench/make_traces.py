@@ -65,14 +65,31 @@ def session(rng: random.Random, mix: dict[str, float], burst: tuple[int, int]) -
     if choice == "edit":
         jobs, offset = [], 0.0
         for _ in range(rng.randint(*burst)):
-            jobs.append({"dt": offset, "model": "qwen-image-edit", "kind": "edit", "steps": rng.randint(20, 40),
-                         "width": 1024, "height": 1024})
+            jobs.append(
+                {
+                    "dt": offset,
+                    "model": "qwen-image-edit",
+                    "kind": "edit",
+                    "steps": rng.randint(20, 40),
+                    "width": 1024,
+                    "height": 1024,
+                }
+            )
             offset += rng.uniform(30, 120)  # the user looks, edits the instruction, submits again
         return jobs
     if choice.startswith("wan"):
         w, h, f = VIDEO
-        return [{"dt": 0.0, "model": choice, "kind": "video", "steps": rng.randint(30, 50), "width": w, "height": h,
-                 "frames": f}]
+        return [
+            {
+                "dt": 0.0,
+                "model": choice,
+                "kind": "video",
+                "steps": rng.randint(30, 50),
+                "width": w,
+                "height": h,
+                "frames": f,
+            }
+        ]
     side = 512 if choice == "sd15" else rng.choice([1024, 1024, 1024, 768])
     jobs = [
         {"dt": 0.0, "model": choice, "kind": "txt2img", "steps": rng.randint(20, 50), "width": side, "height": side}
@@ -111,8 +128,15 @@ def capacity(fleet: SimFleet, jobs: list[TraceJob]) -> float:
     return best
 
 
-def build(fleet: SimFleet, stem: str, mix: str, load: float, seed: int, burst: tuple[int, int],
-          offline: tuple[str, float, float] | None) -> list[str]:
+def build(
+    fleet: SimFleet,
+    stem: str,
+    mix: str,
+    load: float,
+    seed: int,
+    burst: tuple[int, int],
+    offline: tuple[str, float, float] | None,
+) -> list[str]:
     rng = random.Random(seed)
     sessions = []
     count = 0
@@ -121,8 +145,19 @@ def build(fleet: SimFleet, stem: str, mix: str, load: float, seed: int, burst: t
         sessions.append(s)
         count += len(s)
     raw = [j for s in sessions for j in s][:JOBS]
-    draft = [TraceJob(i, 0.0, j["model"], j["kind"], j["steps"], job_size(j["width"] * j["height"], j.get("frames", 1)),
-                      "auto", 1.0) for i, j in enumerate(raw)]
+    draft = [
+        TraceJob(
+            i,
+            0.0,
+            j["model"],
+            j["kind"],
+            j["steps"],
+            job_size(j["width"] * j["height"], j.get("frames", 1)),
+            "auto",
+            1.0,
+        )
+        for i, j in enumerate(raw)
+    ]
     rate = load * capacity(fleet, draft)  # jobs per second
     session_rate = rate * len(sessions) / count
     names = sorted(fleet.machines)
@@ -149,13 +184,23 @@ def build(fleet: SimFleet, stem: str, mix: str, load: float, seed: int, burst: t
                 )
                 able = [n for n in names if exclusion(sim.request(probe), views[n], sim.estimator) is None]
                 target = rng.choice(able)
-            entry = {"t": round(t + j["dt"], 3), **{k: v for k, v in j.items() if k != "dt"}, "target": target,
-                     "noise": round(rng.uniform(0.9, 1.1), 4)}
+            entry = {
+                "t": round(t + j["dt"], 3),
+                **{k: v for k, v in j.items() if k != "dt"},
+                "target": target,
+                "noise": round(rng.uniform(0.9, 1.1), 4),
+            }
             lines.append(entry)
     lines = sorted(lines, key=lambda e: e["t"])[:JOBS]
     end_s = lines[-1]["t"]
-    header: dict = {"name": stem, "mix": mix, "load": load, "seed": seed, "jobs": len(lines),
-                    "rate_per_s": round(rate, 6)}
+    header: dict = {
+        "name": stem,
+        "mix": mix,
+        "load": load,
+        "seed": seed,
+        "jobs": len(lines),
+        "rate_per_s": round(rate, 6),
+    }
     if offline:
         machine, a, b = offline
         header["offline"] = [{"machine": machine, "from_s": round(a * end_s, 1), "to_s": round(b * end_s, 1)}]

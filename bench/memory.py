@@ -98,16 +98,38 @@ def measure(kind: str, folder: Path, width: int, height: int, frames: int, steps
     runner(kind)(pipeline, params, lambda _step, _total: None, {}, inputs)
     run_s = time.perf_counter() - started
     peak_bytes = _status_bytes("VmHWM")
-    return {"kind": kind, "width": width, "height": height, "frames": frames, "size": width * height * frames,
-            "loaded_bytes": loaded_bytes, "peak_bytes": peak_bytes, "working_bytes": peak_bytes - loaded_bytes,
-            "run_s": run_s}
+    return {
+        "kind": kind,
+        "width": width,
+        "height": height,
+        "frames": frames,
+        "size": width * height * frames,
+        "loaded_bytes": loaded_bytes,
+        "peak_bytes": peak_bytes,
+        "working_bytes": peak_bytes - loaded_bytes,
+        "run_s": run_s,
+    }
 
 
 def measure_in_subprocess(kind: str, folder: Path, width: int, height: int, frames: int, steps: int) -> dict[str, Any]:
     """:func:`measure` in a fresh interpreter. Raises ``RuntimeError`` with its stderr when it fails."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.memory", "--measure", kind, str(folder), str(width), str(height), str(frames),
-         "--steps", str(steps)], capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "bench.memory",
+            "--measure",
+            kind,
+            str(folder),
+            str(width),
+            str(height),
+            str(frames),
+            "--steps",
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if done.returncode != 0:
         raise RuntimeError(f"measuring {kind} at {width}x{height}x{frames} failed:\n{done.stderr[-3000:]}")
@@ -128,10 +150,19 @@ def fit(rows: list[dict[str, Any]]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", action="append", choices=sorted(SIZES), help="kinds to measure (default: all)")
-    parser.add_argument("--model", action="append", default=[], metavar="KIND=DIR",
-                        help="a model folder for a kind (default: the tiny model, built in a temp dir)")
-    parser.add_argument("--steps", type=int, default=1,
-                        help="denoising steps per run (default 1: the peak of one step is the peak of many)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="KIND=DIR",
+        help="a model folder for a kind (default: the tiny model, built in a temp dir)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="denoising steps per run (default 1: the peak of one step is the peak of many)",
+    )
     parser.add_argument("--measure", nargs=5, metavar=("KIND", "DIR", "W", "H", "FRAMES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -162,8 +193,10 @@ def main(argv: list[str] | None = None) -> None:
                 )
             fits[kind] = fit(rows)
     print()
-    print(f"# bench/memory.py, {date.today().isoformat()}, steps={args.steps}, fp32 on the CPU; models: "
-          + ", ".join(f"{kind}={folders[kind].name}" for kind in kinds))
+    print(
+        f"# bench/memory.py, {date.today().isoformat()}, steps={args.steps}, fp32 on the CPU; models: "
+        + ", ".join(f"{kind}={folders[kind].name}" for kind in kinds)
+    )
     print("# fitted: " + "; ".join(f"{kind} base={b:,.0f} B, {p:.2f} B/px" for kind, (b, p) in fits.items()))
     for kind, (base, per_pixel) in fits.items():
         print(f"[working_memory.{kind}]")

@@ -47,9 +47,21 @@ def _history(ctx: ServerContext, key_id: str, model: str) -> None:
     now = datetime.now(UTC)
     for i in range(HISTORY):
         ended = now - timedelta(seconds=30 * (i + 1))
-        ctx.journal.add(Job(state=JobState.succeeded, model_id=model, kind="txt2img", params={"prompt": "old"},
-                            target="server", machine="server", api_key_id=key_id, started_at=ended,
-                            finished_at=ended, load_s=0.1, run_s=1.0))
+        ctx.journal.add(
+            Job(
+                state=JobState.succeeded,
+                model_id=model,
+                kind="txt2img",
+                params={"prompt": "old"},
+                target="server",
+                machine="server",
+                api_key_id=key_id,
+                started_at=ended,
+                finished_at=ended,
+                load_s=0.1,
+                run_s=1.0,
+            )
+        )
 
 
 def quota_latencies(submissions: int = SUBMISSIONS) -> tuple[list[float], list[float], list[float]]:
@@ -58,13 +70,28 @@ def quota_latencies(submissions: int = SUBMISSIONS) -> tuple[list[float], list[f
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
         try:
-            fleet = Fleet(machines={"server": Machine(name="server", backend="cpu", memory_kind="unified",
-                                                      memory_bytes=8_000_000_000, families=frozenset({"sd1"}),
-                                                      token="token-server-".ljust(32, "x"))})
-            settings = Settings(data_dir=root / "server", redis_url=redis_process.url, api_keys=[QUOTA_KEY, FREE_KEY],
-                                api_key_quotas={"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1_000_000,
-                                                       "max_gpu_seconds_per_hour": 1e9}},
-                                max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
+            fleet = Fleet(
+                machines={
+                    "server": Machine(
+                        name="server",
+                        backend="cpu",
+                        memory_kind="unified",
+                        memory_bytes=8_000_000_000,
+                        families=frozenset({"sd1"}),
+                        token="token-server-".ljust(32, "x"),
+                    )
+                }
+            )
+            settings = Settings(
+                data_dir=root / "server",
+                redis_url=redis_process.url,
+                api_keys=[QUOTA_KEY, FREE_KEY],
+                api_key_quotas={
+                    "ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1_000_000, "max_gpu_seconds_per_hour": 1e9}
+                },
+                max_queued_per_machine=1_000_000,
+                max_pending_total=1_000_000,
+            )
             ctx = build_context(settings, fleet, migrate=True)
             try:
                 model = ctx.registry.add(_model_folder(root), "bench-sd").id
@@ -110,6 +137,8 @@ def _p(values: list[float], q: float) -> float:
 if __name__ == "__main__":
     free, quota, checks = quota_latencies(int(sys.argv[1]) if len(sys.argv) > 1 else SUBMISSIONS)
     free_p50, quota_p50 = statistics.median(free) * 1000, statistics.median(quota) * 1000
-    print(f"no_quota_p50_ms={free_p50:.3f} quota_p50_ms={quota_p50:.3f} delta_p50_ms={quota_p50 - free_p50:.3f} "
-          f"no_quota_p90_ms={_p(free, 90):.3f} quota_p90_ms={_p(quota, 90):.3f} "
-          f"check_p50_ms={statistics.median(checks) * 1000:.3f}")
+    print(
+        f"no_quota_p50_ms={free_p50:.3f} quota_p50_ms={quota_p50:.3f} delta_p50_ms={quota_p50 - free_p50:.3f} "
+        f"no_quota_p90_ms={_p(free, 90):.3f} quota_p90_ms={_p(quota, 90):.3f} "
+        f"check_p50_ms={statistics.median(checks) * 1000:.3f}"
+    )

@@ -43,9 +43,11 @@ class Case:
     def describe(self) -> str:
         machines = self.fleet.machines.values()
         cuda = sum(m.memory_kind == "dedicated" for m in machines)
-        return (f"seed={self.seed} machines={len(self.fleet.machines)} (cuda {cuda}) jobs={len(self.trace.jobs)} "
-                f"load={self.trace.header['load']:.2f} offline={len(self.trace.offline)} "
-                f"committed={len(self.fleet.commitments)}")
+        return (
+            f"seed={self.seed} machines={len(self.fleet.machines)} (cuda {cuda}) jobs={len(self.trace.jobs)} "
+            f"load={self.trace.header['load']:.2f} offline={len(self.trace.offline)} "
+            f"committed={len(self.fleet.commitments)}"
+        )
 
 
 def case_seeds(n: int, seed: int) -> list[int]:

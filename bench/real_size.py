@@ -49,19 +49,33 @@ FAMILY_CONFIGS = REPO / "app" / "store" / "family_configs"
 #: family -> (repository name as people download it, the root single-file checkpoint written for
 #: real, root extras written as sparse files of their real size in bytes)
 LAYOUTS: dict[str, tuple[str, str, dict[str, int]]] = {
-    "sd1": ("stable-diffusion-v1-5", "v1-5-pruned-emaonly.safetensors",
-            {"v1-5-pruned.safetensors": 7_703_324_286, "v1-5-pruned.ckpt": 7_703_807_346,
-             "v1-5-pruned-emaonly.ckpt": 4_265_380_512}),
-    "sdxl": ("stable-diffusion-xl-base-1.0", "sd_xl_base_1.0.safetensors",
-             {"sd_xl_base_1.0_0.9vae.safetensors": 6_938_078_334, "sd_xl_offset_example-lora_1.0.safetensors":
-                 49_553_604}),
+    "sd1": (
+        "stable-diffusion-v1-5",
+        "v1-5-pruned-emaonly.safetensors",
+        {
+            "v1-5-pruned.safetensors": 7_703_324_286,
+            "v1-5-pruned.ckpt": 7_703_807_346,
+            "v1-5-pruned-emaonly.ckpt": 4_265_380_512,
+        },
+    ),
+    "sdxl": (
+        "stable-diffusion-xl-base-1.0",
+        "sd_xl_base_1.0.safetensors",
+        {"sd_xl_base_1.0_0.9vae.safetensors": 6_938_078_334, "sd_xl_offset_example-lora_1.0.safetensors": 49_553_604},
+    ),
 }
 #: per-component extras as sparse files (relative name -> bytes of the real repository's file, about)
-SDXL_EXTRAS = {"unet/diffusion_flax_model.msgpack": 10_270_000_000, "unet/model.onnx": 7_650_000,
-               "unet/model.onnx_data": 10_270_000_000, "unet/openvino_model.bin": 5_140_000_000,
-               "unet/openvino_model.xml": 2_500_000, "text_encoder_2/model.onnx": 2_780_000_000,
-               "vae_decoder/model.onnx": 198_000_000, "vae_encoder/model.onnx": 137_000_000,
-               "vae_1_0/diffusion_pytorch_model.safetensors": 334_640_000}
+SDXL_EXTRAS = {
+    "unet/diffusion_flax_model.msgpack": 10_270_000_000,
+    "unet/model.onnx": 7_650_000,
+    "unet/model.onnx_data": 10_270_000_000,
+    "unet/openvino_model.bin": 5_140_000_000,
+    "unet/openvino_model.xml": 2_500_000,
+    "text_encoder_2/model.onnx": 2_780_000_000,
+    "vae_decoder/model.onnx": 198_000_000,
+    "vae_encoder/model.onnx": 137_000_000,
+    "vae_1_0/diffusion_pytorch_model.safetensors": 334_640_000,
+}
 
 
 def _sparse(path: Path, size: int) -> None:
@@ -133,8 +147,11 @@ def build_repository(family: str, out: Path) -> Path:
         model = model.half()
         model.save_pretrained(str(repo / component), safe_serialization=True, variant="fp16")
         components[component] = model
-        print(f"  {family}/{component}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        print(
+            f"  {family}/{component}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters "
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
 
     class _Pipe:  # what the reverse key mapping reads: the components by name
         def __init__(self, parts: dict[str, Any]) -> None:
@@ -167,8 +184,14 @@ def register(data_dir: Path, repo: Path, model_id: str, precision: str) -> dict[
     cli = [sys.executable, "-m", "app.cli"]
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True, cwd=REPO)
     started = time.perf_counter()
-    done = subprocess.run([*cli, "models", "add", str(repo), "--id", model_id, "--precision", precision],
-                          env={**env, "COLUMNS": "160"}, check=True, capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [*cli, "models", "add", str(repo), "--id", model_id, "--precision", precision],
+        env={**env, "COLUMNS": "160"},
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     took = time.perf_counter() - started
     from sqlmodel import Session, create_engine, select
 
@@ -178,8 +201,13 @@ def register(data_dir: Path, repo: Path, model_id: str, precision: str) -> dict[
     with Session(engine) as session:
         record = session.get(ModelRecord, model_id)
         files = len(session.exec(select(ModelFile.path).where(ModelFile.model_id == model_id)).all())
-        figures = {"total_bytes": record.total_bytes, "weights_bytes": record.weights_bytes, "files": files,
-                   "register_s": took, "printed": done.stdout}
+        figures = {
+            "total_bytes": record.total_bytes,
+            "weights_bytes": record.weights_bytes,
+            "files": files,
+            "register_s": took,
+            "printed": done.stdout,
+        }
     engine.dispose()
     return figures
 
@@ -187,8 +215,13 @@ def register(data_dir: Path, repo: Path, model_id: str, precision: str) -> dict[
 def measure_load(folder: Path, precision: str, step: bool) -> dict[str, Any]:
     """Load ``folder`` with the worker's loader in a fresh process; with ``step``, run one
     512x512 txt2img step there. Returns the child's figures (bytes)."""
-    done = subprocess.run([sys.executable, "-m", "bench.real_size", "--child", str(folder), precision,
-                           "1" if step else "0"], check=True, capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.real_size", "--child", str(folder), precision, "1" if step else "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -220,15 +253,25 @@ def _child(folder: Path, precision: str, step: bool) -> None:
                         tensors += storage.nbytes()
                         tensor.sum()  # touch every page: safetensors maps files, pages count once read
     after = _status_bytes("VmRSS")
-    figures: dict[str, Any] = {"rss_growth": after - before, "rss_at_load": mapped - before, "tensor_bytes": tensors,
-                               "load_s": load_s}
+    figures: dict[str, Any] = {
+        "rss_growth": after - before,
+        "rss_at_load": mapped - before,
+        "tensor_bytes": tensors,
+        "load_s": load_s,
+    }
     if step:
         Path("/proc/self/clear_refs").write_text("5")
         rss = _status_bytes("VmRSS")
         started = time.perf_counter()
         with torch.inference_mode():
-            pipe(prompt="a red circle", num_inference_steps=1, height=512, width=512, guidance_scale=7.5,
-                 output_type="pil")
+            pipe(
+                prompt="a red circle",
+                num_inference_steps=1,
+                height=512,
+                width=512,
+                guidance_scale=7.5,
+                output_type="pil",
+            )
         figures.update(step_s=time.perf_counter() - started, step_peak=_status_bytes("VmHWM") - rss)
     print(json.dumps(figures))
 
@@ -266,10 +309,10 @@ def main(argv: list[str] | None = None) -> None:
             model_id = f"{family}-{precision}"
             reg = register(data_dir, repo, model_id, precision)
             print(reg["printed"])
-            loaded = measure_load(data_dir / "models" / model_id, precision, args.step and family == "sd1"
-                                  and precision == "fp32")
-            row = {"family": family, "precision": precision, "repo_bytes": disk, "repo_files": count, **reg,
-                   **loaded}
+            loaded = measure_load(
+                data_dir / "models" / model_id, precision, args.step and family == "sd1" and precision == "fp32"
+            )
+            row = {"family": family, "precision": precision, "repo_bytes": disk, "repo_files": count, **reg, **loaded}
             row.pop("printed")
             if "step_peak" in loaded:
                 row["working_estimate"] = WorkingMemory().bytes(family, "txt2img", 512 * 512)
@@ -277,18 +320,24 @@ def main(argv: list[str] | None = None) -> None:
             if not args.keep:
                 shutil.rmtree(data_dir, ignore_errors=True)
     print()
-    print(f"{'model':<12} {'repo':>11} {'registered':>11} {'taken/all':>9} {'estimate':>11} {'tensors':>11} "
-          f"{'est/tens':>8} {'RSS grow':>11} {'est/RSS':>7} {'load s':>6}")
+    print(
+        f"{'model':<12} {'repo':>11} {'registered':>11} {'taken/all':>9} {'estimate':>11} {'tensors':>11} "
+        f"{'est/tens':>8} {'RSS grow':>11} {'est/RSS':>7} {'load s':>6}"
+    )
     for r in rows:
-        print(f"{r['family'] + '-' + r['precision']:<12} {_mib(r['repo_bytes']):>11} {_mib(r['total_bytes']):>11} "
-              f"{r['files']:>4}/{r['repo_files']:<4} {_mib(r['weights_bytes']):>11} {_mib(r['tensor_bytes']):>11} "
-              f"{r['weights_bytes'] / r['tensor_bytes']:>8.3f} {_mib(r['rss_growth']):>11} "
-              f"{r['weights_bytes'] / r['rss_growth']:>7.3f} {r['load_s']:>6.1f}")
+        print(
+            f"{r['family'] + '-' + r['precision']:<12} {_mib(r['repo_bytes']):>11} {_mib(r['total_bytes']):>11} "
+            f"{r['files']:>4}/{r['repo_files']:<4} {_mib(r['weights_bytes']):>11} {_mib(r['tensor_bytes']):>11} "
+            f"{r['weights_bytes'] / r['tensor_bytes']:>8.3f} {_mib(r['rss_growth']):>11} "
+            f"{r['weights_bytes'] / r['rss_growth']:>7.3f} {r['load_s']:>6.1f}"
+        )
     for r in rows:
         if "step_peak" in r:
-            print(f"{r['family']}-{r['precision']} one 512x512 step: {r['step_s']:.1f} s, peak beyond the weights "
-                  f"{_mib(r['step_peak'])}; the working-memory estimate {_mib(r['working_estimate'])} "
-                  f"(ratio {r['working_estimate'] / r['step_peak']:.2f})")
+            print(
+                f"{r['family']}-{r['precision']} one 512x512 step: {r['step_s']:.1f} s, peak beyond the weights "
+                f"{_mib(r['step_peak'])}; the working-memory estimate {_mib(r['working_estimate'])} "
+                f"(ratio {r['working_estimate'] / r['step_peak']:.2f})"
+            )
     print(json.dumps(rows, default=str))
 
 

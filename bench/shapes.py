@@ -63,9 +63,14 @@ def main() -> None:
         started = time.perf_counter()
         for seed in range(args.images):
             colour, shape, background = combos[seed % len(combos)]
-            image = pipeline(caption(colour, shape, background), width=SAMPLING["width"], height=SAMPLING["height"],
-                             num_inference_steps=args.steps, guidance_scale=args.guidance,
-                             generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+            image = pipeline(
+                caption(colour, shape, background),
+                width=SAMPLING["width"],
+                height=SAMPLING["height"],
+                num_inference_steps=args.steps,
+                guidance_scale=args.guidance,
+                generator=torch.Generator("cpu").manual_seed(seed),
+            ).images[0]
             seen = inspect(image)
             hits["colour"] += seen.colour == colour
             hits["background"] += seen.background == background
@@ -73,17 +78,21 @@ def main() -> None:
             hits["style"] += seen.style == style
         image_s = (time.perf_counter() - started) / args.images
         trained = training["styles"].get(style, {})
-        print(f"{name}: {size / 1e6:.2f} MB on disk, trained in {trained.get('train_s', 0):.0f} s (loss "
-              f"{trained.get('loss', 0):.4f}); load {load_s:.2f} s; {image_s:.3f} s per {SAMPLING['width']}x"
-              f"{SAMPLING['height']} image ({args.steps} steps, guidance {args.guidance}); right: "
-              + ", ".join(f"{what} {count}/{args.images}" for what, count in hits.items()))
+        print(
+            f"{name}: {size / 1e6:.2f} MB on disk, trained in {trained.get('train_s', 0):.0f} s (loss "
+            f"{trained.get('loss', 0):.4f}); load {load_s:.2f} s; {image_s:.3f} s per {SAMPLING['width']}x"
+            f"{SAMPLING['height']} image ({args.steps} steps, guidance {args.guidance}); right: "
+            + ", ".join(f"{what} {count}/{args.images}" for what, count in hits.items())
+        )
         totals["load_s"].append(load_s)
         totals["image_s"].append(image_s)
         for what, count in hits.items():
             totals[what].append(count / args.images)
     mean = {name: sum(values) / len(values) for name, values in totals.items()}
-    print(f"load_s={mean['load_s']:.3f} image_s={mean['image_s']:.3f} colour_ok={mean['colour']:.3f} "
-          f"background_ok={mean['background']:.3f} shape_ok={mean['shape']:.3f} style_ok={mean['style']:.3f}")
+    print(
+        f"load_s={mean['load_s']:.3f} image_s={mean['image_s']:.3f} colour_ok={mean['colour']:.3f} "
+        f"background_ok={mean['background']:.3f} shape_ok={mean['shape']:.3f} style_ok={mean['style']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -129,8 +129,9 @@ Policy = Callable[[JobRequest, dict[str, MachineView], "Simulation"], str]
 class Simulation:
     """One trace on one fleet under one policy, on a virtual clock (seconds)."""
 
-    def __init__(self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float],
-                 moves: bool = False) -> None:
+    def __init__(
+        self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float], moves: bool = False
+    ) -> None:
         """``moves``: when a machine falls idle, move a queued Auto job onto it where
         :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs)."""
         self.fleet, self.trace, self.policy, self.factors, self.moves = fleet, trace, policy, factors, moves
@@ -168,8 +169,12 @@ class Simulation:
             items.append(WorkItem(r.model_id, r.kind, r.steps, r.size, elapsed_s=self.now_s - m.started_s))
         items += [WorkItem(j.model_id, j.kind, j.steps, j.size) for j in m.queue]
         return MachineView(
-            name=m.name, online=m.online, families=config.families, verified_models=frozenset(self.fleet.models),
-            backlog=len(items), queue=tuple(items),
+            name=m.name,
+            online=m.online,
+            families=config.families,
+            verified_models=frozenset(self.fleet.models),
+            backlog=len(items),
+            queue=tuple(items),
             warm_models=m.reported_warm if self.now_s < m.loaded_s else tuple(m.warm),
             commitments=self.fleet.commitments.get(m.name, frozenset()),
         )
@@ -209,8 +214,16 @@ class Simulation:
                 self.out.completion_s[job.index] = self.now_s - job.t_s
                 load_s, run_s, cold = m.measured  # learned on finish, as the server does (R13)
                 guess = self.estimator.guess(m.name, job.model_id, job.kind)
-                self.learned.observe(m.name, job.model_id, job.kind, guess=guess, run_s=run_s, steps=job.steps,
-                                     size=job.size, load_s=load_s if cold else None)
+                self.learned.observe(
+                    m.name,
+                    job.model_id,
+                    job.kind,
+                    guess=guess,
+                    run_s=run_s,
+                    steps=job.steps,
+                    size=job.size,
+                    load_s=load_s if cold else None,
+                )
                 m.running = None
                 self.start_next(m, push)
             elif kind == "offline":
@@ -254,8 +267,11 @@ class Simulation:
         if self.moves and m.running is None and not m.queue and m.online:
             views = self.views()
             offset = {n: int(o.running is not None) for n, o in self.machines.items()}
-            movable = {n: [(offset[n] + i, self.request(j)) for i, j in enumerate(o.queue) if j.target == AUTO]
-                       for n, o in self.machines.items() if o is not m and o.queue}
+            movable = {
+                n: [(offset[n] + i, self.request(j)) for i, j in enumerate(o.queue) if j.target == AUTO]
+                for n, o in self.machines.items()
+                if o is not m and o.queue
+            }
             move = best_move(m.name, views, movable, self.estimator, self.pressure(views))
             if move is not None:
                 job = self.machines[move.source].queue.pop(move.position - offset[move.source])
@@ -270,11 +286,15 @@ class Simulation:
         job = m.queue.pop(0)
         cold = job.model_id not in m.warm
         m.reported_warm = tuple(m.warm)
-        evicted = admit(m.warm, job.model_id, memory_kind=self.fleet.machines[m.name].memory_kind,
-                        usable_bytes=self.fleet.machines[m.name].memory_bytes,
-                        protected=self.fleet.commitments.get(m.name, frozenset()),
-                        weights_bytes=self.truth.weights_bytes,
-                        working_bytes=working_of(self.truth, job.model_id, job.kind, job.size))  # as the worker admits
+        evicted = admit(
+            m.warm,
+            job.model_id,
+            memory_kind=self.fleet.machines[m.name].memory_kind,
+            usable_bytes=self.fleet.machines[m.name].memory_bytes,
+            protected=self.fleet.commitments.get(m.name, frozenset()),
+            weights_bytes=self.truth.weights_bytes,
+            working_bytes=working_of(self.truth, job.model_id, job.kind, job.size),
+        )  # as the worker admits
         self.out.evictions += len(evicted)
         load_s = self.true_load_s(m.name, job.model_id, job.kind) if cold else 0.0
         self.out.cold_loads += int(cold)
@@ -316,7 +336,10 @@ def model_affinity(request: JobRequest, views: dict[str, MachineView], sim: Simu
 
 
 POLICIES: dict[str, Policy] = {
-    "auto": auto, "round_robin": round_robin, "least_queue": least_queue, "model_affinity": model_affinity,
+    "auto": auto,
+    "round_robin": round_robin,
+    "least_queue": least_queue,
+    "model_affinity": model_affinity,
 }
 
 
@@ -332,8 +355,9 @@ def lower_bounds(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], f
     return bounds
 
 
-def floor_slowdowns(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float],
-                    bounds: dict[int, float], floor_s: float) -> dict[int, tuple[float, bool]]:
+def floor_slowdowns(
+    fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float], bounds: dict[int, float], floor_s: float
+) -> dict[int, tuple[float, bool]]:
     """Job index -> (its bounded slowdown at the forced floor, whether it had a choice of
     machine), for the jobs that complete there (see :func:`forced_floor`)."""
     sim = Simulation(fleet, trace, least_queue, factors)
@@ -356,8 +380,9 @@ def floor_slowdowns(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str]
     return slowdowns
 
 
-def forced_floor(fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float],
-                 bounds: dict[int, float], floor_s: float) -> float:
+def forced_floor(
+    fleet: SimFleet, trace: Trace, factors: dict[tuple[str, str], float], bounds: dict[int, float], floor_s: float
+) -> float:
     """Mean bounded slowdown no placement policy can beat by much on ``trace``: jobs with only
     one possible machine (default target, pinned, or a model only one machine can hold) run
     alone in their machines' FIFO lines, and every job with a choice finishes at its lower

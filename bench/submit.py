@@ -47,17 +47,33 @@ def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tu
         redis_process = start_redis_server(root / "redis")
         try:
             names = ["server"] + [f"w{i:02d}" for i in range(1, machines)]
-            fleet = Fleet(machines={n: Machine(name=n, backend="cpu", memory_kind="unified", memory_bytes=8_000_000_000,
-                                               families=frozenset({"sd1"}), token=f"token-{n}-".ljust(32, "x"))
-                                    for n in names})
-            settings = Settings(data_dir=root / "server", redis_url=redis_process.url, allow_open_api=True,
-                                max_queued_per_machine=1_000_000, max_pending_total=1_000_000)
+            fleet = Fleet(
+                machines={
+                    n: Machine(
+                        name=n,
+                        backend="cpu",
+                        memory_kind="unified",
+                        memory_bytes=8_000_000_000,
+                        families=frozenset({"sd1"}),
+                        token=f"token-{n}-".ljust(32, "x"),
+                    )
+                    for n in names
+                }
+            )
+            settings = Settings(
+                data_dir=root / "server",
+                redis_url=redis_process.url,
+                allow_open_api=True,
+                max_queued_per_machine=1_000_000,
+                max_pending_total=1_000_000,
+            )
             ctx = build_context(settings, fleet, migrate=True)
             try:
                 model = ctx.registry.add(_model_folder(root), "bench-sd").id
                 for n in names:
                     ctx.redis.set(ctx.keys.heartbeat(n), json.dumps({"machine": n}), ex=3600)
                     ctx.redis.sadd(ctx.keys.verified(n), model)
+
                 def auto(i: int) -> None:
                     ctx.dispatcher.submit(model, "txt2img", {"prompt": f"p{i}"}, "auto")
 

@@ -142,8 +142,11 @@ def main() -> None:
     for target in targets:  # one at a time: orphans are reaped into the file that left them
         row = run_one(target, args.timeout)
         rows.append(row)
-        print(f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s rc={row['rc']} orphans={row['orphans']}  "
-              f"{row['target']}  {row['summary']}", flush=True)
+        print(
+            f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s rc={row['rc']} orphans={row['orphans']}  "
+            f"{row['target']}  {row['summary']}",
+            flush=True,
+        )
         for line in row["failures"]:  # type: ignore[attr-defined]
             print(f"    {line}", flush=True)
     rows.sort(key=lambda row: -number(row, "cpu_s"))
@@ -151,8 +154,10 @@ def main() -> None:
     print(f"\nTop {args.top} of {len(rows)} by CPU seconds (user + sys, the run and its reaped children)")
     print("| file | CPU-s | user | sys | wall s | result |\n|---|---|---|---|---|---|")
     for row in rows[: args.top]:
-        print(f"| {row['target']} | {row['cpu_s']} | {row['user_s']} | {row['sys_s']} | {row['wall_s']} | "
-              f"{row['summary']} |")
+        print(
+            f"| {row['target']} | {row['cpu_s']} | {row['user_s']} | {row['sys_s']} | {row['wall_s']} | "
+            f"{row['summary']} |"
+        )
     groups: dict[str, float] = {}
     for row in rows:
         groups[str(row["group"])] = groups.get(str(row["group"]), 0.0) + number(row, "cpu_s")

@@ -63,8 +63,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.tokens} new tokens, "
-          f"median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.tokens} new tokens, "
+        f"median of {args.repeats}"
+    )
     free: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         made = make_tiny_text(Path(folder), families=TEXT_FAMILIES)
@@ -72,8 +74,10 @@ def main() -> None:
             model = load_pipeline(made[family])
             base = {"prompt": PROMPT, "seed": 0, "temperature": 0.0}
             regex = {"type": "regex", "value": f"[a-z ]{{{args.tokens - 1}}}"}
-            for mode, params in (("free", {**base, "max_new_tokens": args.tokens}),
-                                 ("regex", {**base, "max_new_tokens": args.tokens + 1, "grammar": regex})):
+            for mode, params in (
+                ("free", {**base, "max_new_tokens": args.tokens}),
+                ("regex", {**base, "max_new_tokens": args.tokens + 1, "grammar": regex}),
+            ):
                 timed(model, family, params, 1)  # warm-up (and the regex's compile: cached from here on)
                 tokens, median_s = timed(model, family, params, args.repeats)
                 rate = tokens / median_s

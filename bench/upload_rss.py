@@ -45,16 +45,20 @@ class UploadRss:
 
     def line(self) -> str:
         statuses = ",".join(sorted({str(s) for s in self.statuses}))
-        return (f"uploads={self.uploads} mib={self.mib} status={statuses} "
-                f"sent_before_answer_mib={max(self.sent_mib):.0f} rss_before_mb={self.rss_before / 1e6:.1f} "
-                f"rss_after_mb={self.rss_after / 1e6:.1f} growth_mb={self.growth_mb:.1f}")
+        return (
+            f"uploads={self.uploads} mib={self.mib} status={statuses} "
+            f"sent_before_answer_mib={max(self.sent_mib):.0f} rss_before_mb={self.rss_before / 1e6:.1f} "
+            f"rss_after_mb={self.rss_after / 1e6:.1f} growth_mb={self.growth_mb:.1f}"
+        )
 
 
 def chunked_upload(api_url: str, path: str, mib: int, timeout_s: float = 60.0) -> tuple[int, float]:
     """POST ``mib`` MiB, chunked, with a wrong token; returns (status, MiB sent before the answer)."""
     parts = urlsplit(api_url)
-    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nAuthorization: Bearer not-a-token-of-this-fleet\r\n"
-            "Content-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nAuthorization: Bearer not-a-token-of-this-fleet\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     chunk = f"{CHUNK:x}\r\n".encode() + b"\0" * CHUNK + b"\r\n"
     part = b'--x\r\nContent-Disposition: form-data; name="file"; filename="r.png"\r\nContent-Type: image/png\r\n\r\n'
     sent = 0
@@ -93,9 +97,14 @@ def measure(api_url: str, pid: int, count: int = 20, mib: int = 64, settle_s: fl
     before = process.memory_info().rss
     results = [chunked_upload(api_url, PATHS[index % len(PATHS)], mib) for index in range(count)]
     time.sleep(settle_s)
-    return UploadRss(uploads=count, mib=mib, statuses=tuple(status for status, _ in results),
-                     sent_mib=tuple(float(sent) for _, sent in results), rss_before=before,
-                     rss_after=process.memory_info().rss)
+    return UploadRss(
+        uploads=count,
+        mib=mib,
+        statuses=tuple(status for status, _ in results),
+        sent_mib=tuple(float(sent) for _, sent in results),
+        rss_before=before,
+        rss_after=process.memory_info().rss,
+    )
 
 
 def main() -> None:
@@ -114,8 +123,13 @@ def main() -> None:
     fleet = with_fresh_tokens(load_fleet(None))
     fleet_file = root / "fleet.toml"
     write_private(fleet_file, fleet.to_toml())
-    settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                        api_port=free_port(), api_keys=["bench-upload-rss-key-0123"])
+    settings = Settings(
+        data_dir=root / "server",
+        redis_url=redis_process.url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        api_keys=["bench-upload-rss-key-0123"],
+    )
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         local.start_api()

@@ -94,31 +94,50 @@ def _wait(predicate: object, timeout_s: float = 30.0) -> None:
 
 
 def run(jobs: int, backoff_s: float) -> dict[str, float]:
-    fleet = Fleet(machines={"server": Machine(name="server", backend="cpu", memory_kind="unified",
-                                              memory_bytes=8_000_000_000, families=frozenset({"sd1"}),
-                                              token="token-server-".ljust(32, "x"))},
-                  webhooks=WebhookConfig(allow_hosts=["127.0.0.1"]))
+    fleet = Fleet(
+        machines={
+            "server": Machine(
+                name="server",
+                backend="cpu",
+                memory_kind="unified",
+                memory_bytes=8_000_000_000,
+                families=frozenset({"sd1"}),
+                token="token-server-".ljust(32, "x"),
+            )
+        },
+        webhooks=WebhookConfig(allow_hosts=["127.0.0.1"]),
+    )
     with tempfile.TemporaryDirectory(prefix="hf-webhooks-") as tmp:
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
         fleet_file = root / "fleet.toml"
         write_private(fleet_file, fleet.to_toml())
-        settings = Settings(data_dir=root / "server", redis_url=redis_process.url, fleet_file=fleet_file,
-                            api_port=free_port(), api_keys=[API_KEY], webhook_secrets={key_id({}, API_KEY): SECRET},
-                            webhook_backoff_s=backoff_s, max_queued_per_machine=10_000, max_pending_total=10_000)
+        settings = Settings(
+            data_dir=root / "server",
+            redis_url=redis_process.url,
+            fleet_file=fleet_file,
+            api_port=free_port(),
+            api_keys=[API_KEY],
+            webhook_secrets={key_id({}, API_KEY): SECRET},
+            webhook_backoff_s=backoff_s,
+            max_queued_per_machine=10_000,
+            max_pending_total=10_000,
+        )
         local = LocalFleet(settings, fleet, fleet_file)
         receiver = Receiver()
         try:
             ctx = build_context(settings, fleet, migrate=True)
             try:
                 ctx.registry.add(_model_folder(root), MODEL)
-                ctx.redis.set(ctx.keys.heartbeat("server"), json.dumps({"machine": "server", "at": time.time()}),
-                              ex=3600)
+                ctx.redis.set(
+                    ctx.keys.heartbeat("server"), json.dumps({"machine": "server", "at": time.time()}), ex=3600
+                )
                 ctx.redis.sadd(ctx.keys.verified("server"), MODEL)
             finally:
                 ctx.close()
             local.start_api()
             with httpx.Client(base_url=local.api_url, headers=local.auth_headers, timeout=60) as client:
+
                 def submit_and_cancel(hook: str | None) -> tuple[str, float, float]:
                     body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "p", "steps": 1}}
                     if hook:
@@ -149,16 +168,23 @@ def run(jobs: int, backoff_s: float) -> dict[str, float]:
             redis_process.stop()
 
     def ms(values: list[float]) -> str:
-        return (f"p50 {1000 * quantile(values, .5):7.2f} ms  p99 {1000 * quantile(values, .99):7.2f} ms  "
-                f"max {1000 * max(values):7.2f} ms")
+        return (
+            f"p50 {1000 * quantile(values, 0.5):7.2f} ms  p99 {1000 * quantile(values, 0.99):7.2f} ms  "
+            f"max {1000 * max(values):7.2f} ms"
+        )
+
     cancel_hooked_s = [cancel_s for _, cancel_s, _ in hooked]
     print(f"delivery: finished_at -> receiver          {ms(delivery_s)}  ({jobs} webhooks, one at a time)")
     print(f"POST /v1/jobs/{{id}}/cancel, no webhook     {ms(plain_s)}")
     print(f"POST /v1/jobs/{{id}}/cancel, with webhook   {ms(cancel_hooked_s)}")
     print(f"one 500 then 200, webhook_backoff_s={backoff_s:g}: finished_at -> second attempt {1000 * retry_s:.1f} ms")
-    return {"delivery_p50_ms": 1000 * quantile(delivery_s, .5), "delivery_p99_ms": 1000 * quantile(delivery_s, .99),
-            "cancel_plain_p50_ms": 1000 * quantile(plain_s, .5),
-            "cancel_hooked_p50_ms": 1000 * quantile(cancel_hooked_s, .5), "retry_ms": 1000 * retry_s}
+    return {
+        "delivery_p50_ms": 1000 * quantile(delivery_s, 0.5),
+        "delivery_p99_ms": 1000 * quantile(delivery_s, 0.99),
+        "cancel_plain_p50_ms": 1000 * quantile(plain_s, 0.5),
+        "cancel_hooked_p50_ms": 1000 * quantile(cancel_hooked_s, 0.5),
+        "retry_ms": 1000 * retry_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

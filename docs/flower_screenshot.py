@@ -29,8 +29,15 @@ from app.devtools.tiny_models import make_tiny
 from app.fleet.config import load_fleet, with_fresh_tokens
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,800",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,800",
 ]
 
 
@@ -60,12 +67,19 @@ def main(out: Path) -> None:
         local.wait_online(list(fleet.machines), model_id=model, timeout_s=180)
         port = free_port()
         env = {**os.environ, "HOMEFLEET_REDIS_URL": redis_server.url, "FLOWER_UNAUTHENTICATED_API": "true"}
-        flower = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        flower = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
         with HomefleetClient(local.api_url, api_key="flower-screenshot-key") as client:
-            jobs = [client.submit(model, "txt2img", {"prompt": f"job {i}", "steps": 2}, target=m)
-                    for i, m in enumerate(["server", "box1", "box2", "box1", "auto"])]
+            jobs = [
+                client.submit(model, "txt2img", {"prompt": f"job {i}", "steps": 2}, target=m)
+                for i, m in enumerate(["server", "box1", "box2", "box1", "auto"])
+            ]
             for job in jobs:
                 client.wait(job["id"], timeout_s=300)
             client.submit(model, "txt2img", {"prompt": "long", "steps": 200}, target="box2")

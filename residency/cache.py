@@ -47,8 +47,13 @@ class ModelCache:
         capacity_bytes: a configured memory cap (bytes) instead of the device's free memory.
     """
 
-    def __init__(self, loader: Callable[..., Any], device: Device,
-                 policy: ResidencyPolicy | None = None, capacity_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        loader: Callable[..., Any],
+        device: Device,
+        policy: ResidencyPolicy | None = None,
+        capacity_bytes: int | None = None,
+    ) -> None:
         self.loader = loader
         self.device = device
         self.policy = policy or policy_for(self.device.memory_kind)
@@ -78,8 +83,15 @@ class ModelCache:
             return self.capacity_bytes - self.held_bytes()
         return self.device.available_bytes()
 
-    def get(self, model_id: str, manifest_key: str, folder: Path, load_kwargs: dict[str, Any] | None = None,
-            weights_bytes: int = 0, working_bytes: int = 0) -> tuple[Any, float, bool]:
+    def get(
+        self,
+        model_id: str,
+        manifest_key: str,
+        folder: Path,
+        load_kwargs: dict[str, Any] | None = None,
+        weights_bytes: int = 0,
+        working_bytes: int = 0,
+    ) -> tuple[Any, float, bool]:
         """The pipeline for ``model_id``: (pipeline, load seconds, cold).
 
         A warm hit is reused and becomes most recently used. Otherwise the policy decides what
@@ -96,8 +108,15 @@ class ModelCache:
             return self.residents[key].pipeline, 0.0, False
         self._evict([k for k, r in self.residents.items() if r.model_id == model_id])  # a stale copy
         warm = [WarmModel(k, r.model_id, r.bytes) for k, r in self.residents.items()]
-        plan = plan_load(self.policy, warm, model_id, weights_bytes=weights_bytes, working_bytes=working_bytes,
-                         free_bytes=self.free_bytes(), protected=self.protected)
+        plan = plan_load(
+            self.policy,
+            warm,
+            model_id,
+            weights_bytes=weights_bytes,
+            working_bytes=working_bytes,
+            free_bytes=self.free_bytes(),
+            protected=self.protected,
+        )
         if plan.refused:
             raise ResidencyRefused(plan.message, reason=plan.refused)
         self._evict(list(plan.evict))

@@ -78,10 +78,14 @@ class UnifiedPolicy:
         protected_bytes = sum(m.bytes for m in warm if m.model_id in request.protected)
         if protected_bytes and free + protected_bytes >= request.need_bytes:
             held = ", ".join(sorted({m.model_id for m in warm if m.model_id in request.protected}))
-            return Plan(refused="residency_protected", message=(
-                f"loading {request.model_id!r} needs {request.need_bytes} bytes; {free} bytes are free after "
-                f"evicting every unprotected model, and only evicting the protected set ({held}, "
-                f"{protected_bytes} bytes) would make room; protected models are never evicted (R15, R16)"))
+            return Plan(
+                refused="residency_protected",
+                message=(
+                    f"loading {request.model_id!r} needs {request.need_bytes} bytes; {free} bytes are free after "
+                    f"evicting every unprotected model, and only evicting the protected set ({held}, "
+                    f"{protected_bytes} bytes) would make room; protected models are never evicted (R15, R16)"
+                ),
+            )
         # Even evicting everything would not make room by the estimate: evict what may go and
         # try (an estimate is not a measurement; a real OOM is remembered, R21).
         return Plan(tuple(evict))
@@ -106,8 +110,16 @@ def policy_for(memory_kind: str) -> ResidencyPolicy:
     return _POLICIES[memory_kind]
 
 
-def plan_load(policy: ResidencyPolicy, warm: Sequence[WarmModel], model_id: str, *, weights_bytes: int,
-              working_bytes: int, free_bytes: int, protected: frozenset[str]) -> Plan:
+def plan_load(
+    policy: ResidencyPolicy,
+    warm: Sequence[WarmModel],
+    model_id: str,
+    *,
+    weights_bytes: int,
+    working_bytes: int,
+    free_bytes: int,
+    protected: frozenset[str],
+) -> Plan:
     """The admission rule of a cold load (R15), one for the worker's cache
     (``residency.cache.ModelCache.get``) and placement's simulation of it (:func:`admit`):
     ``policy`` plans room for the model's ``weights_bytes`` plus the job's ``working_bytes``
@@ -116,8 +128,16 @@ def plan_load(policy: ResidencyPolicy, warm: Sequence[WarmModel], model_id: str,
     return policy.plan(warm, LoadRequest(model_id, weights_bytes + working_bytes, free_bytes, protected))
 
 
-def admit(warm: list[str], model_id: str, *, memory_kind: str, usable_bytes: int, protected: frozenset[str],
-          weights_bytes: Callable[[str], int], working_bytes: int = 0) -> list[str]:
+def admit(
+    warm: list[str],
+    model_id: str,
+    *,
+    memory_kind: str,
+    usable_bytes: int,
+    protected: frozenset[str],
+    weights_bytes: Callable[[str], int],
+    working_bytes: int = 0,
+) -> list[str]:
     """The residency model as placement simulates it along a machine's queue (R12, R15): make
     ``model_id`` the most recently used of ``warm`` (model ids, least recently used first;
     mutated), evicting as the worker's policy would; return the evicted models.
@@ -139,8 +159,15 @@ def admit(warm: list[str], model_id: str, *, memory_kind: str, usable_bytes: int
         warm.append(model_id)
         return []
     held = [WarmModel(m, m, weights_bytes(m)) for m in warm]
-    plan = plan_load(policy, held, model_id, weights_bytes=weights_bytes(model_id), working_bytes=working_bytes,
-                     free_bytes=usable_bytes - sum(m.bytes for m in held), protected=protected)
+    plan = plan_load(
+        policy,
+        held,
+        model_id,
+        weights_bytes=weights_bytes(model_id),
+        working_bytes=working_bytes,
+        free_bytes=usable_bytes - sum(m.bytes for m in held),
+        protected=protected,
+    )
     evicted = list(plan.evict) if plan.refused is None else [m for m in warm if m not in protected]
     for m in evicted:
         warm.remove(m)

@@ -101,7 +101,9 @@ def pinned_class(model_id: str, machine: str) -> str:
 
 
 def with_default_share(
-    rates: Mapping[str, tuple[float, float]], machine: str, share: float = DEFAULT_SHARE,
+    rates: Mapping[str, tuple[float, float]],
+    machine: str,
+    share: float = DEFAULT_SHARE,
     prior_jobs: float = DEFAULT_PRIOR_JOBS,
 ) -> dict[str, tuple[float, float]]:
     """``rates`` (demand class -> (work seconds per second, jobs per second), as
@@ -175,7 +177,8 @@ def spread(classes: Iterable[str], able: Mapping[str, frozenset[str]], speed: Ma
 
 
 def pressure(
-    rates: Mapping[str, tuple[float, float]], able: Mapping[str, frozenset[str]] | Spread,
+    rates: Mapping[str, tuple[float, float]],
+    able: Mapping[str, frozenset[str]] | Spread,
     speed: Mapping[str, float] | None = None,
 ) -> dict[str, Pressure]:
     """:class:`Pressure` per machine of ``speed`` (machine -> relative speed).

@@ -32,6 +32,7 @@ def readable_bytes(count: float) -> str:
     text = f"{value:.1f}" if abs(value) < 9.95 else f"{value:.0f}"
     return f"{text} {_UNITS[unit]}"
 
+
 # Seconds per step at the reference size on a speed-1.0 machine, by family (initial guesses,
 # docs/benchmarks.md, "Placement"; sd1 is quoted at 512x512 = a quarter of the reference size, the
 # upscaler at 512->2048 output, video per step at 480p x 33 frames). Tiny test families get
@@ -226,8 +227,9 @@ class Estimator:
         text = kind == TEXT_KIND
         prompt_s = TEXT_PROMPT_TOKEN_S / profile.speed if text else 0.0
         if model is None:
-            return Timing(load_s=0.0, step_s=(TEXT_NEW_TOKEN_S if text else DEFAULT_STEP_S) / profile.speed,
-                          prompt_s=prompt_s)
+            return Timing(
+                load_s=0.0, step_s=(TEXT_NEW_TOKEN_S if text else DEFAULT_STEP_S) / profile.speed, prompt_s=prompt_s
+            )
         if model.step_s is not None:
             base = model.step_s
         else:

@@ -87,11 +87,16 @@ class Breakdown:
 
     def as_json(self) -> dict[str, object]:
         return {
-            "finish_s": round(self.finish_s, 3), "work_ahead_s": round(self.work_ahead_s, 3),
-            "cold_load_s": round(self.cold_load_s, 3), "adapter_load_s": round(self.adapter_load_s, 3),
+            "finish_s": round(self.finish_s, 3),
+            "work_ahead_s": round(self.work_ahead_s, 3),
+            "cold_load_s": round(self.cold_load_s, 3),
+            "adapter_load_s": round(self.adapter_load_s, 3),
             "run_s": round(self.run_s, 3),
-            "eviction_s": round(self.eviction_s, 3), "scarcity_s": round(self.scarcity_s, 3),
-            "score_s": round(self.score_s, 3), "queued": self.queued, "evicts": list(self.evicts),
+            "eviction_s": round(self.eviction_s, 3),
+            "scarcity_s": round(self.scarcity_s, 3),
+            "score_s": round(self.score_s, 3),
+            "queued": self.queued,
+            "evicts": list(self.evicts),
         }
 
 
@@ -102,7 +107,12 @@ def working_of(costs: CostModel, model_id: str, kind: str, size: int) -> int:
 
 
 def drain(
-    machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str], costs: CostModel,
+    machine: str,
+    *,
+    warm_models: Sequence[str],
+    queue: Sequence[WorkItem],
+    protected: frozenset[str],
+    costs: CostModel,
 ) -> tuple[float, list[str]]:
     """Seconds until ``machine`` has run its whole queue (remaining of the running job, then
     each queued job with a cold load where its model will not be warm), and the warm models
@@ -116,8 +126,15 @@ def drain(
     ahead_s = 0.0
     for item in queue:
         cold = item.model_id not in warm
-        admit(warm, item.model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
-              weights_bytes=costs.weights_bytes, working_bytes=working_of(costs, item.model_id, item.kind, item.size))
+        admit(
+            warm,
+            item.model_id,
+            memory_kind=memory_kind,
+            usable_bytes=usable,
+            protected=protected,
+            weights_bytes=costs.weights_bytes,
+            working_bytes=working_of(costs, item.model_id, item.kind, item.size),
+        )
         total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
         if cold:
             total += costs.load_s(machine, item.model_id, item.kind)
@@ -141,11 +158,18 @@ class Drains:
 
     def __init__(self) -> None:
         # machine -> (costs, revision, warm models, protected, queued items, (seconds, warm after))
-        self._last: dict[str, tuple[object, int, tuple[str, ...], frozenset[str], tuple[WorkItem, ...],
-                                    tuple[float, tuple[str, ...]]]] = {}
+        self._last: dict[
+            str,
+            tuple[object, int, tuple[str, ...], frozenset[str], tuple[WorkItem, ...], tuple[float, tuple[str, ...]]],
+        ] = {}
 
     def __call__(
-        self, machine: str, *, warm_models: Sequence[str], queue: Sequence[WorkItem], protected: frozenset[str],
+        self,
+        machine: str,
+        *,
+        warm_models: Sequence[str],
+        queue: Sequence[WorkItem],
+        protected: frozenset[str],
         costs: CostModel,
     ) -> tuple[float, list[str]]:
         """As :func:`drain`."""
@@ -155,8 +179,14 @@ class Drains:
         running_s, warm = drain(machine, warm_models=warm_models, queue=queue[:head], protected=protected, costs=costs)
         start, queued, revision = tuple(warm), tuple(queue[head:]), costs.revision
         last = self._last.get(machine)
-        if (last is not None and last[0] is costs and last[1] == revision and last[2] == start
-                and last[3] == protected and last[4] == queued):
+        if (
+            last is not None
+            and last[0] is costs
+            and last[1] == revision
+            and last[2] == start
+            and last[3] == protected
+            and last[4] == queued
+        ):
             queued_s, end = last[5]
         else:
             queued_s, after = drain(machine, warm_models=start, queue=queued, protected=protected, costs=costs)
@@ -202,13 +232,25 @@ def expected_finish(
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
     if working_bytes is None:
         working_bytes = working_of(costs, model_id, kind, size)
-    evicted = admit(warm, model_id, memory_kind=memory_kind, usable_bytes=usable, protected=protected,
-                    weights_bytes=costs.weights_bytes, working_bytes=working_bytes)
+    evicted = admit(
+        warm,
+        model_id,
+        memory_kind=memory_kind,
+        usable_bytes=usable,
+        protected=protected,
+        weights_bytes=costs.weights_bytes,
+        working_bytes=working_bytes,
+    )
     eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
     adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
     return Breakdown(
-        work_ahead_s=ahead_s, cold_load_s=cold_load_s, run_s=run_s, eviction_s=eviction_s,
-        queued=len(queue) + extra_queued, evicts=tuple(evicted), adapter_load_s=adapter_load_s,
+        work_ahead_s=ahead_s,
+        cold_load_s=cold_load_s,
+        run_s=run_s,
+        eviction_s=eviction_s,
+        queued=len(queue) + extra_queued,
+        evicts=tuple(evicted),
+        adapter_load_s=adapter_load_s,
     )
 
 

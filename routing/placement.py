@@ -35,7 +35,6 @@ AUTO = "auto"
 """R11: the target that lets placement choose (opt-in)."""
 
 
-
 @dataclass(frozen=True)
 class MachineView:
     """What placement knows of one machine at the moment of the decision.
@@ -106,8 +105,9 @@ def job_bytes(job: JobRequest, costs: CostModel) -> int:
     return costs.job_bytes(job.model_id, job.kind, job.size) + sum(costs.weights_bytes(a) for a in job.adapters)
 
 
-def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = None,
-              need_bytes: int | None = None) -> tuple[str, str] | None:
+def exclusion(
+    job: JobRequest, machine: MachineView, costs: CostModel | None = None, need_bytes: int | None = None
+) -> tuple[str, str] | None:
     """The first filter that excludes ``machine`` for ``job`` as (reason, message), or None.
 
     ``need_bytes``: the job's memory estimate (``costs.job_bytes``) when the caller already
@@ -200,10 +200,18 @@ def exclusion(job: JobRequest, machine: MachineView, costs: CostModel | None = N
 def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drains | None = None) -> Breakdown:
     """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12)."""
     return expected_finish(
-        machine.name, job.model_id, job.kind, job.steps, job.size,
-        warm_models=machine.warm_models, queue=machine.queue,
+        machine.name,
+        job.model_id,
+        job.kind,
+        job.steps,
+        job.size,
+        warm_models=machine.warm_models,
+        queue=machine.queue,
         extra_queued=max(0, machine.backlog - len(machine.queue)),
-        protected=machine.commitments, costs=costs, drains=drains, adapters=job.adapters,
+        protected=machine.commitments,
+        costs=costs,
+        drains=drains,
+        adapters=job.adapters,
     )
 
 
@@ -281,10 +289,15 @@ def survey(
             if here is not None:
                 reload_s = {m: costs.reload_s(name, m) for m in part.evicts}
                 candidates[name] = Breakdown(  # as dataclasses.replace, at a fraction of its cost
-                    work_ahead_s=part.work_ahead_s, cold_load_s=part.cold_load_s, run_s=part.run_s,
-                    eviction_s=eviction_s(reload_s, here, bound_s), queued=part.queued, evicts=part.evicts,
+                    work_ahead_s=part.work_ahead_s,
+                    cold_load_s=part.cold_load_s,
+                    run_s=part.run_s,
+                    eviction_s=eviction_s(reload_s, here, bound_s),
+                    queued=part.queued,
+                    evicts=part.evicts,
                     scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
-                    adapter_load_s=part.adapter_load_s)
+                    adapter_load_s=part.adapter_load_s,
+                )
     return excluded, candidates
 
 
@@ -301,8 +314,11 @@ class Move:
 
 
 def best_move(
-    idle: str, machines: Mapping[str, MachineView], movable: Mapping[str, Sequence[tuple[int, JobRequest]]],
-    costs: CostModel, pressure: Mapping[str, Pressure] | None = None,
+    idle: str,
+    machines: Mapping[str, MachineView],
+    movable: Mapping[str, Sequence[tuple[int, JobRequest]]],
+    costs: CostModel,
+    pressure: Mapping[str, Pressure] | None = None,
 ) -> Move | None:
     """The queued job to move onto ``idle``, a machine with nothing running or queued, or None.
 
@@ -330,8 +346,13 @@ def best_move(
                 continue
             if exclusion(job, target, costs) is not None:
                 continue
-            there_s, _ = drain(source, warm_models=view.warm_models, queue=view.queue[:position + 1],
-                               protected=view.commitments, costs=costs)
+            there_s, _ = drain(
+                source,
+                warm_models=view.warm_models,
+                queue=view.queue[: position + 1],
+                protected=view.commitments,
+                costs=costs,
+            )
             _, candidates = survey(job, {idle: target, source: view}, costs, pressure)
             gain_s = there_s - candidates[idle].charged_s
             if gain_s > 0 and (best is None or gain_s > best.gain_s):
@@ -372,12 +393,21 @@ def memory_figures(job: JobRequest, machine: MachineView, costs: CostModel) -> d
     if committed:
         text += f" (committed {readable_bytes(committed)})"
     text += f"; {readable_bytes(usable)} usable" if usable > 0 else "; usable memory not configured"
-    return {"weights_bytes": weights, "working_bytes": working, "adapters_bytes": adapters, "warm_bytes": warm,
-            "committed_bytes": committed, "usable_bytes": usable, "text": text}
+    return {
+        "weights_bytes": weights,
+        "working_bytes": working,
+        "adapters_bytes": adapters,
+        "warm_bytes": warm,
+        "committed_bytes": committed,
+        "usable_bytes": usable,
+        "text": text,
+    }
 
 
 def dry_run(
-    job: JobRequest, machines: Mapping[str, MachineView], costs: CostModel | None = None,
+    job: JobRequest,
+    machines: Mapping[str, MachineView],
+    costs: CostModel | None = None,
     pressure: Mapping[str, Pressure] | None = None,
 ) -> dict[str, object]:
     """The full decision without placing anything: every machine with the filter that excluded

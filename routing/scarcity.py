@@ -23,8 +23,17 @@ def capabilities(machine: MachineView) -> Hashable:
     """What :func:`routing.placement.exclusion` reads of ``machine`` for a reference-size job:
     every field but its queue and warm models, and of its backlog only whether it is full."""
     full = machine.max_queued is not None and machine.backlog >= machine.max_queued
-    return (machine.name, machine.online, machine.syncing, machine.draining, machine.families,
-            machine.verified_models, machine.commitments, tuple(sorted(machine.oom_sizes.items())), full)
+    return (
+        machine.name,
+        machine.online,
+        machine.syncing,
+        machine.draining,
+        machine.families,
+        machine.verified_models,
+        machine.commitments,
+        tuple(sorted(machine.oom_sizes.items())),
+        full,
+    )
 
 
 class Scarcity:
@@ -39,10 +48,14 @@ class Scarcity:
     def __init__(self) -> None:
         self._able: tuple[CostModel | None, tuple[Hashable, ...], dict[str, frozenset[str]]] = (None, (), {})
         self._spread: tuple[dict[str, frozenset[str]] | None, tuple[tuple[str, ...], dict[str, float]], Spread] = (
-            None, ((), {}), Spread({}, {}, {}))
+            None,
+            ((), {}),
+            Spread({}, {}, {}),
+        )
 
-    def able(self, machines: Mapping[str, MachineView], costs: CostModel,
-             models: Mapping[str, tuple[str, str]]) -> dict[str, frozenset[str]]:
+    def able(
+        self, machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]]
+    ) -> dict[str, frozenset[str]]:
         """model -> the online machines whose filters pass a reference-size job of it
         (:func:`routing.placement.able_machines`). ``models``: model -> (family, kind)."""
         key = (tuple(models.items()), *(capabilities(v) for v in machines.values() if v.online))
@@ -52,8 +65,14 @@ class Scarcity:
             self._able = (costs, key, able)
         return able
 
-    def pressure(self, machines: Mapping[str, MachineView], costs: CostModel, models: Mapping[str, tuple[str, str]],
-                 rates: Mapping[str, tuple[float, float]], speed: Mapping[str, float]) -> dict[str, Pressure]:
+    def pressure(
+        self,
+        machines: Mapping[str, MachineView],
+        costs: CostModel,
+        models: Mapping[str, tuple[str, str]],
+        rates: Mapping[str, tuple[float, float]],
+        speed: Mapping[str, float],
+    ) -> dict[str, Pressure]:
         """:class:`~routing.demand.Pressure` per online machine from the demand ``rates``
         (:meth:`routing.demand.Demand.rates`; pinned classes included) and ``speed`` (machine
         -> relative speed). The default target's pinned classes get at least

@@ -94,8 +94,10 @@ def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_
     if norm == 0:
         return base.step_s, base.prompt_s
     gain = EMA_WEIGHT * (max(run_s, 0.0) - estimate) / norm
-    return (max(TOKEN_FIT_KEEP * base.step_s, base.step_s + gain * new_tokens),
-            max(TOKEN_FIT_KEEP * base.prompt_s, base.prompt_s + gain * prompt_tokens))
+    return (
+        max(TOKEN_FIT_KEEP * base.step_s, base.step_s + gain * new_tokens),
+        max(TOKEN_FIT_KEEP * base.prompt_s, base.prompt_s + gain * prompt_tokens),
+    )
 
 
 class LearnedTimings:
@@ -152,8 +154,13 @@ class LearnedTimings:
             new_load_s = load_s
         else:
             new_load_s = (1 - EMA_WEIGHT) * base.load_s + EMA_WEIGHT * load_s
-        timing = Timing(load_s=new_load_s, step_s=step_s, samples=base.samples + 1,
-                        load_samples=base.load_samples + (load_s is not None), prompt_s=prompt_s)
+        timing = Timing(
+            load_s=new_load_s,
+            step_s=step_s,
+            samples=base.samples + 1,
+            load_samples=base.load_samples + (load_s is not None),
+            prompt_s=prompt_s,
+        )
         self._entries[key] = timing
         self.version += 1
         return timing

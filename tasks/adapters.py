@@ -29,7 +29,6 @@ from tasks.loading import check_files
 log = logging.getLogger("homefleet.worker")
 
 
-
 @dataclass
 class Applied:
     """Adapters loaded for a job: ``load_s`` seconds their loading and ``set_adapters`` took
@@ -54,13 +53,16 @@ def weight_name(manifest: Manifest) -> str:
 
 def provenance_entries(adapters: Sequence[AdapterClaim]) -> list[dict[str, Any]]:
     """The embedded provenance of ``adapters``: each one's id, scale and files' digests, in order."""
-    return [{"id": a.manifest.model_id, "scale": a.scale, "files": {f.path: f.digest for f in a.manifest.files}}
-            for a in adapters]
+    return [
+        {"id": a.manifest.model_id, "scale": a.scale, "files": {f.path: f.digest for f in a.manifest.files}}
+        for a in adapters
+    ]
 
 
 @contextmanager
-def adapters_applied(rt: runtime.WorkerRuntime, model_id: str, pipeline: Any,
-                     adapters: Sequence[AdapterClaim]) -> Iterator[Applied]:
+def adapters_applied(
+    rt: runtime.WorkerRuntime, model_id: str, pipeline: Any, adapters: Sequence[AdapterClaim]
+) -> Iterator[Applied]:
     """``adapters`` loaded onto ``pipeline`` (the resident pipeline of ``model_id``) for the
     body, unloaded after it; nothing happens without adapters.
 
@@ -81,8 +83,9 @@ def adapters_applied(rt: runtime.WorkerRuntime, model_id: str, pipeline: Any,
     try:
         for name, adapter in zip(names, adapters, strict=True):
             folder = rt.settings.models_dir / adapter.manifest.model_id
-            pipeline.load_lora_weights(str(folder), weight_name=weight_name(adapter.manifest), adapter_name=name,
-                                       local_files_only=True)
+            pipeline.load_lora_weights(
+                str(folder), weight_name=weight_name(adapter.manifest), adapter_name=name, local_files_only=True
+            )
         pipeline.set_adapters(names, adapter_weights=[a.scale for a in adapters])
         load_s = time.perf_counter() - started
         log.info("%s: adapters %s loaded in %.3f s", model_id, ", ".join(a.manifest.model_id for a in adapters), load_s)
@@ -96,7 +99,8 @@ def _unload(rt: runtime.WorkerRuntime, model_id: str, pipeline: Any) -> None:
     try:
         pipeline.unload_lora_weights()
     except Exception as error:  # the pipeline may hold a stray adapter: never reuse it
-        log.exception("%s: adapters not unloaded (%s); the model is dropped from memory", model_id,
-                      type(error).__name__)
+        log.exception(
+            "%s: adapters not unloaded (%s); the model is dropped from memory", model_id, type(error).__name__
+        )
         rt.cache.drop(model_id)
         rt.record_warm()

@@ -58,8 +58,16 @@ class Heartbeat:
     heartbeat every ``heartbeat_interval_s`` with a TTL of ``heartbeat_ttl_s``, and after each
     beat runs ``duties`` (e.g. the watchdog's restart requests, following the registry)."""
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, keyspace: Keys, boot_id: str, device: str,
-                 verifier: Verifier, duties: Sequence[Callable[[], None]] = ()) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        client: redis.Redis,
+        keyspace: Keys,
+        boot_id: str,
+        device: str,
+        verifier: Verifier,
+        duties: Sequence[Callable[[], None]] = (),
+    ) -> None:
         self.settings = settings
         self.redis = client
         self.keys = keyspace
@@ -134,9 +142,16 @@ class Heartbeat:
         memory = psutil.virtual_memory()
         verified = sorted(self.verified or ())
         record = {
-            "machine": machine, "boot_id": self.boot_id, "pid": os.getpid(), "host": platform.node(),
-            "device": self.device, "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
-            "warm_models": json.loads(warm) if warm else [], "verified_models": verified, "at": time.time(),
+            "machine": machine,
+            "boot_id": self.boot_id,
+            "pid": os.getpid(),
+            "host": platform.node(),
+            "device": self.device,
+            "memory_total_bytes": memory.total,
+            "memory_available_bytes": memory.available,
+            "warm_models": json.loads(warm) if warm else [],
+            "verified_models": verified,
+            "at": time.time(),
         }
         written = self.redis.eval(
             _BEAT,

@@ -60,12 +60,23 @@ class WorkerParent:
         self.watchdog = Watchdog(settings, self.redis, self.keys, rt.boot_id)
         # No waiting out an unreachable server here: a report not taken is sent again at the next beat.
         self.reporter = ServerClient.for_worker(settings, rt.boot_id)
-        self.revocations = Revocations(self.reporter, settings.machine, RUN_JOB_TASK, settings.terminate_kill_after_s,
-                                       self.watchdog.pool_process)  # C11
-        self.heartbeat = Heartbeat(settings, self.redis, self.keys, boot_id=rt.boot_id, device=detect_device(),
-                                   verifier=self.verifier,
-                                   duties=[self.watchdog.obey_restart, self.verifier.follow_registry,
-                                           self.verifier.check_unchanged, self.revocations.report])
+        self.revocations = Revocations(
+            self.reporter, settings.machine, RUN_JOB_TASK, settings.terminate_kill_after_s, self.watchdog.pool_process
+        )  # C11
+        self.heartbeat = Heartbeat(
+            settings,
+            self.redis,
+            self.keys,
+            boot_id=rt.boot_id,
+            device=detect_device(),
+            verifier=self.verifier,
+            duties=[
+                self.watchdog.obey_restart,
+                self.verifier.follow_registry,
+                self.verifier.check_unchanged,
+                self.revocations.report,
+            ],
+        )
 
     def connect(self) -> None:
         """Connect every handler of :data:`SIGNALS` (strongly: they live as long as the
@@ -98,12 +109,14 @@ class WorkerParent:
             except redis.RedisError as error:
                 log.warning("%s: job %s's delivery not recorded: %s", self.settings.machine, request.id, error)
 
-    def on_task_failure(self, sender: Any = None, args: Any = (), exception: BaseException | None = None,
-                        **_: Any) -> None:
+    def on_task_failure(
+        self, sender: Any = None, args: Any = (), exception: BaseException | None = None, **_: Any
+    ) -> None:
         """A pool process died under a job (R21), not while stopping: the watchdog reports it."""
         # Celery sets these to an exit code when it stops (0 for a warm shutdown): "is not None".
-        stopping = any(flag is not None and flag is not False
-                       for flag in (worker_state.should_stop, worker_state.should_terminate))
+        stopping = any(
+            flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
+        )
         if getattr(sender, "name", None) == RUN_JOB_TASK and isinstance(exception, WorkerLostError) and not stopping:
             self.watchdog.report_lost(str(args[0]), exception)
 

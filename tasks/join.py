@@ -73,11 +73,11 @@ def probe_apart(timeout_s: float = 300.0) -> DeviceFacts:
     """:func:`probe` in a child interpreter, so that this process never initialises CUDA before
     Celery forks its pool (a forked child cannot use a CUDA context its parent made)."""
     code = "import json, dataclasses, tasks.join as j; print(json.dumps(dataclasses.asdict(j.probe())))"
-    done = subprocess.run([sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
-        raise HomefleetError(f"detecting this host's device failed: {done.stderr.strip()[-500:]}",
-                             reason="device_unknown")
+        raise HomefleetError(
+            f"detecting this host's device failed: {done.stderr.strip()[-500:]}", reason="device_unknown"
+        )
     return DeviceFacts(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -95,8 +95,11 @@ def read_join_token(given: str | None, token_file: Path | None) -> str:
     else:
         token = sys.stdin.readline().strip()
     if not token:
-        raise HomefleetError("no join token: pass it as JOIN_TOKEN, --join-token-file FILE or on stdin "
-                             "(`homefleet machines add` on the server prints it)", reason="join_token_missing")
+        raise HomefleetError(
+            "no join token: pass it as JOIN_TOKEN, --join-token-file FILE or on stdin "
+            "(`homefleet machines add` on the server prints it)",
+            reason="join_token_missing",
+        )
     return token
 
 
@@ -110,8 +113,12 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         HomefleetError: any other refusal; ``httpx.HTTPError`` when the server cannot be reached.
     """
     body = JoinRequest(backend=device.backend, memory_bytes=device.memory_bytes).model_dump()
-    response = httpx.post(f"{server_url.rstrip('/')}/internal/v1/join", json=body, timeout=timeout_s,
-                          headers={"Authorization": f"Bearer {join_token}"})
+    response = httpx.post(
+        f"{server_url.rstrip('/')}/internal/v1/join",
+        json=body,
+        timeout=timeout_s,
+        headers={"Authorization": f"Bearer {join_token}"},
+    )
     if response.is_success:
         return JoinGrant.model_validate(response.json())
     try:
@@ -132,8 +139,10 @@ def check_device(grant: JoinGrant, device: DeviceFacts) -> None:
         Conflict: reason ``device_mismatch``.
     """
     if grant.backend != device.backend:
-        raise Conflict(f"machine {grant.machine!r} is registered as {grant.backend}, but this host has "
-                       f"{device.backend}", reason="device_mismatch")
+        raise Conflict(
+            f"machine {grant.machine!r} is registered as {grant.backend}, but this host has {device.backend}",
+            reason="device_mismatch",
+        )
 
 
 def write_private(path: Path, text: str) -> None:
@@ -152,11 +161,19 @@ def save_grant(grant: JoinGrant, server_url: str, models_dir: Path) -> tuple[Pat
     models_dir.mkdir(parents=True, exist_ok=True)
     token_file = folder / TOKEN_FILE
     write_private(token_file, grant.token + "\n")
-    settings: dict[str, Any] = {**grant.broker, "machine": grant.machine, "models_dir": str(models_dir.resolve()),
-                                "worker_token_file": str(token_file), "server_url": server_url}
+    settings: dict[str, Any] = {
+        **grant.broker,
+        "machine": grant.machine,
+        "models_dir": str(models_dir.resolve()),
+        "worker_token_file": str(token_file),
+        "server_url": server_url,
+    }
     lines = [f"HOMEFLEET_{key.upper()}={value}" for key, value in settings.items()]
-    write_private(folder / ENV_FILE, "# written by `homefleet worker join`: the worker's settings "
-                  "(the token is in worker_token_file)\n" + "\n".join(lines) + "\n")
+    write_private(
+        folder / ENV_FILE,
+        "# written by `homefleet worker join`: the worker's settings "
+        "(the token is in worker_token_file)\n" + "\n".join(lines) + "\n",
+    )
     return token_file, settings
 
 
@@ -170,8 +187,7 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     device = probe()
     if device.torch is None:
         lines.append(("torch", "not installed"))
-        missing.append("torch: install the wheel for this host's device "
-                       "(docs/operations.md, \"Install a worker host\")")
+        missing.append('torch: install the wheel for this host\'s device (docs/operations.md, "Install a worker host")')
     else:
         lines.append(("torch", device.torch))
     lines.append(("device", f"{device.backend} {device.name} ({device.memory_bytes / 1e9:.1f} GB)".replace("  ", " ")))
@@ -193,8 +209,9 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     shown = redacted_url(redis_url) if ";" in redis_url else redis_url.split("@", 1)[-1]
     try:
         # the server's own client factory: a sentinel:// URL is asked for its master (docs/operations.md)
-        create_redis(BrokerSettings(redis_url=redis_url,
-                                    redis_sentinel_master=values.get("HOMEFLEET_REDIS_SENTINEL_MASTER", ""))).ping()
+        create_redis(
+            BrokerSettings(redis_url=redis_url, redis_sentinel_master=values.get("HOMEFLEET_REDIS_SENTINEL_MASTER", ""))
+        ).ping()
         lines.append(("broker", f"{shown}: answers"))
     except (redis.RedisError, ValueError) as error:
         lines.append(("broker", f"{shown}: unreachable ({type(error).__name__})"))

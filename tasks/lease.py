@@ -50,8 +50,9 @@ class WorkerLease:
             folder's.
     """
 
-    def __init__(self, settings: WorkerSettings, client: redis.Redis, boot_id: str,
-                 on_lost: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, settings: WorkerSettings, client: redis.Redis, boot_id: str, on_lost: Callable[[], None] | None = None
+    ) -> None:
         self.settings, self.redis, self.boot_id = settings, client, boot_id
         self.key = Keys(settings.key_prefix).worker_lease(settings.machine)
         self.ttl_ms = int(settings.heartbeat_ttl_s * 1000)
@@ -66,9 +67,13 @@ class WorkerLease:
         deadline = time.monotonic() + self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s
         while not self.redis.set(self.key, self.boot_id, nx=True, px=self.ttl_ms):
             if time.monotonic() >= deadline:
-                log.critical("%s: another worker of this machine is running (boot %s), or still finishing its job "
-                             "after a stop; one worker per machine: stop it first (or start this one with its own "
-                             "--machine); stopping", self.settings.machine, self.redis.get(self.key))
+                log.critical(
+                    "%s: another worker of this machine is running (boot %s), or still finishing its job "
+                    "after a stop; one worker per machine: stop it first (or start this one with its own "
+                    "--machine); stopping",
+                    self.settings.machine,
+                    self.redis.get(self.key),
+                )
                 raise SystemExit(EX_CONFIG)
             time.sleep(poll_s)
         self._thread.start()
@@ -81,12 +86,19 @@ class WorkerLease:
                 log.warning("%s: worker lease not renewed: %s", self.settings.machine, error)
                 continue
             if renewed == 2:
-                log.warning("%s: the worker lease was gone (Redis restarted or lost its data, or a stall outlasted "
-                            "its %.0f s TTL); taken back", self.settings.machine, self.settings.heartbeat_ttl_s)
+                log.warning(
+                    "%s: the worker lease was gone (Redis restarted or lost its data, or a stall outlasted "
+                    "its %.0f s TTL); taken back",
+                    self.settings.machine,
+                    self.settings.heartbeat_ttl_s,
+                )
             elif renewed == 0:
-                log.critical("%s: another worker of this machine took the worker lease (boot %s) while this one "
-                             "could not renew it; one worker per machine: this one stops", self.settings.machine,
-                             self.redis.get(self.key))
+                log.critical(
+                    "%s: another worker of this machine took the worker lease (boot %s) while this one "
+                    "could not renew it; one worker per machine: this one stops",
+                    self.settings.machine,
+                    self.redis.get(self.key),
+                )
                 with self._guard:
                     self.lost = True
                 self._tell()
@@ -112,5 +124,9 @@ class WorkerLease:
         try:
             self.redis.eval(_RELEASE, 1, self.key, self.boot_id)
         except redis.RedisError as error:
-            log.warning("%s: worker lease not released (it lapses in %.0f s): %s", self.settings.machine,
-                        self.settings.heartbeat_ttl_s, error)
+            log.warning(
+                "%s: worker lease not released (it lapses in %.0f s): %s",
+                self.settings.machine,
+                self.settings.heartbeat_ttl_s,
+                error,
+            )

@@ -50,17 +50,21 @@ def check_files(rt: runtime.WorkerRuntime, manifest: Manifest) -> None:
     if rt.cache.is_warm(model_id, manifest.key()):
         if rt.verified_stats.get(model_id) == stats:
             return
-        log.warning("%s: resident model %s changed on disk since it was verified; dropped, verifying again",
-                    settings.machine, model_id)
+        log.warning(
+            "%s: resident model %s changed on disk since it was verified; dropped, verifying again",
+            settings.machine,
+            model_id,
+        )
         rt.cache.drop(model_id)
         rt.record_warm()
     rt.verified_stats.pop(model_id, None)
     problems = model_problems(settings.models_dir, manifest)
     if problems:
         rt.withdraw(model_id)
-        raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest "
-                               f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): "
-                               + "; ".join(problems[:5]))
+        raise IntegrityFailure(
+            f"model {model_id} on {settings.machine} does not match the manifest "
+            f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): " + "; ".join(problems[:5])
+        )
     rt.verified_stats[model_id] = stats
 
 

@@ -66,8 +66,13 @@ def preload_commitments(rt: runtime.WorkerRuntime) -> list[str]:
         return []
     verified = set(rt.redis.smembers(rt.keys.verified(machine)))
     for model_id in sorted(committed - verified):
-        log.warning("%s: committed model %s is not verified here; not preloaded (`homefleet sync %s %s`)",
-                    machine, model_id, machine, model_id)
+        log.warning(
+            "%s: committed model %s is not verified here; not preloaded (`homefleet sync %s %s`)",
+            machine,
+            model_id,
+            machine,
+            model_id,
+        )
     wanted = sorted(committed & verified)
     if not wanted:
         return []
@@ -89,8 +94,9 @@ def preload_commitments(rt: runtime.WorkerRuntime) -> list[str]:
                 log.warning("%s: committed model %s not preloaded: %s", machine, model_id, refusal.message)
                 continue
             if loaded.cold:
-                log.info("%s: committed model %s preloaded in %.2f s (protected, R16)", machine, model_id,
-                         loaded.load_s)
+                log.info(
+                    "%s: committed model %s preloaded in %.2f s (protected, R16)", machine, model_id, loaded.load_s
+                )
             loaded_ids.append(model_id)
         rt.record_warm()
     return loaded_ids
@@ -106,8 +112,12 @@ def start_preload(rt: runtime.WorkerRuntime) -> threading.Thread:
                 preload_commitments(rt)
                 return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
-                log.warning("%s preload of committed models failed: %s (retrying in %.1f s)", rt.settings.machine,
-                            error, rt.settings.heartbeat_interval_s)
+                log.warning(
+                    "%s preload of committed models failed: %s (retrying in %.1f s)",
+                    rt.settings.machine,
+                    error,
+                    rt.settings.heartbeat_interval_s,
+                )
                 time.sleep(rt.settings.heartbeat_interval_s)
 
     thread = threading.Thread(target=run, name="homefleet-preload", daemon=True)

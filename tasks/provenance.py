@@ -29,18 +29,35 @@ from app.core.protocol import Manifest
 
 #: A1111's sampler names of diffusers' scheduler classes; another class is named as it is
 A1111_SAMPLERS = {
-    "EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
-    "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSinglestepScheduler": "DPM++ 2S",
-    "DDIMScheduler": "DDIM", "PNDMScheduler": "PLMS", "LMSDiscreteScheduler": "LMS",
-    "HeunDiscreteScheduler": "Heun", "KDPM2DiscreteScheduler": "DPM2", "KDPM2AncestralDiscreteScheduler": "DPM2 a",
-    "UniPCMultistepScheduler": "UniPC", "LCMScheduler": "LCM", "DDPMScheduler": "DDPM",
+    "EulerDiscreteScheduler": "Euler",
+    "EulerAncestralDiscreteScheduler": "Euler a",
+    "DPMSolverMultistepScheduler": "DPM++ 2M",
+    "DPMSolverSinglestepScheduler": "DPM++ 2S",
+    "DDIMScheduler": "DDIM",
+    "PNDMScheduler": "PLMS",
+    "LMSDiscreteScheduler": "LMS",
+    "HeunDiscreteScheduler": "Heun",
+    "KDPM2DiscreteScheduler": "DPM2",
+    "KDPM2AncestralDiscreteScheduler": "DPM2 a",
+    "UniPCMultistepScheduler": "UniPC",
+    "LCMScheduler": "LCM",
+    "DDPMScheduler": "DDPM",
     "FlowMatchEulerDiscreteScheduler": "Euler",
 }
 
 
-def embedded_provenance(*, model_id: str, manifest: Manifest, kind: str, params: dict[str, Any],
-                        inputs: dict[str, str], machine: str, device: str,
-                        adapters: list[dict[str, Any]] | None = None, sampler: str | None = None) -> dict[str, Any]:
+def embedded_provenance(
+    *,
+    model_id: str,
+    manifest: Manifest,
+    kind: str,
+    params: dict[str, Any],
+    inputs: dict[str, str],
+    machine: str,
+    device: str,
+    adapters: list[dict[str, Any]] | None = None,
+    sampler: str | None = None,
+) -> dict[str, Any]:
     """The deterministic record embedded in the output file.
 
     ``manifest`` is the server's manifest the files were verified against (R5): its digests
@@ -96,6 +113,7 @@ def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
     params = record.get("params") or {}
     try:
         kind_spec = spec(str(record.get("kind")))
+
         def value(name: str) -> Any:
             return kind_spec.value(params, name)
     except KeyError:
@@ -104,10 +122,21 @@ def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
     if negative := value("negative_prompt"):
         lines.append(f"Negative prompt: {negative}")
     scheduler = str(record.get("sampler") or "")
-    fields = [("Steps", value("steps")), ("Sampler", A1111_SAMPLERS.get(scheduler, scheduler) or None),
-              ("CFG scale", value("guidance_scale")), ("Seed", record.get("seed")), ("Size", f"{size[0]}x{size[1]}"),
-              ("Model hash", model_hash(record)), ("Model", record.get("model_id")),
-              ("Denoising strength", params.get("strength"))]
-    lines.append(", ".join(f"{name}: {shown:g}" if isinstance(shown, float) else f"{name}: {shown}"
-                           for name, shown in fields if shown is not None))
+    fields = [
+        ("Steps", value("steps")),
+        ("Sampler", A1111_SAMPLERS.get(scheduler, scheduler) or None),
+        ("CFG scale", value("guidance_scale")),
+        ("Seed", record.get("seed")),
+        ("Size", f"{size[0]}x{size[1]}"),
+        ("Model hash", model_hash(record)),
+        ("Model", record.get("model_id")),
+        ("Denoising strength", params.get("strength")),
+    ]
+    lines.append(
+        ", ".join(
+            f"{name}: {shown:g}" if isinstance(shown, float) else f"{name}: {shown}"
+            for name, shown in fields
+            if shown is not None
+        )
+    )
     return "\n".join(lines)

@@ -75,8 +75,14 @@ class Revocations:
     ``kill_after_s``: seconds after a terminate before a pool process still alive is SIGKILLed;
     ``pool_process``: the live pool process running a job id, or None."""
 
-    def __init__(self, server: ServerClient, machine: str, job_task: str, kill_after_s: float = 3.0,
-                 pool_process: Callable[[str], psutil.Process | None] = lambda _job_id: None) -> None:
+    def __init__(
+        self,
+        server: ServerClient,
+        machine: str,
+        job_task: str,
+        kill_after_s: float = 3.0,
+        pool_process: Callable[[str], psutil.Process | None] = lambda _job_id: None,
+    ) -> None:
         self.server = server
         self.pool_process = pool_process  # the live pool process running a job (Watchdog.pool_process)
         self.machine = machine
@@ -92,8 +98,12 @@ class Revocations:
         if getattr(sender, "name", None) != self.job_task or request is None:
             return
         job_id = str(request.id)
-        log.warning("%s: job %s was revoked%s (Flower or celery control revoke)", self.machine, job_id,
-                    "; Celery terminated its pool process" if terminated else " before it ran")
+        log.warning(
+            "%s: job %s was revoked%s (Flower or celery control revoke)",
+            self.machine,
+            job_id,
+            "; Celery terminated its pool process" if terminated else " before it ran",
+        )
         with self._lock:
             self._noted[job_id] = (bool(terminated), True)
         process = self.pool_process(job_id) if terminated else None  # taken now: a reused pid is never killed
@@ -109,8 +119,13 @@ class Revocations:
         try:
             if process.ppid() != psutil.Process().pid or process.status() == psutil.STATUS_ZOMBIE:
                 return
-            log.warning("%s: job %s's pool process %d still runs %.1f s after its terminate; killing it (SIGKILL)",
-                        self.machine, job_id, process.pid, self.kill_after_s)
+            log.warning(
+                "%s: job %s's pool process %d still runs %.1f s after its terminate; killing it (SIGKILL)",
+                self.machine,
+                job_id,
+                process.pid,
+                self.kill_after_s,
+            )
             process.kill()
         except psutil.NoSuchProcess:
             return
@@ -125,16 +140,21 @@ class Revocations:
         batches: list[tuple[list[str], bool, bool]] = [
             ([job_id for job_id, flags in noted.items() if flags == key], *key) for key in sorted(set(noted.values()))
         ]
-        batches += [(fresh[i:i + REVOCATIONS_PER_REPORT], False, False)
-                    for i in range(0, len(fresh), REVOCATIONS_PER_REPORT)]
+        batches += [
+            (fresh[i : i + REVOCATIONS_PER_REPORT], False, False) for i in range(0, len(fresh), REVOCATIONS_PER_REPORT)
+        ]
         for job_ids, terminated, announced in batches:
             for start in range(0, len(job_ids), REVOCATIONS_PER_REPORT):
-                chunk = job_ids[start:start + REVOCATIONS_PER_REPORT]
+                chunk = job_ids[start : start + REVOCATIONS_PER_REPORT]
                 try:
                     ended = self.server.revocations(chunk, terminated=terminated, announced=announced)
                 except (HomefleetError, httpx.HTTPError) as error:
-                    log.warning("%s: revocations of %d jobs not reported yet (%s); again at the next beat",
-                                self.machine, len(chunk), error)
+                    log.warning(
+                        "%s: revocations of %d jobs not reported yet (%s); again at the next beat",
+                        self.machine,
+                        len(chunk),
+                        error,
+                    )
                     return
                 for job_id, state in ended.items():
                     log.warning("%s: job %s is %s in the journal (revoked)", self.machine, job_id, state)

@@ -81,8 +81,14 @@ def failure_reason(error: BaseException) -> str:
     return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
 
 
-def report_progress(job_id: str, step: int, total: int, text: str | None = None,
-                    tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
+def report_progress(
+    job_id: str,
+    step: int,
+    total: int,
+    text: str | None = None,
+    tokens: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> None:
     """Best effort: a progress report that cannot reach the server is logged, never fatal.
     ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
     probabilities so far.
@@ -179,16 +185,27 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         loaded = make_resident(rt, claim.manifest, working)
         load_s, cold = loaded.load_s, loaded.cold
         provenance = embedded_provenance(
-            model_id=model_id, manifest=claim.manifest, kind=kind, params=params,
-            inputs={field: params[field] for field in inputs}, machine=rt.settings.machine, device=rt.device().name,
+            model_id=model_id,
+            manifest=claim.manifest,
+            kind=kind,
+            params=params,
+            inputs={field: params[field] for field in inputs},
+            machine=rt.settings.machine,
+            device=rt.device().name,
             adapters=provenance_entries(claim.adapters),
             sampler=scheduler_name(loaded.pipeline),
         )
         # 4. Run, with the job's adapters on the warm pipeline.
         with adapters_applied(rt, model_id, loaded.pipeline, claim.adapters) as applied:
             started = time.perf_counter()
-            output = runner(kind)(loaded.pipeline, params, functools.partial(report_progress, job_id),
-                                  provenance, inputs, family=claim.manifest.family)
+            output = runner(kind)(
+                loaded.pipeline,
+                params,
+                functools.partial(report_progress, job_id),
+                provenance,
+                inputs,
+                family=claim.manifest.family,
+            )
             run_s = time.perf_counter() - started
         provenance = {**provenance, **output.record, **applied.record}  # journaled only (token counts, adapter load)
     except Exception as error:  # noqa: BLE001 (reported, logged with its traceback) every failure reaches the journal
@@ -210,8 +227,14 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
         raise
     except Exception as error:  # noqa: BLE001 (reported, logged) never a job left running with nobody running it
         report_failure(rt, job_id, error, load_s, run_s)
-    log.info("job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s", job_id, digest, len(output.data),
-             load_s or 0.0, run_s)
+    log.info(
+        "job %s succeeded: %s (%d bytes), load %.2f s, run %.2f s",
+        job_id,
+        digest,
+        len(output.data),
+        load_s or 0.0,
+        run_s,
+    )
 
 
 def scheduler_name(pipeline: Any) -> str | None:
@@ -221,8 +244,9 @@ def scheduler_name(pipeline: Any) -> str | None:
     return type(scheduler).__name__ if scheduler is not None else None
 
 
-def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, load_s: float | None,
-                   run_s: float | None) -> NoReturn:
+def report_failure(
+    rt: runtime.WorkerRuntime, job_id: str, error: Exception, load_s: float | None, run_s: float | None
+) -> NoReturn:
     """Report ``error`` as the job's failure (its :func:`failure_reason`, its type and text) and
     end the task: :class:`JobNotSucceeded` once the server took it, Celery's ``Ignore`` when the
     server had ended the job meanwhile or cannot be reached (reconciliation ends it, R19)."""
@@ -245,9 +269,18 @@ def report_failure(rt: runtime.WorkerRuntime, job_id: str, error: Exception, loa
     raise JobNotSucceeded(job_id, reason, message) from error
 
 
-def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_type: str, digest: str, load_s: float,
-                  run_s: float, cold: bool, provenance: dict[str, Any],
-                  more: list[tuple[bytes, str]] | None = None) -> None:
+def upload_result(
+    rt: runtime.WorkerRuntime,
+    job_id: str,
+    data: bytes,
+    media_type: str,
+    digest: str,
+    load_s: float,
+    run_s: float,
+    cold: bool,
+    provenance: dict[str, Any],
+    more: list[tuple[bytes, str]] | None = None,
+) -> None:
     """Upload the result (R2). While the server cannot store it (507 ``storage_full``, 5xx) the
     bytes are kept in the worker's spool and the upload is retried with backoff; when the
     retries are spent the job is reported ``failed`` with reason ``result_not_stored`` naming
@@ -274,24 +307,50 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
     def attempt() -> object:
         nonlocal kept, spool_error
         try:
-            return rt.server.upload(job_id, data, media_type, digest, load_s=load_s, run_s=run_s, cold_load=cold,
-                                    provenance=provenance, more=more)
+            return rt.server.upload(
+                job_id,
+                data,
+                media_type,
+                digest,
+                load_s=load_s,
+                run_s=run_s,
+                cold_load=cold,
+                provenance=provenance,
+                more=more,
+            )
         except HomefleetError as error:
             if retriable(error) and kept is None:
                 try:
-                    kept = spool.keep(Spooled(job_id=job_id, digest=digest, media_type=media_type, load_s=load_s,
-                                              run_s=run_s, cold_load=cold, provenance=provenance,
-                                              spooled_at=time.time(), more_digests=[d for _, d in more or []]),
-                                      data, tuple(extra for extra, _ in more or []))
+                    kept = spool.keep(
+                        Spooled(
+                            job_id=job_id,
+                            digest=digest,
+                            media_type=media_type,
+                            load_s=load_s,
+                            run_s=run_s,
+                            cold_load=cold,
+                            provenance=provenance,
+                            spooled_at=time.time(),
+                            more_digests=[d for _, d in more or []],
+                        ),
+                        data,
+                        tuple(extra for extra, _ in more or []),
+                    )
                 except OSError as refusal:  # the worker's disk is full too: the bytes stay in memory only
                     spool_error = refusal
                     discard_partial(spool, job_id)
-                    log.error("job %s: the server could not store the result (%s) and neither could the spool "
-                              "(%s); kept in memory only", job_id, error.message, refusal)
+                    log.error(
+                        "job %s: the server could not store the result (%s) and neither could the spool "
+                        "(%s); kept in memory only",
+                        job_id,
+                        error.message,
+                        refusal,
+                    )
                 else:
                     spool_error = None
-                    log.error("job %s: the server could not store the result (%s); kept in %s", job_id,
-                              error.message, kept)
+                    log.error(
+                        "job %s: the server could not store the result (%s); kept in %s", job_id, error.message, kept
+                    )
             raise
 
     try:
@@ -302,14 +361,18 @@ def upload_result(rt: runtime.WorkerRuntime, job_id: str, data: bytes, media_typ
                 spool.remove(job_id)
             raise
         if kept is not None:
-            message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
-                       f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet "
-                       "results recover` there once the server has room")
+            message = (
+                f"the server could not store the result after {settings.result_upload_attempts} attempts "
+                f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet "
+                "results recover` there once the server has room"
+            )
         else:
-            message = (f"the server could not store the result after {settings.result_upload_attempts} attempts "
-                       f"({error.status_code} {error.reason}: {error.message}) and machine {settings.machine} "
-                       f"could not keep it in its spool {spool.root} ({describe_os_error(spool_error)}); "
-                       "the result is lost: free space on both and run the job again")
+            message = (
+                f"the server could not store the result after {settings.result_upload_attempts} attempts "
+                f"({error.status_code} {error.reason}: {error.message}) and machine {settings.machine} "
+                f"could not keep it in its spool {spool.root} ({describe_os_error(spool_error)}); "
+                "the result is lost: free space on both and run the job again"
+            )
         log.error("job %s: %s", job_id, message)
         rt.server.fail(job_id, RESULT_NOT_STORED, message, load_s=load_s, run_s=run_s)
         raise JobNotSucceeded(job_id, RESULT_NOT_STORED, message) from error

@@ -55,8 +55,15 @@ class ServerClient:
     ``httpx.HTTPError`` on transport errors.
     """
 
-    def __init__(self, server_url: str | list[str], token: str, timeout_s: float, boot_id: str = "",
-                 retry_s: float = 0.0, machine: str = "") -> None:
+    def __init__(
+        self,
+        server_url: str | list[str],
+        token: str,
+        timeout_s: float,
+        boot_id: str = "",
+        retry_s: float = 0.0,
+        machine: str = "",
+    ) -> None:
         self.retry_s = retry_s
         headers = {"Authorization": f"Bearer {token}"}
         if machine:
@@ -66,8 +73,9 @@ class ServerClient:
         urls = [server_url] if isinstance(server_url, str) else list(server_url)
         # One connection pool per server; calls go to the current one (docs/operations.md, "A
         # standby server": every server answers the internal API on one journal).
-        self.clients = [httpx.Client(base_url=f"{url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s)
-                        for url in urls]
+        self.clients = [
+            httpx.Client(base_url=f"{url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s) for url in urls
+        ]
         self.current = 0
 
     @property
@@ -83,8 +91,14 @@ class ServerClient:
         for up to ``server_retry_s`` seconds (a job's claim and reports); otherwise one try of each
         server (a report sent again at the next beat, a start-up check). The one place a worker
         builds one (tests/unit/tasks/test_worker_composition.py)."""
-        return cls(settings.server_urls, settings.worker_token, settings.http_timeout_s, boot_id,
-                   settings.server_retry_s if patient else 0.0, machine=settings.machine)
+        return cls(
+            settings.server_urls,
+            settings.worker_token,
+            settings.http_timeout_s,
+            boot_id,
+            settings.server_retry_s if patient else 0.0,
+            machine=settings.machine,
+        )
 
     def close(self) -> None:
         for client in self.clients:
@@ -110,8 +124,9 @@ class ServerClient:
                 what = "server unreachable" if isinstance(error, httpx.TransportError) else "server's services down"
                 failed_in_turn += 1
                 if failed_in_turn < len(self.clients):
-                    log.warning("%s at %s (%s); trying %s %s at the next server", what, self.http.base_url,
-                                error, method, url)
+                    log.warning(
+                        "%s at %s (%s); trying %s %s at the next server", what, self.http.base_url, error, method, url
+                    )
                     self.current = (self.current + 1) % len(self.clients)
                     continue
                 if time.monotonic() + pause_s > deadline:
@@ -147,13 +162,22 @@ class ServerClient:
     def claim(self, job_id: str, claim_id: str) -> Claim:
         """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises
         Conflict for a second delivery."""
-        return Claim.model_validate(self._send("POST", f"/jobs/{job_id}/claim",
-                                               headers={"X-Homefleet-Claim-Id": claim_id}).json())
+        return Claim.model_validate(
+            self._send("POST", f"/jobs/{job_id}/claim", headers={"X-Homefleet-Claim-Id": claim_id}).json()
+        )
 
-    def progress(self, job_id: str, step: int, total: int, text: str | None = None,
-                 tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
-        body = ProgressReport(step=step, total=total, text=text, tokens=tokens,
-                              logprobs=logprobs).model_dump(exclude_none=True)
+    def progress(
+        self,
+        job_id: str,
+        step: int,
+        total: int,
+        text: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[float] | None = None,
+    ) -> None:
+        body = ProgressReport(step=step, total=total, text=text, tokens=tokens, logprobs=logprobs).model_dump(
+            exclude_none=True
+        )
         self._check(self.http.post(f"/jobs/{job_id}/progress", json=body))  # no retry
 
     def input_file(self, file_id: str) -> bytes:
@@ -169,9 +193,19 @@ class ServerClient:
             raise IntegrityFailure(f"input {file_id} arrived as bytes that hash to {actual}", reason="integrity")
         return data
 
-    def upload(self, job_id: str, data: bytes, media_type: str, digest: str, *, load_s: float, run_s: float,
-               cold_load: bool, provenance: dict[str, Any] | None = None,
-               more: list[tuple[bytes, str]] | None = None) -> ResultReceipt:
+    def upload(
+        self,
+        job_id: str,
+        data: bytes,
+        media_type: str,
+        digest: str,
+        *,
+        load_s: float,
+        run_s: float,
+        cold_load: bool,
+        provenance: dict[str, Any] | None = None,
+        more: list[tuple[bytes, str]] | None = None,
+    ) -> ResultReceipt:
         """Upload the result with its digest and provenance; the server verifies and stores it (R2).
         ``more``: (bytes, digest) of images 2..n of a job with n > 1, in order, in the
         same request: the server stores all of them or none."""
@@ -187,8 +221,9 @@ class ServerClient:
         files += [("more", (f"result.{i}", extra, media_type)) for i, (extra, _) in enumerate(more or [], start=1)]
         return ResultReceipt.model_validate(self._send("POST", f"/jobs/{job_id}/result", data=form, files=files).json())
 
-    def fail(self, job_id: str, reason: str, message: str, *, load_s: float | None = None,
-             run_s: float | None = None) -> None:
+    def fail(
+        self, job_id: str, reason: str, message: str, *, load_s: float | None = None, run_s: float | None = None
+    ) -> None:
         body = FailureReport(reason=reason, message=message[:4000], load_s=load_s, run_s=run_s)
         self._send("POST", f"/jobs/{job_id}/failure", json=body.model_dump())
 
@@ -210,8 +245,9 @@ class ServerClient:
         body = SyncProgress(files_done=files_done, bytes_done=bytes_done, file=file)
         self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body.model_dump()))
 
-    def sync_finish(self, sync_id: str, succeeded: bool, message: str, results: list[SyncFileResult],
-                    verified: list[str]) -> None:
+    def sync_finish(
+        self, sync_id: str, succeeded: bool, message: str, results: list[SyncFileResult], verified: list[str]
+    ) -> None:
         """End the sync with every file's outcome and the models verified afterwards (R4)."""
         body = SyncFinish(succeeded=succeeded, message=message[:4000], results=results, verified=verified)
         self._check(self.http.post(f"/syncs/{sync_id}/finish", json=body.model_dump()))

@@ -130,8 +130,14 @@ def upload_with_retries(upload: Callable[[], Any], attempts: int, first_pause_s:
         except HomefleetError as error:
             if not retriable(error) or attempt == attempts:
                 raise
-            log.warning("job %s: the server could not store the result (attempt %d of %d: %s); retrying in %.1f s",
-                        job_id, attempt, attempts, error.message, pause_s)
+            log.warning(
+                "job %s: the server could not store the result (attempt %d of %d: %s); retrying in %.1f s",
+                job_id,
+                attempt,
+                attempts,
+                error.message,
+                pause_s,
+            )
             time.sleep(pause_s)
             pause_s *= 2
     raise AssertionError("unreachable")
@@ -166,9 +172,19 @@ def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
     client = ServerClient.for_worker(settings)
     spool = ResultSpool(settings.result_spool)
     try:
-        return recover(spool, lambda record, data: client.upload(
-            record.job_id, data, record.media_type, record.digest, load_s=record.load_s, run_s=record.run_s,
-            cold_load=record.cold_load, provenance=record.provenance,
-            more=list(zip(spool.more(record), record.more_digests, strict=True))))
+        return recover(
+            spool,
+            lambda record, data: client.upload(
+                record.job_id,
+                data,
+                record.media_type,
+                record.digest,
+                load_s=record.load_s,
+                run_s=record.run_s,
+                cold_load=record.cold_load,
+                provenance=record.provenance,
+                more=list(zip(spool.more(record), record.more_digests, strict=True)),
+            ),
+        )
     finally:
         client.close()

@@ -105,8 +105,13 @@ class Copier:
     throttles the download.
     """
 
-    def __init__(self, server: ServerClient, models_dir: Path, on_bytes: Callable[[int], None],
-                 max_bytes_per_s: int | None = None) -> None:
+    def __init__(
+        self,
+        server: ServerClient,
+        models_dir: Path,
+        on_bytes: Callable[[int], None],
+        max_bytes_per_s: int | None = None,
+    ) -> None:
         self.server = server
         self.models_dir = models_dir
         self.on_bytes = on_bytes
@@ -120,9 +125,13 @@ class Copier:
         superseded: Path | None = None  # where a file of other content is set aside (R6: never deleted)
         if final.exists() or final.is_symlink():
             if not final.is_symlink() and not final.is_file():
-                return _result(model_id, path, "conflict", size,
-                               f"{final} is a folder; a sync replaces only a file or a link - "
-                               "move it away and sync again")
+                return _result(
+                    model_id,
+                    path,
+                    "conflict",
+                    size,
+                    f"{final} is a folder; a sync replaces only a file or a link - move it away and sync again",
+                )
             # A link (a Hugging Face cache's snapshot links to its blobs; a link made by hand) is
             # judged by the bytes it leads to; when they differ, or it leads nowhere, the link
             # itself is set aside (its target is never touched) as a regular file of other content is.

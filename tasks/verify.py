@@ -90,8 +90,9 @@ def one_check_at_a_time(models_dir: Path) -> Iterator[None]:
         yield
 
 
-def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path,
-              manifests: dict[str, Manifest]) -> set[str]:
+def advertise(
+    client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path, manifests: dict[str, Manifest]
+) -> set[str]:
     """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
     advertised set with the models that match in full. Returns that set."""
     with one_check_at_a_time(models_dir):
@@ -102,8 +103,9 @@ def advertise(client: redis.Redis, keyspace: Keys, machine: str, models_dir: Pat
             if verified:
                 pipe.sadd(key, *sorted(verified))
             pipe.execute()
-    log.info("%s verified %d of %d models: %s", machine, len(verified), len(manifests),
-             ", ".join(sorted(verified)) or "none")
+    log.info(
+        "%s verified %d of %d models: %s", machine, len(verified), len(manifests), ", ".join(sorted(verified)) or "none"
+    )
     return verified
 
 
@@ -181,8 +183,12 @@ class Verifier:
                 if matching:
                     self.redis.sadd(key, *sorted(matching))
             if changed or gone:
-                log.info("%s: the registry changed; verified here: %s; not: %s", machine,
-                         ", ".join(sorted(matching)) or "none", ", ".join(sorted(set(changed) - matching)) or "none")
+                log.info(
+                    "%s: the registry changed; verified here: %s; not: %s",
+                    machine,
+                    ", ".join(sorted(matching)) or "none",
+                    ", ".join(sorted(set(changed) - matching)) or "none",
+                )
             self.manifests, self._registry_mark = manifests, mark
         except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
             log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)
@@ -209,8 +215,9 @@ class Verifier:
             if now != known:
                 changed[model_id] = manifest
         if changed:
-            self._following = threading.Thread(target=self._recheck, args=(changed,), name="homefleet-recheck",
-                                               daemon=True)
+            self._following = threading.Thread(
+                target=self._recheck, args=(changed,), name="homefleet-recheck", daemon=True
+            )
             self._following.start()
 
     def _recheck(self, changed: dict[str, Manifest]) -> None:
@@ -223,8 +230,14 @@ class Verifier:
                     if problems:
                         self.redis.srem(key, model_id)
                         self.stats.pop(model_id, None)
-                        log.warning("%s: model %s changed on disk and was withdrawn (until `homefleet sync %s %s`): %s",
-                                    machine, model_id, machine, model_id, "; ".join(problems[:5]))
+                        log.warning(
+                            "%s: model %s changed on disk and was withdrawn (until `homefleet sync %s %s`): %s",
+                            machine,
+                            model_id,
+                            machine,
+                            model_id,
+                            "; ".join(problems[:5]),
+                        )
                     else:
                         self.stats[model_id] = stats
         except (redis.RedisError, OSError) as error:

@@ -113,12 +113,21 @@ class Watchdog:
         children = {child.pid: child for child in psutil.Process().children()}
         pid = running.get("pid")
         if running.get("job_id") != job_id or pid not in children:
-            log.warning("%s: job %s was declared hung, but no pool process runs it (running: %s in pid %s); "
-                        "restart request dropped, nothing killed", machine, job_id, running.get("job_id") or "none",
-                        pid if pid in children else "none")
+            log.warning(
+                "%s: job %s was declared hung, but no pool process runs it (running: %s in pid %s); "
+                "restart request dropped, nothing killed",
+                machine,
+                job_id,
+                running.get("job_id") or "none",
+                pid if pid in children else "none",
+            )
             return
-        log.warning("%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
-                    machine, job_id, pid)
+        log.warning(
+            "%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
+            machine,
+            job_id,
+            pid,
+        )
         self.killed.add(job_id)
         still = self.redis.get(self.keys.running(machine))  # again, at the last moment: the job may just have ended
         if still is None or json.loads(still).get("job_id") != job_id:
@@ -150,13 +159,18 @@ class Watchdog:
         running = json.loads(raw) if raw else {}
         if running.get("job_id") == job_id and not running.get("working"):
             # Killed while the job waited for the start-up preload: the preload's load, not this job.
-            log.error("%s: job %s lost its pool process to SIGKILL while the preload loaded committed models; "
-                      "reported as an error, no OOM remembered", machine, job_id)
+            log.error(
+                "%s: job %s lost its pool process to SIGKILL while the preload loaded committed models; "
+                "reported as an error, no OOM remembered",
+                machine,
+                job_id,
+            )
             reason = "error"
             message = f"its pool process was killed while the start-up preload loaded committed models: {error}"
         else:
-            log.error("%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id,
-                      error)
+            log.error(
+                "%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id, error
+            )
             reason = "oom"
             message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
 

@@ -36,8 +36,20 @@ log = logging.getLogger("homefleet.worker")
 def worker_argv(machine: str, loglevel: str) -> list[str]:
     """The celery worker command line for one machine (docs/design.md, "Devices and queues", "Settings")."""
     return [
-        "worker", "-Q", keys.queue(machine), "-n", f"{machine}@%h", "-c", "1", "-P", "prefork",
-        "--prefetch-multiplier=1", "--disable-prefetch", "--without-gossip", "--without-mingle", "-E",
+        "worker",
+        "-Q",
+        keys.queue(machine),
+        "-n",
+        f"{machine}@%h",
+        "-c",
+        "1",
+        "-P",
+        "prefork",
+        "--prefetch-multiplier=1",
+        "--disable-prefetch",
+        "--without-gossip",
+        "--without-mingle",
+        "-E",
         f"--loglevel={loglevel}",
     ]
 
@@ -63,8 +75,9 @@ def check_token(settings: WorkerSettings) -> None:
         )
         raise SystemExit(EX_CONFIG) from refusal
     except (HomefleetError, httpx.HTTPError) as error:
-        log.warning("%s: the server could not be asked at start (%s); the heartbeat keeps trying", settings.machine,
-                    error)
+        log.warning(
+            "%s: the server could not be asked at start (%s); the heartbeat keeps trying", settings.machine, error
+        )
     finally:
         server.close()
 
@@ -101,6 +114,7 @@ def wait_first_beat(heartbeat: Heartbeat, lease: WorkerLease) -> bool:
     while it starts: a lease lost in between (``on_lease_lost`` signals this process) still
     exits ``EX_CONFIG``, not 143 from the default handler (seen on a slow host, where Celery's
     start took seconds)."""
+
     def stop(_signum: int, _frame: Any) -> None:
         raise SystemExit(EX_CONFIG if lease.lost else 0)
 

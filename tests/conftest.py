@@ -84,8 +84,14 @@ def redis_url(redis_base_url: str) -> str:
 
 
 def _settings(tmp_path: Path, redis_url: str, database_url: str | None) -> Settings:
-    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, database_url=database_url,
-                    fleet_lock_ttl_s=5, fleet_lock_wait_s=5, api_keys=[TEST_API_KEY])
+    return Settings(
+        data_dir=tmp_path / "server",
+        redis_url=redis_url,
+        database_url=database_url,
+        fleet_lock_ttl_s=5,
+        fleet_lock_wait_s=5,
+        api_keys=[TEST_API_KEY],
+    )
 
 
 @pytest.fixture

@@ -37,14 +37,19 @@ def make_fleet(*names: str, families: frozenset[str] = FAMILIES) -> Fleet:
     machines = {}
     for name in ("server", *names):
         machines[name] = Machine(
-            name=name, backend="cpu", memory_kind="unified", memory_bytes=4_000_000_000,
-            families=families, token=f"token-{name}-".ljust(32, "x"),
+            name=name,
+            backend="cpu",
+            memory_kind="unified",
+            memory_bytes=4_000_000_000,
+            families=families,
+            token=f"token-{name}-".ljust(32, "x"),
         )
     return Fleet(machines=machines)
 
 
-def run_cli(*args: str, env: dict[str, str | None] | None = None, timeout_s: float = 180,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str | None] | None = None, timeout_s: float = 180, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run ``homefleet ARGS`` as a user would, in this process's environment updated by ``env`` (a
     value of None unsets that variable); with ``check``, raise with its output if it fails.
 
@@ -71,8 +76,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "condition",
-             poll_s: float = 0.05) -> T:
+def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "condition", poll_s: float = 0.05) -> T:
     """Poll ``predicate`` until it returns something true; return it. Raises ``AssertionError``
     naming ``what`` after ``timeout_s`` seconds (a deadline, never a fixed sleep)."""
     deadline = time.monotonic() + timeout_s
@@ -99,25 +103,40 @@ def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend
     replies: list[object] = []  # the first is None: that send does not wait for replies
     while True:
         # A resend waits a second for the replies (who heard it, what each found); the first does not.
-        replies.append(ctx.celery.control.revoke(job_id, terminate=True, signal="SIGTERM", reply=bool(replies),
-                                                 timeout=1.0))
+        replies.append(
+            ctx.celery.control.revoke(job_id, terminate=True, signal="SIGTERM", reply=bool(replies), timeout=1.0)
+        )
         try:
-            wait_for(lambda: ctx.journal.state_of(job_id) != JobState.running,
-                     timeout_s=max(0.0, min(resend_s, deadline - time.monotonic())), what="")
+            wait_for(
+                lambda: ctx.journal.state_of(job_id) != JobState.running,
+                timeout_s=max(0.0, min(resend_s, deadline - time.monotonic())),
+                what="",
+            )
             return
         except AssertionError:
             if time.monotonic() < deadline:
                 continue
         logs = sorted((ctx.settings.data_dir / "logs").glob("worker-*.log"))
-        named = [f"{log.name}: {line}" for log in logs for line in log.read_text(errors="replace").splitlines()
-                 if job_id in line]
-        raise AssertionError(f"timed out after {timeout_s} s waiting for the terminated blocker {job_id} to end "
-                             f"in the journal; the workers' replies to each revoke: {replies}; "
-                             "their log lines naming it:\n" + "\n".join(named[-20:]))
+        named = [
+            f"{log.name}: {line}"
+            for log in logs
+            for line in log.read_text(errors="replace").splitlines()
+            if job_id in line
+        ]
+        raise AssertionError(
+            f"timed out after {timeout_s} s waiting for the terminated blocker {job_id} to end "
+            f"in the journal; the workers' replies to each revoke: {replies}; "
+            "their log lines naming it:\n" + "\n".join(named[-20:])
+        )
 
 
-def bring_online(ctx: ServerContext, machine: str, verified: set[str] | frozenset[str] = frozenset(),
-                 warm: tuple[str, ...] = (), ttl_s: int = 600) -> None:
+def bring_online(
+    ctx: ServerContext,
+    machine: str,
+    verified: set[str] | frozenset[str] = frozenset(),
+    warm: tuple[str, ...] = (),
+    ttl_s: int = 600,
+) -> None:
     """Write what a live worker of ``machine`` advertises, without running one: its heartbeat
     (with its ``warm`` models, least recently used first) and, replacing any, its verified set (R4)."""
     beat = {"machine": machine, "at": time.time(), "warm_models": list(warm)}
@@ -165,12 +184,15 @@ class FakeTorch:
         self.cached_bytes = 0  # freed but kept by the caching allocator
         self.calls: list[str] = []
         self.fraction: float | None = None
-        self.cuda = SimpleNamespace(mem_get_info=self._mem_get_info, empty_cache=self._empty_cache,
-                                    memory_allocated=lambda: self.live_bytes)
-        self.mps = SimpleNamespace(recommended_max_memory=lambda: self.total_bytes,
-                                   driver_allocated_memory=lambda: self.live_bytes + self.cached_bytes,
-                                   empty_cache=self._empty_cache,
-                                   set_per_process_memory_fraction=self._set_fraction)
+        self.cuda = SimpleNamespace(
+            mem_get_info=self._mem_get_info, empty_cache=self._empty_cache, memory_allocated=lambda: self.live_bytes
+        )
+        self.mps = SimpleNamespace(
+            recommended_max_memory=lambda: self.total_bytes,
+            driver_allocated_memory=lambda: self.live_bytes + self.cached_bytes,
+            empty_cache=self._empty_cache,
+            set_per_process_memory_fraction=self._set_fraction,
+        )
 
     def _mem_get_info(self) -> tuple[int, int]:
         return self.total_bytes - self.live_bytes - self.cached_bytes, self.total_bytes
@@ -211,8 +233,8 @@ def png_claiming(width: int, height: int) -> bytes:
 
     data = bytearray(png(8, 8))
     ihdr = data.index(b"IHDR")
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
-    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])))
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr : ihdr + 17])))
     return bytes(data)
 
 
@@ -249,8 +271,9 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            receiver.received.append(Received(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()},
-                                              body))
+            receiver.received.append(
+                Received(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
             self.send_response(receiver.answer())
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -280,8 +303,9 @@ def served_api(ctx: ServerContext) -> Iterator[str]:
     from app.devtools.redis_server import free_port
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(ctx.settings, ctx), host="127.0.0.1", port=port,
-                                           lifespan="off", log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(ctx.settings, ctx), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -73,13 +73,17 @@ def bearer_token(authorization: str) -> str | None:
 
 #: The public routes' security scheme in the OpenAPI document (Swagger's "Authorize" button).
 #: ``auto_error=False``: a missing key is refused by :func:`check_api_key` as a domain error.
-API_KEY_SCHEME = HTTPBearer(scheme_name="ApiKey", auto_error=False,
-                            description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`")
+API_KEY_SCHEME = HTTPBearer(
+    scheme_name="ApiKey",
+    auto_error=False,
+    description="an API key of this server (HOMEFLEET_API_KEYS): `Authorization: Bearer <key>`",
+)
 
 
-async def require_api_key(request: Request,
-                          credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None,
-                          ) -> None:
+async def require_api_key(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None,
+) -> None:
     """Dependency of every public route: :func:`check_api_key` (the :class:`Authenticate`
     middleware has applied it already, before the body was read). ``async``: it never blocks,
     so FastAPI runs it on the event loop, not in its thread pool (app/api/routes/deps.py)."""
@@ -138,16 +142,22 @@ def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine
     if claimed is None:
         if len(machines) > 1:
             host = next(iter(machines.values())).host_name
-            raise Unauthorized(f"the token is host {host!r}'s, shared by its devices {', '.join(machines)}: name the "
-                               "device's machine in the X-Homefleet-Machine header (homefleet worker --machine)")
+            raise Unauthorized(
+                f"the token is host {host!r}'s, shared by its devices {', '.join(machines)}: name the "
+                "device's machine in the X-Homefleet-Machine header (homefleet worker --machine)"
+            )
         return next(iter(machines.values()))
     if claimed not in machines:
         if claimed not in fleet.machines:
-            raise Unauthorized(f"the worker names machine {claimed!r}, which is not in this fleet "
-                               f"({', '.join(sorted(fleet.machines))}); fix --machine or add it to the fleet file")
+            raise Unauthorized(
+                f"the worker names machine {claimed!r}, which is not in this fleet "
+                f"({', '.join(sorted(fleet.machines))}); fix --machine or add it to the fleet file"
+            )
         owner = ", ".join(machines)
-        raise Unauthorized(f"the worker says it is machine {claimed!r}, but its token belongs to machine "
-                           f"{owner!r}; give each worker its own machine's token")
+        raise Unauthorized(
+            f"the worker says it is machine {claimed!r}, but its token belongs to machine "
+            f"{owner!r}; give each worker its own machine's token"
+        )
     return machines[claimed]
 
 
@@ -166,8 +176,14 @@ class Authenticate:
     (one of ``uploads``) beyond ``max_concurrent_uploads`` whose bodies are being read is
     answered 429 ``uploads_busy`` with ``Retry-After``. Refusals are rendered by ``render(path, error)``."""
 
-    def __init__(self, app: ASGIApp, ctx: ServerContext, settings: Settings, uploads: Sequence[re.Pattern[str]],
-                 render: Callable[[str, HomefleetError], Response]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        ctx: ServerContext,
+        settings: Settings,
+        uploads: Sequence[re.Pattern[str]],
+        render: Callable[[str, HomefleetError], Response],
+    ) -> None:
         self.app, self.ctx, self.settings, self.uploads, self.render = app, ctx, settings, uploads, render
         self.uploading = 0
 
@@ -180,9 +196,12 @@ class Authenticate:
         try:
             await self.authenticate(path, Headers(scope=scope), scope["method"])
             if upload and self.uploading >= self.settings.max_concurrent_uploads:
-                raise Overloaded(f"{self.uploading} uploads are in progress, the most this server takes at once "
-                                 f"(max_concurrent_uploads = {self.settings.max_concurrent_uploads}); retry later",
-                                 reason="uploads_busy", retry_after_s=self.settings.retry_after_s)
+                raise Overloaded(
+                    f"{self.uploading} uploads are in progress, the most this server takes at once "
+                    f"(max_concurrent_uploads = {self.settings.max_concurrent_uploads}); retry later",
+                    reason="uploads_busy",
+                    retry_after_s=self.settings.retry_after_s,
+                )
         except HomefleetError as error:
             await self.render(path, error)(scope, receive, send)  # answered unread
             return

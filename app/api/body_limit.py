@@ -51,8 +51,13 @@ class BodyLimit:
     then raises :class:`RequestTooLarge` and whatever the route would answer is dropped. The
     body is counted as it is read, never buffered here."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, routes: Sequence[RouteLimit],
-                 render: Callable[[str, HomefleetError], Response]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        routes: Sequence[RouteLimit],
+        render: Callable[[str, HomefleetError], Response],
+    ) -> None:
         self.app, self.routes, self.render = app, routes, render
         self.default = RouteLimit(re.compile(".*"), max_bytes, "max_request_bytes")
 
@@ -96,8 +101,7 @@ class BodyLimit:
 
     @staticmethod
     def _error(limit: RouteLimit, got: str) -> RequestTooLarge:
-        return RequestTooLarge(f"the request body must be at most {limit.max_bytes} bytes ({limit.setting}), "
-                               f"got {got}")
+        return RequestTooLarge(f"the request body must be at most {limit.max_bytes} bytes ({limit.setting}), got {got}")
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: RouteLimit, got: str) -> None:
         await self.render(scope["path"], self._error(limit, got))(scope, receive, send)

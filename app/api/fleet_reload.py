@@ -74,8 +74,13 @@ class FleetReloader:
         added = sorted(set(fleet.machines) - set(self._names))
         removed = sorted(set(self._names) - set(fleet.machines))
         self._names = list(fleet.machines)
-        log.info("fleet file %s reloaded: %d machines (added %s, removed %s)", self.path, len(fleet.machines),
-                 ", ".join(added) or "none", ", ".join(removed) or "none")
+        log.info(
+            "fleet file %s reloaded: %d machines (added %s, removed %s)",
+            self.path,
+            len(fleet.machines),
+            ", ".join(added) or "none",
+            ", ".join(removed) or "none",
+        )
         live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded")
         return "loaded"
 

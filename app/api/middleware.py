@@ -77,8 +77,9 @@ class PathMethods:
     know go on to the app (its 404). ``table()`` is called at the first request (the routes'
     document is complete by then) and kept."""
 
-    def __init__(self, app: ASGIApp, table: Callable[[], MethodTable],
-                 render: Callable[[str, HomefleetError], Response]) -> None:
+    def __init__(
+        self, app: ASGIApp, table: Callable[[], MethodTable], render: Callable[[str, HomefleetError], Response]
+    ) -> None:
         self.app, self.table, self.render = app, table, render
         self.allowed: MethodTable | None = None
 

@@ -28,14 +28,25 @@ from app.core.errors import HomefleetError, Rejected
 OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions", "/v1/models")
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
-TGI_ERROR_TYPES = {401: "authentication", 404: "not_found", 409: "incomplete_generation", 424: "generation",
-                   429: "overloaded", 503: "overloaded"}
+TGI_ERROR_TYPES = {
+    401: "authentication",
+    404: "not_found",
+    409: "incomplete_generation",
+    424: "generation",
+    429: "overloaded",
+    503: "overloaded",
+}
 TGI_GENERATION_FAILED = 424
 """TGI's status for a generation that failed (its ``InferError::GenerationError``: 424 Failed
 Dependency, ``error_type: generation``): a TGI route's job that ended without a result, never a 500."""
 
-ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-               409: "conflict_error", 429: "rate_limit_error"}
+ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+}
 
 
 #: reason -> the request field it is about, where the error does not name one itself
@@ -88,8 +99,9 @@ def tgi_validation_error(error: RequestValidationError) -> JSONResponse:
     """A request body that failed validation, as TGI answers it (422 ``validation``)."""
     answer = openai_validation_error(error)
     refused = json.loads(bytes(answer.body))["error"]
-    return JSONResponse(status_code=422, content={"error": refused["message"], "error_type": "validation",
-                                                  "reason": refused["code"]})
+    return JSONResponse(
+        status_code=422, content={"error": refused["message"], "error_type": "validation", "reason": refused["code"]}
+    )
 
 
 def error_type(status_code: int) -> str:
@@ -108,8 +120,9 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
     param = error.param or REASON_PARAMS.get(error.reason)
     if param is None and error.reason.startswith("invalid_"):
         param = error.reason.removeprefix("invalid_")
-    body: dict[str, Any] = {"error": {"message": error.message, "type": error_type(error.status_code), "param": param,
-                                      "code": error.reason}}
+    body: dict[str, Any] = {
+        "error": {"message": error.message, "type": error_type(error.status_code), "param": param, "code": error.reason}
+    }
     if job_ids is not None:
         body["error"]["job_ids"] = job_ids
     return JSONResponse(status_code=error.status_code, content=body, headers=headers)

@@ -29,49 +29,78 @@ from app.jobs.validation import MAX_ADAPTER_SCALE
 from routing.timings import ADAPTER_KIND
 
 ERROR_BODY: dict[str, Any] = {
-    "title": "Error", "type": "object", "required": ["error"],
+    "title": "Error",
+    "type": "object",
+    "required": ["error"],
     "description": "Every Homefleet error: a machine-readable reason and a message naming the field, the value and "
-                   "the limit (docs/api.md, Errors).",
+    "the limit (docs/api.md, Errors).",
     "properties": {
-        "error": {"type": "object", "required": ["reason", "message"], "properties": {
-            "reason": {"type": "string", "description": "e.g. invalid_width, unknown_model, queue_full, quota_queued"},
-            "message": {"type": "string"},
-            "job_id": {"type": "string", "description": "the journaled `rejected` job of a refused submission"},
-        }},
+        "error": {
+            "type": "object",
+            "required": ["reason", "message"],
+            "properties": {
+                "reason": {
+                    "type": "string",
+                    "description": "e.g. invalid_width, unknown_model, queue_full, quota_queued",
+                },
+                "message": {"type": "string"},
+                "job_id": {"type": "string", "description": "the journaled `rejected` job of a refused submission"},
+            },
+        },
         "detail": {"type": "array", "description": "validation details (422 invalid_request)", "items": {}},
     },
 }
 OPENAI_ERROR_BODY: dict[str, Any] = {
-    "title": "OpenAIError", "type": "object", "required": ["error"],
+    "title": "OpenAIError",
+    "type": "object",
+    "required": ["error"],
     "description": "OpenAI's error shape, on the OpenAI and Hugging Face routes.",
-    "properties": {"error": {"type": "object", "required": ["message", "type", "code"], "properties": {
-        "message": {"type": "string"},
-        "type": {"type": "string"},
-        "param": {"type": ["string", "null"]},
-        "code": {"type": "string", "description": "Homefleet's reason"},
-        "job_ids": {"type": "array", "items": {"type": "string"},
-                    "description": "the jobs this request submitted, on errors after a submission (R20, C10)"},
-    }}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string", "description": "Homefleet's reason"},
+                "job_ids": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "the jobs this request submitted, on errors after a submission (R20, C10)",
+                },
+            },
+        }
+    },
 }
 TGI_ERROR_BODY: dict[str, Any] = {
-    "title": "TGIError", "type": "object", "required": ["error", "error_type"],
+    "title": "TGIError",
+    "type": "object",
+    "required": ["error", "error_type"],
     "description": "text-generation-inference's error shape, on TGI's routes (POST /, /generate, /generate_stream).",
     "properties": {
         "error": {"type": "string"},
         "error_type": {"type": "string", "description": "validation, overloaded, generation, incomplete_generation…"},
         "reason": {"type": "string", "description": "Homefleet's reason"},
-        "job_ids": {"type": "array", "items": {"type": "string"},
-                    "description": "the jobs this request submitted, on errors after a submission (R20, C10)"},
+        "job_ids": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "the jobs this request submitted, on errors after a submission (R20, C10)",
+        },
     },
 }
 DESCRIPTIONS = {
-    400: "the body could not be parsed", 401: "no key, or not one of this server's", 403: "another machine's job",
-    404: "no such job, machine, model, sync or file", 409: "the state forbids it (e.g. the job has ended, the "
-    "machine is busy, the image job is still pending: job_pending)", 413: "the body is over its limit",
+    400: "the body could not be parsed",
+    401: "no key, or not one of this server's",
+    403: "another machine's job",
+    404: "no such job, machine, model, sync or file",
+    409: "the state forbids it (e.g. the job has ended, the "
+    "machine is busy, the image job is still pending: job_pending)",
+    413: "the body is over its limit",
     422: "a value is refused: the message names the field, the value and the limit (R22)",
     429: "the machine's or the fleet's queue is full, or the API key is at its quota (quota_queued, "
-    "quota_gpu_seconds; Retry-After, R23)", 500: "a job of an image request "
-    "failed, or the server failed after submitting it (x-should-retry: false, job_ids)",
+    "quota_gpu_seconds; Retry-After, R23)",
+    500: "a job of an image request failed, or the server failed after submitting it (x-should-retry: false, job_ids)",
     503: "Redis or the journal does not answer, or the target machine is offline (Retry-After)",
     507: "the server could not store the file (disk full)",
 }
@@ -145,8 +174,12 @@ RESPONSE_FORMAT: dict[str, Any] = {
                 "json_schema": {
                     "type": "object",
                     "required": ["schema"],
-                    "properties": {"name": {"type": "string"}, "schema": JSON_SCHEMA_VALUE,
-                                   "strict": {"type": "boolean"}, "description": {"type": "string"}},
+                    "properties": {
+                        "name": {"type": "string"},
+                        "schema": JSON_SCHEMA_VALUE,
+                        "strict": {"type": "boolean"},
+                        "description": {"type": "string"},
+                    },
                     "additionalProperties": False,
                 },
             },

@@ -27,9 +27,12 @@ class JobCreate(RequestBody):
     )
     target: str = Field(SERVER, min_length=1, max_length=32, description="machine name or 'auto'; default 'server'")
     webhook_url: str | None = Field(
-        None, min_length=1, max_length=2048,
-        description="http(s) URL the job's record is POSTed to, signed, when it ends (docs/api.md \"Webhooks\"); "
-                    "its host must be in the fleet's webhook allow-list")
+        None,
+        min_length=1,
+        max_length=2048,
+        description='http(s) URL the job\'s record is POSTed to, signed, when it ends (docs/api.md "Webhooks"); '
+        "its host must be in the fleet's webhook allow-list",
+    )
 
 
 class JobRequeue(RequestBody):
@@ -67,11 +70,24 @@ def job_results(job: Job) -> list[ResultPublic] | None:
     before jobs had ``results`` lists its one result."""
     if job.state != JobState.succeeded or not job.result_digest:
         return None
-    rows = job.results or [{"digest": job.result_digest, "media_type": job.result_media_type,
-                            "bytes": job.result_bytes, "seed": _seed(job.params)}]
-    return [ResultPublic(digest=row["digest"], media_type=row.get("media_type") or "", size_bytes=row.get("bytes") or 0,
-                         url=f"/v1/jobs/{job.id}/result" + (f"?index={i}" if i else ""), seed=row.get("seed"))
-            for i, row in enumerate(rows)]
+    rows = job.results or [
+        {
+            "digest": job.result_digest,
+            "media_type": job.result_media_type,
+            "bytes": job.result_bytes,
+            "seed": _seed(job.params),
+        }
+    ]
+    return [
+        ResultPublic(
+            digest=row["digest"],
+            media_type=row.get("media_type") or "",
+            size_bytes=row.get("bytes") or 0,
+            url=f"/v1/jobs/{job.id}/result" + (f"?index={i}" if i else ""),
+            seed=row.get("seed"),
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def predicted_s(job: Job) -> float | None:
@@ -94,8 +110,11 @@ def memory_estimate(job: Job) -> MemoryEstimatePublic | None:
     """The job's memory estimate, when placement made one (jobs journaled before it have none)."""
     if job.memory_estimate_bytes is None:
         return None
-    return MemoryEstimatePublic(weights_bytes=job.weights_bytes or 0, working_bytes=job.working_bytes or 0,
-                                total_bytes=job.memory_estimate_bytes)
+    return MemoryEstimatePublic(
+        weights_bytes=job.weights_bytes or 0,
+        working_bytes=job.working_bytes or 0,
+        total_bytes=job.memory_estimate_bytes,
+    )
 
 
 class JobPublic(BaseModel):
@@ -133,14 +152,33 @@ class JobPublic(BaseModel):
         results = job_results(job)
         result = results[0] if results else None
         return cls(
-            id=job.id, state=job.state, model=job.model_id, kind=job.kind, params=job.params, target=job.target,
-            machine=job.machine, reason=job.reason, message=job.message, created_at=job.created_at,
-            started_at=job.started_at, finished_at=job.finished_at, load_s=job.load_s, run_s=job.run_s,
-            cold_load=job.cold_load, predicted_start_s=job.predicted_start_s,
-            predicted_load_s=job.predicted_load_s, predicted_run_s=job.predicted_run_s, progress=progress,
-            result=result, results=results, requeued_from=job.requeued_from, seed=_seed(job.params),
-            predicted_s=predicted_s(job), provenance=job.provenance,
-            memory_estimate=memory_estimate(job), webhook_url=job.webhook_url,
+            id=job.id,
+            state=job.state,
+            model=job.model_id,
+            kind=job.kind,
+            params=job.params,
+            target=job.target,
+            machine=job.machine,
+            reason=job.reason,
+            message=job.message,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            load_s=job.load_s,
+            run_s=job.run_s,
+            cold_load=job.cold_load,
+            predicted_start_s=job.predicted_start_s,
+            predicted_load_s=job.predicted_load_s,
+            predicted_run_s=job.predicted_run_s,
+            progress=progress,
+            result=result,
+            results=results,
+            requeued_from=job.requeued_from,
+            seed=_seed(job.params),
+            predicted_s=predicted_s(job),
+            provenance=job.provenance,
+            memory_estimate=memory_estimate(job),
+            webhook_url=job.webhook_url,
         )
 
 
@@ -152,7 +190,8 @@ class JobAccepted(BaseModel):
     machine: str
     position: int = Field(description="jobs ahead of this one on its machine (queued + running)")
     predicted_start_s: float | None = Field(
-        None, description="expected start: seconds from now until its machine reaches it (the work ahead, R12)")
+        None, description="expected start: seconds from now until its machine reaches it (the work ahead, R12)"
+    )
     url: str
 
 

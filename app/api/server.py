@@ -60,13 +60,23 @@ VERSION = "0.1.0"
 HTTP_REASONS = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "trace"}
 #: GET routes outside the OpenAPI document (its own page and files, the docs, the internal one)
-UNDOCUMENTED_GET = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/internal/openapi.json",
-                    "/static-offline-docs/{file:path}", "/", "/page/{name}")
+UNDOCUMENTED_GET = (
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/internal/openapi.json",
+    "/static-offline-docs/{file:path}",
+    "/",
+    "/page/{name}",
+)
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's
 #: assets), Redoc's workers (blob:), images from here or data: URLs, requests to this API.
-DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' blob:; style-src 'self' 'unsafe-inline'; "
-            "img-src 'self' data: blob:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' blob:; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'"
+)
 DESCRIPTION = (
     "Homefleet's public API: jobs (submit, follow, cancel, fetch results), inputs, machines, models, "
     "residency, syncs, the OpenAI-compatible Images API and the Hugging Face routes (docs/api.md). "
@@ -91,8 +101,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     # one leader among servers sharing the journal (docs/operations.md, "A standby server"); always, alone
     leadership = Leadership(context.engine, settings.leader_poll_s, settings.leader_election)
-    reconcile = ReconcileLoop(context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing,
-                              leads=leadership.leads)
+    reconcile = ReconcileLoop(
+        context.reconciler(), settings.reconcile_interval_s, on_refusal=refusing, leads=leadership.leads
+    )
     webhooks = context.webhook_loop(job_record, leads=leadership.leads)  # resumes pending deliveries
     # the fleet file is followed while running: edits and SIGHUP reload it (app/api/fleet_reload.py)
     reloader = FleetReloader(context, settings.fleet_file, settings.fleet_watch_s) if settings.fleet_file else None
@@ -113,8 +124,13 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         context.close()
 
     # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work without internet).
-    api = FastAPIOffline(title="Homefleet", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
-                         swagger_ui_parameters={"persistAuthorization": True})
+    api = FastAPIOffline(
+        title="Homefleet",
+        version=VERSION,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        swagger_ui_parameters={"persistAuthorization": True},
+    )
     api.state.ctx = context
     api.state.leadership = leadership
     api.state.settings = settings
@@ -131,9 +147,14 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         journal = isinstance(error, OperationalError)
         what = "the journal's database" if journal else f"Redis at {redacted_url(settings.redis_url)}"
         log.error("%s %s: %s does not answer: %s", request.method, request.url.path, what, error)
-        return await domain_error(request, ServiceDown(
-            f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
-            reason="journal_down" if journal else "redis_down", retry_after_s=settings.retry_after_s))
+        return await domain_error(
+            request,
+            ServiceDown(
+                f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
+                reason="journal_down" if journal else "redis_down",
+                retry_after_s=settings.retry_after_s,
+            ),
+        )
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -144,8 +165,10 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if isinstance(cause, OSError) and cause.errno in DISK_FULL:
-            message = (f"the request body could not be spooled to a temporary file ({cause.strerror}); "
-                       "the server's disk is full: retry later")
+            message = (
+                f"the request body could not be spooled to a temporary file ({cause.strerror}); "
+                "the server's disk is full: retry later"
+            )
             log.error("%s %s: storage full: %s", request.method, request.url.path, message)
             return error_response(request.url.path, StorageFull(message))
         reason = HTTP_REASONS.get(error.status_code, "http_error")
@@ -168,8 +191,9 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         for detail in details:  # the offending value is named in the message; echo a huge one abridged
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
-        return JSONResponse(status_code=422, content={"error": {"reason": "invalid_request", "message": message},
-                                                      "detail": details})
+        return JSONResponse(
+            status_code=422, content={"error": {"reason": "invalid_request", "message": message}, "detail": details}
+        )
 
     def observe(method: str, route: str, status: str, seconds: float) -> None:
         context.metrics.request_s.labels(method=method, route=route, status=status).observe(seconds)
@@ -213,8 +237,10 @@ def document_internal_apart(api: FastAPI, context: ServerContext, settings: Sett
         models = tuple(sorted((record.id, tuple(record.kinds)) for record in context.registry.list()))
         if (internal, models) not in parts:
             parts.clear()
-            parts[(internal, models)] = part_of(documented(copy.deepcopy(whole()), context.fleet.machines,
-                                                           settings.limits, dict(models)), internal=internal)
+            parts[(internal, models)] = part_of(
+                documented(copy.deepcopy(whole()), context.fleet.machines, settings.limits, dict(models)),
+                internal=internal,
+            )
         return parts[(internal, models)]
 
     def method_table() -> MethodTable:
@@ -234,13 +260,15 @@ def document_internal_apart(api: FastAPI, context: ServerContext, settings: Sett
     def internal_openapi(_machine: WorkerMachine) -> dict[str, Any]:
         """The internal API's OpenAPI document (workers' routes, docs/api.md "Internal API")."""
         document = part(internal=True)
-        info = {**document["info"], "title": "Homefleet internal API",
-                "description": "Worker-only routes: each request carries its machine's token (MachineToken). "
-                               "Not for clients."}
+        info = {
+            **document["info"],
+            "title": "Homefleet internal API",
+            "description": "Worker-only routes: each request carries its machine's token (MachineToken). "
+            "Not for clients.",
+        }
         return {**document, "info": info}
 
     api.openapi = public_openapi  # type: ignore[method-assign]
-
 
 
 def upload_limits(settings: Settings) -> list[RouteLimit]:
@@ -249,10 +277,14 @@ def upload_limits(settings: Settings) -> list[RouteLimit]:
     upload = max([settings.max_input_bytes, *(limits.max_upload_bytes for limits in settings.limits.values())])
     return [
         RouteLimit(re.compile(r"/v1/files"), settings.max_input_bytes + MULTIPART_ROOM, "max_input_bytes + 1 MiB"),
-        RouteLimit(re.compile(r"/v1/images/edits"), 2 * upload + MULTIPART_ROOM,
-                   "2 x the largest upload limit + 1 MiB"),
-        RouteLimit(re.compile(r"/internal/v1/jobs/[^/]+/result"), settings.max_result_bytes + MULTIPART_ROOM,
-                   "max_result_bytes + 1 MiB"),
+        RouteLimit(
+            re.compile(r"/v1/images/edits"), 2 * upload + MULTIPART_ROOM, "2 x the largest upload limit + 1 MiB"
+        ),
+        RouteLimit(
+            re.compile(r"/internal/v1/jobs/[^/]+/result"),
+            settings.max_result_bytes + MULTIPART_ROOM,
+            "max_result_bytes + 1 MiB",
+        ),
     ]
 
 

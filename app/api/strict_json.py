@@ -81,12 +81,20 @@ def strict_loads(body: bytes) -> Any:
         value = json.loads(body)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
         position = getattr(error, "pos", None)
-        raise RequestValidationError([{
-            "type": "json_invalid", "loc": ("body",) if position is None else ("body", position),
-            "msg": f"invalid JSON: {error}"[:300], "input": {},
-        }]) from error
-    errors = [{"type": "json_invalid", "loc": ("body", *location), "msg": message, "input": printable(bad)}
-              for location, message, bad in faults(value)]
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body",) if position is None else ("body", position),
+                    "msg": f"invalid JSON: {error}"[:300],
+                    "input": {},
+                }
+            ]
+        ) from error
+    errors = [
+        {"type": "json_invalid", "loc": ("body", *location), "msg": message, "input": printable(bad)}
+        for location, message, bad in faults(value)
+    ]
     if errors:
         raise RequestValidationError(errors)
     return value

@@ -46,6 +46,9 @@ def db_pair() -> None:
     finally:
         client.close()
         engine.dispose()
-    console.print(f"{redacted_url(settings.redis_url)} runs with journal {mine} "
-                  f"({engine.url.render_as_string(hide_password=True)})"
-                  + (f"; it ran with {previous}" if previous and previous != mine else ""), highlight=False)
+    console.print(
+        f"{redacted_url(settings.redis_url)} runs with journal {mine} "
+        f"({engine.url.render_as_string(hide_password=True)})"
+        + (f"; it ran with {previous}" if previous and previous != mine else ""),
+        highlight=False,
+    )

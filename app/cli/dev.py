@@ -85,8 +85,14 @@ def fuzz(
         known = "known-benign" if error not in report.unknown_runtime_errors else "NOT known-benign"
         print(f"schemathesis runtime error ({known}): {error}")
     print(report.summary())
-    if (report.failures or report.server_errors or report.unended or report.cases < min_cases or not report.sound
-            or len(report.routes) < report.operations):
+    if (
+        report.failures
+        or report.server_errors
+        or report.unended
+        or report.cases < min_cases
+        or not report.sound
+        or len(report.routes) < report.operations
+    ):
         console.print(f"logs and journal: {run_dir}")
         raise typer.Exit(1)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -95,15 +101,18 @@ def fuzz(
 @dev_cli.command()
 def bench(
     url: Annotated[str | None, typer.Option(help="the API to measure; default: http://HOMEFLEET_API_HOST:PORT")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        envvar="HOMEFLEET_API_KEY", help="bearer key; default: the first of HOMEFLEET_API_KEYS")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="HOMEFLEET_API_KEY", help="bearer key; default: the first of HOMEFLEET_API_KEYS"),
+    ] = None,
     model: Annotated[str, typer.Option(help="registered txt2img model")] = "tiny-sd",
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,2,4",
     jobs: Annotated[int, typer.Option(min=1, help="jobs per level")] = 8,
     steps: Annotated[int, typer.Option(min=1, help="denoising steps per job")] = 2,
     target: Annotated[str, typer.Option(help="machine name or 'auto'")] = "auto",
-    local: Annotated[bool, typer.Option(
-        help="start a private local fleet (Redis, API, workers m1 and m2) to measure")] = False,
+    local: Annotated[
+        bool, typer.Option(help="start a private local fleet (Redis, API, workers m1 and m2) to measure")
+    ] = False,
     work_dir: Annotated[Path, typer.Option(help="where --local keeps its fleet")] = Path("var/bench"),
 ) -> None:
     """Concurrency sweep of submissions: queue time and run time per machine, and rejections."""
@@ -136,8 +145,15 @@ def bench(
 
     for report in reports:
         for row in report.rows():
-            table.add_row(str(row["concurrency"]), row["machine"], str(row["jobs"]), cell(row["queue_p50_s"]),
-                          cell(row["queue_p95_s"]), cell(row["run_p50_s"]), cell(row["run_p95_s"]))
+            table.add_row(
+                str(row["concurrency"]),
+                row["machine"],
+                str(row["jobs"]),
+                cell(row["queue_p50_s"]),
+                cell(row["queue_p95_s"]),
+                cell(row["run_p50_s"]),
+                cell(row["run_p95_s"]),
+            )
     console.print(table)
     for report in reports:
         for row in report.rows():
@@ -159,5 +175,6 @@ def demo(
 
     logging.basicConfig(level=logging.WARNING)
     settings = server_settings()
-    raise typer.Exit(run_demo(data_dir, settings.redis_url if "redis_url" in settings.model_fields_set else None,
-                              console))
+    raise typer.Exit(
+        run_demo(data_dir, settings.redis_url if "redis_url" in settings.model_fields_set else None, console)
+    )

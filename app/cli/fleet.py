@@ -39,12 +39,19 @@ def sync(
     try:
         syncs = ctx.syncs()
         record = syncs.start(machine, model or [])
-        console.print(f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
-                      f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}")
+        console.print(
+            f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
+            f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}"
+        )
         if not wait:
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=console) as progress:
             bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
             while record["state"] not in SYNC_ENDED:
@@ -72,8 +79,9 @@ def sync(
 
 @fleet_cli.command()
 def status(
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON: the machines grouped by host, and the "
-                                          "dead letters' count")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print JSON: the machines grouped by host, and the dead letters' count")
+    ] = False,
 ) -> None:
     """Machines: online, state (draining, syncing: nothing new is placed there), verified and
     warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
@@ -98,17 +106,32 @@ def status(
         for host in hosts:
             devices = [row for row in host["machines"] if row["device"] is not None]
             if devices:  # a host line, its devices under it
-                table.add_row(f"[bold]{host['host']}[/]", f"{sum(row['online'] for row in devices)}/{len(devices)}",
-                              f"{len(devices)} devices", "", "", str(sum(row["queued"] for row in devices)),
-                              str(sum(row["running"] for row in devices)), "")
+                table.add_row(
+                    f"[bold]{host['host']}[/]",
+                    f"{sum(row['online'] for row in devices)}/{len(devices)}",
+                    f"{len(devices)} devices",
+                    "",
+                    "",
+                    str(sum(row["queued"] for row in devices)),
+                    str(sum(row["running"] for row in devices)),
+                    "",
+                )
             for row in host["machines"]:
-                table.add_row(f"  {row['name']}" if devices else row["name"], "yes" if row["online"] else "no",
-                              row["state"], ", ".join(row["verified_models"]) or "-",
-                              ", ".join(row["warm_models"]) or "-", str(row["queued"]), str(row["running"]),
-                              f"{row['drain_s']:.1f}")
+                table.add_row(
+                    f"  {row['name']}" if devices else row["name"],
+                    "yes" if row["online"] else "no",
+                    row["state"],
+                    ", ".join(row["verified_models"]) or "-",
+                    ", ".join(row["warm_models"]) or "-",
+                    str(row["queued"]),
+                    str(row["running"]),
+                    f"{row['drain_s']:.1f}",
+                )
         console.print(table)
-        console.print(f"dead letters: {dead}" + (" (undecodable queue messages; `homefleet deadletter` lists them)"
-                                                  if dead else ""))
+        console.print(
+            f"dead letters: {dead}"
+            + (" (undecodable queue messages; `homefleet deadletter` lists them)" if dead else "")
+        )
     finally:
         ctx.close()
 
@@ -132,11 +155,18 @@ def deadletter(
         table = Table("queue", "at (UTC)", "error", "raw")
         for entry in entries:
             at = entry.get("at")
-            when = datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds") \
-                if isinstance(at, int | float) else "-"
+            when = (
+                datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds")
+                if isinstance(at, int | float)
+                else "-"
+            )
             raw = str(entry.get("raw"))
-            table.add_row(str(entry.get("queue") or "-"), when, str(entry.get("error")),
-                          raw if len(raw) <= 200 else f"{raw[:200]}… ({len(raw)} characters)")
+            table.add_row(
+                str(entry.get("queue") or "-"),
+                when,
+                str(entry.get("error")),
+                raw if len(raw) <= 200 else f"{raw[:200]}… ({len(raw)} characters)",
+            )
         console.print(table)
         console.print(f"{letters.count()} dead letters" + (f", newest {len(entries)} shown" if entries else ""))
         if clear:
@@ -149,9 +179,14 @@ def deadletter(
 def flower(
     port: int = 5555,
     address: str = "127.0.0.1",
-    basic_auth: Annotated[str | None, typer.Option(
-        envvar="FLOWER_BASIC_AUTH", help="user:password for the dashboard and API; better set FLOWER_BASIC_AUTH "
-        "(a command line is visible to every user of the host)")] = None,
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FLOWER_BASIC_AUTH",
+            help="user:password for the dashboard and API; better set FLOWER_BASIC_AUTH "
+            "(a command line is visible to every user of the host)",
+        ),
+    ] = None,
 ) -> None:
     """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does),
     with its broker key prefix (HOMEFLEET_BROKER_KEY_PREFIX)."""
@@ -232,6 +267,7 @@ def purge(
 def reconcile() -> None:
     """One reconciliation pass now (the API also runs one at start and periodically, R19)."""
     from app.context import build_checked_context
+
     ctx = build_checked_context(server_settings())
     try:
         console.print(str(ctx.reconciler(server=False).run_once()))

@@ -33,7 +33,10 @@ def requeue(
         chosen = None if new_seed else (seed if seed is not None else UNSET)
         submission = ctx.dispatcher.requeue(job_id, chosen, target, api_key_id=old.api_key_id)
         job = submission.job
-        console.print(f"job {job_id} requeued as {job.id}: {job.state} on {job.machine} (position "
-                      f"{submission.position}, seed {job.params.get('seed')})", highlight=False)
+        console.print(
+            f"job {job_id} requeued as {job.id}: {job.state} on {job.machine} (position "
+            f"{submission.position}, seed {job.params.get('seed')})",
+            highlight=False,
+        )
     finally:
         ctx.close()

@@ -36,17 +36,34 @@ def keys(
     finally:
         ctx.close()
     if as_json:
-        print(json.dumps([{**row.as_dict(), "webhook_secret": row.key_id in settings.webhook_secrets} for row in rows],
-                         indent=2))
+        print(
+            json.dumps(
+                [{**row.as_dict(), "webhook_secret": row.key_id in settings.webhook_secrets} for row in rows], indent=2
+            )
+        )
         return
-    table = Table("key", "keys", "queued", "running", "gpu_s last hour", "max_queued_jobs", "max_gpu_seconds_per_hour",
-                  "webhook secret")
+    table = Table(
+        "key",
+        "keys",
+        "queued",
+        "running",
+        "gpu_s last hour",
+        "max_queued_jobs",
+        "max_gpu_seconds_per_hour",
+        "webhook secret",
+    )
     for row in rows:
         quota = row.quota
-        table.add_row(row.key_id, str(row.keys), str(row.queued), str(row.running), f"{row.gpu_s_last_hour:.1f}",
-                      _limit(quota.max_queued_jobs if quota else None),
-                      _limit(quota.max_gpu_seconds_per_hour if quota else None),
-                      "yes" if row.key_id in settings.webhook_secrets else "no")
+        table.add_row(
+            row.key_id,
+            str(row.keys),
+            str(row.queued),
+            str(row.running),
+            f"{row.gpu_s_last_hour:.1f}",
+            _limit(quota.max_queued_jobs if quota else None),
+            _limit(quota.max_gpu_seconds_per_hour if quota else None),
+            "yes" if row.key_id in settings.webhook_secrets else "no",
+        )
     console.print(table)
     if not rows:
         console.print("no API key configured (HOMEFLEET_API_KEYS) and no job of one in the journal")

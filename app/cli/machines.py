@@ -25,8 +25,9 @@ from app.fleet.config import Backend
 if TYPE_CHECKING:
     from app.context import ServerContext
 
-machines_cli = typer.Typer(help="Add, remove and list the fleet's machines in the running server (no restart).",
-                           no_args_is_help=True)
+machines_cli = typer.Typer(
+    help="Add, remove and list the fleet's machines in the running server (no restart).", no_args_is_help=True
+)
 
 #: how long a command waits for the running server to reload the fleet file, seconds
 RELOAD_WAIT_S = 30.0
@@ -35,8 +36,10 @@ RELOAD_WAIT_S = 30.0
 def _fleet_file(ctx: ServerContext) -> Path:
     path = ctx.settings.fleet_file
     if path is None:
-        raise ConfigError("HOMEFLEET_FLEET_FILE is not set: the embedded default fleet cannot be changed; copy it "
-                          "to a file and point HOMEFLEET_FLEET_FILE there (docs/operations.md, \"The fleet file\")")
+        raise ConfigError(
+            "HOMEFLEET_FLEET_FILE is not set: the embedded default fleet cannot be changed; copy it "
+            'to a file and point HOMEFLEET_FLEET_FILE there (docs/operations.md, "The fleet file")'
+        )
     return path
 
 
@@ -66,11 +69,14 @@ def _write_and_wait(ctx: ServerContext, path: Path, old: str, new: str, wait_s: 
                 console.print(f"the running server (pid {report['pid']}) reloaded {path}")
                 return
             live.write_atomically(path, old)
-            raise Conflict(f"the running server refused the change and keeps its fleet: {report['reason']}",
-                           reason="fleet_refused")
+            raise Conflict(
+                f"the running server refused the change and keeps its fleet: {report['reason']}", reason="fleet_refused"
+            )
         time.sleep(0.2)
-    console.print(f"[yellow]no running server reloaded {path} within {wait_s:.0f} s[/]: a server loads it at start, "
-                  "or send it SIGHUP")
+    console.print(
+        f"[yellow]no running server reloaded {path} within {wait_s:.0f} s[/]: a server loads it at start, "
+        "or send it SIGHUP"
+    )
 
 
 @machines_cli.command("add")
@@ -78,15 +84,26 @@ def add(
     name: Annotated[str, typer.Argument(help="the new machine's name (a host name: lowercase letters, digits, '-')")],
     backend: Annotated[Backend, typer.Option(help="its device")] = Backend.cpu,
     memory: Annotated[float, typer.Option(help="memory for jobs, GB (10^9 bytes)", min=0.001)] = 8.0,
-    families: Annotated[list[str] | None, typer.Option(
-        help="model families it runs (repeat the option, or sd1,sdxl); default: every family of the fleet")] = None,
-    speed: Annotated[float, typer.Option(help="diffusion speed relative to the server (R13's first guess)",
-                                         min=0.001)] = 1.0,
-    server_url: Annotated[str | None, typer.Option(
-        help="the server's URL as the new host reaches it; default HOMEFLEET_PUBLIC_BASE_URL, else "
-             "http://HOMEFLEET_API_HOST:HOMEFLEET_API_PORT")] = None,
-    expires_s: Annotated[float | None, typer.Option(
-        help="the join token's lifetime, seconds (default HOMEFLEET_JOIN_TOKEN_TTL_S, 900)", min=1)] = None,
+    families: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="model families it runs (repeat the option, or sd1,sdxl); default: every family of the fleet"
+        ),
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(help="diffusion speed relative to the server (R13's first guess)", min=0.001)
+    ] = 1.0,
+    server_url: Annotated[
+        str | None,
+        typer.Option(
+            help="the server's URL as the new host reaches it; default HOMEFLEET_PUBLIC_BASE_URL, else "
+            "http://HOMEFLEET_API_HOST:HOMEFLEET_API_PORT"
+        ),
+    ] = None,
+    expires_s: Annotated[
+        float | None,
+        typer.Option(help="the join token's lifetime, seconds (default HOMEFLEET_JOIN_TOKEN_TTL_S, 900)", min=1),
+    ] = None,
     wait_s: Annotated[float, typer.Option(help="how long to wait for the running server to reload")] = RELOAD_WAIT_S,
 ) -> None:
     """Register machine NAME in the fleet file and the running server (no restart), and print
@@ -103,8 +120,11 @@ def add(
             old = path.read_text()
             fleet = live.parse(old, path)
             if name in fleet.hosts():
-                raise typer.BadParameter(f"machine {name!r} is in the fleet already; `homefleet machines "
-                                         f"rotate-token {name}` prints a new join command", param_hint="NAME")
+                raise typer.BadParameter(
+                    f"machine {name!r} is in the fleet already; `homefleet machines "
+                    f"rotate-token {name}` prints a new join command",
+                    param_hint="NAME",
+                )
             given = sorted({f.strip() for item in families or [] for f in item.split(",") if f.strip()})
             chosen = given or sorted(fleet.family_names)
             entry = live.new_machine_entry(name, backend, int(memory * 1e9), chosen, speed)
@@ -115,8 +135,10 @@ def add(
             _write_and_wait(ctx, path, old, new, wait_s)
         token = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         ttl = expires_s or ctx.settings.join_token_ttl_s
-        console.print(f"machine [bold]{name}[/] added ({backend}, {entry['memory_bytes']} bytes, families "
-                      f"{', '.join(chosen)}). On the new host, within {ttl:.0f} s (single use):")
+        console.print(
+            f"machine [bold]{name}[/] added ({backend}, {entry['memory_bytes']} bytes, families "
+            f"{', '.join(chosen)}). On the new host, within {ttl:.0f} s (single use):"
+        )
         print(f"homefleet worker join {_server_url(ctx, server_url)} {token}")
     finally:
         ctx.close()
@@ -162,8 +184,12 @@ def rotate_token(
 @machines_cli.command("remove")
 def remove(
     name: Annotated[str, typer.Argument(help="the machine (a host's entry name: all its devices)")],
-    force: Annotated[bool, typer.Option("--force", help="cancel its queued jobs and interrupt its running ones "
-                                                         "instead of waiting for them")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="cancel its queued jobs and interrupt its running ones instead of waiting for them"
+        ),
+    ] = False,
     wait: Annotated[bool, typer.Option(help="wait until its jobs are done; --no-wait refuses while it has any")] = True,
     timeout_s: Annotated[float, typer.Option(help="how long to wait for its jobs, seconds")] = 3600.0,
     wait_s: Annotated[float, typer.Option(help="how long to wait for the running server to reload")] = RELOAD_WAIT_S,
@@ -193,14 +219,22 @@ def remove(
             return sum(ctx.machines.view(machine).backlog for machine in members)
 
         if force:
-            jobs = [job for machine in members
-                    for job in ctx.journal.list(states=[JobState.queued, JobState.running], machine=machine)]
+            jobs = [
+                job
+                for machine in members
+                for job in ctx.journal.list(states=[JobState.queued, JobState.running], machine=machine)
+            ]
             for job in jobs:
                 if job.state == JobState.queued:
                     ctx.dispatcher.cancel(job.id, reason="machine_removed", message=f"machine {name} was removed")
                 else:
-                    ctx.endings.interrupt(job.id, [JobState.running], reason="machine_removed",
-                                          message=f"machine {name} was removed", announce=True)
+                    ctx.endings.interrupt(
+                        job.id,
+                        [JobState.running],
+                        reason="machine_removed",
+                        message=f"machine {name} was removed",
+                        announce=True,
+                    )
         deadline = time.monotonic() + (timeout_s if wait else 0)
         left = backlog()
         if left:
@@ -209,8 +243,10 @@ def remove(
             time.sleep(1)
             left = backlog()
         if left:
-            console.print(f"{name}: {left} jobs queued or running; it stays drained, not removed "
-                          "(wait longer, or --force ends them)")
+            console.print(
+                f"{name}: {left} jobs queued or running; it stays drained, not removed "
+                "(wait longer, or --force ends them)"
+            )
             raise typer.Exit(1)
 
         def change(entries: list) -> None:
@@ -244,10 +280,14 @@ def list_machines() -> None:
         table = Table("machine", "backend", "memory GB", "families", "online", "state")
         for name, machine in fleet.machines.items():
             row = rows.get(name)
-            table.add_row(name, str(machine.backend), f"{machine.memory_bytes / 1e9:.1f}",
-                          escape(", ".join(sorted(machine.families))),
-                          "-" if row is None else ("yes" if row["online"] else "no"),
-                          "not loaded" if row is None else row["state"])
+            table.add_row(
+                name,
+                str(machine.backend),
+                f"{machine.memory_bytes / 1e9:.1f}",
+                escape(", ".join(sorted(machine.families))),
+                "-" if row is None else ("yes" if row["online"] else "no"),
+                "not loaded" if row is None else row["state"],
+            )
         console.print(table)
     finally:
         ctx.close()

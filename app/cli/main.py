@@ -61,8 +61,10 @@ def serve() -> None:
     try:  # workers authenticate with their machine's token: a server whose machines have none serves no one
         fleet.require_tokens()
     except ValueError as error:
-        raise ConfigError(f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
-                          "give each machine `token = \"...\"` (docs/operations.md, \"The fleet file\")") from error
+        raise ConfigError(
+            f"the fleet file {settings.fleet_file or '(embedded default)'}: {error}; "
+            'give each machine `token = "..."` (docs/operations.md, "The fleet file")'
+        ) from error
     try:  # a limit for a misspelt family would apply to nothing (R22); the built-in entries are not misspelt
         fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY, *default_limits()])
     except ValueError as error:
@@ -78,36 +80,62 @@ def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
     # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
     # access log (one line per request, workers' claims and heartbeats included).
-    uvicorn.run(create_app(settings, ctx), host=settings.api_host, port=settings.api_port, log_level="info",
-                access_log=False)
+    uvicorn.run(
+        create_app(settings, ctx), host=settings.api_host, port=settings.api_port, log_level="info", access_log=False
+    )
 
 
-worker_cli = typer.Typer(help="Run this host's worker (`homefleet worker --machine ...`), or join the fleet "
-                         "(`homefleet worker join SERVER_URL JOIN_TOKEN`).")
+worker_cli = typer.Typer(
+    help="Run this host's worker (`homefleet worker --machine ...`), or join the fleet "
+    "(`homefleet worker join SERVER_URL JOIN_TOKEN`)."
+)
 cli.add_typer(worker_cli, name="worker")
 
 
 @worker_cli.callback(invoke_without_command=True)
 def worker(
     context: typer.Context,
-    machine: Annotated[str | None, typer.Option(
-        help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
-             "which binds CUDA_VISIBLE_DEVICES=1")] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option(
+            help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
+            "which binds CUDA_VISIBLE_DEVICES=1"
+        ),
+    ] = None,
     models_dir: Annotated[Path | None, typer.Option(help="this machine's model folder (HOMEFLEET_MODELS_DIR)")] = None,
-    token_file: Annotated[Path | None, typer.Option(
-        help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN",
-    )] = None,
-    token: Annotated[str | None, typer.Option(
-        help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN")] = None,
-    server_url: Annotated[str | None, typer.Option(
-        help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)")] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="deprecated: `ps` shows it to every user of the host; use --token-file or HOMEFLEET_WORKER_TOKEN"
+        ),
+    ] = None,
+    server_url: Annotated[
+        str | None,
+        typer.Option(help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)"),
+    ] = None,
     loglevel: str = "INFO",
-    print_systemd_unit: Annotated[bool, typer.Option(
-        "--print-systemd-unit", help="print a systemd unit that runs this worker and restarts it when it exits "
-                                     "(needs --token-file); start nothing")] = False,
-    print_launchd_plist: Annotated[bool, typer.Option(
-        "--print-launchd-plist", help="print a launchd plist (a Mac) that runs this worker and restarts it when it "
-                                      "exits (needs --token-file); start nothing")] = False,
+    print_systemd_unit: Annotated[
+        bool,
+        typer.Option(
+            "--print-systemd-unit",
+            help="print a systemd unit that runs this worker and restarts it when it exits "
+            "(needs --token-file); start nothing",
+        ),
+    ] = False,
+    print_launchd_plist: Annotated[
+        bool,
+        typer.Option(
+            "--print-launchd-plist",
+            help="print a launchd plist (a Mac) that runs this worker and restarts it when it "
+            "exits (needs --token-file); start nothing",
+        ),
+    ] = False,
 ) -> None:
     """Run the Celery worker of one machine: queue machine.<name>, prefork, concurrency 1. Its
     token comes from HOMEFLEET_WORKER_TOKEN or a file (--token-file), never the command line.
@@ -119,11 +147,22 @@ def worker(
     from tasks.worker import start_worker
 
     if token is not None:
-        print("warning: --token is deprecated: the command line is visible to every user of this host (ps); "
-              "use --token-file FILE or HOMEFLEET_WORKER_TOKEN", file=sys.stderr)
-    overrides = {k: v for k, v in {"machine": machine, "models_dir": models_dir, "worker_token": token,
-                                   "worker_token_file": token_file, "server_url": server_url}.items()
-                 if v is not None}
+        print(
+            "warning: --token is deprecated: the command line is visible to every user of this host (ps); "
+            "use --token-file FILE or HOMEFLEET_WORKER_TOKEN",
+            file=sys.stderr,
+        )
+    overrides = {
+        k: v
+        for k, v in {
+            "machine": machine,
+            "models_dir": models_dir,
+            "worker_token": token,
+            "worker_token_file": token_file,
+            "server_url": server_url,
+        }.items()
+        if v is not None
+    }
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
     if settings.worker_token_file is not None:
         require_private(settings.worker_token_file, "the token file")
@@ -272,8 +311,10 @@ def results_recover(
             help="a file holding this machine's token (HOMEFLEET_WORKER_TOKEN_FILE); or set HOMEFLEET_WORKER_TOKEN"
         ),
     ] = None,
-    server_url: Annotated[str | None, typer.Option(
-        help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)")] = None,
+    server_url: Annotated[
+        str | None,
+        typer.Option(help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)"),
+    ] = None,
 ) -> None:
     """On a worker's host: upload the results its spool kept because the server could not store
     them (jobs failed ``result_not_stored``); each one the server takes makes its job

@@ -18,12 +18,20 @@ models_cli = typer.Typer(help="The model registry (server side).", no_args_is_he
 @models_cli.command("make-tiny")
 def models_make_tiny(
     directory: Annotated[Path, typer.Argument(help="where to build the tiny pipelines")],
-    family: Annotated[list[str] | None, typer.Option(
-        help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, flux-kontext, sd-upscale, "
-             "animatediff, wan, or all; default sd1")] = None,
-    kind: Annotated[list[str] | None, typer.Option(
-        help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families), or text "
-             "(causal LMs: --family llama, qwen2, gpt2; default all three)")] = None,
+    family: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="families to build (repeatable): sd1, sdxl, flux, sd1-pix2pix, qwen-image, flux-kontext, sd-upscale, "
+            "animatediff, wan, or all; default sd1"
+        ),
+    ] = None,
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="or kinds (repeatable): txt2img, edit, upscale, video (their SD-1-based families), or text "
+            "(causal LMs: --family llama, qwen2, gpt2; default all three)"
+        ),
+    ] = None,
     seed: int = 0,
 ) -> None:
     """Build tiny diffusers pipelines, or tiny causal LMs (``--kind text``), with random weights
@@ -45,8 +53,9 @@ def models_make_tiny(
         wanted = list(TINY_MODELS.values())
     unknown = [name for name in kind or [] if name not in KIND_FAMILIES]
     if unknown:
-        raise typer.BadParameter(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KIND_FAMILIES)}",
-                                 param_hint="--kind")
+        raise typer.BadParameter(
+            f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KIND_FAMILIES)}", param_hint="--kind"
+        )
     wanted += [KIND_FAMILIES[name] for name in kind or []]
     try:
         built = make_tiny_families(directory, families=wanted or ["sd1"], seed=seed)
@@ -73,11 +82,21 @@ def models_make_tiny_lora(
 
 @models_cli.command("train-shapes")
 def models_train_shapes(
-    directory: Annotated[Path, typer.Argument(help="where to save shapes-filled/ and shapes-outlined/ "
-                                                   "(the committed ones: app/devtools/demo_models)")],
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            help="where to save shapes-filled/ and shapes-outlined/ (the committed ones: app/devtools/demo_models)"
+        ),
+    ],
     seed: int = 19,
-    threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads per process (the two models train "
-                                                             "in two processes at once; the machine is shared)")] = 1,
+    threads: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=2,
+            help="torch CPU threads per process (the two models train in two processes at once; the machine is shared)",
+        ),
+    ] = 1,
     vae_steps: Annotated[int, typer.Option(min=1, help="VAE steps (batch 16)")] = 1500,
     unet_steps: Annotated[int, typer.Option(min=1, help="steps per model (batch 32)")] = 1500,
     dataset: Annotated[int, typer.Option(min=32, help="pictures per model's data set")] = 6000,
@@ -85,15 +104,24 @@ def models_train_shapes(
     """Train the two demo txt2img models on flat shapes, on this CPU, seeded."""
     from app.devtools.train_shapes import train_shapes
 
-    report = train_shapes(directory, seed=seed, threads=threads, vae_steps=vae_steps, unet_steps=unet_steps,
-                          dataset=dataset, log=console.print)
+    report = train_shapes(
+        directory,
+        seed=seed,
+        threads=threads,
+        vae_steps=vae_steps,
+        unet_steps=unet_steps,
+        dataset=dataset,
+        log=console.print,
+    )
     console.print(f"trained in {report.total_s:.0f} s; {directory / 'training.json'}")
 
 
 @models_cli.command("train-recolour")
 def models_train_recolour(
-    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (its VAE is reused); "
-                                                   "shapes-recolour/ is saved there")],
+    directory: Annotated[
+        Path,
+        typer.Argument(help="the folder holding shapes-filled/ (its VAE is reused); shapes-recolour/ is saved there"),
+    ],
     seed: int = 23,
     threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
     steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
@@ -108,8 +136,10 @@ def models_train_recolour(
 
 @models_cli.command("train-colour-lora")
 def models_train_colour_lora(
-    directory: Annotated[Path, typer.Argument(help="the folder holding shapes-filled/ (the base model); "
-                                                   "shapes-blue-lora/ is saved there")],
+    directory: Annotated[
+        Path,
+        typer.Argument(help="the folder holding shapes-filled/ (the base model); shapes-blue-lora/ is saved there"),
+    ],
     seed: int = 29,
     threads: Annotated[int, typer.Option(min=1, max=2, help="torch CPU threads (the machine is shared)")] = 1,
     steps: Annotated[int, typer.Option(min=1, help="steps (batch 32)")] = 1000,
@@ -119,41 +149,73 @@ def models_train_colour_lora(
     """Train the demo LoRA adapter (shapes-blue-lora: every shape blue) of shapes-filled on this CPU, seeded."""
     from app.devtools.train_colour_lora import train_colour_lora
 
-    figures = train_colour_lora(directory, seed=seed, threads=threads, steps=steps, dataset=dataset, rank=rank,
-                                log=console.print)
+    figures = train_colour_lora(
+        directory, seed=seed, threads=threads, steps=steps, dataset=dataset, rank=rank, log=console.print
+    )
     console.print(f"trained in {figures['train_s']:.0f} s; {directory / 'training-colour-lora.json'}")
 
 
 @models_cli.command("add")
 def models_add(
-    path: Annotated[Path | None, typer.Argument(
-        help="a diffusers folder (with model_index.json), a transformers causal-LM folder (config.json), a "
-             "single-file checkpoint FILE.safetensors (with --family), or with --adapter-of a LoRA .safetensors "
-             "file (kohya or diffusers layout) or folder; omit with --from-hf-cache")] = None,
-    model_id: Annotated[str | None, typer.Option(
-        "--id", help="model id; minted from the folder name if absent")] = None,
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="a diffusers folder (with model_index.json), a transformers causal-LM folder (config.json), a "
+            "single-file checkpoint FILE.safetensors (with --family), or with --adapter-of a LoRA .safetensors "
+            "file (kohya or diffusers layout) or folder; omit with --from-hf-cache"
+        ),
+    ] = None,
+    model_id: Annotated[
+        str | None, typer.Option("--id", help="model id; minted from the folder name if absent")
+    ] = None,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16: dtype workers load it with")] = "fp32",
-    quantization: Annotated[str | None, typer.Option(
-        help="load-time quantization of the denoiser, e.g. torchao-int8wo")] = None,
-    adapter_of: Annotated[str | None, typer.Option(
-        "--adapter-of", help="PATH is a LoRA adapter of this base family, e.g. sd1 (a .safetensors file as "
-                             "downloaded, kohya or diffusers layout, or a folder holding "
-                             "pytorch_lora_weights.safetensors); jobs name it in params.adapters")] = None,
-    from_hf_cache: Annotated[str | None, typer.Option(
-        "--from-hf-cache", help="register REPO_ID (e.g. runwayml/stable-diffusion-v1-5) from the local Hugging Face "
-                                "cache (HF_HUB_CACHE / HF_HOME), no network")] = None,
-    revision: Annotated[str | None, typer.Option(
-        help="with --from-hf-cache: the branch, tag or commit of the cached snapshot (default main)")] = None,
-    family: Annotated[str | None, typer.Option(
-        help="PATH is a single-file checkpoint (A1111/ComfyUI/Civitai layout) of this family: sd1 | sdxl | flux; "
-             "converted once, here, into a diffusers folder")] = None,
-    config: Annotated[Path | None, typer.Option(
-        help="with --family: a diffusers folder of that family whose configs, tokenizers and (flux) other "
-             "components the conversion uses instead of the shipped ones")] = None,
-    default: Annotated[list[str] | None, typer.Option(
-        "--default", help="NAME=VALUE (repeatable): the model's own default for a job param, applied when a job "
-                          "does not set it, e.g. guidance_scale=4; VALUE is JSON where it parses (4, 4.5, true), "
-                          "else text; checked against the kinds it runs")] = None,
+    quantization: Annotated[
+        str | None, typer.Option(help="load-time quantization of the denoiser, e.g. torchao-int8wo")
+    ] = None,
+    adapter_of: Annotated[
+        str | None,
+        typer.Option(
+            "--adapter-of",
+            help="PATH is a LoRA adapter of this base family, e.g. sd1 (a .safetensors file as "
+            "downloaded, kohya or diffusers layout, or a folder holding "
+            "pytorch_lora_weights.safetensors); jobs name it in params.adapters",
+        ),
+    ] = None,
+    from_hf_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--from-hf-cache",
+            help="register REPO_ID (e.g. runwayml/stable-diffusion-v1-5) from the local Hugging Face "
+            "cache (HF_HUB_CACHE / HF_HOME), no network",
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(help="with --from-hf-cache: the branch, tag or commit of the cached snapshot (default main)"),
+    ] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            help="PATH is a single-file checkpoint (A1111/ComfyUI/Civitai layout) of this family: sd1 | sdxl | flux; "
+            "converted once, here, into a diffusers folder"
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --family: a diffusers folder of that family whose configs, tokenizers and (flux) other "
+            "components the conversion uses instead of the shipped ones"
+        ),
+    ] = None,
+    default: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--default",
+            help="NAME=VALUE (repeatable): the model's own default for a job param, applied when a job "
+            "does not set it, e.g. guidance_scale=4; VALUE is JSON where it parses (4, 4.5, true), "
+            "else text; checked against the kinds it runs",
+        ),
+    ] = None,
 ) -> None:
     """Register a model: a diffusers folder, a cached Hugging Face snapshot (--from-hf-cache), a
     single-file checkpoint (--family, converted once into a diffusers folder) or a LoRA adapter
@@ -170,17 +232,22 @@ def models_add(
     if revision is not None and from_hf_cache is None:
         raise typer.BadParameter("--revision applies to --from-hf-cache only", param_hint="--revision")
     if config is not None and family is None:
-        raise typer.BadParameter("--config applies to a single-file checkpoint: give its --family too",
-                                 param_hint="--config")
+        raise typer.BadParameter(
+            "--config applies to a single-file checkpoint: give its --family too", param_hint="--config"
+        )
     if family is not None and (path is None or path.is_dir() or adapter_of is not None):
         what = "a folder" if path is None or path.is_dir() else "an adapter"
-        raise typer.BadParameter(f"--family registers a single-file checkpoint (one .safetensors file); "
-                                 f"{path or from_hf_cache} is {what}: register it without --family",
-                                 param_hint="--family")
+        raise typer.BadParameter(
+            f"--family registers a single-file checkpoint (one .safetensors file); "
+            f"{path or from_hf_cache} is {what}: register it without --family",
+            param_hint="--family",
+        )
     if path is not None and family is None and adapter_of is None and path.is_file():
-        raise typer.BadParameter(f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux (its "
-                                 "key layout is checked against it), a LoRA file --adapter-of FAMILY",
-                                 param_hint="--family")
+        raise typer.BadParameter(
+            f"{path} is a file: a single-file checkpoint needs --family sd1|sdxl|flux (its "
+            "key layout is checked against it), a LoRA file --adapter-of FAMILY",
+            param_hint="--family",
+        )
     defaults = parse_defaults(default or [])
     ctx = build_checked_context(server_settings())
     selection = None
@@ -191,8 +258,9 @@ def models_add(
 
             check_checkpoint(path.resolve(), family)  # refused before anything is said to be converting
             console.print(f"converting {path.name} ({family}) into a diffusers folder …")
-            record = ctx.registry.add_single_file(path, family, model_id, precision=precision,
-                                                  quantization=quantization, config=config, defaults=defaults)
+            record = ctx.registry.add_single_file(
+                path, family, model_id, precision=precision, quantization=quantization, config=config, defaults=defaults
+            )
         else:
             extra: dict[str, str] = {}
             if from_hf_cache is not None:
@@ -202,8 +270,15 @@ def models_add(
             assert path is not None  # checked above
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
-            record = ctx.registry.add(path, model_id, precision=precision, quantization=quantization,
-                                      adapter_of=adapter_of, defaults=defaults, **extra)
+            record = ctx.registry.add(
+                path,
+                model_id,
+                precision=precision,
+                quantization=quantization,
+                adapter_of=adapter_of,
+                defaults=defaults,
+                **extra,
+            )
         manifest = ctx.registry.manifest(record.id)
     finally:
         ctx.close()
@@ -212,13 +287,17 @@ def models_add(
             console.print(f"taken     {readable_bytes(size):>10}  {escape(name)}")
         for name, (size, why) in selection.left_out.items():
             console.print(f"left out  {readable_bytes(size):>10}  {escape(name)}  ({escape(why)})")
-        console.print(f"taken: {len(selection.taken)} files, {readable_bytes(selection.taken_bytes)}; left out: "
-                      f"{len(selection.left_out)} files, {readable_bytes(selection.left_out_bytes)}")
+        console.print(
+            f"taken: {len(selection.taken)} files, {readable_bytes(selection.taken_bytes)}; left out: "
+            f"{len(selection.left_out)} files, {readable_bytes(selection.left_out_bytes)}"
+        )
     digest = f" {record.source_digest}" if record.source_digest else ""
-    console.print(f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
-                  f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
-                  f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}"
-                  + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else ""))
+    console.print(
+        f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
+        f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
+        f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}"
+        + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else "")
+    )
 
 
 def parse_defaults(pairs: list[str]) -> dict[str, object]:
@@ -267,21 +346,34 @@ def models_verify(
         ctx.close()
     table = Table("model", "files", "ok", "changed", "missing")  # one row a model; the bad files are listed below
     for model_id in dict.fromkeys(c.model_id for c in checks):
-        counts = {status: sum(1 for c in checks if c.model_id == model_id and c.status == status)
-                  for status in ("ok", "changed", "missing")}
-        table.add_row(model_id, str(sum(counts.values())), f"[green]{counts['ok']}[/]",
-                      f"[yellow]{counts['changed']}[/]" if counts["changed"] else "0",
-                      f"[red]{counts['missing']}[/]" if counts["missing"] else "0")
+        counts = {
+            status: sum(1 for c in checks if c.model_id == model_id and c.status == status)
+            for status in ("ok", "changed", "missing")
+        }
+        table.add_row(
+            model_id,
+            str(sum(counts.values())),
+            f"[green]{counts['ok']}[/]",
+            f"[yellow]{counts['changed']}[/]" if counts["changed"] else "0",
+            f"[red]{counts['missing']}[/]" if counts["missing"] else "0",
+        )
     console.print(table)
     bad = [c for c in checks if c.status != "ok"]
     console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
     for check in bad:  # one line per file, whatever the terminal's width
-        console.print(f"{check.status}: {check.model_id} {check.path} registered {check.recorded} "
-                      f"actual {check.actual or 'missing'}", soft_wrap=True, highlight=False)
+        console.print(
+            f"{check.status}: {check.model_id} {check.path} registered {check.recorded} "
+            f"actual {check.actual or 'missing'}",
+            soft_wrap=True,
+            highlight=False,
+        )
     if bad:
         ids = " ".join(dict.fromkeys(c.model_id for c in bad))
-        console.print(f"refused until restored, or taken as new content with `homefleet models update ID` ({ids})",
-                      soft_wrap=True, highlight=False)
+        console.print(
+            f"refused until restored, or taken as new content with `homefleet models update ID` ({ids})",
+            soft_wrap=True,
+            highlight=False,
+        )
     raise typer.Exit(1 if bad else 0)
 
 
@@ -303,26 +395,38 @@ def models_update(
         had = sorted(m for m in ctx.fleet.machines if ctx.redis.sismember(ctx.keys.verified(m), model))
         changes = ctx.registry.update(model)
         after = ctx.registry.registered_manifest(model)
-        console.print(f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "
-                      f"{len(changes.removed)} removed; files={len(after.files)} "
-                      f"bytes={sum(f.size for f in after.files)}")
+        console.print(
+            f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "
+            f"{len(changes.removed)} removed; files={len(after.files)} "
+            f"bytes={sum(f.size for f in after.files)}"
+        )
         for label, paths in (("changed", changes.changed), ("added", changes.added), ("removed", changes.removed)):
             for path in paths:
                 console.print(f"  {label}: {path}", soft_wrap=True, highlight=False)
         workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
         if not workers:
-            console.print("no worker advertised it; sync it where it should run: `homefleet sync MACHINE "
-                          f"{model}`", soft_wrap=True, highlight=False)
+            console.print(
+                f"no worker advertised it; sync it where it should run: `homefleet sync MACHINE {model}`",
+                soft_wrap=True,
+                highlight=False,
+            )
         for machine in workers:
             try:
                 record = ctx.syncs().start(machine, [model])
             except HomefleetError as refusal:
-                console.print(f"{machine} held the old content (withdrawn there now); its sync was not started "
-                              f"({refusal.reason}: {refusal.message}); run `homefleet sync {machine} {model}` "
-                              "later", soft_wrap=True, highlight=False)
+                console.print(
+                    f"{machine} held the old content (withdrawn there now); its sync was not started "
+                    f"({refusal.reason}: {refusal.message}); run `homefleet sync {machine} {model}` "
+                    "later",
+                    soft_wrap=True,
+                    highlight=False,
+                )
                 continue
-            console.print(f"{machine} held the old content (withdrawn there now): sync {record['id']} started "
-                          f"(`homefleet status` shows it; `homefleet sync {machine} {model}` runs it again)",
-                          soft_wrap=True, highlight=False)
+            console.print(
+                f"{machine} held the old content (withdrawn there now): sync {record['id']} started "
+                f"(`homefleet status` shows it; `homefleet sync {machine} {model}` runs it again)",
+                soft_wrap=True,
+                highlight=False,
+            )
     finally:
         ctx.close()

@@ -29,8 +29,9 @@ def residency_set(
 
     ctx = build_checked_context(Settings())
     try:
-        kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, models or [],
-                                costs=ctx.dispatcher.costs)
+        kept = commit_residency(
+            ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, models or [], costs=ctx.dispatcher.costs
+        )
         console.print(f"{machine}: keeps {', '.join(sorted(kept)) or 'nothing'} resident")
     finally:
         ctx.close()

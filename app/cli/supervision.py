@@ -26,8 +26,18 @@ def worker_argv(executable: str, machine: str, models_dir: Path, token_file: Pat
     """The command a supervisor runs: ``executable -m app.cli worker --machine ... --models-dir ...
     --token-file ...`` (absolute paths expected; the server's and Redis' URLs go in the
     environment)."""
-    return [executable, "-m", "app.cli", "worker", "--machine", machine, "--models-dir", str(models_dir),
-            "--token-file", str(token_file)]
+    return [
+        executable,
+        "-m",
+        "app.cli",
+        "worker",
+        "--machine",
+        machine,
+        "--models-dir",
+        str(models_dir),
+        "--token-file",
+        str(token_file),
+    ]
 
 
 def unit_name(machine: str) -> str:
@@ -60,7 +70,7 @@ def systemd_unit(argv: Sequence[str], environment: Mapping[str, str], machine: s
     name = unit_name(machine)
     lines = [
         f"# {name}: printed by `homefleet worker --print-systemd-unit` (docs/operations.md,",
-        "# \"A supervisor for every worker\"). Install it:",
+        '# "A supervisor for every worker"). Install it:',
         f"#   sudo tee /etc/systemd/system/{name} < this-file && sudo systemctl daemon-reload",
         f"#   sudo systemctl enable --now {name}",
         "[Unit]",
@@ -92,8 +102,9 @@ def systemd_unit(argv: Sequence[str], environment: Mapping[str, str], machine: s
     return "\n".join(lines)
 
 
-def launchd_plist(argv: Sequence[str], environment: Mapping[str, str], machine: str, working_dir: Path,
-                  log_file: Path) -> str:
+def launchd_plist(
+    argv: Sequence[str], environment: Mapping[str, str], machine: str, working_dir: Path, log_file: Path
+) -> str:
     """The text of a launchd property list (``~/Library/LaunchAgents/<label>.plist``) running
     ``argv`` with ``environment``: started at load, started again whenever it exits other than
     successfully (``KeepAlive``/``SuccessfulExit`` false), at most every ``RESTART_PAUSE_S``

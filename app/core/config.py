@@ -65,17 +65,19 @@ class BrokerSettings(BaseSettings):
     def _redis_scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
             raise ValueError(f"redis_url must start with redis://, rediss://, unix:// or sentinel://, got {value!r}")
-        if value.startswith("sentinel://") and any(
-                not part.startswith("sentinel://") for part in value.split(";")):
-            raise ValueError("redis_url with Sentinels names each as sentinel://host:port, separated by ';', got "
-                             f"{value!r}")
+        if value.startswith("sentinel://") and any(not part.startswith("sentinel://") for part in value.split(";")):
+            raise ValueError(
+                f"redis_url with Sentinels names each as sentinel://host:port, separated by ';', got {value!r}"
+            )
         return value
 
     @model_validator(mode="after")
     def _sentinel_master_named(self) -> BrokerSettings:
         if self.redis_url.startswith("sentinel://") and not self.redis_sentinel_master:
-            raise ValueError("redis_sentinel_master (HOMEFLEET_REDIS_SENTINEL_MASTER) must name the master the "
-                             "Sentinels of redis_url monitor (their `sentinel monitor NAME ...`)")
+            raise ValueError(
+                "redis_sentinel_master (HOMEFLEET_REDIS_SENTINEL_MASTER) must name the master the "
+                "Sentinels of redis_url monitor (their `sentinel monitor NAME ...`)"
+            )
         return self
 
 
@@ -177,8 +179,10 @@ class Settings(BrokerSettings):
     def _webhook_secrets(cls, value: dict[str, str]) -> dict[str, str]:
         for named, secret in value.items():
             if len(secret) < 16:
-                raise ValueError(f"webhook_secrets[{named!r}] is {len(secret)} characters; a webhook secret needs "
-                                 "at least 16 (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+                raise ValueError(
+                    f"webhook_secrets[{named!r}] is {len(secret)} characters; a webhook secret needs "
+                    "at least 16 (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+                )
         return value
 
     @model_validator(mode="after")
@@ -186,9 +190,11 @@ class Settings(BrokerSettings):
         ids = {self.api_key_id(key) for key in self.api_keys}
         for named in self.webhook_secrets:
             if named not in ids:
-                raise ValueError(f"webhook_secrets names key id {named!r}, which is the id of none of api_keys "
-                                 f"(their ids: {', '.join(sorted(ids)) or 'none: no API key configured'}); "
-                                 "`homefleet keys` lists them")
+                raise ValueError(
+                    f"webhook_secrets names key id {named!r}, which is the id of none of api_keys "
+                    f"(their ids: {', '.join(sorted(ids)) or 'none: no API key configured'}); "
+                    "`homefleet keys` lists them"
+                )
         return self
 
     @field_validator("data_dir")
@@ -199,10 +205,12 @@ class Settings(BrokerSettings):
     @model_validator(mode="after")
     def _leader_election_needs_postgresql(self) -> Settings:
         if self.leader_election and not self.journal_url.startswith("postgresql"):
-            raise ValueError("leader_election (two servers on one journal) needs a PostgreSQL journal "
-                             "(HOMEFLEET_DATABASE_URL=postgresql+psycopg://...): SQLite has no lock that a second "
-                             "server's process can wait on, and two servers writing one SQLite file would each "
-                             "reconcile and deliver webhooks; docs/operations.md, \"A standby server\"")
+            raise ValueError(
+                "leader_election (two servers on one journal) needs a PostgreSQL journal "
+                "(HOMEFLEET_DATABASE_URL=postgresql+psycopg://...): SQLite has no lock that a second "
+                "server's process can wait on, and two servers writing one SQLite file would each "
+                'reconcile and deliver webhooks; docs/operations.md, "A standby server"'
+            )
         return self
 
     @field_validator("api_key_quotas")
@@ -210,8 +218,10 @@ class Settings(BrokerSettings):
     def _quota_names(cls, value: dict[str, KeyQuota]) -> dict[str, KeyQuota]:
         for name in value:
             if not re.fullmatch(KEY_NAME_PATTERN, name):
-                raise ValueError(f"api_key_quotas: the name {name!r} must be 1-32 letters, digits, '_', '.' or '-', "
-                                 "starting with a letter or digit")
+                raise ValueError(
+                    f"api_key_quotas: the name {name!r} must be 1-32 letters, digits, '_', '.' or '-', "
+                    "starting with a letter or digit"
+                )
         return value
 
     @model_validator(mode="after")
@@ -343,10 +353,13 @@ class WorkerSettings(BrokerSettings):
         return {**data, "worker_token": token}
 
 
-OTHER_VARIABLES = frozenset({
-    "HOMEFLEET_API_KEY",  # `homefleet bench --api-key`
-    "HOMEFLEET_TEST_POSTGRES", "HOMEFLEET_FUZZ_EXAMPLES",  # the test suite's (tests/conftest.py, tests/fuzz)
-})
+OTHER_VARIABLES = frozenset(
+    {
+        "HOMEFLEET_API_KEY",  # `homefleet bench --api-key`
+        "HOMEFLEET_TEST_POSTGRES",
+        "HOMEFLEET_FUZZ_EXAMPLES",  # the test suite's (tests/conftest.py, tests/fuzz)
+    }
+)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

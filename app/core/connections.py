@@ -59,8 +59,12 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
     promoted replica (docs/operations.md, "Redis Sentinel")."""
     if is_sentinel_url(settings.redis_url):
         nodes, master = sentinel_nodes(settings.redis_url)
-        sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_options(), socket_timeout=SOCKET_TIMEOUT_S,
-                            socket_connect_timeout=SOCKET_TIMEOUT_S)
+        sentinel = Sentinel(
+            nodes,
+            sentinel_kwargs=sentinel_options(),
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
+        )
         client: redis.Redis = sentinel.master_for(settings.redis_sentinel_master, decode_responses=True, **master)
         return client
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S)

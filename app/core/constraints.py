@@ -77,8 +77,13 @@ class FormatRefused(ValueError):
         self.field = field
 
 
-RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "value"}, "json": {"type", "value"},
-                        "regex": {"type", "value"}, "json_schema": {"type", "json_schema", "value", "schema"}}
+RESPONSE_FORMAT_KEYS = {
+    "text": {"type"},
+    "json_object": {"type", "value"},
+    "json": {"type", "value"},
+    "regex": {"type", "value"},
+    "json_schema": {"type", "json_schema", "value", "schema"},
+}
 """The keys each ``response_format`` type may carry; any other is refused, never dropped."""
 SCHEMA_SPEC_KEYS = {"name", "schema", "strict", "description"}
 """OpenAI's ``json_schema`` object (``strict`` is always honoured: the constraint is enforced)."""
@@ -132,14 +137,16 @@ def from_response_format(response_format: Any) -> dict[str, Any] | None:
     if response_format is None:
         return None
     if not isinstance(response_format, Mapping):
-        raise FormatRefused("", f"must be an object {{\"type\": {' | '.join(RESPONSE_FORMAT_KEYS)}, ...}}")
+        raise FormatRefused("", f'must be an object {{"type": {" | ".join(RESPONSE_FORMAT_KEYS)}, ...}}')
     kind = response_format.get("type")
     if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_KEYS:  # a dict or list is unhashable: 422, not 500
         raise FormatRefused(".type", f"must be one of {', '.join(RESPONSE_FORMAT_KEYS)}, got {kind!r}")
     extra = sorted(set(response_format) - RESPONSE_FORMAT_KEYS[kind])
     if extra:
-        raise FormatRefused(f".{extra[0]}", f"is not taken with type {kind!r} (it takes "
-                                            f"{', '.join(sorted(RESPONSE_FORMAT_KEYS[kind]))})")
+        raise FormatRefused(
+            f".{extra[0]}",
+            f"is not taken with type {kind!r} (it takes {', '.join(sorted(RESPONSE_FORMAT_KEYS[kind]))})",
+        )
     if kind == "text":
         return None
     if kind == "regex":
@@ -150,8 +157,10 @@ def from_response_format(response_format: Any) -> dict[str, Any] | None:
     if kind == "json_schema":
         given = [key for key in ("json_schema", "value", "schema") if key in response_format]
         if len(given) != 1:
-            raise FormatRefused(".json_schema", 'must be given once: {"type": "json_schema", "json_schema": '
-                                                '{"name": ..., "schema": {...}}}')
+            raise FormatRefused(
+                ".json_schema",
+                'must be given once: {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+            )
         key = given[0]
         if key == "schema":
             return {"type": "json", "value": _schema_of(response_format["schema"], ".schema")}

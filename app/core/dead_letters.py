@@ -63,9 +63,16 @@ def dead_letter(raw: str, queue: str | None, error: Exception) -> str:
     message once cost 20 MB); ``raw_bytes`` (UTF-8 bytes) and ``raw_digest`` (BLAKE3 of those
     bytes) identify the whole message."""
     data = raw.encode("utf-8", "replace")
-    return json.dumps({"queue": queue, "raw": raw[:RAW_HEAD_CHARS], "raw_bytes": len(data),
-                       "raw_digest": bytes_digest(data), "error": f"{type(error).__name__}: {error}"[:500],
-                       "at": time.time()})
+    return json.dumps(
+        {
+            "queue": queue,
+            "raw": raw[:RAW_HEAD_CHARS],
+            "raw_bytes": len(data),
+            "raw_digest": bytes_digest(data),
+            "error": f"{type(error).__name__}: {error}"[:500],
+            "at": time.time(),
+        }
+    )
 
 
 class Message(virtual.Message):
@@ -117,8 +124,13 @@ class Channel(kombu_redis.Channel):
                 pipe.lpush(self.dead_letter_key, dead_letter(raw, queue, error))
                 pipe.ltrim(self.dead_letter_key, 0, MAX_DEAD_LETTERS - 1)
                 pipe.execute()
-        log.error("queue %s held a message that cannot be decoded (%s: %s); moved to %s, consuming on",
-                  queue, type(error).__name__, error, self.dead_letter_key)
+        log.error(
+            "queue %s held a message that cannot be decoded (%s: %s); moved to %s, consuming on",
+            queue,
+            type(error).__name__,
+            error,
+            self.dead_letter_key,
+        )
 
 
 class Transport(kombu_redis.Transport):
@@ -131,8 +143,11 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel (it finds the master through the Sentinels on every new
     connection) moving undecodable messages aside like :class:`Channel`."""
 
-    from_transport_options = tuple(dict.fromkeys(  # type: ignore[assignment]
-        (*Channel.from_transport_options, *kombu_redis.SentinelChannel.from_transport_options)))
+    from_transport_options = tuple(
+        dict.fromkeys(  # type: ignore[assignment]
+            (*Channel.from_transport_options, *kombu_redis.SentinelChannel.from_transport_options)
+        )
+    )
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

@@ -113,55 +113,97 @@ class Family:
 _TEXT_PROMPT_CHARS = 1_000_000
 _TRUE_CFG = NumberRange("true_cfg_scale", 1.0, 50.0)
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (
-    # img2img and inpainting run on the txt2img components (from_pipe; a 4-channel
-    # UNet inpaints by blending the input's latents outside the mask at every step)
-    Family("sd1", "StableDiffusionPipeline", "txt2img",
-           pipelines={"img2img": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"}),
-    Family("sdxl", "StableDiffusionXLPipeline", "txt2img", defaults={"guidance_scale": 5.0},
-           pipelines={"img2img": "StableDiffusionXLImg2ImgPipeline", "inpaint": "StableDiffusionXLInpaintPipeline"}),
-    Family(
-        "flux", "FluxPipeline", "txt2img", multiple_of=16, size_why="the VAE downsamples by 8, then 2x2 patches",
-        add=("true_cfg_scale",), defaults={"guidance_scale": 3.5, "true_cfg_scale": 1.0},
-        # guidance_scale is the distilled guidance embedded in the transformer (FLUX.1-dev), not CFG
-        numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG),
-        arguments={"true_cfg_scale": "true_cfg_scale"}, cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},
-    ),
-    Family("sd1-pix2pix", "StableDiffusionInstructPix2PixPipeline", "edit",
-           arguments={"image_guidance_scale": "image_guidance_scale"}),
-    Family(
-        "qwen-image", "QwenImageEditPipeline", "edit", multiple_of=16,
-        size_why="the VAE downsamples by 8, then 2x2 patches",
-        # no image_guidance_scale; guidance_scale is ignored (no guidance embeddings): true CFG instead
-        drop=("image_guidance_scale", "guidance_scale"), add=("true_cfg_scale",),
-        defaults={"true_cfg_scale": 4.0, "negative_prompt": " "}, numbers=(_TRUE_CFG,),
-        arguments={"true_cfg_scale": "true_cfg_scale"}, size_arguments=("width", "height"),
-        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 1024},
-    ),
-    Family(
-        "flux-kontext", "FluxKontextPipeline", "edit", multiple_of=16,
-        size_why="the VAE downsamples by 8, then 2x2 patches",
-        # FLUX.1-Kontext-dev: guidance_scale is the distilled guidance (2.5); no image_guidance_scale
-        drop=("image_guidance_scale",), add=("true_cfg_scale",),
-        defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
-        numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG), arguments={"true_cfg_scale": "true_cfg_scale"},
-        size_arguments=("width", "height", "max_area"), fixed_arguments={"_auto_resize": False},
-        cfg_param="true_cfg_scale", limits={"max_prompt_tokens": 512},
-    ),
-    Family("sd-upscale", "StableDiffusionUpscalePipeline", "upscale", arguments={"noise_level": "noise_level"}),
-    Family("animatediff", "AnimateDiffPipeline", "video", arguments={"frames": "num_frames"}),
-    Family(
-        "wan", "WanPipeline", "video", multiple_of=16, size_why="the VAE downsamples by 8, then 1x2x2 patches",
-        defaults={"frames": 33, "fps": 16, "guidance_scale": 5.0}, arguments={"frames": "num_frames"},
-        frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
-        limits={"max_prompt_tokens": 512, "max_frames": 81},
-    ),
-    # causal language models: pipeline_class is config.json's ``architectures`` class
-    # (prompts are limited in tokens, max_input_tokens; the characters' limit only refuses absurd sizes early)
-    Family("llama", "LlamaForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
-    Family("qwen2", "Qwen2ForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
-    Family("gpt2", "GPT2LMHeadModel", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
-)}
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        # img2img and inpainting run on the txt2img components (from_pipe; a 4-channel
+        # UNet inpaints by blending the input's latents outside the mask at every step)
+        Family(
+            "sd1",
+            "StableDiffusionPipeline",
+            "txt2img",
+            pipelines={"img2img": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"},
+        ),
+        Family(
+            "sdxl",
+            "StableDiffusionXLPipeline",
+            "txt2img",
+            defaults={"guidance_scale": 5.0},
+            pipelines={"img2img": "StableDiffusionXLImg2ImgPipeline", "inpaint": "StableDiffusionXLInpaintPipeline"},
+        ),
+        Family(
+            "flux",
+            "FluxPipeline",
+            "txt2img",
+            multiple_of=16,
+            size_why="the VAE downsamples by 8, then 2x2 patches",
+            add=("true_cfg_scale",),
+            defaults={"guidance_scale": 3.5, "true_cfg_scale": 1.0},
+            # guidance_scale is the distilled guidance embedded in the transformer (FLUX.1-dev), not CFG
+            numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG),
+            arguments={"true_cfg_scale": "true_cfg_scale"},
+            cfg_param="true_cfg_scale",
+            limits={"max_prompt_tokens": 512},
+        ),
+        Family(
+            "sd1-pix2pix",
+            "StableDiffusionInstructPix2PixPipeline",
+            "edit",
+            arguments={"image_guidance_scale": "image_guidance_scale"},
+        ),
+        Family(
+            "qwen-image",
+            "QwenImageEditPipeline",
+            "edit",
+            multiple_of=16,
+            size_why="the VAE downsamples by 8, then 2x2 patches",
+            # no image_guidance_scale; guidance_scale is ignored (no guidance embeddings): true CFG instead
+            drop=("image_guidance_scale", "guidance_scale"),
+            add=("true_cfg_scale",),
+            defaults={"true_cfg_scale": 4.0, "negative_prompt": " "},
+            numbers=(_TRUE_CFG,),
+            arguments={"true_cfg_scale": "true_cfg_scale"},
+            size_arguments=("width", "height"),
+            cfg_param="true_cfg_scale",
+            limits={"max_prompt_tokens": 1024},
+        ),
+        Family(
+            "flux-kontext",
+            "FluxKontextPipeline",
+            "edit",
+            multiple_of=16,
+            size_why="the VAE downsamples by 8, then 2x2 patches",
+            # FLUX.1-Kontext-dev: guidance_scale is the distilled guidance (2.5); no image_guidance_scale
+            drop=("image_guidance_scale",),
+            add=("true_cfg_scale",),
+            defaults={"guidance_scale": 2.5, "true_cfg_scale": 1.0},
+            numbers=(NumberRange("guidance_scale", 0.0, 20.0), _TRUE_CFG),
+            arguments={"true_cfg_scale": "true_cfg_scale"},
+            size_arguments=("width", "height", "max_area"),
+            fixed_arguments={"_auto_resize": False},
+            cfg_param="true_cfg_scale",
+            limits={"max_prompt_tokens": 512},
+        ),
+        Family("sd-upscale", "StableDiffusionUpscalePipeline", "upscale", arguments={"noise_level": "noise_level"}),
+        Family("animatediff", "AnimateDiffPipeline", "video", arguments={"frames": "num_frames"}),
+        Family(
+            "wan",
+            "WanPipeline",
+            "video",
+            multiple_of=16,
+            size_why="the VAE downsamples by 8, then 1x2x2 patches",
+            defaults={"frames": 33, "fps": 16, "guidance_scale": 5.0},
+            arguments={"frames": "num_frames"},
+            frames=FrameRule(4, 1, "the VAE packs 4 frames into each latent frame after the first"),
+            limits={"max_prompt_tokens": 512, "max_frames": 81},
+        ),
+        # causal language models: pipeline_class is config.json's ``architectures`` class
+        # (prompts are limited in tokens, max_input_tokens; the characters' limit only refuses absurd sizes early)
+        Family("llama", "LlamaForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+        Family("qwen2", "Qwen2ForCausalLM", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+        Family("gpt2", "GPT2LMHeadModel", "text", limits={"max_prompt_chars": _TEXT_PROMPT_CHARS}),
+    )
+}
 
 PIPELINE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     family.pipeline_class: (family.name, family.kinds) for family in FAMILIES.values()

@@ -18,9 +18,26 @@ from app.core.specs import OUTPUT_SIZE_FIELDS, Args, KindSpec, NumberRange
 from routing.placement import JobRequest
 from routing.timings import job_size
 
-__all__ = ["ADAPTERS_PARAM", "BATCH_PARAM", "DENOISING_PARAMS", "GREEDY_TEMPERATURE", "KINDS", "MAX_NEW_TOKENS",
-           "MAX_SEED", "OUTPUT_SIZE_FIELDS", "Args", "KindSpec", "NumberRange", "adapter_ids", "denoised_steps",
-           "family_kind_spec", "greedy", "job_request", "nth_seed", "spec"]
+__all__ = [
+    "ADAPTERS_PARAM",
+    "BATCH_PARAM",
+    "DENOISING_PARAMS",
+    "GREEDY_TEMPERATURE",
+    "KINDS",
+    "MAX_NEW_TOKENS",
+    "MAX_SEED",
+    "OUTPUT_SIZE_FIELDS",
+    "Args",
+    "KindSpec",
+    "NumberRange",
+    "adapter_ids",
+    "denoised_steps",
+    "family_kind_spec",
+    "greedy",
+    "job_request",
+    "nth_seed",
+    "spec",
+]
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes a 64-bit seed; JSON clients keep 63 bits exact."""
@@ -30,6 +47,7 @@ def nth_seed(seed: int, index: int) -> int:
     """The seed of the ``index``-th of several images or jobs asked for with ``seed``: ``seed +
     index``, wrapping past :data:`MAX_SEED` to 0, so that every one is a valid seed."""
     return (seed + index) % (MAX_SEED + 1)
+
 
 DENOISING_PARAMS: tuple[str, ...] = ("steps", "guidance_scale", "seed")
 """The params every denoising kind reads (``tasks.kinds.denoising``)."""
@@ -61,57 +79,91 @@ _GUIDANCE = NumberRange("guidance_scale", 0.0, 50.0)
 _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 _STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is added to the input (1: all)
 
-KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
-    KindSpec(
-        "txt2img", params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
-        # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
-        server_params=("expand_prompt", "expanded_by", ADAPTERS_PARAM),
-        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1}, numbers=(_GUIDANCE,),
-        prompt_required=True,
-    ),
-    KindSpec(
-        "edit", params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "image_guidance_scale": 1.5},
-        numbers=(_GUIDANCE, NumberRange("image_guidance_scale", 0.0, 50.0)),
-        inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
-    ),
-    KindSpec(
-        # the input image noised by `strength`, then denoised int(steps * strength) steps
-        "img2img", params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
-        defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
-        inputs=("image",), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
-    ),
-    KindSpec(
-        # `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
-        "inpaint", params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
-        defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1}, numbers=(_GUIDANCE, _STRENGTH),
-        inputs=("image", "mask"), prompt_required=True, output_scale=1, server_params=(ADAPTERS_PARAM,),
-    ),
-    KindSpec(
-        # noise_level: the x4 upscaler's scheduler config, max_noise_level = 350
-        "upscale", params=("image", "prompt", "negative_prompt", "noise_level", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "prompt": "", "guidance_scale": 9.0, "noise_level": 20},
-        numbers=(_GUIDANCE, NumberRange("noise_level", 0, 350, integer=True)),
-        inputs=("image",), output_scale=4,  # StableDiffusionUpscalePipeline: 4 x width, 4 x height
-    ),
-    KindSpec(
-        "video", params=("prompt", "negative_prompt", "width", "height", "frames", "fps", "format", *DENOISING_PARAMS),
-        defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, "frames": 8, "fps": 8, "format": "mp4"},
-        numbers=(_GUIDANCE, NumberRange("fps", 1.0, 60.0)), prompt_required=True, formats=("mp4", "webp", "gif"),
-    ),
-    KindSpec(
-        # causal LMs. `prompt` is the text fed to the model (a chat request's messages
-        # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
-        # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
-        # `stop`: sequences that end the text, cut before the first (app/core/textgen.py stop_sequences).
-        "text", params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
-        defaults={"chat": False, "max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "grammar": None,
-                  "stop": None},
-        numbers=(NumberRange("max_new_tokens", 1, MAX_NEW_TOKENS, integer=True), NumberRange("temperature", 0.0, 2.0),
-                 NumberRange("top_p", 0.001, 1.0)),
-        prompt_required=True,
-    ),
-)}
+KINDS: dict[str, KindSpec] = {
+    spec.name: spec
+    for spec in (
+        KindSpec(
+            "txt2img",
+            params=("prompt", "negative_prompt", "width", "height", *DENOISING_PARAMS, BATCH_PARAM),
+            # a text model writes the prompt first (app/jobs/expansion.py); expanded_by: its job
+            server_params=("expand_prompt", "expanded_by", ADAPTERS_PARAM),
+            defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, BATCH_PARAM: 1},
+            numbers=(_GUIDANCE,),
+            prompt_required=True,
+        ),
+        KindSpec(
+            "edit",
+            params=("image", "prompt", "negative_prompt", "image_guidance_scale", *DENOISING_PARAMS),
+            defaults={**_DENOISING_DEFAULTS, "image_guidance_scale": 1.5},
+            numbers=(_GUIDANCE, NumberRange("image_guidance_scale", 0.0, 50.0)),
+            inputs=("image",),
+            prompt_required=True,
+            output_scale=1,
+            server_params=(ADAPTERS_PARAM,),
+        ),
+        KindSpec(
+            # the input image noised by `strength`, then denoised int(steps * strength) steps
+            "img2img",
+            params=("image", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+            defaults={**_DENOISING_DEFAULTS, "strength": 0.8, BATCH_PARAM: 1},
+            numbers=(_GUIDANCE, _STRENGTH),
+            inputs=("image",),
+            prompt_required=True,
+            output_scale=1,
+            server_params=(ADAPTERS_PARAM,),
+        ),
+        KindSpec(
+            # `mask` (white: repaint, black: keep) has the image's size; pixels outside it are the input's
+            "inpaint",
+            params=("image", "mask", "prompt", "negative_prompt", "strength", *DENOISING_PARAMS, BATCH_PARAM),
+            defaults={**_DENOISING_DEFAULTS, "strength": 1.0, BATCH_PARAM: 1},
+            numbers=(_GUIDANCE, _STRENGTH),
+            inputs=("image", "mask"),
+            prompt_required=True,
+            output_scale=1,
+            server_params=(ADAPTERS_PARAM,),
+        ),
+        KindSpec(
+            # noise_level: the x4 upscaler's scheduler config, max_noise_level = 350
+            "upscale",
+            params=("image", "prompt", "negative_prompt", "noise_level", *DENOISING_PARAMS),
+            defaults={**_DENOISING_DEFAULTS, "prompt": "", "guidance_scale": 9.0, "noise_level": 20},
+            numbers=(_GUIDANCE, NumberRange("noise_level", 0, 350, integer=True)),
+            inputs=("image",),
+            output_scale=4,  # StableDiffusionUpscalePipeline: 4 x width, 4 x height
+        ),
+        KindSpec(
+            "video",
+            params=("prompt", "negative_prompt", "width", "height", "frames", "fps", "format", *DENOISING_PARAMS),
+            defaults={**_DENOISING_DEFAULTS, "width": 64, "height": 64, "frames": 8, "fps": 8, "format": "mp4"},
+            numbers=(_GUIDANCE, NumberRange("fps", 1.0, 60.0)),
+            prompt_required=True,
+            formats=("mp4", "webp", "gif"),
+        ),
+        KindSpec(
+            # causal LMs. `prompt` is the text fed to the model (a chat request's messages
+            # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
+            # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
+            # `stop`: sequences that end the text, cut before the first (app/core/textgen.py stop_sequences).
+            "text",
+            params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
+            defaults={
+                "chat": False,
+                "max_new_tokens": 16,
+                "temperature": 0.0,
+                "top_p": 1.0,
+                "grammar": None,
+                "stop": None,
+            },
+            numbers=(
+                NumberRange("max_new_tokens", 1, MAX_NEW_TOKENS, integer=True),
+                NumberRange("temperature", 0.0, 2.0),
+                NumberRange("top_p", 0.001, 1.0),
+            ),
+            prompt_required=True,
+        ),
+    )
+}
 
 
 @functools.cache
@@ -131,9 +183,17 @@ def family_kind_spec(family_name: str, kind: str) -> KindSpec:
     defaults = {name: value for name, value in base.defaults.items() if name in params} | dict(rules.defaults)
     replaced = {number.name for number in rules.numbers}
     numbers = tuple(n for n in base.numbers if n.name in params and n.name not in replaced) + rules.numbers
-    return KindSpec(base.name, params=params, defaults=defaults, numbers=numbers, inputs=base.inputs,
-                    prompt_required=base.prompt_required, output_scale=base.output_scale, formats=base.formats,
-                    server_params=base.server_params)
+    return KindSpec(
+        base.name,
+        params=params,
+        defaults=defaults,
+        numbers=numbers,
+        inputs=base.inputs,
+        prompt_required=base.prompt_required,
+        output_scale=base.output_scale,
+        formats=base.formats,
+        server_params=base.server_params,
+    )
 
 
 def denoised_steps(steps: int, strength: float) -> int:
@@ -159,8 +219,9 @@ def _number(params: Mapping[str, Any], name: str, default: int) -> int:
     return int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else default
 
 
-def job_request(model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any],
-                prompt_tokens: int = 0) -> JobRequest:
+def job_request(
+    model_id: str, family: str, kind: str, target: str, params: Mapping[str, Any], prompt_tokens: int = 0
+) -> JobRequest:
     """The placement request of a job: its steps, and its size (pixels x frames x batch,
     ``routing.timings.job_size``) from ``output_width`` x ``output_height`` (set by the server
     for kinds whose output follows an input image), else ``width`` x ``height``, ``frames``
@@ -178,11 +239,19 @@ def job_request(model_id: str, family: str, kind: str, target: str, params: Mapp
     if isinstance(strength, int | float) and not isinstance(strength, bool):  # the steps it runs (img2img, inpaint)
         steps = max(1, denoised_steps(steps, float(strength)))
     if kind == "text":  # steps: new tokens; size: prompt tokens (routing.timings prices text per token)
-        return JobRequest(model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16),
-                          size=prompt_tokens)
+        return JobRequest(
+            model_id, family, kind, target, steps=_number(params, "max_new_tokens", 16), size=prompt_tokens
+        )
     batch = _number(params, BATCH_PARAM, 1) if BATCH_PARAM in kind_spec.params else 1
-    return JobRequest(model_id, family, kind, target, steps=steps, size=job_size(width * height, frames, batch),
-                      adapters=adapter_ids(params))
+    return JobRequest(
+        model_id,
+        family,
+        kind,
+        target,
+        steps=steps,
+        size=job_size(width * height, frames, batch),
+        adapters=adapter_ids(params),
+    )
 
 
 def adapter_ids(params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -199,8 +268,17 @@ def greedy(temperature: float) -> bool:
     return temperature < GREEDY_TEMPERATURE
 
 
-MODEL_DEFAULT_EXCLUDED = ("prompt", "seed", "image", "mask", ADAPTERS_PARAM, "expand_prompt", "expanded_by", "grammar",
-                          "chat")
+MODEL_DEFAULT_EXCLUDED = (
+    "prompt",
+    "seed",
+    "image",
+    "mask",
+    ADAPTERS_PARAM,
+    "expand_prompt",
+    "expanded_by",
+    "grammar",
+    "chat",
+)
 """Params a model or adapter cannot default (``models add --default``): what a job asks for
 (its prompt, inputs, adapters, grammar) and its seed (drawn per job so that the journal
 records it, R9)."""
@@ -223,8 +301,11 @@ def default_kinds(family: str, kinds: tuple[str, ...] | list[str]) -> tuple[str,
     if "adapter" not in runs:
         return tuple(kind for kind in runs if kind in KINDS)
     rules = FAMILIES.get(family)
-    return tuple(kind for kind in (rules.kinds if rules is not None else ()) if kind in KINDS
-                 and ADAPTERS_PARAM in family_kind_spec(family, kind).accepted)
+    return tuple(
+        kind
+        for kind in (rules.kinds if rules is not None else ())
+        if kind in KINDS and ADAPTERS_PARAM in family_kind_spec(family, kind).accepted
+    )
 
 
 def check_defaults(family: str, kinds: tuple[str, ...] | list[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -242,8 +323,11 @@ def check_defaults(family: str, kinds: tuple[str, ...] | list[str], defaults: Ma
     takes = sorted({name for kind_spec in specs for name in kind_spec.params} - set(MODEL_DEFAULT_EXCLUDED))
     for name, value in defaults.items():
         if name not in takes:
-            raise DefaultRefused(name, f"default {name!r} is not a param of {', '.join(applies) or 'any kind'} on "
-                                       f"family {family}; a default may set {', '.join(takes)}")
+            raise DefaultRefused(
+                name,
+                f"default {name!r} is not a param of {', '.join(applies) or 'any kind'} on "
+                f"family {family}; a default may set {', '.join(takes)}",
+            )
         for kind_spec in specs:
             for number in kind_spec.numbers:
                 refusal = number.refusal(value) if number.name == name else None
@@ -252,8 +336,9 @@ def check_defaults(family: str, kinds: tuple[str, ...] | list[str], defaults: Ma
     return dict(defaults)
 
 
-def with_defaults(kind_spec: KindSpec, params: Mapping[str, Any],
-                  *defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+def with_defaults(
+    kind_spec: KindSpec, params: Mapping[str, Any], *defaults: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """``params`` with each param of ``kind_spec`` it lacks taken from the first of ``defaults``
     (a model's or adapter's own, in order of precedence) that sets it: the client's value wins."""
     out = dict(params)

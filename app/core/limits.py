@@ -72,8 +72,9 @@ class TokenLimits:
     max_total_tokens: int
 
 
-def token_limits(family: FamilyLimits, max_positions: int, max_input_tokens: int | None = None,
-                 max_total_tokens: int | None = None) -> TokenLimits:
+def token_limits(
+    family: FamilyLimits, max_positions: int, max_input_tokens: int | None = None, max_total_tokens: int | None = None
+) -> TokenLimits:
     """The token limits of one text model: the model's own (``max_input_tokens`` /
     ``max_total_tokens``: the fleet file's ``[models.<id>]``), else its family's (settings), else
     ``max_positions`` (its config's ``max_position_embeddings``) total and one token less for the
@@ -135,10 +136,14 @@ def check_key_quotas(quotas: Mapping[str, KeyQuota], keys: list[str]) -> None:
     """
     for name, quota in quotas.items():
         if not any(key.startswith(quota.key_prefix) for key in keys):
-            raise ValueError(f"api_key_quotas[{name!r}]: no key of api_keys starts with its key_prefix "
-                             f"({len(keys)} keys configured); a quota for no key would limit nothing")
+            raise ValueError(
+                f"api_key_quotas[{name!r}]: no key of api_keys starts with its key_prefix "
+                f"({len(keys)} keys configured); a quota for no key would limit nothing"
+            )
     for index, key in enumerate(keys):
         named = [name for name, quota in quotas.items() if key.startswith(quota.key_prefix)]
         if len(named) > 1:
-            raise ValueError(f"api_keys[{index}] starts with the key_prefix of {len(named)} quotas "
-                             f"({', '.join(repr(n) for n in named)}); give each key one quota at most")
+            raise ValueError(
+                f"api_keys[{index}] starts with the key_prefix of {len(named)} quotas "
+                f"({', '.join(repr(n) for n in named)}); give each key one quota at most"
+            )

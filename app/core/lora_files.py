@@ -49,31 +49,48 @@ class Base:
 
 #: base name -> the families a LoRA of that base is registered for (``--adapter-of``)
 BASES: Mapping[str, Base] = {
-    "sd1": Base("a Stable Diffusion 1.x/2.x UNet",
-                frozenset({"sd1", "sd1-pix2pix", "animatediff", "sd-upscale"})),
+    "sd1": Base("a Stable Diffusion 1.x/2.x UNet", frozenset({"sd1", "sd1-pix2pix", "animatediff", "sd-upscale"})),
     "sdxl": Base("an SDXL UNet", frozenset({"sdxl"})),
     "flux": Base("a Flux transformer", frozenset({"flux", "flux-kontext"})),
-    "transformer": Base("a diffusion transformer (the keys do not say which)",
-                        frozenset({"flux", "flux-kontext", "qwen-image", "wan"})),
+    "transformer": Base(
+        "a diffusion transformer (the keys do not say which)", frozenset({"flux", "flux-kontext", "qwen-image", "wan"})
+    ),
 }
 
 _KOHYA_KEY = re.compile(
-    r"^lora_(?:unet|te[12]?)_\w+\.(?:lora_down\.weight|lora_up\.weight|lora_mid\.weight|alpha|dora_scale|diff|diff_b)$")
+    r"^lora_(?:unet|te[12]?)_\w+\.(?:lora_down\.weight|lora_up\.weight|lora_mid\.weight|alpha|dora_scale|diff|diff_b)$"
+)
 _PEFT_KEY = re.compile(
     r"\.(?:lora_[AB](?:\.[\w-]+)?\.(?:weight|bias)|lora\.(?:down|up)\.weight|lora_linear_layer\.(?:down|up)\.weight"
-    r"|_lora\.(?:down|up)\.weight|lora_magnitude_vector(?:\.[\w-]+)?(?:\.weight)?|alpha)$")
+    r"|_lora\.(?:down|up)\.weight|lora_magnitude_vector(?:\.[\w-]+)?(?:\.weight)?|alpha)$"
+)
 
 # Evidence of a base, strongest first: a key matching a later pattern only decides the base
 # when no earlier one matched (a Flux file may carry CLIP keys ``lora_te1_``/``text_encoder.``
 # and its T5 as ``text_encoder_2.``; an SDXL file may name its UNet as diffusers does).
 _EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("flux", re.compile(r"^lora_unet_(?:double|single)_blocks_|(?:^|\.)(?:double_blocks|single_blocks"
-                        r"|single_transformer_blocks)\.")),
+    (
+        "flux",
+        re.compile(
+            r"^lora_unet_(?:double|single)_blocks_|(?:^|\.)(?:double_blocks|single_blocks"
+            r"|single_transformer_blocks)\."
+        ),
+    ),
     ("transformer", re.compile(r"^(?:transformer|diffusion_model)\.")),
-    ("sdxl", re.compile(r"^lora_te[12]_|^lora_unet_(?:input_blocks|output_blocks|middle_block|label_emb)_"
-                        r"|^text_encoder_2\.|(?:^|\.)add_embedding\.|transformer_blocks[._][1-9]")),
-    ("sd1", re.compile(r"^lora_te_|^lora_unet_(?:down_blocks|up_blocks|mid_block)_|^(?:unet\.|text_encoder\.)"
-                       r"|^(?:down_blocks|up_blocks|mid_block)\.")),
+    (
+        "sdxl",
+        re.compile(
+            r"^lora_te[12]_|^lora_unet_(?:input_blocks|output_blocks|middle_block|label_emb)_"
+            r"|^text_encoder_2\.|(?:^|\.)add_embedding\.|transformer_blocks[._][1-9]"
+        ),
+    ),
+    (
+        "sd1",
+        re.compile(
+            r"^lora_te_|^lora_unet_(?:down_blocks|up_blocks|mid_block)_|^(?:unet\.|text_encoder\.)"
+            r"|^(?:down_blocks|up_blocks|mid_block)\."
+        ),
+    ),
 )
 _SHOWN = 3  # keys named in a message
 
@@ -105,7 +122,9 @@ class LoraLayout:
         fits = ", ".join(sorted(self.families))
         raise Rejected(
             f"{name} is a LoRA for {BASES[self.base].what} (keys like {', '.join(self.evidence)}), not for family "
-            f"{family!r}; register it with --adapter-of one of: {fits}", reason="adapter_family_mismatch")
+            f"{family!r}; register it with --adapter-of one of: {fits}",
+            reason="adapter_family_mismatch",
+        )
 
 
 def recognise(keys: Iterable[str], name: str) -> LoraLayout:
@@ -119,8 +138,11 @@ def recognise(keys: Iterable[str], name: str) -> LoraLayout:
     """
     names = sorted(keys)
     if not names:
-        raise Rejected(f"{name} holds no tensors; a LoRA file holds .lora_down/.lora_up (kohya) or "
-                       ".lora_A/.lora_B (diffusers/PEFT) weights", reason="not_an_adapter")
+        raise Rejected(
+            f"{name} holds no tensors; a LoRA file holds .lora_down/.lora_up (kohya) or "
+            ".lora_A/.lora_B (diffusers/PEFT) weights",
+            reason="not_an_adapter",
+        )
     kohya = [k for k in names if _KOHYA_KEY.match(k)]
     peft = [k for k in names if not _KOHYA_KEY.match(k) and _PEFT_KEY.search(k)]
     other = [k for k in names if not _KOHYA_KEY.match(k) and not _PEFT_KEY.search(k)]
@@ -128,20 +150,30 @@ def recognise(keys: Iterable[str], name: str) -> LoraLayout:
         raise Rejected(
             f"{name} holds no LoRA weights: its {len(names)} tensors are named like {_some(names)} (a full "
             "checkpoint or another file); a LoRA file's keys end in .lora_down.weight/.lora_up.weight (kohya) or "
-            ".lora_A.weight/.lora_B.weight (diffusers/PEFT)", reason="not_an_adapter")
+            ".lora_A.weight/.lora_B.weight (diffusers/PEFT)",
+            reason="not_an_adapter",
+        )
     if kohya and peft:
-        raise Rejected(f"{name} mixes kohya keys ({_some(kohya)}) with diffusers/PEFT keys ({_some(peft)}); diffusers "
-                       "loads a file of one layout", reason="not_an_adapter")
+        raise Rejected(
+            f"{name} mixes kohya keys ({_some(kohya)}) with diffusers/PEFT keys ({_some(peft)}); diffusers "
+            "loads a file of one layout",
+            reason="not_an_adapter",
+        )
     if other:
-        raise Rejected(f"{name} holds {len(other)} tensors that are not LoRA weights, e.g. {_some(other)}, beside "
-                       f"{len(names) - len(other)} LoRA ones; it is not a LoRA file diffusers can load",
-                       reason="not_an_adapter")
+        raise Rejected(
+            f"{name} holds {len(other)} tensors that are not LoRA weights, e.g. {_some(other)}, beside "
+            f"{len(names) - len(other)} LoRA ones; it is not a LoRA file diffusers can load",
+            reason="not_an_adapter",
+        )
     for base, pattern in _EVIDENCE:
         evidence = [k for k in names if pattern.search(k)]
         if evidence:
             return LoraLayout(KOHYA if kohya else DIFFUSERS, base, tuple(evidence[:_SHOWN]), len(names))
-    raise Rejected(f"{name} holds LoRA weights for no base Homefleet recognises (keys like {_some(names)}); "
-                   f"known: {', '.join(BASES[b].what for b in BASES)}", reason="not_an_adapter")
+    raise Rejected(
+        f"{name} holds LoRA weights for no base Homefleet recognises (keys like {_some(names)}); "
+        f"known: {', '.join(BASES[b].what for b in BASES)}",
+        reason="not_an_adapter",
+    )
 
 
 def weight_file(paths: Iterable[str]) -> str | None:

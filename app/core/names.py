@@ -40,8 +40,10 @@ def split_machine(name: str) -> tuple[str, int | None]:
     """
     match = MACHINE_NAME.fullmatch(name)
     if match is None or (match.group("device") is not None and int(match.group("device")) >= MAX_DEVICES):
-        raise ValueError(f"a machine name is a host name (lowercase letters, digits and '-', starting with a "
-                         f"letter, at most 32 characters), or a host's device '<host>:<index>' (e.g. 'box:0', "
-                         f"index 0..{MAX_DEVICES - 1}); got {name!r}")
+        raise ValueError(
+            f"a machine name is a host name (lowercase letters, digits and '-', starting with a "
+            f"letter, at most 32 characters), or a host's device '<host>:<index>' (e.g. 'box:0', "
+            f"index 0..{MAX_DEVICES - 1}); got {name!r}"
+        )
     device = match.group("device")
     return match.group("host"), None if device is None else int(device)

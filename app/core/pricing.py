@@ -73,8 +73,10 @@ def component_bytes(folder: Path, variant: Variant) -> dict[str, int]:
         return {"": _module_bytes(folder, "transformers", None, variant.precision, variant.quantization) or 0}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{folder} is neither a diffusers folder (model_index.json), a transformers folder "
-                         "(config.json) nor a LoRA adapter (*.safetensors)")
+        raise ValueError(
+            f"{folder} is neither a diffusers folder (model_index.json), a transformers folder "
+            "(config.json) nor a LoRA adapter (*.safetensors)"
+        )
     from safetensors import safe_open
 
     elements = 0
@@ -84,8 +86,9 @@ def component_bytes(folder: Path, variant: Variant) -> dict[str, int]:
     return {"": int(elements * PRECISION_BYTES[variant.precision])}
 
 
-def _module_bytes(folder: Path, library: str, class_name: str | None, precision: str,
-                  quantization: str | None) -> int | None:
+def _module_bytes(
+    folder: Path, library: str, class_name: str | None, precision: str, quantization: str | None
+) -> int | None:
     """Bytes of one component, or None when its class is no torch module."""
     import torch
 
@@ -167,8 +170,9 @@ def _transformers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | 
         from transformers import TorchAoConfig
         from transformers.quantizers import AutoHfQuantizer
 
-        quantizer = AutoHfQuantizer.from_config(TorchAoConfig(quant_type=_torchao_config(quantization)),
-                                                pre_quantized=False)
+        quantizer = AutoHfQuantizer.from_config(
+            TorchAoConfig(quant_type=_torchao_config(quantization)), pre_quantized=False
+        )
         quantizer.preprocess_model(model, dtype=dtype)
 
     def held(name: str, tensor: Any) -> int:

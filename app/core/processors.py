@@ -32,8 +32,9 @@ def image_only_processor_class() -> type[Any]:
     from transformers import ProcessorMixin, Qwen2VLProcessor
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
-                     **kwargs: Any) -> None:
+        def __init__(
+            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any
+        ) -> None:
             self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
             self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
             self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)

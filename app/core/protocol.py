@@ -43,11 +43,21 @@ class Manifest(Body):
     quantization: str | None = None
     algorithm: str = ALGORITHM
     files: list[ManifestFile]
-    weights_bytes: int | None = Field(None, ge=0, description=(
-        "bytes the loaded variant holds, priced once at registration (app.core.pricing); the worker's residency "
-        "uses this figure, as placement does (R15)"))
-    source_digest: str | None = Field(None, max_length=80, description=(
-        "digest of the single-file checkpoint the folder was converted from at registration; None for a folder"))
+    weights_bytes: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "bytes the loaded variant holds, priced once at registration (app.core.pricing); the worker's residency "
+            "uses this figure, as placement does (R15)"
+        ),
+    )
+    source_digest: str | None = Field(
+        None,
+        max_length=80,
+        description=(
+            "digest of the single-file checkpoint the folder was converted from at registration; None for a folder"
+        ),
+    )
 
     @property
     def variant(self) -> Variant:
@@ -57,8 +67,11 @@ class Manifest(Body):
         """Digest of the file list and the variant: a resident pipeline is reused only under the
         same key (R5: a changed server file forces a verified reload; a bf16 copy is not the fp32
         one)."""
-        body = {"files": [f.model_dump() for f in self.files], "precision": self.precision,
-                "quantization": self.quantization}
+        body = {
+            "files": [f.model_dump() for f in self.files],
+            "precision": self.precision,
+            "quantization": self.quantization,
+        }
         return bytes_digest(json.dumps(body, sort_keys=True).encode())
 
 

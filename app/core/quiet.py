@@ -32,8 +32,8 @@ class ImportNoise(logging.Filter):
 IMPORT_NOISE: dict[str, str] = {
     "torchao": r"^Failed to load \S*torchao/_C[^/\s]*\.so: ",
     "torchao.kernel.intmm": r"^Warning: Detected no triton, on systems without Triton certain kernels will not work$",
-    "torch.utils._pytree":
-        r"is an Enum subclass and is now natively supported by torch\.compile as an opaque value type",
+    "torch.utils._pytree": r"is an Enum subclass and is now natively supported by torch\.compile "
+    r"as an opaque value type",
 }
 
 

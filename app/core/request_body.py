@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 def _is_number(annotation: Any) -> bool:
     """An int or float annotation (``int | None``, ``Annotated[float, ...]`` included) that
     does not also allow a boolean."""
+
     def flat(tp: Any) -> set[Any]:
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:

@@ -41,7 +41,8 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     except ValueError as error:
         raise IntegrityFailure(f"{path}: safetensors header is not JSON ({error})") from error
     if not isinstance(header, dict) or not all(
-            isinstance(entry, dict) for name, entry in header.items() if name != "__metadata__"):
+        isinstance(entry, dict) for name, entry in header.items() if name != "__metadata__"
+    ):
         raise IntegrityFailure(f"{path}: safetensors header is not a JSON object of tensors")
     header.pop("__metadata__", None)
     return header

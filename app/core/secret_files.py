@@ -50,5 +50,7 @@ def require_private(path: Path, what: str) -> None:
     except FileNotFoundError:
         return
     if mode & OTHERS_BITS:
-        raise ConfigError(f"{what} {path} holds secrets but has mode {mode:04o}: others than its owner can "
-                          f"read it; run `chmod 600 {path}` (as ssh refuses a private key others can read)")
+        raise ConfigError(
+            f"{what} {path} holds secrets but has mode {mode:04o}: others than its owner can "
+            f"read it; run `chmod 600 {path}` (as ssh refuses a private key others can read)"
+        )

@@ -31,9 +31,12 @@ class NumberRange:
         it is a finite number in range (an integer when :attr:`integer`; never a bool)."""
         kinds_ok = (int,) if self.integer else (int, float)
         # an int is compared as it is: math.isfinite(int) converts to float and overflows past 1e308
-        if (not isinstance(value, kinds_ok) or isinstance(value, bool)
-                or (isinstance(value, float) and not math.isfinite(value))
-                or not self.low <= value <= self.high):
+        if (
+            not isinstance(value, kinds_ok)
+            or isinstance(value, bool)
+            or (isinstance(value, float) and not math.isfinite(value))
+            or not self.low <= value <= self.high
+        ):
             wanted = "an integer" if self.integer else "a number"
             return f"must be {wanted} from {self.low:g} to {self.high:g}, got {shown(value)}"
         return None
@@ -109,8 +112,10 @@ class Args(Mapping[str, Any]):
 
     def _declared(self, name: str) -> None:
         if name not in self.spec.params:
-            raise KeyError(f"kind {self.spec.name!r} reads {name!r}, which its spec does not list "
-                           f"(app/core/kinds.py); it lists {', '.join(self.spec.params)}")
+            raise KeyError(
+                f"kind {self.spec.name!r} reads {name!r}, which its spec does not list "
+                f"(app/core/kinds.py); it lists {', '.join(self.spec.params)}"
+            )
         self.read.add(name)
 
     def get(self, name: str, default: Any = None) -> Any:

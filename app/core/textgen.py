@@ -109,7 +109,6 @@ def prompt_ids(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
 
 
-
 class TokenDecoder:
     """Each generated token's share of the decoded text, as the tokens arrive (TGI's stream
     names every token's text): joined, the shares are ``tokenizer.decode(ids,
@@ -136,7 +135,7 @@ class TokenDecoder:
             whole = cut_at_stop(whole, self.stops)[0] if last else safe_to_send(whole, self.stops)
         if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
             return ""
-        piece, self.sent = whole[len(self.sent):], whole
+        piece, self.sent = whole[len(self.sent) :], whole
         return piece
 
     def special(self, token: int) -> bool:
@@ -165,8 +164,9 @@ def stop_sequences(value: Any) -> list[str]:
         raise ValueError(f"must be a string or a list of at most {MAX_STOP_SEQUENCES} strings, got {str(value)[:80]!r}")
     for stop in stops:
         if not isinstance(stop, str) or not 1 <= len(stop) <= MAX_STOP_CHARS:
-            raise ValueError(f"each sequence must be a string of 1 to {MAX_STOP_CHARS} characters, "
-                             f"got {str(stop)[:80]!r}")
+            raise ValueError(
+                f"each sequence must be a string of 1 to {MAX_STOP_CHARS} characters, got {str(stop)[:80]!r}"
+            )
     return list(stops)
 
 

@@ -60,8 +60,10 @@ def check_variant(precision: str, quantization: str | None) -> Variant:
 def check_family_variant(family: str, quantization: str | None) -> None:
     """Raises ``ValueError`` when ``family`` cannot be loaded with ``quantization``."""
     if quantization is not None and family in UNQUANTIZABLE_TEXT_FAMILIES:
-        raise ValueError(f"quantization {quantization!r} does not apply to family {family!r}: its linear layers are "
-                         "Conv1D, which torchao's weight-only configs leave unquantized; register it unquantized")
+        raise ValueError(
+            f"quantization {quantization!r} does not apply to family {family!r}: its linear layers are "
+            "Conv1D, which torchao's weight-only configs leave unquantized; register it unquantized"
+        )
 
 
 def quantization_spec(quantization: str) -> tuple[str, str]:

@@ -62,7 +62,9 @@ def check_revision(engine: Engine) -> str:
     if current != head:
         where = engine.url.render_as_string(hide_password=True)
         state = "has no schema yet" if current is None else f"is at revision {current}"
-        raise ConfigError(f"the journal at {where} {state}; this version of Homefleet needs revision {head}: run "
-                          "`homefleet db upgrade` (with the server's HOMEFLEET_DATA_DIR / HOMEFLEET_DATABASE_URL)",
-                          reason="journal_outdated")
+        raise ConfigError(
+            f"the journal at {where} {state}; this version of Homefleet needs revision {head}: run "
+            "`homefleet db upgrade` (with the server's HOMEFLEET_DATA_DIR / HOMEFLEET_DATABASE_URL)",
+            reason="journal_outdated",
+        )
     return current

@@ -29,8 +29,10 @@ class Job(SQLModel, table=True):
 
     # A key's quota check (app/jobs/quotas.py) seeks its queued and running jobs, and its jobs ended
     # in the last hour, under the fleet lock: two ranges of these, however many jobs it has had.
-    __table_args__ = (Index("ix_job_api_key_id_state", "api_key_id", "state"),
-                      Index("ix_job_api_key_id_finished_at", "api_key_id", "finished_at"))
+    __table_args__ = (
+        Index("ix_job_api_key_id_state", "api_key_id", "state"),
+        Index("ix_job_api_key_id_finished_at", "api_key_id", "finished_at"),
+    )
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
     state: JobState = Field(index=True)
@@ -192,5 +194,15 @@ class JournalIdentity(SQLModel, table=True):
     id: str = Field(primary_key=True)  # 32 hex characters
 
 
-__all__ = ["Job", "JobEvent", "JournalIdentity", "LearnedTiming", "ModelFile", "ModelRecord", "RememberedOom",
-           "ResidencyCommitment", "WebhookDelivery", "utcnow"]
+__all__ = [
+    "Job",
+    "JobEvent",
+    "JournalIdentity",
+    "LearnedTiming",
+    "ModelFile",
+    "ModelRecord",
+    "RememberedOom",
+    "ResidencyCommitment",
+    "WebhookDelivery",
+    "utcnow",
+]

@@ -34,9 +34,15 @@ class LevelReport:
     def rows(self) -> list[dict[str, Any]]:
         """One row per machine: jobs, queue and run p50/p95 in seconds."""
         return [
-            {"concurrency": self.concurrency, "machine": machine, "jobs": len(self.run_s[machine]),
-             "queue_p50_s": quantile(self.queue_s[machine], 0.5), "queue_p95_s": quantile(self.queue_s[machine], 0.95),
-             "run_p50_s": quantile(self.run_s[machine], 0.5), "run_p95_s": quantile(self.run_s[machine], 0.95)}
+            {
+                "concurrency": self.concurrency,
+                "machine": machine,
+                "jobs": len(self.run_s[machine]),
+                "queue_p50_s": quantile(self.queue_s[machine], 0.5),
+                "queue_p95_s": quantile(self.queue_s[machine], 0.95),
+                "run_p50_s": quantile(self.run_s[machine], 0.5),
+                "run_p95_s": quantile(self.run_s[machine], 0.95),
+            }
             for machine in sorted(self.run_s)
         ]
 
@@ -56,8 +62,15 @@ def seconds_between(start: str | None, end: str | None) -> float | None:
     return max(0.0, (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
 
 
-def run_level(client: HomefleetClient, model: str, params: dict[str, Any], target: str, concurrency: int,
-              jobs: int, timeout_s: float = 600.0) -> LevelReport:
+def run_level(
+    client: HomefleetClient,
+    model: str,
+    params: dict[str, Any],
+    target: str,
+    concurrency: int,
+    jobs: int,
+    timeout_s: float = 600.0,
+) -> LevelReport:
     """Send ``jobs`` submissions from ``concurrency`` threads (closed loop) and measure them."""
     import time
 
@@ -99,7 +112,8 @@ def run_level(client: HomefleetClient, model: str, params: dict[str, Any], targe
     return report
 
 
-def sweep(client: HomefleetClient, model: str, levels: list[int], jobs: int, params: dict[str, Any],
-          target: str = "auto") -> list[LevelReport]:
+def sweep(
+    client: HomefleetClient, model: str, levels: list[int], jobs: int, params: dict[str, Any], target: str = "auto"
+) -> list[LevelReport]:
     """:func:`run_level` at every concurrency in ``levels``, in order."""
     return [run_level(client, model, params, target, level, jobs) for level in levels]

@@ -57,7 +57,8 @@ SHAPE_MODELS = {name: DEMO_MODELS_DIR / name for name in (FILLED, OUTLINED, RECO
 #: the trained models' own defaults (``models add --default``): the guidance they were tuned at and,
 #: for the txt2img two, the 32 x 32 pixels they were trained on; applied to a job that does not set them
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {name: {"guidance_scale": 4.0} for name in SHAPE_MODELS} | {
-    name: {"guidance_scale": 4.0, "width": 32, "height": 32} for name in (FILLED, OUTLINED)}
+    name: {"guidance_scale": 4.0, "width": 32, "height": 32} for name in (FILLED, OUTLINED)
+}
 #: every model the demo registers. No prompt expansion (params.expand_prompt): no trained text
 #: model ships with the demo, and a random-weight one writes noise ("····") into the prompt.
 DEMO_MODELS = (*SHAPE_MODELS, *TINY_DEMO_MODELS.values())
@@ -92,8 +93,13 @@ DEMO_JOBS = (
     _shapes("box1", OUTLINED, "a green circle on a black background", 1),
     _shapes("box2", FILLED, "a purple circle on a white background", 1),
     _shapes("auto", OUTLINED, "a blue triangle on a gray background", 4),
-    DemoJob("box1", "edit", {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING}, model=RECOLOUR_MODEL,
-            input_shape=("red", "circle", "black")),
+    DemoJob(
+        "box1",
+        "edit",
+        {"prompt": "make it blue", "seed": 1, **EDIT_SAMPLING},
+        model=RECOLOUR_MODEL,
+        input_shape=("red", "circle", "black"),
+    ),
     DemoJob("box2", "upscale", {"prompt": "a sharp photo", "steps": 4}, input_pixels=(16, 16)),
     DemoJob("auto", "video", {"prompt": "a paper boat on waves", "steps": 4, "frames": 8, "fps": 8}),
 )
@@ -136,17 +142,21 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     write_private(fleet_file, fleet.to_toml())
     api_key = secrets.token_urlsafe(24)
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        api_keys=[api_key])
+    settings = Settings(
+        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(), api_keys=[api_key]
+    )
     ctx = build_context(settings, fleet, migrate=True)  # the demo runs a server: it creates its journal
     local = LocalFleet(settings, fleet, fleet_file)
     try:
         try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/fleet/pairing.py)
             ctx.pairing.check()
         except ConfigError as error:
-            raise ConfigError(f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
-                              f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
-                              "own", reason=error.reason) from error
+            raise ConfigError(
+                f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
+                f"({settings.journal_url}); unset HOMEFLEET_REDIS_URL and the demo starts a Redis of its "
+                "own",
+                reason=error.reason,
+            ) from error
         with console.status("Building the tiny models and registering them with the trained ones…"):
             built = make_tiny(data_dir / "tiny", kinds=tuple(TINY_DEMO_MODELS))
             folders = {**SHAPE_MODELS, **{model_id: built[kind] for kind, model_id in TINY_DEMO_MODELS.items()}}
@@ -164,8 +174,9 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
                 local.start_worker(machine)
             for model_id in DEMO_MODELS:
                 family = ctx.registry.get(model_id).family
-                local.wait_online([name for name, machine in fleet.machines.items() if family in machine.families],
-                                  model_id=model_id)
+                local.wait_online(
+                    [name for name, machine in fleet.machines.items() if family in machine.families], model_id=model_id
+                )
         console.print(f"API at {local.api_url}; machines online: {', '.join(fleet.machines)}")
         console.print(f"API key of this demo: {api_key}")
         console.print(f"send: Authorization: Bearer {api_key}", soft_wrap=True)  # one line, for copy and paste
@@ -196,8 +207,10 @@ def _run_jobs(client: HomefleetClient, console: Console) -> list[dict[str, Any]]
             console.print(f"uploaded {caption(*job.input_shape)} (32x32): {uploaded['id']}", soft_wrap=True)
         accepted = client.submit(job.model_id, job.kind, params, target=job.target)
         submitted.append(accepted)
-        console.print(f"submitted {accepted['id'][:8]} {job.kind:<7} {job.model_id:<16} target={job.target} -> "
-                      f"machine={accepted['machine']} position={accepted['position']}")
+        console.print(
+            f"submitted {accepted['id'][:8]} {job.kind:<7} {job.model_id:<16} target={job.target} -> "
+            f"machine={accepted['machine']} position={accepted['position']}"
+        )
     finished: dict[str, dict[str, Any]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -229,12 +242,17 @@ def asked_and_seen(job: dict[str, Any], png: bytes, on: tuple[str, str, str] | N
     an edit's names its input (``on``: the drawn input's colour, shape, background)."""
     seen = inspect_png(png)
     if on is not None:
-        return (f"asked: \"{job['params']['prompt']}\" on {caption(*on)} ({job['model']}) -> shows: "
-                + (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
-                   f"no coloured shape (on {seen.background})"))
-    shows = (f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}" if seen.colour else
-             f"no coloured shape (on {seen.background})")
-    return f"asked: \"{printable(job['params']['prompt'])}\" ({job['model']}) -> shows: {shows}"
+        return f'asked: "{job["params"]["prompt"]}" on {caption(*on)} ({job["model"]}) -> shows: ' + (
+            f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}"
+            if seen.colour
+            else f"no coloured shape (on {seen.background})"
+        )
+    shows = (
+        f"a {seen.colour} {seen.style} {seen.shape} on {seen.background}"
+        if seen.colour
+        else f"no coloured shape (on {seen.background})"
+    )
+    return f'asked: "{printable(job["params"]["prompt"])}" ({job["model"]}) -> shows: {shows}'
 
 
 def printable(text: str) -> str:
@@ -250,8 +268,9 @@ def contact_sheet(items: list[tuple[str, bytes]], scale: int = 4) -> bytes:
     pictures = []
     for _, png in items:
         with Image.open(io.BytesIO(png)) as opened:
-            pictures.append(opened.convert("RGB").resize((opened.width * scale, opened.height * scale),
-                                                           Image.Resampling.NEAREST))
+            pictures.append(
+                opened.convert("RGB").resize((opened.width * scale, opened.height * scale), Image.Resampling.NEAREST)
+            )
     cell = max(max(p.width for p in pictures), 200)
     height = max(p.height for p in pictures)
     sheet = Image.new("RGB", (cell * len(pictures), height + 34), "white")

@@ -72,8 +72,10 @@ class DrillResult:
 
     def line(self) -> str:
         own = "".join(f" {name}={value}" for name, value in self.figures.items())
-        return (f"drill={self.name} jobs={self.jobs} runs={self.runs} double_runs={self.double_runs} "
-                f"lost={self.lost} interrupted={self.interrupted}{own}")
+        return (
+            f"drill={self.name} jobs={self.jobs} runs={self.runs} double_runs={self.double_runs} "
+            f"lost={self.lost} interrupted={self.interrupted}{own}"
+        )
 
 
 POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -119,9 +121,18 @@ class DrillFleet:
     (app/devtools/sentinel.py), every process given the ``sentinel://`` URL; ``workers``: the
     machines that run a worker."""
 
-    def __init__(self, work_dir: Path, tiny_model: Path, visibility_timeout_s: int = 3600,
-                 hung_after_s: float = 120.0, broker_key_prefix: str = "", forkserver: bool = False,
-                 sentinel: bool = False, workers: tuple[str, ...] = WORKERS, standby: bool = False) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        tiny_model: Path,
+        visibility_timeout_s: int = 3600,
+        hung_after_s: float = 120.0,
+        broker_key_prefix: str = "",
+        forkserver: bool = False,
+        sentinel: bool = False,
+        workers: tuple[str, ...] = WORKERS,
+        standby: bool = False,
+    ) -> None:
         self.work_dir = work_dir
         self.standby = standby  # a PostgreSQL journal of its own (POSTGRES_ADMIN_URL), leader election on
         self.database: str | None = None
@@ -168,16 +179,27 @@ class DrillFleet:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         write_private(fleet_file, fleet.to_toml())
         settings = Settings(
-            data_dir=self.work_dir / "server", redis_url=redis_url, redis_sentinel_master=master, fleet_file=fleet_file,
+            data_dir=self.work_dir / "server",
+            redis_url=redis_url,
+            redis_sentinel_master=master,
+            fleet_file=fleet_file,
             api_port=free_port(),
-            visibility_timeout_s=self.visibility_timeout_s, broker_key_prefix=self.broker_key_prefix,
-            heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
-            reconcile_interval_s=1, lost_grace_s=2, hung_after_s=self.hung_after_s, api_keys=[DRILL_API_KEY],
+            visibility_timeout_s=self.visibility_timeout_s,
+            broker_key_prefix=self.broker_key_prefix,
+            heartbeat_interval_s=0.5,
+            heartbeat_ttl_s=8,
+            reconcile_interval_s=1,
+            lost_grace_s=2,
+            hung_after_s=self.hung_after_s,
+            api_keys=[DRILL_API_KEY],
             # a drill queues all its jobs at once: backpressure (R23) is not what it measures
-            max_queued_per_machine=100_000, max_pending_total=100_000,
+            max_queued_per_machine=100_000,
+            max_pending_total=100_000,
             database_url=postgres_url(self.database) if self.database else None,
-            leader_election=self.standby, leader_poll_s=0.5,
-            webhook_secrets={key_id({}, DRILL_API_KEY): DRILL_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
+            leader_election=self.standby,
+            leader_poll_s=0.5,
+            webhook_secrets={key_id({}, DRILL_API_KEY): DRILL_WEBHOOK_SECRET},
+            webhook_backoff_s=0.2,
             webhook_poll_s=0.5,
         )
         self.ctx = build_context(settings, fleet, migrate=True)
@@ -273,8 +295,9 @@ class DrillFleet:
 
     def _drill_states(self) -> dict[str, JobState]:
         assert self.ctx is not None
-        return {j.id: j.state for j in self.ctx.journal.list()
-                if j.id not in self._earlier and j.state != JobState.rejected}
+        return {
+            j.id: j.state for j in self.ctx.journal.list() if j.id not in self._earlier and j.state != JobState.rejected
+        }
 
     def wait_ended(self, job_ids: set[str], timeout_s: float) -> dict[str, JobState]:
         """Wait until every job of the drill and of ``job_ids`` has ended (or ``timeout_s``);
@@ -292,7 +315,9 @@ class DrillFleet:
         mine = set(states) | acknowledged
         runs = self.executions()
         return DrillResult(
-            name=name, jobs=len(mine), runs=sum(runs[i] for i in mine),
+            name=name,
+            jobs=len(mine),
+            runs=sum(runs[i] for i in mine),
             double_runs=sum(1 for i in mine if runs[i] > 1),
             lost=sum(1 for i in mine if states.get(i) not in ENDED),
             interrupted=sum(1 for i in mine if states.get(i) == JobState.interrupted),
@@ -415,11 +440,17 @@ def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
     in_journal_order = [job.id for job in journal.list(machine="m1") if job.id in mine]
     claimed = [job_id for job_id in fleet.claim_order("m1") if job_id in mine]
     worker_lost = sum(1 for job in journal.list() if job.id in mine and job.reason == "worker_lost")
-    return replace(result, figures={
-        "restarts": rounds, "queued_at_loss": len(waiting), "republished": republished,
-        "ran_once": sum(1 for job_id in waiting if runs[job_id] == 1),
-        "order_kept": int(claimed == in_journal_order), "worker_lost": worker_lost,
-    })
+    return replace(
+        result,
+        figures={
+            "restarts": rounds,
+            "queued_at_loss": len(waiting),
+            "republished": republished,
+            "ran_once": sum(1 for job_id in waiting if runs[job_id] == 1),
+            "order_kept": int(claimed == in_journal_order),
+            "worker_lost": worker_lost,
+        },
+    )
 
 
 #: jobs waiting in each machine's backlog in one repeat of :func:`drill_redis_loss_backlogs`
@@ -463,11 +494,16 @@ def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
     journal = fleet.ctx.journal
     claimed = {machine: fleet.claim_order(machine) for machine in WORKERS}
     kept = sum(1 for machine, jobs in backlogs if [j for j in claimed[machine] if j in set(jobs)] == jobs)
-    return replace(result, figures={
-        "repeats": repeats, "backlogs": len(backlogs), "order_kept": kept,
-        "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
-        "succeeded": sum(1 for job in journal.list() if job.id in mine and job.state == JobState.succeeded),
-    })
+    return replace(
+        result,
+        figures={
+            "repeats": repeats,
+            "backlogs": len(backlogs),
+            "order_kept": kept,
+            "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
+            "succeeded": sum(1 for job in journal.list() if job.id in mine and job.state == JobState.succeeded),
+        },
+    )
 
 
 def _submit_retrying(fleet: DrillFleet, index: int, timeout_s: float = 60.0) -> str:
@@ -579,8 +615,11 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         mine |= {_submit(fleet, base + i, steps=30, target=m) for i, m in enumerate(fleet.workers)}
         for machine in fleet.workers:
             fleet.wait_running(machine, True, timeout_s=120)
-        mine |= {_submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
-                 for j in range(3) for i, m in enumerate(fleet.workers)}
+        mine |= {
+            _submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
+            for j in range(3)
+            for i, m in enumerate(fleet.workers)
+        }
         # What asynchronous replication may lose: the master's last writes. The newest messages on
         # m1's queue are popped from the master just before it is killed (replicated: the replica
         # lacks them too); reconciliation must publish them again from the journal (R19).
@@ -612,17 +651,20 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         in_journal_order = [job.id for job in journal.list(machine=machine) if job.id in mine and runs[job.id]]
         claimed = [job_id for job_id in fleet.claim_order(machine) if job_id in mine]
         order_kept = order_kept and claimed == in_journal_order
-    return replace(result, figures={
-        "failovers": rounds,
-        "accept_again_ms": int(accept_again_s * 1000) if accept_again_s != float("inf") else -1,
-        "refused_503": sum(1 for _, code, _ in answers if code == 503),
-        "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
-        "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
-        "writes_lost": dropped,
-        "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
-        "order_kept": int(order_kept),
-        "worker_restarts": sum(1 for m, pid in pids.items() if fleet.local.processes[f"worker-{m}"].pid != pid),
-    })
+    return replace(
+        result,
+        figures={
+            "failovers": rounds,
+            "accept_again_ms": int(accept_again_s * 1000) if accept_again_s != float("inf") else -1,
+            "refused_503": sum(1 for _, code, _ in answers if code == 503),
+            "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
+            "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
+            "writes_lost": dropped,
+            "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
+            "order_kept": int(order_kept),
+            "worker_restarts": sum(1 for m, pid in pids.items() if fleet.local.processes[f"worker-{m}"].pid != pid),
+        },
+    )
 
 
 LEADS = "this server leads"  # app/db/leadership.py's line when a server takes the lead
@@ -725,6 +767,7 @@ def drill_standby_server(fleet: DrillFleet, count: int, repeats: int = STANDBY_R
         return i * slices // count
 
     with webhook_counter() as hooks:
+
         def submitter(worker_index: int) -> None:
             clients = [HomefleetClient(url, timeout_s=10, api_key=DRILL_API_KEY) for url in urls]
             try:
@@ -738,8 +781,14 @@ def drill_standby_server(fleet: DrillFleet, count: int, repeats: int = STANDBY_R
                     give_up = time.monotonic() + 120
                     while time.monotonic() < give_up:
                         try:
-                            job = clients[attempt % 2].submit(MODEL, "txt2img", body, target=WORKERS[i % 2],
-                                                             idempotency_key=key, webhook_url=hooks.url)
+                            job = clients[attempt % 2].submit(
+                                MODEL,
+                                "txt2img",
+                                body,
+                                target=WORKERS[i % 2],
+                                idempotency_key=key,
+                                webhook_url=hooks.url,
+                            )
                         except (httpx.HTTPError, ApiError) as error:
                             if isinstance(error, ApiError) and error.status_code not in (429, 503):
                                 with guard:
@@ -797,18 +846,21 @@ def drill_standby_server(fleet: DrillFleet, count: int, repeats: int = STANDBY_R
         received = hooks.counts()
     leaders = sum(int(_leads_since(logs[name], since[name])) for name in ports)
     finite = [h for h in handovers if h != float("inf")]
-    return replace(result, figures={
-        "accepted": len(acknowledged),
-        "duplicates": sum(1 for ids in jobs_by_key.values() if len(ids) > 1),
-        "repeats": repeats,
-        "handover_ms": int(max(handovers) * 1000) if handovers and len(finite) == len(handovers) else -1,
-        "handover_median_ms": int(statistics.median(finite) * 1000) if finite else -1,
-        "leaders": leaders,
-        "errors_500": sum(1 for code in errors if code >= 500),
-        "refused_4xx": sum(1 for code in errors if code < 500),
-        "webhooks_twice": sum(1 for i in acknowledged if received[i] > 1),
-        "webhooks_missing": sum(1 for i in acknowledged if received[i] == 0),
-    })
+    return replace(
+        result,
+        figures={
+            "accepted": len(acknowledged),
+            "duplicates": sum(1 for ids in jobs_by_key.values() if len(ids) > 1),
+            "repeats": repeats,
+            "handover_ms": int(max(handovers) * 1000) if handovers and len(finite) == len(handovers) else -1,
+            "handover_median_ms": int(statistics.median(finite) * 1000) if finite else -1,
+            "leaders": leaders,
+            "errors_500": sum(1 for code in errors if code >= 500),
+            "refused_4xx": sum(1 for code in errors if code < 500),
+            "webhooks_twice": sum(1 for i in acknowledged if received[i] > 1),
+            "webhooks_missing": sum(1 for i in acknowledged if received[i] == 0),
+        },
+    )
 
 
 DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
@@ -825,17 +877,30 @@ DRILLS: dict[str, Callable[[DrillFleet, int], DrillResult]] = {
 }
 
 # Drills that need a fleet with other settings than the defaults.
-FLEET_OPTIONS: dict[str, dict[str, Any]] = {"visibility": {"visibility_timeout_s": 2}, "hang": {"hung_after_s": 20},
-                                           "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS},
-                                           "standby_server": {"standby": True}}
+FLEET_OPTIONS: dict[str, dict[str, Any]] = {
+    "visibility": {"visibility_timeout_s": 2},
+    "hang": {"hung_after_s": 20},
+    "sentinel_failover": {"sentinel": True, "workers": SENTINEL_WORKERS},
+    "standby_server": {"standby": True},
+}
 
 
 UNDECODABLE: tuple[bytes, ...] = (
     b"not json {",  # celery/celery#4308: kombu's loads of the popped item raises
-    json.dumps({"body": "!!! not base64", "content-encoding": "utf-8", "content-type": "application/json",
-                "headers": {}, "properties": {"body_encoding": "base64", "delivery_tag": "dead-letter-drill",
-                                              "delivery_info": {"exchange": "", "routing_key": ""}, "priority": 0}
-                }).encode(),  # celery/kombu#2421: the body does not decode
+    json.dumps(
+        {
+            "body": "!!! not base64",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {},
+            "properties": {
+                "body_encoding": "base64",
+                "delivery_tag": "dead-letter-drill",
+                "delivery_info": {"exchange": "", "routing_key": ""},
+                "priority": 0,
+            },
+        }
+    ).encode(),  # celery/kombu#2421: the body does not decode
     b"[1, 2, 3]",  # JSON, but no kombu message
     b'{"properties": {}}',  # a message without a delivery tag
     b"\xff\xfe not UTF-8 \x80",
@@ -855,12 +920,15 @@ class DeadLetterDrill:
     seconds: float
 
     def line(self) -> str:
-        return (f"drill=dead_letter machine={self.machine} pushed={len(self.pushed)} "
-                f"dead_letters={self.dead_letters} job={self.job_state} seconds={self.seconds:.1f}")
+        return (
+            f"drill=dead_letter machine={self.machine} pushed={len(self.pushed)} "
+            f"dead_letters={self.dead_letters} job={self.job_state} seconds={self.seconds:.1f}"
+        )
 
 
-def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str, model: str = MODEL,
-                      timeout_s: float = 180.0) -> DeadLetterDrill:
+def dead_letter_drill(
+    ctx: ServerContext, client: HomefleetClient, machine: str, model: str = MODEL, timeout_s: float = 180.0
+) -> DeadLetterDrill:
     """Push :data:`UNDECODABLE` onto ``machine``'s queue (``LPUSH``, as an attacker with Redis
     access would), then submit a real txt2img job there and wait for it to end.
     A worker that survives moves each message to the dead-letter list and runs the job."""
@@ -868,9 +936,15 @@ def dead_letter_drill(ctx: ServerContext, client: HomefleetClient, machine: str,
     before = int(ctx.redis.llen(ctx.keys.dead_letters()))
     for raw in UNDECODABLE:
         ctx.redis.lpush(ctx.keys.queue_list(machine), raw)
-    job_id = client.submit(model, "txt2img", {"prompt": "dead letters", "steps": 2, "width": 64, "height": 64},
-                           target=machine)["id"]
+    job_id = client.submit(
+        model, "txt2img", {"prompt": "dead letters", "steps": 2, "width": 64, "height": 64}, target=machine
+    )["id"]
     job = client.wait(job_id, timeout_s=timeout_s)
-    return DeadLetterDrill(machine=machine, pushed=UNDECODABLE,
-                           dead_letters=int(ctx.redis.llen(ctx.keys.dead_letters())) - before, job_id=job_id,
-                           job_state=str(job["state"]), seconds=time.monotonic() - start_s)
+    return DeadLetterDrill(
+        machine=machine,
+        pushed=UNDECODABLE,
+        dead_letters=int(ctx.redis.llen(ctx.keys.dead_letters())) - before,
+        job_id=job_id,
+        job_state=str(job["state"]),
+        seconds=time.monotonic() - start_s,
+    )

@@ -167,11 +167,15 @@ def run(args: list[str], env: dict[str, str], timeout_s: float | None = None) ->
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(5)
-            raise subprocess.TimeoutExpired(["homefleet", *args], timeout_s or 0.0,
-                                            output=out.read_text(errors="replace"),
-                                            stderr=err.read_text(errors="replace")) from None
-        return subprocess.CompletedProcess(["homefleet", *args], code, out.read_text(errors="replace"),
-                                           err.read_text(errors="replace"))
+            raise subprocess.TimeoutExpired(
+                ["homefleet", *args],
+                timeout_s or 0.0,
+                output=out.read_text(errors="replace"),
+                stderr=err.read_text(errors="replace"),
+            ) from None
+        return subprocess.CompletedProcess(
+            ["homefleet", *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
 
 
 # atexit runs its hooks last-registered first: this one, registered after multiprocessing's

@@ -97,8 +97,12 @@ class FuzzReport:
         jobs and the route count are judged apart (``homefleet fuzz``)."""
         if self.exit_code == 0:
             return True
-        return (self.exit_code == 1 and self.failures == 0 and len(self.runtime_errors) == self.errors > 0
-                and not self.unknown_runtime_errors)
+        return (
+            self.exit_code == 1
+            and self.failures == 0
+            and len(self.runtime_errors) == self.errors > 0
+            and not self.unknown_runtime_errors
+        )
 
     @property
     def server_errors(self) -> int:
@@ -221,8 +225,12 @@ def upload_inputs(local: LocalFleet, out_dir: Path) -> dict[str, object]:
             path = out_dir / name
             image.save(path)
             paths.append(path)
-            answer = httpx.post(f"{local.api_url}/v1/files", headers=headers, timeout=60,
-                                files={"file": (name, path.read_bytes(), "image/png")})
+            answer = httpx.post(
+                f"{local.api_url}/v1/files",
+                headers=headers,
+                timeout=60,
+                files={"file": (name, path.read_bytes(), "image/png")},
+            )
             answer.raise_for_status()
             ids.append(answer.json()["id"])
         pairs.append(ids)

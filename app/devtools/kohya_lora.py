@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_DIFFUSERS_KEY = re.compile(
-    r"^(unet|text_encoder|text_encoder_2)\.(.+)\.(lora_A|lora\.down|lora_B|lora\.up)\.weight$")
+_DIFFUSERS_KEY = re.compile(r"^(unet|text_encoder|text_encoder_2)\.(.+)\.(lora_A|lora\.down|lora_B|lora\.up)\.weight$")
 
 
 def to_kohya_lora(diffusers_file: Path, out_file: Path, alpha: float | None = None) -> Path:
@@ -35,14 +34,19 @@ def to_kohya_lora(diffusers_file: Path, out_file: Path, alpha: float | None = No
 
     tensors = load_file(str(diffusers_file))
     two_encoders = any(k.startswith("text_encoder_2.") for k in tensors)
-    prefixes = {"unet": "lora_unet_", "text_encoder": "lora_te1_" if two_encoders else "lora_te_",
-                "text_encoder_2": "lora_te2_"}
+    prefixes = {
+        "unet": "lora_unet_",
+        "text_encoder": "lora_te1_" if two_encoders else "lora_te_",
+        "text_encoder_2": "lora_te2_",
+    }
     out: dict[str, torch.Tensor] = {}
     for key, tensor in sorted(tensors.items()):
         match = _DIFFUSERS_KEY.match(key)
         if match is None:
-            raise ValueError(f"{diffusers_file}: {key!r} is not a diffusers LoRA key (unet./text_encoder. prefix, "
-                             ".lora_A/.lora_B or .lora.down/.lora.up weight)")
+            raise ValueError(
+                f"{diffusers_file}: {key!r} is not a diffusers LoRA key (unet./text_encoder. prefix, "
+                ".lora_A/.lora_B or .lora.down/.lora.up weight)"
+            )
         component, module, part = match.groups()
         name = prefixes[component] + module.replace(".", "_")
         down = part in ("lora_A", "lora.down")

@@ -76,8 +76,7 @@ class LocalFleet:
         env.update(extra)
         return env
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None
-               ) -> ChildProcess:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> ChildProcess:
         if name in self.processes and self.processes[name].poll() is None:
             raise RuntimeError(f"{name} is already running (pid {self.processes[name].pid})")
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -97,15 +96,23 @@ class LocalFleet:
         self.processes[name] = process
         return process
 
-    def start_api(self, timeout_s: float = 60.0, extra_env: dict[str, str] | None = None,
-                  prefix: list[str] | None = None, name: str = "api", port: int | None = None) -> None:
+    def start_api(
+        self,
+        timeout_s: float = 60.0,
+        extra_env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+        name: str = "api",
+        port: int | None = None,
+    ) -> None:
         """Start ``homefleet serve`` and wait until ``/health`` answers (503 until a worker is online, R24).
         ``prefix`` wraps the command (e.g. ``["prlimit", "--fsize=600000"]``: a full disk). ``name``
         and ``port``: a second server's process name (its log ``<name>.log``) and API port (a
         standby server, docs/operations.md "A standby server"; default: the settings' port)."""
         port = port or self.settings.api_port
-        env = self._env(self.settings, {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), "HOMEFLEET_API_PORT": str(port),
-                                        **(extra_env or {})})
+        env = self._env(
+            self.settings,
+            {"HOMEFLEET_FLEET_FILE": str(self.fleet_file), "HOMEFLEET_API_PORT": str(port), **(extra_env or {})},
+        )
         process = self._spawn(name, ["serve"], env, prefix)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -119,8 +126,13 @@ class LocalFleet:
             time.sleep(0.1)
         raise TimeoutError(f"the API did not answer within {timeout_s} s; see {self.logs_dir / f'{name}.log'}")
 
-    def start_worker(self, machine: str, extra_env: dict[str, str] | None = None, prefix: list[str] | None = None,
-                     token_file: bool = False) -> ChildProcess:
+    def start_worker(
+        self,
+        machine: str,
+        extra_env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+        token_file: bool = False,
+    ) -> ChildProcess:
         """Start ``homefleet worker --machine <machine>`` with that machine's folder and token.
 
         ``extra_env`` overrides settings (e.g. the Redis and server URLs a remote host uses);
@@ -136,27 +148,33 @@ class LocalFleet:
             token = ""
         device = self.fleet.machines[machine].device
         bound = {} if device is None else {"CUDA_VISIBLE_DEVICES": str(device)}  # as the worker binds itself
-        env = self._env(broker, {
-            **bound,
-            "HOMEFLEET_TORCH_THREADS": str(self.torch_threads()),
-            "HOMEFLEET_MACHINE": machine,
-            "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
-            "HOMEFLEET_WORKER_TOKEN": token,
-            "HOMEFLEET_SERVER_URL": self.api_url,
-            **(extra_env or {}),
-        })
+        env = self._env(
+            broker,
+            {
+                **bound,
+                "HOMEFLEET_TORCH_THREADS": str(self.torch_threads()),
+                "HOMEFLEET_MACHINE": machine,
+                "HOMEFLEET_MODELS_DIR": str(self.models_dir(machine)),
+                "HOMEFLEET_WORKER_TOKEN": token,
+                "HOMEFLEET_SERVER_URL": self.api_url,
+                **(extra_env or {}),
+            },
+        )
         return self._spawn(f"worker-{machine}", args, env, prefix)
 
-    def start_host(self, host: str, extra_env: dict[str, str] | None = None, token_file: bool = False
-                   ) -> dict[str, ChildProcess]:
+    def start_host(
+        self, host: str, extra_env: dict[str, str] | None = None, token_file: bool = False
+    ) -> dict[str, ChildProcess]:
         """Start the worker of every machine of ``host`` (its devices, or the one machine):
         machine name -> process. ``extra_env``, ``token_file``: as :meth:`start_worker`'s.
 
         Raises:
             KeyError: no machine of the fleet runs on ``host``.
         """
-        return {machine.name: self.start_worker(machine.name, extra_env, token_file=token_file)
-                for machine in self.fleet.hosts()[host]}
+        return {
+            machine.name: self.start_worker(machine.name, extra_env, token_file=token_file)
+            for machine in self.fleet.hosts()[host]
+        }
 
     def torch_threads(self) -> int:
         """Each worker's torch threads: ``HOMEFLEET_TORCH_THREADS`` of this process when set (the
@@ -176,7 +194,8 @@ class LocalFleet:
                 for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()
             }
             missing = [
-                name for name in machines
+                name
+                for name in machines
                 if not rows[name]["online"] or (model_id is not None and model_id not in rows[name]["verified_models"])
             ]
             if not missing:

@@ -54,8 +54,13 @@ class RedisProcess:
         stop_process_group(self.process)
 
 
-def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float = 10.0,
-                       password: str | None = None, extra_config: str = "") -> RedisProcess:
+def start_redis_server(
+    work_dir: Path,
+    port: int | None = None,
+    timeout_s: float = 10.0,
+    password: str | None = None,
+    extra_config: str = "",
+) -> RedisProcess:
     """Start a private redis-server on 127.0.0.1 (no persistence, noeviction), wait until it
     answers, and return it (its ``url`` carries the password). With ``password`` it runs with
     ``requirepass`` (a client without it is refused), set in a configuration file of
@@ -75,8 +80,18 @@ def start_redis_server(work_dir: Path, port: int | None = None, timeout_s: float
         config.write_text((f"requirepass {password}\n" if password is not None else "") + extra_config)
         command.append(str(config))
     command += [
-        "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-        "--maxmemory-policy", "noeviction", "--dir", str(work_dir),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--maxmemory-policy",
+        "noeviction",
+        "--dir",
+        str(work_dir),
     ]
     log = open(work_dir / f"redis-{port}.log", "wb")  # noqa: SIM115 - owned by the child process
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -83,8 +83,13 @@ def make_replica(name: str, out_dir: Path, seed: int = 0, *, tiny_dir: Path | No
     build = _Build(folder)
     {"sd15": _sd15, "sdxl": _sdxl, "flux": _flux, "wan": _wan}[name](build)
     fp32 = frozenset(build.fp32)
-    return Replica(name=name, family=family, repo_id=repo_id, folder=folder,
-                   expected={"fp32": fp32, "bf16": fp32, "fp16": frozenset(build.fp16)})
+    return Replica(
+        name=name,
+        family=family,
+        repo_id=repo_id,
+        folder=folder,
+        expected={"fp32": fp32, "bf16": fp32, "fp16": frozenset(build.fp16)},
+    )
 
 
 def as_hf_cache(replica: Replica, cache_dir: Path, revision: str = "main") -> Path:
@@ -96,8 +101,9 @@ def as_hf_cache(replica: Replica, cache_dir: Path, revision: str = "main") -> Pa
     repo = Path(cache_dir) / ("models--" + replica.repo_id.replace("/", "--"))
     files = sorted(p for p in replica.folder.rglob("*") if p.is_file())
     digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-    commit = hashlib.sha1("".join(f"{p.relative_to(replica.folder)}:{d}\n" for p, d in digests.items())
-                          .encode()).hexdigest()
+    commit = hashlib.sha1(
+        "".join(f"{p.relative_to(replica.folder)}:{d}\n" for p, d in digests.items()).encode()
+    ).hexdigest()
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot = repo / "snapshots" / commit
     if snapshot.exists():
@@ -173,15 +179,16 @@ class _Build:
         weight_map: dict[str, str] = {}
         for k in range(shards):
             part = f"{prefix}-{k + 1:05d}-of-{shards:05d}.safetensors"
-            chunk = names[k * len(names) // shards:(k + 1) * len(names) // shards]
+            chunk = names[k * len(names) // shards : (k + 1) * len(names) // shards]
             save_file({n: tensors[n] for n in chunk}, path.parent / part, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(chunk, part))
             for loads in (self.fp32, self.fp16):
                 loads.add(f"{path.parent.relative_to(self.folder).as_posix()}/{part}")
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = f"{path.name}.index.json"
-        (path.parent / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                    indent=2, sort_keys=True) + "\n")
+        (path.parent / index).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n"
+        )
         path.unlink()
         component = path.parent.relative_to(self.folder).as_posix()
         for loads in (self.fp32, self.fp16):
@@ -190,8 +197,11 @@ class _Build:
 
 
 def _sd15(build: _Build) -> None:
-    for weights in ("unet/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
-                    "text_encoder/model.safetensors"):
+    for weights in (
+        "unet/diffusion_pytorch_model.safetensors",
+        "vae/diffusion_pytorch_model.safetensors",
+        "text_encoder/model.safetensors",
+    ):
         build.fp16_twin(weights)
         build.bin_twin(weights)
         build.bin_twin(weights, fp16=True)
@@ -202,8 +212,12 @@ def _sd15(build: _Build) -> None:
     for name in ("model.safetensors", "model.fp16.safetensors", "pytorch_model.bin", "pytorch_model.fp16.bin"):
         build.dummy(f"safety_checker/{name}", 4096)
     build.dummy("feature_extractor/preprocessor_config.json", 400)
-    for name in ("v1-5-pruned.safetensors", "v1-5-pruned.ckpt", "v1-5-pruned-emaonly.safetensors",
-                 "v1-5-pruned-emaonly.ckpt"):
+    for name in (
+        "v1-5-pruned.safetensors",
+        "v1-5-pruned.ckpt",
+        "v1-5-pruned-emaonly.safetensors",
+        "v1-5-pruned-emaonly.ckpt",
+    ):
         build.dummy(name, 8192)
     build.dummy("v1-inference.yaml", 1900)
     build.dummy("README.md", 1200)
@@ -211,8 +225,12 @@ def _sd15(build: _Build) -> None:
 
 
 def _sdxl(build: _Build) -> None:
-    for component, name in (("unet", "diffusion_pytorch_model"), ("vae", "diffusion_pytorch_model"),
-                            ("text_encoder", "model"), ("text_encoder_2", "model")):
+    for component, name in (
+        ("unet", "diffusion_pytorch_model"),
+        ("vae", "diffusion_pytorch_model"),
+        ("text_encoder", "model"),
+        ("text_encoder_2", "model"),
+    ):
         build.fp16_twin(f"{component}/{name}.safetensors")
         flax = "flax_model.msgpack" if name == "model" else "diffusion_flax_model.msgpack"
         build.dummy(f"{component}/{flax}", 2048)
@@ -229,8 +247,11 @@ def _sdxl(build: _Build) -> None:
         build.dummy(f"{folder}/model.onnx", 2048)
         build.dummy(f"{folder}/openvino_model.bin", 2048)
         build.dummy(f"{folder}/openvino_model.xml", 512)
-    for name in ("sd_xl_base_1.0.safetensors", "sd_xl_base_1.0_0.9vae.safetensors",
-                 "sd_xl_offset_example-lora_1.0.safetensors"):
+    for name in (
+        "sd_xl_base_1.0.safetensors",
+        "sd_xl_base_1.0_0.9vae.safetensors",
+        "sd_xl_offset_example-lora_1.0.safetensors",
+    ):
         build.dummy(name, 8192)
     for name in ("01.png", "comparison.png", "pipeline.png"):
         build.dummy(name, 3000)
@@ -251,8 +272,16 @@ def _flux(build: _Build) -> None:
 def _wan(build: _Build) -> None:
     build.shard("transformer/diffusion_pytorch_model.safetensors", 2)
     build.shard("text_encoder/model.safetensors", 5)
-    for name in ("comp_effic.png", "data_for_diff_stage.jpg", "i2v_res.png", "logo.png", "t2v_res.jpg",
-                 "vben_vs_sota.png", "video_dit_arch.jpg", "video_vae_res.jpg"):
+    for name in (
+        "comp_effic.png",
+        "data_for_diff_stage.jpg",
+        "i2v_res.png",
+        "logo.png",
+        "t2v_res.jpg",
+        "vben_vs_sota.png",
+        "video_dit_arch.jpg",
+        "video_vae_res.jpg",
+    ):
         build.dummy(f"assets/{name}", 2500)
     build.dummy("examples/i2v_input.JPG", 2500)
     build.dummy("LICENSE.txt", 11000)

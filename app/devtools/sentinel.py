@@ -54,11 +54,17 @@ class SentinelSet:
     def start(self) -> SentinelSet:
         master_port, replica_port = free_port(), free_port()
         self.nodes[master_port] = start_redis_server(
-            self.work_dir / "master", port=master_port, password=self.password,
-            extra_config=f"masterauth {self.password}\n")
+            self.work_dir / "master",
+            port=master_port,
+            password=self.password,
+            extra_config=f"masterauth {self.password}\n",
+        )
         self.nodes[replica_port] = start_redis_server(
-            self.work_dir / "replica", port=replica_port, password=self.password,
-            extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n")
+            self.work_dir / "replica",
+            port=replica_port,
+            password=self.password,
+            extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n",
+        )
         self.wait_replicated(master_port, timeout_s=30)
         for index in range(3):
             port = free_port()
@@ -72,10 +78,17 @@ class SentinelSet:
                 f"sentinel auth-pass {self.master_name} {self.password}\n"
                 f"sentinel down-after-milliseconds {self.master_name} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {self.master_name} {FAILOVER_TIMEOUT_MS}\n"
-                f"sentinel parallel-syncs {self.master_name} 1\n")
+                f"sentinel parallel-syncs {self.master_name} 1\n"
+            )
             log = open(folder / "sentinel.log", "wb")  # noqa: SIM115 - owned by the child process
-            self.sentinels.append(subprocess.Popen([redis_server_binary(), str(config), "--sentinel"], stdout=log,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))
+            self.sentinels.append(
+                subprocess.Popen(
+                    [redis_server_binary(), str(config), "--sentinel"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             log.close()
             self.sentinel_ports.append(port)
         deadline = time.monotonic() + 30
@@ -95,8 +108,11 @@ class SentinelSet:
         try:
             while time.monotonic() < deadline:
                 info = client.info("replication")
-                if any(str(v).startswith("ip=") or (isinstance(v, dict) and v.get("state") == "online")
-                       for k, v in info.items() if k.startswith("slave")):
+                if any(
+                    str(v).startswith("ip=") or (isinstance(v, dict) and v.get("state") == "online")
+                    for k, v in info.items()
+                    if k.startswith("slave")
+                ):
                     return
                 time.sleep(0.1)
         finally:
@@ -122,8 +138,9 @@ class SentinelSet:
             except RuntimeError:
                 port = old_port
             if port != old_port:
-                client = redis.Redis(host="127.0.0.1", port=port, password=self.password, socket_timeout=2,
-                                     decode_responses=True)
+                client = redis.Redis(
+                    host="127.0.0.1", port=port, password=self.password, socket_timeout=2, decode_responses=True
+                )
                 try:
                     if client.info("replication").get("role") == "master":
                         return port
@@ -142,8 +159,11 @@ class SentinelSet:
         Raises:
             RuntimeError: not so within ``timeout_s``."""
         self.nodes[port] = start_redis_server(
-            self.work_dir / f"node-{port}", port=port, password=self.password,
-            extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n")
+            self.work_dir / f"node-{port}",
+            port=port,
+            password=self.password,
+            extra_config=f"masterauth {self.password}\nreplicaof 127.0.0.1 {master_port}\n",
+        )
         self.wait_replicated(master_port, timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -158,8 +178,11 @@ class SentinelSet:
                     client.close()
                 for entry in replicas:
                     fields = dict(zip(entry[::2], entry[1::2], strict=False)) if isinstance(entry, list) else entry
-                    if int(fields.get("port", 0)) == port and fields.get("flags") == "slave" \
-                            and fields.get("master-link-status") == "ok":
+                    if (
+                        int(fields.get("port", 0)) == port
+                        and fields.get("flags") == "slave"
+                        and fields.get("master-link-status") == "ok"
+                    ):
                         healthy += 1
             if healthy == len(self.sentinel_ports):
                 return

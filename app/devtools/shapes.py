@@ -20,8 +20,18 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "BACKGROUNDS", "COLOURS", "PIXELS", "SHAPES", "STROKE", "STYLES", "Reading", "caption", "draw", "inspect",
-    "inspect_png", "parse",
+    "BACKGROUNDS",
+    "COLOURS",
+    "PIXELS",
+    "SHAPES",
+    "STROKE",
+    "STYLES",
+    "Reading",
+    "caption",
+    "draw",
+    "inspect",
+    "inspect_png",
+    "parse",
 ]
 
 PIXELS = 32
@@ -29,8 +39,12 @@ STROKE = 3  # an outline's width, pixels (at 32 x 32)
 
 #: colour word -> RGB (hues spread round the wheel so that a reading can tell them apart)
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30), "orange": (245, 140, 20), "yellow": (235, 215, 30),
-    "green": (40, 170, 60), "blue": (40, 80, 230), "purple": (150, 50, 200),
+    "red": (220, 30, 30),
+    "orange": (245, 140, 20),
+    "yellow": (235, 215, 30),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 230),
+    "purple": (150, 50, 200),
 }
 #: background word -> RGB (grey levels: no hue, so the shape's hue is the only one)
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"black": (0, 0, 0), "white": (255, 255, 255), "gray": (128, 128, 128)}
@@ -61,8 +75,9 @@ def parse(prompt: str) -> dict[str, str | None]:
     return found
 
 
-def draw(colour: str, shape: str, background: str, style: str, *, size: int = 20, centre: tuple[int, int] = (16, 16)
-         ) -> Any:
+def draw(
+    colour: str, shape: str, background: str, style: str, *, size: int = 20, centre: tuple[int, int] = (16, 16)
+) -> Any:
     """A ``PIXELS`` x ``PIXELS`` RGB ``PIL.Image``: ``shape`` (``size`` pixels across, centred at
     ``centre``, pixels) in ``colour`` on ``background``; ``style`` filled or outlined."""
     from PIL import Image, ImageDraw
@@ -169,10 +184,10 @@ def inspect(image: Any) -> Reading:
     ys, xs = np.nonzero(mask)
     y0, y1 = np.percentile(ys, [1, 99]).astype(int)
     x0, x1 = np.percentile(xs, [1, 99]).astype(int)
-    box = mask[y0:y1 + 1, x0:x1 + 1]
+    box = mask[y0 : y1 + 1, x0 : x1 + 1]
     box_fill = float(box.mean())
     h, w = box.shape
-    centre = box[h * 3 // 8:max(h * 5 // 8, h * 3 // 8 + 1), w * 3 // 8:max(w * 5 // 8, w * 3 // 8 + 1)]
+    centre = box[h * 3 // 8 : max(h * 5 // 8, h * 3 // 8 + 1), w * 3 // 8 : max(w * 5 // 8, w * 3 // 8 + 1)]
     centre_fill = float(centre.mean())
     holes = _holes(mask)
     style = "outlined" if centre_fill < 0.5 or holes >= 0.05 else "filled"

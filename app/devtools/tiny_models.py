@@ -249,9 +249,7 @@ def _build_edit(scratch: Path) -> DiffusionPipeline:
         text_encoder=_text_encoder(tokenizer),
         tokenizer=tokenizer,
         unet=_unet(in_channels=8),
-        scheduler=EulerAncestralDiscreteScheduler(
-            beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
-        ),
+        scheduler=EulerAncestralDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
@@ -316,7 +314,12 @@ def _build_video(scratch: Path) -> DiffusionPipeline:
 _T5_HIDDEN: int = 32  # T5/UMT5 d_model == Flux joint_attention_dim == Wan text_dim
 _QWEN_HIDDEN: int = 16  # Qwen2.5-VL hidden size == QwenImage joint_attention_dim
 _QWEN_SPECIALS: tuple[str, ...] = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
     "<|video_pad|>",
 )
 
@@ -340,9 +343,18 @@ def _t5_encoder(tokenizer: Any, umt5: bool = False) -> Any:
     """``T5EncoderModel`` (or ``UMT5EncoderModel`` for Wan): d_model 32, 2 layers, 4 heads."""
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    settings = {"vocab_size": len(tokenizer), "d_model": _T5_HIDDEN, "d_kv": 8, "d_ff": 37, "num_layers": 2,
-                "num_heads": 4, "relative_attention_num_buckets": 8, "pad_token_id": tokenizer.pad_token_id,
-                "eos_token_id": tokenizer.eos_token_id, "decoder_start_token_id": tokenizer.pad_token_id}
+    settings = {
+        "vocab_size": len(tokenizer),
+        "d_model": _T5_HIDDEN,
+        "d_kv": 8,
+        "d_ff": 37,
+        "num_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.pad_token_id,
+    }
     if umt5:
         return UMT5EncoderModel(UMT5Config(**settings)).eval()
     return T5EncoderModel(T5Config(**settings)).eval()
@@ -353,9 +365,16 @@ def _text_encoder_with_projection(tokenizer: Any) -> Any:
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=_TEXT_HIDDEN, intermediate_size=37, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=_MAX_TOKENS, projection_dim=_TEXT_HIDDEN,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=_TEXT_HIDDEN,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=_MAX_TOKENS,
+        projection_dim=_TEXT_HIDDEN,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     return CLIPTextModelWithProjection(config).eval()
 
@@ -372,10 +391,19 @@ def _build_sdxl(scratch: Path) -> DiffusionPipeline:
         text_encoder_2=_text_encoder_with_projection(tokenizer),
         tokenizer=tokenizer,
         tokenizer_2=_tokenizer(scratch),
-        unet=_unet(cross_attention_dim=2 * _TEXT_HIDDEN, addition_embed_type="text_time",
-                   addition_time_embed_dim=8, projection_class_embeddings_input_dim=_TEXT_HIDDEN + 6 * 8),
-        scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                         steps_offset=1, timestep_spacing="leading"),
+        unet=_unet(
+            cross_attention_dim=2 * _TEXT_HIDDEN,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=_TEXT_HIDDEN + 6 * 8,
+        ),
+        scheduler=EulerDiscreteScheduler(
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            steps_offset=1,
+            timestep_spacing="leading",
+        ),
         force_zeros_for_empty_prompt=True,
     )
 
@@ -398,19 +426,34 @@ def _build_flux(scratch: Path, kontext: bool = False) -> DiffusionPipeline:
     return (FluxKontextPipeline if kontext else FluxPipeline)(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=AutoencoderKL(
-            block_out_channels=_VAE_CHANNELS, in_channels=3, out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-            latent_channels=4, norm_num_groups=_NORM_GROUPS, sample_size=_DEFAULT_PIXELS,
-            use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035,
+            block_out_channels=_VAE_CHANNELS,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            latent_channels=4,
+            norm_num_groups=_NORM_GROUPS,
+            sample_size=_DEFAULT_PIXELS,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
         ).eval(),
         text_encoder=_text_encoder(tokenizer),
         tokenizer=tokenizer,
         text_encoder_2=_t5_encoder(tokenizer_2),
         tokenizer_2=tokenizer_2,
         transformer=FluxTransformer2DModel(
-            patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=_T5_HIDDEN, pooled_projection_dim=_TEXT_HIDDEN,
-            guidance_embeds=True, axes_dims_rope=(4, 4, 8),
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=_T5_HIDDEN,
+            pooled_projection_dim=_TEXT_HIDDEN,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 4, 8),
         ).eval(),
         image_encoder=None,
         feature_extractor=None,
@@ -432,12 +475,22 @@ def _build_wan(scratch: Path) -> DiffusionPipeline:
     return WanPipeline(
         tokenizer=tokenizer,
         text_encoder=_t5_encoder(tokenizer, umt5=True),
-        vae=AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                             temperal_downsample=[False, True, True]).eval(),
+        vae=AutoencoderKLWan(
+            base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+        ).eval(),
         transformer=WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
-            text_dim=_T5_HIDDEN, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=16,
+            out_channels=16,
+            text_dim=_T5_HIDDEN,
+            freq_dim=256,
+            ffn_dim=32,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            rope_max_seq_len=32,
         ).eval(),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
     )
@@ -478,32 +531,62 @@ def _build_qwen_image_edit(scratch: Path) -> DiffusionPipeline:
     tokenizer = _qwen_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _QWEN_SPECIALS}
     config = Qwen2_5_VLConfig(
-        text_config={"hidden_size": _QWEN_HIDDEN, "intermediate_size": 16, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": len(tokenizer),
-                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
-                     "rope_theta": 1000000.0, "max_position_embeddings": 4096,
-                     "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-                     "pad_token_id": ids["<|endoftext|>"]},
-        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
-                       "out_hidden_size": _QWEN_HIDDEN},
+        text_config={
+            "hidden_size": _QWEN_HIDDEN,
+            "intermediate_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "vocab_size": len(tokenizer),
+            "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 4096,
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_heads": 2,
+            "out_hidden_size": _QWEN_HIDDEN,
+        },
         # the model-wide ids: PretrainedConfig's **kwargs, which transformers 5's signature leaves out
-        vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],  # type: ignore[call-arg]
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        vocab_size=len(tokenizer),
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],  # type: ignore[call-arg]
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
     )
     image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56)
     z_dim = 4
     return QwenImageEditPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=AutoencoderKLQwenImage(base_dim=z_dim, z_dim=z_dim, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                                   temperal_downsample=[False, True, True], latents_mean=[0.0] * z_dim,
-                                   latents_std=[1.0] * z_dim).eval(),
+        vae=AutoencoderKLQwenImage(
+            base_dim=z_dim,
+            z_dim=z_dim,
+            dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * z_dim,
+            latents_std=[1.0] * z_dim,
+        ).eval(),
         text_encoder=Qwen2_5_VLForConditionalGeneration(config).eval(),
         tokenizer=tokenizer,
         processor=image_only_processor_class()(image_processor=image_processor, tokenizer=tokenizer),
         transformer=QwenImageTransformer2DModel(
-            patch_size=2, in_channels=4 * z_dim, out_channels=z_dim, num_layers=2, attention_head_dim=16,
-            num_attention_heads=3, joint_attention_dim=_QWEN_HIDDEN, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+            patch_size=2,
+            in_channels=4 * z_dim,
+            out_channels=z_dim,
+            num_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=3,
+            joint_attention_dim=_QWEN_HIDDEN,
+            guidance_embeds=False,
+            axes_dims_rope=(8, 4, 4),
         ).eval(),
     )
 
@@ -692,8 +775,9 @@ def make_tiny_lora(base: Path, folder: Path, seed: int = 0, rank: int = 4, *, fo
     with quiet_libraries(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         unet = UNet2DConditionModel.from_pretrained(str(Path(base) / "unet"), local_files_only=True)
-        unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights=False,
-                                    target_modules=list(LORA_TARGETS)))
+        unet.add_adapter(
+            LoraConfig(r=rank, lora_alpha=rank, init_lora_weights=False, target_modules=list(LORA_TARGETS))
+        )
         layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))

@@ -43,8 +43,14 @@ __all__ = [
     "sdxl_to_original",
 ]
 
-_RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
-           "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
+_RESNET = {
+    "norm1": "in_layers.0",
+    "conv1": "in_layers.2",
+    "norm2": "out_layers.0",
+    "conv2": "out_layers.3",
+    "time_emb_proj": "emb_layers.1",
+    "conv_shortcut": "skip_connection",
+}
 _VAE_ATTENTION = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
@@ -61,7 +67,7 @@ SDXL_TEXT_WIDTHS: tuple[int, int] = (32, 48)
 def _rename_head(rest: str, table: Mapping[str, str]) -> str:
     for new, old in table.items():
         if rest.startswith(new + "."):
-            return old + rest[len(new):]
+            return old + rest[len(new) :]
     return rest
 
 
@@ -87,8 +93,11 @@ def unet_to_original(state: Mapping[str, Any], config: Mapping[str, Any]) -> dic
         if m := re.fullmatch(r"down_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.+)", key):
             block, part, layer, rest = int(m[1]), m[2], int(m[3]), m[4]
             index = 1 + block * (per_block + 1) + layer
-            name = f"input_blocks.{index}.0.{_rename_head(rest, _RESNET)}" if part == "resnets" \
+            name = (
+                f"input_blocks.{index}.0.{_rename_head(rest, _RESNET)}"
+                if part == "resnets"
                 else f"input_blocks.{index}.1.{rest}"
+            )
         elif m := re.fullmatch(r"down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.+)", key):
             name = f"input_blocks.{1 + int(m[1]) * (per_block + 1) + per_block}.0.op.{m[2]}"
         elif m := re.fullmatch(r"mid_block\.resnets\.(\d+)\.(.+)", key):
@@ -98,8 +107,11 @@ def unet_to_original(state: Mapping[str, Any], config: Mapping[str, Any]) -> dic
         elif m := re.fullmatch(r"up_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.+)", key):
             block, part, layer, rest = int(m[1]), m[2], int(m[3]), m[4]
             index = block * (per_block + 1) + layer
-            name = f"output_blocks.{index}.0.{_rename_head(rest, _RESNET)}" if part == "resnets" \
+            name = (
+                f"output_blocks.{index}.0.{_rename_head(rest, _RESNET)}"
+                if part == "resnets"
                 else f"output_blocks.{index}.1.{rest}"
+            )
         elif m := re.fullmatch(r"up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.+)", key):
             block = int(m[1])
             slot = 2 if attention_up[block] else 1
@@ -145,8 +157,10 @@ def vae_to_original(state: Mapping[str, Any], config: Mapping[str, Any]) -> dict
 def clip_to_original(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """A transformers ``CLIPTextModel`` state dict -> ``prefix + "text_model." + …`` (the
     original code wraps the transformers model, so the names are the transformers ones)."""
-    return {prefix + (key if key.startswith("text_model.") else "text_model." + key): tensor
-            for key, tensor in state.items()}
+    return {
+        prefix + (key if key.startswith("text_model.") else "text_model." + key): tensor
+        for key, tensor in state.items()
+    }
 
 
 def open_clip_to_original(state: Mapping[str, Any], prefix: str = SDXL_OPEN_CLIP_PREFIX) -> dict[str, Any]:
@@ -155,12 +169,19 @@ def open_clip_to_original(state: Mapping[str, Any], prefix: str = SDXL_OPEN_CLIP
     ``text_projection`` is the transposed projection matrix)."""
     import torch
 
-    fixed = {"text_model.embeddings.position_embedding.weight": "positional_embedding",
-             "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
-             "text_model.final_layer_norm.weight": "ln_final.weight",
-             "text_model.final_layer_norm.bias": "ln_final.bias"}
-    parts = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj",
-             "self_attn.out_proj": "attn.out_proj"}
+    fixed = {
+        "text_model.embeddings.position_embedding.weight": "positional_embedding",
+        "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
+        "text_model.final_layer_norm.weight": "ln_final.weight",
+        "text_model.final_layer_norm.bias": "ln_final.bias",
+    }
+    parts = {
+        "layer_norm1": "ln_1",
+        "layer_norm2": "ln_2",
+        "mlp.fc1": "mlp.c_fc",
+        "mlp.fc2": "mlp.c_proj",
+        "self_attn.out_proj": "attn.out_proj",
+    }
     out: dict[str, Any] = {}
     fused: dict[tuple[int, str], dict[str, Any]] = {}
     for key, tensor in state.items():
@@ -185,22 +206,37 @@ def flux_to_original(state: Mapping[str, Any]) -> dict[str, Any]:
     ``norm_out``'s (scale, shift) becomes the original's (shift, scale)."""
     import torch
 
-    fixed = {"time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
-             "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
-             "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
-             "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
-             "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
-             "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
-             "context_embedder": "txt_in", "x_embedder": "img_in", "proj_out": "final_layer.linear"}
-    double = {"norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin",
-              "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
-              "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
-              "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
-              "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
-              "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2", "ff_context.net.0.proj": "txt_mlp.0",
-              "ff_context.net.2": "txt_mlp.2", "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj"}
-    single = {"norm.linear": "modulation.lin", "attn.norm_q.weight": "norm.query_norm.scale",
-              "attn.norm_k.weight": "norm.key_norm.scale", "proj_out": "linear2"}
+    fixed = {
+        "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+        "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+        "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+        "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+        "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+        "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+        "context_embedder": "txt_in",
+        "x_embedder": "img_in",
+        "proj_out": "final_layer.linear",
+    }
+    double = {
+        "norm1.linear": "img_mod.lin",
+        "norm1_context.linear": "txt_mod.lin",
+        "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
+        "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+        "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+        "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+        "ff.net.0.proj": "img_mlp.0",
+        "ff.net.2": "img_mlp.2",
+        "ff_context.net.0.proj": "txt_mlp.0",
+        "ff_context.net.2": "txt_mlp.2",
+        "attn.to_out.0": "img_attn.proj",
+        "attn.to_add_out": "txt_attn.proj",
+    }
+    single = {
+        "norm.linear": "modulation.lin",
+        "attn.norm_q.weight": "norm.query_norm.scale",
+        "attn.norm_k.weight": "norm.key_norm.scale",
+        "proj_out": "linear2",
+    }
     out: dict[str, Any] = {}
     fused: dict[str, dict[str, Any]] = {}
     for key, tensor in state.items():
@@ -274,20 +310,41 @@ def make_tiny_sdxl_single_file_base(folder: Path, seed: int = 0) -> Path:
         tokenizer = tiny._tokenizer(folder.parent / f".{folder.name}-scratch")
 
         def encoder(cls: Any, width: int) -> Any:
-            return cls(CLIPTextConfig(
-                vocab_size=len(tokenizer), hidden_size=width, intermediate_size=37, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=77, projection_dim=width,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id)).eval()
+            return cls(
+                CLIPTextConfig(
+                    vocab_size=len(tokenizer),
+                    hidden_size=width,
+                    intermediate_size=37,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    max_position_embeddings=77,
+                    projection_dim=width,
+                    bos_token_id=tokenizer.bos_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            ).eval()
 
         small, large = SDXL_TEXT_WIDTHS
         pipe = StableDiffusionXLPipeline(
-            vae=tiny._vae(), text_encoder=encoder(CLIPTextModel, small),
-            text_encoder_2=encoder(CLIPTextModelWithProjection, large), tokenizer=tokenizer, tokenizer_2=tokenizer,
-            unet=tiny._unet(cross_attention_dim=small + large, addition_embed_type="text_time",
-                            addition_time_embed_dim=8, projection_class_embeddings_input_dim=large + 6 * 8),
-            scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                             steps_offset=1, timestep_spacing="leading"),
+            vae=tiny._vae(),
+            text_encoder=encoder(CLIPTextModel, small),
+            text_encoder_2=encoder(CLIPTextModelWithProjection, large),
+            tokenizer=tokenizer,
+            tokenizer_2=tokenizer,
+            unet=tiny._unet(
+                cross_attention_dim=small + large,
+                addition_embed_type="text_time",
+                addition_time_embed_dim=8,
+                projection_class_embeddings_input_dim=large + 6 * 8,
+            ),
+            scheduler=EulerDiscreteScheduler(
+                beta_start=0.00085,
+                beta_end=0.012,
+                beta_schedule="scaled_linear",
+                steps_offset=1,
+                timestep_spacing="leading",
+            ),
             force_zeros_for_empty_prompt=True,
         )
         pipe.save_pretrained(str(folder), safe_serialization=True)

@@ -40,8 +40,12 @@ _CHATML_TEMPLATE = (
 
 # family -> (special tokens, bos, eos, chat template)
 _TOKENS: dict[str, tuple[tuple[str, ...], str | None, str, str | None]] = {
-    "llama": (("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-              "<|begin_of_text|>", "<|eot_id|>", _LLAMA_TEMPLATE),
+    "llama": (
+        ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        _LLAMA_TEMPLATE,
+    ),
     "qwen2": (("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", _CHATML_TEMPLATE),
     "gpt2": (("<|endoftext|>",), "<|endoftext|>", "<|endoftext|>", None),
 }
@@ -74,14 +78,25 @@ def _model(family: str, tokenizer: Any) -> Any:
     GQA)."""
     import transformers
 
-    ids = {"vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
-           "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id}
+    ids = {
+        "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if family == "gpt2":
         config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POSITIONS, **ids)
         return transformers.GPT2LMHeadModel(config)
-    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": MAX_POSITIONS, "tie_word_embeddings": True, **ids}
+    common = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": MAX_POSITIONS,
+        "tie_word_embeddings": True,
+        **ids,
+    }
     if family == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
@@ -115,8 +130,9 @@ def _build_into(family: str, folder: Path, seed: int, force: bool) -> Path:
         shutil.rmtree(staging)
 
 
-def make_tiny_text(out_dir: Path, families: Iterable[str] = ("llama",), seed: int = 0, *,
-                   force: bool = False) -> dict[str, Path]:
+def make_tiny_text(
+    out_dir: Path, families: Iterable[str] = ("llama",), seed: int = 0, *, force: bool = False
+) -> dict[str, Path]:
     """Build tiny causal LMs into ``out_dir/<name>/`` (``tiny-llama``, ``tiny-qwen2``,
     ``tiny-gpt2``); ``{family: folder}``. A complete folder is kept unless ``force``. Each is
     ~0.1 MB of float32 safetensors and builds in well under a second; load it back with

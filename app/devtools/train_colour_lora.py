@@ -51,9 +51,18 @@ def _sample(rng: random.Random) -> tuple[Any, str]:
     return image, text
 
 
-def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps: int = 1000, batch: int = 32,
-                      dataset: int = 2000, rank: int = 8, lr: float = 2e-3,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
+def train_colour_lora(
+    out_dir: Path,
+    *,
+    seed: int = 29,
+    threads: int = 1,
+    steps: int = 1000,
+    batch: int = 32,
+    dataset: int = 2000,
+    rank: int = 8,
+    lr: float = 2e-3,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Train and save ``out_dir/shapes-blue-lora`` from ``out_dir/shapes-filled``; its figures
     (``train_s``, ``loss``, ``size_bytes``, and the colours read off 12 seeded images per
     scale: ``blue_at_1`` and ``own_colour_at_0``, fractions), also written to
@@ -84,20 +93,34 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
     started = time.monotonic()
     folder = out_dir / COLOUR_LORA
     with quiet_libraries():
-        pipeline = StableDiffusionPipeline.from_pretrained(str(out_dir / "shapes-filled"), local_files_only=True,
-                                                           dtype=torch.float32)
+        pipeline = StableDiffusionPipeline.from_pretrained(
+            str(out_dir / "shapes-filled"), local_files_only=True, dtype=torch.float32
+        )
         pipeline.set_progress_bar_config(disable=True)
         vae, text_encoder, tokenizer, unet = pipeline.vae, pipeline.text_encoder, pipeline.tokenizer, pipeline.unet
         pairs = [_sample(rng) for _ in range(dataset)]
         with torch.no_grad():
-            latents = torch.cat([vae.encode(_pixels([p[0] for p in pairs[i:i + 256]])).latent_dist.mean
-                                 for i in range(0, dataset, 256)]) * vae.config.scaling_factor
-            ids = tokenizer([p[1] for p in pairs], padding="max_length", max_length=_MAX_TOKENS, truncation=True,
-                            return_tensors="pt").input_ids
-            states = torch.cat([text_encoder(ids[i:i + 256]).last_hidden_state for i in range(0, dataset, 256)])
+            latents = (
+                torch.cat(
+                    [
+                        vae.encode(_pixels([p[0] for p in pairs[i : i + 256]])).latent_dist.mean
+                        for i in range(0, dataset, 256)
+                    ]
+                )
+                * vae.config.scaling_factor
+            )
+            ids = tokenizer(
+                [p[1] for p in pairs],
+                padding="max_length",
+                max_length=_MAX_TOKENS,
+                truncation=True,
+                return_tensors="pt",
+            ).input_ids
+            states = torch.cat([text_encoder(ids[i : i + 256]).last_hidden_state for i in range(0, dataset, 256)])
         unet.requires_grad_(False)
-        unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
-                                    target_modules=list(LORA_TARGETS)))
+        unet.add_adapter(
+            LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=list(LORA_TARGETS))
+        )
         unet.train()
         params = [p for p in unet.parameters() if p.requires_grad]
         optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -126,9 +149,14 @@ def train_colour_lora(out_dir: Path, *, seed: int = 29, threads: int = 1, steps:
         train_s = time.monotonic() - started
         readings = _check(folder, out_dir / "shapes-filled", SAMPLING)
     figures: dict[str, Any] = {
-        "seed": seed, "threads": threads, "steps": steps, "rank": rank, "train_s": round(train_s, 1),
+        "seed": seed,
+        "threads": threads,
+        "steps": steps,
+        "rank": rank,
+        "train_s": round(train_s, 1),
         "loss": round(sum(losses[-50:]) / len(losses[-50:]), 5),
-        "size_bytes": sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()), **readings,
+        "size_bytes": sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()),
+        **readings,
     }
     (out_dir / "training-colour-lora.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures
@@ -157,10 +185,17 @@ def _check(adapter: Path, base: Path, sampling: dict[str, Any]) -> dict[str, flo
         pipeline.set_adapters(["colour"], adapter_weights=[scale])
         found[scale] = []
         for prompt in CHECK_PROMPTS:
-            image = pipeline(prompt=prompt, width=sampling["width"], height=sampling["height"],
-                             num_inference_steps=sampling["steps"], guidance_scale=sampling["guidance_scale"],
-                             generator=torch.Generator("cpu").manual_seed(0)).images[0]
+            image = pipeline(
+                prompt=prompt,
+                width=sampling["width"],
+                height=sampling["height"],
+                num_inference_steps=sampling["steps"],
+                guidance_scale=sampling["guidance_scale"],
+                generator=torch.Generator("cpu").manual_seed(0),
+            ).images[0]
             found[scale].append((inspect(image).colour, parse(prompt)["colour"]))
     total = len(CHECK_PROMPTS)
-    return {"blue_at_1": round(sum(read == LORA_COLOUR for read, _ in found[1.0]) / total, 3),
-            "own_colour_at_0": round(sum(read == asked for read, asked in found[0.0]) / total, 3)}
+    return {
+        "blue_at_1": round(sum(read == LORA_COLOUR for read, _ in found[1.0]) / total, 3),
+        "own_colour_at_0": round(sum(read == asked for read, asked in found[0.0]) / total, 3),
+    }

@@ -43,8 +43,16 @@ def _pair(rng: random.Random) -> tuple[Any, Any, str]:
     return before, after, f"make it {second}"
 
 
-def train_recolour(out_dir: Path, *, seed: int = 23, threads: int = 1, steps: int = 1000, batch: int = 32,
-                   dataset: int = 4000, log: Callable[[str], None] = print) -> dict[str, float]:
+def train_recolour(
+    out_dir: Path,
+    *,
+    seed: int = 23,
+    threads: int = 1,
+    steps: int = 1000,
+    batch: int = 32,
+    dataset: int = 4000,
+    log: Callable[[str], None] = print,
+) -> dict[str, float]:
     """Train and save ``out_dir/shapes-recolour`` (needs ``out_dir/shapes-filled`` for its VAE);
     its figures (``train_s``, ``loss``, ``size_bytes``), also written to
     ``out_dir/training-recolour.json``.
@@ -86,13 +94,17 @@ def train_recolour(out_dir: Path, *, seed: int = 23, threads: int = 1, steps: in
             tokenizer = build_tokenizer(Path(scratch), (*_WORDS, "make", "it"))
         pairs = [_pair(rng) for _ in range(dataset)]
         with torch.no_grad():
+
             def encode(images: list[Any]) -> Any:
-                return torch.cat([vae.encode(_pixels(images[i:i + 256])).latent_dist.mean
-                                  for i in range(0, len(images), 256)])
+                return torch.cat(
+                    [vae.encode(_pixels(images[i : i + 256])).latent_dist.mean for i in range(0, len(images), 256)]
+                )
+
             inputs = encode([p[0] for p in pairs])  # unscaled: InstructPix2Pix's image latents
             targets = encode([p[1] for p in pairs]) * vae.config.scaling_factor
-        ids = tokenizer([p[2] for p in pairs], padding="max_length", max_length=_MAX_TOKENS, truncation=True,
-                        return_tensors="pt").input_ids
+        ids = tokenizer(
+            [p[2] for p in pairs], padding="max_length", max_length=_MAX_TOKENS, truncation=True, return_tensors="pt"
+        ).input_ids
         empty = tokenizer([""], padding="max_length", max_length=_MAX_TOKENS, return_tensors="pt").input_ids
         text_encoder, unet = _text_encoder(tokenizer).train(), _unet(in_channels=8).train()
         noise_scheduler = DDPMScheduler(num_train_timesteps=_TRAIN_TIMESTEPS, **_SCHEDULE)
@@ -123,13 +135,24 @@ def train_recolour(out_dir: Path, *, seed: int = 23, threads: int = 1, steps: in
             _ema_update(ema_params, params, min(0.999, (1 + step) / (10 + step)))
             losses.append(loss.item())
         pipeline = StableDiffusionInstructPix2PixPipeline(
-            vae=vae, text_encoder=ema_text, tokenizer=tokenizer, unet=ema_unet, scheduler=_scheduler(),
-            safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+            vae=vae,
+            text_encoder=ema_text,
+            tokenizer=tokenizer,
+            unet=ema_unet,
+            scheduler=_scheduler(),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
         ).to(torch.float16)
         folder = out_dir / RECOLOUR_MODEL
         pipeline.save_pretrained(str(folder), safe_serialization=True)
-    figures = {"seed": seed, "threads": threads, "steps": steps, "train_s": round(time.monotonic() - started, 1),
-               "loss": round(sum(losses[-100:]) / len(losses[-100:]), 5),
-               "size_bytes": sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())}
+    figures = {
+        "seed": seed,
+        "threads": threads,
+        "steps": steps,
+        "train_s": round(time.monotonic() - started, 1),
+        "loss": round(sum(losses[-100:]) / len(losses[-100:]), 5),
+        "size_bytes": sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()),
+    }
     (out_dir / "training-recolour.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures

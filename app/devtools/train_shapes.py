@@ -65,8 +65,13 @@ _TEXT_HIDDEN = 64
 _MAX_TOKENS = 77  # CLIP's; the server's max_prompt_tokens for the sd1 family
 _LATENT = PIXELS // 4
 _TRAIN_TIMESTEPS = 1000
-_SCHEDULE = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
-             "prediction_type": "v_prediction", "rescale_betas_zero_snr": True}
+_SCHEDULE = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "prediction_type": "v_prediction",
+    "rescale_betas_zero_snr": True,
+}
 
 
 @dataclass
@@ -142,40 +147,71 @@ def _vae() -> Any:
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32, 32),
-        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
-        layers_per_block=1, norm_num_groups=8, sample_size=PIXELS, scaling_factor=1.0, mid_block_add_attention=False,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(16, 32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        layers_per_block=1,
+        norm_num_groups=8,
+        sample_size=PIXELS,
+        scaling_factor=1.0,
+        mid_block_add_attention=False,
     )
 
 
 def _text_encoder(tokenizer: Any) -> Any:
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    return CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=_TEXT_HIDDEN, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=_MAX_TOKENS, projection_dim=_TEXT_HIDDEN,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
+    return CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=_TEXT_HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=_MAX_TOKENS,
+            projection_dim=_TEXT_HIDDEN,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
 
 
 def _unet(in_channels: int = 4) -> Any:
     from diffusers import UNet2DConditionModel
 
     return UNet2DConditionModel(
-        sample_size=_LATENT, in_channels=in_channels, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=8, norm_num_groups=8, cross_attention_dim=_TEXT_HIDDEN,
+        sample_size=_LATENT,
+        in_channels=in_channels,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=8,
+        norm_num_groups=8,
+        cross_attention_dim=_TEXT_HIDDEN,
         # the prompt's pooled states join the timestep embedding of every block (colour, shape and
         # background are global); cross attention reads the words at the 4 x 4 level
-        addition_embed_type="text", addition_embed_type_num_heads=4,
+        addition_embed_type="text",
+        addition_embed_type_num_heads=4,
     )
 
 
 def _scheduler() -> Any:
     from diffusers import DDIMScheduler
 
-    return DDIMScheduler(num_train_timesteps=_TRAIN_TIMESTEPS, clip_sample=False, set_alpha_to_one=False,
-                         timestep_spacing="trailing", steps_offset=1, **_SCHEDULE)
+    return DDIMScheduler(
+        num_train_timesteps=_TRAIN_TIMESTEPS,
+        clip_sample=False,
+        set_alpha_to_one=False,
+        timestep_spacing="trailing",
+        steps_offset=1,
+        **_SCHEDULE,
+    )
 
 
 def _ema_update(ema: list[Any], params: list[Any], decay: float) -> None:
@@ -219,8 +255,16 @@ def _train_vae(rng: random.Random, steps: int, batch: int, log: Callable[[str], 
     return vae, sum(losses[-100:]) / len(losses[-100:])
 
 
-def _train_style(style: str, vae: Any, tokenizer: Any, rng: random.Random, steps: int, batch: int, dataset: int,
-                 log: Callable[[str], None]) -> tuple[Any, Any, float]:
+def _train_style(
+    style: str,
+    vae: Any,
+    tokenizer: Any,
+    rng: random.Random,
+    steps: int,
+    batch: int,
+    dataset: int,
+    log: Callable[[str], None],
+) -> tuple[Any, Any, float]:
     import copy
 
     import torch
@@ -228,10 +272,18 @@ def _train_style(style: str, vae: Any, tokenizer: Any, rng: random.Random, steps
 
     pairs = [_sample(rng, style) for _ in range(dataset)]
     with torch.no_grad():
-        latents = torch.cat([vae.encode(_pixels([p[0] for p in pairs[i:i + 256]])).latent_dist.mean
-                             for i in range(0, dataset, 256)]) * vae.config.scaling_factor
-    ids = tokenizer([p[1] for p in pairs], padding="max_length", max_length=_MAX_TOKENS, truncation=True,
-                    return_tensors="pt").input_ids
+        latents = (
+            torch.cat(
+                [
+                    vae.encode(_pixels([p[0] for p in pairs[i : i + 256]])).latent_dist.mean
+                    for i in range(0, dataset, 256)
+                ]
+            )
+            * vae.config.scaling_factor
+        )
+    ids = tokenizer(
+        [p[1] for p in pairs], padding="max_length", max_length=_MAX_TOKENS, truncation=True, return_tensors="pt"
+    ).input_ids
     text_encoder, unet = _text_encoder(tokenizer).train(), _unet().train()
     noise_scheduler = DDPMScheduler(num_train_timesteps=_TRAIN_TIMESTEPS, **_SCHEDULE)
     params = [*unet.parameters(), *text_encoder.parameters()]
@@ -266,8 +318,14 @@ def _save(folder: Path, vae: Any, text_encoder: Any, tokenizer: Any, unet: Any) 
     from diffusers import StableDiffusionPipeline
 
     pipeline = StableDiffusionPipeline(
-        vae=_copy_of(vae), text_encoder=_copy_of(text_encoder), tokenizer=tokenizer, unet=_copy_of(unet),
-        scheduler=_scheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        vae=_copy_of(vae),
+        text_encoder=_copy_of(text_encoder),
+        tokenizer=tokenizer,
+        unet=_copy_of(unet),
+        scheduler=_scheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
     ).to(torch.float16)
     if folder.exists():
         shutil.rmtree(folder)
@@ -281,8 +339,17 @@ def _copy_of(module: Any) -> Any:
     return copy.deepcopy(module).eval()
 
 
-def _style_process(style: str, out_dir: Path, vae_config: dict[str, Any], vae_state: dict[str, Any], seed: int,
-                   threads: int, steps: int, batch: int, dataset: int) -> dict[str, float]:
+def _style_process(
+    style: str,
+    out_dir: Path,
+    vae_config: dict[str, Any],
+    vae_state: dict[str, Any],
+    seed: int,
+    threads: int,
+    steps: int,
+    batch: int,
+    dataset: int,
+) -> dict[str, float]:
     """Train and save one style in this (spawned) process; its figures."""
     import tempfile
 
@@ -301,17 +368,28 @@ def _style_process(style: str, out_dir: Path, vae_config: dict[str, Any], vae_st
         with tempfile.TemporaryDirectory() as scratch:
             tokenizer = build_tokenizer(Path(scratch))
         began = time.monotonic()
-        text_encoder, unet, loss = _train_style(style, vae, tokenizer, rng, steps, batch, dataset,
-                                                lambda line: print(line, flush=True))
+        text_encoder, unet, loss = _train_style(
+            style, vae, tokenizer, rng, steps, batch, dataset, lambda line: print(line, flush=True)
+        )
         seconds = time.monotonic() - began
         size = _save(out_dir / MODEL_NAMES[style], vae, text_encoder, tokenizer, unet)
     print(f"{style}: {steps} steps in {seconds:.0f} s, loss {loss:.4f}, {size / 1e6:.2f} MB", flush=True)
     return {"train_s": round(seconds, 1), "loss": round(loss, 5), "size_bytes": size}
 
 
-def train_shapes(out_dir: Path, *, seed: int = 19, threads: int = 1, vae_steps: int = 1500, unet_steps: int = 1500,
-                 vae_batch: int = 16, batch: int = 32, dataset: int = 6000, styles: tuple[str, ...] = STYLES,
-                 log: Callable[[str], None] = print) -> TrainingReport:
+def train_shapes(
+    out_dir: Path,
+    *,
+    seed: int = 19,
+    threads: int = 1,
+    vae_steps: int = 1500,
+    unet_steps: int = 1500,
+    vae_batch: int = 16,
+    batch: int = 32,
+    dataset: int = 6000,
+    styles: tuple[str, ...] = STYLES,
+    log: Callable[[str], None] = print,
+) -> TrainingReport:
     """Train the VAE, then one text encoder + UNet per style; save ``out_dir/shapes-<style>/``
     (diffusers folders) and ``out_dir/training.json`` (the :class:`TrainingReport`).
 
@@ -339,10 +417,20 @@ def train_shapes(out_dir: Path, *, seed: int = 19, threads: int = 1, vae_steps: 
     log(f"vae: {vae_steps} steps in {vae_s:.0f} s, loss {vae_loss:.4f}, scaling_factor {vae.config.scaling_factor}")
     config, state = dict(vae.config), {k: v.detach().clone() for k, v in vae.state_dict().items()}
     with ProcessPoolExecutor(len(styles), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {style: pool.submit(_style_process, style, out_dir, config, state, seed, threads, unet_steps, batch,
-                                      dataset) for style in styles}
+        futures = {
+            style: pool.submit(_style_process, style, out_dir, config, state, seed, threads, unet_steps, batch, dataset)
+            for style in styles
+        }
         results = {style: future.result() for style, future in futures.items()}
-    report = TrainingReport(seed, threads, vae_steps, round(vae_s, 1), round(vae_loss, 5), unet_steps, results,
-                            round(time.monotonic() - start, 1))
+    report = TrainingReport(
+        seed,
+        threads,
+        vae_steps,
+        round(vae_s, 1),
+        round(vae_loss, 5),
+        unet_steps,
+        results,
+        round(time.monotonic() - start, 1),
+    )
     (out_dir / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     return report

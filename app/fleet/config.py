@@ -4,11 +4,11 @@ Example (``app/fleet/fleet.default.toml`` is the embedded default)::
 
     [[machines]]
     name = "cuda1"
-    backend = "cuda"            # cpu | cuda | mps
-    memory_kind = "dedicated"   # unified | dedicated
+    backend = "cuda"  # cpu | cuda | mps
+    memory_kind = "dedicated"  # unified | dedicated
     memory_bytes = 24_000_000_000
     families = ["sd1", "sdxl"]
-    token = "…"                 # the worker's secret for the internal API
+    token = "…"  # the worker's secret for the internal API
 
 The server itself is machine ``server`` and must be listed (R9).
 
@@ -19,7 +19,7 @@ its one entry, as a list of ``"<backend>:<index>"`` or as a count (``devices = 2
     name = "box"
     backend = "cuda"
     devices = ["cuda:0", "cuda:1"]
-    memory_bytes = 24_000_000_000   # per device
+    memory_bytes = 24_000_000_000  # per device
     ...
 
 Each device becomes a machine of its own, named ``<host>:<index>`` (``box:0``, ``box:1``,
@@ -30,26 +30,26 @@ Working memory per job beyond the weights (R10/R11's memory filter, the job reco
 estimate): coefficients per kind, and per family where a family differs; every table and
 field is optional (absent: the embedded defaults of ``routing/estimate.py``)::
 
-    [working_memory.txt2img]    # every family; bytes = base_bytes + bytes_per_pixel x size
+    [working_memory.txt2img]  # every family; bytes = base_bytes + bytes_per_pixel x size
     base_bytes = 500_000_000
-    bytes_per_pixel = 1500.0    # per output pixel x frame x batch
+    bytes_per_pixel = 1500.0  # per output pixel x frame x batch
 
     [families.sdxl.working_memory.txt2img]
-    bytes_per_pixel = 2600.0    # base_bytes: from [working_memory.txt2img]
+    bytes_per_pixel = 2600.0  # base_bytes: from [working_memory.txt2img]
 
 Timing guesses per model until the first measurement (R13; absent: the per-family figures of
 ``routing/estimate.py``, which are for real models on the seed fleet)::
 
-    [models.sdxl-base]
-    step_s = 0.6                # seconds per step at 1024x1024 on a speed-1.0 machine
-    load_s = 2.8                # seconds of a cold load at 2.5 GB/s
+    [models.sdxl - base]
+    step_s = 0.6  # seconds per step at 1024x1024 on a speed-1.0 machine
+    load_s = 2.8  # seconds of a cold load at 2.5 GB/s
 
 ``python -m bench.memory`` measures them and prints such tables.
 
 Where a job's webhook may go (absent: nowhere, every ``webhook_url`` is refused)::
 
     [webhooks]
-    allow_hosts = ["hooks.example", "10.0.0.5"]   # host names or IP addresses, exact match
+    allow_hosts = ["hooks.example", "10.0.0.5"]  # host names or IP addresses, exact match
 """
 
 from __future__ import annotations
@@ -186,8 +186,9 @@ class WebhookConfig(BaseModel):
         for host in value:
             name = host.strip().lower().removeprefix("[").removesuffix("]")
             if not name or any(c in name for c in "/@?# ") or "://" in host:
-                raise ValueError(f"webhooks.allow_hosts takes host names or IP addresses (e.g. 'hooks.example'), "
-                                 f"not {host!r}")
+                raise ValueError(
+                    f"webhooks.allow_hosts takes host names or IP addresses (e.g. 'hooks.example'), not {host!r}"
+                )
             hosts.append(name)
         return sorted(set(hosts))
 
@@ -256,8 +257,9 @@ class Fleet(BaseModel):
             if name not in known:
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{where} names family {name!r}, which no machine runs "
-                                 f"(families: {', '.join(sorted(known))}){hint}")
+                raise ValueError(
+                    f"{where} names family {name!r}, which no machine runs (families: {', '.join(sorted(known))}){hint}"
+                )
 
     def working(self) -> WorkingMemory:
         """The coefficients for :class:`routing.estimate.Estimator`, every field resolved:
@@ -323,8 +325,11 @@ class Fleet(BaseModel):
             for kind, coefficients in sorted(config.working_memory.items()):
                 lines += [f'[families."{family}".working_memory.{kind}]', *_coefficient_lines(coefficients), ""]
         for model_id, guess in sorted(self.models.items()):
-            lines += [f'[models."{model_id}"]', *(f"{name} = {value}" for name, value in guess.model_dump().items()
-                                                   if value is not None), ""]
+            lines += [
+                f'[models."{model_id}"]',
+                *(f"{name} = {value}" for name, value in guess.model_dump().items() if value is not None),
+                "",
+            ]
         if self.webhooks.allow_hosts:
             hosts = ", ".join(f'"{host}"' for host in self.webhooks.allow_hosts)
             lines += ["[webhooks]", f"allow_hosts = [{hosts}]", ""]
@@ -398,17 +403,21 @@ def expand_devices(entry: object) -> list[object]:
     name = entry.get("name")
     for derived in ("host", "device"):
         if derived in entry:
-            raise ValueError(f"machine {name!r}: {derived!r} is not a fleet-file key; declare a host's devices on "
-                             f"its entry, devices = [\"cuda:0\", \"cuda:1\"] or devices = 2")
+            raise ValueError(
+                f"machine {name!r}: {derived!r} is not a fleet-file key; declare a host's devices on "
+                f'its entry, devices = ["cuda:0", "cuda:1"] or devices = 2'
+            )
     if "devices" not in entry:
         return [entry]
     devices = entry["devices"]
     backend = entry.get("backend")
     where = f"machine {name!r}: devices"
     if not isinstance(name, str) or HOST_NAME.fullmatch(name) is None:
-        raise ValueError(f"{where}: the entry's name must be a host name (lowercase letters, digits and '-', "
-                         f"starting with a letter, at most 32 characters; its devices are named '<host>:<index>'); "
-                         f"got {name!r}")
+        raise ValueError(
+            f"{where}: the entry's name must be a host name (lowercase letters, digits and '-', "
+            f"starting with a letter, at most 32 characters; its devices are named '<host>:<index>'); "
+            f"got {name!r}"
+        )
     if isinstance(devices, int) and not isinstance(devices, bool):
         if not 1 <= devices <= MAX_DEVICES:
             raise ValueError(f"{where} = {devices}: a count of devices is 1..{MAX_DEVICES}")
@@ -417,16 +426,24 @@ def expand_devices(entry: object) -> list[object]:
         indices = []
         for item in devices:
             device_backend, _, index = item.partition(":") if isinstance(item, str) else ("", "", "")
-            if device_backend != backend or not index.isdigit() or int(index) >= MAX_DEVICES or \
-                    str(int(index)) != index:
-                raise ValueError(f"{where}: each device is \"{backend}:<index>\" (the entry's backend, index "
-                                 f"0..{MAX_DEVICES - 1}); got {item!r}")
+            if (
+                device_backend != backend
+                or not index.isdigit()
+                or int(index) >= MAX_DEVICES
+                or str(int(index)) != index
+            ):
+                raise ValueError(
+                    f'{where}: each device is "{backend}:<index>" (the entry\'s backend, index '
+                    f"0..{MAX_DEVICES - 1}); got {item!r}"
+                )
             if int(index) in indices:
                 raise ValueError(f"{where}: device {item!r} is listed twice")
             indices.append(int(index))
     else:
-        raise ValueError(f"{where} must be a list of \"<backend>:<index>\" (e.g. [\"cuda:0\", \"cuda:1\"]) or a "
-                         f"count (e.g. 2); got {devices!r}")
+        raise ValueError(
+            f'{where} must be a list of "<backend>:<index>" (e.g. ["cuda:0", "cuda:1"]) or a '
+            f"count (e.g. 2); got {devices!r}"
+        )
     if backend == Backend.mps and len(indices) > 1:
         raise ValueError(f"{where}: an Apple host has one mps device; got {len(indices)}")
     rest = {key: value for key, value in entry.items() if key != "devices"}

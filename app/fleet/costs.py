@@ -57,8 +57,12 @@ class ChangeMark:
         try:
             self.redis.set(self.key, secrets.token_hex(8))
         except redis.RedisError as error:
-            log.warning("could not mark %s as changed (%s); other server processes keep their cached copy until "
-                        "the next change", self.key, error)
+            log.warning(
+                "could not mark %s as changed (%s); other server processes keep their cached copy until "
+                "the next change",
+                self.key,
+                error,
+            )
 
 
 class FleetCosts:
@@ -66,8 +70,15 @@ class FleetCosts:
     total bytes) and cached. :meth:`estimator` reads the registry and timings afresh;
     :meth:`estimator_at` reuses the last one while the change marks have not moved."""
 
-    def __init__(self, fleet: Fleet, registry: Registry, timings: TimingStore, registry_mark: ChangeMark,
-                 timings_mark: ChangeMark, max_total_tokens: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        registry: Registry,
+        timings: TimingStore,
+        registry_mark: ChangeMark,
+        timings_mark: ChangeMark,
+        max_total_tokens: Callable[[str], int] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.max_total_tokens = max_total_tokens  # a text model's limit (Validator.token_limits); None: its config's
         self.registry = registry
@@ -114,8 +125,15 @@ class FleetCosts:
                     continue
             kind = record.kinds[0] if record.kinds else "txt2img"
             guess = self.fleet.models.get(record.id, ModelGuess())
-            profiles[record.id] = ModelProfile(record.id, record.family, self._weights[key], step_s=guess.step_s,
-                                               kind=kind, load_s=guess.load_s, kv_cache_bytes=self._kv_cache(record))
+            profiles[record.id] = ModelProfile(
+                record.id,
+                record.family,
+                self._weights[key],
+                step_s=guess.step_s,
+                kind=kind,
+                load_s=guess.load_s,
+                kv_cache_bytes=self._kv_cache(record),
+            )
         self._unpriced = unpriced
         return profiles
 
@@ -123,8 +141,11 @@ class FleetCosts:
         """A text model's KV cache at its ``max_total_tokens``, bytes; 0 for other models."""
         if "text" not in record.kinds:
             return 0
-        tokens = (self.max_total_tokens(record.id) if self.max_total_tokens is not None
-                  else max_positions(model_config(self.registry.folder(record.id))))
+        tokens = (
+            self.max_total_tokens(record.id)
+            if self.max_total_tokens is not None
+            else max_positions(model_config(self.registry.folder(record.id)))
+        )
         return self.registry.kv_cache_bytes(record.id, tokens)
 
     def estimator(self) -> Estimator:

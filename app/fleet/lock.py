@@ -87,8 +87,9 @@ class _Renewal:
         while not self._stopped.wait(self.every_s):
             try:
                 if not self.fence.holds():
-                    log.warning("the fleet lock was lost while held (TTL %s ms); its holder commits nothing",
-                                self.fence.ttl_ms)
+                    log.warning(
+                        "the fleet lock was lost while held (TTL %s ms); its holder commits nothing", self.fence.ttl_ms
+                    )
                     return
             except redis.RedisError as error:
                 log.warning("the fleet lock could not be renewed: %s", error)
@@ -99,8 +100,14 @@ class FleetLock:
     """The fleet's placement lock in Redis (``Keys.fleet_lock``). ``observe``: called with each
     hold's seconds (acquired to released) on every release."""
 
-    def __init__(self, client: redis.Redis, keyspace: Keys, ttl_s: float, wait_s: float,
-                 observe: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keyspace: Keys,
+        ttl_s: float,
+        wait_s: float,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
         self.redis = client
         self.key = keyspace.fleet_lock()
         self.ttl_s = ttl_s

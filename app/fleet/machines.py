@@ -95,8 +95,14 @@ class MachineStates:
     models the heartbeat advertises (``warm_models``, least recently used first, when present)
     and the reservations (queued + running jobs, FIFO)."""
 
-    def __init__(self, client: redis.Redis, keyspace: Keys, fleet: Fleet, journal: Journal,
-                 residency: ResidencyFacts | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keyspace: Keys,
+        fleet: Fleet,
+        journal: Journal,
+        residency: ResidencyFacts | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keyspace
         self.fleet = fleet
@@ -122,8 +128,9 @@ class MachineStates:
         residency facts; app/fleet/multiread.py)."""
         return self.snapshot(names)[0]
 
-    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
-                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
+    def snapshot(
+        self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (), max_queued: int | None = None
+    ) -> tuple[dict[str, MachineView], list[Any]]:
         """:meth:`views`, and the replies to ``also`` (more reads of :data:`app.fleet.multiread.READS`,
         e.g. the fleet's demand) read in the same command, at the same instant. ``max_queued``
         goes into every view (R23: the backlog at which a machine takes no more jobs).
@@ -136,9 +143,13 @@ class MachineStates:
         seen = {}
         for name in names:
             reserved_read, seen[name] = self.reservations.snapshot_read(name)
-            reads += [("GET", self.keys.heartbeat(name)), ("SMEMBERS", self.keys.verified(name)),
-                      reserved_read, ("EXISTS", self.keys.draining(name)),
-                      ("EXISTS", self.keys.syncing(name))]
+            reads += [
+                ("GET", self.keys.heartbeat(name)),
+                ("SMEMBERS", self.keys.verified(name)),
+                reserved_read,
+                ("EXISTS", self.keys.draining(name)),
+                ("EXISTS", self.keys.syncing(name)),
+            ]
         machine_reads = len(reads)
         reads += self.residency.reads(names)
         replies = self.read_many(reads)
@@ -146,7 +157,7 @@ class MachineStates:
         found = {}
         for i, name in enumerate(names):
             first = len(also) + 5 * i
-            raw_beat, verified, reserved, draining, syncing = replies[first: first + 5]
+            raw_beat, verified, reserved, draining, syncing = replies[first : first + 5]
             beat = json.loads(raw_beat) if raw_beat else None
             queue = self.reservations.items_from(name, self.reservations.snapshot_hash(name, reserved, seen[name]))
             found[name] = MachineView(
@@ -163,4 +174,4 @@ class MachineStates:
                 syncing=bool(syncing),
                 max_queued=max_queued,
             )
-        return found, replies[:len(also)]
+        return found, replies[: len(also)]

@@ -38,8 +38,10 @@ def journal_id(engine: Engine) -> str:
     with Session(engine) as session:
         found = session.exec(select(JournalIdentity.id)).first()
     if found is None:
-        raise ConfigError(f"the journal at {engine.url.render_as_string(hide_password=True)} has no identity; "
-                          "run `homefleet db upgrade`")
+        raise ConfigError(
+            f"the journal at {engine.url.render_as_string(hide_password=True)} has no identity; "
+            "run `homefleet db upgrade`"
+        )
     return found
 
 
@@ -57,8 +59,9 @@ class Pairing:
         return check_pairing(self.redis, self.keys, self.engine, self.settings, record, require)
 
 
-def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, settings: Settings, record: bool = True,
-                  require: bool = False) -> str:
+def check_pairing(
+    client: redis.Redis, keys: Keys, engine: Engine, settings: Settings, record: bool = True, require: bool = False
+) -> str:
     """Check that the Redis runs with this process's journal and data folder; return the
     journal's identity.
 
@@ -87,7 +90,8 @@ def check_pairing(client: redis.Redis, keys: Keys, engine: Engine, settings: Set
             f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) belongs to another journal "
             f"({recorded}); this process opened the journal at {journal} ({mine}). Give it the server's "
             "HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal replaces the old one on purpose, "
-            "run `homefleet db pair` once", reason="journal_mismatch",
+            "run `homefleet db pair` once",
+            reason="journal_mismatch",
         )
     if recorded is None and require:
         raise ConfigError(

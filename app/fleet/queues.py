@@ -104,10 +104,15 @@ class MachineQueues:
         self._send(machine, job_id, model_id, kind)
 
     def _send(self, machine: str, job_id: str, model_id: str, kind: str, producer: Producer | None = None) -> None:
-        self.celery.send_task(RUN_JOB_TASK, args=[job_id], task_id=job_id, queue=queue(machine),
-                              argsrepr=repr((job_id,)),
-                              kwargsrepr=repr({"model": model_id, "kind": kind, "machine": machine}),
-                              producer=producer)
+        self.celery.send_task(
+            RUN_JOB_TASK,
+            args=[job_id],
+            task_id=job_id,
+            queue=queue(machine),
+            argsrepr=repr((job_id,)),
+            kwargsrepr=repr({"model": model_id, "kind": kind, "machine": machine}),
+            producer=producer,
+        )
 
     def messages(self, machine: str, jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
         """The messages :meth:`publish` would push for ``jobs`` (``(job id, model id, kind)``) to
@@ -123,6 +128,7 @@ class MachineQueues:
         with self.celery.connection_for_write() as connection:
             channel = connection.channel()
             try:
+
                 def keep(name: str, message: dict[str, Any], **_: object) -> None:
                     if name != queue(machine):  # Homefleet binds each queue to its machine only (R8)
                         raise HomefleetError(f"a message for {queue(machine)} was routed to {name}")

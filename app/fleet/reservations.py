@@ -121,8 +121,17 @@ class Reservations:
         self._reads: dict[str, _Read] = {}  # machine -> its last read by items_from
         self._seen: dict[str, tuple[str, dict[str, str]]] = {}  # machine -> (version, hash) of its last snapshot read
 
-    def add(self, machine: str, job_id: str, model_id: str, kind: str, steps: int, size: int, fence: Fence,
-            also: Sequence[HashField] = ()) -> bool:
+    def add(
+        self,
+        machine: str,
+        job_id: str,
+        model_id: str,
+        kind: str,
+        steps: int,
+        size: int,
+        fence: Fence,
+        also: Sequence[HashField] = (),
+    ) -> bool:
         """Reserve ``machine`` for a job under the fleet lock, before publishing it, and write
         ``also`` in the same atomic step, only if the lock still holds ``fence.token`` (its TTL
         is then renewed to ``fence.ttl_ms``; C04).
@@ -132,8 +141,12 @@ class Reservations:
             holds it): nothing was written.
         """
         record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
-        keys = [fence.key, self.keys.reservation_seq(), self.keys.reservations(machine),
-                self.keys.reservations_version(machine)]
+        keys = [
+            fence.key,
+            self.keys.reservation_seq(),
+            self.keys.reservations(machine),
+            self.keys.reservations_version(machine),
+        ]
         args: list[str | int] = [fence.token, fence.ttl_ms, job_id, json.dumps(record), _version()]
         for write in also:
             keys.append(write.key)
@@ -175,8 +188,9 @@ class Reservations:
         version, raw = seen
         return ("HGETALL_SINCE", self.keys.reservations(machine), version, len(raw) if version else -1), seen
 
-    def snapshot_hash(self, machine: str, reply: tuple[str | None, dict[str, str] | None],
-                      seen: tuple[str, dict[str, str]]) -> dict[str, str]:
+    def snapshot_hash(
+        self, machine: str, reply: tuple[str | None, dict[str, str] | None], seen: tuple[str, dict[str, str]]
+    ) -> dict[str, str]:
         """``machine``'s reservations hash from the reply to :meth:`snapshot_read`: ``seen``'s
         when unchanged (the same object, so :meth:`items_from` reuses its parse). Each cached
         (version, hash) pair is consistent on its own, so threads that read at once cannot mix
@@ -206,22 +220,26 @@ class Reservations:
         last = self._reads.get(machine)
         if last is None or (last.raw is not raw and last.raw != raw):
             before, before_raw = (last.parsed, last.raw) if last is not None else ({}, {})
-            parsed = {job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
-                      for job_id, value in raw.items()}
+            parsed = {
+                job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
+                for job_id, value in raw.items()
+            }
             fifo = tuple(sorted(parsed.values(), key=attrgetter("order")))
             queued_only = None if any(p.started_at is not None for p in fifo) else tuple(p.item for p in fifo)
             last = self._reads[machine] = _Read(raw, parsed, fifo, queued_only)
         if last.queued_only is not None:
             return last.queued_only
         now_s = time.time() if now_s is None else now_s
-        return tuple(p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
-                     for p in last.fifo)
+        return tuple(
+            p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
+            for p in last.fifo
+        )
 
     def machines_holding(self) -> set[str]:
         """Names of every machine with a reservations hash in Redis (SCAN), fleet config or not."""
         pattern = self.keys.reservations("*")
         prefix, suffix = pattern.split("*")
-        return {key[len(prefix):len(key) - len(suffix)] for key in self.redis.scan_iter(match=pattern, count=1000)}
+        return {key[len(prefix) : len(key) - len(suffix)] for key in self.redis.scan_iter(match=pattern, count=1000)}
 
     def reconcile(self, machines: Iterable[str], journal: Journal) -> list[str]:
         """Release the reservations of jobs that ended (or are unknown to the journal); return

@@ -41,8 +41,14 @@ class OomRecord:
     at_s: float
 
     def public(self) -> dict[str, Any]:
-        return {"machine": self.machine, "model_id": self.model_id, "kind": self.kind, "size": self.size,
-                "job_id": self.job_id, "at_s": self.at_s}
+        return {
+            "machine": self.machine,
+            "model_id": self.model_id,
+            "kind": self.kind,
+            "size": self.size,
+            "job_id": self.job_id,
+            "at_s": self.at_s,
+        }
 
 
 class RedisResidencyFacts:
@@ -81,8 +87,15 @@ class RedisResidencyFacts:
         return found
 
     # Commitments (R16) ----------------------------------------------------------------
-    def set_commitments(self, machine: str, model_ids: Iterable[str], fleet: Fleet, registry: Registry,
-                        backlog: int, costs: FleetCosts | None = None) -> frozenset[str]:
+    def set_commitments(
+        self,
+        machine: str,
+        model_ids: Iterable[str],
+        fleet: Fleet,
+        registry: Registry,
+        backlog: int,
+        costs: FleetCosts | None = None,
+    ) -> frozenset[str]:
         """Replace ``machine``'s commitments with ``model_ids`` (empty: none).
 
         ``backlog`` is the number of jobs queued or running there (its reservations); the caller
@@ -100,31 +113,43 @@ class RedisResidencyFacts:
             Conflict: the machine has work queued or running (``machine_busy``, R16).
         """
         if machine not in fleet.machines:
-            raise NotFound(f"machine {machine!r} is not in the fleet ({', '.join(sorted(fleet.machines))})",
-                           reason="unknown_machine")
+            raise NotFound(
+                f"machine {machine!r} is not in the fleet ({', '.join(sorted(fleet.machines))})",
+                reason="unknown_machine",
+            )
         wanted = frozenset(model_ids)
         families = fleet.machines[machine].families
         for model_id in sorted(wanted):
             record = registry.get(model_id)  # raises NotFound(unknown_model)
             family = record.family
             if set(record.kinds) <= {"video"}:
-                raise Rejected(f"model {model_id!r} runs only video, and a video job is never placed on a machine "
-                               "holding residency commitments (R17): committing it would keep all its jobs off "
-                               f"{machine!r}", reason="video_model_not_committable")
+                raise Rejected(
+                    f"model {model_id!r} runs only video, and a video job is never placed on a machine "
+                    "holding residency commitments (R17): committing it would keep all its jobs off "
+                    f"{machine!r}",
+                    reason="video_model_not_committable",
+                )
             if ADAPTER_KIND in record.kinds:
-                raise Rejected(f"{model_id!r} is a LoRA adapter: it is loaded for each job that names it and "
-                               "unloaded after, never kept resident; commit its base model",
-                               reason="adapter_not_committable")
+                raise Rejected(
+                    f"{model_id!r} is a LoRA adapter: it is loaded for each job that names it and "
+                    "unloaded after, never kept resident; commit its base model",
+                    reason="adapter_not_committable",
+                )
             if family not in families:
-                raise Rejected(f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
-                               f"it supports: {', '.join(sorted(families)) or 'none'}", reason="family_not_supported")
+                raise Rejected(
+                    f"machine {machine!r} does not support family {family!r} of model {model_id!r}; "
+                    f"it supports: {', '.join(sorted(families)) or 'none'}",
+                    reason="family_not_supported",
+                )
         if costs is not None and wanted:
             check_commitment_memory(machine, wanted, registry, costs)
         queued = int(self.redis.llen(self.keys.queue_list(machine)))
         if backlog or queued:
-            raise Conflict(f"machine {machine!r} has {max(backlog, queued)} jobs queued or running; its residency "
-                           f"commitments can change only when it is idle (R16): `homefleet drain {machine}` first",
-                           reason="machine_busy")
+            raise Conflict(
+                f"machine {machine!r} has {max(backlog, queued)} jobs queued or running; its residency "
+                f"commitments can change only when it is idle (R16): `homefleet drain {machine}` first",
+                reason="machine_busy",
+            )
         with self.redis.pipeline() as pipe:
             pipe.delete(self.keys.residency(machine))
             if wanted:
@@ -146,13 +171,15 @@ class RedisResidencyFacts:
 
     def ooms(self, machine: str) -> list[OomRecord]:
         raw = cast("dict[str, str]", self.redis.hgetall(self.keys.oom(machine)))  # decoded (create_redis)
-        return sorted((self._record(machine, f, v) for f, v in raw.items()),
-                      key=lambda r: (r.model_id, r.kind))
+        return sorted((self._record(machine, f, v) for f, v in raw.items()), key=lambda r: (r.model_id, r.kind))
 
     def clear_ooms(self, machine: str, model_id: str | None = None, kind: str | None = None) -> int:
         """Forget remembered OOMs of ``machine`` (all, or of one model and/or kind); returns how many."""
-        gone = [f"{r.model_id}\t{r.kind}" for r in self.ooms(machine)
-                if (model_id is None or r.model_id == model_id) and (kind is None or r.kind == kind)]
+        gone = [
+            f"{r.model_id}\t{r.kind}"
+            for r in self.ooms(machine)
+            if (model_id is None or r.model_id == model_id) and (kind is None or r.kind == kind)
+        ]
         if gone:
             self.redis.hdel(self.keys.oom(machine), *gone)
         return len(gone)
@@ -197,11 +224,19 @@ def check_commitment_memory(machine: str, wanted: Iterable[str], registry: Regis
             f"memory of the largest job they must still run ({largest} {working[largest][0]} at its default size: "
             f"{readable_bytes(working[largest][1])}) need {readable_bytes(need)}, and {machine!r} has "
             f"{readable_bytes(usable)} usable (memory_bytes); commit fewer models or smaller variants",
-            reason="commitment_too_large")
+            reason="commitment_too_large",
+        )
 
 
-def commit_residency(lock: FleetLock, machines: MachineStates, facts: RedisResidencyFacts, registry: Registry,
-                     machine: str, model_ids: Iterable[str], costs: FleetCosts | None = None) -> frozenset[str]:
+def commit_residency(
+    lock: FleetLock,
+    machines: MachineStates,
+    facts: RedisResidencyFacts,
+    registry: Registry,
+    machine: str,
+    model_ids: Iterable[str],
+    costs: FleetCosts | None = None,
+) -> frozenset[str]:
     """Replace ``machine``'s commitments under the fleet lock (R14), so that no job is placed
     there between the idle check and the write (R16); the write happens only while the lock
     is still ours (C04).

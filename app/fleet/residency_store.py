@@ -76,19 +76,30 @@ class ResidencyStore:
         """Insert the record of (machine, model, kind), or replace a stored one of a larger size
         (the smallest size that ran out of memory is kept, as in Redis). One atomic
         ``INSERT … ON CONFLICT`` on SQLite and PostgreSQL, so concurrent reports cannot collide."""
-        row: dict[str, Any] = {"machine": record.machine, "model_id": record.model_id, "kind": record.kind,
-                               "size": record.size, "job_id": record.job_id, "at_s": record.at_s}
+        row: dict[str, Any] = {
+            "machine": record.machine,
+            "model_id": record.model_id,
+            "kind": record.kind,
+            "size": record.size,
+            "job_id": record.job_id,
+            "at_s": record.at_s,
+        }
         dialect = self.engine.dialect.name
         with Session(self.engine) as session:
             if dialect in ("sqlite", "postgresql"):
                 insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
                 statement = insert(RememberedOom).values(**row)
-                session.exec(statement.on_conflict_do_update(
-                    index_elements=["machine", "model_id", "kind"],
-                    set_={"size": statement.excluded.size, "job_id": statement.excluded.job_id,
-                          "at_s": statement.excluded.at_s},
-                    where=col(RememberedOom.size) > statement.excluded.size,
-                ))
+                session.exec(
+                    statement.on_conflict_do_update(
+                        index_elements=["machine", "model_id", "kind"],
+                        set_={
+                            "size": statement.excluded.size,
+                            "job_id": statement.excluded.job_id,
+                            "at_s": statement.excluded.at_s,
+                        },
+                        where=col(RememberedOom.size) > statement.excluded.size,
+                    )
+                )
             else:  # another SQLAlchemy backend: read, then write (not atomic against a concurrent report)
                 stored = session.get(RememberedOom, (record.machine, record.model_id, record.kind))
                 if stored is None or stored.size > record.size:
@@ -117,8 +128,10 @@ class ResidencyStore:
 
     def empty(self) -> bool:
         with Session(self.engine) as session:
-            return (session.exec(select(ResidencyCommitment).limit(1)).first() is None
-                    and session.exec(select(RememberedOom).limit(1)).first() is None)
+            return (
+                session.exec(select(ResidencyCommitment).limit(1)).first() is None
+                and session.exec(select(RememberedOom).limit(1)).first() is None
+            )
 
 
 class DurableResidencyFacts(RedisResidencyFacts):
@@ -130,8 +143,15 @@ class DurableResidencyFacts(RedisResidencyFacts):
         self.store = store
         self.fleet = fleet
 
-    def set_commitments(self, machine: str, model_ids: Iterable[str], fleet: Fleet, registry: Registry,
-                        backlog: int, costs: FleetCosts | None = None) -> frozenset[str]:
+    def set_commitments(
+        self,
+        machine: str,
+        model_ids: Iterable[str],
+        fleet: Fleet,
+        registry: Registry,
+        backlog: int,
+        costs: FleetCosts | None = None,
+    ) -> frozenset[str]:
         """As :meth:`RedisResidencyFacts.set_commitments`, then written to the database.
 
         Raises:
@@ -183,8 +203,12 @@ class DurableResidencyFacts(RedisResidencyFacts):
                 pipe.hset(self.keys.oom(record.machine), f"{record.model_id}\t{record.kind}", _oom_json(record))
             pipe.set(self.keys.residency_durable(), "1")
             pipe.execute()
-        log.warning("Redis had lost the residency facts; restored from the database: commitments of %d machines, "
-                    "%d remembered OOMs", len(commitments), len(ooms))
+        log.warning(
+            "Redis had lost the residency facts; restored from the database: commitments of %d machines, "
+            "%d remembered OOMs",
+            len(commitments),
+            len(ooms),
+        )
         return Restored("database", len(commitments), len(ooms))
 
     def _adopt(self) -> Restored:
@@ -198,8 +222,12 @@ class DurableResidencyFacts(RedisResidencyFacts):
                 self.store.save_oom(record)
                 records += 1
         if machines or records:
-            log.warning("adopted the residency facts held only in Redis into the database: commitments of %d "
-                        "machines, %d remembered OOMs", machines, records)
+            log.warning(
+                "adopted the residency facts held only in Redis into the database: commitments of %d "
+                "machines, %d remembered OOMs",
+                machines,
+                records,
+            )
         return Restored("redis", machines, records)
 
     def _write_commitments(self, machine: str, model_ids: frozenset[str]) -> None:

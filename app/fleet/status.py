@@ -31,16 +31,31 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
         states = journal.states_of(raw)  # one query per batch of ids, not one per reservation
         live = {job_id: record for job_id, record in raw.items() if states.get(job_id) in ACTIVE}
         running = journal.count_in(JobState.running, name)
-        drain_s, _ = drain(name, warm_models=view.warm_models, queue=reservations.items_from(name, live),
-                           protected=view.commitments, costs=estimator)
+        drain_s, _ = drain(
+            name,
+            warm_models=view.warm_models,
+            queue=reservations.items_from(name, live),
+            protected=view.commitments,
+            costs=estimator,
+        )
         queued = machines.queued_in_redis(name)
-        rows.append({
-            "name": name, "host": config[name].host_name, "device": config[name].device, "online": view.online,
-            "draining": view.draining, "syncing": view.syncing,
-            "state": placing_state(view.draining, view.syncing), "verified_models": sorted(view.verified_models),
-            "warm_models": list(view.warm_models), "queued": queued, "running": running,
-            "backlog": queued + running, "drain_s": round(drain_s, 3),
-        })
+        rows.append(
+            {
+                "name": name,
+                "host": config[name].host_name,
+                "device": config[name].device,
+                "online": view.online,
+                "draining": view.draining,
+                "syncing": view.syncing,
+                "state": placing_state(view.draining, view.syncing),
+                "verified_models": sorted(view.verified_models),
+                "warm_models": list(view.warm_models),
+                "queued": queued,
+                "running": running,
+                "backlog": queued + running,
+                "drain_s": round(drain_s, 3),
+            }
+        )
     return rows
 
 

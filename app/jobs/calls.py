@@ -31,8 +31,12 @@ def call_fingerprint(api_key: str, route: str, body: dict[str, Any]) -> str:
     """Digest (``blake3:<hex>``) of one call: the API key (digested: the key itself is never
     stored), the route (e.g. ``/v1/images/generations``) and ``body`` as canonical JSON (keys
     sorted)."""
-    canonical = json.dumps({"key": bytes_digest(api_key.encode()), "route": route, "body": body},
-                           sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    canonical = json.dumps(
+        {"key": bytes_digest(api_key.encode()), "route": route, "body": body},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
     return bytes_digest(canonical.encode())
 
 

@@ -70,6 +70,7 @@ from routing.scarcity import Scarcity
 
 log = logging.getLogger(__name__)
 
+
 class Unset:
     """The type of :data:`UNSET`: an argument not given (a requeue's ``seed``: keep the old one)."""
 
@@ -103,8 +104,9 @@ class Submission:
     replayed: bool = False  # True when an Idempotency-Key returned the original job (R20)
 
 
-def request_fingerprint(model_id: str, kind: str, params: dict[str, Any], target: str,
-                        webhook_url: str | None = None) -> str:
+def request_fingerprint(
+    model_id: str, kind: str, params: dict[str, Any], target: str, webhook_url: str | None = None
+) -> str:
     """Digest of a submission's body as the client sent it (before the server draws a seed);
     ``webhook_url`` counts only when given (the digests of bodies without one are unchanged)."""
     body: dict[str, Any] = {"model": model_id, "kind": kind, "params": params, "target": target}
@@ -128,10 +130,22 @@ def abridged(params: dict[str, Any]) -> dict[str, Any]:
 class Dispatcher:
     """Submits, dry-runs, cancels and ends jobs; see the module docstring for a submission's steps."""
 
-    def __init__(self, settings: Settings, celery: Celery, journal: Journal, machines: MachineStates,
-                 queues: MachineQueues, validator: Validator, costs: FleetCosts, timings: TimingStore,
-                 demand: DemandStore, lock: FleetLock, metrics: Metrics | None = None,
-                 events: TaskEvents | None = None, endings: Endings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        celery: Celery,
+        journal: Journal,
+        machines: MachineStates,
+        queues: MachineQueues,
+        validator: Validator,
+        costs: FleetCosts,
+        timings: TimingStore,
+        demand: DemandStore,
+        lock: FleetLock,
+        metrics: Metrics | None = None,
+        events: TaskEvents | None = None,
+        endings: Endings | None = None,
+    ) -> None:
         self.settings = settings
         self.celery = celery
         self.journal = journal
@@ -145,8 +159,15 @@ class Dispatcher:
         self.metrics = metrics
         self.events = events  # Flower hears of the ends no worker's task reports (app/jobs/task_events.py)
         # Every end of a job (app/jobs/endings.py); the server's context builds one and passes it.
-        self.endings = endings or Endings(journal, machines.reservations, timings, costs.estimator, metrics, events,
-                                          Changes(machines.redis, machines.keys))
+        self.endings = endings or Endings(
+            journal,
+            machines.reservations,
+            timings,
+            costs.estimator,
+            metrics,
+            events,
+            Changes(machines.redis, machines.keys),
+        )
         self.quotas = KeyQuotas(settings, journal)  # per-key quotas, checked under the lock
         # Kept between decisions, as the same results computed again would be (routing.scarcity,
         # routing.finish.Drains): decisions read them under the fleet lock, one at a time.
@@ -167,9 +188,13 @@ class Dispatcher:
         every machine's view with the per-machine queue limit set (R23), the fleet's demand,
         and the change marks that tell whether the cached Estimator still holds."""
         views, (raw_demand, registry_mark, timings_mark) = self.machines.snapshot(
-            also=[self.demand.read(), *self.costs.mark_reads()], max_queued=self.settings.max_queued_per_machine)
-        return Snapshot(views=views, demand=self.demand.parse(raw_demand),
-                        estimator=self.costs.estimator_at((registry_mark, timings_mark), model_id))
+            also=[self.demand.read(), *self.costs.mark_reads()], max_queued=self.settings.max_queued_per_machine
+        )
+        return Snapshot(
+            views=views,
+            demand=self.demand.parse(raw_demand),
+            estimator=self.costs.estimator_at((registry_mark, timings_mark), model_id),
+        )
 
     def read_ahead(self, model_id: str) -> None:
         """Read, before the fleet lock, the cost data a decision about ``model_id`` needs (the
@@ -190,12 +215,14 @@ class Dispatcher:
         if pending >= self.settings.max_pending_total:
             raise Overloaded(
                 f"the fleet has {pending} jobs queued or running, the limit is max_pending_total = "
-                f"{self.settings.max_pending_total}; retry later", reason="fleet_full",
+                f"{self.settings.max_pending_total}; retry later",
+                reason="fleet_full",
                 retry_after_s=self.settings.retry_after_s,
             )
 
-    def pressure(self, views: dict[str, MachineView], estimator: Estimator, now_s: float,
-                 demand: Demand | None = None) -> dict[str, Pressure]:
+    def pressure(
+        self, views: dict[str, MachineView], estimator: Estimator, now_s: float, demand: Demand | None = None
+    ) -> dict[str, Pressure]:
         """Auto's scarcity data: recent demand (``demand``, else read from Redis) spread over the
         machines able to run it now."""
         catalogue = {m: (p.family, p.kind) for m, p in estimator.models.items()}
@@ -210,11 +237,19 @@ class Dispatcher:
             Rejected: reason ``invalid_webhook_url``.
         """
         if webhook_url is not None:
-            check_webhook(webhook_url, self.machines.fleet.webhooks.allow_hosts, api_key_id,
-                          self.settings.webhook_secrets)
+            check_webhook(
+                webhook_url, self.machines.fleet.webhooks.allow_hosts, api_key_id, self.settings.webhook_secrets
+            )
 
-    def dry_run(self, model_id: str, kind: str, params: dict[str, Any], target: str,
-                webhook_url: str | None = None, api_key_id: str | None = None) -> dict[str, Any]:
+    def dry_run(
+        self,
+        model_id: str,
+        kind: str,
+        params: dict[str, Any],
+        target: str,
+        webhook_url: str | None = None,
+        api_key_id: str | None = None,
+    ) -> dict[str, Any]:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
         that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`
         and :meth:`check_webhook`."""

@@ -89,10 +89,18 @@ class Endings:
     """Claims and ends jobs (module docstring). ``estimator``: the current cost model, which the
     learned timings are folded against (``FleetCosts.estimator``)."""
 
-    def __init__(self, journal: Journal, reservations: Reservations, timings: TimingStore,
-                 estimator: Callable[[], Estimator], metrics: Metrics | None = None,
-                 events: TaskEvents | None = None, changes: Changes | None = None,
-                 progress: ProgressStore | None = None, store: ResultStore | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        reservations: Reservations,
+        timings: TimingStore,
+        estimator: Callable[[], Estimator],
+        metrics: Metrics | None = None,
+        events: TaskEvents | None = None,
+        changes: Changes | None = None,
+        progress: ProgressStore | None = None,
+        store: ResultStore | None = None,
+    ) -> None:
         self.journal = journal
         self.reservations = reservations
         self.timings = timings
@@ -119,8 +127,7 @@ class Endings:
             self.timings.observe(job, self.estimator())
         return self.changes.published(job)
 
-    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None,
-              claim_id: str | None = None) -> Job:
+    def claim(self, job_id: str, machine: str, worker_boot_id: str | None = None, claim_id: str | None = None) -> Job:
         """Atomic ``queued -> running`` (R19, :meth:`Journal.claim`): its reservation starts and
         the job is alive from here on (the watchdog's sign of life).
 
@@ -133,8 +140,16 @@ class Endings:
             self.progress.report(job_id)
         return self.changes.published(job)
 
-    def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str, *,
-                  announce: bool = False, release: bool = True) -> Job:
+    def interrupt(
+        self,
+        job_id: str,
+        from_states: Iterable[JobState],
+        reason: str,
+        message: str,
+        *,
+        announce: bool = False,
+        release: bool = True,
+    ) -> Job:
         """``queued|running -> interrupted`` with a reason code (R19), then the end's steps.
 
         Raises:
@@ -142,8 +157,16 @@ class Endings:
         """
         return self.finished(self.journal.interrupt(job_id, from_states, reason, message), announce, release)
 
-    def cancel(self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started",
-               *, announce: bool = True, release: bool = True, event_detail: str | None = None) -> Job:
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled",
+        message: str = "cancelled by request before it started",
+        *,
+        announce: bool = True,
+        release: bool = True,
+        event_detail: str | None = None,
+    ) -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled``, ``revoked``, ``purged``),
         then the end's steps. ``event_detail``: the journal event's detail (default
         ``<reason>: <message>``).
@@ -154,12 +177,14 @@ class Endings:
         if event_detail is None:
             job = self.journal.cancel(job_id, reason, message)
         else:
-            job = self.journal.transition(job_id, [JobState.queued], JobState.cancelled, reason=reason,
-                                          event_detail=event_detail, message=message)
+            job = self.journal.transition(
+                job_id, [JobState.queued], JobState.cancelled, reason=reason, event_detail=event_detail, message=message
+            )
         return self.finished(job, announce, release)
 
-    def cancel_running(self, job_id: str, machine: str, message: str, *, announce: bool = True,
-                       release: bool = True) -> Job:
+    def cancel_running(
+        self, job_id: str, machine: str, message: str, *, announce: bool = True, release: bool = True
+    ) -> Job:
         """``running -> cancelled`` (reason ``cancelled``): stopped by request while it ran
         (``POST /v1/jobs/{id}/cancel``), then the end's steps. ``announce`` defaults to True:
         the worker's task reports no outcome of its own, so Flower hears ``task-revoked`` from here.
@@ -214,12 +239,18 @@ class Endings:
             return job
         recovering = job.state == JobState.failed and job.reason == RESULT_NOT_STORED
         if job.state != JobState.running and not recovering:  # ended meanwhile (interrupted, cancelled): store nothing
-            raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored",
-                           reason="not_running")
+            raise Conflict(f"job {job_id} is {job.state}, not running; its result is not stored", reason="not_running")
         record = upload.provenance()
-        record.update({"job_id": job_id, "load_s": upload.load_s, "run_s": upload.run_s,
-                       "cold_load": upload.cold_load, "actual_s": upload.load_s + upload.run_s,
-                       "predicted_s": predicted_s})
+        record.update(
+            {
+                "job_id": job_id,
+                "load_s": upload.load_s,
+                "run_s": upload.run_s,
+                "cold_load": upload.cold_load,
+                "actual_s": upload.load_s + upload.run_s,
+                "predicted_s": predicted_s,
+            }
+        )
         timings = {"load_s": upload.load_s, "run_s": upload.run_s, "cold_load": upload.cold_load}
         try:
             digests = more_results(job.params, upload.more_digests, len(upload.more))
@@ -232,13 +263,26 @@ class Endings:
                 self.fail(job_id, machine, error.reason, error.message, **timings)
             raise
         seed = job.params.get("seed")
-        results = [{"digest": s.digest, "path": str(s.path), "media_type": s.media_type, "bytes": s.size_bytes,
-                    "seed": seed + i if isinstance(seed, int) else None} for i, s in enumerate(all_stored)]
+        results = [
+            {
+                "digest": s.digest,
+                "path": str(s.path),
+                "media_type": s.media_type,
+                "bytes": s.size_bytes,
+                "seed": seed + i if isinstance(seed, int) else None,
+            }
+            for i, s in enumerate(all_stored)
+        ]
         if job.requeued_from is not None:
             record["requeued_from"] = job.requeued_from
-        result = {"result_digest": stored.digest, "result_path": str(stored.path),
-                  "result_media_type": stored.media_type, "result_bytes": stored.size_bytes, "provenance": record,
-                  "results": results}
+        result = {
+            "result_digest": stored.digest,
+            "result_path": str(stored.path),
+            "result_media_type": stored.media_type,
+            "result_bytes": stored.size_bytes,
+            "provenance": record,
+            "results": results,
+        }
         if recovering:
             log.info("job %s: recovered result %s from %s", job_id, stored.digest, machine)
             return self.recover(job_id, machine, **result)
@@ -261,6 +305,9 @@ def more_results(params: dict[str, object], more_digests: str, received: int) ->
     count = params.get(BATCH_PARAM, 1)
     wanted = count - 1 if isinstance(count, int) and count > 1 else 0
     if len(digests) != wanted or received != wanted:
-        raise Rejected(f"the job asks n={wanted + 1} images: the upload must carry {wanted} more (files and digests), "
-                       f"got {received} files and {len(digests)} digests", reason="invalid_results")
+        raise Rejected(
+            f"the job asks n={wanted + 1} images: the upload must carry {wanted} more (files and digests), "
+            f"got {received} files and {len(digests)} digests",
+            reason="invalid_results",
+        )
     return digests

@@ -29,8 +29,10 @@ from app.jobs.waiting import Waiting
 from routing.placement import AUTO
 
 EXPANSION_TOKENS = 24
-EXPANSION_SYSTEM = ("Expand the user's image prompt into one vivid, detailed description of the image: subject, "
-                    "setting, light, style. Answer with the description only.")
+EXPANSION_SYSTEM = (
+    "Expand the user's image prompt into one vivid, detailed description of the image: subject, "
+    "setting, light, style. Answer with the description only."
+)
 
 
 class ExpansionFailed(HomefleetError):
@@ -46,8 +48,12 @@ def expansion_prompt(dispatcher: Dispatcher, text_model: str, prompt: str) -> di
     tokenizer = validator.tokenizers.tokenizer(text_model)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": EXPANSION_SYSTEM}, {"role": "user", "content": prompt}]
-        return {"prompt": validator.chat_prompt(text_model, messages), "chat": True,
-                "max_new_tokens": EXPANSION_TOKENS, "temperature": 0.0}
+        return {
+            "prompt": validator.chat_prompt(text_model, messages),
+            "chat": True,
+            "max_new_tokens": EXPANSION_TOKENS,
+            "temperature": 0.0,
+        }
     return {"prompt": f"{prompt},", "max_new_tokens": EXPANSION_TOKENS, "temperature": 0.0}
 
 
@@ -66,9 +72,17 @@ def expanded(dispatcher: Dispatcher, image_model: str, prompt: str, expansion: s
     return text.rstrip(", ") if len(text) > len(prompt) else prompt
 
 
-async def submit_expanded(dispatcher: Dispatcher, waiting: Waiting, model_id: str, params: dict[str, Any],
-                          target: str, idempotency_key: str | None, wait_s: float, api_key_id: str | None = None,
-                          webhook_url: str | None = None) -> Submission:
+async def submit_expanded(
+    dispatcher: Dispatcher,
+    waiting: Waiting,
+    model_id: str,
+    params: dict[str, Any],
+    target: str,
+    idempotency_key: str | None,
+    wait_s: float,
+    api_key_id: str | None = None,
+    webhook_url: str | None = None,
+) -> Submission:
     """Submit a txt2img job whose ``params.expand_prompt`` names a text model: the expansion's
     text job first, awaited (``waiting``), then the image job (module docstring); the journal's
     and the dispatcher's calls run in worker threads. Both are jobs of the
@@ -83,25 +97,40 @@ async def submit_expanded(dispatcher: Dispatcher, waiting: Waiting, model_id: st
         JobPending: the text job has not ended within ``wait_s`` (409 ``job_pending``, naming it in ``job_ids``).
         ExpansionFailed: the text job ended without a result.
     """
-    text = await to_thread.run_sync(_submit_text, dispatcher, model_id, params, target, idempotency_key, api_key_id,
-                                    webhook_url)
+    text = await to_thread.run_sync(
+        _submit_text, dispatcher, model_id, params, target, idempotency_key, api_key_id, webhook_url
+    )
     if text.replayed:
         return text  # R20: the retry gets the first call's image job
     job = await waiting.until_ended(text.job.id, wait_s)
     if job.state not in ENDED:
-        raise JobPending(f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
-                         "(images_wait_s); it keeps running: submit the image again once it has", [job.id])
-    return await to_thread.run_sync(_submit_image, dispatcher, job, model_id, params, target, idempotency_key,
-                                    api_key_id, webhook_url)
+        raise JobPending(
+            f"the prompt's expansion, text job {job.id}, has not ended within {wait_s:g} s "
+            "(images_wait_s); it keeps running: submit the image again once it has",
+            [job.id],
+        )
+    return await to_thread.run_sync(
+        _submit_image, dispatcher, job, model_id, params, target, idempotency_key, api_key_id, webhook_url
+    )
 
 
-def _submit_text(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], target: str,
-                 idempotency_key: str | None, api_key_id: str | None, webhook_url: str | None) -> Submission:
+def _submit_text(
+    dispatcher: Dispatcher,
+    model_id: str,
+    params: dict[str, Any],
+    target: str,
+    idempotency_key: str | None,
+    api_key_id: str | None,
+    webhook_url: str | None,
+) -> Submission:
     """The checks of :func:`submit_expanded`, then its text job's submission (or, for a retry
     of an expanded submission, the original image job, ``replayed``)."""
     if "expanded_by" in params:
-        raise Rejected("params.expanded_by is set by the server (the expansion's text job); send expand_prompt only",
-                       reason="invalid_params", param="params.expanded_by")
+        raise Rejected(
+            "params.expanded_by is set by the server (the expansion's text job); send expand_prompt only",
+            reason="invalid_params",
+            param="params.expanded_by",
+        )
     if idempotency_key is not None:
         original = dispatcher.journal.by_idempotency_key(idempotency_key)
         if original is not None and (original.params or {}).get("expanded_by"):
@@ -110,33 +139,51 @@ def _submit_text(dispatcher: Dispatcher, model_id: str, params: dict[str, Any], 
     try:
         record = dispatcher.validator.registry.get(str(text_model))
     except HomefleetError as error:
-        raise Rejected(f"params.expand_prompt must name a registered text model, got {text_model!r}",
-                       reason="invalid_expand_prompt", param="params.expand_prompt") from error
+        raise Rejected(
+            f"params.expand_prompt must name a registered text model, got {text_model!r}",
+            reason="invalid_expand_prompt",
+            param="params.expand_prompt",
+        ) from error
     if "text" not in record.kinds:
-        raise Rejected(f"params.expand_prompt must name a text model; {text_model!r} runs {', '.join(record.kinds)}",
-                       reason="invalid_expand_prompt", param="params.expand_prompt")
+        raise Rejected(
+            f"params.expand_prompt must name a text model; {text_model!r} runs {', '.join(record.kinds)}",
+            reason="invalid_expand_prompt",
+            param="params.expand_prompt",
+        )
     prompt = str(params.get("prompt") or "")
     dispatcher.check_webhook(webhook_url, api_key_id)
     dispatcher.request(model_id, "txt2img", {**params, "expanded_by": "pending"}, target)  # the image's checks first
-    return dispatcher.submit(str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO,
-                             api_key_id=api_key_id)
+    return dispatcher.submit(
+        str(text_model), "text", expansion_prompt(dispatcher, str(text_model), prompt), AUTO, api_key_id=api_key_id
+    )
 
 
-def _submit_image(dispatcher: Dispatcher, job: Job, model_id: str, params: dict[str, Any], target: str,
-                  idempotency_key: str | None, api_key_id: str | None, webhook_url: str | None) -> Submission:
+def _submit_image(
+    dispatcher: Dispatcher,
+    job: Job,
+    model_id: str,
+    params: dict[str, Any],
+    target: str,
+    idempotency_key: str | None,
+    api_key_id: str | None,
+    webhook_url: str | None,
+) -> Submission:
     """The image job of :func:`submit_expanded`, once its text job ``job`` has ended.
 
     Raises:
         ExpansionFailed: the text job ended without a result.
     """
     if job.state != JobState.succeeded or job.result_path is None:
-        raise ExpansionFailed(f"the prompt's expansion, text job {job.id}, ended {job.state}: {job.reason}: "
-                              f"{job.message}; the image was not submitted")
+        raise ExpansionFailed(
+            f"the prompt's expansion, text job {job.id}, ended {job.state}: {job.reason}: "
+            f"{job.message}; the image was not submitted"
+        )
     with open(job.result_path, "rb") as handle:
         expansion = handle.read().decode("utf-8", errors="replace")
     prompt = str(params.get("prompt") or "")
     image_params = {**params, "prompt": expanded(dispatcher, model_id, prompt, expansion), "expanded_by": job.id}
-    submission = dispatcher.submit(model_id, "txt2img", image_params, target, idempotency_key,
-                                   api_key_id=api_key_id, webhook_url=webhook_url)
+    submission = dispatcher.submit(
+        model_id, "txt2img", image_params, target, idempotency_key, api_key_id=api_key_id, webhook_url=webhook_url
+    )
     dispatcher.journal.log(job.id, "expanded_for", submission.job.id)
     return submission

@@ -44,8 +44,15 @@ class ProgressStore:
         self.redis = client
         self.keys = keyspace
 
-    def report(self, job_id: str, step: int | None = None, total: int | None = None, text: str | None = None,
-               tokens: list[int] | None = None, logprobs: list[float] | None = None) -> None:
+    def report(
+        self,
+        job_id: str,
+        step: int | None = None,
+        total: int | None = None,
+        text: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[float] | None = None,
+    ) -> None:
         """Record a report now: steps done of ``total``, or (both None, at claim) only that the
         job lives; ``text``, ``tokens`` and ``logprobs``: a text job's text, token ids and their
         log probabilities so far."""
@@ -72,9 +79,14 @@ class ProgressStore:
             return None
         step, total = raw.get("step"), raw.get("total")
         tokens, logprobs = raw.get("tokens"), raw.get("logprobs")
-        return Progress(int(step) if step is not None else None, int(total) if total is not None else None,
-                        float(raw.get("at") or 0.0), raw.get("text"), json.loads(tokens) if tokens else None,
-                        json.loads(logprobs) if logprobs else None)
+        return Progress(
+            int(step) if step is not None else None,
+            int(total) if total is not None else None,
+            float(raw.get("at") or 0.0),
+            raw.get("text"),
+            json.loads(tokens) if tokens else None,
+            json.loads(logprobs) if logprobs else None,
+        )
 
     def last_at(self, job_id: str) -> float:
         """Unix seconds of the last report (0.0 when none)."""

@@ -98,10 +98,15 @@ class KeyUse:
 
     def as_dict(self) -> dict[str, object]:
         """The row as JSON (``homefleet keys --json``); a limit not set is null."""
-        return {"key_id": self.key_id, "keys": self.keys, "queued": self.queued, "running": self.running,
-                "gpu_s_last_hour": round(self.gpu_s_last_hour, 3),
-                "max_queued_jobs": self.quota.max_queued_jobs if self.quota else None,
-                "max_gpu_seconds_per_hour": self.quota.max_gpu_seconds_per_hour if self.quota else None}
+        return {
+            "key_id": self.key_id,
+            "keys": self.keys,
+            "queued": self.queued,
+            "running": self.running,
+            "gpu_s_last_hour": round(self.gpu_s_last_hour, 3),
+            "max_queued_jobs": self.quota.max_queued_jobs if self.quota else None,
+            "max_gpu_seconds_per_hour": self.quota.max_gpu_seconds_per_hour if self.quota else None,
+        }
 
 
 @dataclass
@@ -119,8 +124,10 @@ class KeyQuotas:
     def usage(self, api_key_id: str, now_s: float) -> list[Usage]:
         """The jobs of key ``api_key_id`` that ended in the window up to ``now_s``, oldest first."""
         since = datetime.fromtimestamp(now_s - self.window_s, UTC)
-        return [Usage(unix_s(finished), gpu_seconds(finished, started, load_s, run_s))
-                for _, finished, started, load_s, run_s in self.journal.ended_since(since, api_key_id)]
+        return [
+            Usage(unix_s(finished), gpu_seconds(finished, started, load_s, run_s))
+            for _, finished, started, load_s, run_s in self.journal.ended_since(since, api_key_id)
+        ]
 
     def check(self, api_key_id: str | None, now_s: float | None = None) -> None:
         """Refuse a submission of key ``api_key_id`` at either limit of its quota (module
@@ -142,7 +149,9 @@ class KeyQuotas:
             raise QuotaExceeded(
                 f"api key {api_key_id!r} is over its quota max_queued_jobs={quota.max_queued_jobs} "
                 f"({active} queued or running); retry once one of its jobs has ended",
-                reason=QUOTA_QUEUED, retry_after_s=self.settings.retry_after_s)
+                reason=QUOTA_QUEUED,
+                retry_after_s=self.settings.retry_after_s,
+            )
         if gpu_limit is None:
             return
         used = timed_s + sum(gpu_seconds(finished, started, None, None) for finished, started in untimed)
@@ -152,15 +161,19 @@ class KeyQuotas:
             raise QuotaExceeded(
                 f"api key {api_key_id!r} is over its quota max_gpu_seconds_per_hour={gpu_limit:g} "
                 f"({used:.1f} GPU-seconds used by its jobs that ended in the last {self.window_s:g} s); "
-                f"retry in {retry_s} s", reason=QUOTA_GPU_SECONDS, retry_after_s=retry_s)
+                f"retry in {retry_s} s",
+                reason=QUOTA_GPU_SECONDS,
+                retry_after_s=retry_s,
+            )
 
     def by_key(self, now_s: float | None = None) -> list[KeyUse]:
         """Every key's use (``homefleet keys``): the configured keys, one row per quota name and
         one per key under no quota, in configuration order, then the key ids the journal holds
         jobs of (queued, running or ended in the last hour) that no configured key has."""
         now_s = time.time() if now_s is None else now_s
-        rows: dict[str, KeyUse] = {name: KeyUse(name, 0, quota=quota)
-                                   for name, quota in self.settings.api_key_quotas.items()}
+        rows: dict[str, KeyUse] = {
+            name: KeyUse(name, 0, quota=quota) for name, quota in self.settings.api_key_quotas.items()
+        }
         for key in self.settings.api_keys:
             key_id = self.settings.api_key_id(key)
             rows.setdefault(key_id, KeyUse(key_id, 0)).keys += 1

@@ -80,14 +80,23 @@ class ReconcileReport:
 
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
-        lost = (f"Redis had lost its data: published {len(self.requeued)} queued jobs again; "
-                if self.redis_lost else
-                f"Redis failed over: published {len(self.requeued)} queued jobs again; " if self.master_changed else "")
-        cancelled = (f"; cancelled {len(self.cancelled)} ({', '.join(sorted(set(self.cancelled.values())))})"
-                     if self.cancelled else "")
-        return (f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
-                f"{self.released_reservations} reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
-                + ("; residency facts restored from the database" if self.residency_restored else ""))
+        lost = (
+            f"Redis had lost its data: published {len(self.requeued)} queued jobs again; "
+            if self.redis_lost
+            else f"Redis failed over: published {len(self.requeued)} queued jobs again; "
+            if self.master_changed
+            else ""
+        )
+        cancelled = (
+            f"; cancelled {len(self.cancelled)} ({', '.join(sorted(set(self.cancelled.values())))})"
+            if self.cancelled
+            else ""
+        )
+        return (
+            f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
+            f"{self.released_reservations} reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
+            + ("; residency facts restored from the database" if self.residency_restored else "")
+        )
 
 
 @dataclass
@@ -179,17 +188,30 @@ class Reconciler:
                 continue  # Redis lost its data during this pass (after it read the marker): as above
             if heartbeat is None and now - last_progress > self.settings.heartbeat_ttl_s:
                 # (a starved heartbeat thread while steps still report is not a lost worker)
-                self._interrupt(report, job.id, JobState.running, "worker_lost",
-                                f"the worker of {machine} has no live heartbeat; the job may have started")
+                self._interrupt(
+                    report,
+                    job.id,
+                    JobState.running,
+                    "worker_lost",
+                    f"the worker of {machine} has no live heartbeat; the job may have started",
+                )
             elif heartbeat is None:
                 continue
-            elif (job.worker_boot_id and heartbeat.get("boot_id") != job.worker_boot_id
-                  and float(heartbeat.get("at", now)) >= _unix_s(job.started_at)):
+            elif (
+                job.worker_boot_id
+                and heartbeat.get("boot_id") != job.worker_boot_id
+                and float(heartbeat.get("at", now)) >= _unix_s(job.started_at)
+            ):
                 # (a heartbeat written before the claim may still be the previous boot's: a worker
                 # that just restarted can claim a job before its first heartbeat replaces it)
-                self._interrupt(report, job.id, JobState.running, "worker_restarted",
-                                f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
-                                f"claimed by boot {job.worker_boot_id})")
+                self._interrupt(
+                    report,
+                    job.id,
+                    JobState.running,
+                    "worker_restarted",
+                    f"the worker of {machine} restarted (boot {heartbeat.get('boot_id')}, "
+                    f"claimed by boot {job.worker_boot_id})",
+                )
             elif self._cancel_overdue(report, job, now):
                 continue
             else:
@@ -213,8 +235,10 @@ class Reconciler:
             return False
         seen = self.progress.read(job.id)
         steps = f"{seen.step} of {seen.total}" if seen is not None and seen.step is not None else "0"
-        message = (f"cancelled by request while running, after {steps} steps; it did not stop between steps "
-                   f"within cancel_grace_s={self.settings.cancel_grace_s:g} s, so its pool process was killed")
+        message = (
+            f"cancelled by request while running, after {steps} steps; it did not stop between steps "
+            f"within cancel_grace_s={self.settings.cancel_grace_s:g} s, so its pool process was killed"
+        )
         try:
             assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
             self.endings.cancel_running(job.id, job.machine or "", message, release=False)  # the pass releases
@@ -237,8 +261,13 @@ class Reconciler:
                 # No worker will take it: its machine left the fleet config. Its message is taken
                 # out of that machine's list, so a worker started under the old name later
                 # cannot run it either.
-                self._interrupt(report, job_id, JobState.queued, "machine_removed",
-                                f"machine {machine!r} is no longer in the fleet config; the job was not run")
+                self._interrupt(
+                    report,
+                    job_id,
+                    JobState.queued,
+                    "machine_removed",
+                    f"machine {machine!r} is no longer in the fleet config; the job was not run",
+                )
                 self.queues.remove(machine, job_id)
                 continue
             if job_id in waiting.get(machine or "", set()) or job_id in delivered:
@@ -260,16 +289,26 @@ class Reconciler:
         message says so.)"""
         taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
-            self._interrupt(report, job_id, JobState.queued, "lost",
-                            f"its message was delivered to {taker}'s worker, which stopped before claiming it; "
-                            "the job was not run")
+            self._interrupt(
+                report,
+                job_id,
+                JobState.queued,
+                "lost",
+                f"its message was delivered to {taker}'s worker, which stopped before claiming it; the job was not run",
+            )
             return
         assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
         try:  # announced: Flower shows it REVOKED, not PENDING forever
             self.endings.cancel(
-                job_id, "purged", f"its message was removed from the queue {queue(machine or '')} before any worker "
+                job_id,
+                "purged",
+                f"its message was removed from the queue {queue(machine or '')} before any worker "
                 "took it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
-                "submitting it); the job was not run", announce=True, release=False, event_detail="purged")
+                "submitting it); the job was not run",
+                announce=True,
+                release=False,
+                event_detail="purged",
+            )
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job_id] = "purged"
@@ -316,8 +355,11 @@ class Reconciler:
         created = {job.id: index for index, job in enumerate(active)}
         report.requeued = sorted((job.id for job in gone), key=created.__getitem__)
         if gone:
-            log.warning("%s: published %d queued jobs again, in journal order",
-                        "Redis lost its data" if report.redis_lost else "Redis failed over", len(gone))
+            log.warning(
+                "%s: published %d queued jobs again, in journal order",
+                "Redis lost its data" if report.redis_lost else "Redis failed over",
+                len(gone),
+            )
 
 
 class ReconcileLoop:
@@ -326,9 +368,13 @@ class ReconcileLoop:
     configuration error that refused it (the Redis runs with another journal), or None. A pass
     runs only while ``leads()`` (one leader among servers sharing the journal, app/db/leadership.py)."""
 
-    def __init__(self, reconciler: Reconciler, interval_s: float,
-                 on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None,
-                 leads: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        interval_s: float,
+        on_refusal: Callable[[HomefleetError | None], None] = lambda _error: None,
+        leads: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.reconciler = reconciler
         self.leads = leads
         self.interval_s = interval_s

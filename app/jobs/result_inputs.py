@@ -25,8 +25,14 @@ from app.store.files import InputStore, ResultStore
 log = logging.getLogger(__name__)
 
 
-def adopt_results(kind: str, params: Mapping[str, Any], inputs: InputStore, results: ResultStore, journal: Journal,
-                  api_key_id: str | None) -> list[str]:
+def adopt_results(
+    kind: str,
+    params: Mapping[str, Any],
+    inputs: InputStore,
+    results: ResultStore,
+    journal: Journal,
+    api_key_id: str | None,
+) -> list[str]:
     """Take each input field of ``kind`` in ``params`` that names one of the key's stored results
     (not an upload) into the input store. Returns the fields taken.
 
@@ -60,12 +66,16 @@ def adopt_results(kind: str, params: Mapping[str, Any], inputs: InputStore, resu
             log.warning("result %s named by params.%s cannot be read: %s", value, field, error)
             continue
         if bytes_digest(data) != value:
-            raise Rejected(f"params.{field}: the stored result {value} no longer hashes to its digest; it cannot be "
-                           "an input", reason="unknown_file", param=f"params.{field}")
+            raise Rejected(
+                f"params.{field}: the stored result {value} no longer hashes to its digest; it cannot be an input",
+                reason="unknown_file",
+                param=f"params.{field}",
+            )
         try:
             inputs.add(data)
         except Rejected as error:
-            raise Rejected(f"params.{field}: the result {value}: {error.message}", reason=error.reason,
-                           param=f"params.{field}") from error
+            raise Rejected(
+                f"params.{field}: the result {value}: {error.message}", reason=error.reason, param=f"params.{field}"
+            ) from error
         taken.append(field)
     return taken

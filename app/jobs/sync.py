@@ -69,8 +69,17 @@ SYNC_ENDED = frozenset({SyncState.succeeded, SyncState.failed, SyncState.interru
 class Syncs:
     """Start, claim, follow and finish syncs. State lives in Redis (``Keys.sync``)."""
 
-    def __init__(self, settings: Settings, client: redis.Redis, celery: Celery, fleet: Fleet, journal: Journal,
-                 registry: Registry, machines: MachineStates, lock: FleetLock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        celery: Celery,
+        fleet: Fleet,
+        journal: Journal,
+        registry: Registry,
+        machines: MachineStates,
+        lock: FleetLock,
+    ) -> None:
         self.settings = settings
         self.redis = client
         self.celery = celery
@@ -104,9 +113,11 @@ class Syncs:
             for model_id in model_ids:
                 model = self.registry.get(model_id)
                 if model.family not in config.families:
-                    raise Rejected(f"machine {machine!r} does not support family {model.family!r} of model "
-                                   f"{model_id!r}; it supports: {', '.join(sorted(config.families))}",
-                                   reason="family_not_supported")
+                    raise Rejected(
+                        f"machine {machine!r} does not support family {model.family!r} of model "
+                        f"{model_id!r}; it supports: {', '.join(sorted(config.families))}",
+                        reason="family_not_supported",
+                    )
         else:
             model_ids = [m.id for m in self.registry.list() if m.family in config.families]
         manifests = [self.registry.manifest(model_id) for model_id in dict.fromkeys(model_ids)]
@@ -117,8 +128,9 @@ class Syncs:
         with self.lock.held("sync again") as fence:
             view = self.machines.view(machine)
             if not view.online:
-                raise MachineUnavailable(f"machine {machine!r} is offline (no live heartbeat); start its worker, "
-                                         f"then sync again")
+                raise MachineUnavailable(
+                    f"machine {machine!r} is offline (no live heartbeat); start its worker, then sync again"
+                )
             holder = cast("str | None", self.redis.get(self.keys.syncing(machine)))  # decoded (create_redis)
             if holder:
                 raise Conflict(f"machine {machine!r} is already syncing (sync {holder})", reason="machine_syncing")
@@ -133,10 +145,19 @@ class Syncs:
             sync_id = uuid.uuid4().hex
             files = [f for m in manifests for f in m.files]
             record: dict[str, str | int | float] = {
-                "id": sync_id, "machine": machine, "models": json.dumps([m.model_id for m in manifests]),
-                "state": SyncState.queued, "created_at": time.time(), "files_total": len(files),
-                "bytes_total": sum(f.size for f in files), "files_done": 0, "bytes_done": 0, "file": "",
-                "message": "", "results": "[]", "verified": "[]",
+                "id": sync_id,
+                "machine": machine,
+                "models": json.dumps([m.model_id for m in manifests]),
+                "state": SyncState.queued,
+                "created_at": time.time(),
+                "files_total": len(files),
+                "bytes_total": sum(f.size for f in files),
+                "files_done": 0,
+                "bytes_done": 0,
+                "file": "",
+                "message": "",
+                "results": "[]",
+                "verified": "[]",
             }
             with self.redis.pipeline() as pipe:
                 pipe.hset(self.keys.sync(sync_id), mapping=record)  # type: ignore[arg-type]  # redis-py: Mapping keys
@@ -175,7 +196,8 @@ class Syncs:
             record["state"] = SyncState.interrupted
             record["message"] = record["message"] or (
                 "the sync's reservation expired: its worker stopped reporting (killed or offline); "
-                "no unverified bytes were put at a final name; sync again to resume")
+                "no unverified bytes were put at a final name; sync again to resume"
+            )
         return record
 
     def claim(self, sync_id: str, machine: str) -> SyncGrant:
@@ -194,8 +216,10 @@ class Syncs:
             )
         if not self.redis.eval(_RENEW, 1, self.keys.syncing(machine), sync_id, self.ttl_ms):
             self.redis.hset(self.keys.sync(sync_id), "state", SyncState.interrupted)
-            raise Conflict(f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",
-                           reason="sync_not_reserved")
+            raise Conflict(
+                f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",
+                reason="sync_not_reserved",
+            )
         self.redis.hset(self.keys.sync(sync_id), "state", SyncState.running)
         manifests = {m: self.registry.manifest(m) for m in record["models"]}
         return SyncGrant(sync_id=sync_id, models=manifests)
@@ -205,21 +229,30 @@ class Syncs:
         when the reservation expired meanwhile: the worker then stops copying."""
         self._own(sync_id, machine)
         if not self.redis.eval(_RENEW, 1, self.keys.syncing(machine), sync_id, self.ttl_ms):
-            raise Conflict(f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",
-                           reason="sync_not_reserved")
-        self.redis.hset(self.keys.sync(sync_id), mapping={"files_done": files_done, "bytes_done": bytes_done,
-                                                          "file": file})
+            raise Conflict(
+                f"sync {sync_id} no longer holds machine {machine!r} (its reservation expired)",
+                reason="sync_not_reserved",
+            )
+        self.redis.hset(
+            self.keys.sync(sync_id), mapping={"files_done": files_done, "bytes_done": bytes_done, "file": file}
+        )
 
     def finish(self, sync_id: str, machine: str, report: SyncFinish) -> dict[str, Any]:
         """End the sync with the worker's per-file results and its re-verified model set;
         release the reservation. Returns the record."""
         self._own(sync_id, machine)
         state = SyncState.succeeded if report.succeeded else SyncState.failed
-        self.redis.hset(self.keys.sync(sync_id), mapping={
-            "state": state, "message": report.message, "verified": json.dumps(report.verified),
-            "results": json.dumps([result.model_dump() for result in report.results]),
-            "finished_at": time.time(), "file": "",
-        })
+        self.redis.hset(
+            self.keys.sync(sync_id),
+            mapping={
+                "state": state,
+                "message": report.message,
+                "verified": json.dumps(report.verified),
+                "results": json.dumps([result.model_dump() for result in report.results]),
+                "finished_at": time.time(),
+                "file": "",
+            },
+        )
         self.redis.eval(_RELEASE, 1, self.keys.syncing(machine), sync_id)
         return self.get(sync_id)
 

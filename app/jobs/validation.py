@@ -53,8 +53,15 @@ from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
 
-INTEGER_PARAMS: tuple[str, ...] = ("width", "height", "steps", "frames", "n", "seed", *dict.fromkeys(
-    number.name for spec in KINDS.values() for number in spec.numbers if number.integer))
+INTEGER_PARAMS: tuple[str, ...] = (
+    "width",
+    "height",
+    "steps",
+    "frames",
+    "n",
+    "seed",
+    *dict.fromkeys(number.name for spec in KINDS.values() for number in spec.numbers if number.integer),
+)
 """Params taken as integers, also when a JSON client sends an integer-valued float (``512.0``;
 JSON Schema's ``integer`` admits it, R22): the sizes :func:`check_submission` checks, the seed
 and every integer number of a kind (``noise_level``, ``max_new_tokens``)."""
@@ -69,8 +76,13 @@ class Validator:
     """Checks a submission against its model (registry), its kind's spec, its family's limits
     and its inputs (the input store), counting prompt tokens with the model's own tokenizer."""
 
-    def __init__(self, registry: Registry, inputs: InputStore, limits: Mapping[str, FamilyLimits],
-                 models: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        inputs: InputStore,
+        limits: Mapping[str, FamilyLimits],
+        models: Mapping[str, Any] | None = None,
+    ) -> None:
         self.registry = registry
         self.inputs = inputs
         self.limits = limits
@@ -102,8 +114,12 @@ class Validator:
         record = self.registry.get(model_id)
         own = self.models.get(model_id)
         positions = max_positions(model_config(self.registry.folder(model_id)))
-        return token_limits(limits_for(self.limits, record.family), positions,
-                            getattr(own, "max_input_tokens", None), getattr(own, "max_total_tokens", None))
+        return token_limits(
+            limits_for(self.limits, record.family),
+            positions,
+            getattr(own, "max_input_tokens", None),
+            getattr(own, "max_total_tokens", None),
+        )
 
     def chat_prompt(self, model_id: str, messages: Any) -> str:
         """The prompt text of a chat request for ``model_id``: ``messages`` (a list of
@@ -115,11 +131,19 @@ class Validator:
             Conflict: the model's files changed on the server (``model_changed``, :meth:`model`).
         """
         self.model(model_id)
-        if (not isinstance(messages, list) or not messages
-                or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                           for m in messages)):
-            raise Rejected("`messages` must be a non-empty list of {\"role\": string, \"content\": string}",
-                           reason="invalid_messages", param="messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            raise Rejected(
+                '`messages` must be a non-empty list of {"role": string, "content": string}',
+                reason="invalid_messages",
+                param="messages",
+            )
         tokenizer = self.tokenizers.tokenizer(model_id)
         if tokenizer is None:
             raise Rejected(f"model {model_id!r} has no tokenizer", reason="invalid_messages", param="messages")
@@ -147,8 +171,9 @@ class Validator:
         record = self.model(model_id)
         kinds = kinds_of(record.family, record.kinds)
         if kind not in kinds:
-            raise Rejected(f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}",
-                           reason="kind_not_supported")
+            raise Rejected(
+                f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}", reason="kind_not_supported"
+            )
         self.apply_defaults(record, kind, params)
         limits = limits_for(self.limits, record.family)
         if kind == "text":
@@ -168,12 +193,18 @@ class Validator:
             return job_request(model_id, record.family, kind, target, params, prompt_tokens=tokens)
         text_model = params.get("expand_prompt") if kind == "txt2img" else None
         if text_model is not None and not (isinstance(text_model, str) and 1 <= len(text_model) <= MAX_MODEL_ID):
-            raise Rejected(f"params.expand_prompt must be a text model's id (1-{MAX_MODEL_ID} characters)",
-                           reason="invalid_expand_prompt", param="params.expand_prompt")
+            raise Rejected(
+                f"params.expand_prompt must be a text model's id (1-{MAX_MODEL_ID} characters)",
+                reason="invalid_expand_prompt",
+                param="params.expand_prompt",
+            )
         if text_model is not None and not isinstance(params.get("expanded_by"), str):
-            raise Rejected("params.expand_prompt is run by POST /v1/jobs (the expansion's text job first, "
-                           "app/jobs/expansion.py); this route cannot expand a prompt", reason="invalid_expand_prompt",
-                           param="params.expand_prompt")
+            raise Rejected(
+                "params.expand_prompt is run by POST /v1/jobs (the expansion's text job first, "
+                "app/jobs/expansion.py); this route cannot expand a prompt",
+                reason="invalid_expand_prompt",
+                param="params.expand_prompt",
+            )
         if kind == "video" and (most := model_max_frames(self.registry.folder(model_id))) is not None:
             limits = limits.model_copy(update={"max_frames": min(limits.max_frames, most)})  # the model's own limit
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
@@ -188,7 +219,6 @@ class Validator:
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)
         return job_request(model_id, record.family, kind, target, params)
-
 
     def apply_defaults(self, record: ModelRecord, kind: str, params: dict[str, Any]) -> None:
         """Set in ``params`` each param of ``kind`` it lacks that the job's adapters (in order)
@@ -221,8 +251,9 @@ class Validator:
         return families
 
 
-def check_adapters(params: Mapping[str, Any], limits: FamilyLimits, family: str,
-                   adapter_families: Mapping[str, str]) -> list[dict[str, Any]]:
+def check_adapters(
+    params: Mapping[str, Any], limits: FamilyLimits, family: str, adapter_families: Mapping[str, str]
+) -> list[dict[str, Any]]:
     """Check ``params.adapters`` of a job on a model of ``family``: a list of at most
     ``limits.max_adapters`` objects ``{"id": str, "scale": number}`` (``scale`` optional,
     default 1.0, finite, within +-:data:`MAX_ADAPTER_SCALE`), each id a registered adapter
@@ -239,33 +270,60 @@ def check_adapters(params: Mapping[str, Any], limits: FamilyLimits, family: str,
     entries = params.get(ADAPTERS_PARAM)
     field = f"params.{ADAPTERS_PARAM}"
     if not isinstance(entries, list):
-        raise Rejected(f"{field} must be a list of {{\"id\": adapter id, \"scale\": number}}, got {entries!r}"[:500],
-                       reason="invalid_adapters", param=field)
+        raise Rejected(
+            f'{field} must be a list of {{"id": adapter id, "scale": number}}, got {entries!r}'[:500],
+            reason="invalid_adapters",
+            param=field,
+        )
     if len(entries) > limits.max_adapters:
-        raise Rejected(f"{field} holds {len(entries)} adapters; family {family} takes at most "
-                       f"{limits.max_adapters} (max_adapters)", reason="invalid_adapters", param=field)
+        raise Rejected(
+            f"{field} holds {len(entries)} adapters; family {family} takes at most "
+            f"{limits.max_adapters} (max_adapters)",
+            reason="invalid_adapters",
+            param=field,
+        )
     checked: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
         at = f"{field}[{i}]"
         if not isinstance(entry, dict) or set(entry) - {"id", "scale"} or "id" not in entry:
-            raise Rejected(f"{at} must be an object {{\"id\": adapter id, \"scale\": number}} (only those keys), "
-                           f"got {entry!r}"[:500], reason="invalid_adapters", param=at)
+            raise Rejected(
+                f'{at} must be an object {{"id": adapter id, "scale": number}} (only those keys), got {entry!r}'[:500],
+                reason="invalid_adapters",
+                param=at,
+            )
         adapter_id, scale = entry["id"], entry.get("scale", 1.0)
         if not isinstance(adapter_id, str) or adapter_id not in adapter_families:
-            raise Rejected(f"{at}.id {adapter_id!r} is not a registered adapter; register one with "
-                           "`homefleet models add FOLDER --adapter-of FAMILY` (GET /v1/models lists kind adapter)",
-                           reason="unknown_adapter", param=f"{at}.id")
+            raise Rejected(
+                f"{at}.id {adapter_id!r} is not a registered adapter; register one with "
+                "`homefleet models add FOLDER --adapter-of FAMILY` (GET /v1/models lists kind adapter)",
+                reason="unknown_adapter",
+                param=f"{at}.id",
+            )
         if adapter_families[adapter_id] != family:
-            raise Rejected(f"{at}.id: adapter {adapter_id!r} is of family {adapter_families[adapter_id]}, the model is "
-                           f"of family {family}; use an adapter of family {family}", reason="adapter_family_mismatch",
-                           param=f"{at}.id")
+            raise Rejected(
+                f"{at}.id: adapter {adapter_id!r} is of family {adapter_families[adapter_id]}, the model is "
+                f"of family {family}; use an adapter of family {family}",
+                reason="adapter_family_mismatch",
+                param=f"{at}.id",
+            )
         if any(done["id"] == adapter_id for done in checked):
-            raise Rejected(f"{at}.id: adapter {adapter_id!r} is named twice; give it once with its scale",
-                           reason="invalid_adapters", param=f"{at}.id")
-        if (not isinstance(scale, int | float) or isinstance(scale, bool)
-                or not -MAX_ADAPTER_SCALE <= scale <= MAX_ADAPTER_SCALE):  # NaN compares false: refused too
-            raise Rejected(f"{at}.scale must be a number from {-MAX_ADAPTER_SCALE:g} to {MAX_ADAPTER_SCALE:g}, "
-                           f"got {scale!r}"[:500], reason="invalid_adapters", param=f"{at}.scale")
+            raise Rejected(
+                f"{at}.id: adapter {adapter_id!r} is named twice; give it once with its scale",
+                reason="invalid_adapters",
+                param=f"{at}.id",
+            )
+        if (
+            not isinstance(scale, int | float)
+            or isinstance(scale, bool)
+            or not -MAX_ADAPTER_SCALE <= scale <= MAX_ADAPTER_SCALE
+        ):  # NaN compares false: refused too
+            raise Rejected(
+                f"{at}.scale must be a number from {-MAX_ADAPTER_SCALE:g} to {MAX_ADAPTER_SCALE:g}, got {scale!r}"[
+                    :500
+                ],
+                reason="invalid_adapters",
+                param=f"{at}.scale",
+            )
         checked.append({"id": adapter_id, "scale": float(scale)})
     return checked
 
@@ -284,14 +342,16 @@ def _integer(params: Mapping[str, Any], name: str) -> int | None:
 def integer_params(params: Mapping[str, Any]) -> dict[str, int]:
     """The :data:`INTEGER_PARAMS` of ``params`` sent as integer-valued floats, as ints: what the
     server stores, prices and sends to the pipeline (``64.0`` frames are 64 frames, not 8)."""
-    return {name: int(value) for name in INTEGER_PARAMS
-            if isinstance(value := params.get(name), float) and value.is_integer() and abs(value) <= 2**53}
+    return {
+        name: int(value)
+        for name in INTEGER_PARAMS
+        if isinstance(value := params.get(name), float) and value.is_integer() and abs(value) <= 2**53
+    }
 
 
 def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") -> None:
     if value is not None and not low <= value <= high:
-        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {shown(value)}",
-                       reason=f"invalid_{name}")
+        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {shown(value)}", reason=f"invalid_{name}")
 
 
 def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -> KindSpec:
@@ -307,8 +367,9 @@ def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -
     try:
         kind_spec = family_spec(family, kind)
     except KeyError as error:
-        raise Rejected(f"kind {kind!r} is not implemented; implemented: {', '.join(KINDS)}",
-                       reason="kind_not_supported") from error
+        raise Rejected(
+            f"kind {kind!r} is not implemented; implemented: {', '.join(KINDS)}", reason="kind_not_supported"
+        ) from error
     unknown = [name for name in params if name not in kind_spec.accepted]
     if unknown:
         named = ", ".join(f"params.{name}" for name in unknown)
@@ -319,14 +380,20 @@ def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -
             if rules is not None and kind in rules.kinds
             else ""
         )
-        raise Rejected(f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
-                       reason="unknown_param", param=f"params.{unknown[0]}")
+        raise Rejected(
+            f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
+            reason="unknown_param",
+            param=f"params.{unknown[0]}",
+        )
     return kind_spec
 
 
 def check_submission(
-    params: Mapping[str, Any], limits: FamilyLimits, count_tokens: Callable[[str], int] | None = None,
-    kind: str | None = None, family: str = "",
+    params: Mapping[str, Any],
+    limits: FamilyLimits,
+    count_tokens: Callable[[str], int] | None = None,
+    kind: str | None = None,
+    family: str = "",
 ) -> None:
     """Refuse a submission whose params exceed ``limits`` (R22). Pure: no side effect.
 
@@ -355,14 +422,16 @@ def check_submission(
         if side < limits.min_side or side % limits.multiple_of:
             raise Rejected(
                 f"`{name}` must be a multiple of {limits.multiple_of} and at least {limits.min_side} pixels, "
-                f"got {shown(side)}", reason=f"invalid_{name}",
+                f"got {shown(side)}",
+                reason=f"invalid_{name}",
             )
     if width is not None or height is not None:
         pixels = (width or 64) * (height or 64)
         if pixels > limits.max_pixels:
             raise Rejected(
                 f"`width` x `height` must be at most {limits.max_pixels} pixels, got {shown(width)} x "
-                f"{shown(height)} = {shown(pixels)}; ask for a smaller size", reason="invalid_size",
+                f"{shown(height)} = {shown(pixels)}; ask for a smaller size",
+                reason="invalid_size",
             )
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
@@ -374,14 +443,18 @@ def check_submission(
         if not isinstance(text, str):
             raise Rejected(f"`{name}` must be a string, got {type(text).__name__}", reason=f"invalid_{name}")
         if len(text) > limits.max_prompt_chars:
-            raise Rejected(f"`{name}` must be at most {limits.max_prompt_chars} characters (max_prompt_chars), "
-                           f"got {len(text)}; shorten it", reason=f"invalid_{name}")
+            raise Rejected(
+                f"`{name}` must be at most {limits.max_prompt_chars} characters (max_prompt_chars), "
+                f"got {len(text)}; shorten it",
+                reason=f"invalid_{name}",
+            )
         if count_tokens is not None:
             tokens = count_tokens(text)
             if tokens > limits.max_prompt_tokens:
                 raise Rejected(
                     f"`{name}` must be at most {limits.max_prompt_tokens} tokens (the model's tokenizer, "
-                    f"with start and end tokens), got {tokens}; shorten it", reason=f"invalid_{name}",
+                    f"with start and end tokens), got {tokens}; shorten it",
+                    reason=f"invalid_{name}",
                 )
 
 
@@ -404,14 +477,21 @@ def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLi
         raise Rejected("the model has no tokenizer to count the prompt's tokens", reason="invalid_prompt")
     tokens = len(prompt_ids(tokenizer, str(params.get("prompt", "")), chat))
     if tokens > limits.max_input_tokens:
-        raise Rejected(f"the prompt must be at most {limits.max_input_tokens} tokens (max_input_tokens), got {tokens} "
-                       "tokens; shorten it", reason="invalid_prompt", param="params.prompt")
+        raise Rejected(
+            f"the prompt must be at most {limits.max_input_tokens} tokens (max_input_tokens), got {tokens} "
+            "tokens; shorten it",
+            reason="invalid_prompt",
+            param="params.prompt",
+        )
     new = int(text_spec.value(params, "max_new_tokens"))
     if tokens + new > limits.max_total_tokens:
-        raise Rejected(f"prompt tokens + max_new_tokens must be at most {limits.max_total_tokens} (max_total_tokens), "
-                       f"got {tokens} + {new} = {tokens + new}; lower max_new_tokens to at most "
-                       f"{max(0, limits.max_total_tokens - tokens)}", reason="invalid_max_new_tokens",
-                       param="params.max_new_tokens")
+        raise Rejected(
+            f"prompt tokens + max_new_tokens must be at most {limits.max_total_tokens} (max_total_tokens), "
+            f"got {tokens} + {new} = {tokens + new}; lower max_new_tokens to at most "
+            f"{max(0, limits.max_total_tokens - tokens)}",
+            reason="invalid_max_new_tokens",
+            param="params.max_new_tokens",
+        )
     return tokens
 
 
@@ -464,9 +544,13 @@ def check_strength(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or not isinstance(strength, int | float):
         return  # steps are refused elsewhere (check_submission)
     if denoised_steps(steps, float(strength)) < 1:
-        raise Rejected(f"params.strength must leave at least one denoising step (the pipeline runs int(steps x "
-                       f"strength) = int({steps} x {strength:g}) = 0 steps); ask for strength >= {1 / steps:g} or "
-                       "more steps", reason="invalid_params", param="params.strength")
+        raise Rejected(
+            f"params.strength must leave at least one denoising step (the pipeline runs int(steps x "
+            f"strength) = int({steps} x {strength:g}) = 0 steps); ask for strength >= {1 / steps:g} or "
+            "more steps",
+            reason="invalid_params",
+            param="params.strength",
+        )
 
 
 def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: str = "image") -> None:
@@ -476,12 +560,15 @@ def check_upload(size_bytes: int, media_type: str, limits: FamilyLimits, field: 
         Rejected: reason ``invalid_<field>``, naming size or type and the limit.
     """
     if size_bytes > limits.max_upload_bytes:
-        raise Rejected(f"`{field}` must be at most {limits.max_upload_bytes} bytes (max_upload_bytes), "
-                       f"got {size_bytes}", reason=f"invalid_{field}")
+        raise Rejected(
+            f"`{field}` must be at most {limits.max_upload_bytes} bytes (max_upload_bytes), got {size_bytes}",
+            reason=f"invalid_{field}",
+        )
     if media_type not in limits.upload_media_types:
         allowed = ", ".join(limits.upload_media_types)
-        raise Rejected(f"`{field}` must be one of {allowed} (upload_media_types), got {media_type!r}",
-                       reason=f"invalid_{field}")
+        raise Rejected(
+            f"`{field}` must be one of {allowed} (upload_media_types), got {media_type!r}", reason=f"invalid_{field}"
+        )
 
 
 def check_input_upload(field: str, stored: StoredFile, limits: FamilyLimits) -> None:
@@ -501,8 +588,9 @@ def check_input_upload(field: str, stored: StoredFile, limits: FamilyLimits) -> 
         raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
 
 
-def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
-                      limits: FamilyLimits | None = None, family: str = "") -> None:
+def check_kind_params(
+    kind: str, params: Mapping[str, Any], inputs: InputStore, limits: FamilyLimits | None = None, family: str = ""
+) -> None:
     """Refuse params ``kind`` cannot run with on a model of ``family``, naming the field, the
     value and the limit. With ``limits`` (the model family's), each input file must also fit
     its upload limits (:func:`check_input_upload`).
@@ -522,20 +610,29 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
     multiple = rules.multiple_of if rules is not None else 8
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
-        raise Rejected(f"params.seed must be an integer from 0 to {MAX_SEED}, got {shown(seed)}",
-                       reason="invalid_params", param="params.seed")
+        raise Rejected(
+            f"params.seed must be an integer from 0 to {MAX_SEED}, got {shown(seed)}",
+            reason="invalid_params",
+            param="params.seed",
+        )
     count = params.get(BATCH_PARAM)
     if isinstance(seed, int) and isinstance(count, int) and count > 1 and seed + count - 1 > MAX_SEED:
-        raise Rejected(f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got "
-                       f"{seed} + {count} - 1", reason="invalid_params", param="params.seed")
+        raise Rejected(
+            f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got {seed} + {count} - 1",
+            reason="invalid_params",
+            param="params.seed",
+        )
     check_numbers(kind_spec, params)
     check_strength(kind_spec, params)
     first: tuple[str, tuple[int, int]] | None = None  # the first input's field and size (pixels)
     for field in kind_spec.inputs:
         value = params.get(field)
         if not isinstance(value, str) or not value:
-            raise Rejected(f"params.{field} is required for kind {kind!r}: the id of a file uploaded with "
-                           f"POST /v1/files, got {value!r}", reason="invalid_params")
+            raise Rejected(
+                f"params.{field} is required for kind {kind!r}: the id of a file uploaded with "
+                f"POST /v1/files, got {value!r}",
+                reason="invalid_params",
+            )
         try:
             stored = inputs.get(value)
         except (Rejected, NotFound) as error:  # a refusal of the submission, naming the field
@@ -549,17 +646,25 @@ def check_kind_params(kind: str, params: Mapping[str, Any], inputs: InputStore,
             if first is None:
                 first = (field, (width, height))
             elif (width, height) != first[1]:
-                raise Rejected(f"params.{field} must have the size of params.{first[0]} ({first[1][0]}x{first[1][1]} "
-                               f"pixels), got {width}x{height}", reason="invalid_params", param=f"params.{field}")
+                raise Rejected(
+                    f"params.{field} must have the size of params.{first[0]} ({first[1][0]}x{first[1][1]} "
+                    f"pixels), got {width}x{height}",
+                    reason="invalid_params",
+                    param=f"params.{field}",
+                )
             if width % multiple or height % multiple:
                 why = f" for family {family} ({rules.pipeline_class}: {rules.size_why})" if rules is not None else ""
-                raise Rejected(f"params.{field}: the image to {kind} must have a width and height that are multiples "
-                               f"of {multiple} pixels{why}, got {width}x{height}", reason="invalid_params")
+                raise Rejected(
+                    f"params.{field}: the image to {kind} must have a width and height that are multiples "
+                    f"of {multiple} pixels{why}, got {width}x{height}",
+                    reason="invalid_params",
+                )
     if kind_spec.formats:
         fmt = kind_spec.value(params, "format")
         if fmt not in kind_spec.formats:
-            raise Rejected(f"params.format must be one of {', '.join(kind_spec.formats)}, got {fmt!r}",
-                           reason="invalid_params")
+            raise Rejected(
+                f"params.format must be one of {', '.join(kind_spec.formats)}, got {fmt!r}", reason="invalid_params"
+            )
 
 
 def check_family_params(family: str, kind: str, params: Mapping[str, Any]) -> None:
@@ -581,23 +686,31 @@ def check_family_params(family: str, kind: str, params: Mapping[str, Any]) -> No
     for name in ("width", "height"):
         side = params.get(name)
         if isinstance(side, int) and side % rules.multiple_of:
-            raise Rejected(f"`{name}` must be a multiple of {rules.multiple_of} pixels for {owner}: {rules.size_why}), "
-                           f"got {side}", reason=f"invalid_{name}")
+            raise Rejected(
+                f"`{name}` must be a multiple of {rules.multiple_of} pixels for {owner}: {rules.size_why}), got {side}",
+                reason=f"invalid_{name}",
+            )
     frames = kind_spec.value(params, "frames") if rules.frames is not None else None
     if rules.frames is not None and isinstance(frames, int) and frames % rules.frames.step != rules.frames.offset:
         step, offset = rules.frames.step, rules.frames.offset
         examples = ", ".join(str(step * k + offset) for k in range(4))
         lower = frames - (frames - offset) % step
-        raise Rejected(f"`frames` must be {step}k+{offset} ({examples}, ...) for {owner}: {rules.frames.why}), got "
-                       f"{frames}; ask for {max(lower, offset)} or {lower + step}",
-                       reason="invalid_frames")
+        raise Rejected(
+            f"`frames` must be {step}k+{offset} ({examples}, ...) for {owner}: {rules.frames.why}), got "
+            f"{frames}; ask for {max(lower, offset)} or {lower + step}",
+            reason="invalid_frames",
+        )
     negative = params.get("negative_prompt")
     if rules.cfg_param is not None and isinstance(negative, str) and negative.strip():
         scale = kind_spec.value(params, rules.cfg_param)
         if isinstance(scale, int | float) and scale <= 1:
-            raise Rejected(f"params.negative_prompt is used only with params.{rules.cfg_param} above 1 for {owner}: "
-                           f"true classifier-free guidance), got {rules.cfg_param}={scale}; raise it or drop the "
-                           "negative prompt", reason="invalid_params", param="params.negative_prompt")
+            raise Rejected(
+                f"params.negative_prompt is used only with params.{rules.cfg_param} above 1 for {owner}: "
+                f"true classifier-free guidance), got {rules.cfg_param}={scale}; raise it or drop the "
+                "negative prompt",
+                reason="invalid_params",
+                param="params.negative_prompt",
+            )
 
 
 def output_size(kind: str, params: Mapping[str, Any], inputs: InputStore) -> dict[str, int]:
@@ -622,6 +735,7 @@ def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, 
         Rejected: reason ``invalid_webhook_url``, param ``webhook_url``; the message names the
             field, the host and the allow-list, or the key without a secret.
     """
+
     def refuse(message: str) -> Rejected:
         return Rejected(f"webhook_url: {message}", reason="invalid_webhook_url", param="webhook_url")
 
@@ -641,14 +755,20 @@ def check_webhook(url: str, allow_hosts: Sequence[str], api_key_id: str | None, 
     if userinfo:
         raise refuse("must not carry credentials (user:password@); the webhook is signed instead")
     if host not in allow_hosts:
-        raise refuse(f"host {host!r} is not in the fleet's webhook allow-list {sorted(allow_hosts)} "
-                     "(the fleet file's [webhooks] allow_hosts)")
+        raise refuse(
+            f"host {host!r} is not in the fleet's webhook allow-list {sorted(allow_hosts)} "
+            "(the fleet file's [webhooks] allow_hosts)"
+        )
     if api_key_id is None:
-        raise refuse("this server's API is open (no API keys), and a webhook is signed with the secret of "
-                     "the API key that submits the job; configure api_keys and webhook_secrets")
+        raise refuse(
+            "this server's API is open (no API keys), and a webhook is signed with the secret of "
+            "the API key that submits the job; configure api_keys and webhook_secrets"
+        )
     if api_key_id not in secrets:
-        raise refuse(f"the API key (id {api_key_id}) that submitted it has no webhook secret, and every webhook is "
-                     "signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
+        raise refuse(
+            f"the API key (id {api_key_id}) that submitted it has no webhook secret, and every webhook is "
+            "signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it"
+        )
 
 
 def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: str = "image") -> None:
@@ -661,7 +781,8 @@ def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: st
     if width * height > limits.max_pixels:
         raise Rejected(
             f"params.{field}: the output would be {width} x {height} = {width * height} pixels; the limit "
-            f"(max_pixels) is {limits.max_pixels}; send a smaller image", reason="invalid_size",
+            f"(max_pixels) is {limits.max_pixels}; send a smaller image",
+            reason="invalid_size",
         )
 
 
@@ -678,8 +799,10 @@ def image_size(path: Path) -> tuple[int, int]:
         with Image.open(path) as image:
             return image.size
     except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
-        raise Rejected(f"params.image: the uploaded file is not a readable image ({error}); upload it again",
-                       reason="input_corrupt") from error
+        raise Rejected(
+            f"params.image: the uploaded file is not a readable image ({error}); upload it again",
+            reason="input_corrupt",
+        ) from error
 
 
 def model_max_frames(folder: Path) -> int | None:

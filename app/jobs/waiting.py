@@ -56,8 +56,14 @@ class _Watch:
 class Waiting:
     """Waiters of jobs' changes (module docstring). ``recheck_s``: the safety re-read's period."""
 
-    def __init__(self, settings: BrokerSettings, keys: Keys, journal: Journal, progress: ProgressStore,
-                 recheck_s: float = RECHECK_S) -> None:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        keys: Keys,
+        journal: Journal,
+        progress: ProgressStore,
+        recheck_s: float = RECHECK_S,
+    ) -> None:
         self.settings = settings
         self.channel = keys.job_changes()
         self.journal = journal
@@ -93,8 +99,11 @@ class Waiting:
                         self._heard(message.get("data"))
             except (redis.RedisError, OSError) as error:
                 self._ready.clear()
-                log.warning("job changes: the listener lost Redis (%s); waiters re-read the journal every %g s "
-                            "meanwhile", error, self.recheck_s)
+                log.warning(
+                    "job changes: the listener lost Redis (%s); waiters re-read the journal every %g s meanwhile",
+                    error,
+                    self.recheck_s,
+                )
                 self._stop.wait(LISTEN_S)
             finally:
                 pubsub.close()

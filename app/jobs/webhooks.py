@@ -69,8 +69,14 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     return f"sha256={digest}"
 
 
-def verify(secret: str, timestamp: str, signature: str, body: bytes, now_s: float | None = None,
-           tolerance_s: float = TOLERANCE_S) -> bool:
+def verify(
+    secret: str,
+    timestamp: str,
+    signature: str,
+    body: bytes,
+    now_s: float | None = None,
+    tolerance_s: float = TOLERANCE_S,
+) -> bool:
     """A receiver's check: the signature is the body's under ``secret`` and the timestamp is
     within ``tolerance_s`` seconds of ``now_s`` (default: now). Constant-time comparison."""
     try:
@@ -98,16 +104,23 @@ class WebhookSender:
     backoff, the timeout). ``render``: a job's record as the body's bytes (the server's JSON of
     ``GET /v1/jobs/{id}``, app/api/server.py). ``metrics``: each attempt is counted there."""
 
-    def __init__(self, settings: Settings, journal: Journal, outbox: WebhookOutbox,
-                 render: Callable[[Job], bytes], client: httpx.Client | None = None,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal,
+        outbox: WebhookOutbox,
+        render: Callable[[Job], bytes],
+        client: httpx.Client | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.journal = journal
         self.outbox = outbox
         self.render = render
-        self.client = client or httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False,
-                                             headers={"User-Agent": "homefleet-webhooks"})
+        self.client = client or httpx.Client(
+            timeout=settings.webhook_timeout_s, follow_redirects=False, headers={"User-Agent": "homefleet-webhooks"}
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -120,17 +133,23 @@ class WebhookSender:
         job = self.journal.get(delivery.job_id)
         secret = self.settings.webhook_secrets.get(job.api_key_id or "")
         if secret is None:  # the secret was removed since the submission: nothing unsigned is ever sent
-            detail = (f"attempt {number}: not sent: API key (id {job.api_key_id}) has no webhook secret "
-                      "(webhook_secrets); gave up")
+            detail = (
+                f"attempt {number}: not sent: API key (id {job.api_key_id}) has no webhook secret "
+                "(webhook_secrets); gave up"
+            )
             self.outbox.record(delivery, number, FAILED, detail, delivery.due_s)
             self._count(FAILED)
             log.warning("job %s: webhook %s", job.id, detail)
             return FAILED
         body = self.render(job)
         timestamp = int(time.time())
-        headers = {"Content-Type": "application/json", TIMESTAMP_HEADER: str(timestamp),
-                   SIGNATURE_HEADER: sign(secret, timestamp, body), DELIVERY_HEADER: str(delivery.id),
-                   EVENT_HEADER: EVENT}
+        headers = {
+            "Content-Type": "application/json",
+            TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_HEADER: sign(secret, timestamp, body),
+            DELIVERY_HEADER: str(delivery.id),
+            EVENT_HEADER: EVENT,
+        }
         try:  # streamed, and the answer's body never read: a receiver cannot make the server hold a large one
             with self.client.stream("POST", delivery.url, content=body, headers=headers) as response:
                 delivered, outcome = response.is_success, f"HTTP {response.status_code}"
@@ -147,8 +166,9 @@ class WebhookSender:
             log.warning("job %s: webhook to %s %s", job.id, delivery.url, detail)
             return FAILED
         pause = backoff_s(number, self.settings.webhook_backoff_s, self.settings.webhook_backoff_max_s)
-        self.outbox.record(delivery, number, PENDING, f"attempt {number}: {outcome}; next in {pause:g} s",
-                           time.time() + pause)
+        self.outbox.record(
+            delivery, number, PENDING, f"attempt {number}: {outcome}; next in {pause:g} s", time.time() + pause
+        )
         self._count("retry")
         return PENDING
 
@@ -164,8 +184,14 @@ class WebhookLoop:
     delivery), when an attempt finishes, when the next retry is due, and every
     ``webhook_poll_s`` (deliveries written by another process, e.g. a CLI command)."""
 
-    def __init__(self, sender: WebhookSender, outbox: WebhookOutbox, settings: Settings,
-                 wakeup: threading.Event | None = None, leads: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        sender: WebhookSender,
+        outbox: WebhookOutbox,
+        settings: Settings,
+        wakeup: threading.Event | None = None,
+        leads: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.sender = sender
         self.leads = leads  # deliveries are taken only while this server leads (app/db/leadership.py)
         self.outbox = outbox
@@ -193,8 +219,9 @@ class WebhookLoop:
         try:
             self.sender.attempt(delivery)
         except Exception:  # the journal failed (logged); the lease expires and the attempt is made again
-            log.exception("webhook delivery %s of job %s: the attempt could not be recorded", delivery.id,
-                          delivery.job_id)
+            log.exception(
+                "webhook delivery %s of job %s: the attempt could not be recorded", delivery.id, delivery.job_id
+            )
         finally:
             with self._guard:
                 self._inflight.discard(delivery.id or 0)

@@ -37,12 +37,12 @@ _SINCE = bindparam("since", type_=Job.__table__.c.finished_at.type)  # type: ign
 _ENDED = (col(Job.api_key_id) == _KEY, col(Job.finished_at) > _SINCE)
 _TIMED = col(Job.load_s).is_not(None) | col(Job.run_s).is_not(None)
 _UNTIMED = (*_ENDED, ~_TIMED, col(Job.started_at).is_not(None))
-_KEY_ACTIVE = select(func.count()).select_from(Job).where(
-    col(Job.api_key_id) == _KEY, col(Job.state).in_(list(ACTIVE)))
+_KEY_ACTIVE = select(func.count()).select_from(Job).where(col(Job.api_key_id) == _KEY, col(Job.state).in_(list(ACTIVE)))
 _KEY_LOAD = select(
     _KEY_ACTIVE.scalar_subquery(),
     select(func.coalesce(func.sum(func.coalesce(Job.load_s, 0.0) + func.coalesce(Job.run_s, 0.0)), 0.0))
-    .where(*_ENDED, _TIMED).scalar_subquery(),
+    .where(*_ENDED, _TIMED)
+    .scalar_subquery(),
     select(func.count()).select_from(Job).where(*_UNTIMED).scalar_subquery(),
 )
 _KEY_UNTIMED = select(Job.finished_at, Job.started_at).where(*_UNTIMED)
@@ -62,8 +62,18 @@ class Journal:
         has a webhook and ``state`` ends it; else None."""
         if webhook_url is None or state not in ENDED:
             return None
-        return {"job_id": job_id, "url": webhook_url, "job_state": str(state), "state": "pending", "attempts": 0,
-                "due_s": time.time(), "lease_s": None, "created_at": utcnow(), "finished_at": None, "detail": ""}
+        return {
+            "job_id": job_id,
+            "url": webhook_url,
+            "job_state": str(state),
+            "state": "pending",
+            "attempts": 0,
+            "due_s": time.time(),
+            "lease_s": None,
+            "created_at": utcnow(),
+            "finished_at": None,
+            "detail": "",
+        }
 
     def _delivered(self, delivery: dict[str, Any] | None) -> None:
         if delivery is not None and self.on_delivery is not None:
@@ -125,8 +135,7 @@ class Journal:
         jobs. A reconciliation pass over a backlog of 10,000 queued jobs spent 0.53 s of its
         0.92 s building them as objects (their JSON columns decoded), the API's other requests
         waiting meanwhile (bench/backlog.py)."""
-        query = (select(Job.id, Job.machine).where(col(Job.state).in_(list(states)))
-                 .order_by(col(Job.created_at)))
+        query = select(Job.id, Job.machine).where(col(Job.state).in_(list(states))).order_by(col(Job.created_at))
         with Session(self.engine) as session:
             return [(job_id, machine) for job_id, machine in session.exec(query)]
 
@@ -138,13 +147,19 @@ class Journal:
         found: dict[str, JobState] = {}
         with Session(self.engine) as session:
             for first in range(0, len(wanted), STATES_BATCH):
-                batch = wanted[first:first + STATES_BATCH]
+                batch = wanted[first : first + STATES_BATCH]
                 rows = session.exec(select(Job.id, Job.state).where(col(Job.id).in_(batch)))
                 found.update({job_id: JobState(state) for job_id, state in rows})
         return found
 
-    def page(self, states: Iterable[JobState] | None = None, machine: str | None = None, limit: int = 100,
-             after: str | None = None, newest_first: bool = False) -> builtins.list[Job]:
+    def page(
+        self,
+        states: Iterable[JobState] | None = None,
+        machine: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        newest_first: bool = False,
+    ) -> builtins.list[Job]:
         """At most ``limit`` jobs, oldest first (``created_at``, then id; ``newest_first``: the
         other way), optionally filtered by state and machine, starting after the job ``after``
         (keyset paging: each page is one indexed range query, however deep the backlog).
@@ -166,11 +181,15 @@ class Journal:
                 if cursor is None:
                     raise NotFound(f"no job with id {after!r} (the page cursor 'after')", reason="job_not_found")
                 if newest_first:
-                    query = query.where((col(Job.created_at) < cursor.created_at)
-                                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) < cursor.id)))
+                    query = query.where(
+                        (col(Job.created_at) < cursor.created_at)
+                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) < cursor.id))
+                    )
                 else:
-                    query = query.where((col(Job.created_at) > cursor.created_at)
-                                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) > cursor.id)))
+                    query = query.where(
+                        (col(Job.created_at) > cursor.created_at)
+                        | ((col(Job.created_at) == cursor.created_at) & (col(Job.id) > cursor.id))
+                    )
             return list(session.exec(query).all())
 
     def events(self, job_id: str) -> builtins.list[JobEvent]:
@@ -188,9 +207,13 @@ class Journal:
     def count_active(self, machine: str) -> int:
         """Jobs of ``machine`` that are queued or running (its backlog)."""
         with Session(self.engine) as session:
-            query = select(func.count()).select_from(Job).where(
-                col(Job.machine) == machine,
-                col(Job.state).in_(list(ACTIVE)),
+            query = (
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    col(Job.machine) == machine,
+                    col(Job.state).in_(list(ACTIVE)),
+                )
             )
             return int(session.exec(query).one())
 
@@ -198,14 +221,19 @@ class Journal:
         """Jobs submitted with API key ``api_key_id`` that are queued or running (one COUNT,
         two seeks of the index ``ix_job_api_key_id_state``)."""
         with Session(self.engine) as session:
-            query = select(func.count()).select_from(Job).where(
-                col(Job.api_key_id) == api_key_id,
-                col(Job.state).in_(list(ACTIVE)),
+            query = (
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    col(Job.api_key_id) == api_key_id,
+                    col(Job.state).in_(list(ACTIVE)),
+                )
             )
             return int(session.exec(query).one())
 
-    def key_load(self, api_key_id: str,
-                 since: datetime | None) -> tuple[int, float, builtins.list[tuple[datetime, datetime]]]:
+    def key_load(
+        self, api_key_id: str, since: datetime | None
+    ) -> tuple[int, float, builtins.list[tuple[datetime, datetime]]]:
         """What a key's quota check reads (app/jobs/quotas.py): its jobs queued or running; the
         load + run seconds its workers reported for its jobs that ended after ``since``, summed by
         the database; and ``(finished_at, started_at)`` of those of them that started but reported
@@ -223,33 +251,48 @@ class Journal:
     def active_by_key(self) -> dict[str, dict[JobState, int]]:
         """``{api key id: {state: jobs}}`` of the queued and running jobs that a key submitted
         (one GROUP BY; jobs without a key id are left out)."""
-        query = select(Job.api_key_id, Job.state, func.count()).where(
-            col(Job.api_key_id).is_not(None),
-            col(Job.state).in_(list(ACTIVE)),
-        ).group_by(Job.api_key_id, Job.state)
+        query = (
+            select(Job.api_key_id, Job.state, func.count())
+            .where(
+                col(Job.api_key_id).is_not(None),
+                col(Job.state).in_(list(ACTIVE)),
+            )
+            .group_by(Job.api_key_id, Job.state)
+        )
         found: dict[str, dict[JobState, int]] = {}
         with Session(self.engine) as session:
             for key, state, count in session.exec(query):
                 found.setdefault(str(key), {})[JobState(state)] = int(count)
         return found
 
-    def ended_since(self, since: datetime, api_key_id: str | None = None) -> builtins.list[
-            tuple[str, datetime, datetime | None, float | None, float | None]]:
+    def ended_since(
+        self, since: datetime, api_key_id: str | None = None
+    ) -> builtins.list[tuple[str, datetime, datetime | None, float | None, float | None]]:
         """``(api key id, finished_at, started_at, load_s, run_s)`` of every job with a key id that
         ended after ``since``, oldest end first; only ``api_key_id``'s when given (a range of the
         index ``ix_job_api_key_id_finished_at``). Times as stored (UTC; naive from SQLite)."""
-        query = select(  # type: ignore[call-overload]  # sqlmodel's select is typed for at most 4 columns
-            col(Job.api_key_id), col(Job.finished_at), col(Job.started_at), col(Job.load_s), col(Job.run_s),
-        ).where(
-            col(Job.finished_at) > since,
-        ).order_by(col(Job.finished_at))
+        query = (
+            select(  # type: ignore[call-overload]  # sqlmodel's select is typed for at most 4 columns
+                col(Job.api_key_id),
+                col(Job.finished_at),
+                col(Job.started_at),
+                col(Job.load_s),
+                col(Job.run_s),
+            )
+            .where(
+                col(Job.finished_at) > since,
+            )
+            .order_by(col(Job.finished_at))
+        )
         if api_key_id is not None:
             query = query.where(col(Job.api_key_id) == api_key_id)
         else:
             query = query.where(col(Job.api_key_id).is_not(None))
         with Session(self.engine) as session:
-            return [(str(key), finished, started, load_s, run_s)
-                    for key, finished, started, load_s, run_s in session.exec(query)]
+            return [
+                (str(key), finished, started, load_s, run_s)
+                for key, finished, started, load_s, run_s in session.exec(query)
+            ]
 
     def log(self, job_id: str, event: str, detail: str = "") -> None:
         """Append an event without changing state (e.g. a refused second delivery)."""
@@ -292,11 +335,16 @@ class Journal:
         # webhook delivery in the same transaction.
         delivery = None
         with self.engine.begin() as connection:
-            row = connection.execute(update(Job.__table__).where(*conditions)  # type: ignore[attr-defined]
-                                     .values(state=to_state, **values).returning(*_JOB_COLUMNS)).first()
+            row = connection.execute(
+                update(Job.__table__)  # type: ignore[attr-defined]
+                .where(*conditions)
+                .values(state=to_state, **values)
+                .returning(*_JOB_COLUMNS)
+            ).first()
             if row is not None:
-                connection.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "event": str(to_state),
-                                                   "detail": event_detail})
+                connection.execute(
+                    _INSERT_EVENT, {"job_id": job_id, "at": now, "event": str(to_state), "detail": event_detail}
+                )
                 delivery = self._delivery(job_id, to_state, row._mapping["webhook_url"])
                 if delivery is not None:
                     connection.execute(_INSERT_DELIVERY, delivery)
@@ -329,42 +377,77 @@ class Journal:
         network) gets the job again; any other delivery is refused.
         """
         try:
-            return self.transition(job_id, [JobState.queued], JobState.running, machine=machine,
-                                   event_detail=f"{machine} boot {worker_boot_id} claim {claim_id}",
-                                   worker_boot_id=worker_boot_id, claim_id=claim_id)
+            return self.transition(
+                job_id,
+                [JobState.queued],
+                JobState.running,
+                machine=machine,
+                event_detail=f"{machine} boot {worker_boot_id} claim {claim_id}",
+                worker_boot_id=worker_boot_id,
+                claim_id=claim_id,
+            )
         except Conflict:
             current = self.get(job_id)
-            if claim_id and current.state == JobState.running and current.claim_id == claim_id \
-                    and current.machine == machine:
+            if (
+                claim_id
+                and current.state == JobState.running
+                and current.claim_id == claim_id
+                and current.machine == machine
+            ):
                 return current
             raise
 
     def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str) -> Job:
         """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19)."""
-        return self.transition(job_id, from_states, JobState.interrupted, event_detail=f"{reason}: {message}",
-                               reason=reason, message=message)
+        return self.transition(
+            job_id,
+            from_states,
+            JobState.interrupted,
+            event_detail=f"{reason}: {message}",
+            reason=reason,
+            message=message,
+        )
 
-    def cancel(self, job_id: str, reason: str = "cancelled",
-               message: str = "cancelled by request before it started") -> Job:
+    def cancel(
+        self, job_id: str, reason: str = "cancelled", message: str = "cancelled by request before it started"
+    ) -> Job:
         """``queued -> cancelled`` with a reason code (``cancelled`` by the API, ``revoked`` from
         Flower or the celery CLI, ``purged``: its queue was purged). Raises :class:`Conflict` (e.g. running: too late
         to cancel)."""
-        return self.transition(job_id, [JobState.queued], JobState.cancelled, event_detail=f"{reason}: {message}",
-                               reason=reason, message=message)
+        return self.transition(
+            job_id,
+            [JobState.queued],
+            JobState.cancelled,
+            event_detail=f"{reason}: {message}",
+            reason=reason,
+            message=message,
+        )
 
     def cancel_running(self, job_id: str, machine: str, message: str) -> Job:
         """``running -> cancelled`` (reason ``cancelled``): stopped by request while it ran.
         Raises :class:`Conflict` when it is not running."""
-        return self.transition(job_id, [JobState.running], JobState.cancelled, machine=machine,
-                               event_detail=f"cancelled: {message}", reason="cancelled", message=message)
+        return self.transition(
+            job_id,
+            [JobState.running],
+            JobState.cancelled,
+            machine=machine,
+            event_detail=f"cancelled: {message}",
+            reason="cancelled",
+            message=message,
+        )
 
     def result_media_type(self, digest: str, api_key_id: str | None) -> str | None:
         """The media type of the result ``digest`` (any image of its job) of a succeeded job
         submitted by the key ``api_key_id`` (None: without a key), or None when there is none."""
         owner = Job.api_key_id.is_(None) if api_key_id is None else Job.api_key_id == api_key_id  # type: ignore[union-attr]
         with Session(self.engine) as session:
-            jobs = session.exec(select(Job).where(Job.state == JobState.succeeded, owner, or_(
-                Job.result_digest == digest, cast(Job.results, String).contains(digest)))).all()  # type: ignore[arg-type]
+            jobs = session.exec(
+                select(Job).where(
+                    Job.state == JobState.succeeded,
+                    owner,
+                    or_(Job.result_digest == digest, cast(Job.results, String).contains(digest)),  # type: ignore[arg-type]
+                )
+            ).all()
         for job in jobs:
             rows = job.results or [{"digest": job.result_digest, "media_type": job.result_media_type}]
             for row in rows:
@@ -381,7 +464,8 @@ class Journal:
         """Drop idempotency keys of jobs created before ``older_than``; return how many."""
         with Session(self.engine) as session:
             result = session.exec(
-                update(Job).where(col(Job.idempotency_key).is_not(None), col(Job.created_at) < older_than)
+                update(Job)
+                .where(col(Job.idempotency_key).is_not(None), col(Job.created_at) < older_than)
                 .values(idempotency_key=None)
             )
             session.commit()
@@ -400,14 +484,31 @@ class Journal:
         """
         job = self.get(job_id)
         if job.state != JobState.failed or job.reason != RESULT_NOT_STORED:
-            raise Conflict(f"job {job_id} is {job.state} ({job.reason}); only a {RESULT_NOT_STORED} failure takes "
-                           "a recovered result", reason="not_recoverable")
-        return self.transition(job_id, [JobState.failed], JobState.succeeded, machine=machine,
-                               event_detail="recovered result", reason=None, message=None, **values)
+            raise Conflict(
+                f"job {job_id} is {job.state} ({job.reason}); only a {RESULT_NOT_STORED} failure takes "
+                "a recovered result",
+                reason="not_recoverable",
+            )
+        return self.transition(
+            job_id,
+            [JobState.failed],
+            JobState.succeeded,
+            machine=machine,
+            event_detail="recovered result",
+            reason=None,
+            message=None,
+            **values,
+        )
 
     def fail(self, job_id: str, machine: str, reason: str, message: str, **values: Any) -> Job:
         """``running -> failed`` with a reason code and message."""
         return self.transition(
-            job_id, [JobState.running], JobState.failed, machine=machine,
-            event_detail=f"{reason}: {message}", reason=reason, message=message, **values,
+            job_id,
+            [JobState.running],
+            JobState.failed,
+            machine=machine,
+            event_detail=f"{reason}: {message}",
+            reason=reason,
+            message=message,
+            **values,
         )

@@ -55,17 +55,33 @@ class TimingStore:
             steps, size = int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0))
         learned = estimator.learned
         timing = learned.observe(
-            job.machine, job.model_id, job.kind, guess=estimator.guess(job.machine, job.model_id, job.kind),
-            run_s=job.run_s, steps=steps, size=size, load_s=job.load_s if job.cold_load else None,
+            job.machine,
+            job.model_id,
+            job.kind,
+            guess=estimator.guess(job.machine, job.model_id, job.kind),
+            run_s=job.run_s,
+            steps=steps,
+            size=size,
+            load_s=job.load_s if job.cold_load else None,
         )
         folded = {job.model_id: (job.kind, timing)}
         adapters = request.adapters
         adapter_load_s = (job.provenance or {}).get("adapter_load_s")
         if adapters and isinstance(adapter_load_s, int | float) and adapter_load_s >= 0:
             for adapter in dict.fromkeys(adapters):  # a load onto the warm pipeline, no run of its own
-                folded[adapter] = (ADAPTER_KIND, learned.observe(
-                    job.machine, adapter, ADAPTER_KIND, guess=estimator.guess(job.machine, adapter, ADAPTER_KIND),
-                    run_s=0.0, steps=1, size=1, load_s=float(adapter_load_s) / len(adapters)))
+                folded[adapter] = (
+                    ADAPTER_KIND,
+                    learned.observe(
+                        job.machine,
+                        adapter,
+                        ADAPTER_KIND,
+                        guess=estimator.guess(job.machine, adapter, ADAPTER_KIND),
+                        run_s=0.0,
+                        steps=1,
+                        size=1,
+                        load_s=float(adapter_load_s) / len(adapters),
+                    ),
+                )
         with Session(self.engine) as session:
             for model_id, (kind, learnt) in folded.items():
                 self._store(session, job.machine, model_id, kind, learnt)
@@ -78,9 +94,16 @@ class TimingStore:
     def _store(session: Session, machine: str, model_id: str, kind: str, timing: Timing) -> None:
         row = session.get(LearnedTiming, (machine, model_id, kind))
         if row is None:
-            row = LearnedTiming(machine=machine, model_id=model_id, kind=kind, load_s=timing.load_s,
-                                step_s=timing.step_s, samples=timing.samples, load_samples=timing.load_samples,
-                                prompt_s=timing.prompt_s)
+            row = LearnedTiming(
+                machine=machine,
+                model_id=model_id,
+                kind=kind,
+                load_s=timing.load_s,
+                step_s=timing.step_s,
+                samples=timing.samples,
+                load_samples=timing.load_samples,
+                prompt_s=timing.prompt_s,
+            )
         else:
             row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
             row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s

@@ -37,18 +37,25 @@ class WebhookOutbox:
     def of_job(self, job_id: str) -> list[WebhookDelivery]:
         """The job's deliveries, oldest first (a recovered ``failed -> succeeded`` job has two)."""
         with Session(self.engine) as session:
-            query = (select(WebhookDelivery).where(col(WebhookDelivery.job_id) == job_id)
-                     .order_by(col(WebhookDelivery.id)))
+            query = (
+                select(WebhookDelivery).where(col(WebhookDelivery.job_id) == job_id).order_by(col(WebhookDelivery.id))
+            )
             return list(session.exec(query).all())
 
     def due(self, now_s: float, limit: int, skip: Iterable[int] = ()) -> list[WebhookDelivery]:
         """At most ``limit`` pending deliveries due by ``now_s`` and not leased (or whose lease
         expired), oldest due first, leaving out the ids in ``skip``."""
         skipped = list(skip)
-        query = (select(WebhookDelivery)
-                 .where(col(WebhookDelivery.state) == PENDING, col(WebhookDelivery.due_s) <= now_s,
-                        or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s))
-                 .order_by(col(WebhookDelivery.due_s)).limit(limit))
+        query = (
+            select(WebhookDelivery)
+            .where(
+                col(WebhookDelivery.state) == PENDING,
+                col(WebhookDelivery.due_s) <= now_s,
+                or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s),
+            )
+            .order_by(col(WebhookDelivery.due_s))
+            .limit(limit)
+        )
         if skipped:
             query = query.where(col(WebhookDelivery.id).not_in(skipped))
         with Session(self.engine) as session:
@@ -62,8 +69,9 @@ class WebhookOutbox:
         free = or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s)
         with Session(self.engine) as session:
             due = session.exec(select(func.min(WebhookDelivery.due_s)).where(pending, free)).one()
-            leased = session.exec(select(func.min(WebhookDelivery.lease_s))
-                                  .where(pending, col(WebhookDelivery.lease_s) >= now_s)).one()
+            leased = session.exec(
+                select(func.min(WebhookDelivery.lease_s)).where(pending, col(WebhookDelivery.lease_s) >= now_s)
+            ).one()
         found = [float(value) for value in (due, leased) if value is not None]
         return min(found) if found else None
 
@@ -73,28 +81,50 @@ class WebhookOutbox:
         with self.engine.begin() as connection:
             result = connection.execute(
                 update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
-                .where(col(WebhookDelivery.id) == delivery_id, col(WebhookDelivery.state) == PENDING,
-                       or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s))
-                .values(lease_s=until_s))
+                .where(
+                    col(WebhookDelivery.id) == delivery_id,
+                    col(WebhookDelivery.state) == PENDING,
+                    or_(col(WebhookDelivery.lease_s).is_(None), col(WebhookDelivery.lease_s) < now_s),
+                )
+                .values(lease_s=until_s)
+            )
             return bool(result.rowcount)
 
-    def record(self, delivery: WebhookDelivery, attempt: int, outcome: Literal["pending", "delivered", "failed"],
-               detail: str, due_s: float) -> None:
+    def record(
+        self,
+        delivery: WebhookDelivery,
+        attempt: int,
+        outcome: Literal["pending", "delivered", "failed"],
+        detail: str,
+        due_s: float,
+    ) -> None:
         """Record attempt number ``attempt`` of ``delivery``: its outcome (``pending``: another
         attempt at ``due_s``), the lease released, and the job event ``webhook`` with ``detail``,
         in one transaction. The job itself is never changed."""
-        values: dict[str, object] = {"attempts": attempt, "state": outcome, "detail": detail, "due_s": due_s,
-                                     "lease_s": None}
+        values: dict[str, object] = {
+            "attempts": attempt,
+            "state": outcome,
+            "detail": detail,
+            "due_s": due_s,
+            "lease_s": None,
+        }
         if outcome != PENDING:
             values["finished_at"] = utcnow()
         with self.engine.begin() as connection:
-            connection.execute(update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
-                               .where(col(WebhookDelivery.id) == delivery.id).values(**values))
-            connection.execute(_INSERT_EVENT, {"job_id": delivery.job_id, "at": utcnow(), "event": EVENT,
-                                               "detail": detail})
+            connection.execute(
+                update(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+                .where(col(WebhookDelivery.id) == delivery.id)
+                .values(**values)
+            )
+            connection.execute(
+                _INSERT_EVENT, {"job_id": delivery.job_id, "at": utcnow(), "event": EVENT, "detail": detail}
+            )
 
     def count(self, state: str = PENDING) -> int:
         """Deliveries in ``state``."""
         with Session(self.engine) as session:
-            return int(session.exec(select(func.count()).select_from(WebhookDelivery)
-                                    .where(col(WebhookDelivery.state) == state)).one())
+            return int(
+                session.exec(
+                    select(func.count()).select_from(WebhookDelivery).where(col(WebhookDelivery.state) == state)
+                ).one()
+            )

@@ -143,8 +143,9 @@ class ResultStore(ContentStore):
             )
         media_type = sniff_result(data) if text else sniff(data)
         if text and media_type != "text/plain":
-            raise IntegrityFailure(f"the result of a text job is not UTF-8 text (first bytes {data[:12]!r})",
-                                   reason="integrity")
+            raise IntegrityFailure(
+                f"the result of a text job is not UTF-8 text (first bytes {data[:12]!r})", reason="integrity"
+            )
         if media_type not in RESULT_TYPES:
             raise IntegrityFailure(
                 f"result is not PNG, WebP, GIF or MP4 (first bytes {data[:12]!r})", reason="integrity"
@@ -179,8 +180,9 @@ class InputStore(ContentStore):
             )
         media_type = sniff(data)
         if media_type not in INPUT_TYPES:
-            raise Rejected(f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}",
-                           reason="input_type")
+            raise Rejected(
+                f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}", reason="input_type"
+            )
         check_decodes(data, media_type)
         return self.put(data, bytes_digest(data), media_type, "the uploaded input")
 
@@ -199,6 +201,8 @@ class InputStore(ContentStore):
             path = self.path(file_id, media_type)
             if path.is_file():
                 return StoredFile(digest=file_id, path=path, media_type=media_type, size_bytes=path.stat().st_size)
-        raise NotFound(f"no uploaded file and no result of yours with id {file_id!r} (hex {hexdigest[:12]}…); upload "
-                       "it with POST /v1/files, or name the digest of a result of a succeeded job you submitted",
-                       reason="unknown_file")
+        raise NotFound(
+            f"no uploaded file and no result of yours with id {file_id!r} (hex {hexdigest[:12]}…); upload "
+            "it with POST /v1/files, or name the digest of a result of a succeeded job you submitted",
+            reason="unknown_file",
+        )

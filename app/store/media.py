@@ -14,8 +14,14 @@ import warnings
 
 from app.core.errors import Rejected
 
-EXTENSIONS: dict[str, str] = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "image/gif": "gif",
-                              "video/mp4": "mp4", "text/plain": "txt"}
+EXTENSIONS: dict[str, str] = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/webp": "webp",
+    "image/gif": "gif",
+    "video/mp4": "mp4",
+    "text/plain": "txt",
+}
 """Media type -> file extension of every type Homefleet stores."""
 
 INPUT_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp")
@@ -59,13 +65,16 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
                 if width * height > max_pixels:
-                    raise Rejected(f"image is {width} x {height} = {width * height} pixels; the limit is "
-                                   f"{max_pixels} pixels", reason="input_too_large")
+                    raise Rejected(
+                        f"image is {width} x {height} = {width * height} pixels; the limit is {max_pixels} pixels",
+                        reason="input_too_large",
+                    )
                 for frame in ImageSequence.Iterator(image):  # every frame of an animated GIF or WebP
                     frame.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:  # Pillow refused at open
-        raise Rejected(f"image has more pixels than the limit of {max_pixels} pixels ({error})",
-                       reason="input_too_large") from error
+        raise Rejected(
+            f"image has more pixels than the limit of {max_pixels} pixels ({error})", reason="input_too_large"
+        ) from error
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise Rejected(f"file is not a complete {media_type} image: {error}", reason="input_corrupt") from error
     return width, height
@@ -126,13 +135,27 @@ def check_video(data: bytes) -> None:
     with tempfile.NamedTemporaryFile(suffix=".mp4") as handle:
         handle.write(data)
         handle.flush()
-        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-xerror", "-i", handle.name,
-                   "-map", "0:v:0", "-f", "null", "-"]
+        command = [
+            imageio_ffmpeg.get_ffmpeg_exe(),
+            "-nostdin",
+            "-v",
+            "error",
+            "-xerror",
+            "-i",
+            handle.name,
+            "-map",
+            "0:v:0",
+            "-f",
+            "null",
+            "-",
+        ]
         try:
             done = subprocess.run(command, capture_output=True, timeout=VIDEO_CHECK_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise Rejected(f"result: the MP4 could not be decoded ({error})", reason="result_invalid") from error
     if done.returncode != 0 or done.stderr.strip():
         lines = done.stderr.decode(errors="replace").strip().splitlines()
-        raise Rejected(f"result: not a complete MP4 video (ffmpeg: {lines[-1][:200] if lines else done.returncode})",
-                       reason="result_invalid")
+        raise Rejected(
+            f"result: not a complete MP4 video (ffmpeg: {lines[-1][:200] if lines else done.returncode})",
+            reason="result_invalid",
+        )

@@ -64,12 +64,17 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             class_name = found[0]
             if class_name not in PIPELINE_FAMILIES:
                 known = ", ".join(sorted(PIPELINE_FAMILIES))
-                raise Rejected(f"model class {class_name!r} (config.json architectures) is not supported; "
-                               f"supported: {known}", reason="unknown_pipeline")
+                raise Rejected(
+                    f"model class {class_name!r} (config.json architectures) is not supported; supported: {known}",
+                    reason="unknown_pipeline",
+                )
             family, kinds = PIPELINE_FAMILIES[class_name]
             return class_name, family, kinds
-        raise Rejected(f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
-                       "(no config.json with architectures)", reason="not_a_model")
+        raise Rejected(
+            f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
+            "(no config.json with architectures)",
+            reason="not_a_model",
+        )
     class_name = json.loads(index.read_text()).get("_class_name", "")
     if class_name not in PIPELINE_FAMILIES:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
@@ -88,19 +93,29 @@ def describe_adapter(folder: Path, family: str) -> tuple[str, str, tuple[str, ..
             ``.safetensors`` (reason ``not_an_adapter``).
     """
     if family not in FAMILIES:
-        raise Rejected(f"adapter family {family!r} is unknown; known: {', '.join(sorted(FAMILIES))}",
-                       reason="unknown_family")
+        raise Rejected(
+            f"adapter family {family!r} is unknown; known: {', '.join(sorted(FAMILIES))}", reason="unknown_family"
+        )
     if folder.is_file():
         if folder.suffix != ".safetensors":
-            raise Rejected(f"{folder} is not a .safetensors file; a LoRA adapter is one .safetensors file (kohya or "
-                           "diffusers/PEFT layout) or a folder of them", reason="not_an_adapter")
+            raise Rejected(
+                f"{folder} is not a .safetensors file; a LoRA adapter is one .safetensors file (kohya or "
+                "diffusers/PEFT layout) or a folder of them",
+                reason="not_an_adapter",
+            )
         return ADAPTER_CLASS, family, (ADAPTER_KIND,)
     if (folder / "model_index.json").is_file():
-        raise Rejected(f"{folder} is a diffusers pipeline (model_index.json), not a LoRA adapter; register it "
-                       "without --adapter-of", reason="not_an_adapter")
+        raise Rejected(
+            f"{folder} is a diffusers pipeline (model_index.json), not a LoRA adapter; register it "
+            "without --adapter-of",
+            reason="not_an_adapter",
+        )
     if not any(folder.glob("*.safetensors")):
-        raise Rejected(f"{folder} holds no *.safetensors LoRA weights (diffusers' save_lora_weights writes "
-                       "pytorch_lora_weights.safetensors)", reason="not_an_adapter")
+        raise Rejected(
+            f"{folder} holds no *.safetensors LoRA weights (diffusers' save_lora_weights writes "
+            "pytorch_lora_weights.safetensors)",
+            reason="not_an_adapter",
+        )
     return ADAPTER_CLASS, family, (ADAPTER_KIND,)
 
 
@@ -116,8 +131,9 @@ def adapter_layout(source: Path, family: str) -> LoraLayout:
     """
     path = source
     if source.is_dir():
-        path = source / (weight_file(p.relative_to(source).as_posix() for p in source.glob("*.safetensors"))
-                         or LORA_WEIGHTS)
+        path = source / (
+            weight_file(p.relative_to(source).as_posix() for p in source.glob("*.safetensors")) or LORA_WEIGHTS
+        )
     try:
         header = safetensors_header(path)
     except IntegrityFailure as error:
@@ -161,10 +177,19 @@ class Registry:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def add(self, source: Path, model_id: str | None = None, precision: str = "fp32",
-            quantization: str | None = None, adapter_of: str | None = None, *,
-            source_format: str | None = None, source_digest: str | None = None,
-            mint_from: str | None = None, defaults: dict[str, Any] | None = None) -> ModelRecord:
+    def add(
+        self,
+        source: Path,
+        model_id: str | None = None,
+        precision: str = "fp32",
+        quantization: str | None = None,
+        adapter_of: str | None = None,
+        *,
+        source_format: str | None = None,
+        source_digest: str | None = None,
+        mint_from: str | None = None,
+        defaults: dict[str, Any] | None = None,
+    ) -> ModelRecord:
         """Register the diffusers folder ``source``: mint an id (or take ``model_id``), copy the
         files its pipeline loads at ``precision`` into the server's model folder and hash them
         (:func:`app.store.selection.select_files`: the rest of the folder, e.g. ``.bin`` twins,
@@ -233,8 +258,11 @@ class Registry:
                 try:
                     check_loadable(origin)
                 except IntegrityFailure as error:
-                    raise Rejected(f"{source}: {path} cannot be loaded ({error}): a truncated or damaged file (an "
-                                   "interrupted download? download it again)", reason="incomplete_model") from error
+                    raise Rejected(
+                        f"{source}: {path} cannot be loaded ({error}): a truncated or damaged file (an "
+                        "interrupted download? download it again)",
+                        reason="incomplete_model",
+                    ) from error
         with self._one_registration():  # ids are checked and taken one registration at a time
             with Session(self.engine) as session:
                 taken = set(session.exec(select(ModelRecord.id)).all())
@@ -248,7 +276,8 @@ class Registry:
                 raise Conflict(
                     f"{source} is already registered as {same!r} (the same files and variant "
                     f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
-                    "(--id) to register a second copy", reason="model_already_registered",
+                    "(--id) to register a second copy",
+                    reason="model_already_registered",
                 )
             staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.", dir=self.models_dir))
             try:
@@ -270,9 +299,16 @@ class Registry:
                     source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
                 weights = _price(final, Variant(precision, quantization))
                 record = ModelRecord(
-                    id=model_id, family=family, kinds=list(kinds), pipeline_class=class_name,
-                    total_bytes=sum(f.size for f in files), precision=precision, quantization=quantization,
-                    weights_bytes=weights, source_format=source_format, source_digest=source_digest,
+                    id=model_id,
+                    family=family,
+                    kinds=list(kinds),
+                    pipeline_class=class_name,
+                    total_bytes=sum(f.size for f in files),
+                    precision=precision,
+                    quantization=quantization,
+                    weights_bytes=weights,
+                    source_format=source_format,
+                    source_digest=source_digest,
                     defaults=defaults,
                 )
                 with Session(self.engine) as session:
@@ -287,9 +323,16 @@ class Registry:
             self.on_change()
         return record
 
-    def add_single_file(self, source: Path, family: str, model_id: str | None = None, precision: str = "fp32",
-                        quantization: str | None = None, config: Path | None = None,
-                        defaults: dict[str, Any] | None = None) -> ModelRecord:
+    def add_single_file(
+        self,
+        source: Path,
+        family: str,
+        model_id: str | None = None,
+        precision: str = "fp32",
+        quantization: str | None = None,
+        config: Path | None = None,
+        defaults: dict[str, Any] | None = None,
+    ) -> ModelRecord:
         """Register the single-file checkpoint ``source`` (one ``.safetensors`` in the original
         key layout of ``family``: sd1, sdxl or flux; ``app/store/single_file.py``): convert it ONCE,
         here, into a diffusers folder with diffusers' own single-file loader, offline, using the
@@ -316,16 +359,21 @@ class Registry:
         single_file.check_checkpoint(source, family)
         digest = file_digest(source)
         with Session(self.engine) as session:
-            same = session.exec(select(ModelRecord.id).where(
-                ModelRecord.source_digest == digest, ModelRecord.precision == precision,
-                ModelRecord.quantization == quantization)).first()
+            same = session.exec(
+                select(ModelRecord.id).where(
+                    ModelRecord.source_digest == digest,
+                    ModelRecord.precision == precision,
+                    ModelRecord.quantization == quantization,
+                )
+            ).first()
             taken = set(session.exec(select(ModelRecord.id)).all())
         if model_id is None:
             if same is not None:
                 raise Conflict(
                     f"{source} is already registered as {same!r} (the same file and variant "
                     f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
-                    "(--id) to register a second copy", reason="model_already_registered",
+                    "(--id) to register a second copy",
+                    reason="model_already_registered",
                 )
             model_id = _mint_id(source.stem, taken)
         elif model_id in taken or not _MODEL_ID.match(model_id):
@@ -334,8 +382,15 @@ class Registry:
         staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.single-file.", dir=self.models_dir))
         try:
             folder = single_file.convert(source, family, staging / "pipeline", config=config)
-            return self.add(folder, model_id, precision=precision, quantization=quantization,
-                            source_format="single-file", source_digest=digest, defaults=defaults)
+            return self.add(
+                folder,
+                model_id,
+                precision=precision,
+                quantization=quantization,
+                source_format="single-file",
+                source_digest=digest,
+                defaults=defaults,
+            )
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -360,10 +415,12 @@ class Registry:
         sizes = {path: file.stat().st_size for path, file in here.items()}
         digests: dict[str, str] | None = None
         with Session(self.engine) as session:
-            for record in session.exec(select(ModelRecord).where(ModelRecord.precision == precision,
-                                                                 ModelRecord.quantization == quantization)):
-                rows = session.exec(select(ModelFile.path, ModelFile.size, ModelFile.digest)
-                                    .where(ModelFile.model_id == record.id)).all()
+            for record in session.exec(
+                select(ModelRecord).where(ModelRecord.precision == precision, ModelRecord.quantization == quantization)
+            ):
+                rows = session.exec(
+                    select(ModelFile.path, ModelFile.size, ModelFile.digest).where(ModelFile.model_id == record.id)
+                ).all()
                 if {path: size for path, size, _ in rows} != sizes:
                     continue
                 digests = digests or {path: file_digest(file) for path, file in here.items()}
@@ -400,8 +457,11 @@ class Registry:
         if record is None or ADAPTER_KIND not in record.kinds:
             known = ", ".join(m.id for m in self.list() if ADAPTER_KIND in m.kinds) or "none"
             what = "is a model, not an adapter" if record is not None else "is not registered"
-            raise NotFound(f"adapter {adapter_id!r} {what}; registered adapters: {known} "
-                           "(`homefleet models add FOLDER --adapter-of FAMILY`)", reason="unknown_adapter")
+            raise NotFound(
+                f"adapter {adapter_id!r} {what}; registered adapters: {known} "
+                "(`homefleet models add FOLDER --adapter-of FAMILY`)",
+                reason="unknown_adapter",
+            )
         return record
 
     def list(self) -> list[ModelRecord]:
@@ -429,7 +489,8 @@ class Registry:
         except OSError as error:
             raise Conflict(
                 f"model {model_id!r} cannot be read in the server's model folder {folder} ({error}); restore its "
-                f"files there (`homefleet models verify {model_id}` lists what is missing)", reason="model_unavailable",
+                f"files there (`homefleet models verify {model_id}` lists what is missing)",
+                reason="model_unavailable",
             ) from error
         changed = [check for check in checks if check.status != "ok"]
         if changed:
@@ -443,10 +504,17 @@ class Registry:
         with Session(self.engine) as session:
             rows = session.exec(select(ModelFile).where(ModelFile.model_id == model_id).order_by(ModelFile.path))
             files = [ManifestFile(path=row.path, size=row.size, digest=row.digest) for row in rows]
-        return Manifest(model_id=record.id, family=record.family, kinds=list(record.kinds), precision=record.precision,
-                        quantization=record.quantization, algorithm=ALGORITHM, files=files,
-                        weights_bytes=self.weights_bytes(model_id),
-                        source_digest=record.source_digest)
+        return Manifest(
+            model_id=record.id,
+            family=record.family,
+            kinds=list(record.kinds),
+            precision=record.precision,
+            quantization=record.quantization,
+            algorithm=ALGORITHM,
+            files=files,
+            weights_bytes=self.weights_bytes(model_id),
+            source_digest=record.source_digest,
+        )
 
     def _check(self, model_id: str, folder: Path, full: bool) -> builtins.list[FileCheck]:
         """Each registered file of the model in the server's folder against its registered
@@ -502,10 +570,13 @@ class Registry:
             try:
                 self._priced[model_id] = price_weights(folder, record)
             except (OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
-                raise Conflict(f"model {model_id!r} cannot be priced: its configs or safetensors headers in {folder} "
-                               f"cannot be read ({type(error).__name__}: {error}); `homefleet models verify "
-                               f"{model_id}` shows what changed: restore the files, or `homefleet models update "
-                               f"{model_id}`", reason="model_unreadable") from error
+                raise Conflict(
+                    f"model {model_id!r} cannot be priced: its configs or safetensors headers in {folder} "
+                    f"cannot be read ({type(error).__name__}: {error}); `homefleet models verify "
+                    f"{model_id}` shows what changed: restore the files, or `homefleet models update "
+                    f"{model_id}`",
+                    reason="model_unreadable",
+                ) from error
         return self._priced[model_id]
 
     def kv_cache_bytes(self, model_id: str, tokens: int) -> int:
@@ -558,8 +629,11 @@ class Registry:
         folder = self.folder(model_id)
         paths = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
         if not paths:
-            raise Rejected(f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
-                           "back there first", reason="model_unreadable")
+            raise Rejected(
+                f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
+                "back there first",
+                reason="model_unreadable",
+            )
         fresh = [_hash_file(model_id, folder, p) for p in paths]
         try:  # weights no loader can read would fail every job: refuse them here
             for path in paths:
@@ -571,11 +645,12 @@ class Registry:
             if ADAPTER_KIND in record.kinds:  # still a LoRA of its family, as registration checked
                 adapter_layout(folder, record.family)
             weights = (price or price_weights)(folder, record)
-        except (IntegrityFailure, OSError, ValueError, KeyError, TypeError, RuntimeError,
-                NotImplementedError) as error:
-            raise Rejected(f"model {model_id!r} cannot be priced from its configs and safetensors headers in "
-                           f"{folder} ({type(error).__name__}: {error}); nothing was recorded",
-                           reason="model_unreadable") from error
+        except (IntegrityFailure, OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
+            raise Rejected(
+                f"model {model_id!r} cannot be priced from its configs and safetensors headers in "
+                f"{folder} ({type(error).__name__}: {error}); nothing was recorded",
+                reason="model_unreadable",
+            ) from error
         with Session(self.engine) as session:
             before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
             changes = Update(model_id, [], [], [])
@@ -618,13 +693,16 @@ def model_changed(model_id: str, folder: Path, changed: list[FileCheck]) -> Conf
     """The refusal of a model whose server copy differs from its registered digests (R5):
     409 reason ``model_changed``, naming each file (changed: the digest found; missing) and
     the two fixes."""
-    listed = "; ".join(f"{c.path}: {'missing' if c.actual is None else 'digest ' + c.actual}, registered {c.recorded}"
-                       for c in changed[:5])
+    listed = "; ".join(
+        f"{c.path}: {'missing' if c.actual is None else 'digest ' + c.actual}, registered {c.recorded}"
+        for c in changed[:5]
+    )
     more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
     return Conflict(
         f"model {model_id!r} changed in the server's model folder {folder}: {listed}{more}; a registered digest "
         f"never changes by itself (R5): restore the files, or take the new content with "
-        f"`homefleet models update {model_id}`", reason="model_changed",
+        f"`homefleet models update {model_id}`",
+        reason="model_changed",
     )
 
 
@@ -658,15 +736,22 @@ def _price(folder: Path, variant: Variant) -> int:
         return loaded_bytes(folder, variant)
     except (OSError, ValueError, TypeError, RuntimeError, NotImplementedError) as error:
         shutil.rmtree(folder, ignore_errors=True)
-        raise Rejected(f"{folder.name}: its {variant.key()} variant cannot be priced from its configs and "
-                       f"safetensors headers ({type(error).__name__}: {error})", reason="not_a_model") from error
+        raise Rejected(
+            f"{folder.name}: its {variant.key()} variant cannot be priced from its configs and "
+            f"safetensors headers ({type(error).__name__}: {error})",
+            reason="not_a_model",
+        ) from error
 
 
 def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
     stat = path.stat()
     return ModelFile(
-        model_id=model_id, path=path.relative_to(folder).as_posix(), size=stat.st_size,
-        digest=file_digest(path), mtime_ns=stat.st_mtime_ns, inode=stat.st_ino,
+        model_id=model_id,
+        path=path.relative_to(folder).as_posix(),
+        size=stat.st_size,
+        digest=file_digest(path),
+        mtime_ns=stat.st_mtime_ns,
+        inode=stat.st_ino,
     )
 
 

@@ -55,23 +55,42 @@ HF_CACHE = "hf-cache"
 
 #: Files transformers reads beside a model's ``config.json`` or a tokenizer (diffusers'
 #: ``TRANSFORMERS_COMPONENT_AUX_FILES`` plus the tokenizer files of the usual tokenizer classes).
-TOKENIZER_FILES: frozenset[str] = frozenset({
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-    "chat_template.jinja", "chat_template.json",
-})
-AUX_FILES: frozenset[str] = frozenset({
-    "generation_config.json", "preprocessor_config.json", "processor_config.json", "tokenizer.json",
-    "tokenizer_config.json", "chat_template.jinja",
-})
+TOKENIZER_FILES: frozenset[str] = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
+AUX_FILES: frozenset[str] = frozenset(
+    {
+        "generation_config.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    }
+)
 _SHARDED = r"(-\d{5}-of-\d{5})?"
 _COMPONENT = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.-]+$")  # a component is a folder right under the model's
 _TEXT_SAFETENSORS = re.compile(rf"^model{_SHARDED}\.safetensors$|^model\.safetensors\.index\.json$")
 _TEXT_BIN = re.compile(rf"^pytorch_model{_SHARDED}\.bin$|^pytorch_model\.bin\.index\.json$")
 _CHECKPOINT_SUFFIXES = (".safetensors", ".ckpt", ".bin", ".pt", ".pth", ".gguf", ".sft")
 _MEDIA_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".mp4", ".webm", ".avi", ".mov")
-_ANY_VARIANT = re.compile(r"^[^.]+\.(?P<variant>[a-z0-9_]+?)(-\d{5}-of-\d{5})?\.(safetensors|bin)$"
-                          r"|^[^.]+\.(safetensors|bin)\.index\.(?P<index_variant>[a-z0-9_]+)\.json$")
+_ANY_VARIANT = re.compile(
+    r"^[^.]+\.(?P<variant>[a-z0-9_]+?)(-\d{5}-of-\d{5})?\.(safetensors|bin)$"
+    r"|^[^.]+\.(safetensors|bin)\.index\.(?P<index_variant>[a-z0-9_]+)\.json$"
+)
 
 
 @dataclass(frozen=True)
@@ -112,12 +131,16 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
     if adapter:
         weights = sorted(p for p in files if "/" not in p and p.endswith(".safetensors"))
         if len(weights) > 1 and LORA_WEIGHTS not in weights:
-            raise Rejected(f"{folder} holds {len(weights)} LoRA files ({', '.join(weights[:5])}); a worker loads one: "
-                           f"register the one you want (`homefleet models add {folder / weights[-1]} --adapter-of "
-                           "FAMILY`)", reason="ambiguous_adapter")
+            raise Rejected(
+                f"{folder} holds {len(weights)} LoRA files ({', '.join(weights[:5])}); a worker loads one: "
+                f"register the one you want (`homefleet models add {folder / weights[-1]} --adapter-of "
+                "FAMILY`)",
+                reason="ambiguous_adapter",
+            )
         taken = {LORA_WEIGHTS if LORA_WEIGHTS in weights else weights[0]} if weights else set()
-        selection = _finish(ADAPTER, folder, files, taken,
-                            lambda p: f"not the LoRA weights a worker loads ({', '.join(sorted(taken))})")
+        selection = _finish(
+            ADAPTER, folder, files, taken, lambda p: f"not the LoRA weights a worker loads ({', '.join(sorted(taken))})"
+        )
     elif (folder / "model_index.json").is_file():
         selection = _select_diffusers(folder, files, PRECISION_FILE_VARIANTS.get(precision))
     elif architectures(folder):
@@ -126,8 +149,11 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
         selection = _finish(DIFFUSERS, folder, files, set(files), lambda p: "")
     broken = sorted(p for p in selection.taken if not (folder / p).is_file())
     if broken:
-        raise Rejected(f"{folder}: {', '.join(broken)} is a broken link (its target is missing: an interrupted "
-                       "download?); download the model again", reason="incomplete_model")
+        raise Rejected(
+            f"{folder}: {', '.join(broken)} is a broken link (its target is missing: an interrupted "
+            "download?); download the model again",
+            reason="incomplete_model",
+        )
     return selection
 
 
@@ -149,8 +175,9 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _finish(source_format: str, folder: Path, files: list[str], taken: set[str], why: object,
-            variant: str | None = None) -> Selection:
+def _finish(
+    source_format: str, folder: Path, files: list[str], taken: set[str], why: object, variant: str | None = None
+) -> Selection:
     return Selection(
         source_format=source_format,
         taken={p: _size(folder / p) for p in files if p in taken},
@@ -172,33 +199,48 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     components = listed - nulls
     odd = sorted(c for c in components if not _COMPONENT.match(c))
     if odd:
-        raise Rejected(f"{folder}: model_index.json names component(s) {', '.join(map(repr, odd))}, which are no "
-                       "folder names of this model", reason="not_a_model")
+        raise Rejected(
+            f"{folder}: model_index.json names component(s) {', '.join(map(repr, odd))}, which are no "
+            "folder names of this model",
+            reason="not_a_model",
+        )
     absent = sorted(c for c in components if not (folder / c).is_dir())
     if absent:
-        raise Rejected(f"{folder}: component(s) {', '.join(absent)} named in model_index.json have no folder (an "
-                       "interrupted download? download the model again)", reason="incomplete_model")
+        raise Rejected(
+            f"{folder}: component(s) {', '.join(absent)} named in model_index.json have no folder (an "
+            "interrupted download? download the model again)",
+            reason="incomplete_model",
+        )
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
-    model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates)
-                     if os.path.split(p)[0] in components}
-    ignore = _get_ignore_patterns(passed_components=[], model_folder_names=sorted(model_folders),
-                                  # allow_pickle: diffusers' file rule (.bin is taken where no safetensors
-                                  # exist); nothing is unpickled here, and workers load .bin weights-only
-                                  model_filenames=candidates, use_safetensors=True, allow_pickle=True,
-                                  use_onnx=False, is_onnx=False, use_flashpack=False, variant=variant)
+    model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates) if os.path.split(p)[0] in components}
+    ignore = _get_ignore_patterns(
+        passed_components=[],
+        model_folder_names=sorted(model_folders),
+        # allow_pickle: diffusers' file rule (.bin is taken where no safetensors
+        # exist); nothing is unpickled here, and workers load .bin weights-only
+        model_filenames=candidates,
+        use_safetensors=True,
+        allow_pickle=True,
+        use_onnx=False,
+        is_onnx=False,
+        use_flashpack=False,
+        variant=variant,
+    )
     weight_candidates = [p for p in candidates if len(p.split("/")) == 2]
     loading_log = logging.getLogger(variant_compatible_siblings.__module__)
     level = loading_log.level
     loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
     try:
-        weights, variant_files = cast("tuple[list[str], list[str]]",  # diffusers annotates it as a list
-                                      variant_compatible_siblings(weight_candidates, variant=variant,
-                                                                  ignore_patterns=ignore))
+        weights, variant_files = cast(
+            "tuple[list[str], list[str]]",  # diffusers annotates it as a list
+            variant_compatible_siblings(weight_candidates, variant=variant, ignore_patterns=ignore),
+        )
     except ValueError:  # no component has the variant's files: every component loads full precision
-        weights, variant_files = cast("tuple[list[str], list[str]]",
-                                      variant_compatible_siblings(weight_candidates, variant=None,
-                                                                  ignore_patterns=ignore))
+        weights, variant_files = cast(
+            "tuple[list[str], list[str]]",
+            variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore),
+        )
     finally:
         loading_log.setLevel(level)
     ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
@@ -215,14 +257,19 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             taken.add(path)
     weightless = sorted(c for c in components - model_folders if f"{c}/config.json" in candidates)
     if weightless:  # a model's config.json and no weights at all: the download stopped before them
-        raise Rejected(f"{folder}: component(s) {', '.join(weightless)} hold a model's config.json but no weights "
-                       "(an interrupted download? download the model again)", reason="incomplete_model")
+        raise Rejected(
+            f"{folder}: component(s) {', '.join(weightless)} hold a model's config.json but no weights "
+            "(an interrupted download? download the model again)",
+            reason="incomplete_model",
+        )
     starved = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
     if starved:
-        raise Rejected(f"{folder}: component(s) {', '.join(starved)} hold weights but none a "
-                       f"{'variant ' + variant if variant else 'full-precision'} pipeline loads; register it "
-                       "with the precision of its files (--precision fp16 for *.fp16.* files only)",
-                       reason="no_loadable_weights")
+        raise Rejected(
+            f"{folder}: component(s) {', '.join(starved)} hold weights but none a "
+            f"{'variant ' + variant if variant else 'full-precision'} pipeline loads; register it "
+            "with the precision of its files (--precision fp16 for *.fp16.* files only)",
+            reason="no_loadable_weights",
+        )
     chosen = f"variant {variant}" if variant_files else "full precision"
 
     def why(path: str) -> str:
@@ -272,8 +319,11 @@ def _select_transformers(folder: Path, files: list[str]) -> Selection:
     safetensors = {p for p in root if _TEXT_SAFETENSORS.match(p)}
     weights = safetensors or {p for p in root if _TEXT_BIN.match(p)}
     if not any(p.endswith((".safetensors", ".bin")) for p in weights):
-        raise Rejected(f"{folder}: a transformers model's config.json but no model*.safetensors or pytorch_model*.bin "
-                       "weights (an interrupted download? download the model again)", reason="incomplete_model")
+        raise Rejected(
+            f"{folder}: a transformers model's config.json but no model*.safetensors or pytorch_model*.bin "
+            "weights (an interrupted download? download the model again)",
+            reason="incomplete_model",
+        )
     taken = weights | {p for p in root if p in TOKENIZER_FILES or p in AUX_FILES or p == "config.json"}
 
     def why(path: str) -> str:
@@ -298,7 +348,8 @@ def hub_cache_dir() -> Path:
         if os.environ.get(name):
             return Path(os.environ[name]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 
@@ -321,11 +372,19 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path |
         repo = cache / ("models--" + repo_id.replace("/", "--"))
         refs = sorted(p.name for p in (repo / "refs").iterdir()) if (repo / "refs").is_dir() else []
         if repo.is_dir():  # the repository is there, not this revision
-            raise Rejected(f"{repo_id} is in the Hugging Face cache {cache} but not at revision {revision or 'main'} "
-                           f"({type(error).__name__}); its cached refs: {', '.join(refs) or 'none'} (pass one with "
-                           "--revision, or a commit hash of its snapshots/)", reason="not_in_hf_cache") from error
-        held = sorted(p.name.removeprefix("models--").replace("--", "/") for p in cache.glob("models--*")) \
-            if cache.is_dir() else []
-        raise Rejected(f"{repo_id} is not in the Hugging Face cache {cache} ({type(error).__name__}); it holds: "
-                       f"{', '.join(held) or 'no models'} (HF_HUB_CACHE or HF_HOME name another cache)",
-                       reason="not_in_hf_cache") from error
+            raise Rejected(
+                f"{repo_id} is in the Hugging Face cache {cache} but not at revision {revision or 'main'} "
+                f"({type(error).__name__}); its cached refs: {', '.join(refs) or 'none'} (pass one with "
+                "--revision, or a commit hash of its snapshots/)",
+                reason="not_in_hf_cache",
+            ) from error
+        held = (
+            sorted(p.name.removeprefix("models--").replace("--", "/") for p in cache.glob("models--*"))
+            if cache.is_dir()
+            else []
+        )
+        raise Rejected(
+            f"{repo_id} is not in the Hugging Face cache {cache} ({type(error).__name__}); it holds: "
+            f"{', '.join(held) or 'no models'} (HF_HUB_CACHE or HF_HOME name another cache)",
+            reason="not_in_hf_cache",
+        ) from error

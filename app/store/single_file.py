@@ -60,15 +60,28 @@ class SingleFileFamily:
 
 
 FAMILIES: dict[str, SingleFileFamily] = {
-    "sd1": SingleFileFamily("sd1", "StableDiffusionPipeline", {
-        "unet": ("model.diffusion_model.",), "vae": ("first_stage_model.",),
-        "text_encoder": ("cond_stage_model.transformer.text_model.",)}),
-    "sdxl": SingleFileFamily("sdxl", "StableDiffusionXLPipeline", {
-        "unet": ("model.diffusion_model.",), "vae": ("first_stage_model.",),
-        "text_encoder": ("conditioner.embedders.0.transformer.text_model.",),
-        "text_encoder_2": ("conditioner.embedders.1.model.",)}),
-    "flux": SingleFileFamily("flux", "FluxPipeline", {
-        "transformer": ("double_blocks.", "model.diffusion_model.double_blocks.")}, whole=False),
+    "sd1": SingleFileFamily(
+        "sd1",
+        "StableDiffusionPipeline",
+        {
+            "unet": ("model.diffusion_model.",),
+            "vae": ("first_stage_model.",),
+            "text_encoder": ("cond_stage_model.transformer.text_model.",),
+        },
+    ),
+    "sdxl": SingleFileFamily(
+        "sdxl",
+        "StableDiffusionXLPipeline",
+        {
+            "unet": ("model.diffusion_model.",),
+            "vae": ("first_stage_model.",),
+            "text_encoder": ("conditioner.embedders.0.transformer.text_model.",),
+            "text_encoder_2": ("conditioner.embedders.1.model.",),
+        },
+    ),
+    "flux": SingleFileFamily(
+        "flux", "FluxPipeline", {"transformer": ("double_blocks.", "model.diffusion_model.double_blocks.")}, whole=False
+    ),
 }
 
 _LORA_MARKS = ("lora_up.", "lora_down.", "lora_A.", "lora_B.", ".lora.up.", ".lora.down.", "lora_unet_", "lora_te")
@@ -87,8 +100,11 @@ def read_keys(path: Path) -> dict[str, list[int]]:
     if not path.is_file():
         raise Rejected(f"{path} is not a file", reason="not_a_checkpoint")
     if path.suffix.lower() in (".ckpt", ".pt", ".pth", ".bin"):
-        raise Rejected(f"{path.name} is a pickled checkpoint ({path.suffix}); Homefleet never unpickles a file "
-                       "(it can run code): convert it to .safetensors where you trust it", reason="not_a_checkpoint")
+        raise Rejected(
+            f"{path.name} is a pickled checkpoint ({path.suffix}); Homefleet never unpickles a file "
+            "(it can run code): convert it to .safetensors where you trust it",
+            reason="not_a_checkpoint",
+        )
     try:
         with safe_open(str(path), framework="numpy") as handle:
             return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
@@ -147,27 +163,31 @@ def check_checkpoint(path: Path, family: str) -> dict[str, list[int]]:
             (``wrong_family``, naming what the keys are); a part missing (``incomplete_checkpoint``).
     """
     if family not in FAMILIES:
-        raise Rejected(f"single-file family {family!r} is not supported; supported: {', '.join(FAMILIES)}",
-                       reason="unknown_family")
+        raise Rejected(
+            f"single-file family {family!r} is not supported; supported: {', '.join(FAMILIES)}", reason="unknown_family"
+        )
     keys = read_keys(path)
     found = identify(keys)
     if found == "a LoRA adapter":
-        raise Rejected(f"{Path(path).name} is a LoRA adapter (lora_up/lora_down or lora_A/lora_B keys), not a "
-                       "checkpoint; register it as an adapter (--adapter-of)", reason="not_a_checkpoint")
+        raise Rejected(
+            f"{Path(path).name} is a LoRA adapter (lora_up/lora_down or lora_A/lora_B keys), not a "
+            "checkpoint; register it as an adapter (--adapter-of)",
+            reason="not_a_checkpoint",
+        )
     if found not in FAMILIES:
         reason = "not_a_checkpoint" if found.startswith(("an unknown", "weights already")) else "wrong_family"
-        raise Rejected(f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}",
-                       reason=reason)
+        raise Rejected(f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason=reason)
     if found != family:
-        raise Rejected(f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}",
-                       reason="wrong_family")
+        raise Rejected(
+            f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason="wrong_family"
+        )
     spec = FAMILIES[family]
-    missing = [part for part, prefixes in spec.parts.items()
-               if not any(key.startswith(prefixes) for key in keys)]
+    missing = [part for part, prefixes in spec.parts.items() if not any(key.startswith(prefixes) for key in keys)]
     if missing:
         wanted = "; ".join(f"{part}: {' or '.join(spec.parts[part])}…" for part in missing)
-        raise Rejected(f"{Path(path).name} lacks part of the {family} pipeline ({wanted})",
-                       reason="incomplete_checkpoint")
+        raise Rejected(
+            f"{Path(path).name} lacks part of the {family} pipeline ({wanted})", reason="incomplete_checkpoint"
+        )
     return keys
 
 
@@ -193,15 +213,17 @@ def write_clip_tokenizer_files(bpe: Path, folder: Path) -> None:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     lines = gzip.decompress(bpe.read_bytes()).decode("utf-8").split("\n")
-    merges = [tuple(line.split()) for line in lines[1:49152 - 256 - 2 + 1]]
+    merges = [tuple(line.split()) for line in lines[1 : 49152 - 256 - 2 + 1]]
     chars = list(bytes_to_unicode().values())
     vocab = chars + [char + "</w>" for char in chars] + ["".join(merge) for merge in merges]
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}, ensure_ascii=False),
-                                       encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n",
-                                       encoding="utf-8")
+    (folder / "vocab.json").write_text(
+        json.dumps({token: i for i, token in enumerate(vocab)}, ensure_ascii=False), encoding="utf-8"
+    )
+    (folder / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", encoding="utf-8"
+    )
 
 
 def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
@@ -222,18 +244,26 @@ def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
             )
         class_name = json.loads(index.read_text()).get("_class_name")
         if class_name != spec.pipeline_class:
-            raise Rejected(f"--config {config} is a {class_name} folder; a {family} checkpoint needs a "
-                           f"{spec.pipeline_class} folder", reason="invalid_config")
+            raise Rejected(
+                f"--config {config} is a {class_name} folder; a {family} checkpoint needs a "
+                f"{spec.pipeline_class} folder",
+                reason="invalid_config",
+            )
         return Path(config)
     if not spec.whole:
-        raise Rejected(f"a {family} single file holds only the transformer: pass --config DIR, a {spec.pipeline_class} "
-                       "diffusers folder with the VAE, text encoders and tokenizers (its transformer/ may be absent)",
-                       reason="needs_config")
+        raise Rejected(
+            f"a {family} single file holds only the transformer: pass --config DIR, a {spec.pipeline_class} "
+            "diffusers folder with the VAE, text encoders and tokenizers (its transformer/ may be absent)",
+            reason="needs_config",
+        )
     bpe = clip_vocabulary()
     if bpe is None:
-        raise Rejected(f"the shipped {family} config has no CLIP tokenizer vocabulary (49,408 tokens, not shipped): "
-                       f"pass --config DIR, a {spec.pipeline_class} diffusers folder with its tokenizer/ folders, or "
-                       "install open_clip_torch (it ships CLIP's BPE vocabulary)", reason="needs_config")
+        raise Rejected(
+            f"the shipped {family} config has no CLIP tokenizer vocabulary (49,408 tokens, not shipped): "
+            f"pass --config DIR, a {spec.pipeline_class} diffusers folder with its tokenizer/ folders, or "
+            "install open_clip_torch (it ships CLIP's BPE vocabulary)",
+            reason="needs_config",
+        )
     target = scratch / "config"
     shutil.copytree(FAMILY_CONFIGS / family, target)
     for tokenizer in sorted(target.glob("tokenizer*")):
@@ -266,8 +296,11 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
             for name, component in pipe.components.items():
                 parameters = getattr(component, "parameters", None)
                 if parameters is not None and any(p.is_meta for p in parameters()):
-                    raise Rejected(f"{Path(path).name} left {name} without weights (keys the {family} converter "
-                                   "expects are missing)", reason="incomplete_checkpoint")
+                    raise Rejected(
+                        f"{Path(path).name} left {name} without weights (keys the {family} converter "
+                        "expects are missing)",
+                        reason="incomplete_checkpoint",
+                    )
             pipe.save_pretrained(str(target), safe_serialization=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -285,13 +318,19 @@ def _load(path: Path, family: str, folder: Path, dtype: str):
         if family == "flux":
             transformer_config = folder if (folder / "transformer" / "config.json").is_file() else shipped
             transformer = diffusers.FluxTransformer2DModel.from_single_file(
-                str(path), config=str(transformer_config), subfolder="transformer", local_files_only=True,
-                torch_dtype=torch_dtype)
+                str(path),
+                config=str(transformer_config),
+                subfolder="transformer",
+                local_files_only=True,
+                torch_dtype=torch_dtype,
+            )
             return diffusers.FluxPipeline.from_pretrained(str(folder), transformer=transformer, local_files_only=True)
         pipeline = getattr(diffusers, FAMILIES[family].pipeline_class)
         return pipeline.from_single_file(str(path), config=str(folder), local_files_only=True, torch_dtype=torch_dtype)
     except (SingleFileComponentError, ValueError, RuntimeError, OSError, KeyError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise Rejected(f"{path.name} did not convert as {family} with the config {folder}: {first[:400]} (the "
-                       "config's shapes must match the checkpoint's: pass --config DIR of the same model size)",
-                       reason="conversion_failed") from error
+        raise Rejected(
+            f"{path.name} did not convert as {family} with the config {folder}: {first[:400]} (the "
+            "config's shapes must match the checkpoint's: pass --config DIR of the same model size)",
+            reason="conversion_failed",
+        ) from error

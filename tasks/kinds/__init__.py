@@ -40,8 +40,15 @@ class Output:
 
 
 class Kind(Protocol):
-    def __call__(self, pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-                 inputs: Mapping[str, bytes], family: str = "") -> Output: ...
+    def __call__(
+        self,
+        pipeline: Any,
+        params: Mapping[str, Any],
+        progress: ProgressFn,
+        provenance: dict[str, Any],
+        inputs: Mapping[str, bytes],
+        family: str = "",
+    ) -> Output: ...
 
 
 def family_arguments(args: Args, family: str) -> dict[str, Any]:
@@ -50,8 +57,11 @@ def family_arguments(args: Args, family: str) -> dict[str, Any]:
     rules = family_rules(family)
     if rules is None:
         return {}
-    return {argument: args[name] for name, argument in rules.arguments.items()
-            if name in args.spec.params and args.get(name) is not None}
+    return {
+        argument: args[name]
+        for name, argument in rules.arguments.items()
+        if name in args.spec.params and args.get(name) is not None
+    }
 
 
 def denoising(args: Args, progress: ProgressFn, total: int | None = None) -> dict[str, Any]:
@@ -134,16 +144,27 @@ def image_output(images: list[Any], args: Args, provenance: dict[str, Any], enco
         raise RuntimeError(f"the pipeline made {len(images)} images for n={count}")
     seed = int(args["seed"])
     files = [encode(image, {**provenance, "seed": nth_seed(seed, i), "index": i}) for i, image in enumerate(images)]
-    return Output(data=files[0], media_type="image/png", more=tuple(files[1:]),
-                  record={"seeds": [nth_seed(seed, i) for i in range(count)]})
+    return Output(
+        data=files[0],
+        media_type="image/png",
+        more=tuple(files[1:]),
+        record={"seeds": [nth_seed(seed, i) for i in range(count)]},
+    )
 
 
 def runner(kind: str) -> Kind:
     """The runner of ``kind``. Raises ``KeyError`` naming the known kinds."""
     from tasks.kinds import edit, img2img, inpaint, text, txt2img, upscale, video
 
-    kinds: dict[str, Kind] = {"txt2img": txt2img.run, "img2img": img2img.run, "inpaint": inpaint.run,
-                              "edit": edit.run, "upscale": upscale.run, "video": video.run, "text": text.run}
+    kinds: dict[str, Kind] = {
+        "txt2img": txt2img.run,
+        "img2img": img2img.run,
+        "inpaint": inpaint.run,
+        "edit": edit.run,
+        "upscale": upscale.run,
+        "video": video.run,
+        "text": text.run,
+    }
     if kind not in kinds:
         raise KeyError(f"kind {kind!r} is not implemented; implemented: {', '.join(kinds)}")
     return kinds[kind]

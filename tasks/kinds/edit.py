@@ -25,8 +25,14 @@ from tasks.pipelines import decode_image, png_bytes
 KIND = "edit"
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     args = kind_spec(family, KIND).args(params)
     image = decode_image(inputs["image"])
     rules = family_rules(family)

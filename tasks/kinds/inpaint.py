@@ -35,8 +35,14 @@ from tasks.pipelines import decode_image, decode_mask, png_bytes
 KIND = "inpaint"
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     from PIL import Image
 
     args = kind_spec(family, KIND).args(params)

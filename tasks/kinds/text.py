@@ -33,8 +33,14 @@ KIND = "text"
 MEDIA_TYPE = "text/plain"
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     import torch
     from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -59,7 +65,7 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
         ``stop`` sequence."""
 
         def __call__(self, sequence: Any, scores: Any, **kwargs: Any) -> Any:
-            new = sequence[0, len(ids):].tolist()
+            new = sequence[0, len(ids) :].tolist()
             if len(logprobs) < len(new):
                 logprobs.append(steps.logprob(new[-1]))
             text = tokenizer.decode(new, skip_special_tokens=True)
@@ -76,19 +82,33 @@ def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenan
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
     with torch.random.fork_rng(devices=[]), torch.inference_mode():
         torch.manual_seed(int(args["seed"]))
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=limit,
-                             min_new_tokens=0, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id or eos,
-                             stopping_criteria=StoppingCriteriaList([Progress()]),
-                             logits_processor=LogitsProcessorList([steps]), **sampling)
-    new = [int(t) for t in out[0, len(ids):]]
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=limit,
+            min_new_tokens=0,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id or eos,
+            stopping_criteria=StoppingCriteriaList([Progress()]),
+            logits_processor=LogitsProcessorList([steps]),
+            **sampling,
+        )
+    new = [int(t) for t in out[0, len(ids) :]]
     ended = bool(new) and eos is not None and new[-1] == eos
     text, stop = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stops)
-    usage = {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new),
-             "finish_reason": "stop" if ended or stop is not None or len(new) < limit else "length"}
+    usage = {
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(new),
+        "total_tokens": len(ids) + len(new),
+        "finish_reason": "stop" if ended or stop is not None or len(new) < limit else "length",
+    }
     if stop is not None:
         usage["stop_sequence"] = stop
-    return Output(data=text.encode("utf-8"), media_type=MEDIA_TYPE,
-                  record={"usage": usage, "tokens": new, "logprobs": logprobs[: len(new)]})
+    return Output(
+        data=text.encode("utf-8"),
+        media_type=MEDIA_TYPE,
+        record={"usage": usage, "tokens": new, "logprobs": logprobs[: len(new)]},
+    )
 
 
 class Steps:
@@ -129,8 +149,8 @@ class Steps:
         import torch
         from llguidance.torch import fill_next_token_bitmask
 
-        new = input_ids[0, self.start:].tolist()
-        for token in new[self.consumed:]:
+        new = input_ids[0, self.start :].tolist()
+        for token in new[self.consumed :]:
             self.matcher.consume_token(int(token))
         self.consumed = len(new)
         if self.matcher.is_error():
@@ -143,4 +163,3 @@ class Steps:
         if allowed.shape[0] < scores.shape[-1]:  # logits wider than the mask: the extra columns are forbidden
             allowed = torch.nn.functional.pad(allowed, (0, scores.shape[-1] - allowed.shape[0]), value=False)
         return scores.masked_fill(~allowed, float("-inf"))
-

@@ -20,8 +20,14 @@ from tasks.pipelines import png_bytes
 KIND = "txt2img"
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     args = kind_spec(family, KIND).args(params)
     result = pipeline(
         prompt=str(args["prompt"]),

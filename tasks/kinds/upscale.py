@@ -23,8 +23,14 @@ from tasks.pipelines import decode_image, png_bytes
 KIND = "upscale"
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     import torch
 
     args = kind_spec(family, KIND).args(params)

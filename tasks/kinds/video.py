@@ -33,8 +33,14 @@ KIND = "video"
 MEDIA_TYPES = {"mp4": "video/mp4", "webp": "image/webp", "gif": "image/gif"}
 
 
-def run(pipeline: Any, params: Mapping[str, Any], progress: ProgressFn, provenance: dict[str, Any],
-        inputs: Mapping[str, bytes], family: str = "") -> Output:
+def run(
+    pipeline: Any,
+    params: Mapping[str, Any],
+    progress: ProgressFn,
+    provenance: dict[str, Any],
+    inputs: Mapping[str, bytes],
+    family: str = "",
+) -> Output:
     args = kind_spec(family, KIND).args(params)
     result = pipeline(
         prompt=str(args["prompt"]),
@@ -70,11 +76,27 @@ def mp4_bytes(frames: list[Any], fps: float, provenance: dict[str, Any]) -> byte
     os.close(fd)
     try:
         writer = imageio_ffmpeg.write_frames(
-            path, (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=8,
-            quality=None, ffmpeg_log_level="error",
+            path,
+            (width, height),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            macro_block_size=8,
+            quality=None,
+            ffmpeg_log_level="error",
             # bit-exact muxing: no encoder version string, no creation time (deterministic bytes)
-            output_params=["-crf", "18", "-metadata", f"comment={comment}", "-fflags", "+bitexact",
-                           "-flags:v", "+bitexact", "-movflags", "+faststart"],
+            output_params=[
+                "-crf",
+                "18",
+                "-metadata",
+                f"comment={comment}",
+                "-fflags",
+                "+bitexact",
+                "-flags:v",
+                "+bitexact",
+                "-movflags",
+                "+faststart",
+            ],
         )
         writer.send(None)
         for frame in frames:

@@ -18,8 +18,9 @@ NUMBER = r"-?\d+(\.\d+)?"
 
 
 def _last_line(*args: str, timeout_s: float = 600) -> str:
-    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
     assert done.returncode == 0, (
         f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
@@ -61,8 +62,9 @@ def test_webhooks_bench_prints_its_last_line() -> None:
 
 def test_quota_bench_prints_its_last_line() -> None:
     line = _last_line("bench.quotas", "30")
-    _assert_format(line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms",
-                          "check_p50_ms"])
+    _assert_format(
+        line, ["no_quota_p50_ms", "quota_p50_ms", "delta_p50_ms", "no_quota_p90_ms", "quota_p90_ms", "check_p50_ms"]
+    )
 
 
 @pytest.mark.e2e

@@ -15,25 +15,44 @@ from app.core.secret_files import write_private
 from app.devtools.redis_server import free_port
 
 
-@pytest.mark.parametrize(("variable", "value", "reason", "names"), [
-    ("HOMEFLEET_API_KEYS", "key1,key2", "invalid_settings",
-        "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON"),
-    ("HOMEFLEET_LIMITS", '{{"sd1": {{"max_pixel": 5}}}}', "invalid_settings",
-        "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs"),
-    ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
-    ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
-    ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
-], ids=["api_keys_not_json", "limits_misspelt", "fleet_file_missing", "fleet_file_not_toml", "redis_down"])
-def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path: Path, redis_url: str, variable: str, value: str,
-                                                        reason: str, names: str) -> None:
+@pytest.mark.parametrize(
+    ("variable", "value", "reason", "names"),
+    [
+        (
+            "HOMEFLEET_API_KEYS",
+            "key1,key2",
+            "invalid_settings",
+            "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON",
+        ),
+        (
+            "HOMEFLEET_LIMITS",
+            '{{"sd1": {{"max_pixel": 5}}}}',
+            "invalid_settings",
+            "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs",
+        ),
+        ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
+        ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
+        ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
+    ],
+    ids=["api_keys_not_json", "limits_misspelt", "fleet_file_missing", "fleet_file_not_toml", "redis_down"],
+)
+def test_a_configuration_mistake_is_one_line_and_exit_2(
+    tmp_path: Path, redis_url: str, variable: str, value: str, reason: str, names: str
+) -> None:
     (tmp_path / "bad.toml").write_text("not [ toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url,
-                variable: value.format(tmp=tmp_path, port=free_port())})
+    env.update(
+        {
+            "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+            "HOMEFLEET_REDIS_URL": redis_url,
+            variable: value.format(tmp=tmp_path, port=free_port()),
+        }
+    )
     if reason == "redis_down":  # a journal that is up to date: the command gets as far as Redis
         subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
-    done = subprocess.run([sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert f"error ({reason})" in done.stdout and names in done.stdout, done.stdout
@@ -44,13 +63,22 @@ def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Pat
     """Workers authenticate with their machine's token (at least 16 characters): a server
     started without one would refuse every worker."""
     fleet = tmp_path / "fleet.toml"
-    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
-                     'memory_bytes = 8000000000\nfamilies = ["sd1"]\ntoken = "short"\n')
+    write_private(
+        fleet,
+        '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+        'memory_bytes = 8000000000\nfamilies = ["sd1"]\ntoken = "short"\n',
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
-                "HOMEFLEET_API_KEYS": '["k1"]'})
-    done = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env.update(
+        {
+            "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+            "HOMEFLEET_FLEET_FILE": str(fleet),
+            "HOMEFLEET_API_KEYS": '["k1"]',
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (invalid_config)" in done.stdout and "'server' needs a token of at least 16 characters" in done.stdout
 
@@ -60,13 +88,23 @@ def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -
     meant for would run under the default limits. serve refuses it, naming the family, the
     known families and the closest one."""
     fleet = tmp_path / "fleet.toml"
-    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
-                     'memory_bytes = 8000000000\nfamilies = ["sd1", "sdxl"]\ntoken = "a-token-of-24-characters"\n')
+    write_private(
+        fleet,
+        '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+        'memory_bytes = 8000000000\nfamilies = ["sd1", "sdxl"]\ntoken = "a-token-of-24-characters"\n',
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet),
-                "HOMEFLEET_API_KEYS": '["k1"]', "HOMEFLEET_LIMITS": '{"default": {}, "sdxll": {"max_steps": 10}}'})
-    done = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env.update(
+        {
+            "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+            "HOMEFLEET_FLEET_FILE": str(fleet),
+            "HOMEFLEET_API_KEYS": '["k1"]',
+            "HOMEFLEET_LIMITS": '{"default": {}, "sdxll": {"max_steps": 10}}',
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stdout
     # the machines' families and the built-in limits' (app/core/limits.py)
@@ -79,15 +117,21 @@ def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp
     fleet file is refused with one line that names it (a fleet-wide check has no field path;
     pydantic's "Value error," prefix is left out)."""
     fleet = tmp_path / "fleet.toml"
-    write_private(fleet, '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
-                     'memory_bytes = 8000000000\nfamilies = ["sd1"]\n[families.sd-1.working_memory.txt2img]\n')
+    write_private(
+        fleet,
+        '[machines.server]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\n'
+        'memory_bytes = 8000000000\nfamilies = ["sd1"]\n[families.sd-1.working_memory.txt2img]\n',
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_FLEET_FILE": str(fleet)})
-    done = subprocess.run([sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "status"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert ("error (invalid_settings): the fleet file: the families table names family 'sd-1', which no machine "
-            "runs (families: sd1); did you mean 'sd1'?") in done.stdout, done.stdout
+    assert (
+        "error (invalid_settings): the fleet file: the families table names family 'sd-1', which no machine "
+        "runs (families: sd1); did you mean 'sd1'?"
+    ) in done.stdout, done.stdout
     assert "Value error" not in done.stdout
 
 
@@ -96,10 +140,19 @@ def test_a_misspelt_homefleet_variable_is_named_with_the_closest_setting(tmp_pat
     but not one set of settings): a misspelt one would change nothing, silently. The CLI warns
     on standard error, naming the setting it was probably meant for; known ones pass quietly."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_MAX_QUEUED_PER_MACHIN": "3",
-                "HOMEFLEET_WORKER_TOKEN": "x" * 32, "HOMEFLEET_API_KEY": "k"})
-    done = subprocess.run([sys.executable, "-m", "app.cli", "models", "--help"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    env.update(
+        {
+            "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+            "HOMEFLEET_MAX_QUEUED_PER_MACHIN": "3",
+            "HOMEFLEET_WORKER_TOKEN": "x" * 32,
+            "HOMEFLEET_API_KEY": "k",
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "models", "--help"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines() == ["warning: HOMEFLEET_MAX_QUEUED_PER_MACHIN is not a Homefleet setting; it is "
-                                        "ignored (did you mean HOMEFLEET_MAX_QUEUED_PER_MACHINE?)"], done.stderr
+    assert done.stderr.splitlines() == [
+        "warning: HOMEFLEET_MAX_QUEUED_PER_MACHIN is not a Homefleet setting; it is "
+        "ignored (did you mean HOMEFLEET_MAX_QUEUED_PER_MACHINE?)"
+    ], done.stderr

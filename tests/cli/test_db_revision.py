@@ -12,8 +12,10 @@ import pytest
 from tests.helpers import run_cli
 
 
-@pytest.mark.parametrize("command", [["status"], ["models", "list"], ["reconcile"], ["residency", "show"],
-                                     ["oom", "list"], ["db", "pair"], ["keys"]])
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["models", "list"], ["reconcile"], ["residency", "show"], ["oom", "list"], ["db", "pair"], ["keys"]],
+)
 def test_a_command_refuses_a_journal_without_the_newest_schema_and_creates_nothing(
     command: list[str], tmp_path: Path, redis_url: str
 ) -> None:

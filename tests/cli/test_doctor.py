@@ -16,12 +16,24 @@ def test_doctor_names_the_device_the_unreachable_server_and_a_token_file_others_
     token_file.write_text("a-machine-token-0123456789\n")
     token_file.chmod(0o644)
     env_file = tmp_path / "worker.env"  # as `homefleet worker join` writes it; the environment wins over it
-    env_file.write_text(f"# written by join\nHOMEFLEET_REDIS_URL={redis_base_url}/0\n"
-                        f"HOMEFLEET_WORKER_TOKEN_FILE={token_file}\nHOMEFLEET_MODELS_DIR={tmp_path / 'models'}\n")
+    env_file.write_text(
+        f"# written by join\nHOMEFLEET_REDIS_URL={redis_base_url}/0\n"
+        f"HOMEFLEET_WORKER_TOKEN_FILE={token_file}\nHOMEFLEET_MODELS_DIR={tmp_path / 'models'}\n"
+    )
     server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    done = run_cli("doctor", "--env-file", str(env_file), check=False,
-                   env={"HOMEFLEET_SERVER_URL": server, "HOMEFLEET_REDIS_URL": None, "HOMEFLEET_WORKER_TOKEN": None,
-                        "HOMEFLEET_WORKER_TOKEN_FILE": None, "HOMEFLEET_MODELS_DIR": None})
+    done = run_cli(
+        "doctor",
+        "--env-file",
+        str(env_file),
+        check=False,
+        env={
+            "HOMEFLEET_SERVER_URL": server,
+            "HOMEFLEET_REDIS_URL": None,
+            "HOMEFLEET_WORKER_TOKEN": None,
+            "HOMEFLEET_WORKER_TOKEN_FILE": None,
+            "HOMEFLEET_MODELS_DIR": None,
+        },
+    )
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
@@ -34,9 +46,18 @@ def test_doctor_names_the_device_the_unreachable_server_and_a_token_file_others_
     assert "a-machine-token" not in out  # the token itself is never shown
     token_file.chmod(0o600)
     (tmp_path / "models").mkdir()
-    again = run_cli("doctor", "--env-file", str(env_file), check=False,
-                    env={"HOMEFLEET_SERVER_URL": server, "HOMEFLEET_REDIS_URL": None,
-                         "HOMEFLEET_WORKER_TOKEN": None, "HOMEFLEET_WORKER_TOKEN_FILE": None,
-                         "HOMEFLEET_MODELS_DIR": None})
+    again = run_cli(
+        "doctor",
+        "--env-file",
+        str(env_file),
+        check=False,
+        env={
+            "HOMEFLEET_SERVER_URL": server,
+            "HOMEFLEET_REDIS_URL": None,
+            "HOMEFLEET_WORKER_TOKEN": None,
+            "HOMEFLEET_WORKER_TOKEN_FILE": None,
+            "HOMEFLEET_MODELS_DIR": None,
+        },
+    )
     assert again.returncode == 1 and "(mode 0600)" in again.stdout and "chmod" not in again.stdout
     assert again.stdout.count("missing:") == 1 and "the server at" in again.stdout

@@ -9,9 +9,11 @@ from pathlib import Path
 
 
 def test_a_command_that_needs_no_torch_does_not_import_it() -> None:
-    script = ("import sys\nsys.argv = ['homefleet', 'status', '--help']\nfrom app.cli import main as cli\n"
-              "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
-              "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'torchao') if m in sys.modules))\n")
+    script = (
+        "import sys\nsys.argv = ['homefleet', 'status', '--help']\nfrom app.cli import main as cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'torchao') if m in sys.modules))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.splitlines()[-1] == "[]" and done.stderr == ""
 

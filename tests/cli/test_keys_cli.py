@@ -31,14 +31,34 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         other_id = settings.api_key_id(OTHER_KEY)
     finally:
         ctx.close()
-    env = {**settings_env(settings), "HOMEFLEET_API_KEYS": json.dumps([CI_KEY, OTHER_KEY]),
-           "HOMEFLEET_API_KEY_QUOTAS": json.dumps(QUOTAS), "HOMEFLEET_WEBHOOK_SECRETS": json.dumps({"ci": SECRET})}
+    env = {
+        **settings_env(settings),
+        "HOMEFLEET_API_KEYS": json.dumps([CI_KEY, OTHER_KEY]),
+        "HOMEFLEET_API_KEY_QUOTAS": json.dumps(QUOTAS),
+        "HOMEFLEET_WEBHOOK_SECRETS": json.dumps({"ci": SECRET}),
+    }
     rows = json.loads(run_cli("keys", "--json", env=env).stdout)
     assert rows == [
-        {"key_id": "ci", "keys": 1, "queued": 1, "running": 1, "gpu_s_last_hour": 41.5, "max_queued_jobs": 3,
-         "max_gpu_seconds_per_hour": 600.0, "webhook_secret": True},
-        {"key_id": other_id, "keys": 1, "queued": 0, "running": 0, "gpu_s_last_hour": 0.0, "max_queued_jobs": None,
-         "max_gpu_seconds_per_hour": None, "webhook_secret": False},
+        {
+            "key_id": "ci",
+            "keys": 1,
+            "queued": 1,
+            "running": 1,
+            "gpu_s_last_hour": 41.5,
+            "max_queued_jobs": 3,
+            "max_gpu_seconds_per_hour": 600.0,
+            "webhook_secret": True,
+        },
+        {
+            "key_id": other_id,
+            "keys": 1,
+            "queued": 0,
+            "running": 0,
+            "gpu_s_last_hour": 0.0,
+            "max_queued_jobs": None,
+            "max_gpu_seconds_per_hour": None,
+            "webhook_secret": False,
+        },
     ]
     table = run_cli("keys", env={**env, "COLUMNS": "200"}).stdout  # one line per row, whatever the caller's terminal
     assert "max_queued_jobs" in table and "gpu_s last hour" in table

@@ -30,11 +30,14 @@ def test_the_revision_check_loads_no_alembic_and_refuses_an_outdated_journal(tmp
         upgrade(engine)
     finally:
         engine.dispose()
-    script = ("import sys\n"
-              "from app.core.config import Settings\n"
-              "from app.db.engine import check_revision, create_engine\n"
-              f"print(check_revision(create_engine(Settings(data_dir={str(settings.data_dir)!r}))))\n"
-              "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'mako'}))")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          check=True)
+    script = (
+        "import sys\n"
+        "from app.core.config import Settings\n"
+        "from app.db.engine import check_revision, create_engine\n"
+        f"print(check_revision(create_engine(Settings(data_dir={str(settings.data_dir)!r}))))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'mako'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
+    )
     assert done.stdout.split("\n")[:2] == [head_revision(), "[]"], done.stdout + done.stderr

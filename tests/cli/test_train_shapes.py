@@ -27,8 +27,18 @@ def test_train_shapes_writes_two_pipelines_like_the_committed_ones(tmp_path: Pat
     import torch
     from diffusers import DiffusionPipeline
 
-    done = run_cli("models", "train-shapes", str(tmp_path), "--vae-steps", "2", "--unet-steps", "2", "--dataset", "64",
-                   timeout_s=240)
+    done = run_cli(
+        "models",
+        "train-shapes",
+        str(tmp_path),
+        "--vae-steps",
+        "2",
+        "--unet-steps",
+        "2",
+        "--dataset",
+        "64",
+        timeout_s=240,
+    )
     assert "trained in" in done.stdout, done.stdout
     report = json.loads((tmp_path / "training.json").read_text())
     assert (report["seed"], report["threads"], report["vae_steps"], report["unet_steps"]) == (19, 1, 2, 2)
@@ -39,7 +49,9 @@ def test_train_shapes_writes_two_pipelines_like_the_committed_ones(tmp_path: Pat
         pipeline = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
         assert type(pipeline).__name__ == "StableDiffusionPipeline"
         assert (pipeline.scheduler.config.prediction_type, pipeline.scheduler.config.timestep_spacing) == (
-            "v_prediction", "trailing")
+            "v_prediction",
+            "trailing",
+        )
         assert pipeline.unet.dtype == torch.float32  # stored as float16, loaded at the asked precision
         ids = pipeline.tokenizer("a red circle on a black background").input_ids
         assert len(ids) == 9  # one token a word, plus start and end

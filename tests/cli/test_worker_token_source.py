@@ -16,8 +16,9 @@ from app.core.secret_files import write_private
 def worker(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     base.update({"HOMEFLEET_MACHINE": "m1", "HOMEFLEET_MODELS_DIR": str(tmp_path / "models"), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "app.cli", "worker", *args], env=base, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "worker", *args], env=base, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_token_on_the_command_line_is_deprecated_with_a_warning(tmp_path: Path) -> None:
@@ -32,8 +33,9 @@ def test_an_unreadable_token_file_is_named_in_one_line(tmp_path: Path) -> None:
     done = worker(tmp_path, "--token-file", str(missing))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert (f"error (invalid_settings): HOMEFLEET_WORKER_TOKEN_FILE '{missing}' cannot be read: No such file or "
-            "directory") in " ".join(done.stdout.split()), done.stdout
+    assert (
+        f"error (invalid_settings): HOMEFLEET_WORKER_TOKEN_FILE '{missing}' cannot be read: No such file or directory"
+    ) in " ".join(done.stdout.split()), done.stdout
     assert "warning: --token" not in done.stderr
 
 

@@ -34,8 +34,14 @@ def drill_fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     its own, FLEET_OPTIONS): neither changes the other drills' outcome (messages are acked when
     delivered; every job reports progress at each step). Its broker keys are under a prefix
     (kombu's global_keyprefix), so every drill also shows the prefix honoured."""
-    with DrillFleet(tmp_path_factory.mktemp("drills"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
-                    hung_after_s=HUNG_AFTER_S, broker_key_prefix=BROKER_PREFIX, forkserver=True) as fleet:
+    with DrillFleet(
+        tmp_path_factory.mktemp("drills"),
+        tiny_models_dir / "tiny-sd",
+        visibility_timeout_s=VISIBILITY_S,
+        hung_after_s=HUNG_AFTER_S,
+        broker_key_prefix=BROKER_PREFIX,
+        forkserver=True,
+    ) as fleet:
         yield fleet
 
 
@@ -82,8 +88,14 @@ def test_r19_redis_loss_requeue_drill(drill_fleet: DrillFleet) -> None:
     result = DRILLS["redis_loss_requeue"](drill_fleet, 8)
     check(result, 8)
     assert (result.runs, result.interrupted) == (10, 0), result.line()
-    assert result.figures == {"restarts": 1, "queued_at_loss": 7, "republished": 7, "ran_once": 7, "order_kept": 1,
-                              "worker_lost": 0}, result.line()
+    assert result.figures == {
+        "restarts": 1,
+        "queued_at_loss": 7,
+        "republished": 7,
+        "ran_once": 7,
+        "order_kept": 1,
+        "worker_lost": 0,
+    }, result.line()
     assert drill_fleet.ctx.redis.keys("machine.*") == []  # nothing outside the prefix
 
 
@@ -131,8 +143,11 @@ def test_a_drill_stopped_with_sigterm_stops_the_fleet_it_started(tmp_path: Path)
 
     import psutil
 
-    drill = subprocess.Popen([sys.executable, "-m", "app.cli", "drill", "duplicate", "--count", "5",
-                              "--work-dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    drill = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "drill", "duplicate", "--count", "5", "--work-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     parent = psutil.Process(drill.pid)
     deadline = time.monotonic() + 180
     while not any("worker" in " ".join(c.cmdline()) for c in parent.children(recursive=True) if c.is_running()):

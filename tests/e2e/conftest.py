@@ -76,36 +76,59 @@ def fleet(
     redis.Redis.from_url(redis_url).flushdb()
     # webhooks to this host only, signed with TEST_WEBHOOK_SECRET (test_job_way.py)
     fleet_config = make_fleet("m1", "m2", "m3").model_copy(
-        update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])})
+        update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])}
+    )
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, fleet_config.to_toml())
     settings = Settings(
-        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY, QUOTA_KEY],
-        webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET}, webhook_backoff_s=0.2,
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY, QUOTA_KEY],
+        webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET},
+        webhook_backoff_s=0.2,
         # a second key under a quota (tests/e2e/test_job_way.py); TEST_API_KEY has none
         api_key_quotas={QUOTA_NAME: KeyQuota(key_prefix=QUOTA_KEY, max_queued_jobs=1, max_gpu_seconds_per_hour=0.05)},
     )
     # The journal created and the models registered through the CLI, as an operator does.
-    operator = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-                "HOMEFLEET_REDIS_URL": redis_url}
+    operator = {
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+    }
     run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
     for model in SHAPE_MODELS:  # with the demo's own defaults (app/devtools/demo.py MODEL_DEFAULTS)
         sized = () if model == RECOLOUR_MODEL else ("--default", "width=32", "--default", "height=32")  # trained at 32
-        run_cli("models", "add", str(DEMO_MODELS_DIR / model), "--id", model, "--default", "guidance_scale=4", *sized,
-                env=operator)
+        run_cli(
+            "models",
+            "add",
+            str(DEMO_MODELS_DIR / model),
+            "--id",
+            model,
+            "--default",
+            "guidance_scale=4",
+            *sized,
+            env=operator,
+        )
     adapters = data_dir / "adapters"
     lora = make_tiny_lora(tiny_models_dir / MODEL, adapters / ADAPTER)
     run_cli("models", "add", str(lora), "--id", ADAPTER, "--adapter-of", "sd1", env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)
     ctx = build_context(settings, fleet_config, migrate=True)
-    ctx.registry.add(make_tiny_lora(tiny_models_dir / EDIT_MODEL, adapters / OTHER_ADAPTER, seed=1), OTHER_ADAPTER,
-                     adapter_of="sd1-pix2pix")
+    ctx.registry.add(
+        make_tiny_lora(tiny_models_dir / EDIT_MODEL, adapters / OTHER_ADAPTER, seed=1),
+        OTHER_ADAPTER,
+        adapter_of="sd1-pix2pix",
+    )
     ctx.registry.add(DEMO_MODELS_DIR / COLOUR_LORA, COLOUR_LORA, adapter_of="sd1")
-    ctx.registry.add(to_kohya_lora(lora / LORA_WEIGHTS, adapters / f"{KOHYA_ADAPTER}.safetensors"), KOHYA_ADAPTER,
-                     adapter_of="sd1")
+    ctx.registry.add(
+        to_kohya_lora(lora / LORA_WEIGHTS, adapters / f"{KOHYA_ADAPTER}.safetensors"), KOHYA_ADAPTER, adapter_of="sd1"
+    )
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
         for machine in WORKERS:
@@ -141,8 +164,9 @@ class ModelsFleet:
 
 
 @pytest.fixture(scope="session")
-def models_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
-                 tiny_families_dir: Path) -> Iterator[ModelsFleet]:
+def models_fleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_families_dir: Path
+) -> Iterator[ModelsFleet]:
     """Machine m1 alone, with every tiny family's pipeline (``app.devtools.tiny_models.TINY_MODELS``:
     the model id is the folder name) copied, verified and advertised; Redis database 7."""
     data_dir = tmp_path_factory.mktemp("models-fleet")
@@ -151,8 +175,15 @@ def models_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
     fleet_config = make_fleet(MODELS_MACHINE, families=frozenset(FAMILIES))
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, fleet_config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id in TINY_MODELS:
         ctx.registry.add(tiny_families_dir / model_id, model_id=model_id)

@@ -41,11 +41,15 @@ def run(fleet: RunningFleet, params: dict[str, Any]) -> tuple[dict[str, Any], by
     return job, fleet.client.download(accepted["id"])
 
 
-def post(fleet: RunningFleet, params: dict[str, Any], target: str = MACHINE, model: str | None = None,
-         dry_run: bool = False) -> httpx.Response:
-    return httpx.post(f"{fleet.local.api_url}/v1/jobs{'?dry_run=true' if dry_run else ''}",
-                      headers=fleet.local.auth_headers, timeout=30,
-                      json={"model": model or fleet.model, "kind": "txt2img", "params": params, "target": target})
+def post(
+    fleet: RunningFleet, params: dict[str, Any], target: str = MACHINE, model: str | None = None, dry_run: bool = False
+) -> httpx.Response:
+    return httpx.post(
+        f"{fleet.local.api_url}/v1/jobs{'?dry_run=true' if dry_run else ''}",
+        headers=fleet.local.auth_headers,
+        timeout=30,
+        json={"model": model or fleet.model, "kind": "txt2img", "params": params, "target": target},
+    )
 
 
 def test_an_adapter_changes_the_image_on_the_warm_pipeline_and_is_unloaded_after(fleet: RunningFleet) -> None:
@@ -121,8 +125,12 @@ def test_r13_placement_prices_the_adapter_load_it_measured(fleet: RunningFleet) 
     adds to the finish on a warm base. A scale defaults to 1."""
     job, _ = run(fleet, {**BASE, "adapters": [{"id": ADAPTER}]})
     assert job["params"]["adapters"] == [{"id": ADAPTER, "scale": 1.0}]
-    learned = wait_for(lambda: fleet.ctx.dispatcher.costs.estimator().learned.get(MACHINE, ADAPTER, "adapter"),
-                       timeout_s=30, what="the adapter's load time learned", poll_s=0.5)
+    learned = wait_for(
+        lambda: fleet.ctx.dispatcher.costs.estimator().learned.get(MACHINE, ADAPTER, "adapter"),
+        timeout_s=30,
+        what="the adapter's load time learned",
+        poll_s=0.5,
+    )
     assert learned.load_samples >= 1 and learned.load_s > 0.001, learned
     decision = post(fleet, {**BASE, "adapters": [{"id": ADAPTER}]}, dry_run=True)
     assert decision.status_code == 200, decision.text
@@ -133,20 +141,53 @@ def test_r13_placement_prices_the_adapter_load_it_measured(fleet: RunningFleet) 
     assert part["finish_s"] > plain["finish_s"]
 
 
-@pytest.mark.parametrize(("adapters", "status", "reason", "param", "message"), [
-    ([{"id": OTHER_ADAPTER, "scale": 1.0}], 422, "adapter_family_mismatch", "params.adapters[0].id",
-     f"params.adapters[0].id: adapter {OTHER_ADAPTER!r} is of family sd1-pix2pix, the model is of family sd1"),
-    ([{"id": "no-such-lora"}], 422, "unknown_adapter", "params.adapters[0].id",
-     "params.adapters[0].id 'no-such-lora' is not a registered adapter"),
-    ([{"id": "tiny-sd"}], 422, "unknown_adapter", "params.adapters[0].id",
-     "params.adapters[0].id 'tiny-sd' is not a registered adapter"),  # a model is no adapter
-    ([{"id": ADAPTER, "scale": 9}], 422, "invalid_adapters", "params.adapters[0].scale",
-     "params.adapters[0].scale must be a number from -4 to 4, got 9"),
-    ([{"id": ADAPTER}] * 5, 422, "invalid_adapters", "params.adapters",
-     "params.adapters holds 5 adapters; family sd1 takes at most 4 (max_adapters)"),
-])
+@pytest.mark.parametrize(
+    ("adapters", "status", "reason", "param", "message"),
+    [
+        (
+            [{"id": OTHER_ADAPTER, "scale": 1.0}],
+            422,
+            "adapter_family_mismatch",
+            "params.adapters[0].id",
+            f"params.adapters[0].id: adapter {OTHER_ADAPTER!r} is of family sd1-pix2pix, the model is of family sd1",
+        ),
+        (
+            [{"id": "no-such-lora"}],
+            422,
+            "unknown_adapter",
+            "params.adapters[0].id",
+            "params.adapters[0].id 'no-such-lora' is not a registered adapter",
+        ),
+        (
+            [{"id": "tiny-sd"}],
+            422,
+            "unknown_adapter",
+            "params.adapters[0].id",
+            "params.adapters[0].id 'tiny-sd' is not a registered adapter",
+        ),  # a model is no adapter
+        (
+            [{"id": ADAPTER, "scale": 9}],
+            422,
+            "invalid_adapters",
+            "params.adapters[0].scale",
+            "params.adapters[0].scale must be a number from -4 to 4, got 9",
+        ),
+        (
+            [{"id": ADAPTER}] * 5,
+            422,
+            "invalid_adapters",
+            "params.adapters",
+            "params.adapters holds 5 adapters; family sd1 takes at most 4 (max_adapters)",
+        ),
+    ],
+)
 def test_r22_a_bad_adapter_is_refused_naming_the_field(
-    fleet: RunningFleet, adapters: list[dict[str, Any]], status: int, reason: str, param: str, message: str,
+    fleet: RunningFleet,
+    adapters: list[dict[str, Any]],
+    status: int,
+    reason: str,
+    param: str,
+    message: str,
 ) -> None:
     response = post(fleet, {**BASE, "adapters": adapters})
     assert response.status_code == status, response.text

@@ -33,8 +33,13 @@ VISIBILITY_S = 2  # short, so a message left unacked can be restored within the 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -> Iterator[DrillFleet]:
-    with DrillFleet(tmp_path_factory.mktemp("broker"), tiny_models_dir / "tiny-sd", visibility_timeout_s=VISIBILITY_S,
-                    broker_key_prefix=PREFIX, forkserver=True) as running:
+    with DrillFleet(
+        tmp_path_factory.mktemp("broker"),
+        tiny_models_dir / "tiny-sd",
+        visibility_timeout_s=VISIBILITY_S,
+        broker_key_prefix=PREFIX,
+        forkserver=True,
+    ) as running:
         yield running
 
 
@@ -77,8 +82,13 @@ def status_row(fleet: DrillFleet, machine: str) -> dict[str, str]:
 
 
 def celery_cli(fleet: DrillFleet, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "app.celery", *args],
-                          env={**os.environ, **env_of(fleet)}, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "app.celery", *args],
+        env={**os.environ, **env_of(fleet)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -89,8 +99,13 @@ def flower_url(fleet: DrillFleet) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, **env_of(fleet), "FLOWER_UNAUTHENTICATED_API": "true"}
     log = open(fleet.local.logs_dir / "flower.log", "ab")  # noqa: SIM115 - closed below
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -163,8 +178,13 @@ def test_r19_a_message_restored_from_the_unacked_set_keeps_its_place_in_the_line
     assert fleet.ctx is not None and fleet.client is not None
     ctx = fleet.ctx
     long, waiting = busy_with_waiting(fleet, 3)
-    taken = subprocess.run([sys.executable, "-c", _TAKE_AND_DIE, queue("m1")], env={**os.environ, **env_of(fleet)},
-                           capture_output=True, text=True, timeout=60)
+    taken = subprocess.run(
+        [sys.executable, "-c", _TAKE_AND_DIE, queue("m1")],
+        env={**os.environ, **env_of(fleet)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert taken.returncode == 0, taken.stderr
     assert taken.stdout.strip() == waiting[0]
     assert waiting[0] in ctx.queues.unacked_ids() and ctx.redis.hlen(ctx.keys.unacked()) == 1
@@ -187,9 +207,15 @@ def test_flowers_basic_auth_reaches_it_through_its_environment_not_its_command_l
     env = {**os.environ, **env_of(fleet)}
     env.pop("FLOWER_BASIC_AUTH", None)
     env.pop("FLOWER_UNAUTHENTICATED_API", None)
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port), "--basic-auth", secret],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(port), "--basic-auth", secret],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
+
         def answers() -> int:
             try:
                 return httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=5).status_code

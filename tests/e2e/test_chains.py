@@ -37,18 +37,25 @@ def test_a_result_s_digest_is_an_input_generate_img2img_edit_and_another_key_s_o
     client = rfleet.client
     made = succeeded(rfleet, client.submit(MODEL, "txt2img", {"prompt": "a red square", "steps": 2}, target="m1")["id"])
     first = made["result"]["digest"]
-    redone = succeeded(rfleet, client.submit(MODEL, "img2img", {"prompt": "bluer", "image": first, "steps": 2,
-                                                                  "strength": 0.6}, target="m1")["id"])
+    redone = succeeded(
+        rfleet,
+        client.submit(MODEL, "img2img", {"prompt": "bluer", "image": first, "steps": 2, "strength": 0.6}, target="m1")[
+            "id"
+        ],
+    )
     assert redone["provenance"]["inputs"] == {"image": first}, redone["provenance"]
     second = redone["result"]["digest"]
     assert second != first
-    edited = succeeded(rfleet, client.submit(EDIT_MODEL, "edit", {"prompt": "make it green", "image": second,
-                                                                  "steps": 1}, target="m1")["id"])
+    edited = succeeded(
+        rfleet,
+        client.submit(EDIT_MODEL, "edit", {"prompt": "make it green", "image": second, "steps": 1}, target="m1")["id"],
+    )
     assert edited["provenance"]["inputs"] == {"image": second}, edited["provenance"]
     assert bytes_digest(client.download(edited["id"])) == edited["result"]["digest"]
 
-    theirs = rfleet.ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "theirs", "steps": 2, "seed": 7}, "m1",
-                                          api_key_id="another-tenant").job
+    theirs = rfleet.ctx.dispatcher.submit(
+        MODEL, "txt2img", {"prompt": "theirs", "steps": 2, "seed": 7}, "m1", api_key_id="another-tenant"
+    ).job
     their_digest = succeeded(rfleet, theirs.id)["result"]["digest"]
     for image, what in ((their_digest, "another key's result"), ("blake3:" + "0" * 64, "a digest nothing has")):
         with pytest.raises(ApiError) as refused:
@@ -85,8 +92,14 @@ def test_a_result_png_carries_the_a1111_parameters_chunk_other_tools_read(rfleet
     scheduler), CFG scale, Seed (image i of n: seed + i), Size, Model hash (10 hex digits), Model;
     an img2img result adds its Denoising strength. Read back with PIL."""
     client = rfleet.client
-    params = {"prompt": "a lighthouse at dusk", "negative_prompt": "blurry, text", "steps": 3,
-              "guidance_scale": 6.5, "seed": 1234, "n": 2}
+    params = {
+        "prompt": "a lighthouse at dusk",
+        "negative_prompt": "blurry, text",
+        "steps": 3,
+        "guidance_scale": 6.5,
+        "seed": 1234,
+        "n": 2,
+    }
     job = succeeded(rfleet, client.submit(MODEL, "txt2img", params, target="m1")["id"])
     sampler = job["provenance"]["sampler"]
     assert sampler.endswith("Scheduler"), sampler
@@ -107,8 +120,12 @@ def test_a_result_png_carries_the_a1111_parameters_chunk_other_tools_read(rfleet
     assert len(hashes) == 1  # one model, one hash
 
     first = job["results"][0]["digest"]
-    redone = succeeded(rfleet, client.submit(MODEL, "img2img", {"prompt": "at night", "image": first, "steps": 4,
-                                                                  "strength": 0.5}, target="m1")["id"])
+    redone = succeeded(
+        rfleet,
+        client.submit(
+            MODEL, "img2img", {"prompt": "at night", "image": first, "steps": 4, "strength": 0.5}, target="m1"
+        )["id"],
+    )
     with Image.open(io.BytesIO(client.download(redone["id"]))) as image:
         head, fields = a1111_fields(image.text["parameters"])
     assert head == ["at night"]  # no negative prompt: no such line

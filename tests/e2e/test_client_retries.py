@@ -61,8 +61,12 @@ def test_c10_openai_sdk_generate_and_edit_with_a_short_timeout_make_one_job_each
     blocker = occupy(fleet, "m1", "c10 blocker m1")
     start = time.monotonic()
     with pytest.raises(openai.ConflictError) as generated:
-        client.images.generate(model=fleet.model, prompt="c10 generate", size="64x64",  # type: ignore[arg-type]
-                               extra_body={"steps": 2, "target": "m1"})
+        client.images.generate(
+            model=fleet.model,
+            prompt="c10 generate",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={"steps": 2, "target": "m1"},
+        )
     assert time.monotonic() - start < CLIENT_TIMEOUT_S  # answered before the SDK gave up: nothing resent
     [job] = jobs_with_prompt(fleet, "c10 generate")
     assert generated.value.code == "job_pending" and job.id in generated.value.message
@@ -92,8 +96,13 @@ def test_c10_openai_sdk_retries_after_a_lost_answer_get_the_first_job(fleet: Run
     client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, timeout=0.5)
     blocker = occupy(fleet, "m2", "c10 blocker m2")
     with pytest.raises(openai.APITimeoutError):
-        client.images.generate(model=fleet.model, prompt="c10 resent", size="64x64",  # type: ignore[arg-type]
-                               extra_body={"steps": 2, "target": "m2"}, extra_headers={"x-stainless-read-timeout": "3"})
+        client.images.generate(
+            model=fleet.model,
+            prompt="c10 resent",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={"steps": 2, "target": "m2"},
+            extra_headers={"x-stainless-read-timeout": "3"},
+        )
     [job] = jobs_with_prompt(fleet, "c10 resent")  # three requests, one job
     assert fleet.client.get(job.id)["state"] in ("queued", "running")  # it was still waiting when the SDK gave up
     end_running(fleet.ctx, blocker)
@@ -107,14 +116,22 @@ def test_c10_huggingface_inference_client_with_a_short_timeout_makes_one_job(fle
     base = f"{fleet.local.api_url}/hf/models"
     blocker = occupy(fleet, "server", "c10 blocker hf")
     # A client that announces its timeout (Prefer: wait=N) gets an answer naming the job.
-    announcing = InferenceClient(base_url=f"{base}/{fleet.model}", api_key=TEST_API_KEY, timeout=CLIENT_TIMEOUT_S,
-                                 headers={"Prefer": f"wait={CLIENT_TIMEOUT_S}"})
+    announcing = InferenceClient(
+        base_url=f"{base}/{fleet.model}",
+        api_key=TEST_API_KEY,
+        timeout=CLIENT_TIMEOUT_S,
+        headers={"Prefer": f"wait={CLIENT_TIMEOUT_S}"},
+    )
     with pytest.raises(HfHubHTTPError) as text:
         announcing.text_to_image("c10 hf text", num_inference_steps=2, width=64, height=64)
     [job] = jobs_with_prompt(fleet, "c10 hf text")
     assert text.value.response.status_code == 409 and job.id in str(text.value)
-    edit_client = InferenceClient(base_url=f"{base}/{EDIT_MODEL}", api_key=TEST_API_KEY, timeout=CLIENT_TIMEOUT_S,
-                                  headers={"Prefer": f"wait={CLIENT_TIMEOUT_S}"})
+    edit_client = InferenceClient(
+        base_url=f"{base}/{EDIT_MODEL}",
+        api_key=TEST_API_KEY,
+        timeout=CLIENT_TIMEOUT_S,
+        headers={"Prefer": f"wait={CLIENT_TIMEOUT_S}"},
+    )
     with pytest.raises(HfHubHTTPError) as image:
         edit_client.image_to_image(png(32, 24), prompt="c10 hf edit", num_inference_steps=2)
     [edit] = jobs_with_prompt(fleet, "c10 hf edit")
@@ -156,8 +173,12 @@ def test_c10_openai_sdk_resend_of_a_cold_first_call_learns_the_jobs_and_is_not_r
     try:
         assert held.wait(10)
         with pytest.raises(openai.ConflictError) as pending:
-            client.images.generate(model=fleet.model, prompt="c10 cold", size="64x64",  # type: ignore[arg-type]
-                                   extra_body={"steps": 2, "target": "m1"})
+            client.images.generate(
+                model=fleet.model,
+                prompt="c10 cold",
+                size="64x64",  # type: ignore[arg-type]
+                extra_body={"steps": 2, "target": "m1"},
+            )
     finally:
         release.set()
         holder.join()

@@ -67,16 +67,24 @@ class DeviceFleet:
 
 
 @pytest.fixture(scope="module")
-def devices(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
-            ) -> Iterator[DeviceFleet]:
+def devices(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[DeviceFleet]:
     data_dir = tmp_path_factory.mktemp("devices")
     redis_url = f"{redis_base_url}/9"
     redis.Redis.from_url(redis_url).flushdb()
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, FLEET_TOML)
     fleet = load_fleet(fleet_file)
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
     local = LocalFleet(settings, fleet, fleet_file)
     ctx = build_context(settings, fleet, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
@@ -108,8 +116,11 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         assert f"{machine}: bound to device {index} (CUDA_VISIBLE_DEVICES={index})" in devices.log(machine)
         # its Celery node name, with the ':' (Flower shows the worker by it)
         assert "torch was imported before the device was bound" not in devices.log(machine)
-        node = wait_for(lambda m=machine: devices.ctx.redis.get(devices.ctx.keys.node(m)), timeout_s=60,
-                        what=f"{machine}'s worker to be ready")
+        node = wait_for(
+            lambda m=machine: devices.ctx.redis.get(devices.ctx.keys.node(m)),
+            timeout_s=60,
+            what=f"{machine}'s worker to be ready",
+        )
         node = node.decode() if isinstance(node, bytes) else str(node)
         assert node.startswith(f"{machine}@")
         # Celery's control channel (Flower's worker pages, `celery control revoke`) reaches it by that name
@@ -148,8 +159,11 @@ def test_a_job_pinned_to_each_device_runs_on_that_devices_worker(devices: Device
         journaled = devices.ctx.journal.get(job["id"])
         assert (journaled.machine, journaled.target) == (machine, machine)
         other = next(m for m in DEVICES if m != machine)
-        wait_for(lambda job_id=job["id"], m=machine: f"[{job_id}] succeeded" in devices.log(m), timeout_s=30,
-                 what=f"{machine}'s log to show its job")
+        wait_for(
+            lambda job_id=job["id"], m=machine: f"[{job_id}] succeeded" in devices.log(m),
+            timeout_s=30,
+            what=f"{machine}'s log to show its job",
+        )
         assert job["id"] not in devices.log(other)
 
 
@@ -185,7 +199,9 @@ def test_status_groups_the_devices_under_their_host_and_urls_take_the_colon(devi
     done = run_cli("status", "--json", env=settings_env(devices.settings))
     status = json.loads(done.stdout)
     assert [(host["host"], [row["name"] for row in host["machines"]]) for host in status["hosts"]] == [
-        ("server", ["server"]), ("box", list(DEVICES))]
+        ("server", ["server"]),
+        ("box", list(DEVICES)),
+    ]
     box = status["hosts"][1]["machines"]
     assert [(row["host"], row["device"], row["online"]) for row in box] == [("box", 0, True), ("box", 1, True)]
     assert all(MODEL in row["verified_models"] for row in box)
@@ -195,14 +211,19 @@ def test_status_groups_the_devices_under_their_host_and_urls_take_the_colon(devi
     assert len(lines) == 3 and "2/2" in lines[0] and "2 devices" in lines[0]  # the host line, its devices under it
     assert "box:0" in lines[1] and "box:1" in lines[2]
     rows = {row["name"]: row for row in devices.client.machines()}
-    assert (rows["box:1"]["host"], rows["box:1"]["device"], rows["server"]["host"], rows["server"]["device"]) == \
-        ("box", 1, "server", None)
+    assert (rows["box:1"]["host"], rows["box:1"]["device"], rows["server"]["host"], rows["server"]["device"]) == (
+        "box",
+        1,
+        "server",
+        None,
+    )
     for path in ("/v1/machines/box:1/residency", "/v1/machines/box%3A1/residency"):
         answer = httpx.get(f"{devices.local.api_url}{path}", headers=devices.local.auth_headers, timeout=30)
         assert answer.status_code == 200, answer.text
         assert answer.json()["machine"] == "box:1"
-    missing = httpx.get(f"{devices.local.api_url}/v1/machines/box:7/residency", headers=devices.local.auth_headers,
-                        timeout=30)
+    missing = httpx.get(
+        f"{devices.local.api_url}/v1/machines/box:7/residency", headers=devices.local.auth_headers, timeout=30
+    )
     assert missing.status_code == 404, missing.text
 
 

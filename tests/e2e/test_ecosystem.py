@@ -22,8 +22,9 @@ pytestmark = pytest.mark.e2e
 
 def celery_cli(fleet: RunningFleet, *args: str) -> str:
     env = {**os.environ, "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url}
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "app.celery", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "app.celery", *args], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -33,8 +34,13 @@ def flower_url(fleet: RunningFleet) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url, "FLOWER_UNAUTHENTICATED_API": "true"}
     log = open(fleet.local.logs_dir / "flower.log", "ab")  # noqa: SIM115 - closed below
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

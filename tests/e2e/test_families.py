@@ -43,8 +43,12 @@ def ffleet(models_fleet: ModelsFleet) -> ModelsFleet:
 def upload(fleet: FamiliesFleet, width: int, height: int) -> str:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
-    response = httpx.post(f"{fleet.local.api_url}/v1/files", files={"file": ("in.png", buffer.getvalue(), "image/png")},
-                          headers=fleet.local.auth_headers, timeout=30)
+    response = httpx.post(
+        f"{fleet.local.api_url}/v1/files",
+        files={"file": ("in.png", buffer.getvalue(), "image/png")},
+        headers=fleet.local.auth_headers,
+        timeout=30,
+    )
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
 
@@ -71,27 +75,36 @@ def image_of(data: bytes) -> Image.Image:
     return image
 
 
-@pytest.mark.parametrize(("family", "params", "size"), [
-    ("sd1", {"prompt": "a red circle", "steps": 2}, (64, 64)),
-    ("sdxl", {"prompt": "a red circle", "width": 64, "height": 48, "steps": 2}, (64, 48)),
-    ("flux", {"prompt": "a red circle", "guidance_scale": 3.5, "steps": 2}, (64, 64)),
-    ("flux", {"prompt": "a red circle", "negative_prompt": "blur", "true_cfg_scale": 2.0, "steps": 1}, (64, 64)),
-])
-def test_txt2img_runs_on_every_txt2img_pipeline_class(ffleet: FamiliesFleet, family: str, params: dict[str, Any],
-                                                       size: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("family", "params", "size"),
+    [
+        ("sd1", {"prompt": "a red circle", "steps": 2}, (64, 64)),
+        ("sdxl", {"prompt": "a red circle", "width": 64, "height": 48, "steps": 2}, (64, 48)),
+        ("flux", {"prompt": "a red circle", "guidance_scale": 3.5, "steps": 2}, (64, 64)),
+        ("flux", {"prompt": "a red circle", "negative_prompt": "blur", "true_cfg_scale": 2.0, "steps": 1}, (64, 64)),
+    ],
+)
+def test_txt2img_runs_on_every_txt2img_pipeline_class(
+    ffleet: FamiliesFleet, family: str, params: dict[str, Any], size: tuple[int, int]
+) -> None:
     job, data = run(ffleet, family, {**params, "seed": 3})
     image = image_of(data)
     assert (image.format, image.size) == ("PNG", size)
     assert job["params"] == {**params, "seed": 3}  # journaled as sent: the family's own names
 
 
-@pytest.mark.parametrize(("family", "params"), [
-    ("sd1-pix2pix", {"prompt": "make it blue", "image_guidance_scale": 1.5, "steps": 2}),
-    ("qwen-image", {"prompt": "make it blue", "true_cfg_scale": 1.0, "negative_prompt": "", "steps": 1}),
-    ("flux-kontext", {"prompt": "make it blue", "guidance_scale": 2.5, "steps": 2}),
-])
+@pytest.mark.parametrize(
+    ("family", "params"),
+    [
+        ("sd1-pix2pix", {"prompt": "make it blue", "image_guidance_scale": 1.5, "steps": 2}),
+        ("qwen-image", {"prompt": "make it blue", "true_cfg_scale": 1.0, "negative_prompt": "", "steps": 1}),
+        ("flux-kontext", {"prompt": "make it blue", "guidance_scale": 2.5, "steps": 2}),
+    ],
+)
 def test_edit_runs_on_every_edit_pipeline_class_and_keeps_the_input_size(
-    ffleet: FamiliesFleet, family: str, params: dict[str, Any],
+    ffleet: FamiliesFleet,
+    family: str,
+    params: dict[str, Any],
 ) -> None:
     file_id = upload(ffleet, 64, 48)
     _, data = run(ffleet, family, {**params, "image": file_id, "seed": 3})
@@ -105,31 +118,55 @@ def test_upscale_runs_on_the_x4_upscaler(ffleet: FamiliesFleet) -> None:
     assert image_of(data).size == (64, 96)
 
 
-@pytest.mark.parametrize(("family", "params", "frames", "size"), [
-    ("animatediff", {"frames": 4, "steps": 2}, 4, (64, 64)),
-    ("wan", {"frames": 5, "width": 32, "height": 32, "steps": 2}, 5, (32, 32)),
-])
+@pytest.mark.parametrize(
+    ("family", "params", "frames", "size"),
+    [
+        ("animatediff", {"frames": 4, "steps": 2}, 4, (64, 64)),
+        ("wan", {"frames": 5, "width": 32, "height": 32, "steps": 2}, 5, (32, 32)),
+    ],
+)
 def test_video_runs_on_every_video_pipeline_class_with_its_frame_rule(
-    ffleet: FamiliesFleet, family: str, params: dict[str, Any], frames: int, size: tuple[int, int],
+    ffleet: FamiliesFleet,
+    family: str,
+    params: dict[str, Any],
+    frames: int,
+    size: tuple[int, int],
 ) -> None:
     _, data = run(ffleet, family, {"prompt": "waves", "format": "webp", "seed": 3, **params})
     image = image_of(data)
     assert (image.format, image.n_frames, image.size) == ("WEBP", frames, size)
 
 
-@pytest.mark.parametrize(("family", "params", "message"), [
-    ("wan", {"prompt": "waves", "frames": 8}, "`frames` must be 4k+1 (1, 5, 9, 13, ...) for family wan (WanPipeline"),
-    ("flux", {"prompt": "x", "width": 72}, "`width` must be a multiple of 16 pixels for family flux (FluxPipeline"),
-    ("qwen-image", {"prompt": "x", "image_guidance_scale": 1.5},
-     "params.image_guidance_scale is not a param of kind 'edit' on family qwen-image (QwenImageEditPipeline)"),
-])
+@pytest.mark.parametrize(
+    ("family", "params", "message"),
+    [
+        (
+            "wan",
+            {"prompt": "waves", "frames": 8},
+            "`frames` must be 4k+1 (1, 5, 9, 13, ...) for family wan (WanPipeline",
+        ),
+        ("flux", {"prompt": "x", "width": 72}, "`width` must be a multiple of 16 pixels for family flux (FluxPipeline"),
+        (
+            "qwen-image",
+            {"prompt": "x", "image_guidance_scale": 1.5},
+            "params.image_guidance_scale is not a param of kind 'edit' on family qwen-image (QwenImageEditPipeline)",
+        ),
+    ],
+)
 def test_r22_the_api_refuses_a_family_rule_with_422_naming_the_limit(
-    ffleet: FamiliesFleet, family: str, params: dict[str, Any], message: str,
+    ffleet: FamiliesFleet,
+    family: str,
+    params: dict[str, Any],
+    message: str,
 ) -> None:
     if FAMILIES[family].kind == "edit":
         params = {**params, "image": upload(ffleet, 64, 48)}
-    response = httpx.post(f"{ffleet.local.api_url}/v1/jobs", headers=ffleet.local.auth_headers, timeout=30, json={
-        "model": MODELS[family], "kind": FAMILIES[family].kind, "params": params, "target": MACHINE})
+    response = httpx.post(
+        f"{ffleet.local.api_url}/v1/jobs",
+        headers=ffleet.local.auth_headers,
+        timeout=30,
+        json={"model": MODELS[family], "kind": FAMILIES[family].kind, "params": params, "target": MACHINE},
+    )
     assert response.status_code == 422, response.text
     assert response.json()["error"]["message"].startswith(message), response.json()
 
@@ -137,8 +174,16 @@ def test_r22_the_api_refuses_a_family_rule_with_422_naming_the_limit(
 def test_an_edit_image_the_qwen_vae_cannot_keep_is_refused_at_submission(ffleet: FamiliesFleet) -> None:
     """Sides must be multiples of 16 for Qwen-Image (8 suffices for InstructPix2Pix)."""
     file_id = upload(ffleet, 40, 40)
-    response = httpx.post(f"{ffleet.local.api_url}/v1/jobs", headers=ffleet.local.auth_headers, timeout=30, json={
-        "model": MODELS["qwen-image"], "kind": "edit", "params": {"prompt": "x", "image": file_id},
-        "target": MACHINE})
+    response = httpx.post(
+        f"{ffleet.local.api_url}/v1/jobs",
+        headers=ffleet.local.auth_headers,
+        timeout=30,
+        json={
+            "model": MODELS["qwen-image"],
+            "kind": "edit",
+            "params": {"prompt": "x", "image": file_id},
+            "target": MACHINE,
+        },
+    )
     assert response.status_code == 422, response.text
     assert "multiples of 16 pixels for family qwen-image" in response.json()["error"]["message"]

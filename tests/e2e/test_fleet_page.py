@@ -85,9 +85,13 @@ def captions(wait: object, css: str = "#gallery figcaption") -> list[str]:
 
 def shown_field(driver: object, name: str) -> bool:
     """Whether the Submit form shows a field for param ``name`` (it is rebuilt for each kind and model)."""
-    return bool(driver.execute_script(  # type: ignore[attr-defined]
-        "const label = document.querySelector(`#submit-form label[data-param='${arguments[0]}']`);"
-        "return Boolean(label && label.offsetParent !== null)", name))
+    return bool(
+        driver.execute_script(  # type: ignore[attr-defined]
+            "const label = document.querySelector(`#submit-form label[data-param='${arguments[0]}']`);"
+            "return Boolean(label && label.offsetParent !== null)",
+            name,
+        )
+    )
 
 
 def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
@@ -125,7 +129,8 @@ def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, br
     # one snapshot in the page (it re-renders its rows every few seconds: elements go stale)
     rows = driver.execute_script(  # type: ignore[attr-defined]
         "return Object.fromEntries([...document.querySelectorAll('#machines tbody tr')]"
-        ".map(row => [row.dataset.machine, row.innerText]))")
+        ".map(row => [row.dataset.machine, row.innerText]))"
+    )
     assert set(rows) == {"server", "m1", "m2", "m3"}
     assert "online" in rows["m1"] and "offline" in rows["m3"]  # m3 has no worker
     assert driver.execute_script("return sessionStorage.getItem('homefleet.api_key')") == TEST_API_KEY  # type: ignore[attr-defined]
@@ -162,7 +167,8 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(
     wait.until(lambda d: "Would run on m1" in d.find_element(By.ID, "explanation").text)
     # the job's 60 steps: a deadline for the job, not for the page (65 s on one loaded core)
     image = WebDriverWait(driver, JOB_WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']")
+    )[0]
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
     job_id = driver.find_element(By.ID, "submitted").get_attribute("data-job")  # type: ignore[attr-defined]
     snap(driver, "submit")
@@ -195,10 +201,15 @@ def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: objec
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    body = {"model": fleet.model, "kind": "txt2img", "target": "m3",
-            "params": {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "steps": 4}}
-    expected = httpx.post(f"{fleet.local.api_url}/v1/jobs", json=body,
-                          headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=60).json()["error"]
+    body = {
+        "model": fleet.model,
+        "kind": "txt2img",
+        "target": "m3",
+        "params": {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "steps": 4},
+    }
+    expected = httpx.post(
+        f"{fleet.local.api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=60
+    ).json()["error"]
     driver = browser
     wait = open_page(driver, fleet.local.api_url, "submit")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m3']"))
@@ -223,7 +234,8 @@ def png_file(path: Path, side: int = 64) -> Path:
 
 
 def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
-        fleet: RunningFleet, browser: object, tmp_path: Path) -> None:
+    fleet: RunningFleet, browser: object, tmp_path: Path
+) -> None:
     """The Submit form fits the kind (GET /v1/models' params): an edit lists the edit model
     only and asks for an input image, which a txt2img does not; the PNG is uploaded to
     POST /v1/files first and its id is the job's ``image``; the edited image (the input's size)
@@ -261,7 +273,8 @@ def test_edit_submitted_from_the_page_uploads_its_png_and_shows_the_thumbnail(
     driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
     wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
     image = WebDriverWait(driver, JOB_WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))[0]
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']")
+    )[0]
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 64)
     snap(driver, "submit-edit")
     job = fleet.client.get(driver.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]
@@ -288,7 +301,7 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
         driver = browser
         wait = open_page(driver, fleet.local.api_url)
         bar = f"#machines tr[data-machine='m2'] progress[data-job='{running}']"
-        seen = f"return document.querySelector(\"{bar}\")?.dataset.seen"
+        seen = f'return document.querySelector("{bar}")?.dataset.seen'
         wait.until(lambda d: len((d.execute_script(seen) or "").split(",")) >= 3)
         steps = [int(step) for step in driver.execute_script(seen).split(",")]  # type: ignore[attr-defined]
         assert steps == sorted(steps) and len(set(steps)) >= 3, steps
@@ -327,7 +340,8 @@ def submitted_result(driver: object) -> str:
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, JOB_WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']"))
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#submitted .result img[src^='blob:']")
+    )
     return str(driver.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]
 
 
@@ -340,17 +354,25 @@ def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: 
 
     from app.devtools.train_shapes import MODEL_NAMES
 
-    models = {m["id"]: m for m in httpx.get(f"{fleet.local.api_url}/v1/models", timeout=60,
-                                             headers={"Authorization": f"Bearer {TEST_API_KEY}"}).json()["data"]}
+    models = {
+        m["id"]: m
+        for m in httpx.get(
+            f"{fleet.local.api_url}/v1/models", timeout=60, headers={"Authorization": f"Bearer {TEST_API_KEY}"}
+        ).json()["data"]
+    }
     txt2img = models[fleet.model]["params"]["txt2img"]
     assert txt2img["defaults"]["steps"] == 4 and txt2img["ranges"]["guidance_scale"] == {
-        "min": 0.0, "max": 50.0, "integer": False}
+        "min": 0.0,
+        "max": 50.0,
+        "integer": False,
+    }
     assert txt2img["ranges"]["width"]["step"] == 8 and txt2img["ranges"]["n"] == {"integer": True, "min": 1, "max": 4}
     driver = browser
     wait = open_page(driver, fleet.local.api_url, "submit")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=kind] option[value='inpaint']"))
     kinds = driver.execute_script(  # type: ignore[attr-defined]
-        "return [...document.querySelectorAll('#submit-form select[name=kind] option')].map(o => o.value)")
+        "return [...document.querySelectorAll('#submit-form select[name=kind] option')].map(o => o.value)"
+    )
     assert "adapter" not in kinds and {"txt2img", "img2img", "inpaint", "edit"} <= set(kinds), kinds
     form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
     Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
@@ -361,7 +383,8 @@ def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: 
     assert shown == ("0", "50", "7.5"), shown
     assert form.find_element(By.NAME, "width").get_attribute("step") == "8"
     adapters = driver.execute_script(  # type: ignore[attr-defined]
-        "return [...document.querySelectorAll('#adapters [data-adapter]')].map(a => a.dataset.adapter)")
+        "return [...document.querySelectorAll('#adapters [data-adapter]')].map(a => a.dataset.adapter)"
+    )
     assert {a for a in models if models[a]["kinds"] == ["adapter"] and models[a]["family"] == "sd1"} == set(adapters)
     Select(form.find_element(By.NAME, "model")).select_by_value(MODEL_NAMES["filled"])
     assert form.find_element(By.NAME, "width").get_attribute("value") == "32"  # the model's own default
@@ -371,7 +394,8 @@ def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: 
 
 
 def test_a_mask_drawn_with_the_pointer_inpaints_only_inside_it(
-        fleet: RunningFleet, browser: object, tmp_path: Path) -> None:
+    fleet: RunningFleet, browser: object, tmp_path: Path
+) -> None:
     """Inpaint from the page: the input uploaded, the mask painted on the canvas with pointer
     events (a stroke, part of it erased), sent as the mask file; the result's pixels outside the
     painted area are the input's, and some inside differ."""
@@ -391,15 +415,18 @@ def test_a_mask_drawn_with_the_pointer_inpaints_only_inside_it(
     wait.until(lambda d: d.execute_script("return document.querySelector('#mask-canvas').width") == 64)
     canvas = driver.find_element(By.ID, "mask-canvas")  # type: ignore[attr-defined]
     side = canvas.size["width"]  # shown larger than the image: the stroke is scaled to image pixels
-    ActionChains(driver).move_to_element_with_offset(canvas, -side // 4, -side // 4).click_and_hold() \
-        .move_by_offset(side // 2, 0).move_by_offset(0, side // 4).release().perform()
+    ActionChains(driver).move_to_element_with_offset(canvas, -side // 4, -side // 4).click_and_hold().move_by_offset(
+        side // 2, 0
+    ).move_by_offset(0, side // 4).release().perform()
     click(driver, "#mask-erase")
-    ActionChains(driver).move_to_element_with_offset(canvas, side // 4, -side // 4).click_and_hold() \
-        .move_by_offset(0, side // 8).release().perform()
+    ActionChains(driver).move_to_element_with_offset(canvas, side // 4, -side // 4).click_and_hold().move_by_offset(
+        0, side // 8
+    ).release().perform()
     painted = driver.execute_script(  # type: ignore[attr-defined]
         "const c = document.querySelector('#mask-canvas');"
         "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-        "return Array.from({length: c.width * c.height}, (_, i) => d[i * 4 + 3] >= 128)")
+        "return Array.from({length: c.width * c.height}, (_, i) => d[i * 4 + 3] >= 128)"
+    )
     assert 0 < sum(painted) < 64 * 64 / 2, sum(painted)
     prompt = form.find_element(By.NAME, "prompt")
     prompt.clear()
@@ -430,12 +457,15 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} img[src^='blob:']"))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
     click(driver, f"{figure} .remix-enlarge")
-    wait.until(lambda d: d.execute_script(
-        "const dialog = document.querySelector('#enlarged'); return dialog.open && dialog.querySelector('img').src"
-    ).startswith("blob:"))
+    wait.until(
+        lambda d: d.execute_script(
+            "const dialog = document.querySelector('#enlarged'); return dialog.open && dialog.querySelector('img').src"
+        ).startswith("blob:")
+    )
     driver.execute_script("document.querySelector('#enlarged').close()")  # type: ignore[attr-defined]
     assert driver.execute_script(  # type: ignore[attr-defined]
-        f"return document.querySelector({figure + ' a.download'!r}).href").startswith("blob:")
+        f"return document.querySelector({figure + ' a.download'!r}).href"
+    ).startswith("blob:")
     click(driver, f"{figure} .remix-new-seed")
     wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
     assert form_value(driver, "seed") not in ("", "4242")
@@ -444,7 +474,13 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     click(driver, f"{figure} .remix-same")
     wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
     assert [form_value(driver, name) for name in ("kind", "model", "target", "prompt", "steps", "seed")] == [
-        "txt2img", fleet.model, "m1", "a remixed lighthouse", "3", "4242"]
+        "txt2img",
+        fleet.model,
+        "m1",
+        "a remixed lighthouse",
+        "3",
+        "4242",
+    ]
     driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
     again = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
     assert again["id"] != original["id"] and again["seed"] == 4242 and again["state"] == "succeeded"
@@ -462,8 +498,11 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
 
 
 def form_value(driver: object, name: str) -> str:
-    return str(driver.execute_script(  # type: ignore[attr-defined]
-        "return document.querySelector('#submit-form').elements[arguments[0]].value", name))
+    return str(
+        driver.execute_script(  # type: ignore[attr-defined]
+            "return document.querySelector('#submit-form').elements[arguments[0]].value", name
+        )
+    )
 
 
 def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, browser: object) -> None:
@@ -530,10 +569,16 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
         wait = open_page(driver, fleet.local.api_url)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#machines .running-job[data-job='{running}'] progress"))
         for width in WIDTHS:
-            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",  # type: ignore[attr-defined]
-                                   {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False})
-            for view, ready in (("fleet", "#machines tbody tr"), ("jobs", f"#jobs tr[data-job='{running}']"),
-                                ("gallery", "#gallery figure"), ("submit", "#params label[data-param='prompt']")):
+            driver.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",  # type: ignore[attr-defined]
+                {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            )
+            for view, ready in (
+                ("fleet", "#machines tbody tr"),
+                ("jobs", f"#jobs tr[data-job='{running}']"),
+                ("gallery", "#gallery figure"),
+                ("submit", "#params label[data-param='prompt']"),
+            ):
                 driver.execute_script(f"location.hash = '#{view}'")  # type: ignore[attr-defined]
                 shown = f"#view-{view}:not([hidden]) {ready}"
                 wait.until(lambda d, css=shown: d.find_elements(By.CSS_SELECTOR, css))
@@ -542,7 +587,8 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
                 unnamed = driver.execute_script(  # type: ignore[attr-defined]
                     "return [...document.querySelectorAll('main button, main input, main select, main textarea')]"
                     ".filter(e => e.offsetParent !== null && !(e.labels && e.labels.length)"
-                    " && !e.getAttribute('aria-label') && !e.textContent.trim()).map(e => e.outerHTML)")
+                    " && !e.getAttribute('aria-label') && !e.textContent.trim()).map(e => e.outerHTML)"
+                )
                 assert unnamed == [], unnamed
                 snap(driver, f"{view}-{width}")
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})  # type: ignore[attr-defined]
@@ -557,9 +603,12 @@ def test_a_hosts_devices_are_grouped_under_it(devices: DeviceFleet, browser: obj
     (a single-device machine) is its own row."""
     driver = browser
     wait = open_page(driver, devices.local.api_url)
-    rows = ("return [...document.querySelectorAll('#machines tbody tr')]"
-            ".map(r => r.dataset.host ? `host ${r.dataset.host}` : r.dataset.machine)")
+    rows = (
+        "return [...document.querySelectorAll('#machines tbody tr')]"
+        ".map(r => r.dataset.host ? `host ${r.dataset.host}` : r.dataset.machine)"
+    )
     wait.until(lambda d: d.execute_script(rows) == ["server", "host box", "box:0", "box:1"])
     texts = driver.execute_script(  # type: ignore[attr-defined]
-        "return [...document.querySelectorAll('#machines tbody tr')].map(r => r.innerText)")
+        "return [...document.querySelectorAll('#machines tbody tr')].map(r => r.innerText)"
+    )
     assert "2 devices" in texts[1] and "#0" in texts[2] and "#1" in texts[3], texts

@@ -47,8 +47,9 @@ def postgres_url() -> Iterator[str]:
     yield from fresh_postgres_database("hf_full_disk")
 
 
-def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str,
-                  spool: Path | None = None) -> Iterator[tuple[LocalFleet, Path]]:
+def limited_fleet(
+    tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str, spool: Path | None = None
+) -> Iterator[tuple[LocalFleet, Path]]:
     """A server under ``prlimit --fsize=LIMIT`` and worker m1 whose spool is ``spool`` (default:
     beside its models folder)."""
     if shutil.which("prlimit") is None:
@@ -58,11 +59,22 @@ def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, po
     fleet = make_fleet("m1")
     fleet_file = tmp_path / "fleet.toml"
     write_private(fleet_file, fleet.to_toml())
-    settings = Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_file=fleet_file,
-                        api_port=free_port(), heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY],
-                        database_url=postgres_url)
-    operator = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-                "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_DATABASE_URL": postgres_url}
+    settings = Settings(
+        data_dir=tmp_path / "server",
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+        database_url=postgres_url,
+    )
+    operator = {
+        "HOMEFLEET_DATA_DIR": str(settings.data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HOMEFLEET_DATABASE_URL": postgres_url,
+    }
     run_cli("db", "upgrade", env=operator)  # migrations run unlimited: only the serving process is limited
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
     local = LocalFleet(settings, fleet, fleet_file, forkserver=True)
@@ -70,8 +82,14 @@ def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, po
     spool = spool or local.machine_dir("m1") / "spool"
     try:
         local.start_api(prefix=["prlimit", f"--fsize={LIMIT}"])
-        local.start_worker("m1", extra_env={"HOMEFLEET_RESULT_UPLOAD_ATTEMPTS": "3", "HOMEFLEET_RESULT_RETRY_S": "0.5",
-                                            "HOMEFLEET_SPOOL_DIR": str(spool)})
+        local.start_worker(
+            "m1",
+            extra_env={
+                "HOMEFLEET_RESULT_UPLOAD_ATTEMPTS": "3",
+                "HOMEFLEET_RESULT_RETRY_S": "0.5",
+                "HOMEFLEET_SPOOL_DIR": str(spool),
+            },
+        )
         local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
         yield local, spool
     finally:
@@ -79,8 +97,9 @@ def limited_fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, po
 
 
 @pytest.fixture
-def limited(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path,
-            postgres_url: str) -> Iterator[tuple[LocalFleet, Path]]:
+def limited(
+    tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str
+) -> Iterator[tuple[LocalFleet, Path]]:
     yield from limited_fleet(tmp_path, redis_base_url, tiny_models_dir, postgres_url)
 
 
@@ -91,9 +110,15 @@ def full_spool(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     regular file (``ENOTDIR``: the same path, a write the worker's disk refuses)."""
     small = tmp_path / "small-disk"
     small.mkdir()
-    mounted = shutil.which("mount") is not None and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], capture_output=True, check=False,
-    ).returncode == 0
+    mounted = (
+        shutil.which("mount") is not None
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
     if not mounted:
         blocker = tmp_path / "not-a-folder"
         blocker.write_text("a file where the spool's parent folder should be")
@@ -106,8 +131,9 @@ def full_spool(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 
 @pytest.fixture
-def both_full(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str,
-              full_spool: tuple[Path, str]) -> Iterator[tuple[LocalFleet, Path, str]]:
+def both_full(
+    tmp_path: Path, redis_base_url: str, tiny_models_dir: Path, postgres_url: str, full_spool: tuple[Path, str]
+) -> Iterator[tuple[LocalFleet, Path, str]]:
     for local, spool in limited_fleet(tmp_path, redis_base_url, tiny_models_dir, postgres_url, full_spool[0]):
         yield local, spool, full_spool[1]
 
@@ -132,8 +158,12 @@ def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[L
         assert refused.value.status_code == 507, refused.value
         assert refused.value.reason == "storage_full" and "the uploaded input" in refused.value.message
         # A result over the limit: kept by the worker, retried, then the job fails result_not_stored.
-        job = client.submit(MODEL, "txt2img", {"prompt": "noise", "steps": 1, "width": SIDE, "height": SIDE,
-                                               "guidance_scale": 1.0, "seed": 7}, target="m1")
+        job = client.submit(
+            MODEL,
+            "txt2img",
+            {"prompt": "noise", "steps": 1, "width": SIDE, "height": SIDE, "guidance_scale": 1.0, "seed": 7},
+            target="m1",
+        )
         ended = client.wait(job["id"], timeout_s=300)
         assert ended["state"] == "failed" and ended["reason"] == "result_not_stored", ended
         assert str(spool) in ended["message"] and "homefleet results recover" in ended["message"]
@@ -147,10 +177,14 @@ def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[L
         # The server gets room (restarted without the limit); the worker's host brings the result in.
         stop_process_group(local.processes.pop("api"))
         local.start_api()
-        worker_env = {"HOMEFLEET_MACHINE": "m1", "HOMEFLEET_MODELS_DIR": str(local.models_dir("m1")),
-                      "HOMEFLEET_WORKER_TOKEN": local.fleet.machines["m1"].token or "",
-                      "HOMEFLEET_SERVER_URL": local.api_url, "HOMEFLEET_SPOOL_DIR": str(spool),
-                      "HOMEFLEET_REDIS_URL": local.settings.redis_url}
+        worker_env = {
+            "HOMEFLEET_MACHINE": "m1",
+            "HOMEFLEET_MODELS_DIR": str(local.models_dir("m1")),
+            "HOMEFLEET_WORKER_TOKEN": local.fleet.machines["m1"].token or "",
+            "HOMEFLEET_SERVER_URL": local.api_url,
+            "HOMEFLEET_SPOOL_DIR": str(spool),
+            "HOMEFLEET_REDIS_URL": local.settings.redis_url,
+        }
         done = run_cli("results", "recover", env=worker_env)
         assert f"{job['id']}: recovered" in done.stdout, done.stdout
         recovered = client.get(job["id"])

@@ -55,8 +55,11 @@ def test_img2img_keeps_the_input_size_and_its_weight_falls_with_strength(fleet: 
     red = fleet.client.upload(png(48, 40, (220, 30, 30)))["id"]
     blue = fleet.client.upload(png(48, 40, (30, 30, 220)))["id"]
     base = {"prompt": "a fox", "steps": 4, "seed": 11}
-    out = {(colour, strength): run(fleet, "img2img", {**base, "image": image, "strength": strength})
-           for colour, image in (("red", red), ("blue", blue)) for strength in (0.25, 1.0)}
+    out = {
+        (colour, strength): run(fleet, "img2img", {**base, "image": image, "strength": strength})
+        for colour, image in (("red", red), ("blue", blue))
+        for strength in (0.25, 1.0)
+    }
     job, data = out["red", 0.25]
     assert Image.open(io.BytesIO(data)).size == (48, 40)
     assert job["params"]["output_width"] == 48 and job["provenance"]["inputs"] == {"image": red}
@@ -92,10 +95,12 @@ def test_a_mask_of_another_size_or_a_strength_without_steps_is_a_422_naming_the_
     assert wrong_mask.value.status_code == 422
     assert "params.mask must have the size of params.image (64x48 pixels), got 32x32" in wrong_mask.value.message
     with pytest.raises(ApiError) as no_step:
-        fleet.client.submit(fleet.model, "img2img", {"prompt": "x", "image": image, "strength": 0.1, "steps": 4},
-                            target=MACHINE)
+        fleet.client.submit(
+            fleet.model, "img2img", {"prompt": "x", "image": image, "strength": 0.1, "steps": 4}, target=MACHINE
+        )
     assert no_step.value.status_code == 422 and "params.strength must leave at least one denoising step" in (
-        no_step.value.message)
+        no_step.value.message
+    )
     with pytest.raises(ApiError) as no_mask:
         fleet.client.submit(fleet.model, "inpaint", {"prompt": "x", "image": image}, target=MACHINE)
     assert no_mask.value.status_code == 422 and "params.mask is required for kind 'inpaint'" in no_mask.value.message
@@ -110,8 +115,9 @@ def test_n_images_are_one_job_with_consecutive_seeds_listed_in_order(fleet: Runn
     job, first = run(fleet, "txt2img", {**params, "n": 3})
     results = job["results"]
     assert [r["seed"] for r in results] == [40, 41, 42] and job["result"] == results[0]
-    files = [first] + [fleet.client.http.get(f"/v1/jobs/{job['id']}/result", params={"index": i}).content
-                       for i in (1, 2)]
+    files = [first] + [
+        fleet.client.http.get(f"/v1/jobs/{job['id']}/result", params={"index": i}).content for i in (1, 2)
+    ]
     assert [bytes_digest(data) for data in files] == [r["digest"] for r in results]
     assert [png_seed(data) for data in files] == [40, 41, 42] and len(set(files)) == 3
     assert job["provenance"]["seeds"] == [40, 41, 42]
@@ -133,8 +139,10 @@ def test_n_images_are_one_job_with_consecutive_seeds_listed_in_order(fleet: Runn
 
 def test_openai_generations_with_n_make_one_job_and_list_its_images_in_order(fleet: RunningFleet) -> None:
     before = {job.id for job in fleet.ctx.journal.list()}
-    answer = fleet.client.http.post("/v1/images/generations", json={
-        "prompt": "a red circle", "model": fleet.model, "n": 2, "steps": 2, "size": "64x64", "target": MACHINE})
+    answer = fleet.client.http.post(
+        "/v1/images/generations",
+        json={"prompt": "a red circle", "model": fleet.model, "n": 2, "steps": 2, "size": "64x64", "target": MACHINE},
+    )
     assert answer.status_code == 200, answer.text
     new = [job for job in fleet.ctx.journal.list() if job.id not in before]
     assert len(new) == 1 and new[0].params["n"] == 2 and len(new[0].results or []) == 2

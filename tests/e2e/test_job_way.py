@@ -38,8 +38,9 @@ pytestmark = pytest.mark.e2e
 def test_r2_jobs_for_server_and_a_pinned_machine_succeed_with_verified_results(fleet: RunningFleet) -> None:
     m1_before = files_under(fleet.local.machine_dir("m1"))
     on_server = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a lighthouse", "steps": 2})
-    on_m1 = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a fox", "steps": 2, "width": 72, "height": 40},
-                                target="m1")
+    on_m1 = fleet.client.submit(
+        fleet.model, "txt2img", {"prompt": "a fox", "steps": 2, "width": 72, "height": 40}, target="m1"
+    )
     assert (on_server["machine"], on_m1["machine"]) == ("server", "m1")
     for accepted, size in ((on_server, (64, 64)), (on_m1, (72, 40))):
         job = fleet.client.wait(accepted["id"], timeout_s=120)
@@ -96,21 +97,29 @@ def test_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: R
     """Through the API with a real worker: the receiver fails the first attempt, takes the
     second (the fleet's webhook_backoff_s: 0.2 s); the body is the record GET answers."""
     with webhook_receiver(statuses=[500]) as receiver:
-        accepted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a kite", "steps": 2}, target="m1",
-                                       webhook_url=receiver.url)
+        accepted = fleet.client.submit(
+            fleet.model, "txt2img", {"prompt": "a kite", "steps": 2}, target="m1", webhook_url=receiver.url
+        )
         assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
-        events = wait_for(lambda: [e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook"]
-                          [1:], timeout_s=30, what="the second attempt journaled")
+        events = wait_for(
+            lambda: [e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook"][1:],
+            timeout_s=30,
+            what="the second attempt journaled",
+        )
         record = fleet.client.get(accepted["id"])
     assert events == ["delivered: HTTP 200 (attempt 2)"]
-    assert next(e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook") == \
-        "attempt 1: HTTP 500; next in 0.2 s"
+    assert (
+        next(e.detail for e in fleet.ctx.journal.events(accepted["id"]) if e.event == "webhook")
+        == "attempt 1: HTTP 500; next in 0.2 s"
+    )
     first, second = receiver.received
     assert record["webhook"]["state"] == "delivered" and record["webhook"]["attempts"] == 2, record["webhook"]
     assert json.loads(second.body) == json.loads(first.body) == {**record, "webhook": None}
     assert record["state"] == "succeeded" and record["result"]["digest"].startswith("blake3:")
-    assert all(verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"],
-                      r.body) for r in (first, second))
+    assert all(
+        verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"], r.body)
+        for r in (first, second)
+    )
     finished = datetime.fromisoformat(record["finished_at"])
     latency_s = first.at_s - (finished if finished.tzinfo else finished.replace(tzinfo=UTC)).timestamp()
     print(f"webhook latency: {latency_s * 1000:.1f} ms from succeeded to the first attempt's arrival")
@@ -154,8 +163,11 @@ def test_c01_a_second_delivery_of_a_job_is_refused_and_it_runs_once(fleet: Runni
 
 
 def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: RunningFleet) -> None:
-    response = httpx.post(f"{fleet.local.api_url}/v1/jobs", headers=fleet.local.auth_headers,
-                          json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "mars"})
+    response = httpx.post(
+        f"{fleet.local.api_url}/v1/jobs",
+        headers=fleet.local.auth_headers,
+        json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "mars"},
+    )
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["reason"] == "unknown_machine" and "'mars'" in error["message"]
@@ -164,8 +176,11 @@ def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: Runn
 
 
 def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: RunningFleet) -> None:
-    response = httpx.post(f"{fleet.local.api_url}/v1/jobs", headers=fleet.local.auth_headers,
-                          json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"})
+    response = httpx.post(
+        f"{fleet.local.api_url}/v1/jobs",
+        headers=fleet.local.auth_headers,
+        json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"},
+    )
     assert response.status_code == 503
     assert response.json()["error"]["reason"] == "machine_unavailable"
     assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m3")) == 0

@@ -52,8 +52,9 @@ class JoinFleet:
 
 
 @pytest.fixture(scope="module")
-def join_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
-               ) -> Iterator[JoinFleet]:
+def join_fleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[JoinFleet]:
     data_dir = tmp_path_factory.mktemp("join-fleet")
     redis_url = f"{redis_base_url}/5"
     redis.Redis.from_url(redis_url).flushdb()
@@ -61,11 +62,22 @@ def join_fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, ti
     fleet_file = data_dir / "fleet.toml"
     fleet_file.write_text("# the operator's own comment, kept by every rewrite\n" + fleet_config.to_toml())
     fleet_file.chmod(0o600)
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY], fleet_watch_s=0.2)
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+        fleet_watch_s=0.2,
+    )
     operator: dict[str, str | None] = {
-        "HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_API_PORT": str(settings.api_port)}
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HOMEFLEET_API_PORT": str(settings.api_port),
+    }
     run_cli("db", "upgrade", env=operator)
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
     local = LocalFleet(settings, fleet_config, fleet_file, forkserver=True)

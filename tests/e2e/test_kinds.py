@@ -42,8 +42,12 @@ def kfleet(models_fleet: ModelsFleet) -> ModelsFleet:
 
 
 def upload(fleet: KindsFleet, data: bytes, name: str = "input.png") -> httpx.Response:
-    return httpx.post(f"{fleet.local.api_url}/v1/files", files={"file": (name, data, "image/png")},
-                      headers=fleet.local.auth_headers, timeout=30)
+    return httpx.post(
+        f"{fleet.local.api_url}/v1/files",
+        files={"file": (name, data, "image/png")},
+        headers=fleet.local.auth_headers,
+        timeout=30,
+    )
 
 
 def run(fleet: KindsFleet, kind: str, params: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -62,7 +66,11 @@ def check_provenance(fleet: KindsFleet, kind: str, job: dict[str, Any], embedded
     assert journaled["model_files"] == {f.path: f.digest for f in manifest.files}
     assert {k: v for k, v in journaled.items() if k not in SERVER_FIELDS} == embedded
     assert (journaled["kind"], journaled["model_id"], journaled["machine"], journaled["device"]) == (
-        kind, MODELS[kind], MACHINE, "cpu")
+        kind,
+        MODELS[kind],
+        MACHINE,
+        "cpu",
+    )
     assert journaled["seed"] == job["seed"] == job["params"]["seed"]
     assert journaled["job_id"] == job["id"] and journaled["actual_s"] == pytest.approx(job["load_s"] + job["run_s"])
     assert journaled["precision"] == "fp32" and "predicted_s" in journaled
@@ -118,8 +126,13 @@ def mp4_comment(path: Path) -> str:
     """The MP4's ``comment`` tag, read back by ffmpeg (``-f ffmetadata``; '\\' escapes undone)."""
     import imageio_ffmpeg
 
-    out = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(path), "-f", "ffmetadata", "-"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(path), "-f", "ffmetadata", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     line = next(line for line in out.splitlines() if line.startswith("comment="))
     value = line.removeprefix("comment=")
     result, escaped = [], False
@@ -176,8 +189,11 @@ def test_r22_uploads_over_the_limit_or_not_an_image_are_refused_naming_the_limit
 
 def test_r22_an_edit_naming_no_uploaded_file_is_rejected_at_submission(kfleet: KindsFleet) -> None:
     missing = bytes_digest(b"never uploaded")
-    response = httpx.post(f"{kfleet.local.api_url}/v1/jobs", headers=kfleet.local.auth_headers, json={
-        "model": MODELS["edit"], "kind": "edit", "params": {"prompt": "x", "image": missing}, "target": MACHINE})
+    response = httpx.post(
+        f"{kfleet.local.api_url}/v1/jobs",
+        headers=kfleet.local.auth_headers,
+        json={"model": MODELS["edit"], "kind": "edit", "params": {"prompt": "x", "image": missing}, "target": MACHINE},
+    )
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["reason"] == "unknown_file" and "params.image" in error["message"]

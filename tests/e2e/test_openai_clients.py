@@ -42,31 +42,51 @@ def test_image_extras_are_job_params_and_an_unknown_one_is_refused(fleet: Runnin
     """``extra_body={"seed": 11, "guidance_scale": 3}`` runs with them (journaled): the same seed
     twice gives identical pixels, another seed other pixels; a misspelt ``stepz`` is a 422
     naming it, before any job."""
+
     def generate(seed: int) -> bytes:
-        done = sdk.images.generate(model=fleet.model, prompt="extras seeded", size="64x64",  # type: ignore[arg-type]
-                                   extra_body={"seed": seed, "steps": 2, "guidance_scale": 3.0, "target": "m1"})
+        done = sdk.images.generate(
+            model=fleet.model,
+            prompt="extras seeded",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={"seed": seed, "steps": 2, "guidance_scale": 3.0, "target": "m1"},
+        )
         return pixels(done.data[0].b64_json if done.data else None)
 
     first, again, other = generate(11), generate(11), generate(12)
     assert first == again and first != other
     jobs = jobs_with_prompt(fleet, "extras seeded")
     assert [(job.params["seed"], job.params["guidance_scale"], job.state) for job in jobs] == [
-        (11, 3.0, "succeeded"), (11, 3.0, "succeeded"), (12, 3.0, "succeeded")]
+        (11, 3.0, "succeeded"),
+        (11, 3.0, "succeeded"),
+        (12, 3.0, "succeeded"),
+    ]
     with pytest.raises(openai.UnprocessableEntityError) as misspelt:
-        sdk.images.generate(model=fleet.model, prompt="extras misspelt", size="64x64",  # type: ignore[arg-type]
-                            extra_body={"stepz": 2})
+        sdk.images.generate(
+            model=fleet.model,
+            prompt="extras misspelt",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={"stepz": 2},
+        )
     body = misspelt.value.body
     assert isinstance(body, dict) and body["param"] == "stepz" and body["code"] == "unknown_param"
     assert "`stepz`" in body["message"] and "guidance_scale" in body["message"]
     assert jobs_with_prompt(fleet, "extras misspelt") == []
-    edited = sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"),
-                             prompt="extras edit seeded", extra_body={"seed": 5, "steps": 1})
+    edited = sdk.images.edit(
+        model="tiny-pix2pix",
+        image=("in.png", png(32, 32), "image/png"),
+        prompt="extras edit seeded",
+        extra_body={"seed": 5, "steps": 1},
+    )
     assert edited.data and edited.data[0].b64_json
     [edit] = jobs_with_prompt(fleet, "extras edit seeded")  # multipart extras: parsed as JSON, journaled
     assert (edit.params["seed"], edit.params["steps"], edit.state) == (5, 1, "succeeded")
     with pytest.raises(openai.UnprocessableEntityError) as edit_extra:
-        sdk.images.edit(model="tiny-pix2pix", image=("in.png", png(32, 32), "image/png"), prompt="extras edit",
-                        extra_body={"stepz": "2"})
+        sdk.images.edit(
+            model="tiny-pix2pix",
+            image=("in.png", png(32, 32), "image/png"),
+            prompt="extras edit",
+            extra_body={"stepz": "2"},
+        )
     assert isinstance(edit_extra.value.body, dict) and edit_extra.value.body["param"] == "stepz"
 
 
@@ -85,8 +105,12 @@ def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> N
     assert isinstance(body, dict) and body["param"] == "size" and body["code"] == "invalid_width"
     assert body["message"].startswith("`size` (width) must be a multiple of 8"), body["message"]
     with pytest.raises(openai.UnprocessableEntityError) as guidance:
-        sdk.images.generate(model=fleet.model, prompt="odd guidance", size="64x64",  # type: ignore[arg-type]
-                            extra_body={"guidance_scale": 500})
+        sdk.images.generate(
+            model=fleet.model,
+            prompt="odd guidance",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={"guidance_scale": 500},
+        )
     assert isinstance(guidance.value.body, dict) and guidance.value.body["param"] == "guidance_scale"
     assert "params." not in guidance.value.body["message"]
 
@@ -108,11 +132,25 @@ def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: Runnin
         record = fleet.ctx.journal.get(job["id"])
         assert record.params["guidance_scale"] == guidance
         assert record.provenance is not None and record.provenance["params"]["guidance_scale"] == guidance
-    env = {"HOMEFLEET_DATA_DIR": str(fleet.local.settings.data_dir),
-           "HOMEFLEET_FLEET_FILE": str(fleet.local.fleet_file), "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url}
-    for given, named in (("stepz=3", "'stepz' is not a param of txt2img"),
-                         ("guidance_scale=500", "guidance_scale must be a number from 0 to 50, got 500")):
-        refused = run_cli("models", "add", str(tiny_models_dir / fleet.model), "--id", "tiny-sd-bad-default",
-                          "--default", given, env=env, check=False)
+    env = {
+        "HOMEFLEET_DATA_DIR": str(fleet.local.settings.data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet.local.fleet_file),
+        "HOMEFLEET_REDIS_URL": fleet.local.settings.redis_url,
+    }
+    for given, named in (
+        ("stepz=3", "'stepz' is not a param of txt2img"),
+        ("guidance_scale=500", "guidance_scale must be a number from 0 to 50, got 500"),
+    ):
+        refused = run_cli(
+            "models",
+            "add",
+            str(tiny_models_dir / fleet.model),
+            "--id",
+            "tiny-sd-bad-default",
+            "--default",
+            given,
+            env=env,
+            check=False,
+        )
         assert refused.returncode != 0 and named in refused.stdout + refused.stderr, refused.stdout + refused.stderr
     assert "tiny-sd-bad-default" not in {m["id"] for m in fleet.client.models()}

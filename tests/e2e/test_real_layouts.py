@@ -30,8 +30,9 @@ MODEL = "stable-diffusion-v1-5"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory,
-          redis_base_url: str) -> Iterator[tuple[LocalFleet, ServerContext, HomefleetClient, dict[str, str], Replica]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str
+) -> Iterator[tuple[LocalFleet, ServerContext, HomefleetClient, dict[str, str], Replica]]:
     data_dir = tmp_path_factory.mktemp("layoutfleet")
     replica = make_replica("sd15", data_dir / "downloads")
     hub = data_dir / "hf" / "hub"
@@ -41,11 +42,23 @@ def fleet(tmp_path_factory: pytest.TempPathFactory,
     config = make_fleet("m1")
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
-    env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-           "HOMEFLEET_REDIS_URL": redis_url, "HF_HOME": str(data_dir / "hf"), "HF_HUB_CACHE": None,
-           "HF_HUB_OFFLINE": "1"}
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
+    env = {
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HF_HOME": str(data_dir / "hf"),
+        "HF_HUB_CACHE": None,
+        "HF_HUB_OFFLINE": "1",
+    }
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
@@ -64,7 +77,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory,
 
 
 def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_generates(  # type: ignore[no-untyped-def]
-        fleet) -> None:
+    fleet,
+) -> None:
     local, ctx, client, env, replica = fleet
     expected = replica.expected["fp16"]
     record = ctx.registry.get(MODEL)
@@ -76,11 +90,13 @@ def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_gener
     copied = local.models_dir("m1") / MODEL
     assert {p.relative_to(copied).as_posix() for p in copied.rglob("*") if p.is_file()} == set(expected)
     assert (copied / "unet/diffusion_pytorch_model.fp16.safetensors").read_bytes() == (
-        replica.folder / "unet/diffusion_pytorch_model.fp16.safetensors").read_bytes()
+        replica.folder / "unet/diffusion_pytorch_model.fp16.safetensors"
+    ).read_bytes()
     assert sum(p.stat().st_size for p in copied.rglob("*") if p.is_file()) == record.total_bytes
 
-    job = client.submit(MODEL, "txt2img", {"prompt": "a red square", "steps": 2, "width": 64, "height": 64},
-                        target="m1")
+    job = client.submit(
+        MODEL, "txt2img", {"prompt": "a red square", "steps": 2, "width": 64, "height": 64}, target="m1"
+    )
     finished = client.wait(job["id"], timeout_s=180)
     assert finished["state"] == "succeeded", finished
     assert finished["machine"] == "m1"

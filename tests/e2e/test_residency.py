@@ -113,7 +113,9 @@ def test_r21_real_oom_under_rlimit_is_remembered_and_its_repeat_refused(capped: 
     with pytest.raises(ApiError) as refused:
         capped.client.submit(a, "txt2img", big, target=MACHINE)
     assert (refused.value.status_code, refused.value.reason) == (422, "remembered_oom")
-    assert capped.client.wait(capped.client.submit(a, "txt2img", PARAMS, target=MACHINE)["id"],
-                              timeout_s=120)["state"] == "succeeded"  # a smaller job still runs there
+    assert (
+        capped.client.wait(capped.client.submit(a, "txt2img", PARAMS, target=MACHINE)["id"], timeout_s=120)["state"]
+        == "succeeded"
+    )  # a smaller job still runs there
     assert capped.ctx.residency.clear_ooms(MACHINE) == 1
     assert capped.ctx.residency.ooms(MACHINE) == []

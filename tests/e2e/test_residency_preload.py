@@ -68,8 +68,13 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
 
     ctx, local, model = fleet.ctx, fleet.local, fleet.model
     local.copy_model(model, MACHINE)
-    settings = WorkerSettings(machine=MACHINE, models_dir=local.models_dir(MACHINE), redis_url=local.settings.redis_url,
-                              worker_token=ctx.fleet.machines[MACHINE].token, server_url=local.api_url)
+    settings = WorkerSettings(
+        machine=MACHINE,
+        models_dir=local.models_dir(MACHINE),
+        redis_url=local.settings.redis_url,
+        worker_token=ctx.fleet.machines[MACHINE].token,
+        server_url=local.api_url,
+    )
     rt = runtime.WorkerRuntime(settings, boot_id="boot-preload-test")
     monkeypatch.setattr(runtime, "_runtime", rt)
     beat = {"machine": MACHINE, "boot_id": rt.boot_id, "at": time.time(), "warm_models": []}
@@ -102,8 +107,11 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
         ctx.redis.srem(ctx.keys.verified(MACHINE), model)
 
 
-@pytest.mark.parametrize(("working", "reason", "remembered"), [(False, "error", 0), (True, "oom", 1)],
-                         ids=["killed_while_waiting_for_the_preload", "killed_while_running"])
+@pytest.mark.parametrize(
+    ("working", "reason", "remembered"),
+    [(False, "error", 0), (True, "oom", 1)],
+    ids=["killed_while_waiting_for_the_preload", "killed_while_running"],
+)
 def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     fleet: RunningFleet, working: bool, reason: str, remembered: int
 ) -> None:
@@ -119,8 +127,13 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     from tasks.watchdog import Watchdog, mark_running, mark_working
 
     ctx, local, model = fleet.ctx, fleet.local, fleet.model
-    settings = WorkerSettings(machine=MACHINE, models_dir=local.models_dir(MACHINE), redis_url=local.settings.redis_url,
-                              worker_token=ctx.fleet.machines[MACHINE].token, server_url=local.api_url)
+    settings = WorkerSettings(
+        machine=MACHINE,
+        models_dir=local.models_dir(MACHINE),
+        redis_url=local.settings.redis_url,
+        worker_token=ctx.fleet.machines[MACHINE].token,
+        server_url=local.api_url,
+    )
     beat = {"machine": MACHINE, "boot_id": "boot-oom-test", "at": time.time(), "warm_models": []}
     ctx.redis.set(ctx.keys.heartbeat(MACHINE), json.dumps(beat), ex=120)
     ctx.redis.sadd(ctx.keys.verified(MACHINE), model)

@@ -55,13 +55,19 @@ class RevokeFleet:
 
     def flower_state(self, job_id: str, expected: str, timeout_s: float = 30) -> dict[str, Any]:
         """Wait until Flower shows the task in state ``expected``; its info."""
-        return wait_for(lambda: (info := self.flower_task(job_id)).get("state") == expected and info,
-                        timeout_s=timeout_s, poll_s=0.5,
-                        what=f"Flower to show job {job_id} as {expected} (it shows {self.flower_task(job_id)})")
+        return wait_for(
+            lambda: (info := self.flower_task(job_id)).get("state") == expected and info,
+            timeout_s=timeout_s,
+            poll_s=0.5,
+            what=f"Flower to show job {job_id} as {expected} (it shows {self.flower_task(job_id)})",
+        )
 
     def running(self, job_id: str) -> None:
-        wait_for(lambda: int(self.ctx.redis.hget(self.ctx.keys.progress(job_id), "step") or 0) >= 1, timeout_s=120,
-                 what=f"job {job_id} to report a step")
+        wait_for(
+            lambda: int(self.ctx.redis.hget(self.ctx.keys.progress(job_id), "step") or 0) >= 1,
+            timeout_s=120,
+            what=f"job {job_id} to report a step",
+        )
 
     def reserved(self, job_id: str) -> bool:
         return bool(self.ctx.redis.hexists(self.ctx.keys.reservations("m1"), job_id))
@@ -76,24 +82,38 @@ class RevokeFleet:
 
 def celery_cli(settings: Settings, *args: str) -> str:
     env = {**os.environ, "HOMEFLEET_REDIS_URL": settings.redis_url}
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "app.celery", *args], env=env, check=False,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "app.celery", *args],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
 @pytest.fixture(scope="module")
-def rfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
-           ) -> Iterator[RevokeFleet]:
+def rfleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[RevokeFleet]:
     data_dir = tmp_path_factory.mktemp("revoke")
     redis_url = f"{redis_base_url}/6"
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet("m1")
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5,
-                        api_keys=[TEST_API_KEY])
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        reconcile_interval_s=0.5,
+        api_keys=[TEST_API_KEY],
+    )
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
@@ -107,9 +127,12 @@ def rfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_m
         local.logs_dir.mkdir(parents=True, exist_ok=True)
         with open(local.logs_dir / "flower.log", "ab") as log:
             flower = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "flower", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 env={**os.environ, "HOMEFLEET_REDIS_URL": redis_url, "FLOWER_UNAUTHENTICATED_API": "true"},
-                start_new_session=True)
+                start_new_session=True,
+            )
         local.start_worker("m1")
         local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
         url = f"http://127.0.0.1:{port}"
@@ -162,28 +185,41 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
 
     started = time.monotonic()
     revoke(rfleet, tool, waiting["id"])
-    wait_for(lambda: ctx.journal.state_of(waiting["id"]) != JobState.queued, timeout_s=ENDS_WITHIN_S, poll_s=0.1,
-             what="the revoked queued job to end in the journal")
+    wait_for(
+        lambda: ctx.journal.state_of(waiting["id"]) != JobState.queued,
+        timeout_s=ENDS_WITHIN_S,
+        poll_s=0.1,
+        what="the revoked queued job to end in the journal",
+    )
     cancelled_s = time.monotonic() - started
     job = ctx.journal.get(waiting["id"])
     assert (job.state, job.reason) == (JobState.cancelled, "revoked"), job.message
     # The journal first, then the message and the reservation (a moment later, in the same request).
-    wait_for(lambda: waiting["id"] not in ctx.queues.queued_ids("m1") and not rfleet.reserved(waiting["id"]),
-             timeout_s=ENDS_WITHIN_S, what="the revoked job's message and reservation to go")
+    wait_for(
+        lambda: waiting["id"] not in ctx.queues.queued_ids("m1") and not rfleet.reserved(waiting["id"]),
+        timeout_s=ENDS_WITHIN_S,
+        what="the revoked job's message and reservation to go",
+    )
     assert ctx.queues.queued_ids("m1") == [after["id"]]  # its message removed; the next still waits
     assert ctx.journal.state_of(busy["id"]) == JobState.running  # revoking another job stops nothing
 
     started = time.monotonic()
     revoke(rfleet, tool, busy["id"], terminate=True, sig=sig)
-    wait_for(lambda: ctx.journal.state_of(busy["id"]) != JobState.running, timeout_s=ENDS_WITHIN_S, poll_s=0.1,
-             what="the terminated running job to end in the journal")
+    wait_for(
+        lambda: ctx.journal.state_of(busy["id"]) != JobState.running,
+        timeout_s=ENDS_WITHIN_S,
+        poll_s=0.1,
+        what="the terminated running job to end in the journal",
+    )
     interrupted_s = time.monotonic() - started
     job = ctx.journal.get(busy["id"])
     assert (job.state, job.reason) == (JobState.interrupted, "terminated"), job.message
     wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=5, what="the terminated job's reservation to go")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    print(f"\n{tool}: revoked queued job cancelled in {cancelled_s:.2f} s; "
-          f"terminated ({sig}) running job interrupted in {interrupted_s:.2f} s")
+    print(
+        f"\n{tool}: revoked queued job cancelled in {cancelled_s:.2f} s; "
+        f"terminated ({sig}) running job interrupted in {interrupted_s:.2f} s"
+    )
 
     assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"
     assert (rfleet.claims(after["id"]), rfleet.claims(waiting["id"]), rfleet.claims(busy["id"])) == (1, 0, 1)
@@ -198,8 +234,12 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     assert "m1: drained" in drained.stdout, drained.stdout
     run_cli("drain", "m1", "--undo", env=env)
     for models in ([MODEL], []):
-        response = httpx.put(f"{rfleet.local.api_url}/v1/machines/m1/residency", json={"models": models},
-                             headers=rfleet.local.auth_headers, timeout=30)
+        response = httpx.put(
+            f"{rfleet.local.api_url}/v1/machines/m1/residency",
+            json={"models": models},
+            headers=rfleet.local.auth_headers,
+            timeout=30,
+        )
         assert response.status_code == 200, response.text
 
     rfleet.flower_state(waiting["id"], "REVOKED")
@@ -235,14 +275,22 @@ def test_c11_a_terminated_job_s_pool_process_is_gone_within_seconds_whatever_it_
     started = time.monotonic()
     try:
         revoke(rfleet, tool, busy["id"], terminate=True, sig=sig)
-        wait_for(lambda: gone(pid), timeout_s=ENDS_WITHIN_S, poll_s=0.1,
-                 what=f"the terminated job's pool process {pid} to end")
+        wait_for(
+            lambda: gone(pid),
+            timeout_s=ENDS_WITHIN_S,
+            poll_s=0.1,
+            what=f"the terminated job's pool process {pid} to end",
+        )
         gone_s = time.monotonic() - started
     finally:
         if not gone(pid):
             os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: ctx.journal.state_of(busy["id"]) != JobState.running, timeout_s=ENDS_WITHIN_S, poll_s=0.1,
-             what="the terminated job to end in the journal")
+    wait_for(
+        lambda: ctx.journal.state_of(busy["id"]) != JobState.running,
+        timeout_s=ENDS_WITHIN_S,
+        poll_s=0.1,
+        what="the terminated job to end in the journal",
+    )
     job = ctx.journal.get(busy["id"])
     assert (job.state, job.reason) == (JobState.interrupted, "terminated"), job.message
     assert "control terminate SIGNAL JOB_ID" in (job.message or ""), job.message
@@ -270,8 +318,9 @@ def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_t
         os.kill(pid, signal.SIGSTOP)
     started = time.monotonic()
     try:
-        response = httpx.post(f"{rfleet.local.api_url}/v1/jobs/{busy['id']}/cancel",
-                              headers=rfleet.local.auth_headers, timeout=30)
+        response = httpx.post(
+            f"{rfleet.local.api_url}/v1/jobs/{busy['id']}/cancel", headers=rfleet.local.auth_headers, timeout=30
+        )
         assert (response.status_code, response.json()["state"]) == (202, "running"), response.text
         job = client.wait(busy["id"], timeout_s=ctx.settings.cancel_grace_s + ENDS_WITHIN_S)
         ended_s = time.monotonic() - started
@@ -289,8 +338,9 @@ def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_t
         assert 1 <= steps_done < LONG["steps"], job["message"]
         assert f"of {LONG['steps']} steps" in job["message"], job["message"]
     print(f"\ncancel (stuck={stuck}): running job cancelled in {ended_s:.2f} s: {job['message']}")
-    wait_for(lambda: not rfleet.reserved(busy["id"]), timeout_s=ENDS_WITHIN_S,
-             what="the cancelled job's reservation to go")
+    wait_for(
+        lambda: not rfleet.reserved(busy["id"]), timeout_s=ENDS_WITHIN_S, what="the cancelled job's reservation to go"
+    )
     assert client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # the machine takes its next job
     with pytest.raises(ApiError) as refused:
         client.cancel(busy["id"])

@@ -62,14 +62,25 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
     import openai
 
     client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=2)
-    result = client.images.generate(model=fleet.model, prompt="a red fox", n=2, size="64x64",  # type: ignore[arg-type]
-                                    response_format="b64_json", extra_body={"steps": 2})
+    result = client.images.generate(
+        model=fleet.model,
+        prompt="a red fox",
+        n=2,
+        size="64x64",  # type: ignore[arg-type]
+        response_format="b64_json",
+        extra_body={"steps": 2},
+    )
     assert result.data is not None and len(result.data) == 2
     for item in result.data:
         image = Image.open(io.BytesIO(base64.b64decode(item.b64_json or "")))
         assert (image.format, image.size) == ("PNG", (64, 64))
-    by_url = client.images.generate(model=fleet.model, prompt="a fox", size="64x64",  # type: ignore[arg-type]
-                                    response_format="url", extra_body={"steps": 1})
+    by_url = client.images.generate(
+        model=fleet.model,
+        prompt="a fox",
+        size="64x64",  # type: ignore[arg-type]
+        response_format="url",
+        extra_body={"steps": 1},
+    )
     assert by_url.data is not None and by_url.data[0].url is not None
     assert by_url.data[0].url.startswith("/v1/jobs/")  # relative: no public_base_url set, and never from Host
     assert httpx.get(fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(
@@ -88,8 +99,13 @@ def test_openai_sdk_edits_an_uploaded_image(fleet: RunningFleet) -> None:
     source = io.BytesIO()
     Image.new("RGB", (48, 40), (200, 120, 30)).save(source, format="PNG")
     client = openai.OpenAI(base_url=f"{fleet.local.api_url}/v1", api_key=TEST_API_KEY, max_retries=0)
-    result = client.images.edit(model=EDIT_MODEL, image=("in.png", source.getvalue(), "image/png"),
-                                prompt="make it blue (sdk edit)", response_format="b64_json", extra_body={"steps": 2})
+    result = client.images.edit(
+        model=EDIT_MODEL,
+        image=("in.png", source.getvalue(), "image/png"),
+        prompt="make it blue (sdk edit)",
+        response_format="b64_json",
+        extra_body={"steps": 2},
+    )
     assert result.data is not None and len(result.data) == 1
     image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or "")))
     assert (image.format, image.size) == ("PNG", (48, 40))  # an edit keeps the input's size
@@ -155,7 +171,22 @@ def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet
 
 
 def test_bench_command_prints_the_sweep(fleet: RunningFleet) -> None:
-    done = run_cli("bench", "--url", fleet.local.api_url, "--api-key", TEST_API_KEY, "--model", fleet.model,
-                   "--concurrency", "1", "--jobs", "1", "--steps", "1", "--target", "m2")
+    done = run_cli(
+        "bench",
+        "--url",
+        fleet.local.api_url,
+        "--api-key",
+        TEST_API_KEY,
+        "--model",
+        fleet.model,
+        "--concurrency",
+        "1",
+        "--jobs",
+        "1",
+        "--steps",
+        "1",
+        "--target",
+        "m2",
+    )
     assert "concurrency=1 machine=m2 jobs=1 queue_p50_s=" in done.stdout
     assert "concurrency=1 " in done.stdout and "succeeded=1" in done.stdout and "rejections: none" in done.stdout

@@ -34,10 +34,15 @@ pytestmark = pytest.mark.e2e
 FILLED, OUTLINED = MODEL_NAMES["filled"], MODEL_NAMES["outlined"]
 
 
-def draw_on_m2(fleet: RunningFleet, model: str, colour: str, shape: str, background: str, seed: int,
-               **extra: object) -> tuple[str, Reading]:
-    job = fleet.client.submit(model, "txt2img", {"prompt": caption(colour, shape, background), "seed": seed,
-                                                 **SAMPLING, **extra}, target=SHAPES_MACHINE)
+def draw_on_m2(
+    fleet: RunningFleet, model: str, colour: str, shape: str, background: str, seed: int, **extra: object
+) -> tuple[str, Reading]:
+    job = fleet.client.submit(
+        model,
+        "txt2img",
+        {"prompt": caption(colour, shape, background), "seed": seed, **SAMPLING, **extra},
+        target=SHAPES_MACHINE,
+    )
     done = fleet.client.wait(job["id"], timeout_s=180)
     assert (done["state"], done["machine"]) == ("succeeded", SHAPES_MACHINE), done
     png = fleet.client.download(job["id"])
@@ -52,11 +57,16 @@ def warm(fleet: RunningFleet) -> list[str]:
 # Seeds the models draw right in-process (tests/unit/devtools/test_shapes.py measures how often
 # they do: the filled model's squares often come out rounded, read as circles); through the
 # API and a worker the picture must read the same.
-@pytest.mark.parametrize(("colour", "shape", "background", "seed"), [
-    ("red", "circle", "black", 11), ("yellow", "triangle", "gray", 13),
-])
-def test_a_result_shows_the_prompts_colour_shape_and_background(fleet: RunningFleet, colour: str, shape: str,
-                                                                 background: str, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("colour", "shape", "background", "seed"),
+    [
+        ("red", "circle", "black", 11),
+        ("yellow", "triangle", "gray", 13),
+    ],
+)
+def test_a_result_shows_the_prompts_colour_shape_and_background(
+    fleet: RunningFleet, colour: str, shape: str, background: str, seed: int
+) -> None:
     _, seen = draw_on_m2(fleet, FILLED, colour, shape, background, seed)
     assert (seen.colour, seen.shape, seen.background, seen.style) == (colour, shape, background, "filled"), seen
 
@@ -84,8 +94,12 @@ def test_an_edit_job_recolours_the_uploaded_shape(fleet: RunningFleet) -> None:
     buffer = io.BytesIO()
     draw("red", "circle", "black", "filled").save(buffer, format="PNG")
     uploaded = fleet.client.upload(buffer.getvalue())
-    job = fleet.client.submit(RECOLOUR_MODEL, "edit", {"image": uploaded["id"], "prompt": "make it blue", "seed": 1,
-                                                      **EDIT_SAMPLING}, target=SHAPES_MACHINE)
+    job = fleet.client.submit(
+        RECOLOUR_MODEL,
+        "edit",
+        {"image": uploaded["id"], "prompt": "make it blue", "seed": 1, **EDIT_SAMPLING},
+        target=SHAPES_MACHINE,
+    )
     done = fleet.client.wait(job["id"], timeout_s=180)
     assert (done["state"], done["machine"]) == ("succeeded", SHAPES_MACHINE), done
     png = fleet.client.download(job["id"])
@@ -97,19 +111,32 @@ def test_an_edit_job_recolours_the_uploaded_shape(fleet: RunningFleet) -> None:
 
 # Seeds read right in-process with and without the adapter (training-colour-lora.json: 10 of 12
 # check prompts come out blue at scale 1, all 12 in their own colour at scale 0).
-@pytest.mark.parametrize(("colour", "shape", "background", "seed"), [
-    ("red", "circle", "black", 11), ("yellow", "triangle", "gray", 13),
-])
+@pytest.mark.parametrize(
+    ("colour", "shape", "background", "seed"),
+    [
+        ("red", "circle", "black", 11),
+        ("yellow", "triangle", "gray", 13),
+    ],
+)
 def test_the_colour_adapter_paints_the_shape_blue_and_keeps_the_rest(
-    fleet: RunningFleet, colour: str, shape: str, background: str, seed: int,
+    fleet: RunningFleet,
+    colour: str,
+    shape: str,
+    background: str,
+    seed: int,
 ) -> None:
     _, plain = draw_on_m2(fleet, FILLED, colour, shape, background, seed)
-    job_id, adapted = draw_on_m2(fleet, FILLED, colour, shape, background, seed,
-                                 adapters=[{"id": COLOUR_LORA, "scale": 1.0}])
+    job_id, adapted = draw_on_m2(
+        fleet, FILLED, colour, shape, background, seed, adapters=[{"id": COLOUR_LORA, "scale": 1.0}]
+    )
     _, zero = draw_on_m2(fleet, FILLED, colour, shape, background, seed, adapters=[{"id": COLOUR_LORA, "scale": 0.0}])
     assert (plain.colour, plain.shape, plain.background) == (colour, shape, background), plain
     assert (adapted.colour, adapted.shape, adapted.background, adapted.style) == (
-        LORA_COLOUR, shape, background, "filled"), adapted
+        LORA_COLOUR,
+        shape,
+        background,
+        "filled",
+    ), adapted
     assert zero == plain  # scale 0: the base model's picture
     done = fleet.client.get(job_id)
     assert done["cold_load"] is False and done["provenance"]["adapters"][0]["id"] == COLOUR_LORA

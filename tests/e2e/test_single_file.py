@@ -47,8 +47,9 @@ class SingleFileFleet:
 
 
 @pytest.fixture(scope="module")
-def sfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
-           tiny_models_dir: Path) -> Iterator[SingleFileFleet]:
+def sfleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[SingleFileFleet]:
     data_dir = tmp_path_factory.mktemp("single-file-fleet")
     checkpoint = make_tiny_single_file(
         tiny_models_dir / "tiny-sd", data_dir / "in" / "my-sd15-merge.safetensors", "sd1"
@@ -58,14 +59,35 @@ def sfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
     config = make_fleet(MACHINE)
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
-    env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-           "HOMEFLEET_REDIS_URL": redis_url}
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
+    env = {
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+    }
     ctx = build_context(settings, config, migrate=True)
     ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=FOLDER_MODEL)
-    done = run_cli("models", "add", str(checkpoint), "--family", "sd1", "--config", str(tiny_models_dir / "tiny-sd"),
-                   "--id", FILE_MODEL, env=env, timeout_s=300)
+    done = run_cli(
+        "models",
+        "add",
+        str(checkpoint),
+        "--family",
+        "sd1",
+        "--config",
+        str(tiny_models_dir / "tiny-sd"),
+        "--id",
+        FILE_MODEL,
+        env=env,
+        timeout_s=300,
+    )
     assert f"registered {FILE_MODEL} family=sd1" in done.stdout, done.stdout
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
@@ -81,8 +103,9 @@ def sfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str,
 
 
 def txt2img(fleet: SingleFileFleet, model_id: str) -> tuple[dict, np.ndarray]:  # type: ignore[type-arg]
-    accepted = fleet.client.submit(model_id, "txt2img", {"prompt": "a red circle", "steps": 3, "seed": 7},
-                                   target=MACHINE)
+    accepted = fleet.client.submit(
+        model_id, "txt2img", {"prompt": "a red circle", "steps": 3, "seed": 7}, target=MACHINE
+    )
     job = fleet.client.wait(accepted["id"], timeout_s=240)
     assert job["state"] == "succeeded", job
     data = fleet.client.download(accepted["id"])

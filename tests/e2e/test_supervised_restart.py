@@ -39,14 +39,20 @@ TTL_S = 4.0
 
 
 def supervisorctl(conf: Path, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf), *args],
-                          check=False, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stdout + done.stderr
 
 
 @pytest.fixture
-def supervised(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
-               ) -> Iterator[tuple[LocalFleet, Path, Path, redis.Redis]]:
+def supervised(
+    tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[tuple[LocalFleet, Path, Path, redis.Redis]]:
     """The API (``homefleet serve``) and machine m1's worker under ``supervisord``, run with the
     ExecStart and Environment of the unit ``homefleet worker --print-systemd-unit`` printed."""
     pytest.importorskip("supervisor", reason="supervisord (pip install -e '.[test]') runs the worker")
@@ -56,20 +62,39 @@ def supervised(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
     fleet = make_fleet(MACHINE)
     fleet_file = tmp_path / "fleet.toml"
     write_private(fleet_file, fleet.to_toml())
-    settings = Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_file=fleet_file,
-                        api_port=free_port(), heartbeat_interval_s=0.5, heartbeat_ttl_s=TTL_S, api_keys=[TEST_API_KEY])
-    operator = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-                "HOMEFLEET_REDIS_URL": redis_url}
+    settings = Settings(
+        data_dir=tmp_path / "server",
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=TTL_S,
+        api_keys=[TEST_API_KEY],
+    )
+    operator = {
+        "HOMEFLEET_DATA_DIR": str(settings.data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+    }
     run_cli("db", "upgrade", env=operator)
     run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", MODEL, env=operator)
     local = LocalFleet(settings, fleet, fleet_file, forkserver=True)
     local.copy_model(MODEL, MACHINE)
     token_file = local.machine_dir(MACHINE) / "worker-token"
     write_private(token_file, f"{fleet.machines[MACHINE].token}\n")
-    unit = run_cli("worker", "--machine", MACHINE, "--models-dir", str(local.models_dir(MACHINE)),
-                   "--token-file", str(token_file), "--server-url", local.api_url, "--print-systemd-unit",
-                   env={"HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_WORKER_TOKEN": None,
-                        "HOMEFLEET_WORKER_TOKEN_FILE": None}).stdout
+    unit = run_cli(
+        "worker",
+        "--machine",
+        MACHINE,
+        "--models-dir",
+        str(local.models_dir(MACHINE)),
+        "--token-file",
+        str(token_file),
+        "--server-url",
+        local.api_url,
+        "--print-systemd-unit",
+        env={"HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_WORKER_TOKEN": None, "HOMEFLEET_WORKER_TOKEN_FILE": None},
+    ).stdout
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read_string(unit)
@@ -77,8 +102,14 @@ def supervised(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path
     assert service["Restart"] == "on-failure"
     command = shlex.split(service["ExecStart"].replace("%%", "%"))
     environment = dict(word.split("=", 1) for word in shlex.split(service["Environment"].replace("%%", "%")))
-    environment.update({"HOMEFLEET_HEARTBEAT_INTERVAL_S": "0.5", "HOMEFLEET_HEARTBEAT_TTL_S": str(TTL_S),
-                        "HOMEFLEET_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    environment.update(
+        {
+            "HOMEFLEET_HEARTBEAT_INTERVAL_S": "0.5",
+            "HOMEFLEET_HEARTBEAT_TTL_S": str(TTL_S),
+            "HOMEFLEET_TORCH_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     run_dir = tmp_path / "supervisor"
     run_dir.mkdir()
     conf = run_dir / "supervisord.conf"
@@ -118,9 +149,14 @@ stdout_logfile={run_dir}/{PROGRAM}.log
     supervisor = None
     try:
         local.start_api()
-        supervisor = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)], env=env,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         local.wait_online([MACHINE], model_id=MODEL, timeout_s=180)
         yield local, conf, run_dir, client
     finally:
@@ -144,9 +180,16 @@ def test_a_worker_killed_with_kill_9_is_restarted_by_its_supervisor_and_runs_job
     os.kill(first_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     try:
-        beat = wait_for(lambda: (raw := client.get(heartbeat)) and (b := json.loads(raw))["boot_id"] != first_boot
-                        and MODEL in b["verified_models"] and b, timeout_s=180,
-                        what="a heartbeat of a new boot of m1 with its model verified")
+        beat = wait_for(
+            lambda: (
+                (raw := client.get(heartbeat))
+                and (b := json.loads(raw))["boot_id"] != first_boot
+                and MODEL in b["verified_models"]
+                and b
+            ),
+            timeout_s=180,
+            what="a heartbeat of a new boot of m1 with its model verified",
+        )
         local.wait_online([MACHINE], model_id=MODEL, timeout_s=60)
         back_online_s = time.monotonic() - killed_at
         print(f"\nm1 back online {back_online_s:.1f} s after kill -9 (heartbeat TTL {TTL_S} s)")
@@ -157,8 +200,9 @@ def test_a_worker_killed_with_kill_9_is_restarted_by_its_supervisor_and_runs_job
         assert f"exited: {PROGRAM} (terminated by SIGKILL" in log, log
         assert log.count(f"spawned: '{PROGRAM}'") >= 2, log
         with HomefleetClient(local.api_url, api_key=TEST_API_KEY) as api:
-            job = api.submit(MODEL, "txt2img", {"prompt": "back", "steps": 2, "width": 64, "height": 64},
-                             target=MACHINE)
+            job = api.submit(
+                MODEL, "txt2img", {"prompt": "back", "steps": 2, "width": 64, "height": 64}, target=MACHINE
+            )
             done = api.wait(job["id"], timeout_s=180)
         assert done["state"] == "succeeded", done
         rows = httpx.get(f"{local.api_url}/v1/machines", headers=local.auth_headers, timeout=5).json()

@@ -51,8 +51,11 @@ class SyncFleet:
         self.local.start_worker(machine, extra_env=extra)
 
     def sync(self, machine: str, *models: str) -> dict:  # type: ignore[type-arg]
-        response = httpx.post(f"{self.local.api_url}/v1/machines/{machine}/sync", json={"models": list(models)},
-                              headers=self.local.auth_headers)
+        response = httpx.post(
+            f"{self.local.api_url}/v1/machines/{machine}/sync",
+            json={"models": list(models)},
+            headers=self.local.auth_headers,
+        )
         assert response.status_code == 202, response.text
         return response.json()  # type: ignore[no-any-return]
 
@@ -68,11 +71,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_mo
     config = make_fleet("m1", "m2")
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, sync_reservation_ttl_s=SYNC_TTL_S,
-                        api_keys=[TEST_API_KEY])
-    env = {"HOMEFLEET_DATA_DIR": str(data_dir), "HOMEFLEET_FLEET_FILE": str(fleet_file),
-           "HOMEFLEET_REDIS_URL": redis_url, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        sync_reservation_ttl_s=SYNC_TTL_S,
+        api_keys=[TEST_API_KEY],
+    )
+    env = {
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S),
+    }
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
@@ -100,8 +114,10 @@ def test_r4_the_heartbeat_carries_machine_boot_device_memory_warm_and_verified(f
     assert fleet.verified("m2") == {"tiny-a"}
     job = fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
     assert fleet.client.wait(job["id"], timeout_s=120)["state"] == "succeeded"
-    beat = wait_for(lambda: (hb := fleet.ctx.machines.heartbeat("m1")) and hb["warm_models"] and hb,
-                    what="m1's heartbeat to show its warm model")
+    beat = wait_for(
+        lambda: (hb := fleet.ctx.machines.heartbeat("m1")) and hb["warm_models"] and hb,
+        what="m1's heartbeat to show its warm model",
+    )
     assert beat["machine"] == "m1" and len(beat["boot_id"]) == 32 and beat["device"] == "cpu"
     assert beat["memory_total_bytes"] > beat["memory_available_bytes"] > 0
     assert (beat["warm_models"], beat["verified_models"]) == (["tiny-a"], ["tiny-a", "tiny-c"])
@@ -131,8 +147,9 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
     # long enough that the machine is still busy when the operator's command below runs
     queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40}, target="m1")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
-    response = httpx.post(f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]},
-                          headers=fleet.local.auth_headers)
+    response = httpx.post(
+        f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]}, headers=fleet.local.auth_headers
+    )
     assert response.status_code == 409
     assert response.json()["error"]["reason"] == "machine_busy"
     assert "job(s) queued or running" in response.json()["error"]["message"]
@@ -155,8 +172,10 @@ def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withd
     assert UNET in job["message"] and "homefleet sync m1 tiny-c" in job["message"]
     assert job["load_s"] is None and job["cold_load"] is None  # refused before loading: no load was timed
     assert "tiny-c" not in fleet.verified("m1")  # withdrawn (R5)
-    wait_for(lambda: fleet.ctx.machines.heartbeat("m1")["verified_models"] == ["tiny-a"],
-             what="m1's heartbeat to drop tiny-c")
+    wait_for(
+        lambda: fleet.ctx.machines.heartbeat("m1")["verified_models"] == ["tiny-a"],
+        what="m1's heartbeat to drop tiny-c",
+    )
     with pytest.raises(ApiError) as refused:
         fleet.client.submit("tiny-c", "txt2img", {"prompt": "x"}, target="m1")
     assert refused.value.reason == "model_not_verified"
@@ -165,8 +184,9 @@ def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withd
     # deleting it, R6) and copies the registered bytes; the model is advertised again.
     changed = path.read_bytes()
     record = fleet.sync("m1", "tiny-c")
-    done = wait_for(lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
-                    what="the sync to end")
+    done = wait_for(
+        lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s, what="the sync to end"
+    )
     assert done["state"] == "succeeded", done
     assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "replaced")]
     assert path.read_bytes() == original
@@ -196,19 +216,28 @@ def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_
 
     fleet.start_worker("m2")
     # The killed worker's heartbeat lives on for its TTL: wait for the new boot's own.
-    wait_for(lambda: (hb := fleet.ctx.machines.heartbeat("m2")) and hb["boot_id"] != old_boot, timeout_s=120,
-             what="m2's new worker to beat")
+    wait_for(
+        lambda: (hb := fleet.ctx.machines.heartbeat("m2")) and hb["boot_id"] != old_boot,
+        timeout_s=120,
+        what="m2's new worker to beat",
+    )
     assert "tiny-d" not in fleet.verified("m2")  # checked at start: files missing, not advertised
-    assert wait_for(lambda: fleet.sync_state(record["id"])["state"] == "interrupted", timeout_s=SYNC_TTL_S + 30,
-                    what="the killed sync's reservation to expire")
+    assert wait_for(
+        lambda: fleet.sync_state(record["id"])["state"] == "interrupted",
+        timeout_s=SYNC_TTL_S + 30,
+        what="the killed sync's reservation to expire",
+    )
     # J1 on m2 with that model: refused before anything is queued or loaded, naming the fix.
     with pytest.raises(ApiError) as refused:
         fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="m2")
     assert refused.value.reason == "model_not_verified" and "homefleet sync m2 tiny-d" in refused.value.message
 
     again = fleet.sync("m2", "tiny-d")
-    done = wait_for(lambda: (s := fleet.sync_state(again["id"]))["state"] in ("succeeded", "failed") and s,
-                    timeout_s=120, what="the re-sync to end")
+    done = wait_for(
+        lambda: (s := fleet.sync_state(again["id"]))["state"] in ("succeeded", "failed") and s,
+        timeout_s=120,
+        what="the re-sync to end",
+    )
     assert done["state"] == "succeeded", done
     statuses = {r["path"]: r["status"] for r in done["results"]}
     assert statuses[UNET] == "copied" and set(statuses.values()) <= {"copied", "present"}
@@ -262,33 +291,43 @@ def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes
     assert f"changed: {UNET}" in update.stdout
     started = re.search(r"m2 held the old content \(withdrawn there now\): sync ([0-9a-f]+) started", update.stdout)
     assert started, update.stdout
-    synced = wait_for(lambda: (s := fleet.sync_state(started[1]))["state"] in ("succeeded", "failed") and s,
-                      timeout_s=120, what="m2's re-sync to end")
+    synced = wait_for(
+        lambda: (s := fleet.sync_state(started[1]))["state"] in ("succeeded", "failed") and s,
+        timeout_s=120,
+        what="m2's re-sync to end",
+    )
     assert synced["state"] == "succeeded", synced
     assert [(r["path"], r["status"]) for r in synced["results"] if r["status"] != "present"] == [(UNET, "replaced")]
     copy = fleet.local.models_dir("m2") / "tiny-d" / UNET
     assert file_digest(copy) == actual  # the new content, and the old one set aside, not deleted (R6)
     assert [file_digest(p) for p in copy.parent.glob(f".{UNET.split('/')[-1]}.*.superseded")] == [registered]
-    wait_for(lambda: "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2"), timeout_s=60,
-             what="the server's worker and m2 to verify the new content")
-    done = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
-                                                 target="server")["id"], timeout_s=120)
+    wait_for(
+        lambda: "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2"),
+        timeout_s=60,
+        what="the server's worker and m2 to verify the new content",
+    )
+    done = fleet.client.wait(
+        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="server")["id"], timeout_s=120
+    )
     assert done["state"] == "succeeded", done
     assert done["provenance"]["model_files"][UNET] == actual
     assert done["provenance"]["model_files"] == {f.path: f.digest for f in fleet.ctx.registry.manifest("tiny-d").files}
-    on_m2 = fleet.client.wait(fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2},
-                                                  target="m2")["id"], timeout_s=120)
+    on_m2 = fleet.client.wait(
+        fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="m2")["id"], timeout_s=120
+    )
     assert on_m2["state"] == "succeeded" and on_m2["provenance"]["model_files"][UNET] == actual, on_m2
 
 
 def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and_cold_loaded_once_restored(
-        fleet: SyncFleet) -> None:
+    fleet: SyncFleet,
+) -> None:
     """tiny-a is resident on m1; a byte of its copy there changes (a write: the mtime moves).
     The heartbeat thread sees the stat change, rehashes, and withdraws tiny-a from m1 without
     any job. Once the bytes are back and a sync re-verifies them, the next job does not reuse
     the resident pipeline loaded before the change: it verifies and loads cold."""
-    warm = fleet.client.wait(fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2},
-                                                 target="m1")["id"], timeout_s=120)
+    warm = fleet.client.wait(
+        fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")["id"], timeout_s=120
+    )
     assert warm["state"] == "succeeded"
     wait_for(lambda: "tiny-a" in fleet.ctx.machines.heartbeat("m1")["warm_models"], what="tiny-a warm on m1")
     path = fleet.local.models_dir("m1") / "tiny-a" / UNET
@@ -302,16 +341,19 @@ def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and
 
     path.write_bytes(original)  # the right bytes again, a new mtime
     record = fleet.sync("m1", "tiny-a")
-    synced = wait_for(lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
-                      what="the sync to end")
+    synced = wait_for(
+        lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s, what="the sync to end"
+    )
     assert synced["state"] == "succeeded", synced
-    again = fleet.client.wait(fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2},
-                                                  target="m1")["id"], timeout_s=120)
+    again = fleet.client.wait(
+        fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")["id"], timeout_s=120
+    )
     assert again["state"] == "succeeded" and again["cold_load"] is True, again
 
 
 def test_r6_the_repair_hint_replaces_a_damaged_file_reached_through_a_link_and_leaves_its_target_alone(
-    fleet: SyncFleet, tmp_path: Path,
+    fleet: SyncFleet,
+    tmp_path: Path,
 ) -> None:
     """A model folder whose file is a link (a Hugging Face cache's snapshot links to its blobs)
     to damaged bytes: a job is refused naming ``homefleet sync m1 MODEL``, and that command (the CLI, as an

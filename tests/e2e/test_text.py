@@ -50,18 +50,27 @@ class TextFleet:
 
 
 @pytest.fixture(scope="module")
-def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path,
-           tiny_models_dir: Path) -> Iterator[TextFleet]:
+def tfleet(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path, tiny_models_dir: Path
+) -> Iterator[TextFleet]:
     data_dir = tmp_path_factory.mktemp("text-fleet")
     redis_url = f"{redis_base_url}/11"
     redis.Redis.from_url(redis_url).flushdb()
     fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2", "sd1"}))
     fleet_config = fleet_config.model_copy(
-        update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}})
+        update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}}
+    )
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, fleet_config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, api_keys=[TEST_API_KEY])
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id, folder in MODELS.items():
         ctx.registry.add(tiny_text_dir / folder, model_id=model_id)
@@ -85,8 +94,9 @@ def tfleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_t
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-gpt2"])
 def test_openai_completions_run_a_text_job_on_the_worker(tfleet: TextFleet, model: str) -> None:
     """The SDK's completion is the job's verified UTF-8 result, with the job's token counts."""
-    done = tfleet.client.completions.create(model=model, prompt="hello", max_tokens=5, seed=7,
-                                            extra_body={"target": MACHINE})
+    done = tfleet.client.completions.create(
+        model=model, prompt="hello", max_tokens=5, seed=7, extra_body={"target": MACHINE}
+    )
     (choice,) = done.choices
     assert done.usage is not None
     assert done.usage.prompt_tokens == 5 and 1 <= done.usage.completion_tokens <= 5
@@ -97,16 +107,20 @@ def test_openai_completions_run_a_text_job_on_the_worker(tfleet: TextFleet, mode
     assert job.result_media_type == "text/plain" and file_digest(Path(job.result_path)) == job.result_digest  # R2
     assert Path(job.result_path).read_bytes().decode("utf-8") == choice.text
     assert job.provenance["usage"]["completion_tokens"] == done.usage.completion_tokens
-    again = tfleet.client.completions.create(model=model, prompt="hello", max_tokens=5, seed=7,
-                                             extra_body={"target": MACHINE})
+    again = tfleet.client.completions.create(
+        model=model, prompt="hello", max_tokens=5, seed=7, extra_body={"target": MACHINE}
+    )
     assert again.choices[0].text == choice.text  # greedy: the same text
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
 def test_openai_chat_completions_template_the_messages(tfleet: TextFleet, model: str) -> None:
     done = tfleet.client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3,
-        extra_body={"target": "auto"})
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=3,
+        extra_body={"target": "auto"},
+    )
     (choice,) = done.choices
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert done.usage is not None and done.usage.prompt_tokens > len("hi")  # the template's tokens counted
@@ -138,11 +152,16 @@ def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(t
     reason and the token counts; the stream ends (``[DONE]``)."""
     if chat:
         stream = tfleet.client.chat.completions.create(
-            model="tiny-qwen2", messages=[{"role": "user", "content": "go"}], max_completion_tokens=40, stream=True,
-            extra_body={"target": MACHINE})
+            model="tiny-qwen2",
+            messages=[{"role": "user", "content": "go"}],
+            max_completion_tokens=40,
+            stream=True,
+            extra_body={"target": MACHINE},
+        )
     else:
-        stream = tfleet.client.completions.create(model="tiny-llama", prompt="go", max_tokens=40, stream=True,
-                                                  extra_body={"target": MACHINE})
+        stream = tfleet.client.completions.create(
+            model="tiny-llama", prompt="go", max_tokens=40, stream=True, extra_body={"target": MACHINE}
+        )
     chunks = list(stream)
     texts = [(c.choices[0].delta.content if chat else c.choices[0].text) or "" for c in chunks]
     last = chunks[-1]
@@ -224,23 +243,39 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
     ``target``); the token limits and an unsupported parameter are 422 ``validation``
     (huggingface_hub's ValidationError), journaled ``rejected`` (R19); no key: 401."""
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    done = httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
-        "inputs": "hi", "model": "tiny-qwen2", "target": MACHINE, "parameters": {"max_new_tokens": 3}})
+    done = httpx.post(
+        f"{url}/generate",
+        headers=auth,
+        timeout=60,
+        json={"inputs": "hi", "model": "tiny-qwen2", "target": MACHINE, "parameters": {"max_new_tokens": 3}},
+    )
     assert done.status_code == 200, done.text
     job = tfleet.ctx.journal.get(done.json()["job_id"])
     assert job.model_id == "tiny-qwen2" and job.machine == MACHINE and "details" not in done.json()
     assert done.json()["generated_text"] == Path(job.result_path).read_bytes().decode("utf-8")
-    with httpx.stream("POST", f"{url}/generate_stream", headers=auth, timeout=60, json={
-            "inputs": "hi", "model": "tiny-gpt2", "parameters": {"max_new_tokens": 3}}) as stream:
+    with httpx.stream(
+        "POST",
+        f"{url}/generate_stream",
+        headers=auth,
+        timeout=60,
+        json={"inputs": "hi", "model": "tiny-gpt2", "parameters": {"max_new_tokens": 3}},
+    ) as stream:
         assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
         lines = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert len(lines) == 3 and lines[-1]["details"]["generated_tokens"] == 3
-    too_long = httpx.post(f"{url}/generate", headers=auth, timeout=60,
-                          json={"inputs": "x" * 8, "model": "small-gpt2", "parameters": {"max_new_tokens": 5}})
+    too_long = httpx.post(
+        f"{url}/generate",
+        headers=auth,
+        timeout=60,
+        json={"inputs": "x" * 8, "model": "small-gpt2", "parameters": {"max_new_tokens": 5}},
+    )
     assert too_long.status_code == 422
-    assert too_long.json() == {"error": "prompt tokens + max_new_tokens must be at most 12 (max_total_tokens), got "
-                                        "8 + 5 = 13; lower max_new_tokens to at most 4",
-                               "error_type": "validation", "reason": "invalid_max_new_tokens"}
+    assert too_long.json() == {
+        "error": "prompt tokens + max_new_tokens must be at most 12 (max_total_tokens), got "
+        "8 + 5 = 13; lower max_new_tokens to at most 4",
+        "error_type": "validation",
+        "reason": "invalid_max_new_tokens",
+    }
     with pytest.raises(huggingface_hub.errors.ValidationError, match=r"at most 8 tokens \(max_input_tokens\), got 9"):
         hub(tfleet).text_generation("x" * 9, max_new_tokens=1)  # the default model: small-gpt2 (the first id)
     unsupported = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "x", "parameters": {"top_k": 5}})
@@ -257,16 +292,25 @@ def test_a_temperature_of_5e_324_decodes_greedily_through_generate(tfleet: TextF
     failed and the route answered 500. Below GREEDY_TEMPERATURE it is greedy decoding (journaled
     0.0, no seed answered): 200 with the text of temperature 0 (R22)."""
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    answers = [httpx.post(f"{url}/generate", headers=auth, timeout=60, json={
-        "inputs": "hello", "model": "tiny-llama", "target": MACHINE,
-        "parameters": {"max_new_tokens": 5, "details": True, **parameters}}) for parameters in
-        ({"temperature": 5e-324, "seed": 4}, {})]
+    answers = [
+        httpx.post(
+            f"{url}/generate",
+            headers=auth,
+            timeout=60,
+            json={
+                "inputs": "hello",
+                "model": "tiny-llama",
+                "target": MACHINE,
+                "parameters": {"max_new_tokens": 5, "details": True, **parameters},
+            },
+        )
+        for parameters in ({"temperature": 5e-324, "seed": 4}, {})
+    ]
     assert [answer.status_code for answer in answers] == [200, 200], [answer.text for answer in answers]
     tiny, greedy_answer = (answer.json() for answer in answers)
     job = tfleet.ctx.journal.get(tiny["job_id"])
     assert job.state == "succeeded" and job.params["temperature"] == 0.0 and tiny["details"]["seed"] is None
     assert tiny["generated_text"] == greedy_answer["generated_text"] == Path(job.result_path).read_text("utf-8")
-
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -276,8 +320,11 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
     client = hub(tfleet)
     messages = [{"role": "user", "content": "hi"}]
     if stream:
-        chunks = list(client.chat_completion(messages, model="tiny-qwen2", max_tokens=12, stream=True,
-                                             extra_body={"target": MACHINE}))
+        chunks = list(
+            client.chat_completion(
+                messages, model="tiny-qwen2", max_tokens=12, stream=True, extra_body={"target": MACHINE}
+            )
+        )
         text = "".join(c.choices[0].delta.content or "" for c in chunks)
         finish = chunks[-1].choices[0].finish_reason
     else:
@@ -291,34 +338,66 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
     assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
 
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tag", "scores"],
-          "properties": {"name": {"type": "string", "maxLength": 6},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "ok": {"type": "boolean"}, "tag": {"enum": ["red", "green", "blue"]},
-                         "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                                    "minItems": 1, "maxItems": 3}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "ok", "tag", "scores"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+        "tag": {"enum": ["red", "green", "blue"]},
+        "scores": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+    },
+}
 REGEX = r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)"
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-gpt2"])
-def test_constrained_output_of_random_weights_validates_through_the_api_and_workers(tfleet: TextFleet,
-                                                                                    model: str) -> None:
+def test_constrained_output_of_random_weights_validates_through_the_api_and_workers(
+    tfleet: TextFleet, model: str
+) -> None:
     """The key property: the constraint is enforced while decoding, so even a random-weight
     model's output parses and validates against the JSON schema (OpenAI ``response_format``
     ``json_schema``, sampled) and fullmatches the regex (TGI ``grammar``, through
     ``/generate_stream``); both end with EOS (``stop`` / ``eos_token``), not at the token limit."""
     done = tfleet.client.completions.create(
-        model=model, prompt="person:", max_tokens=160, temperature=1.0, seed=3,
-        extra_body={"target": MACHINE, "response_format": {"type": "json_schema",
-                                                           "json_schema": {"name": "person", "schema": SCHEMA}}})
+        model=model,
+        prompt="person:",
+        max_tokens=160,
+        temperature=1.0,
+        seed=3,
+        extra_body={
+            "target": MACHINE,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+        },
+    )
     jsonschema.validate(json.loads(done.choices[0].text), SCHEMA)
     assert done.choices[0].finish_reason == "stop"
     job = tfleet.ctx.journal.get(done.model_extra["job_id"])
     assert job.params["grammar"] == {"type": "json", "value": SCHEMA}
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    with httpx.stream("POST", f"{url}/generate_stream", headers=auth, timeout=60, json={
-            "inputs": "mail:", "model": model, "parameters": {"max_new_tokens": 40, "do_sample": True, "seed": 9,
-                                                              "grammar": {"type": "regex", "value": REGEX}}}) as stream:
+    with httpx.stream(
+        "POST",
+        f"{url}/generate_stream",
+        headers=auth,
+        timeout=60,
+        json={
+            "inputs": "mail:",
+            "model": model,
+            "parameters": {
+                "max_new_tokens": 40,
+                "do_sample": True,
+                "seed": 9,
+                "grammar": {"type": "regex", "value": REGEX},
+            },
+        },
+    ) as stream:
         events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert re.fullmatch(REGEX, events[-1]["generated_text"]), events[-1]
     assert events[-1]["details"]["finish_reason"] == "eos_token" and events[-1]["token"]["special"] is True
@@ -327,13 +406,23 @@ def test_constrained_output_of_random_weights_validates_through_the_api_and_work
 def test_hub_text_generation_grammar_and_chat_json_object(tfleet: TextFleet) -> None:
     """TGI's ``grammar`` through ``InferenceClient.text_generation`` (greedy) and OpenAI's
     ``response_format: json_object`` on a chat: valid JSON."""
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
-              "required": ["n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     text = hub(tfleet).text_generation("n=", max_new_tokens=10, grammar={"type": "json", "value": schema})
     jsonschema.validate(json.loads(text), schema)  # small-gpt2: 2 + 10 tokens, {"n":3} fits
     chat = tfleet.client.chat.completions.create(
-        model="tiny-llama", messages=[{"role": "user", "content": "json"}], max_completion_tokens=200,
-        response_format={"type": "json_object"}, temperature=1.0, seed=2, extra_body={"target": MACHINE})
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "json"}],
+        max_completion_tokens=200,
+        response_format={"type": "json_object"},
+        temperature=1.0,
+        seed=2,
+        extra_body={"target": MACHINE},
+    )
     content = chat.choices[0].message.content or ""
     if chat.choices[0].finish_reason == "stop":  # any JSON object may be longer than any limit: valid when complete
         assert isinstance(json.loads(content), dict)
@@ -345,19 +434,27 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     llguidance's message, journaled ``rejected`` ``invalid_grammar``; a malformed
     ``response_format`` is refused too."""
     with pytest.raises(openai.UnprocessableEntityError) as bad_regex:
-        tfleet.client.completions.create(model="tiny-gpt2", prompt="x", max_tokens=4, extra_body={
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
+        tfleet.client.completions.create(
+            model="tiny-gpt2",
+            prompt="x",
+            max_tokens=4,
+            extra_body={
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+            },
+        )
     assert "response_format does not compile" in bad_regex.value.message  # the client's field (R22)
     assert isinstance(bad_regex.value.body, dict) and bad_regex.value.body.get("code") == "invalid_grammar"
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    refused = httpx.post(f"{url}/generate", headers=auth, json={
-        "inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}})
+    refused = httpx.post(
+        f"{url}/generate",
+        headers=auth,
+        json={"inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}},
+    )
     assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
     assert refused.json()["reason"] == "invalid_grammar" and "does not compile" in refused.json()["error"]
     assert latest_job(tfleet).state == JobState.rejected and latest_job(tfleet).reason == "invalid_grammar"
     with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
         tfleet.client.completions.create(model="tiny-gpt2", prompt="x", extra_body={"response_format": {"type": "xml"}})
-
 
 
 def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet: TextFleet) -> None:
@@ -368,8 +465,12 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     expansion model is refused before any job; an image route that cannot expand refuses
     instead of ignoring it; an Idempotency-Key retry gets the first image job, no second text job."""
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    body = {"model": "tiny-sd", "kind": "txt2img", "target": MACHINE,
-            "params": {"prompt": "a fox", "steps": 1, "expand_prompt": "tiny-qwen2"}}
+    body = {
+        "model": "tiny-sd",
+        "kind": "txt2img",
+        "target": MACHINE,
+        "params": {"prompt": "a fox", "steps": 1, "expand_prompt": "tiny-qwen2"},
+    }
     accepted = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
     assert accepted.status_code == 202, accepted.text
     image_id = accepted.json()["id"]
@@ -385,7 +486,7 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     assert image.params["prompt"].startswith("a fox") and image.params["expand_prompt"] == "tiny-qwen2"
     if " ".join(expansion.split()):
         assert image.params["prompt"].startswith("a fox, ")
-        assert image.params["prompt"][len("a fox, "):] in " ".join(expansion.split())
+        assert image.params["prompt"][len("a fox, ") :] in " ".join(expansion.split())
     assert text_job.created_at < image.created_at
     assert image.provenance is not None and image.provenance["params"]["expanded_by"] == text_job.id
     assert [e.detail for e in tfleet.ctx.journal.events(text_job.id) if e.event == "expanded_for"] == [image_id]
@@ -396,16 +497,22 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     assert sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text") == texts_before
     jobs_before = len(tfleet.ctx.journal.list())
     for bad in ("tiny-sd", "nope"):
-        refused = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
-                                                                                  "expand_prompt": bad}})
+        refused = httpx.post(
+            f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"], "expand_prompt": bad}}
+        )
         assert refused.status_code == 422 and refused.json()["error"]["reason"] == "invalid_expand_prompt"
-    spoofed = httpx.post(f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"],
-                                                                               "expanded_by": text_job.id}})
+    spoofed = httpx.post(
+        f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"], "expanded_by": text_job.id}}
+    )
     assert spoofed.status_code == 422 and "set by the server" in spoofed.json()["error"]["message"]
     assert len(tfleet.ctx.journal.list()) == jobs_before  # refused before any job: nothing journaled
     with pytest.raises(openai.UnprocessableEntityError, match="expand_prompt"):
-        tfleet.client.images.generate(model="tiny-sd", prompt="a fox", size="64x64",
-                                      extra_body={"steps": 1, "target": MACHINE, "expand_prompt": "tiny-qwen2"})
+        tfleet.client.images.generate(
+            model="tiny-sd",
+            prompt="a fox",
+            size="64x64",
+            extra_body={"steps": 1, "target": MACHINE, "expand_prompt": "tiny-qwen2"},
+        )
 
 
 def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timings(tfleet: TextFleet) -> None:
@@ -413,15 +520,20 @@ def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timing
     prompt token from its usage; a dry run then prices max_new_tokens linearly on top of the
     prompt's tokens."""
     url, auth = tfleet.local.api_url, {"Authorization": f"Bearer {TEST_API_KEY}"}
-    done = tfleet.client.completions.create(model="tiny-gpt2", prompt="a b c d e", max_tokens=6,
-                                         extra_body={"target": MACHINE})
+    done = tfleet.client.completions.create(
+        model="tiny-gpt2", prompt="a b c d e", max_tokens=6, extra_body={"target": MACHINE}
+    )
     assert done.usage is not None and done.usage.completion_tokens >= 1
     learned = tfleet.ctx.dispatcher.timings.load().get(MACHINE, "tiny-gpt2", "text")
     assert learned is not None and learned.samples >= 1 and learned.step_s > 0 and learned.prompt_s > 0
 
     def run_s(prompt: str, new_tokens: int) -> float:
-        body = {"model": "tiny-gpt2", "kind": "text", "target": MACHINE,
-                "params": {"prompt": prompt, "max_new_tokens": new_tokens}}
+        body = {
+            "model": "tiny-gpt2",
+            "kind": "text",
+            "target": MACHINE,
+            "params": {"prompt": prompt, "max_new_tokens": new_tokens},
+        }
         answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30)
         assert answer.status_code == 200, answer.text
         return float(answer.json()["machines"][MACHINE]["run_s"])
@@ -463,27 +575,41 @@ def test_openai_sdk_lists_and_retrieves_models(tfleet: TextFleet) -> None:
     assert body["type"] == "not_found_error" and "'no-such-model' is not registered" in body["message"]
 
 
-@pytest.mark.parametrize("response_format", [
-    {"type": "json", "value": SCHEMA},  # huggingface_hub's and TGI's own form
-    {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},  # rewritten by the client
-])
-def test_hub_chat_completion_with_a_schema_is_constrained_by_it(tfleet: TextFleet,
-                                                                 response_format: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json", "value": SCHEMA},  # huggingface_hub's and TGI's own form
+        {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},  # rewritten by the client
+    ],
+)
+def test_hub_chat_completion_with_a_schema_is_constrained_by_it(
+    tfleet: TextFleet, response_format: dict[str, Any]
+) -> None:
     """``InferenceClient.chat_completion(response_format=...)``: TGI's ``json`` form was a 422 and
     the ``json_schema`` form (which the client sends as ``{"type": "json_object", "value":
     schema}``) ran unconstrained; both now carry the schema to the job, and a random-weight
     model's answer validates. A form that cannot be honoured is a 422 naming the field."""
-    done = hub(tfleet).chat_completion([{"role": "user", "content": "person"}], model="tiny-llama", max_tokens=160,
-                                       response_format=response_format, temperature=1.0, seed=5,
-                                       extra_body={"target": MACHINE})
+    done = hub(tfleet).chat_completion(
+        [{"role": "user", "content": "person"}],
+        model="tiny-llama",
+        max_tokens=160,
+        response_format=response_format,
+        temperature=1.0,
+        seed=5,
+        extra_body={"target": MACHINE},
+    )
     job = latest_job(tfleet)
     assert job.params["grammar"] == {"type": "json", "value": SCHEMA}
     content = done.choices[0].message.content
     jsonschema.validate(json.loads(content), SCHEMA)
     assert done.choices[0].finish_reason == "stop" and content == Path(job.result_path).read_text("utf-8")
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
-        hub(tfleet).chat_completion([{"role": "user", "content": "x"}], model="tiny-llama", max_tokens=4,
-                                    response_format={"type": "json_object", "schema": SCHEMA})
+        hub(tfleet).chat_completion(
+            [{"role": "user", "content": "x"}],
+            model="tiny-llama",
+            max_tokens=4,
+            response_format={"type": "json_object", "schema": SCHEMA},
+        )
     assert refused.value.response.status_code == 422
     assert refused.value.response.json()["error"]["param"] == "response_format.schema"
 
@@ -492,10 +618,20 @@ def stop_of(tfleet: TextFleet, model: str, prompt: str, tokens: int) -> tuple[st
     """A stop sequence the sampled continuation of ``prompt`` (seed :data:`STOP_SEED`) will
     write after its first characters, and that text: tiny random weights write what they write,
     so the test reads it first (the same seed writes the same text again)."""
-    whole = tfleet.client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=1.0,
-                                             seed=STOP_SEED, extra_body={"target": MACHINE}).choices[0].text
+    whole = (
+        tfleet.client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=tokens,
+            temperature=1.0,
+            seed=STOP_SEED,
+            extra_body={"target": MACHINE},
+        )
+        .choices[0]
+        .text
+    )
     for at in range(max(1, len(whole) // 3), len(whole) - 2):
-        stop = whole[at:at + 2]
+        stop = whole[at : at + 2]
         if whole.find(stop) == at and stop.strip():
             return stop, whole
     raise AssertionError(f"no stop sequence found in {whole!r}")
@@ -512,15 +648,30 @@ def test_openai_stop_cuts_the_text_before_the_sequence(tfleet: TextFleet, stream
     stop, whole = stop_of(tfleet, "tiny-llama", "once upon", 30)
     expected = whole[: whole.find(stop)]
     if stream:
-        chunks = list(tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30,
-                                                       stop=[stop, "never-written"], stream=True, temperature=1.0,
-                                                       seed=STOP_SEED,
-                                                       extra_body={"target": MACHINE}))
+        chunks = list(
+            tfleet.client.completions.create(
+                model="tiny-llama",
+                prompt="once upon",
+                max_tokens=30,
+                stop=[stop, "never-written"],
+                stream=True,
+                temperature=1.0,
+                seed=STOP_SEED,
+                extra_body={"target": MACHINE},
+            )
+        )
         text = "".join(c.choices[0].text for c in chunks)
         finish, job_id = chunks[-1].choices[0].finish_reason, chunks[-1].model_extra["job_id"]
     else:
-        done = tfleet.client.completions.create(model="tiny-llama", prompt="once upon", max_tokens=30, stop=stop,
-                                                temperature=1.0, seed=STOP_SEED, extra_body={"target": MACHINE})
+        done = tfleet.client.completions.create(
+            model="tiny-llama",
+            prompt="once upon",
+            max_tokens=30,
+            stop=stop,
+            temperature=1.0,
+            seed=STOP_SEED,
+            extra_body={"target": MACHINE},
+        )
         text, finish, job_id = done.choices[0].text, done.choices[0].finish_reason, done.model_extra["job_id"]
         assert done.usage is not None and done.usage.completion_tokens < 30
     job = tfleet.ctx.journal.get(job_id)
@@ -537,20 +688,37 @@ def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) 
     messages = [{"role": "user", "content": "hi"}]
     seed = 40 if stream else MAX_SEED
     if stream:
-        chunks = list(tfleet.client.chat.completions.create(
-            model="tiny-qwen2", messages=messages, max_completion_tokens=6, n=2, seed=seed, temperature=1.0,
-            stream=True, extra_body={"target": MACHINE}))
+        chunks = list(
+            tfleet.client.chat.completions.create(
+                model="tiny-qwen2",
+                messages=messages,
+                max_completion_tokens=6,
+                n=2,
+                seed=seed,
+                temperature=1.0,
+                stream=True,
+                extra_body={"target": MACHINE},
+            )
+        )
         texts = {0: "", 1: ""}
         for c in chunks:
             for choice in c.choices:
                 texts[choice.index] += choice.delta.content or ""
-        job_ids = [next(c.model_extra["job_id"] for c in chunks if c.choices and c.choices[0].index == i)
-                   for i in (0, 1)]
+        job_ids = [
+            next(c.model_extra["job_id"] for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)
+        ]
         usage = chunks[-1].usage
         assert chunks[-1].choices == [] and sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
     else:
-        done = tfleet.client.chat.completions.create(model="tiny-qwen2", messages=messages, max_completion_tokens=6,
-                                                     n=2, seed=seed, temperature=1.0, extra_body={"target": MACHINE})
+        done = tfleet.client.chat.completions.create(
+            model="tiny-qwen2",
+            messages=messages,
+            max_completion_tokens=6,
+            n=2,
+            seed=seed,
+            temperature=1.0,
+            extra_body={"target": MACHINE},
+        )
         assert [c.index for c in done.choices] == [0, 1]
         texts = {c.index: c.message.content for c in done.choices}
         job_ids, usage = done.model_extra["job_ids"], done.usage

@@ -37,8 +37,10 @@ def test_a_worker_uploading_to_another_machines_job_is_403_before_its_body_is_re
     job = fleet.client.submit(fleet.model, "txt2img", {"prompt": "whose job", "steps": 2}, target="m1")
     m2 = fleet.ctx.fleet.machines["m2"].token
     parts = urlsplit(fleet.local.api_url)
-    head = (f"POST /internal/v1/jobs/{job['id']}/result HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {m2}\r\n"
-            "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 50000000\r\n\r\n").encode()
+    head = (
+        f"POST /internal/v1/jobs/{job['id']}/result HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {m2}\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 50000000\r\n\r\n"
+    ).encode()
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         sock.sendall(head)  # not one byte of the 50 MB body follows
         answer = read_answer(sock)
@@ -52,9 +54,11 @@ def test_uploads_in_progress_are_bounded(fleet: RunningFleet) -> None:
     bodies half sent; the fifth is answered 429 ``uploads_busy`` at once, unread; once they end
     an upload is taken again."""
     parts = urlsplit(fleet.local.api_url)
-    head = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
-            "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n"
-            '--x\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n').encode()
+    head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n"
+        '--x\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n'
+    ).encode()
     held = [socket.create_connection((parts.hostname, parts.port), timeout=30) for _ in range(4)]
     try:
         for sock in held:
@@ -85,8 +89,10 @@ def fifth_answer(host: str | None, port: int | None) -> str | None:
     """Send one more upload's head (only the head: body bytes the server never reads would make its
     close a TCP reset, which can discard its answer before this end reads it); its answer, or None
     when the server takes it and waits for its body (no answer within a second)."""
-    head = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
-            "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n").encode()
+    head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, port), timeout=30) as fifth:
         fifth.sendall(head)
         fifth.settimeout(1.0)
@@ -105,8 +111,9 @@ def read_answer(sock: socket.socket) -> str:
             break
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
     while len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:

@@ -47,8 +47,11 @@ class WatchedFleet:
 
     def running(self, job_id: str) -> int:
         """Wait until ``job_id`` has reported a step; the pid of the pool process running it."""
-        wait_for(lambda: int(self.ctx.redis.hget(self.ctx.keys.progress(job_id), "step") or 0) >= 1, timeout_s=120,
-                 what=f"job {job_id} to report a step")
+        wait_for(
+            lambda: int(self.ctx.redis.hget(self.ctx.keys.progress(job_id), "step") or 0) >= 1,
+            timeout_s=120,
+            what=f"job {job_id} to report a step",
+        )
         return self.pool_pid()
 
     def silent_since(self, job_id: str, seconds: float) -> None:
@@ -60,17 +63,26 @@ class WatchedFleet:
 
 
 @pytest.fixture(scope="module")
-def watched(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
-            ) -> Iterator[WatchedFleet]:
+def watched(
+    tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
+) -> Iterator[WatchedFleet]:
     data_dir = tmp_path_factory.mktemp("watchdog")
     redis_url = f"{redis_base_url}/4"
     redis.Redis.from_url(redis_url).flushdb()
     config = make_fleet("m1")
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
-    settings = Settings(data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(),
-                        heartbeat_interval_s=0.5, heartbeat_ttl_s=8, reconcile_interval_s=0.5, hung_after_s=60,
-                        api_keys=[TEST_API_KEY])
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        reconcile_interval_s=0.5,
+        hung_after_s=60,
+        api_keys=[TEST_API_KEY],
+    )
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
@@ -91,22 +103,29 @@ def test_r19_a_hung_job_that_no_pool_process_runs_kills_nothing(watched: Watched
     """A job left ``running`` with nobody running it (its claim's answer was lost, or its
     process died) is declared hung; the innocent job running now is not killed for it."""
     ctx = watched.ctx
-    stale = ctx.journal.add(Job(state=JobState.queued, model_id=MODEL, kind="txt2img", params={"prompt": "x"},
-                                target="m1", machine="m1"))
+    stale = ctx.journal.add(
+        Job(state=JobState.queued, model_id=MODEL, kind="txt2img", params={"prompt": "x"}, target="m1", machine="m1")
+    )
     ctx.journal.claim(stale.id, "m1", worker_boot_id=ctx.machines.heartbeat("m1")["boot_id"])  # type: ignore[index]
     busy = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
     pid = watched.running(busy["id"])
     watched.silent_since(stale.id, 120)
     wait_for(lambda: ctx.journal.get(stale.id).reason == "hung", timeout_s=30, what="the stale job to be declared hung")
-    wait_for(lambda: f"job {stale.id} was declared hung" in watched.log(), timeout_s=30,
-             what="m1's watchdog to read the restart request")
+    wait_for(
+        lambda: f"job {stale.id} was declared hung" in watched.log(),
+        timeout_s=30,
+        what="m1's watchdog to read the restart request",
+    )
     done = watched.client.wait(busy["id"], timeout_s=180)
     assert done["state"] == "succeeded", done
     assert watched.pool_pid() == pid  # the busy job's pool process lived on
     assert "restart request dropped" in watched.log()
     # The worker drops its running record after the server has journaled the result.
-    wait_for(lambda: ctx.redis.get(ctx.keys.running("m1")) is None, timeout_s=30,
-             what="m1 to drop the ended job's running record")
+    wait_for(
+        lambda: ctx.redis.get(ctx.keys.running("m1")) is None,
+        timeout_s=30,
+        what="m1 to drop the ended job's running record",
+    )
 
 
 def test_r19_the_pool_process_of_a_hung_job_is_killed_and_the_next_job_runs(watched: WatchedFleet) -> None:
@@ -115,8 +134,11 @@ def test_r19_the_pool_process_of_a_hung_job_is_killed_and_the_next_job_runs(watc
     pid = watched.running(hung["id"])
     os.kill(pid, signal.SIGSTOP)  # it hangs
     watched.silent_since(hung["id"], 120)
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-             timeout_s=30, what="the watchdog to kill the hung job's pool process")
+    wait_for(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout_s=30,
+        what="the watchdog to kill the hung job's pool process",
+    )
     journaled = ctx.journal.get(hung["id"])
     assert (journaled.state, journaled.reason) == (JobState.interrupted, "hung")
     assert f"job {hung['id']} was declared hung; killing its pool process {pid}" in watched.log()
@@ -165,8 +187,11 @@ def crash_and_restart(watched: WatchedFleet, worker_first: bool = False) -> None
         queued = set(ctx.queues.queued_ids("m1"))
         retries = watched.log().count("(retrying in")
         watched.local.start_worker("m1")
-        wait_for(lambda: watched.log().count("(retrying in") >= retries + 3, timeout_s=120,
-                 what="m1's new worker to try its start-up verification against the stopped API")
+        wait_for(
+            lambda: watched.log().count("(retrying in") >= retries + 3,
+            timeout_s=120,
+            what="m1's new worker to try its start-up verification against the stopped API",
+        )
         time.sleep(2)  # a consumer started meanwhile would have taken a message by now
         assert set(ctx.queues.queued_ids("m1")) == queued  # nothing taken while no claim can be made
         assert all(ctx.redis.get(ctx.keys.delivered(job_id)) is None for job_id in queued)
@@ -175,8 +200,11 @@ def crash_and_restart(watched: WatchedFleet, worker_first: bool = False) -> None
         watched.local.start_api()
         watched.local.start_worker("m1")
     # The killed worker's heartbeat outlives it by its TTL: wait for the new boot's own.
-    wait_for(lambda: (beat := ctx.machines.heartbeat("m1")) is not None
-             and beat["boot_id"] != (before or {}).get("boot_id"), timeout_s=180, what="m1's new worker to beat")
+    wait_for(
+        lambda: (beat := ctx.machines.heartbeat("m1")) is not None and beat["boot_id"] != (before or {}).get("boot_id"),
+        timeout_s=180,
+        what="m1's new worker to beat",
+    )
     watched.local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
 
 
@@ -195,10 +223,16 @@ def test_c08_a_job_cut_by_a_server_and_worker_crash_is_interrupted_once_and_neve
     crash_and_restart(watched, worker_first=True)
     done = watched.client.wait(j2["id"], timeout_s=180)
     j2_journaled = ctx.journal.get(j2["id"])
-    assert done["state"] == "succeeded", (j2_journaled.reason, j2_journaled.message,
-                                          [(e.event, e.detail) for e in ctx.journal.events(j2["id"])])
-    wait_for(lambda: ctx.journal.get(j1["id"]).state == JobState.interrupted, timeout_s=60,
-             what="reconciliation to mark J1 interrupted")
+    assert done["state"] == "succeeded", (
+        j2_journaled.reason,
+        j2_journaled.message,
+        [(e.event, e.detail) for e in ctx.journal.events(j2["id"])],
+    )
+    wait_for(
+        lambda: ctx.journal.get(j1["id"]).state == JobState.interrupted,
+        timeout_s=60,
+        what="reconciliation to mark J1 interrupted",
+    )
     journaled = ctx.journal.get(j1["id"])
     assert journaled.reason in {"worker_lost", "worker_restarted"}, journaled.reason
     assert journaled.result_digest is None

@@ -57,13 +57,20 @@ def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_n
     before = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
     verified = ctx.redis.smembers(ctx.keys.verified("m1"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
-    env.update({"HOMEFLEET_MACHINE": "m1", "HOMEFLEET_MODELS_DIR": str(tmp_path / "empty"),
-                "HOMEFLEET_WORKER_TOKEN": ctx.fleet.machines["m1"].token, "HOMEFLEET_SERVER_URL": local.api_url,
-                "HOMEFLEET_REDIS_URL": local.settings.redis_url,
-                "HOMEFLEET_HEARTBEAT_INTERVAL_S": str(local.settings.heartbeat_interval_s),
-                "HOMEFLEET_HEARTBEAT_TTL_S": str(local.settings.heartbeat_ttl_s)})
-    second = subprocess.run([sys.executable, "-m", "app.cli", "worker"], env=env, capture_output=True, text=True,
-                            timeout=120)
+    env.update(
+        {
+            "HOMEFLEET_MACHINE": "m1",
+            "HOMEFLEET_MODELS_DIR": str(tmp_path / "empty"),
+            "HOMEFLEET_WORKER_TOKEN": ctx.fleet.machines["m1"].token,
+            "HOMEFLEET_SERVER_URL": local.api_url,
+            "HOMEFLEET_REDIS_URL": local.settings.redis_url,
+            "HOMEFLEET_HEARTBEAT_INTERVAL_S": str(local.settings.heartbeat_interval_s),
+            "HOMEFLEET_HEARTBEAT_TTL_S": str(local.settings.heartbeat_ttl_s),
+        }
+    )
+    second = subprocess.run(
+        [sys.executable, "-m", "app.cli", "worker"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert second.returncode == 78, second.stdout + second.stderr
     assert "another worker of this machine is running" in second.stdout + second.stderr
     after = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))

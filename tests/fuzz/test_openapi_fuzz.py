@@ -36,8 +36,12 @@ STATUSES: Counter[int] = Counter()
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[object]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), redis_url=f"{redis_base_url}/3",
-                        api_keys=[TEST_API_KEY], images_wait_s=2)
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("fuzz"),
+        redis_url=f"{redis_base_url}/3",
+        api_keys=[TEST_API_KEY],
+        images_wait_s=2,
+    )
     ctx = build_context(settings, make_fleet("m1", "m2"), migrate=True)
     ctx.redis.flushdb()
     ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
@@ -59,8 +63,13 @@ def test_r22_fuzzed_requests_get_no_5xx_and_every_4xx_names_the_problem(fuzz_app
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                  database=None)
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
         def exercise(case: schemathesis.Case) -> None:
             check(case)
 

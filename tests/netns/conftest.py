@@ -138,9 +138,24 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
     server_address = hosts["hosta"].gateway  # the API binds here; other hosts route to it
     binds = ["127.0.0.1", *(h.gateway for h in hosts.values())]
     redis_process = subprocess.Popen(
-        [redis_server_binary(), "--bind", *binds, "--port", str(redis_port), "--save", "", "--appendonly", "no",
-         "--protected-mode", "no", "--dir", str(data_dir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            redis_server_binary(),
+            "--bind",
+            *binds,
+            "--port",
+            str(redis_port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            str(data_dir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     redis_server = RedisProcess(f"redis://127.0.0.1:{redis_port}/0", redis_process)
     local: LocalFleet | None = None
@@ -152,21 +167,35 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         fleet = make_fleet(*HOSTS)
         fleet_file = data_dir / "fleet.toml"
         write_private(fleet_file, fleet.to_toml())
-        settings = Settings(data_dir=data_dir, redis_url=redis_server.url, fleet_file=fleet_file,
-                            api_host=server_address, api_port=api_port, heartbeat_interval_s=0.5, heartbeat_ttl_s=8,
-                            reconcile_interval_s=1, lost_grace_s=3, api_keys=[TEST_API_KEY],
-                            # a joining host is handed the broker over a link, not 127.0.0.1 (docs/operations.md)
-                            worker_redis_url=f"redis://{server_address}:{redis_port}/0", fleet_watch_s=0.5)
+        settings = Settings(
+            data_dir=data_dir,
+            redis_url=redis_server.url,
+            fleet_file=fleet_file,
+            api_host=server_address,
+            api_port=api_port,
+            heartbeat_interval_s=0.5,
+            heartbeat_ttl_s=8,
+            reconcile_interval_s=1,
+            lost_grace_s=3,
+            api_keys=[TEST_API_KEY],
+            # a joining host is handed the broker over a link, not 127.0.0.1 (docs/operations.md)
+            worker_redis_url=f"redis://{server_address}:{redis_port}/0",
+            fleet_watch_s=0.5,
+        )
         local = LocalFleet(settings, fleet, fleet_file)
         ctx = build_context(settings, fleet, migrate=True)
         ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
         local.start_api()
         local.copy_model(MODEL, "hosta")  # hostb gets it by `homefleet sync` over its link (first test)
         for machine, host in hosts.items():
-            local.start_worker(machine, prefix=host.netns, extra_env={
-                "HOMEFLEET_REDIS_URL": f"redis://{host.gateway}:{redis_port}/0",
-                "HOMEFLEET_SERVER_URL": f"http://{server_address}:{api_port}",
-            })
+            local.start_worker(
+                machine,
+                prefix=host.netns,
+                extra_env={
+                    "HOMEFLEET_REDIS_URL": f"redis://{host.gateway}:{redis_port}/0",
+                    "HOMEFLEET_SERVER_URL": f"http://{server_address}:{api_port}",
+                },
+            )
         local.wait_online(["hosta"], model_id=MODEL, timeout_s=180)
         local.wait_online(["hostb"], timeout_s=180)
         with HomefleetClient(local.api_url, api_key=TEST_API_KEY) as client:

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.e2e
 
 def peers(host: Host) -> set[str]:
     """Remote ends of the established TCP connections inside that host's namespace."""
-    out = subprocess.run([*host.netns, "ss", "-tnH", "state", "established"], capture_output=True,
-                         text=True, check=True, timeout=10).stdout
+    out = subprocess.run(
+        [*host.netns, "ss", "-tnH", "state", "established"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
 
@@ -38,11 +39,17 @@ def test_r6_sync_copies_a_model_to_a_remote_host_over_its_link(multihost: MultiH
         multihost.client.submit(MODEL, "txt2img", {"prompt": "x", "steps": 2}, target="hostb")
     assert refused.value.reason == "model_not_verified"
     run_cli("sync", "hostb", MODEL, env=settings_env(multihost.local.settings), timeout_s=300)
-    wait_for(lambda: MODEL in multihost.ctx.machines.view("hostb").verified_models, timeout_s=60,
-             what="hostb to advertise the synced model")
+    wait_for(
+        lambda: MODEL in multihost.ctx.machines.view("hostb").verified_models,
+        timeout_s=60,
+        what="hostb to advertise the synced model",
+    )
     manifest = {f.path: f.digest for f in multihost.ctx.registry.manifest(MODEL).files}
-    assert {p.relative_to(folder).as_posix(): file_digest(p) for p in folder.rglob("*") if p.is_file()
-            and not p.name.startswith(".")} == manifest
+    assert {
+        p.relative_to(folder).as_posix(): file_digest(p)
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    } == manifest
     accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": "synced", "steps": 2}, target="hostb")
     assert multihost.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
 
@@ -54,8 +61,13 @@ def test_workers_reach_the_server_only_over_their_link(multihost: MultiHostFleet
         assert multihost.client.wait(accepted["id"], timeout_s=180)["state"] == "succeeded"
         allowed = {f"{host.gateway}:{multihost.redis_port}", f"{multihost.local.settings.api_host}:{api_port}"}
         seen = peers(host)
-        who = subprocess.run([*multihost.hosts[machine].netns, "ss", "-tnpH", "state", "established"],
-                             check=False, capture_output=True, text=True, timeout=10).stdout
+        who = subprocess.run(
+            [*multihost.hosts[machine].netns, "ss", "-tnpH", "state", "established"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         assert seen and seen <= allowed, f"{machine} talks to {seen - allowed}: {who}"
 
 
@@ -96,8 +108,11 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
     settings = local.settings
     api_pid = local.processes["api"].pid
     server_url = f"http://{settings.api_host}:{settings.api_port}"
-    operator: dict[str, str | None] = {**settings_env(settings), "HOMEFLEET_API_HOST": settings.api_host,
-                "HOMEFLEET_API_PORT": str(settings.api_port)}
+    operator: dict[str, str | None] = {
+        **settings_env(settings),
+        "HOMEFLEET_API_HOST": settings.api_host,
+        "HOMEFLEET_API_PORT": str(settings.api_port),
+    }
     machine, index = JOINER
     before = {row["name"] for row in client.machines()}
     with routed_host(machine, index, multihost.net) as host:
@@ -119,15 +134,38 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
         log_path = tmp_path / f"worker-{machine}.log"
         with open(log_path, "wb") as log:
             joined = subprocess.Popen(
-                [*host.netns, sys.executable, "-m", "app.cli", "worker", "join", match.group(1),
-                 "--join-token-file", str(token_file), "--models-dir", str(folder / "models")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                [
+                    *host.netns,
+                    sys.executable,
+                    "-m",
+                    "app.cli",
+                    "worker",
+                    "join",
+                    match.group(1),
+                    "--join-token-file",
+                    str(token_file),
+                    "--models-dir",
+                    str(folder / "models"),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         try:
-            wait_for(lambda: joined.poll() is not None or any(
-                         row["name"] == machine and row["online"] and MODEL in row["verified_models"]
-                         for row in client.machines()),
-                     timeout_s=300, poll_s=0.5, what=f"{machine} to join and verify {MODEL}")
+            wait_for(
+                lambda: (
+                    joined.poll() is not None
+                    or any(
+                        row["name"] == machine and row["online"] and MODEL in row["verified_models"]
+                        for row in client.machines()
+                    )
+                ),
+                timeout_s=300,
+                poll_s=0.5,
+                what=f"{machine} to join and verify {MODEL}",
+            )
             assert joined.poll() is None, log_path.read_text()[-3000:]
             assert (folder / "worker-token").stat().st_mode & 0o777 == 0o600
             worker_env = (folder / "worker.env").read_text()
@@ -147,8 +185,12 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
             assert client.get(last["id"])["state"] == "succeeded"  # drained: its job ran to its end first
             assert {row["name"] for row in client.machines()} == before
             token = (folder / "worker-token").read_text().strip()
-            assert httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {token}"},
-                             timeout=30).status_code == 401
+            assert (
+                httpx.get(
+                    f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {token}"}, timeout=30
+                ).status_code
+                == 401
+            )
             assert local.processes["api"].pid == api_pid and local.processes["api"].poll() is None  # no restart
         finally:
             stop_process_group(joined)
@@ -160,8 +202,11 @@ def test_r19_a_worker_host_killed_mid_job_is_interrupted_and_not_rerun(multihost
     accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": "long", "steps": 60}, target="hosta")
     wait_for(lambda: multihost.client.get(accepted["id"])["state"] == "running", timeout_s=120, what="the job to start")
     multihost.local.stop_worker("hosta", signal.SIGKILL)
-    wait_for(lambda: multihost.client.get(accepted["id"])["state"] == "interrupted", timeout_s=60,
-             what="reconciliation to interrupt the job")
+    wait_for(
+        lambda: multihost.client.get(accepted["id"])["state"] == "interrupted",
+        timeout_s=60,
+        what="reconciliation to interrupt the job",
+    )
     time.sleep(2)
     job = multihost.client.get(accepted["id"])
     assert (job["state"], job["reason"]) == ("interrupted", "worker_lost")

@@ -34,8 +34,12 @@ def test_only_known_benign_runtime_errors_are_waived() -> None:
 def case(path: str, body: dict[str, Any], positive: bool = True, negative_part: bool = False) -> Any:
     mode = SimpleNamespace(is_positive=positive, is_negative=not positive)
     components = {"query": SimpleNamespace(mode=SimpleNamespace(is_negative=negative_part))}
-    return SimpleNamespace(method="POST", operation=SimpleNamespace(path=path), body=body,
-                           meta=SimpleNamespace(generation=SimpleNamespace(mode=mode), components=components))
+    return SimpleNamespace(
+        method="POST",
+        operation=SimpleNamespace(path=path),
+        body=body,
+        meta=SimpleNamespace(generation=SimpleNamespace(mode=mode), components=components),
+    )
 
 
 def test_uploaded_inputs_go_into_schema_valid_bodies_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -45,8 +49,10 @@ def test_uploaded_inputs_go_into_schema_valid_bodies_only(monkeypatch: pytest.Mo
     monkeypatch.setenv(fuzz_hooks.INPUTS_ENV, json.dumps({"pairs": [[image, mask]], "png": str(png)}))
     monkeypatch.setattr(fuzz_hooks, "REAL_INPUT_SHARE", 1.0)
     generated = "blake3:" + "0" * 64
-    job = case("/v1/jobs", {"kind": "inpaint", "params": {"image": generated, "mask": generated, "steps": 1,
-                                                            "strength": 5e-324}})
+    job = case(
+        "/v1/jobs",
+        {"kind": "inpaint", "params": {"image": generated, "mask": generated, "steps": 1, "strength": 5e-324}},
+    )
     fuzz_hooks.use_uploaded_inputs(job)
     assert job.body["params"] == {"image": image, "mask": mask, "steps": 1, "strength": 1.0}
     upscale = case("/v1/jobs", {"kind": "upscale", "params": {"image": generated}})

@@ -1,4 +1,4 @@
-"""CI lints before it tests: ``.ci/run`` runs ``make lint`` (ruff, then mypy, configured in
+"""CI lints before it tests: ``.ci/run`` runs ``make lint`` (ruff's lint and format check, then mypy, configured in
 pyproject.toml) before ``make test``, and mypy is strict where the rules live (routing/,
 residency/, app/core/: docs/architecture.md, "Import rules"). The lint itself runs in CI, not here.
 """
@@ -11,8 +11,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["app", "tasks", "routing", "residency"]
-STRICT_FLAGS = ["disallow_untyped_defs", "disallow_incomplete_defs", "disallow_untyped_calls",
-                "disallow_any_generics", "warn_return_any", "no_implicit_reexport"]
+STRICT_FLAGS = [
+    "disallow_untyped_defs",
+    "disallow_incomplete_defs",
+    "disallow_untyped_calls",
+    "disallow_any_generics",
+    "warn_return_any",
+    "no_implicit_reexport",
+]
 
 
 def make_target(name: str) -> list[str]:
@@ -22,7 +28,7 @@ def make_target(name: str) -> list[str]:
     if start is None:
         return []
     recipe = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("\t"):
             break
         recipe.append(line.strip())
@@ -30,10 +36,11 @@ def make_target(name: str) -> list[str]:
 
 
 def test_ci_lints_with_ruff_and_mypy_before_the_tests() -> None:
-    assert make_target("lint") == ["$(VENV)/bin/ruff check .", "$(VENV)/bin/mypy"]
+    assert make_target("lint") == ["$(VENV)/bin/ruff check .", "$(VENV)/bin/ruff format --check .", "$(VENV)/bin/mypy"]
     assert make_target("test") == ["$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup"]
-    commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
-                if line.strip().startswith("make ")]
+    commands = [
+        line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip().startswith("make ")
+    ]
     assert commands == ["make lint", "make test"]
     assert re.search(r"^lint: \$\(STAMP\)$", (ROOT / "Makefile").read_text(), re.MULTILINE)  # creates the venv
 

@@ -25,12 +25,26 @@ from app.cli.main import cli
 ROOT = Path(__file__).resolve().parents[2]
 THIS = PurePosixPath(Path(__file__).resolve().relative_to(ROOT).as_posix())
 #: what is scanned: the code, the docs, the tests and the build and CI files
-SCANNED = ["app", "tasks", "routing", "residency", "bench", "docs", "tests", "README.md", "Makefile", ".ci",
-           "pyproject.toml", "compose.yaml", "Dockerfile"]
+SCANNED = [
+    "app",
+    "tasks",
+    "routing",
+    "residency",
+    "bench",
+    "docs",
+    "tests",
+    "README.md",
+    "Makefile",
+    ".ci",
+    "pyproject.toml",
+    "compose.yaml",
+    "Dockerfile",
+]
 TRACKER_REFERENCE = re.compile(r"\bissues? \d+\b", re.IGNORECASE)
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
-                                reason="needs git and the repository's checkout")
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and the repository's checkout"
+)
 
 
 def tracked(*paths: str) -> list[PurePosixPath]:
@@ -55,8 +69,11 @@ def text_of(path: PurePosixPath) -> str | None:
 
 def tracker_references(text: str) -> list[tuple[int, str]]:
     """(line number from 1, the matched words) of each tracker reference in ``text``."""
-    return [(number, match.group(0)) for number, line in enumerate(text.splitlines(), 1)
-            for match in TRACKER_REFERENCE.finditer(line)]
+    return [
+        (number, match.group(0))
+        for number, line in enumerate(text.splitlines(), 1)
+        for match in TRACKER_REFERENCE.finditer(line)
+    ]
 
 
 def test_the_pattern_finds_what_it_must_and_nothing_else() -> None:
@@ -68,10 +85,13 @@ def test_the_pattern_finds_what_it_must_and_nothing_else() -> None:
 def test_no_tracked_text_file_cites_a_tracker_number() -> None:
     files = [path for path in tracked(*SCANNED) if path != THIS]
     assert len(files) > 100 and PurePosixPath("docs/design.md") in files  # the scan reads the repository
-    found = [f"{path}:{number}: {words!r}" for path in files if (text := text_of(path)) is not None
-             for number, words in tracker_references(text)]
-    assert not found, ("cite the rule (R1-R24) or the docs section instead of a tracker number:\n"
-                       + "\n".join(found))
+    found = [
+        f"{path}:{number}: {words!r}"
+        for path in files
+        if (text := text_of(path)) is not None
+        for number, words in tracker_references(text)
+    ]
+    assert not found, "cite the rule (R1-R24) or the docs section instead of a tracker number:\n" + "\n".join(found)
 
 
 def command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

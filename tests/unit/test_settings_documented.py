@@ -55,8 +55,10 @@ def test_every_setting_is_in_the_one_settings_table_and_nothing_else_is() -> Non
 
 
 def test_the_table_reader_finds_rows_and_only_first_cells() -> None:
-    section = ("| variable | for |\n|---|---|\n| `HOMEFLEET_A`, `HOMEFLEET_B` | server | see `HOMEFLEET_C` |\n"
-               "prose naming `HOMEFLEET_D`\n")
+    section = (
+        "| variable | for |\n|---|---|\n| `HOMEFLEET_A`, `HOMEFLEET_B` | server | see `HOMEFLEET_C` |\n"
+        "prose naming `HOMEFLEET_D`\n"
+    )
     assert documented_variables(section) == {"HOMEFLEET_A", "HOMEFLEET_B"}
 
 
@@ -96,12 +98,15 @@ def test_every_docs_citation_names_an_existing_heading() -> None:
     assert broken == []
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ('see docs/operations.md, "Settings".', [("operations.md", "Settings")]),
-    ('(docs/benchmarks.md,\n    # "The test suite")', [("benchmarks.md", "The test suite")]),
-    ('docs/api.md "Webhooks"', [("api.md", "Webhooks")]),
-    ("docs/api.md without a heading", []),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('see docs/operations.md, "Settings".', [("operations.md", "Settings")]),
+        ('(docs/benchmarks.md,\n    # "The test suite")', [("benchmarks.md", "The test suite")]),
+        ('docs/api.md "Webhooks"', [("api.md", "Webhooks")]),
+        ("docs/api.md without a heading", []),
+    ],
+)
 def test_the_citation_pattern(text: str, expected: list[tuple[str, str]]) -> None:
     flat = re.sub(r"\n\s*(?:#+|//|\*)?\s*", " ", text)
     assert [(m.group(1), m.group(2)) for m in CITATION.finditer(flat)] == expected

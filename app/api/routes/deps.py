@@ -76,5 +76,6 @@ def stored_file(path: str | Path, media_type: str, filename: str, digest: str | 
     headers = {"X-Content-Type-Options": "nosniff"}
     if digest is not None:
         headers["X-Content-Digest"] = digest
-    return FileResponse(path, media_type=media_type, filename=filename, headers=headers,
-                        content_disposition_type="attachment")
+    return FileResponse(
+        path, media_type=media_type, filename=filename, headers=headers, content_disposition_type="attachment"
+    )

@@ -47,8 +47,12 @@ async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, An
                 yield {"event": "progress", "data": json.dumps(shown)}
             continue
         job = change
-        yield {"event": "state", "data": json.dumps({"state": job.state, "machine": job.machine,
-                                                     "reason": job.reason, "message": job.message})}
+        yield {
+            "event": "state",
+            "data": json.dumps(
+                {"state": job.state, "machine": job.machine, "reason": job.reason, "message": job.message}
+            ),
+        }
         if job.state in ENDED:
             body = JobPublic.from_job(job).model_dump(mode="json")
             body["result_url"] = body["result"]["url"] if body.get("result") else None

@@ -127,8 +127,9 @@ class ImageCall:
     api_key_id: str | None = None
 
     @classmethod
-    def of(cls, request: Request, settings_wait_s: float, body: dict[str, Any],
-           started: float | None = None) -> ImageCall:
+    def of(
+        cls, request: Request, settings_wait_s: float, body: dict[str, Any], started: float | None = None
+    ) -> ImageCall:
         """The call of ``request`` with canonical ``body`` (what was asked: fields and file
         digests), whose wait began at ``started`` (``time.monotonic()``; default now)."""
         wait_s = settings_wait_s
@@ -140,9 +141,12 @@ class ImageCall:
         except ValueError:
             retried = False
         key = bearer_token(request.headers.get("authorization", "")) or ""
-        return cls(fingerprint=call_fingerprint(key, request.url.path, body), retried=retried,
-                   answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s),
-                   api_key_id=request_key_id(request))
+        return cls(
+            fingerprint=call_fingerprint(key, request.url.path, body),
+            retried=retried,
+            answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s),
+            api_key_id=request_key_id(request),
+        )
 
 
 OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
@@ -166,15 +170,22 @@ class ImageGeneration(RequestBody):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
-    n: int = Field(1, ge=1, description="number of images (one job making them all, consecutive seeds); at most "
-                                        "the family's max_batch (invalid_n)")
+    n: int = Field(
+        1,
+        ge=1,
+        description="number of images (one job making them all, consecutive seeds); at most "
+        "the family's max_batch (invalid_n)",
+    )
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
     steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
-    expand_prompt: str | None = Field(None, max_length=64, description="not on this route (refused): prompt "
-                                      "expansion runs on POST /v1/jobs (params.expand_prompt)")
+    expand_prompt: str | None = Field(
+        None,
+        max_length=64,
+        description="not on this route (refused): prompt expansion runs on POST /v1/jobs (params.expand_prompt)",
+    )
 
 
 class HfParameters(RequestBody):
@@ -185,8 +196,12 @@ class HfParameters(RequestBody):
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
-    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
-                               description="image-to-image: the instruction; `inputs` is then the image in base64")
+    prompt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPT_CHARS,
+        description="image-to-image: the instruction; `inputs` is then the image in base64",
+    )
 
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(None, ge=1, le=100_000)
@@ -199,13 +214,24 @@ class HfParameters(RequestBody):
 
 
 #: Hugging Face parameter -> txt2img param
-HF_PARAMS: dict[str, str] = {"negative_prompt": "negative_prompt", "width": "width", "height": "height",
-                             "num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed"}
+HF_PARAMS: dict[str, str] = {
+    "negative_prompt": "negative_prompt",
+    "width": "width",
+    "height": "height",
+    "num_inference_steps": "steps",
+    "guidance_scale": "guidance_scale",
+    "seed": "seed",
+}
 
 
 #: Hugging Face image-to-image parameter -> edit/upscale param
-HF_IMAGE_PARAMS: dict[str, str] = {"prompt": "prompt", "negative_prompt": "negative_prompt",
-                                   "num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed"}
+HF_IMAGE_PARAMS: dict[str, str] = {
+    "prompt": "prompt",
+    "negative_prompt": "negative_prompt",
+    "num_inference_steps": "steps",
+    "guidance_scale": "guidance_scale",
+    "seed": "seed",
+}
 
 
 def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
@@ -218,13 +244,19 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
             than ignored.
     """
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise Rejected(f"`inputs` (the prompt) must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}",
-                       reason="invalid_inputs", param="inputs")
+        raise Rejected(
+            f"`inputs` (the prompt) must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}",
+            reason="invalid_inputs",
+            param="inputs",
+        )
     unknown = list(parameters.model_extra or {})
     if unknown:
         named = ", ".join(f"parameters.{name}" for name in unknown)
-        raise Rejected(f"{named} {'is' if len(unknown) == 1 else 'are'} not supported; text-to-image takes "
-                       f"{', '.join(HF_PARAMS)}", reason="unknown_param", param=f"parameters.{unknown[0]}")
+        raise Rejected(
+            f"{named} {'is' if len(unknown) == 1 else 'are'} not supported; text-to-image takes {', '.join(HF_PARAMS)}",
+            reason="unknown_param",
+            param=f"parameters.{unknown[0]}",
+        )
     params: dict[str, Any] = {"prompt": prompt}
     for name, param in HF_PARAMS.items():
         value = getattr(parameters, name)
@@ -278,11 +310,14 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
         if not job_ids:
             raise
         log.exception("image request failed after jobs %s were submitted", ", ".join(job_ids))
-        raise AfterSubmit(JobFailed(
-            f"{type(error).__name__} after jobs {', '.join(job_ids)} were submitted: {error}; do not resubmit: "
-            "follow them with GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
-            reason="internal_error",
-        ), job_ids) from error
+        raise AfterSubmit(
+            JobFailed(
+                f"{type(error).__name__} after jobs {', '.join(job_ids)} were submitted: {error}; do not resubmit: "
+                "follow them with GET /v1/jobs/{id} and fetch each result with GET /v1/jobs/{id}/result",
+                reason="internal_error",
+            ),
+            job_ids,
+        ) from error
 
 
 def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, Any]) -> dict[str, Any]:
@@ -301,15 +336,20 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
     except NotFound:
         family = ""  # refused by the submission itself (404 unknown_model), journaled
     kind_spec = family_kind_spec(family, kind)
-    taken = [name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted
-             and name not in OPENAI_MAPPED]
+    taken = [
+        name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted and name not in OPENAI_MAPPED
+    ]
     params: dict[str, Any] = {}
     for name, value in extras.items():
         if name in OPENAI_IGNORED:
             continue
         if name not in taken:
-            raise Rejected(f"`{name}` is not a field of this route nor a param of kind {kind}; extras it takes: "
-                           f"{', '.join(taken)}", reason="unknown_param", param=name)
+            raise Rejected(
+                f"`{name}` is not a field of this route nor a param of kind {kind}; extras it takes: "
+                f"{', '.join(taken)}",
+                reason="unknown_param",
+                param=name,
+            )
         params[name] = value
     return params
 
@@ -324,8 +364,9 @@ def parse_size(size: str | None) -> dict[str, int]:
         return {}
     width, sep, height = size.lower().partition("x")
     if not sep or not width.isdigit() or not height.isdigit():
-        raise Rejected(f"`size` must be 'WIDTHxHEIGHT' in pixels (e.g. '512x512') or 'auto', got {size!r}",
-                       reason="invalid_size")
+        raise Rejected(
+            f"`size` must be 'WIDTHxHEIGHT' in pixels (e.g. '512x512') or 'auto', got {size!r}", reason="invalid_size"
+        )
     return {"width": int(width), "height": int(height)}
 
 
@@ -361,8 +402,16 @@ async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> 
     return await to_thread.run_sync(default_model, ctx, kind)
 
 
-async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                   count: int, kind: str = "txt2img", seed_step: bool = False) -> list[Job]:
+async def run_jobs(
+    ctx: ServerContext,
+    call: ImageCall,
+    model: str,
+    params: dict[str, Any],
+    target: str,
+    count: int,
+    kind: str = "txt2img",
+    seed_step: bool = False,
+) -> list[Job]:
     """Submit ``count`` jobs of ``kind`` for ``call`` (or, for a client's retry of a call already
     seen, take that call's jobs: C10) and wait until they have ended or ``call.answer_by``.
     ``seed_step``: job i runs with ``params.seed + i`` when a seed is given (a text request's
@@ -381,8 +430,11 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
             ids.extend(seen)
             log.info("a retried image request gets its first call's jobs %s (C10)", ", ".join(ids))
             if len(ids) < count:
-                raise JobFailed(f"the first request of this call submitted {len(ids)} of {count} jobs "
-                                f"({', '.join(ids)}); the others were refused", reason="partly_refused")
+                raise JobFailed(
+                    f"the first request of this call submitted {len(ids)} of {count} jobs "
+                    f"({', '.join(ids)}); the others were refused",
+                    reason="partly_refused",
+                )
         else:
             await submit_call(ctx, call, model, params, target, count, kind, ids, seed_step)
         jobs = [await ctx.waiting.until_ended(job_id, call.answer_by - time.monotonic()) for job_id in ids]
@@ -391,7 +443,9 @@ async def run_jobs(ctx: ServerContext, call: ImageCall, model: str, params: dict
                 f"jobs {', '.join(pending)} have not ended before this request had to be answered (the "
                 "client's announced timeout, or images_wait_s); they keep their places and run: do not "
                 "resubmit, follow them with GET /v1/jobs/{id} and fetch each result with "
-                "GET /v1/jobs/{id}/result", ids)
+                "GET /v1/jobs/{id}/result",
+                ids,
+            )
         for job in jobs:
             if job.state != JobState.succeeded:
                 raise JobFailed(
@@ -414,14 +468,26 @@ async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
         if found.complete:
             return list(found.jobs)
         if time.monotonic() >= call.answer_by:
-            raise JobPending(f"the first request of this call is still submitting its jobs "
-                             f"({', '.join(found.jobs) or 'none submitted yet'}); do not resubmit: they will be "
-                             "listed by GET /v1/jobs once submitted", list(found.jobs))
+            raise JobPending(
+                f"the first request of this call is still submitting its jobs "
+                f"({', '.join(found.jobs) or 'none submitted yet'}); do not resubmit: they will be "
+                "listed by GET /v1/jobs once submitted",
+                list(found.jobs),
+            )
         await asyncio.sleep(POLL_S)
 
 
-async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: dict[str, Any], target: str,
-                      count: int, kind: str, ids: list[str], seed_step: bool = False) -> None:
+async def submit_call(
+    ctx: ServerContext,
+    call: ImageCall,
+    model: str,
+    params: dict[str, Any],
+    target: str,
+    count: int,
+    kind: str,
+    ids: list[str],
+    seed_step: bool = False,
+) -> None:
     """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
     the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
     A call whose first submission is refused is forgotten. Raises what a submission raises."""
@@ -431,8 +497,9 @@ async def submit_call(ctx: ServerContext, call: ImageCall, model: str, params: d
             each = dict(params)
             if seed_step and isinstance(params.get("seed"), int):
                 each["seed"] = nth_seed(params["seed"], index)
-            submission = await to_thread.run_sync(partial(ctx.dispatcher.submit, model, kind, each, target,
-                                                          api_key_id=call.api_key_id))
+            submission = await to_thread.run_sync(
+                partial(ctx.dispatcher.submit, model, kind, each, target, api_key_id=call.api_key_id)
+            )
             ids.append(submission.job.id)
             if len(ids) < count:
                 await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))
@@ -450,8 +517,11 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
     model = await model_or_default(ctx, body.model, "txt2img")
-    params: dict[str, Any] = {"prompt": body.prompt, **parse_size(body.size),
-                              **await to_thread.run_sync(extra_params, ctx, model, "txt2img", body.model_extra or {})}
+    params: dict[str, Any] = {
+        "prompt": body.prompt,
+        **parse_size(body.size),
+        **await to_thread.run_sync(extra_params, ctx, model, "txt2img", body.model_extra or {}),
+    }
     if body.steps is not None:
         params["steps"] = body.steps
     if body.expand_prompt is not None:  # refused, never ignored: a text job first is POST /v1/jobs'
@@ -464,9 +534,14 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
             params[BATCH_PARAM] = body.n  # one job, one pipeline call
         jobs = await run_jobs(ctx, call, model, params, body.target, 1)
     with submitted([job.id for job in jobs]):
-        return {"created": int(time.time()),
-                "data": [image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
-                         for job in jobs for index in range(max(1, len(job.results or [])))]}
+        return {
+            "created": int(time.time()),
+            "data": [
+                image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
+                for job in jobs
+                for index in range(max(1, len(job.results or [])))
+            ],
+        }
 
 
 @router.post("/v1/images/edits")

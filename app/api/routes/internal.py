@@ -41,13 +41,19 @@ log = logging.getLogger(__name__)
 
 
 #: the join route's security scheme (its OpenAPI document): the join token, not a machine token
-JOIN_TOKEN_SCHEME = HTTPBearer(scheme_name="JoinToken", auto_error=False,
-                               description="a join token of `homefleet machines add`: `Authorization: Bearer <token>`")
+JOIN_TOKEN_SCHEME = HTTPBearer(
+    scheme_name="JoinToken",
+    auto_error=False,
+    description="a join token of `homefleet machines add`: `Authorization: Bearer <token>`",
+)
 
 
 @router.post("/join", response_model=JoinGrant)
-def join(body: JoinRequest, ctx: Context,
-         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(JOIN_TOKEN_SCHEME)] = None) -> JoinGrant:
+def join(
+    body: JoinRequest,
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(JOIN_TOKEN_SCHEME)] = None,
+) -> JoinGrant:
     """``homefleet worker join`` (docs/operations.md, "Add a machine"): a new host trades the
     single-use, expiring join token of ``homefleet machines add`` (``Authorization: Bearer
     <join token>``) for its machine's name, its own token and the broker settings. Its device
@@ -57,25 +63,39 @@ def join(body: JoinRequest, ctx: Context,
     ``machine_not_loaded`` while the running server has not yet reloaded the fleet file."""
     token = credentials.credentials if credentials is not None else ""
     if not token.strip():
-        raise Unauthorized("a join needs 'Authorization: Bearer <join token>' (homefleet machines add prints it)",
-                           reason="join_token_unknown")
+        raise Unauthorized(
+            "a join needs 'Authorization: Bearer <join token>' (homefleet machines add prints it)",
+            reason="join_token_unknown",
+        )
     tokens = JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s)
     name = tokens.peek(token.strip())
     machine = ctx.fleet.machines.get(name)
     if machine is None:
-        raise Conflict(f"machine {name!r} is not in the running server's fleet yet (the fleet file is reloaded "
-                       f"every {ctx.settings.fleet_watch_s} s, or on SIGHUP); retry", reason="machine_not_loaded")
+        raise Conflict(
+            f"machine {name!r} is not in the running server's fleet yet (the fleet file is reloaded "
+            f"every {ctx.settings.fleet_watch_s} s, or on SIGHUP); retry",
+            reason="machine_not_loaded",
+        )
     if body.backend != machine.backend or (body.memory_bytes and body.memory_bytes < machine.memory_bytes):
-        raise Conflict(f"machine {name!r} was registered as {machine.backend} with {machine.memory_bytes} bytes, but "
-                       f"this host has {body.backend} with {body.memory_bytes} bytes; fix the host (e.g. install "
-                       f"the torch wheel for its device, docs/operations.md) or `homefleet machines remove {name}` "
-                       "and add it again as it is", reason="device_mismatch")
+        raise Conflict(
+            f"machine {name!r} was registered as {machine.backend} with {machine.memory_bytes} bytes, but "
+            f"this host has {body.backend} with {body.memory_bytes} bytes; fix the host (e.g. install "
+            f"the torch wheel for its device, docs/operations.md) or `homefleet machines remove {name}` "
+            "and add it again as it is",
+            reason="device_mismatch",
+        )
     tokens.redeem(token.strip())
     broker = {field: getattr(ctx.settings, field) for field in BrokerSettings.model_fields}
     broker["redis_url"] = ctx.settings.worker_redis_url or ctx.settings.redis_url
     log.info("machine %s joined (%s, %d bytes)", name, body.backend, body.memory_bytes)
-    return JoinGrant(machine=name, token=machine.token, backend=str(machine.backend),
-                     memory_bytes=machine.memory_bytes, families=sorted(machine.families), broker=broker)
+    return JoinGrant(
+        machine=name,
+        token=machine.token,
+        backend=str(machine.backend),
+        memory_bytes=machine.memory_bytes,
+        families=sorted(machine.families),
+        broker=broker,
+    )
 
 
 @router.get("/manifest", response_model=Manifests)
@@ -114,19 +134,29 @@ def claim(
     # nobody running it. A model whose files the server cannot read ends the job here.
     try:
         manifest = ctx.registry.manifest(queued.model_id)
-        adapters = [AdapterClaim(manifest=ctx.registry.manifest(entry["id"]), scale=entry["scale"])
-                    for entry in queued.params.get(ADAPTERS_PARAM) or ()]  # checked at submission
+        adapters = [
+            AdapterClaim(manifest=ctx.registry.manifest(entry["id"]), scale=entry["scale"])
+            for entry in queued.params.get(ADAPTERS_PARAM) or ()
+        ]  # checked at submission
     except (Conflict, NotFound) as error:  # model_changed / model_unavailable, or no longer registered
         reason = error.reason if error.reason == "model_changed" else "model_unavailable"
         message = f"the server cannot hand model {queued.model_id!r} (or its adapters) out: {error}"
-        ctx.endings.interrupt(job_id, [JobState.queued], reason, message,
-                              announce=True)  # the worker's task ends without a word (Ignore)
+        ctx.endings.interrupt(
+            job_id, [JobState.queued], reason, message, announce=True
+        )  # the worker's task ends without a word (Ignore)
         log.error("job %s not run: %s", job_id, message)
         raise Conflict(f"job {job_id} was not run: {message}", reason=reason) from error
     job = ctx.endings.claim(job_id, machine.name, x_homefleet_boot_id, x_homefleet_claim_id)
     log.info("job %s claimed by %s (boot %s)", job_id, machine.name, x_homefleet_boot_id)
-    return Claim(job_id=job.id, model_id=job.model_id, kind=job.kind, params=job.params, manifest=manifest,
-                 working_bytes=job.working_bytes, adapters=adapters)
+    return Claim(
+        job_id=job.id,
+        model_id=job.model_id,
+        kind=job.kind,
+        params=job.params,
+        manifest=manifest,
+        working_bytes=job.working_bytes,
+        adapters=adapters,
+    )
 
 
 @router.post("/revocations", response_model=RevocationReceipt)
@@ -190,13 +220,22 @@ async def upload_result(
         if (fault := next(faults(parsed), None)) is not None:  # NaN, 1e999, a lone surrogate: not storable
             raise Rejected(f"provenance.{'.'.join(map(str, fault[0]))}: {fault[1]}", reason="invalid_provenance")
         if not isinstance(parsed, dict):
-            raise Rejected(f"provenance must be a JSON object, got {type(parsed).__name__}",
-                           reason="invalid_provenance")
+            raise Rejected(
+                f"provenance must be a JSON object, got {type(parsed).__name__}", reason="invalid_provenance"
+            )
         return parsed
 
     limit = ctx.settings.max_result_bytes + 1  # no more than one byte past the limit into memory
-    upload = Upload(await file.read(limit), digest, [await extra.read(limit) for extra in more or []], more_digests,
-                    load_s, run_s, cold_load, record)
+    upload = Upload(
+        await file.read(limit),
+        digest,
+        [await extra.read(limit) for extra in more or []],
+        more_digests,
+        load_s,
+        run_s,
+        cold_load,
+        record,
+    )
     # decoding may take a while (ffmpeg): in a thread
     return JobPublic.from_job(await to_thread.run_sync(ctx.endings.result, job, machine.name, upload, predicted_s(job)))
 
@@ -214,6 +253,3 @@ def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: Work
         return JobPublic.from_job(ctx.endings.cancel_running(job_id, machine.name, body.message))
     job = ctx.endings.fail(job_id, machine.name, body.reason, body.message, load_s=body.load_s, run_s=body.run_s)
     return JobPublic.from_job(job)
-
-
-

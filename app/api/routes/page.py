@@ -21,20 +21,27 @@ router = APIRouter()
 
 PAGE_DIR = Path(str(files("app.api") / "page"))
 #: The page's files and their media types; nothing else is served from ``/page/``.
-ASSETS = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-          "style.css": "text/css; charset=utf-8"}
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
 #: 'self' only: scripts, styles and requests to this server; results are shown from blob: URLs
 #: (fetched with the key, since an <img> cannot send one).
-PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
-            "media-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+    "media-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def _asset(name: str) -> FileResponse:
     if name not in ASSETS:
         raise NotFound(f"the page has no file {name!r} (it has {', '.join(sorted(ASSETS))})", reason="not_found")
-    return FileResponse(PAGE_DIR / name, media_type=ASSETS[name],
-                        headers={"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff",
-                                 "Cache-Control": "no-cache"})
+    return FileResponse(
+        PAGE_DIR / name,
+        media_type=ASSETS[name],
+        headers={"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+    )
 
 
 @router.get(

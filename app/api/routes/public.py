@@ -59,34 +59,59 @@ async def submit_job(
     key_id = request_key_id(request)
     adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
     if dry_run:
-        decision = await to_thread.run_sync(ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target,
-                                            body.webhook_url, key_id)
+        decision = await to_thread.run_sync(
+            ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target, body.webhook_url, key_id
+        )
         refusal = decision.get("error") or {}
         if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
-            raise Rejected(refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine",
-                           param="target")
+            raise Rejected(
+                refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine", param="target"
+            )
         return JSONResponse(decision)
     if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first
-        submission = await submit_expanded(ctx.dispatcher, ctx.waiting, body.model, dict(body.params), body.target,
-                                           idempotency_key, ctx.settings.images_wait_s, key_id,
-                                           webhook_url=body.webhook_url)
+        submission = await submit_expanded(
+            ctx.dispatcher,
+            ctx.waiting,
+            body.model,
+            dict(body.params),
+            body.target,
+            idempotency_key,
+            ctx.settings.images_wait_s,
+            key_id,
+            webhook_url=body.webhook_url,
+        )
     else:
-        submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(
-            body.model, body.kind, body.params, body.target, idempotency_key, api_key_id=key_id,
-            webhook_url=body.webhook_url))
+        submission = await to_thread.run_sync(
+            lambda: ctx.dispatcher.submit(
+                body.model,
+                body.kind,
+                body.params,
+                body.target,
+                idempotency_key,
+                api_key_id=key_id,
+                webhook_url=body.webhook_url,
+            )
+        )
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
     if submission.replayed:
         response.headers["Idempotency-Replayed"] = "true"
     assert job.machine is not None
-    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
-                       predicted_start_s=job.predicted_start_s, url=url)
+    return JobAccepted(
+        id=job.id,
+        state=job.state,
+        machine=job.machine,
+        position=submission.position,
+        predicted_start_s=job.predicted_start_s,
+        url=url,
+    )
 
 
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
-def requeue_job(job_id: str, ctx: Context, request: Request, response: Response,
-                body: JobRequeue | None = None) -> JobAccepted:
+def requeue_job(
+    job_id: str, ctx: Context, request: Request, response: Response, body: JobRequeue | None = None
+) -> JobAccepted:
     """Submit a new job with the params of job ``job_id``: the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
     or names one; linked to the old job (``requeued_from``, in the job and in its result's
@@ -100,8 +125,14 @@ def requeue_job(job_id: str, ctx: Context, request: Request, response: Response,
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
     assert job.machine is not None
-    return JobAccepted(id=job.id, state=job.state, machine=job.machine, position=submission.position,
-                       predicted_start_s=job.predicted_start_s, url=url)
+    return JobAccepted(
+        id=job.id,
+        state=job.state,
+        machine=job.machine,
+        position=submission.position,
+        predicted_start_s=job.predicted_start_s,
+        url=url,
+    )
 
 
 @router.get("/jobs", response_model=list[JobPublic])
@@ -135,15 +166,23 @@ def get_job(job_id: str, ctx: Context) -> JobPublic:
     public = JobPublic.from_job(job, progress.public() if progress else None)
     if deliveries := ctx.outbox.of_job(job_id):  # its webhook's attempts (the last delivery)
         last = deliveries[-1]
-        public.webhook = WebhookPublic(state=last.state, attempts=last.attempts,
-                                       max_attempts=ctx.settings.webhook_attempts,
-                                       next_attempt_at=last.due_s if last.state == "pending" else None,
-                                       detail=last.detail)
+        public.webhook = WebhookPublic(
+            state=last.state,
+            attempts=last.attempts,
+            max_attempts=ctx.settings.webhook_attempts,
+            next_attempt_at=last.due_s if last.state == "pending" else None,
+            detail=last.detail,
+        )
     return public
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=JobPublic, responses={202: {
-    "model": JobPublic, "description": "the job runs: its worker stops it between steps (still running)"}})
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobPublic,
+    responses={
+        202: {"model": JobPublic, "description": "the job runs: its worker stops it between steps (still running)"}
+    },
+)
 def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
     """Cancel a job. Queued (C03): 200 with the job, now ``cancelled``. Running: 202 with the job,
     still ``running``: its worker stops between steps and it ends ``cancelled`` (its message
@@ -170,15 +209,19 @@ def get_result(
     if index:  # image i of n
         rows = job.results or []
         if index >= len(rows):
-            raise NotFound(f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), "
-                           f"not index {index}", reason="result_not_found")
+            raise NotFound(
+                f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), not index {index}",
+                reason="result_not_found",
+            )
         row = rows[index]
         media_type = row.get("media_type") or "application/octet-stream"
-        return stored_file(row["path"], media_type, f"{job.id}-{index}.{EXTENSIONS.get(media_type, 'bin')}",
-                           row.get("digest") or "")
+        return stored_file(
+            row["path"], media_type, f"{job.id}-{index}.{EXTENSIONS.get(media_type, 'bin')}", row.get("digest") or ""
+        )
     media_type = job.result_media_type or "application/octet-stream"
-    return stored_file(job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}",
-                       job.result_digest or "")
+    return stored_file(
+        job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}", job.result_digest or ""
+    )
 
 
 @router.post("/files", status_code=201, response_model=FileStored)
@@ -204,15 +247,26 @@ def list_machines(ctx: Context) -> list[dict[str, Any]]:
     rows = []
     for name, view in ctx.machines.views().items():
         config = ctx.fleet.machines[name]
-        rows.append({
-            "name": name, "host": config.host_name, "device": config.device, "backend": config.backend,
-            "memory_kind": config.memory_kind,
-            "memory_bytes": config.memory_bytes, "online": view.online, "draining": view.draining,
-            "syncing": view.syncing, "verified_models": sorted(view.verified_models),
-            "queued": ctx.queues.length(name), "running": len(ctx.journal.list([JobState.running], machine=name)),
-            "backlog": view.backlog, "warm_models": list(view.warm_models),
-            "committed_models": sorted(view.commitments), "drain_s": status[name]["drain_s"],
-        })
+        rows.append(
+            {
+                "name": name,
+                "host": config.host_name,
+                "device": config.device,
+                "backend": config.backend,
+                "memory_kind": config.memory_kind,
+                "memory_bytes": config.memory_bytes,
+                "online": view.online,
+                "draining": view.draining,
+                "syncing": view.syncing,
+                "verified_models": sorted(view.verified_models),
+                "queued": ctx.queues.length(name),
+                "running": len(ctx.journal.list([JobState.running], machine=name)),
+                "backlog": view.backlog,
+                "warm_models": list(view.warm_models),
+                "committed_models": sorted(view.commitments),
+                "drain_s": status[name]["drain_s"],
+            }
+        )
     return rows
 
 
@@ -245,12 +299,25 @@ def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
     """A model record as ``GET /v1/models`` lists it (:func:`get_model`)."""
     kinds = kinds_of(m.family, m.kinds)
     created = m.created_at if m.created_at.tzinfo else m.created_at.replace(tzinfo=UTC)
-    return {"id": m.id, "object": "model", "created": int(created.timestamp()), "owned_by": MODEL_OWNER,
-            "family": m.family, "kinds": list(kinds), "pipeline_class": m.pipeline_class,
-            "total_bytes": m.total_bytes, "precision": m.precision, "quantization": m.quantization,
-            "weights_bytes": _weights_bytes(ctx, m.id), "defaults": dict(m.defaults or {}),
-            "params": {kind: _kind_params(m.family, kind, limits_for(ctx.settings.limits, m.family))
-                       for kind in kinds if kind in KINDS}}
+    return {
+        "id": m.id,
+        "object": "model",
+        "created": int(created.timestamp()),
+        "owned_by": MODEL_OWNER,
+        "family": m.family,
+        "kinds": list(kinds),
+        "pipeline_class": m.pipeline_class,
+        "total_bytes": m.total_bytes,
+        "precision": m.precision,
+        "quantization": m.quantization,
+        "weights_bytes": _weights_bytes(ctx, m.id),
+        "defaults": dict(m.defaults or {}),
+        "params": {
+            kind: _kind_params(m.family, kind, limits_for(ctx.settings.limits, m.family))
+            for kind in kinds
+            if kind in KINDS
+        },
+    }
 
 
 def _weights_bytes(ctx: Context, model_id: str) -> int | None:
@@ -270,14 +337,28 @@ def _kind_params(family: str, kind: str, limits: FamilyLimits) -> dict[str, Any]
     family's limits: sizes a multiple of ``multiple_of`` up to ``max_pixels``, ``steps``, ``n``, ``frames``)."""
     spec = family_kind_spec(family, kind)
     ranges: dict[str, dict[str, Any]] = {
-        number.name: {"min": number.low, "max": number.high, "integer": number.integer} for number in spec.numbers}
-    side = {"min": limits.min_side, "max": limits.max_pixels // limits.min_side, "integer": True,
-            "step": limits.multiple_of}
-    family_ranges = (("width", side), ("height", side), ("steps", {"min": 1, "max": limits.max_steps}),
-                     (BATCH_PARAM, {"min": 1, "max": limits.max_batch}),
-                     ("frames", {"min": 1, "max": limits.max_frames}), ("seed", {"min": 0, "max": MAX_SEED}))
+        number.name: {"min": number.low, "max": number.high, "integer": number.integer} for number in spec.numbers
+    }
+    side = {
+        "min": limits.min_side,
+        "max": limits.max_pixels // limits.min_side,
+        "integer": True,
+        "step": limits.multiple_of,
+    }
+    family_ranges = (
+        ("width", side),
+        ("height", side),
+        ("steps", {"min": 1, "max": limits.max_steps}),
+        (BATCH_PARAM, {"min": 1, "max": limits.max_batch}),
+        ("frames", {"min": 1, "max": limits.max_frames}),
+        ("seed", {"min": 0, "max": MAX_SEED}),
+    )
     for name, bounds in family_ranges:
         if name in spec.params:
             ranges[name] = {"integer": True, **bounds}
-    return {"params": [*spec.params, *spec.server_params], "inputs": list(spec.inputs),
-            "defaults": dict(spec.defaults), "ranges": ranges}
+    return {
+        "params": [*spec.params, *spec.server_params],
+        "inputs": list(spec.inputs),
+        "defaults": dict(spec.defaults),
+        "ranges": ranges,
+    }

@@ -25,8 +25,10 @@ class CommitmentsUpdate(RequestBody):
 
 def _check_machine(ctx: ServerContext, machine: str) -> None:
     if machine not in ctx.fleet.machines:
-        raise NotFound(f"machine {machine!r} is not in the fleet ({', '.join(sorted(ctx.fleet.machines))})",
-                       reason="unknown_machine")
+        raise NotFound(
+            f"machine {machine!r} is not in the fleet ({', '.join(sorted(ctx.fleet.machines))})",
+            reason="unknown_machine",
+        )
 
 
 @router.get("/machines/{machine}/residency")
@@ -43,8 +45,9 @@ def set_commitments(machine: str, body: CommitmentsUpdate, ctx: Context) -> dict
     queued or running (R16); 404 for an unknown machine or model; 422 ``commitment_too_large``
     when the models cannot stay resident beside their largest job. Checked and written under
     the fleet lock, so no job is placed there in between (R14)."""
-    kept = commit_residency(ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, body.models,
-                            costs=ctx.dispatcher.costs)
+    kept = commit_residency(
+        ctx.lock, ctx.machines, ctx.residency, ctx.registry, machine, body.models, costs=ctx.dispatcher.costs
+    )
     return {"machine": machine, "models": sorted(kept)}
 
 

@@ -49,8 +49,9 @@ def health(ctx: Context) -> JSONResponse:
 
 
 def _unready(reason: str, message: str, checks: dict[str, Any]) -> JSONResponse:
-    return JSONResponse(status_code=503, content={"status": "unavailable", **checks,
-                                                  "error": {"reason": reason, "message": message}})
+    return JSONResponse(
+        status_code=503, content={"status": "unavailable", **checks, "error": {"reason": reason, "message": message}}
+    )
 
 
 @router.get("/info", dependencies=[Depends(require_api_key)])
@@ -63,13 +64,20 @@ def info(ctx: Context) -> dict[str, Any]:
     return {
         "version": version("homefleet"),
         "machines": [
-            {"name": name, "backend": ctx.fleet.machines[name].backend, "online": view.online,
-             "families": sorted(view.families), "verified_models": sorted(view.verified_models),
-             "backlog": view.backlog}
+            {
+                "name": name,
+                "backend": ctx.fleet.machines[name].backend,
+                "online": view.online,
+                "families": sorted(view.families),
+                "verified_models": sorted(view.verified_models),
+                "backlog": view.backlog,
+            }
             for name, view in views.items()
         ],
-        "models": [{"id": m.id, "family": m.family, "kinds": m.kinds, "total_bytes": m.total_bytes}
-                   for m in ctx.registry.list()],
+        "models": [
+            {"id": m.id, "family": m.family, "kinds": m.kinds, "total_bytes": m.total_bytes}
+            for m in ctx.registry.list()
+        ],
         "limits": {
             "families": {family: limits.model_dump() for family, limits in settings.limits.items()},
             "max_queued_per_machine": settings.max_queued_per_machine,

@@ -76,5 +76,9 @@ def model_file(model_id: str, path: str, ctx: Context, machine: WorkerMachine) -
     entry = next((f for f in manifest.files if f.path == path), None)
     if entry is None:
         raise NotFound(f"model {model_id!r} has no file {path!r} in its manifest", reason="file_not_found")
-    return stored_file(ctx.registry.folder(model_id) / entry.path, "application/octet-stream",
-                       entry.path.rsplit("/", 1)[-1], entry.digest)
+    return stored_file(
+        ctx.registry.folder(model_id) / entry.path,
+        "application/octet-stream",
+        entry.path.rsplit("/", 1)[-1],
+        entry.digest,
+    )

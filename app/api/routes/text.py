@@ -75,8 +75,15 @@ from routing.placement import SERVER
 router = APIRouter(route_class=StrictJsonRoute)
 
 KIND = "text"
-CLIENT_FIELDS = {"max_new_tokens": "max_tokens", "prompt": "prompt", "grammar": "response_format", "stop": "stop",
-                 "seed": "seed", "temperature": "temperature", "top_p": "top_p"}
+CLIENT_FIELDS = {
+    "max_new_tokens": "max_tokens",
+    "prompt": "prompt",
+    "grammar": "response_format",
+    "stop": "stop",
+    "seed": "seed",
+    "temperature": "temperature",
+    "top_p": "top_p",
+}
 """A text job's params -> the OpenAI fields they come from: a refusal names the client's field
 (app/api/openai_errors.py ``renamed``); a chat's prompt is its ``messages``."""
 MAX_CHOICES = 8
@@ -92,22 +99,33 @@ class Sampling(RequestBody):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(None, max_length=64, description="registered text model id; default: the first")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS,
-                                   description="new tokens at most (max_new_tokens); default 16")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False,
-                                      description=f"0 (any below {GREEDY_TEMPERATURE:g}): greedy")
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_NEW_TOKENS, description="new tokens at most (max_new_tokens); default 16"
+    )
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, allow_inf_nan=False, description=f"0 (any below {GREEDY_TEMPERATURE:g}): greedy"
+    )
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**63)
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"choices, one text job each (at most {MAX_CHOICES}); "
-                                                        "with a seed, choice i runs with seed + i")
-    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP_SEQUENCES} sequences: the text ends "
-                                                            "before the first one generated (finish_reason stop)")
+    n: int = Field(
+        1,
+        ge=1,
+        le=MAX_CHOICES,
+        description=f"choices, one text job each (at most {MAX_CHOICES}); with a seed, choice i runs with seed + i",
+    )
+    stop: str | list[str] | None = Field(
+        None,
+        description=f"up to {MAX_STOP_SEQUENCES} sequences: the text ends "
+        "before the first one generated (finish_reason stop)",
+    )
     stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
     response_format: dict[str, Any] | None = Field(
-        None, description='{"type": "json_schema", "json_schema": {"name", "schema": {...}}}, {"type": "json_object"}'
-                          ' (optionally with its schema as "value"), TGI\'s {"type": "json" | "regex", "value": ...} '
-                          'or {"type": "text"}: the output is constrained while decoding (llguidance)')
+        None,
+        description='{"type": "json_schema", "json_schema": {"name", "schema": {...}}}, {"type": "json_object"}'
+        ' (optionally with its schema as "value"), TGI\'s {"type": "json" | "regex", "value": ...} '
+        'or {"type": "text"}: the output is constrained while decoding (llguidance)',
+    )
 
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
@@ -120,8 +138,9 @@ class Sampling(RequestBody):
         for name in UNSUPPORTED:
             value = (self.model_extra or {}).get(name)
             if value not in (None, False):
-                raise Rejected(f"`{name}` is not supported yet by Homefleet's text routes", reason="unknown_param",
-                               param=name)
+                raise Rejected(
+                    f"`{name}` is not supported yet by Homefleet's text routes", reason="unknown_param", param=name
+                )
         params: dict[str, Any] = {}
         try:
             grammar = constraints.from_response_format(self.response_format)
@@ -137,8 +156,12 @@ class Sampling(RequestBody):
         if stops:
             params["stop"] = stops
         new = max_tokens if max_tokens is not None else self.max_tokens
-        for name, value in (("max_new_tokens", new), ("temperature", self.temperature), ("top_p", self.top_p),
-                            ("seed", self.seed)):
+        for name, value in (
+            ("max_new_tokens", new),
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("seed", self.seed),
+        ):
             if value is not None:
                 params[name] = value
         return params
@@ -163,8 +186,9 @@ class ChatCompletion(Sampling):
     """``POST /v1/chat/completions``: ``messages`` (``role``, text ``content``)."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS,
-                                              description="OpenAI's newer name of max_tokens")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=MAX_NEW_TOKENS, description="OpenAI's newer name of max_tokens"
+    )
 
 
 def usage_of(job: Job) -> dict[str, Any]:
@@ -182,8 +206,9 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
     return {name: int(usage.get(name, 0)) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
-async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model: str | None,
-                       params: dict[str, Any], target: str) -> tuple[Job, str, dict[str, Any]]:
+async def run_text_job(
+    ctx: Any, request: Request, fields: dict[str, Any], model: str | None, params: dict[str, Any], target: str
+) -> tuple[Job, str, dict[str, Any]]:
     """Submit one text job (``params``) for the request whose canonical body is ``fields`` (or
     take a retried call's job: C10), wait for it as the image routes do, and read it: the job,
     its verified text and its journaled usage. ``model`` None: the first text model."""
@@ -191,8 +216,15 @@ async def run_text_job(ctx: Any, request: Request, fields: dict[str, Any], model
     return answer
 
 
-async def run_text_jobs(ctx: Any, request: Request, fields: dict[str, Any], model: str | None,
-                        params: dict[str, Any], target: str, count: int) -> list[tuple[Job, str, dict[str, Any]]]:
+async def run_text_jobs(
+    ctx: Any,
+    request: Request,
+    fields: dict[str, Any],
+    model: str | None,
+    params: dict[str, Any],
+    target: str,
+    count: int,
+) -> list[tuple[Job, str, dict[str, Any]]]:
     """:func:`run_text_job` for ``count`` choices: ``count`` text jobs submitted as one call
     (a retried request gets them all, C10), job i seeded ``seed + i`` when a seed is given;
     each (job, verified text, usage), in order."""
@@ -206,14 +238,16 @@ async def run_text_jobs(ctx: Any, request: Request, fields: dict[str, Any], mode
     return answers
 
 
-async def submit_text_job(ctx: Any, model: str | None, params: dict[str, Any], target: str,
-                          api_key_id: str | None = None) -> tuple[str, str]:
+async def submit_text_job(
+    ctx: Any, model: str | None, params: dict[str, Any], target: str, api_key_id: str | None = None
+) -> tuple[str, str]:
     """Submit one text job now, for a streaming answer: (job id, model id); a job of API key
     ``api_key_id`` (its quota applies). A refusal raises (answered as a plain error before any
     stream starts)."""
     chosen = await model_or_default(ctx, model, KIND)
-    submission = await to_thread.run_sync(lambda: ctx.dispatcher.submit(chosen, KIND, params, target,
-                                                                         api_key_id=api_key_id))
+    submission = await to_thread.run_sync(
+        lambda: ctx.dispatcher.submit(chosen, KIND, params, target, api_key_id=api_key_id)
+    )
     return str(submission.job.id), chosen
 
 
@@ -231,8 +265,9 @@ def ended_badly(job: Job) -> str:
     return f"job {job.id} ended {job.state}: {job.reason}: {job.message}"
 
 
-async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None,
-                      api_key_id: str | None = None) -> Any:
+async def stream_text(
+    ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None, api_key_id: str | None = None
+) -> Any:
     """Submit the request's ``n`` text jobs now, jobs of API key ``api_key_id`` (a refusal of the
     first raises: a plain error; of a later one: an error naming the jobs submitted) and answer
     their texts as SSE chunks, choice after choice (``index``). No text past a ``stop``
@@ -252,15 +287,26 @@ async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tok
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(index: int, delta: str | None, finish: str | None = None, usage: dict[str, Any] | None = None,
-              choices: bool = True) -> str:
+    def chunk(
+        index: int,
+        delta: str | None,
+        finish: str | None = None,
+        usage: dict[str, Any] | None = None,
+        choices: bool = True,
+    ) -> str:
         piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
         if chat:
             piece["delta"] = {"role": "assistant", "content": delta} if delta is not None else {}
         else:
             piece["text"] = delta or ""
-        out = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job_ids[0]}", "object": kind, "created": created,
-               "model": model, "choices": [piece] if choices else [], "job_id": job_ids[index]}
+        out = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{job_ids[0]}",
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [piece] if choices else [],
+            "job_id": job_ids[index],
+        }
         if usage is not None:
             out["usage"] = _usage(usage)
         return json.dumps(out)
@@ -273,17 +319,26 @@ async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tok
                 if isinstance(update, Progress):
                     so_far = safe_to_send((update.text or "").rstrip("\ufffd"), stops)  # a split UTF-8 char
                     if len(so_far) > len(sent) and so_far.startswith(sent):
-                        yield chunk(index, so_far[len(sent):])
+                        yield chunk(index, so_far[len(sent) :])
                         sent = so_far
                     continue
                 job = update
                 if job.state != JobState.succeeded:
-                    yield json.dumps({"error": {"message": ended_badly(job), "type": "server_error",
-                                                "code": job.reason, "job_id": job_id, "job_ids": job_ids}})
+                    yield json.dumps(
+                        {
+                            "error": {
+                                "message": ended_badly(job),
+                                "type": "server_error",
+                                "code": job.reason,
+                                "job_id": job_id,
+                                "job_ids": job_ids,
+                            }
+                        }
+                    )
                     return
                 final = await to_thread.run_sync(text_of, job)
                 if final.startswith(sent) and len(final) > len(sent):
-                    yield chunk(index, final[len(sent):])
+                    yield chunk(index, final[len(sent) :])
                 usage = usage_of(job)
                 for name, value in _usage(usage).items():
                     total[name] = total.get(name, 0) + value
@@ -295,15 +350,17 @@ async def stream_text(ctx: Any, body: Sampling, prompt: str, chat: bool, max_tok
     return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_ids[0]})
 
 
-async def run_text(ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool,
-                   max_tokens: int | None = None) -> list[tuple[Job, str, dict[str, Any]]]:
+async def run_text(
+    ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None
+) -> list[tuple[Job, str, dict[str, Any]]]:
     """An OpenAI request's ``n`` jobs: :func:`run_text_jobs` with the body's sampling params."""
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
     return await run_text_jobs(ctx, request, body.model_dump(mode="json"), body.model, params, body.target, body.n)
 
 
-def answer_of(answers: list[tuple[Job, str, dict[str, Any]]], kind: str,
-              content: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def answer_of(
+    answers: list[tuple[Job, str, dict[str, Any]]], kind: str, content: Callable[[str], dict[str, Any]]
+) -> dict[str, Any]:
     """OpenAI's answer of ``kind`` (``text_completion``, ``chat.completion``): choice i is job i's
     text (``content`` shapes it), its finish reason; ``usage`` sums the jobs' (prompt tokens
     once per choice, as OpenAI counts them); ``job_id`` the first job, ``job_ids`` every one."""
@@ -313,10 +370,20 @@ def answer_of(answers: list[tuple[Job, str, dict[str, Any]]], kind: str,
         for name, value in _usage(usage).items():
             total[name] = total.get(name, 0) + value
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
-    return {"id": f"{prefix}-{first.id}", "object": kind, "created": int(time.time()), "model": first.model_id,
-            "choices": [{"index": index, **content(text), "finish_reason": usage.get("finish_reason", "length"),
-                         "logprobs": None} for index, (_, text, usage) in enumerate(answers)],
-            "usage": total, "job_id": first.id, "job_ids": [job.id for job, _, _ in answers], "machine": first.machine}
+    return {
+        "id": f"{prefix}-{first.id}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": first.model_id,
+        "choices": [
+            {"index": index, **content(text), "finish_reason": usage.get("finish_reason", "length"), "logprobs": None}
+            for index, (_, text, usage) in enumerate(answers)
+        ],
+        "usage": total,
+        "job_id": first.id,
+        "job_ids": [job.id for job, _, _ in answers],
+        "machine": first.machine,
+    }
 
 
 @router.post("/v1/completions", response_model=None)
@@ -341,11 +408,15 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
-    names = {**CLIENT_FIELDS, "prompt": "messages",
-             "max_new_tokens": "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"}
+    names = {
+        **CLIENT_FIELDS,
+        "prompt": "messages",
+        "max_new_tokens": "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
+    }
     with client_fields(names):
         if body.stream:
-            return await stream_text(ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens,
-                                     api_key_id=request_key_id(request))
+            return await stream_text(
+                ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens, api_key_id=request_key_id(request)
+            )
         answers = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
     return answer_of(answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}})

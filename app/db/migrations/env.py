@@ -9,7 +9,6 @@ from sqlmodel import SQLModel
 import app.db.tables  # noqa: F401  (registers every table with the metadata)
 
 connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=SQLModel.metadata, render_as_batch=True,
-                  compare_type=True)
+context.configure(connection=connection, target_metadata=SQLModel.metadata, render_as_batch=True, compare_type=True)
 with context.begin_transaction():
     context.run_migrations()

@@ -49,14 +49,17 @@ def png(width: int = 32, height: int = 32) -> bytes:
 
 
 def test_c10_a_request_is_answered_before_the_timeout_it_announces_naming_its_job(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, ctx = api
     client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "warm"}})
     for read_timeout_s in (2.0, 4.0):  # the tokenizer is loaded: a submission takes well under the margin
         start = time.monotonic()
-        answer = client.post("/v1/images/generations", json={"prompt": f"t{read_timeout_s}", "model": MODEL},
-                             headers=sdk_headers(read_timeout_s, 0))
+        answer = client.post(
+            "/v1/images/generations",
+            json={"prompt": f"t{read_timeout_s}", "model": MODEL},
+            headers=sdk_headers(read_timeout_s, 0),
+        )
         took_s = time.monotonic() - start
         assert answer.status_code == 409, answer.text
         assert took_s < read_timeout_s and took_s >= read_timeout_s - reply_margin_s(read_timeout_s) - 0.05
@@ -69,7 +72,7 @@ def test_c10_a_request_is_answered_before_the_timeout_it_announces_naming_its_jo
 
 
 def test_c10_a_retried_request_gets_the_first_calls_jobs_and_a_new_call_gets_new_ones(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, ctx = api
     body = {"prompt": "one call", "model": MODEL, "n": 2, "size": "64x64"}
@@ -81,8 +84,9 @@ def test_c10_a_retried_request_gets_the_first_calls_jobs_and_a_new_call_gets_new
     assert len(ctx.journal.list([JobState.queued])) == 1  # the retries created nothing
     # A retry of another body, or under another key, is another call; so is a first request.
     other = client.post("/v1/images/generations", json={**body, "prompt": "two"}, headers=sdk_headers(0.5, 1))
-    other_key = client.post("/v1/images/generations", json=body,
-                            headers={**sdk_headers(0.5, 1), "Authorization": f"Bearer {OTHER_KEY}"})
+    other_key = client.post(
+        "/v1/images/generations", json=body, headers={**sdk_headers(0.5, 1), "Authorization": f"Bearer {OTHER_KEY}"}
+    )
     fresh = client.post("/v1/images/generations", json=body, headers=sdk_headers(0.5, 0))
     ids = [set(answer.json()["error"]["job_ids"]) for answer in (other, other_key, fresh)]
     assert all(len(found) == 1 and not found & set(first["job_ids"]) for found in ids)
@@ -113,8 +117,14 @@ def test_c10_edits_are_one_call_whatever_the_multipart_boundary(api: tuple[TestC
     answers = []
     for retry in (0, 1):  # httpx draws a new random multipart boundary for each request
         files = {"image": ("in.png", image, "image/png")}
-        answers.append(client.post("/v1/images/edits", data={"prompt": "blue", "model": EDIT_MODEL}, files=files,
-                                   headers=sdk_headers(0.5, retry)))
+        answers.append(
+            client.post(
+                "/v1/images/edits",
+                data={"prompt": "blue", "model": EDIT_MODEL},
+                files=files,
+                headers=sdk_headers(0.5, retry),
+            )
+        )
     first, retried = (answer.json()["error"] for answer in answers)
     assert answers[0].status_code == 409 and first["job_ids"] == retried["job_ids"]
     [job] = ctx.journal.list([JobState.queued])
@@ -122,19 +132,25 @@ def test_c10_edits_are_one_call_whatever_the_multipart_boundary(api: tuple[TestC
 
 
 def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, ctx = api
     client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "warm"}})
     start = time.monotonic()
-    text = client.post(f"/hf/models/{MODEL}", json={"inputs": "a cat", "parameters": {"num_inference_steps": 1}},
-                       headers={"Prefer": "wait=30"})
+    text = client.post(
+        f"/hf/models/{MODEL}",
+        json={"inputs": "a cat", "parameters": {"num_inference_steps": 1}},
+        headers={"Prefer": "wait=30"},
+    )
     assert time.monotonic() - start < 30  # answered at once, not after the wait it was allowed
     assert text.status_code == 409 and text.headers["x-should-retry"] == "false"
     [queued] = ctx.journal.list([JobState.queued])
     assert text.json()["error"]["job_ids"] == [queued.id] and queued.id in text.json()["error"]["message"]
-    image = client.post(f"/hf/models/{EDIT_MODEL}", headers={"Prefer": "respond-async, wait=1"},
-                        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "make it blue"}})
+    image = client.post(
+        f"/hf/models/{EDIT_MODEL}",
+        headers={"Prefer": "respond-async, wait=1"},
+        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "make it blue"}},
+    )
     assert image.status_code == 409, image.text
     [edit] = [j for j in ctx.journal.list([JobState.queued]) if j.kind == "edit"]
     assert image.json()["error"]["job_ids"] == [edit.id] and edit.params["prompt"] == "make it blue"
@@ -143,17 +159,25 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
         f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}}
     )
     assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (422, "inputs")
-    no_edit = client.post(f"/hf/models/{MODEL}", json={"inputs": base64.b64encode(png()).decode(),
-                                                       "parameters": {"prompt": "x"}})
+    no_edit = client.post(
+        f"/hf/models/{MODEL}", json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x"}}
+    )
     assert no_edit.json()["error"]["code"] == "unsupported_kind" and "txt2img" in no_edit.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({}, None), ({"x-stainless-read-timeout": "12.5"}, 12.5), ({"Prefer": "wait=7"}, 7.0),
-    ({"x-stainless-read-timeout": "30", "Prefer": "handling=lenient, wait=4"}, 4.0),
-    ({"x-stainless-read-timeout": "nan"}, None), ({"x-stainless-read-timeout": "-1"}, None),
-    ({"x-stainless-read-timeout": "inf"}, None), ({"Prefer": "wait=soon"}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, None),
+        ({"x-stainless-read-timeout": "12.5"}, 12.5),
+        ({"Prefer": "wait=7"}, 7.0),
+        ({"x-stainless-read-timeout": "30", "Prefer": "handling=lenient, wait=4"}, 4.0),
+        ({"x-stainless-read-timeout": "nan"}, None),
+        ({"x-stainless-read-timeout": "-1"}, None),
+        ({"x-stainless-read-timeout": "inf"}, None),
+        ({"Prefer": "wait=soon"}, None),
+    ],
+)
 def test_c10_the_announced_timeout_is_the_shortest_finite_one(headers: dict[str, str], expected: float | None) -> None:
     from starlette.requests import Request
 

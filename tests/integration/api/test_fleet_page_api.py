@@ -17,8 +17,10 @@ __all__ = ["api"]  # the fixture: a fleet of nine machines, tiny-sd registered
 
 
 def submit(client: TestClient, target: str, **params: object) -> dict:
-    return client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
-                                         "params": {"prompt": "a fox", "steps": 2, **params}}).json()
+    return client.post(
+        "/v1/jobs",
+        json={"model": MODEL, "kind": "txt2img", "target": target, "params": {"prompt": "a fox", "steps": 2, **params}},
+    ).json()
 
 
 def test_jobs_are_listed_newest_first_with_refusal_reasons_and_filters(api: tuple[TestClient, ServerContext]) -> None:

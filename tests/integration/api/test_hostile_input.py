@@ -50,8 +50,11 @@ class Hostile:
 
     def __init__(self, client: TestClient, ctx: ServerContext) -> None:
         self.client, self.ctx = client, ctx
-        queued = client.post("/v1/jobs", headers=AUTH, json={"model": MODEL, "kind": "txt2img", "target": "m1",
-                                               "params": {"prompt": "a lighthouse", "steps": 2}})
+        queued = client.post(
+            "/v1/jobs",
+            headers=AUTH,
+            json={"model": MODEL, "kind": "txt2img", "target": "m1", "params": {"prompt": "a lighthouse", "steps": 2}},
+        )
         assert queued.status_code == 202, queued.text
         self.job_id = queued.json()["id"]
         assert client.post(f"/internal/v1/jobs/{self.job_id}/claim", headers=M1).status_code == 200
@@ -60,8 +63,15 @@ class Hostile:
         ).json()["id"]
 
     def path(self, route: APIRoute) -> str:
-        values = {"job_id": self.job_id, "machine": "m1", "sync_id": "0" * 32, "model": MODEL, "model_id": MODEL,
-                  "file_id": self.file_id, "path": "model_index.json"}
+        values = {
+            "job_id": self.job_id,
+            "machine": "m1",
+            "sync_id": "0" * 32,
+            "model": MODEL,
+            "model_id": MODEL,
+            "file_id": self.file_id,
+            "path": "model_index.json",
+        }
         return re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], route.path)
 
     def send(self, method: str, path: str, label: str | None = None, **kwargs: Any) -> int:
@@ -84,8 +94,14 @@ def hostile(redis_base_url: str, tiny_models_dir: Path, tmp_path_factory: pytest
 
     url = f"{redis_base_url}/3"
     redis.Redis.from_url(url).flushdb()
-    app_settings = Settings(data_dir=tmp_path_factory.mktemp("hostile") / "server", redis_url=url,
-                            api_keys=[TEST_API_KEY], fleet_lock_ttl_s=5, fleet_lock_wait_s=5, images_wait_s=2)
+    app_settings = Settings(
+        data_dir=tmp_path_factory.mktemp("hostile") / "server",
+        redis_url=url,
+        api_keys=[TEST_API_KEY],
+        fleet_lock_ttl_s=5,
+        fleet_lock_wait_s=5,
+        images_wait_s=2,
+    )
     ctx = build_context(app_settings, make_fleet("m1", "m2"), migrate=True)
     ctx.registry.add(tiny_models_dir / MODEL, MODEL)
     bring_online(ctx, "m1", {MODEL})  # server and m2 stay offline: images routes answer 503 fast
@@ -107,13 +123,23 @@ SURROGATE = '"\\ud800"'
 NAMED = [
     ("/v1/jobs", '{"model": NaN, "kind": "txt2img"}', "body.model"),
     ("/v1/jobs", '{"model": "tiny-sd", "kind": "txt2img", "params": {"steps": Infinity}}', "body.params.steps"),
-    ("/v1/jobs", '{"model": "tiny-sd", "kind": "txt2img", "params": {"guidance_scale": 1e999}}',
-     "body.params.guidance_scale"),
+    (
+        "/v1/jobs",
+        '{"model": "tiny-sd", "kind": "txt2img", "params": {"guidance_scale": 1e999}}',
+        "body.params.guidance_scale",
+    ),
     ("/v1/jobs", '{"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a \\ud800 b"}}', "body.params.prompt"),
-    ("/v1/jobs?dry_run=true", '{"model": "tiny-sd", "kind": "txt2img", "target": "m1", '
-     '"params": {"prompt": "a", "negative_prompt": ' + SURROGATE + "}}", "body.params.negative_prompt"),
-    ("/v1/jobs", '{"model": "tiny-sd", "kind": "txt2img", "target": "m1", "params": {"prompt": "a", "\\udfff": 1}}',
-     "body.params.\\udfff"),
+    (
+        "/v1/jobs?dry_run=true",
+        '{"model": "tiny-sd", "kind": "txt2img", "target": "m1", '
+        '"params": {"prompt": "a", "negative_prompt": ' + SURROGATE + "}}",
+        "body.params.negative_prompt",
+    ),
+    (
+        "/v1/jobs",
+        '{"model": "tiny-sd", "kind": "txt2img", "target": "m1", "params": {"prompt": "a", "\\udfff": 1}}',
+        "body.params.\\udfff",
+    ),
     ("/v1/jobs", '{"model": ' + SURROGATE + ', "kind": "txt2img"}', "body.model"),
     ("/v1/jobs", '{"model": "tiny-sd", "kind": ' + SURROGATE + "}", "body.kind"),
     ("/v1/jobs", '{"model": "tiny-sd", "kind": "txt2img", "target": ' + SURROGATE + "}", "body.target"),
@@ -132,16 +158,20 @@ NAMED = [
 
 
 @pytest.mark.parametrize(("route", "body", "field"), NAMED)
-def test_nan_infinity_and_lone_surrogates_are_422_naming_the_field(hostile: Hostile, route: str, body: str,
-                                                                     field: str) -> None:
+def test_nan_infinity_and_lone_surrogates_are_422_naming_the_field(
+    hostile: Hostile, route: str, body: str, field: str
+) -> None:
     """Each case it found (R22): 422, the field named, nothing journaled as a
     job and no traceback."""
     method, _, path = route.rpartition(" ")
     path = path.replace("{job_id}", hostile.job_id).replace("{sync_id}", "0" * 32)
     jobs_before = len(hostile.ctx.journal.list())
-    answer = hostile.client.request(method or "POST", path, content=body.encode(),
-                                    headers={**(M1 if path.startswith("/internal/") else AUTH),
-                                             "content-type": "application/json"})
+    answer = hostile.client.request(
+        method or "POST",
+        path,
+        content=body.encode(),
+        headers={**(M1 if path.startswith("/internal/") else AUTH), "content-type": "application/json"},
+    )
     assert answer.status_code == 422, answer.text
     assert f"`{field}`" in answer.json()["error"]["message"], answer.text
     assert len(hostile.ctx.journal.list()) == jobs_before
@@ -152,10 +182,18 @@ def test_result_form_numbers_and_provenance_must_be_finite(hostile: Hostile) -> 
     store nothing; the job stays running."""
     data = png(64, 64)
     form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "false"}
-    for bad in ({"load_s": "nan"}, {"run_s": "inf"}, {"provenance": '{"seed": NaN}'},
-                {"provenance": '{"x": "\\ud800"}'}):
-        answer = hostile.client.post(f"/internal/v1/jobs/{hostile.job_id}/result", headers=M1,
-                                     data={**form, **bad}, files={"file": ("r.png", data, "image/png")})
+    for bad in (
+        {"load_s": "nan"},
+        {"run_s": "inf"},
+        {"provenance": '{"seed": NaN}'},
+        {"provenance": '{"x": "\\ud800"}'},
+    ):
+        answer = hostile.client.post(
+            f"/internal/v1/jobs/{hostile.job_id}/result",
+            headers=M1,
+            data={**form, **bad},
+            files={"file": ("r.png", data, "image/png")},
+        )
         assert answer.status_code == 422, (bad, answer.text)
     assert hostile.ctx.journal.get(hostile.job_id).state == JobState.running
 
@@ -176,13 +214,24 @@ def test_strict_loads_names_every_fault() -> None:
 # -- properties over every route's body ---------------------------------------------------------
 
 ANY_TEXT = st.text(st.characters(codec=None, categories=None), max_size=40)
-TEXT = ANY_TEXT | st.builds("{}\ud800{}".format, ANY_TEXT, ANY_TEXT) | st.sampled_from(
-    ["", " ", "\ud800", "a\udfffb", "\x00", "tiny-sd", "txt2img", "video", "auto", "m1", "server", "ü" * 80])
-NUMBER = st.sampled_from([math.nan, math.inf, -math.inf]) | st.floats() \
-    | st.integers(min_value=-(2**70), max_value=2**70) | st.sampled_from([0, 1, 2, 8, 64, 4096, 2**31, -1, 0.5])
+TEXT = (
+    ANY_TEXT
+    | st.builds("{}\ud800{}".format, ANY_TEXT, ANY_TEXT)
+    | st.sampled_from(
+        ["", " ", "\ud800", "a\udfffb", "\x00", "tiny-sd", "txt2img", "video", "auto", "m1", "server", "ü" * 80]
+    )
+)
+NUMBER = (
+    st.sampled_from([math.nan, math.inf, -math.inf])
+    | st.floats()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([0, 1, 2, 8, 64, 4096, 2**31, -1, 0.5])
+)
 LEAF = st.none() | st.booleans() | NUMBER | TEXT
-JSON = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12
+)
+
 
 def half(usual: Any, hostile: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     """``usual`` half the time (so that validation gets past it), else a ``hostile`` value."""
@@ -204,8 +253,9 @@ def typed(annotation: Any) -> st.SearchStrategy[Any]:
     if annotation in (int, float):
         return NUMBER
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return st.fixed_dictionaries({name: half(usual(f.annotation), typed(f.annotation))
-                                      for name, f in annotation.model_fields.items()})
+        return st.fixed_dictionaries(
+            {name: half(usual(f.annotation), typed(f.annotation)) for name, f in annotation.model_fields.items()}
+        )
     return LEAF
 
 
@@ -226,13 +276,19 @@ PARAMS = st.fixed_dictionaries(
 SHAPED = {
     # The images routes wait for their jobs (images_wait_s; no worker runs them here): their
     # usual target is m2, offline, so a valid body is answered 503 at once.
-    "/v1/jobs": st.fixed_dictionaries({"model": half(MODEL, LEAF), "kind": half("txt2img", LEAF),
-                                       "target": half("m1", LEAF), "params": PARAMS}),
+    "/v1/jobs": st.fixed_dictionaries(
+        {"model": half(MODEL, LEAF), "kind": half("txt2img", LEAF), "target": half("m1", LEAF), "params": PARAMS}
+    ),
     "/v1/images/generations": st.fixed_dictionaries(
         {"prompt": half("a fox", LEAF), "model": half(MODEL, LEAF), "target": half("m2", LEAF)},
-        optional={"negative_prompt": LEAF, "size": LEAF, "n": LEAF, "steps": LEAF, "guidance_scale": LEAF}),
-    "/hf": st.fixed_dictionaries({"inputs": half("a fox", LEAF), "parameters": PARAMS | st.fixed_dictionaries(
-        {}, optional=dict.fromkeys(HF_PARAMS, LEAF))}),
+        optional={"negative_prompt": LEAF, "size": LEAF, "n": LEAF, "steps": LEAF, "guidance_scale": LEAF},
+    ),
+    "/hf": st.fixed_dictionaries(
+        {
+            "inputs": half("a fox", LEAF),
+            "parameters": PARAMS | st.fixed_dictionaries({}, optional=dict.fromkeys(HF_PARAMS, LEAF)),
+        }
+    ),
 }
 
 
@@ -264,12 +320,23 @@ def routes_with_bodies(kind: str) -> list[APIRoute]:
         sync,
     )
 
-    routes = [route for router in (public.router, events.router, images.router, internal.router, sync.public_router,
-                                   sync.internal_router, residency.router, serving.router)
-              for route in router.routes if isinstance(route, APIRoute) and route.body_field is not None]
+    routes = [
+        route
+        for router in (
+            public.router,
+            events.router,
+            images.router,
+            internal.router,
+            sync.public_router,
+            sync.internal_router,
+            residency.router,
+            serving.router,
+        )
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.body_field is not None
+    ]
     multipart = {"File", "Form"}
-    return [r for r in routes
-            if (type(r.body_field.field_info).__name__ in multipart) == (kind == "multipart")]  # type: ignore[union-attr]
+    return [r for r in routes if (type(r.body_field.field_info).__name__ in multipart) == (kind == "multipart")]  # type: ignore[union-attr]
 
 
 def method(route: APIRoute) -> str:
@@ -290,8 +357,9 @@ def test_no_5xx_for_any_json_body(hostile: Hostile, route: APIRoute) -> None:
     @given(body=st.one_of(shaped(route), JSON), big=st.booleans())
     def hostile_json(body: Any, big: bool) -> None:
         for suffix in {"", query}:
-            status = hostile.send(verb, path + suffix, content=dumps(body, big),
-                                  headers={"content-type": "application/json"})
+            status = hostile.send(
+                verb, path + suffix, content=dumps(body, big), headers={"content-type": "application/json"}
+            )
             if any(True for _ in faults(body)):
                 assert 400 <= status < 500, (body, status)
 
@@ -309,22 +377,45 @@ def test_no_5xx_for_any_multipart_body(hostile: Hostile, route: APIRoute) -> Non
     """Property: any form fields (text that is not UTF-8, ``nan``, ``inf``,
     huge numbers) and any file bytes (garbage, truncated or valid PNGs) are answered below 500."""
     path = hostile.path(route)
-    names = ["file", "image", "mask", "digest", "load_s", "run_s", "cold_load", "provenance", "prompt", "model", "n",
-             "size", "response_format"]
-    value = st.binary(max_size=40) | st.sampled_from([b"nan", b"inf", b"-inf", b"1e999", b"\xed\xa0\x80", b"true",
-                                                      b"0.1", b"tiny-sd", b"{\"a\": NaN}", b"64x64"])
+    names = [
+        "file",
+        "image",
+        "mask",
+        "digest",
+        "load_s",
+        "run_s",
+        "cold_load",
+        "provenance",
+        "prompt",
+        "model",
+        "n",
+        "size",
+        "response_format",
+    ]
+    value = st.binary(max_size=40) | st.sampled_from(
+        [b"nan", b"inf", b"-inf", b"1e999", b"\xed\xa0\x80", b"true", b"0.1", b"tiny-sd", b'{"a": NaN}', b"64x64"]
+    )
     image = st.sampled_from([png(64, 64), png(64, 64)[:50], b"\x89PNG\r\n\x1a\n<html>", b""]) | st.binary(max_size=64)
 
     @PROPERTY
-    @given(fields=st.dictionaries(st.sampled_from(names), value, max_size=6), upload=image,
-           field=st.sampled_from(["file", "image"]))
+    @given(
+        fields=st.dictionaries(st.sampled_from(names), value, max_size=6),
+        upload=image,
+        field=st.sampled_from(["file", "image"]),
+    )
     def hostile_form(fields: dict[str, bytes], upload: bytes, field: str) -> None:
         data = {name: raw for name, raw in fields.items() if name not in ("file", "image")}
         boundary = "hostileboundary"
-        parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode() + raw + b"\r\n"
-                 for name, raw in data.items()]
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="x.png"\r\n'
-                     f"Content-Type: image/png\r\n\r\n".encode() + upload + b"\r\n")
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode() + raw + b"\r\n"
+            for name, raw in data.items()
+        ]
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="x.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n".encode()
+            + upload
+            + b"\r\n"
+        )
         body = b"".join(parts) + f"--{boundary}--\r\n".encode()
         hostile.send("POST", path, content=body, headers={"content-type": f"multipart/form-data; boundary={boundary}"})
 
@@ -339,7 +430,16 @@ def test_no_5xx_for_any_path_or_query(hostile: Hostile, segment: bytes, query: b
     from urllib.parse import quote_from_bytes
 
     part, q = quote_from_bytes(segment, safe=""), quote_from_bytes(query, safe="")
-    for path in (f"/v1/jobs/{part}", f"/v1/syncs/{part}", f"/v1/machines/{part}/residency",
-                 f"/v1/ooms?machine={q}", f"/v1/jobs?dry_run={q}"):
-        hostile.send("GET" if "dry_run" not in path else "POST", path, label="paths and queries",
-                     **({"json": {"model": MODEL, "kind": "txt2img"}} if "dry_run" in path else {}))
+    for path in (
+        f"/v1/jobs/{part}",
+        f"/v1/syncs/{part}",
+        f"/v1/machines/{part}/residency",
+        f"/v1/ooms?machine={q}",
+        f"/v1/jobs?dry_run={q}",
+    ):
+        hostile.send(
+            "GET" if "dry_run" not in path else "POST",
+            path,
+            label="paths and queries",
+            **({"json": {"model": MODEL, "kind": "txt2img"}} if "dry_run" in path else {}),
+        )

@@ -41,8 +41,10 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
 
 
 def submit(client: TestClient, model: str, target: str = "auto") -> object:
-    return client.post("/v1/jobs", json={"model": model, "kind": "txt2img", "target": target,
-                                         "params": {"prompt": "a cat", "steps": 2}})
+    return client.post(
+        "/v1/jobs",
+        json={"model": model, "kind": "txt2img", "target": target, "params": {"prompt": "a cat", "steps": 2}},
+    )
 
 
 def flip(path: Path, offset: int, count: int = 4, keep_stat: bool = False) -> None:
@@ -59,7 +61,8 @@ def flip(path: Path, offset: int, count: int = 4, keep_stat: bool = False) -> No
 
 
 def test_r5_flipped_bytes_in_the_servers_copy_refuse_its_submissions_409_naming_the_file_until_update(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     client, ctx = api
     path = ctx.registry.folder(MODEL) / UNET
     registered = file_digest(path)
@@ -89,7 +92,8 @@ def test_r5_flipped_bytes_in_the_servers_copy_refuse_its_submissions_409_naming_
 
 
 def test_r5_a_damaged_safetensors_header_is_409_not_500_and_other_models_are_still_accepted(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     """Pricing reads every model's safetensors headers: a header whose bytes were flipped
     made every submission answer 500 (UnicodeDecodeError). The fresh server process here has
     priced nothing yet, as after a restart."""
@@ -101,15 +105,22 @@ def test_r5_a_damaged_safetensors_header_is_409_not_500_and_other_models_are_sti
     assert UNET in answer.json()["error"]["message"]
     other = submit(client, OTHER)
     assert other.status_code == 202, other.text
-    assert client.post("/v1/images/generations", json={"prompt": "a cat", "model": OTHER, "n": 1},
-                       headers={"x-stainless-read-timeout": "1"}).status_code != 500
+    assert (
+        client.post(
+            "/v1/images/generations",
+            json={"prompt": "a cat", "model": OTHER, "n": 1},
+            headers={"x-stainless-read-timeout": "1"},
+        ).status_code
+        != 500
+    )
     listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}  # the prices registered, never re-read
     assert listed[MODEL]["weights_bytes"] == ctx.registry.get(MODEL).weights_bytes > 0
     assert listed[OTHER]["weights_bytes"] > 0
 
 
 def test_r5_update_refuses_an_unreadable_header_and_an_old_record_with_one_is_never_a_500(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     """``models update`` refuses a folder whose safetensors headers no loader can read (nothing
     recorded). An old record (no weights_bytes priced at registration) whose registered bytes
     carry such a header is priced from its configs (app/core/pricing.py reads no weight header
@@ -140,7 +151,8 @@ def test_r5_update_refuses_an_unreadable_header_and_an_old_record_with_one_is_ne
 
 
 def test_c07_a_change_that_keeps_size_and_mtime_is_found_by_verify_not_by_the_stat_cache(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     client, ctx = api
     path = ctx.registry.folder(MODEL) / UNET
     registered = file_digest(path)

@@ -27,8 +27,12 @@ IMAGE_MODEL, TEXT_MODEL = "tiny-sd", "tiny-llama"
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 M1 = {"Authorization": f"Bearer {make_fleet('m1').machines['m1'].token}", "X-Homefleet-Machine": "m1"}
 HUGE = int("9" * 400)
-EDGES = [pytest.param(HUGE, id="400-digit"), pytest.param(-HUGE, id="minus-400-digit"),
-         pytest.param(1e308, id="1e308"), pytest.param(-1e308, id="minus-1e308")]
+EDGES = [
+    pytest.param(HUGE, id="400-digit"),
+    pytest.param(-HUGE, id="minus-400-digit"),
+    pytest.param(1e308, id="1e308"),
+    pytest.param(-1e308, id="minus-1e308"),
+]
 
 
 class Api:
@@ -36,19 +40,22 @@ class Api:
         self.client, self.ctx = client, ctx
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self.client.post(path, headers={**AUTH, "Content-Type": "application/json"},
-                                content=json.dumps(body).encode())
+        return self.client.post(
+            path, headers={**AUTH, "Content-Type": "application/json"}, content=json.dumps(body).encode()
+        )
 
 
 @pytest.fixture(scope="module")
-def api(redis_base_url: str, tiny_models_dir: Path, tiny_text_dir: Path,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+def api(
+    redis_base_url: str, tiny_models_dir: Path, tiny_text_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Api]:
     import redis
 
     url = f"{redis_base_url}/4"
     redis.Redis.from_url(url).flushdb()
-    app_settings = Settings(data_dir=tmp_path_factory.mktemp("edges") / "server", redis_url=url,
-                            api_keys=[TEST_API_KEY], images_wait_s=20)
+    app_settings = Settings(
+        data_dir=tmp_path_factory.mktemp("edges") / "server", redis_url=url, api_keys=[TEST_API_KEY], images_wait_s=20
+    )
     ctx = build_context(app_settings, make_fleet("m1", families=FAMILIES | {"llama"}), migrate=True)
     ctx.registry.add(tiny_models_dir / IMAGE_MODEL, IMAGE_MODEL)
     ctx.registry.add(tiny_text_dir / TEXT_MODEL, TEXT_MODEL)
@@ -113,8 +120,9 @@ def message_of(answer: Any) -> str:
 
 @pytest.mark.parametrize("value", EDGES)
 @pytest.mark.parametrize(("path", "kind", "field", "named"), list(cases()))
-def test_a_number_at_the_edge_is_422_naming_the_field(api: Api, path: str, kind: str, field: str, named: str,
-                                                        value: Any) -> None:
+def test_a_number_at_the_edge_is_422_naming_the_field(
+    api: Api, path: str, kind: str, field: str, named: str, value: Any
+) -> None:
     """R22: a 422 naming the client's field, never a 500 (``math.isfinite`` overflowed on a
     400-digit integer; pydantic's float fields take it as a float)."""
     answer = api.post(path, body_of(path, kind, field, value))
@@ -173,8 +181,11 @@ def end_job(api: Api, fail: bool) -> dict[str, Any]:
     (job,) = queued
     assert api.client.post(f"/internal/v1/jobs/{job.id}/claim", headers=M1).status_code == 200
     if fail:
-        failed = api.client.post(f"/internal/v1/jobs/{job.id}/failure", headers=M1,
-                                 json={"reason": "error", "message": "probability tensor contains inf"})
+        failed = api.client.post(
+            f"/internal/v1/jobs/{job.id}/failure",
+            headers=M1,
+            json={"reason": "error", "message": "probability tensor contains inf"},
+        )
         assert failed.status_code == 200, failed.text
     return {"id": job.id, "params": dict(job.params or {})}
 
@@ -184,8 +195,12 @@ def test_a_failed_job_on_a_tgi_route_is_424_generation_with_its_reason(api: Api,
     """TGI answers a failed generation 424 ``error_type: generation`` (never a 500): the job's
     reason and message, its id, ``x-should-retry: false``. The tiny temperature reached the job
     as 0.0 (greedy)."""
-    body = {"inputs": "once upon", "model": TEXT_MODEL, "target": "m1",
-            "parameters": {"temperature": 5e-324, "max_new_tokens": 4, "seed": 3}}
+    body = {
+        "inputs": "once upon",
+        "model": TEXT_MODEL,
+        "target": "m1",
+        "parameters": {"temperature": 5e-324, "max_new_tokens": 4, "seed": 3},
+    }
     answer, ended = answer_to_a_failed_job(api, path, body)
     assert ended["params"]["temperature"] == 0.0
     assert answer.status_code == 424, answer.text

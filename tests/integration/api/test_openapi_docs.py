@@ -28,12 +28,13 @@ def api(settings: Settings) -> Iterator[tuple[TestClient, ServerContext]]:
 
 
 def operations(schema: dict) -> list[tuple[str, str, dict]]:  # type: ignore[type-arg]
-    return [(path, method, op) for path, item in schema["paths"].items() for method, op in item.items()
-            if method in METHODS]
+    return [
+        (path, method, op) for path, item in schema["paths"].items() for method, op in item.items() if method in METHODS
+    ]
 
 
 def test_public_schema_declares_the_bearer_scheme_on_every_keyed_route_and_no_internal_route(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, _ctx = api
     schema = client.get("/openapi.json").json()
@@ -66,12 +67,19 @@ def test_internal_schema_is_apart_and_needs_a_machine_token(api: tuple[TestClien
     assert internal.status_code == 200
     schema = internal.json()
     paths = set(schema["paths"])
-    assert {"/internal/v1/manifest", "/internal/v1/jobs/{job_id}/claim", "/internal/v1/jobs/{job_id}/result",
-            "/internal/v1/syncs/{sync_id}/claim"} <= paths
+    assert {
+        "/internal/v1/manifest",
+        "/internal/v1/jobs/{job_id}/claim",
+        "/internal/v1/jobs/{job_id}/result",
+        "/internal/v1/syncs/{sync_id}/claim",
+    } <= paths
     assert all(path.startswith("/internal/v1/") for path in paths)
     assert schema["components"]["securitySchemes"]["MachineToken"]["scheme"] == "bearer"
-    assert all(op.get("security") == [{"MachineToken": []}] for path, _, op in operations(schema)
-               if path != "/internal/v1/join")
+    assert all(
+        op.get("security") == [{"MachineToken": []}]
+        for path, _, op in operations(schema)
+        if path != "/internal/v1/join"
+    )
     join = schema["paths"]["/internal/v1/join"]["post"]  # a new host has a join token, no machine token yet
     assert join["security"] == [{"JoinToken": []}]
     assert url not in client.get("/openapi.json").json()["paths"]

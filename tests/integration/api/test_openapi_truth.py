@@ -68,8 +68,11 @@ def test_every_operation_lists_its_error_statuses_with_the_common_body(api: tupl
 def test_the_schema_states_the_limits_the_server_enforces(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
     schema = client.get("/openapi.json").json()
-    [txt2img] = [v for v in schema["components"]["schemas"]["JobCreate"]["oneOf"]
-                 if v["properties"]["kind"]["const"] == "txt2img"]
+    [txt2img] = [
+        v
+        for v in schema["components"]["schemas"]["JobCreate"]["oneOf"]
+        if v["properties"]["kind"]["const"] == "txt2img"
+    ]
     params = txt2img["properties"]["params"]
     assert params["additionalProperties"] is False and params["required"] == ["prompt"]
     steps = params["properties"]["steps"]["anyOf"][0]
@@ -81,18 +84,22 @@ def test_the_schema_states_the_limits_the_server_enforces(api: tuple[TestClient,
     assert txt2img["properties"]["target"]["enum"] == ["m1", "server", "auto"]
     # Each limit stated is the one enforced: one past it is refused, naming it.
     bring_online(ctx, "server", {MODEL})
-    for params_past, reason in (({"steps": LIMITS.max_steps + 1}, "invalid_steps"),
-                                ({"width": 12}, "invalid_width"), ({"prompt": "x" * 51}, "invalid_prompt"),
-                                ({"scheduler": "ddim"}, "unknown_param")):
-        answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img",
-                                               "params": {"prompt": "a", **params_past}})
+    for params_past, reason in (
+        ({"steps": LIMITS.max_steps + 1}, "invalid_steps"),
+        ({"width": 12}, "invalid_width"),
+        ({"prompt": "x" * 51}, "invalid_prompt"),
+        ({"scheduler": "ddim"}, "unknown_param"),
+    ):
+        answer = client.post(
+            "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", **params_past}}
+        )
         assert (answer.status_code, answer.json()["error"]["reason"]) == (422, reason)
     machine = schema["paths"]["/v1/machines/{machine}/residency"]["get"]["parameters"][0]
     assert machine["schema"]["enum"] == ["m1", "server"]
 
 
 def test_options_lists_every_method_of_the_path_and_other_methods_are_405(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, _ctx = api
     ooms = client.options("/v1/ooms")
@@ -150,8 +157,11 @@ def test_result_urls_never_come_from_the_host_header(settings: Settings, tiny_mo
         thread.start()
         try:
             with TestClient(create_app(ctx.settings, ctx), headers=AUTH) as client:
-                answer = client.post("/v1/images/generations", headers={"Host": "evil.example"},
-                                     json={"prompt": "a", "model": MODEL, "response_format": "url"})
+                answer = client.post(
+                    "/v1/images/generations",
+                    headers={"Host": "evil.example"},
+                    json={"prompt": "a", "model": MODEL, "response_format": "url"},
+                )
         finally:
             stop.set()
             thread.join()
@@ -193,15 +203,19 @@ def test_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     assert ctx.journal.list() == []
 
 
-@pytest.mark.parametrize(("method", "path", "body", "field"), [
-    ("post", "/hf", {"inputs": "a", "parameters": {"guidance_scale": False}}, "guidance_scale"),
-    ("post", "/v1/images/generations", {"prompt": "a", "steps": True}, "steps"),
-    ("post", "/v1/completions", {"prompt": "a", "max_tokens": True}, "max_tokens"),
-    ("post", "/generate", {"inputs": "a", "parameters": {"max_new_tokens": True}}, "max_new_tokens"),
-    ("post", "/v1/jobs", {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "steps": True}}, "steps"),
-])
-def test_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContext], method: str, path: str,
-                                                       body: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("post", "/hf", {"inputs": "a", "parameters": {"guidance_scale": False}}, "guidance_scale"),
+        ("post", "/v1/images/generations", {"prompt": "a", "steps": True}, "steps"),
+        ("post", "/v1/completions", {"prompt": "a", "max_tokens": True}, "max_tokens"),
+        ("post", "/generate", {"inputs": "a", "parameters": {"max_new_tokens": True}}, "max_new_tokens"),
+        ("post", "/v1/jobs", {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "steps": True}}, "steps"),
+    ],
+)
+def test_a_boolean_is_no_number_on_any_route(
+    api: tuple[TestClient, ServerContext], method: str, path: str, body: dict[str, Any], field: str
+) -> None:
     """Pydantic's lax mode would read ``false`` as 0.0 (the fuzz run's stateful phase got an image
     for ``"guidance_scale": false``): every request body refuses a boolean where the schema says
     number (app/core/request_body.py), with a 422 naming the field; nothing runs (a refused
@@ -213,13 +227,17 @@ def test_a_boolean_is_no_number_on_any_route(api: tuple[TestClient, ServerContex
     assert [job.state for job in ctx.journal.list()] == (["rejected"] if path == "/v1/jobs" else [])
 
 
-@pytest.mark.parametrize(("path", "body", "field"), [
-    ("/generate_stream", {"inputs": "a", "stream": 0}, "stream"),
-    ("/generate", {"inputs": "a", "parameters": {"return_full_text": 0}}, "return_full_text"),
-    ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream"),
-])
-def test_a_number_or_a_word_is_no_boolean(api: tuple[TestClient, ServerContext], path: str, body: dict[str, Any],
-                                          field: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/generate_stream", {"inputs": "a", "stream": 0}, "stream"),
+        ("/generate", {"inputs": "a", "parameters": {"return_full_text": 0}}, "return_full_text"),
+        ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream"),
+    ],
+)
+def test_a_number_or_a_word_is_no_boolean(
+    api: tuple[TestClient, ServerContext], path: str, body: dict[str, Any], field: str
+) -> None:
     """Lax mode would read ``0`` or ``"yes"`` as a boolean (the fuzz run's negative phase had
     ``"stream": 0`` stream events, once a text model was in its fleet): a 422 naming the field,
     nothing submitted (app/core/request_body.py)."""

@@ -25,17 +25,24 @@ from tests.helpers import TEST_API_KEY, bring_online, make_fleet, wait_for
 MODEL = "tiny-sd"
 CI_KEY = "ci-key-0123456789abcdef"
 GPU_KEY = "gpu-key-0123456789abcdef"
-QUEUED_MESSAGE = ("api key 'ci' is over its quota max_queued_jobs=1 (1 queued or running); "
-                  "retry once one of its jobs has ended")
+QUEUED_MESSAGE = (
+    "api key 'ci' is over its quota max_queued_jobs=1 (1 queued or running); retry once one of its jobs has ended"
+)
 
 
 @pytest.fixture
 def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
-    settings = Settings(**{
-        **settings.model_dump(), "api_keys": [CI_KEY, GPU_KEY, TEST_API_KEY], "retry_after_s": 1,
-        "api_key_quotas": {"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1},
-                           "gpu": {"key_prefix": "gpu-key-", "max_gpu_seconds_per_hour": 10}},
-    })
+    settings = Settings(
+        **{
+            **settings.model_dump(),
+            "api_keys": [CI_KEY, GPU_KEY, TEST_API_KEY],
+            "retry_after_s": 1,
+            "api_key_quotas": {
+                "ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1},
+                "gpu": {"key_prefix": "gpu-key-", "max_gpu_seconds_per_hour": 10},
+            },
+        }
+    )
     ctx = build_context(settings, make_fleet("m1"), migrate=True)
     ctx.registry.add(tiny_models_dir / MODEL, MODEL)
     bring_online(ctx, "server", {MODEL})
@@ -44,8 +51,11 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
 
 
 def post_job(client: TestClient, key: str, prompt: str = "a cat") -> object:
-    return client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": prompt}},
-                       headers={"Authorization": f"Bearer {key}"})
+    return client.post(
+        "/v1/jobs",
+        json={"model": MODEL, "kind": "txt2img", "params": {"prompt": prompt}},
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 def rejected(ctx: ServerContext, reason: str) -> list[str]:
@@ -62,7 +72,7 @@ def homefleet_client(client: TestClient, key: str) -> HomefleetClient:
 
 
 def test_post_jobs_over_the_queued_quota_is_429_with_retry_after_and_names_the_quota(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, ctx = api
     first = post_job(client, CI_KEY)
@@ -87,7 +97,7 @@ def test_post_jobs_over_the_queued_quota_is_429_with_retry_after_and_names_the_q
 
 
 def test_the_gpu_seconds_quota_answers_when_the_hours_usage_will_have_expired(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     client, ctx = api
     done = post_job(client, GPU_KEY).json()["id"]
@@ -127,7 +137,7 @@ def test_openai_sdk_sees_a_rate_limit_error_with_retry_after(api: tuple[TestClie
 
 
 def test_openai_sdk_default_retries_wait_the_retry_after_and_one_call_makes_one_job(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     """With ``max_retries=2`` (the default) the SDK retries a 429 after its Retry-After (1 s
     here). Still over the quota, the call ends in RateLimitError after 3 attempts, each refused
@@ -170,7 +180,7 @@ def test_openai_sdk_default_retries_wait_the_retry_after_and_one_call_makes_one_
 
 
 def test_openai_sdk_does_not_retry_a_gpu_quota_whose_retry_after_is_beyond_its_limit(
-    api: tuple[TestClient, ServerContext]
+    api: tuple[TestClient, ServerContext],
 ) -> None:
     """The SDK honours a Retry-After of at most 2 minutes; a GPU-seconds quota that clears in an
     hour is reported at once, with the hint, instead of being retried in vain."""
@@ -192,8 +202,14 @@ def test_openai_sdk_does_not_retry_a_gpu_quota_whose_retry_after_is_beyond_its_l
 @pytest.fixture
 def text_api(settings: Settings, tiny_text_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
     """The app with a tiny text model on the server machine; key 'ci' may have one job at once."""
-    settings = Settings(**{**settings.model_dump(), "api_keys": [CI_KEY], "retry_after_s": 1,
-                           "api_key_quotas": {"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1}}})
+    settings = Settings(
+        **{
+            **settings.model_dump(),
+            "api_keys": [CI_KEY],
+            "retry_after_s": 1,
+            "api_key_quotas": {"ci": {"key_prefix": "ci-key-", "max_queued_jobs": 1}},
+        }
+    )
     ctx = build_context(settings, make_fleet(families=frozenset({"llama"})), migrate=True)
     ctx.registry.add(tiny_text_dir / "tiny-llama", "tiny-llama")
     bring_online(ctx, "server", {"tiny-llama"})
@@ -202,21 +218,23 @@ def text_api(settings: Settings, tiny_text_dir: Path) -> Iterator[tuple[TestClie
 
 
 def test_the_text_routes_answer_a_key_over_its_quota_with_429_in_their_shapes(
-    text_api: tuple[TestClient, ServerContext]
+    text_api: tuple[TestClient, ServerContext],
 ) -> None:
     """OpenAI's completions and chat completions (also streaming: refused before any stream
     starts) raise RateLimitError in the SDK; TGI's routes answer its shape, ``overloaded``."""
     import openai
 
     client, ctx = text_api
-    held = client.post("/v1/jobs", json={"model": "tiny-llama", "kind": "text",
-                                         "params": {"prompt": "hold", "max_new_tokens": 4}})
+    held = client.post(
+        "/v1/jobs", json={"model": "tiny-llama", "kind": "text", "params": {"prompt": "hold", "max_new_tokens": 4}}
+    )
     assert held.status_code == 202, held.text
     sdk = openai.OpenAI(api_key=CI_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
     for stream in (False, True):
         with pytest.raises(openai.RateLimitError) as chat:
-            sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
-                                        max_tokens=4, stream=stream)
+            sdk.chat.completions.create(
+                model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=stream
+            )
         assert chat.value.code == "quota_queued" and chat.value.response.headers["retry-after"] == "1"
         with pytest.raises(openai.RateLimitError) as completion:
             sdk.completions.create(model="tiny-llama", prompt="hi", max_tokens=4, stream=stream)

@@ -33,8 +33,9 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
 
 
 def submit(client: TestClient, target: str, model: str = MODEL, **params: object) -> dict:
-    answer = client.post("/v1/jobs", json={"model": model, "kind": "txt2img", "params": {"prompt": "x", **params},
-                                           "target": target})
+    answer = client.post(
+        "/v1/jobs", json={"model": model, "kind": "txt2img", "params": {"prompt": "x", **params}, "target": target}
+    )
     return {"status": answer.status_code, **answer.json()}
 
 
@@ -63,8 +64,10 @@ def test_r16_commitments_refused_with_409_while_work_is_queued(api: tuple[TestCl
 
 def test_r16_unknown_machine_or_model_is_404(api: tuple[TestClient, ServerContext]) -> None:
     client, _ = api
-    assert client.put("/v1/machines/nope/residency", json={"models": [MODEL]}).json()["error"]["reason"] == \
-        "unknown_machine"
+    assert (
+        client.put("/v1/machines/nope/residency", json={"models": [MODEL]}).json()["error"]["reason"]
+        == "unknown_machine"
+    )
     assert client.put("/v1/machines/m1/residency", json={"models": ["nope"]}).status_code == 404
 
 
@@ -99,8 +102,15 @@ def test_r21_remembered_oom_refuses_same_or_larger_and_auto_skips(api: tuple[Tes
     refused = submit(client, "m1", width=128, height=128)
     assert refused["status"] == 422 and refused["error"]["reason"] == "remembered_oom"
     assert submit(client, "m1", width=64, height=64)["status"] == 202  # smaller still runs there
-    decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
-                                                          "params": {"prompt": "x", "width": 128, "height": 128}})
+    decision = client.post(
+        "/v1/jobs?dry_run=true",
+        json={
+            "model": MODEL,
+            "kind": "txt2img",
+            "target": "auto",
+            "params": {"prompt": "x", "width": 128, "height": 128},
+        },
+    )
     assert decision.json()["machines"]["m1"]["reason"] == "remembered_oom"
     [listed] = client.get("/v1/ooms").json()
     assert (listed["machine"], listed["model_id"], listed["size"], listed["job_id"]) == ("m1", MODEL, 16384, "job-1")

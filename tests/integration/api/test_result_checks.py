@@ -42,16 +42,21 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
 
 
 def running_job(client: TestClient) -> str:
-    job = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": "m1",
-                                        "params": {"prompt": "a result", "steps": 2}}).json()
+    job = client.post(
+        "/v1/jobs",
+        json={"model": MODEL, "kind": "txt2img", "target": "m1", "params": {"prompt": "a result", "steps": 2}},
+    ).json()
     assert client.post(f"/internal/v1/jobs/{job['id']}/claim", headers=M1).status_code == 200
     return str(job["id"])
 
 
 def upload(client: TestClient, job_id: str, data: bytes, name: str = "r.png") -> object:
-    return client.post(f"/internal/v1/jobs/{job_id}/result", headers=M1,
-                       data={"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "false"},
-                       files={"file": (name, data, "application/octet-stream")})
+    return client.post(
+        f"/internal/v1/jobs/{job_id}/result",
+        headers=M1,
+        data={"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "false"},
+        files={"file": (name, data, "application/octet-stream")},
+    )
 
 
 def video(frames: int = 8) -> bytes:
@@ -69,8 +74,9 @@ INVALID = {
 
 
 @pytest.mark.parametrize("kind", list(INVALID))
-def test_a_result_that_does_not_decode_fails_the_job_result_invalid(api: tuple[TestClient, ServerContext],
-                                                                     kind: str) -> None:
+def test_a_result_that_does_not_decode_fails_the_job_result_invalid(
+    api: tuple[TestClient, ServerContext], kind: str
+) -> None:
     client, ctx = api
     job_id = running_job(client)
     answer = upload(client, job_id, INVALID[kind]())

@@ -35,8 +35,9 @@ def auth(ctx: ServerContext, machine: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {ctx.fleet.machines[machine].token}", "X-Homefleet-Machine": machine}
 
 
-def task_events(ctx: ServerContext, action: Callable[[], object], wanted: int, timeout_s: float = 30.0
-                ) -> list[dict[str, Any]]:
+def task_events(
+    ctx: ServerContext, action: Callable[[], object], wanted: int, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
     """Run ``action`` while a Celery event receiver listens (as Flower's does); the task events
     that arrive, until ``wanted`` of them or ``timeout_s``. On Redis, events are a fan-out
     (publish/subscribe): the receiver must be subscribed first, so a probe event is sent until
@@ -52,6 +53,7 @@ def task_events(ctx: ServerContext, action: Callable[[], object], wanted: int, t
         listener = threading.Thread(target=listen, daemon=True)
         listener.start()
         try:
+
             def probe_heard() -> bool:
                 with ctx.celery.events.default_dispatcher(hostname="probe@test") as dispatcher:
                     dispatcher.send("probe-ready")
@@ -87,8 +89,9 @@ def test_c11_a_revoke_reported_by_a_machine_cancels_its_own_queued_job_only(
     own, other = submitted(ctx, model, "m1"), submitted(ctx, model, "m2")
 
     def report() -> None:
-        answer = client.post("/internal/v1/revocations", headers=auth(ctx, "m1"),
-                             json={"job_ids": [own, other, "f" * 32]})
+        answer = client.post(
+            "/internal/v1/revocations", headers=auth(ctx, "m1"), json={"job_ids": [own, other, "f" * 32]}
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"ended": {own: "cancelled"}}
 
@@ -115,8 +118,11 @@ def test_c11_a_terminated_running_job_is_interrupted_and_a_running_one_revoked_w
     assert ctx.journal.state_of(job_id) == JobState.running and ctx.machines.reservations.count("m1") == 1
 
     def terminated() -> None:
-        answer = client.post("/internal/v1/revocations", headers=auth(ctx, "m1"),
-                             json={"job_ids": [job_id], "terminated": True, "announced": True})
+        answer = client.post(
+            "/internal/v1/revocations",
+            headers=auth(ctx, "m1"),
+            json={"job_ids": [job_id], "terminated": True, "announced": True},
+        )
         assert answer.json() == {"ended": {job_id: "interrupted"}}
 
     assert task_events(ctx, terminated, wanted=1, timeout_s=2) == []  # Celery's worker sent task-revoked itself
@@ -124,21 +130,24 @@ def test_c11_a_terminated_running_job_is_interrupted_and_a_running_one_revoked_w
     assert (job.state, job.reason) == (JobState.interrupted, "terminated")
     assert "terminate" in (job.message or "")
     assert ctx.machines.reservations.count("m1") == 0
-    again = client.post("/internal/v1/revocations", headers=auth(ctx, "m1"),
-                        json={"job_ids": [job_id], "terminated": True})
+    again = client.post(
+        "/internal/v1/revocations", headers=auth(ctx, "m1"), json={"job_ids": [job_id], "terminated": True}
+    )
     assert again.json() == {"ended": {}}  # ended jobs stay as they ended
 
 
 def test_c11_a_revocation_report_is_bounded_and_needs_the_machine_token(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
-    too_many = client.post("/internal/v1/revocations", headers=auth(ctx, "m1"),
-                           json={"job_ids": [f"{i:032x}" for i in range(101)]})
+    too_many = client.post(
+        "/internal/v1/revocations", headers=auth(ctx, "m1"), json={"job_ids": [f"{i:032x}" for i in range(101)]}
+    )
     assert too_many.status_code == 422 and "job_ids" in too_many.text
     assert client.post("/internal/v1/revocations", json={"job_ids": ["x"]}).status_code == 401  # an API key is no token
 
 
-def test_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClient, ServerContext],
-                                                            tiny_models_dir: Path) -> None:
+def test_the_server_tells_flower_of_the_jobs_it_ends(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
     """A cancel through the API sends ``task-revoked``; reconciliation's ``worker_lost`` sends
     ``task-failed`` naming the reason, its ``purged`` ``task-revoked``, so Flower shows neither
     PENDING nor STARTED forever."""
@@ -150,8 +159,9 @@ def test_the_server_tells_flower_of_the_jobs_it_ends(api: tuple[TestClient, Serv
     assert (revoked["type"], revoked["uuid"]) == ("task-revoked", queued)
     assert ctx.journal.get(queued).reason == "cancelled"
 
-    lost = ctx.journal.add(Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1",
-                               machine="m1"))
+    lost = ctx.journal.add(
+        Job(state=JobState.queued, model_id=model, kind="txt2img", params={}, target="m1", machine="m1")
+    )
     ctx.journal.claim(lost.id, "m1")
     ctx.redis.delete(ctx.keys.heartbeat("m1"))  # its worker is gone
     ctx.redis.set(ctx.keys.redis_seen(), repr(time.time() - 3600))  # Redis kept its data for an hour

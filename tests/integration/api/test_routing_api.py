@@ -33,8 +33,9 @@ VIDEO = "tiny-video"
 PIXELS = 64 * 64
 
 
-def machine(name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset[str] = FAMILIES,
-            dedicated: bool = False) -> Machine:
+def machine(
+    name: str, *, memory_bytes: int = 4_000_000_000, families: frozenset[str] = FAMILIES, dedicated: bool = False
+) -> Machine:
     return Machine(
         name=name,
         backend="cuda" if dedicated else "cpu",
@@ -49,8 +50,12 @@ def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str,
     """The environment that points a `homefleet` command at this test's fleet, Redis and journal."""
     fleet_file = tmp_path / "fleet.toml"
     write_private(fleet_file, ctx.fleet.to_toml())
-    env = {"HOMEFLEET_DATA_DIR": str(settings.data_dir), "HOMEFLEET_REDIS_URL": settings.redis_url,
-           "HOMEFLEET_FLEET_FILE": str(fleet_file), "COLUMNS": "200"}
+    env = {
+        "HOMEFLEET_DATA_DIR": str(settings.data_dir),
+        "HOMEFLEET_REDIS_URL": settings.redis_url,
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "COLUMNS": "200",
+    }
     if settings.database_url:
         env["HOMEFLEET_DATABASE_URL"] = settings.database_url
     return env
@@ -58,11 +63,22 @@ def cli_env(ctx: ServerContext, settings: Settings, tmp_path: Path) -> dict[str,
 
 @pytest.fixture
 def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[tuple[TestClient, ServerContext]]:
-    fleet = Fleet(machines={m.name: m for m in [
-        machine("server"), machine("m1"), machine("m2"), machine("off"), machine("small", memory_bytes=200_000_000),
-        machine("nosd", families=frozenset({"sd-upscale"})), machine("gpu", dedicated=True), machine("resv"),
-        machine("oomy"),
-    ]})
+    fleet = Fleet(
+        machines={
+            m.name: m
+            for m in [
+                machine("server"),
+                machine("m1"),
+                machine("m2"),
+                machine("off"),
+                machine("small", memory_bytes=200_000_000),
+                machine("nosd", families=frozenset({"sd-upscale"})),
+                machine("gpu", dedicated=True),
+                machine("resv"),
+                machine("oomy"),
+            ]
+        }
+    )
     ctx = build_context(settings, fleet, migrate=True)
     ctx.machines.residency = StaticResidencyFacts(
         committed={"gpu": frozenset({VIDEO}), "resv": frozenset({MODEL})},
@@ -155,8 +171,14 @@ def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[Tes
     rows = decision["machines"]
     assert set(rows) == set(ctx.fleet.machines)
     reasons = {name: row.get("reason") for name, row in rows.items() if not row["eligible"]}
-    assert reasons == {"off": "machine_unavailable", "m1": "model_not_verified", "nosd": "family_not_supported",
-                       "small": "too_large", "gpu": "residency_conflict", "oomy": "remembered_oom"}
+    assert reasons == {
+        "off": "machine_unavailable",
+        "m1": "model_not_verified",
+        "nosd": "family_not_supported",
+        "small": "too_large",
+        "gpu": "residency_conflict",
+        "oomy": "remembered_oom",
+    }
     assert {name for name, row in rows.items() if row["eligible"]} == {"server", "m2", "resv"}
     assert decision["machine"] in {"server", "m2", "resv"}
     assert all(rows[n]["run_s"] > 0 and rows[n]["cold_load_s"] > 0 for n in ("server", "m2", "resv"))
@@ -164,7 +186,8 @@ def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[Tes
 
 
 def test_r11_r12_the_dry_run_shows_every_machines_memory_figures_in_readable_units(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     """Every machine, eligible or not, with the figures that decided: the model's weights as its
     variant loads (priced at registration), the job's working memory, what its warm models hold
     and its usable memory, in bytes and as text in MiB/GiB (never "0.0 GB" for a tiny model)."""
@@ -188,7 +211,8 @@ def test_r11_r12_the_dry_run_shows_every_machines_memory_figures_in_readable_uni
     assert decision["machines"]["small"]["memory"]["text"].endswith("; 191 MiB usable")
     assert decision["machines"]["server"]["memory"]["text"] == (
         f"weights {readable_bytes(weights)} + working {readable_bytes(memory.working_bytes)}; "
-        "warm models hold 0 B; 3.7 GiB usable")
+        "warm models hold 0 B; 3.7 GiB usable"
+    )
     assert readable_bytes(weights) == "3.8 MiB"
 
 
@@ -237,10 +261,18 @@ def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: 
 def _upload(client: TestClient, job_id: str, token: dict[str, str], *, load_s: float, run_s: float, cold: bool) -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buffer, format="PNG")
-    form = {"digest": bytes_digest(buffer.getvalue()), "load_s": str(load_s), "run_s": str(run_s),
-            "cold_load": str(cold).lower()}
-    done = client.post(f"/internal/v1/jobs/{job_id}/result", headers=token, data=form,
-                       files={"file": ("result", buffer.getvalue(), "image/png")})
+    form = {
+        "digest": bytes_digest(buffer.getvalue()),
+        "load_s": str(load_s),
+        "run_s": str(run_s),
+        "cold_load": str(cold).lower(),
+    }
+    done = client.post(
+        f"/internal/v1/jobs/{job_id}/result",
+        headers=token,
+        data=form,
+        files={"file": ("result", buffer.getvalue(), "image/png")},
+    )
     assert done.status_code == 200, done.text
 
 
@@ -275,8 +307,11 @@ def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
     client, ctx = api
     guess = ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
     accepted, token = _claimed(client, ctx)
-    failed = client.post(f"/internal/v1/jobs/{accepted['id']}/failure", headers=token,
-                         json={"reason": "error", "message": "boom", **reported})
+    failed = client.post(
+        f"/internal/v1/jobs/{accepted['id']}/failure",
+        headers=token,
+        json={"reason": "error", "message": "boom", **reported},
+    )
     assert failed.status_code == 200, failed.text
     assert failed.json()["state"] == "failed" and ctx.machines.reservations.count("m2") == 0
     assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess
@@ -285,8 +320,12 @@ def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
 
 def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
-    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"},
-                                         "target": "server"}).json()["id"] for _ in range(2)]
+    ids = [
+        client.post(
+            "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "server"}
+        ).json()["id"]
+        for _ in range(2)
+    ]
     ctx.journal.transition(ids[0], [JobState.queued], JobState.cancelled)  # ended without a release
     assert ctx.machines.reservations.reconcile(ctx.fleet.machines, ctx.journal) == [ids[0]]
     assert [job_id for job_id, _ in ctx.machines.reservations.records("server")] == [ids[1]]
@@ -295,8 +334,10 @@ def test_r14_reconciliation_releases_reservations_of_ended_jobs(api: tuple[TestC
 def test_r13_the_fleet_configs_model_guesses_price_a_job_until_it_is_measured(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
-    fleet = Fleet(machines={m.name: m for m in [machine("server"), machine("m1")]},
-                  models={MODEL: ModelGuess(step_s=16.0, load_s=3.0)})  # 1 s per step at 64x64 (as at 256x256)
+    fleet = Fleet(
+        machines={m.name: m for m in [machine("server"), machine("m1")]},
+        models={MODEL: ModelGuess(step_s=16.0, load_s=3.0)},
+    )  # 1 s per step at 64x64 (as at 256x256)
     ctx = build_context(settings, fleet, migrate=True)
     try:
         ctx.registry.add(tiny_models_dir / MODEL, MODEL)
@@ -308,8 +349,9 @@ def test_r13_the_fleet_configs_model_guesses_price_a_job_until_it_is_measured(
             settings, Fleet(machines=fleet.machines), migrate=True
         )  # no guess: the sd1 family's figure
         try:
-            other = plain.dispatcher.submit(MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64},
-                                            "m1").job
+            other = plain.dispatcher.submit(
+                MODEL, "txt2img", {"prompt": "x", "steps": 4, "width": 64, "height": 64}, "m1"
+            ).job
         finally:
             plain.close()
         assert other.predicted_run_s <= 0.25 and other.predicted_load_s < 0.1  # the family figure: 16x smaller
@@ -386,8 +428,12 @@ def test_r8_status_shows_queued_as_llen_and_running_apart_and_the_drain_time(
 
     client, ctx = api
     bring_online(ctx, "m2", {MODEL, VIDEO}, warm=(MODEL,))
-    ids = [client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4},
-                                         "target": "m2"}).json()["id"] for _ in range(3)]
+    ids = [
+        client.post(
+            "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": 4}, "target": "m2"}
+        ).json()["id"]
+        for _ in range(3)
+    ]
     token = {"Authorization": f"Bearer {ctx.fleet.machines['m2'].token}"}
     client.post(f"/internal/v1/jobs/{ids[0]}/claim", headers=token)
     ctx.redis.rpop(ctx.keys.queue_list("m2"))  # the worker took the first message

@@ -48,8 +48,9 @@ def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient,
 
 
 def submit(client: TestClient, target: str = "m1", **params: object) -> object:
-    return client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
-                                         "params": {"prompt": "a cat", **params}})
+    return client.post(
+        "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target, "params": {"prompt": "a cat", **params}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -98,8 +99,10 @@ def test_r22_a_param_the_kind_does_not_use_is_refused_and_journaled_naming_it_an
 ) -> None:
     client, ctx = api
     online(ctx, "m1")
-    dry = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "m1",
-                                                      "params": {"prompt": "a cat", **params}})
+    dry = client.post(
+        "/v1/jobs?dry_run=true",
+        json={"model": MODEL, "kind": "txt2img", "target": "m1", "params": {"prompt": "a cat", **params}},
+    )
     assert dry.status_code == 422 and dry.json()["error"]["reason"] == "unknown_param"
     response = submit(client, **params)
     assert response.status_code == 422
@@ -109,8 +112,10 @@ def test_r22_a_param_the_kind_does_not_use_is_refused_and_journaled_naming_it_an
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.id) == (JobState.rejected, "unknown_param", error["job_id"])
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0
-    assert submit(client, seed=7, steps=2, guidance_scale=3.0, negative_prompt="dog", width=64,
-                  height=64).status_code == 202
+    assert (
+        submit(client, seed=7, steps=2, guidance_scale=3.0, negative_prompt="dog", width=64, height=64).status_code
+        == 202
+    )
 
 
 def test_r22_server_set_output_size_is_added_and_accepted_back_on_an_edit(
@@ -157,8 +162,9 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         )
         assert "parameters.scheduler is not supported" in unknown.json()["error"]["message"]
         assert "guidance_scale" in unknown.json()["error"]["message"]
-        client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"guidance_scale": 3.5,
-                                                                                "num_inference_steps": 1}})
+        client.post(
+            f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"guidance_scale": 3.5, "num_inference_steps": 1}}
+        )
         hf_job = max(ctx.journal.list([JobState.queued]), key=lambda job: job.created_at)
         assert (hf_job.params["guidance_scale"], hf_job.params["steps"]) == (3.5, 1)
 
@@ -208,14 +214,19 @@ def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Sett
         Image.new("RGB", (64, 48)).save(buffer, format="JPEG")
         jpeg = client.post("/v1/files", files={"file": ("a.jpg", buffer.getvalue(), "image/jpeg")})
         assert jpeg.status_code == 201  # POST /v1/files knows no model: only max_input_bytes applies
-        body = {"model": edit_model, "kind": "edit", "target": "server",
-                "params": {"prompt": "blue", "image": jpeg.json()["id"]}}
+        body = {
+            "model": edit_model,
+            "kind": "edit",
+            "target": "server",
+            "params": {"prompt": "blue", "image": jpeg.json()["id"]},
+        }
         refused = client.post("/v1/jobs", json=body)
         assert refused.status_code == 422
         error = refused.json()["error"]
         assert error["reason"] == "invalid_image"
-        assert error["message"] == (f"params.image: `image` must be at most 100 bytes (max_upload_bytes), "
-                                    f"got {jpeg.json()['size_bytes']}")
+        assert error["message"] == (
+            f"params.image: `image` must be at most 100 bytes (max_upload_bytes), got {jpeg.json()['size_bytes']}"
+        )
         assert [job.reason for job in ctx.journal.list([JobState.rejected])] == ["invalid_image"]
         assert ctx.journal.list([JobState.queued]) == [] and ctx.redis.llen(ctx.keys.queue_list("server")) == 0
 
@@ -238,8 +249,10 @@ def test_r23_a_full_machine_answers_429_with_retry_after_and_auto_skips_it(
         # Auto skips m1 (full) and names why in the dry run.
         accepted = submit(client, target="auto").json()
         assert accepted["machine"] == "m2"
-        decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
-                                                               "params": {"prompt": "x"}}).json()
+        decision = client.post(
+            "/v1/jobs?dry_run=true",
+            json={"model": MODEL, "kind": "txt2img", "target": "auto", "params": {"prompt": "x"}},
+        ).json()
         assert decision["machines"]["m1"]["reason"] == "queue_full"
         submit(client, target="m2")
         everything_full = submit(client, target="auto")
@@ -306,8 +319,11 @@ def test_r24_metrics_count_queue_size_rejections_and_request_durations(api: tupl
     assert 'homefleet_running_jobs{machine="m1"} 0.0' in text
     assert 'homefleet_rejections_total{reason="invalid_width"} 1.0' in text
     assert 'homefleet_request_duration_seconds_count{method="POST",route="/v1/jobs",status="202"} 2.0' in text
-    samples = {(s.name, s.labels.get("machine")): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, s.labels.get("machine")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     assert samples[("homefleet_verified_bytes", "m1")] == ctx.registry.get(MODEL).total_bytes > 0
     assert samples[("homefleet_verified_bytes", "m2")] == 0
 
@@ -354,9 +370,12 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     client, ctx = api
     online(ctx, "m1")
     body = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "size": "500x512"}).json()
-    assert body["error"] == {"message": "`size` (width) must be a multiple of 8 and at least 8 pixels, got 500",
-                             "type": "invalid_request_error", "param": "size",  # the client's field
-                             "code": "invalid_width"}
+    assert body["error"] == {
+        "message": "`size` (width) must be a multiple of 8 and at least 8 pixels, got 500",
+        "type": "invalid_request_error",
+        "param": "size",  # the client's field
+        "code": "invalid_width",
+    }
     shape = client.post("/v1/images/generations", json={"prompt": "x", "size": "big"}).json()["error"]
     assert (shape["param"], shape["code"]) == ("size", "invalid_size")
     missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]

@@ -20,8 +20,16 @@ def ctx(sql_ctx: ServerContext) -> ServerContext:
 
 
 def queued_job(ctx: ServerContext, machine: str = "m1") -> Job:
-    return ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x"},
-                               target=machine, machine=machine))
+    return ctx.journal.add(
+        Job(
+            state=JobState.queued,
+            model_id="tiny-sd",
+            kind="txt2img",
+            params={"prompt": "x"},
+            target=machine,
+            machine=machine,
+        )
+    )
 
 
 def test_r19_a_job_is_claimed_once_and_a_second_claim_changes_nothing(ctx: ServerContext) -> None:
@@ -102,17 +110,42 @@ def test_r19_add_writes_the_job_as_given_with_its_first_event(ctx: ServerContext
     assert stored.model_dump() == job.model_dump()  # every column, defaults (id, created_at) included
     assert stored.provenance is None and stored.params == {"prompt": "x", "seed": 7}
     assert [(e.event, e.detail) for e in ctx.journal.events(job.id)] == [("queued", "")]
-    refused = ctx.journal.add(Job(state=JobState.rejected, model_id="tiny-sd", kind="txt2img", params={}, target="m9",
-                                  reason="unknown_machine", message="no m9"))
+    refused = ctx.journal.add(
+        Job(
+            state=JobState.rejected,
+            model_id="tiny-sd",
+            kind="txt2img",
+            params={},
+            target="m9",
+            reason="unknown_machine",
+            message="no m9",
+        )
+    )
     assert [(e.event, e.detail) for e in ctx.journal.events(refused.id)] == [("rejected", "unknown_machine")]
 
 
 def test_r20_add_refuses_a_taken_idempotency_key_and_writes_nothing(ctx: ServerContext) -> None:
     first = queued_job(ctx)
-    ctx.journal.add(Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1",
-                        machine="m1", idempotency_key="same"))
-    second = Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={}, target="m1", machine="m1",
-                 idempotency_key="same")
+    ctx.journal.add(
+        Job(
+            state=JobState.queued,
+            model_id="tiny-sd",
+            kind="txt2img",
+            params={},
+            target="m1",
+            machine="m1",
+            idempotency_key="same",
+        )
+    )
+    second = Job(
+        state=JobState.queued,
+        model_id="tiny-sd",
+        kind="txt2img",
+        params={},
+        target="m1",
+        machine="m1",
+        idempotency_key="same",
+    )
     with pytest.raises(IntegrityError):
         ctx.journal.add(second)
     assert ctx.journal.state_of(second.id) is None and ctx.journal.events(second.id) == []  # one transaction
@@ -156,7 +189,8 @@ def test_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext
         seen += [job.id for job in page]
         after = page[-1].id
     assert seen == [job.id for job in jobs if job.id != jobs[3].id]
-    assert [j.id for j in ctx.journal.page([JobState.queued], machine="m1", limit=10)] == \
-        [job.id for job in jobs[1::2] if job.id != jobs[3].id]
+    assert [j.id for j in ctx.journal.page([JobState.queued], machine="m1", limit=10)] == [
+        job.id for job in jobs[1::2] if job.id != jobs[3].id
+    ]
     with pytest.raises(NotFound):
         ctx.journal.page([JobState.queued], after="no-such-job")

@@ -37,9 +37,17 @@ def test_one_leader_and_a_handover_within_a_poll(tmp_path: Path, postgres_url: s
         assert (first.leads(), second.leads()) == (True, False)  # the standby keeps trying, in vain
         # the leader's session is ended from outside (as PostgreSQL does for a killed process)
         with engines[1].connect() as admin:
-            ended = admin.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": LEADER_LOCK}).scalars().all()
+            ended = (
+                admin.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                        "AND ((classid::bigint << 32) | objid::bigint) = :key"
+                    ),
+                    {"key": LEADER_LOCK},
+                )
+                .scalars()
+                .all()
+            )
         assert ended == [True]
         deadline = time.monotonic() + 10 * POLL_S
         while not second.leads() and time.monotonic() < deadline:

@@ -72,11 +72,19 @@ def test_r13_learned_steps_taught_by_small_jobs_are_replayed_with_the_minimum_sc
             # the columns of that revision only (the ORM's Job has the newest ones)
             with engine.begin() as connection:
                 connection.execute(
-                    text("INSERT INTO job (id, state, model_id, kind, params, target, machine, created_at, run_s, "
-                         "finished_at) VALUES (:id, 'succeeded', 'tiny-sd', 'txt2img', :params, :m, :m, :at, :run_s, "
-                         ":at)"),
-                    {"id": f"job{i}", "m": machine, "run_s": run_s, "at": start + timedelta(seconds=i),
-                     "params": json.dumps({"prompt": "x", "steps": steps, "width": side, "height": side})})
+                    text(
+                        "INSERT INTO job (id, state, model_id, kind, params, target, machine, created_at, run_s, "
+                        "finished_at) VALUES (:id, 'succeeded', 'tiny-sd', 'txt2img', :params, :m, :m, :at, :run_s, "
+                        ":at)"
+                    ),
+                    {
+                        "id": f"job{i}",
+                        "m": machine,
+                        "run_s": run_s,
+                        "at": start + timedelta(seconds=i),
+                        "params": json.dumps({"prompt": "x", "steps": steps, "width": side, "height": side}),
+                    },
+                )
         with engine.begin() as connection:
             for machine, step_s in (("m1", 99999.0), ("m2", 12.5)):
                 connection.execute(
@@ -105,7 +113,8 @@ def test_a_journal_url_with_a_percent_sign_migrates(settings: Settings, tmp_path
         upgrade(engine)
         assert "learnedtiming" in inspect(engine).get_table_names()
         assert alembic_config(engine).get_main_option("sqlalchemy.url") == engine.url.render_as_string(
-            hide_password=False)
+            hide_password=False
+        )
     finally:
         engine.dispose()
 
@@ -125,8 +134,12 @@ def test_a_journal_from_before_migrations_is_stamped_and_migrated(settings: Sett
         upgrade(engine, INITIAL)
         with engine.begin() as connection:
             connection.execute(text("DROP TABLE alembic_version"))  # as a pre-migration journal is
-            connection.execute(text("INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
-                                    "updated_at) VALUES ('old', 'm', 'txt2img', 1.0, 2.0, 3, '2026-01-01')"))
+            connection.execute(
+                text(
+                    "INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, "
+                    "updated_at) VALUES ('old', 'm', 'txt2img', 1.0, 2.0, 3, '2026-01-01')"
+                )
+            )
         upgrade(engine)
         with engine.connect() as connection:
             diffs = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)

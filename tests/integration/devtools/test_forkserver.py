@@ -20,9 +20,15 @@ TOKEN = "t" * 32
 
 
 def worker_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOMEFLEET_MACHINE": "m1", "HOMEFLEET_REDIS_URL": redis_url,
-            "HOMEFLEET_WORKER_TOKEN": TOKEN, "HOMEFLEET_MODELS_DIR": str(tmp_path / "models"),
-            "HOMEFLEET_SERVER_URL": "http://127.0.0.1:9", "HOMEFLEET_HEARTBEAT_INTERVAL_S": "0.2"}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOMEFLEET_MACHINE": "m1",
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HOMEFLEET_WORKER_TOKEN": TOKEN,
+        "HOMEFLEET_MODELS_DIR": str(tmp_path / "models"),
+        "HOMEFLEET_SERVER_URL": "http://127.0.0.1:9",
+        "HOMEFLEET_HEARTBEAT_INTERVAL_S": "0.2",
+    }
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)])

@@ -28,8 +28,11 @@ def prefixed(settings: Settings, tmp_path: Path) -> Iterator[ServerContext]:
     fleet = make_fleet("m1")
     fleet_file = tmp_path / "fleet.toml"
     write_private(fleet_file, fleet.to_toml())  # for the CLI
-    context = build_context(settings.model_copy(update={"broker_key_prefix": PREFIX, "lost_grace_s": 0.0,
-                                                        "fleet_file": fleet_file}), fleet, migrate=True)
+    context = build_context(
+        settings.model_copy(update={"broker_key_prefix": PREFIX, "lost_grace_s": 0.0, "fleet_file": fleet_file}),
+        fleet,
+        migrate=True,
+    )
     context.pairing.check()  # the server's journal, as `serve` records it
     context.redis.set(context.keys.redis_seen(), time.time() - 3600)  # a Redis it knows
     yield context
@@ -105,4 +108,3 @@ def test_r19_homefleet_purge_ends_the_queued_jobs_cancelled_as_purged_at_once(
         assert (job.state, job.reason) == (JobState.cancelled, "purged")
         assert "its queue machine.m1 was purged" in (job.message or "")
     assert ctx.queues.length("m1") == 0 and ctx.machines.reservations.count("m1") == 0
-

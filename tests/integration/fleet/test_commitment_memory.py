@@ -56,7 +56,8 @@ def test_r16_a_commitment_that_fits_beside_its_largest_job_is_kept(api: tuple[Te
 
 
 def test_r16_a_commitment_that_cannot_fit_beside_its_largest_job_is_refused_naming_the_figures(
-        api: tuple[TestClient, ServerContext]) -> None:
+    api: tuple[TestClient, ServerContext],
+) -> None:
     client, ctx = api
     answer = client.put("/v1/machines/m1/residency", json={"models": [MODEL, EDIT_MODEL]})
     assert answer.status_code == 422, answer.text
@@ -65,9 +66,11 @@ def test_r16_a_commitment_that_cannot_fit_beside_its_largest_job_is_refused_nami
     weights = {m: ctx.registry.weights_bytes(m) for m in (EDIT_MODEL, MODEL)}
     need = sum(weights.values()) + 1_994_000_000  # the edit job is the largest
     assert need > SMALL_BYTES > 1_994_000_000 + weights[EDIT_MODEL]
-    assert (f"the largest job they must still run ({EDIT_MODEL} edit at its default size: "
-            f"{readable_bytes(1_994_000_000)}) need {readable_bytes(need)}, and 'm1' has "
-            f"{readable_bytes(SMALL_BYTES)} usable") in error["message"]
+    assert (
+        f"the largest job they must still run ({EDIT_MODEL} edit at its default size: "
+        f"{readable_bytes(1_994_000_000)}) need {readable_bytes(need)}, and 'm1' has "
+        f"{readable_bytes(SMALL_BYTES)} usable"
+    ) in error["message"]
     assert f"{MODEL} {readable_bytes(weights[MODEL])}" in error["message"]
     assert client.get("/v1/machines/m1/residency").json()["models"] == []  # nothing written
     # the edit model alone fits beside its own job: the other model's weights decided

@@ -27,8 +27,13 @@ from tests.helpers import held_bytes
 
 FOLDERS = {family: name for name, family in TINY_MODELS.items()}
 DIFFUSION_FAMILIES = [name for name in FAMILIES if name not in TEXT_FAMILIES]
-VARIANTS = [Variant("fp32"), Variant("bf16"), Variant("fp16"), Variant("fp32", "torchao-int8wo"),
-            Variant("bf16", "torchao-int8wo")]
+VARIANTS = [
+    Variant("fp32"),
+    Variant("bf16"),
+    Variant("fp16"),
+    Variant("fp32", "torchao-int8wo"),
+    Variant("bf16", "torchao-int8wo"),
+]
 
 
 def test_every_registered_family_has_a_tiny_pipeline_here() -> None:
@@ -38,7 +43,8 @@ def test_every_registered_family_has_a_tiny_pipeline_here() -> None:
 @pytest.mark.parametrize("variant", VARIANTS, ids=Variant.key)
 @pytest.mark.parametrize("family", DIFFUSION_FAMILIES)
 def test_the_price_of_every_family_and_variant_is_what_its_loaded_pipeline_holds(
-        family: str, variant: Variant, tiny_families_dir: Path) -> None:
+    family: str, variant: Variant, tiny_families_dir: Path
+) -> None:
     folder = tiny_families_dir / FOLDERS[family]
     held = held_bytes(load_pipeline(folder, variant.precision, variant.quantization))
     priced = component_bytes(folder, variant)
@@ -48,8 +54,9 @@ def test_the_price_of_every_family_and_variant_is_what_its_loaded_pipeline_holds
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=Variant.key)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
-def test_the_price_of_a_causal_lm_is_what_the_loaded_model_holds(family: str, variant: Variant,
-                                                                 tiny_text_dir: Path) -> None:
+def test_the_price_of_a_causal_lm_is_what_the_loaded_model_holds(
+    family: str, variant: Variant, tiny_text_dir: Path
+) -> None:
     if variant.quantization and family in UNQUANTIZABLE_TEXT_FAMILIES:
         pytest.skip("gpt2's Conv1D layers are refused a quantization (app/core/variants.py)")
     folder = tiny_text_dir / f"tiny-{family}"
@@ -65,8 +72,9 @@ def test_int8_weight_only_quantizes_only_linear_weights_and_adds_a_scale_per_row
     fp32 = component_bytes(folder, Variant("fp32"))
     unet_parameters = fp32["unet"] // 4
     assert int8["unet"] > 2 * unet_parameters  # more than twice the one-byte figure
-    assert int8["unet"] < fp32["unet"] and {k: v for k, v in int8.items() if k != "unet"} == \
-        {k: v for k, v in fp32.items() if k != "unet"}  # only the denoiser is quantized
+    assert int8["unet"] < fp32["unet"] and {k: v for k, v in int8.items() if k != "unet"} == {
+        k: v for k, v in fp32.items() if k != "unet"
+    }  # only the denoiser is quantized
 
 
 def test_wan_keeps_its_fp32_modules_at_bf16(tiny_families_dir: Path) -> None:
@@ -80,8 +88,10 @@ def test_a_lora_adapter_folder_is_priced_by_its_header_at_the_precision(tmp_path
     import torch
     from safetensors.torch import save_file
 
-    save_file({"a.lora_A.weight": torch.zeros(4, 8), "a.lora_B.weight": torch.zeros(8, 4, dtype=torch.float16)},
-              str(tmp_path / "pytorch_lora_weights.safetensors"))
+    save_file(
+        {"a.lora_A.weight": torch.zeros(4, 8), "a.lora_B.weight": torch.zeros(8, 4, dtype=torch.float16)},
+        str(tmp_path / "pytorch_lora_weights.safetensors"),
+    )
     assert loaded_bytes(tmp_path, Variant("fp32")) == 64 * 4
     assert loaded_bytes(tmp_path, Variant("bf16")) == 64 * 2
 

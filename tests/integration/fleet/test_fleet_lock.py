@@ -39,8 +39,10 @@ def submitter(settings_json: str, worker: int, start_at: float) -> list[str]:
         ctx.dispatcher.validator.tokenizers.counter(MODEL)  # the model's tokenizer, loaded before the start
         while time.time() < start_at:
             time.sleep(0.005)
-        return [ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"w{worker}-{i}"}, "auto").job.id
-                for i in range(JOBS_EACH)]
+        return [
+            ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": f"w{worker}-{i}"}, "auto").job.id
+            for i in range(JOBS_EACH)
+        ]
     finally:
         ctx.close()
 
@@ -116,8 +118,9 @@ class StallingMachineStates(MachineStates):
     stalling: Any = None  # threading.Event or multiprocessing.Event
     resume: Any = None
 
-    def snapshot(self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (),
-                 max_queued: int | None = None) -> tuple[dict[str, MachineView], list[Any]]:
+    def snapshot(
+        self, names: list[str] | None = None, also: Sequence[tuple[str, str]] = (), max_queued: int | None = None
+    ) -> tuple[dict[str, MachineView], list[Any]]:
         found = super().snapshot(names, also, max_queued)
         if self.stall_s:
             stall, self.stall_s = self.stall_s, 0.0
@@ -167,8 +170,10 @@ def test_c04_a_slow_placer_alive_keeps_the_lock_past_its_ttl(settings: Settings,
         assert isinstance(slow_job, Job) and slow_job.state == JobState.queued
         assert queue_ids(other, "m1") == [slow_job.id, placed.id]  # the slow one first: never overtaken
         assert [job_id for job_id, _ in other.machines.reservations.records("m1")] == [slow_job.id, placed.id]
-        assert {j.params["prompt"]: j.state for j in other.journal.list()} == {"slow": JobState.queued,
-                                                                               "fast": JobState.queued}
+        assert {j.params["prompt"]: j.state for j in other.journal.list()} == {
+            "slow": JobState.queued,
+            "fast": JobState.queued,
+        }
         # homefleet_fleet_lock_hold_seconds: the slow placer's one hold, at least its stall
         hold = slow_ctx.metrics.registry.get_sample_value
         assert hold("homefleet_fleet_lock_hold_seconds_count") == 1.0

@@ -100,8 +100,9 @@ def test_sighup_reloads_the_fleet_and_a_broken_file_is_refused_with_the_old_flee
     reloader = FleetReloader(ctx, path, interval_s=3600)  # only SIGHUP makes it look again
     reloader.start()
     try:
-        wait_for(lambda: (live.loaded_report(ctx.redis, ctx.keys) or {}).get("digest") == live.text_digest(
-            path.read_text()))
+        wait_for(
+            lambda: (live.loaded_report(ctx.redis, ctx.keys) or {}).get("digest") == live.text_digest(path.read_text())
+        )
         entry = live.new_machine_entry("m9", Backend.cpu, 2_000_000_000, ["sd1"], speed=2.0)
         live.write_atomically(path, live.edit(path.read_text(), lambda entries: entries.append(entry)))
         os.kill(os.getpid(), signal.SIGHUP)

@@ -73,13 +73,21 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[A
 
 
 def submit(client: TestClient, target: str) -> dict:
-    answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
-                                           "params": {"prompt": "x", "width": 64, "height": 64}})
+    answer = client.post(
+        "/v1/jobs",
+        json={
+            "model": MODEL,
+            "kind": "txt2img",
+            "target": target,
+            "params": {"prompt": "x", "width": 64, "height": 64},
+        },
+    )
     return {"status": answer.status_code, **answer.json()}
 
 
 def test_r10_job_record_shows_weights_from_the_headers_and_configured_working_bytes(
-        api: Api, tiny_models_dir: Path) -> None:
+    api: Api, tiny_models_dir: Path
+) -> None:
     client, ctx = api(FLEET_COEFFICIENTS)
     weights = loaded_weight_bytes(tiny_models_dir / MODEL)
     accepted = submit(client, "m1")
@@ -88,8 +96,11 @@ def test_r10_job_record_shows_weights_from_the_headers_and_configured_working_by
     working = BASE_BYTES + int(PER_PIXEL * PIXELS)
     assert shown == {"weights_bytes": weights, "working_bytes": working, "total_bytes": weights + working}
     journaled = ctx.journal.get(accepted["id"])
-    assert (journaled.weights_bytes, journaled.working_bytes, journaled.memory_estimate_bytes) == \
-        (weights, working, weights + working)
+    assert (journaled.weights_bytes, journaled.working_bytes, journaled.memory_estimate_bytes) == (
+        weights,
+        working,
+        weights + working,
+    )
 
 
 def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: Api, tiny_models_dir: Path) -> None:
@@ -102,8 +113,15 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     assert "'m1' has 1.9 GiB usable" in refused["error"]["message"]
     assert f"+ working memory {readable_bytes(need - weights)})" in refused["error"]["message"]  # the figures
     assert refused["error"]["message"].endswith("the working memory tips it over")  # and which one decided
-    decision = client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "target": "auto",
-                                                          "params": {"prompt": "x", "width": 64, "height": 64}}).json()
+    decision = client.post(
+        "/v1/jobs?dry_run=true",
+        json={
+            "model": MODEL,
+            "kind": "txt2img",
+            "target": "auto",
+            "params": {"prompt": "x", "width": 64, "height": 64},
+        },
+    ).json()
     assert decision["machines"]["m1"]["reason"] == "too_large" and decision["machine"] == "server"
     assert "working memory tips it over" in decision["machines"]["m1"]["message"]  # the dry run shows it too
     accepted = submit(client, "server")  # 4 GB: still fits there, priced with the override
@@ -111,13 +129,16 @@ def test_r10_r11_family_override_raises_the_estimate_and_refuses_too_large(api: 
     assert client.get(f"/v1/jobs/{accepted['id']}").json()["memory_estimate"]["total_bytes"] == need
 
 
-@pytest.mark.parametrize(("model", "kind", "input_px", "output_px"), [
-    ("tiny-pix2pix", "edit", (96, 64), (96, 64)),  # an edit keeps its input's size
-    ("tiny-upscaler", "upscale", (24, 16), (96, 64)),  # the x4 upscaler: 4 x width, 4 x height
-])
+@pytest.mark.parametrize(
+    ("model", "kind", "input_px", "output_px"),
+    [
+        ("tiny-pix2pix", "edit", (96, 64), (96, 64)),  # an edit keeps its input's size
+        ("tiny-upscaler", "upscale", (24, 16), (96, 64)),  # the x4 upscaler: 4 x width, 4 x height
+    ],
+)
 def test_r10_input_kinds_are_priced_by_their_output_pixels(
-        api: Api, tiny_models_dir: Path, model: str, kind: str, input_px: tuple[int, int],
-        output_px: tuple[int, int]) -> None:
+    api: Api, tiny_models_dir: Path, model: str, kind: str, input_px: tuple[int, int], output_px: tuple[int, int]
+) -> None:
     coefficients = f"""
 [working_memory.{kind}]
 base_bytes = {BASE_BYTES}
@@ -128,8 +149,15 @@ bytes_per_pixel = {PER_PIXEL}
     bring_online(ctx, "server", {MODEL, model})
     uploaded = client.post("/v1/files", files={"file": ("in.png", png(*input_px), "image/png")})
     assert uploaded.status_code == 201, uploaded.text
-    answer = client.post("/v1/jobs", json={"model": model, "kind": kind, "target": "server",
-                                          "params": {"prompt": "make it snowy", "image": uploaded.json()["id"]}})
+    answer = client.post(
+        "/v1/jobs",
+        json={
+            "model": model,
+            "kind": kind,
+            "target": "server",
+            "params": {"prompt": "make it snowy", "image": uploaded.json()["id"]},
+        },
+    )
     assert answer.status_code == 202, answer.text
     job = client.get(f"/v1/jobs/{answer.json()['id']}").json()
     width, height = output_px
@@ -137,15 +165,17 @@ bytes_per_pixel = {PER_PIXEL}
     assert job["memory_estimate"]["working_bytes"] == BASE_BYTES + int(PER_PIXEL * width * height)
 
 
-
 def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_image(
-        api: Api, tiny_models_dir: Path) -> None:
+    api: Api, tiny_models_dir: Path
+) -> None:
     client, ctx = api("")
     ctx.registry.add(tiny_models_dir / "tiny-upscaler", "tiny-upscaler")
     bring_online(ctx, "server", {MODEL, "tiny-upscaler"})
     uploaded = client.post("/v1/files", files={"file": ("in.png", png(264, 256), "image/png")}).json()
-    answer = client.post("/v1/jobs", json={"model": "tiny-upscaler", "kind": "upscale", "target": "server",
-                                          "params": {"image": uploaded["id"]}})
+    answer = client.post(
+        "/v1/jobs",
+        json={"model": "tiny-upscaler", "kind": "upscale", "target": "server", "params": {"image": uploaded["id"]}},
+    )
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
     assert error["reason"] == "invalid_size"
@@ -157,7 +187,8 @@ def test_r22_an_upscale_whose_output_exceeds_max_pixels_is_refused_naming_the_im
 
 @pytest.mark.parametrize(("precision", "quantization", "share"), [("bf16", None, 0.5), ("fp16", None, 0.5)])
 def test_r10_a_variant_is_priced_by_what_it_occupies_loaded_not_by_its_files(
-        api: Api, tiny_models_dir: Path, precision: str, quantization: str | None, share: float) -> None:
+    api: Api, tiny_models_dir: Path, precision: str, quantization: str | None, share: float
+) -> None:
     """The same fp32 files registered as a bf16/fp16 variant are priced at half the
     bytes (the weights are loaded in that dtype), so placement no longer refuses a variant as
     too large at its full-precision size."""
@@ -166,11 +197,21 @@ def test_r10_a_variant_is_priced_by_what_it_occupies_loaded_not_by_its_files(
     ctx.registry.add(tiny_models_dir / MODEL, variant, precision=precision, quantization=quantization)
     bring_online(ctx, "m1", {MODEL, variant})
     full = loaded_weight_bytes(tiny_models_dir / MODEL)  # fp32
-    answer = client.post("/v1/jobs", json={"model": variant, "kind": "txt2img", "target": "m1",
-                                          "params": {"prompt": "x", "width": 64, "height": 64}})
+    answer = client.post(
+        "/v1/jobs",
+        json={
+            "model": variant,
+            "kind": "txt2img",
+            "target": "m1",
+            "params": {"prompt": "x", "width": 64, "height": 64},
+        },
+    )
     assert answer.status_code == 202, answer.text
     shown = client.get(f"/v1/jobs/{answer.json()['id']}").json()["memory_estimate"]
-    assert shown["weights_bytes"] == loaded_weight_bytes(tiny_models_dir / MODEL, precision) \
+    assert (
+        shown["weights_bytes"]
+        == loaded_weight_bytes(tiny_models_dir / MODEL, precision)
         == ctx.registry.weights_bytes(variant)
+    )
     assert shown["weights_bytes"] == pytest.approx(full * share, rel=0.001)  # int64 position ids aside: half
     assert ctx.dispatcher.costs.model_profiles()[MODEL].weights_bytes == full  # the fp32 registration

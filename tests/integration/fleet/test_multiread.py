@@ -17,9 +17,17 @@ def client(redis_url: str) -> redis.Redis:
 def test_replies_match_the_plain_commands_in_order(client: redis.Redis) -> None:
     client.set("s", "beat")
     client.sadd("set", "a", "b")
-    client.hset("h", mapping={"job-1": "{}", "job-2": "{\"x\": 1}"})
-    reads = [("GET", "s"), ("GET", "missing"), ("SMEMBERS", "set"), ("SMEMBERS", "no-set"), ("HGETALL", "h"),
-             ("HGETALL", "no-hash"), ("EXISTS", "s"), ("EXISTS", "missing")]
+    client.hset("h", mapping={"job-1": "{}", "job-2": '{"x": 1}'})
+    reads = [
+        ("GET", "s"),
+        ("GET", "missing"),
+        ("SMEMBERS", "set"),
+        ("SMEMBERS", "no-set"),
+        ("HGETALL", "h"),
+        ("HGETALL", "no-hash"),
+        ("EXISTS", "s"),
+        ("EXISTS", "missing"),
+    ]
     expected = [
         client.get("s"),
         client.get("missing"),

@@ -83,8 +83,9 @@ def server(durable_settings: Settings, tiny_models_dir: Path) -> Iterator[Server
 
 
 def submit(client: TestClient, target: str, **params: object) -> dict:
-    answer = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target,
-                                           "params": {"prompt": "x", **params}})
+    answer = client.post(
+        "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": target, "params": {"prompt": "x", **params}}
+    )
     return {"status": answer.status_code, **answer.json()}
 
 
@@ -94,8 +95,11 @@ def oom_through_the_worker_api(client: TestClient, machine: str) -> str:
     job_id = submit(client, machine, **BIG)["id"]
     worker = {"Authorization": f"Bearer {FLEET.machines[machine].token}"}
     assert client.post(f"/internal/v1/jobs/{job_id}/claim", headers=worker).status_code == 200
-    failed = client.post(f"/internal/v1/jobs/{job_id}/failure", headers=worker,
-                         json={"reason": "oom", "message": "RuntimeError: CUDA error: out of memory"})
+    failed = client.post(
+        f"/internal/v1/jobs/{job_id}/failure",
+        headers=worker,
+        json={"reason": "oom", "message": "RuntimeError: CUDA error: out of memory"},
+    )
     assert failed.status_code == 200, failed.text
     return job_id
 
@@ -108,8 +112,13 @@ def test_r16_r21_facts_survive_a_redis_flush_through_restart_and_reconcile(serve
     store = ResidencyStore(ctx.engine)
     assert store.commitments() == {"m1": frozenset({MODEL})}
     [durable] = store.ooms()
-    assert (durable.machine, durable.model_id, durable.kind, durable.size, durable.job_id) == \
-        ("m2", MODEL, "txt2img", 128 * 128, job_id)
+    assert (durable.machine, durable.model_id, durable.kind, durable.size, durable.job_id) == (
+        "m2",
+        MODEL,
+        "txt2img",
+        128 * 128,
+        job_id,
+    )
 
     ctx.redis.flushdb()  # Redis restarted without persistence: the hot copy is gone
     assert ctx.machines.view("m1").commitments == frozenset() and ctx.residency.ooms("m2") == []

@@ -65,8 +65,11 @@ def test_r14_a_hash_changed_behind_its_writers_or_lost_with_redis_is_read_in_ful
     assert queue_of(ctx) == ["model-a"]
     ctx.redis.flushdb()
     assert queue_of(ctx) == []
-    ctx.redis.hset(ctx.keys.reservations("m1"), "job-b",  # as an older release wrote it: no version
-                   '{"model_id": "model-b", "kind": "txt2img", "steps": 4, "size": 4096, "started_at": null, "seq": 0}')
+    ctx.redis.hset(
+        ctx.keys.reservations("m1"),
+        "job-b",  # as an older release wrote it: no version
+        '{"model_id": "model-b", "kind": "txt2img", "steps": 4, "size": 4096, "started_at": null, "seq": 0}',
+    )
     assert queue_of(ctx) == ["model-b"]  # no version key: read in full every time
     assert queue_of(ctx) == ["model-b"]
     assert ctx.redis.get(ctx.keys.reservations_version("m1")) is None

@@ -25,8 +25,19 @@ PASSWORD = "se@cret:1"  # characters a URL must escape
 def socket_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, str | None]]:
     """(the socket's path, the password or None) of a private redis-server."""
     path = tmp_path / "redis.sock"
-    command = [redis_server_binary(), "--port", "0", "--unixsocket", str(path), "--save", "", "--appendonly", "no",
-               "--dir", str(tmp_path)]
+    command = [
+        redis_server_binary(),
+        "--port",
+        "0",
+        "--unixsocket",
+        str(path),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp_path),
+    ]
     if request.param:
         command += ["--requirepass", request.param]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -81,10 +81,12 @@ def test_r20_concurrent_retries_with_one_key_create_one_job(ctx: ServerContext, 
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
     with ThreadPoolExecutor(8) as pool:
-        ids = set(pool.map(
-            lambda _: ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="same").job.id,
-            range(16),
-        ))
+        ids = set(
+            pool.map(
+                lambda _: ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="same").job.id,
+                range(16),
+            )
+        )
     assert len(ids) == 1
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1
 

@@ -25,16 +25,23 @@ from tests.helpers import bring_online, make_fleet
 CI_KEYS = ["ci-key-0123456789abcdef", "ci-key-fedcba9876543210"]
 GPU_KEY = "gpu-key-0123456789abcdef"
 FREE_KEY = "free-key-0123456789abcdef"
-QUOTAS = {"ci": KeyQuota(key_prefix="ci-key-", max_queued_jobs=3),
-          "gpu": KeyQuota(key_prefix="gpu-key-", max_gpu_seconds_per_hour=100)}
+QUOTAS = {
+    "ci": KeyQuota(key_prefix="ci-key-", max_queued_jobs=3),
+    "gpu": KeyQuota(key_prefix="gpu-key-", max_gpu_seconds_per_hour=100),
+}
 
 
 @pytest.fixture
 def quota_ctx(sql_settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[ServerContext, str]]:
     """A fleet whose keys have quotas, its journal on SQLite then PostgreSQL (the check is SQL)."""
-    settings = Settings(**{**sql_settings.model_dump(), "api_keys": [*CI_KEYS, GPU_KEY, FREE_KEY],
-                           "api_key_quotas": {name: quota.model_dump() for name, quota in QUOTAS.items()},
-                           "retry_after_s": 4})
+    settings = Settings(
+        **{
+            **sql_settings.model_dump(),
+            "api_keys": [*CI_KEYS, GPU_KEY, FREE_KEY],
+            "api_key_quotas": {name: quota.model_dump() for name, quota in QUOTAS.items()},
+            "retry_after_s": 4,
+        }
+    )
     context = build_context(settings, make_fleet("m1", "m2"), migrate=True)
     try:
         model = context.registry.add(tiny_models_dir / "tiny-sd").id
@@ -46,8 +53,9 @@ def quota_ctx(sql_settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[S
 
 
 def submit(ctx: ServerContext, model: str, key: str, target: str = "m1", prompt: str = "x") -> str:
-    return ctx.dispatcher.submit(model, "txt2img", {"prompt": prompt}, target,
-                                 api_key_id=ctx.settings.api_key_id(key)).job.id
+    return ctx.dispatcher.submit(
+        model, "txt2img", {"prompt": prompt}, target, api_key_id=ctx.settings.api_key_id(key)
+    ).job.id
 
 
 def ended(ctx: ServerContext, job_id: str, ago_s: float, load_s: float | None, run_s: float | None) -> None:
@@ -59,7 +67,7 @@ def ended(ctx: ServerContext, job_id: str, ago_s: float, load_s: float | None, r
 
 
 def test_max_queued_jobs_counts_queued_and_running_jobs_of_all_the_keys_of_the_quota(
-    quota_ctx: tuple[ServerContext, str]
+    quota_ctx: tuple[ServerContext, str],
 ) -> None:
     ctx, model = quota_ctx
     first = [submit(ctx, model, CI_KEYS[i % 2], target=("m1", "m2")[i % 2]) for i in range(3)]  # two keys, one quota
@@ -68,11 +76,16 @@ def test_max_queued_jobs_counts_queued_and_running_jobs_of_all_the_keys_of_the_q
         submit(ctx, model, CI_KEYS[1], prompt="fourth")
     error = refused.value
     assert (error.status_code, error.reason, error.retry_after_s) == (429, "quota_queued", 4)
-    assert error.message == ("api key 'ci' is over its quota max_queued_jobs=3 (3 queued or running); "
-                             "retry once one of its jobs has ended")
+    assert error.message == (
+        "api key 'ci' is over its quota max_queued_jobs=3 (3 queued or running); retry once one of its jobs has ended"
+    )
     rejected = ctx.journal.get(str(error.job_id))
-    assert (rejected.state, rejected.reason, rejected.api_key_id, rejected.machine) == \
-        (JobState.rejected, "quota_queued", "ci", None)
+    assert (rejected.state, rejected.reason, rejected.api_key_id, rejected.machine) == (
+        JobState.rejected,
+        "quota_queued",
+        "ci",
+        None,
+    )
     assert rejected.params["prompt"] == "fourth" and rejected.message == error.message
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) + ctx.redis.llen(ctx.keys.queue_list("m2")) == 3
     assert [ctx.journal.get(j).api_key_id for j in first] == ["ci"] * 3  # the quota's name, never a key
@@ -111,7 +124,7 @@ def test_concurrent_submissions_cannot_pass_the_queued_quota_together(quota_ctx:
 
 
 def test_max_gpu_seconds_counts_the_last_hours_ended_jobs_and_says_when_enough_has_expired(
-    quota_ctx: tuple[ServerContext, str]
+    quota_ctx: tuple[ServerContext, str],
 ) -> None:
     ctx, model = quota_ctx
     old, a, b, c = (submit(ctx, model, GPU_KEY, prompt=p) for p in ("old", "a", "b", "c"))
@@ -120,8 +133,9 @@ def test_max_gpu_seconds_counts_the_last_hours_ended_jobs_and_says_when_enough_h
     ended(ctx, b, ago_s=1000, load_s=None, run_s=59.0)  # 59 s: 99 in all, under 100
     submit(ctx, model, GPU_KEY, prompt="under")  # 99 < 100: accepted
     # c held its machine 5 s and was interrupted (no timings reported): its claim-to-end counts.
-    ctx.journal.transition(c, [JobState.queued], JobState.running, machine="m1",
-                           started_at=datetime.now(UTC) - timedelta(seconds=5))  # claimed 5 s ago
+    ctx.journal.transition(
+        c, [JobState.queued], JobState.running, machine="m1", started_at=datetime.now(UTC) - timedelta(seconds=5)
+    )  # claimed 5 s ago
     ctx.endings.finished(ctx.journal.interrupt(c, [JobState.running], "worker_lost", "no heartbeat"))
     before = time.time()
     with pytest.raises(QuotaExceeded) as refused:
@@ -152,8 +166,22 @@ def test_keys_figures_per_key_queued_running_gpu_seconds_and_limits(quota_ctx: t
     free_id = ctx.settings.api_key_id(FREE_KEY)
     rows = {row.key_id: row.as_dict() for row in ctx.dispatcher.quotas.by_key()}
     assert list(rows) == ["ci", "gpu", free_id]  # quota names in configuration order, then the unnamed keys
-    assert rows["ci"] == {"key_id": "ci", "keys": 2, "queued": 1, "running": 1, "gpu_s_last_hour": 0.0,
-                          "max_queued_jobs": 3, "max_gpu_seconds_per_hour": None}
-    assert rows["gpu"] == {"key_id": "gpu", "keys": 1, "queued": 0, "running": 0, "gpu_s_last_hour": 3.75,
-                           "max_queued_jobs": None, "max_gpu_seconds_per_hour": 100.0}
+    assert rows["ci"] == {
+        "key_id": "ci",
+        "keys": 2,
+        "queued": 1,
+        "running": 1,
+        "gpu_s_last_hour": 0.0,
+        "max_queued_jobs": 3,
+        "max_gpu_seconds_per_hour": None,
+    }
+    assert rows["gpu"] == {
+        "key_id": "gpu",
+        "keys": 1,
+        "queued": 0,
+        "running": 0,
+        "gpu_s_last_hour": 3.75,
+        "max_queued_jobs": None,
+        "max_gpu_seconds_per_hour": 100.0,
+    }
     assert rows[free_id]["keys"] == 1 and rows[free_id]["max_queued_jobs"] is None

@@ -188,10 +188,26 @@ def test_r19_a_running_job_with_a_live_worker_is_left_alone(strict_ctx: ServerCo
 
 def test_r20_idempotency_keys_are_kept_a_day_then_forgotten(ctx: ServerContext, tiny_models_dir: Path) -> None:
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    old = ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
-                              idempotency_key="old", created_at=utcnow() - timedelta(hours=25)))
-    ctx.journal.add(Job(state=JobState.rejected, model_id=model, kind="txt2img", target="server",
-                        idempotency_key="recent", created_at=utcnow() - timedelta(hours=23)))
+    old = ctx.journal.add(
+        Job(
+            state=JobState.rejected,
+            model_id=model,
+            kind="txt2img",
+            target="server",
+            idempotency_key="old",
+            created_at=utcnow() - timedelta(hours=25),
+        )
+    )
+    ctx.journal.add(
+        Job(
+            state=JobState.rejected,
+            model_id=model,
+            kind="txt2img",
+            target="server",
+            idempotency_key="recent",
+            created_at=utcnow() - timedelta(hours=23),
+        )
+    )
     assert ctx.reconciler().run_once().forgotten_idempotency_keys == 1
     assert ctx.journal.by_idempotency_key("old") is None
     assert ctx.journal.by_idempotency_key("recent") is not None
@@ -240,8 +256,11 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
     server.reconciler().run_once()  # the server's first pass records its journal
     queued = [submit(server, model) for _ in range(3)]
 
-    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
-                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    elsewhere = {
+        **settings_env(settings),
+        "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+        "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}",
+    }
     run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
     for command in (["reconcile"], ["status"]):
         done = run_cli(*command, env=elsewhere, check=False)
@@ -251,9 +270,13 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
     assert server.machines.reservations.count("m1") == 3  # nothing released
     assert [server.journal.get(job).state for job in queued] == [JobState.queued] * 3
 
-    other = build_context(settings.model_copy(update={"data_dir": tmp_path / "elsewhere",
-                                                      "database_url": f"sqlite:///{tmp_path / 'elsewhere.db'}"}),
-                          make_fleet("m1"), migrate=True)
+    other = build_context(
+        settings.model_copy(
+            update={"data_dir": tmp_path / "elsewhere", "database_url": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+        ),
+        make_fleet("m1"),
+        migrate=True,
+    )
     request.addfinalizer(other.close)
     with pytest.raises(ConfigError) as refused:
         other.reconciler().run_once()
@@ -266,8 +289,13 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
         server.reconciler().run_once()  # and now the old one is refused
 
 
-FLEET_COMMANDS = (["drain", "m1"], ["residency", "set", "m1"], ["oom", "clear", "m1"], ["models", "list"],
-                  ["sync", "m1"])
+FLEET_COMMANDS = (
+    ["drain", "m1"],
+    ["residency", "set", "m1"],
+    ["oom", "clear", "m1"],
+    ["models", "list"],
+    ["sync", "m1"],
+)
 
 
 def test_r19_fleet_commands_with_another_journal_are_refused(
@@ -279,8 +307,11 @@ def test_r19_fleet_commands_with_another_journal_are_refused(
     server = build_context(settings, make_fleet("m1"), migrate=True)
     request.addfinalizer(server.close)
     server.reconciler().run_once()
-    elsewhere = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
-                 "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    elsewhere = {
+        **settings_env(settings),
+        "HOMEFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+        "HOMEFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}",
+    }
     run_cli("db", "upgrade", env=elsewhere)  # another journal, up to date: only its identity differs
     for command in FLEET_COMMANDS:
         done = run_cli(*command, env=elsewhere, check=False)
@@ -332,8 +363,11 @@ def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refus
     request.addfinalizer(server.close)
     server.reconciler().run_once()  # the server: records its journal, marks its data folder
     assert (settings.data_dir / "journal-id").read_text().strip() == server.redis.get(server.keys.journal())
-    other = {**settings_env(settings), "HOMEFLEET_DATA_DIR": str(tmp_path / "other"),
-             "HOMEFLEET_DATABASE_URL": settings.journal_url}
+    other = {
+        **settings_env(settings),
+        "HOMEFLEET_DATA_DIR": str(tmp_path / "other"),
+        "HOMEFLEET_DATABASE_URL": settings.journal_url,
+    }
     done = run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=other, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
     said = " ".join(done.stdout.split())  # one line, wrapped by the console

@@ -105,8 +105,16 @@ def test_r6_sync_to_an_offline_or_unknown_machine_is_refused(ctx: ServerContext,
 def test_r6_a_reservation_that_expires_reads_interrupted_and_frees_the_machine(
     settings: Settings, model: str, ctx: ServerContext
 ) -> None:
-    short = Syncs(settings.model_copy(update={"sync_reservation_ttl_s": 0.3}), ctx.redis, ctx.celery, ctx.fleet,
-                  ctx.journal, ctx.registry, ctx.machines, ctx.lock)
+    short = Syncs(
+        settings.model_copy(update={"sync_reservation_ttl_s": 0.3}),
+        ctx.redis,
+        ctx.celery,
+        ctx.fleet,
+        ctx.journal,
+        ctx.registry,
+        ctx.machines,
+        ctx.lock,
+    )
     bring_online(ctx, "m1", {model})
     record = short.start("m1", [model])
     short.claim(record["id"], "m1")
@@ -126,9 +134,18 @@ def test_r6_before_its_claim_a_sync_waits_sync_claim_wait_s_not_the_reservation_
 ) -> None:
     """A worker still starting (verifying its folder) claims later than one reservation TTL:
     the sync is still its to run. Only a sync unclaimed for ``sync_claim_wait_s`` lapses."""
+
     def syncs(**update: float) -> Syncs:
-        return Syncs(settings.model_copy(update={"sync_reservation_ttl_s": 0.3, **update}), ctx.redis, ctx.celery,
-                     ctx.fleet, ctx.journal, ctx.registry, ctx.machines, ctx.lock)
+        return Syncs(
+            settings.model_copy(update={"sync_reservation_ttl_s": 0.3, **update}),
+            ctx.redis,
+            ctx.celery,
+            ctx.fleet,
+            ctx.journal,
+            ctx.registry,
+            ctx.machines,
+            ctx.lock,
+        )
 
     bring_online(ctx, "m1", {model})
     patient = syncs()  # the default claim wait: 120 s
@@ -143,8 +160,11 @@ def test_r6_before_its_claim_a_sync_waits_sync_claim_wait_s_not_the_reservation_
     ctx.redis.delete(ctx.keys.queue_list("m1"))  # the first sync's message: no worker reads it here
     impatient = syncs(sync_claim_wait_s=0.5)
     second = impatient.start("m1", [model])
-    wait_for(lambda: impatient.get(second["id"])["state"] == SyncState.interrupted, timeout_s=10,
-             what="the unclaimed sync to lapse after its claim wait")
+    wait_for(
+        lambda: impatient.get(second["id"])["state"] == SyncState.interrupted,
+        timeout_s=10,
+        what="the unclaimed sync to lapse after its claim wait",
+    )
     with pytest.raises(Conflict) as late:
         impatient.claim(second["id"], "m1")
     assert late.value.reason == "sync_not_reserved"
@@ -166,8 +186,11 @@ def test_r6_a_sync_finished_while_it_is_read_reads_succeeded_not_interrupted(ctx
     def get_after_the_finish(key: str) -> object:
         if key == reservation and not finished:  # between the record's read and the reservation's
             finished.append("finishing")  # once: finish() reads the record through get() too
-            finished[0] = syncs.finish(record["id"], "m1", SyncFinish(succeeded=True, message="all files verified",
-                                                                     verified=[model], results=[]))["state"]
+            finished[0] = syncs.finish(
+                record["id"],
+                "m1",
+                SyncFinish(succeeded=True, message="all files verified", verified=[model], results=[]),
+            )["state"]
         return plain_get(key)
 
     ctx.redis.get = get_after_the_finish  # type: ignore[method-assign]
@@ -189,8 +212,9 @@ def short_api(settings: Settings) -> Iterator[tuple[LocalFleet, ServerContext]]:
     fleet = make_fleet("m1", "m2")
     fleet_file = settings.data_dir.parent / "fleet.toml"
     write_private(fleet_file, fleet.to_toml())
-    short = settings.model_copy(update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file,
-                                        "api_port": free_port()})
+    short = settings.model_copy(
+        update={"sync_reservation_ttl_s": SHORT_TTL_S, "fleet_file": fleet_file, "api_port": free_port()}
+    )
     local = LocalFleet(short, fleet, fleet_file, forkserver=True)
     context = build_context(short, fleet, migrate=True)
     try:
@@ -206,8 +230,13 @@ def test_r6_the_reservation_is_renewed_while_a_file_hashes_longer_than_its_ttl(
 ) -> None:
     local, ctx = short_api
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
-    worker = WorkerSettings(machine="m1", models_dir=tmp_path / "m1-models", server_url=local.api_url,
-                            worker_token=ctx.fleet.machines["m1"].token, redis_url=ctx.settings.redis_url)
+    worker = WorkerSettings(
+        machine="m1",
+        models_dir=tmp_path / "m1-models",
+        server_url=local.api_url,
+        worker_token=ctx.fleet.machines["m1"].token,
+        redis_url=ctx.settings.redis_url,
+    )
     rt = runtime.WorkerRuntime(worker, uuid.uuid4().hex)
     assert rt.server is not None  # its clients and device made before the sync starts, as a worker's are
     monkeypatch.setattr(runtime, "_runtime", rt)
@@ -252,7 +281,8 @@ def test_c07_models_verify_finds_an_in_place_change_the_cache_cannot_see(ctx: Se
     for _ in range(2):
         changed = [c for c in ctx.registry.verify() if c.status != "ok"]
         assert [(c.path, c.status, c.recorded) for c in changed] == [
-            ("unet/diffusion_pytorch_model.safetensors", "changed", registered)]
+            ("unet/diffusion_pytorch_model.safetensors", "changed", registered)
+        ]
         assert changed[0].actual == file_digest(path) != registered
     assert ctx.registry.registered_manifest(model) == before
 
@@ -270,15 +300,19 @@ def test_c07_homefleet_models_verify_exits_1_naming_the_file_and_records_nothing
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     env = {**os.environ, **settings_env(ctx.settings), "COLUMNS": "300"}
     for args in (["models", "verify"], ["models", "verify", model]):  # the second finds it again: nothing recorded
-        run = subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True,
-                             timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        )
         assert run.returncode == 1, run.stdout + run.stderr
         assert "1 changed or missing" in run.stdout
-        assert (f"changed: {model} vae/diffusion_pytorch_model.safetensors registered {registered} "
-                f"actual {file_digest(path)}") in run.stdout, run.stdout
+        assert (
+            f"changed: {model} vae/diffusion_pytorch_model.safetensors registered {registered} "
+            f"actual {file_digest(path)}"
+        ) in run.stdout, run.stdout
         assert "homefleet models update ID" in run.stdout
     assert {f.path: f.digest for f in ctx.registry.registered_manifest(model).files}[
-        "vae/diffusion_pytorch_model.safetensors"] == registered
+        "vae/diffusion_pytorch_model.safetensors"
+    ] == registered
 
 
 @pytest.fixture
@@ -321,8 +355,9 @@ def test_r2_a_tampered_upload_is_refused_fails_the_job_and_stores_nothing(
         data = b"#!/bin/sh\nrm -rf /\n"
         digest = bytes_digest(data)
     form = {"digest": digest, "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
-    response = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
-                           files={"file": ("result", data, "image/png")})
+    response = client.post(
+        f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form, files={"file": ("result", data, "image/png")}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["reason"] == "integrity"
     failed = ctx.journal.get(job.id)
@@ -365,8 +400,9 @@ def test_r2_a_result_for_a_job_no_longer_running_is_refused_and_not_stored(
     )  # the reconciler gave up on it
     data = png_bytes()
     form = {"digest": bytes_digest(data), "load_s": "0.1", "run_s": "0.2", "cold_load": "true"}
-    late = client.post(f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form,
-                       files={"file": ("result", data, "image/png")})
+    late = client.post(
+        f"/internal/v1/jobs/{job.id}/result", headers=auth, data=form, files={"file": ("result", data, "image/png")}
+    )
     assert late.status_code == 409 and late.json()["error"]["reason"] == "not_running"
     assert ctx.journal.get(job.id).state == JobState.interrupted
     results = ctx.settings.results_dir

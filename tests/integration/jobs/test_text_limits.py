@@ -43,8 +43,9 @@ def refusal(ctx: ServerContext, model_id: str, params: dict[str, object]) -> Rej
 def test_defaults_come_from_max_position_embeddings(text_ctx: ServerContext) -> None:
     limits = text_ctx.dispatcher.validator.token_limits("tiny-llama")
     assert (limits.max_input_tokens, limits.max_total_tokens) == (MAX_POSITIONS - 1, MAX_POSITIONS)
-    text_ctx.dispatcher.validator.request("tiny-llama", "text", {"prompt": "x" * 100, "max_new_tokens": 412,
-                                                                 "seed": 1}, "auto")  # exactly 512: taken
+    text_ctx.dispatcher.validator.request(
+        "tiny-llama", "text", {"prompt": "x" * 100, "max_new_tokens": 412, "seed": 1}, "auto"
+    )  # exactly 512: taken
     error = refusal(text_ctx, "tiny-llama", {"prompt": "x" * 100, "max_new_tokens": 413})
     assert error.reason == "invalid_max_new_tokens" and error.param == "params.max_new_tokens"
     assert "at most 512 (max_total_tokens), got 100 + 413 = 513" in error.message
@@ -57,10 +58,13 @@ def test_a_long_prompt_is_refused_naming_max_input_tokens_and_its_count(text_ctx
 
 
 def test_family_limits_from_settings_apply(text_ctx: ServerContext) -> None:
-    assert "at most 20 tokens (max_input_tokens), got 21" in refusal(
-        text_ctx, "tiny-qwen2", {"prompt": "y" * 21}).message
-    assert "at most 40 (max_total_tokens), got 20 + 21 = 41" in refusal(
-        text_ctx, "tiny-qwen2", {"prompt": "y" * 20, "max_new_tokens": 21}).message
+    assert (
+        "at most 20 tokens (max_input_tokens), got 21" in refusal(text_ctx, "tiny-qwen2", {"prompt": "y" * 21}).message
+    )
+    assert (
+        "at most 40 (max_total_tokens), got 20 + 21 = 41"
+        in refusal(text_ctx, "tiny-qwen2", {"prompt": "y" * 20, "max_new_tokens": 21}).message
+    )
 
 
 def test_a_models_own_limits_from_the_fleet_file_win(text_ctx: ServerContext) -> None:

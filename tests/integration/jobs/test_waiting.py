@@ -59,7 +59,8 @@ async def reads_reach(journal: CountingJournal, count: int) -> None:
 
 
 def test_until_ended_wakes_on_each_published_transition_and_reads_the_journal_once_per_change(
-        ctx: ServerContext, queued: str, counted: tuple[Waiting, CountingJournal]) -> None:
+    ctx: ServerContext, queued: str, counted: tuple[Waiting, CountingJournal]
+) -> None:
     waiting, journal = counted
 
     async def scenario() -> tuple[Job, float, list[int]]:
@@ -82,7 +83,8 @@ def test_until_ended_wakes_on_each_published_transition_and_reads_the_journal_on
 
 
 def test_until_ended_without_a_change_reads_the_journal_at_the_start_and_at_its_timeout_only(
-        queued: str, counted: tuple[Waiting, CountingJournal]) -> None:
+    queued: str, counted: tuple[Waiting, CountingJournal]
+) -> None:
     waiting, journal = counted
     job = asyncio.run(waiting.until_ended(queued, timeout_s=0.5))
     assert job.state == JobState.queued  # not ended: the caller answers that it keeps running
@@ -90,12 +92,17 @@ def test_until_ended_without_a_change_reads_the_journal_at_the_start_and_at_its_
 
 
 def test_follow_yields_the_state_changes_and_each_progress_report_then_the_ended_job(
-        ctx: ServerContext, queued: str, counted: tuple[Waiting, CountingJournal]) -> None:
+    ctx: ServerContext, queued: str, counted: tuple[Waiting, CountingJournal]
+) -> None:
     waiting, journal = counted
-    steps = iter([lambda: ctx.endings.claim(queued, "server"),
-                  lambda: ctx.progress.report(queued, 1, 4),
-                  lambda: ctx.progress.report(queued, 2, 4),
-                  lambda: ctx.endings.interrupt(queued, [JobState.running], "hung", "no progress")])
+    steps = iter(
+        [
+            lambda: ctx.endings.claim(queued, "server"),
+            lambda: ctx.progress.report(queued, 1, 4),
+            lambda: ctx.progress.report(queued, 2, 4),
+            lambda: ctx.endings.interrupt(queued, [JobState.running], "hung", "no progress"),
+        ]
+    )
 
     async def scenario() -> list[str]:
         seen: list[str] = []

@@ -37,9 +37,15 @@ AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 
 def hook_settings(tmp_path: Path, redis_url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {"webhook_backoff_s": 0.05, "webhook_attempts": 5, **overrides}
-    return Settings(data_dir=tmp_path / "server", redis_url=redis_url, fleet_lock_ttl_s=5, fleet_lock_wait_s=5,
-                    api_keys=[TEST_API_KEY, OTHER_KEY], webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET},
-                    **values)  # type: ignore[arg-type]
+    return Settings(
+        data_dir=tmp_path / "server",
+        redis_url=redis_url,
+        fleet_lock_ttl_s=5,
+        fleet_lock_wait_s=5,
+        api_keys=[TEST_API_KEY, OTHER_KEY],
+        webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET},
+        **values,
+    )  # type: ignore[arg-type]
 
 
 def hook_fleet() -> Fleet:
@@ -58,8 +64,17 @@ def hook_ctx(tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> Iterator[
 
 
 def submit(client: TestClient, url: str | None, **body: object) -> dict[str, object]:
-    answer = client.post("/v1/jobs", json={"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a cat"},
-                                           "target": "m1", "webhook_url": url, **body})
+    answer = client.post(
+        "/v1/jobs",
+        json={
+            "model": "tiny-sd",
+            "kind": "txt2img",
+            "params": {"prompt": "a cat"},
+            "target": "m1",
+            "webhook_url": url,
+            **body,
+        },
+    )
     assert answer.status_code == 202, answer.text
     return answer.json()  # type: ignore[no-any-return]
 
@@ -76,8 +91,13 @@ def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerC
         [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
         record = client.get(f"/v1/jobs/{job_id}").json()
     assert got.path == "/hook"
-    assert record["webhook"] == {"state": DELIVERED, "attempts": 1, "max_attempts": 5, "next_attempt_at": None,
-                                 "detail": "delivered: HTTP 200 (attempt 1)"}  # GET shows the delivery's attempts
+    assert record["webhook"] == {
+        "state": DELIVERED,
+        "attempts": 1,
+        "max_attempts": 5,
+        "next_attempt_at": None,
+        "detail": "delivered: HTTP 200 (attempt 1)",
+    }  # GET shows the delivery's attempts
     assert json.loads(got.body) == {**record, "webhook": None}  # the same JSON as GET /v1/jobs/{id}
     assert record["state"] == "cancelled" and record["id"] == job_id
     assert got.headers["content-type"] == "application/json"
@@ -97,8 +117,10 @@ def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerC
 
 
 def test_a_receiver_that_fails_twice_gets_three_attempts_each_journaled(hook_ctx: ServerContext) -> None:
-    with webhook_receiver(statuses=[500, 502]) as receiver, \
-            TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+    with (
+        webhook_receiver(statuses=[500, 502]) as receiver,
+        TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client,
+    ):
         job_id = str(submit(client, receiver.url)["id"])
         client.post(f"/v1/jobs/{job_id}/cancel")
         wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="delivered")
@@ -108,20 +130,25 @@ def test_a_receiver_that_fails_twice_gets_three_attempts_each_journaled(hook_ctx
     assert 'homefleet_webhook_attempts_total{outcome="delivered"} 1.0' in metrics
     assert "homefleet_webhook_delivery_seconds_count 1.0" in metrics
     assert len(receiver.received) == 3
-    assert webhook_events(hook_ctx, job_id) == ["attempt 1: HTTP 500; next in 0.05 s",
-                                                "attempt 2: HTTP 502; next in 0.1 s",
-                                                "delivered: HTTP 200 (attempt 3)"]
+    assert webhook_events(hook_ctx, job_id) == [
+        "attempt 1: HTTP 500; next in 0.05 s",
+        "attempt 2: HTTP 502; next in 0.1 s",
+        "delivered: HTTP 200 (attempt 3)",
+    ]
     first, second, third = receiver.received
     assert second.at_s - first.at_s >= 0.05 and third.at_s - second.at_s >= 0.1  # the backoff was waited out
     assert len({r.headers["x-homefleet-delivery"] for r in receiver.received}) == 1  # one delivery, three attempts
     assert all(json.loads(r.body) == json.loads(first.body) for r in receiver.received)
-    assert all(verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"],
-                      r.body) for r in receiver.received)
+    assert all(
+        verify(TEST_WEBHOOK_SECRET, r.headers["x-homefleet-timestamp"], r.headers["x-homefleet-signature"], r.body)
+        for r in receiver.received
+    )
     assert hook_ctx.outbox.of_job(job_id)[0].attempts == 3
 
 
 def test_a_receiver_that_always_fails_stops_at_the_bound_and_leaves_the_job_alone(
-        tmp_path: Path, redis_url: str, tiny_models_dir: Path) -> None:
+    tmp_path: Path, redis_url: str, tiny_models_dir: Path
+) -> None:
     ctx = build_context(hook_settings(tmp_path, redis_url, webhook_attempts=3), hook_fleet(), migrate=True)
     ctx.registry.add(tiny_models_dir / "tiny-sd")
     bring_online(ctx, "m1", {"tiny-sd"})
@@ -132,9 +159,11 @@ def test_a_receiver_that_always_fails_stops_at_the_bound_and_leaves_the_job_alon
         time.sleep(0.5)  # well past the next pause (0.2 s): no fourth attempt
         after = client.get(f"/v1/jobs/{job_id}").json()
     assert len(receiver.received) == 3
-    assert webhook_events(ctx, job_id) == ["attempt 1: HTTP 503; next in 0.05 s",
-                                           "attempt 2: HTTP 503; next in 0.1 s",
-                                           "attempt 3: HTTP 503; gave up after 3 attempts (webhook_attempts)"]
+    assert webhook_events(ctx, job_id) == [
+        "attempt 1: HTTP 503; next in 0.05 s",
+        "attempt 2: HTTP 503; next in 0.1 s",
+        "attempt 3: HTTP 503; gave up after 3 attempts (webhook_attempts)",
+    ]
     assert after["webhook"]["state"] == FAILED and after["webhook"]["attempts"] == 3, after["webhook"]
     assert after["webhook"]["detail"].endswith("gave up after 3 attempts (webhook_attempts)")
     assert {**after, "webhook": None} == ended  # the job's record is unchanged: state, reason, message, times
@@ -165,36 +194,54 @@ def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook
         evil = client.post("/v1/jobs", json={**body, "webhook_url": "https://evil.example/hook"})
         assert evil.status_code == 422
         assert evil.json()["error"] == {
-            "reason": "invalid_webhook_url", "job_id": evil.json()["error"]["job_id"], "param": "webhook_url",
+            "reason": "invalid_webhook_url",
+            "job_id": evil.json()["error"]["job_id"],
+            "param": "webhook_url",
             "message": "webhook_url: host 'evil.example' is not in the fleet's webhook allow-list ['127.0.0.1'] "
-                       "(the fleet file's [webhooks] allow_hosts)"}
+            "(the fleet file's [webhooks] allow_hosts)",
+        }
         refused = hook_ctx.journal.get(evil.json()["error"]["job_id"])
         assert (refused.state, refused.reason, refused.webhook_url) == (JobState.rejected, "invalid_webhook_url", None)
         assert hook_ctx.outbox.of_job(refused.id) == []  # nothing is ever sent to a refused host
         dry = client.post("/v1/jobs?dry_run=true", json={**body, "webhook_url": "http://evil.example/"})
         assert dry.status_code == 422 and "allow-list" in dry.json()["error"]["message"]
-        for url, says in [("ftp://127.0.0.1/x", "must be an absolute http:// or https:// URL, got 'ftp://127.0.0.1/x'"),
-                          ("/relative", "must be an absolute http:// or https:// URL"),
-                          ("http://u:p@127.0.0.1/", "must not carry credentials"),
-                          ("http://127.0.0.1:99999/", "'http://127.0.0.1:99999/' has an invalid port (99999; 1-65535)"),
-                          ("http://127.0.0.1/\n", "must not contain white space or control characters")]:
+        for url, says in [
+            ("ftp://127.0.0.1/x", "must be an absolute http:// or https:// URL, got 'ftp://127.0.0.1/x'"),
+            ("/relative", "must be an absolute http:// or https:// URL"),
+            ("http://u:p@127.0.0.1/", "must not carry credentials"),
+            ("http://127.0.0.1:99999/", "'http://127.0.0.1:99999/' has an invalid port (99999; 1-65535)"),
+            ("http://127.0.0.1/\n", "must not contain white space or control characters"),
+        ]:
             answer = client.post("/v1/jobs", json={**body, "webhook_url": url})
-            assert answer.status_code == 422 and answer.json()["error"]["message"].startswith(f"webhook_url: {says}"), \
+            assert answer.status_code == 422 and answer.json()["error"]["message"].startswith(f"webhook_url: {says}"), (
                 answer.text
-        other = client.post("/v1/jobs", json={**body, "webhook_url": "http://127.0.0.1:1/hook"},
-                            headers={"Authorization": f"Bearer {OTHER_KEY}"})
+            )
+        other = client.post(
+            "/v1/jobs",
+            json={**body, "webhook_url": "http://127.0.0.1:1/hook"},
+            headers={"Authorization": f"Bearer {OTHER_KEY}"},
+        )
         assert other.status_code == 422
         assert other.json()["error"]["message"] == (
             f"webhook_url: the API key (id {key_id({}, OTHER_KEY)}) that submitted it has no webhook secret, and every "
-            "webhook is signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it")
+            "webhook is signed; the operator sets webhook_secrets (HOMEFLEET_WEBHOOK_SECRETS) for it"
+        )
         too_long = client.post("/v1/jobs", json={**body, "webhook_url": "http://127.0.0.1/" + "x" * 2048})
         assert too_long.status_code == 422 and "webhook_url" in too_long.json()["error"]["message"]
 
 
 def test_a_job_refused_after_its_webhook_passed_is_delivered_rejected(hook_ctx: ServerContext) -> None:
     with webhook_receiver() as receiver, TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
-        refused = client.post("/v1/jobs", json={"model": "tiny-sd", "kind": "txt2img", "params": {"prompt": "a cat"},
-                                                "target": "m2", "webhook_url": receiver.url})  # m2 is offline
+        refused = client.post(
+            "/v1/jobs",
+            json={
+                "model": "tiny-sd",
+                "kind": "txt2img",
+                "params": {"prompt": "a cat"},
+                "target": "m2",
+                "webhook_url": receiver.url,
+            },
+        )  # m2 is offline
         assert refused.status_code == 503
         [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
         record = client.get(f"/v1/jobs/{refused.json()['error']['job_id']}").json()
@@ -206,8 +253,9 @@ def test_only_an_end_writes_a_delivery_in_its_transition(hook_ctx: ServerContext
     """Every terminal transition goes through Journal.transition (or add, for rejected): the
     claim (queued -> running) writes none, the end writes one, a job without a webhook none."""
     with webhook_receiver() as receiver:
-        hooked = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
-                                            api_key_id=key_id({}, TEST_API_KEY)).job
+        hooked = hook_ctx.dispatcher.submit(
+            "tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url, api_key_id=key_id({}, TEST_API_KEY)
+        ).job
     plain = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "b"}, "m1").job
     for job in (hooked, plain):
         hook_ctx.journal.claim(job.id, "m1", "boot", "claim")
@@ -246,8 +294,9 @@ def test_a_pending_delivery_is_resumed_by_the_next_server(
 def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx: ServerContext) -> None:
     """A CLI command (``homefleet purge``) ends jobs with no delivery loop in its process."""
     with webhook_receiver() as receiver:
-        job = hook_ctx.dispatcher.submit("tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url,
-                                         api_key_id=key_id({}, TEST_API_KEY)).job
+        job = hook_ctx.dispatcher.submit(
+            "tiny-sd", "txt2img", {"prompt": "a"}, "m1", webhook_url=receiver.url, api_key_id=key_id({}, TEST_API_KEY)
+        ).job
         [purged] = hook_ctx.dispatcher.purge("m1")
         assert purged.id == job.id and hook_ctx.outbox.of_job(job.id)[0].state == PENDING
         with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH):
@@ -258,8 +307,17 @@ def test_an_end_made_while_no_server_runs_is_delivered_when_one_starts(hook_ctx:
 def test_a_lease_lets_one_server_attempt_a_delivery_and_expires(sql_ctx: ServerContext) -> None:
     """On SQLite and PostgreSQL: two delivery loops on one journal never attempt the same
     delivery at once; a loop killed mid-attempt leaves a lease that expires."""
-    job = sql_ctx.journal.add(Job(state=JobState.queued, model_id="m", kind="txt2img", params={}, target="m1",
-                                  machine="m1", webhook_url="http://127.0.0.1:1/hook"))
+    job = sql_ctx.journal.add(
+        Job(
+            state=JobState.queued,
+            model_id="m",
+            kind="txt2img",
+            params={},
+            target="m1",
+            machine="m1",
+            webhook_url="http://127.0.0.1:1/hook",
+        )
+    )
     assert sql_ctx.outbox.next_due_s(time.time()) is None  # not ended: nothing to deliver
     sql_ctx.journal.cancel(job.id)
     [delivery] = sql_ctx.outbox.of_job(job.id)

@@ -25,8 +25,11 @@ UNET = "unet/diffusion_pytorch_model.safetensors"
 
 
 def left_in_models_dir(ctx: ServerContext) -> list[str]:
-    return sorted(p.name for p in ctx.registry.models_dir.iterdir() if not p.name.startswith(".")) \
-        if ctx.registry.models_dir.exists() else []
+    return (
+        sorted(p.name for p in ctx.registry.models_dir.iterdir() if not p.name.startswith("."))
+        if ctx.registry.models_dir.exists()
+        else []
+    )
 
 
 @pytest.fixture
@@ -57,12 +60,15 @@ def test_r1_a_component_with_its_config_but_no_weights_is_refused(ctx: ServerCon
     assert left_in_models_dir(ctx) == []
 
 
-def test_r1_a_component_folder_missing_or_outside_the_model_is_refused(ctx: ServerContext,
-                                                                        copy_of_tiny_sd: Path) -> None:
+def test_r1_a_component_folder_missing_or_outside_the_model_is_refused(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
     shutil.rmtree(copy_of_tiny_sd / "vae")
     error = refused(ctx, copy_of_tiny_sd, model_id="novae")
-    assert error.reason == "incomplete_model" and "component(s) vae named in model_index.json have no folder" \
-        in error.message
+    assert (
+        error.reason == "incomplete_model"
+        and "component(s) vae named in model_index.json have no folder" in error.message
+    )
     assert "huggingface.co" not in error.message  # not the loader's "check your internet connection"
     index = json.loads((copy_of_tiny_sd / "model_index.json").read_text())
     index["../secret"] = index.pop("vae")
@@ -80,8 +86,9 @@ def test_r1_a_text_model_without_weights_is_refused(ctx: ServerContext, tiny_tex
     assert error.reason == "incomplete_model" and "no model*.safetensors" in error.message
 
 
-def test_r1_a_truncated_lora_file_is_refused_and_leaves_nothing(ctx: ServerContext, tiny_models_dir: Path,
-                                                                tmp_path: Path) -> None:
+def test_r1_a_truncated_lora_file_is_refused_and_leaves_nothing(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     lora = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora") / LORA_WEIGHTS
     cut = tmp_path / "trunc-lora.safetensors"
     cut.write_bytes(lora.read_bytes()[: lora.stat().st_size - 1000])
@@ -90,8 +97,9 @@ def test_r1_a_truncated_lora_file_is_refused_and_leaves_nothing(ctx: ServerConte
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
-def test_r1_an_adapter_folder_takes_the_one_file_a_worker_loads(ctx: ServerContext, tiny_models_dir: Path,
-                                                                tmp_path: Path) -> None:
+def test_r1_an_adapter_folder_takes_the_one_file_a_worker_loads(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     lora = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora") / LORA_WEIGHTS
     epochs = tmp_path / "epochs"
     epochs.mkdir()
@@ -112,7 +120,8 @@ def test_r1_an_adapter_folder_takes_the_one_file_a_worker_loads(ctx: ServerConte
 
 
 def test_r5_update_refuses_offsets_no_loader_accepts_and_an_adapter_no_longer_a_lora(
-        ctx: ServerContext, copy_of_tiny_sd: Path, tiny_models_dir: Path, tmp_path: Path) -> None:
+    ctx: ServerContext, copy_of_tiny_sd: Path, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     record = ctx.registry.add(copy_of_tiny_sd, model_id="sd")
     stored = ctx.registry.folder(record.id) / UNET
     data = stored.read_bytes()
@@ -121,7 +130,7 @@ def test_r5_update_refuses_offsets_no_loader_accepts_and_an_adapter_no_longer_a_
     first = header.index('"data_offsets":[') + len('"data_offsets":[')
     start, _, rest = header[first:].partition(",")
     end = rest[: rest.index("]")]
-    bad = header[:first] + f"{start},{int(end) + 1}" + header[first + len(start) + 1 + len(end):]
+    bad = header[:first] + f"{start},{int(end) + 1}" + header[first + len(start) + 1 + len(end) :]
     bad = bad[: len(header)] if len(bad) > len(header) else bad + " " * (len(header) - len(bad))
     stored.write_bytes(data[:8] + bad.encode() + data[header_end:])  # valid JSON, impossible offsets
     with pytest.raises(Rejected) as caught:

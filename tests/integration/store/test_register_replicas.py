@@ -19,8 +19,14 @@ from app.store.selection import select_files
 from tests.helpers import run_cli, settings_env
 
 CASES = [  # (replica, from the cache?, precision)
-    ("sd15", False, "fp32"), ("sd15", True, "fp16"), ("sdxl", False, "fp16"), ("sdxl", True, "fp32"),
-    ("flux", True, "fp16"), ("flux", False, "bf16"), ("wan", False, "fp32"), ("wan", True, "fp16"),
+    ("sd15", False, "fp32"),
+    ("sd15", True, "fp16"),
+    ("sdxl", False, "fp16"),
+    ("sdxl", True, "fp32"),
+    ("flux", True, "fp16"),
+    ("flux", False, "bf16"),
+    ("wan", False, "fp32"),
+    ("wan", True, "fp16"),
 ]
 
 
@@ -52,7 +58,8 @@ def _human_free(text: str) -> str:
 
 @pytest.mark.parametrize(("name", "cached", "precision"), CASES)
 def test_r1_models_add_takes_records_and_prices_only_what_the_pipeline_loads(
-        ctx: ServerContext, built: tuple[dict[str, Replica], Path], name: str, cached: bool, precision: str) -> None:
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], name: str, cached: bool, precision: str
+) -> None:
     replicas, hub = built
     replica = replicas[name]
     env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
@@ -100,8 +107,9 @@ def test_r1_models_add_takes_records_and_prices_only_what_the_pipeline_loads(
         assert f"{replica.repo_id}: snapshot {hub}" in out
 
 
-def test_r1_taken_and_left_out_lines_carry_human_sizes(ctx: ServerContext,
-                                                       built: tuple[dict[str, Replica], Path]) -> None:
+def test_r1_taken_and_left_out_lines_carry_human_sizes(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path]
+) -> None:
     replica = built[0]["sd15"]
     done = run_cli("models", "add", str(replica.folder), "--precision", "fp16", env=settings_env(ctx.settings))
     lines = done.stdout.splitlines()
@@ -117,7 +125,8 @@ def test_r1_taken_and_left_out_lines_carry_human_sizes(ctx: ServerContext,
 
 
 def test_r5_the_cached_snapshot_of_a_registered_folder_is_the_same_model(
-        ctx: ServerContext, built: tuple[dict[str, Replica], Path]) -> None:
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path]
+) -> None:
     """Duplicates are found on the files taken: the snapshot (links) and the plain download (with
     other extras) take the same files, so the second registration names the first."""
     replicas, hub = built
@@ -126,8 +135,7 @@ def test_r5_the_cached_snapshot_of_a_registered_folder_is_the_same_model(
     try:
         first = ctx.registry.add(replica.folder, precision="fp16")
         env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-        done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", env=env,
-                       check=False)
+        done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", env=env, check=False)
     finally:
         (replica.folder / "notes.txt").unlink()
     assert done.returncode != 0
@@ -135,7 +143,8 @@ def test_r5_the_cached_snapshot_of_a_registered_folder_is_the_same_model(
 
 
 def test_r1_a_repository_missing_from_the_cache_is_refused_naming_the_cache(
-        ctx: ServerContext, built: tuple[dict[str, Replica], Path]) -> None:
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path]
+) -> None:
     hub = built[1]
     env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
     done = run_cli("models", "add", "--from-hf-cache", "org/absent", env=env, check=False)

@@ -57,7 +57,8 @@ def test_a_folder_that_is_not_a_pipeline_is_refused(ctx: ServerContext, tmp_path
 
 
 def test_r5_a_changed_server_file_is_refused_never_adopted_and_taken_only_by_update(
-        ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
     """A registered digest never changes by itself: a file of the server's copy replaced with
     other bytes makes the manifest refuse (409 ``model_changed`` naming the file, both digests
     and the fix), verify reports it and records nothing, and only ``update`` takes it."""
@@ -78,7 +79,8 @@ def test_r5_a_changed_server_file_is_refused_never_adopted_and_taken_only_by_upd
     assert {f.path: f.digest for f in ctx.registry.registered_manifest(record.id).files} == before
     checks = [c for c in ctx.registry.verify([record.id]) if c.status != "ok"]
     assert [(c.path, c.status, c.recorded, c.actual) for c in checks] == [
-        ("unet/config.json", "changed", before["unet/config.json"], file_digest(config))]
+        ("unet/config.json", "changed", before["unet/config.json"], file_digest(config))
+    ]
     assert [c.path for c in ctx.registry.verify([record.id]) if c.status != "ok"] == ["unet/config.json"]  # unrecorded
     assert ctx.redis.get(ctx.keys.registry_changed()) == mark  # nothing told the workers: nothing changed
 
@@ -118,11 +120,13 @@ def test_r5_a_missing_server_file_is_model_changed_naming_it(ctx: ServerContext,
         ctx.registry.manifest(record.id)
     assert refused.value.reason == "model_changed"
     assert [(c.path, c.status, c.actual) for c in ctx.registry.verify() if c.status != "ok"] == [
-        ("scheduler/scheduler_config.json", "missing", None)]
+        ("scheduler/scheduler_config.json", "missing", None)
+    ]
 
 
 def test_r5_adding_the_same_folder_again_names_the_registered_model_and_copies_nothing(
-        ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path) -> None:
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     """Running ``homefleet models add FOLDER`` twice must not leave a second, silent copy under a
     new id (a second full copy of the weights on the server's disk, and a model id nobody
     chose): the same files and variant without an explicit id are refused naming the first
@@ -144,7 +148,8 @@ def test_r5_adding_the_same_folder_again_names_the_registered_model_and_copies_n
 
 
 def test_r15_the_loaded_bytes_are_priced_once_at_registration_and_carried_in_the_manifest(
-        ctx: ServerContext, tiny_models_dir: Path) -> None:
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
     """The variant's price (app/core/pricing.py) is stored with the record, handed out in the
     manifest (the worker's residency uses it, tasks/loading.py), and equals what the worker's
     loader holds; a record registered before the column existed is priced from its folder."""

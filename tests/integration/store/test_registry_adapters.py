@@ -39,10 +39,12 @@ def test_an_adapter_is_a_registry_entry_with_its_base_family_and_a_manifest(ctx:
     manifest = ctx.registry.manifest("sd-lora")
     weights = lora / "pytorch_lora_weights.safetensors"
     assert [(f.path, f.size, f.digest) for f in manifest.files] == [
-        ("pytorch_lora_weights.safetensors", weights.stat().st_size, file_digest(weights))]
+        ("pytorch_lora_weights.safetensors", weights.stat().st_size, file_digest(weights))
+    ]
     assert ctx.registry.adapter("sd-lora").id == "sd-lora"
     assert ctx.registry.weights_bytes("sd-lora") == weights.stat().st_size - (
-        8 + int.from_bytes(weights.read_bytes()[:8], "little"))  # fp32 parameters: the file less its header
+        8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    )  # fp32 parameters: the file less its header
     assert "sd-lora" in ctx.dispatcher.costs.model_profiles()  # placement prices its load by its bytes
 
 
@@ -56,8 +58,9 @@ def test_a_model_or_an_unknown_id_is_no_adapter(ctx: ServerContext, lora: Path, 
     assert caught.value.reason == "unknown_adapter"
 
 
-def test_a_folder_that_is_no_adapter_or_an_unknown_family_is_refused(ctx: ServerContext, lora: Path,
-                                                                        tiny_models_dir: Path, tmp_path: Path) -> None:
+def test_a_folder_that_is_no_adapter_or_an_unknown_family_is_refused(
+    ctx: ServerContext, lora: Path, tiny_models_dir: Path, tmp_path: Path
+) -> None:
     with pytest.raises(Rejected, match="is a diffusers pipeline") as caught:
         ctx.registry.add(tiny_models_dir / "tiny-sd", adapter_of="sd1")
     assert caught.value.reason == "not_an_adapter"
@@ -91,36 +94,48 @@ def write_lora(path: Path, keys: list[str]) -> Path:
     return path
 
 
-SDXL_KEYS = ["lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-             "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
-             "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-             "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
-             "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight",
-             "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_up.weight"]
+SDXL_KEYS = [
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+    "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight",
+    "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_up.weight",
+]
 
 
 def test_the_kohya_helper_renames_the_same_tensors(lora: Path, kohya: Path) -> None:
     diffusers = safetensors_header(lora / LORA_WEIGHTS)
     renamed = safetensors_header(kohya)
     name = "down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0"
-    assert renamed[f"lora_unet_{name}.lora_down.weight"]["shape"] == diffusers[
-        "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight"]["shape"]
+    assert (
+        renamed[f"lora_unet_{name}.lora_down.weight"]["shape"]
+        == diffusers["unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight"]["shape"]
+    )
     assert renamed[f"lora_unet_{name}.alpha"]["shape"] == []
     assert len(renamed) == len(diffusers) * 3 // 2  # down, up and alpha per module
     assert all(key.startswith("lora_unet_") for key in renamed)
 
 
 def test_a_single_lora_file_of_either_layout_registers_with_its_layout_and_digest(
-    ctx: ServerContext, lora: Path, kohya: Path, tmp_path: Path,
+    ctx: ServerContext,
+    lora: Path,
+    kohya: Path,
+    tmp_path: Path,
 ) -> None:
     record = ctx.registry.add(kohya, adapter_of="sd1")  # the id minted from the file name, less .safetensors
-    assert (record.id, record.family, record.kinds, record.pipeline_class) == ("tiny-sd-kohya", "sd1", ["adapter"],
-                                                                               "LoRA")
+    assert (record.id, record.family, record.kinds, record.pipeline_class) == (
+        "tiny-sd-kohya",
+        "sd1",
+        ["adapter"],
+        "LoRA",
+    )
     assert (record.source_format, record.source_digest) == ("lora-kohya", file_digest(kohya))
     stored = ctx.registry.folder(record.id) / LORA_WEIGHTS  # the name the worker loads (tasks/adapters.py)
     assert stored.read_bytes() == kohya.read_bytes()
     assert [(f.path, f.size, f.digest) for f in ctx.registry.manifest(record.id).files] == [
-        (LORA_WEIGHTS, kohya.stat().st_size, file_digest(kohya))]
+        (LORA_WEIGHTS, kohya.stat().st_size, file_digest(kohya))
+    ]
     assert ctx.registry.adapter(record.id).source_format == "lora-kohya"
 
     downloaded = shutil.copyfile(lora / LORA_WEIGHTS, tmp_path / "my_style.safetensors")
@@ -134,7 +149,9 @@ def test_a_single_lora_file_of_either_layout_registers_with_its_layout_and_diges
 
 
 def test_a_lora_file_for_another_family_or_no_lora_is_refused_naming_why(
-    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path,
+    ctx: ServerContext,
+    tiny_models_dir: Path,
+    tmp_path: Path,
 ) -> None:
     sdxl = write_lora(tmp_path / "sdxl-style.safetensors", SDXL_KEYS)
     with pytest.raises(Rejected) as caught:
@@ -142,13 +159,15 @@ def test_a_lora_file_for_another_family_or_no_lora_is_refused_naming_why(
     assert caught.value.reason == "adapter_family_mismatch"
     assert caught.value.message == (
         f"{sdxl} is a LoRA for an SDXL UNet (keys like {SDXL_KEYS[0]}, {SDXL_KEYS[1]}, {SDXL_KEYS[2]}), not for "
-        "family 'sd1'; register it with --adapter-of one of: sdxl")
+        "family 'sd1'; register it with --adapter-of one of: sdxl"
+    )
     assert ctx.registry.add(sdxl, adapter_of="sdxl").source_format == "lora-kohya"
 
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
-    with pytest.raises(Rejected, match=rf"^{garbage} is no LoRA adapter: {garbage}: safetensors header is not JSON"
-                       ) as caught:
+    with pytest.raises(
+        Rejected, match=rf"^{garbage} is no LoRA adapter: {garbage}: safetensors header is not JSON"
+    ) as caught:
         ctx.registry.add(garbage, adapter_of="sd1")
     assert caught.value.reason == "not_an_adapter"
     checkpoint = tiny_models_dir / "tiny-sd" / "unet" / "diffusion_pytorch_model.safetensors"
@@ -171,18 +190,25 @@ def test_a_lora_file_for_another_family_or_no_lora_is_refused_naming_why(
 
 
 def test_models_add_registers_a_lora_file_and_refuses_one_for_another_family(
-    settings: Settings, ctx: ServerContext, lora: Path, kohya: Path, tmp_path: Path,
+    settings: Settings,
+    ctx: ServerContext,
+    lora: Path,
+    kohya: Path,
+    tmp_path: Path,
 ) -> None:
     """``homefleet models add FILE --adapter-of sd1``, as an operator runs it."""
     env = settings_env(settings)
     done = run_cli("models", "add", str(kohya), "--adapter-of", "sd1", env=env)
-    assert (f"registered tiny-sd-kohya family=sd1 kinds=adapter files=1 bytes={kohya.stat().st_size} "
-            "variant=fp32") in " ".join(done.stdout.split()), done.stdout
+    assert (
+        f"registered tiny-sd-kohya family=sd1 kinds=adapter files=1 bytes={kohya.stat().st_size} variant=fp32"
+    ) in " ".join(done.stdout.split()), done.stdout
     done = run_cli("models", "add", str(lora / LORA_WEIGHTS), "--id", "sd-lora-file", "--adapter-of", "sd1", env=env)
     assert "registered sd-lora-file family=sd1 kinds=adapter files=1" in " ".join(done.stdout.split()), done.stdout
     records = {m.id: (m.source_format, m.source_digest) for m in ctx.registry.list()}
-    assert records == {"tiny-sd-kohya": ("lora-kohya", file_digest(kohya)),
-                       "sd-lora-file": ("lora-diffusers", file_digest(lora / LORA_WEIGHTS))}
+    assert records == {
+        "tiny-sd-kohya": ("lora-kohya", file_digest(kohya)),
+        "sd-lora-file": ("lora-diffusers", file_digest(lora / LORA_WEIGHTS)),
+    }
 
     sdxl = write_lora(tmp_path / "sdxl-style.safetensors", SDXL_KEYS)
     done = run_cli("models", "add", str(sdxl), "--adapter-of", "sd1", env=env, check=False)

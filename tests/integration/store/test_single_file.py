@@ -30,9 +30,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path)
     out = tmp_path_factory.mktemp("single-files")
     sdxl = make_tiny_sdxl_single_file_base(out / "tiny-sdxl-base")
     return {
-        "sd1": tiny_models_dir / "tiny-sd", "sd1-file": make_tiny_single_file(
-            tiny_models_dir / "tiny-sd", out / "tiny-sd1-pruned.safetensors", "sd1"),
-        "sdxl": sdxl, "sdxl-file": make_tiny_single_file(sdxl, out / "tiny_sd_xl_base.safetensors", "sdxl"),
+        "sd1": tiny_models_dir / "tiny-sd",
+        "sd1-file": make_tiny_single_file(tiny_models_dir / "tiny-sd", out / "tiny-sd1-pruned.safetensors", "sd1"),
+        "sdxl": sdxl,
+        "sdxl-file": make_tiny_single_file(sdxl, out / "tiny_sd_xl_base.safetensors", "sdxl"),
         "lora": make_tiny_lora(tiny_models_dir / "tiny-sd", out / "lora") / "pytorch_lora_weights.safetensors",
     }
 
@@ -43,13 +44,20 @@ def add(settings: Settings, *args: str, check: bool = True):
 
 def weights(pipe: DiffusionPipeline) -> dict[str, torch.Tensor]:
     """Every tensor of every torch component, as ``component/name``."""
-    return {f"{name}/{key}": value for name, part in pipe.components.items() if hasattr(part, "state_dict")
-            for key, value in part.state_dict().items()}
+    return {
+        f"{name}/{key}": value
+        for name, part in pipe.components.items()
+        if hasattr(part, "state_dict")
+        for key, value in part.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("family", ["sd1", "sdxl"])
 def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_with_the_same_weights(
-    ctx: ServerContext, settings: Settings, checkpoints: dict[str, Path], family: str,
+    ctx: ServerContext,
+    settings: Settings,
+    checkpoints: dict[str, Path],
+    family: str,
 ) -> None:
     source = checkpoints[f"{family}-file"]
     done = add(settings, str(source), "--family", family, "--config", str(checkpoints[family]), "--id", f"{family}-sf")
@@ -61,8 +69,10 @@ def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_w
     assert describe_pipeline(folder)[:2] == (record.pipeline_class, family)
     assert not list(folder.rglob("*.ckpt")) and not (folder / source.name).exists()  # only the converted folder
     assert {p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")} >= {
-        "unet/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
-        "text_encoder/model.safetensors"}
+        "unet/diffusion_pytorch_model.safetensors",
+        "vae/diffusion_pytorch_model.safetensors",
+        "text_encoder/model.safetensors",
+    }
     converted = weights(DiffusionPipeline.from_pretrained(str(folder), local_files_only=True))
     original = weights(DiffusionPipeline.from_pretrained(str(checkpoints[family]), local_files_only=True))
     assert converted.keys() == original.keys()
@@ -74,14 +84,22 @@ def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_w
     assert again.returncode == 2 and "model_already_registered" in again.stdout and f"{family}-sf" in again.stdout
 
 
-@pytest.mark.parametrize(("file", "family", "reason", "words"), [
-    ("sdxl-file", "sd1", "wrong_family", "its keys are those of sdxl"),
-    ("sd1-file", "sdxl", "wrong_family", "its keys are those of sd1"),
-    ("sd1-file", "flux", "wrong_family", "its keys are those of sd1"),
-    ("lora", "sd1", "not_a_checkpoint", "is a LoRA adapter"),
-])
+@pytest.mark.parametrize(
+    ("file", "family", "reason", "words"),
+    [
+        ("sdxl-file", "sd1", "wrong_family", "its keys are those of sdxl"),
+        ("sd1-file", "sdxl", "wrong_family", "its keys are those of sd1"),
+        ("sd1-file", "flux", "wrong_family", "its keys are those of sd1"),
+        ("lora", "sd1", "not_a_checkpoint", "is a LoRA adapter"),
+    ],
+)
 def test_r4_a_file_that_is_not_a_checkpoint_of_the_family_is_refused_naming_why(
-    ctx: ServerContext, settings: Settings, checkpoints: dict[str, Path], file: str, family: str, reason: str,
+    ctx: ServerContext,
+    settings: Settings,
+    checkpoints: dict[str, Path],
+    file: str,
+    family: str,
+    reason: str,
     words: str,
 ) -> None:
     done = add(settings, str(checkpoints[file]), "--family", family, check=False)
@@ -91,27 +109,40 @@ def test_r4_a_file_that_is_not_a_checkpoint_of_the_family_is_refused_naming_why(
 
 
 def test_r4_garbage_a_pickle_a_kohya_lora_and_a_partial_checkpoint_are_refused(
-    ctx: ServerContext, settings: Settings, checkpoints: dict[str, Path], tmp_path: Path,
+    ctx: ServerContext,
+    settings: Settings,
+    checkpoints: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
     garbage = tmp_path / "model.safetensors"
     garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all, no")
     pickle = tmp_path / "v1-5-pruned.ckpt"
     pickle.write_bytes(b"PK\x03\x04 a zip of pickles: never opened")
     kohya = tmp_path / "style.safetensors"
-    write_safetensors(kohya, {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": 8,
-                              "lora_unet_down_blocks_0_attentions_0_proj_in.alpha": 4})
+    write_safetensors(
+        kohya,
+        {
+            "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": 8,
+            "lora_unet_down_blocks_0_attentions_0_proj_in.alpha": 4,
+        },
+    )
     partial = tmp_path / "unet-only.safetensors"  # an SD 1.x UNet and text encoder, no VAE
     from safetensors import safe_open
+
     with safe_open(str(checkpoints["sd1-file"]), framework="pt") as handle:
-        save_file({k: handle.get_tensor(k) for k in handle.keys() if not k.startswith("first_stage_model.")},  # noqa: SIM118
-                  str(partial))
+        save_file(
+            {k: handle.get_tensor(k) for k in handle.keys() if not k.startswith("first_stage_model.")},  # noqa: SIM118
+            str(partial),
+        )
     diffusers_named = tmp_path / "diffusion_pytorch_model.safetensors"
     write_safetensors(diffusers_named, {"down_blocks.0.resnets.0.conv1.weight": 8})
-    cases = [(garbage, "not_a_checkpoint", "is not a safetensors checkpoint"),
-             (pickle, "not_a_checkpoint", "never unpickles"),
-             (kohya, "not_a_checkpoint", "is a LoRA adapter"),
-             (partial, "incomplete_checkpoint", "vae: first_stage_model."),
-             (diffusers_named, "not_a_checkpoint", "already in diffusers/transformers names")]
+    cases = [
+        (garbage, "not_a_checkpoint", "is not a safetensors checkpoint"),
+        (pickle, "not_a_checkpoint", "never unpickles"),
+        (kohya, "not_a_checkpoint", "is a LoRA adapter"),
+        (partial, "incomplete_checkpoint", "vae: first_stage_model."),
+        (diffusers_named, "not_a_checkpoint", "already in diffusers/transformers names"),
+    ]
     for path, reason, words in cases:
         done = add(settings, str(path), "--family", "sd1", "--config", str(checkpoints["sd1"]), check=False)
         assert done.returncode == 2 and f"error ({reason})" in done.stdout, (path.name, done.stdout)
@@ -120,10 +151,14 @@ def test_r4_garbage_a_pickle_a_kohya_lora_and_a_partial_checkpoint_are_refused(
 
 
 def test_the_config_must_fit_the_family_and_flux_or_no_clip_vocabulary_need_one(
-    ctx: ServerContext, settings: Settings, checkpoints: dict[str, Path], tmp_path: Path,
+    ctx: ServerContext,
+    settings: Settings,
+    checkpoints: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
-    wrong = add(settings, str(checkpoints["sd1-file"]), "--family", "sd1", "--config", str(checkpoints["sdxl"]),
-                check=False)
+    wrong = add(
+        settings, str(checkpoints["sd1-file"]), "--family", "sd1", "--config", str(checkpoints["sdxl"]), check=False
+    )
     assert wrong.returncode == 2 and "error (invalid_config)" in wrong.stdout
     assert "StableDiffusionXLPipeline folder" in wrong.stdout.replace("\n", " ")
     # the shipped SD 1.5 config: real sizes do not fit a tiny file, or no CLIP vocabulary is installed
@@ -167,7 +202,9 @@ def test_the_shipped_configs_are_those_of_the_real_repositories_and_load_in_diff
 
 
 def test_an_fp16_checkpoint_stays_fp16_in_the_converted_folder(
-    ctx: ServerContext, checkpoints: dict[str, Path], tmp_path: Path,
+    ctx: ServerContext,
+    checkpoints: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -179,8 +216,12 @@ def test_an_fp16_checkpoint_stays_fp16_in_the_converted_folder(
     unet = ctx.registry.folder(record.id) / "unet" / "diffusion_pytorch_model.safetensors"
     with safe_open(str(unet), framework="pt") as handle:
         assert {handle.get_slice(k).get_dtype() for k in handle.keys()} == {"F16"}  # noqa: SIM118
-    converted = weights(DiffusionPipeline.from_pretrained(str(ctx.registry.folder(record.id)), local_files_only=True,
-                                                          torch_dtype=torch.float16))
-    original = weights(DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True,
-                                                         torch_dtype=torch.float16))
+    converted = weights(
+        DiffusionPipeline.from_pretrained(
+            str(ctx.registry.folder(record.id)), local_files_only=True, torch_dtype=torch.float16
+        )
+    )
+    original = weights(
+        DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True, torch_dtype=torch.float16)
+    )
     assert [name for name in original if not torch.equal(converted[name], original[name])] == []

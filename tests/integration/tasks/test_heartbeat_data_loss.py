@@ -24,8 +24,14 @@ class FolderCheck:
 
 
 def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis_url: str, tmp_path: Path) -> None:
-    settings = WorkerSettings(machine="m1", models_dir=tmp_path / "models", worker_token="t" * 32,
-                              redis_url=redis_url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0)
+    settings = WorkerSettings(
+        machine="m1",
+        models_dir=tmp_path / "models",
+        worker_token="t" * 32,
+        redis_url=redis_url,
+        heartbeat_interval_s=0.2,
+        heartbeat_ttl_s=1.0,
+    )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(settings.key_prefix)
     beat = Heartbeat(settings, client, keys, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]

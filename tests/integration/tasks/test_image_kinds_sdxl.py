@@ -34,13 +34,20 @@ def test_sdxl_img2img_and_inpaint_run_on_the_txt2img_components(tmp_path: Path) 
     source = png((48, 32))
     inputs = {"image": source, "mask": png((48, 32), "L", (8, 8, 24, 24))}
     steps: list[tuple[int, int]] = []
-    out = runner("img2img")(pipeline, {"prompt": "a fox", "steps": 4, "seed": 3, "strength": 0.5, "n": 2},
-                            lambda step, total, text=None: steps.append((step, total)), {}, inputs, family="sdxl")
+    out = runner("img2img")(
+        pipeline,
+        {"prompt": "a fox", "steps": 4, "seed": 3, "strength": 0.5, "n": 2},
+        lambda step, total, text=None: steps.append((step, total)),
+        {},
+        inputs,
+        family="sdxl",
+    )
     assert [Image.open(io.BytesIO(data)).size for data in (out.data, *out.more)] == [(48, 32), (48, 32)]
     assert out.data != out.more[0] and out.record == {"seeds": [3, 4]}
     assert steps[-1] == (2, 2)  # int(4 x 0.5) steps ran, and progress counted those
-    painted = runner("inpaint")(pipeline, {"prompt": "a fox", "steps": 2, "seed": 3}, lambda *a, **k: None, {},
-                                inputs, family="sdxl")
+    painted = runner("inpaint")(
+        pipeline, {"prompt": "a fox", "steps": 2, "seed": 3}, lambda *a, **k: None, {}, inputs, family="sdxl"
+    )
     after = np.asarray(Image.open(io.BytesIO(painted.data)).convert("RGB"), dtype=np.float64)
     before = np.asarray(Image.open(io.BytesIO(source)).convert("RGB"), dtype=np.float64)
     inside = np.zeros(after.shape[:2], dtype=bool)

@@ -85,8 +85,7 @@ def test_c11_a_worker_reports_every_revoked_id_but_ends_only_its_own_machines_jo
     bring_online(ctx, "m1", {model})
     theirs = ctx.dispatcher.submit(model, "txt2img", {"prompt": "q"}, "m1").job.id
     ids = [theirs, *(f"{i:032x}" for i in range(250))]
-    revocations = Revocations(ServerClient(url, ctx.fleet.machines["m2"].token, 10.0, machine="m2"), "m2",
-                              RUN_JOB_TASK)
+    revocations = Revocations(ServerClient(url, ctx.fleet.machines["m2"].token, 10.0, machine="m2"), "m2", RUN_JOB_TASK)
     try:
         for job_id in ids:
             worker_state.revoked.add(job_id)

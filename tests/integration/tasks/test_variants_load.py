@@ -18,8 +18,9 @@ def test_a_bf16_int8_variant_loads_quantized_and_generates(tiny_models_dir: Path
     linears = [m for m in pipeline.unet.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m.weight, Int8Tensor) for m in linears)
     assert pipeline.text_encoder.dtype == torch.bfloat16  # precision applies to every component
-    image = pipeline("a cat", num_inference_steps=1, width=32, height=32,
-                     generator=torch.Generator("cpu").manual_seed(0)).images[0]
+    image = pipeline(
+        "a cat", num_inference_steps=1, width=32, height=32, generator=torch.Generator("cpu").manual_seed(0)
+    ).images[0]
     assert image.size == (32, 32)
 
 
@@ -32,8 +33,9 @@ def test_a_variant_is_in_the_manifest_the_residency_key_and_the_memory_estimate(
     ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
     full = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="sd-fp32")
-    half = ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="sd-bf16-int8", precision="bf16",
-                            quantization="torchao-int8wo")
+    half = ctx.registry.add(
+        tiny_models_dir / "tiny-sd", model_id="sd-bf16-int8", precision="bf16", quantization="torchao-int8wo"
+    )
     m_full, m_half = ctx.registry.manifest(full.id), ctx.registry.manifest(half.id)
     assert (m_half.precision, m_half.quantization) == ("bf16", "torchao-int8wo")
     assert m_full.files == m_half.files  # the same files…

@@ -21,8 +21,14 @@ SLOW_S = 30.0
 
 
 def worker_settings(redis_url: str, tmp_path: Path) -> WorkerSettings:
-    return WorkerSettings(machine="m1", models_dir=tmp_path / "models", worker_token="t" * 32, redis_url=redis_url,
-                          heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0)
+    return WorkerSettings(
+        machine="m1",
+        models_dir=tmp_path / "models",
+        worker_token="t" * 32,
+        redis_url=redis_url,
+        heartbeat_interval_s=0.2,
+        heartbeat_ttl_s=1.0,
+    )
 
 
 def test_r7_a_second_worker_of_a_machine_is_refused_from_the_first_ones_start(redis_url: str, tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def document() -> dict[str, Any]:
 
 
 def test_each_kind_lists_only_the_models_that_run_it_and_a_kind_no_model_runs_is_left_out(
-        document: dict[str, Any]) -> None:
+    document: dict[str, Any],
+) -> None:
     variants = {v["properties"]["kind"]["const"]: v for v in document["components"]["schemas"]["JobCreate"]["oneOf"]}
     assert set(variants) == {"txt2img", "img2img", "inpaint", "edit", "text"}  # no upscale or video model registered
     assert variants["edit"]["properties"]["model"]["enum"] == ["tiny-pix2pix"]
@@ -68,10 +69,13 @@ def test_openai_sizes_are_listed_when_few_and_patterned_when_many() -> None:
     assert "enum" not in many and many["pattern"].startswith("^(auto|")
 
 
-@pytest.mark.parametrize(("multiple_of", "min_side", "max_pixels"), [(8, 8, 1024), (8, 16, 128 * 128), (64, 64, 2**20),
-                                                                     (16, 8, 300 * 300), (8, 8, 256 * 256)])
-def test_the_listed_sizes_are_every_allowed_size_in_order_and_only_those(multiple_of: int, min_side: int,
-                                                                         max_pixels: int) -> None:
+@pytest.mark.parametrize(
+    ("multiple_of", "min_side", "max_pixels"),
+    [(8, 8, 1024), (8, 16, 128 * 128), (64, 64, 2**20), (16, 8, 300 * 300), (8, 8, 256 * 256)],
+)
+def test_the_listed_sizes_are_every_allowed_size_in_order_and_only_those(
+    multiple_of: int, min_side: int, max_pixels: int
+) -> None:
     """The list stops counting once it is too long (the broadest limits allow millions of sizes:
     enumerating them made every /openapi.json take seconds); when short, it is exactly the sizes
     a brute force over every side finds, width first."""

@@ -17,11 +17,14 @@ def test_greedy_unless_do_sample_or_a_temperature_or_top_p_changes_the_distribut
     assert Parameters(top_p=0.9).job_params("x") == {"prompt": "x", "temperature": 1.0, "top_p": 0.9}
     grammar = {"type": "regex", "value": "[0-9]+"}
     assert Parameters(grammar=grammar, max_new_tokens=5).job_params("x") == {
-        "prompt": "x", "max_new_tokens": 5, "temperature": 0.0, "grammar": grammar}
+        "prompt": "x",
+        "max_new_tokens": 5,
+        "temperature": 0.0,
+        "grammar": grammar,
+    }
 
 
-@pytest.mark.parametrize(("name", "value"), [("top_k", 5), ("repetition_penalty", 1.2),
-                                         ("watermark", True)])
+@pytest.mark.parametrize(("name", "value"), [("top_k", 5), ("repetition_penalty", 1.2), ("watermark", True)])
 def test_an_unsupported_parameter_set_is_refused_naming_it(name: str, value: object) -> None:
     with pytest.raises(Rejected, match=f"parameters.{name}") as refused:
         Parameters.model_validate({name: value}).job_params("x")

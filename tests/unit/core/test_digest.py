@@ -64,9 +64,13 @@ def test_c07_the_worker_check_finds_a_same_size_same_mtime_change(tmp_path: Path
     weights = folder / "w.safetensors"
     weights.write_bytes(os.urandom(200_000))
     (folder / "config.json").write_text("{}")
-    manifest = manifest_of("x", [
-        {"path": f"unet/{p.name}", "size": p.stat().st_size, "digest": file_digest(p)} for p in sorted(folder.iterdir())
-    ])
+    manifest = manifest_of(
+        "x",
+        [
+            {"path": f"unet/{p.name}", "size": p.stat().st_size, "digest": file_digest(p)}
+            for p in sorted(folder.iterdir())
+        ],
+    )
     assert model_problems(models, manifest) == []
     assert verified_models(models, {"x": manifest}) == {"x"}
     backup = tmp_path / "orig"

@@ -51,8 +51,9 @@ def call_arguments(family: str, params: dict[str, Any], kind: str | None = None)
     kind = kind or FAMILIES[family].kind
     # named as the class that runs the kind: tasks.kinds.kind_pipeline takes it as it is
     pipeline = type(FAMILIES[family].pipeline_class_of(kind), (RecordingPipeline,), {})()
-    runner(kind)(pipeline, {"seed": 1, **params}, lambda step, total: None, {}, {"image": png(), "mask": png()},
-                 family=family)
+    runner(kind)(
+        pipeline, {"seed": 1, **params}, lambda step, total: None, {}, {"image": png(), "mask": png()}, family=family
+    )
     (call,) = pipeline.calls
     return call
 
@@ -65,9 +66,19 @@ def test_the_registry_accepts_exactly_the_families_pipeline_classes() -> None:
 
     assert registry_table is PIPELINE_FAMILIES  # one home
     assert set(PIPELINE_FAMILIES) == {
-        "StableDiffusionPipeline", "StableDiffusionXLPipeline", "FluxPipeline", "QwenImageEditPipeline",
-        "StableDiffusionInstructPix2PixPipeline", "StableDiffusionUpscalePipeline", "AnimateDiffPipeline",
-        "WanPipeline", "FluxKontextPipeline", "LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"}
+        "StableDiffusionPipeline",
+        "StableDiffusionXLPipeline",
+        "FluxPipeline",
+        "QwenImageEditPipeline",
+        "StableDiffusionInstructPix2PixPipeline",
+        "StableDiffusionUpscalePipeline",
+        "AnimateDiffPipeline",
+        "WanPipeline",
+        "FluxKontextPipeline",
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "GPT2LMHeadModel",
+    }
 
 
 @pytest.mark.parametrize(("family", "kind"), FAMILY_KINDS)
@@ -116,30 +127,62 @@ def test_flux_guidance_is_distilled_by_default_and_true_cfg_is_its_own_param() -
 
 
 def test_family_defaults_price_the_job() -> None:
-    assert job_request("m", "wan", "video", "auto", {}).size == job_request("m", "animatediff", "video", "auto",
-                                                                            {"frames": 33}).size
+    assert (
+        job_request("m", "wan", "video", "auto", {}).size
+        == job_request("m", "animatediff", "video", "auto", {"frames": 33}).size
+    )
 
 
 @pytest.mark.parametrize(
     ("family", "params", "message", "reason"),
     [
-        ("flux", {"width": 72}, ("`width` must be a multiple of 16 pixels for family flux (FluxPipeline: the VAE "
-                                 "downsamples by 8, then 2x2 patches), got 72"), "invalid_width"),
-        ("wan", {"height": 40}, "`height` must be a multiple of 16 pixels for family wan (WanPipeline",
-            "invalid_height"),
-        ("wan", {"frames": 8}, ("`frames` must be 4k+1 (1, 5, 9, 13, ...) for family wan (WanPipeline: the VAE packs "
-                                "4 frames into each latent frame after the first), got 8; ask for 5 or 9"),
-         "invalid_frames"),
-        ("flux", {"negative_prompt": "blurry"}, ("params.negative_prompt is used only with params.true_cfg_scale above "
-                                                 "1 for family flux (FluxPipeline: true classifier-free guidance), got "
-                                                 "true_cfg_scale=1.0"), "invalid_params"),
-        ("qwen-image", {"negative_prompt": "blurry", "true_cfg_scale": 1},
-         ("params.negative_prompt is used only with params.true_cfg_scale above 1 for family qwen-image"),
-         "invalid_params"),
+        (
+            "flux",
+            {"width": 72},
+            (
+                "`width` must be a multiple of 16 pixels for family flux (FluxPipeline: the VAE "
+                "downsamples by 8, then 2x2 patches), got 72"
+            ),
+            "invalid_width",
+        ),
+        (
+            "wan",
+            {"height": 40},
+            "`height` must be a multiple of 16 pixels for family wan (WanPipeline",
+            "invalid_height",
+        ),
+        (
+            "wan",
+            {"frames": 8},
+            (
+                "`frames` must be 4k+1 (1, 5, 9, 13, ...) for family wan (WanPipeline: the VAE packs "
+                "4 frames into each latent frame after the first), got 8; ask for 5 or 9"
+            ),
+            "invalid_frames",
+        ),
+        (
+            "flux",
+            {"negative_prompt": "blurry"},
+            (
+                "params.negative_prompt is used only with params.true_cfg_scale above "
+                "1 for family flux (FluxPipeline: true classifier-free guidance), got "
+                "true_cfg_scale=1.0"
+            ),
+            "invalid_params",
+        ),
+        (
+            "qwen-image",
+            {"negative_prompt": "blurry", "true_cfg_scale": 1},
+            ("params.negative_prompt is used only with params.true_cfg_scale above 1 for family qwen-image"),
+            "invalid_params",
+        ),
     ],
 )
 def test_r22_a_family_rule_is_refused_naming_the_familys_limit(
-    family: str, params: dict[str, Any], message: str, reason: str,
+    family: str,
+    params: dict[str, Any],
+    message: str,
+    reason: str,
 ) -> None:
     with pytest.raises(Rejected) as refused:
         check_family_params(family, FAMILIES[family].kind, {"prompt": "x", **params})
@@ -159,18 +202,34 @@ def test_r22_what_a_family_allows_passes() -> None:
 @pytest.mark.parametrize(
     ("family", "params", "message"),
     [
-        ("qwen-image", {"image_guidance_scale": 1.5},
-         ("params.image_guidance_scale is not a param of kind 'edit' on family qwen-image (QwenImageEditPipeline); "
-          "it takes image, prompt, negative_prompt, steps, seed, true_cfg_scale")),
-        ("qwen-image", {"guidance_scale": 4.0},
-            "params.guidance_scale is not a param of kind 'edit' on family qwen-image"),
-        ("sd1-pix2pix", {"true_cfg_scale": 4.0}, ("params.true_cfg_scale is not a param of kind 'edit' on family "
-                                                  "sd1-pix2pix (StableDiffusionInstructPix2PixPipeline)")),
+        (
+            "qwen-image",
+            {"image_guidance_scale": 1.5},
+            (
+                "params.image_guidance_scale is not a param of kind 'edit' on family qwen-image "
+                "(QwenImageEditPipeline); "
+                "it takes image, prompt, negative_prompt, steps, seed, true_cfg_scale"
+            ),
+        ),
+        (
+            "qwen-image",
+            {"guidance_scale": 4.0},
+            "params.guidance_scale is not a param of kind 'edit' on family qwen-image",
+        ),
+        (
+            "sd1-pix2pix",
+            {"true_cfg_scale": 4.0},
+            (
+                "params.true_cfg_scale is not a param of kind 'edit' on family "
+                "sd1-pix2pix (StableDiffusionInstructPix2PixPipeline)"
+            ),
+        ),
         ("sdxl", {"true_cfg_scale": 4.0}, "params.true_cfg_scale is not a param of kind 'txt2img' on family sdxl"),
     ],
 )
-def test_r22_a_param_the_familys_pipeline_does_not_take_is_refused(family: str, params: dict[str, Any],
-                                                                   message: str) -> None:
+def test_r22_a_param_the_familys_pipeline_does_not_take_is_refused(
+    family: str, params: dict[str, Any], message: str
+) -> None:
     with pytest.raises(Rejected) as refused:
         check_known_params(FAMILIES[family].kind, {"prompt": "x", **params}, family)
     assert refused.value.message.startswith(message), refused.value.message
@@ -192,8 +251,8 @@ def test_r22_prompt_tokens_and_frames_follow_the_familys_encoder_and_model() -> 
     assert limits_for(limits, "qwen-image").max_prompt_tokens == 1024  # Qwen2.5-VL
     assert (limits_for(limits, "wan").max_prompt_tokens, limits_for(limits, "wan").max_frames) == (512, 81)
     with pytest.raises(Rejected, match="at most 512 tokens"):
-        check_submission({"prompt": "x" * 513}, limits_for(limits, "flux"), count_tokens=len, kind="txt2img",
-                         family="flux")
-    check_submission({"prompt": "x" * 512}, limits_for(limits, "flux"), count_tokens=len, kind="txt2img",
-                     family="flux")
+        check_submission(
+            {"prompt": "x" * 513}, limits_for(limits, "flux"), count_tokens=len, kind="txt2img", family="flux"
+        )
+    check_submission({"prompt": "x" * 512}, limits_for(limits, "flux"), count_tokens=len, kind="txt2img", family="flux")
     assert FamilyLimits().max_prompt_tokens == 77 and set(KINDS) == {k for f in FAMILIES.values() for k in f.kinds}

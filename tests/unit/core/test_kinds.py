@@ -34,9 +34,6 @@ def png() -> bytes:
     return buffer.getvalue()
 
 
-
-
-
 @pytest.mark.parametrize("family", DIFFUSION_FAMILIES)
 def test_a_runner_reads_exactly_the_params_its_familys_spec_lists(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Per family (app/core/families.py), every param of the family's spec is read."""
@@ -74,16 +71,28 @@ def test_server_set_output_size_is_accepted_only_where_the_server_sets_it() -> N
 @pytest.mark.parametrize(
     ("kind", "params", "message"),
     [
-        ("txt2img", {"prompt": "x", "stepz": 4},
-         "params.stepz is not a param of kind 'txt2img'; it takes prompt, negative_prompt, width, height, steps, "
-         "guidance_scale, seed"),
-        ("txt2img", {"output_width": 8, "batch": 2},
-            "params.output_width, params.batch are not params of kind 'txt2img'"),
-        ("edit", {"width": 64},
-            "it takes image, prompt, negative_prompt, image_guidance_scale, steps, guidance_scale, seed"),
+        (
+            "txt2img",
+            {"prompt": "x", "stepz": 4},
+            "params.stepz is not a param of kind 'txt2img'; it takes prompt, negative_prompt, width, height, steps, "
+            "guidance_scale, seed",
+        ),
+        (
+            "txt2img",
+            {"output_width": 8, "batch": 2},
+            "params.output_width, params.batch are not params of kind 'txt2img'",
+        ),
+        (
+            "edit",
+            {"width": 64},
+            "it takes image, prompt, negative_prompt, image_guidance_scale, steps, guidance_scale, seed",
+        ),
         ("upscale", {"frames": 2}, "it takes image, prompt, negative_prompt, noise_level, steps, guidance_scale, seed"),
-        ("video", {"noise_level": 2}, "it takes prompt, negative_prompt, width, height, frames, fps, format, steps, "
-                                      "guidance_scale, seed"),
+        (
+            "video",
+            {"noise_level": 2},
+            "it takes prompt, negative_prompt, width, height, frames, fps, format, steps, guidance_scale, seed",
+        ),
     ],
 )
 def test_a_key_the_kind_does_not_use_is_refused_naming_it_and_the_accepted_ones(

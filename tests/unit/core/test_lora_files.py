@@ -90,19 +90,23 @@ SD1_CHECKPOINT = [
 ]
 
 
-@pytest.mark.parametrize(("keys", "source_format", "base", "first_evidence"), [
-    (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
-    (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
-    (KOHYA_FLUX, KOHYA, "flux", "lora_unet_double_blocks_0_img_attn_qkv.alpha"),
-    (PEFT_SD1, DIFFUSERS, "sd1", "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"),
-    (OLD_DIFFUSERS_SD1, DIFFUSERS, "sd1", OLD_DIFFUSERS_SD1[0]),
-    (PEFT_SDXL, DIFFUSERS, "sdxl", PEFT_SDXL[0]),
-    (PEFT_SDXL_UNET, DIFFUSERS, "sdxl", PEFT_SDXL_UNET[2]),
-    (PEFT_FLUX, DIFFUSERS, "flux", PEFT_FLUX[0]),
-    (PEFT_TRANSFORMER, DIFFUSERS, "transformer", PEFT_TRANSFORMER[0]),
-])
-def test_the_layout_and_base_come_from_the_keys(keys: list[str], source_format: str, base: str,
-                                                 first_evidence: str) -> None:
+@pytest.mark.parametrize(
+    ("keys", "source_format", "base", "first_evidence"),
+    [
+        (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
+        (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
+        (KOHYA_FLUX, KOHYA, "flux", "lora_unet_double_blocks_0_img_attn_qkv.alpha"),
+        (PEFT_SD1, DIFFUSERS, "sd1", "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"),
+        (OLD_DIFFUSERS_SD1, DIFFUSERS, "sd1", OLD_DIFFUSERS_SD1[0]),
+        (PEFT_SDXL, DIFFUSERS, "sdxl", PEFT_SDXL[0]),
+        (PEFT_SDXL_UNET, DIFFUSERS, "sdxl", PEFT_SDXL_UNET[2]),
+        (PEFT_FLUX, DIFFUSERS, "flux", PEFT_FLUX[0]),
+        (PEFT_TRANSFORMER, DIFFUSERS, "transformer", PEFT_TRANSFORMER[0]),
+    ],
+)
+def test_the_layout_and_base_come_from_the_keys(
+    keys: list[str], source_format: str, base: str, first_evidence: str
+) -> None:
     layout = recognise(keys, "x.safetensors")
     assert (layout.source_format, layout.base, layout.tensors) == (source_format, base, len(keys))
     assert layout.evidence[0] == first_evidence and len(layout.evidence) <= 3
@@ -118,18 +122,29 @@ def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_famili
     recognise(PEFT_FLUX, "f.safetensors").check_family("flux-kontext", "f.safetensors")
 
 
-@pytest.mark.parametrize(("keys", "family", "message"), [
-    (KOHYA_SDXL, "sd1", "sdxl.safetensors is a LoRA for an SDXL UNet (keys like "
-                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha, "
-                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight, "
-                        "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight), not for family 'sd1'; "
-                        "register it with --adapter-of one of: sdxl"),
-    (KOHYA_SD1, "sdxl", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet (keys like lora_te_"),
-    (KOHYA_FLUX, "sd1", "sdxl.safetensors is a LoRA for a Flux transformer (keys like lora_unet_double_blocks_0_"),
-    (PEFT_TRANSFORMER, "sd1", "sdxl.safetensors is a LoRA for a diffusion transformer (the keys do not say which) "
-                              "(keys like transformer.transformer_blocks.0.attn.to_q.lora_A.weight"),
-    (PEFT_SD1, "flux", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet"),
-])
+@pytest.mark.parametrize(
+    ("keys", "family", "message"),
+    [
+        (
+            KOHYA_SDXL,
+            "sd1",
+            "sdxl.safetensors is a LoRA for an SDXL UNet (keys like "
+            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha, "
+            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight, "
+            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight), not for family 'sd1'; "
+            "register it with --adapter-of one of: sdxl",
+        ),
+        (KOHYA_SD1, "sdxl", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet (keys like lora_te_"),
+        (KOHYA_FLUX, "sd1", "sdxl.safetensors is a LoRA for a Flux transformer (keys like lora_unet_double_blocks_0_"),
+        (
+            PEFT_TRANSFORMER,
+            "sd1",
+            "sdxl.safetensors is a LoRA for a diffusion transformer (the keys do not say which) "
+            "(keys like transformer.transformer_blocks.0.attn.to_q.lora_A.weight",
+        ),
+        (PEFT_SD1, "flux", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet"),
+    ],
+)
 def test_a_lora_for_another_family_is_refused_naming_the_keys(keys: list[str], family: str, message: str) -> None:
     with pytest.raises(Rejected) as caught:
         recognise(keys, "sdxl.safetensors").check_family(family, "sdxl.safetensors")
@@ -137,21 +152,35 @@ def test_a_lora_for_another_family_is_refused_naming_the_keys(keys: list[str], f
     assert caught.value.message.startswith(message), caught.value.message
 
 
-@pytest.mark.parametrize(("keys", "message"), [
-    ([], "x.safetensors holds no tensors"),
-    (SD1_CHECKPOINT, "x.safetensors holds no LoRA weights: its 4 tensors are named like "
-                     "cond_stage_model.transformer.text_model.embeddings.position_ids, "
-                     "first_stage_model.encoder.conv_in.weight, model.diffusion_model.input_blocks.0.0.bias "
-                     "(and 1 more) (a full checkpoint or another file)"),
-    (["conv_in.weight", "conv_in.bias"], "x.safetensors holds no LoRA weights: its 2 tensors are named like "
-                                         "conv_in.bias, conv_in.weight"),
-    (["double_blocks.0.img_attn.qkv.weight"], "x.safetensors holds no LoRA weights"),  # a Flux checkpoint
-    ([*PEFT_SD1, "model.diffusion_model.out.2.weight"],
-     "x.safetensors holds 1 tensors that are not LoRA weights, e.g. model.diffusion_model.out.2.weight, beside 6"),
-    ([*KOHYA_SD1[:2], *PEFT_SD1[:2]], "x.safetensors mixes kohya keys (lora_unet_down_blocks_0_"),
-    (["lora_unet_blocks_0_cross_attn_q.lora_down.weight", "lora_unet_blocks_0_cross_attn_q.lora_up.weight"],
-     "x.safetensors holds LoRA weights for no base Homefleet recognises (keys like lora_unet_blocks_0_cross_attn_q"),
-])
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ([], "x.safetensors holds no tensors"),
+        (
+            SD1_CHECKPOINT,
+            "x.safetensors holds no LoRA weights: its 4 tensors are named like "
+            "cond_stage_model.transformer.text_model.embeddings.position_ids, "
+            "first_stage_model.encoder.conv_in.weight, model.diffusion_model.input_blocks.0.0.bias "
+            "(and 1 more) (a full checkpoint or another file)",
+        ),
+        (
+            ["conv_in.weight", "conv_in.bias"],
+            "x.safetensors holds no LoRA weights: its 2 tensors are named like conv_in.bias, conv_in.weight",
+        ),
+        (["double_blocks.0.img_attn.qkv.weight"], "x.safetensors holds no LoRA weights"),  # a Flux checkpoint
+        (
+            [*PEFT_SD1, "model.diffusion_model.out.2.weight"],
+            "x.safetensors holds 1 tensors that are not LoRA weights, e.g. model.diffusion_model.out.2.weight, "
+            "beside 6",
+        ),
+        ([*KOHYA_SD1[:2], *PEFT_SD1[:2]], "x.safetensors mixes kohya keys (lora_unet_down_blocks_0_"),
+        (
+            ["lora_unet_blocks_0_cross_attn_q.lora_down.weight", "lora_unet_blocks_0_cross_attn_q.lora_up.weight"],
+            "x.safetensors holds LoRA weights for no base Homefleet recognises "
+            "(keys like lora_unet_blocks_0_cross_attn_q",
+        ),
+    ],
+)
 def test_a_file_without_a_recognised_lora_is_no_adapter(keys: list[str], message: str) -> None:
     with pytest.raises(Rejected) as caught:
         recognise(keys, "x.safetensors")

@@ -51,11 +51,14 @@ def test_only_the_known_import_messages_are_dropped(records: Records) -> None:
     torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
     torchao.warning(TORCHAO_NOISE)
     logging.getLogger("torchao.kernel.intmm").warning(  # a child logger: its own filter (parents' do not apply)
-        "Warning: Detected no triton, on systems without Triton certain kernels will not work")
+        "Warning: Detected no triton, on systems without Triton certain kernels will not work"
+    )
     pytree.warning(PYTREE_NOISE, "<enum 'KernelPreference'>")
     torchao.warning("Failed to load checkpoint weights.bin: truncated")  # not a kernel library
     torchao.error("int8 weight-only quantization is not supported on this device")
     pytree.warning("some other pytree warning")
-    assert records.messages == ["Failed to load checkpoint weights.bin: truncated",
-                                "int8 weight-only quantization is not supported on this device",
-                                "some other pytree warning"]
+    assert records.messages == [
+        "Failed to load checkpoint weights.bin: truncated",
+        "int8 weight-only quantization is not supported on this device",
+        "some other pytree warning",
+    ]

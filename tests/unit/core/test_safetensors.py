@@ -17,8 +17,11 @@ from app.core.safetensors import safetensors_header, safetensors_weight_bytes
 
 def test_the_header_lists_each_tensor_without_the_metadata(tmp_path: Path) -> None:
     path = tmp_path / "a.safetensors"
-    save_file({"a.lora_down.weight": np.zeros((4, 8), np.float32), "a.alpha": np.array(4.0, np.float32)}, str(path),
-              metadata={"format": "pt"})
+    save_file(
+        {"a.lora_down.weight": np.zeros((4, 8), np.float32), "a.alpha": np.array(4.0, np.float32)},
+        str(path),
+        metadata={"format": "pt"},
+    )
     header = safetensors_header(path)
     assert sorted(header) == ["a.alpha", "a.lora_down.weight"]
     assert (header["a.lora_down.weight"]["dtype"], header["a.lora_down.weight"]["shape"]) == ("F32", [4, 8])
@@ -26,14 +29,17 @@ def test_the_header_lists_each_tensor_without_the_metadata(tmp_path: Path) -> No
     assert safetensors_weight_bytes(path) == 4 * 8 * 4 + 4
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"abc", "is not a safetensors file: shorter than its 8-byte header length"),
-    (struct.pack("<Q", 50) + b"{}", "safetensors header truncated (2 of 50 bytes)"),
-    (struct.pack("<Q", 5) + b"hello", "safetensors header is not JSON"),
-    (struct.pack("<Q", 2) + b"[]", "safetensors header is not a JSON object of tensors"),
-    (struct.pack("<Q", 9) + b'{"a": 1}' + b" ", "safetensors header is not a JSON object of tensors"),
-    (struct.pack("<Q", 200_000_000) + b"{}", "safetensors header of 200000000 bytes exceeds 100000000"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"abc", "is not a safetensors file: shorter than its 8-byte header length"),
+        (struct.pack("<Q", 50) + b"{}", "safetensors header truncated (2 of 50 bytes)"),
+        (struct.pack("<Q", 5) + b"hello", "safetensors header is not JSON"),
+        (struct.pack("<Q", 2) + b"[]", "safetensors header is not a JSON object of tensors"),
+        (struct.pack("<Q", 9) + b'{"a": 1}' + b" ", "safetensors header is not a JSON object of tensors"),
+        (struct.pack("<Q", 200_000_000) + b"{}", "safetensors header of 200000000 bytes exceeds 100000000"),
+    ],
+)
 def test_a_file_that_is_no_safetensors_is_refused_naming_why(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "garbage.safetensors"
     path.write_bytes(content)

@@ -37,16 +37,23 @@ def test_the_kv_cache_formula_equals_the_cache_transformers_allocates(family: st
 
 def test_grouped_query_attention_counts_kv_heads_not_attention_heads() -> None:
     # Qwen2-7B's config: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head dim 128)
-    config = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
-              "max_position_embeddings": 32768}
+    config = {
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+        "max_position_embeddings": 32768,
+    }
     assert kv_bytes_per_token(config, "bf16") == 2 * 28 * 4 * 128 * 2 == 57344
     assert max_positions(config) == 32768 and max_positions({"n_positions": 1024}) == 1024
 
 
 def test_token_limits_precedence_model_then_family_then_config() -> None:
     assert token_limits(FamilyLimits(), 512) == token_limits(FamilyLimits(), 512, None, None)
-    assert (token_limits(FamilyLimits(), 512).max_input_tokens, token_limits(FamilyLimits(), 512).max_total_tokens) \
-        == (511, 512)
+    assert (token_limits(FamilyLimits(), 512).max_input_tokens, token_limits(FamilyLimits(), 512).max_total_tokens) == (
+        511,
+        512,
+    )
     family = FamilyLimits(max_input_tokens=100, max_total_tokens=200)
     assert token_limits(family, 512).max_total_tokens == 200 and token_limits(family, 512).max_input_tokens == 100
     own = token_limits(family, 512, max_input_tokens=10, max_total_tokens=16)

@@ -16,4 +16,3 @@ def test_head_is_the_one_head_of_the_version_scripts() -> None:
     config.set_main_option("script_location", str(SCRIPTS))
     heads = ScriptDirectory.from_config(config).get_heads()
     assert heads == [head_revision()]
-

@@ -53,7 +53,11 @@ def test_the_reader_reads_drawn_shapes(style: str, shape: str, background: str) 
             image = image.filter(ImageFilter.GaussianBlur(blur))
         seen = inspect(image)
         assert (seen.colour, seen.shape, seen.style, seen.background) == (colour, shape, style, background), (
-            colour, size, blur, seen)
+            colour,
+            size,
+            blur,
+            seen,
+        )
 
 
 def test_the_reader_finds_no_shape_on_a_plain_picture() -> None:
@@ -96,9 +100,14 @@ def test_a_trained_model_draws_the_prompt_in_its_style(trained: tuple[str, Any])
     right = dict.fromkeys(AT_LEAST, 0)
     readings = []
     for seed, (colour, shape, background) in enumerate(PROMPTS):
-        image = pipeline(caption(colour, shape, background), width=SAMPLING["width"], height=SAMPLING["height"],
-                         num_inference_steps=SAMPLING["steps"], guidance_scale=SAMPLING["guidance_scale"],
-                         generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+        image = pipeline(
+            caption(colour, shape, background),
+            width=SAMPLING["width"],
+            height=SAMPLING["height"],
+            num_inference_steps=SAMPLING["steps"],
+            guidance_scale=SAMPLING["guidance_scale"],
+            generator=torch.Generator("cpu").manual_seed(seed),
+        ).images[0]
         assert image.size == (SAMPLING["width"], SAMPLING["height"])
         seen = inspect(image)
         readings.append((colour, shape, background, seen))
@@ -120,8 +129,9 @@ def test_the_edit_model_recolours_a_shape_and_keeps_the_rest() -> None:
 
     from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 
-    pipeline = DiffusionPipeline.from_pretrained(str(DEMO_MODELS_DIR / RECOLOUR_MODEL), local_files_only=True,
-                                                 dtype=torch.float32)
+    pipeline = DiffusionPipeline.from_pretrained(
+        str(DEMO_MODELS_DIR / RECOLOUR_MODEL), local_files_only=True, dtype=torch.float32
+    )
     assert type(pipeline).__name__ == "StableDiffusionInstructPix2PixPipeline"
     pipeline.set_progress_bar_config(disable=True)
     colours = list(COLOURS)
@@ -132,10 +142,14 @@ def test_the_edit_model_recolours_a_shape_and_keeps_the_rest() -> None:
     try:
         for seed, (colour, shape, background) in enumerate(PROMPTS):
             wanted = colours[(colours.index(colour) + 1 + seed % 5) % 6]  # never the input's colour
-            image = pipeline(f"make it {wanted}", image=draw(colour, shape, background, "filled"),
-                             num_inference_steps=EDIT_SAMPLING["steps"], guidance_scale=EDIT_SAMPLING["guidance_scale"],
-                             image_guidance_scale=EDIT_SAMPLING["image_guidance_scale"],
-                             generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+            image = pipeline(
+                f"make it {wanted}",
+                image=draw(colour, shape, background, "filled"),
+                num_inference_steps=EDIT_SAMPLING["steps"],
+                guidance_scale=EDIT_SAMPLING["guidance_scale"],
+                image_guidance_scale=EDIT_SAMPLING["image_guidance_scale"],
+                generator=torch.Generator("cpu").manual_seed(seed),
+            ).images[0]
             seen = inspect(image)
             readings.append((colour, shape, background, wanted, seen))
             right["colour"] += seen.colour == wanted

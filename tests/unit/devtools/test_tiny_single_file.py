@@ -42,8 +42,15 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
 
 def test_unet_sd1_and_sdxl_round_trip_through_convert_ldm_unet_checkpoint() -> None:
     torch.manual_seed(0)
-    for unet in (tiny._unet(), tiny._unet(cross_attention_dim=80, addition_embed_type="text_time",
-                                          addition_time_embed_dim=8, projection_class_embeddings_input_dim=96)):
+    for unet in (
+        tiny._unet(),
+        tiny._unet(
+            cross_attention_dim=80,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=96,
+        ),
+    ):
         state = unet.state_dict()
         original = {UNET_PREFIX + k: v for k, v in unet_to_original(state, unet.config).items()}
         assert "model.diffusion_model.input_blocks.0.0.weight" in original
@@ -68,8 +75,16 @@ def test_clip_and_open_clip_round_trip(tmp_path: Path) -> None:
     assert CHECKPOINT_KEY_NAMES["clip"] in original
     back = {k.removeprefix("text_model."): v for k, v in convert_ldm_clip_checkpoint(original).items()}
     assert same(back, text.state_dict()) == []
-    big = CLIPTextModelWithProjection(CLIPTextConfig(vocab_size=514, hidden_size=48, intermediate_size=37,
-                                                     num_hidden_layers=2, num_attention_heads=4, projection_dim=40))
+    big = CLIPTextModelWithProjection(
+        CLIPTextConfig(
+            vocab_size=514,
+            hidden_size=48,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            projection_dim=40,
+        )
+    )
     original = open_clip_to_original(big.state_dict())
     assert original[SDXL_OPEN_CLIP_PREFIX + "transformer.resblocks.1.attn.in_proj_weight"].shape == (3 * 48, 48)
     assert original[SDXL_OPEN_CLIP_PREFIX + "text_projection"].shape == (48, 40)
@@ -82,22 +97,44 @@ def test_flux_round_trips_at_flux1_width() -> None:
     torch.manual_seed(0)
     width, mlp = 3072, 12288
     state: dict[str, torch.Tensor] = {}
-    for head in ("time_text_embed.timestep_embedder", "time_text_embed.text_embedder",
-                 "time_text_embed.guidance_embedder"):
+    for head in (
+        "time_text_embed.timestep_embedder",
+        "time_text_embed.text_embedder",
+        "time_text_embed.guidance_embedder",
+    ):
         for layer in ("linear_1", "linear_2"):
             state[f"{head}.{layer}.weight"], state[f"{head}.{layer}.bias"] = torch.randn(4, 1), torch.randn(4)
     for name in ("context_embedder", "x_embedder", "proj_out", "norm_out.linear"):
         state[f"{name}.weight"], state[f"{name}.bias"] = torch.randn(6, 1), torch.randn(6)
     block = "transformer_blocks.0."
-    for name in ("norm1.linear", "norm1_context.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj",
-                 "attn.add_k_proj", "attn.add_v_proj", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                 "ff_context.net.2", "attn.to_out.0", "attn.to_add_out"):
+    for name in (
+        "norm1.linear",
+        "norm1_context.linear",
+        "attn.to_q",
+        "attn.to_k",
+        "attn.to_v",
+        "attn.add_q_proj",
+        "attn.add_k_proj",
+        "attn.add_v_proj",
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+        "attn.to_out.0",
+        "attn.to_add_out",
+    ):
         state[f"{block}{name}.weight"], state[f"{block}{name}.bias"] = torch.randn(5, 1), torch.randn(5)
     for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
         state[f"{block}attn.{name}.weight"] = torch.randn(5)
     single = "single_transformer_blocks.0."
-    for name, rows in (("norm.linear", 5), ("attn.to_q", width), ("attn.to_k", width), ("attn.to_v", width),
-                       ("proj_mlp", mlp), ("proj_out", 5)):
+    for name, rows in (
+        ("norm.linear", 5),
+        ("attn.to_q", width),
+        ("attn.to_k", width),
+        ("attn.to_v", width),
+        ("proj_mlp", mlp),
+        ("proj_out", 5),
+    ):
         state[f"{single}{name}.weight"], state[f"{single}{name}.bias"] = torch.randn(rows, 1), torch.randn(rows)
     state[f"{single}attn.norm_q.weight"], state[f"{single}attn.norm_k.weight"] = torch.randn(5), torch.randn(5)
     original = flux_to_original(state)
@@ -109,7 +146,7 @@ def test_flux_round_trips_at_flux1_width() -> None:
 
 def test_the_clip_vocabulary_is_built_like_clips_own_encoder(tmp_path: Path) -> None:
     bpe = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
-    bpe.write_bytes(gzip.compress("\n".join(["\"bpe_simple_vocab_16e6.txt#version: 0.2", "t h", "th e</w>"]).encode()))
+    bpe.write_bytes(gzip.compress("\n".join(['"bpe_simple_vocab_16e6.txt#version: 0.2', "t h", "th e</w>"]).encode()))
     write_clip_tokenizer_files(bpe, tmp_path / "tokenizer")
     vocab = json.loads((tmp_path / "tokenizer" / "vocab.json").read_text())
     assert (len(vocab), vocab["!"], vocab["!</w>"], vocab["th"], vocab["the</w>"]) == (516, 0, 256, 512, 513)

@@ -35,14 +35,31 @@ def test_a_token_identifies_exactly_its_machine() -> None:
     ("machines", "message"),
     [
         ([{"name": "m1", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}], "server"),
-        ([{"name": "server", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}] * 2,
-         "listed twice"),
-        ([{"name": "server", "backend": "tpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}],
-            "backend"),
-        ([{"name": "Server!", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}],
-         "machine name"),
-        ([{"name": "server", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": [],
-           "speeed": 3.0}], "machines.server.speeed\n  Extra inputs are not permitted"),  # the default speed stayed
+        (
+            [{"name": "server", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}] * 2,
+            "listed twice",
+        ),
+        (
+            [{"name": "server", "backend": "tpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}],
+            "backend",
+        ),
+        (
+            [{"name": "Server!", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 1, "families": []}],
+            "machine name",
+        ),
+        (
+            [
+                {
+                    "name": "server",
+                    "backend": "cpu",
+                    "memory_kind": "unified",
+                    "memory_bytes": 1,
+                    "families": [],
+                    "speeed": 3.0,
+                }
+            ],
+            "machines.server.speeed\n  Extra inputs are not permitted",
+        ),  # the default speed stayed
     ],
 )
 def test_invalid_fleet_configs_are_refused_with_the_reason(machines: list[dict[str, object]], message: str) -> None:

@@ -15,15 +15,29 @@ from app.core.errors import Unauthorized
 from app.core.names import device_machine, split_machine
 from app.fleet.config import Fleet, with_fresh_tokens
 
-SERVER = {"name": "server", "backend": "cpu", "memory_kind": "unified", "memory_bytes": 8_000_000_000,
-          "families": ["sd1"], "token": "server-token-0123456789"}
+SERVER = {
+    "name": "server",
+    "backend": "cpu",
+    "memory_kind": "unified",
+    "memory_bytes": 8_000_000_000,
+    "families": ["sd1"],
+    "token": "server-token-0123456789",
+}
 BOX_TOKEN = "box-token-0123456789abcdef"
 
 
 def box(**changes: Any) -> dict[str, Any]:
-    entry = {"name": "box", "backend": "cuda", "memory_kind": "dedicated", "memory_bytes": 24_000_000_000,
-             "families": ["sd1", "sdxl"], "token": BOX_TOKEN, "speed": 3.0, "load_bytes_per_s": 5e9,
-             "devices": ["cuda:0", "cuda:1"]}
+    entry = {
+        "name": "box",
+        "backend": "cuda",
+        "memory_kind": "dedicated",
+        "memory_bytes": 24_000_000_000,
+        "families": ["sd1", "sdxl"],
+        "token": BOX_TOKEN,
+        "speed": 3.0,
+        "load_bytes_per_s": 5e9,
+        "devices": ["cuda:0", "cuda:1"],
+    }
     return {**entry, **changes}
 
 
@@ -43,7 +57,9 @@ def test_two_devices_become_machines_box_0_and_box_1_with_the_hosts_settings() -
         assert (machine.speed, machine.load_bytes_per_s, machine.token) == (3.0, 5e9, BOX_TOKEN)
     assert fleet.machines["server"].host_name == "server" and fleet.machines["server"].device is None
     assert {host: [m.name for m in members] for host, members in fleet.hosts().items()} == {
-        "server": ["server"], "box": ["box:0", "box:1"]}
+        "server": ["server"],
+        "box": ["box:0", "box:1"],
+    }
 
 
 def test_a_count_of_devices_numbers_them_from_zero_and_a_list_keeps_its_indices() -> None:
@@ -90,10 +106,14 @@ def test_a_bad_device_list_is_a_config_error_naming_the_field(devices: object, m
         (box(backend="mps", memory_kind="unified", devices=["mps:0", "mps:1"]), "an Apple host has one mps device"),
         (box(host="box"), "'host' is not a fleet-file key"),
         ({**box(), "device": 0}, "'device' is not a fleet-file key"),
-        ({key: value for key, value in box(name="box:0").items() if key != "devices"},
-         r"machine 'box:0' names device 0 of host 'box': declare the host's devices on its entry"),
-        ({key: value for key, value in box(name="box:3x").items() if key != "devices"},
-         "a machine name is a host name"),
+        (
+            {key: value for key, value in box(name="box:0").items() if key != "devices"},
+            r"machine 'box:0' names device 0 of host 'box': declare the host's devices on its entry",
+        ),
+        (
+            {key: value for key, value in box(name="box:3x").items() if key != "devices"},
+            "a machine name is a host name",
+        ),
     ],
 )
 def test_device_names_come_only_from_a_hosts_devices(entry: dict[str, Any], message: str) -> None:
@@ -130,8 +150,11 @@ def test_the_internal_api_takes_the_hosts_token_for_the_device_a_worker_names() 
     bearer = f"Bearer {BOX_TOKEN}"
     assert machine_of(fleet, bearer, "box:0").name == "box:0"
     assert machine_of(fleet, bearer, "box:1").name == "box:1"
-    with pytest.raises(Unauthorized, match=r"the token is host 'box''s, shared by its devices box:0, box:1: name "
-                                           "the device's machine in the X-Homefleet-Machine header"):
+    with pytest.raises(
+        Unauthorized,
+        match=r"the token is host 'box''s, shared by its devices box:0, box:1: name "
+        "the device's machine in the X-Homefleet-Machine header",
+    ):
         machine_of(fleet, bearer, None)
     with pytest.raises(
         Unauthorized, match="says it is machine 'server', but its token belongs to machine 'box:0, box:1'"

@@ -13,8 +13,13 @@ from routing.estimate import DEFAULT_WORKING, Estimator, ModelProfile, WorkingCo
 from tests.helpers import FAMILIES, make_fleet
 
 _BASE = make_fleet()
-MACHINES = _BASE.model_copy(update={"machines": {"server": _BASE.machines["server"].model_copy(
-    update={"families": FAMILIES | {"sdxl", "sd-upscale"}})}}).to_toml()  # the families the tables below name
+MACHINES = _BASE.model_copy(
+    update={
+        "machines": {
+            "server": _BASE.machines["server"].model_copy(update={"families": FAMILIES | {"sdxl", "sd-upscale"}})
+        }
+    }
+).to_toml()  # the families the tables below name
 
 
 def fleet_of(extra: str) -> Fleet:
@@ -42,8 +47,9 @@ base_bytes = 900_000_000
     working = fleet.working()
     assert working.coefficients("sd1", "txt2img") == WorkingCoefficients(7_000_000, 300.0)
     assert working.coefficients("sdxl", "txt2img") == WorkingCoefficients(7_000_000, 2600.0)  # base: fleet-wide
-    assert working.coefficients("sdxl", "video") == WorkingCoefficients(900_000_000,
-                                                                        DEFAULT_WORKING["video"].bytes_per_pixel)
+    assert working.coefficients("sdxl", "video") == WorkingCoefficients(
+        900_000_000, DEFAULT_WORKING["video"].bytes_per_pixel
+    )
     assert working.coefficients("sdxl", "edit") == DEFAULT_WORKING["edit"]
     assert working.bytes("sdxl", "txt2img", 64 * 64) == 7_000_000 + 2600 * 64 * 64
 
@@ -67,17 +73,25 @@ load_s = 2.8
     assert Fleet.model_validate(tomllib.loads(fleet.to_toml())) == fleet
 
 
-@pytest.mark.parametrize(("extra", "text"), [
-    ("[working_memory.painting]\nbase_bytes = 1", "working_memory has no kind 'painting'; kinds are txt2img"),
-    ("[families.sdx1.working_memory.txt2img]\nbase_bytes = 1",
-        "the families table names family 'sdx1', which no machine runs"),
-    ("[working_memory.txt2img]\nbase_bytes = -1", "working_memory.txt2img.base_bytes"),
-    ("[families.sd1.working_memory.edit]\nbytes_per_pixel = -0.5", "families.sd1.working_memory.edit.bytes_per_pixel"),
-    ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),
-    ("[models.sdxl]\nstep_s = 0", "models.sdxl.step_s"),  # R13's timing guesses: seconds > 0
-    ("[models.sdxl]\nload_seconds = 3", "models.sdxl.load_seconds"),
-    ("[model.sdxl]\nstep_s = 0.6", "model\n  Extra inputs are not permitted"),  # [models.x] misspelt
-])
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        ("[working_memory.painting]\nbase_bytes = 1", "working_memory has no kind 'painting'; kinds are txt2img"),
+        (
+            "[families.sdx1.working_memory.txt2img]\nbase_bytes = 1",
+            "the families table names family 'sdx1', which no machine runs",
+        ),
+        ("[working_memory.txt2img]\nbase_bytes = -1", "working_memory.txt2img.base_bytes"),
+        (
+            "[families.sd1.working_memory.edit]\nbytes_per_pixel = -0.5",
+            "families.sd1.working_memory.edit.bytes_per_pixel",
+        ),
+        ("[families.sd1.working_memory.edit]\nbytes_per_pixle = 1.0", "bytes_per_pixle"),
+        ("[models.sdxl]\nstep_s = 0", "models.sdxl.step_s"),  # R13's timing guesses: seconds > 0
+        ("[models.sdxl]\nload_seconds = 3", "models.sdxl.load_seconds"),
+        ("[model.sdxl]\nstep_s = 0.6", "model\n  Extra inputs are not permitted"),  # [models.x] misspelt
+    ],
+)
 def test_r11_invalid_coefficients_are_refused_naming_the_field(extra: str, text: str) -> None:
     with pytest.raises(ValidationError) as refused:
         fleet_of(extra)

@@ -22,7 +22,8 @@ ENDING_METHODS = frozenset({"transition", "claim", "interrupt", "cancel", "succe
 def _is_journal(node: ast.expr) -> bool:
     """``journal``, ``self.journal``, ``ctx.journal``, ``dispatcher.journal``..."""
     return (isinstance(node, ast.Name) and node.id == "journal") or (
-        isinstance(node, ast.Attribute) and node.attr == "journal")
+        isinstance(node, ast.Attribute) and node.attr == "journal"
+    )
 
 
 def offences(source: str) -> list[tuple[int, str]]:
@@ -38,13 +39,19 @@ def offences(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_scan_finds_each_kind_of_end_written_by_hand() -> None:
-    source = ("ctx.dispatcher.finished(ctx.journal.fail(job_id, 'm1', 'error', 'boom'))\n"
-              "self.journal.transition(job_id, [JobState.queued], JobState.interrupted)\n"
-              "journal.cancel(job_id)\n"
-              "ctx.dispatcher.cancel(job_id)\n"  # the dispatcher's cancel goes through endings: allowed
-              "ctx.journal.get(job_id)\n")
-    assert offences(source) == [(1, "ctx.dispatcher.finished"), (1, "ctx.journal.fail"),
-                                (2, "self.journal.transition"), (3, "journal.cancel")]
+    source = (
+        "ctx.dispatcher.finished(ctx.journal.fail(job_id, 'm1', 'error', 'boom'))\n"
+        "self.journal.transition(job_id, [JobState.queued], JobState.interrupted)\n"
+        "journal.cancel(job_id)\n"
+        "ctx.dispatcher.cancel(job_id)\n"  # the dispatcher's cancel goes through endings: allowed
+        "ctx.journal.get(job_id)\n"
+    )
+    assert offences(source) == [
+        (1, "ctx.dispatcher.finished"),
+        (1, "ctx.journal.fail"),
+        (2, "self.journal.transition"),
+        (3, "journal.cancel"),
+    ]
 
 
 def test_the_scanned_methods_are_the_journals_ways_into_running_or_an_end() -> None:
@@ -73,5 +80,12 @@ def test_no_job_ends_outside_app_jobs_endings(package: str) -> None:
 
 def test_endings_itself_holds_the_ends() -> None:
     hits = {call for _line, call in offences((ROOT / HOME).read_text(encoding="utf-8"))}
-    assert {"self.journal.claim", "self.journal.interrupt", "self.journal.cancel", "self.journal.fail",
-            "self.journal.succeed", "self.journal.recover", "self.metrics.finished"} <= hits
+    assert {
+        "self.journal.claim",
+        "self.journal.interrupt",
+        "self.journal.cancel",
+        "self.journal.fail",
+        "self.journal.succeed",
+        "self.journal.recover",
+        "self.metrics.finished",
+    } <= hits

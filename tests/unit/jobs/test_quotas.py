@@ -77,10 +77,15 @@ def test_key_ids_are_the_quota_name_or_a_short_digest_never_the_key() -> None:
 
 def test_quotas_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOMEFLEET_API_KEYS", json.dumps(KEYS))
-    monkeypatch.setenv("HOMEFLEET_API_KEY_QUOTAS", json.dumps({
-        "ci": {"key_prefix": "ci-", "max_queued_jobs": 3, "max_gpu_seconds_per_hour": 600},
-        "alice": {"key_prefix": "alice-", "max_gpu_seconds_per_hour": 1.5},
-    }))
+    monkeypatch.setenv(
+        "HOMEFLEET_API_KEY_QUOTAS",
+        json.dumps(
+            {
+                "ci": {"key_prefix": "ci-", "max_queued_jobs": 3, "max_gpu_seconds_per_hour": 600},
+                "alice": {"key_prefix": "alice-", "max_gpu_seconds_per_hour": 1.5},
+            }
+        ),
+    )
     settings = Settings()
     assert settings.api_keys == KEYS  # the plain list of strings is unchanged
     assert settings.api_key_quotas["ci"] == KeyQuota(key_prefix="ci-", max_queued_jobs=3, max_gpu_seconds_per_hour=600)
@@ -94,8 +99,10 @@ def test_quotas_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatc
     ("quotas", "fragment"),
     [
         ({"ci": {"key_prefix": "nobody-"}}, "api_key_quotas['ci']: no key of api_keys starts with its key_prefix"),
-        ({"ci": {"key_prefix": "ci-"}, "all-ci": {"key_prefix": "ci-0"}},
-         "api_keys[0] starts with the key_prefix of 2 quotas ('ci', 'all-ci')"),
+        (
+            {"ci": {"key_prefix": "ci-"}, "all-ci": {"key_prefix": "ci-0"}},
+            "api_keys[0] starts with the key_prefix of 2 quotas ('ci', 'all-ci')",
+        ),
         ({"ci": {"key_prefix": "ci-", "max_queud_jobs": 3}}, "max_queud_jobs"),  # misspelt: refused, not ignored
         ({"ci": {"key_prefix": "ci-", "max_queued_jobs": 0}}, "max_queued_jobs"),
         ({"ci": {"key_prefix": "ci-", "max_gpu_seconds_per_hour": -1}}, "max_gpu_seconds_per_hour"),

@@ -18,8 +18,14 @@ MODEL = "tiny-sd"
 
 
 def view(name: str, backlog: int = 0, max_queued: int | None = 2) -> MachineView:
-    return MachineView(name=name, online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
-                       backlog=backlog, max_queued=max_queued)
+    return MachineView(
+        name=name,
+        online=True,
+        families=frozenset({"sd1"}),
+        verified_models=frozenset({MODEL}),
+        backlog=backlog,
+        max_queued=max_queued,
+    )
 
 
 @pytest.mark.parametrize(

@@ -40,19 +40,25 @@ def test_image_kinds_take_adapters_and_the_others_refuse_them() -> None:
 
 
 def test_checked_entries_are_journaled_with_their_scale_defaulting_to_one() -> None:
-    checked = check_adapters({ADAPTERS_PARAM: [{"id": "sd-lora"}, {"id": "sd-lora-2", "scale": -0.5}]},
-                             FamilyLimits(), "sd1", FAMILIES_OF)
+    checked = check_adapters(
+        {ADAPTERS_PARAM: [{"id": "sd-lora"}, {"id": "sd-lora-2", "scale": -0.5}]}, FamilyLimits(), "sd1", FAMILIES_OF
+    )
     assert checked == [{"id": "sd-lora", "scale": 1.0}, {"id": "sd-lora-2", "scale": -0.5}]
     assert check_adapters({ADAPTERS_PARAM: []}, FamilyLimits(), "sd1", FAMILIES_OF) == []
-    assert check_adapters({ADAPTERS_PARAM: [{"id": "sd-lora", "scale": MAX_ADAPTER_SCALE}]}, FamilyLimits(), "sd1",
-                          FAMILIES_OF)[0]["scale"] == 4.0
+    assert (
+        check_adapters(
+            {ADAPTERS_PARAM: [{"id": "sd-lora", "scale": MAX_ADAPTER_SCALE}]}, FamilyLimits(), "sd1", FAMILIES_OF
+        )[0]["scale"]
+        == 4.0
+    )
 
 
 def test_an_adapter_of_another_family_is_refused_naming_its_id() -> None:
     error = refusal([{"id": "sd-lora"}, {"id": "xl-lora", "scale": 1}])
     assert (error.reason, error.param) == ("adapter_family_mismatch", "params.adapters[1].id")
-    assert error.message.startswith("params.adapters[1].id: adapter 'xl-lora' is of family sdxl, the model is of "
-                                    "family sd1")
+    assert error.message.startswith(
+        "params.adapters[1].id: adapter 'xl-lora' is of family sdxl, the model is of family sd1"
+    )
 
 
 @pytest.mark.parametrize("adapter_id", ["nope", "", 3, None])
@@ -77,13 +83,16 @@ def test_more_adapters_than_the_family_takes_are_refused_naming_the_limit() -> N
     assert FamilyLimits().max_adapters == 4
 
 
-@pytest.mark.parametrize(("adapters", "param"), [
-    ({"id": "sd-lora"}, "params.adapters"),  # not a list
-    ("sd-lora", "params.adapters"),
-    (["sd-lora"], "params.adapters[0]"),  # an entry that is not an object
-    ([{"scale": 1.0}], "params.adapters[0]"),  # no id
-    ([{"id": "sd-lora", "weight": 1.0}], "params.adapters[0]"),  # an unknown key
-])
+@pytest.mark.parametrize(
+    ("adapters", "param"),
+    [
+        ({"id": "sd-lora"}, "params.adapters"),  # not a list
+        ("sd-lora", "params.adapters"),
+        (["sd-lora"], "params.adapters[0]"),  # an entry that is not an object
+        ([{"scale": 1.0}], "params.adapters[0]"),  # no id
+        ([{"id": "sd-lora", "weight": 1.0}], "params.adapters[0]"),  # an unknown key
+    ],
+)
 def test_a_malformed_list_is_refused_naming_the_entry(adapters: Any, param: str) -> None:
     error = refusal(adapters)
     assert (error.reason, error.param) == ("invalid_adapters", param)

@@ -60,8 +60,9 @@ def test_inpaint_needs_a_mask_of_the_image_size(store: InputStore) -> None:
     with pytest.raises(Rejected, match=r"params.mask is required for kind 'inpaint'"):
         check_kind_params("inpaint", {"prompt": "x", "image": image}, store, family="sd1")
     wrong = store.add(image_bytes((16, 16), "L")).id
-    with pytest.raises(Rejected, match=r"params.mask must have the size of params.image \(32x16 pixels\), got 16x16") \
-            as refused:
+    with pytest.raises(
+        Rejected, match=r"params.mask must have the size of params.image \(32x16 pixels\), got 16x16"
+    ) as refused:
         check_kind_params("inpaint", {"prompt": "x", "image": image, "mask": wrong}, store, family="sd1")
     assert refused.value.param == "params.mask"
     right = store.add(image_bytes((32, 16), "L")).id
@@ -71,8 +72,11 @@ def test_inpaint_needs_a_mask_of_the_image_size(store: InputStore) -> None:
 def test_strength_is_no_param_of_txt2img_and_mask_none_of_img2img() -> None:
     with pytest.raises(Rejected, match=r"params.strength is not a param of kind 'txt2img'"):
         check_known_params("txt2img", {"prompt": "x", "strength": 0.5}, "sd1")
-    with pytest.raises(Rejected, match=r"params.mask is not a param of kind 'img2img' on family sd1 "
-                                       r"\(StableDiffusionImg2ImgPipeline\)"):
+    with pytest.raises(
+        Rejected,
+        match=r"params.mask is not a param of kind 'img2img' on family sd1 "
+        r"\(StableDiffusionImg2ImgPipeline\)",
+    ):
         check_known_params("img2img", {"prompt": "x", "mask": "blake3:00"}, "sd1")
 
 

@@ -72,24 +72,38 @@ def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(tmp_path: Path
     params = {"prompt": "x", "image": jpeg.id}
     check_kind_params("edit", params, store, FamilyLimits())
     small = FamilyLimits(max_upload_bytes=100)
-    with pytest.raises(Rejected, match=rf"params\.image: `image` must be at most 100 bytes \(max_upload_bytes\), "
-                                       rf"got {jpeg.size_bytes}") as too_big:
+    with pytest.raises(
+        Rejected,
+        match=rf"params\.image: `image` must be at most 100 bytes \(max_upload_bytes\), "
+        rf"got {jpeg.size_bytes}",
+    ) as too_big:
         check_kind_params("edit", params, store, small)
     png_only = FamilyLimits(upload_media_types=["image/png"])
-    with pytest.raises(Rejected, match=r"params\.image: `image` must be one of image/png \(upload_media_types\), "
-                                       r"got 'image/jpeg'") as wrong_type:
+    with pytest.raises(
+        Rejected,
+        match=r"params\.image: `image` must be one of image/png \(upload_media_types\), "
+        r"got 'image/jpeg'",
+    ) as wrong_type:
         check_kind_params("upscale", {"image": jpeg.id}, store, png_only)
     for refused in (too_big.value, wrong_type.value):  # as POST /v1/images/edits refuses the same upload
         assert (refused.reason, refused.param) == ("invalid_image", "params.image")
 
 
-@pytest.mark.parametrize(("data", "reason", "message"), [
-    (image_bytes((64, 64))[:60], "input_corrupt", "not a complete image/png image"),  # truncated after the header
-    (b"\x89PNG\r\n\x1a\n" + bytes(200), "input_corrupt", "not a complete image/png image"),  # magic bytes, then garbage
-    (image_bytes((4104, 4096)), "input_too_large", "4104 x 4096 = 16809984 pixels; the limit is 16777216"),
-])
+@pytest.mark.parametrize(
+    ("data", "reason", "message"),
+    [
+        (image_bytes((64, 64))[:60], "input_corrupt", "not a complete image/png image"),  # truncated after the header
+        (
+            b"\x89PNG\r\n\x1a\n" + bytes(200),
+            "input_corrupt",
+            "not a complete image/png image",
+        ),  # magic bytes, then garbage
+        (image_bytes((4104, 4096)), "input_too_large", "4104 x 4096 = 16809984 pixels; the limit is 16777216"),
+    ],
+)
 def test_r22_uploads_that_do_not_decode_or_hold_too_many_pixels_store_nothing(
-        tmp_path: Path, data: bytes, reason: str, message: str) -> None:
+    tmp_path: Path, data: bytes, reason: str, message: str
+) -> None:
     store = InputStore(tmp_path, max_input_bytes=50_000_000)
     with pytest.raises(Rejected, match=message) as refused:
         store.add(data)
@@ -106,15 +120,18 @@ def test_r22_a_stored_file_that_does_not_read_is_refused_naming_the_field(tmp_pa
     assert refused.value.reason == "input_corrupt"
 
 
-@pytest.mark.parametrize(("kind", "params", "message"), [
-    ("txt2img", {"guidance_scale": "x"}, r"params\.guidance_scale must be a number from 0 to 50, got 'x'"),
-    ("txt2img", {"guidance_scale": float("nan")}, r"params\.guidance_scale must be a number from 0 to 50, got nan"),
-    ("txt2img", {"guidance_scale": 1e308}, r"params\.guidance_scale must be a number from 0 to 50, got 1e\+308"),
-    ("video", {"fps": 0}, r"params\.fps must be a number from 1 to 60, got 0"),
-    ("edit", {"image_guidance_scale": "big"}, r"params\.image_guidance_scale must be a number from 0 to 50"),
-    ("upscale", {"noise_level": "loud"}, r"params\.noise_level must be an integer from 0 to 350, got 'loud'"),
-    ("upscale", {"noise_level": 351}, r"params\.noise_level must be an integer from 0 to 350, got 351"),
-])
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("txt2img", {"guidance_scale": "x"}, r"params\.guidance_scale must be a number from 0 to 50, got 'x'"),
+        ("txt2img", {"guidance_scale": float("nan")}, r"params\.guidance_scale must be a number from 0 to 50, got nan"),
+        ("txt2img", {"guidance_scale": 1e308}, r"params\.guidance_scale must be a number from 0 to 50, got 1e\+308"),
+        ("video", {"fps": 0}, r"params\.fps must be a number from 1 to 60, got 0"),
+        ("edit", {"image_guidance_scale": "big"}, r"params\.image_guidance_scale must be a number from 0 to 50"),
+        ("upscale", {"noise_level": "loud"}, r"params\.noise_level must be an integer from 0 to 350, got 'loud'"),
+        ("upscale", {"noise_level": 351}, r"params\.noise_level must be an integer from 0 to 350, got 351"),
+    ],
+)
 def test_r22_number_params_are_finite_and_in_range(tmp_path: Path, kind: str, params: dict, message: str) -> None:
     store = InputStore(tmp_path, max_input_bytes=1_000_000)
     with pytest.raises(Rejected, match=message) as refused:

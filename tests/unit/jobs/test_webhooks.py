@@ -54,28 +54,45 @@ ALLOWED = ["hooks.example", "127.0.0.1", "::1"]
 SECRETS = {"k1": "s" * 16}
 
 
-@pytest.mark.parametrize("url", ["https://hooks.example/h", "http://HOOKS.example:8080/a?b=c", "http://127.0.0.1/",
-                                 "http://[::1]:9/x"])
+@pytest.mark.parametrize(
+    "url", ["https://hooks.example/h", "http://HOOKS.example:8080/a?b=c", "http://127.0.0.1/", "http://[::1]:9/x"]
+)
 def test_an_allowed_host_with_a_keyed_secret_passes(url: str) -> None:
     check_webhook(url, ALLOWED, "k1", SECRETS)
 
 
-@pytest.mark.parametrize(("url", "key", "message"), [
-    ("https://evil.example/h", "k1",
-     ("webhook_url: host 'evil.example' is not in the fleet's webhook allow-list "
-      "['127.0.0.1', '::1', 'hooks.example'] (the fleet file's [webhooks] allow_hosts)")),
-    ("https://hooks.example.evil/h", "k1", "webhook_url: host 'hooks.example.evil' is not in"),
-    ("file:///etc/passwd", "k1", "webhook_url: must be an absolute http:// or https:// URL, got 'file:///etc/passwd'"),
-    ("hooks.example/h", "k1", "webhook_url: must be an absolute http:// or https:// URL"),
-    ("https://a:b@hooks.example/", "k1", "webhook_url: must not carry credentials"),
-    ("http://127.0.0.1\\@hooks.example/", "k1", "webhook_url: must not carry credentials"),  # httpx's parse, as sent
-    ("http://xn--/", "k1", "webhook_url: 'http://xn--/' is not a valid URL ("),
-    ("http://[/", "k1", "webhook_url: host '%5b' is not in the fleet's webhook allow-list"),
-    ("http://hooks.example:0/", "k1", "webhook_url: 'http://hooks.example:0/' has an invalid port (0; 1-65535)"),
-    ("http://hooks.example/ x", "k1", "webhook_url: must not contain white space or control characters"),
-    ("https://hooks.example/", None, "webhook_url: this server's API is open (no API keys)"),
-    ("https://hooks.example/", "k2", "webhook_url: the API key (id k2) that submitted it has no webhook secret"),
-])
+@pytest.mark.parametrize(
+    ("url", "key", "message"),
+    [
+        (
+            "https://evil.example/h",
+            "k1",
+            (
+                "webhook_url: host 'evil.example' is not in the fleet's webhook allow-list "
+                "['127.0.0.1', '::1', 'hooks.example'] (the fleet file's [webhooks] allow_hosts)"
+            ),
+        ),
+        ("https://hooks.example.evil/h", "k1", "webhook_url: host 'hooks.example.evil' is not in"),
+        (
+            "file:///etc/passwd",
+            "k1",
+            "webhook_url: must be an absolute http:// or https:// URL, got 'file:///etc/passwd'",
+        ),
+        ("hooks.example/h", "k1", "webhook_url: must be an absolute http:// or https:// URL"),
+        ("https://a:b@hooks.example/", "k1", "webhook_url: must not carry credentials"),
+        (
+            "http://127.0.0.1\\@hooks.example/",
+            "k1",
+            "webhook_url: must not carry credentials",
+        ),  # httpx's parse, as sent
+        ("http://xn--/", "k1", "webhook_url: 'http://xn--/' is not a valid URL ("),
+        ("http://[/", "k1", "webhook_url: host '%5b' is not in the fleet's webhook allow-list"),
+        ("http://hooks.example:0/", "k1", "webhook_url: 'http://hooks.example:0/' has an invalid port (0; 1-65535)"),
+        ("http://hooks.example/ x", "k1", "webhook_url: must not contain white space or control characters"),
+        ("https://hooks.example/", None, "webhook_url: this server's API is open (no API keys)"),
+        ("https://hooks.example/", "k2", "webhook_url: the API key (id k2) that submitted it has no webhook secret"),
+    ],
+)
 def test_a_webhook_url_is_refused_naming_the_field_and_the_limit(url: str, key: str | None, message: str) -> None:
     with pytest.raises(Rejected) as refused:
         check_webhook(url, ALLOWED, key, SECRETS)
@@ -101,8 +118,11 @@ def test_webhook_secrets_name_configured_keys_and_are_long_enough() -> None:
     Settings(api_keys=[key], webhook_secrets={own: "s" * 16})
     quota = {"team": {"key_prefix": "a-key-"}}  # a quota's keys share its name, so its secret
     assert Settings(api_keys=[key], api_key_quotas=quota, webhook_secrets={"team": "s" * 16}).api_key_id(key) == "team"
-    with pytest.raises(ValidationError, match=r"webhook_secrets names key id 'key:000000000000', which is the id of "
-                                              rf"none of api_keys \(their ids: {own}\); `homefleet keys` lists them"):
+    with pytest.raises(
+        ValidationError,
+        match=r"webhook_secrets names key id 'key:000000000000', which is the id of "
+        rf"none of api_keys \(their ids: {own}\); `homefleet keys` lists them",
+    ):
         Settings(api_keys=[key], webhook_secrets={"key:000000000000": "s" * 16})
     with pytest.raises(ValidationError, match="is 5 characters; a webhook secret needs at least 16"):
         Settings(api_keys=[key], webhook_secrets={own: "short"})

@@ -49,8 +49,9 @@ def estimator(weights: dict[str, int], usable: int, working: int) -> Estimator:
     )
 
 
-def worker_evicts(weights: dict[str, int], warm: list[str], usable: int, protected: frozenset[str], model: str,
-                  working: int) -> list[str]:
+def worker_evicts(
+    weights: dict[str, int], warm: list[str], usable: int, protected: frozenset[str], model: str, working: int
+) -> list[str]:
     """The worker's cache, capped at ``usable``, holding ``warm`` (LRU first), loading ``model``
     for a job whose claim carries ``working`` bytes: the models it evicts."""
     cache = ModelCache(lambda folder: f"pipeline {folder.name}", Cpu(), capacity_bytes=usable)
@@ -62,12 +63,14 @@ def worker_evicts(weights: dict[str, int], warm: list[str], usable: int, protect
     return [m for m in warm if m not in cache.warm_models()]
 
 
-def placement_evicts(weights: dict[str, int], warm: list[str], usable: int, protected: frozenset[str], model: str,
-                     working: int) -> list[str]:
+def placement_evicts(
+    weights: dict[str, int], warm: list[str], usable: int, protected: frozenset[str], model: str, working: int
+) -> list[str]:
     costs = estimator(weights, usable, working)
     assert working_of(costs, model, "txt2img", SIZE) == working  # the claim's figure
-    part = expected_finish("m", model, "txt2img", 1, SIZE, warm_models=warm, queue=[], extra_queued=0,
-                           protected=protected, costs=costs)
+    part = expected_finish(
+        "m", model, "txt2img", 1, SIZE, warm_models=warm, queue=[], extra_queued=0, protected=protected, costs=costs
+    )
     return list(part.evicts)
 
 
@@ -75,8 +78,17 @@ def placement_evicts(weights: dict[str, int], warm: list[str], usable: int, prot
 def test_r15_the_working_memory_forces_an_eviction_both_predict(protected: frozenset[str], evicted: list[str]) -> None:
     weights = {"a": 30 * MB, "b": 30 * MB, "c": 30 * MB}
     warm, usable, working = ["a", "b"], 100 * MB, 25 * MB  # 90 MB of weights fit; with the job's 25 MB they do not
-    assert admit(list(warm), "c", memory_kind="unified", usable_bytes=usable, protected=protected,
-                 weights_bytes=weights.__getitem__) == []  # weights-only arithmetic: no eviction
+    assert (
+        admit(
+            list(warm),
+            "c",
+            memory_kind="unified",
+            usable_bytes=usable,
+            protected=protected,
+            weights_bytes=weights.__getitem__,
+        )
+        == []
+    )  # weights-only arithmetic: no eviction
     assert worker_evicts(weights, warm, usable, protected, "c", working) == evicted
     assert placement_evicts(weights, warm, usable, protected, "c", working) == evicted
 
@@ -88,9 +100,18 @@ def test_r15_a_queued_jobs_working_memory_is_admitted_too() -> None:
 
     weights = {"a": 30 * MB, "b": 30 * MB, "c": 30 * MB}
     costs = estimator(weights, 100 * MB, 25 * MB)
-    part = expected_finish("m", "a", "txt2img", 1, SIZE, warm_models=["a", "b"],
-                           queue=[WorkItem("c", "txt2img", 1, SIZE)], extra_queued=0, protected=frozenset(),
-                           costs=costs)
+    part = expected_finish(
+        "m",
+        "a",
+        "txt2img",
+        1,
+        SIZE,
+        warm_models=["a", "b"],
+        queue=[WorkItem("c", "txt2img", 1, SIZE)],
+        extra_queued=0,
+        protected=frozenset(),
+        costs=costs,
+    )
     assert part.cold_load_s > 0 and part.evicts == ("b",)
 
 

@@ -52,8 +52,18 @@ def test_c05_dedicated_drops_every_reference_and_empties_the_cache_before_each_l
     for name in ("A", "B", "C", "A"):  # J1(A), J2(B), J3(C), J4(A)
         cache.get(name, "k", Path(name), weights_bytes=10 * MB)
         assert device.allocated_bytes() == baseline + 10 * MB  # one checkpoint, no creep
-    assert torch.calls == ["load(A)", "free(A)", "empty_cache", "load(B)", "free(B)", "empty_cache", "load(C)",
-                           "free(C)", "empty_cache", "load(A)"]
+    assert torch.calls == [
+        "load(A)",
+        "free(A)",
+        "empty_cache",
+        "load(B)",
+        "free(B)",
+        "empty_cache",
+        "load(C)",
+        "free(C)",
+        "empty_cache",
+        "load(A)",
+    ]
     cache.unload()
     assert device.allocated_bytes() == baseline and device.available_bytes() == 100 * MB
 
@@ -120,8 +130,9 @@ def test_r15_placement_simulates_the_workers_own_eviction(seed: int) -> None:
         policy = UnifiedPolicy() if kind == "unified" else DedicatedPolicy()
         plan = policy.plan(held, LoadRequest(model, sizes[model], usable - sum(sizes[m] for m in warm), protected))
         after = list(warm)
-        evicted = admit(after, model, memory_kind=kind, usable_bytes=usable, protected=protected,
-                        weights_bytes=sizes.__getitem__)
+        evicted = admit(
+            after, model, memory_kind=kind, usable_bytes=usable, protected=protected, weights_bytes=sizes.__getitem__
+        )
         if plan.refused is None:
             assert evicted == list(plan.evict)
         else:  # the worker would refuse; the simulation evicts what it may and goes on

@@ -14,15 +14,20 @@ MODEL, ADAPTER = "tiny-sd", "sd-lora"
 
 
 def view(name: str, verified: set[str], warm: tuple[str, ...] = (MODEL,)) -> MachineView:
-    return MachineView(name=name, online=True, families=frozenset({"sd1"}), verified_models=frozenset(verified),
-                       warm_models=warm)
+    return MachineView(
+        name=name, online=True, families=frozenset({"sd1"}), verified_models=frozenset(verified), warm_models=warm
+    )
 
 
 def costs(learned: LearnedTimings | None = None) -> Estimator:
-    machines = {n: MachineProfile(n, speed=1.0, load_bytes_per_s=rate, usable_bytes=100 * GB)
-                for n, rate in (("server", 1 * GB), ("m1", 1 * GB), ("slow", 0.1 * GB))}
-    models = {MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
-              ADAPTER: ModelProfile(ADAPTER, "sd1", GB // 2, kind=ADAPTER_KIND)}
+    machines = {
+        n: MachineProfile(n, speed=1.0, load_bytes_per_s=rate, usable_bytes=100 * GB)
+        for n, rate in (("server", 1 * GB), ("m1", 1 * GB), ("slow", 0.1 * GB))
+    }
+    models = {
+        MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
+        ADAPTER: ModelProfile(ADAPTER, "sd1", GB // 2, kind=ADAPTER_KIND),
+    }
     return Estimator(machines, models, learned or LearnedTimings())
 
 
@@ -63,8 +68,10 @@ def test_r12_the_adapter_load_is_priced_on_a_warm_base_by_its_bytes_then_by_what
 
 def test_r10_the_adapters_weights_count_in_the_jobs_memory() -> None:
     machines = {"m1": MachineProfile("m1", usable_bytes=3_200_000_000)}  # the job alone: ~2.9 GB
-    models = {MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
-              ADAPTER: ModelProfile(ADAPTER, "sd1", GB // 2, kind=ADAPTER_KIND)}
+    models = {
+        MODEL: ModelProfile(MODEL, "sd1", 2 * GB, step_s=1.0),
+        ADAPTER: ModelProfile(ADAPTER, "sd1", GB // 2, kind=ADAPTER_KIND),
+    }
     fleet = {"m1": view("m1", {MODEL, ADAPTER})}
     estimator = Estimator(machines, models)
     assert place(job("m1", adapters=()), fleet, estimator).machine == "m1"

@@ -18,14 +18,14 @@ def test_excess_is_split_by_machine_and_choice_and_adds_up() -> None:
     split = excess_by_machine(completion, placed, bounds, floor, 10.0, jobs=4)
 
     # job 0: 50 / 10 - 0.5 = 4.5 (choice); job 1: 1 - 1 = 0; job 2: 5 - 3 = 2 (forced); job 3: 0
-    assert split == {"mac4": (pytest.approx(4.5 / 4), 0.0), "server": (0.0, pytest.approx(2.0 / 4)),
-                     "mac5": (0.0, 0.0)}
+    assert split == {"mac4": (pytest.approx(4.5 / 4), 0.0), "server": (0.0, pytest.approx(2.0 / 4)), "mac5": (0.0, 0.0)}
     policy = sum(completion[i] / max(bounds[i], 10.0) for i in completion) / 4
     at_floor = sum(value for value, _ in floor.values()) / 4
     assert sum(a + b for a, b in split.values()) == pytest.approx(policy - at_floor)
 
 
 def test_a_job_missing_at_the_floor_is_left_out() -> None:
-    split = excess_by_machine({0: 30.0, 1: 30.0}, {0: "cuda1", 1: "cuda1"}, {0: 10.0, 1: 10.0},
-                              {0: (1.0, True)}, 10.0, jobs=2)  # job 1 was refused at the floor
+    split = excess_by_machine(
+        {0: 30.0, 1: 30.0}, {0: "cuda1", 1: "cuda1"}, {0: 10.0, 1: 10.0}, {0: (1.0, True)}, 10.0, jobs=2
+    )  # job 1 was refused at the floor
     assert split == {"cuda1": (pytest.approx(1.0), 0.0)}

@@ -23,8 +23,13 @@ NAMES = ("server", "m1", "m2", "cuda1")
 
 def item(rng: random.Random, running: bool = False) -> WorkItem:
     model = rng.choice(MODELS)
-    return WorkItem(model, "video" if model == "video" else "txt2img", rng.randint(4, 40),
-                    REFERENCE_SIZE // rng.choice([1, 2, 4]), elapsed_s=rng.uniform(0, 30) if running else None)
+    return WorkItem(
+        model,
+        "video" if model == "video" else "txt2img",
+        rng.randint(4, 40),
+        REFERENCE_SIZE // rng.choice([1, 2, 4]),
+        elapsed_s=rng.uniform(0, 30) if running else None,
+    )
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -53,9 +58,16 @@ def test_r12_kept_drains_equal_fresh_drains_as_queues_change(seed: int) -> None:
             protected[name] = frozenset(rng.sample(MODELS, rng.randint(0, 1)))
         elif change == "learn":  # a learned timing folded in: the same Estimator, new figures
             model = rng.choice(MODELS)
-            estimator.learned.observe(name, model, "txt2img", guess=estimator.guess(name, model, "txt2img"),
-                                      run_s=rng.uniform(1, 50), steps=10, size=REFERENCE_SIZE,
-                                      load_s=rng.choice([None, rng.uniform(1, 30)]))
+            estimator.learned.observe(
+                name,
+                model,
+                "txt2img",
+                guess=estimator.guess(name, model, "txt2img"),
+                run_s=rng.uniform(1, 50),
+                steps=10,
+                size=REFERENCE_SIZE,
+                load_s=rng.choice([None, rng.uniform(1, 30)]),
+            )
         for n in NAMES:
             args = {"warm_models": warm[n], "queue": tuple(queues[n]), "protected": protected[n], "costs": estimator}
             kept_s, kept_warm = drains(n, **args)
@@ -99,8 +111,9 @@ def test_r12_kept_scarcity_equals_fresh_pressure_and_decisions_as_machines_chang
         kept = scarcity.pressure(views, estimator, catalogue, rates, speed)
         online = {n: x for n, x in views.items() if x.online}
         rates = with_default_share(rates, DEFAULT_TARGET)  # as Scarcity.pressure does
-        fresh = pressure(rates, able_with_pinned(able_machines(online, estimator, catalogue), rates),
-                         {n: speed[n] for n in online})
+        fresh = pressure(
+            rates, able_with_pinned(able_machines(online, estimator, catalogue), rates), {n: speed[n] for n in online}
+        )
         assert kept == fresh, change
         job = request("auto", model=rng.choice([MODEL, "other"]))
         try:

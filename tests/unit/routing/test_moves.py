@@ -14,8 +14,10 @@ from routing.placement import AUTO, JobRequest, MachineView, Move, best_move
 
 FAMILY = "sd1"
 COSTS = Estimator(
-    {"a": MachineProfile("a", 1.0, 2.5e9, "unified", 100_000_000_000),
-     "b": MachineProfile("b", 0.5, 2.5e9, "unified", 100_000_000_000)},
+    {
+        "a": MachineProfile("a", 1.0, 2.5e9, "unified", 100_000_000_000),
+        "b": MachineProfile("b", 0.5, 2.5e9, "unified", 100_000_000_000),
+    },
     {"m1": ModelProfile("m1", FAMILY, 2_500_000_000, 1.0)},
 )
 JOB = JobRequest("m1", FAMILY, "txt2img", AUTO, 10)

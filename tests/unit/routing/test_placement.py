@@ -24,13 +24,28 @@ MODEL = "tiny-sd"
 REF = REFERENCE_SIZE
 
 
-def view(name: str, *, online: bool = True, families: set[str] | None = None, verified: set[str] | None = None,
-         backlog: int = 0, queue: tuple[WorkItem, ...] = (), warm: tuple[str, ...] = (),
-         commitments: frozenset[str] = frozenset(), oom: dict[tuple[str, str], int] | None = None) -> MachineView:
+def view(
+    name: str,
+    *,
+    online: bool = True,
+    families: set[str] | None = None,
+    verified: set[str] | None = None,
+    backlog: int = 0,
+    queue: tuple[WorkItem, ...] = (),
+    warm: tuple[str, ...] = (),
+    commitments: frozenset[str] = frozenset(),
+    oom: dict[tuple[str, str], int] | None = None,
+) -> MachineView:
     return MachineView(
-        name=name, online=online, families=frozenset(families if families is not None else {"sd1", "wan"}),
+        name=name,
+        online=online,
+        families=frozenset(families if families is not None else {"sd1", "wan"}),
         verified_models=frozenset(verified if verified is not None else {MODEL, "big", "other", "video"}),
-        backlog=backlog or len(queue), queue=queue, warm_models=warm, commitments=commitments, oom_sizes=oom or {},
+        backlog=backlog or len(queue),
+        queue=queue,
+        warm_models=warm,
+        commitments=commitments,
+        oom_sizes=oom or {},
     )
 
 
@@ -47,9 +62,13 @@ def costs(**usable: int) -> Estimator:
     """Machines m1..m3 and server (unified unless named 'cuda*'), models of known weight."""
     names = {"server", "m1", "m2", "m3", "cuda1", *usable}
     profiles = {
-        n: MachineProfile(n, speed=1.0, load_bytes_per_s=1 * GB,
-                          memory_kind="dedicated" if n.startswith("cuda") else "unified",
-                          usable_bytes=usable.get(n, 100 * GB))
+        n: MachineProfile(
+            n,
+            speed=1.0,
+            load_bytes_per_s=1 * GB,
+            memory_kind="dedicated" if n.startswith("cuda") else "unified",
+            usable_bytes=usable.get(n, 100 * GB),
+        )
         for n in names
     }
     models = {
@@ -91,13 +110,24 @@ REFUSALS = [
     (view("m1", families={"sdxl"}), request("m1"), "family_not_supported", ["m1", MODEL, "sdxl"]),
     (view("m1", verified=set()), request("m1"), "model_not_verified", ["m1", MODEL, "homefleet sync m1"]),
     (view("m1"), request("m1", model="big"), "too_large", ["m1", "big", "GiB usable"]),
-    (view("m1", commitments=frozenset({"other"})), request("m1", model="big"), "residency_conflict",
-        ["m1", "committed"]),
-    (view("cuda1", commitments=frozenset({"other"})), request("cuda1"), "residency_conflict",
-        ["cuda1", "one checkpoint"]),
-    (view("m1", commitments=frozenset({MODEL})), request("m1", model="video", kind="video"),
+    (
+        view("m1", commitments=frozenset({"other"})),
+        request("m1", model="big"),
+        "residency_conflict",
+        ["m1", "committed"],
+    ),
+    (
+        view("cuda1", commitments=frozenset({"other"})),
+        request("cuda1"),
+        "residency_conflict",
+        ["cuda1", "one checkpoint"],
+    ),
+    (
+        view("m1", commitments=frozenset({MODEL})),
+        request("m1", model="video", kind="video"),
         "video_on_reserved_machine",
-     ["m1", "video", "R17"]),
+        ["m1", "video", "R17"],
+    ),
     (view("m1", oom={(MODEL, "txt2img"): REF}), request("m1"), "remembered_oom", ["m1", "out of memory", str(REF)]),
 ]
 
@@ -126,19 +156,27 @@ def test_r21_remembered_oom_refuses_only_that_size_or_larger() -> None:
 def test_r11_auto_excludes_each_machine_with_its_named_reason() -> None:
     estimator = costs(m2=62 * GB, m3=50 * GB)
     fleet = machines(
-        view("server", online=False), view("m1", verified=set()), view("m2", commitments=frozenset({"big"})),
-        view("m3", families={"sdxl"}), view("cuda1"),
+        view("server", online=False),
+        view("m1", verified=set()),
+        view("m2", commitments=frozenset({"big"})),
+        view("m3", families={"sdxl"}),
+        view("cuda1"),
     )
     decision = place(request("auto"), fleet, estimator)
     assert decision.machine == "cuda1"
     assert {n: r for n, (r, _) in decision.excluded.items()} == {
-        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "residency_conflict",
+        "server": "machine_unavailable",
+        "m1": "model_not_verified",
+        "m2": "residency_conflict",
         "m3": "family_not_supported",
     }
     big = place(request("auto", model="big"), machines(view("m3"), view("server")), estimator)
     assert big.machine == "server" and big.excluded["m3"][0] == "too_large"
-    video = place(request("auto", model="video", kind="video"),
-                  machines(view("m1", commitments=frozenset({MODEL})), view("m2")), estimator)
+    video = place(
+        request("auto", model="video", kind="video"),
+        machines(view("m1", commitments=frozenset({MODEL})), view("m2")),
+        estimator,
+    )
     assert video.machine == "m2" and video.excluded["m1"][0] == "video_on_reserved_machine"
     oom = place(request("auto"), machines(view("m1", oom={(MODEL, "txt2img"): 1}), view("m2", backlog=3)), estimator)
     assert oom.machine == "m2" and oom.excluded["m1"][0] == "remembered_oom"
@@ -154,12 +192,18 @@ def test_r11_a_machine_without_the_family_is_refused_for_it_even_when_the_model_
 
 def test_r11_auto_never_picks_an_offline_or_unverified_machine() -> None:
     fleet = machines(
-        view("server", online=False), view("m1", verified=set()), view("m2", families={"sdxl"}), view("m3", backlog=7),
+        view("server", online=False),
+        view("m1", verified=set()),
+        view("m2", families={"sdxl"}),
+        view("m3", backlog=7),
     )
     decision = place(request("auto"), fleet, costs())
     assert decision.machine == "m3"
     assert {n: r for n, (r, _) in decision.excluded.items()} == {
-        "server": "machine_unavailable", "m1": "model_not_verified", "m2": "family_not_supported"}
+        "server": "machine_unavailable",
+        "m1": "model_not_verified",
+        "m2": "family_not_supported",
+    }
 
 
 def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
@@ -341,8 +385,9 @@ def test_r12_pinned_demand_weighs_only_on_its_machine() -> None:
 
 
 def test_r6_a_syncing_machine_is_refused_when_pinned_and_skipped_by_auto() -> None:
-    syncing = MachineView(name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}),
-                          syncing=True)
+    syncing = MachineView(
+        name="m1", online=True, families=frozenset({"sd1"}), verified_models=frozenset({MODEL}), syncing=True
+    )
     fleet = machines(view("server", backlog=3), syncing)
     with pytest.raises(Unavailable) as refused:  # temporary, like an offline or draining machine: 503
         place(request("m1"), fleet)
@@ -369,8 +414,9 @@ def test_r10_video_is_priced_by_its_frames() -> None:
     assert (one.size, eight.size, sixteen.size) == (4096, 8 * 4096, 16 * 4096)  # the kind's default is 8 frames
 
 
-def _pressure_per_machine(rates: dict[str, tuple[float, float]], able: dict[str, frozenset[str]],
-                          speed: dict[str, float]) -> dict[str, tuple[float, float, dict[str, float]]]:
+def _pressure_per_machine(
+    rates: dict[str, tuple[float, float]], able: dict[str, frozenset[str]], speed: dict[str, float]
+) -> dict[str, tuple[float, float, dict[str, float]]]:
     """routing.demand.pressure's definition, machine by machine (no grouping)."""
     load, weight = dict.fromkeys(speed, 0.0), dict.fromkeys(speed, 0.0)
     reload: dict[str, dict[str, float]] = {m: {} for m in speed}
@@ -495,9 +541,19 @@ def test_a_text_timing_fitted_to_fast_runs_keeps_a_positive_price_per_prompt_tok
     assert slower.prompt_s > after.prompt_s and slower.step_s > after.step_s
 
 
-@pytest.mark.parametrize(("count", "text"), [(0, "0 B"), (512, "512 B"), (3_556_000, "3.4 MiB"), (1024**2, "1.0 MiB"),
-                                             (12 * 1024**3 + 5, "12 GiB"), (130 * 1024**3, "130 GiB"),
-                                             (9.96 * 1024**2, "10 MiB"), (2_000_000_000, "1.9 GiB")])
+@pytest.mark.parametrize(
+    ("count", "text"),
+    [
+        (0, "0 B"),
+        (512, "512 B"),
+        (3_556_000, "3.4 MiB"),
+        (1024**2, "1.0 MiB"),
+        (12 * 1024**3 + 5, "12 GiB"),
+        (130 * 1024**3, "130 GiB"),
+        (9.96 * 1024**2, "10 MiB"),
+        (2_000_000_000, "1.9 GiB"),
+    ],
+)
 def test_memory_figures_read_in_binary_units_with_two_significant_digits(count: int, text: str) -> None:
     from routing.estimate import readable_bytes
 

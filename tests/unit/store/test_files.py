@@ -79,10 +79,13 @@ def test_a_result_that_does_not_decode_is_result_invalid_and_stores_nothing(tmp_
     """R2: results are decoded as inputs are, with the inputs' pixel limit:
     a 30000 x 30000 PNG header, a PNG cut in half, PNG or GIF magic bytes before HTML, a GIF
     whose last frame is cut off."""
-    data = {"bomb": png_claiming(30000, 30000), "truncated": png()[: len(png()) // 2],
-            "png_html_polyglot": b"\x89PNG\r\n\x1a\n<html><script>alert(1)</script></html>",
-            "gif_html_polyglot": b"GIF89a<html><script>alert(1)</script></html>",
-            "truncated_gif": gif()[:-20]}[kind]
+    data = {
+        "bomb": png_claiming(30000, 30000),
+        "truncated": png()[: len(png()) // 2],
+        "png_html_polyglot": b"\x89PNG\r\n\x1a\n<html><script>alert(1)</script></html>",
+        "gif_html_polyglot": b"GIF89a<html><script>alert(1)</script></html>",
+        "truncated_gif": gif()[:-20],
+    }[kind]
     with pytest.raises(IntegrityFailure) as refused:
         ResultStore(tmp_path, 10_000_000).store(data, bytes_digest(data))
     assert refused.value.reason == "result_invalid"

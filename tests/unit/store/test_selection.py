@@ -32,15 +32,17 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Replic
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("name", list(REPLICAS))
 def test_r1_each_replica_takes_exactly_what_its_pipeline_loads_plain_and_from_the_cache(
-        replicas: dict[str, tuple[Replica, Path]], name: str, precision: str) -> None:
+    replicas: dict[str, tuple[Replica, Path]], name: str, precision: str
+) -> None:
     replica, snapshot = replicas[name]
     plain = select_files(replica.folder, precision)
     cached = select_files(snapshot, precision)
     assert set(plain.taken) == set(replica.expected[precision])
     assert plain.taken == cached.taken  # links followed: the blobs' sizes
     assert plain.left_out == cached.left_out
-    everything = {p.relative_to(replica.folder).as_posix(): p.stat().st_size
-                  for p in replica.folder.rglob("*") if p.is_file()}
+    everything = {
+        p.relative_to(replica.folder).as_posix(): p.stat().st_size for p in replica.folder.rglob("*") if p.is_file()
+    }
     assert {**plain.taken, **{p: size for p, (size, _) in plain.left_out.items()}} == everything
     assert plain.taken_bytes + plain.left_out_bytes == sum(everything.values())
     assert plain.source_format == "diffusers"
@@ -48,13 +50,15 @@ def test_r1_each_replica_takes_exactly_what_its_pipeline_loads_plain_and_from_th
 
 
 def test_r1_sd15_leaves_out_twins_other_precision_null_components_and_root_checkpoints(
-        replicas: dict[str, tuple[Replica, Path]]) -> None:
+    replicas: dict[str, tuple[Replica, Path]],
+) -> None:
     replica, _ = replicas["sd15"]
     fp16 = select_files(replica.folder, "fp16")
     assert "unet/diffusion_pytorch_model.fp16.safetensors" in fp16.taken
     why = {path: reason for path, (_, reason) in fp16.left_out.items()}
     assert why["unet/diffusion_pytorch_model.safetensors"] == (
-        "full-precision weights; this model takes the fp16 variant for unet")
+        "full-precision weights; this model takes the fp16 variant for unet"
+    )
     assert why["unet/diffusion_pytorch_model.bin"] == ".bin twin of the safetensors weights taken"
     assert why["unet/diffusion_pytorch_model.non_ema.safetensors"] == "non_ema weights, not loaded by the pipeline"
     assert why["safety_checker/model.safetensors"] == "component 'safety_checker' is null in model_index.json"
@@ -62,7 +66,8 @@ def test_r1_sd15_leaves_out_twins_other_precision_null_components_and_root_check
     assert why["v1-inference.yaml"] == "not loaded (at the root the pipeline reads model_index.json only)"
     fp32 = {path: reason for path, (_, reason) in select_files(replica.folder, "fp32").left_out.items()}
     assert fp32["unet/diffusion_pytorch_model.fp16.safetensors"] == (
-        "fp16 variant; this model takes full precision for unet")
+        "fp16 variant; this model takes full precision for unet"
+    )
     assert len(fp16.taken) == 12 and len(fp16.left_out) == 24
     # the fp16 files hold real float16 tensors: half the full-precision bytes, nearly
     assert fp16.taken_bytes < 0.55 * select_files(replica.folder, "fp32").taken_bytes
@@ -83,17 +88,28 @@ def test_r1_sdxl_leaves_out_exports_and_unlisted_folders(replicas: dict[str, tup
 def test_r1_flux_and_wan_take_their_shards_with_the_index(replicas: dict[str, tuple[Replica, Path]]) -> None:
     flux = select_files(replicas["flux"][0].folder, "fp16")
     assert {p for p in flux.taken if p.startswith("transformer/")} == {
-        "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors.index.json",
-        *(f"transformer/diffusion_pytorch_model-0000{k}-of-00003.safetensors" for k in (1, 2, 3))}
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors.index.json",
+        *(f"transformer/diffusion_pytorch_model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)),
+    }
     assert {p for p in flux.taken if p.startswith("text_encoder_2/")} == {
-        "text_encoder_2/config.json", "text_encoder_2/model.safetensors.index.json",
-        "text_encoder_2/model-00001-of-00002.safetensors", "text_encoder_2/model-00002-of-00002.safetensors"}
-    assert sorted(flux.left_out) == ["LICENSE.md", "README.md", "ae.safetensors", "dev_grid.jpg",
-                                     "flux1-dev.safetensors"]
+        "text_encoder_2/config.json",
+        "text_encoder_2/model.safetensors.index.json",
+        "text_encoder_2/model-00001-of-00002.safetensors",
+        "text_encoder_2/model-00002-of-00002.safetensors",
+    }
+    assert sorted(flux.left_out) == [
+        "LICENSE.md",
+        "README.md",
+        "ae.safetensors",
+        "dev_grid.jpg",
+        "flux1-dev.safetensors",
+    ]
     wan = select_files(replicas["wan"][0].folder, "fp32")
     assert sum(p.startswith("text_encoder/model-0000") for p in wan.taken) == 5
     assert {reason for path, (_, reason) in wan.left_out.items() if path.startswith(("assets/", "examples/"))} == {
-        "folder not named in model_index.json"}
+        "folder not named in model_index.json"
+    }
 
 
 def _write(folder: Path, *paths: str, size: int = 16) -> None:
@@ -107,43 +123,70 @@ def _index(folder: Path, **components: list[str | None]) -> None:
 
 
 def test_r1_a_sharded_fp16_variant_takes_its_variant_index_and_a_component_without_fp16_its_plain_files(
-        tmp_path: Path) -> None:
-    _index(tmp_path, transformer=["diffusers", "FluxTransformer2DModel"], vae=["diffusers", "AutoencoderKL"],
-           scheduler=["diffusers", "FlowMatchEulerDiscreteScheduler"])
-    _write(tmp_path, "transformer/config.json",
-           "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
-           "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
-           "transformer/diffusion_pytorch_model.safetensors.index.json",
-           "transformer/diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
-           "transformer/diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
-           "transformer/diffusion_pytorch_model.safetensors.index.fp16.json",
-           "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "scheduler/scheduler_config.json")
-    fp16 = select_files(tmp_path, "fp16")
-    assert set(fp16.taken) == {
-        "model_index.json", "scheduler/scheduler_config.json", "vae/config.json",
-        "vae/diffusion_pytorch_model.safetensors", "transformer/config.json",
+    tmp_path: Path,
+) -> None:
+    _index(
+        tmp_path,
+        transformer=["diffusers", "FluxTransformer2DModel"],
+        vae=["diffusers", "AutoencoderKL"],
+        scheduler=["diffusers", "FlowMatchEulerDiscreteScheduler"],
+    )
+    _write(
+        tmp_path,
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.json",
         "transformer/diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
         "transformer/diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model.safetensors.index.fp16.json"}
+        "transformer/diffusion_pytorch_model.safetensors.index.fp16.json",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+        "scheduler/scheduler_config.json",
+    )
+    fp16 = select_files(tmp_path, "fp16")
+    assert set(fp16.taken) == {
+        "model_index.json",
+        "scheduler/scheduler_config.json",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.fp16.json",
+    }
     assert fp16.variant == "fp16"
     assert fp16.left_out["transformer/diffusion_pytorch_model.safetensors.index.json"][1] == (
-        "full-precision weights; this model takes the fp16 variant for transformer")
+        "full-precision weights; this model takes the fp16 variant for transformer"
+    )
     fp32 = select_files(tmp_path, "fp32")
     assert "transformer/diffusion_pytorch_model.safetensors.index.json" in fp32.taken
     assert fp32.left_out["transformer/diffusion_pytorch_model.safetensors.index.fp16.json"][1] == (
-        "fp16 variant; this model takes full precision for transformer")
+        "fp16 variant; this model takes full precision for transformer"
+    )
     bf16 = select_files(tmp_path, "bf16")  # no bf16 files anywhere: full precision, as fp32
     assert bf16.taken == fp32.taken and bf16.variant is None
 
 
 def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(tmp_path: Path) -> None:
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
-    _write(tmp_path, "unet/config.json", "unet/diffusion_pytorch_model.bin", "vae/config.json",
-           "vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin")
+    _write(
+        tmp_path,
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+        "vae/diffusion_pytorch_model.bin",
+    )
     taken = select_files(tmp_path, "fp32")
     # diffusers' rule: not every component has safetensors, so every component loads .bin
-    assert set(taken.taken) == {"model_index.json", "unet/config.json", "unet/diffusion_pytorch_model.bin",
-                                "vae/config.json", "vae/diffusion_pytorch_model.bin"}
+    assert set(taken.taken) == {
+        "model_index.json",
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.bin",
+    }
     assert taken.left_out["vae/diffusion_pytorch_model.safetensors"][1].startswith("safetensors left out")
 
 
@@ -167,17 +210,38 @@ def test_r4_a_broken_link_among_the_files_taken_is_refused_by_name(tmp_path: Pat
 
 def test_r1_a_transformers_folder_takes_config_tokenizer_and_safetensors_only(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    _write(tmp_path, "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-           "tokenizer.model", "chat_template.jinja", "model-00001-of-00002.safetensors",
-           "model-00002-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model-00001-of-00002.bin",
-           "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json", "README.md", "onnx/model.onnx",
-           "original/consolidated.00.pth")
+    _write(
+        tmp_path,
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+        "README.md",
+        "onnx/model.onnx",
+        "original/consolidated.00.pth",
+    )
     selection = select_files(tmp_path, "fp16")
     assert selection.source_format == "transformers"
     assert set(selection.taken) == {
-        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-        "special_tokens_map.json", "tokenizer.model", "chat_template.jinja", "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors", "model.safetensors.index.json"}
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    }
     why = {path: reason for path, (_, reason) in selection.left_out.items()}
     assert why["pytorch_model.bin.index.json"] == ".bin twin of the safetensors weights taken"
     assert why["onnx/model.onnx"] == "in a subfolder (transformers loads the folder's root files)"
@@ -185,7 +249,8 @@ def test_r1_a_transformers_folder_takes_config_tokenizer_and_safetensors_only(tm
 
 
 def test_r1_stored_variant_names_the_variant_files_a_stored_folder_holds(
-        replicas: dict[str, tuple[Replica, Path]], tmp_path: Path) -> None:
+    replicas: dict[str, tuple[Replica, Path]], tmp_path: Path
+) -> None:
     replica, _ = replicas["sd15"]
     for precision, expected in (("fp16", "fp16"), ("fp32", None)):
         stored = tmp_path / precision
@@ -198,21 +263,29 @@ def test_r1_stored_variant_names_the_variant_files_a_stored_folder_holds(
 
 
 def test_r1_the_cached_snapshot_is_found_without_network_by_branch_or_commit(
-        replicas: dict[str, tuple[Replica, Path]], monkeypatch: pytest.MonkeyPatch) -> None:
+    replicas: dict[str, tuple[Replica, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     replica, snapshot = replicas["flux"]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(snapshot.parents[2]))
     assert hub_cache_dir() == snapshot.parents[2]
     assert cached_snapshot(replica.repo_id) == snapshot
     assert cached_snapshot(replica.repo_id, revision=snapshot.name) == snapshot
-    assert all(link.is_symlink() and not os.path.isabs(os.readlink(link))
-               for link in snapshot.rglob("*") if not link.is_dir())
-    with pytest.raises(Rejected, match=rf"org/absent is not in the Hugging Face cache {snapshot.parents[2]} .*"
-                                       r"it holds: .*black-forest-labs/FLUX.1-dev") as refused:
+    assert all(
+        link.is_symlink() and not os.path.isabs(os.readlink(link)) for link in snapshot.rglob("*") if not link.is_dir()
+    )
+    with pytest.raises(
+        Rejected,
+        match=rf"org/absent is not in the Hugging Face cache {snapshot.parents[2]} .*"
+        r"it holds: .*black-forest-labs/FLUX.1-dev",
+    ) as refused:
         cached_snapshot("org/absent")
     assert refused.value.reason == "not_in_hf_cache"
-    with pytest.raises(Rejected, match=rf"{replica.repo_id} is in the Hugging Face cache .* but not at revision v9 "
-                                       r".*its cached refs: main \(pass one with --revision"):
+    with pytest.raises(
+        Rejected,
+        match=rf"{replica.repo_id} is in the Hugging Face cache .* but not at revision v9 "
+        r".*its cached refs: main \(pass one with --revision",
+    ):
         cached_snapshot(replica.repo_id, revision="v9")
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", "/somewhere/hf")

@@ -4,20 +4,41 @@ from __future__ import annotations
 
 from tasks.provenance import a1111_parameters, model_hash
 
-RECORD = {"model_id": "shapes-filled", "kind": "txt2img", "model_files": {"unet/a.safetensors": "blake3:" + "ab" * 32},
-          "params": {"prompt": "a red circle", "negative_prompt": "blurry", "steps": 20, "guidance_scale": 7.0,
-                     "seed": 12345}, "seed": 12345, "sampler": "EulerAncestralDiscreteScheduler"}
+RECORD = {
+    "model_id": "shapes-filled",
+    "kind": "txt2img",
+    "model_files": {"unet/a.safetensors": "blake3:" + "ab" * 32},
+    "params": {
+        "prompt": "a red circle",
+        "negative_prompt": "blurry",
+        "steps": 20,
+        "guidance_scale": 7.0,
+        "seed": 12345,
+    },
+    "seed": 12345,
+    "sampler": "EulerAncestralDiscreteScheduler",
+}
 
 
 def test_the_text_has_a1111_s_three_parts_and_its_field_order() -> None:
     assert a1111_parameters(RECORD, (512, 512)) == (
         "a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 12345, "
-        f"Size: 512x512, Model hash: {model_hash(RECORD)}, Model: shapes-filled")
+        f"Size: 512x512, Model hash: {model_hash(RECORD)}, Model: shapes-filled"
+    )
 
 
 def test_defaults_fill_unset_params_an_unknown_scheduler_keeps_its_name_and_no_negative_prompt_no_line() -> None:
-    record = {**RECORD, "kind": "img2img", "params": {"prompt": "bluer", "strength": 0.25}, "seed": 7,
-              "sampler": "MyScheduler", "source_digest": "blake3:" + "0123456789" * 6 + "abcd"}
+    record = {
+        **RECORD,
+        "kind": "img2img",
+        "params": {"prompt": "bluer", "strength": 0.25},
+        "seed": 7,
+        "sampler": "MyScheduler",
+        "source_digest": "blake3:" + "0123456789" * 6 + "abcd",
+    }
     lines = a1111_parameters(record, (64, 48)).split("\n")
-    assert lines == ["bluer", "Steps: 4, Sampler: MyScheduler, CFG scale: 7.5, Seed: 7, Size: 64x48, "
-                              "Model hash: 0123456789, Model: shapes-filled, Denoising strength: 0.25"]
+    assert lines == [
+        "bluer",
+        "Steps: 4, Sampler: MyScheduler, CFG scale: 7.5, Seed: 7, Size: 64x48, "
+        "Model hash: 0123456789, Model: shapes-filled, Denoising strength: 0.25",
+    ]

@@ -15,8 +15,12 @@ MB = 1_000_000
 
 
 def test_r18_memory_fraction_is_set_only_by_the_mps_adapter() -> None:
-    files = [p for folder in ("app", "tasks", "routing", "residency", "bench") for pattern in ("*.py", "*.sh")
-             for p in (ROOT / folder).rglob(pattern)]
+    files = [
+        p
+        for folder in ("app", "tasks", "routing", "residency", "bench")
+        for pattern in ("*.py", "*.sh")
+        for p in (ROOT / folder).rglob(pattern)
+    ]
     found = sorted(str(p.relative_to(ROOT)) for p in files if "set_per_process_memory_fraction" in p.read_text())
     assert found == ["tasks/devices.py"]
     source = (ROOT / "tasks/devices.py").read_text()
@@ -36,11 +40,19 @@ def test_device_adapters_report_memory() -> None:
     torch = FakeTorch(100 * MB)
     torch.live_bytes, torch.cached_bytes = 30 * MB, 10 * MB
     cuda, mps = device_for("cuda", torch), device_for("mps", torch)
-    assert (cuda.memory_kind, cuda.capacity_bytes(), cuda.available_bytes(), cuda.allocated_bytes()) == \
-        ("dedicated", 100 * MB, 60 * MB, 30 * MB)
+    assert (cuda.memory_kind, cuda.capacity_bytes(), cuda.available_bytes(), cuda.allocated_bytes()) == (
+        "dedicated",
+        100 * MB,
+        60 * MB,
+        30 * MB,
+    )
     # MPS: driver-allocated memory includes the allocator's cache.
-    assert (mps.memory_kind, mps.capacity_bytes(), mps.available_bytes(), mps.allocated_bytes()) == \
-        ("unified", 100 * MB, 60 * MB, 40 * MB)
+    assert (mps.memory_kind, mps.capacity_bytes(), mps.available_bytes(), mps.allocated_bytes()) == (
+        "unified",
+        100 * MB,
+        60 * MB,
+        40 * MB,
+    )
     cpu = CpuDevice()
     assert cpu.memory_kind == "unified" and 0 < cpu.available_bytes() <= cpu.capacity_bytes()
     with pytest.raises(ValueError, match="cpu, cuda, mps"):
@@ -48,7 +60,8 @@ def test_device_adapters_report_memory() -> None:
 
 
 def test_a_hosts_device_binds_its_worker_to_its_card_and_a_plain_machine_to_none(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     environ: dict[str, str] = {}
     assert bind_device("box:1", environ) == 1
     assert environ == {"CUDA_VISIBLE_DEVICES": "1"}

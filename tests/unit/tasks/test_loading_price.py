@@ -32,8 +32,13 @@ class Cpu:
 
 def runtime(models_dir: Path) -> Any:
     cache = ModelCache(lambda folder, **kwargs: ("pipeline", folder, kwargs), Cpu(), capacity_bytes=10**9)
-    return SimpleNamespace(settings=SimpleNamespace(machine=SERVER, models_dir=models_dir), cache=cache,
-                           record_warm=lambda: None, verified_stats={}, withdraw=lambda model_id: None)
+    return SimpleNamespace(
+        settings=SimpleNamespace(machine=SERVER, models_dir=models_dir),
+        cache=cache,
+        record_warm=lambda: None,
+        verified_stats={},
+        withdraw=lambda model_id: None,
+    )
 
 
 def test_the_manifests_price_is_what_the_cache_holds(tmp_path: Path) -> None:
@@ -45,7 +50,8 @@ def test_the_manifests_price_is_what_the_cache_holds(tmp_path: Path) -> None:
 
 def test_an_older_servers_manifest_is_priced_by_the_same_function(tiny_models_dir: Path) -> None:
     rt = runtime(tiny_models_dir)
-    manifest = Manifest(model_id="tiny-sd", family="sd1", kinds=["txt2img"], files=[], precision="bf16",
-                        quantization="torchao-int8wo")
+    manifest = Manifest(
+        model_id="tiny-sd", family="sd1", kinds=["txt2img"], files=[], precision="bf16", quantization="torchao-int8wo"
+    )
     make_resident(rt, manifest)
     assert rt.cache.held_bytes() == loaded_bytes(tiny_models_dir / "tiny-sd", Variant("bf16", "torchao-int8wo"))

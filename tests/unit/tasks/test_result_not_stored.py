@@ -36,8 +36,14 @@ class Server:
 def worker(tmp_path: Path, spool: Path, server: Server) -> SimpleNamespace:
     models = tmp_path / "models"
     models.mkdir(exist_ok=True)
-    settings = WorkerSettings(machine="m1", models_dir=models, worker_token="t" * 16, spool_dir=spool,
-                              result_upload_attempts=3, result_retry_s=0.0)
+    settings = WorkerSettings(
+        machine="m1",
+        models_dir=models,
+        worker_token="t" * 16,
+        spool_dir=spool,
+        result_upload_attempts=3,
+        result_retry_s=0.0,
+    )
     return SimpleNamespace(settings=settings, server=server)
 
 
@@ -51,8 +57,9 @@ def test_both_refusals_fail_the_job_at_once_naming_each(tmp_path: Path) -> None:
     server = Server(full=99)
     spool = unwritable_spool(tmp_path)
     with pytest.raises(JobNotSucceeded) as ended:
-        upload_result(worker(tmp_path, spool, server), "j1", b"png", "image/png", "blake3:" + "0" * 64, 0.1, 0.2,
-                      False, {})
+        upload_result(
+            worker(tmp_path, spool, server), "j1", b"png", "image/png", "blake3:" + "0" * 64, 0.1, 0.2, False, {}
+        )
     assert server.uploads == 3  # every attempt, the bytes held in memory
     [(job_id, reason, message)] = server.failures
     assert (job_id, reason) == ("j1", RESULT_NOT_STORED) and ended.value.reason == RESULT_NOT_STORED
@@ -63,8 +70,18 @@ def test_both_refusals_fail_the_job_at_once_naming_each(tmp_path: Path) -> None:
 
 def test_a_server_that_gets_room_takes_the_result_held_in_memory(tmp_path: Path) -> None:
     server = Server(full=2)
-    upload_result(worker(tmp_path, unwritable_spool(tmp_path), server), "j2", b"png", "image/png",
-                  "blake3:" + "0" * 64, 0.1, 0.2, False, {}, more=[(b"second", "blake3:" + "1" * 64)])
+    upload_result(
+        worker(tmp_path, unwritable_spool(tmp_path), server),
+        "j2",
+        b"png",
+        "image/png",
+        "blake3:" + "0" * 64,
+        0.1,
+        0.2,
+        False,
+        {},
+        more=[(b"second", "blake3:" + "1" * 64)],
+    )
     assert server.uploads == 3 and server.failures == []
 
 
@@ -72,8 +89,9 @@ def test_a_spool_with_room_still_keeps_the_result_for_recover(tmp_path: Path) ->
     server = Server(full=99)
     spool = tmp_path / "spool"
     with pytest.raises(JobNotSucceeded):
-        upload_result(worker(tmp_path, spool, server), "j3", b"png", "image/png", "blake3:" + "0" * 64, 0.1, 0.2,
-                      False, {})
+        upload_result(
+            worker(tmp_path, spool, server), "j3", b"png", "image/png", "blake3:" + "0" * 64, 0.1, 0.2, False, {}
+        )
     [(_, reason, message)] = server.failures
     assert reason == RESULT_NOT_STORED and str(spool / "j3.result") in message and "results recover" in message
     assert (spool / "j3.result").read_bytes() == b"png"

@@ -19,14 +19,30 @@ def answered(status: int) -> HomefleetError:
 
 
 def record(job_id: str, at: float = 1.0) -> Spooled:
-    return Spooled(job_id=job_id, digest="blake3:" + "0" * 64, media_type="image/png", load_s=0.1, run_s=0.2,
-                   cold_load=False, provenance={"seed": 1}, spooled_at=at)
+    return Spooled(
+        job_id=job_id,
+        digest="blake3:" + "0" * 64,
+        media_type="image/png",
+        load_s=0.1,
+        run_s=0.2,
+        cold_load=False,
+        provenance={"seed": 1},
+        spooled_at=at,
+    )
 
 
-@pytest.mark.parametrize(("error", "expected"), [
-    (StorageFull("full"), True), (answered(500), True), (answered(503), True), (answered(429), True),
-    (Conflict("ended"), False), (answered(422), False), (IntegrityFailure("digest mismatch"), False),
-])
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (StorageFull("full"), True),
+        (answered(500), True),
+        (answered(503), True),
+        (answered(429), True),
+        (Conflict("ended"), False),
+        (answered(422), False),
+        (IntegrityFailure("digest mismatch"), False),
+    ],
+)
 def test_only_a_full_disk_a_busy_or_failing_server_is_retried(error: HomefleetError, expected: bool) -> None:
     assert retriable(error) is expected
 

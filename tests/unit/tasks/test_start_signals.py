@@ -30,7 +30,8 @@ def stand_ins(beats: bool, lost: bool) -> tuple[SimpleNamespace, SimpleNamespace
 
 @pytest.mark.parametrize(("lost", "code"), [(True, EX_CONFIG), (False, 0)])
 def test_once_beating_sigterm_exits_78_for_a_lost_lease_and_0_otherwise_until_celery_takes_over(
-        sigterm_restored: None, lost: bool, code: int) -> None:
+    sigterm_restored: None, lost: bool, code: int
+) -> None:
     heartbeat, lease = stand_ins(beats=True, lost=lost)
     assert wait_first_beat(heartbeat, lease) is True  # type: ignore[arg-type]
     handler = signal.getsignal(signal.SIGTERM)

@@ -59,4 +59,3 @@ def test_r6_a_transport_error_does_not_stop_the_renewal() -> None:
         time.sleep(0.3)
         renewal.check()
     assert len(calls) >= 3
-

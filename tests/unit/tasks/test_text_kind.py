@@ -73,8 +73,14 @@ def test_a_chat_prompt_is_templated_and_counted_without_extra_special_tokens(fam
     text = chat_prompt(model.tokenizer, [{"role": "user", "content": "hi"}])
     assert "hi" in text and text != "hi"
     ids = prompt_ids(model.tokenizer, text, chat=True)
-    out = runner("text")(model, {"prompt": text, "chat": True, "seed": 1, "max_new_tokens": 2}, lambda *_, **__: None,
-                         {}, {}, family=family)
+    out = runner("text")(
+        model,
+        {"prompt": text, "chat": True, "seed": 1, "max_new_tokens": 2},
+        lambda *_, **__: None,
+        {},
+        {},
+        family=family,
+    )
     assert out.record["usage"]["prompt_tokens"] == len(ids)
 
 
@@ -123,10 +129,17 @@ def test_a_temperature_below_the_greedy_bound_decodes_greedily_on_the_worker(tin
     assert text(5e-324, 1) == text(5e-324, 2) == text(0.0, 3)
 
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tag"],
-          "properties": {"name": {"type": "string", "maxLength": 8},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "ok": {"type": "boolean"}, "tag": {"enum": ["red", "green", "blue"]}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "ok", "tag"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+        "tag": {"enum": ["red", "green", "blue"]},
+    },
+}
 REGEX = r"[a-z]{3,8}-[0-9]{2}"
 
 
@@ -145,14 +158,25 @@ def test_a_grammar_makes_even_random_weights_write_valid_output(family: str, tin
 
     model = load_pipeline(folder_of(tiny_text_dir, family))
     ids_seen: list[list[int]] = []
-    params = {"prompt": "go", "seed": 5, "max_new_tokens": 200, "temperature": 1.0,
-              "grammar": {"type": "json", "value": SCHEMA}}
+    params = {
+        "prompt": "go",
+        "seed": 5,
+        "max_new_tokens": 200,
+        "temperature": 1.0,
+        "grammar": {"type": "json", "value": SCHEMA},
+    }
     out = runner("text")(model, params, lambda *_, tokens, **__: ids_seen.append(tokens), {}, {}, family=family)
     jsonschema.validate(json.loads(out.data.decode("utf-8")), SCHEMA)
     assert out.record["usage"]["finish_reason"] == "stop" and out.record["tokens"][-1] == model.tokenizer.eos_token_id
     assert ids_seen[-1] == out.record["tokens"] and len(out.record["logprobs"]) == len(out.record["tokens"])
-    regex = runner("text")(model, {**params, "temperature": 0.0, "grammar": {"type": "regex", "value": REGEX}},
-                           lambda *_, **__: None, {}, {}, family=family)
+    regex = runner("text")(
+        model,
+        {**params, "temperature": 0.0, "grammar": {"type": "regex", "value": REGEX}},
+        lambda *_, **__: None,
+        {},
+        {},
+        family=family,
+    )
     assert re.fullmatch(REGEX, regex.data.decode("utf-8")), regex.data
     before = constraints.compile_cache_info()
     runner("text")(
@@ -181,46 +205,58 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_message(
     assert constraints.from_response_format({"type": "text"}) is None
 
 
-
 FORMAT_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
 
-@pytest.mark.parametrize("response_format", [
-    {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": True}},  # OpenAI
-    {"type": "json_object", "value": FORMAT_SCHEMA},  # huggingface_hub's rewrite of OpenAI's json_schema
-    {"type": "json", "value": FORMAT_SCHEMA},  # TGI
-    {"type": "json", "value": '{"type": "object", "properties": {"n": {"type": "integer"}}}'},  # its JSON text
-    {"type": "json_schema", "value": {"name": "n", "schema": FORMAT_SCHEMA}},  # TGI's json_schema grammar
-    {"type": "json_schema", "schema": FORMAT_SCHEMA},  # flattened
-])
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": True}},  # OpenAI
+        {"type": "json_object", "value": FORMAT_SCHEMA},  # huggingface_hub's rewrite of OpenAI's json_schema
+        {"type": "json", "value": FORMAT_SCHEMA},  # TGI
+        {"type": "json", "value": '{"type": "object", "properties": {"n": {"type": "integer"}}}'},  # its JSON text
+        {"type": "json_schema", "value": {"name": "n", "schema": FORMAT_SCHEMA}},  # TGI's json_schema grammar
+        {"type": "json_schema", "schema": FORMAT_SCHEMA},  # flattened
+    ],
+)
 def test_every_response_format_the_clients_send_keeps_its_schema(response_format: dict[str, object]) -> None:
     from app.core import constraints
 
     assert constraints.from_response_format(response_format) == {"type": "json", "value": FORMAT_SCHEMA}
 
 
-@pytest.mark.parametrize(("response_format", "field"), [
-    ({"type": "xml"}, ".type"),
-    ({"type": "json_object", "schema": FORMAT_SCHEMA}, ".schema"),  # not json_object's: never dropped
-    ({"type": "json"}, ".value"),
-    ({"type": "json", "value": 3}, ".value"),
-    ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}},
-     ".json_schema.format"),
-    # each key of OpenAI's json_schema object has the type the API description states (the fuzz
-    # sent a description that was an object: accepted, ST201)
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "description": {}}},
-     ".json_schema.description"),
-    ({"type": "json_schema", "json_schema": {"name": 3, "schema": FORMAT_SCHEMA}}, ".json_schema.name"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": "yes"}},
-     ".json_schema.strict"),
-    ({"type": "regex", "value": ""}, ".value"),
-    ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
-    ({"type": {"json_schema": {}}}, ".type"),  # an unhashable type (the fuzz found it answered 500)
-    ({"type": ["text"]}, ".type"),
-])
+@pytest.mark.parametrize(
+    ("response_format", "field"),
+    [
+        ({"type": "xml"}, ".type"),
+        ({"type": "json_object", "schema": FORMAT_SCHEMA}, ".schema"),  # not json_object's: never dropped
+        ({"type": "json"}, ".value"),
+        ({"type": "json", "value": 3}, ".value"),
+        ({"type": "json_schema", "json_schema": {"name": "n"}}, ".json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "format": "x"}},
+            ".json_schema.format",
+        ),
+        # each key of OpenAI's json_schema object has the type the API description states (the fuzz
+        # sent a description that was an object: accepted, ST201)
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "description": {}}},
+            ".json_schema.description",
+        ),
+        ({"type": "json_schema", "json_schema": {"name": 3, "schema": FORMAT_SCHEMA}}, ".json_schema.name"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": FORMAT_SCHEMA, "strict": "yes"}},
+            ".json_schema.strict",
+        ),
+        ({"type": "regex", "value": ""}, ".value"),
+        ({"type": "text", "value": FORMAT_SCHEMA}, ".value"),
+        ({"type": {"json_schema": {}}}, ".type"),  # an unhashable type (the fuzz found it answered 500)
+        ({"type": ["text"]}, ".type"),
+    ],
+)
 def test_a_response_format_that_cannot_be_honoured_is_refused_naming_its_field(
-        response_format: dict[str, object], field: str) -> None:
+    response_format: dict[str, object], field: str
+) -> None:
     from app.core import constraints
 
     with pytest.raises(constraints.FormatRefused) as refused:

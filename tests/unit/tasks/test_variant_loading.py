@@ -38,6 +38,12 @@ def test_r1_a_mix_of_fp16_and_full_precision_components_loads_each_from_its_take
     common = sorted(set(text) & set(loaded))
     assert len(common) > len(text) // 2
     assert all(torch.equal(loaded[name], text[name].to(torch.float16)) for name in common)
-    image = pipeline("a cat", num_inference_steps=2, height=64, width=64, output_type="np",
-                     generator=torch.Generator().manual_seed(0)).images[0]
+    image = pipeline(
+        "a cat",
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images[0]
     assert image.shape == (64, 64, 3) and float(image.std()) > 0

@@ -20,16 +20,24 @@ HOMES = {Path("tasks/server_client.py")}  # ServerClient.for_worker: the one con
 def _constructions(path: Path) -> list[int]:
     """Lines of ``path`` that call ``ServerClient(...)`` (by name or as ``cls(...)`` is not counted)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and (
-                (isinstance(node.func, ast.Name) and node.func.id == "ServerClient")
-                or (isinstance(node.func, ast.Attribute) and node.func.attr == "ServerClient"))]
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == "ServerClient")
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == "ServerClient")
+        )
+    ]
 
 
 def test_server_clients_are_built_only_by_for_worker() -> None:
-    found = {str(path.relative_to(ROOT)): lines
-             for package in SHIPPED for path in sorted((ROOT / package).rglob("*.py"))
-             if path.relative_to(ROOT) not in HOMES and (lines := _constructions(path))}
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for package in SHIPPED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.relative_to(ROOT) not in HOMES and (lines := _constructions(path))
+    }
     assert found == {}, f"ServerClient(...) built outside ServerClient.for_worker: {found}"
 
 

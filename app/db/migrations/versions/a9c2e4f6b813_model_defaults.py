@@ -14,17 +14,17 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = 'a9c2e4f6b813'
-down_revision = 'f6b2d8e4a7c1'
+revision = "a9c2e4f6b813"
+down_revision = "f6b2d8e4a7c1"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('modelrecord', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('defaults', sa.JSON(), nullable=True))
+    with op.batch_alter_table("modelrecord", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("defaults", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('modelrecord', schema=None) as batch_op:
-        batch_op.drop_column('defaults')
+    with op.batch_alter_table("modelrecord", schema=None) as batch_op:
+        batch_op.drop_column("defaults")

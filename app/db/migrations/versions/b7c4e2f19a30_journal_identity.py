@@ -13,21 +13,21 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = 'b7c4e2f19a30'
-down_revision = '6db26082a239'
+revision = "b7c4e2f19a30"
+down_revision = "6db26082a239"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
     table = op.create_table(
-        'journalidentity',
-        sa.Column('id', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.PrimaryKeyConstraint('id'),
+        "journalidentity",
+        sa.Column("id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
     )
     # One row, written once: a journal migrated from an earlier revision gets its identity here.
-    op.bulk_insert(table, [{'id': uuid.uuid4().hex}])
+    op.bulk_insert(table, [{"id": uuid.uuid4().hex}])
 
 
 def downgrade() -> None:
-    op.drop_table('journalidentity')
+    op.drop_table("journalidentity")

@@ -23,18 +23,20 @@ from alembic import op
 from app.core.kinds import job_request
 from routing.timings import EMA_WEIGHT, MIN_SCALED_SIZE, REFERENCE_SIZE
 
-revision = 'c3d9a1e5b7f2'
-down_revision = 'b7c4e2f19a30'
+revision = "c3d9a1e5b7f2"
+down_revision = "b7c4e2f19a30"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
     connection = op.get_bind()
-    runs = connection.execute(sa.text(
-        "SELECT machine, model_id, kind, params, run_s FROM job WHERE state IN ('succeeded', 'failed') "
-        "AND machine IS NOT NULL AND run_s > 0 ORDER BY finished_at, created_at"
-    ))
+    runs = connection.execute(
+        sa.text(
+            "SELECT machine, model_id, kind, params, run_s FROM job WHERE state IN ('succeeded', 'failed') "
+            "AND machine IS NOT NULL AND run_s > 0 ORDER BY finished_at, created_at"
+        )
+    )
     measured: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     small: set[tuple[str, str, str]] = set()
     for machine, model_id, kind, params, run_s in runs:
@@ -48,9 +50,13 @@ def upgrade() -> None:
         step_s = None
         for value in measured[key]:
             step_s = value if step_s is None else (1 - EMA_WEIGHT) * step_s + EMA_WEIGHT * value
-        connection.execute(sa.text("UPDATE learnedtiming SET step_s = :step_s WHERE machine = :machine "
-                                   "AND model_id = :model_id AND kind = :kind"),
-                           {"step_s": step_s, "machine": key[0], "model_id": key[1], "kind": key[2]})
+        connection.execute(
+            sa.text(
+                "UPDATE learnedtiming SET step_s = :step_s WHERE machine = :machine "
+                "AND model_id = :model_id AND kind = :kind"
+            ),
+            {"step_s": step_s, "machine": key[0], "model_id": key[1], "kind": key[2]},
+        )
 
 
 def downgrade() -> None:

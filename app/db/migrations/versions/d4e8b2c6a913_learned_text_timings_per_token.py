@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = 'd4e8b2c6a913'
-down_revision = 'd4e8b2c6a1f3'
+revision = "d4e8b2c6a913"
+down_revision = "d4e8b2c6a1f3"
 branch_labels = None
 depends_on = None
 

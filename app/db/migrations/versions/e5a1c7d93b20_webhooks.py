@@ -15,39 +15,39 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = 'e5a1c7d93b20'
-down_revision = 'e5a7c3d9b214'
+revision = "e5a1c7d93b20"
+down_revision = "e5a7c3d9b214"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('job', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('webhook_url', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("webhook_url", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
     op.create_table(
-        'webhookdelivery',
-        sa.Column('id', sa.Integer(), nullable=False),
-        sa.Column('job_id', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.Column('url', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.Column('job_state', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.Column('state', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.Column('attempts', sa.Integer(), nullable=False),
-        sa.Column('due_s', sa.Float(), nullable=False),
-        sa.Column('lease_s', sa.Float(), nullable=True),
-        sa.Column('created_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
-        sa.Column('finished_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
-        sa.Column('detail', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-        sa.PrimaryKeyConstraint('id'),
+        "webhookdelivery",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("job_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("url", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("job_state", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("state", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("due_s", sa.Float(), nullable=False),
+        sa.Column("lease_s", sa.Float(), nullable=True),
+        sa.Column("created_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
+        sa.Column("finished_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
+        sa.Column("detail", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table('webhookdelivery', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_webhookdelivery_job_id'), ['job_id'], unique=False)
-        batch_op.create_index(batch_op.f('ix_webhookdelivery_state'), ['state'], unique=False)
+    with op.batch_alter_table("webhookdelivery", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_webhookdelivery_job_id"), ["job_id"], unique=False)
+        batch_op.create_index(batch_op.f("ix_webhookdelivery_state"), ["state"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('webhookdelivery', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_webhookdelivery_state'))
-        batch_op.drop_index(batch_op.f('ix_webhookdelivery_job_id'))
-    op.drop_table('webhookdelivery')
-    with op.batch_alter_table('job', schema=None) as batch_op:
-        batch_op.drop_column('webhook_url')
+    with op.batch_alter_table("webhookdelivery", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_webhookdelivery_state"))
+        batch_op.drop_index(batch_op.f("ix_webhookdelivery_job_id"))
+    op.drop_table("webhookdelivery")
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_column("webhook_url")

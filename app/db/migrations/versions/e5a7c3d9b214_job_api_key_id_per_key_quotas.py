@@ -16,21 +16,21 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = 'e5a7c3d9b214'
-down_revision = 'd4e8b2c6a913'
+revision = "e5a7c3d9b214"
+down_revision = "d4e8b2c6a913"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('job', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('api_key_id', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
-        batch_op.create_index('ix_job_api_key_id_state', ['api_key_id', 'state'], unique=False)
-        batch_op.create_index('ix_job_api_key_id_finished_at', ['api_key_id', 'finished_at'], unique=False)
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("api_key_id", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
+        batch_op.create_index("ix_job_api_key_id_state", ["api_key_id", "state"], unique=False)
+        batch_op.create_index("ix_job_api_key_id_finished_at", ["api_key_id", "finished_at"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('job', schema=None) as batch_op:
-        batch_op.drop_index('ix_job_api_key_id_finished_at')
-        batch_op.drop_index('ix_job_api_key_id_state')
-        batch_op.drop_column('api_key_id')
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_index("ix_job_api_key_id_finished_at")
+        batch_op.drop_index("ix_job_api_key_id_state")
+        batch_op.drop_column("api_key_id")

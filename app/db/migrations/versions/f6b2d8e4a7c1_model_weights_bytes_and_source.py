@@ -16,21 +16,21 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = 'f6b2d8e4a7c1'
-down_revision = 'e5a1c7d93b20'
+revision = "f6b2d8e4a7c1"
+down_revision = "e5a1c7d93b20"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('modelrecord', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('weights_bytes', sa.BigInteger(), nullable=True))
-        batch_op.add_column(sa.Column('source_format', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
-        batch_op.add_column(sa.Column('source_digest', sqlmodel.sql.sqltypes.AutoString(), nullable=True))
+    with op.batch_alter_table("modelrecord", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("weights_bytes", sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column("source_format", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
+        batch_op.add_column(sa.Column("source_digest", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('modelrecord', schema=None) as batch_op:
-        batch_op.drop_column('source_digest')
-        batch_op.drop_column('source_format')
-        batch_op.drop_column('weights_bytes')
+    with op.batch_alter_table("modelrecord", schema=None) as batch_op:
+        batch_op.drop_column("source_digest")
+        batch_op.drop_column("source_format")
+        batch_op.drop_column("weights_bytes")
