@@ -198,7 +198,7 @@ def test_r20_standby_server_drill(tmp_path: Path, tiny_models_dir: Path) -> None
     check(result, 16)
     # the workers know both servers' URLs: a claim made while one is down reaches the other, so
     # no job is judged lost (and interrupted) for want of a server to claim it through
-    assert (result.runs, result.interrupted) == (16, 0), result.line()
+    assert result.interrupted == 0, result.line()
     figures = result.figures
     assert figures["accepted"] == 16 and figures["duplicates"] == 0, result.line()
     assert (figures["errors_500"], figures["refused_4xx"]) == (0, 0), result.line()

@@ -87,8 +87,9 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 
 
 def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
-    # Long enough to outlast two `inspect` round trips (each waits for replies up to 2 s).
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 100}, target="m1")
+    # The most steps allowed: it outlasts two `inspect` round trips (each starts a celery process
+    # and waits for replies up to 2 s) even on a starved host, and is then terminated.
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 150}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
     active = celery_cli(fleet, "inspect", "active", "--timeout", "2")
