@@ -71,7 +71,8 @@ log = logging.getLogger(__name__)
 class ReconcileReport:
     interrupted: dict[str, str] = field(default_factory=dict)  # job id -> reason
     cancelled: dict[str, str] = field(default_factory=dict)  # job id -> reason (``purged``, ``cancelled``)
-    requeued: list[str] = field(default_factory=list)  # published again after Redis lost its data, in order
+    # published again after Redis lost its data or failed over, in order; or at last (never published)
+    requeued: list[str] = field(default_factory=list)
     redis_lost: bool = False  # this pass found Redis without its data (Keys.redis_seen gone)
     master_changed: bool = False  # another Redis master than at the last pass (Keys.redis_replid): a failover
     forgotten_idempotency_keys: int = 0
@@ -144,7 +145,7 @@ class Reconciler:
             report.master_changed = recorded is not None and replid != recorded
             if report.redis_lost or report.master_changed:
                 self._requeue(report, fence)
-            self._queued(report)
+            self._queued(report, fence)
             if report.redis_lost:  # last: a pass cut short finds the loss again
                 self.redis.set(self.keys.redis_seen(), repr(since), nx=True)
             if replid is not None and replid != recorded:  # last, likewise
@@ -248,7 +249,7 @@ class Reconciler:
         report.cancelled[job.id] = "cancelled"
         return True
 
-    def _queued(self, report: ReconcileReport) -> None:
+    def _queued(self, report: ReconcileReport, fence: Fence) -> None:
         now = time.time()
         fleet = self.machines.fleet
         waiting = {name: set(self.queues.queued_ids(name)) for name in fleet.machines}
@@ -277,16 +278,17 @@ class Reconciler:
             first_missing = float(self.redis.hget(missing_key, job_id) or now)
             self.redis.hset(missing_key, job_id, first_missing)
             if now - first_missing >= self.settings.lost_grace_s:
-                self._gone(report, job_id, machine)
+                self._gone(report, job_id, machine, fence)
                 self.redis.hdel(missing_key, job_id)
         if found_again:
             self.redis.hdel(missing_key, *found_again)
 
-    def _gone(self, report: ReconcileReport, job_id: str, machine: str | None) -> None:
+    def _gone(self, report: ReconcileReport, job_id: str, machine: str | None, fence: Fence) -> None:
         """A queued job's message is gone while Redis kept its data: a worker took it and stopped
-        before claiming it (``lost``), or it was removed from its queue (``purged``). (A server
-        killed between journaling a job and publishing it leaves the same trace as a purge; the
-        message says so.)"""
+        before claiming it (``lost``), it was never published (no reservation either: its server
+        stopped between journaling and reserving it; published now, :meth:`_publish_unpublished`),
+        or it was removed from its queue (``purged``). (A server killed between reserving and
+        publishing, two Redis calls apart, leaves the same trace as a purge; the message says so.)"""
         taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
             self._interrupt(
@@ -296,6 +298,9 @@ class Reconciler:
                 "lost",
                 f"its message was delivered to {taker}'s worker, which stopped before claiming it; the job was not run",
             )
+            return
+        if machine is not None and not self.redis.hexists(self.keys.reservations(machine), job_id):
+            self._publish_unpublished(report, job_id, machine, fence)
             return
         assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
         try:  # announced: Flower shows it REVOKED, not PENDING forever
@@ -312,6 +317,34 @@ class Reconciler:
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job_id] = "purged"
+
+    def _publish_unpublished(self, report: ReconcileReport, job_id: str, machine: str, fence: Fence) -> None:
+        """Reserve and publish a ``queued`` job its server journaled but never reserved nor
+        published (it was killed in between, R19: journal first). Its client may hold a 202 for
+        it: with standby servers, a retry with the same Idempotency-Key on the other server is
+        answered with this job (R20). Its machine's queued backlog is put in journal order (R8),
+        as after a Redis loss; it runs once (its claim is journaled)."""
+        job = self.journal.get(job_id)
+        request = job_request(job.model_id, "", job.kind, job.target, job.params)
+        if not self.machines.reservations.add(
+            machine, job.id, job.model_id, job.kind, request.steps, request.size, fence
+        ):
+            return  # the lock expired under this pass: the next pass finds it again
+        delivered = self.queues.unacked_ids()
+        backlog = [
+            queued.id
+            for queued in self.journal.list([JobState.queued])
+            if queued.machine == machine and queued.id not in delivered
+        ]
+        messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind)])
+        self.queues.put_in_order(machine, backlog, messages)
+        self.journal.log(
+            job.id,
+            "requeued",
+            f"its server stopped before publishing it; published to {queue(machine)} by reconciliation",
+        )
+        report.requeued.append(job.id)
+        log.warning("job %s was journaled but never published (its server stopped): published now", job.id)
 
     def _requeue(self, report: ReconcileReport, fence: Fence) -> None:
         """Redis lost its data: write every live job's reservation again, in journal order (R14),

@@ -197,8 +197,9 @@ def test_r20_standby_server_drill(tmp_path: Path, tiny_models_dir: Path) -> None
         result = drill_standby_server(fleet, 16, repeats=2)
     check(result, 16)
     # the workers know both servers' URLs: a claim made while one is down reaches the other, so
-    # no job is judged lost (and interrupted) for want of a server to claim it through
-    assert result.interrupted == 0, result.line()
+    # no job is judged lost (and interrupted) for want of a server to claim it through; a job a
+    # killed server journaled but never published is published by the leader's reconciliation
+    assert (result.runs, result.interrupted) == (16, 0), result.line()
     figures = result.figures
     assert figures["accepted"] == 16 and figures["duplicates"] == 0, result.line()
     assert (figures["errors_500"], figures["refused_4xx"]) == (0, 0), result.line()

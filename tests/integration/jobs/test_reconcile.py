@@ -66,6 +66,33 @@ def test_r19_a_queued_job_whose_message_was_removed_from_its_queue_is_cancelled_
     assert ctx.reconciler().run_once().cancelled == {}  # idempotent
 
 
+def test_r19_a_queued_job_its_server_never_reserved_nor_published_is_published_in_journal_order(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """A server killed after journaling a job and before reserving and publishing it leaves a
+    ``queued`` job with neither a reservation nor a message. With standby servers its client
+    holds a 202 for it (a retry with the same Idempotency-Key on the other server is answered
+    with it, R20), so reconciliation publishes it, ahead of the machine's later jobs (R8),
+    instead of cancelling it as a purge (a purge leaves the reservation)."""
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    unpublished, later = submit(ctx, model, "m1"), submit(ctx, model, "m1")
+    ctx.queues.remove("m1", unpublished)  # as if it had never been published...
+    assert ctx.machines.reservations.release("m1", unpublished)  # ...nor reserved
+    report = ctx.reconciler().run_once()
+    assert (report.cancelled, report.interrupted, report.requeued) == ({}, {}, [unpublished])
+    assert ctx.journal.get(unpublished).state == JobState.queued
+    assert ctx.queues.queued_ids("m1") == [unpublished, later]
+    assert [job_id for job_id, _ in ctx.machines.reservations.records("m1")] == [later, unpublished]
+    assert any(
+        event.event == "requeued" and "stopped before publishing" in event.detail
+        for event in ctx.journal.events(unpublished)
+    )
+    again = ctx.reconciler().run_once()  # idempotent: its message is there now
+    assert (again.cancelled, again.requeued) == ({}, [])
+
+
 def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(
     strict_ctx: ServerContext, tiny_models_dir: Path
 ) -> None:
