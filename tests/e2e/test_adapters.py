@@ -222,6 +222,9 @@ def test_r5_an_adapter_whose_copy_changed_fails_the_job_integrity_and_is_withdra
     synced again; the base model stays warm. Restored by a sync at the end (R6)."""
     ctx = fleet.ctx
     verified = ctx.keys.verified(MACHINE)
+    # the adapter verified on m1 first (an earlier test's sync may still be reaching its heartbeat
+    # on a starved host: a submission then is refused model_not_verified)
+    wait_for(lambda: ADAPTER in ctx.redis.smembers(verified), timeout_s=120, what="m1 to verify the adapter")
     run(fleet, BASE)  # the base model warm on m1
     weights = fleet.local.models_dir(MACHINE) / ADAPTER / "pytorch_lora_weights.safetensors"
     original = weights.read_bytes()
