@@ -89,6 +89,8 @@ def test_the_body_is_the_job_record_signed_with_the_key_secret(hook_ctx: ServerC
         assert client.get(f"/v1/jobs/{job_id}").json()["webhook_url"] == receiver.url
         assert client.post(f"/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"
         [got] = wait_for(lambda: receiver.received, timeout_s=10, what="the webhook")
+        # the receiver answers before the server journals the attempt: wait for the journal
+        wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == DELIVERED, timeout_s=10, what="delivered")
         record = client.get(f"/v1/jobs/{job_id}").json()
     assert got.path == "/hook"
     assert record["webhook"] == {
