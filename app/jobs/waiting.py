@@ -91,8 +91,11 @@ class Waiting:
             try:
                 pubsub.subscribe(self.channel)
                 pubsub.get_message(timeout=LISTEN_S)  # the subscription's confirmation (ignored)
+                # what was published while it was not subscribed: read again. Before ready is
+                # set: a waiter let through by it has cleared its wake-up before its first read,
+                # so that read is not repeated
+                self._wake_all()
                 self._ready.set()
-                self._wake_all()  # what was published while it was not subscribed: read again
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=LISTEN_S)
                     if message is not None:
