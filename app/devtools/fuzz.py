@@ -170,9 +170,12 @@ def run_fuzz(
     drain_timeout_s: float = 1800.0,
     wait_s: int = 5,
     workers: int = 1,
+    forkserver: bool = False,
 ) -> FuzzReport:
     """Run schemathesis against a fresh fleet under ``data_dir``; return what it saw.
     ``workers``: schemathesis' concurrent requests (``--workers``).
+    ``forkserver``: fork the fleet's API and worker from this process's preloaded interpreter
+    (app/devtools/forkserver.py; the test suite's way) instead of exec'ing them.
     ``max_examples``: per operation and phase (schemathesis' ``--max-examples``).
     ``wait_s``: each request's ``Prefer: wait`` (seconds): how long an image or text route waits
     for its job before answering 409 ``job_pending`` (C10).
@@ -185,7 +188,7 @@ def run_fuzz(
     settings = settings.model_copy(update={"redis_url": redis.url})
     write_private(settings.fleet_file, fleet.to_toml())  # type: ignore[arg-type]
     ctx = build_context(settings, fleet, migrate=True)
-    local = LocalFleet(settings, fleet, settings.fleet_file)  # type: ignore[arg-type]
+    local = LocalFleet(settings, fleet, settings.fleet_file, forkserver=forkserver)  # type: ignore[arg-type]
     report = FuzzReport()
     try:
         for model_id, folder in build_models(data_dir / "tiny").items():

@@ -28,7 +28,7 @@ WAIT_S = 1
 
 @pytest.mark.timeout(1200)  # a fleet start, ~1,000 requests over HTTP, real jobs and the drain on 2 shared cores
 def test_r22_r24_schemathesis_over_real_http_finds_nothing_and_every_accepted_job_ends(tmp_path: Path) -> None:
-    report = run_fuzz(tmp_path / "fuzz", EXAMPLES, phases=PHASES, wait_s=WAIT_S)
+    report = run_fuzz(tmp_path / "fuzz", EXAMPLES, phases=PHASES, wait_s=WAIT_S, forkserver=True)
     print(f"\n{report.summary()}\n" + "\n".join(report.route_lines()))
     assert report.sound and report.failures == 0, (report.runtime_errors, report.output)
     assert report.server_errors == 0, report.statuses
