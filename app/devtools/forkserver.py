@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import multiprocessing
 import multiprocessing.util
 import os
@@ -59,10 +60,38 @@ def _forkserver() -> ForkServerContext:
     return _context
 
 
-def _run_command(args: list[str], env: dict[str, str], log_path: str, stderr_path: str | None) -> None:
-    """In the forked process: become a session leader, send stdout to ``log_path`` and stderr
-    to ``stderr_path`` (or to ``log_path`` too; appended), take ``env`` as the whole
-    environment and run ``homefleet ARGS``."""
+#: ``setns(2)``'s flag for a network namespace (linux/sched.h)
+CLONE_NEWNET = 0x40000000
+#: where ``ip netns add NAME`` keeps a named network namespace (ip-netns(8))
+NETNS_DIR = Path("/var/run/netns")
+
+
+def enter_netns(name: str) -> None:
+    """Move this process into the named network namespace, as ``ip netns exec NAME`` does
+    for the network (not its ``/etc/netns`` and ``/sys`` remounts). Only the calling thread
+    moves: call it while the process has one thread (the forked command, before it starts any).
+
+    Raises:
+        OSError: no such namespace, or ``setns`` was refused (it needs CAP_SYS_ADMIN).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(NETNS_DIR / name, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name!r}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+def _run_command(
+    args: list[str], env: dict[str, str], log_path: str, stderr_path: str | None, netns: str | None = None
+) -> None:
+    """In the forked process: enter network namespace ``netns`` when given, become a session
+    leader, send stdout to ``log_path`` and stderr to ``stderr_path`` (or to ``log_path`` too;
+    appended), take ``env`` as the whole environment and run ``homefleet ARGS``."""
+    if netns is not None:
+        enter_netns(netns)
     os.setsid()
     for target, path in ((1, log_path), (2, stderr_path or log_path)):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -120,14 +149,17 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def start(args: list[str], env: dict[str, str], log_path: Path, stderr_path: Path | None = None) -> ForkedProcess:
+def start(
+    args: list[str], env: dict[str, str], log_path: Path, stderr_path: Path | None = None, netns: str | None = None
+) -> ForkedProcess:
     """Fork ``homefleet ARGS`` from the fork server, with environment ``env`` (all of it) and
-    its output appended to ``log_path`` (its stderr to ``stderr_path`` when given). The first
-    call of a process starts its fork server (the preload imports, ~3 CPU-seconds, once)."""
+    its output appended to ``log_path`` (its stderr to ``stderr_path`` when given), inside the
+    named network namespace ``netns`` when given (:func:`enter_netns`). The first call of a
+    process starts its fork server (the preload imports, ~3 CPU-seconds, once)."""
     # not daemonic: a command may start processes of its own (train-shapes' process pool)
     process = _forkserver().Process(
         target=_run_command,
-        args=(list(args), dict(env), str(log_path), None if stderr_path is None else str(stderr_path)),
+        args=(list(args), dict(env), str(log_path), None if stderr_path is None else str(stderr_path), netns),
         name=f"homefleet {' '.join(args[:1])}",
         daemon=False,
     )

@@ -76,14 +76,23 @@ class LocalFleet:
         env.update(extra)
         return env
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> ChildProcess:
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        prefix: list[str] | None = None,
+        netns: str | None = None,
+    ) -> ChildProcess:
         if name in self.processes and self.processes[name].poll() is None:
             raise RuntimeError(f"{name} is already running (pid {self.processes[name].pid})")
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.forkserver and not prefix:
-            forked = forkserver_module.start(args, env, self.logs_dir / f"{name}.log")
+            forked = forkserver_module.start(args, env, self.logs_dir / f"{name}.log", netns=netns)
             self.processes[name] = forked
             return forked
+        if netns is not None:
+            prefix = ["ip", "netns", "exec", netns, *(prefix or [])]
         with open(self.logs_dir / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
                 [*(prefix or []), sys.executable, "-m", "app.cli", *args],
@@ -132,13 +141,15 @@ class LocalFleet:
         extra_env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
         token_file: bool = False,
+        netns: str | None = None,
     ) -> ChildProcess:
         """Start ``homefleet worker --machine <machine>`` with that machine's folder and token.
 
         ``extra_env`` overrides settings (e.g. the Redis and server URLs a remote host uses);
-        ``prefix`` wraps the command (e.g. ``["ip", "netns", "exec", "hf-a"]``); ``token_file``:
-        the token is read from a file readable by its owner only (``--token-file``), not the
-        environment."""
+        ``prefix`` wraps the command (e.g. ``["prlimit", "--as=BYTES", "--"]``; it is exec'd, never
+        forked); ``netns``: the named network namespace it runs in (forked into it, or exec'd by
+        ``ip netns exec``); ``token_file``: the token is read from a file readable by its owner
+        only (``--token-file``), not the environment."""
         broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
         token = self.fleet.machines[machine].token or ""
         args = ["worker"]
@@ -160,7 +171,7 @@ class LocalFleet:
                 **(extra_env or {}),
             },
         )
-        return self._spawn(f"worker-{machine}", args, env, prefix)
+        return self._spawn(f"worker-{machine}", args, env, prefix, netns)
 
     def start_host(
         self, host: str, extra_env: dict[str, str] | None = None, token_file: bool = False

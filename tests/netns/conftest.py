@@ -182,7 +182,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
             worker_redis_url=f"redis://{server_address}:{redis_port}/0",
             fleet_watch_s=0.5,
         )
-        local = LocalFleet(settings, fleet, fleet_file)
+        local = LocalFleet(settings, fleet, fleet_file, forkserver=True)  # workers forked into their namespaces
         ctx = build_context(settings, fleet, migrate=True)
         ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
         local.start_api()
@@ -190,7 +190,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory, tiny_models_dir: Path) -
         for machine, host in hosts.items():
             local.start_worker(
                 machine,
-                prefix=host.netns,
+                netns=host.namespace,
                 extra_env={
                     "HOMEFLEET_REDIS_URL": f"redis://{host.gateway}:{redis_port}/0",
                     "HOMEFLEET_SERVER_URL": f"http://{server_address}:{api_port}",
