@@ -37,14 +37,14 @@ def _median_s(run: Callable[[], Any], repeat: int, after: Callable[[], Any] | No
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--side", type=int, default=64)
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", action="store_true", help="shapes-filled and shapes-blue-lora")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 

@@ -11,7 +11,7 @@ journal, fenced reservation, Celery publish: what ``POST /v1/jobs`` runs, withou
 which is several times faster than through the API on a loaded host. The 8 machines get a
 heartbeat from this process and a header-only model (nothing is ever loaded).
 
-    python -m bench.backlog [--queued 10000] [--samples 200] [--journal postgresql://...]
+    python -m bench.backlog [--queued 10000] [--samples 200] [--journal postgresql://...] [--forkserver]
 
 Last line: ``rss_mb=X get_p99_ms=X list_p99_ms=X submit_p99_ms=X reconcile_s=X status_s=X``.
 """
@@ -37,6 +37,7 @@ from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.fleet.config import Fleet, Machine
+from bench import add_forkserver_flag
 from bench.latency import quantile
 from bench.submit import _model_folder
 
@@ -88,7 +89,11 @@ def _wait_idle(
 
 
 def run(
-    queued: int, samples: int, journal_url: str | None, reconcile_interval_s: float | None = None
+    queued: int,
+    samples: int,
+    journal_url: str | None,
+    reconcile_interval_s: float | None = None,
+    forkserver: bool = False,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="hf-backlog-") as tmp:
         root = Path(tmp)
@@ -109,7 +114,7 @@ def run(
             max_pending_total=1_000_000,
             **extra,
         )
-        local = LocalFleet(settings, fleet, fleet_file)
+        local = LocalFleet(settings, fleet, fleet_file, forkserver=forkserver)
         try:
             ctx = build_context(settings, fleet, migrate=True)
             try:
@@ -248,8 +253,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the server's reconciliation interval (default: the server's, 5 s); a long one keeps "
         "its passes out of the measured requests",
     )
+    add_forkserver_flag(parser, "; rss_mb then counts the fork server's preloaded modules (torch) the server inherits")
     args = parser.parse_args(argv)
-    figures = run(args.queued, args.samples, args.journal, args.reconcile_interval_s)
+    figures = run(args.queued, args.samples, args.journal, args.reconcile_interval_s, args.forkserver)
     print(" ".join(f"{k}={v:.3f}" if k.endswith("_s") else f"{k}={v:.1f}" for k, v in figures.items()))
 
 

@@ -10,7 +10,7 @@ verified (its first heartbeat, after the start-up check, R4); then its workers a
 Each round's hosts are new machines, so no heartbeat of an earlier round is seen. Every
 worker runs one torch thread.
 
-    python -m bench.device_start [--rounds 3]
+    python -m bench.device_start [--rounds 3] [--forkserver]
 
 Last line: ``one_s=X two_s=X ratio=R`` (medians over the rounds; ratio = two_s / one_s).
 """
@@ -31,6 +31,7 @@ from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
 from app.fleet.config import load_fleet
+from bench import add_forkserver_flag
 
 MODEL = "tiny-sd"
 API_KEY = "bench-device-start-key-".ljust(40, "x")
@@ -70,8 +71,22 @@ def time_host(local: LocalFleet, host: str) -> float:
     return seconds
 
 
-def run(rounds: int) -> dict[str, float]:
-    os.environ["HOMEFLEET_TORCH_THREADS"] = "1"  # LocalFleet.torch_threads: one per worker
+def run(rounds: int, forkserver: bool = False) -> dict[str, float]:
+    """The medians over ``rounds`` rounds, in seconds: ``{one_s, two_s, ratio}``. Sets
+    ``HOMEFLEET_TORCH_THREADS=1`` in this process while it runs (``LocalFleet.torch_threads``:
+    one per worker) and restores it after."""
+    before = os.environ.get("HOMEFLEET_TORCH_THREADS")
+    os.environ["HOMEFLEET_TORCH_THREADS"] = "1"
+    try:
+        return _run(rounds, forkserver)
+    finally:
+        if before is None:
+            os.environ.pop("HOMEFLEET_TORCH_THREADS", None)
+        else:
+            os.environ["HOMEFLEET_TORCH_THREADS"] = before
+
+
+def _run(rounds: int, forkserver: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="hf-device-start-") as tmp:
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
@@ -86,7 +101,7 @@ def run(rounds: int) -> dict[str, float]:
             api_keys=[API_KEY],
             heartbeat_interval_s=0.5,
         )
-        local = LocalFleet(settings, fleet, fleet_file)
+        local = LocalFleet(settings, fleet, fleet_file, forkserver=forkserver)
         one, two = [], []
         try:
             ctx = build_context(settings, fleet, migrate=True)
@@ -111,8 +126,9 @@ def run(rounds: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of one host of each size (default 3)")
+    add_forkserver_flag(parser, " (a forked worker skips the imports this bench's start time is mostly made of)")
     args = parser.parse_args(argv)
-    figures = run(args.rounds)
+    figures = run(args.rounds, args.forkserver)
     print(" ".join(f"{k}={v:.2f}" if k != "ratio" else f"{k}={v:.3f}" for k, v in figures.items()))
 
 

@@ -21,9 +21,9 @@ Figures are printed, never asserted. Last line:
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,10 +110,19 @@ def _ms(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
 
 
-if __name__ == "__main__":
-    ahead, inside, whole = hold_times(int(sys.argv[1]) if len(sys.argv) > 1 else SUBMISSIONS)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "submissions", nargs="?", type=int, default=SUBMISSIONS, help=f"counted per loop (default {SUBMISSIONS})"
+    )
+    args = parser.parse_args(argv)
+    ahead, inside, whole = hold_times(args.submissions)
     print(f"submissions per loop: {len(ahead)}; {MACHINES} machines; the timings' mark moved before each")
     print(
         f"ahead_p50_ms={_ms(ahead, 50):.3f} ahead_p99_ms={_ms(ahead, 99):.3f} inside_p50_ms={_ms(inside, 50):.3f} "
         f"inside_p99_ms={_ms(inside, 99):.3f} submit_p50_ms={statistics.median(whole) * 1000:.3f}"
     )
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ The breakdown then times the dispatcher's steps in this process (the same code t
 runs, on the same Redis and journal) for jobs pinned to a machine with no worker, and the
 claim's steps for those jobs (model manifest, journal claim, reservation start).
 
-    python -m bench.latency [--jobs 500] [--steps 1]
+    python -m bench.latency [--jobs 500] [--steps 1] [--forkserver]
 
 Last line: ``submit_p50_ms=X submit_p99_ms=X celery_p50_ms=X ratio_p50=R auto_p50_ms=X``.
 """
@@ -51,6 +51,7 @@ from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port, start_redis_server
 from app.devtools.tiny_models import make_tiny
 from app.fleet.config import Fleet, Machine
+from bench import add_forkserver_flag
 from bench.celery_noop import NOOP_QUEUE, NOOP_TASK, STARTS_KEY
 
 MODEL = "tiny-sd"
@@ -209,7 +210,7 @@ def breakdown(settings: Settings, fleet: Fleet, jobs: int) -> Spans:
     return spans
 
 
-def run(jobs: int, steps: int) -> dict[str, float]:
+def run(jobs: int, steps: int, forkserver: bool = False) -> dict[str, float]:
     params = {"steps": steps, "width": 64, "height": 64}
     with tempfile.TemporaryDirectory(prefix="hf-latency-") as tmp:
         root = Path(tmp)
@@ -227,7 +228,7 @@ def run(jobs: int, steps: int) -> dict[str, float]:
             max_queued_per_machine=1_000_000,
             max_pending_total=1_000_000,
         )
-        local = LocalFleet(settings, fleet, fleet_file)
+        local = LocalFleet(settings, fleet, fleet_file, forkserver=forkserver)
         noop_worker: subprocess.Popen[bytes] | None = None
         try:
             ctx = build_context(settings, fleet, migrate=True)
@@ -310,8 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=500, help="jobs per path (default 500)")
     parser.add_argument("--steps", type=int, default=1, help="denoising steps per Homefleet job (default 1)")
+    add_forkserver_flag(parser)
     args = parser.parse_args(argv)
-    figures = run(args.jobs, args.steps)
+    figures = run(args.jobs, args.steps, args.forkserver)
     print(" ".join(f"{k}={v:.2f}" if k != "ratio_p50" else f"{k}={v:.3f}" for k, v in figures.items()))
 
 

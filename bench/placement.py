@@ -312,7 +312,7 @@ def python_loop_s(additions: int = 20_000_000) -> float:
     return time.process_time() - started
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, default=BENCH / "fleet.toml")
     parser.add_argument("--trace", type=Path, action="append")
@@ -326,7 +326,7 @@ def main() -> None:
         f"(default {MOVES} on the traces, {RANDOM_MOVES} per random case)",
     )
     parser.add_argument("--verbose", action="store_true", help="with --random: one line per case")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.random:
         run_random(args.random, args.seed, RANDOM_MOVES if args.moves is None else args.moves, args.verbose)
         return

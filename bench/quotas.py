@@ -20,8 +20,8 @@ Last line: ``no_quota_p50_ms=X quota_p50_ms=X delta_p50_ms=X no_quota_p90_ms=X q
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -134,11 +134,20 @@ def _p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] * 1000
 
 
-if __name__ == "__main__":
-    free, quota, checks = quota_latencies(int(sys.argv[1]) if len(sys.argv) > 1 else SUBMISSIONS)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "submissions", nargs="?", type=int, default=SUBMISSIONS, help=f"counted per loop (default {SUBMISSIONS})"
+    )
+    args = parser.parse_args(argv)
+    free, quota, checks = quota_latencies(args.submissions)
     free_p50, quota_p50 = statistics.median(free) * 1000, statistics.median(quota) * 1000
     print(
         f"no_quota_p50_ms={free_p50:.3f} quota_p50_ms={quota_p50:.3f} delta_p50_ms={quota_p50 - free_p50:.3f} "
         f"no_quota_p90_ms={_p(free, 90):.3f} quota_p90_ms={_p(quota, 90):.3f} "
         f"check_p50_ms={statistics.median(checks) * 1000:.3f}"
     )
+
+
+if __name__ == "__main__":
+    main()

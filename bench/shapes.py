@@ -29,13 +29,13 @@ from app.devtools.shapes import BACKGROUNDS, COLOURS, SHAPES, caption, inspect
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=54, help="pictures per model (54: every combination once)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--steps", type=int, default=SAMPLING["steps"])
     parser.add_argument("--guidance", type=float, default=SAMPLING["guidance_scale"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
     from diffusers import DiffusionPipeline

@@ -8,7 +8,7 @@ chunks until the whole body is sent or the server answers first. Its status line
 server must answer 401 without reading the body, and its RSS must not grow.
 
     python -m bench.upload_rss            # its own server (a LocalFleet with no worker)
-    python -m bench.upload_rss --count 20 --mib 64
+    python -m bench.upload_rss --count 20 --mib 64 [--forkserver]
 
 The last line reads ``uploads=N mib=M status=401 rss_before_mb=… rss_after_mb=… growth_mb=…``.
 """
@@ -107,17 +107,19 @@ def measure(api_url: str, pid: int, count: int = 20, mib: int = 64, settle_s: fl
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from app.core.config import Settings
     from app.core.secret_files import write_private
     from app.devtools.localfleet import LocalFleet
     from app.devtools.redis_server import free_port, start_redis_server
     from app.fleet.config import load_fleet, with_fresh_tokens
+    from bench import add_forkserver_flag
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--mib", type=int, default=64)
-    args = parser.parse_args()
+    add_forkserver_flag(parser, "; the server's RSS then counts the fork server's preloaded modules (torch)")
+    args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="upload-rss-"))
     redis_process = start_redis_server(root / "redis")
     fleet = with_fresh_tokens(load_fleet(None))
@@ -130,7 +132,7 @@ def main() -> None:
         api_port=free_port(),
         api_keys=["bench-upload-rss-key-0123"],
     )
-    local = LocalFleet(settings, fleet, fleet_file)
+    local = LocalFleet(settings, fleet, fleet_file, forkserver=args.forkserver)
     try:
         local.start_api()
         measure(local.api_url, local.processes["api"].pid, count=2, mib=4)  # warm the server's code paths

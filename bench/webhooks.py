@@ -14,7 +14,7 @@ terminal transition writes the delivery, the server's delivery loop POSTs it). M
 No worker runs: the machine gets a heartbeat from this process and a header-only model (nothing
 is ever loaded). Figures only, never asserts.
 
-    python -m bench.webhooks [--jobs 50] [--backoff 0.2]
+    python -m bench.webhooks [--jobs 50] [--backoff 0.2] [--forkserver]
 
 Last line: ``delivery_p50_ms=X delivery_p99_ms=X cancel_plain_p50_ms=X cancel_hooked_p50_ms=X retry_ms=X``.
 """
@@ -39,6 +39,7 @@ from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
 from app.fleet.config import Fleet, Machine, WebhookConfig
+from bench import add_forkserver_flag
 from bench.latency import quantile
 from bench.submit import _model_folder
 
@@ -93,7 +94,7 @@ def _wait(predicate: object, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def run(jobs: int, backoff_s: float) -> dict[str, float]:
+def run(jobs: int, backoff_s: float, forkserver: bool = False) -> dict[str, float]:
     fleet = Fleet(
         machines={
             "server": Machine(
@@ -123,7 +124,7 @@ def run(jobs: int, backoff_s: float) -> dict[str, float]:
             max_queued_per_machine=10_000,
             max_pending_total=10_000,
         )
-        local = LocalFleet(settings, fleet, fleet_file)
+        local = LocalFleet(settings, fleet, fleet_file, forkserver=forkserver)
         receiver = Receiver()
         try:
             ctx = build_context(settings, fleet, migrate=True)
@@ -191,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50, help="webhooks measured (default 50)")
     parser.add_argument("--backoff", type=float, default=0.2, help="webhook_backoff_s for the retry (default 0.2)")
+    add_forkserver_flag(parser)
     args = parser.parse_args(argv)
-    figures = run(args.jobs, args.backoff)
+    figures = run(args.jobs, args.backoff, args.forkserver)
     print(" ".join(f"{k}={v:.1f}" for k, v in figures.items()))
 
 
