@@ -197,8 +197,16 @@ def exclusion(
     return None
 
 
-def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drains | None = None) -> Breakdown:
-    """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12)."""
+def finish(
+    job: JobRequest,
+    machine: MachineView,
+    costs: CostModel,
+    drains: Drains | None = None,
+    working_bytes: int | None = None,
+) -> Breakdown:
+    """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12).
+    ``working_bytes``: the job's working memory beyond its weights (bytes) when the caller
+    already has it (default :func:`routing.finish.working_of`)."""
     return expected_finish(
         machine.name,
         job.model_id,
@@ -212,6 +220,7 @@ def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drai
         costs=costs,
         drains=drains,
         adapters=job.adapters,
+        working_bytes=working_bytes,
     )
 
 
@@ -276,10 +285,11 @@ def survey(
     excluded: dict[str, tuple[str, str]] = {}
     candidates: dict[str, Breakdown] = {}
     need = job_bytes(job, costs)
+    working = working_of(costs, job.model_id, job.kind, job.size)  # the same on every machine
     for machine in machines.values():
         refusal = exclusion(job, machine, costs, need)
         if refusal is None:
-            candidates[machine.name] = finish(job, machine, costs, drains)
+            candidates[machine.name] = finish(job, machine, costs, drains, working)
         else:
             excluded[machine.name] = refusal
     if pressure and candidates:
