@@ -148,10 +148,10 @@ TAILS_KEPT = 64
 """Appended jobs' outcomes :class:`Drains` keeps per machine (by model, kind, steps, size,
 adapters and working memory) while its queue is unchanged; more are forgotten, all at once."""
 
-Tail = tuple[float, float, tuple[str, ...], float, float]
+Tail = tuple[float, float, tuple[str, ...], tuple[float, ...], float, float]
 """What a job appended to a drained queue costs there (:func:`appended`): run seconds, cold
-load seconds, the models its load evicts (in order), the eviction charge
-(``EVICTION_WEIGHT`` x their reload seconds) and its adapters' load seconds."""
+load seconds, the models its load evicts (in order), their reload seconds there, the eviction
+charge without demand data (``EVICTION_WEIGHT`` x their sum) and its adapters' load seconds."""
 
 
 def appended(
@@ -181,9 +181,10 @@ def appended(
         weights_bytes=costs.weights_bytes,
         working_bytes=working_bytes,
     )
-    eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
+    reload_s = tuple(costs.reload_s(machine, m) for m in evicted)
+    eviction_s = EVICTION_WEIGHT * sum(reload_s)
     adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
-    return run_s, cold_load_s, tuple(evicted), eviction_s, adapter_load_s
+    return run_s, cold_load_s, tuple(evicted), reload_s, eviction_s, adapter_load_s
 
 
 class Drains:
@@ -303,6 +304,69 @@ class Drains:
         return running_s + queued_s, found
 
 
+def expected_parts(
+    machine: str,
+    model_id: str,
+    kind: str,
+    steps: int,
+    size: int,
+    *,
+    warm_models: Sequence[str],
+    queue: Sequence[WorkItem],
+    extra_queued: int,
+    protected: frozenset[str],
+    costs: CostModel,
+    drains: Drains | None = None,
+    adapters: Sequence[str] = (),
+    working_bytes: int | None = None,
+) -> tuple[float, Tail]:
+    """The seconds of work ahead of a job appended to ``machine``'s queue (the
+    :attr:`Breakdown.work_ahead_s`) and its :data:`Tail` there: :func:`expected_finish` in parts.
+
+    Args:
+        warm_models: resident models now, least recently used first.
+        queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
+        extra_queued: jobs known to be ahead but without details (counted at this job's run time).
+        drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
+        adapters: the job's LoRA adapter ids; each costs its load seconds
+            (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
+            machine's load rate) on every job, warm base or not.
+        working_bytes: the job's working memory beyond the weights (bytes), as journaled and
+            claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
+    """
+    if working_bytes is None:
+        working_bytes = working_of(costs, model_id, kind, size)
+    if drains is not None:
+        ahead_s, tail = drains.tail(
+            machine,
+            model_id,
+            kind,
+            steps,
+            size,
+            warm_models=warm_models,
+            queue=queue,
+            protected=protected,
+            costs=costs,
+            adapters=adapters,
+            working_bytes=working_bytes,
+        )
+    else:
+        ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
+        tail = appended(
+            machine,
+            model_id,
+            kind,
+            steps,
+            size,
+            warm=warm,
+            protected=protected,
+            costs=costs,
+            adapters=adapters,
+            working_bytes=working_bytes,
+        )
+    return ahead_s + extra_queued * tail[0], tail
+
+
 def expected_finish(
     machine: str,
     model_id: str,
@@ -319,50 +383,23 @@ def expected_finish(
     adapters: Sequence[str] = (),
     working_bytes: int | None = None,
 ) -> Breakdown:
-    """The :class:`Breakdown` of a job appended to ``machine``'s queue.
-
-    Args:
-        warm_models: resident models now, least recently used first.
-        queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
-        extra_queued: jobs known to be ahead but without details (counted at this job's run time).
-        drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
-        adapters: the job's LoRA adapter ids; each costs its load seconds
-            (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
-            machine's load rate) on every job, warm base or not.
-        working_bytes: the job's working memory beyond the weights (bytes), as journaled and
-            claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
-    """
-    if working_bytes is None:
-        working_bytes = working_of(costs, model_id, kind, size)
-    if drains is not None:
-        ahead_s, (run_s, cold_load_s, evicts, eviction_s, adapter_load_s) = drains.tail(
-            machine,
-            model_id,
-            kind,
-            steps,
-            size,
-            warm_models=warm_models,
-            queue=queue,
-            protected=protected,
-            costs=costs,
-            adapters=adapters,
-            working_bytes=working_bytes,
-        )
-    else:
-        ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
-        run_s, cold_load_s, evicts, eviction_s, adapter_load_s = appended(
-            machine,
-            model_id,
-            kind,
-            steps,
-            size,
-            warm=warm,
-            protected=protected,
-            costs=costs,
-            adapters=adapters,
-            working_bytes=working_bytes,
-        )
-    ahead_s += extra_queued * run_s
+    """The :class:`Breakdown` of a job appended to ``machine``'s queue; the arguments as
+    :func:`expected_parts`."""
+    ahead_s, (run_s, cold_load_s, evicts, _, eviction_s, adapter_load_s) = expected_parts(
+        machine,
+        model_id,
+        kind,
+        steps,
+        size,
+        warm_models=warm_models,
+        queue=queue,
+        extra_queued=extra_queued,
+        protected=protected,
+        costs=costs,
+        drains=drains,
+        adapters=adapters,
+        working_bytes=working_bytes,
+    )
     return Breakdown(
         work_ahead_s=ahead_s,
         cold_load_s=cold_load_s,
@@ -382,6 +419,7 @@ __all__ = [
     "appended",
     "drain",
     "expected_finish",
+    "expected_parts",
     "job_size",
     "working_of",
 ]
