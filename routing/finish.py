@@ -153,6 +153,10 @@ Tail = tuple[float, float, tuple[str, ...], tuple[float, ...], float, float]
 load seconds, the models its load evicts (in order), their reload seconds there, the eviction
 charge without demand data (``EVICTION_WEIGHT`` x their sum) and its adapters' load seconds."""
 
+TailKey = tuple[str, str, int, int, tuple[str, ...], int]
+"""The shape of an appended job whose :data:`Tail` :class:`Drains` keeps: model, kind, steps,
+size, adapters and working memory (bytes)."""
+
 
 def appended(
     machine: str,
@@ -212,7 +216,7 @@ class Drains:
                 frozenset[str],
                 tuple[WorkItem, ...],
                 tuple[float, tuple[str, ...]],
-                dict[tuple[str, str, int, int, tuple[str, ...], int], Tail],
+                dict[TailKey, Tail],
             ],
         ] = {}
 
@@ -223,7 +227,7 @@ class Drains:
         queue: Sequence[WorkItem],
         protected: frozenset[str],
         costs: CostModel,
-    ) -> tuple[float, tuple[float, tuple[str, ...]], dict[tuple[str, str, int, int, tuple[str, ...], int], Tail]]:
+    ) -> tuple[float, tuple[float, tuple[str, ...]], dict[TailKey, Tail]]:
         """(seconds of the running jobs at the head, the kept (seconds, warm after) of the
         queued ones, the kept tails of that queue)."""
         head, count = 0, len(queue)
@@ -248,7 +252,7 @@ class Drains:
         ):
             return running_s, last[5], last[6]
         queued_s, after = drain(machine, warm_models=start, queue=queued, protected=protected, costs=costs)
-        drained, tails = (queued_s, tuple(after)), {}
+        drained, tails = (queued_s, tuple(after)), dict[TailKey, Tail]()
         self._last[machine] = (costs, revision, start, protected, queued, drained, tails)
         return running_s, drained, tails
 
