@@ -206,16 +206,8 @@ def exclusion(
     return None
 
 
-def finish(
-    job: JobRequest,
-    machine: MachineView,
-    costs: CostModel,
-    drains: Drains | None = None,
-    working_bytes: int | None = None,
-) -> Breakdown:
-    """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12).
-    ``working_bytes``: the job's working memory beyond its weights (bytes) when the caller
-    already has it (default :func:`routing.finish.working_of`)."""
+def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drains | None = None) -> Breakdown:
+    """Expected-finish breakdown of ``job`` appended to ``machine``'s queue (R12)."""
     return expected_finish(
         machine.name,
         job.model_id,
@@ -229,7 +221,6 @@ def finish(
         costs=costs,
         drains=drains,
         adapters=job.adapters,
-        working_bytes=working_bytes,
     )
 
 
