@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from routing.finish import EVICTION_WEIGHT
 
@@ -157,6 +158,17 @@ class Spread:
     groups: Mapping[frozenset[str], tuple[str, ...]]  # the entries a machine can take -> those machines
     speed: Mapping[str, float]
 
+    @cached_property
+    def capacity(self) -> dict[str, tuple[float, float]]:
+        """entry -> (summed speed, fastest speed) of its machines, for the entries that have
+        any; computed once per spread (:func:`pressure` reads them at every decision)."""
+        speed = self.speed
+        return {
+            entry: (sum(speed[m] for m in names), max(speed[m] for m in names))
+            for entry, names in self.machines.items()
+            if names
+        }
+
 
 def spread(classes: Iterable[str], able: Mapping[str, frozenset[str]], speed: Mapping[str, float]) -> Spread:
     """The :class:`Spread` of ``classes`` (demand class names) over ``able`` (entry -> machines)
@@ -191,19 +203,21 @@ def pressure(
     """
     where = able if isinstance(able, Spread) else spread(rates, able, speed or {})
     speed = where.speed
+    capacity = where.capacity  # entry -> (summed speed, fastest speed) of its machines
     per_class: dict[str, tuple[float, float]] = {}  # class -> (load per machine, weight per unit of speed)
     per_model: dict[str, tuple[float, float]] = {}  # model -> (jobs per second, jobs x their floor per second)
     for model_id, (work_rate, job_rate) in rates.items():
-        machines = where.machines.get(model_id, ())
-        total = sum(speed[m] for m in machines)
-        if total <= 0 or job_rate <= 0:
+        found = capacity.get(model_id)
+        total = found[0] if found is not None else 0.0
+        if found is None or total <= 0 or job_rate <= 0:
             continue
+        machines = where.machines[model_id]
         # The bounded-slowdown floor is the job's run on the fastest machine able to run its
         # model anywhere, also for pinned classes (a job pinned to a slow machine still counts
         # its slowdown against the fleet's fastest run).
         model = model_id.partition("@")[0]
-        pool = where.machines.get(model, ()) or machines
-        fastest_s = work_rate / job_rate / max(speed[m] for m in pool)
+        pool = capacity.get(model) or found
+        fastest_s = work_rate / job_rate / pool[1]
         per_job = 1.0 / max(fastest_s, BOUND_FLOOR_S)
         jobs, fastest_work = per_model.get(model, (0.0, 0.0))
         per_model[model] = (jobs + job_rate, fastest_work + job_rate * fastest_s)
@@ -219,8 +233,12 @@ def pressure(
         load = sum(per_class[e][0] for e in entries if e in per_class)
         weight = sum(per_class[e][1] for e in entries if e in per_class)
         reload = {model: w for model, w in reload_weight.items() if model in entries}
+        by_speed: dict[float, Pressure] = {}  # machines of a group with one speed get equal pressure: one object
         for m in machines:
-            out[m] = Pressure(min(load, MAX_UTILISATION), weight * speed[m], reload)
+            here = by_speed.get(speed[m])
+            if here is None:
+                here = by_speed[speed[m]] = Pressure(min(load, MAX_UTILISATION), weight * speed[m], reload)
+            out[m] = here
     return out
 
 

@@ -144,6 +144,53 @@ def drain(
     return ahead_s, warm
 
 
+TAILS_KEPT = 64
+"""Appended jobs' outcomes :class:`Drains` keeps per machine (by model, kind, steps, size,
+adapters and working memory) while its queue is unchanged; more are forgotten, all at once."""
+
+Tail = tuple[float, float, tuple[str, ...], tuple[float, ...], float, float]
+"""What a job appended to a drained queue costs there (:func:`appended`): run seconds, cold
+load seconds, the models its load evicts (in order), their reload seconds there, the eviction
+charge without demand data (``EVICTION_WEIGHT`` x their sum) and its adapters' load seconds."""
+
+TailKey = tuple[str, str, int, int, tuple[str, ...], int]
+"""The shape of an appended job whose :data:`Tail` :class:`Drains` keeps: model, kind, steps,
+size, adapters and working memory (bytes)."""
+
+
+def appended(
+    machine: str,
+    model_id: str,
+    kind: str,
+    steps: int,
+    size: int,
+    *,
+    warm: list[str],
+    protected: frozenset[str],
+    costs: CostModel,
+    adapters: Sequence[str] = (),
+    working_bytes: int,
+) -> Tail:
+    """The :data:`Tail` of a job appended to a queue that leaves ``warm`` (model ids, least
+    recently used first; mutated: the job's model is admitted as the worker admits it, with
+    ``working_bytes`` of working memory beyond its weights, bytes)."""
+    run_s = costs.run_s(machine, model_id, kind, steps, size)
+    cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
+    evicted = admit(
+        warm,
+        model_id,
+        memory_kind=costs.memory_kind(machine),
+        usable_bytes=costs.usable_bytes(machine),
+        protected=protected,
+        weights_bytes=costs.weights_bytes,
+        working_bytes=working_bytes,
+    )
+    reload_s = tuple(costs.reload_s(machine, m) for m in evicted)
+    eviction_s = EVICTION_WEIGHT * sum(reload_s)
+    adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
+    return run_s, cold_load_s, tuple(evicted), reload_s, eviction_s, adapter_load_s
+
+
 class Drains:
     """:func:`drain` per machine, remembered between decisions.
 
@@ -153,15 +200,61 @@ class Drains:
     :attr:`~routing.estimate.CostModel.revision`, and equal queued items (the server's snapshot
     reuses their objects, so comparing them is cheap). Running jobs at the head of a queue are
     counted again at every call: their elapsed time moves. At 500 machines this halves a
-    decision (``bench/placement.py``, decision time).
+    decision (``bench/placement.py``, decision time). While a queue is unchanged, what a job
+    appended to it costs (:func:`appended`) is kept too, per job shape (:meth:`tail`).
     """
 
     def __init__(self) -> None:
-        # machine -> (costs, revision, warm models, protected, queued items, (seconds, warm after))
+        # machine -> (costs, revision, warm models, protected, queued items, (seconds, warm after),
+        # appended jobs' tails by (model, kind, steps, size, adapters, working bytes))
         self._last: dict[
             str,
-            tuple[object, int, tuple[str, ...], frozenset[str], tuple[WorkItem, ...], tuple[float, tuple[str, ...]]],
+            tuple[
+                object,
+                int,
+                tuple[str, ...],
+                frozenset[str],
+                tuple[WorkItem, ...],
+                tuple[float, tuple[str, ...]],
+                dict[TailKey, Tail],
+            ],
         ] = {}
+
+    def _entry(
+        self,
+        machine: str,
+        warm_models: Sequence[str],
+        queue: Sequence[WorkItem],
+        protected: frozenset[str],
+        costs: CostModel,
+    ) -> tuple[float, tuple[float, tuple[str, ...]], dict[TailKey, Tail]]:
+        """(seconds of the running jobs at the head, the kept (seconds, warm after) of the
+        queued ones, the kept tails of that queue)."""
+        head, count = 0, len(queue)
+        while head < count and queue[head].elapsed_s is not None:
+            head += 1
+        if head:
+            running_s, warm = drain(
+                machine, warm_models=warm_models, queue=queue[:head], protected=protected, costs=costs
+            )
+            start = tuple(warm)
+        else:  # as drain() of no job: nothing ahead, the warm models as they are
+            running_s, start = 0.0, tuple(warm_models)
+        queued, revision = tuple(queue[head:]), costs.revision
+        last = self._last.get(machine)
+        if (
+            last is not None
+            and last[0] is costs
+            and last[1] == revision
+            and last[2] == start
+            and last[3] == protected
+            and last[4] == queued
+        ):
+            return running_s, last[5], last[6]
+        queued_s, after = drain(machine, warm_models=start, queue=queued, protected=protected, costs=costs)
+        drained, tails = (queued_s, tuple(after)), dict[TailKey, Tail]()
+        self._last[machine] = (costs, revision, start, protected, queued, drained, tails)
+        return running_s, drained, tails
 
     def __call__(
         self,
@@ -173,26 +266,109 @@ class Drains:
         costs: CostModel,
     ) -> tuple[float, list[str]]:
         """As :func:`drain`."""
-        head = 0
-        while head < len(queue) and queue[head].elapsed_s is not None:
-            head += 1
-        running_s, warm = drain(machine, warm_models=warm_models, queue=queue[:head], protected=protected, costs=costs)
-        start, queued, revision = tuple(warm), tuple(queue[head:]), costs.revision
-        last = self._last.get(machine)
-        if (
-            last is not None
-            and last[0] is costs
-            and last[1] == revision
-            and last[2] == start
-            and last[3] == protected
-            and last[4] == queued
-        ):
-            queued_s, end = last[5]
-        else:
-            queued_s, after = drain(machine, warm_models=start, queue=queued, protected=protected, costs=costs)
-            end = tuple(after)
-            self._last[machine] = (costs, revision, start, protected, queued, (queued_s, end))
+        running_s, (queued_s, end), _ = self._entry(machine, warm_models, queue, protected, costs)
         return running_s + queued_s, list(end)
+
+    def tail(
+        self,
+        machine: str,
+        model_id: str,
+        kind: str,
+        steps: int,
+        size: int,
+        *,
+        warm_models: Sequence[str],
+        queue: Sequence[WorkItem],
+        protected: frozenset[str],
+        costs: CostModel,
+        adapters: Sequence[str] = (),
+        working_bytes: int,
+    ) -> tuple[float, Tail]:
+        """As :func:`drain`'s seconds, and the :func:`appended` tail of a job after that queue
+        (kept while the queue is unchanged; ``working_bytes``: its working memory, bytes)."""
+        running_s, (queued_s, end), tails = self._entry(machine, warm_models, queue, protected, costs)
+        key = (model_id, kind, steps, size, tuple(adapters), working_bytes)
+        found = tails.get(key)
+        if found is None:
+            if len(tails) >= TAILS_KEPT:
+                tails.clear()
+            found = appended(
+                machine,
+                model_id,
+                kind,
+                steps,
+                size,
+                warm=list(end),
+                protected=protected,
+                costs=costs,
+                adapters=adapters,
+                working_bytes=working_bytes,
+            )
+            tails[key] = found
+        return running_s + queued_s, found
+
+
+def expected_parts(
+    machine: str,
+    model_id: str,
+    kind: str,
+    steps: int,
+    size: int,
+    *,
+    warm_models: Sequence[str],
+    queue: Sequence[WorkItem],
+    extra_queued: int,
+    protected: frozenset[str],
+    costs: CostModel,
+    drains: Drains | None = None,
+    adapters: Sequence[str] = (),
+    working_bytes: int | None = None,
+) -> tuple[float, Tail]:
+    """The seconds of work ahead of a job appended to ``machine``'s queue (the
+    :attr:`Breakdown.work_ahead_s`) and its :data:`Tail` there: :func:`expected_finish` in parts.
+
+    Args:
+        warm_models: resident models now, least recently used first.
+        queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
+        extra_queued: jobs known to be ahead but without details (counted at this job's run time).
+        drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
+        adapters: the job's LoRA adapter ids; each costs its load seconds
+            (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
+            machine's load rate) on every job, warm base or not.
+        working_bytes: the job's working memory beyond the weights (bytes), as journaled and
+            claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
+    """
+    if working_bytes is None:
+        working_bytes = working_of(costs, model_id, kind, size)
+    if drains is not None:
+        ahead_s, tail = drains.tail(
+            machine,
+            model_id,
+            kind,
+            steps,
+            size,
+            warm_models=warm_models,
+            queue=queue,
+            protected=protected,
+            costs=costs,
+            adapters=adapters,
+            working_bytes=working_bytes,
+        )
+    else:
+        ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
+        tail = appended(
+            machine,
+            model_id,
+            kind,
+            steps,
+            size,
+            warm=warm,
+            protected=protected,
+            costs=costs,
+            adapters=adapters,
+            working_bytes=working_bytes,
+        )
+    return ahead_s + extra_queued * tail[0], tail
 
 
 def expected_finish(
@@ -211,47 +387,43 @@ def expected_finish(
     adapters: Sequence[str] = (),
     working_bytes: int | None = None,
 ) -> Breakdown:
-    """The :class:`Breakdown` of a job appended to ``machine``'s queue.
-
-    Args:
-        warm_models: resident models now, least recently used first.
-        queue: reserved jobs in FIFO order (the running one first, with ``elapsed_s``).
-        extra_queued: jobs known to be ahead but without details (counted at this job's run time).
-        drains: the caller's :class:`Drains`, to reuse the drain of an unchanged queue.
-        adapters: the job's LoRA adapter ids; each costs its load seconds
-            (``costs.load_s(machine, adapter, "adapter")``: learned, else its bytes at the
-            machine's load rate) on every job, warm base or not.
-        working_bytes: the job's working memory beyond the weights (bytes), as journaled and
-            claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
-    """
-    memory_kind = costs.memory_kind(machine)
-    usable = costs.usable_bytes(machine)
-    ahead_s, warm = (drains or drain)(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
-    run_s = costs.run_s(machine, model_id, kind, steps, size)
-    ahead_s += extra_queued * run_s
-    cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
-    if working_bytes is None:
-        working_bytes = working_of(costs, model_id, kind, size)
-    evicted = admit(
-        warm,
+    """The :class:`Breakdown` of a job appended to ``machine``'s queue; the arguments as
+    :func:`expected_parts`."""
+    ahead_s, (run_s, cold_load_s, evicts, _, eviction_s, adapter_load_s) = expected_parts(
+        machine,
         model_id,
-        memory_kind=memory_kind,
-        usable_bytes=usable,
+        kind,
+        steps,
+        size,
+        warm_models=warm_models,
+        queue=queue,
+        extra_queued=extra_queued,
         protected=protected,
-        weights_bytes=costs.weights_bytes,
+        costs=costs,
+        drains=drains,
+        adapters=adapters,
         working_bytes=working_bytes,
     )
-    eviction_s = EVICTION_WEIGHT * sum(costs.reload_s(machine, m) for m in evicted)
-    adapter_load_s = sum(costs.load_s(machine, adapter, ADAPTER_KIND) for adapter in adapters)
     return Breakdown(
         work_ahead_s=ahead_s,
         cold_load_s=cold_load_s,
         run_s=run_s,
         eviction_s=eviction_s,
         queued=len(queue) + extra_queued,
-        evicts=tuple(evicted),
+        evicts=evicts,
         adapter_load_s=adapter_load_s,
     )
 
 
-__all__ = ["Breakdown", "Drains", "WorkItem", "drain", "expected_finish", "job_size", "working_of"]
+__all__ = [
+    "Breakdown",
+    "Drains",
+    "Tail",
+    "WorkItem",
+    "appended",
+    "drain",
+    "expected_finish",
+    "expected_parts",
+    "job_size",
+    "working_of",
+]

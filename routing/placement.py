@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.errors import Full, Refused, Unavailable
 from routing.estimate import CostModel, Estimator, readable_bytes
-from routing.finish import Breakdown, Drains, WorkItem, drain, expected_finish, working_of
+from routing.finish import Breakdown, Drains, Tail, WorkItem, drain, expected_finish, expected_parts, working_of
 
 SERVER = "server"
 """The server's own machine name: the server also runs jobs on its own device (R1)."""
@@ -105,6 +106,21 @@ def job_bytes(job: JobRequest, costs: CostModel) -> int:
     return costs.job_bytes(job.model_id, job.kind, job.size) + sum(costs.weights_bytes(a) for a in job.adapters)
 
 
+@lru_cache(maxsize=4096)
+def too_large(name: str, model: str, need: int, weights: int, usable: int) -> tuple[str, str]:
+    """The ``too_large`` verdict of :func:`exclusion` (reason, message): a job of ``model``
+    needing ``need`` bytes (``weights`` of them its weights) on machine ``name`` with ``usable``
+    bytes. Kept per figures: at hundreds of machines most of them exclude the large models at
+    every decision, and formatting the message anew was a tenth of the decision."""
+    decided = "the weights alone exceed it" if weights > usable else "the working memory tips it over"
+    return (
+        "too_large",
+        f"job needs an estimated {readable_bytes(need)} (model {model!r}: weights {readable_bytes(weights)} as "
+        f"its variant loads + working memory {readable_bytes(need - weights)}) but machine {name!r} has "
+        f"{readable_bytes(usable)} usable: {decided}",
+    )
+
+
 def exclusion(
     job: JobRequest, machine: MachineView, costs: CostModel | None = None, need_bytes: int | None = None
 ) -> tuple[str, str] | None:
@@ -172,14 +188,7 @@ def exclusion(
                     f"{readable_bytes(held)} committed of {readable_bytes(usable)} usable",
                 )
     if usable > 0 and need > usable:
-        weights = costs.weights_bytes(model)
-        decided = "the weights alone exceed it" if weights > usable else "the working memory tips it over"
-        return (
-            "too_large",
-            f"job needs an estimated {readable_bytes(need)} (model {model!r}: weights {readable_bytes(weights)} as "
-            f"its variant loads + working memory {readable_bytes(need - weights)}) but machine {name!r} has "
-            f"{readable_bytes(usable)} usable: {decided}",
-        )
+        return too_large(name, model, need, costs.weights_bytes(model), usable)
     oom_size = machine.oom_sizes.get((model, job.kind))
     if oom_size is not None and job.size >= oom_size:
         return (
@@ -274,30 +283,55 @@ def survey(
     """Every machine: excluded with (reason, message), or its expected-finish breakdown."""
     pressure = pressure or {}
     excluded: dict[str, tuple[str, str]] = {}
-    candidates: dict[str, Breakdown] = {}
+    parts: dict[str, tuple[float, int, Tail]] = {}  # as finish() in parts: one Breakdown each, built below
     need = job_bytes(job, costs)
+    working = working_of(costs, job.model_id, job.kind, job.size)  # the same on every machine
+    model_id, kind, steps, size, adapters = job.model_id, job.kind, job.steps, job.size, job.adapters
     for machine in machines.values():
         refusal = exclusion(job, machine, costs, need)
         if refusal is None:
-            candidates[machine.name] = finish(job, machine, costs, drains)
+            queue = machine.queue
+            extra = max(0, machine.backlog - len(queue))
+            ahead_s, tail = expected_parts(
+                machine.name,
+                model_id,
+                kind,
+                steps,
+                size,
+                warm_models=machine.warm_models,
+                queue=queue,
+                extra_queued=extra,
+                protected=machine.commitments,
+                costs=costs,
+                drains=drains,
+                adapters=adapters,
+                working_bytes=working,
+            )
+            parts[machine.name] = (ahead_s, len(queue) + extra, tail)
         else:
             excluded[machine.name] = refusal
-    if pressure and candidates:
-        bound_s = max(min(part.run_s for part in candidates.values()), BOUND_FLOOR_S)
-        for name, part in candidates.items():
-            here = pressure.get(name)
-            if here is not None:
-                reload_s = {m: costs.reload_s(name, m) for m in part.evicts}
-                candidates[name] = Breakdown(  # as dataclasses.replace, at a fraction of its cost
-                    work_ahead_s=part.work_ahead_s,
-                    cold_load_s=part.cold_load_s,
-                    run_s=part.run_s,
-                    eviction_s=eviction_s(reload_s, here, bound_s),
-                    queued=part.queued,
-                    evicts=part.evicts,
-                    scarcity_s=scarcity_s(part.occupancy_s, here, bound_s, part.work_ahead_s),
-                    adapter_load_s=part.adapter_load_s,
-                )
+    charged = bool(pressure and parts)
+    if charged:
+        bound_s = max(min(tail[0] for _, _, tail in parts.values()), BOUND_FLOOR_S)
+        unevicted_s = eviction_s({}, Pressure(), bound_s)  # nothing evicted: the same on every machine
+    candidates: dict[str, Breakdown] = {}
+    for name, (ahead_s, queued, (run_s, cold_load_s, evicts, reload_s, evicted_s, adapter_load_s)) in parts.items():
+        here = pressure.get(name) if charged else None
+        charge_s = 0.0
+        if here is not None:
+            evicted_s = eviction_s(dict(zip(evicts, reload_s, strict=True)), here, bound_s) if evicts else unevicted_s
+            occupancy_s = cold_load_s + adapter_load_s + run_s  # as Breakdown.occupancy_s
+            charge_s = scarcity_s(occupancy_s, here, bound_s, ahead_s)
+        candidates[name] = Breakdown(
+            work_ahead_s=ahead_s,
+            cold_load_s=cold_load_s,
+            run_s=run_s,
+            eviction_s=evicted_s,
+            queued=queued,
+            evicts=evicts,
+            scarcity_s=charge_s,
+            adapter_load_s=adapter_load_s,
+        )
     return excluded, candidates
 
 

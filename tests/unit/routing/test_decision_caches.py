@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from routing.demand import Demand, able_with_pinned, pinned_class, pressure, with_default_share
-from routing.finish import Drains, WorkItem, drain
+from routing.finish import Drains, WorkItem, drain, expected_finish
 from routing.placement import DEFAULT_TARGET, able_machines, place
 from routing.scarcity import Scarcity
 from routing.timings import REFERENCE_SIZE
@@ -73,6 +73,13 @@ def test_r12_kept_drains_equal_fresh_drains_as_queues_change(seed: int) -> None:
             kept_s, kept_warm = drains(n, **args)
             fresh_s, fresh_warm = drain(n, **args)
             assert kept_s == pytest.approx(fresh_s) and kept_warm == fresh_warm, (n, change)
+            job = item(rng)  # a job appended: its kept tail (Drains.tail) as computed afresh
+            shape = (n, job.model_id, job.kind, job.steps, job.size)
+            extra = rng.randint(0, 2)
+            kept = expected_finish(*shape, **args, extra_queued=extra, drains=drains)
+            fresh = expected_finish(*shape, **args, extra_queued=extra)
+            assert kept.work_ahead_s == pytest.approx(fresh.work_ahead_s), (n, change)  # summed in another order
+            assert replace(kept, work_ahead_s=fresh.work_ahead_s) == fresh, (n, change)
 
 
 @pytest.mark.parametrize("seed", range(10))
