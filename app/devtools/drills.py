@@ -324,10 +324,20 @@ class DrillFleet:
         )
 
 
-def _submit(fleet: DrillFleet, index: int, steps: int, target: str | None = None) -> str:
+#: the side (pixels) of a drill's long jobs, which keep a machine busy while a fault strikes: ~4x
+#: a 64x64 step's CPU (the tiny model's attention block then works on a 32x32 latent)
+LONG_SIDE = 128
+
+
+def _submit(fleet: DrillFleet, index: int, steps: int, target: str | None = None, side: int | None = None) -> str:
+    """Submit drill job ``index`` (``steps`` steps; ``side`` x ``side`` pixels, default the
+    model's) to ``target`` (default: the drill's workers in turn); its id."""
     assert fleet.client is not None
     target = target or WORKERS[index % len(WORKERS)]
-    return str(fleet.client.submit(MODEL, "txt2img", {"prompt": f"drill {index}", "steps": steps}, target=target)["id"])
+    params: dict[str, object] = {"prompt": f"drill {index}", "steps": steps}
+    if side is not None:
+        params |= {"width": side, "height": side}
+    return str(fleet.client.submit(MODEL, "txt2img", params, target=target)["id"])
 
 
 def drill_duplicate(fleet: DrillFleet, count: int) -> DrillResult:
@@ -347,7 +357,7 @@ def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
     """kill -9 of worker m1 while it runs a job, ``max(1, count // 25)`` times."""
     fleet.begin()
     assert fleet.ctx is not None
-    acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
+    acknowledged = {_submit(fleet, i, steps=3, side=LONG_SIDE) for i in range(count)}
     for _ in range(max(1, count // 25)):
         fleet.wait_running("m1", True, timeout_s=120)
         fleet.kill_worker("m1")
@@ -399,7 +409,7 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
     published again by reconciliation and run once each."""
     fleet.begin()
     assert fleet.ctx is not None
-    acknowledged = {_submit(fleet, 0, steps=25, target="m1")}
+    acknowledged = {_submit(fleet, 0, steps=25, target="m1", side=LONG_SIDE)}
     acknowledged |= {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
     fleet.restart_redis()
     return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
@@ -425,7 +435,7 @@ def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
     waiting: list[str] = []
     for round_index in range(rounds):
         base = round_index * per_round * 2
-        running = _submit(fleet, base, steps=40, target="m1")
+        running = _submit(fleet, base, steps=40, target="m1", side=LONG_SIDE)
         fleet.wait_running("m1", True, timeout_s=120)
         queued = [_submit(fleet, base + i, steps=1, target="m1") for i in range(1, per_round)]
         fleet.restart_redis()
@@ -477,7 +487,7 @@ def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
     backlogs: list[tuple[str, list[str]]] = []  # (machine, its jobs in submission order), per repeat
     for repeat in range(repeats):
         base = repeat * JOBS_PER_REPEAT
-        busy = [_submit(fleet, base, steps=40, target="m1")]
+        busy = [_submit(fleet, base, steps=40, target="m1", side=LONG_SIDE)]
         fleet.wait_running("m1", True, timeout_s=120)
         busy += [_submit(fleet, base + 1 + i, steps=1, target="m1") for i in range(BACKLOG)]
         idle = [_submit(fleet, base + 1 + BACKLOG + i, steps=1, target="m2") for i in range(BACKLOG)]
@@ -522,7 +532,7 @@ def drill_visibility(fleet: DrillFleet, count: int, steps: int = 30) -> DrillRes
     """C01: jobs that run longer than the broker's visibility timeout (the fleet must be
     started with a short ``visibility_timeout_s``, e.g. 2 s; ``steps`` long enough for that)."""
     fleet.begin()
-    acknowledged = {_submit(fleet, i, steps=steps) for i in range(count)}
+    acknowledged = {_submit(fleet, i, steps=steps, side=LONG_SIDE) for i in range(count)}
     return fleet.result("visibility", acknowledged, timeout_s=120 + 18 * count)
 
 
@@ -532,7 +542,7 @@ def drill_hang(fleet: DrillFleet, count: int) -> DrillResult:
     ``interrupted`` (``hung``), the worker replaces its pool process, and the rest run."""
     fleet.begin()
     assert fleet.ctx is not None
-    acknowledged = {_submit(fleet, i, steps=3) for i in range(count)}
+    acknowledged = {_submit(fleet, i, steps=3, side=LONG_SIDE) for i in range(count)}
     for _ in range(max(1, count // 25)):
         fleet.wait_running("m1", True, timeout_s=120)
         fleet.freeze_pool_process("m1")
@@ -612,7 +622,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     dropped = 0
     for round_index in range(rounds):
         base = round_index * 1000
-        mine |= {_submit(fleet, base + i, steps=30, target=m) for i, m in enumerate(fleet.workers)}
+        mine |= {_submit(fleet, base + i, steps=30, target=m, side=LONG_SIDE) for i, m in enumerate(fleet.workers)}
         for machine in fleet.workers:
             fleet.wait_running(machine, True, timeout_s=120)
         mine |= {

@@ -15,7 +15,7 @@ from app.core import keys
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from tests.e2e.conftest import WORKERS, RunningFleet
-from tests.helpers import end_running, wait_for
+from tests.helpers import LONG_SIZE, end_running, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
         machine = name.split("@")[0]
         assert [q["name"] for q in info["active_queues"]] == [keys.queue(machine)]  # type: ignore[index]
 
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20}, target="m2")
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20, **LONG_SIZE}, target="m2")
     waiting = [fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m2") for _ in range(2)]
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
     lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10).json()["active_queues"]
@@ -89,7 +89,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     # The most steps allowed: it outlasts two `inspect` round trips (each starts a celery process
     # and waits for replies up to 2 s) even on a starved host, and is then terminated.
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 150}, target="m1")
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 150, **LONG_SIZE}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
     active = celery_cli(fleet, "inspect", "active", "--timeout", "2")

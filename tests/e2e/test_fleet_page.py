@@ -24,7 +24,7 @@ from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_devices import DeviceFleet, devices
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
-from tests.helpers import TEST_API_KEY, end_running
+from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running
 
 pytestmark = pytest.mark.e2e
 __all__ = ["browser", "devices"]  # the fixtures, shared with the /docs and devices tests
@@ -295,7 +295,7 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
     """A running job's bar in the Fleet view moves from its events (SSE, data-seen lists the
     steps they brought); m2's row opens its backlog oldest first, running before queued."""
 
-    params = {"prompt": "a long fleet-page run", "width": 64, "height": 64, "steps": 150}
+    params = {"prompt": "a long fleet-page run", "steps": 150, **LONG_SIZE}
     running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
     queued = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m2")["id"]
     try:
@@ -513,7 +513,7 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    params = {"prompt": "a long interrupted run", "width": 64, "height": 64, "steps": 150}
+    params = {"prompt": "a long interrupted run", "steps": 150, **LONG_SIZE}
     running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
     queued = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m2")["id"]
     requeued = None
@@ -566,7 +566,7 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
     with a job running (``make screenshots``). Controls carry names a screen reader reads."""
     from selenium.webdriver.common.by import By
 
-    params = {"prompt": "a job running for the screenshots", "width": 64, "height": 64, "steps": 150}
+    params = {"prompt": "a job running for the screenshots", "steps": 150, **LONG_SIZE}
     running = fleet.client.submit(fleet.model, "txt2img", params, target="m2")["id"]
     try:
         driver = browser

@@ -24,6 +24,7 @@ from app.core.states import JobState
 from app.jobs.webhooks import verify
 from tests.e2e.conftest import QUOTA_KEY, QUOTA_NAME, RunningFleet
 from tests.helpers import (
+    LONG_SIZE,
     TEST_WEBHOOK_SECRET,
     files_under,
     run_cli,
@@ -127,7 +128,7 @@ def test_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: R
 
 
 def test_r8_c02_jobs_start_in_submission_order_and_wait_in_redis_meanwhile(fleet: RunningFleet) -> None:
-    first = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40}, target="m2")
+    first = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40, **LONG_SIZE}, target="m2")
     second = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
     third = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
     assert [second["position"], third["position"]] == [1, 2]
@@ -197,7 +198,7 @@ def test_internal_routes_need_the_machine_token(fleet: RunningFleet) -> None:
 
 
 def test_c02_a_queued_job_survives_its_worker_being_killed_and_runs_once_later(fleet: RunningFleet) -> None:
-    running = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60}, target="m2")
+    running = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60, **LONG_SIZE}, target="m2")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "next", "steps": 2}, target="m2")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the first job to start")
     fleet.local.stop_worker("m2", signal.SIGKILL)
@@ -214,7 +215,7 @@ def test_c02_a_queued_job_survives_its_worker_being_killed_and_runs_once_later(f
 
 
 def test_c03_cancel_while_the_worker_is_offline_and_the_job_never_runs(fleet: RunningFleet) -> None:
-    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60}, target="m1")
+    busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 60, **LONG_SIZE}, target="m1")
     doomed = fleet.client.submit(fleet.model, "txt2img", {"prompt": "never", "steps": 2}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the first job to start")
     fleet.local.stop_worker("m1", signal.SIGKILL)  # offline: it could not hear any broadcast

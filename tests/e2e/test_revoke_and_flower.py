@@ -31,13 +31,14 @@ from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import TEST_API_KEY, make_fleet, png, run_cli, settings_env, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, png, run_cli, settings_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
-LONG = {"prompt": "long", "steps": 150}  # the most steps allowed: running while it is revoked, even on a starved host
+# the most steps allowed, at LONG_SIZE: running while it is revoked, even on a starved host
+LONG = {"prompt": "long", "steps": 150, **LONG_SIZE}
 SHORT = {"prompt": "short", "steps": 2}
 ENDS_WITHIN_S = 15.0  # "within seconds" (C11): a heartbeat (0.5 s here) and a round trip, with room for a busy host
 
@@ -371,7 +372,7 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
         return str(response.json()["id"])
 
     removed_input, changed_input = upload((10, 20, 30)), upload((200, 100, 50))
-    busy = client.submit(MODEL, "txt2img", {"prompt": "busy", "steps": 8}, target="m1")
+    busy = client.submit(MODEL, "txt2img", {"prompt": "busy", "steps": 8, **LONG_SIZE}, target="m1")
     failed = client.submit(EDIT_MODEL, "edit", {"prompt": "x", "image": removed_input, "steps": 1}, target="m1")
     integrity = client.submit(EDIT_MODEL, "edit", {"prompt": "x", "image": changed_input, "steps": 1}, target="m1")
     cancelled = client.submit(MODEL, "txt2img", SHORT, target="m1")

@@ -27,7 +27,7 @@ from app.core.digest import file_digest
 from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -143,9 +143,9 @@ def test_r4_r6_a_model_present_but_not_advertised_is_refused_pinned_skipped_by_a
 
 
 def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFleet) -> None:
-    running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12}, target="m1")
+    running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12, **LONG_SIZE}, target="m1")
     # long enough that the machine is still busy when the operator's command below runs
-    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40}, target="m1")
+    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40, **LONG_SIZE}, target="m1")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
     response = httpx.post(
         f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]}, headers=fleet.local.auth_headers

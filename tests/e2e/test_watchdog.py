@@ -25,13 +25,13 @@ from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import TEST_API_KEY, make_fleet, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, wait_for
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "tiny-sd"
 # Long enough to be running when a restart request arrives (a CPU takes seconds a step at 64x64).
-LONG = {"prompt": "long", "steps": 20}
+LONG = {"prompt": "long", "steps": 20, **LONG_SIZE}
 
 
 @dataclass

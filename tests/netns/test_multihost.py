@@ -18,7 +18,7 @@ import pytest
 from app.client import ApiError
 from app.core.digest import file_digest
 from app.devtools.procs import stop_process_group
-from tests.helpers import run_cli, settings_env, wait_for
+from tests.helpers import LONG_SIZE, run_cli, settings_env, wait_for
 from tests.netns.conftest import JOINER, MODEL, Host, MultiHostFleet, routed_host
 
 pytestmark = pytest.mark.e2e
@@ -199,7 +199,7 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
 
 
 def test_r19_a_worker_host_killed_mid_job_is_interrupted_and_not_rerun(multihost: MultiHostFleet) -> None:
-    accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": "long", "steps": 60}, target="hosta")
+    accepted = multihost.client.submit(MODEL, "txt2img", {"prompt": "long", "steps": 60, **LONG_SIZE}, target="hosta")
     wait_for(lambda: multihost.client.get(accepted["id"])["state"] == "running", timeout_s=120, what="the job to start")
     multihost.local.stop_worker("hosta", signal.SIGKILL)
     wait_for(

@@ -107,10 +107,10 @@ SDXL_KEYS = [
 def test_the_kohya_helper_renames_the_same_tensors(lora: Path, kohya: Path) -> None:
     diffusers = safetensors_header(lora / LORA_WEIGHTS)
     renamed = safetensors_header(kohya)
-    name = "down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0"
+    name = "down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_out_0"  # attention below full resolution
     assert (
         renamed[f"lora_unet_{name}.lora_down.weight"]["shape"]
-        == diffusers["unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight"]["shape"]
+        == diffusers["unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_out.0.lora.down.weight"]["shape"]
     )
     assert renamed[f"lora_unet_{name}.alpha"]["shape"] == []
     assert len(renamed) == len(diffusers) * 3 // 2  # down, up and alpha per module
