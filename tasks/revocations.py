@@ -160,6 +160,9 @@ class Revocations:
                     log.warning("%s: job %s is %s in the journal (revoked)", self.machine, job_id, state)
                 with self._lock:
                     for job_id in chunk:
-                        self._noted.pop(job_id, None)
+                        # only what was sent: a job noted terminated while this report was on its
+                        # way (first sent from the revoked set, as not terminated) goes next beat
+                        if self._noted.get(job_id) == (terminated, announced):
+                            del self._noted[job_id]
                 self.reported.update(chunk)
         self.reported &= seen  # forget ids Celery forgot (its revoked set is bounded)

@@ -98,3 +98,42 @@ def test_c11_a_worker_reports_every_revoked_id_but_ends_only_its_own_machines_jo
         for job_id in ids:
             worker_state.revoked.discard(job_id)
         revocations.server.close()
+
+
+def test_c11_a_terminate_noted_while_its_revoke_is_reported_reaches_the_journal_at_the_next_beat(
+    served: tuple[str, ServerContext], tiny_models_dir: Path
+) -> None:
+    """Celery adds a revoked id to its set before it terminates the task and sends the signal: a
+    beat between the two reports the running job as merely revoked (the server leaves it
+    running), and the signal's note of the terminate, made while that report was answered, is
+    kept and sent at the next beat (a loaded run once lost it: the job stayed running)."""
+    url, ctx = served
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    running = ctx.dispatcher.submit(model, "txt2img", {"prompt": "r"}, "m1").job.id
+    ctx.queues.remove("m1", running)
+    ctx.journal.claim(running, "m1")
+    job_task = SimpleNamespace(name=RUN_JOB_TASK)
+    server = ServerClient(url, ctx.fleet.machines["m1"].token, 10.0, machine="m1")
+    revocations = Revocations(server, "m1", RUN_JOB_TASK)
+    sent: list[tuple[list[str], bool]] = []
+
+    def revocations_then_signal(job_ids: list[str], terminated: bool, announced: bool) -> dict[str, str]:
+        answer = ServerClient.revocations(server, job_ids, terminated=terminated, announced=announced)
+        sent.append((job_ids, terminated))
+        if not sent[1:]:  # Celery's task_revoked signal comes while the first report is answered
+            revocations.on_task_revoked(sender=job_task, request=TaskContext(id=running), terminated=True)
+        return answer
+
+    server.revocations = revocations_then_signal  # type: ignore[method-assign]
+    try:
+        worker_state.revoked.add(running)
+        revocations.report()
+        assert ctx.journal.state_of(running) == JobState.running  # revoked without terminate: it runs on
+        revocations.report()  # the next beat
+        job = ctx.journal.get(running)
+        assert (job.state, job.reason) == (JobState.interrupted, "terminated")
+        assert sent == [([running], False), ([running], True)]
+    finally:
+        worker_state.revoked.discard(running)
+        server.close()
