@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 TEST_API_KEY = "test-api-key-0123456789"
 TEST_WEBHOOK_SECRET = "test-webhook-secret-0123456789"  # webhook_secrets[Settings.api_key_id(TEST_API_KEY)]
 #: the image size of a job that must keep its machine busy for seconds (a "long" job, a blocker):
-#: the tiny SD model's step costs ~0.035 CPU-s at its default 64x64 and ~4x that at 128x128, where
-#: its attention block works on a 32x32 latent (app/devtools/tiny_models.py ``_unet``)
-LONG_SIZE = {"width": 128, "height": 128}
+#: the tiny SD model's step costs ~0.04 CPU-s at its default 64x64 and ~0.145 at 112x112 (one torch
+#: thread; app/devtools/tiny_models.py ``_unet``), what a 64x64 step cost before its attention moved
+LONG_SIZE = {"width": 112, "height": 112}
 FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 
 T = TypeVar("T")

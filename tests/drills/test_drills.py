@@ -116,7 +116,7 @@ def test_r8_r19_redis_loss_backlogs_drill_keeps_each_machines_order(drill_fleet:
 
 def test_c01_visibility_timeout_drill(drill_fleet: DrillFleet) -> None:
     assert FLEET_OPTIONS["visibility"]["visibility_timeout_s"] == VISIBILITY_S  # what `homefleet drill` runs too
-    # two jobs of 30 steps at 128x128 (drills.LONG_SIDE: each runs for seconds)
+    # two jobs of 30 steps at 112x112 (drills.LONG_SIDE: each runs for seconds)
     result = drill_visibility(drill_fleet, 2, steps=30)
     check(result, 2)
     assert (result.runs, result.interrupted) == (2, 0)

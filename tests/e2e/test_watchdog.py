@@ -30,7 +30,7 @@ from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, wait_for
 pytestmark = pytest.mark.e2e
 
 MODEL = "tiny-sd"
-# Long enough to be running when a restart request arrives (LONG_SIZE: 128x128, ~0.14 CPU-s a step).
+# Long enough to be running when a restart request arrives (LONG_SIZE: 112x112, ~0.145 CPU-s a step).
 LONG = {"prompt": "long", "steps": 20, **LONG_SIZE}
 
 
@@ -163,7 +163,7 @@ def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_t
         assert (done["state"], journaled.reason) == ("failed", "oom"), journaled.message
         assert "SIGKILL" in (journaled.message or "")
         [record] = ctx.residency.ooms("m1")
-        assert (record.model_id, record.kind, record.size, record.job_id) == (MODEL, "txt2img", 128 * 128, job["id"])
+        assert (record.model_id, record.kind, record.size, record.job_id) == (MODEL, "txt2img", 112 * 112, job["id"])
         with pytest.raises(ApiError) as refused:  # the same size again is refused at submission
             watched.client.submit(MODEL, "txt2img", LONG, target="m1")
         assert refused.value.reason == "remembered_oom"
