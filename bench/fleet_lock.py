@@ -21,7 +21,6 @@ Figures are printed, never asserted. Last line:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
 from app.fleet.config import Fleet, Machine
 from app.fleet.costs import ChangeMark
+from bench import parse_submissions
 from bench.submit import _model_folder
 
 SUBMISSIONS = 300  # counted per loop
@@ -111,12 +111,8 @@ def _ms(values: list[float], q: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "submissions", nargs="?", type=int, default=SUBMISSIONS, help=f"counted per loop (default {SUBMISSIONS})"
-    )
-    args = parser.parse_args(argv)
-    ahead, inside, whole = hold_times(args.submissions)
+    submissions = parse_submissions(argv, __doc__ or "", SUBMISSIONS)
+    ahead, inside, whole = hold_times(submissions)
     print(f"submissions per loop: {len(ahead)}; {MACHINES} machines; the timings' mark moved before each")
     print(
         f"ahead_p50_ms={_ms(ahead, 50):.3f} ahead_p99_ms={_ms(ahead, 99):.3f} inside_p50_ms={_ms(inside, 50):.3f} "

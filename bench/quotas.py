@@ -20,7 +20,6 @@ Last line: ``no_quota_p50_ms=X quota_p50_ms=X delta_p50_ms=X no_quota_p90_ms=X q
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -33,6 +32,7 @@ from app.core.states import JobState
 from app.db.tables import Job
 from app.devtools.redis_server import start_redis_server
 from app.fleet.config import Fleet, Machine
+from bench import parse_submissions
 from bench.submit import _model_folder
 
 SUBMISSIONS = 200  # counted per loop
@@ -135,12 +135,8 @@ def _p(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "submissions", nargs="?", type=int, default=SUBMISSIONS, help=f"counted per loop (default {SUBMISSIONS})"
-    )
-    args = parser.parse_args(argv)
-    free, quota, checks = quota_latencies(args.submissions)
+    submissions = parse_submissions(argv, __doc__ or "", SUBMISSIONS)
+    free, quota, checks = quota_latencies(submissions)
     free_p50, quota_p50 = statistics.median(free) * 1000, statistics.median(quota) * 1000
     print(
         f"no_quota_p50_ms={free_p50:.3f} quota_p50_ms={quota_p50:.3f} delta_p50_ms={quota_p50 - free_p50:.3f} "
