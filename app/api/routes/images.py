@@ -169,7 +169,9 @@ class ImageGeneration(RequestBody):
     model_config = ConfigDict(extra="allow")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    model: str | None = Field(None, max_length=64, description="registered model id; default: the first txt2img model")
+    model: str | None = Field(
+        None, min_length=1, max_length=64, description="registered model id; default: the first txt2img model"
+    )
     n: int = Field(
         1,
         ge=1,

@@ -98,7 +98,9 @@ class Sampling(RequestBody):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = Field(None, max_length=64, description="registered text model id; default: the first")
+    model: str | None = Field(
+        None, min_length=1, max_length=64, description="registered text model id; default: the first"
+    )
     max_tokens: int | None = Field(
         None, ge=1, le=MAX_NEW_TOKENS, description="new tokens at most (max_new_tokens); default 16"
     )

@@ -191,7 +191,9 @@ class Generate(RequestBody):
     inputs: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # as /v1/completions: within max_request_bytes
     parameters: Parameters = Field(default_factory=Parameters)
     stream: bool = Field(False, description="POST / only: answer as /generate_stream does")
-    model: str | None = Field(None, max_length=64, description="Homefleet extra: registered text model id")
+    model: str | None = Field(
+        None, min_length=1, max_length=64, description="Homefleet extra: registered text model id"
+    )
     target: str = Field(AUTO, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto' (default)")
 
 

@@ -204,6 +204,27 @@ def test_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
 
 
 @pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/", {"inputs": "a", "model": ""}),
+        ("/generate", {"inputs": "a", "model": ""}),
+        ("/v1/completions", {"prompt": "a", "model": ""}),
+        ("/v1/images/generations", {"prompt": "a", "model": ""}),
+    ],
+)
+def test_an_empty_model_is_refused_not_read_as_the_default(
+    api: tuple[TestClient, ServerContext], path: str, body: dict[str, Any]
+) -> None:
+    """The document lists a route's models (or none, for its default); ``""`` is neither: a 422
+    naming ``model``, nothing run (the fuzz run's stateful phase once got a text job for it)."""
+    client, ctx = api
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert "`model`: String should have at least 1 character" in answer.text  # in TGI's or OpenAI's error body
+    assert ctx.journal.list() == []
+
+
+@pytest.mark.parametrize(
     ("method", "path", "body", "field"),
     [
         ("post", "/hf", {"inputs": "a", "parameters": {"guidance_scale": False}}, "guidance_scale"),
