@@ -149,16 +149,24 @@ def test_a_drill_stopped_with_sigterm_stops_the_fleet_it_started(tmp_path: Path)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def command_line(process: psutil.Process) -> str:
+        """The process's command line; "" once it has exited (a zombie's is gone)."""
+        try:
+            return " ".join(process.cmdline())
+        except psutil.NoSuchProcess:  # ZombieProcess too: a child the drill started may exit while we look
+            return ""
+
     parent = psutil.Process(drill.pid)
     deadline = time.monotonic() + 180
-    while not any("worker" in " ".join(c.cmdline()) for c in parent.children(recursive=True) if c.is_running()):
+    while not any("worker" in command_line(c) for c in parent.children(recursive=True)):
         assert time.monotonic() < deadline, "the drill started no worker"
         time.sleep(0.5)
     fleet = parent.children(recursive=True)
     drill.send_signal(signal.SIGTERM)
     assert drill.wait(timeout=120) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(fleet, timeout=30)
-    assert not alive, [p.cmdline() for p in alive]
+    assert not alive, [command_line(p) for p in alive]
 
 
 def test_r19_r20_sentinel_failover_drill(tmp_path: Path, tiny_models_dir: Path) -> None:
