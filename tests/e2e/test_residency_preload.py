@@ -138,6 +138,7 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
     ctx.redis.set(ctx.keys.heartbeat(MACHINE), json.dumps(beat), ex=120)
     ctx.redis.sadd(ctx.keys.verified(MACHINE), model)
     server = ServerClient(local.api_url, settings.worker_token, 30, "boot-oom-test", machine=MACHINE)
+    assert ctx.residency.ooms(MACHINE) == []  # none left by an earlier test of the shared fleet
     try:
         job_id = fleet.client.submit(model, "txt2img", {"prompt": "x", "steps": 1}, target=MACHINE)["id"]
         assert ctx.redis.rpop(ctx.keys.queue_list(MACHINE)) is not None  # delivered
