@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import functools
+import gc
 import logging
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any, NoReturn
@@ -256,6 +258,8 @@ def report_failure(
         log.warning("job %s: %s", job_id, message)
     else:
         log.error("job %s failed (%s)", job_id, reason, exc_info=error)
+    if reason == "oom":
+        release_failed_run(error)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
     except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
@@ -267,6 +271,17 @@ def report_failure(
     if reason == CANCELLED:  # the server ended it cancelled and told Flower (task-revoked): no outcome of ours
         raise Ignore() from error
     raise JobNotSucceeded(job_id, reason, message) from error
+
+
+def release_failed_run(error: BaseException) -> None:
+    """Free what a run that ran out of memory still holds before this pool process takes its
+    next job (R21: a smaller job still runs on the machine). The error's traceback keeps the
+    failed forward pass's frames, and their locals keep its tensors (hundreds of MB for a large
+    image), alive for as long as the exception is referenced: Celery keeps it with the task's
+    outcome. Once the error is logged its frames' locals are cleared (those still running are
+    skipped, :func:`traceback.clear_frames`) and the cycles through them collected."""
+    traceback.clear_frames(error.__traceback__)
+    gc.collect()
 
 
 def upload_result(
