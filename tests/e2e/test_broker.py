@@ -122,6 +122,9 @@ def test_r8_under_a_broker_prefix_status_and_flower_count_the_exact_key_and_jobs
 
     def flower_lengths() -> dict[str, int]:
         try:
+            # Flower learns a worker's queues by inspecting it; one inspect sent before the
+            # workers listened is not sent again by itself: ask for it, as a user's refresh does
+            httpx.get(f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10)
             answer = httpx.get(f"{flower_url}/api/queues/length", timeout=10)
         except httpx.HTTPError:
             return {}
