@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from celery.utils.nodenames import host_format
 
 from app.core import keys
 from app.devtools.procs import stop_process_group
@@ -88,13 +89,16 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 
 def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     # The most steps allowed: it outlasts two `inspect` round trips (each starts a celery process
-    # and waits for replies up to 2 s) even on a starved host, and is then terminated.
+    # and waits up to 2 s for m1's reply) even on a starved host, and is then terminated.
     busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 150, **LONG_SIZE}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
-    active = celery_cli(fleet, "inspect", "active", "--timeout", "2")
+    # -d: the answer comes with m1's reply rather than after the whole timeout (the node name as
+    # the worker expands its own `-n m1@%h`, tasks/worker.py)
+    m1 = ("-d", host_format("m1@%h"))
+    active = celery_cli(fleet, "inspect", "active", "--timeout", "2", *m1)
     assert busy["id"] in active and waiting["id"] not in active
-    reserved = celery_cli(fleet, "inspect", "reserved", "--timeout", "2")
+    reserved = celery_cli(fleet, "inspect", "reserved", "--timeout", "2", *m1)
     assert waiting["id"] not in reserved  # prefetch disabled: the next job stays in Redis
     assert fleet.ctx.queues.queued_ids("m1") == [waiting["id"]]
     purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")

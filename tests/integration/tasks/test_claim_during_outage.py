@@ -49,7 +49,9 @@ def test_r19_a_claim_answered_503_by_a_redis_outage_is_taken_again_by_the_same_d
     token = ctx.fleet.machines["m1"].token
 
     redis_process.stop()  # the journal answers, Redis does not
-    impatient = ServerClient(url, token, 5.0, machine="m1")  # retry_s=0: one attempt
+    # Each request may take 30 s: the server's Redis client gives up on its own retries first,
+    # which on a starved host (taskset -c 0) took longer than 5 s
+    impatient = ServerClient(url, token, 30.0, machine="m1")  # retry_s=0: one attempt
     with pytest.raises(HomefleetError) as refused:
         impatient.claim(job_id, claim_id="delivery-1")
     assert (refused.value.status_code, refused.value.reason) == (503, "redis_down")
@@ -57,7 +59,7 @@ def test_r19_a_claim_answered_503_by_a_redis_outage_is_taken_again_by_the_same_d
 
     restarted: list[RedisProcess] = []
     threading.Timer(1.5, lambda: restarted.append(start_redis_server(tmp_path / "redis2", port=port))).start()
-    patient = ServerClient(url, token, 5.0, retry_s=30, machine="m1")  # the worker's: server_retry_s
+    patient = ServerClient(url, token, 30.0, retry_s=30, machine="m1")  # the worker's: server_retry_s
     try:
         started_s = time.monotonic()
         claim = patient.claim(job_id, claim_id="delivery-1")  # 503s until Redis is back, then the job
