@@ -528,6 +528,9 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-cancel[data-job='{queued}']"))
         click(driver, f".act-cancel[data-job='{queued}']")
         wait.until(lambda d: fleet.client.get(queued)["state"] == "cancelled")
+        # and the page has the answer, as its user sees it before the next click (an answer still
+        # on its way would otherwise land after the interrupt's and replace its notice)
+        wait.until(lambda d: d.find_element(By.ID, "notice").text == f"Job {queued} cancelled")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-interrupt[data-job='{running}']"))
         click(driver, f".act-interrupt[data-job='{running}']")
         ended = fleet.client.wait(running, timeout_s=JOB_WAIT_S)
