@@ -25,7 +25,7 @@ from app.core.digest import bytes_digest
 from app.core.errors import Conflict, HomefleetError
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
-from app.core.states import CANCELLED, RESULT_NOT_STORED
+from app.core.states import CANCELLED, OOM, RESULT_NOT_STORED
 from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
@@ -79,8 +79,8 @@ def failure_reason(error: BaseException) -> str:
     if isinstance(error, JobCancelled):
         return CANCELLED
     if type(error).__name__ == "OutOfMemoryError":
-        return "oom"
-    return "oom" if any(text in str(error) for text in OOM_TEXTS) else "error"
+        return OOM
+    return OOM if any(text in str(error) for text in OOM_TEXTS) else "error"
 
 
 def report_progress(
@@ -258,7 +258,7 @@ def report_failure(
         log.warning("job %s: %s", job_id, message)
     else:
         log.error("job %s failed (%s)", job_id, reason, exc_info=error)
-    if reason == "oom":
+    if reason == OOM:
         release_failed_run(error)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)

@@ -26,6 +26,7 @@ import redis
 from app.core.config import WorkerSettings
 from app.core.errors import HomefleetError
 from app.core.keys import Keys
+from app.core.states import OOM
 from tasks.server_client import ServerClient
 
 log = logging.getLogger("homefleet.worker")
@@ -171,7 +172,7 @@ class Watchdog:
             log.error(
                 "%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id, error
             )
-            reason = "oom"
+            reason = OOM
             message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
 
         def send() -> None:

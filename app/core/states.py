@@ -45,6 +45,10 @@ CANCELLED = "cancelled"
 worker reports it as its failure reason when it stopped between steps, and the server ends
 the job ``cancelled``, not ``failed``."""
 
+OOM = "oom"
+"""The failure reason of a job that ran out of memory (R21): its worker reports it, the server
+remembers the job's size for its model, kind and machine, and refuses that size there again."""
+
 RESULT_NOT_STORED = "result_not_stored"
 """The failure reason of a job whose result the server could not store (a full disk) after the
 worker's retries; the worker keeps the file in its spool."""

@@ -32,7 +32,7 @@ from app.core.protocol import (
     RevocationReceipt,
     Revocations,
 )
-from app.core.states import CANCELLED, JobState
+from app.core.states import CANCELLED, OOM, JobState
 from app.fleet.live import JoinTokens
 from app.jobs.endings import Upload
 
@@ -243,7 +243,7 @@ async def upload_result(
 @router.post("/jobs/{job_id}/failure", response_model=JobPublic)
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
     running = job_of_machine(ctx, job_id, machine)
-    if body.reason == "oom" and running.state == JobState.running:
+    if body.reason == OOM and running.state == JobState.running:
         # R21: remember the size that ran out of memory before the job ends, so that a server
         # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
         size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
