@@ -28,7 +28,11 @@ from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import load_fleet
+from tests.e2e.test_docs_browser import browser
+from tests.e2e.test_fleet_page import open_page
 from tests.helpers import TEST_API_KEY, run_cli, settings_env, wait_for
+
+__all__ = ["browser"]  # the fixture (tests/e2e/test_docs_browser.py)
 
 pytestmark = pytest.mark.e2e
 
@@ -239,3 +243,21 @@ def test_the_hosts_token_serves_each_device_only_under_its_own_name(devices: Dev
     assert unnamed.status_code == 401 and "shared by its devices box:0, box:1" in unnamed.text
     server = httpx.get(url, headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": "server"}, timeout=30)
     assert server.status_code == 401 and "its token belongs to machine" in server.text
+
+
+def test_a_hosts_devices_are_grouped_under_it(devices: DeviceFleet, browser: object) -> None:
+    """On this module's fleet (host ``box`` of two devices), the fleet page's Fleet view
+    (tests/e2e/test_fleet_page.py) shows one host row, then ``box:0`` and ``box:1`` under it with
+    their device index; ``server`` (a single-device machine) is its own row. Here, not with the
+    page's other tests, so that this fleet starts once."""
+    driver = browser
+    wait = open_page(driver, devices.local.api_url)
+    rows = (
+        "return [...document.querySelectorAll('#machines tbody tr')]"
+        ".map(r => r.dataset.host ? `host ${r.dataset.host}` : r.dataset.machine)"
+    )
+    wait.until(lambda d: d.execute_script(rows) == ["server", "host box", "box:0", "box:1"])
+    texts = driver.execute_script(  # type: ignore[attr-defined]
+        "return [...document.querySelectorAll('#machines tbody tr')].map(r => r.innerText)"
+    )
+    assert "2 devices" in texts[1] and "#0" in texts[2] and "#1" in texts[3], texts

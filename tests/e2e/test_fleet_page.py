@@ -22,12 +22,11 @@ from app.client import ApiError
 from app.core.states import JobState
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
-from tests.e2e.test_devices import DeviceFleet, devices
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running
 
 pytestmark = pytest.mark.e2e
-__all__ = ["browser", "devices"]  # the fixtures, shared with the /docs and devices tests
+__all__ = ["browser"]  # the fixture, shared with the /docs tests
 
 
 #: ``make screenshots`` sets it: the tests then save a PNG of each view there (docs/screenshots/).
@@ -602,20 +601,3 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
     finally:
         fleet.client.cancel(running)
         fleet.client.wait(running, timeout_s=300)
-
-
-def test_a_hosts_devices_are_grouped_under_it(devices: DeviceFleet, browser: object) -> None:
-    """On a fleet with host ``box`` of two devices (tests/e2e/test_devices.py), the Fleet view
-    shows one host row, then ``box:0`` and ``box:1`` under it with their device index; ``server``
-    (a single-device machine) is its own row."""
-    driver = browser
-    wait = open_page(driver, devices.local.api_url)
-    rows = (
-        "return [...document.querySelectorAll('#machines tbody tr')]"
-        ".map(r => r.dataset.host ? `host ${r.dataset.host}` : r.dataset.machine)"
-    )
-    wait.until(lambda d: d.execute_script(rows) == ["server", "host box", "box:0", "box:1"])
-    texts = driver.execute_script(  # type: ignore[attr-defined]
-        "return [...document.querySelectorAll('#machines tbody tr')].map(r => r.innerText)"
-    )
-    assert "2 devices" in texts[1] and "#0" in texts[2] and "#1" in texts[3], texts
