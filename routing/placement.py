@@ -24,7 +24,17 @@ from residency.device import MemoryKind
 from routing.demand import BOUND_FLOOR_S, Pressure, eviction_s, scarcity_s
 from routing.errors import Full, Refused, Unavailable
 from routing.estimate import CostModel, Estimator, readable_bytes
-from routing.finish import Breakdown, Drains, Tail, WorkItem, drain, expected_finish, expected_parts, working_of
+from routing.finish import (
+    COLD_LOAD_CREDIT,
+    Breakdown,
+    Drains,
+    Tail,
+    WorkItem,
+    drain,
+    expected_finish,
+    expected_parts,
+    working_of,
+)
 
 SERVER = "server"
 """The server's own machine name: the server also runs jobs on its own device (R1)."""
@@ -235,7 +245,9 @@ def place(
     expected finish + scarcity charge (``pressure``: machine -> :class:`~routing.demand.Pressure` from
     :func:`routing.demand.pressure`; none = no charge, and evictions priced at
     ``routing.finish.EVICTION_WEIGHT`` x their reload; with it, by the evicted models' recent
-    demand, :func:`routing.demand.eviction_s`); ties: fewer queued, then name. ``drains``: the
+    demand, :func:`routing.demand.eviction_s`), less the cold-load credit
+    (``routing.finish.COLD_LOAD_CREDIT``, with ``pressure`` only); ties: the earlier expected
+    finish (a warm machine before a cold one), fewer queued, then name. ``drains``: the
     caller's :class:`~routing.finish.Drains`, kept between decisions (same decisions, faster).
 
     Raises:
@@ -269,7 +281,10 @@ def place(
         if any(reason == "queue_full" for reason, _ in excluded.values()):
             raise Full(f"every machine able to run model {job.model_id!r} is full ({detail})", reason="queue_full")
         raise Refused(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
-    best = min(candidates, key=lambda name: (candidates[name].score_s, candidates[name].queued, name))
+    best = min(
+        candidates,
+        key=lambda name: (candidates[name].score_s, candidates[name].finish_s, candidates[name].queued, name),
+    )
     return Decision(machine=best, excluded=excluded, candidates=candidates)
 
 
@@ -317,11 +332,13 @@ def survey(
     candidates: dict[str, Breakdown] = {}
     for name, (ahead_s, queued, (run_s, cold_load_s, evicts, reload_s, evicted_s, adapter_load_s)) in parts.items():
         here = pressure.get(name) if charged else None
-        charge_s = 0.0
+        charge_s = credit_s = 0.0
         if here is not None:
             evicted_s = eviction_s(dict(zip(evicts, reload_s, strict=True)), here, bound_s) if evicts else unevicted_s
             occupancy_s = cold_load_s + adapter_load_s + run_s  # as Breakdown.occupancy_s
             charge_s = scarcity_s(occupancy_s, here, bound_s, ahead_s)
+            if cold_load_s and model_id in here.reload_weight:  # recent demand that the load also serves
+                credit_s = COLD_LOAD_CREDIT * cold_load_s
         candidates[name] = Breakdown(
             work_ahead_s=ahead_s,
             cold_load_s=cold_load_s,
@@ -331,6 +348,7 @@ def survey(
             evicts=evicts,
             scarcity_s=charge_s,
             adapter_load_s=adapter_load_s,
+            load_credit_s=credit_s,
         )
     return excluded, candidates
 

@@ -229,6 +229,33 @@ def test_r12_a_warm_model_beats_a_shorter_queue_when_the_load_costs_more() -> No
     assert decision.candidates["m1"].work_ahead_s == pytest.approx(10)
 
 
+def test_r12_a_cold_load_counts_only_for_itself_when_its_model_has_recent_demand() -> None:
+    # As above, but Auto's demand data says jobs of "big" come and go: the 60 s load also warms
+    # m2 for them, so the job is ranked as if the model were warm there (COLD_LOAD_CREDIT).
+    item = WorkItem("big", "txt2img", 10, REF)
+    fleet = machines(view("m1", queue=(item,), warm=("big",)), view("m2"))
+    demand = {m: Pressure(0.0, 0.0, {"big": 0.1}) for m in fleet}
+    decision = place(request("auto", model="big"), fleet, costs(), demand)
+    assert decision.machine == "m2"
+    cold = decision.candidates["m2"]
+    assert cold.load_credit_s == pytest.approx(60) and cold.finish_s == pytest.approx(70)
+    assert cold.score_s == pytest.approx(10)  # its run alone: the load counts in the finish, not the rank
+    # A model without recent demand (its first job): nothing else uses the load, it counts in full.
+    other = {m: Pressure(0.0, 0.0, {"other": 0.1}) for m in fleet}
+    decision = place(request("auto", model="big"), fleet, costs(), other)
+    assert decision.machine == "m1" and decision.candidates["m2"].load_credit_s == 0
+
+
+def test_r12_equal_scores_go_to_the_earlier_finish() -> None:
+    # m2 warm, m1 cold, nothing queued: with the credit both score the run alone; m2 finishes
+    # first (the name would have picked m1).
+    fleet = machines(view("m2", warm=("big",)), view("m1"))
+    demand = {m: Pressure(0.0, 0.0, {"big": 0.1}) for m in fleet}
+    decision = place(request("auto", model="big"), fleet, costs(), demand)
+    assert decision.candidates["m1"].score_s == pytest.approx(decision.candidates["m2"].score_s)
+    assert decision.machine == "m2"
+
+
 def test_r12_residency_is_simulated_along_the_queue() -> None:
     # The model is not warm now, but a queued job loads it first: only that job pays the load.
     queued = (WorkItem("other", "txt2img", 10, REF),)
