@@ -18,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, TypeVar
 
+import psutil
+
 from app.core.config import Settings
 from app.devtools import forkserver
 from app.fleet.config import Fleet, Machine
@@ -89,6 +91,27 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "c
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(poll_s)
     return value
+
+
+def pool_process(worker_pid: int, timeout_s: float = 60.0) -> psutil.Process:
+    """The one prefork pool process (concurrency 1, R7) of the ``celery worker`` process
+    ``worker_pid``, once it is there: its living child that runs the worker's own executable. A
+    short-lived child of another program (the ``ldconfig`` that ctypes runs to find a library)
+    may be listed beside it, or linger as a zombie until reaped, on a loaded host: never taken
+    for the pool. Raises ``AssertionError`` after ``timeout_s`` seconds."""
+    worker = psutil.Process(worker_pid)
+
+    def the_pool() -> psutil.Process | None:
+        found = []
+        for child in worker.children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and child.exe() == worker.exe():
+                    found.append(child)
+            except psutil.Error:  # it exited while we looked
+                continue
+        return found[0] if len(found) == 1 else None
+
+    return wait_for(the_pool, timeout_s=timeout_s, what=f"worker {worker_pid}'s pool process")
 
 
 def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend_s: float = 10.0) -> None:

@@ -30,7 +30,7 @@ from app.devtools.redis_server import free_port
 from app.fleet.config import load_fleet
 from tests.e2e.test_docs_browser import browser
 from tests.e2e.test_fleet_page import open_page
-from tests.helpers import TEST_API_KEY, run_cli, settings_env, wait_for
+from tests.helpers import TEST_API_KEY, pool_process, run_cli, settings_env, wait_for
 
 __all__ = ["browser"]  # the fixture (tests/e2e/test_docs_browser.py)
 
@@ -114,7 +114,7 @@ def test_a_two_device_host_is_two_machines_each_with_its_own_worker_bound_to_its
         assert process.environ()["CUDA_VISIBLE_DEVICES"] == str(index)
         assert process.environ()["HOMEFLEET_MACHINE"] == machine
         # the prefork pool process, where jobs run (forked once the first heartbeat is written)
-        [pool] = wait_for(process.children, timeout_s=60, what=f"{machine}'s pool process")
+        pool = pool_process(process.pid)
         assert pool.environ()["CUDA_VISIBLE_DEVICES"] == str(index)
         # the worker bound itself (tasks/devices.py bind_device), and consumes its own queue only
         assert f"{machine}: bound to device {index} (CUDA_VISIBLE_DEVICES={index})" in devices.log(machine)
@@ -148,8 +148,7 @@ def test_the_workers_read_their_tokens_from_files_not_the_command_line_or_enviro
         assert token
         process = psutil.Process(devices.local.processes[f"worker-{machine}"].pid)
         assert "--token-file" in process.cmdline()
-        pool = wait_for(process.children, timeout_s=60, what=f"{machine}'s pool process")
-        for each in (process, *pool):
+        for each in (process, pool_process(process.pid)):
             assert token not in " ".join(each.cmdline())
             assert token not in "".join(each.environ().values())
 

@@ -27,6 +27,7 @@ from tests.helpers import (
     LONG_SIZE,
     TEST_WEBHOOK_SECRET,
     files_under,
+    pool_process,
     run_cli,
     settings_env,
     wait_for,
@@ -251,7 +252,6 @@ def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_aft
     record (a restart without persistence): the worker advertises the model again, instead of
     an empty set until its next load. The pool process that held the model died (an OOM kill):
     its replacement holds nothing, and the heartbeat says so."""
-    import psutil
 
     ctx, machine = fleet.ctx, "m1"
 
@@ -267,7 +267,7 @@ def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_aft
     wait_for(lambda: ctx.redis.get(ctx.keys.warm(machine)) is not None, timeout_s=10, what="the warm record back")
     assert warm() == [fleet.model]
 
-    [pool] = psutil.Process(fleet.local.processes[f"worker-{machine}"].pid).children()
+    pool = pool_process(fleet.local.processes[f"worker-{machine}"].pid)
     pool.kill()  # as the kernel's OOM killer does, between jobs
     wait_for(lambda: warm() == [], timeout_s=30, what="the new pool process's empty warm set")
     again = fleet.client.submit(fleet.model, "txt2img", {"prompt": "cold again", "steps": 2}, target=machine)

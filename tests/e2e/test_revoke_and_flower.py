@@ -31,7 +31,7 @@ from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, png, run_cli, settings_env, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, png, pool_process, run_cli, settings_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -77,8 +77,7 @@ class RevokeFleet:
         return sum(1 for event in self.ctx.journal.events(job_id) if event.event == JobState.running)
 
     def pool_pid(self) -> int:
-        [child] = psutil.Process(self.local.processes["worker-m1"].pid).children()
-        return child.pid
+        return pool_process(self.local.processes["worker-m1"].pid).pid
 
 
 def celery_cli(settings: Settings, *args: str) -> str:

@@ -25,7 +25,7 @@ from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, pool_process, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,8 +42,7 @@ class WatchedFleet:
 
     def pool_pid(self) -> int:
         """The pid of m1's one pool process (concurrency 1, R7)."""
-        [child] = psutil.Process(self.local.processes["worker-m1"].pid).children()
-        return child.pid
+        return pool_process(self.local.processes["worker-m1"].pid).pid
 
     def running(self, job_id: str) -> int:
         """Wait until ``job_id`` has reported a step; the pid of the pool process running it."""
