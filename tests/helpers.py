@@ -95,10 +95,10 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "c
 
 def pool_process(worker_pid: int, timeout_s: float = 60.0) -> psutil.Process:
     """The one prefork pool process (concurrency 1, R7) of the ``celery worker`` process
-    ``worker_pid``, once it is there: its living child that runs the worker's own executable. A
-    short-lived child of another program (the ``ldconfig`` that ctypes runs to find a library)
-    may be listed beside it, or linger as a zombie until reaped, on a loaded host: never taken
-    for the pool. Raises ``AssertionError`` after ``timeout_s`` seconds."""
+    ``worker_pid``, once it is there: its living child that runs the worker's own executable. On
+    a starved host another, short-lived child of the worker was seen beside it, already a zombie
+    when its environ was read: such a child is never taken for the pool. Raises
+    ``AssertionError`` after ``timeout_s`` seconds."""
     worker = psutil.Process(worker_pid)
 
     def the_pool() -> psutil.Process | None:

@@ -252,7 +252,6 @@ def test_r12_warm_models_are_advertised_again_after_redis_loses_them_and_not_aft
     record (a restart without persistence): the worker advertises the model again, instead of
     an empty set until its next load. The pool process that held the model died (an OOM kill):
     its replacement holds nothing, and the heartbeat says so."""
-
     ctx, machine = fleet.ctx, "m1"
 
     def warm() -> list[str]:
