@@ -30,8 +30,12 @@ demo: $(STAMP)
 # together in one (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 3
 
+# PYTHONDONTWRITEBYTECODE (set on some machines, CI's among them) is cleared for the run: without
+# cached bytecode every process compiled this project's modules again at each start, and pytest
+# rewrote each test module again in each xdist worker (~60 CPU-s of a run on the 2-core CI
+# machine; docs/benchmarks.md, "The test suite"). The caches are __pycache__ folders (.gitignore).
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # ruff (lint, then the format: `ruff format .` writes it) and mypy (strict for routing/,
 # residency/ and app/core/; pyproject.toml, [tool.mypy]). .ci/run runs it first.

@@ -13,6 +13,7 @@ import httpx
 
 from app.core.errors import HomefleetError
 from app.core.states import ENDED
+from app.core.tls import tls_context
 
 
 class ApiError(HomefleetError):
@@ -41,7 +42,9 @@ class HomefleetClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
         # httpx's default transport makes no retries; nothing here adds any (R20).
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
+        self.http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers, verify=tls_context()
+        )
 
     def close(self) -> None:
         self.http.close()

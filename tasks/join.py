@@ -27,6 +27,7 @@ from app.core.config import BrokerSettings, split_server_urls
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
+from app.core.tls import tls_context
 
 #: files of the worker's folder, each readable by its owner only
 TOKEN_FILE = "worker-token"
@@ -118,6 +119,7 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         json=body,
         timeout=timeout_s,
         headers={"Authorization": f"Bearer {join_token}"},
+        verify=tls_context(),
     )
     if response.is_success:
         return JoinGrant.model_validate(response.json())
@@ -199,7 +201,7 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         missing.append("a server URL (HOMEFLEET_SERVER_URL)")
     for server_url in server_urls:
         try:
-            status = httpx.get(f"{server_url}/health", timeout=5).status_code
+            status = httpx.get(f"{server_url}/health", timeout=5, verify=tls_context()).status_code
             lines.append(("server", f"{server_url}: answers ({status})"))
         except httpx.HTTPError as error:
             lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))

@@ -37,6 +37,7 @@ from app.core.protocol import (
     SyncGrant,
     SyncProgress,
 )
+from app.core.tls import tls_context
 
 if TYPE_CHECKING:
     from app.core.config import WorkerSettings
@@ -74,7 +75,10 @@ class ServerClient:
         # One connection pool per server; calls go to the current one (docs/operations.md, "A
         # standby server": every server answers the internal API on one journal).
         self.clients = [
-            httpx.Client(base_url=f"{url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s) for url in urls
+            httpx.Client(
+                base_url=f"{url.rstrip('/')}/internal/v1", headers=headers, timeout=timeout_s, verify=tls_context()
+            )
+            for url in urls
         ]
         self.current = 0
 

@@ -13,6 +13,7 @@ Tiers (``tests/<tier>/`` mirrors the source tree inside each):
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -172,6 +173,22 @@ XDIST_GROUPS = {
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)
     "tests/fuzz/": "fuzz",
 }
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Each test runs with every object made before it frozen out of the cyclic collector's scans
+    (``gc.freeze``), and thawed after it, so that nothing is kept for ever. A test process holds
+    ~2.3 million objects by the end of a run (torch, diffusers, transformers, hypothesis and every
+    earlier test's leftovers), and each full collection scanned them all: ~0.1 s at every
+    automatic one, up to a second at each of the residency cache's collections after an eviction
+    (R15). Measured on the integration API and unit tiers in one process: 35.5 CPU-s of
+    collections in 148 CPU-s, 6.7 with this (docs/benchmarks.md, "The test suite")."""
+    gc.freeze()
+    try:
+        return (yield)
+    finally:
+        gc.unfreeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the groups it schedules

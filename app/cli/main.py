@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -80,9 +81,9 @@ def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
     # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
     # access log (one line per request, workers' claims and heartbeats included).
-    uvicorn.run(
-        create_app(settings, ctx), host=settings.api_host, port=settings.api_port, log_level="info", access_log=False
-    )
+    app = create_app(settings, ctx)
+    gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
+    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="info", access_log=False)
 
 
 worker_cli = typer.Typer(

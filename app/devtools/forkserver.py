@@ -45,8 +45,17 @@ from pathlib import Path
 
 #: the modules the fork server imports once, by name, before it forks anything: what the
 #: ``serve`` and ``worker`` commands import (named, not imported here: this module is the
-#: server's, and only the commands it forks import the worker side)
-PRELOAD = ("tasks.preimport", "uvicorn", "app.cli.main", "app.api.server", "app.context", "tasks.worker")
+#: server's, and only the commands it forks import the worker side). ``celery.bin.celery`` is
+#: what ``Celery.worker_main`` imports at each worker start (its command line and plugins).
+PRELOAD = (
+    "tasks.preimport",
+    "uvicorn",
+    "app.cli.main",
+    "app.api.server",
+    "app.context",
+    "tasks.worker",
+    "celery.bin.celery",
+)
 
 _context: ForkServerContext | None = None
 

@@ -33,6 +33,7 @@ from app.core.config import Settings
 from app.core.limits import DEFAULT_FAMILY, FamilyLimits
 from app.core.secret_files import write_private
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.fuzz_hooks import INPUTS_ENV
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port, start_redis_server
@@ -232,6 +233,7 @@ def upload_inputs(local: LocalFleet, out_dir: Path) -> dict[str, object]:
                 f"{local.api_url}/v1/files",
                 headers=headers,
                 timeout=60,
+                verify=tls_context(),
                 files={"file": (name, path.read_bytes(), "image/png")},
             )
             answer.raise_for_status()
@@ -284,7 +286,9 @@ def schemathesis_run(
         "--continue-on-failure",
         *extra_args,
     ]
-    document = httpx.get(f"{local.api_url}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+    document = httpx.get(
+        f"{local.api_url}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=60, verify=tls_context()
+    ).json()
     documented = {
         f"{method.upper()} {path}"
         for path, item in document["paths"].items()

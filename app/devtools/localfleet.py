@@ -25,6 +25,7 @@ import httpx
 
 from app.core.config import BrokerSettings, Settings
 from app.core.secret_files import write_private
+from app.core.tls import tls_context
 from app.devtools import forkserver as forkserver_module
 from app.devtools.procs import ChildProcess, stop_process_group
 from app.fleet.config import Fleet
@@ -128,7 +129,9 @@ class LocalFleet:
             if process.poll() is not None:
                 raise RuntimeError(f"the API exited with {process.returncode}; see {self.logs_dir / f'{name}.log'}")
             try:
-                if httpx.get(f"http://{self.settings.api_host}:{port}/health", timeout=1).status_code in (200, 503):
+                if httpx.get(
+                    f"http://{self.settings.api_host}:{port}/health", timeout=1, verify=tls_context()
+                ).status_code in (200, 503):
                     return
             except httpx.HTTPError:
                 pass
@@ -202,7 +205,9 @@ class LocalFleet:
         while True:
             rows = {
                 m["name"]: m
-                for m in httpx.get(f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5).json()
+                for m in httpx.get(
+                    f"{self.api_url}/v1/machines", headers=self.auth_headers, timeout=5, verify=tls_context()
+                ).json()
             }
             missing = [
                 name

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import httpx
 
 from app.core.config import Settings
+from app.core.tls import tls_context
 from app.db.tables import Job, WebhookDelivery
 from app.journal.jobs import Journal
 from app.journal.webhooks import DELIVERED, FAILED, PENDING, WebhookOutbox
@@ -119,7 +120,10 @@ class WebhookSender:
         self.outbox = outbox
         self.render = render
         self.client = client or httpx.Client(
-            timeout=settings.webhook_timeout_s, follow_redirects=False, headers={"User-Agent": "homefleet-webhooks"}
+            timeout=settings.webhook_timeout_s,
+            follow_redirects=False,
+            headers={"User-Agent": "homefleet-webhooks"},
+            verify=tls_context(),
         )
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from app.core.secret_files import write_private
+from app.core.tls import tls_context
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from tests.helpers import make_fleet, wait_for
@@ -72,7 +73,10 @@ def test_serve_refuses_a_fleet_file_others_can_read_and_starts_with_0600(tmp_pat
         def healthy() -> bool:
             assert process.poll() is None, process.stdout.read() if process.stdout else ""
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=5).status_code == 200
+                return (
+                    httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=5, verify=tls_context()).status_code
+                    == 200
+                )
             except httpx.TransportError:
                 return False
 

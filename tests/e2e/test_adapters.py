@@ -20,6 +20,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from app.core.tls import tls_context
 from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, OTHER_ADAPTER, RunningFleet
 from tests.helpers import png, wait_for
 
@@ -50,6 +51,7 @@ def post(
         headers=fleet.local.auth_headers,
         timeout=30,
         json={"model": model or fleet.model, "kind": "txt2img", "params": params, "target": target},
+        verify=tls_context(),
     )
 
 

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from app.core.keys import queue
+from app.core.tls import tls_context
 from app.devtools.drills import MODEL, DrillFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
@@ -124,8 +125,8 @@ def test_r8_under_a_broker_prefix_status_and_flower_count_the_exact_key_and_jobs
         try:
             # Flower learns a worker's queues by inspecting it; one inspect sent before the
             # workers listened is not sent again by itself: ask for it, as a user's refresh does
-            httpx.get(f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10)
-            answer = httpx.get(f"{flower_url}/api/queues/length", timeout=10)
+            httpx.get(f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10, verify=tls_context())
+            answer = httpx.get(f"{flower_url}/api/queues/length", timeout=10, verify=tls_context())
         except httpx.HTTPError:
             return {}
         found = {q["name"]: q["messages"] for q in answer.json()["active_queues"]} if answer.status_code == 200 else {}
@@ -221,13 +222,18 @@ def test_flowers_basic_auth_reaches_it_through_its_environment_not_its_command_l
 
         def answers() -> int:
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=5).status_code
+                return httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=5, verify=tls_context()).status_code
             except httpx.HTTPError:
                 return 0
 
         assert wait_for(answers, timeout_s=90, what="Flower to answer") == 401
         user, password = secret.split(":")
-        assert httpx.get(f"http://127.0.0.1:{port}/api/workers", auth=(user, password), timeout=10).status_code == 200
+        assert (
+            httpx.get(
+                f"http://127.0.0.1:{port}/api/workers", auth=(user, password), timeout=10, verify=tls_context()
+            ).status_code
+            == 200
+        )
         assert secret not in " ".join(psutil.Process(process.pid).cmdline())  # `ps` does not show it
     finally:
         stop_process_group(process)

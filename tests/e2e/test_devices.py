@@ -25,6 +25,7 @@ from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.config import Settings
 from app.core.secret_files import write_private
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import load_fleet
@@ -173,7 +174,7 @@ def test_a_job_pinned_to_each_device_runs_on_that_devices_worker(devices: Device
 def test_auto_places_on_either_device_of_the_host(devices: DeviceFleet) -> None:
     url, auth = devices.local.api_url, devices.local.auth_headers
     body = {"model": MODEL, "kind": "txt2img", "target": "auto", "params": PARAMS}
-    answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30)
+    answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30, verify=tls_context())
     assert answer.status_code == 200, answer.text
     ranked = answer.json()["machines"]
     assert ranked["box:0"]["eligible"] and ranked["box:1"]["eligible"]
@@ -221,11 +222,16 @@ def test_status_groups_the_devices_under_their_host_and_urls_take_the_colon(devi
         None,
     )
     for path in ("/v1/machines/box:1/residency", "/v1/machines/box%3A1/residency"):
-        answer = httpx.get(f"{devices.local.api_url}{path}", headers=devices.local.auth_headers, timeout=30)
+        answer = httpx.get(
+            f"{devices.local.api_url}{path}", headers=devices.local.auth_headers, timeout=30, verify=tls_context()
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["machine"] == "box:1"
     missing = httpx.get(
-        f"{devices.local.api_url}/v1/machines/box:7/residency", headers=devices.local.auth_headers, timeout=30
+        f"{devices.local.api_url}/v1/machines/box:7/residency",
+        headers=devices.local.auth_headers,
+        timeout=30,
+        verify=tls_context(),
     )
     assert missing.status_code == 404, missing.text
 
@@ -235,12 +241,20 @@ def test_the_hosts_token_serves_each_device_only_under_its_own_name(devices: Dev
     url = f"{devices.local.api_url}/internal/v1/manifest"
     for machine in DEVICES:
         answer = httpx.get(
-            url, headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": machine}, timeout=30
+            url,
+            headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": machine},
+            timeout=30,
+            verify=tls_context(),
         )
         assert answer.status_code == 200, answer.text
-    unnamed = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    unnamed = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30, verify=tls_context())
     assert unnamed.status_code == 401 and "shared by its devices box:0, box:1" in unnamed.text
-    server = httpx.get(url, headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": "server"}, timeout=30)
+    server = httpx.get(
+        url,
+        headers={"Authorization": f"Bearer {token}", "X-Homefleet-Machine": "server"},
+        timeout=30,
+        verify=tls_context(),
+    )
     assert server.status_code == 401 and "its token belongs to machine" in server.text
 
 

@@ -13,6 +13,7 @@ import pytest
 from celery.utils.nodenames import host_format
 
 from app.core import keys
+from app.core.tls import tls_context
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from tests.e2e.conftest import WORKERS, RunningFleet
@@ -54,7 +55,9 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
 ) -> None:
     def workers() -> dict[str, object]:
         try:
-            response = httpx.get(f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10)
+            response = httpx.get(
+                f"{flower_url}/api/workers", params={"refresh": "true"}, timeout=10, verify=tls_context()
+            )
         except httpx.HTTPError:
             return {}
         return response.json() if response.status_code == 200 else {}
@@ -69,7 +72,7 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
     busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20, **LONG_SIZE}, target="m2")
     waiting = [fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m2") for _ in range(2)]
     wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
-    lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10).json()["active_queues"]
+    lengths = httpx.get(f"{flower_url}/api/queues/length", timeout=10, verify=tls_context()).json()["active_queues"]
     flower_lengths = {q["name"]: q["messages"] for q in lengths}
     for machine in WORKERS:
         assert flower_lengths[keys.queue(machine)] == fleet.ctx.redis.llen(fleet.ctx.keys.queue_list(machine))
@@ -79,11 +82,11 @@ def test_flower_shows_every_machine_with_its_queue_and_the_exact_queue_lengths(
         assert fleet.client.wait(job["id"], timeout_s=300)["state"] == "succeeded"
 
     def task_page_shows_job() -> bool:
-        response = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10)
+        response = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10, verify=tls_context())
         return response.status_code == 200 and response.json().get("state") == "SUCCESS"
 
     wait_for(task_page_shows_job, timeout_s=30, what="Flower's task page for the job")
-    info = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10).json()
+    info = httpx.get(f"{flower_url}/api/task/info/{busy['id']}", timeout=10, verify=tls_context()).json()
     assert info["name"] == "homefleet.run_job" and info["worker"].startswith("m2@")
 
 
@@ -118,7 +121,7 @@ def test_serve_logs_where_it_listens_and_no_line_per_request(fleet: RunningFleet
     """`homefleet serve` says where it listens (uvicorn's own line), as a new operator expects,
     without one access-log line per request (workers claim and report through the same API)."""
     for _ in range(3):
-        assert httpx.get(f"{fleet.local.api_url}/health", timeout=5).status_code in (200, 503)
+        assert httpx.get(f"{fleet.local.api_url}/health", timeout=5, verify=tls_context()).status_code in (200, 503)
     log = (fleet.local.logs_dir / "api.log").read_text()
     assert f"Uvicorn running on {fleet.local.api_url}" in log, log[-2000:]
     assert "GET /health" not in log, log[-2000:]

@@ -22,6 +22,7 @@ from PIL import Image
 
 from app.core.digest import bytes_digest
 from app.core.families import FAMILIES
+from app.core.tls import tls_context
 from app.devtools.tiny_models import TINY_MODELS
 from tests.e2e.conftest import ModelsFleet
 
@@ -48,6 +49,7 @@ def upload(fleet: FamiliesFleet, width: int, height: int) -> str:
         files={"file": ("in.png", buffer.getvalue(), "image/png")},
         headers=fleet.local.auth_headers,
         timeout=30,
+        verify=tls_context(),
     )
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
@@ -166,6 +168,7 @@ def test_r22_the_api_refuses_a_family_rule_with_422_naming_the_limit(
         headers=ffleet.local.auth_headers,
         timeout=30,
         json={"model": MODELS[family], "kind": FAMILIES[family].kind, "params": params, "target": MACHINE},
+        verify=tls_context(),
     )
     assert response.status_code == 422, response.text
     assert response.json()["error"]["message"].startswith(message), response.json()
@@ -184,6 +187,7 @@ def test_an_edit_image_the_qwen_vae_cannot_keep_is_refused_at_submission(ffleet:
             "params": {"prompt": "x", "image": file_id},
             "target": MACHINE,
         },
+        verify=tls_context(),
     )
     assert response.status_code == 422, response.text
     assert "multiples of 16 pixels for family qwen-image" in response.json()["error"]["message"]

@@ -20,6 +20,7 @@ import pytest
 from app.api.routes.page import PAGE_CSP
 from app.client import ApiError
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
@@ -112,12 +113,12 @@ def test_page_is_served_without_a_key_with_a_self_only_csp(fleet: RunningFleet) 
     """The page holds no data: served without a key, under a 'self'-only CSP; the data routes
     still need the key (a request without it: 401)."""
     for path in ("/", "/page/app.js", "/page/style.css"):
-        answer = httpx.get(f"{fleet.local.api_url}{path}")
+        answer = httpx.get(f"{fleet.local.api_url}{path}", verify=tls_context())
         assert answer.status_code == 200, (path, answer.text)
         assert answer.headers["content-security-policy"] == PAGE_CSP
         assert "'unsafe-inline'" not in PAGE_CSP and "http" not in PAGE_CSP
-    assert httpx.get(f"{fleet.local.api_url}/page/secrets.txt").status_code == 404
-    assert httpx.get(f"{fleet.local.api_url}/v1/jobs").status_code == 401
+    assert httpx.get(f"{fleet.local.api_url}/page/secrets.txt", verify=tls_context()).status_code == 404
+    assert httpx.get(f"{fleet.local.api_url}/v1/jobs", verify=tls_context()).status_code == 401
 
 
 def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, browser: object) -> None:
@@ -208,7 +209,11 @@ def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: objec
         "params": {"prompt": "a lighthouse at dusk", "width": 64, "height": 64, "steps": 4},
     }
     expected = httpx.post(
-        f"{fleet.local.api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=60
+        f"{fleet.local.api_url}/v1/jobs",
+        json=body,
+        headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+        timeout=60,
+        verify=tls_context(),
     ).json()["error"]
     driver = browser
     wait = open_page(driver, fleet.local.api_url, "submit")
@@ -357,7 +362,10 @@ def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: 
     models = {
         m["id"]: m
         for m in httpx.get(
-            f"{fleet.local.api_url}/v1/models", timeout=60, headers={"Authorization": f"Bearer {TEST_API_KEY}"}
+            f"{fleet.local.api_url}/v1/models",
+            timeout=60,
+            headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+            verify=tls_context(),
         ).json()["data"]
     }
     txt2img = models[fleet.model]["params"]["txt2img"]

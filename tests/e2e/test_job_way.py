@@ -21,6 +21,7 @@ from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.digest import bytes_digest
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.jobs.webhooks import verify
 from tests.e2e.conftest import QUOTA_KEY, QUOTA_NAME, RunningFleet
 from tests.helpers import (
@@ -169,6 +170,7 @@ def test_r10_a_job_pinned_to_an_unknown_machine_is_refused_naming_it(fleet: Runn
         f"{fleet.local.api_url}/v1/jobs",
         headers=fleet.local.auth_headers,
         json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "mars"},
+        verify=tls_context(),
     )
     assert response.status_code == 422
     error = response.json()["error"]
@@ -182,6 +184,7 @@ def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: R
         f"{fleet.local.api_url}/v1/jobs",
         headers=fleet.local.auth_headers,
         json={"model": fleet.model, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m3"},
+        verify=tls_context(),
     )
     assert response.status_code == 503
     assert response.json()["error"]["reason"] == "machine_unavailable"
@@ -191,10 +194,10 @@ def test_r10_a_job_pinned_to_an_offline_machine_is_503_and_not_rerouted(fleet: R
 def test_internal_routes_need_the_machine_token(fleet: RunningFleet) -> None:
     accepted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "x", "steps": 2}, target="m1")
     url = f"{fleet.local.api_url}/internal/v1/jobs/{accepted['id']}/claim"
-    assert httpx.post(url).status_code == 401
-    assert httpx.post(url, headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+    assert httpx.post(url, verify=tls_context()).status_code == 401
+    assert httpx.post(url, headers={"Authorization": "Bearer wrong-token"}, verify=tls_context()).status_code == 401
     other = fleet.local.fleet.machines["m2"].token
-    assert httpx.post(url, headers={"Authorization": f"Bearer {other}"}).status_code == 403
+    assert httpx.post(url, headers={"Authorization": f"Bearer {other}"}, verify=tls_context()).status_code == 403
     assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
 
 

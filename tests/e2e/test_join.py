@@ -29,6 +29,7 @@ import redis
 from app.client import HomefleetClient
 from app.core.config import Settings
 from app.core.keys import Keys
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
@@ -104,6 +105,7 @@ def _follow(client: HomefleetClient, job_id: str, seen: list[tuple[str, dict]], 
             f"{client.http.base_url}/v1/jobs/{job_id}/events",
             headers={"Authorization": f"Bearer {TEST_API_KEY}"},
             timeout=httpx.Timeout(10, read=600),
+            verify=tls_context(),
         ) as r:
             assert r.status_code == 200
             event = ""
@@ -122,6 +124,7 @@ def _join_post(url: str, token: str, backend: str = "cpu") -> httpx.Response:
         json={"backend": backend, "memory_bytes": 8_000_000_000},
         headers={"Authorization": f"Bearer {token}"},
         timeout=30,
+        verify=tls_context(),
     )
 
 
@@ -206,7 +209,10 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         assert new_m8 != old_m8
         assert (
             httpx.get(
-                f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {old_m8}"}, timeout=30
+                f"{server_url}/internal/v1/manifest",
+                headers={"Authorization": f"Bearer {old_m8}"},
+                timeout=30,
+                verify=tls_context(),
             ).status_code
             == 401
         )
@@ -285,7 +291,9 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         assert client.get(last["id"])["state"] == "succeeded"
         assert {row["name"] for row in client.machines()} == {"server", "m7", "m8"}
         m9_token = (host / "worker-token").read_text().strip()
-        gone = httpx.get(f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {m9_token}"})
+        gone = httpx.get(
+            f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {m9_token}"}, verify=tls_context()
+        )
         assert gone.status_code == 401
         assert local.processes["api"].pid == api_pid and local.processes["api"].poll() is None  # never restarted
     finally:

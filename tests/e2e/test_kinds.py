@@ -21,6 +21,7 @@ from PIL import Image
 
 from app.core.digest import bytes_digest
 from app.core.states import JobState
+from app.core.tls import tls_context
 from tests.e2e.conftest import ModelsFleet
 from tests.helpers import png
 
@@ -47,6 +48,7 @@ def upload(fleet: KindsFleet, data: bytes, name: str = "input.png") -> httpx.Res
         files={"file": (name, data, "image/png")},
         headers=fleet.local.auth_headers,
         timeout=30,
+        verify=tls_context(),
     )
 
 
@@ -193,6 +195,7 @@ def test_r22_an_edit_naming_no_uploaded_file_is_rejected_at_submission(kfleet: K
         f"{kfleet.local.api_url}/v1/jobs",
         headers=kfleet.local.auth_headers,
         json={"model": MODELS["edit"], "kind": "edit", "params": {"prompt": "x", "image": missing}, "target": MACHINE},
+        verify=tls_context(),
     )
     assert response.status_code == 422
     error = response.json()["error"]

@@ -28,6 +28,7 @@ from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
 from app.core.secret_files import write_private
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
@@ -51,7 +52,7 @@ class RevokeFleet:
     flower: str  # Flower's base URL
 
     def flower_task(self, job_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.flower}/api/task/info/{job_id}", timeout=10)
+        response = httpx.get(f"{self.flower}/api/task/info/{job_id}", timeout=10, verify=tls_context())
         return response.json() if response.status_code == 200 else {}
 
     def flower_state(self, job_id: str, expected: str, timeout_s: float = 30) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def rfleet(
 
         def flower_hears_m1() -> bool:  # its event receiver is connected: the worker's heartbeats arrive
             try:
-                rows = httpx.get(f"{url}/workers", params={"json": "1"}, timeout=5).json()["data"]
+                rows = httpx.get(f"{url}/workers", params={"json": "1"}, timeout=5, verify=tls_context()).json()["data"]
             except (httpx.HTTPError, ValueError, KeyError):
                 return False
             return any(row.get("hostname", "").startswith("m1@") for row in rows)
@@ -159,7 +160,9 @@ def revoke(fleet: RevokeFleet, tool: str, job_id: str, terminate: bool = False, 
     celery CLI (``control revoke ID``; ``control terminate SIGNAL ID`` to terminate)."""
     if tool == "flower":
         params = {"terminate": "true", "signal": sig} if terminate else {}
-        response = httpx.post(f"{fleet.flower}/api/task/revoke/{job_id}", params=params, timeout=30)
+        response = httpx.post(
+            f"{fleet.flower}/api/task/revoke/{job_id}", params=params, timeout=30, verify=tls_context()
+        )
         assert response.status_code == 200, response.text
     elif terminate:  # celery 5's CLI form of revoke(terminate=True, signal=...)
         assert f"terminate: {job_id}" in celery_cli(fleet.local.settings, "control", "terminate", sig, job_id)
@@ -239,6 +242,7 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
             json={"models": models},
             headers=rfleet.local.auth_headers,
             timeout=30,
+            verify=tls_context(),
         )
         assert response.status_code == 200, response.text
 
@@ -319,7 +323,10 @@ def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_t
     started = time.monotonic()
     try:
         response = httpx.post(
-            f"{rfleet.local.api_url}/v1/jobs/{busy['id']}/cancel", headers=rfleet.local.auth_headers, timeout=30
+            f"{rfleet.local.api_url}/v1/jobs/{busy['id']}/cancel",
+            headers=rfleet.local.auth_headers,
+            timeout=30,
+            verify=tls_context(),
         )
         assert (response.status_code, response.json()["state"]) == (202, "running"), response.text
         job = client.wait(busy["id"], timeout_s=ctx.settings.cancel_grace_s + ENDS_WITHIN_S)
@@ -366,6 +373,7 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
             files={"file": ("in.png", data, "image/png")},
             headers=local.auth_headers,
             timeout=30,
+            verify=tls_context(),
         )
         assert response.status_code in (200, 201), response.text
         return str(response.json()["id"])
@@ -418,7 +426,9 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
         local.wait_online(["m1"], model_id=MODEL, timeout_s=180)
 
     failures = {failed["id"], integrity["id"], lost["id"]}
-    listed = httpx.get(f"{rfleet.flower}/api/tasks", params={"state": "FAILURE"}, timeout=10).json()
+    listed = httpx.get(
+        f"{rfleet.flower}/api/tasks", params={"state": "FAILURE"}, timeout=10, verify=tls_context()
+    ).json()
     assert failures <= set(listed), sorted(listed)
     wait_for(
         lambda: failed_counter(rfleet) - counter_before == len(failures),
@@ -431,5 +441,5 @@ def test_flower_task_states_agree_with_the_journal_for_every_end(rfleet: RevokeF
 
 def failed_counter(fleet: RevokeFleet) -> int:
     """Flower's Failed counter of m1's worker (its dashboard's column: task-failed events)."""
-    rows = httpx.get(f"{fleet.flower}/workers", params={"json": "1"}, timeout=10).json()["data"]
+    rows = httpx.get(f"{fleet.flower}/workers", params={"json": "1"}, timeout=10, verify=tls_context()).json()["data"]
     return sum(int(row.get("task-failed", 0)) for row in rows if row.get("hostname", "").startswith("m1@"))

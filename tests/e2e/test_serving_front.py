@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from app.core.states import JobState
+from app.core.tls import tls_context
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.helpers import TEST_API_KEY, run_cli
 
@@ -25,7 +26,9 @@ def read_events(url: str, timeout_s: float = 120) -> list[tuple[str, Any]]:
     """Every (event, data) of an SSE stream until the server closes it."""
     events: list[tuple[str, Any]] = []
     name = "message"
-    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=timeout_s) as response:
+    with httpx.stream(
+        "GET", url, headers={"Authorization": f"Bearer {TEST_API_KEY}"}, timeout=timeout_s, verify=tls_context()
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -54,7 +57,9 @@ def test_r24_job_events_stream_states_steps_and_the_result_url(fleet: RunningFle
 
 
 def test_r24_events_of_an_unknown_job_are_404(fleet: RunningFleet) -> None:
-    response = httpx.get(f"{fleet.local.api_url}/v1/jobs/nope/events", headers=fleet.local.auth_headers)
+    response = httpx.get(
+        f"{fleet.local.api_url}/v1/jobs/nope/events", headers=fleet.local.auth_headers, verify=tls_context()
+    )
     assert response.status_code == 404 and "nope" in response.json()["error"]["message"]
 
 
@@ -83,9 +88,9 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
     )
     assert by_url.data is not None and by_url.data[0].url is not None
     assert by_url.data[0].url.startswith("/v1/jobs/")  # relative: no public_base_url set, and never from Host
-    assert httpx.get(fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers).content.startswith(
-        b"\x89PNG"
-    )
+    assert httpx.get(
+        fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers, verify=tls_context()
+    ).content.startswith(b"\x89PNG")
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         client.images.generate(model=fleet.model, prompt="x", size="60x64")  # type: ignore[arg-type]
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message

@@ -26,6 +26,7 @@ from app.client import HomefleetClient
 from app.core.config import Settings
 from app.core.keys import Keys
 from app.core.secret_files import write_private
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
@@ -205,7 +206,9 @@ def test_a_worker_killed_with_kill_9_is_restarted_by_its_supervisor_and_runs_job
             )
             done = api.wait(job["id"], timeout_s=180)
         assert done["state"] == "succeeded", done
-        rows = httpx.get(f"{local.api_url}/v1/machines", headers=local.auth_headers, timeout=5).json()
+        rows = httpx.get(
+            f"{local.api_url}/v1/machines", headers=local.auth_headers, timeout=5, verify=tls_context()
+        ).json()
         assert {row["name"]: row["online"] for row in rows}[MACHINE] is True
     finally:
         with contextlib.suppress(ProcessLookupError):  # the killed worker's pool processes, left in its group

@@ -25,6 +25,7 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.digest import file_digest
 from app.core.secret_files import write_private
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, run_cli, wait_for
@@ -55,12 +56,15 @@ class SyncFleet:
             f"{self.local.api_url}/v1/machines/{machine}/sync",
             json={"models": list(models)},
             headers=self.local.auth_headers,
+            verify=tls_context(),
         )
         assert response.status_code == 202, response.text
         return response.json()  # type: ignore[no-any-return]
 
     def sync_state(self, sync_id: str) -> dict:  # type: ignore[type-arg]
-        return httpx.get(f"{self.local.api_url}/v1/syncs/{sync_id}", headers=self.local.auth_headers).json()  # type: ignore[no-any-return]
+        return httpx.get(
+            f"{self.local.api_url}/v1/syncs/{sync_id}", headers=self.local.auth_headers, verify=tls_context()
+        ).json()  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +152,10 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
     queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40, **LONG_SIZE}, target="m1")
     wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
     response = httpx.post(
-        f"{fleet.local.api_url}/v1/machines/m1/sync", json={"models": ["tiny-d"]}, headers=fleet.local.auth_headers
+        f"{fleet.local.api_url}/v1/machines/m1/sync",
+        json={"models": ["tiny-d"]},
+        headers=fleet.local.auth_headers,
+        verify=tls_context(),
     )
     assert response.status_code == 409
     assert response.json()["error"]["reason"] == "machine_busy"

@@ -31,6 +31,7 @@ from app.core.digest import file_digest
 from app.core.kinds import MAX_SEED
 from app.core.secret_files import write_private
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import ModelGuess
@@ -248,6 +249,7 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
         headers=auth,
         timeout=60,
         json={"inputs": "hi", "model": "tiny-qwen2", "target": MACHINE, "parameters": {"max_new_tokens": 3}},
+        verify=tls_context(),
     )
     assert done.status_code == 200, done.text
     job = tfleet.ctx.journal.get(done.json()["job_id"])
@@ -259,6 +261,7 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
         headers=auth,
         timeout=60,
         json={"inputs": "hi", "model": "tiny-gpt2", "parameters": {"max_new_tokens": 3}},
+        verify=tls_context(),
     ) as stream:
         assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
         lines = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
@@ -268,6 +271,7 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
         headers=auth,
         timeout=60,
         json={"inputs": "x" * 8, "model": "small-gpt2", "parameters": {"max_new_tokens": 5}},
+        verify=tls_context(),
     )
     assert too_long.status_code == 422
     assert too_long.json() == {
@@ -278,13 +282,18 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
     }
     with pytest.raises(huggingface_hub.errors.ValidationError, match=r"at most 8 tokens \(max_input_tokens\), got 9"):
         hub(tfleet).text_generation("x" * 9, max_new_tokens=1)  # the default model: small-gpt2 (the first id)
-    unsupported = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "x", "parameters": {"top_k": 5}})
+    unsupported = httpx.post(
+        f"{url}/generate", headers=auth, json={"inputs": "x", "parameters": {"top_k": 5}}, verify=tls_context()
+    )
     assert unsupported.status_code == 422 and unsupported.json()["error_type"] == "validation"
     assert "parameters.top_k" in unsupported.json()["error"]
-    bad = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "", "parameters": {}})
+    bad = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "", "parameters": {}}, verify=tls_context())
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation" and "inputs" in bad.json()["error"]
-    assert httpx.post(f"{url}/generate", json={"inputs": "x"}).json()["error_type"] == "authentication"
-    assert httpx.get(f"{url}/").status_code == 200  # the fleet page stays open
+    assert (
+        httpx.post(f"{url}/generate", json={"inputs": "x"}, verify=tls_context()).json()["error_type"]
+        == "authentication"
+    )
+    assert httpx.get(f"{url}/", verify=tls_context()).status_code == 200  # the fleet page stays open
 
 
 def test_a_temperature_of_5e_324_decodes_greedily_through_generate(tfleet: TextFleet) -> None:
@@ -303,6 +312,7 @@ def test_a_temperature_of_5e_324_decodes_greedily_through_generate(tfleet: TextF
                 "target": MACHINE,
                 "parameters": {"max_new_tokens": 5, "details": True, **parameters},
             },
+            verify=tls_context(),
         )
         for parameters in ({"temperature": 5e-324, "seed": 4}, {})
     ]
@@ -397,6 +407,7 @@ def test_constrained_output_of_random_weights_validates_through_the_api_and_work
                 "grammar": {"type": "regex", "value": REGEX},
             },
         },
+        verify=tls_context(),
     ) as stream:
         events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert re.fullmatch(REGEX, events[-1]["generated_text"]), events[-1]
@@ -449,6 +460,7 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
         f"{url}/generate",
         headers=auth,
         json={"inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}},
+        verify=tls_context(),
     )
     assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
     assert refused.json()["reason"] == "invalid_grammar" and "does not compile" in refused.json()["error"]
@@ -471,7 +483,9 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
         "target": MACHINE,
         "params": {"prompt": "a fox", "steps": 1, "expand_prompt": "tiny-qwen2"},
     }
-    accepted = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    accepted = httpx.post(
+        f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120, verify=tls_context()
+    )
     assert accepted.status_code == 202, accepted.text
     image_id = accepted.json()["id"]
     deadline = time.monotonic() + 120
@@ -491,18 +505,26 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     assert image.provenance is not None and image.provenance["params"]["expanded_by"] == text_job.id
     assert [e.detail for e in tfleet.ctx.journal.events(text_job.id) if e.event == "expanded_for"] == [image_id]
     texts_before = sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text")
-    again = httpx.post(f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120)
+    again = httpx.post(
+        f"{url}/v1/jobs", headers={**auth, "Idempotency-Key": "expand-1"}, json=body, timeout=120, verify=tls_context()
+    )
     assert again.status_code == 202 and again.json()["id"] == image_id
     assert again.headers.get("Idempotency-Replayed") == "true"
     assert sum(1 for job in tfleet.ctx.journal.list() if job.kind == "text") == texts_before
     jobs_before = len(tfleet.ctx.journal.list())
     for bad in ("tiny-sd", "nope"):
         refused = httpx.post(
-            f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"], "expand_prompt": bad}}
+            f"{url}/v1/jobs",
+            headers=auth,
+            json={**body, "params": {**body["params"], "expand_prompt": bad}},
+            verify=tls_context(),
         )
         assert refused.status_code == 422 and refused.json()["error"]["reason"] == "invalid_expand_prompt"
     spoofed = httpx.post(
-        f"{url}/v1/jobs", headers=auth, json={**body, "params": {**body["params"], "expanded_by": text_job.id}}
+        f"{url}/v1/jobs",
+        headers=auth,
+        json={**body, "params": {**body["params"], "expanded_by": text_job.id}},
+        verify=tls_context(),
     )
     assert spoofed.status_code == 422 and "set by the server" in spoofed.json()["error"]["message"]
     assert len(tfleet.ctx.journal.list()) == jobs_before  # refused before any job: nothing journaled
@@ -534,7 +556,7 @@ def test_a_dry_run_prices_a_text_job_by_its_tokens_with_learned_per_token_timing
             "target": MACHINE,
             "params": {"prompt": prompt, "max_new_tokens": new_tokens},
         }
-        answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30)
+        answer = httpx.post(f"{url}/v1/jobs?dry_run=true", headers=auth, json=body, timeout=30, verify=tls_context())
         assert answer.status_code == 200, answer.text
         return float(answer.json()["machines"][MACHINE]["run_s"])
 
@@ -784,5 +806,6 @@ def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:
         headers=auth,
         timeout=60,
         json={"inputs": "x", "model": "tiny-gpt2", "parameters": {"grammar": {"type": "regex", "value": "(unclosed"}}},
+        verify=tls_context(),
     )
     assert tgi.status_code == 422 and tgi.json()["error"].startswith("parameters.grammar does not compile")

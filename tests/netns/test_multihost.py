@@ -17,6 +17,7 @@ import pytest
 
 from app.client import ApiError
 from app.core.digest import file_digest
+from app.core.tls import tls_context
 from app.devtools.procs import stop_process_group
 from tests.helpers import LONG_SIZE, run_cli, settings_env, wait_for
 from tests.netns.conftest import JOINER, MODEL, Host, MultiHostFleet, routed_host
@@ -187,7 +188,10 @@ def test_a_new_host_joins_the_running_fleet_over_its_link_and_is_removed(
             token = (folder / "worker-token").read_text().strip()
             assert (
                 httpx.get(
-                    f"{server_url}/internal/v1/manifest", headers={"Authorization": f"Bearer {token}"}, timeout=30
+                    f"{server_url}/internal/v1/manifest",
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=30,
+                    verify=tls_context(),
                 ).status_code
                 == 401
             )
