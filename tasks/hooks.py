@@ -10,6 +10,7 @@ Handlers run in the parent (``worker_ready``, ``worker_shutdown``, ``task_receiv
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -138,6 +139,17 @@ class WorkerParent:
     def single_threaded_hashing(self, **_: Any) -> None:
         digest.single_threaded()  # fork-safe hashing
 
+    def freeze_imports(self, **_: Any) -> None:
+        """What the pool process inherited (torch, diffusers, transformers, celery: ~550,000
+        objects) leaves the cyclic collector's scans for good: a collection (automatic, or the
+        residency cache's after each eviction, R15) then scans what jobs made, ~0.3 CPU-s less
+        each on the 2-core CI machine (docs/benchmarks.md, "The test suite"). Here, after the
+        fork, not in the parent before it: frozen there, Celery's collection before each fork
+        became instant, the fork followed a killed pool process's report at once, and a loaded
+        run saw the new pool process hang at its first log line (a log stream's lock inherited
+        held mid-write is the likely cause)."""
+        gc.freeze()
+
     def limit_threads(self, **_: Any) -> None:
         limit_threads(self.settings.torch_threads)  # a share of the cores
 
@@ -158,7 +170,8 @@ class WorkerParent:
 SIGNALS: tuple[tuple[Signal, str], ...] = (
     (task_received, "on_received"),  # parent
     (worker_ready, "on_ready"),  # parent
-    (worker_process_init, "single_threaded_hashing"),  # pool process, in this order
+    (worker_process_init, "freeze_imports"),  # pool process, in this order
+    (worker_process_init, "single_threaded_hashing"),
     (worker_process_init, "limit_threads"),
     (worker_process_init, "record_fresh_pool"),
     (worker_process_init, "start_preload"),
