@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import psutil
@@ -555,6 +555,16 @@ SENTINEL_ROUND_JOBS = 10  # ``count`` per failover round of sentinel_failover
 LOST_WRITES = 2  # messages per round the promoted replica lacks (the master's last writes)
 
 
+class _Answer(NamedTuple):
+    """One answer to a submission during a switch: when its request was sent and answered
+    (``time.monotonic()`` seconds), its HTTP code (0: no answer) and whether a 503 said Retry-After."""
+
+    sent_s: float
+    answered_s: float
+    code: int
+    retry_after: bool
+
+
 @dataclass
 class _SwitchSubmitter:
     """Submits one job after another while the master is lost and replaced, each retried with
@@ -562,7 +572,7 @@ class _SwitchSubmitter:
 
     fleet: DrillFleet
     first_index: int
-    answers: list[tuple[float, int, bool]] = field(default_factory=list)  # (monotonic s, HTTP code, Retry-After)
+    answers: list[_Answer] = field(default_factory=list)
     accepted: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -575,23 +585,30 @@ class _SwitchSubmitter:
                 target = SENTINEL_WORKERS[index % len(SENTINEL_WORKERS)]
                 body = {"prompt": f"switch {index}", "steps": 1}
                 while True:  # the same key until accepted: never two jobs for one submission
+                    sent_s = time.monotonic()
                     try:
                         job = client.submit(MODEL, "txt2img", body, target=target, idempotency_key=key)
                     except ApiError as error:
-                        self.answers.append((time.monotonic(), error.status_code, error.retry_after_s is not None))
+                        retry_after = error.retry_after_s is not None
+                        self.answers.append(_Answer(sent_s, time.monotonic(), error.status_code, retry_after))
                         if error.status_code not in (429, 503):
                             return  # a 4xx or 500: counted, the drill fails on it
                         time.sleep(0.2)
                         continue
                     except httpx.HTTPError:
-                        self.answers.append((time.monotonic(), 0, False))
+                        self.answers.append(_Answer(sent_s, time.monotonic(), 0, False))
                         time.sleep(0.2)
                         continue
-                    self.answers.append((time.monotonic(), 202, False))
+                    self.answers.append(_Answer(sent_s, time.monotonic(), 202, False))
                     self.accepted.add(str(job["id"]))
                     break
                 index += 1
                 time.sleep(0.1)
+
+
+def _accepted_since(answers: list[_Answer], since_s: float) -> list[float]:
+    """When each 202 came, of the submissions sent at or after ``since_s`` (monotonic seconds)."""
+    return [a.answered_s for a in answers if a.code == 202 and a.sent_s >= since_s]
 
 
 def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
@@ -604,8 +621,9 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     lack) and the master is killed; afterwards the killed node comes back as the new replica.
     Messages the promoted replica lacks are published again from the journal by reconciliation (R19).
 
-    Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the kill to the
-    first 202 of a submission); ``refused_503`` (answers 503 during the switches),
+    Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the master's death
+    to the first 202 of a submission sent after it: one sent before may still be accepted by
+    it); ``refused_503`` (answers 503 during the switches),
     ``no_retry_after`` (of them, without ``Retry-After``; target 0), ``errors_500`` (other 5xx and
     4xx answers; target 0); ``writes_lost`` (messages the promoted replica lacked);
     ``republished`` (jobs published again by reconciliation; at least ``writes_lost``);
@@ -617,7 +635,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     rounds = max(1, count // SENTINEL_ROUND_JOBS)
     pids = {m: fleet.local.processes[f"worker-{m}"].pid for m in fleet.workers}
     mine: set[str] = set()
-    answers: list[tuple[float, int, bool]] = []
+    answers: list[_Answer] = []
     accept_again_s = 0.0
     dropped = 0
     for round_index in range(rounds):
@@ -637,15 +655,17 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         submitter = _SwitchSubmitter(fleet, base + 100)
         thread = threading.Thread(target=submitter.run)
         thread.start()
-        killed_at = time.monotonic()
         old = sentinels.kill_master()
+        # From the master's death: a submission sent before it may still be answered 202 by it.
+        killed_at = time.monotonic()
         new = sentinels.wait_promoted(old, timeout_s=60)
         deadline = time.monotonic() + 120
-        while not any(code == 202 and at > killed_at for at, code, _ in submitter.answers):
+
+        while not _accepted_since(submitter.answers, killed_at):
             if time.monotonic() > deadline or not thread.is_alive():
                 break
             time.sleep(0.05)
-        again = [at for at, code, _ in submitter.answers if code == 202 and at > killed_at]
+        again = _accepted_since(submitter.answers, killed_at)
         accept_again_s = max(accept_again_s, (again[0] - killed_at) if again else float("inf"))
         submitter.stop.set()
         thread.join(timeout=120)
@@ -666,9 +686,9 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         figures={
             "failovers": rounds,
             "accept_again_ms": int(accept_again_s * 1000) if accept_again_s != float("inf") else -1,
-            "refused_503": sum(1 for _, code, _ in answers if code == 503),
-            "no_retry_after": sum(1 for _, code, retry in answers if code == 503 and not retry),
-            "errors_500": sum(1 for _, code, _ in answers if code not in (0, 202, 429, 503)),
+            "refused_503": sum(1 for a in answers if a.code == 503),
+            "no_retry_after": sum(1 for a in answers if a.code == 503 and not a.retry_after),
+            "errors_500": sum(1 for a in answers if a.code not in (0, 202, 429, 503)),
             "writes_lost": dropped,
             "republished": sum(1 for job_id in mine if any(e.event == "requeued" for e in journal.events(job_id))),
             "order_kept": int(order_kept),
