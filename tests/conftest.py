@@ -25,7 +25,7 @@ import redis
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
-from tests.helpers import TEST_API_KEY, make_fleet
+from tests.helpers import TEST_API_KEY, make_fleet, resume_all
 
 POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 TINY_KINDS = ("txt2img", "edit", "upscale", "video")
@@ -183,12 +183,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     earlier test's leftovers), and each full collection scanned them all: ~0.1 s at every
     automatic one, up to a second at each of the residency cache's collections after an eviction
     (R15). Measured on the integration API and unit tiers in one process: 35.5 CPU-s of
-    collections in 148 CPU-s, 6.7 with this (docs/benchmarks.md, "The test suite")."""
+    collections in 148 CPU-s, 6.7 with this (docs/benchmarks.md, "The test suite"). After it, any
+    blocker the test left paused is continued (``tests.helpers.pause``)."""
     gc.freeze()
     try:
         return (yield)
     finally:
         gc.unfreeze()
+        resume_all()  # a blocker a failed test left paused (tests/helpers.py ``pause``)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

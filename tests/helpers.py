@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import struct
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -114,6 +115,57 @@ def pool_process(worker_pid: int, timeout_s: float = 60.0) -> psutil.Process:
     return wait_for(the_pool, timeout_s=timeout_s, what=f"worker {worker_pid}'s pool process")
 
 
+def _pool_pid(ctx: ServerContext, job_id: str) -> int | None:
+    """The pid of the pool process that runs ``job_id`` now, by its own record for the watchdog
+    (``Keys.running``, R19), or None when no pool process says it runs it."""
+    machine = ctx.journal.get(job_id).machine
+    raw = ctx.redis.get(ctx.keys.running(machine)) if machine else None
+    record = json.loads(raw) if raw else {}
+    return int(record["pid"]) if record.get("job_id") == job_id else None
+
+
+#: the pool processes :func:`pause` stopped and nothing continued yet; ``tests/conftest.py``
+#: continues any left after each test (:func:`resume_all`), so a failed test never leaves a
+#: machine of a shared fleet stopped for the tests after it.
+PAUSED: set[int] = set()
+
+
+def pause(ctx: ServerContext, job_id: str, steps: int = 1, timeout_s: float = 120.0) -> int:
+    """Pause a running blocker once it has reported ``steps`` denoising steps: its pool process
+    is stopped (SIGSTOP). The job stays ``running`` and keeps its machine busy as a working one
+    does (the worker's parent process, not stopped, beats and answers control commands, R7; the
+    watchdog's bound, ``hung_after_s``, is far longer than any test holds it) at no CPU, where its
+    steps would take a core from the other tests for as long as the test needs the machine busy.
+    :func:`end_running` continues it before ending it; :func:`resume` lets it run on. Only for a
+    fleet on this host (every test fleet is). Returns the pool process's pid. Raises
+    ``AssertionError`` when the job reports no ``steps`` within ``timeout_s`` seconds or no pool
+    process runs it."""
+
+    def stepped() -> bool:
+        progress = ctx.progress.read(job_id)
+        return progress is not None and progress.step is not None and progress.step >= steps
+
+    wait_for(stepped, timeout_s=timeout_s, what=f"job {job_id} to report {steps} steps")
+    pid = _pool_pid(ctx, job_id)
+    assert pid is not None, f"no pool process says it runs job {job_id}"
+    os.kill(pid, signal.SIGSTOP)
+    PAUSED.add(pid)
+    return pid
+
+
+def resume(pid: int) -> None:
+    """Continue a pool process :func:`pause` stopped (SIGCONT); nothing if it is gone."""
+    PAUSED.discard(pid)
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+def resume_all() -> None:
+    """Continue every pool process :func:`pause` stopped and nothing continued."""
+    for pid in list(PAUSED):
+        resume(pid)
+
+
 def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend_s: float = 10.0) -> None:
     """End a running job that only kept its machine busy (a blocker), as an operator would with
     ``celery control terminate SIGTERM ID`` (C11): its pool process is replaced and the journal
@@ -127,6 +179,9 @@ def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend
     from app.core.states import JobState
 
     deadline = time.monotonic() + timeout_s
+    pid = _pool_pid(ctx, job_id)
+    if pid is not None:  # stopped by ``pause``, it would not act on the signal until continued
+        resume(pid)
     replies: list[object] = []  # the first is None: that send does not wait for replies
     while True:
         # A resend waits a second for the replies (who heard it, what each found); the first does not.

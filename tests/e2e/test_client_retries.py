@@ -15,7 +15,7 @@ from PIL import Image
 from app.core.states import JobState
 from app.db.tables import Job
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
-from tests.helpers import TEST_API_KEY, end_running
+from tests.helpers import TEST_API_KEY, end_running, pause
 
 pytestmark = pytest.mark.e2e
 
@@ -28,14 +28,11 @@ def jobs_with_prompt(fleet: RunningFleet, prompt: str) -> list[Job]:
 
 
 def occupy(fleet: RunningFleet, machine: str, prompt: str) -> str:
-    """Submit a long job to ``machine`` and wait until it runs, so that the next job there waits
-    behind it; return its id. The test ends it (``end_running``) once the calls it blocks are
-    answered."""
+    """Submit a long job to ``machine`` and pause it once it runs (``pause``), so that the next
+    job there waits behind it; return its id. The test ends it (``end_running``) once the calls
+    it blocks are answered."""
     blocker = fleet.client.submit(fleet.model, "txt2img", {"prompt": prompt, "steps": BLOCKER_STEPS}, machine)
-    deadline = time.monotonic() + 60
-    while fleet.client.get(blocker["id"])["state"] == "queued":
-        assert time.monotonic() < deadline, "the blocking job never started"
-        time.sleep(0.05)
+    pause(fleet.ctx, blocker["id"])
     return str(blocker["id"])
 
 

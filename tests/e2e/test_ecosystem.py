@@ -17,7 +17,7 @@ from app.core.tls import tls_context
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from tests.e2e.conftest import WORKERS, RunningFleet
-from tests.helpers import LONG_SIZE, end_running, wait_for
+from tests.helpers import LONG_SIZE, end_running, pause, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +95,7 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     # and waits up to 2 s for m1's reply) even on a starved host, and is then terminated.
     busy = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 150, **LONG_SIZE}, target="m1")
     waiting = fleet.client.submit(fleet.model, "txt2img", {"prompt": "w", "steps": 1}, target="m1")
-    wait_for(lambda: fleet.client.get(busy["id"])["state"] == "running", what="the long job to start")
+    pause(fleet.ctx, busy["id"])  # running, at no CPU, until it is terminated below
     # -d: the answer comes with m1's reply rather than after the whole timeout (the node name as
     # the worker expands its own `-n m1@%h`, tasks/worker.py)
     m1 = ("-d", host_format("m1@%h"))
@@ -107,7 +107,7 @@ def test_celery_cli_inspects_and_purges_the_fleet(fleet: RunningFleet) -> None:
     purged = celery_cli(fleet, "purge", "-Q", keys.queue("m1"), "-f")
     assert "Purged 1 message" in purged, purged
     assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m1")) == 0
-    end_running(fleet.ctx, busy["id"])  # done with it (celery control terminate): its steps would hold a core
+    end_running(fleet.ctx, busy["id"])  # done with it (celery control terminate)
     # The purged job never runs; reconciliation says so, as a purge (R19).
     deadline = time.monotonic() + fleet.local.settings.lost_grace_s + 60
     while fleet.client.get(waiting["id"])["state"] == "queued" and time.monotonic() < deadline:

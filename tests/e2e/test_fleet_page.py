@@ -24,7 +24,7 @@ from app.core.tls import tls_context
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from tests.e2e.conftest import EDIT_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
-from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running
+from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running, pause, resume
 
 pytestmark = pytest.mark.e2e
 __all__ = ["browser"]  # the fixture, shared with the /docs tests
@@ -310,6 +310,7 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
         wait.until(lambda d: len((d.execute_script(seen) or "").split(",")) >= 3)
         steps = [int(step) for step in driver.execute_script(seen).split(",")]  # type: ignore[attr-defined]
         assert steps == sorted(steps) and len(set(steps)) >= 3, steps
+        pause(fleet.ctx, running)  # still running, at no CPU, while the queue is looked at
         driver.execute_script("document.querySelector(\"#machines tr[data-machine='m2']\").click()")  # type: ignore[attr-defined]
         order = "return [...document.querySelectorAll('#machine-queue li[data-job]')].map(li => li.dataset.job)"
         wait.until(lambda d: d.execute_script(order) == [running, queued])
@@ -531,6 +532,7 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
         wait.until(lambda d: "step" in (d.execute_script(f"return document.querySelector({line!r})?.innerText") or ""))
         text = driver.execute_script(f"return document.querySelector({line!r}).innerText")  # type: ignore[attr-defined]
         assert running[:8] in text and "elapsed" in text and "left" in text, text
+        pid = pause(fleet.ctx, running)  # running, at no CPU, until it is interrupted below
         driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-cancel[data-job='{queued}']"))
         click(driver, f".act-cancel[data-job='{queued}']")
@@ -539,6 +541,7 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
         # on its way would otherwise land after the interrupt's and replace its notice)
         wait.until(lambda d: d.find_element(By.ID, "notice").text == f"Job {queued} cancelled")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-interrupt[data-job='{running}']"))
+        resume(pid)  # it stops at its next step: it must take one
         click(driver, f".act-interrupt[data-job='{running}']")
         ended = fleet.client.wait(running, timeout_s=JOB_WAIT_S)
         assert ended["state"] == "cancelled", ended
@@ -582,6 +585,7 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
         driver = browser
         wait = open_page(driver, fleet.local.api_url)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#machines .running-job[data-job='{running}'] progress"))
+        pause(fleet.ctx, running)  # running, at no CPU, while it is photographed
         for width in WIDTHS:
             driver.execute_cdp_cmd(
                 "Emulation.setDeviceMetricsOverride",  # type: ignore[attr-defined]
@@ -607,5 +611,9 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
                 snap(driver, f"{view}-{width}")
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})  # type: ignore[attr-defined]
     finally:
-        fleet.client.cancel(running)
+        if fleet.ctx.journal.state_of(running) == JobState.running:  # done with it
+            end_running(fleet.ctx, running)
+        else:
+            with contextlib.suppress(ApiError):  # it ended already
+                fleet.client.cancel(running)
         fleet.client.wait(running, timeout_s=300)

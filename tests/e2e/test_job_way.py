@@ -28,7 +28,9 @@ from tests.helpers import (
     LONG_SIZE,
     TEST_WEBHOOK_SECRET,
     files_under,
+    pause,
     pool_process,
+    resume,
     run_cli,
     settings_env,
     wait_for,
@@ -130,17 +132,18 @@ def test_a_job_with_a_webhook_posts_its_signed_record_once_it_succeeded(fleet: R
 
 
 def test_r8_c02_jobs_start_in_submission_order_and_wait_in_redis_meanwhile(fleet: RunningFleet) -> None:
-    first = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 40, **LONG_SIZE}, target="m2")
+    first = fleet.client.submit(fleet.model, "txt2img", {"prompt": "long", "steps": 20, **LONG_SIZE}, target="m2")
     second = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
     third = fleet.client.submit(fleet.model, "txt2img", {"prompt": "short", "steps": 2}, target="m2")
     assert [second["position"], third["position"]] == [1, 2]
-    wait_for(lambda: fleet.client.get(first["id"])["state"] == "running", what="the first job to start")
+    pid = pause(fleet.ctx, first["id"])  # running, at no CPU, while the queue is looked at
     # While the first runs, the other two are still in m2's Redis list, in order, and queued.
     assert fleet.ctx.redis.llen(fleet.ctx.keys.queue_list("m2")) == 2
     assert [fleet.client.get(j["id"])["state"] for j in (second, third)] == ["queued", "queued"]
     reserved = fleet.ctx.celery.control.inspect(timeout=3).reserved() or {}
     m2_reserved = [tasks for name, tasks in reserved.items() if name.startswith("m2@")]
     assert m2_reserved == [[]], reserved  # the busy worker holds no next job
+    resume(pid)
     jobs = [fleet.client.wait(j["id"], timeout_s=120) for j in (first, second, third)]
     assert [j["state"] for j in jobs] == ["succeeded"] * 3
     starts = [fleet.ctx.journal.get(j["id"]).started_at for j in jobs]

@@ -32,7 +32,18 @@ from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, png, pool_process, run_cli, settings_env, wait_for
+from tests.helpers import (
+    LONG_SIZE,
+    TEST_API_KEY,
+    make_fleet,
+    pause,
+    png,
+    pool_process,
+    resume,
+    run_cli,
+    settings_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -184,7 +195,8 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     waiting = client.submit(MODEL, "txt2img", SHORT, target="m1")
     after = client.submit(MODEL, "txt2img", SHORT, target="m1")
     rfleet.running(busy["id"])
-    pid = rfleet.pool_pid()
+    pid = pause(ctx, busy["id"])  # running, at no CPU, while the queued job is revoked
+    assert pid == rfleet.pool_pid()
 
     started = time.monotonic()
     revoke(rfleet, tool, waiting["id"])
@@ -206,6 +218,7 @@ def test_c11_a_revoked_queued_job_is_cancelled_and_a_terminated_running_one_inte
     assert ctx.queues.queued_ids("m1") == [after["id"]]  # its message removed; the next still waits
     assert ctx.journal.state_of(busy["id"]) == JobState.running  # revoking another job stops nothing
 
+    resume(pid)  # the terminate finds it working, as an operator's does
     started = time.monotonic()
     revoke(rfleet, tool, busy["id"], terminate=True, sig=sig)
     wait_for(

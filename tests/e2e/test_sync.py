@@ -28,7 +28,7 @@ from app.core.secret_files import write_private
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, run_cli, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running, make_fleet, pause, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -147,10 +147,9 @@ def test_r4_r6_a_model_present_but_not_advertised_is_refused_pinned_skipped_by_a
 
 
 def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFleet) -> None:
-    running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 12, **LONG_SIZE}, target="m1")
-    # long enough that the machine is still busy when the operator's command below runs
-    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 40, **LONG_SIZE}, target="m1")
-    wait_for(lambda: fleet.client.get(running["id"])["state"] == "running", what="the job to start")
+    running = fleet.client.submit("tiny-a", "txt2img", {"prompt": "long", "steps": 150, **LONG_SIZE}, target="m1")
+    queued = fleet.client.submit("tiny-a", "txt2img", {"prompt": "next", "steps": 2}, target="m1")
+    pause(fleet.ctx, running["id"])  # the machine stays busy, at no CPU, until it is ended below
     response = httpx.post(
         f"{fleet.local.api_url}/v1/machines/m1/sync",
         json={"models": ["tiny-d"]},
@@ -162,7 +161,8 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
     assert "job(s) queued or running" in response.json()["error"]["message"]
     cli = run_cli("sync", "m1", "tiny-d", env=fleet.env, check=False)  # the operator's command is refused too
     assert cli.returncode == 2 and "machine_busy" in cli.stdout, cli.stdout
-    assert [fleet.client.wait(j["id"], timeout_s=300)["state"] for j in (running, queued)] == ["succeeded"] * 2
+    end_running(fleet.ctx, running["id"])
+    assert fleet.client.wait(queued["id"], timeout_s=300)["state"] == "succeeded"
     assert not (fleet.local.models_dir("m1") / "tiny-d").exists()  # nothing was copied
 
 
