@@ -149,7 +149,10 @@ def run_job(job_id: str) -> None:
         except JobCancelled as cancelled:  # cancelled while it waited: nothing ran
             report_failure(rt, job_id, cancelled, None, None)
     try:
-        mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
+        try:
+            mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
+        except redis.RedisError as error:  # Redis gone longer than the client rides out: claimed, so reported (R19)
+            report_failure(rt, job_id, error, None, None)
         run_claimed(rt, claim)
     finally:
         lock.release()

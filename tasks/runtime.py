@@ -47,7 +47,8 @@ class WorkerRuntime:
                 return
             self._cache_lock = threading.Lock()  # this process's own (never a copy inherited held)
             self._server = ServerClient.for_worker(self.settings, self.boot_id, patient=True)
-            self._redis = create_redis(self.settings)
+            # patient, as the server client is: a job's own bookkeeping rides out a Redis restart
+            self._redis = create_redis(self.settings, retry_s=self.settings.server_retry_s)
             device = self.device()
             device.guard()  # only the MPS adapter has a memory guard (R18)
             self._cache = ModelCache(load_pipeline, device, capacity_bytes=self.settings.memory_cap_bytes)

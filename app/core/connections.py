@@ -3,15 +3,19 @@ broker's URL as kombu names it. Nothing connects at import time."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from app.core.config import BrokerSettings
 
 SOCKET_TIMEOUT_S = 10  # every connection's (s): a lost master is noticed, never waited on for ever (celery#6348)
+OUTAGE_BACKOFF_CAP_S = 1.0  # the longest pause between two tries of a patient client (outage_retry)
 
 
 def is_sentinel_url(redis_url: str) -> bool:
@@ -51,12 +55,25 @@ def sentinel_options() -> dict[str, Any]:
     return {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
 
 
-def create_redis(settings: BrokerSettings) -> redis.Redis:
+def outage_retry(retry_s: float) -> Retry:
+    """redis-py's retry policy for a client that rides out a Redis outage (a restart, a
+    failover) for about ``retry_s`` seconds: on ``ConnectionError`` and ``TimeoutError`` each
+    command is tried again after an exponential backoff from 0.05 s, capped at
+    :data:`OUTAGE_BACKOFF_CAP_S`."""
+    tries = max(1, math.ceil(retry_s / OUTAGE_BACKOFF_CAP_S))
+    return Retry(ExponentialBackoff(cap=OUTAGE_BACKOFF_CAP_S, base=0.05), tries)
+
+
+def create_redis(settings: BrokerSettings, retry_s: float = 0.0) -> redis.Redis:
     """A Redis client for Homefleet's own keys (decoded strings). Connects lazily. With a
     ``sentinel://`` URL, redis-py's ``Sentinel(...).master_for(settings.redis_sentinel_master)``: each
     new connection asks the Sentinels where the master is now, so after a failover the client's
     next command (after one ``ConnectionError``/``TimeoutError`` on the old master) reaches the
-    promoted replica (docs/operations.md, "Redis Sentinel")."""
+    promoted replica (docs/operations.md, "Redis Sentinel"). ``retry_s`` > 0: each command rides
+    out an outage for about that long (:func:`outage_retry`: a job's own bookkeeping in a pool
+    process, which would otherwise leave a claimed job unreported, R19); 0: redis-py's default
+    (a few quick retries), so that the API answers 503 at once (R20)."""
+    patience: dict[str, Any] = {"retry": outage_retry(retry_s)} if retry_s > 0 else {}
     if is_sentinel_url(settings.redis_url):
         nodes, master = sentinel_nodes(settings.redis_url)
         sentinel = Sentinel(
@@ -65,9 +82,11 @@ def create_redis(settings: BrokerSettings) -> redis.Redis:
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=SOCKET_TIMEOUT_S,
         )
-        client: redis.Redis = sentinel.master_for(settings.redis_sentinel_master, decode_responses=True, **master)
+        client: redis.Redis = sentinel.master_for(
+            settings.redis_sentinel_master, decode_responses=True, **master, **patience
+        )
         return client
-    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S)
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S, **patience)
 
 
 def broker_url(redis_url: str, transport: str = "redis") -> str:

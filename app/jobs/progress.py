@@ -88,6 +88,18 @@ class ProgressStore:
             json.loads(logprobs) if logprobs else None,
         )
 
+    def watched_since(self, job_id: str, now_s: float) -> float:
+        """When reconciliation first found this running job with no report kept (unix seconds;
+        ``now_s`` the first time it asks): the watchdog's clock when Redis lost the reports
+        (R19). Kept in field ``watched``, apart from ``at``: it is no sign of the worker's life."""
+        key = self.keys.progress(job_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hsetnx(key, "watched", now_s)
+            pipe.hget(key, "watched")
+            pipe.expire(key, TTL_S)
+            _, since, _ = pipe.execute()
+        return float(since)
+
     def last_at(self, job_id: str) -> float:
         """Unix seconds of the last report (0.0 when none)."""
         return float(self.redis.hget(self.keys.progress(job_id), "at") or 0.0)

@@ -21,7 +21,8 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
   it, in a heartbeat written after the claim -> ``interrupted`` (``worker_restarted``);
 - a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
-  the machine's worker is asked to restart its pool process (watchdog);
+  the machine's worker is asked to restart its pool process (watchdog); a job with no report
+  kept at all (Redis lost it) is timed from the first pass that finds it so;
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
   than ``lost_grace_s``, while Redis kept its data: if its message had reached a worker
   (``Keys.delivered``) -> ``interrupted`` (``lost``: that worker stopped before claiming it);
@@ -216,7 +217,10 @@ class Reconciler:
             elif self._cancel_overdue(report, job, now):
                 continue
             else:
-                last = last_progress or now
+                # No report kept (Redis lost it after the claim): the hung bound counts from the
+                # first pass that found none, never from the job's start (a long job's next step
+                # may be seconds away).
+                last = last_progress or self.progress.watched_since(job.id, now)
                 if now - last > self.settings.hung_after_s:
                     self._interrupt(
                         report,

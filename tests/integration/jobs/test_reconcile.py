@@ -424,3 +424,26 @@ def test_r19_a_queued_job_of_a_machine_removed_from_the_fleet_is_interrupted_as_
     assert "'m2' is no longer in the fleet config" in (journaled.message or "")
     assert after.redis.llen(after.keys.queue_list("m2")) == 0
     assert report.released_reservations == 1 and after.machines.reservations.count("m2") == 0
+
+
+def test_r19_a_running_job_whose_progress_redis_lost_is_hung_after_the_bound_from_then(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """Redis lost the claimed job's progress record (a restart without persistence just after
+    the claim) and its task died before its first step: the hung bound counts from the first
+    pass that finds no record, so the job is interrupted ``hung``, not left ``running`` for as
+    long as its worker lives. A job with a record is judged by it as before."""
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, "boot-A")
+    beat(ctx, "m1", "boot-A")
+    ctx.redis.delete(ctx.keys.progress(job))  # lost with Redis's data
+    assert ctx.reconciler().run_once().interrupted == {}  # the clock starts here
+    assert ctx.progress.last_at(job) == 0.0  # no sign of life was made up
+    since = float(ctx.redis.hget(ctx.keys.progress(job), "watched") or 0)
+    assert abs(since - time.time()) < 60
+    assert ctx.reconciler().run_once().interrupted == {}  # within the bound: the first pass's time kept
+    assert float(ctx.redis.hget(ctx.keys.progress(job), "watched") or 0) == since
+    ctx.redis.hset(ctx.keys.progress(job), "watched", since - ctx.settings.hung_after_s - 1)  # as the bound later
+    beat(ctx, "m1", "boot-A")
+    assert ctx.reconciler().run_once().interrupted == {job: "hung"}
+    assert ctx.journal.get(job).state == JobState.interrupted
