@@ -289,7 +289,8 @@ class WorkerSettings(BrokerSettings):
     # server's, comma-separated: a call the current one does not answer goes to the next.
     server_url: str = "http://127.0.0.1:8787"
     http_timeout_s: float = Field(60.0, gt=0)
-    # how long idempotent calls wait out an unreachable server, or its 503 redis_down / journal_down
+    # how long idempotent calls wait out an unreachable server, or its 503 redis_down / journal_down,
+    # and a pool process's own Redis commands a Redis outage (app/core/connections.py outage_retry)
     server_retry_s: float = Field(120.0, ge=0)
     # R6: cap on a sync's download rate (bytes per second), e.g. to spare a home network;
     # None = as fast as the link allows.
