@@ -140,11 +140,14 @@ class WorkerParent:
         digest.single_threaded()  # fork-safe hashing
 
     def freeze_imports(self, **_: Any) -> None:
-        """What the pool process inherited leaves the cyclic collector's scans for good: the
-        parent froze its imports before starting Celery (``tasks/worker.py``), this freezes what
-        Celery's start made since. A collection (automatic, or the residency cache's after each
-        eviction, R15) then scans what jobs made, ~0.3 CPU-s less each on the 2-core CI machine
-        (docs/benchmarks.md, "The test suite")."""
+        """What the pool process inherited (torch, diffusers, transformers, celery: ~550,000
+        objects) leaves the cyclic collector's scans for good: a collection (automatic, or the
+        residency cache's after each eviction, R15) then scans what jobs made, ~0.3 CPU-s less
+        each on the 2-core CI machine (docs/benchmarks.md, "The test suite"). Here, after the
+        fork, not in the parent before it: frozen there, Celery's collection before each fork
+        became instant, the fork followed a killed pool process's report at once, and a loaded
+        run saw the new pool process hang at its first log line (a log stream's lock inherited
+        held mid-write is the likely cause)."""
         gc.freeze()
 
     def limit_threads(self, **_: Any) -> None:

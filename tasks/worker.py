@@ -9,7 +9,6 @@ disabled, so it holds only the job it runs; the rest wait in the Redis list, in 
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import uuid
@@ -154,10 +153,4 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
         if parent.heartbeat.refused:
             raise SystemExit(EX_CONFIG)
         return  # another worker took the lease meanwhile: start_worker exits EX_CONFIG
-    # The imports (torch, diffusers, transformers, celery: ~550,000 objects) leave the cyclic
-    # collector's scans for good, here and in the pool processes forked from here: Celery's
-    # prefork pool collects before each fork, a full scan of all of them until now
-    # (docs/benchmarks.md, "The test suite"). A fork right after another thread's log line is
-    # safe: the handlers are held across it (tasks/logfork.py).
-    gc.freeze()
     celery.worker_main(worker_argv(settings.machine, loglevel))
