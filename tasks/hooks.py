@@ -145,9 +145,10 @@ class WorkerParent:
         residency cache's after each eviction, R15) then scans what jobs made, ~0.3 CPU-s less
         each on the 2-core CI machine (docs/benchmarks.md, "The test suite"). Here, after the
         fork, not in the parent before it: frozen there, Celery's collection before each fork
-        became instant, the fork followed a killed pool process's report at once, and a loaded
-        run saw the new pool process hang at its first log line (a log stream's lock inherited
-        held mid-write is the likely cause)."""
+        became instant, the fork followed a killed pool process's report at once, and loaded
+        runs saw the new pool process hang: at its first log line (a log stream's lock inherited
+        held mid-write; the handlers are now held across each fork, tasks/logfork.py) and, with
+        that fixed, once after its claim (docs/benchmarks.md, "The test suite")."""
         gc.freeze()
 
     def limit_threads(self, **_: Any) -> None:
