@@ -26,6 +26,8 @@ from app.devtools import forkserver
 from app.fleet.config import Fleet, Machine
 
 if TYPE_CHECKING:
+    import redis
+
     from app.context import ServerContext
 
 TEST_API_KEY = "test-api-key-0123456789"
@@ -164,6 +166,29 @@ def resume_all() -> None:
     """Continue every pool process :func:`pause` stopped and nothing continued."""
     for pid in list(PAUSED):
         resume(pid)
+
+
+def freeze_worker(worker_pid: int, redis_client: redis.Redis, timeout_s: float = 60.0) -> None:
+    """Stop an idle worker (SIGSTOP to its process group) so that a job queued on its machine
+    stays in its list for as long as the test needs: the frozen worker must hold no ``BRPOP``.
+    kombu's Redis transport keeps one in flight while a worker is idle (``brpop_timeout``, 1 s);
+    Redis serves a message pushed meanwhile to the stopped process's socket, where it sits in no
+    list and no unacked hash, and reconciliation rightly judges it gone (``purged``, R19). So this
+    waits, after the stop, until no client of ``redis_client``'s server is blocked in ``BRPOP``
+    (the one in flight timed out; a stopped process sends no other), twice in a row: a BRPOP sent
+    just before the stop may reach Redis in the same event-loop turn as the first look and be
+    served after it, never after the second. Only for a Redis that this worker alone consumes
+    from. Raises ``AssertionError`` after ``timeout_s`` seconds."""
+    os.killpg(worker_pid, signal.SIGSTOP)
+    looks: list[bool] = []
+
+    def none_blocked() -> bool:
+        looks.append(
+            not any("b" in client["flags"] and client["cmd"] == "brpop" for client in redis_client.client_list())
+        )
+        return looks[-2:] == [True, True]
+
+    wait_for(none_blocked, timeout_s=timeout_s, what="the frozen worker's BRPOP to time out", poll_s=0.1)
 
 
 def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend_s: float = 10.0) -> None:

@@ -35,7 +35,7 @@ from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
 from app.fleet import live
 from routing.placement import AUTO
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, freeze_worker, make_fleet, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -134,8 +134,8 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
 ) -> None:
     local, client, operator = join_fleet.local, join_fleet.client, join_fleet.operator
     api_pid = local.processes["api"].pid
-    # m1 frozen with a job queued on it (submitted while its heartbeat is still live)
-    os.killpg(local.processes["worker-m1"].pid, signal.SIGSTOP)
+    # m1 frozen with a job queued on it (submitted while its heartbeat is still live), holding no BRPOP
+    freeze_worker(local.processes["worker-m1"].pid, redis.Redis.from_url(local.settings.redis_url))
     stuck = client.submit(MODEL, "txt2img", PARAMS, target="m1")
     assert stuck["state"] == "queued" and stuck["machine"] == "m1"
     seen: list[tuple[str, dict]] = []
