@@ -292,7 +292,9 @@ class Reconciler:
         before claiming it (``lost``), it was never published (no reservation either: its server
         stopped between journaling and reserving it; published now, :meth:`_publish_unpublished`),
         or it was removed from its queue (``purged``). (A server killed between reserving and
-        publishing, two Redis calls apart, leaves the same trace as a purge; the message says so.)"""
+        publishing, two Redis calls apart, leaves the same trace as a purge, and so does a worker
+        suspended with its ``BRPOP`` in flight: Redis hands it the message, which then sits in that
+        process's socket, in no list and not yet acked; the message says so.)"""
         taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
             self._interrupt(
@@ -313,7 +315,8 @@ class Reconciler:
                 "purged",
                 f"its message was removed from the queue {queue(machine or '')} before any worker "
                 "took it (a purge, e.g. `celery purge`; or it was never published: the server stopped while "
-                "submitting it); the job was not run",
+                "submitting it; or it was handed to a worker suspended, e.g. asleep, with its "
+                "BRPOP in flight: if that worker wakes, its claim is refused); the job was not run",
                 announce=True,
                 release=False,
                 event_detail="purged",
