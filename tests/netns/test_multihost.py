@@ -19,7 +19,7 @@ from app.client import ApiError
 from app.core.digest import file_digest
 from app.core.tls import tls_context
 from app.devtools.procs import stop_process_group
-from tests.helpers import LONG_SIZE, run_cli, settings_env, wait_for
+from tests.helpers import LONG_SIZE, end_running, pause, run_cli, settings_env, wait_for
 from tests.netns.conftest import JOINER, MODEL, Host, MultiHostFleet, routed_host
 
 pytestmark = pytest.mark.e2e
@@ -73,10 +73,27 @@ def test_workers_reach_the_server_only_over_their_link(multihost: MultiHostFleet
 
 
 def test_r11_auto_places_across_hosts(multihost: MultiHostFleet) -> None:
-    jobs = [multihost.client.submit(MODEL, "txt2img", {"prompt": f"a{i}", "steps": 2}, target="auto") for i in range(4)]
-    done = [multihost.client.wait(j["id"], timeout_s=180) for j in jobs]
-    assert all(j["state"] == "succeeded" for j in done)
-    assert {j["machine"] for j in done} == {"hosta", "hostb"}  # the server machine has no worker here
+    """Auto (R11) reaches either host over its link: with one host busy with a long pinned job,
+    an Auto job goes to the other, both ways (the server machine has no worker here).
+
+    Each host's timing is measured by a pinned job first, so Auto compares two measurements of
+    the same moment. Four Auto jobs sent at once, as this test once did, spread only as far as
+    the learned timings say (R13): on a starved host one host's measured run exceeded the other's
+    guess plus its cold load, and all four rightly went to the unmeasured host."""
+    ctx, client = multihost.ctx, multihost.client
+    for machine in ("hosta", "hostb"):
+        measured = client.wait(client.submit(MODEL, "txt2img", {"prompt": machine, "steps": 2}, target=machine)["id"])
+        assert measured["state"] == "succeeded"
+    for busy, free in (("hosta", "hostb"), ("hostb", "hosta")):
+        # 150 steps at the long size: 75 times the Auto job's steps, far past any difference in load
+        blocker = client.submit(MODEL, "txt2img", {"prompt": "busy", "steps": 150, **LONG_SIZE}, target=busy)
+        pause(ctx, blocker["id"])
+        try:
+            auto = client.submit(MODEL, "txt2img", {"prompt": f"auto to {free}", "steps": 2}, target="auto")
+            assert auto["machine"] == free, auto
+            assert client.wait(auto["id"], timeout_s=180)["state"] == "succeeded"
+        finally:
+            end_running(ctx, blocker["id"])
 
 
 def test_r10_a_job_pinned_to_a_host_whose_link_is_down_is_refused_not_rerouted(multihost: MultiHostFleet) -> None:
