@@ -174,17 +174,22 @@ def freeze_worker(worker_pid: int, redis_client: redis.Redis, timeout_s: float =
     kombu's Redis transport keeps one in flight while a worker is idle (``brpop_timeout``, 1 s);
     Redis serves a message pushed meanwhile to the stopped process's socket, where it sits in no
     list and no unacked hash, and reconciliation rightly judges it gone (``purged``, R19). So this
-    waits, after the stop, until no client of ``redis_client``'s server is blocked in ``BRPOP``
+    waits, after the stop, until no client of ``redis_client``'s database is blocked in ``BRPOP``
     (the one in flight timed out; a stopped process sends no other), twice in a row: a BRPOP sent
     just before the stop may reach Redis in the same event-loop turn as the first look and be
-    served after it, never after the second. Only for a Redis that this worker alone consumes
-    from. Raises ``AssertionError`` after ``timeout_s`` seconds."""
+    served after it, never after the second. Only for a database that this worker alone consumes
+    from (the other fleets of a test session's Redis use other databases). Raises
+    ``AssertionError`` after ``timeout_s`` seconds."""
     os.killpg(worker_pid, signal.SIGSTOP)
+    db = str(redis_client.connection_pool.connection_kwargs.get("db", 0))
     looks: list[bool] = []
 
     def none_blocked() -> bool:
         looks.append(
-            not any("b" in client["flags"] and client["cmd"] == "brpop" for client in redis_client.client_list())
+            not any(
+                client["db"] == db and "b" in client["flags"] and client["cmd"] == "brpop"
+                for client in redis_client.client_list()
+            )
         )
         return looks[-2:] == [True, True]
 
