@@ -37,19 +37,24 @@ from tasks.verify import Verifier
 
 log = logging.getLogger("homefleet.worker")
 
-# KEYS: the lease, the heartbeat, the advertised set, the warm record. ARGV: boot id, heartbeat
-# record, its TTL (ms), 1 to rewrite the advertised set, a warm record to restore (or ""), then
-# the advertised models. Nothing is written unless the lease holds this boot id.
+# KEYS: the lease, the heartbeat, the advertised set, the warm record, the kept marker. ARGV:
+# boot id, heartbeat record, its TTL (ms), 1 when Redis restarted (a new run id), a warm record
+# to restore (or ""), 1 when this worker wrote a beat before, then the models it advertises.
+# Nothing is written unless the lease holds this boot id (returns false). The advertised set is
+# written back when Redis restarted or, for a worker that wrote before, when the kept marker is
+# gone (FLUSHALL): checked here, in the same atomic step as the write, since a loss between a
+# check made apart and the write would be missed, or the set read empty and kept (R19).
+# Returns the advertised set as it stands after the beat.
 _BEAT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[4] == '1' then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+if ARGV[4] == '1' or (ARGV[6] == '1' and redis.call('EXISTS', KEYS[5]) == 0) then
   redis.call('DEL', KEYS[3])
-  for i = 6, #ARGV do redis.call('SADD', KEYS[3], ARGV[i]) end
+  for i = 7, #ARGV do redis.call('SADD', KEYS[3], ARGV[i]) end
 end
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'NX') end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('SET', KEYS[5], ARGV[1])
-return 1
+return {'written', redis.call('SMEMBERS', KEYS[3])}
 """
 
 
@@ -123,8 +128,10 @@ class Heartbeat:
         - the advertised set, when Redis restarted without persistence (its run id changed) or
           lost its data without a restart (``FLUSHALL``: the marker ``Keys.verified_kept``, which
           every beat writes without a TTL, is gone), so the machine stays placeable; otherwise the
-          set is remembered as Redis holds it (syncs add to it, the job-time check withdraws from
-          it, R4/R5);
+          set is remembered as Redis holds it after the beat (syncs add to it, the job-time check
+          withdraws from it, R4/R5). The marker is checked inside the write's atomic step: checked
+          apart, a loss between the check and the write went unseen and the set, read empty, was
+          kept (R19). The record's ``verified_models`` is the set the previous beat left;
         - the pool process's warm models (written by it at its start and after each load), when
           their record is gone, unless the pool process wrote a newer one meanwhile.
 
@@ -132,10 +139,7 @@ class Heartbeat:
         """
         machine = self.settings.machine
         run_id = self.redis.info("server").get("run_id")
-        lost = self._written and not self.redis.exists(self.keys.verified_kept(machine))
-        restarted = run_id != self._redis_run_id or lost
-        if not restarted:
-            self.verified = cast("set[str]", self.redis.smembers(self.keys.verified(machine)))
+        restarted = run_id != self._redis_run_id
         warm = cast("str | None", self.redis.get(self.keys.warm(machine)))  # decoded (create_redis)
         restore = self._warm if warm is None and self._warm is not None else None
         warm = warm if restore is None else restore
@@ -166,11 +170,13 @@ class Heartbeat:
             int(self.settings.heartbeat_ttl_s * 1000),
             int(restarted),
             restore or "",
+            int(self._written),
             *verified,
         )
         if not written:
             log.warning("%s: this worker does not hold the machine's lease now; heartbeat not written", machine)
             return False
+        self.verified = set(written[1])  # as Redis holds it now: with syncs' additions, without withdrawals
         self._redis_run_id = run_id
         self._warm = warm
         self._written = True
