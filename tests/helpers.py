@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import psutil
 
-from app.core.config import Settings
+from app.core.config import Settings, WorkerSettings
 from app.devtools import forkserver
 from app.fleet.config import Fleet, Machine
 
@@ -83,6 +83,19 @@ def settings_env(settings: Settings) -> dict[str, str]:
     if settings.broker_key_prefix:
         env["HOMEFLEET_BROKER_KEY_PREFIX"] = settings.broker_key_prefix
     return env
+
+
+def worker_settings(redis_url: str, tmp_path: Path) -> WorkerSettings:
+    """Machine m1's worker settings on ``redis_url``, with a quick heartbeat (every 0.2 s, a
+    1 s TTL) for tests of the heartbeat and the lease."""
+    return WorkerSettings(
+        machine="m1",
+        models_dir=tmp_path / "models",
+        worker_token="t" * 32,
+        redis_url=redis_url,
+        heartbeat_interval_s=0.2,
+        heartbeat_ttl_s=1.0,
+    )
 
 
 def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "condition", poll_s: float = 0.05) -> T:

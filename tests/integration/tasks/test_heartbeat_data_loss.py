@@ -5,15 +5,17 @@ are the worker's own (tasks/heartbeat.py, tasks/lease.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from app.core.config import WorkerSettings
 from app.core.keys import Keys
 from tasks.heartbeat import Heartbeat
+from tests.helpers import worker_settings
 
 VERIFIED = {"tiny-sd", "tiny-llama"}
 
@@ -25,15 +27,17 @@ class FolderCheck:
         return set(VERIFIED)
 
 
-def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis_url: str, tmp_path: Path) -> None:
-    settings = WorkerSettings(
-        machine="m1",
-        models_dir=tmp_path / "models",
-        worker_token="t" * 32,
-        redis_url=redis_url,
-        heartbeat_interval_s=0.2,
-        heartbeat_ttl_s=1.0,
-    )
+@dataclass
+class Beating:
+    client: redis.Redis
+    keys: Keys
+    beat: Heartbeat
+
+
+@pytest.fixture
+def beating(redis_url: str, tmp_path: Path) -> Iterator[Beating]:
+    """m1's heartbeat, holding the lease, its models advertised, one beat written."""
+    settings = worker_settings(redis_url, tmp_path)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(settings.key_prefix)
     beat = Heartbeat(settings, client, keys, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]
@@ -41,6 +45,12 @@ def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis
     beat._first_check()
     client.sadd(keys.verified("m1"), *VERIFIED)  # as the verifier advertises them
     assert beat.beat()
+    yield Beating(client, keys, beat)
+    client.close()
+
+
+def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(beating: Beating) -> None:
+    client, keys, beat = beating.client, beating.keys, beating.beat
     client.srem(keys.verified("m1"), "tiny-llama")  # withdrawn by the job-time check: stays withdrawn
     assert beat.beat() and client.smembers(keys.verified("m1")) == {"tiny-sd"}
 
@@ -49,32 +59,15 @@ def test_r19_a_flushed_redis_gets_the_advertised_set_back_at_the_next_beat(redis
     assert beat.beat()
     assert client.smembers(keys.verified("m1")) == {"tiny-sd"}  # back, as it was before the loss
     assert client.get(keys.heartbeat("m1")) is not None
-    client.close()
 
 
 @pytest.mark.parametrize("after_calls", [1, 2, 3])
-def test_r19_a_loss_at_any_moment_of_a_beat_gets_the_advertised_set_back(
-    redis_url: str, tmp_path: Path, after_calls: int
-) -> None:
+def test_r19_a_loss_at_any_moment_of_a_beat_gets_the_advertised_set_back(beating: Beating, after_calls: int) -> None:
     """Redis loses its data (``FLUSHDB``) between two of a beat's own commands, and the lease
     thread takes the lease back at once (tasks/lease.py): however the loss falls, the beat
     written after it leaves the set as it was. (The beat once checked the kept marker, then read
     the set, then wrote: a loss between the check and the read left the set empty, and kept.)"""
-    settings = WorkerSettings(
-        machine="m1",
-        models_dir=tmp_path / "models",
-        worker_token="t" * 32,
-        redis_url=redis_url,
-        heartbeat_interval_s=0.2,
-        heartbeat_ttl_s=1.0,
-    )
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = Keys(settings.key_prefix)
-    beat = Heartbeat(settings, client, keys, "boot-1", "cpu", FolderCheck())  # type: ignore[arg-type]
-    client.set(keys.worker_lease("m1"), "boot-1")
-    beat._first_check()
-    client.sadd(keys.verified("m1"), *VERIFIED)
-    assert beat.beat()
+    client, keys, beat = beating.client, beating.keys, beating.beat
 
     plain = client.execute_command
     calls: list[str] = []
@@ -93,4 +86,3 @@ def test_r19_a_loss_at_any_moment_of_a_beat_gets_the_advertised_set_back(
     client.execute_command = plain  # type: ignore[method-assign]
     assert len(calls) >= after_calls, calls
     assert client.smembers(keys.verified("m1")) == VERIFIED, calls
-    client.close()

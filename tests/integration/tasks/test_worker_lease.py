@@ -11,24 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.core.config import WorkerSettings
 from tasks.lease import EX_CONFIG, WorkerLease
-from tests.helpers import wait_for
+from tests.helpers import wait_for, worker_settings
 
 #: how long a starved machine (one core, beside a CPU hog) may take to run a renewal or notice a loss:
 #: a bound for a wait on a condition, never a fixed sleep
 SLOW_S = 30.0
-
-
-def worker_settings(redis_url: str, tmp_path: Path) -> WorkerSettings:
-    return WorkerSettings(
-        machine="m1",
-        models_dir=tmp_path / "models",
-        worker_token="t" * 32,
-        redis_url=redis_url,
-        heartbeat_interval_s=0.2,
-        heartbeat_ttl_s=1.0,
-    )
 
 
 def test_r7_a_second_worker_of_a_machine_is_refused_from_the_first_ones_start(redis_url: str, tmp_path: Path) -> None:
