@@ -42,7 +42,7 @@ from tasks.revocations import Revocations, default_sigterm
 from tasks.runtime import WorkerRuntime
 from tasks.server_client import ServerClient
 from tasks.verify import Verifier
-from tasks.watchdog import Watchdog, clear_running, mark_running
+from tasks.watchdog import Watchdog, clear_running, dump_stacks_on_signal, mark_running
 
 log = logging.getLogger("homefleet.worker")
 
@@ -151,6 +151,9 @@ class WorkerParent:
         that fixed, once after its claim (docs/benchmarks.md, "The test suite")."""
         gc.freeze()
 
+    def stacks_on_signal(self, **_: Any) -> None:
+        dump_stacks_on_signal()  # where a hung job's process is stuck, in the log (R19)
+
     def limit_threads(self, **_: Any) -> None:
         limit_threads(self.settings.torch_threads)  # a share of the cores
 
@@ -173,6 +176,7 @@ SIGNALS: tuple[tuple[Signal, str], ...] = (
     (worker_ready, "on_ready"),  # parent
     (worker_process_init, "freeze_imports"),  # pool process, in this order
     (worker_process_init, "single_threaded_hashing"),
+    (worker_process_init, "stacks_on_signal"),
     (worker_process_init, "limit_threads"),
     (worker_process_init, "record_fresh_pool"),
     (worker_process_init, "start_preload"),

@@ -4,7 +4,8 @@
   :func:`clear_running`: ``Keys.running``, JSON ``{job_id, pid[, working]}``).
 - When reconciliation declares a running job hung it asks for a restart (``Keys.restart``);
   :meth:`Watchdog.obey_restart` kills the pool process when, and only when, that process runs
-  that job (the prefork pool starts a fresh one).
+  that job (the prefork pool starts a fresh one), after asking it for its Python stacks, which
+  it writes to the worker's log (:func:`dump_stacks_on_signal`).
 - A pool process killed under its job is reported by the parent (:meth:`Watchdog.report_lost`):
   killed by SIGKILL, what the kernel's OOM killer sends, as an ``oom`` so the server remembers
   its size.
@@ -12,11 +13,13 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import signal
 import threading
+import time
 from typing import cast
 
 import httpx
@@ -30,6 +33,23 @@ from app.core.states import OOM
 from tasks.server_client import ServerClient
 
 log = logging.getLogger("homefleet.worker")
+
+#: The signal on which a pool process writes every thread's Python stack to the worker's log
+#: (``faulthandler``, :func:`dump_stacks_on_signal`); SIGUSR1 is billiard's soft time limit there.
+STACKS_SIGNAL = signal.SIGUSR2
+#: Seconds the watchdog waits between asking a hung pool process for its stacks and killing it:
+#: the dump is written from a C signal handler, at once when the process runs at all.
+STACKS_WAIT_S = 0.5
+STDERR_FD = 2  # the worker's own stderr, its log (a pool process's sys.stderr is Celery's logging proxy)
+
+
+def dump_stacks_on_signal() -> None:
+    """In a pool process: on :data:`STACKS_SIGNAL`, write every thread's Python stack to the
+    worker's own stderr (its log), from a C signal handler that needs no lock nor the GIL, so a
+    process stuck on a lock or in native code still answers. The watchdog asks for it before it
+    kills a hung job's process (R19); an operator can too (``kill -USR2 PID``)."""
+    faulthandler.register(STACKS_SIGNAL, file=STDERR_FD, all_threads=True)
+
 
 # KEYS[1] running record, ARGV: this process's records (waiting, working): remove only our own.
 _CLEAR_OWN = """
@@ -136,6 +156,8 @@ class Watchdog:
             self.killed.discard(job_id)
             return
         try:
+            children[pid].send_signal(STACKS_SIGNAL)  # its stacks to this log, to see where it hung
+            time.sleep(STACKS_WAIT_S)
             children[pid].kill()
         except psutil.NoSuchProcess:
             log.info("%s: pool process %d of job %s had already ended", machine, pid, job_id)

@@ -6,6 +6,7 @@ signals to m1's pool process: SIGSTOP (a hang), SIGKILL (what the kernel's OOM k
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
+from tasks.watchdog import STACKS_SIGNAL
 from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, pool_process, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -131,6 +133,12 @@ def test_r19_the_pool_process_of_a_hung_job_is_killed_and_the_next_job_runs(watc
     ctx = watched.ctx
     hung = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
     pid = watched.running(hung["id"])
+    os.kill(pid, STACKS_SIGNAL)  # where is it? its stacks in the worker's log, and it runs on
+    wait_for(
+        lambda: re.search(r'tasks/run_job\.py", line \d+ in run_claimed', watched.log()),
+        timeout_s=60,
+        what="the pool process's stacks in the worker's log",
+    )
     os.kill(pid, signal.SIGSTOP)  # it hangs
     watched.silent_since(hung["id"], 120)
     wait_for(
