@@ -52,6 +52,7 @@ from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import RedisProcess, free_port, start_redis_server
 from app.devtools.sentinel import SentinelSet, start_sentinel_set
 from app.fleet.config import Fleet, Machine, WebhookConfig, with_fresh_tokens
+from app.fleet.queues import message_id
 
 MODEL = "tiny-sd"
 WORKERS = ("m1", "m2")
@@ -153,6 +154,7 @@ class DrillFleet:
         self.ctx: ServerContext | None = None
         self.client: HomefleetClient | None = None
         self._earlier: set[str] = set()
+        self._held: set[str] = set()  # machines whose pool process :meth:`hold` stopped
 
     def __enter__(self) -> DrillFleet:
         try:
@@ -224,6 +226,7 @@ class DrillFleet:
         return f"http://{self.local.settings.api_host}:{self.standby_port}"
 
     def stop(self) -> None:
+        self.release()  # a stopped pool process would not act on the fleet's SIGTERM
         if self.client is not None:
             self.client.close()
         if self.local is not None:
@@ -256,6 +259,51 @@ class DrillFleet:
         for child in children:
             child.send_signal(signal.SIGSTOP)
         return len(children)
+
+    def hold(self, machine: str, job_id: str, timeout_s: float = 120.0) -> None:
+        """Keep ``job_id`` running on ``machine`` for as long as the drill needs, at no CPU: once
+        the job has reported its first step, stop its worker's pool process (SIGSTOP) until
+        :meth:`release`. The worker's parent runs on (it beats and answers control commands, R7),
+        so to the fleet the job is in a long step. A job kept busy by its steps alone could end
+        before the fault on a fast host, and holds a core throughout on a slow one. The hold must
+        stay under the fleet's ``hung_after_s`` once Redis has lost the job's progress (R19).
+
+        Raises:
+            AssertionError: the job reported no step within ``timeout_s`` seconds, or it ended
+                before its pool process was stopped (give it more steps: :data:`HELD_STEPS`).
+        """
+        assert self.ctx is not None
+        deadline = time.monotonic() + timeout_s
+        while (progress := self.ctx.progress.read(job_id)) is None or not progress.step:
+            assert time.monotonic() < deadline, f"job {job_id} on {machine} reported no step within {timeout_s:g} s"
+            time.sleep(0.02)
+        self.freeze_pool_process(machine)
+        self._held.add(machine)
+        state = self.ctx.journal.state_of(job_id)
+        if state != JobState.running:
+            self.release()
+            raise AssertionError(f"job {job_id} on {machine} was {state} before it could be held")
+
+    def release(self) -> None:
+        """Continue every pool process :meth:`hold` stopped (SIGCONT); their jobs run on."""
+        assert self.local is not None or not self._held
+        for machine in sorted(self._held):
+            worker = self.local.processes.get(f"worker-{machine}") if self.local is not None else None
+            if worker is not None and worker.poll() is None:
+                for child in psutil.Process(worker.pid).children():
+                    child.send_signal(signal.SIGCONT)
+        self._held.clear()
+
+    def wait_requeued(self, job_ids: set[str], timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until reconciliation has published each of ``job_ids``
+        again (a ``requeued`` event in its journal, R19); the drill's figures tell if it did not."""
+        assert self.ctx is not None
+        deadline = time.monotonic() + timeout_s
+        journal = self.ctx.journal
+        while time.monotonic() < deadline:
+            if all(any(e.event == "requeued" for e in journal.events(job_id)) for job_id in job_ids):
+                return
+            time.sleep(0.1)
 
     def kill_api(self) -> None:
         assert self.local is not None
@@ -327,6 +375,9 @@ class DrillFleet:
 #: the side (pixels) of a drill's long jobs, which keep a machine busy while a fault strikes: a
 #: step of the tiny model costs ~0.145 CPU-s there, ~0.04 at its default 64x64 (one torch thread)
 LONG_SIDE = 112
+#: the steps of a drill's held job (:meth:`DrillFleet.hold`, at the model's default size): enough
+#: that it is still running when its pool process is stopped after its first step
+HELD_STEPS = 20
 
 
 def _submit(fleet: DrillFleet, index: int, steps: int, target: str | None = None, side: int | None = None) -> str:
@@ -409,9 +460,13 @@ def drill_redis_restart(fleet: DrillFleet, count: int) -> DrillResult:
     published again by reconciliation and run once each."""
     fleet.begin()
     assert fleet.ctx is not None
-    acknowledged = {_submit(fleet, 0, steps=25, target="m1", side=LONG_SIDE)}
-    acknowledged |= {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
-    fleet.restart_redis()
+    long_job = _submit(fleet, 0, steps=HELD_STEPS, target="m1")
+    acknowledged = {long_job} | {_submit(fleet, i, steps=1, target="m1") for i in range(1, count)}
+    fleet.hold("m1", long_job)
+    try:
+        fleet.restart_redis()
+    finally:
+        fleet.release()
     return fleet.result("redis_restart", acknowledged, timeout_s=90 + 10 * count)
 
 
@@ -435,11 +490,15 @@ def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
     waiting: list[str] = []
     for round_index in range(rounds):
         base = round_index * per_round * 2
-        running = _submit(fleet, base, steps=40, target="m1", side=LONG_SIDE)
-        fleet.wait_running("m1", True, timeout_s=120)
-        queued = [_submit(fleet, base + i, steps=1, target="m1") for i in range(1, per_round)]
-        fleet.restart_redis()
-        newer = [_submit_retrying(fleet, base + per_round + i) for i in range(max(1, per_round // 4))]
+        running = _submit(fleet, base, steps=HELD_STEPS, target="m1")
+        fleet.hold("m1", running)
+        try:  # m1 stays busy until the waiting jobs are published again, ahead of the newer ones
+            queued = [_submit(fleet, base + i, steps=1, target="m1") for i in range(1, per_round)]
+            fleet.restart_redis()
+            newer = [_submit_retrying(fleet, base + per_round + i) for i in range(max(1, per_round // 4))]
+            fleet.wait_requeued(set(queued), timeout_s=60)
+        finally:
+            fleet.release()
         mine |= {running, *queued, *newer}
         waiting += queued
         fleet.wait_ended(mine, timeout_s=120 + 10 * per_round)
@@ -471,9 +530,10 @@ JOBS_PER_REPEAT = 1 + 2 * BACKLOG
 
 def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
     """R8 and R19 over repeats: ``max(1, count // JOBS_PER_REPEAT)`` times, backlogs of
-    :data:`BACKLOG` one-step jobs fill two machines, m1 busy (behind a 40-step job it runs) and
-    m2 idle (its first job starts at once, the rest wait), and Redis loses its data: ``FLUSHALL``
-    on even repeats, a restart without persistence on odd ones. Reconciliation publishes the
+    :data:`BACKLOG` one-step jobs fill two machines, m1 busy (behind a job it runs, held until
+    that backlog is published again) and m2 idle (its first job starts at once, the rest wait),
+    and Redis loses its data: ``FLUSHALL`` on even repeats, a restart without persistence on odd
+    ones. Reconciliation publishes the
     queued jobs again (MachineQueues.put_in_order); the drill waits until all have ended, then
     reads from each worker's own log the order it claimed that backlog's jobs.
 
@@ -487,14 +547,18 @@ def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
     backlogs: list[tuple[str, list[str]]] = []  # (machine, its jobs in submission order), per repeat
     for repeat in range(repeats):
         base = repeat * JOBS_PER_REPEAT
-        busy = [_submit(fleet, base, steps=40, target="m1", side=LONG_SIDE)]
-        fleet.wait_running("m1", True, timeout_s=120)
-        busy += [_submit(fleet, base + 1 + i, steps=1, target="m1") for i in range(BACKLOG)]
-        idle = [_submit(fleet, base + 1 + BACKLOG + i, steps=1, target="m2") for i in range(BACKLOG)]
-        if repeat % 2 == 0:
-            fleet.ctx.redis.flushall()
-        else:
-            fleet.restart_redis()
+        busy = [_submit(fleet, base, steps=HELD_STEPS, target="m1")]
+        fleet.hold("m1", busy[0])
+        try:  # m1 stays busy until its backlog is published again
+            busy += [_submit(fleet, base + 1 + i, steps=1, target="m1") for i in range(BACKLOG)]
+            idle = [_submit(fleet, base + 1 + BACKLOG + i, steps=1, target="m2") for i in range(BACKLOG)]
+            if repeat % 2 == 0:
+                fleet.ctx.redis.flushall()
+            else:
+                fleet.restart_redis()
+            fleet.wait_requeued(set(busy[1:]), timeout_s=60)
+        finally:
+            fleet.release()
         backlogs += [("m1", busy), ("m2", idle)]
         mine |= {*busy, *idle}
         fleet.wait_ended(mine, timeout_s=120 + 10 * JOBS_PER_REPEAT)
@@ -619,6 +683,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     submission retried with its own Idempotency-Key on 503), the newest :data:`LOST_WRITES`
     messages of m1's queue are taken off the master (the writes an asynchronous replica may
     lack) and the master is killed; afterwards the killed node comes back as the new replica.
+    The long jobs are held (:meth:`DrillFleet.hold`) until the lost writes are published again.
     Messages the promoted replica lacks are published again from the journal by reconciliation (R19).
 
     Figures: ``failovers``; ``accept_again_ms`` (the longest, over rounds, from the master's death
@@ -640,9 +705,10 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
     dropped = 0
     for round_index in range(rounds):
         base = round_index * 1000
-        mine |= {_submit(fleet, base + i, steps=30, target=m, side=LONG_SIDE) for i, m in enumerate(fleet.workers)}
-        for machine in fleet.workers:
-            fleet.wait_running(machine, True, timeout_s=120)
+        long_jobs = {m: _submit(fleet, base + i, steps=HELD_STEPS, target=m) for i, m in enumerate(fleet.workers)}
+        mine |= set(long_jobs.values())
+        for machine, job_id in long_jobs.items():
+            fleet.hold(machine, job_id)
         mine |= {
             _submit(fleet, base + 10 + j * 3 + i, steps=1, target=m)
             for j in range(3)
@@ -651,7 +717,8 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         # What asynchronous replication may lose: the master's last writes. The newest messages on
         # m1's queue are popped from the master just before it is killed (replicated: the replica
         # lacks them too); reconciliation must publish them again from the journal (R19).
-        dropped += len(fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or [])
+        lost = fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or []
+        dropped += len(lost)
         submitter = _SwitchSubmitter(fleet, base + 100)
         thread = threading.Thread(target=submitter.run)
         thread.start()
@@ -669,6 +736,9 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         accept_again_s = max(accept_again_s, (again[0] - killed_at) if again else float("inf"))
         submitter.stop.set()
         thread.join(timeout=120)
+        # the machines stay busy until the lost writes are published again, in journal order
+        fleet.wait_requeued({i for i in map(message_id, lost) if i is not None}, timeout_s=60)
+        fleet.release()
         mine |= submitter.accepted
         answers += submitter.answers
         fleet.wait_ended(mine, timeout_s=120 + 10 * len(mine))

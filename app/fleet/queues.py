@@ -73,7 +73,9 @@ return put
 """
 
 
-def _message_id(raw: str | bytes) -> str | None:
+def message_id(raw: str | bytes) -> str | None:
+    """The task id (a job's id) in a raw kombu message as it lies in a machine's list; None
+    when the item is no kombu message (a dead letter, R22)."""
     try:
         message = json.loads(raw)
     except ValueError:
@@ -161,7 +163,7 @@ class MachineQueues:
     def queued_ids(self, machine: str) -> list[str]:
         """Job ids waiting in ``machine.<name>``, in the order they will run (next first)."""
         raw = self.redis.lrange(self.keys.queue_list(machine), 0, -1)
-        return [i for i in (_message_id(r) for r in reversed(raw)) if i is not None]
+        return [i for i in (message_id(r) for r in reversed(raw)) if i is not None]
 
     def unacked_ids(self) -> set[str]:
         """Job ids delivered to a worker but not yet acked (kombu restores these after the
@@ -172,7 +174,7 @@ class MachineQueues:
                 message = json.loads(raw)[0]
             except (ValueError, IndexError, TypeError):
                 continue
-            job_id = _message_id(json.dumps(message))
+            job_id = message_id(json.dumps(message))
             if job_id is not None:
                 ids.add(job_id)
         return ids

@@ -12,6 +12,7 @@ from app.devtools.drills import (
     BACKLOG,
     DRILLS,
     FLEET_OPTIONS,
+    HELD_STEPS,
     JOBS_PER_REPEAT,
     DrillFleet,
     DrillResult,
@@ -104,8 +105,21 @@ def test_r8_r19_redis_loss_backlogs_drill_keeps_each_machines_order(drill_fleet:
     long job with a backlog behind it and m2, idle, works through its own: every job runs once,
     none is lost, and each machine claims each backlog in submission order (R8).
     ``homefleet drill redis_loss_backlogs --count 130`` runs 10 repeats (docs/benchmarks.md)."""
+    assert drill_fleet.ctx is not None
+    journal = drill_fleet.ctx.journal
+    before = {job.id for job in journal.list()}
     result = DRILLS["redis_loss_backlogs"](drill_fleet, 2 * JOBS_PER_REPEAT)
     check(result, 2 * JOBS_PER_REPEAT)
+    # The premise: m1 was busy, its held job running, until that repeat's backlog had been published
+    # again (its jobs are the next BACKLOG of m1's, in journal order).
+    on_m1 = [job for job in journal.list(machine="m1") if job.id not in before]
+    held = [i for i, job in enumerate(on_m1) if job.params["steps"] == HELD_STEPS]
+    assert len(held) == 2, [job.params for job in on_m1]
+    for i in held:
+        backlog = on_m1[i + 1 : i + 1 + BACKLOG]
+        republished = [e.at for job in backlog for e in journal.events(job.id) if e.event == "requeued"]
+        assert len(republished) == BACKLOG, result.line()
+        assert on_m1[i].finished_at is not None and on_m1[i].finished_at > max(republished), result.line()
     assert (result.runs, result.interrupted) == (2 * JOBS_PER_REPEAT, 0), result.line()
     figures = result.figures
     assert (figures["repeats"], figures["backlogs"], figures["order_kept"]) == (2, 4, 4), result.line()
