@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import httpx
 import psutil
@@ -717,7 +717,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         # What asynchronous replication may lose: the master's last writes. The newest messages on
         # m1's queue are popped from the master just before it is killed (replicated: the replica
         # lacks them too); reconciliation must publish them again from the journal (R19).
-        lost = fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or []
+        lost = cast("list[str]", fleet.ctx.redis.lpop(fleet.ctx.keys.queue_list("m1"), LOST_WRITES) or [])
         dropped += len(lost)
         submitter = _SwitchSubmitter(fleet, base + 100)
         thread = threading.Thread(target=submitter.run)
