@@ -41,6 +41,10 @@ log = logging.getLogger("homefleet.worker")
 OOM_TEXTS = ("MPS backend out of memory", "CUDA error: out of memory", "can't allocate memory")
 """How out-of-memory errors read when torch raises them as a plain RuntimeError (MPS; some
 CUDA allocations; the CPU allocator), checked on torch 2.13."""
+OOM_WHOLE_TEXTS = ("could not create a primitive",)
+"""Out-of-memory errors known by their whole text: oneDNN's, when a CPU convolution cannot allocate
+its buffers (seen under an address-space limit, ``prlimit --as``). Its unsupported-configuration
+error reads "could not create a primitive descriptor ...", which is no OOM."""
 
 
 class JobNotSucceeded(Exception):
@@ -72,7 +76,8 @@ class JobCancelled(Exception):
 
 def failure_reason(error: BaseException) -> str:
     """Reason code for a failed job: its own reason for Homefleet's and residency's refusals,
-    ``oom`` for out-of-memory errors (``torch.OutOfMemoryError`` or one of :data:`OOM_TEXTS`),
+    ``oom`` for out-of-memory errors (``torch.OutOfMemoryError``, one of :data:`OOM_TEXTS` or
+    :data:`OOM_WHOLE_TEXTS`),
     else ``error``."""
     if isinstance(error, HomefleetError | ResidencyRefused):
         return error.reason
@@ -80,7 +85,8 @@ def failure_reason(error: BaseException) -> str:
         return CANCELLED
     if type(error).__name__ == "OutOfMemoryError":
         return OOM
-    return OOM if any(text in str(error) for text in OOM_TEXTS) else "error"
+    text = str(error)
+    return OOM if any(known in text for known in OOM_TEXTS) or text in OOM_WHOLE_TEXTS else "error"
 
 
 def report_progress(

@@ -38,6 +38,7 @@ from app.core.protocol import (
     SyncProgress,
 )
 from app.core.tls import tls_context
+from tasks.logfork import no_fork_meanwhile
 
 if TYPE_CHECKING:
     from app.core.config import WorkerSettings
@@ -123,7 +124,8 @@ class ServerClient:
         failed_in_turn = 0
         while True:
             try:
-                return self._check(self.http.request(method, url, **kwargs))
+                with no_fork_meanwhile():  # one attempt at a time (tasks/logfork.py), never a pause
+                    return self._check(self.http.request(method, url, **kwargs))
             except (httpx.TransportError, ServiceDown) as error:
                 what = "server unreachable" if isinstance(error, httpx.TransportError) else "server's services down"
                 failed_in_turn += 1
@@ -161,7 +163,9 @@ class ServerClient:
 
     def manifest(self) -> dict[str, Manifest]:
         """Every registered model's manifest, by model id."""
-        return Manifests.model_validate(self._send("GET", "/manifest").json()).models
+        answer = self._send("GET", "/manifest").json()
+        with no_fork_meanwhile():  # pydantic-core, in the registry follower's thread (tasks/logfork.py)
+            return Manifests.model_validate(answer).models
 
     def claim(self, job_id: str, claim_id: str) -> Claim:
         """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises
@@ -228,15 +232,19 @@ class ServerClient:
     def fail(
         self, job_id: str, reason: str, message: str, *, load_s: float | None = None, run_s: float | None = None
     ) -> None:
-        body = FailureReport(reason=reason, message=message[:4000], load_s=load_s, run_s=run_s)
-        self._send("POST", f"/jobs/{job_id}/failure", json=body.model_dump())
+        with no_fork_meanwhile():  # pydantic-core, also in the parent's reporter thread (tasks/logfork.py)
+            body = FailureReport(reason=reason, message=message[:4000], load_s=load_s, run_s=run_s).model_dump()
+        self._send("POST", f"/jobs/{job_id}/failure", json=body)
 
     def revocations(self, job_ids: list[str], *, terminated: bool = False, announced: bool = False) -> dict[str, str]:
         """Tell the server these jobs' tasks were revoked (C11; at most
         ``REVOCATIONS_PER_REPORT`` ids); returns the jobs it ended, id -> new state. Idempotent:
         a job already ended is skipped."""
-        body = Revocations(job_ids=job_ids, terminated=terminated, announced=announced)
-        return RevocationReceipt.model_validate(self._send("POST", "/revocations", json=body.model_dump()).json()).ended
+        with no_fork_meanwhile():  # pydantic-core, in the heartbeat's thread (tasks/logfork.py)
+            body = Revocations(job_ids=job_ids, terminated=terminated, announced=announced).model_dump()
+        answer = self._send("POST", "/revocations", json=body).json()
+        with no_fork_meanwhile():
+            return RevocationReceipt.model_validate(answer).ended
 
     # --- sync (R6): see app/jobs/sync.py ---
 

@@ -26,7 +26,7 @@ from tasks.devices import bind_device
 from tasks.heartbeat import Heartbeat
 from tasks.hooks import WorkerParent
 from tasks.lease import EX_CONFIG, WorkerLease
-from tasks.logfork import hold_log_handlers_across_fork
+from tasks.logfork import hold_locks_across_fork
 from tasks.run_job import JobNotSucceeded, run_job
 from tasks.server_client import ServerClient
 from tasks.sync import sync
@@ -137,7 +137,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
 
     go_offline()  # before diffusers/transformers read their settings
     quiet()  # imports diffusers/torch once in the parent, so forked children start warm
-    hold_log_handlers_across_fork()  # a pool process forked mid-log-line could never log (tasks/logfork.py)
+    hold_locks_across_fork()  # a pool process forked mid-log-line or mid-call could hang (tasks/logfork.py)
     rt = runtime.WorkerRuntime(settings, boot_id)
     runtime.install(rt)
     celery = create_celery(settings, consumer=True)  # it pops messages: dead letters moved aside

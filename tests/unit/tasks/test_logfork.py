@@ -15,9 +15,9 @@ hold, forks, bound_s = sys.argv[1] == "hold", int(sys.argv[2]), float(sys.argv[3
 logging.basicConfig(stream=open(os.devnull, "w"), level=logging.INFO)  # the stream's lock is what counts
 log = logging.getLogger("parent")
 if hold:
-    from tasks.logfork import hold_log_handlers_across_fork
-    hold_log_handlers_across_fork()
-    hold_log_handlers_across_fork()  # idempotent: one hook
+    from tasks.logfork import hold_locks_across_fork
+    hold_locks_across_fork()
+    hold_locks_across_fork()  # idempotent: one hook
 def write_lines():  # as the heartbeat's and the reporters' threads do
     while True:
         log.info("a line from another thread " + "x" * 4000)
@@ -63,3 +63,63 @@ def test_children_forked_while_another_thread_logs_all_write_their_first_line(tm
 def test_without_the_hook_such_a_child_waits_for_ever(tmp_path: Path) -> None:
     """The check above can fail: the same children, without the hook, get stuck."""
     assert stuck_children(tmp_path, "plain", forks=4, bound_s=0.5) >= 1
+
+
+GATED_CALL = """
+import os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from tasks.server_client import ServerClient
+if sys.argv[1] == "hold":
+    from tasks.logfork import hold_locks_across_fork
+    hold_locks_across_fork()
+arrived = threading.Event()
+class Slow(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        arrived.set()
+        time.sleep(0.6)  # the server is slow to answer: the call is under way meanwhile
+        self.send_response(204)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+client = ServerClient(f"http://127.0.0.1:{server.server_port}", "token", timeout_s=10)
+threading.Thread(target=client.fail, args=("job", "oom", "killed"), daemon=True).start()  # as the reporter thread
+arrived.wait(10)
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+waited_s = time.monotonic() - start
+os.waitpid(pid, 0)
+print(f"{waited_s:.3f}")
+"""
+
+
+def fork_wait_s(tmp_path: Path, mode: str) -> float:
+    script = tmp_path / "gated.py"
+    script.write_text(GATED_CALL)
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, str(script), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=True,
+    )
+    return float(done.stdout.strip())
+
+
+def test_r21_a_fork_waits_until_another_threads_server_call_has_ended(tmp_path: Path) -> None:
+    """The pool process that replaces a killed one is forked while the parent's reporter thread
+    tells the server (R21): with the hooks, the fork waits for that call (its serialization and
+    its HTTP request, tasks/server_client.py), so the child inherits none of their locks taken."""
+    assert fork_wait_s(tmp_path, "hold") > 0.3
+
+
+def test_without_the_hooks_the_fork_happens_mid_call(tmp_path: Path) -> None:
+    """The check above can fail: without the hooks the fork does not wait."""
+    assert fork_wait_s(tmp_path, "plain") < 0.3

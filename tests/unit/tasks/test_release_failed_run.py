@@ -29,3 +29,10 @@ def test_r21_an_oom_s_frames_no_longer_hold_its_tensors_once_released() -> None:
     release_failed_run(kept)
     assert refs[0]() is None
     assert str(kept).endswith("can't allocate memory")  # the error itself is still reported whole
+
+
+def test_r21_onednn_s_failed_allocation_is_an_oom_and_its_unsupported_configuration_is_not() -> None:
+    assert failure_reason(RuntimeError("could not create a primitive")) == "oom"  # under prlimit --as
+    unsupported = "could not create a primitive descriptor for a convolution forward propagation primitive"
+    assert failure_reason(RuntimeError(unsupported)) == "error"
+    assert failure_reason(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) == "error"
