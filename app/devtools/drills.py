@@ -266,7 +266,8 @@ class DrillFleet:
         :meth:`release`. The worker's parent runs on (it beats and answers control commands, R7),
         so to the fleet the job is in a long step. A job kept busy by its steps alone could end
         before the fault on a fast host, and holds a core throughout on a slow one. The hold must
-        stay under the fleet's ``hung_after_s`` once Redis has lost the job's progress (R19).
+        stay under the fleet's ``hung_after_s`` once Redis has lost the job's progress (R19):
+        the drills wait at most :attr:`hold_bound_s` before releasing it.
 
         Raises:
             AssertionError: the job reported no step within ``timeout_s`` seconds, or it ended
@@ -293,6 +294,13 @@ class DrillFleet:
                 for child in psutil.Process(worker.pid).children():
                     child.send_signal(signal.SIGCONT)
         self._held.clear()
+
+    @property
+    def hold_bound_s(self) -> float:
+        """How long (seconds) a drill waits with a job held once Redis may have lost its progress:
+        half the fleet's ``hung_after_s`` (at most 60 s), so that reconciliation never takes the
+        held job for a hung one (R19); past it the job is released and the drill's figures tell."""
+        return min(60.0, self.hung_after_s / 2)
 
     def wait_requeued(self, job_ids: set[str], timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until reconciliation has published each of ``job_ids``
@@ -496,7 +504,7 @@ def drill_redis_loss_requeue(fleet: DrillFleet, count: int) -> DrillResult:
             queued = [_submit(fleet, base + i, steps=1, target="m1") for i in range(1, per_round)]
             fleet.restart_redis()
             newer = [_submit_retrying(fleet, base + per_round + i) for i in range(max(1, per_round // 4))]
-            fleet.wait_requeued(set(queued), timeout_s=60)
+            fleet.wait_requeued(set(queued), timeout_s=fleet.hold_bound_s)
         finally:
             fleet.release()
         mine |= {running, *queued, *newer}
@@ -556,7 +564,7 @@ def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
                 fleet.ctx.redis.flushall()
             else:
                 fleet.restart_redis()
-            fleet.wait_requeued(set(busy[1:]), timeout_s=60)
+            fleet.wait_requeued(set(busy[1:]), timeout_s=fleet.hold_bound_s)
         finally:
             fleet.release()
         backlogs += [("m1", busy), ("m2", idle)]
@@ -737,7 +745,7 @@ def drill_sentinel_failover(fleet: DrillFleet, count: int) -> DrillResult:
         submitter.stop.set()
         thread.join(timeout=120)
         # the machines stay busy until the lost writes are published again, in journal order
-        fleet.wait_requeued({i for i in map(message_id, lost) if i is not None}, timeout_s=60)
+        fleet.wait_requeued({i for i in map(message_id, lost) if i is not None}, timeout_s=fleet.hold_bound_s)
         fleet.release()
         mine |= submitter.accepted
         answers += submitter.answers
