@@ -541,9 +541,9 @@ def drill_redis_loss_backlogs(fleet: DrillFleet, count: int) -> DrillResult:
     :data:`BACKLOG` one-step jobs fill two machines, m1 busy (behind a job it runs, held until
     that backlog is published again) and m2 idle (its first job starts at once, the rest wait),
     and Redis loses its data: ``FLUSHALL`` on even repeats, a restart without persistence on odd
-    ones. Reconciliation publishes the
-    queued jobs again (MachineQueues.put_in_order); the drill waits until all have ended, then
-    reads from each worker's own log the order it claimed that backlog's jobs.
+    ones. Reconciliation publishes the queued jobs again (MachineQueues.put_in_order); the drill
+    waits until all have ended, then reads from each worker's own log the order it claimed that
+    backlog's jobs.
 
     Figures: ``repeats``, ``backlogs`` (machines x repeats), ``order_kept`` (backlogs claimed in
     submission order, the long job first on m1), ``republished`` (jobs whose journal has a
