@@ -8,7 +8,6 @@ journal and changes nothing (R19, C01).
 from __future__ import annotations
 
 import errno
-import functools
 import gc
 import logging
 import time
@@ -89,6 +88,16 @@ def failure_reason(error: BaseException) -> str:
     return OOM if any(known in text for known in OOM_TEXTS) or text in OOM_WHOLE_TEXTS else "error"
 
 
+PROGRESS_EVERY_S = 0.1
+"""The least time between two progress reports of a running job to the server, in seconds (at
+most ten a second). A small text model's token or a tiny pipeline's step takes milliseconds,
+and each report is an HTTP request that the server journals to Redis and wakes its followers
+for: reported at every step, a 400-token text job made 400 requests, whose bodies (the text
+and tokens so far) grew with every token. A follower (SSE, the fleet page) reads the newest
+report; a text stream still sends each token (app/api/routes/tgi.py). The first step and the
+last (``step == total``) are always reported; the cancel flag is read at every step."""
+
+
 def report_progress(
     job_id: str,
     step: int,
@@ -97,8 +106,9 @@ def report_progress(
     tokens: list[int] | None = None,
     logprobs: list[float] | None = None,
 ) -> None:
-    """Best effort: a progress report that cannot reach the server is logged, never fatal.
-    ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
+    """Report a step to the server, then stop the run if its cancel was asked
+    (:func:`stop_if_cancelled`). Best effort: a report that cannot reach the server is logged,
+    never fatal. ``text``, ``tokens``, ``logprobs``: a text job's text, token ids and their log
     probabilities so far.
 
     Raises:
@@ -109,6 +119,16 @@ def report_progress(
         rt.server.progress(job_id, step, total, text, tokens, logprobs)
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
+    stop_if_cancelled(job_id, step, total)
+
+
+def stop_if_cancelled(job_id: str, step: int, total: int) -> None:
+    """Read the job's cancel flag (``Keys.cancel``); a flag that cannot be read is logged.
+
+    Raises:
+        JobCancelled: the job's cancel was asked: the run stops here, between steps.
+    """
+    rt = runtime.current()
     try:
         cancelled = rt.redis.exists(rt.keys.cancel(job_id))
     except redis.RedisError as error:
@@ -117,6 +137,37 @@ def report_progress(
     if cancelled:
         log.warning("job %s: cancelled by request; stopping after step %d of %d", job_id, step, total)
         raise JobCancelled(job_id, step, total)
+
+
+class ProgressReports:
+    """A running job's progress function (``tasks.kinds.ProgressFn``): each step is reported
+    (:func:`report_progress`) when it is the first, the last (``step >= total``) or
+    ``every_s`` seconds (:data:`PROGRESS_EVERY_S`) or more after the last report; every step
+    reads the cancel flag.
+
+    Raises (when called):
+        JobCancelled: the job's cancel was asked.
+    """
+
+    def __init__(self, job_id: str, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.job_id, self.every_s = job_id, every_s
+        self.reported_at: float | None = None  # time.monotonic() of the last report
+        self.reported = 0  # reports sent
+
+    def __call__(
+        self,
+        step: int,
+        total: int,
+        text: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[float] | None = None,
+    ) -> None:
+        now = time.monotonic()
+        if self.reported_at is None or step >= total or now - self.reported_at >= self.every_s:
+            self.reported_at, self.reported = now, self.reported + 1
+            report_progress(self.job_id, step, total, text, tokens, logprobs)
+        else:
+            stop_if_cancelled(self.job_id, step, total)
 
 
 WAIT_REPORT_S = 30.0
@@ -170,7 +221,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     1. fetch its inputs from the server, checked against their digests (never its folders);
     2. make room by the residency rules: the machine's commitments (R16), a video's memory (R17);
     3. make the model resident (``tasks/loading.py``: verify R5, load R15);
-    4. run the kind's pipeline with per-step progress, its LoRA adapters loaded onto the warm
+    4. run the kind's pipeline with progress reports (:class:`ProgressReports`), its LoRA adapters loaded onto the warm
        pipeline for the run and unloaded after it (``tasks/adapters.py``);
     5. upload the result with its digest and provenance (R2).
     """
@@ -212,7 +263,7 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
             output = runner(kind)(
                 loaded.pipeline,
                 params,
-                functools.partial(report_progress, job_id),
+                ProgressReports(job_id),
                 provenance,
                 inputs,
                 family=claim.manifest.family,

@@ -58,7 +58,8 @@ def test_r19_a_claim_answered_503_by_a_redis_outage_is_taken_again_by_the_same_d
     assert ctx.journal.get(job_id).state == JobState.running  # the journal took it before Redis failed
 
     restarted: list[RedisProcess] = []
-    threading.Timer(1.5, lambda: restarted.append(start_redis_server(tmp_path / "redis2", port=port))).start()
+    restart = threading.Timer(1.5, lambda: restarted.append(start_redis_server(tmp_path / "redis2", port=port)))
+    restart.start()
     patient = ServerClient(url, token, 30.0, retry_s=30, machine="m1")  # the worker's: server_retry_s
     try:
         started_s = time.monotonic()
@@ -72,5 +73,8 @@ def test_r19_a_claim_answered_503_by_a_redis_outage_is_taken_again_by_the_same_d
         assert other.value.status_code == 409
         assert [e.event for e in ctx.journal.events(job_id)].count("running") == 1
     finally:
+        # the API's client may reconnect before start_redis_server returns: wait for it, or the
+        # restarted server would outlive the test
+        restart.join()
         for process in restarted:
             process.stop()
