@@ -31,6 +31,24 @@ POSTGRES_ADMIN_URL = os.environ.get("HOMEFLEET_TEST_POSTGRES", "postgresql://pos
 TINY_KINDS = ("txt2img", "edit", "upscale", "video")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's pipelines get its share of the host's cores: torch threads
+    ``cores // workers`` (at least 1), for the pipelines it runs in-process and, through
+    ``HOMEFLEET_TORCH_THREADS`` (unless set already), for its fleets' workers
+    (``LocalFleet.torch_threads``). ``make test`` runs three workers on two cores: at torch's
+    default of a thread per core, each pool process's two threads waited on each other at
+    every operation while the other lanes held the cores, and a 4-step 64x64 job took 0.3-0.5
+    CPU-s where one thread takes 0.2 (docs/benchmarks.md, "The test suite")."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return
+    share = max(1, (os.cpu_count() or 1) // workers)
+    os.environ.setdefault("HOMEFLEET_TORCH_THREADS", str(share))
+    import torch
+
+    torch.set_num_threads(int(os.environ["HOMEFLEET_TORCH_THREADS"]))
+
+
 @pytest.fixture(scope="session")
 def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private redis-server for the whole test session; yields ``redis://127.0.0.1:PORT``."""
