@@ -100,6 +100,36 @@ def problem(
     )
 
 
+def start_s(p: Problem, machine: str, j: int, free_s: float) -> float:
+    """When job ``j`` starts on ``machine`` free from ``free_s`` (trace seconds): once it has
+    arrived, the job before it is done and the machine is online."""
+    start = max(free_s, p.arrival[j])
+    for a, b in p.offline[machine]:
+        if a <= start < b:
+            start = b
+    return start
+
+
+def run_next(p: Problem, machine: str, j: int, free_s: float, warm: list[str]) -> tuple[float, float]:
+    """Job ``j`` run next on ``machine``, free from ``free_s`` with ``warm`` models: (start,
+    end), trace seconds; a cold model loads first (true load seconds), and ``warm`` is updated in
+    place as residency admits the job's model (R15)."""
+    kind, usable, protected = p.machines[machine]
+    start = start_s(p, machine, j, free_s)
+    model = p.model[j]
+    cold = model not in warm
+    admit(
+        warm,
+        model,
+        memory_kind=kind,
+        usable_bytes=usable,
+        protected=protected,
+        weights_bytes=p.weights.__getitem__,
+        working_bytes=p.working[j],
+    )
+    return start, start + (p.load_s[(machine, model)] if cold else 0.0) + p.run_s[(j, machine)]
+
+
 def replay(
     p: Problem,
     machine: str,
@@ -112,28 +142,11 @@ def replay(
     loads first (true load seconds), as :class:`bench.sim.Simulation` runs it. ``state``: the
     machine's (free from, warm models) before the first of ``jobs`` (None: idle, its
     commitments warm); ``states``, when given, gets the state after each job appended."""
-    kind, usable, protected = p.machines[machine]
-    free_s, warm_models = state if state is not None else (0.0, tuple(sorted(protected)))
+    free_s, warm_models = state if state is not None else (0.0, tuple(sorted(p.machines[machine][2])))
     warm = list(warm_models)
-    spans = p.offline[machine]
     out = []
     for j in jobs:
-        start = max(free_s, p.arrival[j])
-        for a, b in spans:
-            if a <= start < b:
-                start = b
-        model = p.model[j]
-        cold = model not in warm
-        admit(
-            warm,
-            model,
-            memory_kind=kind,
-            usable_bytes=usable,
-            protected=protected,
-            weights_bytes=p.weights.__getitem__,
-            working_bytes=p.working[j],
-        )
-        free_s = start + (p.load_s[(machine, model)] if cold else 0.0) + p.run_s[(j, machine)]
+        _, free_s = run_next(p, machine, j, free_s, warm)
         out.append((free_s - p.arrival[j]) / p.bound[j])
         if states is not None:
             states.append((free_s, tuple(warm)))
@@ -233,26 +246,14 @@ def greedy(p: Problem) -> dict[int, str]:
         best = None
         for m in p.choices[j]:
             free_s, warm = state[m]
-            start = max(free_s, p.arrival[j])
-            for a, b in p.offline[m]:
-                if a <= start < b:
-                    start = b
+            start = start_s(p, m, j, free_s)
             done = start + (0.0 if p.model[j] in warm else p.load_s[(m, p.model[j])]) + p.run_s[(j, m)]
             if best is None or done < best[0]:
                 best = (done, m)
         assert best is not None
-        done, m = best
-        kind, usable, protected = p.machines[m]
+        m = best[1]
         warm = list(state[m][1])
-        admit(
-            warm,
-            p.model[j],
-            memory_kind=kind,
-            usable_bytes=usable,
-            protected=protected,
-            weights_bytes=p.weights.__getitem__,
-            working_bytes=p.working[j],
-        )
+        _, done = run_next(p, m, j, state[m][0], warm)
         state[m] = (done, warm)
         placed[j] = m
     return placed

@@ -32,7 +32,6 @@ from bench import clairvoyant
 from bench.placement import BOUND_FLOOR_S, MOVES, run_case
 from bench.random_cases import case_seeds, random_case
 from bench.sim import BENCH, POLICIES, SimFleet, Simulation, Trace, load_fleet_file, lower_bounds, true_factors
-from residency.policy import admit
 
 LONG_S = 600.0
 """Seconds of machine time from which a job ahead counts as a long job."""
@@ -50,24 +49,9 @@ def timeline(p: clairvoyant.Problem, placed: dict[int, str]) -> dict[int, tuple[
         lines.setdefault(placed.get(j, p.choices[j][0]), []).append(j)
     out = {}
     for m, line in lines.items():
-        kind, usable, protected = p.machines[m]
-        free_s, warm = 0.0, sorted(protected)
+        free_s, warm = 0.0, sorted(p.machines[m][2])
         for j in line:
-            start = max(free_s, p.arrival[j])
-            for a, b in p.offline[m]:
-                if a <= start < b:
-                    start = b
-            cold = p.model[j] not in warm
-            admit(
-                warm,
-                p.model[j],
-                memory_kind=kind,
-                usable_bytes=usable,
-                protected=protected,
-                weights_bytes=p.weights.__getitem__,
-                working_bytes=p.working[j],
-            )
-            free_s = start + (p.load_s[(m, p.model[j])] if cold else 0.0) + p.run_s[(j, m)]
+            start, free_s = clairvoyant.run_next(p, m, j, free_s, warm)
             out[j] = (m, start, free_s)
     return out
 
