@@ -146,8 +146,11 @@ def test_r20_openai_sdk_does_not_retry_a_request_whose_job_ended_badly(fleet: Ru
     finally:
         fleet.ctx.redis.delete(fleet.ctx.keys.heartbeat("m3"), fleet.ctx.keys.verified("m3"))
     [error] = errors
-    assert isinstance(error, openai.InternalServerError)
+    # cancelled by a caller, not a fault of the server: 409 with the job's reason, never a 5xx
+    assert isinstance(error, openai.ConflictError), error
     assert error.response.headers["x-should-retry"] == "false"
+    body = error.response.json()["error"]
+    assert (body["code"], body["type"], body["job_ids"]) == ("cancelled", "conflict_error", [queued[0].id])
     assert "cancelled" in error.message
     mine = [j for j in fleet.ctx.journal.list() if j.params.get("prompt") == "never drawn"]
     assert len(mine) == 1  # the SDK did not retry into a second job

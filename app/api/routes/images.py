@@ -88,6 +88,16 @@ class JobFailed(HomefleetError):
     job_failed = True
 
 
+class JobWasCancelled(JobFailed):
+    """Raised when a job submitted for an image or text request was cancelled before it ended
+    (``POST /v1/jobs/{id}/cancel``, or purged from its queue): 409 with the job's reason
+    (``cancelled``, ``purged``) on the OpenAI routes, since the request was ended by a caller,
+    not by a fault of the server; 424 ``generation`` on TGI's, as any job without a result."""
+
+    status_code = 409
+    default_reason = "cancelled"
+
+
 def reply_margin_s(timeout_s: float) -> float:
     """How long before a client's announced timeout its answer is sent: a fifth of it, between
     0.25 s and 2 s (the answer's own transfer and the client's clock start before ours)."""
@@ -450,9 +460,8 @@ async def run_jobs(
             )
         for job in jobs:
             if job.state != JobState.succeeded:
-                raise JobFailed(
-                    f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or "job_failed"
-                )
+                ended = JobWasCancelled if job.state == JobState.cancelled else JobFailed
+                raise ended(f"job {job.id} ended {job.state}: {job.reason}: {job.message}", reason=job.reason or None)
     return jobs
 
 

@@ -219,3 +219,36 @@ def test_a_failed_job_on_an_openai_route_stays_a_server_error(api: Api) -> None:
     assert answer.status_code == 500, answer.text
     error = answer.json()["error"]
     assert error["type"] == "server_error" and error["code"] == "error" and error["job_ids"] == [ended["id"]]
+
+
+@pytest.mark.parametrize(("path", "status"), [("/v1/completions", 409), ("/generate", 424)])
+def test_a_job_cancelled_while_running_is_no_server_error(api: Api, path: str, status: int) -> None:
+    """A running text job cancelled by ``POST /v1/jobs/{id}/cancel`` (its worker stops between
+    steps and reports ``cancelled``): the OpenAI route answers 409 with the job's reason as
+    ``code``, the request having been ended by a caller; TGI's answers a generation without a
+    result, 424. Neither is a 5xx, and both name the job and say not to retry."""
+    body: dict[str, Any] = {"model": TEXT_MODEL, "target": "m1"}
+    body |= {"prompt": "once upon", "max_tokens": 4} if path == "/v1/completions" else {"inputs": "once upon"}
+    answers: list[Any] = []
+    sender = threading.Thread(target=lambda: answers.append(api.post(path, body)))
+    sender.start()
+    try:
+        ended = end_job(api, fail=False)  # claimed: running on m1
+        assert api.post(f"/v1/jobs/{ended['id']}/cancel", {}).status_code == 202
+        stopped = api.client.post(
+            f"/internal/v1/jobs/{ended['id']}/failure",
+            headers=M1,
+            json={"reason": "cancelled", "message": "cancelled by request while running, after 1 of 4 steps"},
+        )
+        assert stopped.status_code == 200, stopped.text
+    finally:
+        sender.join(30)
+    (answer,) = answers
+    assert answer.status_code == status, answer.text
+    assert answer.headers["x-should-retry"] == "false"
+    assert api.ctx.journal.get(ended["id"]).state == JobState.cancelled
+    if status == 409:
+        error = answer.json()["error"]
+        assert (error["type"], error["code"], error["job_ids"]) == ("conflict_error", "cancelled", [ended["id"]])
+    else:
+        assert answer.json()["error_type"] == "generation" and answer.json()["reason"] == "cancelled"
