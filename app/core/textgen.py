@@ -14,7 +14,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from app.core.variants import PRECISION_BYTES
 
@@ -90,16 +90,24 @@ def load_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
+ChatRole = Literal["system", "developer", "user", "assistant"]
+CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
+"""The roles a chat message may have: OpenAI's, less ``tool`` and ``function`` (no tool calls
+here). ``developer`` is OpenAI's newer name of ``system``, and reaches the template as ``system``."""
+
+
 def chat_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
-    """The prompt text of a chat: ``messages`` (``[{"role", "content"}]``) through the model's
-    chat template, with the assistant's turn opened (``add_generation_prompt``).
+    """The prompt text of a chat: ``messages`` (``[{"role", "content"}]``, each role one of
+    :data:`CHAT_ROLES`) through the model's chat template, with the assistant's turn opened
+    (``add_generation_prompt``).
 
     Raises:
         ValueError: the tokenizer has no chat template (the model takes plain completions only).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
-    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+    turns = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     return str(text)
 
 

@@ -40,6 +40,7 @@ from app.core.kinds import family_kind_spec as family_spec
 from app.core.limits import MAX_MODEL_ID, FamilyLimits, TokenLimits, limits_for, token_limits
 from app.core.specs import shown
 from app.core.textgen import (
+    CHAT_ROLES,
     chat_prompt,
     is_text_folder,
     load_tokenizer,
@@ -135,12 +136,13 @@ class Validator:
             not isinstance(messages, list)
             or not messages
             or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                isinstance(m, dict) and m.get("role") in CHAT_ROLES and isinstance(m.get("content"), str)
                 for m in messages
             )
         ):
             raise Rejected(
-                '`messages` must be a non-empty list of {"role": string, "content": string}',
+                '`messages` must be a non-empty list of {"role": string, "content": string}, each role one of '
+                + ", ".join(CHAT_ROLES),
                 reason="invalid_messages",
                 param="messages",
             )

@@ -67,7 +67,7 @@ from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
 from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
-from app.core.textgen import MAX_STOP_SEQUENCES, safe_to_send, stop_sequences
+from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import SERVER
@@ -180,7 +180,7 @@ class Completion(Sampling):
 class ChatMessage(RequestBody):
     model_config = ConfigDict(extra="ignore")
 
-    role: str = Field(min_length=1, max_length=32)
+    role: ChatRole
     content: str = Field(max_length=MAX_PROMPT_CHARS * 32)
 
 

@@ -252,3 +252,15 @@ def test_a_job_cancelled_while_running_is_no_server_error(api: Api, path: str, s
         assert (error["type"], error["code"], error["job_ids"]) == ("conflict_error", "cancelled", [ended["id"]])
     else:
         assert answer.json()["error_type"] == "generation" and answer.json()["reason"] == "cancelled"
+
+
+def test_a_chat_message_of_an_unknown_role_is_422_naming_it(api: Api) -> None:
+    """OpenAI's roles only (system, developer, user, assistant; no tool calls here): another is
+    a 422 naming ``messages.0.role``, before any job."""
+    before = len(api.ctx.journal.list())
+    body = {"model": TEXT_MODEL, "messages": [{"role": "bogus", "content": "x"}], "target": "m1"}
+    answer = api.post("/v1/chat/completions", body)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "messages.0.role" and "'system', 'developer', 'user' or 'assistant'" in error["message"]
+    assert len(api.ctx.journal.list()) == before

@@ -88,6 +88,13 @@ def test_a_chat_is_counted_with_its_template(text_ctx: ServerContext) -> None:
     assert no_template.value.reason == "invalid_messages"
     with pytest.raises(Rejected, match="messages"):
         validator.chat_prompt("tiny-llama", [{"role": "user"}])
+    with pytest.raises(Rejected, match="each role one of system, developer, user, assistant") as bogus:
+        validator.chat_prompt("tiny-qwen2", [{"role": "bogus", "content": "hi"}])
+    assert bogus.value.param == "messages"
+    # OpenAI's developer role is the template's system turn
+    assert validator.chat_prompt("tiny-qwen2", [{"role": "developer", "content": "be brief"}]) == validator.chat_prompt(
+        "tiny-qwen2", [{"role": "system", "content": "be brief"}]
+    )
 
 
 def test_text_params_are_checked_like_every_kinds(text_ctx: ServerContext) -> None:
