@@ -48,7 +48,7 @@ from app.core.errors import (
 )
 from app.core.keys import queue as keys_queue
 from app.core.specs import OUTPUT_SIZE_FIELDS
-from app.core.states import JobState
+from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.fleet.costs import DemandStore, FleetCosts
 from app.fleet.lock import Fence, FleetLock
@@ -580,7 +580,11 @@ class Dispatcher:
             raise Conflict(
                 f"job {job_id} is {current.state}"
                 + (f" on {current.machine}" if current.machine else "")
-                + "; only a queued job can be cancelled",
+                + (
+                    "; it has ended, there is nothing to cancel"
+                    if current.state in ENDED
+                    else "; only a queued job can be cancelled"
+                ),
                 reason=f"not_cancellable_{current.state}",
             ) from error
         removed = self.queues.remove(job.machine or "", job_id)

@@ -117,6 +117,13 @@ def test_c03_a_running_or_ended_job_cannot_be_cancelled(ctx: ServerContext, tiny
         ctx.dispatcher.cancel(job)
     assert refused.value.status_code == 409 and "is running on m1" in refused.value.message
     assert ctx.journal.get(job).state == JobState.running
+    # an ended job, asked through POST /v1/jobs/{id}/cancel: the answer says it has ended
+    other = ctx.dispatcher.submit(model, "txt2img", {"prompt": "y"}, "m1").job.id
+    ctx.dispatcher.cancel(other)
+    with pytest.raises(Conflict) as again:
+        ctx.dispatcher.request_cancel(other)
+    assert again.value.reason == "not_cancellable_cancelled"
+    assert "is cancelled on m1; it has ended, there is nothing to cancel" in again.value.message
 
 
 def test_drain_refuses_pinned_jobs_and_auto_skips_the_machine(ctx: ServerContext, tiny_models_dir: Path) -> None:
