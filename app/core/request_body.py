@@ -1,8 +1,9 @@
-"""The base of every JSON request body the server validates (R22): a boolean is no
-number. Pydantic's lax mode reads ``false`` as ``0.0`` for a ``float`` field and ``true`` as
-``1`` for an ``int`` one, so a body the OpenAPI schema calls invalid (``"guidance_scale":
-false``) would run; here it is a 422 naming the field. Strict mode everywhere would refuse
-too much (enums and literals from JSON strings), so only numbers are made strict.
+"""The base of every JSON request body the server validates (R22): a boolean or a string is no
+number. Pydantic's lax mode reads ``false`` as ``0.0`` for a ``float`` field, ``true`` as ``1``
+and ``"2"`` as ``2`` for an ``int`` one, so a body the OpenAPI schema calls invalid
+(``"guidance_scale": false``, ``"n": "2"``) would run, where the same value as a job param
+(``POST /v1/jobs``) is refused; here it is a 422 naming the field. Strict mode everywhere would
+refuse too much (enums and literals from JSON strings), so only numbers are made strict.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ def _is_boolean(annotation: Any) -> bool:
 
 
 class RequestBody(BaseModel):
-    """A request body model: fields typed ``int`` or ``float`` refuse ``true`` and ``false``, and
-    fields typed ``bool`` refuse anything but ``true`` and ``false`` (lax mode reads ``0``, ``1``,
-    ``"yes"`` as booleans: a body the schema calls invalid would run)."""
+    """A request body model: fields typed ``int`` or ``float`` refuse ``true``, ``false`` and
+    strings, and fields typed ``bool`` refuse anything but ``true`` and ``false`` (lax mode reads
+    ``0``, ``1``, ``"yes"`` as booleans: a body the schema calls invalid would run)."""
 
     @classmethod
     @functools.cache
@@ -60,8 +61,8 @@ class RequestBody(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name in cls._number_fields():
-            raise ValueError("must be a number, not a boolean")
+        if isinstance(value, bool | str) and info.field_name in cls._number_fields():
+            raise ValueError(f"must be a number, not a {'boolean' if isinstance(value, bool) else 'string'}")
         if value is not None and not isinstance(value, bool) and info.field_name in cls._boolean_fields():
             raise ValueError("must be true or false")
         return value

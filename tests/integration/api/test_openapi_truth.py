@@ -251,6 +251,28 @@ def test_a_boolean_is_no_number_on_any_route(
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
+        ("/v1/images/generations", {"prompt": "a", "steps": "2"}, "steps"),
+        ("/v1/images/generations", {"prompt": "a", "n": "2"}, "n"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": "10"}, "max_tokens"),
+        ("/generate", {"inputs": "a", "parameters": {"max_new_tokens": "3"}}, "max_new_tokens"),
+    ],
+)
+def test_a_string_is_no_number_on_any_route(
+    api: tuple[TestClient, ServerContext], path: str, body: dict[str, Any], field: str
+) -> None:
+    """Lax mode would read ``"2"`` as 2 for a body's own number fields, while the same value as a
+    job param (``"seed": "5"``, or ``params.steps`` on ``POST /v1/jobs``) is refused: every route
+    refuses it alike, a 422 naming the field, nothing submitted (app/core/request_body.py)."""
+    client, ctx = api
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.text and "must be a number, not a string" in answer.text
+    assert ctx.journal.list() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
         ("/generate_stream", {"inputs": "a", "stream": 0}, "stream"),
         ("/generate", {"inputs": "a", "parameters": {"return_full_text": 0}}, "return_full_text"),
         ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream"),
