@@ -24,11 +24,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/homefleet demo
 
-# Three pytest-xdist workers, even on 2 cores: the end-to-end tests mostly wait on their fleets'
-# processes (a full run used 1.14 cores on average), so a third worker overlaps that waiting
-# (docs/benchmarks.md, "The test suite"). The tests that share a fleet of real workers stay
-# together in one (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 3
+# Five pytest-xdist workers, even on 2 cores: the end-to-end tests mostly wait on their fleets'
+# processes, and with three lanes a 2-core host sat idle for ~150 CPU-s of a run whenever every
+# lane waited at once; five lanes fill those waits with other tests at the same CPU (measured in
+# one session: 367-380 s with three, 315 s with four, 292 s with five; docs/benchmarks.md, "The
+# test suite"). The tests that share a fleet of real workers stay together in one (tests/conftest.py,
+# XDIST_GROUPS). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 5
 
 # PYTHONDONTWRITEBYTECODE (set on some machines, CI's among them) is cleared for the run: without
 # cached bytecode every process compiled this project's modules again at each start, and pytest

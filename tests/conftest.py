@@ -35,7 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, each worker's pipelines get its share of the host's cores: torch threads
     ``cores // workers`` (at least 1), for the pipelines it runs in-process and, through
     ``HOMEFLEET_TORCH_THREADS`` (unless set already), for its fleets' workers
-    (``LocalFleet.torch_threads``). ``make test`` runs three workers on two cores: at torch's
+    (``LocalFleet.torch_threads``). ``make test`` runs five workers on two cores: at torch's
     default of a thread per core, each pool process's two threads waited on each other at
     every operation while the other lanes held the cores, and a 4-step 64x64 job took 0.3-0.5
     CPU-s where one thread takes 0.2 (docs/benchmarks.md, "The test suite")."""
@@ -176,7 +176,7 @@ def sql_ctx(sql_settings: Settings) -> Iterator[ServerContext]:
 # Parallel runs (pytest-xdist, ``--dist loadgroup``): the tests that share a fleet of real worker
 # processes run in one xdist worker, so that each fleet starts once; everything else is spread
 # test by test. Each xdist worker has its own Redis server, ports and temporary folders.
-XDIST_GROUPS = {
+XDIST_GROUPS: dict[str, str | None] = {
     "tests/e2e/test_kinds.py": "models",  # these two share a fleet: every pipeline class
     "tests/e2e/test_families.py": "models",
     "tests/e2e/test_sync.py": "sync",
@@ -186,6 +186,11 @@ XDIST_GROUPS = {
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
     "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (Redis db 11)
     "tests/e2e/test_devices.py": "devices",  # its own fleet: one host of two devices (Redis db 9)
+    # one test each, with a fleet of its own: scheduled as single tests, off the shared fleet's lane
+    "tests/e2e/test_join.py": None,
+    "tests/e2e/test_supervised_restart.py": None,
+    "tests/e2e/test_real_layouts.py": None,
+    "tests/e2e/test_single_file.py": None,
     "tests/e2e/": "fleet",  # the session's shared fleet (tests/e2e/conftest.py)
     "tests/drills/": "drills",
     "tests/netns/": "netns",  # one multi-host fleet (tests/netns/conftest.py)
