@@ -209,6 +209,45 @@ def freeze_worker(worker_pid: int, redis_client: redis.Redis, timeout_s: float =
     wait_for(none_blocked, timeout_s=timeout_s, what="the frozen worker's BRPOP to time out", poll_s=0.1)
 
 
+@contextmanager
+def stopped_workers(*worker_pids: int, timeout_s: float = 60.0) -> Iterator[None]:
+    """Keep the workers ``worker_pids`` (each its process group: its parent, which beats, and its
+    pool process) stopped (SIGSTOP) for the block, and continue them after it. Waits until every
+    process of each group is seen stopped, so that none runs a step of the block's span: a worker's
+    beat stats the files of the models it advertises (``tasks/verify.py``), and a change made in
+    two steps (the bytes written, then the mtime put back, C07) must not be seen half made."""
+    groups = [psutil.Process(pid) for pid in worker_pids]
+    try:
+        for leader in groups:
+            os.killpg(leader.pid, signal.SIGSTOP)
+
+        def all_stopped() -> bool:
+            members = [process for leader in groups for process in (leader, *leader.children(recursive=True))]
+            return all(process.status() == psutil.STATUS_STOPPED for process in members)
+
+        wait_for(all_stopped, timeout_s=timeout_s, what=f"workers {worker_pids} to stop", poll_s=0.01)
+        yield
+    finally:
+        for leader in groups:
+            with suppress(ProcessLookupError):
+                os.killpg(leader.pid, signal.SIGCONT)
+
+
+def flip_keeping_stat(path: Path, offset: int, *worker_pids: int) -> None:
+    """XOR the byte at ``offset`` of ``path`` in place (``-1``: the last): same inode, same size,
+    the mtime put back (C07), while the workers ``worker_pids`` are stopped
+    (:func:`stopped_workers`): their beats must not stat the file between the write and the
+    mtime's return, which they would rightly take for a change."""
+    with stopped_workers(*worker_pids):
+        stat = path.stat()
+        with open(path, "r+b") as handle:
+            handle.seek(offset if offset >= 0 else stat.st_size + offset)
+            byte = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
 def end_running(ctx: ServerContext, job_id: str, timeout_s: float = 60.0, resend_s: float = 10.0) -> None:
     """End a running job that only kept its machine busy (a blocker), as an operator would with
     ``celery control terminate SIGTERM ID`` (C11): its pool process is replaced and the journal

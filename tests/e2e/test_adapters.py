@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from typing import Any
 
 import httpx
@@ -22,7 +21,7 @@ from PIL import Image
 
 from app.core.tls import tls_context
 from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, OTHER_ADAPTER, RunningFleet
-from tests.helpers import png, wait_for
+from tests.helpers import flip_keeping_stat, png, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -230,11 +229,11 @@ def test_r5_an_adapter_whose_copy_changed_fails_the_job_integrity_and_is_withdra
     wait_for(lambda: ADAPTER in ctx.redis.smembers(verified), timeout_s=120, what="m1 to verify the adapter")
     run(fleet, BASE)  # the base model warm on m1
     weights = fleet.local.models_dir(MACHINE) / ADAPTER / "pytorch_lora_weights.safetensors"
-    original, before = weights.read_bytes(), weights.stat()
-    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
-    # mtime put back (same size, same inode): the heartbeat's stat check cannot see the change,
-    # so only the hash before the job's load can find it (C07), whatever the host's load
-    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    original = weights.read_bytes()
+    # mtime put back (same size, same inode) while m1's worker is stopped: the heartbeat's stat
+    # check cannot see the change, so only the hash before the job's load can find it (C07),
+    # whatever the host's load
+    flip_keeping_stat(weights, -1, fleet.local.processes[f"worker-{MACHINE}"].pid)
     try:
         accepted = fleet.client.submit(fleet.model, "txt2img", {**BASE, "adapters": [{"id": ADAPTER}]}, target=MACHINE)
         job = fleet.client.wait(accepted["id"], timeout_s=120)

@@ -9,7 +9,6 @@ server and m1.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import Iterator
@@ -28,7 +27,16 @@ from app.core.secret_files import write_private
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running, make_fleet, pause, run_cli, wait_for
+from tests.helpers import (
+    LONG_SIZE,
+    TEST_API_KEY,
+    end_running,
+    flip_keeping_stat,
+    make_fleet,
+    pause,
+    run_cli,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -169,9 +177,7 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
 def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withdrawn(fleet: SyncFleet) -> None:
     path = fleet.local.models_dir("m1") / "tiny-c" / UNET
     original = path.read_bytes()
-    stat = path.stat()
-    path.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime
+    flip_keeping_stat(path, -1, fleet.local.processes["worker-m1"].pid)  # same size, inode and mtime
     assert "tiny-c" in fleet.verified("m1")  # not re-checked yet: still advertised
     accepted = fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
     job = fleet.client.wait(accepted["id"], timeout_s=120)
@@ -257,17 +263,6 @@ def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_
     assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
 
 
-def flip_keeping_stat(path: Path, offset: int) -> None:
-    """XOR one byte of ``path`` in place: same inode, same size, the mtime put back (C07)."""
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-
-
 def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes_new_content(fleet: SyncFleet) -> None:
     """A byte of tiny-d (never loaded on the server; m2 holds a synced copy, C06) flipped in the
     SERVER's folder, size and mtime kept: the registry's stat
@@ -278,7 +273,7 @@ def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes
     re-verifies; the next job's provenance carries the new digest."""
     path = fleet.local.settings.models_dir / "tiny-d" / UNET
     registered = next(f.digest for f in fleet.ctx.registry.registered_manifest("tiny-d").files if f.path == UNET)
-    flip_keeping_stat(path, path.stat().st_size // 2)
+    flip_keeping_stat(path, path.stat().st_size // 2, fleet.local.processes["worker-server"].pid)
     actual = file_digest(path)
     assert "tiny-d" in fleet.verified("server") and "tiny-d" in fleet.verified("m2")
     accepted = fleet.client.submit("tiny-d", "txt2img", {"prompt": "x", "steps": 2}, target="server")
