@@ -190,7 +190,13 @@ class ImageGeneration(RequestBody):
     )
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
-    steps: int | None = Field(None, ge=1, le=10_000, description="Homefleet extra: denoising steps")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Homefleet extra: denoising steps; at most the model family's max_steps "
+        "(150 unless HOMEFLEET_LIMITS says otherwise), checked with the job (invalid_steps)",
+    )
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
     expand_prompt: str | None = Field(
@@ -218,7 +224,12 @@ class HfParameters(RequestBody):
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
-    num_inference_steps: int | None = Field(None, ge=1, le=10_000)
+    num_inference_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="at most the model family's max_steps (150 unless HOMEFLEET_LIMITS says otherwise)",
+    )
     guidance_scale: float | None = Field(
         None, allow_inf_nan=False
     )  # range checked with the job's params (app/core/kinds.py)
