@@ -117,7 +117,8 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
     job's URL (``Location``), so the caller can follow them (C10)."""
     headers = dict(headers or {})
     job_ids = _after_submit(error, headers)
-    param = error.param or REASON_PARAMS.get(error.reason)
+    # a job param is a top-level field of an OpenAI request (``params.steps`` is ``steps``)
+    param = (error.param or "").removeprefix("params.") or REASON_PARAMS.get(error.reason)
     if param is None and error.reason.startswith("invalid_"):
         param = error.reason.removeprefix("invalid_")
     body: dict[str, Any] = {

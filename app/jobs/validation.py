@@ -337,7 +337,9 @@ def _integer(params: Mapping[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:  # exactly an integer
             return int(value)
-        raise Rejected(f"`{name}` must be an integer, got {shown(value)}", reason=f"invalid_{name}")
+        raise Rejected(
+            f"`{name}` must be an integer, got {shown(value)}", reason=f"invalid_{name}", param=f"params.{name}"
+        )
     return value
 
 
@@ -353,7 +355,11 @@ def integer_params(params: Mapping[str, Any]) -> dict[str, int]:
 
 def _bounded(name: str, value: int | None, low: int, high: int, hint: str = "") -> None:
     if value is not None and not low <= value <= high:
-        raise Rejected(f"`{name}` must be between {low} and {high}{hint}, got {shown(value)}", reason=f"invalid_{name}")
+        raise Rejected(
+            f"`{name}` must be between {low} and {high}{hint}, got {shown(value)}",
+            reason=f"invalid_{name}",
+            param=f"params.{name}",
+        )
 
 
 def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -> KindSpec:
@@ -412,11 +418,15 @@ def check_submission(
     """
     prompt = params.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
-        raise Rejected(f"`prompt` must be a string, got {type(prompt).__name__}", reason="invalid_prompt")
+        raise Rejected(
+            f"`prompt` must be a string, got {type(prompt).__name__}", reason="invalid_prompt", param="params.prompt"
+        )
     if kind is not None:
         kind_spec = check_known_params(kind, params, family)
         if kind_spec.prompt_required and not (prompt or "").strip():
-            raise Rejected(f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt")
+            raise Rejected(
+                f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt", param="params.prompt"
+            )
     width, height = _integer(params, "width"), _integer(params, "height")
     for name, side in (("width", width), ("height", height)):
         if side is None:
@@ -426,6 +436,7 @@ def check_submission(
                 f"`{name}` must be a multiple of {limits.multiple_of} and at least {limits.min_side} pixels, "
                 f"got {shown(side)}",
                 reason=f"invalid_{name}",
+                param=f"params.{name}",
             )
     if width is not None or height is not None:
         pixels = (width or 64) * (height or 64)
@@ -434,6 +445,7 @@ def check_submission(
                 f"`width` x `height` must be at most {limits.max_pixels} pixels, got {shown(width)} x "
                 f"{shown(height)} = {shown(pixels)}; ask for a smaller size",
                 reason="invalid_size",
+                param="params.width" if width is not None else "params.height",
             )
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
@@ -443,12 +455,17 @@ def check_submission(
         if text is None:
             continue
         if not isinstance(text, str):
-            raise Rejected(f"`{name}` must be a string, got {type(text).__name__}", reason=f"invalid_{name}")
+            raise Rejected(
+                f"`{name}` must be a string, got {type(text).__name__}",
+                reason=f"invalid_{name}",
+                param=f"params.{name}",
+            )
         if len(text) > limits.max_prompt_chars:
             raise Rejected(
                 f"`{name}` must be at most {limits.max_prompt_chars} characters (max_prompt_chars), "
                 f"got {len(text)}; shorten it",
                 reason=f"invalid_{name}",
+                param=f"params.{name}",
             )
         if count_tokens is not None:
             tokens = count_tokens(text)
@@ -457,6 +474,7 @@ def check_submission(
                     f"`{name}` must be at most {limits.max_prompt_tokens} tokens (the model's tokenizer, "
                     f"with start and end tokens), got {tokens}; shorten it",
                     reason=f"invalid_{name}",
+                    param=f"params.{name}",
                 )
 
 

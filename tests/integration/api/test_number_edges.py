@@ -264,3 +264,43 @@ def test_a_chat_message_of_an_unknown_role_is_422_naming_it(api: Api) -> None:
     error = answer.json()["error"]
     assert error["param"] == "messages.0.role" and "'system', 'developer', 'user' or 'assistant'" in error["message"]
     assert len(api.ctx.journal.list()) == before
+
+
+# route, body, the field its error's ``param`` must name: values in the schema's range but over
+# the family's limits (app/core/limits.py), refused by the job's checks (app/jobs/validation.py)
+OVER_LIMITS = [
+    pytest.param("/v1/jobs?dry_run=true", job("txt2img", IMAGE_MODEL, steps=151), "params.steps", id="jobs-steps"),
+    pytest.param("/v1/jobs?dry_run=true", job("txt2img", IMAGE_MODEL, width=12), "params.width", id="jobs-width"),
+    pytest.param(
+        "/v1/jobs?dry_run=true", job("txt2img", IMAGE_MODEL, prompt="x" * 4097), "params.prompt", id="jobs-prompt"
+    ),
+    pytest.param(
+        "/v1/jobs?dry_run=true", job("txt2img", IMAGE_MODEL, steps="many"), "params.steps", id="jobs-steps-string"
+    ),
+    pytest.param(
+        "/v1/images/generations",
+        {"model": IMAGE_MODEL, "prompt": "a fox", "target": "m1", "steps": 151},
+        "steps",
+        id="openai-steps",
+    ),
+    pytest.param(
+        "/hf",
+        {"inputs": "a fox", "parameters": {"num_inference_steps": 151}},
+        "parameters.num_inference_steps",
+        id="hf-steps",
+    ),
+    pytest.param("/hf", {"inputs": "a fox", "parameters": {"width": 12}}, "parameters.width", id="hf-width"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), OVER_LIMITS)
+def test_a_value_over_the_family_limit_names_the_client_field_in_param(
+    api: Api, path: str, body: dict[str, Any], param: str
+) -> None:
+    """R22: the refusal's ``param`` is the field the client sent (``params.steps`` on
+    ``POST /v1/jobs``, ``steps`` on OpenAI's route, ``parameters.num_inference_steps`` on
+    Hugging Face's), as the message names it, so a client can point at it without parsing text."""
+    answer = api.post(path, body)
+    assert answer.status_code == 422, answer.text[:500]
+    error = answer.json()["error"]
+    assert error["param"] == param, error
