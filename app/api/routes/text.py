@@ -49,7 +49,7 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from app.api.auth import request_key_id
 from app.api.openai_errors import client_fields
@@ -178,10 +178,32 @@ class Completion(Sampling):
 
 
 class ChatMessage(RequestBody):
+    """One chat message: ``role`` and ``content``, a string or OpenAI's list of content parts, of
+    which these text models take the text ones (``{"type": "text", "text": ...}``), joined with
+    newlines as vLLM joins them. Any other part (``image_url``, ``input_audio``, ``file``) is
+    refused naming ``messages.N.content``: a text model cannot see it."""
+
     model_config = ConfigDict(extra="ignore")
 
     role: ChatRole
     content: str = Field(max_length=MAX_PROMPT_CHARS * 32)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: object) -> object:
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for index, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                shown = repr(kind) if isinstance(kind, str) else type(part).__name__
+                raise ValueError(
+                    f"part {index} is not a text part ({{'type': 'text', 'text': str}}), got {shown[:64]}: "
+                    "a text model reads text only"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
 
 
 class ChatCompletion(Sampling):
