@@ -116,9 +116,11 @@ def test_openai_completions_run_a_text_job_on_the_worker(tfleet: TextFleet, mode
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
 def test_openai_chat_completions_template_the_messages(tfleet: TextFleet, model: str) -> None:
+    """Through the SDK; tiny-qwen2's message in OpenAI's list-of-parts form, read as its text."""
+    content: Any = "hi" if model == "tiny-llama" else [{"type": "text", "text": "hi"}]
     done = tfleet.client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": "hi"}],
+        messages=[{"role": "user", "content": content}],
         max_completion_tokens=3,
         extra_body={"target": "auto"},
     )
@@ -149,31 +151,43 @@ def test_the_limits_are_422_naming_the_limit_and_the_figures(tfleet: TextFleet) 
 @pytest.mark.parametrize("chat", [False, True])
 def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(tfleet: TextFleet, chat: bool) -> None:
     """SSE through the SDK's ``stream=True``: several text chunks arrive while the job runs, in
-    order; joined they are exactly the job's verified result; the last chunk carries the finish
-    reason and the token counts; the stream ends (``[DONE]``)."""
+    order; joined they are exactly the job's verified result; the last choice chunk carries the
+    finish reason; the stream ends (``[DONE]``). The usage: on the finish chunk by default
+    (completions here); with ``stream_options={"include_usage": True}`` (the chat here), as
+    OpenAI sends it, in a last chunk of its own with no choices, no other chunk carrying one; and a
+    chat's role only in its first delta."""
     if chat:
         stream = tfleet.client.chat.completions.create(
             model="tiny-qwen2",
             messages=[{"role": "user", "content": "go"}],
             max_completion_tokens=40,
             stream=True,
+            stream_options={"include_usage": True},
             extra_body={"target": MACHINE},
         )
     else:
         stream = tfleet.client.completions.create(
             model="tiny-llama", prompt="go", max_tokens=40, stream=True, extra_body={"target": MACHINE}
         )
-    chunks = list(stream)
+    chunks: list[Any] = list(stream)
+    if chat:
+        alone, chunks = chunks[-1], chunks[:-1]
+        assert alone.choices == [] and all(c.usage is None for c in chunks)
+        usage = alone.usage
+        roles = [c.choices[0].delta.role for c in chunks]
+        assert roles[0] == "assistant" and not any(roles[1:]), roles
+    else:
+        usage = chunks[-1].usage
     texts = [(c.choices[0].delta.content if chat else c.choices[0].text) or "" for c in chunks]
     last = chunks[-1]
     assert last.choices[0].finish_reason in ("stop", "length")
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    assert last.usage is not None and last.usage.completion_tokens >= 1
+    assert usage is not None and usage.completion_tokens >= 1
     job = tfleet.ctx.journal.get(last.model_extra["job_id"])
     assert job.state == "succeeded"
     assert "".join(texts) == Path(job.result_path).read_bytes().decode("utf-8")
     # the tiny models (seed 0, greedy) never end their turn within 40 tokens: 40 reports, streamed in pieces
-    assert last.usage.completion_tokens == 40 and last.choices[0].finish_reason == "length"
+    assert usage.completion_tokens == 40 and last.choices[0].finish_reason == "length"
     assert sum(1 for text in texts[:-1] if text) >= 2
 
 

@@ -18,7 +18,8 @@ OpenAI's shape.
 is still a plain 422): OpenAI's chunks (``text_completion`` / ``chat.completion.chunk``), each
 carrying the text generated since the last (the worker reports the text so far with each
 token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`` and
-``usage``, then ``data: [DONE]``. The last text comes from the verified result (R2). A client
+``usage`` (with ``stream_options.include_usage``, the usage in a chunk of its own after it,
+OpenAI's shape), then ``data: [DONE]``. The last text comes from the verified result (R2). A client
 that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
 
 ``response_format`` constrains the output in every form the SDKs send (OpenAI's ``json_schema``
@@ -49,7 +50,7 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from app.api.auth import request_key_id
 from app.api.openai_errors import client_fields
@@ -92,6 +93,15 @@ UNSUPPORTED = ("logprobs", "tools", "suffix", "echo", "best_of")
 """OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
 
 
+class StreamOptions(RequestBody):
+    """OpenAI's ``stream_options``: ``include_usage`` sends the usage in a last chunk of its own,
+    with no choices (OpenAI's shape); its other options are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool | None = None
+
+
 class Sampling(RequestBody):
     """The sampling fields both routes share (OpenAI's names; others are ignored, except
     :data:`UNSUPPORTED` ones, which are refused)."""
@@ -121,6 +131,11 @@ class Sampling(RequestBody):
         "before the first one generated (finish_reason stop)",
     )
     stream: bool = Field(False, description="Server-Sent Events of the text as it is generated")
+    stream_options: StreamOptions | None = Field(
+        None,
+        description="include_usage: the usage in a last chunk with no choices; without it the finish "
+        "chunk carries it (one choice) or a last chunk their sum (n > 1)",
+    )
     target: str = Field(SERVER, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto'")
     response_format: dict[str, Any] | None = Field(
         None,
@@ -178,10 +193,32 @@ class Completion(Sampling):
 
 
 class ChatMessage(RequestBody):
+    """One chat message: ``role`` and ``content``, a string or OpenAI's list of content parts, of
+    which these text models take the text ones (``{"type": "text", "text": ...}``), joined with
+    newlines as vLLM joins them. Any other part (``image_url``, ``input_audio``, ``file``) is
+    refused naming ``messages.N.content``: a text model cannot see it."""
+
     model_config = ConfigDict(extra="ignore")
 
     role: ChatRole
     content: str = Field(max_length=MAX_PROMPT_CHARS * 32)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: object) -> object:
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for index, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                shown = repr(kind) if isinstance(kind, str) else type(part).__name__
+                raise ValueError(
+                    f"part {index} is not a text part ({{'type': 'text', 'text': str}}), got {shown[:64]}: "
+                    "a text model reads text only"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
 
 
 class ChatCompletion(Sampling):
@@ -273,8 +310,10 @@ async def stream_text(
     """Submit the request's ``n`` text jobs now, jobs of API key ``api_key_id`` (a refusal of the
     first raises: a plain error; of a later one: an error naming the jobs submitted) and answer
     their texts as SSE chunks, choice after choice (``index``). No text past a ``stop``
-    sequence is sent (:func:`app.core.textgen.safe_to_send`). With ``n`` 1 the finish chunk
-    carries ``usage``; with more, a last chunk without choices carries their sum."""
+    sequence is sent (:func:`app.core.textgen.safe_to_send`). A chat choice's first delta
+    carries its ``role``, as OpenAI's do. With ``stream_options.include_usage`` a last chunk
+    without choices carries the usage (OpenAI's shape); without it, with ``n`` 1 the finish chunk
+    carries ``usage``, with more a last chunk without choices their sum."""
     from sse_starlette.sse import EventSourceResponse
 
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
@@ -288,6 +327,8 @@ async def stream_text(
             job_ids.append(job_id)
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
+    usage_alone = bool(body.stream_options and body.stream_options.include_usage) or len(job_ids) > 1
+    opened: set[int] = set()  # the choices whose role was sent
 
     def chunk(
         index: int,
@@ -298,7 +339,10 @@ async def stream_text(
     ) -> str:
         piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
         if chat:
-            piece["delta"] = {"role": "assistant", "content": delta} if delta is not None else {}
+            piece["delta"] = {} if delta is None else {"content": delta}
+            if delta is not None and index not in opened:
+                piece["delta"] = {"role": "assistant", **piece["delta"]}
+                opened.add(index)
         else:
             piece["text"] = delta or ""
         out = {
@@ -344,8 +388,8 @@ async def stream_text(
                 usage = usage_of(job)
                 for name, value in _usage(usage).items():
                     total[name] = total.get(name, 0) + value
-                yield chunk(index, None, usage.get("finish_reason", "length"), usage if len(job_ids) == 1 else None)
-        if len(job_ids) > 1:
+                yield chunk(index, None, usage.get("finish_reason", "length"), None if usage_alone else usage)
+        if usage_alone:
             yield chunk(0, None, usage=total, choices=False)
         yield "[DONE]"
 

@@ -266,6 +266,41 @@ def test_a_chat_message_of_an_unknown_role_is_422_naming_it(api: Api) -> None:
     assert len(api.ctx.journal.list()) == before
 
 
+def test_a_chat_message_s_text_parts_make_the_same_prompt_as_its_string(api: Api) -> None:
+    """OpenAI's list form of ``content`` (``[{"type": "text", "text": ...}]``, what several SDK
+    helpers send) is read as its text parts joined with newlines: the job journals the same
+    chat-templated prompt as the string form."""
+    prompts = []
+    for content in (
+        "be brief\nname a colour",
+        [{"type": "text", "text": "be brief"}, {"type": "text", "text": "name a colour"}],
+    ):
+        body = {
+            "model": TEXT_MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "target": "m1",
+            "max_tokens": 2,
+        }
+        answer, ended = answer_to_a_failed_job(api, "/v1/chat/completions", body)
+        assert answer.status_code == 500, answer.text  # accepted, then failed by the test (not refused: 422)
+        prompts.append(ended["params"]["prompt"])
+    assert prompts[0] == prompts[1] and "name a colour" in prompts[0]
+
+
+def test_a_chat_message_s_image_part_is_422_naming_its_content(api: Api) -> None:
+    """A text model cannot see an image: an ``image_url`` part is a 422 naming
+    ``messages.0.content`` and the part's type, before any job."""
+    before = len(api.ctx.journal.list())
+    parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    body = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": parts}], "target": "m1"}
+    answer = api.post("/v1/chat/completions", body)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "messages.0.content", error
+    assert "part 1 is not a text part" in error["message"] and "'image_url'" in error["message"], error
+    assert len(api.ctx.journal.list()) == before
+
+
 # route, body, the field its error's ``param`` must name: values in the schema's range but over
 # the family's limits (app/core/limits.py), refused by the job's checks (app/jobs/validation.py)
 OVER_LIMITS = [
