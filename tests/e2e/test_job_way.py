@@ -310,5 +310,9 @@ def test_r4_workers_follow_the_registry_without_a_restart(fleet: RunningFleet, t
     # the server's worker may see the file change before the new manifest and withdraw its copy
     # until the registry's new digests reach it; then it verifies it again, unasked
     wait_for(lambda: model in verified("server"), timeout_s=60, what="the server's worker to verify the new copy")
-    log = (fleet.local.logs_dir / "worker-m1.log").read_text()
-    assert f"the registry changed; verified here: none; not: {model}" in log
+    log = fleet.local.logs_dir / "worker-m1.log"  # the line follows the withdrawal
+    wait_for(
+        lambda: f"the registry changed; verified here: none; not: {model}" in log.read_text(),
+        timeout_s=30,
+        what="m1's log to say what the registry's change withdrew",
+    )

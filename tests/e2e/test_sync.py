@@ -336,7 +336,12 @@ def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and
     original = path.read_bytes()
     path.write_bytes(original[:100] + bytes([original[100] ^ 0xFF]) + original[101:])
     wait_for(lambda: "tiny-a" not in fleet.verified("m1"), timeout_s=30, what="m1's heartbeat to withdraw tiny-a")
-    assert "m1: model tiny-a changed on disk and was withdrawn" in (fleet.local.logs_dir / "worker-m1.log").read_text()
+    log = fleet.local.logs_dir / "worker-m1.log"  # written just after the withdrawal (tasks/verify.py)
+    wait_for(
+        lambda: "m1: model tiny-a changed on disk and was withdrawn" in log.read_text(),
+        timeout_s=30,
+        what="m1's log to say why tiny-a was withdrawn",
+    )
     with pytest.raises(ApiError) as refused:
         fleet.client.submit("tiny-a", "txt2img", {"prompt": "x"}, target="m1")
     assert refused.value.reason == "model_not_verified"
