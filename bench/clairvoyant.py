@@ -259,13 +259,26 @@ def greedy(p: Problem) -> dict[int, str]:
     return placed
 
 
-def search(p: Problem, seeds: list[dict[int, str]], objective: str, moves: int, seed: int = 0) -> Schedule:
+def search(
+    p: Problem,
+    seeds: list[dict[int, str]],
+    objective: str,
+    moves: int,
+    seed: int = 0,
+    mean_cap: float | None = None,
+) -> Schedule:
     """Local search from the best of ``seeds`` (machine per job) by ``objective`` (``mean``,
     or ``p95`` with ties broken by the mean): ``moves`` tried moves (a job to another of its
     machines, or two jobs on different machines swapped), each kept only if it lowers the
-    objective. Never worse than the best seed."""
+    objective. Never worse than the best seed.
+
+    ``mean_cap``: only schedules whose mean bounded slowdown is at most this count (the p95 at
+    no cost to the mean: a p95 search may otherwise buy its figure by making the jobs already
+    above it wait longer still); a seed over the cap is kept only when no seed meets it."""
 
     def score(mean: float, p95: float) -> tuple[float, float]:
+        if mean_cap is not None and mean > mean_cap * (1 + 1e-12):
+            return (float("inf"), mean)
         return (mean, p95) if objective == "mean" else (p95, mean)
 
     schedules = [Schedule(p, s) for s in seeds]

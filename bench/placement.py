@@ -219,6 +219,8 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
         mean, p95 = clairvoyant.slowdown_figures(out.completion_s, bounds, BOUND_FLOOR_S)
         figures[f"{name}_mean"], figures[f"{name}_p95"] = mean, p95
         replayed = clairvoyant.Schedule(p, out.placed_on)
+        if name == "auto":
+            auto_replayed_mean = replayed.mean
         mismatch += int(abs(replayed.mean - mean) > 1e-6 * mean or abs(replayed.p95 - p95) > 1e-6 * p95)
         seeds.append(out.placed_on)
         per_machine[name] = {}
@@ -232,6 +234,13 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
     every = [*POLICIES, "best"]
     figures["ref_mean"] = min(by_mean.mean, *(figures[f"{w}_mean"] for w in every))
     figures["ref_p95"] = min(by_p95.p95, *(figures[f"{w}_p95"] for w in every))
+    # The p95 at no cost to the mean: the best p95 among schedules whose mean is no worse than
+    # Auto's (Auto's own schedule is one), so a figure the reference reaches only by making its
+    # worst jobs wait longer still does not count against Auto here.
+    at_mean = clairvoyant.search(
+        p, [*seeds, dict(by_mean.placed), dict(by_p95.placed)], "p95", moves, seed + 2, mean_cap=auto_replayed_mean
+    )
+    figures["ref_p95_at_auto_mean"] = min(at_mean.p95, figures["auto_p95"])
     figures["seeded_mismatch"] = mismatch
     best = min(BASELINES, key=lambda b: figures[f"{b}_mean"])
     gaps = {m: v - per_machine[best].get(m, 0.0) for m, v in per_machine["auto"].items()}
@@ -261,6 +270,7 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
                 f"{case.describe()} auto/best mean={figures['auto_mean'] / figures['best_mean']:.3f} "
                 f"p95={figures['auto_p95'] / figures['best_p95']:.3f} auto/ref mean="
                 f"{figures['auto_mean'] / figures['ref_mean']:.3f} p95={figures['auto_p95'] / figures['ref_p95']:.3f}"
+                f" p95_at_auto_mean={figures['auto_p95'] / figures['ref_p95_at_auto_mean']:.3f}"
                 + (
                     f" most_over_best_baseline={figures['where']}"
                     if max(figures["auto_mean"] / figures["best_mean"], figures["auto_p95"] / figures["best_p95"])
@@ -289,6 +299,8 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
         )
         print(f"{figure:<5} auto/reference     {spread(regret)}")
         print(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
+    at_mean = [r["auto_p95"] / r["ref_p95_at_auto_mean"] for r in rows]
+    print(f"p95   auto/reference at no cost to the mean {spread(at_mean)}")
     print(
         f"seeded_mismatch={sum(int(r['seeded_mismatch']) for r in rows)} (seeded schedules whose replay "
         "differs from the simulator)"

@@ -61,6 +61,21 @@ def test_a_move_that_helps_is_kept_and_the_search_is_repeatable(case) -> None:
     assert clairvoyant.search(problem, [worst], "mean", moves=300, seed=5).placed == found.placed
 
 
+def test_a_search_under_a_mean_cap_never_returns_a_schedule_over_it(case) -> None:
+    factors = true_factors(case.fleet)
+    bounds = lower_bounds(case.fleet, case.trace, factors)
+    problem = clairvoyant.problem(case.fleet, case.trace, factors, bounds, FLOOR_S)
+    auto = Simulation(case.fleet, case.trace, POLICIES["auto"], factors).run().placed_on
+    by_mean = clairvoyant.search(problem, [auto], "mean", moves=300, seed=3)
+    start = dict(by_mean.placed)
+    free = clairvoyant.search(problem, [start], "p95", moves=300, seed=4)
+    assert free.mean > by_mean.mean  # unconstrained, the p95 search gives up some of the mean
+    capped = clairvoyant.search(problem, [start, auto], "p95", moves=300, seed=4, mean_cap=by_mean.mean)
+    assert capped.mean <= by_mean.mean * (1 + 1e-9) and capped.p95 <= by_mean.p95
+    again = clairvoyant.Schedule(problem, capped.placed)  # the figures kept are a replay's
+    assert again.mean == pytest.approx(capped.mean) and again.p95 == pytest.approx(capped.p95)
+
+
 def test_a_random_case_is_its_seed_s_and_within_the_documented_ranges() -> None:
     catalogue = load_fleet_file(BENCH / "fleet.toml")
     seeds = case_seeds(6, 4)
@@ -91,4 +106,7 @@ def test_the_random_benchmark_prints_its_distributions(capsys) -> None:
             rf"^{figure} +auto/best_baseline p50=[\d.]+ p95=[\d.]+ max=[\d.]+ losses=\d", out, re.MULTILINE
         )
         assert re.search(rf"^{figure} +auto/reference +p50=[\d.]+ p95=[\d.]+ max=[\d.]+$", out, re.MULTILINE)
+    at_mean = r"^p95 +auto/reference at no cost to the mean p50=[\d.]+ p95=[\d.]+ max=[\d.]+$"
+    assert re.search(at_mean, out, re.MULTILINE)
+    assert all(r["ref_p95_at_auto_mean"] <= r["auto_p95"] for r in rows)
     assert re.search(r"^decision_ms_500=[\d.]+ loop_20m_s=[\d.]+ ", out, re.MULTILINE)
