@@ -130,11 +130,20 @@ class Simulation:
     """One trace on one fleet under one policy, on a virtual clock (seconds)."""
 
     def __init__(
-        self, fleet: SimFleet, trace: Trace, policy: Policy, factors: dict[tuple[str, str], float], moves: bool = False
+        self,
+        fleet: SimFleet,
+        trace: Trace,
+        policy: Policy,
+        factors: dict[tuple[str, str], float],
+        moves: bool = False,
+        placed: dict[int, str] | None = None,
     ) -> None:
         """``moves``: when a machine falls idle, move a queued Auto job onto it where
-        :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs)."""
+        :func:`routing.placement.best_move` says so (a proposal: the server does not move jobs).
+        ``placed``: job index -> machine for Auto jobs placed there instead of by ``policy`` (a
+        what-if: another schedule's choice for some jobs, ``bench/tail.py --follow``)."""
         self.fleet, self.trace, self.policy, self.factors, self.moves = fleet, trace, policy, factors, moves
+        self.placed = placed or {}
         self.machines = {n: SimMachine(n, warm=sorted(fleet.commitments.get(n, ()))) for n in fleet.machines}
         self.learned = LearnedTimings()
         self.estimator = fleet.estimator(self.learned)
@@ -250,6 +259,8 @@ class Simulation:
                 self.out.rejected += 1
                 return None
             chosen = job.target
+        elif job.index in self.placed:
+            chosen = self.placed[job.index]
         else:
             try:
                 chosen = self.policy(request, views, self)

@@ -1,7 +1,7 @@
 """Where Auto's p95 bounded slowdown exceeds the clairvoyant reference's, job by job
 (docs/benchmarks.md, "The tail"). Prints figures; asserts nothing.
 
-    python -m bench.tail --seed S [--moves M] [--above R] [--no-outages] [CASE ...]
+    python -m bench.tail --seed S [--moves M] [--above R] [--no-outages] [--follow] [CASE ...]
 
 For each random case (``bench.random_cases``; the listed case seeds, else every case of
 ``--seed`` whose regret, Auto's p95 bounded slowdown over the reference's, exceeds ``--above``):
@@ -21,12 +21,18 @@ job gets one cause, from Auto's schedule replayed line by line (FIFO per machine
 ``--no-outages`` also runs each case without its outages and prints that regret (a case whose
 regret falls under ``--above`` then needs its outages to exceed it, though its excess jobs may
 not have waited through one: an outage moves the other jobs too).
+
+``--follow`` also replays Auto with one kind of job at a time (videos, edits, the rest) placed
+where the reference's p95 schedule put it and every other job placed by Auto as it arrives
+(:func:`follow`), and prints each such regret and their geometric means over the cases: the
+kind whose few decisions carry the regret.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
+from collections import Counter, defaultdict
+from statistics import geometric_mean
 
 from bench import clairvoyant
 from bench.placement import BOUND_FLOOR_S, MOVES, run_case
@@ -108,6 +114,33 @@ def diagnose(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> tuple[
     return auto_p95, by_p95.p95, excess(p, runs["auto"].placed_on, by_p95, by_p95.p95)
 
 
+FOLLOWED = {"video": ("video",), "edit": ("edit",), "other": ("txt2img", "upscale", "text")}
+"""The job kinds ``--follow`` places as the reference does, one group at a time."""
+
+
+def follow(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> tuple[float, float, dict[str, float]]:
+    """(Auto's p95 bounded slowdown, the reference's, and per :data:`FOLLOWED` group Auto's p95
+    when that group's jobs with a choice go where the reference's p95 schedule put them and
+    every other job is placed by Auto as it arrives). A group whose figure falls near the
+    reference's holds the case's regret; the reference as :func:`diagnose` searches it."""
+    factors = true_factors(fleet)
+    bounds = lower_bounds(fleet, trace, factors)
+    p = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
+    runs = {name: Simulation(fleet, trace, policy, factors).run() for name, policy in POLICIES.items()}
+    _, by_p95 = clairvoyant.reference(p, [out.placed_on for out in runs.values()], moves, seed)
+    auto_p95 = clairvoyant.slowdown_figures(runs["auto"].completion_s, bounds, BOUND_FLOOR_S)[1]
+    followed = {}
+    for group, kinds in FOLLOWED.items():
+        placed = {
+            j.index: by_p95.placed[j.index]
+            for j in trace.jobs
+            if j.kind in kinds and j.index in by_p95.placed and len(p.choices[j.index]) > 1
+        }
+        out = Simulation(fleet, trace, POLICIES["auto"], factors, placed=placed).run()
+        followed[group] = clairvoyant.slowdown_figures(out.completion_s, bounds, BOUND_FLOOR_S)[1]
+    return auto_p95, by_p95.p95, followed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", type=int, nargs="*", help="case seeds (default: every case of --seed above --above)")
@@ -116,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--moves", type=int, default=MOVES, help="clairvoyant search: tried moves per figure")
     parser.add_argument("--above", type=float, default=2.0, help="regret (p95 figure) from which a case is shown")
     parser.add_argument("--no-outages", action="store_true", help="also each case's regret without its outages")
+    parser.add_argument(
+        "--follow", action="store_true", help="also the regret with one kind of job placed as the reference places it"
+    )
     args = parser.parse_args(argv)
     catalogue = load_fleet_file(BENCH / "fleet.toml")
     chosen = args.cases
@@ -127,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             if figures["auto_p95"] / figures["ref_p95"] > args.above:
                 chosen.append(case_seed)
     totals: Counter[str] = Counter()
+    regrets: dict[str, list[float]] = defaultdict(list)
     for case_seed in chosen:
         case = random_case(case_seed, catalogue)
         auto_p95, ref_p95, found = diagnose(case.fleet, case.trace, args.moves, case_seed)
@@ -141,7 +178,16 @@ def main(argv: list[str] | None = None) -> None:
             calm = Trace(case.trace.name, {**case.trace.header, "offline": []}, case.trace.jobs)
             calm_auto, calm_ref, _ = diagnose(case.fleet, calm, args.moves, case_seed)
             line += f" regret_without_outages={calm_auto / calm_ref:.3f}"
+        if args.follow:
+            _, _, followed = follow(case.fleet, case.trace, args.moves, case_seed)
+            regrets["none"].append(auto_p95 / ref_p95)
+            for group, p95 in followed.items():
+                regrets[group].append(p95 / ref_p95)
+                line += f" following_{group}={p95 / ref_p95:.3f}"
         print(line, flush=True)
+    if regrets:
+        means = {("alone" if g == "none" else f"following_{g}"): geometric_mean(v) for g, v in regrets.items()}
+        print("regret_p95 over these cases (geometric mean): " + " ".join(f"{k}={v:.3f}" for k, v in means.items()))
     print(
         f"\n== {len(chosen)} cases, excess jobs {sum(totals.values())}: "
         + " ".join(f"{c}={n}" for c, n in sorted(totals.items()))

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from bench import clairvoyant
-from bench.random_cases import case_seeds
+from bench.random_cases import case_seeds, random_case
+from bench.sim import BENCH, POLICIES, Simulation, load_fleet_file, lower_bounds, true_factors
 from bench.tail import cause, excess, main, timeline
 
 GB = 1_000_000_000
@@ -92,3 +95,31 @@ def test_the_diagnosis_prints_a_line_per_case_and_the_totals(capsys) -> None:
         rf"^case {case_seed} regret_p95=[\d.]+ \(auto [\d.]+, reference [\d.]+\) outages=\d+ excess_jobs=\d+", out, re.M
     )
     assert "== 1 cases, excess jobs" in out
+
+
+def test_jobs_placed_where_another_schedule_put_them_replay_that_schedule() -> None:
+    """The what-if behind ``--follow``: the simulator places the given jobs where told, so with
+    every job with a choice placed as the reference placed it, the run is the reference."""
+    case = random_case(case_seeds(3, 99)[2], load_fleet_file(BENCH / "fleet.toml"))
+    factors = true_factors(case.fleet)
+    bounds = lower_bounds(case.fleet, case.trace, factors)
+    p = clairvoyant.problem(case.fleet, case.trace, factors, bounds, 10.0)
+    auto = Simulation(case.fleet, case.trace, POLICIES["auto"], factors).run()
+    _, by_p95 = clairvoyant.reference(p, [auto.placed_on], 300, 1)
+    assert by_p95.placed != auto.placed_on  # the search moved some job, so following it changes the run
+    placed = {j: m for j, m in by_p95.placed.items() if len(p.choices[j]) > 1}
+    out = Simulation(case.fleet, case.trace, POLICIES["auto"], factors, placed=placed).run()
+    assert out.placed_on == by_p95.placed
+    assert clairvoyant.slowdown_figures(out.completion_s, bounds, 10.0)[1] == pytest.approx(by_p95.p95)
+
+
+def test_follow_prints_each_kind_s_regret_and_their_means(capsys) -> None:
+    case_seed = case_seeds(3, 99)[2]
+    main([str(case_seed), "--moves", "20", "--follow"])
+    out = capsys.readouterr().out
+    assert re.search(
+        rf"^case {case_seed} regret_p95=[\d.]+ .* following_video=[\d.]+ following_edit=[\d.]+ following_other=[\d.]+$",
+        out,
+        re.M,
+    )
+    assert re.search(r"^regret_p95 over these cases \(geometric mean\): alone=[\d.]+ following_video=[\d.]+", out, re.M)
