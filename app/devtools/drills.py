@@ -328,6 +328,21 @@ class DrillFleet:
                 return
             time.sleep(0.05)
 
+    def wait_claim_logged(self, machine: str, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the job ``machine`` runs has its claim line in the
+        worker's log. The journal says running at the claim, the worker logs it a moment later
+        (``tasks/run_job.py``): a kill between the two would leave a run that
+        :meth:`executions` cannot count."""
+        assert self.ctx is not None and self.local is not None
+        log = self.local.logs_dir / f"worker-{machine}.log"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            running = [j.id for j in self.ctx.journal.list([JobState.running]) if j.machine == machine]
+            found = set(_CLAIMED.findall(log.read_text(errors="replace"))) if log.exists() else set()
+            if running and running[0] in found:
+                return
+            time.sleep(0.05)
+
     # -- counting -------------------------------------------------------------------------
     def executions(self) -> Counter[str]:
         """How many times each job id was executed, from every worker log of this drill."""
@@ -419,6 +434,7 @@ def drill_worker_kill(fleet: DrillFleet, count: int) -> DrillResult:
     acknowledged = {_submit(fleet, i, steps=3, side=LONG_SIDE) for i in range(count)}
     for _ in range(max(1, count // 25)):
         fleet.wait_running("m1", True, timeout_s=120)
+        fleet.wait_claim_logged("m1", timeout_s=60)
         fleet.kill_worker("m1")
         assert fleet.local is not None
         fleet.local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
