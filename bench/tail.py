@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter, defaultdict
 from statistics import geometric_mean
+from typing import NamedTuple
 
 from bench import clairvoyant
 from bench.placement import BOUND_FLOOR_S, MOVES, run_case
@@ -102,43 +103,55 @@ def excess(
     }
 
 
-def diagnose(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> tuple[float, float, dict[int, str]]:
-    """(Auto's p95 bounded slowdown, the reference's, Auto's excess jobs with their causes) on
-    one case; the reference as :func:`bench.placement.run_case` searches it."""
+class Versus(NamedTuple):
+    """One case's Auto run beside its reference's p95 schedule (:func:`versus`)."""
+
+    factors: dict[tuple[str, str], float]
+    bounds: dict[int, float]
+    problem: clairvoyant.Problem
+    auto_placed: dict[int, str]
+    auto_p95: float
+    reference: clairvoyant.Schedule
+
+
+def versus(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> Versus:
+    """Every policy run on one case, and the reference's p95 schedule searched from their
+    schedules as :func:`bench.placement.run_case` searches it (``moves`` tried moves)."""
     factors = true_factors(fleet)
     bounds = lower_bounds(fleet, trace, factors)
     p = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
     runs = {name: Simulation(fleet, trace, policy, factors).run() for name, policy in POLICIES.items()}
     _, by_p95 = clairvoyant.reference(p, [out.placed_on for out in runs.values()], moves, seed)
     auto_p95 = clairvoyant.slowdown_figures(runs["auto"].completion_s, bounds, BOUND_FLOOR_S)[1]
-    return auto_p95, by_p95.p95, excess(p, runs["auto"].placed_on, by_p95, by_p95.p95)
+    return Versus(factors, bounds, p, runs["auto"].placed_on, auto_p95, by_p95)
+
+
+def diagnose(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> tuple[float, float, dict[int, str]]:
+    """(Auto's p95 bounded slowdown, the reference's, Auto's excess jobs with their causes) on
+    one case; the reference as :func:`bench.placement.run_case` searches it."""
+    v = versus(fleet, trace, moves, seed)
+    return v.auto_p95, v.reference.p95, excess(v.problem, v.auto_placed, v.reference, v.reference.p95)
 
 
 FOLLOWED = {"video": ("video",), "edit": ("edit",), "other": ("txt2img", "upscale", "text")}
 """The job kinds ``--follow`` places as the reference does, one group at a time."""
 
 
-def follow(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> tuple[float, float, dict[str, float]]:
-    """(Auto's p95 bounded slowdown, the reference's, and per :data:`FOLLOWED` group Auto's p95
-    when that group's jobs with a choice go where the reference's p95 schedule put them and
-    every other job is placed by Auto as it arrives). A group whose figure falls near the
-    reference's holds the case's regret; the reference as :func:`diagnose` searches it."""
-    factors = true_factors(fleet)
-    bounds = lower_bounds(fleet, trace, factors)
-    p = clairvoyant.problem(fleet, trace, factors, bounds, BOUND_FLOOR_S)
-    runs = {name: Simulation(fleet, trace, policy, factors).run() for name, policy in POLICIES.items()}
-    _, by_p95 = clairvoyant.reference(p, [out.placed_on for out in runs.values()], moves, seed)
-    auto_p95 = clairvoyant.slowdown_figures(runs["auto"].completion_s, bounds, BOUND_FLOOR_S)[1]
+def follow(fleet: SimFleet, trace: Trace, v: Versus) -> dict[str, float]:
+    """Per :data:`FOLLOWED` group, Auto's p95 bounded slowdown when that group's jobs with a
+    choice go where the reference's p95 schedule (``v``, :func:`versus` of this case) put them
+    and every other job is placed by Auto as it arrives. A group whose figure falls near the
+    reference's holds the case's regret."""
     followed = {}
     for group, kinds in FOLLOWED.items():
         placed = {
-            j.index: by_p95.placed[j.index]
+            j.index: v.reference.placed[j.index]
             for j in trace.jobs
-            if j.kind in kinds and j.index in by_p95.placed and len(p.choices[j.index]) > 1
+            if j.kind in kinds and j.index in v.reference.placed and len(v.problem.choices[j.index]) > 1
         }
-        out = Simulation(fleet, trace, POLICIES["auto"], factors, placed=placed).run()
-        followed[group] = clairvoyant.slowdown_figures(out.completion_s, bounds, BOUND_FLOOR_S)[1]
-    return auto_p95, by_p95.p95, followed
+        out = Simulation(fleet, trace, POLICIES["auto"], v.factors, placed=placed).run()
+        followed[group] = clairvoyant.slowdown_figures(out.completion_s, v.bounds, BOUND_FLOOR_S)[1]
+    return followed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     regrets: dict[str, list[float]] = defaultdict(list)
     for case_seed in chosen:
         case = random_case(case_seed, catalogue)
-        auto_p95, ref_p95, found = diagnose(case.fleet, case.trace, args.moves, case_seed)
+        v = versus(case.fleet, case.trace, args.moves, case_seed)
+        auto_p95, ref_p95 = v.auto_p95, v.reference.p95
+        found = excess(v.problem, v.auto_placed, v.reference, ref_p95)
         causes = Counter(found.values())
         totals.update(causes)
         line = (
@@ -179,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
             calm_auto, calm_ref, _ = diagnose(case.fleet, calm, args.moves, case_seed)
             line += f" regret_without_outages={calm_auto / calm_ref:.3f}"
         if args.follow:
-            _, _, followed = follow(case.fleet, case.trace, args.moves, case_seed)
+            followed = follow(case.fleet, case.trace, v)
             regrets["none"].append(auto_p95 / ref_p95)
             for group, p95 in followed.items():
                 regrets[group].append(p95 / ref_p95)
