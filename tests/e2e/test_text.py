@@ -716,6 +716,25 @@ def test_openai_stop_cuts_the_text_before_the_sequence(tfleet: TextFleet, stream
     assert job.params["stop"] == ([stop, "never-written"] if stream else [stop])
 
 
+def test_a_chat_stream_cut_before_any_text_still_sends_its_role(tfleet: TextFleet) -> None:
+    """A stop sequence that the answer begins with: no text is sent, and the choice's only
+    chunk, its finish, still carries ``role`` (OpenAI sends it in every choice's first chunk)."""
+    common: dict[str, Any] = {
+        "model": "tiny-qwen2",
+        "messages": [{"role": "user", "content": "go"}],
+        "max_completion_tokens": 8,
+        "temperature": 1.0,
+        "seed": STOP_SEED,
+        "extra_body": {"target": MACHINE},
+    }
+    whole = tfleet.client.chat.completions.create(**common).choices[0].message.content
+    assert whole and whole[:2].strip(), whole
+    chunks = list(tfleet.client.chat.completions.create(**common, stop=[whole[:2]], stream=True))
+    assert not any(c.choices[0].delta.content for c in chunks)
+    assert [c.choices[0].delta.role for c in chunks] == ["assistant"] + [None] * (len(chunks) - 1)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) -> None:
     """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled; from the largest

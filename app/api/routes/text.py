@@ -311,9 +311,10 @@ async def stream_text(
     first raises: a plain error; of a later one: an error naming the jobs submitted) and answer
     their texts as SSE chunks, choice after choice (``index``). No text past a ``stop``
     sequence is sent (:func:`app.core.textgen.safe_to_send`). A chat choice's first delta
-    carries its ``role``, as OpenAI's do. With ``stream_options.include_usage`` a last chunk
-    without choices carries the usage (OpenAI's shape); without it, with ``n`` 1 the finish chunk
-    carries ``usage``, with more a last chunk without choices their sum."""
+    carries its ``role``, as OpenAI's do, also when that is its finish (a stop sequence at
+    once). With ``stream_options.include_usage`` a last chunk without choices carries the usage
+    (OpenAI's shape); without it, with ``n`` 1 the finish chunk carries ``usage``, with more a
+    last chunk without choices their sum."""
     from sse_starlette.sse import EventSourceResponse
 
     params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
@@ -340,7 +341,7 @@ async def stream_text(
         piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
         if chat:
             piece["delta"] = {} if delta is None else {"content": delta}
-            if delta is not None and index not in opened:
+            if choices and index not in opened:  # the choice's first chunk, text or not
                 piece["delta"] = {"role": "assistant", **piece["delta"]}
                 opened.add(index)
         else:
