@@ -27,6 +27,7 @@ from app.cli.keys import keys_cli
 from app.cli.machines import machines_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
+from app.cli.serve_lock import holding_data_dir
 from app.core.config import BrokerSettings, WorkerSettings, unknown_variables
 from app.core.errors import ConfigError, HomefleetError
 from app.core.limits import DEFAULT_FAMILY, default_limits
@@ -70,20 +71,23 @@ def serve() -> None:
         fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY, *default_limits()])
     except ValueError as error:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
-    ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)
-    try:  # a server beside another journal's Redis would judge jobs it never saw (app/fleet/pairing.py)
-        ctx.pairing.check()
-    except (RedisConnectionError, RedisTimeoutError):
-        pass  # checked again by every reconciliation pass, once Redis answers
-    except ConfigError:
-        ctx.close()
-        raise
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
-    # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
-    # access log (one line per request, workers' claims and heartbeats included).
-    app = create_app(settings, ctx)
-    gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
-    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="info", access_log=False)
+    # one server per data folder, held until this process ends (app/cli/serve_lock.py): a second
+    # one is refused before it touches the journal; standby servers share the folder
+    with holding_data_dir(settings.data_dir, shared=settings.leader_election):
+        ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)
+        try:  # a server beside another journal's Redis would judge jobs it never saw (app/fleet/pairing.py)
+            ctx.pairing.check()
+        except (RedisConnectionError, RedisTimeoutError):
+            pass  # checked again by every reconciliation pass, once Redis answers
+        except ConfigError:
+            ctx.close()
+            raise
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
+        # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
+        # access log (one line per request, workers' claims and heartbeats included).
+        app = create_app(settings, ctx)
+        gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
+        uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="info", access_log=False)
 
 
 worker_cli = typer.Typer(
