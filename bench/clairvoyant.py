@@ -190,7 +190,9 @@ class Schedule:
         """If ``changes`` (job -> machine) were made: the new slowdowns of the jobs whose
         completion may change (those from the first changed place of each touched line on),
         the touched lines, and per line (first changed place, the states from there)."""
-        touched = {self.placed[j] for j in changes} | set(changes.values())
+        # sorted: the touched lines' order sets the order of float sums, and a set's order
+        # follows the string hash, which changes with PYTHONHASHSEED (a run must repeat exactly)
+        touched = sorted({self.placed[j] for j in changes} | set(changes.values()))
         lines: dict[str, list[int]] = {}
         replayed: dict[str, tuple[int, list[tuple[float, tuple[str, ...]]]]] = {}
         slow: dict[int, float] = {}
