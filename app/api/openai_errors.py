@@ -50,7 +50,12 @@ ERROR_TYPES = {
 
 
 #: reason -> the request field it is about, where the error does not name one itself
-REASON_PARAMS = {"unknown_model": "model", "no_model": "model", "unknown_machine": "target"}
+REASON_PARAMS = {
+    "unknown_model": "model",
+    "no_model": "model",
+    "kind_not_supported": "model",  # an OpenAI route's kind is fixed: the model is what does not fit it
+    "unknown_machine": "target",
+}
 
 
 def is_openai_route(path: str) -> bool:

@@ -38,8 +38,16 @@ class NumberRange:
             or not self.low <= value <= self.high
         ):
             wanted = "an integer" if self.integer else "a number"
-            return f"must be {wanted} from {self.low:g} to {self.high:g}, got {shown(value)}"
+            return f"must be {wanted} from {bound(self.low)} to {bound(self.high)}, got {shown(value)}"
         return None
+
+
+def bound(number: float) -> str:
+    """A range's end as a message shows it: a whole number in full (``1000000``, never
+    ``1e+06``), any other in ``:g`` form (``0.5``, ``1e-05``)."""
+    if float(number).is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    return f"{number:g}"
 
 
 def shown(value: Any, most: int = 40) -> str:

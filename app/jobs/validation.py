@@ -53,6 +53,7 @@ from app.db.tables import ModelRecord
 from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
+from routing.timings import TEXT_KIND
 
 INTEGER_PARAMS: tuple[str, ...] = (
     "width",
@@ -71,6 +72,19 @@ MAX_ADAPTER_SCALE = 4.0
 """``params.adapters[i].scale`` lies in [-MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE]: the
 LoRA's weight in diffusers' ``set_adapters``; 0 leaves the model as it is, 1 is the adapter as
 trained, beyond a few it only breaks images."""
+
+
+def check_runs(record: ModelRecord, kind: str) -> None:
+    """Refuse ``kind`` for a model that does not run it.
+
+    Raises:
+        Rejected: reason ``kind_not_supported``, naming the kinds the model runs.
+    """
+    kinds = kinds_of(record.family, record.kinds)
+    if kind not in kinds:
+        raise Rejected(
+            f"model {record.id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}", reason="kind_not_supported"
+        )
 
 
 class Validator:
@@ -128,10 +142,11 @@ class Validator:
 
         Raises:
             NotFound: the model is not registered.
-            Rejected: malformed messages, or a model without a chat template (reason ``invalid_messages``).
+            Rejected: a model that does not generate text (reason ``kind_not_supported``),
+                malformed messages, or a model without a chat template (reason ``invalid_messages``).
             Conflict: the model's files changed on the server (``model_changed``, :meth:`model`).
         """
-        self.model(model_id)
+        check_runs(self.model(model_id), TEXT_KIND)
         if (
             not isinstance(messages, list)
             or not messages
@@ -171,11 +186,7 @@ class Validator:
                 format, seed or number is refused (:func:`check_kind_params`).
         """
         record = self.model(model_id)
-        kinds = kinds_of(record.family, record.kinds)
-        if kind not in kinds:
-            raise Rejected(
-                f"model {model_id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}", reason="kind_not_supported"
-            )
+        check_runs(record, kind)
         self.apply_defaults(record, kind, params)
         limits = limits_for(self.limits, record.family)
         if kind == "text":

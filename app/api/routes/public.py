@@ -14,7 +14,7 @@ from app.api.auth import request_key_id
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
-from app.core.errors import Conflict, NotFound, Rejected
+from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
 from app.core.limits import FamilyLimits, limits_for
@@ -27,6 +27,9 @@ from app.store.media import EXTENSIONS
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 MAX_PAGE = 500  # jobs per page of GET /v1/jobs
+JOB_FIELDS = {"unknown_model": "model", "kind_not_supported": "kind", "unknown_machine": "target"}
+"""A submission's refusal reason -> the ``POST /v1/jobs`` field at fault, for the refusals raised
+where the request's field names are unknown (the registry, the validator, placement)."""
 
 
 @router.post("/jobs", status_code=202, response_model=None)
@@ -56,56 +59,61 @@ async def submit_job(
     API key that submitted it, when the job ends (docs/api.md "Webhooks"); a host outside the
     fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
     ``invalid_webhook_url``."""
-    key_id = request_key_id(request)
-    adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
-    if dry_run:
-        decision = await to_thread.run_sync(
-            ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target, body.webhook_url, key_id
-        )
-        refusal = decision.get("error") or {}
-        if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
-            raise Rejected(
-                refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine", param="target"
+    try:
+        key_id = request_key_id(request)
+        adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
+        if dry_run:
+            decision = await to_thread.run_sync(
+                ctx.dispatcher.dry_run, body.model, body.kind, body.params, body.target, body.webhook_url, key_id
             )
-        return JSONResponse(decision)
-    if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first
-        submission = await submit_expanded(
-            ctx.dispatcher,
-            ctx.waiting,
-            body.model,
-            dict(body.params),
-            body.target,
-            idempotency_key,
-            ctx.settings.images_wait_s,
-            key_id,
-            webhook_url=body.webhook_url,
-        )
-    else:
-        submission = await to_thread.run_sync(
-            lambda: ctx.dispatcher.submit(
+            refusal = decision.get("error") or {}
+            if refusal.get("reason") == "unknown_machine":  # not a filter's decision: refused as the submission is
+                raise Rejected(
+                    refusal.get("message", f"unknown target {body.target!r}"), reason="unknown_machine", param="target"
+                )
+            return JSONResponse(decision)
+        if body.kind == "txt2img" and body.params.get("expand_prompt") is not None:  # a text job first
+            submission = await submit_expanded(
+                ctx.dispatcher,
+                ctx.waiting,
                 body.model,
-                body.kind,
-                body.params,
+                dict(body.params),
                 body.target,
                 idempotency_key,
-                api_key_id=key_id,
+                ctx.settings.images_wait_s,
+                key_id,
                 webhook_url=body.webhook_url,
             )
+        else:
+            submission = await to_thread.run_sync(
+                lambda: ctx.dispatcher.submit(
+                    body.model,
+                    body.kind,
+                    body.params,
+                    body.target,
+                    idempotency_key,
+                    api_key_id=key_id,
+                    webhook_url=body.webhook_url,
+                )
+            )
+        job = submission.job
+        url = f"/v1/jobs/{job.id}"
+        response.headers["Location"] = url
+        if submission.replayed:
+            response.headers["Idempotency-Replayed"] = "true"
+        assert job.machine is not None
+        return JobAccepted(
+            id=job.id,
+            state=job.state,
+            machine=job.machine,
+            position=submission.position,
+            predicted_start_s=job.predicted_start_s,
+            url=url,
         )
-    job = submission.job
-    url = f"/v1/jobs/{job.id}"
-    response.headers["Location"] = url
-    if submission.replayed:
-        response.headers["Idempotency-Replayed"] = "true"
-    assert job.machine is not None
-    return JobAccepted(
-        id=job.id,
-        state=job.state,
-        machine=job.machine,
-        position=submission.position,
-        predicted_start_s=job.predicted_start_s,
-        url=url,
-    )
+    except HomefleetError as error:  # a refusal from the registry or placement names no field
+        if error.param is None and error.reason in JOB_FIELDS:
+            error.param = JOB_FIELDS[error.reason]
+        raise
 
 
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)

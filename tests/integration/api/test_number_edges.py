@@ -339,3 +339,36 @@ def test_a_value_over_the_family_limit_names_the_client_field_in_param(
     assert answer.status_code == 422, answer.text[:500]
     error = answer.json()["error"]
     assert error["param"] == param, error
+
+
+# route, body, the field its error's ``param`` must name and the reason: a model, kind or target
+# that does not fit, refused by the registry, the validator or placement (which know no field names)
+WRONG_CHOICES = [
+    pytest.param("/v1/jobs", job("txt2img", "no-such-model"), "model", "unknown_model", id="jobs-model"),
+    pytest.param("/v1/jobs", job("text", IMAGE_MODEL), "kind", "kind_not_supported", id="jobs-kind"),
+    pytest.param(
+        "/v1/jobs", {**job("txt2img", IMAGE_MODEL), "target": "m9"}, "target", "unknown_machine", id="jobs-target"
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"model": IMAGE_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        "model",
+        "kind_not_supported",
+        id="chat-image-model",
+    ),
+    pytest.param(
+        "/v1/completions", {"model": IMAGE_MODEL, "prompt": "hi"}, "model", "kind_not_supported", id="completion-image"
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "reason"), WRONG_CHOICES)
+def test_a_model_kind_or_target_that_does_not_fit_names_its_field(
+    api: Api, path: str, body: dict[str, Any], param: str, reason: str
+) -> None:
+    """R10, R22: an unknown model, a kind the model does not run (a chat with an image model
+    included: not a missing chat template) or an unknown machine names the client's field."""
+    answer = api.post(path, body)
+    assert answer.status_code in (404, 422), answer.text[:500]
+    error = answer.json()["error"]
+    assert (error["param"], error.get("code", error.get("reason"))) == (param, reason), error

@@ -133,3 +133,13 @@ def test_the_nth_seed_of_several_wraps_past_the_largest_seed_to_zero() -> None:
 
     assert [nth_seed(40, i) for i in range(3)] == [40, 41, 42]
     assert [nth_seed(MAX_SEED - 1, i) for i in range(4)] == [MAX_SEED - 1, MAX_SEED, 0, 1]
+
+
+def test_a_range_s_ends_show_whole_numbers_in_full() -> None:
+    """A refusal's range reads ``from 1 to 1000000``, never ``1e+06``; fractions as they are."""
+    from app.core.specs import NumberRange
+
+    assert NumberRange("max_new_tokens", 1, 1_000_000, integer=True).refusal(0) == (
+        "must be an integer from 1 to 1000000, got 0"
+    )
+    assert NumberRange("top_p", 1e-05, 1.0).refusal(2) == "must be a number from 1e-05 to 1, got 2"
