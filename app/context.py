@@ -19,7 +19,7 @@ from app.core.celery_app import create_celery
 from app.core.config import Settings
 from app.core.connections import create_redis
 from app.core.keys import Keys
-from app.db.engine import check_revision, create_engine
+from app.db.engine import check_journal_file, check_revision, create_engine
 from app.db.tables import Job
 from app.fleet.config import Fleet, load_fleet
 from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
@@ -157,6 +157,8 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
             ``journal_outdated``, naming ``homefleet db upgrade``).
     """
     fleet = fleet or load_fleet(settings.fleet_file)
+    if not migrate:
+        check_journal_file(settings)  # creates nothing where no journal is
     engine = create_engine(settings)
     try:
         if migrate:

@@ -35,10 +35,11 @@ def db_pair() -> None:
     reconciliation releases the reservations of jobs this journal does not know."""
     from app.core.connections import create_redis, redacted_url
     from app.core.keys import Keys
-    from app.db.engine import check_revision, create_engine
+    from app.db.engine import check_journal_file, check_revision, create_engine
     from app.fleet.pairing import pair
 
     settings = server_settings()
+    check_journal_file(settings)
     engine, client = create_engine(settings), create_redis(settings)
     try:
         check_revision(engine)

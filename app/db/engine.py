@@ -8,6 +8,7 @@ the demo and drills, which run a server of their own) migrate the schema
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -45,6 +46,28 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def check_journal_file(settings: Settings) -> None:
+    """Refuse, creating nothing, a SQLite journal whose file is not there (no folder, no file):
+    a command run outside the server's folder would otherwise make an empty journal where a
+    relative ``HOMEFLEET_DATA_DIR`` points from there. PostgreSQL (``database_url``) is not checked here.
+
+    Raises:
+        ConfigError: reason ``journal_outdated`` (the journal has no schema yet), naming the
+            folder looked in, the current folder and ``homefleet db upgrade``.
+    """
+    if settings.database_url:
+        return
+    path = settings.data_dir / "journal.db"
+    if path.exists():
+        return
+    raise ConfigError(
+        f"the journal at {path.absolute()} has no schema yet: no journal is there (HOMEFLEET_DATA_DIR "
+        f"{settings.data_dir}, this command run in {Path.cwd()}); run it with the server's HOMEFLEET_DATA_DIR "
+        "(a relative one is read from the current folder), or create the journal with `homefleet db upgrade`",
+        reason="journal_outdated",
+    )
 
 
 def check_revision(engine: Engine) -> str:

@@ -4,12 +4,17 @@ and changes nothing (no table is created)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -24,10 +29,39 @@ def test_a_command_refuses_a_journal_without_the_newest_schema_and_creates_nothi
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error (journal_outdated)" in done.stdout and "has no schema yet" in done.stdout
     assert "homefleet db upgrade" in done.stdout
+    assert not (tmp_path / "data").exists()  # no folder, no empty journal where the command was run
+
+
+def test_a_command_outside_the_server_s_folder_says_where_it_looked_and_creates_nothing(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A relative HOMEFLEET_DATA_DIR (the default, var/homefleet) read from the wrong folder:
+    the refusal names the folder it looked in and the current one."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"HOMEFLEET_DATA_DIR": "var/homefleet", "HOMEFLEET_REDIS_URL": redis_url}
+    done = subprocess.run(  # a real process started in that folder (the fork server keeps its own)
+        [sys.executable, "-m", "app.cli", "status"],
+        cwd=elsewhere,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT), "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{elsewhere}/var/homefleet/journal.db has no schema yet" in done.stdout
+    assert f"this command run in {elsewhere})" in done.stdout
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_empty_journal_file_is_refused_and_gets_no_table(tmp_path: Path, redis_url: str) -> None:
+    (tmp_path / "data").mkdir()
     journal = tmp_path / "data" / "journal.db"
-    if journal.exists():  # SQLite may create the empty file; never a table
-        tables = sqlite3.connect(journal).execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        assert tables == []
+    sqlite3.connect(journal).close()  # the file, no schema
+    env = {"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url}
+    done = run_cli("status", env=env, check=False)
+    assert done.returncode == 2 and "has no schema yet" in done.stdout, done.stdout + done.stderr
+    assert sqlite3.connect(journal).execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall() == []
 
 
 def test_after_db_upgrade_the_same_command_runs(tmp_path: Path, redis_url: str) -> None:
