@@ -24,6 +24,7 @@ from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
 from app.cli.jobs import jobs_cli
 from app.cli.keys import keys_cli
+from app.cli.listening import refuse_taken_port
 from app.cli.machines import machines_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
@@ -74,6 +75,7 @@ def serve() -> None:
     # one server per data folder, held until this process ends (app/cli/serve_lock.py): a second
     # one is refused before it touches the journal; standby servers share the folder
     with holding_data_dir(settings.data_dir, shared=settings.leader_election):
+        refuse_taken_port(settings.api_host, settings.api_port)  # before the journal and Redis are touched
         ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)
         try:  # a server beside another journal's Redis would judge jobs it never saw (app/fleet/pairing.py)
             ctx.pairing.check()

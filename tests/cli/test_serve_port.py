@@ -1,0 +1,36 @@
+"""A ``homefleet serve`` whose API port is taken is refused before it touches its journal or
+Redis (app/cli/listening.py): exit 2, ``port_in_use`` naming the address, and no journal made."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from app.core.config import Settings
+from app.core.secret_files import write_private
+from tests.helpers import make_fleet, run_cli, settings_env
+
+
+def test_a_serve_whose_port_is_taken_is_refused_before_its_journal(settings: Settings, tmp_path: Path) -> None:
+    fleet_file = write_private(tmp_path / "fleet.toml", make_fleet().to_toml())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mine = settings.model_copy(update={"fleet_file": fleet_file, "data_dir": tmp_path / "fresh", "api_port": port})
+        refused = run_cli(
+            "serve",
+            env={
+                **settings_env(mine),
+                "HOMEFLEET_API_KEYS": json.dumps(mine.api_keys),
+                "HOMEFLEET_API_HOST": "127.0.0.1",
+                "HOMEFLEET_API_PORT": str(port),
+            },
+            check=False,
+            timeout_s=60,
+        )
+    line = " ".join(refused.stdout.split())
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
+    assert not (tmp_path / "fresh" / "journal.db").exists()  # refused before the journal was made
