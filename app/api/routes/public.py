@@ -19,7 +19,7 @@ from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
 from app.core.limits import FamilyLimits, limits_for
 from app.core.states import JobState
-from app.jobs.dispatch import UNSET
+from app.jobs.dispatch import UNSET, Submission
 from app.jobs.expansion import submit_expanded
 from app.jobs.result_inputs import adopt_results
 from app.store.media import EXTENSIONS
@@ -96,20 +96,9 @@ async def submit_job(
                     webhook_url=body.webhook_url,
                 )
             )
-        job = submission.job
-        url = f"/v1/jobs/{job.id}"
-        response.headers["Location"] = url
         if submission.replayed:
             response.headers["Idempotency-Replayed"] = "true"
-        assert job.machine is not None
-        return JobAccepted(
-            id=job.id,
-            state=job.state,
-            machine=job.machine,
-            position=submission.position,
-            predicted_start_s=job.predicted_start_s,
-            url=url,
-        )
+        return accepted(submission, response)
     except HomefleetError as error:  # a refusal from the registry or placement names no field
         if error.param is None and error.reason in JOB_FIELDS:
             error.param = JOB_FIELDS[error.reason]
@@ -129,6 +118,12 @@ def requeue_job(
     body = body or JobRequeue()
     seed = body.seed if "seed" in body.model_fields_set else UNSET
     submission = ctx.dispatcher.requeue(job_id, seed, body.target, api_key_id=request_key_id(request))
+    return accepted(submission, response)
+
+
+def accepted(submission: Submission, response: Response) -> JobAccepted:
+    """The 202 answer to a queued job: its id, state, machine, place in that machine's line
+    and predicted start (seconds), with ``Location`` set to its URL."""
     job = submission.job
     url = f"/v1/jobs/{job.id}"
     response.headers["Location"] = url
