@@ -92,6 +92,7 @@ def status(
     import json
 
     from app.context import build_checked_context
+    from app.core.connections import redacted_url
     from app.fleet.queues import DeadLetters
     from app.fleet.status import by_host
 
@@ -132,6 +133,13 @@ def status(
             f"dead letters: {dead}"
             + (" (undecodable queue messages; `homefleet deadletter` lists them)" if dead else "")
         )
+        if ctx.redis.get(ctx.keys.journal()) is None:  # app/fleet/pairing.py: every server records its journal
+            console.print(
+                f"note: the Redis at {redacted_url(ctx.settings.redis_url)} (key prefix {ctx.keys.prefix!r}) "
+                "records no journal: no server has run with it; is HOMEFLEET_REDIS_URL (and HOMEFLEET_KEY_PREFIX) "
+                "the server's?",
+                highlight=False,
+            )
     finally:
         ctx.close()
 

@@ -69,3 +69,19 @@ def test_after_db_upgrade_the_same_command_runs(tmp_path: Path, redis_url: str) 
     assert "migrated from no schema to revision" in run_cli("db", "upgrade", env=env).stdout
     listed = run_cli("models", "list", env=env)
     assert "error" not in listed.stdout and "id" in listed.stdout
+
+
+def test_status_on_a_redis_no_server_ran_with_says_so(tmp_path: Path, redis_url: str) -> None:
+    """A shell that forgot the server's HOMEFLEET_REDIS_URL reads an empty fleet: ``status`` says
+    that this Redis records no journal, until a server (here ``db pair``) has recorded one."""
+    prefix = f"t{os.getpid()}{tmp_path.name[-6:]}".replace("_", "")
+    env = {
+        "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+        "HOMEFLEET_REDIS_URL": redis_url,
+        "HOMEFLEET_KEY_PREFIX": prefix,
+    }
+    run_cli("db", "upgrade", env=env)
+    shown = " ".join(run_cli("status", env=env).stdout.split())
+    assert f"(key prefix '{prefix}') records no journal: no server has run with it" in shown, shown
+    run_cli("db", "pair", env=env)
+    assert "records no journal" not in run_cli("status", env=env).stdout
