@@ -253,6 +253,33 @@ def run_case(fleet: SimFleet, trace: Trace, moves: int, seed: int = 0) -> dict[s
     return figures
 
 
+def spread(values: list[float]) -> str:
+    """``p50=.. p95=.. max=..`` of ``values`` (ratios over cases), three decimals."""
+    return f"p50={percentile(values, 0.5):.3f} p95={percentile(values, 0.95):.3f} max={max(values):.3f}"
+
+
+def distribution_lines(rows: list[dict[str, float]]) -> list[str]:
+    """The distribution over cases, per figure (mean, p95 bounded slowdown), of Auto / best
+    baseline (with the cases Auto loses and the geometric mean), Auto / reference and best
+    baseline / reference. ``rows``: per case, ``auto_<figure>``, ``best_<figure>``,
+    ``ref_<figure>`` and ``seed`` (:func:`run_case`'s keys)."""
+    lines = []
+    for figure in ("mean", "p95"):
+        vs_best = [r[f"auto_{figure}"] / r[f"best_{figure}"] for r in rows]
+        regret = [r[f"auto_{figure}"] / r[f"ref_{figure}"] for r in rows]
+        best_regret = [r[f"best_{figure}"] / r[f"ref_{figure}"] for r in rows]
+        losses = [int(r["seed"]) for r, v in zip(rows, vs_best, strict=True) if v > 1 + 1e-9]
+        lines.append(
+            f"{figure:<5} auto/best_baseline {spread(vs_best)} losses={len(losses)}"
+            + (f" (seeds {' '.join(map(str, losses[:10]))})" if losses else "")
+        )
+        geometric = statistics.geometric_mean(vs_best)
+        lines.append(f"{figure:<5} auto/best_baseline geometric mean over the cases {geometric:.4f}")
+        lines.append(f"{figure:<5} auto/reference     {spread(regret)}")
+        lines.append(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
+    return lines
+
+
 def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, float]]:
     """``n`` random cases (``bench.random_cases``) from ``seed``; prints the distribution over
     cases of Auto / best baseline and of Auto / reference (the regret), mean and p95 bounded
@@ -280,25 +307,12 @@ def run_random(n: int, seed: int, moves: int, verbose: bool) -> list[dict[str, f
                 flush=True,
             )
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-
-    def spread(values: list[float]) -> str:
-        return f"p50={percentile(values, 0.5):.3f} p95={percentile(values, 0.95):.3f} max={max(values):.3f}"
-
     print(
         f"\n== random: {n} cases from seed {seed} ({elapsed:.0f} s wall, {cpu:.0f} s CPU; {moves} search moves per "
         "figure)"
     )
-    for figure in ("mean", "p95"):
-        vs_best = [r[f"auto_{figure}"] / r[f"best_{figure}"] for r in rows]
-        regret = [r[f"auto_{figure}"] / r[f"ref_{figure}"] for r in rows]
-        best_regret = [r[f"best_{figure}"] / r[f"ref_{figure}"] for r in rows]
-        losses = [int(r["seed"]) for r, v in zip(rows, vs_best, strict=False) if v > 1 + 1e-9]
-        print(
-            f"{figure:<5} auto/best_baseline {spread(vs_best)} losses={len(losses)}"
-            + (f" (seeds {' '.join(map(str, losses[:10]))})" if losses else "")
-        )
-        print(f"{figure:<5} auto/reference     {spread(regret)}")
-        print(f"{figure:<5} best_baseline/ref  {spread(best_regret)}")
+    for line in distribution_lines(rows):
+        print(line)
     at_mean = [r["auto_p95"] / r["ref_p95_at_auto_mean"] for r in rows]
     print(f"p95   auto/reference at no cost to the mean {spread(at_mean)}")
     print(
