@@ -663,6 +663,7 @@ def check_kind_params(
                 f"params.{field} is required for kind {kind!r}: the id of a file uploaded with "
                 f"POST /v1/files, got {value!r}",
                 reason="invalid_params",
+                param=f"params.{field}",
             )
         try:
             stored = inputs.get(value)

@@ -372,3 +372,13 @@ def test_a_model_kind_or_target_that_does_not_fit_names_its_field(
     assert answer.status_code in (404, 422), answer.text[:500]
     error = answer.json()["error"]
     assert (error["param"], error.get("code", error.get("reason"))) == (param, reason), error
+
+
+def test_a_missing_input_image_is_refused_naming_its_param(api: Api) -> None:
+    """R22: img2img without ``params.image`` names the field in ``param``, as every other
+    refusal of one request field does (docs/api.md, errors)."""
+    answer = api.post("/v1/jobs?dry_run=true", job("img2img", IMAGE_MODEL))
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert (error["reason"], error["param"]) == ("invalid_params", "params.image"), error
+    assert "params.image is required for kind 'img2img'" in error["message"]

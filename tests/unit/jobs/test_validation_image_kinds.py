@@ -57,8 +57,9 @@ def test_strength_leaving_no_step_is_refused_naming_the_smallest_strength(store:
 
 def test_inpaint_needs_a_mask_of_the_image_size(store: InputStore) -> None:
     image = store.add(image_bytes((32, 16))).id
-    with pytest.raises(Rejected, match=r"params.mask is required for kind 'inpaint'"):
+    with pytest.raises(Rejected, match=r"params.mask is required for kind 'inpaint'") as missing:
         check_kind_params("inpaint", {"prompt": "x", "image": image}, store, family="sd1")
+    assert missing.value.param == "params.mask"
     wrong = store.add(image_bytes((16, 16), "L")).id
     with pytest.raises(
         Rejected, match=r"params.mask must have the size of params.image \(32x16 pixels\), got 16x16"

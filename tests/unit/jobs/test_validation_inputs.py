@@ -53,8 +53,9 @@ def test_unknown_or_malformed_file_ids_are_refused(tmp_path: Path) -> None:
 def test_r22_kind_params_name_the_field_and_the_limit(tmp_path: Path) -> None:
     store = InputStore(tmp_path, max_input_bytes=1_000_000)
     odd = store.add(image_bytes((20, 16))).id
-    with pytest.raises(Rejected, match=r"params.image is required for kind 'edit'"):
+    with pytest.raises(Rejected, match=r"params.image is required for kind 'edit'") as missing:
         check_kind_params("edit", {"prompt": "x"}, store)
+    assert missing.value.param == "params.image"  # the refusal names the field (docs/api.md, errors)
     with pytest.raises(Rejected, match=r"params.image: .*multiples of 8 pixels, got 20x16"):
         check_kind_params("edit", {"prompt": "x", "image": odd}, store)
     with pytest.raises(Rejected, match=r"params.image: the image to upscale .*multiples of 8 pixels, got 20x16"):
