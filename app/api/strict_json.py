@@ -80,12 +80,12 @@ def strict_loads(body: bytes) -> Any:
     try:
         value = json.loads(body)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
-        position = getattr(error, "pos", None)
+        # The whole body is at fault: its loc names no field (the message gives the character)
         raise RequestValidationError(
             [
                 {
                     "type": "json_invalid",
-                    "loc": ("body",) if position is None else ("body", position),
+                    "loc": ("body",),
                     "msg": f"invalid JSON: {error}"[:300],
                     "input": {},
                 }

@@ -177,6 +177,17 @@ def test_nan_infinity_and_lone_surrogates_are_422_naming_the_field(
     assert len(hostile.ctx.journal.list()) == jobs_before
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/chat/completions", "/v1/images/generations", "/hf"])
+def test_a_body_that_is_not_json_is_refused_as_the_body_not_a_field(hostile: Hostile, path: str) -> None:
+    """A truncated body is 422 naming ``body`` and the character where parsing stopped, not a
+    field called ``body.9`` (the decoder's offset used to stand in the field's place)."""
+    answer = hostile.client.post(path, content=b'{"model":', headers={**AUTH, "content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    message = answer.json()["error"]["message"]
+    assert "invalid JSON" in message and "(char 9)" in message, message
+    assert "body.9" not in answer.text and answer.json()["error"].get("param") in (None, "body"), answer.text
+
+
 def test_result_form_numbers_and_provenance_must_be_finite(hostile: Hostile) -> None:
     """The worker's result form: ``load_s=nan``/``inf`` and a provenance with NaN are 422 and
     store nothing; the job stays running."""
