@@ -143,7 +143,8 @@ def openai_validation_error(error: RequestValidationError) -> JSONResponse:
     param = ".".join(location) or None
     message = f"`{param}`: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
     if "input" in first and param:
-        message += f", got {str(first['input'])[:200]!r}"
+        given = first["input"]  # a string quoted; a number, list or object as the client sent it (JSON)
+        message += f", got {given[:200]!r}" if isinstance(given, str) else f", got {json.dumps(given)[:200]}"
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
     return JSONResponse(status_code=422, content=body)
 

@@ -380,6 +380,11 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     assert (shape["param"], shape["code"]) == ("size", "invalid_size")
     missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]
     assert (missing["param"], missing["type"]) == ("prompt", "invalid_request_error") and "prompt" in missing["message"]
+    # the value is shown as the client sent it: the number 0, not the string '0'
+    none = client.post("/v1/images/generations", json={"prompt": "x", "n": 0}).json()["error"]
+    assert none["param"] == "n" and none["message"].endswith(", got 0"), none
+    text = client.post("/v1/images/generations", json={"prompt": "x", "n": "two"}).json()["error"]
+    assert text["param"] == "n" and text["message"].endswith(", got 'two'"), text
     unauthorized = client.post("/v1/images/generations", json={"prompt": "x"}, headers={"Authorization": ""})
     assert unauthorized.status_code == 401 and unauthorized.json()["error"]["type"] == "authentication_error"
 
