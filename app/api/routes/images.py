@@ -407,7 +407,7 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
         record = ctx.registry.get(model)
     except NotFound:
         return  # run_jobs refuses it and journals the refusal
-    check_submission({"n": count}, limits_for(ctx.settings.limits, record.family))
+    check_submission({"n": count}, limits_for(ctx.settings.limits, record.family), family=record.family)
 
 
 def default_model(ctx: ServerContext, kind: str) -> str:
@@ -591,7 +591,7 @@ async def edit_images(
     check_upload(
         image.size if image.size is not None else len(data), sniff(data[:16]) or "application/octet-stream", limits
     )
-    check_submission({"n": n}, limits)  # one job per image (R22)
+    check_submission({"n": n}, limits, family=record.family)  # one job per image (R22)
     parse_size(size)
     extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(await request.form()))
     stored = await to_thread.run_sync(ctx.inputs.add, data)

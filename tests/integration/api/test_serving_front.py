@@ -144,7 +144,8 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
     with client:
         online(ctx, "server")
         too_many = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 5}).json()["error"]
-        assert (too_many["param"], too_many["code"]) == ("n", "invalid_n") and "(max_batch)" in too_many["message"]
+        assert (too_many["param"], too_many["code"]) == ("n", "invalid_n")
+        assert "(max_batch of family sd1)" in too_many["message"]
         client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "n": 2, "steps": 1})
         # one job makes the n images (params.n), not one job per image
         assert [job.params.get("n") for job in ctx.journal.list([JobState.queued])] == [2]
