@@ -570,8 +570,10 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
 async def edit_images(
     ctx: Context,
     request: Request,
-    image: Annotated[UploadFile, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")],
     prompt: Annotated[str, Form(min_length=1, max_length=MAX_PROMPT_CHARS)],
+    image: Annotated[
+        UploadFile | None, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")
+    ] = None,
     model: Annotated[str | None, Form(max_length=64)] = None,
     n: Annotated[int, Form(ge=1)] = 1,  # at most the family's max_batch (invalid_n)
     size: Annotated[str | None, Form(max_length=32)] = None,
@@ -580,10 +582,13 @@ async def edit_images(
     """OpenAI ``images.edit``: the upload is checked (bytes, media type by content; R22) and
     stored as an input (``POST /v1/files``'s store), then one ``edit`` job per image runs on
     it (image i seeded ``seed + i`` when a ``seed`` extra is given). Extra form fields (the SDK's
-    ``extra_body``) are edit params or refused (:func:`extra_params`). ``size`` is accepted for compatibility; an
-    edit keeps the input's size. 409
+    ``extra_body``) are edit params or refused (:func:`extra_params`); so is any file but the one
+    image (:func:`the_one_image`: a ``mask`` is refused, not ignored). ``size`` is accepted for
+    compatibility; an edit keeps the input's size. 409
     ``job_pending`` as for generations (C10)."""
     started = time.monotonic()
+    form = await request.form()
+    image = the_one_image(image, form)
     model_id = await model_or_default(ctx, model, "edit")
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
@@ -593,7 +598,7 @@ async def edit_images(
     )
     check_submission({"n": n}, limits, family=record.family)  # one job per image (R22)
     parse_size(size)
-    extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(await request.form()))
+    extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(form))
     stored = await to_thread.run_sync(ctx.inputs.add, data)
     fields = {
         "image": stored.id,
@@ -616,6 +621,48 @@ async def edit_images(
 
 
 EDIT_FIELDS = ("image", "prompt", "model", "n", "size", "response_format")
+LISTED_IMAGE = "image[]"
+"""The field the openai SDK names the input when ``images.edit`` is given a list of images."""
+
+
+def the_one_image(image: UploadFile | None, form: Any) -> UploadFile:
+    """The input of ``POST /v1/images/edits``: its one file, sent as ``image`` (or as a list of
+    one, ``image[]``); every file part of ``form`` (the multipart form) is checked, so none is
+    dropped without a word.
+
+    Raises:
+        Rejected: reason ``unknown_param`` (param: the field) for a file under any other name;
+            for ``mask``, saying that this route edits the whole image and where masked edits
+            run (``inpaint``); reason ``invalid_image`` (param ``image``) when there is no image
+            or more than one: an edit job takes one input image.
+    """
+    files = [(name, value) for name, value in form.multi_items() if not isinstance(value, str)]
+    for name, _ in files:
+        if name == "mask":
+            raise Rejected(
+                "`mask` is not taken here: this route runs an `edit` job on the whole image; for a masked "
+                "edit submit an `inpaint` job (`POST /v1/jobs` with `params.image` and `params.mask`, "
+                "docs/api.md) on a model that runs inpaint",
+                reason="unknown_param",
+                param="mask",
+            )
+        if name not in ("image", LISTED_IMAGE):
+            raise Rejected(
+                f"`{name}` is a file this route does not take; it takes one file, `image`",
+                reason="unknown_param",
+                param=name,
+            )
+    images = [value for name, value in files if name in ("image", LISTED_IMAGE)]
+    if image is not None and not images:
+        images = [image]
+    if len(images) != 1:
+        raise Rejected(
+            f"`image` must be one file, the image to edit; got {len(images)} (an edit job takes one input image: "
+            "send several requests for several inputs)",
+            reason="invalid_image",
+            param="image",
+        )
+    return images[0]
 
 
 def form_extras(form: Any) -> dict[str, Any]:

@@ -503,6 +503,40 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png
 
 
+def test_r22_openai_edits_refuse_a_mask_or_a_second_file_never_dropping_it(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    import openai
+
+    client, ctx = make_api(settings.model_copy(update={"images_wait_s": 0}), tiny_models_dir)
+    with client:
+        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+        online(ctx, "server")
+        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
+        png = ("a.png", buffer.getvalue(), "image/png")
+        sdk = openai.OpenAI(api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+        asked = {"model": edit_model, "prompt": "make it blue"}
+        with pytest.raises(openai.UnprocessableEntityError) as masked:  # the SDK's mask: an inpaint, not run here
+            sdk.images.edit(image=png, mask=png, **asked)
+        assert (masked.value.code, masked.value.param) == ("unknown_param", "mask")
+        assert "`inpaint` job" in masked.value.message and "params.mask" in masked.value.message
+        with pytest.raises(openai.UnprocessableEntityError) as two:  # a list: the SDK sends image[] twice
+            sdk.images.edit(image=[png, png], **asked)
+        assert (two.value.code, two.value.param) == ("invalid_image", "image")
+        assert "must be one file, the image to edit; got 2" in two.value.message
+        other = client.post("/v1/images/edits", data=asked, files=[("image", png), ("extra", png)], headers=AUTH)
+        assert other.status_code == 422 and other.json()["error"]["param"] == "extra"
+        nothing = client.post("/v1/images/edits", data=asked, headers=AUTH)
+        assert nothing.status_code == 422 and "got 0" in nothing.json()["error"]["message"]
+        assert ctx.journal.list([JobState.queued]) == []  # none of these made a job
+        with pytest.raises(openai.ConflictError):  # a list of one is the image: its job is queued (no worker)
+            sdk.images.edit(image=[png], **asked)
+        [job] = ctx.journal.list([JobState.queued])
+        assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png[1]
+
+
 def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
