@@ -2,7 +2,8 @@
 clairvoyant references computed once and kept in a file (docs/benchmarks.md, "Screening a
 change"). Prints figures; asserts nothing.
 
-    python -m bench.screen --seed S [--cases N] [--moves M] [--no-outages] [--refresh] [--cache PATH]
+    python -m bench.screen --seed S[,S...] [--cases N] [--moves M] [--no-outages] [--refresh] [--cache PATH]
+                           [--bootstrap R]
 
 A full ``bench/placement.py --random`` run searches a reference for every case anew (about
 three minutes for 200 cases); between two versions of the routing code only Auto's schedule
@@ -11,6 +12,10 @@ on every case, as the full run does, and keeps each case's figures in ``--cache`
 ``bench/.screen/<seed>-<cases>-<moves>[-no-outages].json``, ignored by git) with the commit
 they were computed at. Every screen then replays Auto alone on each case (about 20 s for 200)
 and prints the distributions the full run prints (:func:`bench.placement.distribution_lines`).
+Several seeds print each seed's distributions, then the same over all their cases pooled.
+``--bootstrap R`` adds, per regret figure, how many cases exceed the goal's 2x and a 90 %
+interval of the cases' p95 over ``R`` resamples of the cases (with replacement): how far one
+draw of 200 cases can move that figure.
 
 The kept reference was seeded with the Auto of the commit that computed it; a full run seeds
 its search with the Auto being judged. A case where the new Auto does better than the kept
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import subprocess
 import time
 from pathlib import Path
@@ -32,9 +38,11 @@ from pathlib import Path
 from bench import clairvoyant
 from bench.placement import BOUND_FLOOR_S, RANDOM_MOVES, distribution_lines, run_case
 from bench.random_cases import Case, case_seeds, random_case
-from bench.sim import BENCH, POLICIES, Simulation, Trace, load_fleet_file, lower_bounds, true_factors
+from bench.sim import BENCH, POLICIES, Simulation, Trace, load_fleet_file, lower_bounds, percentile, true_factors
 
 CACHE_DIR = BENCH / ".screen"
+REGRET_GOAL = 2.0
+"""The regret's goal at the cases' 95th percentile (docs/benchmarks.md, "Random fleets")."""
 KEPT = ("best_mean", "best_p95", "ref_mean", "ref_p95", "auto_mean", "auto_p95")
 """The figures of :func:`bench.placement.run_case` a cache keeps per case (``auto_*``: the Auto
 that seeded the reference, printed beside the new one)."""
@@ -136,16 +144,53 @@ def screen(seed: int, n: int, moves: int, outages: bool, refresh: bool, cache: P
     return rows
 
 
+def bootstrap_lines(rows: list[dict], resamples: int, seed: int = 0) -> list[str]:
+    """Per figure (mean, p95 bounded slowdown), the cases whose regret (Auto / reference)
+    exceeds :data:`REGRET_GOAL`, the regret at the cases' p95 (as
+    :func:`bench.placement.distribution_lines` takes it) and the 5th and 95th percentiles of
+    that p95 over ``resamples`` resamples of the cases with replacement (``seed`` fixes them)."""
+    rng = random.Random(seed)
+    lines = []
+    for figure in ("mean", "p95"):
+        regret = [r[f"auto_{figure}"] / r[f"ref_{figure}"] for r in rows]
+        over = sum(1 for v in regret if v > REGRET_GOAL)
+        drawn = sorted(percentile(rng.choices(regret, k=len(regret)), 0.95) for _ in range(resamples))
+        lines.append(
+            f"{figure:<5} auto/reference cases over {REGRET_GOAL:g}: {over} of {len(regret)}; at the cases' p95 "
+            f"{percentile(regret, 0.95):.3f}, 90 % of {resamples} resamples within "
+            f"{percentile(drawn, 0.05):.3f}-{percentile(drawn, 0.95):.3f}"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=1, help="the seed of the random cases (tune on 1 and 3)")
+    parser.add_argument(
+        "--seed",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[1],
+        help="the seed of the random cases (tune on 1 and 3), or several, comma-separated, then also pooled",
+    )
     parser.add_argument("--cases", type=int, default=200, help="how many cases")
     parser.add_argument("--moves", type=int, default=RANDOM_MOVES, help="clairvoyant search moves per figure")
     parser.add_argument("--no-outages", action="store_true", help="every machine online throughout")
     parser.add_argument("--refresh", action="store_true", help="recompute the kept figures")
-    parser.add_argument("--cache", type=Path, help="the file of kept figures")
+    parser.add_argument("--cache", type=Path, help="the file of kept figures (one seed only)")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="R", help="resamples of the cases (0: none)")
     args = parser.parse_args(argv)
-    screen(args.seed, args.cases, args.moves, not args.no_outages, args.refresh, args.cache)
+    if args.cache is not None and len(args.seed) > 1:
+        parser.error("--cache names one seed's file: give one --seed with it")
+    pooled = []
+    for seed in args.seed:
+        rows = screen(seed, args.cases, args.moves, not args.no_outages, args.refresh, args.cache)
+        if args.bootstrap:
+            print("\n".join(bootstrap_lines(rows, args.bootstrap)))
+        pooled += rows
+    if len(args.seed) > 1:
+        print(f"== pooled: {len(pooled)} cases from seeds {','.join(map(str, args.seed))}")
+        print("\n".join(distribution_lines(pooled)))
+        if args.bootstrap:
+            print("\n".join(bootstrap_lines(pooled, args.bootstrap)))
 
 
 if __name__ == "__main__":

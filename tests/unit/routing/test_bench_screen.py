@@ -52,3 +52,24 @@ def test_outages_can_be_left_out() -> None:
     assert any(c.trace.offline for c in with_them)
     assert not any(c.trace.offline for c in without)
     assert [len(c.trace.jobs) for c in with_them] == [len(c.trace.jobs) for c in without]
+
+
+def test_bootstrap_counts_the_cases_over_the_goal_and_brackets_the_p95() -> None:
+    # 200 cases: regret 3.0 on 10, 1.0 on the rest (p95 figure); the mean figure's regret is 1 everywhere
+    rows = [
+        {"auto_mean": 1.0, "ref_mean": 1.0, "auto_p95": 3.0 if i < 10 else 1.0, "ref_p95": 1.0, "seed": i}
+        for i in range(200)
+    ]
+    mean_line, p95_line = screen.bootstrap_lines(rows, 200)
+    assert mean_line.startswith("mean  auto/reference cases over 2: 0 of 200; at the cases' p95 1.000")
+    assert "within 1.000-1.000" in mean_line
+    # 10 of 200 over the goal: the p95 (the 191st value) is 3.0; a resample holds 9 or fewer of
+    # them (its p95 1.0) about as often as 10 or more, so the interval spans both
+    assert p95_line.startswith("p95   auto/reference cases over 2: 10 of 200; at the cases' p95 3.000")
+    assert p95_line.endswith("90 % of 200 resamples within 1.000-3.000")
+    assert screen.bootstrap_lines(rows, 200) == [mean_line, p95_line]  # the resamples are seeded
+
+
+def test_one_cache_file_names_one_seed() -> None:
+    with pytest.raises(SystemExit):
+        screen.main(["--seed", "1,3", "--cache", "kept.json"])
