@@ -195,7 +195,8 @@ class Reconciler:
                     job.id,
                     JobState.running,
                     "worker_lost",
-                    f"the worker of {machine} has no live heartbeat; the job may have started",
+                    f"the worker of {machine} has no live heartbeat; the job had started there (it is "
+                    "not run again by itself: resubmit it if you want it, R19)",
                 )
             elif heartbeat is None:
                 continue

@@ -180,7 +180,7 @@ class ImageGeneration(RequestBody):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = Field(
-        None, min_length=1, max_length=64, description="registered model id; default: the first txt2img model"
+        None, min_length=1, max_length=64, description="registered model id; default: the first txt2img model by id"
     )
     n: int = Field(
         1,

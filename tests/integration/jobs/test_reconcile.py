@@ -188,7 +188,11 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     if heartbeat_boot is not None:
         beat(ctx, "m1", heartbeat_boot)
     assert ctx.reconciler().run_once().interrupted == {job: reason}
-    assert ctx.journal.get(job).state == JobState.interrupted
+    ended = ctx.journal.get(job)
+    assert ended.state == JobState.interrupted
+    if reason == "worker_lost":  # claimed: it had started, and says it will not run again by itself
+        assert ended.message is not None and "the job had started there" in ended.message
+        assert "not run again by itself" in ended.message
     assert ctx.machines.reservations.count("m1") == 0  # released when it ended (R14)
     assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # never re-queued
