@@ -506,6 +506,40 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     assert sent["params"]["image"] == original["result"]["digest"]
 
 
+#: seeds a double cannot hold (2^53 + 1 reads as 2^53, 2^63 - 1 as 2^63, past the API's range)
+BIG_SEEDS = (2**53 + 1, 2**63 - 1)
+
+
+def test_same_settings_keeps_a_seed_past_2_53_to_the_last_digit(fleet: RunningFleet, browser: object) -> None:
+    """The seed field's hint shows the API's range exactly (0–9223372036854775807), and Same
+    settings of a job seeded 2^53 + 1 or 2^63 - 1 fills the form with that seed's digits and
+    submits it unchanged: the new job (journal, API) has the very same seed."""
+    from selenium.webdriver.common.by import By
+
+    params = {"prompt": "a seed past two to the fifty-three", "width": 64, "height": 64, "steps": 1}
+    originals = {
+        seed: fleet.client.submit(fleet.model, "txt2img", {**params, "seed": seed}, target="m1")["id"]
+        for seed in BIG_SEEDS
+    }
+    for seed, job_id in originals.items():
+        assert fleet.client.wait(job_id, timeout_s=JOB_WAIT_S)["seed"] == seed
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    for seed, job_id in originals.items():
+        driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+        figure = f"#gallery figure[data-job='{job_id}']"
+        wait.until(lambda d, css=f"{figure} .remix-same": d.find_elements(By.CSS_SELECTOR, css))
+        click(driver, f"{figure} .remix-same")
+        wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
+        assert form_value(driver, "seed") == str(seed)
+        assert "0–9223372036854775807" in driver.find_element(By.ID, "hint-seed").text  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+        again = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+        assert (again["state"], again["seed"]) == ("succeeded", seed), again
+        assert again["id"] != job_id and fleet.ctx.journal.get(again["id"]).params["seed"] == seed
+
+
 def form_value(driver: object, name: str) -> str:
     return str(
         driver.execute_script(  # type: ignore[attr-defined]

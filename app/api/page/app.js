@@ -38,14 +38,21 @@ class ApiError extends Error {
   }
 }
 
+// JSON with exact integers: one past 2^53 (a seed reaches 2^63-1) is read as a BigInt from its own
+// digits (the reviver's context.source) and written back as those digits (JSON.rawJSON).
+const exactInteger = (key, value, context) =>
+  (typeof value === "number" && Number.isInteger(value) && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source) ? BigInt(context.source) : value);
+const parseJson = (text) => JSON.parse(text, exactInteger);
+const toJson = (value, space) => JSON.stringify(value, (key, v) => (typeof v === "bigint" ? JSON.rawJSON(String(v)) : v), space);
+
 const bearer = () => ({ Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` });
 
 async function api(path, options = {}) {
   const headers = { ...bearer(), ...(options.headers || {}) };
-  if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = JSON.stringify(options.json); }
+  if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = toJson(options.json); }
   const response = await fetch(path, { ...options, headers });
   if (response.status === 401) askKey("the server refused the key: give another");
-  const body = (response.headers.get("content-type") || "").includes("json") ? await response.json() : null;
+  const body = (response.headers.get("content-type") || "").includes("json") ? parseJson(await response.text()) : null;
   if (!response.ok) throw new ApiError(response.status, body);
   return body;
 }
@@ -53,7 +60,7 @@ async function api(path, options = {}) {
 // Server-Sent Events over fetch (EventSource cannot send the Authorization header).
 async function follow(path, onEvent) {
   const response = await fetch(path, { headers: { ...bearer(), Accept: "text/event-stream" } });
-  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+  if (!response.ok) throw new ApiError(response.status, await response.text().then(parseJson).catch(() => null));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -68,7 +75,7 @@ async function follow(path, onEvent) {
         if (line.startsWith("event:")) event = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
       }
-      if (data.length) onEvent(event, JSON.parse(data.join("\n")));
+      if (data.length) onEvent(event, parseJson(data.join("\n")));
     }
   }
 }
@@ -258,7 +265,7 @@ function renderJobs() {
     $("h2", box).textContent = `Job ${job.id} (${job.state})`;
     $(".result", box).replaceChildren(job.result ? media(job) : "");
   }
-  $("pre", box).textContent = JSON.stringify(job.provenance || job, null, 2);
+  $("pre", box).textContent = toJson(job.provenance || job, 2);
 }
 
 // ---- Gallery ----
@@ -499,6 +506,9 @@ async function upload(blob, key) {
   return uploads.get(key);
 }
 
+// A number field's text as sent: an integer past 2^53 as a BigInt (its exact digits), else a Number.
+const numeric = (text) => (/^\s*-?\d+\s*$/.test(text) && !Number.isSafeInteger(Number(text)) ? BigInt(text.trim()) : Number(text));
+
 async function submission() {
   const f = form();
   const spec = kindSpec();
@@ -507,7 +517,7 @@ async function submission() {
     const name = label.dataset.param; const field = f.elements[name];
     if (field.type === "checkbox") params[name] = field.checked;
     else if (field.value === "") continue;
-    else if (field.type === "number") params[name] = Number(field.value);
+    else if (field.type === "number") params[name] = numeric(field.value);
     else params[name] = field.value;
   }
   if (spec.params.includes("stop") && typeof params.stop === "string") params.stop = params.stop.split(",");
