@@ -540,6 +540,44 @@ def test_same_settings_keeps_a_seed_past_2_53_to_the_last_digit(fleet: RunningFl
         assert again["id"] != job_id and fleet.ctx.journal.get(again["id"]).params["seed"] == seed
 
 
+def test_send_to_keeps_the_jobs_model_or_asks_for_one(fleet: RunningFleet, browser: object) -> None:
+    """A tiny-sd picture sent "→ img2img" keeps tiny-sd chosen (another model is first in the
+    list); sent "→ edit", which tiny-sd does not run, it chooses none: the list asks for a model,
+    the notice says why, a submission is refused on the page until one is chosen, and the prompt
+    stays."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    params = {"prompt": "a lighthouse sent onwards", "width": 64, "height": 64, "steps": 1}
+    job = fleet.client.wait(
+        fleet.client.submit(fleet.model, "txt2img", params, target="m1")["id"], timeout_s=JOB_WAIT_S
+    )
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    figure = f"#gallery figure[data-job='{job['id']}']"
+    models = "return [...document.querySelector('#submit-form').elements.model.options].map(o => o.value)"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-img2img"))
+    click(driver, f"{figure} .remix-send-img2img")
+    wait.until(lambda d: form_value(d, "kind") == "img2img")
+    assert driver.execute_script(models)[0] != fleet.model  # type: ignore[attr-defined]
+    assert (form_value(driver, "model"), form_value(driver, "prompt")) == (fleet.model, "a lighthouse sent onwards")
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-edit"))
+    click(driver, f"{figure} .remix-send-edit")
+    wait.until(lambda d: form_value(d, "kind") == "edit")
+    assert form_value(driver, "model") == "" and driver.execute_script(models)[1:] == sorted(
+        [EDIT_MODEL, RECOLOUR_MODEL]
+    )  # type: ignore[attr-defined]
+    assert f"its model {fleet.model} does not run edit" in driver.find_element(By.ID, "notice").text  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    refusal = wait.until(lambda d: d.find_elements(By.ID, "refusal"))[0]
+    assert refusal.get_attribute("data-reason") == "invalid_model", refusal.text
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(EDIT_MODEL)  # type: ignore[attr-defined]
+    assert form_value(driver, "prompt") == "a lighthouse sent onwards"
+    click(driver, "#dry-run")
+    wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
+
+
 def form_value(driver: object, name: str) -> str:
     return str(
         driver.execute_script(  # type: ignore[attr-defined]

@@ -330,6 +330,7 @@ const runnable = () => state.models.filter((m) => !m.kinds.includes("adapter"));
 const kindsRun = () => [...new Set(runnable().flatMap((m) => m.kinds))];
 const chosenModel = () => state.models.find((m) => m.id === form().elements.model.value);
 const inputs = {};  // input name -> {digest, label, url?}: a result (send to, same settings) instead of a file
+const CHOOSE = Symbol("choose a model");  // buildForm's model: none chosen, the user picks one
 
 // What the chosen model takes for the chosen kind: params, inputs, ranges, and the defaults
 // (the kind's on its family, then the model's own).
@@ -382,8 +383,10 @@ function inputField(name) {
 }
 
 // The kinds the models run (adapters run none); the model list keeps those running the chosen
-// kind; the form shows every param of that kind with its range and default.
-function buildForm(keep = {}) {
+// kind, `model` chosen when it is one of them (else the first), or none with CHOOSE: the list then
+// starts with "choose a model" and the form keeps its prompt until one is chosen; the form shows
+// every param of that kind with its range and default, then `keep`'s values.
+function buildForm(keep = {}, model = form().elements.model.value) {
   const f = form();
   const kinds = kindsRun();
   const kind = kinds.includes(f.elements.kind.value) ? f.elements.kind.value : kinds[0];
@@ -391,13 +394,14 @@ function buildForm(keep = {}) {
     f.elements.kind.replaceChildren(...kinds.map((k) => el("option", { value: k }, k)));
   f.elements.kind.value = kind;
   const models = runnable().filter((m) => m.kinds.includes(kind)).map((m) => m.id);
-  const chosen = f.elements.model.value;
-  f.elements.model.replaceChildren(...models.map((id) => el("option", { value: id }, id)));
-  f.elements.model.value = models.includes(chosen) ? chosen : models[0] || "";
+  const choosing = f.elements.model.querySelector("option[value='']") && f.elements.prompt ? { prompt: f.elements.prompt.value } : {};
+  const choose = model === CHOOSE && models.length > 0;
+  f.elements.model.replaceChildren(...(choose ? [el("option", { value: "" }, "choose a model")] : []), ...models.map((id) => el("option", { value: id }, id)));
+  f.elements.model.value = choose ? "" : models.includes(model) ? model : models[0] || "";
   const spec = kindSpec();
   const fields = spec.params.filter((name) => !spec.inputs.includes(name) && !NOT_IN_FORM.includes(name));
   $("#params").replaceChildren(el("legend", {}, `Parameters of ${kind}`), ...fields.map((name) => paramField(name, spec)));
-  for (const [name, value] of Object.entries(keep)) setField(name, value);
+  for (const [name, value] of Object.entries({ ...choosing, ...keep })) setField(name, value);
   fitInputs();
   buildAdapters(spec);
 }
@@ -512,6 +516,7 @@ const numeric = (text) => (/^\s*-?\d+\s*$/.test(text) && !Number.isSafeInteger(N
 async function submission() {
   const f = form();
   const spec = kindSpec();
+  if (!f.elements.model.value) throw new ApiError(422, { error: { reason: "invalid_model", message: `choose a model: one that runs ${f.elements.kind.value}` } });
   const params = {};
   for (const label of $("#params").querySelectorAll("label[data-param]")) {
     const name = label.dataset.param; const field = f.elements[name];
@@ -562,14 +567,16 @@ function fillFrom(job, newSeed) {
   location.hash = "#submit";
 }
 
-// Send a result to another kind as its input image (results as inputs: the result's digest).
+// Send a result to another kind as its input image (results as inputs: the result's digest),
+// with the job's model when it runs that kind, else none chosen: the user picks one.
 function sendTo(job, kind) {
   for (const name of Object.keys(inputs)) delete inputs[name];
   inputs.image = { digest: job.result.digest, label: `the result of job ${short(job.id)}`, job };
-  const f = form();
-  f.elements.kind.value = kind; f.elements.model.value = "";
-  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {});
-  say(`Result of job ${job.id} sent to ${kind}: choose the settings and Submit`);
+  const runs = runnable().some((m) => m.id === job.model && m.kinds.includes(kind));
+  form().elements.kind.value = kind;
+  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {}, runs ? job.model : CHOOSE);
+  say(`Sent the result of job ${job.id} to ${kind}: ` + (runs ? `with its model ${job.model}, choose the settings and Submit`
+    : `its model ${job.model} does not run ${kind}, choose a model, then Submit`));
   location.hash = "#submit";
 }
 
