@@ -506,6 +506,150 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     assert sent["params"]["image"] == original["result"]["digest"]
 
 
+#: seeds a double cannot hold (2^53 + 1 reads as 2^53, 2^63 - 1 as 2^63, past the API's range)
+BIG_SEEDS = (2**53 + 1, 2**63 - 1)
+
+
+def test_same_settings_keeps_a_seed_past_2_53_to_the_last_digit(fleet: RunningFleet, browser: object) -> None:
+    """The seed field's hint shows the API's range exactly (0–9223372036854775807), and Same
+    settings of a job seeded 2^53 + 1 or 2^63 - 1 fills the form with that seed's digits and
+    submits it unchanged: the new job (journal, API) has the very same seed."""
+    from selenium.webdriver.common.by import By
+
+    params = {"prompt": "a seed past two to the fifty-three", "width": 64, "height": 64, "steps": 1}
+    originals = {
+        seed: fleet.client.submit(fleet.model, "txt2img", {**params, "seed": seed}, target="m1")["id"]
+        for seed in BIG_SEEDS
+    }
+    for seed, job_id in originals.items():
+        assert fleet.client.wait(job_id, timeout_s=JOB_WAIT_S)["seed"] == seed
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    for seed, job_id in originals.items():
+        driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+        figure = f"#gallery figure[data-job='{job_id}']"
+        wait.until(lambda d, css=f"{figure} .remix-same": d.find_elements(By.CSS_SELECTOR, css))
+        click(driver, f"{figure} .remix-same")
+        wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
+        assert form_value(driver, "seed") == str(seed)
+        assert "0–9223372036854775807" in driver.find_element(By.ID, "hint-seed").text  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+        again = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+        assert (again["state"], again["seed"]) == ("succeeded", seed), again
+        assert again["id"] != job_id and fleet.ctx.journal.get(again["id"]).params["seed"] == seed
+
+
+def shown_results(driver: object, root: str) -> list[dict[str, object]]:
+    """The results shown under ``root``, in order: each image's job, index, digest (as the page
+    labels it), blob: URL and width once loaded, and its download link's file name and blob: URL."""
+    return driver.execute_script(  # type: ignore[attr-defined, no-any-return]
+        "return [...document.querySelectorAll(arguments[0] + ' img[data-digest]')].map(img => {"
+        " const link = img.closest('figure, .result-item').querySelector('a.download');"
+        " return {job: img.dataset.job, index: img.dataset.index, digest: img.dataset.digest, src: img.src,"
+        " width: img.complete ? img.naturalWidth : 0, file: link.getAttribute('download'), href: link.href}; })",
+        root,
+    )
+
+
+def shown_pixels(driver: object, src: str) -> list[tuple[int, int, int]]:
+    """The RGB pixels, row by row, of the image the page shows from ``src`` (a blob: URL)."""
+    flat = driver.execute_script(  # type: ignore[attr-defined]
+        "const img = [...document.images].find(i => i.src === arguments[0]);"
+        "const canvas = document.createElement('canvas');"
+        "canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;"
+        "const context = canvas.getContext('2d'); context.drawImage(img, 0, 0);"
+        "return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data)",
+        src,
+    )
+    return [tuple(flat[i : i + 3]) for i in range(0, len(flat), 4)]
+
+
+def test_a_job_of_two_images_shows_and_sends_each_of_them(fleet: RunningFleet, browser: object) -> None:
+    """A job with n = 2 shows both images, in order, in the Gallery (a figure each, its own
+    download) and in the Jobs view's details; each shows and downloads that image's pixels
+    (``GET /v1/jobs/{id}/result?index=i``), and "→ img2img" on the second sends the second
+    (the new job's params.image)."""
+    from selenium.webdriver.common.by import By
+
+    params = {"prompt": "two page-shown lighthouses", "width": 64, "height": 64, "steps": 2, "n": 2}
+    job = fleet.client.wait(
+        fleet.client.submit(fleet.model, "txt2img", params, target="m1")["id"], timeout_s=JOB_WAIT_S
+    )
+    assert job["state"] == "succeeded"
+    digests = [r["digest"] for r in job["results"]]
+    assert len(set(digests)) == 2, job["results"]
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    figures = f"#gallery figure[data-job='{job['id']}']"
+    ready = lambda d, root: [r for r in shown_results(d, root) if r["width"] == 64 and r["href"].startswith("blob:")]  # noqa: E731
+    wait.until(lambda d: len(ready(d, figures)) == 2)
+    for root in (figures, "#job-detail .result"):
+        if root != figures:
+            driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job['id']}']"))
+            click(driver, f"#jobs tr[data-job='{job['id']}']")
+            wait.until(lambda d, r=root: len(ready(d, r)) == 2)
+        shown = shown_results(driver, root)
+        assert [(r["job"], r["index"], r["digest"]) for r in shown] == [
+            (job["id"], "0", digests[0]),
+            (job["id"], "1", digests[1]),
+        ]
+        assert len({r["src"] for r in shown}) == len({r["file"] for r in shown}) == 2, shown
+        assert [r["href"] for r in shown] == [r["src"] for r in shown]  # each link saves the image shown above it
+        assert [shown_pixels(driver, str(r["src"])) for r in shown] == [
+            pixels(fleet.client.download(job["id"], index)) for index in (0, 1)
+        ]
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    second = f"{figures}[data-index='1'] .remix-send-img2img"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, second))
+    click(driver, second)
+    wait.until(lambda d: form_value(d, "kind") == "img2img")
+    driver.execute_script("document.querySelector('#submit-form').elements.steps.value = '2'")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    sent = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+    assert (sent["state"], sent["kind"], sent["model"]) == ("succeeded", "img2img", fleet.model)
+    assert sent["params"]["image"] == digests[1]
+
+
+def test_send_to_keeps_the_jobs_model_or_asks_for_one(fleet: RunningFleet, browser: object) -> None:
+    """A tiny-sd picture sent "→ img2img" keeps tiny-sd chosen (another model is first in the
+    list); sent "→ edit", which tiny-sd does not run, it chooses none: the list asks for a model,
+    the notice says why, a submission is refused on the page until one is chosen, and the prompt
+    stays."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    params = {"prompt": "a lighthouse sent onwards", "width": 64, "height": 64, "steps": 1}
+    job = fleet.client.wait(
+        fleet.client.submit(fleet.model, "txt2img", params, target="m1")["id"], timeout_s=JOB_WAIT_S
+    )
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    figure = f"#gallery figure[data-job='{job['id']}']"
+    models = "return [...document.querySelector('#submit-form').elements.model.options].map(o => o.value)"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-img2img"))
+    click(driver, f"{figure} .remix-send-img2img")
+    wait.until(lambda d: form_value(d, "kind") == "img2img")
+    assert driver.execute_script(models)[0] != fleet.model  # type: ignore[attr-defined]
+    assert (form_value(driver, "model"), form_value(driver, "prompt")) == (fleet.model, "a lighthouse sent onwards")
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-edit"))
+    click(driver, f"{figure} .remix-send-edit")
+    wait.until(lambda d: form_value(d, "kind") == "edit")
+    assert form_value(driver, "model") == "" and driver.execute_script(models)[1:] == sorted(
+        [EDIT_MODEL, RECOLOUR_MODEL]
+    )  # type: ignore[attr-defined]
+    assert f"its model {fleet.model} does not run edit" in driver.find_element(By.ID, "notice").text  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    refusal = wait.until(lambda d: d.find_elements(By.ID, "refusal"))[0]
+    assert refusal.get_attribute("data-reason") == "invalid_model", refusal.text
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(EDIT_MODEL)  # type: ignore[attr-defined]
+    assert form_value(driver, "prompt") == "a lighthouse sent onwards"
+    click(driver, "#dry-run")
+    wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
+
+
 def form_value(driver: object, name: str) -> str:
     return str(
         driver.execute_script(  # type: ignore[attr-defined]

@@ -38,14 +38,21 @@ class ApiError extends Error {
   }
 }
 
+// JSON with exact integers: one past 2^53 (a seed reaches 2^63-1) is read as a BigInt from its own
+// digits (the reviver's context.source) and written back as those digits (JSON.rawJSON).
+const exactInteger = (key, value, context) =>
+  (typeof value === "number" && Number.isInteger(value) && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source) ? BigInt(context.source) : value);
+const parseJson = (text) => JSON.parse(text, exactInteger);
+const toJson = (value, space) => JSON.stringify(value, (key, v) => (typeof v === "bigint" ? JSON.rawJSON(String(v)) : v), space);
+
 const bearer = () => ({ Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` });
 
 async function api(path, options = {}) {
   const headers = { ...bearer(), ...(options.headers || {}) };
-  if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = JSON.stringify(options.json); }
+  if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = toJson(options.json); }
   const response = await fetch(path, { ...options, headers });
   if (response.status === 401) askKey("the server refused the key: give another");
-  const body = (response.headers.get("content-type") || "").includes("json") ? await response.json() : null;
+  const body = (response.headers.get("content-type") || "").includes("json") ? parseJson(await response.text()) : null;
   if (!response.ok) throw new ApiError(response.status, body);
   return body;
 }
@@ -53,7 +60,7 @@ async function api(path, options = {}) {
 // Server-Sent Events over fetch (EventSource cannot send the Authorization header).
 async function follow(path, onEvent) {
   const response = await fetch(path, { headers: { ...bearer(), Accept: "text/event-stream" } });
-  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+  if (!response.ok) throw new ApiError(response.status, await response.text().then(parseJson).catch(() => null));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -68,39 +75,62 @@ async function follow(path, onEvent) {
         if (line.startsWith("event:")) event = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
       }
-      if (data.length) onEvent(event, JSON.parse(data.join("\n")));
+      if (data.length) onEvent(event, parseJson(data.join("\n")));
     }
   }
 }
 
-// A result as a Blob and its blob: URL (an <img> cannot send the key), cached per job.
-async function resultBlob(job) {
-  if (!state.blobs.has(job.id)) {
-    state.blobs.set(job.id, (async () => {
-      const response = await fetch(job.result.url, { headers: bearer() });
+// A job's results in order (n images, each {digest, media_type, size_bytes, url, seed}): its
+// `results`, else its one `result`; none before it has succeeded.
+const resultsOf = (job) => job.results || (job.result ? [job.result] : []);
+// A result as a Blob and its blob: URL (an <img> cannot send the key), cached per result URL.
+async function resultBlob(result) {
+  if (!state.blobs.has(result.url)) {
+    state.blobs.set(result.url, (async () => {
+      const response = await fetch(result.url, { headers: bearer() });
       if (!response.ok) throw new ApiError(response.status, null);
       const blob = await response.blob();
       return { blob, url: URL.createObjectURL(blob) };
     })());
   }
-  return state.blobs.get(job.id);
+  return state.blobs.get(result.url);
 }
-const resultUrl = async (job) => (await resultBlob(job)).url;
-const isMedia = (job) => /^(image|video)\//.test(job.result.media_type);
-const isImage = (job) => Boolean(job.result) && job.result.media_type.startsWith("image/");
+const resultUrl = async (result) => (await resultBlob(result)).url;
+const isMedia = (result) => /^(image|video)\//.test(result.media_type);
+const isImage = (result) => result.media_type.startsWith("image/");
+// "image 2 of 3" for result `index` (from 0) of a job with `count` results; "" for a job's only one.
+const nth = (index, count) => (count > 1 ? `image ${index + 1} of ${count}` : "");
 
-function media(job) {
-  if (!isMedia(job)) {  // a text job's answer (text/plain), shown as text
-    const node = el("pre", { class: "text-result", "data-job": job.id });
-    resultBlob(job).then(({ blob }) => blob.text()).then((text) => { node.textContent = text; },
+// Result `index` of `count` of a job: an <img>, a <video>, or a text job's answer (text/plain) as text.
+function media(job, result, index = 0, count = 1) {
+  const which = { "data-job": job.id, "data-index": String(index), "data-digest": result.digest };
+  if (!isMedia(result)) {
+    const node = el("pre", { class: "text-result", ...which });
+    resultBlob(result).then(({ blob }) => blob.text()).then((text) => { node.textContent = text; },
       () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
     return node;
   }
-  const video = job.result.media_type.startsWith("video/");
-  const node = video ? el("video", { muted: "", loop: "", preload: "metadata", controls: "", "data-job": job.id, "aria-label": job.params.prompt || job.id })
-                     : el("img", { alt: job.params.prompt || `result of ${job.id}`, "data-job": job.id });
-  resultUrl(job).then((url) => { node.src = url; }, () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
+  const name = [job.params.prompt || `result of ${job.id}`, nth(index, count)].filter(Boolean).join(", ");
+  const node = result.media_type.startsWith("video/") ? el("video", { muted: "", loop: "", preload: "metadata", controls: "", ...which, "aria-label": name })
+                                                      : el("img", { alt: name, ...which });
+  resultUrl(result).then((url) => { node.src = url; }, () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
   return node;
+}
+
+// A link that saves result `index` of `count` (its blob: URL) as <job id>[-<index>].<type>.
+function downloadLink(job, result, index, count) {
+  const file = `${job.id}${count > 1 ? `-${index}` : ""}.${result.media_type.split("/")[1] || "bin"}`;
+  const link = el("a", { class: "download", download: file, href: "#", "data-key": `download:${job.id}:${index}`, "data-index": String(index),
+    "aria-label": `Download the result of job ${job.id}${count > 1 ? `, ${nth(index, count)}` : ""}` }, count > 1 ? `Download ${index + 1}` : "Download");
+  resultUrl(result).then((url) => { link.href = url; });
+  return link;
+}
+
+// Every result of a job, each with its download link (Jobs details, Submit's finished job).
+function allResults(job) {
+  const results = resultsOf(job);
+  return results.map((result, index) => el("div", { class: isMedia(result) ? "result-item" : "result-item text" },
+    media(job, result, index, results.length), downloadLink(job, result, index, results.length)));
 }
 
 // ---- times ----
@@ -256,9 +286,9 @@ function renderJobs() {
   if (!job) return;
   if ($("h2", box).textContent !== `Job ${job.id} (${job.state})`) {
     $("h2", box).textContent = `Job ${job.id} (${job.state})`;
-    $(".result", box).replaceChildren(job.result ? media(job) : "");
+    $(".result", box).replaceChildren(...allResults(job));
   }
-  $("pre", box).textContent = JSON.stringify(job.provenance || job, null, 2);
+  $("pre", box).textContent = toJson(job.provenance || job, 2);
 }
 
 // ---- Gallery ----
@@ -268,50 +298,54 @@ function options(select, values) {
   select.value = values.includes(chosen) ? chosen : "";
 }
 
-function enlarge(job) {
+function enlarge(job, result) {
   const dialog = $("#enlarged");
-  resultUrl(job).then((url) => { $("img", dialog).src = url; });
+  resultUrl(result).then((url) => { $("img", dialog).src = url; });
   $("img", dialog).alt = job.params.prompt || job.id;
-  $(".caption", dialog).textContent = `${job.params.prompt || ""} · ${job.model} · seed ${job.seed ?? "–"}`;
+  $(".caption", dialog).textContent = `${job.params.prompt || ""} · ${job.model} · seed ${result.seed ?? job.seed ?? "–"}`;
   dialog.showModal();
 }
 
-function remixes(job) {
-  const button = (name, label, onclick) => el("button", { type: "button", class: `remix-${name}`, "data-key": `${name}:${job.id}`,
-    "aria-label": `${label}: job ${job.id}`, onclick }, label);
+// The actions on result `index` of `count` of a job (none yet: `result` null): enlarge, download and
+// send to another kind act on this result; Same settings and New seed on the whole job.
+function remixes(job, result, index, count) {
+  const which = count > 1 ? `job ${job.id}, ${nth(index, count)}` : `job ${job.id}`;
+  const button = (name, label, onclick) => el("button", { type: "button", class: `remix-${name}`, "data-key": `${name}:${job.id}:${index}`,
+    "aria-label": `${label}: ${which}`, onclick }, label);
   const buttons = [];
-  if (job.result) {
-    buttons.push(button("enlarge", "Enlarge", () => enlarge(job)));
-    const download = el("a", { class: "download", download: `${job.id}.${job.result.media_type.split("/")[1] || "bin"}`, href: "#", "data-key": `download:${job.id}`, "aria-label": `Download the result of job ${job.id}` }, "Download");
-    resultUrl(job).then((url) => { download.href = url; });
-    buttons.push(download);
+  if (result) {
+    buttons.push(button("enlarge", "Enlarge", () => enlarge(job, result)));
+    buttons.push(downloadLink(job, result, index, count));
   }
   if (kindsRun().includes(job.kind)) {
     buttons.push(button("same", "Same settings", () => fillFrom(job, false)));
     buttons.push(button("new-seed", "New seed", () => fillFrom(job, true)));
   }
-  if (isImage(job)) {
+  if (result && isImage(result)) {
     for (const kind of ["upscale", "img2img", "edit", "inpaint"].filter((k) => kindsRun().includes(k)))
-      buttons.push(button(`send-${kind}`, `→ ${kind}`, () => sendTo(job, kind)));
+      buttons.push(button(`send-${kind}`, `→ ${kind}`, () => sendTo(job, kind, index)));
   }
-  return el("div", { class: "remix", role: "group", "aria-label": `Actions on job ${job.id}` }, buttons);
+  return el("div", { class: "remix", role: "group", "aria-label": `Actions on ${which}` }, buttons);
 }
 
+// One figure per result (a job of n images: n figures, in order); a job without one: its state.
 function renderGallery() {
-  const done = state.jobs.filter((job) => (job.result ? isMedia(job) : job.kind !== "text"));
+  const done = state.jobs.filter((job) => (job.result ? isMedia(job.result) : job.kind !== "text"));
   options($("#filter-model"), [...new Set(state.jobs.map((j) => j.model))].sort());
   options($("#filter-machine"), [...new Set(state.jobs.map((j) => j.machine).filter(Boolean))].sort());
   options($("#filter-state"), [...new Set(state.jobs.map((j) => j.state))].sort());
   const [model, machine, jobState] = ["#filter-model", "#filter-machine", "#filter-state"].map((s) => $(s).value);
-  const shown = done.filter((j) => (!model || j.model === model) && (!machine || j.machine === machine) && (!jobState || j.state === jobState));
+  const shown = done.filter((j) => (!model || j.model === model) && (!machine || j.machine === machine) && (!jobState || j.state === jobState))
+    .flatMap((job) => { const results = resultsOf(job); return results.length ? results.map((result, index) => ({ job, result, index, count: results.length })) : [{ job, result: null, index: 0, count: 0 }]; });
   const gallery = $("#gallery");
-  const have = [...gallery.children].map((figure) => `${figure.dataset.job}:${figure.dataset.state}`).join();
-  if (have === shown.map((j) => `${j.id}:${j.state}`).join()) return;
-  replaceKeepingFocus(gallery, shown.map((job) => el("figure", { "data-job": job.id, "data-state": job.state },
-    job.result ? media(job) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
+  const have = [...gallery.children].map((figure) => `${figure.dataset.job}:${figure.dataset.index}:${figure.dataset.state}`).join();
+  if (have === shown.map(({ job, index }) => `${job.id}:${index}:${job.state}`).join()) return;
+  replaceKeepingFocus(gallery, shown.map(({ job, result, index, count }) => el("figure", { "data-job": job.id, "data-index": String(index), "data-state": job.state },
+    result ? media(job, result, index, count) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
       job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
-    el("figcaption", {}, el("b", {}, job.params.prompt || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`),
-    remixes(job))));
+    el("figcaption", {}, el("b", {}, job.params.prompt || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`,
+      count > 1 ? [el("br"), `${nth(index, count)} · seed ${result.seed ?? "–"}`] : ""),
+    remixes(job, result, index, count))));
 }
 
 // ---- Submit: the form built from the model's spec (GET /v1/models) ----
@@ -322,7 +356,8 @@ const form = () => $("#submit-form");
 const runnable = () => state.models.filter((m) => !m.kinds.includes("adapter"));
 const kindsRun = () => [...new Set(runnable().flatMap((m) => m.kinds))];
 const chosenModel = () => state.models.find((m) => m.id === form().elements.model.value);
-const inputs = {};  // input name -> {digest, label, url?}: a result (send to, same settings) instead of a file
+const inputs = {};  // input name -> {digest, label, result?}: a result (send to, same settings) instead of a file
+const CHOOSE = Symbol("choose a model");  // buildForm's model: none chosen, the user picks one
 
 // What the chosen model takes for the chosen kind: params, inputs, ranges, and the defaults
 // (the kind's on its family, then the model's own).
@@ -375,8 +410,10 @@ function inputField(name) {
 }
 
 // The kinds the models run (adapters run none); the model list keeps those running the chosen
-// kind; the form shows every param of that kind with its range and default.
-function buildForm(keep = {}) {
+// kind, `model` chosen when it is one of them (else the first), or none with CHOOSE: the list then
+// starts with "choose a model" and the form keeps its prompt until one is chosen; the form shows
+// every param of that kind with its range and default, then `keep`'s values.
+function buildForm(keep = {}, model = form().elements.model.value) {
   const f = form();
   const kinds = kindsRun();
   const kind = kinds.includes(f.elements.kind.value) ? f.elements.kind.value : kinds[0];
@@ -384,13 +421,14 @@ function buildForm(keep = {}) {
     f.elements.kind.replaceChildren(...kinds.map((k) => el("option", { value: k }, k)));
   f.elements.kind.value = kind;
   const models = runnable().filter((m) => m.kinds.includes(kind)).map((m) => m.id);
-  const chosen = f.elements.model.value;
-  f.elements.model.replaceChildren(...models.map((id) => el("option", { value: id }, id)));
-  f.elements.model.value = models.includes(chosen) ? chosen : models[0] || "";
+  const choosing = f.elements.model.querySelector("option[value='']") && f.elements.prompt ? { prompt: f.elements.prompt.value } : {};
+  const choose = model === CHOOSE && models.length > 0;
+  f.elements.model.replaceChildren(...(choose ? [el("option", { value: "" }, "choose a model")] : []), ...models.map((id) => el("option", { value: id }, id)));
+  f.elements.model.value = choose ? "" : models.includes(model) ? model : models[0] || "";
   const spec = kindSpec();
   const fields = spec.params.filter((name) => !spec.inputs.includes(name) && !NOT_IN_FORM.includes(name));
   $("#params").replaceChildren(el("legend", {}, `Parameters of ${kind}`), ...fields.map((name) => paramField(name, spec)));
-  for (const [name, value] of Object.entries(keep)) setField(name, value);
+  for (const [name, value] of Object.entries({ ...choosing, ...keep })) setField(name, value);
   fitInputs();
   buildAdapters(spec);
 }
@@ -462,7 +500,7 @@ async function showInput() {
   const file = form().elements.image && form().elements.image.files[0];
   let url = null;
   if (file) url = URL.createObjectURL(file);
-  else if (inputs.image && inputs.image.job) url = await resultUrl(inputs.image.job);
+  else if (inputs.image && inputs.image.result) url = await resultUrl(inputs.image.result);
   const image = $("#mask-image");
   if (!url || !image) return;
   image.onload = () => {
@@ -499,15 +537,19 @@ async function upload(blob, key) {
   return uploads.get(key);
 }
 
+// A number field's text as sent: an integer past 2^53 as a BigInt (its exact digits), else a Number.
+const numeric = (text) => (/^\s*-?\d+\s*$/.test(text) && !Number.isSafeInteger(Number(text)) ? BigInt(text.trim()) : Number(text));
+
 async function submission() {
   const f = form();
   const spec = kindSpec();
+  if (!f.elements.model.value) throw new ApiError(422, { error: { reason: "invalid_model", message: `choose a model: one that runs ${f.elements.kind.value}` } });
   const params = {};
   for (const label of $("#params").querySelectorAll("label[data-param]")) {
     const name = label.dataset.param; const field = f.elements[name];
     if (field.type === "checkbox") params[name] = field.checked;
     else if (field.value === "") continue;
-    else if (field.type === "number") params[name] = Number(field.value);
+    else if (field.type === "number") params[name] = numeric(field.value);
     else params[name] = field.value;
   }
   if (spec.params.includes("stop") && typeof params.stop === "string") params.stop = params.stop.split(",");
@@ -538,7 +580,7 @@ function fillFrom(job, newSeed) {
   for (const name of spec.inputs) {
     const digest = job.params[name];
     if (digest) inputs[name] = { digest, label: `the job's ${name} (${short(String(digest).replace(/^[a-z0-9]+:/, ""))})`,
-      job: state.jobs.find((j) => j.result && j.result.digest === digest) };
+      result: state.jobs.flatMap(resultsOf).find((r) => r.digest === digest) };
   }
   const params = { ...job.params };
   if (newSeed) params.seed = Math.floor(Math.random() * 2 ** 31);
@@ -552,14 +594,18 @@ function fillFrom(job, newSeed) {
   location.hash = "#submit";
 }
 
-// Send a result to another kind as its input image (results as inputs: the result's digest).
-function sendTo(job, kind) {
+// Send result `index` of a job to another kind as its input image (results as inputs: the result's
+// digest), with the job's model when it runs that kind, else none chosen: the user picks one.
+function sendTo(job, kind, index = 0) {
   for (const name of Object.keys(inputs)) delete inputs[name];
-  inputs.image = { digest: job.result.digest, label: `the result of job ${short(job.id)}`, job };
-  const f = form();
-  f.elements.kind.value = kind; f.elements.model.value = "";
-  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {});
-  say(`Result of job ${job.id} sent to ${kind}: choose the settings and Submit`);
+  const results = resultsOf(job); const result = results[index];
+  const which = (id) => (results.length > 1 ? `${nth(index, results.length)} of job ${id}` : `the result of job ${id}`);
+  inputs.image = { digest: result.digest, label: which(short(job.id)), result };
+  const runs = runnable().some((m) => m.id === job.model && m.kinds.includes(kind));
+  form().elements.kind.value = kind;
+  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {}, runs ? job.model : CHOOSE);
+  say(`Sent ${which(job.id)} to ${kind}: ` + (runs ? `with its model ${job.model}, choose the settings and Submit`
+    : `its model ${job.model} does not run ${kind}, choose a model, then Submit`));
   location.hash = "#submit";
 }
 
@@ -604,7 +650,7 @@ async function submit(event) {
       status.textContent = `Job ${accepted.id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
     } else if (name === "end") {
       interrupt.hidden = true;
-      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(media(data)); status.textContent = `Job ${accepted.id} succeeded on ${data.machine}`; }
+      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${accepted.id} succeeded on ${data.machine}`; }
       else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason }, `${data.state}: ${data.reason}: ${data.message}`));
     }
   }).catch((error) => { status.textContent = `lost the job's events: ${error.message}`; });
