@@ -85,6 +85,12 @@ FAMILIES: dict[str, SingleFileFamily] = {
     ),
 }
 
+
+def with_article(family: str) -> str:
+    """``family`` after "a" or "an" as it is read: "an sd1", "an sdxl" (read S-D), "a flux"."""
+    return f"{'an' if family.lower().startswith(('sd', 'a', 'e', 'i', 'o', 'u')) else 'a'} {family}"
+
+
 _LORA_MARKS = ("lora_up.", "lora_down.", "lora_A.", "lora_B.", ".lora.up.", ".lora.down.", "lora_unet_", "lora_te")
 
 
@@ -179,10 +185,13 @@ def check_checkpoint(path: Path, family: str) -> dict[str, list[int]]:
         )
     if found not in FAMILIES:
         reason = "not_a_checkpoint" if found.startswith(("an unknown", "weights already")) else "wrong_family"
-        raise Rejected(f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason=reason)
+        raise Rejected(
+            f"{Path(path).name} is not {with_article(family)} checkpoint: its keys are those of {found}", reason=reason
+        )
     if found != family:
         raise Rejected(
-            f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason="wrong_family"
+            f"{Path(path).name} is not {with_article(family)} checkpoint: its keys are those of {found}",
+            reason="wrong_family",
         )
     spec = FAMILIES[family]
     missing = [part for part, prefixes in spec.parts.items() if not any(key.startswith(prefixes) for key in keys)]
@@ -250,15 +259,16 @@ def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
         class_name = model_json(index).get("_class_name")
         if class_name != spec.pipeline_class:
             raise Rejected(
-                f"--config {config} is a {class_name} folder; a {family} checkpoint needs a "
-                f"{spec.pipeline_class} folder",
+                f"--config {config} is a folder of pipeline class {class_name}; {with_article(family)} checkpoint "
+                f"needs a {spec.pipeline_class} folder",
                 reason="invalid_config",
             )
         return Path(config)
     if not spec.whole:
         raise Rejected(
-            f"a {family} single file holds only the transformer: pass --config DIR, a {spec.pipeline_class} "
-            "diffusers folder with the VAE, text encoders and tokenizers (its transformer/ may be absent)",
+            f"{with_article(family)} single file holds only the transformer: pass --config DIR, a "
+            f"{spec.pipeline_class} diffusers folder with the VAE, text encoders and tokenizers (its "
+            "transformer/ may be absent)",
             reason="needs_config",
         )
     bpe = clip_vocabulary()
