@@ -37,6 +37,19 @@ from tasks.verify import Verifier
 
 log = logging.getLogger("homefleet.worker")
 
+
+def refused_at_start(machine: str, refusal: Unauthorized) -> str:
+    """What a worker the server refused before its first beat logs as it stops: the server's
+    reason, and the setting to fix: ``--machine`` when the fleet has no such machine (reason
+    ``unknown_machine``, the server's message says so), else the worker's token."""
+    if refusal.reason == "unknown_machine":
+        return f"{machine}: the server refused this worker: {refusal.message}; stopping"
+    return (
+        f"{machine}: the server refused this worker's token ({refusal.message}); set HOMEFLEET_WORKER_TOKEN "
+        f"(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine {machine!r} in the server's fleet config; stopping"
+    )
+
+
 # KEYS: the lease, the heartbeat, the advertised set, the warm record, the kept marker. ARGV:
 # boot id, heartbeat record, its TTL (ms), 1 when Redis restarted (a new run id), a warm record
 # to restore (or ""), 1 when this worker wrote a beat before, then the models it advertises.
@@ -210,14 +223,7 @@ class Heartbeat:
                         self.settings.heartbeat_interval_s,
                     )
                 else:  # a wrong token never becomes right: stop instead of retrying forever
-                    log.critical(
-                        "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
-                        "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; "
-                        "stopping",
-                        self.settings.machine,
-                        error,
-                        self.settings.machine,
-                    )
+                    log.critical("%s", refused_at_start(self.settings.machine, error))
                     self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
                     return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:

@@ -23,7 +23,7 @@ from app.core.connections import create_redis
 from app.core.errors import HomefleetError, Unauthorized
 from tasks import runtime
 from tasks.devices import bind_device
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, refused_at_start
 from tasks.hooks import WorkerParent
 from tasks.lease import EX_CONFIG, WorkerLease
 from tasks.logfork import hold_locks_across_fork
@@ -67,13 +67,7 @@ def check_token(settings: WorkerSettings) -> None:
     try:
         server.manifest()
     except Unauthorized as refusal:
-        log.critical(
-            "%s: the server refused this worker's token (%s); set HOMEFLEET_WORKER_TOKEN "
-            "(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine %r in the server's fleet config; stopping",
-            settings.machine,
-            refusal.message,
-            settings.machine,
-        )
+        log.critical("%s", refused_at_start(settings.machine, refusal))
         raise SystemExit(EX_CONFIG) from refusal
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning(

@@ -131,7 +131,8 @@ def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine
     Raises:
         Unauthorized: no bearer token, one that belongs to no machine, another machine's
             token than the one the worker names (its jobs would all be refused at claim), or a
-            host's token without the device's name.
+            host's token without the device's name; a valid token naming a machine that is not in
+            the fleet (reason ``unknown_machine``).
     """
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -151,7 +152,9 @@ def machine_of(fleet: Fleet, authorization: str, claimed: str | None) -> Machine
         if claimed not in fleet.machines:
             raise Unauthorized(
                 f"the worker names machine {claimed!r}, which is not in this fleet "
-                f"({', '.join(sorted(fleet.machines))}); fix --machine or add it to the fleet file"
+                f"({', '.join(sorted(fleet.machines))}); fix --machine (HOMEFLEET_MACHINE) or add it to the "
+                "fleet file",
+                reason="unknown_machine",
             )
         owner = ", ".join(machines)
         raise Unauthorized(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import builtins
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -42,7 +41,7 @@ from app.core.safetensors import check_loadable, safetensors_header
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import ModelFile, ModelRecord
-from app.store.selection import select_files
+from app.store.selection import check_exists, check_index_components, model_json, select_files
 from routing.timings import ADAPTER_KIND
 
 ADAPTER_CLASS = "LoRA"
@@ -56,10 +55,14 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder).
 
     Raises:
-        Rejected: neither file, or an unknown pipeline or model class.
+        Rejected: neither file, either file not a JSON object (reason ``not_a_model``), an unknown
+            pipeline or model class (reason ``unknown_pipeline``), or an index that does not name
+            the components of its pipeline class (reason ``incomplete_model``).
     """
     index = folder / "model_index.json"
     if not index.is_file():
+        if (folder / "config.json").is_file():
+            model_json(folder / "config.json")  # architectures() reads an unreadable one as none
         if found := architectures(folder):
             class_name = found[0]
             if class_name not in PIPELINE_FAMILIES:
@@ -75,10 +78,12 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             "(no config.json with architectures)",
             reason="not_a_model",
         )
-    class_name = json.loads(index.read_text()).get("_class_name", "")
+    content = model_json(index)
+    class_name = content.get("_class_name", "")
     if class_name not in PIPELINE_FAMILIES:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
         raise Rejected(f"pipeline class {class_name!r} is not supported; supported: {known}", reason="unknown_pipeline")
+    check_index_components(folder, content)
     family, kinds = PIPELINE_FAMILIES[class_name]
     return class_name, family, kinds
 
@@ -212,7 +217,10 @@ class Registry:
         and applied to a job that does not set them.
 
         Raises:
-            Rejected: not a diffusers folder, unsupported pipeline, invalid or taken id,
+            Rejected: ``source`` does not exist (reason ``path_not_found``), not a model folder or a
+                JSON file of it not a JSON object (reason ``not_a_model``, naming the file), an
+                index that does not name its pipeline's components (reason ``incomplete_model``),
+                unsupported pipeline, invalid or taken id,
                 unknown precision or quantization (reason ``invalid_variant``), a default that is
                 not a param of its kinds or out of range (reason ``invalid_default``, param
                 ``defaults.<name>``); with
@@ -224,6 +232,7 @@ class Registry:
                 taken (paths and digests) and variant (reason ``model_already_registered``, naming it):
                 a second copy under a minted id is only made when asked for by id.
         """
+        check_exists(Path(source))
         source = Path(source).resolve()
         try:
             check_variant(precision, quantization)
@@ -263,6 +272,8 @@ class Registry:
                         "interrupted download? download it again)",
                         reason="incomplete_model",
                     ) from error
+            elif path.endswith(".json"):
+                model_json(origin)
         with self._one_registration():  # ids are checked and taken one registration at a time
             with Session(self.engine) as session:
                 taken = set(session.exec(select(ModelRecord.id)).all())

@@ -41,7 +41,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from app.core.errors import Rejected
 from app.core.lora_files import LORA_WEIGHTS
@@ -115,6 +115,17 @@ class Selection:
     @property
     def left_out_bytes(self) -> int:
         return sum(size for size, _ in self.left_out.values())
+
+
+def check_exists(path: Path) -> None:
+    """Check that ``path``, a model folder or file to register, exists on this machine.
+
+    Raises:
+        Rejected: nothing is there, or a broken link (reason ``path_not_found``).
+    """
+    if not Path(path).exists():
+        broken = " (a broken link)" if Path(path).is_symlink() else ""
+        raise Rejected(f"{path} does not exist{broken}", reason="path_not_found")
 
 
 def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False) -> Selection:
@@ -193,10 +204,9 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         variant_compatible_siblings,
     )
 
-    index = json.loads((folder / "model_index.json").read_text())
-    listed = {k for k, v in index.items() if isinstance(v, list) and k != "_class_name"}
-    nulls = {k for k in listed if not _names_a_class(index[k])}
-    components = listed - nulls
+    index = model_json(folder / "model_index.json")
+    components = named_components(index)
+    nulls = {k for k, v in index.items() if isinstance(v, list) and k != "_class_name"} - components
     odd = sorted(c for c in components if not _COMPONENT.match(c))
     if odd:
         raise Rejected(
@@ -309,9 +319,68 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     return _finish(DIFFUSERS, folder, files, taken, why, variant if variant_files else None)
 
 
-def _names_a_class(entry: list[object]) -> bool:
-    """A ``model_index.json`` component entry that names a class (not ``[null, null]``)."""
-    return any(part is not None for part in entry)
+def named_components(index: dict[str, Any]) -> set[str]:
+    """The components a ``model_index.json`` (``index``) names a class for: its list entries but
+    ``_class_name`` and those set to ``[null, null]``."""
+    return {k for k, v in index.items() if isinstance(v, list) and k != "_class_name" and any(p is not None for p in v)}
+
+
+def check_index_components(folder: Path, index: dict[str, Any]) -> None:
+    """Check that ``folder``'s ``model_index.json`` (``index``) names a class for every component
+    its pipeline class cannot load without, as ``DiffusionPipeline.from_pretrained`` requires: the
+    arguments of the class's ``__init__`` without a default, but its ``_optional_components``.
+
+    Raises:
+        Rejected: a required component is missing or ``[null, null]``, or the index names no
+            component at all (reason ``incomplete_model``, naming the missing ones).
+    """
+    import diffusers
+
+    class_name = str(index.get("_class_name", ""))
+    named = named_components(index)
+    found = getattr(diffusers, class_name, None)
+    required: set[str] = set()
+    if isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline):
+        pipeline: Any = found
+        expected, _ = pipeline._get_signature_keys(pipeline)
+        required = set(expected) - set(pipeline._optional_components)
+    missing = sorted(required - named)
+    if missing or not named:
+        raise Rejected(
+            f"{folder}: model_index.json names no {', '.join(missing) or 'component'} ({class_name} needs "
+            f"{', '.join(sorted(required)) or 'its components'}; the index names "
+            f"{', '.join(sorted(named)) or 'none'}): an incomplete or edited index, download the model again",
+            reason="incomplete_model",
+        )
+
+
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def model_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, a JSON file of a model being registered (``model_index.json``,
+    a component's or a text model's ``config.json``, a tokenizer or scheduler file).
+
+    Raises:
+        Rejected: the file cannot be read, is not valid JSON, or holds another JSON value than an
+            object (reason ``not_a_model``), naming the file and what is wrong.
+    """
+    try:
+        loaded = json.loads(Path(path).read_bytes())
+    except OSError as error:
+        raise Rejected(f"{path} cannot be read ({error.strerror or error})", reason="not_a_model") from error
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+        raise Rejected(
+            f"{path} is not valid JSON ({error}): a damaged or edited file, download the model again",
+            reason="not_a_model",
+        ) from error
+    if not isinstance(loaded, dict):
+        found = "null" if loaded is None else _JSON_TYPES.get(type(loaded), type(loaded).__name__)
+        raise Rejected(
+            f"{path} holds {found}, not a JSON object: a damaged or edited file, download the model again",
+            reason="not_a_model",
+        )
+    return loaded
 
 
 def _select_transformers(folder: Path, files: list[str]) -> Selection:

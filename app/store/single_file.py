@@ -37,6 +37,7 @@ from pathlib import Path
 
 from app.core.errors import Rejected
 from app.core.quiet import quiet_libraries
+from app.store.selection import check_exists, model_json
 
 FAMILY_CONFIGS = Path(__file__).with_name("family_configs")
 """The shipped configs: ``<family>/model_index.json`` and each component's config."""
@@ -84,6 +85,12 @@ FAMILIES: dict[str, SingleFileFamily] = {
     ),
 }
 
+
+def with_article(family: str) -> str:
+    """``family`` after "a" or "an" as it is read: "an sd1", "an sdxl" (read S-D), "a flux"."""
+    return f"{'an' if family.lower().startswith(('sd', 'a', 'e', 'i', 'o', 'u')) else 'a'} {family}"
+
+
 _LORA_MARKS = ("lora_up.", "lora_down.", "lora_A.", "lora_B.", ".lora.up.", ".lora.down.", "lora_unet_", "lora_te")
 
 
@@ -91,12 +98,14 @@ def read_keys(path: Path) -> dict[str, list[int]]:
     """Tensor name -> shape from the safetensors header of ``path`` (no tensor is read).
 
     Raises:
-        Rejected: not a file, a ``.ckpt``/``.pt``/``.bin`` pickle (never unpickled), or not a
-            safetensors file (reason ``not_a_checkpoint``).
+        Rejected: nothing at ``path`` (reason ``path_not_found``); not a file, a
+            ``.ckpt``/``.pt``/``.bin`` pickle (never unpickled), or not a safetensors file (reason
+            ``not_a_checkpoint``).
     """
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    check_exists(path)
     if not path.is_file():
         raise Rejected(f"{path} is not a file", reason="not_a_checkpoint")
     if path.suffix.lower() in (".ckpt", ".pt", ".pth", ".bin"):
@@ -176,10 +185,13 @@ def check_checkpoint(path: Path, family: str) -> dict[str, list[int]]:
         )
     if found not in FAMILIES:
         reason = "not_a_checkpoint" if found.startswith(("an unknown", "weights already")) else "wrong_family"
-        raise Rejected(f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason=reason)
+        raise Rejected(
+            f"{Path(path).name} is not {with_article(family)} checkpoint: its keys are those of {found}", reason=reason
+        )
     if found != family:
         raise Rejected(
-            f"{Path(path).name} is not a {family} checkpoint: its keys are those of {found}", reason="wrong_family"
+            f"{Path(path).name} is not {with_article(family)} checkpoint: its keys are those of {found}",
+            reason="wrong_family",
         )
     spec = FAMILIES[family]
     missing = [part for part, prefixes in spec.parts.items() if not any(key.startswith(prefixes) for key in keys)]
@@ -232,28 +244,31 @@ def config_folder(family: str, config: Path | None, scratch: Path) -> Path:
     else the shipped one, completed with CLIP tokenizer files in ``scratch``.
 
     Raises:
-        Rejected: ``config`` is not a diffusers folder of the family (``invalid_config``); no
+        Rejected: ``config`` does not exist (``path_not_found``), its ``model_index.json`` is no
+            JSON object (``not_a_model``), it is not a diffusers folder of the family (``invalid_config``); no
             ``config`` for flux, or for sd1/sdxl without a CLIP vocabulary here (``needs_config``).
     """
     spec = FAMILIES[family]
     if config is not None:
         index = Path(config) / "model_index.json"
+        check_exists(Path(config))
         if not index.is_file():
             raise Rejected(
                 f"--config {config} is not a diffusers folder (no model_index.json)", reason="invalid_config"
             )
-        class_name = json.loads(index.read_text()).get("_class_name")
+        class_name = model_json(index).get("_class_name")
         if class_name != spec.pipeline_class:
             raise Rejected(
-                f"--config {config} is a {class_name} folder; a {family} checkpoint needs a "
-                f"{spec.pipeline_class} folder",
+                f"--config {config} is a folder of pipeline class {class_name}; {with_article(family)} checkpoint "
+                f"needs a {spec.pipeline_class} folder",
                 reason="invalid_config",
             )
         return Path(config)
     if not spec.whole:
         raise Rejected(
-            f"a {family} single file holds only the transformer: pass --config DIR, a {spec.pipeline_class} "
-            "diffusers folder with the VAE, text encoders and tokenizers (its transformer/ may be absent)",
+            f"{with_article(family)} single file holds only the transformer: pass --config DIR, a "
+            f"{spec.pipeline_class} diffusers folder with the VAE, text encoders and tokenizers (its "
+            "transformer/ may be absent)",
             reason="needs_config",
         )
     bpe = clip_vocabulary()

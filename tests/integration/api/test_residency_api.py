@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
-from tests.helpers import make_fleet, write_safetensors
+from tests.helpers import make_fleet
 
 MODEL = "tiny-sd"
 OTHER = "tiny-sd-b"
@@ -71,13 +71,11 @@ def test_r16_unknown_machine_or_model_is_404(api: tuple[TestClient, ServerContex
     assert client.put("/v1/machines/m1/residency", json={"models": ["nope"]}).status_code == 404
 
 
-def test_r17_no_video_on_a_machine_holding_commitments(api: tuple[TestClient, ServerContext], tmp_path: Path) -> None:
+def test_r17_no_video_on_a_machine_holding_commitments(
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
+) -> None:
     client, ctx = api
-    video = tmp_path / "video"
-    (video / "unet").mkdir(parents=True)
-    (video / "model_index.json").write_text(json.dumps({"_class_name": "AnimateDiffPipeline"}))
-    write_safetensors(video / "unet" / "diffusion_pytorch_model.safetensors", {"a": 1000})
-    ctx.registry.add(video, "tiny-video")
+    ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
     for name in ("m1", "m2"):
         ctx.redis.sadd(ctx.keys.verified(name), "tiny-video")
     assert client.put("/v1/machines/m1/residency", json={"models": [MODEL]}).status_code == 200

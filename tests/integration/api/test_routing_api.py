@@ -85,12 +85,7 @@ def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[t
         ooms={"oomy": {(MODEL, "txt2img"): PIXELS}},
     )
     ctx.registry.add(tiny_models_dir / MODEL, MODEL)
-    video = tmp_path / "video-src"
-    video.mkdir()
-    (video / "model_index.json").write_text(json.dumps({"_class_name": "AnimateDiffPipeline"}))
-    (video / "unet").mkdir()
-    write_safetensors(video / "unet" / "diffusion_pytorch_model.safetensors", {"a": 1000, "b": 234})
-    ctx.registry.add(video, VIDEO)
+    ctx.registry.add(tiny_models_dir / "tiny-animatediff", VIDEO)
     both = {MODEL, VIDEO}
     for name in ("server", "m1", "m2", "small", "nosd", "gpu", "resv", "oomy"):
         bring_online(ctx, name, set() if name == "m1" else both)

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from app.context import ServerContext
+from app.core.config import Settings
 from app.core.errors import HomefleetError, Rejected
 from app.core.lora_files import LORA_WEIGHTS
 from app.devtools.tiny_models import make_tiny_lora
+from tests.helpers import run_cli, settings_env
 
 UNET = "unet/diffusion_pytorch_model.safetensors"
 
@@ -71,11 +73,111 @@ def test_r1_a_component_folder_missing_or_outside_the_model_is_refused(
     )
     assert "huggingface.co" not in error.message  # not the loader's "check your internet connection"
     index = json.loads((copy_of_tiny_sd / "model_index.json").read_text())
-    index["../secret"] = index.pop("vae")
+    index["../secret"] = index["vae"]
     (copy_of_tiny_sd / "model_index.json").write_text(json.dumps(index))
     error = refused(ctx, copy_of_tiny_sd, model_id="escape")
     assert error.reason == "not_a_model" and "'../secret'" in error.message
     assert left_in_models_dir(ctx) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "wrong"),
+    [
+        ("model_index.json", "{", "is not valid JSON (Expecting property name enclosed in double quotes"),
+        ("model_index.json", "[]", "holds an array, not a JSON object"),
+        ("unet/config.json", "[]", "holds an array, not a JSON object"),
+        ("scheduler/scheduler_config.json", '{"_class_name": "DDIMScheduler",', "is not valid JSON"),
+        ("tokenizer/tokenizer_config.json", '"text"', "holds a string, not a JSON object"),
+    ],
+)
+def test_r1_a_json_file_of_the_model_that_is_no_json_object_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path, file: str, content: str, wrong: str
+) -> None:
+    (copy_of_tiny_sd / file).write_text(content)
+    error = refused(ctx, copy_of_tiny_sd, model_id="broken")
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{copy_of_tiny_sd / file} {wrong}"), error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_text_models_config_that_is_no_json_object_is_refused_naming_it(
+    ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path
+) -> None:
+    folder = Path(shutil.copytree(tiny_text_dir / "tiny-gpt2", tmp_path / "gpt2-broken"))
+    config = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(config[: len(config) // 2])
+    error = refused(ctx, folder)
+    assert error.reason == "not_a_model" and error.message.startswith(f"{folder / 'config.json'} is not valid JSON")
+    (folder / "config.json").write_text(config)
+    (folder / "tokenizer_config.json").write_text("[]")
+    error = refused(ctx, folder)
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{folder / 'tokenizer_config.json'} holds an array, not a JSON object")
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_an_index_that_does_not_name_its_pipelines_components_is_refused_naming_them(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    index = copy_of_tiny_sd / "model_index.json"
+    full = json.loads(index.read_text())
+    index.write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))  # the other files kept
+    error = refused(ctx, copy_of_tiny_sd, model_id="bare")
+    assert error.reason == "incomplete_model"
+    assert error.message == (
+        f"{copy_of_tiny_sd}: model_index.json names no scheduler, text_encoder, tokenizer, unet, vae "
+        "(StableDiffusionPipeline needs scheduler, text_encoder, tokenizer, unet, vae; the index names none): an "
+        "incomplete or edited index, download the model again"
+    )
+    del full["tokenizer"]
+    index.write_text(json.dumps({**full, "text_encoder": [None, None]}))  # null: the loader passes none
+    error = refused(ctx, copy_of_tiny_sd, model_id="partial")
+    assert error.reason == "incomplete_model"
+    assert "model_index.json names no text_encoder, tokenizer (StableDiffusionPipeline needs" in error.message
+    assert "the index names scheduler, unet, vae)" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_path_that_does_not_exist_is_refused_as_such(ctx: ServerContext, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    for kwargs in ({}, {"adapter_of": "sd1"}):
+        error = refused(ctx, missing, **kwargs)
+        assert (error.reason, error.message) == ("path_not_found", f"{missing} does not exist")
+    os.symlink(tmp_path / "gone", tmp_path / "link")
+    error = refused(ctx, tmp_path / "link")
+    assert (error.reason, error.message) == ("path_not_found", f"{tmp_path / 'link'} does not exist (a broken link)")
+    assert ctx.registry.list() == []
+
+
+def test_models_add_refuses_a_broken_or_bare_index_and_a_missing_path_with_exit_2(
+    settings: Settings, ctx: ServerContext, copy_of_tiny_sd: Path, tmp_path: Path
+) -> None:
+    """``homefleet models add DIR``, as an operator runs it: one error line, no traceback."""
+    env = settings_env(settings)
+    index = copy_of_tiny_sd / "model_index.json"
+    full = index.read_text()
+    cases = [
+        ("{", "not_a_model", f"{index} is not valid JSON (Expecting property name enclosed in double quotes"),
+        ("[]", "not_a_model", f"{index} holds an array, not a JSON object"),
+        (
+            '{"_class_name": "StableDiffusionPipeline"}',
+            "incomplete_model",
+            f"{copy_of_tiny_sd}: model_index.json names no scheduler, text_encoder, tokenizer, unet, vae",
+        ),
+    ]
+    for content, reason, words in cases:
+        index.write_text(content)
+        done = run_cli("models", "add", str(copy_of_tiny_sd), env=env, check=False)
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"error ({reason}): {words}" in said, said
+        assert "Traceback" not in done.stdout + done.stderr
+    index.write_text(full)
+    missing = tmp_path / "nonexistent"
+    done = run_cli("models", "add", str(missing), env=env, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert " ".join(done.stdout.split()) == f"error (path_not_found): {missing} does not exist"
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
 def test_r1_a_text_model_without_weights_is_refused(ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path) -> None:

@@ -87,9 +87,9 @@ def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_w
 @pytest.mark.parametrize(
     ("file", "family", "reason", "words"),
     [
-        ("sdxl-file", "sd1", "wrong_family", "its keys are those of sdxl"),
-        ("sd1-file", "sdxl", "wrong_family", "its keys are those of sd1"),
-        ("sd1-file", "flux", "wrong_family", "its keys are those of sd1"),
+        ("sdxl-file", "sd1", "wrong_family", "is not an sd1 checkpoint: its keys are those of sdxl"),
+        ("sd1-file", "sdxl", "wrong_family", "is not an sdxl checkpoint: its keys are those of sd1"),
+        ("sd1-file", "flux", "wrong_family", "is not a flux checkpoint: its keys are those of sd1"),
         ("lora", "sd1", "not_a_checkpoint", "is a LoRA adapter"),
     ],
 )
@@ -160,7 +160,10 @@ def test_the_config_must_fit_the_family_and_flux_or_no_clip_vocabulary_need_one(
         settings, str(checkpoints["sd1-file"]), "--family", "sd1", "--config", str(checkpoints["sdxl"]), check=False
     )
     assert wrong.returncode == 2 and "error (invalid_config)" in wrong.stdout
-    assert "StableDiffusionXLPipeline folder" in wrong.stdout.replace("\n", " ")
+    assert (
+        "is a folder of pipeline class StableDiffusionXLPipeline; an sd1 checkpoint needs a StableDiffusionPipeline "
+        "folder"
+    ) in " ".join(wrong.stdout.split())
     # the shipped SD 1.5 config: real sizes do not fit a tiny file, or no CLIP vocabulary is installed
     shipped = add(settings, str(checkpoints["sd1-file"]), "--family", "sd1", check=False)
     assert shipped.returncode == 2, shipped.stdout

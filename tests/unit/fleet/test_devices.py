@@ -160,8 +160,9 @@ def test_the_internal_api_takes_the_hosts_token_for_the_device_a_worker_names() 
         Unauthorized, match="says it is machine 'server', but its token belongs to machine 'box:0, box:1'"
     ):
         machine_of(fleet, bearer, "server")
-    with pytest.raises(Unauthorized, match="names machine 'box:2', which is not in this fleet"):
+    with pytest.raises(Unauthorized, match="names machine 'box:2', which is not in this fleet") as unknown:
         machine_of(fleet, bearer, "box:2")
+    assert unknown.value.reason == "unknown_machine"  # the worker then names --machine, not its token
     with pytest.raises(Unauthorized, match="its token belongs to machine 'server'"):
         machine_of(fleet, f"Bearer {SERVER['token']}", "box:0")
 

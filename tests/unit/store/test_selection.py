@@ -199,6 +199,22 @@ def test_r1_a_component_with_only_other_precision_weights_is_refused_by_name(tmp
     assert "unet/diffusion_pytorch_model.fp16.safetensors" in select_files(tmp_path, "fp16").taken
 
 
+@pytest.mark.parametrize(
+    ("content", "wrong"),
+    [
+        ("{", "is not valid JSON (Expecting property name"),
+        ("[]", "holds an array, not a JSON object"),
+        ("null", "holds null"),
+    ],
+)
+def test_r1_a_model_index_that_is_no_json_object_is_refused_naming_it(tmp_path: Path, content: str, wrong: str) -> None:
+    (tmp_path / "model_index.json").write_text(content)
+    with pytest.raises(Rejected) as refused:
+        select_files(tmp_path, "fp32")
+    assert refused.value.reason == "not_a_model"
+    assert refused.value.message.startswith(f"{tmp_path / 'model_index.json'} {wrong}"), refused.value.message
+
+
 def test_r4_a_broken_link_among_the_files_taken_is_refused_by_name(tmp_path: Path) -> None:
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
     _write(tmp_path, "unet/config.json")

@@ -1,0 +1,63 @@
+"""A worker the server refuses at start stops with exit 78 and one message naming what to fix
+(tasks/worker.py ``check_token``, the heartbeat's first beat): a machine the fleet does not
+have is ``--machine`` to fix, not the token; a token the server does not take is the token."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from app.core.errors import Unauthorized
+from tasks import heartbeat, worker
+from tasks.lease import EX_CONFIG
+from tests.helpers import worker_settings
+
+UNKNOWN = (
+    "the worker names machine 'nosuch', which is not in this fleet (m1, m2, server); fix --machine "
+    "(HOMEFLEET_MACHINE) or add it to the fleet file"
+)
+
+
+class RefusingServer:
+    def __init__(self, refusal: Unauthorized) -> None:
+        self.refusal = refusal
+
+    def manifest(self) -> None:
+        raise self.refusal
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("refusal", "said"),
+    [
+        (
+            Unauthorized(UNKNOWN, reason="unknown_machine"),
+            f"nosuch: the server refused this worker: {UNKNOWN}; stopping",
+        ),
+        (
+            Unauthorized("the token belongs to no machine of this fleet"),
+            "nosuch: the server refused this worker's token (the token belongs to no machine of this fleet); set "
+            "HOMEFLEET_WORKER_TOKEN (or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine 'nosuch' in the "
+            "server's fleet config; stopping",
+        ),
+    ],
+    ids=["unknown_machine", "wrong_token"],
+)
+def test_a_refused_worker_exits_78_with_one_message_naming_what_to_fix(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    refusal: Unauthorized,
+    said: str,
+) -> None:
+    settings = worker_settings("redis://127.0.0.1:6379/15", tmp_path).model_copy(update={"machine": "nosuch"})
+    monkeypatch.setattr(worker.ServerClient, "for_worker", lambda _settings: RefusingServer(refusal))
+    with caplog.at_level(logging.CRITICAL, logger="homefleet.worker"), pytest.raises(SystemExit) as stopped:
+        worker.check_token(settings)
+    assert stopped.value.code == EX_CONFIG
+    assert [record.getMessage() for record in caplog.records] == [said]
+    assert heartbeat.refused_at_start("nosuch", refusal) == said  # the heartbeat's first beat logs the same
