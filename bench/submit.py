@@ -13,7 +13,6 @@ both loops alike; each rate is its iterations over the sum of its blocks' times.
 from __future__ import annotations
 
 import json
-import struct
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from app.context import build_context
 from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
+from app.devtools.tiny_models import make_tiny
 from app.fleet.config import Fleet, Machine
 
 MACHINES = 16
@@ -30,14 +30,9 @@ BLOCK = 50  # counted iterations per block; the loops alternate block by block
 
 
 def _model_folder(root: Path) -> Path:
-    folder = root / "bench-sd"
-    (folder / "unet").mkdir(parents=True)
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-    header = json.dumps({"w": {"dtype": "U8", "shape": [1024], "data_offsets": [0, 1024]}}).encode()
-    (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
-        struct.pack("<Q", len(header)) + header + bytes(1024)
-    )
-    return folder
+    """A tiny txt2img pipeline built under ``root`` (``app.devtools.tiny_models``, random weights,
+    a few MB): a complete diffusers folder, as registration requires; no job of these benches runs it."""
+    return make_tiny(root / "bench-models")["txt2img"]
 
 
 def submit_rates(machines: int = MACHINES, submissions: int = SUBMISSIONS) -> tuple[float, float]:
