@@ -52,6 +52,7 @@ ERROR_TYPES = {
 #: reason -> the request field it is about, where the error does not name one itself
 REASON_PARAMS = {
     "unknown_model": "model",
+    "model_retired": "model",
     "no_model": "model",
     "kind_not_supported": "model",  # an OpenAI route's kind is fixed: the model is what does not fit it
     "unknown_machine": "target",

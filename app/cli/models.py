@@ -316,18 +316,64 @@ def parse_defaults(pairs: list[str]) -> dict[str, object]:
 
 
 @models_cli.command("list")
-def models_list() -> None:
-    """Registered models with their family, kinds and size."""
+def models_list(
+    show_all: Annotated[
+        bool, typer.Option("--all", help="the retired models too (`homefleet models retire`), marked retired")
+    ] = False,
+) -> None:
+    """Registered models in service with their family, kinds and size; with --all the retired
+    ones too, with the date they were retired."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())
     try:
-        table = Table("id", "family", "kinds", "bytes", "pipeline")
-        for m in ctx.registry.list():
-            table.add_row(m.id, m.family, ",".join(m.kinds), str(m.total_bytes), m.pipeline_class)
+        table = Table("id", "family", "kinds", "bytes", "pipeline", *(["retired"] if show_all else []))
+        for m in ctx.registry.list(retired=show_all):
+            retired = [f"retired {m.retired_at:%Y-%m-%d %H:%M}" if m.retired_at else ""] if show_all else []
+            table.add_row(m.id, m.family, ",".join(m.kinds), str(m.total_bytes), m.pipeline_class, *retired)
         console.print(table)
     finally:
         ctx.close()
+
+
+@models_cli.command("retire")
+def models_retire(
+    model: Annotated[str, typer.Argument(help="the id of the model (or adapter) to take out of service")],
+    delete_files: Annotated[
+        bool, typer.Option("--delete-files", help="also remove the server's copy of its files")
+    ] = False,
+) -> None:
+    """Take a model out of service for good: it is no longer listed (GET /v1/models, `models
+    list`), no route defaults to it, a submission naming it is refused (404 model_retired), and
+    every worker withdraws it. Its record stays: its jobs stay readable and its id stays taken.
+    Refused (exit 2, model_in_use) while a job of it is queued or running: cancel them or wait.
+    --delete-files also removes its files from the server's model folder; without it they stay
+    there (the path is printed)."""
+    from app.context import build_checked_context
+
+    ctx = build_checked_context(server_settings())
+    try:
+        with ctx.lock.held("retire it again"):  # submissions journal under it: none slips in (R14, R19)
+            done = ctx.registry.retire(model, delete_files=delete_files)
+    finally:
+        ctx.close()
+    when = f"{done.retired_at:%Y-%m-%d %H:%M} UTC"
+    if done.already:
+        console.print(f"{model} was already retired on {when}; nothing changed", soft_wrap=True, highlight=False)
+    else:
+        console.print(
+            f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it; "
+            f"its jobs stay in the journal and its id stays taken",
+            soft_wrap=True,
+        )
+    if done.files_deleted:
+        console.print(f"deleted its files: {done.folder}", soft_wrap=True, highlight=False)
+    elif done.folder.exists():
+        console.print(
+            f"its files stay in {done.folder} (remove them with `homefleet models retire {model} --delete-files`)",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 @models_cli.command("verify")

@@ -151,6 +151,10 @@ class ModelRecord(SQLModel, table=True):
     # --default`), checked against the param spec of its kinds (app/store/registry.py
     # check_defaults) and applied to a job that does not set the param; None: none.
     defaults: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # When `homefleet models retire` took it out of service (UTC); None: in service. A retired
+    # record stays (its jobs name it, its id stays taken) but is listed, defaulted to, submitted
+    # to, priced and advertised no more (app/store/registry.py Registry.retire).
+    retired_at: datetime | None = None
 
     @property
     def variant(self) -> Variant:

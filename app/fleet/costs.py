@@ -171,6 +171,10 @@ class FleetCosts:
         Raises:
             Conflict: ``model_id``'s safetensors headers cannot be read (reason
                 ``model_unreadable``, :meth:`Registry.weights_bytes`): it cannot be priced.
+            NotFound: the profiles were re-read and ``model_id`` is not among them because it was
+                retired since the submission's checks (reason ``model_retired``,
+                :meth:`Registry.check_in_service`; ``homefleet models retire`` holds the fleet
+                lock, under which this is read).
         """
         cached = self._cached
         if cached is not None and cached[0] == marks and model_id in cached[1].models:
@@ -184,6 +188,8 @@ class FleetCosts:
         self._cached = (marks, estimator)
         if model_id not in models and model_id in self._unpriced:
             raise self._unpriced[model_id]
+        if model_id not in models:
+            self.registry.check_in_service(model_id)  # retired since it was validated
         return estimator
 
 

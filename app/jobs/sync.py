@@ -99,7 +99,7 @@ class Syncs:
         Raises:
             Rejected: unknown machine (``unknown_machine``) or a model of a family the
                 machine does not support (``family_not_supported``).
-            NotFound: an unknown model.
+            NotFound: an unknown model, or a retired one (``model_retired``: its workers withdrew it).
             MachineUnavailable: the machine is offline (its worker would not copy anything).
             Conflict: the machine has work queued or running (``machine_busy``) or is already
                 syncing (``machine_syncing``): 409, nothing reserved or published.
@@ -112,6 +112,7 @@ class Syncs:
         if model_ids:
             for model_id in model_ids:
                 model = self.registry.get(model_id)
+                self.registry.check_in_service(model_id)
                 if model.family not in config.families:
                     raise Rejected(
                         f"machine {machine!r} does not support family {model.family!r} of model "

@@ -110,12 +110,14 @@ class Validator:
         compare, a rehash only of a file whose stat changed).
 
         Raises:
-            NotFound: the model is not registered (reason ``unknown_model``).
+            NotFound: the model is not registered (reason ``unknown_model``), or was retired
+                (reason ``model_retired``, :meth:`Registry.check_in_service`, read afresh).
             Conflict: a file of it changed or is missing there (409, reason ``model_changed``,
                 naming the files and ``homefleet models update ID``), or cannot be read
                 (``model_unavailable``): nothing of it is read further, nothing is queued.
         """
         record = self.registry.get(model_id)
+        self.registry.check_in_service(model_id)
         self.registry.manifest(model_id)
         return record
 
@@ -178,7 +180,8 @@ class Validator:
         so the journal shows what was priced.
 
         Raises:
-            NotFound: the model is not registered (reason ``unknown_model``).
+            NotFound: the model is not registered (reason ``unknown_model``), or it or an adapter
+                it names was retired (reason ``model_retired``).
             Conflict: a file of the model, or of an adapter it names, changed or is missing in
                 the server's model folder (409, reason ``model_changed``, :meth:`model`).
             Rejected: the model does not run ``kind`` (reason ``kind_not_supported``), the

@@ -24,11 +24,12 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
@@ -38,9 +39,10 @@ from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
 from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
 from app.core.safetensors import check_loadable, safetensors_header
+from app.core.states import ACTIVE
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
-from app.db.tables import ModelFile, ModelRecord
+from app.db.tables import Job, ModelFile, ModelRecord, utcnow
 from app.store.selection import check_exists, check_index_components, model_json, select_files
 from routing.timings import ADAPTER_KIND
 
@@ -152,11 +154,12 @@ class Registry:
     """Registered models and their manifests, stored in the journal's database.
 
     A model's id, family, kinds and variant never change once registered (:meth:`add` refuses
-    a taken id; nothing deletes one), so :meth:`get` keeps the records it found; its files,
-    ``total_bytes`` and ``weights_bytes`` change only by :meth:`update` (read them from
-    :meth:`list` or the manifest, which read the database). ``on_change`` is called after
-    every committed registration or update (the server replaces the registry's change mark
-    there, app/fleet/costs.py, so every process re-reads its model list and workers re-verify).
+    a taken id; nothing deletes one, a retired one included), so :meth:`get` keeps the records
+    it found; its files, ``total_bytes`` and ``weights_bytes`` change only by :meth:`update`, and
+    its ``retired_at`` only by :meth:`retire` (read them from :meth:`list`, :meth:`check_in_service`
+    or the manifest, which read the database). ``on_change`` is called after every committed
+    registration, update or retirement (the server replaces the registry's change mark there,
+    app/fleet/costs.py, so every process re-reads its model list and workers re-verify).
     """
 
     def __init__(self, engine: Engine, models_dir: Path, on_change: Callable[[], None] | None = None) -> None:
@@ -375,6 +378,7 @@ class Registry:
                     ModelRecord.source_digest == digest,
                     ModelRecord.precision == precision,
                     ModelRecord.quantization == quantization,
+                    col(ModelRecord.retired_at).is_(None),
                 )
             ).first()
             taken = set(session.exec(select(ModelRecord.id)).all())
@@ -427,7 +431,11 @@ class Registry:
         digests: dict[str, str] | None = None
         with Session(self.engine) as session:
             for record in session.exec(
-                select(ModelRecord).where(ModelRecord.precision == precision, ModelRecord.quantization == quantization)
+                select(ModelRecord).where(
+                    ModelRecord.precision == precision,
+                    ModelRecord.quantization == quantization,
+                    col(ModelRecord.retired_at).is_(None),  # a retired model is no copy to use instead
+                )
             ):
                 rows = session.exec(
                     select(ModelFile.path, ModelFile.size, ModelFile.digest).where(ModelFile.model_id == record.id)
@@ -440,9 +448,11 @@ class Registry:
         return None
 
     def get(self, model_id: str) -> ModelRecord:
-        """The model, or raise :class:`NotFound` naming the known ids. A record found once is
-        kept (records never change); an unknown id is looked up in the database every time, so
-        a model registered by another process is found. Do not mutate the result."""
+        """The model, retired or not, or raise :class:`NotFound` naming the known ids. A record
+        found once is kept (its id, family, kinds and variant never change; its ``retired_at`` may
+        be stale here: :meth:`check_in_service` reads it afresh); an unknown id is looked up in the
+        database every time, so a model registered by another process is found. Do not mutate
+        the result."""
         found = self._records.get(model_id)
         if found is not None:
             return found
@@ -475,9 +485,98 @@ class Registry:
             )
         return record
 
-    def list(self) -> list[ModelRecord]:
+    def list(self, retired: bool = False) -> list[ModelRecord]:
+        """The models in service, by id, read from the database now; ``retired``: the retired
+        ones too (``homefleet models list --all``)."""
+        query = select(ModelRecord).order_by(ModelRecord.id)
+        if not retired:
+            query = query.where(col(ModelRecord.retired_at).is_(None))
         with Session(self.engine) as session:
-            return list(session.exec(select(ModelRecord).order_by(ModelRecord.id)).all())
+            return list(session.exec(query).all())
+
+    def retired_at(self, model_id: str) -> datetime | None:
+        """When the model was retired (UTC), read from the database now (:meth:`get`'s cached
+        record may predate its retirement by another process), or None while in service.
+        Raises NotFound (reason ``unknown_model``)."""
+        self.get(model_id)
+        with Session(self.engine) as session:
+            return session.exec(select(ModelRecord.retired_at).where(ModelRecord.id == model_id)).first()
+
+    def check_in_service(self, model_id: str) -> None:
+        """Refuse a retired model: its ``retired_at`` is read from the database now, so a
+        retirement by another process (``homefleet models retire``) is seen at once, whatever
+        :meth:`get` cached.
+
+        Raises:
+            NotFound: no such model (reason ``unknown_model``), or a retired one (404, reason
+                ``model_retired``, naming when, the models in service and the fix).
+        """
+        retired_at = self.retired_at(model_id)
+        if retired_at is None:
+            return
+        with Session(self.engine) as session:
+            known = ", ".join(
+                session.exec(
+                    select(ModelRecord.id).where(col(ModelRecord.retired_at).is_(None)).order_by(ModelRecord.id)
+                ).all()
+            )
+        raise NotFound(
+            f"model {model_id!r} was retired on {retired_at:%Y-%m-%d %H:%M} UTC and runs no new job; in "
+            f"service: {known or 'none'}",
+            reason="model_retired",
+        )
+
+    def retire(self, model_id: str, delete_files: bool = False) -> Retirement:
+        """Take the model out of service (``homefleet models retire ID``): record its
+        ``retired_at`` (UTC now), keep its record (its jobs name it; its id stays taken, R1), then
+        call ``on_change`` so every process re-reads its model list and every worker withdraws
+        it (R4). From then on :meth:`list` leaves it out and :meth:`check_in_service` refuses
+        it. ``delete_files``: then remove the server's copy of its files (:meth:`folder`); else
+        they stay there. A model already retired is left as it is (``Retirement.already``; its
+        files are still removed when asked).
+
+        The caller holds the fleet lock (app/fleet/lock.py), under which every submission is
+        journaled, so no job of it is queued between the check and the record.
+
+        Raises:
+            NotFound: no such model (reason ``unknown_model``).
+            Conflict: a job of it is queued or running (reason ``model_in_use``, naming up to 10
+                of them and the fix: cancel them or wait for them to end); nothing is recorded.
+        """
+        self.get(model_id)
+        with Session(self.engine) as session:
+            stored = session.get(ModelRecord, model_id)
+            assert stored is not None  # get() found it; nothing deletes a record
+            already = stored.retired_at is not None
+            if not already:
+                live = session.exec(
+                    select(Job.id)
+                    .where(Job.model_id == model_id, col(Job.state).in_(list(ACTIVE)))
+                    .order_by(col(Job.created_at))
+                ).all()
+                if live:
+                    named = ", ".join(live[:10]) + (f" (and {len(live) - 10} more)" if len(live) > 10 else "")
+                    raise Conflict(
+                        f"model {model_id!r} has {len(live)} queued or running job(s): {named}; cancel them "
+                        "(POST /v1/jobs/ID/cancel) or wait for them to end, then retire it",
+                        reason="model_in_use",
+                    )
+                stored.retired_at = utcnow()
+                session.add(stored)
+                session.commit()
+            retired_at = stored.retired_at
+            assert retired_at is not None
+        self._records.pop(model_id, None)
+        self._priced.pop(model_id, None)
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != model_id}
+        if not already and self.on_change is not None:
+            self.on_change()  # every process re-reads its models; workers withdraw it (tasks/verify.py)
+        folder = self.folder(model_id)
+        deleted = False
+        if delete_files and folder.exists():
+            shutil.rmtree(folder)
+            deleted = True
+        return Retirement(model_id, retired_at, already, folder, deleted)
 
     def manifest(self, model_id: str) -> Manifest:
         """The model's manifest with its REGISTERED digests, once the server's own copy is
@@ -715,6 +814,18 @@ def model_changed(model_id: str, folder: Path, changed: list[FileCheck]) -> Conf
         f"`homefleet models update {model_id}`",
         reason="model_changed",
     )
+
+
+@dataclass(frozen=True)
+class Retirement:
+    """What :meth:`Registry.retire` did: when the model was retired (UTC), whether it already
+    was (``already``), its folder on the server and whether its files were removed there."""
+
+    model_id: str
+    retired_at: datetime
+    already: bool
+    folder: Path
+    files_deleted: bool
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
@@ -27,7 +27,12 @@ from app.store.media import EXTENSIONS
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
 MAX_PAGE = 500  # jobs per page of GET /v1/jobs
-JOB_FIELDS = {"unknown_model": "model", "kind_not_supported": "kind", "unknown_machine": "target"}
+JOB_FIELDS = {
+    "unknown_model": "model",
+    "model_retired": "model",
+    "kind_not_supported": "kind",
+    "unknown_machine": "target",
+}
 """A submission's refusal reason -> the ``POST /v1/jobs`` field at fault, for the refusals raised
 where the request's field names are unknown (the registry, the validator, placement)."""
 
@@ -279,8 +284,9 @@ MODEL_OWNER = "homefleet"
 
 @router.get("/models")
 def list_models(ctx: Context) -> dict[str, Any]:
-    """Every registered model, in OpenAI's list shape ``{"object": "list", "data": [model...]}``
-    (what ``openai``'s ``client.models.list()`` reads); each model as :func:`get_model`."""
+    """Every registered model in service, in OpenAI's list shape ``{"object": "list", "data":
+    [model...]}`` (what ``openai``'s ``client.models.list()`` reads); each model as
+    :func:`get_model`. A retired model (``homefleet models retire``) is not listed."""
     return {"object": "list", "data": [model_entry(ctx, m) for m in ctx.registry.list()]}
 
 
@@ -293,15 +299,18 @@ def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
     with ``models add --default``; applied when a job does not set them) and ``params`` (per kind
     it runs: ``params``, the param names a submission may set, and ``inputs``, those naming an
     uploaded file id, from :func:`app.core.kinds.family_kind_spec`, with the kind's ``defaults``
-    and number ``ranges``; the fleet page's Submit form reads it).
+    and number ``ranges``; the fleet page's Submit form reads it), and ``retired_at`` (ISO 8601
+    UTC, when ``homefleet models retire`` took it out of service; null while in service: a
+    retired model is still described here, for the jobs that name it).
     404 ``unknown_model`` in OpenAI's error shape."""
-    return model_entry(ctx, ctx.registry.get(model_id))
+    return model_entry(ctx, ctx.registry.get(model_id), ctx.registry.retired_at(model_id))
 
 
-def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
-    """A model record as ``GET /v1/models`` lists it (:func:`get_model`)."""
+def model_entry(ctx: Context, m: Any, retired_at: datetime | None = None) -> dict[str, Any]:
+    """A model record as ``GET /v1/models`` lists it (:func:`get_model`); ``retired_at``: when
+    it was retired, read afresh (a cached record's may be stale), None while in service."""
     kinds = kinds_of(m.family, m.kinds)
-    created = m.created_at if m.created_at.tzinfo else m.created_at.replace(tzinfo=UTC)
+    created = _utc(m.created_at)
     return {
         "id": m.id,
         "object": "model",
@@ -315,12 +324,18 @@ def model_entry(ctx: Context, m: Any) -> dict[str, Any]:
         "quantization": m.quantization,
         "weights_bytes": _weights_bytes(ctx, m.id),
         "defaults": dict(m.defaults or {}),
+        "retired_at": _utc(retired_at).isoformat() if retired_at else None,
         "params": {
             kind: _kind_params(m.family, kind, limits_for(ctx.settings.limits, m.family))
             for kind in kinds
             if kind in KINDS
         },
     }
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` as an aware UTC time (SQLite gives the journal's UTC times back naive)."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _weights_bytes(ctx: Context, model_id: str) -> int | None:

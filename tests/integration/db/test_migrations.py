@@ -147,3 +147,32 @@ def test_a_journal_from_before_migrations_is_stamped_and_migrated(settings: Sett
         assert diffs == [] and kept == ["old"]
     finally:
         engine.dispose()
+
+
+def test_r1_models_registered_before_retirement_existed_are_in_service_after_the_upgrade(settings: Settings) -> None:
+    """Migration c8e2a4f6d1b9 adds ``modelrecord.retired_at`` (NULL) to a journal that has
+    models: they stay listed and can be retired."""
+    from sqlalchemy import text
+    from sqlmodel import create_engine as plain_engine
+
+    from app.store.registry import Registry
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = plain_engine(settings.journal_url)
+    try:
+        upgrade(engine, "a9c2e4f6b813")
+        with engine.begin() as connection:  # the columns of that revision only
+            connection.execute(
+                text(
+                    "INSERT INTO modelrecord (id, family, kinds, pipeline_class, total_bytes, created_at, precision) "
+                    "VALUES ('old-sd', 'sd1', :kinds, 'StableDiffusionPipeline', 10, '2026-01-01', 'fp32')"
+                ),
+                {"kinds": json.dumps(["txt2img"])},
+            )
+        upgrade(engine)
+        registry = Registry(engine, settings.models_dir)
+        assert [(m.id, m.retired_at) for m in registry.list()] == [("old-sd", None)]
+        assert registry.retire("old-sd").retired_at is not None
+        assert registry.list() == [] and registry.retired_at("old-sd") is not None
+    finally:
+        engine.dispose()

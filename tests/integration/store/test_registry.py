@@ -178,3 +178,58 @@ def test_r15_the_loaded_bytes_are_priced_once_at_registration_and_carried_in_the
     ctx.registry._records.pop("sd-old", None)
     assert ctx.registry.get("sd-old").weights_bytes is None
     assert ctx.registry.weights_bytes("sd-old") == sum(held_bytes(load_pipeline(source)).values()) == old.weights_bytes
+
+
+def test_r1_a_retired_model_keeps_its_record_and_id_but_leaves_the_list_even_for_a_warm_cache(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """``retire`` is refused while a job of the model is queued or running, naming it; once
+    retired the record stays (``get``, its id taken) but ``list`` leaves it out, and another
+    process's registry that had it cached refuses it at once (``check_in_service`` reads afresh)."""
+    from app.core.states import JobState
+    from app.db.tables import Job
+    from app.store.registry import Registry
+
+    ctx.registry.add(tiny_models_dir / "tiny-sd")
+    ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="other-sd")
+    running = Registry(ctx.engine, ctx.registry.models_dir)  # a long-running server's, warmed below
+    running.get("tiny-sd")
+    running.check_in_service("tiny-sd")
+    for job_id, state in (("queued1", JobState.queued), ("running1", JobState.running), ("done1", JobState.succeeded)):
+        ctx.journal.add(Job(id=job_id, state=state, model_id="tiny-sd", kind="txt2img", target="auto", machine="m1"))
+    with pytest.raises(Conflict) as refused:
+        ctx.registry.retire("tiny-sd")
+    assert refused.value.reason == "model_in_use"
+    assert "queued1, running1" in refused.value.message and "done1" not in refused.value.message
+    assert "cancel" in refused.value.message
+    assert [m.id for m in ctx.registry.list()] == ["other-sd", "tiny-sd"]  # nothing recorded
+    ctx.journal.cancel("queued1")
+    ctx.journal.fail("running1", "m1", "oom", "out of memory")
+    with pytest.raises(NotFound) as unknown:
+        ctx.registry.retire("nope")
+    assert unknown.value.reason == "unknown_model"
+
+    done = ctx.registry.retire("tiny-sd")
+    assert not done.already and not done.files_deleted and done.folder.is_dir()
+    assert [m.id for m in ctx.registry.list()] == ["other-sd"]
+    assert [(m.id, m.retired_at is not None) for m in ctx.registry.list(retired=True)] == [
+        ("other-sd", False),
+        ("tiny-sd", True),
+    ]
+    assert ctx.registry.get("tiny-sd").id == "tiny-sd"  # the record stays: its jobs name it
+    for registry in (ctx.registry, running):
+        with pytest.raises(NotFound) as retired:
+            registry.check_in_service("tiny-sd")
+        assert retired.value.reason == "model_retired" and "in service: other-sd" in retired.value.message
+    running.check_in_service("other-sd")
+    with pytest.raises(Rejected, match="already registered"):
+        ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")
+    with pytest.raises(Conflict, match="already registered as 'other-sd'"):  # in service: use it
+        ctx.registry.add(tiny_models_dir / "tiny-sd")
+    ctx.registry.retire("other-sd")
+    # a retired model is no copy to use instead: the same folder registers again, under a new id
+    assert ctx.registry.add(tiny_models_dir / "tiny-sd").id == "tiny-sd-2"
+
+    again = ctx.registry.retire("tiny-sd", delete_files=True)
+    assert again.already and again.retired_at == done.retired_at
+    assert again.files_deleted and not ctx.registry.folder("tiny-sd").exists()

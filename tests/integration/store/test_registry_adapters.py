@@ -223,3 +223,19 @@ def test_models_add_registers_a_lora_file_and_refuses_one_for_another_family(
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"error (not_an_adapter): {garbage} is no LoRA adapter: {garbage}: safetensors header of" in said, said
     assert sorted(m.id for m in ctx.registry.list()) == ["sd-lora-file", "tiny-sd-kohya"]
+
+
+def test_r1_a_job_naming_a_retired_adapter_is_refused_model_retired(
+    ctx: ServerContext, lora: Path, tiny_models_dir: Path
+) -> None:
+    """An adapter is retired like a model (``homefleet models retire``); a job that names it in
+    ``params.adapters`` is refused, not run with it, while its base model stays in service."""
+    ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
+    ctx.registry.add(lora, "sd-lora", adapter_of="sd1")
+    params = {"prompt": "a cat", "steps": 2, "adapters": [{"id": "sd-lora", "scale": 1.0}]}
+    ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")  # accepted while in service
+    ctx.registry.retire("sd-lora")
+    with pytest.raises(NotFound) as refused:
+        ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")
+    assert refused.value.reason == "model_retired" and "'sd-lora'" in refused.value.message
+    ctx.dispatcher.validator.request("tiny-sd", "txt2img", {"prompt": "a cat", "steps": 2}, "auto")

@@ -1,0 +1,138 @@
+"""``homefleet models retire ID`` (R1, R4): a model registered by mistake is taken out of
+service for good, its record kept. Refused while a job of it is queued or running; once
+retired it is listed, defaulted to and submitted to no more, by the server that was already
+running (a warm registry and a cached estimator) as by a new one, and its id stays taken.
+Real Redis, real journal, the real ASGI app, the CLI in a process of its own; no worker runs
+(jobs stay queued)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.api.routes.images import default_model
+from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.errors import NotFound
+from app.core.states import JobState
+from app.db.tables import Job
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet, run_cli, settings_env
+
+BAD, MODEL = "a-bad", "tiny-sd"  # BAD sorts first: the default of every route that takes no model
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    ctx = build_context(settings, make_fleet("m1"), migrate=True)
+    ctx.registry.add(tiny_models_dir / MODEL, BAD)
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    bring_online(ctx, "server", {MODEL, BAD})
+    bring_online(ctx, "m1", {MODEL, BAD})
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+        yield client, ctx
+    ctx.close()
+
+
+def submit(client: TestClient, model: str) -> Any:
+    return client.post(
+        "/v1/jobs",
+        json={"model": model, "kind": "txt2img", "target": "auto", "params": {"prompt": "a cat", "steps": 2}},
+    )
+
+
+def retire(settings: Settings, *args: str) -> tuple[int, str]:
+    done = run_cli("models", "retire", *args, env=settings_env(settings), check=False)
+    return done.returncode, " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
+
+
+def test_r1_retire_is_refused_while_a_job_of_the_model_is_queued_naming_it(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    client, _ = api
+    queued = submit(client, BAD)
+    assert queued.status_code == 202, queued.text
+    job_id = queued.json()["id"]
+    code, said = retire(settings, BAD)
+    assert code == 2 and "model_in_use" in said and job_id in said and "cancel" in said, said
+    assert BAD in [m["id"] for m in client.get("/v1/models").json()["data"]]  # nothing recorded
+    assert submit(client, BAD).status_code == 202  # still in service
+
+    code, said = retire(settings, "no-such-model")
+    assert code == 2 and "unknown_model" in said, said
+
+
+def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_submissions(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    """The server context was built, and its caches warmed by a submission, BEFORE the CLI
+    retired the model in another process: it refuses the model at once, without a restart."""
+    client, ctx = api
+    first = submit(client, BAD)  # warms the server's registry cache and its placement estimator
+    assert first.status_code == 202, first.text
+    assert default_model(ctx, "txt2img") == BAD
+    assert client.post(f"/v1/jobs/{first.json()['id']}/cancel").status_code == 200
+    mark = ctx.redis.get(ctx.keys.registry_changed())
+
+    code, said = retire(settings, BAD)
+    assert code == 0 and f"retired {BAD}" in said and str(ctx.registry.folder(BAD)) in said, said
+    assert ctx.registry.folder(BAD).is_dir()  # its files stay without --delete-files
+
+    assert ctx.redis.get(ctx.keys.registry_changed()) != mark  # every process re-reads; workers withdraw it (R4)
+    assert default_model(ctx, "txt2img") == MODEL  # the next by id
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL]
+    assert client.get(f"/v1/models/{BAD}").json()["retired_at"] is not None  # still described, for its jobs
+    assert client.get(f"/v1/models/{MODEL}").json()["retired_at"] is None
+    assert [m["id"] for m in client.get("/info").json()["models"]] == [MODEL]
+    refused = submit(client, BAD)
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert (error["reason"], error["param"]) == ("model_retired", "model") and "in service: tiny-sd" in error["message"]
+    openai = client.post("/v1/images/generations", json={"prompt": "a cat", "model": BAD})
+    assert openai.status_code == 404 and openai.json()["error"]["code"] == "model_retired", openai.text
+    assert client.get(f"/v1/jobs/{first.json()['id']}").json()["state"] == "cancelled"  # its history stays
+    with Session(ctx.engine) as session:  # every refusal journaled with its reason, as unknown_model's are
+        rejected = session.exec(select(Job).where(Job.model_id == BAD, Job.state == JobState.rejected)).all()
+    assert {j.reason for j in rejected} == {"model_retired"} and len(rejected) == 2
+    assert submit(client, MODEL).status_code == 202
+
+    added = run_cli(
+        "models", "add", str(ctx.registry.folder(MODEL)), "--id", BAD, env=settings_env(settings), check=False
+    )
+    assert added.returncode == 2 and "model_id_taken" in added.stdout, added.stdout  # its id stays taken
+    listed = run_cli("models", "list", env=settings_env(settings)).stdout
+    assert BAD not in listed and MODEL in listed
+    everything = run_cli("models", "list", "--all", env=settings_env(settings)).stdout
+    assert BAD in everything and "retired" in everything
+
+    code, said = retire(settings, BAD, "--delete-files")
+    assert code == 0 and "already retired" in said and "deleted its files" in said, said
+    assert not ctx.registry.folder(BAD).exists()
+
+
+def test_r14_a_submission_validated_before_the_retirement_is_refused_under_the_fleet_lock(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    """The retirement holds the fleet lock and replaces the registry's change mark: a decision
+    taken after it (a submission whose checks passed before it) re-reads the models and refuses
+    the retired one instead of placing it with a stale estimator."""
+    _, ctx = api
+    assert BAD in ctx.dispatcher.snapshot(BAD).estimator.models  # the estimator is cached with it
+    other = build_context(settings, make_fleet("m1"))  # the CLI's process
+    try:
+        with other.lock.held("retire"):
+            other.registry.retire(BAD)
+    finally:
+        other.close()
+    with pytest.raises(NotFound) as refused:
+        ctx.dispatcher.snapshot(BAD)
+    assert refused.value.reason == "model_retired"
+    with pytest.raises(NotFound) as unsynced:  # nor is it copied to a machine again
+        ctx.syncs().start("m1", [BAD])
+    assert unsynced.value.reason == "model_retired"
+    assert MODEL in ctx.dispatcher.snapshot(MODEL).estimator.models
