@@ -102,7 +102,8 @@ class RedisResidencyFacts:
         holds the fleet lock, so no job is placed between the check and the write.
 
         Raises:
-            NotFound: unknown machine (``unknown_machine``) or model (``unknown_model``).
+            NotFound: unknown machine (``unknown_machine``) or model (``unknown_model``), or a
+                retired model (``model_retired``).
             Rejected: the machine does not support a model's family (``family_not_supported``):
                 it could never hold it, and the commitment would only keep videos off it (R17);
                 or the model runs only video (``video_model_not_committable``): R17 would keep
@@ -121,6 +122,7 @@ class RedisResidencyFacts:
         families = fleet.machines[machine].families
         for model_id in sorted(wanted):
             record = registry.get(model_id)  # raises NotFound(unknown_model)
+            registry.check_in_service(model_id)  # a retired model runs no job: nothing to keep warm
             family = record.family
             if set(record.kinds) <= {"video"}:
                 raise Rejected(

@@ -95,6 +95,8 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     assert (error["reason"], error["param"]) == ("model_retired", "model") and "in service: tiny-sd" in error["message"]
     openai = client.post("/v1/images/generations", json={"prompt": "a cat", "model": BAD})
     assert openai.status_code == 404 and openai.json()["error"]["code"] == "model_retired", openai.text
+    kept = client.put("/v1/machines/m1/residency", json={"models": [BAD]})  # nothing of it to keep warm
+    assert kept.status_code == 404 and kept.json()["error"]["reason"] == "model_retired", kept.text
     assert client.get(f"/v1/jobs/{first.json()['id']}").json()["state"] == "cancelled"  # its history stays
     with Session(ctx.engine) as session:  # every refusal journaled with its reason, as unknown_model's are
         rejected = session.exec(select(Job).where(Job.model_id == BAD, Job.state == JobState.rejected)).all()
