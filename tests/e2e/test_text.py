@@ -362,6 +362,17 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
     assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
 
 
+def test_hub_chat_completion_without_a_model_gets_the_default_text_model(tfleet: TextFleet) -> None:
+    """Given no model, ``InferenceClient.chat_completion`` sends ``"model": "dummy"`` (TGI ignores
+    it): the first text model answers, here ``small-gpt2``, whose refusal of a chat (it has no
+    chat template) names it, not an unregistered ``dummy``."""
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        hub(tfleet).chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
+    assert refused.value.response.status_code == 422, refused.value.response.text
+    message = refused.value.response.json()["error"]["message"]
+    assert "small-gpt2" in message and "chat template" in message and "dummy" not in message
+
+
 SCHEMA = {
     "type": "object",
     "additionalProperties": False,

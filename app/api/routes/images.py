@@ -418,11 +418,27 @@ def default_model(ctx: ServerContext, kind: str) -> str:
     raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
 
 
+HF_NO_MODEL = "dummy"
+"""The ``model`` huggingface_hub's ``InferenceClient`` sends on chat completions when it was given
+none, or only a URL (``huggingface_hub/inference/_providers/hf_inference.py``): TGI, serving one
+model, ignores it; here it names no model unless a model of that id is registered."""
+
+
 async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> str:
-    """``model``, or when none is named :func:`default_model` of ``kind`` (read off the event loop)."""
-    if model:
+    """``model``, or when none is named (:data:`HF_NO_MODEL` counting as none) :func:`default_model`
+    of ``kind`` (read off the event loop)."""
+    if model and (model != HF_NO_MODEL or await to_thread.run_sync(is_registered, ctx, model)):
         return model
     return await to_thread.run_sync(default_model, ctx, kind)
+
+
+def is_registered(ctx: ServerContext, model: str) -> bool:
+    """Whether ``model`` is a registered model id (retired or not)."""
+    try:
+        ctx.registry.get(model)
+    except NotFound:
+        return False
+    return True
 
 
 async def run_jobs(
