@@ -37,7 +37,9 @@ from app.core.secret_files import require_private
 from app.fleet.config import load_fleet
 
 cli = typer.Typer(
-    help="Homefleet: image and video generation on a small fleet of mixed machines.", no_args_is_help=True
+    help="Homefleet: image and video generation on a small fleet of mixed machines.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 cli.add_typer(models_cli, name="models")
 cli.add_typer(db_cli, name="db")
@@ -105,7 +107,7 @@ def worker(
     machine: Annotated[
         str | None,
         typer.Option(
-            help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is <host>:<index>, e.g. box:1, "
+            help="machine name (HOMEFLEET_MACHINE); a device of a multi-device host is HOST:INDEX, e.g. box:1, "
             "which binds CUDA_VISIBLE_DEVICES=1"
         ),
     ] = None,

@@ -117,6 +117,21 @@ def test_no_help_text_of_the_cli_cites_a_tracker_number() -> None:
     assert not found, "\n".join(found)
 
 
+def test_every_help_text_reads_as_written_no_markup_lost_or_shown() -> None:
+    """Help comes from docstrings written with ``code`` spans and [brackets]: rendered as
+    Markdown, a code span shows as its text, and brackets and angle brackets stay (Rich's own
+    markup took ``[row, ...]`` for a style tag and dropped it; Markdown drops ``<host>`` as HTML)."""
+    runner = CliRunner()
+    shown = {}
+    for path in command_paths(typer.main.get_command(cli)):
+        result = runner.invoke(cli, [*path, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        assert result.exit_code == 0, result.output
+        shown[" ".join(path)] = " ".join(result.output.split())
+    assert not [name for name, text in shown.items() if "``" in text], "raw double backticks in help"
+    assert '--json: {"hosts": [{"host", "machines": [row, ...]}, ...], "dead_letters": n}' in shown["status"]
+    assert "a device of a multi-device host is HOST:INDEX, e.g. box:1" in shown["worker"]
+
+
 #: build artefacts: (a path one would produce, how a tracked one is recognised)
 ARTEFACTS = [
     ("homefleet-0.1.0-py3-none-any.whl", re.compile(r"\.whl$")),
