@@ -128,6 +128,13 @@ def worker(
         str | None,
         typer.Option(help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)"),
     ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a worker.env written by `homefleet worker join`: start that worker again (the environment's "
+            "HOMEFLEET_* and this command's options win over it)"
+        ),
+    ] = None,
     loglevel: str = "INFO",
     print_systemd_unit: Annotated[
         bool,
@@ -172,7 +179,13 @@ def worker(
         }.items()
         if v is not None
     }
-    settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    if env_file is not None and not env_file.is_file():
+        raise ConfigError(
+            f"{env_file} is not a file: `homefleet worker join` writes worker.env in the worker's folder, "
+            "the parent of its --models-dir",
+            reason="invalid_settings",
+        )
+    settings = WorkerSettings(_env_file=env_file, **overrides)  # type: ignore[arg-type]
     if settings.worker_token_file is not None:
         require_private(settings.worker_token_file, "the token file")
     if print_systemd_unit or print_launchd_plist:
@@ -228,9 +241,14 @@ def worker_join(
     grant = joining.request_grant(server_url, token, device)
     joining.check_device(grant, device)
     token_file, values = joining.save_grant(grant, server_url, models_dir)
+    env_file = token_file.parent / joining.ENV_FILE
     console.print(
         f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
-        f"settings in {token_file.parent / joining.ENV_FILE}"
+        f"settings in {env_file}; to start this worker again (after a reboot): "
+        f"`homefleet worker --env-file {env_file}`, or keep it running with a supervisor: add "
+        "--print-systemd-unit (a Mac: --print-launchd-plist)",
+        soft_wrap=True,
+        highlight=False,
     )
     settings = WorkerSettings(**values)
     if print_systemd_unit or print_launchd_plist:

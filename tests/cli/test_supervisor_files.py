@@ -93,3 +93,53 @@ def test_print_launchd_plist_and_a_token_outside_a_file_is_refused(tmp_path: Pat
     )
     assert refused.returncode == 2
     assert "need --token-file" in refused.stdout and TOKEN not in refused.stdout + refused.stderr
+
+
+def test_a_joined_worker_starts_again_from_its_worker_env(tmp_path: Path) -> None:
+    """After a reboot: `homefleet worker --env-file worker.env` takes the settings `worker join`
+    wrote (here printing the supervisor file instead of starting); an option still wins."""
+    from app.core.protocol import JoinGrant
+    from tasks import join as joining
+
+    grant = JoinGrant(
+        machine="box7",
+        token=TOKEN,
+        backend="cpu",
+        memory_bytes=8 * 2**30,
+        families=["sd1"],
+        broker={"redis_url": "redis://127.0.0.1:6390/4"},
+    )
+    models_dir = tmp_path / "worker" / "models"
+    token_file, _ = joining.save_grant(grant, "http://srv:8787", models_dir)
+    env_file = token_file.parent / joining.ENV_FILE
+    settings = ("MACHINE", "MODELS_DIR", "WORKER_TOKEN", "WORKER_TOKEN_FILE", "SERVER_URL", "REDIS_URL")
+    env: dict[str, str | None] = dict.fromkeys(f"HOMEFLEET_{name}" for name in settings)  # the file alone
+    done = run_cli("worker", "--env-file", str(env_file), "--print-systemd-unit", env=env)
+    assert TOKEN not in done.stdout + done.stderr
+    service = configparser_service(done.stdout)
+    expected = [
+        "--machine",
+        "box7",
+        "--models-dir",
+        str(models_dir.resolve()),
+        "--token-file",
+        str(token_file.resolve()),
+    ]
+    assert shlex.split(service["ExecStart"])[4:] == expected
+    assert "HOMEFLEET_SERVER_URL=http://srv:8787" in shlex.split(service["Environment"])
+    assert "HOMEFLEET_REDIS_URL=redis://127.0.0.1:6390/4" in shlex.split(service["Environment"])
+
+    other = run_cli("worker", "--env-file", str(env_file), "--machine", "box8", "--print-systemd-unit", env=env)
+    assert shlex.split(configparser_service(other.stdout)["ExecStart"])[5] == "box8"
+
+    missing = run_cli("worker", "--env-file", str(tmp_path / "nowhere.env"), env=env, check=False)
+    assert missing.returncode != 0 and "nowhere.env is not a file" in " ".join(
+        (missing.stdout + missing.stderr).split()
+    )
+
+
+def configparser_service(text: str) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(text)
+    return parser["Service"]
