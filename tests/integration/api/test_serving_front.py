@@ -34,6 +34,21 @@ def online(ctx: ServerContext, *machines: str) -> None:
         bring_online(ctx, machine, {MODEL})
 
 
+def edit_model_on_server(ctx: ServerContext, tiny_models_dir: Path) -> str:
+    """tiny-pix2pix registered and verified on an online ``server``: its id."""
+    edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
+    online(ctx, "server")
+    ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+    return edit_model
+
+
+def image_bytes(image_format: str = "PNG") -> bytes:
+    """A black 64x48 picture in ``image_format``, as an upload holds it."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48)).save(buffer, format=image_format)
+    return buffer.getvalue()
+
+
 def make_api(settings: Settings, tiny_models_dir: Path) -> tuple[TestClient, ServerContext]:
     ctx = build_context(settings, make_fleet("m1", "m2"), migrate=True)
     ctx.registry.add(tiny_models_dir / MODEL, MODEL)
@@ -122,12 +137,8 @@ def test_r22_server_set_output_size_is_added_and_accepted_back_on_an_edit(
     api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
     client, ctx = api
-    edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
-    online(ctx, "server")
-    ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
-    buffer = io.BytesIO()
-    Image.new("RGB", (64, 48)).save(buffer, format="PNG")
-    image = client.post("/v1/files", files={"file": ("a.png", buffer.getvalue(), "image/png")}).json()["id"]
+    edit_model = edit_model_on_server(ctx, tiny_models_dir)
+    image = client.post("/v1/files", files={"file": ("a.png", image_bytes(), "image/png")}).json()["id"]
     body = {"model": edit_model, "kind": "edit", "target": "server", "params": {"prompt": "blue", "image": image}}
     first = client.get(f"/v1/jobs/{client.post('/v1/jobs', json=body).json()['id']}").json()
     assert (first["params"]["output_width"], first["params"]["output_height"]) == (64, 48)
@@ -208,12 +219,8 @@ def test_r22_a_job_input_must_fit_its_model_familys_upload_limits(settings: Sett
     )
     client, ctx = make_api(settings, tiny_models_dir)
     with client:
-        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
-        online(ctx, "server")
-        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
-        buffer = io.BytesIO()
-        Image.new("RGB", (64, 48)).save(buffer, format="JPEG")
-        jpeg = client.post("/v1/files", files={"file": ("a.jpg", buffer.getvalue(), "image/jpeg")})
+        edit_model = edit_model_on_server(ctx, tiny_models_dir)
+        jpeg = client.post("/v1/files", files={"file": ("a.jpg", image_bytes("JPEG"), "image/jpeg")})
         assert jpeg.status_code == 201  # POST /v1/files knows no model: only max_input_bytes applies
         body = {
             "model": edit_model,
@@ -399,12 +406,8 @@ def test_r20_an_openai_error_after_a_job_was_submitted_says_do_not_retry(
     settings = settings.model_copy(update={"max_queued_per_machine": 1})
     client, ctx = make_api(settings, tiny_models_dir)
     with client:
-        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
-        online(ctx, "server")
-        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
-        buffer = io.BytesIO()
-        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
-        files = {"image": ("a.png", buffer.getvalue(), "image/png")}
+        edit_model = edit_model_on_server(ctx, tiny_models_dir)
+        files = {"image": ("a.png", image_bytes(), "image/png")}
         response = client.post("/v1/images/edits", data={"prompt": "x", "model": edit_model, "n": "2"}, files=files)
         assert response.status_code == 429
         assert response.headers["x-should-retry"] == "false"
@@ -475,9 +478,7 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
             ]["code"]
             == "no_model"
         )
-        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
-        online(ctx, "server")
-        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
+        edit_model = edit_model_on_server(ctx, tiny_models_dir)
         fields = {"prompt": "make it blue"}
         wrong_type = client.post(
             "/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")}
@@ -485,9 +486,7 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         assert wrong_type.status_code == 422
         error = wrong_type.json()["error"]
         assert error["param"] == "image" and "got 'image/gif'" in error["message"]  # sniffed: not what it claims
-        buffer = io.BytesIO()
-        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
-        png = buffer.getvalue()
+        png = image_bytes()
         big = client.post(
             "/v1/images/edits", data=fields, files={"image": ("a.png", png + b"\x00" * (16 * 1024 * 1024), "image/png")}
         ).json()["error"]
@@ -510,12 +509,8 @@ def test_r22_openai_edits_refuse_a_mask_or_a_second_file_never_dropping_it(
 
     client, ctx = make_api(settings.model_copy(update={"images_wait_s": 0}), tiny_models_dir)
     with client:
-        edit_model = ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix").id
-        online(ctx, "server")
-        ctx.redis.sadd(ctx.keys.verified("server"), edit_model)
-        buffer = io.BytesIO()
-        Image.new("RGB", (64, 48)).save(buffer, format="PNG")
-        png = ("a.png", buffer.getvalue(), "image/png")
+        edit_model = edit_model_on_server(ctx, tiny_models_dir)
+        png = ("a.png", image_bytes(), "image/png")
         sdk = openai.OpenAI(api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
         asked = {"model": edit_model, "prompt": "make it blue"}
         with pytest.raises(openai.UnprocessableEntityError) as masked:  # the SDK's mask: an inpaint, not run here
