@@ -27,6 +27,7 @@ from app.fleet.config import Fleet, Machine
 
 if TYPE_CHECKING:
     import redis
+    from fastapi.testclient import TestClient
 
     from app.context import ServerContext
 
@@ -308,6 +309,30 @@ def bring_online(
     ctx.redis.delete(ctx.keys.verified(machine))
     if verified:
         ctx.redis.sadd(ctx.keys.verified(machine), *verified)
+
+
+@contextmanager
+def api_with_copies(
+    settings: Settings, model_folder: Path, *model_ids: str
+) -> Iterator[tuple[TestClient, ServerContext]]:
+    """The real ASGI app (its API key in every request) on a fleet of ``server`` and ``m1``, with
+    ``model_folder`` registered once under each of ``model_ids`` and verified on both machines;
+    no worker runs (jobs stay queued). Closed at the end."""
+    from fastapi.testclient import TestClient
+
+    from app.api.server import create_app
+    from app.context import build_context
+
+    ctx = build_context(settings, make_fleet("m1"), migrate=True)
+    try:
+        for model_id in model_ids:
+            ctx.registry.add(model_folder, model_id)
+        for machine in ("server", "m1"):
+            bring_online(ctx, machine, set(model_ids))
+        with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+            yield client, ctx
+    finally:
+        ctx.close()
 
 
 def files_under(folder: Path) -> set[Path]:

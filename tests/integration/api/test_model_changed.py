@@ -14,15 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from app.api.server import create_app
-from app.context import ServerContext, build_context
+from app.context import ServerContext
 from app.core.config import Settings
 from app.core.digest import file_digest
 from app.core.errors import Rejected
 from app.core.pricing import loaded_bytes
 from app.core.states import JobState
 from app.db.tables import Job, ModelFile, ModelRecord
-from tests.helpers import TEST_API_KEY, bring_online, make_fleet
+from tests.helpers import api_with_copies
 
 MODEL, OTHER = "tiny-sd", "other-sd"
 UNET = "unet/diffusion_pytorch_model.safetensors"
@@ -30,14 +29,8 @@ UNET = "unet/diffusion_pytorch_model.safetensors"
 
 @pytest.fixture
 def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
-    ctx = build_context(settings, make_fleet("m1"), migrate=True)
-    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
-    ctx.registry.add(tiny_models_dir / MODEL, OTHER)
-    bring_online(ctx, "server", {MODEL, OTHER})
-    bring_online(ctx, "m1", {MODEL, OTHER})
-    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+    with api_with_copies(settings, tiny_models_dir / MODEL, MODEL, OTHER) as (client, ctx):
         yield client, ctx
-    ctx.close()
 
 
 def submit(client: TestClient, model: str, target: str = "auto") -> object:

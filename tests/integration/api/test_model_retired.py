@@ -16,27 +16,20 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from app.api.routes.images import default_model
-from app.api.server import create_app
 from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.errors import NotFound
 from app.core.states import JobState
 from app.db.tables import Job
-from tests.helpers import TEST_API_KEY, bring_online, make_fleet, run_cli, settings_env
+from tests.helpers import api_with_copies, make_fleet, run_cli, settings_env
 
 BAD, MODEL = "a-bad", "tiny-sd"  # BAD sorts first: the default of every route that takes no model
 
 
 @pytest.fixture
 def api(settings: Settings, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
-    ctx = build_context(settings, make_fleet("m1"), migrate=True)
-    ctx.registry.add(tiny_models_dir / MODEL, BAD)
-    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
-    bring_online(ctx, "server", {MODEL, BAD})
-    bring_online(ctx, "m1", {MODEL, BAD})
-    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+    with api_with_copies(settings, tiny_models_dir / MODEL, BAD, MODEL) as (client, ctx):
         yield client, ctx
-    ctx.close()
 
 
 def submit(client: TestClient, model: str) -> Any:
