@@ -43,7 +43,7 @@ from app.core.states import ACTIVE
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
-from app.store.selection import check_exists, check_index_components, model_json, select_files
+from app.store.selection import check_exists, check_index_components, check_index_entries, model_json, select_files
 from routing.timings import ADAPTER_KIND
 
 ADAPTER_CLASS = "LoRA"
@@ -81,7 +81,8 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             reason="not_a_model",
         )
     content = model_json(index)
-    class_name = content.get("_class_name", "")
+    check_index_entries(index, content)
+    class_name = content["_class_name"]
     if class_name not in PIPELINE_FAMILIES:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
         raise Rejected(f"pipeline class {class_name!r} is not supported; supported: {known}", reason="unknown_pipeline")

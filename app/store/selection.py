@@ -319,6 +319,34 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     return _finish(DIFFUSERS, folder, files, taken, why, variant if variant_files else None)
 
 
+def check_index_entries(path: Path, index: dict[str, Any]) -> None:
+    """Check the shape of a ``model_index.json`` (``index``, read from ``path``) as diffusers
+    reads it: ``_class_name`` a string, and every component entry (a list) a pair ``[library,
+    class]`` of strings, or ``[null, null]`` for a component left out; other keys are the
+    pipeline's config values and are not checked.
+
+    Raises:
+        Rejected: reason ``not_a_model``, naming the file, the key and what it holds.
+    """
+    class_name = index.get("_class_name")
+    if not isinstance(class_name, str) or not class_name:
+        raise Rejected(
+            f"{path}: `_class_name` must name the pipeline class as a string, got {json.dumps(class_name)}: "
+            "a damaged or edited file, download the model again",
+            reason="not_a_model",
+        )
+    for key, value in index.items():
+        if key.startswith("_") or not isinstance(value, list):
+            continue
+        pair = len(value) == 2 and all(part is None or isinstance(part, str) for part in value)
+        if not pair or (value[0] is None) != (value[1] is None):
+            raise Rejected(
+                f'{path}: component `{key}` must be [library, class] (e.g. ["diffusers", "UNet2DConditionModel"]) '
+                f"or [null, null], got {json.dumps(value)}: a damaged or edited file, download the model again",
+                reason="not_a_model",
+            )
+
+
 def named_components(index: dict[str, Any]) -> set[str]:
     """The components a ``model_index.json`` (``index``) names a class for: its list entries but
     ``_class_name`` and those set to ``[null, null]``."""

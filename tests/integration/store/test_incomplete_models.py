@@ -100,6 +100,41 @@ def test_r1_a_json_file_of_the_model_that_is_no_json_object_is_refused_naming_it
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "wrong"),
+    [
+        (
+            "_class_name",
+            ["StableDiffusionPipeline"],
+            '`_class_name` must name the pipeline class as a string, got ["Stab',
+        ),
+        ("_class_name", None, "`_class_name` must name the pipeline class as a string, got null"),
+        ("unet", [1, 2], "component `unet` must be [library, class]"),
+        (
+            "unet",
+            ["diffusers"],
+            'component `unet` must be [library, class] (e.g. ["diffusers", "UNet2DConditionModel"]) '
+            'or [null, null], got ["diffusers"]',
+        ),
+        ("vae", [None, "AutoencoderKL"], "component `vae` must be [library, class]"),
+    ],
+)
+def test_r1_an_index_entry_of_the_wrong_shape_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path, key: str, value: object, wrong: str
+) -> None:
+    """As diffusers reads model_index.json: a class name is a string, a component a pair of
+    strings; anything else failed registration with a traceback, or registered a model no job
+    could load (priced without that component)."""
+    path = copy_of_tiny_sd / "model_index.json"
+    index = json.loads(path.read_text())
+    index[key] = value
+    path.write_text(json.dumps(index))
+    error = refused(ctx, copy_of_tiny_sd, model_id="odd")
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{path}: {wrong}"), error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
 def test_r1_a_text_models_config_that_is_no_json_object_is_refused_naming_it(
     ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path
 ) -> None:
