@@ -34,7 +34,7 @@ from sqlmodel import Session, col, select
 from app.core.digest import ALGORITHM, file_digest
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.families import FAMILIES, PIPELINE_FAMILIES
-from app.core.kinds import DefaultRefused, check_defaults
+from app.core.kinds import DefaultRefused, adapter_ids, check_defaults
 from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
 from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
@@ -541,20 +541,24 @@ class Registry:
 
         Raises:
             NotFound: no such model (reason ``unknown_model``).
-            Conflict: a job of it is queued or running (reason ``model_in_use``, naming up to 10
+            Conflict: a job of it (or, for a LoRA adapter, a job that loads it) is queued or
+                running (reason ``model_in_use``, naming up to 10
                 of them and the fix: cancel them or wait for them to end); nothing is recorded.
         """
-        self.get(model_id)
+        adapter = ADAPTER_KIND in self.get(model_id).kinds
         with Session(self.engine) as session:
             stored = session.get(ModelRecord, model_id)
             assert stored is not None  # get() found it; nothing deletes a record
             already = stored.retired_at is not None
             if not already:
-                live = session.exec(
-                    select(Job.id)
-                    .where(Job.model_id == model_id, col(Job.state).in_(list(ACTIVE)))
-                    .order_by(col(Job.created_at))
-                ).all()
+                active = session.exec(
+                    select(Job).where(col(Job.state).in_(list(ACTIVE))).order_by(col(Job.created_at))
+                ).all()  # at most max_pending_total: a job of it, or one that loads it as an adapter
+                live = [
+                    job.id
+                    for job in active
+                    if job.model_id == model_id or (adapter and model_id in adapter_ids(job.params or {}))
+                ]
                 if live:
                     named = ", ".join(live[:10]) + (f" (and {len(live) - 10} more)" if len(live) > 10 else "")
                     raise Conflict(

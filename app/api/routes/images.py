@@ -421,7 +421,7 @@ def default_model(ctx: ServerContext, kind: str) -> str:
 HF_NO_MODEL = "dummy"
 """The ``model`` huggingface_hub's ``InferenceClient`` sends on chat completions when it was given
 none, or only a URL (``huggingface_hub/inference/_providers/hf_inference.py``): TGI, serving one
-model, ignores it; here it names no model unless a model of that id is registered."""
+model, ignores it; here it names no model unless a model of that id is in service."""
 
 
 async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> str:
@@ -433,9 +433,10 @@ async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> 
 
 
 def is_registered(ctx: ServerContext, model: str) -> bool:
-    """Whether ``model`` is a registered model id (retired or not)."""
+    """Whether ``model`` is a registered model id in service (not retired)."""
     try:
         ctx.registry.get(model)
+        ctx.registry.check_in_service(model)
     except NotFound:
         return False
     return True

@@ -23,7 +23,7 @@ from app.core.lora_files import LORA_WEIGHTS
 from app.core.safetensors import safetensors_header
 from app.devtools.kohya_lora import to_kohya_lora
 from app.devtools.tiny_models import make_tiny_lora
-from tests.helpers import run_cli, settings_env
+from tests.helpers import bring_online, run_cli, settings_env
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +239,17 @@ def test_r1_a_job_naming_a_retired_adapter_is_refused_model_retired(
         ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")
     assert refused.value.reason == "model_retired" and "'sd-lora'" in refused.value.message
     ctx.dispatcher.validator.request("tiny-sd", "txt2img", {"prompt": "a cat", "steps": 2}, "auto")
+
+
+def test_r1_an_adapter_a_queued_job_loads_is_not_retired(ctx: ServerContext, lora: Path, tiny_models_dir: Path) -> None:
+    """The job's model is the base; the adapter is in its ``params.adapters``: retiring the
+    adapter under it is refused like retiring the model, naming the job."""
+    ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
+    ctx.registry.add(lora, "sd-lora", adapter_of="sd1")
+    bring_online(ctx, "server", {"tiny-sd", "sd-lora"})
+    params = {"prompt": "a cat", "steps": 2, "adapters": [{"id": "sd-lora", "scale": 1.0}]}
+    job = ctx.dispatcher.submit("tiny-sd", "txt2img", params, "server").job
+    with pytest.raises(Conflict) as refused:
+        ctx.registry.retire("sd-lora")
+    assert refused.value.reason == "model_in_use" and job.id in refused.value.message
+    assert [m.id for m in ctx.registry.list()] == ["sd-lora", "tiny-sd"]  # nothing recorded
