@@ -45,8 +45,7 @@ MAX_SEED = 2**63 - 1
 
 def nth_seed(seed: int, index: int) -> int:
     """The seed of the ``index``-th of several images or jobs asked for with ``seed``: ``seed +
-    index`` (a span past :data:`MAX_SEED` is refused first, ``app.jobs.validation.check_seed_span``;
-    here it would wrap to 0, so that every one is a valid seed)."""
+    index``, wrapping past :data:`MAX_SEED` to 0, so that every one is a valid seed."""
     return (seed + index) % (MAX_SEED + 1)
 
 

@@ -564,22 +564,6 @@ def check_numbers(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
             raise Rejected(f"params.{number.name} {refusal}", reason="invalid_params", param=f"params.{number.name}")
 
 
-def check_seed_span(seed: int, count: int) -> None:
-    """``count`` images or jobs asked for with ``seed`` get seeds ``seed`` .. ``seed + count - 1``
-    (image i, or job i of an OpenAI ``n``, gets ``seed + i``): each must be a valid seed.
-
-    Raises:
-        Rejected: reason ``invalid_params``, param ``params.seed``, when the last is over
-            :data:`~app.core.kinds.MAX_SEED` (2**63 - 1).
-    """
-    if count > 1 and seed + count - 1 > MAX_SEED:
-        raise Rejected(
-            f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got {seed} + {count} - 1",
-            reason="invalid_params",
-            param="params.seed",
-        )
-
-
 def check_strength(kind_spec: KindSpec, params: Mapping[str, Any]) -> None:
     """Refuse a ``strength`` that leaves no denoising step: the pipeline runs
     ``int(steps * strength)`` of ``steps`` (:func:`app.core.kinds.denoised_steps`) and cannot run
@@ -666,8 +650,12 @@ def check_kind_params(
             param="params.seed",
         )
     count = params.get(BATCH_PARAM)
-    if isinstance(seed, int) and isinstance(count, int):
-        check_seed_span(seed, count)
+    if isinstance(seed, int) and isinstance(count, int) and count > 1 and seed + count - 1 > MAX_SEED:
+        raise Rejected(
+            f"params.seed + params.n - 1 must be at most {MAX_SEED} (image i gets seed + i), got {seed} + {count} - 1",
+            reason="invalid_params",
+            param="params.seed",
+        )
     check_numbers(kind_spec, params)
     check_strength(kind_spec, params)
     first: tuple[str, tuple[int, int]] | None = None  # the first input's field and size (pixels)

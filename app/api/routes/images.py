@@ -65,7 +65,7 @@ from app.core.request_body import RequestBody
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
-from app.jobs.validation import check_seed_span, check_submission, check_upload
+from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
 from routing.placement import SERVER
 
@@ -530,8 +530,6 @@ async def submit_call(
     """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
     the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
     A call whose first submission is refused is forgotten. Raises what a submission raises."""
-    if seed_step and isinstance(params.get("seed"), int):
-        check_seed_span(params["seed"], count)  # as for one job's n images: none wraps past the largest seed
     await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
     try:
         for index in range(count):

@@ -71,7 +71,6 @@ from app.core.states import ENDED, JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
-from app.jobs.validation import check_seed_span
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -322,8 +321,6 @@ async def stream_text(
     stops = list(params.get("stop") or [])
     job_ids: list[str] = []
     model = body.model
-    if isinstance(params.get("seed"), int):
-        check_seed_span(params["seed"], body.n)  # as for one job's n images: none wraps past the largest seed
     with submitted(job_ids):
         for index in range(body.n):
             each = {**params, "seed": nth_seed(params["seed"], index)} if "seed" in params else params

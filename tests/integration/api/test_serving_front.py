@@ -525,10 +525,6 @@ def test_r22_openai_edits_refuse_a_mask_or_a_second_file_never_dropping_it(
         assert other.status_code == 422 and other.json()["error"]["param"] == "extra"
         nothing = client.post("/v1/images/edits", data=asked, headers=AUTH)
         assert nothing.status_code == 422 and "got 0" in nothing.json()["error"]["message"]
-        with pytest.raises(openai.UnprocessableEntityError) as wrapped:  # job i gets seed + i: none past 2**63-1
-            sdk.images.edit(image=png, n=3, extra_body={"seed": 2**63 - 2}, **asked)
-        assert (wrapped.value.code, wrapped.value.param) == ("invalid_params", "seed")
-        assert "got 9223372036854775806 + 3 - 1" in wrapped.value.message
         assert ctx.journal.list([JobState.queued]) == []  # none of these made a job
         with pytest.raises(openai.ConflictError):  # a list of one is the image: its job is queued (no worker)
             sdk.images.edit(image=[png], **asked)
