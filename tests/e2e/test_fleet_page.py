@@ -761,3 +761,32 @@ def test_every_view_fits_400_and_1400_px_without_sideways_scroll(fleet: RunningF
             with contextlib.suppress(ApiError):  # it ended already
                 fleet.client.cancel(running)
         fleet.client.wait(running, timeout_s=300)
+
+
+def test_same_settings_on_a_retired_models_job_asks_for_a_model(
+    fleet: RunningFleet, browser: object, tiny_models_dir: Path
+) -> None:
+    """A job whose model was retired since (``homefleet models retire``): Same settings chooses
+    no model, saying the model is no longer in service, instead of running another model under
+    the job's settings; once one is chosen, the job's prompt, seed and steps are in the form."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", "zz-page-retired").id
+    params = {"prompt": "a model about to retire", "width": 64, "height": 64, "steps": 1, "seed": 77}
+    fleet.local.wait_online(["server"], model_id=model, timeout_s=JOB_WAIT_S)  # verified there (R4)
+    submitted = fleet.client.submit(model, "txt2img", params, target="server")
+    job = fleet.client.wait(submitted["id"], timeout_s=JOB_WAIT_S)
+    assert job["state"] == "succeeded", job
+    fleet.ctx.registry.retire(model)
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    figure = f"#gallery figure[data-job='{job['id']}']"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-same"))
+    click(driver, f"{figure} .remix-same")
+    wait.until(lambda d: form_value(d, "prompt") == "a model about to retire")
+    assert form_value(driver, "model") == ""
+    notice = driver.find_element(By.ID, "notice").text  # type: ignore[attr-defined]
+    assert f"its model {model} is no longer in service (retired), choose a model" in notice, notice
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(fleet.model)  # type: ignore[attr-defined]
+    assert [form_value(driver, name) for name in ("prompt", "seed", "steps")] == ["a model about to retire", "77", "1"]

@@ -358,6 +358,7 @@ const kindsRun = () => [...new Set(runnable().flatMap((m) => m.kinds))];
 const chosenModel = () => state.models.find((m) => m.id === form().elements.model.value);
 const inputs = {};  // input name -> {digest, label, result?}: a result (send to, same settings) instead of a file
 const CHOOSE = Symbol("choose a model");  // buildForm's model: none chosen, the user picks one
+let awaiting = {};  // a job's params while the user picks a model for them (Same settings of a retired model's job)
 
 // What the chosen model takes for the chosen kind: params, inputs, ranges, and the defaults
 // (the kind's on its family, then the model's own).
@@ -421,8 +422,9 @@ function buildForm(keep = {}, model = form().elements.model.value) {
     f.elements.kind.replaceChildren(...kinds.map((k) => el("option", { value: k }, k)));
   f.elements.kind.value = kind;
   const models = runnable().filter((m) => m.kinds.includes(kind)).map((m) => m.id);
-  const choosing = f.elements.model.querySelector("option[value='']") && f.elements.prompt ? { prompt: f.elements.prompt.value } : {};
+  const choosing = f.elements.model.querySelector("option[value='']") && f.elements.prompt ? { ...awaiting, prompt: f.elements.prompt.value } : {};
   const choose = model === CHOOSE && models.length > 0;
+  if (!choose) awaiting = {};
   f.elements.model.replaceChildren(...(choose ? [el("option", { value: "" }, "choose a model")] : []), ...models.map((id) => el("option", { value: id }, id)));
   f.elements.model.value = choose ? "" : models.includes(model) ? model : models[0] || "";
   const spec = kindSpec();
@@ -574,7 +576,7 @@ function fillFrom(job, newSeed) {
   for (const name of Object.keys(inputs)) delete inputs[name];
   const f = form();
   f.elements.kind.value = job.kind; buildForm();
-  f.elements.model.value = job.model;
+  const runs = runnable().some((m) => m.id === job.model && m.kinds.includes(job.kind));
   if ([...f.elements.target.options].some((o) => o.value === job.target)) f.elements.target.value = job.target;
   const spec = kindSpec();
   for (const name of spec.inputs) {
@@ -585,14 +587,21 @@ function fillFrom(job, newSeed) {
   const params = { ...job.params };
   if (newSeed) params.seed = Math.floor(Math.random() * 2 ** 31);
   else if (job.seed !== null && job.seed !== undefined) params.seed = job.seed;
-  buildForm(params);
+  buildForm(params, runs ? job.model : CHOOSE);
+  awaiting = runs ? {} : params;  // its settings come back once a model is chosen
   if (job.params.adapters) for (const a of job.params.adapters) {
     const box = f.querySelector(`input[name=adapter][value="${CSS.escape(a.id)}"]`);
     if (box) { box.checked = true; f.elements[`scale:${a.id}`].value = a.scale ?? 1; }
   }
-  say(`Form filled from job ${job.id}${newSeed ? " with a new seed" : ""}: Submit to run it`);
+  say(`Form filled from job ${job.id}${newSeed ? " with a new seed" : ""}: ` + (runs ? "Submit to run it"
+    : `${notRunning(job.model, job.kind)}, choose a model, then Submit`));
   location.hash = "#submit";
 }
+
+// Why a job's model is not offered for `kind`: out of service (retired, so no longer listed), or
+// it runs other kinds.
+const notRunning = (model, kind) => (runnable().some((m) => m.id === model)
+  ? `its model ${model} does not run ${kind}` : `its model ${model} is no longer in service (retired)`);
 
 // Send result `index` of a job to another kind as its input image (results as inputs: the result's
 // digest), with the job's model when it runs that kind, else none chosen: the user picks one.
@@ -605,7 +614,7 @@ function sendTo(job, kind, index = 0) {
   form().elements.kind.value = kind;
   buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {}, runs ? job.model : CHOOSE);
   say(`Sent ${which(job.id)} to ${kind}: ` + (runs ? `with its model ${job.model}, choose the settings and Submit`
-    : `its model ${job.model} does not run ${kind}, choose a model, then Submit`));
+    : `${notRunning(job.model, kind)}, choose a model, then Submit`));
   location.hash = "#submit";
 }
 
