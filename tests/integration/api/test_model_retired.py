@@ -131,3 +131,19 @@ def test_r14_a_submission_validated_before_the_retirement_is_refused_under_the_f
         ctx.syncs().start("m1", [BAD])
     assert unsynced.value.reason == "model_retired"
     assert MODEL in ctx.dispatcher.snapshot(MODEL).estimator.models
+
+
+def test_the_hugging_face_placeholder_names_a_model_only_while_one_of_that_id_is_in_service(
+    settings: Settings, tiny_models_dir: Path
+) -> None:
+    """huggingface_hub sends ``"model": "dummy"`` when given none: a model registered as
+    ``dummy`` takes it while in service; once retired, the placeholder means no model again."""
+    import asyncio
+
+    from app.api.routes.images import HF_NO_MODEL, model_or_default
+
+    with api_with_copies(settings, tiny_models_dir / MODEL, HF_NO_MODEL, MODEL) as (_, ctx):
+        assert asyncio.run(model_or_default(ctx, HF_NO_MODEL, "txt2img")) == HF_NO_MODEL
+        ctx.registry.retire(HF_NO_MODEL)
+        assert asyncio.run(model_or_default(ctx, HF_NO_MODEL, "txt2img")) == MODEL
+        assert asyncio.run(model_or_default(ctx, None, "txt2img")) == MODEL
