@@ -411,11 +411,17 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
 
 
 def default_model(ctx: ServerContext, kind: str) -> str:
-    """The first registered model (by id) that runs ``kind``. Raises NotFound when none does."""
+    """The first model in service (by id) that runs ``kind``.
+
+    Raises:
+        NotFound: reason ``no_model`` when none does, naming the retired ones that did.
+    """
     for record in ctx.registry.list():
         if kind in record.kinds:
             return record.id
-    raise NotFound(f"no registered model runs {kind}; register one with `homefleet models add`", reason="no_model")
+    retired = [record.id for record in ctx.registry.list(retired=True) if record.retired_at and kind in record.kinds]
+    was = f" (retired: {', '.join(retired)})" if retired else ""
+    raise NotFound(f"no model in service runs {kind}{was}; register one with `homefleet models add`", reason="no_model")
 
 
 HF_NO_MODEL = "dummy"

@@ -137,7 +137,8 @@ def test_the_hugging_face_placeholder_names_a_model_only_while_one_of_that_id_is
     settings: Settings, tiny_models_dir: Path
 ) -> None:
     """huggingface_hub sends ``"model": "dummy"`` when given none: a model registered as
-    ``dummy`` takes it while in service; once retired, the placeholder means no model again."""
+    ``dummy`` takes it while in service; once retired, the placeholder means no model again; with
+    every model of the kind retired, the refusal names them."""
     import asyncio
 
     from app.api.routes.images import HF_NO_MODEL, model_or_default
@@ -147,3 +148,8 @@ def test_the_hugging_face_placeholder_names_a_model_only_while_one_of_that_id_is
         ctx.registry.retire(HF_NO_MODEL)
         assert asyncio.run(model_or_default(ctx, HF_NO_MODEL, "txt2img")) == MODEL
         assert asyncio.run(model_or_default(ctx, None, "txt2img")) == MODEL
+        ctx.registry.retire(MODEL)
+        with pytest.raises(NotFound) as none:  # models of the kind exist, none in service: it says so
+            default_model(ctx, "txt2img")
+        assert none.value.reason == "no_model"
+        assert none.value.message.startswith(f"no model in service runs txt2img (retired: {HF_NO_MODEL}, {MODEL});")
