@@ -226,8 +226,12 @@ class Validator:
         check_submission(params, limits, self.tokenizers.counter(model_id), kind, record.family)
         if ADAPTERS_PARAM in params:  # journaled as checked, each with its scale
             params[ADAPTERS_PARAM] = check_adapters(params, limits, record.family, self.adapter_families(params))
-            for entry in params[ADAPTERS_PARAM]:
-                self.model(entry["id"])  # R5: an adapter's files are checked like its model's
+            for index, entry in enumerate(params[ADAPTERS_PARAM]):
+                try:
+                    self.model(entry["id"])  # R5: an adapter's files are checked like its model's
+                except NotFound as error:  # retired: the entry is at fault, not the job's model
+                    error.param = error.param or f"params.adapters[{index}].id"
+                    raise
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits, record.family)
         check_family_params(record.family, kind, params)
