@@ -736,11 +736,13 @@ class Registry:
         family, kinds and variant stay.
 
         Raises:
-            NotFound: no such model.
+            NotFound: no such model, or a retired one (reason ``model_retired``: it runs no job,
+                so a new content would serve none).
             Rejected: the folder holds no file, or its safetensors headers cannot be read
                 (reason ``model_unreadable``): nothing is recorded.
         """
         record = self.get(model_id)
+        self.check_in_service(model_id)
         folder = self.folder(model_id)
         paths = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
         if not paths:

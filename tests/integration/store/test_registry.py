@@ -222,6 +222,9 @@ def test_r1_a_retired_model_keeps_its_record_and_id_but_leaves_the_list_even_for
             registry.check_in_service("tiny-sd")
         assert retired.value.reason == "model_retired" and "in service: other-sd" in retired.value.message
     running.check_in_service("other-sd")
+    with pytest.raises(NotFound) as updated:  # no new content for a model that runs no job
+        ctx.registry.update("tiny-sd")
+    assert updated.value.reason == "model_retired"
     with pytest.raises(Rejected, match="already registered"):
         ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-sd")
     with pytest.raises(Conflict, match="already registered as 'other-sd'"):  # in service: use it
