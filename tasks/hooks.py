@@ -38,6 +38,7 @@ from tasks.devices import detect_device, limit_threads
 from tasks.heartbeat import Heartbeat
 from tasks.lease import WorkerLease
 from tasks.preload import start_preload
+from tasks.retirements import start_following
 from tasks.revocations import Revocations, default_sigterm
 from tasks.runtime import WorkerRuntime
 from tasks.server_client import ServerClient
@@ -169,6 +170,9 @@ class WorkerParent:
     def start_preload(self, **_: Any) -> None:
         start_preload(self.rt)  # committed models warm (R16)
 
+    def follow_retirements(self, **_: Any) -> None:
+        start_following(self.rt)  # a retired model leaves memory at once (R1)
+
 
 # (signal, handler's name), connected in this order by WorkerParent.connect.
 SIGNALS: tuple[tuple[Signal, str], ...] = (
@@ -180,6 +184,7 @@ SIGNALS: tuple[tuple[Signal, str], ...] = (
     (worker_process_init, "limit_threads"),
     (worker_process_init, "record_fresh_pool"),
     (worker_process_init, "start_preload"),
+    (worker_process_init, "follow_retirements"),
     (worker_shutdown, "on_shutdown"),  # parent
     (task_prerun, "on_task_start"),  # pool process
     (task_postrun, "on_task_end"),  # pool process

@@ -345,7 +345,7 @@ def models_retire(
 ) -> None:
     """Take a model out of service for good: it is no longer listed (GET /v1/models, `models
     list`), no route defaults to it, a submission naming it is refused (404 model_retired), and
-    every worker withdraws it. Its record stays: its jobs stay readable and its id stays taken.
+    every worker withdraws it and drops it from memory. Its record stays: its jobs stay readable and its id stays taken.
     Refused (exit 2, model_in_use) while a job of it is queued or running: cancel them or wait.
     --delete-files also removes its files from the server's model folder; without it they stay
     there (the path is printed)."""
@@ -362,7 +362,7 @@ def models_retire(
         console.print(f"{model} was already retired on {when}; nothing changed", soft_wrap=True, highlight=False)
     else:
         console.print(
-            f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it; "
+            f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it and drop it from memory; "
             f"its jobs stay in the journal and its id stays taken",
             soft_wrap=True,
         )

@@ -7,6 +7,7 @@ under ``prlimit --as`` (RLIMIT_AS)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from app.core.pricing import loaded_bytes
 from app.core.variants import Variant
 from routing.estimate import working_bytes
 from tests.e2e.conftest import RunningFleet
+from tests.helpers import run_cli, settings_env
 
 pytestmark = pytest.mark.e2e
 
 MACHINE = "m3"
 MODELS = ("tiny-a", "tiny-b", "tiny-c")  # three checkpoints (copies of tiny-sd under their own ids)
+RETIRING = "tiny-retiring"  # a fourth, retired by its test (R1): a retirement cannot be undone
 PARAMS = {"prompt": "x", "steps": 1}
 
 
@@ -30,15 +33,15 @@ PARAMS = {"prompt": "x", "steps": 1}
 def capped(fleet: RunningFleet, tiny_models_dir: Path) -> Iterator[RunningFleet]:
     """m3's worker with room for exactly one tiny model (+ the job's working memory)."""
     local = fleet.local
-    for model_id in MODELS:
-        if model_id not in {r.id for r in fleet.ctx.registry.list()}:
+    for model_id in (*MODELS, RETIRING):
+        if model_id not in {r.id for r in fleet.ctx.registry.list(retired=True)}:
             fleet.ctx.registry.add(tiny_models_dir / fleet.model, model_id)
         local.copy_model(model_id, MACHINE)
     weights = loaded_bytes(tiny_models_dir / fleet.model, Variant())
     cap = working_bytes("txt2img", 64 * 64) + weights * 3 // 2
     local.start_worker(MACHINE, extra_env={"HOMEFLEET_MEMORY_CAP_BYTES": str(cap)})
     try:
-        for model_id in MODELS:
+        for model_id in (*MODELS, RETIRING):
             local.wait_online([MACHINE], model_id=model_id, timeout_s=120)
         yield fleet
     finally:
@@ -126,3 +129,28 @@ def test_r21_real_oom_under_rlimit_is_remembered_and_its_repeat_refused(capped: 
         assert capped.ctx.residency.ooms(MACHINE) == []
     finally:  # the fleet is shared: a failure here must not leave m3 refusing the next tests' jobs
         capped.ctx.residency.clear_ooms(MACHINE)
+
+
+def test_r1_a_retired_model_leaves_the_workers_memory_at_once(capped: RunningFleet) -> None:
+    """``homefleet models retire`` on a model warm in a worker: the pool process drops it within
+    a few heartbeats (tasks/retirements.py), not at its turn for eviction; the heartbeat stops
+    naming it warm and the worker's log says why."""
+    run_all(capped, [RETIRING])
+    before = warm(capped)
+    assert before[-1] == RETIRING  # most recently used
+    settings = capped.local.settings
+    done = run_cli(
+        "models",
+        "retire",
+        RETIRING,
+        env={**settings_env(settings), "HOMEFLEET_FLEET_FILE": str(capped.local.fleet_file)},
+    )
+    assert f"retired {RETIRING} on" in done.stdout and "drop it from memory" in done.stdout, done.stdout
+    verified = capped.ctx.keys.verified(MACHINE)
+    deadline = time.monotonic() + 30
+    while (RETIRING in warm(capped) or capped.ctx.redis.sismember(verified, RETIRING)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm(capped) == before[:-1]  # the others stay warm
+    assert not capped.ctx.redis.sismember(verified, RETIRING)  # withdrawn too (R4)
+    log = (capped.local.logs_dir / f"worker-{MACHINE}.log").read_text()
+    assert f"model {RETIRING} is no longer registered (retired); dropped from memory" in log

@@ -78,5 +78,5 @@ def test_for_worker_sends_the_machine_its_token_and_boot(tmp_path: Path) -> None
 
 def test_every_signal_handler_is_a_named_method_connected_once() -> None:
     names = [name for _, name in SIGNALS]
-    assert len(set(zip([id(sig) for sig, _ in SIGNALS], names, strict=True))) == len(SIGNALS) == 13
+    assert len(set(zip([id(sig) for sig, _ in SIGNALS], names, strict=True))) == len(SIGNALS) == 14
     assert all(callable(getattr(WorkerParent, name, None)) for name in names), names
