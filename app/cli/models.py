@@ -362,8 +362,8 @@ def models_retire(
         console.print(f"{model} was already retired on {when}; nothing changed", soft_wrap=True, highlight=False)
     else:
         console.print(
-            f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it and drop it from memory; "
-            f"its jobs stay in the journal and its id stays taken",
+            f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it "
+            "and drop it from memory; its jobs stay in the journal and its id stays taken",
             soft_wrap=True,
         )
     if done.files_deleted:
@@ -382,12 +382,16 @@ def models_verify(
 ) -> None:
     """Rehash every file of the server's models in full, ignoring the (size, mtime, inode)
     cache, against the REGISTERED digests; record nothing. Exit 1 naming each changed or
-    missing file (model, path, registered digest, actual digest) (R5, C07)."""
+    missing file (model, path, registered digest, actual digest) (R5, C07). A retired model
+    (named explicitly; the default leaves it out) is checked and marked, but its files fail
+    nothing: it runs no job."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())
     try:
         checks = ctx.registry.verify(model or None)
+        retired = {m for m in dict.fromkeys(c.model_id for c in checks) if ctx.registry.retired_at(m) is not None}
+        deleted = {m for m in retired if not ctx.registry.folder(m).exists()}
     finally:
         ctx.close()
     table = Table("model", "files", "ok", "changed", "missing")  # one row a model; the bad files are listed below
@@ -397,7 +401,7 @@ def models_verify(
             for status in ("ok", "changed", "missing")
         }
         table.add_row(
-            model_id,
+            f"{model_id} (retired)" if model_id in retired else model_id,
             str(sum(counts.values())),
             f"[green]{counts['ok']}[/]",
             f"[yellow]{counts['changed']}[/]" if counts["changed"] else "0",
@@ -413,14 +417,24 @@ def models_verify(
             soft_wrap=True,
             highlight=False,
         )
-    if bad:
-        ids = " ".join(dict.fromkeys(c.model_id for c in bad))
+    in_service = [m for m in dict.fromkeys(c.model_id for c in bad) if m not in retired]
+    if in_service:
         console.print(
-            f"refused until restored, or taken as new content with `homefleet models update ID` ({ids})",
+            "refused until restored, or taken as new content with `homefleet models update ID` "
+            f"({' '.join(in_service)})",
             soft_wrap=True,
             highlight=False,
         )
-    raise typer.Exit(1 if bad else 0)
+    for model_id in dict.fromkeys(c.model_id for c in bad if c.model_id in retired):
+        console.print(
+            f"{model_id} is retired and its files were deleted (`models retire --delete-files`); nothing to restore"
+            if model_id in deleted
+            else f"{model_id} is retired: it runs no job, so its files serve nothing; remove them with "
+            f"`homefleet models retire {model_id} --delete-files`",
+            soft_wrap=True,
+            highlight=False,
+        )
+    raise typer.Exit(1 if in_service else 0)  # a retired model's files are kept for its owner, not checked for jobs
 
 
 @models_cli.command("update")

@@ -109,6 +109,14 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     assert code == 0 and "already retired" in said and "deleted its files" in said, said
     assert not ctx.registry.folder(BAD).exists()
 
+    # `models verify` of it: marked retired, its missing files fail nothing and no update is suggested
+    verified = run_cli("models", "verify", BAD, env=settings_env(settings), check=False)
+    said = " ".join(verified.stdout.split())
+    assert verified.returncode == 0 and f"{BAD} (retired)" in said, said
+    assert "its files were deleted" in said and "models update" not in said, said
+    verified = run_cli("models", "verify", env=settings_env(settings), check=False)  # every model in service
+    assert verified.returncode == 0 and BAD not in verified.stdout, verified.stdout
+
 
 def test_r14_a_submission_validated_before_the_retirement_is_refused_under_the_fleet_lock(
     api: tuple[TestClient, ServerContext], settings: Settings
