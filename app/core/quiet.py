@@ -34,6 +34,13 @@ IMPORT_NOISE: dict[str, str] = {
     "torchao.kernel.intmm": r"^Warning: Detected no triton, on systems without Triton certain kernels will not work$",
     "torch.utils._pytree": r"is an Enum subclass and is now natively supported by torch\.compile "
     r"as an opaque value type",
+    # transformers 5 resolves a pipeline's `CLIPImageProcessor` (a feature extractor class named in
+    # model_index.json) to its PIL backend when torchvision is absent, as this CPU install has it
+    "transformers.utils.import_utils": r"^`\w+ImageProcessor` requires torchvision \(not installed\); "
+    r"falling back to `\w+ImageProcessorPil`",
+    # diffusers' torchao quantizer lists torchao's tensor classes for torch.load; torchao 0.18 moved
+    # some, and only checkpoints torchao serialized (which Homefleet does not load) need them
+    "diffusers.quantizers.torchao.torchao_quantizer": r"^Unable to import `torchao` Tensor objects\. ",
 }
 
 

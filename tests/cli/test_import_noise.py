@@ -46,3 +46,24 @@ def test_make_tiny_builds_every_family_and_prints_no_import_time_warnings(tmp_pa
     for family, folder in built.items():
         index = json.loads((Path(folder) / "model_index.json").read_text())
         assert index["_class_name"] == FAMILIES[family].pipeline_class
+
+
+def test_models_add_prints_no_import_time_warnings(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """Registering a pipeline prices it with diffusers and transformers (its feature extractor's
+    class, torchao's quantizer): a fresh interpreter, as a user runs it, prints nothing on
+    stderr and registers it (app/core/quiet.py)."""
+    import os
+
+    env = {**os.environ, "HOMEFLEET_DATA_DIR": str(tmp_path / "data")}
+    env.pop("HOMEFLEET_DATABASE_URL", None)
+    base = [sys.executable, "-m", "app.cli"]
+    subprocess.run([*base, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [*base, "models", "add", str(tiny_models_dir / "tiny-sd"), "--id", "quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "registered quiet family=sd1" in done.stdout, done.stdout + done.stderr
+    assert done.stderr == ""
