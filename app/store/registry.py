@@ -62,7 +62,7 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             the components of its pipeline class (reason ``incomplete_model``).
     """
     index = folder / "model_index.json"
-    if not index.is_file():
+    if not index.exists():  # a folder there is read, and refused, as one (model_json)
         if (folder / "config.json").is_file():
             model_json(folder / "config.json")  # architectures() reads an unreadable one as none
         if found := architectures(folder):

@@ -34,6 +34,7 @@ the targets' sizes and a copy holds the real bytes.
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import json
 import logging
@@ -221,6 +222,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             "interrupted download? download the model again)",
             reason="incomplete_model",
         )
+    check_component_configs(folder, index)
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
     model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates) if os.path.split(p)[0] in components}
@@ -328,6 +330,12 @@ def check_index_entries(path: Path, index: dict[str, Any]) -> None:
     Raises:
         Rejected: reason ``not_a_model``, naming the file, the key and what it holds.
     """
+    if "_class_name" not in index:
+        raise Rejected(
+            f'{path}: no `_class_name` (the pipeline class, e.g. "StableDiffusionPipeline"): not a '
+            "diffusers model_index.json, or a damaged one; download the model again",
+            reason="not_a_model",
+        )
     class_name = index.get("_class_name")
     if not isinstance(class_name, str) or not class_name:
         raise Rejected(
@@ -382,6 +390,49 @@ def check_index_components(folder: Path, index: dict[str, Any]) -> None:
         )
 
 
+def component_config(library: str, class_name: str) -> str | None:
+    """The config file a component of ``class_name`` from ``library`` (a ``model_index.json``
+    entry) cannot load without: ``config.json`` for a diffusers or transformers model,
+    ``scheduler_config.json`` for a scheduler; None for anything else (tokenizers and
+    processors, whose files vary) or a class that library does not have."""
+    if library == "diffusers":
+        import diffusers
+
+        found = getattr(diffusers, class_name, None)
+        if isinstance(found, type) and issubclass(found, diffusers.ModelMixin):
+            return "config.json"
+        if isinstance(found, type) and issubclass(found, diffusers.SchedulerMixin):
+            return "scheduler_config.json"
+    elif library == "transformers":
+        import transformers
+
+        found = getattr(transformers, class_name, None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            return "config.json"
+    return None
+
+
+def check_component_configs(folder: Path, index: dict[str, Any]) -> None:
+    """Check that each component ``folder``'s ``model_index.json`` (``index``) names holds the
+    config file its class loads from (:func:`component_config`).
+
+    Raises:
+        Rejected: reason ``incomplete_model``, naming each component and the file it lacks.
+    """
+    lacking = []
+    for name in sorted(named_components(index)):
+        library, class_name = index[name]
+        config = component_config(str(library), str(class_name))
+        if config is not None and not (folder / name / config).is_file():
+            lacking.append(f"{name}/{config} ({class_name})")
+    if lacking:
+        raise Rejected(
+            f"{folder}: no {', '.join(lacking)}: a component's config is missing (an interrupted download? "
+            "download the model again)",
+            reason="incomplete_model",
+        )
+
+
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
@@ -390,11 +441,19 @@ def model_json(path: Path) -> dict[str, Any]:
     a component's or a text model's ``config.json``, a tokenizer or scheduler file).
 
     Raises:
-        Rejected: the file cannot be read, is not valid JSON, or holds another JSON value than an
-            object (reason ``not_a_model``), naming the file and what is wrong.
+        Rejected: the file cannot be read, starts with a UTF-8 byte order mark, is not valid JSON,
+            or holds another JSON value than an object (reason ``not_a_model``), naming the file
+            and what is wrong.
     """
     try:
-        loaded = json.loads(Path(path).read_bytes())
+        raw = Path(path).read_bytes()
+        if raw.startswith(codecs.BOM_UTF8):  # Python's json takes it; diffusers and transformers do not
+            raise Rejected(
+                f"{path} starts with a UTF-8 byte order mark (BOM), which diffusers and transformers cannot "
+                "read: save it as UTF-8 without a BOM (an editor added it?), or download the model again",
+                reason="not_a_model",
+            )
+        loaded = json.loads(raw)
     except OSError as error:
         raise Rejected(f"{path} cannot be read ({error.strerror or error})", reason="not_a_model") from error
     except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError

@@ -32,6 +32,7 @@ import gzip
 import importlib.util
 import json
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -344,8 +345,9 @@ def _load(path: Path, family: str, folder: Path, dtype: str):
         return pipeline.from_single_file(str(path), config=str(folder), local_files_only=True, torch_dtype=torch_dtype)
     except (SingleFileComponentError, ValueError, RuntimeError, OSError, KeyError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = textwrap.shorten(first, width=400, placeholder=" [...]")  # at a word: torch lists every shape
         raise Rejected(
-            f"{path.name} did not convert as {family} with the config {folder}: {first[:400]} (the "
+            f"{path.name} did not convert as {family} with the config {folder}: {first} (the "
             "config's shapes must match the checkpoint's: pass --config DIR of the same model size)",
             reason="conversion_failed",
         ) from error

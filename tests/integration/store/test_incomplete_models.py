@@ -100,6 +100,58 @@ def test_r1_a_json_file_of_the_model_that_is_no_json_object_is_refused_naming_it
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
+@pytest.mark.parametrize("file", ["model_index.json", "unet/config.json", "scheduler/scheduler_config.json"])
+def test_r1_a_json_file_saved_with_a_byte_order_mark_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path, file: str
+) -> None:
+    """Python's json reads a UTF-8 BOM; diffusers and transformers (``open(..., encoding="utf-8")``)
+    do not, so such a model registered and then failed every job at its load."""
+    path = copy_of_tiny_sd / file
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    error = refused(ctx, copy_of_tiny_sd, model_id="bom")
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{path} starts with a UTF-8 byte order mark (BOM)"), error.message
+    assert "save it as UTF-8 without a BOM" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_an_empty_index_or_one_that_is_a_folder_is_refused_as_such(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    index = copy_of_tiny_sd / "model_index.json"
+    index.write_text("{}")
+    error = refused(ctx, copy_of_tiny_sd, model_id="empty")
+    assert (error.reason, error.message.split(" (")[0]) == ("not_a_model", f"{index}: no `_class_name`")
+    index.unlink()
+    index.mkdir()
+    error = refused(ctx, copy_of_tiny_sd, model_id="folder")
+    assert (error.reason, error.message) == ("not_a_model", f"{index} cannot be read (Is a directory)")
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ("unet/config.json", "unet/config.json (UNet2DConditionModel)"),
+        ("text_encoder/config.json", "text_encoder/config.json (CLIPTextModel)"),
+        ("scheduler/scheduler_config.json", "scheduler/scheduler_config.json (DDIMScheduler)"),
+    ],
+)
+def test_r1_a_component_without_its_config_is_refused_naming_the_users_file(
+    ctx: ServerContext, copy_of_tiny_sd: Path, config: str, named: str
+) -> None:
+    """Registered, such a folder failed at pricing with the loader's message naming the server's
+    copy of the file (``<data_dir>/models/ID/...``), not the folder the user gave."""
+    (copy_of_tiny_sd / config).unlink()
+    error = refused(ctx, copy_of_tiny_sd, model_id="noconfig")
+    assert (error.reason, error.message.split(": a component")[0]) == (
+        "incomplete_model",
+        f"{copy_of_tiny_sd}: no {named}",
+    )
+    assert str(ctx.registry.models_dir) not in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
 @pytest.mark.parametrize(
     ("key", "value", "wrong"),
     [
