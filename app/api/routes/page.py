@@ -25,6 +25,7 @@ ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",  # the tab's icon: the server above its machines
 }
 #: 'self' only: scripts, styles and requests to this server; results are shown from blob: URLs
 #: (fetched with the key, since an <img> cannot send one).

@@ -68,6 +68,9 @@ def test_page_and_its_assets_are_served_without_a_key_under_a_self_only_csp(
         assert answer.headers["x-content-type-options"] == "nosniff"
     page = client.get("/").text
     assert '<script type="module" src="/page/app.js">' in page and "http" not in page  # nothing from elsewhere
+    assert '<link rel="icon" type="image/svg+xml" href="/page/icon.svg">' in page  # no /favicon.ico 404 per visit
+    icon = client.get("/page/icon.svg", headers={"Authorization": ""})
+    assert icon.headers["content-type"] == "image/svg+xml" and icon.text.startswith("<svg ")
     assert "script-src 'self';" in PAGE_CSP and "unsafe" not in PAGE_CSP
     missing = client.get("/page/../server.py")
     assert missing.status_code == 404
