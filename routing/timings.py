@@ -7,8 +7,11 @@ class in memory.
 
 Units: ``load_s`` seconds for a cold load; ``step_s`` seconds per diffusion step for a job of
 the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1) on that
-machine. A job's run seconds scale linearly with its size (pixels x frames x batch), from
-``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
+machine. A job's run seconds scale with its size (pixels x frames x batch) to the power
+``size_exp``, from ``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
+``size_exp`` starts at 1 (linear) and is learned from two runs whose sizes differ by at least
+``SIZE_EXP_MIN_RATIO`` (attention grows with the square of the latent's tokens, so a large image
+costs more than its pixels say; a small one's fixed costs make it cost more than they say).
 
 Text jobs (kind ``text``) are priced per token instead: ``step_s`` is seconds per new
 token and ``prompt_s`` seconds per prompt token, so a job's run seconds are ``step_s`` x new
@@ -18,6 +21,7 @@ tokens + ``prompt_s`` x prompt tokens (its "steps" are new tokens, its "size" pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +34,19 @@ launches) dominates small images: a 64x64 and an 8x8 step of the same tiny model
 0.30 s on a CPU, so scaling purely by pixels learned an 8x8 job's step as 36 times a 64x64 one's,
 and Auto shunned that machine (new-user pass). Above 256x256 real diffusion steps grow roughly
 with pixels (seed-fleet.md's figures per resolution)."""
+
+SIZE_EXP_MIN_RATIO = 2.0
+"""Two runs teach the size exponent only when one's size (floored at ``MIN_SCALED_SIZE``) is at
+least this many times the other's: closer sizes leave a run's noise (+-10 % between identical
+jobs) to decide it. 768 x 768 against 1024 x 1024 (1.8x) teaches nothing; 512 against 1024 (4x)
+does."""
+
+SIZE_EXP_BOUNDS = (0.5, 2.5)
+"""The least and largest size exponent learned (a run slowed or sped by something else, e.g. a
+machine busy with another process, cannot make it absurd). Attention is quadratic in the
+latent's tokens, so 2 is the most a step grows where it dominates: the tiny sd1 pipeline
+(``homefleet models make-tiny``) took 1.63 and 21.6 s a step at 256 x 256 and 512 x 512 on the
+2-core CPU host, 1.86; real diffusion models at their usual sizes grow less."""
 
 TEXT_KIND = "text"
 """The kind whose timings are per token (``step_s`` per new token, ``prompt_s`` per prompt token)."""
@@ -53,6 +70,10 @@ class Timing:
     samples: int = 0  # runs folded into step_s; 0 = still the fleet config's guess
     load_samples: int = 0  # cold loads folded into load_s; 0 = load_s is still the guess
     prompt_s: float = 0.0  # text kind only: seconds per prompt token (step_s: per new token)
+    size_exp: float = 1.0  # run seconds grow with size ** size_exp (not for text)
+    size_samples: int = 0  # pairs of runs folded into size_exp; 0 = still linear, the prior
+    anchor_size: int = 0  # the last run's size, floored at MIN_SCALED_SIZE (0: none yet)
+    anchor_step_s: float = 0.0  # and its seconds per step, as measured at that size
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -65,7 +86,35 @@ def run_seconds(timing: Timing, steps: int, size: int, kind: str = "") -> float:
     for ``kind`` text, of ``steps`` new tokens after ``size`` prompt tokens."""
     if kind == TEXT_KIND:
         return timing.step_s * max(0, steps) + timing.prompt_s * max(0, size)
-    return timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
+    floored = max(size, MIN_SCALED_SIZE)
+    if timing.size_exp == 1.0:  # linear: the same float as before size exponents were learned
+        return timing.step_s * max(1, steps) * floored / REFERENCE_SIZE
+    return timing.step_s * max(1, steps) * size_scale(floored, timing.size_exp)
+
+
+def size_scale(size: int, exponent: float) -> float:
+    """A step's seconds at ``size`` (already floored at ``MIN_SCALED_SIZE``) over its seconds
+    at ``REFERENCE_SIZE``: ``(size / REFERENCE_SIZE) ** exponent``."""
+    return float((size / REFERENCE_SIZE) ** exponent)
+
+
+def fit_size_exp(base: Timing, size: int, step_s: float) -> tuple[float, int]:
+    """(size exponent, pairs folded in) after a run of ``step_s`` seconds per step at ``size``
+    (floored at ``MIN_SCALED_SIZE``), from ``base``'s anchor (its last run): unchanged unless
+    one size is at least ``SIZE_EXP_MIN_RATIO`` times the other; then the pair's exponent
+    ``ln(step ratio) / ln(size ratio)``, within ``SIZE_EXP_BOUNDS``, replaces the linear prior
+    (first pair) or is folded in with weight ``EMA_WEIGHT``."""
+    anchor, anchor_step_s = base.anchor_size, base.anchor_step_s
+    if anchor <= 0 or anchor_step_s <= 0 or step_s <= 0:
+        return base.size_exp, base.size_samples
+    ratio = size / anchor
+    if max(ratio, 1 / ratio) < SIZE_EXP_MIN_RATIO:
+        return base.size_exp, base.size_samples
+    low, high = SIZE_EXP_BOUNDS
+    pair = min(max(math.log(step_s / anchor_step_s) / math.log(ratio), low), high)
+    if base.size_samples == 0:
+        return pair, 1
+    return (1 - EMA_WEIGHT) * base.size_exp + EMA_WEIGHT * pair, base.size_samples + 1
 
 
 TOKEN_FIT_KEEP = 0.5
@@ -143,11 +192,23 @@ class LearnedTimings:
         old = self._entries.get(key)
         base = old or guess
         prompt_s = base.prompt_s
+        size_exp, size_samples = base.size_exp, base.size_samples
+        anchor_size, anchor_step_s = base.anchor_size, base.anchor_step_s
         if kind == TEXT_KIND:
             step_s, prompt_s = fit_tokens(base, old is None, run_s, steps, size)
         else:
-            measured_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
-            step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * base.step_s + EMA_WEIGHT * measured_step_s
+            floored = max(size, MIN_SCALED_SIZE)
+            per_step_s = max(run_s, 0.0) / max(1, steps)
+            size_exp, size_samples = fit_size_exp(base, floored, per_step_s)
+            if size_exp == 1.0:  # linear: the same float as before size exponents were learned
+                measured_step_s = per_step_s * REFERENCE_SIZE / floored
+            else:
+                measured_step_s = per_step_s / size_scale(floored, size_exp)
+            known_s = base.step_s
+            if size_exp != base.size_exp:  # re-based: what it said at its last run's size, under the new exponent
+                known_s *= size_scale(anchor_size, base.size_exp) / size_scale(anchor_size, size_exp)
+            step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
+            anchor_size, anchor_step_s = floored, per_step_s
         if load_s is None:
             new_load_s = base.load_s
         elif base.load_samples == 0:
@@ -160,6 +221,10 @@ class LearnedTimings:
             samples=base.samples + 1,
             load_samples=base.load_samples + (load_s is not None),
             prompt_s=prompt_s,
+            size_exp=size_exp,
+            size_samples=size_samples,
+            anchor_size=anchor_size,
+            anchor_step_s=anchor_step_s,
         )
         self._entries[key] = timing
         self.version += 1

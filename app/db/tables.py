@@ -122,6 +122,10 @@ class LearnedTiming(SQLModel, table=True):
     samples: int  # runs folded into step_s
     load_samples: int = Field(default=0)  # cold loads folded into load_s; 0: load_s is the guess
     prompt_s: float = Field(default=0.0)  # text kind: seconds per prompt token (step_s: per new token)
+    size_exp: float = Field(default=1.0)  # run seconds grow with size ** size_exp (routing/timings.py)
+    size_samples: int = Field(default=0)  # pairs of runs folded into size_exp; 0: still linear
+    anchor_size: int = Field(default=0, sa_type=BigInteger)  # the last run's size (floored, as job_size); 0: none
+    anchor_step_s: float = Field(default=0.0)  # its seconds per step, as measured at that size
     updated_at: datetime = Field(default_factory=utcnow)
 
 

@@ -1,8 +1,8 @@
 """Learned timings persisted in the journal database (R13), so a restart keeps them.
 
 The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds
-per step at the
-reference size (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
+per step at the reference size, with the exponent a step's seconds grow with the size and the
+last run it was learned from (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
 prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with
 measured times is folded in.
 A job with LoRA adapters also teaches each adapter's load seconds onto a warm
@@ -37,7 +37,17 @@ class TimingStore:
             rows = session.exec(select(LearnedTiming)).all()
         return LearnedTimings(
             {
-                (r.machine, r.model_id, r.kind): Timing(r.load_s, r.step_s, r.samples, r.load_samples, r.prompt_s)
+                (r.machine, r.model_id, r.kind): Timing(
+                    r.load_s,
+                    r.step_s,
+                    r.samples,
+                    r.load_samples,
+                    r.prompt_s,
+                    size_exp=r.size_exp,
+                    size_samples=r.size_samples,
+                    anchor_size=r.anchor_size,
+                    anchor_step_s=r.anchor_step_s,
+                )
                 for r in rows
             }
         )
@@ -107,4 +117,6 @@ class TimingStore:
         else:
             row.load_s, row.step_s, row.samples, row.updated_at = timing.load_s, timing.step_s, timing.samples, utcnow()
             row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
+        row.size_exp, row.size_samples = timing.size_exp, timing.size_samples
+        row.anchor_size, row.anchor_step_s = timing.anchor_size, timing.anchor_step_s
         session.add(row)

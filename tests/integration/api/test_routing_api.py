@@ -241,11 +241,16 @@ def test_r12_auto_picks_the_machine_with_the_model_warm_and_counts_reservations(
     )
 
 
-def _claimed(client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4) -> tuple[dict, dict[str, str]]:
-    """A job pinned to ``target`` and claimed by its worker: (the 202 body, the worker's auth header)."""
+def _claimed(
+    client: TestClient, ctx: ServerContext, target: str = "m2", steps: int = 4, side: int | None = None
+) -> tuple[dict, dict[str, str]]:
+    """A job pinned to ``target`` (``side`` x ``side`` pixels, else the model's default size) and
+    claimed by its worker: (the 202 body, the worker's auth header)."""
+    params: dict[str, object] = {"prompt": "x", "steps": steps}
+    if side is not None:
+        params |= {"width": side, "height": side}
     accepted = client.post(
-        "/v1/jobs",
-        json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x", "steps": steps}, "target": target},
+        "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": params, "target": target}
     ).json()
     token = {"Authorization": f"Bearer {ctx.fleet.machines[target].token}"}
     assert client.post(f"/internal/v1/jobs/{accepted['id']}/claim", headers=token).status_code == 200
@@ -291,6 +296,39 @@ def test_r13_measured_times_are_learned_and_survive_a_restart(
     assert timing.samples == 1
     assert timing.step_s == pytest.approx(2.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)  # per step at 1024x1024
     assert timing.load_s == pytest.approx(0.5)  # the cold load, measured: replaces the guess
+
+
+def test_r13_the_size_exponent_learned_from_two_sizes_survives_a_restart_and_prices_the_next_job(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    """A 256x256 run (0.5 s a step) and a 1024x1024 one (16x the pixels, 16^1.25 = 32x the
+    seconds a step) teach the exponent 1.25, kept in the journal: a restarted server prices a
+    512x512 job at 4^1.25 x the small one's step (linear pricing said 4x)."""
+    client, ctx = api
+    small, token = _claimed(client, ctx, side=256)
+    _upload(client, small["id"], token, load_s=0.5, run_s=4 * 0.5, cold=True)
+    large, token = _claimed(client, ctx, side=1024)
+    _upload(client, large["id"], token, load_s=0.0, run_s=4 * 0.5 * 16**1.25, cold=False)
+    restarted = build_context(settings, ctx.fleet, migrate=True)
+    try:
+        timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+        predicted = restarted.dispatcher.costs.estimator().run_s("m2", MODEL, "txt2img", 4, 512 * 512)
+    finally:
+        restarted.close()
+    assert (timing.size_exp, timing.size_samples) == (pytest.approx(1.25), 1)
+    assert (timing.anchor_size, timing.anchor_step_s) == (1024 * 1024, pytest.approx(0.5 * 16**1.25))
+    assert predicted == pytest.approx(4 * 0.5 * 4**1.25)  # linear would say 4 x 0.5 x 4 = 8 s
+    shown = client.post(
+        "/v1/jobs",
+        json={
+            "model": MODEL,
+            "kind": "txt2img",
+            "target": "m2",
+            "params": {"prompt": "x", "steps": 4, "width": 512, "height": 512},
+        },
+    ).json()
+    predicted_here = client.get(shown["url"]).json()["predicted_run_s"]  # this server learned it live
+    assert predicted_here == pytest.approx(4 * 0.5 * 4**1.25, rel=1e-3)
 
 
 @pytest.mark.parametrize("reported", [{}, {"load_s": 0.5}, {"load_s": 0.5, "run_s": 0.0}])

@@ -372,12 +372,14 @@ def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
     guess = estimator.guess("m1", MODEL, "txt2img")
     assert guess == Timing(load_s=2.0, step_s=1.0)
     learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=20.0, steps=10, size=REF, load_s=5.0)
-    assert estimator.timing("m1", MODEL, "txt2img") == Timing(load_s=5.0, step_s=2.0, samples=1, load_samples=1)
-    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2)  # warm: load unchanged
+    assert estimator.timing("m1", MODEL, "txt2img") == Timing(
+        load_s=5.0, step_s=2.0, samples=1, load_samples=1, anchor_size=REF, anchor_step_s=2.0
+    )
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=6.0, steps=10, size=REF * 3 // 4)  # warm: load kept
     after = estimator.timing("m1", MODEL, "txt2img")
-    assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0) and after.samples == 2
+    assert after.load_s == 5.0 and after.step_s == pytest.approx(0.7 * 2.0 + 0.3 * 0.8) and after.samples == 2
     assert estimator.run_s("m1", MODEL, "txt2img", 10, REF) == pytest.approx(10 * after.step_s)
-    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=5.0, steps=10, size=REF // 2, load_s=9.0)
+    learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=6.0, steps=10, size=REF * 3 // 4, load_s=9.0)
     assert estimator.timing("m1", MODEL, "txt2img").load_s == pytest.approx(0.7 * 5.0 + 0.3 * 9.0)  # EMA from now on
 
 
@@ -509,6 +511,45 @@ def test_r13_a_tiny_job_teaches_a_step_no_dearer_than_a_small_one() -> None:
     assert 0.5 < tiny.step_s / small.step_s < 1.0
     assert run_seconds(small, 10, 8 * 8) == run_seconds(small, 10, MIN_SCALED_SIZE) == pytest.approx(5.4)
     assert run_seconds(small, 10, 4 * MIN_SCALED_SIZE) == pytest.approx(4 * 5.4)
+
+
+def test_r13_two_runs_of_sizes_far_apart_teach_how_a_step_grows_with_the_size() -> None:
+    """A step's seconds grow with the size to a learned power: a 256x256 and a 1024x1024 run of
+    one model whose steps took 0.1 s and 3.2 s teach 1.25 (32x for 16x the pixels), and a
+    512x512 job is then priced between them; linear pricing said 1.6 s at 1024x1024, half the
+    truth (the tiny sd1 pipeline on the 2-core host: 1.63 and 21.6 s a step at 256x256 and
+    512x512, 13x for 4x the pixels)."""
+    from routing.timings import MIN_SCALED_SIZE, LearnedTimings, Timing, run_seconds
+
+    learned, guess = LearnedTimings(), Timing(load_s=1.0, step_s=1.0)
+    small = learned.observe("m", "x", "txt2img", guess=guess, run_s=0.1 * 10, steps=10, size=MIN_SCALED_SIZE)
+    assert (small.size_exp, small.size_samples, small.anchor_size) == (1.0, 0, MIN_SCALED_SIZE)
+    assert run_seconds(small, 10, REF) == pytest.approx(16 * 1.0)  # linear until taught otherwise
+    large = learned.observe("m", "x", "txt2img", guess=guess, run_s=3.2 * 10, steps=10, size=REF)
+    assert (large.size_exp, large.size_samples) == (pytest.approx(1.25), 1)
+    assert run_seconds(large, 10, REF) == pytest.approx(0.7 * 32.0 + 0.3 * 32.0)  # step_s re-based on 1.25
+    assert run_seconds(large, 10, 512 * 512) == pytest.approx(32.0 / 4**1.25)
+    # a later pair is folded in with the EMA; the pair's exponent is bounded
+    again = learned.observe("m", "x", "txt2img", guess=guess, run_s=0.1 * 10, steps=10, size=64 * 64)
+    assert again.size_exp == pytest.approx(0.7 * 1.25 + 0.3 * 1.25) and again.size_samples == 2
+    wild = LearnedTimings()
+    wild.observe("m", "x", "txt2img", guess=guess, run_s=1.0, steps=10, size=MIN_SCALED_SIZE)
+    bounded = wild.observe("m", "x", "txt2img", guess=guess, run_s=10_000.0, steps=10, size=REF)
+    assert bounded.size_exp == 2.5  # a run slowed by something else cannot make it absurd
+
+
+def test_r13_sizes_closer_than_twice_apart_leave_pricing_linear_to_the_last_bit() -> None:
+    """768x768 beside 1024x1024 (1.8x) teaches no exponent: noise would decide it. Every figure
+    is then the float linear pricing gave (the placement benchmark's jobs are such)."""
+    from routing.timings import LearnedTimings, Timing, run_seconds
+
+    learned, guess = LearnedTimings(), Timing(load_s=1.0, step_s=0.7)
+    for size, run_s in ((REF, 31.7), (768 * 768, 13.1), (REF, 29.3), (768 * 768, 19.9)):
+        timing = learned.observe("m", "x", "txt2img", guess=guess, run_s=run_s, steps=30, size=size)
+    assert (timing.size_exp, timing.size_samples, timing.anchor_size) == (1.0, 0, 768 * 768)
+    linear = Timing(timing.load_s, timing.step_s, timing.samples)
+    for size in (768 * 768, REF, 2048 * 2048):
+        assert run_seconds(timing, 30, size) == run_seconds(linear, 30, size) == timing.step_s * 30 * size / REF
 
 
 def test_text_timings_are_per_token_and_learned_from_two_jobs():
