@@ -176,3 +176,32 @@ def test_r1_models_registered_before_retirement_existed_are_in_service_after_the
         assert registry.list() == [] and registry.retired_at("old-sd") is not None
     finally:
         engine.dispose()
+
+
+def test_r13_timings_learned_before_size_exponents_stay_linear_after_the_upgrade(settings: Settings) -> None:
+    """Migration b1f7d3a9c5e2 adds the size exponent to ``learnedtiming``: a row learned before
+    keeps its seconds per step and prices sizes linearly until two runs teach otherwise."""
+    from sqlalchemy import text
+    from sqlmodel import create_engine as plain_engine
+
+    from app.journal.timings import TimingStore
+    from routing.timings import run_seconds
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = plain_engine(settings.journal_url)
+    try:
+        upgrade(engine, "c8e2a4f6d1b9")
+        with engine.begin() as connection:  # the columns of that revision only
+            connection.execute(
+                text(
+                    "INSERT INTO learnedtiming (machine, model_id, kind, load_s, step_s, samples, load_samples, "
+                    "prompt_s, updated_at) VALUES ('m1', 'sdxl', 'txt2img', 9.5, 0.6, 12, 3, 0, '2026-01-01')"
+                )
+            )
+        upgrade(engine)
+        timing = TimingStore(engine).load().get("m1", "sdxl", "txt2img")
+        assert timing is not None and (timing.step_s, timing.samples, timing.load_s) == (0.6, 12, 9.5)
+        assert (timing.size_exp, timing.size_samples, timing.anchor_size, timing.anchor_step_s) == (1.0, 0, 0, 0.0)
+        assert run_seconds(timing, 30, 512 * 512) == pytest.approx(0.6 * 30 / 4)
+    finally:
+        engine.dispose()
