@@ -180,7 +180,7 @@ class CostModel(Protocol):
 
     def load_s(self, machine: str, model_id: str, kind: str) -> float: ...
 
-    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int) -> float: ...
+    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int, batch: int = 1) -> float: ...
 
     def weights_bytes(self, model_id: str) -> int: ...
 
@@ -256,8 +256,10 @@ class Estimator:
     def load_s(self, machine: str, model_id: str, kind: str) -> float:
         return self.timing(machine, model_id, kind).load_s
 
-    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int) -> float:
-        return run_seconds(self.timing(machine, model_id, kind), steps, size, kind)
+    def run_s(self, machine: str, model_id: str, kind: str, steps: int, size: int, batch: int = 1) -> float:
+        """Run seconds of ``steps`` steps of a job of ``size`` (``batch`` images) there
+        (:func:`routing.timings.run_seconds`)."""
+        return run_seconds(self.timing(machine, model_id, kind), steps, size, kind, batch)
 
     def weights_bytes(self, model_id: str) -> int:
         model = self.models.get(model_id)

@@ -55,6 +55,7 @@ class WorkItem:
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
     elapsed_s: float | None = None  # seconds since it started; None while queued
+    batch: int = 1  # images in the job (its size's batch)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def drain(
             weights_bytes=costs.weights_bytes,
             working_bytes=working_of(costs, item.model_id, item.kind, item.size),
         )
-        total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size)
+        total = costs.run_s(machine, item.model_id, item.kind, item.steps, item.size, item.batch)
         if cold:
             total += costs.load_s(machine, item.model_id, item.kind)
         if item.elapsed_s is not None:
@@ -161,9 +162,9 @@ Tail = tuple[float, float, tuple[str, ...], tuple[float, ...], float, float]
 load seconds, the models its load evicts (in order), their reload seconds there, the eviction
 charge without demand data (``EVICTION_WEIGHT`` x their sum) and its adapters' load seconds."""
 
-TailKey = tuple[str, str, int, int, tuple[str, ...], int]
+TailKey = tuple[str, str, int, int, tuple[str, ...], int, int]
 """The shape of an appended job whose :data:`Tail` :class:`Drains` keeps: model, kind, steps,
-size, adapters and working memory (bytes)."""
+size, adapters, working memory (bytes) and batch."""
 
 
 def appended(
@@ -178,11 +179,12 @@ def appended(
     costs: CostModel,
     adapters: Sequence[str] = (),
     working_bytes: int,
+    batch: int = 1,
 ) -> Tail:
     """The :data:`Tail` of a job appended to a queue that leaves ``warm`` (model ids, least
     recently used first; mutated: the job's model is admitted as the worker admits it, with
     ``working_bytes`` of working memory beyond its weights, bytes)."""
-    run_s = costs.run_s(machine, model_id, kind, steps, size)
+    run_s = costs.run_s(machine, model_id, kind, steps, size, batch)
     cold_load_s = 0.0 if model_id in warm else costs.load_s(machine, model_id, kind)
     evicted = admit(
         warm,
@@ -291,11 +293,12 @@ class Drains:
         costs: CostModel,
         adapters: Sequence[str] = (),
         working_bytes: int,
+        batch: int = 1,
     ) -> tuple[float, Tail]:
         """As :func:`drain`'s seconds, and the :func:`appended` tail of a job after that queue
         (kept while the queue is unchanged; ``working_bytes``: its working memory, bytes)."""
         running_s, (queued_s, end), tails = self._entry(machine, warm_models, queue, protected, costs)
-        key = (model_id, kind, steps, size, tuple(adapters), working_bytes)
+        key = (model_id, kind, steps, size, tuple(adapters), working_bytes, batch)
         found = tails.get(key)
         if found is None:
             if len(tails) >= TAILS_KEPT:
@@ -311,6 +314,7 @@ class Drains:
                 costs=costs,
                 adapters=adapters,
                 working_bytes=working_bytes,
+                batch=batch,
             )
             tails[key] = found
         return running_s + queued_s, found
@@ -331,6 +335,7 @@ def expected_parts(
     drains: Drains | None = None,
     adapters: Sequence[str] = (),
     working_bytes: int | None = None,
+    batch: int = 1,
 ) -> tuple[float, Tail]:
     """The seconds of work ahead of a job appended to ``machine``'s queue (the
     :attr:`Breakdown.work_ahead_s`) and its :data:`Tail` there: :func:`expected_finish` in parts.
@@ -345,6 +350,7 @@ def expected_parts(
             machine's load rate) on every job, warm base or not.
         working_bytes: the job's working memory beyond the weights (bytes), as journaled and
             claimed; default :func:`working_of`. Its load is admitted with it, as the worker does.
+        batch: the images of the job (its ``size``'s batch; routing.timings.run_seconds).
     """
     if working_bytes is None:
         working_bytes = working_of(costs, model_id, kind, size)
@@ -361,6 +367,7 @@ def expected_parts(
             costs=costs,
             adapters=adapters,
             working_bytes=working_bytes,
+            batch=batch,
         )
     else:
         ahead_s, warm = drain(machine, warm_models=warm_models, queue=queue, protected=protected, costs=costs)
@@ -375,6 +382,7 @@ def expected_parts(
             costs=costs,
             adapters=adapters,
             working_bytes=working_bytes,
+            batch=batch,
         )
     return ahead_s + extra_queued * tail[0], tail
 
@@ -394,6 +402,7 @@ def expected_finish(
     drains: Drains | None = None,
     adapters: Sequence[str] = (),
     working_bytes: int | None = None,
+    batch: int = 1,
 ) -> Breakdown:
     """The :class:`Breakdown` of a job appended to ``machine``'s queue; the arguments as
     :func:`expected_parts`."""
@@ -411,6 +420,7 @@ def expected_finish(
         drains=drains,
         adapters=adapters,
         working_bytes=working_bytes,
+        batch=batch,
     )
     return Breakdown(
         work_ahead_s=ahead_s,

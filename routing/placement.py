@@ -82,6 +82,7 @@ class JobRequest:
     steps: int = 30
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
     adapters: tuple[str, ...] = ()  # LoRA adapter ids: each must be verified there too (R4)
+    batch: int = 1  # images in the job (its size's batch: a batch is priced linearly, R13)
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ def finish(job: JobRequest, machine: MachineView, costs: CostModel, drains: Drai
         costs=costs,
         drains=drains,
         adapters=job.adapters,
+        batch=job.batch,
     )
 
 
@@ -301,7 +303,7 @@ def survey(
     parts: dict[str, tuple[float, int, Tail]] = {}  # as finish() in parts: one Breakdown each, built below
     need = job_bytes(job, costs)
     working = working_of(costs, job.model_id, job.kind, job.size)  # the same on every machine
-    model_id, kind, steps, size, adapters = job.model_id, job.kind, job.steps, job.size, job.adapters
+    model_id, kind, steps, size, adapters, batch = job.model_id, job.kind, job.steps, job.size, job.adapters, job.batch
     for machine in machines.values():
         refusal = exclusion(job, machine, costs, need)
         if refusal is None:
@@ -321,6 +323,7 @@ def survey(
                 drains=drains,
                 adapters=adapters,
                 working_bytes=working,
+                batch=batch,
             )
             parts[machine.name] = (ahead_s, len(queue) + extra, tail)
         else:

@@ -7,11 +7,12 @@ class in memory.
 
 Units: ``load_s`` seconds for a cold load; ``step_s`` seconds per diffusion step for a job of
 the reference size (``REFERENCE_SIZE`` = 1024 x 1024 pixels x 1 frame x batch 1) on that
-machine. A job's run seconds scale with its size (pixels x frames x batch) to the power
-``size_exp``, from ``MIN_SCALED_SIZE`` up: below it a step costs what a step of that size does.
-``size_exp`` starts at 1 (linear) and is learned from two runs whose sizes differ by at least
-``SIZE_EXP_MIN_RATIO`` (attention grows with the square of the latent's tokens, so a large image
-costs more than its pixels say; a small one's fixed costs make it cost more than they say).
+machine. A job's run seconds scale with its size (pixels x frames x batch), from
+``MIN_SCALED_SIZE`` up (below it a step costs what a step of that size does), and one image's
+seconds (pixels x frames) with its size to the power ``size_exp``: 1 (linear) until two runs
+whose images differ in size by at least ``SIZE_EXP_MIN_RATIO`` teach it (attention grows with
+the square of the latent's tokens, so a large image costs more than its pixels say). A batch
+is linear: n images cost n images.
 
 Text jobs (kind ``text``) are priced per token instead: ``step_s`` is seconds per new
 token and ``prompt_s`` seconds per prompt token, so a job's run seconds are ``step_s`` x new
@@ -36,8 +37,8 @@ and Auto shunned that machine (new-user pass). Above 256x256 real diffusion step
 with pixels (seed-fleet.md's figures per resolution)."""
 
 SIZE_EXP_MIN_RATIO = 2.0
-"""Two runs teach the size exponent only when one's size (floored at ``MIN_SCALED_SIZE``) is at
-least this many times the other's: closer sizes leave a run's noise (+-10 % between identical
+"""Two runs teach the size exponent only when one's image size (pixels x frames, both at least
+``MIN_SCALED_SIZE``) is at least this many times the other's: closer sizes leave a run's noise (+-10 % between identical
 jobs) to decide it. 768 x 768 against 1024 x 1024 (1.8x) teaches nothing; 512 against 1024 (4x)
 does."""
 
@@ -72,8 +73,8 @@ class Timing:
     prompt_s: float = 0.0  # text kind only: seconds per prompt token (step_s: per new token)
     size_exp: float = 1.0  # run seconds grow with size ** size_exp (not for text)
     size_samples: int = 0  # pairs of runs folded into size_exp; 0 = still linear, the prior
-    anchor_size: int = 0  # the last run's size, floored at MIN_SCALED_SIZE (0: none yet)
-    anchor_step_s: float = 0.0  # and its seconds per step, as measured at that size
+    anchor_size: int = 0  # the last run's image size (pixels x frames, at least MIN_SCALED_SIZE; 0: none yet)
+    anchor_step_s: float = 0.0  # and its seconds per step at the reference size, priced linearly
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -81,37 +82,48 @@ def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
     return max(1, pixels) * max(1, frames) * max(1, batch)
 
 
-def run_seconds(timing: Timing, steps: int, size: int, kind: str = "") -> float:
-    """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`);
-    for ``kind`` text, of ``steps`` new tokens after ``size`` prompt tokens."""
+def run_seconds(timing: Timing, steps: int, size: int, kind: str = "", batch: int = 1) -> float:
+    """Expected run seconds (no load) of ``steps`` steps on a job of ``size`` (see :func:`job_size`;
+    ``batch`` of its images); for ``kind`` text, of ``steps`` new tokens after ``size`` prompt tokens.
+
+    Linear in ``size`` (floored at ``MIN_SCALED_SIZE``), times ``(image / REFERENCE_SIZE) **
+    (size_exp - 1)`` for the size of one image of the batch (pixels x frames, floored alike): a
+    batch of four costs four images, not one image four times as large."""
     if kind == TEXT_KIND:
         return timing.step_s * max(0, steps) + timing.prompt_s * max(0, size)
-    floored = max(size, MIN_SCALED_SIZE)
+    linear_s = timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
     if timing.size_exp == 1.0:  # linear: the same float as before size exponents were learned
-        return timing.step_s * max(1, steps) * floored / REFERENCE_SIZE
-    return timing.step_s * max(1, steps) * size_scale(floored, timing.size_exp)
+        return linear_s
+    return linear_s * excess_scale(image_size(size, batch), timing.size_exp)
 
 
-def size_scale(size: int, exponent: float) -> float:
-    """A step's seconds at ``size`` (already floored at ``MIN_SCALED_SIZE``) over its seconds
-    at ``REFERENCE_SIZE``: ``(size / REFERENCE_SIZE) ** exponent``."""
-    return float((size / REFERENCE_SIZE) ** exponent)
+def image_size(size: int, batch: int) -> int:
+    """One image's size (pixels x frames) of a job of ``size`` (pixels x frames x ``batch``)."""
+    return max(1, size // max(1, batch))
 
 
-def fit_size_exp(base: Timing, size: int, step_s: float) -> tuple[float, int]:
-    """(size exponent, pairs folded in) after a run of ``step_s`` seconds per step at ``size``
-    (floored at ``MIN_SCALED_SIZE``), from ``base``'s anchor (its last run): unchanged unless
-    one size is at least ``SIZE_EXP_MIN_RATIO`` times the other; then the pair's exponent
-    ``ln(step ratio) / ln(size ratio)``, within ``SIZE_EXP_BOUNDS``, replaces the linear prior
-    (first pair) or is folded in with weight ``EMA_WEIGHT``."""
+def excess_scale(image: int, exponent: float) -> float:
+    """What a step of one image of ``image`` pixels x frames costs beyond linear pricing:
+    ``(max(image, MIN_SCALED_SIZE) / REFERENCE_SIZE) ** (exponent - 1)``."""
+    return float((max(image, MIN_SCALED_SIZE) / REFERENCE_SIZE) ** (exponent - 1.0))
+
+
+def fit_size_exp(base: Timing, image: int, linear_step_s: float) -> tuple[float, int]:
+    """(size exponent, pairs folded in) after a run whose images are ``image`` pixels x frames
+    (at least ``MIN_SCALED_SIZE``) and whose step, priced linearly, is ``linear_step_s`` seconds
+    at the reference size, from ``base``'s anchor (its last such run): unchanged unless one
+    image size is at least ``SIZE_EXP_MIN_RATIO`` times the other; then the pair's exponent
+    ``1 + ln(ratio of the linear steps) / ln(ratio of the image sizes)``, within
+    ``SIZE_EXP_BOUNDS``, replaces the linear prior (first pair) or is folded in with weight
+    ``EMA_WEIGHT``. Batches of one image size (n = 1 and n = 4) teach nothing: a batch is linear."""
     anchor, anchor_step_s = base.anchor_size, base.anchor_step_s
-    if anchor <= 0 or anchor_step_s <= 0 or step_s <= 0:
+    if anchor <= 0 or anchor_step_s <= 0 or linear_step_s <= 0:
         return base.size_exp, base.size_samples
-    ratio = size / anchor
+    ratio = image / anchor
     if max(ratio, 1 / ratio) < SIZE_EXP_MIN_RATIO:
         return base.size_exp, base.size_samples
     low, high = SIZE_EXP_BOUNDS
-    pair = min(max(math.log(step_s / anchor_step_s) / math.log(ratio), low), high)
+    pair = min(max(1.0 + math.log(linear_step_s / anchor_step_s) / math.log(ratio), low), high)
     if base.size_samples == 0:
         return pair, 1
     return (1 - EMA_WEIGHT) * base.size_exp + EMA_WEIGHT * pair, base.size_samples + 1
@@ -178,6 +190,7 @@ class LearnedTimings:
         steps: int,
         size: int,
         load_s: float | None = None,
+        batch: int = 1,
     ) -> Timing:
         """Fold one finished job in and return the new timing.
 
@@ -186,6 +199,10 @@ class LearnedTimings:
             run_s: measured run seconds (no load), >= 0.
             steps, size: the job's steps and size (:func:`job_size`); for ``kind`` text, its
                 new tokens and prompt tokens (:func:`fit_tokens`).
+            batch: the images of the job (its size's batch): the size exponent is learned
+                from one image's size (:func:`fit_size_exp`), only from images of at least
+                ``MIN_SCALED_SIZE`` (smaller ones cost what that size does: their fixed costs
+                would teach a steep, false exponent).
             load_s: measured seconds of a cold load, or None when the model was warm.
         """
         key = (machine, model_id, kind)
@@ -197,18 +214,19 @@ class LearnedTimings:
         if kind == TEXT_KIND:
             step_s, prompt_s = fit_tokens(base, old is None, run_s, steps, size)
         else:
-            floored = max(size, MIN_SCALED_SIZE)
-            per_step_s = max(run_s, 0.0) / max(1, steps)
-            size_exp, size_samples = fit_size_exp(base, floored, per_step_s)
-            if size_exp == 1.0:  # linear: the same float as before size exponents were learned
-                measured_step_s = per_step_s * REFERENCE_SIZE / floored
-            else:
-                measured_step_s = per_step_s / size_scale(floored, size_exp)
+            linear_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
+            image = image_size(size, batch)
+            if image >= MIN_SCALED_SIZE:
+                size_exp, size_samples = fit_size_exp(base, image, linear_step_s)
+            measured_step_s = linear_step_s
+            if size_exp != 1.0:
+                measured_step_s = linear_step_s / excess_scale(image, size_exp)
             known_s = base.step_s
             if size_exp != base.size_exp:  # re-based: what it said at its last run's size, under the new exponent
-                known_s *= size_scale(anchor_size, base.size_exp) / size_scale(anchor_size, size_exp)
+                known_s *= excess_scale(anchor_size, base.size_exp) / excess_scale(anchor_size, size_exp)
             step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
-            anchor_size, anchor_step_s = floored, per_step_s
+            if image >= MIN_SCALED_SIZE:
+                anchor_size, anchor_step_s = image, linear_step_s
         if load_s is None:
             new_load_s = base.load_s
         elif base.load_samples == 0:

@@ -34,6 +34,8 @@ class WorkerRuntime:
         self._cache: ModelCache | None = None
         self._device: Device | None = None
         self._cache_lock = threading.Lock()
+        # models retired while resident here, not yet dropped (tasks/retirements.py); replaced whole, never mutated
+        self.retired: frozenset[str] = frozenset()
         # model id -> its files' (size, mtime_ns, inode) when this process last hashed them (tasks/loading.py)
         self.verified_stats: dict[str, dict[str, tuple[int, int, int] | None]] = {}
 
@@ -97,8 +99,11 @@ class WorkerRuntime:
         self.redis.srem(self.keys.verified(self.settings.machine), model_id)
 
     def record_warm(self) -> None:
-        """Publish the models resident in this process, for the heartbeat's ``warm_models``."""
-        self.redis.set(self.keys.warm(self.settings.machine), json.dumps(self.cache.warm_models()))
+        """Publish the models resident in this process, for the heartbeat's ``warm_models``,
+        but those known retired (:attr:`retired`: resident until the cache lock lets them go,
+        never used again; ``tasks/retirements.py``)."""
+        warm = [m for m in self.cache.warm_models() if m not in self.retired]
+        self.redis.set(self.keys.warm(self.settings.machine), json.dumps(warm))
 
 
 _runtime: WorkerRuntime | None = None

@@ -251,6 +251,7 @@ def job_request(
         steps=steps,
         size=job_size(width * height, frames, batch),
         adapters=adapter_ids(params),
+        batch=max(1, batch),
     )
 
 

@@ -107,7 +107,9 @@ class _Read:
 def _parse(raw: str) -> _Parsed:
     record = json.loads(raw)
     started_at = None if record["started_at"] is None else float(record["started_at"])
-    item = WorkItem(record["model_id"], record["kind"], int(record["steps"]), int(record["size"]))
+    item = WorkItem(
+        record["model_id"], record["kind"], int(record["steps"]), int(record["size"]), batch=int(record.get("batch", 1))
+    )  # a record written before batches were kept: one image
     return _Parsed((started_at is None, int(record["seq"])), item, started_at)
 
 
@@ -131,6 +133,7 @@ class Reservations:
         size: int,
         fence: Fence,
         also: Sequence[HashField] = (),
+        batch: int = 1,
     ) -> bool:
         """Reserve ``machine`` for a job under the fleet lock, before publishing it, and write
         ``also`` in the same atomic step, only if the lock still holds ``fence.token`` (its TTL
@@ -140,7 +143,7 @@ class Reservations:
             True when written; False when the fence failed (the lock expired, or another placer
             holds it): nothing was written.
         """
-        record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "started_at": None}
+        record = {"model_id": model_id, "kind": kind, "steps": steps, "size": size, "batch": batch, "started_at": None}
         keys = [
             fence.key,
             self.keys.reservation_seq(),

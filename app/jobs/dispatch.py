@@ -467,7 +467,15 @@ class Dispatcher:
         work_s = seen.estimator.work_s(request.model_id, request.kind, request.steps, request.size)
         demand = self.demand.level_after(demand_class, work_s, now_s, seen.demand)
         if not self.machines.reservations.add(
-            machine, job.id, request.model_id, request.kind, request.steps, request.size, fence, also=[demand]
+            machine,
+            job.id,
+            request.model_id,
+            request.kind,
+            request.steps,
+            request.size,
+            fence,
+            also=[demand],
+            batch=request.batch,
         ):
             self.endings.interrupt(
                 job.id,

@@ -335,7 +335,7 @@ class Reconciler:
         job = self.journal.get(job_id)
         request = job_request(job.model_id, "", job.kind, job.target, job.params)
         if not self.machines.reservations.add(
-            machine, job.id, job.model_id, job.kind, request.steps, request.size, fence
+            machine, job.id, job.model_id, job.kind, request.steps, request.size, fence, batch=request.batch
         ):
             return  # the lock expired under this pass: the next pass finds it again
         delivered = self.queues.unacked_ids()
@@ -374,7 +374,9 @@ class Reconciler:
         for job in active:  # journal order: their seq numbers follow it again
             machine = job.machine or ""
             request = job_request(job.model_id, "", job.kind, job.target, job.params)
-            reservations.add(machine, job.id, job.model_id, job.kind, request.steps, request.size, fence)
+            reservations.add(
+                machine, job.id, job.model_id, job.kind, request.steps, request.size, fence, batch=request.batch
+            )
             if job.state == JobState.running:
                 reservations.start(machine, job.id, _unix_s(job.started_at))
         backlogs: dict[str, list[Job]] = {}

@@ -73,6 +73,7 @@ class TimingStore:
             steps=steps,
             size=size,
             load_s=job.load_s if job.cold_load else None,
+            batch=request.batch,
         )
         folded = {job.model_id: (job.kind, timing)}
         adapters = request.adapters

@@ -530,12 +530,35 @@ def test_r13_two_runs_of_sizes_far_apart_teach_how_a_step_grows_with_the_size() 
     assert run_seconds(large, 10, REF) == pytest.approx(0.7 * 32.0 + 0.3 * 32.0)  # step_s re-based on 1.25
     assert run_seconds(large, 10, 512 * 512) == pytest.approx(32.0 / 4**1.25)
     # a later pair is folded in with the EMA; the pair's exponent is bounded
-    again = learned.observe("m", "x", "txt2img", guess=guess, run_s=0.1 * 10, steps=10, size=64 * 64)
-    assert again.size_exp == pytest.approx(0.7 * 1.25 + 0.3 * 1.25) and again.size_samples == 2
+    again = learned.observe("m", "x", "txt2img", guess=guess, run_s=3.2 * 0.25**1.25 * 10, steps=10, size=REF // 4)
+    assert again.size_exp == pytest.approx(1.25) and again.size_samples == 2
     wild = LearnedTimings()
     wild.observe("m", "x", "txt2img", guess=guess, run_s=1.0, steps=10, size=MIN_SCALED_SIZE)
     bounded = wild.observe("m", "x", "txt2img", guess=guess, run_s=10_000.0, steps=10, size=REF)
     assert bounded.size_exp == 2.5  # a run slowed by something else cannot make it absurd
+
+
+def test_r13_images_under_the_least_scaled_size_and_batches_teach_no_exponent() -> None:
+    """A 64x64 step costs what a 256x256 one does (fixed costs), so it cannot teach how steps
+    grow (the tiny sdxl pipeline: 0.05 s at 64x64, 20.7 s at 512x512, learned the bound 2.5 and
+    priced the next 512x512 job at a third of its time); a batch of four 256x256 images costs
+    four images, not one image of four times the pixels, before and after an exponent is learned."""
+    from routing.timings import MIN_SCALED_SIZE, LearnedTimings, Timing, run_seconds
+
+    learned, guess = LearnedTimings(), Timing(load_s=1.0, step_s=1.0)
+    learned.observe("m", "x", "txt2img", guess=guess, run_s=0.05 * 2, steps=2, size=64 * 64)
+    big = learned.observe("m", "x", "txt2img", guess=guess, run_s=20.7 * 2, steps=2, size=512 * 512)
+    assert (big.size_exp, big.size_samples, big.anchor_size) == (1.0, 0, 512 * 512)  # the 64x64 run set no anchor
+    one = learned.observe("m", "x", "txt2img", guess=guess, run_s=2.0, steps=2, size=MIN_SCALED_SIZE)
+    four = learned.observe("m", "x", "txt2img", guess=guess, run_s=8.0, steps=2, size=4 * MIN_SCALED_SIZE, batch=4)
+    assert one.size_samples == 1 and four.size_samples == 1  # n = 1 and n = 4 of one image size: no pair
+    taught = four.size_exp
+    assert taught != 1.0
+    assert run_seconds(four, 2, 4 * MIN_SCALED_SIZE, batch=4) == pytest.approx(
+        4 * run_seconds(four, 2, MIN_SCALED_SIZE)
+    )
+    # the one-image reading of that size would follow the exponent instead
+    assert run_seconds(four, 2, 4 * MIN_SCALED_SIZE) == pytest.approx(run_seconds(four, 2, MIN_SCALED_SIZE) * 4**taught)
 
 
 def test_r13_sizes_closer_than_twice_apart_leave_pricing_linear_to_the_last_bit() -> None:
