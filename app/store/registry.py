@@ -43,7 +43,14 @@ from app.core.states import ACTIVE
 from app.core.textgen import architectures, kv_cache_bytes, model_config
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
-from app.store.selection import check_exists, check_index_components, check_index_entries, model_json, select_files
+from app.store.selection import (
+    check_config_keys,
+    check_exists,
+    check_index_components,
+    check_index_entries,
+    model_json,
+    select_files,
+)
 from routing.timings import ADAPTER_KIND
 
 ADAPTER_CLASS = "LoRA"
@@ -87,6 +94,7 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
         raise Rejected(f"pipeline class {class_name!r} is not supported; supported: {known}", reason="unknown_pipeline")
     check_index_components(folder, content)
+    check_config_keys(folder, content)
     family, kinds = PIPELINE_FAMILIES[class_name]
     return class_name, family, kinds
 

@@ -390,25 +390,27 @@ def check_index_components(folder: Path, index: dict[str, Any]) -> None:
         )
 
 
-def component_config(library: str, class_name: str) -> str | None:
+def component_config(library: str, class_name: str) -> tuple[str, str] | None:
     """The config file a component of ``class_name`` from ``library`` (a ``model_index.json``
-    entry) cannot load without: ``config.json`` for a diffusers or transformers model,
-    ``scheduler_config.json`` for a scheduler; None for anything else (tokenizers and
-    processors, whose files vary) or a class that library does not have."""
+    entry) cannot load without, and the key every such file has (the library writes it):
+    ``config.json`` with ``_class_name`` for a diffusers model, with ``model_type`` for a
+    transformers one, ``scheduler_config.json`` with ``_class_name`` for a scheduler; None for
+    anything else (tokenizers and processors, whose files vary) or a class that library does
+    not have."""
     if library == "diffusers":
         import diffusers
 
         found = getattr(diffusers, class_name, None)
         if isinstance(found, type) and issubclass(found, diffusers.ModelMixin):
-            return "config.json"
+            return "config.json", "_class_name"
         if isinstance(found, type) and issubclass(found, diffusers.SchedulerMixin):
-            return "scheduler_config.json"
+            return "scheduler_config.json", "_class_name"
     elif library == "transformers":
         import transformers
 
         found = getattr(transformers, class_name, None)
         if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-            return "config.json"
+            return "config.json", "model_type"
     return None
 
 
@@ -422,15 +424,38 @@ def check_component_configs(folder: Path, index: dict[str, Any]) -> None:
     lacking = []
     for name in sorted(named_components(index)):
         library, class_name = index[name]
-        config = component_config(str(library), str(class_name))
-        if config is not None and not (folder / name / config).is_file():
-            lacking.append(f"{name}/{config} ({class_name})")
+        found = component_config(str(library), str(class_name))
+        if found is not None and not (folder / name / found[0]).is_file():
+            lacking.append(f"{name}/{found[0]} ({class_name})")
     if lacking:
         raise Rejected(
             f"{folder}: no {', '.join(lacking)}: a component's config is missing (an interrupted download? "
             "download the model again)",
             reason="incomplete_model",
         )
+
+
+def check_config_keys(folder: Path, index: dict[str, Any]) -> None:
+    """Check that each component config of ``folder`` (:func:`component_config`, where present)
+    holds the key its library writes into every one: without it the loader builds the class's
+    default shapes (an emptied ``unet/config.json`` priced the tiny sd1 model at 3.3 GiB, and
+    every job failed at load).
+
+    Raises:
+        Rejected: reason ``not_a_model``, naming the config and the key it lacks (or what
+            :func:`model_json` refuses in it).
+    """
+    for name in sorted(named_components(index)):
+        library, class_name = index[name]
+        found = component_config(str(library), str(class_name))
+        if found is None or not (path := folder / name / found[0]).is_file():
+            continue
+        if found[1] not in model_json(path):
+            raise Rejected(
+                f"{path} has no `{found[1]}`, which every {library} config of {class_name} holds: an emptied "
+                "or hand-made config (the loader would build the class's default shapes), download the model again",
+                reason="not_a_model",
+            )
 
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
@@ -453,7 +478,15 @@ def model_json(path: Path) -> dict[str, Any]:
                 "read: save it as UTF-8 without a BOM (an editor added it?), or download the model again",
                 reason="not_a_model",
             )
-        loaded = json.loads(raw)
+        try:
+            text = raw.decode("utf-8")  # json.loads(bytes) would take UTF-16 and UTF-32 too; the loaders do not
+        except UnicodeDecodeError as error:
+            raise Rejected(
+                f'{path} is not UTF-8 text ({error.reason} at byte {error.start}; saved as UTF-16, "Unicode"?), '
+                "which diffusers and transformers cannot read: save it as UTF-8, or download the model again",
+                reason="not_a_model",
+            ) from error
+        loaded = json.loads(text)
     except OSError as error:
         raise Rejected(f"{path} cannot be read ({error.strerror or error})", reason="not_a_model") from error
     except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError

@@ -115,6 +115,43 @@ def test_r1_a_json_file_saved_with_a_byte_order_mark_is_refused_naming_it(
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
+@pytest.mark.parametrize("file", ["model_index.json", "unet/config.json"])
+def test_r1_a_json_file_saved_as_utf16_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path, file: str
+) -> None:
+    """Python's json reads UTF-16 bytes; the loaders read UTF-8 only (Notepad's "Unicode")."""
+    path = copy_of_tiny_sd / file
+    path.write_text(path.read_text(encoding="utf-8"), encoding="utf-16")
+    error = refused(ctx, copy_of_tiny_sd, model_id="utf16")
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{path} is not UTF-8 text (invalid start byte at byte 0"), error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "cls"),
+    [
+        ("unet/config.json", "_class_name", "diffusers config of UNet2DConditionModel"),
+        ("vae/config.json", "_class_name", "diffusers config of AutoencoderKL"),
+        ("text_encoder/config.json", "model_type", "transformers config of CLIPTextModel"),
+        ("scheduler/scheduler_config.json", "_class_name", "diffusers config of DDIMScheduler"),
+    ],
+)
+def test_r1_an_emptied_component_config_is_refused_naming_the_users_file(
+    ctx: ServerContext, copy_of_tiny_sd: Path, config: str, key: str, cls: str
+) -> None:
+    """``{}`` as a component's config: the loader builds the class's default shapes, so the
+    model registered (priced at 3.3 GiB for 4.6 MiB of weights) and every job failed at load."""
+    (copy_of_tiny_sd / config).write_text("{}")
+    error = refused(ctx, copy_of_tiny_sd, model_id="emptied")
+    assert error.reason == "not_a_model"
+    assert error.message.startswith(f"{copy_of_tiny_sd / config} has no `{key}`, which every {cls} holds"), (
+        error.message
+    )
+    assert str(ctx.registry.models_dir) not in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
 def test_r1_an_empty_index_or_one_that_is_a_folder_is_refused_as_such(
     ctx: ServerContext, copy_of_tiny_sd: Path
 ) -> None:
