@@ -257,6 +257,40 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         loading_log.setLevel(level)
     ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
     ignored = {p for p in candidates if any(fnmatch.fnmatch(p, pattern) for pattern in ignore_all)}
+    bare = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
+    if bare and any(p.endswith(".safetensors") for p in ignored):
+        # .bin for every component is diffusers' rule for a download; a folder on disk loads each
+        # component's own files (from_pretrained: safetensors where present, else .bin), so a
+        # component without .bin twins keeps its safetensors
+        own = [p for p in candidates if p.split("/")[0] in bare]
+        own_ignore = _get_ignore_patterns(
+            passed_components=[],
+            model_folder_names=bare,
+            model_filenames=own,
+            use_safetensors=True,
+            allow_pickle=True,
+            use_onnx=False,
+            is_onnx=False,
+            use_flashpack=False,
+            variant=variant,
+        )
+        own_weights = [p for p in own if len(p.split("/")) == 2]
+        try:
+            more, more_variant = cast(
+                "tuple[list[str], list[str]]",
+                variant_compatible_siblings(own_weights, variant=variant, ignore_patterns=own_ignore),
+            )
+        except ValueError:
+            more, more_variant = cast(
+                "tuple[list[str], list[str]]",
+                variant_compatible_siblings(own_weights, variant=None, ignore_patterns=own_ignore),
+            )
+        weights = [*weights, *more]
+        variant_files = [*variant_files, *more_variant]
+        own_all = [*own_ignore, *(f"{pattern}.index.*json" for pattern in own_ignore)]
+        ignored = {p for p in ignored if p.split("/")[0] not in bare} | {
+            p for p in own if any(fnmatch.fnmatch(p, pattern) for pattern in own_all)
+        }
     taken = {"model_index.json"}
     for path in candidates:
         component, _, name = path.partition("/")

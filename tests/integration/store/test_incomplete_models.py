@@ -390,3 +390,24 @@ def test_r1_two_registrations_of_one_id_at_once_leave_one(ctx: ServerContext, ti
         thread.join()
     assert sorted(outcomes) == ["model_id_taken", "registered"]
     assert [c.status for c in ctx.registry.verify(["race"])] == ["ok"] * len(ctx.registry.manifest("race").files)
+
+
+def test_r1_a_folder_whose_unet_has_only_bin_weights_registers_and_loads(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    """An older download: the UNet as ``diffusion_pytorch_model.bin``, the other components as
+    safetensors. Each component keeps its own files, and diffusers loads the server's copy."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from safetensors.torch import load_file
+
+    weights = copy_of_tiny_sd / UNET
+    torch.save(load_file(weights), copy_of_tiny_sd / "unet/diffusion_pytorch_model.bin")
+    weights.unlink()
+    record = ctx.registry.add(copy_of_tiny_sd, model_id="older")
+    copied = ctx.registry.folder(record.id)
+    assert (copied / "unet/diffusion_pytorch_model.bin").is_file()
+    assert (copied / "vae/diffusion_pytorch_model.safetensors").is_file()
+    assert (copied / "text_encoder/model.safetensors").is_file()
+    pipeline = StableDiffusionPipeline.from_pretrained(copied, local_files_only=True)
+    assert pipeline.unet.conv_in.weight.shape[0] == 32

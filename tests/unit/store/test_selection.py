@@ -190,6 +190,28 @@ def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(t
     assert taken.left_out["vae/diffusion_pytorch_model.safetensors"][1].startswith("safetensors left out")
 
 
+def test_r1_a_component_with_only_bin_weights_leaves_the_others_their_safetensors(tmp_path: Path) -> None:
+    """.bin for every component is diffusers' rule for a download; on disk each component loads
+    its own files, so a vae without a .bin twin keeps its safetensors (the folder was refused
+    naming vae and text_encoder, the components that were fine)."""
+    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
+    _write(
+        tmp_path,
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+    )
+    taken = select_files(tmp_path, "fp32")
+    assert set(taken.taken) == {
+        "model_index.json",
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+    }
+
+
 def test_r1_a_component_with_only_other_precision_weights_is_refused_by_name(tmp_path: Path) -> None:
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
     _write(tmp_path, "unet/config.json", "unet/diffusion_pytorch_model.fp16.safetensors")
