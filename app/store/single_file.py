@@ -308,7 +308,8 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     try:
         folder = config_folder(family, config, scratch)
         with quiet_libraries():
-            pipe = _load(Path(path), family, folder, stored_dtype(Path(path)))
+            described = f"the config {config}" if config is not None else f"the shipped {family} config"
+            pipe = _load(Path(path), family, folder, stored_dtype(Path(path)), described)
             for name, component in pipe.components.items():
                 parameters = getattr(component, "parameters", None)
                 if parameters is not None and any(p.is_meta for p in parameters()):
@@ -323,7 +324,7 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     return target
 
 
-def _load(path: Path, family: str, folder: Path, dtype: str):
+def _load(path: Path, family: str, folder: Path, dtype: str, described: str):
     import diffusers
     import torch
     from diffusers.loaders.single_file_utils import SingleFileComponentError
@@ -347,7 +348,7 @@ def _load(path: Path, family: str, folder: Path, dtype: str):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         first = textwrap.shorten(first, width=400, placeholder=" [...]")  # at a word: torch lists every shape
         raise Rejected(
-            f"{path.name} did not convert as {family} with the config {folder}: {first} (the "
+            f"{path.name} did not convert as {family} with {described}: {first} (the "
             "config's shapes must match the checkpoint's: pass --config DIR of the same model size)",
             reason="conversion_failed",
         ) from error

@@ -170,7 +170,8 @@ def test_the_config_must_fit_the_family_and_flux_or_no_clip_vocabulary_need_one(
     assert "error (needs_config)" in shipped.stdout or "error (conversion_failed)" in shipped.stdout, shipped.stdout
     if "conversion_failed" in shipped.stdout:  # the loader's error, cut at a word to 400 characters at most
         said = " ".join(shipped.stdout.split())
-        quoted = said.split("with the config ", 1)[1].split(": ", 1)[1].split(" (the config's shapes must match")[0]
+        assert "did not convert as sd1 with the shipped sd1 config: " in said, said  # not a scratch folder's path
+        quoted = said.split("with the shipped sd1 config: ", 1)[1].split(" (the config's shapes must match")[0]
         assert len(quoted) <= 400 and (quoted.endswith(" [...]") or len(quoted) < 390), quoted
     # a Flux single file holds only the transformer: the other components need --config
     flux = tmp_path / "flux1-dev.safetensors"
