@@ -183,12 +183,12 @@ class Verifier:
                 if matching:
                     self.redis.sadd(key, *sorted(matching))
             if changed or gone:
-                log.info(
-                    "%s: the registry changed; verified here: %s; not: %s",
-                    machine,
-                    ", ".join(sorted(matching)) or "none",
-                    ", ".join(sorted(set(changed) - matching)) or "none",
-                )
+                parts = [f"verified here: {', '.join(sorted(matching))}"] if matching else []
+                if set(changed) - matching:
+                    parts.append(f"not verified: {', '.join(sorted(set(changed) - matching))}")
+                if gone:
+                    parts.append(f"withdrawn (no longer registered): {', '.join(sorted(gone))}")
+                log.info("%s: the registry changed; %s", machine, "; ".join(parts))
             self.manifests, self._registry_mark = manifests, mark
         except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
             log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)

@@ -359,7 +359,8 @@ def models_retire(
         ctx.close()
     when = f"{done.retired_at:%Y-%m-%d %H:%M} UTC"
     if done.already:
-        console.print(f"{model} was already retired on {when}; nothing changed", soft_wrap=True, highlight=False)
+        unchanged = "" if done.files_deleted else "; nothing changed"
+        console.print(f"{model} was already retired on {when}{unchanged}", soft_wrap=True, highlight=False)
     else:
         console.print(
             f"retired [bold]{escape(model)}[/] on {when}: no longer listed or submitted to; workers withdraw it "
@@ -410,7 +411,7 @@ def models_verify(
     console.print(table)
     bad = [c for c in checks if c.status != "ok"]
     console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
-    for check in bad:  # one line per file, whatever the terminal's width
+    for check in (c for c in bad if c.model_id not in deleted):  # one line per file, whatever the terminal's width
         console.print(
             f"{check.status}: {check.model_id} {check.path} registered {check.recorded} "
             f"actual {check.actual or 'missing'}",

@@ -427,7 +427,11 @@ class Registry:
                 reason="invalid_model_id",
             )
         if model_id in taken:
-            raise Rejected(f"model id {model_id!r} is already registered", reason="model_id_taken")
+            raise Rejected(
+                f"model id {model_id!r} is already registered (a retired model's id stays taken too: "
+                "`homefleet models list --all` lists every id); choose another with --id",
+                reason="model_id_taken",
+            )
 
     def _registered_as(self, sources: dict[str, Path], precision: str, quantization: str | None) -> str | None:
         """The id of a registered model with exactly the files ``sources`` (stored path -> the file
@@ -468,8 +472,9 @@ class Registry:
         with Session(self.engine) as session:
             record = session.get(ModelRecord, model_id)
             if record is None:
-                known = ", ".join(session.exec(select(ModelRecord.id)).all()) or "none"
-                raise NotFound(f"model {model_id!r} is not registered; registered: {known}", reason="unknown_model")
+                in_service = select(ModelRecord.id).where(col(ModelRecord.retired_at).is_(None))
+                known = ", ".join(session.exec(in_service.order_by(ModelRecord.id)).all()) or "none"
+                raise NotFound(f"model {model_id!r} is not registered; in service: {known}", reason="unknown_model")
         self._records[model_id] = record
         return record
 

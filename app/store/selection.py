@@ -348,7 +348,9 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             if other in PRECISION_FILE_VARIANTS.values() or other == variant:
                 return f"{other} variant; this model takes {chosen} for {top}"
             return f"{other} weights, not loaded by the pipeline"
-        if base.endswith((".safetensors", ".bin")) or ".index" in base:
+        if path.count("/") > 1:
+            return f"in a subfolder of {top}, which the pipeline does not read"
+        if variant and (base.endswith((".safetensors", ".bin")) or ".index" in base):
             return f"full-precision weights; this model takes the {variant} variant for {top}"
         return "not loaded (a model folder's config.json and weights only)"
 

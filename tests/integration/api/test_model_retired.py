@@ -100,6 +100,9 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
         "models", "add", str(ctx.registry.folder(MODEL)), "--id", BAD, env=settings_env(settings), check=False
     )
     assert added.returncode == 2 and "model_id_taken" in added.stdout, added.stdout  # its id stays taken
+    assert "`homefleet models list --all` lists every id" in " ".join(added.stdout.split()), added.stdout
+    unknown = submit(client, "no-such-model").json()["error"]
+    assert unknown["reason"] == "unknown_model" and unknown["message"].endswith("in service: tiny-sd"), unknown
     listed = run_cli("models", "list", env=settings_env(settings)).stdout
     assert BAD not in listed and MODEL in listed
     everything = run_cli("models", "list", "--all", env=settings_env(settings)).stdout
@@ -107,6 +110,7 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
 
     code, said = retire(settings, BAD, "--delete-files")
     assert code == 0 and "already retired" in said and "deleted its files" in said, said
+    assert "nothing changed" not in said, said  # its files were deleted: something did
     assert not ctx.registry.folder(BAD).exists()
 
     # `models verify` of it: marked retired, its missing files fail nothing and no update is suggested
@@ -114,6 +118,7 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     said = " ".join(verified.stdout.split())
     assert verified.returncode == 0 and f"{BAD} (retired)" in said, said
     assert "its files were deleted" in said and "models update" not in said, said
+    assert "missing: " not in said, said  # no line per deleted file
     verified = run_cli("models", "verify", env=settings_env(settings), check=False)  # every model in service
     assert verified.returncode == 0 and BAD not in verified.stdout, verified.stdout
 

@@ -328,3 +328,18 @@ def test_r1_the_cached_snapshot_is_found_without_network_by_branch_or_commit(
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", "/somewhere/hf")
     assert hub_cache_dir() == Path("/somewhere/hf/hub")
+
+
+def test_r1_weights_in_a_components_subfolder_are_left_out_saying_so(tmp_path: Path) -> None:
+    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
+    _write(
+        tmp_path,
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors",
+        "unet/old/diffusion_pytorch_model.safetensors",
+    )
+    taken = select_files(tmp_path, "fp32")
+    assert "unet/old/diffusion_pytorch_model.safetensors" not in taken.taken
+    assert taken.left_out["unet/old/diffusion_pytorch_model.safetensors"][1] == (
+        "in a subfolder of unet, which the pipeline does not read"
+    )
