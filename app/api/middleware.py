@@ -70,12 +70,36 @@ class HeaderOnPaths:
         await self.app(scope, receive, send_with_header)
 
 
+async def head_of_get(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a ``HEAD`` request with ``app``'s ``GET`` answer's start (status, headers) and an
+    empty body; a streamed answer (server-sent events) is told the client left once it started."""
+    started = False
+
+    async def headers_only(message: Message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+            await send(message)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif not started:
+            await send(message)
+
+    async def until_started() -> Message:
+        if started:
+            return {"type": "http.disconnect"}
+        return await receive()
+
+    await app({**scope, "method": "GET"}, until_started, headers_only)
+
+
 class PathMethods:
     """``OPTIONS`` on a path of the API: 204 with ``Allow`` listing every method of the path
-    (all its routes); any other method the path does not take: 405 ``method_not_allowed`` with
-    the same ``Allow``, its body rendered by ``render(path, error)``. Paths the table does not
-    know go on to the app (its 404). ``table()`` is called at the first request (the routes'
-    document is complete by then) and kept."""
+    (all its routes, and ``HEAD`` wherever ``GET`` is); ``HEAD`` where the path takes ``GET``:
+    the ``GET`` answer's status and headers without its body (RFC 9110 9.3.2; uptime probes
+    and ``curl -I`` use it); any other method the path does not take: 405
+    ``method_not_allowed`` with the same ``Allow``, its body rendered by ``render(path,
+    error)``. Paths the table does not know go on to the app (its 404). ``table()`` is called at
+    the first request (the routes' document is complete by then) and kept."""
 
     def __init__(
         self, app: ASGIApp, table: Callable[[], MethodTable], render: Callable[[str, HomefleetError], Response]
@@ -93,9 +117,14 @@ class PathMethods:
         matched = [methods for pattern, methods in self.allowed if pattern.match(path)]
         if matched:
             methods = set().union(*matched) | {"OPTIONS"}
+            if "GET" in methods:
+                methods.add("HEAD")
             allow = ", ".join(sorted(methods))
             if method == "OPTIONS":
                 await Response(status_code=204, headers={"Allow": allow})(scope, receive, send)
+                return
+            if method == "HEAD" and "HEAD" not in set().union(*matched):
+                await head_of_get(self.app, scope, receive, send)
                 return
             if method not in methods:
                 error = HomefleetError(

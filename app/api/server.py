@@ -69,6 +69,7 @@ UNDOCUMENTED_GET = (
     "/static-offline-docs/{file:path}",
     "/",
     "/page/{name}",
+    "/favicon.ico",
 )
 DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
 #: The docs pages load only what this server serves: their scripts (inline and fastapi-offline's

@@ -53,6 +53,13 @@ def fleet_page() -> FileResponse:
     return _asset("index.html")
 
 
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> FileResponse:
+    """The tab icon where a browser asks for it by the old name (pages without a ``<link
+    rel="icon">``: the JSON answers, the docs): ``icon.svg``, as an SVG."""
+    return _asset("icon.svg")
+
+
 @router.get("/page/{name}", include_in_schema=False)
 def page_asset(name: str) -> FileResponse:
     """One of the page's files (:data:`ASSETS`); 404 naming them for any other name."""

@@ -71,6 +71,8 @@ def test_page_and_its_assets_are_served_without_a_key_under_a_self_only_csp(
     assert '<link rel="icon" type="image/svg+xml" href="/page/icon.svg">' in page  # no /favicon.ico 404 per visit
     icon = client.get("/page/icon.svg", headers={"Authorization": ""})
     assert icon.headers["content-type"] == "image/svg+xml" and icon.text.startswith("<svg ")
+    old_name = client.get("/favicon.ico", headers={"Authorization": ""})  # asked for by the docs, the JSON answers
+    assert old_name.status_code == 200 and old_name.content == icon.content
     assert "script-src 'self';" in PAGE_CSP and "unsafe" not in PAGE_CSP
     missing = client.get("/page/../server.py")
     assert missing.status_code == 404

@@ -103,10 +103,11 @@ def test_options_lists_every_method_of_the_path_and_other_methods_are_405(
 ) -> None:
     client, _ctx = api
     ooms = client.options("/v1/ooms")
-    assert ooms.status_code == 204 and ooms.headers["allow"] == "DELETE, GET, OPTIONS"  # two routes, one path
-    assert client.options("/v1/jobs/abc").headers["allow"] == "GET, OPTIONS"
+    assert ooms.status_code == 204 and ooms.headers["allow"] == "DELETE, GET, HEAD, OPTIONS"  # two routes, one path
+    assert client.options("/v1/jobs/abc").headers["allow"] == "GET, HEAD, OPTIONS"
     refused = client.request("PATCH", "/v1/ooms")
-    assert refused.status_code == 405 and refused.headers["allow"] == "DELETE, GET, OPTIONS"
+    assert refused.status_code == 405 and refused.headers["allow"] == "DELETE, GET, HEAD, OPTIONS"
+    assert client.options("/v1/jobs").headers["allow"] == "GET, HEAD, OPTIONS, POST"
     assert refused.json()["error"]["reason"] == "method_not_allowed"
     assert client.request("PUT", "/v1/jobs").status_code == 405
     assert client.options("/no/such/path").status_code == 404
@@ -300,3 +301,30 @@ def test_the_tgi_streaming_routes_say_they_answer_server_sent_events(api: tuple[
     assert list(paths["/generate_stream"]["post"]["responses"]["200"]["content"]) == ["text/event-stream"]
     assert set(paths["/"]["post"]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert list(paths["/generate"]["post"]["responses"]["200"]["content"]) == ["application/json"]
+
+
+def test_head_answers_where_get_does_without_a_body(api: tuple[TestClient, ServerContext]) -> None:
+    """``curl -I`` and uptime probes: HEAD gets GET's status and headers, no body (RFC 9110)."""
+    client, _ctx = api
+    for path in ("/health", "/", "/page/icon.svg", "/openapi.json", "/v1/machines"):
+        get, head = client.get(path), client.head(path)
+        assert (head.status_code, head.content) == (get.status_code, b""), path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        assert head.headers.get("content-length") == get.headers.get("content-length"), path
+    unauthorised = client.head("/v1/machines", headers={"Authorization": ""})
+    assert (unauthorised.status_code, unauthorised.content) == (401, b"")
+    assert client.head("/no/such/path").status_code == 404
+    assert client.request("HEAD", "/v1/ooms").status_code == 200
+
+
+def test_head_of_a_jobs_event_stream_ends_at_once(api: tuple[TestClient, ServerContext]) -> None:
+    """A queued job's server-sent events never end by themselves; HEAD gets their start only."""
+    client, ctx = api
+    model = ctx.registry.list()[0].id
+    bring_online(ctx, "m1", {model})
+    job = client.post("/v1/jobs", json={"model": model, "kind": "txt2img", "target": "m1", "params": {"prompt": "x"}})
+    assert job.status_code == 202, job.text
+    head = client.head(f"/v1/jobs/{job.json()['id']}/events")
+    assert (head.status_code, head.content) == (200, b"") and head.headers["content-type"].startswith(
+        "text/event-stream"
+    )
