@@ -442,8 +442,9 @@ def check_submission(
     if kind is not None:
         kind_spec = check_known_params(kind, params, family)
         if kind_spec.prompt_required and not (prompt or "").strip():
+            got = "none was given" if prompt is None else "it is empty" if not prompt else "it is only whitespace"
             raise Rejected(
-                f"`prompt` is required for kind {kind}, got {prompt!r}", reason="invalid_prompt", param="params.prompt"
+                f"`prompt` is required for kind {kind}; {got}", reason="invalid_prompt", param="params.prompt"
             )
     width, height = _integer(params, "width"), _integer(params, "height")
     for name, side in (("width", width), ("height", height)):

@@ -55,9 +55,14 @@ def test_r22_check_submission_names_field_value_and_limit(params: dict[str, obje
 
 
 def test_r22_txt2img_needs_a_prompt() -> None:
-    for params in ({}, {"prompt": ""}):
-        with pytest.raises(Rejected, match="`prompt` is required for kind txt2img"):
+    for params, got in (
+        ({}, "none was given"),
+        ({"prompt": ""}, "it is empty"),
+        ({"prompt": " \n"}, "only whitespace"),
+    ):
+        with pytest.raises(Rejected, match="`prompt` is required for kind txt2img") as refused:
             check_submission(params, FamilyLimits(), kind="txt2img")
+        assert got in refused.value.message and "None" not in refused.value.message
     check_submission({}, FamilyLimits(), kind="upscale")
 
 
