@@ -170,10 +170,18 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
 
 
 def _list_files(folder: Path) -> list[str]:
-    """Every file under ``folder`` (links followed, broken links included), relative POSIX paths."""
+    """Every file under ``folder`` (links followed, broken links included), relative POSIX paths.
+    A link to a folder that holds it (``unet/loop -> ..``) is not followed: it would list the
+    model again and again (a loop of links ends only at the system's limit on path depth)."""
     found: list[str] = []
     for root, dirs, names in os.walk(folder, followlinks=True):
-        dirs.sort()
+        here = os.path.realpath(root)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not os.path.islink(os.path.join(root, d))
+            or not (here + os.sep).startswith(os.path.realpath(os.path.join(root, d)) + os.sep)
+        )
         base = Path(root).relative_to(folder)
         for name in names:
             found.append((base / name).as_posix())
