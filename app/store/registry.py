@@ -528,15 +528,16 @@ class Registry:
         retired_at = self.retired_at(model_id)
         if retired_at is None:
             return
+        adapter = ADAPTER_KIND in self.get(model_id).kinds
         with Session(self.engine) as session:
-            known = ", ".join(
-                session.exec(
-                    select(ModelRecord.id).where(col(ModelRecord.retired_at).is_(None)).order_by(ModelRecord.id)
-                ).all()
-            )
+            in_service = session.exec(
+                select(ModelRecord).where(col(ModelRecord.retired_at).is_(None)).order_by(ModelRecord.id)
+            ).all()
+        known = ", ".join(m.id for m in in_service if (ADAPTER_KIND in m.kinds) == adapter)
+        what = "adapter" if adapter else "model"
         raise NotFound(
-            f"model {model_id!r} was retired on {retired_at:%Y-%m-%d %H:%M} UTC and runs no new job; in "
-            f"service: {known or 'none'}",
+            f"{what} {model_id!r} was retired on {retired_at:%Y-%m-%d %H:%M} UTC and runs no new job; "
+            f"{what}s in service: {known or 'none'}",
             reason="model_retired",
         )
 

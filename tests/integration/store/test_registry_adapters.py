@@ -237,7 +237,8 @@ def test_r1_a_job_naming_a_retired_adapter_is_refused_model_retired(
     ctx.registry.retire("sd-lora")
     with pytest.raises(NotFound) as refused:
         ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")
-    assert refused.value.reason == "model_retired" and "'sd-lora'" in refused.value.message
+    assert refused.value.reason == "model_retired" and "adapter 'sd-lora' was retired" in refused.value.message
+    assert refused.value.message.endswith("adapters in service: none")  # not the base models
     assert refused.value.param == "params.adapters[0].id"  # the entry at fault, not the job's model
     ctx.dispatcher.validator.request("tiny-sd", "txt2img", {"prompt": "a cat", "steps": 2}, "auto")
 
