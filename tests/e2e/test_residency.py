@@ -152,5 +152,10 @@ def test_r1_a_retired_model_leaves_the_workers_memory_at_once(capped: RunningFle
         time.sleep(0.2)
     assert warm(capped) == before[:-1]  # the others stay warm
     assert not capped.ctx.redis.sismember(verified, RETIRING)  # withdrawn too (R4)
-    log = (capped.local.logs_dir / f"worker-{MACHINE}.log").read_text()
-    assert f"model {RETIRING} is no longer registered (retired); dropped from memory" in log
+    log, said = (
+        capped.local.logs_dir / f"worker-{MACHINE}.log",
+        f"model {RETIRING} is no longer registered (retired); dropped from memory",
+    )
+    while said not in log.read_text() and time.monotonic() < deadline:  # unpublished first, then dropped
+        time.sleep(0.2)
+    assert said in log.read_text()

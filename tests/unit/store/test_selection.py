@@ -351,10 +351,10 @@ def test_r1_a_link_to_a_folder_that_holds_it_is_not_followed(tmp_path: Path) -> 
     import os
 
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
-    _write(tmp_path, "unet/config.json", "unet/diffusion_pytorch_model.safetensors", "shared/notes.txt")
+    _write(tmp_path, "unet/config.json", "unet/diffusion_pytorch_model.safetensors", "common/notes.txt")
     os.symlink("..", tmp_path / "unet" / "loop")
     os.symlink(".", tmp_path / "unet" / "self")
-    os.symlink("../shared", tmp_path / "unet" / "elsewhere")
+    os.symlink("../common", tmp_path / "unet" / "elsewhere")
     selection = select_files(tmp_path, "fp32")
     listed = [*selection.taken, *selection.left_out]
     assert not any("/loop/" in p or "/self/" in p for p in listed), listed
