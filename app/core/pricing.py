@@ -123,12 +123,40 @@ def _skeleton_context(dtype: Any) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def check_fit(folder: Path, model: Any) -> None:
+    """Check that the safetensors weights in ``folder`` (its own files, headers only) have the
+    shapes ``model`` (built from ``folder``'s config on the meta device) gives the same tensors:
+    a config that does not describe the weights (emptied, or another model size's) is built with
+    other shapes, priced wrongly and fails every load.
+
+    Raises:
+        ValueError: naming the component, the file, the first tensor that differs and both
+            shapes. Tensors only one side has are not compared (names differ between
+            checkpoint formats; the loader reports a missing tensor itself).
+    """
+    from safetensors import safe_open
+
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:  # the header only
+            for name in sorted(handle.keys()):
+                found = tuple(handle.get_slice(name).get_shape())
+                expected = shapes.get(name)
+                if expected is not None and expected != found:
+                    raise ValueError(
+                        f"{folder.name}/{path.name} holds {name} of shape {list(found)}, but "
+                        f"{folder.name}'s config builds it as {list(expected)}: the config does not describe "
+                        "these weights (emptied, edited, or another model size's)"
+                    )
+
+
 def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | None) -> int:
     import torch
 
     config = cls.load_config(folder)
     with _skeleton_context(dtype):
         model = cls.from_config(config)
+    check_fit(folder, model)
     keep = list(cls._keep_in_fp32_modules or [])  # torchao's quantizer keeps them (use_keep_in_fp32_modules)
     quantizer = None
     if quantization is not None:
@@ -163,6 +191,7 @@ def _transformers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | 
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         else:
             model = cls._from_config(config, dtype=dtype)
+    check_fit(folder, model)
     plan = model._get_dtype_plan(dtype)
     fp32 = build_glob_alternation(list(plan))[0] if plan else None
     quantizer = None

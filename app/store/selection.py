@@ -307,7 +307,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         if component in model_folders:
             if path in weights or ("/" not in name and (name == "config.json" or name in AUX_FILES)):
                 taken.add(path)
-        else:
+        elif "/" not in name:  # a tokenizer, scheduler or processor reads its own folder's files, not deeper
             taken.add(path)
     weightless = sorted(c for c in components - model_folders if f"{c}/config.json" in candidates)
     if weightless:  # a model's config.json and no weights at all: the download stopped before them
@@ -341,6 +341,8 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             return "folder not named in model_index.json"
         if path in ignored_by_index:
             return "listed in model_index.json _ignore_files"
+        if path.count("/") > 1:
+            return f"in a subfolder of {top}, which the pipeline does not read"
         if base.startswith("openvino_"):
             return "OpenVINO export, not loaded"
         if base.endswith(".msgpack"):
@@ -356,8 +358,6 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             if other in PRECISION_FILE_VARIANTS.values() or other == variant:
                 return f"{other} variant; this model takes {chosen} for {top}"
             return f"{other} weights, not loaded by the pipeline"
-        if path.count("/") > 1:
-            return f"in a subfolder of {top}, which the pipeline does not read"
         if variant and (base.endswith((".safetensors", ".bin")) or ".index" in base):
             return f"full-precision weights; this model takes the {variant} variant for {top}"
         return "not loaded (a model folder's config.json and weights only)"

@@ -411,3 +411,31 @@ def test_r1_a_folder_whose_unet_has_only_bin_weights_registers_and_loads(
     assert (copied / "text_encoder/model.safetensors").is_file()
     pipeline = StableDiffusionPipeline.from_pretrained(copied, local_files_only=True)
     assert pipeline.unet.conv_in.weight.shape[0] == 32
+
+
+@pytest.mark.parametrize(
+    ("config", "content", "said"),
+    [
+        (
+            "unet/config.json",
+            '{"_class_name": "UNet2DConditionModel"}',
+            "unet/diffusion_pytorch_model.safetensors holds conv_in.bias of shape [32], but unet's config "
+            "builds it as [320]",
+        ),
+        (
+            "text_encoder/config.json",
+            '{"model_type": "clip_text_model"}',
+            "text_encoder/model.safetensors holds embeddings.position_embedding.weight of shape [77, 32], but "
+            "text_encoder's config builds it as [77, 512]",
+        ),
+    ],
+)
+def test_r1_a_config_that_does_not_describe_its_weights_is_refused_naming_the_tensor(
+    ctx: ServerContext, copy_of_tiny_sd: Path, config: str, content: str, said: str
+) -> None:
+    """A config with its class but not its sizes: the skeleton built from it (3.3 GiB for a 4.5
+    MiB UNet) is compared with the safetensors headers, as the loader would at every job."""
+    (copy_of_tiny_sd / config).write_text(content)
+    error = refused(ctx, copy_of_tiny_sd, model_id="unfit")
+    assert error.reason == "not_a_model" and said in error.message, error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []

@@ -360,3 +360,21 @@ def test_r1_a_link_to_a_folder_that_holds_it_is_not_followed(tmp_path: Path) -> 
     assert not any("/loop/" in p or "/self/" in p for p in listed), listed
     assert "unet/elsewhere/notes.txt" in selection.left_out
     assert set(selection.taken) == {"model_index.json", "unet/config.json", "unet/diffusion_pytorch_model.safetensors"}
+
+
+def test_r1_a_tokenizers_subfolders_are_left_out_as_the_pipeline_reads_none(tmp_path: Path) -> None:
+    """A tokenizer (or scheduler) reads its own folder's files: a subfolder there, or a link to
+    /usr/share/doc, was taken whole (5,425 files, 152 MiB copied and synced to every machine)."""
+    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], tokenizer=["transformers", "CLIPTokenizer"])
+    _write(
+        tmp_path,
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors",
+        "tokenizer/vocab.json",
+        "tokenizer/old/big.bin",
+        "tokenizer/old/tokenizer_config.json",
+    )
+    selection = select_files(tmp_path, "fp32")
+    assert "tokenizer/vocab.json" in selection.taken
+    for path in ("tokenizer/old/big.bin", "tokenizer/old/tokenizer_config.json"):
+        assert selection.left_out[path][1] == "in a subfolder of tokenizer, which the pipeline does not read", path
