@@ -206,11 +206,53 @@ def _finish(
     )
 
 
+def _weights_of(
+    model_folders: list[str], candidates: list[str], variant: str | None
+) -> tuple[list[str], list[str], set[str]]:
+    """Diffusers' file rule over ``candidates`` (paths under the component folders) for the
+    model components ``model_folders``: (the weight files a pipeline of ``variant`` loads, those
+    of them that are the variant's, the candidates its ignore patterns leave out). ``.bin`` is
+    taken where not every component has safetensors (allow_pickle: diffusers' rule; nothing is
+    unpickled here, and workers load ``.bin`` weights-only); a variant no component has falls
+    back to full precision."""
+    from diffusers.pipelines.pipeline_loading_utils import _get_ignore_patterns, variant_compatible_siblings
+
+    ignore = _get_ignore_patterns(
+        passed_components=[],
+        model_folder_names=model_folders,
+        model_filenames=candidates,
+        use_safetensors=True,
+        allow_pickle=True,
+        use_onnx=False,
+        is_onnx=False,
+        use_flashpack=False,
+        variant=variant,
+    )
+    weight_candidates = [p for p in candidates if len(p.split("/")) == 2]
+    loading_log = logging.getLogger(variant_compatible_siblings.__module__)
+    level = loading_log.level
+    loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
+    try:
+        try:
+            weights, variant_files = cast(
+                "tuple[list[str], list[str]]",  # diffusers annotates it as a list
+                variant_compatible_siblings(weight_candidates, variant=variant, ignore_patterns=ignore),
+            )
+        except ValueError:  # no component has the variant's files: every component loads full precision
+            weights, variant_files = cast(
+                "tuple[list[str], list[str]]",
+                variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore),
+            )
+    finally:
+        loading_log.setLevel(level)
+    ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
+    ignored = {p for p in candidates if any(fnmatch.fnmatch(p, pattern) for pattern in ignore_all)}
+    return weights, variant_files, ignored
+
+
 def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Selection:
     from diffusers.pipelines.pipeline_loading_utils import (
-        _get_ignore_patterns,
         filter_model_files,
-        variant_compatible_siblings,
     )
 
     index = model_json(folder / "model_index.json")
@@ -234,71 +276,16 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
     model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates) if os.path.split(p)[0] in components}
-    ignore = _get_ignore_patterns(
-        passed_components=[],
-        model_folder_names=sorted(model_folders),
-        # allow_pickle: diffusers' file rule (.bin is taken where no safetensors
-        # exist); nothing is unpickled here, and workers load .bin weights-only
-        model_filenames=candidates,
-        use_safetensors=True,
-        allow_pickle=True,
-        use_onnx=False,
-        is_onnx=False,
-        use_flashpack=False,
-        variant=variant,
-    )
-    weight_candidates = [p for p in candidates if len(p.split("/")) == 2]
-    loading_log = logging.getLogger(variant_compatible_siblings.__module__)
-    level = loading_log.level
-    loading_log.setLevel(logging.ERROR)  # its "mixture of fp16 and non-fp16" warning: the caller lists the files
-    try:
-        weights, variant_files = cast(
-            "tuple[list[str], list[str]]",  # diffusers annotates it as a list
-            variant_compatible_siblings(weight_candidates, variant=variant, ignore_patterns=ignore),
-        )
-    except ValueError:  # no component has the variant's files: every component loads full precision
-        weights, variant_files = cast(
-            "tuple[list[str], list[str]]",
-            variant_compatible_siblings(weight_candidates, variant=None, ignore_patterns=ignore),
-        )
-    finally:
-        loading_log.setLevel(level)
-    ignore_all = [*ignore, *(f"{pattern}.index.*json" for pattern in ignore)]
-    ignored = {p for p in candidates if any(fnmatch.fnmatch(p, pattern) for pattern in ignore_all)}
+    weights, variant_files, ignored = _weights_of(sorted(model_folders), candidates, variant)
     bare = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
     if bare and any(p.endswith(".safetensors") for p in ignored):
         # .bin for every component is diffusers' rule for a download; a folder on disk loads each
         # component's own files (from_pretrained: safetensors where present, else .bin), so a
         # component without .bin twins keeps its safetensors
-        own = [p for p in candidates if p.split("/")[0] in bare]
-        own_ignore = _get_ignore_patterns(
-            passed_components=[],
-            model_folder_names=bare,
-            model_filenames=own,
-            use_safetensors=True,
-            allow_pickle=True,
-            use_onnx=False,
-            is_onnx=False,
-            use_flashpack=False,
-            variant=variant,
-        )
-        own_weights = [p for p in own if len(p.split("/")) == 2]
-        try:
-            more, more_variant = cast(
-                "tuple[list[str], list[str]]",
-                variant_compatible_siblings(own_weights, variant=variant, ignore_patterns=own_ignore),
-            )
-        except ValueError:
-            more, more_variant = cast(
-                "tuple[list[str], list[str]]",
-                variant_compatible_siblings(own_weights, variant=None, ignore_patterns=own_ignore),
-            )
+        more, more_variant, own_ignored = _weights_of(bare, [p for p in candidates if p.split("/")[0] in bare], variant)
         weights = [*weights, *more]
         variant_files = [*variant_files, *more_variant]
-        own_all = [*own_ignore, *(f"{pattern}.index.*json" for pattern in own_ignore)]
-        ignored = {p for p in ignored if p.split("/")[0] not in bare} | {
-            p for p in own if any(fnmatch.fnmatch(p, pattern) for pattern in own_all)
-        }
+        ignored = {p for p in ignored if p.split("/")[0] not in bare} | own_ignored
     taken = {"model_index.json"}
     for path in candidates:
         component, _, name = path.partition("/")
