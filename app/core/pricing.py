@@ -134,20 +134,24 @@ def check_fit(folder: Path, model: Any) -> None:
             shapes. Tensors only one side has are not compared (names differ between
             checkpoint formats; the loader reports a missing tensor itself).
     """
-    from safetensors import safe_open
+    from app.core.errors import IntegrityFailure
+    from app.core.safetensors import safetensors_header
 
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:  # the header only
-            for name in sorted(handle.keys()):
-                found = tuple(handle.get_slice(name).get_shape())
-                expected = shapes.get(name)
-                if expected is not None and expected != found:
-                    raise ValueError(
-                        f"{folder.name}/{path.name} holds {name} of shape {list(found)}, but "
-                        f"{folder.name}'s config builds it as {list(expected)}: the config does not describe "
-                        "these weights (emptied, edited, or another model size's)"
-                    )
+        try:
+            header = safetensors_header(path)
+        except IntegrityFailure:  # an unreadable header is refused where weights are read (model_unreadable)
+            continue
+        for name, entry in sorted(header.items()):
+            found = tuple(entry.get("shape") or ())
+            expected = shapes.get(name)
+            if expected is not None and expected != found:
+                raise ValueError(
+                    f"{folder.name}/{path.name} holds {name} of shape {list(found)}, but "
+                    f"{folder.name}'s config builds it as {list(expected)}: the config does not describe "
+                    "these weights (emptied, edited, or another model size's)"
+                )
 
 
 def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | None) -> int:
