@@ -285,8 +285,16 @@ def models_add(
     if selection is not None:
         for name, size in selection.taken.items():
             console.print(f"taken     {readable_bytes(size):>10}  {escape(name)}")
+        folded: dict[str, tuple[int, int, str]] = {}  # a component's subfolder -> (files, bytes, why): one line
         for name, (size, why) in selection.left_out.items():
+            if why.startswith("in a subfolder of"):
+                top = "/".join(name.split("/")[:2]) + "/"
+                files, total, _ = folded.get(top, (0, 0, why))
+                folded[top] = (files + 1, total + size, why)
+                continue
             console.print(f"left out  {readable_bytes(size):>10}  {escape(name)}  ({escape(why)})")
+        for top, (files, total, why) in folded.items():
+            console.print(f"left out  {readable_bytes(total):>10}  {escape(top)}  ({files} files; {escape(why)})")
         console.print(
             f"taken: {len(selection.taken)} files, {readable_bytes(selection.taken_bytes)}; left out: "
             f"{len(selection.left_out)} files, {readable_bytes(selection.left_out_bytes)}"

@@ -439,3 +439,20 @@ def test_r1_a_config_that_does_not_describe_its_weights_is_refused_naming_the_te
     error = refused(ctx, copy_of_tiny_sd, model_id="unfit")
     assert error.reason == "not_a_model" and said in error.message, error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_models_add_folds_a_left_out_subfolder_into_one_line(
+    settings: Settings, ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    """A subfolder a component does not read is one line of ``models add``, with its count and
+    bytes (a link to /usr/share/doc printed 5,414 lines)."""
+    old = copy_of_tiny_sd / "tokenizer" / "old"
+    old.mkdir()
+    for index in range(3):
+        (old / f"notes-{index}.txt").write_text("x" * 100)
+    done = run_cli("models", "add", str(copy_of_tiny_sd), "--id", "folded", env=settings_env(settings))
+    lines = [line for line in done.stdout.splitlines() if "tokenizer/old" in line]
+    assert len(lines) == 1, done.stdout
+    assert lines[0].split()[:4] == ["left", "out", "300", "B"] and lines[0].split()[4] == "tokenizer/old/"
+    assert lines[0].endswith("(3 files; in a subfolder of tokenizer, which the pipeline does not read)")
+    assert "left out: 3 files, 300 B" in done.stdout
