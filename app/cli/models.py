@@ -363,6 +363,7 @@ def models_retire(
     try:
         with ctx.lock.held("retire it again"):  # submissions journal under it: none slips in (R14, R19)
             done = ctx.registry.retire(model, delete_files=delete_files)
+            released = ctx.residency.release_model(model)  # a commitment to it keeps nothing warm (R16, R17)
     finally:
         ctx.close()
     when = f"{done.retired_at:%Y-%m-%d %H:%M} UTC"
@@ -375,6 +376,8 @@ def models_retire(
             "and drop it from memory; its jobs stay in the journal and its id stays taken",
             soft_wrap=True,
         )
+    if released:
+        console.print(f"released its residency commitment on: {', '.join(released)}", soft_wrap=True, highlight=False)
     if done.files_deleted:
         console.print(f"deleted its files: {done.folder}", soft_wrap=True, highlight=False)
     elif done.folder.exists():

@@ -167,6 +167,26 @@ class DurableResidencyFacts(RedisResidencyFacts):
             raise
         return wanted
 
+    def release_model(self, model_id: str) -> list[str]:
+        """Take ``model_id`` out of every machine's commitments, in the database and in Redis,
+        busy machines too (``homefleet models retire``, R1): a retired model runs no job, so
+        releasing it changes no placement made, and a commitment to it would only keep videos
+        off that machine (R17) and pin memory no job uses. Returns the machines it was released
+        on, sorted.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: a database write failed (the machines before it are
+                released in both; that one and the later ones in neither).
+        """
+        released = []
+        for machine, models in sorted(self.store.commitments().items()):
+            if model_id in models:
+                kept = models - {model_id}
+                self.store.save_commitments(machine, kept)
+                self._write_commitments(machine, kept)
+                released.append(machine)
+        return released
+
     def record_oom(self, machine: str, model_id: str, kind: str, size: int, job_id: str) -> OomRecord:
         """As :meth:`RedisResidencyFacts.record_oom` (the smallest size is kept), then written to
         the database. Raises ``sqlalchemy.exc.SQLAlchemyError`` when the database write fails

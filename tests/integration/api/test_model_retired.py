@@ -166,3 +166,18 @@ def test_the_hugging_face_placeholder_names_a_model_only_while_one_of_that_id_is
             default_model(ctx, "txt2img")
         assert none.value.reason == "no_model"
         assert none.value.message.startswith(f"no model in service runs txt2img (retired: {HF_NO_MODEL}, {MODEL});")
+
+
+def test_r16_r17_retiring_a_committed_model_releases_its_commitments(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    """A commitment to a retired model keeps nothing warm that will run, yet it kept videos off
+    the machine (R17): ``models retire`` releases it everywhere, in Redis and in the database."""
+    client, ctx = api
+    kept = client.put("/v1/machines/m1/residency", json={"models": [BAD, MODEL]})
+    assert kept.status_code == 200, kept.text
+    code, said = retire(settings, BAD)
+    assert code == 0 and "released its residency commitment on: m1" in said, said
+    assert sorted(client.get("/v1/machines/m1/residency").json()["models"]) == [MODEL]
+    assert ctx.residency.commitments("m1") == frozenset({MODEL})
+    assert ctx.residency.store.commitments()["m1"] == frozenset({MODEL})  # a Redis loss restores this
