@@ -168,48 +168,27 @@ def test_r1_a_sharded_fp16_variant_takes_its_variant_index_and_a_component_witho
     assert bf16.taken == fp32.taken and bf16.variant is None
 
 
-def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("vae_has_bin", "vae_takes"), [(True, ".bin"), (False, ".safetensors")])
+def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(
+    tmp_path: Path, vae_has_bin: bool, vae_takes: str
+) -> None:
+    """diffusers' rule: not every component has safetensors, so every component with a .bin
+    twin loads it; on disk each component loads its own files, so a vae without one keeps its
+    safetensors (such a folder was refused naming the components that were fine)."""
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
-    _write(
-        tmp_path,
-        "unet/config.json",
-        "unet/diffusion_pytorch_model.bin",
-        "vae/config.json",
-        "vae/diffusion_pytorch_model.safetensors",
-        "vae/diffusion_pytorch_model.bin",
-    )
-    taken = select_files(tmp_path, "fp32")
-    # diffusers' rule: not every component has safetensors, so every component loads .bin
-    assert set(taken.taken) == {
-        "model_index.json",
-        "unet/config.json",
-        "unet/diffusion_pytorch_model.bin",
-        "vae/config.json",
-        "vae/diffusion_pytorch_model.bin",
-    }
-    assert taken.left_out["vae/diffusion_pytorch_model.safetensors"][1].startswith("safetensors left out")
-
-
-def test_r1_a_component_with_only_bin_weights_leaves_the_others_their_safetensors(tmp_path: Path) -> None:
-    """.bin for every component is diffusers' rule for a download; on disk each component loads
-    its own files, so a vae without a .bin twin keeps its safetensors (the folder was refused
-    naming vae and text_encoder, the components that were fine)."""
-    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
-    _write(
-        tmp_path,
-        "unet/config.json",
-        "unet/diffusion_pytorch_model.bin",
-        "vae/config.json",
-        "vae/diffusion_pytorch_model.safetensors",
-    )
+    files = ["unet/config.json", "unet/diffusion_pytorch_model.bin", "vae/config.json"]
+    files += ["vae/diffusion_pytorch_model.safetensors", *(["vae/diffusion_pytorch_model.bin"] if vae_has_bin else [])]
+    _write(tmp_path, *files)
     taken = select_files(tmp_path, "fp32")
     assert set(taken.taken) == {
         "model_index.json",
         "unet/config.json",
         "unet/diffusion_pytorch_model.bin",
         "vae/config.json",
-        "vae/diffusion_pytorch_model.safetensors",
+        f"vae/diffusion_pytorch_model{vae_takes}",
     }
+    if vae_has_bin:
+        assert taken.left_out["vae/diffusion_pytorch_model.safetensors"][1].startswith("safetensors left out")
 
 
 def test_r1_a_component_with_only_other_precision_weights_is_refused_by_name(tmp_path: Path) -> None:
