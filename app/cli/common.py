@@ -10,19 +10,23 @@ from rich.console import Console
 from app.core.config import Settings
 
 console = Console()
+errors = Console(stderr=True)
+"""Where a command's ``error (reason): message`` lines go: stderr, so a script reading a
+command's stdout (a table, JSON) never parses an error as data; the exit status is 2."""
 
 
 def configure_console() -> None:
-    """Size :data:`console` for this command's own stdout and ``COLUMNS``: on a terminal, its
-    width (or ``COLUMNS``); piped with no ``COLUMNS``, 200 columns, so tables are not cut at
-    rich's default of 80; and piped text is never wrapped (soft wrap), so a one-line error or a
+    """Size :data:`console` and :data:`errors` for this command's own stdout and stderr and
+    ``COLUMNS``: on a terminal, its width (or ``COLUMNS``); piped with no ``COLUMNS``, 200
+    columns, so tables are not cut at rich's default of 80; and piped text is never wrapped (soft wrap), so a one-line error or a
     path stays one line for grep. Run at import and again by the entry point at each command's
     start: a command forked from an interpreter that imported this module earlier
     (app/devtools/forkserver.py) has another stdout and environment."""
-    tty = sys.stdout.isatty()
     columns = os.environ.get("COLUMNS", "")
-    console.width = int(columns) if columns.isdigit() else (None if tty else 200)  # type: ignore[assignment]
-    console.soft_wrap = not tty
+    for out, stream in ((console, sys.stdout), (errors, sys.stderr)):
+        tty = stream.isatty()
+        out.width = int(columns) if columns.isdigit() else (None if tty else 200)  # type: ignore[assignment]
+        out.soft_wrap = not tty
 
 
 configure_console()

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.markup import escape
 
-from app.cli.common import configure_console, console, server_settings
+from app.cli.common import configure_console, console, errors, server_settings
 from app.cli.db import db_cli
 from app.cli.dev import dev_cli
 from app.cli.fleet import fleet_cli
@@ -398,13 +398,13 @@ def main() -> None:
     try:
         cli()
     except HomefleetError as error:
-        console.print(f"[red]error[/] ({error.reason}): {escape(error.message)}")  # "[x]" in a message is text
+        errors.print(f"[red]error[/] ({error.reason}): {escape(error.message)}")  # "[x]" in a message is text
         sys.exit(2)
     except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
-        console.print(f"[red]error[/] (invalid_settings): {escape(settings_problem(error))}", highlight=False)
+        errors.print(f"[red]error[/] (invalid_settings): {escape(settings_problem(error))}", highlight=False)
         sys.exit(2)
     except (RedisConnectionError, RedisTimeoutError) as error:
-        console.print(
+        errors.print(
             f"[red]error[/] (redis_down): Redis does not answer ({escape(str(error))}); start it or set "
             "HOMEFLEET_REDIS_URL"
         )

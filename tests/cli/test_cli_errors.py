@@ -55,8 +55,9 @@ def test_a_configuration_mistake_is_one_line_and_exit_2(
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert f"error ({reason})" in done.stdout and names in done.stdout, done.stdout
-    assert "https://" not in done.stdout  # no documentation links in a one-line error
+    assert f"error ({reason})" in done.stderr and names in done.stderr, done.stderr
+    assert done.stdout == "", done.stdout  # stdout is for a command's output: `status > file` gets no error
+    assert "https://" not in done.stdout + done.stderr  # no documentation links in a one-line error
 
 
 def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Path) -> None:
@@ -80,7 +81,7 @@ def test_serve_refuses_a_fleet_whose_machines_have_no_usable_token(tmp_path: Pat
         [sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "error (invalid_config)" in done.stdout and "'server' needs a token of at least 16 characters" in done.stdout
+    assert "error (invalid_config)" in done.stderr and "'server' needs a token of at least 16 characters" in done.stderr
 
 
 def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -> None:
@@ -106,10 +107,10 @@ def test_r22_serve_refuses_limits_for_a_family_no_machine_runs(tmp_path: Path) -
         [sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stdout
+    assert "error (invalid_config): HOMEFLEET_LIMITS names family 'sdxll', which no machine runs" in done.stderr
     # the machines' families and the built-in limits' (app/core/limits.py)
-    assert "(families: default, flux, flux-kontext, gpt2, llama, qwen-image, qwen2, sd1, sdxl, wan)" in done.stdout
-    assert "did you mean 'sdxl'?" in done.stdout
+    assert "(families: default, flux, flux-kontext, gpt2, llama, qwen-image, qwen2, sd1, sdxl, wan)" in done.stderr
+    assert "did you mean 'sdxl'?" in done.stderr
 
 
 def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -131,8 +132,8 @@ def test_a_fleet_file_family_table_for_no_machine_is_refused_naming_the_file(tmp
     assert (
         "error (invalid_settings): the fleet file: the families table names family 'sd-1', which no machine "
         "runs (families: sd1); did you mean 'sd1'?"
-    ) in done.stdout, done.stdout
-    assert "Value error" not in done.stdout
+    ) in done.stderr, done.stderr
+    assert "Value error" not in done.stdout + done.stderr
 
 
 def test_a_misspelt_homefleet_variable_is_named_with_the_closest_setting(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ def test_a_command_refuses_a_journal_without_the_newest_schema_and_creates_nothi
     env = {"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url}
     done = run_cli(*command, env=env, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "error (journal_outdated)" in done.stdout and "has no schema yet" in done.stdout
-    assert "homefleet db upgrade" in done.stdout
+    assert "error (journal_outdated)" in done.stderr and "has no schema yet" in done.stderr
+    assert "homefleet db upgrade" in done.stderr
     assert not (tmp_path / "data").exists()  # no folder, no empty journal where the command was run
 
 
@@ -49,8 +49,8 @@ def test_a_command_outside_the_server_s_folder_says_where_it_looked_and_creates_
         timeout=120,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"{elsewhere}/var/homefleet/journal.db has no schema yet" in done.stdout
-    assert f"this command run in {elsewhere})" in done.stdout
+    assert f"{elsewhere}/var/homefleet/journal.db has no schema yet" in done.stderr
+    assert f"this command run in {elsewhere})" in done.stderr
     assert list(elsewhere.iterdir()) == []
 
 
@@ -60,7 +60,7 @@ def test_an_empty_journal_file_is_refused_and_gets_no_table(tmp_path: Path, redi
     sqlite3.connect(journal).close()  # the file, no schema
     env = {"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url}
     done = run_cli("status", env=env, check=False)
-    assert done.returncode == 2 and "has no schema yet" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 2 and "has no schema yet" in done.stderr, done.stdout + done.stderr
     assert sqlite3.connect(journal).execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall() == []
 
 

@@ -52,7 +52,7 @@ def test_serve_refuses_a_fleet_file_others_can_read_and_starts_with_0600(tmp_pat
     refused = subprocess.run(
         [sys.executable, "-m", "app.cli", "serve"], check=False, env=env, capture_output=True, text=True, timeout=120
     )
-    line = " ".join(refused.stdout.split())
+    line = " ".join(refused.stderr.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "Traceback" not in refused.stdout + refused.stderr
     assert f"error (invalid_config): the fleet file {fleet_file} holds secrets but has mode 0644" in line, line
@@ -97,7 +97,7 @@ def test_worker_refuses_a_token_file_others_can_read_and_gets_past_it_with_0600(
     )
     command = [sys.executable, "-m", "app.cli", "worker", "--token-file", str(token_file)]
     refused = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=120)
-    line = " ".join(refused.stdout.split())
+    line = " ".join(refused.stderr.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (invalid_config): the token file {token_file} holds secrets but has mode 0640" in line, line
     assert f"chmod 600 {token_file}" in line, line

@@ -50,7 +50,7 @@ def test_a_second_serve_on_one_data_folder_is_refused_until_the_first_is_killed(
             check=False,
             timeout_s=120,
         )
-        line = " ".join(refused.stdout.split())
+        line = " ".join(refused.stderr.split())
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "Traceback" not in refused.stdout + refused.stderr
         assert (

@@ -30,7 +30,7 @@ def test_a_serve_whose_port_is_taken_is_refused_before_its_journal(settings: Set
             check=False,
             timeout_s=60,
         )
-    line = " ".join(refused.stdout.split())
+    line = " ".join(refused.stderr.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
     assert not (tmp_path / "fresh" / "journal.db").exists()  # refused before the journal was made

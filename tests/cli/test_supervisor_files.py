@@ -92,7 +92,7 @@ def test_print_launchd_plist_and_a_token_outside_a_file_is_refused(tmp_path: Pat
         check=False,
     )
     assert refused.returncode == 2
-    assert "need --token-file" in refused.stdout and TOKEN not in refused.stdout + refused.stderr
+    assert "need --token-file" in refused.stderr and TOKEN not in refused.stdout + refused.stderr
 
 
 def test_a_joined_worker_starts_again_from_its_worker_env(tmp_path: Path) -> None:

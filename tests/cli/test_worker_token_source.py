@@ -25,7 +25,7 @@ def test_token_on_the_command_line_is_deprecated_with_a_warning(tmp_path: Path) 
     done = worker(tmp_path, "--token", "short")  # too short: it stops at the settings, after the warning
     assert done.returncode == 2, done.stdout + done.stderr
     assert "warning: --token is deprecated" in done.stderr and "--token-file" in done.stderr, done.stderr
-    assert "error (invalid_settings): HOMEFLEET_WORKER_TOKEN: String should have at least 8 characters" in done.stdout
+    assert "error (invalid_settings): HOMEFLEET_WORKER_TOKEN: String should have at least 8 characters" in done.stderr
 
 
 def test_an_unreadable_token_file_is_named_in_one_line(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_an_unreadable_token_file_is_named_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stdout + done.stderr
     assert (
         f"error (invalid_settings): HOMEFLEET_WORKER_TOKEN_FILE '{missing}' cannot be read: No such file or directory"
-    ) in " ".join(done.stdout.split()), done.stdout
+    ) in " ".join(done.stderr.split()), done.stderr
     assert "warning: --token" not in done.stderr
 
 
@@ -44,4 +44,4 @@ def test_a_token_in_both_the_environment_and_a_file_is_refused(tmp_path: Path) -
     write_private(token, "x" * 32 + "\n")
     done = worker(tmp_path, env={"HOMEFLEET_WORKER_TOKEN": "y" * 32, "HOMEFLEET_WORKER_TOKEN_FILE": str(token)})
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE" in done.stdout, done.stdout
+    assert "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE" in done.stderr, done.stderr

@@ -245,7 +245,7 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
             check=False,
         )  # token on stdin
         assert refused_join.returncode == 2, refused_join.stdout + refused_join.stderr
-        assert "device_mismatch" in refused_join.stdout and "registered as cuda" in refused_join.stdout
+        assert "device_mismatch" in refused_join.stderr and "registered as cuda" in refused_join.stderr
         assert not (wrong_host / "worker-token").exists()
         mismatch = _join_post(server_url, cuda.group(2), backend="cpu")  # still 409: the token was not spent
         assert mismatch.status_code == 409 and mismatch.json()["error"]["reason"] == "device_mismatch"

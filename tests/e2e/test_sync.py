@@ -168,7 +168,7 @@ def test_r6_sync_is_refused_with_409_while_the_machine_runs_a_job(fleet: SyncFle
     assert response.json()["error"]["reason"] == "machine_busy"
     assert "job(s) queued or running" in response.json()["error"]["message"]
     cli = run_cli("sync", "m1", "tiny-d", env=fleet.env, check=False)  # the operator's command is refused too
-    assert cli.returncode == 2 and "machine_busy" in cli.stdout, cli.stdout
+    assert cli.returncode == 2 and "machine_busy" in cli.stderr, cli.stderr
     end_running(fleet.ctx, running["id"])
     assert fleet.client.wait(queued["id"], timeout_s=300)["state"] == "succeeded"
     assert not (fleet.local.models_dir("m1") / "tiny-d").exists()  # nothing was copied

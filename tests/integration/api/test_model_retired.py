@@ -99,8 +99,8 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     added = run_cli(
         "models", "add", str(ctx.registry.folder(MODEL)), "--id", BAD, env=settings_env(settings), check=False
     )
-    assert added.returncode == 2 and "model_id_taken" in added.stdout, added.stdout  # its id stays taken
-    assert "`homefleet models list --all` lists every id" in " ".join(added.stdout.split()), added.stdout
+    assert added.returncode == 2 and "model_id_taken" in added.stderr, added.stderr  # its id stays taken
+    assert "`homefleet models list --all` lists every id" in " ".join(added.stderr.split()), added.stderr
     unknown = submit(client, "no-such-model").json()["error"]
     assert unknown["reason"] == "unknown_model" and unknown["message"].endswith("in service: tiny-sd"), unknown
     listed = run_cli("models", "list", env=settings_env(settings)).stdout

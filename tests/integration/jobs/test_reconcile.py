@@ -296,8 +296,8 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
     for command in (["reconcile"], ["status"]):
         done = run_cli(*command, env=elsewhere, check=False)
         assert done.returncode == 2, done.stdout + done.stderr
-        assert "error (journal_mismatch)" in done.stdout and "belongs to another journal" in done.stdout, done.stdout
-        assert "HOMEFLEET_DATA_DIR" in done.stdout and "homefleet db pair" in done.stdout
+        assert "error (journal_mismatch)" in done.stderr and "belongs to another journal" in done.stderr, done.stderr
+        assert "HOMEFLEET_DATA_DIR" in done.stderr and "homefleet db pair" in done.stderr
     assert server.machines.reservations.count("m1") == 3  # nothing released
     assert [server.journal.get(job).state for job in queued] == [JobState.queued] * 3
 
@@ -347,7 +347,7 @@ def test_r19_fleet_commands_with_another_journal_are_refused(
     for command in FLEET_COMMANDS:
         done = run_cli(*command, env=elsewhere, check=False)
         assert done.returncode == 2, (command, done.stdout + done.stderr)
-        assert "error (journal_mismatch)" in done.stdout, (command, done.stdout)
+        assert "error (journal_mismatch)" in done.stderr, (command, done.stderr)
         assert not server.redis.exists(server.keys.draining("m1"))
 
 
@@ -361,7 +361,7 @@ def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: s
     env["HOMEFLEET_REDIS_URL"] = redis_url
     done = run_cli("demo", "--data-dir", str(tmp_path / "demo"), env=env, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "error (journal_mismatch)" in done.stdout and "unset HOMEFLEET_REDIS_URL" in done.stdout, done.stdout
+    assert "error (journal_mismatch)" in done.stderr and "unset HOMEFLEET_REDIS_URL" in done.stderr, done.stderr
     assert client.get("hf:journal") == "the-fleets-journal"
     assert not (tmp_path / "demo" / "tiny").exists()  # nothing built, nothing started
 
@@ -376,8 +376,8 @@ def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_
     server = build_context(settings, make_fleet("m1"), migrate=True)
     request.addfinalizer(server.close)
     done = run_cli("reconcile", env=settings_env(settings), check=False)
-    assert done.returncode == 2 and "error (journal_unpaired)" in done.stdout, done.stdout + done.stderr
-    assert "start `homefleet serve`" in done.stdout
+    assert done.returncode == 2 and "error (journal_unpaired)" in done.stderr, done.stdout + done.stderr
+    assert "start `homefleet serve`" in done.stderr
     assert server.redis.get(server.keys.journal()) is None
     server.reconciler().run_once()  # the server's own pass records it
     assert "interrupted 0" in run_cli("reconcile", env=settings_env(settings)).stdout
@@ -401,7 +401,7 @@ def test_r19_a_command_with_the_servers_journal_but_another_data_folder_is_refus
     }
     done = run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=other, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
-    said = " ".join(done.stdout.split())  # one line, wrapped by the console
+    said = " ".join(done.stderr.split())  # one line, wrapped by the console
     assert "error (journal_mismatch)" in said and "has no journal-id file" in said, said
     assert server.registry.list() == []
     assert "tiny-sd" in run_cli("models", "add", str(tiny_models_dir / "tiny-sd"), env=settings_env(settings)).stdout

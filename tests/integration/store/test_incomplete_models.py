@@ -292,7 +292,7 @@ def test_models_add_refuses_a_broken_or_bare_index_and_a_missing_path_with_exit_
     for content, reason, words in cases:
         index.write_text(content)
         done = run_cli("models", "add", str(copy_of_tiny_sd), env=env, check=False)
-        said = " ".join(done.stdout.split())
+        said = " ".join(done.stderr.split())
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"error ({reason}): {words}" in said, said
         assert "Traceback" not in done.stdout + done.stderr
@@ -300,7 +300,7 @@ def test_models_add_refuses_a_broken_or_bare_index_and_a_missing_path_with_exit_
     missing = tmp_path / "nonexistent"
     done = run_cli("models", "add", str(missing), env=env, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert " ".join(done.stdout.split()) == f"error (path_not_found): {missing} does not exist"
+    assert " ".join(done.stderr.split()) == f"error (path_not_found): {missing} does not exist"
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 

@@ -212,14 +212,14 @@ def test_models_add_registers_a_lora_file_and_refuses_one_for_another_family(
 
     sdxl = write_lora(tmp_path / "sdxl-style.safetensors", SDXL_KEYS)
     done = run_cli("models", "add", str(sdxl), "--adapter-of", "sd1", env=env, check=False)
-    said = " ".join(done.stdout.split())  # one line, wrapped by the console
+    said = " ".join(done.stderr.split())  # one line, wrapped by the console
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"error (adapter_family_mismatch): {sdxl} is a LoRA for an SDXL UNet (keys like {SDXL_KEYS[0]}" in said
     assert "register it with --adapter-of one of: sdxl" in said and "Traceback" not in done.stdout + done.stderr
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"<html>not a model</html>")
     done = run_cli("models", "add", str(garbage), "--adapter-of", "sd1", env=env, check=False)
-    said = " ".join(done.stdout.split())
+    said = " ".join(done.stderr.split())
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"error (not_an_adapter): {garbage} is no LoRA adapter: {garbage}: safetensors header of" in said, said
     assert sorted(m.id for m in ctx.registry.list()) == ["sd-lora-file", "tiny-sd-kohya"]

@@ -81,7 +81,7 @@ def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_w
     assert manifest.source_digest == digest  # the worker's provenance carries it (tasks/provenance.py)
     # the same file again, without an id: refused, naming the registered copy (no second conversion)
     again = add(settings, str(source), "--family", family, "--config", str(checkpoints[family]), check=False)
-    assert again.returncode == 2 and "model_already_registered" in again.stdout and f"{family}-sf" in again.stdout
+    assert again.returncode == 2 and "model_already_registered" in again.stderr and f"{family}-sf" in again.stderr
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_r4_a_file_that_is_not_a_checkpoint_of_the_family_is_refused_naming_why(
 ) -> None:
     done = add(settings, str(checkpoints[file]), "--family", family, check=False)
     assert done.returncode == 2, done.stdout
-    assert f"error ({reason})" in done.stdout and words in done.stdout.replace("\n", " "), done.stdout
+    assert f"error ({reason})" in done.stderr and words in done.stderr.replace("\n", " "), done.stderr
     assert ctx.registry.list() == [] and not any(settings.data_dir.joinpath("models").glob("*"))
 
 
@@ -145,8 +145,8 @@ def test_r4_garbage_a_pickle_a_kohya_lora_and_a_partial_checkpoint_are_refused(
     ]
     for path, reason, words in cases:
         done = add(settings, str(path), "--family", "sd1", "--config", str(checkpoints["sd1"]), check=False)
-        assert done.returncode == 2 and f"error ({reason})" in done.stdout, (path.name, done.stdout)
-        assert words in done.stdout.replace("\n", " "), (path.name, done.stdout)
+        assert done.returncode == 2 and f"error ({reason})" in done.stderr, (path.name, done.stderr)
+        assert words in done.stderr.replace("\n", " "), (path.name, done.stderr)
     assert ctx.registry.list() == []
 
 
@@ -159,17 +159,17 @@ def test_the_config_must_fit_the_family_and_flux_or_no_clip_vocabulary_need_one(
     wrong = add(
         settings, str(checkpoints["sd1-file"]), "--family", "sd1", "--config", str(checkpoints["sdxl"]), check=False
     )
-    assert wrong.returncode == 2 and "error (invalid_config)" in wrong.stdout
+    assert wrong.returncode == 2 and "error (invalid_config)" in wrong.stderr
     assert (
         "is a folder of pipeline class StableDiffusionXLPipeline; an sd1 checkpoint needs a StableDiffusionPipeline "
         "folder"
-    ) in " ".join(wrong.stdout.split())
+    ) in " ".join(wrong.stderr.split())
     # the shipped SD 1.5 config: real sizes do not fit a tiny file, or no CLIP vocabulary is installed
     shipped = add(settings, str(checkpoints["sd1-file"]), "--family", "sd1", check=False)
-    assert shipped.returncode == 2, shipped.stdout
-    assert "error (needs_config)" in shipped.stdout or "error (conversion_failed)" in shipped.stdout, shipped.stdout
-    if "conversion_failed" in shipped.stdout:  # the loader's error, cut at a word to 400 characters at most
-        said = " ".join(shipped.stdout.split())
+    assert shipped.returncode == 2, shipped.stderr
+    assert "error (needs_config)" in shipped.stderr or "error (conversion_failed)" in shipped.stderr, shipped.stderr
+    if "conversion_failed" in shipped.stderr:  # the loader's error, cut at a word to 400 characters at most
+        said = " ".join(shipped.stderr.split())
         assert "did not convert as sd1 with the shipped sd1 config: " in said, said  # not a scratch folder's path
         quoted = said.split("with the shipped sd1 config: ", 1)[1].split(" (the config's shapes must match")[0]
         assert len(quoted) <= 400 and (quoted.endswith(" [...]") or len(quoted) < 390), quoted
@@ -177,8 +177,8 @@ def test_the_config_must_fit_the_family_and_flux_or_no_clip_vocabulary_need_one(
     flux = tmp_path / "flux1-dev.safetensors"
     write_safetensors(flux, {"double_blocks.0.img_attn.norm.key_norm.scale": 8, "single_blocks.0.linear1.weight": 8})
     done = add(settings, str(flux), "--family", "flux", check=False)
-    assert done.returncode == 2 and "error (needs_config)" in done.stdout
-    assert "holds only the transformer" in done.stdout.replace("\n", " ")
+    assert done.returncode == 2 and "error (needs_config)" in done.stderr
+    assert "holds only the transformer" in done.stderr.replace("\n", " ")
     # a folder with --family, a file without it: usage errors naming the option
     usage = add(settings, str(checkpoints["sd1"]), "--family", "sd1", check=False)
     assert usage.returncode == 2 and "--family" in usage.stdout + usage.stderr
