@@ -18,10 +18,11 @@ command's stdout (a table, JSON) never parses an error as data; the exit status 
 def configure_console() -> None:
     """Size :data:`console` and :data:`errors` for this command's own stdout and stderr and
     ``COLUMNS``: on a terminal, its width (or ``COLUMNS``); piped with no ``COLUMNS``, 200
-    columns, so tables are not cut at rich's default of 80; and piped text is never wrapped (soft wrap), so a one-line error or a
-    path stays one line for grep. Run at import and again by the entry point at each command's
-    start: a command forked from an interpreter that imported this module earlier
-    (app/devtools/forkserver.py) has another stdout and environment."""
+    columns, so tables are not cut at rich's default of 80; and piped text is never wrapped
+    (soft wrap), so a one-line error or a path stays one line for grep. Run at import and again
+    by the entry point at each command's start: a command forked from an interpreter that
+    imported this module earlier (app/devtools/forkserver.py) has another stdout and
+    environment."""
     columns = os.environ.get("COLUMNS", "")
     for out, stream in ((console, sys.stdout), (errors, sys.stderr)):
         tty = stream.isatty()
