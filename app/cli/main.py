@@ -266,6 +266,10 @@ def doctor(
             help="a worker.env written by `homefleet worker join` (HOMEFLEET_* of the environment win over it)"
         ),
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="the token file the worker is started with (`homefleet worker --token-file`); wins"),
+    ] = None,
 ) -> None:
     """One screen on this host: torch's version and device (CUDA, MPS or CPU, and its memory),
     whether the server and the broker answer, the token file and its mode, and what is missing.
@@ -274,6 +278,8 @@ def doctor(
 
     values = joining.read_env_file(env_file) if env_file is not None else {}
     values.update({key: value for key, value in os.environ.items() if key.startswith("HOMEFLEET_")})
+    if token_file is not None:  # as `worker --token-file`: the file, not a token in the environment
+        values["HOMEFLEET_WORKER_TOKEN_FILE"] = str(token_file)
     lines, missing = joining.doctor(values)
     width = max((len(what) for what, _ in lines), default=0)
     for what, finding in lines:  # one line each, never cut: a path or URL is copied from here

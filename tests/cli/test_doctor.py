@@ -61,3 +61,18 @@ def test_doctor_names_the_device_the_unreachable_server_and_a_token_file_others_
     )
     assert again.returncode == 1 and "(mode 0600)" in again.stdout and "chmod" not in again.stdout
     assert again.stdout.count("missing:") == 1 and "the server at" in again.stdout
+
+
+def test_doctor_checks_the_token_file_a_worker_is_started_with(tmp_path: Path, redis_base_url: str) -> None:
+    """`homefleet worker --token-file F` takes its token from F; `doctor --token-file F` checks
+    that file (its mode, whether it exists) over the environment's token."""
+    token_file = tmp_path / "token"
+    token_file.write_text("a-machine-token-0123456789\n")
+    token_file.chmod(0o640)
+    env = {"HOMEFLEET_REDIS_URL": f"{redis_base_url}/0", "HOMEFLEET_WORKER_TOKEN": "in-the-environment-0123"}
+    done = run_cli("doctor", "--token-file", str(token_file), check=False, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{token_file} (mode 0640)" in done.stdout and f"chmod 600 {token_file}" in done.stdout, done.stdout
+    assert "HOMEFLEET_WORKER_TOKEN (a file is better" not in done.stdout
+    absent = run_cli("doctor", "--token-file", str(tmp_path / "nowhere"), check=False, env=env)
+    assert absent.returncode == 1 and f"the token file {tmp_path / 'nowhere'}" in absent.stdout, absent.stdout
