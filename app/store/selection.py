@@ -511,6 +511,9 @@ def model_json(path: Path) -> dict[str, Any]:
             )
         try:
             text = raw.decode("utf-8")  # json.loads(bytes) would take UTF-16 and UTF-32 too; the loaders do not
+            if "\x00" in text:  # ASCII saved as UTF-16 or UTF-32 without a BOM decodes, NULs between the letters
+                where = raw.index(b"\x00")
+                raise UnicodeDecodeError("utf-8", raw, where, where + 1, "a NUL byte, which JSON text never holds")
         except UnicodeDecodeError as error:
             raise Rejected(
                 f'{path} is not UTF-8 text ({error.reason} at byte {error.start}; saved as UTF-16, "Unicode"?), '

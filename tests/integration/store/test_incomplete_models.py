@@ -115,16 +115,26 @@ def test_r1_a_json_file_saved_with_a_byte_order_mark_is_refused_naming_it(
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
-@pytest.mark.parametrize("file", ["model_index.json", "unet/config.json"])
+@pytest.mark.parametrize(
+    ("file", "encoding", "why"),
+    [
+        ("model_index.json", "utf-16", "invalid start byte at byte 0"),  # with its BOM, as Notepad's "Unicode"
+        ("unet/config.json", "utf-16", "invalid start byte at byte 0"),
+        ("model_index.json", "utf-16-le", "a NUL byte, which JSON text never holds at byte 1"),  # no BOM: it decodes
+        ("unet/config.json", "utf-16-be", "a NUL byte, which JSON text never holds at byte 0"),
+    ],
+)
 def test_r1_a_json_file_saved_as_utf16_is_refused_naming_it(
-    ctx: ServerContext, copy_of_tiny_sd: Path, file: str
+    ctx: ServerContext, copy_of_tiny_sd: Path, file: str, encoding: str, why: str
 ) -> None:
-    """Python's json reads UTF-16 bytes; the loaders read UTF-8 only (Notepad's "Unicode")."""
+    """Python's json reads UTF-16 bytes; the loaders read UTF-8 only (Notepad's "Unicode").
+    Without a byte order mark, ASCII in UTF-16 is valid UTF-8 with a NUL between the letters."""
     path = copy_of_tiny_sd / file
-    path.write_text(path.read_text(encoding="utf-8"), encoding="utf-16")
+    path.write_text(path.read_text(encoding="utf-8"), encoding=encoding)
     error = refused(ctx, copy_of_tiny_sd, model_id="utf16")
     assert error.reason == "not_a_model"
-    assert error.message.startswith(f"{path} is not UTF-8 text (invalid start byte at byte 0"), error.message
+    assert error.message.startswith(f"{path} is not UTF-8 text ({why}"), error.message
+    assert "save it as UTF-8" in error.message and "not valid JSON" not in error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
