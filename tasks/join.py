@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from dotenv import dotenv_values
 
-from app.core.config import BrokerSettings, split_server_urls
+from app.core.config import WORKER_TOKEN_MIN_CHARS, BrokerSettings, split_server_urls, token_from_file
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
@@ -222,13 +224,26 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     if token_file:
         path = Path(token_file).expanduser()
         try:
-            mode = path.stat().st_mode & 0o777
-            lines.append(("token file", f"{path} (mode {mode:04o})"))
-            if mode & 0o077:
-                missing.append(f"a token file readable by its owner only: chmod 600 {path}")
+            found = path.stat().st_mode
         except OSError:
             lines.append(("token file", f"{path}: absent"))
             missing.append(f"the token file {path} (`homefleet worker join` writes it)")
+        else:
+            mode = found & 0o777
+            regular = stat.S_ISREG(found)
+            lines.append(("token file", f"{path} (mode {mode:04o})" if regular else f"{path}: not a file"))
+            if regular and mode & 0o077:
+                missing.append(f"a token file readable by its owner only: chmod 600 {path}")
+            try:  # as the worker reads it (its settings): one token source, a readable file, a token long enough
+                token = token_from_file(path, values.get("HOMEFLEET_WORKER_TOKEN"))
+            except ValueError as error:
+                missing.append(str(error))
+            else:
+                if len(token) < WORKER_TOKEN_MIN_CHARS:
+                    missing.append(
+                        f"a token in {path}: it holds {len(token)} characters, a worker needs at least "
+                        f"{WORKER_TOKEN_MIN_CHARS} (`homefleet worker join` writes it)"
+                    )
     elif values.get("HOMEFLEET_WORKER_TOKEN"):
         lines.append(("token", "in HOMEFLEET_WORKER_TOKEN (a file is better: --token-file)"))
     else:
@@ -244,10 +259,8 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """``KEY=value`` lines of a ``worker.env`` (``#`` comments skipped)."""
-    values = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not key.lstrip().startswith("#"):
-            values[key.strip()] = value.strip()
-    return values
+    """The ``KEY=value`` lines of a ``worker.env``, read as the worker's settings read it
+    (python-dotenv, which pydantic-settings uses: quotes, ``export`` and comments alike); a key
+    without a value is left out. Raises OSError when ``path`` cannot be read."""
+    with path.open(encoding="utf-8") as stream:  # dotenv_values of a path that is no file would read nothing
+        return {key: value for key, value in dotenv_values(stream=stream).items() if value is not None}

@@ -179,12 +179,7 @@ def worker(
         }.items()
         if v is not None
     }
-    if env_file is not None and not env_file.is_file():
-        raise ConfigError(
-            f"{env_file} is not a file: `homefleet worker join` writes worker.env in the worker's folder, "
-            "the parent of its --models-dir",
-            reason="invalid_settings",
-        )
+    require_env_file(env_file)
     settings = WorkerSettings(_env_file=env_file, **overrides)  # type: ignore[arg-type]
     if settings.worker_token_file is not None:
         require_private(settings.worker_token_file, "the token file")
@@ -258,6 +253,16 @@ def worker_join(
     start_worker(settings, loglevel)
 
 
+def require_env_file(env_file: Path | None) -> None:
+    """Raises ConfigError (``invalid_settings``) when ``env_file`` is given and is no file."""
+    if env_file is not None and not env_file.is_file():
+        raise ConfigError(
+            f"{env_file} is not a file: `homefleet worker join` writes worker.env in the worker's folder, "
+            "the parent of its --models-dir",
+            reason="invalid_settings",
+        )
+
+
 @cli.command()
 def doctor(
     env_file: Annotated[
@@ -268,7 +273,7 @@ def doctor(
     ] = None,
     token_file: Annotated[
         Path | None,
-        typer.Option(help="the token file the worker is started with (`homefleet worker --token-file`); wins"),
+        typer.Option(help="the token file the worker is started with (`homefleet worker --token-file`)"),
     ] = None,
 ) -> None:
     """One screen on this host: torch's version and device (CUDA, MPS or CPU, and its memory),
@@ -276,9 +281,10 @@ def doctor(
     Exit 1 when something is missing."""
     from tasks import join as joining
 
+    require_env_file(env_file)
     values = joining.read_env_file(env_file) if env_file is not None else {}
     values.update({key: value for key, value in os.environ.items() if key.startswith("HOMEFLEET_")})
-    if token_file is not None:  # as `worker --token-file`: the file, not a token in the environment
+    if token_file is not None:  # as `worker --token-file` sets it (a token in the environment too is refused)
         values["HOMEFLEET_WORKER_TOKEN_FILE"] = str(token_file)
     lines, missing = joining.doctor(values)
     width = max((len(what) for what, _ in lines), default=0)

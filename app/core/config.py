@@ -272,6 +272,29 @@ def split_server_urls(value: str) -> list[str]:
     return urls
 
 
+WORKER_TOKEN_MIN_CHARS = 8
+"""A machine token's least length, in characters (the server issues 43: 32 random bytes, base64)."""
+
+
+def token_from_file(token_file: str | Path, token: str | None = None) -> str:
+    """The machine token in ``token_file``: its text, stripped of surrounding white space (the
+    worker's ``HOMEFLEET_WORKER_TOKEN_FILE``, ``homefleet worker --token-file``; checked by
+    ``homefleet doctor`` the same way).
+
+    Raises:
+        ValueError: ``token`` (HOMEFLEET_WORKER_TOKEN) is set too, or the file cannot be read
+            (absent, a folder, no permission), naming it.
+    """
+    if token:
+        raise ValueError("set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both")
+    path = Path(token_file).expanduser()
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) else "not text"
+        raise ValueError(f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} cannot be read: {why}") from error
+
+
 class WorkerSettings(BrokerSettings):
     """A worker's settings: its machine name, its own model folder, its token, the server's URL.
 
@@ -283,7 +306,7 @@ class WorkerSettings(BrokerSettings):
     # The machine's token: from HOMEFLEET_WORKER_TOKEN, or read from the file HOMEFLEET_WORKER_TOKEN_FILE
     # names (`homefleet worker --token-file`; e.g. a secret mounted by systemd or Docker): never
     # needed on a command line, where `ps` shows it to every user of the host.
-    worker_token: str = Field(min_length=8)
+    worker_token: str = Field(min_length=WORKER_TOKEN_MIN_CHARS)
     worker_token_file: Path | None = None
     # The server's URL; with standby servers (docs/operations.md, "A standby server"), every
     # server's, comma-separated: a call the current one does not answer goes to the next.
@@ -342,16 +365,7 @@ class WorkerSettings(BrokerSettings):
         """``worker_token`` from ``worker_token_file`` (its text, stripped of surrounding white space)."""
         if not isinstance(data, dict) or not data.get("worker_token_file"):
             return data
-        if data.get("worker_token"):
-            raise ValueError(
-                "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both"
-            )
-        path = Path(data["worker_token_file"]).expanduser()
-        try:
-            token = path.read_text().strip()
-        except OSError as error:
-            raise ValueError(f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} cannot be read: {error.strerror}") from error
-        return {**data, "worker_token": token}
+        return {**data, "worker_token": token_from_file(data["worker_token_file"], data.get("worker_token"))}
 
 
 OTHER_VARIABLES = frozenset(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.core.secret_files import write_private
 from app.devtools.redis_server import free_port
 from tests.helpers import run_cli
 
@@ -63,16 +64,51 @@ def test_doctor_names_the_device_the_unreachable_server_and_a_token_file_others_
     assert again.stdout.count("missing:") == 1 and "the server at" in again.stdout
 
 
-def test_doctor_checks_the_token_file_a_worker_is_started_with(tmp_path: Path, redis_base_url: str) -> None:
-    """`homefleet worker --token-file F` takes its token from F; `doctor --token-file F` checks
-    that file (its mode, whether it exists) over the environment's token."""
+def test_doctor_checks_the_token_file_as_the_worker_reads_it(tmp_path: Path, redis_base_url: str) -> None:
+    """`homefleet worker --token-file F` takes its token from F and refuses a token in the
+    environment too, a folder, an unreadable file or a token under 8 characters;
+    `doctor --token-file F` names each as missing, never showing the token."""
     token_file = tmp_path / "token"
-    token_file.write_text("a-machine-token-0123456789\n")
+    write_private(token_file, "a-machine-token-0123456789\n")
     token_file.chmod(0o640)
-    env = {"HOMEFLEET_REDIS_URL": f"{redis_base_url}/0", "HOMEFLEET_WORKER_TOKEN": "in-the-environment-0123"}
+    env = {"HOMEFLEET_REDIS_URL": f"{redis_base_url}/0", "HOMEFLEET_WORKER_TOKEN": None}
     done = run_cli("doctor", "--token-file", str(token_file), check=False, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"{token_file} (mode 0640)" in done.stdout and f"chmod 600 {token_file}" in done.stdout, done.stdout
-    assert "HOMEFLEET_WORKER_TOKEN (a file is better" not in done.stdout
+    token_file.chmod(0o600)
+    both = run_cli(
+        "doctor", "--token-file", str(token_file), check=False, env={**env, "HOMEFLEET_WORKER_TOKEN": "y" * 32}
+    )
+    said = " ".join(both.stdout.split())
+    assert "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both" in said, said
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    shown = " ".join(run_cli("doctor", "--token-file", str(folder), check=False, env=env).stdout.split())
+    assert f"{folder}: not a file" in shown and "cannot be read: Is a directory" in shown and "chmod" not in shown
+    for text, count in (("", 0), ("short\n", 5)):
+        write_private(token_file, text)
+        short = " ".join(run_cli("doctor", "--token-file", str(token_file), check=False, env=env).stdout.split())
+        assert f"a token in {token_file}: it holds {count} characters, a worker needs at least 8" in short, short
     absent = run_cli("doctor", "--token-file", str(tmp_path / "nowhere"), check=False, env=env)
     assert absent.returncode == 1 and f"the token file {tmp_path / 'nowhere'}" in absent.stdout, absent.stdout
+    assert "a-machine-token" not in done.stdout + both.stdout + absent.stdout
+
+
+def test_doctor_reads_the_env_file_as_the_worker_does_and_refuses_one_that_is_no_file(
+    tmp_path: Path, redis_base_url: str
+) -> None:
+    """Quoted values and ``export`` lines mean what they mean to the worker's settings
+    (python-dotenv); a missing env file is one error line, exit 2, as for `homefleet worker`."""
+    token_file = tmp_path / "worker-token"
+    write_private(token_file, "a-machine-token-0123456789\n")
+    env_file = tmp_path / "worker.env"
+    env_file.write_text(f"export HOMEFLEET_WORKER_TOKEN_FILE=\"{token_file}\"\nHOMEFLEET_MODELS_DIR='{tmp_path}'\n")
+    env = {"HOMEFLEET_REDIS_URL": f"{redis_base_url}/0", "HOMEFLEET_WORKER_TOKEN": None, "HOMEFLEET_MODELS_DIR": None}
+    env["HOMEFLEET_WORKER_TOKEN_FILE"] = None
+    done = run_cli("doctor", "--env-file", str(env_file), check=False, env=env)
+    assert f"{token_file} (mode 0600)" in done.stdout and f"models folder  {tmp_path}" in done.stdout, done.stdout
+    assert '"' not in done.stdout and "absent" not in done.stdout, done.stdout
+    for where in (tmp_path / "no.env", tmp_path):
+        refused = run_cli("doctor", "--env-file", str(where), check=False, env=env)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+        assert f"error (invalid_settings): {where} is not a file" in " ".join(refused.stderr.split()), refused.stderr
