@@ -30,6 +30,7 @@ from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.cli.serve_lock import holding_data_dir
 from app.core.config import BrokerSettings, WorkerSettings, unknown_variables
+from app.core.connections import redacted_url
 from app.core.errors import ConfigError, HomefleetError
 from app.core.limits import DEFAULT_FAMILY, default_limits
 from app.core.quiet import quiet_import_warnings
@@ -421,6 +422,38 @@ def main() -> None:
             "HOMEFLEET_REDIS_URL"
         )
         sys.exit(2)
+    except Exception as error:  # the journal or a folder the settings name: one line, not a traceback
+        found = unusable(error)
+        if found is None:
+            raise
+        errors.print(f"[red]error[/] ({found[0]}): {escape(found[1])}", highlight=False)
+        sys.exit(2)
+
+
+def unusable(error: BaseException) -> tuple[str, str] | None:
+    """(reason, message) for an error of the journal's database or of a file the settings name,
+    which no command catches itself: a URL SQLAlchemy cannot parse or has no driver for
+    (``invalid_settings``), a database that does not answer or cannot be opened
+    (``journal_down``), a folder that cannot be created or used (``path_unusable``); None for
+    any other error (a bug: its traceback is shown)."""
+    exc = sys.modules.get("sqlalchemy.exc")  # not imported: the error cannot be SQLAlchemy's
+    if exc is not None and isinstance(error, exc.SQLAlchemyError):
+        try:
+            url = redacted_url(server_settings().journal_url)
+        except (ValidationError, SettingsError):
+            url = "HOMEFLEET_DATABASE_URL"
+        cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        if isinstance(error, exc.ArgumentError):
+            return "invalid_settings", f"HOMEFLEET_DATABASE_URL {url!r} cannot be used: {cause}"
+        if isinstance(error, exc.DBAPIError):
+            return "journal_down", (
+                f"the journal's database {url} does not answer or cannot be opened ({cause}); start it or "
+                "set HOMEFLEET_DATABASE_URL (or HOMEFLEET_DATA_DIR for the default SQLite file)"
+            )
+        return None
+    if isinstance(error, OSError) and error.filename is not None:
+        return "path_unusable", f"{error.filename} cannot be used: {error.strerror or error} (check HOMEFLEET_DATA_DIR)"
+    return None
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """A configuration mistake stops a CLI command with one line naming the setting or file and
 exit status 2, not a traceback (new-user pass): a non-JSON list in HOMEFLEET_API_KEYS, a
-misspelt limit, a fleet file that is missing or not TOML, a Redis that does not answer."""
+misspelt limit, a fleet file that is missing or not TOML, a Redis that does not answer, a
+journal URL that cannot be used or a database that does not answer, a data folder that cannot be
+made."""
 
 from __future__ import annotations
 
@@ -157,3 +159,60 @@ def test_a_misspelt_homefleet_variable_is_named_with_the_closest_setting(tmp_pat
         "warning: HOMEFLEET_MAX_QUEUED_PER_MACHIN is not a Homefleet setting; it is "
         "ignored (did you mean HOMEFLEET_MAX_QUEUED_PER_MACHINE?)"
     ], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "command", "said"),
+    [
+        (
+            "HOMEFLEET_DATABASE_URL",
+            "foo://x",
+            "models list",
+            "error (invalid_settings): HOMEFLEET_DATABASE_URL 'foo://x' "
+            "cannot be used: Can't load plugin: sqlalchemy.dialects:foo",
+        ),
+        (
+            "HOMEFLEET_DATABASE_URL",
+            "not a url",
+            "status",
+            "error (invalid_settings): HOMEFLEET_DATABASE_URL 'not a url' "
+            "cannot be used: Could not parse SQLAlchemy URL",
+        ),
+        (
+            "HOMEFLEET_DATABASE_URL",
+            "postgresql://u:secret@127.0.0.1:{port}/db",
+            "db upgrade",
+            "error (journal_down): the journal's database postgresql://u:***@127.0.0.1:{port}/db does not answer",
+        ),
+        (
+            "HOMEFLEET_DATABASE_URL",
+            "sqlite:///{tmp}/no/such/folder/j.db",
+            "models list",
+            "error (journal_down): the journal's database sqlite:///{tmp}/no/such/folder/j.db does not answer or "
+            "cannot be opened (unable to open database file)",
+        ),
+        (
+            "HOMEFLEET_DATA_DIR",
+            "{tmp}/a-file",
+            "db upgrade",
+            "error (path_unusable): {tmp}/a-file cannot be used: File exists (check HOMEFLEET_DATA_DIR)",
+        ),
+    ],
+    ids=["no_driver", "not_a_url", "postgres_down", "sqlite_folder_missing", "data_dir_a_file"],
+)
+def test_a_journal_or_data_folder_that_cannot_be_used_is_one_line_and_exit_2(
+    tmp_path: Path, variable: str, value: str, command: str, said: str
+) -> None:
+    """Errors of SQLAlchemy and of the file system that no command catches itself reach the
+    CLI's entry point, which names the setting (a password redacted) instead of a traceback."""
+    (tmp_path / "a-file").write_text("")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), variable: value.format(tmp=tmp_path, port=port)})
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", *command.split()], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    line = " ".join(done.stderr.split())
+    assert said.format(tmp=tmp_path, port=port) in line, line
+    assert "Traceback" not in done.stderr and "secret" not in done.stderr
