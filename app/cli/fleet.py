@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, errors, server_settings
 
 fleet_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -134,7 +134,7 @@ def status(
             + (" (undecodable queue messages; `homefleet deadletter` lists them)" if dead else "")
         )
         if ctx.redis.get(ctx.keys.journal()) is None:  # app/fleet/pairing.py: every server records its journal
-            console.print(
+            errors.print(  # a warning: stdout keeps the table
                 f"note: the Redis at {redacted_url(ctx.settings.redis_url)} (key prefix {ctx.keys.prefix!r}) "
                 "records no journal: no server has run with it; is HOMEFLEET_REDIS_URL (and HOMEFLEET_KEY_PREFIX) "
                 "the server's?",
@@ -263,6 +263,7 @@ def purge(
     try:
         if machine not in ctx.fleet.machines:
             raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        ctx.redis.ping()  # a Redis that does not answer is said before the question, not after (redis_down)
         if not yes:
             typer.confirm(f"cancel every queued job of {machine}?", abort=True)
         purged = ctx.dispatcher.purge(machine)

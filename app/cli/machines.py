@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, errors, server_settings
 from app.core.errors import ConfigError, Conflict
 from app.fleet.config import Backend
 
@@ -73,7 +73,7 @@ def _write_and_wait(ctx: ServerContext, path: Path, old: str, new: str, wait_s: 
                 f"the running server refused the change and keeps its fleet: {report['reason']}", reason="fleet_refused"
             )
         time.sleep(0.2)
-    console.print(
+    errors.print(  # a warning: stdout keeps what a script reads (the join command)
         f"[yellow]no running server reloaded {path} within {wait_s:.0f} s[/]: a server loads it at start, "
         "or send it SIGHUP"
     )

@@ -216,3 +216,24 @@ def test_a_journal_or_data_folder_that_cannot_be_used_is_one_line_and_exit_2(
     line = " ".join(done.stderr.split())
     assert said.format(tmp=tmp_path, port=port) in line, line
     assert "Traceback" not in done.stderr and "secret" not in done.stderr
+
+
+def test_purge_says_redis_is_down_before_asking_and_never_reports_a_purge(tmp_path: Path) -> None:
+    """`homefleet purge MACHINE -y` with Redis down purged nothing: it says `redis_down` (exit 2),
+    not "purged 0 queued jobs"; without -y it says so before asking."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update(
+        {"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    )
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
+    for flags in (["-y"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "purge", "server", *flags],
+            env=env,
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and "error (redis_down)" in done.stderr, done.stdout + done.stderr
+        assert "purged" not in done.stdout and "cancel every queued job" not in done.stdout, done.stdout
