@@ -492,6 +492,23 @@ def check_config_keys(folder: Path, index: dict[str, Any]) -> None:
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
+def encoding_hint(raw: bytes) -> str:
+    """What a JSON file that is not UTF-8 was probably saved as, from its first bytes: a byte
+    order mark names UTF-16 or UTF-32 (UTF-32's first, as its little-endian mark begins with
+    UTF-16's), NULs between ASCII letters name them without one; anything else is a single-byte
+    code page (Latin-1, Windows-1252: an editor's "ANSI")."""
+    head = raw[:64]
+    if head.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        return "saved as UTF-32"
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return 'saved as UTF-16, "Unicode"?'
+    if b"\x00\x00" in head:
+        return "saved as UTF-32?"
+    if b"\x00" in head:
+        return 'saved as UTF-16, "Unicode"?'
+    return 'saved as Latin-1 or Windows-1252, "ANSI"?'
+
+
 def model_json(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``, a JSON file of a model being registered (``model_index.json``,
     a component's or a text model's ``config.json``, a tokenizer or scheduler file).
@@ -516,7 +533,7 @@ def model_json(path: Path) -> dict[str, Any]:
                 raise UnicodeDecodeError("utf-8", raw, where, where + 1, "a NUL byte, which JSON text never holds")
         except UnicodeDecodeError as error:
             raise Rejected(
-                f'{path} is not UTF-8 text ({error.reason} at byte {error.start}; saved as UTF-16, "Unicode"?), '
+                f"{path} is not UTF-8 text ({error.reason} at byte {error.start}; {encoding_hint(raw)}), "
                 "which diffusers and transformers cannot read: save it as UTF-8, or download the model again",
                 reason="not_a_model",
             ) from error

@@ -134,7 +134,29 @@ def test_r1_a_json_file_saved_as_utf16_is_refused_naming_it(
     error = refused(ctx, copy_of_tiny_sd, model_id="utf16")
     assert error.reason == "not_a_model"
     assert error.message.startswith(f"{path} is not UTF-8 text ({why}"), error.message
+    assert 'saved as UTF-16, "Unicode"?' in error.message, error.message
     assert "save it as UTF-8" in error.message and "not valid JSON" not in error.message
+
+
+@pytest.mark.parametrize(
+    ("encoding", "hint"),
+    [
+        ("utf-32", "saved as UTF-32)"),
+        ("utf-32-le", "saved as UTF-32?)"),
+        ("latin-1", "saved as Latin-1 or Windows-1252"),
+    ],
+)
+def test_r1_a_json_file_in_another_encoding_is_refused_naming_a_likely_one(
+    ctx: ServerContext, copy_of_tiny_sd: Path, encoding: str, hint: str
+) -> None:
+    """The hint follows the bytes: a UTF-32 file is not told it is UTF-16, nor a Latin-1 one
+    (an accented letter in a description, saved by an editor's "ANSI")."""
+    path = copy_of_tiny_sd / "model_index.json"
+    index = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**index, "_note": "café"}, ensure_ascii=False), encoding=encoding)
+    error = refused(ctx, copy_of_tiny_sd, model_id="other-encoding")
+    assert error.reason == "not_a_model" and error.message.startswith(f"{path} is not UTF-8 text ("), error.message
+    assert hint in error.message and "UTF-16" not in error.message, error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
