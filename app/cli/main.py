@@ -8,8 +8,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_origin
 
 import typer
 from pydantic import ValidationError
@@ -29,7 +30,7 @@ from app.cli.machines import machines_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.cli.serve_lock import holding_data_dir
-from app.core.config import BrokerSettings, WorkerSettings, unknown_variables
+from app.core.config import BrokerSettings, Settings, WorkerSettings, unknown_variables
 from app.core.connections import redacted_url
 from app.core.errors import ConfigError, HomefleetError
 from app.core.limits import DEFAULT_FAMILY, default_limits
@@ -384,8 +385,12 @@ def settings_problem(error: ValidationError | SettingsError) -> str:
     the field path and pydantic's message, without its documentation links."""
     if isinstance(error, SettingsError):
         match = re.search(r'field "(\w+)"', str(error))
-        variable = f"HOMEFLEET_{match.group(1).upper()}" if match else "a HOMEFLEET_* variable"
-        return f'{variable} could not be parsed: lists and tables are JSON (e.g. \'["key1", "key2"]\')'
+        field = match.group(1) if match else ""
+        variable = f"HOMEFLEET_{field.upper()}" if match else "a HOMEFLEET_* variable"
+        shapes = [m.model_fields[field].annotation for m in (Settings, WorkerSettings) if field in m.model_fields]
+        table = any(get_origin(shape) in (dict, Mapping) for shape in shapes)  # a table's example for a table
+        example = '{"key1": {...}}' if table else '["key1", "key2"]'
+        return f"{variable} could not be parsed: lists and tables are JSON (e.g. '{example}')"
     problems = []
     for detail in error.errors(include_url=False):
         path = [str(part) for part in detail["loc"]]

@@ -24,7 +24,7 @@ from app.devtools.redis_server import free_port
             "HOMEFLEET_API_KEYS",
             "key1,key2",
             "invalid_settings",
-            "HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON",
+            'HOMEFLEET_API_KEYS could not be parsed: lists and tables are JSON (e.g. \'["key1", "key2"]\')',
         ),
         (
             "HOMEFLEET_LIMITS",
@@ -32,11 +32,24 @@ from app.devtools.redis_server import free_port
             "invalid_settings",
             "HOMEFLEET_LIMITS.sd1.max_pixel: Extra inputs",
         ),
+        (
+            "HOMEFLEET_API_KEY_QUOTAS",
+            '{{"x":',
+            "invalid_settings",
+            "HOMEFLEET_API_KEY_QUOTAS could not be parsed: lists and tables are JSON (e.g. '{\"key1\": {...}}')",
+        ),
         ("HOMEFLEET_FLEET_FILE", "{tmp}/missing.toml", "invalid_config", "missing.toml"),
         ("HOMEFLEET_FLEET_FILE", "{tmp}/bad.toml", "invalid_config", "is not valid TOML"),
         ("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_down", "HOMEFLEET_REDIS_URL"),
     ],
-    ids=["api_keys_not_json", "limits_misspelt", "fleet_file_missing", "fleet_file_not_toml", "redis_down"],
+    ids=[
+        "api_keys_not_json",
+        "limits_misspelt",
+        "quotas_not_json",
+        "fleet_file_missing",
+        "fleet_file_not_toml",
+        "redis_down",
+    ],
 )
 def test_a_configuration_mistake_is_one_line_and_exit_2(
     tmp_path: Path, redis_url: str, variable: str, value: str, reason: str, names: str
