@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 
 from rich.console import Console
 
 from app.core.config import Settings
+from app.core.errors import Rejected
 
 console = Console()
 errors = Console(stderr=True)
@@ -36,3 +38,11 @@ configure_console()
 def server_settings() -> Settings:
     """The server's settings from ``HOMEFLEET_*`` (built here, in the entry point, STYLE #3)."""
     return Settings()
+
+
+def require_machine(name: str, machines: Iterable[str], where: str = "this fleet") -> None:
+    """Raises Rejected (``unknown_machine``, the one-line error every command prints) when
+    ``name`` is not among ``machines``, naming them; ``where``: the fleet or its file."""
+    known = sorted(machines)
+    if name not in known:
+        raise Rejected(f"machine {name!r} is not in {where}; machines: {', '.join(known)}", reason="unknown_machine")

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, errors, server_settings
+from app.cli.common import console, errors, require_machine, server_settings
 
 fleet_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -222,8 +222,7 @@ def drain(
 
     ctx = build_checked_context(server_settings())
     try:
-        if machine not in ctx.fleet.machines:
-            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        require_machine(machine, ctx.fleet.machines)
         if undo:
             ctx.redis.delete(ctx.keys.draining(machine))
             console.print(f"{machine}: placing jobs again")
@@ -261,8 +260,7 @@ def purge(
 
     ctx = build_checked_context(server_settings())
     try:
-        if machine not in ctx.fleet.machines:
-            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        require_machine(machine, ctx.fleet.machines)
         ctx.redis.ping()  # a Redis that does not answer is said before the question, not after (redis_down)
         if not yes:
             typer.confirm(f"cancel every queued job of {machine}?", abort=True)

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from app.cli.common import console, errors, server_settings
+from app.cli.common import console, errors, require_machine, server_settings
 from app.core.errors import ConfigError, Conflict
 from app.fleet.config import Backend
 
@@ -120,10 +120,10 @@ def add(
             old = path.read_text()
             fleet = live.parse(old, path)
             if name in fleet.hosts():
-                raise typer.BadParameter(
-                    f"machine {name!r} is in the fleet already; `homefleet machines "
-                    f"rotate-token {name}` prints a new join command",
-                    param_hint="NAME",
+                raise Conflict(
+                    f"machine {name!r} is in the fleet already; `homefleet machines rotate-token {name}` prints a "
+                    "new join command",
+                    reason="machine_exists",
                 )
             given = sorted({f.strip() for item in families or [] for f in item.split(",") if f.strip()})
             chosen = given or sorted(fleet.family_names)
@@ -171,8 +171,7 @@ def rotate_token(
 
         with live.editing(path):
             old = path.read_text()
-            if name not in live.parse(old, path).hosts():
-                raise typer.BadParameter(f"{name!r} is not a machine of the fleet file {path}", param_hint="NAME")
+            require_machine(name, live.parse(old, path).hosts(), f"the fleet file {path}")
             _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
         join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
@@ -207,8 +206,7 @@ def remove(
         path = _fleet_file(ctx)
         old = path.read_text()
         hosts = live.parse(old, path).hosts()
-        if name not in hosts:
-            raise typer.BadParameter(f"{name!r} is not a machine of the fleet file {path}", param_hint="NAME")
+        require_machine(name, hosts, f"the fleet file {path}")
         if name == SERVER:
             raise typer.BadParameter("the server's own machine stays in the fleet (R9)", param_hint="NAME")
         members = [m.name for m in hosts[name]]

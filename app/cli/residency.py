@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console
+from app.cli.common import console, require_machine
 from app.core.config import Settings
 
 residency_cli = typer.Typer(help="Residency commitments: models a machine keeps loaded (R16).", no_args_is_help=True)
@@ -79,8 +79,7 @@ def oom_clear(
 
     ctx = build_checked_context(Settings())
     try:
-        if machine not in ctx.fleet.machines:
-            raise typer.BadParameter(f"{machine!r} is not a machine of this fleet", param_hint="MACHINE")
+        require_machine(machine, ctx.fleet.machines)
         console.print(f"{machine}: {ctx.residency.clear_ooms(machine, model, kind)} remembered OOMs cleared")
     finally:
         ctx.close()

@@ -250,3 +250,22 @@ def test_purge_says_redis_is_down_before_asking_and_never_reports_a_purge(tmp_pa
         )
         assert done.returncode == 2 and "error (redis_down)" in done.stderr, done.stdout + done.stderr
         assert "purged" not in done.stdout and "cancel every queued job" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("command", [["drain", "nobox"], ["purge", "nobox", "-y"], ["oom", "clear", "nobox"]])
+def test_a_machine_the_fleet_does_not_have_is_one_error_line_naming_the_machines(
+    tmp_path: Path, redis_url: str, command: list[str]
+) -> None:
+    """A machine name is a domain value, not a usage mistake: `unknown_machine` in one line on
+    stderr, exit 2, as `sync`, `jobs` and the API name it, listing the fleet's machines."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", *command], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.startswith("error (unknown_machine): machine 'nobox' is not in this fleet; machines: "), (
+        done.stderr
+    )
+    assert "server" in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Usage" not in done.stderr
