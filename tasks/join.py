@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from dotenv import dotenv_values
 
-from app.core.config import WORKER_TOKEN_MIN_CHARS, BrokerSettings, split_server_urls, token_from_file
+from app.core.config import BrokerSettings, split_server_urls, token_from_file
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
@@ -235,15 +235,9 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
             if regular and mode & 0o077:
                 missing.append(f"a token file readable by its owner only: chmod 600 {path}")
             try:  # as the worker reads it (its settings): one token source, a readable file, a token long enough
-                token = token_from_file(path, values.get("HOMEFLEET_WORKER_TOKEN"))
+                token_from_file(path, values.get("HOMEFLEET_WORKER_TOKEN"))
             except ValueError as error:
                 missing.append(str(error))
-            else:
-                if len(token) < WORKER_TOKEN_MIN_CHARS:
-                    missing.append(
-                        f"a token in {path}: it holds {len(token)} characters, a worker needs at least "
-                        f"{WORKER_TOKEN_MIN_CHARS} (`homefleet worker join` writes it)"
-                    )
     elif values.get("HOMEFLEET_WORKER_TOKEN"):
         lines.append(("token", "in HOMEFLEET_WORKER_TOKEN (a file is better: --token-file)"))
     else:

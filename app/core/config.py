@@ -282,17 +282,24 @@ def token_from_file(token_file: str | Path, token: str | None = None) -> str:
     ``homefleet doctor`` the same way).
 
     Raises:
-        ValueError: ``token`` (HOMEFLEET_WORKER_TOKEN) is set too, or the file cannot be read
-            (absent, a folder, no permission), naming it.
+        ValueError: ``token`` (HOMEFLEET_WORKER_TOKEN) is set too, the file cannot be read
+            (absent, a folder, no permission), or it holds fewer than ``WORKER_TOKEN_MIN_CHARS``
+            characters, naming it.
     """
     if token:
         raise ValueError("set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE (--token-file), not both")
     path = Path(token_file).expanduser()
     try:
-        return path.read_text().strip()
+        found = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as error:
         why = error.strerror if isinstance(error, OSError) else "not text"
         raise ValueError(f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} cannot be read: {why}") from error
+    if len(found) < WORKER_TOKEN_MIN_CHARS:
+        raise ValueError(
+            f"HOMEFLEET_WORKER_TOKEN_FILE {str(path)!r} holds {len(found)} characters, a machine token at least "
+            f"{WORKER_TOKEN_MIN_CHARS} (`homefleet worker join` writes it)"
+        )
+    return found
 
 
 class WorkerSettings(BrokerSettings):

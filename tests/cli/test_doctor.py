@@ -88,7 +88,9 @@ def test_doctor_checks_the_token_file_as_the_worker_reads_it(tmp_path: Path, red
     for text, count in (("", 0), ("short\n", 5)):
         write_private(token_file, text)
         short = " ".join(run_cli("doctor", "--token-file", str(token_file), check=False, env=env).stdout.split())
-        assert f"a token in {token_file}: it holds {count} characters, a worker needs at least 8" in short, short
+        assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token_file}' holds {count} characters, a machine token at least 8" in (
+            short
+        ), short
     absent = run_cli("doctor", "--token-file", str(tmp_path / "nowhere"), check=False, env=env)
     assert absent.returncode == 1 and f"the token file {tmp_path / 'nowhere'}" in absent.stdout, absent.stdout
     assert "a-machine-token" not in done.stdout + both.stdout + absent.stdout

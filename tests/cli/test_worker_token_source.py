@@ -45,3 +45,15 @@ def test_a_token_in_both_the_environment_and_a_file_is_refused(tmp_path: Path) -
     done = worker(tmp_path, env={"HOMEFLEET_WORKER_TOKEN": "y" * 32, "HOMEFLEET_WORKER_TOKEN_FILE": str(token)})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "set one of HOMEFLEET_WORKER_TOKEN and HOMEFLEET_WORKER_TOKEN_FILE" in done.stderr, done.stderr
+
+
+def test_a_short_token_in_a_file_is_named_by_the_file(tmp_path: Path) -> None:
+    """A token file that holds too little names the file, not HOMEFLEET_WORKER_TOKEN, which the
+    user never set."""
+    token = tmp_path / "token"
+    write_private(token, "short\n")
+    done = worker(tmp_path, "--token-file", str(token))
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = " ".join(done.stderr.split())
+    assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token}' holds 5 characters, a machine token at least 8" in line, line
+    assert "HOMEFLEET_WORKER_TOKEN:" not in line, line
