@@ -272,8 +272,10 @@ def split_server_urls(value: str) -> list[str]:
     return urls
 
 
-WORKER_TOKEN_MIN_CHARS = 8
-"""A machine token's least length, in characters (the server issues 43: 32 random bytes, base64)."""
+WORKER_TOKEN_MIN_CHARS = 16
+"""A machine token's least length, in characters: the fleet file refuses a machine with a shorter
+one (``app.fleet.config.Fleet.require_tokens``), so a worker's can be no shorter; a token the
+server makes is 32 random bytes, base64: 43 characters."""
 
 
 def token_from_file(token_file: str | Path, token: str | None = None) -> str:

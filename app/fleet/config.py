@@ -64,6 +64,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.core.config import WORKER_TOKEN_MIN_CHARS
 from app.core.errors import ConfigError
 from app.core.kinds import KINDS
 from app.core.names import HOST_NAME, MAX_DEVICES, device_machine, split_machine
@@ -274,8 +275,10 @@ class Fleet(BaseModel):
     def require_tokens(self) -> Fleet:
         """Return self; raise ``ValueError`` naming the first machine without a token."""
         for machine in self.machines.values():
-            if len(machine.token) < 16:
-                raise ValueError(f"machine {machine.name!r} needs a token of at least 16 characters")
+            if len(machine.token) < WORKER_TOKEN_MIN_CHARS:
+                raise ValueError(
+                    f"machine {machine.name!r} needs a token of at least {WORKER_TOKEN_MIN_CHARS} characters"
+                )
         return self
 
     def machine_for_token(self, token: str) -> Machine | None:

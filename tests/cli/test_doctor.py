@@ -88,7 +88,7 @@ def test_doctor_checks_the_token_file_as_the_worker_reads_it(tmp_path: Path, red
     for text, count in (("", 0), ("short\n", 5)):
         write_private(token_file, text)
         short = " ".join(run_cli("doctor", "--token-file", str(token_file), check=False, env=env).stdout.split())
-        assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token_file}' holds {count} characters, a machine token at least 8" in (
+        assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token_file}' holds {count} characters, a machine token at least 16" in (
             short
         ), short
     absent = run_cli("doctor", "--token-file", str(tmp_path / "nowhere"), check=False, env=env)

@@ -25,7 +25,7 @@ def test_token_on_the_command_line_is_deprecated_with_a_warning(tmp_path: Path) 
     done = worker(tmp_path, "--token", "short")  # too short: it stops at the settings, after the warning
     assert done.returncode == 2, done.stdout + done.stderr
     assert "warning: --token is deprecated" in done.stderr and "--token-file" in done.stderr, done.stderr
-    assert "error (invalid_settings): HOMEFLEET_WORKER_TOKEN: String should have at least 8 characters" in done.stderr
+    assert "error (invalid_settings): HOMEFLEET_WORKER_TOKEN: String should have at least 16 characters" in done.stderr
 
 
 def test_an_unreadable_token_file_is_named_in_one_line(tmp_path: Path) -> None:
@@ -55,5 +55,5 @@ def test_a_short_token_in_a_file_is_named_by_the_file(tmp_path: Path) -> None:
     done = worker(tmp_path, "--token-file", str(token))
     assert done.returncode == 2, done.stdout + done.stderr
     line = " ".join(done.stderr.split())
-    assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token}' holds 5 characters, a machine token at least 8" in line, line
+    assert f"HOMEFLEET_WORKER_TOKEN_FILE '{token}' holds 5 characters, a machine token at least 16" in line, line
     assert "HOMEFLEET_WORKER_TOKEN:" not in line, line
