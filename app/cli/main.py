@@ -457,7 +457,13 @@ def unusable(error: BaseException) -> tuple[str, str] | None:
             )
         return None
     if isinstance(error, OSError) and error.filename is not None:
-        return "path_unusable", f"{error.filename} cannot be used: {error.strerror or error} (check HOMEFLEET_DATA_DIR)"
+        message = f"{error.filename} cannot be used: {error.strerror or error}"
+        try:
+            data_dir = server_settings().data_dir
+        except (ValidationError, SettingsError):
+            return "path_unusable", message
+        inside = Path(os.fsdecode(error.filename)).is_relative_to(data_dir)  # the folder or a file of it
+        return "path_unusable", message + (" (check HOMEFLEET_DATA_DIR)" if inside else "")
     return None
 
 
