@@ -197,9 +197,17 @@ def flower(
     ] = None,
 ) -> None:
     """Run Flower against the fleet's broker (workers must run with -E, which `homefleet worker` does),
-    with its broker key prefix (HOMEFLEET_BROKER_KEY_PREFIX)."""
+    with its broker key prefix (HOMEFLEET_BROKER_KEY_PREFIX). Redis is asked first: Flower itself
+    would retry a broker that does not answer forever, printing the same warning (redis_down)."""
     import os
 
+    from app.core.connections import create_redis
+
+    client = create_redis(server_settings())
+    try:
+        client.ping()
+    finally:
+        client.close()
     argv = [sys.executable, "-m", "celery", "-A", "app.celery", "flower", f"--port={port}", f"--address={address}"]
     env = dict(os.environ)
     if basic_auth:  # Flower reads it from its environment: never put in its command line

@@ -252,6 +252,24 @@ def test_purge_says_redis_is_down_before_asking_and_never_reports_a_purge(tmp_pa
         assert "purged" not in done.stdout and "cancel every queued job" not in done.stdout, done.stdout
 
 
+def test_flower_with_redis_down_says_so_and_exits_instead_of_retrying_forever(tmp_path: Path) -> None:
+    """`homefleet flower` with nothing answering at HOMEFLEET_REDIS_URL: Flower would warn and
+    retry the broker forever; the command says `redis_down` and exits 2 within seconds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update(
+        {"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "error (redis_down)" in done.stderr, done.stdout + done.stderr
+    assert "HOMEFLEET_REDIS_URL" in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("command", [["drain", "nobox"], ["purge", "nobox", "-y"], ["oom", "clear", "nobox"]])
 def test_a_machine_the_fleet_does_not_have_is_one_error_line_naming_the_machines(
     tmp_path: Path, redis_url: str, command: list[str]
