@@ -41,6 +41,10 @@ from typing import Any
 from app.core.variants import DENOISERS, PRECISION_BYTES, TORCH_DTYPES, Variant, quantization_spec
 
 
+COMPONENT_LIBRARIES = ("diffusers", "transformers")
+"""The packages a pipeline's components may come from (besides ``diffusers.pipelines``' modules)."""
+
+
 def loaded_bytes(folder: Path, variant: Variant) -> int:
     """Bytes the pipeline (or causal LM) in ``folder`` holds once loaded as ``variant``: the sum
     of :func:`component_bytes`. Reads configs and safetensors headers only.
@@ -89,24 +93,64 @@ def component_bytes(folder: Path, variant: Variant) -> dict[str, int]:
 def _module_bytes(
     folder: Path, library: str, class_name: str | None, precision: str, quantization: str | None
 ) -> int | None:
-    """Bytes of one component, or None when its class is no torch module."""
+    """Bytes of one component, or None when its class is no torch module. A class that is a
+    transformers model (``PreTrainedModel``) is priced as transformers loads it, one that is a
+    diffusers model (``ModelMixin``) as diffusers does, whichever module names it (Stable
+    Diffusion 1.5's ``safety_checker`` is ``["stable_diffusion", "StableDiffusionSafetyChecker"]``,
+    a transformers model in a diffusers pipeline module)."""
     import torch
 
-    module = importlib.import_module(library)
     if class_name is None:  # a causal LM: the class transformers' Auto class picks, as tasks/pipelines.py loads it
-        cls: Any = None
-    else:
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            raise ValueError(f"{folder.name}: {library} has no class {class_name!r} (model_index.json)")
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            return None
+        dtype = getattr(torch, TORCH_DTYPES[precision])
+        return _transformers_bytes(folder, None, dtype, quantization)
+    cls = component_class(library, class_name, folder)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        return None
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel
+
     dtype = getattr(torch, TORCH_DTYPES[precision])
-    if library == "diffusers":
-        return _diffusers_bytes(folder, cls, dtype, quantization)
-    if library == "transformers":
+    if issubclass(cls, PreTrainedModel):
         return _transformers_bytes(folder, cls, dtype, quantization)
-    raise ValueError(f"{folder.name}: library {library!r} is not priced (diffusers or transformers)")
+    if issubclass(cls, ModelMixin):
+        return _diffusers_bytes(folder, cls, dtype, quantization)
+    raise ValueError(
+        f"{folder.name}: {library}.{class_name} is a torch module but neither a diffusers nor a "
+        "transformers model, so it cannot be priced"
+    )
+
+
+def component_class(library: str, class_name: str, folder: Path | None = None) -> Any:
+    """The class a ``model_index.json`` names for a component (``folder``) as ``[library, class_name]``,
+    found as ``DiffusionPipeline.from_pretrained`` finds it: ``library`` is a module of
+    ``diffusers.pipelines`` (``"stable_diffusion"``) when one has that name, else an importable
+    package of :data:`COMPONENT_LIBRARIES`; no other package is imported. A component that
+    ships its own code (``folder/<library>.py``) is not run.
+
+    Raises:
+        ValueError: naming the component, the library and the class, when none is found.
+    """
+    from diffusers import pipelines
+
+    where = folder.name if folder is not None else library
+    if folder is not None and (folder / f"{library}.py").is_file():
+        raise ValueError(
+            f"{folder.name}: model_index.json names {library}.{class_name}, code the model folder ships "
+            f"({folder.name}/{library}.py); Homefleet does not run a model's own code"
+        )
+    if library in COMPONENT_LIBRARIES:
+        module = importlib.import_module(library)
+    elif library.isidentifier() and hasattr(pipelines, library):
+        module = getattr(pipelines, library)
+    else:  # any other name would import whatever package of that name is installed
+        raise ValueError(
+            f"{where}: model_index.json names library {library!r} ({class_name}); a component comes from "
+            f"{' or '.join(COMPONENT_LIBRARIES)} or a diffusers pipeline module (such as 'stable_diffusion')"
+        )
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"{where}: {library} has no class {class_name!r} (model_index.json)")
+    return cls
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ replica      repository it copies                         beside what the pipeli
 sd15         runwayml/stable-diffusion-v1-5               root v1-5-pruned(-emaonly) .safetensors/.ckpt,
                                                           v1-inference.yaml, README; per component
                                                           ``*.fp16.safetensors`` (real fp16 tensors), ``*.bin``,
-                                                          ``*.fp16.bin``; unet ``*.non_ema.*``; safety_checker/
-                                                          and feature_extractor/ (null in model_index.json)
+                                                          ``*.fp16.bin``; unet ``*.non_ema.*``; a tiny real
+                                                          safety_checker/ and feature_extractor/ (loaded)
 sdxl         stabilityai/stable-diffusion-xl-base-1.0     root sd_xl_base_1.0(_0.9vae).safetensors, a LoRA,
                                                           PNGs, LICENSE, README; ``*.fp16.safetensors``, flax
                                                           ``*.msgpack``, model.onnx(+_data), openvino_model.*;
@@ -207,11 +207,7 @@ def _sd15(build: _Build) -> None:
         build.bin_twin(weights, fp16=True)
     build.copy("unet/diffusion_pytorch_model.safetensors", "unet/diffusion_pytorch_model.non_ema.safetensors")
     build.copy("unet/diffusion_pytorch_model.bin", "unet/diffusion_pytorch_model.non_ema.bin")
-    # safety_checker and feature_extractor are [null, null] in the tiny pipeline's model_index.json
-    build.dummy("safety_checker/config.json", 300)
-    for name in ("model.safetensors", "model.fp16.safetensors", "pytorch_model.bin", "pytorch_model.fp16.bin"):
-        build.dummy(f"safety_checker/{name}", 4096)
-    build.dummy("feature_extractor/preprocessor_config.json", 400)
+    _safety_checker(build)
     for name in (
         "v1-5-pruned.safetensors",
         "v1-5-pruned.ckpt",
@@ -222,6 +218,41 @@ def _sd15(build: _Build) -> None:
     build.dummy("v1-inference.yaml", 1900)
     build.dummy("README.md", 1200)
     build.dummy(".gitattributes", 1500)
+
+
+def _safety_checker(build: _Build) -> None:
+    """SD 1.5's ``safety_checker`` (a transformers model in diffusers' ``stable_diffusion``
+    pipeline module: ``["stable_diffusion", "StableDiffusionSafetyChecker"]``) and its
+    ``feature_extractor`` (``CLIPImageProcessor``), tiny, named in ``model_index.json`` as the
+    real repository names them, with its fp16 and ``.bin`` twins. Its concept embeddings are as
+    the class builds them (ones), so it flags no image."""
+    import torch
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    torch.manual_seed(0)
+    tower = {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "num_hidden_layers": 2}
+    config = CLIPConfig(
+        text_config={**tower, "vocab_size": 1000, "bos_token_id": 0, "eos_token_id": 2},
+        vision_config={**tower, "image_size": 32, "patch_size": 4},
+        projection_dim=32,
+    )
+    StableDiffusionSafetyChecker(config).save_pretrained(build.folder / "safety_checker")
+    CLIPImageProcessor(crop_size=32, size=32).save_pretrained(build.folder / "feature_extractor")
+    for path in ("safety_checker/config.json", "safety_checker/model.safetensors", "feature_extractor/preprocessor_config.json"):
+        build.fp32.add(path)
+        build.fp16.add(path)
+    build.fp16_twin("safety_checker/model.safetensors")
+    build.bin_twin("safety_checker/model.safetensors")
+    build.bin_twin("safety_checker/model.safetensors", fp16=True)
+    index_path = build.folder / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index.update(
+        safety_checker=["stable_diffusion", "StableDiffusionSafetyChecker"],
+        feature_extractor=["transformers", "CLIPImageProcessor"],
+        requires_safety_checker=True,
+    )
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _sdxl(build: _Build) -> None:

@@ -877,7 +877,9 @@ def _price(folder: Path, variant: Variant) -> int:
     loaded either."""
     try:
         return loaded_bytes(folder, variant)
-    except (OSError, ValueError, TypeError, RuntimeError, NotImplementedError) as error:
+    except (OSError, ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError, KeyError) as error:
+        # AttributeError, KeyError: a config that does not suit the class named (a CLIP config
+        # for a T5 encoder); the library reads a field the config lacks
         shutil.rmtree(folder, ignore_errors=True)
         raise Rejected(
             f"{folder.name}: its {variant.key()} variant cannot be priced from its configs and "

@@ -423,25 +423,29 @@ def check_index_components(folder: Path, index: dict[str, Any]) -> None:
 
 def component_config(library: str, class_name: str) -> tuple[str, str] | None:
     """The config file a component of ``class_name`` from ``library`` (a ``model_index.json``
-    entry) cannot load without, and the key every such file has (the library writes it):
-    ``config.json`` with ``_class_name`` for a diffusers model, with ``model_type`` for a
-    transformers one, ``scheduler_config.json`` with ``_class_name`` for a scheduler; None for
-    anything else (tokenizers and processors, whose files vary) or a class that library does
-    not have."""
-    if library == "diffusers":
-        import diffusers
+    entry, resolved as :func:`app.core.pricing.component_class` resolves it: a diffusers
+    pipeline module such as ``stable_diffusion`` too) cannot load without, and the key every
+    such file has (the library writes it): ``config.json`` with ``_class_name`` for a diffusers
+    model, with ``model_type`` for a transformers one, ``scheduler_config.json`` with
+    ``_class_name`` for a scheduler; None for anything else (tokenizers and processors, whose
+    files vary) or a class that is not found (pricing names it)."""
+    import diffusers
+    import transformers
 
-        found = getattr(diffusers, class_name, None)
-        if isinstance(found, type) and issubclass(found, diffusers.ModelMixin):
-            return "config.json", "_class_name"
-        if isinstance(found, type) and issubclass(found, diffusers.SchedulerMixin):
-            return "scheduler_config.json", "_class_name"
-    elif library == "transformers":
-        import transformers
+    from app.core.pricing import component_class
 
-        found = getattr(transformers, class_name, None)
-        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-            return "config.json", "model_type"
+    try:
+        found = component_class(library, class_name)
+    except ValueError:
+        return None
+    if not isinstance(found, type):
+        return None
+    if issubclass(found, diffusers.ModelMixin):
+        return "config.json", "_class_name"
+    if issubclass(found, diffusers.SchedulerMixin):
+        return "scheduler_config.json", "_class_name"
+    if issubclass(found, transformers.PreTrainedModel):
+        return "config.json", "model_type"
     return None
 
 

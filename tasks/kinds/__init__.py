@@ -16,7 +16,7 @@ family's own params under the pipeline's argument names (:func:`family_arguments
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -133,13 +133,27 @@ def images_of(args: Args) -> int:
     return int(args[BATCH_PARAM]) if BATCH_PARAM in args.spec.params else 1
 
 
-def image_output(images: list[Any], args: Args, provenance: dict[str, Any], encode: Callable[..., bytes]) -> Output:
+def image_output(
+    images: list[Any],
+    args: Args,
+    provenance: dict[str, Any],
+    encode: Callable[..., bytes],
+    flagged: Sequence[bool] | None = None,
+) -> Output:
     """The PNG output of a denoising call's ``images`` (PIL, in order). Image ``i`` of a job
     with ``n`` > 1 embeds its own provenance: ``seed`` + i as its ``seed`` and ``index`` i, so
-    each file says how to make it alone; one image embeds ``provenance`` as it is."""
+    each file says how to make it alone; one image embeds ``provenance`` as it is.
+
+    ``flagged``: the pipeline's ``nsfw_content_detected`` (one bool per image; a pipeline whose
+    model folder loads a safety checker, as Stable Diffusion 1.5's does, blacks out an image it
+    flags). When any is flagged the journaled record keeps the list, so a black image is
+    explained, not mistaken for a fault."""
     count = images_of(args)
+    record: dict[str, Any] = {}
+    if flagged is not None and any(flagged):
+        record["nsfw_content_detected"] = [bool(f) for f in flagged]
     if count == 1:
-        return Output(data=encode(images[0], provenance), media_type="image/png")
+        return Output(data=encode(images[0], provenance), media_type="image/png", record=record)
     if len(images) != count:
         raise RuntimeError(f"the pipeline made {len(images)} images for n={count}")
     seed = int(args["seed"])
@@ -148,7 +162,7 @@ def image_output(images: list[Any], args: Args, provenance: dict[str, Any], enco
         data=files[0],
         media_type="image/png",
         more=tuple(files[1:]),
-        record={"seeds": [nth_seed(seed, i) for i in range(count)]},
+        record={"seeds": [nth_seed(seed, i) for i in range(count)], **record},
     )
 
 

@@ -50,4 +50,6 @@ def run(
         **denoising(args, progress, total=denoised_steps(int(args["steps"]), strength)),
         **family_arguments(args, family),
     )
-    return image_output(list(result.images), args, provenance, png_bytes)
+    return image_output(
+        list(result.images), args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None)
+    )

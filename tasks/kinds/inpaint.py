@@ -62,4 +62,4 @@ def run(
     )
     # white: the result; black: the input
     painted = [Image.composite(out.convert("RGB"), image, mask) for out in result.images]
-    return image_output(painted, args, provenance, png_bytes)
+    return image_output(painted, args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None))

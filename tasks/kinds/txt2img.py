@@ -37,4 +37,6 @@ def run(
         **denoising(args, progress),
         **family_arguments(args, family),
     )
-    return image_output(list(result.images), args, provenance, png_bytes)
+    return image_output(
+        list(result.images), args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None)
+    )

@@ -488,3 +488,46 @@ def test_models_add_folds_a_left_out_subfolder_into_one_line(
     assert lines[0].split()[:4] == ["left", "out", "300", "B"] and lines[0].split()[4] == "tokenizer/old/"
     assert lines[0].endswith("(3 files; in a subfolder of tokenizer, which the pipeline does not read)")
     assert "left out: 3 files, 300 B" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        (
+            ["my_pkg", "MyUNet"],
+            "unet: model_index.json names library 'my_pkg' (MyUNet); a component comes from diffusers or "
+            "transformers or a diffusers pipeline module (such as 'stable_diffusion')",
+        ),
+        (["os", "path"], "unet: model_index.json names library 'os' (path)"),
+        (["diffusers", "NoSuchUNet"], "unet: diffusers has no class 'NoSuchUNet' (model_index.json)"),
+        (["stable_diffusion", "NoSuchChecker"], "unet: stable_diffusion has no class 'NoSuchChecker'"),
+    ],
+)
+def test_r1_an_index_naming_a_library_or_class_no_loader_has_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path, entry: list[str], said: str
+) -> None:
+    """A component's library is diffusers, transformers or a module of diffusers.pipelines, as
+    DiffusionPipeline finds it; any other name is refused without importing a package of that
+    name (it failed registration with a ModuleNotFoundError traceback)."""
+    path = copy_of_tiny_sd / "model_index.json"
+    index = json.loads(path.read_text())
+    index["unet"] = entry
+    path.write_text(json.dumps(index))
+    error = refused(ctx, copy_of_tiny_sd, model_id="odd")
+    assert error.reason == "not_a_model" and said in error.message, error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_an_index_naming_a_class_its_config_does_not_suit_is_refused_naming_it(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    """A T5 encoder named over a CLIP text encoder's config: transformers reads fields the config
+    lacks (an AttributeError traceback before)."""
+    path = copy_of_tiny_sd / "model_index.json"
+    index = json.loads(path.read_text())
+    index["text_encoder"] = ["transformers", "T5EncoderModel"]
+    path.write_text(json.dumps(index))
+    error = refused(ctx, copy_of_tiny_sd, model_id="odd")
+    assert error.reason == "not_a_model", error.message
+    assert "cannot be priced from its configs" in error.message and "AttributeError" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []

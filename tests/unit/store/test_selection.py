@@ -61,16 +61,41 @@ def test_r1_sd15_leaves_out_twins_other_precision_null_components_and_root_check
     )
     assert why["unet/diffusion_pytorch_model.bin"] == ".bin twin of the safetensors weights taken"
     assert why["unet/diffusion_pytorch_model.non_ema.safetensors"] == "non_ema weights, not loaded by the pipeline"
-    assert why["safety_checker/model.safetensors"] == "component 'safety_checker' is null in model_index.json"
+    assert "safety_checker/model.fp16.safetensors" in fp16.taken  # a transformers model in a pipeline module
+    assert why["safety_checker/model.safetensors"] == (
+        "full-precision weights; this model takes the fp16 variant for safety_checker"
+    )
+    assert why["safety_checker/pytorch_model.fp16.bin"] == ".bin twin of the safetensors weights taken"
     assert why["v1-5-pruned-emaonly.safetensors"].startswith("weights at the root (single-file checkpoint")
     assert why["v1-inference.yaml"] == "not loaded (at the root the pipeline reads model_index.json only)"
     fp32 = {path: reason for path, (_, reason) in select_files(replica.folder, "fp32").left_out.items()}
     assert fp32["unet/diffusion_pytorch_model.fp16.safetensors"] == (
         "fp16 variant; this model takes full precision for unet"
     )
-    assert len(fp16.taken) == 12 and len(fp16.left_out) == 24
+    assert len(fp16.taken) == 15 and len(fp16.left_out) == 21
     # the fp16 files hold real float16 tensors: half the full-precision bytes, nearly
     assert fp16.taken_bytes < 0.55 * select_files(replica.folder, "fp32").taken_bytes
+
+
+def test_r1_a_component_set_to_null_is_left_out_naming_why(
+    replicas: dict[str, tuple[Replica, Path]], tmp_path: Path
+) -> None:
+    """The safety checker switched off as people do: ``[null, null]`` in model_index.json; the
+    pipeline then loads none, so its files are left out, each saying why."""
+    replica, _ = replicas["sd15"]
+    folder = Path(shutil.copytree(replica.folder, tmp_path / "no-checker"))
+    index = json.loads((folder / "model_index.json").read_text())
+    index.update(safety_checker=[None, None], feature_extractor=[None, None], requires_safety_checker=False)
+    (folder / "model_index.json").write_text(json.dumps(index))
+    selection = select_files(folder, "fp16")
+    why = {path: reason for path, (_, reason) in selection.left_out.items()}
+    for path in ("safety_checker/model.fp16.safetensors", "safety_checker/config.json"):
+        assert path not in selection.taken
+        assert why[path] == "component 'safety_checker' is null in model_index.json"
+    assert why["feature_extractor/preprocessor_config.json"] == (
+        "component 'feature_extractor' is null in model_index.json"
+    )
+    assert len(selection.taken) == 12
 
 
 def test_r1_sdxl_leaves_out_exports_and_unlisted_folders(replicas: dict[str, tuple[Replica, Path]]) -> None:
