@@ -453,8 +453,9 @@ def models_verify(
 def models_update(
     model: Annotated[str, typer.Argument(help="the model id whose server folder holds the new content")],
 ) -> None:
-    """Take the current content of the model's server folder as its new manifest (R5): rehash
-    it, record the new digests and sizes (and its weight bytes, re-priced), and tell every
+    """Take the current content of the model's server folder as its new manifest (R5): the
+    files registration would take from it (the rest is named and left out), checked as
+    registration checks them; rehash them, record the new digests and sizes (and its weight bytes, re-priced), and tell every
     worker, which re-verifies its copy and withdraws an old one. Then start a sync of the model
     to each machine that advertised it (the sync sets a superseded file aside, R6); a machine
     that cannot take it now (busy, offline, already syncing) is named with the command to run."""
@@ -475,6 +476,14 @@ def models_update(
         for label, paths in (("changed", changes.changed), ("added", changes.added), ("removed", changes.removed)):
             for path in paths:
                 console.print(f"  {label}: {path}", soft_wrap=True, highlight=False)
+        if changes.left_out:  # as `models add` leaves them out: not recorded, never synced
+            console.print(
+                f"  left out ({len(changes.left_out)}, no loader reads them; not recorded or synced): "
+                + ", ".join(changes.left_out[:10])
+                + (" …" if len(changes.left_out) > 10 else ""),
+                soft_wrap=True,
+                highlight=False,
+            )
         workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
         if not workers:
             console.print(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import constraints
-from app.core.errors import NotFound, Rejected
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.families import family as family_rules
 from app.core.families import kinds_of
 from app.core.kinds import (
@@ -895,13 +895,18 @@ class PromptTokenizers:
         return lambda text: len(tokenizer(text, truncation=False)["input_ids"])
 
     def _load(self, model_id: str) -> Any:
-        if is_text_folder(self.folder_of(model_id)):  # a transformers folder: its tokenizer lies beside config.json
-            return load_tokenizer(self.folder_of(model_id))
-        folder = self.folder_of(model_id) / "tokenizer"
-        if not folder.is_dir():
+        """Raises Conflict (409, reason ``tokenizer_unloadable``) when the model's tokenizer files
+        cannot be loaded (registration refuses such a folder; one registered before that check
+        did not): every job of it would fail, so none is queued."""
+        folder = self.folder_of(model_id)
+        text = is_text_folder(folder)  # a transformers folder: its tokenizer lies beside config.json
+        if not text and not (folder / "tokenizer").is_dir():
             return None
-        from transformers import (
-            AutoTokenizer,  # lazy: transformers costs seconds to import
-        )
-
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        try:
+            return load_tokenizer(folder if text else folder / "tokenizer")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError) as error:
+            raise Conflict(
+                f"model {model_id!r}: its tokenizer cannot be loaded ({type(error).__name__}: {error}); "
+                "register the model again from a folder holding its tokenizer files",
+                reason="tokenizer_unloadable",
+            ) from error

@@ -21,9 +21,9 @@ import re
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,8 @@ from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
 from app.core.safetensors import check_loadable, safetensors_header
 from app.core.states import ACTIVE
-from app.core.textgen import architectures, kv_cache_bytes, model_config
+from app.core.textgen import architectures, kv_cache_bytes, load_tokenizer, model_config
+from app.core.torch_archive import check_archive
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
 from app.store.selection import (
@@ -274,18 +275,13 @@ class Registry:
             selection = select_files(source, precision, adapter=adapter_of is not None)
             sources = {path: source / path for path in selection.taken}
             source_format = source_format or selection.source_format
-        for path, origin in sources.items():  # before anything is copied: what no loader can read is refused
-            if path.endswith(".safetensors"):
-                try:
-                    check_loadable(origin)
-                except IntegrityFailure as error:
-                    raise Rejected(
-                        f"{source}: {path} cannot be loaded ({error}): a truncated or damaged file (an "
-                        "interrupted download? download it again)",
-                        reason="incomplete_model",
-                    ) from error
-            elif path.endswith(".json"):
-                model_json(origin)
+        try:  # before anything is copied: what no loader can read is refused
+            check_taken_files(sources)
+        except IntegrityFailure as error:
+            raise Rejected(
+                f"{source}: {error}: a truncated or damaged file (an interrupted download? download it again)",
+                reason="incomplete_model",
+            ) from error
         with self._one_registration():  # ids are checked and taken one registration at a time
             with Session(self.engine) as session:
                 taken = set(session.exec(select(ModelRecord.id)).all())
@@ -321,6 +317,8 @@ class Registry:
                 if adapter_of is not None and source.is_file() and source_digest is None:
                     source_digest = files[0].digest  # the copy's bytes are the file's: hashed once
                 weights = _price(final, Variant(precision, quantization))
+                if "text" in kinds:
+                    _check_tokenizer(final)
                 record = ModelRecord(
                     id=model_id,
                     family=family,
@@ -741,7 +739,10 @@ class Registry:
 
     def update(self, model_id: str, price: Callable[[Path, ModelRecord], int] | None = None) -> Update:
         """Take the current content of the model's server folder as its new manifest
-        (``homefleet models update ID``): hash every file now there, record their digests,
+        (``homefleet models update ID``): the files registration would take from it
+        (:func:`app.store.selection.select_files` at the record's precision; the others are
+        returned as ``left_out`` and not recorded), checked as registration checks them
+        (:func:`check_taken_files`; a text model's tokenizer loads); hash them, record their digests,
         sizes and stats (files gone are dropped, new ones added), its ``total_bytes``, and its
         ``weights_bytes`` when the record has one (the folder is always priced by
         ``price(folder, record)``, bytes, default :func:`price_weights`, so unreadable headers
@@ -752,39 +753,54 @@ class Registry:
         Raises:
             NotFound: no such model, or a retired one (reason ``model_retired``: it runs no job,
                 so a new content would serve none).
-            Rejected: the folder holds no file, or its safetensors headers cannot be read
-                (reason ``model_unreadable``): nothing is recorded.
+            Rejected: the folder holds no file, or its weights cannot be read (reason
+                ``model_unreadable``); it now describes another pipeline class or family (reason
+                ``family_changed``); or registration would refuse it (its reason, e.g.
+                ``incomplete_model``): nothing is recorded.
         """
         record = self.get(model_id)
         self.check_in_service(model_id)
         folder = self.folder(model_id)
-        paths = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
-        if not paths:
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
             raise Rejected(
                 f"model {model_id!r} has no files in the server's model folder {folder}; put its files "
                 "back there first",
                 reason="model_unreadable",
             )
-        fresh = [_hash_file(model_id, folder, p) for p in paths]
+        adapter = ADAPTER_KIND in record.kinds
+        try:  # what registration would refuse is refused here too, and takes what it would take
+            if not adapter:
+                class_name, family, _ = describe_pipeline(folder)
+                if (class_name, family) != (record.pipeline_class, record.family):
+                    raise Rejected(
+                        f"the folder now holds a {class_name} (family {family}), but the model is registered as "
+                        f"a {record.pipeline_class} (family {record.family}); an update keeps the family, kinds "
+                        "and variant: register the folder as a new model (`homefleet models add`)",
+                        reason="family_changed",
+                    )
+            selection = select_files(folder, record.precision, adapter=adapter)
+        except Rejected as error:
+            raise Rejected(
+                f"model {model_id!r}: {error.message}; nothing was recorded", reason=error.reason, param=error.param
+            ) from error
+        paths = [folder / p for p in sorted(selection.taken)]
         try:  # weights no loader can read would fail every job: refuse them here
-            for path in paths:
-                if path.suffix == ".safetensors":
-                    try:
-                        check_loadable(path)
-                    except IntegrityFailure as error:
-                        raise ValueError(f"{path.relative_to(folder).as_posix()}: {error}") from error
-            if ADAPTER_KIND in record.kinds:  # still a LoRA of its family, as registration checked
+            check_taken_files({p.relative_to(folder).as_posix(): p for p in paths})
+            if adapter:  # still a LoRA of its family, as registration checked
                 adapter_layout(folder, record.family)
             weights = (price or price_weights)(folder, record)
+            if "text" in record.kinds:
+                _check_tokenizer(folder)
         except (IntegrityFailure, OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
             raise Rejected(
                 f"model {model_id!r} cannot be priced from its configs and safetensors headers in "
                 f"{folder} ({type(error).__name__}: {error}); nothing was recorded",
                 reason="model_unreadable",
             ) from error
+        fresh = [_hash_file(model_id, folder, p) for p in paths]
         with Session(self.engine) as session:
             before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
-            changes = Update(model_id, [], [], [])
+            changes = Update(model_id, [], [], [], sorted(selection.left_out))
             for file in fresh:
                 old = before.pop(file.path, None)
                 if old is None:
@@ -858,6 +874,7 @@ class Update:
     changed: list[str]
     added: list[str]
     removed: list[str]
+    left_out: list[str] = field(default_factory=list)  # in the folder, but no loader reads them: not recorded
 
 
 @dataclass(frozen=True)
@@ -885,6 +902,44 @@ def _price(folder: Path, variant: Variant) -> int:
             f"{folder.name}: its {variant.key()} variant cannot be priced from its configs and "
             f"safetensors headers ({type(error).__name__}: {error})",
             reason="not_a_model",
+        ) from error
+
+
+def check_taken_files(files: Mapping[str, Path]) -> None:
+    """Check the files a model takes (relative path -> the file) as their loaders would read
+    them, without loading any: safetensors by safetensors' own reader
+    (:func:`app.core.safetensors.check_loadable`), ``.bin`` archives by their central directory
+    (:func:`app.core.torch_archive.check_archive`), JSON files by :func:`model_json`.
+
+    Raises:
+        IntegrityFailure: ``"<path> cannot be loaded (<why>)"`` for a weights file.
+        Rejected: a JSON file that is not a JSON object in UTF-8 (reason ``not_a_model``).
+    """
+    for path, origin in files.items():
+        if path.endswith((".safetensors", ".bin")):
+            try:
+                (check_loadable if path.endswith(".safetensors") else check_archive)(origin)
+            except IntegrityFailure as error:
+                raise IntegrityFailure(f"{path} cannot be loaded ({error})") from error
+        elif path.endswith(".json"):
+            model_json(origin)
+
+
+def _check_tokenizer(folder: Path) -> None:
+    """Load the tokenizer of a text model from ``folder`` (its stored copy), as a worker loads
+    it (:func:`app.core.textgen.load_tokenizer`).
+
+    Raises:
+        Rejected: reason ``incomplete_model`` when it cannot be loaded: every request would fail.
+    """
+    try:
+        load_tokenizer(folder)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError) as error:
+        raise Rejected(
+            f"{folder.name}: its tokenizer cannot be loaded ({type(error).__name__}: {error}); a text model needs "
+            f"its tokenizer files beside config.json (tokenizer.json, or the vocabulary files its "
+            "tokenizer_config.json names): an interrupted download? download the model again",
+            reason="incomplete_model",
         ) from error
 
 

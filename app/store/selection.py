@@ -39,7 +39,9 @@ import fnmatch
 import json
 import logging
 import os
+import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -166,7 +168,38 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
             "download?); download the model again",
             reason="incomplete_model",
         )
+    check_shards(folder, selection.taken)
     return selection
+
+
+def check_shards(folder: Path, taken: Iterable[str]) -> None:
+    """Check that every shard a taken shard index (``*.safetensors.index.json``,
+    ``*.bin.index.json``: its ``weight_map``, tensor -> file beside it) names is taken too: a
+    download that lost a shard loads nowhere ("does not appear to have a file named ... which is
+    required according to the checkpoint index").
+
+    Raises:
+        Rejected: reason ``incomplete_model``, naming the index and the missing shards; or
+            ``not_a_model`` when the index is no JSON object or has no ``weight_map`` object.
+    """
+    paths = set(taken)
+    for index in sorted(p for p in paths if p.endswith(".index.json")):
+        weight_map = model_json(folder / index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise Rejected(
+                f"{folder / index} has no `weight_map` object (tensor name -> shard file), which every shard "
+                "index holds: a damaged download, download the model again",
+                reason="not_a_model",
+            )
+        base = posixpath.dirname(index)
+        missing = sorted({str(f) for f in weight_map.values()} - {posixpath.relpath(p, base or ".") for p in paths})
+        if missing:
+            raise Rejected(
+                f"{folder}: {index} names {len(missing)} shard(s) the folder does not hold: "
+                f"{', '.join(posixpath.join(base, m) for m in missing[:5])}"
+                f"{' …' if len(missing) > 5 else ''} (an interrupted download? download the model again)",
+                reason="incomplete_model",
+            )
 
 
 def _list_files(folder: Path) -> list[str]:

@@ -531,3 +531,106 @@ def test_r1_an_index_naming_a_class_its_config_does_not_suit_is_refused_naming_i
     assert error.reason == "not_a_model", error.message
     assert "cannot be priced from its configs" in error.message and "AttributeError" in error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_sharded_diffusers_component_missing_a_shard_is_refused_naming_it(
+    ctx: ServerContext, tiny_families_dir: Path, tmp_path: Path
+) -> None:
+    """FLUX.1-dev as downloaded, its transformer in shards, one of which never arrived: the
+    index names it, so registration refuses the folder (it registered, and every job failed
+    with "does not appear to have a file named ...")."""
+    from app.devtools.replicas import make_replica
+
+    replica = make_replica("flux", tmp_path / "downloads", tiny_dir=tiny_families_dir)
+    shards = sorted(replica.folder.glob("transformer/diffusion_pytorch_model-*-of-*.safetensors"))
+    assert len(shards) >= 2
+    shards[1].unlink()
+    error = refused(ctx, replica.folder, precision="bf16")
+    assert error.reason == "incomplete_model", error.message
+    assert (
+        "transformer/diffusion_pytorch_model.safetensors.index.json names 1 shard(s) the folder does not hold: "
+        f"transformer/{shards[1].name}"
+    ) in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_sharded_text_model_missing_a_shard_or_with_a_damaged_index_is_refused(
+    ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "llama-sharded"
+    AutoModelForCausalLM.from_pretrained(tiny_text_dir / "tiny-llama").save_pretrained(folder, max_shard_size="50KB")
+    for tokenizer_file in (tiny_text_dir / "tiny-llama").glob("tok*"):
+        shutil.copyfile(tokenizer_file, folder / tokenizer_file.name)
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2
+    index = folder / "model.safetensors.index.json"
+    whole = index.read_text()
+    index.write_text(json.dumps({"metadata": {}}))
+    error = refused(ctx, folder)
+    assert error.reason == "not_a_model" and f"{index} has no `weight_map` object" in error.message
+    index.write_text(whole)
+    shards[0].unlink()
+    error = refused(ctx, folder)
+    assert error.reason == "incomplete_model"
+    assert f"model.safetensors.index.json names 1 shard(s) the folder does not hold: {shards[0].name}" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+@pytest.mark.parametrize("removed", ["tok*", "tokenizer.json"])
+def test_r1_a_text_model_whose_tokenizer_cannot_be_loaded_is_refused(
+    ctx: ServerContext, tiny_text_dir: Path, tmp_path: Path, removed: str
+) -> None:
+    """Its tokenizer is loaded from the stored copy as a worker and the API load it; without
+    one every text request failed with a bare 500."""
+    folder = Path(shutil.copytree(tiny_text_dir / "tiny-llama", tmp_path / "llama-no-tokenizer"))
+    for path in folder.glob(removed):
+        path.unlink()
+    error = refused(ctx, folder)
+    assert error.reason == "incomplete_model", error.message
+    assert "its tokenizer cannot be loaded" in error.message and "download the model again" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_a_registered_model_whose_tokenizer_cannot_load_is_a_409_naming_it(tmp_path: Path) -> None:
+    """A text model registered before registration loaded tokenizers: a submission gets 409
+    ``tokenizer_unloadable`` (it was an unhandled 500), and no job is queued."""
+    from app.core.errors import Conflict
+    from app.jobs.validation import PromptTokenizers
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    tokenizers = PromptTokenizers(lambda model_id: folder)
+    with pytest.raises(Conflict) as caught:
+        tokenizers.tokenizer("llama")
+    assert caught.value.reason == "tokenizer_unloadable"
+    assert caught.value.message.startswith("model 'llama': its tokenizer cannot be loaded")
+
+
+@pytest.mark.parametrize("where", ["text", "vae"])
+def test_r1_a_truncated_bin_weights_file_is_refused_naming_it(
+    ctx: ServerContext, tiny_text_dir: Path, copy_of_tiny_sd: Path, tmp_path: Path, where: str
+) -> None:
+    """``torch.save``'s zip archive cut short: its central directory is gone, found without
+    unpickling anything (app/core/torch_archive.py); it registered, and every job failed."""
+    import torch
+    from safetensors.torch import load_file
+
+    if where == "text":
+        folder = Path(shutil.copytree(tiny_text_dir / "tiny-gpt2", tmp_path / "gpt2-bin"))
+        weights, bin_file = folder / "model.safetensors", "pytorch_model.bin"
+    else:
+        folder = copy_of_tiny_sd
+        weights, bin_file = folder / "vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin"
+    torch.save(load_file(weights), folder / bin_file)
+    weights.unlink()
+    whole = (folder / bin_file).read_bytes()
+    (folder / bin_file).write_bytes(whole[: len(whole) * 2 // 3])
+    error = refused(ctx, folder)
+    assert error.reason == "incomplete_model", error.message
+    assert f"{bin_file} cannot be loaded" in error.message and "not a whole torch archive" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+    (folder / bin_file).write_bytes(whole)  # the whole file registers
+    assert ctx.registry.add(folder, model_id="whole").id == "whole"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -92,6 +93,48 @@ def test_r5_a_changed_server_file_is_refused_never_adopted_and_taken_only_by_upd
     listed = next(m for m in ctx.registry.list() if m.id == record.id)
     assert listed.total_bytes == sum(f.size for f in ctx.registry.manifest(record.id).files)
     assert all(c.status == "ok" for c in ctx.registry.verify([record.id]))
+
+
+def test_r5_update_takes_what_registration_would_and_refuses_what_it_would(
+    ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """``models update`` is registration's selection and checks over the server's copy: files no
+    loader reads (a README, a stray folder, a ``.bin`` twin of safetensors weights) are named and
+    left out, never recorded or synced; a folder that now holds another pipeline, or that lost a
+    component's weights, is refused and nothing is recorded."""
+    record = ctx.registry.add(tiny_models_dir / "tiny-sd")
+    folder = ctx.registry.folder(record.id)
+    before = {f.path: f.digest for f in ctx.registry.manifest(record.id).files}
+    (folder / "README.md").write_text("notes")
+    (folder / "extra").mkdir()
+    (folder / "extra" / "x.txt").write_text("hi")
+    (folder / "unet" / "diffusion_pytorch_model.bin").write_bytes(os.urandom(3000))  # garbage, never loaded
+    changes = ctx.registry.update(record.id)
+    assert (changes.changed, changes.added, changes.removed) == ([], [], [])
+    assert changes.left_out == ["README.md", "extra/x.txt", "unet/diffusion_pytorch_model.bin"]
+    assert {f.path: f.digest for f in ctx.registry.manifest(record.id).files} == before
+
+    index = folder / "model_index.json"
+    original = index.read_text()
+    index.write_text(original.replace('"StableDiffusionPipeline"', '"StableDiffusionInstructPix2PixPipeline"'))
+    with pytest.raises(Rejected) as refused:
+        ctx.registry.update(record.id)
+    assert refused.value.reason == "family_changed", refused.value.message
+    assert refused.value.message == (
+        "model 'tiny-sd': the folder now holds a StableDiffusionInstructPix2PixPipeline (family sd1-pix2pix), "
+        "but the model is registered as a StableDiffusionPipeline (family sd1); an update keeps the family, "
+        "kinds and variant: register the folder as a new model (`homefleet models add`); nothing was recorded"
+    )
+    index.write_text(original.replace('"StableDiffusionPipeline"', '"StableDiffusionXLPipeline"'))
+    with pytest.raises(Rejected) as refused:  # the job then failed in the worker ("'NoneType' ... 'tokenize'")
+        ctx.registry.update(record.id)
+    assert refused.value.reason == "family_changed" and "StableDiffusionXLPipeline (family sdxl)" in refused.value.message
+    index.write_text(original.replace('"PNDMScheduler"', '"DDIMScheduler"'))  # a new scheduler class, same pipeline
+    (folder / "vae" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(Rejected) as refused:
+        ctx.registry.update(record.id)
+    assert refused.value.reason == "incomplete_model" and "vae" in refused.value.message, refused.value.message
+    assert {f.path: f.digest for f in ctx.registry.registered_manifest(record.id).files} == before
 
 
 def test_r5_the_same_bytes_under_a_new_inode_refresh_the_stat_cache(ctx: ServerContext, tiny_models_dir: Path) -> None:
