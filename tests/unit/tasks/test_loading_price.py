@@ -55,3 +55,38 @@ def test_an_older_servers_manifest_is_priced_by_the_same_function(tiny_models_di
     )
     make_resident(rt, manifest)
     assert rt.cache.held_bytes() == loaded_bytes(tiny_models_dir / "tiny-sd", Variant("bf16", "torchao-int8wo"))
+
+
+def test_r5_a_copy_that_differs_names_the_fix_that_works_where_it_lies(tmp_path: Path) -> None:
+    """A worker's copy is restored by a sync from the server; the server's own copy is what a
+    sync copies from, so its worker names restoring the file or `models update` instead."""
+    import pytest
+
+    from app.core.digest import file_digest
+    from app.core.errors import IntegrityFailure
+    from app.core.protocol import ManifestFile
+
+    (tmp_path / "m").mkdir()
+    config = tmp_path / "m" / "config.json"
+    config.write_text('{"a": 1}')
+    digest = file_digest(config)
+    config.write_text('{"a": 2}')  # the same size, other bytes
+    manifest = Manifest(
+        model_id="m",
+        family="sd1",
+        kinds=["txt2img"],
+        files=[ManifestFile(path="config.json", size=config.stat().st_size, digest=digest)],
+        weights_bytes=1,
+    )
+    said = {}
+    for machine in (SERVER, "box1"):
+        rt = runtime(tmp_path)
+        rt.settings.machine = machine
+        withdrawn: list[str] = []
+        rt.withdraw = withdrawn.append
+        with pytest.raises(IntegrityFailure) as caught:
+            make_resident(rt, manifest)
+        assert withdrawn == ["m"] and "config.json: digest" in str(caught.value)
+        said[machine] = str(caught.value)
+    assert "`homefleet models update m`" in said[SERVER] and "homefleet sync" not in said[SERVER]
+    assert "(withdrawn until `homefleet sync box1 m`)" in said["box1"]
