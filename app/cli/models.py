@@ -236,10 +236,15 @@ def models_add(
             "--config applies to a single-file checkpoint: give its --family too", param_hint="--config"
         )
     if family is not None and (path is None or path.is_dir() or adapter_of is not None):
+        from app.store.registry import checkpoint_hint
+
         what = "a folder" if path is None or path.is_dir() else "an adapter"
+        model_folder = path is not None and ((path / "model_index.json").is_file() or (path / "config.json").is_file())
+        hint = checkpoint_hint(path, family) if path is not None and path.is_dir() and not model_folder else ""
         raise typer.BadParameter(
             f"--family registers a single-file checkpoint (one .safetensors file); "
-            f"{path or from_hf_cache} is {what}: register it without --family",
+            f"{path or from_hf_cache} is {what}"
+            + (hint.replace(". It holds", "; it holds", 1) if hint else ": register it without --family"),
             param_hint="--family",
         )
     if path is not None and family is None and adapter_of is None and path.is_file():

@@ -60,6 +60,24 @@ ADAPTER_CLASS = "LoRA"
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
+def checkpoint_hint(folder: Path, family: str | None = None) -> str:
+    """A sentence for a folder that is no model folder but holds ``.safetensors`` files at its
+    root (a single-file checkpoint as Civitai and the A1111 folders keep them, or a LoRA): how
+    to register one of them, naming it; "" when it holds none. ``family``: the one asked for."""
+    try:
+        found = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (
+        f". It holds {named}: a single-file checkpoint is registered by naming the file "
+        f"(`homefleet models add {folder / found[0]} --family {family or 'sd1|sdxl|flux'}`), a LoRA "
+        "file with --adapter-of FAMILY"
+    )
+
+
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     """(pipeline class, family, kinds) from ``folder/model_index.json`` (a diffusers folder), or
     from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder).
@@ -85,7 +103,7 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             return class_name, family, kinds
         raise Rejected(
             f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
-            "(no config.json with architectures)",
+            "(no config.json with architectures)" + checkpoint_hint(folder),
             reason="not_a_model",
         )
     content = model_json(index)

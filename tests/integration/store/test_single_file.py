@@ -7,6 +7,7 @@ from; files that are not a checkpoint of the named family are refused naming why
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,29 @@ def test_an_fp16_checkpoint_stays_fp16_in_the_converted_folder(
         DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True, torch_dtype=torch.float16)
     )
     assert [name for name in original if not torch.equal(converted[name], original[name])] == []
+
+
+def test_a_folder_holding_a_checkpoint_is_answered_with_the_command_that_registers_it(
+    ctx: ServerContext, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """A Civitai download kept in a folder of its own: without --family the folder is not a
+    model folder, with it a folder is not a file; both answers name the file and the command
+    (each used to point at the other)."""
+    folder = tmp_path / "civ"
+    folder.mkdir()
+    shutil.copyfile(checkpoints["sd1-file"], folder / "dreamshaper_8.safetensors")
+    plain = add(ctx.settings, str(folder), check=False)
+    line = " ".join(plain.stderr.split())
+    assert plain.returncode == 2 and "error (not_a_model)" in line, line
+    assert (
+        f"It holds dreamshaper_8.safetensors: a single-file checkpoint is registered by naming the file "
+        f"(`homefleet models add {folder / 'dreamshaper_8.safetensors'} --family sd1|sdxl|flux`)"
+    ) in line
+    with_family = add(ctx.settings, str(folder), "--family", "sd1", check=False)
+    said = "".join(ch for ch in with_family.stderr if ch not in "│╭╮╰╯─" and not ch.isspace())  # a usage box
+    assert with_family.returncode == 2 and "isafolder;itholdsdreamshaper_8.safetensors" in said, said
+    assert f"`homefleetmodelsadd{folder / 'dreamshaper_8.safetensors'}--familysd1`" in said, said
+    done = add(  # the tiny checkpoint needs its tiny config (real sizes use the shipped one)
+        ctx.settings, str(folder / "dreamshaper_8.safetensors"), "--family", "sd1", "--config", str(checkpoints["sd1"])
+    )
+    assert "registered dreamshaper_8 family=sd1" in done.stdout
