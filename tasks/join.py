@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from dotenv import dotenv_values
 
-from app.core.config import BrokerSettings, split_server_urls, token_from_file
+from app.core.config import BrokerSettings, local_server_url, split_server_urls, token_from_file
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
@@ -196,7 +196,7 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         lines.append(("torch", device.torch))
     lines.append(("device", f"{device.backend} {device.name} ({device.memory_bytes / 1e9:.1f} GB)".replace("  ", " ")))
     try:
-        server_urls = split_server_urls(values.get("HOMEFLEET_SERVER_URL", "http://127.0.0.1:8787"))
+        server_urls = split_server_urls(values.get("HOMEFLEET_SERVER_URL") or local_server_url(values))
     except ValueError as error:
         server_urls = []
         lines.append(("server", str(error)))
@@ -245,10 +245,11 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         missing.append("a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file")
     models_dir = values.get("HOMEFLEET_MODELS_DIR")
     if models_dir:
-        there = Path(models_dir).expanduser().is_dir()
-        lines.append(("models folder", f"{models_dir}{'' if there else ': absent'}"))
-        if not there:
-            missing.append(f"the models folder {models_dir}")
+        path = Path(models_dir).expanduser()
+        found = "" if path.is_dir() else ": not a folder" if path.exists() else ": absent"
+        lines.append(("models folder", f"{models_dir}{found}"))
+        if found:
+            missing.append(f"the models folder {models_dir}" + (" (a file is there)" if path.exists() else ""))
     return lines, missing
 
 

@@ -7,6 +7,7 @@ Every field can be set from the environment with the ``HOMEFLEET_`` prefix, e.g.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,9 @@ from app.core.limits import (
     default_limits,
     key_id,
 )
+
+DEFAULT_API_PORT = 8787
+"""The port ``homefleet serve`` listens on unless ``HOMEFLEET_API_PORT`` says otherwise."""
 
 
 class BrokerSettings(BaseSettings):
@@ -91,7 +95,7 @@ class Settings(BrokerSettings):
     database_url: str | None = None  # default: sqlite:///<data_dir>/journal.db
     fleet_file: Path | None = None  # default: the fleet embedded in the package
     api_host: str = "127.0.0.1"
-    api_port: int = Field(8787, ge=1, le=65535)
+    api_port: int = Field(DEFAULT_API_PORT, ge=1, le=65535)
     max_result_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)  # one uploaded input file (POST /v1/files)
     max_request_bytes: int = Field(1024 * 1024, gt=0)  # a request body other than an upload (app/api/body_limit.py)
@@ -304,6 +308,15 @@ def token_from_file(token_file: str | Path, token: str | None = None) -> str:
     return found
 
 
+def local_server_url(environ: Mapping[str, str]) -> str:
+    """The URL of a server on this host: ``http://127.0.0.1:<port>``, the port the server's
+    ``HOMEFLEET_API_PORT`` in ``environ`` names (:data:`DEFAULT_API_PORT` when unset or not a
+    number). A worker, or ``homefleet doctor``, given no ``HOMEFLEET_SERVER_URL`` uses it: on the
+    server's host both read the same environment."""
+    port = environ.get("HOMEFLEET_API_PORT", "").strip()
+    return f"http://127.0.0.1:{int(port) if port.isdigit() and 0 < int(port) < 65536 else DEFAULT_API_PORT}"
+
+
 class WorkerSettings(BrokerSettings):
     """A worker's settings: its machine name, its own model folder, its token, the server's URL.
 
@@ -319,7 +332,7 @@ class WorkerSettings(BrokerSettings):
     worker_token_file: Path | None = None
     # The server's URL; with standby servers (docs/operations.md, "A standby server"), every
     # server's, comma-separated: a call the current one does not answer goes to the next.
-    server_url: str = "http://127.0.0.1:8787"
+    server_url: str = Field(default_factory=lambda: local_server_url(os.environ))
     http_timeout_s: float = Field(60.0, gt=0)
     # how long idempotent calls wait out an unreachable server, or its 503 redis_down / journal_down,
     # and a pool process's own Redis commands a Redis outage (app/core/connections.py outage_retry)

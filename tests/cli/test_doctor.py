@@ -114,3 +114,51 @@ def test_doctor_reads_the_env_file_as_the_worker_does_and_refuses_one_that_is_no
         refused = run_cli("doctor", "--env-file", str(where), check=False, env=env)
         assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
         assert f"error (invalid_settings): {where} is not a file" in " ".join(refused.stderr.split()), refused.stderr
+
+
+def test_doctor_on_the_servers_host_asks_the_port_it_serves_on_and_names_a_file_that_is_no_folder(
+    tmp_path: Path, redis_base_url: str
+) -> None:
+    """Without HOMEFLEET_SERVER_URL the server is looked for at HOMEFLEET_API_PORT, as the
+    worker looks for it on the server's host (not always 8787); a models folder that is a file
+    is "not a folder", not "absent"."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    server = subprocess.Popen(  # a stand-in that answers /health with 404: it answers
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import httpx
+        import time
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        (tmp_path / "models").write_text("not a folder")
+        done = run_cli(
+            "doctor",
+            check=False,
+            env={
+                "HOMEFLEET_SERVER_URL": None,
+                "HOMEFLEET_API_PORT": str(port),
+                "HOMEFLEET_REDIS_URL": f"{redis_base_url}/0",
+                "HOMEFLEET_WORKER_TOKEN": "a-machine-token-0123456789",
+                "HOMEFLEET_WORKER_TOKEN_FILE": None,
+                "HOMEFLEET_MODELS_DIR": str(tmp_path / "models"),
+            },
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    out = " ".join(done.stdout.split())
+    assert f"http://127.0.0.1:{port}: answers (404)" in out, out
+    assert f"{tmp_path / 'models'}: not a folder" in out and "(a file is there)" in out
+    assert done.returncode == 1 and "the server at" not in out

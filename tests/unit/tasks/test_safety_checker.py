@@ -2,7 +2,7 @@
 (``["stable_diffusion", "StableDiffusionSafetyChecker"]``, a transformers model in a diffusers
 pipeline module): it is taken, priced as the loaded module holds it (R15), loaded, and run as
 diffusers runs it; an image it flags comes back black with ``nsfw_content_detected`` in the
-job's record (docs/api.md, "Safety checker"). Real tiny pipeline (app/devtools/replicas.py)."""
+job's record (docs/api.md, "Kinds and their params"). Real tiny pipeline (app/devtools/replicas.py)."""
 
 from __future__ import annotations
 

@@ -61,3 +61,20 @@ def test_a_refused_worker_exits_78_with_one_message_naming_what_to_fix(
     assert stopped.value.code == EX_CONFIG
     assert [record.getMessage() for record in caplog.records] == [said]
     assert heartbeat.refused_at_start("nosuch", refusal) == said  # the heartbeat's first beat logs the same
+
+
+def test_a_worker_on_the_servers_host_finds_the_server_at_its_api_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without HOMEFLEET_SERVER_URL a worker asks 127.0.0.1 at the port the server's
+    HOMEFLEET_API_PORT names (8787 when unset), the environment they share on one host."""
+    from app.core.config import WorkerSettings
+
+    monkeypatch.delenv("HOMEFLEET_SERVER_URL", raising=False)
+    kwargs = {"machine": "server", "models_dir": tmp_path, "worker_token": "a-machine-token-0123456789"}
+    monkeypatch.delenv("HOMEFLEET_API_PORT", raising=False)
+    assert WorkerSettings(**kwargs).server_url == "http://127.0.0.1:8787"
+    monkeypatch.setenv("HOMEFLEET_API_PORT", "28791")
+    assert WorkerSettings(**kwargs).server_url == "http://127.0.0.1:28791"
+    monkeypatch.setenv("HOMEFLEET_SERVER_URL", "http://box:9000")
+    assert WorkerSettings(**kwargs).server_url == "http://box:9000"
