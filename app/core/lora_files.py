@@ -1,12 +1,13 @@
 """LoRA files as people download them (docs/operations.md "LoRA adapters"): one ``.safetensors``
 file in the kohya / A1111 layout or in the diffusers / PEFT layout, recognised from its tensor
-names alone (the header, :func:`app.core.safetensors.safetensors_header`) when it is registered:
+names (and, where the names leave SD 1.x/2.x and SDXL open, one tensor's width; the header,
+:func:`app.core.safetensors.safetensors_header`) when it is registered:
 which layout it is (the registry's ``source_format``: :data:`KOHYA` or :data:`DIFFUSERS`) and which
 base it adapts (:data:`BASES`), so that a file for another family than ``--adapter-of``, or a file
 that holds no LoRA at all, is refused before anything is copied (R1: the registry owns what a
 worker may load).
 
-Pure: tensor names in, a :class:`LoraLayout` out; no I/O.
+Pure: tensor names (and shapes) in, a :class:`LoraLayout` out; no I/O.
 
 The key forms, all of which diffusers 0.42's ``load_lora_weights`` reads (it converts kohya's
 in ``lora_state_dict``: diffusers/loaders/lora_pipeline.py, lora_conversion_utils.py):
@@ -20,13 +21,15 @@ in ``lora_state_dict``: diffusers/loaders/lora_pipeline.py, lora_conversion_util
   that ``save_lora_weights`` still writes.
 
 What the names cannot say: SD 1.x from SD 2.x (same module names; only tensor widths differ),
-nor which diffusion transformer a ``transformer.`` file without Flux's own blocks is for.
+SD 1.x/2.x from SDXL where a diffusers-named file touches only blocks both UNets have (its
+cross-attention width then decides, when it is a real one), nor which diffusion transformer a
+``transformer.`` file without Flux's own blocks is for.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.core.errors import Rejected
@@ -51,6 +54,10 @@ class Base:
 BASES: Mapping[str, Base] = {
     "sd1": Base("a Stable Diffusion 1.x/2.x UNet", frozenset({"sd1", "sd1-pix2pix", "animatediff", "sd-upscale"})),
     "sdxl": Base("an SDXL UNet", frozenset({"sdxl"})),
+    "unet": Base(
+        "a Stable Diffusion UNet, 1.x/2.x or SDXL (the keys do not say which)",
+        frozenset({"sd1", "sd1-pix2pix", "animatediff", "sd-upscale", "sdxl"}),
+    ),
     "flux": Base("a Flux transformer", frozenset({"flux", "flux-kontext"})),
     "transformer": Base(
         "a diffusion transformer (the keys do not say which)", frozenset({"flux", "flux-kontext", "qwen-image", "wan"})
@@ -67,7 +74,11 @@ _PEFT_KEY = re.compile(
 
 # Evidence of a base, strongest first: a key matching a later pattern only decides the base
 # when no earlier one matched (a Flux file may carry CLIP keys ``lora_te1_``/``text_encoder.``
-# and its T5 as ``text_encoder_2.``; an SDXL file may name its UNet as diffusers does).
+# and its T5 as ``text_encoder_2.``; an SDXL file may name its UNet as diffusers does). kohya's
+# names say which UNet (SDXL's are the original ``input_blocks``...); diffusers' ``unet.`` names
+# are the same for both but where SDXL has several transformer blocks per attention, so they
+# leave it open ("unet") unless the cross-attention width decides (:data:`CONTEXT_WIDTHS`). The
+# blocks that carry attentions differ too in the real UNets, but not in small test ones.
 _EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "flux",
@@ -86,12 +97,18 @@ _EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "sd1",
-        re.compile(
-            r"^lora_te_|^lora_unet_(?:down_blocks|up_blocks|mid_block)_|^(?:unet\.|text_encoder\.)"
-            r"|^(?:down_blocks|up_blocks|mid_block)\."
-        ),
+        re.compile(r"^lora_te_|^lora_unet_(?:down_blocks|up_blocks|mid_block)_"),
     ),
+    ("unet", re.compile(r"^(?:unet\.|text_encoder\.)|^(?:down_blocks|up_blocks|mid_block)\.")),
 )
+
+CONTEXT_WIDTHS: Mapping[int, str] = {768: "sd1", 1024: "sd1", 2048: "sdxl"}
+"""The cross-attention width (the text encoder's hidden size the UNet attends to) -> the base:
+SD 1.x's CLIP ViT-L 768, SD 2.x's OpenCLIP ViT-H 1024, SDXL's two encoders concatenated 2048
+(the ``cross_attention_dim`` of the real repositories' ``unet/config.json``). A LoRA of the
+cross-attention's key or value projection has it as its down matrix's input width."""
+
+_CONTEXT_KEY = re.compile(r"attn2[._]to_[kv]\.(?:lora_A(?:\.[\w-]+)?|lora\.down|lora_linear_layer\.down)\.weight$")
 _SHOWN = 3  # keys named in a message
 
 
@@ -127,9 +144,12 @@ class LoraLayout:
         )
 
 
-def recognise(keys: Iterable[str], name: str) -> LoraLayout:
+def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]] | None = None) -> LoraLayout:
     """The layout and base of a LoRA file whose tensors are named ``keys`` (its header's names,
-    ``__metadata__`` left out); ``name`` names the file in messages.
+    ``__metadata__`` left out); ``name`` names the file in messages. ``shapes`` (tensor name ->
+    shape, from the same header) decides a UNet file whose names fit SD 1.x/2.x and SDXL alike by
+    its cross-attention width (:data:`CONTEXT_WIDTHS`); without it, or at another width (a
+    tiny test model), such a file's base is ``unet``.
 
     Raises:
         Rejected: reason ``not_an_adapter``: no tensors, no LoRA tensor (a full checkpoint, or
@@ -168,6 +188,11 @@ def recognise(keys: Iterable[str], name: str) -> LoraLayout:
     for base, pattern in _EVIDENCE:
         evidence = [k for k in names if pattern.search(k)]
         if evidence:
+            if base == "unet" and shapes:
+                widths = [(k, shapes[k]) for k in names if _CONTEXT_KEY.search(k) and len(shapes.get(k) or ()) == 2]
+                decided = [(k, CONTEXT_WIDTHS[shape[1]]) for k, shape in widths if shape[1] in CONTEXT_WIDTHS]
+                if decided:
+                    base, evidence = decided[0][1], [f"{decided[0][0]} of width {shapes[decided[0][0]][1]}"]
             return LoraLayout(KOHYA if kohya else DIFFUSERS, base, tuple(evidence[:_SHOWN]), len(names))
     raise Rejected(
         f"{name} holds LoRA weights for no base Homefleet recognises (keys like {_some(names)}); "

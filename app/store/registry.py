@@ -173,7 +173,7 @@ def adapter_layout(source: Path, family: str) -> LoraLayout:
         header = safetensors_header(path)
     except IntegrityFailure as error:
         raise Rejected(f"{path} is no LoRA adapter: {error}", reason="not_an_adapter") from error
-    layout = recognise(header, str(path))
+    layout = recognise(header, str(path), {k: v.get("shape") or () for k, v in header.items()})
     layout.check_family(family, str(path))
     return layout
 

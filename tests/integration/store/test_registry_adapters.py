@@ -255,3 +255,25 @@ def test_r1_an_adapter_a_queued_job_loads_is_not_retired(ctx: ServerContext, lor
         ctx.registry.retire("sd-lora")
     assert refused.value.reason == "model_in_use" and job.id in refused.value.message
     assert [m.id for m in ctx.registry.list()] == ["sd-lora", "tiny-sd"]  # nothing recorded
+
+
+def test_the_tiny_sdxl_lora_registers_for_sdxl_and_a_real_width_decides_its_base(
+    ctx: ServerContext, tiny_families_dir: Path, tmp_path: Path
+) -> None:
+    """`make-tiny-lora` on tiny-sdxl names blocks both UNets have, at a width no real text
+    encoder has: it fits SDXL (it was refused as an SD 1.x LoRA with no way round). A real
+    SDXL width (2048) in the same names says SDXL, and so refuses sd1, naming the tensor."""
+    import torch
+    from safetensors.torch import save_file
+
+    from app.devtools.tiny_models import make_tiny_lora
+
+    folder = make_tiny_lora(tiny_families_dir / "tiny-sdxl", tmp_path / "lora-sdxl")
+    assert ctx.registry.add(folder, adapter_of="sdxl").family == "sdxl"
+    key = "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k.lora_A.weight"
+    wide = tmp_path / "wide.safetensors"
+    save_file({key: torch.zeros(4, 2048), key.replace("lora_A", "lora_B"): torch.zeros(640, 4)}, wide)
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.add(wide, adapter_of="sd1")
+    assert caught.value.reason == "adapter_family_mismatch"
+    assert f"is a LoRA for an SDXL UNet (keys like {key} of width 2048)" in caught.value.message

@@ -70,6 +70,13 @@ PEFT_SDXL_UNET = [
     "unet.down_blocks.2.attentions.1.transformer_blocks.7.attn1.to_q.lora_A.weight",
     "unet.down_blocks.2.attentions.1.transformer_blocks.7.attn1.to_q.lora_B.weight",
 ]
+#: blocks both UNets have: the names leave it open
+PEFT_EITHER_UNET = [
+    "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k.lora_A.weight",
+    "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k.lora_B.weight",
+    "unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
+    "unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
+]
 PEFT_FLUX = [
     "transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
     "transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
@@ -96,10 +103,11 @@ SD1_CHECKPOINT = [
         (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
         (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
         (KOHYA_FLUX, KOHYA, "flux", "lora_unet_double_blocks_0_img_attn_qkv.alpha"),
-        (PEFT_SD1, DIFFUSERS, "sd1", "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"),
-        (OLD_DIFFUSERS_SD1, DIFFUSERS, "sd1", OLD_DIFFUSERS_SD1[0]),
+        (PEFT_SD1, DIFFUSERS, "unet", PEFT_SD1[4]),  # diffusers' names alone: SD 1.x/2.x or SDXL
+        (OLD_DIFFUSERS_SD1, DIFFUSERS, "unet", OLD_DIFFUSERS_SD1[0]),
         (PEFT_SDXL, DIFFUSERS, "sdxl", PEFT_SDXL[0]),
         (PEFT_SDXL_UNET, DIFFUSERS, "sdxl", PEFT_SDXL_UNET[2]),
+        (PEFT_EITHER_UNET, DIFFUSERS, "unet", PEFT_EITHER_UNET[0]),
         (PEFT_FLUX, DIFFUSERS, "flux", PEFT_FLUX[0]),
         (PEFT_TRANSFORMER, DIFFUSERS, "transformer", PEFT_TRANSFORMER[0]),
     ],
@@ -111,6 +119,23 @@ def test_the_layout_and_base_come_from_the_keys(
     assert (layout.source_format, layout.base, layout.tensors) == (source_format, base, len(keys))
     assert layout.evidence[0] == first_evidence and len(layout.evidence) <= 3
     assert layout.families == BASES[base].families
+
+
+@pytest.mark.parametrize(("width", "base"), [(768, "sd1"), (1024, "sd1"), (2048, "sdxl"), (64, "unet")])
+def test_a_unet_file_the_names_leave_open_is_decided_by_its_cross_attention_width(width: int, base: str) -> None:
+    """The key projection of cross-attention takes the text encoder's width: SD 1.x 768, SD 2.x
+    1024, SDXL 2048; another width (a tiny test model) leaves it open, and then it fits both."""
+    shapes = {key: ([4, width] if ".lora_A." in key else [320, 4]) for key in PEFT_EITHER_UNET}
+    layout = recognise(PEFT_EITHER_UNET, "x.safetensors", shapes)
+    assert layout.base == base
+    if base != "unet":
+        assert layout.evidence == (f"{PEFT_EITHER_UNET[0]} of width {width}",)
+    else:
+        for family in ("sd1", "sdxl", "animatediff"):
+            layout.check_family(family, "x.safetensors")
+    with pytest.raises(Rejected) as caught:
+        layout.check_family("flux", "x.safetensors")
+    assert caught.value.reason == "adapter_family_mismatch"
 
 
 def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_families() -> None:
@@ -142,7 +167,7 @@ def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_famili
             "sdxl.safetensors is a LoRA for a diffusion transformer (the keys do not say which) "
             "(keys like transformer.transformer_blocks.0.attn.to_q.lora_A.weight",
         ),
-        (PEFT_SD1, "flux", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet"),
+        (PEFT_SD1, "flux", "sdxl.safetensors is a LoRA for a Stable Diffusion UNet, 1.x/2.x or SDXL"),
     ],
 )
 def test_a_lora_for_another_family_is_refused_naming_the_keys(keys: list[str], family: str, message: str) -> None:
