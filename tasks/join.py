@@ -113,16 +113,24 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         Unauthorized: the join token is unknown, used or expired (its reason says which).
         Conflict: ``device_mismatch`` (this device is not the registered one) or
             ``machine_not_loaded``.
-        HomefleetError: any other refusal; ``httpx.HTTPError`` when the server cannot be reached.
+        HomefleetError: any other refusal; reason ``server_unreachable`` when ``server_url`` is
+            no http(s) URL or nothing answers there.
     """
     body = JoinRequest(backend=device.backend, memory_bytes=device.memory_bytes).model_dump()
-    response = httpx.post(
-        f"{server_url.rstrip('/')}/internal/v1/join",
-        json=body,
-        timeout=timeout_s,
-        headers={"Authorization": f"Bearer {join_token}"},
-        verify=tls_context(),
-    )
+    try:
+        response = httpx.post(
+            f"{server_url.rstrip('/')}/internal/v1/join",
+            json=body,
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {join_token}"},
+            verify=tls_context(),
+        )
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise HomefleetError(
+            f"the server at {server_url!r} cannot be reached ({type(error).__name__}: {error}); give the URL "
+            "`homefleet machines add` printed, e.g. http://server:8787",
+            reason="server_unreachable",
+        ) from error
     if response.is_success:
         return JoinGrant.model_validate(response.json())
     try:

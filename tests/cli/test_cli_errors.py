@@ -287,3 +287,32 @@ def test_a_machine_the_fleet_does_not_have_is_one_error_line_naming_the_machines
         done.stderr
     )
     assert "server" in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Usage" not in done.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{port}", "notaurl", "ftp://server:8787"])
+def test_worker_join_with_a_url_nothing_answers_at_is_one_error_line(tmp_path: Path, url: str) -> None:
+    """A mistyped server URL: one `server_unreachable` line naming it and the URL's shape, exit
+    2 (it was a 257-line traceback), and nothing written in the worker's folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    given = url.format(port=free_port())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            "join",
+            given,
+            "hfj_0123456789abcdef",
+            "--models-dir",
+            str(tmp_path / "w" / "models"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and said.startswith(f"error (server_unreachable): the server at '{given}'"), said
+    assert "http://server:8787" in said and "Traceback" not in done.stderr
+    assert not (tmp_path / "w" / "worker-token").exists()
