@@ -490,9 +490,11 @@ def models_update(
                 highlight=False,
             )
         workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
+        if SERVER in had:
+            console.print(f"{SERVER} reads this folder itself: its worker verifies the new content", highlight=False)
         if not workers:
             console.print(
-                f"no worker advertised it; sync it where it should run: `homefleet sync MACHINE {model}`",
+                f"no other machine advertised it; sync it where it should run: `homefleet sync MACHINE {model}`",
                 soft_wrap=True,
                 highlight=False,
             )

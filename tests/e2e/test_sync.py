@@ -291,6 +291,7 @@ def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes
     update = run_cli("models", "update", "tiny-d", env={**fleet.env, "COLUMNS": "300"})
     assert "updated tiny-d: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
     assert f"changed: {UNET}" in update.stdout
+    assert "advertised it" not in update.stdout and "server reads this folder" not in update.stdout  # m2 had it
     started = re.search(r"m2 held the old content \(withdrawn there now\): sync ([0-9a-f]+) started", update.stdout)
     assert started, update.stdout
     synced = wait_for(
