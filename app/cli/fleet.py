@@ -201,8 +201,16 @@ def flower(
     would retry a broker that does not answer forever, printing the same warning (redis_down)."""
     import os
 
+    from app.cli.listening import refuse_taken_port
     from app.core.connections import create_redis
+    from app.core.errors import ConfigError
 
+    if basic_auth is not None and not all(":" in pair.strip()[1:-1] for pair in basic_auth.split(",")):
+        raise ConfigError(  # Flower would start and let no one in; the value itself is never shown
+            "--basic-auth (FLOWER_BASIC_AUTH) must be user:password, several comma-separated",
+            reason="invalid_settings",
+        )
+    refuse_taken_port(address, port, "Flower's address", "--port (or --address)")
     client = create_redis(server_settings())
     try:
         client.ping()

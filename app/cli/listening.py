@@ -14,13 +14,20 @@ import socket
 from app.core.errors import ConfigError
 
 
-def refuse_taken_port(host: str, port: int) -> None:
+def refuse_taken_port(
+    host: str,
+    port: int,
+    what: str = "the API address",
+    settings: str = "HOMEFLEET_API_PORT (or HOMEFLEET_API_HOST)",
+) -> None:
     """Return when ``host``:``port`` (TCP) can be bound now.
+
+    ``what`` names the address in the message (the API's, Flower's), ``settings`` what moves it.
 
     Raises:
         ConfigError: reason ``port_in_use`` when another socket listens there (naming the
-            address and ``HOMEFLEET_API_PORT`` / ``HOMEFLEET_API_HOST``); any other bind error
-            (an address not on this host) is left for uvicorn to report.
+            address and ``settings``); any other bind error (an address not on this host) is
+            left for the server (uvicorn, Flower's tornado) to report.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -32,7 +39,6 @@ def refuse_taken_port(host: str, port: int) -> None:
                 return
             shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
             raise ConfigError(
-                f"the API address {shown} is in use by another process: stop it, or give this server another "
-                "HOMEFLEET_API_PORT (or HOMEFLEET_API_HOST)",
+                f"{what} {shown} is in use by another process: stop it, or give this server another {settings}",
                 reason="port_in_use",
             ) from error

@@ -316,3 +316,39 @@ def test_worker_join_with_a_url_nothing_answers_at_is_one_error_line(tmp_path: P
     assert done.returncode == 2 and said.startswith(f"error (server_unreachable): the server at '{given}'"), said
     assert "http://server:8787" in said and "Traceback" not in done.stderr
     assert not (tmp_path / "w" / "worker-token").exists()
+
+
+def test_flower_on_a_taken_port_or_with_a_malformed_basic_auth_is_one_error_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Flower's own answer to a taken port is a tornado traceback, and a basic auth without
+    `user:password` lets nobody in: both are refused before Flower starts, exit 2, the
+    password never shown."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOMEFLEET_", "FLOWER_"))}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and said.startswith(f"error (port_in_use): Flower's address 127.0.0.1:{port}"), said
+    assert "--port" in said and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(free_port())],
+        env={**env, "FLOWER_BASIC_AUTH": "adminsecretpw"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "error (invalid_settings): --basic-auth (FLOWER_BASIC_AUTH) must be" in said
+    assert "adminsecretpw" not in done.stderr + done.stdout
