@@ -228,7 +228,7 @@ def drain(
     machine: Annotated[str, typer.Argument(help="the machine to drain")],
     undo: Annotated[bool, typer.Option("--undo", help="resume placing jobs on it")] = False,
     wait: Annotated[bool, typer.Option(help="wait until its backlog is empty")] = True,
-    timeout_s: Annotated[float, typer.Option(help="how long to wait, seconds")] = 3600.0,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait, seconds", min=0)] = 3600.0,
 ) -> None:
     """Stop placing new jobs on MACHINE (pinned jobs get 503 machine_draining, Auto skips it),
     then wait with a progress bar until its queued and running jobs are done."""

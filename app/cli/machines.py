@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
 from app.cli.common import console, errors, require_machine, server_settings
-from app.core.errors import ConfigError, Conflict
+from app.core.errors import ConfigError, Conflict, Rejected
+from app.core.families import FAMILIES
 from app.fleet.config import Backend
 
 if TYPE_CHECKING:
@@ -126,10 +128,22 @@ def add(
                     reason="machine_exists",
                 )
             given = sorted({f.strip() for item in families or [] for f in item.split(",") if f.strip()})
+            unknown = [f for f in given if f not in FAMILIES]
+            if unknown:  # a machine of no known family would be placed nothing, silently
+                raise Rejected(
+                    f"--families: {', '.join(map(repr, unknown))} is no model family; families: {', '.join(FAMILIES)}",
+                    reason="unknown_family",
+                    param="families",
+                )
             chosen = given or sorted(fleet.family_names)
             entry = live.new_machine_entry(name, backend, int(memory * 1e9), chosen, speed)
             try:
                 new = live.edit(old, lambda entries: entries.append(entry))
+            except ValidationError as error:  # the fleet file's own rule, in its words, one line
+                problem = error.errors()[0]
+                raise Rejected(
+                    str(problem["msg"]).removeprefix("Value error, "), reason="invalid_machine", param="name"
+                ) from error
             except ValueError as error:
                 raise typer.BadParameter(str(error), param_hint="NAME") from error
             _write_and_wait(ctx, path, old, new, wait_s)
@@ -190,7 +204,7 @@ def remove(
         ),
     ] = False,
     wait: Annotated[bool, typer.Option(help="wait until its jobs are done; --no-wait refuses while it has any")] = True,
-    timeout_s: Annotated[float, typer.Option(help="how long to wait for its jobs, seconds")] = 3600.0,
+    timeout_s: Annotated[float, typer.Option(help="how long to wait for its jobs, seconds", min=0)] = 3600.0,
     wait_s: Annotated[float, typer.Option(help="how long to wait for the running server to reload")] = RELOAD_WAIT_S,
 ) -> None:
     """Drain machine NAME (nothing new is placed on it), wait until its queued and running jobs

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from app.cli.common import console, require_machine
 from app.core.config import Settings
+from app.core.errors import Rejected
+from app.core.kinds import KINDS
 
 residency_cli = typer.Typer(help="Residency commitments: models a machine keeps loaded (R16).", no_args_is_help=True)
 oom_cli = typer.Typer(help="Remembered out-of-memory failures (R21).", no_args_is_help=True)
@@ -80,6 +82,10 @@ def oom_clear(
     ctx = build_checked_context(Settings())
     try:
         require_machine(machine, ctx.fleet.machines)
+        if kind is not None and kind not in KINDS:  # a typo would clear nothing and say so as success
+            raise Rejected(f"kind {kind!r} is unknown; kinds: {', '.join(KINDS)}", reason="unknown_kind")
+        if model is not None:
+            ctx.registry.get(model)  # NotFound unknown_model (a retired model's record stays: its OOMs too)
         console.print(f"{machine}: {ctx.residency.clear_ooms(machine, model, kind)} remembered OOMs cleared")
     finally:
         ctx.close()

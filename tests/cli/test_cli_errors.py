@@ -352,3 +352,50 @@ def test_flower_on_a_taken_port_or_with_a_malformed_basic_auth_is_one_error_line
     said = " ".join(done.stderr.split())
     assert done.returncode == 2 and "error (invalid_settings): --basic-auth (FLOWER_BASIC_AUTH) must be" in said
     assert "adminsecretpw" not in done.stderr + done.stdout
+
+
+def test_machines_add_and_oom_clear_refuse_values_that_would_do_nothing_in_one_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A machine name the fleet file refuses (pydantic's internals were shown in a usage box), a
+    family no model has (the machine was added and would be placed nothing), an OOM record of a
+    kind or model that does not exist ("0 cleared", exit 0): each one line on stderr, exit 2,
+    the fleet file untouched."""
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(
+        '[[machines]]\nname = "server"\nbackend = "cpu"\nmemory_kind = "unified"\nmemory_bytes = 8000000000\n'
+        'families = ["sd1"]\ntoken = "server-token-0123456789abcdef"\n'
+    )
+    fleet_file.chmod(0o600)
+    before = fleet_file.read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update(
+        {
+            "HOMEFLEET_DATA_DIR": str(tmp_path / "data"),
+            "HOMEFLEET_REDIS_URL": redis_url,
+            "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        }
+    )
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
+    for command, said in (
+        (
+            ["machines", "add", "bad name!", "--wait-s", "0"],
+            "error (invalid_machine): a machine name is a host name (lowercase letters, digits and '-'",
+        ),
+        (
+            ["machines", "add", "box1", "--families", "sd1,nofam", "--wait-s", "0"],
+            "error (unknown_family): --families: 'nofam' is no model family; families: sd1, sdxl",
+        ),
+        (
+            ["oom", "clear", "server", "--kind", "bogus"],
+            "error (unknown_kind): kind 'bogus' is unknown; kinds: txt2img",
+        ),
+        (["oom", "clear", "server", "--model", "nomodel"], "error (unknown_model): model 'nomodel' is not registered"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", *command], env=env, capture_output=True, text=True, timeout=120
+        )
+        line = done.stderr.strip()
+        assert done.returncode == 2 and line.startswith(said) and len(line.splitlines()) == 1, done.stdout + line
+        assert "errors.pydantic.dev" not in line and "cleared" not in done.stdout
+    assert fleet_file.read_text() == before
