@@ -689,7 +689,7 @@ def check_kind_params(
                 raise Rejected(
                     f"params.{field} must have the size of params.{first[0]} ({first[1][0]}x{first[1][1]} "
                     f"pixels), got {width}x{height}",
-                    reason="invalid_params",
+                    reason=f"invalid_{field}",
                     param=f"params.{field}",
                 )
             if width % multiple or height % multiple:
@@ -697,7 +697,8 @@ def check_kind_params(
                 raise Rejected(
                     f"params.{field}: the image to {kind} must have a width and height that are multiples "
                     f"of {multiple} pixels{why}, got {width}x{height}",
-                    reason="invalid_params",
+                    reason=f"invalid_{field}",
+                    param=f"params.{field}",
                 )
     if kind_spec.formats:
         fmt = kind_spec.value(params, "format")

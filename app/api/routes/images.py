@@ -190,10 +190,9 @@ class ImageGeneration(RequestBody):
     )
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
     response_format: Literal["b64_json", "url"] | None = Field(None, description="default b64_json")
-    steps: int | None = Field(
+    steps: int | None = Field(  # no schema maximum: the family's limit is the one a user meets (invalid_steps)
         None,
         ge=1,
-        le=10_000,
         description="Homefleet extra: denoising steps; at most the model family's max_steps "
         "(150 unless HOMEFLEET_LIMITS says otherwise), checked with the job (invalid_steps)",
     )
@@ -224,10 +223,9 @@ class HfParameters(RequestBody):
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(None, ge=1, le=100_000)
     height: int | None = Field(None, ge=1, le=100_000)
-    num_inference_steps: int | None = Field(
+    num_inference_steps: int | None = Field(  # no schema maximum: the family's limit (invalid_steps)
         None,
         ge=1,
-        le=10_000,
         description="at most the model family's max_steps (150 unless HOMEFLEET_LIMITS says otherwise)",
     )
     guidance_scale: float | None = Field(

@@ -325,6 +325,18 @@ OVER_LIMITS = [
         id="hf-steps",
     ),
     pytest.param("/hf", {"inputs": "a fox", "parameters": {"width": 12}}, "parameters.width", id="hf-width"),
+    pytest.param(  # far over the limit: the same refusal as just over it (a schema bound answered before)
+        "/v1/images/generations",
+        {"model": IMAGE_MODEL, "prompt": "a fox", "target": "m1", "steps": 20000},
+        "steps",
+        id="openai-steps-far",
+    ),
+    pytest.param(
+        "/hf",
+        {"inputs": "a fox", "parameters": {"num_inference_steps": 20000}},
+        "parameters.num_inference_steps",
+        id="hf-steps-far",
+    ),
 ]
 
 
@@ -339,6 +351,8 @@ def test_a_value_over_the_family_limit_names_the_client_field_in_param(
     assert answer.status_code == 422, answer.text[:500]
     error = answer.json()["error"]
     assert error["param"] == param, error
+    if param.endswith("steps") and '"many"' not in json.dumps(body):  # the family's limit, whatever the number
+        assert error.get("reason", error.get("code")) == "invalid_steps" and "between 1 and" in error["message"], error
 
 
 # route, body, the field its error's ``param`` must name and the reason: a model, kind or target
