@@ -125,12 +125,12 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
             headers={"Authorization": f"Bearer {join_token}"},
             verify=tls_context(),
         )
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
+    except (httpx.HTTPError, httpx.InvalidURL) as unreachable:
         raise HomefleetError(
-            f"the server at {server_url!r} cannot be reached ({type(error).__name__}: {error}); give the URL "
-            "`homefleet machines add` printed, e.g. http://server:8787",
+            f"the server at {server_url!r} cannot be reached ({type(unreachable).__name__}: {unreachable}); give "
+            "the URL `homefleet machines add` printed, e.g. http://server:8787",
             reason="server_unreachable",
-        ) from error
+        ) from unreachable
     if response.is_success:
         return JoinGrant.model_validate(response.json())
     try:
@@ -253,11 +253,11 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         missing.append("a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file")
     models_dir = values.get("HOMEFLEET_MODELS_DIR")
     if models_dir:
-        path = Path(models_dir).expanduser()
-        found = "" if path.is_dir() else ": not a folder" if path.exists() else ": absent"
-        lines.append(("models folder", f"{models_dir}{found}"))
-        if found:
-            missing.append(f"the models folder {models_dir}" + (" (a file is there)" if path.exists() else ""))
+        folder = Path(models_dir).expanduser()
+        problem = "" if folder.is_dir() else ": not a folder" if folder.exists() else ": absent"
+        lines.append(("models folder", f"{models_dir}{problem}"))
+        if problem:
+            missing.append(f"the models folder {models_dir}" + (" (a file is there)" if folder.exists() else ""))
     return lines, missing
 
 

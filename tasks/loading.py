@@ -62,12 +62,15 @@ def check_files(rt: runtime.WorkerRuntime, manifest: Manifest) -> None:
     problems = model_problems(settings.models_dir, manifest)
     if problems:
         rt.withdraw(model_id)
-        raise IntegrityFailure(f"model {model_id} on {settings.machine} does not match the manifest " + (
-            f"(the server's own copy, which a sync copies from: restore the file, or take the new content with "
-            f"`homefleet models update {model_id}`; `homefleet models verify {model_id}` names every changed file): "
+        fix = (
+            f"the server's own copy, which a sync copies from: restore the file, or take the new content with "
+            f"`homefleet models update {model_id}`; `homefleet models verify {model_id}` names every changed file"
             if settings.machine == SERVER
-            else f"(withdrawn until `homefleet sync {settings.machine} {model_id}`): "
-        ) + "; ".join(problems[:5]))
+            else f"withdrawn until `homefleet sync {settings.machine} {model_id}`"
+        )
+        raise IntegrityFailure(
+            f"model {model_id} on {settings.machine} does not match the manifest ({fix}): " + "; ".join(problems[:5])
+        )
     rt.verified_stats[model_id] = stats
 
 

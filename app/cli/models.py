@@ -460,10 +460,11 @@ def models_update(
 ) -> None:
     """Take the current content of the model's server folder as its new manifest (R5): the
     files registration would take from it (the rest is named and left out), checked as
-    registration checks them; rehash them, record the new digests and sizes (and its weight bytes, re-priced), and tell every
-    worker, which re-verifies its copy and withdraws an old one. Then start a sync of the model
-    to each machine that advertised it (the sync sets a superseded file aside, R6); a machine
-    that cannot take it now (busy, offline, already syncing) is named with the command to run."""
+    registration checks them; rehash them, record the new digests and sizes (and its weight
+    bytes, re-priced), and tell every worker, which re-verifies its copy and withdraws an old one.
+    Then start a sync of the model to each machine that advertised it (the sync sets a
+    superseded file aside, R6); a machine that cannot take it now (busy, offline, already
+    syncing) is named with the command to run."""
     from app.context import build_checked_context
     from app.core.errors import HomefleetError
     from routing.placement import SERVER

@@ -40,7 +40,6 @@ from typing import Any
 
 from app.core.variants import DENOISERS, PRECISION_BYTES, TORCH_DTYPES, Variant, quantization_spec
 
-
 COMPONENT_LIBRARIES = ("diffusers", "transformers")
 """The packages a pipeline's components may come from (besides ``diffusers.pipelines``' modules)."""
 

@@ -239,7 +239,11 @@ def _safety_checker(build: _Build) -> None:
     )
     StableDiffusionSafetyChecker(config).save_pretrained(build.folder / "safety_checker")
     CLIPImageProcessor(crop_size=32, size=32).save_pretrained(build.folder / "feature_extractor")
-    for path in ("safety_checker/config.json", "safety_checker/model.safetensors", "feature_extractor/preprocessor_config.json"):
+    for path in (
+        "safety_checker/config.json",
+        "safety_checker/model.safetensors",
+        "feature_extractor/preprocessor_config.json",
+    ):
         build.fp32.add(path)
         build.fp16.add(path)
     build.fp16_twin("safety_checker/model.safetensors")

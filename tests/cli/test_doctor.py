@@ -132,8 +132,9 @@ def test_doctor_on_the_servers_host_asks_the_port_it_serves_on_and_names_a_file_
         stderr=subprocess.DEVNULL,
     )
     try:
-        import httpx
         import time
+
+        import httpx
 
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

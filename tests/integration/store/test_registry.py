@@ -128,7 +128,9 @@ def test_r5_update_takes_what_registration_would_and_refuses_what_it_would(
     index.write_text(original.replace('"StableDiffusionPipeline"', '"StableDiffusionXLPipeline"'))
     with pytest.raises(Rejected) as refused:  # the job then failed in the worker ("'NoneType' ... 'tokenize'")
         ctx.registry.update(record.id)
-    assert refused.value.reason == "family_changed" and "StableDiffusionXLPipeline (family sdxl)" in refused.value.message
+    assert (
+        refused.value.reason == "family_changed" and "StableDiffusionXLPipeline (family sdxl)" in refused.value.message
+    )
     index.write_text(original.replace('"PNDMScheduler"', '"DDIMScheduler"'))  # a new scheduler class, same pipeline
     (folder / "vae" / "diffusion_pytorch_model.safetensors").unlink()
     with pytest.raises(Rejected) as refused:
