@@ -160,7 +160,12 @@ class ImageCall:
 
 
 OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
-"""OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md)."""
+"""OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md), but
+for the values of :data:`OPENAI_HONOURED` it cannot give."""
+OPENAI_HONOURED: dict[str, tuple[object, ...]] = {"output_format": (None, "png"), "background": (None, "auto", "opaque")}
+"""Of :data:`OPENAI_IGNORED`, the fields whose other values ask for another file than the one
+Homefleet returns (a PNG without transparency): refused, not ignored, so a client that asks
+for a JPEG is not handed a PNG it believes is one."""
 OPENAI_MAPPED = ("prompt", "n", "width", "height", "image", "mask")
 """Job params the OpenAI image routes set from OpenAI's own fields (``size`` -> width, height;
 the upload): not taken again as extras."""
@@ -346,11 +351,12 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
     each a param ``kind`` takes on the model's family (``seed``, ``guidance_scale``,
     ``adapters``... as ``POST /v1/jobs`` takes them; their values are checked with the job's),
     never one set from OpenAI's own fields (:data:`OPENAI_MAPPED`); :data:`OPENAI_IGNORED`
-    fields are dropped.
+    fields are dropped, but for a value :data:`OPENAI_HONOURED` does not hold.
 
     Raises:
         Rejected: reason ``unknown_param`` naming the first extra that is neither (param: its
-            name as sent), listing the ones the kind takes here.
+            name as sent), listing the ones the kind takes here; reason ``invalid_<field>`` for
+            an ``output_format`` or ``background`` this server cannot give.
     """
     try:
         family = ctx.registry.get(model).family
@@ -362,6 +368,14 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
     ]
     params: dict[str, Any] = {}
     for name, value in extras.items():
+        if name in OPENAI_HONOURED and value not in OPENAI_HONOURED[name]:
+            allowed = ", ".join(repr(v) for v in OPENAI_HONOURED[name] if v is not None)
+            raise Rejected(
+                f"`{name}` {value!r} is not what this server makes (PNG images, no transparency); it takes {allowed} "
+                "or no value",
+                reason=f"invalid_{name}",
+                param=name,
+            )
         if name in OPENAI_IGNORED:
             continue
         if name not in taken:

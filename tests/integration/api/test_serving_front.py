@@ -650,3 +650,22 @@ def test_r19_r24_a_server_whose_redis_was_paired_with_another_journal_stops_plac
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert submit(client, "m1").status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [("output_format", "jpeg", "'png'"), ("output_format", "webp", "'png'"), ("background", "transparent", "'auto'")],
+)
+def test_an_openai_image_field_asking_for_another_file_is_refused_not_ignored(
+    api: tuple[TestClient, ServerContext], field: str, value: str, allowed: str
+) -> None:
+    """A client asking for a JPEG (or a transparent background) was handed a PNG it believed
+    was what it asked for: such values are 422 naming the field, before any job exists."""
+    client, ctx = api
+    online(ctx, "m1")
+    answer = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, field: value})
+    assert answer.status_code == 422
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (field, f"invalid_{field}"), error
+    assert f"`{field}` {value!r} is not what this server makes" in error["message"] and allowed in error["message"]
+    assert ctx.journal.list() == [] or all(j.state == JobState.rejected for j in ctx.journal.list())
