@@ -16,6 +16,12 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   replication being asynchronous; or a restart) -> the same publishing again of every ``queued``
   job whose message is gone, in journal order, before such a job could be judged ``purged``
   (docs/operations.md, "Redis Sentinel"); a purge in the same moments is undone by it;
+- Redis was out of reach while it kept its data (a pass of this reconciler failed on it, its
+  master changed, or every heartbeat the last pass found live lapsed at once: a restart, a
+  pause, the host asleep) -> the marker's time moves to now, so that no worker is judged
+  ``worker_lost`` until ``heartbeat_ttl_s`` after Redis answered again: the heartbeat keys
+  expired meanwhile, and live workers beat again within a few heartbeat intervals
+  (:meth:`Reconciler._beating_since`, the grace's one home);
 - a ``running`` job whose machine has no live heartbeat (and no progress report within
   ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
@@ -122,6 +128,11 @@ class Reconciler:
     # The pass's ends (app/jobs/endings.py): announced to Flower; their reservations are released
     # by the pass's own Reservations.reconcile, which counts them.
     endings: Endings | None = None
+    # A pass of this reconciler failed on Redis (ConnectionError, TimeoutError) since the last
+    # one that reached it (:meth:`_beating_since`).
+    _unreachable: bool = field(default=False, init=False)
+    # The machines whose heartbeat the last pass found live (:meth:`_beating_since`).
+    _live: set[str] = field(default_factory=set, init=False)
 
     def run_once(self) -> ReconcileReport:
         """One reconciliation pass; see the module docstring.
@@ -132,18 +143,23 @@ class Reconciler:
                 nothing was changed.
             PlacementLost: the fleet lock cannot be had within ``fleet_lock_wait_s``.
         """
+        try:
+            return self._pass()
+        except (redis.ConnectionError, redis.TimeoutError):
+            self._unreachable = True  # the next pass that reaches Redis gives the workers time to beat
+            raise
+
+    def _pass(self) -> ReconcileReport:
         self.pairing.check(record=self.server, require=not self.server)  # before trusting this journal
         report = ReconcileReport()
         with self.lock.held("reconciliation tries again at its next pass") as fence:
-            seen = self.redis.get(self.keys.redis_seen())
+            seen = cast("str | None", self.redis.get(self.keys.redis_seen()))  # decoded (create_redis)
             report.redis_lost = seen is None
             report.residency_restored = self.residency.restore().source == "database"
-            # Workers write their lease, then their heartbeat, again within a few heartbeat
-            # intervals of a Redis that lost its data: none is judged before heartbeat_ttl_s.
-            since = time.time() if seen is None else float(seen)
-            self._running(report, judge_liveness=time.time() - since >= self.settings.heartbeat_ttl_s)
             replid, recorded = self._replication_ids()
             report.master_changed = recorded is not None and replid != recorded
+            since = self._beating_since(seen, report.master_changed)
+            self._running(report, judge_liveness=time.time() - since >= self.settings.heartbeat_ttl_s)
             if report.redis_lost or report.master_changed:
                 self._requeue(report, fence)
             self._queued(report, fence)
@@ -159,6 +175,48 @@ class Reconciler:
         if report.interrupted or report.cancelled or report.released_reservations or report.requeued:
             log.warning("reconciliation: %s", report)
         return report
+
+    def _beating_since(self, seen: str | None, master_changed: bool) -> float:
+        """Unix seconds since which every worker has been able to write its heartbeat to this
+        Redis: no worker is judged ``worker_lost`` before ``heartbeat_ttl_s`` after it (R19).
+        ``seen``: the marker ``Keys.redis_seen`` as this pass read it (None: Redis lost its data).
+
+        Workers write their lease, then their heartbeat, again within a few heartbeat intervals
+        of a Redis that answers again; meanwhile their heartbeat keys expire (a Redis stopped and
+        started with its data keeps none whose TTL ran out, a paused one expires them on waking).
+        So the marker's time moves to now when this pass finds that Redis was out of reach: an
+        earlier pass of this reconciler failed on it (:attr:`_unreachable`), its master is
+        another one (``master_changed``: a restart or a failover), or the heartbeats that the
+        last pass found live have all lapsed at once. Kept in Redis, the grace holds for any
+        reconciler's pass (a standby server's, ``homefleet reconcile``); a Redis that lost its
+        data gets the marker written at the end of the pass, with this pass's time.
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: Redis does not answer.
+        """
+        now = time.time()
+        live = {name for name in self.machines.fleet.machines if self.machines.heartbeat(name) is not None}
+        lapsed = bool(self._live) and not (live & self._live)
+        self._live = live
+        if seen is None:
+            return now
+        if self._unreachable or master_changed or lapsed:
+            self.redis.set(self.keys.redis_seen(), repr(now), xx=True)
+            why = (
+                "its passes failed on it"
+                if self._unreachable
+                else "its master changed"
+                if master_changed
+                else "every live heartbeat lapsed at once"
+            )
+            log.info(
+                "reconciliation: Redis was out of reach (%s): no worker is judged lost for heartbeat_ttl_s=%g s",
+                why,
+                self.settings.heartbeat_ttl_s,
+            )
+            self._unreachable = False
+            return now
+        return float(seen)
 
     def _replication_ids(self) -> tuple[str | None, str | None]:
         """``(the master's replication id now, the one the last pass recorded)``; the first is

@@ -18,6 +18,7 @@ from app.core.config import Settings
 from app.core.errors import ConfigError
 from app.core.states import JobState
 from app.db.tables import Job, utcnow
+from app.devtools.redis_server import free_port, start_redis_server
 from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 
 
@@ -152,6 +153,74 @@ def test_r19_a_redis_that_lost_its_data_gives_workers_time_to_beat_again_before_
     assert ctx.reconciler().run_once().interrupted == {}
     ctx.redis.delete(ctx.keys.heartbeat("m1"))  # a worker that never came back is judged after the grace
     assert ctx.reconciler().run_once().interrupted == {job: "worker_lost"}
+
+
+def test_r19_after_a_redis_restart_that_kept_its_data_workers_get_time_to_beat_again(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Redis stopped with its data saved and started again: the heartbeat keys whose TTL ran out
+    meanwhile are gone, the marker ``redis_seen`` is kept. The reconciler's passes failed while
+    Redis was down, so no worker is judged lost until ``heartbeat_ttl_s`` after it answered
+    again (a live worker beats again meanwhile); one that never beats again is then."""
+    port = free_port()
+    own = start_redis_server(tmp_path / "redis", port=port)
+    servers = [own]
+    request.addfinalizer(lambda: servers[-1].stop())
+    tight = settings.model_copy(update={"redis_url": own.url, "lost_grace_s": 0.0, "hung_after_s": 600.0})
+    ctx = build_context(tight, make_fleet("m1", "m2"), migrate=True)
+    request.addfinalizer(ctx.close)
+    known_redis(ctx)
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    bring_online(ctx, "m2")  # its heartbeat outlives the outage: not every one lapsed
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - ctx.settings.heartbeat_ttl_s - 1)  # a long step
+    record = {"machine": "m1", "boot_id": "boot-A", "at": time.time()}
+    ctx.redis.set(ctx.keys.heartbeat("m1"), json.dumps(record), px=1500)  # expires while Redis is down
+    expires = time.time() + 1.5
+    reconciler = ctx.reconciler()  # the server's loop: one reconciler for every pass
+    assert reconciler.run_once().interrupted == {}
+    ctx.redis.save()  # `redis-cli shutdown save`
+    own.stop()
+    with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+        reconciler.run_once()
+    time.sleep(max(0.0, expires - time.time()) + 0.2)
+    servers.append(start_redis_server(tmp_path / "redis", port=port))  # the same dump
+    assert ctx.redis.exists(ctx.keys.redis_seen()) and not ctx.redis.exists(ctx.keys.heartbeat("m1"))
+    # as a Redis that keeps its replication id across a restart, or refuses INFO: only the
+    # failed passes tell of the outage
+    ctx.redis.delete(ctx.keys.redis_replid())
+    answered = time.time()
+    report = reconciler.run_once()
+    assert report.interrupted == {} and not report.redis_lost
+    assert ctx.journal.get(job).state == JobState.running
+    assert float(ctx.redis.get(ctx.keys.redis_seen()) or 0) >= answered - 1  # the grace counts from now
+    assert ctx.reconciler().run_once().interrupted == {}  # any reconciler's pass keeps the grace
+    ctx.redis.set(ctx.keys.redis_seen(), time.time() - ctx.settings.heartbeat_ttl_s - 1)  # as the grace later
+    assert reconciler.run_once().interrupted == {job: "worker_lost"}  # it never beat again
+
+
+def test_r19_when_every_live_heartbeat_lapses_at_once_workers_get_time_to_beat_again(
+    settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """Every heartbeat the last pass found live is gone at the next (Redis paused, or the host
+    asleep, longer than heartbeat_ttl_s while no pass failed): Redis was out of reach for every
+    worker, so none is judged lost within heartbeat_ttl_s; a worker that beats again is left
+    alone after it."""
+    ctx = build_context(settings.model_copy(update={"hung_after_s": 600.0}), make_fleet("m1", "m2"), migrate=True)
+    request.addfinalizer(ctx.close)
+    known_redis(ctx)
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - ctx.settings.heartbeat_ttl_s - 1)
+    beat(ctx, "m1", "boot-A")
+    beat(ctx, "m2", "boot-B")
+    reconciler = ctx.reconciler()
+    assert reconciler.run_once().interrupted == {}
+    ctx.redis.delete(ctx.keys.heartbeat("m1"), ctx.keys.heartbeat("m2"))  # expired together
+    assert reconciler.run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.running
+    beat(ctx, "m1", "boot-A")  # it beats again within the grace
+    ctx.redis.set(ctx.keys.redis_seen(), time.time() - ctx.settings.heartbeat_ttl_s - 1)
+    assert reconciler.run_once().interrupted == {}
+    assert ctx.journal.get(job).state == JobState.running
 
 
 def test_r19_a_missing_message_gets_a_grace_period(
