@@ -3,7 +3,9 @@ broker's URL as kombu names it. Nothing connects at import time."""
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
@@ -123,3 +125,40 @@ def redacted_url(url: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port is not None else ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+class RedisOutageLog:
+    """Says a Redis outage in ``logger`` once, for a loop that meets it at every turn: a warning
+    naming ``redis_down`` and the URL (:func:`redacted_url`) when Redis stops answering
+    (:meth:`failed`), nothing while it stays down, and one line when it answers again
+    (:meth:`answered`). ``what``: who met it (``reconciliation``, ``job changes``); ``meanwhile``:
+    what that loop does until Redis answers. Not thread-safe: one per loop."""
+
+    def __init__(self, logger: logging.Logger, what: str, redis_url: str, meanwhile: str) -> None:
+        self.logger = logger
+        self.what = what
+        self.url = redacted_url(redis_url)
+        self.meanwhile = meanwhile
+        self.down_since: float | None = None  # monotonic seconds of the first failure, None while it answers
+
+    def failed(self, error: Exception) -> None:
+        """Redis did not answer (``error``: redis-py's ConnectionError or TimeoutError, or an
+        OSError): the warning, unless this outage was said already."""
+        if self.down_since is not None:
+            return
+        self.down_since = time.monotonic()
+        self.logger.warning(
+            "%s: Redis at %s does not answer (redis_down: %s); %s until it answers again",
+            self.what,
+            self.url,
+            error,
+            self.meanwhile,
+        )
+
+    def answered(self, after: str = "") -> None:
+        """Redis answered: one line if it had not (``after``: what follows now, appended), else nothing."""
+        if self.down_since is None:
+            return
+        down_s = time.monotonic() - self.down_since
+        self.down_since = None
+        self.logger.warning("%s: Redis at %s answers again (down about %.0f s)%s", self.what, self.url, down_s, after)

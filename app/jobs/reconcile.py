@@ -57,6 +57,7 @@ from typing import cast
 import redis
 
 from app.core.config import Settings
+from app.core.connections import RedisOutageLog
 from app.core.errors import ConfigError, Conflict, HomefleetError
 from app.core.keys import Keys, queue
 from app.core.kinds import job_request
@@ -198,22 +199,17 @@ class Reconciler:
         live = {name for name in self.machines.fleet.machines if self.machines.heartbeat(name) is not None}
         lapsed = bool(self._live) and not (live & self._live)
         self._live = live
-        if seen is None:
+        if seen is None:  # Redis lost its data: the marker, written at the end of the pass, says now
+            self._unreachable = False
             return now
         if self._unreachable or master_changed or lapsed:
             self.redis.set(self.keys.redis_seen(), repr(now), xx=True)
-            why = (
-                "its passes failed on it"
-                if self._unreachable
-                else "its master changed"
-                if master_changed
-                else "every live heartbeat lapsed at once"
-            )
-            log.info(
-                "reconciliation: Redis was out of reach (%s): no worker is judged lost for heartbeat_ttl_s=%g s",
-                why,
-                self.settings.heartbeat_ttl_s,
-            )
+            if not self._unreachable:  # (the loop says an outage its passes met, ReconcileLoop)
+                log.info(
+                    "reconciliation: Redis was out of reach (%s): no worker is judged lost for heartbeat_ttl_s=%g s",
+                    "its master changed" if master_changed else "every live heartbeat lapsed at once",
+                    self.settings.heartbeat_ttl_s,
+                )
             self._unreachable = False
             return now
         return float(seen)
@@ -465,7 +461,9 @@ class Reconciler:
 
 class ReconcileLoop:
     """Runs :meth:`Reconciler.run_once` at start and every ``reconcile_interval_s`` seconds
-    in a daemon thread, until :meth:`stop`. ``on_refusal`` is told after each pass: the
+    in a daemon thread, until :meth:`stop`. A pass that Redis does not answer (ConnectionError,
+    TimeoutError) is said once per outage, with one line when Redis answers again
+    (:class:`RedisOutageLog`), not with a traceback at every pass. ``on_refusal`` is told after each pass: the
     configuration error that refused it (the Redis runs with another journal), or None. A pass
     runs only while ``leads()`` (one leader among servers sharing the journal, app/db/leadership.py)."""
 
@@ -477,6 +475,9 @@ class ReconcileLoop:
         leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.reconciler = reconciler
+        self.outage = RedisOutageLog(
+            log, "reconciliation", reconciler.settings.redis_url, "passes are skipped and nothing is judged"
+        )
         self.leads = leads
         self.interval_s = interval_s
         self.on_refusal = on_refusal
@@ -497,7 +498,12 @@ class ReconcileLoop:
                 continue
             try:
                 self.reconciler.run_once()
+                self.outage.answered(
+                    f"; no worker is judged lost for heartbeat_ttl_s={self.reconciler.settings.heartbeat_ttl_s:g} s"
+                )
                 self.on_refusal(None)
+            except (redis.ConnectionError, redis.TimeoutError) as error:  # an outage: said once, not each pass
+                self.outage.failed(error)
             except ConfigError as error:  # a configuration to fix, not a crash: one line, no traceback
                 log.error("reconciliation refused (%s): %s", error.reason, error.message)
                 self.on_refusal(error)  # the Redis runs with another journal: no placing either

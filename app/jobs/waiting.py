@@ -26,7 +26,7 @@ import redis
 from anyio import to_thread
 
 from app.core.config import BrokerSettings
-from app.core.connections import create_redis
+from app.core.connections import RedisOutageLog, create_redis
 from app.core.keys import Keys
 from app.core.states import ENDED
 from app.db.tables import Job
@@ -85,6 +85,9 @@ class Waiting:
         self._ready.wait(READY_S)
 
     def _listen(self) -> None:
+        outage = RedisOutageLog(
+            log, "job changes", self.settings.redis_url, f"waiters re-read the journal every {self.recheck_s:g} s"
+        )
         while not self._stop.is_set():
             client = create_redis(self.settings)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
@@ -96,14 +99,19 @@ class Waiting:
                 # so that read is not repeated
                 self._wake_all()
                 self._ready.set()
+                outage.answered()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=LISTEN_S)
                     if message is not None:
                         self._heard(message.get("data"))
-            except (redis.RedisError, OSError) as error:
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as error:  # said once per outage
+                self._ready.clear()
+                outage.failed(error)
+                self._stop.wait(LISTEN_S)
+            except redis.RedisError as error:  # answered, but refused (e.g. an ACL without SUBSCRIBE)
                 self._ready.clear()
                 log.warning(
-                    "job changes: the listener lost Redis (%s); waiters re-read the journal every %g s meanwhile",
+                    "job changes: Redis refused the listener (%s); waiters re-read the journal every %g s meanwhile",
                     error,
                     self.recheck_s,
                 )

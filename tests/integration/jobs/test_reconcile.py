@@ -4,6 +4,7 @@ nothing vanishes silently. Real Redis and journal; the worker side is what a wor
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from app.core.errors import ConfigError
 from app.core.states import JobState
 from app.db.tables import Job, utcnow
 from app.devtools.redis_server import free_port, start_redis_server
+from app.jobs.reconcile import ReconcileLoop
 from tests.helpers import bring_online, make_fleet, run_cli, settings_env
 
 
@@ -520,3 +522,38 @@ def test_r19_a_running_job_whose_progress_redis_lost_is_hung_after_the_bound_fro
     beat(ctx, "m1", "boot-A")
     assert ctx.reconciler().run_once().interrupted == {job: "hung"}
     assert ctx.journal.get(job).state == JobState.interrupted
+
+
+def test_r19_the_reconciliation_loop_says_a_redis_outage_once_and_when_redis_answers_again(
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While Redis does not answer, the server's loop says so once (redis_down, the URL without
+    its password), not with a traceback at every pass; and once when it answers again."""
+    port = free_port()
+    servers = [start_redis_server(tmp_path / "redis", port=port, password="s3cret")]
+    request.addfinalizer(lambda: servers[-1].stop())
+    ctx = build_context(settings.model_copy(update={"redis_url": servers[0].url}), make_fleet("m1"), migrate=True)
+    request.addfinalizer(ctx.close)
+    loop = ReconcileLoop(ctx.reconciler(), interval_s=0.05)
+    request.addfinalizer(loop.stop)
+    caplog.set_level(logging.INFO, logger="app.jobs.reconcile")
+    servers[0].stop()
+    loop.start()
+    deadline = time.monotonic() + 10
+    while not caplog.records and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # some twenty passes more, all failing
+    said = [record for record in caplog.records if record.name == "app.jobs.reconcile"]
+    assert len(said) == 1, [record.getMessage() for record in said]
+    line = said[0].getMessage()
+    assert said[0].levelno == logging.WARNING and said[0].exc_info is None
+    assert "redis_down" in line and f"redis://:***@127.0.0.1:{port}/0" in line and "s3cret" not in line
+    caplog.clear()
+    servers.append(start_redis_server(tmp_path / "redis", port=port, password="s3cret"))
+    deadline = time.monotonic() + 10
+    while not any("answers again" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few passes more, all answered
+    again = [r.getMessage() for r in caplog.records if r.name == "app.jobs.reconcile" and "Redis at" in r.getMessage()]
+    assert len(again) == 1 and "answers again" in again[0] and "s3cret" not in again[0], again
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -7,6 +7,7 @@ through ``Endings`` as a worker's reports would."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +15,14 @@ from pathlib import Path
 import pytest
 from anyio import to_thread
 
-from app.context import ServerContext
+from app.context import ServerContext, build_context
+from app.core.config import Settings
 from app.core.states import JobState
 from app.db.tables import Job
+from app.devtools.redis_server import free_port, start_redis_server
 from app.jobs.progress import Progress
 from app.jobs.waiting import Waiting
-from tests.helpers import bring_online
+from tests.helpers import bring_online, make_fleet
 
 SAFETY_S = 60.0  # the waiters' safety re-read: longer than any bound below
 
@@ -117,3 +120,35 @@ def test_follow_yields_the_state_changes_and_each_progress_report_then_the_ended
     assert seen == ["queued", "running", "progress None", "progress 1", "progress 2", "interrupted"]
     assert time.monotonic() - started < SAFETY_S / 2
     assert journal.reads <= 7  # once at the start and once per message heard (the claim publishes two)
+
+
+def test_the_listener_says_a_redis_outage_once_and_when_redis_answers_again(
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener retries every second while Redis does not answer: one warning (redis_down,
+    the URL without its password) for the outage, not one per try; one line when it is back."""
+    port = free_port()
+    servers = [start_redis_server(tmp_path / "redis", port=port, password="s3cret")]
+    request.addfinalizer(lambda: servers[-1].stop())
+    ctx = build_context(settings.model_copy(update={"redis_url": servers[0].url}), make_fleet("m1"), migrate=True)
+    request.addfinalizer(ctx.close)
+    waiting = Waiting(ctx.settings, ctx.keys, ctx.journal, ctx.progress, recheck_s=SAFETY_S)
+    request.addfinalizer(waiting.close)
+    caplog.set_level(logging.INFO, logger="app.jobs.waiting")
+    waiting._start()  # the listener, subscribed (a first waiter starts it)
+    assert waiting._ready.is_set()
+    servers[0].stop()
+    time.sleep(3.5)  # three tries or more, each failing
+    said = [record for record in caplog.records if record.name == "app.jobs.waiting"]
+    assert len(said) == 1, [record.getMessage() for record in said]
+    line = said[0].getMessage()
+    assert said[0].levelno == logging.WARNING and "redis_down" in line
+    assert f"redis://:***@127.0.0.1:{port}/0" in line and "s3cret" not in line
+    caplog.clear()
+    servers.append(start_redis_server(tmp_path / "redis", port=port, password="s3cret"))
+    deadline = time.monotonic() + 10
+    while not waiting._ready.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # listening again, quietly
+    again = [record.getMessage() for record in caplog.records if record.name == "app.jobs.waiting"]
+    assert len(again) == 1 and "answers again" in again[0], again
