@@ -187,8 +187,9 @@ class Reconciler:
         started with its data keeps none whose TTL ran out, a paused one expires them on waking).
         So the marker's time moves to now when this pass finds that Redis was out of reach: an
         earlier pass of this reconciler failed on it (:attr:`_unreachable`), its master is
-        another one (``master_changed``: a restart or a failover), or the heartbeats that the
-        last pass found live have all lapsed at once. Kept in Redis, the grace holds for any
+        another one (``master_changed``: a restart or a failover), or the heartbeats of two or
+        more machines that the last pass found live have all lapsed at once (one machine's
+        lapse is its worker's death, judged without this delay). Kept in Redis, the grace holds for any
         reconciler's pass (a standby server's, ``homefleet reconcile``); a Redis that lost its
         data gets the marker written at the end of the pass, with this pass's time.
 
@@ -197,7 +198,7 @@ class Reconciler:
         """
         now = time.time()
         live = {name for name in self.machines.fleet.machines if self.machines.heartbeat(name) is not None}
-        lapsed = bool(self._live) and not (live & self._live)
+        lapsed = len(self._live) >= 2 and not (live & self._live)  # one machine's lapse: its worker died
         self._live = live
         if seen is None:  # Redis lost its data: the marker, written at the end of the pass, says now
             self._unreachable = False
