@@ -162,7 +162,10 @@ class ImageCall:
 OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
 """OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md), but
 for the values of :data:`OPENAI_HONOURED` it cannot give."""
-OPENAI_HONOURED: dict[str, tuple[object, ...]] = {"output_format": (None, "png"), "background": (None, "auto", "opaque")}
+OPENAI_HONOURED: dict[str, tuple[object, ...]] = {
+    "output_format": (None, "png"),
+    "background": (None, "auto", "opaque"),
+}
 """Of :data:`OPENAI_IGNORED`, the fields whose other values ask for another file than the one
 Homefleet returns (a PNG without transparency): refused, not ignored, so a client that asks
 for a JPEG is not handed a PNG it believes is one."""
