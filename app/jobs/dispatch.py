@@ -127,6 +127,17 @@ def abridged(params: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def scoped_idempotency_key(key: str | None, api_key_id: str | None) -> str | None:
+    """The journaled form of a client's ``Idempotency-Key``: the submitting API key's id
+    (``Settings.api_key_id``) and the key, so that two API keys sending the same string (two
+    clients counting ``1, 2, 3``) get their own jobs, never each other's (R20; keys are per
+    client, as Stripe's and the IETF Idempotency-Key draft's). Without an API key (an open
+    API, the server's own jobs) the key as sent."""
+    if key is None or api_key_id is None:
+        return key
+    return f"{api_key_id}/{key}"
+
+
 class Dispatcher:
     """Submits, dry-runs, cancels and ends jobs; see the module docstring for a submission's steps."""
 
@@ -293,8 +304,9 @@ class Dispatcher:
 
         With ``idempotency_key`` (R20): the same key with the same body returns the original
         job (``replayed=True``) and enqueues nothing; the same key with another body raises
-        Rejected (``idempotency_key_reused``, 422). Keys are checked under the fleet lock, so a
-        retry racing its original still gets the original.
+        Rejected (``idempotency_key_reused``, 422). A key is the submitting API key's own
+        (:func:`scoped_idempotency_key`): another API key's same string is another key. Keys
+        are checked under the fleet lock, so a retry racing its original still gets the original.
 
         Raises:
             Rejected / MachineUnavailable / NotFound / Overloaded: refused; journaled as ``rejected``.
@@ -310,6 +322,7 @@ class Dispatcher:
                 self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s
             )
         fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url)
+        shown_key, idempotency_key = idempotency_key, scoped_idempotency_key(idempotency_key, api_key_id)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
         hook = Hook(None, api_key_id)  # the webhook, once checked: a refused job keeps it (its end is delivered)
@@ -321,7 +334,7 @@ class Dispatcher:
             # A retry whose original is journaled is answered without the lock (a journaled job
             # stays); a key not yet seen is looked up again under it, where a racing original
             # is found.
-            if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint)):
+            if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint, shown_key)):
                 return Submission(job=original, position=0, replayed=True)
             self.read_ahead(model_id)
             # Under the lock only what must be atomic (R14, R19, C04): the decision's reads (the
@@ -331,7 +344,7 @@ class Dispatcher:
             # cancel, under the lock, never sees a reservation without its message).
             with self.lock.held("submit again") as fence:
                 # 3. Replay, snapshot, backpressure, place.
-                if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint)):
+                if idempotency_key is not None and (original := self._replay(idempotency_key, fingerprint, shown_key)):
                     return Submission(job=original, position=0, replayed=True)
                 now_s = time.time()
                 seen = self.snapshot(model_id)
@@ -375,8 +388,10 @@ class Dispatcher:
             old.model_id, old.kind, params, target or old.target, requeued_from=old.id, api_key_id=api_key_id
         )
 
-    def _replay(self, idempotency_key: str, fingerprint: str) -> Job | None:
+    def _replay(self, idempotency_key: str, fingerprint: str, shown_key: str | None = None) -> Job | None:
         """The original job of a retried submission (R20), or None for a new key.
+        ``idempotency_key``: as journaled (:func:`scoped_idempotency_key`); ``shown_key``: as
+        the client sent it, for the message.
 
         Raises:
             Rejected: the key was used for another body (``idempotency_key_reused``).
@@ -384,7 +399,7 @@ class Dispatcher:
         original = self.journal.by_idempotency_key(idempotency_key)
         if original is not None and original.request_fingerprint != fingerprint:
             raise Rejected(
-                f"Idempotency-Key {idempotency_key!r} was used for another request body; "
+                f"Idempotency-Key {shown_key or idempotency_key!r} was used for another request body; "
                 "use a new key for a new request",
                 reason="idempotency_key_reused",
             )

@@ -24,7 +24,7 @@ from app.core.errors import HomefleetError, JobPending, Rejected
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
-from app.jobs.dispatch import Dispatcher, Submission
+from app.jobs.dispatch import Dispatcher, Submission, scoped_idempotency_key
 from app.jobs.waiting import Waiting
 from routing.placement import AUTO
 
@@ -132,7 +132,7 @@ def _submit_text(
             param="params.expanded_by",
         )
     if idempotency_key is not None:
-        original = dispatcher.journal.by_idempotency_key(idempotency_key)
+        original = dispatcher.journal.by_idempotency_key(scoped_idempotency_key(idempotency_key, api_key_id) or "")
         if original is not None and (original.params or {}).get("expanded_by"):
             return Submission(job=original, position=0, replayed=True)  # R20: the retry gets the first call's job
     text_model = params.get("expand_prompt")

@@ -75,6 +75,23 @@ def test_r20_an_idempotency_key_returns_the_original_job(ctx: ServerContext, tin
     assert len(ctx.journal.list()) == 1
 
 
+def test_r20_an_idempotency_key_is_the_api_keys_own(ctx: ServerContext, tiny_models_dir: Path) -> None:
+    """Two API keys sending the same Idempotency-Key string (each numbering its requests) get a
+    job each, never the other's; each key's retry still gets its own original, and the
+    message of a reused key shows the key as the client sent it."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    alice = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="1", api_key_id="ka")
+    bob = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="1", api_key_id="kb")
+    assert bob.job.id != alice.job.id and not bob.replayed
+    again = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1", idempotency_key="1", api_key_id="kb")
+    assert (again.job.id, again.replayed) == (bob.job.id, True)
+    with pytest.raises(Rejected) as reused:
+        ctx.dispatcher.submit(model, "txt2img", {"prompt": "y"}, "m1", idempotency_key="1", api_key_id="ka")
+    assert reused.value.message.startswith("Idempotency-Key '1' was used for another request body")
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 2
+
+
 def test_r20_concurrent_retries_with_one_key_create_one_job(ctx: ServerContext, tiny_models_dir: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
