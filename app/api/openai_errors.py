@@ -26,6 +26,22 @@ from app.api.strict_json import printable
 from app.core.errors import HomefleetError, Rejected
 
 OPENAI_PREFIXES = ("/v1/images/", "/hf", "/v1/completions", "/v1/chat/completions", "/v1/models")
+OPENAI_UNSERVED = (
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/audio/",
+    "/v1/moderations",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/batches",
+    "/v1/fine_tuning/",
+    "/v1/vector_stores",
+    "/v1/uploads",
+    "/v1/realtime",
+    "/v1/conversations",
+)
+"""OpenAI API paths this server does not answer: an SDK call to one gets OpenAI's error shape
+(404, the SDK's ``NotFoundError``) naming the routes it does answer, not Homefleet's."""
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
 TGI_ERROR_TYPES = {
@@ -60,7 +76,7 @@ REASON_PARAMS = {
 
 
 def is_openai_route(path: str) -> bool:
-    return path.startswith(OPENAI_PREFIXES)
+    return path.startswith(OPENAI_PREFIXES) or path.startswith(OPENAI_UNSERVED)
 
 
 def is_tgi_route(path: str) -> bool:

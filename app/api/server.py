@@ -24,6 +24,7 @@ from app.api.body_limit import MULTIPART_ROOM, BodyLimit, RouteLimit
 from app.api.fleet_reload import FleetReloader
 from app.api.middleware import HeaderOnPaths, MethodTable, PathMethods, RequestDuration
 from app.api.openai_errors import (
+    OPENAI_UNSERVED,
     is_openai_route,
     is_tgi_route,
     openai_error,
@@ -173,7 +174,13 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             log.error("%s %s: storage full: %s", request.method, request.url.path, message)
             return error_response(request.url.path, StorageFull(message))
         reason = HTTP_REASONS.get(error.status_code, "http_error")
-        refusal = HomefleetError(str(error.detail), reason=reason)
+        detail = str(error.detail)
+        if error.status_code == 404 and request.url.path.startswith(OPENAI_UNSERVED):  # as OpenAI words it
+            detail = (
+                f"Invalid URL ({request.method} {request.url.path}): this server answers OpenAI's "
+                "/v1/chat/completions, /v1/completions, /v1/images/generations, /v1/images/edits and /v1/models"
+            )
+        refusal = HomefleetError(detail, reason=reason)
         refusal.status_code = error.status_code
         answer = error_response(request.url.path, refusal)
         answer.headers.update(error.headers or {})

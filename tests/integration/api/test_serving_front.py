@@ -669,3 +669,22 @@ def test_an_openai_image_field_asking_for_another_file_is_refused_not_ignored(
     assert (error["param"], error["code"]) == (field, f"invalid_{field}"), error
     assert f"`{field}` {value!r} is not what this server makes" in error["message"] and allowed in error["message"]
     assert ctx.journal.list() == [] or all(j.state == JobState.rejected for j in ctx.journal.list())
+
+
+def test_an_openai_route_this_server_does_not_answer_is_openais_404_naming_the_ones_it_does(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """``client.embeddings.create`` against Homefleet: the SDK's NotFoundError carries OpenAI's
+    shape and says which routes the server answers (it was Homefleet's bare "Not Found")."""
+    import openai
+
+    client, _ctx = api
+    sdk = openai.OpenAI(api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.embeddings.create(model="tiny-llama", input="hi")
+    body = missing.value.body
+    assert isinstance(body, dict) and body["type"] == "not_found_error" and body["param"] is None, body
+    assert body["message"].startswith("Invalid URL (POST /v1/embeddings): this server answers OpenAI's")
+    assert "/v1/chat/completions" in missing.value.message
+    ours = client.get("/v1/jobz")  # Homefleet's own paths keep Homefleet's shape
+    assert ours.status_code == 404 and ours.json()["error"]["reason"] == "not_found"
