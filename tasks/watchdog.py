@@ -8,7 +8,11 @@
   it writes to the worker's log (:func:`dump_stacks_on_signal`).
 - A pool process killed under its job is reported by the parent (:meth:`Watchdog.report_lost`):
   killed by SIGKILL, what the kernel's OOM killer sends, as an ``oom`` so the server remembers
-  its size.
+  its size (R21), but only when the kernel's OOM-kill counters (:func:`oom_kill_counters`,
+  read when the job starts and when its process dies) rose meanwhile; a SIGKILL they did not
+  see (``kill -9``, a supervisor) fails the job as ``error`` and remembers nothing
+  (:func:`sigkill_verdict`). Where no counter can be read (macOS), every SIGKILL is taken as
+  an OOM, as before the counters were read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import cast
 
 import httpx
@@ -51,40 +57,125 @@ def dump_stacks_on_signal() -> None:
     faulthandler.register(STACKS_SIGNAL, file=STDERR_FD, all_threads=True)
 
 
-# KEYS[1] running record, ARGV: this process's records (waiting, working): remove only our own.
+VMSTAT = Path("/proc/vmstat")
+"""The kernel's event counters; its ``oom_kill`` line counts every process the OOM killer
+killed on the host since boot, a cgroup's OOM killer's included (Linux 4.13+)."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+"""Where cgroup v2 is mounted; a cgroup's ``memory.events`` line ``oom_kill`` counts the processes
+of that cgroup (and of those below it) killed by any OOM killer."""
+
+
+def _counter(path: Path, name: str) -> int | None:
+    """The value of the line ``<name> <int>`` of ``path``, or None when the file cannot be read
+    or has no such line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        field, _, value = line.partition(" ")
+        if field == name and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _own_cgroup_events() -> Path | None:
+    """This process's cgroup v2 ``memory.events`` (from ``/proc/self/cgroup``'s ``0::`` line),
+    or None where there is no cgroup v2 entry (macOS, cgroup v1)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            return CGROUP_ROOT / line[3:].strip().lstrip("/") / "memory.events"
+    return None
+
+
+def oom_kill_counters() -> dict[str, int]:
+    """The kernel's OOM-kill counters this process can read now, by where each was read
+    (``{path: count}``): ``/proc/vmstat``'s ``oom_kill`` and its cgroup v2 ``memory.events``
+    ``oom_kill``, each when readable. Empty where none can be read (macOS, a Linux kernel
+    before 4.13, a sandbox without /proc): a SIGKILL there cannot be told apart from an OOM."""
+    counters: dict[str, int] = {}
+    if (host := _counter(VMSTAT, "oom_kill")) is not None:
+        counters[str(VMSTAT)] = host
+    events = _own_cgroup_events()
+    if events is not None and (cgroup := _counter(events, "oom_kill")) is not None:
+        counters[str(events)] = cgroup
+    return counters
+
+
+def sigkill_verdict(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[bool, str]:
+    """Whether a pool process killed by SIGKILL was killed by the kernel's OOM killer (R21),
+    from the OOM-kill counters (:func:`oom_kill_counters`) read when its job started
+    (``before``) and after it died (``after``), and the reason said in the job's message.
+
+    - a counter read at both ends that rose: an OOM kill happened meanwhile (on this host, or in
+      the worker's cgroup), taken as this job's: True;
+    - counters read at both ends, none risen: killed by SIGKILL, not by the OOM killer: False;
+    - no counter read at both ends (macOS, or no reading at the job's start): it cannot be told,
+      and a SIGKILL is taken as an OOM, as the kernel's OOM killer sends one: True.
+    """
+    common = sorted(set(before) & set(after))
+    risen = [
+        f"{source} oom_kill {before[source]} -> {after[source]}" for source in common if after[source] > before[source]
+    ]
+    if risen:
+        return True, f"the kernel's OOM killer killed a process meanwhile ({'; '.join(risen)})"
+    if common:
+        same = "; ".join(f"{source} oom_kill {after[source]}" for source in common)
+        return False, f"not by the kernel's OOM killer (its counter did not move: {same})"
+    where = "when the job started" if not before else "now"
+    return True, (
+        f"no OOM-kill counter of the kernel could be read {where} (it is read on Linux only), "
+        "so the SIGKILL is taken as the OOM killer's"
+    )
+
+
+# KEYS[1] running record, ARGV[1] job id, ARGV[2] this process's pid: remove only our own.
 _CLEAR_OWN = """
 local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] or current == ARGV[2] then return redis.call('DEL', KEYS[1]) end
+if not current then return 0 end
+local record = cjson.decode(current)
+if record.job_id == ARGV[1] and tostring(record.pid) == ARGV[2] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
 
-def _running_record(job_id: str, working: bool = False) -> str:
-    record: dict[str, object] = {"job_id": job_id, "pid": os.getpid()}
+def _running_record(job_id: str, oom_kills: Mapping[str, int], working: bool = False) -> str:
+    record: dict[str, object] = {"job_id": job_id, "pid": os.getpid(), "oom_kills": dict(oom_kills)}
     if working:
         record["working"] = True
     return json.dumps(record, sort_keys=True)
 
 
 def mark_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
-    """Record that this pool process (its pid) now runs ``job_id``, for the watchdog (R19).
-    Called in the pool process when a job's task starts."""
-    client.set(keyspace.running(machine), _running_record(job_id))
+    """Record that this pool process (its pid) now runs ``job_id``, with the kernel's OOM-kill
+    counters as they stand (:func:`oom_kill_counters`), for the watchdog (R19, R21). Called in
+    the pool process when a job's task starts."""
+    client.set(keyspace.running(machine), _running_record(job_id, oom_kill_counters()))
 
 
 def mark_working(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
     """Record that this pool process's job now holds the model cache (past the start-up
-    preload, R16): from here a death of the process is the job's own (R21, :meth:`Watchdog.report_lost`)."""
-    client.set(keyspace.running(machine), _running_record(job_id, working=True))
+    preload, R16): from here a death of the process is the job's own (R21, :meth:`Watchdog.report_lost`).
+    The OOM-kill counters read by :func:`mark_running` are kept; read afresh when that record is gone."""
+    raw = client.get(keyspace.running(machine))
+    running = json.loads(raw) if raw else {}
+    mine = running.get("job_id") == job_id and running.get("pid") == os.getpid()
+    counters = running.get("oom_kills") if mine and isinstance(running.get("oom_kills"), dict) else None
+    client.set(
+        keyspace.running(machine),
+        _running_record(job_id, counters if counters is not None else oom_kill_counters(), working=True),
+    )
 
 
 def clear_running(client: redis.Redis, keyspace: Keys, machine: str, job_id: str) -> None:
     """Remove this process's record of ``job_id`` when its task ends, however it ends; a record
     written by another process (the pool's next one) is left alone. A process that dies under a
     job leaves its record behind, naming a pid that is no longer a pool process."""
-    client.eval(
-        _CLEAR_OWN, 1, keyspace.running(machine), _running_record(job_id), _running_record(job_id, working=True)
-    )
+    client.eval(_CLEAR_OWN, 1, keyspace.running(machine), job_id, str(os.getpid()))
 
 
 class Watchdog:
@@ -165,12 +256,18 @@ class Watchdog:
     def report_lost(self, job_id: str, error: BaseException) -> None:
         """R21: the pool process running ``job_id`` died before the job reported back (Celery's
         ``WorkerLostError``, raised in this, the parent process). Killed by SIGKILL, what the
-        kernel's OOM killer sends, the job is reported failed with reason ``oom``, so the server
-        remembers its size. Not reported: a process the watchdog killed (the server already
-        marked that job ``interrupted``) and any other death (reconciliation marks the job
-        ``interrupted``, R19). Sent from a short daemon thread, so Celery's main loop never waits
-        on the server; a report the server refuses (the job had ended, or was never claimed) is
-        logged and dropped."""
+        kernel's OOM killer sends, once the job held the model cache, the job is reported failed
+        with reason ``oom``, so the server remembers its size, when the kernel's OOM-kill
+        counters rose since the job started (:func:`sigkill_verdict`; on a host where none can
+        be read, macOS, every such SIGKILL is taken as an OOM, as before the counters were
+        read). A SIGKILL the counters did not see (``kill -9`` by a person or a supervisor) fails
+        the job with reason ``error``, saying it was killed by SIGKILL and not by the kernel's
+        OOM killer, and nothing is remembered: a false OOM would refuse that size there for good.
+
+        Not reported: a process the watchdog killed (the server already marked that job
+        ``interrupted``) and any other death (reconciliation marks the job ``interrupted``, R19).
+        Sent from a short daemon thread, so Celery's main loop never waits on the server; a report
+        the server refuses (the job had ended, or was never claimed) is logged and dropped."""
         machine = self.settings.machine
         if job_id in self.killed:
             self.killed.discard(job_id)
@@ -180,7 +277,8 @@ class Watchdog:
             return
         raw = self.redis.get(self.keys.running(machine))
         running = json.loads(raw) if raw else {}
-        if running.get("job_id") == job_id and not running.get("working"):
+        mine = running.get("job_id") == job_id
+        if mine and not running.get("working"):
             # Killed while the job waited for the start-up preload: the preload's load, not this job.
             log.error(
                 "%s: job %s lost its pool process to SIGKILL while the preload loaded committed models; "
@@ -191,18 +289,40 @@ class Watchdog:
             reason = "error"
             message = f"its pool process was killed while the start-up preload loaded committed models: {error}"
         else:
-            log.error(
-                "%s: job %s lost its pool process to SIGKILL (%s); reporting it as oom (R21)", machine, job_id, error
+            recorded = running.get("oom_kills") if mine else None
+            before = (
+                {str(source): count for source, count in recorded.items() if isinstance(count, int)}
+                if isinstance(recorded, dict)
+                else {}
             )
-            reason = OOM
-            message = f"its pool process was killed (SIGKILL, as the kernel's OOM killer does): {error}"
+            oom, why = sigkill_verdict(before, oom_kill_counters())
+            if oom:
+                log.error(
+                    "%s: job %s lost its pool process to SIGKILL (%s): %s; reporting it as oom (R21)",
+                    machine,
+                    job_id,
+                    error,
+                    why,
+                )
+                reason = OOM
+                message = f"its pool process was killed by SIGKILL, taken as an out-of-memory kill: {why}: {error}"
+            else:
+                log.error(
+                    "%s: job %s lost its pool process to SIGKILL (%s), %s; reported as an error, no OOM remembered",
+                    machine,
+                    job_id,
+                    error,
+                    why,
+                )
+                reason = "error"
+                message = f"its pool process was killed by SIGKILL, {why}; no OOM remembered: {error}"
 
         def send() -> None:
             server = ServerClient.for_worker(self.settings, self.boot_id, patient=True)
             try:
                 server.fail(job_id, reason, message)
             except (HomefleetError, httpx.HTTPError) as refusal:
-                log.warning("%s: job %s not reported as oom: %s", machine, job_id, refusal)
+                log.warning("%s: job %s not reported as %s: %s", machine, job_id, reason, refusal)
             finally:
                 server.close()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,6 +55,8 @@ from app.store.files import InputStore, StoredFile
 from app.store.registry import Registry
 from routing.placement import JobRequest
 from routing.timings import TEXT_KIND
+
+log = logging.getLogger(__name__)
 
 INTEGER_PARAMS: tuple[str, ...] = (
     "width",
@@ -239,6 +242,29 @@ class Validator:
         if "output_width" in params:
             check_output_pixels(params["output_width"], params["output_height"], limits)
         return job_request(model_id, record.family, kind, target, params)
+
+    def placed_request(self, model_id: str, kind: str, target: str, params: Mapping[str, Any]) -> JobRequest:
+        """The placement request of a job already journaled, priced as :meth:`request` priced it
+        at submission, without its checks: a text job's size is its prompt's tokens, counted with
+        the model's own tokenizer as the worker feeds them (``prompt_ids``, chat-templated
+        prompts as they are), at least 1 (a remembered OOM at size 0 would refuse every request
+        of its kind, R21); where the tokenizer cannot be loaded now, 1. Any other kind:
+        ``job_request`` (pixels x frames x batch)."""
+        try:
+            family = self.registry.get(model_id).family
+        except NotFound:  # removed since: the kind's defaults
+            family = ""
+        if kind != TEXT_KIND:
+            return job_request(model_id, family, kind, target, params)
+        tokens = 0
+        chat = KINDS[TEXT_KIND].value(params, "chat")
+        try:
+            tokenizer = self.tokenizers.tokenizer(model_id)
+            if tokenizer is not None:
+                tokens = len(prompt_ids(tokenizer, str(params.get("prompt", "")), chat is True))
+        except Conflict as error:  # tokenizer_unloadable: no count, never 0
+            log.warning("model %s: prompt tokens not counted (%s); size taken as 1", model_id, error)
+        return job_request(model_id, family, kind, target, params, prompt_tokens=max(1, tokens))
 
     def apply_defaults(self, record: ModelRecord, kind: str, params: dict[str, Any]) -> None:
         """Set in ``params`` each param of ``kind`` it lacks that the job's adapters (in order)

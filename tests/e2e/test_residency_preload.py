@@ -112,23 +112,26 @@ def test_r16_r19_a_job_delivered_during_the_preload_is_claimed_at_once_and_never
 
 
 @pytest.mark.parametrize(
-    ("working", "reason", "remembered"),
-    [(False, "error", 0), (True, "oom", 1)],
-    ids=["killed_while_waiting_for_the_preload", "killed_while_running"],
+    ("working", "oom_killed", "reason", "remembered"),
+    [(False, True, "error", 0), (True, True, "oom", 1), (True, False, "error", 0)],
+    ids=["killed_while_waiting_for_the_preload", "oom_killed_while_running", "sigkilled_while_running"],
 )
 def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
-    fleet: RunningFleet, working: bool, reason: str, remembered: int
+    fleet: RunningFleet, working: bool, oom_killed: bool, reason: str, remembered: int
 ) -> None:
     """A pool process SIGKILLed under a job is that job's OOM (R21) only once the job holds the
-    model cache; killed while the job still waited for the start-up preload (R16), the preload's
-    load was to blame: the job fails as ``error`` and no OOM is remembered for its size (its
-    repeat would otherwise be refused for a fault that was not its own). The worker's parent
-    process side (Watchdog.report_lost) reports to the real API."""
+    model cache, and only when the kernel's OOM-kill counters rose since the job started;
+    killed while the job still waited for the start-up preload (R16), the preload's load was to
+    blame: the job fails as ``error`` and no OOM is remembered for its size (its repeat would
+    otherwise be refused for a fault that was not its own). The worker's parent process side
+    (Watchdog.report_lost) reports to the real API. ``oom_killed``: the job's running record
+    holds counters one below the kernel's now, as when the OOM killer killed one process
+    since the job started (this host's OOM killer is not run by a test)."""
     from celery.exceptions import WorkerLostError
 
     from app.core.config import WorkerSettings
     from tasks.server_client import ServerClient
-    from tasks.watchdog import Watchdog, mark_running, mark_working
+    from tasks.watchdog import Watchdog, mark_running, mark_working, oom_kill_counters
 
     ctx, local, model = fleet.ctx, fleet.local, fleet.model
     settings = WorkerSettings(
@@ -150,6 +153,13 @@ def test_r21_a_sigkill_is_the_jobs_oom_only_once_it_holds_the_model_cache(
         mark_running(ctx.redis, ctx.keys, MACHINE, job_id)  # the task started: it waits for the cache
         if working:
             mark_working(ctx.redis, ctx.keys, MACHINE, job_id)  # it holds the cache: loading or running
+        counters = oom_kill_counters()
+        if not counters:  # no counter here (not Linux): every SIGKILL is taken as an OOM
+            reason, remembered = ("oom", 1) if working else (reason, remembered)
+        elif oom_killed:
+            record = json.loads(ctx.redis.get(ctx.keys.running(MACHINE)))
+            record["oom_kills"] = {source: count - 1 for source, count in counters.items()}
+            ctx.redis.set(ctx.keys.running(MACHINE), json.dumps(record, sort_keys=True))
         lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 0.")
         Watchdog(settings, ctx.redis, ctx.keys, "boot-oom-test").report_lost(job_id, lost)
         done = fleet.client.wait(job_id, timeout_s=60)

@@ -1,10 +1,12 @@
 """The watchdog and a lost pool process, end to end (R19, R21): a real API whose reconciliation
 declares jobs hung after 60 s without progress (a test dates a job's last progress back
 instead of waiting), a real ``celery worker`` for m1, real tiny pipelines. Faults are real
-signals to m1's pool process: SIGSTOP (a hang), SIGKILL (what the kernel's OOM killer sends)."""
+signals to m1's pool process: SIGSTOP (a hang), SIGKILL (what the kernel's OOM killer sends, here
+without it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,7 +28,8 @@ from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
 from app.devtools.redis_server import free_port
-from tasks.watchdog import STACKS_SIGNAL
+from tasks.server_client import ServerClient
+from tasks.watchdog import STACKS_SIGNAL, oom_kill_counters, sigkill_verdict
 from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, pool_process, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -157,26 +160,30 @@ def test_r19_the_pool_process_of_a_hung_job_is_killed_and_the_next_job_runs(watc
     assert ctx.residency.ooms("m1") == []
 
 
-def test_r21_a_pool_process_killed_under_its_job_fails_it_as_oom_and_remembers_the_size(
+def test_r21_a_pool_process_sigkilled_without_an_oom_kill_fails_its_job_and_remembers_no_oom(
     watched: WatchedFleet,
 ) -> None:
+    """``kill -9`` of the pool process under its job (not the kernel's OOM killer: its counters,
+    ``/proc/vmstat``'s ``oom_kill`` and the worker's cgroup's, do not move) fails the job as
+    ``error`` saying so, and remembers no OOM: the same size, and a larger one, are taken again.
+    (An OOM kill of the host meanwhile would make it an ``oom``: the test then says what it saw.)"""
     ctx = watched.ctx
     try:
+        before = oom_kill_counters()
         job = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
         pid = watched.running(job["id"])
-        os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer does
+        os.kill(pid, signal.SIGKILL)  # as `kill -9` does: the OOM killer's signal, without the OOM killer
         done = watched.client.wait(job["id"], timeout_s=60)
         journaled = ctx.journal.get(job["id"])
-        assert (done["state"], journaled.reason) == ("failed", "oom"), journaled.message
-        assert "SIGKILL" in (journaled.message or "")
-        [record] = ctx.residency.ooms("m1")
-        assert (record.model_id, record.kind, record.size, record.job_id) == (MODEL, "txt2img", 112 * 112, job["id"])
-        with pytest.raises(ApiError) as refused:  # the same size again is refused at submission
-            watched.client.submit(MODEL, "txt2img", LONG, target="m1")
-        assert refused.value.reason == "remembered_oom"
-        assert ctx.residency.clear_ooms("m1") == 1
-        after = watched.client.submit(MODEL, "txt2img", {"prompt": "after", "steps": 2}, target="m1")
-        assert watched.client.wait(after["id"], timeout_s=180)["state"] == "succeeded"  # a fresh pool process
+        if sigkill_verdict(before, oom_kill_counters())[0]:
+            pytest.skip("no OOM-kill counter is readable here, or the host's OOM killer ran meanwhile")
+        assert (done["state"], journaled.reason) == ("failed", "error"), journaled.message
+        assert "killed by SIGKILL, not by the kernel's OOM killer" in (journaled.message or ""), journaled.message
+        assert "no OOM remembered" in (journaled.message or "")
+        assert ctx.residency.ooms("m1") == []
+        bigger = {**LONG, "width": LONG["width"] * 2, "height": LONG["height"] * 2, "steps": 1}
+        again = watched.client.submit(MODEL, "txt2img", bigger, target="m1")  # no remembered_oom
+        assert watched.client.wait(again["id"], timeout_s=180)["state"] == "succeeded"  # a fresh pool process
     finally:
         ctx.residency.clear_ooms("m1")
 
@@ -257,7 +264,13 @@ def test_c08_an_oom_is_still_remembered_after_the_server_and_worker_crash(watche
     ctx = watched.ctx
     try:
         job = watched.client.submit(MODEL, "txt2img", LONG, target="m1")
-        os.kill(watched.running(job["id"]), signal.SIGKILL)  # as the kernel's OOM killer does
+        watched.running(job["id"])
+        boot_id = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))["boot_id"]
+        worker = ServerClient(watched.local.api_url, ctx.fleet.machines["m1"].token, 30, boot_id, machine="m1")
+        try:  # the report m1's worker sends for an OOM of its job (R21)
+            worker.fail(job["id"], "oom", "RuntimeError: can't allocate memory")
+        finally:
+            worker.close()
         assert watched.client.wait(job["id"], timeout_s=60)["state"] == "failed"
         assert ctx.journal.get(job["id"]).reason == "oom"
         assert [r.job_id for r in ctx.residency.ooms("m1")] == [job["id"]]

@@ -20,7 +20,7 @@ from app.api.schemas import JobPublic, predicted_s
 from app.api.strict_json import StrictJsonRoute, faults
 from app.core.config import BrokerSettings
 from app.core.errors import Conflict, NotFound, Rejected, Unauthorized
-from app.core.kinds import ADAPTERS_PARAM, job_request
+from app.core.kinds import ADAPTERS_PARAM
 from app.core.protocol import (
     AdapterClaim,
     Claim,
@@ -242,11 +242,16 @@ async def upload_result(
 
 @router.post("/jobs/{job_id}/failure", response_model=JobPublic)
 def report_failure(job_id: str, body: FailureReport, ctx: Context, machine: WorkerMachine) -> JobPublic:
+    """End a running job ``failed`` with the worker's reason (``cancelled`` when its cancel was
+    asked). An ``oom`` first remembers the job's size on this machine (R21), priced as placement
+    priced it (``Validator.placed_request``: pixels x frames x batch; a text job's prompt tokens,
+    never 0). 409 for a job that is not running; 403 for another machine's job."""
     running = job_of_machine(ctx, job_id, machine)
     if body.reason == OOM and running.state == JobState.running:
         # R21: remember the size that ran out of memory before the job ends, so that a server
         # killed between the two writes cannot forget it (C08: the refusal must outlive a crash)
-        size = job_request(running.model_id, "", running.kind, machine.name, running.params).size
+        validator = ctx.dispatcher.validator
+        size = validator.placed_request(running.model_id, running.kind, machine.name, running.params).size
         ctx.residency.record_oom(machine.name, running.model_id, running.kind, size, running.id)
     if body.reason == CANCELLED and ctx.redis.exists(ctx.keys.cancel(job_id)):
         # stopped between steps by request (POST /v1/jobs/{id}/cancel): cancelled, not failed
