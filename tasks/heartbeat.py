@@ -39,8 +39,9 @@ log = logging.getLogger("homefleet.worker")
 
 
 def refused_at_start(machine: str, refusal: Unauthorized) -> str:
-    """What a worker the server refused before its first beat logs as it stops: the server's
-    reason, and the setting to fix: ``--machine`` when the fleet has no such machine (reason
+    """What a worker the server refused logs as it stops, before its first beat or later (a
+    claim or a beat's duty refused with 401: its token was rotated): the server's reason, and
+    the setting to fix: ``--machine`` when the fleet has no such machine (reason
     ``unknown_machine``, the server's message says so), else the worker's token."""
     if refusal.reason == "unknown_machine":
         return f"{machine}: the server refused this worker: {refusal.message}; stopping"
@@ -85,6 +86,7 @@ class Heartbeat:
         device: str,
         verifier: Verifier,
         duties: Sequence[Callable[[], None]] = (),
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.redis = client
@@ -93,8 +95,9 @@ class Heartbeat:
         self.device = device
         self.verifier = verifier
         self.duties = tuple(duties)
+        self.on_refused = on_refused  # called (in this thread) when the server refuses the token after start
         self.verified: set[str] | None = None
-        self.refused = False  # the server refused the token at start: the worker stops (exit 78)
+        self.refused = False  # the server refused the token: the worker stops (exit 78)
         self.abandoned = False  # another worker of this machine runs it now (abandon)
         self._redis_run_id: str | None = None
         self._warm: str | None = None  # the pool process's warm models as last read (JSON), to restore
@@ -215,17 +218,15 @@ class Heartbeat:
                 for duty in self.duties:
                     duty()
             except Unauthorized as error:
-                if self.verified is not None:  # the fleet config changed under a running worker: keep trying
-                    log.error(
-                        "%s heartbeat: %s (retrying in %.1f s)",
-                        self.settings.machine,
-                        error,
-                        self.settings.heartbeat_interval_s,
-                    )
-                else:  # a wrong token never becomes right: stop instead of retrying forever
-                    log.critical("%s", refused_at_start(self.settings.machine, error))
-                    self.refused = True  # before Celery starts (wait_first_beat): start_worker exits 78
-                    return
+                # A wrong token never becomes right: stop instead of retrying forever. Before the
+                # first beat, start_worker exits 78 (wait_first_beat); later (the machine's token
+                # was rotated), on_refused stops Celery, which would otherwise take every job and
+                # have each claim refused, and the worker exits 78 the same way.
+                log.critical("%s", refused_at_start(self.settings.machine, error))
+                self.refused = True
+                if self.verified is not None and self.on_refused is not None:
+                    self.on_refused()
+                return
             except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
                 log.warning(
                     "%s heartbeat: %s (retrying in %.1f s)",

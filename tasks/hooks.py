@@ -78,6 +78,7 @@ class WorkerParent:
                 self.verifier.check_unchanged,
                 self.revocations.report,
             ],
+            on_refused=self.on_token_refused,
         )
 
     def connect(self) -> None:
@@ -91,6 +92,14 @@ class WorkerParent:
         """Another worker runs this machine now: stop writing its heartbeat and verified set at
         once, and stop as on SIGTERM (Celery's warm shutdown: the running job ends first)."""
         self.heartbeat.abandon()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_token_refused(self) -> None:
+        """The server refused this worker's token after it started (a beat's duty got 401: the
+        machine's token was rotated): stop as on SIGTERM (Celery's warm shutdown: the running job
+        ends first), then exit ``EX_CONFIG`` (78, tasks/worker.py). The machine goes offline at
+        once: the heartbeat is deleted at the shutdown (``on_shutdown``)."""
+        self.rt.refuse_token()
         os.kill(os.getpid(), signal.SIGTERM)
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:

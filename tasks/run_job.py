@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import os
+import signal
 import time
 import traceback
 import uuid
@@ -21,7 +23,7 @@ import redis
 from celery.exceptions import Ignore
 
 from app.core.digest import bytes_digest
-from app.core.errors import Conflict, HomefleetError
+from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.kinds import job_request, spec
 from app.core.protocol import Claim
 from app.core.states import CANCELLED, OOM, RESULT_NOT_STORED
@@ -29,6 +31,7 @@ from residency.errors import ResidencyRefused
 from routing.estimate import working_bytes
 from tasks import runtime
 from tasks.adapters import adapters_applied, provenance_entries
+from tasks.heartbeat import refused_at_start
 from tasks.kinds import runner
 from tasks.loading import make_resident
 from tasks.provenance import embedded_provenance
@@ -193,6 +196,8 @@ def run_job(job_id: str) -> None:
     rt = runtime.current()
     try:
         claim = rt.server.claim(job_id, claim_id=uuid.uuid4().hex)
+    except Unauthorized as refusal:
+        token_refused_at_claim(rt, job_id, refusal)
     except HomefleetError as refusal:
         log.warning("job %s: delivery refused at claim (%s: %s); nothing run", job_id, refusal.reason, refusal.message)
         # No outcome of this delivery's own: the journal's state (and the event told of it by
@@ -213,6 +218,35 @@ def run_job(job_id: str) -> None:
         run_claimed(rt, claim)
     finally:
         lock.release()
+
+
+TOKEN_REFUSED_TTL_S = 24 * 3600
+"""How long a job's ``Keys.token_refused`` mark is kept, in seconds (as ``Keys.delivered``'s)."""
+
+
+def token_refused_at_claim(rt: runtime.WorkerRuntime, job_id: str, refusal: Unauthorized) -> NoReturn:
+    """The server refused this worker's token at a claim (401: the machine's token was rotated,
+    ``homefleet machines rotate-token``, or the machine removed). The refused claim changed
+    nothing: the job is still ``queued`` and never ran. This worker stops taking jobs at once
+    (its parent is told with SIGTERM: Celery's warm shutdown, then exit ``EX_CONFIG``, 78, as for
+    a token refused at start, with the same log line), so its machine goes offline; the job is
+    marked ``Keys.token_refused`` for reconciliation, which publishes it again to the machine's
+    queue in journal order (R8) for the worker started with the new token. At most once holds:
+    only a journaled claim runs a job (R19).
+
+    Raises:
+        Ignore: always; the delivery has no outcome of its own.
+    """
+    machine = rt.settings.machine
+    rt.refuse_token()
+    os.kill(os.getppid(), signal.SIGTERM)  # the parent stops consuming before this task returns
+    log.critical("%s", refused_at_start(machine, refusal))
+    words = f"its claim by {machine}'s worker was refused: the server refused that worker's token ({refusal.message})"
+    try:
+        rt.redis.set(rt.keys.token_refused(job_id), words, ex=TOKEN_REFUSED_TTL_S)
+    except redis.RedisError as error:  # then reconciliation ends it lost, and says so
+        log.error("job %s: its refused claim not recorded (%s); reconciliation will end it lost", job_id, error)
+    raise Ignore() from refusal
 
 
 def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:

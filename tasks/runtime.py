@@ -7,6 +7,7 @@ children never share a socket with the parent.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from typing import cast
@@ -38,6 +39,10 @@ class WorkerRuntime:
         self.retired: frozenset[str] = frozenset()
         # model id -> its files' (size, mtime_ns, inode) when this process last hashed them (tasks/loading.py)
         self.verified_stats: dict[str, dict[str, tuple[int, int, int] | None]] = {}
+        # One byte shared by the worker's parent and its forked pool processes (an anonymous
+        # shared mapping, made here before any fork): 1 once the server refused this worker's token
+        # (tasks/run_job.py at a claim, tasks/heartbeat.py at a beat's duty): the worker exits 78.
+        self._token_refused = mmap.mmap(-1, 1)
 
     def _this_process(self) -> None:
         """Create this process's clients and cache on first use (once, even when the preload
@@ -89,6 +94,17 @@ class WorkerRuntime:
         if self._device is None:
             self._device = device_for(detect_device())
         return self._device
+
+    @property
+    def token_refused(self) -> bool:
+        """Whether the server refused this worker's token since it started, in any of its
+        processes (:meth:`refuse_token`)."""
+        return self._token_refused[0] == 1
+
+    def refuse_token(self) -> None:
+        """Record, for the worker's parent and every pool process, that the server refused this
+        worker's token (401): the worker stops and exits ``EX_CONFIG`` (78, tasks/worker.py)."""
+        self._token_refused[0] = 1
 
     def commitments(self) -> frozenset[str]:
         """The machine's residency commitments (R16) as the server stored them in Redis."""

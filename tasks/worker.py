@@ -81,9 +81,10 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT).
 
     Raises:
-        SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start, or
-            another worker of the same machine holds its lease, or took it while it ran
-            (:class:`WorkerLease`).
+        SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start or
+            while it ran (a claim or a beat's duty refused with 401: the machine's token was
+            rotated; the worker stops consuming first, ``tasks/run_job.py``), or another worker
+            of the same machine holds its lease, or took it while it ran (:class:`WorkerLease`).
     """
     bind_device(settings.machine)  # before torch is imported: box:1 drives card 1 only
     boot_id = uuid.uuid4().hex
@@ -111,7 +112,7 @@ def wait_first_beat(heartbeat: Heartbeat, lease: WorkerLease) -> bool:
     start took seconds)."""
 
     def stop(_signum: int, _frame: Any) -> None:
-        raise SystemExit(EX_CONFIG if lease.lost else 0)
+        raise SystemExit(EX_CONFIG if lease.lost or heartbeat.refused else 0)
 
     previous = signal.signal(signal.SIGTERM, stop)
     beating = False
@@ -148,3 +149,5 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
             raise SystemExit(EX_CONFIG)
         return  # another worker took the lease meanwhile: start_worker exits EX_CONFIG
     celery.worker_main(worker_argv(settings.machine, loglevel))
+    if rt.token_refused or parent.heartbeat.refused:  # a claim or a beat got 401 (a rotated token): stopped
+        raise SystemExit(EX_CONFIG)

@@ -186,6 +186,7 @@ XDIST_GROUPS: dict[str, str | None] = {
     "tests/e2e/test_revoke_and_flower.py": "revoke",  # its own fleet and Flower (Redis db 6)
     "tests/e2e/test_text.py": "text",  # its own fleet: tiny causal LMs (Redis db 11)
     "tests/e2e/test_devices.py": "devices",  # its own fleet: one host of two devices (Redis db 9)
+    "tests/e2e/test_rotated_token.py": "rotated_token",  # its own fleet: a token rotated under it (Redis db 15)
     # one test each, with a fleet of its own: scheduled as single tests, off the shared fleet's lane
     "tests/e2e/test_join.py": None,
     "tests/e2e/test_supervised_restart.py": None,

@@ -143,6 +143,13 @@ class Keys:
         from one removed from its queue (``purged``)."""
         return f"{self.prefix}:job:{job_id}:delivered"
 
+    def token_refused(self, job_id: str) -> str:
+        """Set by a worker whose claim of the job the server refused with 401 (its machine token
+        was rotated or removed: the claim changed nothing, the job never ran; it expires after a
+        day): reconciliation publishes that job again, in journal order, instead of ending it
+        ``lost`` (app/jobs/reconcile.py)."""
+        return f"{self.prefix}:job:{job_id}:token_refused"
+
     def redis_seen(self) -> str:
         """Unix seconds since when reconciliation has known this Redis's data. Written at the end of
         the first pass that finds it missing: its absence means Redis lost its data (restarted

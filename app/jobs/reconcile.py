@@ -30,8 +30,11 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   the machine's worker is asked to restart its pool process (watchdog); a job with no report
   kept at all (Redis lost it) is timed from the first pass that finds it so;
 - a ``queued`` job that is neither in its machine's list nor delivered-unacked, for longer
-  than ``lost_grace_s``, while Redis kept its data: if its message had reached a worker
-  (``Keys.delivered``) -> ``interrupted`` (``lost``: that worker stopped before claiming it);
+  than ``lost_grace_s``, while Redis kept its data: if the server refused that worker's token
+  at its claim (``Keys.token_refused``: a rotated token; the claim changed nothing) -> published
+  again in journal order (``requeued``), for the worker started with the new token; if its
+  message had reached a worker (``Keys.delivered``) -> ``interrupted`` (``lost``: that worker
+  stopped before claiming it);
   else -> ``cancelled`` (``purged``: its message was removed from the queue, e.g. ``celery purge``);
 - a ``queued`` job whose machine is no longer in the fleet config -> ``interrupted``
   (``machine_removed``), its message removed;
@@ -351,6 +354,10 @@ class Reconciler:
         publishing, two Redis calls apart, leaves the same trace as a purge, and so does a worker
         suspended with its ``BRPOP`` in flight: Redis hands it the message, which then sits in that
         process's socket, in no list and not yet acked; the message says so.)"""
+        refused = cast("str | None", self.redis.get(self.keys.token_refused(job_id)))  # decoded (create_redis)
+        if refused is not None and machine is not None:
+            self._give_back(report, job_id, machine, refused)
+            return
         taker = cast("str | None", self.redis.get(self.keys.delivered(job_id)))  # decoded (create_redis)
         if taker is not None:
             self._interrupt(
@@ -380,6 +387,32 @@ class Reconciler:
         except Conflict:
             return  # it was claimed or cancelled meanwhile
         report.cancelled[job_id] = "purged"
+
+    def _give_back(self, report: ReconcileReport, job_id: str, machine: str, refused: str) -> None:
+        """A queued job whose claim the server refused because the claiming worker's token was
+        refused (401: its machine's token was rotated or removed; that worker stops, exit 78): the
+        refused claim changed nothing and the job never ran, so its message is published again
+        to its machine's queue, its queued backlog put in journal order (R8), for the machine's
+        next worker, started with the new token. It runs at most once: the claim that runs it is
+        journaled and refuses any other delivery (R19). ``refused``: the worker's own words."""
+        job = self.journal.get(job_id)
+        delivered = self.queues.unacked_ids()
+        backlog = [
+            queued.id
+            for queued in self.journal.list([JobState.queued])
+            if queued.machine == machine and queued.id not in delivered
+        ]
+        messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind)])
+        self.queues.put_in_order(machine, backlog, messages)
+        self.redis.delete(self.keys.token_refused(job_id), self.keys.delivered(job_id))
+        self.journal.log(
+            job.id,
+            "requeued",
+            f"{refused}; the job was not run: published again to {queue(machine)} by reconciliation, "
+            "for the machine's worker started with its current token",
+        )
+        report.requeued.append(job.id)
+        log.warning("job %s: its claim was refused for %s's worker's token; published again", job.id, machine)
 
     def _publish_unpublished(self, report: ReconcileReport, job_id: str, machine: str, fence: Fence) -> None:
         """Reserve and publish a ``queued`` job its server journaled but never reserved nor

@@ -24,7 +24,9 @@ def sigterm_restored() -> Iterator[None]:
 def stand_ins(beats: bool, lost: bool) -> tuple[SimpleNamespace, SimpleNamespace]:
     """A heartbeat whose first beat is written (or not: another worker holds the lease) and the lease."""
     stopped: list[bool] = []
-    heartbeat = SimpleNamespace(wait_first_beat=lambda: beats, stop=lambda: stopped.append(True), stopped=stopped)
+    heartbeat = SimpleNamespace(
+        wait_first_beat=lambda: beats, stop=lambda: stopped.append(True), stopped=stopped, refused=False
+    )
     return heartbeat, SimpleNamespace(lost=lost)
 
 

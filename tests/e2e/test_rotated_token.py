@@ -1,0 +1,121 @@
+"""A worker whose token the server refuses while it runs (``homefleet machines rotate-token``)
+stops consuming and exits 78, as a worker whose token is refused at start does, and its
+machine goes offline: submissions get 503 ``machine_unavailable``. The job whose claim was
+refused never ran: reconciliation publishes it again to the machine's queue (R8, R19), and the
+worker started with the new token runs it, once. A real API, a real ``celery worker``, the
+operator's real CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.client import ApiError, HomefleetClient
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.secret_files import write_private
+from app.core.states import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.redis_server import free_port
+from app.fleet import live
+from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tiny-sd"
+MACHINE = "m1"
+JOB = {"prompt": "after the rotation", "steps": 2}
+
+
+@dataclass
+class RotatedFleet:
+    local: LocalFleet
+    ctx: ServerContext
+    client: HomefleetClient
+    operator: dict[str, str]
+    fleet_file: Path
+
+
+@pytest.fixture
+def rotated(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path) -> Iterator[RotatedFleet]:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    redis_url = f"{redis_base_url}/15"
+    redis.Redis.from_url(redis_url).flushdb()
+    config = make_fleet(MACHINE)
+    fleet_file = data_dir / "fleet.toml"
+    write_private(fleet_file, config.to_toml())
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        reconcile_interval_s=0.5,
+        lost_grace_s=1.0,
+        api_keys=[TEST_API_KEY],
+    )
+    operator = {
+        "HOMEFLEET_DATA_DIR": str(data_dir),
+        "HOMEFLEET_FLEET_FILE": str(fleet_file),
+        "HOMEFLEET_REDIS_URL": redis_url,
+    }
+    local = LocalFleet(settings, config, fleet_file, forkserver=True)
+    ctx = build_context(settings, config, migrate=True)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    try:
+        ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
+        local.copy_model(MODEL, MACHINE)
+        local.start_api()
+        local.start_worker(MACHINE)
+        local.wait_online([MACHINE], model_id=MODEL, timeout_s=180)
+        yield RotatedFleet(local, ctx, client, operator, fleet_file)
+    finally:
+        client.close()
+        local.stop()
+        ctx.close()
+
+
+def test_a_worker_whose_token_is_rotated_exits_78_and_its_refused_job_runs_once_with_the_new_token(
+    rotated: RotatedFleet,
+) -> None:
+    ctx, local, client = rotated.ctx, rotated.local, rotated.client
+    worker = local.processes[f"worker-{MACHINE}"]
+    log_file = local.logs_dir / f"worker-{MACHINE}.log"
+    run_cli("machines", "rotate-token", MACHINE, env=rotated.operator)  # waits for the server's reload
+    new_token = live.parse(rotated.fleet_file.read_text(), "fleet").machines[MACHINE].token
+
+    job = client.submit(MODEL, "txt2img", JOB, target=MACHINE)  # m1 still looks online: taken
+    assert worker.wait(timeout=180) == 78  # EX_CONFIG, as for a token refused at start
+    log = log_file.read_text(errors="replace")
+    assert "the server refused this worker's token" in log and "HOMEFLEET_WORKER_TOKEN" in log, log[-3000:]
+    assert ctx.redis.get(ctx.keys.heartbeat(MACHINE)) is None  # offline at once
+    with pytest.raises(ApiError) as refused:
+        client.submit(MODEL, "txt2img", JOB, target=MACHINE)
+    assert (refused.value.status_code, refused.value.reason) == (503, "machine_unavailable")
+
+    # The refused claim changed nothing: the job is queued, never ran, and is published again.
+    wait_for(
+        lambda: (
+            ctx.queues.queued_ids(MACHINE) == [job["id"]]
+            and any(event.event == "requeued" for event in ctx.journal.events(job["id"]))
+        ),
+        timeout_s=60,
+        what="reconciliation to publish the refused job again",
+    )
+    journaled = ctx.journal.get(job["id"])
+    assert journaled.state == JobState.queued and journaled.started_at is None
+    [requeued] = [event for event in ctx.journal.events(job["id"]) if event.event == "requeued"]
+    assert "the server refused that worker's token" in (requeued.detail or ""), requeued
+
+    local.processes.pop(f"worker-{MACHINE}", None)
+    local.start_worker(MACHINE, extra_env={"HOMEFLEET_WORKER_TOKEN": new_token})
+    done = client.wait(job["id"], timeout_s=240)
+    assert done["state"] == "succeeded", done
+    claims = [event for event in ctx.journal.events(job["id"]) if event.event == "running"]
+    assert len(claims) == 1, ctx.journal.events(job["id"])  # ran once
