@@ -20,7 +20,7 @@ from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK, SYNC_TASK, create_celery
 from app.core.config import WorkerSettings
 from app.core.connections import create_redis
-from app.core.errors import HomefleetError, Unauthorized
+from app.core.errors import ConfigError, HomefleetError, Unauthorized
 from tasks import runtime
 from tasks.devices import bind_device
 from tasks.heartbeat import Heartbeat, refused_at_start
@@ -55,6 +55,28 @@ def worker_argv(machine: str, loglevel: str) -> list[str]:
     ]
 
 
+def check_models_dir(settings: WorkerSettings) -> None:
+    """Refuse to start on a models folder that does not exist or is not a folder: a mistyped
+    ``--models-dir`` would otherwise be created empty, advertise no model (R4) and still take
+    the machine's queued jobs, failing each with ``integrity``. An existing empty folder is
+    fine (a machine whose models are synced to it later, R6); ``homefleet worker join`` creates
+    its own.
+
+    Raises:
+        ConfigError: reason ``models_dir_missing``, naming the folder, ``--models-dir`` and
+            ``HOMEFLEET_MODELS_DIR``.
+    """
+    folder = settings.models_dir
+    if folder.is_dir():
+        return
+    fault = "is not a folder" if folder.exists() else "does not exist"
+    raise ConfigError(
+        f"the models folder {folder} {fault}: create it, or name this machine's model folder with "
+        "--models-dir or HOMEFLEET_MODELS_DIR",
+        reason="models_dir_missing",
+    )
+
+
 def check_token(settings: WorkerSettings) -> None:
     """Ask the server, before consuming anything, whether this worker's token is its machine's
     (the token's machine must be the one it names). A server that cannot be reached now is
@@ -81,11 +103,13 @@ def start_worker(settings: WorkerSettings, loglevel: str = "INFO") -> None:
     """Run the worker in the foreground until it is stopped (SIGTERM/SIGINT).
 
     Raises:
+        ConfigError: the models folder does not exist (:func:`check_models_dir`); nothing started.
         SystemExit: ``EX_CONFIG`` (78) when the server refused the worker's token at start or
             while it ran (a claim or a beat's duty refused with 401: the machine's token was
             rotated; the worker stops consuming first, ``tasks/run_job.py``), or another worker
             of the same machine holds its lease, or took it while it ran (:class:`WorkerLease`).
     """
+    check_models_dir(settings)  # before anything else: a folder that is not there is a mistyped setting
     bind_device(settings.machine)  # before torch is imported: box:1 drives card 1 only
     boot_id = uuid.uuid4().hex
     check_token(settings)  # before anything is consumed: a wrong token would lose the jobs it takes
@@ -141,7 +165,6 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
     parent = WorkerParent(rt, lease)
     parent.connect()  # its signal handlers, and the lease's loss (at once if lost while torch was imported)
-    settings.models_dir.mkdir(parents=True, exist_ok=True)
     parent.heartbeat.start()
     if not wait_first_beat(parent.heartbeat, lease):
         parent.heartbeat.stop()

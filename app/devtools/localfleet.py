@@ -155,6 +155,7 @@ class LocalFleet:
         only (``--token-file``), not the environment."""
         broker = BrokerSettings.model_validate(self.settings.model_dump(include=set(BrokerSettings.model_fields)))
         token = self.fleet.machines[machine].token or ""
+        self.models_dir(machine).mkdir(parents=True, exist_ok=True)  # a worker refuses a folder that is not there
         args = ["worker"]
         if token_file:
             path = write_private(self.machine_dir(machine) / "worker-token", token + "\n")

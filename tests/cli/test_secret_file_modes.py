@@ -88,6 +88,7 @@ def test_serve_refuses_a_fleet_file_others_can_read_and_starts_with_0600(tmp_pat
 def test_worker_refuses_a_token_file_others_can_read_and_gets_past_it_with_0600(tmp_path: Path) -> None:
     token_file = write_private(tmp_path / "token", TOKEN + "\n")
     token_file.chmod(0o640)
+    (tmp_path / "models").mkdir()
     env = clean_env(
         HOMEFLEET_MACHINE="m1",
         HOMEFLEET_MODELS_DIR=str(tmp_path / "models"),

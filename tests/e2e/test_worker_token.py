@@ -56,6 +56,7 @@ def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_n
     ctx, local = fleet.ctx, fleet.local
     before = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
     verified = ctx.redis.smembers(ctx.keys.verified("m1"))
+    (tmp_path / "empty").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update(
         {

@@ -20,6 +20,7 @@ TOKEN = "t" * 32
 
 
 def worker_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "models").mkdir(exist_ok=True)  # a worker refuses a models folder that is not there
     return {
         "PATH": os.environ.get("PATH", ""),
         "HOMEFLEET_MACHINE": "m1",
