@@ -396,14 +396,7 @@ class Reconciler:
         next worker, started with the new token. It runs at most once: the claim that runs it is
         journaled and refuses any other delivery (R19). ``refused``: the worker's own words."""
         job = self.journal.get(job_id)
-        delivered = self.queues.unacked_ids()
-        backlog = [
-            queued.id
-            for queued in self.journal.list([JobState.queued])
-            if queued.machine == machine and queued.id not in delivered
-        ]
-        messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind)])
-        self.queues.put_in_order(machine, backlog, messages)
+        self._publish_in_order(job, machine)
         self.redis.delete(self.keys.token_refused(job_id), self.keys.delivered(job_id))
         self.journal.log(
             job.id,
@@ -413,6 +406,18 @@ class Reconciler:
         )
         report.requeued.append(job.id)
         log.warning("job %s: its claim was refused for %s's worker's token; published again", job.id, machine)
+
+    def _publish_in_order(self, job: Job, machine: str) -> None:
+        """Publish ``job``'s message to ``machine``'s queue with the machine's queued backlog (its
+        ``queued`` jobs not delivered to a worker) put in journal order around it (R8)."""
+        delivered = self.queues.unacked_ids()
+        backlog = [
+            queued.id
+            for queued in self.journal.list([JobState.queued])
+            if queued.machine == machine and queued.id not in delivered
+        ]
+        messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind)])
+        self.queues.put_in_order(machine, backlog, messages)
 
     def _publish_unpublished(self, report: ReconcileReport, job_id: str, machine: str, fence: Fence) -> None:
         """Reserve and publish a ``queued`` job its server journaled but never reserved nor
@@ -426,14 +431,7 @@ class Reconciler:
             machine, job.id, job.model_id, job.kind, request.steps, request.size, fence, batch=request.batch
         ):
             return  # the lock expired under this pass: the next pass finds it again
-        delivered = self.queues.unacked_ids()
-        backlog = [
-            queued.id
-            for queued in self.journal.list([JobState.queued])
-            if queued.machine == machine and queued.id not in delivered
-        ]
-        messages = self.queues.messages(machine, [(job.id, job.model_id, job.kind)])
-        self.queues.put_in_order(machine, backlog, messages)
+        self._publish_in_order(job, machine)
         self.journal.log(
             job.id,
             "requeued",
