@@ -9,11 +9,15 @@ refuse too much (enums and literals from JSON strings), so only numbers are made
 from __future__ import annotations
 
 import functools
+import json
 import types
 import typing
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationInfo, field_validator
+
+from app.core.errors import Rejected
 
 
 def _is_number(annotation: Any) -> bool:
@@ -66,3 +70,61 @@ class RequestBody(BaseModel):
         if value is not None and not isinstance(value, bool) and info.field_name in cls._boolean_fields():
             raise ValueError("must be true or false")
         return value
+
+
+def refuse_unknown(unknown: Sequence[str], takes: Iterable[str], where: str, prefix: str = "") -> None:
+    """Refuse the fields of a request that ``where`` does not take, instead of ignoring them (R22):
+    a misspelt field (``max_tokenz``, ``stepz``, a top-level ``paramters``) would otherwise run with
+    the defaults. The one home of that refusal for the routes whose bodies carry extras (the OpenAI,
+    TGI and Hugging Face routes; ``POST /v1/jobs`` refuses its own through its schema and
+    ``app/jobs/validation.py`` ``check_known_params``). The message starts as OpenAI's
+    (``Unrecognized request argument supplied: `NAME```) and lists what ``where`` takes.
+
+    Raises:
+        Rejected: reason ``unknown_param`` when ``unknown`` is not empty; ``param`` names the
+            first (with ``prefix``, e.g. ``parameters.``).
+    """
+    if not unknown:
+        return
+    named = ", ".join(f"`{prefix}{name}`" for name in unknown)
+    raise Rejected(
+        f"Unrecognized request argument supplied: {named} (the fields of {where}: {', '.join(takes)})",
+        reason="unknown_param",
+        param=f"{prefix}{unknown[0]}",
+    )
+
+
+def is_neutral(value: Any, neutral: Iterable[Any]) -> bool:
+    """Whether ``value`` (as parsed from JSON) is null or one of ``neutral``, compared as JSON (so
+    ``false`` is not ``0`` and ``0`` is not ``0.0``: list each form a neutral value takes)."""
+    if value is None:
+        return True
+    shown = json.dumps(value, sort_keys=True)
+    return any(shown == json.dumps(each, sort_keys=True) for each in neutral)
+
+
+def refuse_unsupported(
+    extras: Mapping[str, Any],
+    unsupported: Mapping[str, tuple[Any, ...]],
+    takes: Iterable[str],
+    where: str,
+    prefix: str = "",
+) -> None:
+    """Refuse a request's extra fields (``extras``, pydantic's ``model_extra``): a field of
+    ``unsupported`` (one the API Homefleet follows has, and Homefleet does not run) unless it holds
+    a value that changes nothing (null, or one of its neutral values), naming it; any other field
+    through :func:`refuse_unknown`.
+
+    Raises:
+        Rejected: reason ``unknown_param``, ``param`` the field (with ``prefix``).
+    """
+    for name, value in extras.items():
+        if name in unsupported and not is_neutral(value, unsupported[name]):
+            neutral = " or ".join(["null", *(json.dumps(each) for each in unsupported[name])])
+            raise Rejected(
+                f"`{prefix}{name}` is not supported by Homefleet (in {where}); it is accepted only as {neutral} "
+                "(no effect)",
+                reason="unknown_param",
+                param=f"{prefix}{name}",
+            )
+    refuse_unknown([name for name in extras if name not in unsupported], takes, where, prefix)

@@ -61,7 +61,7 @@ from app.context import ServerContext
 from app.core.errors import HomefleetError, JobPending, NotFound, Rejected
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec, nth_seed
 from app.core.limits import limits_for
-from app.core.request_body import RequestBody
+from app.core.request_body import RequestBody, refuse_unknown, refuse_unsupported
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
@@ -162,7 +162,7 @@ class ImageCall:
 OPENAI_IGNORED = ("quality", "style", "user", "background", "moderation", "output_compression", "output_format")
 """OpenAI image fields Homefleet accepts and does not act on (documented in docs/api.md), but
 for the values of :data:`OPENAI_HONOURED` it cannot give."""
-OPENAI_HONOURED: dict[str, tuple[object, ...]] = {
+OPENAI_HONOURED: dict[str, tuple[Any, ...]] = {
     "output_format": (None, "png"),
     "background": (None, "auto", "opaque"),
 }
@@ -278,14 +278,7 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
             reason="invalid_inputs",
             param="inputs",
         )
-    unknown = list(parameters.model_extra or {})
-    if unknown:
-        named = ", ".join(f"parameters.{name}" for name in unknown)
-        raise Rejected(
-            f"{named} {'is' if len(unknown) == 1 else 'are'} not supported; text-to-image takes {', '.join(HF_PARAMS)}",
-            reason="unknown_param",
-            param=f"parameters.{unknown[0]}",
-        )
+    refuse_unknown(list(parameters.model_extra or {}), HF_PARAMS, "text-to-image's parameters", prefix="parameters.")
     params: dict[str, Any] = {"prompt": prompt}
     for name, param in HF_PARAMS.items():
         value = getattr(parameters, name)
@@ -297,9 +290,10 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
 class HfInference(RequestBody):
     """The Hugging Face Inference payload: text-to-image (``inputs``: the prompt, at most
     :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, ``parameters.prompt`` set;
-    the whole body is bounded by ``max_request_bytes``)."""
+    the whole body is bounded by ``max_request_bytes``). Any other top-level field (a misspelt
+    ``paramters``, whose parameters would all be dropped) is refused naming it (:func:`hf_inference`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     inputs: str = Field(min_length=1, max_length=2 * 1024 * 1024)
     parameters: HfParameters = Field(default_factory=HfParameters)
@@ -358,8 +352,8 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
 
     Raises:
         Rejected: reason ``unknown_param`` naming the first extra that is neither (param: its
-            name as sent), listing the ones the kind takes here; reason ``invalid_<field>`` for
-            an ``output_format`` or ``background`` this server cannot give.
+            name as sent), listing the ones the kind takes here, also for an ``output_format``
+            or ``background`` this server cannot give (:func:`app.core.request_body.refuse_unsupported`).
     """
     try:
         family = ctx.registry.get(model).family
@@ -369,27 +363,10 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
     taken = [
         name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted and name not in OPENAI_MAPPED
     ]
-    params: dict[str, Any] = {}
-    for name, value in extras.items():
-        if name in OPENAI_HONOURED and value not in OPENAI_HONOURED[name]:
-            allowed = ", ".join(repr(v) for v in OPENAI_HONOURED[name] if v is not None)
-            raise Rejected(
-                f"`{name}` {value!r} is not what this server makes (PNG images, no transparency); it takes {allowed} "
-                "or no value",
-                reason=f"invalid_{name}",
-                param=name,
-            )
-        if name in OPENAI_IGNORED:
-            continue
-        if name not in taken:
-            raise Rejected(
-                f"`{name}` is not a field of this route nor a param of kind {kind}; extras it takes: "
-                f"{', '.join(taken)}",
-                reason="unknown_param",
-                param=name,
-            )
-        params[name] = value
-    return params
+    where = f"this route's extras (the params of kind {kind} on the model's family)"
+    refuse_unsupported({n: v for n, v in extras.items() if n in OPENAI_HONOURED}, OPENAI_HONOURED, taken, where)
+    refuse_unknown([name for name in extras if name not in OPENAI_IGNORED and name not in taken], taken, where)
+    return {name: value for name, value in extras.items() if name not in OPENAI_IGNORED}
 
 
 def parse_size(size: str | None) -> dict[str, int]:
@@ -749,6 +726,7 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
     runs only that). 409 ``job_pending`` naming the job when it has not ended before the
     client's announced timeout (``Prefer: wait=N``; C10)."""
     started = time.monotonic()
+    refuse_unknown(list(body.model_extra or {}), type(body).model_fields, "the Hugging Face Inference payload")
     if body.parameters.prompt is None:
         kind, params = "txt2img", hf_params(body.inputs, body.parameters)
         fields = {"model": model, **body.model_dump(mode="json")}
@@ -810,12 +788,7 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
     check_upload(len(data), sniff(data[:16]) or "application/octet-stream", limits, field="inputs")
     unknown = [name for name in (body.parameters.model_extra or {}) if name not in HF_IMAGE_PARAMS]
     unknown += [name for name in ("width", "height") if getattr(body.parameters, name) is not None]
-    if unknown:
-        raise Rejected(
-            f"parameters.{unknown[0]} is not supported; image-to-image takes {', '.join(HF_IMAGE_PARAMS)}",
-            reason="unknown_param",
-            param=f"parameters.{unknown[0]}",
-        )
+    refuse_unknown(unknown, HF_IMAGE_PARAMS, "image-to-image's parameters", prefix="parameters.")
     params: dict[str, Any] = {"image": ctx.inputs.add(data).id}
     for name, param in HF_IMAGE_PARAMS.items():
         value = getattr(body.parameters, name, None)

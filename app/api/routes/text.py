@@ -37,8 +37,12 @@ before it (``finish_reason`` ``stop``); a stream never sends text past it. ``n``
 :data:`MAX_CHOICES`): n text jobs submitted as one call (a retried request gets them all, C10),
 job i seeded ``seed + i`` when a seed is given; choice i is job i's text.
 
-Not yet here: ``logprobs``, ``tools``, ``suffix``, ``echo``, ``best_of``; a request naming one
-is refused (422), not silently ignored.
+A field the route does not take is refused naming it (422 ``unknown_param``, OpenAI's
+"Unrecognized request argument supplied"), never ignored: a misspelt ``max_tokenz`` would run with
+the default. OpenAI fields Homefleet does not run (``logprobs``, ``tools``, ``tool_choice``,
+``frequency_penalty``, ``logit_bias``, ``suffix``, ``echo``, ``best_of``…: :data:`CHAT_UNSUPPORTED`,
+:data:`COMPLETION_UNSUPPORTED`) are accepted only at a value that changes nothing (null, ``0``,
+``false``, ``[]``…).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
@@ -66,7 +70,7 @@ from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
-from app.core.request_body import RequestBody
+from app.core.request_body import RequestBody, refuse_unsupported
 from app.core.states import ENDED, JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
 from app.db.tables import Job
@@ -89,8 +93,47 @@ CLIENT_FIELDS = {
 (app/api/openai_errors.py ``renamed``); a chat's prompt is its ``messages``."""
 MAX_CHOICES = 8
 """A request's ``n`` at most: n text jobs, submitted as one call (C10: a retried request gets them all)."""
-UNSUPPORTED = ("logprobs", "tools", "suffix", "echo", "best_of")
-"""OpenAI fields Homefleet does not run yet: refused when set (not null, not false)."""
+OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "logit_bias": ({},),
+    "logprobs": (False,),
+    "user": (),
+}
+"""OpenAI fields of both text routes that Homefleet does not run -> the values that change nothing
+(null too): accepted at those, else refused naming the field (``unknown_param``); never ignored."""
+COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    **OPENAI_UNSUPPORTED,
+    "suffix": ("",),
+    "echo": (False,),
+    "best_of": (1,),
+}
+""":data:`OPENAI_UNSUPPORTED` of ``POST /v1/completions``."""
+CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    **OPENAI_UNSUPPORTED,
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "metadata": ({},),
+    "store": (False,),
+    "service_tier": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "web_search_options": (),
+    "prompt_cache_key": (),
+    "prompt_cache_options": (),
+    "prompt_cache_retention": (),
+    "moderation": (),
+    "safety_identifier": (),
+    "tool_prompt": (),  # huggingface_hub's, beside tools
+}
+""":data:`OPENAI_UNSUPPORTED` of ``POST /v1/chat/completions``."""
 
 
 class StreamOptions(RequestBody):
@@ -103,10 +146,15 @@ class StreamOptions(RequestBody):
 
 
 class Sampling(RequestBody):
-    """The sampling fields both routes share (OpenAI's names; others are ignored, except
-    :data:`UNSUPPORTED` ones, which are refused)."""
+    """The sampling fields both routes share (OpenAI's names). Any other field is refused naming
+    it (:meth:`params`), as OpenAI refuses an unrecognized argument: a misspelt ``max_tokenz``
+    never runs with the default; an OpenAI field Homefleet does not run (:attr:`UNSUPPORTED`) is
+    accepted only at a value that changes nothing."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+    ROUTE: ClassVar[str] = "Homefleet's text routes"
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = OPENAI_UNSUPPORTED
 
     model: str | None = Field(
         None, min_length=1, max_length=64, description="registered text model id; default: the first"
@@ -149,15 +197,12 @@ class Sampling(RequestBody):
         from ``response_format``.
 
         Raises:
-            Rejected: a field of :data:`UNSUPPORTED` is set (reason ``unknown_param``), or a
-                malformed ``response_format`` (reason ``invalid_response_format``).
+            Rejected: reason ``unknown_param`` for a field the route does not take, or a field of
+                :attr:`UNSUPPORTED` at a value that would change the answer, naming it
+                (:func:`app.core.request_body.refuse_unsupported`); a malformed
+                ``response_format`` (reason ``invalid_response_format``).
         """
-        for name in UNSUPPORTED:
-            value = (self.model_extra or {}).get(name)
-            if value not in (None, False):
-                raise Rejected(
-                    f"`{name}` is not supported yet by Homefleet's text routes", reason="unknown_param", param=name
-                )
+        refuse_unsupported(self.model_extra or {}, self.UNSUPPORTED, type(self).model_fields, self.ROUTE)
         params: dict[str, Any] = {}
         try:
             grammar = constraints.from_response_format(self.response_format)
@@ -186,6 +231,9 @@ class Sampling(RequestBody):
 
 class Completion(Sampling):
     """``POST /v1/completions``: ``prompt`` (one string)."""
+
+    ROUTE: ClassVar[str] = "POST /v1/completions"
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = COMPLETION_UNSUPPORTED
 
     prompt: str = Field(
         min_length=1, max_length=MAX_PROMPT_CHARS * 8
@@ -223,6 +271,9 @@ class ChatMessage(RequestBody):
 
 class ChatCompletion(Sampling):
     """``POST /v1/chat/completions``: ``messages`` (``role``, text ``content``)."""
+
+    ROUTE: ClassVar[str] = "POST /v1/chat/completions"
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = CHAT_UNSUPPORTED
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(

@@ -17,8 +17,9 @@ constrains the output (app/core/constraints.py); one that does not compile is a 
 (up to 4 sequences) ends the text before the first one generated (``finish_reason``
 ``stop_sequence``; the tokens' texts, streamed or in ``details``, end before it too: they join
 into the cut ``generated_text``). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is
-refused when
-set, not ignored.
+refused when set, and any other field, top-level or in ``parameters``, is refused naming it (a
+misspelt ``paramters`` would drop every parameter): TGI's serde ignores unknown fields, Homefleet
+never does.
 
 Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
 ``length``), ``generated_tokens``, ``seed`` (null when greedy), ``prefill`` (empty), ``tokens``
@@ -57,7 +58,7 @@ from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
-from app.core.request_body import RequestBody
+from app.core.request_body import RequestBody, refuse_unknown, refuse_unsupported
 from app.core.states import JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, TokenDecoder, stop_sequences
 from app.db.tables import Job
@@ -66,19 +67,25 @@ from routing.placement import AUTO
 
 router = APIRouter(route_class=StrictJsonRoute)
 
-UNSUPPORTED = (
-    "top_k",
-    "repetition_penalty",
-    "frequency_penalty",
-    "truncate",
-    "typical_p",
-    "watermark",
-    "best_of",
-    "top_n_tokens",
-    "decoder_input_details",
-    "adapter_id",
-)
-"""TGI parameters Homefleet does not run: refused when set (not null, false or empty)."""
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    name: (False, 0, 0.0, [], "")
+    for name in (
+        "top_k",
+        "repetition_penalty",
+        "frequency_penalty",
+        "truncate",
+        "typical_p",
+        "watermark",
+        "best_of",
+        "top_n_tokens",
+        "decoder_input_details",
+        "adapter_id",
+    )
+}
+"""TGI parameters Homefleet does not run: refused when set (not null, false, 0 or empty). With the
+fields of :class:`Parameters` they are all of TGI's ``GenerateParameters``; any other key of
+``parameters`` is refused too (TGI's serde ignores an unknown one; here a misspelt parameter is
+never ignored)."""
 
 CLIENT_FIELDS = {
     "max_new_tokens": "parameters.max_new_tokens",
@@ -104,9 +111,10 @@ def finish_reason(usage: dict[str, Any]) -> str:
 
 
 class Parameters(RequestBody):
-    """TGI's ``parameters`` (others are refused when set: :data:`UNSUPPORTED`)."""
+    """TGI's ``parameters`` (TGI's others are refused when set: :data:`UNSUPPORTED`; any other key
+    is refused naming it)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS, description="new tokens at most; default 16")
     temperature: float | None = Field(
@@ -145,16 +153,12 @@ class Parameters(RequestBody):
         """The text job's params.
 
         Raises:
-            Rejected: a parameter of :data:`UNSUPPORTED` is set (reason ``unknown_param``).
+            Rejected: reason ``unknown_param``: a parameter of :data:`UNSUPPORTED` is set, or a
+                key that is no TGI parameter (a misspelt one), naming it.
         """
-        for name in UNSUPPORTED:
-            value = (self.model_extra or {}).get(name)
-            if value not in (None, False, [], ""):
-                raise Rejected(
-                    f"`parameters.{name}` is not supported by Homefleet's TGI routes",
-                    reason="unknown_param",
-                    param=f"parameters.{name}",
-                )
+        refuse_unsupported(
+            self.model_extra or {}, UNSUPPORTED, type(self).model_fields, "TGI's `parameters`", prefix="parameters."
+        )
         params: dict[str, Any] = {"prompt": inputs}
         if self.max_new_tokens is not None:
             params["max_new_tokens"] = self.max_new_tokens
@@ -184,9 +188,10 @@ class Parameters(RequestBody):
 
 class Generate(RequestBody):
     """``POST /generate``, ``/generate_stream`` and ``/``: TGI's ``GenerateRequest`` with
-    Homefleet's ``model`` and ``target``."""
+    Homefleet's ``model`` and ``target``. Any other top-level field (a misspelt ``paramters``,
+    whose parameters would all be dropped) is refused naming it (:meth:`check`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     inputs: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS * 8)  # as /v1/completions: within max_request_bytes
     parameters: Parameters = Field(default_factory=Parameters)
@@ -195,6 +200,17 @@ class Generate(RequestBody):
         None, min_length=1, max_length=64, description="Homefleet extra: registered text model id"
     )
     target: str = Field(AUTO, min_length=1, max_length=32, description="Homefleet extra: machine or 'auto' (default)")
+
+    def check(self) -> dict[str, Any]:
+        """The text job's params, once every field has been checked (before anything is submitted).
+
+        Raises:
+            Rejected: reason ``unknown_param`` for a top-level field TGI's request does not have
+                (:func:`app.core.request_body.refuse_unknown`) or a parameter as
+                :meth:`Parameters.job_params` refuses it.
+        """
+        refuse_unknown(list(self.model_extra or {}), type(self).model_fields, "TGI's request")
+        return self.parameters.job_params(self.inputs)
 
 
 def token_entry(decoder: TokenDecoder, token: int, logprob: float | None, last: bool = False) -> dict[str, Any]:
@@ -313,7 +329,7 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
     (``error_type: validation``) for the token limits (``max_input_tokens``,
     ``max_total_tokens``) or a grammar that does not compile; 409 ``job_pending``
     (``incomplete_generation``) when the wait bound ran out, as the image routes (C10)."""
-    body.parameters.job_params(body.inputs)  # refuse unsupported parameters before anything is submitted
+    body.check()  # refuse unknown fields and unsupported parameters before anything is submitted
     with client_fields(CLIENT_FIELDS):
         return JSONResponse(await generate_once(body, ctx, request))
 
@@ -332,7 +348,7 @@ async def generate(body: Generate, ctx: Context, request: Request) -> Any:
 async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any:
     """TGI ``generate_stream``: Server-Sent Events, one per generated token, the last with
     ``generated_text`` and ``details``."""
-    body.parameters.job_params(body.inputs)
+    body.check()
     with client_fields(CLIENT_FIELDS):
         return await generate_stream_answer(body, ctx, request_key_id(request))
 
@@ -350,7 +366,7 @@ async def generate_stream(body: Generate, ctx: Context, request: Request) -> Any
 async def compat_generate(body: Generate, ctx: Context, request: Request) -> Any:
     """TGI's root route (``huggingface_hub``'s ``text_generation`` calls it): :func:`generate`,
     or :func:`generate_stream` when ``stream`` is true."""
-    body.parameters.job_params(body.inputs)
+    body.check()
     with client_fields(CLIENT_FIELDS):
         if body.stream:
             return await generate_stream_answer(body, ctx, request_key_id(request))

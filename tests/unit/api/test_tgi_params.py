@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.routes.tgi import Parameters
+from app.api.routes.tgi import Generate, Parameters
 from app.core.errors import Rejected
 
 
@@ -30,6 +30,17 @@ def test_an_unsupported_parameter_set_is_refused_naming_it(name: str, value: obj
         Parameters.model_validate({name: value}).job_params("x")
     assert refused.value.reason == "unknown_param"
     Parameters.model_validate({name: None, "watermark": False, "stop": []}).job_params("x")  # unset: fine
+
+
+def test_a_key_that_is_no_tgi_parameter_is_refused_naming_it_not_ignored() -> None:
+    # TGI's serde drops it; a misspelt max_new_tokens would run with the default 16 tokens.
+    with pytest.raises(Rejected, match=r"`parameters\.max_new_token`") as refused:
+        Parameters.model_validate({"max_new_token": 3}).job_params("x")
+    assert (refused.value.reason, refused.value.param) == ("unknown_param", "parameters.max_new_token")
+    assert "max_new_tokens" in refused.value.message  # what it takes
+    with pytest.raises(Rejected, match="paramters") as top:
+        Generate.model_validate({"inputs": "x", "paramters": {"max_new_tokens": 3}}).check()
+    assert (top.value.reason, top.value.param) == ("unknown_param", "paramters")
 
 
 def test_stop_sequences_become_the_jobs_stop_and_a_bad_one_names_the_field() -> None:

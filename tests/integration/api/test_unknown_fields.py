@@ -1,0 +1,157 @@
+"""Unknown and misspelt fields on the OpenAI, TGI and Hugging Face routes are refused naming
+them, never ignored (R22): ``max_tokenz`` would otherwise run with the default 16 tokens, and a
+top-level ``paramters`` would drop every TGI parameter. Through the official ``openai`` SDK where
+a user meets the behaviour through it (``extra_body``), through plain HTTP for TGI's and Hugging
+Face's bodies (their clients send only the fields they know). The real ASGI app on a real Redis
+and journal; no worker runs (an accepted call answers 409 ``job_pending`` once its wait is over)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.server import create_app
+from app.context import ServerContext, build_context
+from app.core.config import Settings
+from app.core.states import JobState
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet
+
+TEXT, IMAGE = "tiny-llama", "tiny-sd"
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_text_dir: Path, tiny_models_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    ctx = build_context(settings, make_fleet(families=frozenset({"llama", "sd1"})), migrate=True)
+    ctx.registry.add(tiny_text_dir / TEXT, TEXT)
+    ctx.registry.add(tiny_models_dir / IMAGE, IMAGE)
+    bring_online(ctx, "server", {TEXT, IMAGE})
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+        yield client, ctx
+
+
+def sdk(client: TestClient) -> openai.OpenAI:
+    """The official SDK over the in-process app; a short timeout: an accepted call answers 409
+    ``job_pending`` a fifth of it before (no worker runs)."""
+    return openai.OpenAI(
+        api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0, timeout=2.0
+    )
+
+
+def queued(ctx: ServerContext) -> int:
+    return len(ctx.journal.list([JobState.queued]))
+
+
+def refused_naming(error: openai.APIStatusError, field: str) -> None:
+    body = error.body
+    assert isinstance(body, dict), body
+    assert (body["code"], body["param"]) == ("unknown_param", field), body
+    assert f"`{field}`" in body["message"], body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_misspelt_openai_text_field_is_refused_naming_it(api: tuple[TestClient, ServerContext], stream: bool) -> None:
+    """OpenAI answers ``Unrecognized request argument supplied: max_tokenz``; so does Homefleet,
+    listing the fields it takes, before any job (streaming too: a plain error, no stream)."""
+    client, ctx = api
+    with pytest.raises(openai.APIStatusError) as chat:
+        sdk(client).chat.completions.create(model=TEXT, messages=MESSAGES, stream=stream, extra_body={"max_tokenz": 3})
+    assert chat.value.status_code in (400, 422)
+    refused_naming(chat.value, "max_tokenz")
+    assert "Unrecognized request argument supplied" in chat.value.body["message"]  # type: ignore[index]
+    assert "max_completion_tokens" in chat.value.body["message"]  # type: ignore[index]  # what it takes
+    with pytest.raises(openai.APIStatusError) as completion:
+        sdk(client).completions.create(model=TEXT, prompt="hi", stream=stream, extra_body={"max_token": 3})
+    refused_naming(completion.value, "max_token")
+    with pytest.raises(openai.APIStatusError) as chat_field:  # a chat's own field is no completion's
+        sdk(client).completions.create(model=TEXT, prompt="hi", extra_body={"max_completion_tokens": 3})
+    refused_naming(chat_field.value, "max_completion_tokens")
+    assert queued(ctx) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -1),
+        ("logit_bias", {"42": 5}),
+        ("logprobs", True),
+        ("top_logprobs", 2),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("tool_choice", "required"),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("modalities", ["text", "audio"]),
+        ("user", "someone"),
+    ],
+)
+def test_an_openai_chat_field_homefleet_does_not_run_is_refused_unless_neutral(
+    api: tuple[TestClient, ServerContext], field: str, value: Any
+) -> None:
+    client, ctx = api
+    with pytest.raises(openai.APIStatusError) as refused:
+        sdk(client).chat.completions.create(model=TEXT, messages=MESSAGES, max_tokens=2, extra_body={field: value})
+    refused_naming(refused.value, field)
+    assert "not supported" in refused.value.body["message"]  # type: ignore[index]
+    assert queued(ctx) == 0
+
+
+def test_openai_fields_at_their_neutral_values_and_the_sdks_own_are_accepted(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """What changes nothing is taken (the call's job is queued: 409 ``job_pending`` with no worker)."""
+    client, ctx = api
+    with pytest.raises(openai.ConflictError) as pending:
+        sdk(client).chat.completions.create(
+            model=TEXT,
+            messages=MESSAGES,
+            max_tokens=2,
+            frequency_penalty=0,
+            presence_penalty=0.0,
+            logit_bias={},
+            logprobs=False,
+            tools=[],
+            tool_choice="none",
+            modalities=["text"],
+            stream_options=None,
+            extra_body={"target": "server", "user": None, "top_logprobs": 0},
+        )
+    assert pending.value.code == "job_pending"
+    with pytest.raises(openai.ConflictError):
+        sdk(client).completions.create(model=TEXT, prompt="hi", max_tokens=2, echo=False, best_of=1, suffix=None)
+    assert queued(ctx) == 2
+
+
+@pytest.mark.parametrize("route", ["/generate", "/generate_stream", "/"])
+def test_a_misspelt_tgi_field_is_refused_naming_it(api: tuple[TestClient, ServerContext], route: str) -> None:
+    """TGI's serde ignores an unknown field; here ``paramters`` (every parameter dropped) and a
+    misspelt parameter are refused in TGI's error shape, naming them."""
+    client, ctx = api
+    for body, field, takes in (
+        ({"inputs": "hi", "paramters": {"max_new_tokens": 3}}, "paramters", "parameters"),
+        ({"inputs": "hi", "parameters": {"max_new_token": 3}}, "parameters.max_new_token", "max_new_tokens"),
+        ({"inputs": "hi", "parameters": {"foo": None}}, "parameters.foo", "max_new_tokens"),
+    ):
+        answer = client.post(route, json=body)
+        assert answer.status_code == 422, answer.text
+        error = answer.json()
+        assert (error["error_type"], error["reason"]) == ("validation", "unknown_param"), error
+        assert f"`{field}`" in error["error"] and takes in error["error"], error
+    assert queued(ctx) == 0
+
+
+def test_a_misspelt_hugging_face_field_is_refused_naming_it(api: tuple[TestClient, ServerContext]) -> None:
+    client, ctx = api
+    for path in (f"/hf/models/{IMAGE}", "/hf"):
+        answer = client.post(path, json={"inputs": "a fox", "paramters": {"num_inference_steps": 1}})
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert (error["code"], error["param"]) == ("unknown_param", "paramters"), error
+        assert "`paramters`" in error["message"] and "parameters" in error["message"]
+        typo = client.post(path, json={"inputs": "a fox", "parameters": {"num_inference_stepz": 1}})
+        assert typo.status_code == 422 and typo.json()["error"]["param"] == "parameters.num_inference_stepz"
+    assert queued(ctx) == 0
