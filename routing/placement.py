@@ -17,7 +17,7 @@ Reason codes (in filter order, R11): ``machine_unavailable``, ``machine_syncing`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from residency.device import MemoryKind
@@ -130,6 +130,21 @@ def too_large(name: str, model: str, need: int, weights: int, usable: int) -> tu
         f"its variant loads + working memory {readable_bytes(need - weights)}) but machine {name!r} has "
         f"{readable_bytes(usable)} usable: {decided}",
     )
+
+
+TEMPORARY = frozenset({"machine_unavailable", "machine_draining", "machine_syncing"})
+"""The exclusions that pass by themselves (offline, drained, syncing: R10, R11): a 503 to retry
+later, never a 422. A pinned target in one of them is :class:`Unavailable`; so is Auto when every
+machine that could run the job is in one (:func:`only_for_now`)."""
+
+
+def only_for_now(job: JobRequest, machine: MachineView, costs: CostModel) -> bool:
+    """Whether ``machine``, excluded for a :data:`TEMPORARY` reason, would take ``job`` once it is
+    back (online, not draining, not syncing): no permanent filter of :func:`exclusion` excludes it
+    then. A full queue counts as for now too (it drains)."""
+    back = replace(machine, online=True, draining=False, syncing=False)
+    refusal = exclusion(job, back, costs)
+    return refusal is None or refusal[0] == "queue_full"
 
 
 def exclusion(
@@ -254,8 +269,12 @@ def place(
 
     Raises:
         Refused: unknown machine (reason ``unknown_machine``), or a filter excludes the
-            explicit target (its reason), or Auto finds no machine (reason ``no_machine``).
-        Unavailable: the explicit target is offline, drained or syncing (R10: never rerouted).
+            explicit target (its reason), or Auto finds no machine (reason ``no_machine``):
+            every machine is excluded by a filter that does not pass by itself.
+        Unavailable: the explicit target is offline, drained or syncing (R10: never rerouted);
+            or, for Auto, every machine that could run the job is (:data:`TEMPORARY`), the
+            message naming each one's reason (R11); the reason is theirs when they share one,
+            else ``machine_unavailable``.
         Full: the target (or, for Auto, every machine not excluded otherwise) is full (R23).
     """
     costs = costs or Estimator()
@@ -270,7 +289,7 @@ def place(
         refusal = exclusion(job, machine, costs)
         if refusal is not None:
             reason, message = refusal
-            if reason in ("machine_unavailable", "machine_draining", "machine_syncing"):  # temporary
+            if reason in TEMPORARY:
                 raise Unavailable(message, reason=reason)
             if reason == "queue_full":
                 raise Full(message, reason=reason)
@@ -282,6 +301,19 @@ def place(
         detail = ", ".join(f"{name}: {reason}" for name, (reason, _) in sorted(excluded.items()))
         if any(reason == "queue_full" for reason, _ in excluded.values()):
             raise Full(f"every machine able to run model {job.model_id!r} is full ({detail})", reason="queue_full")
+        waiting = {
+            name: reason
+            for name, (reason, _) in sorted(excluded.items())
+            if reason in TEMPORARY and only_for_now(job, machines[name], costs)
+        }
+        if waiting:  # R10/R11: a temporary state is a 503 to retry, as for a pinned target
+            reasons = set(waiting.values())
+            named = ", ".join(f"{name}: {reason}" for name, reason in waiting.items())
+            raise Unavailable(
+                f"every machine able to run model {job.model_id!r} is unavailable for now ({named}); "
+                f"retry later (all machines: {detail})",
+                reason=reasons.pop() if len(reasons) == 1 else "machine_unavailable",
+            )
         raise Refused(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
     best = min(
         candidates,

@@ -62,8 +62,9 @@ UNSTATABLE: dict[str, str] = {
     "invalid_webhook_url": "a webhook's host must be on the fleet's allow-list, and its key have a secret",
     "unknown_file": "an input id must name a file uploaded to this server (POST /v1/files)",
     "idempotency_key_reused": "an Idempotency-Key sent before with another body (state across requests, R20)",
-    "no_machine": "auto placement: every machine able to run the model is offline or receiving a sync "
-    "(POST /v1/machines/{machine}/sync in the same run; state, not the request)",
+    "no_machine": "auto placement: no machine could run the model even once back online (its verified "
+    "models, family and memory: state of the fleet, not the request; every able machine offline or "
+    "receiving a sync is a 503 instead)",
     "adapter_family_mismatch": "an adapter must be of the model's family (two fields, and the registry)",
 }
 #: (reason, param) -> why: a generic reason allowed for one param only

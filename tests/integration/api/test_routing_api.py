@@ -157,6 +157,32 @@ def test_r10_pinned_offline_machine_errors_even_when_others_are_idle(api: tuple[
     assert nothing_enqueued(ctx)  # not rerouted to an idle machine
 
 
+def test_r11_auto_with_every_able_machine_offline_or_draining_is_a_503_to_retry(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    # Every machine that could run the model is offline (its verified set kept) or drained: the
+    # same temporary 503 with Retry-After a pinned target gets (R10), not a 422 no_machine.
+    client, ctx = api
+    ctx.redis.sadd(ctx.keys.verified("off"), MODEL)  # verified before it went offline
+    for name in ("server", "m2", "resv"):
+        ctx.redis.set(ctx.keys.draining(name), "1")
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}
+    answer = client.post("/v1/jobs", json=body)
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["reason"] == "machine_unavailable"  # the machines' reasons differ
+    for named in ("off: machine_unavailable", "server: machine_draining", "m2: machine_draining"):
+        assert named in error["message"]
+    assert answer.headers["retry-after"] == str(ctx.settings.retry_after_s)
+    assert nothing_enqueued(ctx)
+    ctx.redis.delete(ctx.keys.verified("off"))  # none of the drained or offline ones could run it once back:
+    for name in ("server", "m2", "resv"):
+        ctx.redis.srem(ctx.keys.verified(name), MODEL)  # nothing to wait for, a 422 naming every reason
+    refused = client.post("/v1/jobs", json=body)
+    assert refused.status_code == 422 and refused.json()["error"]["reason"] == "no_machine", refused.text
+    assert "retry-after" not in refused.headers
+
+
 def test_r11_r12_dry_run_shows_every_machine_and_enqueues_nothing(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
     body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "auto"}

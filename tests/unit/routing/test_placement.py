@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.core.errors import MachineUnavailable, from_core
@@ -207,11 +209,39 @@ def test_r11_auto_never_picks_an_offline_or_unverified_machine() -> None:
 
 
 def test_r11_auto_with_no_machine_left_is_refused_with_every_reason() -> None:
+    # The offline server could not run the model once back either (family): nothing to wait for.
     with pytest.raises(Refused) as refused:
-        place(request("auto"), machines(view("server", online=False), view("m1", verified=set())))
+        place(request("auto"), machines(view("server", online=False, families={"sdxl"}), view("m1", verified=set())))
+    assert not isinstance(refused.value, Unavailable)
     assert refused.value.reason == "no_machine"
     assert "server: machine_unavailable" in refused.value.message
     assert "m1: model_not_verified" in refused.value.message
+
+
+def test_r11_auto_whose_able_machines_are_all_temporarily_out_is_unavailable_naming_each() -> None:
+    # Every machine that could run the job is offline, draining or syncing: a 503 to retry (as a
+    # pinned target gets, R10), not a 422; m3 can never run it and does not change that.
+    fleet = machines(
+        view("server", online=False),
+        replace(view("m1"), draining=True),
+        replace(view("m2"), syncing=True),
+        view("m3", verified=set()),
+    )
+    with pytest.raises(Unavailable) as refused:
+        place(request("auto"), fleet, costs())
+    error = from_core(refused.value)
+    assert isinstance(error, MachineUnavailable) and error.status_code == 503
+    assert refused.value.reason == "machine_unavailable"  # mixed reasons
+    for named in ("server: machine_unavailable", "m1: machine_draining", "m2: machine_syncing"):
+        assert named in refused.value.message
+    assert "m3: model_not_verified" in refused.value.message  # the whole picture, after the retryable ones
+
+
+def test_r11_auto_with_one_shared_temporary_reason_answers_that_reason() -> None:
+    fleet = machines(replace(view("server"), draining=True), replace(view("m1"), draining=True))
+    with pytest.raises(Unavailable) as refused:
+        place(request("auto"), fleet, costs())
+    assert refused.value.reason == "machine_draining"
 
 
 def test_r12_ties_go_to_fewer_queued_then_name() -> None:
