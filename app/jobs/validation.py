@@ -914,6 +914,15 @@ class PromptTokenizers:
                 self._cache[model_id] = self._load(model_id)
             return self._cache[model_id]
 
+    def has_chat_template(self, model_id: str) -> bool:
+        """Whether the model's tokenizer has a chat template (it takes chat messages). A tokenizer
+        that cannot be loaded counts as none (a chat through it could not be templated)."""
+        try:
+            tokenizer = self.tokenizer(model_id)
+        except Conflict:
+            return False
+        return bool(getattr(tokenizer, "chat_template", None))
+
     def counter(self, model_id: str) -> Callable[[str], int] | None:
         """``text -> number of tokens`` (with start/end tokens, untruncated), or None."""
         tokenizer = self.tokenizer(model_id)

@@ -203,7 +203,7 @@ def hub(tfleet: TextFleet) -> huggingface_hub.InferenceClient:
     """The official TGI client, pointed at the server's root (text_generation posts to ``/``,
     chat_completion to ``/v1/chat/completions``), the API key as its token. TGI serves one
     model: requests without ``model`` get the first registered text model, ``small-gpt2``
-    (max_total_tokens 12)."""
+    (max_total_tokens 12); a chat without one the first with a chat template, ``tiny-llama``."""
     return huggingface_hub.InferenceClient(base_url=tfleet.local.api_url, token=TEST_API_KEY, timeout=60)
 
 
@@ -362,15 +362,33 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
     assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
 
 
-def test_hub_chat_completion_without_a_model_gets_the_default_text_model(tfleet: TextFleet) -> None:
+def test_hub_chat_completion_without_a_model_gets_the_first_text_model_with_a_chat_template(
+    tfleet: TextFleet,
+) -> None:
     """Given no model, ``InferenceClient.chat_completion`` sends ``"model": "dummy"`` (TGI ignores
-    it): the first text model answers, here ``small-gpt2``, whose refusal of a chat (it has no
-    chat template) names it, not an unregistered ``dummy``."""
+    it): the chat goes to the first text model whose tokenizer has a chat template, ``tiny-llama``
+    (``small-gpt2`` and ``tiny-gpt2``, first by id, have none and would refuse every chat), not to
+    an unregistered ``dummy``."""
+    done = hub(tfleet).chat_completion(
+        [{"role": "user", "content": "hi"}], max_tokens=4, extra_body={"target": MACHINE}
+    )
+    job = latest_job(tfleet)
+    assert (job.model_id, job.params["chat"], job.state) == ("tiny-llama", True, JobState.succeeded)
+    assert done.choices[0].message.content == Path(job.result_path).read_bytes().decode("utf-8")
+
+
+def test_hub_chat_completion_with_a_misspelt_extra_is_refused_naming_it(tfleet: TextFleet) -> None:
+    """``extra_body={"max_tokenz": 3}`` is refused before any job (422 ``unknown_param``), not run
+    with the default 16 tokens."""
+    jobs = len(tfleet.ctx.journal.list())
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
-        hub(tfleet).chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
-    assert refused.value.response.status_code == 422, refused.value.response.text
-    message = refused.value.response.json()["error"]["message"]
-    assert "small-gpt2" in message and "chat template" in message and "dummy" not in message
+        hub(tfleet).chat_completion(
+            [{"role": "user", "content": "hi"}], model="tiny-llama", extra_body={"max_tokenz": 3}
+        )
+    assert refused.value.response.status_code in (400, 422), refused.value.response.text
+    error = refused.value.response.json()["error"]
+    assert (error["code"], error["param"]) == ("unknown_param", "max_tokenz") and "`max_tokenz`" in error["message"]
+    assert len(tfleet.ctx.journal.list()) == jobs
 
 
 SCHEMA = {

@@ -402,15 +402,22 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
     check_submission({"n": count}, limits_for(ctx.settings.limits, record.family), family=record.family)
 
 
-def default_model(ctx: ServerContext, kind: str) -> str:
-    """The first model in service (by id) that runs ``kind``.
+def default_model(ctx: ServerContext, kind: str, chat: bool = False) -> str:
+    """The first model in service (by id) that runs ``kind``; for a ``chat`` request the first
+    whose tokenizer has a chat template (a chat through one without is refused), falling back to
+    the first that runs ``kind`` when none has one (the chat is then refused naming that model).
 
     Raises:
         NotFound: reason ``no_model`` when none does, naming the retired ones that did.
     """
+    first = None
     for record in ctx.registry.list():
         if kind in record.kinds:
-            return record.id
+            if not chat or ctx.dispatcher.validator.tokenizers.has_chat_template(record.id):
+                return record.id
+            first = first or record.id
+    if first is not None:
+        return first
     retired = [record.id for record in ctx.registry.list(retired=True) if record.retired_at and kind in record.kinds]
     was = f" (retired: {', '.join(retired)})" if retired else ""
     raise NotFound(f"no model in service runs {kind}{was}; register one with `homefleet models add`", reason="no_model")
@@ -422,12 +429,12 @@ none, or only a URL (``huggingface_hub/inference/_providers/hf_inference.py``): 
 model, ignores it; here it names no model unless a model of that id is in service."""
 
 
-async def model_or_default(ctx: ServerContext, model: str | None, kind: str) -> str:
+async def model_or_default(ctx: ServerContext, model: str | None, kind: str, chat: bool = False) -> str:
     """``model``, or when none is named (:data:`HF_NO_MODEL` counting as none) :func:`default_model`
-    of ``kind`` (read off the event loop)."""
+    of ``kind`` (``chat``: the first with a chat template; read off the event loop)."""
     if model and (model != HF_NO_MODEL or await to_thread.run_sync(is_registered, ctx, model)):
         return model
-    return await to_thread.run_sync(default_model, ctx, kind)
+    return await to_thread.run_sync(default_model, ctx, kind, chat)
 
 
 def is_registered(ctx: ServerContext, model: str) -> bool:

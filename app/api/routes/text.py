@@ -502,7 +502,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     """OpenAI ``chat.completions.create``: the messages through the model's chat template (422
     ``invalid_messages`` for a model without one), then as :func:`completions`."""
     body.params()
-    model = await model_or_default(ctx, body.model, KIND)
+    model = await model_or_default(ctx, body.model, KIND, chat=True)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
