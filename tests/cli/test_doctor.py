@@ -136,10 +136,12 @@ def test_doctor_on_the_servers_host_asks_the_port_it_serves_on_and_names_a_file_
 
         import httpx
 
+        from app.core.tls import tls_context
+
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1, verify=tls_context())
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -143,6 +143,13 @@ def _write(folder: Path, *paths: str, size: int = 16) -> None:
         (folder / path).write_bytes(b"x" * size)
 
 
+def _shard_index(folder: Path, index: str, *shards: str) -> None:
+    """A shard index as ``save_pretrained`` writes it: tensor -> the shard beside it holding it."""
+    weight_map = {f"tensor.{k}": shard for k, shard in enumerate(shards)}
+    (folder / index).parent.mkdir(parents=True, exist_ok=True)
+    (folder / index).write_text(json.dumps({"metadata": {"total_size": 32}, "weight_map": weight_map}))
+
+
 def _index(folder: Path, **components: list[str | None]) -> None:
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline", **components}))
 
@@ -161,14 +168,16 @@ def test_r1_a_sharded_fp16_variant_takes_its_variant_index_and_a_component_witho
         "transformer/config.json",
         "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
         "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model.safetensors.index.json",
         "transformer/diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
         "transformer/diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model.safetensors.index.fp16.json",
         "vae/config.json",
         "vae/diffusion_pytorch_model.safetensors",
         "scheduler/scheduler_config.json",
     )
+    shards = [f"diffusion_pytorch_model-0000{k}-of-00002.safetensors" for k in (1, 2)]
+    _shard_index(tmp_path, "transformer/diffusion_pytorch_model.safetensors.index.json", *shards)
+    half = [f"diffusion_pytorch_model.fp16-0000{k}-of-00002.safetensors" for k in (1, 2)]
+    _shard_index(tmp_path, "transformer/diffusion_pytorch_model.safetensors.index.fp16.json", *half)
     fp16 = select_files(tmp_path, "fp16")
     assert set(fp16.taken) == {
         "model_index.json",
@@ -262,13 +271,17 @@ def test_r1_a_transformers_folder_takes_config_tokenizer_and_safetensors_only(tm
         "chat_template.jinja",
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json",
         "pytorch_model-00001-of-00002.bin",
         "pytorch_model-00002-of-00002.bin",
-        "pytorch_model.bin.index.json",
         "README.md",
         "onnx/model.onnx",
         "original/consolidated.00.pth",
+    )
+    _shard_index(
+        tmp_path, "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    )
+    _shard_index(
+        tmp_path, "pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"
     )
     selection = select_files(tmp_path, "fp16")
     assert selection.source_format == "transformers"
