@@ -4,7 +4,7 @@
 - :class:`Refused`: the job cannot run where it asked (422): unknown machine, a filter that
   excludes the explicit target, or no machine left for Auto (R10, R11).
 - :class:`Unavailable`: the explicit target is offline, drained or receiving a sync (R10):
-  temporary, never rerouted (503).
+  temporary, never rerouted (503); for Auto, every machine that could run the job is so.
 - :class:`Full`: the target (or every machine Auto could use) is at ``max_queued`` (R23, 429).
 """
 
@@ -23,7 +23,8 @@ class Refused(Exception):
 
 class Unavailable(Refused):
     """Raised when an explicitly targeted machine cannot take jobs now (offline, drained,
-    syncing): the client may retry later; the job is never sent elsewhere (R10)."""
+    syncing): the client may retry later; the job is never sent elsewhere (R10). Auto raises it
+    when every machine that could run the job is out only so (R11)."""
 
 
 class Full(Refused):

@@ -475,6 +475,7 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     assert driver.execute_script(  # type: ignore[attr-defined]
         f"return document.querySelector({figure + ' a.download'!r}).href"
     ).startswith("blob:")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-new-seed"))
     click(driver, f"{figure} .remix-new-seed")
     wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
     assert form_value(driver, "seed") not in ("", "4242")

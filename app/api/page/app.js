@@ -338,8 +338,11 @@ function renderGallery() {
   const shown = done.filter((j) => (!model || j.model === model) && (!machine || j.machine === machine) && (!jobState || j.state === jobState))
     .flatMap((job) => { const results = resultsOf(job); return results.length ? results.map((result, index) => ({ job, result, index, count: results.length })) : [{ job, result: null, index: 0, count: 0 }]; });
   const gallery = $("#gallery");
-  const have = [...gallery.children].map((figure) => `${figure.dataset.job}:${figure.dataset.index}:${figure.dataset.state}`).join();
-  if (have === shown.map(({ job, index }) => `${job.id}:${index}:${job.state}`).join()) return;
+  // the figures' buttons follow the kinds the models run: a gallery drawn before the models
+  // loaded is drawn again once they have, not only when a job changes
+  const key = `${kindsRun().join()}|${shown.map(({ job, index }) => `${job.id}:${index}:${job.state}`).join()}`;
+  if (gallery.dataset.drawn === key) return;
+  gallery.dataset.drawn = key;
   replaceKeepingFocus(gallery, shown.map(({ job, result, index, count }) => el("figure", { "data-job": job.id, "data-index": String(index), "data-state": job.state },
     result ? media(job, result, index, count) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
       job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
