@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, TypeVar
 import psutil
 
 from app.core.config import Settings, WorkerSettings
+from app.core.secret_files import write_private
 from app.devtools import forkserver
+from app.devtools.redis_server import free_port
 from app.fleet.config import Fleet, Machine
 
 if TYPE_CHECKING:
@@ -72,6 +74,41 @@ def run_cli(
     if check and done.returncode != 0:
         raise AssertionError(f"homefleet {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
+
+
+@dataclass
+class FleetFiles:
+    """A fleet on this host for an e2e test: its fleet file (mode 0600), the server's settings
+    and the operator's environment (``HOMEFLEET_*`` of a CLI run, :func:`settings_env`)."""
+
+    config: Fleet
+    fleet_file: Path
+    settings: Settings
+    operator: dict[str, str]
+
+
+def fleet_files(data_dir: Path, redis_url: str, *machines: str, **settings: object) -> FleetFiles:
+    """:func:`make_fleet` of ``machines`` written to ``data_dir/fleet.toml``, the Redis database
+    of ``redis_url`` flushed, and the server's settings: a free API port, one API key
+    (:data:`TEST_API_KEY`), heartbeats every 0.5 s with an 8 s TTL; ``settings`` add to them or
+    replace them."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    config = make_fleet(*machines)
+    fleet_file = data_dir / "fleet.toml"
+    write_private(fleet_file, config.to_toml())
+    fields: dict[str, object] = {
+        "data_dir": data_dir,
+        "redis_url": redis_url,
+        "fleet_file": fleet_file,
+        "api_port": free_port(),
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_ttl_s": 8,
+        "api_keys": [TEST_API_KEY],
+    }
+    server = Settings(**{**fields, **settings})  # type: ignore[arg-type]
+    return FleetFiles(config, fleet_file, server, settings_env(server))
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

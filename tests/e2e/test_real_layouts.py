@@ -13,16 +13,12 @@ import io
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
-from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.devtools.replicas import Replica, as_hf_cache, make_replica
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, fleet_files, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -37,24 +33,10 @@ def fleet(
     replica = make_replica("sd15", data_dir / "downloads")
     hub = data_dir / "hf" / "hub"
     as_hf_cache(replica, hub)
-    redis_url = f"{redis_base_url}/13"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet("m1")
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        api_keys=[TEST_API_KEY],
-    )
-    env = {
-        "HOMEFLEET_DATA_DIR": str(data_dir),
-        "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url,
+    files = fleet_files(data_dir, f"{redis_base_url}/13", "m1")
+    config, fleet_file, settings = files.config, files.fleet_file, files.settings
+    env: dict[str, str | None] = {
+        **files.operator,
         "HF_HOME": str(data_dir / "hf"),
         "HF_HUB_CACHE": None,
         "HF_HUB_OFFLINE": "1",

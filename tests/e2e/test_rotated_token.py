@@ -12,17 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
-from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.fleet import live
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli, wait_for
+from tests.helpers import TEST_API_KEY, fleet_files, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -44,27 +40,8 @@ class RotatedFleet:
 def rotated(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path) -> Iterator[RotatedFleet]:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    redis_url = f"{redis_base_url}/15"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet(MACHINE)
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        reconcile_interval_s=0.5,
-        lost_grace_s=1.0,
-        api_keys=[TEST_API_KEY],
-    )
-    operator = {
-        "HOMEFLEET_DATA_DIR": str(data_dir),
-        "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url,
-    }
+    files = fleet_files(data_dir, f"{redis_base_url}/15", MACHINE, reconcile_interval_s=0.5, lost_grace_s=1.0)
+    config, fleet_file, settings, operator = files.config, files.fleet_file, files.settings, files.operator
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)

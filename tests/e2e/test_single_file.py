@@ -17,18 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 from PIL import Image
 
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
 from app.core.digest import bytes_digest, file_digest
-from app.core.secret_files import write_private
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.devtools.tiny_single_file import make_tiny_single_file
-from tests.helpers import TEST_API_KEY, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, fleet_files, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -54,25 +50,8 @@ def sfleet(
     checkpoint = make_tiny_single_file(
         tiny_models_dir / "tiny-sd", data_dir / "in" / "my-sd15-merge.safetensors", "sd1"
     )
-    redis_url = f"{redis_base_url}/12"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet(MACHINE)
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        api_keys=[TEST_API_KEY],
-    )
-    env = {
-        "HOMEFLEET_DATA_DIR": str(data_dir),
-        "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url,
-    }
+    files = fleet_files(data_dir, f"{redis_base_url}/12", MACHINE)
+    config, fleet_file, settings, env = files.config, files.fleet_file, files.settings, files.operator
     ctx = build_context(settings, config, migrate=True)
     ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=FOLDER_MODEL)
     done = run_cli(
