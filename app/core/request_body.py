@@ -94,10 +94,17 @@ def refuse_unknown(unknown: Sequence[str], takes: Iterable[str], where: str, pre
     )
 
 
+ANY_VALUE = object()
+"""In a field's neutral values (:func:`is_neutral`): every value is neutral, for a field that
+labels a request without changing its answer (OpenAI's ``user``, ``metadata``)."""
+
+
 def is_neutral(value: Any, neutral: Iterable[Any]) -> bool:
     """Whether ``value`` (as parsed from JSON) is null or one of ``neutral``, compared as JSON (so
-    ``false`` is not ``0`` and ``0`` is not ``0.0``: list each form a neutral value takes)."""
-    if value is None:
+    ``false`` is not ``0`` and ``0`` is not ``0.0``: list each form a neutral value takes), or
+    ``neutral`` holds :data:`ANY_VALUE`."""
+    neutral = tuple(neutral)
+    if value is None or any(each is ANY_VALUE for each in neutral):
         return True
     shown = json.dumps(value, sort_keys=True)
     return any(shown == json.dumps(each, sort_keys=True) for each in neutral)

@@ -70,7 +70,7 @@ from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
-from app.core.request_body import RequestBody, refuse_unsupported
+from app.core.request_body import ANY_VALUE, RequestBody, refuse_unsupported
 from app.core.states import ENDED, JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
 from app.db.tables import Job
@@ -98,7 +98,10 @@ OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, 0.0),
     "logit_bias": ({},),
     "logprobs": (False,),
-    "user": (),
+    "user": (ANY_VALUE,),  # labels the caller; changes no answer (many client libraries send it)
+    "metadata": (ANY_VALUE,),
+    "safety_identifier": (ANY_VALUE,),
+    "prompt_cache_key": (ANY_VALUE,),
 }
 """OpenAI fields of both text routes that Homefleet does not run -> the values that change nothing
 (null too): accepted at those, else refused naming the field (``unknown_param``); never ignored."""
@@ -116,21 +119,18 @@ CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "parallel_tool_calls": (),
+    "parallel_tool_calls": (True, False),  # OpenAI's default true: with no tools, no effect
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
-    "metadata": ({},),
     "store": (False,),
-    "service_tier": (),
+    "service_tier": ("auto", "default"),  # OpenAI's default "auto"
     "reasoning_effort": (),
     "verbosity": (),
     "web_search_options": (),
-    "prompt_cache_key": (),
     "prompt_cache_options": (),
     "prompt_cache_retention": (),
     "moderation": (),
-    "safety_identifier": (),
     "tool_prompt": (),  # huggingface_hub's, beside tools
 }
 """:data:`OPENAI_UNSUPPORTED` of ``POST /v1/chat/completions``."""

@@ -86,7 +86,8 @@ def test_a_misspelt_openai_text_field_is_refused_naming_it(api: tuple[TestClient
         ("tool_choice", "required"),
         ("functions", [{"name": "f", "parameters": {}}]),
         ("modalities", ["text", "audio"]),
-        ("user", "someone"),
+        ("service_tier", "flex"),
+        ("parallel_tool_calls", "yes"),
     ],
 )
 def test_an_openai_chat_field_homefleet_does_not_run_is_refused_unless_neutral(
@@ -118,7 +119,11 @@ def test_openai_fields_at_their_neutral_values_and_the_sdks_own_are_accepted(
             tool_choice="none",
             modalities=["text"],
             stream_options=None,
-            extra_body={"target": "server", "user": None, "top_logprobs": 0},
+            user="someone",  # labels the caller, many client libraries send it: any value
+            service_tier="auto",  # OpenAI's default
+            parallel_tool_calls=True,  # OpenAI's default: with no tools, no effect
+            metadata={"run": "nightly"},
+            extra_body={"target": "server", "top_logprobs": 0},
         )
     assert pending.value.code == "job_pending"
     with pytest.raises(openai.ConflictError):
