@@ -24,7 +24,7 @@ import redis
 
 from app.core.config import WorkerSettings
 from app.core.digest import algorithm_of, file_digest
-from app.core.errors import HomefleetError
+from app.core.errors import HomefleetError, Unauthorized
 from app.core.keys import Keys
 from app.core.protocol import Manifest
 from tasks.server_client import ServerClient
@@ -122,6 +122,7 @@ class Verifier:
         self.done = False  # the start-up check has run
         self._registry_mark: str | None = None  # the registry's change mark when they were read
         self._following: threading.Thread | None = None  # following the registry, or rehashing changed files
+        self._refused: Unauthorized | None = None  # the server refused the token while following the registry
         # model id -> its files' stats when last hashed here (or first seen advertised): check_unchanged's baseline
         self.stats: dict[str, dict[str, Stat]] = {}
 
@@ -159,7 +160,16 @@ class Verifier:
           withdrawn otherwise (a worker's copy of the old content);
         - a model no longer registered is withdrawn.
 
-        Models whose manifest is unchanged are not hashed again."""
+        A model withdrawn here (its files changed, :meth:`check_unchanged`) is hashed again too:
+        ``models update`` after its files were put back changes no digest, yet must bring it
+        back. Models advertised with an unchanged manifest are not hashed again.
+
+        Raises:
+            Unauthorized: the server refused the token when the last change was followed (the
+                machine's token was rotated): the heartbeat stops the worker (exit 78).
+        """
+        if self._refused is not None:
+            raise self._refused
         mark = self.redis.get(self.keys.registry_changed())
         if mark == self._registry_mark or (self._following is not None and self._following.is_alive()):
             return
@@ -170,7 +180,11 @@ class Verifier:
         machine, key = self.settings.machine, self.keys.verified(self.settings.machine)
         try:
             manifests = self._manifests()
-            changed = {m: manifest for m, manifest in manifests.items() if self.manifests.get(m) != manifest}
+            changed = {
+                m: manifest
+                for m, manifest in manifests.items()
+                if self.manifests.get(m) != manifest or m not in self.stats  # new, changed or withdrawn here
+            }
             gone = [m for m in self.manifests if m not in manifests]
             with one_check_at_a_time(self.settings.models_dir):
                 stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in changed.items()}
@@ -190,6 +204,8 @@ class Verifier:
                     parts.append(f"withdrawn (no longer registered): {', '.join(sorted(gone))}")
                 log.info("%s: the registry changed; %s", machine, "; ".join(parts))
             self.manifests, self._registry_mark = manifests, mark
+        except Unauthorized as refused:  # raised to the heartbeat at its next duty: the worker stops
+            self._refused = refused
         except (HomefleetError, httpx.HTTPError, redis.RedisError, OSError) as error:
             log.warning("%s: the registry's change could not be followed (%s); trying again", machine, error)
 

@@ -491,7 +491,7 @@ def models_update(
                 highlight=False,
             )
         workers = [m for m in had if m != SERVER]  # the server's worker reads the server's folder itself
-        if SERVER in had:
+        if SERVER in ctx.fleet.machines:  # advertised or withdrawn there: its worker hashes it again
             console.print(f"{SERVER} reads this folder itself: its worker verifies the new content", highlight=False)
         if not workers:
             console.print(

@@ -96,3 +96,20 @@ def test_a_worker_whose_token_is_rotated_exits_78_and_its_refused_job_runs_once_
     assert done["state"] == "succeeded", done
     claims = [event for event in ctx.journal.events(job["id"]) if event.event == "running"]
     assert len(claims) == 1, ctx.journal.events(job["id"])  # ran once
+
+
+def test_an_idle_worker_whose_token_is_rotated_exits_78_at_its_next_call_to_the_server(
+    rotated: RotatedFleet, tiny_models_dir: Path
+) -> None:
+    """No job reaches it: the next registry change makes its heartbeat ask the server for the
+    manifest, which answers 401, and the worker stops (exit 78), its machine offline. It used to
+    retry every 2 s forever, stay online, and turn away the worker started with the new token
+    ("another worker of this machine is running")."""
+    ctx, local = rotated.ctx, rotated.local
+    worker = local.processes[f"worker-{MACHINE}"]
+    run_cli("machines", "rotate-token", MACHINE, env=rotated.operator)
+    run_cli("models", "add", str(tiny_models_dir / MODEL), "--id", "another", env=rotated.operator)
+    assert worker.wait(timeout=120) == 78
+    log = (local.logs_dir / f"worker-{MACHINE}.log").read_text(errors="replace")
+    assert "the server refused this worker's token" in log, log[-3000:]
+    assert ctx.redis.get(ctx.keys.heartbeat(MACHINE)) is None

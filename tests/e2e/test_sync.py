@@ -291,7 +291,7 @@ def test_r5_the_servers_own_worker_verifies_at_cold_load_and_models_update_takes
     update = run_cli("models", "update", "tiny-d", env={**fleet.env, "COLUMNS": "300"})
     assert "updated tiny-d: 1 changed, 0 added, 0 removed" in update.stdout, update.stdout
     assert f"changed: {UNET}" in update.stdout
-    assert "advertised it" not in update.stdout and "server reads this folder" not in update.stdout  # m2 had it
+    assert "advertised it" not in update.stdout and "server reads this folder itself" in update.stdout  # m2 had it
     started = re.search(r"m2 held the old content \(withdrawn there now\): sync ([0-9a-f]+) started", update.stdout)
     assert started, update.stdout
     synced = wait_for(
@@ -388,3 +388,25 @@ def test_r6_the_repair_hint_replaces_a_damaged_file_reached_through_a_link_and_l
     assert "tiny-b" in fleet.verified("m1")
     accepted = fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="m1")
     assert fleet.client.wait(accepted["id"], timeout_s=120)["state"] == "succeeded"
+
+
+def test_r4_models_update_after_the_servers_files_are_put_back_brings_the_model_back_there(
+    fleet: SyncFleet,
+) -> None:
+    """An operator edits a file of tiny-b in the server's folder (the server's worker withdraws
+    it), puts the bytes back and runs ``models update``: no digest changed, yet the server's
+    worker hashes the withdrawn model again and advertises it (it stayed withdrawn until a
+    sync of the server to itself)."""
+    path = fleet.local.settings.models_dir / "tiny-b" / "unet" / "config.json"
+    original = path.read_bytes()
+    path.write_bytes(original + b" ")
+    wait_for(lambda: "tiny-b" not in fleet.verified("server"), timeout_s=30, what="the server to withdraw tiny-b")
+    path.write_bytes(original)
+    update = run_cli("models", "update", "tiny-b", env={**fleet.env, "COLUMNS": "300"})
+    assert "updated tiny-b: 0 changed, 0 added, 0 removed" in update.stdout, update.stdout
+    assert "server reads this folder itself: its worker verifies the new content" in update.stdout
+    wait_for(lambda: "tiny-b" in fleet.verified("server"), timeout_s=60, what="the server's worker to verify tiny-b")
+    done = fleet.client.wait(
+        fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="server")["id"], timeout_s=120
+    )
+    assert done["state"] == "succeeded", done
