@@ -147,6 +147,16 @@ def only_for_now(job: JobRequest, machine: MachineView, costs: CostModel) -> boo
     return refusal is None or refusal[0] == "queue_full"
 
 
+def lasting_reason(job: JobRequest, machine: MachineView, reason: str, costs: CostModel) -> str:
+    """``reason``, ``machine``'s exclusion for ``job``; for a :data:`TEMPORARY` one, the filter
+    that would still exclude it once back first (``family_not_supported (and machine_draining)``):
+    undraining it would not help, and the refusal says so."""
+    if reason not in TEMPORARY:
+        return reason
+    refusal = exclusion(job, replace(machine, online=True, draining=False, syncing=False), costs)
+    return f"{refusal[0]} (and {reason})" if refusal is not None else reason
+
+
 def exclusion(
     job: JobRequest, machine: MachineView, costs: CostModel | None = None, need_bytes: int | None = None
 ) -> tuple[str, str] | None:
@@ -314,7 +324,11 @@ def place(
                 f"retry later (all machines: {detail})",
                 reason=reasons.pop() if len(reasons) == 1 else "machine_unavailable",
             )
-        raise Refused(f"no machine can run model {job.model_id!r} ({detail})", reason="no_machine")
+        lasting = ", ".join(
+            f"{name}: {lasting_reason(job, machines[name], reason, costs)}"
+            for name, (reason, _) in sorted(excluded.items())
+        )
+        raise Refused(f"no machine can run model {job.model_id!r} ({lasting})", reason="no_machine")
     best = min(
         candidates,
         key=lambda name: (candidates[name].score_s, candidates[name].finish_s, candidates[name].queued, name),

@@ -18,6 +18,8 @@ from app.core.errors import IntegrityFailure
 
 ZIP_MAGIC = b"PK\x03\x04"
 """The first four bytes of a zip archive (a local file header), so of ``torch.save``'s format."""
+PICKLE_MAGIC = b"\x80"
+"""The first byte of a pickle of protocol 2 or later: torch's older format (before 1.6)."""
 
 
 def check_archive(path: Path) -> None:
@@ -26,12 +28,16 @@ def check_archive(path: Path) -> None:
 
     Raises:
         IntegrityFailure: naming the file and what is wrong (no central directory: truncated;
-            a member past the end of the file).
+            a member past the end of the file; neither format: zeros, an HTML error page).
     """
     with path.open("rb") as handle:
         magic = handle.read(len(ZIP_MAGIC))
     if magic != ZIP_MAGIC:
-        return
+        if magic[:1] == PICKLE_MAGIC:  # torch's older format: no index to check
+            return
+        raise IntegrityFailure(
+            f"{path.name}: neither a torch archive (a zip) nor torch's older pickle format (it starts {magic!r})"
+        )
     size = path.stat().st_size
     try:
         with zipfile.ZipFile(path) as archive:

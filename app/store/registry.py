@@ -45,6 +45,7 @@ from app.core.torch_archive import check_archive
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
 from app.store.selection import (
+    TOKENIZER_FILES,
     check_config_keys,
     check_exists,
     check_index_components,
@@ -953,10 +954,14 @@ def _check_tokenizer(folder: Path) -> None:
     try:
         load_tokenizer(folder)
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError) as error:
+        held = sorted(p.name for p in folder.iterdir() if p.name in TOKENIZER_FILES)
+        lacking = "" if (folder / "tokenizer.json").is_file() else "no tokenizer.json; "
+        said = " ".join(str(error).split())  # transformers' messages run over several lines
         raise Rejected(
-            f"{folder.name}: its tokenizer cannot be loaded ({type(error).__name__}: {error}); a text model needs "
-            f"its tokenizer files beside config.json (tokenizer.json, or the vocabulary files its "
-            "tokenizer_config.json names): an interrupted download? download the model again",
+            f"{folder.name}: its tokenizer cannot be loaded: {lacking}its tokenizer files: "
+            f"{', '.join(held) or 'none'} ({type(error).__name__}: {said[:240]}{'…' if len(said) > 240 else ''}); "
+            "a text model needs tokenizer.json, or the vocabulary files its tokenizer_config.json names, "
+            "beside config.json: an interrupted download? download the model again",
             reason="incomplete_model",
         ) from error
 

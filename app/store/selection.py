@@ -173,17 +173,20 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
 
 
 def check_shards(folder: Path, taken: Iterable[str]) -> None:
-    """Check that every shard a taken shard index (``*.safetensors.index.json``,
-    ``*.bin.index.json``: its ``weight_map``, tensor -> file beside it) names is taken too: a
+    """Check that every shard a taken shard index (:data:`_SHARD_INDEX`: ``*.safetensors.index.json``,
+    ``*.bin.index.json``, ``*.index.fp16.json``: its ``weight_map``, tensor -> file beside it) names is taken too: a
     download that lost a shard loads nowhere ("does not appear to have a file named ... which is
-    required according to the checkpoint index").
+    required according to the checkpoint index"); and that every taken shard (:data:`_SHARD`)
+    is named by a taken index: without it the loader finds none of them.
 
     Raises:
-        Rejected: reason ``incomplete_model``, naming the index and the missing shards; or
+        Rejected: reason ``incomplete_model``, naming the index and the missing shards, or the
+            shards no index names; or
             ``not_a_model`` when the index is no JSON object or has no ``weight_map`` object.
     """
     paths = set(taken)
-    for index in sorted(p for p in paths if p.endswith(".index.json")):
+    indexed: set[str] = set()  # the shards the taken indexes name, relative to the model folder
+    for index in sorted(p for p in paths if _SHARD_INDEX.search(p)):
         weight_map = model_json(folder / index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise Rejected(
@@ -192,6 +195,7 @@ def check_shards(folder: Path, taken: Iterable[str]) -> None:
                 reason="not_a_model",
             )
         base = posixpath.dirname(index)
+        indexed |= {posixpath.join(base, str(f)) for f in weight_map.values()}
         missing = sorted({str(f) for f in weight_map.values()} - {posixpath.relpath(p, base or ".") for p in paths})
         if missing:
             raise Rejected(
@@ -200,6 +204,22 @@ def check_shards(folder: Path, taken: Iterable[str]) -> None:
                 f"{' …' if len(missing) > 5 else ''} (an interrupted download? download the model again)",
                 reason="incomplete_model",
             )
+    orphans = sorted(p for p in paths if _SHARD.search(p) and p not in indexed)
+    if orphans:  # the loader finds shards through their index only ("no file named ... found")
+        raise Rejected(
+            f"{folder}: {', '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''} is a shard that no shard index "
+            "(*.index.json) beside it names: the index is missing (an interrupted download? download the model "
+            "again)",
+            reason="incomplete_model",
+        )
+
+
+_SHARD_INDEX = re.compile(r"\.index(?:\.[a-z0-9]+)?\.json$")
+"""A shard index's file name: ``model.safetensors.index.json``, and diffusers' variant form
+``diffusion_pytorch_model.safetensors.index.fp16.json``."""
+_SHARD = re.compile(r"-\d{5}-of-\d{5}(?:\.[a-z0-9]+)?\.(?:safetensors|bin)$")
+"""A shard's file name as ``save_pretrained(max_shard_size=…)`` writes it (``model-00001-of-00003.safetensors``,
+``diffusion_pytorch_model.fp16-00001-of-00002.safetensors``)."""
 
 
 def _list_files(folder: Path) -> list[str]:

@@ -552,6 +552,13 @@ def test_r1_a_sharded_diffusers_component_missing_a_shard_is_refused_naming_it(
         f"transformer/{shards[1].name}"
     ) in error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+    # every shard there, the index gone: the loader finds none ("no file named ... found")
+    (replica.folder / "transformer/diffusion_pytorch_model.safetensors.index.json").unlink()
+    shards[1].write_bytes(b"")  # (its bytes do not matter: refused before any is read)
+    error = refused(ctx, replica.folder, precision="bf16")
+    assert error.reason == "incomplete_model", error.message
+    assert f"transformer/{shards[0].name}" in error.message and "no shard index (*.index.json)" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
 def test_r1_a_sharded_text_model_missing_a_shard_or_with_a_damaged_index_is_refused(
@@ -589,7 +596,8 @@ def test_r1_a_text_model_whose_tokenizer_cannot_be_loaded_is_refused(
         path.unlink()
     error = refused(ctx, folder)
     assert error.reason == "incomplete_model", error.message
-    assert "its tokenizer cannot be loaded" in error.message and "download the model again" in error.message
+    assert "its tokenizer cannot be loaded: no tokenizer.json; its tokenizer files: " in error.message
+    assert "download the model again" in error.message and "\n" not in error.message  # one line
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
 
 
@@ -631,6 +639,10 @@ def test_r1_a_truncated_bin_weights_file_is_refused_naming_it(
     error = refused(ctx, folder)
     assert error.reason == "incomplete_model", error.message
     assert f"{bin_file} cannot be loaded" in error.message and "not a whole torch archive" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+    (folder / bin_file).write_bytes(bytes(4096))  # zeros (a sparse file never written): neither format
+    error = refused(ctx, folder)
+    assert error.reason == "incomplete_model" and "neither a torch archive (a zip) nor" in error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
     (folder / bin_file).write_bytes(whole)  # the whole file registers
     assert ctx.registry.add(folder, model_id="whole").id == "whole"
