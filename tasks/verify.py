@@ -160,9 +160,10 @@ class Verifier:
           withdrawn otherwise (a worker's copy of the old content);
         - a model no longer registered is withdrawn.
 
-        A model withdrawn here (its files changed, :meth:`check_unchanged`) is hashed again too:
-        ``models update`` after its files were put back changes no digest, yet must bring it
-        back. Models advertised with an unchanged manifest are not hashed again.
+        A model withdrawn here whose copy is here (its files changed, :meth:`check_unchanged`)
+        is hashed again too: ``models update`` after its files were put back changes no digest,
+        yet must bring it back; it is advertised if it matches, and said only then. Models
+        advertised with an unchanged manifest, and models with no copy here, are not hashed again.
 
         Raises:
             Unauthorized: the server refused the token when the last change was followed (the
@@ -180,15 +181,18 @@ class Verifier:
         machine, key = self.settings.machine, self.keys.verified(self.settings.machine)
         try:
             manifests = self._manifests()
-            changed = {
+            changed = {m: manifest for m, manifest in manifests.items() if self.manifests.get(m) != manifest}
+            # withdrawn here (not advertised) with a copy here: its files may have been put back
+            again = {
                 m: manifest
                 for m, manifest in manifests.items()
-                if self.manifests.get(m) != manifest or m not in self.stats  # new, changed or withdrawn here
+                if m not in changed and m not in self.stats and (self.settings.models_dir / m).is_dir()
             }
             gone = [m for m in self.manifests if m not in manifests]
             with one_check_at_a_time(self.settings.models_dir):
-                stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in changed.items()}
-                matching = verified_models(self.settings.models_dir, changed)
+                hashed = {**changed, **again}
+                stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in hashed.items()}
+                matching = verified_models(self.settings.models_dir, hashed)
                 for model_id in [*gone, *changed]:
                     self.stats.pop(model_id, None)
                 self.stats.update({m: stats[m] for m in matching})
@@ -196,7 +200,7 @@ class Verifier:
                     self.redis.srem(key, *gone, *(set(changed) - matching))
                 if matching:
                     self.redis.sadd(key, *sorted(matching))
-            if changed or gone:
+            if changed or gone or matching:
                 parts = [f"verified here: {', '.join(sorted(matching))}"] if matching else []
                 if set(changed) - matching:
                     parts.append(f"not verified: {', '.join(sorted(set(changed) - matching))}")
