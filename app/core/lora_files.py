@@ -108,7 +108,11 @@ SD 1.x's CLIP ViT-L 768, SD 2.x's OpenCLIP ViT-H 1024, SDXL's two encoders conca
 (the ``cross_attention_dim`` of the real repositories' ``unet/config.json``). A LoRA of the
 cross-attention's key or value projection has it as its down matrix's input width."""
 
-_CONTEXT_KEY = re.compile(r"attn2[._]to_[kv]\.(?:lora_A(?:\.[\w-]+)?|lora\.down|lora_linear_layer\.down)\.weight$")
+_CONTEXT_NAMES: Mapping[int, str] = {768: "SD 1.x", 1024: "SD 2.x", 2048: "SDXL"}
+
+_CONTEXT_KEY = re.compile(
+    r"attn2[._]to_[kv]\.(?:lora_A(?:\.[\w-]+)?|lora\.down|lora_linear_layer\.down|lora_down)\.weight$"
+)
 _SHOWN = 3  # keys named in a message
 
 
@@ -189,16 +193,36 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
         evidence = [k for k in names if pattern.search(k)]
         if evidence:
             if base == "unet" and shapes:
-                widths = [(k, shapes[k]) for k in names if _CONTEXT_KEY.search(k) and len(shapes.get(k) or ()) == 2]
-                decided = [(k, CONTEXT_WIDTHS[shape[1]]) for k, shape in widths if shape[1] in CONTEXT_WIDTHS]
-                if decided:
-                    base, evidence = decided[0][1], [f"{decided[0][0]} of width {shapes[decided[0][0]][1]}"]
+                found = context_key(shapes)
+                if found is not None and shapes[found][1] in CONTEXT_WIDTHS:
+                    base, evidence = CONTEXT_WIDTHS[shapes[found][1]], [f"{found} of width {shapes[found][1]}"]
             return LoraLayout(KOHYA if kohya else DIFFUSERS, base, tuple(evidence[:_SHOWN]), len(names))
     raise Rejected(
         f"{name} holds LoRA weights for no base Homefleet recognises (keys like {_some(names)}); "
         f"known: {', '.join(BASES[b].what for b in BASES)}",
         reason="not_an_adapter",
     )
+
+
+def context_key(shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """The first (by name) cross-attention key or value down matrix of a UNet LoRA (``shapes``:
+    tensor name -> shape, from its header; any layout :data:`_CONTEXT_KEY` knows, kohya's
+    included), or None when it adapts none. Its shape is (rank, the width the LoRA was made for)."""
+    return next((k for k in sorted(shapes) if _CONTEXT_KEY.search(k) and len(shapes[k] or ()) == 2), None)
+
+
+def context_width(shapes: Mapping[str, Sequence[int]]) -> int | None:
+    """The cross-attention width (the text encoder's hidden size the UNet attends to) that a UNet
+    LoRA was made for: its :func:`context_key`'s input width; None when it adapts no
+    cross-attention key or value (it then fits any width as far as this check can tell)."""
+    key = context_key(shapes)
+    return None if key is None else int(shapes[key][1])
+
+
+def width_name(width: int) -> str:
+    """``width`` in words for messages: ``"768 (SD 1.x)"``, or the bare number for a width no
+    released base has (a tiny test model's)."""
+    return f"{width} ({_CONTEXT_NAMES[width]})" if width in _CONTEXT_NAMES else str(width)
 
 
 def weight_file(paths: Iterable[str]) -> str | None:

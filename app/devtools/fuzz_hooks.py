@@ -66,6 +66,8 @@ UNSTATABLE: dict[str, str] = {
     "models, family and memory: state of the fleet, not the request; every able machine offline or "
     "receiving a sync is a 503 instead)",
     "adapter_family_mismatch": "an adapter must be of the model's family (two fields, and the registry)",
+    "adapter_base_mismatch": "an adapter must be made for the model's cross-attention width (two fields, and "
+    "the files they name)",
 }
 #: (reason, param) -> why: a generic reason allowed for one param only
 PARAM_UNSTATABLE: dict[tuple[str, str], str] = {

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import constraints
-from app.core.errors import Conflict, NotFound, Rejected
+from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.families import family as family_rules
 from app.core.families import kinds_of
 from app.core.kinds import (
@@ -39,6 +39,8 @@ from app.core.kinds import (
 )
 from app.core.kinds import family_kind_spec as family_spec
 from app.core.limits import MAX_MODEL_ID, FamilyLimits, TokenLimits, limits_for, token_limits
+from app.core.lora_files import context_width, weight_file, width_name
+from app.core.safetensors import safetensors_header
 from app.core.specs import shown
 from app.core.textgen import (
     CHAT_ROLES,
@@ -235,6 +237,12 @@ class Validator:
                 except NotFound as error:  # retired: the entry is at fault, not the job's model
                     error.param = error.param or f"params.adapters[{index}].id"
                     raise
+            check_adapter_widths(
+                model_id,
+                model_context_width(self.registry.folder(model_id)),
+                [adapter_context_width(self.registry.folder(entry["id"])) for entry in params[ADAPTERS_PARAM]],
+                params[ADAPTERS_PARAM],
+            )
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits, record.family)
         check_family_params(record.family, kind, params)
@@ -372,6 +380,83 @@ def check_adapters(
             )
         checked.append({"id": adapter_id, "scale": float(scale)})
     return checked
+
+
+def check_adapter_widths(
+    model_id: str, model_width: int | None, adapter_widths: Sequence[int | None], entries: Sequence[Mapping[str, Any]]
+) -> None:
+    """Check that each adapter of ``entries`` (``params.adapters`` as :func:`check_adapters`
+    returns them) was made for a UNet of the model's cross-attention width: ``model_width``
+    (:func:`model_context_width`) against each of ``adapter_widths`` (:func:`adapter_context_width`,
+    in the entries' order). SD 1.x and 2.x share a family and their LoRAs' tensor names, so only
+    this width tells an SD 1.x LoRA (768) from an SD 2.x one (1024); loaded on the other base,
+    diffusers fails the job on the device with a shape mismatch. Either width unknown: no check.
+
+    Raises:
+        Rejected: reason ``adapter_base_mismatch``, naming ``params.adapters[i].id``, both
+            widths and where the model's comes from.
+    """
+    if model_width is None:
+        return
+    for index, (entry, width) in enumerate(zip(entries, adapter_widths, strict=True)):
+        if width is not None and width != model_width:
+            at = f"params.adapters[{index}].id"
+            raise Rejected(
+                f"{at}: adapter {entry['id']!r} was made for a UNet of cross-attention width {width_name(width)}; "
+                f"model {model_id!r} attends at width {width_name(model_width)} (cross_attention_dim in its "
+                "unet/config.json); use an adapter made for the model's base",
+                reason="adapter_base_mismatch",
+                param=at,
+            )
+
+
+def model_context_width(folder: Path) -> int | None:
+    """The cross-attention width of the UNet in the model ``folder``: ``cross_attention_dim`` in
+    its ``unet/config.json`` (one number, or a list of equal ones); None for a model without a
+    UNet (a diffusion transformer) or a config that does not say (the worker's file check, R5,
+    reports an unreadable one). Read again whenever the file's size or modification time changes."""
+    path = folder / "unet" / "config.json"
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _cross_attention_dim(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _cross_attention_dim(path: Path, _mtime_ns: int, _size: int) -> int | None:
+    try:
+        width = json.loads(path.read_text()).get("cross_attention_dim")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(width, list) and width and all(w == width[0] for w in width):
+        width = width[0]
+    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
+
+
+def adapter_context_width(folder: Path) -> int | None:
+    """The cross-attention width the LoRA adapter in ``folder`` (a registered adapter's model
+    folder) was made for (:func:`app.core.lora_files.context_width`, from its weight file's
+    header only); None when it adapts no cross-attention key or value, or its file cannot be
+    read (the worker's file check, R5, reports that). Read again whenever the weight file's size
+    or modification time changes."""
+    name = weight_file(p.name for p in folder.glob("*.safetensors"))
+    if name is None:
+        return None
+    try:
+        stat = (folder / name).stat()
+    except OSError:
+        return None
+    return _lora_context_width(folder / name, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _lora_context_width(path: Path, _mtime_ns: int, _size: int) -> int | None:
+    try:
+        header = safetensors_header(path)
+    except (OSError, IntegrityFailure):
+        return None
+    return context_width({k: v.get("shape") or () for k, v in header.items() if isinstance(v, dict)})
 
 
 def _integer(params: Mapping[str, Any], name: str) -> int | None:

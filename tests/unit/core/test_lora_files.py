@@ -9,7 +9,16 @@ import pytest
 
 from app.core.errors import Rejected
 from app.core.families import FAMILIES
-from app.core.lora_files import BASES, DIFFUSERS, KOHYA, LORA_WEIGHTS, recognise, weight_file
+from app.core.lora_files import (
+    BASES,
+    DIFFUSERS,
+    KOHYA,
+    LORA_WEIGHTS,
+    context_width,
+    recognise,
+    weight_file,
+    width_name,
+)
 
 KOHYA_SD1 = [
     "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight",
@@ -136,6 +145,45 @@ def test_a_unet_file_the_names_leave_open_is_decided_by_its_cross_attention_widt
     with pytest.raises(Rejected) as caught:
         layout.check_family("flux", "x.safetensors")
     assert caught.value.reason == "adapter_family_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "width"),
+    [
+        (  # kohya, as downloaded: the down matrix's input width
+            {
+                "lora_unet_up_blocks_1_attentions_0_transformer_blocks_0_attn2_to_v.lora_down.weight": [8, 1024],
+                "lora_unet_up_blocks_1_attentions_0_transformer_blocks_0_attn2_to_v.lora_up.weight": [640, 8],
+                "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_k.lora_down.weight": [8, 320],
+            },
+            1024,
+        ),
+        (  # diffusers / PEFT
+            {
+                "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k.lora_A.weight": [4, 2048],
+                "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k.lora_B.weight": [640, 4],
+            },
+            2048,
+        ),
+        (  # the older diffusers names save_lora_weights still writes
+            {"unet.mid_block.attentions.0.transformer_blocks.0.attn2.to_k.lora.down.weight": [4, 768]},
+            768,
+        ),
+        (  # self-attention and feed-forward only: nothing says the width
+            {
+                "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_k.lora_down.weight": [8, 320],
+                "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_ff_net_2.lora_down.weight": [8, 1280],
+            },
+            None,
+        ),
+    ],
+)
+def test_the_cross_attention_width_a_lora_was_made_for(shapes: dict[str, list[int]], width: int | None) -> None:
+    assert context_width(shapes) == width
+
+
+def test_widths_are_named_by_the_bases_that_have_them() -> None:
+    assert [width_name(w) for w in (768, 1024, 2048, 32)] == ["768 (SD 1.x)", "1024 (SD 2.x)", "2048 (SDXL)", "32"]
 
 
 def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_families() -> None:

@@ -3,6 +3,7 @@ each a 422 naming ``params.adapters``, ``params.adapters[i].id`` or ``.scale`` (
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,13 @@ from app.core.kinds import (
     job_request,
 )
 from app.core.limits import FamilyLimits
-from app.jobs.validation import MAX_ADAPTER_SCALE, check_adapters, check_known_params
+from app.jobs.validation import (
+    MAX_ADAPTER_SCALE,
+    check_adapter_widths,
+    check_adapters,
+    check_known_params,
+    model_context_width,
+)
 
 FAMILIES_OF = {"sd-lora": "sd1", "sd-lora-2": "sd1", "xl-lora": "sdxl"}
 
@@ -109,3 +116,38 @@ def test_placement_learns_the_adapter_ids_and_an_adapter_runs_no_kind() -> None:
     assert job_request("m", "sd1", "txt2img", "server", {"prompt": "x"}).adapters == ()
     assert adapter_ids({ADAPTERS_PARAM: [{"id": 3}, "x", {"id": "ok"}]}) == ("ok",)
     assert kinds_of("sd1", ["adapter"]) == ("adapter",)  # not the family's kinds
+
+
+def test_an_adapter_made_for_another_cross_attention_width_is_refused_naming_both() -> None:
+    entries = [{"id": "sd-lora", "scale": 1.0}, {"id": "sd2-lora", "scale": 0.5}]
+    check_adapter_widths("sd15", 768, [768, None], entries)  # an adapter that does not say: no check
+    check_adapter_widths("flux-dev", None, [768, 1024], entries)  # a model without a UNet: no check
+    with pytest.raises(Rejected) as caught:
+        check_adapter_widths("sd15", 768, [768, 1024], entries)
+    error = caught.value
+    assert (error.status_code, error.reason, error.param) == (422, "adapter_base_mismatch", "params.adapters[1].id")
+    assert error.message.startswith(
+        "params.adapters[1].id: adapter 'sd2-lora' was made for a UNet of cross-attention width 1024 (SD 2.x); "
+        "model 'sd15' attends at width 768 (SD 1.x) (cross_attention_dim in its unet/config.json)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "width"),
+    [
+        ('{"cross_attention_dim": 1024}', 1024),
+        ('{"cross_attention_dim": [768, 768, 768, 768]}', 768),  # per block, all equal
+        ('{"cross_attention_dim": [768, 1024]}', None),  # per block, unequal: no single width
+        ('{"cross_attention_dim": true}', None),
+        ("{}", None),
+        ("not json", None),
+        (None, None),  # no unet/ (a diffusion transformer)
+    ],
+)
+def test_a_model_s_cross_attention_width_comes_from_its_unet_config(
+    tmp_path: Path, config: str | None, width: int | None
+) -> None:
+    if config is not None:
+        (tmp_path / "unet").mkdir()
+        (tmp_path / "unet" / "config.json").write_text(config)
+    assert model_context_width(tmp_path) == width

@@ -1,0 +1,95 @@
+"""R22: a LoRA made for a UNet of another cross-attention width than the model's is refused at
+submission with a 422 naming ``params.adapters[i].id`` and both widths, before anything is
+enqueued. SD 1.x (768) and SD 2.x (1024) share family ``sd1`` and their LoRAs' tensor names, so
+registration (``--adapter-of sd1``) takes either; loaded on the other base, diffusers would fail
+the job on the device with a shape mismatch. Real Redis, real journal, the real ASGI app, real
+files (a LoRA in kohya's layout as downloaded, made for an SD 1.x UNet, and one made with peft
+for the tiny model's own UNet); no worker runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from safetensors.numpy import save_file
+from sqlmodel import Session, col, select
+
+from app.context import ServerContext
+from app.core.config import Settings
+from app.core.states import JobState
+from app.db.tables import Job
+from app.devtools.tiny_models import make_tiny_lora
+from tests.helpers import api_with_copies, bring_online
+
+MODEL, OWN, SD15 = "tiny-sd", "tiny-sd-lora", "sd15-style-lora"
+KOHYA_BLOCK = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn2_to_"
+
+
+def sd15_kohya_lora(path: Path, rank: int = 4) -> Path:
+    """A kohya-layout LoRA of an SD 1.x UNet's first cross-attention key and value projections
+    (input width 768, CLIP ViT-L's hidden size; output 320, the first block's channels)."""
+    tensors: dict[str, np.ndarray] = {}
+    for projection in ("k", "v"):
+        tensors[f"{KOHYA_BLOCK}{projection}.lora_down.weight"] = np.full((rank, 768), 0.01, dtype=np.float16)
+        tensors[f"{KOHYA_BLOCK}{projection}.lora_up.weight"] = np.full((320, rank), 0.01, dtype=np.float16)
+        tensors[f"{KOHYA_BLOCK}{projection}.alpha"] = np.array(rank, dtype=np.float16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.fixture
+def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    with api_with_copies(settings, tiny_models_dir / MODEL, MODEL) as (client, ctx):
+        ctx.registry.add(make_tiny_lora(tiny_models_dir / MODEL, tmp_path / OWN), OWN, adapter_of="sd1")
+        ctx.registry.add(sd15_kohya_lora(tmp_path / "downloads" / "sd15-style.safetensors"), SD15, adapter_of="sd1")
+        for machine in ("server", "m1"):
+            bring_online(ctx, machine, {MODEL, OWN, SD15})
+        yield client, ctx
+
+
+def submit(client: TestClient, adapters: list[dict[str, Any]]) -> Any:
+    params = {"prompt": "a cat", "steps": 2, "width": 32, "height": 32, "adapters": adapters}
+    return client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "target": "auto", "params": params})
+
+
+def journaled(ctx: ServerContext) -> list[tuple[JobState, str | None]]:
+    """Every job in the journal: (state, reason), in submission order."""
+    with Session(ctx.engine) as session:
+        return [(j.state, j.reason) for j in session.exec(select(Job).order_by(col(Job.created_at))).all()]
+
+
+def queued(ctx: ServerContext) -> int:
+    """Jobs waiting in the machines' lines (R8)."""
+    return sum(int(ctx.redis.llen(ctx.keys.queue_list(machine))) for machine in ("server", "m1"))
+
+
+def test_r22_a_lora_of_another_cross_attention_width_is_refused_naming_both_widths(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    client, ctx = api
+    refused = submit(client, [{"id": OWN}, {"id": SD15, "scale": 0.8}])
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert (error["reason"], error["param"]) == ("adapter_base_mismatch", "params.adapters[1].id")
+    assert error["message"] == (
+        f"params.adapters[1].id: adapter {SD15!r} was made for a UNet of cross-attention width 768 (SD 1.x); "
+        f"model {MODEL!r} attends at width 32 (cross_attention_dim in its unet/config.json); use an adapter "
+        "made for the model's base"
+    )
+    assert journaled(ctx) == [(JobState.rejected, "adapter_base_mismatch")]  # the refusal keeps its reason
+    assert queued(ctx) == 0  # nothing enqueued
+
+    dry = client.post(
+        "/v1/jobs?dry_run=true",
+        json={"model": MODEL, "kind": "txt2img", "target": "m1", "params": {"prompt": "x", "adapters": [{"id": SD15}]}},
+    )
+    assert dry.status_code == 422 and dry.json()["error"]["reason"] == "adapter_base_mismatch", dry.text
+
+    accepted = submit(client, [{"id": OWN, "scale": 0.5}])  # made for this UNet: its width is the model's
+    assert accepted.status_code == 202, accepted.text
+    assert [state for state, _ in journaled(ctx)][1:] == [JobState.queued] and queued(ctx) == 1
