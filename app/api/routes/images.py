@@ -403,21 +403,28 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
 
 
 def default_model(ctx: ServerContext, kind: str, chat: bool = False) -> str:
-    """The first model in service (by id) that runs ``kind``; for a ``chat`` request the first
-    whose tokenizer has a chat template (a chat through one without is refused), falling back to
-    the first that runs ``kind`` when none has one (the chat is then refused naming that model).
+    """The model a request of ``kind`` that names none runs: among the models in service that
+    run ``kind``, those verified on a machine online and not draining first (a model no machine
+    can run now would only be refused or wait), then by id; for a ``chat`` request the first of
+    that order whose tokenizer has a chat template (a chat through one without is refused),
+    falling back to the first of the order when none has one (the chat is then refused naming
+    that model).
 
     Raises:
         NotFound: reason ``no_model`` when none does, naming the retired ones that did.
     """
-    first = None
-    for record in ctx.registry.list():
-        if kind in record.kinds:
-            if not chat or ctx.dispatcher.validator.tokenizers.has_chat_template(record.id):
-                return record.id
-            first = first or record.id
-    if first is not None:
-        return first
+    runnable = {
+        model
+        for view in ctx.machines.views().values()
+        if view.online and not view.draining
+        for model in view.verified_models
+    }
+    ids = sorted((r.id for r in ctx.registry.list() if kind in r.kinds), key=lambda m: (m not in runnable, m))
+    for model_id in ids if chat else ids[:1]:
+        if not chat or ctx.dispatcher.validator.tokenizers.has_chat_template(model_id):
+            return model_id
+    if ids:
+        return ids[0]
     retired = [record.id for record in ctx.registry.list(retired=True) if record.retired_at and kind in record.kinds]
     was = f" (retired: {', '.join(retired)})" if retired else ""
     raise NotFound(f"no model in service runs {kind}{was}; register one with `homefleet models add`", reason="no_model")

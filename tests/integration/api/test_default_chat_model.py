@@ -59,3 +59,27 @@ def test_with_no_chat_template_anywhere_the_chat_names_the_first_text_model(
     assert (
         error["code"] == "invalid_messages" and NO_TEMPLATE in error["message"] and "chat template" in error["message"]
     )
+
+
+def test_a_model_no_online_machine_holds_is_chosen_last(
+    api: tuple[TestClient, ServerContext], tiny_text_dir: Path
+) -> None:
+    """A model registered but synced nowhere yet (its id sorts first) is not the default while
+    others run somewhere: a request naming no model would only wait or be refused. With no
+    machine online, the order is by id again."""
+    client, ctx = api
+    unsynced = "a-unsynced-llama"
+    ctx.registry.add(tiny_text_dir / CHAT, unsynced)
+    assert default_model(ctx, "text", chat=True) == CHAT and default_model(ctx, "text") == NO_TEMPLATE
+    answer = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers={"Prefer": "wait=1"},
+    )
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "job_pending", answer.text
+    assert [job.model_id for job in ctx.journal.list([JobState.queued])] == [CHAT]
+
+    bring_online(ctx, "server", {unsynced, NO_TEMPLATE, CHAT})
+    assert default_model(ctx, "text", chat=True) == unsynced  # verified now: by id
+    ctx.redis.delete(ctx.keys.heartbeat("server"))  # offline: nothing runs anywhere
+    assert default_model(ctx, "text", chat=True) == unsynced and default_model(ctx, "text") == unsynced
