@@ -67,7 +67,7 @@ from app.db.tables import Job
 from app.jobs.calls import call_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
-from routing.placement import SERVER
+from routing.placement import AUTO, SERVER, MachineView
 
 router = APIRouter(route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -402,32 +402,45 @@ def check_count(ctx: ServerContext, model: str, count: int) -> None:
     check_submission({"n": count}, limits_for(ctx.settings.limits, record.family), family=record.family)
 
 
-def default_model(ctx: ServerContext, kind: str, chat: bool = False) -> str:
-    """The model a request of ``kind`` that names none runs: among the models in service that
-    run ``kind``, those verified on a machine online and not draining first (a model no machine
-    can run now would only be refused or wait), then by id; for a ``chat`` request the first of
-    that order whose tokenizer has a chat template (a chat through one without is refused),
-    falling back to the first of the order when none has one (the chat is then refused naming
-    that model).
+def default_model(ctx: ServerContext, kind: str, chat: bool = False, target: str = SERVER) -> str:
+    """The model a request of ``kind`` that names none runs on ``target`` (a machine, or
+    ``"auto"``): among the models in service that run ``kind``, those that ``target`` can run now
+    first (:func:`runs_now`; for ``"auto"``, any machine: a model no machine can run now would
+    only be refused or wait), then by id; for a ``chat`` request the first of that order whose
+    tokenizer has a chat template (a chat through one without is refused), falling back to the
+    first of the order when none has one (the chat is then refused naming that model).
 
     Raises:
         NotFound: reason ``no_model`` when none does, naming the retired ones that did.
     """
-    runnable = {
-        model
-        for view in ctx.machines.views().values()
-        if view.online and not view.draining
-        for model in view.verified_models
-    }
-    ids = sorted((r.id for r in ctx.registry.list() if kind in r.kinds), key=lambda m: (m not in runnable, m))
-    for model_id in ids if chat else ids[:1]:
-        if not chat or ctx.dispatcher.validator.tokenizers.has_chat_template(model_id):
-            return model_id
-    if ids:
-        return ids[0]
+    views = ctx.machines.views()
+    machines = list(views.values()) if target == AUTO else [views[target]] if target in views else []
+    records = sorted(
+        (r for r in ctx.registry.list() if kind in r.kinds),
+        key=lambda r: (not any(runs_now(view, r.id, r.family) for view in machines), r.id),
+    )
+    for record in records if chat else records[:1]:
+        if not chat or ctx.dispatcher.validator.tokenizers.has_chat_template(record.id):
+            return record.id
+    if records:
+        return records[0].id
     retired = [record.id for record in ctx.registry.list(retired=True) if record.retired_at and kind in record.kinds]
     was = f" (retired: {', '.join(retired)})" if retired else ""
     raise NotFound(f"no model in service runs {kind}{was}; register one with `homefleet models add`", reason="no_model")
+
+
+def runs_now(machine: MachineView, model_id: str, family: str) -> bool:
+    """Whether ``machine`` could take a job of ``model_id`` (of ``family``) now, as far as the
+    choice of a default model needs: online, neither draining nor receiving a sync, its
+    families include ``family`` and it verified the model's files (R4, R10). Memory and queue
+    limits are left to placement, which names them."""
+    return (
+        machine.online
+        and not machine.draining
+        and not machine.syncing
+        and family in machine.families
+        and model_id in machine.verified_models
+    )
 
 
 HF_NO_MODEL = "dummy"
@@ -436,12 +449,14 @@ none, or only a URL (``huggingface_hub/inference/_providers/hf_inference.py``): 
 model, ignores it; here it names no model unless a model of that id is in service."""
 
 
-async def model_or_default(ctx: ServerContext, model: str | None, kind: str, chat: bool = False) -> str:
+async def model_or_default(
+    ctx: ServerContext, model: str | None, kind: str, chat: bool = False, target: str = SERVER
+) -> str:
     """``model``, or when none is named (:data:`HF_NO_MODEL` counting as none) :func:`default_model`
-    of ``kind`` (``chat``: the first with a chat template; read off the event loop)."""
+    of ``kind`` for ``target`` (``chat``: the first with a chat template; read off the event loop)."""
     if model and (model != HF_NO_MODEL or await to_thread.run_sync(is_registered, ctx, model)):
         return model
-    return await to_thread.run_sync(default_model, ctx, kind, chat)
+    return await to_thread.run_sync(default_model, ctx, kind, chat, target)
 
 
 def is_registered(ctx: ServerContext, model: str) -> bool:
@@ -567,7 +582,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
     ``job_pending`` naming the jobs when they have not ended before the client's announced
     timeout (C10)."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, body.model_dump(mode="json"))
-    model = await model_or_default(ctx, body.model, "txt2img")
+    model = await model_or_default(ctx, body.model, "txt2img", target=body.target)
     params: dict[str, Any] = {
         "prompt": body.prompt,
         **parse_size(body.size),
@@ -618,7 +633,7 @@ async def edit_images(
     started = time.monotonic()
     form = await request.form()
     image = the_one_image(image, form)
-    model_id = await model_or_default(ctx, model, "edit")
+    model_id = await model_or_default(ctx, model, "edit", target=SERVER)
     record = await to_thread.run_sync(ctx.registry.get, model_id)
     limits = limits_for(ctx.settings.limits, record.family)
     data = await image.read(limits.max_upload_bytes + 1)  # no more than one byte past the limit into memory

@@ -319,7 +319,7 @@ async def run_text_jobs(
     (a retried request gets them all, C10), job i seeded ``seed + i`` when a seed is given;
     each (job, verified text, usage), in order."""
     call = ImageCall.of(request, ctx.settings.images_wait_s, fields)
-    chosen = await model_or_default(ctx, model, KIND)
+    chosen = await model_or_default(ctx, model, KIND, target=target)
     jobs = await run_jobs(ctx, call, chosen, params, target, count, kind=KIND, seed_step=True)
     answers = []
     with submitted([job.id for job in jobs]):
@@ -334,7 +334,7 @@ async def submit_text_job(
     """Submit one text job now, for a streaming answer: (job id, model id); a job of API key
     ``api_key_id`` (its quota applies). A refusal raises (answered as a plain error before any
     stream starts)."""
-    chosen = await model_or_default(ctx, model, KIND)
+    chosen = await model_or_default(ctx, model, KIND, target=target)
     submission = await to_thread.run_sync(
         lambda: ctx.dispatcher.submit(chosen, KIND, params, target, api_key_id=api_key_id)
     )
@@ -502,7 +502,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     """OpenAI ``chat.completions.create``: the messages through the model's chat template (422
     ``invalid_messages`` for a model without one), then as :func:`completions`."""
     body.params()
-    model = await model_or_default(ctx, body.model, KIND, chat=True)
+    model = await model_or_default(ctx, body.model, KIND, chat=True, target=body.target)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)

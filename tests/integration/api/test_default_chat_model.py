@@ -83,3 +83,46 @@ def test_a_model_no_online_machine_holds_is_chosen_last(
     assert default_model(ctx, "text", chat=True) == unsynced  # verified now: by id
     ctx.redis.delete(ctx.keys.heartbeat("server"))  # offline: nothing runs anywhere
     assert default_model(ctx, "text", chat=True) == unsynced and default_model(ctx, "text") == unsynced
+
+
+@pytest.fixture
+def split_fleet(settings: Settings, tiny_text_dir: Path) -> Iterator[tuple[TestClient, ServerContext]]:
+    """A server that runs images only and m1 that runs text: the server verifies every model in
+    its own folder (text ones too), m1 only what was synced there."""
+    fleet = make_fleet("m1", families=frozenset({"gpt2", "llama"}))
+    server = fleet.machines["server"].model_copy(update={"families": frozenset({"sd1"})})
+    fleet = fleet.model_copy(update={"machines": {**fleet.machines, "server": server}})
+    ctx = build_context(settings, fleet, migrate=True)
+    for model in ("a-unsynced-llama", CHAT):
+        ctx.registry.add(tiny_text_dir / CHAT, model)
+    bring_online(ctx, "server", {"a-unsynced-llama", CHAT})
+    bring_online(ctx, "m1", {CHAT})
+    with TestClient(create_app(settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+        yield client, ctx
+
+
+def test_the_default_is_a_model_the_request_s_target_runs_now(split_fleet: tuple[TestClient, ServerContext]) -> None:
+    """R4, R9, R10: a model counts as runnable on a machine that supports its family, verified
+    it and is online, not draining; for ``auto`` on any such machine, for a named target there."""
+    client, ctx = split_fleet
+    assert default_model(ctx, "text", chat=True, target="auto") == CHAT  # not the one m1 lacks
+    assert default_model(ctx, "text", target="m1") == CHAT
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "target": "auto"}
+    answer = client.post("/v1/chat/completions", json=body, headers={"Prefer": "wait=1"})
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "job_pending", answer.text
+    [job] = ctx.journal.list([JobState.queued])
+    assert (job.model_id, job.machine) == (CHAT, "m1")
+    generate = client.post(
+        "/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}, headers={"Prefer": "wait=1"}
+    )
+    assert generate.status_code == 409, generate.text  # TGI's target is auto: queued on m1 too
+    assert {j.model_id for j in ctx.journal.list([JobState.queued])} == {CHAT}
+
+    # The server runs no text: nothing is runnable there, so the order is by id, and the pinned
+    # request is refused naming why (the default target is the server, R9).
+    assert default_model(ctx, "text", target="server") == "a-unsynced-llama"
+    refused = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "family_not_supported", refused.text
+
+    ctx.redis.set(ctx.keys.draining("m1"), "1")  # nothing new is placed there
+    assert default_model(ctx, "text", chat=True, target="auto") == "a-unsynced-llama"
