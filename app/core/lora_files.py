@@ -18,7 +18,10 @@ in ``lora_state_dict``: diffusers/loaders/lora_pipeline.py, lora_conversion_util
   ``output_blocks_``, ``middle_block_``); Flux ``lora_unet_double_blocks_`` / ``single_blocks_``.
 - diffusers / PEFT: ``unet.<module path>.lora_A.weight`` / ``lora_B.weight`` (``transformer.``,
   ``text_encoder.``, ``text_encoder_2.``), or the older ``….lora.down.weight`` / ``lora.up.weight``
-  that ``save_lora_weights`` still writes.
+  that ``save_lora_weights`` still writes, or the attention processors' ``unet.….processor.to_k_lora.down.weight``
+  of older diffusers. UNet and text-encoder keys must carry their component's prefix: without it
+  (``unet.save_attn_procs``'s ``down_blocks.…``) ``load_lora_weights`` loads none and says nothing,
+  so such a file is refused.
 
 What the names cannot say: SD 1.x from SD 2.x (same module names; only tensor widths differ),
 SD 1.x/2.x from SDXL where a diffusers-named file touches only blocks both UNets have (its
@@ -69,7 +72,7 @@ _KOHYA_KEY = re.compile(
 )
 _PEFT_KEY = re.compile(
     r"\.(?:lora_[AB](?:\.[\w-]+)?\.(?:weight|bias)|lora\.(?:down|up)\.weight|lora_linear_layer\.(?:down|up)\.weight"
-    r"|_lora\.(?:down|up)\.weight|lora_magnitude_vector(?:\.[\w-]+)?(?:\.weight)?|alpha)$"
+    r"|\w+_lora\.(?:down|up)\.weight|lora_magnitude_vector(?:\.[\w-]+)?(?:\.weight)?|alpha)$"
 )
 
 # Evidence of a base, strongest first: a key matching a later pattern only decides the base
@@ -112,7 +115,12 @@ _CONTEXT_NAMES: Mapping[int, str] = {768: "SD 1.x", 1024: "SD 2.x", 2048: "SDXL"
 
 _CONTEXT_KEY = re.compile(
     r"attn2[._]to_[kv]\.(?:lora_A(?:\.[\w-]+)?|lora\.down|lora_linear_layer\.down|lora_down)\.weight$"
+    r"|attn2\.processor\.to_[kv]_lora\.down\.weight$"
 )
+_PREFIXED = re.compile(r"^(?:unet|text_encoder(?:_2)?)\.")
+"""A diffusers-named UNet or text-encoder key as ``load_lora_weights`` reads it: under its
+component's name. Without one (``down_blocks.…``, what ``unet.save_attn_procs`` wrote) it loads
+none of them and says nothing (diffusers 0.42: the job would run without the adapter)."""
 _SHOWN = 3  # keys named in a message
 
 
@@ -158,7 +166,8 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
     Raises:
         Rejected: reason ``not_an_adapter``: no tensors, no LoRA tensor (a full checkpoint, or
             anything else: the message shows the first keys), tensors that are not LoRA weights
-            beside LoRA ones, or LoRA keys of no base in :data:`BASES`.
+            beside LoRA ones, LoRA keys of no base in :data:`BASES`, or diffusers-named UNet keys
+            without the ``unet.`` prefix (:data:`_PREFIXED`: diffusers would load none of them).
     """
     names = sorted(keys)
     if not names:
@@ -192,6 +201,13 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
     for base, pattern in _EVIDENCE:
         evidence = [k for k in names if pattern.search(k)]
         if evidence:
+            if not kohya and base in ("sdxl", "unet") and not any(_PREFIXED.match(k) for k in names):
+                raise Rejected(
+                    f"{name}'s LoRA keys name UNet modules without the `unet.` prefix (e.g. {_some(evidence)}: a "
+                    "file of `unet.save_attn_procs`); diffusers' load_lora_weights would load none of them. Save it "
+                    "again with the pipeline's save_lora_weights, or prefix each key with `unet.`",
+                    reason="not_an_adapter",
+                )
             if base == "unet" and shapes:
                 found = context_key(shapes)
                 if found is not None and shapes[found][1] in CONTEXT_WIDTHS:

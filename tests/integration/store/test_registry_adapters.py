@@ -277,3 +277,50 @@ def test_the_tiny_sdxl_lora_registers_for_sdxl_and_a_real_width_decides_its_base
         ctx.registry.add(wide, adapter_of="sd1")
     assert caught.value.reason == "adapter_family_mismatch"
     assert f"is a LoRA for an SDXL UNet (keys like {key} of width 2048)" in caught.value.message
+
+
+def test_the_attention_processor_layout_registers_and_diffusers_loads_it_as_the_same_lora(
+    ctx: ServerContext, lora: Path, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """Older diffusers' attention-processor names (``unet.….processor.to_k_lora.down.weight``)
+    are a LoRA diffusers 0.42 still loads: the tiny LoRA's tensors under those names register as
+    ``lora-diffusers`` and, loaded into tiny-sd, give the UNet the very output of the same
+    tensors under today's names. Without the ``unet.`` prefix (``unet.save_attn_procs``'s
+    files) diffusers loads none of them: refused."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(lora / LORA_WEIGHTS))
+    renamed = {
+        key.replace(".to_out.0.lora.", ".processor.to_out_lora.")
+        .replace(".to_q.lora.", ".processor.to_q_lora.")
+        .replace(".to_k.lora.", ".processor.to_k_lora.")
+        .replace(".to_v.lora.", ".processor.to_v_lora."): value
+        for key, value in tensors.items()
+    }
+    assert all(".processor." in key for key in renamed) and len(renamed) == len(tensors)
+    processor = tmp_path / "processor-lora.safetensors"
+    save_file(renamed, str(processor))
+    record = ctx.registry.add(processor, "processor-lora", adapter_of="sd1")
+    assert (record.family, record.source_format) == ("sd1", "lora-diffusers")
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(tiny_models_dir / "tiny-sd"), local_files_only=True)
+    sample, step = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor(10)
+    context = torch.randn(1, 7, pipe.unet.config.cross_attention_dim, generator=torch.Generator().manual_seed(1))
+    outputs = []
+    for folder, weight_name in ((lora, LORA_WEIGHTS), (ctx.registry.folder("processor-lora"), LORA_WEIGHTS)):
+        pipe.load_lora_weights(str(folder), weight_name=weight_name, adapter_name="a", local_files_only=True)
+        assert sum("lora_A" in name for name, _ in pipe.unet.named_parameters()) == len(tensors) // 2
+        with torch.no_grad():
+            outputs.append(pipe.unet(sample, step, encoder_hidden_states=context).sample)
+        pipe.unload_lora_weights()
+    with torch.no_grad():
+        plain = pipe.unet(sample, step, encoder_hidden_states=context).sample
+    assert torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[0], plain)
+
+    bare = tmp_path / "save-attn-procs.safetensors"
+    save_file({key.removeprefix("unet."): value for key, value in renamed.items()}, str(bare))
+    with pytest.raises(Rejected) as caught:
+        ctx.registry.add(bare, "bare-lora", adapter_of="sd1")
+    assert caught.value.reason == "not_an_adapter" and "without the `unet.` prefix" in caught.value.message

@@ -182,6 +182,47 @@ def test_the_cross_attention_width_a_lora_was_made_for(shapes: dict[str, list[in
     assert context_width(shapes) == width
 
 
+PROCESSOR_KEYS = [  # older diffusers' attention processors, under the pipeline's component prefix
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.down.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.up.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.processor.to_out_lora.down.weight",
+    "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.processor.to_out_lora.up.weight",
+]
+
+
+def test_the_attention_processor_layout_is_a_lora_and_its_width_decides_its_base() -> None:
+    """diffusers 0.42's load_lora_weights converts ``processor.to_k_lora.down`` to PEFT's names
+    (measured on tiny-sd: two LoRA layers loaded from two such tensors)."""
+    shapes = {k: ([4, 768] if ".down." in k else [320, 4]) for k in PROCESSOR_KEYS}
+    layout = recognise(PROCESSOR_KEYS, "x.safetensors", shapes)
+    assert (layout.source_format, layout.base, layout.tensors) == (DIFFUSERS, "sd1", 4)
+    assert context_width(shapes) == 768
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [k.removeprefix("unet.") for k in PROCESSOR_KEYS],  # unet.save_attn_procs
+        [
+            "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
+            "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
+        ],
+        [
+            "down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q.lora_A.weight",  # SDXL's second block
+            "down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q.lora_B.weight",
+        ],
+    ],
+)
+def test_unet_keys_without_their_component_prefix_are_refused(keys: list[str]) -> None:
+    """load_lora_weights reads a UNet's keys under ``unet.``; without it it loads none of them and
+    says nothing (measured on tiny-sd: 0 LoRA layers), so the job would run without the adapter."""
+    with pytest.raises(Rejected) as caught:
+        recognise(keys, "x.safetensors")
+    assert caught.value.reason == "not_an_adapter"
+    assert caught.value.message.startswith("x.safetensors's LoRA keys name UNet modules without the `unet.` prefix")
+    assert "prefix each key with `unet.`" in caught.value.message
+
+
 def test_widths_are_named_by_the_bases_that_have_them() -> None:
     assert [width_name(w) for w in (768, 1024, 2048, 32)] == ["768 (SD 1.x)", "1024 (SD 2.x)", "2048 (SDXL)", "32"]
 
