@@ -40,6 +40,7 @@ import binascii
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -709,17 +710,74 @@ def the_one_image(image: UploadFile | None, form: Any) -> UploadFile:
     return images[0]
 
 
+_BRACKETED = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<first>[^\[\]]*)\](?:\[(?P<second>[^\[\]]+)\])?$")
+"""A form field in the openai SDK's ``brackets`` encoding of a nested ``extra_body`` value
+(openai-python ``_qs.py``, ``array_format="brackets"``): ``name[]`` (a list's item),
+``name[key]`` (an object's field) or ``name[][key]`` (a field of a list's object)."""
+
+
 def form_extras(form: Any) -> dict[str, Any]:
     """The extra fields of an edit's multipart form (the SDK's ``extra_body``), each parsed as
-    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text."""
+    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text. Nested values arrive
+    in the openai SDK's bracket encoding (:data:`_BRACKETED`) and are rebuilt: ``x[]=1``,
+    ``x[]=2`` is ``[1, 2]``; ``x[k]=v`` is ``{"k": v}``; a list of objects arrives field by field,
+    every value of one field before the next field's (the SDK groups equal names), so object i
+    takes each field's i-th value: ``adapters[][id]=a``, ``adapters[][id]=b``,
+    ``adapters[][scale]=0.5``, ``adapters[][scale]=1`` is ``[{"id": "a", "scale": 0.5}, {"id":
+    "b", "scale": 1}]``. A name whose base is also sent plain, or deeper, stays apart under its own
+    name (then refused as unknown, naming it).
+
+    Raises:
+        Rejected: reason ``invalid_params`` naming the list, when its fields have different
+            counts (an object without a field its neighbours have): the form cannot say which
+            object each value belongs to; the message says to give each object every field or
+            to send the list as one JSON string.
+    """
     extras: dict[str, Any] = {}
+    fields: dict[str, dict[str, list[Any]]] = {}  # list of objects: base -> field -> values in order
     for name, value in form.multi_items():
         if name in EDIT_FIELDS or not isinstance(value, str):
             continue
         try:
-            extras[name] = json.loads(value)
+            parsed: Any = json.loads(value)
         except ValueError:
-            extras[name] = value
+            parsed = value
+        found = _BRACKETED.match(name)
+        if found is None:
+            extras[name] = parsed
+            continue
+        base, first, second = found["base"], found["first"], found["second"]
+        if first and second is None:  # name[key]: an object's field
+            into = extras.setdefault(base, {})
+            if isinstance(into, dict):
+                into[first] = parsed
+            else:
+                extras[name] = parsed
+        elif first:  # name[k1][k2]: deeper than any param goes
+            extras[name] = parsed
+        elif second is None:  # name[]: a list's item
+            items = extras.setdefault(base, [])
+            if isinstance(items, list):
+                items.append(parsed)
+            else:
+                extras[name] = parsed
+        else:  # name[][key]: one field of a list of objects
+            fields.setdefault(base, {}).setdefault(second, []).append(parsed)
+    for base, columns in fields.items():
+        if base in extras:
+            extras.update({f"{base}[][{key}]": values for key, values in columns.items()})
+            continue
+        counts = {key: len(values) for key, values in columns.items()}
+        if len(set(counts.values())) != 1:
+            told = ", ".join(f"{count} {base}[][{key}]" for key, count in counts.items())
+            raise Rejected(
+                f"{base}: the form holds {told}, so it cannot say which object each value belongs to (the "
+                f"openai SDK sends a list's fields grouped by name); give every object of {base} the same "
+                f'fields, or send {base} as one JSON string (extra_body={{"{base}": json.dumps([...])}})',
+                reason="invalid_params",
+                param=base,
+            )
+        extras[base] = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
     return extras
 
 

@@ -532,6 +532,53 @@ def test_r22_openai_edits_refuse_a_mask_or_a_second_file_never_dropping_it(
         assert ctx.inputs.get(job.params["image"]).path.read_bytes() == png[1]
 
 
+def test_openai_edits_take_nested_extras_as_the_sdk_encodes_them_in_a_form(
+    settings: Settings, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """The openai SDK sends ``images.edit``'s ``extra_body`` as multipart fields, a list of
+    objects in its bracket encoding (``adapters[][id]``, ``adapters[][scale]``): rebuilt into
+    the list the job's params take, in order, each scale a number (R22's checks then apply)."""
+    import openai
+
+    from app.devtools.tiny_models import make_tiny_lora
+
+    client, ctx = make_api(settings.model_copy(update={"images_wait_s": 0}), tiny_models_dir)
+    with client:
+        edit_model = edit_model_on_server(ctx, tiny_models_dir)
+        lora = make_tiny_lora(tiny_models_dir / "tiny-pix2pix", tmp_path / "pix2pix-lora")
+        for adapter in ("p2p-a", "p2p-b"):
+            ctx.registry.add(lora, adapter, adapter_of="sd1-pix2pix")
+            ctx.redis.sadd(ctx.keys.verified("server"), adapter)
+        png = ("a.png", image_bytes(), "image/png")
+        sdk = openai.OpenAI(api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
+        asked = {"image": png, "model": edit_model, "prompt": "make it blue"}
+        adapters = [{"id": "p2p-a", "scale": 0.5}, {"id": "p2p-b", "scale": -1}]
+        with pytest.raises(openai.ConflictError):  # queued (no worker runs here)
+            sdk.images.edit(**asked, extra_body={"adapters": adapters, "steps": 2})
+        [job] = ctx.journal.list([JobState.queued])
+        assert job.params["adapters"] == [{"id": "p2p-a", "scale": 0.5}, {"id": "p2p-b", "scale": -1.0}]
+        assert job.params["steps"] == 2
+        # One object without a field the other has: the SDK's form cannot say whose the scale is.
+        with pytest.raises(openai.UnprocessableEntityError) as unclear:
+            sdk.images.edit(**asked, extra_body={"adapters": [{"id": "p2p-a"}, {"id": "p2p-b", "scale": 0.5}]})
+        assert (unclear.value.code, unclear.value.param) == ("invalid_params", "adapters")
+        assert "2 adapters[][id], 1 adapters[][scale]" in unclear.value.message
+        assert "json.dumps" in unclear.value.message
+        with pytest.raises(openai.ConflictError):  # as the message says: one JSON string
+            sdk.images.edit(
+                **asked, extra_body={"adapters": json.dumps([{"id": "p2p-a"}, {"id": "p2p-b", "scale": 0.5}])}
+            )
+        assert ctx.journal.list([JobState.queued])[-1].params["adapters"] == [
+            {"id": "p2p-a", "scale": 1.0},
+            {"id": "p2p-b", "scale": 0.5},
+        ]
+        with pytest.raises(openai.UnprocessableEntityError) as refused:  # the rebuilt list is checked as ever
+            sdk.images.edit(**asked, extra_body={"adapters": [{"id": "p2p-a", "scale": 9}]})
+        assert (
+            refused.value.code == "invalid_adapters" and "scale must be a number from -4 to 4" in refused.value.message
+        )
+
+
 def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
     settings: Settings, tiny_models_dir: Path
 ) -> None:
