@@ -134,7 +134,8 @@ def error_type(status_code: int) -> str:
 
 def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
     """The OpenAI-shaped answer to a domain error. ``param`` is the field the error names, else
-    the field of its reason (``invalid_<field>``, R22; :data:`REASON_PARAMS`). Errors after a
+    the field of its reason (``invalid_<field>``, R22; :data:`REASON_PARAMS`); a job param's
+    ``params.`` prefix goes from both the ``param`` and the message. Errors after a
     submission carry ``x-should-retry: false``, the jobs' ids (``error.job_ids``) and the first
     job's URL (``Location``), so the caller can follow them (C10)."""
     headers = dict(headers or {})
@@ -143,8 +144,11 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
     param = (error.param or "").removeprefix("params.") or REASON_PARAMS.get(error.reason)
     if param is None and error.reason.startswith("invalid_"):
         param = error.reason.removeprefix("invalid_")
+    message = error.message
+    if error.param and error.param.startswith("params.") and param:  # the message names it as ``param`` does
+        message = message.replace(error.param, param)
     body: dict[str, Any] = {
-        "error": {"message": error.message, "type": error_type(error.status_code), "param": param, "code": error.reason}
+        "error": {"message": message, "type": error_type(error.status_code), "param": param, "code": error.reason}
     }
     if job_ids is not None:
         body["error"]["job_ids"] = job_ids

@@ -93,3 +93,20 @@ def test_r22_a_lora_of_another_cross_attention_width_is_refused_naming_both_widt
     accepted = submit(client, [{"id": OWN, "scale": 0.5}])  # made for this UNet: its width is the model's
     assert accepted.status_code == 202, accepted.text
     assert [state for state, _ in journaled(ctx)][1:] == [JobState.queued] and queued(ctx) == 1
+
+
+def test_on_the_openai_route_the_message_names_the_field_as_its_param_does(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """An OpenAI request's job params are its top-level fields: ``param`` is ``adapters[0].id``,
+    and so is the field the message starts with (not ``params.adapters[0].id``)."""
+    client, _ = api
+    answer = client.post(
+        "/v1/images/generations",
+        json={"prompt": "a cat", "model": MODEL, "size": "32x32", "adapters": [{"id": SD15}]},
+    )
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("adapter_base_mismatch", "adapters[0].id")
+    assert error["message"].startswith(f"adapters[0].id: adapter {SD15!r} was made for a UNet"), error["message"]
+    assert "params." not in error["message"]
