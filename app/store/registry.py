@@ -488,9 +488,10 @@ class Registry:
             return found
         with Session(self.engine) as session:
             record = session.get(ModelRecord, model_id)
-            if record is None:
-                in_service = select(ModelRecord.id).where(col(ModelRecord.retired_at).is_(None))
-                known = ", ".join(session.exec(in_service.order_by(ModelRecord.id)).all()) or "none"
+            if record is None:  # named among the models a job may name: adapters are no job's model
+                in_service = select(ModelRecord).where(col(ModelRecord.retired_at).is_(None))
+                models = session.exec(in_service.order_by(ModelRecord.id)).all()
+                known = ", ".join(m.id for m in models if ADAPTER_KIND not in m.kinds) or "none"
                 raise NotFound(f"model {model_id!r} is not registered; in service: {known}", reason="unknown_model")
         self._records[model_id] = record
         return record

@@ -324,3 +324,15 @@ def test_the_attention_processor_layout_registers_and_diffusers_loads_it_as_the_
     with pytest.raises(Rejected) as caught:
         ctx.registry.add(bare, "bare-lora", adapter_of="sd1")
     assert caught.value.reason == "not_an_adapter" and "without the `unet.` prefix" in caught.value.message
+
+
+def test_an_unknown_model_s_message_lists_the_models_not_the_adapters(
+    ctx: ServerContext, lora: Path, tiny_models_dir: Path
+) -> None:
+    """A job's model is never an adapter: ``unknown_model`` names the models in service only."""
+    ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
+    ctx.registry.add(lora, "sd-lora", adapter_of="sd1")
+    with pytest.raises(NotFound) as caught:
+        ctx.registry.get("no-such-model")
+    assert caught.value.reason == "unknown_model"
+    assert caught.value.message == "model 'no-such-model' is not registered; in service: tiny-sd"
