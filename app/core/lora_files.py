@@ -235,6 +235,87 @@ def context_width(shapes: Mapping[str, Sequence[int]]) -> int | None:
     return None if key is None else int(shapes[key][1])
 
 
+_DIFFUSERS_PAIR = re.compile(
+    r"^(?P<component>unet|text_encoder(?:_2)?|transformer)\.(?P<module>.+?)\."
+    r"(?:lora_(?P<ab>[AB])(?:\.[\w-]+)?|lora\.(?P<ud>down|up)|lora_linear_layer\.(?P<ud2>down|up))\.weight$"
+)
+_PROCESSOR_PAIR = re.compile(
+    r"^(?P<component>unet)\.(?P<module>.+?)\.processor\.(?P<projection>to_[qkv]|to_out)_lora\.(?P<ud>down|up)\.weight$"
+)
+_KOHYA_PAIR = re.compile(r"^(?P<prefix>lora_unet_|lora_te[12]?_)(?P<module>\w+)\.lora_(?P<ud>down|up)\.weight$")
+_KOHYA_COMPONENTS: Mapping[str, str] = {
+    "lora_unet_": "unet",
+    "lora_te_": "text_encoder",
+    "lora_te1_": "text_encoder",
+    "lora_te2_": "text_encoder_2",
+}
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """A LoRA tensor whose width is not its base module's: ``key`` (the LoRA's tensor) of
+    ``shape``, ``component`` and ``module`` (the model's module it adapts, whose weight is
+    ``base_shape``), ``side``: ``"input"`` (a down matrix: its second dimension is the module's
+    input width) or ``"output"`` (an up matrix: its first, the output width)."""
+
+    key: str
+    shape: tuple[int, ...]
+    component: str
+    module: str
+    base_shape: tuple[int, ...]
+    side: str
+
+
+def adapted_module(key: str) -> tuple[str, str, str] | None:
+    """What one LoRA tensor adapts: (component, module path as the component's weight file names
+    it without ``.weight``, ``"input"`` for a down matrix or ``"output"`` for an up one); kohya's
+    module path keeps its underscores (``down_blocks_0_…``: matched against the model's names with
+    their dots made underscores). None for an alpha, a bias or a key of no known layout (SDXL's
+    kohya ``input_blocks`` names, Flux's kohya names): not checked."""
+    found = _DIFFUSERS_PAIR.match(key)
+    if found is not None:
+        down = found["ab"] == "A" or (found["ud"] or found["ud2"]) == "down"
+        return found["component"], found["module"], "input" if down else "output"
+    found = _PROCESSOR_PAIR.match(key)
+    if found is not None:
+        projection = "to_out.0" if found["projection"] == "to_out" else found["projection"]
+        return found["component"], f"{found['module']}.{projection}", "input" if found["ud"] == "down" else "output"
+    found = _KOHYA_PAIR.match(key)
+    if found is not None:
+        return _KOHYA_COMPONENTS[found["prefix"]], found["module"], "input" if found["ud"] == "down" else "output"
+    return None
+
+
+def first_misfit(lora: Mapping[str, Sequence[int]], base: Mapping[str, Mapping[str, Sequence[int]]]) -> Misfit | None:
+    """The first LoRA tensor (by name) of ``lora`` (tensor name -> shape, its header's) whose
+    width differs from the module it adapts in ``base`` (component -> the model's weight name
+    without ``.weight`` -> shape, from its weight files' headers); None when every tensor whose
+    module is found fits. A module the model lacks is not judged here (diffusers skips it, or
+    the names are of a layout :func:`adapted_module` does not map). Text encoders' names are
+    compared without a leading ``text_model.`` (transformers 5 saves CLIP without it)."""
+    lookups: dict[str, dict[str, tuple[str, Sequence[int]]]] = {}
+    for component, shapes in base.items():
+        lookup: dict[str, tuple[str, Sequence[int]]] = {}
+        for name, shape in shapes.items():
+            bare = name.removeprefix("text_model.")
+            lookup[bare] = lookup[bare.replace(".", "_")] = (name, shape)
+        lookups[component] = lookup
+    for key in sorted(lora):
+        shape = tuple(lora[key] or ())
+        adapted = adapted_module(key)
+        if adapted is None or len(shape) < 2:
+            continue
+        component, module, side = adapted
+        found = lookups.get(component, {}).get(module.removeprefix("text_model.").removeprefix("text_model_"))
+        if found is None or len(found[1]) < 2:
+            continue
+        name, base_shape = found
+        lora_width, base_width = (shape[1], base_shape[1]) if side == "input" else (shape[0], base_shape[0])
+        if lora_width != base_width:
+            return Misfit(key, shape, component, name, tuple(base_shape), side)
+    return None
+
+
 def width_name(width: int) -> str:
     """``width`` in words for messages: ``"768 (SD 1.x)"``, or the bare number for a width no
     released base has (a tiny test model's)."""

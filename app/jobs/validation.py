@@ -39,7 +39,7 @@ from app.core.kinds import (
 )
 from app.core.kinds import family_kind_spec as family_spec
 from app.core.limits import MAX_MODEL_ID, FamilyLimits, TokenLimits, limits_for, token_limits
-from app.core.lora_files import context_width, weight_file, width_name
+from app.core.lora_files import context_width, first_misfit, weight_file, width_name
 from app.core.safetensors import safetensors_header
 from app.core.specs import shown
 from app.core.textgen import (
@@ -237,12 +237,15 @@ class Validator:
                 except NotFound as error:  # retired: the entry is at fault, not the job's model
                     error.param = error.param or f"params.adapters[{index}].id"
                     raise
-            check_adapter_widths(
-                model_id,
-                model_context_width(self.registry.folder(model_id)),
-                [adapter_context_width(self.registry.folder(entry["id"])) for entry in params[ADAPTERS_PARAM]],
-                params[ADAPTERS_PARAM],
-            )
+            if params[ADAPTERS_PARAM]:
+                folder = self.registry.folder(model_id)
+                check_adapter_fit(
+                    model_id,
+                    model_context_width(folder),
+                    model_modules(folder),
+                    [adapter_shapes(self.registry.folder(entry["id"])) for entry in params[ADAPTERS_PARAM]],
+                    params[ADAPTERS_PARAM],
+                )
         params.update(integer_params(params))  # 64.0 frames are 64 frames from here on
         check_kind_params(kind, params, self.inputs, limits, record.family)
         check_family_params(record.family, kind, params)
@@ -382,25 +385,33 @@ def check_adapters(
     return checked
 
 
-def check_adapter_widths(
-    model_id: str, model_width: int | None, adapter_widths: Sequence[int | None], entries: Sequence[Mapping[str, Any]]
+def check_adapter_fit(
+    model_id: str,
+    model_width: int | None,
+    modules: Mapping[str, Mapping[str, Sequence[int]]],
+    adapters: Sequence[Mapping[str, Sequence[int]] | None],
+    entries: Sequence[Mapping[str, Any]],
 ) -> None:
     """Check that each adapter of ``entries`` (``params.adapters`` as :func:`check_adapters`
-    returns them) was made for a UNet of the model's cross-attention width: ``model_width``
-    (:func:`model_context_width`) against each of ``adapter_widths`` (:func:`adapter_context_width`,
-    in the entries' order). SD 1.x and 2.x share a family and their LoRAs' tensor names, so only
-    this width tells an SD 1.x LoRA (768) from an SD 2.x one (1024); loaded on the other base,
-    diffusers fails the job on the device with a shape mismatch. Either width unknown: no check.
+    returns them; ``adapters``: each one's tensor shapes, :func:`adapter_shapes`, None where
+    unreadable) fits the model: first its cross-attention width against ``model_width``
+    (:func:`model_context_width`; SD 1.x and 2.x share a family and their LoRAs' tensor names, so
+    only this width tells an SD 1.x LoRA, 768, from an SD 2.x one, 1024), then every tensor whose
+    module the model has against that module's weight in ``modules`` (:func:`model_modules`;
+    :func:`app.core.lora_files.first_misfit`). Loaded on a base it does not fit, diffusers fails
+    the job on the device with a shape mismatch.
 
     Raises:
-        Rejected: reason ``adapter_base_mismatch``, naming ``params.adapters[i].id``, both
-            widths and where the model's comes from.
+        Rejected: reason ``adapter_base_mismatch``, naming ``params.adapters[i].id``: both
+            cross-attention widths and where the model's comes from, or the tensor, the module
+            and both shapes.
     """
-    if model_width is None:
-        return
-    for index, (entry, width) in enumerate(zip(entries, adapter_widths, strict=True)):
-        if width is not None and width != model_width:
-            at = f"params.adapters[{index}].id"
+    for index, (entry, shapes) in enumerate(zip(entries, adapters, strict=True)):
+        if shapes is None:
+            continue
+        at = f"params.adapters[{index}].id"
+        width = context_width(shapes)
+        if model_width is not None and width is not None and width != model_width:
             raise Rejected(
                 f"{at}: adapter {entry['id']!r} was made for a UNet of cross-attention width {width_name(width)}; "
                 f"model {model_id!r} attends at width {width_name(model_width)} (cross_attention_dim in its "
@@ -408,6 +419,59 @@ def check_adapter_widths(
                 reason="adapter_base_mismatch",
                 param=at,
             )
+        misfit = first_misfit(shapes, modules)
+        if misfit is not None:
+            side = 0 if misfit.side == "output" else 1
+            raise Rejected(
+                f"{at}: adapter {entry['id']!r} does not fit model {model_id!r}: its {misfit.key} is "
+                f"{list(misfit.shape)}, for {misfit.side}s of width {misfit.shape[side]}, where the model's "
+                f"{misfit.component} {misfit.module} has {misfit.base_shape[side]} (weight "
+                f"{list(misfit.base_shape)}); use an adapter made for the model's base",
+                reason="adapter_base_mismatch",
+                param=at,
+            )
+
+
+LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2")
+"""The model components a LoRA adapts (the prefixes of diffusers' LoRA names)."""
+
+
+def model_modules(folder: Path) -> dict[str, dict[str, Sequence[int]]]:
+    """The weight shapes of the model ``folder``'s components a LoRA may adapt
+    (:data:`LORA_COMPONENTS`): component -> weight name without ``.weight`` -> shape, from the
+    headers of every ``*.safetensors`` file in that component's folder (shards and variants
+    alike: their shapes agree). Only headers are read, each again only when its file's size or
+    modification time changes; an unreadable one is left out (the worker's file check, R5,
+    reports it)."""
+    out: dict[str, dict[str, Sequence[int]]] = {}
+    for component in LORA_COMPONENTS:
+        shapes: dict[str, Sequence[int]] = {}
+        for path in sorted((folder / component).glob("*.safetensors")):
+            shapes.update(_weight_shapes(path))
+        if shapes:
+            out[component] = shapes
+    return out
+
+
+def _weight_shapes(path: Path) -> Mapping[str, Sequence[int]]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return _weight_shapes_at(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _weight_shapes_at(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Sequence[int]]:
+    try:
+        header = safetensors_header(path)
+    except (OSError, IntegrityFailure):
+        return {}
+    return {
+        name.removesuffix(".weight"): tuple(entry.get("shape") or ())
+        for name, entry in header.items()
+        if name.endswith(".weight") and isinstance(entry, dict)
+    }
 
 
 def model_context_width(folder: Path) -> int | None:
@@ -434,12 +498,11 @@ def _cross_attention_dim(path: Path, _mtime_ns: int, _size: int) -> int | None:
     return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
 
 
-def adapter_context_width(folder: Path) -> int | None:
-    """The cross-attention width the LoRA adapter in ``folder`` (a registered adapter's model
-    folder) was made for (:func:`app.core.lora_files.context_width`, from its weight file's
-    header only); None when it adapts no cross-attention key or value, or its file cannot be
-    read (the worker's file check, R5, reports that). Read again whenever the weight file's size
-    or modification time changes."""
+def adapter_shapes(folder: Path) -> Mapping[str, Sequence[int]] | None:
+    """The tensor shapes of the LoRA adapter in ``folder`` (a registered adapter's model folder):
+    its weight file's header only (tensor name -> shape); None when it cannot be read (the
+    worker's file check, R5, reports that). Read again whenever the file's size or modification
+    time changes."""
     name = weight_file(p.name for p in folder.glob("*.safetensors"))
     if name is None:
         return None
@@ -447,16 +510,16 @@ def adapter_context_width(folder: Path) -> int | None:
         stat = (folder / name).stat()
     except OSError:
         return None
-    return _lora_context_width(folder / name, stat.st_mtime_ns, stat.st_size)
+    return _lora_shapes(folder / name, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=256)
-def _lora_context_width(path: Path, _mtime_ns: int, _size: int) -> int | None:
+def _lora_shapes(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Sequence[int]] | None:
     try:
         header = safetensors_header(path)
     except (OSError, IntegrityFailure):
         return None
-    return context_width({k: v.get("shape") or () for k, v in header.items() if isinstance(v, dict)})
+    return {k: tuple(v.get("shape") or ()) for k, v in header.items() if isinstance(v, dict)}
 
 
 def _integer(params: Mapping[str, Any], name: str) -> int | None:

@@ -25,7 +25,7 @@ from app.db.tables import Job
 from app.devtools.tiny_models import make_tiny_lora
 from tests.helpers import api_with_copies, bring_online
 
-MODEL, OWN, SD15 = "tiny-sd", "tiny-sd-lora", "sd15-style-lora"
+MODEL, OWN, SD15, SELF = "tiny-sd", "tiny-sd-lora", "sd15-style-lora", "sd15-self-attention-lora"
 KOHYA_BLOCK = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn2_to_"
 
 
@@ -42,13 +42,30 @@ def sd15_kohya_lora(path: Path, rank: int = 4) -> Path:
     return path
 
 
+SELF_BLOCK = "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q"
+
+
+def self_attention_lora(path: Path, rank: int = 4) -> Path:
+    """A kohya-layout LoRA of one self-attention query projection of an SD 1.x UNet's second
+    block (640 wide): it says nothing of the text encoder's width, only of its own module's."""
+    tensors = {
+        f"{SELF_BLOCK}.lora_down.weight": np.full((rank, 640), 0.01, dtype=np.float16),
+        f"{SELF_BLOCK}.lora_up.weight": np.full((640, rank), 0.01, dtype=np.float16),
+        f"{SELF_BLOCK}.alpha": np.array(rank, dtype=np.float16),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    return path
+
+
 @pytest.fixture
 def api(settings: Settings, tiny_models_dir: Path, tmp_path: Path) -> Iterator[tuple[TestClient, ServerContext]]:
     with api_with_copies(settings, tiny_models_dir / MODEL, MODEL) as (client, ctx):
         ctx.registry.add(make_tiny_lora(tiny_models_dir / MODEL, tmp_path / OWN), OWN, adapter_of="sd1")
         ctx.registry.add(sd15_kohya_lora(tmp_path / "downloads" / "sd15-style.safetensors"), SD15, adapter_of="sd1")
+        ctx.registry.add(self_attention_lora(tmp_path / "downloads" / "sd15-self.safetensors"), SELF, adapter_of="sd1")
         for machine in ("server", "m1"):
-            bring_online(ctx, machine, {MODEL, OWN, SD15})
+            bring_online(ctx, machine, {MODEL, OWN, SD15, SELF})
         yield client, ctx
 
 
@@ -110,3 +127,22 @@ def test_on_the_openai_route_the_message_names_the_field_as_its_param_does(
     assert (error["code"], error["param"]) == ("adapter_base_mismatch", "adapters[0].id")
     assert error["message"].startswith(f"adapters[0].id: adapter {SD15!r} was made for a UNet"), error["message"]
     assert "params." not in error["message"]
+
+
+def test_r22_a_lora_whose_module_widths_are_not_the_model_s_is_refused_naming_tensor_and_module(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """A LoRA of self-attention only carries no cross-attention width; each tensor is checked
+    against the module of the model's own weights it adapts (their headers only)."""
+    client, ctx = api
+    refused = submit(client, [{"id": SELF}])
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert (error["reason"], error["param"]) == ("adapter_base_mismatch", "params.adapters[0].id")
+    assert error["message"] == (
+        f"params.adapters[0].id: adapter {SELF!r} does not fit model {MODEL!r}: its {SELF_BLOCK}.lora_down.weight "
+        "is [4, 640], for inputs of width 640, where the model's unet "
+        "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q has 64 (weight [64, 64]); use an adapter made "
+        "for the model's base"
+    )
+    assert queued(ctx) == 0

@@ -14,7 +14,9 @@ from app.core.lora_files import (
     DIFFUSERS,
     KOHYA,
     LORA_WEIGHTS,
+    adapted_module,
     context_width,
+    first_misfit,
     recognise,
     weight_file,
     width_name,
@@ -221,6 +223,66 @@ def test_unet_keys_without_their_component_prefix_are_refused(keys: list[str]) -
     assert caught.value.reason == "not_an_adapter"
     assert caught.value.message.startswith("x.safetensors's LoRA keys name UNet modules without the `unet.` prefix")
     assert "prefix each key with `unet.`" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "adapted"),
+    [
+        ("unet.mid_block.attentions.0.proj_in.lora_A.weight", ("unet", "mid_block.attentions.0.proj_in", "input")),
+        ("unet.up_blocks.1.resnets.0.conv1.lora_B.default_0.weight", ("unet", "up_blocks.1.resnets.0.conv1", "output")),
+        (
+            "text_encoder.text_model.encoder.layers.0.mlp.fc1.lora.down.weight",
+            ("text_encoder", "text_model.encoder.layers.0.mlp.fc1", "input"),
+        ),
+        (
+            "transformer.single_transformer_blocks.0.attn.to_q.lora_linear_layer.up.weight",
+            ("transformer", "single_transformer_blocks.0.attn.to_q", "output"),
+        ),
+        (
+            "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.processor.to_out_lora.down.weight",
+            ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_out.0", "input"),
+        ),
+        (
+            "lora_te2_text_model_encoder_layers_3_self_attn_q_proj.lora_up.weight",
+            ("text_encoder_2", "text_model_encoder_layers_3_self_attn_q_proj", "output"),
+        ),
+        ("lora_unet_down_blocks_0_attentions_0_proj_in.alpha", None),
+        ("unet.down_blocks.0.attentions.0.proj_in.lora_B.bias", None),
+    ],
+)
+def test_what_one_lora_tensor_adapts(key: str, adapted: tuple[str, str, str] | None) -> None:
+    assert adapted_module(key) == adapted
+
+
+def test_the_first_misfit_is_found_across_layouts_and_text_encoder_names() -> None:
+    base = {
+        "unet": {
+            "down_blocks.0.attentions.0.proj_in": (320, 320, 1, 1),
+            "down_blocks.0.resnets.0.conv1": (320, 320, 3, 3),
+        },
+        # transformers 5 saves CLIP without its ``text_model.`` prefix; downloaded files have it
+        "text_encoder": {"encoder.layers.0.self_attn.k_proj": (768, 768)},
+    }
+    fits = {
+        "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": (8, 320, 1, 1),
+        "lora_unet_down_blocks_0_resnets_0_conv1.lora_down.weight": (8, 320, 3, 3),  # a LoCon's conv
+        "lora_unet_down_blocks_0_resnets_0_conv1.lora_up.weight": (320, 8, 1, 1),
+        "lora_te_text_model_encoder_layers_0_self_attn_k_proj.lora_down.weight": (8, 768),
+        "text_encoder.text_model.encoder.layers.0.self_attn.k_proj.lora_B.weight": (768, 8),
+        "unet.up_blocks.9.attentions.0.proj_out.lora_A.weight": (8, 5),  # a module the model lacks: not judged
+    }
+    assert first_misfit(fits, base) is None
+    misfit = first_misfit(
+        {**fits, "lora_te_text_model_encoder_layers_0_self_attn_k_proj.lora_up.weight": (1024, 8)}, base
+    )
+    assert misfit is not None
+    assert (misfit.component, misfit.module, misfit.side, misfit.shape, misfit.base_shape) == (
+        "text_encoder",
+        "encoder.layers.0.self_attn.k_proj",
+        "output",
+        (1024, 8),
+        (768, 768),
+    )
 
 
 def test_widths_are_named_by_the_bases_that_have_them() -> None:

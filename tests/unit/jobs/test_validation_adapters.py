@@ -20,7 +20,7 @@ from app.core.kinds import (
 from app.core.limits import FamilyLimits
 from app.jobs.validation import (
     MAX_ADAPTER_SCALE,
-    check_adapter_widths,
+    check_adapter_fit,
     check_adapters,
     check_known_params,
     model_context_width,
@@ -118,17 +118,59 @@ def test_placement_learns_the_adapter_ids_and_an_adapter_runs_no_kind() -> None:
     assert kinds_of("sd1", ["adapter"]) == ("adapter",)  # not the family's kinds
 
 
-def test_an_adapter_made_for_another_cross_attention_width_is_refused_naming_both() -> None:
-    entries = [{"id": "sd-lora", "scale": 1.0}, {"id": "sd2-lora", "scale": 0.5}]
-    check_adapter_widths("sd15", 768, [768, None], entries)  # an adapter that does not say: no check
-    check_adapter_widths("flux-dev", None, [768, 1024], entries)  # a model without a UNet: no check
+SD15_UNET = {  # the model's weights (component -> weight name without .weight -> shape)
+    "unet": {
+        "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q": (320, 320),
+        "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k": (320, 768),
+    }
+}
+ATTN1 = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q"
+ATTN2 = "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"
+
+
+def lora(width: int = 768, self_width: int = 320) -> dict[str, tuple[int, ...]]:
+    return {
+        f"{ATTN1}.lora_down.weight": (4, self_width),
+        f"{ATTN1}.lora_up.weight": (self_width, 4),
+        f"{ATTN1}.alpha": (),
+        f"{ATTN2}.lora_A.weight": (4, width),
+        f"{ATTN2}.lora_B.weight": (320, 4),
+    }
+
+
+def fit_refusal(adapters: list[dict[str, tuple[int, ...]] | None], model_width: int | None = 768) -> Rejected:
+    entries = [{"id": f"lora-{i}", "scale": 1.0} for i in range(len(adapters))]
     with pytest.raises(Rejected) as caught:
-        check_adapter_widths("sd15", 768, [768, 1024], entries)
-    error = caught.value
-    assert (error.status_code, error.reason, error.param) == (422, "adapter_base_mismatch", "params.adapters[1].id")
+        check_adapter_fit("sd15", model_width, SD15_UNET, adapters, entries)
+    assert (caught.value.status_code, caught.value.reason) == (422, "adapter_base_mismatch")
+    return caught.value
+
+
+def test_adapters_that_fit_or_do_not_say_pass() -> None:
+    entries = [{"id": "a", "scale": 1.0}, {"id": "b", "scale": 0.5}, {"id": "c", "scale": 1.0}]
+    unknown = {"lora_unet_input_blocks_4_1_proj_in.lora_down.weight": (4, 999)}  # SDXL's kohya names: not mapped
+    check_adapter_fit("sd15", 768, SD15_UNET, [lora(), None, unknown], entries)
+    check_adapter_fit("flux-dev", None, {}, [lora(width=4096)], entries[:1])  # a model without a UNet: no check
+
+
+def test_an_adapter_made_for_another_cross_attention_width_is_refused_naming_both() -> None:
+    error = fit_refusal([lora(), lora(width=1024)])
+    assert error.param == "params.adapters[1].id"
     assert error.message.startswith(
-        "params.adapters[1].id: adapter 'sd2-lora' was made for a UNet of cross-attention width 1024 (SD 2.x); "
+        "params.adapters[1].id: adapter 'lora-1' was made for a UNet of cross-attention width 1024 (SD 2.x); "
         "model 'sd15' attends at width 768 (SD 1.x) (cross_attention_dim in its unet/config.json)"
+    )
+
+
+def test_an_adapter_whose_other_tensors_do_not_fit_is_refused_naming_the_tensor_and_module() -> None:
+    """Self-attention says nothing of the text encoder's width; its own width must still fit."""
+    error = fit_refusal([lora(self_width=640)])
+    assert error.param == "params.adapters[0].id"
+    assert error.message == (
+        f"params.adapters[0].id: adapter 'lora-0' does not fit model 'sd15': its {ATTN1}.lora_down.weight is "
+        "[4, 640], for inputs of width 640, where the model's unet "
+        "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q has 320 (weight [320, 320]); use an adapter "
+        "made for the model's base"
     )
 
 
