@@ -101,15 +101,29 @@ def model_hash(record: Mapping[str, Any]) -> str:
     return hex_part(bytes_digest(files))[:10]
 
 
+def adapter_hash(adapter: Mapping[str, Any]) -> str:
+    """The 10 hex digits A1111's ``Lora hashes`` gives an adapter of the embedded record
+    (``{"id", "scale", "files": {path: digest}}``): its one file's blake3 digest, else the blake3
+    of its files' digests (JSON, sorted), as :func:`model_hash` does for a model."""
+    files = adapter.get("files") or {}
+    if len(files) == 1:
+        return hex_part(str(next(iter(files.values()))))[:10]
+    return hex_part(bytes_digest(json.dumps(files, sort_keys=True).encode()))[:10]
+
+
 def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
     """The AUTOMATIC1111 ``parameters`` text of an image made with the embedded ``record``,
     ``size`` its (width, height) in pixels::
 
-        <prompt>
+        <prompt>[ <lora:ID:SCALE>...]
         Negative prompt: <negative prompt>          (left out when there is none)
-        Steps: N, Sampler: X, CFG scale: G, Seed: S, Size: WxH, Model hash: H, Model: NAME[, Denoising strength: D]
+        Steps: N, Sampler: X, CFG scale: G, Seed: S, Size: WxH, Model hash: H, Model: NAME
+        [, Denoising strength: D][, Lora hashes: "ID: H, ..."]     (one line)
 
-    Params the job did not set take its kind's defaults (app/core/kinds.py)."""
+    The job's LoRA adapters are written as A1111 users write them, one ``<lora:id:scale>`` tag
+    each after the prompt, and listed with their hashes (:func:`adapter_hash`), so viewers that
+    read this text (Civitai's, SwarmUI's) show them. Params the job did not set take its kind's
+    defaults (app/core/kinds.py)."""
     params = record.get("params") or {}
     try:
         kind_spec = spec(str(record.get("kind")))
@@ -118,7 +132,9 @@ def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
             return kind_spec.value(params, name)
     except KeyError:
         value = params.get  # type: ignore[assignment]
-    lines = [str(value("prompt") or "")]
+    adapters = [a for a in record.get("adapters") or () if isinstance(a, Mapping) and a.get("id")]
+    tags = "".join(f" <lora:{a['id']}:{float(a.get('scale', 1.0)):g}>" for a in adapters)
+    lines = [str(value("prompt") or "") + tags]
     if negative := value("negative_prompt"):
         lines.append(f"Negative prompt: {negative}")
     scheduler = str(record.get("sampler") or "")
@@ -131,6 +147,7 @@ def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
         ("Model hash", model_hash(record)),
         ("Model", record.get("model_id")),
         ("Denoising strength", params.get("strength")),
+        ("Lora hashes", '"' + ", ".join(f"{a['id']}: {adapter_hash(a)}" for a in adapters) + '"' if adapters else None),
     ]
     lines.append(
         ", ".join(

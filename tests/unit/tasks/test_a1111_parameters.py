@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.provenance import a1111_parameters, model_hash
+from tasks.provenance import a1111_parameters, adapter_hash, model_hash
 
 RECORD = {
     "model_id": "shapes-filled",
@@ -42,3 +42,22 @@ def test_defaults_fill_unset_params_an_unknown_scheduler_keeps_its_name_and_no_n
         "Steps: 4, Sampler: MyScheduler, CFG scale: 7.5, Seed: 7, Size: 64x48, "
         "Model hash: 0123456789, Model: shapes-filled, Denoising strength: 0.25",
     ]
+
+
+def test_lora_adapters_are_tagged_in_the_prompt_and_listed_with_their_hashes() -> None:
+    """As A1111 writes them: ``<lora:name:weight>`` after the prompt, ``Lora hashes`` last, so a
+    viewer reading only this text (Civitai's) sees the image was made with them."""
+    record = {
+        **RECORD,
+        "adapters": [
+            {"id": "blue-lora", "scale": 0.8, "files": {"pytorch_lora_weights.safetensors": "blake3:" + "cd" * 32}},
+            {"id": "two-files", "scale": 1.0, "files": {"a.safetensors": "blake3:" + "01" * 32, "b.json": "x"}},
+        ],
+    }
+    prompt, _negative, fields = a1111_parameters(record, (512, 512)).split("\n")
+    assert prompt == "a red circle <lora:blue-lora:0.8> <lora:two-files:1>"
+    assert fields.endswith(
+        f'Model: shapes-filled, Lora hashes: "blue-lora: cdcdcdcdcd, two-files: {adapter_hash(record["adapters"][1])}"'
+    )
+    assert len(adapter_hash(record["adapters"][1])) == 10
+    assert "Lora" not in a1111_parameters(RECORD, (512, 512))  # none: no tag, no field
