@@ -250,7 +250,10 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         lines.append(("token", "in HOMEFLEET_WORKER_TOKEN (a file is better: --token-file)"))
     else:
         lines.append(("token", "none"))
-        missing.append("a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file")
+        missing.append(
+            "a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file; for a worker started "
+            "with `--token-file FILE` (the server's own, say), run `homefleet doctor --token-file FILE`"
+        )
     models_dir = values.get("HOMEFLEET_MODELS_DIR")
     if models_dir:
         folder = Path(models_dir).expanduser()

@@ -165,3 +165,22 @@ def test_doctor_on_the_servers_host_asks_the_port_it_serves_on_and_names_a_file_
     assert f"http://127.0.0.1:{port}: answers (404)" in out, out
     assert f"{tmp_path / 'models'}: not a folder" in out and "(a file is there)" in out
     assert done.returncode == 1 and "the server at" not in out
+
+
+def test_doctor_without_any_token_says_how_to_name_a_worker_s_token_file(tmp_path: Path) -> None:
+    """On the server's own host (README: its worker runs with ``--token-file server.token``) a
+    bare ``homefleet doctor`` finds no token; the line says to pass that file, not only to join."""
+    done = run_cli(
+        "doctor",
+        check=False,
+        env={
+            "HOMEFLEET_SERVER_URL": None,
+            "HOMEFLEET_WORKER_TOKEN": None,
+            "HOMEFLEET_WORKER_TOKEN_FILE": None,
+            "HOMEFLEET_MODELS_DIR": str(tmp_path),
+        },
+    )
+    said = " ".join(done.stdout.split())  # rich wraps nothing here (soft_wrap), but be safe
+    assert done.returncode == 1, said
+    assert "a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file" in said
+    assert "run `homefleet doctor --token-file FILE`" in said
