@@ -440,59 +440,28 @@ def model_modules(folder: Path) -> dict[str, dict[str, Sequence[int]]]:
     """The weight shapes of the model ``folder``'s components a LoRA may adapt
     (:data:`LORA_COMPONENTS`): component -> weight name without ``.weight`` -> shape, from the
     headers of every ``*.safetensors`` file in that component's folder (shards and variants
-    alike: their shapes agree). Only headers are read, each again only when its file's size or
-    modification time changes; an unreadable one is left out (the worker's file check, R5,
-    reports it)."""
+    alike: their shapes agree; :func:`header_shapes`). An unreadable one is left out (the
+    worker's file check, R5, reports it)."""
     out: dict[str, dict[str, Sequence[int]]] = {}
     for component in LORA_COMPONENTS:
         shapes: dict[str, Sequence[int]] = {}
         for path in sorted((folder / component).glob("*.safetensors")):
-            shapes.update(_weight_shapes(path))
+            shapes.update(
+                (name.removesuffix(".weight"), shape)
+                for name, shape in (header_shapes(path) or {}).items()
+                if name.endswith(".weight")
+            )
         if shapes:
             out[component] = shapes
     return out
 
 
-def _weight_shapes(path: Path) -> Mapping[str, Sequence[int]]:
-    try:
-        stat = path.stat()
-    except OSError:
-        return {}
-    return _weight_shapes_at(path, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _weight_shapes_at(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Sequence[int]]:
-    try:
-        header = safetensors_header(path)
-    except (OSError, IntegrityFailure):
-        return {}
-    return {
-        name.removesuffix(".weight"): tuple(entry.get("shape") or ())
-        for name, entry in header.items()
-        if name.endswith(".weight") and isinstance(entry, dict)
-    }
-
-
 def model_context_width(folder: Path) -> int | None:
     """The cross-attention width of the UNet in the model ``folder``: ``cross_attention_dim`` in
-    its ``unet/config.json`` (one number, or a list of equal ones); None for a model without a
-    UNet (a diffusion transformer) or a config that does not say (the worker's file check, R5,
-    reports an unreadable one). Read again whenever the file's size or modification time changes."""
-    path = folder / "unet" / "config.json"
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return _cross_attention_dim(path, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=256)
-def _cross_attention_dim(path: Path, _mtime_ns: int, _size: int) -> int | None:
-    try:
-        width = json.loads(path.read_text()).get("cross_attention_dim")
-    except (OSError, ValueError, AttributeError):
-        return None
+    its ``unet/config.json`` (one number, or a list of equal ones; :func:`config_value`); None
+    for a model without a UNet (a diffusion transformer) or a config that does not say (the
+    worker's file check, R5, reports an unreadable one)."""
+    width = config_value(folder / "unet" / "config.json", "cross_attention_dim")
     if isinstance(width, list) and width and all(w == width[0] for w in width):
         width = width[0]
     return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
@@ -500,26 +469,50 @@ def _cross_attention_dim(path: Path, _mtime_ns: int, _size: int) -> int | None:
 
 def adapter_shapes(folder: Path) -> Mapping[str, Sequence[int]] | None:
     """The tensor shapes of the LoRA adapter in ``folder`` (a registered adapter's model folder):
-    its weight file's header only (tensor name -> shape); None when it cannot be read (the
-    worker's file check, R5, reports that). Read again whenever the file's size or modification
-    time changes."""
+    its weight file's header only (:func:`header_shapes`); None when it cannot be read (the
+    worker's file check, R5, reports that)."""
     name = weight_file(p.name for p in folder.glob("*.safetensors"))
-    if name is None:
-        return None
+    return None if name is None else header_shapes(folder / name)
+
+
+def config_value(path: Path, key: str) -> Any:
+    """``key`` of the JSON object in ``path`` (a model's ``config.json``), None when the file or
+    the key is missing or the file is no JSON object. The file is read again only when its size
+    or modification time changes (one cache for every config the submission checks read)."""
     try:
-        stat = (folder / name).stat()
+        stat = path.stat()
     except OSError:
         return None
-    return _lora_shapes(folder / name, stat.st_mtime_ns, stat.st_size)
+    return _config_at(path, stat.st_mtime_ns, stat.st_size).get(key)
 
 
 @functools.lru_cache(maxsize=256)
-def _lora_shapes(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Sequence[int]] | None:
+def _config_at(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def header_shapes(path: Path) -> Mapping[str, Sequence[int]] | None:
+    """Tensor name -> shape of the ``.safetensors`` file ``path``, from its header only
+    (:func:`app.core.safetensors.safetensors_header`); None when it cannot be read. Read again
+    only when the file's size or modification time changes."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _shapes_at(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _shapes_at(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, Sequence[int]] | None:
     try:
         header = safetensors_header(path)
     except (OSError, IntegrityFailure):
         return None
-    return {k: tuple(v.get("shape") or ()) for k, v in header.items() if isinstance(v, dict)}
+    return {name: tuple(entry.get("shape") or ()) for name, entry in header.items() if isinstance(entry, dict)}
 
 
 def _integer(params: Mapping[str, Any], name: str) -> int | None:
@@ -1022,28 +1015,14 @@ def image_size(path: Path) -> tuple[int, int]:
 
 def model_max_frames(folder: Path) -> int | None:
     """The most frames a video model's motion modules take: ``motion_max_seq_length`` in its
-    ``motion_adapter`` (else ``unet``) config.json (AnimateDiff: 32), or None when its config
-    names no such limit (or cannot be read: the worker's file check, R5, reports that). Read
-    again whenever a config file's size or modification time changes."""
+    ``motion_adapter`` (else ``unet``) config.json (AnimateDiff: 32; :func:`config_value`), or
+    None when its config names no such limit (or cannot be read: the worker's file check, R5,
+    reports that)."""
     for component in ("motion_adapter", "unet"):
-        path = folder / component / "config.json"
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        limit = _motion_max_seq_length(path, stat.st_mtime_ns, stat.st_size)
-        if limit is not None:
+        limit = config_value(folder / component / "config.json", "motion_max_seq_length")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             return limit
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def _motion_max_seq_length(path: Path, _mtime_ns: int, _size: int) -> int | None:
-    try:
-        limit = json.loads(path.read_text()).get("motion_max_seq_length")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 class PromptTokenizers:
