@@ -716,9 +716,16 @@ _BRACKETED = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<first>[^\[\]]*)\](?:\[(?P<sec
 ``name[key]`` (an object's field) or ``name[][key]`` (a field of a list's object)."""
 
 
+FORM_TEXT_FIELDS = frozenset({"prompt", "negative_prompt", "format", "scheduler", "target", "expand_prompt", "id"})
+"""Form fields (and fields of a form's objects: an adapter's ``id``) whose value is text
+whatever it looks like: ``negative_prompt=42`` is the text "42", an adapter id of digits is an
+id (a form carries every value as text; the others are parsed as JSON)."""
+
+
 def form_extras(form: Any) -> dict[str, Any]:
     """The extra fields of an edit's multipart form (the SDK's ``extra_body``), each parsed as
-    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text. Nested values arrive
+    JSON where it is JSON (``11`` -> 11, ``[...]``), else kept as its text; a text field
+    (:data:`FORM_TEXT_FIELDS`) is always its text. Nested values arrive
     in the openai SDK's bracket encoding (:data:`_BRACKETED`) and are rebuilt: ``x[]=1``,
     ``x[]=2`` is ``[1, 2]``; ``x[k]=v`` is ``{"k": v}``; a list of objects arrives field by field,
     every value of one field before the next field's (the SDK groups equal names), so object i
@@ -738,11 +745,12 @@ def form_extras(form: Any) -> dict[str, Any]:
     for name, value in form.multi_items():
         if name in EDIT_FIELDS or not isinstance(value, str):
             continue
+        found = _BRACKETED.match(name)
+        field = (found["second"] or found["first"] or found["base"]) if found is not None else name
         try:
-            parsed: Any = json.loads(value)
+            parsed: Any = value if field in FORM_TEXT_FIELDS else json.loads(value)
         except ValueError:
             parsed = value
-        found = _BRACKETED.match(name)
         if found is None:
             extras[name] = parsed
             continue

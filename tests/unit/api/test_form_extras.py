@@ -31,6 +31,9 @@ def as_the_sdk_sends(extra_body: dict[str, Any]) -> FormData:
         {"adapters": [{"id": "a"}, {"id": "b"}, {"id": "c"}]},
         {"tags": [1, 2, 3]},
         {"options": {"x": 1, "y": "z"}},
+        # text fields stay text whatever they look like (a form carries every value as text)
+        {"negative_prompt": "42", "format": "null", "target": "123"},
+        {"adapters": [{"id": "2077", "scale": 0.5}, {"id": "12", "scale": 1}]},
     ],
 )
 def test_what_the_sdk_encodes_comes_back_as_it_was(extra_body: dict[str, Any]) -> None:
