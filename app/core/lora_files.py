@@ -243,6 +243,10 @@ _PROCESSOR_PAIR = re.compile(
     r"^(?P<component>unet)\.(?P<module>.+?)\.processor\.(?P<projection>to_[qkv]|to_out)_lora\.(?P<ud>down|up)\.weight$"
 )
 _KOHYA_PAIR = re.compile(r"^(?P<prefix>lora_unet_|lora_te[12]?_)(?P<module>\w+)\.lora_(?P<ud>down|up)\.weight$")
+_KOHYA_DIFFUSERS_UNET = ("down_blocks_", "mid_block_", "up_blocks_")
+"""kohya UNet names that are diffusers' module paths with underscores (SD 1.x/2.x files); SDXL's
+original names (``input_blocks_``…) and Flux's (``double_blocks_``…) are converted by diffusers
+to other paths, which this module does not redo: their tensors are not judged."""
 _KOHYA_COMPONENTS: Mapping[str, str] = {
     "lora_unet_": "unet",
     "lora_te_": "text_encoder",
@@ -256,7 +260,8 @@ class Misfit:
     """A LoRA tensor whose width is not its base module's: ``key`` (the LoRA's tensor) of
     ``shape``, ``component`` and ``module`` (the model's module it adapts, whose weight is
     ``base_shape``), ``side``: ``"input"`` (a down matrix: its second dimension is the module's
-    input width) or ``"output"`` (an up matrix: its first, the output width)."""
+    input width), ``"output"`` (an up matrix: its first, the output width) or ``"missing"`` (the
+    model has no such module; ``module`` as the LoRA names it, ``base_shape`` empty)."""
 
     key: str
     shape: tuple[int, ...]
@@ -281,7 +286,7 @@ def adapted_module(key: str) -> tuple[str, str, str] | None:
         projection = "to_out.0" if found["projection"] == "to_out" else found["projection"]
         return found["component"], f"{found['module']}.{projection}", "input" if found["ud"] == "down" else "output"
     found = _KOHYA_PAIR.match(key)
-    if found is not None:
+    if found is not None and (found["prefix"] != "lora_unet_" or found["module"].startswith(_KOHYA_DIFFUSERS_UNET)):
         return _KOHYA_COMPONENTS[found["prefix"]], found["module"], "input" if found["ud"] == "down" else "output"
     return None
 
@@ -289,10 +294,12 @@ def adapted_module(key: str) -> tuple[str, str, str] | None:
 def first_misfit(lora: Mapping[str, Sequence[int]], base: Mapping[str, Mapping[str, Sequence[int]]]) -> Misfit | None:
     """The first LoRA tensor (by name) of ``lora`` (tensor name -> shape, its header's) whose
     width differs from the module it adapts in ``base`` (component -> the model's weight name
-    without ``.weight`` -> shape, from its weight files' headers); None when every tensor whose
-    module is found fits. A module the model lacks is not judged here (diffusers skips it, or
-    the names are of a layout :func:`adapted_module` does not map). Text encoders' names are
-    compared without a leading ``text_model.`` (transformers 5 saves CLIP without it)."""
+    without ``.weight`` -> shape, from its weight files' headers); else the first that adapts a
+    module the model lacks in a component it has (``side`` ``"missing"``, ``base_shape`` empty:
+    diffusers would load the rest and leave it out without a word); None when every tensor fits.
+    A tensor of a component the model lacks, or of a layout :func:`adapted_module` does not map,
+    is not judged. Text encoders' names are compared without a leading ``text_model.``
+    (transformers 5 saves CLIP without it)."""
     lookups: dict[str, dict[str, tuple[str, Sequence[int]]]] = {}
     for component, shapes in base.items():
         lookup: dict[str, tuple[str, Sequence[int]]] = {}
@@ -300,20 +307,24 @@ def first_misfit(lora: Mapping[str, Sequence[int]], base: Mapping[str, Mapping[s
             bare = name.removeprefix("text_model.")
             lookup[bare] = lookup[bare.replace(".", "_")] = (name, shape)
         lookups[component] = lookup
+    missing: Misfit | None = None
     for key in sorted(lora):
         shape = tuple(lora[key] or ())
         adapted = adapted_module(key)
-        if adapted is None or len(shape) < 2:
+        if adapted is None or len(shape) < 2 or adapted[0] not in lookups:
             continue
         component, module, side = adapted
-        found = lookups.get(component, {}).get(module.removeprefix("text_model.").removeprefix("text_model_"))
-        if found is None or len(found[1]) < 2:
+        found = lookups[component].get(module.removeprefix("text_model.").removeprefix("text_model_"))
+        if found is None:
+            missing = missing or Misfit(key, shape, component, module, (), "missing")
             continue
         name, base_shape = found
+        if len(base_shape) < 2:
+            continue
         lora_width, base_width = (shape[1], base_shape[1]) if side == "input" else (shape[0], base_shape[0])
         if lora_width != base_width:
             return Misfit(key, shape, component, name, tuple(base_shape), side)
-    return None
+    return missing
 
 
 def width_name(width: int) -> str:

@@ -420,6 +420,14 @@ def check_adapter_fit(
                 param=at,
             )
         misfit = first_misfit(shapes, modules)
+        if misfit is not None and misfit.side == "missing":
+            raise Rejected(
+                f"{at}: adapter {entry['id']!r} does not fit model {model_id!r}: its {misfit.key} adapts "
+                f"{misfit.module}, a module the model's {misfit.component} does not have; diffusers would apply "
+                "the rest of it and leave that out without a word; use an adapter made for the model's base",
+                reason="adapter_base_mismatch",
+                param=at,
+            )
         if misfit is not None:
             side = 0 if misfit.side == "output" else 1
             raise Rejected(

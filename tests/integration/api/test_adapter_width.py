@@ -146,3 +146,35 @@ def test_r22_a_lora_whose_module_widths_are_not_the_model_s_is_refused_naming_te
         "for the model's base"
     )
     assert queued(ctx) == 0
+
+
+def test_r22_a_lora_that_adapts_modules_the_model_lacks_is_refused_not_applied_in_part(
+    api: tuple[TestClient, ServerContext], tmp_path: Path
+) -> None:
+    """The tiny LoRA of this very model with tensors added for a block its UNet does not have
+    (a deeper base's): diffusers would load the rest and skip those without a word."""
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_torch
+
+    client, ctx = api
+    own = load_file(str(ctx.registry.folder(OWN) / "pytorch_lora_weights.safetensors"))
+    deeper = {**own}
+    for key, tensor in own.items():
+        if key.startswith("unet.down_blocks.1."):
+            deeper[key.replace("unet.down_blocks.1.", "unet.down_blocks.7.")] = tensor.clone()
+    path = tmp_path / "deeper.safetensors"
+    save_torch(deeper, str(path))
+    ctx.registry.add(path, "deeper-lora", adapter_of="sd1")
+    bring_online(ctx, "server", {MODEL, OWN, SD15, SELF, "deeper-lora"})
+    bring_online(ctx, "m1", {MODEL, OWN, SD15, SELF, "deeper-lora"})
+    refused = submit(client, [{"id": "deeper-lora"}])
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert (error["reason"], error["param"]) == ("adapter_base_mismatch", "params.adapters[0].id")
+    first = min(k for k in deeper if k.startswith("unet.down_blocks.7."))
+    module = first.removeprefix("unet.").split(".lora", 1)[0]
+    assert error["message"] == (
+        f"params.adapters[0].id: adapter 'deeper-lora' does not fit model {MODEL!r}: its {first} adapts {module}, "
+        "a module the model's unet does not have; diffusers would apply the rest of it and leave that out without "
+        "a word; use an adapter made for the model's base"
+    )

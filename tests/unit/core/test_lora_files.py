@@ -247,6 +247,8 @@ def test_unet_keys_without_their_component_prefix_are_refused(keys: list[str]) -
             ("text_encoder_2", "text_model_encoder_layers_3_self_attn_q_proj", "output"),
         ),
         ("lora_unet_down_blocks_0_attentions_0_proj_in.alpha", None),
+        ("lora_unet_input_blocks_4_1_proj_in.lora_down.weight", None),  # SDXL's original names
+        ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", None),  # Flux's
         ("unet.down_blocks.0.attentions.0.proj_in.lora_B.bias", None),
     ],
 )
@@ -269,9 +271,19 @@ def test_the_first_misfit_is_found_across_layouts_and_text_encoder_names() -> No
         "lora_unet_down_blocks_0_resnets_0_conv1.lora_up.weight": (320, 8, 1, 1),
         "lora_te_text_model_encoder_layers_0_self_attn_k_proj.lora_down.weight": (8, 768),
         "text_encoder.text_model.encoder.layers.0.self_attn.k_proj.lora_B.weight": (768, 8),
-        "unet.up_blocks.9.attentions.0.proj_out.lora_A.weight": (8, 5),  # a module the model lacks: not judged
+        "lora_unet_input_blocks_4_1_proj_in.lora_down.weight": (8, 999),  # SDXL's original names: not judged
+        "text_encoder_2.text_model.encoder.layers.0.mlp.fc1.lora_A.weight": (8, 5),  # no such component: not judged
     }
     assert first_misfit(fits, base) is None
+    lacking = "unet.up_blocks.9.attentions.0.proj_out.lora_A.weight"  # a module the model's UNet lacks
+    misfit = first_misfit({**fits, lacking: (8, 5)}, base)
+    assert misfit is not None
+    assert (misfit.key, misfit.module, misfit.side, misfit.base_shape) == (
+        lacking,
+        "up_blocks.9.attentions.0.proj_out",
+        "missing",
+        (),
+    )
     misfit = first_misfit(
         {**fits, "lora_te_text_model_encoder_layers_0_self_attn_k_proj.lora_up.weight": (1024, 8)}, base
     )
