@@ -224,7 +224,7 @@ def models_add(
     (docs/operations.md, "What registration takes"). A LoRA file whose keys are for another family
     than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
-    from app.store.selection import HF_CACHE, cached_snapshot, select_files
+    from app.store.selection import HF_CACHE, cached_snapshot, select_files, snapshot_repo
     from routing.estimate import readable_bytes
 
     if (path is None) == (from_hf_cache is None):
@@ -272,6 +272,10 @@ def models_add(
                 path = cached_snapshot(from_hf_cache, revision)
                 extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
                 console.print(f"{from_hf_cache}: snapshot {path}")
+            elif path is not None and path.is_dir() and (repo := snapshot_repo(path.absolute())) is not None:
+                # a snapshot's own path, as people paste it: named as --from-hf-cache names it, not by its commit
+                extra = {"source_format": HF_CACHE, "mint_from": repo.rsplit("/", 1)[-1]}
+                console.print(f"{repo}: snapshot {path} (a Hugging Face cache snapshot)")
             assert path is not None  # checked above
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)

@@ -650,6 +650,15 @@ def hub_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+def snapshot_repo(folder: Path) -> str | None:
+    """The repository id (``org/name``) whose Hugging Face cache snapshot ``folder`` is
+    (``…/models--org--name/snapshots/<commit>``, the path people paste), else None."""
+    repo = folder.parent.parent.name
+    if folder.parent.name != "snapshots" or not repo.startswith("models--"):
+        return None
+    return repo.removeprefix("models--").replace("--", "/")
+
+
 def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path | None = None) -> Path:
     """The snapshot folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default
     ``main``) in the local Hugging Face cache (:func:`hub_cache_dir` unless ``cache_dir``), found by

@@ -155,3 +155,21 @@ def test_r1_a_repository_missing_from_the_cache_is_refused_naming_the_cache(
     assert ctx.registry.list() == []
     neither = run_cli("models", "add", env=settings_env(ctx.settings), check=False)
     assert neither.returncode == 2 and "--from-hf-cache" in _human_free(neither.stdout + neither.stderr)
+
+
+def test_a_snapshot_s_own_path_registers_as_from_the_cache_named_after_its_repository(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path]
+) -> None:
+    """The path people paste (``…/models--org--name/snapshots/<commit>``) is registered as
+    ``--from-hf-cache org/name`` would register it: named after the repository, not its commit,
+    and recorded as ``hf-cache``."""
+    replicas, hub = built
+    replica = replicas["sd15"]
+    [snapshot] = (hub / ("models--" + replica.repo_id.replace("/", "--")) / "snapshots").iterdir()
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    done = run_cli("models", "add", str(snapshot), "--precision", "fp16", env=env)
+    model_id = replica.repo_id.split("/")[-1].lower()
+    assert f"{replica.repo_id}: snapshot {snapshot} (a Hugging Face cache snapshot)" in _human_free(done.stdout)
+    record = ctx.registry.get(model_id)
+    assert (record.source_format, record.precision) == ("hf-cache", "fp16")
+    assert snapshot.name not in {m.id for m in ctx.registry.list()}
