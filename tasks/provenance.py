@@ -113,7 +113,7 @@ def adapter_hash(adapter: Mapping[str, Any]) -> str:
 
 def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
     """The AUTOMATIC1111 ``parameters`` text of an image made with the embedded ``record``,
-    ``size`` its (width, height) in pixels::
+    ``size`` its (width, height) in pixels (an edit's ``Image CFG scale`` follows ``CFG scale``)::
 
         <prompt>[ <lora:ID:SCALE>...]
         Negative prompt: <negative prompt>          (left out when there is none)
@@ -142,6 +142,7 @@ def a1111_parameters(record: Mapping[str, Any], size: tuple[int, int]) -> str:
         ("Steps", value("steps")),
         ("Sampler", A1111_SAMPLERS.get(scheduler, scheduler) or None),
         ("CFG scale", value("guidance_scale")),
+        ("Image CFG scale", value("image_guidance_scale")),  # an instruct-pix2pix edit's, as A1111 names it
         ("Seed", record.get("seed")),
         ("Size", f"{size[0]}x{size[1]}"),
         ("Model hash", model_hash(record)),

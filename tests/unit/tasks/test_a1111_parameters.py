@@ -61,3 +61,12 @@ def test_lora_adapters_are_tagged_in_the_prompt_and_listed_with_their_hashes() -
     )
     assert len(adapter_hash(record["adapters"][1])) == 10
     assert "Lora" not in a1111_parameters(RECORD, (512, 512))  # none: no tag, no field
+
+
+def test_an_edit_names_its_image_guidance_as_a1111_does() -> None:
+    record = {**RECORD, "kind": "edit", "params": {"prompt": "make it blue", "image_guidance_scale": 1.2}}
+    fields = a1111_parameters(record, (64, 48)).split("\n")[-1]
+    assert "CFG scale: 7.5, Image CFG scale: 1.2, Seed: 12345" in fields
+    defaulted = {**RECORD, "kind": "edit", "params": {"prompt": "make it blue"}}
+    assert "Image CFG scale: 1.5," in a1111_parameters(defaulted, (64, 48))  # the kind's default, as it ran
+    assert "Image CFG scale" not in a1111_parameters(RECORD, (64, 48))  # txt2img has none
