@@ -189,6 +189,7 @@ class Verifier:
                 if m not in changed and m not in self.stats and (self.settings.models_dir / m).is_dir()
             }
             gone = [m for m in self.manifests if m not in manifests]
+            withdrawn = sorted(m for m in gone if m in self.stats)  # advertised here: said; the others never were
             with one_check_at_a_time(self.settings.models_dir):
                 hashed = {**changed, **again}
                 stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in hashed.items()}
@@ -200,12 +201,12 @@ class Verifier:
                     self.redis.srem(key, *gone, *(set(changed) - matching))
                 if matching:
                     self.redis.sadd(key, *sorted(matching))
-            if changed or gone or matching:
+            if changed or withdrawn or matching:
                 parts = [f"verified here: {', '.join(sorted(matching))}"] if matching else []
                 if set(changed) - matching:
                     parts.append(f"not verified: {', '.join(sorted(set(changed) - matching))}")
-                if gone:
-                    parts.append(f"withdrawn (no longer registered): {', '.join(sorted(gone))}")
+                if withdrawn:
+                    parts.append(f"withdrawn (no longer registered): {', '.join(withdrawn)}")
                 log.info("%s: the registry changed; %s", machine, "; ".join(parts))
             self.manifests, self._registry_mark = manifests, mark
         except Unauthorized as refused:  # raised to the heartbeat at its next duty: the worker stops
