@@ -465,13 +465,25 @@ def test_a_remix_with_the_same_seed_reproduces_the_pixels(fleet: RunningFleet, b
     figure = f"#gallery figure[data-job='{original['id']}']"
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} img[src^='blob:']"))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
-    click(driver, f"{figure} .remix-enlarge")
-    wait.until(
-        lambda d: d.execute_script(
-            "const dialog = document.querySelector('#enlarged'); return dialog.open && dialog.querySelector('img').src"
-        ).startswith("blob:")
-    )
-    driver.execute_script("document.querySelector('#enlarged').close()")  # type: ignore[attr-defined]
+    driver.set_window_size(1280, 720)  # type: ignore[attr-defined]  # a laptop's window
+    try:
+        click(driver, f"{figure} .remix-enlarge")
+        wait.until(
+            lambda d: d.execute_script(
+                "const dialog = document.querySelector('#enlarged'); "
+                "return dialog.open && dialog.querySelector('img').complete && dialog.querySelector('img').src"
+            ).startswith("blob:")
+        )
+        # The enlarged image leaves its Close button inside the window, and a real click on it
+        # (the driver's, at its place on the screen) closes the dialog, as a user does it.
+        bottom, height = driver.execute_script(  # type: ignore[attr-defined]
+            "return [document.querySelector('#enlarged form button').getBoundingClientRect().bottom, innerHeight]"
+        )
+        assert bottom <= height, (bottom, height)
+        driver.find_element(By.CSS_SELECTOR, "#enlarged form button").click()  # type: ignore[attr-defined]
+        wait.until(lambda d: not d.execute_script("return document.querySelector('#enlarged').open"))
+    finally:
+        driver.set_window_size(1400, 1000)  # type: ignore[attr-defined]  # as the fixture made it
     assert driver.execute_script(  # type: ignore[attr-defined]
         f"return document.querySelector({figure + ' a.download'!r}).href"
     ).startswith("blob:")
