@@ -338,16 +338,28 @@ def models_list(
         bool, typer.Option("--all", help="the retired models too (`homefleet models retire`), marked retired")
     ] = False,
 ) -> None:
-    """Registered models in service with their family, kinds and size; with --all the retired
-    ones too, with the date they were retired."""
+    """Registered models in service with their family, kinds, precision (and quantization), size
+    on disk, source (diffusers, hf-cache, single-file, a LoRA's layout…) and pipeline; with --all
+    the retired ones too, with the date they were retired."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(server_settings())
     try:
-        table = Table("id", "family", "kinds", "bytes", "pipeline", *(["retired"] if show_all else []))
+        table = Table(
+            "id", "family", "kinds", "precision", "bytes", "source", "pipeline", *(["retired"] if show_all else [])
+        )
         for m in ctx.registry.list(retired=show_all):
             retired = [f"retired {m.retired_at:%Y-%m-%d %H:%M}" if m.retired_at else ""] if show_all else []
-            table.add_row(m.id, m.family, ",".join(m.kinds), str(m.total_bytes), m.pipeline_class, *retired)
+            table.add_row(
+                m.id,
+                m.family,
+                ",".join(m.kinds),
+                m.variant.key(),  # two registrations of one download differ here (fp16, fp32+torchao-int8wo)
+                str(m.total_bytes),
+                m.source_format or "",
+                m.pipeline_class,
+                *retired,
+            )
         console.print(table)
     finally:
         ctx.close()

@@ -105,6 +105,12 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     assert unknown["reason"] == "unknown_model" and unknown["message"].endswith("in service: tiny-sd"), unknown
     listed = run_cli("models", "list", env=settings_env(settings)).stdout
     assert BAD not in listed and MODEL in listed
+    wide = run_cli("models", "list", env={**settings_env(settings), "COLUMNS": "200"}).stdout
+    lines = [line.replace("┃", "│") for line in wide.splitlines()]
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if "│" in line]
+    assert cells[0][:6] == ["id", "family", "kinds", "precision", "bytes", "source"], wide
+    [row] = [r for r in cells if r[0] == MODEL]
+    assert (row[3], row[5]) == ("fp32", "diffusers"), wide
     everything = run_cli("models", "list", "--all", env=settings_env(settings)).stdout
     assert BAD in everything and "retired" in everything
 
