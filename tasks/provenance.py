@@ -4,8 +4,8 @@ Two parts:
 
 * the **embedded** record (written into the file: PNG text chunk ``homefleet``, MP4
   ``comment`` tag, WebP XMP, GIF comment) holds what determines the output: model id,
-  variant, every model file's digest, its LoRA adapters (id, scale, files' digests; issue
-  22), the digest of the single-file checkpoint it was converted from (``source_digest``, when
+  variant, every model file's digest, its LoRA adapters (id, scale, files' digests), the
+  digest of the single-file checkpoint it was converted from (``source_digest``, when
   it was), kind, params, seed, inputs' digests, machine and device. It holds no job id and no timings, so the same
   seed on the same machine gives
   byte-identical files (and the same content digest);

@@ -40,7 +40,9 @@ SCANNED = [
     "compose.yaml",
     "Dockerfile",
 ]
-TRACKER_REFERENCE = re.compile(r"\bissues? \d+\b", re.IGNORECASE)
+TRACKER_REFERENCE = re.compile(
+    r"\bissues?(?:[ \t]*\n[ \t]*(?:#[ \t]*|\*[ \t]*|//[ \t]*)?|[ \t]+)\d+\b", re.IGNORECASE
+)  # also wrapped onto the next line of a docstring or comment
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and the repository's checkout"
@@ -70,16 +72,24 @@ def text_of(path: PurePosixPath) -> str | None:
 def tracker_references(text: str) -> list[tuple[int, str]]:
     """(line number from 1, the matched words) of each tracker reference in ``text``."""
     return [
-        (number, match.group(0))
-        for number, line in enumerate(text.splitlines(), 1)
-        for match in TRACKER_REFERENCE.finditer(line)
+        (text.count("\n", 0, match.start()) + 1, " ".join(match.group(0).replace("#", " ").split()))
+        for match in TRACKER_REFERENCE.finditer(text)
     ]
 
 
 def test_the_pattern_finds_what_it_must_and_nothing_else() -> None:
     """The check can fail: each spelling of a tracker reference is found, with its line."""
-    sample = "a (issue 22)\nfine: R22, issues, test_issue22_x, tissue 3\nIssue 5 point 2; Issues 19 and 21\n"
-    assert tracker_references(sample) == [(1, "issue 22"), (3, "Issue 5"), (3, "Issues 19")]
+    sample = (
+        "a (issue 22)\nfine: R22, issues, test_issue22_x, tissue 3\nIssue 5 point 2; Issues 19 and 21\n"
+        "a docstring's digests; issue\n    22), and\n# a comment's issue\n# 7\n"
+    )
+    assert tracker_references(sample) == [
+        (1, "issue 22"),
+        (3, "Issue 5"),
+        (3, "Issues 19"),
+        (4, "issue 22"),
+        (6, "issue 7"),
+    ]
 
 
 def test_no_tracked_text_file_cites_a_tracker_number() -> None:
