@@ -398,13 +398,14 @@ def check_adapter_fit(
     (:func:`model_context_width`; SD 1.x and 2.x share a family and their LoRAs' tensor names, so
     only this width tells an SD 1.x LoRA, 768, from an SD 2.x one, 1024), then every tensor whose
     module the model has against that module's weight in ``modules`` (:func:`model_modules`;
-    :func:`app.core.lora_files.first_misfit`). Loaded on a base it does not fit, diffusers fails
-    the job on the device with a shape mismatch.
+    :func:`app.core.lora_files.first_misfit`), then that no tensor adapts a module the model's
+    component lacks. Loaded on a base it does not fit, diffusers fails the job on the device with
+    a shape mismatch, or applies the adapter in part without a word.
 
     Raises:
         Rejected: reason ``adapter_base_mismatch``, naming ``params.adapters[i].id``: both
             cross-attention widths and where the model's comes from, or the tensor, the module
-            and both shapes.
+            and both shapes, or the tensor and the module the model lacks.
     """
     for index, (entry, shapes) in enumerate(zip(entries, adapters, strict=True)):
         if shapes is None:
