@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from app.cli.common import console, server_settings
+from app.cli.listening import refuse_taken_port
 
 dev_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -170,11 +171,20 @@ def demo(
     ),
 ) -> None:
     """The fleet on this machine: three machines, real tiny pipelines, real PNG results. Runs
-    its own Redis unless HOMEFLEET_REDIS_URL names one (then that one, if it answers)."""
+    its own Redis unless HOMEFLEET_REDIS_URL names one (then that one, if it answers); its API
+    listens on HOMEFLEET_API_PORT when set, else on a free port."""
     from app.devtools.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
     settings = server_settings()
+    api_port = settings.api_port if "api_port" in settings.model_fields_set else None
+    if api_port is not None:  # refused before anything is built or started
+        refuse_taken_port(settings.api_host, api_port)
     raise typer.Exit(
-        run_demo(data_dir, settings.redis_url if "redis_url" in settings.model_fields_set else None, console)
+        run_demo(
+            data_dir,
+            settings.redis_url if "redis_url" in settings.model_fields_set else None,
+            console,
+            api_port=api_port,
+        )
     )

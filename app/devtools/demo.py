@@ -123,10 +123,11 @@ def demo_input(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
+def run_demo(data_dir: Path, redis_url: str | None, console: Console, api_port: int | None = None) -> int:
     """Run the demo; return 0 when every job succeeded, else 1. ``redis_url``: a Redis to use
     when it answers; None (or no answer): an embedded one of its own under ``data_dir``, so
-    the demo writes nothing into a Redis it was not pointed at."""
+    the demo writes nothing into a Redis it was not pointed at. ``api_port``: the port its API
+    listens on (the caller has checked it is free); None: a free one."""
     data_dir = data_dir.resolve()
     embedded: RedisProcess | None = None
     if redis_url is not None and redis_answers(redis_url):
@@ -143,7 +144,7 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console) -> int:
     write_private(fleet_file, fleet.to_toml())
     api_key = secrets.token_urlsafe(24)
     settings = Settings(
-        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=free_port(), api_keys=[api_key]
+        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=api_port or free_port(), api_keys=[api_key]
     )
     ctx = build_context(settings, fleet, migrate=True)  # the demo runs a server: it creates its journal
     local = LocalFleet(settings, fleet, fleet_file)

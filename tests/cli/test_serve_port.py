@@ -4,6 +4,7 @@ Redis (app/cli/listening.py): exit 2, ``port_in_use`` naming the address, and no
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -34,3 +35,19 @@ def test_a_serve_whose_port_is_taken_is_refused_before_its_journal(settings: Set
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
     assert not (tmp_path / "fresh" / "journal.db").exists()  # refused before the journal was made
+
+
+def test_a_demo_whose_api_port_is_taken_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """``homefleet demo`` listens on HOMEFLEET_API_PORT when that is set (a free port when not);
+    a taken one stops it first: exit 2 naming the port, no Redis started, nothing built."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("HOMEFLEET_")}  # unset
+        env["HOMEFLEET_API_PORT"] = str(port)
+        refused = run_cli("demo", "--data-dir", str(tmp_path / "demo"), env=env, check=False, timeout_s=60)
+    line = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
+    assert not (tmp_path / "demo").exists()  # no embedded Redis, no tiny models
