@@ -144,7 +144,11 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console, api_port: 
     write_private(fleet_file, fleet.to_toml())
     api_key = secrets.token_urlsafe(24)
     settings = Settings(
-        data_dir=data_dir, redis_url=redis_url, fleet_file=fleet_file, api_port=api_port or free_port(), api_keys=[api_key]
+        data_dir=data_dir,
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=api_port or free_port(),
+        api_keys=[api_key],
     )
     ctx = build_context(settings, fleet, migrate=True)  # the demo runs a server: it creates its journal
     local = LocalFleet(settings, fleet, fleet_file)
