@@ -445,6 +445,22 @@ LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2")
 """The model components a LoRA adapts (the prefixes of diffusers' LoRA names)."""
 
 
+def fitting_adapters(model_id: str, folder: Path, adapters: Sequence[tuple[str, Path]]) -> list[str]:
+    """The ids of ``adapters`` (``(id, folder)`` of registered LoRA adapters of the model's family)
+    that :func:`check_adapter_fit` lets the model in ``folder`` load, in their order: what a
+    submission naming them with this model would not be refused for (R22). An adapter whose
+    file cannot be read is kept (the worker's file check, R5, reports it)."""
+    width, modules = model_context_width(folder), model_modules(folder)
+    fitting = []
+    for adapter_id, adapter_folder in adapters:
+        try:
+            check_adapter_fit(model_id, width, modules, [adapter_shapes(adapter_folder)], [{"id": adapter_id}])
+        except Rejected:
+            continue
+        fitting.append(adapter_id)
+    return fitting
+
+
 def model_modules(folder: Path) -> dict[str, dict[str, Sequence[int]]]:
     """The weight shapes of the model ``folder``'s components a LoRA may adapt
     (:data:`LORA_COMPONENTS`): component -> weight name without ``.weight`` -> shape, from the

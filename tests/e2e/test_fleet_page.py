@@ -21,8 +21,9 @@ from app.api.routes.page import PAGE_CSP
 from app.client import ApiError
 from app.core.states import JobState
 from app.core.tls import tls_context
+from app.devtools.train_colour_lora import COLOUR_LORA
 from app.devtools.train_recolour import RECOLOUR_MODEL
-from tests.e2e.conftest import EDIT_MODEL, RunningFleet
+from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running, pause, resume
 
@@ -354,7 +355,9 @@ def submitted_result(driver: object) -> str:
 def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: RunningFleet, browser: object) -> None:
     """GET /v1/models gives each kind's params, defaults and ranges; the Submit form shows every
     param of the chosen kind with them, the model's own defaults first (the shapes models: 32 px,
-    guidance 4), only the kinds models run (no ``adapter``), and the family's adapters."""
+    guidance 4), only the kinds models run (no ``adapter``), and the adapters that fit the chosen
+    model (its ``adapters``, R22): of the family's three, tiny-sd's own two, then the shapes
+    models' colour adapter alone, never one the submission would refuse."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
@@ -394,8 +397,14 @@ def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: 
     adapters = driver.execute_script(  # type: ignore[attr-defined]
         "return [...document.querySelectorAll('#adapters [data-adapter]')].map(a => a.dataset.adapter)"
     )
-    assert {a for a in models if models[a]["kinds"] == ["adapter"] and models[a]["family"] == "sd1"} == set(adapters)
+    family = {a for a in models if models[a]["kinds"] == ["adapter"] and models[a]["family"] == "sd1"}
+    assert family == {ADAPTER, KOHYA_ADAPTER, COLOUR_LORA}, family
+    assert adapters == models[fleet.model]["adapters"] == [ADAPTER, KOHYA_ADAPTER], adapters
     Select(form.find_element(By.NAME, "model")).select_by_value(MODEL_NAMES["filled"])
+    adapters = driver.execute_script(  # type: ignore[attr-defined]
+        "return [...document.querySelectorAll('#adapters [data-adapter]')].map(a => a.dataset.adapter)"
+    )
+    assert adapters == [COLOUR_LORA], adapters
     assert form.find_element(By.NAME, "width").get_attribute("value") == "32"  # the model's own default
     assert form.find_element(By.NAME, "guidance_scale").get_attribute("value") == "4"
     Select(form.find_element(By.NAME, "kind")).select_by_value("img2img")

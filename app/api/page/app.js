@@ -454,13 +454,15 @@ function fitInputs() {
   if (mask) showInput();
 }
 
-// Adapters of the chosen model's family, each with a scale (params.adapters: [{id, scale}]).
+// The adapters that fit the chosen model (its `adapters`: those of its family the server's
+// check would not refuse), each with a scale (params.adapters: [{id, scale}]).
 function buildAdapters(spec) {
   const model = chosenModel();
   const box = $("#adapters");
-  const family = state.models.filter((m) => m.kinds.includes("adapter") && model && m.family === model.family);
+  const fitting = new Set((model && model.adapters) || []);
+  const family = state.models.filter((m) => m.kinds.includes("adapter") && fitting.has(m.id));
   box.hidden = !(spec.params.includes("adapters") && family.length);
-  box.replaceChildren(el("legend", {}, "Adapters (LoRA) of this family"), ...family.map((a) => el("div", { class: "adapter", "data-adapter": a.id },
+  box.replaceChildren(el("legend", {}, "Adapters (LoRA) that fit this model"), ...family.map((a) => el("div", { class: "adapter", "data-adapter": a.id },
     el("label", { class: "inline" }, el("input", { type: "checkbox", name: "adapter", value: a.id }), a.id),
     el("label", { class: "inline" }, "scale", el("input", { type: "number", name: `scale:${a.id}`, value: "1", step: "0.05", min: "-4", max: "4",
       "aria-label": `scale of ${a.id}` })))));

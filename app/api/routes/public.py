@@ -22,7 +22,9 @@ from app.core.states import JobState
 from app.jobs.dispatch import UNSET, Submission
 from app.jobs.expansion import submit_expanded
 from app.jobs.result_inputs import adopt_results
+from app.jobs.validation import fitting_adapters
 from app.store.media import EXTENSIONS
+from routing.timings import ADAPTER_KIND
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -287,7 +289,8 @@ def list_models(ctx: Context) -> dict[str, Any]:
     """Every registered model in service, in OpenAI's list shape ``{"object": "list", "data":
     [model...]}`` (what ``openai``'s ``client.models.list()`` reads); each model as
     :func:`get_model`. A retired model (``homefleet models retire``) is not listed."""
-    return {"object": "list", "data": [model_entry(ctx, m) for m in ctx.registry.list()]}
+    records = ctx.registry.list()
+    return {"object": "list", "data": [model_entry(ctx, m, records=records) for m in records]}
 
 
 @router.get("/models/{model_id}")
@@ -299,18 +302,30 @@ def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
     with ``models add --default``; applied when a job does not set them) and ``params`` (per kind
     it runs: ``params``, the param names a submission may set, and ``inputs``, those naming an
     uploaded file id, from :func:`app.core.kinds.family_kind_spec`, with the kind's ``defaults``
-    and number ``ranges``; the fleet page's Submit form reads it), and ``retired_at`` (ISO 8601
+    and number ``ranges``; the fleet page's Submit form reads it), ``adapters`` (for a model that
+    is no adapter: the registered LoRA adapters of its family that fit it, those a job may name
+    in ``params.adapters`` without a refusal for ``adapter_base_mismatch``, R22; the Submit form
+    offers these), and ``retired_at`` (ISO 8601
     UTC, when ``homefleet models retire`` took it out of service; null while in service: a
     retired model is still described here, for the jobs that name it).
     404 ``unknown_model`` in OpenAI's error shape."""
     return model_entry(ctx, ctx.registry.get(model_id), ctx.registry.retired_at(model_id))
 
 
-def model_entry(ctx: Context, m: Any, retired_at: datetime | None = None) -> dict[str, Any]:
+def model_entry(
+    ctx: Context, m: Any, retired_at: datetime | None = None, records: list[Any] | None = None
+) -> dict[str, Any]:
     """A model record as ``GET /v1/models`` lists it (:func:`get_model`); ``retired_at``: when
-    it was retired, read afresh (a cached record's may be stale), None while in service."""
+    it was retired, read afresh (a cached record's may be stale), None while in service;
+    ``records``: the registry's models in service, when the caller has read them already."""
     kinds = kinds_of(m.family, m.kinds)
     created = _utc(m.created_at)
+    adapters = None
+    if ADAPTER_KIND not in kinds:
+        family = [a for a in (records or ctx.registry.list()) if a.family == m.family and ADAPTER_KIND in a.kinds]
+        adapters = fitting_adapters(
+            m.id, ctx.registry.folder(m.id), [(a.id, ctx.registry.folder(a.id)) for a in family]
+        )
     return {
         "id": m.id,
         "object": "model",
@@ -324,6 +339,7 @@ def model_entry(ctx: Context, m: Any, retired_at: datetime | None = None) -> dic
         "quantization": m.quantization,
         "weights_bytes": _weights_bytes(ctx, m.id),
         "defaults": dict(m.defaults or {}),
+        "adapters": adapters,
         "retired_at": _utc(retired_at).isoformat() if retired_at else None,
         "params": {
             kind: _kind_params(m.family, kind, limits_for(ctx.settings.limits, m.family))

@@ -178,3 +178,23 @@ def test_r22_a_lora_that_adapts_modules_the_model_lacks_is_refused_not_applied_i
         "a module the model's unet does not have; diffusers would apply the rest of it and leave that out without "
         "a word; use an adapter made for the model's base"
     )
+
+
+def test_r22_get_models_names_the_adapters_that_fit_each_model_as_the_submission_check_judges(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """``GET /v1/models`` gives a model the registered adapters of its family that the submission
+    check lets it load (the fleet page's Submit form offers only these), an adapter none; the
+    openai SDK's shape is kept (``client.models.list()`` reads it). Of the three ``sd1`` adapters
+    only the one made for this UNet fits: a submission naming any other is the 422 above."""
+    client, _ = api
+    listed = client.get("/v1/models")
+    assert listed.status_code == 200, listed.text
+    models = {m["id"]: m for m in listed.json()["data"]}
+    assert models[MODEL]["adapters"] == [OWN]
+    assert all(models[adapter]["adapters"] is None for adapter in (OWN, SD15, SELF))
+    one = client.get(f"/v1/models/{MODEL}")
+    assert one.status_code == 200 and one.json()["adapters"] == [OWN], one.text
+    for adapter in {SD15, SELF}:
+        refused = submit(client, [{"id": adapter}])
+        assert refused.json()["error"]["reason"] == "adapter_base_mismatch", refused.text
