@@ -123,6 +123,10 @@ component's name. Without one (``down_blocks.…``, what ``unet.save_attn_procs`
 none of them and says nothing (diffusers 0.42: the job would run without the adapter)."""
 _SHOWN = 3  # keys named in a message
 
+_KOHYA_TEXT_ENCODERS = ("lora_te_", "lora_te1_", "lora_te2_")
+"""The prefixes of a kohya file's text-encoder keys: one per encoder (SD 1.x/2.x's one; SDXL's
+first and second), each loaded by diffusers into its own component."""
+
 
 @dataclass(frozen=True)
 class LoraLayout:
@@ -167,7 +171,9 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
         Rejected: reason ``not_an_adapter``: no tensors, no LoRA tensor (a full checkpoint, or
             anything else: the message shows the first keys), tensors that are not LoRA weights
             beside LoRA ones, LoRA keys of no base in :data:`BASES`, or diffusers-named UNet keys
-            without the ``unet.`` prefix (:data:`_PREFIXED`: diffusers would load none of them).
+            without the ``unet.`` prefix (:data:`_PREFIXED`: diffusers would load none of them),
+            or kohya text-encoder keys of self-attention without its ``out_proj``
+            (:func:`_check_text_encoder_layout`).
     """
     names = sorted(keys)
     if not names:
@@ -198,6 +204,7 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
             f"{len(names) - len(other)} LoRA ones; it is not a LoRA file diffusers can load",
             reason="not_an_adapter",
         )
+    _check_text_encoder_layout(kohya, name)
     for base, pattern in _EVIDENCE:
         evidence = [k for k in names if pattern.search(k)]
         if evidence:
@@ -218,6 +225,29 @@ def recognise(keys: Iterable[str], name: str, shapes: Mapping[str, Sequence[int]
         f"known: {', '.join(BASES[b].what for b in BASES)}",
         reason="not_an_adapter",
     )
+
+
+def _check_text_encoder_layout(kohya: Sequence[str], name: str) -> None:
+    """Refuse a kohya file whose keys for one text encoder adapt self-attention projections but
+    not ``out_proj``. diffusers (0.42) renames those keys to its older attention-processor names
+    and tells that layout by a ``to_out_lora`` key alone: without one it refuses the encoder's
+    keys ("Could not automatically infer state dict type"), and beside MLP keys it loads those
+    and leaves the self-attention out without a word (both measured on tiny-sd). Files kohya's
+    scripts write adapt all four projections.
+
+    Raises:
+        Rejected: reason ``not_an_adapter``, naming the encoder's first such keys.
+    """
+    for prefix in _KOHYA_TEXT_ENCODERS:
+        attention = [k for k in kohya if k.startswith(prefix) and "_self_attn_" in k]
+        if attention and not any("_self_attn_out_proj." in k for k in attention):
+            raise Rejected(
+                f"{name}'s text-encoder keys ({prefix}…) adapt self-attention without its out_proj (e.g. "
+                f"{_some(attention)}); diffusers tells a kohya text encoder's layout by an out_proj key: it would "
+                "refuse these keys, or apply the file without their self-attention and say nothing. Use a file "
+                "that adapts out_proj too (as kohya's scripts write them), or one without these keys",
+                reason="not_an_adapter",
+            )
 
 
 def context_key(shapes: Mapping[str, Sequence[int]]) -> str | None:

@@ -7,6 +7,7 @@ the registry and through ``homefleet models add``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -95,10 +96,10 @@ def write_lora(path: Path, keys: list[str]) -> Path:
 
 
 SDXL_KEYS = [
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
-    "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-    "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight",
+    "lora_te2_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight",
+    "lora_te2_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight",
     "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight",
     "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_up.weight",
 ]
@@ -324,6 +325,65 @@ def test_the_attention_processor_layout_registers_and_diffusers_loads_it_as_the_
     with pytest.raises(Rejected) as caught:
         ctx.registry.add(bare, "bare-lora", adapter_of="sd1")
     assert caught.value.reason == "not_an_adapter" and "without the `unet.` prefix" in caught.value.message
+
+
+def text_encoder_lora(base: Path, path: Path, modules: tuple[str, ...]) -> Path:
+    """A kohya-layout LoRA of ``modules`` (e.g. ``self_attn_k_proj``, ``mlp_fc1``) of the first
+    layer of the text encoder of the pipeline ``base``, shaped for it."""
+    config = json.loads((base / "text_encoder" / "config.json").read_text())
+    hidden, inner, rank = config["hidden_size"], config["intermediate_size"], 4
+    tensors: dict[str, np.ndarray] = {}
+    for module in modules:
+        width_in = inner if module == "mlp_fc2" else hidden
+        width_out = inner if module == "mlp_fc1" else hidden
+        key = f"lora_te_text_model_encoder_layers_0_{module}"
+        tensors[f"{key}.lora_down.weight"] = np.full((rank, width_in), 0.01, np.float16)
+        tensors[f"{key}.lora_up.weight"] = np.full((width_out, rank), 0.01, np.float16)
+        tensors[f"{key}.alpha"] = np.array(rank, np.float16)
+    save_file(tensors, str(path))
+    return path
+
+
+def test_a_kohya_text_encoder_lora_diffusers_cannot_load_whole_is_refused_at_registration(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """diffusers tells a kohya text encoder's layout by an ``out_proj`` key: self-attention keys
+    without one are refused by diffusers, or, beside MLP keys, left out without a word (measured
+    here on tiny-sd, so a diffusers that loads them fails this test). Registration refuses both;
+    with ``out_proj`` the file registers and every adapted projection gets its LoRA layer."""
+    from diffusers import StableDiffusionPipeline
+
+    base = tiny_models_dir / "tiny-sd"
+    pipe = StableDiffusionPipeline.from_pretrained(str(base), local_files_only=True)
+
+    def adapted(path: Path) -> list[str]:
+        pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name="a", local_files_only=True)
+        found = sorted(
+            {
+                name.split(".lora_A")[0].rsplit(".", 1)[-1]
+                for name, _ in pipe.text_encoder.named_parameters()
+                if "lora_A" in name
+            }
+        )
+        pipe.unload_lora_weights()
+        return found
+
+    alone = text_encoder_lora(base, tmp_path / "k.safetensors", ("self_attn_k_proj",))
+    with pytest.raises(ValueError, match="Could not automatically infer state dict type"):
+        adapted(alone)
+    beside = text_encoder_lora(base, tmp_path / "k-fc1.safetensors", ("self_attn_k_proj", "mlp_fc1"))
+    assert adapted(beside) == ["fc1"]  # k_proj's tensors dropped without an error
+    for path in (alone, beside):
+        with pytest.raises(Rejected) as caught:
+            ctx.registry.add(path, path.stem, adapter_of="sd1")
+        assert caught.value.reason == "not_an_adapter"
+        assert "adapt self-attention without its out_proj" in caught.value.message, caught.value.message
+
+    whole = text_encoder_lora(
+        base, tmp_path / "k-out.safetensors", ("self_attn_k_proj", "self_attn_out_proj", "mlp_fc1")
+    )
+    assert adapted(whole) == ["fc1", "k_proj", "out_proj"]
+    assert ctx.registry.add(whole, "te-lora", adapter_of="sd1").source_format == "lora-kohya"
 
 
 def test_an_unknown_model_s_message_lists_the_models_not_the_adapters(

@@ -29,14 +29,14 @@ KOHYA_SD1 = [
     "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.lora_down.weight",
     "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.lora_up.weight",
     "lora_unet_up_blocks_3_attentions_2_transformer_blocks_0_attn2_to_out_0.alpha",
-    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
-    "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha",
+    "lora_te_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight",
+    "lora_te_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight",
+    "lora_te_text_model_encoder_layers_0_self_attn_out_proj.alpha",
 ]
 KOHYA_SDXL = [
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.alpha",
     "lora_te2_text_model_encoder_layers_0_mlp_fc1.lora_down.weight",
     "lora_te2_text_model_encoder_layers_0_mlp_fc1.lora_up.weight",
     "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_k.lora_down.weight",
@@ -45,8 +45,8 @@ KOHYA_SDXL = [
     "lora_unet_middle_block_1_proj_in.lora_up.weight",
 ]
 KOHYA_FLUX = [
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",  # Flux's CLIP is te1 too
-    "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight",
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight",  # Flux's CLIP is te1 too
+    "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight",
     "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
     "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight",
     "lora_unet_double_blocks_0_img_attn_qkv.alpha",
@@ -111,8 +111,8 @@ SD1_CHECKPOINT = [
 @pytest.mark.parametrize(
     ("keys", "source_format", "base", "first_evidence"),
     [
-        (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
-        (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha"),
+        (KOHYA_SD1, KOHYA, "sd1", "lora_te_text_model_encoder_layers_0_self_attn_out_proj.alpha"),
+        (KOHYA_SDXL, KOHYA, "sdxl", "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.alpha"),
         (KOHYA_FLUX, KOHYA, "flux", "lora_unet_double_blocks_0_img_attn_qkv.alpha"),
         (PEFT_SD1, DIFFUSERS, "unet", PEFT_SD1[4]),  # diffusers' names alone: SD 1.x/2.x or SDXL
         (OLD_DIFFUSERS_SD1, DIFFUSERS, "unet", OLD_DIFFUSERS_SD1[0]),
@@ -317,9 +317,9 @@ def test_every_base_fits_registry_families_and_sd1_files_fit_the_sd1_unet_famili
             KOHYA_SDXL,
             "sd1",
             "sdxl.safetensors is a LoRA for an SDXL UNet (keys like "
-            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.alpha, "
-            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight, "
-            "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight), not for family 'sd1'; "
+            "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.alpha, "
+            "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_down.weight, "
+            "lora_te1_text_model_encoder_layers_0_self_attn_out_proj.lora_up.weight), not for family 'sd1'; "
             "register it with --adapter-of one of: sdxl",
         ),
         (KOHYA_SD1, "sdxl", "sdxl.safetensors is a LoRA for a Stable Diffusion 1.x/2.x UNet (keys like lora_te_"),
@@ -380,3 +380,41 @@ def test_the_weight_file_of_a_folder() -> None:
     assert weight_file(["README.md", "b.safetensors", LORA_WEIGHTS]) == LORA_WEIGHTS
     assert weight_file(["sub/x.safetensors", "z.safetensors", "m.safetensors"]) == "m.safetensors"
     assert weight_file(["sub/x.safetensors", "README.md"]) is None
+
+
+TE = "lora_te_text_model_encoder_layers_0_"
+
+
+def kohya_pairs(*modules: str, prefix: str = TE) -> list[str]:
+    return [f"{prefix}{m}.{part}" for m in modules for part in ("lora_down.weight", "lora_up.weight", "alpha")]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        kohya_pairs("self_attn_k_proj"),  # diffusers: "Could not automatically infer state dict type"
+        kohya_pairs("self_attn_k_proj", "mlp_fc1"),  # diffusers: fc1 loaded, k_proj left out silently
+        [*KOHYA_SD1[:6], *kohya_pairs("self_attn_q_proj", "self_attn_v_proj")],
+        [*KOHYA_SDXL, *kohya_pairs("self_attn_q_proj", prefix="lora_te2_text_model_encoder_layers_0_")],
+    ],
+)
+def test_kohya_text_encoder_self_attention_without_out_proj_is_refused(keys: list[str]) -> None:
+    """diffusers tells a kohya text encoder's layout by an ``out_proj`` key, per encoder
+    (measured on tiny-sd in tests/integration/store/test_registry_adapters.py)."""
+    with pytest.raises(Rejected) as caught:
+        recognise(keys, "x.safetensors")
+    assert caught.value.reason == "not_an_adapter"
+    assert caught.value.message.startswith("x.safetensors's text-encoder keys (lora_te"), caught.value.message
+    assert "adapt self-attention without its out_proj" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        kohya_pairs("self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj", "self_attn_out_proj", "mlp_fc1"),
+        kohya_pairs("self_attn_k_proj", "self_attn_out_proj"),
+        kohya_pairs("mlp_fc1", "mlp_fc2"),
+    ],
+)
+def test_kohya_text_encoder_keys_diffusers_loads_whole_are_a_lora(keys: list[str]) -> None:
+    assert recognise(keys, "x.safetensors").source_format == KOHYA
