@@ -76,6 +76,20 @@ class JobCancelled(Exception):
         return f"cancelled by request while running, after {self.step} of {self.total} steps"
 
 
+class TokenRefused(Exception):
+    """Raised when the server refuses this worker's token (401) while it runs a job, at a
+    progress report (``what``): its machine's token was rotated (``homefleet machines
+    rotate-token``) or the machine removed. Nothing the run makes could be reported, so it stops
+    (:func:`token_refused_while_running`)."""
+
+    def __init__(self, job_id: str, refusal: Unauthorized, what: str) -> None:
+        super().__init__(job_id, refusal.message, what)
+        self.job_id, self.refusal, self.what = job_id, refusal, what
+
+    def __str__(self) -> str:
+        return f"the server refused this worker's token at its {self.what}: {self.refusal.message}"
+
+
 def failure_reason(error: BaseException) -> str:
     """Reason code for a failed job: its own reason for Homefleet's and residency's refusals,
     ``oom`` for out-of-memory errors (``torch.OutOfMemoryError``, one of :data:`OOM_TEXTS` or
@@ -116,10 +130,13 @@ def report_progress(
 
     Raises:
         JobCancelled: the job's cancel was asked: the run stops here, between steps.
+        TokenRefused: the server refused this worker's token (401): the run stops here too.
     """
     rt = runtime.current()
     try:
         rt.server.progress(job_id, step, total, text, tokens, logprobs)
+    except Unauthorized as refusal:  # the token was rotated: nothing this run makes can be reported
+        raise TokenRefused(job_id, refusal, "progress report") from refusal
     except (HomefleetError, httpx.HTTPError) as error:
         log.warning("job %s: progress %d/%d not reported: %s", job_id, step, total, error)
     stop_if_cancelled(job_id, step, total)
@@ -208,8 +225,8 @@ def run_job(job_id: str) -> None:
         log.info("job %s waits for the start-up preload of committed models", job_id)
         try:
             report_progress(job_id, 0, max(1, int(claim.params.get("steps", 1))))
-        except JobCancelled as cancelled:  # cancelled while it waited: nothing ran
-            report_failure(rt, job_id, cancelled, None, None)
+        except (JobCancelled, TokenRefused) as stopped:  # cancelled (or the token refused) while it waited
+            report_failure(rt, job_id, stopped, None, None)
     try:
         try:
             mark_working(rt.redis, rt.keys, rt.settings.machine, job_id)  # a kill from here on is this job's (R21)
@@ -246,6 +263,34 @@ def token_refused_at_claim(rt: runtime.WorkerRuntime, job_id: str, refusal: Unau
         rt.redis.set(rt.keys.token_refused(job_id), words, ex=TOKEN_REFUSED_TTL_S)
     except redis.RedisError as error:  # then reconciliation ends it lost, and says so
         log.error("job %s: its refused claim not recorded (%s); reconciliation will end it lost", job_id, error)
+    raise Ignore() from refusal
+
+
+def token_refused_while_running(rt: runtime.WorkerRuntime, job_id: str, refusal: Unauthorized, what: str) -> NoReturn:
+    """The server refused this worker's token (401) at a call about a running job (``what``: its
+    progress report, failure report or result upload): the machine's token was rotated or the
+    machine removed. Nothing this run makes can reach the server, so the run stops (a result is
+    not kept: the server ends the job, ``homefleet machines rotate-token`` at once), this worker
+    stops taking jobs and exits ``EX_CONFIG`` (78) as at a refused claim, and the job is marked
+    ``Keys.token_refused`` with these words, which reconciliation journals if it ends the job
+    (the token was changed by hand, not through the CLI). Never run again by itself (R19).
+
+    Raises:
+        Ignore: always; the delivery has no outcome of its own (the server's ending stands).
+    """
+    machine = rt.settings.machine
+    if not rt.token_refused:  # the first refusal of this worker stops it (once)
+        rt.refuse_token()
+        os.kill(os.getppid(), signal.SIGTERM)
+        log.critical("%s", refused_at_start(machine, refusal))
+    words = (
+        f"{machine}'s worker stopped the job: the server refused that worker's token at its {what} ({refusal.message})"
+    )
+    log.error("job %s: %s; nothing more of it is run or reported", job_id, words)
+    try:
+        rt.redis.set(rt.keys.token_refused(job_id), words, ex=TOKEN_REFUSED_TTL_S)
+    except redis.RedisError as error:
+        log.error("job %s: its refused token not recorded (%s)", job_id, error)
     raise Ignore() from refusal
 
 
@@ -311,6 +356,8 @@ def run_claimed(rt: runtime.WorkerRuntime, claim: Claim) -> None:
     try:
         more = [(extra, bytes_digest(extra)) for extra in output.more]  # images 2..n
         upload_result(rt, job_id, output.data, output.media_type, digest, load_s or 0.0, run_s, cold, provenance, more)
+    except Unauthorized as refusal:
+        token_refused_while_running(rt, job_id, refusal, "result upload")
     except (Conflict, httpx.HTTPError) as refusal:
         # Not running any more (the server ended it meanwhile, and said so), or not reported
         # (reconciliation ends it, and says so): no outcome of this task's own.
@@ -346,6 +393,8 @@ def report_failure(
     """Report ``error`` as the job's failure (its :func:`failure_reason`, its type and text) and
     end the task: :class:`JobNotSucceeded` once the server took it, Celery's ``Ignore`` when the
     server had ended the job meanwhile or cannot be reached (reconciliation ends it, R19)."""
+    if isinstance(error, TokenRefused):
+        token_refused_while_running(rt, job_id, error.refusal, error.what)
     reason = failure_reason(error)
     message = str(error) if reason == CANCELLED else f"{type(error).__name__}: {error}"
     if reason == CANCELLED:
@@ -356,6 +405,8 @@ def report_failure(
         release_failed_run(error)
     try:
         rt.server.fail(job_id, reason, message, load_s=load_s, run_s=run_s)
+    except Unauthorized as refusal:
+        token_refused_while_running(rt, job_id, refusal, "failure report")
     except Conflict as refusal:  # the server had ended it meanwhile (e.g. terminated, hung)
         log.warning("job %s: failure not taken, the job had ended: %s", job_id, refusal.message)
         raise Ignore() from error

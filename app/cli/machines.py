@@ -167,10 +167,13 @@ def rotate_token(
 ) -> None:
     """Give machine NAME a new token (the old one is refused once the server reloaded) and
     print a new join command: on the host, stop the worker and run it; the worker joins again and
-    writes the new token to its token file."""
+    writes the new token to its token file. A job running there is interrupted at once (reason
+    ``token_rotated``): its worker can report nothing more, and stops at its next call to the
+    server (exit 78); queued jobs stay queued for the worker started with the new token."""
     import secrets
 
     from app.context import build_checked_context
+    from app.core.states import JobState
     from app.fleet import live
 
     ctx = build_checked_context(server_settings())
@@ -185,8 +188,27 @@ def rotate_token(
 
         with live.editing(path):
             old = path.read_text()
-            require_machine(name, live.parse(old, path).hosts(), f"the fleet file {path}")
+            hosts = live.parse(old, path).hosts()
+            require_machine(name, hosts, f"the fleet file {path}")
             _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
+        running = [
+            job.id
+            for machine in hosts[name]
+            for job in ctx.journal.list(states=[JobState.running], machine=machine.name)
+        ]
+        for job_id in running:  # its worker's reports are refused from now on: nothing of it can arrive
+            try:
+                ctx.endings.interrupt(
+                    job_id,
+                    [JobState.running],
+                    reason="token_rotated",
+                    message=f"machine {name}'s token was rotated while the job ran (`homefleet machines "
+                    "rotate-token`): its worker can report nothing of it; resubmit it if you want it (R19)",
+                    announce=True,
+                )
+            except Conflict:
+                continue  # it ended meanwhile
+            console.print(f"job {job_id}: interrupted (token_rotated)")
         join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
         print(f"homefleet worker join {_server_url(ctx, server_url)} {join}")

@@ -23,7 +23,8 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   expired meanwhile, and live workers beat again within a few heartbeat intervals
   (:meth:`Reconciler._beating_since`, the grace's one home);
 - a ``running`` job whose machine has no live heartbeat (and no progress report within
-  ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``);
+  ``heartbeat_ttl_s``) -> ``interrupted`` (``worker_lost``; ``token_refused`` when that worker
+  stopped because the server refused its token mid-run, ``Keys.token_refused``, in its words);
 - a ``running`` job whose machine's worker has another boot id than the one that claimed
   it, in a heartbeat written after the claim -> ``interrupted`` (``worker_restarted``);
 - a ``running`` job without progress for ``hung_after_s`` -> ``interrupted`` (``hung``), and
@@ -248,13 +249,14 @@ class Reconciler:
                 continue  # Redis lost its data during this pass (after it read the marker): as above
             if heartbeat is None and now - last_progress > self.settings.heartbeat_ttl_s:
                 # (a starved heartbeat thread while steps still report is not a lost worker)
+                refused = cast("str | None", self.redis.get(self.keys.token_refused(job.id)))
                 self._interrupt(
                     report,
                     job.id,
                     JobState.running,
-                    "worker_lost",
-                    f"the worker of {machine} has no live heartbeat; the job had started there (it is "
-                    "not run again by itself: resubmit it if you want it, R19)",
+                    "worker_lost" if refused is None else "token_refused",
+                    (f"the worker of {machine} has no live heartbeat" if refused is None else f"{refused}, and stopped")
+                    + "; the job had started there (it is not run again by itself: resubmit it if you want it, R19)",
                 )
             elif heartbeat is None:
                 continue

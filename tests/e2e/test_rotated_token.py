@@ -18,7 +18,7 @@ from app.context import ServerContext, build_context
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.fleet import live
-from tests.helpers import TEST_API_KEY, fleet_files, run_cli, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, fleet_files, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -112,4 +112,33 @@ def test_an_idle_worker_whose_token_is_rotated_exits_78_at_its_next_call_to_the_
     assert worker.wait(timeout=120) == 78
     log = (local.logs_dir / f"worker-{MACHINE}.log").read_text(errors="replace")
     assert "the server refused this worker's token" in log, log[-3000:]
+    assert ctx.redis.get(ctx.keys.heartbeat(MACHINE)) is None
+
+
+def test_a_job_running_when_its_machine_s_token_is_rotated_is_interrupted_at_once_and_its_worker_stops(
+    rotated: RotatedFleet,
+) -> None:
+    """The rotation interrupts the running job (``token_rotated``, announced) as soon as the
+    server took the new token: its worker's progress reports and result upload are refused from
+    then on, so nothing of it could arrive. The worker's next progress report gets 401: it stops
+    the run there (its step count stops growing long before the job's 150 steps), stores
+    nothing and exits 78. It used to run the job to its end, have the result refused and leave
+    the job ``running`` until the worker stopped for another reason."""
+    ctx, local, client = rotated.ctx, rotated.local, rotated.client
+    worker = local.processes[f"worker-{MACHINE}"]
+    job = client.submit(MODEL, "txt2img", {"prompt": "long", "steps": 150, **LONG_SIZE}, target=MACHINE)
+    wait_for(lambda: (client.get(job["id"]).get("progress") or {}).get("step", 0) >= 2, 120, "the job to run")
+    rotated_out = run_cli("machines", "rotate-token", MACHINE, env=rotated.operator)
+    assert f"job {job['id']}: interrupted (token_rotated)" in rotated_out.stdout, rotated_out.stdout
+    ended = client.get(job["id"])
+    assert (ended["state"], ended["reason"]) == ("interrupted", "token_rotated"), ended
+    assert "rotate-token" in ended["message"]
+    assert worker.wait(timeout=60) == 78
+    log = (local.logs_dir / f"worker-{MACHINE}.log").read_text(errors="replace")
+    assert "the server refused that worker's token at its progress report" in log, log[-3000:]
+    assert "nothing more of it is run or reported" in log
+    found = ctx.progress.read(job["id"])
+    step = (found.step or 0) if found is not None else 0
+    assert 2 <= step < 150, step  # stopped mid-run
+    assert ctx.journal.get(job["id"]).result_digest is None  # nothing stored
     assert ctx.redis.get(ctx.keys.heartbeat(MACHINE)) is None

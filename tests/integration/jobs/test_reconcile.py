@@ -269,6 +269,25 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # never re-queued
 
 
+def test_r19_a_running_job_whose_worker_stopped_for_a_refused_token_is_interrupted_in_its_words(
+    strict_ctx: ServerContext, tiny_models_dir: Path
+) -> None:
+    """The machine's token changed by hand in the fleet file: the worker's progress report got
+    401, it stopped the run, marked the job (``Keys.token_refused``) and exited. The job ends
+    ``token_refused`` with the worker's words, not a bare ``worker_lost``; never re-queued."""
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time() - 10)
+    ctx.redis.delete(ctx.keys.heartbeat("m1"))
+    words = "m1's worker stopped the job: the server refused that worker's token at its progress report (unknown token)"
+    ctx.redis.set(ctx.keys.token_refused(job), words)
+    assert ctx.reconciler().run_once().interrupted == {job: "token_refused"}
+    ended = ctx.journal.get(job)
+    assert (ended.state, ended.reason) == (JobState.interrupted, "token_refused")
+    assert ended.message is not None and ended.message.startswith(words + ", and stopped; the job had started there")
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # never re-queued
+
+
 def running_on_m1(ctx: ServerContext, tiny_models_dir: Path, boot_id: str) -> str:
     """A job submitted to m1, taken off its queue and claimed by the worker of ``boot_id``."""
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
