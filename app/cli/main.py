@@ -58,6 +58,7 @@ def serve() -> None:
     """Run the HTTP API (public + internal routes) on HOMEFLEET_API_HOST:HOMEFLEET_API_PORT."""
     import uvicorn
 
+    from app.api.auth import check_api_keys
     from app.api.server import create_app
     from app.context import build_context
 
@@ -76,10 +77,12 @@ def serve() -> None:
         fleet.check_family_names(settings.limits, "HOMEFLEET_LIMITS", also=[DEFAULT_FAMILY, *default_limits()])
     except ValueError as error:
         raise ConfigError(f"{error} (the fleet file: {settings.fleet_file or '(embedded default)'})") from error
+    # refused before anything is made: the data folder, its lock, the journal, Redis's pairing
+    check_api_keys(settings)
+    refuse_taken_port(settings.api_host, settings.api_port)
     # one server per data folder, held until this process ends (app/cli/serve_lock.py): a second
     # one is refused before it touches the journal; standby servers share the folder
     with holding_data_dir(settings.data_dir, shared=settings.leader_election):
-        refuse_taken_port(settings.api_host, settings.api_port)  # before the journal and Redis are touched
         ctx = build_context(settings, fleet, migrate=True)  # the server migrates its journal (and `db upgrade`)
         try:  # a server beside another journal's Redis would judge jobs it never saw (app/fleet/pairing.py)
             ctx.pairing.check()

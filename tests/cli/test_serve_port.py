@@ -1,5 +1,6 @@
 """A ``homefleet serve`` whose API port is taken is refused before it touches its journal or
-Redis (app/cli/listening.py): exit 2, ``port_in_use`` naming the address, and no journal made."""
+Redis (app/cli/listening.py): exit 2, ``port_in_use`` naming the address, and no data folder
+made (no lock, no journal); so is one without API keys."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_serve_whose_port_is_taken_is_refused_before_its_journal(settings: Set
     line = " ".join(refused.stderr.split())
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
-    assert not (tmp_path / "fresh" / "journal.db").exists()  # refused before the journal was made
+    assert not (tmp_path / "fresh").exists()  # refused before the data folder (its lock, the journal) was made
 
 
 def test_a_demo_whose_api_port_is_taken_is_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -51,3 +52,28 @@ def test_a_demo_whose_api_port_is_taken_is_refused_before_anything_starts(tmp_pa
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"error (port_in_use): the API address 127.0.0.1:{port} is in use" in line, line
     assert not (tmp_path / "demo").exists()  # no embedded Redis, no tiny models
+
+
+def test_a_serve_without_api_keys_is_refused_before_it_makes_anything(settings: Settings, tmp_path: Path) -> None:
+    """No API key and no HOMEFLEET_ALLOW_OPEN_API: exit 2 ``no_api_keys`` before the data folder,
+    its lock, the journal or Redis's pairing are made. It used to pair the Redis with a stray
+    journal first, so the right ``serve`` afterwards was refused ``journal_mismatch``."""
+    import redis
+
+    from app.core.keys import Keys
+
+    fleet_file = write_private(tmp_path / "fleet.toml", make_fleet().to_toml())
+    fresh = tmp_path / "fresh"
+    mine = settings.model_copy(update={"fleet_file": fleet_file, "data_dir": fresh})
+    refused = run_cli(
+        "serve",
+        env={**settings_env(mine), "HOMEFLEET_API_KEYS": "[]", "HOMEFLEET_ALLOW_OPEN_API": "false"},
+        check=False,
+        timeout_s=60,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "error (no_api_keys)" in " ".join(refused.stderr.split()), refused.stderr
+    assert not fresh.exists()  # no folder, no lock, no journal
+    client = redis.Redis.from_url(settings.redis_url)
+    assert not client.exists(Keys(settings.key_prefix).journal())  # Redis left unpaired
+    client.close()
