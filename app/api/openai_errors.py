@@ -182,8 +182,12 @@ def renamed(error: Rejected, names: Mapping[str, str]) -> Rejected:
     field = names.get(param)
     if field is None:
         return error
-    shown = f"`{field}` ({param})" if list(names.values()).count(field) > 1 else f"`{field}`"  # size (width)
-    message = error.message.replace(f"params.{param}", field).replace(f"`{param}`", shown)
+    group = [name for name, to in names.items() if to == field and name != field]  # width, height -> size
+    shown = f"`{field}` ({param})" if len(group) > 1 else f"`{field}`"  # size (width)
+    message = error.message
+    if len(group) > 1:  # `width` x `height` -> `size` (width x height)
+        message = message.replace(" x ".join(f"`{name}`" for name in group), f"`{field}` ({' x '.join(group)})")
+    message = message.replace(f"params.{param}", field).replace(f"`{param}`", shown)
     if "_" in param and field.rpartition(".")[2] != param:  # TGI's parameters.max_new_tokens: the same name
         message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", field, message)
     out = Rejected(message, reason=error.reason, param=field)

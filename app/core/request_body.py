@@ -127,7 +127,7 @@ def refuse_unsupported(
     """
     for name, value in extras.items():
         if name in unsupported and not is_neutral(value, unsupported[name]):
-            neutral = " or ".join(["null", *(json.dumps(each) for each in unsupported[name])])
+            neutral = " or ".join(["null", *(json.dumps(each) for each in unsupported[name] if each is not None)])
             raise Rejected(
                 f"`{prefix}{name}` is not supported by Homefleet (in {where}); it is accepted only as {neutral} "
                 "(no effect)",

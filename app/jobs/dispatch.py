@@ -411,7 +411,10 @@ class Dispatcher:
         try:
             decision = place(request, seen.views, seen.estimator, weights, self.drains)
         except Refused as refusal:
-            raise from_core(refusal) from refusal
+            error = from_core(refusal)
+            if request.target != AUTO:  # the machine the request named is what its filter refused
+                error.param = "target"
+            raise error from refusal
         if (too_long := self.too_long({name: part.run_s for name, part in decision.candidates.items()})) is not None:
             raise Rejected(too_long, reason="job_too_long")
         return decision

@@ -365,7 +365,8 @@ def extra_params(ctx: ServerContext, model: str, kind: str, extras: dict[str, An
         name for name in (*kind_spec.params, ADAPTERS_PARAM) if name in kind_spec.accepted and name not in OPENAI_MAPPED
     ]
     where = f"this route's extras (the params of kind {kind} on the model's family)"
-    refuse_unsupported({n: v for n, v in extras.items() if n in OPENAI_HONOURED}, OPENAI_HONOURED, taken, where)
+    honoured = {n: v for n, v in extras.items() if n in OPENAI_HONOURED}
+    refuse_unsupported(honoured, OPENAI_HONOURED, taken, "OpenAI's image fields: Homefleet returns PNG files")
     refuse_unknown([name for name in extras if name not in OPENAI_IGNORED and name not in taken], taken, where)
     return {name: value for name, value in extras.items() if name not in OPENAI_IGNORED}
 

@@ -122,6 +122,7 @@ def test_r10_explicit_target_refusals_through_the_api(
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
     assert error["reason"] == reason and target in error["message"]
+    assert error["param"] == "target", error  # the field whose machine was refused
     [journaled] = ctx.journal.list()
     assert (journaled.state, journaled.reason, journaled.machine) == (JobState.rejected, reason, None)
     assert nothing_enqueued(ctx)

@@ -384,6 +384,11 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
         "param": "size",  # the client's field
         "code": "invalid_width",
     }
+    large = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, "size": "4096x4096"}).json()
+    assert (large["error"]["param"], large["error"]["code"]) == ("size", "invalid_size")
+    assert large["error"]["message"].startswith(  # both sides named as the client's one field
+        "`size` (width x height) must be at most 1048576 pixels, got 4096 x 4096 = 16777216"
+    ), large
     shape = client.post("/v1/images/generations", json={"prompt": "x", "size": "big"}).json()["error"]
     assert (shape["param"], shape["code"]) == ("size", "invalid_size")
     missing = client.post("/v1/images/generations", json={"n": 1}).json()["error"]
@@ -715,6 +720,8 @@ def test_an_openai_image_field_asking_for_another_file_is_refused_not_ignored(
     error = answer.json()["error"]
     assert (error["param"], error["code"]) == (field, "unknown_param"), error
     assert f"`{field}` is not supported by Homefleet" in error["message"] and allowed in error["message"], error
+    assert "(in OpenAI's image fields: Homefleet returns PNG files)" in error["message"], error  # no extra
+    assert f"accepted only as null or {allowed}" in error["message"], error  # null named once
     assert ctx.journal.list() == [] or all(j.state == JobState.rejected for j in ctx.journal.list())
 
 
