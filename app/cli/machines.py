@@ -10,9 +10,12 @@ of the machines (app/fleet/live.py rewrites it atomically); the running server r
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
 
 import typer
 from pydantic import ValidationError
@@ -46,11 +49,49 @@ def _fleet_file(ctx: ServerContext) -> Path:
 
 
 def _server_url(ctx: ServerContext, given: str | None) -> str:
+    """The server's URL for a join command: ``given`` (``--server-url``), else
+    ``HOMEFLEET_PUBLIC_BASE_URL``, else ``http://HOMEFLEET_API_HOST:HOMEFLEET_API_PORT`` with a
+    wildcard host (0.0.0.0, ::) named by this host's fully qualified name."""
     if given:
         return given.rstrip("/")
     if ctx.settings.public_base_url:
         return ctx.settings.public_base_url.rstrip("/")
-    return f"http://{ctx.settings.api_host}:{ctx.settings.api_port}"
+    host = ctx.settings.api_host
+    if host in ("0.0.0.0", "::", ""):  # every address of this host: name it as others reach it
+        host = socket.getfqdn()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{ctx.settings.api_port}"
+
+
+def _on_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this host's loopback address (``localhost``, 127.0.0.0/8, ::1)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _join_command(ctx: ServerContext, server_url: str | None, token: str) -> None:
+    """Print the join command (stdout: one line to copy), and warn on stderr when what it hands
+    the new host, the server's URL or the Redis its worker gets (``HOMEFLEET_WORKER_REDIS_URL``,
+    else the server's ``HOMEFLEET_REDIS_URL``), names this host's loopback address: a worker on
+    another host reaches neither (docs/operations.md, "Add a machine")."""
+    url = _server_url(ctx, server_url)
+    print(f"homefleet worker join {url} {token}")
+    broker = ctx.settings.worker_redis_url or ctx.settings.redis_url
+    local = [what for what, on in (("the server's URL", _on_loopback(url)), ("its Redis", _on_loopback(broker))) if on]
+    if local:
+        errors.print(
+            f"[yellow]warning:[/] {' and '.join(local)} name this host's loopback address: only a worker on this host "
+            "can use them. For another host give --server-url http://<this host>:PORT (or set "
+            "HOMEFLEET_PUBLIC_BASE_URL) with the API listening there (HOMEFLEET_API_HOST=0.0.0.0), and a Redis it "
+            "reaches (HOMEFLEET_WORKER_REDIS_URL)",
+            soft_wrap=True,
+        )
 
 
 def _write_and_wait(ctx: ServerContext, path: Path, old: str, new: str, wait_s: float) -> None:
@@ -153,7 +194,7 @@ def add(
             f"machine [bold]{name}[/] added ({backend}, {entry['memory_bytes']} bytes, families "
             f"{', '.join(chosen)}). On the new host, within {ttl:.0f} s (single use):"
         )
-        print(f"homefleet worker join {_server_url(ctx, server_url)} {token}")
+        _join_command(ctx, server_url, token)
     finally:
         ctx.close()
 
@@ -211,7 +252,7 @@ def rotate_token(
             console.print(f"job {job_id}: interrupted (token_rotated)")
         join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
         console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
-        print(f"homefleet worker join {_server_url(ctx, server_url)} {join}")
+        _join_command(ctx, server_url, join)
     finally:
         ctx.close()
 

@@ -150,6 +150,9 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
     assert match is not None, added.stdout
     server_url, join_token = match.groups()
     assert server_url == local.api_url
+    warning = " ".join(added.stderr.split())  # the URL and Redis are 127.0.0.1: said, on stderr only
+    assert "the server's URL and its Redis name this host's loopback address" in warning, added.stderr
+    assert "HOMEFLEET_API_HOST=0.0.0.0" in warning and "HOMEFLEET_WORKER_REDIS_URL" in warning
     text = join_fleet.fleet_file.read_text()
     assert text.startswith("# the operator's own comment") and 'name = "m9"' in text
     assert join_token not in text  # only the machine's token is in the fleet file, never the join token
