@@ -66,7 +66,7 @@ def check_files(rt: runtime.WorkerRuntime, manifest: Manifest) -> None:
             f"the server's own copy, which a sync copies from: restore the file, or take the new content with "
             f"`homefleet models update {model_id}`; `homefleet models verify {model_id}` names every changed file"
             if settings.machine == SERVER
-            else f"withdrawn until `homefleet sync {settings.machine} {model_id}`"
+            else f"withdrawn until its files match again or `homefleet sync {settings.machine} {model_id}`"
         )
         raise IntegrityFailure(
             f"model {model_id} on {settings.machine} does not match the manifest ({fix}): " + "; ".join(problems[:5])

@@ -125,6 +125,9 @@ class Verifier:
         self._refused: Unauthorized | None = None  # the server refused the token while following the registry
         # model id -> its files' stats when last hashed here (or first seen advertised): check_unchanged's baseline
         self.stats: dict[str, dict[str, Stat]] = {}
+        # model id -> its files' stats when it was found changed and withdrawn (here, or by a job's
+        # load in the pool): hashed again when they change, advertised again once they match
+        self.withdrawn: dict[str, dict[str, Stat]] = {}
 
     def _manifests(self) -> dict[str, Manifest]:
         server = ServerClient.for_worker(self.settings)
@@ -196,6 +199,8 @@ class Verifier:
                 matching = verified_models(self.settings.models_dir, hashed)
                 for model_id in [*gone, *changed]:
                     self.stats.pop(model_id, None)
+                for model_id in [*gone, *changed, *matching]:  # judged afresh here
+                    self.withdrawn.pop(model_id, None)
                 self.stats.update({m: stats[m] for m in matching})
                 if gone or set(changed) - matching:
                     self.redis.srem(key, *gone, *(set(changed) - matching))
@@ -222,7 +227,12 @@ class Verifier:
         it does. The pool process, which holds the resident pipelines, compares the same stats
         before reusing a warm model (``tasks/loading.py`` check_files): a changed warm model is
         dropped and verified like a cold load. A change that keeps size, mtime and inode is not
-        seen here; the next cold load and ``homefleet models verify`` hash every byte (C07)."""
+        seen here; the next cold load and ``homefleet models verify`` hash every byte (C07).
+
+        A model withdrawn for a change (here, or by a job's load, which hashed it) is watched the
+        same way: when its files' stat moves again (the bytes put back) it is hashed in full and,
+        matching the manifest, advertised again without a sync. A model never advertised here
+        (not yet synced, or a sync under way) is not watched: a sync verifies it."""
         if not self.done or (self._following is not None and self._following.is_alive()):
             return
         advertised = cast("set[str]", self.redis.smembers(self.keys.verified(self.settings.machine)))
@@ -234,6 +244,15 @@ class Verifier:
             now = file_stats(self.settings.models_dir, manifest)
             known = self.stats.setdefault(model_id, now)  # advertised by a sync since: its check was just done
             if now != known:
+                changed[model_id] = manifest
+        for model_id in [m for m in self.stats if m not in advertised and m in self.manifests]:
+            # advertised when last hashed here, withdrawn since by a job's load that found it changed
+            self.withdrawn[model_id] = self.stats.pop(model_id)
+        for model_id, seen in list(self.withdrawn.items()):
+            manifest = self.manifests.get(model_id)
+            if manifest is None or model_id in advertised:  # no longer registered, or a sync brought it back
+                del self.withdrawn[model_id]
+            elif file_stats(self.settings.models_dir, manifest) != seen:
                 changed[model_id] = manifest
         if changed:
             self._following = threading.Thread(
@@ -248,16 +267,26 @@ class Verifier:
                 for model_id, manifest in changed.items():
                     stats = file_stats(self.settings.models_dir, manifest)
                     problems = model_problems(self.settings.models_dir, manifest)
-                    if problems:
+                    if problems and model_id in self.withdrawn:  # still changed: watched from these stats
+                        self.withdrawn[model_id] = stats
+                    elif problems:
                         self.redis.srem(key, model_id)
                         self.stats.pop(model_id, None)
+                        self.withdrawn[model_id] = stats
                         log.warning(
-                            "%s: model %s changed on disk and was withdrawn (until `homefleet sync %s %s`): %s",
+                            "%s: model %s changed on disk and was withdrawn (until its files match the manifest "
+                            "again, or `homefleet sync %s %s`): %s",
                             machine,
                             model_id,
                             machine,
                             model_id,
                             "; ".join(problems[:5]),
+                        )
+                    elif self.withdrawn.pop(model_id, None) is not None:
+                        self.redis.sadd(key, model_id)
+                        self.stats[model_id] = stats
+                        log.info(
+                            "%s: model %s matches its manifest again (every byte hashed): advertised", machine, model_id
                         )
                     else:
                         self.stats[model_id] = stats

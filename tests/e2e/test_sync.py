@@ -9,6 +9,7 @@ server and m1.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections.abc import Iterator
@@ -326,8 +327,9 @@ def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and
 ) -> None:
     """tiny-a is resident on m1; a byte of its copy there changes (a write: the mtime moves).
     The heartbeat thread sees the stat change, rehashes, and withdraws tiny-a from m1 without
-    any job. Once the bytes are back and a sync re-verifies them, the next job does not reuse
-    the resident pipeline loaded before the change: it verifies and loads cold."""
+    any job. Once the bytes are back (their stat moves again) the heartbeat hashes them and
+    advertises tiny-a again, without a sync; the next job does not reuse the resident pipeline
+    loaded before the change: it verifies and loads cold."""
     warm = fleet.client.wait(
         fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")["id"], timeout_s=120
     )
@@ -348,11 +350,8 @@ def test_r5_a_warm_models_file_changed_on_disk_is_withdrawn_by_the_heartbeat_and
     assert refused.value.reason == "model_not_verified"
 
     path.write_bytes(original)  # the right bytes again, a new mtime
-    record = fleet.sync("m1", "tiny-a")
-    synced = wait_for(
-        lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s, what="the sync to end"
-    )
-    assert synced["state"] == "succeeded", synced
+    wait_for(lambda: "tiny-a" in fleet.verified("m1"), timeout_s=30, what="m1's heartbeat to advertise tiny-a again")
+    assert "m1: model tiny-a matches its manifest again (every byte hashed): advertised" in log.read_text()
     again = fleet.client.wait(
         fleet.client.submit("tiny-a", "txt2img", {"prompt": "x", "steps": 2}, target="m1")["id"], timeout_s=120
     )
@@ -410,3 +409,30 @@ def test_r4_models_update_after_the_servers_files_are_put_back_brings_the_model_
         fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="server")["id"], timeout_s=120
     )
     assert done["state"] == "succeeded", done
+
+
+def test_r4_r5_a_server_file_put_back_as_it_was_brings_the_model_back_without_a_sync(fleet: SyncFleet) -> None:
+    """An operator's stray edit of tiny-c in the server's folder: submissions are 409
+    ``model_changed`` (its message says to restore the files) and the server's worker withdraws
+    it. The file put back with its bytes and mtime (``cp -p`` from a backup) is all it takes: the
+    server takes submissions again and its worker, whose heartbeat sees the stat move, hashes
+    the files and advertises tiny-c again; the job runs. It used to stay withdrawn until a sync
+    of the server to itself, which the 409's message did not name."""
+    path = fleet.local.settings.models_dir / "tiny-c" / "unet" / "config.json"
+    original, stat = path.read_bytes(), path.stat()
+    path.write_bytes(original + b" ")
+    wait_for(lambda: "tiny-c" not in fleet.verified("server"), timeout_s=30, what="the server to withdraw tiny-c")
+    with pytest.raises(ApiError) as changed:
+        fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="server")
+    assert (changed.value.status_code, changed.value.reason) == (409, "model_changed")
+    assert "restore the files" in changed.value.message
+
+    path.write_bytes(original)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p puts it back
+    wait_for(lambda: "tiny-c" in fleet.verified("server"), timeout_s=30, what="the server's worker to advertise tiny-c")
+    done = fleet.client.wait(
+        fleet.client.submit("tiny-c", "txt2img", {"prompt": "x", "steps": 2}, target="server")["id"], timeout_s=120
+    )
+    assert done["state"] == "succeeded", done
+    log = (fleet.local.logs_dir / "worker-server.log").read_text()
+    assert "server: model tiny-c matches its manifest again (every byte hashed): advertised" in log

@@ -89,4 +89,4 @@ def test_r5_a_copy_that_differs_names_the_fix_that_works_where_it_lies(tmp_path:
         assert withdrawn == ["m"] and "config.json: digest" in str(caught.value)
         said[machine] = str(caught.value)
     assert "`homefleet models update m`" in said[SERVER] and "homefleet sync" not in said[SERVER]
-    assert "(withdrawn until `homefleet sync box1 m`)" in said["box1"]
+    assert "(withdrawn until its files match again or `homefleet sync box1 m`)" in said["box1"]
