@@ -18,9 +18,11 @@ from sqlalchemy.engine import Engine
 from app.core.celery_app import create_celery
 from app.core.config import Settings
 from app.core.connections import create_redis
+from app.core.errors import ConfigError
 from app.core.keys import Keys
 from app.db.engine import check_journal_file, check_revision, create_engine
 from app.db.tables import Job
+from app.fleet import live
 from app.fleet.config import Fleet, load_fleet
 from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
 from app.fleet.lock import FleetLock
@@ -265,10 +267,25 @@ def build_checked_context(settings: Settings) -> ServerContext:
     recording it, app/fleet/pairing.py), when Redis answers.
 
     Raises:
-        ConfigError: the journal is not at the newest revision (``journal_outdated``), or the
-            Redis runs with another journal (``journal_mismatch``).
+        ConfigError: the journal is not at the newest revision (``journal_outdated``), the
+            Redis runs with another journal (``journal_mismatch``), or the fleet file is not
+            valid (``invalid_config``, saying what the running server did with it,
+            :func:`app.fleet.live.running_fleet_note`).
     """
-    ctx = build_context(settings)
+    try:
+        fleet = load_fleet(settings.fleet_file)
+    except (ConfigError, ValueError) as error:  # the running server may have refused this very file
+        if settings.fleet_file is None:
+            raise
+        client = create_redis(settings)
+        note = live.running_fleet_note(client, Keys(settings.key_prefix), settings.fleet_file)
+        client.close()
+        if isinstance(error, ConfigError):
+            raise ConfigError(error.message + note, reason=error.reason) from error
+        if note:  # pydantic's error, which the CLI words itself: the note rides along
+            error.add_note(note.removeprefix("; "))
+        raise
+    ctx = build_context(settings, fleet)
     try:
         ctx.pairing.check(record=False)
     except redis.ConnectionError:

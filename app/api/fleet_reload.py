@@ -57,7 +57,9 @@ class FleetReloader:
         try:
             fleet = live.parse(text, self.path)
             fleet.require_tokens()
-        except (HomefleetError, ValueError) as error:
+        except HomefleetError as error:  # its message names the file
+            return self._refuse(digest, error.message)
+        except ValueError as error:
             return self._refuse(digest, f"the fleet file {self.path} is not valid: {error}")
         if fleet == self.ctx.fleet:
             live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded")

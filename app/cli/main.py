@@ -422,7 +422,8 @@ def main() -> None:
         errors.print(f"[red]error[/] ({error.reason}): {escape(error.message)}")  # "[x]" in a message is text
         sys.exit(2)
     except (ValidationError, SettingsError) as error:  # HOMEFLEET_* variables or the fleet file's entries
-        errors.print(f"[red]error[/] (invalid_settings): {escape(settings_problem(error))}", highlight=False)
+        said = "; ".join([settings_problem(error), *getattr(error, "__notes__", ())])  # notes: app/context.py
+        errors.print(f"[red]error[/] (invalid_settings): {escape(said)}", highlight=False)
         sys.exit(2)
     except (RedisConnectionError, RedisTimeoutError) as error:
         errors.print(

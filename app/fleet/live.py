@@ -233,6 +233,27 @@ def loaded_report(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def running_fleet_note(client: redis.Redis, keys: Keys, path: Path) -> str:
+    """What the running server did with the fleet file at ``path`` (its report,
+    :func:`loaded_report`), for a command that cannot read that file: its refusal of this very
+    text, or that it runs the file it loaded before; empty when Redis has no report (no server
+    ran here) or cannot be read."""
+    try:
+        report = loaded_report(client, keys)
+        text = path.read_text()
+    except (redis.RedisError, OSError, ValueError):
+        return ""
+    if not report:
+        return ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(report.get("at", 0))))
+    if report.get("digest") == text_digest(text) and report.get("state") == "refused":
+        return (
+            f"; the running server (pid {report.get('pid')}) refused this file at {at} and keeps running the "
+            "fleet it loaded before: fix the file and it reloads it by itself"
+        )
+    return f"; the running server (pid {report.get('pid')}) keeps running the fleet it loaded before (at {at})"
+
+
 def report_loaded(client: redis.Redis, keys: Keys, digest: str, state: str, reason: str = "") -> None:
     """Record that the server ``loaded`` or ``refused`` the fleet file of ``digest``."""
     client.set(

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from app.api.fleet_reload import FleetReloader
-from app.context import ServerContext
-from app.core.errors import Unauthorized
+from app.context import ServerContext, build_checked_context
+from app.core.errors import ConfigError, Unauthorized
 from app.fleet import live
 from app.fleet.config import Backend
 
@@ -115,8 +116,25 @@ def test_sighup_reloads_the_fleet_and_a_broken_file_is_refused_with_the_old_flee
         path.write_text("[[machines]\nname = ")  # not TOML
         os.kill(os.getpid(), signal.SIGHUP)
         wait_for(lambda: (live.loaded_report(ctx.redis, ctx.keys) or {}).get("state") == "refused")
-        assert "is not valid TOML" in live.loaded_report(ctx.redis, ctx.keys)["reason"]  # type: ignore[index]
+        reason = live.loaded_report(ctx.redis, ctx.keys)["reason"]  # type: ignore[index]
+        assert "is not valid TOML" in reason and reason.count("is not valid") == 1, reason  # said once
         assert "m9" in ctx.fleet.machines  # the old fleet kept
+        # a command run meanwhile (`homefleet status`, `machines list`) cannot read the file: it
+        # says so, and what the running server did with it
+        mine = ctx.settings.model_copy(update={"fleet_file": path})
+        with pytest.raises(ConfigError) as unreadable:
+            build_checked_context(mine)
+        said = unreadable.value.message
+        assert said.startswith(f"the fleet file {path} is not valid TOML"), said
+        assert f"; the running server (pid {os.getpid()}) refused this file at " in said, said
+        assert said.endswith("keeps running the fleet it loaded before: fix the file and it reloads it by itself")
+
+        path.write_text('[[machines]]\nname = "server"\nbackend = "tpu"\n')  # TOML, but no fleet
+        os.kill(os.getpid(), signal.SIGHUP)
+        wait_for(lambda: "backend" in (live.loaded_report(ctx.redis, ctx.keys) or {}).get("reason", ""))
+        with pytest.raises(ValidationError) as invalid:
+            build_checked_context(mine)
+        assert any("refused this file" in note for note in invalid.value.__notes__), invalid.value
     finally:
         reloader.stop()
 
