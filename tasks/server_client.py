@@ -109,7 +109,7 @@ class ServerClient:
         for client in self.clients:
             client.close()
 
-    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, url: str, *, once: bool = False, **kwargs: Any) -> httpx.Response:
         """Send; while the server is unreachable (transport error), or answers 503 because its
         Redis or journal does not (:class:`ServiceDown`), try the next server at once (standby
         servers), and once every server has failed in turn, pause and go round again, for up
@@ -118,8 +118,9 @@ class ServerClient:
         409, progress overwrites. A claim the journal took before Redis failed under it (its
         answer a 503) is therefore taken again by the same delivery, not left ``running`` with
         nobody running it (R19); and a claim made while one server is down reaches another
-        before reconciliation judges its job lost (R19, ``lost_grace_s``)."""
-        deadline = time.monotonic() + self.retry_s
+        before reconciliation judges its job lost (R19, ``lost_grace_s``). ``once``: each server
+        once, without a pause (a step's progress report: the run does not wait on it)."""
+        deadline = time.monotonic() + (0.0 if once else self.retry_s)
         pause_s = 0.2
         failed_in_turn = 0
         while True:
@@ -186,7 +187,9 @@ class ServerClient:
         body = ProgressReport(step=step, total=total, text=text, tokens=tokens, logprobs=logprobs).model_dump(
             exclude_none=True
         )
-        self._check(self.http.post(f"/jobs/{job_id}/progress", json=body))  # no retry
+        # each server once (a standby takes over: the report reaches it, and so do later ones,
+        # so reconciliation there does not judge the job hung); never a pause in the run
+        self._send("POST", f"/jobs/{job_id}/progress", once=True, json=body)
 
     def input_file(self, file_id: str) -> bytes:
         """The bytes of an uploaded input, checked against ``file_id`` (their digest).
@@ -195,7 +198,7 @@ class ServerClient:
             IntegrityFailure: the bytes received hash to another digest (nothing is used).
             NotFound: the server has no such file.
         """
-        data = self._check(self.http.get(f"/files/{file_id}")).content
+        data = self._send("GET", f"/files/{file_id}").content
         actual = bytes_digest(data)
         if actual != file_id:
             raise IntegrityFailure(f"input {file_id} arrived as bytes that hash to {actual}", reason="integrity")
@@ -255,7 +258,7 @@ class ServerClient:
     def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str) -> None:
         """Report progress (renews the machine's reservation). Raises Conflict when it expired."""
         body = SyncProgress(files_done=files_done, bytes_done=bytes_done, file=file)
-        self._check(self.http.post(f"/syncs/{sync_id}/progress", json=body.model_dump()))
+        self._send("POST", f"/syncs/{sync_id}/progress", once=True, json=body.model_dump())
 
     def sync_finish(
         self, sync_id: str, succeeded: bool, message: str, results: list[SyncFileResult], verified: list[str]
