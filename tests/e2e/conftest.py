@@ -40,6 +40,7 @@ from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
+UPSCALE_MODEL = "tiny-upscaler"
 WORKERS = ("server", "m1", "m2")
 #: an API key of the session fleet under a quota: one job queued or running at once, 0.05
 #: GPU-seconds an hour (any real job spends more)
@@ -126,6 +127,7 @@ def fleet(
         adapter_of="sd1-pix2pix",
     )
     ctx.registry.add(DEMO_MODELS_DIR / COLOUR_LORA, COLOUR_LORA, adapter_of="sd1")
+    ctx.registry.add(tiny_models_dir / UPSCALE_MODEL, UPSCALE_MODEL)  # on no machine: the page's forms offer it
     ctx.registry.add(
         to_kohya_lora(lora / LORA_WEIGHTS, adapters / f"{KOHYA_ADAPTER}.safetensors"), KOHYA_ADAPTER, adapter_of="sd1"
     )

@@ -23,7 +23,7 @@ from app.core.states import JobState
 from app.core.tls import tls_context
 from app.devtools.train_colour_lora import COLOUR_LORA
 from app.devtools.train_recolour import RECOLOUR_MODEL
-from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, RunningFleet
+from tests.e2e.conftest import ADAPTER, EDIT_MODEL, KOHYA_ADAPTER, UPSCALE_MODEL, RunningFleet
 from tests.e2e.test_docs_browser import assert_only_this_server, browser, requested_urls
 from tests.helpers import LONG_SIZE, TEST_API_KEY, end_running, pause, resume
 
@@ -190,9 +190,19 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(
     # the job opens its provenance in the Jobs view
     driver.get(f"{fleet.local.api_url}/#jobs")  # type: ignore[attr-defined]
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}']"))
-    driver.execute_script(f"document.querySelector(\"#jobs tr[data-job='{job_id}']\").click()")  # type: ignore[attr-defined]  # rows re-render each second
-    wait.until(lambda d: job_id in d.find_element(By.CSS_SELECTOR, "#job-detail h2").text)
-    assert "a page-drawn lighthouse" in driver.find_element(By.CSS_SELECTOR, "#job-detail pre").text  # type: ignore[attr-defined]
+    driver.set_window_size(390, 844)  # type: ignore[attr-defined]  # a phone: the table is tall, the id long
+    try:
+        driver.execute_script(f"document.querySelector(\"#jobs tr[data-job='{job_id}'] button\").click()")  # type: ignore[attr-defined]  # rows re-render each second
+        wait.until(lambda d: job_id in d.find_element(By.CSS_SELECTOR, "#job-detail h2").text)
+        assert "a page-drawn lighthouse" in driver.find_element(By.CSS_SELECTOR, "#job-detail pre").text  # type: ignore[attr-defined]
+        top, height, wide, window = driver.execute_script(  # type: ignore[attr-defined]
+            "return [document.querySelector('#job-detail').getBoundingClientRect().top, window.innerHeight,"
+            " document.documentElement.scrollWidth, window.innerWidth]"
+        )
+        assert 0 <= top < height, (top, height)  # brought into view, not left below the table
+        assert wide <= window, (wide, window)  # the 32-hex id wraps: no sideways scroll
+    finally:
+        driver.set_window_size(1400, 1000)  # type: ignore[attr-defined]  # as the fixture made it
     snap(driver, "jobs")
     assert_only_this_server(requested_urls(driver), fleet.local.api_url)
 
@@ -670,6 +680,14 @@ def test_send_to_keeps_the_jobs_model_or_asks_for_one(fleet: RunningFleet, brows
     assert form_value(driver, "prompt") == "a lighthouse sent onwards"
     click(driver, "#dry-run")
     wait.until(lambda d: "Would run on server" in d.find_element(By.ID, "explanation").text)
+    # "→ upscale": no prompt, neither the job's nor the form's example, once a model is chosen
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{figure} .remix-send-upscale"))
+    click(driver, f"{figure} .remix-send-upscale")
+    wait.until(lambda d: form_value(d, "kind") == "upscale")
+    assert (form_value(driver, "model"), form_value(driver, "prompt")) == ("", "")
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(UPSCALE_MODEL)  # type: ignore[attr-defined]
+    assert form_value(driver, "prompt") == ""
 
 
 def form_value(driver: object, name: str) -> str:

@@ -269,7 +269,10 @@ async function loadQueue() {
 
 // ---- Jobs ----
 function renderJobs() {
-  const open = (job) => (event) => { event.stopPropagation(); state.openJob = job.id; renderJobs(); };
+  const open = (job) => (event) => {  // the details follow the table: brought into view
+    event.stopPropagation(); state.openJob = job.id; renderJobs();
+    $("#job-detail").scrollIntoView({ block: "start" });
+  };
   replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: open(job) },
     el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
       title: job.id, onclick: open(job) }, short(job.id))),
@@ -567,7 +570,7 @@ async function submission() {
       params.mask = await upload(png, `mask:${png.size}:${Date.now()}`);
     } else if (file) params[name] = await upload(file, `${file.name}:${file.size}:${file.lastModified}`);
     else if (inputs[name]) params[name] = inputs[name].digest;
-    else throw new ApiError(422, { error: { reason: `invalid_${name}`, message: `choose an input (${name}): a ${f.elements.kind.value} job needs it` +
+    else throw new ApiError(422, { error: { reason: `invalid_${name}`, message: `choose an input (${name}): ${article(f.elements.kind.value)} ${f.elements.kind.value} job needs it` +
       (name === "mask" ? ", or paint the mask over the image" : "") } });
   }
   const adapters = [...f.querySelectorAll("input[name=adapter]:checked")].map((box) => ({ id: box.value, scale: Number(f.elements[`scale:${box.value}`].value) }));
@@ -610,6 +613,8 @@ const notRunning = (model, kind) => (runnable().some((m) => m.id === model)
 
 // Send result `index` of a job to another kind as its input image (results as inputs: the result's
 // digest), with the job's model when it runs that kind, else none chosen: the user picks one.
+const article = (word) => (/^[aeiou]/i.test(word) ? "an" : "a");
+
 function sendTo(job, kind, index = 0) {
   for (const name of Object.keys(inputs)) delete inputs[name];
   const results = resultsOf(job); const result = results[index];
@@ -617,7 +622,8 @@ function sendTo(job, kind, index = 0) {
   inputs.image = { digest: result.digest, label: which(short(job.id)), result };
   const runs = runnable().some((m) => m.id === job.model && m.kinds.includes(kind));
   form().elements.kind.value = kind;
-  buildForm(job.params.prompt && kind !== "upscale" ? { prompt: job.params.prompt } : {}, runs ? job.model : CHOOSE);
+  // an upscale's prompt describes the picture only if asked for: empty, never the form's example
+  buildForm(kind === "upscale" ? { prompt: "" } : job.params.prompt ? { prompt: job.params.prompt } : {}, runs ? job.model : CHOOSE);
   say(`Sent ${which(job.id)} to ${kind}: ` + (runs ? `with its model ${job.model}, choose the settings and Submit`
     : `${notRunning(job.model, kind)}, choose a model, then Submit`));
   location.hash = "#submit";
