@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, errors, server_settings
 from app.cli.listening import refuse_taken_port
+from app.core.errors import ConfigError
 
 dev_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -116,11 +117,21 @@ def bench(
     ] = False,
     work_dir: Annotated[Path, typer.Option(help="where --local keeps its fleet")] = Path("var/bench"),
 ) -> None:
-    """Concurrency sweep of submissions: queue time and run time per machine, and rejections."""
-    from app.client import HomefleetClient
-    from app.devtools.bench import sweep
+    """Concurrency sweep of submissions: queue time and run time per machine, and rejections.
+    Exit 2 when the server does not answer at the start, 1 when it stopped answering mid-run."""
+    import httpx
 
-    levels = [int(part) for part in concurrency.split(",") if part.strip()]
+    from app.client import HomefleetClient
+    from app.devtools.bench import UNREACHABLE, sweep
+
+    try:
+        levels = [int(part) for part in concurrency.split(",") if part.strip()]
+    except ValueError as error:
+        raise typer.BadParameter(
+            f"{concurrency!r}: comma-separated whole numbers, e.g. 1,2,4", param_hint="--concurrency"
+        ) from error
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter(f"{concurrency!r}: each level at least 1", param_hint="--concurrency")
     params = {"prompt": "a benchmark lighthouse", "steps": steps}
     logging.basicConfig(level=logging.WARNING)
     if local:
@@ -137,7 +148,15 @@ def bench(
     else:
         settings = server_settings()
         key = api_key or (settings.api_keys[0] if settings.api_keys else None)
-        with HomefleetClient(url or f"http://{settings.api_host}:{settings.api_port}", api_key=key) as client:
+        where = url or f"http://{settings.api_host}:{settings.api_port}"
+        with HomefleetClient(where, api_key=key) as client:
+            try:
+                client.http.get("/health")  # any answer will do (503 until a worker is online)
+            except httpx.HTTPError as error:
+                raise ConfigError(
+                    f"the API at {where} does not answer ({error}); start `homefleet serve` or give --url",
+                    reason=UNREACHABLE,
+                ) from error
             reports = sweep(client, model, levels, jobs, params, target)
     table = Table("concurrency", "machine", "jobs", "queue p50 s", "queue p95 s", "run p50 s", "run p95 s")
 
@@ -162,6 +181,9 @@ def bench(
         refused = ", ".join(f"{reason}={n}" for reason, n in sorted(report.rejections.items())) or "none"
         ended = ", ".join(f"{state}={n}" for state, n in sorted(report.ended.items())) or "none"
         print(f"concurrency={report.concurrency} wall_s={report.wall_s:.2f} ended: {ended}; rejections: {refused}")
+    if any(report.rejections[UNREACHABLE] for report in reports):
+        errors.print(f"[red]error[/] ({UNREACHABLE}): the server stopped answering during the run")
+        raise typer.Exit(1)
 
 
 @dev_cli.command()

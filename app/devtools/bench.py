@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import httpx
+
 from app.client import ApiError, HomefleetClient
 
 
@@ -62,6 +64,11 @@ def seconds_between(start: str | None, end: str | None) -> float | None:
     return max(0.0, (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
 
 
+UNREACHABLE = "server_unreachable"
+"""The reason a submission or its wait counts under when the server did not answer (a transport
+error): a run with any exits 1 (``homefleet bench``)."""
+
+
 def run_level(
     client: HomefleetClient,
     model: str,
@@ -89,11 +96,15 @@ def run_level(
         while take():
             try:
                 accepted = client.submit(model, "txt2img", dict(params), target)
+                job = client.wait(accepted["id"], timeout_s=timeout_s)
             except ApiError as refused:
                 with guard:
                     report.rejections[refused.reason] += 1
                 continue
-            job = client.wait(accepted["id"], timeout_s=timeout_s)
+            except httpx.HTTPError:  # the server went away mid-run: counted, the level goes on
+                with guard:
+                    report.rejections[UNREACHABLE] += 1
+                continue
             with guard:
                 report.ended[job["state"]] += 1
                 if job["state"] == "succeeded" and job["machine"]:
