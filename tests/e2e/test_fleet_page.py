@@ -140,6 +140,15 @@ def test_fleet_view_loads_offline_and_lists_the_machines(fleet: RunningFleet, br
     wait.until(lambda d: "Queue of m1" in d.find_element(By.CSS_SELECTOR, "#machine-queue h2").text)
     snap(driver, "fleet")
     assert_only_this_server(requested_urls(driver), fleet.local.api_url)
+    # the server stops answering (every fetch fails, as when it is down): the banner says so in
+    # the page's words, not the browser's bare "Failed to fetch", and goes once it answers again
+    driver.execute_script(
+        "window.realFetch = window.fetch; window.fetch = () => Promise.reject(new TypeError('Failed to fetch'))"
+    )  # type: ignore[attr-defined]
+    banner = wait.until(lambda d: (e := d.find_element(By.ID, "error")).is_displayed() and e.text)
+    assert banner.startswith("server_unreachable: the server does not answer (Failed to fetch)"), banner
+    driver.execute_script("window.fetch = window.realFetch")  # type: ignore[attr-defined]
+    wait.until(lambda d: not d.find_element(By.ID, "error").is_displayed())
 
 
 #: seconds a page waits for a job it submitted to end: a deadline on the job's steps, which a slow,
@@ -237,6 +246,15 @@ def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: objec
     assert expected["reason"] in refusal.text and expected["message"] in refusal.text
     assert fleet.client.get(expected["job_id"])["state"] == "rejected"
     assert "refused" in driver.find_element(By.ID, "explanation").text.lower()  # type: ignore[attr-defined]
+    # a width the browser itself refuses (not a multiple of 8) sends nothing: the refusal above
+    # no longer stands there as if it were this submission's
+    driver.execute_script("document.querySelector('#submit-form').elements.width.value = '33'")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    status = wait.until(
+        lambda d: (t := d.find_element(By.CSS_SELECTOR, "#submitted .status").text).startswith("Not sent") and t
+    )
+    assert status.startswith("Not sent: width: "), status
+    assert not driver.find_elements(By.ID, "refusal")  # type: ignore[attr-defined]
 
 
 def png_file(path: Path, side: int = 64) -> Path:

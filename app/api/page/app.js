@@ -50,7 +50,12 @@ const bearer = () => ({ Authorization: `Bearer ${sessionStorage.getItem(KEY) || 
 async function api(path, options = {}) {
   const headers = { ...bearer(), ...(options.headers || {}) };
   if (options.json !== undefined) { headers["Content-Type"] = "application/json"; options.body = toJson(options.json); }
-  const response = await fetch(path, { ...options, headers });
+  let response;
+  try { response = await fetch(path, { ...options, headers }); }
+  catch (error) {  // no answer at all: the browser's own words ("Failed to fetch") say too little
+    throw new ApiError(0, { error: { reason: "server_unreachable",
+      message: `the server does not answer (${error.message}); the page tries again by itself` } });
+  }
   if (response.status === 401) askKey("the server refused the key: give another");
   const body = (response.headers.get("content-type") || "").includes("json") ? parseJson(await response.text()) : null;
   if (!response.ok) throw new ApiError(response.status, body);
@@ -732,6 +737,12 @@ $("#forget-key").addEventListener("click", () => askKey(""));
 $("#dry-run").addEventListener("click", dryRun);
 for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { buildForm(); $("#explanation").replaceChildren(); });
 form().addEventListener("submit", submit);
+// A field the browser refuses stops the submission before `submit` runs: an earlier refusal
+// shown there would read as this one's; the status says what was not sent and why instead.
+form().addEventListener("invalid", (event) => {
+  const status = $("#submitted .status");
+  if (!$("#submitted").hidden) status.textContent = `Not sent: ${event.target.name}: ${event.target.validationMessage}`;
+}, true);
 for (const id of ["#filter-model", "#filter-machine", "#filter-state"]) $(id).addEventListener("change", renderGallery);
 window.addEventListener("hashchange", () => show(location.hash.slice(1)));
 setInterval(refresh, REFRESH_MS);
