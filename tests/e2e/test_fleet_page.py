@@ -848,3 +848,29 @@ def test_same_settings_on_a_retired_models_job_asks_for_a_model(
     assert f"its model {model} is no longer in service (retired), choose a model" in notice, notice
     Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(fleet.model)  # type: ignore[attr-defined]
     assert [form_value(driver, name) for name in ("prompt", "seed", "steps")] == ["a model about to retire", "77", "1"]
+
+
+def test_a_reload_mid_job_follows_the_submitted_job_again(fleet: RunningFleet, browser: object) -> None:
+    """The Submit view's panel of the job it submitted survives a reload of the tab: the job is
+    followed again from its current state to its result (it was lost; Jobs and Fleet still had it)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    Select(form.find_element(By.NAME, "target")).select_by_value("m1")
+    driver.execute_script(  # type: ignore[attr-defined]
+        "const f = document.querySelector('#submit-form'); f.elements.steps.value = '40';"
+        "f.elements.prompt.value = 'a lighthouse followed across a reload'"
+    )
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))
+    wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
+    driver.refresh()  # type: ignore[attr-defined]
+    wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job") == job_id)
+    assert submitted_result(driver) == job_id  # followed to its result after the reload
+    status = driver.find_element(By.CSS_SELECTOR, "#submitted .status").text  # type: ignore[attr-defined]
+    assert status == f"Job {job_id} succeeded on m1", status

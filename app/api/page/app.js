@@ -7,6 +7,7 @@
 // with an inpaint mask drawn on a canvas).
 
 const KEY = "homefleet.api_key";
+const SUBMITTED = "homefleet.submitted";  // the Submit view's last job, followed again after a reload
 const REFRESH_MS = 1000;
 const $ = (selector, root = document) => root.querySelector(selector);
 const state = { machines: [], jobs: [], models: [], queue: [], view: "fleet", openMachine: null, openJob: null, blobs: new Map() };
@@ -664,21 +665,36 @@ async function submit(event) {
     return;
   }
   status.textContent = `Job ${accepted.id} queued on ${accepted.machine} (position ${accepted.position})`;
-  box.dataset.job = accepted.id;
+  sessionStorage.setItem(SUBMITTED, accepted.id);  // a reload of this tab follows it again
+  await followSubmitted(accepted.id);
+}
+
+// The Submit view's panel follows job `id` to its end: progress, state, then its results or
+// why it ended otherwise. The events stream starts with the job's state, so a job followed
+// again after a reload (or one that ended meanwhile) shows as it is now.
+async function followSubmitted(id) {
+  const box = $("#submitted"); const status = $(".status", box); const progress = $("#submitted-progress");
+  const interrupt = $("#interrupt-submitted");
+  box.hidden = false; box.dataset.job = id;
   interrupt.hidden = false;
-  interrupt.onclick = () => act({ id: accepted.id }, "interrupt");
-  await follow(`/v1/jobs/${accepted.id}/events`, (name, data) => {
+  interrupt.onclick = () => act({ id }, "interrupt");
+  await follow(`/v1/jobs/${id}/events`, (name, data) => {
+    if (box.dataset.job !== id) return;  // a newer submission took the panel
     if (name === "progress") {
       progress.max = data.total; progress.value = data.step;
       progress.dataset.seen = [progress.dataset.seen, data.step].filter(Boolean).join(",");
     } else if (name === "state") {
-      status.textContent = `Job ${accepted.id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
+      status.textContent = `Job ${id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
     } else if (name === "end") {
       interrupt.hidden = true;
-      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${accepted.id} succeeded on ${data.machine}`; }
+      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${id} succeeded on ${data.machine}`; }
       else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason }, `${data.state}: ${data.reason}: ${data.message}`));
     }
-  }).catch((error) => { status.textContent = `lost the job's events: ${error.message}`; });
+  }).catch((error) => {
+    if (box.dataset.job !== id) return;
+    if (error.status === 404) { sessionStorage.removeItem(SUBMITTED); box.hidden = true; return; }  // gone (purged)
+    status.textContent = `lost the job's events: ${error.message}`;
+  });
 }
 
 async function refresh() {
@@ -726,6 +742,8 @@ function start() {
   $("#key-form").hidden = true;
   loadModels().catch(() => {});
   show(location.hash.slice(1));
+  const submitted = sessionStorage.getItem(SUBMITTED);
+  if (submitted && !$("#submitted").dataset.job) followSubmitted(submitted);
 }
 
 $("#key-form").addEventListener("submit", (event) => {
