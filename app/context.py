@@ -6,6 +6,7 @@ uses, not this context.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from app.jobs.progress import ProgressStore
 from app.jobs.reconcile import Reconciler
 from app.jobs.sync import Syncs
 from app.jobs.task_events import TaskEvents
-from app.jobs.validation import Validator
+from app.jobs.validation import Validator, check_model_defaults
 from app.jobs.waiting import Waiting
 from app.journal.jobs import Journal
 from app.journal.timings import TimingStore
@@ -180,6 +181,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         engine,
         settings.models_dir,  # each registration tells every process's FleetCosts
         on_change=ChangeMark(client, keyspace.registry_changed()).touch,
+        check_defaults_limits=functools.partial(check_model_defaults, settings.limits),
     )
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)

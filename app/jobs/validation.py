@@ -689,6 +689,26 @@ def check_submission(
                 )
 
 
+def check_model_defaults(
+    limits: Mapping[str, FamilyLimits], family: str, kinds: tuple[str, ...], defaults: Mapping[str, Any]
+) -> None:
+    """Refuse a model's own defaults (``models add --default``) that every job of a kind they apply
+    to would be refused for: the submission's checks of sizes, steps, frames, ``n`` and the prompts'
+    types and lengths (:func:`check_submission`, the family's ``limits``; the kinds' own number
+    ranges are :func:`app.core.kinds.check_defaults`'), before anything is registered (R22).
+
+    Raises:
+        Rejected: reason ``invalid_default``, ``param`` ``defaults.<name>``, the submission's
+            message prefixed with ``default``.
+    """
+    del kinds  # the defaults were matched to the kinds' params already (app.core.kinds.check_defaults)
+    try:
+        check_submission(defaults, limits_for(limits, family), None, None, family)
+    except Rejected as error:
+        name = (error.param or "").removeprefix("params.") or error.reason.removeprefix("invalid_")
+        raise Rejected(f"default {error.message}", reason="invalid_default", param=f"defaults.{name}") from error
+
+
 def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLimits) -> int:
     """Refuse a text job whose prompt (tokenized as the worker will feed it, ``prompt_ids``:
     chat-templated prompts as they are) exceeds ``max_input_tokens``, or whose prompt tokens +

@@ -191,10 +191,19 @@ class Registry:
     app/fleet/costs.py, so every process re-reads its model list and workers re-verify).
     """
 
-    def __init__(self, engine: Engine, models_dir: Path, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        models_dir: Path,
+        on_change: Callable[[], None] | None = None,
+        check_defaults_limits: Callable[[str, tuple[str, ...], Mapping[str, Any]], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.models_dir = models_dir
         self.on_change = on_change
+        # a submission's own checks of the defaults (R22: limits, types), from the layer above;
+        # raises Rejected naming the param (app/jobs/validation.py check_model_defaults)
+        self.check_defaults_limits = check_defaults_limits
         self._records: dict[str, ModelRecord] = {}  # found by get(); update() drops its own
         self._priced: dict[str, int] = {}  # weights_bytes of records registered before it was stored
         # (model id, path) -> ((size, mtime_ns, inode), digest) of a file found changed: not hashed again while as is
@@ -288,6 +297,8 @@ class Registry:
             defaults = check_defaults(family, kinds, defaults) if defaults else None
         except DefaultRefused as error:
             raise Rejected(str(error), reason="invalid_default", param=f"defaults.{error.name}") from error
+        if defaults and self.check_defaults_limits is not None:
+            self.check_defaults_limits(family, tuple(kinds), defaults)
         if source.is_file():  # one LoRA file, stored under the name the worker loads (tasks/adapters.py)
             sources = {LORA_WEIGHTS: source}
         else:

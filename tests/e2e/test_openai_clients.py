@@ -140,6 +140,8 @@ def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: Runnin
     for given, named in (
         ("stepz=3", "'stepz' is not a param of txt2img"),
         ("guidance_scale=500", "guidance_scale must be a number from 0 to 50, got 500"),
+        ("steps=abc", "error (invalid_default): default `steps` must be an integer, got 'abc'"),
+        ("width=63", "error (invalid_default): default `width` must be a multiple of 8"),
     ):
         refused = run_cli(
             "models",
