@@ -307,9 +307,14 @@ def convert(path: Path, family: str, target: Path, config: Path | None = None) -
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         folder = config_folder(family, config, scratch)
+        source = Path(path)
+        if source.suffix != ".safetensors":  # `.sft` (ComfyUI, BFL's flux1-dev.sft), `.SAFETENSORS`:
+            # diffusers picks its reader by the extension, and would read this safetensors file as a pickle
+            source = scratch / f"{source.stem}.safetensors"
+            source.symlink_to(Path(path).resolve())
         with quiet_libraries():
             described = f"the config {config}" if config is not None else f"the shipped {family} config"
-            pipe = _load(Path(path), family, folder, stored_dtype(Path(path)), described)
+            pipe = _load(source, family, folder, stored_dtype(source), described)
             for name, component in pipe.components.items():
                 parameters = getattr(component, "parameters", None)
                 if parameters is not None and any(p.is_meta for p in parameters()):

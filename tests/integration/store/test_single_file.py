@@ -85,6 +85,25 @@ def test_r1_a_single_file_checkpoint_is_converted_once_into_a_diffusers_folder_w
     assert again.returncode == 2 and "model_already_registered" in again.stderr and f"{family}-sf" in again.stderr
 
 
+@pytest.mark.parametrize("name", ["tiny-sd1.sft", "TINY-SD1.SAFETENSORS"])
+def test_a_checkpoint_named_sft_or_in_capitals_converts_as_a_safetensors_file(
+    ctx: ServerContext, settings: Settings, checkpoints: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """ComfyUI's and BFL's ``.sft`` (``flux1-dev.sft``) and an upper-case extension are the same
+    safetensors bytes: diffusers, which picks its reader by the extension, gets them under a
+    ``.safetensors`` name, and the weights are those of the ``.safetensors`` file (it failed with
+    ``conversion_failed`` pointing at the config)."""
+    source = tmp_path / name
+    shutil.copyfile(checkpoints["sd1-file"], source)
+    model_id = f"sd1-{name.split('.')[-1].lower()}"
+    done = add(settings, str(source), "--family", "sd1", "--config", str(checkpoints["sd1"]), "--id", model_id)
+    assert f"registered {model_id} family=sd1" in done.stdout, done.stdout + done.stderr
+    converted = weights(DiffusionPipeline.from_pretrained(str(ctx.registry.folder(model_id)), local_files_only=True))
+    original = weights(DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True))
+    assert [key for key in original if not torch.equal(converted[key], original[key])] == []
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it (the link was the scratch's)
+
+
 @pytest.mark.parametrize(
     ("file", "family", "reason", "words"),
     [
