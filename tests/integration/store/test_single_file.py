@@ -93,7 +93,9 @@ def test_a_checkpoint_named_sft_or_in_capitals_converts_as_a_safetensors_file(
     safetensors bytes: diffusers, which picks its reader by the extension, gets them under a
     ``.safetensors`` name, and the weights are those of the ``.safetensors`` file (it failed with
     ``conversion_failed`` pointing at the config)."""
-    source = tmp_path / name
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    source = downloads / name
     shutil.copyfile(checkpoints["sd1-file"], source)
     model_id = f"sd1-{name.split('.')[-1].lower()}"
     done = add(settings, str(source), "--family", "sd1", "--config", str(checkpoints["sd1"]), "--id", model_id)
@@ -101,7 +103,7 @@ def test_a_checkpoint_named_sft_or_in_capitals_converts_as_a_safetensors_file(
     converted = weights(DiffusionPipeline.from_pretrained(str(ctx.registry.folder(model_id)), local_files_only=True))
     original = weights(DiffusionPipeline.from_pretrained(str(checkpoints["sd1"]), local_files_only=True))
     assert [key for key in original if not torch.equal(converted[key], original[key])] == []
-    assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it (the link was the scratch's)
+    assert [p.name for p in downloads.iterdir()] == [name]  # nothing left beside it (the link was the scratch's)
 
 
 @pytest.mark.parametrize(
