@@ -161,6 +161,9 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
         selection = _select_transformers(folder, files)
     else:
         selection = _finish(DIFFUSERS, folder, files, set(files), lambda p: "")
+    junk = [p for p in selection.taken if _is_junk(p)]
+    for path in junk:  # no loader reads them: hashed and synced, a Finder's touch would withdraw the model
+        selection.left_out[path] = (selection.taken.pop(path), JUNK_WHY)
     broken = sorted(p for p in selection.taken if not (folder / p).is_file())
     if broken:
         raise Rejected(
@@ -170,6 +173,20 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
         )
     check_shards(folder, selection.taken)
     return selection
+
+
+JUNK_WHY = "a hidden file or an editor's backup (no loader reads it)"
+"""Why :func:`select_files` leaves out a file :func:`_is_junk` names."""
+
+_BACKUP_SUFFIXES = (".bak", ".orig", ".swp", ".tmp", "~")
+
+
+def _is_junk(path: str) -> bool:
+    """Whether a file of a model folder is one no loader reads, whatever folder it sits in: a
+    hidden file (``.DS_Store``, macOS's AppleDouble ``._vocab.json``, ``.gitattributes``) or an
+    editor's or tool's backup (``scheduler_config.json.bak``, ``config.json~``)."""
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith(".") or name.endswith(_BACKUP_SUFFIXES)
 
 
 def check_shards(folder: Path, taken: Iterable[str]) -> None:

@@ -395,3 +395,25 @@ def test_r1_a_tokenizers_subfolders_are_left_out_as_the_pipeline_reads_none(tmp_
     assert "tokenizer/vocab.json" in selection.taken
     for path in ("tokenizer/old/big.bin", "tokenizer/old/tokenizer_config.json"):
         assert selection.left_out[path][1] == "in a subfolder of tokenizer, which the pipeline does not read", path
+
+
+def test_r1_hidden_files_and_backups_are_left_out_wherever_they_sit(
+    replicas: dict[str, tuple[Replica, Path]], tmp_path: Path
+) -> None:
+    """A model folder copied on a Mac or edited by hand: ``.DS_Store`` in every folder, macOS's
+    AppleDouble ``._vocab.json`` (not JSON: it refused the whole model as damaged), an editor's
+    ``scheduler_config.json.bak`` and ``config.json~``. No loader reads them; taken, they were
+    hashed and synced, and a Finder's touch of ``.DS_Store`` withdrew the model (R4, R5)."""
+    replica, _ = replicas["sd15"]
+    folder = tmp_path / "dreamshaper_8 (diffusers)"
+    shutil.copytree(replica.folder, folder)
+    before = select_files(folder, "fp32")
+    junk = [".DS_Store", "tokenizer/.DS_Store", "tokenizer/._vocab.json", "scheduler/scheduler_config.json.bak"]
+    junk += ["text_encoder/config.json~", "unet/.gitattributes"]
+    for path in junk:
+        (folder / path).write_bytes(b"\x00\x05\x16\x07 not JSON")
+    after = select_files(folder, "fp32")
+    assert after.taken == before.taken and set(junk) <= set(after.left_out)
+    whole_folders = ["tokenizer/.DS_Store", "tokenizer/._vocab.json", "scheduler/scheduler_config.json.bak"]
+    said = "a hidden file or an editor's backup (no loader reads it)"  # folders taken whole but for these
+    assert {path: after.left_out[path][1] for path in whole_folders} == dict.fromkeys(whole_folders, said)
