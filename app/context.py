@@ -182,6 +182,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         settings.models_dir,  # each registration tells every process's FleetCosts
         on_change=ChangeMark(client, keyspace.registry_changed()).touch,
         check_defaults_limits=functools.partial(check_model_defaults, settings.limits),
+        change_mark=functools.partial(client.get, keyspace.registry_changed()),
     )
     inputs = InputStore(settings.inputs_dir, settings.max_input_bytes)
     residency = DurableResidencyFacts(client, keyspace, ResidencyStore(engine), fleet)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import builtins
 import fcntl
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -59,6 +61,13 @@ ADAPTER_CLASS = "LoRA"
 """The ``pipeline_class`` of a registered adapter."""
 
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+log = logging.getLogger(__name__)
+
+MARK_EVERY_S = 1.0
+"""How often a process looks whether the registry changed elsewhere (``Registry.get``), in
+seconds: a record another process updated is seen at most this late."""
 
 
 def checkpoint_hint(folder: Path, family: str | None = None) -> str:
@@ -197,10 +206,16 @@ class Registry:
         models_dir: Path,
         on_change: Callable[[], None] | None = None,
         check_defaults_limits: Callable[[str, tuple[str, ...], Mapping[str, Any]], None] | None = None,
+        change_mark: Callable[[], object] | None = None,
     ) -> None:
         self.engine = engine
         self.models_dir = models_dir
         self.on_change = on_change
+        # reads the registry's change mark (another process's `models update`): the records kept
+        # here are dropped when it moved, looked at most every MARK_EVERY_S seconds
+        self.change_mark = change_mark
+        self._mark: object = None
+        self._mark_read_at = float("-inf")
         # a submission's own checks of the defaults (R22: limits, types), from the layer above;
         # raises Rejected naming the param (app/jobs/validation.py check_model_defaults)
         self.check_defaults_limits = check_defaults_limits
@@ -494,6 +509,7 @@ class Registry:
         be stale here: :meth:`check_in_service` reads it afresh); an unknown id is looked up in the
         database every time, so a model registered by another process is found. Do not mutate
         the result."""
+        self._follow_changes()
         found = self._records.get(model_id)
         if found is not None:
             return found
@@ -506,6 +522,24 @@ class Registry:
                 raise NotFound(f"model {model_id!r} is not registered; in service: {known}", reason="unknown_model")
         self._records[model_id] = record
         return record
+
+    def _follow_changes(self) -> None:
+        """Drop the records (and prices) kept here when the registry's change mark moved since it
+        was last read: ``models update`` in another process changed a record's sizes and digests.
+        The mark is read at most every :data:`MARK_EVERY_S` seconds; one that cannot be read
+        keeps them (the next read decides)."""
+        if self.change_mark is None or time.monotonic() - self._mark_read_at < MARK_EVERY_S:
+            return
+        self._mark_read_at = time.monotonic()
+        try:
+            mark = self.change_mark()
+        except Exception as error:  # noqa: BLE001 (Redis's errors, kept out of this layer) logged, the cache kept
+            log.warning("the registry's change mark could not be read (%s); cached records kept", error)
+            return
+        if mark != self._mark:
+            self._records.clear()
+            self._priced.clear()
+            self._mark = mark
 
     def adapter(self, adapter_id: str) -> ModelRecord:
         """The registered LoRA adapter ``adapter_id``.
