@@ -110,6 +110,19 @@ def open_page(driver: object, api_url: str, view: str = "fleet") -> object:
     return wait
 
 
+def submit_form_for(driver: object, fleet: RunningFleet, target: str) -> tuple[object, object]:
+    """The Submit view opened, with the fleet's model and ``target`` chosen: (its wait, the form)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#submit-form select[name=target] option[value='{target}']"))  # type: ignore[attr-defined]
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    Select(form.find_element(By.NAME, "target")).select_by_value(target)
+    return wait, form
+
+
 def test_page_is_served_without_a_key_with_a_self_only_csp(fleet: RunningFleet) -> None:
     """The page holds no data: served without a key, under a 'self'-only CSP; the data routes
     still need the key (a request without it: 401)."""
@@ -160,14 +173,10 @@ def test_submitted_job_shows_moving_progress_then_its_thumbnail_in_the_gallery(
     fleet: RunningFleet, browser: object
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait
 
     driver = browser
-    wait = open_page(driver, fleet.local.api_url, "submit")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
-    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
-    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
-    Select(form.find_element(By.NAME, "target")).select_by_value("m1")
+    wait, form = submit_form_for(driver, fleet, "m1")
     form.find_element(By.NAME, "prompt").clear()
     form.find_element(By.NAME, "prompt").send_keys("a page-drawn lighthouse")
     steps = form.find_element(By.NAME, "steps")
@@ -854,14 +863,9 @@ def test_a_reload_mid_job_follows_the_submitted_job_again(fleet: RunningFleet, b
     """The Submit view's panel of the job it submitted survives a reload of the tab: the job is
     followed again from its current state to its result (it was lost; Jobs and Fleet still had it)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     driver = browser
-    wait = open_page(driver, fleet.local.api_url, "submit")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-form select[name=target] option[value='m1']"))
-    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
-    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
-    Select(form.find_element(By.NAME, "target")).select_by_value("m1")
+    wait, _ = submit_form_for(driver, fleet, "m1")
     driver.execute_script(  # type: ignore[attr-defined]
         "const f = document.querySelector('#submit-form'); f.elements.steps.value = '40';"
         "f.elements.prompt.value = 'a lighthouse followed across a reload'"
