@@ -88,6 +88,19 @@ def checkpoint_hint(folder: Path, family: str | None = None) -> str:
     )
 
 
+def cache_repo_hint(folder: Path) -> str:
+    """A sentence for a Hugging Face cache repository folder named instead of its snapshot
+    (``…/models--org--name``, which holds ``snapshots/``): the command that registers it; "" for
+    any other folder."""
+    if not folder.name.startswith("models--") or not (folder / "snapshots").is_dir():
+        return ""
+    repo = folder.name.removeprefix("models--").replace("--", "/")
+    return (
+        f". It is the Hugging Face cache folder of {repo}: register its snapshot with "
+        f"`homefleet models add --from-hf-cache {repo}` (or name {folder / 'snapshots'}/<commit>)"
+    )
+
+
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     """(pipeline class, family, kinds) from ``folder/model_index.json`` (a diffusers folder), or
     from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder).
@@ -113,7 +126,7 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             return class_name, family, kinds
         raise Rejected(
             f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
-            "(no config.json with architectures)" + checkpoint_hint(folder),
+            "(no config.json with architectures)" + cache_repo_hint(folder) + checkpoint_hint(folder),
             reason="not_a_model",
         )
     content = model_json(index)

@@ -417,3 +417,19 @@ def test_r1_hidden_files_and_backups_are_left_out_wherever_they_sit(
     whole_folders = ["tokenizer/.DS_Store", "tokenizer/._vocab.json", "scheduler/scheduler_config.json.bak"]
     said = "a hidden file or an editor's backup (no loader reads it)"  # folders taken whole but for these
     assert {path: after.left_out[path][1] for path in whole_folders} == dict.fromkeys(whole_folders, said)
+
+
+def test_a_cache_repository_folder_named_instead_of_its_snapshot_is_told_how_to_register_it(
+    replicas: dict[str, tuple[Replica, Path]],
+) -> None:
+    """``models add ~/.cache/huggingface/hub/models--org--name`` (the folder a file browser shows)
+    is no model folder: the refusal names ``--from-hf-cache org/name`` and the snapshots."""
+    from app.store.registry import describe_pipeline
+
+    _, snapshot = replicas["sd15"]
+    repository = snapshot.parent.parent
+    with pytest.raises(Rejected) as refused:
+        describe_pipeline(repository)
+    repo = repository.name.removeprefix("models--").replace("--", "/")
+    assert refused.value.reason == "not_a_model"
+    assert f"register its snapshot with `homefleet models add --from-hf-cache {repo}`" in refused.value.message
