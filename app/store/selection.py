@@ -406,15 +406,16 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
             return "flax weights, not loaded"
         if ".onnx" in base or base.endswith(".pb"):
             return "ONNX export, not loaded"
+        found = _ANY_VARIANT.match(base)
+        other = (found["variant"] or found["index_variant"]) if found else None
+        if other and other not in PRECISION_FILE_VARIANTS.values() and other != variant:
+            return f"{other} weights, not loaded by the pipeline"  # non_ema, ema: no .bin twin either
         if path in ignored and (base.endswith(".bin") or ".bin.index" in base):
             return ".bin twin of the safetensors weights taken"
         if path in ignored:
             return "safetensors left out: not every component has them, the .bin weights are taken"
-        if (found := _ANY_VARIANT.match(base)) and (found["variant"] or found["index_variant"]):
-            other = found["variant"] or found["index_variant"]
-            if other in PRECISION_FILE_VARIANTS.values() or other == variant:
-                return f"{other} variant; this model takes {chosen} for {top}"
-            return f"{other} weights, not loaded by the pipeline"
+        if other:
+            return f"{other} variant; this model takes {chosen} for {top}"
         if variant and (base.endswith((".safetensors", ".bin")) or ".index" in base):
             return f"full-precision weights; this model takes the {variant} variant for {top}"
         return "not loaded (a model folder's config.json and weights only)"
@@ -694,6 +695,17 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path |
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as error:
         repo = cache / ("models--" + repo_id.replace("/", "--"))
         refs = sorted(p.name for p in (repo / "refs").iterdir()) if (repo / "refs").is_dir() else []
+        wanted = revision or "main"
+        ref = repo / "refs" / wanted
+        snapshots = sorted(p.name for p in (repo / "snapshots").iterdir()) if (repo / "snapshots").is_dir() else []
+        commit = ref.read_text().strip() if ref.is_file() else ""
+        if commit and commit not in snapshots:  # the ref is there, the snapshot it names is not
+            raise Rejected(
+                f"{repo_id} in the Hugging Face cache {cache}: its ref {wanted} names snapshot {commit}, which "
+                f"is not in {repo / 'snapshots'} (a download interrupted or cleaned up); its snapshots: "
+                f"{', '.join(snapshots) or 'none'} (pass one with --revision, or download {repo_id} again)",
+                reason="not_in_hf_cache",
+            ) from error
         if repo.is_dir():  # the repository is there, not this revision
             raise Rejected(
                 f"{repo_id} is in the Hugging Face cache {cache} but not at revision {revision or 'main'} "

@@ -61,6 +61,7 @@ def test_r1_sd15_leaves_out_twins_other_precision_null_components_and_root_check
     )
     assert why["unet/diffusion_pytorch_model.bin"] == ".bin twin of the safetensors weights taken"
     assert why["unet/diffusion_pytorch_model.non_ema.safetensors"] == "non_ema weights, not loaded by the pipeline"
+    assert why["unet/diffusion_pytorch_model.non_ema.bin"] == "non_ema weights, not loaded by the pipeline"  # no twin
     assert "safety_checker/model.fp16.safetensors" in fp16.taken  # a transformers model in a pipeline module
     assert why["safety_checker/model.safetensors"] == (
         "full-precision weights; this model takes the fp16 variant for safety_checker"
@@ -433,3 +434,24 @@ def test_a_cache_repository_folder_named_instead_of_its_snapshot_is_told_how_to_
     repo = repository.name.removeprefix("models--").replace("--", "/")
     assert refused.value.reason == "not_a_model"
     assert f"register its snapshot with `homefleet models add --from-hf-cache {repo}`" in refused.value.message
+
+
+def test_a_ref_naming_a_snapshot_the_cache_lacks_is_said_as_such(
+    replicas: dict[str, tuple[Replica, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``refs/main`` names a commit whose snapshot folder is gone (a download interrupted or a
+    cache cleaned by hand; the ref ends with a newline as the hub writes it): the refusal names
+    the ref, the missing commit and the snapshots there are, not "not at revision main; its
+    cached refs: main"."""
+    _, snapshot = replicas["sd15"]
+    cache = tmp_path / "hub"
+    shutil.copytree(snapshot.parents[2], cache, symlinks=True)
+    repo = cache / snapshot.parents[1].name
+    repo_id = repo.name.removeprefix("models--").replace("--", "/")
+    (repo / "refs" / "main").write_text("0" * 40 + "\n")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Rejected) as refused:
+        cached_snapshot(repo_id, cache_dir=cache)
+    assert refused.value.reason == "not_in_hf_cache"
+    assert f"its ref main names snapshot {'0' * 40}, which is not in {repo / 'snapshots'}" in refused.value.message
+    assert f"its snapshots: {snapshot.name}" in refused.value.message
