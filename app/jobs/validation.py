@@ -689,19 +689,16 @@ def check_submission(
                 )
 
 
-def check_model_defaults(
-    limits: Mapping[str, FamilyLimits], family: str, kinds: tuple[str, ...], defaults: Mapping[str, Any]
-) -> None:
-    """Refuse a model's own defaults (``models add --default``) that every job of a kind they apply
-    to would be refused for: the submission's checks of sizes, steps, frames, ``n`` and the prompts'
-    types and lengths (:func:`check_submission`, the family's ``limits``; the kinds' own number
-    ranges are :func:`app.core.kinds.check_defaults`'), before anything is registered (R22).
+def check_model_defaults(limits: Mapping[str, FamilyLimits], family: str, defaults: Mapping[str, Any]) -> None:
+    """Refuse a model's own defaults (``models add --default``; matched to its kinds' params and
+    their number ranges by :func:`app.core.kinds.check_defaults` first) that every job would be
+    refused for: the submission's checks of sizes, steps, frames, ``n`` and the prompts' types and
+    lengths (:func:`check_submission`, the family's ``limits``), before anything is registered (R22).
 
     Raises:
         Rejected: reason ``invalid_default``, ``param`` ``defaults.<name>``, the submission's
             message prefixed with ``default``.
     """
-    del kinds  # the defaults were matched to the kinds' params already (app.core.kinds.check_defaults)
     try:
         check_submission(defaults, limits_for(limits, family), None, None, family)
     except Rejected as error:

@@ -30,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import redis
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -218,7 +219,7 @@ class Registry:
         engine: Engine,
         models_dir: Path,
         on_change: Callable[[], None] | None = None,
-        check_defaults_limits: Callable[[str, tuple[str, ...], Mapping[str, Any]], None] | None = None,
+        check_defaults_limits: Callable[[str, Mapping[str, Any]], None] | None = None,
         change_mark: Callable[[], object] | None = None,
     ) -> None:
         self.engine = engine
@@ -326,7 +327,7 @@ class Registry:
         except DefaultRefused as error:
             raise Rejected(str(error), reason="invalid_default", param=f"defaults.{error.name}") from error
         if defaults and self.check_defaults_limits is not None:
-            self.check_defaults_limits(family, tuple(kinds), defaults)
+            self.check_defaults_limits(family, defaults)
         if source.is_file():  # one LoRA file, stored under the name the worker loads (tasks/adapters.py)
             sources = {LORA_WEIGHTS: source}
         else:
@@ -546,7 +547,7 @@ class Registry:
         self._mark_read_at = time.monotonic()
         try:
             mark = self.change_mark()
-        except Exception as error:  # noqa: BLE001 (Redis's errors, kept out of this layer) logged, the cache kept
+        except redis.RedisError as error:  # logged, the cache kept
             log.warning("the registry's change mark could not be read (%s); cached records kept", error)
             return
         if mark != self._mark:
