@@ -37,6 +37,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.utils.sha import git_hash
+
 from app.devtools.tiny_models import make_tiny_families
 
 #: replica name -> (tiny family, the repository it copies)
@@ -92,15 +94,27 @@ def make_replica(name: str, out_dir: Path, seed: int = 0, *, tiny_dir: Path | No
     )
 
 
+LFS_SUFFIXES = (".safetensors", ".bin", ".ckpt", ".pt", ".pth", ".msgpack", ".onnx", ".h5", ".model", ".pb")
+"""File suffixes the Hub's default ``.gitattributes`` keeps in Git LFS (the ones replicas hold)."""
+
+
+def _blob_name(path: Path) -> str:
+    """The name ``huggingface_hub`` gives the blob of ``path`` in its cache."""
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest() if path.name.endswith(LFS_SUFFIXES) else git_hash(data)
+
+
 def as_hf_cache(replica: Replica, cache_dir: Path, revision: str = "main") -> Path:
     """Lay ``replica`` out in the Hugging Face cache ``cache_dir`` as ``huggingface_hub``
-    downloads it: ``models--{org}--{name}/blobs/<sha256 of the bytes>``,
+    downloads it: ``models--{org}--{name}/blobs/<name>``, the name the SHA-256 of the bytes for a
+    file the Hub keeps in Git LFS (:data:`LFS_SUFFIXES`: weights) and the git blob hash (SHA-1 of
+    ``blob <size>\\0`` and the bytes) for the others (configs, tokenizer files),
     ``snapshots/<commit>/<path>`` as RELATIVE links to the blobs (``../../blobs/…``, one more
     ``../`` per folder level) and ``refs/<revision>`` holding the commit (40 hex digits, derived
     from the contents). Returns the snapshot folder."""
     repo = Path(cache_dir) / ("models--" + replica.repo_id.replace("/", "--"))
     files = sorted(p for p in replica.folder.rglob("*") if p.is_file())
-    digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    digests = {p: _blob_name(p) for p in files}
     commit = hashlib.sha1(
         "".join(f"{p.relative_to(replica.folder)}:{d}\n" for p, d in digests.items()).encode()
     ).hexdigest()

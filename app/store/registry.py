@@ -47,6 +47,7 @@ from app.core.textgen import architectures, kv_cache_bytes, load_tokenizer, mode
 from app.core.torch_archive import check_archive
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
+from app.store.hf_cache import BlobMismatch, check_blob
 from app.store.selection import (
     TOKENIZER_FILES,
     check_config_keys,
@@ -337,10 +338,12 @@ class Registry:
         try:  # before anything is copied: what no loader can read is refused
             check_taken_files(sources)
         except IntegrityFailure as error:
-            raise Rejected(
-                f"{source}: {error}: a truncated or damaged file (an interrupted download? download it again)",
-                reason="incomplete_model",
-            ) from error
+            why = (
+                ""
+                if isinstance(error, BlobMismatch)
+                else ": a truncated or damaged file (an interrupted download? download it again)"
+            )
+            raise Rejected(f"{source}: {error}{why}", reason="incomplete_model") from error
         with self._one_registration():  # ids are checked and taken one registration at a time
             with Session(self.engine) as session:
                 taken = set(session.exec(select(ModelRecord.id)).all())
@@ -430,6 +433,10 @@ class Registry:
         """
         from app.store import single_file
 
+        try:  # a cached download's blob against its name, before anything reads it (R4)
+            check_blob(Path(source).name, Path(source))
+        except IntegrityFailure as error:
+            raise Rejected(str(error), reason="incomplete_checkpoint") from error
         source = Path(source).resolve()
         try:
             check_variant(precision, quantization)
@@ -986,15 +993,19 @@ def _price(folder: Path, variant: Variant) -> int:
 
 def check_taken_files(files: Mapping[str, Path]) -> None:
     """Check the files a model takes (relative path -> the file) as their loaders would read
-    them, without loading any: safetensors by safetensors' own reader
+    them, without loading any (a file that is a Hugging Face cache blob first against its name,
+    :func:`app.store.hf_cache.check_blob`): safetensors by safetensors' own reader
     (:func:`app.core.safetensors.check_loadable`), ``.bin`` archives by their central directory
     (:func:`app.core.torch_archive.check_archive`), JSON files by :func:`model_json`.
 
     Raises:
-        IntegrityFailure: ``"<path> cannot be loaded (<why>)"`` for a weights file.
+        IntegrityFailure: ``"<path> cannot be loaded (<why>)"`` for a weights file;
+            :class:`app.store.hf_cache.BlobMismatch`, ``"<path> does not match its Hugging Face
+            cache blob (...)"``.
         Rejected: a JSON file that is not a JSON object in UTF-8 (reason ``not_a_model``).
     """
     for path, origin in files.items():
+        check_blob(path, origin)  # a Hugging Face cache blob whose bytes no longer match its name
         if path.endswith((".safetensors", ".bin")):
             try:
                 (check_loadable if path.endswith(".safetensors") else check_archive)(origin)

@@ -5,7 +5,10 @@ what it took and what it left out, and why."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 
 from app.context import ServerContext
 from app.core.digest import file_digest
+from app.core.errors import Rejected
 from app.core.pricing import loaded_bytes
 from app.devtools.replicas import Replica, as_hf_cache, make_replica
 from app.store.selection import select_files
@@ -173,3 +177,99 @@ def test_a_snapshot_s_own_path_registers_as_from_the_cache_named_after_its_repos
     record = ctx.registry.get(model_id)
     assert (record.source_format, record.precision) == ("hf-cache", "fp16")
     assert snapshot.name not in {m.id for m in ctx.registry.list()}
+
+
+def _private_cache(hub: Path, replica: Replica, out: Path) -> Path:
+    """A copy of ``replica``'s cached repository (its relative links kept) in a cache of its own."""
+    name = "models--" + replica.repo_id.replace("/", "--")
+    shutil.copytree(hub / name, out / name, symlinks=True)
+    return out
+
+
+def test_r4_every_cached_blob_is_named_as_the_hub_names_it(built: tuple[dict[str, Replica], Path]) -> None:
+    """The replicas' cache is laid out as ``huggingface_hub`` downloads it: weights (Git LFS) in
+    blobs named by the SHA-256 of their bytes, configs and tokenizer files by their git blob hash."""
+    hub = built[1]
+    blobs = sorted(hub.glob("models--*/blobs/*"))
+    lfs = [b for b in blobs if len(b.name) == 64]
+    git = [b for b in blobs if len(b.name) == 40]
+    assert lfs and git and len(lfs) + len(git) == len(blobs)
+    for blob in lfs:
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
+    for blob in git:
+        data = blob.read_bytes()
+        assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob.name
+        assert not blob.name.endswith((".safetensors", ".bin"))
+
+
+@pytest.mark.parametrize("damaged", ["unet/diffusion_pytorch_model.fp16.safetensors", "unet/config.json"])
+def test_r4_a_cached_blob_damaged_after_the_download_is_refused_before_anything_is_copied(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path, damaged: str
+) -> None:
+    """A blob whose bytes no longer hash to its name (one weights byte flipped in place, or a
+    config edited through the snapshot's link and still valid JSON) is refused, naming the file,
+    the blob and both hashes: registering it would sign the damage into the manifest."""
+    replicas, hub = built
+    replica = replicas["sd15"]
+    cache = _private_cache(hub, replica, tmp_path / "hub")
+    [snapshot] = (cache / ("models--" + replica.repo_id.replace("/", "--")) / "snapshots").iterdir()
+    blob = (snapshot / damaged).resolve()
+    data = bytearray(blob.read_bytes())
+    if damaged.endswith(".json"):
+        data = bytearray(json.dumps(json.loads(data), indent=4).encode())  # still a valid config
+    else:
+        data[-1] ^= 0xFF  # the last tensor byte: safetensors' reader still accepts the file
+    blob.write_bytes(bytes(data))
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", env=env, check=False)
+    text = _human_free(done.stdout + done.stderr)
+    assert done.returncode != 0, text
+    assert f"{damaged} does not match its Hugging Face cache blob {blob}" in text
+    found = hashlib.sha256(data).hexdigest() if len(blob.name) == 64 else None
+    assert found is None or f"its bytes hash to {found}" in text
+    assert "download the file again" in text
+    assert ctx.registry.list() == []
+    models_dir = ctx.registry.models_dir
+    assert not models_dir.exists() or list(models_dir.iterdir()) == []  # nothing copied, no staging left
+
+
+def test_r4_only_files_in_a_cache_s_blobs_are_checked_against_their_names(
+    built: tuple[dict[str, Replica], Path], tmp_path: Path
+) -> None:
+    """A snapshot's link is its blob and is checked; a file named like a hash outside a ``blobs``
+    folder, and a plain download's files, are checked against no name."""
+    from app.store.hf_cache import blob_of, check_blob
+
+    replicas, hub = built
+    replica = replicas["sd15"]
+    [snapshot] = (hub / ("models--" + replica.repo_id.replace("/", "--")) / "snapshots").iterdir()
+    link = snapshot / "unet/config.json"
+    assert blob_of(link) == link.resolve() and link.resolve().parent.name == "blobs"
+    check_blob("unet/config.json", link)  # intact: no error
+    elsewhere = tmp_path / "copies" / link.resolve().name
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("{}")  # named like a blob, but not in a blobs folder
+    assert blob_of(elsewhere) is None
+    check_blob("x", elsewhere)
+    assert blob_of(replica.folder / "unet/config.json") is None
+
+
+def test_r4_a_damaged_cached_single_file_checkpoint_is_refused_before_it_is_converted(
+    ctx: ServerContext, tmp_path: Path
+) -> None:
+    """A single-file checkpoint linked from a cache snapshot is checked against its blob's name
+    first: nothing is converted or registered from damaged bytes."""
+    repo = tmp_path / "hub" / "models--org--checkpoint"
+    (repo / "blobs").mkdir(parents=True)
+    data = b"not the bytes the Hub named"
+    name = hashlib.sha256(b"the bytes the Hub named").hexdigest()
+    (repo / "blobs" / name).write_bytes(data)
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to(Path("../../blobs") / name)
+    with pytest.raises(Rejected) as refused:
+        ctx.registry.add_single_file(snapshot / "model.safetensors", "sdxl")
+    assert refused.value.reason == "incomplete_checkpoint"
+    assert f"model.safetensors does not match its Hugging Face cache blob {repo / 'blobs' / name}" in str(refused.value)
+    assert f"its bytes hash to {hashlib.sha256(data).hexdigest()}" in str(refused.value)
+    assert ctx.registry.list() == []
