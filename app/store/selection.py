@@ -157,8 +157,10 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
         )
     elif (folder / "model_index.json").is_file():
         selection = _select_diffusers(folder, files, PRECISION_FILE_VARIANTS.get(precision))
+        one_checkpoint_each(selection, _loaders(folder, DIFFUSERS))
     elif architectures(folder):
         selection = _select_transformers(folder, files)
+        one_checkpoint_each(selection, _loaders(folder, TRANSFORMERS))
     else:
         selection = _finish(DIFFUSERS, folder, files, set(files), lambda p: "")
     junk = [p for p in selection.taken if _is_junk(p)]
@@ -173,6 +175,55 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
         )
     check_shards(folder, selection.taken)
     return selection
+
+
+def _loaders(folder: Path, source_format: str) -> dict[str, str]:
+    """Folder of weights (``""``: the model's root) -> the library whose loader reads it:
+    :data:`TRANSFORMERS` for a causal LM's root and for the components whose class is a
+    transformers model (a text encoder, SD 1.5's safety checker), :data:`DIFFUSERS` for the
+    other components."""
+    if source_format == TRANSFORMERS:
+        return {"": TRANSFORMERS}
+    index = model_json(folder / "model_index.json")
+    loaders = {}
+    for name in named_components(index):
+        library, class_name = index[name]
+        found = component_config(str(library), str(class_name))
+        loaders[name] = TRANSFORMERS if found is not None and found[1] == "model_type" else DIFFUSERS
+    return loaders
+
+
+def one_checkpoint_each(selection: Selection, loaders: dict[str, str]) -> None:
+    """Leave out, in place, the weights a folder's loader skips when it holds both one weights
+    file (``model.safetensors``, ``diffusion_pytorch_model.fp16.safetensors``) and shards of the
+    same format with their index: diffusers reads the shard index first
+    (``ModelMixin.from_pretrained``: an index that exists makes the load sharded), transformers
+    the single file (``PreTrainedModel.from_pretrained`` looks for ``model.safetensors`` before
+    ``model.safetensors.index.json``). Taking both would copy, sync and price the weights twice.
+
+    ``loaders``: folder of weights (``""`` the root) -> :data:`DIFFUSERS` or :data:`TRANSFORMERS`
+    (:func:`_loaders`); other folders are left as they are."""
+    by_folder: dict[str, list[str]] = {}
+    for path in selection.taken:
+        by_folder.setdefault(posixpath.dirname(path), []).append(path)
+    for where, paths in sorted(by_folder.items()):
+        loader = loaders.get(where)
+        if loader is None:
+            continue
+        for suffix in (".safetensors", ".bin"):
+            single = sorted(p for p in paths if p.endswith(suffix) and not _SHARD.search(p))
+            sharded = sorted(p for p in paths if (_SHARD.search(p) and p.endswith(suffix)) or f"{suffix}.index" in p)
+            if not single or not sharded:
+                continue
+            index = next((p for p in sharded if _SHARD_INDEX.search(p)), sharded[0])
+            if loader == TRANSFORMERS:
+                dropped = sharded
+                why = f"sharded twin of {single[0]}, which transformers loads first"
+            else:
+                dropped = single
+                why = f"single-file twin of the shards diffusers loads through {index}"
+            for path in dropped:
+                selection.left_out[path] = (selection.taken.pop(path), why)
 
 
 JUNK_WHY = "a hidden file or an editor's backup (no loader reads it)"

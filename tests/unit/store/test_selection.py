@@ -455,3 +455,78 @@ def test_a_ref_naming_a_snapshot_the_cache_lacks_is_said_as_such(
     assert refused.value.reason == "not_in_hf_cache"
     assert f"its ref main names snapshot {'0' * 40}, which is not in {repo / 'snapshots'}" in refused.value.message
     assert f"its snapshots: {snapshot.name}" in refused.value.message
+
+
+def _add_shards(model: object, folder: Path, shard_bytes: int) -> list[str]:
+    """Save ``model`` (a diffusers or transformers model) sharded beside the single weights file
+    ``folder`` already holds, as ``save_pretrained(max_shard_size=…)`` writes them: the shards
+    and their index; returns their names."""
+    staging = folder.parent / f".{folder.name}-sharded"
+    model.save_pretrained(staging, max_shard_size=shard_bytes)  # type: ignore[attr-defined]
+    names = sorted(p.name for p in staging.iterdir() if ".index." in p.name or "-of-" in p.name)
+    assert any("-00002-of-" in n for n in names), names  # really sharded
+    for name in names:
+        shutil.move(str(staging / name), folder / name)
+    shutil.rmtree(staging)
+    return names
+
+
+def test_r1_a_folder_with_one_weights_file_and_its_shards_takes_what_its_loader_reads(tmp_path: Path) -> None:
+    """Some downloads hold a component's weights twice: one file and shards with their index.
+    diffusers loads the shards (an index present makes its load sharded), transformers the single
+    file (``model.safetensors`` before the index): registration takes that one only, and what it
+    takes loads, tensor for tensor."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    replica = make_replica("sd15", tmp_path / "plain")
+    unet_folder, encoder_folder = replica.folder / "unet", replica.folder / "text_encoder"
+    unet = UNet2DConditionModel.from_pretrained(unet_folder)
+    encoder = CLIPTextModel.from_pretrained(encoder_folder)
+    unet_shards = _add_shards(unet, unet_folder, 1_000_000)
+    encoder_shards = _add_shards(encoder, encoder_folder, 60_000)
+
+    chosen = select_files(replica.folder, "fp32")
+    taken = set(chosen.taken)
+    why = {path: reason for path, (_, reason) in chosen.left_out.items()}
+    assert {f"unet/{n}" for n in unet_shards} <= taken
+    assert "unet/diffusion_pytorch_model.safetensors" not in taken
+    assert why["unet/diffusion_pytorch_model.safetensors"] == (
+        "single-file twin of the shards diffusers loads through unet/diffusion_pytorch_model.safetensors.index.json"
+    )
+    assert "text_encoder/model.safetensors" in taken
+    assert not {f"text_encoder/{n}" for n in encoder_shards} & taken
+    assert why["text_encoder/model.safetensors.index.json"] == (
+        "sharded twin of text_encoder/model.safetensors, which transformers loads first"
+    )
+
+    copy = tmp_path / "taken"  # what a worker receives loads, and holds the same tensors
+    for path in taken:
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(replica.folder / path, copy / path)
+    loaded_unet = UNet2DConditionModel.from_pretrained(copy / "unet")
+    loaded_encoder = CLIPTextModel.from_pretrained(copy / "text_encoder")
+    for mine, theirs in ((loaded_unet, unet), (loaded_encoder, encoder)):
+        ours, reference = mine.state_dict(), theirs.state_dict()
+        assert ours.keys() == reference.keys()
+        assert all(torch.equal(ours[k], reference[k]) for k in reference)
+
+
+def test_r1_a_causal_lm_with_model_safetensors_and_its_shards_takes_the_single_file(tmp_path: Path) -> None:
+    """A transformers causal LM's root: ``model.safetensors`` is what transformers loads when its
+    shards and index sit beside it; the shards are left out, the weights counted once."""
+    from transformers import AutoModelForCausalLM
+
+    from app.devtools.tiny_text import make_tiny_text
+
+    folder = make_tiny_text(tmp_path, ("llama",))["llama"]
+    single_bytes = (folder / "model.safetensors").stat().st_size
+    shards = _add_shards(AutoModelForCausalLM.from_pretrained(folder), folder, single_bytes // 3)
+    chosen = select_files(folder, "fp32")
+    assert "model.safetensors" in chosen.taken
+    assert not set(shards) & set(chosen.taken)
+    assert sum(size for path, size in chosen.taken.items() if path.endswith(".safetensors")) == single_bytes
+    assert {chosen.left_out[n][1] for n in shards} == {
+        "sharded twin of model.safetensors, which transformers loads first"
+    }
