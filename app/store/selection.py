@@ -576,14 +576,22 @@ def check_component_configs(folder: Path, index: dict[str, Any]) -> None:
     config file its class loads from (:func:`component_config`).
 
     Raises:
-        Rejected: reason ``incomplete_model``, naming each component and the file it lacks.
+        Rejected: reason ``incomplete_model``, naming each component and the file it lacks, or
+            the config that is a broken link (a cache snapshot's link whose blob is gone).
     """
     lacking = []
     for name in sorted(named_components(index)):
         library, class_name = index[name]
         found = component_config(str(library), str(class_name))
-        if found is not None and not (folder / name / found[0]).is_file():
-            lacking.append(f"{name}/{found[0]} ({class_name})")
+        if found is None or (path := folder / name / found[0]).is_file():
+            continue
+        if path.is_symlink():
+            raise Rejected(
+                f"{folder}: {name}/{found[0]} is a broken link (its target {os.readlink(path)} is missing: an "
+                "interrupted download?); download the model again",
+                reason="incomplete_model",
+            )
+        lacking.append(f"{name}/{found[0]} ({class_name})")
     if lacking:
         raise Rejected(
             f"{folder}: no {', '.join(lacking)}: a component's config is missing (an interrupted download? "

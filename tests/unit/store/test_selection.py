@@ -260,6 +260,21 @@ def test_r4_a_broken_link_among_the_files_taken_is_refused_by_name(tmp_path: Pat
     assert refused.value.reason == "incomplete_model"
 
 
+def test_r4_a_component_config_that_is_a_broken_link_is_named_as_one_not_as_missing(tmp_path: Path) -> None:
+    """A cache snapshot whose config blob is gone: the link is named with its target, not called
+    a missing config."""
+    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"])
+    _write(tmp_path, "unet/diffusion_pytorch_model.safetensors")
+    os.symlink("../../../blobs/4f2c", tmp_path / "unet" / "config.json")
+    with pytest.raises(Rejected) as refused:
+        select_files(tmp_path, "fp32")
+    assert (refused.value.reason, refused.value.message) == (
+        "incomplete_model",
+        f"{tmp_path}: unet/config.json is a broken link (its target ../../../blobs/4f2c is missing: an "
+        "interrupted download?); download the model again",
+    )
+
+
 def test_r1_a_transformers_folder_takes_config_tokenizer_and_safetensors_only(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     _write(
