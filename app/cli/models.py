@@ -339,14 +339,24 @@ def models_list(
     ] = False,
 ) -> None:
     """Registered models in service with their family, kinds, precision (and quantization), size
-    on disk, source (diffusers, hf-cache, single-file, a LoRA's layout…) and pipeline; with --all
+    on disk (the files taken), the weights' size loaded at that precision (what placement prices,
+    R10), source (diffusers, hf-cache, single-file, a LoRA's layout…) and pipeline; with --all
     the retired ones too, with the date they were retired."""
     from app.context import build_checked_context
+    from routing.estimate import readable_bytes
 
     ctx = build_checked_context(server_settings())
     try:
         table = Table(
-            "id", "family", "kinds", "precision", "bytes", "source", "pipeline", *(["retired"] if show_all else [])
+            "id",
+            "family",
+            "kinds",
+            "precision",
+            "on disk",
+            "loaded",
+            "source",
+            "pipeline",
+            *(["retired"] if show_all else []),
         )
         for m in ctx.registry.list(retired=show_all):
             retired = [f"retired {m.retired_at:%Y-%m-%d %H:%M}" if m.retired_at else ""] if show_all else []
@@ -355,7 +365,8 @@ def models_list(
                 m.family,
                 ",".join(m.kinds),
                 m.variant.key(),  # two registrations of one download differ here (fp16, fp32+torchao-int8wo)
-                str(m.total_bytes),
+                readable_bytes(m.total_bytes),
+                readable_bytes(m.weights_bytes) if m.weights_bytes is not None else "-",
                 m.source_format or "",
                 m.pipeline_class,
                 *retired,
