@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from app.cli.common import console, server_settings
+
+if TYPE_CHECKING:
+    from app.db.tables import ModelRecord
 
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
 
@@ -224,7 +227,7 @@ def models_add(
     (docs/operations.md, "What registration takes"). A LoRA file whose keys are for another family
     than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
-    from app.store.selection import HF_CACHE, cached_snapshot, select_files, snapshot_repo
+    from app.store.selection import cached_snapshot, select_files, snapshot_repo
     from routing.estimate import readable_bytes
 
     if (path is None) == (from_hf_cache is None):
@@ -270,11 +273,11 @@ def models_add(
             extra: dict[str, str] = {}
             if from_hf_cache is not None:
                 path = cached_snapshot(from_hf_cache, revision)
-                extra = {"source_format": HF_CACHE, "mint_from": from_hf_cache.rsplit("/", 1)[-1]}
+                extra = {"mint_from": from_hf_cache.rsplit("/", 1)[-1], **_cache_source(from_hf_cache, path)}
                 console.print(f"{from_hf_cache}: snapshot {path}")
             elif path is not None and path.is_dir() and (repo := snapshot_repo(path.absolute())) is not None:
                 # a snapshot's own path, as people paste it: named as --from-hf-cache names it, not by its commit
-                extra = {"source_format": HF_CACHE, "mint_from": repo.rsplit("/", 1)[-1]}
+                extra = {"mint_from": repo.rsplit("/", 1)[-1], **_cache_source(repo, path.absolute())}
                 console.print(f"{repo}: snapshot {path} (a Hugging Face cache snapshot)")
             assert path is not None  # checked above
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
@@ -312,7 +315,7 @@ def models_add(
     console.print(
         f"registered [bold]{record.id}[/] family={record.family} kinds={','.join(record.kinds)} "
         f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
-        f"weights={readable_bytes(record.weights_bytes or 0)} source={record.source_format}{digest}"
+        f"weights={readable_bytes(record.weights_bytes or 0)} source={source_text(record)}{digest}"
         + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else "")
     )
 
@@ -330,6 +333,23 @@ def parse_defaults(pairs: list[str]) -> dict[str, object]:
         except ValueError:
             defaults[name.strip()] = value
     return defaults
+
+
+def _cache_source(repo: str, snapshot: Path) -> dict[str, str]:
+    """What a model registered from the Hugging Face cache snapshot ``snapshot`` of ``repo``
+    records of its source: the format, the repository and the snapshot's commit (its folder's name)."""
+    from app.store.selection import HF_CACHE
+
+    return {"source_format": HF_CACHE, "source_repo": repo, "source_revision": snapshot.name}
+
+
+def source_text(record: ModelRecord) -> str:
+    """A model's source for people: its format, and for a cache snapshot ``org/name@<commit's
+    first 12 hex digits>``."""
+    text = record.source_format or ""
+    if record.source_repo:
+        text += f" {record.source_repo}@{(record.source_revision or '?')[:12]}"
+    return text
 
 
 @models_cli.command("list")
@@ -367,7 +387,7 @@ def models_list(
                 m.variant.key(),  # two registrations of one download differ here (fp16, fp32+torchao-int8wo)
                 readable_bytes(m.total_bytes),
                 readable_bytes(m.weights_bytes) if m.weights_bytes is not None else "-",
-                m.source_format or "",
+                source_text(m),
                 m.pipeline_class,
                 *retired,
             )

@@ -151,6 +151,10 @@ class ModelRecord(SQLModel, table=True):
     # The digest of the file a single-file checkpoint or a LoRA file was registered from (provenance:
     # the converted folder's files have digests of their own); None for a folder.
     source_digest: str | None = None
+    # For a Hugging Face cache snapshot ("hf-cache"): the repository (org/name) and the commit of
+    # the snapshot registered (its folder's name), so a later download can be told apart; else None.
+    source_repo: str | None = None
+    source_revision: str | None = None
     # The model's own default job params ({param: value}), given at registration (`models add
     # --default`), checked against the param spec of its kinds (app/store/registry.py
     # check_defaults) and applied to a job that does not set the param; None: none.

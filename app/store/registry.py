@@ -263,6 +263,8 @@ class Registry:
         *,
         source_format: str | None = None,
         source_digest: str | None = None,
+        source_repo: str | None = None,
+        source_revision: str | None = None,
         mint_from: str | None = None,
         defaults: dict[str, Any] | None = None,
     ) -> ModelRecord:
@@ -279,7 +281,9 @@ class Registry:
         :data:`~app.core.lora_files.LORA_WEIGHTS`; its layout (kohya or diffusers/PEFT,
         :func:`adapter_layout`) is the record's ``source_format``, and a file's digest its
         ``source_digest``. ``source_format``/``source_digest``: what the caller registers
-        from, recorded as given (an adapter's recognised layout takes the place of a missing one).
+        from, recorded as given (an adapter's recognised layout takes the place of a missing one);
+        ``source_repo``/``source_revision``: a Hugging Face cache snapshot's repository
+        (``org/name``) and commit, recorded as given.
         ``source_format`` is recorded as given (e.g. ``hf-cache``, ``single-file``), else as found
         (``diffusers``, ``transformers``, a LoRA's layout); ``mint_from`` names the id minted when
         ``model_id`` is None (default: the folder's or file's name). ``defaults``: the model's own
@@ -392,6 +396,8 @@ class Registry:
                     weights_bytes=weights,
                     source_format=source_format,
                     source_digest=source_digest,
+                    source_repo=source_repo,
+                    source_revision=source_revision,
                     defaults=defaults,
                 )
                 with Session(self.engine) as session:

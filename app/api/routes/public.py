@@ -298,7 +298,11 @@ def get_model(model_id: str, ctx: Context) -> dict[str, Any]:
     """One registered model (``client.models.retrieve(id)``): OpenAI's fields ``id``,
     ``object: "model"``, ``created`` (registration, Unix seconds), ``owned_by``, then
     Homefleet's: ``family``, ``kinds``, ``pipeline_class``, ``total_bytes``, ``precision``,
-    ``quantization``, ``weights_bytes``, ``defaults`` (its own default job params, registered
+    ``quantization``, ``weights_bytes``, ``source`` (what it was registered from: ``format``,
+    ``diffusers``, ``transformers``, ``hf-cache``, ``single-file`` or a LoRA's layout; for a
+    Hugging Face cache snapshot its ``repo`` and ``revision``, the snapshot's commit; for a
+    converted checkpoint or a LoRA file the file's ``digest``; null where it does not apply or
+    was not recorded), ``defaults`` (its own default job params, registered
     with ``models add --default``; applied when a job does not set them) and ``params`` (per kind
     it runs: ``params``, the param names a submission may set, and ``inputs``, those naming an
     uploaded file id, from :func:`app.core.kinds.family_kind_spec`, with the kind's ``defaults``
@@ -338,6 +342,12 @@ def model_entry(
         "precision": m.precision,
         "quantization": m.quantization,
         "weights_bytes": _weights_bytes(ctx, m.id),
+        "source": {
+            "format": m.source_format,
+            "repo": m.source_repo,
+            "revision": m.source_revision,
+            "digest": m.source_digest,
+        },
         "defaults": dict(m.defaults or {}),
         "adapters": adapters,
         "retired_at": _utc(retired_at).isoformat() if retired_at else None,

@@ -2,4 +2,4 @@
 written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
 reading of the scripts)."""
 
-HEAD = "b1f7d3a9c5e2"
+HEAD = "263ffe16fd24"

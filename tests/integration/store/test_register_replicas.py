@@ -177,6 +177,42 @@ def test_a_snapshot_s_own_path_registers_as_from_the_cache_named_after_its_repos
     record = ctx.registry.get(model_id)
     assert (record.source_format, record.precision) == ("hf-cache", "fp16")
     assert snapshot.name not in {m.id for m in ctx.registry.list()}
+    assert (record.source_repo, record.source_revision) == (replica.repo_id, snapshot.name)
+    assert f"source=hf-cache {replica.repo_id}@{snapshot.name[:12]}" in _human_free(done.stdout)
+
+
+def test_a_cached_model_s_repository_and_commit_are_recorded_and_shown_by_the_api_and_models_list(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path]
+) -> None:
+    """``--from-hf-cache`` records which repository and which snapshot (its commit) was
+    registered; ``GET /v1/models/{id}`` gives them in ``source``, ``models list`` beside the format.
+    A plain folder records neither."""
+    from fastapi.testclient import TestClient
+
+    from app.api.server import create_app
+    from tests.helpers import TEST_API_KEY
+
+    replicas, hub = built
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    cached, plain = replicas["sdxl"], replicas["flux"]
+    [snapshot] = (hub / ("models--" + cached.repo_id.replace("/", "--")) / "snapshots").iterdir()
+    run_cli("models", "add", "--from-hf-cache", cached.repo_id, "--precision", "fp16", env=env)
+    run_cli("models", "add", str(plain.folder), "--id", "plain-flux", env=env)
+    cached_id = cached.repo_id.split("/")[-1].lower()
+    with TestClient(create_app(ctx.settings, ctx), headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as client:
+        shown = client.get(f"/v1/models/{cached_id}")
+        listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["source"] == {
+        "format": "hf-cache",
+        "repo": cached.repo_id,
+        "revision": snapshot.name,
+        "digest": None,
+    }
+    assert listed["plain-flux"]["source"] == {"format": "diffusers", "repo": None, "revision": None, "digest": None}
+    wide = run_cli("models", "list", env={**env, "COLUMNS": "250"}).stdout
+    [row] = [line for line in wide.splitlines() if f" {cached_id} " in line]
+    assert f"hf-cache {cached.repo_id}@{snapshot.name[:12]}" in row, wide
 
 
 def _private_cache(hub: Path, replica: Replica, out: Path) -> Path:
