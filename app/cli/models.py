@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from app.cli.common import console, server_settings
 
@@ -368,14 +368,13 @@ def models_list(
     ctx = build_checked_context(server_settings())
     try:
         table = Table(
-            "id",
+            Column("id", no_wrap=True),  # ids are what people copy: never folded
             "family",
-            "kinds",
+            Column("kinds", overflow="fold"),
             "precision",
-            "on disk",
-            "loaded",
-            "source",
-            "pipeline",
+            "on disk / loaded",
+            Column("source", overflow="fold"),
+            Column("pipeline", overflow="fold"),
             *(["retired"] if show_all else []),
         )
         for m in ctx.registry.list(retired=show_all):
@@ -385,8 +384,8 @@ def models_list(
                 m.family,
                 ",".join(m.kinds),
                 m.variant.key(),  # two registrations of one download differ here (fp16, fp32+torchao-int8wo)
-                readable_bytes(m.total_bytes),
-                readable_bytes(m.weights_bytes) if m.weights_bytes is not None else "-",
+                f"{readable_bytes(m.total_bytes)} / "
+                + (readable_bytes(m.weights_bytes) if m.weights_bytes is not None else "-"),
                 source_text(m),
                 m.pipeline_class,
                 *retired,

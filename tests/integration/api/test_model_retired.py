@@ -109,11 +109,12 @@ def test_r1_a_retired_model_leaves_the_running_servers_listings_defaults_and_sub
     wide = run_cli("models", "list", env={**settings_env(settings), "COLUMNS": "200"}).stdout
     lines = [line.replace("┃", "│") for line in wide.splitlines()]
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if "│" in line]
-    assert cells[0][:7] == ["id", "family", "kinds", "precision", "on disk", "loaded", "source"], wide
+    assert cells[0][:6] == ["id", "family", "kinds", "precision", "on disk / loaded", "source"], wide
     [row] = [r for r in cells if r[0] == MODEL]
     record = ctx.registry.get(MODEL)
     assert record.weights_bytes is not None and record.weights_bytes != record.total_bytes  # two figures
-    assert row[3:7] == ["fp32", readable_bytes(record.total_bytes), readable_bytes(record.weights_bytes), "diffusers"]
+    sizes = f"{readable_bytes(record.total_bytes)} / {readable_bytes(record.weights_bytes)}"
+    assert row[3:6] == ["fp32", sizes, "diffusers"], wide
     everything = run_cli("models", "list", "--all", env=settings_env(settings)).stdout
     assert BAD in everything and "retired" in everything
 
