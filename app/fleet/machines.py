@@ -4,6 +4,7 @@ reservations (queued + running jobs) in Redis."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from app.core.keys import Keys
 from app.fleet.config import Fleet
 from app.fleet.multiread import MultiRead, Read
 from app.fleet.reservations import Reservations
+from app.fleet.running import step_figures
 from app.journal.jobs import Journal
 from routing.placement import MachineView
 
@@ -152,14 +154,23 @@ class MachineStates:
             ]
         machine_reads = len(reads)
         reads += self.residency.reads(names)
+        residency_reads = len(reads)
+        running = [job_id for name in names for job_id in self.reservations.running(name)]  # as last read
+        reads += [("PROGRESS", self.keys.progress(job_id)) for job_id in running]
         replies = self.read_many(reads)
-        residency = self.residency.parse(names, replies[machine_reads:])
+        residency = self.residency.parse(names, replies[machine_reads:residency_reads])
+        now_s = time.time()
+        progress = {
+            job_id: step_figures(reply, now_s) for job_id, reply in zip(running, replies[residency_reads:], strict=True)
+        }
         found = {}
         for i, name in enumerate(names):
             first = len(also) + 5 * i
             raw_beat, verified, reserved, draining, syncing = replies[first : first + 5]
             beat = json.loads(raw_beat) if raw_beat else None
-            queue = self.reservations.items_from(name, self.reservations.snapshot_hash(name, reserved, seen[name]))
+            queue = self.reservations.items_from(
+                name, self.reservations.snapshot_hash(name, reserved, seen[name]), now_s, progress
+            )
             found[name] = MachineView(
                 name=name,
                 online=beat is not None,

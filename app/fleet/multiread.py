@@ -1,5 +1,6 @@
 """Many Redis reads in one command: a small Lua script runs ``GET``/``SMEMBERS``/``HGETALL``/
-``EXISTS`` over a list of keys server-side and returns every reply at once.
+``EXISTS`` over a list of keys server-side and returns every reply at once; ``PROGRESS`` reads
+a running job's step fields (``app.fleet.running.STEP_FIELDS``, by ``HMGET``: not its text).
 
 ``HGETALL_SINCE`` reads a versioned hash only when it changed: the read names the version and
 field count the caller last saw; the hash's version lives at ``<key>:version`` (a token its
@@ -21,7 +22,9 @@ from typing import Any
 
 import redis
 
-READS = frozenset({"GET", "SMEMBERS", "HGETALL", "EXISTS", "HGETALL_SINCE"})
+from app.fleet.running import STEP_FIELDS
+
+READS = frozenset({"GET", "SMEMBERS", "HGETALL", "EXISTS", "HGETALL_SINCE", "PROGRESS"})
 
 # KEYS: the keys; ARGV: for each key in turn its read command, then, for HGETALL_SINCE, the
 # version and field count last seen. Replies come back in order; a missing string is false (nil
@@ -41,12 +44,14 @@ for i, key in ipairs(KEYS) do
     else
       out[i] = {version, redis.call('HGETALL', key)}
     end
+  elseif command == 'PROGRESS' then
+    out[i] = redis.call('HMGET', key, PROGRESS_FIELDS)
   else
     out[i] = redis.call(command, key)
   end
 end
 return out
-"""
+""".replace("PROGRESS_FIELDS", ", ".join(f"'{name}'" for name in STEP_FIELDS))
 
 Read = tuple[str, str] | tuple[str, str, str, int]
 """``(command, key)``, or ``("HGETALL_SINCE", key, version seen, field count seen)``."""
@@ -61,7 +66,7 @@ class MultiRead:
     def __call__(self, reads: Sequence[Read]) -> list[Any]:
         """Replies to ``reads`` in order: GET -> str | None, SMEMBERS -> set[str], HGETALL ->
         dict[str, str], EXISTS -> bool, HGETALL_SINCE -> (version | None, dict[str, str] | None:
-        None when unchanged).
+        None when unchanged), PROGRESS -> list of str | None, one per ``STEP_FIELDS``.
 
         Raises:
             ValueError: a command is not one of :data:`READS`.

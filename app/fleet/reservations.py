@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import NamedTuple, cast
@@ -92,6 +92,7 @@ class _Parsed:
     order: tuple[bool, int]  # (queued, seq): running ones first, then by seq
     item: WorkItem  # elapsed_s None
     started_at: float | None  # Unix seconds
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,13 @@ class _Read:
     queued_only: tuple[WorkItem, ...] | None  # the items, when none is running (nothing to compute)
 
 
-def _parse(raw: str) -> _Parsed:
+def _parse(raw: str, job_id: str = "") -> _Parsed:
     record = json.loads(raw)
     started_at = None if record["started_at"] is None else float(record["started_at"])
     item = WorkItem(
         record["model_id"], record["kind"], int(record["steps"]), int(record["size"]), batch=int(record.get("batch", 1))
     )  # a record written before batches were kept: one image
-    return _Parsed((started_at is None, int(record["seq"])), item, started_at)
+    return _Parsed((started_at is None, int(record["seq"])), item, started_at, job_id)
 
 
 class Reservations:
@@ -212,19 +213,28 @@ class Reservations:
         raw = cast("dict[str, str]", self.redis.hgetall(self.keys.reservations(machine)))  # decoded (create_redis)
         return self.items_from(machine, raw, now_s)
 
-    def items_from(self, machine: str, raw: dict[str, str], now_s: float | None = None) -> tuple[WorkItem, ...]:
-        """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``).
+    def items_from(
+        self,
+        machine: str,
+        raw: dict[str, str],
+        now_s: float | None = None,
+        progress: Mapping[str, tuple[float | None, float | None]] | None = None,
+    ) -> tuple[WorkItem, ...]:
+        """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``);
+        ``progress``: running job id -> (share of its steps done, seconds its measured rate
+        leaves), as ``app.fleet.running.step_figures`` gives them, set on its item (``done``,
+        ``left_s``).
 
         Placement reads every machine's whole backlog under the fleet lock at each submission
         (R14), and most of it is as it was at the previous read: a hash equal to the last one
-        read gives the same items (only a running job's ``elapsed_s`` is computed again), and
-        a record's JSON is parsed again only when its text changed (its job started).
+        read gives the same items (only a running job's ``elapsed_s`` and progress are set
+        again), and a record's JSON is parsed again only when its text changed (its job started).
         """
         last = self._reads.get(machine)
         if last is None or (last.raw is not raw and last.raw != raw):
             before, before_raw = (last.parsed, last.raw) if last is not None else ({}, {})
             parsed = {
-                job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value)
+                job_id: before[job_id] if before_raw.get(job_id) == value else _parse(value, job_id)
                 for job_id, value in raw.items()
             }
             fifo = tuple(sorted(parsed.values(), key=attrgetter("order")))
@@ -233,10 +243,25 @@ class Reservations:
         if last.queued_only is not None:
             return last.queued_only
         now_s = time.time() if now_s is None else now_s
+        progress = progress or {}
+        none = (None, None)
         return tuple(
-            p.item if p.started_at is None else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at))
+            p.item
+            if p.started_at is None
+            else replace(
+                p.item,
+                elapsed_s=max(0.0, now_s - p.started_at),
+                done=progress.get(p.job_id, none)[0],
+                left_s=progress.get(p.job_id, none)[1],
+            )
             for p in last.fifo
         )
+
+    def running(self, machine: str) -> list[str]:
+        """The ids of ``machine``'s running jobs as its last :meth:`items_from` read them (the
+        jobs whose progress the next snapshot reads)."""
+        last = self._reads.get(machine)
+        return [] if last is None or last.queued_only is not None else [p.job_id for p in last.fifo if p.started_at]
 
     def machines_holding(self) -> set[str]:
         """Names of every machine with a reservations hash in Redis (SCAN), fleet config or not."""

@@ -3,17 +3,20 @@ whether new jobs may be placed there (draining: ``homefleet drain``; syncing: a 
 reservation, R6), verified and warm models, ``queued`` = LLEN of its exact queue list (``Keys.queue_list``,
 under the broker key prefix), ``running`` = its running jobs in the journal, ``backlog`` =
 their sum (R8), and the expected seconds until its queue drains (routing.finish.drain with
-the learned timings). Each row names its ``host`` and ``device`` (the devices of a
+the learned timings; a running job's remaining seconds from its reported steps where it has
+reported some, app/fleet/running.py). Each row names its ``host`` and ``device`` (the devices of a
 host declared with ``devices`` are machines ``<host>:<index>``; a single-device machine is
 its own host, device None); :func:`by_host` groups the rows."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, cast
 
 from app.core.states import ACTIVE, JobState
 from app.fleet.costs import FleetCosts
 from app.fleet.machines import MachineStates
+from app.fleet.running import step_figures
 from app.journal.jobs import Journal
 from routing.finish import drain
 
@@ -31,10 +34,15 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
         states = journal.states_of(raw)  # one query per batch of ids, not one per reservation
         live = {job_id: record for job_id, record in raw.items() if states.get(job_id) in ACTIVE}
         running = journal.count_in(JobState.running, name)
+        reservations.items_from(name, live)  # parsed first: which of them run
+        started = reservations.running(name)
+        now_s = time.time()
+        replies = machines.read_many([("PROGRESS", machines.keys.progress(job_id)) for job_id in started])
+        progress = {job_id: step_figures(reply, now_s) for job_id, reply in zip(started, replies, strict=True)}
         drain_s, _ = drain(
             name,
             warm_models=view.warm_models,
-            queue=reservations.items_from(name, live),
+            queue=reservations.items_from(name, live, now_s, progress),
             protected=view.commitments,
             costs=estimator,
         )

@@ -3,8 +3,10 @@ worker's reports, read by ``GET /v1/jobs/{id}``, its event stream and reconcilia
 watchdog (R19, R24).
 
 Redis hash ``Keys.progress(job_id)``: ``step``, ``total`` and ``at`` (unix seconds of the last
-report: the watchdog's sign of life), kept ``TTL_S`` after the last report. Each report is also
-published on ``Keys.job_changes`` so that a follower (app/jobs/waiting.py) wakes without polling.
+report: the watchdog's sign of life), and ``first_step`` / ``first_at``, the first step
+report's (the rate placement measures from, :func:`app.fleet.running.step_figures`), kept
+``TTL_S`` after the last report. Each report is also published on ``Keys.job_changes`` so that
+a follower (app/jobs/waiting.py) wakes without polling.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class ProgressStore:
         """Record a report now: steps done of ``total``, or (both None, at claim) only that the
         job lives; ``text``, ``tokens`` and ``logprobs``: a text job's text, token ids and their
         log probabilities so far."""
-        fields: dict[str, float | str] = {"at": time.time()}
+        now_s = time.time()
+        fields: dict[str, float | str] = {"at": now_s}
         if step is not None and total is not None:
             fields.update(step=step, total=total)
         if text is not None:
@@ -68,6 +71,9 @@ class ProgressStore:
         key = self.keys.progress(job_id)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # redis-py: a Mapping keyed by every encodable type
+            if step is not None and total is not None:  # the first step report stays: the rate's start
+                pipe.hsetnx(key, "first_step", step)
+                pipe.hsetnx(key, "first_at", now_s)
             pipe.expire(key, TTL_S)
             pipe.publish(self.keys.job_changes(), json.dumps({"job": job_id, "progress": True}))  # app/jobs/waiting.py
             pipe.execute()
