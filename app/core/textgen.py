@@ -96,18 +96,35 @@ CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 here). ``developer`` is OpenAI's newer name of ``system``, and reaches the template as ``system``."""
 
 
+class ChatTemplateBroken(ValueError):
+    """The model's chat template does not compile (a Jinja syntax error): no chat can be
+    templated until the model's files are fixed."""
+
+
 def chat_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
     """The prompt text of a chat: ``messages`` (``[{"role", "content"}]``, each role one of
     :data:`CHAT_ROLES`) through the model's chat template, with the assistant's turn opened
     (``add_generation_prompt``).
 
     Raises:
-        ValueError: the tokenizer has no chat template (the model takes plain completions only).
+        ValueError: the tokenizer has no chat template (the model takes plain completions only),
+            or the template refused these messages (its own ``raise_exception``, e.g. a template
+            that takes no system message, or another error while rendering), quoting it.
+        ChatTemplateBroken: the template does not compile (its line and Jinja's message).
     """
+    import jinja2  # transformers renders chat templates with it (imported with the tokenizer already)
+
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
     turns = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
-    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    try:
+        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateSyntaxError as error:
+        raise ChatTemplateBroken(
+            f"the model's chat template does not compile (line {error.lineno}: {error.message})"
+        ) from error
+    except (jinja2.TemplateError, TypeError, KeyError, IndexError) as error:
+        raise ValueError(f"the model's chat template refused these messages: {error}") from error
     return str(text)
 
 

@@ -44,6 +44,7 @@ from app.core.safetensors import safetensors_header
 from app.core.specs import shown
 from app.core.textgen import (
     CHAT_ROLES,
+    ChatTemplateBroken,
     chat_prompt,
     is_text_folder,
     load_tokenizer,
@@ -150,7 +151,9 @@ class Validator:
         Raises:
             NotFound: the model is not registered.
             Rejected: a model that does not generate text (reason ``kind_not_supported``),
-                malformed messages, or a model without a chat template (reason ``invalid_messages``).
+                malformed messages, a model without a chat template or a template that refuses
+                these messages (reason ``invalid_messages``, quoting it), or a template that
+                does not compile (reason ``chat_template_broken``).
             Conflict: the model's files changed on the server (``model_changed``, :meth:`model`).
         """
         check_runs(self.model(model_id), TEXT_KIND)
@@ -173,6 +176,13 @@ class Validator:
             raise Rejected(f"model {model_id!r} has no tokenizer", reason="invalid_messages", param="messages")
         try:
             return chat_prompt(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        except ChatTemplateBroken as error:  # the model's fault, not the request's: fixed with `models update`
+            raise Rejected(
+                f"model {model_id!r}: {error}; the operator fixes its chat_template (chat_template.jinja or "
+                "tokenizer_config.json) and runs `homefleet models update`",
+                reason="chat_template_broken",
+                param="messages",
+            ) from error
         except ValueError as error:
             raise Rejected(f"model {model_id!r}: {error}", reason="invalid_messages", param="messages") from error
 

@@ -43,7 +43,7 @@ from app.core.pricing import loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
 from app.core.safetensors import check_loadable, safetensors_header
 from app.core.states import ACTIVE
-from app.core.textgen import architectures, kv_cache_bytes, load_tokenizer, model_config
+from app.core.textgen import architectures, chat_prompt, kv_cache_bytes, load_tokenizer, model_config
 from app.core.torch_archive import check_archive
 from app.core.variants import Variant, check_family_variant, check_variant
 from app.db.tables import Job, ModelFile, ModelRecord, utcnow
@@ -1021,15 +1021,23 @@ def check_taken_files(files: Mapping[str, Path]) -> None:
             model_json(origin)
 
 
+CHAT_PROBE = [{"role": "user", "content": "Hello"}]
+"""The chat every chat template must render at registration: one user message."""
+
+
 def _check_tokenizer(folder: Path) -> None:
     """Load the tokenizer of a text model from ``folder`` (its stored copy), as a worker loads
-    it (:func:`app.core.textgen.load_tokenizer`).
+    it (:func:`app.core.textgen.load_tokenizer`), and render its chat template, if it has one,
+    for one user message (:data:`CHAT_PROBE`), as the chat routes render it.
 
     Raises:
-        Rejected: reason ``incomplete_model`` when it cannot be loaded: every request would fail.
+        Rejected: reason ``incomplete_model`` when it cannot be loaded: every request would fail;
+            reason ``invalid_chat_template`` when its chat template does not compile or refuses
+            a lone user message: every chat would fail (a template that refuses only some roles,
+            e.g. a system message, is kept: those requests get 422 ``invalid_messages``).
     """
     try:
-        load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder)
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError) as error:
         held = sorted(p.name for p in folder.iterdir() if p.name in TOKENIZER_FILES)
         lacking = "" if (folder / "tokenizer.json").is_file() else "no tokenizer.json; "
@@ -1041,6 +1049,16 @@ def _check_tokenizer(folder: Path) -> None:
             "beside config.json: an interrupted download? download the model again",
             reason="incomplete_model",
         ) from error
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            chat_prompt(tokenizer, CHAT_PROBE)
+        except ValueError as error:
+            where = "chat_template.jinja" if (folder / "chat_template.jinja").is_file() else "tokenizer_config.json"
+            raise Rejected(
+                f"{folder.name}: its chat template ({where}) cannot template one user message: {error}; fix the "
+                "template, or remove it to serve plain completions only",
+                reason="invalid_chat_template",
+            ) from error
 
 
 def _hash_file(model_id: str, folder: Path, path: Path) -> ModelFile:
