@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, errors, server_settings
 
 if TYPE_CHECKING:
     from app.db.tables import ModelRecord
@@ -275,10 +275,12 @@ def models_add(
                 path = cached_snapshot(from_hf_cache, revision)
                 extra = {"mint_from": from_hf_cache.rsplit("/", 1)[-1], **_cache_source(from_hf_cache, path)}
                 console.print(f"{from_hf_cache}: snapshot {path}")
+                _warn_interrupted(from_hf_cache, path)
             elif path is not None and path.is_dir() and (repo := snapshot_repo(path.absolute())) is not None:
                 # a snapshot's own path, as people paste it: named as --from-hf-cache names it, not by its commit
                 extra = {"mint_from": repo.rsplit("/", 1)[-1], **_cache_source(repo, path.absolute())}
                 console.print(f"{repo}: snapshot {path} (a Hugging Face cache snapshot)")
+                _warn_interrupted(repo, path.absolute())
             assert path is not None  # checked above
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
@@ -341,6 +343,23 @@ def _cache_source(repo: str, snapshot: Path) -> dict[str, str]:
     from app.store.selection import HF_CACHE
 
     return {"source_format": HF_CACHE, "source_repo": repo, "source_revision": snapshot.name}
+
+
+def _warn_interrupted(repo: str, snapshot: Path) -> None:
+    """Say on stderr when the cached repository holds partial downloads: a file of the snapshot
+    may be missing, and registration then takes what is there (a ``.bin`` for safetensors)."""
+    from app.store.hf_cache import interrupted_downloads
+
+    partial = interrupted_downloads(snapshot)
+    if partial:
+        names = ", ".join(p.name for p in partial[:3]) + (" …" if len(partial) > 3 else "")
+        errors.print(
+            f"warning: the cache of {repo} holds {len(partial)} interrupted download(s) ({names}): a file of this "
+            f"snapshot may be missing, and what is registered is what the snapshot holds; finish the download "
+            f"(`hf download {repo}`) and register again if a file below is not the one you expect",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 def source_text(record: ModelRecord) -> str:

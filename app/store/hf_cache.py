@@ -74,4 +74,14 @@ def check_blob(path: str, origin: Path) -> None:
         )
 
 
-__all__ = ["BLOBS", "GIT_BLOB_MAX_BYTES", "BlobMismatch", "blob_of", "check_blob"]
+def interrupted_downloads(snapshot: Path) -> list[Path]:
+    """The partial downloads (``blobs/*.incomplete``: what ``huggingface_hub`` writes before it
+    renames a finished file into place) in the cached repository of ``snapshot``
+    (``…/models--org--name/snapshots/<commit>``), sorted; a snapshot that lacks a file whose
+    download was cut short links to no blob for it, so registration takes what is left (e.g. a
+    component's ``.bin`` in place of its missing safetensors)."""
+    blobs = Path(snapshot).parent.parent / BLOBS
+    return sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+
+
+__all__ = ["BLOBS", "GIT_BLOB_MAX_BYTES", "BlobMismatch", "blob_of", "check_blob", "interrupted_downloads"]

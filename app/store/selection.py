@@ -14,9 +14,9 @@ A diffusers folder (``model_index.json``), as ``DiffusionPipeline.download`` sel
   diffusers' ``variant_compatible_siblings`` picks: the precision's variant files where the
   component has them (``--precision fp16``: ``*.fp16.safetensors``, sharded
   ``*.fp16-0000k-of-0000n.safetensors`` with their ``*.safetensors.index.fp16.json``; bf16 likewise
-  with ``bf16`` files), else its full-precision files (shards with their index json); safetensors
-  over ``.bin`` (``_get_ignore_patterns``: ``.bin`` only when some component has no safetensors);
-  never flax or ONNX weights;
+  with ``bf16`` files), else its full-precision files (shards with their index json); each
+  component on its own, as a pipeline loads a folder on disk: its safetensors where it has them,
+  else its ``.bin`` (diffusers' ``_get_ignore_patterns`` per component); never flax or ONNX weights;
 - every file of a component without weights (tokenizer, scheduler, feature extractor), but flax,
   ONNX and ``.bin`` files when safetensors are taken;
 - ``model_index.json`` itself, and nothing else at the root.
@@ -397,16 +397,18 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
     ignored_by_index = set(index.get("_ignore_files") or ())
     candidates = [p for p in files if p.split("/")[0] in components and "/" in p and p not in ignored_by_index]
     model_folders = {os.path.split(p)[0] for p in filter_model_files(candidates) if os.path.split(p)[0] in components}
-    weights, variant_files, ignored = _weights_of(sorted(model_folders), candidates, variant)
-    bare = sorted(c for c in model_folders if not any(p.startswith(c + "/") for p in weights))
-    if bare and any(p.endswith(".safetensors") for p in ignored):
-        # .bin for every component is diffusers' rule for a download; a folder on disk loads each
-        # component's own files (from_pretrained: safetensors where present, else .bin), so a
-        # component without .bin twins keeps its safetensors
-        more, more_variant, own_ignored = _weights_of(bare, [p for p in candidates if p.split("/")[0] in bare], variant)
-        weights = [*weights, *more]
-        variant_files = [*variant_files, *more_variant]
-        ignored = {p for p in ignored if p.split("/")[0] not in bare} | own_ignored
+    # Each component on its own: a folder on disk loads each component's own files
+    # (``DiffusionPipeline.from_pretrained`` of a local folder: ``use_safetensors`` None, so each
+    # model takes its safetensors where present, else its .bin; its variant where it has one,
+    # else full precision). diffusers' rule for a download (.bin for every component as soon as
+    # one lacks safetensors) would take pickled weights a worker never needs.
+    weights, variant_files, ignored = [], [], set()
+    for component in sorted(model_folders):
+        own = [p for p in candidates if p.split("/")[0] == component]
+        found, found_variant, found_ignored = _weights_of([component], own, variant)
+        weights += found
+        variant_files += found_variant
+        ignored |= found_ignored
     taken = {"model_index.json"}
     for path in candidates:
         component, _, name = path.partition("/")
@@ -464,7 +466,7 @@ def _select_diffusers(folder: Path, files: list[str], variant: str | None) -> Se
         if path in ignored and (base.endswith(".bin") or ".bin.index" in base):
             return ".bin twin of the safetensors weights taken"
         if path in ignored:
-            return "safetensors left out: not every component has them, the .bin weights are taken"
+            return f"safetensors left out: {top} has none of this precision, its .bin weights are taken"
         if other:
             return f"{other} variant; this model takes {chosen} for {top}"
         if variant and (base.endswith((".safetensors", ".bin")) or ".index" in base):

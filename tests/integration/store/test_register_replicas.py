@@ -309,3 +309,37 @@ def test_r4_a_damaged_cached_single_file_checkpoint_is_refused_before_it_is_conv
     assert f"model.safetensors does not match its Hugging Face cache blob {repo / 'blobs' / name}" in str(refused.value)
     assert f"its bytes hash to {hashlib.sha256(data).hexdigest()}" in str(refused.value)
     assert ctx.registry.list() == []
+
+
+def test_r1_an_interrupted_cached_download_is_said_and_only_its_component_falls_back_to_bin(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path
+) -> None:
+    """What an interrupted ``hf download`` leaves: the unet's safetensors as
+    ``blobs/<hash>.incomplete`` and no snapshot link to it. The unet takes its .bin, the other
+    components keep their safetensors, and the command says the cache holds an unfinished
+    download (naming it and the command that finishes it)."""
+    replicas, hub = built
+    replica = replicas["sd15"]
+    cache = _private_cache(hub, replica, tmp_path / "hub")
+    repo = cache / ("models--" + replica.repo_id.replace("/", "--"))
+    [snapshot] = (repo / "snapshots").iterdir()
+    link = snapshot / "unet/diffusion_pytorch_model.safetensors"
+    partial = repo / "blobs" / f"{link.resolve().name}.incomplete"
+    partial.write_bytes(link.read_bytes()[:1000])
+    link.unlink()
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--id", "cut-short", env=env)
+    said = _human_free(done.stderr)
+    assert f"warning: the cache of {replica.repo_id} holds 1 interrupted download(s) ({partial.name})" in said
+    assert f"(`hf download {replica.repo_id}`)" in said
+    weights = sorted(
+        f.path for f in ctx.registry.manifest("cut-short").files if f.path.endswith((".bin", ".safetensors"))
+    )
+    assert weights == [
+        "safety_checker/model.safetensors",
+        "text_encoder/model.safetensors",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    clean = run_cli("models", "add", "--from-hf-cache", replica.repo_id, env={**env, "HF_HUB_CACHE": str(hub)})
+    assert "interrupted" not in clean.stderr  # a finished download says nothing

@@ -203,13 +203,14 @@ def test_r1_a_sharded_fp16_variant_takes_its_variant_index_and_a_component_witho
     assert bf16.taken == fp32.taken and bf16.variant is None
 
 
-@pytest.mark.parametrize(("vae_has_bin", "vae_takes"), [(True, ".bin"), (False, ".safetensors")])
-def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(
-    tmp_path: Path, vae_has_bin: bool, vae_takes: str
+@pytest.mark.parametrize("vae_has_bin", [True, False])
+def test_r1_each_component_takes_its_safetensors_where_it_has_them_else_its_bin(
+    tmp_path: Path, vae_has_bin: bool
 ) -> None:
-    """diffusers' rule: not every component has safetensors, so every component with a .bin
-    twin loads it; on disk each component loads its own files, so a vae without one keeps its
-    safetensors (such a folder was refused naming the components that were fine)."""
+    """A folder on disk loads each component's own files (``from_pretrained`` of a local folder:
+    safetensors where present, else .bin): a unet with only .bin weights takes them, and a vae
+    with both keeps its safetensors, its .bin a twin left out (diffusers' rule for a download,
+    .bin for all as soon as one lacks safetensors, would take pickled weights for nothing)."""
     _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
     files = ["unet/config.json", "unet/diffusion_pytorch_model.bin", "vae/config.json"]
     files += ["vae/diffusion_pytorch_model.safetensors", *(["vae/diffusion_pytorch_model.bin"] if vae_has_bin else [])]
@@ -220,10 +221,50 @@ def test_r1_bin_weights_are_taken_only_where_some_component_has_no_safetensors(
         "unet/config.json",
         "unet/diffusion_pytorch_model.bin",
         "vae/config.json",
-        f"vae/diffusion_pytorch_model{vae_takes}",
+        "vae/diffusion_pytorch_model.safetensors",
     }
     if vae_has_bin:
-        assert taken.left_out["vae/diffusion_pytorch_model.safetensors"][1].startswith("safetensors left out")
+        assert taken.left_out["vae/diffusion_pytorch_model.bin"][1] == ".bin twin of the safetensors weights taken"
+
+
+def test_r1_an_interrupted_download_s_component_alone_falls_back_to_its_bin_and_the_pipeline_loads(
+    tmp_path: Path,
+) -> None:
+    """SD 1.5 as downloaded with its .bin twins, the unet's safetensors missing (a download cut
+    short): only the unet takes its .bin; every other component keeps its safetensors, and what
+    is taken loads as the pipeline."""
+    from diffusers import StableDiffusionPipeline
+
+    replica = make_replica("sd15", tmp_path / "plain")
+    (replica.folder / "unet/diffusion_pytorch_model.safetensors").unlink()
+    chosen = select_files(replica.folder, "fp32")
+    weights = sorted(p for p in chosen.taken if p.endswith((".safetensors", ".bin")))
+    assert weights == [
+        "safety_checker/model.safetensors",
+        "text_encoder/model.safetensors",
+        "unet/diffusion_pytorch_model.bin",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    copy = tmp_path / "taken"
+    for path in chosen.taken:
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(replica.folder / path, copy / path)
+    pipeline = StableDiffusionPipeline.from_pretrained(copy, local_files_only=True)
+    assert pipeline.unet is not None and pipeline.vae is not None
+
+
+def test_r1_only_the_component_without_loadable_weights_is_named(tmp_path: Path) -> None:
+    """SD 1.5 without .bin twins and its unet's full-precision safetensors gone: the refusal
+    names the unet alone, not the components whose weights are fine."""
+    replica = make_replica("sd15", tmp_path / "plain")
+    for twin in replica.folder.rglob("*.bin"):
+        twin.unlink()
+    (replica.folder / "unet/diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(Rejected) as refused:
+        select_files(replica.folder, "fp32")
+    assert refused.value.reason == "no_loadable_weights"
+    assert f"{replica.folder}: component(s) unet hold weights but none a full-precision" in refused.value.message
+    assert select_files(replica.folder, "fp16").taken["unet/diffusion_pytorch_model.fp16.safetensors"] > 0
 
 
 def test_r1_a_component_with_only_other_precision_weights_is_refused_by_name(tmp_path: Path) -> None:
