@@ -227,7 +227,8 @@ def models_add(
     (docs/operations.md, "What registration takes"). A LoRA file whose keys are for another family
     than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
-    from app.store.selection import cached_snapshot, select_files, snapshot_repo
+    from app.store.registry import describe_pipeline
+    from app.store.selection import cached_snapshot, check_exists, select_files, snapshot_repo
     from routing.estimate import readable_bytes
 
     if (path is None) == (from_hf_cache is None):
@@ -283,6 +284,9 @@ def models_add(
                 _warn_interrupted(repo, path.absolute())
             assert path is not None  # checked above
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
+                check_exists(path)
+                if adapter_of is None:  # no model folder at all is refused as such, before its files are read
+                    describe_pipeline(path.resolve())
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
             record = ctx.registry.add(
                 path,

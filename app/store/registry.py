@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import fcntl
+import json
 import logging
 import os
 import re
@@ -103,6 +104,26 @@ def cache_repo_hint(folder: Path) -> str:
     )
 
 
+def component_hint(folder: Path) -> str:
+    """A sentence for a diffusers component folder named instead of its pipeline's (``…/unet``:
+    a ``config.json`` with a ``_class_name``, its parent holding ``model_index.json``): the folder
+    to register; "" for any other folder."""
+    parent = folder.parent
+    config = folder / "config.json"
+    if not (parent / "model_index.json").is_file() or not config.is_file():
+        return ""
+    try:
+        class_name = json.loads(config.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not class_name:
+        return ""
+    return (
+        f". It is the {folder.name} component ({class_name}) of the pipeline in {parent}: register that folder, "
+        f"the one holding model_index.json (`homefleet models add {parent}`)"
+    )
+
+
 def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
     """(pipeline class, family, kinds) from ``folder/model_index.json`` (a diffusers folder), or
     from ``folder/config.json``'s ``architectures`` (a transformers causal-LM folder).
@@ -128,7 +149,8 @@ def describe_pipeline(folder: Path) -> tuple[str, str, tuple[str, ...]]:
             return class_name, family, kinds
         raise Rejected(
             f"{folder} is not a diffusers folder (no model_index.json) nor a transformers model folder "
-            "(no config.json with architectures)" + cache_repo_hint(folder) + checkpoint_hint(folder),
+            "(no config.json with architectures)"
+            + (component_hint(folder) or cache_repo_hint(folder) + checkpoint_hint(folder)),
             reason="not_a_model",
         )
     content = model_json(index)

@@ -49,7 +49,7 @@ from typing import Any, cast
 from app.core.errors import Rejected
 from app.core.lora_files import LORA_WEIGHTS
 from app.core.textgen import architectures
-from app.core.variants import PRECISION_FILE_VARIANTS
+from app.core.variants import PRECISION_FILE_VARIANTS, check_variant
 
 DIFFUSERS = "diffusers"
 TRANSFORMERS = "transformers"
@@ -136,10 +136,15 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
     (the module's rules), or of a LoRA adapter folder with ``adapter``.
 
     Raises:
-        Rejected: a taken file is a broken link (reason ``incomplete_model``: an interrupted
-            download, naming it), or a component holds weights but none the pipeline loads
-            (reason ``no_loadable_weights``, e.g. only ``.fp16`` files for fp32).
+        Rejected: an unknown ``precision`` (reason ``invalid_variant``), a taken file is a
+            broken link (reason ``incomplete_model``: an interrupted download, naming it), or a
+            component holds weights but none the pipeline loads (reason
+            ``no_loadable_weights``, e.g. only ``.fp16`` files for fp32).
     """
+    try:  # an unknown precision would otherwise be taken as full precision and refused for its files
+        check_variant(precision, None)
+    except ValueError as error:
+        raise Rejected(str(error), reason="invalid_variant", param="precision") from error
     folder = Path(folder)
     files = _list_files(folder)
     if adapter:
@@ -169,8 +174,9 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
     broken = sorted(p for p in selection.taken if not (folder / p).is_file())
     if broken:
         raise Rejected(
-            f"{folder}: {', '.join(broken)} is a broken link (its target is missing: an interrupted "
-            "download?); download the model again",
+            f"{folder}: {', '.join(broken)} "
+            + ("is a broken link (its target is" if len(broken) == 1 else "are broken links (their targets are")
+            + " missing: an interrupted download?); download the model again",
             reason="incomplete_model",
         )
     check_shards(folder, selection.taken)
@@ -275,9 +281,10 @@ def check_shards(folder: Path, taken: Iterable[str]) -> None:
     orphans = sorted(p for p in paths if _SHARD.search(p) and p not in indexed)
     if orphans:  # the loader finds shards through their index only ("no file named ... found")
         raise Rejected(
-            f"{folder}: {', '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''} is a shard that no shard index "
-            "(*.index.json) beside it names: the index is missing (an interrupted download? download the model "
-            "again)",
+            f"{folder}: {', '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''} "
+            + ("is a shard" if len(orphans) == 1 else f"are {len(orphans)} shards")
+            + " that no shard index (*.index.json) beside it names: the index is missing (an interrupted "
+            "download? download the model again)",
             reason="incomplete_model",
         )
 

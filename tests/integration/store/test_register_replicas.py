@@ -343,3 +343,39 @@ def test_r1_an_interrupted_cached_download_is_said_and_only_its_component_falls_
     ]
     clean = run_cli("models", "add", "--from-hf-cache", replica.repo_id, env={**env, "HF_HUB_CACHE": str(hub)})
     assert "interrupted" not in clean.stderr  # a finished download says nothing
+
+
+def test_r1_a_misnamed_folder_is_told_what_to_register_before_its_files_are_read(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path
+) -> None:
+    """What people paste instead of a pipeline folder: the cache's repository folder (with a
+    broken link among files no pipeline loads, which must not hide the hint), a component's
+    folder (whose weights are no single-file checkpoint), and an unknown precision."""
+    replicas, hub = built
+    replica = replicas["sd15"]
+    cache = _private_cache(hub, replica, tmp_path / "hub")
+    repo = cache / ("models--" + replica.repo_id.replace("/", "--"))
+    [snapshot] = (repo / "snapshots").iterdir()
+    (snapshot / "v1-5-pruned.ckpt").resolve().unlink()  # a root checkpoint no pipeline loads, its blob gone
+    env = settings_env(ctx.settings)
+    done = run_cli("models", "add", str(repo), env=env, check=False)
+    said = _human_free(done.stderr)
+    assert done.returncode == 2, said
+    assert f"It is the Hugging Face cache folder of {replica.repo_id}: register its snapshot with" in said, said
+    assert "broken link" not in said
+
+    component = run_cli("models", "add", str(replica.folder / "unet"), env=env, check=False)
+    said = _human_free(component.stderr)
+    assert component.returncode == 2, said
+    assert (
+        f"It is the unet component (UNet2DConditionModel) of the pipeline in {replica.folder}: register that "
+        f"folder, the one holding model_index.json (`homefleet models add {replica.folder}`)"
+    ) in said, said
+    assert "--family" not in said  # its weights are no single-file checkpoint
+
+    fp8 = run_cli("models", "add", str(replica.folder), "--precision", "fp8", env=env, check=False)
+    said = _human_free(fp8.stderr)
+    assert (
+        fp8.returncode == 2 and "error (invalid_variant): precision must be one of fp32, bf16, fp16, got 'fp8'" in said
+    )
+    assert ctx.registry.list() == []

@@ -301,6 +301,19 @@ def test_r4_a_broken_link_among_the_files_taken_is_refused_by_name(tmp_path: Pat
     assert refused.value.reason == "incomplete_model"
 
 
+def test_r4_several_broken_links_are_named_together_in_the_plural(tmp_path: Path) -> None:
+    _index(tmp_path, unet=["diffusers", "UNet2DConditionModel"], vae=["diffusers", "AutoencoderKL"])
+    _write(tmp_path, "unet/config.json", "vae/config.json")
+    for component in ("unet", "vae"):
+        os.symlink("../../blobs/0123", tmp_path / component / "diffusion_pytorch_model.safetensors")
+    with pytest.raises(Rejected) as refused:
+        select_files(tmp_path, "fp32")
+    assert refused.value.message == (
+        f"{tmp_path}: unet/diffusion_pytorch_model.safetensors, vae/diffusion_pytorch_model.safetensors are "
+        "broken links (their targets are missing: an interrupted download?); download the model again"
+    )
+
+
 def test_r4_a_component_config_that_is_a_broken_link_is_named_as_one_not_as_missing(tmp_path: Path) -> None:
     """A cache snapshot whose config blob is gone: the link is named with its target, not called
     a missing config."""
