@@ -72,6 +72,15 @@ def file_stats(models_dir: Path, manifest: Manifest) -> dict[str, Stat]:
     return stats
 
 
+def whole_copy(stats: dict[str, Stat], manifest: Manifest) -> bool:
+    """Whether ``stats`` (:func:`file_stats` of a local copy) show every file of ``manifest``
+    there at its manifest size: a copy that can only differ in its bytes."""
+    sizes = {entry.path: entry.size for entry in manifest.files}
+    return bool(sizes) and all(
+        (stat := stats.get(path)) is not None and stat[0] == size for path, size in sizes.items()
+    )
+
+
 def verified_models(models_dir: Path, manifests: dict[str, Manifest]) -> set[str]:
     """Ids of the models whose local copy matches the manifest in full (R4)."""
     return {model_id for model_id, manifest in manifests.items() if not model_problems(models_dir, manifest)}
@@ -149,6 +158,11 @@ class Verifier:
         stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in manifests.items()}
         verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
         self.stats = {m: stats[m] for m in verified}
+        # a whole copy that failed (every file there at its size: damaged, not a sync cut short)
+        # is watched as a withdrawn one: put back, it is advertised again without a sync
+        self.withdrawn = {
+            m: stats[m] for m, manifest in manifests.items() if m not in verified and whole_copy(stats[m], manifest)
+        }
         self.manifests = manifests
         self.done = True
         return verified
@@ -231,8 +245,10 @@ class Verifier:
 
         A model withdrawn for a change (here, or by a job's load, which hashed it) is watched the
         same way: when its files' stat moves again (the bytes put back) it is hashed in full and,
-        matching the manifest, advertised again without a sync. A model never advertised here
-        (not yet synced, or a sync under way) is not watched: a sync verifies it."""
+        matching the manifest, advertised again without a sync. So is a copy found damaged at
+        start (every file there at its size, some bytes other: the worker started after the
+        damage). A model never advertised here otherwise (not yet synced, or a sync under way)
+        is not watched: a sync verifies it."""
         if not self.done or (self._following is not None and self._following.is_alive()):
             return
         advertised = cast("set[str]", self.redis.smembers(self.keys.verified(self.settings.machine)))

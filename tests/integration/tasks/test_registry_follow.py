@@ -43,3 +43,44 @@ def test_r4_a_registry_change_names_as_withdrawn_only_the_models_advertised_here
     said = [r.getMessage() for r in caplog.records if "the registry changed" in r.getMessage()]
     assert said == [f"m1: the registry changed; withdrawn (no longer registered): {HELD}"], said
     assert ctx.redis.smembers(ctx.keys.verified("m1")) == set()
+
+
+def test_r4_a_copy_damaged_before_the_worker_started_is_advertised_once_put_back(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """A byte flipped in a copy while no worker ran: the start-up check does not advertise it,
+    and watches it as one withdrawn; the file put back as it was (``cp -p`` from a backup)
+    brings it back at the next beats, no sync. A copy cut short (a file missing) is not
+    watched: a sync verifies it."""
+    import os
+
+    from tasks.verify import file_stats
+
+    ctx.registry.add(tiny_models_dir / "tiny-sd", HELD)
+    ctx.registry.add(tiny_models_dir / "tiny-sd", NEVER)
+    models_dir = tmp_path / "m1-models"
+    shutil.copytree(ctx.registry.folder(HELD), models_dir / HELD)
+    shutil.copytree(ctx.registry.folder(NEVER), models_dir / NEVER)
+    (models_dir / NEVER / "unet" / "config.json").unlink()  # a copy cut short
+    path = models_dir / HELD / "unet" / "config.json"
+    original, stat = path.read_bytes(), path.stat()
+    path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size, one bit other
+    with served_api(ctx) as url:
+        settings = WorkerSettings(
+            machine="m1",
+            models_dir=models_dir,
+            server_url=url,
+            worker_token=ctx.fleet.machines["m1"].token,
+            redis_url=ctx.settings.redis_url,
+        )
+        verifier = Verifier(settings, ctx.redis, ctx.keys)
+        assert verifier.verify() == set()
+        assert set(verifier.withdrawn) == {HELD}  # watched; the copy cut short is not
+        path.write_bytes(original)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p puts it back
+        assert file_stats(models_dir, verifier.manifests[HELD]) != verifier.withdrawn[HELD]  # the mtime moved back
+        verifier.check_unchanged()  # a beat: the stat moved, so it is hashed again in a thread
+        assert verifier._following is not None
+        verifier._following.join(timeout=30)
+    assert ctx.redis.smembers(ctx.keys.verified("m1")) == {HELD}
+    assert HELD not in verifier.withdrawn and HELD in verifier.stats
