@@ -194,14 +194,18 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
             return tgi_validation_error(error)
         details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
-        field = ".".join(str(part) for part in first.get("loc", ()))
+        located = [str(part) for part in first.get("loc", ())]
+        field = ".".join(located)
         message = f"`{field}`: {first.get('msg', 'invalid')}" if first else "invalid request"
         for detail in details:  # the offending value is named in the message; echo a huge one abridged
             if len(repr(detail.get("input"))) > 1024:
                 detail["input"] = f"{repr(detail['input'])[:200]}… (abridged)"
-        return JSONResponse(
-            status_code=422, content={"error": {"reason": "invalid_request", "message": message}, "detail": details}
-        )
+        # the field at fault, as domain errors name it (``params.steps``): where it sits left out
+        param = ".".join(part for part in located if part not in ("body", "query", "header", "path")) or None
+        body: dict[str, Any] = {"reason": "invalid_request", "message": message}
+        if param is not None:
+            body["param"] = param
+        return JSONResponse(status_code=422, content={"error": body, "detail": details})
 
     def observe(method: str, route: str, status: str, seconds: float) -> None:
         context.metrics.request_s.labels(method=method, route=route, status=status).observe(seconds)

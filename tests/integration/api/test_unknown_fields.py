@@ -160,3 +160,22 @@ def test_a_misspelt_hugging_face_field_is_refused_naming_it(api: tuple[TestClien
         typo = client.post(path, json={"inputs": "a fox", "parameters": {"num_inference_stepz": 1}})
         assert typo.status_code == 422 and typo.json()["error"]["param"] == "parameters.num_inference_stepz"
     assert queued(ctx) == 0
+
+
+def test_a_field_post_v1_jobs_does_not_take_is_refused_naming_it_in_param(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """Homefleet's own route: a top-level field it does not take (``priority``), and one it
+    needs left out, name the field in ``param`` as every domain refusal does, beside the
+    validation's details."""
+    client, ctx = api
+    body = {"model": IMAGE, "kind": "txt2img", "params": {"prompt": "a fox"}, "target": "server"}
+    extra = client.post("/v1/jobs", json={**body, "priority": 5})
+    assert extra.status_code == 422, extra.text
+    error = extra.json()["error"]
+    assert (error["reason"], error["param"]) == ("invalid_request", "priority"), error
+    assert error["message"] == "`body.priority`: Extra inputs are not permitted"
+    assert extra.json()["detail"][0]["loc"] == ["body", "priority"]
+    missing = client.post("/v1/jobs", json={k: v for k, v in body.items() if k != "model"})
+    assert missing.status_code == 422 and missing.json()["error"]["param"] == "model", missing.text
+    assert queued(ctx) == 0
