@@ -21,8 +21,8 @@ from typing import Any
 
 from app.core import constraints
 from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
+from app.core.families import FAMILIES, kinds_of
 from app.core.families import family as family_rules
-from app.core.families import kinds_of
 from app.core.kinds import (
     ADAPTERS_PARAM,
     BATCH_PARAM,
@@ -88,8 +88,17 @@ def check_runs(record: ModelRecord, kind: str) -> None:
     """
     kinds = kinds_of(record.family, record.kinds)
     if kind not in kinds:
+        hint = ""
+        if kind == "edit" and {"img2img", "inpaint"} & set(kinds):
+            # OpenAI's images.edit names no kind: say what an edit is here and where this model's kinds run
+            editors = ", ".join(name for name, f in FAMILIES.items() if "edit" in f.kinds)
+            hint = (
+                f": an edit (POST /v1/images/edits) changes an image from an instruction and needs a model of "
+                f"an edit family ({editors}); this model's img2img and inpaint run as jobs (POST /v1/jobs with "
+                "`kind` img2img or inpaint, docs/api.md)"
+            )
         raise Rejected(
-            f"model {record.id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}", reason="kind_not_supported"
+            f"model {record.id!r} runs kinds {', '.join(kinds)}; got kind {kind!r}{hint}", reason="kind_not_supported"
         )
 
 

@@ -179,3 +179,28 @@ def test_a_field_post_v1_jobs_does_not_take_is_refused_naming_it_in_param(
     missing = client.post("/v1/jobs", json={k: v for k, v in body.items() if k != "model"})
     assert missing.status_code == 422 and missing.json()["error"]["param"] == "model", missing.text
     assert queued(ctx) == 0
+
+
+def test_an_edit_asked_of_a_model_that_cannot_edit_says_what_an_edit_needs_and_where_its_kinds_run(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """OpenAI's ``images.edit`` names no kind: a refusal in Homefleet's words (``kind 'edit'``)
+    alone leaves an SDK user nowhere; it says which models edit and where img2img runs."""
+    import io
+
+    from PIL import Image
+
+    client, ctx = api
+    png = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(png, format="PNG")
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        sdk(client).images.edit(model=IMAGE, image=("red.png", png.getvalue(), "image/png"), prompt="make it blue")
+    body = refused.value.body
+    assert isinstance(body, dict) and body["code"] == "kind_not_supported", body
+    assert body["message"] == (
+        f"model {IMAGE!r} runs kinds txt2img, img2img, inpaint; got kind 'edit': an edit (POST /v1/images/edits) "
+        "changes an image from an instruction and needs a model of an edit family (sd1-pix2pix, qwen-image, "
+        "flux-kontext); this model's img2img and inpaint run as jobs (POST /v1/jobs with `kind` img2img or "
+        "inpaint, docs/api.md)"
+    )
+    assert queued(ctx) == 0
