@@ -207,9 +207,10 @@ class Watchdog:
         return {child.pid: child for child in psutil.Process().children()}.get(pid)
 
     def obey_restart(self) -> None:
-        """When the server marked this machine's running job ``hung``, kill the pool process that
-        runs it; the prefork pool starts a fresh one. The job is not re-run: its message was
-        acked at start, and the journal already says ``interrupted``.
+        """When the server marked this machine's running job ``hung`` (or ended it ``cancelled``
+        after it outlasted ``cancel_grace_s``: its cancel request is still kept, and the log says
+        so), kill the pool process that runs it; the prefork pool starts a fresh one. The job is
+        not re-run: its message was acked at start, and the journal already says how it ended.
 
         The kill happens only when the running record (:func:`mark_running`) names that job and
         a live pool process of this worker. A job can stay ``running`` in the journal with
@@ -234,10 +235,15 @@ class Watchdog:
                 pid if pid in children else "none",
             )
             return
+        try:  # the server asks for the same kill for a cancel that a long native step outlasted
+            cancelled = bool(self.redis.exists(self.keys.cancel(job_id)))
+        except redis.RedisError:
+            cancelled = False
         log.warning(
-            "%s: job %s was declared hung; killing its pool process %d (the pool starts a fresh one)",
+            "%s: job %s %s; killing its pool process %d (the pool starts a fresh one)",
             machine,
             job_id,
+            "was cancelled and did not stop between steps within cancel_grace_s" if cancelled else "was declared hung",
             pid,
         )
         self.killed.add(job_id)

@@ -353,6 +353,8 @@ def test_cancel_a_running_job_ends_it_cancelled_within_seconds_and_the_machine_t
     assert "cancelled by request while running, after " in job["message"], job["message"]
     if stuck:
         assert "its pool process was killed" in job["message"], job["message"]
+        said = (rfleet.local.logs_dir / "worker-m1.log").read_text()
+        assert f"job {busy['id']} was cancelled and did not stop between steps within cancel_grace_s" in said
     else:
         steps_done = int(job["message"].split("after ")[1].split(" of ")[0])
         assert 1 <= steps_done < LONG["steps"], job["message"]
