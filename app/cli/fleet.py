@@ -220,6 +220,15 @@ def flower(
     env = dict(os.environ)
     if basic_auth:  # Flower reads it from its environment: never put in its command line
         env["FLOWER_BASIC_AUTH"] = basic_auth
+    elif env.get("FLOWER_UNAUTHENTICATED_API", "").lower() not in ("1", "true", "yes"):
+        errors.print(
+            f"warning: no --basic-auth (FLOWER_BASIC_AUTH): Flower's dashboard at {address}:{port} is open to "
+            "whoever reaches it, and its REST API, which its Revoke and Terminate buttons call, answers 401; "
+            "set FLOWER_BASIC_AUTH=user:password to use them",
+            soft_wrap=True,
+            highlight=False,
+        )
+    sys.stderr.flush()  # what was said before Flower replaces this process
     os.execve(sys.executable, argv, env)
 
 

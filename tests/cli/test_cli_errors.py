@@ -7,6 +7,7 @@ made."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -352,6 +353,33 @@ def test_flower_on_a_taken_port_or_with_a_malformed_basic_auth_is_one_error_line
     said = " ".join(done.stderr.split())
     assert done.returncode == 2 and "error (invalid_settings): --basic-auth (FLOWER_BASIC_AUTH) must be" in said
     assert "adminsecretpw" not in done.stderr + done.stdout
+
+
+def test_flower_without_basic_auth_warns_that_its_api_and_buttons_answer_401(tmp_path: Path, redis_url: str) -> None:
+    """Flower without ``--basic-auth`` serves its dashboard to anyone, while its API (the
+    Revoke and Terminate buttons) answers 401: said at start, on stderr, before Flower runs."""
+    import select
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOMEFLEET_", "FLOWER_"))}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stderr is not None
+        ready, _, _ = select.select([process.stderr], [], [], 60)
+        first = process.stderr.readline() if ready else ""
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    assert first.startswith(f"warning: no --basic-auth (FLOWER_BASIC_AUTH): Flower's dashboard at 127.0.0.1:{port}")
+    assert "answers 401" in first and "FLOWER_BASIC_AUTH=user:password" in first
 
 
 def test_machines_add_and_oom_clear_refuse_values_that_would_do_nothing_in_one_line(
