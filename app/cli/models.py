@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -228,7 +229,7 @@ def models_add(
     than --adapter-of, or that holds no LoRA, is refused naming the keys."""
     from app.context import build_checked_context
     from app.store.registry import describe_pipeline
-    from app.store.selection import cached_snapshot, check_exists, select_files, snapshot_repo
+    from app.store.selection import HF_CACHE, cached_snapshot, check_exists, select_files, snapshot_repo
     from routing.estimate import readable_bytes
 
     if (path is None) == (from_hf_cache is None):
@@ -288,6 +289,8 @@ def models_add(
                 if adapter_of is None:  # no model folder at all is refused as such, before its files are read
                     describe_pipeline(path.resolve())
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
+                if extra.get("source_format") == HF_CACHE:
+                    _warn_unlinked(path, selection.taken)
             record = ctx.registry.add(
                 path,
                 model_id,
@@ -361,6 +364,22 @@ def _warn_interrupted(repo: str, snapshot: Path) -> None:
             f"warning: the cache of {repo} holds {len(partial)} interrupted download(s) ({names}): a file of this "
             f"snapshot may be missing, and what is registered is what the snapshot holds; finish the download "
             f"(`hf download {repo}`) and register again if a file below is not the one you expect",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _warn_unlinked(snapshot: Path, taken: Iterable[str]) -> None:
+    """Say on stderr which taken files of a cache snapshot are no links into its blobs (a file
+    edited in place, or copied over its link): they are registered as they are, with no blob
+    name to check them against (``app.store.hf_cache.check_blob``)."""
+    plain = sorted(p for p in taken if not (snapshot / p).is_symlink())
+    if plain:
+        names = ", ".join(plain[:3]) + (" …" if len(plain) > 3 else "")
+        errors.print(
+            f"warning: {len(plain)} file(s) of this snapshot are no links into the cache's blobs ({names}): "
+            "changed in place after the download? they are registered as they are, unchecked against the "
+            "hashes the Hub gave them",
             soft_wrap=True,
             highlight=False,
         )

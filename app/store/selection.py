@@ -171,6 +171,9 @@ def select_files(folder: Path, precision: str = "fp32", *, adapter: bool = False
     junk = [p for p in selection.taken if _is_junk(p)]
     for path in junk:  # no loader reads them: hashed and synced, a Finder's touch would withdraw the model
         selection.left_out[path] = (selection.taken.pop(path), JUNK_WHY)
+    for path, (size, why) in list(selection.left_out.items()):  # said, though nothing loads it
+        if (folder / path).is_symlink() and not (folder / path).exists():
+            selection.left_out[path] = (size, f"{why}; a broken link: its target is missing")
     broken = sorted(p for p in selection.taken if not (folder / p).is_file())
     if broken:
         raise Rejected(

@@ -379,3 +379,28 @@ def test_r1_a_misnamed_folder_is_told_what_to_register_before_its_files_are_read
         fp8.returncode == 2 and "error (invalid_variant): precision must be one of fp32, bf16, fp16, got 'fp8'" in said
     )
     assert ctx.registry.list() == []
+
+
+def test_r4_a_snapshot_file_that_is_no_blob_link_and_a_broken_link_left_out_are_said(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path
+) -> None:
+    """A config edited with a tool that writes a new file over the snapshot's link (``sed -i``)
+    is no blob any more: registered as it is, and said to be unchecked; a left-out file whose
+    blob is gone is listed as a broken link."""
+    replicas, hub = built
+    replica = replicas["sd15"]
+    cache = _private_cache(hub, replica, tmp_path / "hub")
+    [snapshot] = (cache / ("models--" + replica.repo_id.replace("/", "--")) / "snapshots").iterdir()
+    config = snapshot / "unet/config.json"
+    text = config.read_text()
+    config.unlink()
+    config.write_text(text)  # a file in place of its link
+    (snapshot / "v1-5-pruned.ckpt").resolve().unlink()
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_HOME": None}
+    done = run_cli("models", "add", "--from-hf-cache", replica.repo_id, "--id", "edited", env=env)
+    said = _human_free(done.stderr)
+    assert "warning: 1 file(s) of this snapshot are no links into the cache's blobs (unet/config.json)" in said
+    assert "unchecked against the hashes the Hub gave them" in said
+    [line] = [line for line in done.stdout.splitlines() if " v1-5-pruned.ckpt " in line]
+    assert line.endswith("; a broken link: its target is missing)"), line
+    assert ctx.registry.get("edited").source_format == "hf-cache"
