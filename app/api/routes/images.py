@@ -193,8 +193,8 @@ class ImageGeneration(RequestBody):
     )
     n: int = Field(
         1,
-        ge=1,
-        description="number of images (one job making them all, consecutive seeds); at most "
+        json_schema_extra={"minimum": 1},  # checked with the family's max_batch: invalid_n either way
+        description="number of images (one job making them all, consecutive seeds); at least 1, at most "
         "the family's max_batch (invalid_n)",
     )
     size: str | None = Field(None, max_length=32, description="'WxH' in pixels, or 'auto' (the model's default)")
@@ -621,7 +621,7 @@ async def edit_images(
         UploadFile | None, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")
     ] = None,
     model: Annotated[str | None, Form(max_length=64)] = None,
-    n: Annotated[int, Form(ge=1)] = 1,  # at most the family's max_batch (invalid_n)
+    n: Annotated[int, Form(json_schema_extra={"minimum": 1})] = 1,  # 1 to the family's max_batch (invalid_n)
     size: Annotated[str | None, Form(max_length=32)] = None,
     response_format: Annotated[Literal["b64_json", "url"] | None, Form()] = None,
 ) -> dict[str, Any]:

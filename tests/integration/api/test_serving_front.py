@@ -396,6 +396,8 @@ def test_openai_route_errors_have_openai_shape(api: tuple[TestClient, ServerCont
     # the value is shown as the client sent it: the number 0, not the string '0'
     none = client.post("/v1/images/generations", json={"prompt": "x", "n": 0}).json()["error"]
     assert none["param"] == "n" and none["message"].endswith(", got 0"), none
+    many = client.post("/v1/images/generations", json={"prompt": "x", "n": 1000}).json()["error"]
+    assert (none["code"], many["code"]) == ("invalid_n", "invalid_n"), (none, many)  # one code at either end
     text = client.post("/v1/images/generations", json={"prompt": "x", "n": "two"}).json()["error"]
     assert text["param"] == "n" and text["message"].endswith(", got 'two'"), text
     unauthorized = client.post("/v1/images/generations", json={"prompt": "x"}, headers={"Authorization": ""})
