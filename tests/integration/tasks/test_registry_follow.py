@@ -19,6 +19,17 @@ from tests.helpers import served_api
 HELD, NEVER = "tiny-held", "tiny-never"
 
 
+def m1_settings(ctx: ServerContext, models_dir: Path, url: str) -> WorkerSettings:
+    """Machine m1's worker settings: its copies in ``models_dir``, the API served at ``url``."""
+    return WorkerSettings(
+        machine="m1",
+        models_dir=models_dir,
+        server_url=url,
+        worker_token=ctx.fleet.machines["m1"].token,
+        redis_url=ctx.settings.redis_url,
+    )
+
+
 def test_r4_a_registry_change_names_as_withdrawn_only_the_models_advertised_here(
     ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -27,14 +38,7 @@ def test_r4_a_registry_change_names_as_withdrawn_only_the_models_advertised_here
     models_dir = tmp_path / "m1-models"
     shutil.copytree(ctx.registry.folder(HELD), models_dir / HELD)  # synced here; NEVER is not
     with served_api(ctx) as url:
-        settings = WorkerSettings(
-            machine="m1",
-            models_dir=models_dir,
-            server_url=url,
-            worker_token=ctx.fleet.machines["m1"].token,
-            redis_url=ctx.settings.redis_url,
-        )
-        verifier = Verifier(settings, ctx.redis, ctx.keys)
+        verifier = Verifier(m1_settings(ctx, models_dir, url), ctx.redis, ctx.keys)
         assert verifier.verify() == {HELD}
         for model_id in (HELD, NEVER):
             ctx.registry.retire(model_id)
@@ -66,14 +70,7 @@ def test_r4_a_copy_damaged_before_the_worker_started_is_advertised_once_put_back
     original, stat = path.read_bytes(), path.stat()
     path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size, one bit other
     with served_api(ctx) as url:
-        settings = WorkerSettings(
-            machine="m1",
-            models_dir=models_dir,
-            server_url=url,
-            worker_token=ctx.fleet.machines["m1"].token,
-            redis_url=ctx.settings.redis_url,
-        )
-        verifier = Verifier(settings, ctx.redis, ctx.keys)
+        verifier = Verifier(m1_settings(ctx, models_dir, url), ctx.redis, ctx.keys)
         assert verifier.verify() == set()
         assert set(verifier.withdrawn) == {HELD}  # watched; the copy cut short is not
         path.write_bytes(original)
