@@ -92,6 +92,13 @@ class StaticResidencyFacts:
         return self.many(machines)
 
 
+STEPS_EVERY_S = 1.0
+"""Running jobs' step reports are read into a snapshot at most this often (seconds); in between,
+a snapshot uses the last figures, their seconds left less the time since. At hundreds of
+machines all busy the reads add a third to a snapshot (bench/snapshot_progress.py), and a step
+rate moves slowly: a burst of submissions pays for them once a second, not once each."""
+
+
 class MachineStates:
     """Reads machine liveness (heartbeat key with a TTL), the verified model set (R4), the warm
     models the heartbeat advertises (``warm_models``, least recently used first, when present)
@@ -112,6 +119,8 @@ class MachineStates:
         self.reservations = Reservations(client, keyspace)
         self.residency: ResidencyFacts = residency or NoResidencyFacts()
         self.read_many = MultiRead(client)
+        # when running jobs' step reports were last read, and their figures (app/fleet/running.py)
+        self._steps: tuple[float, dict[str, tuple[float | None, float | None]]] = (0.0, {})
 
     def heartbeat(self, machine: str) -> dict[str, Any] | None:
         raw = self.redis.get(self.keys.heartbeat(machine))
@@ -155,14 +164,26 @@ class MachineStates:
         machine_reads = len(reads)
         reads += self.residency.reads(names)
         residency_reads = len(reads)
-        running = [job_id for name in names for job_id in self.reservations.running(name)]  # as last read
-        reads += [("PROGRESS", self.keys.progress(job_id)) for job_id in running]
+        now_s = time.time()
+        read_at, known = self._steps
+        fresh = now_s - read_at >= STEPS_EVERY_S
+        running = [job_id for name in names for job_id in self.reservations.running(name)] if fresh else []
+        reads += [("PROGRESS", self.keys.progress(job_id)) for job_id in running]  # the jobs running as last read
         replies = self.read_many(reads)
         residency = self.residency.parse(names, replies[machine_reads:residency_reads])
-        now_s = time.time()
-        progress = {
-            job_id: step_figures(reply, now_s) for job_id, reply in zip(running, replies[residency_reads:], strict=True)
-        }
+        if fresh:
+            known = {
+                job_id: step_figures(reply, now_s)
+                for job_id, reply in zip(running, replies[residency_reads:], strict=True)
+            }
+            self._steps = (now_s, known)  # replaced whole: a dry run in another thread reads one or the other
+            progress = known
+        else:  # read less than STEPS_EVERY_S ago: its seconds left, less the time since
+            since_s = now_s - read_at
+            progress = {
+                job_id: (done, None if left is None else max(left - since_s, 0.0))
+                for job_id, (done, left) in known.items()
+            }
         found = {}
         for i, name in enumerate(names):
             first = len(also) + 5 * i
