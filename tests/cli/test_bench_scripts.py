@@ -174,6 +174,13 @@ def test_fleet_lock_bench_prints_its_last_line(capsys: pytest.CaptureFixture[str
     _assert_format(line, ["ahead_p50_ms", "ahead_p99_ms", "inside_p50_ms", "inside_p99_ms", "submit_p50_ms"])
 
 
+def test_snapshot_progress_bench_prints_its_last_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import snapshot_progress
+
+    line = _last_line(capsys, snapshot_progress.main, "4")
+    _assert_format(line, ["machines", "every_p50_ms", "server_p50_ms", "without_p50_ms", "per_running_job_us"])
+
+
 def test_suite_cpu_bench_prints_its_last_line() -> None:
     """One small in-process test file, run and accounted (bench/suite_cpu.py), as a subprocess:
     it runs pytest itself."""
