@@ -14,7 +14,7 @@ dedicated memory exactly one checkpoint is resident.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from residency.policy import admit
 from routing.estimate import CostModel
@@ -47,6 +47,27 @@ of 1.0's gain (docs/benchmarks.md, "Random fleets")."""
 
 
 @dataclass(frozen=True)
+class StepReport:
+    """What a running job's worker reported of its steps (``app.fleet.running.step_report``).
+
+    step: steps done (0: the job is claimed, no step done yet: loading, or on its first step).
+    total: its steps (0 before the first step report).
+    since_s: seconds since the last report (or since the claim).
+    step_s: seconds per step measured between its first step report and its last; None until
+        two step reports (the load before the first step is not in it).
+    """
+
+    step: int
+    total: int
+    since_s: float
+    step_s: float | None = None
+
+    def aged(self, seconds: float) -> StepReport:
+        """The same report ``seconds`` later (nothing new reported meanwhile)."""
+        return replace(self, since_s=self.since_s + seconds)
+
+
+@dataclass(frozen=True)
 class WorkItem:
     """A job already reserved on a machine (queued, or running when ``elapsed_s`` is set)."""
 
@@ -56,8 +77,7 @@ class WorkItem:
     size: int = 1024 * 1024  # pixels x frames x batch (routing.timings.job_size)
     elapsed_s: float | None = None  # seconds since it started; None while queued
     batch: int = 1  # images in the job (its size's batch)
-    done: float | None = None  # share of its steps the worker reported done (0 < done <= 1); None: no report
-    left_s: float | None = None  # seconds its measured step rate leaves (two step reports or more); None: unknown
+    report: StepReport | None = None  # its worker's last step report (running only); None: none read
 
 
 @dataclass(frozen=True)
@@ -151,30 +171,30 @@ def drain(
         if item.elapsed_s is None:
             ahead_s += load_s + run_s
         else:
-            ahead_s += remaining_s(run_s, load_s, item.elapsed_s, item.done, item.left_s)
+            ahead_s += remaining_s(run_s, load_s, item.elapsed_s, item.report)
     return ahead_s, warm
 
 
-def remaining_s(
-    run_s: float, load_s: float, elapsed_s: float, done: float | None = None, left_s: float | None = None
-) -> float:
+def remaining_s(run_s: float, load_s: float, elapsed_s: float, report: StepReport | None = None) -> float:
     """Seconds a running job still needs: expected ``run_s`` (and ``load_s`` of a load still
-    under way), ``elapsed_s`` since it started; ``done``, the share of its steps its worker
-    reported done, and ``left_s``, the seconds its measured step rate leaves
-    (``app.fleet.running.step_figures``: two step reports or more), each None when unknown.
+    under way), ``elapsed_s`` since it started, and its worker's last ``report`` (None when none
+    was read).
 
-    Without a report: what the estimate leaves, at least 5 % of it. With one, the estimate of
-    the steps left, ``(1 - done) x run_s``; with a measured rate too, the two blended by
-    ``done`` (the more steps ran, the more the measured rate counts). A job running twice as
-    slow as estimated, half done, is given 0.75x its estimated run still to go, not 5 % of it;
-    one running twice as fast, 0.375x (truths: 1.0x and 0.25x)."""
-    if done is None or done <= 0:
+    - No report: what the estimate leaves, at least 5 % of it.
+    - Claimed, no step done yet: the whole run is still ahead, and the rest of the load.
+    - Steps done: the steps left at the measured seconds per step (the estimate's, ``run_s`` /
+      steps, until two step reports measure it), and never less than the step under way has
+      taken already (``since_s``: a step slower than every estimate shows so before it ends),
+      less the part of that step done. A job estimated at 5 s that runs at 20 s a step is given
+      its truth from its second step on, not 5 % of the estimate.
+    """
+    if report is None:
         return max(run_s + load_s - elapsed_s, 0.05 * (run_s + load_s))
-    done = min(done, 1.0)
-    by_estimate = (1.0 - done) * run_s
-    if left_s is None:
-        return by_estimate
-    return done * max(left_s, 0.0) + (1.0 - done) * by_estimate
+    if report.step <= 0 or report.total <= 0:
+        return run_s + max(load_s - elapsed_s, 0.0)
+    per_step_s = report.step_s if report.step_s is not None else run_s / report.total
+    per_step_s = max(per_step_s, report.since_s)
+    return max(per_step_s * (report.total - report.step) - report.since_s, 0.0)
 
 
 TAILS_KEPT = 64

@@ -15,8 +15,9 @@ from app.core.keys import Keys
 from app.fleet.config import Fleet
 from app.fleet.multiread import MultiRead, Read
 from app.fleet.reservations import Reservations
-from app.fleet.running import step_figures
+from app.fleet.running import step_report
 from app.journal.jobs import Journal
+from routing.finish import StepReport
 from routing.placement import MachineView
 
 
@@ -94,7 +95,7 @@ class StaticResidencyFacts:
 
 STEPS_EVERY_S = 1.0
 """Running jobs' step reports are read into a snapshot at most this often (seconds); in between,
-a snapshot uses the last figures, their seconds left less the time since. At hundreds of
+a snapshot uses the last reports, that much older. At hundreds of
 machines all busy the reads add a third to a snapshot (bench/snapshot_progress.py), and a step
 rate moves slowly: a burst of submissions pays for them once a second, not once each."""
 
@@ -120,7 +121,7 @@ class MachineStates:
         self.residency: ResidencyFacts = residency or NoResidencyFacts()
         self.read_many = MultiRead(client)
         # when running jobs' step reports were last read, and their figures (app/fleet/running.py)
-        self._steps: tuple[float, dict[str, tuple[float | None, float | None]]] = (0.0, {})
+        self._steps: tuple[float, dict[str, StepReport | None]] = (0.0, {})
 
     def heartbeat(self, machine: str) -> dict[str, Any] | None:
         raw = self.redis.get(self.keys.heartbeat(machine))
@@ -173,17 +174,14 @@ class MachineStates:
         residency = self.residency.parse(names, replies[machine_reads:residency_reads])
         if fresh:
             known = {
-                job_id: step_figures(reply, now_s)
+                job_id: step_report(reply, now_s)
                 for job_id, reply in zip(running, replies[residency_reads:], strict=True)
             }
             self._steps = (now_s, known)  # replaced whole: a dry run in another thread reads one or the other
             progress = known
-        else:  # read less than STEPS_EVERY_S ago: its seconds left, less the time since
+        else:  # read less than STEPS_EVERY_S ago: the same reports, that much older
             since_s = now_s - read_at
-            progress = {
-                job_id: (done, None if left is None else max(left - since_s, 0.0))
-                for job_id, (done, left) in known.items()
-            }
+            progress = {job_id: None if report is None else report.aged(since_s) for job_id, report in known.items()}
         found = {}
         for i, name in enumerate(names):
             first = len(also) + 5 * i

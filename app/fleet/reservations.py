@@ -23,7 +23,7 @@ from app.core.keys import Keys
 from app.core.states import ENDED
 from app.fleet.lock import Fence
 from app.journal.jobs import Journal
-from routing.finish import WorkItem
+from routing.finish import StepReport, WorkItem
 
 # Every change of a reservations hash replaces its version token (Keys.reservations_version)
 # in the same atomic step, with a fresh random token (never a counter: after Redis lost its
@@ -218,12 +218,11 @@ class Reservations:
         machine: str,
         raw: dict[str, str],
         now_s: float | None = None,
-        progress: Mapping[str, tuple[float | None, float | None]] | None = None,
+        progress: Mapping[str, StepReport | None] | None = None,
     ) -> tuple[WorkItem, ...]:
         """:meth:`items` from ``machine``'s already-read reservations hash (``HGETALL``);
-        ``progress``: running job id -> (share of its steps done, seconds its measured rate
-        leaves), as ``app.fleet.running.step_figures`` gives them, set on its item (``done``,
-        ``left_s``).
+        ``progress``: running job id -> its worker's last step report
+        (``app.fleet.running.step_report``), set on its item (``report``).
 
         Placement reads every machine's whole backlog under the fleet lock at each submission
         (R14), and most of it is as it was at the previous read: a hash equal to the last one
@@ -244,16 +243,10 @@ class Reservations:
             return last.queued_only
         now_s = time.time() if now_s is None else now_s
         progress = progress or {}
-        none = (None, None)
         return tuple(
             p.item
             if p.started_at is None
-            else replace(
-                p.item,
-                elapsed_s=max(0.0, now_s - p.started_at),
-                done=progress.get(p.job_id, none)[0],
-                left_s=progress.get(p.job_id, none)[1],
-            )
+            else replace(p.item, elapsed_s=max(0.0, now_s - p.started_at), report=progress.get(p.job_id))
             for p in last.fifo
         )
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 from app.core.states import ACTIVE, JobState
 from app.fleet.costs import FleetCosts
 from app.fleet.machines import MachineStates
-from app.fleet.running import step_figures
+from app.fleet.running import step_report
 from app.journal.jobs import Journal
 from routing.finish import drain
 
@@ -38,7 +38,7 @@ def fleet_status(machines: MachineStates, journal: Journal, costs: FleetCosts) -
         started = reservations.running(name)
         now_s = time.time()
         replies = machines.read_many([("PROGRESS", machines.keys.progress(job_id)) for job_id in started])
-        progress = {job_id: step_figures(reply, now_s) for job_id, reply in zip(started, replies, strict=True)}
+        progress = {job_id: step_report(reply, now_s) for job_id, reply in zip(started, replies, strict=True)}
         drain_s, _ = drain(
             name,
             warm_models=view.warm_models,

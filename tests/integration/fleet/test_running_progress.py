@@ -1,6 +1,7 @@
-"""A running job's reported steps reach placement's snapshot (R13, R14): the share done and
-the seconds its measured step rate leaves are set on its work item, read in the same Redis
-command as the rest of the fleet, and priced by ``routing.finish.remaining_s``."""
+"""A running job's reported steps reach placement's snapshot (R13, R14): its step report (steps
+done, the seconds since, the measured seconds per step) is set on its work item, read in the
+same Redis command as the rest of the fleet at most once per ``STEPS_EVERY_S``, and priced by
+``routing.finish.remaining_s``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from app.context import ServerContext
 from app.fleet.lock import Fence
 from app.fleet.machines import STEPS_EVERY_S
 from routing.estimate import Estimator, MachineProfile, ModelProfile
-from routing.finish import drain
+from routing.finish import StepReport, drain
 
 
 class Clock:
@@ -23,7 +24,7 @@ class Clock:
         monkeypatch.setattr(time, "time", lambda: self.at_s)
 
 
-def test_r14_reported_steps_set_a_running_job_s_share_done_and_measured_seconds_left(
+def test_r14_reported_steps_set_a_running_job_s_step_report_and_its_price(
     ctx: ServerContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock(monkeypatch, 1_000_000.0)
@@ -35,36 +36,35 @@ def test_r14_reported_steps_set_a_running_job_s_share_done_and_measured_seconds_
     assert reservations.start("m1", "job-a")
     clock.at_s += 40.0  # loading its model
     [running, queued] = ctx.machines.view("m1").queue
-    assert (running.elapsed_s, running.done, running.left_s) == (40.0, None, None)  # no report: the estimate
-    assert queued.elapsed_s is None and queued.done is None
+    assert (running.elapsed_s, running.report) == (40.0, None)  # nothing reported: the estimate
+    assert queued.elapsed_s is None and queued.report is None
 
     ctx.progress.report("job-a")  # claimed, no step yet
-    ctx.progress.report("job-a", 1, 30)  # the first step: the rate's start
     clock.at_s += STEPS_EVERY_S  # reports are read into a snapshot at most this often
+    assert ctx.machines.view("m1").queue[0].report == StepReport(0, 0, since_s=STEPS_EVERY_S)
+    ctx.progress.report("job-a", 1, 30)  # the first step: the rate's start
+    clock.at_s += STEPS_EVERY_S
     running = ctx.machines.view("m1").queue[0]
-    assert (running.done, running.left_s) == (pytest.approx(1 / 30), None)  # one report: no rate yet
+    assert running.report == StepReport(1, 30, since_s=STEPS_EVERY_S)  # one step report: no rate yet
 
     clock.at_s += 20.0 - STEPS_EVERY_S
     ctx.progress.report("job-a", 6, 30)  # 5 steps in 20 s: 4 s a step, 24 steps left
     clock.at_s += 2.0  # 2 s since that report
     [running, queued] = ctx.machines.view("m1").queue
-    assert running.elapsed_s == 62.0
-    assert running.done == pytest.approx(0.2)
-    assert running.left_s == pytest.approx(4.0 * 24 - 2.0)
-    assert queued.done is None and queued.left_s is None
+    assert running.elapsed_s == 63.0
+    assert running.report == StepReport(6, 30, since_s=2.0, step_s=pytest.approx(4.0))
+    assert queued.report is None
 
     ctx.progress.report("job-a", 7, 30)  # read at the next refresh only
     clock.at_s += STEPS_EVERY_S / 2
     again = ctx.machines.view("m1").queue[0]
-    assert again.done == pytest.approx(0.2)  # the figures read half a refresh ago
-    assert again.left_s == pytest.approx(4.0 * 24 - 2.0 - STEPS_EVERY_S / 2)  # less the time since
+    assert again.report == StepReport(6, 30, since_s=2.0 + STEPS_EVERY_S / 2, step_s=pytest.approx(4.0))  # aged
     clock.at_s += STEPS_EVERY_S
-    assert ctx.machines.view("m1").queue[0].done == pytest.approx(7 / 30)
-    running = again
+    assert ctx.machines.view("m1").queue[0].report.step == 7  # type: ignore[union-attr]
 
-    # priced as placement prices it: the estimate's run there, blended with the measured rate
+    # priced as placement prices it: 24 steps left at the measured 4 s, less the 2.5 s of the step under way
     estimator = Estimator({"m1": MachineProfile("m1", speed=1.0)}, {"model-a": ModelProfile("model-a", "sd1", 1)})
     run_s = estimator.run_s("m1", "model-a", "txt2img", 30, 4096)
-    ahead_s, _ = drain("m1", warm_models=("model-a",), queue=(running,), protected=frozenset(), costs=estimator)
-    assert ahead_s == pytest.approx(0.2 * (94.0 - STEPS_EVERY_S / 2) + 0.8 * (0.8 * run_s))
-    assert ahead_s > 0.2 * 90.0 > 0.05 * run_s  # unreported, 62 s past a shorter estimate: 5 % of it
+    ahead_s, _ = drain("m1", warm_models=("model-a",), queue=(again,), protected=frozenset(), costs=estimator)
+    assert ahead_s == pytest.approx(4.0 * 24 - 2.0 - STEPS_EVERY_S / 2)
+    assert ahead_s > 0.05 * run_s  # unreported, 63 s past a shorter estimate: 5 % of it

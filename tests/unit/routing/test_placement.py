@@ -18,7 +18,7 @@ from routing.demand import (
 )
 from routing.errors import Refused, Unavailable
 from routing.estimate import GB, Estimator, MachineProfile, ModelProfile
-from routing.finish import EVICTION_WEIGHT, WorkItem, remaining_s
+from routing.finish import EVICTION_WEIGHT, StepReport, WorkItem, remaining_s
 from routing.placement import JobRequest, MachineView, dry_run, place
 from routing.timings import REFERENCE_SIZE, LearnedTimings, Timing
 
@@ -318,22 +318,36 @@ def test_r12_a_running_job_still_loading_its_model_counts_the_rest_of_its_load()
     assert part.cold_load_s == 0  # the next job of the same model finds it loaded
 
 
-def test_r12_a_running_job_s_reported_steps_correct_its_estimate_slow_or_fast() -> None:
-    """10 steps of 1 s expected. Running 3x slow: at step 5 of 10 its rate (3 s a step) leaves
-    15 s, blended half and half with the estimate's 5 s: 10 s, where 4 s past the estimate would
-    have counted 5 % of it (0.5 s). Running 2x fast: 2.5 s left by its rate, 3.75 s counted, not
-    the 8 s its elapsed time leaves. One step report: the estimate of the steps left."""
-    slow = WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=14.0, done=0.5, left_s=15.0)
-    fast = WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=2.0, done=0.5, left_s=2.5)
-    once = WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=14.0, done=0.2)
-    unreported = WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=14.0)
-    ahead = {
-        name: place(request("m1"), machines(view("m1", queue=(item,), warm=(MODEL,))), costs()).breakdown.work_ahead_s
-        for name, item in (("slow", slow), ("fast", fast), ("once", once), ("unreported", unreported))
+def test_r12_a_running_job_s_step_reports_correct_its_estimate_slow_or_fast() -> None:
+    """10 steps of 1 s expected. Measured at 3 s a step, 5 steps done, 1 s into the sixth: 14 s
+    left (15 - 1), where 4 s past the estimate would have counted 5 % of it (0.5 s). At 0.5 s a
+    step: 2.5 s. One step report: the estimate's rate; a step under way for longer than that
+    rate is taken as at least that long. Claimed, no step yet: the whole run is ahead."""
+    reports = {
+        "slow": StepReport(5, 10, since_s=1.0, step_s=3.0),
+        "fast": StepReport(5, 10, since_s=0.0, step_s=0.5),
+        "once": StepReport(2, 10, since_s=0.5),
+        "stuck": StepReport(2, 10, since_s=6.0),
+        "claimed": StepReport(0, 0, since_s=14.0),
+        "unreported": None,
     }
-    assert ahead == pytest.approx({"slow": 10.0, "fast": 3.75, "once": 8.0, "unreported": 0.5})
-    assert remaining_s(10.0, 0.0, 14.0, done=1.0, left_s=0.0) == 0.0  # its last step done: only the upload left
+    ahead = {
+        name: place(
+            request("m1"),
+            machines(
+                view("m1", queue=(WorkItem(MODEL, "txt2img", 10, REF, elapsed_s=14.0, report=report),), warm=(MODEL,))
+            ),
+            costs(),
+        ).breakdown.work_ahead_s
+        for name, report in reports.items()
+    }
+    assert ahead == pytest.approx(
+        {"slow": 14.0, "fast": 2.5, "once": 7.5, "stuck": 42.0, "claimed": 10.0, "unreported": 0.5}
+    )
+    assert remaining_s(10.0, 0.0, 14.0, StepReport(10, 10, since_s=0.0, step_s=1.0)) == 0.0  # its last step done
+    assert remaining_s(10.0, 2.0, 1.0, StepReport(0, 0, since_s=1.0)) == pytest.approx(11.0)  # loading: the rest of it
     assert remaining_s(10.0, 2.0, 4.0) == pytest.approx(8.0)  # no report: as before, load included
+    assert StepReport(3, 10, 1.0, 2.0).aged(0.5) == StepReport(3, 10, 1.5, 2.0)
 
 
 def test_r12_eviction_of_warm_models_is_charged_at_their_reload_cost() -> None:
