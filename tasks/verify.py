@@ -105,7 +105,18 @@ def advertise(
     """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
     advertised set with the models that match in full. Returns that set."""
     with one_check_at_a_time(models_dir):
-        verified = verified_models(models_dir, manifests)
+        problems = {model_id: model_problems(models_dir, manifest) for model_id, manifest in manifests.items()}
+        verified = {model_id for model_id, found in problems.items() if not found}
+        for model_id in sorted(m for m, found in problems.items() if found and (models_dir / m).is_dir()):
+            log.warning(  # a copy here that does not match: said, with what differs (none here: never synced)
+                "%s: model %s is not advertised: its copy here does not match the manifest (%s); put the files "
+                "back, or `homefleet sync %s %s`",
+                machine,
+                model_id,
+                "; ".join(problems[model_id][:3]) + (" …" if len(problems[model_id]) > 3 else ""),
+                machine,
+                model_id,
+            )
         key = keyspace.verified(machine)
         with client.pipeline() as pipe:
             pipe.delete(key)

@@ -50,7 +50,7 @@ def test_r4_a_registry_change_names_as_withdrawn_only_the_models_advertised_here
 
 
 def test_r4_a_copy_damaged_before_the_worker_started_is_advertised_once_put_back(
-    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A byte flipped in a copy while no worker ran: the start-up check does not advertise it,
     and watches it as one withdrawn; the file put back as it was (``cp -p`` from a backup)
@@ -71,8 +71,14 @@ def test_r4_a_copy_damaged_before_the_worker_started_is_advertised_once_put_back
     path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size, one bit other
     with served_api(ctx) as url:
         verifier = Verifier(m1_settings(ctx, models_dir, url), ctx.redis, ctx.keys)
-        assert verifier.verify() == set()
+        with caplog.at_level(logging.WARNING, logger="homefleet.worker"):
+            assert verifier.verify() == set()
         assert set(verifier.withdrawn) == {HELD}  # watched; the copy cut short is not
+        said = {r.getMessage().split(" is not advertised")[0]: r.getMessage() for r in caplog.records}
+        held = said[f"m1: model {HELD}"]  # each copy that fails is named, with what differs
+        assert "unet/config.json: digest blake3:" in held and "manifest says blake3:" in held
+        assert f"`homefleet sync m1 {HELD}`" in held
+        assert "unet/config.json: missing" in said[f"m1: model {NEVER}"]
         path.write_bytes(original)
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p puts it back
         assert file_stats(models_dir, verifier.manifests[HELD]) != verifier.withdrawn[HELD]  # the mtime moved back
