@@ -92,16 +92,30 @@ def checkpoint_hint(folder: Path, family: str | None = None) -> str:
 
 
 def cache_repo_hint(folder: Path) -> str:
-    """A sentence for a Hugging Face cache repository folder named instead of its snapshot
-    (``…/models--org--name``, which holds ``snapshots/``): the command that registers it; "" for
-    any other folder."""
-    if not folder.name.startswith("models--") or not (folder / "snapshots").is_dir():
-        return ""
-    repo = folder.name.removeprefix("models--").replace("--", "/")
-    return (
-        f". It is the Hugging Face cache folder of {repo}: register its snapshot with "
-        f"`homefleet models add --from-hf-cache {repo}` (or name {folder / 'snapshots'}/<commit>)"
+    """A sentence for a Hugging Face cache folder named instead of a snapshot: a repository's
+    (``…/models--org--name``, which holds ``snapshots/``), its ``snapshots/`` folder, or the
+    cache's root (which holds ``models--*`` folders): the command that registers one; "" for any
+    other folder."""
+    if folder.name == "snapshots" and folder.parent.name.startswith("models--"):
+        folder = folder.parent  # the folder of the repository's snapshots: the same advice
+    if folder.name.startswith("models--") and (folder / "snapshots").is_dir():
+        repo = folder.name.removeprefix("models--").replace("--", "/")
+        return (
+            f". It is the Hugging Face cache folder of {repo}: register its snapshot with "
+            f"`homefleet models add --from-hf-cache {repo}` (or name {folder / 'snapshots'}/<commit>)"
+        )
+    held = sorted(
+        p.name.removeprefix("models--").replace("--", "/")
+        for p in folder.glob("models--*")
+        if (p / "snapshots").is_dir()
     )
+    if held:  # a cache's root
+        named = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        return (
+            f". It is a Hugging Face cache ({named}): register a repository's snapshot with "
+            f"`homefleet models add --from-hf-cache {held[0]}` (HF_HUB_CACHE={folder})"
+        )
+    return ""
 
 
 def component_hint(folder: Path) -> str:

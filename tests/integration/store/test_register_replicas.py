@@ -363,6 +363,11 @@ def test_r1_a_misnamed_folder_is_told_what_to_register_before_its_files_are_read
     assert done.returncode == 2, said
     assert f"It is the Hugging Face cache folder of {replica.repo_id}: register its snapshot with" in said, said
     assert "broken link" not in said
+    snapshots = _human_free(run_cli("models", "add", str(repo / "snapshots"), env=env, check=False).stderr)
+    assert f"It is the Hugging Face cache folder of {replica.repo_id}" in snapshots, snapshots
+    root = _human_free(run_cli("models", "add", str(cache), env=env, check=False).stderr)
+    assert f"It is a Hugging Face cache ({replica.repo_id}): register a repository's snapshot with" in root, root
+    assert f"--from-hf-cache {replica.repo_id}` (HF_HUB_CACHE={cache})" in root
 
     component = run_cli("models", "add", str(replica.folder / "unet"), env=env, check=False)
     said = _human_free(component.stderr)
