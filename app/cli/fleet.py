@@ -7,7 +7,7 @@ import time
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from app.cli.common import console, errors, require_machine, server_settings
 
@@ -103,7 +103,16 @@ def status(
         if as_json:
             print(json.dumps({"hosts": hosts, "dead_letters": dead}, indent=2))
             return
-        table = Table("machine", "online", "state", "verified models", "warm models", "queued", "running", "drain_s")
+        table = Table(  # names are never cut: a machine's stays on one line, models one a line, folded if need be
+            Column("machine", no_wrap=True),
+            "online",
+            "state",
+            Column("verified models", overflow="fold"),
+            Column("warm models", overflow="fold"),
+            "queued",
+            "running",
+            "drain_s",
+        )
         for host in hosts:
             devices = [row for row in host["machines"] if row["device"] is not None]
             if devices:  # a host line, its devices under it
@@ -122,8 +131,8 @@ def status(
                     f"  {row['name']}" if devices else row["name"],
                     "yes" if row["online"] else "no",
                     row["state"],
-                    ", ".join(row["verified_models"]) or "-",
-                    ", ".join(row["warm_models"]) or "-",
+                    "\n".join(row["verified_models"]) or "-",
+                    "\n".join(row["warm_models"]) or "-",
                     str(row["queued"]),
                     str(row["running"]),
                     f"{row['drain_s']:.1f}",

@@ -6,7 +6,7 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from app.cli.common import console, server_settings
 
@@ -43,7 +43,7 @@ def keys(
         )
         return
     table = Table(
-        "key",
+        Column("key", no_wrap=True),  # the id HOMEFLEET_WEBHOOK_SECRETS and quotas are keyed by: never cut
         "keys",
         "queued",
         "running",
