@@ -24,7 +24,7 @@ from app.jobs.expansion import submit_expanded
 from app.jobs.result_inputs import adopt_results
 from app.jobs.validation import fitting_adapters
 from app.store.media import EXTENSIONS
-from routing.timings import ADAPTER_KIND
+from routing.timings import ADAPTER_KIND, TEXT_KIND
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def model_entry(
         adapters = fitting_adapters(
             m.id, ctx.registry.folder(m.id), [(a.id, ctx.registry.folder(a.id)) for a in family]
         )
-    return {
+    entry: dict[str, Any] = {
         "id": m.id,
         "object": "model",
         "created": int(created.timestamp()),
@@ -357,6 +357,15 @@ def model_entry(
             if kind in KINDS
         },
     }
+    text = entry["params"].get(TEXT_KIND)
+    if text is not None and "max_new_tokens" in text["params"]:
+        try:  # the model's own budget, not the family's: at least one prompt token beside the new ones
+            budget = ctx.dispatcher.validator.token_limits(m.id).max_total_tokens
+        except (OSError, ValueError, HomefleetError):
+            budget = None  # its config unreadable here: the family's range stands; a submission says why
+        if budget is not None:
+            text["ranges"]["max_new_tokens"] = {"min": 1, "max": max(budget - 1, 1), "integer": True}
+    return entry
 
 
 def _utc(at: datetime) -> datetime:

@@ -204,3 +204,16 @@ def test_an_edit_asked_of_a_model_that_cannot_edit_says_what_an_edit_needs_and_w
         "inpaint, docs/api.md)"
     )
     assert queued(ctx) == 0
+
+
+def test_a_text_model_s_form_offers_its_own_token_budget_not_the_family_s(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """``GET /v1/models/{id}``'s ranges build the fleet page's form: a text model's
+    ``max_new_tokens`` goes up to its own budget (``max_total_tokens`` less one prompt token),
+    not a family-wide million a submission would then refuse."""
+    client, ctx = api
+    budget = ctx.dispatcher.validator.token_limits(TEXT).max_total_tokens
+    shown = client.get(f"/v1/models/{TEXT}").json()["params"]["text"]["ranges"]["max_new_tokens"]
+    assert shown == {"min": 1, "max": budget - 1, "integer": True}
+    assert budget < 1_000_000
