@@ -41,8 +41,10 @@ BLOCK = 25
 MACHINES = 8
 
 
-def _fleet() -> Fleet:
-    names = ["server"] + [f"w{i:02d}" for i in range(1, MACHINES)]
+def cpu_fleet(count: int = MACHINES) -> Fleet:
+    """A fleet of ``count`` unified-memory CPU machines (``server``, ``w001``...) that run sd1,
+    8 GB each, tokens made up: what the in-process lock and snapshot benches place on."""
+    names = ["server"] + [f"w{i:03d}" for i in range(1, count)]
     return Fleet(
         machines={
             name: Machine(
@@ -65,7 +67,7 @@ def hold_times(submissions: int = SUBMISSIONS) -> tuple[list[float], list[float]
         root = Path(tmp)
         redis_process = start_redis_server(root / "redis")
         try:
-            fleet = _fleet()
+            fleet = cpu_fleet()
             settings = Settings(
                 data_dir=root / "server",
                 redis_url=redis_process.url,

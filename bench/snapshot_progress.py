@@ -25,29 +25,12 @@ from pathlib import Path
 from app.context import build_context
 from app.core.config import Settings
 from app.devtools.redis_server import start_redis_server
-from app.fleet.config import Fleet, Machine
 from app.fleet.lock import Fence
+from bench.fleet_lock import cpu_fleet
 
 MACHINES = 500
 ROUNDS = 20
 BLOCK = 10
-
-
-def _fleet(count: int) -> Fleet:
-    names = ["server"] + [f"w{i:03d}" for i in range(1, count)]
-    return Fleet(
-        machines={
-            name: Machine(
-                name=name,
-                backend="cpu",
-                memory_kind="unified",
-                memory_bytes=8_000_000_000,
-                families=frozenset({"sd1"}),
-                token=f"token-{name}-".ljust(32, "x"),
-            )
-            for name in names
-        }
-    )
 
 
 def snapshot_times(count: int = MACHINES) -> dict[str, list[float]]:
@@ -59,7 +42,7 @@ def snapshot_times(count: int = MACHINES) -> dict[str, list[float]]:
         redis_process = start_redis_server(root / "redis")
         try:
             settings = Settings(data_dir=root / "server", redis_url=redis_process.url)
-            ctx = build_context(settings, _fleet(count), migrate=True)
+            ctx = build_context(settings, cpu_fleet(count), migrate=True)
             try:
                 machines, reservations = ctx.machines, ctx.machines.reservations
                 ctx.redis.set(ctx.keys.fleet_lock(), "bench", px=600_000)
