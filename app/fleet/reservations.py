@@ -92,7 +92,7 @@ class _Parsed:
     order: tuple[bool, int]  # (queued, seq): running ones first, then by seq
     item: WorkItem  # elapsed_s None
     started_at: float | None  # Unix seconds
-    job_id: str = ""
+    job_id: str  # its reservation's field: the key its step reports are read by
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class _Read:
     queued_only: tuple[WorkItem, ...] | None  # the items, when none is running (nothing to compute)
 
 
-def _parse(raw: str, job_id: str = "") -> _Parsed:
+def _parse(raw: str, job_id: str) -> _Parsed:
     record = json.loads(raw)
     started_at = None if record["started_at"] is None else float(record["started_at"])
     item = WorkItem(
