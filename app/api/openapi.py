@@ -325,7 +325,7 @@ BODY_KINDS: dict[str, tuple[str, ...]] = {
     "Generate": ("text",),
 }
 #: path with a ``{model}`` parameter -> the kinds that model must run
-PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {"/hf/models/{model}": ("txt2img", "edit", "upscale")}
+PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {"/hf/models/{model}": ("txt2img", "edit", "upscale", "text")}
 #: an OpenAI ``size`` is listed value by value up to this many sizes, else stated by a pattern
 MAX_LISTED_SIZES = 512
 

@@ -35,6 +35,7 @@ from app.api.openai_errors import (
 from app.api.openapi import documented, part_of, path_pattern
 from app.api.routes import (
     events,
+    hf,
     images,
     internal,
     page,
@@ -227,6 +228,7 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
     api.include_router(public.router, dependencies=keyed)
     api.include_router(events.router, dependencies=keyed)
     api.include_router(images.router, dependencies=keyed)
+    api.include_router(hf.router, dependencies=keyed)
     api.include_router(text.router, dependencies=keyed)
     api.include_router(tgi.router, dependencies=keyed)
     api.include_router(internal.router)

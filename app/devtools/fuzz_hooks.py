@@ -92,6 +92,8 @@ ROUTE_UNSTATABLE: dict[tuple[str, str], dict[str, str]] = {
         "kind_not_supported": "the path's model must run the body's task (text-to-image, or image-to-image "
         "with parameters.prompt): one schema for a path parameter and a body cannot say so",
         "unsupported_kind": "as kind_not_supported",
+        "unknown_param": "a text model's path takes TGI's parameters, not text-to-image's that this body's schema "
+        "states (app/api/routes/hf.py)",
     },
 }
 #: routes whose 422 is about a stored job, not the request: requeue submits the job it repeats again

@@ -253,6 +253,36 @@ def test_tgi_streaming_sends_one_event_per_token_then_the_text_and_details(tflee
     assert "".join(texts) == result and len(texts) == 10
 
 
+def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFleet) -> None:
+    """``InferenceClient(base_url=".../hf/models/<model>").text_generation``, as Hugging Face's own
+    Inference API serves a model on its URL: the path's text model runs (not the first one, which
+    ``POST /`` would take), with TGI's details and stream; a parameter Homefleet does not run is
+    the client's ``ValidationError`` naming it, and a body ``model`` naming another is refused
+    (R22). Before, the path ran text-to-image only and refused ``max_new_tokens`` as unknown."""
+    url = f"{tfleet.local.api_url}/hf/models/tiny-qwen2"
+    client = huggingface_hub.InferenceClient(base_url=url, token=TEST_API_KEY, timeout=60)
+    out = client.text_generation("hello", max_new_tokens=5, details=True)
+    job = latest_job(tfleet)
+    assert job.model_id == "tiny-qwen2" and job.kind == "text" and job.state == "succeeded"
+    assert out.generated_text == Path(job.result_path).read_bytes().decode("utf-8")
+    assert out.details is not None and out.details.generated_tokens == 5
+    assert [t.id for t in out.details.tokens] == job.provenance["tokens"]
+    events = list(client.text_generation("hello", max_new_tokens=5, stream=True, details=True))
+    streamed = latest_job(tfleet)
+    assert streamed.model_id == "tiny-qwen2" and streamed.id != job.id
+    assert events[-1].generated_text == out.generated_text  # greedy: the same text, streamed
+    assert [e.token.id for e in events] == streamed.provenance["tokens"]
+    with pytest.raises(huggingface_hub.errors.ValidationError, match=r"parameters\.top_k"):
+        client.text_generation("hello", max_new_tokens=2, top_k=5)
+    auth = {"Authorization": f"Bearer {TEST_API_KEY}"}
+    other = httpx.post(url, headers=auth, json={"inputs": "x", "model": "tiny-gpt2"}, verify=tls_context())
+    assert other.status_code == 422 and other.json()["error_type"] == "validation"
+    assert other.json()["reason"] == "invalid_model" and "'tiny-gpt2'" in other.json()["error"]
+    empty = httpx.post(url, headers=auth, json={"inputs": "x", "parameters": {"stream": 1}}, verify=tls_context())
+    assert empty.status_code == 422 and "parameters.stream" in empty.json()["error"]
+    assert latest_job(tfleet).id == streamed.id  # no refusal ran a job
+
+
 def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet) -> None:
     """``POST /generate`` and ``/generate_stream`` directly (with Homefleet's ``model`` and
     ``target``); the token limits and an unsupported parameter are 422 ``validation``

@@ -1,4 +1,4 @@
-"""OpenAI-compatible Images API and the Hugging Face text-to-image task.
+"""OpenAI-compatible Images API, and the helpers every image and text route submits and waits with.
 
 - ``POST /v1/images/generations`` (JSON: ``prompt``, ``model``, ``n``, ``size`` "WxH",
   ``response_format`` ``b64_json`` | ``url``; Homefleet extras ``steps``, ``target``,
@@ -8,15 +8,9 @@
 - ``POST /v1/images/edits`` (multipart: ``image``, ``prompt``, ``model``, ``n``,
   ``response_format``): the upload is validated (bytes, media type, R22), stored as an
   input, and one ``edit`` job per image runs on it.
-- ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt, "parameters": {...}}``
--> image bytes
-  (a parameter Homefleet does not run is refused, 422 ``unknown_param``),
-  what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
-  sends.
 
-- ``POST /hf/models/{model}`` with ``parameters.prompt`` and ``inputs`` an image in base64:
-  Hugging Face ``image_to_image``, one ``edit`` job (or ``upscale`` for a model that runs only
-  that) on the decoded image, checked and stored as an input like an upload.
+The Hugging Face Inference routes (``/hf``, ``/hf/models/{model}``) are in
+app/api/routes/hf.py; they run their image jobs through this module's helpers.
 
 Errors on these routes have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
 (mapped in app/api/server.py). Once a job has been submitted, every error answer carries
@@ -36,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import json
 import logging
 import math
@@ -51,7 +44,6 @@ from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Request, UploadFile
-from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
 from app.api.auth import bearer_token, request_key_id
@@ -212,92 +204,6 @@ class ImageGeneration(RequestBody):
         max_length=64,
         description="not on this route (refused): prompt expansion runs on POST /v1/jobs (params.expand_prompt)",
     )
-
-
-class HfParameters(RequestBody):
-    """The ``parameters`` Homefleet runs, under Hugging Face's names: text-to-image's (txt2img's
-    params) and, with ``prompt`` set, image-to-image's (:data:`HF_IMAGE_PARAMS`). Any other key
-    is kept in ``model_extra`` and refused (:func:`hf_params`, :func:`hf_image_to_image`), as
-    the schema says (``additionalProperties: false``)."""
-
-    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
-
-    prompt: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_PROMPT_CHARS,
-        description="image-to-image: the instruction; `inputs` is then the image in base64",
-    )
-
-    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
-    width: int | None = Field(None, ge=1, le=100_000)
-    height: int | None = Field(None, ge=1, le=100_000)
-    num_inference_steps: int | None = Field(  # no schema maximum: the family's limit (invalid_steps)
-        None,
-        ge=1,
-        description="at most the model family's max_steps (150 unless HOMEFLEET_LIMITS says otherwise)",
-    )
-    guidance_scale: float | None = Field(
-        None, allow_inf_nan=False
-    )  # range checked with the job's params (app/core/kinds.py)
-    seed: int | None = Field(None, ge=0, lt=2**31)
-
-
-#: Hugging Face parameter -> txt2img param
-HF_PARAMS: dict[str, str] = {
-    "negative_prompt": "negative_prompt",
-    "width": "width",
-    "height": "height",
-    "num_inference_steps": "steps",
-    "guidance_scale": "guidance_scale",
-    "seed": "seed",
-}
-
-
-#: Hugging Face image-to-image parameter -> edit/upscale param
-HF_IMAGE_PARAMS: dict[str, str] = {
-    "prompt": "prompt",
-    "negative_prompt": "negative_prompt",
-    "num_inference_steps": "steps",
-    "guidance_scale": "guidance_scale",
-    "seed": "seed",
-}
-
-
-def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
-    """txt2img params from a Hugging Face text-to-image request.
-
-    Raises:
-        Rejected: reason ``invalid_inputs`` for a prompt over :data:`MAX_PROMPT_CHARS`;
-            reason ``unknown_param`` for a parameter Homefleet does not run (e.g.
-            ``scheduler``), naming it and listing the ones it takes; it is refused rather
-            than ignored.
-    """
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise Rejected(
-            f"`inputs` (the prompt) must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}",
-            reason="invalid_inputs",
-            param="inputs",
-        )
-    refuse_unknown(list(parameters.model_extra or {}), HF_PARAMS, "text-to-image's parameters", prefix="parameters.")
-    params: dict[str, Any] = {"prompt": prompt}
-    for name, param in HF_PARAMS.items():
-        value = getattr(parameters, name)
-        if value is not None:
-            params[param] = value
-    return params
-
-
-class HfInference(RequestBody):
-    """The Hugging Face Inference payload: text-to-image (``inputs``: the prompt, at most
-    :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, ``parameters.prompt`` set;
-    the whole body is bounded by ``max_request_bytes``). Any other top-level field (a misspelt
-    ``paramters``, whose parameters would all be dropped) is refused naming it (:func:`hf_inference`)."""
-
-    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
-
-    inputs: str = Field(min_length=1, max_length=2 * 1024 * 1024)
-    parameters: HfParameters = Field(default_factory=HfParameters)
 
 
 class AfterSubmit(HomefleetError):
@@ -804,90 +710,3 @@ def image_item(
         }
     path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
     return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
-
-
-@router.post("/hf", response_class=Response)
-async def hf_inference_default(body: HfInference, ctx: Context, request: Request) -> Response:
-    """Hugging Face ``text_to_image`` with the first txt2img model (``InferenceClient(base_url=".../hf")``),
-    or ``image_to_image`` (``parameters.prompt`` set) with the first edit model."""
-    kind = "txt2img" if body.parameters.prompt is None else "edit"
-    return await hf_inference(await to_thread.run_sync(default_model, ctx, kind), body, ctx, request)
-
-
-@router.post("/hf/models/{model}", response_class=Response)
-async def hf_inference(model: str, body: HfInference, ctx: Context, request: Request) -> Response:
-    """Hugging Face ``text_to_image`` (``inputs``: the prompt): the image's bytes (``image/png``).
-    Hugging Face ``image_to_image`` (``inputs``: the image in base64, ``parameters.prompt``: the
-    instruction): the edited image's bytes, from an ``edit`` job (``upscale`` for a model that
-    runs only that). 409 ``job_pending`` naming the job when it has not ended before the
-    client's announced timeout (``Prefer: wait=N``; C10)."""
-    started = time.monotonic()
-    refuse_unknown(list(body.model_extra or {}), type(body).model_fields, "the Hugging Face Inference payload")
-    if body.parameters.prompt is None:
-        kind, params = "txt2img", hf_params(body.inputs, body.parameters)
-        fields = {"model": model, **body.model_dump(mode="json")}
-    else:
-        kind, params = await to_thread.run_sync(hf_image_to_image, ctx, model, body)
-        fields = {"model": model, "image": params["image"], "parameters": body.parameters.model_dump(mode="json")}
-    call = ImageCall.of(request, ctx.settings.images_wait_s, fields, started=started)
-    try:
-        [job] = await run_jobs(ctx, call, model, params, SERVER, 1, kind=kind)
-    except Rejected as error:  # before any job (after one: AfterSubmit): name the client's field
-        raise hf_refusal(error, HF_PARAMS if kind == "txt2img" else HF_IMAGE_PARAMS) from error
-    with submitted([job.id]):
-        return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
-
-
-def hf_refusal(error: Rejected, names: dict[str, str]) -> Rejected:
-    """``error`` naming the Hugging Face parameter (``parameters.guidance_scale``) where it names
-    the job's param it maps to (``params.guidance_scale``; ``names``: Hugging Face name -> param)."""
-    for name, param in names.items():
-        if error.param == f"params.{param}":
-            renamed = Rejected(
-                error.message.replace(f"params.{param}", f"parameters.{name}"),
-                reason=error.reason,
-                param=f"parameters.{name}",
-            )
-            renamed.job_id = error.job_id  # the journaled refusal
-            return renamed
-    return error
-
-
-def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tuple[str, dict[str, Any]]:
-    """The kind and params of a Hugging Face image-to-image request: ``inputs`` decoded from
-    base64, checked like an upload (R22) and stored as an input.
-
-    Raises:
-        NotFound: no such model.
-        Rejected: the model runs neither ``edit`` nor ``upscale`` (``unsupported_kind``),
-            ``inputs`` is not base64 (``invalid_inputs``), the image is over the family's
-            ``max_upload_bytes`` or not PNG/JPEG/WebP (``invalid_inputs``), or a parameter
-            Homefleet does not run (``unknown_param``).
-    """
-    record = ctx.registry.get(model)
-    kind = "edit" if "edit" in record.kinds else "upscale" if "upscale" in record.kinds else None
-    if kind is None:
-        raise Rejected(
-            f"model {model!r} runs {', '.join(record.kinds)}; image-to-image needs a model that runs edit or upscale",
-            reason="unsupported_kind",
-            param="model",
-        )
-    try:
-        data = base64.b64decode(body.inputs, validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise Rejected(
-            f"`inputs` must be the image in base64 for image-to-image (parameters.prompt is set): {error}",
-            reason="invalid_inputs",
-            param="inputs",
-        ) from error
-    limits = limits_for(ctx.settings.limits, record.family)
-    check_upload(len(data), sniff(data[:16]) or "application/octet-stream", limits, field="inputs")
-    unknown = [name for name in (body.parameters.model_extra or {}) if name not in HF_IMAGE_PARAMS]
-    unknown += [name for name in ("width", "height") if getattr(body.parameters, name) is not None]
-    refuse_unknown(unknown, HF_IMAGE_PARAMS, "image-to-image's parameters", prefix="parameters.")
-    params: dict[str, Any] = {"image": ctx.inputs.add(data).id}
-    for name, param in HF_IMAGE_PARAMS.items():
-        value = getattr(body.parameters, name, None)
-        if value is not None:
-            params[param] = value
-    return kind, params

@@ -38,12 +38,13 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from app.api.auth import request_key_id
-from app.api.openai_errors import client_fields
+from app.api.openai_errors import client_fields, tgi_error, tgi_validation_error
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
 from app.api.routes.text import (
@@ -56,7 +57,7 @@ from app.api.routes.text import (
 )
 from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
-from app.core.errors import Rejected
+from app.core.errors import HomefleetError, Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
 from app.core.request_body import RequestBody, refuse_unknown, refuse_unsupported
 from app.core.states import JobState
@@ -321,6 +322,40 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
             yield event(token, body.inputs + final if body.parameters.return_full_text else final, details)
 
     return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+
+
+async def answer_for_model(model: str, raw: Any, ctx: Any, request: Request) -> Response:
+    """TGI's ``POST /`` for the text model ``model``, whatever the body names: what
+    ``POST /hf/models/{model}`` answers when ``model`` runs text (app/api/routes/hf.py), so that
+    ``InferenceClient(base_url=".../hf/models/<model>").text_generation`` picks its model.
+    ``raw`` is the parsed JSON body. Every error is answered in TGI's shape (422 ``validation``
+    for a body :class:`Generate` refuses or a ``model`` field naming another model).
+    """
+    try:
+        try:
+            body = Generate.model_validate(raw)
+        except ValidationError as error:
+            raise RequestValidationError(
+                [{**detail, "loc": ("body", *detail["loc"])} for detail in error.errors(include_url=False)]
+            ) from error
+        if body.model not in (None, model):
+            raise Rejected(
+                f"`model` names {body.model!r} but the path runs {model!r}; leave `model` out of the body "
+                "(or post to / to pick the model in the body)",
+                reason="invalid_model",
+                param="model",
+            )
+        body.model = model
+        body.check()
+        with client_fields(CLIENT_FIELDS):
+            if body.stream:
+                answer: Response = await generate_stream_answer(body, ctx, request_key_id(request))
+                return answer
+            return JSONResponse(await generate_once(body, ctx, request))
+    except RequestValidationError as error:
+        return tgi_validation_error(error)
+    except HomefleetError as error:
+        return tgi_error(error)
 
 
 @router.post("/generate", response_model=None)

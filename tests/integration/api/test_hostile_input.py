@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from app.api.routes.images import HF_PARAMS
+from app.api.routes.hf import HF_PARAMS
 from app.api.server import create_app
 from app.api.strict_json import faults, printable, strict_loads
 from app.context import ServerContext, build_context
