@@ -147,6 +147,15 @@ const actual = (job) => (job.load_s === null && job.run_s === null ? null : (job
 const when = (iso) => (iso ? Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(iso) ? iso : `${iso}Z`) : null);
 const clock = (iso) => (iso ? new Date(when(iso)).toLocaleTimeString([], { hour12: false }) : "–");
 const elapsed = (job) => (job.started_at ? Math.max(0, (Date.now() - when(job.started_at)) / 1000) : null);
+// An ended job cut short after its claim (cancelled mid-run, interrupted, terminated) reports no run
+// time: the seconds it held its machine, claim to end, as the quotas count it.
+const held = (job) => (job.started_at && job.finished_at ? Math.max(0, (when(job.finished_at) - when(job.started_at)) / 1000) : null);
+function actualCell(job) {
+  if (job.state === "running") return `${seconds(elapsed(job))} so far`;
+  if (actual(job) !== null || held(job) === null) return seconds(actual(job));
+  return el("span", { class: "held", title: "cut short: no run time reported; the time from its claim to its end, which it held its machine (quotas count it)" },
+    `${seconds(held(job))} held`);
+}
 // Remaining seconds of a running job: from its step rate once a step is done, else placement's prediction.
 function remaining(job) {
   const spent = elapsed(job); const progress = progressOf(job);
@@ -286,7 +295,7 @@ function renderJobs() {
     el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, job.params.prompt || "–"),
     el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
     el("td", { "data-label": "Predicted" }, seconds(job.predicted_s)),
-    el("td", { "data-label": "Actual" }, job.state === "running" ? `${seconds(elapsed(job))} so far` : seconds(actual(job))),
+    el("td", { "data-label": "Actual" }, actualCell(job)),
     el("td", { "data-label": "Progress / reason" }, progressOf(job) ? bar(job) : job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
     el("td", { "data-label": "Actions" }, controls(job)))));
   const box = $("#job-detail");
