@@ -59,6 +59,20 @@ ADAPTER_KIND = "adapter"
 EMA_WEIGHT = 0.3
 """Weight of a new measurement in the exponential moving average (R13)."""
 
+SHIFT_RATIO = 2.5
+"""A run whose seconds are more than this many times its estimate, or less than its inverse, is a
+large miss. Identical jobs vary by about 10 %, and an estimate once learned stays within a
+few tens of percent of what the next run takes; a run 2.5x off is not noise but one of two
+things: an outlier (the machine busy with something else once) or a change of regime (a GPU
+fallen back to its CPU, a machine swapping, then repaired). The moving average takes about
+12 runs to follow a 100x fall (0.7 ** 12 = 0.014), while a machine priced 100x too slow gets
+no Auto jobs to learn from."""
+
+SHIFT_RUNS = 2
+"""Large misses in a row, in the same direction, that make the latest run the figure outright (a
+change of regime, as a first measurement replaces a guess); one alone is folded in as usual
+(an outlier moves the figure by ``EMA_WEIGHT`` only)."""
+
 TimingKey = tuple[str, str, str]  # (machine, model_id, kind)
 
 
@@ -75,6 +89,7 @@ class Timing:
     size_samples: int = 0  # pairs of runs folded into size_exp; 0 = still linear, the prior
     anchor_size: int = 0  # the last run's image size (pixels x frames, at least MIN_SCALED_SIZE; 0: none yet)
     anchor_step_s: float = 0.0  # and its seconds per step at the reference size, priced linearly
+    misses: int = 0  # large misses in a row (SHIFT_RATIO): + runs slower than estimated, - faster
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -161,12 +176,32 @@ def fit_tokens(base: Timing, first: bool, run_s: float, new_tokens: int, prompt_
     )
 
 
+def large_miss(run_s: float, expected_s: float) -> int:
+    """+1 when ``run_s`` is more than :data:`SHIFT_RATIO` times ``expected_s`` (seconds), -1 when
+    it is less than its inverse, else 0 (a run or an estimate of 0 s counts as no miss)."""
+    if run_s <= 0 or expected_s <= 0:
+        return 0
+    if run_s > SHIFT_RATIO * expected_s:
+        return 1
+    return -1 if run_s * SHIFT_RATIO < expected_s else 0
+
+
+def misses_after(misses: int, miss: int) -> int:
+    """Large misses in a row after a run whose miss is ``miss`` (:func:`large_miss`), ``misses``
+    before it: one more in the same direction, else this run's alone (0 when it was no miss)."""
+    if miss == 0:
+        return 0
+    return misses + miss if misses * miss > 0 else miss
+
+
 class LearnedTimings:
     """Measured timings by (machine, model, kind), folded in with an EMA (weight ``EMA_WEIGHT``).
 
     The first measurement of each figure replaces the guess outright (a guess is not a
     measurement): ``step_s`` at the first finished run, ``load_s`` at the first cold load,
-    which may come later (a model already warm when timings began).
+    which may come later (a model already warm when timings began). Run seconds that miss the
+    estimate by more than :data:`SHIFT_RATIO` :data:`SHIFT_RUNS` times in a row, the same way,
+    replace the run figures outright too (a change of regime; R13).
     """
 
     def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
@@ -208,11 +243,15 @@ class LearnedTimings:
         key = (machine, model_id, kind)
         old = self._entries.get(key)
         base = old or guess
+        misses = misses_after(base.misses, large_miss(run_s, run_seconds(base, steps, size, kind, batch)))
+        shifted = old is not None and abs(misses) >= SHIFT_RUNS  # the new regime's first run is its figure
+        if old is None or shifted:
+            misses = 0
         prompt_s = base.prompt_s
         size_exp, size_samples = base.size_exp, base.size_samples
         anchor_size, anchor_step_s = base.anchor_size, base.anchor_step_s
         if kind == TEXT_KIND:
-            step_s, prompt_s = fit_tokens(base, old is None, run_s, steps, size)
+            step_s, prompt_s = fit_tokens(base, old is None or shifted, run_s, steps, size)
         else:
             linear_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
             image = image_size(size, batch)
@@ -224,7 +263,9 @@ class LearnedTimings:
             known_s = base.step_s
             if size_exp != base.size_exp:  # re-based: what it said at its last run's size, under the new exponent
                 known_s *= excess_scale(anchor_size, base.size_exp) / excess_scale(anchor_size, size_exp)
-            step_s = measured_step_s if old is None else (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
+            step_s = measured_step_s
+            if old is not None and not shifted:
+                step_s = (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
             if image >= MIN_SCALED_SIZE:
                 anchor_size, anchor_step_s = image, linear_step_s
         if load_s is None:
@@ -243,6 +284,7 @@ class LearnedTimings:
             size_samples=size_samples,
             anchor_size=anchor_size,
             anchor_step_s=anchor_step_s,
+            misses=misses,
         )
         self._entries[key] = timing
         self.version += 1

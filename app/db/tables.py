@@ -126,6 +126,7 @@ class LearnedTiming(SQLModel, table=True):
     size_samples: int = Field(default=0)  # pairs of runs folded into size_exp; 0: still linear
     anchor_size: int = Field(default=0, sa_type=BigInteger)  # the last run's size (floored, as job_size); 0: none
     anchor_step_s: float = Field(default=0.0)  # its seconds per step, as measured at that size
+    misses: int = Field(default=0)  # large misses in a row, signed (routing/timings.py SHIFT_RATIO)
     updated_at: datetime = Field(default_factory=utcnow)
 
 

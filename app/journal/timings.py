@@ -2,7 +2,8 @@
 
 The table (``app/db/tables.py``, ``LearnedTiming``) holds one row per (machine, model, kind): load seconds and seconds
 per step at the reference size, with the exponent a step's seconds grow with the size and the
-last run it was learned from (``routing.timings``); for text jobs seconds per new token (``step_s``) and per
+last run it was learned from, and the large misses in a row that would replace it
+(``routing.timings``); for text jobs seconds per new token (``step_s``) and per
 prompt token (``prompt_s``), learned from the tokens in the job's provenance ``usage``. Every finished job with
 measured times is folded in.
 A job with LoRA adapters also teaches each adapter's load seconds onto a warm
@@ -47,6 +48,7 @@ class TimingStore:
                     size_samples=r.size_samples,
                     anchor_size=r.anchor_size,
                     anchor_step_s=r.anchor_step_s,
+                    misses=r.misses,
                 )
                 for r in rows
             }
@@ -120,4 +122,5 @@ class TimingStore:
             row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
         row.size_exp, row.size_samples = timing.size_exp, timing.size_samples
         row.anchor_size, row.anchor_step_s = timing.anchor_size, timing.anchor_step_s
+        row.misses = timing.misses
         session.add(row)

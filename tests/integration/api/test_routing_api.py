@@ -358,6 +358,30 @@ def test_r13_the_size_exponent_learned_from_two_sizes_survives_a_restart_and_pri
     assert predicted_here == pytest.approx(4 * 0.5 * 4**1.25, rel=1e-3)
 
 
+def test_r13_a_large_miss_is_kept_in_the_journal_and_the_next_one_replaces_the_figure(
+    api: tuple[TestClient, ServerContext], settings: Settings
+) -> None:
+    """A run 100x slower than learned is one large miss, stored with the timing (a restarted
+    server reads it); the next such run makes the figure the measurement (SHIFT_RUNS in a
+    row), where the moving average alone would have moved it by EMA_WEIGHT."""
+    client, ctx = api
+    for run_s in (2.0, 200.0):
+        accepted, token = _claimed(client, ctx)
+        _upload(client, accepted["id"], token, load_s=0.5, run_s=run_s, cold=run_s == 2.0)
+    restarted = build_context(settings, ctx.fleet, migrate=True)
+    try:
+        after_one = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    finally:
+        restarted.close()
+    assert after_one.misses == 1 and after_one.samples == 2
+    assert after_one.step_s == pytest.approx((0.7 * 2.0 + 0.3 * 200.0) / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
+    accepted, token = _claimed(client, ctx)
+    _upload(client, accepted["id"], token, load_s=0.0, run_s=200.0, cold=False)
+    after_two = ctx.dispatcher.timings.load().get("m2", MODEL, "txt2img")
+    assert after_two is not None and after_two.misses == 0 and after_two.samples == 3
+    assert after_two.step_s == pytest.approx(200.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
+
+
 @pytest.mark.parametrize("reported", [{}, {"load_s": 0.5}, {"load_s": 0.5, "run_s": 0.0}])
 def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
     api: tuple[TestClient, ServerContext], reported: dict[str, float]

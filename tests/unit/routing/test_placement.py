@@ -446,6 +446,50 @@ def test_r13_learned_timings_replace_the_guess_then_follow_an_ema() -> None:
     assert estimator.timing("m1", MODEL, "txt2img").load_s == pytest.approx(0.7 * 5.0 + 0.3 * 9.0)  # EMA from now on
 
 
+def test_r13_two_large_misses_in_a_row_replace_the_figure_one_is_folded_in() -> None:
+    """A machine that becomes 100x slower (a GPU fallen back to its CPU) and is then repaired:
+    the moving average alone took a dozen runs to follow the repair, while Auto sends no job to a
+    machine priced 100x too slow to learn from. Two runs in a row more than SHIFT_RATIO off
+    the estimate, the same way, make the latest run the figure; one alone (an outlier) moves it
+    by EMA_WEIGHT only, and a run within the ratio ends the streak."""
+    from routing.timings import EMA_WEIGHT, SHIFT_RATIO, run_seconds
+
+    learned = LearnedTimings()
+    guess = Timing(load_s=2.0, step_s=1.0)
+
+    def run(run_s: float) -> Timing:
+        return learned.observe("m1", MODEL, "txt2img", guess=guess, run_s=run_s, steps=27, size=REF)
+
+    assert run_seconds(run(5.4), 27, REF) == pytest.approx(5.4)  # the first run replaces the guess
+    outlier = run(600.0)  # the machine busy with something else once
+    assert run_seconds(outlier, 27, REF) == pytest.approx((1 - EMA_WEIGHT) * 5.4 + EMA_WEIGHT * 600.0)
+    assert outlier.misses == 1
+    assert run(600.0).misses == 0 and run_seconds(learned.get("m1", MODEL, "txt2img"), 27, REF) == pytest.approx(600.0)
+    repaired = run(5.4)
+    assert repaired.misses == -1 and run_seconds(repaired, 27, REF) > 400.0  # one fast run: folded in
+    assert run_seconds(run(5.4), 27, REF) == pytest.approx(5.4)  # the second: the figure again
+    # a large miss, then a run within the ratio of the new estimate: the streak ends, nothing replaced
+    assert run(5.4 * SHIFT_RATIO * 1.2).misses == 1
+    kept = run(5.4 * SHIFT_RATIO)
+    assert kept.misses == 0 and run_seconds(kept, 27, REF) < 5.4 * SHIFT_RATIO
+    assert learned.get("m1", MODEL, "txt2img").samples == 7
+
+
+def test_r13_a_text_timing_rescales_after_two_large_misses() -> None:
+    """Text timings (per new token and per prompt token): two runs in a row more than SHIFT_RATIO
+    slower scale both figures to the latest run, as the first run scales the guess."""
+    from routing.timings import run_seconds
+
+    learned = LearnedTimings()
+    guess = Timing(load_s=0.0, step_s=0.01, prompt_s=0.001)
+    learned.observe("m", "gpt", "text", guess=guess, run_s=0.5, steps=40, size=100)  # 0.01 s x 40 + 0.001 x 100 = 0.5
+    first = learned.observe("m", "gpt", "text", guess=guess, run_s=50.0, steps=40, size=100)
+    assert first.misses == 1 and run_seconds(first, 40, 100, "text") < 40.0
+    second = learned.observe("m", "gpt", "text", guess=guess, run_s=50.0, steps=40, size=100)
+    assert second.misses == 0 and run_seconds(second, 40, 100, "text") == pytest.approx(50.0)
+    assert second.step_s / second.prompt_s == pytest.approx(first.step_s / first.prompt_s, rel=0.02)
+
+
 def test_r13_the_first_cold_load_replaces_the_guessed_load_even_after_warm_runs() -> None:
     """A model already warm when timings began: its first runs measure steps only, and the
     guessed load time must not then be averaged with the first real load as if measured."""
