@@ -98,6 +98,7 @@ DESCRIPTIONS = {
     "machine is busy, the image job is still pending: job_pending)",
     413: "the body is over its limit",
     422: "a value is refused: the message names the field, the value and the limit (R22)",
+    424: "TGI's answer to a text job that ended without a result (error_type generation, the job's reason)",
     429: "the machine's or the fleet's queue is full, or the API key is at its quota (quota_queued, "
     "quota_gpu_seconds; Retry-After, R23)",
     500: "a job of an image request failed, or the server failed after submitting it (x-should-retry: false, job_ids)",
@@ -117,10 +118,11 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/hf"): (404, 409, 429, 500, 503),
     ("post", "/v1/completions"): (404, 409, 429, 500, 503),
     ("post", "/v1/chat/completions"): (404, 409, 429, 500, 503),
-    ("post", "/"): (404, 409, 429, 500, 503),  # TGI's routes (app/api/routes/tgi.py)
-    ("post", "/generate"): (404, 409, 429, 500, 503),
-    ("post", "/generate_stream"): (404, 409, 429, 500, 503),
-    ("post", "/hf/models/{model}"): (409, 429, 500, 503),
+    ("post", "/"): (404, 409, 424, 429, 500, 503),  # TGI's routes (app/api/routes/tgi.py)
+    ("post", "/generate"): (404, 409, 424, 429, 500, 503),
+    ("post", "/generate_stream"): (404, 409, 424, 429, 500, 503),
+    ("post", "/hf/models/{model}"): (409, 424, 429, 500, 503),  # 424: a text model (TGI)
+    ("post", "/hf/models/{model}/v1/chat/completions"): (409, 429, 500, 503),
     ("post", "/v1/machines/{machine}/sync"): (409, 503),
     ("put", "/v1/machines/{machine}/residency"): (409,),
     ("delete", "/v1/ooms"): (404,),
@@ -302,7 +304,7 @@ IMAGE_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 #: routes that answer Server-Sent Events when the body's ``stream`` is true
-STREAM_ROUTES = ("/v1/completions", "/v1/chat/completions")
+STREAM_ROUTES = ("/v1/completions", "/v1/chat/completions", "/hf/models/{model}/v1/chat/completions")
 #: one Server-Sent Event, as OpenAPI 3.1 has a ``text/event-stream`` schema describe each event: its
 #: ``data`` (JSON text on every stream of this API) and its ``event`` type (``message`` when unnamed)
 SSE_EVENT: dict[str, Any] = {
@@ -325,7 +327,10 @@ BODY_KINDS: dict[str, tuple[str, ...]] = {
     "Generate": ("text",),
 }
 #: path with a ``{model}`` parameter -> the kinds that model must run
-PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {"/hf/models/{model}": ("txt2img", "edit", "upscale", "text")}
+PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {
+    "/hf/models/{model}": ("txt2img", "edit", "upscale", "text"),
+    "/hf/models/{model}/v1/chat/completions": ("text",),
+}
 #: an OpenAI ``size`` is listed value by value up to this many sizes, else stated by a pattern
 MAX_LISTED_SIZES = 512
 

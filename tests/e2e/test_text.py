@@ -258,7 +258,9 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
     Inference API serves a model on its URL: the path's text model runs (not the first one, which
     ``POST /`` would take), with TGI's details and stream; a parameter Homefleet does not run is
     the client's ``ValidationError`` naming it, and a body ``model`` naming another is refused
-    (R22). Before, the path ran text-to-image only and refused ``max_new_tokens`` as unknown."""
+    (R22); its ``chat_completion`` (``<base_url>/v1/chat/completions``, as Hugging Face's router
+    serves a model's chat) runs the path's model too. Before, the path ran text-to-image only
+    and refused ``max_new_tokens`` as unknown."""
     url = f"{tfleet.local.api_url}/hf/models/tiny-qwen2"
     client = huggingface_hub.InferenceClient(base_url=url, token=TEST_API_KEY, timeout=60)
     out = client.text_generation("hello", max_new_tokens=5, details=True)
@@ -281,6 +283,19 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
     empty = httpx.post(url, headers=auth, json={"inputs": "x", "parameters": {"stream": 1}}, verify=tls_context())
     assert empty.status_code == 422 and "parameters.stream" in empty.json()["error"]
     assert latest_job(tfleet).id == streamed.id  # no refusal ran a job
+    # the same client's chat_completion posts to <base_url>/v1/chat/completions, model "dummy":
+    # the path's model (the first with a chat template, tiny-llama, would be taken otherwise)
+    chat = client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
+    chatted = latest_job(tfleet)
+    assert (chatted.model_id, chatted.params["chat"], chatted.state) == ("tiny-qwen2", True, JobState.succeeded)
+    assert chat.choices[0].message.content == Path(chatted.result_path).read_bytes().decode("utf-8")
+    chunks = list(client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
+    assert latest_job(tfleet).model_id == "tiny-qwen2"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == chat.choices[0].message.content
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        client.chat_completion([{"role": "user", "content": "hi"}], model="tiny-llama", max_tokens=4)
+    assert refused.value.response.status_code == 422
+    assert refused.value.response.json()["error"]["code"] == "invalid_model"
 
 
 def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet) -> None:

@@ -12,6 +12,9 @@ Face's own Inference API serves each model on its own URL.
   ``parameters``, ``stream``; app/api/routes/tgi.py), what ``InferenceClient(base_url=
   ".../hf/models/<model>").text_generation`` sends; errors in TGI's shape, so that the client
   raises its ``ValidationError``. ``POST /`` (TGI's route) takes the model in the body instead.
+- ``POST /hf/models/{model}/v1/chat/completions``: OpenAI's chat completions for that model
+  (app/api/routes/text.py), where Hugging Face's router serves a model's chat and what
+  ``InferenceClient(base_url=".../hf/models/<model>").chat_completion`` calls.
 
 The image tasks' errors have OpenAI's shape, and once a job has been submitted every error carries
 ``x-should-retry: false`` and ``job_ids`` (R20; app/api/routes/images.py).
@@ -30,9 +33,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
-from app.api.routes import tgi
+from app.api.routes import text, tgi
 from app.api.routes.deps import Context
 from app.api.routes.images import (
+    HF_NO_MODEL,
     MAX_PROMPT_CHARS,
     ImageCall,
     default_model,
@@ -47,7 +51,7 @@ from app.core.limits import limits_for
 from app.core.request_body import RequestBody, refuse_unknown
 from app.jobs.validation import check_upload
 from app.store.media import sniff
-from routing.placement import SERVER
+from routing.placement import AUTO, SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
 
@@ -237,3 +241,26 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
         if value is not None:
             params[param] = value
     return kind, params
+
+
+@router.post("/hf/models/{model}/v1/chat/completions", response_model=None)
+async def hf_chat_completions(model: str, body: text.ChatCompletion, ctx: Context, request: Request) -> Any:
+    """OpenAI ``chat.completions`` for the text model of the path (app/api/routes/text.py's
+    answers, streamed too): what ``InferenceClient(base_url=".../hf/models/<model>").chat_completion``
+    calls, which sends ``model`` ``"dummy"`` (:data:`HF_NO_MODEL`) when given a URL. ``target``
+    defaults to ``"auto"`` here, as on TGI's routes (that client sends no extra field).
+
+    Raises:
+        Rejected: reason ``invalid_model`` when the body's ``model`` names another model.
+    """
+    if body.model not in (None, HF_NO_MODEL, model):
+        raise Rejected(
+            f"`model` names {body.model!r} but the path runs {model!r}; leave `model` out of the body "
+            "(or post to /v1/chat/completions to pick the model in the body)",
+            reason="invalid_model",
+            param="model",
+        )
+    update: dict[str, Any] = {"model": model}
+    if "target" not in body.model_fields_set:  # Hugging Face's clients send none: Auto, as on TGI's routes
+        update["target"] = AUTO
+    return await text.chat_completions(body.model_copy(update=update), ctx, request)
