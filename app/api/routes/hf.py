@@ -52,10 +52,9 @@ from app.core.request_body import RequestBody, refuse_unknown
 from app.jobs.validation import check_upload
 from app.store.media import sniff
 from routing.placement import AUTO, SERVER
+from routing.timings import TEXT_KIND
 
 router = APIRouter(route_class=StrictJsonRoute)
-
-TEXT_KIND = "text"
 
 
 def runs_text(ctx: ServerContext, model: str) -> bool:
