@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from anyio import to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -189,10 +190,12 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        if is_openai_route(request.url.path):
-            return openai_validation_error(error)
-        if is_tgi_route(request.url.path):
+        path = request.url.path
+        hf_model = hf.MODEL_PATH.match(path) is not None  # a text model's answers in TGI's shape
+        if is_tgi_route(path) or (hf_model and await to_thread.run_sync(hf.answers_as_tgi, context, path)):
             return tgi_validation_error(error)
+        if is_openai_route(path):
+            return openai_validation_error(error)
         details = jsonable(printable(error.errors()))  # NaN or a surrogate echoed back safely
         first = details[0] if details else {}
         located = [str(part) for part in first.get("loc", ())]

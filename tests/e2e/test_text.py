@@ -296,6 +296,22 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
         client.chat_completion([{"role": "user", "content": "hi"}], model="tiny-llama", max_tokens=4)
     assert refused.value.response.status_code == 422
     assert refused.value.response.json()["error"]["code"] == "invalid_model"
+    # a seed the body's schema refuses is TGI's ValidationError too, as on POST / (a user pass: OpenAI's shape)
+    with pytest.raises(huggingface_hub.errors.ValidationError, match="parameters.seed"):
+        client.text_generation("hi", max_new_tokens=2, seed=-5)
+    # text_to_image on a text model's URL: a 422 naming the kind, no text job answered as an image
+    jobs = len(tfleet.ctx.journal.list())
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        client.text_to_image("a fox")
+    assert refused.value.response.status_code == 422 and refused.value.response.json()["reason"] == "unsupported_kind"
+    assert "runs text" in refused.value.response.json()["error"] and len(tfleet.ctx.journal.list()) == jobs
+    # an unknown model on that URL is 404 naming those in service, not a refusal of a TGI parameter
+    typo = huggingface_hub.InferenceClient(base_url=url + "x", token=TEST_API_KEY, timeout=60)
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as unknown:
+        typo.text_generation("hi", max_new_tokens=3)
+    assert unknown.value.response.status_code == 404
+    assert unknown.value.response.json()["error"]["code"] == "unknown_model"
+    assert "'tiny-qwen2x' is not registered; in service:" in unknown.value.response.json()["error"]["message"]
 
 
 def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ConfigDict, Field
 
+from app.api.openai_errors import tgi_error
 from app.api.routes import text, tgi
 from app.api.routes.deps import Context
 from app.api.routes.images import (
@@ -57,13 +59,31 @@ from routing.timings import TEXT_KIND
 router = APIRouter(route_class=StrictJsonRoute)
 
 
+MODEL_PATH = re.compile(r"^/hf/models/(?P<model>[^/]+)$")
+"""``POST /hf/models/{model}``'s path (decoded, as ``request.url.path`` gives it)."""
+
+
 def runs_text(ctx: ServerContext, model: str) -> bool:
-    """Whether ``model`` is a registered model that runs text (an unknown id is the image
-    routes' to refuse, as before any text model existed)."""
+    """Whether ``model`` is a registered model that runs text (False for an unknown id)."""
     try:
         return TEXT_KIND in ctx.registry.get(model).kinds
     except NotFound:
         return False
+
+
+def answers_as_tgi(ctx: ServerContext, path: str) -> bool:
+    """Whether ``path`` is ``/hf/models/{model}`` of a text model, whose errors have TGI's shape
+    (app/api/server.py answers a body that fails validation there so, as TGI's routes)."""
+    match = MODEL_PATH.match(path)
+    return match is not None and runs_text(ctx, match["model"])
+
+
+def accepts_images_only(request: Request) -> bool:
+    """Whether the request's ``Accept`` names image types only (``huggingface_hub``'s
+    ``text_to_image`` and ``image_to_image`` send ``image/png``; ``text_generation`` sends none)."""
+    types = [part.split(";")[0].strip().lower() for part in request.headers.get("accept", "").split(",")]
+    types = [kind for kind in types if kind]
+    return bool(types) and all(kind.startswith("image/") for kind in types)
 
 
 class HfParameters(RequestBody):
@@ -166,10 +186,23 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
     Hugging Face ``image_to_image`` (``inputs``: the image in base64, ``parameters.prompt``: the
     instruction): the edited image's bytes, from an ``edit`` job (``upscale`` for a model that
     runs only that). 409 ``job_pending`` naming the job when it has not ended before the
-    client's announced timeout (``Prefer: wait=N``; C10). A text model's path answers as TGI's
-    ``POST /`` does for that model (:func:`app.api.routes.tgi.answer_for_model`)."""
+    client's announced timeout (``Prefer: wait=N``; C10). An unknown model is 404
+    ``unknown_model`` before any parameter is read. A text model's path answers as TGI's
+    ``POST /`` does for that model (:func:`app.api.routes.tgi.answer_for_model`), or 422
+    ``unsupported_kind`` when the client accepts only images."""
     started = time.monotonic()
-    if await to_thread.run_sync(runs_text, ctx, model):
+    record = await to_thread.run_sync(ctx.registry.get, model)  # 404 unknown_model before any parameter is read
+    if TEXT_KIND in record.kinds:
+        if accepts_images_only(request):  # text_to_image or image_to_image: a text job would answer no image
+            return tgi_error(
+                Rejected(
+                    f"model {model!r} runs text: it answers text_generation here, not an image (Accept: "
+                    f"{request.headers['accept']}); text-to-image needs a model that runs txt2img, image-to-image "
+                    "one that runs edit or upscale",
+                    reason="unsupported_kind",
+                    param="model",
+                )
+            )
         return await tgi.answer_for_model(model, await request.json(), ctx, request)
     refuse_unknown(list(body.model_extra or {}), type(body).model_fields, "the Hugging Face Inference payload")
     if body.parameters.prompt is None:
