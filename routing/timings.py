@@ -202,6 +202,12 @@ class LearnedTimings:
     which may come later (a model already warm when timings began). Run seconds that miss the
     estimate by more than :data:`SHIFT_RATIO` :data:`SHIFT_RUNS` times in a row, the same way,
     replace the run figures outright too (a change of regime; R13).
+
+    Images under :data:`MIN_SCALED_SIZE` cost a step of that size, a bound, not a measure: a
+    64x64 step of the tiny sd1 pipeline on a CPU is about a tenth of a 256x256 one. So once a
+    run at or above that size has been measured (``anchor_size``), smaller runs leave the step
+    figure and the misses as they are; until then they teach it, and the first run at or above
+    that size replaces what they taught.
     """
 
     def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
@@ -243,19 +249,18 @@ class LearnedTimings:
         key = (machine, model_id, kind)
         old = self._entries.get(key)
         base = old or guess
-        misses = misses_after(base.misses, large_miss(run_s, run_seconds(base, steps, size, kind, batch)))
-        shifted = old is not None and abs(misses) >= SHIFT_RUNS  # the new regime's first run is its figure
-        if old is None or shifted:
-            misses = 0
-        prompt_s = base.prompt_s
+        prompt_s, samples, misses = base.prompt_s, base.samples + 1, base.misses
         size_exp, size_samples = base.size_exp, base.size_samples
         anchor_size, anchor_step_s = base.anchor_size, base.anchor_step_s
         if kind == TEXT_KIND:
-            step_s, prompt_s = fit_tokens(base, old is None or shifted, run_s, steps, size)
+            misses = misses_after(misses, large_miss(run_s, run_seconds(base, steps, size, kind)))
+            replaced = old is None or abs(misses) >= SHIFT_RUNS  # a guess, or a past regime (SHIFT_RUNS)
+            step_s, prompt_s = fit_tokens(base, replaced, run_s, steps, size)
         else:
             linear_step_s = max(run_s, 0.0) / max(1, steps) * REFERENCE_SIZE / max(size, MIN_SCALED_SIZE)
             image = image_size(size, batch)
-            if image >= MIN_SCALED_SIZE:
+            scales = image >= MIN_SCALED_SIZE  # its step grows with the size; below, fixed costs dominate
+            if scales:
                 size_exp, size_samples = fit_size_exp(base, image, linear_step_s)
             measured_step_s = linear_step_s
             if size_exp != 1.0:
@@ -263,11 +268,21 @@ class LearnedTimings:
             known_s = base.step_s
             if size_exp != base.size_exp:  # re-based: what it said at its last run's size, under the new exponent
                 known_s *= excess_scale(anchor_size, base.size_exp) / excess_scale(anchor_size, size_exp)
-            step_s = measured_step_s
-            if old is not None and not shifted:
+            if scales:  # measured against what the figure says at this size, under the exponent now learned
+                misses = misses_after(misses, large_miss(measured_step_s, known_s))
+            # a guess, a past regime (SHIFT_RUNS) or a figure learned from small images only is replaced
+            replaced = old is None or abs(misses) >= SHIFT_RUNS or (scales and base.anchor_size == 0)
+            if replaced:
+                step_s = measured_step_s
+            elif not scales and base.anchor_size > 0:
+                # a small image's step (mostly fixed costs) says nothing of the sizes the figure was learned at
+                step_s, samples = base.step_s, base.samples
+            else:
                 step_s = (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
-            if image >= MIN_SCALED_SIZE:
+            if scales:
                 anchor_size, anchor_step_s = image, linear_step_s
+        if replaced:
+            misses = 0
         if load_s is None:
             new_load_s = base.load_s
         elif base.load_samples == 0:
@@ -277,7 +292,7 @@ class LearnedTimings:
         timing = Timing(
             load_s=new_load_s,
             step_s=step_s,
-            samples=base.samples + 1,
+            samples=samples,
             load_samples=base.load_samples + (load_s is not None),
             prompt_s=prompt_s,
             size_exp=size_exp,

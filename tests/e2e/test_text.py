@@ -297,7 +297,7 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
     assert refused.value.response.status_code == 422
     assert refused.value.response.json()["error"]["code"] == "invalid_model"
     # a seed the body's schema refuses is TGI's ValidationError too, as on POST / (a user pass: OpenAI's shape)
-    with pytest.raises(huggingface_hub.errors.ValidationError, match="parameters.seed"):
+    with pytest.raises(huggingface_hub.errors.ValidationError, match=r"parameters\.seed"):
         client.text_generation("hi", max_new_tokens=2, seed=-5)
     # text_to_image on a text model's URL: a 422 naming the kind, no text job answered as an image
     jobs = len(tfleet.ctx.journal.list())

@@ -475,6 +475,33 @@ def test_r13_two_large_misses_in_a_row_replace_the_figure_one_is_folded_in() -> 
     assert learned.get("m1", MODEL, "txt2img").samples == 7
 
 
+def test_r13_small_images_neither_move_nor_replace_a_figure_learned_at_a_scaling_size() -> None:
+    """Thumbnails beside full-size jobs (a user pass, the tiny sd1 pipeline on CPU): a 30-step
+    256x256 job ran 45 s, then two 3-step 64x64 ones 0.3 and 0.5 s. A 64x64 step costs a
+    256x256 step at most (MIN_SCALED_SIZE), here a tenth of it: the two counted as large misses
+    and the next 256x256 job was priced 2.7 s (it ran 38 s). They now leave the figure alone;
+    and a figure taught by small images only is replaced by the first run at a scaling size
+    (the README's 4-step 64x64 job, then a 256x256 one priced 1.6 s that ran 135 s)."""
+    from routing.timings import MIN_SCALED_SIZE, run_seconds
+
+    learned, guess = LearnedTimings(), Timing(load_s=1.0, step_s=1.0)
+
+    def run(run_s: float, steps: int, side: int) -> Timing:
+        return learned.observe("m", "x", "txt2img", guess=guess, run_s=run_s, steps=steps, size=side * side)
+
+    full = run(45.0, 30, 256)
+    for run_s in (0.3, 0.5, 0.4):
+        thumbnail = run(run_s, 3, 64)
+        assert thumbnail.step_s == full.step_s and thumbnail.misses == 0 and thumbnail.samples == 1
+    assert run_seconds(thumbnail, 30, MIN_SCALED_SIZE) == pytest.approx(45.0)
+    assert run_seconds(run(40.0, 30, 256), 30, MIN_SCALED_SIZE) == pytest.approx(0.7 * 45.0 + 0.3 * 40.0)
+
+    fresh = LearnedTimings()
+    fresh.observe("m", "x", "txt2img", guess=guess, run_s=0.4, steps=4, size=64 * 64)  # replaces the guess
+    taught = fresh.observe("m", "x", "txt2img", guess=guess, run_s=135.0, steps=30, size=256 * 256)
+    assert run_seconds(taught, 30, 256 * 256) == pytest.approx(135.0) and taught.misses == 0
+
+
 def test_r13_a_text_timing_rescales_after_two_large_misses() -> None:
     """Text timings (per new token and per prompt token): two runs in a row more than SHIFT_RATIO
     slower scale both figures to the latest run, as the first run scales the guess."""
