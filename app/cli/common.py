@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Iterable
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from app.core.config import Settings
 from app.core.errors import Rejected
@@ -33,6 +37,41 @@ def configure_console() -> None:
 
 
 configure_console()
+
+
+def shows_every_word_whole(table: Table, width: int) -> bool:
+    """Whether ``table`` printed ``width`` columns wide keeps each word of its headers and cells
+    whole on one line (rich squeezes a table too wide by folding cells and cutting headers
+    short, ``runni…``, and no measure of its own says when it will)."""
+    buffer = io.StringIO()
+    Console(width=width, file=buffer, color_system=None).print(table)
+    shown = buffer.getvalue()
+    words = {
+        word
+        for column in table.columns
+        for text in (column.header, *column.cells)
+        for word in Text.from_markup(str(text)).plain.split()
+    }
+    return all(cell_len(line) <= width for line in shown.splitlines()) and all(word in shown for word in words)
+
+
+def print_table(table: Table, out: Console | None = None) -> None:
+    """Print ``table`` where the console's width keeps every word of it whole
+    (:func:`shows_every_word_whole`); on a narrower one, one record per row instead: its first
+    cell, then ``header: value`` for each other non-empty cell (a cell's lines joined by
+    commas), indented, so that no id, class name or figure is folded mid-word or cut, as rich
+    would to squeeze the table (an 80-column terminal)."""
+    out = out or console
+    if shows_every_word_whole(table, out.width):
+        out.print(table)
+        return
+    columns = table.columns
+    for index in range(table.row_count):
+        cells = [str(list(column.cells)[index]) for column in columns]
+        out.print(cells[0])
+        for column, cell in zip(columns[1:], cells[1:], strict=True):
+            if cell.strip():
+                out.print(f"  {column.header}: {', '.join(cell.splitlines())}")
 
 
 def server_settings() -> Settings:

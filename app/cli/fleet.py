@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from app.cli.common import console, errors, require_machine, server_settings
+from app.cli.common import console, errors, print_table, require_machine, server_settings
 
 fleet_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -77,14 +77,21 @@ def sync(
     raise typer.Exit(0 if record["state"] == "succeeded" else 1)
 
 
+def models_cell(verified: list[str], warm: list[str]) -> str:
+    """A machine's models in ``homefleet status``: each verified one on a line of its own, ``*``
+    after those loaded (warm; one warm but no longer verified, being withdrawn, is listed too);
+    ``-`` for none."""
+    return "\n".join(f"{model}*" if model in warm else model for model in dict.fromkeys([*verified, *warm])) or "-"
+
+
 @fleet_cli.command()
 def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="print JSON: the machines grouped by host, and the dead letters' count")
     ] = False,
 ) -> None:
-    """Machines: online, state (draining, syncing: nothing new is placed there), verified and
-    warm models, queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
+    """Machines: online, state (draining, syncing: nothing new is placed there), verified
+    models (``*``: warm), queued (LLEN of the machine's queue list, under HOMEFLEET_BROKER_KEY_PREFIX),
     running (from the journal) and expected drain time (seconds, from learned timings). The
     devices of a host (``box:0``, ``box:1``) are listed under its line. ``--json``:
     ``{"hosts": [{"host", "machines": [row, ...]}, ...], "dead_letters": n}``, each row as in
@@ -103,12 +110,13 @@ def status(
         if as_json:
             print(json.dumps({"hosts": hosts, "dead_letters": dead}, indent=2))
             return
-        table = Table(  # names are never cut: a machine's stays on one line, models one a line, folded if need be
+        rows = [row for host in hosts for row in host["machines"]]
+        longest = max((len(model) + 1 for row in rows for model in row["verified_models"]), default=1)
+        table = Table(  # names are never cut: a machine's stays on one line, a model's too up to 40 characters
             Column("machine", no_wrap=True),
             "online",
             "state",
-            Column("verified models", overflow="fold"),
-            Column("warm models", overflow="fold"),
+            Column("models (*: warm)", overflow="fold", min_width=min(longest, 40)),
             "queued",
             "running",
             "drain_s",
@@ -121,7 +129,6 @@ def status(
                     f"{sum(row['online'] for row in devices)}/{len(devices)}",
                     f"{len(devices)} devices",
                     "",
-                    "",
                     str(sum(row["queued"] for row in devices)),
                     str(sum(row["running"] for row in devices)),
                     "",
@@ -131,13 +138,12 @@ def status(
                     f"  {row['name']}" if devices else row["name"],
                     "yes" if row["online"] else "no",
                     row["state"],
-                    "\n".join(row["verified_models"]) or "-",
-                    "\n".join(row["warm_models"]) or "-",
+                    models_cell(row["verified_models"], row["warm_models"]),
                     str(row["queued"]),
                     str(row["running"]),
                     f"{row['drain_s']:.1f}",
                 )
-        console.print(table)
+        print_table(table)
         console.print(
             f"dead letters: {dead}"
             + (" (undecodable queue messages; `homefleet deadletter` lists them)" if dead else "")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, print_table, server_settings
 
 keys_cli = typer.Typer()  # its command is added to the top level (app/cli/main.py)
 
@@ -47,9 +47,9 @@ def keys(
         "keys",
         "queued",
         "running",
-        "gpu_s last hour",
-        "max_queued_jobs",
-        "max_gpu_seconds_per_hour",
+        "GPU s last hour",
+        "max queued jobs",  # HOMEFLEET_QUOTAS' max_queued_jobs and max_gpu_seconds_per_hour, worded to wrap
+        "max GPU s per hour",
         "webhook secret",
     )
     for row in rows:
@@ -64,6 +64,6 @@ def keys(
             _limit(quota.max_gpu_seconds_per_hour if quota else None),
             "yes" if row.key_id in settings.webhook_secrets else "no",
         )
-    console.print(table)
+    print_table(table)
     if not rows:
         console.print("no API key configured (HOMEFLEET_API_KEYS) and no job of one in the journal")

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from app.cli.common import console, errors, server_settings
+from app.cli.common import console, errors, print_table, server_settings
 
 if TYPE_CHECKING:
     from app.db.tables import ModelRecord
@@ -424,7 +424,7 @@ def models_list(
             table.add_row(
                 m.id,
                 m.family,
-                ",".join(m.kinds),
+                ", ".join(m.kinds),
                 m.variant.key(),  # two registrations of one download differ here (fp16, fp32+torchao-int8wo)
                 f"{readable_bytes(m.total_bytes)} / "
                 + (readable_bytes(m.weights_bytes) if m.weights_bytes is not None else "-"),
@@ -432,7 +432,7 @@ def models_list(
                 m.pipeline_class,
                 *retired,
             )
-        console.print(table)
+        print_table(table)
     finally:
         ctx.close()
 

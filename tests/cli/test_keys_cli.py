@@ -61,9 +61,23 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         },
     ]
     table = run_cli("keys", env={**env, "COLUMNS": "200"}).stdout  # one line per row, whatever the caller's terminal
-    assert "max_queued_jobs" in table and "gpu_s last hour" in table
+    assert "max queued jobs" in table and "GPU s last hour" in table and "max GPU s per hour" in table
     [ci_line] = [line for line in table.splitlines() if " ci " in line]
     assert [cell.strip() for cell in ci_line.split("│")[1:9]] == ["ci", "1", "1", "1", "41.5", "3", "600", "yes"], (
         ci_line
     )
     assert CI_KEY not in table and OTHER_KEY not in table and SECRET not in table  # ids only, never a key or secret
+    # at 80 columns (the table needs 81) one record a key: nothing cut short ("max_q…" was unreadable)
+    narrow = run_cli("keys", env={**env, "COLUMNS": "80"}).stdout
+    assert "…" not in narrow and max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    lines = narrow.splitlines()
+    assert lines[lines.index("ci") + 1 :][:7] == [
+        "  keys: 1",
+        "  queued: 1",
+        "  running: 1",
+        "  GPU s last hour: 41.5",
+        "  max queued jobs: 3",
+        "  max GPU s per hour: 600",
+        "  webhook secret: yes",
+    ], narrow
+    assert other_id in lines, narrow

@@ -366,7 +366,7 @@ def test_r13_a_large_miss_is_kept_in_the_journal_and_the_next_one_replaces_the_f
     row), where the moving average alone would have moved it by EMA_WEIGHT."""
     client, ctx = api
     for run_s in (2.0, 200.0):
-        accepted, token = _claimed(client, ctx)
+        accepted, token = _claimed(client, ctx, side=256)
         _upload(client, accepted["id"], token, load_s=0.5, run_s=run_s, cold=run_s == 2.0)
     restarted = build_context(settings, ctx.fleet, migrate=True)
     try:
@@ -375,7 +375,7 @@ def test_r13_a_large_miss_is_kept_in_the_journal_and_the_next_one_replaces_the_f
         restarted.close()
     assert after_one.misses == 1 and after_one.samples == 2
     assert after_one.step_s == pytest.approx((0.7 * 2.0 + 0.3 * 200.0) / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
-    accepted, token = _claimed(client, ctx)
+    accepted, token = _claimed(client, ctx, side=256)
     _upload(client, accepted["id"], token, load_s=0.0, run_s=200.0, cold=False)
     after_two = ctx.dispatcher.timings.load().get("m2", MODEL, "txt2img")
     assert after_two is not None and after_two.misses == 0 and after_two.samples == 3
@@ -530,9 +530,9 @@ def test_r8_status_shows_queued_as_llen_and_running_apart_and_the_drain_time(
     later = {row["name"]: row for row in ctx.status()}["m2"]["drain_s"]  # the running job ran on meanwhile
     [line] = [line for line in shown.splitlines() if " m2 " in line]
     cells = [cell.strip() for cell in line.strip("│ ").split("│")]
-    assert cells[1] == "yes" and MODEL in cells[3]
-    assert (cells[5], cells[6]) == ("2", "1") and int(cells[5]) == ctx.redis.llen(ctx.keys.queue_list("m2"))
-    assert round(later, 1) - 0.05 <= float(cells[7]) <= round(rows["m2"]["drain_s"], 1) + 0.05
+    assert cells[1] == "yes" and cells[3] == f"{MODEL}*"  # verified, and warm (*)
+    assert (cells[4], cells[5]) == ("2", "1") and int(cells[4]) == ctx.redis.llen(ctx.keys.queue_list("m2"))
+    assert round(later, 1) - 0.05 <= float(cells[6]) <= round(rows["m2"]["drain_s"], 1) + 0.05
     machines = {row["name"]: row for row in client.get("/v1/machines").json()}
     assert (machines["m2"]["queued"], machines["m2"]["running"], machines["m2"]["backlog"]) == (2, 1, 3)
 
@@ -564,7 +564,8 @@ def test_status_shows_a_draining_and_a_syncing_machine(
     [m2] = [line for line in shown.splitlines() if " m2 " in line]
     assert " draining " in m1 and " syncing " not in m1 and " syncing " in m2
     piped = run_cli("status", env={**env, "COLUMNS": None}).stdout  # no terminal, no COLUMNS
-    assert max(len(line) for line in piped.splitlines()) > 80  # not cut at rich's default width
     assert [line for line in piped.splitlines() if " m1 " in line] == [m1]
+    listed = run_cli("models", "list", env={**env, "COLUMNS": None}).stdout  # a table wider than 80 columns
+    assert max(len(line) for line in listed.splitlines()) > 80 and "│" in listed  # not cut at rich's default
     run_cli("drain", "m1", "--undo", env=env)
     assert {row["name"]: row for row in ctx.status()}["m1"]["state"] == "-"
