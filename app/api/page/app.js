@@ -10,7 +10,7 @@ const KEY = "homefleet.api_key";
 const SUBMITTED = "homefleet.submitted";  // the Submit view's last job, followed again after a reload
 const REFRESH_MS = 1000;
 const $ = (selector, root = document) => root.querySelector(selector);
-const state = { machines: [], jobs: [], models: [], queue: [], view: "fleet", openMachine: null, openJob: null, blobs: new Map() };
+const state = { machines: [], jobs: [], models: [], queue: [], view: "fleet", openMachine: null, openJob: null, stopping: null, blobs: new Map() };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -204,7 +204,8 @@ async function act(job, action) {
       say(`Job ${job.id} requeued as ${again.id} on ${again.machine}`);
     } else {
       const answer = await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" });
-      say(answer.state === "running" ? `Job ${job.id} interrupted: it stops at its next step` : `Job ${job.id} ${answer.state}`);
+      if (answer.state === "running") { state.stopping = job.id; say(`Job ${job.id} is stopping at its next step`); }
+      else say(`Job ${job.id} ${answer.state}`);
     }
   } catch (error) { say(`${action} of ${job.id} refused: ${error.reason}: ${error.message}`); }
   refresh();
@@ -284,6 +285,8 @@ async function loadQueue() {
 
 // ---- Jobs ----
 function renderJobs() {
+  const stopped = state.stopping && state.jobs.find((job) => job.id === state.stopping && ENDED.includes(job.state));
+  if (stopped) { state.stopping = null; say(`Job ${stopped.id} ${stopped.state}`); }  // the notice follows the interrupt to its end
   const open = (job) => (event) => {  // the details follow the table: brought into view
     event.stopPropagation(); state.openJob = job.id; renderJobs();
     $("#job-detail").scrollIntoView({ block: "start" });
@@ -697,7 +700,8 @@ async function followSubmitted(id) {
     } else if (name === "end") {
       interrupt.hidden = true;
       if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${id} succeeded on ${data.machine}`; }
-      else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason }, `${data.state}: ${data.reason}: ${data.message}`));
+      else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason },
+        [data.state, data.reason === data.state ? null : data.reason, data.message].filter(Boolean).join(": ")));
     }
   }).catch((error) => {
     if (box.dataset.job !== id) return;
