@@ -244,7 +244,8 @@ def rotate_token(
                     [JobState.running],
                     reason="token_rotated",
                     message=f"machine {name}'s token was rotated while the job ran (`homefleet machines "
-                    "rotate-token`): its worker can report nothing of it; resubmit it if you want it (R19)",
+                    f"rotate-token`): its worker can report nothing of it; requeue it if you want it (`homefleet jobs "
+                    f"requeue {job_id}`, R19)",
                     announce=True,
                 )
             except Conflict:

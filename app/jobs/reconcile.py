@@ -256,7 +256,8 @@ class Reconciler:
                     JobState.running,
                     "worker_lost" if refused is None else "token_refused",
                     (f"the worker of {machine} has no live heartbeat" if refused is None else f"{refused}, and stopped")
-                    + "; the job had started there (it is not run again by itself: resubmit it if you want it, R19)",
+                    + "; the job had started there and is not run again by itself (R19): requeue it if you want "
+                    + f"it (`homefleet jobs requeue {job.id}`, POST /v1/jobs/{job.id}/requeue, or the page's Requeue)",
                 )
             elif heartbeat is None:
                 continue

@@ -264,6 +264,7 @@ def test_r19_a_running_job_whose_worker_is_gone_restarted_or_hung_is_interrupted
     if reason == "worker_lost":  # claimed: it had started, and says it will not run again by itself
         assert ended.message is not None and "the job had started there" in ended.message
         assert "not run again by itself" in ended.message
+        assert f"`homefleet jobs requeue {job}`" in ended.message  # what to do about it, with the job's id
     assert ctx.machines.reservations.count("m1") == 0  # released when it ended (R14)
     assert (ctx.redis.get(ctx.keys.restart("m1")) == job) == (reason == "hung")  # watchdog restarts the pool
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # never re-queued
