@@ -146,6 +146,7 @@ class JobPublic(BaseModel):
     memory_estimate: MemoryEstimatePublic | None = None  # bytes placement priced it at (R10, R11)
     webhook_url: str | None = None  # where its record is POSTed when it ends
     webhook: WebhookPublic | None = None  # GET /v1/jobs/{id} only: its delivery's attempts so far
+    note: str | None = None  # GET /v1/jobs/{id} only: why a queued or running job does not move (its machine offline)
 
     @classmethod
     def from_job(cls, job: Job, progress: dict[str, int] | None = None) -> JobPublic:

@@ -14,11 +14,13 @@ from app.api.auth import request_key_id
 from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
+from app.context import ServerContext
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
 from app.core.limits import FamilyLimits, limits_for
 from app.core.states import JobState
+from app.db.tables import Job
 from app.jobs.dispatch import UNSET, Submission
 from app.jobs.expansion import submit_expanded
 from app.jobs.result_inputs import adopt_results
@@ -169,11 +171,32 @@ def list_jobs(
     return shown
 
 
+def waiting_note(ctx: ServerContext, job: Job) -> str | None:
+    """What keeps a queued or running job from moving, for a person reading it: its machine
+    without a live heartbeat (the job waits in that machine's line for its worker, R8; a
+    running one is judged lost once ``heartbeat_ttl_s`` passes, R19); None otherwise."""
+    if job.state not in (JobState.queued, JobState.running) or job.machine is None:
+        return None
+    if job.machine in ctx.fleet.machines and ctx.machines.view(job.machine).online:
+        return None
+    if job.state == JobState.running:
+        return (
+            f"machine {job.machine} has no live heartbeat: the job ends interrupted (worker_lost) unless its "
+            f"worker reports again within heartbeat_ttl_s ({ctx.settings.heartbeat_ttl_s:g} s)"
+        )
+    return (
+        f"machine {job.machine} is offline (no live heartbeat): the job waits in its line until its worker "
+        f"returns; to run it elsewhere, cancel it and requeue it with another target "
+        f"(`homefleet jobs requeue {job.id} --target auto`)"
+    )
+
+
 @router.get("/jobs/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
     progress = ctx.progress.read(job_id) if job.state == JobState.running else None
     public = JobPublic.from_job(job, progress.public() if progress else None)
+    public.note = waiting_note(ctx, job)
     if deliveries := ctx.outbox.of_job(job_id):  # its webhook's attempts (the last delivery)
         last = deliveries[-1]
         public.webhook = WebhookPublic(

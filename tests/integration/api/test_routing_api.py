@@ -382,6 +382,28 @@ def test_r13_a_large_miss_is_kept_in_the_journal_and_the_next_one_replaces_the_f
     assert after_two.step_s == pytest.approx(200.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
 
 
+def test_r8_a_job_whose_machine_went_offline_says_so_and_what_to_do(api: tuple[TestClient, ServerContext]) -> None:
+    """A queued job whose machine lost its heartbeat (its worker stopped) waits in that line; its
+    record says so, and how to run it elsewhere, instead of nothing (a user pass). A running one
+    says it ends interrupted unless its worker reports again; an online machine's jobs say nothing."""
+    client, ctx = api
+    running, _ = _claimed(client, ctx)
+    queued = client.post(
+        "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m2"}
+    ).json()
+    assert client.get(queued["url"]).json()["note"] is None and client.get(running["url"]).json()["note"] is None
+    ctx.redis.delete(ctx.keys.heartbeat("m2"))
+    note = client.get(queued["url"]).json()["note"]
+    assert note.startswith("machine m2 is offline (no live heartbeat): the job waits in its line"), note
+    assert f"`homefleet jobs requeue {queued['id']} --target auto`" in note
+    assert "ends interrupted (worker_lost)" in client.get(running["url"]).json()["note"]
+    bring_online(ctx, "m2", {MODEL, VIDEO})
+    assert client.get(queued["url"]).json()["note"] is None
+    ctx.journal.transition(queued["id"], [JobState.queued], JobState.cancelled)
+    ctx.redis.delete(ctx.keys.heartbeat("m2"))
+    assert client.get(queued["url"]).json()["note"] is None  # ended: nothing keeps it waiting
+
+
 @pytest.mark.parametrize("reported", [{}, {"load_s": 0.5}, {"load_s": 0.5, "run_s": 0.0}])
 def test_r13_a_failed_job_whose_run_did_not_finish_teaches_no_timing(
     api: tuple[TestClient, ServerContext], reported: dict[str, float]
