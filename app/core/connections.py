@@ -18,6 +18,9 @@ from app.core.config import BrokerSettings
 
 SOCKET_TIMEOUT_S = 10  # every connection's (s): a lost master is noticed, never waited on for ever (celery#6348)
 OUTAGE_BACKOFF_CAP_S = 1.0  # the longest pause between two tries of a patient client (outage_retry)
+REDIS_DOWN: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+"""What redis-py raises when Redis does not answer (not when it answers with an error): the API
+answers it 503 ``redis_down``; a reader that can do without Redis catches it."""
 
 
 def is_sentinel_url(redis_url: str) -> bool:

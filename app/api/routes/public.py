@@ -15,6 +15,7 @@ from app.api.routes.deps import Context, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
+from app.core.connections import REDIS_DOWN
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
@@ -164,11 +165,23 @@ def list_jobs(
     filters, and an empty page ends the list. A running job carries its ``progress``
     (``{"step", "total"}``). 404 ``job_not_found`` for an ``after`` that names no job; 422 for
     an unknown state or a limit out of range. The fleet page (``/``) reads it."""
-    shown = []
-    for job in ctx.journal.page(state, machine, limit, after, newest_first=order == "newest"):
-        progress = ctx.progress.read(job.id) if job.state == JobState.running else None
-        shown.append(JobPublic.from_job(job, progress.public() if progress else None))
-    return shown
+    return [
+        JobPublic.from_job(job, progress_of(ctx, job))
+        for job in ctx.journal.page(state, machine, limit, after, newest_first=order == "newest")
+    ]
+
+
+def progress_of(ctx: ServerContext, job: Job) -> dict[str, int] | None:
+    """A running job's progress (``{"step", "total"}``), read from Redis; None for any other job,
+    and while Redis does not answer: the journal's record is answered all the same (reading jobs
+    needs only the journal)."""
+    if job.state != JobState.running:
+        return None
+    try:
+        progress = ctx.progress.read(job.id)
+    except REDIS_DOWN:
+        return None
+    return progress.public() if progress else None
 
 
 def waiting_note(ctx: ServerContext, job: Job) -> str | None:
@@ -177,8 +190,11 @@ def waiting_note(ctx: ServerContext, job: Job) -> str | None:
     running one is judged lost once ``heartbeat_ttl_s`` passes, R19); None otherwise."""
     if job.state not in (JobState.queued, JobState.running) or job.machine is None:
         return None
-    if job.machine in ctx.fleet.machines and ctx.machines.view(job.machine).online:
-        return None
+    try:
+        if job.machine in ctx.fleet.machines and ctx.machines.view(job.machine).online:
+            return None
+    except REDIS_DOWN:
+        return "Redis does not answer (redis_down): its machine's state and the job's progress are unknown for now"
     if job.state == JobState.running:
         return (
             f"machine {job.machine} has no live heartbeat: the job ends interrupted (worker_lost) unless its "
@@ -194,8 +210,7 @@ def waiting_note(ctx: ServerContext, job: Job) -> str | None:
 @router.get("/jobs/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, ctx: Context) -> JobPublic:
     job = ctx.journal.get(job_id)
-    progress = ctx.progress.read(job_id) if job.state == JobState.running else None
-    public = JobPublic.from_job(job, progress.public() if progress else None)
+    public = JobPublic.from_job(job, progress_of(ctx, job))
     public.note = waiting_note(ctx, job)
     if deliveries := ctx.outbox.of_job(job_id):  # its webhook's attempts (the last delivery)
         last = deliveries[-1]

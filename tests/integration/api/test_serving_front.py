@@ -591,7 +591,15 @@ def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
 ) -> None:
     from app.devtools.redis_server import free_port
 
-    _client, up = make_api(settings, tiny_models_dir)  # the model is registered in the journal's database
+    before, up = make_api(settings, tiny_models_dir)  # the model is registered in the journal's database
+    online(up, "m1")  # and two jobs journaled on m1: one queued, one running
+    queued, running = (
+        before.post(
+            "/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "x"}, "target": "m1"}
+        ).json()["id"]
+        for _ in range(2)
+    )
+    up.endings.claim(running, "m1")
     up.close()
     down = settings.model_copy(update={"redis_url": f"redis://:s3cret@127.0.0.1:{free_port()}/0"})
     ctx = build_context(down, make_fleet("m1"), migrate=True)
@@ -607,6 +615,15 @@ def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
         assert openai.status_code == 503 and openai.json()["error"]["code"] == "redis_down"
         health = client.get("/health")
         assert health.status_code == 503 and "s3cret" not in health.text
+        # reading jobs needs only the journal: answered, without what only Redis knows (progress, machines)
+        listed = client.get("/v1/jobs")
+        assert listed.status_code == 200, listed.text
+        assert [(job["id"], job["state"], job["progress"]) for job in listed.json()] == [
+            (running, "running", None),  # newest first
+            (queued, "queued", None),
+        ]
+        one = client.get(f"/v1/jobs/{queued}")
+        assert one.status_code == 200 and one.json()["note"].startswith("Redis does not answer (redis_down)")
     finally:
         ctx.close()
 
