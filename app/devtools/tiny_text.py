@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from app.core.quiet import quiet_libraries
+
 __all__ = ["TEXT_FAMILIES", "TINY_TEXT_MODELS", "make_tiny_text"]
 
 #: folder name -> family (the registry's family: the ``architectures`` class's, app/core/families.py)
@@ -117,8 +119,9 @@ def _build_into(family: str, folder: Path, seed: int, force: bool) -> Path:
             torch.manual_seed(seed)
             tokenizer = _tokenizer(family)
             model = _model(family, tokenizer)
-        model.save_pretrained(str(target), safe_serialization=True)
-        tokenizer.save_pretrained(str(target))
+        with quiet_libraries():  # no "Writing model shards" bar for a model of one small shard
+            model.save_pretrained(str(target), safe_serialization=True)
+            tokenizer.save_pretrained(str(target))
         os.chmod(staging, 0o755)
         if folder.exists():
             if _is_complete(folder) and not force:

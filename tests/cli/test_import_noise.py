@@ -46,6 +46,9 @@ def test_make_tiny_builds_every_family_and_prints_no_import_time_warnings(tmp_pa
     for family, folder in built.items():
         index = json.loads((Path(folder) / "model_index.json").read_text())
         assert index["_class_name"] == FAMILIES[family].pipeline_class
+    text = subprocess.run([*args, "--kind", "text"], capture_output=True, text=True, timeout=300, check=True)
+    assert text.stderr == "", text.stderr  # transformers' "Writing model shards" bars included
+    assert {line.split(": ", 1)[0] for line in text.stdout.strip().splitlines()} == {"llama", "qwen2", "gpt2"}
 
 
 def test_models_add_prints_no_import_time_warnings(tmp_path: Path, tiny_models_dir: Path) -> None:
