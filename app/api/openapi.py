@@ -331,6 +331,8 @@ PATH_MODEL_KINDS: dict[str, tuple[str, ...]] = {
     "/hf/models/{model}": ("txt2img", "edit", "upscale", "text"),
     "/hf/models/{model}/v1/chat/completions": ("text",),
 }
+#: paths whose errors have OpenAI's shape or, for a text model, TGI's (app/api/routes/hf.py)
+EITHER_ERROR_PATHS = ("/hf/models/{model}",)
 #: an OpenAI ``size`` is listed value by value up to this many sizes, else stated by a pattern
 MAX_LISTED_SIZES = 512
 
@@ -631,6 +633,9 @@ def documented(
             if (method, path) not in OPEN_ROUTES:
                 statuses.add(503)
             body = "OpenAIError" if path.startswith(OPENAI_PREFIXES) else "TGIError" if is_tgi_route(path) else "Error"
+            error_schema: dict[str, Any] = {"$ref": f"#/components/schemas/{body}"}
+            if path in EITHER_ERROR_PATHS:
+                error_schema = {"anyOf": [error_schema, {"$ref": "#/components/schemas/TGIError"}]}
             responses = op.setdefault("responses", {})
             if path in STREAM_ROUTES and "200" in responses:  # `stream: true` answers events
                 responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
@@ -641,7 +646,7 @@ def documented(
             for status in sorted(statuses):
                 responses[str(status)] = {
                     "description": DESCRIPTIONS[status],
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
+                    "content": {"application/json": {"schema": error_schema}},
                 }
             if (method, path) == ("post", "/v1/jobs"):
                 responses["200"] = {
