@@ -285,13 +285,7 @@ async def hf_chat_completions(model: str, body: text.ChatCompletion, ctx: Contex
     Raises:
         Rejected: reason ``invalid_model`` when the body's ``model`` names another model.
     """
-    if body.model not in (None, HF_NO_MODEL, model):
-        raise Rejected(
-            f"`model` names {body.model!r} but the path runs {model!r}; leave `model` out of the body "
-            "(or post to /v1/chat/completions to pick the model in the body)",
-            reason="invalid_model",
-            param="model",
-        )
+    tgi.refuse_other_model(body.model, model, "/v1/chat/completions", also=(HF_NO_MODEL,))
     update: dict[str, Any] = {"model": model}
     if "target" not in body.model_fields_set:  # Hugging Face's clients send none: Auto, as on TGI's routes
         update["target"] = AUTO

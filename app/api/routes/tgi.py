@@ -324,6 +324,23 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
     return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
 
 
+def refuse_other_model(named: str | None, model: str, elsewhere: str, also: tuple[str, ...] = ()) -> None:
+    """Refuse a body whose ``model`` (``named``) is not the path's ``model``: none, ``also``'s
+    (a placeholder a client sends) or the path's own is taken.
+
+    Raises:
+        Rejected: reason ``invalid_model``, naming both and ``elsewhere``, the route that picks
+            the model from the body.
+    """
+    if named not in (None, model, *also):
+        raise Rejected(
+            f"`model` names {named!r} but the path runs {model!r}; leave `model` out of the body "
+            f"(or post to {elsewhere} to pick the model in the body)",
+            reason="invalid_model",
+            param="model",
+        )
+
+
 async def answer_for_model(model: str, raw: Any, ctx: Any, request: Request) -> Response:
     """TGI's ``POST /`` for the text model ``model``, whatever the body names: what
     ``POST /hf/models/{model}`` answers when ``model`` runs text (app/api/routes/hf.py), so that
@@ -338,13 +355,7 @@ async def answer_for_model(model: str, raw: Any, ctx: Any, request: Request) -> 
             raise RequestValidationError(
                 [{**detail, "loc": ("body", *detail["loc"])} for detail in error.errors(include_url=False)]
             ) from error
-        if body.model not in (None, model):
-            raise Rejected(
-                f"`model` names {body.model!r} but the path runs {model!r}; leave `model` out of the body "
-                "(or post to / to pick the model in the body)",
-                reason="invalid_model",
-                param="model",
-            )
+        refuse_other_model(body.model, model, "/")
         body.model = model
         body.check()
         with client_fields(CLIENT_FIELDS):
