@@ -79,9 +79,11 @@ def sync(
 
 def models_cell(verified: list[str], warm: list[str]) -> str:
     """A machine's models in ``homefleet status``: each verified one on a line of its own, ``*``
-    after those loaded (warm; one warm but no longer verified, being withdrawn, is listed too);
-    ``-`` for none."""
-    return "\n".join(f"{model}*" if model in warm else model for model in dict.fromkeys([*verified, *warm])) or "-"
+    after those loaded (warm); one still loaded but no longer verified is being withdrawn (R4),
+    said so; ``-`` for none."""
+    lines = [f"{model}*" if model in warm else model for model in verified]
+    lines += [f"{model} (withdrawn)" for model in warm if model not in verified]
+    return "\n".join(lines) or "-"
 
 
 @fleet_cli.command()

@@ -55,5 +55,5 @@ def test_status_lists_each_model_once_marking_the_warm_ones() -> None:
     assert models_cell(["tiny-gpt2", "tiny-qwen2", "tiny-sd"], ["tiny-sd", "tiny-qwen2"]) == (
         "tiny-gpt2\ntiny-qwen2*\ntiny-sd*"
     )
-    assert models_cell([], ["old-model"]) == "old-model*"  # warm, being withdrawn: still shown
+    assert models_cell(["tiny-sd"], ["old-model"]) == "tiny-sd\nold-model (withdrawn)"  # loaded, no longer verified
     assert models_cell([], []) == "-"

@@ -887,3 +887,31 @@ def test_a_reload_mid_job_follows_the_submitted_job_again(fleet: RunningFleet, b
     assert submitted_result(driver) == job_id  # followed to its result after the reload
     status = driver.find_element(By.CSS_SELECTOR, "#submitted .status").text  # type: ignore[attr-defined]
     assert status == f"Job {job_id} succeeded on m1", status
+
+
+def test_the_submit_panels_interrupt_notice_follows_the_job_to_its_end(fleet: RunningFleet, browser: object) -> None:
+    """The Submit panel's button reads Interrupt once its job runs; pressed, the notice says the
+    job is stopping, then that it ended cancelled (it stayed "stopping" outside the Jobs view: a
+    user pass), and the panel says the state once before the job's message."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    wait, _ = submit_form_for(driver, fleet, "m1")
+    driver.execute_script(  # type: ignore[attr-defined]
+        "const f = document.querySelector('#submit-form'); f.elements.steps.value = '150';"
+        f"f.elements.width.value = '{LONG_SIZE['width']}'; f.elements.height.value = '{LONG_SIZE['height']}';"
+        "f.elements.prompt.value = 'a run interrupted from its panel'"
+    )
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))
+    try:
+        wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
+        button = driver.find_element(By.ID, "interrupt-submitted")  # type: ignore[attr-defined]
+        assert button.text == "Interrupt", button.text
+        button.click()
+        wait.until(lambda d: d.find_element(By.ID, "notice").text == f"Job {job_id} cancelled")
+        ended = driver.find_element(By.CSS_SELECTOR, "#submitted .status").text  # type: ignore[attr-defined]
+        assert ended.startswith("cancelled: cancelled by request while running, after "), ended
+        assert fleet.client.get(job_id)["state"] == "cancelled"
+    finally:
+        fleet.client.wait(job_id, timeout_s=300)

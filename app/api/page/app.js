@@ -245,7 +245,8 @@ function machineRow(m, device) {
     el("td", { "data-label": "State", class: `state-${machineState(m)}` }, machineState(m)),
     el("td", { "data-label": "Device" }, m.backend, m.device === null || m.device === undefined ? "" : ` #${m.device}`),
     el("td", { "data-label": "Memory" }, `${m.memory_kind}, ${gib(m.memory_bytes)}`),
-    el("td", { "data-label": "Warm" }, (m.warm_models || []).join(", ") || "–"),
+    el("td", { "data-label": "Warm" }, (m.warm_models || [])  // one no longer verified is being withdrawn (R4)
+      .map((model) => ((m.verified_models || []).includes(model) ? model : `${model} (withdrawn)`)).join(", ") || "–"),
     el("td", { "data-label": "Committed" }, (m.committed_models || []).join(", ") || "–"),
     el("td", { "data-label": "Queued" }, m.queued),
     el("td", { "data-label": "Running" }, running.length ? running.map(runningLine) : m.running),
@@ -285,8 +286,6 @@ async function loadQueue() {
 
 // ---- Jobs ----
 function renderJobs() {
-  const stopped = state.stopping && state.jobs.find((job) => job.id === state.stopping && ENDED.includes(job.state));
-  if (stopped) { state.stopping = null; say(`Job ${stopped.id} ${stopped.state}`); }  // the notice follows the interrupt to its end
   const open = (job) => (event) => {  // the details follow the table: brought into view
     event.stopPropagation(); state.openJob = job.id; renderJobs();
     $("#job-detail").scrollIntoView({ block: "start" });
@@ -697,8 +696,10 @@ async function followSubmitted(id) {
       progress.dataset.seen = [progress.dataset.seen, data.step].filter(Boolean).join(",");
     } else if (name === "state") {
       status.textContent = `Job ${id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
+      interrupt.textContent = data.state === "running" ? "Interrupt" : "Cancel";  // a queued job is cancelled at once
     } else if (name === "end") {
       interrupt.hidden = true;
+      if (state.stopping === id) { state.stopping = null; say(`Job ${id} ${data.state}`); }
       if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${id} succeeded on ${data.machine}`; }
       else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason },
         [data.state, data.reason === data.state ? null : data.reason, data.message].filter(Boolean).join(": ")));
@@ -715,6 +716,9 @@ async function refresh() {
   try {
     const [machines, jobs] = await Promise.all([api("/v1/machines"), api("/v1/jobs?limit=200")]);
     state.machines = machines; state.jobs = jobs;
+    // the notice follows an interrupt to the job's end, whichever view or panel sent it
+    const stopped = state.stopping && jobs.find((job) => job.id === state.stopping && ENDED.includes(job.state));
+    if (stopped) { state.stopping = null; say(`Job ${stopped.id} ${stopped.state}`); }
     if (state.view === "fleet" && state.openMachine) await loadQueue();
     if (state.view === "fleet" || state.view === "jobs") followRunning();
     $("#error").hidden = true;
