@@ -90,6 +90,7 @@ class Timing:
     anchor_size: int = 0  # the last run's image size (pixels x frames, at least MIN_SCALED_SIZE; 0: none yet)
     anchor_step_s: float = 0.0  # and its seconds per step at the reference size, priced linearly
     misses: int = 0  # large misses in a row (SHIFT_RATIO): + runs slower than estimated, - faster
+    small_step_s: float = 0.0  # seconds a step of one image under MIN_SCALED_SIZE (0: none measured yet)
 
 
 def job_size(pixels: int, frames: int = 1, batch: int = 1) -> int:
@@ -103,9 +104,12 @@ def run_seconds(timing: Timing, steps: int, size: int, kind: str = "", batch: in
 
     Linear in ``size`` (floored at ``MIN_SCALED_SIZE``), times ``(image / REFERENCE_SIZE) **
     (size_exp - 1)`` for the size of one image of the batch (pixels x frames, floored alike): a
-    batch of four costs four images, not one image four times as large."""
+    batch of four costs four images, not one image four times as large. Images under
+    ``MIN_SCALED_SIZE`` cost ``small_step_s`` a step each once such a run has been measured."""
     if kind == TEXT_KIND:
         return timing.step_s * max(0, steps) + timing.prompt_s * max(0, size)
+    if timing.small_step_s > 0 and image_size(size, batch) < MIN_SCALED_SIZE:  # measured on small images
+        return timing.small_step_s * max(1, steps) * max(1, batch)
     linear_s = timing.step_s * max(1, steps) * max(size, MIN_SCALED_SIZE) / REFERENCE_SIZE
     if timing.size_exp == 1.0:  # linear: the same float as before size exponents were learned
         return linear_s
@@ -203,11 +207,12 @@ class LearnedTimings:
     estimate by more than :data:`SHIFT_RATIO` :data:`SHIFT_RUNS` times in a row, the same way,
     replace the run figures outright too (a change of regime; R13).
 
-    Images under :data:`MIN_SCALED_SIZE` cost a step of that size, a bound, not a measure: a
-    64x64 step of the tiny sd1 pipeline on a CPU is about a tenth of a 256x256 one. So once a
-    run at or above that size has been measured (``anchor_size``), smaller runs leave the step
-    figure and the misses as they are; until then they teach it, and the first run at or above
-    that size replaces what they taught.
+    Images under :data:`MIN_SCALED_SIZE` (thumbnails) are mostly a step's fixed costs: a 64x64
+    step of the tiny sd1 pipeline on a CPU is about a twentieth of a 256x256 one. Their runs teach
+    their own figure, ``small_step_s`` (seconds a step per image, whatever their size), which
+    prices them; for larger images they are only a floor: until a run at or above that size is
+    measured (``anchor_size``), the step figure (the guess) is raised to at least what a small
+    step says, never lowered; that first run replaces it.
     """
 
     def __init__(self, entries: Mapping[TimingKey, Timing] | None = None) -> None:
@@ -249,7 +254,7 @@ class LearnedTimings:
         key = (machine, model_id, kind)
         old = self._entries.get(key)
         base = old or guess
-        prompt_s, samples, misses = base.prompt_s, base.samples + 1, base.misses
+        prompt_s, samples, misses, small_step_s = base.prompt_s, base.samples + 1, base.misses, base.small_step_s
         size_exp, size_samples = base.size_exp, base.size_samples
         anchor_size, anchor_step_s = base.anchor_size, base.anchor_step_s
         if kind == TEXT_KIND:
@@ -270,13 +275,18 @@ class LearnedTimings:
                 known_s *= excess_scale(anchor_size, base.size_exp) / excess_scale(anchor_size, size_exp)
             if scales:  # measured against what the figure says at this size, under the exponent now learned
                 misses = misses_after(misses, large_miss(measured_step_s, known_s))
-            # a guess, a past regime (SHIFT_RUNS) or a figure learned from small images only is replaced
-            replaced = old is None or abs(misses) >= SHIFT_RUNS or (scales and base.anchor_size == 0)
+            # a guess, a past regime (SHIFT_RUNS) or a figure no run at a scaling size measured is replaced
+            replaced = scales and (old is None or abs(misses) >= SHIFT_RUNS or base.anchor_size == 0)
             if replaced:
                 step_s = measured_step_s
-            elif not scales and base.anchor_size > 0:
-                # a small image's step (mostly fixed costs) says nothing of the sizes the figure was learned at
+            elif not scales:  # a small image's step, mostly fixed costs: its own figure, and a floor for the rest
                 step_s, samples = base.step_s, base.samples
+                small = max(run_s, 0.0) / max(1, steps) / max(1, batch)
+                small_step_s = small
+                if base.small_step_s > 0:
+                    small_step_s = (1 - EMA_WEIGHT) * base.small_step_s + EMA_WEIGHT * small
+                if base.anchor_size == 0:  # a step at the least scaled size costs at least a small image's
+                    step_s = max(step_s, small * REFERENCE_SIZE / MIN_SCALED_SIZE)
             else:
                 step_s = (1 - EMA_WEIGHT) * known_s + EMA_WEIGHT * measured_step_s
             if scales:
@@ -300,6 +310,7 @@ class LearnedTimings:
             anchor_size=anchor_size,
             anchor_step_s=anchor_step_s,
             misses=misses,
+            small_step_s=small_step_s,
         )
         self._entries[key] = timing
         self.version += 1

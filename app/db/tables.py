@@ -127,6 +127,7 @@ class LearnedTiming(SQLModel, table=True):
     anchor_size: int = Field(default=0, sa_type=BigInteger)  # the last run's size (floored, as job_size); 0: none
     anchor_step_s: float = Field(default=0.0)  # its seconds per step, as measured at that size
     misses: int = Field(default=0)  # large misses in a row, signed (routing/timings.py SHIFT_RATIO)
+    small_step_s: float = Field(default=0.0)  # seconds a step of one image under 256x256; 0: none measured
     updated_at: datetime = Field(default_factory=utcnow)
 
 

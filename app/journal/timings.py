@@ -49,6 +49,7 @@ class TimingStore:
                     anchor_size=r.anchor_size,
                     anchor_step_s=r.anchor_step_s,
                     misses=r.misses,
+                    small_step_s=r.small_step_s,
                 )
                 for r in rows
             }
@@ -122,5 +123,5 @@ class TimingStore:
             row.load_samples, row.prompt_s = timing.load_samples, timing.prompt_s
         row.size_exp, row.size_samples = timing.size_exp, timing.size_samples
         row.anchor_size, row.anchor_step_s = timing.anchor_size, timing.anchor_step_s
-        row.misses = timing.misses
+        row.misses, row.small_step_s = timing.misses, timing.small_step_s
         session.add(row)

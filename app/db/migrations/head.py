@@ -2,4 +2,4 @@
 written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
 reading of the scripts)."""
 
-HEAD = "51e5abdc5a4d"
+HEAD = "a2d7aa0d74d6"

@@ -307,7 +307,7 @@ def test_r13_measured_times_are_learned_and_survive_a_restart(
     api: tuple[TestClient, ServerContext], settings: Settings
 ) -> None:
     client, ctx = api
-    accepted, token = _claimed(client, ctx)
+    accepted, token = _claimed(client, ctx, side=256)
     _upload(client, accepted["id"], token, load_s=0.5, run_s=2.0, cold=True)
     assert ctx.machines.reservations.count("m2") == 0  # released when the job ended
     shown = client.get(accepted["url"]).json()
@@ -315,14 +315,17 @@ def test_r13_measured_times_are_learned_and_survive_a_restart(
     assert (
         shown["predicted_run_s"] > 0 and shown["run_s"] == 2.0 and shown["load_s"] == 0.5
     )  # predicted beside measured
+    thumbnail, token = _claimed(client, ctx, side=64)  # a small image: its own figure, a second a step
+    _upload(client, thumbnail["id"], token, load_s=0.0, run_s=4 * 0.1, cold=False)
     restarted = build_context(settings, ctx.fleet, migrate=True)
     try:
         timing = restarted.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
     finally:
         restarted.close()
-    assert timing.samples == 1
+    assert timing.samples == 1  # the 256x256 run; the thumbnail taught its own figure
     assert timing.step_s == pytest.approx(2.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)  # per step at 1024x1024
     assert timing.load_s == pytest.approx(0.5)  # the cold load, measured: replaces the guess
+    assert timing.small_step_s == pytest.approx(0.1)
 
 
 def test_r13_the_size_exponent_learned_from_two_sizes_survives_a_restart_and_prices_the_next_job(

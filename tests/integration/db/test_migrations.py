@@ -203,6 +203,7 @@ def test_r13_timings_learned_before_size_exponents_stay_linear_after_the_upgrade
         assert timing is not None and (timing.step_s, timing.samples, timing.load_s) == (0.6, 12, 9.5)
         assert (timing.size_exp, timing.size_samples, timing.anchor_size, timing.anchor_step_s) == (1.0, 0, 0, 0.0)
         assert timing.misses == 0  # and no large miss before (migration 51e5abdc5a4d)
+        assert timing.small_step_s == 0.0  # nor a small image's step (a2d7aa0d74d6)
         assert run_seconds(timing, 30, 512 * 512) == pytest.approx(0.6 * 30 / 4)
     finally:
         engine.dispose()

@@ -502,6 +502,28 @@ def test_r13_small_images_neither_move_nor_replace_a_figure_learned_at_a_scaling
     assert run_seconds(taught, 30, 256 * 256) == pytest.approx(135.0) and taught.misses == 0
 
 
+def test_r13_thumbnails_price_thumbnails_and_only_floor_the_larger_sizes() -> None:
+    """A machine that has run only 3-step 64x64 jobs (0.15 s each; a user pass): before, its
+    figure came from them, priced as 256x256 steps, so a 30-step 256x256 job there was priced
+    1.6 s (it ran 29 s) and Auto piled such jobs on it while a measured machine sat idle; and a
+    thumbnail was priced as a 256x256 step, 7.2 s against 0.14 s. Thumbnails now have their own
+    figure; for larger images they only raise the guess, never lower it."""
+    from routing.timings import MIN_SCALED_SIZE, run_seconds
+
+    learned, guess = LearnedTimings(), Timing(load_s=3.0, step_s=25.0 * 16)  # 25 s a 256x256 step
+    for run_s in (0.15, 0.18):
+        thumbs = learned.observe("m", "x", "txt2img", guess=guess, run_s=run_s, steps=3, size=64 * 64)
+    assert run_seconds(thumbs, 3, 64 * 64) == pytest.approx(3 * (0.7 * 0.05 + 0.3 * 0.06))  # their own figure
+    assert run_seconds(thumbs, 30, 256 * 256) == pytest.approx(30 * 25.0)  # still the guess, not 1.6 s
+    assert run_seconds(thumbs, 2, 4 * 64 * 64, batch=4) == pytest.approx(4 * run_seconds(thumbs, 2, 64 * 64))
+    cheap = Timing(load_s=3.0, step_s=0.01)  # a guess far too low: a thumbnail's step is a floor
+    floored = LearnedTimings().observe("m", "x", "txt2img", guess=cheap, run_s=3.0, steps=3, size=64 * 64)
+    assert run_seconds(floored, 1, MIN_SCALED_SIZE) == pytest.approx(1.0)
+    big = learned.observe("m", "x", "txt2img", guess=guess, run_s=29.0, steps=30, size=256 * 256)
+    assert run_seconds(big, 30, 256 * 256) == pytest.approx(29.0)  # the first measured run at that size: the figure
+    assert run_seconds(big, 3, 64 * 64) == pytest.approx(run_seconds(thumbs, 3, 64 * 64))  # thumbnails' kept
+
+
 def test_r13_a_text_timing_rescales_after_two_large_misses() -> None:
     """Text timings (per new token and per prompt token): two runs in a row more than SHIFT_RATIO
     slower scale both figures to the latest run, as the first run scales the guess."""
