@@ -915,3 +915,38 @@ def test_the_submit_panels_interrupt_notice_follows_the_job_to_its_end(fleet: Ru
         assert fleet.client.get(job_id)["state"] == "cancelled"
     finally:
         fleet.client.wait(job_id, timeout_s=300)
+
+
+def test_what_was_typed_survives_a_change_of_model_or_kind(fleet: RunningFleet, browser: object) -> None:
+    """Prompt, steps and seed typed into the form stay when the model or the kind changes (every
+    field went back to its default and the prompt to the example: a user pass); a field left
+    untouched takes the new model's own default (the shapes models: 32 px, guidance 4)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from app.devtools.train_shapes import MODEL_NAMES
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    option = f"#submit-form select[name=model] option[value='{fleet.model}']"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, option))
+    form = driver.find_element(By.ID, "submit-form")  # type: ignore[attr-defined]
+    Select(form.find_element(By.NAME, "kind")).select_by_value("txt2img")
+    Select(form.find_element(By.NAME, "model")).select_by_value(fleet.model)
+    typed = {"prompt": "my own words, kept", "steps": "9", "seed": "42"}
+    for name, value in typed.items():
+        field = form.find_element(By.NAME, name)
+        field.clear()
+        field.send_keys(value)
+
+    def values() -> dict[str, str]:
+        return {name: form.find_element(By.NAME, name).get_attribute("value") for name in typed}
+
+    Select(form.find_element(By.NAME, "model")).select_by_value(MODEL_NAMES["filled"])
+    assert values() == typed
+    assert form.find_element(By.NAME, "width").get_attribute("value") == "32"  # untouched: its default
+    assert form.find_element(By.NAME, "guidance_scale").get_attribute("value") == "4"
+    Select(form.find_element(By.NAME, "kind")).select_by_value("img2img")
+    assert values() == typed
+    Select(form.find_element(By.NAME, "kind")).select_by_value("txt2img")
+    assert values() == typed

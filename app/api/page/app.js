@@ -461,6 +461,7 @@ function buildForm(keep = {}, model = form().elements.model.value) {
 function setField(name, value) {
   const field = form().elements[name];
   if (!field || field instanceof RadioNodeList || field.type === "file") return;
+  field.dataset.edited = "1";  // chosen, not a default: kept across a change of kind or model
   if (field.type === "checkbox") field.checked = Boolean(value);
   else field.value = value === null || value === undefined ? "" : Array.isArray(value) ? value.join(",") : value;
 }
@@ -770,7 +771,12 @@ $("#key-form").addEventListener("submit", (event) => {
 });
 $("#forget-key").addEventListener("click", () => askKey(""));
 $("#dry-run").addEventListener("click", dryRun);
-for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { buildForm(); $("#explanation").replaceChildren(); });
+// A field the user typed in (or the form filled from a job) keeps its value when the kind or
+// the model changes, where the new kind has it; the others take the new model's defaults.
+$("#params").addEventListener("input", (event) => { if (event.target.name) event.target.dataset.edited = "1"; });
+const edited = () => Object.fromEntries([...$("#params").querySelectorAll("[data-edited]")]
+  .map((field) => [field.name, field.type === "checkbox" ? field.checked : field.value]));
+for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { buildForm(edited()); $("#explanation").replaceChildren(); });
 form().addEventListener("submit", submit);
 // A field the browser refuses stops the submission before `submit` runs: an earlier refusal
 // shown there would read as this one's; the status says what was not sent and why instead.
