@@ -66,6 +66,18 @@ def model_weight_bytes(folder: Path) -> int:
     return sum(safetensors_weight_bytes(p) for p in sorted(folder.rglob("*.safetensors")))
 
 
+def looks_like_safetensors(path: Path) -> bool:
+    """Whether ``path`` begins as a safetensors file does: an 8-byte little-endian header length
+    that fits the file, then a JSON object (a file that does and yet cannot be read is damaged
+    or cut short, not of another format)."""
+    with open(path, "rb") as handle:
+        start = handle.read(9)
+    if len(start) < 9:
+        return False
+    length = int.from_bytes(start[:8], "little")
+    return 2 <= length <= path.stat().st_size - 8 and start[8:9] == b"{"
+
+
 def check_loadable(path: Path) -> None:
     """Open ``path`` with safetensors' own reader, which refuses a header it cannot load
     (offsets, shapes, dtypes) and a file its tensors do not cover exactly (a truncated

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from app.core.errors import Rejected
 from app.core.quiet import quiet_libraries
+from app.core.safetensors import looks_like_safetensors
 from app.store.selection import check_exists, model_json
 
 FAMILY_CONFIGS = Path(__file__).with_name("family_configs")
@@ -101,7 +102,8 @@ def read_keys(path: Path) -> dict[str, list[int]]:
     Raises:
         Rejected: nothing at ``path`` (reason ``path_not_found``); not a file, a
             ``.ckpt``/``.pt``/``.bin`` pickle (never unpickled), or not a safetensors file (reason
-            ``not_a_checkpoint``).
+            ``not_a_checkpoint``); a safetensors file cut short or damaged (reason
+            ``incomplete_checkpoint``).
     """
     from safetensors import SafetensorError, safe_open
 
@@ -119,6 +121,12 @@ def read_keys(path: Path) -> dict[str, list[int]]:
         with safe_open(str(path), framework="numpy") as handle:
             return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as error:
+        if looks_like_safetensors(path):  # its header is there: the rest is cut short or damaged
+            raise Rejected(
+                f"{path.name} cannot be loaded ({error}): a truncated or damaged file (an interrupted download? "
+                "download it again)",
+                reason="incomplete_checkpoint",
+            ) from error
         raise Rejected(f"{path.name} is not a safetensors checkpoint ({error})", reason="not_a_checkpoint") from error
 
 
