@@ -30,7 +30,8 @@ REFERENCE_SIZE = 1024 * 1024
 """Pixels x frames x batch of the reference job that ``step_s`` is measured for."""
 
 MIN_SCALED_SIZE = 256 * 256
-"""Sizes below this cost a step of this size. A step's fixed work (scheduler, conditioning, kernel
+"""Sizes below this are priced by their own measured step (``Timing.small_step_s``), and until one
+is measured as a step of this size. A step's fixed work (scheduler, conditioning, kernel
 launches) dominates small images: a 64x64 and an 8x8 step of the same tiny model took 0.54 and
 0.30 s on a CPU, so scaling purely by pixels learned an 8x8 job's step as 36 times a 64x64 one's,
 and Auto shunned that machine (new-user pass). Above 256x256 real diffusion steps grow roughly
