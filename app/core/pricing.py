@@ -166,26 +166,51 @@ def _skeleton_context(dtype: Any) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def check_fit(folder: Path, model: Any) -> None:
-    """Check that the safetensors weights in ``folder`` (its own files, headers only) have the
-    shapes ``model`` (built from ``folder``'s config on the meta device) gives the same tensors:
-    a config that does not describe the weights (emptied, or another model size's) is built with
-    other shapes, priced wrongly and fails every load.
+class MissingTensors(ValueError):
+    """A component's safetensors weights lack parameters its config builds (R1): the loader
+    would leave them unloaded (diffusers: a job fails on a meta tensor) or initialise them at
+    random (transformers: the model runs and answers garbage)."""
 
-    Raises:
-        ValueError: naming the component, the file, the first tensor that differs and both
-            shapes. Tensors only one side has are not compared (names differ between
-            checkpoint formats; the loader reports a missing tensor itself).
-    """
+
+def _stored_headers(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The safetensors headers of ``folder``'s own weights files (tensor name -> entry), in
+    file order; a file whose header cannot be read is left out (it is refused where weights are
+    read, reason ``model_unreadable``)."""
     from app.core.errors import IntegrityFailure
     from app.core.safetensors import safetensors_header
 
-    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    headers = []
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            header = safetensors_header(path)
-        except IntegrityFailure:  # an unreadable header is refused where weights are read (model_unreadable)
+            headers.append((path, safetensors_header(path)))
+        except IntegrityFailure:
             continue
+    return headers
+
+
+def check_fit(folder: Path, model: Any, loaded_name: Any) -> None:
+    """Check that the safetensors weights in ``folder`` (its own files, headers only) describe
+    ``model`` (built from ``folder``'s config on the meta device): every tensor both have has
+    the same shape, and every parameter of the model is stored. A config that does not
+    describe the weights (emptied, or another model size's) is built with other shapes, priced
+    wrongly and fails every load; a weights file missing a tensor fails every diffusers job or
+    gives a transformers model a layer of random weights.
+
+    ``loaded_name`` maps the stored tensor names to the names the library's loader gives them
+    (old checkpoint formats are renamed on load): ``loaded_name(names) -> set[str]``. A
+    parameter counts as stored when it, or a parameter tied to it (one tensor under several
+    names), has a loaded name. A folder with no safetensors header (``.bin`` weights only), or
+    none of whose loaded names the model builds (a format the loader does not know), is not
+    checked for completeness: the loader reports it.
+
+    Raises:
+        ValueError: naming the component, the file, the first tensor that differs and both
+            shapes.
+        MissingTensors: naming the component, how many parameters it lacks and the first few.
+    """
+    headers = _stored_headers(folder)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    for path, header in headers:
         for name, entry in sorted(header.items()):
             found = tuple(entry.get("shape") or ())
             expected = shapes.get(name)
@@ -195,6 +220,63 @@ def check_fit(folder: Path, model: Any) -> None:
                     f"{folder.name}'s config builds it as {list(expected)}: the config does not describe "
                     "these weights (emptied, edited, or another model size's)"
                 )
+    stored = {name for _, header in headers for name in header if name != "__metadata__"}
+    loaded = loaded_name(stored) if stored else set()
+    if not loaded & set(shapes):
+        return
+    names_of: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(parameter), []).append(name)
+    missing = sorted(names[0] for names in names_of.values() if not loaded.intersection(names))
+    if missing:
+        files = ", ".join(f"{folder.name}/{path.name}" for path, _ in headers)
+        raise MissingTensors(
+            f"{files} lack{'s' if len(headers) == 1 else ''} {len(missing)} of the "
+            f"{len(names_of)} weights {folder.name}'s config builds ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}): the file is incomplete or of another model; "
+            "download it again"
+        )
+
+
+def _diffusers_loaded_names(model: Any) -> Any:
+    """Stored tensor names -> the names diffusers' loader gives them (old attention blocks'
+    ``query``/``key``/``value``/``proj_attn`` renamed, ``ModelMixin._fix_state_dict_keys_on_load``)."""
+
+    def loaded_name(stored: set[str]) -> set[str]:
+        names: dict[str, Any] = dict.fromkeys(sorted(stored))
+        model._fix_state_dict_keys_on_load(names)
+        return set(names)
+
+    return loaded_name
+
+
+def _transformers_loaded_names(model: Any) -> Any:
+    """Stored tensor names -> the names transformers' loader gives them: its weight conversions
+    for the model (``get_model_conversion_mapping``: renamings, merged experts, the base model's
+    prefix added or dropped, ``core_model_loading.rename_source_key``), and names the model
+    declares it may lack (``_keys_to_ignore_on_load_missing``) taken as stored."""
+    import re
+
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    renamings = [entry for entry in mapping if isinstance(entry, WeightRenaming)]
+    converters = [entry for entry in mapping if isinstance(entry, WeightConverter)]
+    built = model.state_dict()
+    prefix = model.base_model_prefix
+    optional = [re.compile(pattern) for pattern in (model._keys_to_ignore_on_load_missing or ())]
+
+    def loaded_name(stored: set[str]) -> set[str]:
+        names = set()
+        for name in sorted(stored):
+            renamed, _ = rename_source_key(name, renamings, converters, prefix, built)
+            if renamed not in built and name in built:  # as the loader: only the prefix, then
+                renamed, _ = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=built)
+            names.add(renamed)
+        return names | {name for name in built if any(pattern.search(name) for pattern in optional)}
+
+    return loaded_name
 
 
 def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | None) -> int:
@@ -203,7 +285,7 @@ def _diffusers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | Non
     config = cls.load_config(folder)
     with _skeleton_context(dtype):
         model = cls.from_config(config)
-    check_fit(folder, model)
+    check_fit(folder, model, _diffusers_loaded_names(model))
     keep = list(cls._keep_in_fp32_modules or [])  # torchao's quantizer keeps them (use_keep_in_fp32_modules)
     quantizer = None
     if quantization is not None:
@@ -238,7 +320,7 @@ def _transformers_bytes(folder: Path, cls: Any, dtype: Any, quantization: str | 
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         else:
             model = cls._from_config(config, dtype=dtype)
-    check_fit(folder, model)
+    check_fit(folder, model, _transformers_loaded_names(model))
     plan = model._get_dtype_plan(dtype)
     fp32 = build_glob_alternation(list(plan))[0] if plan else None
     quantizer = None

@@ -40,7 +40,7 @@ from app.core.errors import Conflict, IntegrityFailure, NotFound, Rejected
 from app.core.families import FAMILIES, PIPELINE_FAMILIES
 from app.core.kinds import DefaultRefused, adapter_ids, check_defaults
 from app.core.lora_files import LORA_WEIGHTS, LoraLayout, recognise, weight_file
-from app.core.pricing import loaded_bytes
+from app.core.pricing import MissingTensors, loaded_bytes
 from app.core.protocol import Manifest, ManifestFile
 from app.core.safetensors import check_loadable, safetensors_header
 from app.core.states import ACTIVE
@@ -1018,10 +1018,14 @@ class FileCheck:
 
 def _price(folder: Path, variant: Variant) -> int:
     """:func:`app.core.pricing.loaded_bytes` of a folder being registered; a folder that cannot be
-    priced is removed and refused (reason ``not_a_model``, naming the error): it could not be
-    loaded either."""
+    priced is removed and refused (reason ``not_a_model``, naming the error; ``incomplete_model``
+    when its weights lack parameters its config builds, :class:`app.core.pricing.MissingTensors`):
+    it could not be loaded either."""
     try:
         return loaded_bytes(folder, variant)
+    except MissingTensors as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise Rejected(str(error), reason="incomplete_model") from error
     except (OSError, ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError, KeyError) as error:
         # AttributeError, KeyError: a config that does not suit the class named (a CLIP config
         # for a T5 encoder); the library reads a field the config lacks

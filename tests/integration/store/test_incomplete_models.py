@@ -646,3 +646,62 @@ def test_r1_a_truncated_bin_weights_file_is_refused_naming_it(
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
     (folder / bin_file).write_bytes(whole)  # the whole file registers
     assert ctx.registry.add(folder, model_id="whole").id == "whole"
+
+
+def without_tensor(path: Path, name: str) -> None:
+    """Rewrite the safetensors file ``path`` without the tensor ``name`` (what a converter that
+    skipped a layer, or a hand-merged checkpoint, leaves: a valid file, one tensor short)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    assert name in tensors
+    del tensors[name]
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    ("model", "file", "tensor"),
+    [
+        ("tiny-sd", UNET, "down_blocks.0.resnets.0.conv1.weight"),
+        ("tiny-sd", "text_encoder/model.safetensors", "encoder.layers.0.mlp.fc1.weight"),
+        ("tiny-llama", "model.safetensors", "model.layers.0.self_attn.q_proj.weight"),
+    ],
+)
+def test_r1_weights_missing_a_tensor_the_config_builds_are_refused_naming_it(
+    ctx: ServerContext, tiny_models_dir: Path, tiny_text_dir: Path, tmp_path: Path, model: str, file: str, tensor: str
+) -> None:
+    """A valid safetensors file one tensor short registered, then failed every diffusers job on a
+    meta tensor, and a text model ran with that layer at random weights (transformers initialises
+    what it does not find): the parameters the config builds are compared with the stored names."""
+    source = (tiny_text_dir if model == "tiny-llama" else tiny_models_dir) / model
+    folder = Path(shutil.copytree(source, tmp_path / f"{model}-short"))
+    without_tensor(folder / file, tensor)
+    error = refused(ctx, folder, model_id="short")
+    assert error.reason == "incomplete_model", error.message
+    stored_as = file if "/" in file else f"short/{file}"  # a text model's folder is stored under its id
+    assert f"{stored_as} lacks 1 of the " in error.message and f"({tensor})" in error.message, error.message
+    assert "download it again" in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_vae_stored_with_the_old_attention_names_registers_and_loads(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    """Old Stable Diffusion repositories store the VAE's attention as ``query``/``key``/``value``/
+    ``proj_attn``, which diffusers renames on load: those weights are complete, not missing."""
+    from diffusers import AutoencoderKL
+    from safetensors.torch import load_file, save_file
+
+    path = copy_of_tiny_sd / "vae/diffusion_pytorch_model.safetensors"
+    old = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
+    renamed = {}
+    for name, tensor in load_file(path).items():
+        for new_name, old_name in old.items():
+            name = name.replace(f".attentions.0.{new_name}.", f".attentions.0.{old_name}.")
+        renamed[name] = tensor
+    assert sum(".query." in name for name in renamed) == 4  # weight and bias, in the encoder's and decoder's mid-block
+    save_file(renamed, path, metadata={"format": "pt"})
+    vae = AutoencoderKL.from_pretrained(copy_of_tiny_sd / "vae")  # diffusers itself takes the file
+    assert not any(parameter.is_meta for parameter in vae.parameters())
+    record = ctx.registry.add(copy_of_tiny_sd, model_id="old-vae")
+    assert [m.id for m in ctx.registry.list()] == ["old-vae"] and (record.weights_bytes or 0) > 0
