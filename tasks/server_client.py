@@ -255,9 +255,11 @@ class ServerClient:
         """Take the sync (once): the manifests of its models. Raises Conflict."""
         return SyncGrant.model_validate(self._check(self.http.post(f"/syncs/{sync_id}/claim")).json())
 
-    def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str) -> None:
-        """Report progress (renews the machine's reservation). Raises Conflict when it expired."""
-        body = SyncProgress(files_done=files_done, bytes_done=bytes_done, file=file)
+    def sync_progress(self, sync_id: str, files_done: int, bytes_done: int, file: str, bytes_kept: int = 0) -> None:
+        """Report progress (renews the machine's reservation): bytes at their place so far, of
+        them ``bytes_kept`` not downloaded (:class:`app.core.protocol.SyncProgress`). Raises
+        Conflict when it expired."""
+        body = SyncProgress(files_done=files_done, bytes_done=bytes_done, bytes_kept=bytes_kept, file=file)
         self._send("POST", f"/syncs/{sync_id}/progress", once=True, json=body.model_dump())
 
     def sync_finish(

@@ -101,15 +101,17 @@ def _result(model_id: str, path: str, status: str, size_bytes: int, message: str
 class Copier:
     """Copies manifest files from the server into ``models_dir``, reporting bytes as it goes.
 
-    ``on_bytes(n)`` is called after every chunk written; ``max_bytes_per_s`` (None: no cap)
-    throttles the download.
+    ``on_bytes(n, kept)`` is called after every chunk written (``kept`` False), and for bytes
+    found in place rather than downloaded (``kept`` True: a file present with its digest, the
+    part of a partial copy a download resumes after; negative when a resume is refused and
+    counting starts again); ``max_bytes_per_s`` (None: no cap) throttles the download.
     """
 
     def __init__(
         self,
         server: ServerClient,
         models_dir: Path,
-        on_bytes: Callable[[int], None],
+        on_bytes: Callable[[int, bool], None],
         max_bytes_per_s: int | None = None,
     ) -> None:
         self.server = server
@@ -139,7 +141,7 @@ class Copier:
             if final.is_file():  # a regular file, or a link to one
                 held = file_digest(final, algorithm_of(digest))
                 if final.stat().st_size == size and held == digest:
-                    self.on_bytes(size)
+                    self.on_bytes(size, True)
                     return _result(model_id, path, "present", size)
                 tag = hex_part(held)[:16]
             superseded = final.parent / f".{final.name}.{tag}.superseded"
@@ -149,7 +151,7 @@ class Copier:
         if offset > size:  # not a prefix of this file: the sync's own leftover, start again
             partial.unlink()
             offset = 0
-        self.on_bytes(offset)
+        self.on_bytes(offset, True)
         if offset:
             log.info("resuming %s/%s at byte %d of %d (HTTP Range)", model_id, path, offset, size)
         if offset < size:
@@ -189,12 +191,12 @@ class Copier:
         with self.server.model_file(model_id, path, offset) as response:
             mode = "ab" if response.status_code == 206 else "wb"
             if mode == "wb" and offset:
-                self.on_bytes(-offset)  # the server sent the whole file: count from zero again
+                self.on_bytes(-offset, True)  # the server sent the whole file: count from zero again
             with open(partial, mode) as out:
                 for chunk in response.iter_bytes(CHUNK_BYTES):
                     out.write(chunk)
                     out.flush()
-                    self.on_bytes(len(chunk))
+                    self.on_bytes(len(chunk), False)
                     sent += len(chunk)
                     if self.max_bytes_per_s:
                         ahead_s = sent / self.max_bytes_per_s - (time.monotonic() - started)
@@ -216,13 +218,17 @@ def sync(sync_id: str) -> None:
     entries = [(model_id, entry) for model_id, manifest in manifests.items() for entry in manifest.files]
     log.info("sync %s: %d files of %s", sync_id, len(entries), ", ".join(manifests) or "no models")
 
-    state: dict[str, Any] = {"bytes": 0, "files": 0, "file": ""}
+    state: dict[str, Any] = {"bytes": 0, "kept": 0, "files": 0, "file": ""}
 
     def report() -> None:
-        rt.server.sync_progress(sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]))
+        rt.server.sync_progress(
+            sync_id, int(state["files"]), int(state["bytes"]), str(state["file"]), int(state["kept"])
+        )
 
-    def on_bytes(count: int) -> None:
+    def on_bytes(count: int, kept: bool) -> None:
         state["bytes"] += count
+        if kept:
+            state["kept"] += count
         renewal.check()  # the reservation was lost: stop copying
 
     copier = Copier(rt.server, settings.models_dir, on_bytes, settings.sync_max_bytes_per_s)

@@ -53,14 +53,19 @@ def sync(
             TimeRemainingColumn(),
         )
         with Progress(*columns, console=console) as progress:
+            # The bar counts the bytes downloaded: those found in place (a file present with its
+            # digest, a partial copy resumed) leave its total, so its rate is the transfer's.
             bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
             while record["state"] not in SYNC_ENDED:
                 time.sleep(0.2)
                 record = syncs.get(record["id"])
+                kept = record["bytes_kept"]
                 progress.update(
                     bar,
-                    completed=record["bytes_done"],
-                    description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}",
+                    total=max(record["bytes_total"] - kept, 1),
+                    completed=record["bytes_done"] - kept,
+                    description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}"
+                    + (f" ({kept} bytes already there)" if kept else ""),
                 )
     finally:
         ctx.close()

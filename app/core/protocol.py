@@ -183,6 +183,9 @@ class SyncProgress(Body):
 
     files_done: int = Field(ge=0)
     bytes_done: int = Field(ge=0)
+    bytes_kept: int = Field(0, ge=0)
+    """Of ``bytes_done``, those not downloaded: files already present with their digest, and the
+    part of a partial copy a resumed download starts after (a progress bar's rate leaves them out)."""
     file: str = Field("", max_length=1024)
 
 

@@ -155,6 +155,7 @@ class Syncs:
                 "bytes_total": sum(f.size for f in files),
                 "files_done": 0,
                 "bytes_done": 0,
+                "bytes_kept": 0,
                 "file": "",
                 "message": "",
                 "results": "[]",
@@ -172,7 +173,8 @@ class Syncs:
         return self.get(sync_id)
 
     def get(self, sync_id: str) -> dict[str, Any]:
-        """The sync's record (``state``, ``bytes_done``/``bytes_total``, ``file``, ``results``…).
+        """The sync's record (``state``, ``bytes_done``/``bytes_total``, ``bytes_kept`` of
+        ``bytes_done`` already in place rather than downloaded, ``file``, ``results``…).
         A queued or running sync whose reservation is gone reads as ``interrupted``. Raises NotFound."""
         raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id)))  # decoded (create_redis)
         if not raw:
@@ -186,8 +188,8 @@ class Syncs:
             raw = cast("dict[str, str]", self.redis.hgetall(self.keys.sync(sync_id))) or raw
             expired = raw["state"] not in SYNC_ENDED
         record: dict[str, Any] = dict(raw)
-        for field in ("files_total", "bytes_total", "files_done", "bytes_done"):
-            record[field] = int(record[field])
+        for field in ("files_total", "bytes_total", "files_done", "bytes_done", "bytes_kept"):
+            record[field] = int(record.get(field, 0))  # bytes_kept: absent in a record an older server wrote
         for field in ("models", "results", "verified"):
             record[field] = json.loads(record[field])
         for field in ("created_at", "claimed_at", "finished_at"):  # Unix seconds, as numbers
@@ -225,9 +227,12 @@ class Syncs:
         manifests = {m: self.registry.manifest(m) for m in record["models"]}
         return SyncGrant(sync_id=sync_id, models=manifests)
 
-    def progress(self, sync_id: str, machine: str, files_done: int, bytes_done: int, file: str) -> None:
-        """Record progress and renew the reservation. Raises Conflict (``sync_not_reserved``)
-        when the reservation expired meanwhile: the worker then stops copying."""
+    def progress(
+        self, sync_id: str, machine: str, files_done: int, bytes_done: int, file: str, bytes_kept: int = 0
+    ) -> None:
+        """Record progress (``bytes_kept``: of ``bytes_done``, those already in place, not
+        downloaded) and renew the reservation. Raises Conflict (``sync_not_reserved``) when the
+        reservation expired meanwhile: the worker then stops copying."""
         self._own(sync_id, machine)
         if not self.redis.eval(_RENEW, 1, self.keys.syncing(machine), sync_id, self.ttl_ms):
             raise Conflict(
@@ -235,7 +240,8 @@ class Syncs:
                 reason="sync_not_reserved",
             )
         self.redis.hset(
-            self.keys.sync(sync_id), mapping={"files_done": files_done, "bytes_done": bytes_done, "file": file}
+            self.keys.sync(sync_id),
+            mapping={"files_done": files_done, "bytes_done": bytes_done, "bytes_kept": bytes_kept, "file": file},
         )
 
     def finish(self, sync_id: str, machine: str, report: SyncFinish) -> dict[str, Any]:

@@ -203,6 +203,10 @@ def test_c07_a_file_changed_in_its_last_byte_is_refused_before_loading_and_withd
     )
     assert done["state"] == "succeeded", done
     assert [(r["path"], r["status"]) for r in done["results"] if r["status"] != "present"] == [(UNET, "replaced")]
+    # the files found in place are counted apart, so that `homefleet sync`'s rate is the download's
+    present = sum(r["size_bytes"] for r in done["results"] if r["status"] == "present")
+    assert present > 0 and done["bytes_kept"] == present
+    assert done["bytes_done"] == done["bytes_total"] == present + len(original)
     assert path.read_bytes() == original
     aside = list(path.parent.glob(f".{path.name}.*.superseded"))
     assert len(aside) == 1 and aside[0].read_bytes() == changed
@@ -255,6 +259,9 @@ def test_c06_a_sync_killed_mid_file_leaves_nothing_at_the_final_name_and_only_a_
     assert done["state"] == "succeeded", done
     statuses = {r["path"]: r["status"] for r in done["results"]}
     assert statuses[UNET] == "copied" and set(statuses.values()) <= {"copied", "present"}
+    present = sum(r["size_bytes"] for r in done["results"] if r["status"] == "present")
+    # what the first sync downloaded counts as kept: the files it finished and the unet's partial copy
+    assert present + 512 * 1024 <= done["bytes_kept"] < done["bytes_done"] == done["bytes_total"]
     assert final.read_bytes() == (fleet.local.settings.models_dir / "tiny-d" / UNET).read_bytes()
     assert not list(folder.rglob("*.partial"))
     log = (fleet.local.logs_dir / "worker-m2.log").read_text()

@@ -59,7 +59,7 @@ def claim_sync(sync_id: str, syncs: SyncService, machine: WorkerMachine) -> Sync
 
 @internal_router.post("/syncs/{sync_id}/progress", status_code=204)
 def sync_progress(sync_id: str, body: SyncProgress, syncs: SyncService, machine: WorkerMachine) -> None:
-    syncs.progress(sync_id, machine.name, body.files_done, body.bytes_done, body.file)
+    syncs.progress(sync_id, machine.name, body.files_done, body.bytes_done, body.file, body.bytes_kept)
 
 
 @internal_router.post("/syncs/{sync_id}/finish")
