@@ -10,6 +10,7 @@ GIF87a/89a, ISO BMFF 'ftyp' box (MP4).
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 from app.core.errors import Rejected
@@ -72,9 +73,10 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
                 for frame in ImageSequence.Iterator(image):  # every frame of an animated GIF or WebP
                     frame.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:  # Pillow refused at open
-        raise Rejected(
-            f"image has more pixels than the limit of {max_pixels} pixels ({error})", reason="input_too_large"
-        ) from error
+        # Pillow's message names its own limit (89,478,485 pixels), not ours: keep only the size
+        found = re.search(r"Image size \((\d+) pixels\)", str(error))
+        size = f"{found.group(1)} pixels" if found else "more pixels than that"
+        raise Rejected(f"image is {size}; the limit is {max_pixels} pixels", reason="input_too_large") from error
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise Rejected(f"file is not a complete {media_type} image: {error}", reason="input_corrupt") from error
     return width, height

@@ -112,6 +112,21 @@ def test_r22_uploads_that_do_not_decode_or_hold_too_many_pixels_store_nothing(
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
 
 
+def test_r22_an_upload_pillow_refuses_as_a_bomb_names_its_size_and_our_limit_only(tmp_path: Path) -> None:
+    """Over 89,478,485 pixels Pillow refuses the file at open, naming its own limit; the client
+    sees only the upload's size and the limit Homefleet applies."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(out, format="PNG")  # 100,000,000 pixels in a few kB
+    store = InputStore(tmp_path, max_input_bytes=50_000_000)
+    with pytest.raises(Rejected) as refused:
+        store.add(out.getvalue())
+    assert refused.value.reason == "input_too_large"
+    assert refused.value.message == "image is 100000000 pixels; the limit is 16777216 pixels"
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
 def test_r22_a_stored_file_that_does_not_read_is_refused_naming_the_field(tmp_path: Path) -> None:
     store = InputStore(tmp_path, max_input_bytes=1_000_000)
     stored = store.add(image_bytes((16, 16)))
