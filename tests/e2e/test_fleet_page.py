@@ -669,6 +669,23 @@ def test_a_job_of_two_images_shows_and_sends_each_of_them(fleet: RunningFleet, b
     sent = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
     assert (sent["state"], sent["kind"], sent["model"]) == ("succeeded", "img2img", fleet.model)
     assert sent["params"]["image"] == digests[1]
+    # Same settings on the second image makes that image again: its own seed (seed + 1), one image
+    driver.get(f"{fleet.local.api_url}/#gallery")  # type: ignore[attr-defined]
+    same = f"{figures}[data-index='1'] .remix-same"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, same))
+    click(driver, same)
+    wait.until(lambda d: d.execute_script("return location.hash") == "#submit")
+    assert [form_value(driver, name) for name in ("kind", "prompt", "n", "seed")] == [
+        "txt2img",
+        "two page-shown lighthouses",
+        "1",
+        str(job["seed"] + 1),
+    ]
+    assert f"Form filled from image 2 of 2 of job {job['id']}" in driver.find_element(By.ID, "notice").text  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    again = fleet.client.wait(submitted_result(driver), timeout_s=JOB_WAIT_S)
+    assert (again["state"], again["seed"], again["params"]["n"]) == ("succeeded", job["seed"] + 1, 1), again
+    assert again["results"][0]["seed"] == job["results"][1]["seed"]
 
 
 def test_send_to_keeps_the_jobs_model_or_asks_for_one(fleet: RunningFleet, browser: object) -> None:

@@ -326,8 +326,9 @@ function enlarge(job, result) {
   dialog.showModal();
 }
 
-// The actions on result `index` of `count` of a job (none yet: `result` null): enlarge, download and
-// send to another kind act on this result; Same settings and New seed on the whole job.
+// The actions on result `index` of `count` of a job (none yet: `result` null): enlarge, download,
+// send to another kind and Same settings act on this result (Same settings on image i of n fills
+// that image's own seed, seed + i, and n 1: it makes that image again); New seed on the whole job.
 function remixes(job, result, index, count) {
   const which = count > 1 ? `job ${job.id}, ${nth(index, count)}` : `job ${job.id}`;
   const button = (name, label, onclick) => el("button", { type: "button", class: `remix-${name}`, "data-key": `${name}:${job.id}:${index}`,
@@ -338,7 +339,7 @@ function remixes(job, result, index, count) {
     buttons.push(downloadLink(job, result, index, count));
   }
   if (kindsRun().includes(job.kind)) {
-    buttons.push(button("same", "Same settings", () => fillFrom(job, false)));
+    buttons.push(button("same", "Same settings", () => fillFrom(job, false, count > 1 && result ? { result, index, count } : null)));
     buttons.push(button("new-seed", "New seed", () => fillFrom(job, true)));
   }
   if (result && isImage(result)) {
@@ -598,7 +599,7 @@ async function submission() {
 
 // Remix: the form filled from a job (its model, kind, target and params; its inputs as results),
 // a new random seed when asked.
-function fillFrom(job, newSeed) {
+function fillFrom(job, newSeed, image = null) {
   for (const name of Object.keys(inputs)) delete inputs[name];
   const f = form();
   f.elements.kind.value = job.kind; buildForm();
@@ -612,6 +613,7 @@ function fillFrom(job, newSeed) {
   }
   const params = { ...job.params };
   if (newSeed) params.seed = Math.floor(Math.random() * 2 ** 31);
+  else if (image && image.result.seed !== null && image.result.seed !== undefined) Object.assign(params, { seed: image.result.seed, n: 1 });
   else if (job.seed !== null && job.seed !== undefined) params.seed = job.seed;
   buildForm(params, runs ? job.model : CHOOSE);
   awaiting = runs ? {} : params;  // its settings come back once a model is chosen
@@ -619,7 +621,7 @@ function fillFrom(job, newSeed) {
     const box = f.querySelector(`input[name=adapter][value="${CSS.escape(a.id)}"]`);
     if (box) { box.checked = true; f.elements[`scale:${a.id}`].value = a.scale ?? 1; }
   }
-  say(`Form filled from job ${job.id}${newSeed ? " with a new seed" : ""}: ` + (runs ? "Submit to run it"
+  say(`Form filled from ${image ? `${nth(image.index, image.count)} of ` : ""}job ${job.id}${newSeed ? " with a new seed" : ""}: ` + (runs ? "Submit to run it"
     : `${notRunning(job.model, job.kind)}, choose a model, then Submit`));
   location.hash = "#submit";
 }
