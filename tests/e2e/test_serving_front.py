@@ -162,6 +162,16 @@ def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None
     client = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{fleet.model}", api_key=TEST_API_KEY)
     image = client.text_to_image("a lighthouse", num_inference_steps=2, width=64, height=64)
     assert image.size == (64, 64)
+    # image_to_image on a Stable Diffusion model: img2img of that picture, as Hugging Face serves it
+    source = io.BytesIO()
+    image.save(source, format="PNG")
+    redrawn = client.image_to_image(
+        source.getvalue(), prompt="the lighthouse at dusk", num_inference_steps=2, strength=0.5
+    )
+    assert redrawn.size == (64, 64)
+    [job] = [j for j in fleet.ctx.journal.list() if j.params.get("prompt") == "the lighthouse at dusk"]
+    assert (job.kind, job.state, job.params["strength"], job.params["steps"]) == ("img2img", "succeeded", 0.5, 2)
+    assert fleet.ctx.inputs.get(job.params["image"]).path.read_bytes() == source.getvalue()
 
 
 def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet: RunningFleet) -> None:

@@ -6,8 +6,9 @@ Face's own Inference API serves each model on its own URL.
   ``unknown_param``), what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
 - ``POST /hf/models/{model}`` with ``parameters.prompt`` and ``inputs`` an image in base64:
-  Hugging Face ``image_to_image``, one ``edit`` job (or ``upscale`` for a model that runs only
-  that) on the decoded image, checked and stored as an input like an upload.
+  Hugging Face ``image_to_image``, one job of the first of :data:`IMAGE_TO_IMAGE_KINDS` the model
+  runs (``edit``; ``img2img`` for a Stable Diffusion model, as Hugging Face serves it; ``upscale``)
+  on the decoded image, checked and stored as an input like an upload.
 - ``POST /hf/models/{model}`` for a model that runs text: TGI's request and answers (``inputs``,
   ``parameters``, ``stream``; app/api/routes/tgi.py), what ``InferenceClient(base_url=
   ".../hf/models/<model>").text_generation`` sends; errors in TGI's shape, so that the client
@@ -136,6 +137,14 @@ HF_IMAGE_PARAMS: dict[str, str] = {
 }
 
 
+#: what ``image_to_image`` runs on a model: the first of these kinds it runs
+IMAGE_TO_IMAGE_KINDS = ("edit", "img2img", "upscale")
+
+#: Hugging Face image-to-image parameter -> img2img param: those of edit, and how far the image is
+#: noised (``strength``, which ``InferenceClient.image_to_image`` passes as an extra keyword)
+HF_IMG2IMG_PARAMS: dict[str, str] = {**HF_IMAGE_PARAMS, "strength": "strength"}
+
+
 def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
     """txt2img params from a Hugging Face text-to-image request.
 
@@ -184,8 +193,8 @@ async def hf_inference_default(body: HfInference, ctx: Context, request: Request
 async def hf_inference(model: str, body: HfInference, ctx: Context, request: Request) -> Response:
     """Hugging Face ``text_to_image`` (``inputs``: the prompt): the image's bytes (``image/png``).
     Hugging Face ``image_to_image`` (``inputs``: the image in base64, ``parameters.prompt``: the
-    instruction): the edited image's bytes, from an ``edit`` job (``upscale`` for a model that
-    runs only that). 409 ``job_pending`` naming the job when it has not ended before the
+    instruction): the edited image's bytes, from a job of the first of :data:`IMAGE_TO_IMAGE_KINDS`
+    the model runs. 409 ``job_pending`` naming the job when it has not ended before the
     client's announced timeout (``Prefer: wait=N``; C10). An unknown model is 404
     ``unknown_model`` before any parameter is read. A text model's path answers as TGI's
     ``POST /`` does for that model (:func:`app.api.routes.tgi.answer_for_model`), or 422
@@ -198,7 +207,7 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
                 Rejected(
                     f"model {model!r} runs text: it answers text_generation here, not an image (Accept: "
                     f"{request.headers['accept']}); text-to-image needs a model that runs txt2img, image-to-image "
-                    "one that runs edit or upscale",
+                    f"one that runs {', '.join(IMAGE_TO_IMAGE_KINDS)}",
                     reason="unsupported_kind",
                     param="model",
                 )
@@ -215,7 +224,8 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
     try:
         [job] = await run_jobs(ctx, call, model, params, SERVER, 1, kind=kind)
     except Rejected as error:  # before any job (after one: AfterSubmit): name the client's field
-        raise hf_refusal(error, HF_PARAMS if kind == "txt2img" else HF_IMAGE_PARAMS) from error
+        names = HF_PARAMS if kind == "txt2img" else HF_IMG2IMG_PARAMS if kind == "img2img" else HF_IMAGE_PARAMS
+        raise hf_refusal(error, names) from error
     with submitted([job.id]):
         return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
 
@@ -241,16 +251,17 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
 
     Raises:
         NotFound: no such model.
-        Rejected: the model runs neither ``edit`` nor ``upscale`` (``unsupported_kind``),
+        Rejected: the model runs none of :data:`IMAGE_TO_IMAGE_KINDS` (``unsupported_kind``),
             ``inputs`` is not base64 (``invalid_inputs``), the image is over the family's
             ``max_upload_bytes`` or not PNG/JPEG/WebP (``invalid_inputs``), or a parameter
             Homefleet does not run (``unknown_param``).
     """
     record = ctx.registry.get(model)
-    kind = "edit" if "edit" in record.kinds else "upscale" if "upscale" in record.kinds else None
+    kind = next((kind for kind in IMAGE_TO_IMAGE_KINDS if kind in record.kinds), None)
     if kind is None:
         raise Rejected(
-            f"model {model!r} runs {', '.join(record.kinds)}; image-to-image needs a model that runs edit or upscale",
+            f"model {model!r} runs {', '.join(record.kinds)}; image-to-image needs a model that runs "
+            f"{', '.join(IMAGE_TO_IMAGE_KINDS)}",
             reason="unsupported_kind",
             param="model",
         )
@@ -264,12 +275,14 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
         ) from error
     limits = limits_for(ctx.settings.limits, record.family)
     check_upload(len(data), sniff(data[:16]) or "application/octet-stream", limits, field="inputs")
-    unknown = [name for name in (body.parameters.model_extra or {}) if name not in HF_IMAGE_PARAMS]
+    taken = HF_IMG2IMG_PARAMS if kind == "img2img" else HF_IMAGE_PARAMS
+    extra = body.parameters.model_extra or {}
+    unknown = [name for name in extra if name not in taken]
     unknown += [name for name in ("width", "height") if getattr(body.parameters, name) is not None]
-    refuse_unknown(unknown, HF_IMAGE_PARAMS, "image-to-image's parameters", prefix="parameters.")
+    refuse_unknown(unknown, taken, "image-to-image's parameters", prefix="parameters.")
     params: dict[str, Any] = {"image": ctx.inputs.add(data).id}
-    for name, param in HF_IMAGE_PARAMS.items():
-        value = getattr(body.parameters, name, None)
+    for name, param in taken.items():
+        value = extra[name] if name in extra else getattr(body.parameters, name, None)
         if value is not None:
             params[param] = value
     return kind, params

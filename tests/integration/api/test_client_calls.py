@@ -132,7 +132,7 @@ def test_c10_edits_are_one_call_whatever_the_multipart_boundary(api: tuple[TestC
 
 
 def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
-    api: tuple[TestClient, ServerContext],
+    api: tuple[TestClient, ServerContext], tiny_models_dir: Path
 ) -> None:
     client, ctx = api
     client.post("/v1/jobs?dry_run=true", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "warm"}})
@@ -161,10 +161,40 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
         f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}}
     )
     assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (422, "inputs")
-    no_edit = client.post(
-        f"/hf/models/{MODEL}", json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x"}}
+    # a Stable Diffusion model runs image-to-image as img2img, as Hugging Face serves it, strength too
+    img2img = client.post(
+        f"/hf/models/{MODEL}",
+        headers={"Prefer": "respond-async, wait=1"},
+        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "at dusk", "strength": 0.5}},
     )
-    assert no_edit.json()["error"]["code"] == "unsupported_kind" and "txt2img" in no_edit.json()["error"]["message"]
+    assert img2img.status_code == 409, img2img.text
+    [queued] = [j for j in ctx.journal.list([JobState.queued]) if j.kind == "img2img"]
+    assert img2img.json()["error"]["job_ids"] == [queued.id]
+    assert (queued.model_id, queued.params["prompt"], queued.params["strength"]) == (MODEL, "at dusk", 0.5)
+    too_strong = client.post(
+        f"/hf/models/{MODEL}",
+        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x", "strength": 2}},
+    )
+    assert (too_strong.status_code, too_strong.json()["error"]["param"]) == (422, "parameters.strength"), (
+        too_strong.text
+    )
+    on_edit = client.post(
+        f"/hf/models/{EDIT_MODEL}",
+        json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x", "strength": 0.5}},
+    )
+    assert (on_edit.status_code, on_edit.json()["error"]["code"]) == (422, "unknown_param"), (
+        on_edit.text
+    )  # edit has none
+    ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
+    bring_online(ctx, "server", {MODEL, EDIT_MODEL, "tiny-video"})
+    no_image_kind = client.post(
+        "/hf/models/tiny-video", json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x"}}
+    )
+    error = no_image_kind.json()["error"]
+    assert (
+        error["code"] == "unsupported_kind"
+        and "runs video; image-to-image needs a model that runs edit, img2img, upscale" in error["message"]
+    )
 
 
 @pytest.mark.parametrize(
