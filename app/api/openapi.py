@@ -423,6 +423,10 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             "description": "the id of a file uploaded with POST /v1/files",
         },
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
+        "user_message": {
+            **text,
+            "description": "a chat's last user message, shown as its prompt (the model reads `prompt` only)",
+        },
         "expand_prompt": {
             "type": "string",
             "minLength": 1,

@@ -145,8 +145,11 @@ KINDS: dict[str, KindSpec] = {
             # are chat-templated by the server, `chat` true); `temperature` 0 (any below GREEDY_TEMPERATURE) is greedy;
             # `grammar` constrains the output (app/core/constraints.py: a JSON schema or a regex).
             # `stop`: sequences that end the text, cut before the first (app/core/textgen.py stop_sequences).
+            # `user_message`: a chat's last user message, what the fleet page shows as its prompt (the
+            # OpenAI and Hugging Face chat routes set it; the runner reads the templated `prompt` only).
             "text",
             params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
+            server_params=("user_message",),
             defaults={
                 "chat": False,
                 "max_new_tokens": 16,
@@ -279,6 +282,7 @@ MODEL_DEFAULT_EXCLUDED = (
     "expanded_by",
     "grammar",
     "chat",
+    "user_message",
 )
 """Params a model or adapter cannot default (``models add --default``): what a job asks for
 (its prompt, inputs, adapters, grammar) and its seed (drawn per job so that the journal

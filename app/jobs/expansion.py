@@ -51,6 +51,7 @@ def expansion_prompt(dispatcher: Dispatcher, text_model: str, prompt: str) -> di
         return {
             "prompt": validator.chat_prompt(text_model, messages),
             "chat": True,
+            "user_message": prompt,
             "max_new_tokens": EXPANSION_TOKENS,
             "temperature": 0.0,
         }

@@ -680,7 +680,7 @@ def check_submission(
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
     _bounded("n", _integer(params, "n"), 1, limits.max_batch, f" (max_batch{f' of family {family}' if family else ''})")
-    for name in ("prompt", "negative_prompt"):
+    for name in ("prompt", "negative_prompt", "user_message"):  # user_message: a chat's, as the page shows it
         text = params.get(name)
         if text is None:
             continue
@@ -697,7 +697,7 @@ def check_submission(
                 reason=f"invalid_{name}",
                 param=f"params.{name}",
             )
-        if count_tokens is not None:
+        if count_tokens is not None and name != "user_message":  # shown, never fed to a model
             tokens = count_tokens(text)
             if tokens > limits.max_prompt_tokens:
                 raise Rejected(

@@ -35,9 +35,12 @@ from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import ModelGuess
+from tests.e2e.test_docs_browser import browser
+from tests.e2e.test_fleet_page import open_page
 from tests.helpers import TEST_API_KEY, make_fleet
 
 pytestmark = pytest.mark.e2e
+__all__ = ["browser"]  # the fixture, shared with the /docs tests
 
 MACHINE = "m1"
 MODELS = {"tiny-llama": "tiny-llama", "tiny-qwen2": "tiny-qwen2", "tiny-gpt2": "tiny-gpt2", "small-gpt2": "tiny-gpt2"}
@@ -129,6 +132,30 @@ def test_openai_chat_completions_template_the_messages(tfleet: TextFleet, model:
     assert done.usage is not None and done.usage.prompt_tokens > len("hi")  # the template's tokens counted
     job = tfleet.ctx.journal.get(done.model_extra["job_id"])
     assert job.params["chat"] is True and "hi" in job.params["prompt"] and job.params["max_new_tokens"] == 3
+
+
+def test_the_fleet_page_shows_a_chats_last_user_message_as_its_prompt(tfleet: TextFleet, browser: object) -> None:
+    """The job's prompt is the chat-templated text the model reads; the page shows the last user
+    message (``params.user_message``, set by the chat route), as one would name the request."""
+    from selenium.webdriver.common.by import By
+
+    messages: Any = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "a first question"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "the question the page shows"},
+    ]
+    done = tfleet.client.chat.completions.create(
+        model="tiny-qwen2", messages=messages, max_completion_tokens=2, extra_body={"target": MACHINE}
+    )
+    job = tfleet.ctx.journal.get(done.model_extra["job_id"])
+    assert job.params["user_message"] == "the question the page shows"
+    assert "a first question" in job.params["prompt"] and job.params["prompt"] != job.params["user_message"]
+    driver = browser
+    wait = open_page(driver, tfleet.local.api_url, "jobs")
+    cell = f"#jobs tr[data-job='{job.id}'] td.prompt"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, cell))  # type: ignore[union-attr]
+    assert driver.find_element(By.CSS_SELECTOR, cell).text == "the question the page shows"  # type: ignore[attr-defined]
 
 
 def test_the_limits_are_422_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:

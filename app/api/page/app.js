@@ -105,6 +105,9 @@ const resultUrl = async (result) => (await resultBlob(result)).url;
 const isMedia = (result) => /^(image|video)\//.test(result.media_type);
 const isImage = (result) => result.media_type.startsWith("image/");
 // "image 2 of 3" for result `index` (from 0) of a job with `count` results; "" for a job's only one.
+// What a job's prompt shows: a chat's last user message (params.user_message, set by the chat
+// routes), not the chat-templated text the model reads; else its prompt.
+const promptOf = (job) => job.params.user_message ?? job.params.prompt;
 const nth = (index, count) => (count > 1 ? `image ${index + 1} of ${count}` : "");
 
 // Result `index` of `count` of a job: an <img>, a <video>, or a text job's answer (text/plain) as text.
@@ -116,7 +119,7 @@ function media(job, result, index = 0, count = 1) {
       () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
     return node;
   }
-  const name = [job.params.prompt || `result of ${job.id}`, nth(index, count)].filter(Boolean).join(", ");
+  const name = [promptOf(job) || `result of ${job.id}`, nth(index, count)].filter(Boolean).join(", ");
   const node = result.media_type.startsWith("video/") ? el("video", { muted: "", loop: "", preload: "metadata", controls: "", ...which, "aria-label": name })
                                                       : el("img", { alt: name, ...which });
   resultUrl(result).then((url) => { node.src = url; }, () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
@@ -221,7 +224,7 @@ function controls(job) {
 function runningLine(job) {
   const progress = progressOf(job); const left = remaining(job);
   return el("div", { class: "running-job", "data-job": job.id },
-    el("b", {}, short(job.id)), ` ${job.kind}`, job.params.prompt ? ` “${job.params.prompt}”` : "", el("br"),
+    el("b", {}, short(job.id)), ` ${job.kind}`, promptOf(job) ? ` “${promptOf(job)}”` : "", el("br"),
     progress ? [bar(job), ` step ${progress.step}/${progress.total}`] : "starting",
     el("span", { class: "times" }, ` · ${seconds(elapsed(job))} elapsed · ${left === null ? "–" : `~${seconds(left)}`} left `),
     controls(job));
@@ -274,7 +277,7 @@ function renderFleet() {
   $("h2", box).textContent = `Queue of ${state.openMachine}, in order`;
   const line = [...state.queue].sort((a, b) => (a.state === b.state ? 0 : a.state === "running" ? -1 : 1));  // stable: oldest first
   replaceKeepingFocus($("ol", box), line.length ? line.map((job) => el("li", { "data-job": job.id }, `${job.state} ${job.id} ${job.kind} ${job.model} `,
-    job.params.prompt ? `“${job.params.prompt}” ` : "", progressOf(job) ? bar(job) : "", " ", controls(job))) : [el("li", {}, "nothing queued")]);
+    promptOf(job) ? `“${promptOf(job)}” ` : "", progressOf(job) ? bar(job) : "", " ", controls(job))) : [el("li", {}, "nothing queued")]);
 }
 
 // The open machine's whole backlog in its order (oldest first, not only the recent jobs the page polls).
@@ -294,7 +297,7 @@ function renderJobs() {
     el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
       title: job.id, onclick: open(job) }, short(job.id))),
     el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
-    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, job.params.prompt || "–"),
+    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, promptOf(job) || "–"),
     el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
     el("td", { "data-label": "Predicted" }, seconds(job.predicted_s)),
     el("td", { "data-label": "Actual" }, actualCell(job)),
@@ -321,8 +324,8 @@ function options(select, values) {
 function enlarge(job, result) {
   const dialog = $("#enlarged");
   resultUrl(result).then((url) => { $("img", dialog).src = url; });
-  $("img", dialog).alt = job.params.prompt || job.id;
-  $(".caption", dialog).textContent = `${job.params.prompt || ""} · ${job.model} · seed ${result.seed ?? job.seed ?? "–"}`;
+  $("img", dialog).alt = promptOf(job) || job.id;
+  $(".caption", dialog).textContent = `${promptOf(job) || ""} · ${job.model} · seed ${result.seed ?? job.seed ?? "–"}`;
   dialog.showModal();
 }
 
@@ -367,14 +370,14 @@ function renderGallery() {
   replaceKeepingFocus(gallery, shown.map(({ job, result, index, count }) => el("figure", { "data-job": job.id, "data-index": String(index), "data-state": job.state },
     result ? media(job, result, index, count) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
       job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
-    el("figcaption", {}, el("b", {}, job.params.prompt || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`,
+    el("figcaption", {}, el("b", {}, promptOf(job) || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`,
       count > 1 ? [el("br"), `${nth(index, count)} · seed ${result.seed ?? "–"}`] : ""),
     remixes(job, result, index, count))));
 }
 
 // ---- Submit: the form built from the model's spec (GET /v1/models) ----
 // Params the form leaves to the server: set by it (expanded_by) or shaped otherwise (grammar: the OpenAI routes).
-const NOT_IN_FORM = ["expanded_by", "expand_prompt", "grammar", "adapters"];
+const NOT_IN_FORM = ["expanded_by", "expand_prompt", "grammar", "adapters", "user_message"];
 const CHOICES = { format: ["mp4", "webp", "gif"] };
 const form = () => $("#submit-form");
 const runnable = () => state.models.filter((m) => !m.kinds.includes("adapter"));

@@ -356,7 +356,13 @@ def ended_badly(job: Job) -> str:
 
 
 async def stream_text(
-    ctx: Any, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None, api_key_id: str | None = None
+    ctx: Any,
+    body: Sampling,
+    prompt: str,
+    chat: bool,
+    max_tokens: int | None = None,
+    api_key_id: str | None = None,
+    user_message: str | None = None,
 ) -> Any:
     """Submit the request's ``n`` text jobs now, jobs of API key ``api_key_id`` (a refusal of the
     first raises: a plain error; of a later one: an error naming the jobs submitted) and answer
@@ -368,7 +374,7 @@ async def stream_text(
     last chunk without choices their sum."""
     from sse_starlette.sse import EventSourceResponse
 
-    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
+    params = text_params(prompt, chat, user_message, body, max_tokens)
     stops = list(params.get("stop") or [])
     job_ids: list[str] = []
     model = body.model
@@ -448,11 +454,31 @@ async def stream_text(
     return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_ids[0]})
 
 
+def text_params(
+    prompt: str, chat: bool, user_message: str | None, body: Sampling, max_tokens: int | None
+) -> dict[str, Any]:
+    """A text job's params: the prompt (chat-templated with ``chat``), the chat's last user
+    message to show as its prompt (``user_message``, none for a completion or a chat without
+    one), and the body's sampling params."""
+    return {
+        "prompt": prompt,
+        **({"chat": True} if chat else {}),
+        **({"user_message": user_message} if user_message is not None else {}),
+        **body.params(max_tokens),
+    }
+
+
 async def run_text(
-    ctx: Any, request: Request, body: Sampling, prompt: str, chat: bool, max_tokens: int | None = None
+    ctx: Any,
+    request: Request,
+    body: Sampling,
+    prompt: str,
+    chat: bool,
+    max_tokens: int | None = None,
+    user_message: str | None = None,
 ) -> list[tuple[Job, str, dict[str, Any]]]:
     """An OpenAI request's ``n`` jobs: :func:`run_text_jobs` with the body's sampling params."""
-    params = {"prompt": prompt, **({"chat": True} if chat else {}), **body.params(max_tokens)}
+    params = text_params(prompt, chat, user_message, body, max_tokens)
     return await run_text_jobs(ctx, request, body.model_dump(mode="json"), body.model, params, body.target, body.n)
 
 
@@ -506,6 +532,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
+    shown = next((m.content for m in reversed(body.messages) if m.role == "user"), None)
     names = {
         **CLIENT_FIELDS,
         "prompt": "messages",
@@ -514,7 +541,15 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     with client_fields(names):
         if body.stream:
             return await stream_text(
-                ctx, body, prompt, chat=True, max_tokens=body.max_completion_tokens, api_key_id=request_key_id(request)
+                ctx,
+                body,
+                prompt,
+                chat=True,
+                max_tokens=body.max_completion_tokens,
+                api_key_id=request_key_id(request),
+                user_message=shown,
             )
-        answers = await run_text(ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens)
+        answers = await run_text(
+            ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens, user_message=shown
+        )
     return answer_of(answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}})

@@ -45,6 +45,8 @@ def view(name: str, backlog: int = 0, max_queued: int | None = 2) -> MachineView
         ({"prompt": "x " * 3000}, "`prompt` must be at most 4096 characters (max_prompt_chars), got 6000"),
         ({"n": 5}, "`n` must be between 1 and 4 (max_batch), got 5"),
         ({"negative_prompt": 3}, "`negative_prompt` must be a string, got int"),
+        ({"user_message": ["hi"]}, "`user_message` must be a string, got list"),  # a chat's, as the page shows it
+        ({"user_message": "x" * 4097}, "`user_message` must be at most 4096 characters (max_prompt_chars), got 4097"),
     ],
 )
 def test_r22_check_submission_names_field_value_and_limit(params: dict[str, object], message: str) -> None:
@@ -71,6 +73,7 @@ def test_r22_limits_at_the_bound_pass_and_tokens_use_the_given_counter() -> None
     check_submission({"prompt": "abc", "width": 1024, "height": 1024, "steps": 150, "n": 4}, limits, count_tokens=len)
     with pytest.raises(Rejected, match=r"at most 5 tokens .* got 6"):
         check_submission({"prompt": "abcdef"}, limits, count_tokens=len)
+    check_submission({"prompt": "abc", "user_message": "abcdef"}, limits, count_tokens=len)  # shown, not tokenized
 
 
 def test_r22_limits_for_falls_back_to_default_then_builtin() -> None:
