@@ -967,3 +967,38 @@ def test_what_was_typed_survives_a_change_of_model_or_kind(fleet: RunningFleet, 
     assert values() == typed
     Select(form.find_element(By.NAME, "kind")).select_by_value("txt2img")
     assert values() == typed
+
+
+def test_the_submit_form_follows_models_registered_and_retired_while_the_tab_is_open(
+    fleet: RunningFleet, browser: object, tiny_models_dir: Path
+) -> None:
+    """A model registered while the page is open is offered by the Submit form without a reload,
+    and one retired is no longer offered; what the user typed there stays. The form changes only
+    while another view is shown, never under the user's hands."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "submit")
+    wait.until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"#submit-form select[name=model] option[value='{fleet.model}']")
+    )
+    Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(fleet.model)  # type: ignore[attr-defined]
+    prompt = driver.find_element(By.CSS_SELECTOR, "#submit-form textarea[name=prompt]")  # type: ignore[attr-defined]
+    prompt.clear()
+    prompt.send_keys("typed before the registry changed")
+    offered = lambda d: d.execute_script(  # noqa: E731
+        "return [...document.querySelectorAll('#submit-form select[name=model] option')].map((o) => o.value)"
+    )
+    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", "zz-page-followed").id
+    try:
+        fleet.local.wait_online(["server"], model_id=model, timeout_s=JOB_WAIT_S)
+        driver.execute_script("location.hash = '#jobs'")  # type: ignore[attr-defined]
+        WebDriverWait(driver, 30).until(lambda d: model in offered(d))
+        driver.execute_script("location.hash = '#submit'")  # type: ignore[attr-defined]
+        assert form_value(driver, "prompt") == "typed before the registry changed"
+        assert form_value(driver, "model") == fleet.model  # the choice stays
+    finally:
+        fleet.ctx.registry.retire(model)
+    driver.execute_script("location.hash = '#gallery'")  # type: ignore[attr-defined]
+    WebDriverWait(driver, 30).until(lambda d: model not in offered(d) and fleet.model in offered(d))

@@ -9,6 +9,8 @@
 const KEY = "homefleet.api_key";
 const SUBMITTED = "homefleet.submitted";  // the Submit view's last job, followed again after a reload
 const REFRESH_MS = 1000;
+// How often the models and machines the Submit form offers are read again while another view is shown.
+const MODELS_REFRESH_MS = 5000;
 const $ = (selector, root = document) => root.querySelector(selector);
 const state = { machines: [], jobs: [], models: [], queue: [], view: "fleet", openMachine: null, openJob: null, stopping: null, blobs: new Map() };
 
@@ -727,6 +729,7 @@ async function refresh() {
     if (stopped) { state.stopping = null; say(`Job ${stopped.id} ${stopped.state}`); }
     if (state.view === "fleet" && state.openMachine) await loadQueue();
     if (state.view === "fleet" || state.view === "jobs") followRunning();
+    if (state.view !== "submit" && Date.now() - modelsReadAt > MODELS_REFRESH_MS) loadModels(true).catch(() => {});
     $("#error").hidden = true;
     ({ fleet: renderFleet, jobs: renderJobs, gallery: renderGallery, submit: () => {} })[state.view]();
   } catch (error) {
@@ -734,10 +737,24 @@ async function refresh() {
   }
 }
 
-async function loadModels() {
+// The models and machines the Submit form offers (GET /v1/models, /v1/machines): read at start, then
+// again while another view is shown (`follow`), so that a model registered, retired or given new
+// defaults since the page loaded is offered without a reload. A change is applied only while the
+// Submit view is not shown and no file is chosen in it: never under the user's hands; what was typed
+// or filled from a job stays (the fields marked edited), as across a change of model.
+let modelsSeen = "";
+let modelsReadAt = 0;
+
+async function loadModels(follow = false) {
+  modelsReadAt = Date.now();
   const [models, machines] = await Promise.all([api("/v1/models"), api("/v1/machines")]);  // then the form at once
+  const seen = toJson([models.data, machines.map((m) => m.name)]);  // BigInt-safe: a seed range reaches 2^63-1
+  const filesChosen = [...form().querySelectorAll("input[type=file]")].some((file) => file.files.length);
+  if (follow && (seen === modelsSeen || state.view === "submit" || filesChosen)) return;
+  modelsSeen = seen;
   state.models = models.data;  // OpenAI's list shape: {"object": "list", "data": [...]}
-  buildForm();
+  const model = form().elements.model;
+  buildForm(follow ? edited() : {}, follow && model.querySelector("option[value='']") && !model.value ? CHOOSE : model.value);
   const target = $("#submit-form select[name=target]");
   const chosen = target.value;
   target.replaceChildren(el("option", { value: "server" }, "server"), el("option", { value: "auto" }, "Auto"),
