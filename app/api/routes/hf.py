@@ -171,21 +171,35 @@ def hf_params(prompt: str, parameters: HfParameters) -> dict[str, Any]:
 
 class HfInference(RequestBody):
     """The Hugging Face Inference payload: text-to-image (``inputs``: the prompt, at most
-    :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, ``parameters.prompt`` set;
-    the whole body is bounded by ``max_request_bytes``). Any other top-level field (a misspelt
-    ``paramters``, whose parameters would all be dropped) is refused naming it (:func:`hf_inference`)."""
+    :data:`MAX_PROMPT_CHARS` characters) or image-to-image (``inputs``: the image in base64, with or
+    without ``parameters.prompt``, :meth:`image_to_image`; the whole body is bounded by
+    ``max_request_bytes``). Any other top-level field (a misspelt ``paramters``, whose
+    parameters would all be dropped) is refused naming it (:func:`hf_inference`)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     inputs: str = Field(min_length=1, max_length=2 * 1024 * 1024)
     parameters: HfParameters = Field(default_factory=HfParameters)
 
+    def image_to_image(self) -> bool:
+        """Whether this is image-to-image: ``parameters.prompt`` set, or ``inputs`` an image in
+        base64 (``InferenceClient.image_to_image`` without a prompt: its first bytes are PNG's,
+        JPEG's, WebP's or GIF's, which no prompt's are), not a prompt to draw."""
+        if self.parameters.prompt is not None:
+            return True
+        head = self.inputs[:32]
+        try:
+            data = base64.b64decode(head[: len(head) // 4 * 4], validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return (sniff(data) or "").startswith("image/")
+
 
 @router.post("/hf", response_class=Response)
 async def hf_inference_default(body: HfInference, ctx: Context, request: Request) -> Response:
     """Hugging Face ``text_to_image`` with the first txt2img model (``InferenceClient(base_url=".../hf")``),
     or ``image_to_image`` (``parameters.prompt`` set) with the first edit model."""
-    kind = "txt2img" if body.parameters.prompt is None else "edit"
+    kind = "edit" if body.image_to_image() else "txt2img"
     return await hf_inference(await to_thread.run_sync(default_model, ctx, kind), body, ctx, request)
 
 
@@ -214,7 +228,7 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
             )
         return await tgi.answer_for_model(model, await request.json(), ctx, request)
     refuse_unknown(list(body.model_extra or {}), type(body).model_fields, "the Hugging Face Inference payload")
-    if body.parameters.prompt is None:
+    if not body.image_to_image():
         kind, params = "txt2img", hf_params(body.inputs, body.parameters)
         fields = {"model": model, **body.model_dump(mode="json")}
     else:

@@ -42,6 +42,12 @@ def sdk_headers(read_timeout_s: float, retry_count: int) -> dict[str, str]:
     return {"x-stainless-read-timeout": str(read_timeout_s), "x-stainless-retry-count": str(retry_count)}
 
 
+def jpeg(width: int = 32, height: int = 32) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "navy").save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
 def png(width: int = 32, height: int = 32) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (10, 200, 30)).save(buffer, format="PNG")
@@ -185,6 +191,16 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     assert (on_edit.status_code, on_edit.json()["error"]["code"]) == (422, "unknown_param"), (
         on_edit.text
     )  # edit has none
+    # without a prompt (the client's image_to_image(image) alone): still image-to-image, never a
+    # txt2img job drawing the image's base64 as its prompt; img2img needs a prompt and says so
+    for encoded in (base64.b64encode(png()).decode(), base64.b64encode(jpeg()).decode()):
+        no_prompt = client.post(f"/hf/models/{MODEL}", json={"inputs": encoded, "parameters": {"strength": 0.5}})
+        error = no_prompt.json()["error"]
+        assert (no_prompt.status_code, error["param"]) == (422, "parameters.prompt"), no_prompt.text
+        assert "`prompt` is required for kind img2img" in error["message"]
+    assert not [
+        j for j in ctx.journal.list() if j.kind == "txt2img" and str(j.params.get("prompt")).startswith("iVBOR")
+    ]
     ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
     bring_online(ctx, "server", {MODEL, EDIT_MODEL, "tiny-video"})
     no_image_kind = client.post(
