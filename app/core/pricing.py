@@ -229,13 +229,35 @@ def check_fit(folder: Path, model: Any, loaded_name: Any) -> None:
         names_of.setdefault(id(parameter), []).append(name)
     missing = sorted(names[0] for names in names_of.values() if not loaded.intersection(names))
     if missing:
-        files = ", ".join(f"{folder.name}/{path.name}" for path, _ in headers)
+        files, several = _files_meant_to_hold(folder, missing, [path for path, _ in headers])
         raise MissingTensors(
-            f"{files} lack{'s' if len(headers) == 1 else ''} {len(missing)} of the "
+            f"{files} lack{'' if several else 's'} {len(missing)} of the "
             f"{len(names_of)} weights {folder.name}'s config builds ({', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}): the file is incomplete or of another model; "
             "download it again"
         )
+
+
+def _files_meant_to_hold(folder: Path, names: list[str], files: list[Path]) -> tuple[str, bool]:
+    """The weights files of ``folder`` that should hold ``names``, as a refusal names them, and
+    whether they are several: the shards a shard index (``*.index*.json``, its ``weight_map``)
+    assigns them to (three at most), else the one file, else how many files there are with the
+    first and the last."""
+    weight_map: dict[str, str] = {}
+    for index in sorted(folder.glob("*.index*.json")):
+        try:
+            found = json.loads(index.read_text()).get("weight_map")
+        except (OSError, ValueError, AttributeError):  # a damaged index is refused where it is read
+            continue
+        if isinstance(found, dict):
+            weight_map.update({k: v for k, v in found.items() if isinstance(v, str)})
+    shards = sorted({weight_map[name] for name in names if name in weight_map})
+    if shards and all(name in weight_map for name in names):
+        shown = ", ".join(f"{folder.name}/{shard}" for shard in shards[:3])
+        return shown + (f" and {len(shards) - 3} more shards" if len(shards) > 3 else ""), len(shards) > 1
+    if len(files) == 1:
+        return f"{folder.name}/{files[0].name}", False
+    return f"the {len(files)} weights files {folder.name}/{files[0].name} ... {files[-1].name}", True
 
 
 def _diffusers_loaded_names(model: Any) -> Any:

@@ -705,3 +705,24 @@ def test_r1_a_vae_stored_with_the_old_attention_names_registers_and_loads(
     assert not any(parameter.is_meta for parameter in vae.parameters())
     record = ctx.registry.add(copy_of_tiny_sd, model_id="old-vae")
     assert [m.id for m in ctx.registry.list()] == ["old-vae"] and (record.weights_bytes or 0) > 0
+
+
+def test_r1_a_shard_missing_a_tensor_is_named_by_the_shard_index(ctx: ServerContext, copy_of_tiny_sd: Path) -> None:
+    """Sharded weights, one tensor short in one shard, the index intact: the refusal names the
+    shard the index assigns it to, not every shard."""
+    from diffusers import UNet2DConditionModel
+
+    folder = copy_of_tiny_sd / "unet"
+    UNet2DConditionModel.from_pretrained(folder).save_pretrained(folder, max_shard_size="500KB")
+    (folder / "diffusion_pytorch_model.safetensors").unlink()
+    index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())["weight_map"]
+    shards = sorted(folder.glob("diffusion_pytorch_model-*-of-*.safetensors"))
+    assert len(shards) >= 3
+    shard = shards[1].name  # neither the first nor the last
+    tensor = sorted(name for name, held_in in index.items() if held_in == shard)[0]
+    without_tensor(folder / shard, tensor)
+    error = refused(ctx, copy_of_tiny_sd, model_id="short-shard")
+    assert error.reason == "incomplete_model", error.message
+    assert error.message.startswith(f"unet/{shard} lacks 1 of the "), error.message
+    assert f"({tensor})" in error.message and shards[0].name not in error.message
+    assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
