@@ -11,8 +11,9 @@ Published by the server to this machine's own queue (design in ``app/jobs/sync.p
    (what it points to is never touched); a folder there is left untouched (``conflict``);
 2. otherwise downloaded to ``.<name>.<digest[:16]>.partial`` in the same folder, resuming
    from that file's length with HTTP Range when an earlier copy was cut;
-3. fsynced, hashed in full and compared with the manifest; a mismatch removes the
-   partial (the sync's own file) and reports ``digest_mismatch``;
+3. fsynced, hashed in full and compared with the manifest; a mismatch after a resume (the
+   partial copy was damaged, not a prefix of this file) downloads the whole file again, once;
+   a mismatch then removes the partial (the sync's own file) and reports ``digest_mismatch``;
 4. hard-linked to its final name (after the superseded file, if any, was set aside), which
    fails if anything appeared there meanwhile (an atomic rename that cannot overwrite), then
    the partial name is removed and the folder fsynced.
@@ -156,9 +157,22 @@ class Copier:
             log.info("resuming %s/%s at byte %d of %d (HTTP Range)", model_id, path, offset, size)
         if offset < size:
             self._download(model_id, path, partial, offset)
-        with open(partial, "rb") as handle:
-            os.fsync(handle.fileno())
-        actual = file_digest(partial, algorithm_of(digest))
+        actual = self._digest(partial, digest)
+        if actual != digest and offset:
+            # the partial copy resumed was not a prefix of this file (damaged, or another's):
+            # download the whole file again, once, rather than fail the sync over its leftover
+            log.warning(
+                "%s/%s: the partial copy resumed at byte %d did not match (%s); downloading it again from byte 0",
+                model_id,
+                path,
+                offset,
+                actual,
+            )
+            partial.unlink()
+            self.on_bytes(-offset, True)
+            self.on_bytes(-(size - offset), False)
+            self._download(model_id, path, partial, 0)
+            actual = self._digest(partial, digest)
         if actual != digest:
             partial.unlink()
             return _result(
@@ -185,6 +199,13 @@ class Copier:
                 f"the content that was there is kept at {superseded.name}; remove it when not needed",
             )
         return _result(model_id, path, "copied", size)
+
+    @staticmethod
+    def _digest(partial: Path, digest: str) -> str:
+        """The digest of ``partial``, flushed to disk first, in the algorithm of ``digest``."""
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        return file_digest(partial, algorithm_of(digest))
 
     def _download(self, model_id: str, path: str, partial: Path, offset: int) -> None:
         started, sent = time.monotonic(), 0

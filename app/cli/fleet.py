@@ -47,11 +47,14 @@ def sync(
             return
         columns = (
             TextColumn("{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=20),
             DownloadColumn(),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
         )
+        # the figures' columns take ~56 characters; the machine, the files' count and the current
+        # file share the rest (80 columns: the file's name is cut from the left)
+        room = max(16, console.width - 56)
         with Progress(*columns, console=console) as progress:
             # The bar counts the bytes downloaded: those found in place (a file present with its
             # digest, a partial copy resumed) leave its total, so its rate is the transfer's.
@@ -60,13 +63,15 @@ def sync(
                 time.sleep(0.2)
                 record = syncs.get(record["id"])
                 kept = record["bytes_kept"]
+                text = f"{machine} {record['files_done']}/{record['files_total']} {record['file']}"
                 progress.update(
                     bar,
-                    total=max(record["bytes_total"] - kept, 1),
+                    total=record["bytes_total"] - kept,  # 0 when every byte was there: the bar is full
                     completed=record["bytes_done"] - kept,
-                    description=f"{machine} {record['files_done']}/{record['files_total']} {record['file']}"
-                    + (f" ({kept} bytes already there)" if kept else ""),
+                    description=text if len(text) <= room else "…" + text[-(room - 1) :],
                 )
+        if record["bytes_kept"]:
+            console.print(f"{record['bytes_kept']} bytes were already on {machine}: not downloaded")
     finally:
         ctx.close()
     for result in record["results"]:

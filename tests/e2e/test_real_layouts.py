@@ -67,8 +67,16 @@ def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_gener
     assert (record.source_format, record.precision) == ("hf-cache", "fp16")
     assert {f.path for f in ctx.registry.manifest(MODEL).files} == set(expected)
 
-    done = run_cli("sync", "m1", MODEL, env=env, timeout_s=180)
+    done = run_cli("sync", "m1", MODEL, env={**env, "COLUMNS": "80"}, timeout_s=180)
     assert "succeeded" in done.stdout, done.stdout
+    again = run_cli("sync", "m1", MODEL, env={**env, "COLUMNS": "80"}, timeout_s=180)
+    # the bar counts what is downloaded; a re-sync finds every byte there and says so
+    assert "bytes were already" not in done.stdout and "0/0 bytes" in again.stdout, again.stdout
+    assert f"{record.total_bytes} bytes were already on m1: not downloaded" in again.stdout
+    bars = [line for line in (done.stdout + again.stdout).splitlines() if "━" in line]
+    assert len(bars) == 2 and all(len(line) <= 80 for line in bars), (
+        bars
+    )  # the terminal's width (piped text is not cut)
     copied = local.models_dir("m1") / MODEL
     assert {p.relative_to(copied).as_posix() for p in copied.rglob("*") if p.is_file()} == set(expected)
     assert (copied / "unet/diffusion_pytorch_model.fp16.safetensors").read_bytes() == (

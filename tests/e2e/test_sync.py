@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -443,3 +444,43 @@ def test_r4_r5_a_server_file_put_back_as_it_was_brings_the_model_back_without_a_
     assert done["state"] == "succeeded", done
     log = (fleet.local.logs_dir / "worker-server.log").read_text()
     assert "server: model tiny-c matches its manifest again (every byte hashed): advertised" in log
+
+
+def test_r6_a_damaged_partial_copy_is_downloaded_again_within_the_same_sync(
+    fleet: SyncFleet, tiny_models_dir: Path
+) -> None:
+    """A ``.partial`` left on the worker that is not a prefix of the file (damaged on its disk):
+    the resume's digest does not match, so that file is downloaded again from byte 0 and the
+    sync succeeds (it failed with a digest_mismatch naming "downloaded bytes" it never sent)."""
+    from app.core.digest import hex_part
+
+    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-partial").id
+    folder = fleet.local.models_dir("m1") / model
+    try:
+        [unet] = [f for f in fleet.ctx.registry.manifest(model).files if f.path == UNET]
+        final = folder / UNET
+        final.parent.mkdir(parents=True)
+        damaged = final.parent / f".{final.name}.{hex_part(unet.digest)[:16]}.partial"
+        damaged.write_bytes(os.urandom(100_000))  # shorter than the file: resumed, then found wrong
+        record = fleet.sync("m1", model)
+        done = wait_for(
+            lambda: (s := fleet.sync_state(record["id"]))["state"] in ("succeeded", "failed") and s,
+            timeout_s=120,
+            what="the sync to end",
+        )
+        assert done["state"] == "succeeded", done
+        assert {r["path"]: r["status"] for r in done["results"]}[UNET] == "copied"
+        assert final.read_bytes() == (fleet.local.settings.models_dir / model / UNET).read_bytes()
+        assert not list(folder.rglob("*.partial"))
+        assert done["bytes_done"] == done["bytes_total"] and done["bytes_kept"] == 0  # nothing was in place
+        log = (fleet.local.logs_dir / "worker-m1.log").read_text()
+        assert f"{model}/{UNET}: the partial copy resumed at byte 100000 did not match" in log
+        assert model in fleet.verified("m1")
+    finally:  # leave m1 as the other tests expect it: this model neither there nor registered
+        fleet.ctx.registry.retire(model)
+        shutil.rmtree(folder, ignore_errors=True)
+        wait_for(
+            lambda: model not in fleet.ctx.machines.heartbeat("m1")["verified_models"],
+            timeout_s=60,
+            what="m1 to stop advertising the model",
+        )
