@@ -164,9 +164,10 @@ class InputStore(ContentStore):
         super().__init__(root)
         self.max_input_bytes = max_input_bytes
 
-    def add(self, data: bytes) -> StoredFile:
+    def add(self, data: bytes, field: str | None = None) -> StoredFile:
         """Check and store ``data``; return it (its ``id`` is its digest). Storing the same bytes
-        twice is a no-op.
+        twice is a no-op. ``field``: the request's field that carried it, which a refusal names
+        (OpenAI's ``param``: ``image``, ``file``, ``inputs``).
 
         Raises:
             Rejected: more than ``max_input_bytes`` or too many pixels (reason
@@ -177,13 +178,20 @@ class InputStore(ContentStore):
             raise Rejected(
                 f"file is {len(data)} bytes; the limit (max_input_bytes) is {self.max_input_bytes}",
                 reason="input_too_large",
+                param=field,
             )
         media_type = sniff(data)
         if media_type not in INPUT_TYPES:
             raise Rejected(
-                f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}", reason="input_type"
+                f"file must be one of {', '.join(INPUT_TYPES)}; its first bytes are {data[:12]!r}",
+                reason="input_type",
+                param=field,
             )
-        check_decodes(data, media_type)
+        try:
+            check_decodes(data, media_type)
+        except Rejected as error:
+            error.param = error.param or field
+            raise
         return self.put(data, bytes_digest(data), media_type, "the uploaded input")
 
     def get(self, file_id: str) -> StoredFile:

@@ -186,6 +186,7 @@ def test_r22_uploads_over_the_limit_or_not_an_image_are_refused_naming_the_limit
     assert too_big.json()["error"]["reason"] == "input_too_large" and str(limit) in too_big.json()["error"]["message"]
     text = upload(kfleet, b"hello, not an image", name="x.png")
     assert text.status_code == 422 and text.json()["error"]["reason"] == "input_type"
+    assert too_big.json()["error"]["param"] == text.json()["error"]["param"] == "file"  # the form's field
     assert not list(kfleet.local.settings.inputs_dir.rglob("*.txt"))
 
 

@@ -294,7 +294,7 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
     unknown = [name for name in extra if name not in taken]
     unknown += [name for name in ("width", "height") if getattr(body.parameters, name) is not None]
     refuse_unknown(unknown, taken, "image-to-image's parameters", prefix="parameters.")
-    params: dict[str, Any] = {"image": ctx.inputs.add(data).id}
+    params: dict[str, Any] = {"image": ctx.inputs.add(data, field="inputs").id}
     for name, param in taken.items():
         value = extra[name] if name in extra else getattr(body.parameters, name, None)
         if value is not None:

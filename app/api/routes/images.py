@@ -551,7 +551,7 @@ async def edit_images(
     check_submission({"n": n}, limits, family=record.family)  # one job per image (R22)
     parse_size(size)
     extras = await to_thread.run_sync(extra_params, ctx, model_id, "edit", form_extras(form))
-    stored = await to_thread.run_sync(ctx.inputs.add, data)
+    stored = await to_thread.run_sync(ctx.inputs.add, data, "image")
     fields = {
         "image": stored.id,
         "prompt": prompt,

@@ -278,7 +278,7 @@ async def upload_file(
 ) -> FileStored:
     """Store an input image (for edit and upscale jobs); its id is its content digest.
     422 naming the limit when it is over ``max_input_bytes`` or not PNG/JPEG/WebP."""
-    stored = ctx.inputs.add(await file.read(ctx.settings.max_input_bytes + 1))
+    stored = ctx.inputs.add(await file.read(ctx.settings.max_input_bytes + 1), field="file")
     return FileStored(id=stored.id, media_type=stored.media_type, size_bytes=stored.size_bytes)
 
 

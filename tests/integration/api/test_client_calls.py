@@ -201,6 +201,22 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     assert not [
         j for j in ctx.journal.list() if j.kind == "txt2img" and str(j.params.get("prompt")).startswith("iVBOR")
     ]
+    # an image over the pixel limit is refused naming the field that carried it
+    bomb = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(bomb, format="PNG")
+    too_many = client.post(
+        f"/hf/models/{EDIT_MODEL}",
+        json={"inputs": base64.b64encode(bomb.getvalue()).decode(), "parameters": {"prompt": "x"}},
+    )
+    edits = client.post(
+        "/v1/images/edits",
+        data={"model": EDIT_MODEL, "prompt": "x"},
+        files={"image": ("big.png", bomb.getvalue(), "image/png")},
+    )
+    for refused, field in ((too_many, "inputs"), (edits, "image")):
+        error = refused.json()["error"]
+        assert (refused.status_code, error["code"], error["param"]) == (422, "input_too_large", field), refused.text
+        assert error["message"] == "image is 100000000 pixels; the limit is 16777216 pixels"
     ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
     bring_online(ctx, "server", {MODEL, EDIT_MODEL, "tiny-video"})
     no_image_kind = client.post(
