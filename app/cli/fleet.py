@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -55,7 +57,7 @@ def sync(
         # the figures' columns take ~56 characters; the machine, the files' count and the current
         # file share the rest (80 columns: the file's name is cut from the left)
         room = max(16, console.width - 56)
-        with Progress(*columns, console=console) as progress:
+        with Progress(*columns, console=console) as progress, _following(record["id"], machine):
             # The bar counts the bytes downloaded: those found in place (a file present with its
             # digest, a partial copy resumed) leave its total, so its rate is the transfer's.
             bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
@@ -85,6 +87,20 @@ def sync(
         f"{', '.join(record['verified']) or 'none'}" + (f"; {record['message']}" if record["message"] else "")
     )
     raise typer.Exit(0 if record["state"] == "succeeded" else 1)
+
+
+@contextlib.contextmanager
+def _following(sync_id: str, machine: str) -> Iterator[None]:
+    """Following a sync's progress: Ctrl-C stops following, not the sync (the worker copies on),
+    and says so and where to follow it again; exit 130, as for any interrupt."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(
+            f"stopped following sync {sync_id}: it goes on on {machine} (GET /v1/syncs/{sync_id} "
+            "follows it; the machine takes no job until it ends)"
+        )
+        raise typer.Exit(130) from None
 
 
 def models_cell(verified: list[str], warm: list[str]) -> str:

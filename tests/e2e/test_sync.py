@@ -484,3 +484,42 @@ def test_r6_a_damaged_partial_copy_is_downloaded_again_within_the_same_sync(
             timeout_s=60,
             what="m1 to stop advertising the model",
         )
+
+
+def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_models_dir: Path) -> None:
+    """``homefleet sync`` interrupted (SIGINT, as Ctrl-C sends) while it follows the copy: it says
+    the sync goes on and where to follow it, exits 130, and the worker finishes the copy."""
+    import subprocess
+    import sys
+
+    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-followed").id
+    folder = fleet.local.models_dir("m2") / model  # m2 copies at 1 MB/s: seconds for this model
+    try:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "sync", "m2", model],
+            env={**os.environ, **fleet.env, "COLUMNS": "120"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_for(lambda: list(folder.rglob("*.partial")), timeout_s=60, what="the copy to be under way")
+        cli.send_signal(signal.SIGINT)
+        out, _ = cli.communicate(timeout=30)
+        assert cli.returncode == 130, out
+        [sync_id] = re.findall(r"stopped following sync ([0-9a-f]{32}): it goes on on m2", out)
+        assert f"GET /v1/syncs/{sync_id} follows it" in out
+        done = wait_for(
+            lambda: (s := fleet.sync_state(sync_id))["state"] in ("succeeded", "failed") and s,
+            timeout_s=120,
+            what="the sync to end",
+        )
+        assert done["state"] == "succeeded", done  # the worker copied on
+        assert model in fleet.verified("m2")
+    finally:  # leave m2 as the other tests expect it: this model neither there nor registered
+        fleet.ctx.registry.retire(model)
+        shutil.rmtree(folder, ignore_errors=True)
+        wait_for(
+            lambda: model not in fleet.ctx.machines.heartbeat("m2")["verified_models"],
+            timeout_s=60,
+            what="m2 to stop advertising the model",
+        )
