@@ -79,6 +79,11 @@ class ServerContext:
     # Set by the journal when a transition writes a webhook delivery: the delivery loop wakes up.
     webhook_wakeup: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def timings(self) -> TimingStore:
+        """The learned timings in the journal (R13), as placement and the endings use them."""
+        return self.endings.timings
+
     def close(self) -> None:
         self.waiting.close()
         self.redis.close()

@@ -30,6 +30,7 @@ from app.cli.machines import machines_cli
 from app.cli.models import models_cli
 from app.cli.residency import oom_cli, residency_cli
 from app.cli.serve_lock import holding_data_dir
+from app.cli.timings import timings_cli
 from app.core.config import BrokerSettings, Settings, WorkerSettings, unknown_variables
 from app.core.connections import redacted_url
 from app.core.errors import ConfigError, HomefleetError
@@ -48,6 +49,7 @@ cli.add_typer(db_cli, name="db")
 cli.add_typer(machines_cli, name="machines")
 cli.add_typer(residency_cli, name="residency")
 cli.add_typer(oom_cli, name="oom")
+cli.add_typer(timings_cli, name="timings")
 cli.add_typer(jobs_cli, name="jobs")
 for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top level: homefleet status, homefleet keys…
     cli.registered_commands += group.registered_commands

@@ -55,6 +55,25 @@ class TimingStore:
             }
         )
 
+    def forget(self, machine: str, model_id: str | None = None, kind: str | None = None) -> int:
+        """Delete ``machine``'s learned timings (all, or of one model and/or kind): it is priced
+        by the fleet config's guesses again until its next runs are measured (R13), e.g. after a
+        repair that made it fast again, which Auto would not learn while it prices the machine
+        too slow to send it jobs. Returns how many (machine, model, kind) rows went."""
+        with Session(self.engine) as session:
+            query = select(LearnedTiming).where(LearnedTiming.machine == machine)
+            if model_id is not None:
+                query = query.where(LearnedTiming.model_id == model_id)
+            if kind is not None:
+                query = query.where(LearnedTiming.kind == kind)
+            rows = session.exec(query).all()
+            for row in rows:
+                session.delete(row)
+            session.commit()
+        if rows and self.on_change is not None:
+            self.on_change()
+        return len(rows)
+
     def observe(self, job: Job, estimator: Estimator) -> Timing | None:
         """Fold a finished job's measured ``load_s`` (when it was a cold load) and ``run_s`` in,
         and its adapters' load seconds; returns the model's new timing, None when the

@@ -271,7 +271,9 @@ def test_flower_with_redis_down_says_so_and_exits_instead_of_retrying_forever(tm
     assert "HOMEFLEET_REDIS_URL" in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("command", [["drain", "nobox"], ["purge", "nobox", "-y"], ["oom", "clear", "nobox"]])
+@pytest.mark.parametrize(
+    "command", [["drain", "nobox"], ["purge", "nobox", "-y"], ["oom", "clear", "nobox"], ["timings", "forget", "nobox"]]
+)
 def test_a_machine_the_fleet_does_not_have_is_one_error_line_naming_the_machines(
     tmp_path: Path, redis_url: str, command: list[str]
 ) -> None:

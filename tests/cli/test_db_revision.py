@@ -19,7 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     "command",
-    [["status"], ["models", "list"], ["reconcile"], ["residency", "show"], ["oom", "list"], ["db", "pair"], ["keys"]],
+    [
+        ["status"],
+        ["models", "list"],
+        ["reconcile"],
+        ["residency", "show"],
+        ["oom", "list"],
+        ["timings", "list"],
+        ["db", "pair"],
+        ["keys"],
+    ],
 )
 def test_a_command_refuses_a_journal_without_the_newest_schema_and_creates_nothing(
     command: list[str], tmp_path: Path, redis_url: str

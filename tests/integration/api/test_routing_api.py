@@ -26,7 +26,7 @@ from app.fleet.config import Fleet, Machine, ModelGuess
 from app.fleet.machines import StaticResidencyFacts
 from routing.estimate import readable_bytes
 from routing.timings import MIN_SCALED_SIZE
-from tests.helpers import FAMILIES, bring_online, write_safetensors
+from tests.helpers import FAMILIES, bring_online, run_cli, write_safetensors
 
 MODEL = "tiny-sd"
 VIDEO = "tiny-video"
@@ -383,6 +383,36 @@ def test_r13_a_large_miss_is_kept_in_the_journal_and_the_next_one_replaces_the_f
     after_two = ctx.dispatcher.timings.load().get("m2", MODEL, "txt2img")
     assert after_two is not None and after_two.misses == 0 and after_two.samples == 3
     assert after_two.step_s == pytest.approx(200.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
+
+
+def test_r13_timings_forget_prices_a_repaired_machine_by_its_guess_again(
+    api: tuple[TestClient, ServerContext], settings: Settings, tmp_path: Path
+) -> None:
+    """Two runs 100x slow replace m2's figure (a GPU fallen back to its CPU); Auto then sends m2
+    nothing, so it would never see a repair. ``homefleet timings forget m2`` (another process)
+    puts m2 back on the fleet file's guess for this server's next decision; ``timings list``
+    shows what was learned."""
+    client, ctx = api
+    guess = ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    for run_s in (2.0, 200.0, 200.0):
+        accepted, token = _claimed(client, ctx, side=256)
+        _upload(client, accepted["id"], token, load_s=0.5, run_s=run_s, cold=run_s == 2.0)
+    slow = ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img")
+    assert slow.samples == 3 and slow.step_s == pytest.approx(200.0 / 4 * (1024 * 1024) / MIN_SCALED_SIZE)
+    env = cli_env(ctx, settings, tmp_path)
+    listed = run_cli("timings", "list", "--machine", "m2", env=env).stdout
+    rows = [
+        [cell.strip() for cell in line.strip("│").split("│")] for line in listed.splitlines() if line.startswith("│")
+    ]
+    assert rows == [["m2", MODEL, "txt2img", "0.5 (1)", f"{slow.step_s:.3g} per step (3)", "-", "0"]], listed
+    with pytest.raises(AssertionError, match="unknown_kind"):
+        run_cli("timings", "forget", "m2", "--kind", "txt2imag", env=env)  # a typo forgets nothing
+    assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == slow
+    done = run_cli("timings", "forget", "m2", env=env)
+    assert "m2: 1 learned timings forgotten; priced by the fleet file's guesses until measured again" in done.stdout
+    assert ctx.timings.load().get("m2", MODEL, "txt2img") is None
+    assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess  # this process re-read
+    assert "(3)" not in run_cli("timings", "list", env=env).stdout
 
 
 def test_r8_a_job_whose_machine_went_offline_says_so_and_what_to_do(api: tuple[TestClient, ServerContext]) -> None:
