@@ -9,6 +9,7 @@ server and m1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -70,6 +71,24 @@ class SyncFleet:
         )
         assert response.status_code == 202, response.text
         return response.json()  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def model_for_a_test(self, source: Path, model_id: str, machine: str) -> Iterator[Path]:
+        """A model registered for one test, and its folder on ``machine`` (where the test puts
+        it); afterwards retired and that folder removed, and ``machine`` no longer advertising
+        it, as the module's other tests expect the machine."""
+        self.ctx.registry.add(source, model_id=model_id)
+        folder = self.local.models_dir(machine) / model_id
+        try:
+            yield folder
+        finally:
+            self.ctx.registry.retire(model_id)
+            shutil.rmtree(folder, ignore_errors=True)
+            wait_for(
+                lambda: model_id not in self.ctx.machines.heartbeat(machine)["verified_models"],
+                timeout_s=60,
+                what=f"{machine} to stop advertising {model_id}",
+            )
 
     def sync_state(self, sync_id: str) -> dict:  # type: ignore[type-arg]
         return httpx.get(
@@ -454,9 +473,8 @@ def test_r6_a_damaged_partial_copy_is_downloaded_again_within_the_same_sync(
     sync succeeds (it failed with a digest_mismatch naming "downloaded bytes" it never sent)."""
     from app.core.digest import hex_part
 
-    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-partial").id
-    folder = fleet.local.models_dir("m1") / model
-    try:
+    model = "tiny-partial"
+    with fleet.model_for_a_test(tiny_models_dir / "tiny-sd", model, "m1") as folder:
         [unet] = [f for f in fleet.ctx.registry.manifest(model).files if f.path == UNET]
         final = folder / UNET
         final.parent.mkdir(parents=True)
@@ -476,14 +494,6 @@ def test_r6_a_damaged_partial_copy_is_downloaded_again_within_the_same_sync(
         log = (fleet.local.logs_dir / "worker-m1.log").read_text()
         assert f"{model}/{UNET}: the partial copy resumed at byte 100000 did not match" in log
         assert model in fleet.verified("m1")
-    finally:  # leave m1 as the other tests expect it: this model neither there nor registered
-        fleet.ctx.registry.retire(model)
-        shutil.rmtree(folder, ignore_errors=True)
-        wait_for(
-            lambda: model not in fleet.ctx.machines.heartbeat("m1")["verified_models"],
-            timeout_s=60,
-            what="m1 to stop advertising the model",
-        )
 
 
 def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_models_dir: Path) -> None:
@@ -492,9 +502,8 @@ def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_mo
     import subprocess
     import sys
 
-    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", model_id="tiny-followed").id
-    folder = fleet.local.models_dir("m2") / model  # m2 copies at 1 MB/s: seconds for this model
-    try:
+    model = "tiny-followed"
+    with fleet.model_for_a_test(tiny_models_dir / "tiny-sd", model, "m2") as folder:  # m2 copies at 1 MB/s
         cli = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "sync", "m2", model],
             env={**os.environ, **fleet.env, "COLUMNS": "120"},
@@ -515,11 +524,3 @@ def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_mo
         )
         assert done["state"] == "succeeded", done  # the worker copied on
         assert model in fleet.verified("m2")
-    finally:  # leave m2 as the other tests expect it: this model neither there nor registered
-        fleet.ctx.registry.retire(model)
-        shutil.rmtree(folder, ignore_errors=True)
-        wait_for(
-            lambda: model not in fleet.ctx.machines.heartbeat("m2")["verified_models"],
-            timeout_s=60,
-            what="m2 to stop advertising the model",
-        )
