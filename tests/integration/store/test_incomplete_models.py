@@ -726,3 +726,25 @@ def test_r1_a_shard_missing_a_tensor_is_named_by_the_shard_index(ctx: ServerCont
     assert error.message.startswith(f"unet/{shard} lacks 1 of the "), error.message
     assert f"({tensor})" in error.message and shards[0].name not in error.message
     assert ctx.registry.list() == [] and left_in_models_dir(ctx) == []
+
+
+def test_r1_a_text_encoder_stored_with_the_old_text_model_prefix_is_complete_unless_a_tensor_is_missing(
+    ctx: ServerContext, copy_of_tiny_sd: Path
+) -> None:
+    """Stable Diffusion repositories saved by older transformers name the CLIP text encoder's
+    tensors ``text_model.…``; transformers maps them on load, so they register, and one missing
+    is still found under the name the model gives it."""
+    from safetensors.torch import load_file, save_file
+    from transformers import CLIPTextModel
+
+    path = copy_of_tiny_sd / "text_encoder/model.safetensors"
+    save_file(
+        {f"text_model.{name}": tensor for name, tensor in load_file(path).items()}, path, metadata={"format": "pt"}
+    )
+    _, loading = CLIPTextModel.from_pretrained(copy_of_tiny_sd / "text_encoder", output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"]  # transformers itself takes the file
+    complete = Path(shutil.copytree(copy_of_tiny_sd, copy_of_tiny_sd.parent / "old-prefix"))
+    assert ctx.registry.add(complete, model_id="old-prefix").id == "old-prefix"
+    without_tensor(path, "text_model.encoder.layers.0.mlp.fc1.weight")
+    error = refused(ctx, copy_of_tiny_sd, model_id="old-prefix-short")
+    assert error.reason == "incomplete_model" and "(encoder.layers.0.mlp.fc1.weight)" in error.message, error.message
