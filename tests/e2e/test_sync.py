@@ -510,6 +510,8 @@ def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_mo
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # as from a terminal: a pytest-xdist worker ignores SIGINT, and a child inherits that
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         wait_for(lambda: list(folder.rglob("*.partial")), timeout_s=60, what="the copy to be under way")
         cli.send_signal(signal.SIGINT)
