@@ -16,7 +16,7 @@ from PIL import Image
 
 from app.core.states import JobState
 from app.core.tls import tls_context
-from tests.e2e.conftest import EDIT_MODEL, RunningFleet
+from tests.e2e.conftest import EDIT_MODEL, UPSCALE_MODEL, RunningFleet
 from tests.helpers import TEST_API_KEY, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -158,6 +158,7 @@ def test_r20_openai_sdk_does_not_retry_a_request_whose_job_ended_badly(fleet: Ru
 
 def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None:
     from huggingface_hub import InferenceClient
+    from huggingface_hub.errors import HfHubHTTPError
 
     client = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{fleet.model}", api_key=TEST_API_KEY)
     image = client.text_to_image("a lighthouse", num_inference_steps=2, width=64, height=64)
@@ -172,6 +173,14 @@ def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None
     [job] = [j for j in fleet.ctx.journal.list() if j.params.get("prompt") == "the lighthouse at dusk"]
     assert (job.kind, job.state, job.params["strength"], job.params["steps"]) == ("img2img", "succeeded", 0.5, 2)
     assert fleet.ctx.inputs.get(job.params["image"]).path.read_bytes() == source.getvalue()
+    # with no parameter at all the client sends the image's bytes as the body, not JSON: an
+    # upscaler runs it; a model whose image-to-image needs a prompt says so
+    upscaler = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{UPSCALE_MODEL}", api_key=TEST_API_KEY)
+    assert upscaler.image_to_image(source.getvalue()).size == (256, 256)
+    with pytest.raises(HfHubHTTPError) as no_prompt:
+        client.image_to_image(source.getvalue())
+    error = no_prompt.value.response.json()["error"]
+    assert (no_prompt.value.response.status_code, error["param"]) == (422, "parameters.prompt"), error
 
 
 def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet: RunningFleet) -> None:

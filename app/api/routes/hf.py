@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ConfigDict, Field
+from starlette.types import Message
 
 from app.api.openai_errors import tgi_error
 from app.api.routes import text, tgi
@@ -46,7 +49,7 @@ from app.api.routes.images import (
     run_jobs,
     submitted,
 )
-from app.api.strict_json import StrictJsonRoute
+from app.api.strict_json import StrictJsonRoute, is_json
 from app.context import ServerContext
 from app.core.errors import NotFound, Rejected
 from app.core.kinds import MAX_SEED
@@ -57,7 +60,46 @@ from app.store.media import sniff
 from routing.placement import AUTO, SERVER
 from routing.timings import TEXT_KIND
 
-router = APIRouter(route_class=StrictJsonRoute)
+RAW_IMAGE_PATHS = ("/hf", "/hf/models/{model}")
+"""The routes that also take an image as the whole body (:class:`HfRoute`)."""
+
+
+class HfRoute(StrictJsonRoute):
+    """A strict-JSON route (:class:`StrictJsonRoute`) that on :data:`RAW_IMAGE_PATHS` also takes
+    an image as the whole body (PNG, JPEG, WebP or GIF by its first bytes, any content type but
+    JSON): what ``InferenceClient.image_to_image`` sends when given no parameter at all (the
+    image's bytes, not the JSON payload). It is read as ``{"inputs": <the image in base64>}``,
+    the payload the client sends with parameters; any other body is left as it came."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.path not in RAW_IMAGE_PATHS:
+            return handler
+
+        async def handler_taking_an_image(request: Request) -> Response:
+            if is_json(request):
+                return await handler(request)
+            data = await request.body()
+            if not (sniff(data[:16]) or "").startswith("image/"):
+                return await handler(request)
+            payload = json.dumps({"inputs": base64.b64encode(data).decode()}).encode()
+            headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-type", b"content-length")]
+            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+            sent = False
+
+            async def receive() -> Message:
+                nonlocal sent
+                if sent:
+                    return await request.receive()
+                sent = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+
+            return await handler(Request({**request.scope, "headers": headers}, receive))
+
+        return handler_taking_an_image
+
+
+router = APIRouter(route_class=HfRoute)
 
 
 MODEL_PATH = re.compile(r"^/hf/models/(?P<model>[^/]+)$")
