@@ -22,7 +22,7 @@ from typing import Any
 
 from app.api.auth import INTERNAL_PREFIX
 from app.api.openai_errors import OPENAI_PREFIXES, is_tgi_route
-from app.core.kinds import KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS
+from app.core.kinds import CHAT_SHOWN_PARAM, KINDS, MAX_SEED, OUTPUT_SIZE_FIELDS, SERVER_SET_PARAMS
 from app.core.limits import MAX_MODEL_ID, FamilyLimits
 from app.core.textgen import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from app.jobs.validation import MAX_ADAPTER_SCALE
@@ -148,8 +148,6 @@ NULL_IS_ABSENT = (
 )  # answers without Redis or the journal
 
 
-#: params the server sets itself (a client's is refused): not in the document
-SERVER_SET = ("expanded_by",)
 #: a JSON schema: an object, or true / false (JSON Schema's boolean schemas), as app/core/constraints.py takes
 JSON_SCHEMA_VALUE: dict[str, Any] = {"type": ["object", "boolean"]}
 #: OpenAI's ``response_format``: what app/core/constraints.py reads (any other type is refused)
@@ -423,7 +421,7 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
             "description": "the id of a file uploaded with POST /v1/files",
         },
         "chat": {"type": "boolean", "description": "the prompt is chat-templated already"},
-        "user_message": {
+        CHAT_SHOWN_PARAM: {
             **text,
             "description": "a chat's last user message, shown as its prompt (the model reads `prompt` only)",
         },
@@ -478,7 +476,7 @@ def kind_params(limits: FamilyLimits) -> list[dict[str, Any]]:
     for name, spec in KINDS.items():
         properties: dict[str, Any] = {}
         for param in spec.accepted:
-            if param in SERVER_SET:
+            if param in SERVER_SET_PARAMS:
                 continue  # the server sets it; a client's is refused
             if param in known:
                 properties[param] = known[param]

@@ -23,15 +23,18 @@ timings_cli = typer.Typer(help="Learned timings: what Auto expects each machine 
 def timings_list(machine: Annotated[str | None, typer.Option(help="only this machine")] = None) -> None:
     """Learned timings per machine, model and kind: cold load seconds and the loads measured;
     seconds per step at 1024x1024 (text: per new token) and the runs measured; a thumbnail's
-    step (under 256x256); large misses in a row (two replace the figure). A (machine, model,
-    kind) not listed is priced by the fleet file's guesses."""
+    step (under 256x256); large misses in a row (more than 2.5x off the estimate: + slower, -
+    faster; two the same way replace the figure). A (machine, model, kind) not listed is
+    priced by the fleet file's guesses."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(Settings())
     try:
         if machine is not None:
             require_machine(machine, ctx.fleet.machines)
-        table = Table("machine", "model", "kind", "load s (loads)", "step s (runs)", "thumbnail step s", "misses")
+        table = Table(
+            "machine", "model", "kind", "load s (loads)", "step s (runs)", "thumbnail step s", "misses (+slow -fast)"
+        )
         for (name, model_id, kind), timing in sorted(ctx.timings.load().items()):
             if machine is not None and name != machine:
                 continue
@@ -43,7 +46,7 @@ def timings_list(machine: Annotated[str | None, typer.Option(help="only this mac
                 f"{timing.load_s:.3g} ({timing.load_samples})",
                 "-" if kind == ADAPTER_KIND else f"{timing.step_s:.3g} per {per} ({timing.samples})",
                 f"{timing.small_step_s:.3g}" if timing.small_step_s else "-",
-                str(timing.misses),
+                f"{timing.misses:+d}" if timing.misses else "0",
             )
         print_table(table)
     finally:
@@ -71,6 +74,13 @@ def timings_forget(
         if model is not None:
             ctx.registry.get(model)  # NotFound unknown_model (a retired model's record stays: its timings too)
         forgotten = ctx.timings.forget(machine, model, kind)
+        if not forgotten:
+            which = " ".join(f"{name} {value}" for name, value in (("model", model), ("kind", kind)) if value)
+            console.print(
+                f"{machine}: no learned timing{f' of {which}' if which else ''} to forget "
+                "(homefleet timings list shows what was learned)"
+            )
+            return
         console.print(
             f"{machine}: {forgotten} learned timings forgotten; priced by the fleet file's guesses until measured again"
         )

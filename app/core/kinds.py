@@ -75,6 +75,14 @@ weight}]``, checked by ``app.jobs.validation.check_adapters`` (at most the famil
 unloaded after the job. The image kinds whose spec lists it in ``server_params`` take it (the
 runner never reads it: the worker applies the adapters around the runner)."""
 
+CHAT_SHOWN_PARAM = "user_message"
+"""A chat job's last user message (text kind, with ``chat``), what the fleet page shows as its
+prompt: set by the chat routes and prompt expansion; a client's on ``POST /v1/jobs`` is refused
+(:data:`SERVER_SET_PARAMS`)."""
+
+SERVER_SET_PARAMS = ("expanded_by", CHAT_SHOWN_PARAM)
+"""Params the server sets itself: a client's is refused, and the OpenAPI document leaves them out."""
+
 _GUIDANCE = NumberRange("guidance_scale", 0.0, 50.0)
 _DENOISING_DEFAULTS = {"steps": 4, "guidance_scale": 7.5}
 _STRENGTH = NumberRange("strength", 0.0, 1.0)  # diffusers: how much noise is added to the input (1: all)
@@ -149,7 +157,7 @@ KINDS: dict[str, KindSpec] = {
             # OpenAI and Hugging Face chat routes set it; the runner reads the templated `prompt` only).
             "text",
             params=("prompt", "chat", "max_new_tokens", "temperature", "top_p", "seed", "grammar", "stop"),
-            server_params=("user_message",),
+            server_params=(CHAT_SHOWN_PARAM,),
             defaults={
                 "chat": False,
                 "max_new_tokens": 16,
@@ -282,7 +290,7 @@ MODEL_DEFAULT_EXCLUDED = (
     "expanded_by",
     "grammar",
     "chat",
-    "user_message",
+    CHAT_SHOWN_PARAM,
 )
 """Params a model or adapter cannot default (``models add --default``): what a job asks for
 (its prompt, inputs, adapters, grammar) and its seed (drawn per job so that the journal

@@ -21,6 +21,7 @@ from typing import Any
 from anyio import to_thread
 
 from app.core.errors import HomefleetError, JobPending, Rejected
+from app.core.kinds import CHAT_SHOWN_PARAM
 from app.core.limits import limits_for
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
@@ -51,7 +52,7 @@ def expansion_prompt(dispatcher: Dispatcher, text_model: str, prompt: str) -> di
         return {
             "prompt": validator.chat_prompt(text_model, messages),
             "chat": True,
-            "user_message": prompt,
+            CHAT_SHOWN_PARAM: prompt,
             "max_new_tokens": EXPANSION_TOKENS,
             "temperature": 0.0,
         }

@@ -26,6 +26,7 @@ from app.core.families import family as family_rules
 from app.core.kinds import (
     ADAPTERS_PARAM,
     BATCH_PARAM,
+    CHAT_SHOWN_PARAM,
     KINDS,
     MAX_SEED,
     OUTPUT_SIZE_FIELDS,
@@ -680,7 +681,7 @@ def check_submission(
     _bounded("steps", _integer(params, "steps"), 1, limits.max_steps)
     _bounded("frames", _integer(params, "frames"), 1, limits.max_frames)  # the video kind's name
     _bounded("n", _integer(params, "n"), 1, limits.max_batch, f" (max_batch{f' of family {family}' if family else ''})")
-    for name in ("prompt", "negative_prompt", "user_message"):  # user_message: a chat's, as the page shows it
+    for name in ("prompt", "negative_prompt", CHAT_SHOWN_PARAM):  # the last: a chat's, as the page shows it
         text = params.get(name)
         if text is None:
             continue
@@ -697,7 +698,7 @@ def check_submission(
                 reason=f"invalid_{name}",
                 param=f"params.{name}",
             )
-        if count_tokens is not None and name != "user_message":  # shown, never fed to a model
+        if count_tokens is not None and name != CHAT_SHOWN_PARAM:  # shown, never fed to a model
             tokens = count_tokens(text)
             if tokens > limits.max_prompt_tokens:
                 raise Rejected(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -998,7 +999,56 @@ def test_the_submit_form_follows_models_registered_and_retired_while_the_tab_is_
         driver.execute_script("location.hash = '#submit'")  # type: ignore[attr-defined]
         assert form_value(driver, "prompt") == "typed before the registry changed"
         assert form_value(driver, "model") == fleet.model  # the choice stays
+        Select(driver.find_element(By.CSS_SELECTOR, "#submit-form select[name=model]")).select_by_value(model)  # type: ignore[attr-defined]
     finally:
         fleet.ctx.registry.retire(model)
     driver.execute_script("location.hash = '#gallery'")  # type: ignore[attr-defined]
     WebDriverWait(driver, 30).until(lambda d: model not in offered(d) and fleet.model in offered(d))
+    # the chosen model was retired meanwhile: none is chosen in its place, and the notice says why
+    driver.execute_script("location.hash = '#submit'")  # type: ignore[attr-defined]
+    assert form_value(driver, "model") == "" and form_value(driver, "prompt") == "typed before the registry changed"
+    notice = driver.find_element(By.ID, "notice").text  # type: ignore[attr-defined]
+    assert f"The model {model} is no longer in service for txt2img" in notice, notice
+
+
+def test_a_mask_painted_on_a_sent_result_stays_while_the_registry_changes(
+    fleet: RunningFleet, browser: object, tiny_models_dir: Path
+) -> None:
+    """A result sent "→ inpaint" and a mask painted over it (no file chosen): a model registered
+    meanwhile leaves the form as it is (it would have rebuilt the mask editor, erasing the mask);
+    the new model is offered once the mask is sent or cleared."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    params = {"prompt": "a picture to paint over", "width": 64, "height": 64, "steps": 1}
+    submitted = fleet.client.submit(fleet.model, "txt2img", params, target="m1")
+    job = fleet.client.wait(submitted["id"], timeout_s=JOB_WAIT_S)
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "gallery")
+    send = f"#gallery figure[data-job='{job['id']}'] .remix-send-inpaint"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, send))
+    click(driver, send)
+    wait.until(lambda d: d.execute_script("return document.querySelector('#mask-canvas')?.width") == 64)
+    canvas = driver.find_element(By.ID, "mask-canvas")  # type: ignore[attr-defined]
+    side = canvas.size["width"]
+    ActionChains(driver).move_to_element_with_offset(canvas, -side // 4, 0).click_and_hold().move_by_offset(
+        side // 2, 0
+    ).release().perform()
+    count = "const c = document.querySelector('#mask-canvas'); const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; return Array.from({length: c.width * c.height}, (_, i) => d[i * 4 + 3] >= 128).filter(Boolean).length"  # noqa: E501
+    painted = driver.execute_script(count)  # type: ignore[attr-defined]
+    assert painted > 0
+    offered = "return [...document.querySelectorAll('#submit-form select[name=model] option')].map((o) => o.value)"
+    model = fleet.ctx.registry.add(tiny_models_dir / "tiny-sd", "zz-page-masked").id
+    try:
+        fleet.local.wait_online(["server"], model_id=model, timeout_s=JOB_WAIT_S)
+        driver.execute_script("location.hash = '#jobs'")  # type: ignore[attr-defined]
+        time.sleep(8)  # past the page's 5 s re-read of the models
+        driver.execute_script("location.hash = '#submit'")  # type: ignore[attr-defined]
+        assert driver.execute_script(count) == painted  # type: ignore[attr-defined]
+        assert model not in driver.execute_script(offered)  # type: ignore[attr-defined]
+        click(driver, "#mask-clear")
+        driver.execute_script("location.hash = '#jobs'")  # type: ignore[attr-defined]
+        WebDriverWait(driver, 30).until(lambda d: model in d.execute_script(offered))
+    finally:
+        fleet.ctx.registry.retire(model)

@@ -156,6 +156,14 @@ def test_the_fleet_page_shows_a_chats_last_user_message_as_its_prompt(tfleet: Te
     cell = f"#jobs tr[data-job='{job.id}'] td.prompt"
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, cell))  # type: ignore[union-attr]
     assert driver.find_element(By.CSS_SELECTOR, cell).text == "the question the page shows"  # type: ignore[attr-defined]
+    # a chat without a user message shows its last message, never the template's tokens
+    system_only = tfleet.client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=[{"role": "system", "content": "only a system message"}],
+        max_completion_tokens=1,
+        extra_body={"target": MACHINE},
+    )
+    assert tfleet.ctx.journal.get(system_only.model_extra["job_id"]).params["user_message"] == "only a system message"
 
 
 def test_the_limits_are_422_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:
@@ -448,6 +456,17 @@ def test_hub_chat_completion_against_the_openai_chat_route(tfleet: TextFleet, st
         job.model_id == "tiny-qwen2" and job.params["chat"] is True and "<|im_start|>user\nhi" in job.params["prompt"]
     )
     assert text == Path(job.result_path).read_bytes().decode("utf-8") and finish == "length"
+
+
+def test_hub_chat_completion_with_the_hf_base_url_and_a_model(tfleet: TextFleet) -> None:
+    """``InferenceClient(base_url=".../hf").chat_completion(messages, model=...)`` posts to
+    ``/hf/v1/chat/completions`` (a bare 404 before): that model's chat, Auto by default as on
+    the other Hugging Face routes."""
+    client = huggingface_hub.InferenceClient(base_url=f"{tfleet.local.api_url}/hf", token=TEST_API_KEY, timeout=60)
+    done = client.chat_completion([{"role": "user", "content": "hi there"}], model="tiny-qwen2", max_tokens=3)
+    job = latest_job(tfleet)
+    assert (job.model_id, job.target, job.params["user_message"]) == ("tiny-qwen2", "auto", "hi there")
+    assert done.choices[0].message.content == Path(job.result_path).read_text("utf-8")
 
 
 def test_hub_chat_completion_without_a_model_gets_the_first_text_model_with_a_chat_template(

@@ -108,8 +108,12 @@ const isMedia = (result) => /^(image|video)\//.test(result.media_type);
 const isImage = (result) => result.media_type.startsWith("image/");
 // "image 2 of 3" for result `index` (from 0) of a job with `count` results; "" for a job's only one.
 // What a job's prompt shows: a chat's last user message (params.user_message, set by the chat
-// routes), not the chat-templated text the model reads; else its prompt.
-const promptOf = (job) => job.params.user_message ?? job.params.prompt;
+// routes), not the chat-templated text the model reads; else its prompt; blank is none.
+const promptOf = (job) => String((job.kind === "text" && job.params.chat && job.params.user_message) || job.params.prompt || "").trim();
+// A prompt in a table row or a line: its first PROMPT_SHOWN characters (a text job's prompt may be a
+// whole document); the job's details show it all.
+const PROMPT_SHOWN = 300;
+const clip = (text) => (text.length > PROMPT_SHOWN ? `${text.slice(0, PROMPT_SHOWN)}…` : text);
 const nth = (index, count) => (count > 1 ? `image ${index + 1} of ${count}` : "");
 
 // Result `index` of `count` of a job: an <img>, a <video>, or a text job's answer (text/plain) as text.
@@ -121,7 +125,7 @@ function media(job, result, index = 0, count = 1) {
       () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
     return node;
   }
-  const name = [promptOf(job) || `result of ${job.id}`, nth(index, count)].filter(Boolean).join(", ");
+  const name = [clip(promptOf(job)) || `result of ${job.id}`, nth(index, count)].filter(Boolean).join(", ");
   const node = result.media_type.startsWith("video/") ? el("video", { muted: "", loop: "", preload: "metadata", controls: "", ...which, "aria-label": name })
                                                       : el("img", { alt: name, ...which });
   resultUrl(result).then((url) => { node.src = url; }, () => { node.replaceWith(el("span", { class: "reason" }, "result unavailable")); });
@@ -226,7 +230,7 @@ function controls(job) {
 function runningLine(job) {
   const progress = progressOf(job); const left = remaining(job);
   return el("div", { class: "running-job", "data-job": job.id },
-    el("b", {}, short(job.id)), ` ${job.kind}`, promptOf(job) ? ` “${promptOf(job)}”` : "", el("br"),
+    el("b", {}, short(job.id)), ` ${job.kind}`, promptOf(job) ? ` “${clip(promptOf(job))}”` : "", el("br"),
     progress ? [bar(job), ` step ${progress.step}/${progress.total}`] : "starting",
     el("span", { class: "times" }, ` · ${seconds(elapsed(job))} elapsed · ${left === null ? "–" : `~${seconds(left)}`} left `),
     controls(job));
@@ -279,7 +283,7 @@ function renderFleet() {
   $("h2", box).textContent = `Queue of ${state.openMachine}, in order`;
   const line = [...state.queue].sort((a, b) => (a.state === b.state ? 0 : a.state === "running" ? -1 : 1));  // stable: oldest first
   replaceKeepingFocus($("ol", box), line.length ? line.map((job) => el("li", { "data-job": job.id }, `${job.state} ${job.id} ${job.kind} ${job.model} `,
-    promptOf(job) ? `“${promptOf(job)}” ` : "", progressOf(job) ? bar(job) : "", " ", controls(job))) : [el("li", {}, "nothing queued")]);
+    promptOf(job) ? `“${clip(promptOf(job))}” ` : "", progressOf(job) ? bar(job) : "", " ", controls(job))) : [el("li", {}, "nothing queued")]);
 }
 
 // The open machine's whole backlog in its order (oldest first, not only the recent jobs the page polls).
@@ -299,7 +303,7 @@ function renderJobs() {
     el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
       title: job.id, onclick: open(job) }, short(job.id))),
     el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
-    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt" }, promptOf(job) || "–"),
+    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt", title: promptOf(job) }, clip(promptOf(job)) || "–"),
     el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
     el("td", { "data-label": "Predicted" }, seconds(job.predicted_s)),
     el("td", { "data-label": "Actual" }, actualCell(job)),
@@ -372,7 +376,7 @@ function renderGallery() {
   replaceKeepingFocus(gallery, shown.map(({ job, result, index, count }) => el("figure", { "data-job": job.id, "data-index": String(index), "data-state": job.state },
     result ? media(job, result, index, count) : el("div", { class: `placeholder job-${job.state}` }, job.state, el("br"),
       job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
-    el("figcaption", {}, el("b", {}, promptOf(job) || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`,
+    el("figcaption", {}, el("b", {}, clip(promptOf(job)) || "(no prompt)"), el("br"), `${job.model} on ${job.machine || "–"}`,
       count > 1 ? [el("br"), `${nth(index, count)} · seed ${result.seed ?? "–"}`] : ""),
     remixes(job, result, index, count))));
 }
@@ -750,11 +754,15 @@ async function loadModels(follow = false) {
   const [models, machines] = await Promise.all([api("/v1/models"), api("/v1/machines")]);  // then the form at once
   const seen = toJson([models.data, machines.map((m) => m.name)]);  // BigInt-safe: a seed range reaches 2^63-1
   const filesChosen = [...form().querySelectorAll("input[type=file]")].some((file) => file.files.length);
-  if (follow && (seen === modelsSeen || state.view === "submit" || filesChosen)) return;
+  if (follow && (seen === modelsSeen || state.view === "submit" || filesChosen || mask.drawn)) return;
   modelsSeen = seen;
   state.models = models.data;  // OpenAI's list shape: {"object": "list", "data": [...]}
   const model = form().elements.model;
-  buildForm(follow ? edited() : {}, follow && model.querySelector("option[value='']") && !model.value ? CHOOSE : model.value);
+  const [kindBefore, modelBefore] = [form().elements.kind.value, model.value];
+  const gone = follow && modelBefore && !runnable().some((m) => m.id === modelBefore && m.kinds.includes(kindBefore));
+  // a chosen model retired meanwhile (or no longer running the kind): none is chosen in its place, and the notice says so
+  buildForm(follow ? edited() : {}, gone || (follow && model.querySelector("option[value='']") && !model.value) ? CHOOSE : model.value);
+  if (gone) say(`The model ${modelBefore} is no longer in service for ${kindBefore} (retired or changed): choose a model, then Submit`);
   const target = $("#submit-form select[name=target]");
   const chosen = target.value;
   target.replaceChildren(el("option", { value: "server" }, "server"), el("option", { value: "auto" }, "Auto"),

@@ -344,6 +344,17 @@ def hf_image_to_image(ctx: ServerContext, model: str, body: HfInference) -> tupl
     return kind, params
 
 
+@router.post("/hf/v1/chat/completions", response_model=None)
+async def hf_chat_completions_any(body: text.ChatCompletion, ctx: Context, request: Request) -> Any:
+    """OpenAI ``chat.completions`` under ``/hf``: what ``InferenceClient(base_url=".../hf")
+    .chat_completion(messages, model=...)`` calls, the model in the body (none, or
+    :data:`HF_NO_MODEL`: the first text model with a chat template). ``target`` defaults to
+    ``"auto"`` here, as on TGI's routes (that client sends no extra field)."""
+    if "target" not in body.model_fields_set:
+        body = body.model_copy(update={"target": AUTO})
+    return await text.chat_completions(body, ctx, request)
+
+
 @router.post("/hf/models/{model}/v1/chat/completions", response_model=None)
 async def hf_chat_completions(model: str, body: text.ChatCompletion, ctx: Context, request: Request) -> Any:
     """OpenAI ``chat.completions`` for the text model of the path (app/api/routes/text.py's

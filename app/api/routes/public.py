@@ -18,7 +18,7 @@ from app.context import ServerContext
 from app.core.connections import REDIS_DOWN
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.families import kinds_of
-from app.core.kinds import BATCH_PARAM, KINDS, MAX_SEED, family_kind_spec
+from app.core.kinds import BATCH_PARAM, CHAT_SHOWN_PARAM, KINDS, MAX_SEED, family_kind_spec
 from app.core.limits import FamilyLimits, limits_for
 from app.core.states import JobState
 from app.db.tables import Job
@@ -70,6 +70,13 @@ async def submit_job(
     fleet's webhook allow-list, or a key without a webhook secret, is refused with 422
     ``invalid_webhook_url``."""
     try:
+        if CHAT_SHOWN_PARAM in body.params:  # expanded_by: refused with the expansion's other checks
+            raise Rejected(
+                f"params.{CHAT_SHOWN_PARAM} is set by the server (a chat's last user message, shown as its prompt); "
+                "send a chat to POST /v1/chat/completions",
+                reason="invalid_params",
+                param=f"params.{CHAT_SHOWN_PARAM}",
+            )
         key_id = request_key_id(request)
         adopt_results(body.kind, body.params, ctx.inputs, ctx.store, ctx.journal, key_id)  # results as inputs
         if dry_run:

@@ -69,7 +69,7 @@ from app.api.routes.images import (
 from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
 from app.core.errors import Rejected
-from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
+from app.core.kinds import CHAT_SHOWN_PARAM, GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
 from app.core.request_body import ANY_VALUE, RequestBody, refuse_unsupported
 from app.core.states import ENDED, JobState
 from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
@@ -458,12 +458,12 @@ def text_params(
     prompt: str, chat: bool, user_message: str | None, body: Sampling, max_tokens: int | None
 ) -> dict[str, Any]:
     """A text job's params: the prompt (chat-templated with ``chat``), the chat's last user
-    message to show as its prompt (``user_message``, none for a completion or a chat without
-    one), and the body's sampling params."""
+    message to show as its prompt (``user_message``, :data:`app.core.kinds.CHAT_SHOWN_PARAM`;
+    none for a completion), and the body's sampling params."""
     return {
         "prompt": prompt,
         **({"chat": True} if chat else {}),
-        **({"user_message": user_message} if user_message is not None else {}),
+        **({CHAT_SHOWN_PARAM: user_message} if user_message is not None else {}),
         **body.params(max_tokens),
     }
 
@@ -532,7 +532,8 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body = body.model_copy(update={"model": model})
     messages = [m.model_dump() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
-    shown = next((m.content for m in reversed(body.messages) if m.role == "user"), None)
+    # what the page shows as its prompt: the last user message, else (a system-only chat) the last message
+    shown = next((m.content for m in reversed(body.messages) if m.role == "user"), body.messages[-1].content)
     names = {
         **CLIENT_FIELDS,
         "prompt": "messages",

@@ -208,6 +208,21 @@ def test_expand_prompt_beyond_its_schema_is_422_in_a_dry_run_too(
     assert ctx.journal.list() == []
 
 
+@pytest.mark.parametrize("dry_run", ["false", "true"])
+def test_a_chats_shown_message_sent_by_a_client_is_refused_naming_it(
+    api: tuple[TestClient, ServerContext], dry_run: str
+) -> None:
+    """``params.user_message`` is the server's (a chat's last user message, which the fleet page
+    shows as the job's prompt): a client's would put other words on the page than the job ran."""
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a", "user_message": "not what ran"}}
+    answer = client.post("/v1/jobs", params={"dry_run": dry_run}, json=body)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert (error["reason"], error["param"]) == ("invalid_params", "params.user_message")
+    assert "POST /v1/chat/completions" in error["message"] and ctx.journal.list() == []
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

@@ -413,6 +413,8 @@ def test_r13_timings_forget_prices_a_repaired_machine_by_its_guess_again(
     assert ctx.timings.load().get("m2", MODEL, "txt2img") is None
     assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess  # this process re-read
     assert "(3)" not in run_cli("timings", "list", env=env).stdout
+    again = run_cli("timings", "forget", "m2", "--model", MODEL, env=env).stdout
+    assert f"m2: no learned timing of model {MODEL} to forget (homefleet timings list shows what was learned)" in again
 
 
 def test_r8_a_job_whose_machine_went_offline_says_so_and_what_to_do(api: tuple[TestClient, ServerContext]) -> None:

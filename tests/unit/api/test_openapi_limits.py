@@ -41,6 +41,7 @@ def test_each_kind_lists_only_the_models_that_run_it_and_a_kind_no_model_runs_is
     assert variants["inpaint"]["properties"]["model"]["enum"] == ["tiny-sd"]
     assert variants["text"]["properties"]["model"]["enum"] == ["tiny-llama"]
     assert "expanded_by" not in variants["txt2img"]["properties"]["params"]["properties"]  # the server sets it
+    assert "user_message" not in variants["text"]["properties"]["params"]["properties"]  # as it does a chat's
 
 
 def test_every_target_and_body_model_names_what_can_run(document: dict[str, Any]) -> None:
