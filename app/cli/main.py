@@ -98,7 +98,14 @@ def serve() -> None:
         # access log (one line per request, workers' claims and heartbeats included).
         app = create_app(settings, ctx)
         gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
-        uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="info", access_log=False)
+        uvicorn.run(
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level="info",
+            access_log=False,
+            timeout_graceful_shutdown=settings.api_shutdown_grace_s,  # waiting calls end; then it stops
+        )
 
 
 worker_cli = typer.Typer(

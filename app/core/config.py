@@ -134,6 +134,13 @@ class Settings(BrokerSettings):
     # (app/api/routes/images.py). When the wait ends the answer is 409 `job_pending` naming the
     # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
+    # On SIGTERM, how long `homefleet serve` lets requests in progress end (seconds) before it
+    # closes them and stops (uvicorn's timeout_graceful_shutdown). An image or text call waits
+    # for its jobs up to images_wait_s: without this the server stayed up minutes after SIGTERM,
+    # its port already closed, while workers could not claim or report. A call cut short is
+    # resent by the client (the SDKs retry a dropped connection) and gets its first call's jobs
+    # from the next server (C10); the jobs themselves run on.
+    api_shutdown_grace_s: float = Field(5.0, ge=0)
     # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
     # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
     # Never taken from the request's Host header, which the client chooses.
