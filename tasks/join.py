@@ -86,12 +86,12 @@ def probe_apart(timeout_s: float = 300.0) -> DeviceFacts:
 
 def read_join_token(given: str | None, token_file: Path | None) -> str:
     """The join token: ``given`` (argv), else ``token_file``'s text, else one line of stdin
-    (``given`` ``-`` also reads stdin).
+    (``given`` or ``token_file`` ``-`` also reads stdin, as docs/operations.md shows).
 
     Raises:
         HomefleetError: reason ``join_token_missing`` when none was given.
     """
-    if token_file is not None:
+    if token_file is not None and str(token_file) != "-":
         token = token_file.expanduser().read_text().strip()
     elif given and given != "-":
         token = given.strip()
