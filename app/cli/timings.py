@@ -48,6 +48,12 @@ def timings_list(machine: Annotated[str | None, typer.Option(help="only this mac
                 f"{timing.small_step_s:.3g}" if timing.small_step_s else "-",
                 f"{timing.misses:+d}" if timing.misses else "0",
             )
+        if not table.row_count:
+            console.print(
+                f"no learned timings{f' of {machine}' if machine else ''} yet: priced by the fleet file's guesses "
+                "until jobs are measured"
+            )
+            return
         print_table(table)
     finally:
         ctx.close()

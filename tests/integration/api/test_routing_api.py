@@ -412,7 +412,7 @@ def test_r13_timings_forget_prices_a_repaired_machine_by_its_guess_again(
     assert "m2: 1 learned timings forgotten; priced by the fleet file's guesses until measured again" in done.stdout
     assert ctx.timings.load().get("m2", MODEL, "txt2img") is None
     assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess  # this process re-read
-    assert "(3)" not in run_cli("timings", "list", env=env).stdout
+    assert "no learned timings of m2 yet" in run_cli("timings", "list", "--machine", "m2", env=env).stdout
     again = run_cli("timings", "forget", "m2", "--model", MODEL, env=env).stdout
     assert f"m2: no learned timing of model {MODEL} to forget (homefleet timings list shows what was learned)" in again
 
