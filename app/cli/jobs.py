@@ -13,7 +13,7 @@ jobs_cli = typer.Typer(help="Single jobs: run one again.", no_args_is_help=True)
 
 @jobs_cli.command("requeue")
 def requeue(
-    job_id: Annotated[str, typer.Argument(help="the job to run again (any state)")],
+    job_id: Annotated[str, typer.Argument(help="the job to run again (any state), or its id's first characters")],
     seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1, help="this seed instead of the job's")] = None,
     new_seed: Annotated[bool, typer.Option("--new-seed", help="a new seed drawn instead of the job's")] = False,
     target: Annotated[str | None, typer.Option(help="a machine name or 'auto' instead of the job's target")] = None,
@@ -29,6 +29,7 @@ def requeue(
         raise typer.BadParameter("give --seed or --new-seed, not both", param_hint="--seed")
     ctx = build_checked_context(server_settings())
     try:
+        job_id = ctx.journal.full_id(job_id)  # the short ids `homefleet demo` and the page print too
         old = ctx.journal.get(job_id)
         chosen = None if new_seed else (seed if seed is not None else UNSET)
         submission = ctx.dispatcher.requeue(job_id, chosen, target, api_key_id=old.api_key_id)

@@ -140,7 +140,7 @@ class Settings(BrokerSettings):
     # its port already closed, while workers could not claim or report. A call cut short is
     # resent by the client (the SDKs retry a dropped connection) and gets its first call's jobs
     # from the next server (C10); the jobs themselves run on.
-    api_shutdown_grace_s: float = Field(5.0, ge=0)
+    api_shutdown_grace_s: int = Field(5, ge=0)  # whole seconds, as uvicorn takes it
     # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
     # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
     # Never taken from the request's Host header, which the client chooses.

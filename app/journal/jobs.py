@@ -114,6 +114,30 @@ class Journal:
                 raise NotFound(f"no job with id {job_id!r}", reason="job_not_found")
             return job
 
+    def full_id(self, given: str) -> str:
+        """The id of the one job whose id is ``given`` or starts with it (the short ids
+        ``homefleet demo`` and the page print: the first 8 hex digits).
+
+        Raises:
+            NotFound: no such job (``job_not_found``), or several start with it
+                (``job_id_ambiguous``, naming a few).
+        """
+        with Session(self.engine) as session:
+            if session.get(Job, given) is not None:
+                return given
+            if not given or not all(c in "0123456789abcdef" for c in given):  # no LIKE wildcard reaches SQL
+                raise NotFound(f"no job with id {given!r}", reason="job_not_found")
+            found = list(session.exec(select(Job.id).where(col(Job.id).startswith(given)).limit(4)))
+        if not found:
+            raise NotFound(f"no job with id {given!r}", reason="job_not_found")
+        if len(found) > 1:
+            raise NotFound(
+                f"{len(found) if len(found) < 4 else 'several'} jobs have an id starting with {given!r} "
+                f"({', '.join(found[:3])}); give more of it",
+                reason="job_id_ambiguous",
+            )
+        return str(found[0])
+
     def state_of(self, job_id: str) -> JobState | None:
         """The job's state, or None when there is no such job."""
         with Session(self.engine) as session:

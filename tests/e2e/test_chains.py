@@ -143,7 +143,12 @@ def test_homefleet_jobs_requeue_runs_a_job_again_with_its_seed_or_a_new_one(rfle
     again = succeeded(rfleet, new_id)
     assert again["requeued_from"] == old["id"] and again["seed"] == old["seed"], again
     assert again["result"]["digest"] == old["result"]["digest"]  # same seed, same machine: same bytes
-    other = run_cli("jobs", "requeue", old["id"], "--new-seed", env=env).stdout.split(" requeued as ")[1].split(":")[0]
+    # by its first 8 characters, as `homefleet demo` and the page print ids
+    short = run_cli("jobs", "requeue", old["id"][:8], "--new-seed", env=env).stdout
+    assert f"job {old['id']} requeued as " in short, short
+    other = short.split(" requeued as ")[1].split(":")[0]
     assert succeeded(rfleet, other)["seed"] != old["seed"]
+    empty = run_cli("jobs", "requeue", "", env=env, check=False)
+    assert empty.returncode == 2 and "job_not_found" in empty.stderr, empty
     missing = run_cli("jobs", "requeue", "0" * 32, env=env, check=False)
     assert missing.returncode == 2 and "job_not_found" in missing.stdout + missing.stderr, missing

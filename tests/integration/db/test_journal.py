@@ -194,3 +194,24 @@ def test_page_walks_a_state_oldest_first_with_a_keyset_cursor(ctx: ServerContext
     ]
     with pytest.raises(NotFound):
         ctx.journal.page([JobState.queued], after="no-such-job")
+
+
+def test_a_job_is_found_by_the_first_characters_of_its_id_when_they_name_one_job(ctx: ServerContext) -> None:
+    """``homefleet jobs requeue`` takes the short ids the demo and the page print; a prefix of
+    several is refused naming them, and only hex digits reach the query (no LIKE wildcard)."""
+    from app.core.errors import NotFound
+
+    ids = ["abcdef01" + "0" * 24, "abcdef02" + "0" * 24, "12345678" + "f" * 24]
+    for job_id in ids:
+        job = Job(state=JobState.queued, model_id="tiny-sd", kind="txt2img", params={"prompt": "x"}, target="m1")
+        job.id = job_id
+        ctx.journal.add(job)
+    assert ctx.journal.full_id("12345678") == ids[2] == ctx.journal.full_id(ids[2])
+    assert ctx.journal.full_id("abcdef02") == ids[1]
+    with pytest.raises(NotFound) as several:
+        ctx.journal.full_id("abcdef0")
+    assert several.value.reason == "job_id_ambiguous" and ids[0] in several.value.message
+    for unknown in ("fedcba", "%", "abcdef0_", ""):
+        with pytest.raises(NotFound) as missing:
+            ctx.journal.full_id(unknown)
+        assert missing.value.reason == "job_not_found"
