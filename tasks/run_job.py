@@ -457,15 +457,43 @@ def upload_result(
     Raises:
         JobNotSucceeded: the retries were spent (the job is failed ``result_not_stored``).
         Conflict, httpx.HTTPError, HomefleetError: as ``ServerClient.upload``; a spooled copy
-            is then removed, except after a transport error (the server may still take it).
+            is then removed, except after a transport error: a server unreachable past its
+            client's retries (``server_retry_s``) may still take it, so the result is kept in
+            the spool for ``homefleet results recover`` (it was lost).
     """
     settings = rt.settings
     spool = ResultSpool(settings.result_spool)
     kept: Path | None = None
     spool_error: OSError | None = None  # the spool's last refusal while nothing is kept
 
-    def attempt() -> object:
+    def keep(why: str) -> None:
+        """Keep the result in the spool (once), logging ``why`` the server did not take it."""
         nonlocal kept, spool_error
+        try:
+            kept = spool.keep(
+                Spooled(
+                    job_id=job_id,
+                    digest=digest,
+                    media_type=media_type,
+                    load_s=load_s,
+                    run_s=run_s,
+                    cold_load=cold,
+                    provenance=provenance,
+                    spooled_at=time.time(),
+                    more_digests=[d for _, d in more or []],
+                ),
+                data,
+                tuple(extra for extra, _ in more or []),
+            )
+        except OSError as refusal:  # the worker's disk is full too: the bytes stay in memory only
+            spool_error = refusal
+            discard_partial(spool, job_id)
+            log.error("job %s: %s and neither could the spool (%s); kept in memory only", job_id, why, refusal)
+        else:
+            spool_error = None
+            log.error("job %s: %s; kept in %s", job_id, why, kept)
+
+    def attempt() -> object:
         try:
             return rt.server.upload(
                 job_id,
@@ -480,37 +508,14 @@ def upload_result(
             )
         except HomefleetError as error:
             if retriable(error) and kept is None:
-                try:
-                    kept = spool.keep(
-                        Spooled(
-                            job_id=job_id,
-                            digest=digest,
-                            media_type=media_type,
-                            load_s=load_s,
-                            run_s=run_s,
-                            cold_load=cold,
-                            provenance=provenance,
-                            spooled_at=time.time(),
-                            more_digests=[d for _, d in more or []],
-                        ),
-                        data,
-                        tuple(extra for extra, _ in more or []),
-                    )
-                except OSError as refusal:  # the worker's disk is full too: the bytes stay in memory only
-                    spool_error = refusal
-                    discard_partial(spool, job_id)
-                    log.error(
-                        "job %s: the server could not store the result (%s) and neither could the spool "
-                        "(%s); kept in memory only",
-                        job_id,
-                        error.message,
-                        refusal,
-                    )
-                else:
-                    spool_error = None
-                    log.error(
-                        "job %s: the server could not store the result (%s); kept in %s", job_id, error.message, kept
-                    )
+                keep(f"the server could not store the result ({error.message})")
+            raise
+        except httpx.HTTPError as error:  # the server unreachable past its client's own retries
+            if kept is None:
+                keep(
+                    f"the server could not be reached to take the result ({error}): run `homefleet results "
+                    f"recover` on machine {settings.machine} once it answers"
+                )
             raise
 
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
 from app.core.config import WorkerSettings
@@ -95,3 +96,30 @@ def test_a_spool_with_room_still_keeps_the_result_for_recover(tmp_path: Path) ->
     [(_, reason, message)] = server.failures
     assert reason == RESULT_NOT_STORED and str(spool / "j3.result") in message and "results recover" in message
     assert (spool / "j3.result").read_bytes() == b"png"
+
+
+class Unreachable(Server):
+    """A server that does not answer past its client's own retries (stopped, its port closed)."""
+
+    def upload(self, job_id: str, data: bytes, *args: Any, **kwargs: Any) -> dict[str, str]:
+        self.uploads += 1
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+
+def test_a_result_the_unreachable_server_did_not_take_is_kept_for_recover(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server gone past the client's retries (a stop of minutes): the result was logged and
+    thrown away; it is kept in the spool, and the log says how to bring it in."""
+    from tasks.spool import ResultSpool
+
+    server = Unreachable(full=0)
+    spool = tmp_path / "spool"
+    with pytest.raises(httpx.ConnectError):
+        upload_result(
+            worker(tmp_path, spool, server), "j4", b"png", "image/png", "blake3:" + "0" * 64, 0.1, 0.2, False, {}
+        )
+    assert server.uploads == 1 and server.failures == []  # no report reaches a server that does not answer
+    [(record, _)] = ResultSpool(spool).entries()
+    assert record.job_id == "j4" and (spool / "j4.result").read_bytes() == b"png"
+    assert "run `homefleet results recover` on machine m1 once it answers" in caplog.text
