@@ -41,39 +41,40 @@ def sync(
     try:
         syncs = ctx.syncs()
         record = syncs.start(machine, model or [])
-        console.print(
-            f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
-            f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}"
-        )
-        if not wait:
-            return
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=20),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
-        # the figures' columns take ~56 characters; the machine, the files' count and the current
-        # file share the rest (80 columns: the file's name is cut from the left)
-        room = max(16, console.width - 56)
-        with Progress(*columns, console=console) as progress, _following(record["id"], machine):
-            # The bar counts the bytes downloaded: those found in place (a file present with its
-            # digest, a partial copy resumed) leave its total, so its rate is the transfer's.
-            bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
-            while record["state"] not in SYNC_ENDED:
-                time.sleep(0.2)
-                record = syncs.get(record["id"])
-                kept = record["bytes_kept"]
-                text = f"{machine} {record['files_done']}/{record['files_total']} {record['file']}"
-                progress.update(
-                    bar,
-                    total=record["bytes_total"] - kept,  # 0 when every byte was there: the bar is full
-                    completed=record["bytes_done"] - kept,
-                    description=text if len(text) <= room else "…" + text[-(room - 1) :],
-                )
-        if record["bytes_kept"]:
-            console.print(f"{record['bytes_kept']} bytes were already on {machine}: not downloaded")
+        with _following(record["id"], machine):  # from here on, Ctrl-C stops following, not the sync
+            console.print(
+                f"sync {record['id']} to [bold]{machine}[/]: {record['files_total']} files, "
+                f"{record['bytes_total']} bytes of {', '.join(record['models']) or 'no models'}"
+            )
+            if not wait:
+                return
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=20),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+            )
+            # the figures' columns take ~56 characters; the machine, the files' count and the current
+            # file share the rest (80 columns: the file's name is cut from the left)
+            room = max(16, console.width - 56)
+            with Progress(*columns, console=console) as progress:
+                # The bar counts the bytes downloaded: those found in place (a file present with its
+                # digest, a partial copy resumed) leave its total, so its rate is the transfer's.
+                bar = progress.add_task(machine, total=max(record["bytes_total"], 1))
+                while record["state"] not in SYNC_ENDED:
+                    time.sleep(0.2)
+                    record = syncs.get(record["id"])
+                    kept = record["bytes_kept"]
+                    text = f"{machine} {record['files_done']}/{record['files_total']} {record['file']}"
+                    progress.update(
+                        bar,
+                        total=record["bytes_total"] - kept,  # 0 when every byte was there: the bar is full
+                        completed=record["bytes_done"] - kept,
+                        description=text if len(text) <= room else "…" + text[-(room - 1) :],
+                    )
+            if record["bytes_kept"]:
+                console.print(f"{record['bytes_kept']} bytes were already on {machine}: not downloaded")
     finally:
         ctx.close()
     for result in record["results"]:

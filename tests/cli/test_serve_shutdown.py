@@ -20,6 +20,7 @@ from app.context import build_context
 from app.core.config import Settings
 from app.core.secret_files import write_private
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.redis_server import free_port
 from tests.helpers import bring_online, make_fleet, settings_env, wait_for
 
@@ -61,6 +62,7 @@ def test_sigterm_ends_a_waiting_image_call_and_stops_the_server_leaving_its_job_
                             json={"model": MODEL, "prompt": "waits for a worker", "target": "server"},
                             headers=headers,
                             timeout=120,
+                            verify=tls_context(),
                         )
                     )
                 except httpx.HTTPError as error:  # the connection closed by the stopping server
@@ -86,6 +88,6 @@ def test_sigterm_ends_a_waiting_image_call_and_stops_the_server_leaving_its_job_
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=2).status_code in (200, 503)
+        return httpx.get(f"{url}/health", timeout=2, verify=tls_context()).status_code in (200, 503)
     except httpx.HTTPError:
         return False

@@ -513,9 +513,13 @@ def test_r6_ctrl_c_stops_following_a_sync_not_the_sync(fleet: SyncFleet, tiny_mo
             # as from a terminal: a pytest-xdist worker ignores SIGINT, and a child inherits that
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
+        assert cli.stdout is not None
+        first = cli.stdout.readline()  # printed once it follows the sync: Ctrl-C from here stops following
+        assert first.startswith("sync ") and " to m2: " in first, first
         wait_for(lambda: list(folder.rglob("*.partial")), timeout_s=60, what="the copy to be under way")
         cli.send_signal(signal.SIGINT)
-        out, _ = cli.communicate(timeout=30)
+        rest, _ = cli.communicate(timeout=30)
+        out = first + rest
         assert cli.returncode == 130, out
         [sync_id] = re.findall(r"stopped following sync ([0-9a-f]{32}): it goes on on m2", out)
         assert f"GET /v1/syncs/{sync_id} follows it" in out
