@@ -596,8 +596,9 @@ class Registry:
         self._mark_read_at = time.monotonic()
         try:
             mark = self.change_mark()
-        except redis.RedisError as error:  # logged, the cache kept
-            log.warning("the registry's change mark could not be read (%s); cached records kept", error)
+        except redis.RedisError as error:  # the cache kept; said only when there is one (a CLI command has none)
+            if self._records or self._priced:
+                log.warning("the registry's change mark could not be read (%s); cached records kept", error)
             return
         if mark != self._mark:
             self._records.clear()

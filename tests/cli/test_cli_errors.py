@@ -72,6 +72,7 @@ def test_a_configuration_mistake_is_one_line_and_exit_2(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert f"error ({reason})" in done.stderr and names in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error ({reason})"), done.stderr  # nothing before it (a cache warning was)
     assert done.stdout == "", done.stdout  # stdout is for a command's output: `status > file` gets no error
     assert "https://" not in done.stdout + done.stderr  # no documentation links in a one-line error
 
