@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from app.cli.common import console, server_settings
+from app.core.errors import Rejected
 
 jobs_cli = typer.Typer(help="Single jobs: run one again.", no_args_is_help=True)
 
@@ -25,8 +26,8 @@ def requeue(
     from app.context import build_checked_context
     from app.jobs.dispatch import UNSET
 
-    if seed is not None and new_seed:
-        raise typer.BadParameter("give --seed or --new-seed, not both", param_hint="--seed")
+    if seed is not None and new_seed:  # one line, exit 2, as every refusal (not typer's usage box)
+        raise Rejected("give --seed or --new-seed, not both", reason="conflicting_options")
     ctx = build_checked_context(server_settings())
     try:
         job_id = ctx.journal.full_id(job_id)  # the short ids `homefleet demo` and the page print too

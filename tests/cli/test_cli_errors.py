@@ -430,3 +430,20 @@ def test_machines_add_and_oom_clear_refuse_values_that_would_do_nothing_in_one_l
         assert done.returncode == 2 and line.startswith(said) and len(line.splitlines()) == 1, done.stdout + line
         assert "errors.pydantic.dev" not in line and "cleared" not in done.stdout
     assert fleet_file.read_text() == before
+
+
+def test_conflicting_options_are_one_error_line_not_a_usage_box(tmp_path: Path, redis_url: str) -> None:
+    """``homefleet jobs requeue ID --seed 5 --new-seed``: one ``error (conflicting_options)`` line
+    on stderr, exit 2, as every refusal, before anything is read (it printed typer's usage box)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "jobs", "requeue", "abcdef12", "--seed", "5", "--new-seed"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error (conflicting_options): give --seed or --new-seed, not both"), done.stderr
+    assert "Usage" not in done.stderr and not (tmp_path / "data").exists()
