@@ -42,6 +42,7 @@ from tasks.retirements import start_following
 from tasks.revocations import Revocations, default_sigterm
 from tasks.runtime import WorkerRuntime
 from tasks.server_client import ServerClient
+from tasks.spool import SpoolRecovery
 from tasks.verify import Verifier
 from tasks.watchdog import Watchdog, clear_running, dump_stacks_on_signal, mark_running
 
@@ -77,6 +78,7 @@ class WorkerParent:
                 self.verifier.follow_registry,
                 self.verifier.check_unchanged,
                 self.revocations.report,
+                SpoolRecovery(settings, self.reporter, self.watchdog.running_job),
             ],
             on_refused=self.on_token_refused,
         )

@@ -454,12 +454,15 @@ def upload_result(
     ``failed`` ``result_not_stored`` at once, the message naming the server's refusal and the
     spool's error (the result is lost; nothing is left for ``results recover``).
 
+    A spooled result is brought in later by the worker's :class:`tasks.spool.SpoolRecovery`
+    (every ``result_recover_interval_s``) or by ``homefleet results recover``.
+
     Raises:
         JobNotSucceeded: the retries were spent (the job is failed ``result_not_stored``).
         Conflict, httpx.HTTPError, HomefleetError: as ``ServerClient.upload``; a spooled copy
             is then removed, except after a transport error: a server unreachable past its
-            client's retries (``server_retry_s``) may still take it, so the result is kept in
-            the spool for ``homefleet results recover`` (it was lost).
+            client's retries (``server_retry_s``) may still take it, so the result stays in
+            the spool.
     """
     settings = rt.settings
     spool = ResultSpool(settings.result_spool)
@@ -513,8 +516,9 @@ def upload_result(
         except httpx.HTTPError as error:  # the server unreachable past its client's own retries
             if kept is None:
                 keep(
-                    f"the server could not be reached to take the result ({error}): run `homefleet results "
-                    f"recover` on machine {settings.machine} once it answers"
+                    f"the server could not be reached to take the result ({error}): this worker uploads it "
+                    f"within {settings.result_recover_interval_s:.0f} s of the server answering (or run "
+                    f"`homefleet results recover` on machine {settings.machine} once it answers)"
                 )
             raise
 
@@ -528,8 +532,9 @@ def upload_result(
         if kept is not None:
             message = (
                 f"the server could not store the result after {settings.result_upload_attempts} attempts "
-                f"({error.message}); it is kept on machine {settings.machine} in {kept}: run `homefleet "
-                "results recover` there once the server has room"
+                f"({error.message}); it is kept on machine {settings.machine} in {kept}: its worker tries it "
+                f"again every {settings.result_recover_interval_s:.0f} s until the server has room (or run "
+                "`homefleet results recover` there)"
             )
         else:
             message = (

@@ -12,6 +12,12 @@ per job ``<job_id>.result`` (the bytes), ``<job_id>.result.<i>`` (image i of a j
 images) and ``<job_id>.json`` (digest, media type, timings, provenance), each written to a temporary name and renamed.
 Uploads are idempotent by digest:
 the server answers a repeated upload of a result it stored with the job as it is.
+
+A running worker brings its spool in by itself (:class:`SpoolRecovery`, a heartbeat duty every
+``result_recover_interval_s``): a result the server could not be reached to take (its job still
+``running`` in the journal) or could not store (``result_not_stored``) reaches the server, and
+its job ``succeeded``, within that interval of the server answering again, without anyone
+running ``homefleet results recover``.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import redis
 
 from app.core.config import WorkerSettings
 from app.core.errors import HomefleetError, StorageFull
+
+if TYPE_CHECKING:
+    from tasks.server_client import ServerClient
 
 log = logging.getLogger("homefleet.worker")
 
@@ -143,14 +153,24 @@ def upload_with_retries(upload: Callable[[], Any], attempts: int, first_pause_s:
     raise AssertionError("unreachable")
 
 
-def recover(spool: ResultSpool, upload: Callable[[Spooled, bytes], Any]) -> list[tuple[str, str]]:
-    """Upload every spooled result again (``homefleet results recover``); an entry the server
-    took, or will never take (its job ended otherwise, the bytes refused), leaves the spool.
-    Returns (job id, outcome) per entry: ``recovered``, ``refused: …`` or ``kept: …``."""
+def recover(
+    spool: ResultSpool, upload: Callable[[Spooled, bytes], Any], skip: Callable[[str], bool] = lambda _: False
+) -> list[tuple[str, str]]:
+    """Upload every spooled result again (``homefleet results recover``, :class:`SpoolRecovery`)
+    but those whose job id ``skip`` names; an entry the server took, or will never take (its job
+    ended otherwise, the bytes refused), leaves the spool. An entry removed meanwhile (another
+    recovery took it) is passed over. Returns (job id, outcome) per entry tried: ``recovered``,
+    ``refused: …`` or ``kept: …``."""
     outcomes = []
     for record, path in spool.entries():
+        if skip(record.job_id):
+            continue
         try:
-            upload(record, path.read_bytes())
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            upload(record, data)
         except (HomefleetError, httpx.HTTPError) as error:
             message = getattr(error, "message", str(error))
             if isinstance(error, HomefleetError) and not retriable(error):
@@ -164,6 +184,26 @@ def recover(spool: ResultSpool, upload: Callable[[Spooled, bytes], Any]) -> list
     return outcomes
 
 
+def spool_uploader(client: ServerClient, spool: ResultSpool) -> Callable[[Spooled, bytes], Any]:
+    """The upload :func:`recover` calls: the spooled result and its images 2..n, through the
+    internal API (``client``, with the machine's token)."""
+
+    def upload(record: Spooled, data: bytes) -> Any:
+        return client.upload(
+            record.job_id,
+            data,
+            record.media_type,
+            record.digest,
+            load_s=record.load_s,
+            run_s=record.run_s,
+            cold_load=record.cold_load,
+            provenance=record.provenance,
+            more=list(zip(spool.more(record), record.more_digests, strict=True)),
+        )
+
+    return upload
+
+
 def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
     """``homefleet results recover``: :func:`recover` over this worker's spool, uploading through
     the internal API with the machine's token."""
@@ -172,19 +212,49 @@ def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
     client = ServerClient.for_worker(settings)
     spool = ResultSpool(settings.result_spool)
     try:
-        return recover(
-            spool,
-            lambda record, data: client.upload(
-                record.job_id,
-                data,
-                record.media_type,
-                record.digest,
-                load_s=record.load_s,
-                run_s=record.run_s,
-                cold_load=record.cold_load,
-                provenance=record.provenance,
-                more=list(zip(spool.more(record), record.more_digests, strict=True)),
-            ),
-        )
+        return recover(spool, spool_uploader(client, spool))
     finally:
         client.close()
+
+
+class SpoolRecovery:
+    """A heartbeat duty of the worker's parent process (R2, R19): every
+    ``settings.result_recover_interval_s`` seconds, :func:`recover` over the spool, through
+    ``client`` (the parent's reporter: no waiting out an unreachable server, the next round
+    tries again). The job the pool process runs now (``running_job()``, from its running
+    record) is left alone: its own upload may still be retrying that entry; when its running
+    record cannot be read (Redis down) nothing is tried this round. Each outcome is logged;
+    a result still kept is logged once, not every round."""
+
+    def __init__(self, settings: WorkerSettings, client: ServerClient, running_job: Callable[[], str | None]) -> None:
+        self.settings = settings
+        self.spool = ResultSpool(settings.result_spool)
+        self.client = client
+        self.running_job = running_job
+        self._next_at = 0.0  # time.monotonic() of the next round
+        self._told_kept: set[str] = set()
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            return
+        self._next_at = now + self.settings.result_recover_interval_s
+        if not self.spool.root.is_dir() or not any(self.spool.root.glob("*.json")):
+            return
+        try:
+            running = self.running_job()
+        except redis.RedisError as error:
+            log.warning("%s: spooled results not tried this round (%s)", self.settings.machine, error)
+            return
+        for job_id, outcome in recover(self.spool, spool_uploader(self.client, self.spool), lambda j: j == running):
+            if not outcome.startswith("kept"):
+                self._told_kept.discard(job_id)
+                log.info("job %s: spooled result %s", job_id, outcome)
+            elif job_id not in self._told_kept:
+                self._told_kept.add(job_id)
+                log.warning(
+                    "job %s: spooled result %s; tried again every %.0f s",
+                    job_id,
+                    outcome,
+                    self.settings.result_recover_interval_s,
+                )

@@ -189,6 +189,17 @@ class Watchdog:
         self.boot_id = boot_id
         self.killed: set[str] = set()  # jobs whose pool process the watchdog killed (not OOMs, R21)
 
+    def running_job(self) -> str | None:
+        """The job a pool process of this machine runs by its running record (:func:`mark_running`),
+        or None.
+
+        Raises:
+            redis.RedisError: the record could not be read.
+        """
+        raw = self.redis.get(self.keys.running(self.settings.machine))
+        job_id = json.loads(raw).get("job_id") if raw else None
+        return str(job_id) if job_id else None
+
     def pool_process(self, job_id: str) -> psutil.Process | None:
         """The live pool process of this worker that runs ``job_id`` by its running record
         (:func:`mark_running`), or None (no record of that job, or its pid is no child of this

@@ -358,10 +358,12 @@ class WorkerSettings(BrokerSettings):
     # A result the server cannot store (507, 5xx) is kept in spool_dir (default: beside
     # models_dir, spool/) and its upload tried result_upload_attempts times, pausing
     # result_retry_s seconds, then twice as long each time; then the job fails result_not_stored
-    # and `homefleet results recover` uploads the spooled file later.
+    # and `homefleet results recover` uploads the spooled file later. A running worker also
+    # tries its spool every result_recover_interval_s seconds (tasks/spool.py SpoolRecovery).
     spool_dir: Path | None = None
     result_upload_attempts: int = Field(4, ge=1)
     result_retry_s: float = Field(1.0, ge=0)
+    result_recover_interval_s: float = Field(30.0, gt=0)
     # A job terminated from Flower or `celery control terminate` (C11): its pool process is
     # SIGKILLed this many seconds after Celery's signal if it still lives (a SIGTERM caught, or
     # not acted on inside a long native step), so the machine takes its next job.

@@ -2,8 +2,8 @@
 (no file it writes may pass LIMIT bytes: the write fails with EFBIG, as on a full disk) and a
 real worker. An input upload is 507 naming what could not be stored; a result the server
 cannot store is kept in the worker's spool and retried, then the job ends ``failed`` with
-reason ``result_not_stored``; once the server has room, ``homefleet results recover`` brings
-the spooled result in and the job is ``succeeded``, the same bytes, run once. With the worker's
+reason ``result_not_stored``; once the server has room, ``homefleet results recover`` (the
+worker stopped) brings the spooled result in and the job is ``succeeded``, the same bytes, run once. With the worker's
 spool full too (a 16 KiB tmpfs) the job fails ``result_not_stored`` at once, naming both refusals."""
 
 from __future__ import annotations
@@ -174,7 +174,9 @@ def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[L
         worker_log = (local.logs_dir / "worker-m1.log").read_text()
         assert worker_log.count(f"job {job['id']}: the server could not store the result (attempt") == 2
         data = kept.read_bytes()
-        # The server gets room (restarted without the limit); the worker's host brings the result in.
+        # The server gets room (restarted without the limit); the worker's host, its worker stopped
+        # (a running one tries its spool itself: tests/e2e/test_result_spool.py), brings the result in.
+        local.stop_worker("m1")
         stop_process_group(local.processes.pop("api"))
         local.start_api()
         worker_env = {

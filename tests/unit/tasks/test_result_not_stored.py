@@ -122,4 +122,5 @@ def test_a_result_the_unreachable_server_did_not_take_is_kept_for_recover(
     assert server.uploads == 1 and server.failures == []  # no report reaches a server that does not answer
     [(record, _)] = ResultSpool(spool).entries()
     assert record.job_id == "j4" and (spool / "j4.result").read_bytes() == b"png"
+    assert "this worker uploads it within 30 s of the server answering" in caplog.text
     assert "run `homefleet results recover` on machine m1 once it answers" in caplog.text

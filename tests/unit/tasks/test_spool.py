@@ -4,6 +4,7 @@ real worker, is tests/e2e/test_full_disk.py."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,81 @@ def test_a_job_of_n_images_is_spooled_whole_and_only_a_whole_entry_is_recovered(
     spool.keep(batch, b"first", (b"second", b"third"))
     spool.remove("batch")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+class Server:
+    """The internal API's upload as the worker's reporter client calls it: 507 while ``full``."""
+
+    def __init__(self) -> None:
+        self.full, self.uploads = True, []
+
+    def upload(self, job_id: str, data: bytes, *args: object, **kwargs: object) -> dict[str, str]:
+        self.uploads.append(job_id)
+        if self.full:
+            raise StorageFull("the result could not be stored: No space left on device")
+        return {"id": job_id}
+
+
+def test_a_running_worker_brings_its_spool_in_each_interval_leaving_the_running_job_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """R2, R19: results spooled while the server was full or unreachable reach it without
+    ``homefleet results recover``; the entry of the job the pool process runs is its upload's own
+    (it may still be retrying it), and a result still refused is logged once, not every round."""
+    from app.core.config import WorkerSettings
+    from tasks.spool import SpoolRecovery
+
+    models = tmp_path / "models"
+    models.mkdir()
+    settings = WorkerSettings(
+        machine="m1",
+        models_dir=models,
+        worker_token="t" * 16,
+        spool_dir=tmp_path / "spool",
+        result_recover_interval_s=30,
+    )
+    spool = ResultSpool(settings.result_spool)
+    spool.keep(record("done", at=1.0), b"png-1")
+    spool.keep(record("running-now", at=2.0), b"png-2")
+    server = Server()
+    clock = [100.0]
+    monkeypatch.setattr("tasks.spool.time.monotonic", lambda: clock[0])
+    recovery = SpoolRecovery(settings, server, lambda: "running-now")  # type: ignore[arg-type]
+
+    caplog.set_level(logging.INFO, logger="homefleet.worker")
+    recovery()
+    assert server.uploads == ["done"]  # the running job's entry is not touched
+    clock[0] += 10
+    recovery()
+    assert server.uploads == ["done"]  # not before the interval
+    clock[0] += 25
+    recovery()
+    assert server.uploads == ["done", "done"]
+    assert caplog.text.count("job done: spooled result kept") == 1
+    assert "tried again every 30 s" in caplog.text
+
+    server.full = False
+    clock[0] += 30
+    recovery()
+    assert server.uploads == ["done", "done", "done"]
+    assert [entry.job_id for entry, _ in spool.entries()] == ["running-now"]
+    assert "job done: spooled result recovered" in caplog.text
+
+
+def test_a_spool_recovery_that_cannot_read_the_running_record_tries_nothing(tmp_path: Path) -> None:
+    import redis
+
+    from app.core.config import WorkerSettings
+    from tasks.spool import SpoolRecovery
+
+    models = tmp_path / "models"
+    models.mkdir()
+    settings = WorkerSettings(machine="m1", models_dir=models, worker_token="t" * 16, spool_dir=tmp_path / "spool")
+    ResultSpool(settings.result_spool).keep(record("maybe-running"), b"png")
+    server = Server()
+
+    def unreadable() -> str | None:
+        raise redis.ConnectionError("Connection refused")
+
+    SpoolRecovery(settings, server, unreadable)()  # type: ignore[arg-type]
+    assert server.uploads == []

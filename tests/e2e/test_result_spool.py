@@ -1,0 +1,108 @@
+"""A result the server could not be reached to take (R2, R19), end to end: a real
+``homefleet serve`` killed while a real worker runs a job, so the worker's upload finds no
+server past its client's retries and the result goes to the worker's spool, the job still
+``running`` in the journal. The server starts again; the running worker brings the spooled
+result in by itself (``tasks/spool.py``, ``SpoolRecovery``): the job ``succeeded`` with the
+spooled bytes, claimed once, and the spool is empty, without ``homefleet results recover``."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.client import HomefleetClient
+from app.context import build_context
+from app.core.config import Settings
+from app.core.digest import bytes_digest
+from app.core.secret_files import write_private
+from app.core.states import JobState
+from app.devtools.localfleet import LocalFleet
+from app.devtools.procs import stop_process_group
+from app.devtools.redis_server import free_port
+from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tiny-sd"
+LONG = {"prompt": "a result nobody takes at first", "steps": 20, "seed": 11, **LONG_SIZE}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path) -> Iterator[tuple[LocalFleet, Path]]:
+    """Server and worker m1; the worker gives an unreachable server up after 1 s (its client's
+    retries), tries one upload, and tries its spool every second."""
+    redis_url = f"{redis_base_url}/9"
+    redis.Redis.from_url(redis_url).flushdb()
+    config = make_fleet("m1")
+    fleet_file = tmp_path / "fleet.toml"
+    write_private(fleet_file, config.to_toml())
+    settings = Settings(
+        data_dir=tmp_path / "server",
+        redis_url=redis_url,
+        fleet_file=fleet_file,
+        api_port=free_port(),
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=8,
+        api_keys=[TEST_API_KEY],
+    )
+    local = LocalFleet(settings, config, fleet_file, forkserver=True)
+    ctx = build_context(settings, config, migrate=True)
+    spool = local.machine_dir("m1") / "spool"
+    try:
+        ctx.registry.add(tiny_models_dir / MODEL, model_id=MODEL)
+        local.copy_model(MODEL, "m1")
+        local.start_api()
+        local.start_worker(
+            "m1",
+            extra_env={
+                "HOMEFLEET_SERVER_RETRY_S": "1",
+                "HOMEFLEET_RESULT_UPLOAD_ATTEMPTS": "1",
+                "HOMEFLEET_RESULT_RECOVER_INTERVAL_S": "1",
+                "HOMEFLEET_SPOOL_DIR": str(spool),
+            },
+        )
+        local.wait_online(["m1"], model_id=MODEL, timeout_s=120)
+        yield local, spool
+    finally:
+        local.stop()
+        ctx.close()
+
+
+def test_a_result_kept_while_the_server_was_down_is_brought_in_by_the_running_worker(
+    fleet: tuple[LocalFleet, Path],
+) -> None:
+    local, spool = fleet
+    ctx = build_context(local.settings, local.fleet)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    worker_log = local.logs_dir / "worker-m1.log"
+    try:
+        job = client.submit(MODEL, "txt2img", LONG, target="m1")
+        job_id = job["id"]
+        wait_for(
+            lambda: int(ctx.redis.hget(ctx.keys.progress(job_id), "step") or 0) >= 1,
+            timeout_s=120,
+            what=f"job {job_id} to report a step",
+        )
+        stop_process_group(local.processes.pop("api"), signal.SIGKILL)  # gone, its port closed
+        kept = spool / f"{job_id}.result"
+        wait_for(kept.is_file, timeout_s=120, what="the worker to spool the result nobody took")
+        assert "the server could not be reached to take the result" in worker_log.read_text()
+        assert ctx.journal.get(job_id).state == "running"  # nobody could tell the server
+        data = kept.read_bytes()
+
+        local.start_api()
+        done = client.wait(job_id, timeout_s=60)
+        assert done["state"] == "succeeded", done
+        assert done["result"]["digest"] == bytes_digest(data)
+        assert client.download(job_id) == data
+        assert list(spool.iterdir()) == []
+        assert f"job {job_id}: spooled result recovered" in worker_log.read_text()
+        claims = [event for event in ctx.journal.events(job_id) if event.event == JobState.running]
+        assert len(claims) == 1  # run once (R3)
+    finally:
+        client.close()
+        ctx.close()
