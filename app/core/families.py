@@ -42,8 +42,9 @@ class Family:
         pipeline_class: the diffusers class in ``model_index.json`` (``_class_name``), or for
             a text model the transformers class in ``config.json`` (``architectures``).
         kind: the job kind its pipeline runs.
-        multiple_of: ``width``/``height`` and input image sides must be multiples of it
-            (pixels): the VAE's downsampling times the transformer's patch size.
+        multiple_of: ``width``/``height`` must be multiples of it (pixels): the VAE's
+            downsampling times the transformer's patch size; an input image is drawn at the
+            nearest multiples (``tasks.kinds.DrawnInput``).
         size_why: what ``multiple_of`` comes from, for refusals.
         drop: params of the kind this pipeline does not take (refused at submission).
         add: params only this family takes (with their defaults and ranges below).

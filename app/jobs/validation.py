@@ -866,16 +866,13 @@ def check_kind_params(
     Raises:
         Rejected: a missing or unknown input file (reason ``invalid_params``/``unknown_file``),
             an input file over the family's ``max_upload_bytes`` or of a media type not in its
-            ``upload_media_types`` (reason ``invalid_<field>``), an input whose sides are not
-            multiples of 8 (of the family's ``multiple_of``, app/core/families.py), a bad video
-            format, a number out of its range, a seed that is not an integer from 0 to 2**63-1,
+            ``upload_media_types`` (reason ``invalid_<field>``), a bad video format, a number
+            out of its range, a seed that is not an integer from 0 to 2**63-1,
             a ``strength`` that leaves no denoising step (:func:`check_strength`), a second input
             (inpaint's ``mask``) whose size is not the first's (reason ``invalid_params``,
             param ``params.<field>``).
     """
     kind_spec = family_spec(family, kind)
-    rules = family_rules(family)
-    multiple = rules.multiple_of if rules is not None else 8
     seed = params.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED):
         raise Rejected(
@@ -908,9 +905,7 @@ def check_kind_params(
             raise Rejected(f"params.{field}: {error.message}", reason=error.reason, param=f"params.{field}") from error
         if limits is not None:
             check_input_upload(field, stored, limits)
-        if (
-            kind_spec.output_scale is not None
-        ):  # the pipelines round other sides down: the output would not be as journaled
+        if kind_spec.output_scale is not None:  # the output keeps the first input's size (tasks/kinds DrawnInput)
             width, height = image_size(stored.path)
             if first is None:
                 first = (field, (width, height))
@@ -918,14 +913,6 @@ def check_kind_params(
                 raise Rejected(
                     f"params.{field} must have the size of params.{first[0]} ({first[1][0]}x{first[1][1]} "
                     f"pixels), got {width}x{height}",
-                    reason=f"invalid_{field}",
-                    param=f"params.{field}",
-                )
-            if width % multiple or height % multiple:
-                why = f" for family {family} ({rules.pipeline_class}: {rules.size_why})" if rules is not None else ""
-                raise Rejected(
-                    f"params.{field}: the image to {kind} must have a width and height that are multiples "
-                    f"of {multiple} pixels{why}, got {width}x{height}",
                     reason=f"invalid_{field}",
                     param=f"params.{field}",
                 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from app.core.families import family as family_rules
@@ -37,6 +37,59 @@ class Output:
     media_type: str
     record: Mapping[str, Any] = field(default_factory=dict)
     more: tuple[bytes, ...] = ()
+
+
+def pipeline_sides(width: int, height: int, multiple: int) -> tuple[int, int]:
+    """The sides (pixels) a pipeline draws an input of ``width`` x ``height`` at: each rounded to
+    the nearest multiple of ``multiple`` (halves up), at least ``multiple``."""
+    return (
+        max(multiple, (width + multiple // 2) // multiple * multiple),
+        max(multiple, (height + multiple // 2) // multiple * multiple),
+    )
+
+
+@dataclass(frozen=True)
+class DrawnInput:
+    """An input image as its pipeline draws it (docs/api.md, "Input images"): a pipeline's VAE
+    packs 8 pixels (16 for Flux, Qwen-Image, Wan: ``Family.multiple_of``) into a latent, and
+    diffusers rounds other sides down, so an input whose sides are not multiples is resized
+    (Lanczos) to the nearest multiples (:func:`pipeline_sides`) and each output is resized back
+    to the input's own size (times the kind's scale), the size the server journaled.
+
+    ``image``: the PIL image given to the pipeline; ``size``: the input's (width, height), pixels."""
+
+    image: Any
+    size: tuple[int, int]
+
+    @property
+    def resized(self) -> bool:
+        return tuple(self.image.size) != self.size
+
+    def restored(self, images: Sequence[Any], scale: int = 1) -> list[Any]:
+        """``images`` (PIL) at ``size`` x ``scale``; as they are when the input was not resized."""
+        from PIL import Image
+
+        if not self.resized:
+            return list(images)
+        target = (self.size[0] * scale, self.size[1] * scale)
+        return [image.resize(target, Image.Resampling.LANCZOS) for image in images]
+
+    def noted(self, output: Output) -> Output:
+        """``output`` with ``pipeline_size`` ([width, height] drawn at) in its journaled record
+        when the input was resized."""
+        if not self.resized:
+            return output
+        return replace(output, record={**output.record, "pipeline_size": list(self.image.size)})
+
+
+def drawn_input(image: Any, family: str) -> DrawnInput:
+    """``image`` (PIL) as ``family``'s pipeline draws it: :class:`DrawnInput`."""
+    from PIL import Image
+
+    rules = family_rules(family)
+    sides = pipeline_sides(image.width, image.height, rules.multiple_of if rules is not None else 8)
+    drawn = image if sides == image.size else image.resize(sides, Image.Resampling.LANCZOS)
+    return DrawnInput(drawn, (image.width, image.height))
 
 
 class Kind(Protocol):

@@ -8,8 +8,9 @@ instruction, e.g. "make it snowy"), ``negative_prompt``, ``steps``, ``seed``; In
 closely to keep the input image); Qwen-Image-Edit: ``true_cfg_scale`` (true CFG with the
 negative prompt, default 4.0), no guidance scale of either kind; Flux Kontext: ``guidance_scale``
 (distilled, default 2.5) and ``true_cfg_scale`` (1.0). Output: one PNG with the input
-image's width x height pixels (multiples of 8; Qwen-Image and Flux Kontext: 16, checked at
-submission; those pipelines are given that size, else they draw at ~1024x1024).
+image's width x height pixels (drawn at the nearest multiples of 8, of 16 for Qwen-Image and
+Flux Kontext, and resized back: ``DrawnInput``; those two pipelines are given the drawn size,
+else they draw at ~1024x1024).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from app.core.families import family as family_rules
 from app.core.kinds import family_kind_spec as kind_spec
-from tasks.kinds import Output, ProgressFn, denoising, family_arguments
+from tasks.kinds import Output, ProgressFn, denoising, drawn_input, family_arguments
 from tasks.pipelines import decode_image, png_bytes
 
 KIND = "edit"
@@ -34,7 +35,8 @@ def run(
     family: str = "",
 ) -> Output:
     args = kind_spec(family, KIND).args(params)
-    image = decode_image(inputs["image"])
+    drawn = drawn_input(decode_image(inputs["image"]), family)
+    image = drawn.image
     rules = family_rules(family)
     size = {"width": image.width, "height": image.height, "max_area": image.width * image.height}
     keep = {name: size[name] for name in rules.size_arguments} if rules is not None else {}
@@ -47,4 +49,5 @@ def run(
         **denoising(args, progress),
         **family_arguments(args, family),
     )
-    return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")
+    [edited] = drawn.restored(result.images[:1])
+    return drawn.noted(Output(data=png_bytes(edited, provenance), media_type="image/png"))

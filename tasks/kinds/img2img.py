@@ -8,7 +8,7 @@ Params (``app/core/kinds.py``, each family's changes in ``app/core/families.py``
 near 0 keeps it, 1 redraws it), ``steps``, ``guidance_scale``, ``seed``. The pipeline runs
 ``int(steps * strength)`` denoising steps (at least 1, checked at submission); progress counts
 those; ``n`` images in one call as txt2img's. Output: n PNGs with the input image's width x
-height pixels (multiples of 8).
+height pixels (drawn at the nearest multiples of 8 and resized back: ``DrawnInput``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tasks.kinds import (
     Output,
     ProgressFn,
     denoising,
+    drawn_input,
     family_arguments,
     image_output,
     kind_pipeline,
@@ -40,16 +41,18 @@ def run(
     family: str = "",
 ) -> Output:
     args = kind_spec(family, KIND).args(params)
-    image = decode_image(inputs["image"])
+    drawn = drawn_input(decode_image(inputs["image"]), family)
     strength = float(args["strength"])
     result = kind_pipeline(pipeline, family, KIND)(
         prompt=str(args["prompt"]),
-        image=image,
+        image=drawn.image,
         negative_prompt=args.get("negative_prompt"),
         strength=strength,
         **denoising(args, progress, total=denoised_steps(int(args["steps"]), strength)),
         **family_arguments(args, family),
     )
-    return image_output(
-        list(result.images), args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None)
+    return drawn.noted(
+        image_output(
+            drawn.restored(result.images), args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None)
+        )
     )

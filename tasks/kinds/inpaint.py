@@ -26,6 +26,7 @@ from tasks.kinds import (
     Output,
     ProgressFn,
     denoising,
+    drawn_input,
     family_arguments,
     image_output,
     kind_pipeline,
@@ -47,19 +48,23 @@ def run(
 
     args = kind_spec(family, KIND).args(params)
     image = decode_image(inputs["image"])
-    mask = decode_mask(inputs["mask"])
+    mask = decode_mask(inputs["mask"])  # the image's size (checked at submission)
+    drawn = drawn_input(image, family)
+    drawn_mask = mask.resize(drawn.image.size, Image.Resampling.NEAREST) if drawn.resized else mask
     strength = float(args["strength"])
     result = kind_pipeline(pipeline, family, KIND)(
         prompt=str(args["prompt"]),
-        image=image,
-        mask_image=mask,
+        image=drawn.image,
+        mask_image=drawn_mask,
         negative_prompt=args.get("negative_prompt"),
-        width=image.width,  # else the pipeline draws at the UNet's sample size
-        height=image.height,
+        width=drawn.image.width,  # else the pipeline draws at the UNet's sample size
+        height=drawn.image.height,
         strength=strength,
         **denoising(args, progress, total=denoised_steps(int(args["steps"]), strength)),
         **family_arguments(args, family),
     )
-    # white: the result; black: the input
-    painted = [Image.composite(out.convert("RGB"), image, mask) for out in result.images]
-    return image_output(painted, args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None))
+    # white: the result; black: the input, at the input's own size
+    painted = [Image.composite(out.convert("RGB"), image, mask) for out in drawn.restored(result.images)]
+    return drawn.noted(
+        image_output(painted, args, provenance, png_bytes, getattr(result, "nsfw_content_detected", None))
+    )

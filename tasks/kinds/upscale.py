@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core.kinds import family_kind_spec as kind_spec
-from tasks.kinds import Output, ProgressFn, family_arguments
+from tasks.kinds import Output, ProgressFn, drawn_input, family_arguments
 from tasks.pipelines import decode_image, png_bytes
 
 KIND = "upscale"
@@ -34,7 +34,7 @@ def run(
     import torch
 
     args = kind_spec(family, KIND).args(params)
-    image = decode_image(inputs["image"])
+    drawn = drawn_input(decode_image(inputs["image"]), family)
     steps = int(args["steps"])
     generator = torch.Generator("cpu").manual_seed(int(args["seed"]))
 
@@ -43,7 +43,7 @@ def run(
 
     result = pipeline(
         prompt=str(args["prompt"]),
-        image=image,
+        image=drawn.image,
         negative_prompt=args.get("negative_prompt"),
         num_inference_steps=steps,
         guidance_scale=float(args["guidance_scale"]),
@@ -52,4 +52,5 @@ def run(
         callback_steps=1,
         **{"noise_level": int(args["noise_level"]), **family_arguments(args, family)},
     )
-    return Output(data=png_bytes(result.images[0], provenance), media_type="image/png")
+    [upscaled] = drawn.restored(result.images[:1], scale=4)  # the x4 upscaler
+    return drawn.noted(Output(data=png_bytes(upscaled, provenance), media_type="image/png"))

@@ -73,16 +73,20 @@ def test_img2img_keeps_the_input_size_and_its_weight_falls_with_strength(fleet: 
     assert near > 3.0 and near > 4 * far, (near, far)  # low strength: the input shows; full strength: barely
 
 
-def test_inpaint_changes_only_the_masked_pixels(fleet: RunningFleet) -> None:
-    source = png(64, 48)
+@pytest.mark.parametrize(("width", "height"), [(64, 48), (61, 45)])
+def test_inpaint_changes_only_the_masked_pixels(fleet: RunningFleet, width: int, height: int) -> None:
+    """At any size: 61 x 45 is drawn at 64 x 48 and the result resized back before the input's
+    own pixels are pasted outside the mask (docs/api.md, "Input images")."""
+    source = png(width, height)
     image = fleet.client.upload(source)["id"]
-    mask = fleet.client.upload(mask_png((64, 48), (16, 8, 48, 40)))["id"]
+    mask = fleet.client.upload(mask_png((width, height), (16, 8, 48, 40)))["id"]
     job, data = run(fleet, "inpaint", {"prompt": "a fox", "steps": 2, "seed": 5, "image": image, "mask": mask})
     assert job["provenance"]["inputs"] == {"image": image, "mask": mask}
+    assert job["provenance"].get("pipeline_size") == (None if (width, height) == (64, 48) else [64, 48])
     out, before = pixels(data), pixels(source)
     inside = np.zeros(out.shape[:2], dtype=bool)
     inside[8:40, 16:48] = True
-    assert out.shape == before.shape == (48, 64, 3)
+    assert out.shape == before.shape == (height, width, 3)
     assert np.array_equal(out[~inside], before[~inside])  # outside the mask: the input's own pixels
     assert np.abs(out[inside] - before[inside]).mean() > 10.0  # inside: repainted
 

@@ -524,7 +524,7 @@ async def edit_images(
     request: Request,
     prompt: Annotated[str, Form(min_length=1, max_length=MAX_PROMPT_CHARS)],
     image: Annotated[
-        UploadFile | None, File(description="the image to edit (PNG, JPEG or WebP; sides multiples of 8)")
+        UploadFile | None, File(description="the image to edit (PNG, JPEG or WebP; any size: the result keeps it)")
     ] = None,
     model: Annotated[str | None, Form(max_length=64)] = None,
     n: Annotated[int, Form(json_schema_extra={"minimum": 1})] = 1,  # 1 to the family's max_batch (invalid_n)

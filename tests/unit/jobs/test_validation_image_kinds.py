@@ -66,10 +66,8 @@ def test_inpaint_needs_a_mask_of_the_image_size(store: InputStore) -> None:
     ) as refused:
         check_kind_params("inpaint", {"prompt": "x", "image": image, "mask": wrong}, store, family="sd1")
     assert (refused.value.param, refused.value.reason) == ("params.mask", "invalid_mask")
-    odd = store.add(image_bytes((63, 61))).id  # a side that is no multiple of the UNet's 8 pixels
-    with pytest.raises(Rejected, match=r"params.image: the image to img2img must have a width and height") as sides:
-        check_kind_params("img2img", {"prompt": "x", "image": odd}, store, family="sd1")
-    assert (sides.value.param, sides.value.reason) == ("params.image", "invalid_image")
+    odd = store.add(image_bytes((63, 61))).id  # drawn at 64x64 and resized back (tasks/kinds DrawnInput)
+    check_kind_params("img2img", {"prompt": "x", "image": odd}, store, family="sd1")
     right = store.add(image_bytes((32, 16), "L")).id
     check_kind_params("inpaint", {"prompt": "x", "image": image, "mask": right}, store, family="sd1")
 
