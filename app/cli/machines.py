@@ -11,7 +11,6 @@ of the machines (app/fleet/live.py rewrites it atomically); the running server r
 from __future__ import annotations
 
 import ipaddress
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -49,19 +48,10 @@ def _fleet_file(ctx: ServerContext) -> Path:
 
 
 def _server_url(ctx: ServerContext, given: str | None) -> str:
-    """The server's URL for a join command: ``given`` (``--server-url``), else
-    ``HOMEFLEET_PUBLIC_BASE_URL``, else ``http://HOMEFLEET_API_HOST:HOMEFLEET_API_PORT`` with a
-    wildcard host (0.0.0.0, ::) named by this host's fully qualified name."""
-    if given:
-        return given.rstrip("/")
-    if ctx.settings.public_base_url:
-        return ctx.settings.public_base_url.rstrip("/")
-    host = ctx.settings.api_host
-    if host in ("0.0.0.0", "::", ""):  # every address of this host: name it as others reach it
-        host = socket.getfqdn()
-    elif ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{ctx.settings.api_port}"
+    """The server's URL for a join command: ``given`` (``--server-url``), else the server's
+    own address (``Settings.base_url``: ``HOMEFLEET_PUBLIC_BASE_URL``, else
+    ``http://HOMEFLEET_API_HOST:HOMEFLEET_API_PORT``)."""
+    return given.rstrip("/") if given else ctx.settings.base_url
 
 
 def _on_loopback(url: str) -> bool:

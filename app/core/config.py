@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,8 @@ class Settings(BrokerSettings):
     # from the next server (C10); the jobs themselves run on.
     api_shutdown_grace_s: int = Field(5, ge=0)  # whole seconds, as uvicorn takes it
     # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
-    # image routes' result URLs start with it. None: they are relative ("/v1/jobs/<id>/result").
-    # Never taken from the request's Host header, which the client chooses.
+    # image routes' result URLs and join commands start with it. None: http://api_host:api_port
+    # (Settings.base_url). Never taken from the request's Host header, which the client chooses.
     public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
     # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
     # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
@@ -251,6 +252,21 @@ class Settings(BrokerSettings):
         # Escaped, not pasted: a URL's path is percent-decoded, so a "%" in the folder's name is written "%25"
         # (what SQLAlchemy's URL.create renders for the same path).
         return self.database_url or "sqlite:///" + quote(str(self.data_dir / "journal.db"), safe="/:~._-+ ")
+
+    @property
+    def base_url(self) -> str:
+        """The server's address as clients and workers reach it, without a trailing slash:
+        ``public_base_url``, else ``http://<api_host>:<api_port>`` with a wildcard host (0.0.0.0,
+        ::) named by this host's fully qualified name. Never from a request's ``Host`` header,
+        which the client chooses."""
+        if self.public_base_url:
+            return self.public_base_url.rstrip("/")
+        host = self.api_host
+        if host in ("0.0.0.0", "::", ""):  # every address of this host: name it as others reach it
+            host = socket.getfqdn()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.api_port}"
 
     @property
     def models_dir(self) -> Path:

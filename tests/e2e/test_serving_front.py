@@ -87,10 +87,11 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
         extra_body={"steps": 1},
     )
     assert by_url.data is not None and by_url.data[0].url is not None
-    assert by_url.data[0].url.startswith("/v1/jobs/")  # relative: no public_base_url set, and never from Host
-    assert httpx.get(
-        fleet.local.api_url + by_url.data[0].url, headers=fleet.local.auth_headers, verify=tls_context()
-    ).content.startswith(b"\x89PNG")
+    # absolute, the server's own address (no public_base_url set), never from Host: fetched as given
+    assert by_url.data[0].url.startswith(f"{fleet.local.api_url}/v1/jobs/")
+    assert httpx.get(by_url.data[0].url, headers=fleet.local.auth_headers, verify=tls_context()).content.startswith(
+        b"\x89PNG"
+    )
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         client.images.generate(model=fleet.model, prompt="x", size="60x64")  # type: ignore[arg-type]
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message

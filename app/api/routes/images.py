@@ -511,7 +511,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
         return {
             "created": int(time.time()),
             "data": [
-                image_item(job, body.response_format, ctx.settings.public_base_url, body.prompt, index)
+                image_item(job, body.response_format, ctx.settings.base_url, body.prompt, index)
                 for job in jobs
                 for index in range(max(1, len(job.results or [])))
             ],
@@ -568,7 +568,7 @@ async def edit_images(
     with submitted([job.id for job in jobs]):
         return {
             "created": int(time.time()),
-            "data": [image_item(job, response_format, ctx.settings.public_base_url, prompt) for job in jobs],
+            "data": [image_item(job, response_format, ctx.settings.base_url, prompt) for job in jobs],
         }
 
 
@@ -696,16 +696,14 @@ def form_extras(form: Any) -> dict[str, Any]:
     return extras
 
 
-def image_item(
-    job: Job, response_format: str | None, public_base_url: str | None, prompt: str, index: int = 0
-) -> dict[str, str]:
+def image_item(job: Job, response_format: str | None, base_url: str, prompt: str, index: int = 0) -> dict[str, str]:
     """One ``data`` entry: result ``index`` of ``job`` (its images in order) as base64
-    (default) or as its URL: ``public_base_url`` (a setting) + ``/v1/jobs/<id>/result``
-    (``?index=i`` after the first), relative without it; never from the request's Host."""
+    (default) or as its absolute URL: ``base_url`` (``Settings.base_url``, never from the
+    request's Host) + ``/v1/jobs/<id>/result`` (``?index=i`` after the first)."""
     if response_format == "url":
         query = f"?index={index}" if index else ""
         return {
-            "url": (public_base_url or "").rstrip("/") + f"/v1/jobs/{job.id}/result{query}",
+            "url": f"{base_url}/v1/jobs/{job.id}/result{query}",
             "revised_prompt": prompt,
         }
     path = (job.results[index]["path"] if job.results else None) or job.result_path or ""

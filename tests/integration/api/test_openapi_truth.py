@@ -142,7 +142,8 @@ def test_result_urls_never_come_from_the_host_header(settings: Settings, tiny_mo
     import threading
     import time
 
-    for base, expected in ((None, "/v1/jobs/"), ("https://fleet.example/hf", "https://fleet.example/hf/v1/jobs/")):
+    own = f"http://{settings.api_host}:{settings.api_port}/v1/jobs/"
+    for base, expected in ((None, own), ("https://fleet.example/hf", "https://fleet.example/hf/v1/jobs/")):
         ctx = build_context(settings.model_copy(update={"public_base_url": base}), make_fleet("m1"), migrate=True)
         if base is None:
             ctx.registry.add(tiny_models_dir / MODEL, MODEL)
