@@ -340,6 +340,18 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
         client.text_to_image("a fox")
     assert refused.value.response.status_code == 422 and refused.value.response.json()["reason"] == "unsupported_kind"
     assert "runs text" in refused.value.response.json()["error"] and len(tfleet.ctx.journal.list()) == jobs
+    # text_generation with a text parameter on an image model's URL: a 422 naming the kind, not an
+    # unknown parameter, and no image job (with no parameter its payload is text_to_image's exactly:
+    # {"inputs", "parameters": {}} with Accept */*, which runs txt2img as on Hugging Face)
+    drawn = huggingface_hub.InferenceClient(
+        base_url=f"{tfleet.local.api_url}/hf/models/tiny-sd", token=TEST_API_KEY, timeout=60
+    )
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        drawn.text_generation("a fox", max_new_tokens=3)
+    assert refused.value.response.status_code == 422, refused.value.response.text
+    error = refused.value.response.json()["error"]
+    assert error["code"] == "unsupported_kind" and "runs txt2img" in error["message"], error
+    assert "not text_generation" in error["message"] and len(tfleet.ctx.journal.list()) == jobs
     # an unknown model on that URL is 404 naming those in service, not a refusal of a TGI parameter
     typo = huggingface_hub.InferenceClient(base_url=url + "x", token=TEST_API_KEY, timeout=60)
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as unknown:

@@ -237,6 +237,19 @@ class HfInference(RequestBody):
         return (sniff(data) or "").startswith("image/")
 
 
+TEXT_GENERATION_PARAMETERS = frozenset(tgi.Parameters.model_fields) | frozenset(tgi.UNSUPPORTED)
+"""TGI's ``parameters``: those text-to-image does not share (:data:`HF_PARAMS`) say a payload
+is ``text_generation``'s (:func:`asks_for_text`)."""
+
+
+def asks_for_text(body: HfInference) -> bool:
+    """Whether ``body`` is ``InferenceClient.text_generation``'s payload (TGI's ``stream`` field,
+    or a parameter only text generation takes: ``max_new_tokens``, ``details``…), not
+    text-to-image's."""
+    text_only = TEXT_GENERATION_PARAMETERS - frozenset(HfParameters.model_fields)
+    return "stream" in (body.model_extra or {}) or bool(set(body.parameters.model_extra or {}) & text_only)
+
+
 @router.post("/hf", response_class=Response)
 async def hf_inference_default(body: HfInference, ctx: Context, request: Request) -> Response:
     """Hugging Face ``text_to_image`` with the first txt2img model (``InferenceClient(base_url=".../hf")``),
@@ -254,7 +267,8 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
     client's announced timeout (``Prefer: wait=N``; C10). An unknown model is 404
     ``unknown_model`` before any parameter is read. A text model's path answers as TGI's
     ``POST /`` does for that model (:func:`app.api.routes.tgi.answer_for_model`), or 422
-    ``unsupported_kind`` when the client accepts only images."""
+    ``unsupported_kind`` when the client accepts only images; an image model's path refuses
+    ``text_generation``'s payload so (:func:`asks_for_text`)."""
     started = time.monotonic()
     record = await to_thread.run_sync(ctx.registry.get, model)  # 404 unknown_model before any parameter is read
     if TEXT_KIND in record.kinds:
@@ -269,6 +283,13 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
                 )
             )
         return await tgi.answer_for_model(model, await request.json(), ctx, request)
+    if asks_for_text(body):  # text_generation on an image model's URL: no image answered as text
+        raise Rejected(
+            f"model {model!r} runs {', '.join(record.kinds)}: it answers text_to_image and image_to_image "
+            "here, not text_generation; text generation needs a model that runs text",
+            reason="unsupported_kind",
+            param="model",
+        )
     refuse_unknown(list(body.model_extra or {}), type(body).model_fields, "the Hugging Face Inference payload")
     if not body.image_to_image():
         kind, params = "txt2img", hf_params(body.inputs, body.parameters)
