@@ -51,6 +51,24 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
+def declared_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) in pixels that an image file's header declares, read by Pillow's plugin
+    for its format without ``Image.open``'s decompression-bomb check (nothing is decoded), or
+    None when no plugin reads it."""
+    from PIL import Image
+
+    Image.init()
+    for factory, accept in Image.OPEN.values():
+        if accept is not None and not accept(data[:16]):
+            continue
+        try:
+            with factory(io.BytesIO(data), None) as image:
+                return int(image.size[0]), int(image.size[1])
+        except (OSError, SyntaxError, ValueError, EOFError, TypeError):
+            continue
+    return None
+
+
 def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXELS) -> tuple[int, int]:
     """(width, height) in pixels of an image that decodes completely with Pillow.
 
@@ -73,9 +91,13 @@ def check_decodes(data: bytes, media_type: str, max_pixels: int = MAX_INPUT_PIXE
                 for frame in ImageSequence.Iterator(image):  # every frame of an animated GIF or WebP
                     frame.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:  # Pillow refused at open
-        # Pillow's message names its own limit (89,478,485 pixels), not ours: keep only the size
-        found = re.search(r"Image size \((\d+) pixels\)", str(error))
-        size = f"{found.group(1)} pixels" if found else "more pixels than that"
+        # Pillow's message names its own limit (89,478,485 pixels), not ours, and no sides
+        sides = declared_size(data)
+        if sides is not None:
+            size = f"{sides[0]} x {sides[1]} = {sides[0] * sides[1]} pixels"
+        else:
+            found = re.search(r"Image size \((\d+) pixels\)", str(error))
+            size = f"{found.group(1)} pixels" if found else "more pixels than that"
         raise Rejected(f"image is {size}; the limit is {max_pixels} pixels", reason="input_too_large") from error
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise Rejected(f"file is not a complete {media_type} image: {error}", reason="input_corrupt") from error

@@ -216,7 +216,7 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     for refused, field in ((too_many, "inputs"), (edits, "image")):
         error = refused.json()["error"]
         assert (refused.status_code, error["code"], error["param"]) == (422, "input_too_large", field), refused.text
-        assert error["message"] == "image is 100000000 pixels; the limit is 16777216 pixels"
+        assert error["message"] == "image is 10000 x 10000 = 100000000 pixels; the limit is 16777216 pixels"
     ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
     bring_online(ctx, "server", {MODEL, EDIT_MODEL, "tiny-video"})
     no_image_kind = client.post(
