@@ -20,12 +20,16 @@ timings_cli = typer.Typer(help="Learned timings: what Auto expects each machine 
 
 
 @timings_cli.command("list")
-def timings_list(machine: Annotated[str | None, typer.Option(help="only this machine")] = None) -> None:
+def timings_list(
+    machine: Annotated[str | None, typer.Option(help="only this machine")] = None,
+    retired: Annotated[bool, typer.Option("--retired", help="also retired models' timings, marked so")] = False,
+) -> None:
     """Learned timings per machine, model and kind: cold load seconds and the loads measured;
     seconds per step at 1024x1024 (text: per new token) and the runs measured; a thumbnail's
     step (under 256x256); large misses in a row (more than 2.5x off the estimate: + slower, -
     faster; two the same way replace the figure). A (machine, model, kind) not listed is
-    priced by the fleet file's guesses."""
+    priced by the fleet file's guesses. A retired model's timings price nothing (its id is
+    never used again, R1): listed only with ``--retired``."""
     from app.context import build_checked_context
 
     ctx = build_checked_context(Settings())
@@ -35,26 +39,35 @@ def timings_list(machine: Annotated[str | None, typer.Option(help="only this mac
         table = Table(
             "machine", "model", "kind", "load s (loads)", "step s (runs)", "thumbnail step s", "misses (+slow -fast)"
         )
+        in_service = {record.id for record in ctx.registry.list()}
+        hidden = 0
         for (name, model_id, kind), timing in sorted(ctx.timings.load().items()):
             if machine is not None and name != machine:
+                continue
+            if model_id not in in_service and not retired:
+                hidden += 1
                 continue
             per = "token" if kind == TEXT_KIND else "step"
             table.add_row(
                 name,
-                model_id,
+                model_id if model_id in in_service else f"{model_id} (retired)",
                 kind,
                 f"{timing.load_s:.3g} ({timing.load_samples})",
                 "-" if kind == ADAPTER_KIND else f"{timing.step_s:.3g} per {per} ({timing.samples})",
                 f"{timing.small_step_s:.3g}" if timing.small_step_s else "-",
                 f"{timing.misses:+d}" if timing.misses else "0",
             )
+        of = f" of {machine}" if machine else ""
+        kept = f" ({hidden} of retired models: --retired lists them)" if hidden else ""
         if not table.row_count:
             console.print(
-                f"no learned timings{f' of {machine}' if machine else ''} yet: priced by the fleet file's guesses "
+                f"no learned timings{of} of models in service yet{kept}: priced by the fleet file's guesses "
                 "until jobs are measured"
             )
             return
         print_table(table)
+        if hidden:
+            console.print(f"{hidden} learned timings{of} of retired models not listed (--retired lists them)")
     finally:
         ctx.close()
 

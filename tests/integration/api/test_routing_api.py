@@ -412,9 +412,20 @@ def test_r13_timings_forget_prices_a_repaired_machine_by_its_guess_again(
     assert "m2: 1 learned timings forgotten; priced by the fleet file's guesses until measured again" in done.stdout
     assert ctx.timings.load().get("m2", MODEL, "txt2img") is None
     assert ctx.dispatcher.costs.estimator().timing("m2", MODEL, "txt2img") == guess  # this process re-read
-    assert "no learned timings of m2 yet" in run_cli("timings", "list", "--machine", "m2", env=env).stdout
+    assert (
+        "no learned timings of m2 of models in service yet"
+        in run_cli("timings", "list", "--machine", "m2", env=env).stdout
+    )
     again = run_cli("timings", "forget", "m2", "--model", MODEL, env=env).stdout
     assert f"m2: no learned timing of model {MODEL} to forget (homefleet timings list shows what was learned)" in again
+    # a retired model's timings price nothing (its id is never used again): listed on request only
+    accepted, token = _claimed(client, ctx, side=256)
+    _upload(client, accepted["id"], token, load_s=0.5, run_s=2.0, cold=True)
+    ctx.registry.retire(MODEL)
+    hidden = run_cli("timings", "list", env=env).stdout
+    assert "no learned timings of models in service yet (1 of retired models: --retired lists them)" in hidden, hidden
+    shown = run_cli("timings", "list", "--retired", env=env).stdout
+    assert f"{MODEL} (retired)" in shown and "m2" in shown, shown
 
 
 def test_r8_a_job_whose_machine_went_offline_says_so_and_what_to_do(api: tuple[TestClient, ServerContext]) -> None:
