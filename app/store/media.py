@@ -62,7 +62,7 @@ def declared_size(data: bytes) -> tuple[int, int] | None:
         if accept is not None and not accept(data[:16]):
             continue
         try:
-            with factory(io.BytesIO(data), None) as image:
+            with factory(io.BytesIO(data), "") as image:
                 return int(image.size[0]), int(image.size[1])
         except (OSError, SyntaxError, ValueError, EOFError, TypeError):
             continue
