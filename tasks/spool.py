@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -219,12 +220,14 @@ def recover_spool(settings: WorkerSettings) -> list[tuple[str, str]]:
 
 class SpoolRecovery:
     """A heartbeat duty of the worker's parent process (R2, R19): every
-    ``settings.result_recover_interval_s`` seconds, :func:`recover` over the spool, through
-    ``client`` (the parent's reporter: no waiting out an unreachable server, the next round
-    tries again). The job the pool process runs now (``running_job()``, from its running
+    ``settings.result_recover_interval_s`` seconds, while the spool holds an entry, a round of
+    :func:`recover` over it in a thread of its own (an upload of a large result takes longer
+    than the heartbeat's TTL: the heartbeat's thread never waits for it; one round at a time),
+    through ``client`` (the parent's reporter: no waiting out an unreachable server, the next
+    round tries again). The job the pool process runs now (``running_job()``, from its running
     record) is left alone: its own upload may still be retrying that entry; when its running
-    record cannot be read (Redis down) nothing is tried this round. Each outcome is logged;
-    a result still kept is logged once, not every round."""
+    record cannot be read (Redis down) nothing is tried that round. Each outcome is logged; a
+    result still kept is logged once, not every round."""
 
     def __init__(self, settings: WorkerSettings, client: ServerClient, running_job: Callable[[], str | None]) -> None:
         self.settings = settings
@@ -233,20 +236,36 @@ class SpoolRecovery:
         self.running_job = running_job
         self._next_at = 0.0  # time.monotonic() of the next round
         self._told_kept: set[str] = set()
+        self._round: threading.Thread | None = None
 
     def __call__(self) -> None:
         now = time.monotonic()
-        if now < self._next_at:
+        if now < self._next_at or (self._round is not None and self._round.is_alive()):
             return
         self._next_at = now + self.settings.result_recover_interval_s
         if not self.spool.root.is_dir() or not any(self.spool.root.glob("*.json")):
             return
+        self._round = threading.Thread(target=self.run_round, name="homefleet-spool-recovery", daemon=True)
+        self._round.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the round in progress, if any (seconds; None: as long as it takes)."""
+        if self._round is not None:
+            self._round.join(timeout_s)
+
+    def run_round(self) -> None:
+        """One round: :func:`recover` over every entry but the running job's; errors are logged."""
         try:
             running = self.running_job()
         except redis.RedisError as error:
             log.warning("%s: spooled results not tried this round (%s)", self.settings.machine, error)
             return
-        for job_id, outcome in recover(self.spool, spool_uploader(self.client, self.spool), lambda j: j == running):
+        try:
+            outcomes = recover(self.spool, spool_uploader(self.client, self.spool), lambda job_id: job_id == running)
+        except (OSError, ValueError) as error:  # the spool unreadable, a record's images gone: next round
+            log.warning("%s: spooled results not brought in this round (%s)", self.settings.machine, error)
+            return
+        for job_id, outcome in outcomes:
             if not outcome.startswith("kept"):
                 self._told_kept.discard(job_id)
                 log.info("job %s: spooled result %s", job_id, outcome)

@@ -151,20 +151,25 @@ def test_a_running_worker_brings_its_spool_in_each_interval_leaving_the_running_
     recovery = SpoolRecovery(settings, server, lambda: "running-now")  # type: ignore[arg-type]
 
     caplog.set_level(logging.INFO, logger="homefleet.worker")
-    recovery()
+
+    def beat() -> None:  # the heartbeat's thread calls the duty; the round runs in its own thread
+        recovery()
+        recovery.join(timeout_s=10)
+
+    beat()
     assert server.uploads == ["done"]  # the running job's entry is not touched
     clock[0] += 10
-    recovery()
+    beat()
     assert server.uploads == ["done"]  # not before the interval
     clock[0] += 25
-    recovery()
+    beat()
     assert server.uploads == ["done", "done"]
     assert caplog.text.count("job done: spooled result kept") == 1
     assert "tried again every 30 s" in caplog.text
 
     server.full = False
     clock[0] += 30
-    recovery()
+    beat()
     assert server.uploads == ["done", "done", "done"]
     assert [entry.job_id for entry, _ in spool.entries()] == ["running-now"]
     assert "job done: spooled result recovered" in caplog.text
@@ -185,5 +190,45 @@ def test_a_spool_recovery_that_cannot_read_the_running_record_tries_nothing(tmp_
     def unreadable() -> str | None:
         raise redis.ConnectionError("Connection refused")
 
-    SpoolRecovery(settings, server, unreadable)()  # type: ignore[arg-type]
+    recovery = SpoolRecovery(settings, server, unreadable)  # type: ignore[arg-type]
+    recovery()
+    recovery.join(timeout_s=10)
     assert server.uploads == []
+
+
+def test_a_spool_round_never_holds_up_the_heartbeat(tmp_path: Path) -> None:
+    """An upload slower than the heartbeat's TTL (a large video over a slow link) runs in the
+    round's own thread: the duty returns at once, and no second round starts while it runs."""
+    import threading
+
+    from app.core.config import WorkerSettings
+    from tasks.spool import SpoolRecovery
+
+    models = tmp_path / "models"
+    models.mkdir()
+    settings = WorkerSettings(
+        machine="m1",
+        models_dir=models,
+        worker_token="t" * 16,
+        spool_dir=tmp_path / "spool",
+        result_recover_interval_s=0.01,
+    )
+    ResultSpool(settings.result_spool).keep(record("big"), b"mp4")
+    release, started = threading.Event(), threading.Event()
+
+    class Slow(Server):
+        def upload(self, job_id: str, data: bytes, *args: object, **kwargs: object) -> dict[str, str]:
+            self.uploads.append(job_id)
+            started.set()
+            release.wait(10)
+            return {"id": job_id}
+
+    server = Slow()
+    recovery = SpoolRecovery(settings, server, lambda: None)  # type: ignore[arg-type]
+    recovery()
+    assert started.wait(10)
+    for _ in range(3):  # beats while the upload runs
+        recovery()
+    release.set()
+    recovery.join(timeout_s=10)
+    assert server.uploads == ["big"] and ResultSpool(settings.result_spool).entries() == []
