@@ -12,18 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from app.client import HomefleetClient
 from app.context import build_context
-from app.core.config import Settings
 from app.core.digest import bytes_digest
-from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
-from app.devtools.redis_server import free_port
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, fleet_files, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,20 +31,8 @@ LONG = {"prompt": "a result nobody takes at first", "steps": 20, "seed": 11, **L
 def fleet(tmp_path: Path, redis_base_url: str, tiny_models_dir: Path) -> Iterator[tuple[LocalFleet, Path]]:
     """Server and worker m1; the worker gives an unreachable server up after 1 s (its client's
     retries), tries one upload, and tries its spool every second."""
-    redis_url = f"{redis_base_url}/9"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet("m1")
-    fleet_file = tmp_path / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=tmp_path / "server",
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        api_keys=[TEST_API_KEY],
-    )
+    files = fleet_files(tmp_path / "server", f"{redis_base_url}/9", "m1")
+    config, fleet_file, settings = files.config, files.fleet_file, files.settings
     local = LocalFleet(settings, config, fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     spool = local.machine_dir("m1") / "spool"

@@ -91,7 +91,10 @@ def test_a_result_that_does_not_decode_is_result_invalid_and_stores_nothing(tmp_
     assert refused.value.reason == "result_invalid"
     assert refused.value.message.startswith("result: ")
     if kind == "bomb":
-        assert refused.value.message == f"result: image is 30000 x 30000 = 900000000 pixels; the limit is {4096 * 4096} pixels"
+        assert (
+            refused.value.message
+            == f"result: image is 30000 x 30000 = 900000000 pixels; the limit is {4096 * 4096} pixels"
+        )
     assert stored_files(tmp_path) == []
 
 

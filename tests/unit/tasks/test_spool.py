@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.core.config import WorkerSettings
 from app.core.errors import Conflict, HomefleetError, IntegrityFailure, StorageFull
-from tasks.spool import ResultSpool, Spooled, recover, retriable, upload_with_retries
+from tasks.spool import ResultSpool, Spooled, SpoolRecovery, recover, retriable, upload_with_retries
 
 
 def answered(status: int) -> HomefleetError:
@@ -111,6 +112,15 @@ def test_a_job_of_n_images_is_spooled_whole_and_only_a_whole_entry_is_recovered(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def recovery_settings(tmp_path: Path, **fields: object) -> WorkerSettings:
+    """Machine m1's worker settings with its spool under ``tmp_path``."""
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    return WorkerSettings(
+        machine="m1", models_dir=models, worker_token="t" * 16, spool_dir=tmp_path / "spool", **fields
+    )  # type: ignore[arg-type]
+
+
 class Server:
     """The internal API's upload as the worker's reporter client calls it: 507 while ``full``."""
 
@@ -130,18 +140,7 @@ def test_a_running_worker_brings_its_spool_in_each_interval_leaving_the_running_
     """R2, R19: results spooled while the server was full or unreachable reach it without
     ``homefleet results recover``; the entry of the job the pool process runs is its upload's own
     (it may still be retrying it), and a result still refused is logged once, not every round."""
-    from app.core.config import WorkerSettings
-    from tasks.spool import SpoolRecovery
-
-    models = tmp_path / "models"
-    models.mkdir()
-    settings = WorkerSettings(
-        machine="m1",
-        models_dir=models,
-        worker_token="t" * 16,
-        spool_dir=tmp_path / "spool",
-        result_recover_interval_s=30,
-    )
+    settings = recovery_settings(tmp_path, result_recover_interval_s=30)
     spool = ResultSpool(settings.result_spool)
     spool.keep(record("done", at=1.0), b"png-1")
     spool.keep(record("running-now", at=2.0), b"png-2")
@@ -178,12 +177,7 @@ def test_a_running_worker_brings_its_spool_in_each_interval_leaving_the_running_
 def test_a_spool_recovery_that_cannot_read_the_running_record_tries_nothing(tmp_path: Path) -> None:
     import redis
 
-    from app.core.config import WorkerSettings
-    from tasks.spool import SpoolRecovery
-
-    models = tmp_path / "models"
-    models.mkdir()
-    settings = WorkerSettings(machine="m1", models_dir=models, worker_token="t" * 16, spool_dir=tmp_path / "spool")
+    settings = recovery_settings(tmp_path)
     ResultSpool(settings.result_spool).keep(record("maybe-running"), b"png")
     server = Server()
 
@@ -201,18 +195,7 @@ def test_a_spool_round_never_holds_up_the_heartbeat(tmp_path: Path) -> None:
     round's own thread: the duty returns at once, and no second round starts while it runs."""
     import threading
 
-    from app.core.config import WorkerSettings
-    from tasks.spool import SpoolRecovery
-
-    models = tmp_path / "models"
-    models.mkdir()
-    settings = WorkerSettings(
-        machine="m1",
-        models_dir=models,
-        worker_token="t" * 16,
-        spool_dir=tmp_path / "spool",
-        result_recover_interval_s=0.01,
-    )
+    settings = recovery_settings(tmp_path, result_recover_interval_s=0.01)
     ResultSpool(settings.result_spool).keep(record("big"), b"mp4")
     release, started = threading.Event(), threading.Event()
 
