@@ -139,23 +139,26 @@ def _quantization_config(folder: Path, quantization: str) -> Any:
 
 
 def decode_image(data: bytes) -> Any:
-    """Decode uploaded image bytes (PNG/JPEG/WebP) into an RGB PIL image. Raises
-    ``PIL.UnidentifiedImageError`` for bytes that are no image."""
-    from PIL import Image
+    """Decode uploaded image bytes (PNG/JPEG/WebP) into an RGB PIL image, upright: turned as its
+    EXIF orientation says (``PIL.ImageOps.exif_transpose``, as diffusers' ``load_image`` does; a
+    phone's portrait photo is stored landscape), the size the server journaled
+    (``app.jobs.validation.image_size``). Raises ``PIL.UnidentifiedImageError`` for bytes that
+    are no image."""
+    from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(data)) as image:
-        return image.convert("RGB")
+        return ImageOps.exif_transpose(image).convert("RGB")
 
 
 def decode_mask(data: bytes) -> Any:
-    """Decode an uploaded inpainting mask into a binary ``L`` PIL image: greyscale (alpha
-    ignored), 255 where the value is at least 128 (repaint), else 0 (keep); diffusers' mask
-    processor binarizes at the same half. Raises ``PIL.UnidentifiedImageError`` for bytes that
-    are no image."""
-    from PIL import Image
+    """Decode an uploaded inpainting mask into a binary ``L`` PIL image, upright as
+    :func:`decode_image`: greyscale (alpha ignored), 255 where the value is at least 128
+    (repaint), else 0 (keep); diffusers' mask processor binarizes at the same half. Raises
+    ``PIL.UnidentifiedImageError`` for bytes that are no image."""
+    from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(data)) as image:
-        return image.convert("L").point(lambda value: 255 if value >= 128 else 0)
+        return ImageOps.exif_transpose(image).convert("L").point(lambda value: 255 if value >= 128 else 0)
 
 
 def png_bytes(image: Any, provenance: dict[str, Any]) -> bytes:

@@ -56,6 +56,7 @@ from app.core.textgen import (
 )
 from app.db.tables import ModelRecord
 from app.store.files import InputStore, StoredFile
+from app.store.media import upright_size
 from app.store.registry import Registry
 from routing.placement import JobRequest
 from routing.timings import TEXT_KIND
@@ -1044,7 +1045,9 @@ def check_output_pixels(width: int, height: int, limits: FamilyLimits, field: st
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) in pixels, read from the image header only.
+    """(width, height) in pixels as viewers show the image (its EXIF orientation applied,
+    :func:`app.store.media.upright_size`, as the worker turns it before drawing), read from the
+    image header only.
 
     Raises:
         Rejected: the stored file is not a readable image (reason ``input_corrupt``; uploads are
@@ -1054,7 +1057,7 @@ def image_size(path: Path) -> tuple[int, int]:
 
     try:
         with Image.open(path) as image:
-            return image.size
+            return upright_size(image)
     except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
         raise Rejected(
             f"params.image: the uploaded file is not a readable image ({error}); upload it again",

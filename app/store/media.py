@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from typing import Any
 
 from app.core.errors import Rejected
 
@@ -49,6 +50,25 @@ def sniff(data: bytes) -> str | None:
     if data[4:8] == b"ftyp":
         return "video/mp4"
     return None
+
+
+EXIF_ORIENTATION = 0x0112
+"""The EXIF tag that says how a camera's pixels are turned for display (1-8)."""
+SIDEWAYS_ORIENTATIONS = frozenset({5, 6, 7, 8})
+"""Orientations that turn the picture a quarter (with or without a mirror): its displayed width
+is the stored height (EXIF 2.32, tag 0x0112; ``PIL.ImageOps.exif_transpose`` turns them so)."""
+
+
+def upright_size(image: Any) -> tuple[int, int]:
+    """(width, height) in pixels of an opened PIL image as viewers show it: its stored size, its
+    sides swapped when its EXIF orientation turns it a quarter (a phone's portrait photo is
+    stored landscape with orientation 6). The header is read; nothing is decoded."""
+    width, height = image.size
+    try:
+        orientation = image.getexif().get(EXIF_ORIENTATION)
+    except (OSError, SyntaxError, ValueError):  # an unreadable EXIF block: the pixels as stored
+        return width, height
+    return (height, width) if orientation in SIDEWAYS_ORIENTATIONS else (width, height)
 
 
 def declared_size(data: bytes) -> tuple[int, int] | None:

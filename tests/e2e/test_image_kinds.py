@@ -193,3 +193,29 @@ def test_requeue_of_a_size_that_ran_out_of_memory_is_refused(fleet: RunningFleet
     finally:
         fleet.ctx.residency.clear_ooms(MACHINE, fleet.model, "txt2img")
     assert fleet.client.wait(fleet.client.requeue(old["id"])["id"], timeout_s=180)["state"] == "succeeded"
+
+
+def portrait_photo(upright: Image.Image) -> bytes:
+    """``upright`` as a phone stores a portrait photo: turned a quarter to landscape, with EXIF
+    orientation 6 (turn 90 degrees clockwise to view); a PNG (lossless), so the view is exact."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    upright.transpose(Image.Transpose.ROTATE_90).save(buffer, format="PNG", exif=exif.tobytes())
+    return buffer.getvalue()
+
+
+def test_a_phone_photo_is_drawn_upright_as_viewers_show_it(fleet: RunningFleet) -> None:
+    """EXIF orientation 6: the image is journaled and drawn at its displayed size (45 x 61, not
+    61 x 45) and turned as viewers turn it, as diffusers' ``load_image`` does (it came back
+    sideways): the result is the same image, pixel for pixel, as of the photo stored upright."""
+    rng = np.random.default_rng(5)
+    upright = Image.fromarray(rng.integers(0, 256, (61, 45, 3), dtype=np.uint8))
+    plain = io.BytesIO()
+    upright.save(plain, format="PNG")
+    params = {"prompt": "a fox", "steps": 2, "strength": 0.5, "seed": 3}
+    turned, data = run(fleet, "img2img", {**params, "image": fleet.client.upload(portrait_photo(upright))["id"]})
+    _, expected = run(fleet, "img2img", {**params, "image": fleet.client.upload(plain.getvalue())["id"]})
+    assert (turned["params"]["output_width"], turned["params"]["output_height"]) == (45, 61)
+    assert pixels(data).shape == (61, 45, 3)
+    assert np.array_equal(pixels(data), pixels(expected))
