@@ -339,8 +339,9 @@ class Registry:
                 ``not_an_adapter``), or a LoRA for another base (reason ``adapter_family_mismatch``).
                 A taken file that is a broken link, a component without loadable weights
                 (:func:`app.store.selection.select_files`).
-            Conflict: no ``model_id`` given and a registered model already has the same files
-                taken (paths and digests) and variant (reason ``model_already_registered``, naming it):
+            Conflict: no ``model_id`` given and a registered model of the same family already has
+                the same files taken (paths and digests) and variant (reason
+                ``model_already_registered``, naming it):
                 a second copy under a minted id is only made when asked for by id.
         """
         check_exists(Path(source))
@@ -393,7 +394,7 @@ class Registry:
             else:
                 self._check_new_id(model_id, taken)
 
-            if minted and (same := self._registered_as(sources, precision, quantization)) is not None:
+            if minted and (same := self._registered_as(sources, family, precision, quantization)) is not None:
                 raise Conflict(
                     f"{source} is already registered as {same!r} (the same files and variant "
                     f"{precision}{'+' + quantization if quantization else ''}); use that id, or pass an id "
@@ -539,11 +540,13 @@ class Registry:
                 reason="model_id_taken",
             )
 
-    def _registered_as(self, sources: dict[str, Path], precision: str, quantization: str | None) -> str | None:
+    def _registered_as(
+        self, sources: dict[str, Path], family: str, precision: str, quantization: str | None
+    ) -> str | None:
         """The id of a registered model with exactly the files ``sources`` (stored path -> the file
         it is copied from: what :func:`app.store.selection.select_files` takes, or a single LoRA
-        file as :data:`~app.core.lora_files.LORA_WEIGHTS`; paths and digests) and this variant, or
-        None. Paths and sizes are compared first: the files are hashed only when a model has the
+        file as :data:`~app.core.lora_files.LORA_WEIGHTS`; paths and digests), of ``family`` (a
+        LoRA registered for another base family is no copy to use) and this variant, or None. Paths and sizes are compared first: the files are hashed only when a model has the
         same ones, nothing is copied."""
         here = dict(sources)
         sizes = {path: file.stat().st_size for path, file in here.items()}
@@ -551,6 +554,7 @@ class Registry:
         with Session(self.engine) as session:
             for record in session.exec(
                 select(ModelRecord).where(
+                    ModelRecord.family == family,
                     ModelRecord.precision == precision,
                     ModelRecord.quantization == quantization,
                     col(ModelRecord.retired_at).is_(None),  # a retired model is no copy to use instead
@@ -655,16 +659,23 @@ class Registry:
         retired_at = self.retired_at(model_id)
         if retired_at is None:
             return
-        adapter = ADAPTER_KIND in self.get(model_id).kinds
+        record = self.get(model_id)
+        adapter = ADAPTER_KIND in record.kinds
         with Session(self.engine) as session:
             in_service = session.exec(
                 select(ModelRecord).where(col(ModelRecord.retired_at).is_(None)).order_by(ModelRecord.id)
             ).all()
-        known = ", ".join(m.id for m in in_service if (ADAPTER_KIND in m.kinds) == adapter)
+        # an adapter's stand-ins: adapters of its base family only (another family's cannot load)
+        known = ", ".join(
+            m.id
+            for m in in_service
+            if (ADAPTER_KIND in m.kinds) == adapter and (not adapter or m.family == record.family)
+        )
         what = "adapter" if adapter else "model"
+        others = f"adapters of family {record.family}" if adapter else "models"
         raise NotFound(
             f"{what} {model_id!r} was retired on {retired_at:%Y-%m-%d %H:%M} UTC and runs no new job; "
-            f"{what}s in service: {known or 'none'}",
+            f"{others} in service: {known or 'none'}",
             reason="model_retired",
         )
 

@@ -147,6 +147,9 @@ def test_a_single_lora_file_of_either_layout_registers_with_its_layout_and_diges
     with pytest.raises(Conflict, match=r"is already registered as 'tiny-sd-kohya'") as caught:
         ctx.registry.add(kohya, adapter_of="sd1")  # the same file again, no id asked for
     assert caught.value.reason == "model_already_registered"
+    # the same file for another base family is another adapter (the sd1 one cannot load on pix2pix)
+    for_pix2pix = ctx.registry.add(kohya, adapter_of="sd1-pix2pix")
+    assert (for_pix2pix.id, for_pix2pix.family) == ("tiny-sd-kohya-2", "sd1-pix2pix")
 
 
 def test_a_lora_file_for_another_family_or_no_lora_is_refused_naming_why(
@@ -233,13 +236,14 @@ def test_r1_a_job_naming_a_retired_adapter_is_refused_model_retired(
     ``params.adapters`` is refused, not run with it, while its base model stays in service."""
     ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
     ctx.registry.add(lora, "sd-lora", adapter_of="sd1")
+    ctx.registry.add(lora, "p2p-lora", adapter_of="sd1-pix2pix")  # in service, but no stand-in on sd1
     params = {"prompt": "a cat", "steps": 2, "adapters": [{"id": "sd-lora", "scale": 1.0}]}
     ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")  # accepted while in service
     ctx.registry.retire("sd-lora")
     with pytest.raises(NotFound) as refused:
         ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")
     assert refused.value.reason == "model_retired" and "adapter 'sd-lora' was retired" in refused.value.message
-    assert refused.value.message.endswith("adapters in service: none")  # not the base models
+    assert refused.value.message.endswith("adapters of family sd1 in service: none")  # not the base models
     assert refused.value.param == "params.adapters[0].id"  # the entry at fault, not the job's model
     ctx.dispatcher.validator.request("tiny-sd", "txt2img", {"prompt": "a cat", "steps": 2}, "auto")
 
