@@ -546,8 +546,9 @@ class Registry:
         """The id of a registered model with exactly the files ``sources`` (stored path -> the file
         it is copied from: what :func:`app.store.selection.select_files` takes, or a single LoRA
         file as :data:`~app.core.lora_files.LORA_WEIGHTS`; paths and digests), of ``family`` (a
-        LoRA registered for another base family is no copy to use) and this variant, or None. Paths and sizes are compared first: the files are hashed only when a model has the
-        same ones, nothing is copied."""
+        LoRA registered for another base family is no copy to use) and this variant, or None.
+        Paths and sizes are compared first: the files are hashed only when a model has the same
+        ones, nothing is copied."""
         here = dict(sources)
         sizes = {path: file.stat().st_size for path, file in here.items()}
         digests: dict[str, str] | None = None
