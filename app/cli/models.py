@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -12,6 +13,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from app.cli.common import console, errors, print_table, server_settings
+from app.core.errors import Rejected
 
 if TYPE_CHECKING:
     from app.db.tables import ModelRecord
@@ -287,7 +289,18 @@ def models_add(
             if not path.is_file():  # what add() takes, for the lines below (a LoRA file is taken whole)
                 check_exists(path)
                 if adapter_of is None:  # no model folder at all is refused as such, before its files are read
-                    describe_pipeline(path.resolve())
+                    try:
+                        describe_pipeline(path.resolve())
+                    except Rejected as error:  # a command it suggests keeps this one's options
+                        options = [
+                            ("--precision", precision if precision != "fp32" else None),
+                            ("--quantization", quantization),
+                            ("--id", model_id),
+                        ]
+                        raise Rejected(
+                            with_options(error.message, [f"{name} {value}" for name, value in options if value]),
+                            reason=error.reason,
+                        ) from error
                 selection = select_files(path.resolve(), precision, adapter=adapter_of is not None)
                 if extra.get("source_format") == HF_CACHE:
                     _warn_unlinked(path, selection.taken)
@@ -326,6 +339,17 @@ def models_add(
         f"files={len(manifest.files)} bytes={record.total_bytes} variant={record.variant.key()} "
         f"weights={readable_bytes(record.weights_bytes or 0)} source={source_text(record)}{digest}"
         + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else "")
+    )
+
+
+def with_options(message: str, options: list[str]) -> str:
+    """``message`` with ``options`` (``--precision fp16``…) added to each ``homefleet models add
+    --from-hf-cache REPO`` command it suggests in backquotes: run as written, it registers what
+    the user asked for (without ``--precision fp16`` an fp16-only cache has no loadable weights)."""
+    if not options:
+        return message
+    return re.sub(
+        r"(`homefleet models add --from-hf-cache [^`\s]+)`", lambda m: f"{m[1]} {' '.join(options)}`", message
     )
 
 

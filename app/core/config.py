@@ -433,8 +433,25 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     known |= OTHER_VARIABLES
     lines = []
     for name in sorted(v for v in environ if v.startswith("HOMEFLEET_") and v not in known):
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+        close = closest(name, sorted(known))
         lines.append(
-            f"{name} is not a Homefleet setting; it is ignored" + (f" (did you mean {close[0]}?)" if close else "")
+            f"{name} is not a Homefleet setting; it is ignored"
+            + (f" (did you mean {' or '.join(close)}?)" if close else "")
         )
     return lines
+
+
+def closest(name: str, known: list[str]) -> list[str]:
+    """The names of ``known`` closest to ``name`` (``difflib``'s ratio, at least 0.6): the
+    closest and every one within 0.05 of its ratio (a character more or less on a name of ~20
+    moves the ratio ~0.03), best first. ``HOMEFLEET_API_KEYZ`` is a typo of ``HOMEFLEET_API_KEY``
+    as much as of ``HOMEFLEET_API_KEYS``: naming one only may name the wrong one."""
+    ranked = difflib.get_close_matches(name, known, n=len(known))
+    if not ranked:
+        return []
+
+    def ratio(other: str) -> float:
+        return difflib.SequenceMatcher(None, name, other).ratio()
+
+    best = ratio(ranked[0])
+    return [other for other in ranked if ratio(other) >= best - 0.05]

@@ -365,6 +365,11 @@ def test_r1_a_misnamed_folder_is_told_what_to_register_before_its_files_are_read
     assert "broken link" not in said
     snapshots = _human_free(run_cli("models", "add", str(repo / "snapshots"), env=env, check=False).stderr)
     assert f"It is the Hugging Face cache folder of {replica.repo_id}" in snapshots, snapshots
+    # the command it suggests keeps the options given (an fp16-only cache needs its --precision)
+    asked = run_cli("models", "add", str(repo), "--precision", "fp16", "--id", "q1", env=env, check=False)
+    assert f"`homefleet models add --from-hf-cache {replica.repo_id} --precision fp16 --id q1`" in _human_free(
+        asked.stderr
+    ), asked.stderr
     root = _human_free(run_cli("models", "add", str(cache), env=env, check=False).stderr)
     assert f"It is a Hugging Face cache ({replica.repo_id}): register a repository's snapshot with" in root, root
     assert f"--from-hf-cache {replica.repo_id}` (HF_HUB_CACHE={cache})" in root
