@@ -441,10 +441,10 @@ def models_list(
             "on disk / loaded",
             Column("source", overflow="fold"),
             Column("pipeline", overflow="fold"),
-            *(["retired"] if show_all else []),
+            *(["retired (UTC)"] if show_all else []),
         )
         for m in ctx.registry.list(retired=show_all):
-            retired = [f"retired {m.retired_at:%Y-%m-%d %H:%M}" if m.retired_at else ""] if show_all else []
+            retired = [f"{m.retired_at:%Y-%m-%d %H:%M}" if m.retired_at else ""] if show_all else []
             table.add_row(
                 m.id,
                 m.family,

@@ -59,7 +59,7 @@ from app.store.files import InputStore, StoredFile
 from app.store.media import upright_size
 from app.store.registry import Registry
 from routing.placement import JobRequest
-from routing.timings import TEXT_KIND
+from routing.timings import ADAPTER_KIND, TEXT_KIND
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,14 @@ def check_runs(record: ModelRecord, kind: str) -> None:
     """
     kinds = kinds_of(record.family, record.kinds)
     if kind not in kinds:
+        if ADAPTER_KIND in kinds:  # a LoRA named as the job's model
+            raise Rejected(
+                f"model {record.id!r} is a LoRA adapter of family {record.family}, not a model that runs jobs: "
+                f'name it in `params.adapters` ([{{"id": "{record.id}", "scale": 1.0}}]) of a job on a '
+                f"{record.family} model",
+                reason="kind_not_supported",
+                param="model",
+            )
         hint = ""
         if kind == "edit" and {"img2img", "inpaint"} & set(kinds):
             # OpenAI's images.edit names no kind: say what an edit is here and where this model's kinds run

@@ -239,6 +239,12 @@ def test_r1_a_job_naming_a_retired_adapter_is_refused_model_retired(
     ctx.registry.add(lora, "p2p-lora", adapter_of="sd1-pix2pix")  # in service, but no stand-in on sd1
     params = {"prompt": "a cat", "steps": 2, "adapters": [{"id": "sd-lora", "scale": 1.0}]}
     ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")  # accepted while in service
+    with pytest.raises(Rejected) as as_model:  # a LoRA named as the job's model: where it goes instead
+        ctx.dispatcher.validator.request("sd-lora", "txt2img", {"prompt": "a cat"}, "auto")
+    assert (as_model.value.reason, as_model.value.param) == ("kind_not_supported", "model")
+    assert "is a LoRA adapter of family sd1, not a model that runs jobs: name it in `params.adapters`" in (
+        as_model.value.message
+    )
     ctx.registry.retire("sd-lora")
     with pytest.raises(NotFound) as refused:
         ctx.dispatcher.validator.request("tiny-sd", "txt2img", dict(params), "auto")
