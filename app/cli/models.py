@@ -16,6 +16,7 @@ from app.cli.common import console, errors, print_table, server_settings
 from app.core.errors import Rejected
 
 if TYPE_CHECKING:
+    from app.context import ServerContext
     from app.db.tables import ModelRecord
 
 models_cli = typer.Typer(help="The model registry (server side).", no_args_is_help=True)
@@ -314,6 +315,7 @@ def models_add(
                 **extra,
             )
         manifest = ctx.registry.manifest(record.id)
+        where = verified_on_server(ctx, record)
     finally:
         ctx.close()
     if selection is not None:
@@ -340,6 +342,40 @@ def models_add(
         f"weights={readable_bytes(record.weights_bytes or 0)} source={source_text(record)}{digest}"
         + (f" defaults={json.dumps(record.defaults, separators=(',', ':'))}" if record.defaults else "")
     )
+    if where:
+        console.print(where, soft_wrap=True, highlight=False)
+
+
+SERVER_VERIFY_WAIT_S = 20.0
+"""How long ``models add`` waits for the ``server`` machine to verify a new model (seconds): its
+worker reads the registry's folder and verifies a change within a beat or two, plus hashing."""
+
+
+def verified_on_server(ctx: ServerContext, record: ModelRecord) -> str:
+    """Wait (up to :data:`SERVER_VERIFY_WAIT_S`, with a spinner) until the ``server`` machine,
+    whose worker reads the registry's folder, has verified ``record`` (R4), so a job submitted
+    next is not refused ``model_not_verified``; the line that says where it runs and what other
+    machines need (a sync). "" when the fleet has no online ``server`` machine of its family."""
+    import time
+
+    from routing.placement import SERVER
+
+    view = ctx.machines.view(SERVER) if SERVER in ctx.fleet.machines else None
+    if view is None or not view.online or record.family not in view.families:
+        return ""
+    others = "; other machines get it with `homefleet sync MACHINE " + record.id + "`"
+    deadline = time.monotonic() + SERVER_VERIFY_WAIT_S
+    with console.status(f"machine {SERVER} is verifying {record.id} …"):
+        while record.id not in view.verified_models:
+            if time.monotonic() > deadline or not view.online:
+                return (
+                    f"machine {SERVER} has not verified {record.id} yet (its worker verifies the registry's "
+                    f"changes at each beat; a large model takes a while to hash): `homefleet status` shows when"
+                    f"{others}"
+                )
+            time.sleep(0.25)
+            view = ctx.machines.view(SERVER)
+    return f"verified on machine {SERVER}: jobs can run it there now{others}"
 
 
 def with_options(message: str, options: list[str]) -> str:

@@ -95,3 +95,22 @@ def test_r6_an_fp16_model_from_the_hf_cache_syncs_only_its_taken_files_and_gener
     with Image.open(io.BytesIO(client.download(job["id"]))) as image:
         assert image.size == (64, 64)
         assert len(set(image.convert("RGB").getdata())) > 1  # pixels, not a blank picture
+
+
+def test_r4_models_add_returns_once_the_server_machine_verified_the_model(  # type: ignore[no-untyped-def]
+    fleet,
+) -> None:
+    """The ``server`` machine's worker reads the registry's folder: ``models add`` waits until it
+    has verified the new model and says so, and what other machines need, so a job submitted
+    next runs there (it was refused ``model_not_verified``, advising a sync that had nothing to
+    copy)."""
+    local, ctx, client, env, replica = fleet
+    done = run_cli(
+        "models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", "--id", "second-copy", env=env
+    )
+    assert "verified on machine server: jobs can run it there now; other machines get it with" in done.stdout
+    assert "`homefleet sync MACHINE second-copy`" in done.stdout, done.stdout
+    job = client.submit(
+        "second-copy", "txt2img", {"prompt": "a red square", "steps": 1, "width": 64, "height": 64}, target="server"
+    )
+    assert client.wait(job["id"], timeout_s=180)["state"] == "succeeded"
