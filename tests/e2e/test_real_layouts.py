@@ -104,7 +104,7 @@ def test_r4_models_add_returns_once_the_server_machine_verified_the_model(  # ty
     has verified the new model and says so, and what other machines need, so a job submitted
     next runs there (it was refused ``model_not_verified``, advising a sync that had nothing to
     copy)."""
-    local, ctx, client, env, replica = fleet
+    _, _, client, env, replica = fleet
     done = run_cli(
         "models", "add", "--from-hf-cache", replica.repo_id, "--precision", "fp16", "--id", "second-copy", env=env
     )
