@@ -55,6 +55,26 @@ for group in (fleet_cli, keys_cli, dev_cli):  # their commands sit at the top le
     cli.registered_commands += group.registered_commands
 
 
+class CutAtShutdown(logging.Filter):
+    """uvicorn ends its graceful shutdown (``api_shutdown_grace_s``) by cancelling the requests
+    still running, an image call waiting for its job, and logs each as "Exception in ASGI
+    application" with a ``CancelledError`` traceback, which reads as a crash. Such a record
+    becomes one warning line: the call was cut, its jobs run on, and a client's resend of it gets
+    them (C10). Any other record passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import asyncio  # loaded by uvicorn already
+
+        if record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError):
+            record.msg = (
+                "a request still running when the shutdown's grace ran out was cut; its jobs run on, and a "
+                "client's resend of the call gets them"
+            )
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 @cli.command()
 def serve() -> None:
     """Run the HTTP API (public + internal routes) on HOMEFLEET_API_HOST:HOMEFLEET_API_PORT."""
@@ -97,6 +117,7 @@ def serve() -> None:
         # info: uvicorn's own startup lines, ending with "Uvicorn running on http://HOST:PORT"; no
         # access log (one line per request, workers' claims and heartbeats included).
         app = create_app(settings, ctx)
+        logging.getLogger("uvicorn.error").addFilter(CutAtShutdown())
         gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
         uvicorn.run(
             app,

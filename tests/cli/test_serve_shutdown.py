@@ -79,6 +79,10 @@ def test_sigterm_ends_a_waiting_image_call_and_stops_the_server_leaving_its_job_
             assert server.returncode is not None and answered, out
             assert stopped_s < 30, (stopped_s, out.decode(errors="replace")[-2000:])
             assert ctx.journal.get(job.id).state == JobState.queued  # not judged lost: it runs once a worker claims it
+            said = out.decode(errors="replace")
+            assert "timeout graceful shutdown exceeded" in said, said[-3000:]  # the waiting call was cut:
+            assert "Exception in ASGI application" not in said and "CancelledError" not in said, said[-3000:]
+            assert "a request still running when the shutdown's grace ran out was cut" in said, said[-3000:]
         finally:
             if server.poll() is None:
                 server.kill()
