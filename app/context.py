@@ -265,7 +265,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         outbox=WebhookOutbox(engine),
         webhook_wakeup=wakeup,
         endings=endings,
-        waiting=Waiting(settings, keyspace, journal, progress),
+        waiting=Waiting(settings, keyspace, journal, progress, retry_after_s=settings.retry_after_s),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -10,6 +11,7 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, get_origin
 
 import typer
@@ -79,6 +81,7 @@ class CutAtShutdown(logging.Filter):
 def serve() -> None:
     """Run the HTTP API (public + internal routes) on HOMEFLEET_API_HOST:HOMEFLEET_API_PORT."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from app.api.auth import check_api_keys
     from app.api.server import create_app
@@ -119,14 +122,28 @@ def serve() -> None:
         app = create_app(settings, ctx)
         logging.getLogger("uvicorn.error").addFilter(CutAtShutdown())
         gc.freeze()  # what start-up made is never garbage: collections scan only what requests make
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=settings.api_host,
             port=settings.api_port,
             log_level="info",
             access_log=False,
-            timeout_graceful_shutdown=settings.api_shutdown_grace_s,  # waiting calls end; then it stops
+            timeout_graceful_shutdown=settings.api_shutdown_grace_s,  # calls still running are cut; then it stops
         )
+        waiting = ctx.waiting
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                # calls waiting for their jobs answer 503 server_stopping now, resendable, instead
+                # of being cut when the grace runs out (app/jobs/waiting.py stop_waiters)
+                waiting.stop_waiters()
+                super().handle_exit(sig, frame)
+
+        server = Server(config)
+        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a stop
+            server.run()
+        if not server.started:  # as uvicorn.run: the socket could not be bound, or the app not started
+            sys.exit(STARTUP_FAILURE)
 
 
 worker_cli = typer.Typer(

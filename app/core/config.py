@@ -119,7 +119,7 @@ class Settings(BrokerSettings):
     limits: dict[str, FamilyLimits] = Field(default_factory=default_limits)
     max_queued_per_machine: int = Field(32, ge=1)  # R23: reserved jobs (queued + running) per machine
     max_pending_total: int = Field(256, ge=1)  # R23: reserved jobs in the whole fleet
-    retry_after_s: int = Field(5, ge=1)  # the Retry-After of a 429 (seconds)
+    retry_after_s: int = Field(5, ge=1)  # the Retry-After of a 429, and of a 503 without its own (seconds)
     # Bearer API keys of the public routes. Empty: the server refuses to start unless
     # allow_open_api is set (then the routes are open and start-up says so).
     api_keys: list[str] = Field(default_factory=list)
@@ -136,11 +136,11 @@ class Settings(BrokerSettings):
     # jobs, which keep running, with `x-should-retry: false` (R20, C10).
     images_wait_s: float = Field(480.0, gt=0)
     # On SIGTERM, how long `homefleet serve` lets requests in progress end (seconds) before it
-    # closes them and stops (uvicorn's timeout_graceful_shutdown). An image or text call waits
-    # for its jobs up to images_wait_s: without this the server stayed up minutes after SIGTERM,
-    # its port already closed, while workers could not claim or report. A call cut short is
-    # resent by the client (the SDKs retry a dropped connection) and gets its first call's jobs
-    # from the next server (C10); the jobs themselves run on.
+    # cuts them and stops (uvicorn's timeout_graceful_shutdown): without it the server stayed up
+    # minutes after SIGTERM, its port already closed, while workers could not claim or report. An
+    # image or text call waiting for its jobs is answered at once, 503 server_stopping with
+    # Retry-After (retry_after_s): the SDKs resend it then and get its first call's jobs from the
+    # next server (C10); the jobs themselves run on.
     api_shutdown_grace_s: int = Field(5, ge=0)  # whole seconds, as uvicorn takes it
     # The server's address as clients reach it (e.g. "https://fleet.example", behind a proxy): the
     # image routes' result URLs and join commands start with it. None: http://api_host:api_port

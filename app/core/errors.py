@@ -88,6 +88,25 @@ class JobPending(Conflict):
         self.job_ids = list(job_ids)
 
 
+class ServerStopping(HomefleetError):
+    """Raised to a request still waiting for its jobs when the server is told to stop (SIGTERM):
+    503 ``server_stopping`` with ``Retry-After``, naming the jobs, which run on. Unlike
+    :class:`JobPending` it may be resent: the SDKs resend a 503 after ``Retry-After`` and the
+    resent call gets its first call's jobs from the next server (C10), instead of a connection
+    cut at the end of the shutdown's grace, after which their two quick retries found no server."""
+
+    status_code = 503
+    default_reason = "server_stopping"
+
+    def __init__(self, job_id: str, *, retry_after_s: int) -> None:
+        super().__init__(
+            f"the server is stopping; job {job_id} runs on: send this request again (the SDKs do, after "
+            f"Retry-After) to get its result from the next server, without a new job"
+        )
+        self.waited_job_id = job_id
+        self.retry_after_s = retry_after_s
+
+
 class IntegrityFailure(HomefleetError):
     """Raised when content does not match its digest, media type or size limit (R2, R5)."""
 

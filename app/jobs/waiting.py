@@ -27,6 +27,7 @@ from anyio import to_thread
 
 from app.core.config import BrokerSettings
 from app.core.connections import RedisOutageLog, create_redis
+from app.core.errors import ServerStopping
 from app.core.keys import Keys
 from app.core.states import ENDED
 from app.db.tables import Job
@@ -54,7 +55,8 @@ class _Watch:
 
 
 class Waiting:
-    """Waiters of jobs' changes (module docstring). ``recheck_s``: the safety re-read's period."""
+    """Waiters of jobs' changes (module docstring). ``recheck_s``: the safety re-read's period;
+    ``retry_after_s``: the ``Retry-After`` of :class:`~app.core.errors.ServerStopping`."""
 
     def __init__(
         self,
@@ -63,8 +65,10 @@ class Waiting:
         journal: Journal,
         progress: ProgressStore,
         recheck_s: float = RECHECK_S,
+        retry_after_s: int = 5,
     ) -> None:
         self.settings = settings
+        self.retry_after_s = retry_after_s  # a stopping server's answer's Retry-After (seconds)
         self.channel = keys.job_changes()
         self.journal = journal
         self.progress = progress
@@ -73,6 +77,7 @@ class Waiting:
         self._mutex = threading.Lock()
         self._ready = threading.Event()  # the listener is subscribed
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # the server was told to stop: waiters answer now (stop_waiters)
         self._thread: threading.Thread | None = None
 
     # -- the listener -----------------------------------------------------------------------
@@ -139,6 +144,14 @@ class Waiting:
         for watch in watches:
             watch.wake()
 
+    def stop_waiters(self) -> None:
+        """The server was told to stop (SIGTERM): every :meth:`until_ended` waiting, and any
+        called from now on, raises :class:`~app.core.errors.ServerStopping` at once for a job that
+        has not ended, so its request is answered (503, resendable) before the shutdown's grace
+        cuts it. Safe from a signal handler or another thread."""
+        self._stopping.set()
+        self._wake_all()
+
     def close(self) -> None:
         """Stop the listener thread (within about :data:`LISTEN_S` seconds)."""
         self._stop.set()
@@ -177,6 +190,8 @@ class Waiting:
 
         Raises:
             NotFound: no such job.
+            ServerStopping: the server is stopping (:meth:`stop_waiters`) and the job has not
+                ended; ``retry_after_s`` is the settings' ``retry_after_s``.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout_s)
@@ -188,6 +203,8 @@ class Waiting:
                 left = deadline - loop.time()
                 if job.state in ENDED or left <= 0:
                     return job
+                if self._stopping.is_set():
+                    raise ServerStopping(job_id, retry_after_s=self.retry_after_s)
                 await self._woken(watch, min(left, self.recheck_s))
 
     async def follow(self, job_id: str) -> AsyncIterator[Progress | Job]:

@@ -51,7 +51,7 @@ from app.api.openai_errors import client_fields
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
-from app.core.errors import HomefleetError, JobPending, NotFound, Rejected
+from app.core.errors import HomefleetError, JobPending, NotFound, Rejected, ServerStopping
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec, nth_seed
 from app.core.limits import limits_for
 from app.core.request_body import RequestBody, refuse_unknown, refuse_unsupported
@@ -227,10 +227,11 @@ def submitted(job_ids: list[str]) -> Iterator[None]:
 
     Raises:
         AfterSubmit: any error, once ``job_ids`` is not empty; before that, the error as raised.
+        ServerStopping: as raised: the server is stopping, the request may be sent again.
     """
     try:
         yield
-    except AfterSubmit:
+    except (AfterSubmit, ServerStopping):  # the latter is resendable: the next server answers it (C10)
         raise
     except HomefleetError as error:
         if job_ids:
