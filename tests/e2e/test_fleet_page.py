@@ -907,6 +907,34 @@ def test_a_reload_mid_job_follows_the_submitted_job_again(fleet: RunningFleet, b
     assert status == f"Job {job_id} succeeded on m1", status
 
 
+def test_the_submit_panel_follows_its_job_across_a_server_restart(fleet: RunningFleet, browser: object) -> None:
+    """The server restarted while the Submit panel followed its running job: its event stream
+    ended without the job's end, and the panel is followed again until the result (it stayed on
+    "running … Interrupt" for good, while the Jobs view had it succeeded: a user pass)."""
+    from selenium.webdriver.common.by import By
+
+    from app.devtools.procs import stop_process_group
+
+    driver = browser
+    wait, _ = submit_form_for(driver, fleet, "m1")
+    driver.execute_script(  # type: ignore[attr-defined]
+        "const f = document.querySelector('#submit-form'); f.elements.steps.value = '60';"
+        f"f.elements.width.value = '{LONG_SIZE['width']}'; f.elements.height.value = '{LONG_SIZE['height']}';"
+        "f.elements.prompt.value = 'a run followed across a restart'"
+    )
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))
+    try:
+        wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
+        stop_process_group(fleet.local.processes.pop("api"))  # SIGTERM: the event stream ends there
+        wait.until(lambda d: "following its events again" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
+    finally:
+        fleet.local.start_api()
+    assert submitted_result(driver) == job_id  # followed again to its result
+    status = driver.find_element(By.CSS_SELECTOR, "#submitted .status").text  # type: ignore[attr-defined]
+    assert status == f"Job {job_id} succeeded on m1", status
+
+
 def test_the_submit_panels_interrupt_notice_follows_the_job_to_its_end(fleet: RunningFleet, browser: object) -> None:
     """The Submit panel's button reads Interrupt once its job runs; pressed, the notice says the
     job is stopping, then that it ended cancelled (it stayed "stopping" outside the Jobs view: a

@@ -694,33 +694,52 @@ async function submit(event) {
 
 // The Submit view's panel follows job `id` to its end: progress, state, then its results or
 // why it ended otherwise. The events stream starts with the job's state, so a job followed
-// again after a reload (or one that ended meanwhile) shows as it is now.
+// again after a reload (or one that ended meanwhile) shows as it is now; a stream that stops
+// before the job's end (the server restarted, the network dropped) is followed again, after
+// 1 s and up to 8 s between tries, as long as the panel shows this job.
 async function followSubmitted(id) {
   const box = $("#submitted"); const status = $(".status", box); const progress = $("#submitted-progress");
   const interrupt = $("#interrupt-submitted");
   box.hidden = false; box.dataset.job = id;
   interrupt.hidden = false;
   interrupt.onclick = () => act({ id }, "interrupt");
-  await follow(`/v1/jobs/${id}/events`, (name, data) => {
-    if (box.dataset.job !== id) return;  // a newer submission took the panel
-    if (name === "progress") {
-      progress.max = data.total; progress.value = data.step;
-      progress.dataset.seen = [progress.dataset.seen, data.step].filter(Boolean).join(",");
-    } else if (name === "state") {
-      status.textContent = `Job ${id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
-      interrupt.textContent = data.state === "running" ? "Interrupt" : "Cancel";  // a queued job is cancelled at once
-    } else if (name === "end") {
-      interrupt.hidden = true;
-      if (state.stopping === id) { state.stopping = null; say(`Job ${id} ${data.state}`); }
-      if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${id} succeeded on ${data.machine}`; }
-      else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason },
-        [data.state, data.reason === data.state ? null : data.reason, data.message].filter(Boolean).join(": ")));
+  let ended = false;
+  for (let pause = 1000; ; pause = Math.min(2 * pause, 8000)) {
+    let heard = false;
+    try {
+      await follow(`/v1/jobs/${id}/events`, (name, data) => {
+        if (box.dataset.job !== id) return;  // a newer submission took the panel
+        heard = true;
+        if (name === "progress") {
+          progress.max = data.total; progress.value = data.step;
+          progress.dataset.seen = [progress.dataset.seen, data.step].filter(Boolean).join(",");
+        } else if (name === "state") {
+          status.textContent = `Job ${id} ${data.state} on ${data.machine}` + (data.reason ? ` (${data.reason}: ${data.message})` : "");
+          interrupt.textContent = data.state === "running" ? "Interrupt" : "Cancel";  // a queued job is cancelled at once
+        } else if (name === "end") {
+          ended = true;
+          interrupt.hidden = true;
+          if (state.stopping === id) { state.stopping = null; say(`Job ${id} ${data.state}`); }
+          if (data.result) { progress.value = progress.max; $(".result", box).replaceChildren(...allResults(data)); status.textContent = `Job ${id} succeeded on ${data.machine}`; }
+          else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason },
+            [data.state, data.reason === data.state ? null : data.reason, data.message].filter(Boolean).join(": ")));
+        }
+      });
+      if (ended || box.dataset.job !== id) return;
+      status.dataset.lost = "stream ended";
+    } catch (error) {
+      if (box.dataset.job !== id) return;
+      if (error.status === 404) { sessionStorage.removeItem(SUBMITTED); box.hidden = true; return; }  // gone (purged)
+      if (error.status >= 400 && error.status < 500 && error.status !== 429) {  // a refusal no wait changes
+        status.textContent = `lost the job's events: ${error.message}`; return;
+      }
+      status.dataset.lost = error.message;
     }
-  }).catch((error) => {
+    if (heard) pause = 1000;  // it was answering: the next try soon
+    status.textContent = `Job ${id}: following its events again … (${status.dataset.lost})`;
+    await new Promise((resolve) => setTimeout(resolve, pause));
     if (box.dataset.job !== id) return;
-    if (error.status === 404) { sessionStorage.removeItem(SUBMITTED); box.hidden = true; return; }  // gone (purged)
-    status.textContent = `lost the job's events: ${error.message}`;
-  });
+  }
 }
 
 async function refresh() {
