@@ -1,15 +1,87 @@
-"""``homefleet jobs``: an operator's hand on single jobs (``requeue``)."""
+"""``homefleet jobs``: the journal's jobs (``list``) and an operator's hand on single jobs
+(``requeue``)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Column, Table
 
-from app.cli.common import console, server_settings
+from app.cli.common import console, print_table, server_settings
 from app.core.errors import Rejected
+from app.core.kinds import CHAT_SHOWN_PARAM
+from app.core.states import JobState
 
-jobs_cli = typer.Typer(help="Single jobs: run one again.", no_args_is_help=True)
+jobs_cli = typer.Typer(help="The journal's jobs: list them, run one again.", no_args_is_help=True)
+
+SHORT_ID = 8
+"""Characters of a job id shown, as the fleet page and ``homefleet demo`` show them; ``jobs
+requeue`` takes them (a unique prefix)."""
+PROMPT_SHOWN = 40
+"""Characters of a prompt shown in a row; longer ones end with an ellipsis."""
+
+
+@jobs_cli.command("list")
+def list_jobs(
+    state: Annotated[
+        list[str] | None, typer.Option(help="only jobs in this state (repeat for several): " + ", ".join(JobState))
+    ] = None,
+    machine: Annotated[str | None, typer.Option(help="only jobs placed on this machine")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="the newest this many")] = 20,
+    full_ids: Annotated[bool, typer.Option("--full-ids", help="whole job ids, not their first characters")] = False,
+) -> None:
+    """The newest jobs in the journal, newest first: id (its first characters; ``jobs requeue``
+    takes them), state (with the reason of one that did not succeed), model, kind, machine,
+    when it was submitted (UTC) and its prompt (a chat's last user message), cut short."""
+    from app.context import build_checked_context
+
+    states = None
+    if state:
+        unknown = [name for name in state if name not in JobState.__members__]
+        if unknown:
+            raise Rejected(
+                f"--state {unknown[0]!r} is no job state; states: {', '.join(JobState)}", reason="unknown_state"
+            )
+        states = [JobState(name) for name in state]
+    ctx = build_checked_context(server_settings())
+    try:
+        if machine is not None:
+            from app.cli.common import require_machine
+
+            require_machine(machine, ctx.fleet.machines)
+        jobs = ctx.journal.page(states, machine, limit=limit, newest_first=True)
+    finally:
+        ctx.close()
+    if not jobs:
+        console.print("no jobs" + (" in that state" if state else "") + (f" on {machine}" if machine else ""))
+        return
+    table = Table(
+        Column("id", no_wrap=True),
+        "state",
+        "model",
+        "kind",
+        "machine",
+        "submitted (UTC)",
+        Column("prompt", overflow="fold"),
+    )
+    for job in jobs:
+        prompt = str(job.params.get(CHAT_SHOWN_PARAM) or job.params.get("prompt") or "")
+        prompt = " ".join(prompt.split())
+        if len(prompt) > PROMPT_SHOWN:
+            prompt = prompt[: PROMPT_SHOWN - 1] + "…"
+        ended = f" ({job.reason})" if job.reason and job.state != JobState.succeeded else ""
+        table.add_row(
+            job.id if full_ids else job.id[:SHORT_ID],
+            f"{job.state}{ended}",
+            job.model_id,
+            job.kind,
+            job.machine or "-",
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            escape(prompt),
+        )
+    print_table(table)
 
 
 @jobs_cli.command("requeue")

@@ -152,3 +152,14 @@ def test_homefleet_jobs_requeue_runs_a_job_again_with_its_seed_or_a_new_one(rfle
     assert empty.returncode == 2 and "job_not_found" in empty.stderr, empty
     missing = run_cli("jobs", "requeue", "0" * 32, env=env, check=False)
     assert missing.returncode == 2 and "job_not_found" in missing.stdout + missing.stderr, missing
+    # `homefleet jobs list`: the newest first, by the short ids requeue takes, the state filter
+    listed = run_cli("jobs", "list", "--limit", "3", "--state", "succeeded", env={**env, "COLUMNS": "200"}).stdout
+    rows = [
+        [cell.strip() for cell in line.strip("│").split("│")] for line in listed.splitlines() if line.startswith("│")
+    ]
+    assert [row[0] for row in rows] == [other[:8], new_id[:8], old["id"][:8]], listed
+    assert rows[-1][1:5] == ["succeeded", MODEL, "txt2img", "m1"] and rows[-1][6] == "again", rows
+    narrow = run_cli("jobs", "list", "--limit", "1", env={**env, "COLUMNS": "80"}).stdout
+    assert f"│ {other[:8]} │ succeeded │" in narrow and all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    wrong = run_cli("jobs", "list", "--state", "done", env=env, check=False)
+    assert wrong.returncode == 2 and "unknown_state" in wrong.stdout + wrong.stderr, wrong
