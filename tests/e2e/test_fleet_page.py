@@ -484,6 +484,14 @@ def test_a_mask_drawn_with_the_pointer_inpaints_only_inside_it(
         "return Array.from({length: c.width * c.height}, (_, i) => d[i * 4 + 3] >= 128)"
     )
     assert 0 < sum(painted) < 64 * 64 / 2, sum(painted)
+    # the brush shows black and white stripes, seen on any image (its red vanished on a red one)
+    dark, light = driver.execute_script(  # type: ignore[attr-defined]
+        "const c = document.querySelector('#mask-canvas');"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let dark = 0, light = 0;"
+        "for (let i = 0; i < d.length; i += 4) if (d[i + 3] >= 128) { if (d[i] < 64) dark++; if (d[i] > 192) light++; }"
+        "return [dark, light]"
+    )
+    assert dark > 0 and light > 0, (dark, light)
     prompt = form.find_element(By.NAME, "prompt")
     prompt.clear()
     prompt.send_keys("a page-painted fox")

@@ -501,6 +501,18 @@ function buildAdapters(spec) {
 
 // ---- the inpaint mask: drawn over the input image (white: repaint), or uploaded ----
 const mask = { canvas: null, drawn: false, size: null };
+// The brush paints black and white stripes, seen on any image (one colour vanished on an image
+// of that colour); the mask reads only where it painted (alpha, maskPng). An 8 px tile.
+function stripes() {
+  const tile = el("canvas"); tile.width = 8; tile.height = 8;
+  const context = tile.getContext("2d");
+  context.fillStyle = "#fff"; context.fillRect(0, 0, 8, 8);
+  context.strokeStyle = "#000"; context.lineWidth = 2.5;
+  for (const shift of [-8, 0, 8]) { context.beginPath(); context.moveTo(shift, 8); context.lineTo(shift + 8, 0); context.stroke(); }
+  return tile;
+}
+// the mask canvas is read back (maskPng, the page's checks): the browser keeps it in memory for that
+const maskContext = (canvas) => canvas.getContext("2d", { willReadFrequently: true });
 function maskEditor() {
   const canvas = el("canvas", { id: "mask-canvas", role: "img", "aria-label": "Mask: drag to paint the area to repaint", tabindex: "0" });
   const image = el("img", { id: "mask-image", alt: "the input image under the mask" });
@@ -513,9 +525,9 @@ function maskEditor() {
   };
   // a round brush from the previous point to this one (pointer events come sparse on a fast move)
   const stroke = (event) => {
-    const context = canvas.getContext("2d");
+    const context = maskContext(canvas);
     context.globalCompositeOperation = mode === "erase" ? "destination-out" : "source-over";
-    context.strokeStyle = "rgb(255, 40, 40)"; context.lineWidth = Number(brush.value); context.lineCap = "round";
+    context.strokeStyle = context.createPattern(stripes(), "repeat"); context.lineWidth = Number(brush.value); context.lineCap = "round";
     const point = spot(event);
     context.beginPath(); context.moveTo(...(last || point)); context.lineTo(...point); context.stroke();
     last = point; mask.drawn = true;
@@ -528,7 +540,7 @@ function maskEditor() {
   return el("div", { class: "mask-editor", role: "group", "aria-label": "Mask editor" },
     el("div", { class: "mask-stage" }, image, canvas),
     el("div", { class: "row" }, modeButton("draw", "Brush"), modeButton("erase", "Erase"),
-      el("button", { type: "button", id: "mask-clear", onclick: () => { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); mask.drawn = false; } }, "Clear"),
+      el("button", { type: "button", id: "mask-clear", onclick: () => { maskContext(canvas).clearRect(0, 0, canvas.width, canvas.height); mask.drawn = false; } }, "Clear"),
       el("label", { class: "inline" }, "size", brush)),
     el("p", { class: "hint" }, "Paint the area to repaint (white in the mask), or upload a mask file above."));
 }
@@ -553,7 +565,7 @@ async function showInput() {
 function maskPng() {
   const { canvas } = mask;
   const out = el("canvas"); out.width = canvas.width; out.height = canvas.height;
-  const painted = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  const painted = maskContext(canvas).getImageData(0, 0, canvas.width, canvas.height).data;
   const context = out.getContext("2d");
   const pixels = context.createImageData(canvas.width, canvas.height);
   for (let i = 0; i < painted.length; i += 4) {
