@@ -915,6 +915,23 @@ def test_a_reload_mid_job_follows_the_submitted_job_again(fleet: RunningFleet, b
     assert status == f"Job {job_id} succeeded on m1", status
 
 
+def submit_long_job(driver: object, fleet: RunningFleet, steps: int, prompt: str) -> tuple[object, str]:
+    """From the Submit view, a job on m1 of ``steps`` steps at LONG_SIZE, once running: (the
+    wait, its id)."""
+    from selenium.webdriver.common.by import By
+
+    wait, _ = submit_form_for(driver, fleet, "m1")
+    driver.execute_script(  # type: ignore[attr-defined]
+        f"const f = document.querySelector('#submit-form'); f.elements.steps.value = '{steps}';"
+        f"f.elements.width.value = '{LONG_SIZE['width']}'; f.elements.height.value = '{LONG_SIZE['height']}';"
+        f"f.elements.prompt.value = {prompt!r}"
+    )
+    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
+    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))  # type: ignore[attr-defined]
+    wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)  # type: ignore[attr-defined]
+    return wait, str(job_id)
+
+
 def test_the_submit_panel_follows_its_job_across_a_server_restart(fleet: RunningFleet, browser: object) -> None:
     """The server restarted while the Submit panel followed its running job: its event stream
     ended without the job's end, and the panel is followed again until the result (it stayed on
@@ -924,16 +941,8 @@ def test_the_submit_panel_follows_its_job_across_a_server_restart(fleet: Running
     from app.devtools.procs import stop_process_group
 
     driver = browser
-    wait, _ = submit_form_for(driver, fleet, "m1")
-    driver.execute_script(  # type: ignore[attr-defined]
-        "const f = document.querySelector('#submit-form'); f.elements.steps.value = '60';"
-        f"f.elements.width.value = '{LONG_SIZE['width']}'; f.elements.height.value = '{LONG_SIZE['height']}';"
-        "f.elements.prompt.value = 'a run followed across a restart'"
-    )
-    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
-    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))
+    wait, job_id = submit_long_job(driver, fleet, 60, "a run followed across a restart")
     try:
-        wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
         stop_process_group(fleet.local.processes.pop("api"))  # SIGTERM: the event stream ends there
         wait.until(lambda d: "following its events again" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
     finally:
@@ -950,16 +959,8 @@ def test_the_submit_panels_interrupt_notice_follows_the_job_to_its_end(fleet: Ru
     from selenium.webdriver.common.by import By
 
     driver = browser
-    wait, _ = submit_form_for(driver, fleet, "m1")
-    driver.execute_script(  # type: ignore[attr-defined]
-        "const f = document.querySelector('#submit-form'); f.elements.steps.value = '150';"
-        f"f.elements.width.value = '{LONG_SIZE['width']}'; f.elements.height.value = '{LONG_SIZE['height']}';"
-        "f.elements.prompt.value = 'a run interrupted from its panel'"
-    )
-    driver.find_element(By.ID, "submit-job").click()  # type: ignore[attr-defined]
-    job_id = wait.until(lambda d: d.find_element(By.ID, "submitted").get_attribute("data-job"))
+    wait, job_id = submit_long_job(driver, fleet, 150, "a run interrupted from its panel")
     try:
-        wait.until(lambda d: "running" in d.find_element(By.CSS_SELECTOR, "#submitted .status").text)
         button = driver.find_element(By.ID, "interrupt-submitted")  # type: ignore[attr-defined]
         assert button.text == "Interrupt", button.text
         button.click()
