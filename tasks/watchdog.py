@@ -224,7 +224,8 @@ class Watchdog:
         not re-run: its message was acked at start, and the journal already says how it ended.
 
         The kill happens only when the running record (:func:`mark_running`) names that job and
-        a live pool process of this worker. A job can stay ``running`` in the journal with
+        a live pool process of this worker, read again with that process stopped (SIGSTOP) just
+        before the kill, so it cannot have moved on to the next job. A job can stay ``running`` in the journal with
         nobody running it (its process was killed, or its claim's answer was lost): killing
         the pool then would cut the next, innocent job. Such a request is dropped, with a log
         line."""
@@ -263,10 +264,26 @@ class Watchdog:
             log.warning("%s: job %s ended before its pool process was killed; nothing killed", machine, job_id)
             self.killed.discard(job_id)
             return
+        process = children[pid]
         try:
-            children[pid].send_signal(STACKS_SIGNAL)  # its stacks to this log, to see where it hung
+            process.send_signal(STACKS_SIGNAL)  # its stacks to this log, to see where it hung
             time.sleep(STACKS_WAIT_S)
-            children[pid].kill()
+            # Stopped (SIGSTOP), it cannot end this job and claim the next one between the last look
+            # at its running record and the kill: in the stacks' wait a cancelled job that stopped at
+            # last had its process take the next job, which the kill then cut (an operator's pass).
+            process.suspend()
+            try:
+                still = self.redis.get(self.keys.running(machine))
+                ours = still is not None and json.loads(still).get("job_id") == job_id
+            except redis.RedisError as error:
+                ours = False
+                log.warning("%s: job %s's running record unread (%s); nothing killed", machine, job_id, error)
+            if not ours:
+                process.resume()
+                log.warning("%s: job %s ended before its pool process was killed; nothing killed", machine, job_id)
+                self.killed.discard(job_id)
+                return
+            process.kill()
         except psutil.NoSuchProcess:
             log.info("%s: pool process %d of job %s had already ended", machine, pid, job_id)
 
