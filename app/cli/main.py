@@ -284,12 +284,14 @@ def worker_join(
 
     token = joining.read_join_token(join_token, join_token_file)
     device = joining.probe_apart()
-    console.print(f"this host: {device.backend} ({device.memory_bytes / 1e9:.1f} GB), torch {device.torch or '-'}")
+    # with a supervisor file asked for, stdout is that file only (`... > unit.service`): the rest to stderr
+    say = errors if print_systemd_unit or print_launchd_plist else console
+    say.print(f"this host: {device.backend} ({device.memory_bytes / 1e9:.1f} GB), torch {device.torch or '-'}")
     grant = joining.request_grant(server_url, token, device)
     joining.check_device(grant, device)
     token_file, values = joining.save_grant(grant, server_url, models_dir)
     env_file = token_file.parent / joining.ENV_FILE
-    console.print(
+    say.print(
         f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
         f"settings in {env_file}; to start this worker again (after a reboot): "
         f"`homefleet worker --env-file {env_file}`, or keep it running with a supervisor: add "

@@ -222,6 +222,33 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         grant = _join_post(server_url, rotated.group(2))
         assert grant.status_code == 200 and grant.json()["machine"] == "m8" and grant.json()["token"] == new_m8
         assert grant.json()["broker"]["redis_url"] == local.settings.redis_url
+        # joined with --print-systemd-unit, its stdout is the unit alone (`... > m8.service`)
+        again = JOIN_COMMAND.search(run_cli("machines", "rotate-token", "m8", env=operator).stdout)
+        assert again is not None
+        unit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "worker",
+                "join",
+                server_url,
+                "-",
+                "--models-dir",
+                str(tmp_path / "m8-unit" / "models"),
+                "--print-systemd-unit",
+            ],
+            input=again.group(2) + "\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert unit.returncode == 0, unit.stdout + unit.stderr
+        assert unit.stdout.startswith("# homefleet-worker-m8.service: printed by"), unit.stdout[:500]
+        assert "this host:" not in unit.stdout and "\n[Unit]\n" in unit.stdout, unit.stdout[:500]
+        assert "joined as machine m8" in " ".join(unit.stderr.split()), unit.stderr
         unknown = _join_post(server_url, "hfj_" + "x" * 43)
         assert unknown.status_code == 401 and unknown.json()["error"]["reason"] == "join_token_unknown"
         # a host whose device is not the registered one: 409, the join token left unspent
