@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, errors, server_settings
+from app.cli.common import console, errors, print_table, server_settings
 from app.cli.listening import refuse_taken_port
 from app.core.errors import ConfigError
 
@@ -174,7 +174,7 @@ def bench(
                 cell(row["run_p50_s"]),
                 cell(row["run_p95_s"]),
             )
-    console.print(table)
+    print_table(table)
     for report in reports:
         for row in report.rows():
             print(" ".join(f"{k}={cell(v) if isinstance(v, float) or v is None else v}" for k, v in row.items()))

@@ -219,7 +219,7 @@ def deadletter(
                 str(entry.get("error")),
                 raw if len(raw) <= 200 else f"{raw[:200]}… ({len(raw)} characters)",
             )
-        console.print(table)
+        print_table(table)
         console.print(f"{letters.count()} dead letters" + (f", newest {len(entries)} shown" if entries else ""))
         if clear:
             console.print(f"cleared {letters.clear()} dead letters")

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
-from app.cli.common import console, errors, require_machine, server_settings
+from app.cli.common import console, errors, print_table, require_machine, server_settings
 from app.core.errors import ConfigError, Conflict, Rejected
 from app.core.families import FAMILIES
 from app.fleet.config import Backend
@@ -354,6 +354,6 @@ def list_machines() -> None:
                 "-" if row is None else ("yes" if row["online"] else "no"),
                 "not loaded" if row is None else row["state"],
             )
-        console.print(table)
+        print_table(table)
     finally:
         ctx.close()

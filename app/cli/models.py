@@ -572,7 +572,7 @@ def models_verify(
             f"[yellow]{counts['changed']}[/]" if counts["changed"] else "0",
             f"[red]{counts['missing']}[/]" if counts["missing"] else "0",
         )
-    console.print(table)
+    print_table(table)
     bad = [c for c in checks if c.status != "ok"]
     console.print(f"{len(checks)} files rehashed, {len(bad)} changed or missing")
     for check in (c for c in bad if c.model_id not in deleted):  # one line per file, whatever the terminal's width

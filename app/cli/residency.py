@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, require_machine
+from app.cli.common import console, print_table, require_machine
 from app.core.config import Settings
 from app.core.errors import Rejected
 from app.core.kinds import KINDS
@@ -49,7 +49,7 @@ def residency_show() -> None:
         table = Table("machine", "committed (protected)", "warm models")
         for name, view in ctx.machines.views().items():
             table.add_row(name, ", ".join(sorted(view.commitments)) or "-", ", ".join(view.warm_models) or "-")
-        console.print(table)
+        print_table(table)
     finally:
         ctx.close()
 
@@ -65,7 +65,7 @@ def oom_list(machine: Annotated[str | None, typer.Option(help="only this machine
         for name in [machine] if machine else sorted(ctx.fleet.machines):
             for record in ctx.residency.ooms(name):
                 table.add_row(name, record.model_id, record.kind, str(record.size), record.job_id)
-        console.print(table)
+        print_table(table)
     finally:
         ctx.close()
 

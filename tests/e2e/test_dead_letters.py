@@ -6,6 +6,7 @@ consuming, and a real job queued behind them runs. ``homefleet status`` counts t
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -48,6 +49,8 @@ def test_status_counts_dead_letters_and_deadletter_lists_and_clears_them(fleet: 
     assert "dead letters: 1" in run_cli("status", env=env).stdout
     listed = run_cli("deadletter", env=env).stdout
     assert "garbage for the CLI" in listed and keys.queue(MACHINE) in listed and "JSONDecodeError" in listed
+    narrow = run_cli("deadletter", env={**env, "COLUMNS": "80"}).stdout  # one record per row: no word cut
+    assert re.search(r"at \(UTC\): \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", narrow) and "…" not in narrow, narrow
     assert "cleared 1 dead letters" in run_cli("deadletter", "--clear", env=env).stdout
     assert ctx.redis.llen(ctx.keys.dead_letters()) == 0
     assert "dead letters: 0" in run_cli("status", env=env).stdout
