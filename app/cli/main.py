@@ -408,11 +408,21 @@ def results_recover(
         str | None,
         typer.Option(help="the server's URL, or every standby server's, comma-separated (HOMEFLEET_SERVER_URL)"),
     ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a worker.env written by `homefleet worker join` (the environment's HOMEFLEET_* and this "
+            "command's options win over it)"
+        ),
+    ] = None,
 ) -> None:
     """On a worker's host: upload the results its spool kept because the server could not store
-    them (jobs failed ``result_not_stored``); each one the server takes makes its job
-    ``succeeded``. Exit 1 if any stays in the spool."""
+    them (jobs failed ``result_not_stored``) or could not be reached to take them; each one the
+    server takes makes its job ``succeeded``. A running worker does the same every
+    ``HOMEFLEET_RESULT_RECOVER_INTERVAL_S``. Exit 1 if any stays in the spool."""
     from tasks.spool import recover_spool
+
+    require_env_file(env_file)
 
     overrides = {
         k: v
@@ -424,7 +434,7 @@ def results_recover(
         }.items()
         if v is not None
     }
-    outcomes = recover_spool(WorkerSettings(**overrides))  # type: ignore[arg-type]
+    outcomes = recover_spool(WorkerSettings(_env_file=env_file, **overrides))  # type: ignore[arg-type]
     for job_id, outcome in outcomes:
         console.print(f"{job_id}: {escape(outcome)}")
     kept = sum(1 for _, outcome in outcomes if outcome.startswith("kept"))

@@ -187,7 +187,10 @@ def test_a_full_disk_is_507_the_result_is_spooled_and_recovered(limited: tuple[L
             "HOMEFLEET_SPOOL_DIR": str(spool),
             "HOMEFLEET_REDIS_URL": local.settings.redis_url,
         }
-        done = run_cli("results", "recover", env=worker_env)
+        # the settings `worker join` writes (worker.env), as the host has them
+        env_file = spool.parent / "worker.env"
+        env_file.write_text("".join(f"{name}={value}\n" for name, value in worker_env.items()))
+        done = run_cli("results", "recover", "--env-file", str(env_file))
         assert f"{job['id']}: recovered" in done.stdout, done.stdout
         recovered = client.get(job["id"])
         assert recovered["state"] == "succeeded" and recovered["result"]["digest"] == bytes_digest(data)
