@@ -47,7 +47,9 @@ def refused_at_start(machine: str, refusal: Unauthorized) -> str:
         return f"{machine}: the server refused this worker: {refusal.message}; stopping"
     return (
         f"{machine}: the server refused this worker's token ({refusal.message}); set HOMEFLEET_WORKER_TOKEN "
-        f"(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine {machine!r} in the server's fleet config; stopping"
+        f"(or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine {machine!r} in the server's fleet config, or, "
+        f"on a host that joined with `homefleet worker join`, run the join command `homefleet machines "
+        f"rotate-token {machine}` printed on the server's host; stopping"
     )
 
 

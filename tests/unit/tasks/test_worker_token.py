@@ -42,7 +42,8 @@ class RefusingServer:
             Unauthorized("the token belongs to no machine of this fleet"),
             "nosuch: the server refused this worker's token (the token belongs to no machine of this fleet); set "
             "HOMEFLEET_WORKER_TOKEN (or HOMEFLEET_WORKER_TOKEN_FILE) to the token of machine 'nosuch' in the "
-            "server's fleet config; stopping",
+            "server's fleet config, or, on a host that joined with `homefleet worker join`, run the join command "
+            "`homefleet machines rotate-token nosuch` printed on the server's host; stopping",
         ),
     ],
     ids=["unknown_machine", "wrong_token"],
