@@ -209,10 +209,12 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         server_urls = []
         lines.append(("server", str(error)))
         missing.append("a server URL (HOMEFLEET_SERVER_URL)")
+    answering: list[str] = []
     for server_url in server_urls:
         try:
             status = httpx.get(f"{server_url}/health", timeout=5, verify=tls_context()).status_code
             lines.append(("server", f"{server_url}: answers ({status})"))
+            answering.append(server_url)
         except httpx.HTTPError as error:
             lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
             missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
@@ -228,8 +230,10 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     except (redis.RedisError, ValueError) as error:
         lines.append(("broker", f"{shown}: unreachable ({type(error).__name__})"))
         missing.append(f"the broker at {shown} (HOMEFLEET_REDIS_URL)")
+    token: str | None = values.get("HOMEFLEET_WORKER_TOKEN") or None
     token_file = values.get("HOMEFLEET_WORKER_TOKEN_FILE")
     if token_file:
+        token = None
         path = Path(token_file).expanduser()
         try:
             found = path.stat().st_mode
@@ -243,7 +247,7 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
             if regular and mode & 0o077:
                 missing.append(f"a token file readable by its owner only: chmod 600 {path}")
             try:  # as the worker reads it (its settings): one token source, a readable file, a token long enough
-                token_from_file(path, values.get("HOMEFLEET_WORKER_TOKEN"))
+                token = token_from_file(path, values.get("HOMEFLEET_WORKER_TOKEN"))
             except ValueError as error:
                 missing.append(str(error))
     elif values.get("HOMEFLEET_WORKER_TOKEN"):
@@ -254,6 +258,12 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
             "a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file; for a worker started "
             "with `--token-file FILE` (the server's own, say), run `homefleet doctor --token-file FILE`"
         )
+    if token and answering:
+        asked = token_taken(answering[0], token, values.get("HOMEFLEET_MACHINE", ""))
+        if asked is not None:
+            lines.append(("token", asked[0]))
+            if asked[1]:
+                missing.append(asked[1])
     models_dir = values.get("HOMEFLEET_MODELS_DIR")
     if models_dir:
         folder = Path(models_dir).expanduser()
@@ -262,6 +272,32 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         if problem:
             missing.append(f"the models folder {models_dir}" + (" (a file is there)" if folder.exists() else ""))
     return lines, missing
+
+
+def token_taken(server_url: str, token: str, machine: str) -> tuple[str, str] | None:
+    """Whether the server at ``server_url`` takes ``token`` (for ``machine`` when named), asked as
+    the worker asks it (``GET /internal/v1/manifest``): (the finding, what is missing or "");
+    None when it answered neither yes nor no (not a Homefleet server, or unreachable now)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if machine:
+        headers["X-Homefleet-Machine"] = machine
+    try:
+        answer = httpx.get(f"{server_url}/internal/v1/manifest", headers=headers, timeout=10, verify=tls_context())
+    except httpx.HTTPError:
+        return None
+    if answer.status_code == 200:
+        return f"taken by {server_url}" + (f" for machine {machine}" if machine else ""), ""
+    if answer.status_code in (401, 403):
+        try:
+            why = str(answer.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            why = answer.text[:200]
+        return (
+            f"refused by {server_url} ({why})",
+            "a token the server takes: the machine's token in the server's fleet file, or, on a host that joined, "
+            f"the one the join command `homefleet machines rotate-token {machine or 'MACHINE'}` prints hands over",
+        )
+    return None
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -221,6 +221,25 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         )
         grant = _join_post(server_url, rotated.group(2))
         assert grant.status_code == 200 and grant.json()["machine"] == "m8" and grant.json()["token"] == new_m8
+        # doctor asks the server whether it takes the token, as the worker would (it said "nothing missing")
+        doctor_env = {
+            "HOMEFLEET_SERVER_URL": server_url,
+            "HOMEFLEET_MACHINE": "m8",
+            "HOMEFLEET_WORKER_TOKEN": None,
+            "HOMEFLEET_REDIS_URL": local.settings.redis_url,
+            "COLUMNS": "200",
+        }
+        for token, taken in ((old_m8, False), (new_m8, True)):
+            held = tmp_path / f"m8-token-{taken}"
+            held.write_text(f"{token}\n")
+            held.chmod(0o600)
+            doctored = run_cli("doctor", "--token-file", str(held), env=doctor_env, check=False)
+            said = " ".join(doctored.stdout.split())
+            if taken:
+                assert doctored.returncode == 0 and f"taken by {server_url} for machine m8" in said, said
+            else:
+                assert doctored.returncode == 1 and f"refused by {server_url}" in said, said
+                assert "the join command `homefleet machines rotate-token m8` prints" in said, said
         assert grant.json()["broker"]["redis_url"] == local.settings.redis_url
         # joined with --print-systemd-unit, its stdout is the unit alone (`... > m8.service`)
         again = JOIN_COMMAND.search(run_cli("machines", "rotate-token", "m8", env=operator).stdout)
