@@ -307,6 +307,20 @@ def worker_join(
     start_worker(settings, loglevel)
 
 
+JOINED_ENV_FILE = Path("homefleet-worker/worker.env")
+"""Where ``homefleet worker join`` (its default ``--models-dir``) writes the worker's settings,
+relative to the folder it ran in."""
+
+
+def joined_env_file(env_file: Path | None) -> Path | None:
+    """``env_file`` as given, else :data:`JOINED_ENV_FILE` when it is there (the folder a
+    ``worker join`` ran in), said on stderr; else None."""
+    if env_file is None and JOINED_ENV_FILE.is_file():
+        errors.print(f"settings: {JOINED_ENV_FILE} (written by `homefleet worker join`; --env-file names another)")
+        return JOINED_ENV_FILE
+    return env_file
+
+
 def require_env_file(env_file: Path | None) -> None:
     """Raises ConfigError (``invalid_settings``) when ``env_file`` is given and is no file."""
     if env_file is not None and not env_file.is_file():
@@ -322,7 +336,8 @@ def doctor(
     env_file: Annotated[
         Path | None,
         typer.Option(
-            help="a worker.env written by `homefleet worker join` (HOMEFLEET_* of the environment win over it)"
+            help="a worker.env written by `homefleet worker join` (default: homefleet-worker/worker.env here, "
+            "when there; HOMEFLEET_* of the environment win over it)"
         ),
     ] = None,
     token_file: Annotated[
@@ -335,6 +350,7 @@ def doctor(
     Exit 1 when something is missing."""
     from tasks import join as joining
 
+    env_file = joined_env_file(env_file)
     require_env_file(env_file)
     values = joining.read_env_file(env_file) if env_file is not None else {}
     values.update({key: value for key, value in os.environ.items() if key.startswith("HOMEFLEET_")})
@@ -411,8 +427,8 @@ def results_recover(
     env_file: Annotated[
         Path | None,
         typer.Option(
-            help="a worker.env written by `homefleet worker join` (the environment's HOMEFLEET_* and this "
-            "command's options win over it)"
+            help="a worker.env written by `homefleet worker join` (default: homefleet-worker/worker.env here, "
+            "when there; the environment's HOMEFLEET_* and this command's options win over it)"
         ),
     ] = None,
 ) -> None:
@@ -422,6 +438,7 @@ def results_recover(
     ``HOMEFLEET_RESULT_RECOVER_INTERVAL_S``. Exit 1 if any stays in the spool."""
     from tasks.spool import recover_spool
 
+    env_file = joined_env_file(env_file)
     require_env_file(env_file)
 
     overrides = {

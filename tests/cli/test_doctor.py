@@ -184,3 +184,31 @@ def test_doctor_without_any_token_says_how_to_name_a_worker_s_token_file(tmp_pat
     assert done.returncode == 1, said
     assert "a machine token: `homefleet worker join SERVER_URL JOIN_TOKEN` writes its file" in said
     assert "run `homefleet doctor --token-file FILE`" in said
+
+
+def test_doctor_in_the_folder_a_join_ran_in_reads_its_worker_env(tmp_path: Path, redis_base_url: str) -> None:
+    """``worker join`` writes ``homefleet-worker/worker.env`` where it ran; ``doctor`` there needs
+    no ``--env-file`` (it found no token and said so), and says which file it read."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "homefleet-worker"
+    folder.mkdir()
+    token_file = write_private(folder / "worker-token", "a-machine-token-0123456789\n")
+    (folder / "worker.env").write_text(
+        f"HOMEFLEET_REDIS_URL={redis_base_url}/0\nHOMEFLEET_WORKER_TOKEN_FILE={token_file}\n"
+        f"HOMEFLEET_MODELS_DIR={folder / 'models'}\nHOMEFLEET_SERVER_URL=http://127.0.0.1:{free_port()}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "doctor"],
+        cwd=tmp_path,
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "settings: homefleet-worker/worker.env (written by `homefleet worker join`" in done.stderr, done.stderr
+    assert f"{token_file} (mode 0600)" in done.stdout, done.stdout
