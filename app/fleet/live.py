@@ -68,6 +68,11 @@ def parse(text: str, where: Path | str) -> Fleet:
     return Fleet.model_validate(data)
 
 
+TABLE_AFTER_TEXT = re.compile(r"([^\n])\n(\[\[?[\w.\"'-]+\]\]?[ \t]*(?:#[^\n]*)?\n)")
+"""A table's header line (``[[machines]]``, ``[models.tiny-sd]``) right after a line of text:
+tomlkit puts an appended ``[[machines]]`` entry against the table that follows it."""
+
+
 def edit(text: str, change: Callable[[list[MutableMapping[str, Any]]], None]) -> str:
     """``text`` with ``change`` applied to its ``[[machines]]`` entries (a list it may append
     to, delete from or edit in place), comments kept when tomlkit is installed.
@@ -86,9 +91,7 @@ def edit(text: str, change: Callable[[list[MutableMapping[str, Any]]], None]) ->
         entries = document["machines"]
         wrapped = _TomlkitEntries(entries, tomlkit)
         change(wrapped)
-        new = re.sub(
-            r"([^\n])\n\[\[machines\]\]", "\\1\n\n[[machines]]", tomlkit.dumps(document)
-        )  # a blank line before each
+        new = TABLE_AFTER_TEXT.sub("\\1\n\n\\2", tomlkit.dumps(document))  # a blank line before each table
     else:
         data = tomllib.loads(text)
         change(data.setdefault("machines", []))

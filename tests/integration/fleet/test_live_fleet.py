@@ -82,6 +82,12 @@ def test_an_added_machine_keeps_the_files_comments_and_mode_0600(ctx: ServerCont
     with pytest.raises(ValueError, match="listed twice"):
         live.edit(text, lambda entries: entries.append(entry))
     assert not list(tmp_path.glob(".fleet.toml.*"))  # no temporary file left
+    # a table after the machines ([models.*]) stays apart from the appended entry by a blank line
+    with_models = text + "\n[models.tiny-sd]\nstep_s = 1.0\n"
+    other = live.new_machine_entry("m10", Backend.cuda, 24_000_000_000, ["sd1"])
+    added = live.edit(with_models, lambda entries: entries.append(other))
+    assert "speed = 1.0\n\n[models.tiny-sd]" in added and added.count("\n\n[[machines]]") == added.count("[[machines]]")
+    assert "\n\n\n" not in added
 
 
 @pytest.fixture
