@@ -47,7 +47,8 @@ class Leadership:
 
     def start(self) -> None:
         if self.enabled:
-            self.try_once()  # a server that can lead at once does so before it answers
+            if not self.try_once():  # a server that can lead at once does so before it answers
+                log.warning("this server stands by: another leads; it takes the lead when that one's session ends")
             self._thread.start()
 
     def stop(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 from sqlalchemy import text
@@ -19,11 +19,16 @@ router = APIRouter(route_class=StrictJsonRoute)
 
 
 @router.get("/health", response_model=None)
-def health(ctx: Context) -> JSONResponse:
+def health(ctx: Context, request: Request) -> JSONResponse:
     """Readiness: 200 only when Redis and the journal answer and at least one machine is
     online; otherwise 503 with ``reason`` (``redis_down``, ``journal_down``, ``journal_mismatch``,
-    ``no_machine_online``) and a message. Open (no API key), for probes."""
+    ``no_machine_online``) and a message. Open (no API key), for probes. With standby servers
+    (``leader_election``), ``leads`` says whether this one leads (docs/operations.md, "A standby
+    server")."""
     checks: dict[str, Any] = {}
+    leadership = getattr(request.app.state, "leadership", None)
+    if ctx.settings.leader_election and leadership is not None:
+        checks["leads"] = leadership.leads()
     try:
         ctx.redis.ping()
         checks["redis"] = "ok"

@@ -108,3 +108,31 @@ def test_servers_starting_at_once_migrate_one_after_the_other(tmp_path: Path, po
         assert check_revision(engine) == HEAD
     finally:
         engine.dispose()
+
+
+def test_health_says_which_of_two_servers_leads(
+    tmp_path: Path, postgres_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two API servers on one journal: ``GET /health`` of each says whether it leads, and the
+    standby says at start that it stands by (an operator's pass: only the leader's log told)."""
+    from fastapi.testclient import TestClient
+
+    from app.api.server import create_app
+    from app.context import build_context
+    from tests.helpers import TEST_API_KEY, make_fleet
+
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=postgres_url,
+        redis_url=redis_url,
+        leader_election=True,
+        leader_poll_s=POLL_S,
+        api_keys=[TEST_API_KEY],
+    )
+    fleet = make_fleet("m1")
+    first = build_context(settings, fleet, migrate=True)
+    second = build_context(settings, fleet, migrate=True)
+    with TestClient(create_app(settings, first)) as leader, TestClient(create_app(settings, second)) as standby:
+        assert leader.get("/health").json()["leads"] is True
+        assert standby.get("/health").json()["leads"] is False
+    assert "this server stands by: another leads" in caplog.text
