@@ -118,6 +118,22 @@ def _follow(client: HomefleetClient, job_id: str, seen: list[tuple[str, dict]], 
         errors.append(error)
 
 
+def join_from_stdin(
+    server_url: str, token: str, models_dir: Path, env: dict[str, str], *options: str
+) -> subprocess.CompletedProcess[str]:
+    """``homefleet worker join SERVER_URL -`` with the join token on stdin, as a new host runs it
+    (its own process: the worker it would start is not started when ``options`` print a file)."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "worker", "join", server_url, "-", "--models-dir", str(models_dir), *options],
+        input=token + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def _join_post(url: str, token: str, backend: str = "cpu") -> httpx.Response:
     return httpx.post(
         f"{url}/internal/v1/join",
@@ -244,26 +260,7 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         # joined with --print-systemd-unit, its stdout is the unit alone (`... > m8.service`)
         again = JOIN_COMMAND.search(run_cli("machines", "rotate-token", "m8", env=operator).stdout)
         assert again is not None
-        unit = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "worker",
-                "join",
-                server_url,
-                "-",
-                "--models-dir",
-                str(tmp_path / "m8-unit" / "models"),
-                "--print-systemd-unit",
-            ],
-            input=again.group(2) + "\n",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        unit = join_from_stdin(server_url, again.group(2), tmp_path / "m8-unit" / "models", env, "--print-systemd-unit")
         assert unit.returncode == 0, unit.stdout + unit.stderr
         assert unit.stdout.startswith("# homefleet-worker-m8.service: printed by"), unit.stdout[:500]
         assert "this host:" not in unit.stdout and "\n[Unit]\n" in unit.stdout, unit.stdout[:500]
@@ -274,25 +271,7 @@ def test_a_running_fleet_gains_a_machine_by_add_and_join_without_a_restart(
         cuda = JOIN_COMMAND.search(run_cli("machines", "add", "m7", "--backend", "cuda", env=operator).stdout)
         assert cuda is not None
         wrong_host = tmp_path / "m7-host"
-        refused_join = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "worker",
-                "join",
-                server_url,
-                "-",
-                "--models-dir",
-                str(wrong_host / "models"),
-            ],
-            input=cuda.group(2) + "\n",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )  # token on stdin
+        refused_join = join_from_stdin(server_url, cuda.group(2), wrong_host / "models", env)
         assert refused_join.returncode == 2, refused_join.stdout + refused_join.stderr
         assert "device_mismatch" in refused_join.stderr and "registered as cuda" in refused_join.stderr
         assert not (wrong_host / "worker-token").exists()

@@ -41,7 +41,9 @@ def test_one_leader_and_a_handover_within_a_poll(tmp_path: Path, postgres_url: s
                 admin.execute(
                     text(
                         "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                        "AND ((classid::bigint << 32) | objid::bigint) = :key"
+                        "AND ((classid::bigint << 32) | objid::bigint) = :key "
+                        # advisory locks are per database: another test's servers hold the same key in theirs
+                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     ),
                     {"key": LEADER_LOCK},
                 )
