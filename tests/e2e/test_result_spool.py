@@ -73,8 +73,11 @@ def test_a_result_kept_while_the_server_was_down_is_brought_in_by_the_running_wo
         )
         stop_process_group(local.processes.pop("api"), signal.SIGKILL)  # gone, its port closed
         kept = spool / f"{job_id}.result"
-        wait_for(kept.is_file, timeout_s=120, what="the worker to spool the result nobody took")
-        assert "the server could not be reached to take the result" in worker_log.read_text()
+        wait_for(  # the file is written before the line that says so is logged
+            lambda: kept.is_file() and "the server could not be reached to take the result" in worker_log.read_text(),
+            timeout_s=120,
+            what="the worker to spool the result nobody took, and say so",
+        )
         assert ctx.journal.get(job_id).state == "running"  # nobody could tell the server
         data = kept.read_bytes()
 
