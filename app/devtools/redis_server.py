@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 import socket
 import subprocess
@@ -27,10 +29,57 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         client.close()
 
 
-def free_port() -> int:
+#: Ports handed out below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999
+#: by default on Linux): a port the kernel picks for ``bind(0)`` or for an outgoing connection
+#: comes from that range, so a port picked there can be taken by any client socket between the
+#: pick and the server's bind; one picked below it only by another picker.
+PICK_RANGE = (15000, 32000)
+_handed_out: set[int] = set()
+
+
+def _my_block() -> tuple[int, int]:
+    """This process's share of :data:`PICK_RANGE`: disjoint per pytest-xdist worker
+    (``PYTEST_XDIST_WORKER`` ``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``), the whole range
+    otherwise."""
+    low, high = PICK_RANGE
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return low, high
+    size = (high - low) // count
+    start = low + int(worker[2:]) % count * size
+    return start, start + size
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now and that this process has not
+    handed out before.
+
+    Picked at random in this process's block of :data:`PICK_RANGE` (disjoint between
+    pytest-xdist workers, below the kernel's ephemeral range), so the window between the pick
+    and a server's bind is closed to other test workers and to client sockets alike; a port
+    something else holds is skipped.
+
+    Raises:
+        OSError: when no port of the block can be bound.
+    """
+    low, high = _my_block()
+    start = random.randrange(low, high)
+    for step in range(high - low):
+        port = low + (start - low + step) % (high - low)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free port in {low}-{high - 1}")
 
 
 def redis_server_binary() -> str:
