@@ -458,3 +458,26 @@ def failed_counter(fleet: RevokeFleet) -> int:
     """Flower's Failed counter of m1's worker (its dashboard's column: task-failed events)."""
     rows = httpx.get(f"{fleet.flower}/workers", params={"json": "1"}, timeout=10, verify=tls_context()).json()["data"]
     return sum(int(row.get("task-failed", 0)) for row in rows if row.get("hostname", "").startswith("m1@"))
+
+
+def test_flower_s_worker_page_lists_the_fleet_s_tasks(rfleet: RevokeFleet) -> None:
+    """Flower's worker page ("Tasks" tab, "Task limits") lists what ``inspect registered``
+    answers; an operator looks for the job task there to set its limits."""
+
+    def registered() -> list[str]:
+        response = httpx.get(f"{rfleet.flower}/api/workers", params={"refresh": "1"}, timeout=30, verify=tls_context())
+        assert response.status_code == 200, response.text
+        return next(
+            (info.get("registered", []) for name, info in response.json().items() if name.startswith("m1@")), []
+        )
+
+    wait_for(lambda: registered(), timeout_s=30, poll_s=1, what="Flower to inspect m1")
+    assert {"homefleet.run_job", "homefleet.sync"} <= set(registered()), registered()
+    hostname = next(
+        name
+        for name in httpx.get(f"{rfleet.flower}/api/workers", timeout=30, verify=tls_context()).json()
+        if name.startswith("m1@")
+    )
+    page = httpx.get(f"{rfleet.flower}/worker/{hostname}", timeout=30, verify=tls_context())
+    assert page.status_code == 200
+    assert "homefleet.run_job" in page.text and "homefleet.sync" in page.text, page.text[-3000:]
