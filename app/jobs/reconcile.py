@@ -50,6 +50,7 @@ opened another journal would release every live reservation as "unknown to the j
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -302,10 +303,17 @@ class Reconciler:
             return False
         seen = self.progress.read(job.id)
         steps = f"{seen.step} of {seen.total}" if seen is not None and seen.step is not None else "0"
-        message = (
-            f"cancelled by request while running, after {steps} steps; it did not stop between steps "
-            f"within cancel_grace_s={self.settings.cancel_grace_s:g} s, so its pool process was killed"
-        )
+        if self._pool_runs(job):
+            what = (
+                f"it did not stop between steps within cancel_grace_s={self.settings.cancel_grace_s:g} s, "
+                "so its pool process was killed"
+            )
+        else:  # its run ended and its result waits in the worker's spool (a failed upload): nothing runs it
+            what = (
+                f"no pool process of {job.machine} runs it (its run had ended; a result its worker keeps "
+                "to upload is dropped when it is brought in)"
+            )
+        message = f"cancelled by request while running, after {steps} steps; {what}"
         try:
             assert self.endings is not None, "a reconciliation pass ends jobs through app/jobs/endings.py"
             self.endings.cancel_running(job.id, job.machine or "", message, release=False)  # the pass releases
@@ -314,6 +322,19 @@ class Reconciler:
         self.redis.set(self.keys.restart(job.machine or ""), job.id, ex=60)
         report.cancelled[job.id] = "cancelled"
         return True
+
+    def _pool_runs(self, job: Job) -> bool:
+        """Whether the machine's pool process says it runs ``job``: its running record
+        (``Keys.running``, written before the job's claim and removed when its task ends) names
+        it, or cannot be read. False when there is none or it names another job: the job's run
+        ended without its result stored, which its worker keeps in its spool to upload later."""
+        raw = self.redis.get(self.keys.running(job.machine or ""))
+        if raw is None:
+            return False
+        try:
+            return bool(json.loads(raw).get("job_id") == job.id)
+        except (ValueError, AttributeError):
+            return True
 
     def _queued(self, report: ReconcileReport, fence: Fence) -> None:
         now = time.time()

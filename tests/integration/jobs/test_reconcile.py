@@ -577,3 +577,29 @@ def test_r19_the_reconciliation_loop_says_a_redis_outage_once_and_when_redis_ans
     again = [r.getMessage() for r in caplog.records if r.name == "app.jobs.reconcile" and "Redis at" in r.getMessage()]
     assert len(again) == 1 and "answers again" in again[0] and "s3cret" not in again[0], again
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("pool_runs_it", [True, False])
+def test_r19_a_running_job_still_running_cancel_grace_s_after_its_cancel_is_cancelled_saying_what_was_killed(
+    strict_ctx: ServerContext, tiny_models_dir: Path, pool_runs_it: bool
+) -> None:
+    """A cancel asked ``cancel_grace_s`` ago of a job still ``running``: reconciliation ends it
+    ``cancelled`` and asks the watchdog to restart the pool (the watchdog kills only the process
+    whose running record names the job). The message says a pool process was killed only when
+    the running record names the job; with none (its run ended and its result waits in the
+    worker's spool after a failed upload, R2) it says that nothing runs it."""
+    ctx = strict_ctx
+    job = running_on_m1(ctx, tiny_models_dir, boot_id="boot-A")
+    ctx.redis.hset(ctx.keys.progress(job), "at", time.time())
+    beat(ctx, "m1", "boot-A")
+    if pool_runs_it:
+        ctx.redis.set(ctx.keys.running("m1"), json.dumps({"job_id": job, "pid": os.getpid()}))
+    assert ctx.dispatcher.request_cancel(job).state == JobState.running
+    ctx.redis.set(ctx.keys.cancel(job), repr(time.time() - ctx.settings.cancel_grace_s - 1))
+    assert ctx.reconciler().run_once().cancelled == {job: "cancelled"}
+    ended = ctx.journal.get(job)
+    assert (ended.state, ended.reason) == (JobState.cancelled, "cancelled")
+    assert ended.message is not None and ended.message.startswith("cancelled by request while running, after 0 steps; ")
+    assert ("its pool process was killed" in ended.message) == pool_runs_it, ended.message
+    assert ("no pool process of m1 runs it" in ended.message) != pool_runs_it, ended.message
+    assert ctx.redis.get(ctx.keys.restart("m1")) == job
