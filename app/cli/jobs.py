@@ -11,7 +11,7 @@ from rich.table import Column, Table
 
 from app.cli.common import console, print_table, server_settings
 from app.core.errors import Rejected
-from app.core.kinds import CHAT_SHOWN_PARAM
+from app.core.kinds import CHAT_SHOWN_PARAM, MAX_SEED
 from app.core.states import JobState
 
 jobs_cli = typer.Typer(help="The journal's jobs: list them, run one again.", no_args_is_help=True)
@@ -87,7 +87,7 @@ def list_jobs(
 @jobs_cli.command("requeue")
 def requeue(
     job_id: Annotated[str, typer.Argument(help="the job to run again (any state), or its id's first characters")],
-    seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1, help="this seed instead of the job's")] = None,
+    seed: Annotated[int | None, typer.Option(help="this seed instead of the job's (0 to 2**63-1)")] = None,
     new_seed: Annotated[bool, typer.Option("--new-seed", help="a new seed drawn instead of the job's")] = False,
     target: Annotated[str | None, typer.Option(help="a machine name or 'auto' instead of the job's target")] = None,
 ) -> None:
@@ -100,6 +100,8 @@ def requeue(
 
     if seed is not None and new_seed:  # one line, exit 2, as every refusal (not typer's usage box)
         raise Rejected("give --seed or --new-seed, not both", reason="conflicting_options")
+    if seed is not None and not 0 <= seed <= MAX_SEED:  # the API's range for params.seed, said the same way
+        raise Rejected(f"--seed must be an integer from 0 to {MAX_SEED}, got {seed}", reason="invalid_option")
     ctx = build_checked_context(server_settings())
     try:
         job_id = ctx.journal.full_id(job_id)  # the short ids `homefleet demo` and the page print too

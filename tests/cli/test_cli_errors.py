@@ -432,18 +432,30 @@ def test_machines_add_and_oom_clear_refuse_values_that_would_do_nothing_in_one_l
     assert fleet_file.read_text() == before
 
 
-def test_conflicting_options_are_one_error_line_not_a_usage_box(tmp_path: Path, redis_url: str) -> None:
-    """``homefleet jobs requeue ID --seed 5 --new-seed``: one ``error (conflicting_options)`` line
-    on stderr, exit 2, as every refusal, before anything is read (it printed typer's usage box)."""
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--seed", "5", "--new-seed"], "error (conflicting_options): give --seed or --new-seed, not both"),
+        (["--seed", "-1"], "error (invalid_option): --seed must be an integer from 0 to 9223372036854775807, got -1"),
+        (["--seed", str(2**63)], "error (invalid_option): --seed must be an integer from 0 to 9223372036854775807"),
+    ],
+)
+def test_bad_requeue_options_are_one_error_line_not_a_usage_box(
+    tmp_path: Path, redis_url: str, options: list[str], said: str
+) -> None:
+    """``homefleet jobs requeue ID --seed 5 --new-seed``, or a seed out of the API's range: one
+    ``error (reason)`` line on stderr, exit 2, as every refusal, before anything is read (it
+    printed typer's usage box)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
     env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "jobs", "requeue", "abcdef12", "--seed", "5", "--new-seed"],
+        [sys.executable, "-m", "app.cli", "jobs", "requeue", "abcdef12", *options],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.startswith("error (conflicting_options): give --seed or --new-seed, not both"), done.stderr
+    assert done.stderr.startswith(said), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Usage" not in done.stderr and not (tmp_path / "data").exists()
