@@ -44,6 +44,15 @@ FAMILIES = frozenset({"sd1", "sd1-pix2pix", "sd-upscale", "animatediff"})
 T = TypeVar("T")
 
 
+def refused_status(path: str) -> int:
+    """The status of a refused request on ``path``: OpenAI's 400 on the OpenAI-compatible routes
+    (app/api/openai_errors.py ``OPENAI_INVALID_STATUS``: OpenAI's images and text routes, the
+    Hugging Face image routes), 422 on Homefleet's own and TGI's (R22)."""
+    from app.api.openai_errors import OPENAI_INVALID_STATUS, is_openai_route
+
+    return OPENAI_INVALID_STATUS if is_openai_route(path) else 422
+
+
 def make_fleet(*names: str, families: frozenset[str] = FAMILIES) -> Fleet:
     """A fleet of CPU machines with distinct 32-character tokens; ``server`` is always in it."""
     machines = {}

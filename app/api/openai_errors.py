@@ -56,6 +56,12 @@ TGI_GENERATION_FAILED = 424
 """TGI's status for a generation that failed (its ``InferError::GenerationError``: 424 Failed
 Dependency, ``error_type: generation``): a TGI route's job that ended without a result, never a 500."""
 
+OPENAI_INVALID_STATUS = 400
+"""The status of a refused request on the OpenAI-compatible routes: OpenAI's (and vLLM's) 400,
+which the SDKs raise as ``BadRequestError`` and client libraries act on (a context-window
+fallback keys on it with the code ``context_length_exceeded``), where Homefleet's own routes
+answer 422 (R22)."""
+
 ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -152,12 +158,12 @@ def openai_error(error: HomefleetError, headers: dict[str, str] | None = None) -
     }
     if job_ids is not None:
         body["error"]["job_ids"] = job_ids
-    return JSONResponse(status_code=error.status_code, content=body, headers=headers)
+    status = OPENAI_INVALID_STATUS if error.status_code == 422 else error.status_code
+    return JSONResponse(status_code=status, content=body, headers=headers)
 
 
 def openai_validation_error(error: RequestValidationError) -> JSONResponse:
-    """A request body that failed validation, as OpenAI answers it (400 in OpenAI; 422 here,
-    as on every Homefleet route)."""
+    """A request body that failed validation, as OpenAI answers it (:data:`OPENAI_INVALID_STATUS`)."""
     details = printable(error.errors())  # NaN or a lone surrogate in the input: echoed as text
     first = details[0] if details else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "header")]
@@ -167,7 +173,7 @@ def openai_validation_error(error: RequestValidationError) -> JSONResponse:
         given = first["input"]  # a string quoted; a number, list or object as the client sent it (JSON)
         message += f", got {given[:200]!r}" if isinstance(given, str) else f", got {json.dumps(given)[:200]}"
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
-    return JSONResponse(status_code=422, content=body)
+    return JSONResponse(status_code=OPENAI_INVALID_STATUS, content=body)
 
 
 def renamed(error: Rejected, names: Mapping[str, str]) -> Rejected:

@@ -168,6 +168,11 @@ class TokenDecoder:
         return int(token) in self._special
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The reason of a text job refused for its tokens: a prompt over ``max_input_tokens``, or a
+prompt + ``max_new_tokens`` over ``max_total_tokens`` (app/jobs/validation.py
+``check_text_tokens``); OpenAI's error code for the same refusal, on which client libraries
+(context-window fallbacks) act."""
 MAX_STOP_SEQUENCES = 4
 """A text job's ``stop`` sequences at most (OpenAI's limit)."""
 MAX_STOP_CHARS = 256

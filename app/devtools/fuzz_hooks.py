@@ -51,9 +51,10 @@ ast.parse = _serialized_parse
 #: reason -> why a schema-valid request may still get it (what JSON Schema cannot state)
 UNSTATABLE: dict[str, str] = {
     "invalid_size": "width x height over max_pixels (a product of two fields), or an input image whose output would be",
-    "invalid_prompt": "the prompt's tokens in the model's own tokenizer (a character may be several byte tokens); a "
-    "chat request's prompt is its messages once chat-templated",
-    "invalid_max_new_tokens": "the prompt's tokens + max_new_tokens over the model's max_total_tokens",
+    "invalid_prompt": "an image prompt's tokens in the text encoder's tokenizer (a word may be several tokens)",
+    "context_length_exceeded": "a text prompt's tokens in the model's own tokenizer (a character may be several byte "
+    "tokens; a chat request's prompt is its messages once chat-templated), alone or with max_new_tokens, over the "
+    "model's max_input_tokens / max_total_tokens",
     "input_type": "an upload's bytes must decode as a PNG, JPEG or WebP image",
     "invalid_image": "an uploaded part must be an image (its bytes and media type)",
     "input_corrupt": "an input image must decode",
@@ -124,11 +125,12 @@ def refusal_reason(body: Any) -> str | None:
 
 @schemathesis.check
 def schema_valid_is_not_refused(ctx: Any, response: Any, case: Any) -> bool | None:
-    """A 422 to a schema-valid (positive) request fails, unless its reason is one a schema
-    cannot rule out (:data:`UNSTATABLE`, :data:`ROUTE_UNSTATABLE`, :data:`PARAM_UNSTATABLE`) or it
-    is about a stored job."""
+    """A refusal (422; 400 on the OpenAI-compatible routes, app/api/openai_errors.py
+    ``OPENAI_INVALID_STATUS``) of a schema-valid (positive) request fails, unless its reason is
+    one a schema cannot rule out (:data:`UNSTATABLE`, :data:`ROUTE_UNSTATABLE`,
+    :data:`PARAM_UNSTATABLE`) or it is about a stored job."""
     meta = getattr(case, "meta", None)
-    if response.status_code != 422 or meta is None or not meta.generation.mode.is_positive:
+    if response.status_code not in (400, 422) or meta is None or not meta.generation.mode.is_positive:
         return None
     route = (case.method.upper(), case.operation.path)
     if route in STORED_JOB_ROUTES:
@@ -141,7 +143,7 @@ def schema_valid_is_not_refused(ctx: Any, response: Any, case: Any) -> bool | No
     allowed = {**UNSTATABLE, **ROUTE_UNSTATABLE.get(route, {})}
     if reason not in allowed and (reason, refusal_param(body)) not in PARAM_UNSTATABLE:
         raise AssertionError(
-            f"a schema-valid request was refused 422 ({reason}): the OpenAPI document should state "
+            f"a schema-valid request was refused {response.status_code} ({reason}): the OpenAPI document should state "
             f"that limit (app/api/openapi.py); body: {response.content[:300]!r}"
         )
     return None

@@ -45,6 +45,7 @@ from app.core.safetensors import safetensors_header
 from app.core.specs import shown
 from app.core.textgen import (
     CHAT_ROLES,
+    CONTEXT_LENGTH_EXCEEDED,
     ChatTemplateBroken,
     chat_prompt,
     is_text_folder,
@@ -224,6 +225,7 @@ class Validator:
         """
         record = self.model(model_id)
         check_runs(record, kind)
+        asked_new_tokens = "max_new_tokens" in params
         self.apply_defaults(record, kind, params)
         limits = limits_for(self.limits, record.family)
         if kind == "text":
@@ -233,7 +235,7 @@ class Validator:
             if isinstance(temperature := params.get("temperature"), int | float) and greedy(temperature):
                 params["temperature"] = 0.0  # journaled as it runs: greedy (GREEDY_TEMPERATURE)
             tokenizer = self.tokenizers.tokenizer(model_id)
-            tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id))
+            tokens = check_text_tokens(params, tokenizer, self.token_limits(model_id), asked=asked_new_tokens)
             check_text_grammar(params, tokenizer, model_config(self.registry.folder(model_id)))
             if "stop" in params:  # journaled as a list (a string is one sequence)
                 try:
@@ -735,16 +737,24 @@ def check_model_defaults(limits: Mapping[str, FamilyLimits], family: str, defaul
         raise Rejected(f"default {error.message}", reason="invalid_default", param=f"defaults.{name}") from error
 
 
-def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLimits) -> int:
+def check_text_tokens(params: dict[str, Any], tokenizer: Any, limits: TokenLimits, asked: bool = True) -> int:
     """Refuse a text job whose prompt (tokenized as the worker will feed it, ``prompt_ids``:
     chat-templated prompts as they are) exceeds ``max_input_tokens``, or whose prompt tokens +
     ``max_new_tokens`` exceed ``max_total_tokens`` (TGI's router's checks). Returns
     the prompt's token count. Call after :func:`check_kind_params` (numbers are checked).
 
+    ``asked`` false: the client sent no ``max_new_tokens``, so a default fills it, and a
+    default never makes a refusal: ``params["max_new_tokens"]`` becomes the model's default
+    (``models add --default``) or, for a chat, the rest of the context (``max_total_tokens`` -
+    the prompt's tokens, as OpenAI's and TGI's chat routes), else the kind's 16, each at most
+    the rest of the context.
+
     Raises:
-        Rejected: reason ``invalid_prompt`` / ``invalid_max_new_tokens`` (param
-            ``params.max_new_tokens``), naming the limit and the figures; ``invalid_params``
-            when ``chat`` is not a boolean.
+        Rejected: reason ``context_length_exceeded``, param ``params.prompt`` (over
+            ``max_input_tokens``, or no room left for one new token) or
+            ``params.max_new_tokens`` (the sum over ``max_total_tokens``), naming the limit and
+            the figures; ``invalid_prompt`` when the model has no tokenizer;
+            ``invalid_params`` when ``chat`` is not a boolean.
     """
     text_spec = KINDS["text"]
     chat = text_spec.value(params, "chat")
@@ -753,20 +763,27 @@ def check_text_tokens(params: Mapping[str, Any], tokenizer: Any, limits: TokenLi
     if tokenizer is None:
         raise Rejected("the model has no tokenizer to count the prompt's tokens", reason="invalid_prompt")
     tokens = len(prompt_ids(tokenizer, str(params.get("prompt", "")), chat))
-    if tokens > limits.max_input_tokens:
+    room = limits.max_total_tokens - tokens
+    if tokens > limits.max_input_tokens or (not asked and room < 1):
+        limit = (
+            f"at most {limits.max_input_tokens} tokens (max_input_tokens)"
+            if tokens > limits.max_input_tokens
+            else f"under {limits.max_total_tokens} tokens (max_total_tokens) to leave room for one new token"
+        )
         raise Rejected(
-            f"the prompt must be at most {limits.max_input_tokens} tokens (max_input_tokens), got {tokens} "
-            "tokens; shorten it",
-            reason="invalid_prompt",
+            f"the prompt must be {limit}, got {tokens} tokens; shorten it",
+            reason=CONTEXT_LENGTH_EXCEEDED,
             param="params.prompt",
         )
+    if not asked:
+        default = "max_new_tokens" in params or not chat  # a model's default, or the kind's for a plain prompt
+        params["max_new_tokens"] = min(int(text_spec.value(params, "max_new_tokens")), room) if default else room
     new = int(text_spec.value(params, "max_new_tokens"))
     if tokens + new > limits.max_total_tokens:
         raise Rejected(
             f"prompt tokens + max_new_tokens must be at most {limits.max_total_tokens} (max_total_tokens), "
-            f"got {tokens} + {new} = {tokens + new}; lower max_new_tokens to at most "
-            f"{max(0, limits.max_total_tokens - tokens)}",
-            reason="invalid_max_new_tokens",
+            f"got {tokens} + {new} = {tokens + new}; lower max_new_tokens to at most {max(0, room)}",
+            reason=CONTEXT_LENGTH_EXCEEDED,
             param="params.max_new_tokens",
         )
     return tokens

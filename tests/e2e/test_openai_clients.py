@@ -60,7 +60,7 @@ def test_image_extras_are_job_params_and_an_unknown_one_is_refused(fleet: Runnin
         (11, 3.0, "succeeded"),
         (12, 3.0, "succeeded"),
     ]
-    with pytest.raises(openai.UnprocessableEntityError) as misspelt:
+    with pytest.raises(openai.BadRequestError) as misspelt:
         sdk.images.generate(
             model=fleet.model,
             prompt="extras misspelt",
@@ -80,7 +80,7 @@ def test_image_extras_are_job_params_and_an_unknown_one_is_refused(fleet: Runnin
     assert edited.data and edited.data[0].b64_json
     [edit] = jobs_with_prompt(fleet, "extras edit seeded")  # multipart extras: parsed as JSON, journaled
     assert (edit.params["seed"], edit.params["steps"], edit.state) == (5, 1, "succeeded")
-    with pytest.raises(openai.UnprocessableEntityError) as edit_extra:
+    with pytest.raises(openai.BadRequestError) as edit_extra:
         sdk.images.edit(
             model="tiny-pix2pix",
             image=("in.png", png(32, 32), "image/png"),
@@ -99,12 +99,12 @@ def png(width: int, height: int) -> bytes:
 def test_a_size_refusal_names_size(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
     """``size`` becomes the job's width and height: a side that is not a multiple of 8 is refused
     naming ``size`` (param and message), not ``width``; an extra's bad value names the extra."""
-    with pytest.raises(openai.UnprocessableEntityError) as odd:
+    with pytest.raises(openai.BadRequestError) as odd:
         sdk.images.generate(model=fleet.model, prompt="odd size", size="60x64")  # type: ignore[arg-type]
     body = odd.value.body
     assert isinstance(body, dict) and body["param"] == "size" and body["code"] == "invalid_width"
     assert body["message"].startswith("`size` (width) must be a multiple of 8"), body["message"]
-    with pytest.raises(openai.UnprocessableEntityError) as guidance:
+    with pytest.raises(openai.BadRequestError) as guidance:
         sdk.images.generate(
             model=fleet.model,
             prompt="odd guidance",

@@ -92,7 +92,7 @@ def test_openai_sdk_generates_images_and_reads_openai_errors(fleet: RunningFleet
     assert httpx.get(by_url.data[0].url, headers=fleet.local.auth_headers, verify=tls_context()).content.startswith(
         b"\x89PNG"
     )
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         client.images.generate(model=fleet.model, prompt="x", size="60x64")  # type: ignore[arg-type]
     assert refused.value.code == "invalid_width" and "multiple of 8" in refused.value.message
     with pytest.raises(openai.AuthenticationError):
@@ -181,7 +181,7 @@ def test_huggingface_inference_client_text_to_image(fleet: RunningFleet) -> None
     with pytest.raises(HfHubHTTPError) as no_prompt:
         client.image_to_image(source.getvalue())
     error = no_prompt.value.response.json()["error"]
-    assert (no_prompt.value.response.status_code, error["param"]) == (422, "parameters.prompt"), error
+    assert (no_prompt.value.response.status_code, error["param"]) == (400, "parameters.prompt"), error
 
 
 def test_bench_sweep_reports_queue_and_run_time_per_machine_and_rejections(fleet: RunningFleet) -> None:

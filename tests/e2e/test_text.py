@@ -30,14 +30,14 @@ from app.core.config import Settings
 from app.core.digest import file_digest
 from app.core.kinds import MAX_SEED
 from app.core.secret_files import write_private
-from app.core.states import JobState
+from app.core.states import ENDED, JobState
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
 from app.fleet.config import ModelGuess
 from tests.e2e.test_docs_browser import browser
 from tests.e2e.test_fleet_page import open_page
-from tests.helpers import TEST_API_KEY, make_fleet
+from tests.helpers import TEST_API_KEY, make_fleet, wait_for
 
 pytestmark = pytest.mark.e2e
 __all__ = ["browser"]  # the fixture, shared with the /docs tests
@@ -114,7 +114,7 @@ def test_openai_completions_run_a_text_job_on_the_worker(tfleet: TextFleet, mode
     again = tfleet.client.completions.create(
         model=model, prompt="hello", max_tokens=5, seed=7, extra_body={"target": MACHINE}
     )
-    assert again.choices[0].text == choice.text  # greedy: the same text
+    assert again.choices[0].text == choice.text  # sampled at OpenAI's temperature 1 with seed 7: the same text
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
@@ -166,19 +166,21 @@ def test_the_fleet_page_shows_a_chats_last_user_message_as_its_prompt(tfleet: Te
     assert tfleet.ctx.journal.get(system_only.model_extra["job_id"]).params["user_message"] == "only a system message"
 
 
-def test_the_limits_are_422_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:
-    """R22: refused before any device; the fleet file's own limits for small-gpt2 (8 / 12)."""
-    with pytest.raises(openai.UnprocessableEntityError) as long_prompt:
+def test_the_limits_are_400_context_length_exceeded_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:
+    """R22: refused before any device; the fleet file's own limits for small-gpt2 (8 / 12); the
+    OpenAI SDK's ``BadRequestError`` with OpenAI's code ``context_length_exceeded``, on which
+    client libraries fall back to a larger context."""
+    with pytest.raises(openai.BadRequestError) as long_prompt:
         tfleet.client.completions.create(model="small-gpt2", prompt="x" * 9, max_tokens=1)
     assert "at most 8 tokens (max_input_tokens), got 9" in long_prompt.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+    with pytest.raises(openai.BadRequestError) as too_many:
         tfleet.client.completions.create(model="small-gpt2", prompt="x" * 8, max_tokens=5)
     assert "at most 12 (max_total_tokens), got 8 + 5 = 13" in too_many.value.message
     body = too_many.value.body
-    assert isinstance(body, dict) and body.get("code") == "invalid_max_new_tokens"
+    assert isinstance(body, dict) and body.get("code") == "context_length_exceeded"
     rejected = tfleet.ctx.journal.list(states=[JobState.rejected])
-    assert {job.reason for job in rejected} >= {"invalid_prompt", "invalid_max_new_tokens"}  # R19
-    with pytest.raises(openai.UnprocessableEntityError) as no_template:
+    assert {job.reason for job in rejected} >= {"context_length_exceeded"}  # R19
+    with pytest.raises(openai.BadRequestError) as no_template:
         tfleet.client.chat.completions.create(model="tiny-gpt2", messages=[{"role": "user", "content": "hi"}])
     assert "no chat template" in no_template.value.message
 
@@ -196,13 +198,14 @@ def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(t
             model="tiny-qwen2",
             messages=[{"role": "user", "content": "go"}],
             max_completion_tokens=40,
+            temperature=0,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"target": MACHINE},
         )
     else:
         stream = tfleet.client.completions.create(
-            model="tiny-llama", prompt="go", max_tokens=40, stream=True, extra_body={"target": MACHINE}
+            model="tiny-llama", prompt="go", max_tokens=40, temperature=0, stream=True, extra_body={"target": MACHINE}
         )
     chunks: list[Any] = list(stream)
     if chat:
@@ -226,8 +229,43 @@ def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(t
     assert sum(1 for text in texts[:-1] if text) >= 2
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_stream_closed_by_its_client_cancels_its_job_and_the_machine_takes_the_next(
+    tfleet: TextFleet, chat: bool
+) -> None:
+    """The SDK's ``stream.close()`` after a few chunks: the job ends ``cancelled`` between steps,
+    far short of its ``max_tokens``, as vLLM and TGI abort a generation whose client left (it ran
+    all its tokens, and the next request waited behind it); the next request runs at once."""
+    asked = {"max_tokens": 400, "temperature": 0, "stream": True, "extra_body": {"target": MACHINE}}
+    if chat:
+        stream: Any = tfleet.client.chat.completions.create(
+            model="tiny-qwen2", messages=[{"role": "user", "content": "go"}], **asked
+        )
+    else:
+        stream = tfleet.client.completions.create(model="tiny-qwen2", prompt="go", **asked)
+    job_id = ""
+    for index, chunk in enumerate(stream):
+        job_id = chunk.model_extra["job_id"]
+        if index == 2:
+            break
+    stream.close()
+    job = wait_for(
+        lambda: (found := tfleet.ctx.journal.get(job_id)).state in ENDED and found,
+        timeout_s=60,
+        what=f"job {job_id} to end after its stream closed",
+    )
+    assert (job.state, job.reason) == (JobState.cancelled, "cancelled"), (job.state, job.reason, job.message)
+    assert "cancelled by request while running, after " in (job.message or "")
+    steps = int((job.message or "").split("after ")[1].split(" of ")[0])
+    assert steps < 400, job.message
+    after = tfleet.client.completions.create(
+        model="tiny-qwen2", prompt="x", max_tokens=3, extra_body={"target": MACHINE}
+    )
+    assert after.usage is not None and after.usage.completion_tokens >= 1
+
+
 def test_a_streaming_request_over_the_limits_is_a_plain_422(tfleet: TextFleet) -> None:
-    with pytest.raises(openai.UnprocessableEntityError, match="max_total_tokens"):
+    with pytest.raises(openai.BadRequestError, match="max_total_tokens"):
         tfleet.client.completions.create(model="small-gpt2", prompt="x", max_tokens=20, stream=True)
 
 
@@ -320,16 +358,16 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
     assert latest_job(tfleet).id == streamed.id  # no refusal ran a job
     # the same client's chat_completion posts to <base_url>/v1/chat/completions, model "dummy":
     # the path's model (the first with a chat template, tiny-llama, would be taken otherwise)
-    chat = client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
+    chat = client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
     chatted = latest_job(tfleet)
     assert (chatted.model_id, chatted.params["chat"], chatted.state) == ("tiny-qwen2", True, JobState.succeeded)
     assert chat.choices[0].message.content == Path(chatted.result_path).read_bytes().decode("utf-8")
-    chunks = list(client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
+    chunks = list(client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, stream=True))
     assert latest_job(tfleet).model_id == "tiny-qwen2"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == chat.choices[0].message.content
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
         client.chat_completion([{"role": "user", "content": "hi"}], model="tiny-llama", max_tokens=4)
-    assert refused.value.response.status_code == 422
+    assert refused.value.response.status_code == 400
     assert refused.value.response.json()["error"]["code"] == "invalid_model"
     # a seed the body's schema refuses is TGI's ValidationError too, as on POST / (a user pass: OpenAI's shape)
     with pytest.raises(huggingface_hub.errors.ValidationError, match=r"parameters\.seed"):
@@ -348,7 +386,7 @@ def test_hub_text_generation_on_a_models_own_url_runs_that_model(tfleet: TextFle
     )
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
         drawn.text_generation("a fox", max_new_tokens=3)
-    assert refused.value.response.status_code == 422, refused.value.response.text
+    assert refused.value.response.status_code == 400, refused.value.response.text
     error = refused.value.response.json()["error"]
     assert error["code"] == "unsupported_kind" and "runs txt2img" in error["message"], error
     assert "not text_generation" in error["message"] and len(tfleet.ctx.journal.list()) == jobs
@@ -400,7 +438,7 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
         "error": "prompt tokens + max_new_tokens must be at most 12 (max_total_tokens), got "
         "8 + 5 = 13; lower max_new_tokens to at most 4",
         "error_type": "validation",
-        "reason": "invalid_max_new_tokens",
+        "reason": "context_length_exceeded",
     }
     with pytest.raises(huggingface_hub.errors.ValidationError, match=r"at most 8 tokens \(max_input_tokens\), got 9"):
         hub(tfleet).text_generation("x" * 9, max_new_tokens=1)  # the default model: small-gpt2 (the first id)
@@ -606,7 +644,7 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     """R22: compiled on the server with the model's tokenizer; refused naming the field and
     llguidance's message, journaled ``rejected`` ``invalid_grammar``; a malformed
     ``response_format`` is refused too."""
-    with pytest.raises(openai.UnprocessableEntityError) as bad_regex:
+    with pytest.raises(openai.BadRequestError) as bad_regex:
         tfleet.client.completions.create(
             model="tiny-gpt2",
             prompt="x",
@@ -627,7 +665,7 @@ def test_a_constraint_that_does_not_compile_is_a_422_before_any_device(tfleet: T
     assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
     assert refused.json()["reason"] == "invalid_grammar" and "does not compile" in refused.json()["error"]
     assert latest_job(tfleet).state == JobState.rejected and latest_job(tfleet).reason == "invalid_grammar"
-    with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
+    with pytest.raises(openai.BadRequestError, match="response_format"):
         tfleet.client.completions.create(model="tiny-gpt2", prompt="x", extra_body={"response_format": {"type": "xml"}})
 
 
@@ -690,7 +728,7 @@ def test_prompt_expansion_runs_a_journaled_text_job_before_the_image_job(tfleet:
     )
     assert spoofed.status_code == 422 and "set by the server" in spoofed.json()["error"]["message"]
     assert len(tfleet.ctx.journal.list()) == jobs_before  # refused before any job: nothing journaled
-    with pytest.raises(openai.UnprocessableEntityError, match="expand_prompt"):
+    with pytest.raises(openai.BadRequestError, match="expand_prompt"):
         tfleet.client.images.generate(
             model="tiny-sd",
             prompt="a fox",
@@ -794,7 +832,7 @@ def test_hub_chat_completion_with_a_schema_is_constrained_by_it(
             max_tokens=4,
             response_format={"type": "json_object", "schema": SCHEMA},
         )
-    assert refused.value.response.status_code == 422
+    assert refused.value.response.status_code == 400
     assert refused.value.response.json()["error"]["param"] == "response_format.schema"
 
 
@@ -887,7 +925,7 @@ def test_a_chat_stream_cut_before_any_text_still_sends_its_role(tfleet: TextFlee
 def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) -> None:
     """``n=2``: two choices, each a journaled job (seeds 40 and 41, sampled; from the largest
     seed, the second wraps to 0: the fuzz's seed + 1 had been refused), their texts the jobs'
-    verified results; the usage sums both."""
+    verified results; the usage counts the prompt once and sums both completions."""
     messages = [{"role": "user", "content": "hi"}]
     seed = 40 if stream else MAX_SEED
     if stream:
@@ -930,7 +968,9 @@ def test_openai_n_gives_n_choices_one_job_each(tfleet: TextFleet, stream: bool) 
     assert [texts[i] for i in (0, 1)] == [Path(job.result_path).read_text("utf-8") for job in jobs]
     assert usage is not None
     assert usage.completion_tokens == sum(j.provenance["usage"]["completion_tokens"] for j in jobs)
-    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+    assert usage.prompt_tokens == jobs[0].provenance["usage"]["prompt_tokens"]  # the prompt once, as OpenAI counts
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    with pytest.raises(openai.BadRequestError) as too_many:
         tfleet.client.completions.create(model="tiny-qwen2", prompt="x", n=9)
     assert too_many.value.body["param"] == "n"
 
@@ -967,12 +1007,12 @@ def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:
     """The job's ``max_new_tokens`` comes from ``max_tokens`` (``max_completion_tokens`` on a
     chat): a refusal's ``param`` and message name that, not ``params.max_new_tokens``; TGI's
     message names ``parameters.max_new_tokens``."""
-    with pytest.raises(openai.UnprocessableEntityError) as completion:
+    with pytest.raises(openai.BadRequestError) as completion:
         tfleet.client.completions.create(model="small-gpt2", prompt="x" * 8, max_tokens=5)
     body = completion.value.body
-    assert isinstance(body, dict) and body["param"] == "max_tokens" and body["code"] == "invalid_max_new_tokens"
+    assert isinstance(body, dict) and body["param"] == "max_tokens" and body["code"] == "context_length_exceeded"
     assert "lower max_tokens to at most 4" in body["message"] and "max_new_tokens" not in body["message"]
-    with pytest.raises(openai.UnprocessableEntityError) as chat:
+    with pytest.raises(openai.BadRequestError) as chat:
         tfleet.client.chat.completions.create(
             model="tiny-qwen2",
             messages=[{"role": "user", "content": "x"}],

@@ -2,7 +2,7 @@
 Face's own Inference API serves each model on its own URL.
 
 - ``POST /hf/models/{model}`` (and ``POST /hf``, the first txt2img model): ``{"inputs": prompt,
-  "parameters": {...}}`` -> image bytes (a parameter Homefleet does not run is refused, 422
+  "parameters": {...}}`` -> image bytes (a parameter Homefleet does not run is refused, 400
   ``unknown_param``), what ``huggingface_hub.InferenceClient(base_url=".../hf/models/<model>").text_to_image``
   sends.
 - ``POST /hf/models/{model}`` with ``parameters.prompt`` and ``inputs`` an image in base64:

@@ -15,18 +15,23 @@ or the client's announced timeout, then answers 409 ``job_pending`` naming it. E
 OpenAI's shape.
 
 ``stream: true`` answers Server-Sent Events (sse-starlette) once the job is submitted (a refusal
-is still a plain 422): OpenAI's chunks (``text_completion`` / ``chat.completion.chunk``), each
+is still a plain error): OpenAI's chunks (``text_completion`` / ``chat.completion.chunk``), each
 carrying the text generated since the last (the worker reports the text so far with each
 token's progress, app/jobs/progress.py), then a last chunk with ``finish_reason`` and
 ``usage`` (with ``stream_options.include_usage``, the usage in a chunk of its own after it,
 OpenAI's shape), then ``data: [DONE]``. The last text comes from the verified result (R2). A client
-that disconnects stops its stream; the job ends by itself at ``max_new_tokens`` at the latest.
+that disconnects stops its stream and cancels its jobs (:func:`cancel_when_abandoned`).
 
 ``response_format`` constrains the output in every form the SDKs send (OpenAI's ``json_schema``
 and ``json_object``, huggingface_hub's and TGI's ``json_object`` / ``json`` with ``value``,
-``regex``: :func:`app.core.constraints.from_response_format`; one it cannot honour is a 422
+``regex``: :func:`app.core.constraints.from_response_format`; one it cannot honour is refused
 naming the field, never dropped), enforced while decoding (app/core/constraints.py, llguidance); a schema that does
-not compile is a 422 ``invalid_grammar`` before any device.
+not compile is refused ``invalid_grammar`` before any device.
+
+A refusal is 400 with OpenAI's error shape, as OpenAI answers it (app/api/openai_errors.py
+``OPENAI_INVALID_STATUS``); a prompt over the context is OpenAI's ``context_length_exceeded``.
+A request leaves out ``temperature``: OpenAI's 1 (:data:`OPENAI_TEMPERATURE`), unless the
+model's own defaults set one.
 
 The helpers here (:func:`run_text_job`, :func:`submit_text_job`, :func:`follow`) are the one
 home of a text request's way through a job; the TGI routes (app/api/routes/tgi.py) are fronts
@@ -37,7 +42,7 @@ before it (``finish_reason`` ``stop``); a stream never sends text past it. ``n``
 :data:`MAX_CHOICES`): n text jobs submitted as one call (a retried request gets them all, C10),
 job i seeded ``seed + i`` when a seed is given; choice i is job i's text.
 
-A field the route does not take is refused naming it (422 ``unknown_param``, OpenAI's
+A field the route does not take is refused naming it (400 ``unknown_param``, OpenAI's
 "Unrecognized request argument supplied"), never ignored: a misspelt ``max_tokenz`` would run with
 the default. OpenAI fields Homefleet does not run (``logprobs``, ``tools``, ``tool_choice``,
 ``frequency_penalty``, ``logit_bias``, ``suffix``, ``echo``, ``best_of``…: :data:`CHAT_UNSUPPORTED`,
@@ -48,13 +53,15 @@ the default. OpenAI fields Homefleet does not run (``logprobs``, ``tools``, ``to
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, ClassVar
 
+import anyio
 from anyio import to_thread
 from fastapi import APIRouter, Request
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from app.api.auth import request_key_id
 from app.api.openai_errors import client_fields
@@ -68,7 +75,7 @@ from app.api.routes.images import (
 )
 from app.api.strict_json import StrictJsonRoute
 from app.core import constraints
-from app.core.errors import Rejected
+from app.core.errors import Conflict, NotFound, Rejected
 from app.core.kinds import CHAT_SHOWN_PARAM, GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
 from app.core.request_body import ANY_VALUE, RequestBody, refuse_unsupported
 from app.core.states import ENDED, JobState
@@ -78,6 +85,7 @@ from app.jobs.progress import Progress
 from routing.placement import SERVER
 
 router = APIRouter(route_class=StrictJsonRoute)
+log = logging.getLogger(__name__)
 
 KIND = "text"
 CLIENT_FIELDS = {
@@ -91,6 +99,10 @@ CLIENT_FIELDS = {
 }
 """A text job's params -> the OpenAI fields they come from: a refusal names the client's field
 (app/api/openai_errors.py ``renamed``); a chat's prompt is its ``messages``."""
+OPENAI_TEMPERATURE = 1.0
+"""A request's ``temperature`` when it sends none: OpenAI's default (and TGI's chat route's), so
+``n``, ``seed`` and ``top_p`` change the answer as they do there; 0 asks for greedy decoding.
+(A text job of ``POST /v1/jobs`` and TGI's ``/generate`` decode greedily unless asked.)"""
 MAX_CHOICES = 8
 """A request's ``n`` at most: n text jobs, submitted as one call (C10: a retried request gets them all)."""
 OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -160,10 +172,18 @@ class Sampling(RequestBody):
         None, min_length=1, max_length=64, description="registered text model id; default: the first"
     )
     max_tokens: int | None = Field(
-        None, ge=1, le=MAX_NEW_TOKENS, description="new tokens at most (max_new_tokens); default 16"
+        None,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="new tokens at most (max_new_tokens); default: the model's default, else for a chat the rest "
+        "of the context, else 16, each at most the rest of the context",
     )
     temperature: float | None = Field(
-        None, ge=0.0, le=2.0, allow_inf_nan=False, description=f"0 (any below {GREEDY_TEMPERATURE:g}): greedy"
+        None,
+        ge=0.0,
+        le=2.0,
+        allow_inf_nan=False,
+        description=f"default {OPENAI_TEMPERATURE:g}, as OpenAI's; 0 (any below {GREEDY_TEMPERATURE:g}): greedy",
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**63)
@@ -191,6 +211,15 @@ class Sampling(RequestBody):
         ' (optionally with its schema as "value"), TGI\'s {"type": "json" | "regex", "value": ...} '
         'or {"type": "text"}: the output is constrained while decoding (llguidance)',
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:
+        """A field sent as null takes its default, as OpenAI's schema allows null for every
+        optional field (``"n": null``, ``"stream": null``)."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
+        return data
 
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
@@ -296,6 +325,14 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
     return {name: int(usage.get(name, 0)) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
+def usage_total(usages: list[dict[str, Any]]) -> dict[str, int]:
+    """The usage of a request's ``n`` choices, as OpenAI counts it: the prompt's tokens once (every
+    choice's job reads the same prompt), the choices' completion tokens summed, and their total."""
+    prompt = _usage(usages[0])["prompt_tokens"] if usages else 0
+    completion = sum(_usage(usage)["completion_tokens"] for usage in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 async def run_text_job(
     ctx: Any, request: Request, fields: dict[str, Any], model: str | None, params: dict[str, Any], target: str
 ) -> tuple[Job, str, dict[str, Any]]:
@@ -344,10 +381,39 @@ async def submit_text_job(
 async def follow(ctx: Any, job_id: str) -> AsyncIterator[Progress | Job]:
     """A text job as it runs: each new progress report (its text, token ids and logprobs so
     far), then the ended job (last), woken by the job's changes (app/jobs/waiting.py). A client
-    that disconnects stops the iteration; the job ends by itself at ``max_new_tokens`` at the latest."""
+    that disconnects stops the iteration (and a stream's :func:`cancel_when_abandoned` its job)."""
     async for change in ctx.waiting.follow(job_id):
         if isinstance(change, Progress) or change.state in ENDED:
             yield change
+
+
+def cancel_unended(ctx: Any, job_ids: list[str]) -> None:
+    """Ask each of ``job_ids`` that has not ended to stop (``POST /v1/jobs/{id}/cancel``'s way:
+    a queued one is cancelled at once, a running one stops between steps)."""
+    for job_id in job_ids:
+        try:
+            job = ctx.dispatcher.request_cancel(job_id)
+        except (Conflict, NotFound):
+            continue  # it ended meanwhile
+        log.info("job %s: its stream's client went away before the end; cancel requested (%s)", job_id, job.state)
+
+
+async def cancel_when_abandoned(ctx: Any, job_ids: list[str], events: AsyncGenerator[str, None]) -> AsyncIterator[str]:
+    """``events`` (a stream's SSE data), ending its jobs when the stream ends before them: a client
+    that closes its stream (the SDKs' ``stream.close()``, a dropped connection) gets its jobs
+    cancelled, as OpenAI-compatible and TGI servers abort a generation whose client left, so the
+    machine takes its next job instead of generating text no one reads (:func:`cancel_unended`).
+    A stream that reached its end, or an error event, cancels nothing."""
+    finished = False
+    try:
+        async for event in events:
+            yield event
+        finished = True
+    finally:
+        with anyio.CancelScope(shield=True):  # the disconnect cancels this task: the cancel must still run
+            await events.aclose()
+            if not finished:
+                await to_thread.run_sync(cancel_unended, ctx, job_ids)
 
 
 def ended_badly(job: Job) -> str:
@@ -374,14 +440,16 @@ async def stream_text(
     last chunk without choices their sum."""
     from sse_starlette.sse import EventSourceResponse
 
-    params = text_params(prompt, chat, user_message, body, max_tokens)
+    model = await model_or_default(ctx, body.model, KIND, chat=chat, target=body.target)
+    params = await to_thread.run_sync(
+        with_openai_temperature, ctx, model, text_params(prompt, chat, user_message, body, max_tokens)
+    )
     stops = list(params.get("stop") or [])
     job_ids: list[str] = []
-    model = body.model
     with submitted(job_ids):
         for index in range(body.n):
             each = {**params, "seed": nth_seed(params["seed"], index)} if "seed" in params else params
-            job_id, model = await submit_text_job(ctx, body.model, each, body.target, api_key_id)
+            job_id, model = await submit_text_job(ctx, model, each, body.target, api_key_id)
             job_ids.append(job_id)
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -415,8 +483,8 @@ async def stream_text(
             out["usage"] = _usage(usage)
         return json.dumps(out)
 
-    async def events() -> AsyncIterator[str]:
-        total: dict[str, int] = {}
+    async def events() -> AsyncGenerator[str, None]:
+        usages: list[dict[str, Any]] = []
         for index, job_id in enumerate(job_ids):
             sent = ""
             async for update in follow(ctx, job_id):
@@ -444,14 +512,28 @@ async def stream_text(
                 if final.startswith(sent) and len(final) > len(sent):
                     yield chunk(index, final[len(sent) :])
                 usage = usage_of(job)
-                for name, value in _usage(usage).items():
-                    total[name] = total.get(name, 0) + value
+                usages.append(usage)
                 yield chunk(index, None, usage.get("finish_reason", "length"), None if usage_alone else usage)
         if usage_alone:
-            yield chunk(0, None, usage=total, choices=False)
+            yield chunk(0, None, usage=usage_total(usages), choices=False)
         yield "[DONE]"
 
-    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_ids[0]})
+    return EventSourceResponse(
+        cancel_when_abandoned(ctx, job_ids, events()),
+        headers={"x-should-retry": "false", "x-homefleet-job-id": job_ids[0]},
+    )
+
+
+def with_openai_temperature(ctx: Any, model: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with :data:`OPENAI_TEMPERATURE` where neither the client nor the model's own
+    defaults (``models add --default``, R9) set a ``temperature``."""
+    if "temperature" in params:
+        return params
+    try:
+        defaults = ctx.registry.get(model).defaults or {}
+    except NotFound:
+        return params  # the submission refuses the model, naming it
+    return params if "temperature" in defaults else {**params, "temperature": OPENAI_TEMPERATURE}
 
 
 def text_params(
@@ -478,21 +560,21 @@ async def run_text(
     user_message: str | None = None,
 ) -> list[tuple[Job, str, dict[str, Any]]]:
     """An OpenAI request's ``n`` jobs: :func:`run_text_jobs` with the body's sampling params."""
-    params = text_params(prompt, chat, user_message, body, max_tokens)
-    return await run_text_jobs(ctx, request, body.model_dump(mode="json"), body.model, params, body.target, body.n)
+    model = await model_or_default(ctx, body.model, KIND, chat=chat, target=body.target)
+    params = await to_thread.run_sync(
+        with_openai_temperature, ctx, model, text_params(prompt, chat, user_message, body, max_tokens)
+    )
+    return await run_text_jobs(ctx, request, body.model_dump(mode="json"), model, params, body.target, body.n)
 
 
 def answer_of(
     answers: list[tuple[Job, str, dict[str, Any]]], kind: str, content: Callable[[str], dict[str, Any]]
 ) -> dict[str, Any]:
     """OpenAI's answer of ``kind`` (``text_completion``, ``chat.completion``): choice i is job i's
-    text (``content`` shapes it), its finish reason; ``usage`` sums the jobs' (prompt tokens
-    once per choice, as OpenAI counts them); ``job_id`` the first job, ``job_ids`` every one."""
+    text (``content`` shapes it), its finish reason; ``usage`` the choices' (:func:`usage_total`:
+    the prompt once); ``job_id`` the first job, ``job_ids`` every one."""
     first = answers[0][0]
-    total: dict[str, int] = {}
-    for _, _, usage in answers:
-        for name, value in _usage(usage).items():
-            total[name] = total.get(name, 0) + value
+    total = usage_total([usage for _, _, usage in answers])
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {
         "id": f"{prefix}-{first.id}",
@@ -512,9 +594,9 @@ def answer_of(
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: Completion, ctx: Context, request: Request) -> Any:
-    """OpenAI ``completions.create``: 200 with one choice once the job has succeeded; 422 when
-    the prompt exceeds the model's ``max_input_tokens`` or prompt + ``max_tokens`` its
-    ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
+    """OpenAI ``completions.create``: 200 with one choice once the job has succeeded; 400
+    ``context_length_exceeded`` when the prompt exceeds the model's ``max_input_tokens`` or
+    prompt + ``max_tokens`` its ``max_total_tokens``; 409 ``job_pending`` as the image routes (C10). ``stream``: SSE."""
     body.params()  # refuse unsupported fields before anything is submitted
     with client_fields(CLIENT_FIELDS):
         if body.stream:
@@ -525,7 +607,7 @@ async def completions(body: Completion, ctx: Context, request: Request) -> Any:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletion, ctx: Context, request: Request) -> Any:
-    """OpenAI ``chat.completions.create``: the messages through the model's chat template (422
+    """OpenAI ``chat.completions.create``: the messages through the model's chat template (400
     ``invalid_messages`` for a model without one), then as :func:`completions`."""
     body.params()
     model = await model_or_default(ctx, body.model, KIND, chat=True, target=body.target)

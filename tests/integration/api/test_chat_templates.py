@@ -57,7 +57,7 @@ def test_r22_a_system_message_the_template_refuses_is_a_422_quoting_it_not_a_500
 ) -> None:
     client, ctx = api
     messages: Any = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         sdk(client).chat.completions.create(model="mistral-style", messages=messages, max_tokens=4, stream=stream)
     body = refused.value.body
     assert isinstance(body, dict), body
@@ -109,7 +109,7 @@ def test_r22_a_template_that_stops_compiling_answers_422_chat_template_broken(
         "/v1/chat/completions",
         json={"model": "mistral-style", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
     )
-    assert answer.status_code == 422, answer.text
+    assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert (error["code"], error["param"]) == ("chat_template_broken", "messages"), error
     assert "does not compile" in error["message"] and "homefleet models update" in error["message"]

@@ -166,7 +166,7 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     not_base64 = client.post(
         f"/hf/models/{EDIT_MODEL}", json={"inputs": "not an image!", "parameters": {"prompt": "x"}}
     )
-    assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (422, "inputs")
+    assert (not_base64.status_code, not_base64.json()["error"]["param"]) == (400, "inputs")
     # a Stable Diffusion model runs image-to-image as img2img, as Hugging Face serves it, strength too
     img2img = client.post(
         f"/hf/models/{MODEL}",
@@ -181,14 +181,14 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
         f"/hf/models/{MODEL}",
         json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x", "strength": 2}},
     )
-    assert (too_strong.status_code, too_strong.json()["error"]["param"]) == (422, "parameters.strength"), (
+    assert (too_strong.status_code, too_strong.json()["error"]["param"]) == (400, "parameters.strength"), (
         too_strong.text
     )
     on_edit = client.post(
         f"/hf/models/{EDIT_MODEL}",
         json={"inputs": base64.b64encode(png()).decode(), "parameters": {"prompt": "x", "strength": 0.5}},
     )
-    assert (on_edit.status_code, on_edit.json()["error"]["code"]) == (422, "unknown_param"), (
+    assert (on_edit.status_code, on_edit.json()["error"]["code"]) == (400, "unknown_param"), (
         on_edit.text
     )  # edit has none
     # without a prompt (the client's image_to_image(image) alone): still image-to-image, never a
@@ -196,7 +196,7 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     for encoded in (base64.b64encode(png()).decode(), base64.b64encode(jpeg()).decode()):
         no_prompt = client.post(f"/hf/models/{MODEL}", json={"inputs": encoded, "parameters": {"strength": 0.5}})
         error = no_prompt.json()["error"]
-        assert (no_prompt.status_code, error["param"]) == (422, "parameters.prompt"), no_prompt.text
+        assert (no_prompt.status_code, error["param"]) == (400, "parameters.prompt"), no_prompt.text
         assert "`prompt` is required for kind img2img" in error["message"]
     assert not [
         j for j in ctx.journal.list() if j.kind == "txt2img" and str(j.params.get("prompt")).startswith("iVBOR")
@@ -215,7 +215,7 @@ def test_c10_huggingface_routes_honour_prefer_wait_for_text_and_image_to_image(
     )
     for refused, field in ((too_many, "inputs"), (edits, "image")):
         error = refused.json()["error"]
-        assert (refused.status_code, error["code"], error["param"]) == (422, "input_too_large", field), refused.text
+        assert (refused.status_code, error["code"], error["param"]) == (400, "input_too_large", field), refused.text
         assert error["message"] == "image is 10000 x 10000 = 100000000 pixels; the limit is 16777216 pixels"
     ctx.registry.add(tiny_models_dir / "tiny-animatediff", "tiny-video")
     bring_online(ctx, "server", {MODEL, EDIT_MODEL, "tiny-video"})

@@ -54,7 +54,7 @@ def test_with_no_chat_template_anywhere_the_chat_names_the_first_text_model(
     ctx.registry.retire(CHAT)
     assert default_model(ctx, "text", chat=True) == NO_TEMPLATE
     refused = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-    assert refused.status_code == 422, refused.text
+    assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert (
         error["code"] == "invalid_messages" and NO_TEMPLATE in error["message"] and "chat template" in error["message"]
@@ -122,7 +122,7 @@ def test_the_default_is_a_model_the_request_s_target_runs_now(split_fleet: tuple
     # request is refused naming why (the default target is the server, R9).
     assert default_model(ctx, "text", target="server") == "a-unsynced-llama"
     refused = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-    assert refused.status_code == 422 and refused.json()["error"]["code"] == "family_not_supported", refused.text
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "family_not_supported", refused.text
 
     ctx.redis.set(ctx.keys.draining("m1"), "1")  # nothing new is placed there
     assert default_model(ctx, "text", chat=True, target="auto") == "a-unsynced-llama"

@@ -167,7 +167,7 @@ def test_r22_openai_n_is_checked_per_request_and_hf_parameters_are_not_ignored(
         refused = ctx.journal.list([JobState.rejected])
         assert [(job.model_id, job.reason) for job in refused] == [("no-such-model", "unknown_model")]
         unknown = client.post(f"/hf/models/{MODEL}", json={"inputs": "x", "parameters": {"scheduler": "DDIM"}})
-        assert unknown.status_code == 422
+        assert unknown.status_code == 400
         assert (unknown.json()["error"]["code"], unknown.json()["error"]["param"]) == (
             "unknown_param",
             "parameters.scheduler",
@@ -490,7 +490,7 @@ def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
         wrong_type = client.post(
             "/v1/images/edits", data=fields, files={"image": ("a.png", b"GIF89a....", "image/png")}
         )
-        assert wrong_type.status_code == 422
+        assert wrong_type.status_code == 400
         error = wrong_type.json()["error"]
         assert error["param"] == "image" and "got 'image/gif'" in error["message"]  # sniffed: not what it claims
         png = image_bytes()
@@ -520,18 +520,18 @@ def test_r22_openai_edits_refuse_a_mask_or_a_second_file_never_dropping_it(
         png = ("a.png", image_bytes(), "image/png")
         sdk = openai.OpenAI(api_key=TEST_API_KEY, base_url=f"{client.base_url}/v1", http_client=client, max_retries=0)
         asked = {"model": edit_model, "prompt": "make it blue"}
-        with pytest.raises(openai.UnprocessableEntityError) as masked:  # the SDK's mask: an inpaint, not run here
+        with pytest.raises(openai.BadRequestError) as masked:  # the SDK's mask: an inpaint, not run here
             sdk.images.edit(image=png, mask=png, **asked)
         assert (masked.value.code, masked.value.param) == ("unknown_param", "mask")
         assert "`inpaint` job" in masked.value.message and "params.mask" in masked.value.message
-        with pytest.raises(openai.UnprocessableEntityError) as two:  # a list: the SDK sends image[] twice
+        with pytest.raises(openai.BadRequestError) as two:  # a list: the SDK sends image[] twice
             sdk.images.edit(image=[png, png], **asked)
         assert (two.value.code, two.value.param) == ("invalid_image", "image")
         assert "must be one file, the image to edit; got 2" in two.value.message
         other = client.post("/v1/images/edits", data=asked, files=[("image", png), ("extra", png)], headers=AUTH)
-        assert other.status_code == 422 and other.json()["error"]["param"] == "extra"
+        assert other.status_code == 400 and other.json()["error"]["param"] == "extra"
         nothing = client.post("/v1/images/edits", data=asked, headers=AUTH)
-        assert nothing.status_code == 422 and "got 0" in nothing.json()["error"]["message"]
+        assert nothing.status_code == 400 and "got 0" in nothing.json()["error"]["message"]
         assert ctx.journal.list([JobState.queued]) == []  # none of these made a job
         with pytest.raises(openai.ConflictError):  # a list of one is the image: its job is queued (no worker)
             sdk.images.edit(image=[png], **asked)
@@ -566,7 +566,7 @@ def test_openai_edits_take_nested_extras_as_the_sdk_encodes_them_in_a_form(
         assert job.params["adapters"] == [{"id": "p2p-a", "scale": 0.5}, {"id": "p2p-b", "scale": -1.0}]
         assert job.params["steps"] == 2
         # One object without a field the other has: the SDK's form cannot say whose the scale is.
-        with pytest.raises(openai.UnprocessableEntityError) as unclear:
+        with pytest.raises(openai.BadRequestError) as unclear:
             sdk.images.edit(**asked, extra_body={"adapters": [{"id": "p2p-a"}, {"id": "p2p-b", "scale": 0.5}]})
         assert (unclear.value.code, unclear.value.param) == ("invalid_params", "adapters")
         assert "2 adapters[][id], 1 adapters[][scale]" in unclear.value.message
@@ -579,7 +579,7 @@ def test_openai_edits_take_nested_extras_as_the_sdk_encodes_them_in_a_form(
             {"id": "p2p-a", "scale": 1.0},
             {"id": "p2p-b", "scale": 0.5},
         ]
-        with pytest.raises(openai.UnprocessableEntityError) as refused:  # the rebuilt list is checked as ever
+        with pytest.raises(openai.BadRequestError) as refused:  # the rebuilt list is checked as ever
             sdk.images.edit(**asked, extra_body={"adapters": [{"id": "p2p-a", "scale": 9}]})
         assert (
             refused.value.code == "invalid_adapters" and "scale must be a number from -4 to 4" in refused.value.message
@@ -731,11 +731,11 @@ def test_an_openai_image_field_asking_for_another_file_is_refused_not_ignored(
     api: tuple[TestClient, ServerContext], field: str, value: str, allowed: str
 ) -> None:
     """A client asking for a JPEG (or a transparent background) was handed a PNG it believed
-    was what it asked for: such values are 422 naming the field, before any job exists."""
+    was what it asked for: such values are 400 (OpenAI's status) naming the field, before any job exists."""
     client, ctx = api
     online(ctx, "m1")
     answer = client.post("/v1/images/generations", json={"prompt": "x", "model": MODEL, field: value})
-    assert answer.status_code == 422
+    assert answer.status_code == 400
     error = answer.json()["error"]
     assert (error["param"], error["code"]) == (field, "unknown_param"), error
     assert f"`{field}` is not supported by Homefleet" in error["message"] and allowed in error["message"], error

@@ -47,13 +47,13 @@ def test_defaults_come_from_max_position_embeddings(text_ctx: ServerContext) -> 
         "tiny-llama", "text", {"prompt": "x" * 100, "max_new_tokens": 412, "seed": 1}, "auto"
     )  # exactly 512: taken
     error = refusal(text_ctx, "tiny-llama", {"prompt": "x" * 100, "max_new_tokens": 413})
-    assert error.reason == "invalid_max_new_tokens" and error.param == "params.max_new_tokens"
+    assert error.reason == "context_length_exceeded" and error.param == "params.max_new_tokens"
     assert "at most 512 (max_total_tokens), got 100 + 413 = 513" in error.message
 
 
 def test_a_long_prompt_is_refused_naming_max_input_tokens_and_its_count(text_ctx: ServerContext) -> None:
     error = refusal(text_ctx, "tiny-gpt2", {"prompt": "ab" * 300, "max_new_tokens": 1})
-    assert error.reason == "invalid_prompt"
+    assert (error.reason, error.param) == ("context_length_exceeded", "params.prompt")
     assert error.message.startswith("the prompt must be at most 511 tokens (max_input_tokens), got 600 tokens")
 
 
@@ -115,3 +115,28 @@ def test_the_journaled_estimate_prices_the_kv_cache_at_the_models_max_total_toke
     memory = estimator.memory("tiny-llama", "text", 1)
     assert memory.weights_bytes == text_ctx.registry.weights_bytes("tiny-llama") > 0
     assert memory.working_bytes == 100_000_000 + 2 * 2 * 2 * 8 * 4 * 512
+
+
+def new_tokens(ctx: ServerContext, model_id: str, params: dict[str, object]) -> object:
+    """The ``max_new_tokens`` a text job of ``params`` is journaled with."""
+    taken: dict[str, object] = {"seed": 1, **params}
+    ctx.dispatcher.validator.request(model_id, "text", taken, "auto")
+    return taken["max_new_tokens"]
+
+
+def test_a_default_max_new_tokens_never_makes_a_refusal(text_ctx: ServerContext, tiny_text_dir: Path) -> None:
+    """R22: a ``max_new_tokens`` the client did not send fills the context's rest instead of
+    refusing a prompt the model takes: the kind's 16 for a plain prompt, the rest of the
+    context for a chat (OpenAI's and TGI's chat default), a model's own default, each at most
+    the rest. A prompt that leaves no room is refused as the prompt's fault."""
+    assert new_tokens(text_ctx, "tiny-llama", {"prompt": "x" * 100}) == 16
+    assert new_tokens(text_ctx, "tiny-llama", {"prompt": "x" * 500}) == 12  # 512 - 500 (it was a 422)
+    assert new_tokens(text_ctx, "tiny-llama", {"prompt": "x" * 100, "chat": True}) == 412  # the rest of 512
+    text_ctx.registry.add(tiny_text_dir / "tiny-llama", "brief-llama", defaults={"max_new_tokens": 64})
+    assert new_tokens(text_ctx, "brief-llama", {"prompt": "x" * 100, "chat": True}) == 64  # the operator's default
+    assert new_tokens(text_ctx, "brief-llama", {"prompt": "x" * 480, "chat": True}) == 32  # at most the rest
+    assert new_tokens(text_ctx, "tiny-llama", {"prompt": "x" * 100, "max_new_tokens": 3}) == 3  # asked: as asked
+    full = refusal(text_ctx, "tiny-llama", {"prompt": "x" * 511 + "y"})  # 512: over max_input_tokens (511)
+    assert (full.reason, full.param) == ("context_length_exceeded", "params.prompt")
+    asked = refusal(text_ctx, "tiny-llama", {"prompt": "x" * 500, "max_new_tokens": 16})  # asked: refused as before
+    assert (asked.reason, asked.param) == ("context_length_exceeded", "params.max_new_tokens")
