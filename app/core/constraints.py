@@ -195,11 +195,14 @@ def vocab_size(tokenizer: Any, model_vocab: int | None = None) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def ll_tokenizer(tokenizer: Any, n_vocab: int) -> Any:
-    """llguidance's tokenizer of a fast Hugging Face tokenizer (about a second: cached per tokenizer)."""
+def ll_tokenizer(tokenizer: Any, n_vocab: int, eos: tuple[int, ...] = ()) -> Any:
+    """llguidance's tokenizer of a fast Hugging Face tokenizer (about a second: cached per
+    tokenizer and ``eos``). ``eos``: the ids that end the model's turn
+    (:func:`app.core.textgen.end_token_ids`), each of which the mask allows once the constraint
+    is complete; empty: the tokenizer's EOS only."""
     import llguidance.hf
 
-    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=list(eos) or None)
 
 
 def check(constraint: Any, tokenizer: Any, n_vocab: int) -> str:
@@ -217,21 +220,22 @@ def check(constraint: Any, tokenizer: Any, n_vocab: int) -> str:
     return grammar
 
 
-def matcher(constraint: Mapping[str, Any], tokenizer: Any, n_vocab: int) -> Any:
+def matcher(constraint: Mapping[str, Any], tokenizer: Any, n_vocab: int, eos: tuple[int, ...] = ()) -> Any:
     """A fresh ``llguidance.LLMatcher`` of ``constraint``: a copy of the one compiled for this
-    (tokenizer, constraint), compiled on first use and kept (LRU, :data:`CACHED_MATCHERS`).
+    (tokenizer, end ids ``eos`` as :func:`ll_tokenizer` takes them, constraint), compiled on
+    first use and kept (LRU, :data:`CACHED_MATCHERS`).
 
     Raises:
         ValueError: the constraint does not compile.
     """
-    return _compiled(tokenizer, n_vocab, json.dumps(constraint, sort_keys=True)).deep_copy()
+    return _compiled(tokenizer, n_vocab, json.dumps(constraint, sort_keys=True), tuple(eos)).deep_copy()
 
 
 @functools.lru_cache(maxsize=CACHED_MATCHERS)
-def _compiled(tokenizer: Any, n_vocab: int, constraint_json: str) -> Any:
+def _compiled(tokenizer: Any, n_vocab: int, constraint_json: str, eos: tuple[int, ...] = ()) -> Any:
     from llguidance import LLMatcher
 
-    compiled = LLMatcher(ll_tokenizer(tokenizer, n_vocab), grammar_of(json.loads(constraint_json)), log_level=0)
+    compiled = LLMatcher(ll_tokenizer(tokenizer, n_vocab, eos), grammar_of(json.loads(constraint_json)), log_level=0)
     if compiled.is_error():
         raise ValueError(f"does not compile: {compiled.get_error()}")
     return compiled

@@ -134,6 +134,18 @@ def prompt_ids(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
 
 
+def end_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The ids that end a model's turn: the tokenizer's EOS, then each id of the model folder's
+    ``generation_config.json`` ``eos_token_id`` (an int or a list; absent: none), without repeats.
+    An instruct model may end its turn on an id only that list names (Llama 3's ``<|eot_id|>``,
+    its tokenizer's EOS being ``<|end_of_text|>``): generation stops at any of them, and a
+    constrained decoding's mask allows all of them once the constraint is complete
+    (docs/api.md, "Text generation")."""
+    listed = getattr(generation_config, "eos_token_id", None)
+    ids = [tokenizer.eos_token_id, *(listed if isinstance(listed, (list, tuple)) else [listed])]
+    return list(dict.fromkeys(int(token) for token in ids if token is not None))
+
+
 class TokenDecoder:
     """Each generated token's share of the decoded text, as the tokens arrive (TGI's stream
     names every token's text): joined, the shares are ``tokenizer.decode(ids,

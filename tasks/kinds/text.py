@@ -8,13 +8,16 @@ request the server has already applied the model's chat template, ``chat`` true)
 before the first, ``finish_reason`` ``stop`` with ``usage.stop_sequence``),
 ``grammar`` (a JSON schema or a regex the output must match, ``app/core/constraints.py``: each
 step's logits outside llguidance's allowed-token mask are set to -inf, so the model can only
-write text the constraint accepts; the compiled matcher is cached per tokenizer and constraint).
+write text the constraint accepts, then end on any of its end ids; the compiled matcher is cached
+per tokenizer, end ids and constraint).
 The server checked the prompt's tokens against the model's ``max_input_tokens`` and
 ``max_total_tokens`` with the same tokenization (``app/core/textgen.py``).
 
 Output: the generated text (UTF-8, ``text/plain``; special tokens dropped). The journaled
 record gets ``usage``: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
-``finish_reason`` (``stop``: the model ended its turn; ``length``: ``max_new_tokens`` reached),
+``finish_reason`` (``stop``: the model ended its turn, on any of :func:`app.core.textgen.end_token_ids`:
+the tokenizer's EOS or an id of the folder's ``generation_config.json`` ``eos_token_id``;
+``length``: ``max_new_tokens`` reached),
 ``tokens`` (the generated ids) and ``logprobs`` (each one's natural-log probability).
 """
 
@@ -26,7 +29,7 @@ from typing import Any
 from app.core import constraints
 from app.core.kinds import family_kind_spec as kind_spec
 from app.core.kinds import greedy
-from app.core.textgen import cut_at_stop, prompt_ids, stop_sequences
+from app.core.textgen import cut_at_stop, end_token_ids, prompt_ids, stop_sequences
 from tasks.kinds import Output, ProgressFn
 
 KIND = "text"
@@ -51,11 +54,12 @@ def run(
     stops = stop_sequences(args["stop"])
     device = next(model.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    ends = end_token_ids(tokenizer, model.generation_config)  # the tokenizer's EOS and generation_config's
 
     matcher = None
     vocab = constraints.vocab_size(tokenizer, getattr(model.config, "vocab_size", None))
     if args["grammar"] is not None:
-        matcher = constraints.matcher(args["grammar"], tokenizer, vocab)
+        matcher = constraints.matcher(args["grammar"], tokenizer, vocab, tuple(ends))
     steps = Steps(len(ids), vocab, matcher)
     logprobs: list[float] = []
 
@@ -79,7 +83,6 @@ def run(
         sampling.update(temperature=temperature, top_p=float(args["top_p"]))
     else:  # greedy: unset the model's own sampling defaults (generation_config.json) explicitly
         sampling.update(temperature=None, top_p=None, top_k=None)
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
     with torch.random.fork_rng(devices=[]), torch.inference_mode():
         torch.manual_seed(int(args["seed"]))
         out = model.generate(
@@ -87,14 +90,14 @@ def run(
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=limit,
             min_new_tokens=0,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id or eos,
+            eos_token_id=ends or None,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(ends), None),
             stopping_criteria=StoppingCriteriaList([Progress()]),
             logits_processor=LogitsProcessorList([steps]),
             **sampling,
         )
     new = [int(t) for t in out[0, len(ids) :]]
-    ended = bool(new) and eos is not None and new[-1] == eos
+    ended = bool(new) and new[-1] in ends
     text, stop = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stops)
     usage = {
         "prompt_tokens": len(ids),
@@ -115,7 +118,7 @@ class Steps:
     """A transformers logits processor on batch row 0, called once per new token: with a
     compiled llguidance ``matcher`` (a ``grammar``), it feeds the matcher each token generated
     since its last call, then sets every logit the matcher's mask forbids to -inf (once the
-    constraint is complete the mask allows only EOS); it keeps the step's log-softmax, so
+    constraint is complete the mask allows only the end ids); it keeps the step's log-softmax, so
     :meth:`logprob` gives the chosen token's log probability (after the mask, before any
     temperature).
 

@@ -313,3 +313,68 @@ def test_gpt2_cannot_be_registered_quantized_its_conv1d_layers_stay_as_they_are(
         assert ctx.registry.add(folder_of(tiny_text_dir, "gpt2"), model_id="tiny-gpt2").quantization is None
     finally:
         ctx.close()
+
+
+def llama3_style_copy(tiny_text_dir: Path, to: Path) -> tuple[Path, int, int]:
+    """A user's copy of tiny-llama set up as Llama-3-8B-Instruct's folder is: the tokenizer's EOS
+    is ``<|end_of_text|>``, and ``generation_config.json``'s ``eos_token_id`` lists it and
+    ``<|eot_id|>``, the id an instruct model ends its turn on. Its weights are edited (safetensors)
+    so that greedy decoding writes ``<|eot_id|>`` first: the layers' output projections are zeroed
+    (each position's hidden state is its own token's embedding), every embedding row gets 1.0 in
+    dimension 0, and ``<|eot_id|>``'s row (the tied ``lm_head``) is 10.0 there and 0 elsewhere, so
+    its logit is about ten times any other. Returns (folder, ``<|end_of_text|>``'s id, ``<|eot_id|>``'s id)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = to / "llama3-instruct"
+    shutil.copytree(folder_of(tiny_text_dir, "llama"), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["eos_token"] = "<|end_of_text|>"
+    config.pop("pad_token", None)  # Llama 3 has none
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_pipeline(folder_of(tiny_text_dir, "llama")).tokenizer
+    end_of_text, eot = tokenizer.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])
+    generation = json.loads((folder / "generation_config.json").read_text())
+    generation.update(eos_token_id=[end_of_text, eot], pad_token_id=None)
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    weights = load_file(str(folder / "model.safetensors"))
+    for name, tensor in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor.zero_()
+    embeddings = weights["model.embed_tokens.weight"]
+    embeddings[:, 0] = 1.0
+    embeddings[eot] = 0.0
+    embeddings[eot, 0] = 10.0
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder, end_of_text, eot
+
+
+def test_generation_ends_on_any_eos_id_of_generation_config_not_only_the_tokenizers(
+    tiny_text_dir: Path, tmp_path: Path
+) -> None:
+    """An instruct model ends its turn on an id that only its ``generation_config.json`` lists
+    (Llama 3's ``<|eot_id|>``, the tokenizer's EOS being ``<|end_of_text|>``): generation stops
+    after it, finish ``stop``, with no end token in the text (docs/api.md, "Text generation");
+    streamed progress stops there too. With a grammar, the mask allows every end id once the
+    constraint is complete: the model ends on its own ``<|eot_id|>``."""
+    folder, end_of_text, eot = llama3_style_copy(tiny_text_dir, tmp_path)
+    model = load_pipeline(folder)
+    assert model.tokenizer.eos_token_id == end_of_text != eot
+    reports: list[list[int]] = []
+    params: dict[str, Any] = {"prompt": "hello", "seed": 1, "max_new_tokens": 8}
+    out = runner("text")(model, params, lambda *_, tokens, **__: reports.append(tokens), {}, {}, family="llama")
+    usage = out.record["usage"]
+    assert out.record["tokens"] == [eot] and reports[-1] == [eot], out.record["tokens"]
+    assert (usage["finish_reason"], usage["completion_tokens"], out.data) == ("stop", 1, b"")
+    constrained = runner("text")(
+        model,
+        {**params, "grammar": {"type": "regex", "value": "ab"}},
+        lambda *_, **__: None,
+        {},
+        {},
+        family="llama",
+    )
+    assert constrained.data == b"ab" and constrained.record["tokens"][-1] == eot, constrained.record["tokens"]
+    assert constrained.record["usage"]["finish_reason"] == "stop"
