@@ -152,12 +152,15 @@ class TokenDecoder:
     skip_special_tokens=True)`` (special tokens decode to nothing). A token that ends inside a
     UTF-8 character (byte-level BPE) gets the empty string; the token completing it gets the
     character. ``sent``: the text given out so far. With ``stops`` (a job's ``stop``
-    sequences) no text past one is given out: shares end before the first, and an ending that
-    could still grow into one waits for the next token (:func:`safe_to_send`)."""
+    sequences) no text past one is given out: shares end before the first. ``hold`` (a stream,
+    whose later tokens are not known yet): an ending that could still grow into one waits for
+    the next token (:func:`safe_to_send`); without it (an ended job's tokens, TGI's ``details``)
+    each token gets its own share (docs/api.md, "Text generation")."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), hold: bool = True) -> None:
         self.tokenizer = tokenizer
         self.stops = list(stops)
+        self.hold = hold
         self.ids: list[int] = []
         self.sent = ""
         self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
@@ -169,7 +172,7 @@ class TokenDecoder:
         whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         whole = whole if last else whole.rstrip("\ufffd")
         if self.stops:
-            whole = cut_at_stop(whole, self.stops)[0] if last else safe_to_send(whole, self.stops)
+            whole = safe_to_send(whole, self.stops) if self.hold and not last else cut_at_stop(whole, self.stops)[0]
         if not whole.startswith(self.sent):  # a decoding whose prefix is not a prefix (cleaned-up spaces)
             return ""
         piece, self.sent = whole[len(self.sent) :], whole

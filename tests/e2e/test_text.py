@@ -1003,6 +1003,24 @@ def test_tgi_stop_through_hub_text_generation(tfleet: TextFleet) -> None:
     assert events[-1].details is not None and events[-1].details.finish_reason == "stop_sequence"
 
 
+def test_tgi_details_give_each_token_its_own_text_while_a_stop_sequence_partly_matches(tfleet: TextFleet) -> None:
+    """``text_generation(stop=[...], details=True)`` whose text starts as the stop sequence does
+    but never completes it: each token's ``text`` is its own (as without ``stop``), not ``""``
+    for the tokens a stream would hold back and the held text on a later token; they join into
+    ``generated_text``. Holding a partial match back is for the stream only (docs/api.md, "TGI")."""
+    client = hub(tfleet)
+    plain = client.text_generation("x", max_new_tokens=10, details=True)  # greedy: the same tokens again
+    assert plain.details is not None and len(plain.generated_text) >= 2, plain
+    absent = next(c for c in "~#%^|" if c not in plain.generated_text)
+    stop = plain.generated_text[:2] + absent  # the text's first two characters begin it; it never completes
+    cut = client.text_generation("x", max_new_tokens=10, stop=[stop], details=True)
+    assert cut.details is not None and cut.generated_text == plain.generated_text
+    assert [(t.id, t.text) for t in cut.details.tokens] == [(t.id, t.text) for t in plain.details.tokens]
+    assert cut.details.tokens[0].text == plain.generated_text[0]
+    assert "".join(t.text for t in cut.details.tokens) == cut.generated_text
+    assert latest_job(tfleet).params["stop"] == [stop]
+
+
 def test_a_refusal_names_the_field_the_client_sent(tfleet: TextFleet) -> None:
     """The job's ``max_new_tokens`` comes from ``max_tokens`` (``max_completion_tokens`` on a
     chat): a refusal's ``param`` and message name that, not ``params.max_new_tokens``; TGI's

@@ -16,10 +16,11 @@ routes do). As in TGI, sampling is on when ``do_sample`` is true or
 constrains the output (app/core/constraints.py); one that does not compile is a 422. ``stop``
 (up to 4 sequences) ends the text before the first one generated (``finish_reason``
 ``stop_sequence``; the tokens' texts, streamed or in ``details``, end before it too: they join
-into the cut ``generated_text``). A TGI parameter Homefleet does not run (``top_k``, ``repetition_penalty``…) is
-refused when set, and any other field, top-level or in ``parameters``, is refused naming it (a
-misspelt ``paramters`` would drop every parameter): TGI's serde ignores unknown fields, Homefleet
-never does.
+into the cut ``generated_text``; ``details`` give each token its own text, the stream holds back
+an ending that could still grow into a stop sequence until the next token). A TGI parameter
+Homefleet does not run (``top_k``, ``repetition_penalty``…) is refused when set, and any other
+field, top-level or in ``parameters``, is refused naming it (a misspelt ``paramters`` would drop
+every parameter): TGI's serde ignores unknown fields, Homefleet never does.
 
 Answers: ``{"generated_text", "details"?}``; ``details``: ``finish_reason`` (``eos_token`` or
 ``length``), ``generated_tokens``, ``seed`` (null when greedy), ``prefill`` (empty), ``tokens``
@@ -244,7 +245,7 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     if body.parameters.details:
         tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
         ids, logprobs = _tokens(job)
-        decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or ())
+        decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or (), hold=False)  # the job has ended
         entries = [
             token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
             for i, token in enumerate(ids)
