@@ -3,7 +3,9 @@
 and text-generation-inference's for TGI's routes (``POST /``, ``/generate``, ``/generate_stream``):
 ``{"error": message, "error_type": "validation" | "overloaded" | "generation" | ...}``
 (huggingface_hub raises its ``ValidationError``, ``OverloadedError``… from ``error_type``),
-with Homefleet's ``reason`` beside them.
+with Homefleet's ``reason`` beside them. 401, 403 and 404 carry no ``error_type``: huggingface_hub
+raises a non-HTTP ``UnknownError`` for one it does not know, losing the status, and its
+``HfHubHTTPError`` (``response.status_code``) without one.
 
 ``x-should-retry: false`` is set on an error answered after a job may have started, so that
 the OpenAI SDK's automatic retries (it retries 408, 409, 429 and 5xx by default unless that
@@ -45,13 +47,15 @@ OPENAI_UNSERVED = (
 TGI_PATHS = ("/", "/generate", "/generate_stream")
 """TGI's routes (app/api/routes/tgi.py); ``GET /`` is the fleet page, which answers no errors of its own."""
 TGI_ERROR_TYPES = {
-    401: "authentication",
-    404: "not_found",
     409: "incomplete_generation",
     424: "generation",
     429: "overloaded",
     503: "overloaded",
 }
+TGI_UNTYPED = (401, 403, 404)
+"""Statuses TGI's routes answer without an ``error_type`` (module docstring): TGI itself never
+answers them, and huggingface_hub knows only ``validation``, ``overloaded``, ``generation`` and
+``incomplete_generation``; for any other it raises ``UnknownError``, not an HTTP error."""
 TGI_GENERATION_FAILED = 424
 """TGI's status for a generation that failed (its ``InferError::GenerationError``: 424 Failed
 Dependency, ``error_type: generation``): a TGI route's job that ended without a result, never a 500."""
@@ -89,10 +93,12 @@ def is_tgi_route(path: str) -> bool:
     return path in TGI_PATHS
 
 
-def tgi_error_type(status_code: int) -> str:
-    """TGI's ``error_type`` of a status: 409 (the job is still running, ``job_pending``):
-    ``incomplete_generation``; 429 and 503: ``overloaded``; 424 (the job failed) and other 5xx:
-    ``generation``; other 4xx: ``validation``."""
+def tgi_error_type(status_code: int) -> str | None:
+    """TGI's ``error_type`` of a status: none for 401, 403 and 404 (:data:`TGI_UNTYPED`); 409
+    (the job is still running, ``job_pending``): ``incomplete_generation``; 429 and 503:
+    ``overloaded``; 424 (the job failed) and other 5xx: ``generation``; other 4xx: ``validation``."""
+    if status_code in TGI_UNTYPED:
+        return None
     return TGI_ERROR_TYPES.get(status_code, "generation" if status_code >= 500 else "validation")
 
 
@@ -108,8 +114,9 @@ def _after_submit(error: HomefleetError, headers: dict[str, str]) -> list[str] |
 
 
 def tgi_error(error: HomefleetError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """TGI's answer to a domain error: ``{"error", "error_type", "reason"[, "job_ids"]}``,
-    with the headers of :func:`openai_error`. A job that ended without a result (an error
+    """TGI's answer to a domain error: ``{"error", "error_type", "reason"[, "job_ids"]}``
+    (no ``error_type`` for 401, 403 and 404: :func:`tgi_error_type`), with the headers of
+    :func:`openai_error`. A job that ended without a result (an error
     whose ``job_failed`` is true, e.g. app/api/routes/images.py ``JobFailed``) is
     :data:`TGI_GENERATION_FAILED` with the job's reason and message, as TGI answers a failed
     generation."""
@@ -117,7 +124,11 @@ def tgi_error(error: HomefleetError, headers: dict[str, str] | None = None) -> J
     job_ids = _after_submit(error, headers)
     cause = getattr(error, "original", error)  # images.AfterSubmit wraps the error raised after a submission
     status = TGI_GENERATION_FAILED if getattr(cause, "job_failed", False) else error.status_code
-    body: dict[str, Any] = {"error": error.message, "error_type": tgi_error_type(status), "reason": error.reason}
+    body: dict[str, Any] = {"error": error.message}
+    kind = tgi_error_type(status)
+    if kind is not None:
+        body["error_type"] = kind
+    body["reason"] = error.reason
     if job_ids is not None:
         body["job_ids"] = job_ids
     return JSONResponse(status_code=status, content=body, headers=headers)

@@ -76,11 +76,15 @@ OPENAI_ERROR_BODY: dict[str, Any] = {
 TGI_ERROR_BODY: dict[str, Any] = {
     "title": "TGIError",
     "type": "object",
-    "required": ["error", "error_type"],
+    "required": ["error"],
     "description": "text-generation-inference's error shape, on TGI's routes (POST /, /generate, /generate_stream).",
     "properties": {
         "error": {"type": "string"},
-        "error_type": {"type": "string", "description": "validation, overloaded, generation, incomplete_generation…"},
+        "error_type": {
+            "type": "string",
+            "description": "validation, overloaded, generation, incomplete_generation; absent on 401, 403 and 404 "
+            "(huggingface_hub then raises its HTTP error with the status)",
+        },
         "reason": {"type": "string", "description": "Homefleet's reason"},
         "job_ids": {
             "type": "array",

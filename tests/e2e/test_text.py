@@ -449,11 +449,34 @@ def test_tgi_generate_routes_and_their_errors_have_tgis_shape(tfleet: TextFleet)
     assert "parameters.top_k" in unsupported.json()["error"]
     bad = httpx.post(f"{url}/generate", headers=auth, json={"inputs": "", "parameters": {}}, verify=tls_context())
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation" and "inputs" in bad.json()["error"]
-    assert (
-        httpx.post(f"{url}/generate", json={"inputs": "x"}, verify=tls_context()).json()["error_type"]
-        == "authentication"
-    )
+    anonymous = httpx.post(f"{url}/generate", json={"inputs": "x"}, verify=tls_context())
+    assert anonymous.status_code == 401 and anonymous.json()["reason"] == "missing_api_key", anonymous.text
     assert httpx.get(f"{url}/", verify=tls_context()).status_code == 200  # the fleet page stays open
+
+
+def test_a_wrong_key_or_an_unknown_model_on_tgis_routes_is_the_hubs_http_error(tfleet: TextFleet) -> None:
+    """huggingface_hub raises a non-HTTP ``UnknownError`` (its status lost) for any TGI
+    ``error_type`` it does not know; TGI's routes therefore answer 401, 403 and 404 without one:
+    ``text_generation`` with a key not of this server's raises ``HfHubHTTPError`` with status 401,
+    streamed or not, on the root and on a text model's own URL; an unknown ``model`` on
+    ``/generate`` is a 404 without one either (docs/api.md, "Text generation")."""
+    url = tfleet.local.api_url
+    for base in (url, f"{url}/hf/models/tiny-qwen2"):
+        for stream in (False, True):
+            client = huggingface_hub.InferenceClient(base_url=base, token="bad", timeout=60)
+            with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+                list(client.text_generation("x", stream=True)) if stream else client.text_generation("x")
+            assert refused.value.response is not None and refused.value.response.status_code == 401, (base, stream)
+            assert "error_type" not in refused.value.response.json(), refused.value.response.text
+    unknown = httpx.post(
+        f"{url}/generate",
+        headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+        json={"inputs": "x", "model": "no-such-model"},
+        timeout=60,
+        verify=tls_context(),
+    )
+    assert unknown.status_code == 404 and unknown.json()["reason"] == "unknown_model", unknown.text
+    assert "error_type" not in unknown.json()  # without one, huggingface_hub raises its HTTP error as it is
 
 
 def test_a_temperature_of_5e_324_decodes_greedily_through_generate(tfleet: TextFleet) -> None:

@@ -89,7 +89,8 @@ def check(case: schemathesis.Case) -> None:
             assert response.status_code == 503 and response.json().get("reason") == "machine_unavailable", where
         elif response.status_code >= 400:
             refused = response.json()
-            assert isinstance(refused.get("error"), str) and refused["error"] and refused.get("error_type"), where
+            assert isinstance(refused.get("error"), str) and refused["error"], where
+            assert ("error_type" in refused) is (response.status_code not in (401, 403, 404)), where
     elif response.status_code >= 500:
         error = response.json().get("error", {}) if body.startswith("{") else {}
         assert response.status_code == 503 and error.get("reason") == "machine_unavailable", where
