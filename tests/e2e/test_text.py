@@ -229,23 +229,28 @@ def test_streaming_sends_the_text_as_it_is_generated_then_the_finish_and_usage(t
     assert sum(1 for text in texts[:-1] if text) >= 2
 
 
-@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("client", ["completions", "chat", "tgi"])
 def test_a_stream_closed_by_its_client_cancels_its_job_and_the_machine_takes_the_next(
-    tfleet: TextFleet, chat: bool
+    tfleet: TextFleet, client: str
 ) -> None:
     """The SDK's ``stream.close()`` after a few chunks: the job ends ``cancelled`` between steps,
     far short of its ``max_tokens``, as vLLM and TGI abort a generation whose client left (it ran
     all its tokens, and the next request waited behind it); the next request runs at once."""
     asked = {"max_tokens": 400, "temperature": 0, "stream": True, "extra_body": {"target": MACHINE}}
-    if chat:
+    if client == "chat":
         stream: Any = tfleet.client.chat.completions.create(
             model="tiny-qwen2", messages=[{"role": "user", "content": "go"}], **asked
         )
-    else:
+    elif client == "completions":
         stream = tfleet.client.completions.create(model="tiny-qwen2", prompt="go", **asked)
+    else:  # TGI's /generate_stream through huggingface_hub, on the model's own URL
+        hub_client = huggingface_hub.InferenceClient(
+            base_url=f"{tfleet.local.api_url}/hf/models/tiny-qwen2", token=TEST_API_KEY, timeout=60
+        )
+        stream = hub_client.text_generation("go", max_new_tokens=400, stream=True, details=True)
     job_id = ""
     for index, chunk in enumerate(stream):
-        job_id = chunk.model_extra["job_id"]
+        job_id = chunk.model_extra["job_id"] if client != "tgi" else latest_job(tfleet).id
         if index == 2:
             break
     stream.close()

@@ -34,7 +34,7 @@ generated token ``{"index", "token", "generated_text": null, "details": null}``,
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from anyio import to_thread
@@ -49,6 +49,7 @@ from app.api.openai_errors import client_fields, tgi_error, tgi_validation_error
 from app.api.routes.deps import Context
 from app.api.routes.images import MAX_PROMPT_CHARS
 from app.api.routes.text import (
+    cancel_when_abandoned,
     ended_badly,
     follow,
     run_text_job,
@@ -268,7 +269,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
     job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
 
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncGenerator[str, None]:
         decoder = TokenDecoder(tokenizer, params.get("stop") or ())
         sent = 0  # tokens sent; the newest reported one is held back: the last event carries the last token
 
@@ -322,7 +323,10 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
             }
             yield event(token, body.inputs + final if body.parameters.return_full_text else final, details)
 
-    return EventSourceResponse(events(), headers={"x-should-retry": "false", "x-homefleet-job-id": job_id})
+    return EventSourceResponse(
+        cancel_when_abandoned(ctx, [job_id], events()),  # a client that leaves cancels its job
+        headers={"x-should-retry": "false", "x-homefleet-job-id": job_id},
+    )
 
 
 def refuse_other_model(named: str | None, model: str, elsewhere: str, also: tuple[str, ...] = ()) -> None:
