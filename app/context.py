@@ -278,7 +278,9 @@ def build_checked_context(settings: Settings) -> ServerContext:
         ConfigError: the journal is not at the newest revision (``journal_outdated``), the
             Redis runs with another journal (``journal_mismatch``), or the fleet file is not
             valid (``invalid_config``, saying what the running server did with it,
-            :func:`app.fleet.live.running_fleet_note`).
+            :func:`app.fleet.live.running_fleet_note`), or ``HOMEFLEET_FLEET_FILE`` is not set
+            while the server on this Redis runs a fleet file (``fleet_file_not_set``,
+            :func:`app.fleet.live.fleet_file_refusal`).
     """
     try:
         fleet = load_fleet(settings.fleet_file)
@@ -295,6 +297,9 @@ def build_checked_context(settings: Settings) -> ServerContext:
         raise
     ctx = build_context(settings, fleet)
     try:
+        refusal = None if settings.fleet_file is not None else live.fleet_file_refusal(ctx.redis, ctx.keys)
+        if refusal is not None:
+            raise ConfigError(refusal, reason="fleet_file_not_set")
         ctx.pairing.check(record=False)
     except redis.ConnectionError:
         pass  # nothing to check against; a command that needs Redis says so when it uses it

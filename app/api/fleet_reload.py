@@ -62,7 +62,7 @@ class FleetReloader:
         except ValueError as error:
             return self._refuse(digest, f"the fleet file {self.path} is not valid: {error}")
         if fleet == self.ctx.fleet:
-            live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded")
+            live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded", path=self.path)
             return "loaded"
         reason = self.ctx.stranded_by(fleet)
         if reason is not None:
@@ -83,12 +83,12 @@ class FleetReloader:
             ", ".join(added) or "none",
             ", ".join(removed) or "none",
         )
-        live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded")
+        live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "loaded", path=self.path)
         return "loaded"
 
     def _refuse(self, digest: str, reason: str) -> str:
         log.error("fleet file %s refused, the running fleet is kept: %s", self.path, reason)
-        live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "refused", reason)
+        live.report_loaded(self.ctx.redis, self.ctx.keys, digest, "refused", reason, path=self.path)
         return "refused"
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from kombu.exceptions import OperationalError as BrokerDown
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,6 +57,7 @@ from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
 from app.db.leadership import Leadership
 from app.db.tables import Job
+from app.fleet import live
 from app.jobs.reconcile import ReconcileLoop
 from app.store.files import DISK_FULL
 
@@ -119,6 +121,11 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         webhooks.start()
         if reloader is not None:
             reloader.start()
+        else:  # the CLI then knows that a command without a fleet file acts on this server's fleet
+            try:
+                live.report_loaded(context.redis, context.keys, "", "embedded")
+            except RedisError as error:
+                log.warning("could not record that this server runs the embedded default fleet: %s", error)
         yield
         if reloader is not None:
             reloader.stop()

@@ -257,9 +257,36 @@ def running_fleet_note(client: redis.Redis, keys: Keys, path: Path) -> str:
     return f"; the running server (pid {report.get('pid')}) keeps running the fleet it loaded before (at {at})"
 
 
-def report_loaded(client: redis.Redis, keys: Keys, digest: str, state: str, reason: str = "") -> None:
-    """Record that the server ``loaded`` or ``refused`` the fleet file of ``digest``."""
-    client.set(
-        keys.fleet_loaded(),
-        json.dumps({"digest": digest, "state": state, "reason": reason, "at": time.time(), "pid": os.getpid()}),
+def report_loaded(
+    client: redis.Redis, keys: Keys, digest: str, state: str, reason: str = "", path: Path | None = None
+) -> None:
+    """Record that the server ``loaded`` or ``refused`` the fleet file of ``digest`` at ``path``,
+    or (state ``embedded``, no digest) that it runs the embedded default fleet: what
+    :func:`fleet_file_refusal` compares a command's settings with."""
+    record = {"digest": digest, "state": state, "reason": reason, "at": time.time(), "pid": os.getpid()}
+    if path is not None:
+        record["path"] = str(path.resolve())
+    client.set(keys.fleet_loaded(), json.dumps(record))
+
+
+def fleet_file_refusal(client: redis.Redis, keys: Keys) -> str | None:
+    """Why a command without ``HOMEFLEET_FLEET_FILE`` must not act on the embedded default fleet:
+    the last server on this Redis ran a fleet file (its report, :func:`report_loaded`), whose
+    machines the command would not see (it would drain, commit or forget a machine that fleet
+    does not have, or list one it has not). None when no server reported, or it ran the
+    embedded default fleet too, or Redis cannot be read (the command says so where it needs it)."""
+    try:
+        report = loaded_report(client, keys)
+    except (redis.RedisError, ValueError):
+        return None
+    if not report or report.get("state") not in ("loaded", "refused"):
+        return None
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(report.get("at", 0))))
+    path = report.get("path")
+    which = f"the fleet file {path}" if path else "a fleet file"
+    fix = f"HOMEFLEET_FLEET_FILE={path}" if path else "HOMEFLEET_FLEET_FILE to that file"
+    return (
+        f"HOMEFLEET_FLEET_FILE is not set, but the server on this Redis (pid {report.get('pid')}, at {at}) runs "
+        f"{which}, not the embedded default fleet this command would act on; set {fix} (a server started "
+        "without HOMEFLEET_FLEET_FILE records the embedded fleet instead)"
     )
