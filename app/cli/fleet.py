@@ -12,6 +12,7 @@ import typer
 from rich.table import Column, Table
 
 from app.cli.common import console, errors, print_table, require_machine, server_settings
+from app.core.errors import Rejected
 
 fleet_cli = typer.Typer()  # its commands are added to the top level (app/cli/main.py)
 
@@ -323,7 +324,8 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
 ) -> None:
     """Remove every queued job of MACHINE: each ends `cancelled` (reason `purged`), journal first,
-    then its message leaves the queue. The job it runs now is left alone. (`celery purge` has the
+    then its message leaves the queue. The job it runs now is left alone. Asks first on a
+    terminal; elsewhere (a script) it needs --yes. (`celery purge` has the
     same outcome, reported by reconciliation after HOMEFLEET_LOST_GRACE_S.)"""
     from app.context import build_checked_context
 
@@ -331,6 +333,12 @@ def purge(
     try:
         require_machine(machine, ctx.fleet.machines)
         ctx.redis.ping()  # a Redis that does not answer is said before the question, not after (redis_down)
+        if not yes and not sys.stdin.isatty():  # a script: one line naming the flag, not click's "Aborted!"
+            raise Rejected(
+                f"purge asks before it cancels every queued job of {machine}, and stdin is no terminal: "
+                f"add --yes (homefleet purge {machine} --yes)",
+                reason="confirmation_needed",
+            )
         if not yes:
             typer.confirm(f"cancel every queued job of {machine}?", abort=True)
         purged = ctx.dispatcher.purge(machine)

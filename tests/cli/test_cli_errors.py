@@ -254,6 +254,28 @@ def test_purge_says_redis_is_down_before_asking_and_never_reports_a_purge(tmp_pa
         assert "purged" not in done.stdout and "cancel every queued job" not in done.stdout, done.stdout
 
 
+def test_purge_in_a_script_without_yes_is_one_line_naming_the_flag(tmp_path: Path, redis_url: str) -> None:
+    """`homefleet purge MACHINE` from a script (stdin no terminal) cannot be asked: one
+    ``error (confirmation_needed)`` line naming ``--yes``, exit 2, nothing purged (it printed the
+    question, then click's "Aborted!", exit 1)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEFLEET_")}
+    env.update({"HOMEFLEET_DATA_DIR": str(tmp_path / "data"), "HOMEFLEET_REDIS_URL": redis_url})
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "purge", "box1"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip()
+    assert line.startswith("error (confirmation_needed): purge asks before it cancels every queued job of box1"), line
+    assert "homefleet purge box1 --yes" in line and len(line.splitlines()) == 1, line
+    assert "Aborted" not in done.stdout + done.stderr and "purged" not in done.stdout
+
+
 def test_flower_with_redis_down_says_so_and_exits_instead_of_retrying_forever(tmp_path: Path) -> None:
     """`homefleet flower` with nothing answering at HOMEFLEET_REDIS_URL: Flower would warn and
     retry the broker forever; the command says `redis_down` and exits 2 within seconds."""
