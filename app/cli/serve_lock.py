@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from app.core.errors import ConfigError
 
@@ -46,7 +47,7 @@ def holding_data_dir(data_dir: Path, *, shared: bool = False) -> Iterator[Path]:
         try:
             fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _in_use(data_dir, path, shared) from None
+            raise _in_use(data_dir, path, shared, standby=not shared and _shared_holders(lock)) from None
         except OSError as error:
             raise ConfigError(
                 f"the data folder {data_dir} cannot be locked ({error.strerror or error}): one `homefleet serve` "
@@ -61,13 +62,31 @@ def holding_data_dir(data_dir: Path, *, shared: bool = False) -> Iterator[Path]:
         yield path
 
 
-def _in_use(data_dir: Path, path: Path, shared: bool) -> ConfigError:
+def _shared_holders(lock: IO[str]) -> bool:
+    """Whether the lock that refused an exclusive hold is held shared (standby servers): a shared
+    hold is granted then (and dropped at once)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    return True
+
+
+def _in_use(data_dir: Path, path: Path, shared: bool, standby: bool = False) -> ConfigError:
     pids = _holders(path)
     named = f"pid {pids[0]}" if len(pids) == 1 else f"pids {', '.join(map(str, pids))}" if pids else "pid unknown"
     if shared:  # an exclusive holder: a server without leader election
         why = (
             f"another `homefleet serve` without HOMEFLEET_LEADER_ELECTION ({named}) is running on it; "
             "standby servers share a data folder only when each has HOMEFLEET_LEADER_ELECTION=true"
+        )
+    elif standby:  # standby servers hold it: this one forgot the setting they share
+        return ConfigError(
+            f"the data folder {data_dir} is in use by standby servers ({named}, HOMEFLEET_LEADER_ELECTION=true); "
+            'set HOMEFLEET_LEADER_ELECTION=true to join them as a standby (docs/operations.md, "A standby '
+            'server"), or give this server another HOMEFLEET_DATA_DIR',
+            reason="data_dir_in_use",
         )
     else:
         why = f"another `homefleet serve` ({named}) is running on it"
