@@ -69,6 +69,11 @@ class Keys:
         """The identity of the journal this Redis runs with (app/fleet/pairing.py)."""
         return f"{self.prefix}:journal"
 
+    def journal_where(self) -> str:
+        """Where that journal and its data folder are (``journal <url>, data folder <path>``),
+        written with :meth:`journal`: what a refused command names (app/fleet/pairing.py)."""
+        return f"{self.prefix}:journal:where"
+
     def fleet_lock(self) -> str:
         """The one placement lock of the fleet (R14)."""
         return f"{self.prefix}:lock:fleet"

@@ -82,15 +82,17 @@ def check_pairing(
     url = settings.redis_url
     journal = engine.url.render_as_string(hide_password=True)
     mine = journal_id(engine)
-    if record:
-        client.set(keys.journal(), mine, nx=True)
+    where = f"journal {journal}, data folder {settings.data_dir.resolve()}"
+    if record and client.set(keys.journal(), mine, nx=True):
+        client.set(keys.journal_where(), where)
     recorded = cast("str | None", client.get(keys.journal()))  # decoded (create_redis)
     if recorded is not None and recorded != mine:
+        theirs = cast("str | None", client.get(keys.journal_where()))
         raise ConfigError(
             f"the Redis at {redacted_url(url)} (key prefix {keys.prefix!r}) belongs to another journal "
-            f"({recorded}); this process opened the journal at {journal} ({mine}). Give it the server's "
-            "HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal replaces the old one on purpose, "
-            "run `homefleet db pair` once",
+            f"({recorded}{': ' + theirs if theirs else ''}); this process opened the journal at {journal} "
+            f"({mine}). Give it that server's HOMEFLEET_DATA_DIR (or HOMEFLEET_DATABASE_URL); if this journal "
+            "replaces the old one on purpose (a demo's journal, say), run `homefleet db pair` once",
             reason="journal_mismatch",
         )
     if recorded is None and require:
@@ -121,6 +123,8 @@ def pair(client: redis.Redis, keys: Keys, engine: Engine, data_dir: Path) -> tup
     releases the reservations of jobs this journal does not know."""
     mine = journal_id(engine)
     previous = cast("str | None", client.getset(keys.journal(), mine))  # decoded (create_redis)
+    journal = engine.url.render_as_string(hide_password=True)
+    client.set(keys.journal_where(), f"journal {journal}, data folder {data_dir.resolve()}")
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / MARK).write_text(mine + "\n")
     return previous, mine

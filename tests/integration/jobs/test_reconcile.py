@@ -389,6 +389,8 @@ def test_r19_reconciling_with_another_journal_beside_the_fleets_redis_changes_no
         assert done.returncode == 2, done.stdout + done.stderr
         assert "error (journal_mismatch)" in done.stderr and "belongs to another journal" in done.stderr, done.stderr
         assert "HOMEFLEET_DATA_DIR" in done.stderr and "homefleet db pair" in done.stderr
+        said = " ".join(done.stderr.split())  # where the server's journal and data folder are, to go there
+        assert f"data folder {settings.data_dir.resolve()}" in said, said
     assert server.machines.reservations.count("m1") == 3  # nothing released
     assert [server.journal.get(job).state for job in queued] == [JobState.queued] * 3
 
