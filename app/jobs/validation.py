@@ -195,7 +195,7 @@ class Validator:
         if tokenizer is None:
             raise Rejected(f"model {model_id!r} has no tokenizer", reason="invalid_messages", param="messages")
         try:
-            return chat_prompt(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+            return chat_prompt(tokenizer, [{k: m[k] for k in ("role", "content", "name") if k in m} for m in messages])
         except ChatTemplateBroken as error:  # the model's fault, not the request's: fixed with `models update`
             raise Rejected(
                 f"model {model_id!r}: {error}; the operator fixes its chat_template (chat_template.jinja or "

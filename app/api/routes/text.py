@@ -273,12 +273,23 @@ class ChatMessage(RequestBody):
     """One chat message: ``role`` and ``content``, a string or OpenAI's list of content parts, of
     which these text models take the text ones (``{"type": "text", "text": ...}``), joined with
     newlines as vLLM joins them. Any other part (``image_url``, ``input_audio``, ``file``) is
-    refused naming ``messages.N.content``: a text model cannot see it."""
+    refused naming ``messages.N.content``: a text model cannot see it. ``name`` (OpenAI's
+    participant name) goes to the chat template with the message, which may use it. The fields an
+    earlier answer's assistant message carries when a client sends it back as history (the SDK's
+    ``model_dump()``: ``refusal``, ``audio``, ``function_call`` null, ``annotations`` and
+    ``tool_calls`` empty or null) are taken; a tool call is refused naming it; any other field
+    is refused naming ``messages.N.<field>``, never ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: ChatRole
     content: str = Field(max_length=MAX_PROMPT_CHARS * 32)
+    name: str | None = Field(None, min_length=1, max_length=64, description="the participant's name")
+    refusal: None = Field(None, description="an earlier answer's (always null here)")
+    audio: None = None
+    function_call: None = None
+    annotations: list[Any] | None = Field(None, max_length=0, description="an earlier answer's (empty)")
+    tool_calls: list[Any] | None = Field(None, max_length=0, description="tool calls are not run here")
 
     @field_validator("content", mode="before")
     @classmethod
@@ -296,6 +307,10 @@ class ChatMessage(RequestBody):
                 )
             texts.append(part["text"])
         return "\n".join(texts)
+
+    def for_template(self) -> dict[str, str]:
+        """The message as the chat template reads it: ``role``, ``content`` and ``name`` if given."""
+        return {"role": self.role, "content": self.content, **({"name": self.name} if self.name else {})}
 
 
 class ChatCompletion(Sampling):
@@ -612,7 +627,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
     body.params()
     model = await model_or_default(ctx, body.model, KIND, chat=True, target=body.target)
     body = body.model_copy(update={"model": model})
-    messages = [m.model_dump() for m in body.messages]
+    messages = [m.for_template() for m in body.messages]
     prompt = await to_thread.run_sync(ctx.dispatcher.validator.chat_prompt, model, messages)
     # what the page shows as its prompt: the last user message, else (a system-only chat) the last message
     shown = next((m.content for m in reversed(body.messages) if m.role == "user"), body.messages[-1].content)

@@ -266,6 +266,41 @@ def test_a_chat_message_of_an_unknown_role_is_422_naming_it(api: Api) -> None:
     assert len(api.ctx.journal.list()) == before
 
 
+def test_a_chat_message_s_unknown_field_is_refused_and_an_answers_own_fields_are_taken(api: Api) -> None:
+    """A field a chat message does not have (``foo``) is refused naming it, never dropped; an
+    earlier answer's assistant message sent back as history (the SDK's ``model_dump()``:
+    ``refusal``, ``annotations``, ``audio``, ``function_call``, ``tool_calls`` empty or null) and
+    OpenAI's ``name`` are taken, the job running as without them."""
+    before = len(api.ctx.journal.list())
+    body = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "hi", "foo": 1}], "target": "m1"}
+    answer = api.post("/v1/chat/completions", body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "messages.0.foo" and "Extra inputs are not permitted" in error["message"], error
+    with_calls = {**body, "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}
+    called = api.post("/v1/chat/completions", with_calls).json()["error"]
+    assert called["param"] == "messages.0.tool_calls" and "at most 0 items" in called["message"], called
+    assert len(api.ctx.journal.list()) == before
+    history = [
+        {"role": "user", "content": "name a colour", "name": "bob"},
+        {
+            "role": "assistant",
+            "content": "red",
+            "refusal": None,
+            "annotations": [],
+            "audio": None,
+            "function_call": None,
+            "tool_calls": None,
+        },
+        {"role": "user", "content": "another"},
+    ]
+    answer, ended = answer_to_a_failed_job(
+        api, "/v1/chat/completions", {"model": TEXT_MODEL, "messages": history, "target": "m1", "max_tokens": 2}
+    )
+    assert answer.status_code == 500, answer.text  # accepted, then failed by the test (not refused)
+    assert "red" in ended["params"]["prompt"] and "another" in ended["params"]["prompt"]
+
+
 def test_a_chat_message_s_text_parts_make_the_same_prompt_as_its_string(api: Api) -> None:
     """OpenAI's list form of ``content`` (``[{"type": "text", "text": ...}]``, what several SDK
     helpers send) is read as its text parts joined with newlines: the job journals the same
