@@ -84,8 +84,8 @@ def _in_use(data_dir: Path, path: Path, shared: bool, standby: bool = False) -> 
     elif standby:  # standby servers hold it: this one forgot the setting they share
         return ConfigError(
             f"the data folder {data_dir} is in use by standby servers ({named}, HOMEFLEET_LEADER_ELECTION=true); "
-            'set HOMEFLEET_LEADER_ELECTION=true to join them as a standby (docs/operations.md, "A standby '
-            'server"), or give this server another HOMEFLEET_DATA_DIR',
+            "set HOMEFLEET_LEADER_ELECTION=true to join them as a standby "
+            '(docs/operations.md, "A standby server"), or give this server another HOMEFLEET_DATA_DIR',
             reason="data_dir_in_use",
         )
     else:

@@ -140,7 +140,7 @@ def end_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
     An instruct model may end its turn on an id only that list names (Llama 3's ``<|eot_id|>``,
     its tokenizer's EOS being ``<|end_of_text|>``): generation stops at any of them, and a
     constrained decoding's mask allows all of them once the constraint is complete
-    (docs/api.md, "Text generation")."""
+    (docs/api.md, "OpenAI and Hugging Face routes")."""
     listed = getattr(generation_config, "eos_token_id", None)
     ids = [tokenizer.eos_token_id, *(listed if isinstance(listed, (list, tuple)) else [listed])]
     return list(dict.fromkeys(int(token) for token in ids if token is not None))
@@ -155,7 +155,7 @@ class TokenDecoder:
     sequences) no text past one is given out: shares end before the first. ``hold`` (a stream,
     whose later tokens are not known yet): an ending that could still grow into one waits for
     the next token (:func:`safe_to_send`); without it (an ended job's tokens, TGI's ``details``)
-    each token gets its own share (docs/api.md, "Text generation")."""
+    each token gets its own share (docs/api.md, "OpenAI and Hugging Face routes")."""
 
     def __init__(self, tokenizer: Any, stops: Sequence[str] = (), hold: bool = True) -> None:
         self.tokenizer = tokenizer

@@ -269,6 +269,50 @@ def test_a_stream_closed_by_its_client_cancels_its_job_and_the_machine_takes_the
     assert after.usage is not None and after.usage.completion_tokens >= 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_logprobs_are_each_generated_tokens_from_the_job(tfleet: TextFleet, stream: bool) -> None:
+    """``logprobs=True`` (chat) and ``logprobs=0`` (completions): each generated token's natural-log
+    probability as the worker computed it (``provenance.logprobs``), its text its share of the
+    answer (the shares join into it); streamed, the chunks' entries join into the same list.
+    Alternatives (``top_logprobs`` > 0, ``logprobs`` > 0) are refused naming the field."""
+    asked: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "extra_body": {"target": MACHINE}}
+    messages: Any = [{"role": "user", "content": "go"}]
+    if stream:
+        chunks = list(
+            tfleet.client.chat.completions.create(
+                model="tiny-qwen2", messages=messages, logprobs=True, stream=True, **asked
+            )
+        )
+        entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        job = tfleet.ctx.journal.get(chunks[0].model_extra["job_id"])
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        done = tfleet.client.chat.completions.create(model="tiny-qwen2", messages=messages, logprobs=True, **asked)
+        assert done.choices[0].logprobs is not None and done.choices[0].logprobs.content is not None
+        entries = done.choices[0].logprobs.content
+        job = tfleet.ctx.journal.get(done.model_extra["job_id"])
+        text = done.choices[0].message.content or ""
+    assert [e.logprob for e in entries] == job.provenance["logprobs"] and len(entries) == 6
+    assert "".join(e.token for e in entries) == text and all(e.logprob <= 0 for e in entries)
+    assert all(e.bytes == list(e.token.encode()) for e in entries)
+    plain = tfleet.client.completions.create(model="tiny-llama", prompt="go", logprobs=0, **asked)
+    legacy = plain.choices[0].logprobs
+    assert legacy is not None and legacy.tokens is not None and legacy.token_logprobs is not None
+    plain_job = tfleet.ctx.journal.get(plain.model_extra["job_id"])
+    assert legacy.token_logprobs == plain_job.provenance["logprobs"] and "".join(legacy.tokens) == plain.choices[0].text
+    assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(len(legacy.tokens))]
+    without = tfleet.client.completions.create(model="tiny-llama", prompt="go", **asked)
+    assert without.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as alternatives:
+        tfleet.client.chat.completions.create(
+            model="tiny-qwen2", messages=messages, logprobs=True, top_logprobs=2, **asked
+        )
+    assert alternatives.value.body["param"] == "top_logprobs"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as legacy_alternatives:
+        tfleet.client.completions.create(model="tiny-llama", prompt="go", logprobs=2, **asked)
+    assert legacy_alternatives.value.body["param"] == "logprobs"  # type: ignore[index]
+
+
 def test_a_streaming_request_over_the_limits_is_a_plain_422(tfleet: TextFleet) -> None:
     with pytest.raises(openai.BadRequestError, match="max_total_tokens"):
         tfleet.client.completions.create(model="small-gpt2", prompt="x", max_tokens=20, stream=True)
@@ -464,7 +508,7 @@ def test_a_wrong_key_or_an_unknown_model_on_tgis_routes_is_the_hubs_http_error(t
     ``error_type`` it does not know; TGI's routes therefore answer 401, 403 and 404 without one:
     ``text_generation`` with a key not of this server's raises ``HfHubHTTPError`` with status 401,
     streamed or not, on the root and on a text model's own URL; an unknown ``model`` on
-    ``/generate`` is a 404 without one either (docs/api.md, "Text generation")."""
+    ``/generate`` is a 404 without one either (docs/api.md, "OpenAI and Hugging Face routes")."""
     url = tfleet.local.api_url
     for base in (url, f"{url}/hf/models/tiny-qwen2"):
         for stream in (False, True):
@@ -1035,7 +1079,8 @@ def test_tgi_details_give_each_token_its_own_text_while_a_stop_sequence_partly_m
     """``text_generation(stop=[...], details=True)`` whose text starts as the stop sequence does
     but never completes it: each token's ``text`` is its own (as without ``stop``), not ``""``
     for the tokens a stream would hold back and the held text on a later token; they join into
-    ``generated_text``. Holding a partial match back is for the stream only (docs/api.md, "TGI")."""
+    ``generated_text``. Holding a partial match back is for the stream only (docs/api.md,
+    "OpenAI and Hugging Face routes")."""
     client = hub(tfleet)
     plain = client.text_generation("x", max_new_tokens=10, details=True)  # greedy: the same tokens again
     assert plain.details is not None and len(plain.generated_text) >= 2, plain

@@ -79,7 +79,7 @@ from app.core.errors import Conflict, NotFound, Rejected
 from app.core.kinds import CHAT_SHOWN_PARAM, GREEDY_TEMPERATURE, MAX_NEW_TOKENS, nth_seed
 from app.core.request_body import ANY_VALUE, RequestBody, refuse_unsupported
 from app.core.states import ENDED, JobState
-from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, safe_to_send, stop_sequences
+from app.core.textgen import MAX_STOP_SEQUENCES, ChatRole, TokenDecoder, safe_to_send, stop_sequences
 from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import SERVER
@@ -109,7 +109,6 @@ OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "logit_bias": ({},),
-    "logprobs": (False,),
     "user": (ANY_VALUE,),  # labels the caller; changes no answer (many client libraries send it)
     "metadata": (ANY_VALUE,),
     "safety_identifier": (ANY_VALUE,),
@@ -126,7 +125,6 @@ COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 """:data:`OPENAI_UNSUPPORTED` of ``POST /v1/completions``."""
 CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     **OPENAI_UNSUPPORTED,
-    "top_logprobs": (0,),
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),
@@ -221,6 +219,10 @@ class Sampling(RequestBody):
             return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
         return data
 
+    def wants_logprobs(self) -> bool:
+        """Whether the answer carries each generated token's log probability (``logprobs``)."""
+        return False
+
     def params(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The job's sampling params (absent fields: the text kind's defaults), with ``grammar``
         from ``response_format``.
@@ -263,6 +265,17 @@ class Completion(Sampling):
 
     ROUTE: ClassVar[str] = "POST /v1/completions"
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = COMPLETION_UNSUPPORTED
+
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=0,
+        description="0: each generated token's log probability in the choice's logprobs (legacy shape); "
+        "alternatives (above 0) are not served",
+    )
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
     prompt: str = Field(
         min_length=1, max_length=MAX_PROMPT_CHARS * 8
@@ -323,6 +336,11 @@ class ChatCompletion(Sampling):
     max_completion_tokens: int | None = Field(
         None, ge=1, le=MAX_NEW_TOKENS, description="OpenAI's newer name of max_tokens"
     )
+    logprobs: bool | None = Field(None, description="each generated token's log probability in logprobs.content")
+    top_logprobs: int | None = Field(None, ge=0, le=0, description="alternatives are not served: 0 or null")
+
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
 
 
 def usage_of(job: Job) -> dict[str, Any]:
@@ -402,6 +420,53 @@ async def follow(ctx: Any, job_id: str) -> AsyncIterator[Progress | Job]:
             yield change
 
 
+class Logprobs:
+    """A choice's ``logprobs`` in OpenAI's shape, from the ids and natural-log probabilities the
+    worker reports (``provenance.tokens`` / ``provenance.logprobs``, or a progress report's so
+    far): a chat's ``{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]}``, a
+    completion's ``{"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}``. Each token's
+    text is its share of the decoded text (:class:`app.core.textgen.TokenDecoder`: a token inside
+    a UTF-8 character has the empty string, special tokens too). :meth:`more` gives the entries of
+    the tokens not given yet (a stream's chunk)."""
+
+    def __init__(self, tokenizer: Any, chat: bool) -> None:
+        self.decoder = TokenDecoder(tokenizer, hold=False)
+        self.chat = chat
+        self.given = 0
+        self.offset = 0
+
+    def more(self, ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
+        """The entries of ``ids[given:]`` (None when there is none)."""
+        fresh = list(zip(ids[self.given :], logprobs[self.given :], strict=False))
+        if not fresh:
+            return None
+        self.given += len(fresh)
+        texts = [self.decoder.add(token) for token, _ in fresh]
+        if self.chat:
+            return {
+                "content": [
+                    {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
+                    for text, (_, logprob) in zip(texts, fresh, strict=True)
+                ]
+            }
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {
+            "tokens": texts,
+            "token_logprobs": [logprob for _, logprob in fresh],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
+
+def job_tokens(job: Job) -> tuple[list[int], list[float]]:
+    """The job's generated token ids and their natural-log probabilities (its provenance)."""
+    provenance = job.provenance or {}
+    return [int(t) for t in provenance.get("tokens") or []], [float(p) for p in provenance.get("logprobs") or []]
+
+
 def cancel_unended(ctx: Any, job_ids: list[str]) -> None:
     """Ask each of ``job_ids`` that has not ended to stop (``POST /v1/jobs/{id}/cancel``'s way:
     a queued one is cancelled at once, a running one stops between steps)."""
@@ -471,14 +536,21 @@ async def stream_text(
     usage_alone = bool(body.stream_options and body.stream_options.include_usage) or len(job_ids) > 1
     opened: set[int] = set()  # the choices whose role was sent
 
+    tokenizer = (
+        await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
+        if body.wants_logprobs()
+        else None
+    )
+
     def chunk(
         index: int,
         delta: str | None,
         finish: str | None = None,
         usage: dict[str, Any] | None = None,
         choices: bool = True,
+        logprobs: dict[str, Any] | None = None,
     ) -> str:
-        piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+        piece: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
         if chat:
             piece["delta"] = {} if delta is None else {"content": delta}
             if choices and index not in opened:  # the choice's first chunk, text or not
@@ -502,11 +574,13 @@ async def stream_text(
         usages: list[dict[str, Any]] = []
         for index, job_id in enumerate(job_ids):
             sent = ""
+            given = Logprobs(tokenizer, chat) if tokenizer is not None else None
             async for update in follow(ctx, job_id):
                 if isinstance(update, Progress):
                     so_far = safe_to_send((update.text or "").rstrip("\ufffd"), stops)  # a split UTF-8 char
                     if len(so_far) > len(sent) and so_far.startswith(sent):
-                        yield chunk(index, so_far[len(sent) :])
+                        entries = given.more(update.tokens or [], update.logprobs or []) if given else None
+                        yield chunk(index, so_far[len(sent) :], logprobs=entries)
                         sent = so_far
                     continue
                 job = update
@@ -524,11 +598,14 @@ async def stream_text(
                     )
                     return
                 final = await to_thread.run_sync(text_of, job)
+                rest = given.more(*job_tokens(job)) if given is not None else None
                 if final.startswith(sent) and len(final) > len(sent):
-                    yield chunk(index, final[len(sent) :])
+                    yield chunk(index, final[len(sent) :], logprobs=rest)
+                    rest = None
                 usage = usage_of(job)
                 usages.append(usage)
-                yield chunk(index, None, usage.get("finish_reason", "length"), None if usage_alone else usage)
+                finish = usage.get("finish_reason", "length")
+                yield chunk(index, None, finish, None if usage_alone else usage, logprobs=rest)
         if usage_alone:
             yield chunk(0, None, usage=usage_total(usages), choices=False)
         yield "[DONE]"
@@ -583,11 +660,15 @@ async def run_text(
 
 
 def answer_of(
-    answers: list[tuple[Job, str, dict[str, Any]]], kind: str, content: Callable[[str], dict[str, Any]]
+    answers: list[tuple[Job, str, dict[str, Any]]],
+    kind: str,
+    content: Callable[[str], dict[str, Any]],
+    logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's answer of ``kind`` (``text_completion``, ``chat.completion``): choice i is job i's
-    text (``content`` shapes it), its finish reason; ``usage`` the choices' (:func:`usage_total`:
-    the prompt once); ``job_id`` the first job, ``job_ids`` every one."""
+    text (``content`` shapes it), its finish reason, its ``logprobs`` (``logprobs[i]``, else
+    null); ``usage`` the choices' (:func:`usage_total`: the prompt once); ``job_id`` the first
+    job, ``job_ids`` every one."""
     first = answers[0][0]
     total = usage_total([usage for _, _, usage in answers])
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
@@ -597,7 +678,12 @@ def answer_of(
         "created": int(time.time()),
         "model": first.model_id,
         "choices": [
-            {"index": index, **content(text), "finish_reason": usage.get("finish_reason", "length"), "logprobs": None}
+            {
+                "index": index,
+                **content(text),
+                "finish_reason": usage.get("finish_reason", "length"),
+                "logprobs": logprobs[index] if logprobs else None,
+            }
             for index, (_, text, usage) in enumerate(answers)
         ],
         "usage": total,
@@ -605,6 +691,16 @@ def answer_of(
         "job_ids": [job.id for job, _, _ in answers],
         "machine": first.machine,
     }
+
+
+async def choice_logprobs(
+    ctx: Any, body: Sampling, answers: list[tuple[Job, str, dict[str, Any]]], chat: bool
+) -> list[dict[str, Any] | None] | None:
+    """Each choice's ``logprobs`` (:class:`Logprobs`) when the request asked for them, else None."""
+    if not body.wants_logprobs() or not answers:
+        return None
+    tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, answers[0][0].model_id)
+    return [Logprobs(tokenizer, chat).more(*job_tokens(job)) for job, _, _ in answers]
 
 
 @router.post("/v1/completions", response_model=None)
@@ -617,7 +713,8 @@ async def completions(body: Completion, ctx: Context, request: Request) -> Any:
         if body.stream:
             return await stream_text(ctx, body, body.prompt, chat=False, api_key_id=request_key_id(request))
         answers = await run_text(ctx, request, body, body.prompt, chat=False)
-    return answer_of(answers, "text_completion", lambda text: {"text": text})
+    logprobs = await choice_logprobs(ctx, body, answers, chat=False)
+    return answer_of(answers, "text_completion", lambda text: {"text": text}, logprobs)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -650,4 +747,7 @@ async def chat_completions(body: ChatCompletion, ctx: Context, request: Request)
         answers = await run_text(
             ctx, request, body, prompt, chat=True, max_tokens=body.max_completion_tokens, user_message=shown
         )
-    return answer_of(answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}})
+    logprobs = await choice_logprobs(ctx, body, answers, chat=True)
+    return answer_of(
+        answers, "chat.completion", lambda text: {"message": {"role": "assistant", "content": text}}, logprobs
+    )

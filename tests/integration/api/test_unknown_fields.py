@@ -80,8 +80,6 @@ def test_a_misspelt_openai_text_field_is_refused_naming_it(api: tuple[TestClient
         ("frequency_penalty", 0.5),
         ("presence_penalty", -1),
         ("logit_bias", {"42": 5}),
-        ("logprobs", True),
-        ("top_logprobs", 2),
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
         ("functions", [{"name": "f", "parameters": {}}]),

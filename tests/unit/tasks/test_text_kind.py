@@ -356,7 +356,7 @@ def test_generation_ends_on_any_eos_id_of_generation_config_not_only_the_tokeniz
 ) -> None:
     """An instruct model ends its turn on an id that only its ``generation_config.json`` lists
     (Llama 3's ``<|eot_id|>``, the tokenizer's EOS being ``<|end_of_text|>``): generation stops
-    after it, finish ``stop``, with no end token in the text (docs/api.md, "Text generation");
+    after it, finish ``stop``, with no end token in the text (docs/api.md, "OpenAI and Hugging Face routes");
     streamed progress stops there too. With a grammar, the mask allows every end id once the
     constraint is complete: the model ends on its own ``<|eot_id|>``."""
     folder, end_of_text, eot = llama3_style_copy(tiny_text_dir, tmp_path)
