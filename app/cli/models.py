@@ -612,7 +612,9 @@ def models_update(
     bytes, re-priced), and tell every worker, which re-verifies its copy and withdraws an old one.
     Then start a sync of the model to each machine that advertised it (the sync sets a
     superseded file aside, R6); a machine that cannot take it now (busy, offline, already
-    syncing) is named with the command to run."""
+    syncing) is named with the command to run. A folder where no file changed, was added or
+    was removed records nothing, withdraws nothing and starts no sync: one line says so
+    (docs/operations.md, "Models and integrity")."""
     from app.context import build_checked_context
     from app.core.errors import HomefleetError
     from routing.placement import SERVER
@@ -621,6 +623,13 @@ def models_update(
     try:
         had = sorted(m for m in ctx.fleet.machines if ctx.redis.sismember(ctx.keys.verified(m), model))
         changes = ctx.registry.update(model)
+        if changes.unchanged:  # the same manifest: no copy is old, so no machine loses the model to a sync
+            console.print(
+                f"{model}: no file changed; nothing to do (nothing recorded or withdrawn, no sync started)",
+                soft_wrap=True,
+                highlight=False,
+            )
+            return
         after = ctx.registry.registered_manifest(model)
         console.print(
             f"updated [bold]{model}[/]: {len(changes.changed)} changed, {len(changes.added)} added, "

@@ -891,6 +891,13 @@ class Registry:
         re-verifies its copy against the new digests and withdraws an old one (R4). The
         family, kinds and variant stay.
 
+        A folder whose taken files are the registered ones (no digest changed, none added or
+        removed: :attr:`Update.unchanged`) records nothing, not even the files' stats or a new
+        price: the manifest every copy is verified against is the same, so no copy is old and
+        nothing is withdrawn anywhere (R4, R6). ``on_change`` is still called: a worker that
+        withdrew its copy of the model (its files changed, then put back) hashes it again and
+        advertises it if it matches; the others keep theirs.
+
         Raises:
             NotFound: no such model, or a retired one (reason ``model_retired``: it runs no job,
                 so a new content would serve none).
@@ -942,18 +949,22 @@ class Registry:
         with Session(self.engine) as session:
             before = {row.path: row for row in session.exec(select(ModelFile).where(ModelFile.model_id == model_id))}
             changes = Update(model_id, [], [], [], sorted(selection.left_out))
+            changes.added += [f.path for f in fresh if f.path not in before]
+            changes.changed += [f.path for f in fresh if f.path in before and before[f.path].digest != f.digest]
+            changes.removed += sorted(set(before) - {f.path for f in fresh})
+            if changes.unchanged:  # the registered manifest is the folder's: nothing to record
+                session.rollback()
+                if self.on_change is not None:
+                    self.on_change()  # a worker that withdrew its copy hashes it again; nothing is withdrawn
+                return changes
             for file in fresh:
                 old = before.pop(file.path, None)
                 if old is None:
-                    changes.added.append(file.path)
                     session.add(file)
                     continue
-                if old.digest != file.digest:
-                    changes.changed.append(file.path)
                 old.size, old.digest, old.mtime_ns, old.inode = file.size, file.digest, file.mtime_ns, file.inode
                 session.add(old)
             for gone in before.values():
-                changes.removed.append(gone.path)
                 session.delete(gone)
             stored = session.get(ModelRecord, model_id)
             assert stored is not None  # get() found it; nothing deletes a record
@@ -1016,6 +1027,12 @@ class Update:
     added: list[str]
     removed: list[str]
     left_out: list[str] = field(default_factory=list)  # in the folder, but no loader reads them: not recorded
+
+    @property
+    def unchanged(self) -> bool:
+        """No file changed, was added or was removed: the folder holds the registered manifest,
+        so :meth:`Registry.update` recorded nothing (``left_out`` files are never recorded)."""
+        return not (self.changed or self.added or self.removed)
 
 
 @dataclass(frozen=True)

@@ -420,17 +420,18 @@ def test_r4_models_update_after_the_servers_files_are_put_back_brings_the_model_
     fleet: SyncFleet,
 ) -> None:
     """An operator edits a file of tiny-b in the server's folder (the server's worker withdraws
-    it), puts the bytes back and runs ``models update``: no digest changed, yet the server's
-    worker hashes the withdrawn model again and advertises it (it stayed withdrawn until a
-    sync of the server to itself)."""
+    it), puts the bytes back and runs ``models update``: no digest changed, so it records
+    nothing and starts no sync, yet the server's worker hashes the withdrawn model again and
+    advertises it (it stayed withdrawn until a sync of the server to itself)."""
     path = fleet.local.settings.models_dir / "tiny-b" / "unet" / "config.json"
     original = path.read_bytes()
     path.write_bytes(original + b" ")
     wait_for(lambda: "tiny-b" not in fleet.verified("server"), timeout_s=30, what="the server to withdraw tiny-b")
     path.write_bytes(original)
     update = run_cli("models", "update", "tiny-b", env={**fleet.env, "COLUMNS": "300"})
-    assert "updated tiny-b: 0 changed, 0 added, 0 removed" in update.stdout, update.stdout
-    assert "server reads this folder itself: its worker verifies the new content" in update.stdout
+    assert update.stdout.splitlines() == [
+        "tiny-b: no file changed; nothing to do (nothing recorded or withdrawn, no sync started)"
+    ], update.stdout
     wait_for(lambda: "tiny-b" in fleet.verified("server"), timeout_s=60, what="the server's worker to verify tiny-b")
     done = fleet.client.wait(
         fleet.client.submit("tiny-b", "txt2img", {"prompt": "x", "steps": 2}, target="server")["id"], timeout_s=120

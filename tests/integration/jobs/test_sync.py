@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -25,16 +26,18 @@ from app.core.celery_app import SYNC_TASK
 from app.core.config import Settings, WorkerSettings
 from app.core.digest import bytes_digest, file_digest
 from app.core.errors import Conflict, MachineUnavailable, Rejected
+from app.core.lora_files import LORA_WEIGHTS
 from app.core.protocol import SyncFinish
 from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.redis_server import free_port
+from app.devtools.tiny_models import make_tiny_lora
 from app.jobs.sync import Syncs, SyncState
 from tasks import runtime
 from tasks import sync as worker_sync
-from tests.helpers import TEST_API_KEY, bring_online, make_fleet, settings_env, wait_for
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet, run_cli, settings_env, wait_for
 
 
 def syncs_of(ctx: ServerContext) -> Syncs:
@@ -313,6 +316,59 @@ def test_c07_homefleet_models_verify_exits_1_naming_the_file_and_records_nothing
     assert {f.path: f.digest for f in ctx.registry.registered_manifest(model).files}[
         "vae/diffusion_pytorch_model.safetensors"
     ] == registered
+
+
+@pytest.fixture
+def filed(settings: Settings) -> Iterator[ServerContext]:
+    """The server's parts over a fleet of server, m1 and m2 written to a fleet file, which a CLI
+    command run with :func:`settings_env` reads too."""
+    fleet = make_fleet("m1", "m2")
+    fleet_file = settings.data_dir.parent / "fleet.toml"
+    write_private(fleet_file, fleet.to_toml())
+    context = build_context(settings.model_copy(update={"fleet_file": fleet_file}), fleet, migrate=True)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("updated", ["base", "adapter"])
+def test_r6_models_update_of_an_unchanged_folder_records_withdraws_and_syncs_nothing(
+    filed: ServerContext, tiny_models_dir: Path, tmp_path: Path, updated: str
+) -> None:
+    """``homefleet models update`` of a model whose server folder holds what is registered (a
+    base model, or a LoRA adapter) says so in one line and does nothing: the registered files
+    and figures stay, and m1, which advertises the model, keeps it, with no sync reserved or
+    queued there (one would take m1 from its jobs until it ended, R6). A file that did change
+    is still recorded and synced to m1."""
+    ctx = filed
+    base = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    adapter = ctx.registry.add(make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "lora"), adapter_of="sd1").id
+    model = {"base": base, "adapter": adapter}[updated]
+    bring_online(ctx, "m1", {base, adapter})
+    manifest, record = ctx.registry.registered_manifest(model), ctx.registry.get(model)
+    env: dict[str, str | None] = {**settings_env(ctx.settings), "COLUMNS": "300"}
+    done = run_cli("models", "update", model, env=env)
+    assert done.stdout.splitlines() == [
+        f"{model}: no file changed; nothing to do (nothing recorded or withdrawn, no sync started)"
+    ], done.stdout
+    assert ctx.registry.registered_manifest(model) == manifest
+    again = ctx.registry.get(model)
+    assert (again.total_bytes, again.weights_bytes) == (record.total_bytes, record.weights_bytes)
+    assert ctx.redis.smembers(ctx.keys.verified("m1")) == {base, adapter}  # still advertised (R4)
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is None  # m1 not reserved: its jobs are still placed there
+    assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 0  # no sync published
+
+    if updated == "base":  # one file changed: recorded, and m1's copy is the old content
+        config = ctx.registry.folder(base) / "scheduler" / "scheduler_config.json"
+        config.write_text(config.read_text() + "\n")
+    else:  # other LoRA weights of the same shape under the same name
+        other = make_tiny_lora(tiny_models_dir / "tiny-sd", tmp_path / "other", seed=1) / LORA_WEIGHTS
+        shutil.copyfile(other, ctx.registry.folder(adapter) / LORA_WEIGHTS)
+    done = run_cli("models", "update", model, env=env)
+    assert f"updated {model}: 1 changed, 0 added, 0 removed" in done.stdout, done.stdout
+    assert "m1 held the old content (withdrawn there now): sync " in done.stdout, done.stdout
+    assert ctx.redis.get(ctx.keys.syncing("m1")) is not None
 
 
 @pytest.fixture
