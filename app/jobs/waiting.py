@@ -207,11 +207,17 @@ class Waiting:
                     raise ServerStopping(job_id, retry_after_s=self.retry_after_s)
                 await self._woken(watch, min(left, self.recheck_s))
 
-    async def follow(self, job_id: str) -> AsyncIterator[Progress | Job]:
+    async def follow(self, job_id: str, past_progress: bool = True) -> AsyncIterator[Progress | Job]:
         """A job as it goes: the job (its journal row) first and on each change of state, each
         new progress report (a new step, or a text job's new text) while it is not queued, and
         the ended job last; then the iteration ends. The last progress reports are read before
         the ended job. A client that disconnects stops the iteration.
+
+        ``past_progress``: whether a job that had already ended at the first read still yields
+        its last progress report before it (a streamed completion takes its text from it).
+        False: such a job yields only itself, its report being history, not progress (the event
+        stream of an ended job is its ``state`` and ``end``, docs/api.md "Events"); a job
+        followed while queued or running yields its reports as ever.
 
         Raises:
             NotFound: no such job.
@@ -224,10 +230,12 @@ class Waiting:
                 watch.event.clear()
                 job = await to_thread.run_sync(self.journal.get, job_id)
                 ended = job.state in ENDED
+                ended_before = ended and last_state is None  # ended before this follower's first read
                 if job.state != last_state and not ended:
                     yield job
                 last_state = job.state
-                if job.state != "queued":  # the last steps may land just before the job ends: read them first
+                if job.state != "queued" and (past_progress or not ended_before):
+                    # the last steps may land just before the job ends: read them first
                     progress = await to_thread.run_sync(self.progress.read, job_id)
                     if progress is not None and (progress.step, progress.text) != seen:
                         seen = (progress.step, progress.text)

@@ -6,7 +6,8 @@ Events (``data`` is JSON):
 - ``progress``: ``{"step", "total"}`` on every new step while running (Redis progress hash).
 - ``end``: once the job has ended: the job as ``GET /v1/jobs/{id}`` returns it, with
   ``result_url`` when it succeeded; then the stream closes. A job that has already ended
-  gets its ``state`` and ``end`` events at once.
+  gets its ``state`` and ``end`` events at once, in that order, and no ``progress`` (its
+  last report is past).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ async def job_events(job_id: str, ctx: Context) -> EventSourceResponse:
 
 async def _events(ctx: ServerContext, job_id: str) -> AsyncIterator[dict[str, Any]]:
     last_step = None
-    async for change in ctx.waiting.follow(job_id):  # woken by the job's changes (app/jobs/waiting.py)
+    # woken by the job's changes (app/jobs/waiting.py); a job ended before the first read
+    # shows no past progress: its stream is its state, then its end (docs/api.md "Events")
+    async for change in ctx.waiting.follow(job_id, past_progress=False):
         if isinstance(change, Progress):
             if (shown := change.public()) is not None and shown["step"] != last_step:
                 last_step = shown["step"]

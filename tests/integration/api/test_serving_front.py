@@ -8,9 +8,11 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -23,7 +25,7 @@ from app.core.config import Settings
 from app.core.limits import FamilyLimits
 from app.core.states import JobState
 from app.devtools.redis_server import start_redis_server
-from tests.helpers import TEST_API_KEY, bring_online, make_fleet
+from tests.helpers import TEST_API_KEY, bring_online, make_fleet, served_api
 
 MODEL = "tiny-sd"
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
@@ -761,3 +763,74 @@ def test_an_openai_route_this_server_does_not_answer_is_openais_404_naming_the_o
     assert "/v1/chat/completions" in missing.value.message
     ours = client.get("/v1/jobz")  # Homefleet's own paths keep Homefleet's shape
     assert ours.status_code == 404 and ours.json()["error"]["reason"] == "not_found"
+
+
+def job_events(url: str, job_id: str, on_event: Callable[[str, Any], None] | None = None) -> list[tuple[str, Any]]:
+    """Every (event, data) of ``GET /v1/jobs/{job_id}/events`` on the API served at ``url``, until
+    the server closes the stream; ``on_event`` is called with each as it arrives."""
+    events: list[tuple[str, Any]] = []
+    name = "message"
+    with httpx.stream("GET", f"{url}/v1/jobs/{job_id}/events", headers=AUTH, timeout=30) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                name = line.removeprefix("event:").strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line.removeprefix("data:").strip())))
+                if on_event is not None:
+                    on_event(*events[-1])
+    return events
+
+
+def test_r24_an_ended_jobs_events_are_its_state_then_its_end_with_no_past_progress(
+    ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """A job that has ended (succeeded, or failed) after reporting its steps: its event stream
+    is its ``state`` then its ``end`` at once, not the last ``progress`` first (docs/api.md,
+    Events). A job followed while it runs still gets its new steps, the last one read before
+    its end. Through the real API served by uvicorn, on a real Redis and journal."""
+    ctx.registry.add(tiny_models_dir / MODEL, MODEL)
+    online(ctx, "m1")
+    result = tmp_path / "result.png"
+    result.write_bytes(image_bytes())
+
+    def submitted() -> str:
+        job_id = str(ctx.dispatcher.submit(MODEL, "txt2img", {"prompt": "a cat", "steps": 4}, "m1").job.id)
+        ctx.endings.claim(job_id, "m1")
+        return job_id
+
+    def succeed(job_id: str) -> None:
+        ctx.endings.succeed(job_id, "m1", result_path=str(result), result_media_type="image/png", result_digest="d")
+
+    done, failed = submitted(), submitted()
+    for job_id in (done, failed):
+        ctx.progress.report(job_id, 4, 4)
+    succeed(done)
+    ctx.endings.fail(failed, "m1", "error", "boom")
+    with served_api(ctx) as url:
+        for job_id, state in ((done, "succeeded"), (failed, "failed")):
+            events = job_events(url, job_id)
+            assert [name for name, _ in events] == ["state", "end"], events
+            assert events[0][1]["state"] == events[1][1]["state"] == state
+        assert events[0][1]["reason"] == "error"
+        assert job_events(url, done)[1][1]["result_url"] == f"/v1/jobs/{done}/result"
+
+        running = submitted()
+        ctx.progress.report(running, 1, 4)
+
+        def drive(name: str, data: Any) -> None:  # the worker's next reports, once the stream shows each
+            if (name, data) == ("progress", {"step": 1, "total": 4}):
+                ctx.progress.report(running, 3, 4)
+            elif (name, data) == ("progress", {"step": 3, "total": 4}):
+                ctx.progress.report(running, 4, 4)
+                succeed(running)
+
+        followed = job_events(url, running, drive)
+    assert [(name, data.get("step") or data.get("state")) for name, data in followed] == [
+        ("state", "running"),
+        ("progress", 1),
+        ("progress", 3),
+        ("progress", 4),  # reported just before the end: read before it
+        ("state", "succeeded"),
+        ("end", "succeeded"),
+    ], followed
