@@ -164,9 +164,14 @@ class ServerClient:
 
     def manifest(self) -> dict[str, Manifest]:
         """Every registered model's manifest, by model id."""
+        return self.manifests().models
+
+    def manifests(self) -> Manifests:
+        """Every registered model's manifest, by model id, and the families this machine runs
+        (its fleet entry's; None from a server that does not say)."""
         answer = self._send("GET", "/manifest").json()
         with no_fork_meanwhile():  # pydantic-core, in the registry follower's thread (tasks/logfork.py)
-            return Manifests.model_validate(answer).models
+            return Manifests.model_validate(answer)
 
     def claim(self, job_id: str, claim_id: str) -> Claim:
         """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises

@@ -267,8 +267,8 @@ def sync(sync_id: str) -> None:
         except Exception as failure:  # reported to the server with the files done so far; nothing is lost
             error = f"{type(failure).__name__}: {failure}"
             log.exception("sync %s stopped", sync_id)
-        all_manifests = rt.server.manifest()
-        verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, all_manifests)
+        answer = rt.server.manifests()
+        verified = advertise(rt.redis, rt.keys, settings.machine, settings.models_dir, answer.models, answer.families)
     bad = [r for r in results if r.status not in SYNC_FILE_DONE]
     missing = sorted(m for m in manifests if m not in verified)
     succeeded = not error and not bad and not missing

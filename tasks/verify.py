@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
@@ -26,7 +26,7 @@ from app.core.config import WorkerSettings
 from app.core.digest import algorithm_of, file_digest
 from app.core.errors import HomefleetError, Unauthorized
 from app.core.keys import Keys
-from app.core.protocol import Manifest
+from app.core.protocol import Manifest, Manifests
 from tasks.server_client import ServerClient
 
 log = logging.getLogger("homefleet.worker")
@@ -100,10 +100,17 @@ def one_check_at_a_time(models_dir: Path) -> Iterator[None]:
 
 
 def advertise(
-    client: redis.Redis, keyspace: Keys, machine: str, models_dir: Path, manifests: dict[str, Manifest]
+    client: redis.Redis,
+    keyspace: Keys,
+    machine: str,
+    models_dir: Path,
+    manifests: dict[str, Manifest],
+    families: Collection[str] | None = None,
 ) -> set[str]:
     """Hash every local model against ``manifests`` (every byte, R4) and replace the machine's
-    advertised set with the models that match in full. Returns that set."""
+    advertised set with the models that match in full. Returns that set. The line it logs
+    counts the models of ``families`` (those the machine's fleet entry supports, R10; None:
+    not known, every model counts): :func:`verified_line`."""
     with one_check_at_a_time(models_dir):
         problems = {model_id: model_problems(models_dir, manifest) for model_id, manifest in manifests.items()}
         verified = {model_id for model_id, found in problems.items() if not found}
@@ -123,10 +130,35 @@ def advertise(
             if verified:
                 pipe.sadd(key, *sorted(verified))
             pipe.execute()
-    log.info(
-        "%s verified %d of %d models: %s", machine, len(verified), len(manifests), ", ".join(sorted(verified)) or "none"
-    )
+    log.info("%s", verified_line(machine, manifests, verified, families))
     return verified
+
+
+def verified_line(
+    machine: str, manifests: dict[str, Manifest], verified: set[str], families: Collection[str] | None
+) -> str:
+    """What a worker says once it has verified its copies (R4): how many of the registered
+    models it runs, those of ``families`` (its fleet entry's, R10), match here, and which. A model
+    of another family is no model missing here: it is counted apart, by family, and named only
+    if its copy here matches all the same. ``families`` None (a server that does not say): every
+    model counts, as ``M verified N of T models: …``."""
+    if families is None:
+        return f"{machine} verified {len(verified)} of {len(manifests)} models: {', '.join(sorted(verified)) or 'none'}"
+    runs = {m for m, manifest in manifests.items() if manifest.family in families}
+    line = (
+        f"{machine} verified {len(verified & runs)} of {len(runs)} models it runs ({', '.join(sorted(families))}): "
+        f"{', '.join(sorted(verified & runs)) or 'none'}"
+    )
+    others = sorted(set(manifests) - runs)
+    if others:
+        kinds = sorted({manifests[m].family for m in others})
+        line += (
+            f"; {len(others)} more registered model{'s are' if len(others) > 1 else ' is'} of "
+            f"{'families' if len(kinds) > 1 else 'a family'} it does not run ({', '.join(kinds)})"
+        )
+        if verified - runs:
+            line += f", though its copy here matches: {', '.join(sorted(verified - runs))}"
+    return line
 
 
 class Verifier:
@@ -150,9 +182,13 @@ class Verifier:
         self.withdrawn: dict[str, dict[str, Stat]] = {}
 
     def _manifests(self) -> dict[str, Manifest]:
+        return self._answer().models
+
+    def _answer(self) -> Manifests:
+        """The server's manifests and the families this machine runs (``GET /internal/v1/manifest``)."""
         server = ServerClient.for_worker(self.settings)
         try:
-            return server.manifest()
+            return server.manifests()
         finally:
             server.close()
 
@@ -165,9 +201,12 @@ class Verifier:
         """
         # before the manifests: a later change is seen
         self._registry_mark = cast("str | None", self.redis.get(self.keys.registry_changed()))
-        manifests = self._manifests()
+        answer = self._answer()
+        manifests = answer.models
         stats = {m: file_stats(self.settings.models_dir, manifest) for m, manifest in manifests.items()}
-        verified = advertise(self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests)
+        verified = advertise(
+            self.redis, self.keys, self.settings.machine, self.settings.models_dir, manifests, answer.families
+        )
         self.stats = {m: stats[m] for m in verified}
         # a whole copy that failed (every file there at its size: damaged, not a sync cut short)
         # is watched as a withdrawn one: put back, it is advertised again without a sync

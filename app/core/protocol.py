@@ -76,9 +76,14 @@ class Manifest(Body):
 
 
 class Manifests(Body):
-    """``GET /internal/v1/manifest``: every registered model the server can hand out."""
+    """``GET /internal/v1/manifest``: every registered model the server can hand out, and the
+    families the asking machine's fleet entry supports (sorted; None from a server that does not
+    say): the models a worker counts as the ones it runs (R4, ``tasks/verify.py``)."""
 
     models: dict[str, Manifest]
+    families: list[str] | None = Field(
+        default=None, description="the families the asking machine runs (its fleet entry), sorted"
+    )
 
 
 class AdapterClaim(Body):

@@ -105,8 +105,12 @@ def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
     digests whatever happened to the server's own copy (R5): a model whose server files changed
     or are gone stays advertised where a good copy is, while its submissions, claims and syncs
     are refused on the server (``model_changed``) and the server's own worker, which shares
-    the server's folder, withdraws it."""
-    return Manifests(models={model.id: ctx.registry.registered_manifest(model.id) for model in ctx.registry.list()})
+    the server's folder, withdraws it. ``families``: those the asking machine's fleet entry
+    supports, the models its worker counts as the ones it runs."""
+    return Manifests(
+        models={model.id: ctx.registry.registered_manifest(model.id) for model in ctx.registry.list()},
+        families=sorted(machine.families),
+    )
 
 
 @router.get("/files/{file_id}", response_class=FileResponse)

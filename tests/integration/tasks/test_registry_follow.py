@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.context import ServerContext
-from app.core.config import WorkerSettings
+from app.context import ServerContext, build_context
+from app.core.config import Settings, WorkerSettings
 from tasks.verify import Verifier
-from tests.helpers import served_api
+from tests.helpers import make_fleet, served_api
 
 HELD, NEVER = "tiny-held", "tiny-never"
 
@@ -87,3 +87,30 @@ def test_r4_a_copy_damaged_before_the_worker_started_is_advertised_once_put_back
         verifier._following.join(timeout=30)
     assert ctx.redis.smembers(ctx.keys.verified("m1")) == {HELD}
     assert HELD not in verifier.withdrawn and HELD in verifier.stats
+
+
+def test_r4_the_start_line_counts_only_the_models_of_families_the_machine_runs(
+    settings: Settings, tiny_models_dir: Path, tiny_text_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """m1's fleet entry supports family sd1 only; the registry holds an sd1 model, an
+    sd1-pix2pix model and a qwen2 text model, and m1 holds no copy. Its start-up line counts the
+    one model it runs, not all three as if two were missing, and says the others are of
+    families it does not run. Once it holds the sd1 model, that one is counted verified."""
+    ctx = build_context(settings, make_fleet("m1", families=frozenset({"sd1"})), migrate=True)
+    try:
+        ctx.registry.add(tiny_models_dir / "tiny-sd", "tiny-sd")
+        ctx.registry.add(tiny_models_dir / "tiny-pix2pix", "tiny-pix2pix")
+        ctx.registry.add(tiny_text_dir / "tiny-qwen2", "tiny-qwen2")
+        models_dir = tmp_path / "m1-models"
+        with served_api(ctx) as url, caplog.at_level(logging.INFO, logger="homefleet.worker"):
+            assert Verifier(m1_settings(ctx, models_dir, url), ctx.redis, ctx.keys).verify() == set()
+            shutil.copytree(ctx.registry.folder("tiny-sd"), models_dir / "tiny-sd")
+            assert Verifier(m1_settings(ctx, models_dir, url), ctx.redis, ctx.keys).verify() == {"tiny-sd"}
+    finally:
+        ctx.close()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("m1 verified")]
+    others = "; 2 more registered models are of families it does not run (qwen2, sd1-pix2pix)"
+    assert said == [
+        "m1 verified 0 of 1 models it runs (sd1): none" + others,
+        "m1 verified 1 of 1 models it runs (sd1): tiny-sd" + others,
+    ], said
