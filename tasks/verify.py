@@ -92,11 +92,19 @@ def one_check_at_a_time(models_dir: Path) -> Iterator[None]:
     (parent process), a sync's check (pool child) and a registry change's check run one after
     the other, so the later one hashes the files as they are once the earlier has written its
     set (no stale set overwrites a fresher one). The kernel releases the lock when its process
-    dies, so a killed worker never blocks the next one."""
+    dies, so a killed worker never blocks the next one.
+
+    It is released explicitly (``LOCK_UN``), not by closing the file: a pool process forked
+    while the start-up check held it inherits the open file, and a lock released by closing
+    stays held by that copy for the pool process's whole life, blocking every later check
+    here (a model put back was re-advertised only when the worker stopped)."""
     models_dir.mkdir(parents=True, exist_ok=True)
     with open(models_dir / LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def advertise(

@@ -283,11 +283,15 @@ class Registry:
         """An exclusive ``flock`` on ``<models_dir>/.registry.lock`` for one registration's id
         check, copy and commit: two ``models add`` of the same id at once leave one registered
         and refuse the other (``model_id_taken``), and neither removes the other's folder. The
-        kernel releases it when its process dies."""
+        kernel releases it when its process dies; it is released explicitly otherwise (a child
+        forked meanwhile would keep a lock released by closing the file)."""
         self.models_dir.mkdir(parents=True, exist_ok=True)
         with open(self.models_dir / ".registry.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def add(
         self,
@@ -892,9 +896,10 @@ class Registry:
         family, kinds and variant stay.
 
         A folder whose taken files are the registered ones (no digest changed, none added or
-        removed: :attr:`Update.unchanged`) records nothing, not even the files' stats or a new
-        price: the manifest every copy is verified against is the same, so no copy is old and
-        nothing is withdrawn anywhere (R4, R6). ``on_change`` is still called: a worker that
+        removed: :attr:`Update.unchanged`) records no new content and no new price, only the
+        stats of a file put back (the server's own check of its folder reads them): the
+        manifest every copy is verified against is the same, so no copy is old and nothing is
+        withdrawn anywhere (R4, R6). ``on_change`` is still called: a worker that
         withdrew its copy of the model (its files changed, then put back) hashes it again and
         advertises it if it matches; the others keep theirs.
 
@@ -952,8 +957,13 @@ class Registry:
             changes.added += [f.path for f in fresh if f.path not in before]
             changes.changed += [f.path for f in fresh if f.path in before and before[f.path].digest != f.digest]
             changes.removed += sorted(set(before) - {f.path for f in fresh})
-            if changes.unchanged:  # the registered manifest is the folder's: nothing to record
-                session.rollback()
+            if changes.unchanged:  # the registered manifest is the folder's: no new content to record
+                for file in fresh:  # but a file put back has new stats, which the server's own check reads (R4)
+                    kept = before[file.path]
+                    if (kept.mtime_ns, kept.inode) != (file.mtime_ns, file.inode):
+                        kept.mtime_ns, kept.inode = file.mtime_ns, file.inode
+                        session.add(kept)
+                session.commit()
                 if self.on_change is not None:
                     self.on_change()  # a worker that withdrew its copy hashes it again; nothing is withdrawn
                 return changes
