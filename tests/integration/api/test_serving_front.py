@@ -24,6 +24,7 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.limits import FamilyLimits
 from app.core.states import JobState
+from app.core.tls import tls_context
 from app.devtools.redis_server import start_redis_server
 from tests.helpers import TEST_API_KEY, bring_online, make_fleet, served_api
 
@@ -770,7 +771,9 @@ def job_events(url: str, job_id: str, on_event: Callable[[str, Any], None] | Non
     the server closes the stream; ``on_event`` is called with each as it arrives."""
     events: list[tuple[str, Any]] = []
     name = "message"
-    with httpx.stream("GET", f"{url}/v1/jobs/{job_id}/events", headers=AUTH, timeout=30) as response:
+    with httpx.stream(
+        "GET", f"{url}/v1/jobs/{job_id}/events", headers=AUTH, timeout=30, verify=tls_context()
+    ) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line.startswith("event:"):
