@@ -303,6 +303,40 @@ def test_openai_logprobs_are_each_generated_tokens_from_the_job(tfleet: TextFlee
     assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(len(legacy.tokens))]
     without = tfleet.client.completions.create(model="tiny-llama", prompt="go", **asked)
     assert without.choices[0].logprobs is None
+    # a stop sequence's tokens add no text (the texts join into the cut answer), streamed too
+    steered = {"target": MACHINE, "response_format": {"type": "regex", "value": "abbbcdd"}}
+    cut = tfleet.client.completions.create(
+        model="tiny-qwen2", prompt="x", logprobs=0, max_tokens=20, temperature=0, stop=["c"], extra_body=steered
+    )
+    assert cut.choices[0].text == "abbb" and cut.choices[0].logprobs is not None
+    assert "".join(cut.choices[0].logprobs.tokens or []) == "abbb"
+    streamed = list(
+        tfleet.client.chat.completions.create(
+            model="tiny-qwen2",
+            messages=messages,
+            logprobs=True,
+            max_tokens=20,
+            temperature=0,
+            stop=["c"],
+            stream=True,
+            extra_body=steered,
+        )
+    )
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    shares = [e.token for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed_text == "abbb" and "".join(shares) == "abbb", (streamed_text, shares)
+    # an answer cut inside a character ends with U+FFFD, its last token's share too
+    emoji = tfleet.client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=messages,
+        logprobs=True,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"target": MACHINE, "response_format": {"type": "regex", "value": "\U0001f600{10}"}},
+    )
+    content = emoji.choices[0].message.content or ""
+    assert content.endswith("\ufffd") and emoji.choices[0].logprobs is not None
+    assert "".join(e.token for e in emoji.choices[0].logprobs.content or []) == content
     with pytest.raises(openai.BadRequestError) as alternatives:
         tfleet.client.chat.completions.create(
             model="tiny-qwen2", messages=messages, logprobs=True, top_logprobs=2, **asked
@@ -311,6 +345,39 @@ def test_openai_logprobs_are_each_generated_tokens_from_the_job(tfleet: TextFlee
     with pytest.raises(openai.BadRequestError) as legacy_alternatives:
         tfleet.client.completions.create(model="tiny-llama", prompt="go", logprobs=2, **asked)
     assert legacy_alternatives.value.body["param"] == "logprobs"  # type: ignore[index]
+
+
+def test_an_answers_message_sent_back_as_history_is_taken_from_either_client(tfleet: TextFleet) -> None:
+    """A conversation: the previous answer's message object goes back in ``messages`` as each
+    client returns it (huggingface_hub's ``ChatCompletionOutputMessage`` carries ``reasoning``
+    and ``tool_call_id`` null; the openai SDK's ``model_dump()`` ``refusal``, ``annotations``,
+    ``audio``, ``function_call``, ``tool_calls`` null): the next turn runs, with the answer in its prompt."""
+    hub_client = huggingface_hub.InferenceClient(
+        base_url=f"{tfleet.local.api_url}/hf/models/tiny-qwen2", token=TEST_API_KEY, timeout=60
+    )
+    first = hub_client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=3, temperature=0)
+    answer = first.choices[0].message
+    again = hub_client.chat_completion(
+        [{"role": "user", "content": "hi"}, answer, {"role": "user", "content": "more"}], max_tokens=3, temperature=0
+    )
+    assert again.choices[0].message.content is not None
+    assert (answer.content or "") in latest_job(tfleet).params["prompt"]
+    sdk_first = tfleet.client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        extra_body={"target": MACHINE},
+    )
+    history: Any = [{"role": "user", "content": "hi"}, sdk_first.choices[0].message.model_dump()]
+    sdk_again = tfleet.client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=[*history, {"role": "user", "content": "more"}],
+        max_tokens=3,
+        temperature=0,
+        extra_body={"target": MACHINE},
+    )
+    assert sdk_again.choices[0].finish_reason in ("stop", "length")
 
 
 def test_a_streaming_request_over_the_limits_is_a_plain_422(tfleet: TextFleet) -> None:

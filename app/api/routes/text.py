@@ -290,8 +290,9 @@ class ChatMessage(RequestBody):
     participant name) goes to the chat template with the message, which may use it. The fields an
     earlier answer's assistant message carries when a client sends it back as history (the SDK's
     ``model_dump()``: ``refusal``, ``audio``, ``function_call`` null, ``annotations`` and
-    ``tool_calls`` empty or null) are taken; a tool call is refused naming it; any other field
-    is refused naming ``messages.N.<field>``, never ignored."""
+    ``tool_calls`` empty or null; huggingface_hub's: ``reasoning``, ``tool_call_id`` null) are
+    taken; a tool call is refused naming it; any other field is refused naming
+    ``messages.N.<field>``, never ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -303,6 +304,9 @@ class ChatMessage(RequestBody):
     function_call: None = None
     annotations: list[Any] | None = Field(None, max_length=0, description="an earlier answer's (empty)")
     tool_calls: list[Any] | None = Field(None, max_length=0, description="tool calls are not run here")
+    tool_call_id: None = None
+    reasoning: None = Field(None, description="huggingface_hub's answer message carries it (null)")
+    reasoning_content: None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -425,23 +429,29 @@ class Logprobs:
     worker reports (``provenance.tokens`` / ``provenance.logprobs``, or a progress report's so
     far): a chat's ``{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]}``, a
     completion's ``{"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}``. Each token's
-    text is its share of the decoded text (:class:`app.core.textgen.TokenDecoder`: a token inside
-    a UTF-8 character has the empty string, special tokens too). :meth:`more` gives the entries of
-    the tokens not given yet (a stream's chunk)."""
+    text is its share of the answer (:class:`app.core.textgen.TokenDecoder` with the job's
+    ``stops``: a token inside a UTF-8 character has the empty string, special tokens and the
+    tokens of a stop sequence too, and the last token of an ended job any unfinished character),
+    so the texts join into the answer. :meth:`more` gives the entries of the tokens not given yet
+    (a stream's chunk; ``hold``: a stream, whose text waits while it could grow into a stop
+    sequence, and its tokens' texts with it)."""
 
-    def __init__(self, tokenizer: Any, chat: bool) -> None:
-        self.decoder = TokenDecoder(tokenizer, hold=False)
+    def __init__(self, tokenizer: Any, chat: bool, stops: list[str], hold: bool = False) -> None:
+        self.decoder = TokenDecoder(tokenizer, stops, hold=hold)
         self.chat = chat
         self.given = 0
         self.offset = 0
 
-    def more(self, ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
-        """The entries of ``ids[given:]`` (None when there is none)."""
+    def more(self, ids: list[int], logprobs: list[float], ended: bool = False) -> dict[str, Any] | None:
+        """The entries of ``ids[given:]`` (None when there is none); ``ended``: ``ids`` are the
+        ended job's, its last token the answer's last."""
         fresh = list(zip(ids[self.given :], logprobs[self.given :], strict=False))
         if not fresh:
             return None
         self.given += len(fresh)
-        texts = [self.decoder.add(token) for token, _ in fresh]
+        last = self.given - 1 if ended and self.given == len(ids) else -1
+        start = self.given - len(fresh)
+        texts = [self.decoder.add(token, last=start + i == last) for i, (token, _) in enumerate(fresh)]
         if self.chat:
             return {
                 "content": [
@@ -574,12 +584,13 @@ async def stream_text(
         usages: list[dict[str, Any]] = []
         for index, job_id in enumerate(job_ids):
             sent = ""
-            given = Logprobs(tokenizer, chat) if tokenizer is not None else None
+            given = Logprobs(tokenizer, chat, stops, hold=True) if tokenizer is not None else None
             async for update in follow(ctx, job_id):
                 if isinstance(update, Progress):
                     so_far = safe_to_send((update.text or "").rstrip("\ufffd"), stops)  # a split UTF-8 char
                     if len(so_far) > len(sent) and so_far.startswith(sent):
-                        entries = given.more(update.tokens or [], update.logprobs or []) if given else None
+                        ids = (update.tokens or [])[:-1]  # the newest waits: the end gives it its share
+                        entries = given.more(ids, update.logprobs or []) if given else None
                         yield chunk(index, so_far[len(sent) :], logprobs=entries)
                         sent = so_far
                     continue
@@ -598,7 +609,7 @@ async def stream_text(
                     )
                     return
                 final = await to_thread.run_sync(text_of, job)
-                rest = given.more(*job_tokens(job)) if given is not None else None
+                rest = given.more(*job_tokens(job), ended=True) if given is not None else None
                 if final.startswith(sent) and len(final) > len(sent):
                     yield chunk(index, final[len(sent) :], logprobs=rest)
                     rest = None
@@ -700,7 +711,8 @@ async def choice_logprobs(
     if not body.wants_logprobs() or not answers:
         return None
     tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, answers[0][0].model_id)
-    return [Logprobs(tokenizer, chat).more(*job_tokens(job)) for job, _, _ in answers]
+    stops = list(getattr(answers[0][0], "params", {}).get("stop") or [])
+    return [Logprobs(tokenizer, chat, stops).more(*job_tokens(job), ended=True) for job, _, _ in answers]
 
 
 @router.post("/v1/completions", response_model=None)
