@@ -52,6 +52,7 @@ from app.api.routes.text import (
     cancel_when_abandoned,
     ended_badly,
     follow,
+    job_tokens,
     run_text_job,
     submit_text_job,
     text_of,
@@ -233,11 +234,6 @@ def seed_of(job: Job) -> int | None:
     return int(params["seed"]) if sampled and "seed" in params else None
 
 
-def _tokens(job: Job) -> tuple[list[int], list[float]]:
-    provenance = job.provenance or {}
-    return [int(t) for t in provenance.get("tokens") or []], [float(p) for p in provenance.get("logprobs") or []]
-
-
 async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str, Any]:
     """One text job, waited for: TGI's ``generate`` answer (module docstring)."""
     params = body.parameters.job_params(body.inputs)
@@ -245,7 +241,7 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     answer: dict[str, Any] = {"generated_text": body.inputs + text if body.parameters.return_full_text else text}
     if body.parameters.details:
         tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
-        ids, logprobs = _tokens(job)
+        ids, logprobs = job_tokens(job)
         decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or (), hold=False)  # the job has ended
         entries = [
             token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
@@ -301,7 +297,7 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
                 )
                 return
             final = await to_thread.run_sync(text_of, job)
-            ids, logprobs = _tokens(job)
+            ids, logprobs = job_tokens(job)
             while sent < len(ids) - 1:
                 sent += 1
                 yield event(token_entry(decoder, ids[sent - 1], logprobs[sent - 1] if sent <= len(logprobs) else None))
