@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -146,6 +146,27 @@ def end_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
     return list(dict.fromkeys(int(token) for token in ids if token is not None))
 
 
+def folder_end_token_ids(folder: Path, tokenizer: Any) -> list[int]:
+    """:func:`end_token_ids` of a transformers model folder: its tokenizer's EOS and its
+    ``generation_config.json``'s ``eos_token_id`` (a folder without the file: the EOS alone).
+
+    Raises:
+        OSError, ValueError: ``generation_config.json`` cannot be read.
+    """
+    if not (folder / "generation_config.json").is_file():
+        return end_token_ids(tokenizer)
+    from transformers import GenerationConfig  # lazy: transformers costs seconds to import
+
+    return end_token_ids(tokenizer, GenerationConfig.from_pretrained(str(folder), local_files_only=True))
+
+
+def visible_ids(ids: Sequence[int], ends: Collection[int]) -> list[int]:
+    """``ids`` less the end ids (:func:`end_token_ids`): an end id that the tokenizer does not
+    count as special (a ``generation_config.json`` id of an ordinary token) ends the turn and
+    adds no text, as a special one decodes to nothing."""
+    return [int(token) for token in ids if int(token) not in ends]
+
+
 class TokenDecoder:
     """Each generated token's share of the decoded text, as the tokens arrive (TGI's stream
     names every token's text): joined, the shares are ``tokenizer.decode(ids,
@@ -155,21 +176,25 @@ class TokenDecoder:
     sequences) no text past one is given out: shares end before the first. ``hold`` (a stream,
     whose later tokens are not known yet): an ending that could still grow into one waits for
     the next token (:func:`safe_to_send`); without it (an ended job's tokens, TGI's ``details``)
-    each token gets its own share (docs/api.md, "OpenAI and Hugging Face routes")."""
+    each token gets its own share (docs/api.md, "OpenAI and Hugging Face routes"). ``ends``: the
+    model's end ids (:func:`end_token_ids`), which add no text and count as special."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), hold: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Any, stops: Sequence[str] = (), hold: bool = True, ends: Collection[int] = ()
+    ) -> None:
         self.tokenizer = tokenizer
         self.stops = list(stops)
         self.hold = hold
         self.ids: list[int] = []
         self.sent = ""
-        self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
+        self.ends = {int(t) for t in ends}
+        self._special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()} | self.ends
 
     def add(self, token: int, last: bool = False) -> str:
         """The text ``token`` adds (decodes the whole sequence: O(tokens) a call); the ``last``
         token gets any unfinished character too (as U+FFFD, as the whole text decodes)."""
         self.ids.append(int(token))
-        whole = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        whole = str(self.tokenizer.decode(visible_ids(self.ids, self.ends), skip_special_tokens=True))
         whole = whole if last else whole.rstrip("\ufffd")
         if self.stops:
             whole = safe_to_send(whole, self.stops) if self.hold and not last else cut_at_stop(whole, self.stops)[0]

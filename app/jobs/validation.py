@@ -47,7 +47,10 @@ from app.core.textgen import (
     CHAT_ROLES,
     CONTEXT_LENGTH_EXCEEDED,
     ChatTemplateBroken,
+    TokenDecoder,
     chat_prompt,
+    end_token_ids,
+    folder_end_token_ids,
     is_text_folder,
     load_tokenizer,
     max_positions,
@@ -1109,6 +1112,7 @@ class PromptTokenizers:
     def __init__(self, folder_of: Callable[[str], Path]) -> None:
         self.folder_of = folder_of
         self._cache: dict[str, Any] = {}
+        self._ends: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     def tokenizer(self, model_id: str) -> Any:
@@ -1117,6 +1121,27 @@ class PromptTokenizers:
             if model_id not in self._cache:
                 self._cache[model_id] = self._load(model_id)
             return self._cache[model_id]
+
+    def decoder(self, model_id: str, stops: Sequence[str] = (), hold: bool = True) -> TokenDecoder | None:
+        """A :class:`TokenDecoder` of the model's tokenizer and end ids (its folder's
+        ``generation_config.json``, :func:`folder_end_token_ids`), or None when it has no tokenizer.
+
+        Raises:
+            Conflict: as :meth:`tokenizer`.
+        """
+        tokenizer = self.tokenizer(model_id)
+        if tokenizer is None:
+            return None
+        with self._lock:
+            if model_id not in self._ends:
+                folder = self.folder_of(model_id)
+                try:
+                    self._ends[model_id] = folder_end_token_ids(folder, tokenizer) if is_text_folder(folder) else []
+                except (OSError, ValueError) as error:  # an unreadable generation_config.json: the EOS alone
+                    log.warning("model %s: generation_config.json unreadable (%s); its EOS alone ends", model_id, error)
+                    self._ends[model_id] = end_token_ids(tokenizer)
+            ends = self._ends[model_id]
+        return TokenDecoder(tokenizer, stops, hold=hold, ends=ends)
 
     def has_chat_template(self, model_id: str) -> bool:
         """Whether the model's tokenizer has a chat template (it takes chat messages). A tokenizer

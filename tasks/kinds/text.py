@@ -29,7 +29,7 @@ from typing import Any
 from app.core import constraints
 from app.core.kinds import family_kind_spec as kind_spec
 from app.core.kinds import greedy
-from app.core.textgen import cut_at_stop, end_token_ids, prompt_ids, stop_sequences
+from app.core.textgen import cut_at_stop, end_token_ids, prompt_ids, stop_sequences, visible_ids
 from tasks.kinds import Output, ProgressFn
 
 KIND = "text"
@@ -72,7 +72,7 @@ def run(
             new = sequence[0, len(ids) :].tolist()
             if len(logprobs) < len(new):
                 logprobs.append(steps.logprob(new[-1]))
-            text = tokenizer.decode(new, skip_special_tokens=True)
+            text = tokenizer.decode(visible_ids(new, ends), skip_special_tokens=True)
             progress(len(new), limit, text=text, tokens=new, logprobs=list(logprobs))
             stopped = bool(stops) and cut_at_stop(text, stops)[1] is not None
             return torch.full((sequence.shape[0],), stopped, dtype=torch.bool, device=sequence.device)
@@ -98,7 +98,7 @@ def run(
         )
     new = [int(t) for t in out[0, len(ids) :]]
     ended = bool(new) and new[-1] in ends
-    text, stop = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stops)
+    text, stop = cut_at_stop(tokenizer.decode(visible_ids(new, ends), skip_special_tokens=True), stops)
     usage = {
         "prompt_tokens": len(ids),
         "completion_tokens": len(new),

@@ -231,9 +231,16 @@ class Sampling(RequestBody):
             Rejected: reason ``unknown_param`` for a field the route does not take, or a field of
                 :attr:`UNSUPPORTED` at a value that would change the answer, naming it
                 (:func:`app.core.request_body.refuse_unsupported`); a malformed
-                ``response_format`` (reason ``invalid_response_format``).
+                ``response_format`` (reason ``invalid_response_format``); ``stream_options``
+                without ``stream`` (reason ``invalid_stream_options``).
         """
         refuse_unsupported(self.model_extra or {}, self.UNSUPPORTED, type(self).model_fields, self.ROUTE)
+        if self.stream_options is not None and not self.stream:  # OpenAI refuses it so too
+            raise Rejected(
+                "`stream_options` is only allowed with `stream: true`",
+                reason="invalid_stream_options",
+                param="stream_options",
+            )
         params: dict[str, Any] = {}
         try:
             grammar = constraints.from_response_format(self.response_format)
@@ -321,6 +328,12 @@ class ChatMessage(RequestBody):
                 raise ValueError(
                     f"part {index} is not a text part ({{'type': 'text', 'text': str}}), got {shown[:64]}: "
                     "a text model reads text only"
+                )
+            unknown = sorted(str(key) for key in part if key not in ("type", "text"))
+            if unknown:  # refused, as a message's unknown field is: never dropped unread
+                raise ValueError(
+                    f"part {index} has a field a text part does not take: {unknown[0][:64]!r} "
+                    "(a text part is {'type': 'text', 'text': str})"
                 )
             texts.append(part["text"])
         return "\n".join(texts)

@@ -240,9 +240,9 @@ async def generate_once(body: Generate, ctx: Any, request: Request) -> dict[str,
     job, text, usage = await run_text_job(ctx, request, body.model_dump(mode="json"), body.model, params, body.target)
     answer: dict[str, Any] = {"generated_text": body.inputs + text if body.parameters.return_full_text else text}
     if body.parameters.details:
-        tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, job.model_id)
-        ids, logprobs = job_tokens(job)
-        decoder = TokenDecoder(tokenizer, (job.params or {}).get("stop") or (), hold=False)  # the job has ended
+        stops = (job.params or {}).get("stop") or ()
+        decoder = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.decoder, job.model_id, stops, False)
+        ids, logprobs = job_tokens(job)  # hold=False: the job has ended
         entries = [
             token_entry(decoder, token, logprobs[i] if i < len(logprobs) else None, last=i == len(ids) - 1)
             for i, token in enumerate(ids)
@@ -263,10 +263,9 @@ async def generate_stream_answer(body: Generate, ctx: Any, api_key_id: str | Non
     answered as TGI's event stream."""
     params = body.parameters.job_params(body.inputs)
     job_id, model = await submit_text_job(ctx, body.model, params, body.target, api_key_id)
-    tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
+    decoder = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.decoder, model, params.get("stop") or ())
 
     async def events() -> AsyncGenerator[str, None]:
-        decoder = TokenDecoder(tokenizer, params.get("stop") or ())
         sent = 0  # tokens sent; the newest reported one is held back: the last event carries the last token
 
         def event(token: dict[str, Any], text: str | None = None, details: dict[str, Any] | None = None) -> str:

@@ -378,3 +378,38 @@ def test_generation_ends_on_any_eos_id_of_generation_config_not_only_the_tokeniz
     )
     assert constrained.data == b"ab" and constrained.record["tokens"][-1] == eot, constrained.record["tokens"]
     assert constrained.record["usage"]["finish_reason"] == "stop"
+
+
+def test_an_end_id_the_tokenizer_does_not_count_special_ends_the_turn_without_its_text(
+    tiny_text_dir: Path, tmp_path: Path
+) -> None:
+    """A ``generation_config.json`` end id whose token the tokenizer does not mark special (a
+    converted tokenizer that lost the flag) ends the turn and adds no text, as a special one
+    decodes to nothing: the answer is empty, not ``<|eot_id|>``, and the server's decoder (the
+    token texts of logprobs and TGI's details) gives the token no text and counts it special."""
+    import json
+
+    from app.jobs.validation import PromptTokenizers
+
+    folder, _, eot = llama3_style_copy(tiny_text_dir, tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"].remove("<|eot_id|>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
+    for added in tokenizer_json["added_tokens"]:
+        if added["content"] == "<|eot_id|>":
+            added["special"] = False
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    model = load_pipeline(folder)
+    assert eot not in model.tokenizer.all_special_ids
+    assert model.tokenizer.decode([eot], skip_special_tokens=True) == "<|eot_id|>"  # what the answer was
+
+    texts: list[str] = []
+    params: dict[str, Any] = {"prompt": "hello", "seed": 1, "max_new_tokens": 8}
+    out = runner("text")(model, params, lambda *_, text, **__: texts.append(text), {}, {}, family="llama")
+    assert out.record["tokens"] == [eot] and out.record["usage"]["finish_reason"] == "stop"
+    assert (out.data, texts) == (b"", [""])
+
+    decoder = PromptTokenizers(lambda _: folder).decoder("llama3", hold=False)
+    assert decoder is not None
+    assert (decoder.add(eot, last=True), decoder.special(eot)) == ("", True)
