@@ -47,9 +47,9 @@ def keys(
         "keys",
         "queued",
         "running",
-        "GPU s last hour",
+        "GPU seconds last hour",
         "max queued jobs",  # HOMEFLEET_QUOTAS' max_queued_jobs and max_gpu_seconds_per_hour, worded to wrap
-        "max GPU s per hour",
+        "max GPU seconds per hour",
         "webhook secret",
     )
     for row in rows:

@@ -61,7 +61,7 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         },
     ]
     table = run_cli("keys", env={**env, "COLUMNS": "200"}).stdout  # one line per row, whatever the caller's terminal
-    assert "max queued jobs" in table and "GPU s last hour" in table and "max GPU s per hour" in table
+    assert "max queued jobs" in table and "GPU seconds last hour" in table and "max GPU seconds per hour" in table
     [ci_line] = [line for line in table.splitlines() if " ci " in line]
     assert [cell.strip() for cell in ci_line.split("│")[1:9]] == ["ci", "1", "1", "1", "41.5", "3", "600", "yes"], (
         ci_line
@@ -75,9 +75,9 @@ def test_keys_lists_each_keys_jobs_gpu_seconds_and_limits(settings: Settings, ti
         "  keys: 1",
         "  queued: 1",
         "  running: 1",
-        "  GPU s last hour: 41.5",
+        "  GPU seconds last hour: 41.5",
         "  max queued jobs: 3",
-        "  max GPU s per hour: 600",
+        "  max GPU seconds per hour: 600",
         "  webhook secret: yes",
     ], narrow
     assert other_id in lines, narrow

@@ -449,8 +449,8 @@ class Logprobs:
     (a stream's chunk; ``hold``: a stream, whose text waits while it could grow into a stop
     sequence, and its tokens' texts with it)."""
 
-    def __init__(self, tokenizer: Any, chat: bool, stops: list[str], hold: bool = False) -> None:
-        self.decoder = TokenDecoder(tokenizer, stops, hold=hold)
+    def __init__(self, decoder: TokenDecoder, chat: bool) -> None:
+        self.decoder = decoder
         self.chat = chat
         self.given = 0
         self.offset = 0
@@ -559,11 +559,9 @@ async def stream_text(
     usage_alone = bool(body.stream_options and body.stream_options.include_usage) or len(job_ids) > 1
     opened: set[int] = set()  # the choices whose role was sent
 
-    tokenizer = (
-        await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, model)
-        if body.wants_logprobs()
-        else None
-    )
+    tokenizers = ctx.dispatcher.validator.tokenizers
+    if body.wants_logprobs():
+        await to_thread.run_sync(tokenizers.decoder, model)  # loads the tokenizer and end ids once
 
     def chunk(
         index: int,
@@ -597,7 +595,8 @@ async def stream_text(
         usages: list[dict[str, Any]] = []
         for index, job_id in enumerate(job_ids):
             sent = ""
-            given = Logprobs(tokenizer, chat, stops, hold=True) if tokenizer is not None else None
+            decoder = tokenizers.decoder(model, stops, hold=True) if body.wants_logprobs() else None
+            given = Logprobs(decoder, chat) if decoder is not None else None
             async for update in follow(ctx, job_id):
                 if isinstance(update, Progress):
                     so_far = safe_to_send((update.text or "").rstrip("\ufffd"), stops)  # a split UTF-8 char
@@ -723,9 +722,13 @@ async def choice_logprobs(
     """Each choice's ``logprobs`` (:class:`Logprobs`) when the request asked for them, else None."""
     if not body.wants_logprobs() or not answers:
         return None
-    tokenizer = await to_thread.run_sync(ctx.dispatcher.validator.tokenizers.tokenizer, answers[0][0].model_id)
-    stops = list(getattr(answers[0][0], "params", {}).get("stop") or [])
-    return [Logprobs(tokenizer, chat, stops).more(*job_tokens(job), ended=True) for job, _, _ in answers]
+    tokenizers = ctx.dispatcher.validator.tokenizers
+    model, stops = answers[0][0].model_id, list(getattr(answers[0][0], "params", {}).get("stop") or [])
+    decoders = [await to_thread.run_sync(tokenizers.decoder, model, stops, False) for _ in answers]
+    return [
+        Logprobs(decoder, chat).more(*job_tokens(job), ended=True) if decoder is not None else None
+        for decoder, (job, _, _) in zip(decoders, answers, strict=True)
+    ]
 
 
 @router.post("/v1/completions", response_model=None)

@@ -74,6 +74,44 @@ def test_a_misspelt_openai_text_field_is_refused_naming_it(api: tuple[TestClient
     assert queued(ctx) == 0
 
 
+def test_stream_options_without_stream_and_a_text_part_s_unknown_field_are_refused_naming_them(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """OpenAI refuses ``stream_options`` on a request that does not stream; so does Homefleet, with
+    ``param`` ``stream_options``, rather than answering as if it had not been sent. A text part with
+    a field it does not take (``{"type": "text", "text", "cache_control"}``) is refused naming
+    ``messages.0.content`` and the field, as a message's own unknown field is: never dropped
+    unread. Neither queues a job; the same requests without them run."""
+    client, ctx = api
+    for create in (
+        lambda **extra: sdk(client).chat.completions.create(model=TEXT, messages=MESSAGES, max_tokens=2, **extra),
+        lambda **extra: sdk(client).completions.create(model=TEXT, prompt="hi", max_tokens=2, **extra),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(stream_options={"include_usage": True})
+        assert (refused.value.body["code"], refused.value.body["param"]) == (  # type: ignore[index]
+            "invalid_stream_options",
+            "stream_options",
+        ), refused.value.body
+        assert "`stream: true`" in refused.value.body["message"]  # type: ignore[index]
+    part = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    with pytest.raises(openai.BadRequestError) as content:
+        sdk(client).chat.completions.create(
+            model=TEXT,
+            messages=[{"role": "user", "content": [part]}],
+            max_tokens=2,  # type: ignore[list-item]
+        )
+    body = content.value.body
+    assert isinstance(body, dict) and body["param"] == "messages.0.content", body
+    assert "'cache_control'" in body["message"], body
+    assert queued(ctx) == 0
+    with pytest.raises(openai.APIStatusError) as pending:  # accepted: no worker runs it here
+        sdk(client).chat.completions.create(
+            model=TEXT, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}], max_tokens=2
+        )
+    assert pending.value.status_code == 409 and queued(ctx) == 1
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
