@@ -96,15 +96,18 @@ class FleetFiles:
     operator: dict[str, str]
 
 
-def fleet_files(data_dir: Path, redis_url: str, *machines: str, **settings: object) -> FleetFiles:
-    """:func:`make_fleet` of ``machines`` written to ``data_dir/fleet.toml``, the Redis database
-    of ``redis_url`` flushed, and the server's settings: a free API port, one API key
-    (:data:`TEST_API_KEY`), heartbeats every 0.5 s with an 8 s TTL; ``settings`` add to them or
-    replace them."""
+def fleet_files(
+    data_dir: Path, redis_url: str, *machines: str, config: Fleet | None = None, **settings: object
+) -> FleetFiles:
+    """:func:`make_fleet` of ``machines`` (or ``config``, a fleet of the test's own) written to
+    ``data_dir/fleet.toml``, the Redis database of ``redis_url`` flushed, and the server's
+    settings: a free API port, one API key (:data:`TEST_API_KEY`), heartbeats every 0.5 s with an
+    8 s TTL; ``settings`` add to them or replace them."""
     import redis
 
+    assert config is None or not machines, "a fleet's machines, or its config: not both"
     redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet(*machines)
+    config = config if config is not None else make_fleet(*machines)
     fleet_file = data_dir / "fleet.toml"
     write_private(fleet_file, config.to_toml())
     fields: dict[str, object] = {

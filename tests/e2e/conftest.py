@@ -19,24 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 
 from app.client import HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
 from app.core.families import FAMILIES
 from app.core.limits import KeyQuota, key_id
 from app.core.lora_files import LORA_WEIGHTS
-from app.core.secret_files import write_private
 from app.devtools.kohya_lora import to_kohya_lora
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.devtools.tiny_models import TINY_MODELS, make_tiny_lora
 from app.devtools.train_colour_lora import COLOUR_LORA
 from app.devtools.train_recolour import RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES
 from app.fleet.config import WebhookConfig
-from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, make_fleet, run_cli
+from tests.helpers import TEST_API_KEY, TEST_WEBHOOK_SECRET, fleet_files, make_fleet, run_cli
 
 MODEL = "tiny-sd"
 EDIT_MODEL = "tiny-pix2pix"
@@ -72,34 +68,23 @@ class RunningFleet:
 def fleet(
     tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
 ) -> Iterator[RunningFleet]:
-    data_dir = tmp_path_factory.mktemp("fleet")
-    redis_url = f"{redis_base_url}/0"
-    redis.Redis.from_url(redis_url).flushdb()
     # webhooks to this host only, signed with TEST_WEBHOOK_SECRET (test_job_way.py)
     fleet_config = make_fleet("m1", "m2", "m3").model_copy(
         update={"webhooks": WebhookConfig(allow_hosts=["127.0.0.1"])}
     )
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, fleet_config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
+    files = fleet_files(
+        tmp_path_factory.mktemp("fleet"),
+        f"{redis_base_url}/0",
+        config=fleet_config,
         api_keys=[TEST_API_KEY, QUOTA_KEY],
         webhook_secrets={key_id({}, TEST_API_KEY): TEST_WEBHOOK_SECRET},
         webhook_backoff_s=0.2,
         # a second key under a quota (tests/e2e/test_job_way.py); TEST_API_KEY has none
         api_key_quotas={QUOTA_NAME: KeyQuota(key_prefix=QUOTA_KEY, max_queued_jobs=1, max_gpu_seconds_per_hour=0.05)},
     )
+    settings, fleet_file, data_dir = files.settings, files.fleet_file, files.settings.data_dir
     # The journal created and the models registered through the CLI, as an operator does.
-    operator = {
-        "HOMEFLEET_DATA_DIR": str(data_dir),
-        "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url,
-    }
+    operator = files.operator
     run_cli("db", "upgrade", env=operator)
     for model in (MODEL, EDIT_MODEL):  # the edit model lives on `server` only
         run_cli("models", "add", str(tiny_models_dir / model), "--id", model, env=operator)
@@ -171,21 +156,9 @@ def models_fleet(
 ) -> Iterator[ModelsFleet]:
     """Machine m1 alone, with every tiny family's pipeline (``app.devtools.tiny_models.TINY_MODELS``:
     the model id is the folder name) copied, verified and advertised; Redis database 7."""
-    data_dir = tmp_path_factory.mktemp("models-fleet")
-    redis_url = f"{redis_base_url}/7"
-    redis.Redis.from_url(redis_url).flushdb()
     fleet_config = make_fleet(MODELS_MACHINE, families=frozenset(FAMILIES))
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, fleet_config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        api_keys=[TEST_API_KEY],
-    )
+    files = fleet_files(tmp_path_factory.mktemp("models-fleet"), f"{redis_base_url}/7", config=fleet_config)
+    settings, fleet_file = files.settings, files.fleet_file
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id in TINY_MODELS:
         ctx.registry.add(tiny_families_dir / model_id, model_id=model_id)

@@ -19,14 +19,12 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import redis
 
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
 from app.core import keys
 from app.core.celery_app import RUN_JOB_TASK
 from app.core.config import Settings
-from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
@@ -35,7 +33,7 @@ from app.devtools.redis_server import free_port
 from tests.helpers import (
     LONG_SIZE,
     TEST_API_KEY,
-    make_fleet,
+    fleet_files,
     pause,
     png,
     pool_process,
@@ -110,23 +108,9 @@ def celery_cli(settings: Settings, *args: str) -> str:
 def rfleet(
     tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
 ) -> Iterator[RevokeFleet]:
-    data_dir = tmp_path_factory.mktemp("revoke")
-    redis_url = f"{redis_base_url}/6"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet("m1")
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        reconcile_interval_s=0.5,
-        api_keys=[TEST_API_KEY],
-    )
-    local = LocalFleet(settings, config, fleet_file, forkserver=True)
+    files = fleet_files(tmp_path_factory.mktemp("revoke"), f"{redis_base_url}/6", "m1", reconcile_interval_s=0.5)
+    config, settings = files.config, files.settings
+    local = LocalFleet(settings, config, files.fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     port = free_port()
@@ -142,7 +126,7 @@ def rfleet(
                 [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "HOMEFLEET_REDIS_URL": redis_url, "FLOWER_UNAUTHENTICATED_API": "true"},
+                env={**os.environ, "HOMEFLEET_REDIS_URL": settings.redis_url, "FLOWER_UNAUTHENTICATED_API": "true"},
                 start_new_session=True,
             )
         local.start_worker("m1")

@@ -20,22 +20,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
 from app.core.digest import file_digest
-from app.core.secret_files import write_private
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from tests.helpers import (
     LONG_SIZE,
     TEST_API_KEY,
     end_running,
+    fleet_files,
     flip_keeping_stat,
-    make_fleet,
     pause,
     run_cli,
     wait_for,
@@ -98,29 +94,12 @@ class SyncFleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path) -> Iterator[SyncFleet]:
-    data_dir = tmp_path_factory.mktemp("syncfleet")
-    redis_url = f"{redis_base_url}/2"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet("m1", "m2")
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        sync_reservation_ttl_s=SYNC_TTL_S,
-        api_keys=[TEST_API_KEY],
+    files = fleet_files(
+        tmp_path_factory.mktemp("syncfleet"), f"{redis_base_url}/2", "m1", "m2", sync_reservation_ttl_s=SYNC_TTL_S
     )
-    env = {
-        "HOMEFLEET_DATA_DIR": str(data_dir),
-        "HOMEFLEET_FLEET_FILE": str(fleet_file),
-        "HOMEFLEET_REDIS_URL": redis_url,
-        "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S),
-    }
-    local = LocalFleet(settings, config, fleet_file, forkserver=True)
+    config, settings = files.config, files.settings
+    env = {**files.operator, "HOMEFLEET_SYNC_RESERVATION_TTL_S": str(SYNC_TTL_S)}
+    local = LocalFleet(settings, config, files.fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
         ctx.registry.add(tiny_models_dir / "tiny-sd", model_id=model)

@@ -23,21 +23,17 @@ import huggingface_hub
 import jsonschema
 import openai
 import pytest
-import redis
 
 from app.context import ServerContext, build_context
-from app.core.config import Settings
 from app.core.digest import file_digest
 from app.core.kinds import MAX_SEED
-from app.core.secret_files import write_private
 from app.core.states import ENDED, JobState
 from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
-from app.devtools.redis_server import free_port
 from app.fleet.config import ModelGuess
 from tests.e2e.test_docs_browser import browser
 from tests.e2e.test_fleet_page import open_page
-from tests.helpers import TEST_API_KEY, make_fleet, wait_for
+from tests.helpers import TEST_API_KEY, fleet_files, make_fleet, wait_for
 
 pytestmark = pytest.mark.e2e
 __all__ = ["browser"]  # the fixture, shared with the /docs tests
@@ -57,24 +53,12 @@ class TextFleet:
 def tfleet(
     tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_text_dir: Path, tiny_models_dir: Path
 ) -> Iterator[TextFleet]:
-    data_dir = tmp_path_factory.mktemp("text-fleet")
-    redis_url = f"{redis_base_url}/11"
-    redis.Redis.from_url(redis_url).flushdb()
     fleet_config = make_fleet(MACHINE, families=frozenset({"llama", "qwen2", "gpt2", "sd1"}))
     fleet_config = fleet_config.model_copy(
         update={"models": {"small-gpt2": ModelGuess(max_input_tokens=8, max_total_tokens=12)}}
     )
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, fleet_config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        api_keys=[TEST_API_KEY],
-    )
+    files = fleet_files(tmp_path_factory.mktemp("text-fleet"), f"{redis_base_url}/11", config=fleet_config)
+    settings, fleet_file = files.settings, files.fleet_file
     ctx = build_context(settings, fleet_config, migrate=True)
     for model_id, folder in MODELS.items():
         ctx.registry.add(tiny_text_dir / folder, model_id=model_id)

@@ -17,20 +17,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-import redis
 
 from app.client import ApiError, HomefleetClient
 from app.context import ServerContext, build_context
-from app.core.config import Settings
-from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.db.tables import Job
 from app.devtools.localfleet import LocalFleet
 from app.devtools.procs import stop_process_group
-from app.devtools.redis_server import free_port
 from tasks.server_client import ServerClient
 from tasks.watchdog import STACKS_SIGNAL, oom_kill_counters, sigkill_verdict
-from tests.helpers import LONG_SIZE, TEST_API_KEY, make_fleet, pool_process, wait_for
+from tests.helpers import LONG_SIZE, TEST_API_KEY, fleet_files, pool_process, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -70,24 +66,11 @@ class WatchedFleet:
 def watched(
     tmp_path_factory: pytest.TempPathFactory, redis_base_url: str, tiny_models_dir: Path
 ) -> Iterator[WatchedFleet]:
-    data_dir = tmp_path_factory.mktemp("watchdog")
-    redis_url = f"{redis_base_url}/4"
-    redis.Redis.from_url(redis_url).flushdb()
-    config = make_fleet("m1")
-    fleet_file = data_dir / "fleet.toml"
-    write_private(fleet_file, config.to_toml())
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        fleet_file=fleet_file,
-        api_port=free_port(),
-        heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=8,
-        reconcile_interval_s=0.5,
-        hung_after_s=60,
-        api_keys=[TEST_API_KEY],
+    files = fleet_files(
+        tmp_path_factory.mktemp("watchdog"), f"{redis_base_url}/4", "m1", reconcile_interval_s=0.5, hung_after_s=60
     )
-    local = LocalFleet(settings, config, fleet_file, forkserver=True)
+    config, settings = files.config, files.settings
+    local = LocalFleet(settings, config, files.fleet_file, forkserver=True)
     ctx = build_context(settings, config, migrate=True)
     client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
     try:
