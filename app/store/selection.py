@@ -748,19 +748,51 @@ def snapshot_repo(folder: Path) -> str | None:
     return repo.removeprefix("models--").replace("--", "/")
 
 
+SHORT_COMMIT_MIN = 7
+"""The fewest hex digits of a commit that ``--revision`` takes for a cached snapshot (git's own
+shortest default abbreviation); ``models list`` shows 12."""
+_SHORT_COMMIT = re.compile(rf"[0-9a-f]{{{SHORT_COMMIT_MIN},39}}")
+
+
+def _full_commit(repo: Path, repo_id: str, revision: str | None) -> str | None:
+    """``revision`` as :func:`cached_snapshot` passes it on: a shortened commit (hex digits, no
+    ref of that name under ``repo/refs``) that exactly one snapshot folder of the cached
+    repository ``repo`` starts with becomes that snapshot's full commit; anything else is
+    returned as it is (huggingface_hub resolves refs and full commits).
+
+    Raises:
+        Rejected: several snapshots start with it (reason ``not_in_hf_cache``, naming them).
+    """
+    if revision is None or not _SHORT_COMMIT.fullmatch(revision) or (repo / "refs" / revision).is_file():
+        return revision
+    snapshots = repo / "snapshots"
+    found = sorted(p.name for p in snapshots.iterdir() if p.name.startswith(revision)) if snapshots.is_dir() else []
+    if len(found) > 1:
+        raise Rejected(
+            f"{repo_id} in the Hugging Face cache {repo.parent}: revision {revision} is the start of "
+            f"{len(found)} snapshots' commits ({', '.join(found)}); pass more of its digits with --revision",
+            reason="not_in_hf_cache",
+        )
+    return found[0] if found else revision
+
+
 def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path | None = None) -> Path:
     """The snapshot folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default
     ``main``) in the local Hugging Face cache (:func:`hub_cache_dir` unless ``cache_dir``), found by
-    ``huggingface_hub.snapshot_download(..., local_files_only=True)``: no network.
+    ``huggingface_hub.snapshot_download(..., local_files_only=True)``: no network. A commit may
+    be shortened to its first :data:`SHORT_COMMIT_MIN` or more hex digits, as ``models list``
+    shows it (12), when no ref has that name and one cached snapshot's commit starts with them.
 
     Raises:
-        Rejected: the repository or revision is not in the cache (reason ``not_in_hf_cache``,
-            naming the cache folder and the repositories it holds).
+        Rejected: the repository or revision is not in the cache, or a shortened commit that
+            several cached snapshots start with (reason ``not_in_hf_cache``, naming the cache
+            folder and the repositories it holds, or the repository's refs and snapshots).
     """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    revision = _full_commit(cache / ("models--" + repo_id.replace("/", "--")), repo_id, revision)
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache), local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as error:
@@ -780,8 +812,9 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: Path |
         if repo.is_dir():  # the repository is there, not this revision
             raise Rejected(
                 f"{repo_id} is in the Hugging Face cache {cache} but not at revision {revision or 'main'} "
-                f"({type(error).__name__}); its cached refs: {', '.join(refs) or 'none'} (pass one with "
-                "--revision, or a commit hash of its snapshots/)",
+                f"({type(error).__name__}); its cached refs: {', '.join(refs) or 'none'}; its snapshots: "
+                f"{', '.join(snapshots) or 'none'} (pass a ref or a snapshot's commit, or its first "
+                f"{SHORT_COMMIT_MIN}+ hex digits, with --revision)",
                 reason="not_in_hf_cache",
             ) from error
         held = (

@@ -409,12 +409,41 @@ def test_r1_the_cached_snapshot_is_found_without_network_by_branch_or_commit(
     with pytest.raises(
         Rejected,
         match=rf"{replica.repo_id} is in the Hugging Face cache .* but not at revision v9 "
-        r".*its cached refs: main \(pass one with --revision",
+        rf".*its cached refs: main; its snapshots: {snapshot.name} \(pass a ref or a snapshot's commit",
     ):
         cached_snapshot(replica.repo_id, revision="v9")
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", "/somewhere/hf")
     assert hub_cache_dir() == Path("/somewhere/hf/hub")
+
+
+def test_r1_a_cached_snapshot_is_found_by_its_shortened_commit_as_models_list_shows_it(
+    replicas: dict[str, tuple[Replica, Path]], tmp_path: Path
+) -> None:
+    """``models list`` shows a cached model's commit by its first 12 hex digits: given back to
+    ``--revision``, it names that snapshot, also when ``refs/main`` has moved to another; a
+    prefix several snapshots share, or none, is refused naming the snapshots there are."""
+    replica, snapshot = replicas["sd15"]
+    cache = tmp_path / "hub"
+    name = snapshot.parents[1].name
+    shutil.copytree(snapshot.parents[1], cache / name, symlinks=True)
+    repo = cache / name
+    old = repo / "snapshots" / snapshot.name
+    newer, sibling = "ab12" * 10, "ab13" * 10  # two later commits sharing their first three digits
+    for commit in (newer, sibling):
+        shutil.copytree(old, repo / "snapshots" / commit, symlinks=True)
+    (repo / "refs" / "main").write_text(newer)
+    assert cached_snapshot(replica.repo_id, cache_dir=cache) == repo / "snapshots" / newer
+    assert cached_snapshot(replica.repo_id, snapshot.name[:12], cache_dir=cache) == old
+    assert cached_snapshot(replica.repo_id, "ab12ab1", cache_dir=cache) == repo / "snapshots" / newer
+    with pytest.raises(Rejected, match=r"not at revision ab1ab1a") as unknown:
+        cached_snapshot(replica.repo_id, "ab1ab1a", cache_dir=cache)
+    assert unknown.value.reason == "not_in_hf_cache"
+    assert f"its snapshots: {', '.join(sorted([newer, sibling, snapshot.name]))} (" in unknown.value.message
+    (repo / "snapshots" / ("ab12ab1" + "0" * 33)).mkdir()
+    with pytest.raises(Rejected, match=r"revision ab12ab1 is the start of 2 snapshots' commits") as ambiguous:
+        cached_snapshot(replica.repo_id, "ab12ab1", cache_dir=cache)
+    assert ambiguous.value.reason == "not_in_hf_cache"
 
 
 def test_r1_weights_in_a_components_subfolder_are_left_out_saying_so(tmp_path: Path) -> None:
