@@ -55,6 +55,7 @@ from app.store.selection import (
     check_exists,
     check_index_components,
     check_index_entries,
+    hub_cache_dir,
     model_json,
     select_files,
 )
@@ -94,15 +95,24 @@ def checkpoint_hint(folder: Path, family: str | None = None) -> str:
 def cache_repo_hint(folder: Path) -> str:
     """A sentence for a Hugging Face cache folder named instead of a snapshot: a repository's
     (``…/models--org--name``, which holds ``snapshots/``), its ``snapshots/`` folder, or the
-    cache's root (which holds ``models--*`` folders): the command that registers one; "" for any
-    other folder."""
+    cache's root (which holds ``models--*`` folders): the command that registers one, with the
+    ``HF_HUB_CACHE`` it needs when the folder is in another cache than the configured one
+    (:func:`app.store.selection.hub_cache_dir`), and for a repository the path of the snapshot its
+    ``refs/main`` names, which registers as it is; "" for any other folder."""
     if folder.name == "snapshots" and folder.parent.name.startswith("models--"):
         folder = folder.parent  # the folder of the repository's snapshots: the same advice
     if folder.name.startswith("models--") and (folder / "snapshots").is_dir():
         repo = folder.name.removeprefix("models--").replace("--", "/")
+        try:
+            main = (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            main = ""
+        snapshot = folder / "snapshots" / main if main and (folder / "snapshots" / main).is_dir() else None
+        elsewhere = "" if folder.parent.resolve() == hub_cache_dir().resolve() else f" (HF_HUB_CACHE={folder.parent})"
         return (
             f". It is the Hugging Face cache folder of {repo}: register its snapshot with "
-            f"`homefleet models add --from-hf-cache {repo}` (or name {folder / 'snapshots'}/<commit>)"
+            f"`homefleet models add --from-hf-cache {repo}`{elsewhere} (or name "
+            + (f"the snapshot refs/main names, {snapshot})" if snapshot else f"{folder / 'snapshots'}/<commit>)")
         )
     held = sorted(
         p.name.removeprefix("models--").replace("--", "/")

@@ -391,6 +391,35 @@ def test_r1_a_misnamed_folder_is_told_what_to_register_before_its_files_are_read
     assert ctx.registry.list() == []
 
 
+def test_r1_the_commands_suggested_for_a_repository_folder_of_another_cache_register_it(
+    ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path
+) -> None:
+    """A repository folder of a cache that is not the configured one (a second disk, another
+    user's cache): the ``--from-hf-cache`` command it suggests says which ``HF_HUB_CACHE`` it
+    needs, and the snapshot it names (the one ``refs/main`` names) registers as it is written."""
+    import re
+
+    replicas, hub = built
+    replica = replicas["sd15"]
+    cache = _private_cache(hub, replica, tmp_path / "other disk" / "hub")
+    repo = cache / ("models--" + replica.repo_id.replace("/", "--"))
+    main = (repo / "refs" / "main").read_text().strip()
+    env = {**settings_env(ctx.settings), "HF_HUB_CACHE": str(tmp_path / "configured"), "HF_HOME": None}
+    said = _human_free(run_cli("models", "add", str(repo), env=env, check=False).stderr)
+    suggested = re.search(r"`homefleet models add --from-hf-cache (\S+)` \(HF_HUB_CACHE=(.+?)\) \(or name", said)
+    assert suggested is not None, said
+    assert suggested[1] == replica.repo_id
+    done = run_cli(
+        "models", "add", "--from-hf-cache", suggested[1], "--id", "q-cache", env={**env, "HF_HUB_CACHE": suggested[2]}
+    )
+    assert "registered q-cache" in done.stdout, done.stdout + done.stderr
+    assert f"the snapshot refs/main names, {repo / 'snapshots' / main})" in said, said
+    run_cli("models", "add", str(repo / "snapshots" / main), "--id", "q-snapshot", env=env)
+    assert ctx.registry.get("q-snapshot").source_revision == ctx.registry.get("q-cache").source_revision == main
+    same = _human_free(run_cli("models", "add", str(repo), env={**env, "HF_HUB_CACHE": str(cache)}, check=False).stderr)
+    assert f"`homefleet models add --from-hf-cache {replica.repo_id}` (or name" in same, same  # the configured cache
+
+
 def test_r4_a_snapshot_file_that_is_no_blob_link_and_a_broken_link_left_out_are_said(
     ctx: ServerContext, built: tuple[dict[str, Replica], Path], tmp_path: Path
 ) -> None:
