@@ -41,7 +41,7 @@ import logging
 import os
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -283,13 +283,41 @@ def check_shards(folder: Path, taken: Iterable[str]) -> None:
             )
     orphans = sorted(p for p in paths if _SHARD.search(p) and p not in indexed)
     if orphans:  # the loader finds shards through their index only ("no file named ... found")
+        unread = _unread_indexes(folder, orphans, paths)
+        why = (
+            f"the folder holds {', '.join(unread[:3])}, an index under a name the loader does not read for "
+            "these shards (diffusers reads <weights>.safetensors.index.<variant>.json for a variant's shards, "
+            "e.g. diffusion_pytorch_model.safetensors.index.fp16.json): rename it so"
+            if unread
+            else "the index is missing (an interrupted download? download the model again)"
+        )
         raise Rejected(
             f"{folder}: {', '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''} "
             + ("is a shard" if len(orphans) == 1 else f"are {len(orphans)} shards")
-            + " that no shard index (*.index.json) beside it names: the index is missing (an interrupted "
-            "download? download the model again)",
+            + f" that no shard index (*.index.json) beside it names: {why}",
             reason="incomplete_model",
         )
+
+
+def _unread_indexes(folder: Path, orphans: Sequence[str], taken: set[str]) -> list[str]:
+    """The files beside ``orphans`` (shards no taken index names) that are not taken, are named
+    like an index (``*.index*.json``) and whose ``weight_map`` names one of them: an index under
+    a name the loader does not read for these shards (``diffusion_pytorch_model.fp16.safetensors
+    .index.json`` where diffusers reads ``….safetensors.index.fp16.json``)."""
+    found = []
+    for base in sorted({posixpath.dirname(p) for p in orphans}):
+        names = {posixpath.basename(p) for p in orphans if posixpath.dirname(p) == base}
+        for file in sorted((folder / base).iterdir()):
+            relative = posixpath.join(base, file.name)
+            if relative in taken or not (file.name.endswith(".json") and ".index" in file.name):
+                continue
+            try:
+                weight_map = json.loads(file.read_text(encoding="utf-8")).get("weight_map")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(weight_map, dict) and names & {str(f) for f in weight_map.values()}:
+                found.append(relative)
+    return found
 
 
 _SHARD_INDEX = re.compile(r"\.index(?:\.[a-z0-9]+)?\.json$")

@@ -15,7 +15,7 @@ import pytest
 from app.core.errors import Rejected
 from app.core.variants import stored_variant
 from app.devtools.replicas import REPLICAS, Replica, as_hf_cache, make_replica
-from app.store.selection import cached_snapshot, hub_cache_dir, select_files
+from app.store.selection import cached_snapshot, check_shards, hub_cache_dir, select_files
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,27 @@ def _shard_index(folder: Path, index: str, *shards: str) -> None:
 
 def _index(folder: Path, **components: list[str | None]) -> None:
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline", **components}))
+
+
+def test_r1_shards_whose_index_has_a_name_the_loader_does_not_read_are_refused_naming_it(tmp_path: Path) -> None:
+    """fp16 shards indexed by ``diffusion_pytorch_model.fp16.safetensors.index.json`` (a name
+    diffusers does not read; it reads ``….safetensors.index.fp16.json``): refused
+    ``incomplete_model`` naming that file and the name to give it, not "the index is missing".
+    Full-precision shards without their index are told it is missing: the fp16 index beside
+    them names other shards and is not blamed."""
+    _index(tmp_path, transformer=["diffusers", "FluxTransformer2DModel"])
+    half = [f"diffusion_pytorch_model.fp16-0000{k}-of-00002.safetensors" for k in (1, 2)]
+    full = [f"diffusion_pytorch_model-0000{k}-of-00002.safetensors" for k in (1, 2)]
+    _write(tmp_path, "transformer/config.json", *(f"transformer/{name}" for name in half + full))
+    _shard_index(tmp_path, "transformer/diffusion_pytorch_model.fp16.safetensors.index.json", *half)
+    with pytest.raises(Rejected) as fp16:
+        check_shards(tmp_path, select_files(tmp_path, "fp16").taken)
+    assert fp16.value.reason == "incomplete_model"
+    assert "the folder holds transformer/diffusion_pytorch_model.fp16.safetensors.index.json" in fp16.value.message
+    assert "diffusion_pytorch_model.safetensors.index.fp16.json): rename it" in fp16.value.message
+    with pytest.raises(Rejected) as fp32:
+        check_shards(tmp_path, select_files(tmp_path, "fp32").taken)
+    assert "the index is missing" in fp32.value.message and "fp16.safetensors.index" not in fp32.value.message
 
 
 def test_r1_a_sharded_fp16_variant_takes_its_variant_index_and_a_component_without_fp16_its_plain_files(
