@@ -150,6 +150,32 @@ def test_the_fleet_page_shows_a_chats_last_user_message_as_its_prompt(tfleet: Te
     assert tfleet.ctx.journal.get(system_only.model_extra["job_id"]).params["user_message"] == "only a system message"
 
 
+def test_the_fleet_page_saves_a_text_answer_as_the_servers_txt_file(tfleet: TextFleet, browser: object) -> None:
+    """A text job's answer, opened in the Jobs view, is shown as its text and its Download link
+    saves it under the server's name, ``<job id>.txt`` (Content-Disposition, docs/api.md); the page
+    named it ``<job id>.plain`` from its media type's subtype."""
+    from selenium.webdriver.common.by import By
+
+    done = tfleet.client.completions.create(
+        model="tiny-gpt2", prompt="a text to save", max_tokens=3, seed=3, extra_body={"target": MACHINE}
+    )
+    job_id = done.model_extra["job_id"]
+    answer = httpx.get(
+        f"{tfleet.local.api_url}/v1/jobs/{job_id}/result",
+        headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+        verify=tls_context(),
+    )
+    assert answer.headers["content-disposition"] == f'attachment; filename="{job_id}.txt"'
+    driver = browser
+    wait = open_page(driver, tfleet.local.api_url, "jobs")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}']"))  # type: ignore[union-attr]
+    driver.execute_script(f"document.querySelector(\"#jobs tr[data-job='{job_id}'] button\").click()")  # type: ignore[attr-defined]
+    link = "#job-detail .download:not([aria-disabled])"
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, link))  # type: ignore[union-attr]
+    assert driver.find_element(By.CSS_SELECTOR, link).get_attribute("download") == f"{job_id}.txt"  # type: ignore[attr-defined]
+    assert driver.find_element(By.CSS_SELECTOR, "#job-detail .text-result").text == done.choices[0].text.strip()  # type: ignore[attr-defined]
+
+
 def test_the_limits_are_400_context_length_exceeded_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:
     """R22: refused before any device; the fleet file's own limits for small-gpt2 (8 / 12); the
     OpenAI SDK's ``BadRequestError`` with OpenAI's code ``context_length_exceeded``, on which

@@ -91,15 +91,21 @@ async function follow(path, onEvent) {
 // A job's results in order (n images, each {digest, media_type, size_bytes, url, seed}): its
 // `results`, else its one `result`; none before it has succeeded.
 const resultsOf = (job) => job.results || (job.result ? [job.result] : []);
-// A result as a Blob and its blob: URL (an <img> cannot send the key), cached per result URL.
+// A result as a Blob, its blob: URL (an <img> cannot send the key) and its file name as the server
+// names it (Content-Disposition: <job id>[-<index>].<the extension of its media type>, docs/api.md),
+// cached per result URL; one that could not be read (the server restarting, a lost connection) is
+// read again the next time it is shown, not "result unavailable" for the tab's life.
 async function resultBlob(result) {
   if (!state.blobs.has(result.url)) {
-    state.blobs.set(result.url, (async () => {
+    const loading = (async () => {
       const response = await fetch(result.url, { headers: bearer() });
       if (!response.ok) throw new ApiError(response.status, null);
       const blob = await response.blob();
-      return { blob, url: URL.createObjectURL(blob) };
-    })());
+      const named = /filename="([^"]+)"/.exec(response.headers.get("content-disposition") || "");
+      return { blob, url: URL.createObjectURL(blob), name: named ? named[1] : null };
+    })();
+    state.blobs.set(result.url, loading);
+    loading.catch(() => state.blobs.delete(result.url));
   }
   return state.blobs.get(result.url);
 }
@@ -132,12 +138,16 @@ function media(job, result, index = 0, count = 1) {
   return node;
 }
 
-// A link that saves result `index` of `count` (its blob: URL) as <job id>[-<index>].<type>.
+// A link that saves result `index` of `count` (its blob: URL) under the server's name for it
+// (resultBlob: a text job's answer is <job id>.txt). Until the result is read it is disabled (a
+// click saved the page itself under the result's name); one that cannot be read says so.
 function downloadLink(job, result, index, count) {
-  const file = `${job.id}${count > 1 ? `-${index}` : ""}.${result.media_type.split("/")[1] || "bin"}`;
-  const link = el("a", { class: "download", download: file, href: "#", "data-key": `download:${job.id}:${index}`, "data-index": String(index),
-    "aria-label": `Download the result of job ${job.id}${count > 1 ? `, ${nth(index, count)}` : ""}` }, count > 1 ? `Download ${index + 1}` : "Download");
-  resultUrl(result).then((url) => { link.href = url; });
+  const link = el("a", { class: "download", href: "#", "aria-disabled": "true", "data-key": `download:${job.id}:${index}`, "data-index": String(index),
+    "aria-label": `Download the result of job ${job.id}${count > 1 ? `, ${nth(index, count)}` : ""}`,
+    onclick: (event) => { if (event.currentTarget.hasAttribute("aria-disabled")) event.preventDefault(); } }, count > 1 ? `Download ${index + 1}` : "Download");
+  resultBlob(result).then(({ url, name }) => {
+    link.href = url; link.download = name || `${job.id}${count > 1 ? `-${index}` : ""}`; link.removeAttribute("aria-disabled");
+  }, () => { link.textContent = "result unavailable"; });
   return link;
 }
 
