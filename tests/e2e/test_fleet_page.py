@@ -364,6 +364,44 @@ def test_fleet_rows_follow_running_jobs_over_sse_and_open_the_queue_in_order(
             fleet.client.wait(job_id, timeout_s=300)
 
 
+def test_two_tabs_following_running_jobs_keep_polling(fleet: RunningFleet, browser: object) -> None:
+    """Two tabs of the page, each following every running job's events (server, m1 and m2 busy):
+    a browser keeps 6 connections to a server, shared by its tabs, and each stream holds one. The
+    tabs' streams together stay under that, so both keep polling: a job submitted afterwards shows
+    in each (both froze at 6 streams, their views stuck until a job ended)."""
+    from selenium.webdriver.common.by import By
+
+    params = {"prompt": "a run two tabs follow", "steps": 150, **LONG_SIZE}
+    running = [fleet.client.submit(fleet.model, "txt2img", params, target=m)["id"] for m in ("server", "m1", "m2")]
+    later = None
+    try:
+        for job_id in running:
+            pause(fleet.ctx, job_id)  # running, at no CPU, for as long as the test looks
+        driver = browser
+        tabs = []
+        for _ in range(2):
+            if tabs:
+                driver.switch_to.new_window("tab")  # type: ignore[attr-defined]
+            tabs.append(driver.current_window_handle)  # type: ignore[attr-defined]
+            wait = open_page(driver, fleet.local.api_url, "jobs")
+            for job_id in running:  # its rows drawn: the tab follows each running job's events
+                wait.until(lambda d, job_id=job_id: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}'] progress"))
+        later = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m1")["id"]
+        for tab in tabs:
+            driver.switch_to.window(tab)  # type: ignore[attr-defined]
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{later}']"))
+    finally:
+        if later:
+            with contextlib.suppress(ApiError):
+                fleet.client.cancel(later)
+        for job_id in running:
+            if fleet.ctx.journal.state_of(job_id) == JobState.running:
+                end_running(fleet.ctx, job_id)
+        for job_id in [*running, later]:
+            if job_id:
+                fleet.client.wait(job_id, timeout_s=300)
+
+
 def pixels(png: bytes) -> list[tuple[int, int, int]]:
     """The RGB pixels of a PNG, row by row."""
     import io

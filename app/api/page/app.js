@@ -184,8 +184,26 @@ function remaining(job) {
 }
 
 // ---- progress (SSE for running jobs) ----
+// A browser keeps at most 6 connections to a server (HTTP/1.1), shared by all its tabs, and an
+// event stream holds one for as long as it is open: past 6, every tab's polls wait for a stream to
+// end (two tabs, each following two running jobs and its submitted one, froze both). So an event
+// stream is opened only holding one of STREAM_SLOTS slots, Web Locks shared by this page's tabs
+// (navigator.locks; none on a plain-http address other than localhost, not a secure context: then
+// each tab keeps to MAX_FOLLOWED and its submitted job). `withStreamSlot(open)` runs `open` in a
+// free slot, held until its promise settles, and answers its value; NO_SLOT when every slot is taken.
+const STREAM_SLOTS = 4;
+const NO_SLOT = Symbol("no stream slot");
+async function withStreamSlot(open) {
+  if (!navigator.locks) return open();
+  for (let slot = 0; slot < STREAM_SLOTS; slot += 1) {
+    const held = await navigator.locks.request(`homefleet.stream.${slot}`, { ifAvailable: true },
+      async (lock) => (lock ? { value: await open() } : null));
+    if (held) return held.value;
+  }
+  return NO_SLOT;
+}
 // Running jobs' progress, live: each one's events (SSE) while it runs, at most MAX_FOLLOWED at once
-// (a browser keeps 6 connections per server); the others show the 1 s poll's progress.
+// per tab and while a stream slot is free; the others show the 1 s poll's progress.
 const MAX_FOLLOWED = 3;
 const live = new Map();  // job id -> {step, total, seen: [steps from its events]}
 function followRunning() {
@@ -193,11 +211,11 @@ function followRunning() {
     if (job.state !== "running" || live.has(job.id) || live.size >= MAX_FOLLOWED) continue;
     const entry = { ...(job.progress || { step: 0, total: 1 }), seen: [] };
     live.set(job.id, entry);
-    follow(`/v1/jobs/${job.id}/events`, (name, data) => {
+    withStreamSlot(() => follow(`/v1/jobs/${job.id}/events`, (name, data) => {
       if (name !== "progress") return;
       entry.step = data.step; entry.total = data.total; entry.seen.push(data.step);
       for (const node of document.querySelectorAll(`progress[data-job='${job.id}']`)) paint(node, entry);
-    }).catch(() => {}).finally(() => live.delete(job.id));
+    })).catch(() => {}).finally(() => live.delete(job.id));
   }
 }
 function paint(node, progress) {
@@ -729,7 +747,7 @@ async function followSubmitted(id) {
   for (let pause = 1000; ; pause = Math.min(2 * pause, 8000)) {
     let heard = false;
     try {
-      await follow(`/v1/jobs/${id}/events`, (name, data) => {
+      const handle = (name, data) => {
         if (box.dataset.job !== id) return;  // a newer submission took the panel
         heard = true;
         if (name === "progress") {
@@ -746,7 +764,18 @@ async function followSubmitted(id) {
           else status.replaceChildren(el("span", { class: "reason", id: "refusal", "data-reason": data.reason },
             [data.state, data.reason === data.state ? null : data.reason, data.message].filter(Boolean).join(": ")));
         }
-      });
+      };
+      if (await withStreamSlot(() => follow(`/v1/jobs/${id}/events`, handle)) === NO_SLOT) {
+        // every stream slot taken (other tabs' streams): the job as it is now, read again in 1 s
+        const job = await api(`/v1/jobs/${id}`);
+        handle("state", job);
+        if (job.progress) handle("progress", job.progress);
+        if (ENDED.includes(job.state)) handle("end", job);
+        if (ended || box.dataset.job !== id) return;
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+        if (box.dataset.job !== id) return;
+        continue;
+      }
       if (ended || box.dataset.job !== id) return;
       status.dataset.lost = "stream ended";
     } catch (error) {
