@@ -469,6 +469,30 @@ def test_a_result_not_read_yet_or_read_in_vain_is_read_again_and_saved_as_the_se
     assert saved.read_bytes() == fleet.client.download(job_id)
 
 
+def test_text_selected_in_a_jobs_details_stays_selected_across_refreshes(fleet: RunningFleet, browser: object) -> None:
+    """A user selects the job's details (its provenance, to copy the seed) in the Jobs view: the
+    selection stays while the view refreshes every second (the details were rewritten each time,
+    and the selection dropped before it could be copied)."""
+    from selenium.webdriver.common.by import By
+
+    job_id = fleet.client.submit(fleet.model, "txt2img", {"prompt": "details to copy", "steps": 1}, target="m1")["id"]
+    fleet.client.wait(job_id, timeout_s=JOB_WAIT_S)
+    driver = browser
+    wait = open_page(driver, fleet.local.api_url, "jobs")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}']"))
+    click(driver, f"#jobs tr[data-job='{job_id}'] button")
+    wait.until(lambda d: '"seed"' in d.find_element(By.CSS_SELECTOR, "#job-detail pre").text)
+    selected = driver.execute_script(  # type: ignore[attr-defined]
+        "const range = document.createRange(); range.selectNodeContents(document.querySelector('#job-detail pre'));"
+        "getSelection().removeAllRanges(); getSelection().addRange(range); return getSelection().toString()"
+    )
+    assert '"seed"' in selected
+    for _ in range(2):  # two refreshes of the view: its rows drawn again
+        row = driver.execute_script("return document.querySelector('#jobs tbody tr')")  # type: ignore[attr-defined]
+        wait.until(lambda d, row=row: d.execute_script("return document.querySelector('#jobs tbody tr')") != row)
+    assert driver.execute_script("return getSelection().toString()") == selected  # type: ignore[attr-defined]
+
+
 def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: RunningFleet, browser: object) -> None:
     """GET /v1/models gives each kind's params, defaults and ranges; the Submit form shows every
     param of the chosen kind with them, the model's own defaults first (the shapes models: 32 px,

@@ -345,7 +345,9 @@ function renderJobs() {
     $("h2", box).textContent = `Job ${job.id} (${job.state})`;
     $(".result", box).replaceChildren(...allResults(job));
   }
-  $("pre", box).textContent = toJson(job.provenance || job, 2);
+  // written only when it changed: rewritten every second, it dropped a selection being copied (a seed)
+  const details = toJson(job.provenance || job, 2);
+  if ($("pre", box).textContent !== details) $("pre", box).textContent = details;
 }
 
 // ---- Gallery ----
