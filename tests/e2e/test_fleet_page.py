@@ -385,7 +385,8 @@ def test_two_tabs_following_running_jobs_keep_polling(fleet: RunningFleet, brows
             tabs.append(driver.current_window_handle)  # type: ignore[attr-defined]
             wait = open_page(driver, fleet.local.api_url, "jobs")
             for job_id in running:  # its rows drawn: the tab follows each running job's events
-                wait.until(lambda d, job_id=job_id: d.find_elements(By.CSS_SELECTOR, f"#jobs tr[data-job='{job_id}'] progress"))
+                bar = f"#jobs tr[data-job='{job_id}'] progress"
+                wait.until(lambda d, bar=bar: d.find_elements(By.CSS_SELECTOR, bar))
         later = fleet.client.submit(fleet.model, "txt2img", {**params, "steps": 1}, target="m1")["id"]
         for tab in tabs:
             driver.switch_to.window(tab)  # type: ignore[attr-defined]
