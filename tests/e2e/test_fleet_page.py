@@ -265,6 +265,8 @@ def test_refused_submission_shows_its_reason(fleet: RunningFleet, browser: objec
     )
     assert status.startswith("Not sent: width: "), status
     assert not driver.find_elements(By.ID, "refusal")  # type: ignore[attr-defined]
+    # nor the dry run's "Would be refused" of the submission before (it stood under "Not sent")
+    assert driver.find_element(By.ID, "explanation").text == ""  # type: ignore[attr-defined]
 
 
 def png_file(path: Path, side: int = 64) -> Path:

@@ -880,9 +880,10 @@ const edited = () => Object.fromEntries([...$("#params").querySelectorAll("[data
   .map((field) => [field.name, field.type === "checkbox" ? field.checked : field.value]));
 for (const name of ["kind", "model"]) $(`#submit-form select[name=${name}]`).addEventListener("change", () => { buildForm(edited()); $("#explanation").replaceChildren(); });
 form().addEventListener("submit", submit);
-// A field the browser refuses stops the submission before `submit` runs: an earlier refusal
-// shown there would read as this one's; the status says what was not sent and why instead.
+// A field the browser refuses stops the submission before `submit` runs: an earlier refusal or
+// dry run shown there would read as this one's; the status says what was not sent and why instead.
 form().addEventListener("invalid", (event) => {
+  $("#explanation").replaceChildren();
   const status = $("#submitted .status");
   if (!$("#submitted").hidden) status.textContent = `Not sent: ${event.target.name}: ${event.target.validationMessage}`;
 }, true);
