@@ -496,6 +496,36 @@ def test_text_selected_in_a_jobs_details_stays_selected_across_refreshes(fleet: 
     assert driver.execute_script("return getSelection().toString()") == selected  # type: ignore[attr-defined]
 
 
+def test_a_slow_server_gets_one_poll_at_a_time(fleet: RunningFleet, browser: object) -> None:
+    """A server slow to answer the page's poll: while one poll waits for its answer, the page's
+    1 s ticks send no other (they piled up, 5 at once at 4 s an answer, and landed out of order);
+    once answered, the page polls again."""
+    driver = browser
+    # each tick of the page's refresh timer counted (window.ticks), from before the page's own code runs
+    driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Page.addScriptToEvaluateOnNewDocument",
+        {
+            "source": "window.ticks = 0; const every = window.setInterval;"
+            "window.setInterval = (run, ms, ...rest) => every(() => { window.ticks += 1; run(); }, ms, ...rest);"
+        },
+    )
+    wait = open_page(driver, fleet.local.api_url, "jobs")
+    # the jobs poll's answers held back until the test lets them go (a server slow to answer)
+    driver.execute_script(  # type: ignore[attr-defined]
+        "window.realFetch = window.fetch; window.held = [];"
+        "window.fetch = (url, ...rest) => (String(url).startsWith('/v1/jobs?limit')"
+        " ? new Promise((resolve) => window.held.push(() => resolve(window.realFetch(url, ...rest))))"
+        " : window.realFetch(url, ...rest))"
+    )
+    wait.until(lambda d: d.execute_script("return window.held.length") >= 1)
+    ticks = driver.execute_script("return window.ticks")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.execute_script("return window.ticks") >= ticks + 3)
+    assert driver.execute_script("return window.held.length") == 1  # type: ignore[attr-defined]
+    driver.execute_script("window.held[0]()")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.execute_script("return window.held.length") >= 2)  # answered: the next poll goes out
+    driver.execute_script("window.fetch = window.realFetch; for (const go of window.held.slice(1)) go()")  # type: ignore[attr-defined]
+
+
 def test_form_is_built_from_the_models_spec_with_its_ranges_and_defaults(fleet: RunningFleet, browser: object) -> None:
     """GET /v1/models gives each kind's params, defaults and ranges; the Submit form shows every
     param of the chosen kind with them, the model's own defaults first (the shapes models: 32 px,

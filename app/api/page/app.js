@@ -795,7 +795,16 @@ async function followSubmitted(id) {
   }
 }
 
-async function refresh() {
+// One refresh at a time: a server slower than REFRESH_MS to answer had them pile up (5 at once at
+// 4 s an answer, queued behind the browser's 6 connections) and land out of order, an older answer
+// drawn over a newer one. A tick while one is under way is skipped; a view's change waits its turn.
+let refreshing = null;
+function refresh() {
+  if (!refreshing) refreshing = refreshOnce().finally(() => { refreshing = null; });
+  return refreshing;
+}
+
+async function refreshOnce() {
   if (!sessionStorage.getItem(KEY)) return;
   try {
     const [machines, jobs] = await Promise.all([api("/v1/machines"), api("/v1/jobs?limit=200")]);
