@@ -46,6 +46,7 @@ from app.devtools.tiny_models import make_tiny
 from app.devtools.train_recolour import EDIT_SAMPLING, RECOLOUR_MODEL
 from app.devtools.train_shapes import DEMO_MODELS_DIR, MODEL_NAMES, SAMPLING
 from app.fleet.config import load_fleet, with_fresh_tokens
+from app.fleet.pairing import unpair
 from app.journal.jobs import Journal
 from routing.placement import SERVER
 
@@ -152,9 +153,12 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console, api_port: 
     )
     ctx = build_context(settings, fleet, migrate=True)  # the demo runs a server: it creates its journal
     local = LocalFleet(settings, fleet, fleet_file)
+    journal: str | None = None
+    borrowed = False  # an external Redis that this run pairs with the demo's journal
     try:
+        borrowed = embedded is None and ctx.redis.get(ctx.keys.journal()) is None
         try:  # never take over the Redis of another journal: a fleet's, or an earlier demo's (app/fleet/pairing.py)
-            ctx.pairing.check()
+            journal = ctx.pairing.check()
         except ConfigError as error:
             raise ConfigError(
                 f"the Redis at {redacted_url(redis_url)} runs with another journal than the demo's "
@@ -191,6 +195,11 @@ def run_demo(data_dir: Path, redis_url: str | None, console: Console, api_port: 
     finally:
         with console.status("Stopping everything the demo started…"):
             local.stop()
+            if borrowed and journal is not None and unpair(ctx.redis, ctx.keys, journal):
+                console.print(
+                    f"Redis {redacted_url(redis_url)}: the demo's journal is no longer recorded there; "
+                    "a server of yours can use it as it found it"
+                )
             ctx.close()
             if embedded is not None:
                 embedded.stop()

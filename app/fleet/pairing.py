@@ -128,3 +128,21 @@ def pair(client: redis.Redis, keys: Keys, engine: Engine, data_dir: Path) -> tup
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / MARK).write_text(mine + "\n")
     return previous, mine
+
+
+_UNPAIR = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"""
+
+
+def unpair(client: redis.Redis, keys: Keys, mine: str) -> bool:
+    """Forget that the Redis runs with journal ``mine``, if it still records that one (one Lua
+    step: a pairing another journal has taken since is left alone); return whether it did. The
+    next server to run with this Redis records its own journal, as on a Redis that never had
+    one. For a process that paired a Redis it only borrowed (the demo on ``HOMEFLEET_REDIS_URL``):
+    left paired, a fleet's server later started there was refused ``journal_mismatch``."""
+    return bool(client.eval(_UNPAIR, 2, keys.journal(), keys.journal_where(), mine))

@@ -459,6 +459,30 @@ def test_r19_the_demo_never_takes_over_the_redis_of_another_journal(redis_url: s
     assert not (tmp_path / "demo" / "tiny").exists()  # nothing built, nothing started
 
 
+def test_r19_a_borrowed_redis_is_unpaired_as_found_and_another_journals_pairing_is_left_alone(
+    settings: Settings, request: pytest.FixtureRequest
+) -> None:
+    """The demo pairs the Redis it was pointed at (``HOMEFLEET_REDIS_URL``, no journal recorded
+    there) and unpairs it at its end (``app.fleet.pairing.unpair``): a fleet's server started
+    there later records its own journal instead of being refused ``journal_mismatch``. A pairing
+    that another journal took meanwhile (``homefleet db pair``) is left as it is."""
+    from app.fleet.pairing import unpair
+
+    demo = build_context(settings, make_fleet("m1"), migrate=True)
+    request.addfinalizer(demo.close)
+    mine = demo.pairing.check()
+    assert demo.redis.get(demo.keys.journal()) == mine and demo.redis.exists(demo.keys.journal_where())
+    assert unpair(demo.redis, demo.keys, mine)
+    assert not demo.redis.exists(demo.keys.journal()) and not demo.redis.exists(demo.keys.journal_where())
+    other = settings.model_copy(update={"data_dir": settings.data_dir.parent / "fleet"})
+    fleet = build_context(other, make_fleet("m1"), migrate=True)
+    request.addfinalizer(fleet.close)
+    theirs = fleet.pairing.check()  # the fleet's server, started on that Redis afterwards
+    assert theirs != mine and fleet.redis.get(fleet.keys.journal()) == theirs
+    assert not unpair(demo.redis, demo.keys, mine)  # a demo ending now takes nothing away
+    assert fleet.redis.get(fleet.keys.journal()) == theirs and fleet.redis.exists(fleet.keys.journal_where())
+
+
 def test_r19_homefleet_reconcile_never_records_a_journal_and_refuses_while_none_is(
     settings: Settings, tiny_models_dir: Path, request: pytest.FixtureRequest
 ) -> None:
