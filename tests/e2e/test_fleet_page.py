@@ -951,6 +951,56 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
                 fleet.client.wait(job_id, timeout_s=300)
 
 
+def notice_text(driver: object) -> str:
+    return str(driver.find_element("id", "notice").text)  # type: ignore[attr-defined]
+
+
+def test_a_notice_clears_on_its_own_or_when_closed_and_an_error_stays_until_dismissed(
+    fleet: RunningFleet, browser: object
+) -> None:
+    """A notice ("Job … requeued as …") stayed for the tab's life: it now clears on its own a while
+    later, or at its close button; a refused action's error is listed apart and stays, older than
+    a notice that cleared meanwhile, until its own close button."""
+    from selenium.webdriver.common.by import By
+
+    submitted = fleet.client.submit(fleet.model, "txt2img", {"prompt": "a notice to dismiss", "steps": 1}, target="m1")
+    job_id = fleet.client.wait(submitted["id"], timeout_s=JOB_WAIT_S)["id"]
+    requeued: list[str] = []
+    driver = browser
+    try:
+        wait = open_page(driver, fleet.local.api_url, "jobs")
+        button = f".act-requeue[data-job='{job_id}']"
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, button))
+        # the server does not answer the requeue: its error is listed
+        driver.execute_script(  # type: ignore[attr-defined]
+            "window.realFetch = window.fetch; window.fetch = (url, ...rest) => (String(url).endsWith('/requeue')"
+            " ? Promise.reject(new TypeError('Failed to fetch')) : window.realFetch(url, ...rest))"
+        )
+        click(driver, button)
+        alert = "#alerts .alert"
+        read_alert = f"return document.querySelector({alert!r})?.innerText"
+        refused = f"requeue of {job_id} refused: server_unreachable"
+        wait.until(lambda d: refused in (d.execute_script(read_alert) or ""))
+        driver.execute_script("window.fetch = window.realFetch")  # type: ignore[attr-defined]
+        click(driver, button)  # answered: the notice says so, beside the error
+        wait.until(lambda d: "requeued as" in notice_text(d))
+        requeued.append(notice_text(driver).split("requeued as ")[1].split()[0])
+        assert driver.find_element(By.ID, "notice-close").is_displayed()  # type: ignore[attr-defined]
+        # it clears on its own; the error, said before it, stays until dismissed
+        wait.until(lambda d: not d.find_element(By.ID, "notice-box").is_displayed())
+        assert refused in driver.execute_script(read_alert)  # type: ignore[attr-defined]
+        click(driver, f"{alert} button.close")
+        assert not driver.find_elements(By.CSS_SELECTOR, alert)  # type: ignore[attr-defined]
+        click(driver, button)  # another notice, closed at its button
+        wait.until(lambda d: "requeued as" in notice_text(d))
+        requeued.append(notice_text(driver).split("requeued as ")[1].split()[0])
+        click(driver, "#notice-close")
+        assert not driver.find_element(By.ID, "notice-box").is_displayed()  # type: ignore[attr-defined]
+    finally:
+        for again in requeued:
+            fleet.client.wait(again, timeout_s=JOB_WAIT_S)
+
+
 #: the widths every view is checked and photographed at (CSS pixels of the viewport)
 WIDTHS = (400, 1400)
 

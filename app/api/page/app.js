@@ -233,7 +233,25 @@ const short = (id) => String(id).slice(0, 8);
 
 // ---- queue control: cancel a queued job, interrupt a running one, requeue an ended one ----
 const ENDED = ["succeeded", "failed", "rejected", "interrupted", "cancelled", "purged"];
-function say(text) { $("#notice").textContent = text; }
+// Notices (docs/operations.md, "The fleet page"): one at a time, a newer one replacing it; it
+// clears NOTICE_MS (milliseconds) after it was said, or at its close button. A `lasting` one (an
+// interrupt waiting for the job's end, a model retired under the form) stays until superseded or
+// closed. An error (`alarm`: a refused action) is listed apart and stays until its own close button.
+const NOTICE_MS = 10000;
+const MAX_ALARMS = 5;  // the newest errors kept listed; an older one goes when a sixth comes
+let noticeTimer = null;
+function say(text, { lasting = false } = {}) {
+  clearTimeout(noticeTimer);
+  $("#notice").textContent = text; $("#notice-box").hidden = false;
+  if (!lasting) noticeTimer = setTimeout(unsay, NOTICE_MS);
+}
+function unsay() { clearTimeout(noticeTimer); $("#notice-box").hidden = true; $("#notice").textContent = ""; }
+function alarm(text) {
+  const item = el("li", { class: "alert", role: "alert" }, el("span", {}, text),
+    el("button", { type: "button", class: "close", "aria-label": "Dismiss this error", onclick: () => item.remove() }, "✕"));
+  $("#alerts").prepend(item);
+  for (const old of [...$("#alerts").children].slice(MAX_ALARMS)) old.remove();
+}
 async function act(job, action) {
   try {
     if (action === "requeue") {
@@ -241,10 +259,10 @@ async function act(job, action) {
       say(`Job ${job.id} requeued as ${again.id} on ${again.machine}`);
     } else {
       const answer = await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" });
-      if (answer.state === "running") { state.stopping = job.id; say(`Job ${job.id} is stopping at its next step`); }
+      if (answer.state === "running") { state.stopping = job.id; say(`Job ${job.id} is stopping at its next step`, { lasting: true }); }
       else say(`Job ${job.id} ${answer.state}`);
     }
-  } catch (error) { say(`${action} of ${job.id} refused: ${error.reason}: ${error.message}`); }
+  } catch (error) { alarm(`${action} of ${job.id} refused: ${error.reason}: ${error.message}`); }
   refresh();
 }
 function controls(job) {
@@ -843,7 +861,7 @@ async function loadModels(follow = false) {
   const gone = follow && modelBefore && !runnable().some((m) => m.id === modelBefore && m.kinds.includes(kindBefore));
   // a chosen model retired meanwhile (or no longer running the kind): none is chosen in its place, and the notice says so
   buildForm(follow ? edited() : {}, gone || (follow && model.querySelector("option[value='']") && !model.value) ? CHOOSE : model.value);
-  if (gone) say(`The model ${modelBefore} is no longer in service for ${kindBefore} (retired or changed): choose a model, then Submit`);
+  if (gone) say(`The model ${modelBefore} is no longer in service for ${kindBefore} (retired or changed): choose a model, then Submit`, { lasting: true });
   const target = $("#submit-form select[name=target]");
   const chosen = target.value;
   target.replaceChildren(el("option", { value: "server" }, "server"), el("option", { value: "auto" }, "Auto"),
@@ -881,6 +899,7 @@ $("#key-form").addEventListener("submit", (event) => {
   start();
 });
 $("#forget-key").addEventListener("click", () => askKey(""));
+$("#notice-close").addEventListener("click", unsay);
 $("#dry-run").addEventListener("click", dryRun);
 // A field the user typed in (or the form filled from a job) keeps its value when the kind or
 // the model changes, where the new kind has it; the others take the new model's defaults.
