@@ -420,6 +420,20 @@ def click(driver: object, css: str) -> None:
     driver.execute_script(f"document.querySelector({css!r}).click()")  # type: ignore[attr-defined]
 
 
+def wait_refreshes(driver: object, wait: object, count: int) -> None:
+    """Wait until the page has refreshed its view ``count`` times from now. Its refreshes run one
+    at a time, each starting with a read of the newest jobs (``/v1/jobs?limit=…``, no ``after``):
+    the read after ``count`` more starts once they have all been drawn."""
+    driver.execute_script(  # type: ignore[attr-defined]
+        "if (window.polls === undefined) { window.polls = 0; const counted = window.fetch;"
+        " window.fetch = (url, ...rest) => { const path = String(url);"
+        " if (path.startsWith('/v1/jobs?limit') && !path.includes('after=')) window.polls += 1;"
+        " return counted(url, ...rest); }; }"
+    )
+    start = driver.execute_script("return window.polls")  # type: ignore[attr-defined]
+    wait.until(lambda d: d.execute_script("return window.polls") >= start + count + 1)  # type: ignore[attr-defined]
+
+
 def submitted_result(driver: object) -> str:
     """The job id of the Submit view's job, once its result image is shown."""
     from selenium.webdriver.common.by import By
@@ -490,10 +504,48 @@ def test_text_selected_in_a_jobs_details_stays_selected_across_refreshes(fleet: 
         "getSelection().removeAllRanges(); getSelection().addRange(range); return getSelection().toString()"
     )
     assert '"seed"' in selected
-    for _ in range(2):  # two refreshes of the view: its rows drawn again
-        row = driver.execute_script("return document.querySelector('#jobs tbody tr')")  # type: ignore[attr-defined]
-        wait.until(lambda d, row=row: d.execute_script("return document.querySelector('#jobs tbody tr')") != row)
+    wait_refreshes(driver, wait, 2)  # two refreshes of the view
     assert driver.execute_script("return getSelection().toString()") == selected  # type: ignore[attr-defined]
+
+
+def test_text_selected_in_the_jobs_table_stays_selected_across_refreshes(fleet: RunningFleet, browser: object) -> None:
+    """A user selects a job's prompt in the Jobs table to copy it: the table's rows were drawn anew
+    every second, and the selection dropped before it could be copied. A job keeps its row, and a
+    cell is written only when what it shows changed: the selection stays while another job's row
+    follows that job (queued, then cancelled) in place."""
+    from selenium.webdriver.common.by import By
+
+    from app.db.tables import Job
+
+    prompt = "a prompt to copy from its row"
+    done = fleet.client.submit(fleet.model, "txt2img", {"prompt": prompt, "steps": 1}, target="m1")["id"]
+    fleet.client.wait(done, timeout_s=JOB_WAIT_S)
+    # a job waiting on m3, which has no worker: it stays queued until cancelled below
+    queued = Job(state=JobState.queued, model_id=fleet.model, kind="txt2img", params={}, target="m3", machine="m3")
+    waiting = fleet.ctx.journal.add(queued).id
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url, "jobs")
+        row, other = f"#jobs tr[data-job='{done}']", f"#jobs tr[data-job='{waiting}']"
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row) and d.find_elements(By.CSS_SELECTOR, other))
+        selected = driver.execute_script(  # type: ignore[attr-defined]
+            "const range = document.createRange(); range.selectNodeContents(document.querySelector(arguments[0]));"
+            "getSelection().removeAllRanges(); getSelection().addRange(range); return getSelection().toString()",
+            f"{row} td.prompt",
+        )
+        assert selected == prompt
+        find = "return document.querySelector(arguments[0])"
+        rows = [driver.execute_script(find, css) for css in (row, other)]  # type: ignore[attr-defined]
+        state = f"return document.querySelector({other!r} + ' td[data-label=State]').innerText"
+        assert driver.execute_script(state) == "queued"  # type: ignore[attr-defined]
+        fleet.client.cancel(waiting)
+        wait.until(lambda d: d.execute_script(state) == "cancelled")
+        wait_refreshes(driver, wait, 2)
+        assert driver.execute_script("return getSelection().toString()") == selected  # type: ignore[attr-defined]
+        assert [driver.execute_script(find, css) for css in (row, other)] == rows  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(ApiError):
+            fleet.client.cancel(waiting)
 
 
 def test_a_slow_server_gets_one_poll_at_a_time(fleet: RunningFleet, browser: object) -> None:
@@ -934,8 +986,7 @@ def test_queue_control_interrupts_cancels_and_requeues(fleet: RunningFleet, brow
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".act-requeue[data-job='{queued}']"))
         # from the keyboard: the focused button keeps its focus through the view's re-renders, Enter presses it
         driver.execute_script(f"document.querySelector(\".act-requeue[data-job='{queued}']\").focus()")  # type: ignore[attr-defined]
-        renders = driver.execute_script("return document.querySelector('#jobs tbody tr')")  # type: ignore[attr-defined]
-        wait.until(lambda d: d.execute_script("return document.querySelector('#jobs tbody tr')") != renders)
+        wait_refreshes(driver, wait, 1)
         focused = "return document.activeElement.dataset.key"
         assert driver.execute_script(focused) == f"requeue:{queued}"  # type: ignore[attr-defined]
         driver.switch_to.active_element.send_keys(Keys.ENTER)  # type: ignore[attr-defined]

@@ -340,21 +340,56 @@ async function loadQueue() {
 }
 
 // ---- Jobs ----
+// The table is updated in place: a job keeps its row, and a cell is written only when what it
+// shows changed (`setCell`), so text selected in a row (a prompt, a job id to copy) survives the
+// 1 s refresh, as the job's details do; rows come and go with the jobs loaded.
+const JOB_COLUMNS = ["Job", "State", "Kind", "Model", "Prompt", "Machine", "Submitted", "Predicted", "Actual", "Progress / reason", "Actions"];
+const openJob = (id) => (event) => {  // the details follow the table: brought into view
+  event.stopPropagation();
+  if (event.currentTarget.tagName === "TR" && String(getSelection())) return;  // a drag that selected text to copy, not a click
+  state.openJob = id; renderJobs();
+  $("#job-detail").scrollIntoView({ block: "start" });
+};
+// `cell` shows `content()` (a node, text, or a list of them) unless it already shows `shown`: what
+// the content is drawn from, as a string.
+function setCell(cell, shown, content) {
+  if (cell.dataset.shown === shown) return;
+  cell.dataset.shown = shown;
+  replaceKeepingFocus(cell, [content()].flat());
+}
+function fillJobRow(row, job) {
+  const [id, jobState, kind, model, prompt, machine, submitted, predicted, actualTd, progress, actions] = row.cells;
+  setCell(id, job.id, () => el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
+    title: job.id, onclick: openJob(job.id) }, short(job.id)));
+  setCell(jobState, job.state, () => job.state); jobState.className = `job-${job.state}`;
+  setCell(kind, job.kind, () => job.kind);
+  setCell(model, job.model, () => job.model);
+  const text = promptOf(job);
+  setCell(prompt, text, () => clip(text) || "–");
+  if (prompt.title !== text) prompt.title = text;
+  setCell(machine, job.machine || "–", () => job.machine || "–");
+  setCell(submitted, job.created_at || "", () => clock(job.created_at));
+  setCell(predicted, seconds(job.predicted_s), () => seconds(job.predicted_s));
+  const spent = actualCell(job);
+  setCell(actualTd, typeof spent === "string" ? spent : spent.outerHTML, () => spent);
+  const reason = job.reason ? `${job.reason}: ${job.message || ""}` : "";
+  setCell(progress, progressOf(job) ? "<progress>" : reason, () => (progressOf(job) ? bar(job) : reason ? el("span", { class: "reason" }, reason) : ""));
+  if (progressOf(job)) paint($("progress", progress), progressOf(job));
+  setCell(actions, job.state, () => controls(job));
+}
 function renderJobs() {
-  const open = (job) => (event) => {  // the details follow the table: brought into view
-    event.stopPropagation(); state.openJob = job.id; renderJobs();
-    $("#job-detail").scrollIntoView({ block: "start" });
-  };
-  replaceKeepingFocus($("#jobs tbody"), state.jobs.map((job) => el("tr", { "data-job": job.id, onclick: open(job) },
-    el("td", { "data-label": "Job" }, el("button", { type: "button", class: "link", "data-key": `job:${job.id}`, "aria-label": `job ${job.id}: details`,
-      title: job.id, onclick: open(job) }, short(job.id))),
-    el("td", { "data-label": "State", class: `job-${job.state}` }, job.state), el("td", { "data-label": "Kind" }, job.kind),
-    el("td", { "data-label": "Model" }, job.model), el("td", { "data-label": "Prompt", class: "prompt", title: promptOf(job) }, clip(promptOf(job)) || "–"),
-    el("td", { "data-label": "Machine" }, job.machine || "–"), el("td", { "data-label": "Submitted" }, clock(job.created_at)),
-    el("td", { "data-label": "Predicted" }, seconds(job.predicted_s)),
-    el("td", { "data-label": "Actual" }, actualCell(job)),
-    el("td", { "data-label": "Progress / reason" }, progressOf(job) ? bar(job) : job.reason ? el("span", { class: "reason" }, `${job.reason}: ${job.message || ""}`) : ""),
-    el("td", { "data-label": "Actions" }, controls(job)))));
+  const body = $("#jobs tbody");
+  const rows = new Map([...body.rows].map((row) => [row.dataset.job, row]));
+  const loaded = new Set(state.jobs.map((job) => job.id));
+  for (const [id, row] of rows) if (!loaded.has(id)) { row.remove(); rows.delete(id); }
+  let next = body.firstElementChild;  // rows stay where they are; a new one goes in its place
+  for (const job of state.jobs) {
+    const row = rows.get(job.id) || el("tr", { "data-job": job.id, onclick: openJob(job.id) },
+      JOB_COLUMNS.map((label) => el("td", { "data-label": label, class: label === "Prompt" ? "prompt" : null })));
+    fillJobRow(row, job);
+    if (row === next) next = next.nextElementSibling;
+    else body.insertBefore(row, next);
+  }
   const box = $("#job-detail");
   const job = state.jobs.find((j) => j.id === state.openJob);
   box.hidden = !job;
