@@ -1052,6 +1052,127 @@ def test_a_notice_clears_on_its_own_or_when_closed_and_an_error_stays_until_dism
             fleet.client.wait(again, timeout_s=JOB_WAIT_S)
 
 
+#: the jobs the page reads at a time (app/api/page/app.js PAGE)
+PAGE = 200
+#: the model id of the jobs written straight into the journal below: none runs it
+OLD_MODEL = "paging-old"
+
+
+def add_old_jobs(fleet: RunningFleet, count: int, days: float, queued_first: bool = False) -> list[str]:
+    """``count`` rejected jobs written into the journal as submitted ``days`` ago, a second apart,
+    oldest first (the first one ``queued`` on m3, which has no worker, with ``queued_first``); their ids."""
+    from datetime import timedelta
+
+    from app.db.tables import Job, utcnow
+
+    start = utcnow() - timedelta(days=days)
+    ids = []
+    for index in range(count):
+        waits = queued_first and index == 0
+        job = Job(
+            state=JobState.queued if waits else JobState.rejected,
+            model_id=OLD_MODEL,
+            kind="txt2img",
+            params={"prompt": f"old job {index}"},
+            target="m3",
+            machine="m3" if waits else None,
+            reason=None if waits else "paging_test",
+            message=None if waits else "written by the paging test",
+            created_at=start + timedelta(seconds=index),
+        )
+        ids.append(fleet.ctx.journal.add(job).id)
+    return ids
+
+
+def delete_jobs(fleet: RunningFleet, ids: list[str]) -> None:
+    """Take the jobs ``ids`` and their events out of the journal (the shared fleet's other tests
+    never see them)."""
+    from sqlmodel import Session, col, delete
+
+    from app.db.tables import Job, JobEvent
+
+    with Session(fleet.ctx.journal.engine) as session:
+        session.exec(delete(JobEvent).where(col(JobEvent.job_id).in_(ids)))  # type: ignore[call-overload]
+        session.exec(delete(Job).where(col(Job.id).in_(ids)))  # type: ignore[call-overload]
+        session.commit()
+
+
+def load_older(driver: object, wait: object, box: str, until: str | None = None) -> int:
+    """Press the Load older button of ``box`` (``#jobs-paging``, ``#gallery-paging``) until it is
+    gone (every job loaded) or the element ``until`` is shown; how many times it was pressed."""
+    button = f"{box} .load-older"
+    settled = f"const b = document.querySelector({button!r}); return b.hidden || !b.disabled"
+    presses = 0
+    while not (until and driver.execute_script("return Boolean(document.querySelector(arguments[0]))", until)):  # type: ignore[attr-defined]
+        wait.until(lambda d: d.execute_script(settled))  # type: ignore[attr-defined]
+        if driver.execute_script(f"return document.querySelector({button!r}).hidden"):  # type: ignore[attr-defined]
+            break
+        click(driver, button)
+        presses += 1
+        wait.until(lambda d: d.execute_script(settled))  # type: ignore[attr-defined]
+    return presses
+
+
+def paging_text(driver: object, box: str) -> str:
+    return str(driver.execute_script(f"return document.querySelector('{box} .paging-status').textContent"))  # type: ignore[attr-defined]
+
+
+def test_older_jobs_are_loaded_page_by_page_in_the_jobs_view_and_the_gallery(
+    fleet: RunningFleet, browser: object
+) -> None:
+    """The Jobs view and the Gallery read the 200 newest jobs and offered no way to older ones. Each
+    now says how many jobs it shows and whether older ones exist, and Load older adds the next page
+    (the API's ``after=`` cursor) after them, down to the oldest; the 1 s refresh reads the newest
+    page alone, the older rows staying as loaded, an older job that changes (queued, then
+    cancelled) updated in its row; the Gallery's filters apply to every job loaded."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    old = add_old_jobs(fleet, PAGE + 30, days=10, queued_first=True)
+    total = len(fleet.ctx.journal.page(limit=10**6))
+    oldest = f"#jobs tr[data-job='{old[0]}']"
+    rows = "return document.querySelectorAll('#jobs tbody tr').length"
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url, "jobs")
+        wait.until(lambda d: d.execute_script(rows) == PAGE)
+        assert (
+            paging_text(driver, "#jobs-paging")
+            == f"Showing {PAGE} jobs, newest first; older jobs exist, not loaded yet"
+        )
+        assert not driver.find_elements(By.CSS_SELECTOR, oldest)  # type: ignore[attr-defined]
+        driver.execute_script(  # type: ignore[attr-defined]
+            "window.olderReads = 0; const counted = window.fetch; window.fetch = (url, ...rest) => {"
+            " if (String(url).includes('after=')) window.olderReads += 1; return counted(url, ...rest); }"
+        )
+        presses = load_older(driver, wait, "#jobs-paging")
+        assert presses >= 1 and driver.execute_script(rows) == total  # type: ignore[attr-defined]
+        assert paging_text(driver, "#jobs-paging") == f"Showing {total} jobs, newest first: every job"
+        state = f"return document.querySelector({oldest!r} + ' td[data-label=State]').innerText"
+        assert driver.execute_script(state) == "queued"  # type: ignore[attr-defined]
+        fleet.client.cancel(old[0])  # the oldest job changes: its row follows
+        wait.until(lambda d: d.execute_script(state) == "cancelled")
+        wait_refreshes(driver, wait, 3)  # the older rows stay, the older pages never read again
+        assert driver.execute_script(rows) == total  # type: ignore[attr-defined]
+        assert driver.execute_script("return window.olderReads") == presses  # type: ignore[attr-defined]
+        # the Gallery, the page loaded again: its own Load older, its filters on what is loaded
+        driver.execute_script("location.hash = '#gallery'; location.reload()")  # type: ignore[attr-defined]
+        wait.until(lambda d: paging_text(d, "#gallery-paging").startswith(f"{PAGE} jobs loaded"))
+        assert paging_text(driver, "#gallery-paging").endswith("older jobs exist, not loaded yet")
+        load_older(driver, wait, "#gallery-paging")
+        assert paging_text(driver, "#gallery-paging") == f"{total} jobs loaded, newest first: every job"
+        select_filter(wait, "filter-model", OLD_MODEL)
+        scope = f"Filters apply to the {total} jobs loaded: {len(old)} results shown"
+        wait.until(lambda d: d.find_element(By.ID, "gallery-scope").text == scope)
+        figures = "return [...document.querySelectorAll('#gallery figure')].map((f) => f.dataset.job)"
+        assert sorted(driver.execute_script(figures)) == sorted(old)  # type: ignore[attr-defined]
+        assert Select(driver.find_element(By.ID, "filter-model")).first_selected_option.text == OLD_MODEL  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(ApiError):
+            fleet.client.cancel(old[0])
+        delete_jobs(fleet, old)
+
+
 #: the widths every view is checked and photographed at (CSS pixels of the viewport)
 WIDTHS = (400, 1400)
 

@@ -12,7 +12,12 @@ const REFRESH_MS = 1000;
 // How often the models and machines the Submit form offers are read again while another view is shown.
 const MODELS_REFRESH_MS = 5000;
 const $ = (selector, root = document) => root.querySelector(selector);
-const state = { machines: [], jobs: [], models: [], queue: [], view: "fleet", openMachine: null, openJob: null, stopping: null, blobs: new Map() };
+// Jobs are read PAGE at a time, newest first (GET /v1/jobs, keyset paging: docs/api.md). `jobs`: the
+// newest page, then the older pages loaded ("Load older"); `older`: whether any is; `more`: whether
+// jobs older than the last loaded one may exist.
+const PAGE = 200;
+const state = { machines: [], jobs: [], more: false, older: false, loadingOlder: false, models: [], queue: [],
+  view: "fleet", openMachine: null, openJob: null, stopping: null, blobs: new Map() };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -212,6 +217,7 @@ function followRunning() {
     const entry = { ...(job.progress || { step: 0, total: 1 }), seen: [] };
     live.set(job.id, entry);
     withStreamSlot(() => follow(`/v1/jobs/${job.id}/events`, (name, data) => {
+      if (name === "end") state.jobs = state.jobs.map((known) => (known.id === data.id ? data : known));  // its row, at the next draw
       if (name !== "progress") return;
       entry.step = data.step; entry.total = data.total; entry.seen.push(data.step);
       for (const node of document.querySelectorAll(`progress[data-job='${job.id}']`)) paint(node, entry);
@@ -390,6 +396,7 @@ function renderJobs() {
     if (row === next) next = next.nextElementSibling;
     else body.insertBefore(row, next);
   }
+  renderPaging($("#jobs-paging"), `Showing ${state.jobs.length} jobs, newest first`);
   const box = $("#job-detail");
   const job = state.jobs.find((j) => j.id === state.openJob);
   box.hidden = !job;
@@ -450,6 +457,8 @@ function renderGallery() {
   const [model, machine, jobState] = ["#filter-model", "#filter-machine", "#filter-state"].map((s) => $(s).value);
   const shown = done.filter((j) => (!model || j.model === model) && (!machine || j.machine === machine) && (!jobState || j.state === jobState))
     .flatMap((job) => { const results = resultsOf(job); return results.length ? results.map((result, index) => ({ job, result, index, count: results.length })) : [{ job, result: null, index: 0, count: 0 }]; });
+  $("#gallery-scope").textContent = `Filters apply to the ${state.jobs.length} jobs loaded: ${shown.length} results shown`;
+  renderPaging($("#gallery-paging"), `${state.jobs.length} jobs loaded, newest first`);
   const gallery = $("#gallery");
   // the figures' buttons follow the kinds the models run: a gallery drawn before the models
   // loaded is drawn again once they have, not only when a job changes
@@ -848,6 +857,66 @@ async function followSubmitted(id) {
   }
 }
 
+// ---- paging: the 1 s refresh reads the newest page alone; "Load older" adds the next ones ----
+// The newest page read again, with the older pages loaded kept as they were, each job among them
+// replaced by `updates` (id -> the job now, null: gone): the jobs that newer ones pushed off the
+// newest page stay after it, in their order.
+function withOlder(newest, updates) {
+  if (!state.older || newest.length < PAGE) { state.older = false; state.more = newest.length === PAGE; return newest; }
+  const ids = new Set(newest.map((job) => job.id));
+  const last = state.jobs.findIndex((job) => job.id === newest[newest.length - 1].id);
+  return [...newest, ...(last >= 0 ? state.jobs.slice(last + 1) : state.jobs).filter((job) => !ids.has(job.id))
+    .map((job) => (updates.has(job.id) ? updates.get(job.id) : job)).filter(Boolean)];
+}
+// The loaded older jobs not ended yet, as they are now (id -> job): one read of the open jobs, oldest
+// first, and a job no longer among them (it ended) read once by itself. No read while every older
+// job has ended, as most have: the refresh stays one page, however many were loaded.
+const OPEN_PAGE = 500;  // the API's largest page
+async function olderUpdates(newest) {
+  const ids = new Set(newest.map((job) => job.id));
+  const open = state.older ? state.jobs.filter((job) => !ids.has(job.id) && !ENDED.includes(job.state)) : [];
+  const updates = new Map();
+  if (!open.length) return updates;
+  for (const job of await api(`/v1/jobs?state=queued&state=running&order=oldest&limit=${OPEN_PAGE}`)) updates.set(job.id, job);
+  if (updates.size === OPEN_PAGE) return updates;  // a backlog past one page: the others as they were
+  for (const job of open.filter((known) => !updates.has(known.id)))
+    updates.set(job.id, await api(`/v1/jobs/${job.id}`).catch((error) => (error.status === 404 ? null : job)));
+  return updates;
+}
+// "Load older": the next PAGE jobs after the oldest loaded one (the API's cursor, `after=`), added
+// after those shown; the Gallery's filters apply to them too. A cursor whose job is gone (404) is
+// dropped for the one before it.
+async function loadOlder() {
+  if (state.loadingOlder || !state.jobs.length) return;
+  state.loadingOlder = true; renderView();
+  try {
+    for (;;) {
+      const cursor = state.jobs[state.jobs.length - 1];
+      try {
+        const page = await api(`/v1/jobs?limit=${PAGE}&after=${encodeURIComponent(cursor.id)}`);
+        const known = new Set(state.jobs.map((job) => job.id));
+        state.jobs = [...state.jobs, ...page.filter((job) => !known.has(job.id))];
+        state.older = true; state.more = page.length === PAGE;
+        break;
+      } catch (error) {
+        if (error.reason !== "job_not_found" || state.jobs.length < 2) throw error;
+        state.jobs = state.jobs.filter((job) => job !== cursor);
+      }
+    }
+  } catch (error) { alarm(`Loading older jobs failed: ${error.reason}: ${error.message}`); }
+  finally { state.loadingOlder = false; }
+  renderView();
+}
+// A view's paging line: `text` (how many it shows), whether older jobs exist, and Load older while they may.
+function renderPaging(box, text) {
+  const line = state.more ? `${text}; older jobs exist, not loaded yet` : `${text}: every job`;
+  if ($(".paging-status", box).textContent !== line) $(".paging-status", box).textContent = line;
+  const button = $(".load-older", box);
+  button.hidden = !state.more; button.disabled = state.loadingOlder;
+  button.textContent = state.loadingOlder ? "Loading…" : `Load ${PAGE} older jobs`;
+}
+const renderView = () => ({ fleet: renderFleet, jobs: renderJobs, gallery: renderGallery, submit: () => {} })[state.view]();
+
 // One refresh at a time: a server slower than REFRESH_MS to answer had them pile up (5 at once at
 // 4 s an answer, queued behind the browser's 6 connections) and land out of order, an older answer
 // drawn over a newer one. A tick while one is under way is skipped; a view's change waits its turn.
@@ -860,16 +929,17 @@ function refresh() {
 async function refreshOnce() {
   if (!sessionStorage.getItem(KEY)) return;
   try {
-    const [machines, jobs] = await Promise.all([api("/v1/machines"), api("/v1/jobs?limit=200")]);
-    state.machines = machines; state.jobs = jobs;
+    const [machines, newest] = await Promise.all([api("/v1/machines"), api(`/v1/jobs?limit=${PAGE}`)]);
+    const updates = await olderUpdates(newest);
+    state.machines = machines; state.jobs = withOlder(newest, updates);
     // the notice follows an interrupt to the job's end, whichever view or panel sent it
-    const stopped = state.stopping && jobs.find((job) => job.id === state.stopping && ENDED.includes(job.state));
+    const stopped = state.stopping && state.jobs.find((job) => job.id === state.stopping && ENDED.includes(job.state));
     if (stopped) { state.stopping = null; say(`Job ${stopped.id} ${stopped.state}`); }
     if (state.view === "fleet" && state.openMachine) await loadQueue();
     if (state.view === "fleet" || state.view === "jobs") followRunning();
     if (state.view !== "submit" && Date.now() - modelsReadAt > MODELS_REFRESH_MS) loadModels(true).catch(() => {});
     $("#error").hidden = true;
-    ({ fleet: renderFleet, jobs: renderJobs, gallery: renderGallery, submit: () => {} })[state.view]();
+    renderView();
   } catch (error) {
     $("#error").hidden = false; $("#error").textContent = `${error.reason || "error"}: ${error.message}`;
   }
@@ -951,6 +1021,7 @@ form().addEventListener("invalid", (event) => {
   if (!$("#submitted").hidden) status.textContent = `Not sent: ${event.target.name}: ${event.target.validationMessage}`;
 }, true);
 for (const id of ["#filter-model", "#filter-machine", "#filter-state"]) $(id).addEventListener("change", renderGallery);
+for (const button of document.querySelectorAll(".load-older")) button.addEventListener("click", loadOlder);
 window.addEventListener("hashchange", () => show(location.hash.slice(1)));
 setInterval(refresh, REFRESH_MS);
 if (sessionStorage.getItem(KEY)) start(); else askKey("");
