@@ -1173,6 +1173,39 @@ def test_older_jobs_are_loaded_page_by_page_in_the_jobs_view_and_the_gallery(
         delete_jobs(fleet, old)
 
 
+def test_the_submitted_column_shows_the_date_of_a_job_not_submitted_today(fleet: RunningFleet, browser: object) -> None:
+    """The Submitted column showed a time alone, so jobs of different days looked alike: a job
+    submitted 3 days ago shows its date too, in the browser's locale, and today's the time alone;
+    each names its whole timestamp in its title."""
+    old, today = add_old_jobs(fleet, 1, days=3)[0], add_old_jobs(fleet, 1, days=0)[0]
+    cell = "#jobs tr[data-job='{}'] td[data-label=Submitted]"
+    read = (
+        "const time = document.querySelector(arguments[0] + ' time');"
+        " return [time.innerText, time.title, time.dateTime]"
+    )
+    # the date and the time of day, as this browser writes them
+    local = (
+        "const at = new Date(arguments[0]); return [new Intl.DateTimeFormat([], {dateStyle: 'medium'}).format(at),"
+        " at.toLocaleTimeString([], {hour12: false}), String(at.getFullYear())]"
+    )
+    try:
+        driver = browser
+        wait = open_page(driver, fleet.local.api_url, "jobs")
+        wait.until(
+            lambda d: d.execute_script("return Boolean(document.querySelector(arguments[0]))", cell.format(today))
+        )
+        load_older(driver, wait, "#jobs-paging", until=cell.format(old))
+        for job_id, dated in ((old, True), (today, False)):
+            text, title, stamp = driver.execute_script(read, cell.format(job_id))  # type: ignore[attr-defined]
+            date, time_of_day, year = driver.execute_script(local, stamp)  # type: ignore[attr-defined]
+            assert text == (f"{date} {time_of_day}" if dated else time_of_day), (text, date, time_of_day)
+            assert year in title and title != text, title
+            created = fleet.ctx.journal.get(job_id).created_at
+            assert stamp.startswith(created.strftime("%Y-%m-%dT%H:%M:%S")), (stamp, created)
+    finally:
+        delete_jobs(fleet, [old, today])
+
+
 #: the widths every view is checked and photographed at (CSS pixels of the viewport)
 WIDTHS = (400, 1400)
 

@@ -169,7 +169,15 @@ const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
 const actual = (job) => (job.load_s === null && job.run_s === null ? null : (job.load_s || 0) + (job.run_s || 0));
 // The journal's times are UTC; one without a zone is read as UTC, not as the browser's local time.
 const when = (iso) => (iso ? Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(iso) ? iso : `${iso}Z`) : null);
-const clock = (iso) => (iso ? new Date(when(iso)).toLocaleTimeString([], { hour12: false }) : "–");
+// A job's submission time in the user's locale: the time alone on today's date, else the date too;
+// the whole timestamp, with its zone, in the title.
+function clock(iso) {
+  if (!iso) return "–";
+  const at = new Date(when(iso));
+  const time = at.toLocaleTimeString([], { hour12: false });
+  return el("time", { datetime: at.toISOString(), title: at.toLocaleString([], { dateStyle: "full", timeStyle: "long" }) },
+    at.toDateString() === new Date().toDateString() ? time : `${at.toLocaleDateString([], { dateStyle: "medium" })} ${time}`);
+}
 const elapsed = (job) => (job.started_at ? Math.max(0, (Date.now() - when(job.started_at)) / 1000) : null);
 // An ended job cut short after its claim (cancelled mid-run, interrupted, terminated) reports no run
 // time: the seconds it held its machine, claim to end, as the quotas count it.
@@ -374,7 +382,7 @@ function fillJobRow(row, job) {
   setCell(prompt, text, () => clip(text) || "–");
   if (prompt.title !== text) prompt.title = text;
   setCell(machine, job.machine || "–", () => job.machine || "–");
-  setCell(submitted, job.created_at || "", () => clock(job.created_at));
+  setCell(submitted, `${job.created_at}|${new Date().toDateString()}`, () => clock(job.created_at));  // redrawn at midnight: no longer today
   setCell(predicted, seconds(job.predicted_s), () => seconds(job.predicted_s));
   const spent = actualCell(job);
   setCell(actualTd, typeof spent === "string" ? spent : spent.outerHTML, () => spent);
