@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,7 +110,9 @@ class ServerClient:
         for client in self.clients:
             client.close()
 
-    def _send(self, method: str, url: str, *, once: bool = False, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self, method: str, url: str, *, once: bool = False, until_answered: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         """Send; while the server is unreachable (transport error), or answers 503 because its
         Redis or journal does not (:class:`ServiceDown`), try the next server at once (standby
         servers), and once every server has failed in turn, pause and go round again, for up
@@ -119,8 +122,9 @@ class ServerClient:
         answer a 503) is therefore taken again by the same delivery, not left ``running`` with
         nobody running it (R19); and a claim made while one server is down reaches another
         before reconciliation judges its job lost (R19, ``lost_grace_s``). ``once``: each server
-        once, without a pause (a step's progress report: the run does not wait on it)."""
-        deadline = time.monotonic() + (0.0 if once else self.retry_s)
+        once, without a pause (a step's progress report: the run does not wait on it).
+        ``until_answered``: no deadline at all (a claim, :meth:`claim`)."""
+        deadline = math.inf if until_answered else time.monotonic() + (0.0 if once else self.retry_s)
         pause_s = 0.2
         failed_in_turn = 0
         while True:
@@ -174,10 +178,28 @@ class ServerClient:
             return Manifests.model_validate(answer)
 
     def claim(self, job_id: str, claim_id: str) -> Claim:
-        """Claim the job (``queued -> running``) for the delivery ``claim_id``. Raises
-        Conflict for a second delivery."""
+        """Claim the job (``queued -> running``) for the delivery ``claim_id``.
+
+        A patient client (``retry_s`` > 0, a pool process's) waits out an unreachable server
+        (or its 503 ``redis_down``/``journal_down``) for as long as it takes, not ``retry_s``:
+        the delivery's message left the queue when it was delivered (early ack, R8), so a claim
+        given up would leave the job ``queued`` with its message nowhere, ended ``lost`` by
+        reconciliation once the server is back though it never ran; and each later message
+        would go the same way, one per ``retry_s`` of the outage (R19). Nothing else can run
+        meanwhile: every job starts with a claim.
+
+        Raises:
+            Conflict: a second delivery (another claim id) of a job claimed already.
+            HomefleetError: any other refusal (unknown job, another machine's, a token refused).
+            httpx.HTTPError: the server unreachable, from a client with ``retry_s`` 0.
+        """
         return Claim.model_validate(
-            self._send("POST", f"/jobs/{job_id}/claim", headers={"X-Homefleet-Claim-Id": claim_id}).json()
+            self._send(
+                "POST",
+                f"/jobs/{job_id}/claim",
+                until_answered=self.retry_s > 0,
+                headers={"X-Homefleet-Claim-Id": claim_id},
+            ).json()
         )
 
     def progress(

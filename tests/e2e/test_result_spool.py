@@ -3,7 +3,9 @@
 server past its client's retries and the result goes to the worker's spool, the job still
 ``running`` in the journal. The server starts again; the running worker brings the spooled
 result in by itself (``tasks/spool.py``, ``SpoolRecovery``): the job ``succeeded`` with the
-spooled bytes, claimed once, and the spool is empty, without ``homefleet results recover``."""
+spooled bytes, claimed once, and the spool is empty, without ``homefleet results recover``.
+A job whose message the worker took while the server was down waits for its claim as long as
+the outage lasts, and runs once the server is back (R19)."""
 
 from __future__ import annotations
 
@@ -90,6 +92,55 @@ def test_a_result_kept_while_the_server_was_down_is_brought_in_by_the_running_wo
         assert f"job {job_id}: spooled result recovered" in worker_log.read_text()
         claims = [event for event in ctx.journal.events(job_id) if event.event == JobState.running]
         assert len(claims) == 1  # run once (R3)
+    finally:
+        client.close()
+        ctx.close()
+
+
+def test_r19_a_job_taken_while_the_server_is_down_waits_for_its_claim_and_runs_once_it_is_back(
+    fleet: tuple[LocalFleet, Path],
+) -> None:
+    """The server is killed while m1 runs a job with another queued behind it, and stays down
+    longer than the worker's ``server_retry_s`` (1 s here; 120 s by default). The worker takes the
+    queued job's message (early ack: it leaves the queue) and cannot claim it. Before, the claim
+    gave up after ``server_retry_s``: the task failed, and once the server was back reconciliation
+    found the job ``queued`` with its message gone and ended it ``interrupted`` (``lost``: "its
+    worker stopped before claiming it"), though no worker stopped and it never ran; one job per
+    ``server_retry_s`` of the outage went that way on every idle machine. Now the claim waits for
+    the server, and the job runs once it answers, once."""
+    local, spool = fleet
+    ctx = build_context(local.settings, local.fleet)
+    client = HomefleetClient(local.api_url, api_key=TEST_API_KEY)
+    worker_log = local.logs_dir / "worker-m1.log"
+    try:
+        running = client.submit(MODEL, "txt2img", LONG, target="m1")["id"]
+        waiting = client.submit(MODEL, "txt2img", {"prompt": "behind it", "steps": 2, "seed": 3}, target="m1")["id"]
+        wait_for(
+            lambda: int(ctx.redis.hget(ctx.keys.progress(running), "step") or 0) >= 1,
+            timeout_s=120,
+            what=f"job {running} to report a step",
+        )
+        stop_process_group(local.processes.pop("api"), signal.SIGKILL)
+        # The claim's pauses grow 0.2, 0.4, 0.8, 1.6 s: a fourth pause is past server_retry_s (1 s),
+        # where the claim used to give up (after two).
+        given_up = f"Task homefleet.run_job[{waiting}] raised"
+
+        def waited_or_gave_up() -> bool:
+            text = worker_log.read_text()
+            return text.count(f"/jobs/{waiting}/claim again") >= 4 or given_up in text
+
+        wait_for(waited_or_gave_up, timeout_s=120, what=f"the worker to wait for the claim of job {waiting}")
+        assert given_up not in worker_log.read_text(), "the worker gave the claim up"
+        assert ctx.journal.get(waiting).state == JobState.queued  # not claimed: nobody could
+
+        local.start_api()
+        done = client.wait(waiting, timeout_s=120)
+        assert (done["state"], done["reason"]) == ("succeeded", None), done
+        claims = [event for event in ctx.journal.events(waiting) if event.event == JobState.running]
+        assert len(claims) == 1  # run once (R19)
+        assert worker_log.read_text().count(f"job {waiting} claimed") == 1
+        assert client.wait(running, timeout_s=120)["state"] == "succeeded"  # its spooled result brought in
+        wait_for(lambda: list(spool.iterdir()) == [], timeout_s=60, what="the spool to be emptied")
     finally:
         client.close()
         ctx.close()
