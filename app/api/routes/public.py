@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
@@ -257,7 +258,15 @@ def get_result(
     index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
 ) -> FileResponse:
     """The stored result file (R2), with its stored media type, ``nosniff`` and
-    ``Content-Disposition: attachment``. 404 naming the job's state while there is none."""
+    ``Content-Disposition: attachment``.
+
+    Raises:
+        Conflict: 409 ``no_result``, naming the job's state, while it has not succeeded.
+        NotFound: 404 ``job_not_found`` for an unknown job; ``result_not_found`` past its last
+            image; ``result_missing`` when the journal has the result but its file is gone from
+            the data folder (deleted, or a folder restored from an older backup): the message
+            names the file and the fixes.
+    """
     job = ctx.journal.get(job_id)
     if job.state != JobState.succeeded or not job.result_path:
         raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
@@ -269,14 +278,20 @@ def get_result(
                 reason="result_not_found",
             )
         row = rows[index]
-        media_type = row.get("media_type") or "application/octet-stream"
-        return stored_file(
-            row["path"], media_type, f"{job.id}-{index}.{EXTENSIONS.get(media_type, 'bin')}", row.get("digest") or ""
+        path, media_type, digest = row["path"], row.get("media_type"), row.get("digest")
+        name = f"{job.id}-{index}"
+    else:
+        path, media_type, digest, name = job.result_path, job.result_media_type, job.result_digest, job.id
+    media_type = media_type or "application/octet-stream"
+    filename = f"{name}.{EXTENSIONS.get(media_type, 'bin')}"
+    if not Path(path).is_file():
+        raise NotFound(
+            f"job {job_id} succeeded, but its result {digest} is no longer in the server's data folder "
+            f"({path} is missing: deleted, or the folder restored from an older backup); put the file back "
+            f"from a backup, or run the job again (`homefleet jobs requeue {job_id}`, POST /v1/jobs/{job_id}/requeue)",
+            reason="result_missing",
         )
-    media_type = job.result_media_type or "application/octet-stream"
-    return stored_file(
-        job.result_path, media_type, f"{job.id}.{EXTENSIONS.get(media_type, 'bin')}", job.result_digest or ""
-    )
+    return stored_file(path, media_type, filename, digest or "")
 
 
 @router.post("/files", status_code=201, response_model=FileStored)

@@ -118,3 +118,25 @@ def test_inputs_and_png_results_are_served_nosniff_as_attachments(api: tuple[Tes
     assert served.headers["content-type"] == "image/png"  # the stored type, not the client's claim
     assert served.headers["x-content-type-options"] == "nosniff"
     assert served.headers["content-disposition"].startswith("attachment; filename=")
+
+
+def test_a_succeeded_jobs_result_file_gone_from_the_data_folder_is_a_404_naming_it_and_the_fix(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """An operator freed space on a full disk by deleting results (the 507's message says "free
+    some space"), or restored the data folder from an older backup: the journal still names a
+    result whose file is gone. Its download was a 500 with no body but "Internal Server Error";
+    it is a 404 ``result_missing`` naming the file and the fixes."""
+    client, ctx = api
+    job_id = running_job(client)
+    image = png(64, 64)
+    assert upload(client, job_id, image).status_code == 200
+    stored = Path(ctx.journal.get(job_id).result_path or "")
+    stored.unlink()
+    answer = client.get(f"/v1/jobs/{job_id}/result")
+    assert answer.status_code == 404, answer.text
+    error = answer.json()["error"]
+    assert error["reason"] == "result_missing"
+    assert str(stored) in error["message"] and bytes_digest(image) in error["message"]
+    assert f"homefleet jobs requeue {job_id}" in error["message"]
+    assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded"  # the journal is unchanged
