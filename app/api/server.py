@@ -55,6 +55,7 @@ from app.context import ServerContext, build_context
 from app.core.config import Settings
 from app.core.connections import redacted_url
 from app.core.errors import HomefleetError, ServiceDown, StorageFull
+from app.db.engine import disk_full
 from app.db.leadership import Leadership
 from app.db.tables import Job
 from app.fleet import live
@@ -158,10 +159,16 @@ def create_app(settings: Settings, ctx: ServerContext | None = None) -> FastAPI:
         journal = isinstance(error, OperationalError)
         what = "the journal's database" if journal else f"Redis at {redacted_url(settings.redis_url)}"
         log.error("%s %s: %s does not answer: %s", request.method, request.url.path, what, error)
+        said = f"does not answer ({type(error).__name__ if journal else error})"
+        if journal and disk_full(error):  # it answers, but cannot write: say so, not "down"
+            said = (
+                f"({redacted_url(settings.journal_url)}) cannot write: the disk or quota that holds it is full "
+                f"({str(getattr(error, 'orig', error)).strip()}); free some space there"
+            )
         return await domain_error(
             request,
             ServiceDown(
-                f"{what} does not answer ({type(error).__name__ if journal else error}); retry later",
+                f"{what} {said}; retry later",
                 reason="journal_down" if journal else "redis_down",
                 retry_after_s=settings.retry_after_s,
             ),

@@ -91,3 +91,21 @@ def check_revision(engine: Engine) -> str:
             reason="journal_outdated",
         )
     return current
+
+
+SQLITE_FULL = 13
+"""SQLite's primary result code for "database or disk is full" (``SQLITE_FULL``): its disk has no
+room, or the database reached ``max_page_count``."""
+POSTGRES_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE ``disk_full``."""
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether a journal database error (``sqlalchemy.exc.OperationalError``, or the driver's own)
+    says the database cannot write for want of room: SQLite's ``SQLITE_FULL``, PostgreSQL's
+    ``disk_full``; not an outage (docs/operations.md, "A full disk")."""
+    cause = getattr(error, "orig", None) or error
+    code = getattr(cause, "sqlite_errorcode", None)
+    return (isinstance(code, int) and code & 0xFF == SQLITE_FULL) or getattr(
+        cause, "sqlstate", None
+    ) == POSTGRES_DISK_FULL

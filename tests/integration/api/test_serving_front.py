@@ -631,6 +631,41 @@ def test_a_request_while_redis_is_down_gets_a_503_naming_it_not_a_bare_500(
         ctx.close()
 
 
+def test_a_submission_while_the_journals_disk_is_full_is_a_503_saying_so_not_a_database_down(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """The journal's SQLite file cannot grow (its disk full; here SQLite's own limit,
+    ``max_page_count``, which fails its writes with the same ``SQLITE_FULL``): a submission was
+    answered "the journal's database does not answer (OperationalError)", while /health said the
+    journal is fine, so the operator looked for a database outage. It is still 503 ``journal_down``
+    with Retry-After (a worker's claim waits it out, docs/operations.md "A full disk"), but the
+    message says the disk that holds the journal is full and to free space there."""
+    from sqlalchemy import event
+
+    client, ctx = api
+    online(ctx, "m1")
+
+    def no_room_to_grow(connection: Any, _record: object) -> None:
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        connection.execute(f"PRAGMA max_page_count = {pages}")
+
+    event.listen(ctx.engine, "connect", no_room_to_grow)
+    ctx.engine.dispose()  # every connection from now on is opened with the limit
+    answers = []
+    for _ in range(500):  # rows fill the pages there are; then a write needs one more
+        answers.append(submit(client, steps=2, seed=len(answers)))
+        if answers[-1].status_code != 202:
+            break
+    refused = answers[-1]
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["reason"] == "journal_down"
+    assert "cannot write: the disk or quota that holds it is full" in error["message"], error["message"]
+    assert "database or disk is full" in error["message"] and "free some space" in error["message"]
+    assert str(ctx.settings.data_dir / "journal.db") in error["message"]
+    assert refused.headers["retry-after"] == str(ctx.settings.retry_after_s)
+
+
 def png_bytes(side: int, noise: bool = False) -> bytes:
     image = Image.effect_noise((side, side), 64).convert("RGB") if noise else Image.new("RGB", (side, side))
     buffer = io.BytesIO()
