@@ -26,6 +26,7 @@ from app.db.tables import Job
 from app.fleet import live
 from app.fleet.config import Fleet, load_fleet
 from app.fleet.costs import ChangeMark, DemandStore, FleetCosts
+from app.fleet.drains import Drains
 from app.fleet.lock import FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
@@ -69,6 +70,7 @@ class ServerContext:
     lock: FleetLock  # the fleet lock (R14), fenced (C04)
     progress: ProgressStore  # running jobs' per-step progress
     residency: DurableResidencyFacts  # commitments (R16) and remembered OOMs (R21): Redis + database
+    drains: Drains  # drained machines: Redis + database (app/fleet/drains.py)
     pairing: Pairing  # the journal and its Redis are one pair (R19)
     dispatcher: Dispatcher
     metrics: Metrics
@@ -104,6 +106,7 @@ class ServerContext:
             self.pairing,
             server,
             self.endings,
+            self.drains,
         )
 
     def webhook_loop(self, render: Callable[[Job], bytes], leads: Callable[[], bool] = lambda: True) -> WebhookLoop:
@@ -258,6 +261,7 @@ def build_context(settings: Settings, fleet: Fleet | None = None, *, migrate: bo
         lock=lock,
         progress=progress,
         residency=residency,
+        drains=Drains(client, keyspace, engine),
         pairing=Pairing(client, keyspace, engine, settings),
         dispatcher=dispatcher,
         metrics=metrics,

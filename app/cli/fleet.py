@@ -294,10 +294,10 @@ def drain(
     try:
         require_machine(machine, ctx.fleet.machines)
         if undo:
-            ctx.redis.delete(ctx.keys.draining(machine))
+            ctx.drains.undo([machine])
             console.print(f"{machine}: placing jobs again")
             return
-        ctx.redis.set(ctx.keys.draining(machine), "1")
+        ctx.drains.drain([machine])
         backlog = ctx.machines.view(machine).backlog
         console.print(f"{machine}: draining; {backlog} jobs queued or running")
         if not wait:

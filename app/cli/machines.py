@@ -278,8 +278,7 @@ def remove(
         if name == SERVER:
             raise typer.BadParameter("the server's own machine stays in the fleet (R9)", param_hint="NAME")
         members = [m.name for m in hosts[name]]
-        for machine in members:
-            ctx.redis.set(ctx.keys.draining(machine), "1")
+        ctx.drains.drain(members)
 
         def backlog() -> int:
             return sum(ctx.machines.view(machine).backlog for machine in members)
@@ -323,8 +322,7 @@ def remove(
         with live.editing(path):
             old = path.read_text()
             _write_and_wait(ctx, path, old, live.edit(old, change), wait_s)
-        for machine in members:
-            ctx.redis.delete(ctx.keys.draining(machine))
+        ctx.drains.undo(members)
         console.print(f"machine [bold]{name}[/] removed; stop its worker (it is refused from now on)")
     finally:
         ctx.close()

@@ -202,6 +202,15 @@ class RememberedOom(SQLModel, table=True):
     at_s: float
 
 
+class MachineDrain(SQLModel, table=True):
+    """A machine drained by ``homefleet drain`` or ``machines remove`` (nothing new is placed
+    there): the durable copy of ``Keys.draining``, written back to Redis when Redis lost its data
+    (app/fleet/drains.py); ``since_s`` in unix seconds."""
+
+    machine: str = Field(primary_key=True)
+    since_s: float
+
+
 class JournalIdentity(SQLModel, table=True):
     """The one row naming this journal (written by migration ``b7c4e2f19a30``; app/fleet/pairing.py)."""
 
@@ -213,6 +222,7 @@ __all__ = [
     "JobEvent",
     "JournalIdentity",
     "LearnedTiming",
+    "MachineDrain",
     "ModelFile",
     "ModelRecord",
     "RememberedOom",

@@ -41,7 +41,8 @@ One pass, under the fleet lock (so no submission sits between "journaled" and "p
   (``machine_removed``), its message removed;
 - reservations of jobs that have ended are released (R14);
 - residency commitments (R16) and remembered OOMs (R21) are written back to Redis from the
-  journal's database when Redis lost them (``app/fleet/residency_store.py``);
+  journal's database when Redis lost them (``app/fleet/residency_store.py``), and so are the
+  drained machines' flags (``app/fleet/drains.py``);
 - idempotency keys older than ``idempotency_ttl_s`` are forgotten.
 
 A pass first checks that the Redis runs with this journal (app/fleet/pairing.py): a process that
@@ -68,6 +69,7 @@ from app.core.keys import Keys, queue
 from app.core.kinds import job_request
 from app.core.states import ACTIVE, JobState
 from app.db.tables import Job, utcnow
+from app.fleet.drains import Drains
 from app.fleet.lock import Fence, FleetLock
 from app.fleet.machines import MachineStates
 from app.fleet.pairing import Pairing
@@ -91,6 +93,7 @@ class ReconcileReport:
     forgotten_idempotency_keys: int = 0
     released_reservations: int = 0  # reservations of jobs that had ended (R14)
     residency_restored: bool = False  # Redis had lost the residency facts; rewritten from the database
+    drains_restored: list[str] = field(default_factory=list)  # drain flags Redis had lost, written again
 
     def __str__(self) -> str:
         reasons = ", ".join(f"{j[:8]}:{r}" for j, r in self.interrupted.items()) or "nothing"
@@ -110,6 +113,7 @@ class ReconcileReport:
             f"{lost}interrupted {len(self.interrupted)} ({reasons}){cancelled}; released "
             f"{self.released_reservations} reservations; forgot {self.forgotten_idempotency_keys} idempotency keys"
             + ("; residency facts restored from the database" if self.residency_restored else "")
+            + (f"; drained again: {', '.join(self.drains_restored)}" if self.drains_restored else "")
         )
 
 
@@ -134,6 +138,8 @@ class Reconciler:
     # The pass's ends (app/jobs/endings.py): announced to Flower; their reservations are released
     # by the pass's own Reservations.reconcile, which counts them.
     endings: Endings | None = None
+    # The drained machines' durable copy (app/fleet/drains.py), written back to a Redis that lost it.
+    drains: Drains | None = None
     # A pass of this reconciler failed on Redis (ConnectionError, TimeoutError) since the last
     # one that reached it (:meth:`_beating_since`).
     _unreachable: bool = field(default=False, init=False)
@@ -162,6 +168,7 @@ class Reconciler:
             seen = cast("str | None", self.redis.get(self.keys.redis_seen()))  # decoded (create_redis)
             report.redis_lost = seen is None
             report.residency_restored = self.residency.restore().source == "database"
+            report.drains_restored = self.drains.restore() if self.drains is not None else []
             replid, recorded = self._replication_ids()
             report.master_changed = recorded is not None and replid != recorded
             since = self._beating_since(seen, report.master_changed)
@@ -178,7 +185,13 @@ class Reconciler:
             report.released_reservations = len(self.machines.reservations.reconcile(sorted(machines), self.journal))
         cutoff = utcnow() - timedelta(seconds=self.settings.idempotency_ttl_s)
         report.forgotten_idempotency_keys = self.journal.forget_idempotency_keys(cutoff)
-        if report.interrupted or report.cancelled or report.released_reservations or report.requeued:
+        if (
+            report.interrupted
+            or report.cancelled
+            or report.released_reservations
+            or report.requeued
+            or report.drains_restored
+        ):
             log.warning("reconciliation: %s", report)
         return report
 

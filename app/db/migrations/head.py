@@ -2,4 +2,4 @@
 written by ``python -m app.db.migrations revision`` (a test checks it against Alembic's own
 reading of the scripts)."""
 
-HEAD = "a2d7aa0d74d6"
+HEAD = "01ed87cc5871"

@@ -16,7 +16,8 @@ import redis
 
 from app.context import ServerContext, build_context
 from app.core.config import Settings
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, MachineUnavailable
+from app.core.secret_files import write_private
 from app.core.states import JobState
 from app.db.tables import Job, utcnow
 from app.devtools.redis_server import free_port, start_redis_server
@@ -133,6 +134,36 @@ def test_r19_after_redis_lost_its_data_queued_jobs_are_published_again_in_journa
     assert (again.redis_lost, again.requeued) == (False, [])
     assert ctx.queues.queued_ids("m1") == [*older, newer]
     assert "published 3 queued jobs again" in str(report)
+
+
+def test_a_drain_outlives_a_redis_that_lost_its_data_and_its_undo_does_too(
+    strict_ctx: ServerContext, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """An operator drained m1 (`homefleet drain m1`, before maintenance) and Redis lost its data
+    (restarted without persistence; here flushed). The drain lived only in Redis: m1 took pinned
+    jobs (and Auto's) again without a word. Reconciliation now writes the flag back from the
+    journal's database, as it does residency commitments; `drain --undo` is durable alike."""
+    ctx = strict_ctx
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    fleet_file = tmp_path / "fleet.toml"
+    write_private(fleet_file, ctx.fleet.to_toml())
+    operator = {**settings_env(ctx.settings), "HOMEFLEET_FLEET_FILE": str(fleet_file)}
+    run_cli("drain", "m1", env=operator)
+    ctx.redis.flushdb()
+    bring_online(ctx, "m1", {model})
+    report = ctx.reconciler().run_once()
+    with pytest.raises(MachineUnavailable) as refused:
+        submit(ctx, model, "m1")
+    assert refused.value.reason == "machine_draining"
+    assert report.drains_restored == ["m1"] and "drained again: m1" in str(report)
+    assert ctx.reconciler().run_once().drains_restored == []  # written once
+
+    run_cli("drain", "m1", "--undo", env=operator)
+    ctx.redis.flushdb()
+    bring_online(ctx, "m1", {model})
+    assert ctx.reconciler().run_once().drains_restored == []
+    assert ctx.journal.get(submit(ctx, model, "m1")).state == JobState.queued
 
 
 def test_r19_a_redis_that_lost_its_data_gives_workers_time_to_beat_again_before_judging_them(
