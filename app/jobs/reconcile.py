@@ -402,7 +402,9 @@ class Reconciler:
                 job_id,
                 JobState.queued,
                 "lost",
-                f"its message was delivered to {taker}'s worker, which stopped before claiming it; the job was not run",
+                f"its message was delivered to {taker}'s worker, which stopped before claiming it; the job was not "
+                f"run: requeue it if you want it (`homefleet jobs requeue {job_id}`, POST /v1/jobs/{job_id}/requeue, "
+                "or the page's Requeue)",
             )
             return
         if machine is not None and not self.redis.hexists(self.keys.reservations(machine), job_id):

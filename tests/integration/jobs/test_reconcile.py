@@ -109,7 +109,9 @@ def test_r19_a_message_a_worker_took_and_never_claimed_is_lost(
     ctx.redis.rpop(ctx.keys.queue_list("m1"))
     ctx.redis.set(ctx.keys.delivered(job), "m1", ex=60)
     assert ctx.reconciler().run_once().interrupted == {job: "lost"}
-    assert "delivered to m1's worker, which stopped before claiming it" in (ctx.journal.get(job).message or "")
+    message = ctx.journal.get(job).message or ""
+    assert "delivered to m1's worker, which stopped before claiming it" in message
+    assert f"homefleet jobs requeue {job}" in message  # what the operator can do, as for worker_lost
 
 
 def test_r19_after_redis_lost_its_data_queued_jobs_are_published_again_in_journal_order_ahead_of_newer_ones(
