@@ -22,6 +22,7 @@ from app.core.config import WorkerSettings
 from app.core.connections import create_redis
 from app.core.errors import ConfigError, HomefleetError, Unauthorized
 from tasks import runtime
+from tasks.control import refuse_rule_breaking_commands
 from tasks.devices import bind_device
 from tasks.heartbeat import Heartbeat, refused_at_start
 from tasks.hooks import WorkerParent
@@ -163,6 +164,7 @@ def _run(settings: WorkerSettings, loglevel: str, boot_id: str, lease: WorkerLea
     # throws: a job that failed is the task's expected FAILURE (Flower agrees), logged without a traceback
     celery.task(name=RUN_JOB_TASK, ignore_result=True, throws=(JobNotSucceeded,))(run_job)
     celery.task(name=SYNC_TASK, ignore_result=True)(sync)  # R6: same queue, so a sync never overtakes a job
+    refuse_rule_breaking_commands(settings.machine, keys.queue(settings.machine))  # R7, R8: Flower, celery control
     parent = WorkerParent(rt, lease)
     parent.connect()  # its signal handlers, and the lease's loss (at once if lost while torch was imported)
     parent.heartbeat.start()
