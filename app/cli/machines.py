@@ -178,7 +178,9 @@ def add(
             except ValueError as error:
                 raise typer.BadParameter(str(error), param_hint="NAME") from error
             _write_and_wait(ctx, path, old, new, wait_s)
-        token = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
+        token = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(
+            name, entry["token"], expires_s
+        )
         ttl = expires_s or ctx.settings.join_token_ttl_s
         console.print(
             f"machine [bold]{name}[/] added ({backend}, {entry['memory_bytes']} bytes, families "
@@ -241,7 +243,7 @@ def rotate_token(
             except Conflict:
                 continue  # it ended meanwhile
             console.print(f"job {job_id}: interrupted (token_rotated)")
-        join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, expires_s)
+        join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, token, expires_s)
         console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
         _join_command(ctx, server_url, join)
     finally:

@@ -172,13 +172,24 @@ class JoinTokens:
     def __init__(self, client: redis.Redis, keys: Keys, ttl_s: float) -> None:
         self.redis, self.keys, self.ttl_s = client, keys, ttl_s
 
-    def issue(self, machine: str, ttl_s: float | None = None) -> str:
-        """A new join token for ``machine``, valid ``ttl_s`` seconds (default ``join_token_ttl_s``)."""
+    def issue(self, machine: str, machine_token: str, ttl_s: float | None = None) -> str:
+        """A new join token for ``machine``, valid ``ttl_s`` seconds (default ``join_token_ttl_s``),
+        that hands over ``machine_token`` only: once the machine's token in the fleet changes
+        (``rotate-token``, ``remove`` and ``add`` again, an edit by hand) it is refused
+        (:meth:`require_issued_for`). The record keeps that token's SHA-256, never the token."""
         ttl = self.ttl_s if ttl_s is None else ttl_s
         token = JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
         key = self.keys.join_token(token_digest(token))
         with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping={"machine": machine, "expires_at": repr(time.time() + ttl), "spent": 0})
+            pipe.hset(
+                key,
+                mapping={
+                    "machine": machine,
+                    "expires_at": repr(time.time() + ttl),
+                    "spent": 0,
+                    "machine_token": token_digest(machine_token),
+                },
+            )
             pipe.expire(key, int(ttl) + JOIN_TOKEN_MEMORY_S)
             pipe.execute()
         return token
@@ -211,6 +222,26 @@ class JoinTokens:
                 reason="join_token_expired",
             )
         return record["machine"]
+
+    def require_issued_for(self, token: str, machine_token: str) -> None:
+        """Refuse a join token issued before the machine's token changed: it would hand the new
+        token to whoever holds an old join command (one printed before ``rotate-token``, or for a
+        machine of that name since removed).
+
+        Raises:
+            Unauthorized: reason ``join_token_superseded``.
+        """
+        raw = self.redis.hgetall(self.keys.join_token(token_digest(token)))
+        record = {_text(k): _text(v) for k, v in raw.items()}
+        issued_for = record.get("machine_token")  # absent: issued by an older version, which kept none
+        if issued_for is not None and issued_for != token_digest(machine_token):
+            machine = record.get("machine", "?")
+            raise Unauthorized(
+                f"the join token of machine {machine!r} was issued before its token changed (`homefleet machines "
+                f"rotate-token`, or the machine removed and added again): only the newest join command hands it "
+                f"over; `homefleet machines rotate-token {machine}` prints a new one",
+                reason="join_token_superseded",
+            )
 
     def redeem(self, token: str) -> str:
         """Spend ``token`` (atomically: of two concurrent redemptions one wins); its machine.

@@ -59,7 +59,8 @@ def join(
     <join token>``) for its machine's name, its own token and the broker settings. Its device
     (``body``) must be what the machine was registered with: the backend, and at least the
     registered memory; otherwise 409 ``device_mismatch`` and the join token stays unspent.
-    401 ``join_token_unknown``, ``join_token_used`` or ``join_token_expired``; 409
+    401 ``join_token_unknown``, ``join_token_used``, ``join_token_expired`` or
+    ``join_token_superseded`` (issued before the machine's token changed); 409
     ``machine_not_loaded`` while the running server has not yet reloaded the fleet file."""
     token = credentials.credentials if credentials is not None else ""
     if not token.strip():
@@ -76,6 +77,7 @@ def join(
             f"every {ctx.settings.fleet_watch_s} s, or on SIGHUP); retry",
             reason="machine_not_loaded",
         )
+    tokens.require_issued_for(token.strip(), machine.token)
     if body.backend != machine.backend or (body.memory_bytes and body.memory_bytes < machine.memory_bytes):
         raise Conflict(
             f"machine {name!r} was registered as {machine.backend} with {machine.memory_bytes} bytes, but "

@@ -21,21 +21,25 @@ from app.core.errors import ConfigError, Unauthorized
 from app.fleet import live
 from app.fleet.config import Backend
 
+MACHINE_TOKEN = "token-of-the-machine-".ljust(32, "x")
+
 
 def test_a_join_token_is_single_use_expiring_and_stored_hashed(ctx: ServerContext) -> None:
     tokens = live.JoinTokens(ctx.redis, ctx.keys, ttl_s=900)
-    token = tokens.issue("m1")
+    token = tokens.issue("m1", MACHINE_TOKEN)
     assert token.startswith(live.JOIN_TOKEN_PREFIX) and len(token) > 40
     stored = [str(key) for key in ctx.redis.scan_iter(f"{ctx.keys.prefix}:join:*")]
     assert stored == [ctx.keys.join_token(live.token_digest(token))]  # only its SHA-256 names it
-    assert all(token not in str(value) for value in ctx.redis.hgetall(stored[0]).values())
+    assert all(
+        secret not in str(value) for value in ctx.redis.hgetall(stored[0]).values() for secret in (token, MACHINE_TOKEN)
+    )
     assert 900 < ctx.redis.ttl(stored[0]) <= 900 + live.JOIN_TOKEN_MEMORY_S
     assert tokens.peek(token) == "m1"  # peeking spends nothing
     assert tokens.redeem(token) == "m1"
     with pytest.raises(Unauthorized) as used:
         tokens.redeem(token)
     assert used.value.reason == "join_token_used" and "'m1'" in used.value.message
-    expiring = tokens.issue("m2", ttl_s=0.05)
+    expiring = tokens.issue("m2", MACHINE_TOKEN, ttl_s=0.05)
     time.sleep(0.2)
     with pytest.raises(Unauthorized) as expired:
         tokens.redeem(expiring)
@@ -47,7 +51,7 @@ def test_a_join_token_is_single_use_expiring_and_stored_hashed(ctx: ServerContex
 
 def test_of_two_concurrent_redemptions_one_wins(ctx: ServerContext) -> None:
     tokens = live.JoinTokens(ctx.redis, ctx.keys, ttl_s=900)
-    token = tokens.issue("m1")
+    token = tokens.issue("m1", MACHINE_TOKEN)
     outcomes: list[str] = []
     start = threading.Barrier(8)
 
