@@ -65,16 +65,19 @@ def _on_loopback(url: str) -> bool:
         return False
 
 
-def _join_command(ctx: ServerContext, server_url: str | None, token: str) -> None:
-    """Print the join command (stdout: one line to copy), and warn on stderr when what it hands
-    the new host, the server's URL or the Redis its worker gets (``HOMEFLEET_WORKER_REDIS_URL``,
-    else the server's ``HOMEFLEET_REDIS_URL``), names this host's loopback address: a worker on
-    another host reaches neither (docs/operations.md, "Add a machine")."""
+def _join_command(
+    ctx: ServerContext, server_url: str | None, token: str, models_dir: str | None = None, warn: bool = True
+) -> None:
+    """Print the join command (stdout: one line to copy; with ``--models-dir models_dir`` when
+    given), and warn on stderr when what it hands the new host, the server's URL or the Redis its
+    worker gets (``HOMEFLEET_WORKER_REDIS_URL``, else the server's ``HOMEFLEET_REDIS_URL``), names
+    this host's loopback address: a worker on another host reaches neither (docs/operations.md,
+    "Add a machine"); ``warn`` False: no warning (one already said it for the same URLs)."""
     url = _server_url(ctx, server_url)
-    print(f"homefleet worker join {url} {token}")
+    print(f"homefleet worker join {url} {token}" + (f" --models-dir {models_dir}" if models_dir else ""))
     broker = ctx.settings.worker_redis_url or ctx.settings.redis_url
     local = [what for what, on in (("the server's URL", _on_loopback(url)), ("its Redis", _on_loopback(broker))) if on]
-    if local:
+    if local and warn:
         errors.print(
             f"[yellow]warning:[/] {' and '.join(local)} name this host's loopback address: only a worker on this host "
             "can use them. For another host give --server-url http://<this host>:PORT (or set "
@@ -243,9 +246,21 @@ def rotate_token(
             except Conflict:
                 continue  # it ended meanwhile
             console.print(f"job {job_id}: interrupted (token_rotated)")
-        join = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s).issue(name, token, expires_s)
-        console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
-        _join_command(ctx, server_url, join)
+        joins = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s)
+        if hosts[name][0].device is None:
+            console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
+            _join_command(ctx, server_url, joins.issue(name, token, expires_s))
+            return
+        # a host's devices (docs/operations.md, "Several devices on one host"): one worker each, each its own
+        # machine, model folder and worker folder; the host's entry name is no machine a worker could run as
+        console.print(
+            f"host [bold]{name}[/] has a new token. On its host, stop its devices' workers, then run one join per "
+            "device (each single use, each in its own folder):"
+        )
+        for index, machine in enumerate(hosts[name]):
+            folder = f"homefleet-worker-{machine.name.replace(':', '-')}/models"
+            join = joins.issue(machine.name, token, expires_s)
+            _join_command(ctx, server_url, join, models_dir=folder, warn=index == len(hosts[name]) - 1)
     finally:
         ctx.close()
 

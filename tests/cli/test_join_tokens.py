@@ -74,3 +74,29 @@ def test_a_join_command_printed_before_rotate_token_or_before_remove_and_add_han
         assert "`homefleet machines rotate-token box2` prints a new one" in body["error"]["message"], body
     status, body = join(client, newest)
     assert status == 200 and body["machine"] == "box2" and body["token"] == box2_token, body
+
+
+def test_rotate_token_of_a_host_with_devices_prints_one_join_per_device_and_each_joins_its_device(
+    served: tuple[TestClient, dict[str, str | None], Settings],
+) -> None:
+    client, env, settings = served
+    assert settings.fleet_file is not None
+    # the host's entry, as docs/operations.md "Several devices on one host" writes it
+    text = settings.fleet_file.read_text() + (
+        '\n[[machines]]\nname = "duo"\ndevices = 2\nbackend = "cpu"\nmemory_kind = "unified"\n'
+        f'memory_bytes = 2_000_000_000\nfamilies = ["sd1"]\ntoken = "{"duo-token-".ljust(32, "x")}"\n'
+    )
+    live.write_atomically(settings.fleet_file, text)
+    rotated = run_cli("machines", "rotate-token", "duo", env=env)
+    commands = [line for line in rotated.stdout.splitlines() if line.startswith("homefleet worker join ")]
+    assert len(commands) == 2, rotated.stdout
+    host_token = live.parse(settings.fleet_file.read_text(), "fleet").machines["duo:0"].token
+    folders = set()
+    for index, command in enumerate(commands):
+        words = command.split()
+        assert words[-2] == "--models-dir", command  # each device its own worker folder (token file, worker.env)
+        folders.add(words[-1])
+        status, body = join(client, join_token(command))
+        assert status == 200, body
+        assert body["machine"] == f"duo:{index}" and body["token"] == host_token, body
+    assert len(folders) == 2, commands
