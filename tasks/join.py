@@ -29,7 +29,7 @@ from app.core.config import BrokerSettings, local_server_url, split_server_urls,
 from app.core.connections import create_redis, redacted_url
 from app.core.errors import Conflict, HomefleetError, Unauthorized
 from app.core.protocol import JoinGrant, JoinRequest
-from app.core.tls import tls_context
+from app.core.tls import tls_context, untrusted_advice, untrusted_certificate
 
 #: files of the worker's folder, each readable by its owner only
 TOKEN_FILE = "worker-token"
@@ -114,7 +114,8 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         Conflict: ``device_mismatch`` (this device is not the registered one) or
             ``machine_not_loaded``.
         HomefleetError: any other refusal; reason ``server_unreachable`` when ``server_url`` is
-            no http(s) URL or nothing answers there.
+            no http(s) URL or nothing answers there, ``certificate_untrusted`` when its TLS
+            certificate is not one this host trusts (``SSL_CERT_FILE`` names the one to trust).
     """
     body = JoinRequest(backend=device.backend, memory_bytes=device.memory_bytes).model_dump()
     try:
@@ -126,6 +127,10 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
             verify=tls_context(),
         )
     except (httpx.HTTPError, httpx.InvalidURL) as unreachable:
+        if (untrusted := untrusted_certificate(unreachable)) is not None:
+            raise HomefleetError(
+                untrusted_advice(server_url, untrusted), reason="certificate_untrusted"
+            ) from unreachable
         raise HomefleetError(
             f"the server at {server_url!r} cannot be reached ({type(unreachable).__name__}: {unreachable}); give "
             "the URL `homefleet machines add` printed, e.g. http://server:8787",
@@ -216,6 +221,10 @@ def doctor(values: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
             lines.append(("server", f"{server_url}: answers ({status})"))
             answering.append(server_url)
         except httpx.HTTPError as error:
+            if (untrusted := untrusted_certificate(error)) is not None:
+                lines.append(("server", f"{server_url}: certificate not trusted ({untrusted.verify_message})"))
+                missing.append(untrusted_advice(server_url, untrusted))
+                continue
             lines.append(("server", f"{server_url}: unreachable ({type(error).__name__})"))
             missing.append(f"the server at {server_url} (HOMEFLEET_SERVER_URL)")
     redis_url = values.get("HOMEFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")

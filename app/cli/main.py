@@ -291,10 +291,14 @@ def worker_join(
     joining.check_device(grant, device)
     token_file, values = joining.save_grant(grant, server_url, models_dir)
     env_file = token_file.parent / joining.ENV_FILE
+    from app.core.tls import ca_environment
+
+    # the CA this join trusted the server by is no worker setting: the restart's command line names it
+    trusted = "".join(f"{name}={path} " for name, path in ca_environment(os.environ).items())
     say.print(
         f"joined as machine [bold]{grant.machine}[/]; its token is in {token_file} (mode 0600), its "
         f"settings in {env_file}; to start this worker again (after a reboot): "
-        f"`homefleet worker --env-file {env_file}`, or keep it running with a supervisor: add "
+        f"`{trusted}homefleet worker --env-file {env_file}`, or keep it running with a supervisor: add "
         "--print-systemd-unit (a Mac: --print-launchd-plist)",
         soft_wrap=True,
         highlight=False,
@@ -371,12 +375,14 @@ def doctor(
 def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
     """Print the systemd unit (or launchd plist) that runs and restarts this worker
     (app/cli/supervision.py): its machine, models folder and token file as absolute paths, the
-    server's and Redis' URLs in its environment, this interpreter.
+    server's and Redis' URLs in its environment (and ``SSL_CERT_FILE``/``SSL_CERT_DIR`` where set
+    here: the CA this process trusts the server by), this interpreter.
 
     Raises:
         ConfigError: the token is not in a file (a supervisor file never holds the token).
     """
     from app.cli import supervision
+    from app.core.tls import ca_environment
 
     if settings.worker_token_file is None:
         raise ConfigError(
@@ -390,6 +396,7 @@ def print_supervisor_file(settings: WorkerSettings, launchd: bool) -> None:
         settings.worker_token_file.expanduser().resolve(),
     )
     environment = {"HOMEFLEET_SERVER_URL": settings.server_url, "HOMEFLEET_REDIS_URL": settings.redis_url}
+    environment |= ca_environment(os.environ)  # the CA certificates this process trusts the server by (TLS)
     for name, field in BrokerSettings.model_fields.items():  # what the fleet shares, where it is not the default
         if name != "redis_url" and getattr(settings, name) != field.default:
             environment[f"HOMEFLEET_{name.upper()}"] = str(getattr(settings, name))

@@ -23,6 +23,8 @@ def test_print_systemd_unit_names_the_token_file_and_this_interpreter(tmp_path: 
         "HOMEFLEET_REDIS_URL": "redis://127.0.0.1:6390/3",
         "HOMEFLEET_WORKER_TOKEN": None,
         "HOMEFLEET_WORKER_TOKEN_FILE": None,
+        "SSL_CERT_FILE": None,  # the CA variables a supervisor file carries when set (tests/cli/test_join_tls.py)
+        "SSL_CERT_DIR": None,
     }
     done = run_cli(
         "worker",
