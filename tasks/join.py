@@ -114,7 +114,8 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         Conflict: ``device_mismatch`` (this device is not the registered one) or
             ``machine_not_loaded``.
         HomefleetError: any other refusal; reason ``server_unreachable`` when ``server_url`` is
-            no http(s) URL or nothing answers there, ``certificate_untrusted`` when its TLS
+            no http(s) URL or nothing answers there, ``not_a_homefleet_server`` when what answers
+            there is not Homefleet's join route, ``certificate_untrusted`` when its TLS
             certificate is not one this host trusts (``SSL_CERT_FILE`` names the one to trust).
     """
     body = JoinRequest(backend=device.backend, memory_bytes=device.memory_bytes).model_dump()
@@ -140,13 +141,33 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
         return JoinGrant.model_validate(response.json())
     try:
         error = response.json().get("error") or {}
-    except ValueError:
+    except (ValueError, AttributeError):  # no JSON, or no JSON object
         error = {}
     message, reason = error.get("message") or response.text[:500], error.get("reason")
+    if not_the_join_route(response.status_code, reason):
+        said = (
+            f"{response.status_code} {reason}"
+            if reason
+            else f"{response.status_code} {response.headers.get('content-type', '')}"
+        )
+        raise HomefleetError(
+            f"{server_url!r} is not the address of a Homefleet server's API: its join route answered {said.strip()}; "
+            "give the URL `homefleet machines add` printed, the server's own address without a path such as /v1 "
+            "(e.g. http://server:8787)",
+            reason="not_a_homefleet_server",
+        )
     for cls in (Unauthorized, Conflict):
         if response.status_code == cls.status_code:
             raise cls(message, reason=reason)
     raise HomefleetError(f"the server answered {response.status_code}: {message}", reason=reason)
+
+
+def not_the_join_route(status: int, reason: str | None) -> bool:
+    """Whether a refused join's answer (its HTTP ``status`` and Homefleet's error ``reason``) came
+    from something other than ``POST /internal/v1/join``: no Homefleet error (another web server,
+    Flower's port), no such route (404, 405: a path before it, e.g. ``…/v1``), or a 401 that is no
+    join token's refusal (a public route's key check)."""
+    return reason is None or status in (404, 405) or (status == 401 and not reason.startswith("join_token_"))
 
 
 def check_device(grant: JoinGrant, device: DeviceFacts) -> None:
