@@ -7,6 +7,7 @@ the machine's heartbeat, advertised set and warm record (``tasks/heartbeat.py``)
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -68,15 +69,29 @@ class WorkerLease:
         while not self.redis.set(self.key, self.boot_id, nx=True, px=self.ttl_ms):
             if time.monotonic() >= deadline:
                 log.critical(
-                    "%s: another worker of this machine is running (boot %s), or still finishing its job "
+                    "%s: another worker of this machine is running (%s), or still finishing its job "
                     "after a stop; one worker per machine: stop it first (or start this one with its own "
                     "--machine); stopping",
                     self.settings.machine,
-                    self.redis.get(self.key),
+                    self.holder(),
                 )
                 raise SystemExit(EX_CONFIG)
             time.sleep(poll_s)
         self._thread.start()
+
+    def holder(self) -> str:
+        """Who holds the lease, for the operator to find and stop it: its boot id, and its pid and
+        host as its heartbeat names them (a worker left running on a machine removed and added
+        again, say, or on another host); the boot id alone when its heartbeat is gone or unreadable."""
+        boot = self.redis.get(self.key)
+        boot_id = boot.decode() if isinstance(boot, bytes) else boot
+        try:
+            beat = json.loads(self.redis.get(Keys(self.settings.key_prefix).heartbeat(self.settings.machine)) or "{}")
+        except (redis.RedisError, ValueError):
+            beat = {}
+        if isinstance(beat, dict) and beat.get("boot_id") == boot_id and beat.get("pid"):
+            return f"boot {boot_id}, pid {beat['pid']} on host {beat.get('host', '?')}"
+        return f"boot {boot_id}"
 
     def _renew(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):

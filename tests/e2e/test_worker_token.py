@@ -74,6 +74,8 @@ def test_a_second_worker_for_a_machine_with_a_live_worker_exits_78_and_changes_n
     )
     assert second.returncode == 78, second.stdout + second.stderr
     assert "another worker of this machine is running" in second.stdout + second.stderr
+    # naming where it runs: the operator stops that one (a worker left running on a machine removed and added again)
+    assert f"(boot {before['boot_id']}, pid {before['pid']} on host {before['host']})" in second.stdout + second.stderr
     after = json.loads(ctx.redis.get(ctx.keys.heartbeat("m1")))
     assert after["boot_id"] == before["boot_id"]  # the first one still beats
     assert ctx.redis.smembers(ctx.keys.verified("m1")) == verified  # and its verified models are as they were
