@@ -62,6 +62,9 @@ def test_a_join_command_printed_before_rotate_token_or_before_remove_and_add_han
     rotated = join_token(run_cli("machines", "rotate-token", "box2", env=env).stdout)
     removed = run_cli("machines", "remove", "box2", "--no-wait", env=env)
     assert "machine box2 removed" in removed.stdout, removed.stdout
+    status, body = join(client, first)  # a removed machine's: no "retry" that could never succeed alone
+    assert status == 409 and body["error"]["reason"] == "machine_not_loaded", body
+    assert "removed since this join token was issued (`homefleet machines add box2`" in body["error"]["message"], body
     newest = join_token(run_cli(*add, env=env).stdout)  # box2 again: another host, say
     assert settings.fleet_file is not None
     box2_token = live.parse(settings.fleet_file.read_text(), "fleet").machines["box2"].token

@@ -61,7 +61,8 @@ def join(
     registered memory; otherwise 409 ``device_mismatch`` and the join token stays unspent.
     401 ``join_token_unknown``, ``join_token_used``, ``join_token_expired`` or
     ``join_token_superseded`` (issued before the machine's token changed); 409
-    ``machine_not_loaded`` while the running server has not yet reloaded the fleet file."""
+    ``machine_not_loaded`` while the running server has not yet reloaded the fleet file, or once the
+    machine was removed."""
     token = credentials.credentials if credentials is not None else ""
     if not token.strip():
         raise Unauthorized(
@@ -73,8 +74,9 @@ def join(
     machine = ctx.fleet.machines.get(name)
     if machine is None:
         raise Conflict(
-            f"machine {name!r} is not in the running server's fleet yet (the fleet file is reloaded "
-            f"every {ctx.settings.fleet_watch_s} s, or on SIGHUP); retry",
+            f"machine {name!r} is not in the running server's fleet: removed since this join token was issued "
+            f"(`homefleet machines add {name}` prints a new join command), or not loaded yet (the fleet file is "
+            f"reloaded every {ctx.settings.fleet_watch_s} s, or on SIGHUP: retry)",
             reason="machine_not_loaded",
         )
     tokens.require_issued_for(token.strip(), machine.token)
