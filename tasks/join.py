@@ -133,8 +133,10 @@ def request_grant(server_url: str, join_token: str, device: DeviceFacts, timeout
                 untrusted_advice(server_url, untrusted), reason="certificate_untrusted"
             ) from unreachable
         raise HomefleetError(
-            f"the server at {server_url!r} cannot be reached ({type(unreachable).__name__}: {unreachable}); give "
-            "the URL `homefleet machines add` printed, e.g. http://server:8787",
+            f"the server at {server_url!r} cannot be reached ({type(unreachable).__name__}: {unreachable}); the join "
+            "token was not spent: once the server runs and listens there (HOMEFLEET_API_HOST=0.0.0.0 for another "
+            "host), run this same command again; else give the URL `homefleet machines add` printed, e.g. "
+            "http://server:8787",
             reason="server_unreachable",
         ) from unreachable
     if response.is_success:

@@ -531,16 +531,16 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
 
 
 @contextmanager
-def served_api(ctx: ServerContext) -> Iterator[str]:
-    """The real API over ``ctx`` served by uvicorn on a free port, in a thread, until the block
-    ends; yields its base URL. No lifespan: no reconciliation pass or webhook loop runs
-    meanwhile. ``ctx`` is not closed here."""
+def served_api(ctx: ServerContext, port: int | None = None) -> Iterator[str]:
+    """The real API over ``ctx`` served by uvicorn on ``port`` (default: a free one), in a thread,
+    until the block ends; yields its base URL. No lifespan: no reconciliation pass or webhook loop
+    runs meanwhile. ``ctx`` is not closed here."""
     import uvicorn
 
     from app.api.server import create_app
     from app.devtools.redis_server import free_port
 
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(ctx.settings, ctx), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
     )

@@ -15,6 +15,8 @@ import pytest
 
 from app.cli.machines import _on_loopback, _server_url
 from app.context import ServerContext
+from app.devtools.redis_server import free_port
+from app.fleet.live import JoinTokens
 from tests.helpers import run_cli, served_api
 
 
@@ -103,3 +105,25 @@ def test_a_join_to_a_url_that_is_not_the_servers_api_names_the_url_not_a_key_or_
         right = run_cli("worker", "join", url, bogus, "--models-dir", str(tmp_path / "models"), env=env, check=False)
         assert right.returncode == 2 and "error (join_token_unknown)" in right.stderr, right.stderr
     assert not (tmp_path / "worker-token").exists()
+
+
+def test_a_join_while_the_server_is_down_says_so_and_the_same_command_joins_once_it_answers(
+    ctx: ServerContext, tmp_path: Path
+) -> None:
+    """Joining while the server restarts: the answer said only "give the URL `homefleet machines
+    add` printed", the very URL given; it now says the token was not spent and to run the same
+    command again, which then joins."""
+    machine_token = ctx.fleet.machines["m1"].token
+    token = JoinTokens(ctx.redis, ctx.keys, ttl_s=900).issue("m1", machine_token)
+    port = free_port()  # the server's port, while nothing listens on it
+    command = ("worker", "join", f"http://127.0.0.1:{port}", token, "--models-dir", str(tmp_path / "models"))
+    env: dict[str, str | None] = {"HOMEFLEET_REDIS_URL": None, "COLUMNS": "200"}
+    down = run_cli(*command, "--print-systemd-unit", env=env, check=False)
+    said = " ".join(down.stderr.split())
+    assert down.returncode == 2 and "error (server_unreachable):" in said, said
+    assert "the join token was not spent" in said and "run this same command again" in said, said
+    with served_api(ctx, port=port):
+        up = run_cli(*command, "--print-systemd-unit", env=env, check=False)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "joined as machine m1" in " ".join(up.stderr.split()), up.stderr
+    assert (tmp_path / "worker-token").read_text().strip() == machine_token
