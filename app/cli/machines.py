@@ -248,7 +248,11 @@ def rotate_token(
             console.print(f"job {job_id}: interrupted (token_rotated)")
         joins = live.JoinTokens(ctx.redis, ctx.keys, ctx.settings.join_token_ttl_s)
         if hosts[name][0].device is None:
-            console.print(f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then (single use):")
+            console.print(
+                f"machine [bold]{name}[/] has a new token. On its host, stop the worker, then run this in the folder "
+                "it joined in, or add --models-dir with its models folder (the join writes the new token beside it; "
+                "elsewhere the worker starts on an empty models folder) (single use):"
+            )
             _join_command(ctx, server_url, joins.issue(name, token, expires_s))
             return
         # a host's devices (docs/operations.md, "Several devices on one host"): one worker each, each its own

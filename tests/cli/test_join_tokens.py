@@ -59,7 +59,10 @@ def test_a_join_command_printed_before_rotate_token_or_before_remove_and_add_han
     client, env, settings = served
     add = ("machines", "add", "box2", "--memory", "2", "--families", "sd1")
     first = join_token(run_cli(*add, env=env).stdout)
-    rotated = join_token(run_cli("machines", "rotate-token", "box2", env=env).stdout)
+    rotation = run_cli("machines", "rotate-token", "box2", env=env).stdout
+    rotated = join_token(rotation)
+    # pasted elsewhere than the folder the host joined in, the join would start on an empty models folder
+    assert "run this in the folder it joined in, or add --models-dir" in " ".join(rotation.split()), rotation
     removed = run_cli("machines", "remove", "box2", "--no-wait", env=env)
     assert "machine box2 removed" in removed.stdout, removed.stdout
     status, body = join(client, first)  # a removed machine's: no "retry" that could never succeed alone
