@@ -420,6 +420,9 @@ function renderJobs() {
 
 // ---- Gallery ----
 function options(select, values) {
+  // Rebuilt only when the values change: a list drawn anew each refresh closed a list the user
+  // had open and dropped the option under the pointer.
+  if ([...select.options].slice(1).map((o) => o.value).join("\n") === values.join("\n")) return;
   const chosen = select.value;
   select.replaceChildren(el("option", { value: "" }, "all"), ...values.map((v) => el("option", { value: v }, v)));
   select.value = values.includes(chosen) ? chosen : "";
