@@ -479,7 +479,8 @@ class Dispatcher:
 
         Raises:
             PlacementLost: the lock expired before the reservation; the job is ``interrupted``
-                (reason ``placement_lock_lost``) and nothing is published.
+                (reason ``placement_lock_lost``, its ``Idempotency-Key`` dropped so that the
+                client's retry is a new job, R20) and nothing is published.
         """
         demand_class = request.model_id if request.target == AUTO else pinned_class(request.model_id, machine)
         work_s = seen.estimator.work_s(request.model_id, request.kind, request.steps, request.size)
@@ -500,17 +501,23 @@ class Dispatcher:
                 [JobState.queued],
                 "placement_lock_lost",
                 "the fleet lock expired before publishing; nothing was published",
+                forget_key=True,  # "submit again": a retry with its Idempotency-Key is a new job (R20)
             )
             raise PlacementLost("the fleet lock expired before the job was published; submit again")
 
     def _publish(self, job: Job, machine: str) -> None:
         """Publish the job's message to its machine's queue (R8). A failed publish releases the
-        reservation and interrupts the job (``publish_failed``), then raises."""
+        reservation and interrupts the job (``publish_failed``; its ``Idempotency-Key`` dropped, so
+        that the client's retry with it is a new job, R20), then raises."""
         try:
             self.queues.publish(machine, job.id, job.model_id, job.kind)
         except Exception:
             self.endings.interrupt(
-                job.id, [JobState.queued], "publish_failed", "publishing to the broker failed; nothing was queued"
+                job.id,
+                [JobState.queued],
+                "publish_failed",
+                "publishing to the broker failed; nothing was queued",
+                forget_key=True,  # a retry with its Idempotency-Key is a new job, not this one (R20)
             )
             raise
 

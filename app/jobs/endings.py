@@ -149,13 +149,17 @@ class Endings:
         *,
         announce: bool = False,
         release: bool = True,
+        forget_key: bool = False,
     ) -> Job:
         """``queued|running -> interrupted`` with a reason code (R19), then the end's steps.
+        ``forget_key``: drop the job's ``Idempotency-Key`` with the transition (a job never
+        published, whose retry must be a new submission, R20).
 
         Raises:
             Conflict: the job is in another state (nothing changes).
         """
-        return self.finished(self.journal.interrupt(job_id, from_states, reason, message), announce, release)
+        interrupted = self.journal.interrupt(job_id, from_states, reason, message, forget_key=forget_key)
+        return self.finished(interrupted, announce, release)
 
     def cancel(
         self,

@@ -421,8 +421,13 @@ class Journal:
                 return current
             raise
 
-    def interrupt(self, job_id: str, from_states: Iterable[JobState], reason: str, message: str) -> Job:
-        """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19)."""
+    def interrupt(
+        self, job_id: str, from_states: Iterable[JobState], reason: str, message: str, *, forget_key: bool = False
+    ) -> Job:
+        """``queued|running -> interrupted``: it may have started and will never re-run by itself (R19).
+        ``forget_key``: in the same update, drop the job's ``Idempotency-Key`` (a job that was
+        never published: the client's retry with that key is a new submission, R20)."""
+        values: dict[str, Any] = {"idempotency_key": None} if forget_key else {}
         return self.transition(
             job_id,
             from_states,
@@ -430,6 +435,7 @@ class Journal:
             event_detail=f"{reason}: {message}",
             reason=reason,
             message=message,
+            **values,
         )
 
     def cancel(

@@ -13,6 +13,7 @@ from app.core.errors import MachineUnavailable, Rejected
 from app.core.states import JobState
 from app.fleet.lock import Fence
 from app.fleet.reservations import HashField
+from app.jobs.dispatch import Submission
 from tests.helpers import bring_online, make_fleet
 
 
@@ -106,6 +107,57 @@ def test_r20_concurrent_retries_with_one_key_create_one_job(ctx: ServerContext, 
         )
     assert len(ids) == 1
     assert ctx.redis.llen(ctx.keys.queue_list("m1")) == 1
+
+
+@pytest.mark.parametrize("failure", ["publish_failed", "placement_lock_lost"])
+def test_r20_a_retry_of_a_submission_that_published_nothing_gets_a_job_that_runs(
+    ctx: ServerContext, tiny_models_dir: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """A submission answered 5xx after its job was journaled but before it was published
+    (the broker dropped the publish, or the fleet lock expired) ends that job ``interrupted``
+    and says "nothing was published; submit again". The client's retry with the same
+    Idempotency-Key (R20: a deliberate retry) must then get a job that runs, not a replay of
+    the interrupted one that never will."""
+    import redis
+
+    from app.core.errors import PlacementLost
+
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+
+    def submit() -> Submission:
+        return ctx.dispatcher.submit(
+            model, "txt2img", {"prompt": "x", "seed": 1}, "m1", idempotency_key="k", api_key_id="ka"
+        )
+
+    if failure == "publish_failed":
+        publish = ctx.queues.publish
+
+        def broken(*args: object, **kwargs: object) -> None:
+            monkeypatch.setattr(ctx.queues, "publish", publish)  # once
+            raise redis.ConnectionError("Connection reset by peer")
+
+        monkeypatch.setattr(ctx.queues, "publish", broken)
+        expected: type[Exception] = redis.ConnectionError
+    else:
+        add = ctx.machines.reservations.add
+
+        def lost(*args: object, **kwargs: object) -> bool:
+            monkeypatch.setattr(ctx.machines.reservations, "add", add)  # once
+            return False
+
+        monkeypatch.setattr(ctx.machines.reservations, "add", lost)
+        expected = PlacementLost
+    with pytest.raises(expected):
+        submit()
+    [first] = ctx.journal.list()
+    assert (first.state, first.reason) == (JobState.interrupted, failure)
+    retry = submit()
+    assert not retry.replayed and retry.job.id != first.id
+    assert retry.job.state == JobState.queued and ctx.queues.queued_ids("m1") == [retry.job.id]
+    again = submit()
+    assert (again.job.id, again.replayed) == (retry.job.id, True)  # the key now names the job that runs
+    assert ctx.journal.get(first.id).state == JobState.interrupted  # the interrupted one stays journaled
 
 
 def test_c03_cancel_removes_the_queue_entry_and_the_claim_refuses_a_late_copy(
