@@ -573,9 +573,10 @@ class Dispatcher:
 
     def request_cancel(self, job_id: str) -> Job:
         """``POST /v1/jobs/{id}/cancel``: a queued job is cancelled at once (:meth:`cancel`); a
-        running one is asked to stop (``Keys.cancel``): its worker stops between steps and the
-        job ends ``cancelled`` with the steps it ran; one still running ``cancel_grace_s`` later
-        is ended ``cancelled`` by reconciliation and its pool process killed. Returns the job as
+        running one is asked to stop (``Keys.cancel``), a queued one claimed while it is cancelled
+        too: its worker stops between steps and the job ends ``cancelled`` with the steps it ran;
+        one still running ``cancel_grace_s`` later is ended ``cancelled`` by reconciliation and
+        its pool process killed. Returns the job as
         it is now (``cancelled``, or ``running`` while the stop is under way).
 
         Raises:
@@ -583,6 +584,14 @@ class Dispatcher:
             Conflict: the job had ended (``not_cancellable_<state>``).
         """
         job = self.journal.get(job_id)
+        if job.state == JobState.queued:
+            try:
+                return self.cancel(job_id)
+            except Conflict:
+                job = self.journal.get(job_id)
+                if job.state != JobState.running:
+                    raise
+                # claimed between the read and the cancel's update: ask the running job to stop
         if job.state == JobState.running:
             self.machines.redis.set(self.machines.keys.cancel(job_id), repr(time.time()), nx=True, ex=24 * 3600)
             log.info("job %s: cancel requested while running on %s", job_id, job.machine)

@@ -195,6 +195,28 @@ def test_c03_a_running_or_ended_job_cannot_be_cancelled(ctx: ServerContext, tiny
     assert "is cancelled on m1; it has ended, there is nothing to cancel" in again.value.message
 
 
+def test_c03_a_cancel_racing_the_claim_asks_the_running_job_to_stop(
+    ctx: ServerContext, tiny_models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST /v1/jobs/{id}/cancel`` read the job queued, and its worker claimed it before the
+    cancel's conditional update: the job is running, and the request must ask it to stop
+    between steps (202 with the running job, docs/api.md "Reading and ending jobs"), not
+    answer 409 ``not_cancellable_running`` and leave it to run to its end."""
+    model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
+    bring_online(ctx, "m1", {model})
+    job = ctx.dispatcher.submit(model, "txt2img", {"prompt": "x"}, "m1").job.id
+    cancel = ctx.dispatcher.endings.cancel
+
+    def claimed_first(job_id: str, *args: object, **kwargs: object) -> object:
+        ctx.journal.claim(job_id, "m1")  # the worker's claim lands between the read and the update
+        return cancel(job_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ctx.dispatcher.endings, "cancel", claimed_first)
+    answered = ctx.dispatcher.request_cancel(job)
+    assert answered.state == JobState.running
+    assert ctx.redis.exists(ctx.keys.cancel(job))  # its worker stops it between steps
+
+
 def test_drain_refuses_pinned_jobs_and_auto_skips_the_machine(ctx: ServerContext, tiny_models_dir: Path) -> None:
     model = ctx.registry.add(tiny_models_dir / "tiny-sd").id
     bring_online(ctx, "m1", {model})
