@@ -222,6 +222,12 @@ class Journal:
             query = select(JobEvent).where(col(JobEvent.job_id) == job_id).order_by(col(JobEvent.id))
             return list(session.exec(query).all())
 
+    def has_machine(self, machine: str) -> bool:
+        """Whether any job was placed on ``machine`` (one indexed lookup): a machine since
+        removed from the fleet file still has its jobs listed."""
+        with Session(self.engine) as session:
+            return session.exec(select(Job.id).where(col(Job.machine) == machine).limit(1)).first() is not None
+
     def count_in(self, state: JobState, machine: str) -> int:
         """How many jobs of ``machine`` are in ``state`` (one COUNT)."""
         with Session(self.engine) as session:

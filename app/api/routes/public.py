@@ -172,7 +172,16 @@ def list_jobs(
     ``MAX_PAGE``) per page; the next page is ``?after=<the last id of this page>`` with the same
     filters, and an empty page ends the list. A running job carries its ``progress``
     (``{"step", "total"}``). 404 ``job_not_found`` for an ``after`` that names no job; 422 for
-    an unknown state or a limit out of range. The fleet page (``/``) reads it."""
+    an unknown state or a limit out of range, and 422 ``unknown_machine`` (param ``machine``)
+    for a ``machine`` that is neither in the fleet nor named by a journaled job (a typo must
+    not read as "no jobs there"). The fleet page (``/``) reads it."""
+    if machine is not None and machine not in ctx.fleet.machines and not ctx.journal.has_machine(machine):
+        raise Rejected(
+            f"`machine`: no machine {machine!r} in the fleet, and no job was ever placed on it; "
+            f"the fleet's machines are {', '.join(sorted(ctx.fleet.machines))}",
+            reason="unknown_machine",
+            param="machine",
+        )
     return [
         JobPublic.from_job(job, progress_of(ctx, job))
         for job in ctx.journal.page(state, machine, limit, after, newest_first=order == "newest")

@@ -45,6 +45,28 @@ def test_jobs_are_listed_newest_first_with_refusal_reasons_and_filters(api: tupl
     assert client.get("/v1/jobs", headers={"Authorization": ""}).status_code == 401
 
 
+def test_an_unknown_machine_filter_is_refused_naming_the_fleets_machines(api: tuple[TestClient, ServerContext]) -> None:
+    """``?machine=`` naming no machine (a typo: ``box-1`` for ``box:1``) is refused as any
+    unknown machine (docs/api.md, "Fleet, models, syncs, residency"), not answered with an
+    empty list that reads as "no jobs there"; a machine since removed from the fleet file
+    still lists the jobs the journal has of it."""
+    from app.core.states import JobState
+    from app.db.tables import Job
+
+    client, ctx = api
+    submit(client, "m2")
+    typo = client.get("/v1/jobs", params={"machine": "m-2"})
+    assert typo.status_code == 422
+    error = typo.json()["error"]
+    assert (error["reason"], error["param"]) == ("unknown_machine", "machine")
+    assert "'m-2'" in error["message"] and "m2" in error["message"]
+    gone = ctx.journal.add(
+        Job(state=JobState.succeeded, model_id=MODEL, kind="txt2img", params={}, target="old", machine="old")
+    )
+    assert [job["id"] for job in client.get("/v1/jobs", params={"machine": "old"}).json()] == [gone.id]
+    assert len(client.get("/v1/jobs", params={"machine": "m2"}).json()) == 1
+
+
 def test_machines_show_warm_and_committed_models_and_drain_time(api: tuple[TestClient, ServerContext]) -> None:
     client, ctx = api
     bring_online(ctx, "m2", {MODEL}, warm=(MODEL,))
