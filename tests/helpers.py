@@ -490,19 +490,23 @@ class Received:
 @dataclass
 class WebhookReceiver:
     """A real HTTP receiver on 127.0.0.1 (``url``): it records every POST and answers the
-    statuses of ``statuses`` in turn, then ``then`` (the webhook tests)."""
+    statuses of ``statuses`` in turn, then ``then`` (the webhook tests), with a ``Location``
+    header when ``location`` is set (a receiver that redirects)."""
 
     url: str
     statuses: list[int] = field(default_factory=list)
     then: int = 200
     received: list[Received] = field(default_factory=list)
+    location: str | None = None
 
     def answer(self) -> int:
         return self.statuses.pop(0) if self.statuses else self.then
 
 
 @contextmanager
-def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iterator[WebhookReceiver]:
+def webhook_receiver(
+    statuses: list[int] | None = None, then: int = 200, location: str | None = None
+) -> Iterator[WebhookReceiver]:
     """Run a :class:`WebhookReceiver` (``http.server`` in a thread, on a free port) until the block ends."""
     receiver: WebhookReceiver
 
@@ -513,6 +517,8 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
                 Received(time.time(), self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
             self.send_response(receiver.answer())
+            if receiver.location is not None:
+                self.send_header("Location", receiver.location)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -520,7 +526,9 @@ def webhook_receiver(statuses: list[int] | None = None, then: int = 200) -> Iter
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver = WebhookReceiver(f"http://127.0.0.1:{server.server_address[1]}/hook", list(statuses or []), then)
+    receiver = WebhookReceiver(
+        f"http://127.0.0.1:{server.server_address[1]}/hook", list(statuses or []), then, location=location
+    )
     thread = threading.Thread(target=server.serve_forever, name="webhook-receiver", daemon=True)
     thread.start()
     try:

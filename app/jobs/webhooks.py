@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 import httpx
 
 from app.core.config import Settings
-from app.core.tls import tls_context
+from app.core.tls import tls_context, untrusted_certificate
 from app.db.tables import Job, WebhookDelivery
 from app.journal.jobs import Journal
 from app.journal.webhooks import DELIVERED, FAILED, PENDING, WebhookOutbox
@@ -49,6 +49,29 @@ EVENT_HEADER = "X-Homefleet-Event"
 EVENT = "job.ended"
 TOLERANCE_S = 300  # how old a timestamp verify() accepts, by default (seconds)
 LEASE_ROOM_S = 5.0  # an attempt's lease outlasts its timeout by this much (seconds)
+
+
+def answered(response: httpx.Response) -> str:
+    """An attempt's outcome as its job event says it: ``HTTP <status>``, and for a redirect
+    (never followed) where it pointed and the fix, ``make that URL the job's webhook_url``."""
+    outcome = f"HTTP {response.status_code}"
+    if response.is_redirect:
+        location = response.headers["Location"][:300]
+        outcome += f": a redirect to {location!r}, never followed; make that URL the job's webhook_url"
+    return outcome
+
+
+def unreached(error: httpx.HTTPError) -> str:
+    """An attempt that got no answer, as its job event says it (``ConnectError: …``, at most 300
+    characters of the error), and for a receiver certificate the server does not trust, the fix:
+    its CA in the server's ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``), which :func:`tls_context` reads."""
+    outcome = f"{type(error).__name__}: {error}"[:300]
+    if untrusted_certificate(error) is not None:
+        outcome += (
+            "; the server does not trust the receiver's certificate: give `homefleet serve` its CA in "
+            "SSL_CERT_FILE (or SSL_CERT_DIR) and start it again"
+        )
+    return outcome
 
 
 def _unix_s(moment: datetime | None) -> float:
@@ -156,9 +179,9 @@ class WebhookSender:
         }
         try:  # streamed, and the answer's body never read: a receiver cannot make the server hold a large one
             with self.client.stream("POST", delivery.url, content=body, headers=headers) as response:
-                delivered, outcome = response.is_success, f"HTTP {response.status_code}"
+                delivered, outcome = response.is_success, answered(response)
         except httpx.HTTPError as error:
-            delivered, outcome = False, f"{type(error).__name__}: {error}"[:300]
+            delivered, outcome = False, unreached(error)
         if delivered:
             self.outbox.record(delivery, number, DELIVERED, f"delivered: {outcome} (attempt {number})", delivery.due_s)
             self._count(DELIVERED, time.time() - _unix_s(job.finished_at))

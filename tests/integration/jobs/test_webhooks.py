@@ -22,6 +22,7 @@ from app.db.tables import Job
 from app.fleet.config import Fleet, WebhookConfig
 from app.jobs.webhooks import sign, verify
 from app.journal.webhooks import DELIVERED, EVENT, FAILED, PENDING
+from tests.cli.test_join_tls import tls_server
 from tests.helpers import (
     TEST_API_KEY,
     TEST_WEBHOOK_SECRET,
@@ -30,6 +31,8 @@ from tests.helpers import (
     wait_for,
     webhook_receiver,
 )
+
+__all__ = ["tls_server"]  # the fixture: an https listener of a self-signed certificate
 
 OTHER_KEY = "other-api-key-0123456789"  # a key without a webhook secret
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
@@ -188,6 +191,46 @@ def test_an_unreachable_receiver_is_an_attempt_too(hook_ctx: ServerContext) -> N
         "; gave up after 2 attempts (webhook_attempts)"
     )
     assert ctx.journal.get(job_id).state == JobState.cancelled
+
+
+def test_a_redirecting_receiver_is_told_to_give_the_url_it_redirects_to(hook_ctx: ServerContext) -> None:
+    """A receiver behind a redirect (http -> https, a moved path) is never followed (docs/api.md
+    "Webhooks"); each attempt's detail names where it pointed and the fix, not a bare
+    ``HTTP 308`` repeated until the server gives up."""
+    hook_ctx.settings.webhook_attempts = 2
+    with (
+        webhook_receiver(then=308, location="https://127.0.0.1/hooks/new") as receiver,
+        TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client,
+    ):
+        job_id = str(submit(client, receiver.url)["id"])
+        client.post(f"/v1/jobs/{job_id}/cancel")
+        wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
+    first, last = webhook_events(hook_ctx, job_id)
+    hint = "HTTP 308: a redirect to 'https://127.0.0.1/hooks/new', never followed; make that URL the job's webhook_url"
+    assert first == f"attempt 1: {hint}; next in 0.05 s"
+    assert last == f"attempt 2: {hint}; gave up after 2 attempts (webhook_attempts)"
+    assert len(receiver.received) == 2
+
+
+def test_a_receiver_whose_certificate_the_server_does_not_trust_is_told_to_give_its_ca(
+    hook_ctx: ServerContext, tls_server: tuple[str, Path]
+) -> None:
+    """An HTTPS receiver with a self-signed certificate (or a private CA's) fails every attempt
+    in the TLS handshake; the detail says so and names the fix: the CA in the server's
+    ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``), as for a joining worker."""
+    url, _cert = tls_server
+    hook_ctx.settings.webhook_attempts = 1
+    with TestClient(create_app(hook_ctx.settings, hook_ctx), headers=AUTH) as client:
+        job_id = str(submit(client, url + "/hook")["id"])
+        client.post(f"/v1/jobs/{job_id}/cancel")
+        wait_for(lambda: hook_ctx.outbox.of_job(job_id)[0].state == FAILED, timeout_s=10, what="given up")
+    [detail] = webhook_events(hook_ctx, job_id)
+    assert detail.startswith("attempt 1: ConnectError: ") and "CERTIFICATE_VERIFY_FAILED" in detail, detail
+    assert (
+        "the server does not trust the receiver's certificate: give `homefleet serve` its CA in SSL_CERT_FILE "
+        "(or SSL_CERT_DIR) and start it again" in detail
+    ), detail
+    assert detail.endswith("; gave up after 1 attempts (webhook_attempts)"), detail
 
 
 def test_hosts_outside_the_allow_list_and_keys_without_a_secret_are_refused(hook_ctx: ServerContext) -> None:
