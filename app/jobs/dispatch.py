@@ -262,8 +262,10 @@ class Dispatcher:
         api_key_id: str | None = None,
     ) -> dict[str, Any]:
         """The decision a submission would get, enqueuing nothing: every machine with the filter
-        that excluded it or its expected-finish breakdown (seconds). Raises as :meth:`request`
-        and :meth:`check_webhook`."""
+        that excluded it or its expected-finish breakdown (seconds). A job the submission would
+        refuse has ``machine`` None and an ``error`` ``{reason, message}``: placement's refusal,
+        ``job_too_long``, ``fleet_full`` or the key's quota (``quota_queued``,
+        ``quota_gpu_seconds``; R23). Raises as :meth:`request` and :meth:`check_webhook`."""
         self.check_webhook(webhook_url, api_key_id)
         request = self.request(model_id, kind, dict(params), target)
         seen = self.snapshot(model_id)
@@ -281,6 +283,13 @@ class Dispatcher:
         if "error" not in decision and (too_long := self.too_long(runs)) is not None:
             decision["error"] = {"reason": "job_too_long", "message": too_long}  # a submission is refused so
             decision["machine"] = None
+        if "error" not in decision:  # the fleet's bound and the key's quota refuse it too (R23), read unlocked
+            try:
+                self.check_pending(seen.views)
+                self.quotas.check(api_key_id)
+            except Overloaded as refusal:
+                decision["error"] = {"reason": refusal.reason, "message": refusal.message}
+                decision["machine"] = None
         return decision
 
     def submit(

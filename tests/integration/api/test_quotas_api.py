@@ -71,6 +71,30 @@ def homefleet_client(client: TestClient, key: str) -> HomefleetClient:
     return own
 
 
+def test_a_dry_run_over_the_key_quota_or_the_fleet_bound_shows_the_refusal(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """``?dry_run=true`` shows the decision a submission would get (docs/api.md, ``POST
+    /v1/jobs``): at the key's quota (or the fleet's ``max_pending_total``, R23) a submission is
+    429, so the dry run's ``machine`` is null and its ``error`` names that refusal, not a
+    machine the job would never reach; nothing is journaled."""
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a cat"}}
+    ci = {"Authorization": f"Bearer {CI_KEY}"}
+    assert client.post("/v1/jobs", json=body, headers=ci).status_code == 202
+    dry = client.post("/v1/jobs", params={"dry_run": "true"}, json=body, headers=ci)
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["machine"] is None
+    assert dry.json()["error"] == {"reason": "quota_queued", "message": QUEUED_MESSAGE}
+    other = {"Authorization": f"Bearer {TEST_API_KEY}"}  # a key under no quota: still placed
+    assert client.post("/v1/jobs", params={"dry_run": "true"}, json=body, headers=other).json()["machine"] == "server"
+    ctx.settings.max_pending_total = 1
+    full = client.post("/v1/jobs", params={"dry_run": "true"}, json=body, headers=other).json()
+    assert (full["machine"], full["error"]["reason"]) == (None, "fleet_full")
+    assert "max_pending_total = 1" in full["error"]["message"]
+    assert len(ctx.journal.list()) == 1  # the one accepted job: a dry run journals nothing
+
+
 def test_post_jobs_over_the_queued_quota_is_429_with_retry_after_and_names_the_quota(
     api: tuple[TestClient, ServerContext],
 ) -> None:
