@@ -104,10 +104,13 @@ class HomefleetClient:
         ApiError 409 when it has ended."""
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
-    def requeue(self, job_id: str, **changes: Any) -> dict[str, Any]:
-        """``POST /v1/jobs/{id}/requeue``: a new job with that job's params; ``seed=None``
-        draws a new seed, ``seed=N`` takes N, ``target=`` another target. Returns as :meth:`submit`."""
-        return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes))
+    def requeue(self, job_id: str, idempotency_key: str | None = None, **changes: Any) -> dict[str, Any]:
+        """``POST /v1/jobs/{id}/requeue`` exactly once: a new job with that job's params;
+        ``seed=None`` draws a new seed, ``seed=N`` takes N, ``target=`` another target. Returns as
+        :meth:`submit`. To retry safely, call again with the same ``idempotency_key`` (R20): the
+        server returns the first requeue's job. Raises as :meth:`submit`."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/requeue", json=changes, headers=headers))
 
     def progress(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> Iterator[dict[str, Any]]:
         """Yield the job each time its state or step changes, ending with the ended job.

@@ -105,13 +105,21 @@ class Submission:
 
 
 def request_fingerprint(
-    model_id: str, kind: str, params: dict[str, Any], target: str, webhook_url: str | None = None
+    model_id: str,
+    kind: str,
+    params: dict[str, Any],
+    target: str,
+    webhook_url: str | None = None,
+    requeued_from: str | None = None,
 ) -> str:
     """Digest of a submission's body as the client sent it (before the server draws a seed);
-    ``webhook_url`` counts only when given (the digests of bodies without one are unchanged)."""
+    ``webhook_url`` and ``requeued_from`` (a requeue: the job it repeats) count only when given
+    (the digests of bodies without them are unchanged)."""
     body: dict[str, Any] = {"model": model_id, "kind": kind, "params": params, "target": target}
     if webhook_url is not None:
         body["webhook_url"] = webhook_url
+    if requeued_from is not None:
+        body["requeued_from"] = requeued_from
     return bytes_digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -330,7 +338,7 @@ class Dispatcher:
             raise ServiceDown(
                 self.refusing.message, reason=self.refusing.reason, retry_after_s=self.settings.retry_after_s
             )
-        fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url)
+        fingerprint = request_fingerprint(model_id, kind, params, target, webhook_url, requeued_from)
         shown_key, idempotency_key = idempotency_key, scoped_idempotency_key(idempotency_key, api_key_id)
         params = dict(params)
         params.setdefault("seed", secrets.randbelow(2**31))  # drawn here so the journal records it
@@ -373,7 +381,12 @@ class Dispatcher:
             raise
 
     def requeue(
-        self, job_id: str, seed: int | Unset | None = UNSET, target: str | None = None, api_key_id: str | None = None
+        self,
+        job_id: str,
+        seed: int | Unset | None = UNSET,
+        target: str | None = None,
+        api_key_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Submission:
         """Submit a new job with the params of job ``job_id`` (any state), linked to it
         (``requeued_from``, also in the new result's provenance): the same seed unless ``seed``
@@ -381,7 +394,9 @@ class Dispatcher:
         through every check a submission passes (R22, placement; a remembered OOM of its size
         is still refused, R21/C08); the params the server sets (``output_width``…) are set again.
         ``api_key_id``: the key that asks (its quota applies; the new job is its job). The old
-        job's webhook is not carried over.
+        job's webhook is not carried over. ``idempotency_key``: as for :meth:`submit` (R20): a
+        retried requeue of the same job with the same body gets the first one's job; the key
+        with another job or body is refused (``idempotency_key_reused``).
 
         Raises:
             NotFound: no job ``job_id`` (reason ``job_not_found``).
@@ -394,7 +409,13 @@ class Dispatcher:
             if seed is not None:
                 params["seed"] = seed
         return self.submit(
-            old.model_id, old.kind, params, target or old.target, requeued_from=old.id, api_key_id=api_key_id
+            old.model_id,
+            old.kind,
+            params,
+            target or old.target,
+            idempotency_key,
+            requeued_from=old.id,
+            api_key_id=api_key_id,
         )
 
     def _replay(self, idempotency_key: str, fingerprint: str, shown_key: str | None = None) -> Job | None:

@@ -125,17 +125,30 @@ async def submit_job(
 
 @router.post("/jobs/{job_id}/requeue", status_code=202, response_model=JobAccepted)
 def requeue_job(
-    job_id: str, ctx: Context, request: Request, response: Response, body: JobRequeue | None = None
+    job_id: str,
+    ctx: Context,
+    request: Request,
+    response: Response,
+    body: JobRequeue | None = None,
+    idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
 ) -> JobAccepted:
     """Submit a new job with the params of job ``job_id``: the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)
     or names one; linked to the old job (``requeued_from``, in the job and in its result's
     provenance). 202 as ``POST /v1/jobs``; every check of a submission applies (R22;
     a remembered OOM of its size is refused, R21/C08: 422 ``remembered_oom``); 404
-    ``job_not_found`` for an unknown job. The old job's ``webhook_url`` is not carried over."""
+    ``job_not_found`` for an unknown job. The old job's ``webhook_url`` is not carried over.
+
+    ``Idempotency-Key``: as on ``POST /v1/jobs`` (R20): a retry of the same requeue (same job,
+    same body) returns the first one's job with ``Idempotency-Replayed: true``; the key with
+    another job or body is 422 ``idempotency_key_reused``."""
     body = body or JobRequeue()
     seed = body.seed if "seed" in body.model_fields_set else UNSET
-    submission = ctx.dispatcher.requeue(job_id, seed, body.target, api_key_id=request_key_id(request))
+    submission = ctx.dispatcher.requeue(
+        job_id, seed, body.target, api_key_id=request_key_id(request), idempotency_key=idempotency_key
+    )
+    if submission.replayed:
+        response.headers["Idempotency-Replayed"] = "true"
     return accepted(submission, response)
 
 

@@ -247,3 +247,34 @@ def test_c10_the_announced_timeout_is_the_shortest_finite_one(headers: dict[str,
 
     scope = {"type": "http", "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
     assert announced_timeout_s(Request(scope)) == expected
+
+
+def test_r20_a_requeue_retried_with_its_idempotency_key_makes_one_job(api: tuple[TestClient, ServerContext]) -> None:
+    """``POST /v1/jobs/{id}/requeue`` makes a job as ``POST /v1/jobs`` does; a backend that
+    retries it after a timeout or a 5xx sends the same ``Idempotency-Key`` (R20) and gets the
+    first requeue's job (``Idempotency-Replayed: true``), not a second run. The same key with
+    another body, or for another job, is 422 ``idempotency_key_reused``; another API key's same
+    string is its own key; without a key each requeue is a new job, as before."""
+    client, ctx = api
+    old = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "a fox"}}).json()["id"]
+    other = client.post("/v1/jobs", json={"model": MODEL, "kind": "txt2img", "params": {"prompt": "a cat"}}).json()
+    first = client.post(f"/v1/jobs/{old}/requeue", json={"seed": None}, headers={"Idempotency-Key": "rq-1"})
+    again = client.post(f"/v1/jobs/{old}/requeue", json={"seed": None}, headers={"Idempotency-Key": "rq-1"})
+    assert first.status_code == again.status_code == 202, again.text
+    assert again.json()["id"] == first.json()["id"] and again.headers["Idempotency-Replayed"] == "true"
+    assert "Idempotency-Replayed" not in first.headers
+    assert ctx.journal.get(first.json()["id"]).requeued_from == old
+    reused = client.post(f"/v1/jobs/{other['id']}/requeue", json={"seed": None}, headers={"Idempotency-Key": "rq-1"})
+    assert (reused.status_code, reused.json()["error"]["reason"]) == (422, "idempotency_key_reused")
+    reseeded = client.post(f"/v1/jobs/{old}/requeue", json={"seed": 7}, headers={"Idempotency-Key": "rq-1"})
+    assert (reseeded.status_code, reseeded.json()["error"]["reason"]) == (422, "idempotency_key_reused")
+    theirs = client.post(
+        f"/v1/jobs/{old}/requeue",
+        json={"seed": None},
+        headers={"Idempotency-Key": "rq-1", "Authorization": f"Bearer {OTHER_KEY}"},
+    )
+    assert theirs.status_code == 202 and theirs.json()["id"] != first.json()["id"]
+    plain = [client.post(f"/v1/jobs/{old}/requeue").json()["id"] for _ in range(2)]
+    assert len(set(plain)) == 2
+    requeues = [job for job in ctx.journal.list() if job.requeued_from == old]
+    assert len(requeues) == 4 and all(job.state == JobState.queued for job in requeues)
