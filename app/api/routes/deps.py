@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.auth import machine_of
@@ -68,14 +68,28 @@ def job_of_machine(ctx: ServerContext, job_id: str, machine: Machine) -> Job:
     return job
 
 
-def stored_file(path: str | Path, media_type: str, filename: str, digest: str | None = None) -> FileResponse:
+IMMUTABLE = "private, max-age=31536000, immutable"
+"""``Cache-Control`` of a file served by its content digest: its bytes never change (R2), and it
+is behind an API key (``private``: no shared cache keeps it)."""
+
+
+def stored_file(
+    path: str | Path, media_type: str, filename: str, digest: str | None = None, request: Request | None = None
+) -> Response:
     """A stored file as the API serves it: its stored media type,
     ``X-Content-Type-Options: nosniff`` (a browser never second-guesses it),
     ``Content-Disposition: attachment; filename=…`` (it is downloaded, never rendered in the
-    API's origin) and, when known, ``X-Content-Digest``."""
+    API's origin) and, when known, ``X-Content-Digest``, the digest as its ``ETag`` and
+    ``Cache-Control`` :data:`IMMUTABLE`: a ``request`` whose ``If-None-Match`` names that ETag
+    (or ``*``) is answered 304 with no body (RFC 9110, 13.1.2), as a browser or a client's cache
+    asks again for a result it holds."""
     headers = {"X-Content-Type-Options": "nosniff"}
-    if digest is not None:
-        headers["X-Content-Digest"] = digest
+    if digest:
+        etag = f'"{digest}"'
+        headers.update({"X-Content-Digest": digest, "ETag": etag, "Cache-Control": IMMUTABLE})
+        asked = request.headers.get("if-none-match", "") if request is not None else ""
+        if asked.strip() == "*" or etag in {tag.strip().removeprefix("W/") for tag in asked.split(",")}:
+            return Response(status_code=304, headers={k: v for k, v in headers.items() if k != "X-Content-Digest"})
     return FileResponse(
         path, media_type=media_type, filename=filename, headers=headers, content_disposition_type="attachment"
     )

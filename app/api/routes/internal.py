@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, File, Form, Header, UploadFile
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.routes.deps import Context, WorkerMachine, job_of_machine, stored_file
@@ -118,7 +118,7 @@ def manifest(ctx: Context, machine: WorkerMachine) -> Manifests:
 
 
 @router.get("/files/{file_id}", response_class=FileResponse)
-def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
+def input_file(file_id: str, ctx: Context, machine: WorkerMachine) -> Response:
     """An uploaded input's bytes; the worker checks them against ``file_id`` (their digest)."""
     stored = ctx.inputs.get(file_id)
     return stored_file(stored.path, stored.media_type, stored.path.name, stored.digest)

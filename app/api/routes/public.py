@@ -277,10 +277,12 @@ def cancel_job(job_id: str, ctx: Context, response: Response) -> JobPublic:
 def get_result(
     job_id: str,
     ctx: Context,
+    request: Request,
     index: Annotated[int, Query(ge=0, le=1000, description="image i of a job with n images (0: the first)")] = 0,
-) -> FileResponse:
-    """The stored result file (R2), with its stored media type, ``nosniff`` and
-    ``Content-Disposition: attachment``.
+) -> Response:
+    """The stored result file (R2), with its stored media type, ``nosniff``,
+    ``Content-Disposition: attachment`` and its digest as ``ETag`` (``If-None-Match``: 304,
+    :func:`app.api.routes.deps.stored_file`).
 
     Raises:
         Conflict: 409 ``no_result``, naming the job's state, while it has not succeeded.
@@ -313,7 +315,7 @@ def get_result(
             f"from a backup, or run the job again (`homefleet jobs requeue {job_id}`, POST /v1/jobs/{job_id}/requeue)",
             reason="result_missing",
         )
-    return stored_file(path, media_type, filename, digest or "")
+    return stored_file(path, media_type, filename, digest or "", request)
 
 
 @router.post("/files", status_code=201, response_model=FileStored)

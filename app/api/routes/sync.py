@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from pydantic import ConfigDict, Field
 
 from app.api.routes.deps import Context, WorkerMachine, get_context, stored_file
@@ -68,7 +68,7 @@ def finish_sync(sync_id: str, body: SyncFinish, syncs: SyncService, machine: Wor
 
 
 @internal_router.get("/models/{model_id}/files/{path:path}", response_class=FileResponse)
-def model_file(model_id: str, path: str, ctx: Context, machine: WorkerMachine) -> FileResponse:
+def model_file(model_id: str, path: str, ctx: Context, machine: WorkerMachine) -> Response:
     """One file of a registered model, for a worker's sync (R6). Only paths in the model's
     manifest are served (no other file of the server can be named). Supports ``Range``
     (206) so an interrupted copy resumes; ``X-Content-Digest`` carries the manifest digest."""

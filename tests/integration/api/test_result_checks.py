@@ -105,6 +105,30 @@ def test_a_complete_mp4_result_is_stored_and_served_with_its_type_nosniff_and_a_
     assert served.headers["x-content-digest"] == bytes_digest(data)
 
 
+def test_a_result_carries_its_digest_as_etag_and_a_client_holding_it_is_answered_304(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """A result's bytes never change (R2): it is served with its digest as a strong ``ETag`` and
+    ``Cache-Control: private, max-age=31536000, immutable``, and a client that sends the ETag back
+    (``If-None-Match``: a browser's cache, the page's gallery read again) gets 304 with no body;
+    any other ETag, or none, gets the file. Byte ranges still answer 206."""
+    client, _ctx = api
+    job_id = running_job(client)
+    image = png(64, 64)
+    assert upload(client, job_id, image).status_code == 200
+    first = client.get(f"/v1/jobs/{job_id}/result")
+    etag = f'"{bytes_digest(image)}"'
+    assert (first.status_code, first.headers["etag"]) == (200, etag)
+    assert first.headers["cache-control"] == "private, max-age=31536000, immutable"
+    again = client.get(f"/v1/jobs/{job_id}/result", headers={"If-None-Match": f'"other", {etag}'})
+    assert (again.status_code, again.content, again.headers["etag"]) == (304, b"", etag)
+    assert client.get(f"/v1/jobs/{job_id}/result", headers={"If-None-Match": "*"}).status_code == 304
+    changed = client.get(f"/v1/jobs/{job_id}/result", headers={"If-None-Match": '"blake3:0"'})
+    assert (changed.status_code, changed.content) == (200, image)
+    part = client.get(f"/v1/jobs/{job_id}/result", headers={"Range": "bytes=0-9"})
+    assert (part.status_code, part.content) == (206, image[:10])
+
+
 def test_inputs_and_png_results_are_served_nosniff_as_attachments(api: tuple[TestClient, ServerContext]) -> None:
     client, _ctx = api
     job_id = running_job(client)
