@@ -69,6 +69,7 @@ UNSTATABLE: dict[str, str] = {
     "adapter_family_mismatch": "an adapter must be of the model's family (two fields, and the registry)",
     "adapter_base_mismatch": "an adapter must be made for the model's cross-attention width (two fields, and "
     "the files they name)",
+    "invalid_stream_options": "OpenAI's stream_options goes with stream: true only (two fields)",
 }
 #: (reason, param) -> why: a generic reason allowed for one param only
 PARAM_UNSTATABLE: dict[tuple[str, str], str] = {
@@ -76,6 +77,8 @@ PARAM_UNSTATABLE: dict[tuple[str, str], str] = {
         "invalid_params",
         "params.strength",
     ): "int(steps x strength) must leave a denoising step (a product of two fields)",
+    ("unknown_machine", "machine"): "GET /v1/jobs?machine= must name a machine of the live fleet file, or one "
+    "that jobs were placed on (the fleet's state, not the request's)",
     ("invalid_expand_prompt", "params.expand_prompt"): "POST /v1/jobs?dry_run=true decides a placement without "
     "running the expansion's text job: a query parameter and a "
     "body field together",
@@ -95,6 +98,10 @@ ROUTE_UNSTATABLE: dict[tuple[str, str], dict[str, str]] = {
         "unsupported_kind": "as kind_not_supported",
         "unknown_param": "a text model's path takes TGI's parameters, not text-to-image's that this body's schema "
         "states (app/api/routes/hf.py)",
+    },
+    ("POST", "/hf/models/{model}/v1/chat/completions"): {
+        "kind_not_supported": "the path's model must run text: one schema for a path parameter and a body cannot "
+        "say so",
     },
 }
 #: routes whose 422 is about a stored job, not the request: requeue submits the job it repeats again
