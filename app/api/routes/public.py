@@ -50,7 +50,9 @@ async def submit_job(
     request: Request,
     response: Response,
     dry_run: bool = False,
-    idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, description="retry-safe key (R20)")
+    ] = None,
 ) -> JobAccepted | JSONResponse:
     """Validate, place and enqueue a job. 202 with its id, machine and position in that
     machine's line; 422 (a filter refused the target: its reason code) or 503 (target
@@ -130,7 +132,9 @@ def requeue_job(
     request: Request,
     response: Response,
     body: JobRequeue | None = None,
-    idempotency_key: Annotated[str | None, Header(max_length=255, description="retry-safe key (R20)")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, description="retry-safe key (R20)")
+    ] = None,
 ) -> JobAccepted:
     """Submit a new job with the params of job ``job_id``: the same model, kind,
     params and target, and the same seed unless the body says ``{"seed": null}`` (a new one)

@@ -278,3 +278,17 @@ def test_r20_a_requeue_retried_with_its_idempotency_key_makes_one_job(api: tuple
     assert len(set(plain)) == 2
     requeues = [job for job in ctx.journal.list() if job.requeued_from == old]
     assert len(requeues) == 4 and all(job.state == JobState.queued for job in requeues)
+
+
+def test_r20_an_empty_idempotency_key_is_refused_naming_the_header(api: tuple[TestClient, ServerContext]) -> None:
+    """``Idempotency-Key:`` sent empty (a backend's unset variable) is 422 naming the header, on
+    submission and requeue, before any job: read as a key, every such request of the API key
+    would replay the first one's job; read as none, the backend believes its retries are safe."""
+    client, ctx = api
+    body = {"model": MODEL, "kind": "txt2img", "params": {"prompt": "a fox"}}
+    empty = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": ""})
+    assert empty.status_code == 422, empty.text
+    assert "idempotency-key" in empty.text.lower() and ctx.journal.list() == []
+    old = client.post("/v1/jobs", json=body).json()["id"]
+    requeue = client.post(f"/v1/jobs/{old}/requeue", headers={"Idempotency-Key": ""})
+    assert requeue.status_code == 422 and len(ctx.journal.list()) == 1, requeue.text
