@@ -30,6 +30,7 @@ from app.core.kinds import (
     KINDS,
     MAX_SEED,
     OUTPUT_SIZE_FIELDS,
+    SERVER_SET_PARAMS,
     KindSpec,
     adapter_ids,
     denoised_steps,
@@ -632,8 +633,9 @@ def check_known_params(kind: str, params: Mapping[str, Any], family: str = "") -
             if rules is not None and kind in rules.kinds
             else ""
         )
+        takes = [name for name in kind_spec.params + kind_spec.server_params if name not in SERVER_SET_PARAMS]
         raise Rejected(
-            f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(kind_spec.params)}",
+            f"{named} {verb} of kind {kind!r}{on}; it takes {', '.join(takes)}",
             reason="unknown_param",
             param=f"params.{unknown[0]}",
         )

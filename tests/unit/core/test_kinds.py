@@ -75,7 +75,7 @@ def test_server_set_output_size_is_accepted_only_where_the_server_sets_it() -> N
             "txt2img",
             {"prompt": "x", "stepz": 4},
             "params.stepz is not a param of kind 'txt2img'; it takes prompt, negative_prompt, width, height, steps, "
-            "guidance_scale, seed",
+            "guidance_scale, seed, n, expand_prompt, adapters",  # what the client may send, the server's too
         ),
         (
             "txt2img",
