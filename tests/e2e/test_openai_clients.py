@@ -156,3 +156,35 @@ def test_a_models_own_default_applies_when_the_job_does_not_set_it(fleet: Runnin
         )
         assert refused.returncode != 0 and named in refused.stdout + refused.stderr, refused.stdout + refused.stderr
     assert "tiny-sd-bad-default" not in {m["id"] for m in fleet.client.models()}
+
+
+def test_huggingface_image_tasks_at_the_servers_root_say_where_images_are_served(fleet: RunningFleet) -> None:
+    """``InferenceClient(base_url=SERVER)``, as docs/api.md shows for ``text_generation``, asked for
+    ``text_to_image`` or ``image_to_image``: the client posts to ``POST /``, TGI's text route. It
+    was told ``parameters.width`` is no TGI parameter, or (no parameter given) that no model runs
+    text; the answer now says that ``POST /`` generates text and that images are served at
+    ``/hf/models/<model>`` and ``/hf``, naming the models, before any job (R22)."""
+    from huggingface_hub import InferenceClient
+    from huggingface_hub.errors import HfHubHTTPError
+
+    root = InferenceClient(base_url=fleet.local.api_url, api_key=TEST_API_KEY)
+    source = io.BytesIO()
+    Image.new("RGB", (32, 32), (40, 90, 200)).save(source, format="PNG")
+    for name, call in (
+        ("sized", lambda: root.text_to_image("root sized", width=64, height=64, num_inference_steps=2)),
+        ("plain", lambda: root.text_to_image("root plain")),
+        ("image", lambda: root.image_to_image(source.getvalue(), prompt="root image")),
+        ("raw", lambda: root.image_to_image(source.getvalue())),  # the image's bytes as the whole body
+    ):
+        with pytest.raises(HfHubHTTPError) as refused:
+            call()
+        response = refused.value.response
+        assert response is not None and response.status_code == 422, (name, response)
+        error = response.json()
+        assert (error["reason"], error["error_type"]) == ("unsupported_kind", "validation"), (name, error)
+        assert "POST / generates text" in error["error"], (name, error)
+        assert f"/hf/models/{fleet.model}" in error["error"] and "/hf" in error["error"], (name, error)
+    assert [job for job in fleet.ctx.journal.list() if str(job.params.get("prompt", "")).startswith("root ")] == []
+    # the route the message names answers the same call
+    there = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{fleet.model}", api_key=TEST_API_KEY)
+    assert there.text_to_image("root there", width=64, height=64, num_inference_steps=2).size == (64, 64)

@@ -43,6 +43,7 @@ from app.api.routes import text, tgi
 from app.api.routes.deps import Context
 from app.api.routes.images import (
     HF_NO_MODEL,
+    IMAGE_TO_IMAGE_KINDS,
     MAX_PROMPT_CHARS,
     ImageCall,
     default_model,
@@ -121,14 +122,6 @@ def answers_as_tgi(ctx: ServerContext, path: str) -> bool:
     return match is not None and runs_text(ctx, match["model"])
 
 
-def accepts_images_only(request: Request) -> bool:
-    """Whether the request's ``Accept`` names image types only (``huggingface_hub``'s
-    ``text_to_image`` and ``image_to_image`` send ``image/png``; ``text_generation`` sends none)."""
-    types = [part.split(";")[0].strip().lower() for part in request.headers.get("accept", "").split(",")]
-    types = [kind for kind in types if kind]
-    return bool(types) and all(kind.startswith("image/") for kind in types)
-
-
 class HfParameters(RequestBody):
     """The ``parameters`` Homefleet runs, under Hugging Face's names: text-to-image's (txt2img's
     params) and, with ``prompt`` set, image-to-image's (:data:`HF_IMAGE_PARAMS`). Any other key
@@ -178,9 +171,6 @@ HF_IMAGE_PARAMS: dict[str, str] = {
     "seed": "seed",
 }
 
-
-#: what ``image_to_image`` runs on a model: the first of these kinds it runs
-IMAGE_TO_IMAGE_KINDS = ("edit", "img2img", "upscale")
 
 #: Hugging Face image-to-image parameter -> img2img param: those of edit, and how far the image is
 #: noised (``strength``, which ``InferenceClient.image_to_image`` passes as an extra keyword)
@@ -272,7 +262,7 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
     started = time.monotonic()
     record = await to_thread.run_sync(ctx.registry.get, model)  # 404 unknown_model before any parameter is read
     if TEXT_KIND in record.kinds:
-        if accepts_images_only(request):  # text_to_image or image_to_image: a text job would answer no image
+        if tgi.accepts_images_only(request):  # text_to_image or image_to_image: a text job would answer no image
             return tgi_error(
                 Rejected(
                     f"model {model!r} runs text: it answers text_generation here, not an image (Accept: "

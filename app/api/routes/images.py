@@ -69,6 +69,8 @@ POLL_S = 0.1
 MAX_PROMPT_CHARS = 32000  # a prompt's characters on these routes (its tokens are checked with the job, R22)
 READ_TIMEOUT_HEADER = "x-stainless-read-timeout"  # the OpenAI SDK's read timeout, seconds
 RETRY_COUNT_HEADER = "x-stainless-retry-count"  # how many times the OpenAI SDK already resent this request
+#: what Hugging Face's ``image_to_image`` runs on a model (app/api/routes/hf.py): the first of these kinds it runs
+IMAGE_TO_IMAGE_KINDS = ("edit", "img2img", "upscale")
 
 
 class JobFailed(HomefleetError):

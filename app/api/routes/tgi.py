@@ -29,12 +29,16 @@ generated token ``{"index", "token", "generated_text": null, "details": null}``,
 ``generated_text`` (the verified result, R2) and ``details`` (``finish_reason``,
 ``generated_tokens``, ``input_length``, ``seed``). Errors have TGI's shape
 (app/api/openai_errors.py), in the stream too.
+
+A request that accepts images only (``huggingface_hub``'s ``text_to_image`` and ``image_to_image``
+on ``InferenceClient(base_url=SERVER)``) is refused from its headers, before its body is read
+(:class:`TgiRoute`): these routes generate text; the image tasks are served under ``/hf``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from anyio import to_thread
@@ -47,7 +51,7 @@ from sse_starlette.sse import EventSourceResponse
 from app.api.auth import request_key_id
 from app.api.openai_errors import client_fields, tgi_error, tgi_validation_error
 from app.api.routes.deps import Context
-from app.api.routes.images import MAX_PROMPT_CHARS
+from app.api.routes.images import IMAGE_TO_IMAGE_KINDS, MAX_PROMPT_CHARS
 from app.api.routes.text import (
     cancel_when_abandoned,
     ended_badly,
@@ -59,6 +63,7 @@ from app.api.routes.text import (
     usage_of,
 )
 from app.api.strict_json import StrictJsonRoute
+from app.context import ServerContext
 from app.core import constraints
 from app.core.errors import HomefleetError, Rejected
 from app.core.kinds import GREEDY_TEMPERATURE, MAX_NEW_TOKENS, greedy
@@ -69,7 +74,60 @@ from app.db.tables import Job
 from app.jobs.progress import Progress
 from routing.placement import AUTO
 
-router = APIRouter(route_class=StrictJsonRoute)
+
+def accepts_images_only(request: Request) -> bool:
+    """Whether the request's ``Accept`` names image types only (``huggingface_hub``'s
+    ``text_to_image`` and ``image_to_image`` send ``image/png``; ``text_generation`` sends none)."""
+    types = [part.split(";")[0].strip().lower() for part in request.headers.get("accept", "").split(",")]
+    types = [kind for kind in types if kind]
+    return bool(types) and all(kind.startswith("image/") for kind in types)
+
+
+IMAGE_TASK_KINDS = ("txt2img", *IMAGE_TO_IMAGE_KINDS)
+"""The kinds the Hugging Face image tasks run (text-to-image's and image-to-image's,
+app/api/routes/hf.py): the models a refused image request is pointed to."""
+
+
+def image_request_refused(ctx: ServerContext, path: str, accept: str) -> Rejected:
+    """The refusal of an image task sent to TGI's text route ``path`` (reason
+    ``unsupported_kind``, param ``model``: 422 in TGI's shape): the message says that the route
+    generates text and where the image tasks are served, naming the models in service that
+    run them (``/hf/models/<model>``) and ``/hf`` (the first txt2img or edit model)."""
+    models = [record.id for record in ctx.registry.list() if set(record.kinds) & set(IMAGE_TASK_KINDS)]
+    where = ", ".join(f"/hf/models/{model}" for model in models) if models else "no model in service runs an image kind"
+    return Rejected(
+        f"POST {path} generates text (text-generation-inference's route), not an image (Accept: {accept}); "
+        "text_to_image and image_to_image are served at POST /hf/models/<model>, e.g. "
+        f'InferenceClient(base_url=SERVER + "/hf/models/<model>") ({where}), or at POST /hf, which runs '
+        'the first model of the task; see docs/api.md, "OpenAI and Hugging Face routes"',
+        reason="unsupported_kind",
+        param="model",
+    )
+
+
+class TgiRoute(StrictJsonRoute):
+    """A strict-JSON route (:class:`StrictJsonRoute`) that answers a request accepting images only
+    with :func:`image_request_refused` in TGI's shape, from its headers, before its body is read:
+    ``InferenceClient(base_url=SERVER).text_to_image`` posts its payload (or, for
+    ``image_to_image`` without parameters, the image's bytes) to ``POST /``, where it met TGI's
+    ``parameters`` refusal or a text model's defaults instead of being told where images are."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def refusing_images(request: Request) -> Response:
+            if accepts_images_only(request):
+                ctx: ServerContext = request.app.state.ctx
+                refusal = await to_thread.run_sync(
+                    image_request_refused, ctx, request.url.path, request.headers.get("accept", "")
+                )
+                return tgi_error(refusal)
+            return await handler(request)
+
+        return refusing_images
+
+
+router = APIRouter(route_class=TgiRoute)
 
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     name: (False, 0, 0.0, [], "")
