@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Annotated
 from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.openai_errors import is_tgi_route
+from app.api.result_urls import signature_grants
 from app.core.config import Settings
 from app.core.errors import Forbidden, HomefleetError, Overloaded, Unauthorized
 
@@ -85,9 +86,32 @@ async def require_api_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(API_KEY_SCHEME)] = None,
 ) -> None:
     """Dependency of every public route: :func:`check_api_key` (the :class:`Authenticate`
-    middleware has applied it already, before the body was read). ``async``: it never blocks,
+    middleware has applied it already, before the body was read), unless the request is a signed
+    result URL's (:func:`signed`). ``async``: it never blocks,
     so FastAPI runs it on the event loop, not in its thread pool (app/api/routes/deps.py)."""
-    check_api_key(request.app.state.settings, f"Bearer {credentials.credentials}" if credentials is not None else "")
+    authorization = f"Bearer {credentials.credentials}" if credentials is not None else ""
+    check_key_or_signature(
+        request.app.state.settings, authorization, request.method, request.url.path, request.query_params
+    )
+
+
+def check_key_or_signature(settings: Settings, authorization: str, method: str, path: str, query: QueryParams) -> None:
+    """:func:`check_api_key`, but for a ``GET``/``HEAD`` without ``Authorization`` whose query
+    carries a result URL's signature (app/api/result_urls.py ``signature_grants``): that
+    signature stands in for the key. A request that carries a key is judged by its key alone.
+
+    Raises:
+        Unauthorized: as :func:`check_api_key`; or a signature that is expired or invalid
+            (``result_url_expired``, ``invalid_signature``).
+    """
+    if (
+        settings.api_keys
+        and not authorization
+        and method in ("GET", "HEAD")
+        and signature_grants(settings, path, query)
+    ):
+        return
+    check_api_key(settings, authorization)
 
 
 def check_api_key(settings: Settings, authorization: str) -> None:
@@ -197,7 +221,7 @@ class Authenticate:
         path: str = scope["path"]
         upload = scope["method"] == "POST" and any(pattern.fullmatch(path) for pattern in self.uploads)
         try:
-            await self.authenticate(path, Headers(scope=scope), scope["method"])
+            await self.authenticate(path, Headers(scope=scope), scope["method"], QueryParams(scope["query_string"]))
             if upload and self.uploading >= self.settings.max_concurrent_uploads:
                 raise Overloaded(
                     f"{self.uploading} uploads are in progress, the most this server takes at once "
@@ -231,10 +255,12 @@ class Authenticate:
         finally:
             done()
 
-    async def authenticate(self, path: str, headers: Headers, method: str = "GET") -> None:
+    async def authenticate(
+        self, path: str, headers: Headers, method: str = "GET", query: QueryParams | None = None
+    ) -> None:
         """Raises Unauthorized, Forbidden or NotFound for a request that may not go on. TGI's
         routes need an API key too (``POST /``, ``/generate``, ``/generate_stream``; ``GET /`` is
-        the fleet page)."""
+        the fleet page). A signed result URL (``query``'s ``signature``) needs none (:func:`signed`)."""
         if path == JOIN_PATH:
             return  # a new host has no machine token yet: the route checks its join token
         if path.startswith(INTERNAL_PREFIX):
@@ -245,7 +271,9 @@ class Authenticate:
                 if placed_on != machine.name:
                     raise Forbidden(f"job {job.group(1)} is placed on {placed_on!r}, not on {machine.name!r}")
         elif path.startswith(PUBLIC_PREFIXES) or (is_tgi_route(path) and (path != "/" or method == "POST")):
-            check_api_key(self.settings, headers.get("authorization", ""))
+            check_key_or_signature(
+                self.settings, headers.get("authorization", ""), method, path, query or QueryParams()
+            )
 
     def _machine_of_job(self, job_id: str) -> str | None:
         return self.ctx.journal.get(job_id).machine  # NotFound for an unknown job

@@ -149,6 +149,9 @@ class Settings(BrokerSettings):
     # A client's automatic retry of an image call (`x-stainless-retry-count` > 0) with the same
     # key, route and body within this many seconds gets the first call's jobs (app/jobs/calls.py).
     sdk_retry_window_s: float = Field(3600.0, gt=0)
+    # How long a result URL of the image routes (response_format "url") opens without the API key,
+    # in seconds after the answer (app/api/result_urls.py; OpenAI's last an hour too).
+    result_url_ttl_s: float = Field(3600.0, gt=0)
     # R6: a sync's reservation on its machine expires this long after the worker's last
     # progress report, so a worker killed mid-copy frees its machine. The worker reports
     # every 0.5 s from claim to finish, from a thread of its own, also while it hashes a

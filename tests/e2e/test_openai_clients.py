@@ -10,10 +10,12 @@ import io
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from PIL import Image
 
+from app.core.tls import tls_context
 from app.db.tables import Job
 from app.devtools.train_shapes import MODEL_NAMES
 from tests.e2e.conftest import SHAPES_MACHINE, RunningFleet
@@ -188,3 +190,43 @@ def test_huggingface_image_tasks_at_the_servers_root_say_where_images_are_served
     # the route the message names answers the same call
     there = InferenceClient(base_url=f"{fleet.local.api_url}/hf/models/{fleet.model}", api_key=TEST_API_KEY)
     assert there.text_to_image("root there", width=64, height=64, num_inference_steps=2).size == (64, 64)
+
+
+def test_result_urls_open_without_the_api_key_until_they_expire(fleet: RunningFleet, sdk: openai.OpenAI) -> None:
+    """``images.generate(response_format="url")`` answered URLs that only opened with
+    ``Authorization: Bearer <key>``: a browser, an ``<img>`` tag or ``urllib`` got 401, where
+    OpenAI's URLs open as they are for an hour. Each URL now carries its expiry and a signature
+    made with the caller's key (app/api/result_urls.py; docs/api.md, "What the OpenAPI document
+    promises"): it opens without a key, image i is image i of the job, an altered or expired
+    one is refused 401 naming why, and the key still opens the plain URL."""
+    from app.api.result_urls import signed_result_url
+
+    done = sdk.images.generate(
+        model=fleet.model,
+        prompt="url without key",
+        n=2,
+        size="64x32",  # type: ignore[arg-type]
+        response_format="url",
+        extra_body={"steps": 1, "seed": 3},
+    )
+    urls = [item.url for item in done.data or []]
+    assert len(urls) == 2 and all(url and "signature=" in url and "expires=" in url for url in urls), urls
+    [job] = jobs_with_prompt(fleet, "url without key")
+    with httpx.Client(verify=tls_context()) as plain:  # no Authorization header
+        for index, url in enumerate(urls):
+            assert url is not None
+            opened = plain.get(url)
+            assert opened.status_code == 200, opened.text
+            assert opened.headers["x-content-digest"] == (job.results or [])[index]["digest"]
+            assert Image.open(io.BytesIO(opened.content)).size == (64, 32)
+        first, second = (url or "" for url in urls)
+        altered = plain.get(second.replace("index=1", "index=0"))  # another image under image 1's signature
+        assert (altered.status_code, altered.json()["error"]["reason"]) == (401, "invalid_signature"), altered.text
+        expired_url = signed_result_url(fleet.local.settings, TEST_API_KEY, job.id, 0, now=0)
+        expired = plain.get(expired_url)
+        assert (expired.status_code, expired.json()["error"]["reason"]) == (401, "result_url_expired"), expired.text
+        assert "Authorization: Bearer" in expired.json()["error"]["message"]
+        unsigned = plain.get(first.split("?")[0])
+        assert unsigned.status_code == 401
+        keyed = plain.get(expired_url, headers={"Authorization": f"Bearer {TEST_API_KEY}"})  # the key wins
+        assert keyed.status_code == 200

@@ -48,9 +48,11 @@ from pydantic import ConfigDict, Field
 
 from app.api.auth import bearer_token, request_key_id
 from app.api.openai_errors import client_fields
+from app.api.result_urls import signed_result_url
 from app.api.routes.deps import Context
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
+from app.core.config import Settings
 from app.core.errors import HomefleetError, JobPending, NotFound, Rejected, ServerStopping
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec, nth_seed
 from app.core.limits import limits_for
@@ -514,7 +516,7 @@ async def generate_images(body: ImageGeneration, ctx: Context, request: Request)
         return {
             "created": int(time.time()),
             "data": [
-                image_item(job, body.response_format, ctx.settings.base_url, body.prompt, index)
+                image_item(job, body.response_format, ctx.settings, caller_key(request), body.prompt, index)
                 for job in jobs
                 for index in range(max(1, len(job.results or [])))
             ],
@@ -571,7 +573,7 @@ async def edit_images(
     with submitted([job.id for job in jobs]):
         return {
             "created": int(time.time()),
-            "data": [image_item(job, response_format, ctx.settings.base_url, prompt) for job in jobs],
+            "data": [image_item(job, response_format, ctx.settings, caller_key(request), prompt) for job in jobs],
         }
 
 
@@ -699,15 +701,21 @@ def form_extras(form: Any) -> dict[str, Any]:
     return extras
 
 
-def image_item(job: Job, response_format: str | None, base_url: str, prompt: str, index: int = 0) -> dict[str, str]:
+def caller_key(request: Request) -> str | None:
+    """The API key the request carries (``Authorization: Bearer``): what its result URLs are
+    signed with (app/api/result_urls.py); None when it carries none."""
+    return bearer_token(request.headers.get("authorization", ""))
+
+
+def image_item(
+    job: Job, response_format: str | None, settings: Settings, api_key: str | None, prompt: str, index: int = 0
+) -> dict[str, str]:
     """One ``data`` entry: result ``index`` of ``job`` (its images in order) as base64
-    (default) or as its absolute URL: ``base_url`` (``Settings.base_url``, never from the
-    request's Host) + ``/v1/jobs/<id>/result`` (``?index=i`` after the first)."""
+    (default) or as its absolute URL (``response_format`` ``url``): ``settings.base_url`` (never
+    from the request's Host) + ``/v1/jobs/<id>/result`` (``?index=i`` after the first), signed
+    with ``api_key`` so that it opens without the key for ``result_url_ttl_s``
+    (app/api/result_urls.py ``signed_result_url``), as OpenAI's URLs do."""
     if response_format == "url":
-        query = f"?index={index}" if index else ""
-        return {
-            "url": f"{base_url}/v1/jobs/{job.id}/result{query}",
-            "revised_prompt": prompt,
-        }
+        return {"url": signed_result_url(settings, api_key, job.id, index), "revised_prompt": prompt}
     path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
     return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
