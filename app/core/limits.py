@@ -23,6 +23,10 @@ MAX_MODEL_ID = 64
 """A model id's characters at most (the API's ``model`` field, ``params.expand_prompt``)."""
 
 
+MAX_IDEMPOTENCY_KEY = 255
+"""Characters of an ``Idempotency-Key`` at most (and at least 1), on every route that takes one (R20)."""
+
+
 class FamilyLimits(BaseModel):
     """Limits of one model family. Pixels are width x height of one image or frame. A key that
     is not one of these fields is refused (a misspelt limit would otherwise be ignored)."""

@@ -55,11 +55,11 @@ from app.context import ServerContext
 from app.core.config import Settings
 from app.core.errors import HomefleetError, JobPending, NotFound, Rejected, ServerStopping
 from app.core.kinds import ADAPTERS_PARAM, BATCH_PARAM, family_kind_spec, nth_seed
-from app.core.limits import limits_for
+from app.core.limits import MAX_IDEMPOTENCY_KEY, limits_for
 from app.core.request_body import RequestBody, refuse_unknown, refuse_unsupported
 from app.core.states import ENDED, JobState
 from app.db.tables import Job
-from app.jobs.calls import call_fingerprint
+from app.jobs.calls import call_fingerprint, keyed_fingerprint
 from app.jobs.validation import check_submission, check_upload
 from app.store.media import sniff
 from routing.placement import AUTO, SERVER, MachineView
@@ -132,6 +132,7 @@ class ImageCall:
     retried: bool
     answer_by: float
     api_key_id: str | None = None
+    body: str | None = None  # with an Idempotency-Key: the body's fingerprint (app/jobs/calls.py)
 
     @classmethod
     def of(
@@ -148,11 +149,23 @@ class ImageCall:
         except ValueError:
             retried = False
         key = bearer_token(request.headers.get("authorization", "")) or ""
+        fingerprint, keyed = call_fingerprint(key, request.url.path, body), None
+        idempotency_key = request.headers.get("idempotency-key")
+        if idempotency_key is not None:  # a deliberate resend (R20): the key, not the SDK's retry count
+            if not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+                raise Rejected(
+                    f"the `Idempotency-Key` header must be 1 to {MAX_IDEMPOTENCY_KEY} characters, "
+                    f"got {len(idempotency_key)}",
+                    reason="invalid_idempotency_key",
+                    param="Idempotency-Key",
+                )
+            fingerprint, keyed = keyed_fingerprint(key, request.url.path, idempotency_key), fingerprint
         return cls(
-            fingerprint=call_fingerprint(key, request.url.path, body),
-            retried=retried,
+            fingerprint=fingerprint,
+            retried=retried or keyed is not None,
             answer_by=(time.monotonic() if started is None else started) + max(0.0, wait_s),
             api_key_id=request_key_id(request),
+            body=keyed,
         )
 
 
@@ -444,6 +457,13 @@ async def seen_call(ctx: ServerContext, call: ImageCall) -> list[str] | None:
         found = await to_thread.run_sync(ctx.calls.find, call.fingerprint)
         if found is None:
             return None
+        if call.body is not None and found.body != call.body:
+            raise Rejected(
+                "this Idempotency-Key was sent before with another request body (its jobs: "
+                f"{', '.join(found.jobs) or 'none yet'}); use a new key for a new request (R20)",
+                reason="idempotency_key_reused",
+                param="Idempotency-Key",
+            )
         if found.complete:
             return list(found.jobs)
         if time.monotonic() >= call.answer_by:
@@ -470,7 +490,8 @@ async def submit_call(
     """Submit the call's ``count`` jobs, appending each id to ``ids`` and remembering them under
     the call's fingerprint as they are submitted (a retry arriving meanwhile waits for all).
     A call whose first submission is refused is forgotten. Raises what a submission raises."""
-    await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, [], complete=False))
+    record = partial(ctx.calls.record, call.fingerprint, body=call.body)
+    await to_thread.run_sync(lambda: record([], complete=False))
     try:
         for index in range(count):
             each = dict(params)
@@ -481,10 +502,12 @@ async def submit_call(
             )
             ids.append(submission.job.id)
             if len(ids) < count:
-                await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=False))
+                await to_thread.run_sync(
+                    lambda: ctx.calls.record(call.fingerprint, ids, complete=False, body=call.body)
+                )
     finally:
         if ids:
-            await to_thread.run_sync(lambda: ctx.calls.record(call.fingerprint, ids, complete=True))
+            await to_thread.run_sync(lambda: record(ids, complete=True))
         else:
             await to_thread.run_sync(ctx.calls.forget, call.fingerprint)
 

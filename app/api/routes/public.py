@@ -20,7 +20,7 @@ from app.core.connections import REDIS_DOWN
 from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, CHAT_SHOWN_PARAM, KINDS, MAX_SEED, family_kind_spec
-from app.core.limits import FamilyLimits, limits_for
+from app.core.limits import MAX_IDEMPOTENCY_KEY, FamilyLimits, limits_for
 from app.core.states import JobState
 from app.db.tables import Job
 from app.jobs.dispatch import UNSET, Submission
@@ -51,7 +51,7 @@ async def submit_job(
     response: Response,
     dry_run: bool = False,
     idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=255, description="retry-safe key (R20)")
+        str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, description="retry-safe key (R20)")
     ] = None,
 ) -> JobAccepted | JSONResponse:
     """Validate, place and enqueue a job. 202 with its id, machine and position in that
@@ -133,7 +133,7 @@ def requeue_job(
     response: Response,
     body: JobRequeue | None = None,
     idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=255, description="retry-safe key (R20)")
+        str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, description="retry-safe key (R20)")
     ] = None,
 ) -> JobAccepted:
     """Submit a new job with the params of job ``job_id``: the same model, kind,

@@ -292,3 +292,35 @@ def test_r20_an_empty_idempotency_key_is_refused_naming_the_header(api: tuple[Te
     old = client.post("/v1/jobs", json=body).json()["id"]
     requeue = client.post(f"/v1/jobs/{old}/requeue", headers={"Idempotency-Key": ""})
     assert requeue.status_code == 422 and len(ctx.journal.list()) == 1, requeue.text
+
+
+def test_r20_an_image_call_resent_with_its_idempotency_key_gets_its_first_jobs(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """A deliberate resend (a backend restarted, retry count 0) with the ``Idempotency-Key`` of an
+    earlier image call gets that call's jobs, as ``POST /v1/jobs`` does (R20), where only the
+    SDK's own retries were recognised; the same key with another body is 400
+    ``idempotency_key_reused``; another key, or another API key's same key, is a new call; an
+    empty key is refused naming the header."""
+    client, ctx = api
+    body = {"prompt": "one keyed call", "model": MODEL, "size": "64x64"}
+    keyed = {**sdk_headers(0.5, 0), "Idempotency-Key": "img-1"}
+    first = client.post("/v1/images/generations", json=body, headers=keyed).json()["error"]
+    again = client.post("/v1/images/generations", json=body, headers=keyed).json()["error"]
+    assert again["job_ids"] == first["job_ids"] and len(ctx.journal.list([JobState.queued])) == 1
+    reused = client.post("/v1/images/generations", json={**body, "prompt": "another"}, headers=keyed)
+    assert reused.status_code == 400, reused.text
+    assert (reused.json()["error"]["code"], reused.json()["error"]["param"]) == (
+        "idempotency_key_reused",
+        "Idempotency-Key",
+    )
+    other_key = client.post(
+        "/v1/images/generations", json=body, headers={**keyed, "Authorization": f"Bearer {OTHER_KEY}"}
+    ).json()["error"]
+    new_key = client.post("/v1/images/generations", json=body, headers={**keyed, "Idempotency-Key": "img-2"}).json()[
+        "error"
+    ]
+    assert len({*first["job_ids"], *other_key["job_ids"], *new_key["job_ids"]}) == 3
+    empty = client.post("/v1/images/generations", json=body, headers={**keyed, "Idempotency-Key": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "Idempotency-Key", empty.text
+    assert len(ctx.journal.list([JobState.queued])) == 3
