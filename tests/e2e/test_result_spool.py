@@ -88,7 +88,8 @@ def test_a_result_kept_while_the_server_was_down_is_brought_in_by_the_running_wo
         assert done["state"] == "succeeded", done
         assert done["result"]["digest"] == bytes_digest(data)
         assert client.download(job_id) == data
-        assert list(spool.iterdir()) == []
+        # the worker removes its copy once the server's answer reaches it, just after the journal says so
+        wait_for(lambda: list(spool.iterdir()) == [], timeout_s=30, what="the worker to drop its spooled copy")
         assert f"job {job_id}: spooled result recovered" in worker_log.read_text()
         claims = [event for event in ctx.journal.events(job_id) if event.event == JobState.running]
         assert len(claims) == 1  # run once (R3)
