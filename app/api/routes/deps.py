@@ -7,6 +7,7 @@ that waits on the journal, Redis or a file stays a plain ``def``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -16,9 +17,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.auth import machine_of
 from app.context import ServerContext
-from app.core.errors import Forbidden
+from app.core.errors import Conflict, Forbidden, NotFound
+from app.core.states import JobState
 from app.db.tables import Job
 from app.fleet.config import Machine
+from app.store.media import EXTENSIONS
 
 
 async def get_context(request: Request) -> ServerContext:
@@ -93,3 +96,67 @@ def stored_file(
     return FileResponse(
         path, media_type=media_type, filename=filename, headers=headers, content_disposition_type="attachment"
     )
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One stored result of succeeded job ``job_id``: where it is, its media type, digest and the
+    file name a download gives it (``<job id>[-<index>].<ext>``)."""
+
+    job_id: str
+    path: Path
+    media_type: str
+    digest: str
+    filename: str
+
+    def read_bytes(self) -> bytes:
+        """The file's bytes.
+
+        Raises:
+            NotFound: ``result_missing`` when it vanished since :func:`result_file` found it.
+        """
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError as error:
+            raise NotFound(_missing(self.path, self.digest, self.job_id), reason="result_missing") from error
+
+
+def _missing(path: Path, digest: str, job_id: str) -> str:
+    return (
+        f"job {job_id} succeeded, but its result{' ' + digest if digest else ''} is no longer in the server's "
+        "data folder "
+        f"({path} is missing: deleted, or the folder restored from an older backup); put the file back "
+        f"from a backup, or run the job again (`homefleet jobs requeue {job_id}`, POST /v1/jobs/{job_id}/requeue)"
+    )
+
+
+def result_file(job: Job, index: int = 0) -> ResultFile:
+    """Result ``index`` of ``job`` (image i of n; 0: the first, or the only one), checked on disk:
+    the one home of what ``GET /v1/jobs/{id}/result`` and the routes that answer with a result's
+    bytes (OpenAI's ``b64_json``, Hugging Face's image, a text answer) refuse.
+
+    Raises:
+        Conflict: 409 ``no_result``, naming the job's state, while it has not succeeded.
+        NotFound: ``result_not_found`` past its last image; ``result_missing`` when the journal
+            has the result but its file is gone from the data folder (deleted, or a folder
+            restored from an older backup): the message names the file and the fixes.
+    """
+    if job.state != JobState.succeeded or not job.result_path:
+        raise Conflict(f"job {job.id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
+    if index:
+        rows = job.results or []
+        if index >= len(rows):
+            raise NotFound(
+                f"job {job.id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), not index {index}",
+                reason="result_not_found",
+            )
+        row = rows[index]
+        path, media_type, digest = row["path"], row.get("media_type"), row.get("digest")
+        name = f"{job.id}-{index}"
+    else:
+        path, media_type, digest, name = job.result_path, job.result_media_type, job.result_digest, job.id
+    media_type = media_type or "application/octet-stream"
+    found = ResultFile(job.id, Path(path), media_type, digest or "", f"{name}.{EXTENSIONS.get(media_type, 'bin')}")
+    if not found.path.is_file():
+        raise NotFound(_missing(found.path, found.digest, job.id), reason="result_missing")
+    return found

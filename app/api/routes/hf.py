@@ -29,7 +29,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from anyio import to_thread
@@ -40,7 +39,7 @@ from starlette.types import Message
 
 from app.api.openai_errors import tgi_error
 from app.api.routes import text, tgi
-from app.api.routes.deps import Context
+from app.api.routes.deps import Context, result_file
 from app.api.routes.images import (
     HF_NO_MODEL,
     IMAGE_TO_IMAGE_KINDS,
@@ -294,7 +293,8 @@ async def hf_inference(model: str, body: HfInference, ctx: Context, request: Req
         names = HF_PARAMS if kind == "txt2img" else HF_IMG2IMG_PARAMS if kind == "img2img" else HF_IMAGE_PARAMS
         raise hf_refusal(error, names) from error
     with submitted([job.id]):
-        return Response(Path(job.result_path or "").read_bytes(), media_type=job.result_media_type or "image/png")
+        found = result_file(job)
+        return Response(found.read_bytes(), media_type=found.media_type)
 
 
 def hf_refusal(error: Rejected, names: dict[str, str]) -> Rejected:

@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
@@ -49,7 +48,7 @@ from pydantic import ConfigDict, Field
 from app.api.auth import bearer_token, request_key_id
 from app.api.openai_errors import client_fields
 from app.api.result_urls import signed_result_url
-from app.api.routes.deps import Context
+from app.api.routes.deps import Context, result_file
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.config import Settings
@@ -740,5 +739,4 @@ def image_item(
     (app/api/result_urls.py ``signed_result_url``), as OpenAI's URLs do."""
     if response_format == "url":
         return {"url": signed_result_url(settings, api_key, job.id, index), "revised_prompt": prompt}
-    path = (job.results[index]["path"] if job.results else None) or job.result_path or ""
-    return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": prompt}
+    return {"b64_json": base64.b64encode(result_file(job, index).read_bytes()).decode(), "revised_prompt": prompt}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
@@ -12,12 +11,12 @@ from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFil
 from fastapi.responses import FileResponse, JSONResponse
 
 from app.api.auth import request_key_id
-from app.api.routes.deps import Context, stored_file
+from app.api.routes.deps import Context, result_file, stored_file
 from app.api.schemas import FileStored, JobAccepted, JobCreate, JobPublic, JobRequeue, WebhookPublic
 from app.api.strict_json import StrictJsonRoute
 from app.context import ServerContext
 from app.core.connections import REDIS_DOWN
-from app.core.errors import Conflict, HomefleetError, NotFound, Rejected
+from app.core.errors import Conflict, HomefleetError, Rejected
 from app.core.families import kinds_of
 from app.core.kinds import BATCH_PARAM, CHAT_SHOWN_PARAM, KINDS, MAX_SEED, family_kind_spec
 from app.core.limits import MAX_IDEMPOTENCY_KEY, FamilyLimits, limits_for
@@ -27,7 +26,6 @@ from app.jobs.dispatch import UNSET, Submission
 from app.jobs.expansion import submit_expanded
 from app.jobs.result_inputs import adopt_results
 from app.jobs.validation import fitting_adapters
-from app.store.media import EXTENSIONS
 from routing.timings import ADAPTER_KIND, TEXT_KIND
 
 router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)
@@ -295,31 +293,8 @@ def get_result(
             the data folder (deleted, or a folder restored from an older backup): the message
             names the file and the fixes.
     """
-    job = ctx.journal.get(job_id)
-    if job.state != JobState.succeeded or not job.result_path:
-        raise Conflict(f"job {job_id} is {job.state}; a result exists only once it has succeeded", reason="no_result")
-    if index:  # image i of n
-        rows = job.results or []
-        if index >= len(rows):
-            raise NotFound(
-                f"job {job_id} has {max(1, len(rows))} results (index 0 to {max(1, len(rows)) - 1}), not index {index}",
-                reason="result_not_found",
-            )
-        row = rows[index]
-        path, media_type, digest = row["path"], row.get("media_type"), row.get("digest")
-        name = f"{job.id}-{index}"
-    else:
-        path, media_type, digest, name = job.result_path, job.result_media_type, job.result_digest, job.id
-    media_type = media_type or "application/octet-stream"
-    filename = f"{name}.{EXTENSIONS.get(media_type, 'bin')}"
-    if not Path(path).is_file():
-        raise NotFound(
-            f"job {job_id} succeeded, but its result {digest} is no longer in the server's data folder "
-            f"({path} is missing: deleted, or the folder restored from an older backup); put the file back "
-            f"from a backup, or run the job again (`homefleet jobs requeue {job_id}`, POST /v1/jobs/{job_id}/requeue)",
-            reason="result_missing",
-        )
-    return stored_file(path, media_type, filename, digest or "", request)
+    found = result_file(ctx.journal.get(job_id), index)
+    return stored_file(found.path, found.media_type, found.filename, found.digest, request)
 
 
 @router.post("/files", status_code=201, response_model=FileStored)

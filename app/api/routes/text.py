@@ -65,7 +65,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from app.api.auth import request_key_id
 from app.api.openai_errors import client_fields
-from app.api.routes.deps import Context
+from app.api.routes.deps import Context, result_file
 from app.api.routes.images import (
     MAX_PROMPT_CHARS,
     ImageCall,
@@ -366,9 +366,12 @@ def usage_of(job: Job) -> dict[str, Any]:
 
 
 def text_of(job: Job) -> str:
-    """The job's result: UTF-8 text, verified by digest when it was stored (R2)."""
-    with open(str(job.result_path), "rb") as handle:
-        return handle.read().decode("utf-8")
+    """The job's result: UTF-8 text, verified by digest when it was stored (R2).
+
+    Raises:
+        NotFound: ``result_missing`` when its file is gone (:func:`app.api.routes.deps.result_file`).
+    """
+    return result_file(job).read_bytes().decode("utf-8")
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, int]:

@@ -164,3 +164,24 @@ def test_a_succeeded_jobs_result_file_gone_from_the_data_folder_is_a_404_naming_
     assert str(stored) in error["message"] and bytes_digest(image) in error["message"]
     assert f"homefleet jobs requeue {job_id}" in error["message"]
     assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded"  # the journal is unchanged
+
+
+def test_a_result_gone_before_an_image_route_answered_with_it_is_404_result_missing(
+    api: tuple[TestClient, ServerContext],
+) -> None:
+    """The OpenAI image route answers with the result's bytes (``b64_json``): a file gone from the
+    data folder by then is 404 ``result_missing`` naming it, as ``GET /v1/jobs/{id}/result``
+    answers, not a 500 (one home: ``app.api.routes.deps.result_file``)."""
+    client, ctx = api
+    headers = {"Idempotency-Key": "gone-1", "x-stainless-read-timeout": "1"}
+    body = {"prompt": "gone", "model": MODEL, "size": "64x64", "target": "m1"}
+    pending = client.post("/v1/images/generations", json=body, headers=headers)
+    assert pending.status_code == 409, pending.text
+    [job_id] = pending.json()["error"]["job_ids"]
+    assert client.post(f"/internal/v1/jobs/{job_id}/claim", headers=M1).status_code == 200
+    assert upload(client, job_id, png(64, 64)).status_code == 200
+    Path(str(ctx.journal.get(job_id).result_path)).unlink()
+    again = client.post("/v1/images/generations", json=body, headers=headers)  # the same call: its job
+    assert again.status_code == 404, again.text
+    error = again.json()["error"]
+    assert error["code"] == "result_missing" and "is missing" in error["message"], error

@@ -450,7 +450,7 @@ def succeed_without_result(ctx: ServerContext, missing: Path, stop: threading.Ev
         time.sleep(0.05)
 
 
-def test_r20_an_unexpected_error_after_a_job_was_submitted_says_do_not_retry(
+def test_r20_a_result_gone_after_its_job_was_submitted_is_named_and_not_to_be_resent(
     settings: Settings, tiny_models_dir: Path, tmp_path: Path
 ) -> None:
     ctx = build_context(settings.model_copy(update={"images_wait_s": 30}), make_fleet("m1", "m2"), migrate=True)
@@ -469,12 +469,26 @@ def test_r20_an_unexpected_error_after_a_job_was_submitted_says_do_not_retry(
             worker.join()
     jobs = {job.params["prompt"]: job.id for job in ctx.journal.list()}
     assert len(jobs) == 2  # one job per call: nothing was resubmitted
-    for prompt, response in (("a", generated), ("b", hf)):
-        assert response.status_code == 500 and response.headers["x-should-retry"] == "false"
+    for prompt, response in (("a", generated), ("b", hf)):  # the result gone: named, with its fix
+        assert response.status_code == 404 and response.headers["x-should-retry"] == "false"
         error = response.json()["error"]
-        assert (error["type"], error["code"]) == ("server_error", "internal_error")
-        assert f"FileNotFoundError after jobs {jobs[prompt]} were submitted" in error["message"]
-        assert "do not resubmit" in error["message"]
+        assert (error["code"], error["job_ids"]) == ("result_missing", [jobs[prompt]]), error
+        assert f"homefleet jobs requeue {jobs[prompt]}" in str(error)
+
+
+def test_r20_any_other_error_once_a_job_exists_is_500_naming_the_jobs_and_not_to_resubmit() -> None:
+    """What fails after a call's jobs were submitted, and is not Homefleet's own error (a bug, a
+    file that cannot be read), is answered 500 ``internal_error`` naming the jobs and saying not
+    to resubmit (``app.api.routes.images.submitted``), so no client makes a second job (R20)."""
+    from app.api.routes.images import AfterSubmit, submitted
+
+    with pytest.raises(AfterSubmit) as after, submitted(["job-1"]):
+        raise IsADirectoryError("results/job-1.png")
+    assert (after.value.reason, after.value.status_code, after.value.job_ids) == ("internal_error", 500, ["job-1"])
+    message = after.value.message
+    assert "IsADirectoryError after jobs job-1 were submitted" in message and "do not resubmit" in message
+    with pytest.raises(IsADirectoryError), submitted([]):  # before any job: the error as raised
+        raise IsADirectoryError("results/none.png")
 
 
 def test_r22_openai_edits_validate_the_upload_then_run_an_edit_job_on_it(
