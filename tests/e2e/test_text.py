@@ -32,7 +32,7 @@ from app.core.tls import tls_context
 from app.devtools.localfleet import LocalFleet
 from app.fleet.config import ModelGuess
 from tests.e2e.test_docs_browser import browser
-from tests.e2e.test_fleet_page import open_page
+from tests.e2e.test_fleet_page import open_page, wait_refreshes
 from tests.helpers import TEST_API_KEY, fleet_files, make_fleet, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -153,7 +153,8 @@ def test_the_fleet_page_shows_a_chats_last_user_message_as_its_prompt(tfleet: Te
 def test_the_fleet_page_saves_a_text_answer_as_the_servers_txt_file(tfleet: TextFleet, browser: object) -> None:
     """A text job's answer, opened in the Jobs view, is shown as its text and its Download link
     saves it under the server's name, ``<job id>.txt`` (Content-Disposition, docs/api.md); the page
-    named it ``<job id>.plain`` from its media type's subtype."""
+    named it ``<job id>.plain`` from its media type's subtype. The answer stays shown as the page
+    refreshes (the details' JSON was written over it)."""
     from selenium.webdriver.common.by import By
 
     done = tfleet.client.completions.create(
@@ -173,7 +174,11 @@ def test_the_fleet_page_saves_a_text_answer_as_the_servers_txt_file(tfleet: Text
     link = "#job-detail .download:not([aria-disabled])"
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, link))  # type: ignore[union-attr]
     assert driver.find_element(By.CSS_SELECTOR, link).get_attribute("download") == f"{job_id}.txt"  # type: ignore[attr-defined]
-    assert driver.find_element(By.CSS_SELECTOR, "#job-detail .text-result").text == done.choices[0].text.strip()  # type: ignore[attr-defined]
+    answer_shown = "#job-detail .text-result"
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, answer_shown).text == done.choices[0].text.strip())  # type: ignore[union-attr]
+    wait_refreshes(driver, wait, 2)  # the job's details, refreshed, were written over the answer's <pre>
+    assert driver.find_element(By.CSS_SELECTOR, answer_shown).text == done.choices[0].text.strip()  # type: ignore[attr-defined]
+    assert '"model_id": "tiny-gpt2"' in driver.find_element(By.CSS_SELECTOR, "#job-detail pre.details").text  # type: ignore[attr-defined]
 
 
 def test_the_limits_are_400_context_length_exceeded_naming_the_limit_and_the_figures(tfleet: TextFleet) -> None:

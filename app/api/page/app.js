@@ -414,8 +414,9 @@ function renderJobs() {
     $(".result", box).replaceChildren(...allResults(job));
   }
   // written only when it changed: rewritten every second, it dropped a selection being copied (a seed)
+  // (the details' own <pre>: a text job's answer is a <pre> of the result above it)
   const details = toJson(job.provenance || job, 2);
-  if ($("pre", box).textContent !== details) $("pre", box).textContent = details;
+  if ($("pre.details", box).textContent !== details) $("pre.details", box).textContent = details;
 }
 
 // ---- Gallery ----
